@@ -1,0 +1,45 @@
+"""diloco-gym: when is it safe to run a DiLoCo outer merge on a shared serving host?
+
+Importing the package registers the Gymnasium ids ``DiLoCoSync-v0`` (bursty by default,
+any regime through ``regime=``) and one id per regime, e.g. ``DiLoCoSync-Bursty-v0``.
+"""
+
+from __future__ import annotations
+
+from diloco_gym.core import OBS_FEATURES, EnvParams
+from diloco_gym.env import DiLoCoSyncEnv
+from diloco_gym.learners import LearnerParams
+from diloco_gym.regimes import REGIMES, ReplayRegime, SyntheticRegime, get_regime
+from diloco_gym.sidecar import SidecarParams
+from diloco_gym.traces import Trace, TraceFormatError
+
+__version__ = "0.1.0"
+
+__all__ = ["DiLoCoSyncEnv", "EnvParams", "SidecarParams", "LearnerParams", "Trace",
+           "TraceFormatError", "REGIMES", "get_regime", "SyntheticRegime", "ReplayRegime",
+           "OBS_FEATURES", "ENV_IDS", "register_envs"]
+
+
+def _id_for(regime: str) -> str:
+    return "DiLoCoSync-" + "".join(part.capitalize() for part in regime.split("-")) + "-v0"
+
+
+#: Registered id for each regime (plus the generic ``DiLoCoSync-v0``).
+ENV_IDS: dict[str, str] = {name: _id_for(name) for name in REGIMES}
+
+
+def register_envs() -> None:
+    """Register the environment ids with Gymnasium (idempotent; runs on import)."""
+    import gymnasium as gym
+
+    entries = {"DiLoCoSync-v0": {}} | {env_id: {"regime": name}
+                                       for name, env_id in ENV_IDS.items()}
+    for env_id, kwargs in entries.items():
+        if env_id in gym.registry:
+            continue
+        gym.register(id=env_id, entry_point="diloco_gym.env:DiLoCoSyncEnv",
+                     vector_entry_point="diloco_gym.vector:DiLoCoSyncVectorEnv",
+                     kwargs=kwargs, disable_env_checker=False)
+
+
+register_envs()

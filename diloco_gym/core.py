@@ -1,0 +1,366 @@
+"""Pure dynamics of the merge-scheduling problem, shared by the single and vector envs.
+
+An *episode* is everything that does not depend on the agent, precomputed once from a
+trace (:func:`build_episode`): the exogenous observation features per decision, the cost
+of a merge launched at each decision, and the no-merge replay. The agent-dependent state
+is tiny (decision index, last merge, merges so far, global tokens, budget left) and the
+transition helpers below are written with plain arithmetic, so the same functions run on
+Python scalars (the single env) and on numpy arrays with a leading batch axis (the vector
+env).
+
+Time: training advances in steps of ``step_seconds``; the agent decides every
+``decision_interval`` steps (one *decision* = ``decision_seconds``). The corridor
+``[h_min_steps, h_max_steps]`` is expressed in decisions by dividing by the interval.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+import numpy as np
+from scipy.signal import lfilter
+
+from diloco_gym import learners as lrn
+from diloco_gym.schedules import completion_counts
+from diloco_gym.sidecar import ReplayResult, SidecarParams, base_latency_s, merge_costs, replay
+from diloco_gym.traces import PRESSURE_DT_S, Trace
+
+__all__ = ["EnvParams", "Episode", "build_episode", "OBS_FEATURES", "OBS_DIM",
+           "learner_table", "options", "sync_mask", "replay_schedule", "BudgetTables"]
+
+
+@dataclass(frozen=True)
+class EnvParams:
+    """Environment parameters (units in the names; defaults from SPEC.md §2).
+
+    Attributes:
+        step_seconds: wall time of one training (inner) step.
+        h_min_steps: a merge may start only when the gap since the last merge is at least
+            this many steps (paper: 128).
+        h_max_steps: a merge must start when the gap reaches this many steps (paper: 512).
+        merge_seconds: how long a merge occupies the host (paper: 8 s); rounded to steps.
+        decision_interval: steps between two decisions; must divide both corridor bounds.
+        skip_forced: advance through decisions with a single feasible action without
+            asking the agent (gap < H_min, gap = H_max, budget-forced).
+        merge_budget: if set, every episode has exactly this many merges; the action mask
+            keeps the schedule feasible.
+        excess_weight: weight of the sync-excess term (reward unit: percentage points
+            of the episode's requests).
+        progress_weight: weight of the training-progress term (global loss decrease).
+        forecast_alpha: EWMA weight of the one-step request-rate forecast, per decision.
+        baseline_alpha: EWMA weight of the slow request-rate baseline, per decision.
+        rate_norm_rps: scale of the rate features (``r / (r + rate_norm_rps)``).
+        loss_clip / tokens_clip / staleness_clip_s: normalisers of the learner features
+            (the WA-DiLoCo score's ``clip(x, c)`` constants).
+    """
+
+    step_seconds: float = 0.14
+    h_min_steps: int = 128
+    h_max_steps: int = 512
+    merge_seconds: float = 8.0
+    decision_interval: int = 8
+    skip_forced: bool = True
+    merge_budget: int | None = None
+    excess_weight: float = 1.0
+    progress_weight: float = 0.0
+    forecast_alpha: float = 0.5
+    baseline_alpha: float = 0.02
+    rate_norm_rps: float = 8.0
+    loss_clip: float = 0.05
+    tokens_clip: float = 1.0e6
+    staleness_clip_s: float = 1800.0
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if f.name == "merge_budget":
+                if v is not None and (not isinstance(v, (int, np.integer)) or isinstance(v, bool)
+                                      or v < 0):
+                    raise ValueError(f"EnvParams.merge_budget must be None or an int >= 0, "
+                                     f"got {v!r}")
+                continue
+            if f.name == "skip_forced":
+                if not isinstance(v, (bool, np.bool_)):
+                    raise ValueError(f"EnvParams.skip_forced must be a bool, got {v!r}")
+                continue
+            if f.type in ("int", int):
+                if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v < 1:
+                    raise ValueError(f"EnvParams.{f.name} must be an int >= 1, got {v!r}")
+            elif not isinstance(v, (int, float)) or isinstance(v, bool) or not np.isfinite(v):
+                raise ValueError(f"EnvParams.{f.name} must be a finite number, got {v!r}")
+        for name in ("step_seconds", "merge_seconds", "rate_norm_rps", "loss_clip",
+                     "tokens_clip", "staleness_clip_s"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"EnvParams.{name} must be > 0, got {getattr(self, name)!r}")
+        for name in ("excess_weight", "progress_weight"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"EnvParams.{name} must be >= 0, got {getattr(self, name)!r}")
+        for name in ("forecast_alpha", "baseline_alpha"):
+            if not 0 < getattr(self, name) <= 1:
+                raise ValueError(f"EnvParams.{name} must be in (0, 1], got "
+                                 f"{getattr(self, name)!r}")
+        if self.h_min_steps > self.h_max_steps:
+            raise ValueError(f"EnvParams: h_min_steps ({self.h_min_steps}) must not exceed "
+                             f"h_max_steps ({self.h_max_steps})")
+        for name in ("h_min_steps", "h_max_steps"):
+            if getattr(self, name) % self.decision_interval:
+                raise ValueError(f"EnvParams.{name} ({getattr(self, name)}) must be a multiple "
+                                 f"of decision_interval ({self.decision_interval})")
+        if self.merge_steps > self.h_min_steps:
+            raise ValueError(f"EnvParams: a merge ({self.merge_steps} steps) must fit inside "
+                             f"h_min_steps ({self.h_min_steps}) so that merges never overlap")
+
+    @property
+    def decision_seconds(self) -> float:
+        return self.step_seconds * self.decision_interval
+
+    @property
+    def h_min(self) -> int:
+        """H_min in decisions."""
+        return self.h_min_steps // self.decision_interval
+
+    @property
+    def h_max(self) -> int:
+        """H_max in decisions."""
+        return self.h_max_steps // self.decision_interval
+
+    @property
+    def merge_steps(self) -> int:
+        """Merge window in steps (``merge_seconds`` rounded to the step grid, at least 1)."""
+        return max(1, int(round(self.merge_seconds / self.step_seconds)))
+
+    def n_decisions(self, duration_s: float) -> int:
+        """Decisions in an episode covering ``duration_s`` (the last may run past the end)."""
+        return int(np.ceil(duration_s / self.decision_seconds - 1e-9))
+
+
+# (name, unit / transform, low, high, meaning)
+OBS_FEATURES: tuple[tuple[str, str, float, float, str], ...] = (
+    ("gap", "gap / H_max", 0.0, 1.0, "training steps since the last merge"),
+    ("corridor_open", "0/1", 0.0, 1.0, "1 when gap >= H_min, so a merge is allowed"),
+    ("loss_progress_mean", "clip(loss_delta / loss_clip)", 0.0, 1.0,
+     "mean over learners of the loss reduction since the last merge"),
+    ("loss_progress_min", "clip(loss_delta / loss_clip)", 0.0, 1.0,
+     "the same, slowest learner"),
+    ("tokens_mean", "clip(tokens / tokens_clip)", 0.0, 1.0,
+     "mean tokens per learner since the last merge"),
+    ("tokens_min", "clip(tokens / tokens_clip)", 0.0, 1.0, "the same, slowest learner"),
+    ("staleness", "clip(seconds / staleness_clip_s)", 0.0, 1.0, "seconds since the last merge"),
+    ("network", "[0, 1]", 0.0, 1.0, "network pressure now"),
+    ("serving", "[0, 1]", 0.0, 1.0,
+     "serving pressure: rate forecast / serving_capacity_rps, capped at 1"),
+    ("checkpoint", "[0, 1]", 0.0, 1.0, "checkpoint-I/O pressure now"),
+    ("rate_now", "r / (r + rate_norm_rps)", 0.0, 1.0,
+     "request rate over the last decision interval"),
+    ("rate_forecast", "r / (r + rate_norm_rps)", 0.0, 1.0,
+     "one-step EWMA forecast of the request rate (forecast_alpha)"),
+    ("rate_baseline", "r / (r + rate_norm_rps)", 0.0, 1.0,
+     "slow EWMA of the request rate (baseline_alpha)"),
+    ("rate_trend", "clip((forecast - baseline) / rate_norm_rps, -1, 1)", -1.0, 1.0,
+     "forecast above (+) or below (-) the baseline"),
+    ("merges", "merges / (decisions / H_min)", 0.0, 1.0, "merges so far this episode"),
+    ("time_left", "fraction", 0.0, 1.0, "fraction of the episode's decisions left"),
+    ("budget_left", "fraction", 0.0, 1.0,
+     "merges left / merge_budget (1 when there is no budget)"),
+)
+OBS_DIM = len(OBS_FEATURES)
+OBS_INDEX = {name: i for i, (name, *_) in enumerate(OBS_FEATURES)}
+OBS_LOW = np.array([f[2] for f in OBS_FEATURES], dtype=np.float32)
+OBS_HIGH = np.array([f[3] for f in OBS_FEATURES], dtype=np.float32)
+EXO_SLICE = slice(OBS_INDEX["network"], OBS_INDEX["rate_trend"] + 1)
+LEARNER_SLICE = slice(OBS_INDEX["loss_progress_mean"], OBS_INDEX["staleness"] + 1)
+
+
+def squash_rate(rate_rps, norm_rps: float):
+    """``r / (r + norm)``: a bounded, invertible rate feature."""
+    return rate_rps / (rate_rps + norm_rps)
+
+
+def unsquash_rate(x, norm_rps: float):
+    """Inverse of :func:`squash_rate` (requests per second)."""
+    x = np.minimum(x, 1 - 1e-6)
+    return norm_rps * x / (1.0 - x)
+
+
+@dataclass(frozen=True)
+class Episode:
+    """Agent-independent data of one episode (all arrays read-only by convention).
+
+    Attributes:
+        trace: the sidecar's trace.
+        n_decisions: N, decisions in the episode.
+        exo: ``(N, 7)`` float32 exogenous features (network .. rate_trend) per decision,
+            computed from arrivals strictly before the decision.
+        merge_cost: ``(N,)`` extra SLO violations (requests) of a merge launched at each
+            decision, evaluated in isolation (:func:`~diloco_gym.sidecar.merge_costs`).
+        throughputs: ``(K,)`` learner throughputs, ascending.
+        base_s / req_bin / pressure_bin: replay inputs (service time per request, its
+            step bin, fleet pressure per bin).
+        baseline: the no-merge replay (the load match).
+        seed: the episode seed (``None`` if built from an explicit generator).
+    """
+
+    trace: Trace
+    n_decisions: int
+    exo: np.ndarray
+    merge_cost: np.ndarray
+    throughputs: np.ndarray
+    base_s: np.ndarray
+    req_bin: np.ndarray
+    pressure_bin: np.ndarray
+    baseline: ReplayResult
+    seed: int | None = None
+
+    @property
+    def n_requests(self) -> int:
+        return self.trace.num_requests
+
+    @property
+    def pct_per_request(self) -> float:
+        """Percentage points of sync-excess per violated request."""
+        return 100.0 / max(1, self.n_requests)
+
+
+def build_episode(trace: Trace, params: EnvParams, sidecar: SidecarParams,
+                  learner_params: lrn.LearnerParams, rng: np.random.Generator,
+                  seed: int | None = None) -> Episode:
+    """Precompute everything about an episode that does not depend on the agent."""
+    n = params.n_decisions(trace.duration_s)
+    di = params.decision_interval
+    n_bins = n * di
+    dec_s = params.decision_seconds
+    # Arrivals per decision interval; rate seen at decision d = count of interval d-1.
+    dec_of_req = np.minimum((trace.arrival_s / dec_s).astype(np.int64), n - 1)
+    counts = np.bincount(dec_of_req, minlength=n).astype(np.float64)
+    rate_now = np.concatenate([[0.0], counts[:-1] / dec_s])
+    a, b = params.forecast_alpha, params.baseline_alpha
+    forecast = lfilter([a], [1.0, a - 1.0], rate_now)
+    baseline = lfilter([b], [1.0, b - 1.0], rate_now)
+    t_dec = np.arange(n) * dec_s
+    p_idx = np.minimum((t_dec / PRESSURE_DT_S).astype(np.int64), trace.num_pressure_samples - 1)
+    net = trace.network[p_idx] if trace.network is not None else np.zeros(n)
+    ckpt = trace.checkpoint[p_idx] if trace.checkpoint is not None else np.zeros(n)
+    serving = np.minimum(1.0, forecast / sidecar.serving_capacity_rps)
+    norm = params.rate_norm_rps
+    exo = np.stack([
+        net, serving, ckpt,
+        squash_rate(rate_now, norm), squash_rate(forecast, norm), squash_rate(baseline, norm),
+        np.clip((forecast - baseline) / norm, -1.0, 1.0),
+    ], axis=1).astype(np.float32)
+
+    pressure_dec = np.maximum(np.maximum(net, serving), ckpt)
+    pressure_bin = np.repeat(pressure_dec, di)
+    base_s = base_latency_s(trace.prompt_tokens, trace.output_tokens, sidecar)
+    req_bin = np.minimum((trace.arrival_s / params.step_seconds).astype(np.int64), n_bins - 1)
+    base_replay = replay(base_s, req_bin, pressure_bin, None, sidecar, params.step_seconds)
+    starts = np.arange(n, dtype=np.int64) * di
+    cost = merge_costs(base_s, req_bin, pressure_bin, sidecar, params.step_seconds, starts,
+                       params.merge_steps, base_replay.violated.astype(np.float64))
+    return Episode(trace, n, exo, cost, learner_params.draw_throughputs(rng), base_s, req_bin,
+                   pressure_bin, base_replay, seed)
+
+
+def learner_table(global_tokens, throughputs: np.ndarray, params: EnvParams,
+                  lp: lrn.LearnerParams) -> np.ndarray:
+    """Learner features for every gap ``0..H_max`` decisions, given the global tokens.
+
+    Returns:
+        float32 ``(H_max + 1, 5)`` (or ``(B, H_max + 1, 5)`` for batched inputs): mean and
+        min loss progress, mean and min tokens, staleness — the ``LEARNER_SLICE`` block.
+    """
+    gaps_s = np.arange(params.h_max + 1) * params.decision_seconds
+    tok = np.asarray(global_tokens, dtype=np.float64)
+    batched = tok.ndim == 1
+    g = gaps_s[None, :] if batched else gaps_s
+    tk = tok[:, None] if batched else tok
+    thr = throughputs[:, None, :] if batched else throughputs
+    delta, tau = lrn.reports(g, tk, thr, lp)
+    lp_ = np.clip(delta / params.loss_clip, 0.0, 1.0)
+    tk_ = np.clip(tau / params.tokens_clip, 0.0, 1.0)
+    stale = np.clip(g / params.staleness_clip_s, 0.0, 1.0)
+    stale = np.broadcast_to(stale, lp_.shape[:-1])
+    # Reports grow with throughput and throughputs are sorted, so learner 0 is the minimum.
+    out = np.stack([lp_.mean(-1), lp_[..., 0], tk_.mean(-1), tk_[..., 0], stale], axis=-1)
+    return out.astype(np.float32)
+
+
+class BudgetTables:
+    """Feasibility tables for an exact merge budget (shared by every episode of length N).
+
+    ``reach[m, d]``: after a merge at ``d`` with ``m`` merges still to place, a feasible
+    completion exists. ``prefix[m, x]``: how many ``d < x`` have ``reach[m, d]``.
+    """
+
+    def __init__(self, n: int, h_min: int, h_max: int, budget: int) -> None:
+        f = completion_counts(n, h_min, h_max, budget)
+        if f[budget, 0] <= 0:
+            from diloco_gym.schedules import budget_range
+
+            lo, hi = budget_range(n, h_min, h_max)
+            raise ValueError(f"merge_budget={budget} is infeasible for an episode of {n} "
+                             f"decisions (H_min={h_min}, H_max={h_max} decisions); feasible "
+                             f"budgets: {lo}..{hi}")
+        self.n, self.h_min, self.h_max, self.budget = n, h_min, h_max, budget
+        self.reach = f > 0
+        self.prefix = np.zeros((budget + 1, n + 1), dtype=np.int64)
+        np.cumsum(self.reach, axis=1, out=self.prefix[:, 1:])
+
+
+def options(d, last, m_left, params: EnvParams, n: int, budget: BudgetTables | None):
+    """``(can_merge, can_defer)`` at decision ``d`` (scalars or arrays alike).
+
+    Without a budget: merge iff ``gap >= H_min``; defer iff ``gap < H_max``. With a budget,
+    additionally a merge must leave a feasible completion and a deferral must leave a
+    feasible next merge (or, with no merges left, the tail must already be safe).
+    """
+    gap = d - last
+    can_merge = gap >= params.h_min
+    can_defer = gap < params.h_max
+    if budget is None:
+        return can_merge, can_defer
+    m1 = np.maximum(m_left - 1, 0)
+    dd = np.minimum(d, n - 1)
+    can_merge = can_merge & (m_left > 0) & budget.reach[m1, dd]
+    lo = np.maximum(d + 1, last + params.h_min)
+    hi = np.minimum(last + params.h_max, n - 1)
+    lo_c = np.minimum(lo, n)
+    hi_c = np.clip(hi + 1, 0, n)
+    later = (budget.prefix[m1, np.maximum(hi_c, lo_c)] - budget.prefix[m1, lo_c]) > 0
+    tail_safe = budget.reach[0, np.minimum(last, n - 1)]
+    can_defer = can_defer & np.where(m_left > 0, later, tail_safe)
+    return can_merge, can_defer
+
+
+def sync_mask(merges, n_bins: int, params: EnvParams) -> np.ndarray:
+    """Per-bin 0/1 mask of the merge windows of a schedule (decision indices)."""
+    mask = np.zeros(n_bins + params.merge_steps, dtype=np.float64)
+    starts = np.asarray(merges, dtype=np.int64) * params.decision_interval
+    if starts.size:
+        delta = np.zeros(mask.size + 1)
+        np.add.at(delta, starts, 1.0)
+        np.add.at(delta, starts + params.merge_steps, -1.0)
+        mask = np.cumsum(delta)[:-1]
+    return np.minimum(mask[:n_bins], 1.0)
+
+
+def replay_schedule(episode: Episode, merges, params: EnvParams,
+                    sidecar: SidecarParams) -> ReplayResult:
+    """Exact replay of the episode's requests with the merge windows of ``merges``."""
+    mask = sync_mask(merges, episode.pressure_bin.size, params)
+    return replay(episode.base_s, episode.req_bin, episode.pressure_bin, mask, sidecar,
+                  params.step_seconds)
+
+
+def schedule_summary(episode: Episode, merges, params: EnvParams,
+                     sidecar: SidecarParams) -> dict:
+    """Replay summary of a realised schedule, with its exact and additive sync-excess."""
+    res = replay_schedule(episode, merges, params, sidecar)
+    out = res.summary()
+    base = episode.baseline.summary()
+    out["merges"] = int(len(merges))
+    out["no_sync_violation_pct"] = base["violation_pct"]
+    out["sync_excess_pct"] = out["violation_pct"] - base["violation_pct"]
+    out["sync_excess_requests"] = out["violated"] - base["violated"]
+    out["additive_excess_pct"] = float(episode.merge_cost[np.asarray(merges, dtype=np.int64)]
+                                       .sum() * episode.pct_per_request)
+    return out

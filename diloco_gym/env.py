@@ -1,0 +1,342 @@
+"""The Gymnasium environment: when to run a DiLoCo outer merge on a shared host."""
+
+from __future__ import annotations
+
+from dataclasses import fields, replace
+from typing import Any, Callable
+
+import gymnasium as gym
+import numpy as np
+
+from diloco_gym import core
+from diloco_gym import learners as lrn
+from diloco_gym.core import OBS_DIM, OBS_HIGH, OBS_INDEX, OBS_LOW, EnvParams, Episode
+from diloco_gym.regimes import REGIMES, get_regime
+from diloco_gym.sidecar import SidecarParams
+from diloco_gym.traces import Trace
+
+__all__ = ["DiLoCoSyncEnv", "make_generator"]
+
+_G = OBS_INDEX
+_ENV_FIELDS = {f.name for f in fields(EnvParams)}
+
+
+def make_generator(regime) -> tuple[Callable[[np.random.Generator], Trace], SidecarParams, str]:
+    """Resolve ``regime`` (a name, a generator object, or a :class:`Trace`) to a generator.
+
+    Returns:
+        ``(generator, default sidecar parameters, name)``.
+    """
+    if isinstance(regime, str):
+        gen = get_regime(regime)
+        return gen, gen.sidecar, gen.name
+    if isinstance(regime, Trace):
+        from diloco_gym.regimes import ReplayRegime
+
+        gen = ReplayRegime(regime, duration_s=regime.duration_s, start_s=0.0, name=regime.name)
+        return gen, gen.sidecar, regime.name
+    if callable(regime):
+        return regime, getattr(regime, "sidecar", SidecarParams()), getattr(
+            regime, "name", type(regime).__name__)
+    raise TypeError(f"regime must be a regime name ({', '.join(REGIMES)}), a generator "
+                    f"(callable rng -> Trace) or a Trace; got {type(regime).__name__}")
+
+
+class DiLoCoSyncEnv(gym.Env):
+    """## Description
+
+    A DiLoCo training job shares its hosts with a latency-sensitive LLM serving sidecar.
+    Every ``decision_interval`` training steps the agent decides whether to launch the
+    outer merge now (``1``) or defer (``0``). A merge occupies the host for
+    ``merge_seconds`` and slows the sidecar; requests that then exceed their SLO are the
+    merge's *sync-excess* cost. The corridor of SPEC.md §2 bounds the schedule: no merge
+    before ``H_min`` steps since the last one, a forced merge at ``H_max``.
+
+    ## Action Space
+
+    ``Discrete(2)``: ``0`` defer, ``1`` merge now. An action the corridor (or budget)
+    forbids is replaced by the feasible one and ``info["action_overridden"]`` is set;
+    ``action_masks()`` gives the feasible actions (for sb3-contrib's MaskablePPO).
+    By default (``skip_forced=True``) the agent is only asked when both are feasible.
+
+    ## Observation Space
+
+    ``Box(17,)`` float32; see ``diloco_gym.core.OBS_FEATURES`` (name, unit, range, meaning)
+    and the README's table. Every feature is computed from the past only.
+
+    ## Rewards
+
+    ``reward = -excess_weight * sync_excess + progress_weight * progress`` where
+    ``sync_excess`` is the extra SLO violations of the merges launched in this step, in
+    percentage points of the episode's requests (each merge's cost is credited when it is
+    launched, evaluated in isolation against the no-merge replay), and ``progress`` is the
+    global loss decrease of those merges. Both terms are in ``info["reward_terms"]``. Over
+    an episode the sync-excess terms sum to the *additive* sync-excess; the exact replay
+    figure is in the final ``info["episode"]``.
+
+    ## Starting State
+
+    ``reset(seed=s)`` draws the trace from the regime's generator with
+    ``np.random.default_rng(s)``, so every agent sees the same trace for the same seed;
+    without a seed a fresh episode seed is drawn from the env's generator
+    (``info["episode_seed"]``). The episode starts just after a merge (gap 0).
+
+    ## Episode End
+
+    Truncated after the last decision of the trace window; never terminated.
+
+    ## Arguments
+
+    ``regime``: a regime name (``ordinary``, ``pressure-heavy``, ``sync-heavy``, ``bursty``,
+    ``non-periodic``), a generator (callable ``rng -> Trace``, e.g. ``ReplayRegime``) or a
+    fixed ``Trace``. ``params``/``sidecar``/``learners``: parameter dataclasses; any
+    ``EnvParams`` field may also be passed as a keyword (``merge_budget=8``).
+    ``render_mode``: ``"ansi"`` or ``"rgb_array"``.
+
+    ## Version History
+
+    * v0: initial version.
+    """
+
+    metadata = {"render_modes": ["ansi", "rgb_array"], "render_fps": 4}
+
+    def __init__(self, regime: Any = "bursty", params: EnvParams | None = None,
+                 sidecar: SidecarParams | None = None,
+                 learners: lrn.LearnerParams | None = None, render_mode: str | None = None,
+                 **overrides: Any) -> None:
+        unknown = set(overrides) - _ENV_FIELDS
+        if unknown:
+            raise TypeError(f"unknown DiLoCoSyncEnv argument(s) {sorted(unknown)}; valid "
+                            f"EnvParams fields: {sorted(_ENV_FIELDS)}")
+        self.params = replace(params or EnvParams(), **overrides)
+        self.generator, default_sidecar, self.regime_name = make_generator(regime)
+        self.sidecar = sidecar or default_sidecar
+        self.learner_params = learners or lrn.LearnerParams()
+        if render_mode is not None and render_mode not in self.metadata["render_modes"]:
+            raise ValueError(f"render_mode must be one of {self.metadata['render_modes']}, "
+                             f"got {render_mode!r}")
+        self.render_mode = render_mode
+        self.action_space = gym.spaces.Discrete(2)
+        self.observation_space = gym.spaces.Box(OBS_LOW, OBS_HIGH, dtype=np.float32)
+        self.episode: Episode | None = None
+        self._budget_cache: dict[int, core.BudgetTables] = {}
+
+    # ----------------------------------------------------------------- public views
+    @property
+    def decision(self) -> int:
+        """Index of the current decision in the episode."""
+        return self._d
+
+    @property
+    def merges(self) -> list[int]:
+        """Decision indices of the merges launched so far."""
+        return list(self._merges)
+
+    def oracle_costs(self) -> np.ndarray:
+        """The cost (requests) of a merge at every decision of the episode.
+
+        This looks into the future and exists only for non-deployable baselines (the
+        offline oracle). A deployable agent must never call it.
+        """
+        self._require_episode()
+        return self.episode.merge_cost.copy()
+
+    def learner_reports(self) -> dict[str, np.ndarray]:
+        """Per-learner reports now: loss reduction, tokens since the last merge, staleness."""
+        self._require_episode()
+        gap_s = (self._d - self._last) * self.params.decision_seconds
+        delta, tau = lrn.reports(gap_s, self._tokens, self.episode.throughputs,
+                                 self.learner_params)
+        return {"loss_delta": delta, "tokens": tau,
+                "staleness_s": np.full(delta.shape, gap_s)}
+
+    def action_masks(self) -> np.ndarray:
+        """Feasible actions now, ``[defer, merge]`` (sb3-contrib MaskablePPO protocol)."""
+        self._require_episode()
+        if self._d >= self.episode.n_decisions:
+            return np.array([True, True])
+        can_merge, can_defer = self._options(self._d)
+        return np.array([bool(can_defer), bool(can_merge)])
+
+    # ----------------------------------------------------------------- gym API
+    def reset(self, *, seed: int | None = None, options: dict | None = None):
+        super().reset(seed=seed)
+        if seed is not None:
+            episode_seed = int(seed)
+        else:
+            episode_seed = int(self.np_random.integers(0, 2**31 - 1))
+        rng = np.random.default_rng(episode_seed)
+        trace = self.generator(rng)
+        self.episode = core.build_episode(trace, self.params, self.sidecar, self.learner_params,
+                                          rng, seed=episode_seed)
+        n = self.episode.n_decisions
+        p = self.params
+        self._budget = None
+        if p.merge_budget is not None:
+            key = n
+            if key not in self._budget_cache:
+                self._budget_cache[key] = core.BudgetTables(n, p.h_min, p.h_max, p.merge_budget)
+            self._budget = self._budget_cache[key]
+        self._d = 0
+        self._last = 0
+        self._merges: list[int] = []
+        self._costs: list[float] = []
+        self._tokens = float(self.learner_params.initial_tokens)
+        self._m_left = p.merge_budget if p.merge_budget is not None else 0
+        self._max_merges = max(1.0, n / p.h_min)
+        self._refresh_learners()
+        self._excess_sum = 0.0
+        self._progress_sum = 0.0
+        info: dict[str, Any] = {"episode_seed": episode_seed}
+        if p.skip_forced:
+            terms = self._advance_forced()
+            info["reward_terms"] = terms  # zero at reset: the first H_min are deferrals
+        info.update(self._step_info(False, False))
+        return self._obs(), info
+
+    def step(self, action):
+        self._require_episode()
+        n = self.episode.n_decisions
+        if self._d >= n:
+            raise RuntimeError("step() called after the episode ended; call reset()")
+        try:
+            a = int(action)
+        except (TypeError, ValueError):
+            raise ValueError(f"action must be 0 (defer) or 1 (merge), got {action!r}") from None
+        if a not in (0, 1) or np.ndim(action) > 1 or (np.ndim(action) == 1 and np.size(action)
+                                                        != 1):
+            raise ValueError(f"action must be 0 (defer) or 1 (merge), got {action!r}")
+        can_merge, can_defer = self._options(self._d)
+        want = a == 1
+        merge = (want and can_merge) or not can_defer
+        overridden = merge != want
+        excess, progress = self._apply(merge)
+        self._d += 1
+        if self.params.skip_forced:
+            ex2, pr2 = self._advance_forced_raw()
+            excess += ex2
+            progress += pr2
+        p = self.params
+        reward = -p.excess_weight * excess + p.progress_weight * progress
+        truncated = self._d >= n
+        info = self._step_info(merge, overridden)
+        info["reward_terms"] = {"sync_excess": -excess, "progress": progress}
+        if truncated:
+            info["episode"] = self.episode_summary()
+        return self._obs(), float(reward), False, truncated, info
+
+    # ----------------------------------------------------------------- internals
+    def _require_episode(self) -> None:
+        if self.episode is None:
+            raise RuntimeError("call reset() before using the environment")
+
+    def _options(self, d: int):
+        return core.options(d, self._last, self._m_left, self.params, self.episode.n_decisions,
+                            self._budget)
+
+    def _refresh_learners(self) -> None:
+        self._ltable = core.learner_table(self._tokens, self.episode.throughputs, self.params,
+                                          self.learner_params)
+
+    def _apply(self, merge: bool) -> tuple[float, float]:
+        if not merge:
+            return 0.0, 0.0
+        d = self._d
+        gap_s = (d - self._last) * self.params.decision_seconds
+        added, gain = lrn.merge_gain(gap_s, self._tokens, self.episode.throughputs,
+                                     self.learner_params)
+        self._tokens += float(added)
+        cost = float(self.episode.merge_cost[d])
+        self._merges.append(d)
+        self._costs.append(cost)
+        self._last = d
+        self._m_left -= 1
+        self._refresh_learners()
+        excess = cost * self.episode.pct_per_request
+        self._excess_sum += excess
+        self._progress_sum += float(gain)
+        return excess, float(gain)
+
+    def _advance_forced_raw(self) -> tuple[float, float]:
+        """Apply single-option decisions until the agent has a real choice or the end."""
+        n = self.episode.n_decisions
+        excess = progress = 0.0
+        while self._d < n:
+            can_merge, can_defer = self._options(self._d)
+            if can_merge and can_defer:
+                break
+            if not can_merge and not can_defer:  # cannot happen with validated budgets
+                raise RuntimeError(f"no feasible action at decision {self._d}")
+            if can_merge:
+                e, g = self._apply(True)
+                excess += e
+                progress += g
+            # Jump over a run of forced deferrals in one go (no budget: until H_min).
+            if not can_merge and self._budget is None:
+                self._d = min(n, self._last + self.params.h_min)
+            else:
+                self._d += 1
+        return excess, progress
+
+    def _advance_forced(self) -> dict:
+        excess, progress = self._advance_forced_raw()
+        return {"sync_excess": -excess, "progress": progress}
+
+    def _obs(self) -> np.ndarray:
+        ep = self.episode
+        p = self.params
+        n = ep.n_decisions
+        d = min(self._d, n - 1)
+        gap = min(self._d, n) - self._last
+        obs = np.empty(OBS_DIM, dtype=np.float32)
+        obs[_G["gap"]] = min(1.0, gap / p.h_max)
+        obs[_G["corridor_open"]] = 1.0 if gap >= p.h_min else 0.0
+        obs[core.LEARNER_SLICE] = self._ltable[min(gap, p.h_max)]
+        obs[core.EXO_SLICE] = ep.exo[d]
+        obs[_G["merges"]] = min(1.0, len(self._merges) / self._max_merges)
+        obs[_G["time_left"]] = (n - min(self._d, n)) / n
+        obs[_G["budget_left"]] = (self._m_left / p.merge_budget if p.merge_budget else
+                                  (0.0 if p.merge_budget == 0 else 1.0))
+        return obs
+
+    def _step_info(self, merged: bool, overridden: bool) -> dict[str, Any]:
+        return {
+            "decision": self._d,
+            "time_s": self._d * self.params.decision_seconds,
+            "gap_steps": (min(self._d, self.episode.n_decisions) - self._last)
+            * self.params.decision_interval,
+            "merged": merged,
+            "action_overridden": overridden,
+            "merges": len(self._merges),
+            "sync_excess_pct_so_far": self._excess_sum,
+        }
+
+    def episode_summary(self) -> dict[str, Any]:
+        """Exact replay of the schedule so far (the sidecar model, all merges together)."""
+        self._require_episode()
+        out = core.schedule_summary(self.episode, self._merges, self.params, self.sidecar)
+        out["merge_decisions"] = list(self._merges)
+        out["merge_times_s"] = [d * self.params.decision_seconds for d in self._merges]
+        out["merge_costs_requests"] = list(self._costs)
+        out["progress"] = self._progress_sum
+        out["regime"] = self.regime_name
+        out["episode_seed"] = self.episode.seed
+        return out
+
+    # ----------------------------------------------------------------- rendering
+    def render(self):
+        if self.render_mode is None:
+            gym.logger.warn("render() called without a render_mode")
+            return None
+        if self.render_mode == "ansi":
+            ep = self.episode
+            gap = (min(self._d, ep.n_decisions) - self._last) * self.params.decision_interval
+            obs = self._obs()
+            rate = core.unsquash_rate(obs[_G["rate_now"]], self.params.rate_norm_rps)
+            return (f"t={self._d * self.params.decision_seconds:7.1f}s gap={gap:4d} steps "
+                    f"merges={len(self._merges):3d} rate={rate:5.1f} rps "
+                    f"pressure(n/s/c)={obs[_G['network']]:.2f}/{obs[_G['serving']]:.2f}/"
+                    f"{obs[_G['checkpoint']]:.2f} excess={self._excess_sum:6.2f} pp\n")
+        from diloco_gym.render import timeline_rgb
+
+        return timeline_rgb(self.episode, self._merges, self.params, self.sidecar, upto=self._d)
