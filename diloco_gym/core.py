@@ -221,6 +221,21 @@ class Episode:
         return 100.0 / max(1, self.n_requests)
 
 
+def _ewma(x: np.ndarray, alpha: float) -> np.ndarray:
+    """Bias-corrected EWMA of ``x[1:]`` (``x[0]`` is the empty past), causal.
+
+    ``e_d = alpha * x_d + (1 - alpha) * e_{d-1}`` from ``e_0 = 0``, divided by
+    ``1 - (1 - alpha)**d`` so that early values are averages of what was seen, not
+    shrunk towards zero.
+    """
+    e = lfilter([alpha], [1.0, alpha - 1.0], x)
+    d = np.arange(x.size)
+    corr = 1.0 - (1.0 - alpha) ** d
+    out = np.zeros_like(e)
+    out[1:] = e[1:] / corr[1:]
+    return out
+
+
 def build_episode(trace: Trace, params: EnvParams, sidecar: SidecarParams,
                   learner_params: lrn.LearnerParams, rng: np.random.Generator,
                   seed: int | None = None) -> Episode:
@@ -233,9 +248,8 @@ def build_episode(trace: Trace, params: EnvParams, sidecar: SidecarParams,
     dec_of_req = np.minimum((trace.arrival_s / dec_s).astype(np.int64), n - 1)
     counts = np.bincount(dec_of_req, minlength=n).astype(np.float64)
     rate_now = np.concatenate([[0.0], counts[:-1] / dec_s])
-    a, b = params.forecast_alpha, params.baseline_alpha
-    forecast = lfilter([a], [1.0, a - 1.0], rate_now)
-    baseline = lfilter([b], [1.0, b - 1.0], rate_now)
+    forecast = _ewma(rate_now, params.forecast_alpha)
+    baseline = _ewma(rate_now, params.baseline_alpha)
     t_dec = np.arange(n) * dec_s
     p_idx = np.minimum((t_dec / PRESSURE_DT_S).astype(np.int64), trace.num_pressure_samples - 1)
     net = trace.network[p_idx] if trace.network is not None else np.zeros(n)

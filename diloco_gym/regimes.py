@@ -182,15 +182,16 @@ class ReplayRegime:
 # reference's real-sidecar effect sizes (SPEC.md §5); see tests/test_calibration_targets.py
 # and `python -m diloco_gym.fit` for the fit.
 _SIDECAR_QUIET = SidecarParams(sync_slowdown=0.0, pressure_gain=0.0)
-_SIDECAR_PRESSURE = SidecarParams(sync_slowdown=0.0, pressure_gain=0.9)
+_SIDECAR_PRESSURE = SidecarParams(sync_slowdown=0.0, pressure_gain=1.111)
 _SIDECAR_SYNC = SidecarParams(sync_slowdown=0.5, pressure_gain=0.0)
 
 REGIMES: dict[str, SyntheticRegime] = {
     "ordinary": SyntheticRegime("ordinary", 6.0, 6.0, sidecar=_SIDECAR_QUIET,
                                 calibrated_on="ordinary"),
     "pressure-heavy": SyntheticRegime(
-        "pressure-heavy", 8.0, 8.0, network_mean=0.5, checkpoint_mean=0.35, pressure_sd=0.2,
-        spike_rate_per_s=1 / 60, sidecar=_SIDECAR_PRESSURE, calibrated_on="pressure-heavy"),
+        "pressure-heavy", 8.0, 8.0, network_mean=0.25, checkpoint_mean=0.2, pressure_sd=0.1,
+        spike_rate_per_s=1 / 100, spike_s=20.0, spike_level=0.85, sidecar=_SIDECAR_PRESSURE,
+        calibrated_on="pressure-heavy"),
     "sync-heavy": SyntheticRegime("sync-heavy", 10.0, 10.0, sidecar=_SIDECAR_SYNC,
                                   calibrated_on="sync-heavy"),
     "bursty": SyntheticRegime("bursty", 5.0, 17.0, burst_period_s=120.0, burst_s=30.0,

@@ -10,7 +10,7 @@ Formulas (all times in seconds unless a name says ``_ms``):
 
 * Slowdown multiplier of bin *k* (pressure ``P_k`` in [0, 1], ``sync_k`` = 1 inside a merge)::
 
-      m_k = (1 + pressure_gain * P_k) * (1 + sync_slowdown * sync_k)
+      m_k = (1 + pressure_gain * P_k**2) * (1 + sync_slowdown * sync_k)
 
 * Work and capacity: each request brings ``base_i`` seconds of nominal work; the server
   clears ``slots * bin_s / m_k`` seconds of nominal work per bin (``slots`` requests are
@@ -60,7 +60,8 @@ class SidecarParams:
         slots: requests served in parallel at full speed (server concurrency).
         sync_slowdown: fractional slowdown of service while a merge is active
             (0.5 means everything takes 1.5x as long).
-        pressure_gain: latency multiplier per unit of fleet pressure (0 = pressure is harmless).
+        pressure_gain: latency multiplier per unit of squared fleet pressure (convex: high
+            pressure hurts disproportionately; 0 = pressure is harmless).
         slo_ms: per-request latency SLO, ms.
         serving_capacity_rps: request rate at which serving pressure reaches 1.
         high_pressure: pressure threshold of the "high pressure" class (effect sizes).
@@ -108,7 +109,7 @@ def base_latency_s(prompt_tokens: np.ndarray, output_tokens: np.ndarray,
 
 
 def _slowdown(pressure_bin: np.ndarray, sync_bin: np.ndarray | None, p: SidecarParams):
-    m = 1.0 + p.pressure_gain * pressure_bin
+    m = 1.0 + p.pressure_gain * pressure_bin**2
     if sync_bin is not None:
         m = m * (1.0 + p.sync_slowdown * sync_bin)
     return m
