@@ -239,35 +239,46 @@ def _ewma(x: np.ndarray, alpha: float) -> np.ndarray:
 def build_episode(trace: Trace, params: EnvParams, sidecar: SidecarParams,
                   learner_params: lrn.LearnerParams, rng: np.random.Generator,
                   seed: int | None = None) -> Episode:
-    """Precompute everything about an episode that does not depend on the agent."""
-    n = params.n_decisions(trace.duration_s)
-    di = params.decision_interval
-    n_bins = n * di
+    """Precompute everything about an episode that does not depend on the agent.
+
+    Decisions stop ``merge_seconds + sidecar.tail_s`` before the trace ends, so that every
+    merge's window and backlog lie inside the trace: a merge near the end is charged in
+    full, not cheaper because its window runs off the recorded requests.
+    """
     dec_s = params.decision_seconds
+    n_slots = params.n_decisions(trace.duration_s)  # decision intervals covering the trace
+    margin_s = params.merge_steps * params.step_seconds + sidecar.tail_s
+    n = min(n_slots, int(np.floor((trace.duration_s - margin_s) / dec_s + 1e-9)))
+    if n < params.h_min + 1:
+        raise ValueError(f"trace {trace.name!r} of {trace.duration_s:.1f} s is too short: an "
+                         f"episode needs more than H_min ({params.h_min_steps} steps) of "
+                         f"decisions plus a {margin_s:.1f} s margin for the last merge")
+    di = params.decision_interval
+    n_bins = n_slots * di
     # Arrivals per decision interval; rate seen at decision d = count of interval d-1.
-    dec_of_req = np.minimum((trace.arrival_s / dec_s).astype(np.int64), n - 1)
-    counts = np.bincount(dec_of_req, minlength=n).astype(np.float64)
+    dec_of_req = np.minimum((trace.arrival_s / dec_s).astype(np.int64), n_slots - 1)
+    counts = np.bincount(dec_of_req, minlength=n_slots).astype(np.float64)
     rate_now = np.concatenate([[0.0], counts[:-1] / dec_s])
     forecast = _ewma(rate_now, params.forecast_alpha)
     baseline = _ewma(rate_now, params.baseline_alpha)
-    t_dec = np.arange(n) * dec_s
+    t_dec = np.arange(n_slots) * dec_s
     p_idx = np.minimum((t_dec / PRESSURE_DT_S).astype(np.int64), trace.num_pressure_samples - 1)
-    net = trace.network[p_idx] if trace.network is not None else np.zeros(n)
-    ckpt = trace.checkpoint[p_idx] if trace.checkpoint is not None else np.zeros(n)
+    net = trace.network[p_idx] if trace.network is not None else np.zeros(n_slots)
+    ckpt = trace.checkpoint[p_idx] if trace.checkpoint is not None else np.zeros(n_slots)
     serving = np.minimum(1.0, forecast / sidecar.serving_capacity_rps)
     norm = params.rate_norm_rps
     exo = np.stack([
         net, serving, ckpt,
         squash_rate(rate_now, norm), squash_rate(forecast, norm), squash_rate(baseline, norm),
         np.clip((forecast - baseline) / norm, -1.0, 1.0),
-    ], axis=1).astype(np.float32)
+    ], axis=1).astype(np.float32)[:n]
 
     pressure_dec = np.maximum(np.maximum(net, serving), ckpt)
     pressure_bin = np.repeat(pressure_dec, di)
     base_s = base_latency_s(trace.prompt_tokens, trace.output_tokens, sidecar)
     req_bin = np.minimum((trace.arrival_s / params.step_seconds).astype(np.int64), n_bins - 1)
     base_replay = replay(base_s, req_bin, pressure_bin, None, sidecar, params.step_seconds)
-    starts = np.arange(n, dtype=np.int64) * di
+    starts = np.arange(n, dtype=np.int64) * di  # candidate merges: decisions only
     cost = merge_costs(base_s, req_bin, pressure_bin, sidecar, params.step_seconds, starts,
                        params.merge_steps, base_replay.violated.astype(np.float64))
     return Episode(trace, n, exo, cost, learner_params.draw_throughputs(rng), base_s, req_bin,

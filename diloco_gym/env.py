@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import fields, replace
-from typing import Any, Callable
+from typing import Any
 
 import gymnasium as gym
 import numpy as np
@@ -204,7 +205,8 @@ class DiLoCoSyncEnv(gym.Env):
         except (TypeError, ValueError):
             raise ValueError(f"action must be 0 (defer) or 1 (merge), got {action!r}") from None
         if a not in (0, 1) or np.ndim(action) > 1 or (np.ndim(action) == 1 and np.size(action)
-                                                        != 1):
+                                                        != 1) or np.asarray(action).item() != a:
+            # the last test rejects a fractional action (0.7) that int() would truncate
             raise ValueError(f"action must be 0 (defer) or 1 (merge), got {action!r}")
         can_merge, can_defer = self._options(self._d)
         want = a == 1

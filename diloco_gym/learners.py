@@ -25,7 +25,7 @@ scalars and on numpy arrays with a leading batch axis alike.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import numpy as np
 
@@ -56,6 +56,10 @@ class LearnerParams:
     initial_tokens: float = 0.0
 
     def __post_init__(self) -> None:
+        for f in fields(self):  # a type check first, so that a string gives a clear error
+            v = getattr(self, f.name)
+            if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, float, np.number)):
+                raise ValueError(f"LearnerParams.{f.name} must be a number, got {v!r}")
         if not isinstance(self.num_learners, (int, np.integer)) or self.num_learners < 1:
             raise ValueError(f"LearnerParams.num_learners must be an int >= 1, "
                              f"got {self.num_learners!r}")

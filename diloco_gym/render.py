@@ -17,7 +17,7 @@ def plot_timeline(ax, episode: Episode, schedules: dict[str, list[int]], params:
         upto: only draw up to this decision (rendering a running episode).
     """
     tr = episode.trace
-    end_s = (upto if upto is not None else episode.n_decisions) * params.decision_seconds
+    end_s = upto * params.decision_seconds if upto is not None else tr.duration_s
     bins = np.arange(0.0, tr.duration_s + 1.0, 1.0)
     rate, _ = np.histogram(tr.arrival_s, bins=bins)
     keep = bins[:-1] < end_s
@@ -50,17 +50,18 @@ def plot_timeline(ax, episode: Episode, schedules: dict[str, list[int]], params:
 def timeline_rgb(episode: Episode, merges: list[int], params: EnvParams, sidecar: SidecarParams,
                  upto: int | None = None) -> np.ndarray:
     """The episode so far as an RGB array (H, W, 3) uint8."""
-    import matplotlib
-
-    matplotlib.use("Agg", force=False)
+    # An explicit Agg canvas: a bare Figure() has no raster buffer, and switching the global
+    # backend (matplotlib.use) would affect the caller's plotting.
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
     fig = Figure(figsize=(8, 3), dpi=80)
+    canvas = FigureCanvasAgg(fig)
     ax = fig.add_subplot(1, 1, 1)
     plot_timeline(ax, episode, {"agent": merges}, params, sidecar, upto=upto)
     ax.set_title("requests/s (grey), merge windows (red), extra SLO violations (|)",
                  fontsize=8)
     fig.tight_layout()
-    fig.canvas.draw()
-    buf = np.asarray(fig.canvas.buffer_rgba())
+    canvas.draw()
+    buf = np.asarray(canvas.buffer_rgba())
     return buf[..., :3].copy()

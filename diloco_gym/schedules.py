@@ -128,8 +128,8 @@ def optimal_schedule(cost: np.ndarray, h_min: int, h_max: int,
         m: exact number of merges, or ``None`` for the free-budget optimum.
 
     Returns:
-        ``(merges, total_cost)``. Ties go to the earliest decision (and, with a free
-        budget, to stopping).
+        ``(merges, total_cost)``. With an exact budget ties go to the earliest decision;
+        with a free budget to stopping, then to the latest decision (fewer merges).
     """
     cost = np.asarray(cost, dtype=np.float64)
     n = cost.size
@@ -160,7 +160,8 @@ def optimal_schedule(cost: np.ndarray, h_min: int, h_max: int,
             best = seg.min() if seg.size else np.inf
             if tail_ok[cur] and best >= 0.0:
                 break
-            cur = cur + h_min + int(np.argmin(seg))
+            # Among equally cheap continuations take the latest: fewer merges on ties.
+            cur = cur + h_min + (seg.size - 1 - int(np.argmin(seg[::-1])))
             merges.append(cur)
         return np.asarray(merges, dtype=np.int64), float(g[0])
 

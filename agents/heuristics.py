@@ -1,0 +1,245 @@
+"""The paper's scheduling policies (SPEC.md §3) as agents.
+
+Decision rules with their defaults; ``clip(x, c) = min(1, max(0, x / c))``. The corridor
+(wait below H_min, forced at H_max) is enforced by the environment for every agent, so
+each rule below only decides inside the corridor. Sources: "the paper" is "Not every sync
+is safe" (summaries in ``seeds/``); "the reference" is its public implementation
+(GitHub ``maincodeMax/workload-aware-diloco``), as described in SPEC.md.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from agents.base import Agent, obs_feature
+from diloco_gym.core import EnvParams, unsquash_rate
+from diloco_gym.schedules import optimal_schedule
+
+__all__ = ["NoSync", "FixedInterval", "PressureGate", "RandomDeferral", "WADiLoCo",
+           "CalibratedWA", "OnlineForecastWA", "OfflineCalibratedOracle", "WAWeights"]
+
+
+def _gap_steps(obs: np.ndarray, params: EnvParams) -> np.ndarray:
+    # gap / H_max is exact in float32 for the default grid (multiples of 1/64).
+    return np.rint(obs_feature(obs, "gap") * params.h_max) * params.decision_interval
+
+
+class NoSync(Agent):
+    """Never asks for a merge: ``a = 0``. The env still forces one at H_max; the
+    protocol's true no-merge load match is computed directly (``core.schedule_summary``
+    with an empty schedule), never by running this agent."""
+
+    name = "no-sync"
+
+    def act(self, obs: np.ndarray) -> np.ndarray:
+        return np.zeros(len(obs), dtype=np.int64)
+
+
+class FixedInterval(Agent):
+    """Merge every ``H`` steps: ``a = 1[gap_steps >= H]`` (reference presets H = 256, 512).
+
+    Args:
+        interval_steps: H, in training steps.
+        params: the env parameters (to read the gap feature in steps).
+    """
+
+    def __init__(self, interval_steps: int = 256, params: EnvParams | None = None) -> None:
+        if interval_steps < 1:
+            raise ValueError(f"interval_steps must be >= 1, got {interval_steps}")
+        self.interval_steps = int(interval_steps)
+        self.params = params or EnvParams()
+        self.name = f"fixed-{self.interval_steps}"
+
+    def attach(self, env: Any, episode_seed: int | None = None) -> None:
+        self.params = env.params
+
+    def act(self, obs: np.ndarray) -> np.ndarray:
+        return (_gap_steps(obs, self.params) >= self.interval_steps).astype(np.int64)
+
+
+class PressureGate(Agent):
+    """Defer while fleet pressure is high:
+    ``a = 1[max(network, serving, checkpoint) <= threshold]`` (reference default 0.6)."""
+
+    name = "pressure-gate"
+
+    def __init__(self, threshold: float = 0.6) -> None:
+        self.threshold = float(threshold)
+
+    def act(self, obs: np.ndarray) -> np.ndarray:
+        p = np.maximum.reduce([obs_feature(obs, k) for k in ("network", "serving", "checkpoint")])
+        return (p <= self.threshold).astype(np.int64)
+
+
+class RandomDeferral(Agent):
+    """Deployable random baseline: inside the corridor defer with probability ``p``
+    (reference default 0.5). Not the matched control (that one is
+    :class:`diloco_gym.protocol.MatchedRandomDeferral`).
+
+    The generator is re-seeded from ``(seed, episode_seed)`` at every :meth:`attach`, so
+    an episode's draws do not depend on what ran before.
+    """
+
+    name = "random-deferral"
+
+    def __init__(self, p: float = 0.5, seed: int = 0) -> None:
+        if not 0.0 <= p <= 1.0:
+            raise ValueError(f"p must be in [0, 1], got {p}")
+        self.p = float(p)
+        self.seed = int(seed)
+        self.rng = np.random.default_rng(seed)
+
+    def attach(self, env: Any, episode_seed: int | None = None) -> None:
+        self.rng = np.random.default_rng([self.seed, int(episode_seed or 0)])
+
+    def act(self, obs: np.ndarray) -> np.ndarray:
+        return (self.rng.random(len(obs)) >= self.p).astype(np.int64)
+
+
+@dataclass(frozen=True)
+class WAWeights:
+    """WA-DiLoCo score weights (paper configuration; SPEC.md §3)."""
+
+    loss: float = 0.5
+    tokens: float = 0.5
+    network: float = 0.5
+    serving: float = 0.75
+    checkpoint: float = 0.25
+    staleness: float = 0.25
+    cost: float = 0.0
+
+
+class WADiLoCo(Agent):
+    """Workload-aware DiLoCo: merge when ``score > threshold`` (default 0), with
+
+    ``score = progress - pressure``,
+    ``progress = w_loss * clip(loss_delta, 0.05) + w_tok * clip(tokens, 1e6)``,
+    ``pressure = w_net * network + w_serve * serving + w_ckpt * checkpoint
+    + w_cost * clip(sync_cost, 1) + w_stale * clip(staleness_s, 1800)``.
+
+    Paper weights: w_loss .5, w_tok .5, w_net .5, w_serve .75, w_ckpt .25, w_stale .25,
+    w_cost 0. ``aggregate="mean"`` (the paper) scores the mean learner;
+    ``"unanimous"`` (the reference) needs every learner's score above the threshold, i.e.
+    the slowest learner's (reports grow with throughput, so the minimum features in the
+    observation are the slowest learner's). ``sync_cost`` is the expected overlap of a
+    window started now: the forecast request rate relative to twice the slow baseline
+    rate, ``forecast / (2 * baseline)`` (0.5 at average load, 1 at double).
+    """
+
+    name = "wa-diloco"
+
+    def __init__(self, weights: WAWeights | None = None, threshold: float = 0.0,
+                 aggregate: str = "mean", rate_norm_rps: float = 8.0) -> None:
+        if aggregate not in ("mean", "unanimous"):
+            raise ValueError(f"aggregate must be 'mean' or 'unanimous', got {aggregate!r}")
+        self.weights = weights or WAWeights()
+        self.threshold = float(threshold)
+        self.aggregate = aggregate
+        self.rate_norm_rps = rate_norm_rps
+
+    def attach(self, env: Any, episode_seed: int | None = None) -> None:
+        self.rate_norm_rps = env.params.rate_norm_rps
+
+    def sync_cost(self, obs: np.ndarray) -> np.ndarray:
+        f = unsquash_rate(obs_feature(obs, "rate_forecast"), self.rate_norm_rps)
+        b = unsquash_rate(obs_feature(obs, "rate_baseline"), self.rate_norm_rps)
+        return np.clip(f / np.maximum(2.0 * b, 1e-9), 0.0, 1.0)
+
+    def score(self, obs: np.ndarray) -> np.ndarray:
+        w = self.weights
+        suffix = "mean" if self.aggregate == "mean" else "min"
+        progress = (w.loss * obs_feature(obs, f"loss_progress_{suffix}")
+                    + w.tokens * obs_feature(obs, f"tokens_{suffix}"))
+        pressure = (w.network * obs_feature(obs, "network")
+                    + w.serving * obs_feature(obs, "serving")
+                    + w.checkpoint * obs_feature(obs, "checkpoint")
+                    + w.staleness * obs_feature(obs, "staleness"))
+        if w.cost:
+            pressure = pressure + w.cost * self.sync_cost(obs)
+        return progress - pressure
+
+    def act(self, obs: np.ndarray) -> np.ndarray:
+        return (self.score(obs) > self.threshold).astype(np.int64)
+
+
+class CalibratedWA(WADiLoCo):
+    """WA-DiLoCo with the serving-overlap cost term: the paper weights with ``w_cost = 1``."""
+
+    name = "calibrated-wa"
+
+    def __init__(self, threshold: float = 0.0, aggregate: str = "mean") -> None:
+        super().__init__(WAWeights(cost=1.0), threshold, aggregate)
+
+
+class OnlineForecastWA(Agent):
+    """Deployable calibrated WA with a one-step EWMA forecast of the request rate.
+
+    The env's ``rate_forecast`` feature is the one-step EWMA forecast
+    ``f_{t+1} = alpha * r_t + (1 - alpha) * f_t`` (``EnvParams.forecast_alpha``, default
+    0.5, computed causally over every decision); ``rate_baseline`` is a slow EWMA of the
+    same rates (what the coming decisions offer on average). The expected overlap cost of
+    a window started now is proportional to the forecast rate, so the agent merges when
+
+    ``progress >= min_progress`` and ``max(f, r_now) <= quiet_ratio * baseline``
+    and ``trend <= max_trend``,
+
+    where ``progress`` is WA-DiLoCo's progress term (mean learner). The corridor forces a
+    merge at H_max. Defaults: ``min_progress = 0.3``, ``quiet_ratio = 0.9``,
+    ``max_trend = 0.05`` (rate features in requests/s through ``rate_norm_rps``).
+    """
+
+    name = "online-forecast"
+
+    def __init__(self, min_progress: float = 0.3, quiet_ratio: float = 0.9,
+                 max_trend: float = 0.05, rate_norm_rps: float = 8.0) -> None:
+        self.min_progress = float(min_progress)
+        self.quiet_ratio = float(quiet_ratio)
+        self.max_trend = float(max_trend)
+        self.rate_norm_rps = rate_norm_rps
+
+    def attach(self, env: Any, episode_seed: int | None = None) -> None:
+        self.rate_norm_rps = env.params.rate_norm_rps
+
+    def act(self, obs: np.ndarray) -> np.ndarray:
+        w = WAWeights()
+        progress = (w.loss * obs_feature(obs, "loss_progress_mean")
+                    + w.tokens * obs_feature(obs, "tokens_mean"))
+        f = unsquash_rate(obs_feature(obs, "rate_forecast"), self.rate_norm_rps)
+        r = unsquash_rate(obs_feature(obs, "rate_now"), self.rate_norm_rps)
+        b = unsquash_rate(obs_feature(obs, "rate_baseline"), self.rate_norm_rps)
+        quiet = np.maximum(f, r) <= self.quiet_ratio * b
+        calm = obs_feature(obs, "rate_trend") <= self.max_trend
+        return ((progress >= self.min_progress) & quiet & calm).astype(np.int64)
+
+
+class OfflineCalibratedOracle(Agent):
+    """Non-deployable upper bound: sees the whole trace (through the env's
+    ``oracle_costs()``) and merges on the schedule of least total sync-excess cost under
+    the corridor, by exact dynamic programming (:func:`diloco_gym.schedules.optimal_schedule`).
+
+    Args:
+        budget: exact number of merges, or ``None`` for the free-budget optimum.
+    """
+
+    name = "offline-oracle"
+    deployable = False
+
+    def __init__(self, budget: int | None = None) -> None:
+        self.budget = budget
+        self._env = None
+        self._plan: set[int] = set()
+
+    def attach(self, env: Any, episode_seed: int | None = None) -> None:
+        p = env.params
+        merges, _ = optimal_schedule(env.oracle_costs(), p.h_min, p.h_max, self.budget)
+        self._plan = set(int(d) for d in merges)
+        self._env = env
+
+    def act(self, obs: np.ndarray) -> np.ndarray:
+        if self._env is None:
+            raise RuntimeError("OfflineCalibratedOracle needs attach(env) after each reset "
+                               "(use diloco_gym.rollout.run_episode)")
+        return np.full(len(obs), int(self._env.decision in self._plan), dtype=np.int64)
