@@ -1,0 +1,190 @@
+"""The calibration protocol, the matched-random wrapper and the report (issue #4)."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+
+import numpy as np
+import pytest
+from scipy import stats
+
+import diloco_gym
+from diloco_gym import core, protocol, schedules
+from diloco_gym.cli import main
+from diloco_gym.report import ReportConfig, holm, run_protocol, write_report
+from diloco_gym.traces import Trace
+
+
+def _small_env(**kw):
+    """A tiny episode: 2 s merges, corridor [2, 4] decisions, 14 decisions."""
+    gen = diloco_gym.get_regime("bursty")
+    full = gen(np.random.default_rng(0))
+    keep = full.arrival_s < 30.0
+    tr = Trace(full.arrival_s[keep], full.prompt_tokens[keep], full.output_tokens[keep], 30.0,
+               network=full.network[:30], checkpoint=full.checkpoint[:30])
+    params = core.EnvParams(h_min_steps=16, h_max_steps=32, merge_seconds=2.0, **kw)
+    return diloco_gym.DiLoCoSyncEnv(regime=tr, params=params)
+
+
+def test_matched_random_wrapper_is_uniform_and_feasible():
+    env = _small_env()
+    env.reset(seed=0)
+    n = env.episode.n_decisions
+    p = env.params
+    m = 4
+    support = schedules.brute_force_schedules(n, p.h_min, p.h_max, m)
+    assert len(support) > 5
+    wrapped = protocol.MatchedRandomDeferral(env, merges=m, draw_seed=1)
+    counts = Counter()
+    draws = 60 * len(support)
+    for i in range(draws):
+        wrapped.reset(seed=i)  # a fixed trace: every seed gives the same episode, a new draw
+        while True:
+            _, _, term, trunc, info = wrapped.step(1)  # the agent's action is ignored
+            if term or trunc:
+                break
+        sched = tuple(info["episode"]["merge_decisions"])
+        assert len(sched) == m
+        assert schedules.is_feasible(sched, n, p.h_min, p.h_max)
+        counts[sched] += 1
+    assert set(counts) <= set(support)
+    obs = np.array([counts[s] for s in support])
+    assert stats.chisquare(obs).pvalue > 0.001
+
+
+def test_matched_random_wrapper_per_seed_budget():
+    env = diloco_gym.DiLoCoSyncEnv(regime="bursty")
+    wrapped = protocol.MatchedRandomDeferral(env, merges={4: 9, 5: 11})
+    for seed, m in ((4, 9), (5, 11)):
+        wrapped.reset(seed=seed)
+        while True:
+            *_, trunc, info = wrapped.step(0)
+            if trunc:
+                break
+        assert info["episode"]["merges"] == m
+    with pytest.raises(KeyError, match="episode seed 6"):
+        wrapped.reset(seed=6)
+
+
+def test_envelope_draws_have_exact_budget_and_match_exact_replay():
+    env = diloco_gym.DiLoCoSyncEnv(regime="bursty")
+    env.reset(seed=2)
+    ep, p, sc = env.episode, env.params, env.sidecar
+    rng = np.random.default_rng(0)
+    sch = schedules.sample_uniform(ep.n_decisions, p.h_min, p.h_max, 9, 50, rng)
+    assert sch.shape == (50, 9)
+    assert all(schedules.is_feasible(s, ep.n_decisions, p.h_min, p.h_max) for s in sch)
+    exact = protocol.replay_many(ep, sch, p, sc)
+    for i in range(5):
+        ref = core.schedule_summary(ep, sch[i].tolist(), p, sc)["sync_excess_pct"]
+        assert exact[i] == pytest.approx(ref, abs=1e-9)
+    additive = ep.merge_cost[sch].sum(axis=1) * ep.pct_per_request
+    assert np.abs(additive - exact).max() < 0.05  # measured: 0 on this episode
+    env_a = protocol.envelope(ep, 9, 200, np.random.default_rng(1), p, sc)
+    env_b = protocol.envelope(ep, 9, 200, np.random.default_rng(1), p, sc)
+    assert np.array_equal(env_a, env_b) and env_a.shape == (200,)
+
+
+def test_paired_test_exact_and_bootstrap():
+    rng = np.random.default_rng(0)
+    r = protocol.paired_test(np.array([1.0, 2.0, 3.0, 4.0, 5.0]), rng)
+    assert r["p_value"] == pytest.approx(2 / 32)  # only all-plus and all-minus are as extreme
+    assert r["ci_low"] <= 3.0 <= r["ci_high"]
+    r = protocol.paired_test(np.array([1.0, -1.0, 1.0, -1.0]), rng)
+    assert r["p_value"] == pytest.approx(1.0)
+    big = protocol.paired_test(np.random.default_rng(3).normal(0.8, 1.0, 40), rng, n_flip=20000)
+    assert 0 < big["p_value"] < 0.05
+
+
+def test_gate_and_holm():
+    assert protocol.gate_verdict("calibrated", -1.0, 0.01) == "placement gain"
+    assert protocol.gate_verdict("calibrated", 1.0, 0.01) == "worse than matched random"
+    assert protocol.gate_verdict("calibrated", -1.0, 0.2) == "tied with matched random"
+    assert protocol.gate_verdict("uncalibrated", -1.0, 0.0) == "no claim (uncalibrated)"
+    assert protocol.gate_verdict("no measurable SLO effect", -1.0, 0.0) == \
+        "no claim (no SLO effect)"
+    assert np.allclose(holm(np.array([0.01, 0.04, 0.03])), [0.03, 0.06, 0.06])
+
+
+@pytest.fixture(scope="module")
+def reduced_report():
+    config = ReportConfig(
+        regimes=["ordinary", "pressure-heavy", "sync-heavy", "bursty"],
+        agents=["fixed-256", "fixed-512", "pressure-gate", "wa-diloco", "online-forecast",
+                "offline-oracle"],
+        seeds=20, draws=200)
+    return run_protocol(config, progress=False)
+
+
+def test_report_reaches_the_papers_conclusions(reduced_report):
+    s = reduced_report["summary"].set_index(["regime", "agent"])
+    # ordinary and pressure-heavy: merges have no measurable real effect -> no SLO claim
+    for regime in ("ordinary", "pressure-heavy"):
+        assert (s.loc[regime]["verdict"] == "no claim (no SLO effect)").all()
+    cal = reduced_report["calibration"].set_index("regime")
+    assert abs(cal.loc["ordinary", "sim_p95_sync_ratio"] - 1.0) <= 0.05
+    assert abs(cal.loc["ordinary", "sim_p95_high_low"] - 1.0) <= 0.05
+    # pressure-heavy: no agent dominates (every agent's excess within 0.5 pp of the others)
+    ph = s.loc["pressure-heavy"]["sync_excess_pct"]
+    assert ph.max() - ph.min() < 0.5
+    # steady sync-heavy: every deployable agent ties its matched random ...
+    sh = s.loc["sync-heavy"]
+    for agent in ("fixed-256", "fixed-512", "pressure-gate", "wa-diloco", "online-forecast"):
+        assert sh.loc[agent, "verdict"] == "tied with matched random", agent
+        assert sh.loc[agent, "p_holm"] > 0.05
+    # ... while differences between agents follow their budgets
+    assert sh.loc["wa-diloco", "sync_excess_pct"] < sh.loc["fixed-256", "sync_excess_pct"]
+    assert sh.loc["wa-diloco", "sync_excess_pct"] < sh.loc["pressure-gate", "sync_excess_pct"]
+    assert sh.loc["wa-diloco", "merges_per_hour"] < sh.loc["fixed-256", "merges_per_hour"]
+    assert sh.loc["wa-diloco", "merges_per_hour"] < sh.loc["pressure-gate", "merges_per_hour"]
+    # bursty: the oracle beats matched random and WA-DiLoCo; the online forecaster beats
+    # its matched random at p < 0.05
+    b = s.loc["bursty"]
+    assert b.loc["offline-oracle", "verdict"] == "placement gain"
+    assert b.loc["offline-oracle", "sync_excess_pct"] < b.loc["wa-diloco", "sync_excess_pct"]
+    assert b.loc["online-forecast", "verdict"] == "placement gain"
+    assert b.loc["online-forecast", "p_value"] < 0.05
+
+
+def test_report_files_and_overwrite_protection(reduced_report, tmp_path):
+    out = tmp_path / "rep"
+    write_report(reduced_report, out)
+    for name in ("report.md", "results.csv", "report.json", "fig_bursty.png",
+                 "timeline_bursty.png"):
+        assert (out / name).stat().st_size > 0, name
+    data = json.loads((out / "report.json").read_text())
+    assert {r["verdict"] for r in data["summary"]} <= set(protocol.VERDICTS)
+    assert "placement gain" in (out / "report.md").read_text()
+    with pytest.raises(FileExistsError, match="--force"):
+        write_report(reduced_report, out)
+    write_report(reduced_report, out, force=True)
+
+
+def test_interrupted_report_leaves_no_files(reduced_report, tmp_path, monkeypatch):
+    import diloco_gym.report as rep
+
+    def boom(*a, **k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(rep, "_figures", boom)
+    out = tmp_path / "rep"
+    with pytest.raises(KeyboardInterrupt):
+        write_report(reduced_report, out)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_cli_report_end_to_end(tmp_path, capsys):
+    out = tmp_path / "r"
+    argv = ["report", "--out", str(out), "--seeds", "2", "--regimes", "bursty", "--agents",
+            "fixed-512", "--draws", "50", "--no-progress"]
+    assert main(argv) == 0
+    assert (out / "report.md").exists() and (out / "results.csv").exists()
+    assert "report written" in capsys.readouterr().out
+    with pytest.raises(SystemExit, match="already exists"):
+        main(argv)
+    with pytest.raises(SystemExit, match="valid regimes"):
+        main(["report", "--out", str(tmp_path / "x"), "--regimes", "bursted"])
+    with pytest.raises(SystemExit, match="valid agents"):
+        main(["report", "--out", str(tmp_path / "x"), "--agents", "wa"])
+    assert not (tmp_path / "x").exists()
