@@ -25,8 +25,9 @@ from diloco_gym.schedules import completion_counts
 from diloco_gym.sidecar import ReplayResult, SidecarParams, base_latency_s, merge_costs, replay
 from diloco_gym.traces import PRESSURE_DT_S, Trace
 
-__all__ = ["EnvParams", "Episode", "build_episode", "OBS_FEATURES", "OBS_DIM",
-           "learner_table", "options", "sync_mask", "replay_schedule", "BudgetTables"]
+__all__ = ["EnvParams", "Episode", "build_episode", "episode_from_seed", "OBS_FEATURES",
+           "OBS_DIM", "learner_table", "learner_features", "options", "sync_mask",
+           "replay_schedule", "BudgetTables"]
 
 
 @dataclass(frozen=True)
@@ -107,8 +108,9 @@ class EnvParams:
                 raise ValueError(f"EnvParams.{name} ({getattr(self, name)}) must be a multiple "
                                  f"of decision_interval ({self.decision_interval})")
         if self.merge_steps > self.h_min_steps:
-            raise ValueError(f"EnvParams: a merge ({self.merge_steps} steps) must fit inside "
-                             f"h_min_steps ({self.h_min_steps}) so that merges never overlap")
+            raise ValueError(f"EnvParams.merge_seconds: a merge ({self.merge_seconds} s = "
+                             f"{self.merge_steps} steps) must fit inside h_min_steps "
+                             f"({self.h_min_steps}) so that merges never overlap")
 
     @property
     def decision_seconds(self) -> float:
@@ -255,13 +257,16 @@ def build_episode(trace: Trace, params: EnvParams, sidecar: SidecarParams,
                          f"decisions plus a {margin_s:.1f} s margin for the last merge")
     di = params.decision_interval
     n_bins = n_slots * di
-    # Arrivals per decision interval; rate seen at decision d = count of interval d-1.
-    dec_of_req = np.minimum((trace.arrival_s / dec_s).astype(np.int64), n_slots - 1)
+    # Decision d is at t_dec[d]; interval d is [t_dec[d], t_dec[d + 1]), and the rate seen at
+    # decision d is the count of interval d-1: arrivals strictly before t_dec[d]. Binning
+    # against t_dec itself keeps that boundary exact (floor(arrival / dec_s) rounds an
+    # arrival at exactly a decision time into the interval before it: a look-ahead).
+    t_dec = np.arange(n_slots) * dec_s
+    dec_of_req = np.searchsorted(t_dec, trace.arrival_s, side="right") - 1
     counts = np.bincount(dec_of_req, minlength=n_slots).astype(np.float64)
     rate_now = np.concatenate([[0.0], counts[:-1] / dec_s])
     forecast = _ewma(rate_now, params.forecast_alpha)
     baseline = _ewma(rate_now, params.baseline_alpha)
-    t_dec = np.arange(n_slots) * dec_s
     p_idx = np.minimum((t_dec / PRESSURE_DT_S).astype(np.int64), trace.num_pressure_samples - 1)
     net = trace.network[p_idx] if trace.network is not None else np.zeros(n_slots)
     ckpt = trace.checkpoint[p_idx] if trace.checkpoint is not None else np.zeros(n_slots)
@@ -285,6 +290,45 @@ def build_episode(trace: Trace, params: EnvParams, sidecar: SidecarParams,
                    pressure_bin, base_replay, seed)
 
 
+def episode_from_seed(generator, seed: int, params: EnvParams, sidecar: SidecarParams,
+                      learner_params: lrn.LearnerParams) -> Episode:
+    """The episode of ``seed``: its trace and learner throughputs from one generator.
+
+    ``np.random.default_rng(seed)`` draws the trace (``generator(rng)``) and then the
+    learner throughputs, so the single and the vector env give the same episode for the
+    same seed.
+    """
+    rng = np.random.default_rng(seed)
+    trace = generator(rng)
+    return build_episode(trace, params, sidecar, learner_params, rng, seed=seed)
+
+
+def learner_features(gap_s, global_tokens, throughputs: np.ndarray, params: EnvParams,
+                     lp: lrn.LearnerParams) -> np.ndarray:
+    """The learner block of the observation (``LEARNER_SLICE``) after ``gap_s`` seconds.
+
+    Shared by :func:`learner_table` (the single env: every gap at once) and the vector env
+    (one gap per env), so both compute the features with the same arithmetic.
+
+    Args:
+        gap_s: seconds since the last merge, any shape ``S`` (broadcast with the tokens).
+        global_tokens: tokens in the global model, broadcastable to ``S``.
+        throughputs: ``(..., K)`` tokens per second, ascending along the last axis and
+            broadcastable to ``S + (K,)``.
+
+    Returns:
+        float32 ``S + (5,)``: mean and min loss progress, mean and min tokens, staleness.
+    """
+    delta, tau = lrn.reports(gap_s, global_tokens, throughputs, lp)
+    lp_ = np.clip(delta / params.loss_clip, 0.0, 1.0)
+    tk_ = np.clip(tau / params.tokens_clip, 0.0, 1.0)
+    stale = np.clip(np.asarray(gap_s) / params.staleness_clip_s, 0.0, 1.0)
+    stale = np.broadcast_to(stale, lp_.shape[:-1])
+    # Reports grow with throughput and throughputs are sorted, so learner 0 is the minimum.
+    out = np.stack([lp_.mean(-1), lp_[..., 0], tk_.mean(-1), tk_[..., 0], stale], axis=-1)
+    return out.astype(np.float32)
+
+
 def learner_table(global_tokens, throughputs: np.ndarray, params: EnvParams,
                   lp: lrn.LearnerParams) -> np.ndarray:
     """Learner features for every gap ``0..H_max`` decisions, given the global tokens.
@@ -299,14 +343,7 @@ def learner_table(global_tokens, throughputs: np.ndarray, params: EnvParams,
     g = gaps_s[None, :] if batched else gaps_s
     tk = tok[:, None] if batched else tok
     thr = throughputs[:, None, :] if batched else throughputs
-    delta, tau = lrn.reports(g, tk, thr, lp)
-    lp_ = np.clip(delta / params.loss_clip, 0.0, 1.0)
-    tk_ = np.clip(tau / params.tokens_clip, 0.0, 1.0)
-    stale = np.clip(g / params.staleness_clip_s, 0.0, 1.0)
-    stale = np.broadcast_to(stale, lp_.shape[:-1])
-    # Reports grow with throughput and throughputs are sorted, so learner 0 is the minimum.
-    out = np.stack([lp_.mean(-1), lp_[..., 0], tk_.mean(-1), tk_[..., 0], stale], axis=-1)
-    return out.astype(np.float32)
+    return learner_features(g, tk, thr, params, lp)
 
 
 class BudgetTables:

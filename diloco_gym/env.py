@@ -166,10 +166,8 @@ class DiLoCoSyncEnv(gym.Env):
             episode_seed = int(seed)
         else:
             episode_seed = int(self.np_random.integers(0, 2**31 - 1))
-        rng = np.random.default_rng(episode_seed)
-        trace = self.generator(rng)
-        self.episode = core.build_episode(trace, self.params, self.sidecar, self.learner_params,
-                                          rng, seed=episode_seed)
+        self.episode = core.episode_from_seed(self.generator, episode_seed, self.params,
+                                              self.sidecar, self.learner_params)
         n = self.episode.n_decisions
         p = self.params
         self._budget = None

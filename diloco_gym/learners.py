@@ -81,8 +81,11 @@ class LearnerParams:
 
 def loss(tokens, p: LearnerParams):
     """Global loss after ``tokens`` training tokens."""
-    return p.loss_floor + p.loss_scale * (1.0 + np.asarray(tokens) / p.tokens_scale) ** (
-        -p.loss_exponent)
+    # np.power, not ``**``: on a numpy scalar ``**`` takes the C library's pow, which can
+    # differ in the last bit from the ufunc used on arrays; the ufunc gives every shape
+    # (the single env's scalars, the vector env's batches) the same values.
+    return p.loss_floor + p.loss_scale * np.power(1.0 + np.asarray(tokens) / p.tokens_scale,
+                                                  -p.loss_exponent)
 
 
 def reports(gap_s, global_tokens, throughputs: np.ndarray, p: LearnerParams):

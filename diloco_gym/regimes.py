@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 
 import numpy as np
+from scipy.signal import lfilter
 
 from diloco_gym.sidecar import SidecarParams
 from diloco_gym.traces import PRESSURE_DT_S, Trace, random_window, scale_rate
@@ -22,6 +23,7 @@ from diloco_gym.traces import PRESSURE_DT_S, Trace, random_window, scale_rate
 __all__ = ["SyntheticRegime", "ReplayRegime", "REGIMES", "get_regime", "regime_names"]
 
 SLICE_S = 0.1
+_AR_B = np.array([1.0])
 
 
 def _pressure_series(rng: np.random.Generator, n: int, mean: float, sd: float,
@@ -29,10 +31,10 @@ def _pressure_series(rng: np.random.Generator, n: int, mean: float, sd: float,
     """AR(1) pressure around ``mean`` with rare plateaus at ``spike_level``."""
     rho = 0.97  # about 30 s memory
     noise = rng.normal(0.0, sd * np.sqrt(1 - rho**2), n)
-    x = np.empty(n)
-    x[0] = rng.normal(0.0, sd)
-    for i in range(1, n):  # n is ~600: a tiny scalar loop
-        x[i] = rho * x[i - 1] + noise[i]
+    noise[0] = rng.normal(0.0, sd)  # x[0]; noise[0] is never used by the recursion
+    # x[i] = rho * x[i - 1] + noise[i] as a first-order IIR filter: scipy evaluates
+    # exactly this expression per sample, so the series is bit-identical to the loop.
+    x = lfilter(_AR_B, [1.0, -rho], noise)
     series = mean + x
     onsets = np.flatnonzero(rng.random(n) < spike_rate_per_s)
     length = max(1, int(round(spike_s / PRESSURE_DT_S)))
@@ -109,11 +111,21 @@ class SyntheticRegime:
             gaps = rng.uniform(0.5, 1.5, int(self.duration_s / self.burst_period_s * 2) + 4)
             onsets = np.cumsum(gaps * self.burst_period_s) - rng.uniform(0, self.burst_period_s)
         lift = np.zeros(t.shape)
+        # A burst lifts the rate only on [onset - ramp_s, onset + burst_s); elsewhere its
+        # term is 0 and max(lift, 0) = lift, so each burst touches just its own span of a
+        # sorted ``t`` (the same arithmetic as over the whole grid).
+        ordered = t.ndim == 1 and bool(np.all(t[1:] >= t[:-1]))
         for onset in onsets:  # onset = start of the plateau
-            ramp = np.clip((t - (onset - self.ramp_s)) / self.ramp_s, 0, 1) if self.ramp_s else (
-                (t >= onset).astype(float))
-            inside = (t < onset + self.burst_s) * ramp
-            lift = np.maximum(lift, inside)
+            if ordered:
+                lo, hi = np.searchsorted(t, [onset - self.ramp_s, onset + self.burst_s])
+                span = slice(lo, hi)
+            else:
+                span = slice(None)
+            ts = t[span]
+            ramp = np.clip((ts - (onset - self.ramp_s)) / self.ramp_s, 0, 1) if self.ramp_s else (
+                (ts >= onset).astype(float))
+            inside = (ts < onset + self.burst_s) * ramp
+            lift[span] = np.maximum(lift[span], inside)
         return rate + (self.busy_rate_rps - self.quiet_rate_rps) * lift
 
     def __call__(self, rng: np.random.Generator) -> Trace:

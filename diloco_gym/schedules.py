@@ -91,7 +91,7 @@ def sample_uniform(n: int, h_min: int, h_max: int, m: int, k: int,
     Raises:
         ValueError: when no feasible schedule has ``m`` merges (the message gives the range).
     """
-    f = counts if counts is not None else completion_counts(n, h_min, h_max, m)
+    f = counts if counts is not None else completion_counts(n, h_min, h_max, max(m, 0))
     if m < 0 or m >= f.shape[0] or f[m, 0] <= 0:
         lo, hi = budget_range(n, h_min, h_max)
         raise ValueError(f"no feasible schedule has {m} merges in {n} decisions "

@@ -34,7 +34,6 @@ same replay with no merges (percentage points of requests).
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from functools import lru_cache
 
 import numpy as np
 
@@ -186,17 +185,20 @@ def replay(base_s: np.ndarray, req_bin: np.ndarray, pressure_bin: np.ndarray,
     return ReplayResult(latency, latency > p.slo_s, active, pressure_bin[req_bin])
 
 
-@lru_cache(maxsize=16)
-def _cost_grid(n_bins: int, first: int, stride: int, n_starts: int, merge_bins: int,
-               horizon: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Index grids of :func:`merge_costs` that depend only on the shapes (cached)."""
-    starts = first + stride * np.arange(n_starts, dtype=np.int64)
-    k = np.minimum(starts[:, None] + np.arange(horizon), n_bins)  # (C, J) bin of each offset
-    k_end = np.minimum(k, np.minimum(starts + merge_bins, n_bins)[:, None])
-    s0 = np.minimum(starts, n_bins)
-    for a in (k, k_end, s0):
-        a.setflags(write=False)
-    return k, k_end, s0
+#: Candidates per block in :func:`merge_costs` (bounds memory on day-long traces).
+_COST_BLOCK = 4096
+#: Requests per chunk of the request/candidate pairing in :func:`merge_costs`.
+_PAIR_CHUNK = 1 << 16
+
+
+def _padded(x: np.ndarray, size: int) -> np.ndarray:
+    """``x`` extended to ``size`` by repeating its last value (index clipping, as a copy)."""
+    if size <= x.size:
+        return x
+    out = np.empty(size)
+    out[:x.size] = x
+    out[x.size:] = x[-1]
+    return out
 
 
 def merge_costs(base_s: np.ndarray, req_bin: np.ndarray, pressure_bin: np.ndarray,
@@ -216,6 +218,13 @@ def merge_costs(base_s: np.ndarray, req_bin: np.ndarray, pressure_bin: np.ndarra
     request is then paired with the candidates whose horizon holds it and compared with
     its latency threshold.
 
+    Layout (for speed; the arithmetic is unchanged): the backlog grid is stored
+    offset-major, ``grid[j, c]`` for offset ``j`` into candidate ``c``'s horizon, padded
+    with ``-inf`` (no candidate, or past the horizon) so that a request's pairs are a
+    fixed stride apart in the flat grid and need no validity mask. Requests that violate
+    without a merge are dropped before pairing. Day-long traces are processed in blocks
+    of candidates and chunks of requests, so memory stays bounded.
+
     Args:
         starts: candidate start bins, equally spaced.
 
@@ -228,11 +237,17 @@ def merge_costs(base_s: np.ndarray, req_bin: np.ndarray, pressure_bin: np.ndarra
     if n_c == 0 or req_bin.size == 0:
         return np.zeros(n_c)
     stride = int(starts[1] - starts[0]) if n_c > 1 else 1
-    if n_c > 1 and not np.all(np.diff(starts) == stride):
+    if n_c > 1 and (stride < 1 or not np.all(np.diff(starts) == stride)):
         raise ValueError("merge_costs needs equally spaced candidate starts")
     first = int(starts[0])
+    if first < 0:
+        raise ValueError("merge_costs needs candidate starts >= 0")
     horizon = merge_bins + int(round(p.tail_s / bin_s))
-    k, k_end, s0 = _cost_grid(n_bins, first, stride, n_c, merge_bins, horizon)
+    n_lags = (horizon - 1) // stride + 1  # candidates whose horizon can hold one request
+    # Lags [0, lag_in) are inside the merge window for every request, [lag_tail, n_lags)
+    # after it; the (at most one) lag in between depends on the request's offset.
+    lag_in = min(merge_bins // stride, n_lags)
+    lag_tail = min(-(-merge_bins // stride), n_lags)
 
     m0 = _slowdown(pressure_bin, None, p)
     s = _running_sum(base_s, req_bin, m0, p, bin_s)
@@ -241,30 +256,87 @@ def merge_costs(base_s: np.ndarray, req_bin: np.ndarray, pressure_bin: np.ndarra
     lost = p.slots * bin_s / m0 * (p.sync_slowdown / (1.0 + p.sync_slowdown))
     d = np.zeros(n_bins + 1)
     np.cumsum(lost, out=d[1:])
-    s_merge = s[k] + d[k_end]
-    s_merge -= d[s0][:, None]
-    run_min = np.minimum.accumulate(s_merge, axis=1)
-    np.minimum(run_min, prefmin[s0][:, None], out=run_min)
-    s_merge -= run_min  # now the backlog with the merge, (C, J)
-    flat_backlog = s_merge.ravel()
+    # Index k >= n_bins reads S[n_bins] (the reference clips indices): pad by repetition.
+    size = int(starts[-1]) + horizon + 1
+    s, d, prefmin = _padded(s, size), _padded(d, size), _padded(prefmin, size)
 
-    # Request i violates under a candidate iff its backlog exceeds a threshold that only
-    # depends on whether it arrived inside the window (in-window) or after it (tail).
-    slow = m0[req_bin]
-    thr_in = (p.slo_s / (slow * (1.0 + p.sync_slowdown)) - base_s) * p.slots
-    thr_tail = (p.slo_s / slow - base_s) * p.slots
+    # Per request: candidate of the last start at or before it (c_hi), offset from it (r),
+    # and the backlog thresholds inside the window and in the tail.
+    keep = ~np.asarray(violated0).astype(bool)
     rel = req_bin - first
-    c_hi = rel // stride  # last candidate starting at or before the request
-    r = rel - c_hi * stride  # offset of the request from that candidate's start
-    lags = np.arange((horizon + stride - 1) // stride + 1)
-    c = c_hi[:, None] - lags  # (R, L) candidate
-    j = r[:, None] + lags * stride  # (R, L) offset inside that candidate's horizon
-    valid = (c >= 0) & (c < n_c) & (j < horizon)
-    b = np.take(flat_backlog, c * horizon + j, mode="clip")
-    thr = np.where(j < merge_bins, thr_in[:, None], thr_tail[:, None])
-    extra = (b > thr) & valid
-    extra &= ~violated0.astype(bool)[:, None]
-    return np.bincount(c[extra], minlength=n_c).astype(np.float64)
+    keep &= rel >= 0
+    c_hi = rel // stride
+    keep &= c_hi < n_c + n_lags - 1
+    ridx = np.flatnonzero(keep)
+    c_hi = c_hi[ridx]
+    r_off = rel[ridx] - c_hi * stride
+    slow = m0[req_bin[ridx]]
+    b_s = base_s[ridx]
+    thr_in = (p.slo_s / (slow * (1.0 + p.sync_slowdown)) - b_s) * p.slots
+    thr_tail = (p.slo_s / slow - b_s) * p.slots
+
+    if ridx.size and np.any(np.diff(c_hi) < 0):  # requests not in time order
+        order = np.argsort(c_hi, kind="stable")
+        c_hi, r_off, thr_in, thr_tail = c_hi[order], r_off[order], thr_in[order], thr_tail[order]
+
+    cost = np.zeros(n_c, dtype=np.int64)
+    pad = n_lags - 1
+    rows = n_lags * stride  # covers offsets r + lag * stride, r < stride
+    lags = np.arange(n_lags, dtype=np.int64)
+    es = s.strides[0]
+    for c_a in range(0, n_c, _COST_BLOCK):
+        c_b = min(n_c, c_a + _COST_BLOCK)
+        nb = c_b - c_a
+        cols = nb + 2 * pad
+        st = starts[c_a:c_b]
+        grid = np.empty((rows, cols))
+        grid[:, :pad] = -np.inf
+        grid[:, pad + nb:] = -np.inf
+        grid[horizon:] = -np.inf
+        g = grid[:horizon, pad:pad + nb]
+        s_win = np.lib.stride_tricks.as_strided(s[int(st[0]):], (horizon, nb),
+                                                (es, es * stride), writeable=False)
+        d_win = np.lib.stride_tricks.as_strided(d[int(st[0]):], (merge_bins, nb),
+                                                (es, es * stride), writeable=False)
+        # S with the merge: s[k] + d[k_end] - d[s0], k_end clipped to the window's end.
+        np.add(s_win[:merge_bins], d_win, out=g[:merge_bins])
+        np.add(s_win[merge_bins:], d[st + merge_bins][None, :], out=g[merge_bins:])
+        g -= d[st][None, :]
+        # Running minimum along each horizon, starting from the no-merge prefix minimum
+        # (min is exact, so the order of the comparisons does not matter).
+        run = np.empty((horizon, nb))
+        prev = prefmin[st]
+        for j in range(horizon):
+            prev = np.minimum(prev, g[j], out=run[j])
+        g -= run  # now the backlog with the merge
+        flat = grid.ravel()
+        step = stride * cols - 1  # flat distance between a request's consecutive lags
+
+        lo, hi = np.searchsorted(c_hi, [c_a, c_b + pad])
+        for q0 in range(lo, hi, _PAIR_CHUNK):
+            q = slice(q0, min(hi, q0 + _PAIR_CHUNK))
+            ch = c_hi[q] - c_a
+            r = r_off[q]
+            t_in, t_tail = thr_in[q], thr_tail[q]
+            base = r * cols + ch + pad
+            extra = np.empty((n_lags, base.size), dtype=bool)
+            for lag in range(n_lags):
+                b = np.take(flat[lag * step:], base)
+                if lag < lag_in:
+                    thr = t_in
+                elif lag >= lag_tail:
+                    thr = t_tail
+                else:
+                    thr = np.where(r + lag * stride < merge_bins, t_in, t_tail)
+                np.greater(b, thr, out=extra[lag])
+            # Count per candidate c = ch - lag: sum each run of equal ch, then scatter.
+            heads = np.flatnonzero(np.diff(ch, prepend=ch[0] - 1))
+            per = np.add.reduceat(extra, heads, axis=1, dtype=np.int64)  # (L, groups)
+            cand = ch[heads][None, :] - lags[:, None]
+            ok = (cand >= 0) & (cand < nb)
+            cost[c_a:c_b] += np.bincount(cand[ok], weights=per[ok], minlength=nb).astype(
+                np.int64)
+    return cost.astype(np.float64)
 
 
 def effect_sizes(result: ReplayResult, high_pressure: float = 0.6) -> dict:
