@@ -1,0 +1,168 @@
+"""Learned agents: training through the CLI, save/load, determinism, errors, seeds."""
+
+from __future__ import annotations
+
+import json
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("stable_baselines3")
+
+from agents.learned import REFERENCE_MODEL, LearnedAgent, load_learned_agent  # noqa: E402
+from agents.registry import make_agent  # noqa: E402
+from diloco_gym import train as tr  # noqa: E402
+from diloco_gym.cli import main  # noqa: E402
+from diloco_gym.env import DiLoCoSyncEnv  # noqa: E402
+from diloco_gym.rollout import run_episode  # noqa: E402
+
+TINY = ["--timesteps", "1024", "--n-envs", "2", "--eval-episodes", "2", "--eval-freq", "512",
+        "--checkpoint-freq", "512", "--no-progress"]
+
+
+def _observations(n: int = 64) -> np.ndarray:
+    env = DiLoCoSyncEnv("bursty")
+    rng = np.random.default_rng(0)
+    obs = []
+    for seed in (3, 4):
+        o, _ = env.reset(seed=seed)
+        while len(obs) < n * seed // 4:
+            obs.append(o)
+            o, _, _, truncated, _ = env.step(int(rng.integers(2)))
+            if truncated:
+                break
+    obs = np.array(obs, dtype=np.float32)
+    # plus random points of the observation space, to compare policies off-trajectory
+    space = env.observation_space
+    space.seed(0)
+    return np.concatenate([obs, np.array([space.sample() for _ in range(16)])])
+
+
+@pytest.fixture(scope="module")
+def ppo_run(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("ppo")
+    assert main(["train", "--algo", "ppo", "--seed", "3", "--out", str(out), *TINY]) == 0
+    return out
+
+
+def test_cli_train_writes_model_meta_logs_checkpoints(ppo_run: Path) -> None:
+    assert (ppo_run / "model.zip").is_file()
+    assert (ppo_run / "best_model.zip").is_file()
+    assert any((ppo_run / "tb").rglob("events.out.tfevents*"))
+    assert tr.latest_checkpoint(ppo_run).name == "rl_model_1024_steps.zip"
+    meta = json.loads((ppo_run / "meta.json").read_text())
+    assert meta["algo"] == "ppo" and meta["regime"] == "bursty" and meta["seed"] == 3
+    assert meta["timesteps"] >= 1024
+    assert meta["env_params"]["h_max_steps"] == 512
+    assert "stable_baselines3" in meta["versions"] and "torch" in meta["versions"]
+    assert meta["final_validation"]["merges"] >= 1
+
+
+def test_save_load_round_trip_same_actions(ppo_run: Path, tmp_path: Path) -> None:
+    agent = load_learned_agent(ppo_run / "model.zip")
+    assert agent.name == "learned:ppo-bursty"
+    obs = _observations()
+    a1 = agent.predict(obs)[0]
+    agent.model.save(tmp_path / "copy.zip")
+    again = load_learned_agent(tmp_path / "copy.zip")  # no meta.json: algo from the zip
+    assert again.name == "learned:copy"
+    np.testing.assert_array_equal(a1, again.predict(obs)[0])
+    # single observations agree with the batch
+    assert [int(agent.predict(o)[0]) for o in obs[:8]] == list(a1[:8])
+
+
+def test_same_seed_same_model(ppo_run: Path, tmp_path: Path) -> None:
+    out = tmp_path / "again"
+    assert main(["train", "--algo", "ppo", "--seed", "3", "--out", str(out), *TINY]) == 0
+    obs = _observations()
+    a = load_learned_agent(ppo_run / "model.zip")
+    b = load_learned_agent(out / "model.zip")
+    np.testing.assert_array_equal(a.predict(obs)[0], b.predict(obs)[0])
+    pa = a.model.policy.state_dict()
+    pb = b.model.policy.state_dict()
+    for k in pa:
+        np.testing.assert_array_equal(pa[k].numpy(), pb[k].numpy())
+
+
+def test_resume_continues_from_latest_checkpoint(ppo_run: Path, tmp_path: Path) -> None:
+    import shutil
+
+    out = tmp_path / "resume"
+    shutil.copytree(ppo_run, out)
+    args = ["train", "--algo", "ppo", "--seed", "3", "--out", str(out), *TINY]
+    args[args.index("1024")] = "2048"
+    assert main([*args, "--resume"]) == 0
+    meta = json.loads((out / "meta.json").read_text())
+    assert meta["resumed_from"].endswith("rl_model_1024_steps.zip")
+    assert meta["timesteps"] >= 2048
+
+
+@pytest.mark.parametrize("algo", ["maskable-ppo", "dqn"])
+def test_other_algorithms_train_and_load(algo: str, tmp_path: Path) -> None:
+    pytest.importorskip("sb3_contrib")
+    assert main(["train", "--algo", algo, "--seed", "0", "--out", str(tmp_path), *TINY]) == 0
+    agent = make_agent(str(tmp_path / "model.zip"))
+    assert isinstance(agent, LearnedAgent) and agent.meta["algo"] == algo
+    r = run_episode(DiLoCoSyncEnv("bursty"), agent, seed=0)
+    assert r["merges"] >= 1
+
+
+def test_missing_model_is_a_clear_error(tmp_path: Path) -> None:
+    missing = tmp_path / "nope.zip"
+    with pytest.raises(FileNotFoundError, match="nope.zip"):
+        load_learned_agent(missing)
+    with pytest.raises(SystemExit, match="not found"):
+        main(["run", "--agent", str(missing), "--seeds", "2"])
+
+
+def test_corrupt_model_is_a_clear_error(ppo_run: Path, tmp_path: Path) -> None:
+    junk = tmp_path / "junk.zip"
+    junk.write_bytes(np.random.default_rng(0).bytes(4096))
+    with pytest.raises(ValueError, match=r"junk\.zip is not a valid model"):
+        load_learned_agent(junk)
+    truncated = tmp_path / "truncated.zip"
+    data = (ppo_run / "model.zip").read_bytes()
+    truncated.write_bytes(data[: len(data) // 2])
+    with pytest.raises(ValueError, match=r"truncated\.zip is not a valid model"):
+        load_learned_agent(truncated)
+    empty_zip = tmp_path / "empty.zip"
+    with zipfile.ZipFile(empty_zip, "w") as zf:
+        zf.writestr("hello.txt", "not a model")
+    with pytest.raises(ValueError, match=r"empty\.zip is not a valid model"):
+        load_learned_agent(empty_zip)
+
+
+def test_train_and_eval_seeds_are_disjoint() -> None:
+    env = tr.TrainSeedWrapper(DiLoCoSyncEnv("bursty"), seed=0)
+    for s in [0, 1, 19, 5, None, None, None]:
+        _, info = env.reset(seed=s)
+        assert tr.TRAIN_SEED_LOW <= info["episode_seed"] < tr.TRAIN_SEED_HIGH
+    assert env.episode_seeds and min(env.episode_seeds) >= tr.HELD_OUT_SEED_HIGH
+    # the report's default seeds and the validation seeds are held out
+    assert 0 + 20 <= tr.VALIDATION_SEED0 < tr.HELD_OUT_SEED_HIGH
+    with pytest.raises(ValueError, match="held out"):
+        tr.HeldOutEvalCallback(DiLoCoSyncEnv("bursty"), [tr.TRAIN_SEED_LOW], 1, None)
+
+
+def test_train_seed_wrapper_is_reproducible() -> None:
+    a = tr.TrainSeedWrapper(DiLoCoSyncEnv("bursty"), seed=7)
+    b = tr.TrainSeedWrapper(DiLoCoSyncEnv("bursty"), seed=None)
+    for env in (a, b):
+        env.reset(seed=7)
+        env.reset()
+    assert a.episode_seeds == b.episode_seeds
+
+
+def test_reference_agent_loads_and_runs() -> None:
+    if not REFERENCE_MODEL.is_file():
+        pytest.skip("reference model not shipped")
+    assert REFERENCE_MODEL.stat().st_size < 1_000_000
+    agent = load_learned_agent(REFERENCE_MODEL)
+    assert agent.name.startswith("learned:")
+    meta = json.loads(REFERENCE_MODEL.with_name("meta.json").read_text())
+    assert meta["regime"] == "bursty"
+    r = run_episode(DiLoCoSyncEnv("bursty"), agent, seed=0)
+    assert r["merges"] >= 1 and np.isfinite(r["sync_excess_pct"])
+    assert make_agent(str(REFERENCE_MODEL)).name == agent.name
