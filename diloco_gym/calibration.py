@@ -20,7 +20,7 @@ Verdicts per regime:
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from importlib import resources
 from pathlib import Path
 
@@ -52,6 +52,26 @@ class Calibration:
     source: str
     regimes: dict
     path: str
+    fitted_sidecar: SidecarParams | None = None
+    user_regimes: tuple[str, ...] = ()
+    complete: bool = True
+
+    def measured_on(self, regime: str) -> str:
+        """The regime whose measurements apply to ``regime`` (following ``calibrated_on``)."""
+        entry = self.regimes.get(regime, {})
+        on = entry.get("calibrated_on", regime)
+        return on if on == regime else self.measured_on(on)
+
+    def sidecar_for(self, regime: str) -> SidecarParams | None:
+        """Fitted sidecar parameters that apply to ``regime``, if the file has them.
+
+        A live calibration file (``diloco-gym calibrate``) fits the sidecar model to its
+        measurements; those parameters drive the simulation of the measured regime and of
+        the regimes calibrated on it. ``None`` means: keep the regime's defaults.
+        """
+        if self.fitted_sidecar is None:
+            return None
+        return self.fitted_sidecar if self.measured_on(regime) in self.user_regimes else None
 
     def measured(self, regime: str) -> dict:
         """Measurements that apply to ``regime`` (following ``calibrated_on``)."""
@@ -70,9 +90,26 @@ class Calibration:
 def load_calibration(path: str | Path | None = None) -> Calibration:
     """Read a calibration file (default: the shipped reference measurements).
 
+    A user file (for example from ``diloco-gym calibrate``) overrides the reference entry by
+    entry: regimes it does not measure keep the reference's numbers, and regimes
+    calibrated on a regime it does measure (bursty on sync-heavy) follow the new numbers.
+    A ``fitted_sidecar`` object in the file is validated and exposed as
+    :attr:`Calibration.fitted_sidecar`.
+
     Raises:
         ValueError: naming the file and field when the file is malformed.
     """
+    if path is None:
+        return _read_calibration(None)
+    base = _read_calibration(None)
+    user = _read_calibration(path)
+    regimes = dict(base.regimes)
+    regimes.update(user.regimes)
+    return Calibration(user.source, regimes, user.path, user.fitted_sidecar,
+                       tuple(user.regimes), user.complete)
+
+
+def _read_calibration(path: str | Path | None) -> Calibration:
     if path is None:
         text = resources.files("diloco_gym").joinpath("data/calibration_reference.json") \
             .read_text()
@@ -100,7 +137,22 @@ def load_calibration(path: str | Path | None = None) -> Calibration:
             if not isinstance(v, (int, float)) or not np.isfinite(v) or v <= 0:
                 raise ValueError(f"{where}: regimes.{name}.{metric} must be a positive "
                                  f"number, got {v!r}")
-    return Calibration(str(data["source"]), dict(data["regimes"]), where)
+    fitted = None
+    if data.get("fitted_sidecar"):
+        fs = data["fitted_sidecar"]
+        if not isinstance(fs, dict):
+            raise ValueError(f"{where}: fitted_sidecar must be an object of SidecarParams "
+                             f"fields")
+        known = {f.name for f in fields(SidecarParams)}
+        unknown = set(fs) - known
+        if unknown:
+            raise ValueError(f"{where}: fitted_sidecar has unknown field(s) {sorted(unknown)}")
+        try:
+            fitted = SidecarParams(**fs)
+        except ValueError as exc:
+            raise ValueError(f"{where}: fitted_sidecar: {exc}") from exc
+    return Calibration(str(data["source"]), dict(data["regimes"]), where, fitted,
+                       tuple(data["regimes"]), bool(data.get("complete", True)))
 
 
 def fixed_schedule(n: int, every: int, h_min: int, h_max: int) -> list[int]:

@@ -19,6 +19,7 @@ from diloco_gym import core, protocol
 from diloco_gym.env import DiLoCoSyncEnv
 from diloco_gym.regimes import REGIMES
 from diloco_gym.rollout import run_episode
+from diloco_gym.sidecar import SidecarParams
 
 __all__ = ["ReportConfig", "run_protocol", "write_report", "PAPER"]
 
@@ -85,16 +86,17 @@ def _progress(total: int, enabled: bool):
     return tqdm(total=total, unit="episode", desc="report", file=sys.stderr)
 
 
-def _make_env(config: ReportConfig, regime: str) -> DiLoCoSyncEnv:
+def _make_env(config: ReportConfig, regime: str,
+              sidecar: SidecarParams | None = None) -> DiLoCoSyncEnv:
     if config.trace is None:
-        return DiLoCoSyncEnv(regime=regime)
+        return DiLoCoSyncEnv(regime=regime, sidecar=sidecar)
     from diloco_gym.loaders import load_trace
     from diloco_gym.regimes import ReplayRegime
 
     tr = load_trace(config.trace, config.trace_format)
     duration = min(600.0, tr.duration_s)
     return DiLoCoSyncEnv(regime=ReplayRegime(tr, duration_s=duration, name=tr.name,
-                                             sidecar=REGIMES["sync-heavy"].sidecar))
+                                             sidecar=sidecar or REGIMES["sync-heavy"].sidecar))
 
 
 def run_protocol(config: ReportConfig, progress: bool = True) -> dict[str, Any]:
@@ -111,17 +113,23 @@ def run_protocol(config: ReportConfig, progress: bool = True) -> dict[str, Any]:
     timelines: dict[str, Any] = {}
     started = time.perf_counter()
     for regime in regimes:
-        env = _make_env(config, regime)
-        p, sc = env.params, env.sidecar
         measured_key = regime if config.trace is None else "sync-heavy"
+        fitted = calib.sidecar_for(measured_key)
+        env = _make_env(config, regime, fitted)
+        p, sc = env.params, env.sidecar
         measured = calib.measured(measured_key)
         if config.trace is None:
-            sim = cal.simulated_effect_sizes(regime, seeds=range(config.seed0, config.seed0 + 8))
+            sim = cal.simulated_effect_sizes(regime, seeds=range(config.seed0, config.seed0 + 8),
+                                             sidecar=fitted)
         else:
             sim = _trace_effect_sizes(env, seeds[:8])
         verdict = cal.transfer_verdict(sim, measured)
-        calib_rows.append({"regime": regime, "measured_on": measured.get("calibrated_on",
-                                                                         measured_key),
+        on = calib.measured_on(measured_key)
+        calib_rows.append({"regime": regime,
+                           "measured_on": on + ("" if on in calib.user_regimes or
+                                                calib.path.startswith("diloco_gym/")
+                                                else " (reference)"),
+                           "sidecar": "fitted (calibration file)" if fitted else "regime default",
                            **{f"real_{k}": measured.get(k) for k in cal.METRICS},
                            **{f"sim_{k}": v for k, v in sim.items()}, "verdict": verdict})
         counts = None
@@ -158,7 +166,7 @@ def run_protocol(config: ReportConfig, progress: bool = True) -> dict[str, Any]:
                     "return": res["return"], "duration_s": ep.trace.duration_s,
                 })
                 if regime in ("bursty", "replay") and seed == seeds[0]:
-                    timelines.setdefault(regime, {"seed": seed, "schedules": {}})
+                    timelines.setdefault(regime, {"seed": seed, "schedules": {}, "sidecar": sc})
                     timelines[regime]["schedules"][agent.name] = res["merge_decisions"]
                 if bar is not None:
                     bar.update(1)
@@ -168,6 +176,7 @@ def run_protocol(config: ReportConfig, progress: bool = True) -> dict[str, Any]:
     summary = summarise(df, {r["regime"]: r["verdict"] for r in calib_rows}, config.alpha)
     return {"rows": df, "summary": summary, "calibration": pd.DataFrame(calib_rows),
             "config": asdict(config), "calibration_source": calib.source,
+            "calibration_complete": calib.complete,
             "timelines": timelines, "elapsed_s": time.perf_counter() - started}
 
 
@@ -324,11 +333,15 @@ def render_markdown(result: dict[str, Any], figures: list[str], command: str = "
               "Holm-adjusted across the agents of a regime). Gap captured = "
               "(matched random - agent) / (matched random - oracle at the same budget).", "",
               "## Effect-size transfer", "",
-              f"Real-sidecar measurements: {result['calibration_source']}", "",
-              "| regime | measured on | real p95 high/low | sim | real p95 sync ratio | sim | "
-              "verdict |", "|---|---|---|---|---|---|---|"]
+              f"Real-sidecar measurements: {result['calibration_source']}", ""]
+    if not result.get("calibration_complete", True):
+        lines += ["**Warning: the calibration file is marked incomplete (an interrupted live "
+                  "run); its numbers rest on partial measurements.**", ""]
+    lines += ["| regime | measured on | simulated sidecar | real p95 high/low | sim | "
+              "real p95 sync ratio | sim | verdict |", "|---|---|---|---|---|---|---|---|"]
     for _, r in result["calibration"].iterrows():
-        lines.append(f"| {r['regime']} | {r['measured_on']} | {_fmt(r['real_p95_high_low'], 3)} | "
+        lines.append(f"| {r['regime']} | {r['measured_on']} | {r['sidecar']} | "
+                     f"{_fmt(r['real_p95_high_low'], 3)} | "
                      f"{_fmt(r['sim_p95_high_low'], 3)} | {_fmt(r['real_p95_sync_ratio'], 3)} | "
                      f"{_fmt(r['sim_p95_sync_ratio'], 3)} | {r['verdict']} |")
     for regime, g in s.groupby("regime", sort=False):
@@ -416,7 +429,8 @@ def _figures(result: dict[str, Any], out: Path) -> list[str]:
     for regime, tl in result.get("timelines", {}).items():
         from diloco_gym.render import plot_timeline
 
-        env = DiLoCoSyncEnv(regime=regime) if regime in REGIMES else None
+        env = DiLoCoSyncEnv(regime=regime, sidecar=tl.get("sidecar")) if regime in REGIMES \
+            else None
         if env is None:
             continue
         env.reset(seed=tl["seed"])

@@ -188,3 +188,31 @@ def test_cli_report_end_to_end(tmp_path, capsys):
     with pytest.raises(SystemExit, match="valid agents"):
         main(["report", "--out", str(tmp_path / "x"), "--agents", "wa"])
     assert not (tmp_path / "x").exists()
+
+
+def test_user_calibration_file_drives_the_report(tmp_path):
+    """A live-style calibration file overrides the reference and its fitted sidecar is used."""
+    from diloco_gym.calibration import load_calibration
+
+    path = tmp_path / "cal.json"
+    path.write_text(json.dumps({
+        "source": "unit-test sidecar", "complete": False,
+        "regimes": {"sync-heavy": {"p95_high_low": 1.0, "p95_sync_ratio": 2.5}},
+        "fitted_sidecar": {"sync_slowdown": 1.5, "slots": 16.0},
+    }))
+    cal = load_calibration(path)
+    assert cal.measured("ordinary")["p95_sync_ratio"] == pytest.approx(1.0)  # reference kept
+    assert cal.measured("bursty")["p95_sync_ratio"] == pytest.approx(2.5)  # follows sync-heavy
+    assert cal.sidecar_for("bursty").sync_slowdown == 1.5
+    assert cal.sidecar_for("ordinary") is None
+    res = run_protocol(ReportConfig(regimes=["sync-heavy"], agents=["fixed-512"], seeds=2,
+                                    draws=20, calibration=str(path)), progress=False)
+    row = res["calibration"].iloc[0]
+    assert row["sidecar"].startswith("fitted")
+    assert row["sim_p95_sync_ratio"] > 2.0  # the fitted slowdown 1.5 was simulated
+    out = write_report(res, tmp_path / "rep")
+    assert "marked incomplete" in (out / "report.md").read_text()
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"source": "x", "regimes": {}, "fitted_sidecar": {"slotz": 1}}))
+    with pytest.raises(ValueError, match="bad.json: fitted_sidecar has unknown field"):
+        load_calibration(bad)

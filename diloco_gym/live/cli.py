@@ -1,0 +1,114 @@
+"""``diloco-gym calibrate``: the command-line face of :func:`run_calibration`.
+
+The main CLI wires it up with::
+
+    sub = subparsers.add_parser("calibrate", help=...)
+    add_calibrate_arguments(sub)
+    ... return run_calibrate_command(args)
+
+Exit codes: 0 complete, 1 the run failed (partial file saved, see the message),
+2 bad arguments, 130 interrupted by Ctrl-C (partial file saved).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+__all__ = ["add_calibrate_arguments", "run_calibrate_command"]
+
+DEFAULT_REGIME = "sync-heavy"
+
+
+def add_calibrate_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Add the ``calibrate`` options to ``parser`` (returned for chaining)."""
+    parser.description = (
+        "Measure real merge interference: replay a trace window open-loop against an "
+        "OpenAI-compatible /v1/completions endpoint (or a built-in CPU sidecar) while real "
+        "torch.distributed all-reduces and checkpoint writes run on this machine, then fit "
+        "the sidecar model and write a calibration file (usable with --calibration).")
+    src = parser.add_mutually_exclusive_group()
+    src.add_argument("--regime", metavar="NAME",
+                     help=f"replay a window of this regime's trace (default {DEFAULT_REGIME})")
+    src.add_argument("--trace", metavar="FILE", help="replay a window of this trace file")
+    parser.add_argument("--format", default="auto", metavar="FMT",
+                        help="format of --trace: auto, native, azure, mooncake, burstgpt")
+    parser.add_argument("--endpoint", metavar="URL",
+                        help="http://HOST:PORT of an OpenAI-compatible server; without it a "
+                        "built-in tiny sidecar is started on 127.0.0.1")
+    parser.add_argument("--model", metavar="NAME",
+                        help="model id to request (default: the built-in model, or the first "
+                        "model the endpoint lists)")
+    parser.add_argument("--duration", type=float, default=60.0, metavar="SECONDS",
+                        help="trace window length; the sync phase and the no-sync control "
+                        "phase each last this long (default 60)")
+    parser.add_argument("--rate", type=float, metavar="RPS",
+                        help="rescale the trace to this mean request rate (default: 2 with "
+                        "the built-in sidecar, the trace's own rate with --endpoint)")
+    parser.add_argument("--start", type=float, metavar="SECONDS",
+                        help="start of the trace window (default: a seeded random window)")
+    parser.add_argument("--merge-mb", type=float, default=64.0, metavar="MB",
+                        help="size of the all-reduced tensor, MiB (default 64)")
+    parser.add_argument("--workers", type=int, default=2,
+                        help="merge worker processes (default 2)")
+    parser.add_argument("--backend", choices=("auto", "gloo", "nccl"), default="auto",
+                        help="torch.distributed backend (default: nccl with CUDA, else gloo)")
+    parser.add_argument("--merge-seconds", type=float, default=8.0, metavar="SECONDS",
+                        help="length of a merge window (default 8, the paper's)")
+    parser.add_argument("--gap-seconds", type=float, nargs=2, default=(8.0, 16.0),
+                        metavar=("LO", "HI"),
+                        help="gap between merge windows, drawn uniformly (default 8 16)")
+    parser.add_argument("--no-control", action="store_true",
+                        help="skip the no-sync control phase (halves the run; the per-token "
+                        "costs are then fitted on the sync phase's inactive requests)")
+    parser.add_argument("--timeout", type=float, default=30.0, metavar="SECONDS",
+                        help="per-request timeout (default 30)")
+    parser.add_argument("--label", metavar="NAME",
+                        help="regime key in the output file (default: the regime or trace name)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of window, trace and schedule")
+    parser.add_argument("--out", default="calibration_live.json", metavar="FILE",
+                        help="calibration file to write (default calibration_live.json)")
+    return parser
+
+
+def run_calibrate_command(args: argparse.Namespace) -> int:
+    """Run ``diloco-gym calibrate`` with parsed ``args``; return the exit code."""
+    try:
+        import torch  # noqa: F401 - fail early with an installation hint
+    except ImportError:
+        print("error: calibrate needs torch: pip install 'diloco-gym[rl]'", file=sys.stderr)
+        return 1
+    from diloco_gym.live.calibrate import CalibrationConfig, run_calibration
+    from diloco_gym.live.errors import CalibrationError
+    from diloco_gym.live.merges import MergeConfig
+    from diloco_gym.traces import TraceFormatError
+
+    try:
+        cfg = CalibrationConfig(
+            seed=args.seed, start_s=args.start, rate_rps=args.rate, model=args.model,
+            timeout_s=args.timeout,
+            merge=MergeConfig(workers=args.workers, merge_mb=args.merge_mb,
+                              backend=args.backend),
+            merge_seconds=args.merge_seconds, gap_seconds=tuple(args.gap_seconds),
+            control=not args.no_control, label=args.label)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    source = args.trace if args.trace else (args.regime or DEFAULT_REGIME)
+    try:
+        result = run_calibration(args.endpoint, source, args.duration, args.out,
+                                 trace_format=args.format, config=cfg)
+    except KeyboardInterrupt:
+        print(f"interrupted: partial measurements saved to {args.out} (complete: false)",
+              file=sys.stderr)
+        return 130
+    except CalibrationError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        if exc.path:
+            print(f"partial measurements saved to {exc.path} (complete: false)",
+                  file=sys.stderr)
+        return 1
+    except (ValueError, TraceFormatError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return 0 if result.complete else 1

@@ -1,0 +1,324 @@
+"""Effect sizes of a live run and the sidecar-model fit to them.
+
+Measured effect sizes (SPEC.md §4.1), from the successful requests of a run:
+
+* ``p95_sync_ratio``: p95 latency of the sync phase's requests sent while a merge window
+  was open over that of the sync phase's other requests (linear-interpolation
+  percentiles, :func:`diloco_gym.sidecar.percentile`).
+* ``p95_high_low``: p95 latency of *high-pressure* requests over that of the others, both
+  phases pooled. Pressure is a measured proxy: the serving pressure
+  ``min(1, inflight / pressure_norm_inflight)``, where ``inflight`` is the number of this
+  client's requests outstanding at the send (what the server is busy with when the request
+  arrives). High pressure = pressure >= ``high_pressure`` (0.6, the reference's threshold).
+  The live host has no separate network or checkpoint telemetry, and the merge traffic is
+  the *sync* treatment, so it is deliberately kept out of the pressure proxy; the host's
+  CPU utilisation at each send is recorded too and its correlation with latency reported
+  separately (``cpu_latency_corr``).
+* ``pressure_latency_corr``: Pearson correlation of that pressure and latency.
+
+Fit of :class:`~diloco_gym.sidecar.SidecarParams` (each step uses the previous ones):
+
+1. ``ttft_ms``, ``prefill_ms_per_token``, ``decode_ms_per_token``: non-negative least
+   squares of latency on (1, prompt tokens, output tokens) over the no-sync control
+   phase, using the requests that found the server idle (no other request outstanding)
+   when there are enough of them, so that queueing does not bias the per-token costs.
+2. ``slots``: bisection (on a log scale) so that the simulated no-sync replay of the
+   control phase (:func:`diloco_gym.sidecar.replay` on the same send times and token
+   counts) has the measured control-phase p95.
+3. ``sync_slowdown``: bisection so that the simulated replay of the sync phase, with the
+   merge windows that were really open, has the measured p95 sync ratio (the same idea as
+   :func:`diloco_gym.calibration.fit_sidecar`, on the live window instead of a regime).
+4. ``serving_capacity_rps`` = ``slots`` / mean nominal service time (the rate at which
+   the fitted server is fully busy). ``pressure_gain`` is not fitted (the live pressure
+   proxy is the load itself, which the queue already models) and keeps its base value.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, replace
+
+import numpy as np
+
+from diloco_gym.sidecar import SidecarParams, base_latency_s, percentile, replay
+
+__all__ = ["RunData", "measured_effect_sizes", "fit_service_costs", "simulate_phase",
+           "fit_sidecar_live", "LiveFit"]
+
+
+@dataclass(frozen=True)
+class RunData:
+    """Successful requests of a run as arrays, plus the merge windows.
+
+    Attributes:
+        phase: ``"sync"`` or ``"control"`` per request.
+        offset_s: send time relative to the start of the request's phase.
+        latency_s: latency, seconds.
+        prompt_tokens / output_tokens: token counts.
+        sync_active: a merge window was open at the send.
+        inflight: client requests outstanding at the send.
+        cpu_util: host CPU utilisation at the send (NaN when unknown).
+        windows_s: merge windows ``(start, end)`` relative to the sync phase's start.
+        sync_duration_s / control_duration_s: lengths of the phases' trace windows.
+    """
+
+    phase: np.ndarray
+    offset_s: np.ndarray
+    latency_s: np.ndarray
+    prompt_tokens: np.ndarray
+    output_tokens: np.ndarray
+    sync_active: np.ndarray
+    inflight: np.ndarray
+    cpu_util: np.ndarray
+    windows_s: list[tuple[float, float]]
+    sync_duration_s: float
+    control_duration_s: float
+
+    def mask(self, phase: str) -> np.ndarray:
+        return self.phase == phase
+
+
+def _ratio(lat: np.ndarray, mask: np.ndarray) -> float:
+    if mask.all() or not mask.any():
+        return float("nan")
+    return percentile(lat[mask], 95) / percentile(lat[~mask], 95)
+
+
+def _corr(x: np.ndarray, y: np.ndarray) -> float:
+    keep = np.isfinite(x) & np.isfinite(y)
+    x, y = x[keep], y[keep]
+    if x.size < 3 or np.std(x) == 0 or np.std(y) == 0:
+        return float("nan")
+    return float(np.corrcoef(x, y)[0, 1])
+
+
+def pressure_proxy(inflight: np.ndarray, norm_inflight: float) -> np.ndarray:
+    """Serving pressure in [0, 1] from the in-flight count at each send."""
+    return np.minimum(1.0, np.asarray(inflight, dtype=np.float64) / norm_inflight)
+
+
+def measured_effect_sizes(data: RunData, pressure_norm_inflight: float = 4.0,
+                          high_pressure: float = 0.6) -> dict:
+    """The effect sizes of the module docstring, with the class sizes behind them.
+
+    Ratios are NaN when one of their classes is empty; correlations are NaN with fewer
+    than three requests or no variation.
+    """
+    lat = data.latency_s
+    sync = data.mask("sync")
+    control = data.mask("control")
+    active = data.sync_active & sync
+    pressure = pressure_proxy(data.inflight, pressure_norm_inflight)
+    high = pressure >= high_pressure
+    sync_lat = lat[sync]
+    out = {
+        "p95_sync_ratio": _ratio(sync_lat, active[sync]),
+        "p95_high_low": _ratio(lat, high),
+        "pressure_latency_corr": _corr(pressure, lat),
+        "cpu_latency_corr": _corr(data.cpu_util, lat),
+        "p95_sync_active_ms": percentile(lat[active] * 1000, 95),
+        "p95_sync_inactive_ms": percentile(lat[sync & ~active] * 1000, 95),
+        "p95_control_ms": percentile(lat[control] * 1000, 95),
+        "p50_sync_active_ms": percentile(lat[active] * 1000, 50),
+        "p50_sync_inactive_ms": percentile(lat[sync & ~active] * 1000, 50),
+        "p50_control_ms": percentile(lat[control] * 1000, 50),
+        "requests_sync_active": int(active.sum()),
+        "requests_sync_inactive": int((sync & ~active).sum()),
+        "requests_control": int(control.sum()),
+        "requests_high_pressure": int(high.sum()),
+        "requests_low_pressure": int((~high).sum()),
+    }
+    inactive_p95 = out["p95_sync_inactive_ms"]
+    control_p95 = out["p95_control_ms"]
+    out["p95_sync_vs_control"] = (out["p95_sync_active_ms"] / control_p95
+                                  if np.isfinite(control_p95) and control_p95 > 0
+                                  else float("nan"))
+    out["p95_inactive_vs_control"] = (inactive_p95 / control_p95
+                                      if np.isfinite(control_p95) and control_p95 > 0
+                                      else float("nan"))
+    return out
+
+
+def fit_service_costs(prompt_tokens: np.ndarray, output_tokens: np.ndarray,
+                      latency_s: np.ndarray) -> dict:
+    """Non-negative least squares ``latency_ms ~ ttft + prefill * prompt + decode * output``.
+
+    Returns:
+        ``ttft_ms``, ``prefill_ms_per_token``, ``decode_ms_per_token``, ``r2`` and
+        ``requests``; the costs are NaN with fewer than three requests.
+    """
+    from scipy.optimize import nnls
+
+    y = np.asarray(latency_s, dtype=np.float64) * 1000.0
+    n = y.size
+    if n < 3:
+        nan = float("nan")
+        return {"ttft_ms": nan, "prefill_ms_per_token": nan, "decode_ms_per_token": nan,
+                "r2": nan, "requests": int(n)}
+    a = np.column_stack([np.ones(n), np.asarray(prompt_tokens, np.float64),
+                         np.asarray(output_tokens, np.float64)])
+    # Scale the columns so that nnls is well conditioned, then undo the scaling.
+    scale = np.maximum(np.abs(a).max(axis=0), 1e-12)
+    coef, _ = nnls(a / scale, y)
+    coef = coef / scale
+    resid = y - a @ coef
+    ss_tot = float(np.sum((y - y.mean()) ** 2))
+    r2 = 1.0 - float(np.sum(resid**2)) / ss_tot if ss_tot > 0 else float("nan")
+    return {"ttft_ms": float(coef[0]), "prefill_ms_per_token": float(coef[1]),
+            "decode_ms_per_token": float(coef[2]), "r2": r2, "requests": int(n)}
+
+
+def _sync_bins(windows_s: list[tuple[float, float]], n_bins: int, bin_s: float) -> np.ndarray:
+    """1 for every bin whose start lies inside a merge window."""
+    starts = np.arange(n_bins) * bin_s
+    mask = np.zeros(n_bins)
+    for lo, hi in windows_s:
+        mask[(starts >= lo) & (starts < hi)] = 1.0
+    return mask
+
+
+def simulate_phase(data: RunData, phase: str, params: SidecarParams,
+                   bin_s: float = 0.05, with_merges: bool = True) -> tuple[np.ndarray,
+                                                                        np.ndarray]:
+    """Replay one phase's requests through the sidecar model.
+
+    Returns:
+        ``(latency_s, sync_active)`` of the phase's requests, in record order.
+    """
+    m = data.mask(phase)
+    offsets = np.maximum(data.offset_s[m], 0.0)
+    duration = data.sync_duration_s if phase == "sync" else data.control_duration_s
+    n_bins = max(1, int(np.ceil(max(duration, float(offsets.max(initial=0.0))) / bin_s)) + 1)
+    req_bin = np.minimum((offsets / bin_s).astype(np.int64), n_bins - 1)
+    base = base_latency_s(data.prompt_tokens[m], data.output_tokens[m], params)
+    sync_bin = (_sync_bins(data.windows_s, n_bins, bin_s)
+                if with_merges and phase == "sync" else None)
+    res = replay(base, req_bin, np.zeros(n_bins), sync_bin, params, bin_s)
+    return res.latency_s, data.sync_active[m]
+
+
+@dataclass(frozen=True)
+class LiveFit:
+    """Fitted sidecar parameters and how well they reproduce the run.
+
+    Attributes:
+        params: the fitted parameters.
+        service: the least-squares fit of step 1 (with ``r2`` and ``requests``).
+        sim_p95_control_ms: simulated control-phase p95 with the fitted ``slots``.
+        sim_p95_sync_ratio: simulated p95 sync ratio with the fitted ``sync_slowdown``.
+        sim_p95_sync_ratio_no_slowdown: the same with ``sync_slowdown = 0`` (the smallest
+            ratio the model can give on this window; a lower measurement fits as 0).
+        notes: what could not be fitted and why.
+    """
+
+    params: SidecarParams
+    service: dict
+    sim_p95_control_ms: float
+    sim_p95_sync_ratio: float
+    sim_p95_sync_ratio_no_slowdown: float
+    notes: list[str]
+
+    def to_dict(self) -> dict:
+        return {"service_fit": self.service, "sim_p95_control_ms": self.sim_p95_control_ms,
+                "sim_p95_sync_ratio": self.sim_p95_sync_ratio,
+                "sim_p95_sync_ratio_no_slowdown": self.sim_p95_sync_ratio_no_slowdown,
+                "notes": list(self.notes),
+                "fitted_sidecar": asdict(self.params)}
+
+
+def _bisect(fn, target: float, lo: float, hi: float, increasing: bool, iters: int,
+            log: bool = False) -> float:
+    """Solve ``fn(x) = target`` for a monotone ``fn`` on ``[lo, hi]``."""
+    for _ in range(iters):
+        mid = float(np.sqrt(lo * hi)) if log else (lo + hi) / 2
+        below = fn(mid) < target
+        if below == increasing:
+            lo = mid
+        else:
+            hi = mid
+    return float(np.sqrt(lo * hi)) if log else (lo + hi) / 2
+
+
+def fit_sidecar_live(data: RunData, measured: dict, base: SidecarParams | None = None,
+                     bin_s: float = 0.05, min_idle_requests: int = 10,
+                     iters: int = 30) -> LiveFit:
+    """Fit the sidecar model to a live run (steps 1-4 of the module docstring).
+
+    Args:
+        data: the run's successful requests and merge windows.
+        measured: :func:`measured_effect_sizes` of the run.
+        base: parameters not fitted are taken from here (default ``SidecarParams()``).
+        bin_s: replay bin width, seconds.
+        min_idle_requests: fit step 1 on idle-server requests only when at least this many.
+        iters: bisection iterations.
+    """
+    base = base or SidecarParams()
+    notes: list[str] = []
+    params = base
+    fit_phase = "control" if data.mask("control").sum() >= 3 else "sync"
+    if fit_phase == "sync":
+        notes.append("fewer than 3 control-phase requests: service costs fitted on the "
+                     "sync phase's inactive requests")
+    pool = data.mask(fit_phase) & ~data.sync_active
+    idle = pool & (data.inflight == 0)
+    use = idle if idle.sum() >= min_idle_requests else pool
+    service = fit_service_costs(data.prompt_tokens[use], data.output_tokens[use],
+                                data.latency_s[use])
+    service["idle_only"] = bool(use is idle)
+    if np.isfinite(service["ttft_ms"]):
+        params = replace(params, ttft_ms=round(service["ttft_ms"], 4),
+                         prefill_ms_per_token=round(service["prefill_ms_per_token"], 6),
+                         decode_ms_per_token=round(service["decode_ms_per_token"], 6))
+    else:
+        notes.append("too few requests to fit the per-token costs: base values kept")
+
+    sim_control = float("nan")
+    target_control = percentile(data.latency_s[data.mask(fit_phase) & ~data.sync_active], 95)
+    if fit_phase == "control" and np.isfinite(target_control):
+        def control_p95(slots: float) -> float:
+            lat, _ = simulate_phase(data, "control", replace(params, slots=slots), bin_s,
+                                    with_merges=False)
+            return percentile(lat, 95)
+
+        lo_slots, hi_slots = 0.25, 256.0
+        if control_p95(hi_slots) >= target_control:
+            slots = hi_slots
+            notes.append("control p95 is at the no-queueing floor: slots set to the maximum")
+        elif control_p95(lo_slots) <= target_control:
+            slots = lo_slots
+        else:
+            slots = _bisect(control_p95, target_control, lo_slots, hi_slots,
+                            increasing=False, iters=iters, log=True)
+        params = replace(params, slots=round(slots, 4))
+        sim_control = control_p95(params.slots) * 1000.0
+    else:
+        notes.append("no control phase: slots kept at the base value")
+
+    target_ratio = measured.get("p95_sync_ratio", float("nan"))
+    sim_ratio = floor_ratio = float("nan")
+    if data.mask("sync").sum() >= 3 and np.isfinite(target_ratio):
+        def sync_ratio(sigma: float) -> float:
+            lat, act = simulate_phase(data, "sync", replace(params, sync_slowdown=sigma), bin_s)
+            r = _ratio(lat, act)
+            return r if np.isfinite(r) else 1.0
+
+        floor_ratio = sync_ratio(0.0)
+        if target_ratio <= floor_ratio:
+            sigma = 0.0
+            notes.append(f"measured p95 sync ratio {target_ratio:.3f} is at or below the "
+                         f"model's ratio with no slowdown ({floor_ratio:.3f}, from the mix of "
+                         f"request sizes and queueing alone): sync_slowdown = 0")
+        else:
+            hi = 1.0
+            while sync_ratio(hi) < target_ratio and hi < 64.0:
+                hi *= 2.0
+            sigma = _bisect(sync_ratio, target_ratio, 0.0, hi, increasing=True, iters=iters)
+        params = replace(params, sync_slowdown=round(sigma, 4))
+        sim_ratio = sync_ratio(params.sync_slowdown)
+    else:
+        notes.append("p95 sync ratio undefined: sync_slowdown kept at the base value")
+
+    mean_base = float(np.mean(base_latency_s(data.prompt_tokens, data.output_tokens, params))) \
+        if data.latency_s.size else 0.0
+    if mean_base > 0:
+        params = replace(params, serving_capacity_rps=round(params.slots / mean_base, 4))
+    return LiveFit(params, service, sim_control, sim_ratio, floor_ratio, notes)

@@ -1,0 +1,463 @@
+"""Open-loop replay of a trace against an OpenAI-compatible completions endpoint.
+
+Requests are sent at the trace's arrival times whatever happens to earlier requests
+(*open loop*, as real users do): a dispatcher thread sleeps until each arrival and starts
+a thread for the request, so a slow server never delays later sends (unless more than
+``max_outstanding`` requests are outstanding; the actual ``send_s`` then trails the
+``scheduled_s`` of the trace, and both are recorded).
+
+Each request is a ``POST /v1/completions`` with ``model``, ``prompt`` and ``max_tokens``
+over a fresh ``http.client`` connection with a per-request socket timeout. A
+:class:`RequestRecord` keeps the send time, latency, status, error, the client's in-flight
+count at the send and the state of the merge flag at the send (read under the same lock as
+the send time, so the flag agrees exactly with the recorded merge windows).
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import math
+import socket
+import threading
+import time
+import urllib.parse
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from diloco_gym.live.errors import EndpointUnavailableError
+from diloco_gym.traces import Trace
+
+__all__ = ["Endpoint", "EndpointUnavailableError", "RequestRecord", "CpuSampler",
+           "OpenLoopReplayer", "probe_endpoint", "wait_until_healthy", "make_prompt",
+           "post_completion"]
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """A parsed ``http://host:port[/prefix]`` endpoint URL.
+
+    Attributes:
+        url: the URL as given (without a trailing slash).
+        host: host name.
+        port: TCP port.
+        prefix: path prefix before ``/v1/...`` (usually empty).
+    """
+
+    url: str
+    host: str
+    port: int
+    prefix: str
+
+    @classmethod
+    def parse(cls, url: str) -> Endpoint:
+        """Parse ``url``; only plain ``http`` is supported.
+
+        Raises:
+            EndpointUnavailableError: the URL is not an ``http://host[:port]`` URL.
+        """
+        parts = urllib.parse.urlsplit(url.strip())
+        if parts.scheme != "http" or not parts.hostname:
+            raise EndpointUnavailableError(
+                f"endpoint {url!r} is not an http://HOST:PORT URL (https is not supported)")
+        try:
+            port = parts.port or 80
+        except ValueError as exc:
+            raise EndpointUnavailableError(f"endpoint {url!r}: bad port ({exc})") from None
+        prefix = parts.path.rstrip("/")
+        if prefix.endswith("/v1"):  # accept both http://h:p and http://h:p/v1
+            prefix = prefix[:-3]
+        return cls(url.strip().rstrip("/"), parts.hostname, port, prefix)
+
+    def path(self, route: str) -> str:
+        return self.prefix + route
+
+
+def _request(endpoint: Endpoint, method: str, route: str, body: dict | None,
+             timeout_s: float) -> tuple[int, bytes]:
+    """One HTTP exchange on a fresh connection; return (status, body bytes)."""
+    conn = http.client.HTTPConnection(endpoint.host, endpoint.port, timeout=timeout_s)
+    try:
+        payload = None if body is None else json.dumps(body).encode("utf-8")
+        headers = {"Connection": "close"}
+        if payload is not None:
+            headers["Content-Type"] = "application/json"
+        conn.request(method, endpoint.path(route), body=payload, headers=headers)
+        response = conn.getresponse()
+        return response.status, response.read()
+    finally:
+        conn.close()
+
+
+def _describe_error(exc: BaseException) -> str:
+    if isinstance(exc, ConnectionRefusedError):
+        return "connection refused"
+    if isinstance(exc, (TimeoutError, socket.timeout)):
+        return "timed out"
+    return f"{type(exc).__name__}: {exc}"
+
+
+def probe_endpoint(url: str, timeout_s: float = 5.0) -> dict:
+    """Check that an endpoint answers; return what it says about its models.
+
+    ``GET /v1/models`` is tried first, then ``GET /health``; any HTTP answer counts as up.
+
+    Returns:
+        ``{"status": int, "models": [ids]}`` (``models`` empty when not listed).
+
+    Raises:
+        EndpointUnavailableError: no HTTP answer (refused, timed out, unreachable).
+    """
+    endpoint = Endpoint.parse(url)
+    last = ""
+    for route in ("/v1/models", "/health"):
+        try:
+            status, data = _request(endpoint, "GET", route, None, timeout_s)
+        except (OSError, http.client.HTTPException) as exc:
+            last = _describe_error(exc)
+            if isinstance(exc, ConnectionRefusedError):
+                break  # a refused port refuses every route
+            continue
+        models: list[str] = []
+        if route == "/v1/models" and status == 200:
+            try:
+                models = [str(m["id"]) for m in json.loads(data).get("data", [])]
+            except (ValueError, KeyError, TypeError, AttributeError):
+                models = []
+        return {"status": status, "models": models}
+    raise EndpointUnavailableError(f"cannot reach the serving endpoint {endpoint.url} ({last})")
+
+
+def wait_until_healthy(url: str, timeout_s: float = 30.0) -> None:
+    """Poll ``GET /health`` until it answers 200.
+
+    Raises:
+        EndpointUnavailableError: no healthy answer within ``timeout_s``.
+    """
+    endpoint = Endpoint.parse(url)
+    deadline = time.monotonic() + timeout_s
+    last = "no answer"
+    while True:
+        try:
+            status, _ = _request(endpoint, "GET", "/health", None, 2.0)
+            if status == 200:
+                return
+            last = f"HTTP {status}"
+        except (OSError, http.client.HTTPException) as exc:
+            last = _describe_error(exc)
+        if time.monotonic() > deadline:
+            raise EndpointUnavailableError(f"{endpoint.url}/health not healthy after "
+                                           f"{timeout_s:.0f} s ({last})")
+        time.sleep(0.1)
+
+
+def make_prompt(n_tokens: int, salt: int) -> str:
+    """A prompt of ``n_tokens`` whitespace-separated words (varied by ``salt``)."""
+    return " ".join(f"w{(salt * 7919 + i * 104729) % 997}" for i in range(max(1, n_tokens)))
+
+
+def post_completion(endpoint: Endpoint, model: str, prompt: str, max_tokens: int,
+                    timeout_s: float) -> tuple[int, dict | None, str]:
+    """Send one completion request; return (status, parsed body or None, error text).
+
+    ``status`` is 0 when no HTTP answer came back (``error`` says why).
+    """
+    body = {"model": model, "prompt": prompt, "max_tokens": int(max_tokens),
+            "temperature": 0}
+    try:
+        status, data = _request(endpoint, "POST", "/v1/completions", body, timeout_s)
+    except (OSError, http.client.HTTPException) as exc:
+        return 0, None, _describe_error(exc)
+    try:
+        parsed = json.loads(data) if data else None
+    except ValueError:
+        parsed = None
+    if status != 200:
+        message = ""
+        if isinstance(parsed, dict) and isinstance(parsed.get("error"), dict):
+            message = str(parsed["error"].get("message", ""))
+        return status, parsed, f"HTTP {status}" + (f": {message[:200]}" if message else "")
+    return status, parsed if isinstance(parsed, dict) else None, ""
+
+
+class CpuSampler:
+    """Host CPU utilisation in [0, 1] from ``/proc/stat``, sampled in a background thread.
+
+    On systems without ``/proc/stat`` the value is the 1-minute load average divided by the
+    number of CPUs (capped at 1), and ``None`` when neither is available.
+
+    Args:
+        interval_s: sampling period.
+    """
+
+    def __init__(self, interval_s: float = 0.25) -> None:
+        self.interval_s = interval_s
+        self.value: float | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="cpu-sampler", daemon=True)
+
+    @staticmethod
+    def _read() -> tuple[float, float] | None:
+        try:
+            with open("/proc/stat") as handle:
+                fields = handle.readline().split()[1:]
+        except OSError:
+            return None
+        values = [float(v) for v in fields]
+        idle = values[3] + (values[4] if len(values) > 4 else 0.0)  # idle + iowait
+        return sum(values), idle
+
+    def _run(self) -> None:
+        import os
+
+        prev = self._read()
+        while not self._stop.wait(self.interval_s):
+            cur = self._read()
+            if cur is None or prev is None:
+                try:
+                    self.value = min(1.0, os.getloadavg()[0] / (os.cpu_count() or 1))
+                except OSError:
+                    self.value = None
+                continue
+            total, idle = cur[0] - prev[0], cur[1] - prev[1]
+            if total > 0:
+                self.value = float(min(1.0, max(0.0, 1.0 - idle / total)))
+            prev = cur
+
+    def start(self) -> CpuSampler:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=2.0)
+
+
+@dataclass
+class RequestRecord:
+    """One replayed request.
+
+    Times are seconds on the run clock (``time.monotonic()`` minus the run's origin).
+
+    Attributes:
+        index: position in the phase's trace window.
+        phase: ``"sync"`` (merges scheduled) or ``"control"`` (no-sync load match).
+        scheduled_s: when the trace says it arrives.
+        send_s: when it was actually sent.
+        latency_s: send to full response, seconds (NaN when it failed).
+        status: HTTP status (0 = no HTTP answer).
+        error: empty when the request succeeded, ``"not sent"`` before its send, ``"in
+            flight"`` while outstanding, else why it failed (``"connection refused"``,
+            ``"timed out"``, ``"HTTP 500: ..."``).
+        prompt_tokens / output_tokens: requested sizes (``usage`` overrides when returned).
+        merge_active: a merge window was open at the send (read with the send time).
+        merge_id: which merge (-1 when none).
+        inflight: requests of this client outstanding at the send (excluding itself).
+        cpu_util: host CPU utilisation at the send (NaN when unknown).
+        server_inflight: the server's own in-flight count at arrival when it reports one
+            (the built-in sidecar does), else -1.
+    """
+
+    index: int
+    phase: str
+    scheduled_s: float
+    prompt_tokens: int
+    output_tokens: int
+    send_s: float = float("nan")
+    latency_s: float = float("nan")
+    status: int = -1
+    error: str = "not sent"
+    merge_active: bool = False
+    merge_id: int = -1
+    inflight: int = 0
+    cpu_util: float = float("nan")
+    server_inflight: int = -1
+
+    @property
+    def ok(self) -> bool:
+        return self.status == 200 and not self.error
+
+    @property
+    def sent(self) -> bool:
+        return not math.isnan(self.send_s)
+
+    @property
+    def done(self) -> bool:
+        """An answer (or a failure) came back."""
+        return self.status != -1
+
+
+@dataclass
+class _SharedState:
+    """What the dispatcher reads at each send (guarded by ``lock``)."""
+
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    merge_id: int = -1  # open merge window, -1 when none
+    inflight: int = 0
+
+
+class OpenLoopReplayer:
+    """Send a trace's requests at their arrival times and record the outcomes.
+
+    Args:
+        endpoint: the parsed endpoint.
+        model: model id sent in every request.
+        timeout_s: per-request socket timeout.
+        clock: the run clock (seconds); must be monotonic.
+        max_outstanding: size of the sending thread pool.
+        cpu: optional CPU sampler read at each send.
+    """
+
+    def __init__(self, endpoint: Endpoint, model: str, timeout_s: float,
+                 clock: Callable[[], float], max_outstanding: int = 256,
+                 cpu: CpuSampler | None = None) -> None:
+        self.endpoint = endpoint
+        self.model = model
+        self.timeout_s = timeout_s
+        self.clock = clock
+        self.cpu = cpu
+        self.state = _SharedState()
+        self.records: list[RequestRecord] = []
+        # Daemon threads (not a pool) so that requests abandoned at a stop never hold up
+        # interpreter exit; the semaphore bounds how many are outstanding at once.
+        self._slots = threading.Semaphore(max_outstanding)
+        self._stop = threading.Event()
+        self._dispatcher: threading.Thread | None = None
+        self._pending = 0
+        self._pending_cv = threading.Condition()
+
+    # ---- merge flag (called by the coordinator) ----
+    def set_merge(self, merge_id: int) -> float:
+        """Open merge window ``merge_id``; return the clock time it opened."""
+        with self.state.lock:
+            self.state.merge_id = merge_id
+            return self.clock()
+
+    def clear_merge(self) -> float:
+        """Close the open merge window; return the clock time it closed."""
+        with self.state.lock:
+            self.state.merge_id = -1
+            return self.clock()
+
+    # ---- dispatch ----
+    def start_phase(self, phase: str, trace: Trace, origin_s: float,
+                    prompt_tokens: np.ndarray, output_tokens: np.ndarray) -> threading.Thread:
+        """Start sending ``trace`` with arrival ``a`` at clock time ``origin_s + a``.
+
+        Returns:
+            The dispatcher thread (join it, or call :meth:`wait_sent`).
+        """
+        records = [RequestRecord(i, phase, float(origin_s + a), int(p), int(o))
+                   for i, (a, p, o) in enumerate(zip(trace.arrival_s, prompt_tokens,
+                                                     output_tokens, strict=True))]
+        self.records.extend(records)
+        thread = threading.Thread(target=self._dispatch, args=(records,),
+                                  name=f"dispatch-{phase}", daemon=True)
+        self._dispatcher = thread
+        thread.start()
+        return thread
+
+    def _dispatch(self, records: list[RequestRecord]) -> None:
+        for rec in records:
+            while True:
+                delay = rec.scheduled_s - self.clock()
+                if delay <= 0:
+                    break
+                if self._stop.wait(min(delay, 0.05)):
+                    return
+            while not self._slots.acquire(timeout=0.05):
+                if self._stop.is_set():
+                    return
+            if self._stop.is_set():
+                self._slots.release()
+                return
+            with self._pending_cv:
+                self._pending += 1
+            threading.Thread(target=self._send, args=(rec,), name=f"request-{rec.index}",
+                             daemon=True).start()
+
+    def _send(self, rec: RequestRecord) -> None:
+        try:
+            prompt = make_prompt(rec.prompt_tokens, rec.index)
+            cpu = self.cpu.value if self.cpu is not None else None
+            with self.state.lock:
+                rec.send_s = self.clock()
+                rec.merge_id = self.state.merge_id
+                rec.merge_active = rec.merge_id >= 0
+                rec.inflight = self.state.inflight
+                rec.error = "in flight"
+                rec.cpu_util = float("nan") if cpu is None else cpu
+                self.state.inflight += 1
+            start = time.monotonic()
+            status, body, error = post_completion(self.endpoint, self.model, prompt,
+                                                  rec.output_tokens, self.timeout_s)
+            elapsed = time.monotonic() - start
+            usage = (body or {}).get("usage") or {}
+            extra = (body or {}).get("x_sidecar") or {}
+            with self.state.lock:  # snapshots read records under this lock
+                self.state.inflight -= 1
+                rec.status, rec.error = status, error
+                if not error:
+                    rec.latency_s = elapsed
+                    if isinstance(usage.get("completion_tokens"), int):
+                        rec.output_tokens = usage["completion_tokens"]
+                    if isinstance(usage.get("prompt_tokens"), int):
+                        rec.prompt_tokens = usage["prompt_tokens"]
+                    if isinstance(extra.get("inflight_at_arrival"), int):
+                        rec.server_inflight = extra["inflight_at_arrival"]
+        finally:
+            self._slots.release()
+            with self._pending_cv:
+                self._pending -= 1
+                self._pending_cv.notify_all()
+
+    def wait_sent(self, timeout_s: float | None = None) -> bool:
+        """Wait for the current phase's dispatcher to send its last request."""
+        if self._dispatcher is None:
+            return True
+        self._dispatcher.join(timeout_s)
+        return not self._dispatcher.is_alive()
+
+    def drain(self, timeout_s: float) -> bool:
+        """Wait until no request is outstanding; return False on timeout."""
+        deadline = time.monotonic() + timeout_s
+        with self._pending_cv:
+            while self._pending > 0:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._pending_cv.wait(min(left, 0.2))
+        return True
+
+    @property
+    def outstanding(self) -> int:
+        with self._pending_cv:
+            return self._pending
+
+    def snapshot(self) -> list[RequestRecord]:
+        """Consistent copies of all records so far."""
+        with self.state.lock:
+            return [replace(r) for r in self.records]
+
+    def counts(self) -> dict:
+        """Planned / sent / ok / error counts so far."""
+        recs = self.snapshot()
+        return {"planned": len(recs), "sent": sum(r.sent for r in recs),
+                "ok": sum(r.ok for r in recs),
+                "errors": sum(1 for r in recs if r.done and not r.ok),
+                "outstanding": self.outstanding}
+
+    def close(self, wait_s: float = 0.0) -> None:
+        """Stop dispatching; give outstanding requests ``wait_s`` seconds, then abandon them.
+
+        Abandoned requests finish (or time out) in daemon threads; snapshots taken before
+        they finish show them as ``in flight``.
+        """
+        self._stop.set()
+        if self._dispatcher is not None:
+            self._dispatcher.join(timeout=2.0)
+        if wait_s > 0:
+            self.drain(wait_s)

@@ -1,0 +1,390 @@
+"""Live calibration (diloco_gym.live): real sidecar, real merges, faults, fit.
+
+The end-to-end test runs the whole loop for a 10 s trace window (twice: the sync phase and
+the no-sync control) against the built-in sidecar with two gloo workers all-reducing
+8 MiB; the fault tests use a stub endpoint in this process so that they only pay for the
+merge workers. Every test that starts processes checks that none is left behind.
+"""
+
+from __future__ import annotations
+
+import _thread
+import argparse
+import json
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from multiprocessing import active_children
+
+import numpy as np
+import pytest
+
+pytest.importorskip("torch")
+
+from diloco_gym.calibration import load_calibration  # noqa: E402
+from diloco_gym.live import (  # noqa: E402
+    CalibrationConfig,
+    CalibrationError,
+    EndpointUnavailableError,
+    MergeConfig,
+    MergeWorkerError,
+    SidecarModelConfig,
+    plan_merges,
+    run_calibration,
+)
+from diloco_gym.live.cli import add_calibrate_arguments, run_calibrate_command  # noqa: E402
+from diloco_gym.live.fit import (  # noqa: E402
+    RunData,
+    fit_service_costs,
+    fit_sidecar_live,
+    measured_effect_sizes,
+    simulate_phase,
+)
+from diloco_gym.live.merges import free_port  # noqa: E402
+from diloco_gym.live.replay import Endpoint, post_completion, probe_endpoint  # noqa: E402
+from diloco_gym.live.server import SidecarHTTPServer, TinyLM  # noqa: E402
+from diloco_gym.sidecar import SidecarParams  # noqa: E402
+
+
+def _assert_no_children(timeout_s: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while active_children() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert active_children() == [], f"orphan processes: {active_children()}"
+
+
+def _records(doc: dict) -> list[dict]:
+    cols = doc["records"]
+    return [dict(zip(cols, row, strict=True)) for row in zip(*cols.values(), strict=True)]
+
+
+# --------------------------------------------------------------------------- stub endpoint
+
+
+class _StubHandler(BaseHTTPRequestHandler):
+    """A fast fake OpenAI endpoint; ``server.mode`` picks its behaviour."""
+
+    server: _StubServer
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+    def _json(self, status: int, body: dict) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self) -> None:  # noqa: N802
+        self._json(200, {"data": [{"id": "stub-model"}]})
+
+    def do_POST(self) -> None:  # noqa: N802
+        self.rfile.read(int(self.headers.get("Content-Length", "0")))
+        with self.server.lock:
+            self.server.count += 1
+            n = self.server.count
+        warm = n <= 1  # the warm-up request always succeeds
+        if self.server.mode == "flaky" and not warm and n % 3 == 1:
+            self._json(500, {"error": {"message": "boom"}})
+            return
+        if self.server.mode == "flaky" and not warm and n % 3 == 2:
+            time.sleep(1.0)  # beyond the client's timeout
+        time.sleep(0.01)
+        self._json(200, {"choices": [{"text": "x"}],
+                         "usage": {"prompt_tokens": 3, "completion_tokens": 2}})
+
+
+class _StubServer(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def __init__(self, mode: str) -> None:
+        self.mode = mode
+        self.count = 0
+        self.lock = threading.Lock()
+        super().__init__(("127.0.0.1", 0), _StubHandler)
+
+
+@pytest.fixture
+def stub():
+    def make(mode: str = "ok") -> str:
+        server = _StubServer(mode)
+        thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05},
+                                  daemon=True)
+        thread.start()
+        servers.append((server, thread))
+        return f"http://127.0.0.1:{server.server_port}"
+
+    servers: list = []
+    yield make
+    for server, thread in servers:
+        server.shutdown()
+        server.server_close()
+        thread.join(2)
+
+
+def _fast_config(**kw) -> CalibrationConfig:
+    base = dict(seed=3, rate_rps=4.0, merge=MergeConfig(workers=2, merge_mb=2),
+                merge_seconds=1.5, gap_seconds=(1.0, 1.0), lead_seconds=0.5, timeout_s=5.0,
+                warmup_requests=1, progress_every_s=60.0)
+    base.update(kw)
+    return CalibrationConfig(**base)
+
+
+# --------------------------------------------------------------------------- end to end
+
+
+@pytest.fixture(scope="module")
+def live_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("live") / "calibration.json"
+    lines: list[str] = []
+    cfg = CalibrationConfig(seed=1, rate_rps=1.5, merge=MergeConfig(workers=2, merge_mb=8),
+                            merge_seconds=2.5, gap_seconds=(1.5, 2.5), lead_seconds=1.0,
+                            warmup_requests=1, progress_every_s=4.0)
+    t0 = time.monotonic()
+    result = run_calibration(None, "sync-heavy", 10.0, out, config=cfg, progress=lines.append)
+    return result, out, lines, time.monotonic() - t0
+
+
+def test_live_run_records_requests(live_run):
+    result, _, lines, _ = live_run
+    doc = result.document
+    recs = _records(doc)
+    assert result.complete and doc["complete"] is True and doc["error"] is None
+    assert {r["phase"] for r in recs} == {"sync", "control"}
+    ok = [r for r in recs if r["ok"]]
+    assert len(ok) >= 0.8 * len(recs) and len(ok) >= 10
+    assert all(r["latency_s"] > 0 and r["status"] == 200 for r in ok)
+    assert all(r["send_s"] >= r["scheduled_s"] - 1e-6 for r in ok)  # never early
+    assert doc["requests"]["ok"] == len(ok)
+    assert any(line.startswith("merge 1/") for line in lines)
+    assert any("sync phase" in line for line in lines)
+    _assert_no_children()
+
+
+def test_live_run_flags_match_merge_windows(live_run):
+    doc = live_run[0].document
+    windows = {m["merge_id"]: (m["start_s"], m["end_s"]) for m in doc["merges"]}
+    assert len(windows) == len(doc["schedule"]) >= 2
+    for m in doc["merges"]:  # real merges: all-reduces and a checkpoint of the tensor
+        assert m["allreduces"] >= 1 and m["bytes_per_allreduce"] == 8 * 2**20
+        assert m["checkpoint_bytes"] >= 8 * 2**20
+        assert m["end_s"] - m["start_s"] >= m["planned_length_s"] - 0.05
+    recs = [r for r in _records(doc) if r["send_s"] is not None]
+    active = [r for r in recs if r["merge_active"]]
+    assert active, "no request was sent during a merge"
+    for r in recs:
+        inside = [k for k, (lo, hi) in windows.items() if lo <= r["send_s"] <= hi]
+        if r["merge_active"]:
+            assert r["phase"] == "sync" and inside == [r["merge_id"]]
+        else:
+            assert r["merge_id"] == -1
+            # Inactive requests lie outside every window (edges are shared instants).
+            assert all(min(abs(r["send_s"] - lo), abs(r["send_s"] - hi)) < 1e-3
+                       for k in inside for lo, hi in [windows[k]])
+
+
+def test_live_run_calibration_file(live_run):
+    result, out, _, _ = live_run
+    cal = load_calibration(out)
+    entry = cal.measured("sync-heavy")
+    assert entry["p95_sync_ratio"] > 0 and entry["p95_high_low"] > 0
+    doc = json.loads(out.read_text())
+    assert doc["complete"] is True
+    params = SidecarParams(**doc["fitted_sidecar"])
+    assert params.decode_ms_per_token >= 0 and params.slots > 0
+    assert doc["metadata"]["merges"]["backend"] in ("gloo", "nccl")
+    assert doc["metadata"]["endpoint"]["kind"] == "built-in"
+    assert doc["metadata"]["endpoint"]["url"].startswith("http://127.0.0.1:")
+    m, fit = doc["measured"], doc["fit"]
+    assert fit["sim_p95_sync_ratio"] is not None
+    if m["p95_sync_ratio"] > fit["sim_p95_sync_ratio_no_slowdown"]:
+        # The fitted sync_slowdown reproduces the measured ratio on the same window.
+        assert fit["sim_p95_sync_ratio"] == pytest.approx(m["p95_sync_ratio"], rel=0.02)
+    else:  # the model cannot go lower: no slowdown
+        assert params.sync_slowdown == 0.0
+    assert not list(out.parent.glob(".*.tmp")), "temporary file left behind"
+
+
+# --------------------------------------------------------------------------- faults
+
+
+def test_refused_endpoint_gives_clear_error_and_incomplete_file(tmp_path):
+    port = free_port()  # nothing listens there any more
+    out = tmp_path / "refused.json"
+    with pytest.raises(EndpointUnavailableError, match="connection refused") as info:
+        run_calibration(f"http://127.0.0.1:{port}", "sync-heavy", 5.0, out, progress=None)
+    assert "Omit --endpoint" in str(info.value)
+    assert info.value.path == str(out)
+    doc = json.loads(out.read_text())
+    assert doc["complete"] is False and "connection refused" in doc["error"]
+    load_calibration(out)  # still a valid calibration file (no regime measured)
+    _assert_no_children()
+
+
+def test_endpoint_that_never_answers_times_out(tmp_path):
+    import socket
+
+    with socket.socket() as sock:  # accepts connections (backlog) but never answers
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(8)
+        url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+        t0 = time.monotonic()
+        with pytest.raises(EndpointUnavailableError, match="timed out"):
+            run_calibration(url, "ordinary", 5.0, tmp_path / "t.json",
+                            config=CalibrationConfig(timeout_s=0.3), progress=None)
+        assert time.monotonic() - t0 < 5.0
+    assert json.loads((tmp_path / "t.json").read_text())["complete"] is False
+
+
+def test_failed_and_timed_out_requests_are_recorded(tmp_path, stub):
+    url = stub("flaky")
+    out = tmp_path / "flaky.json"
+    cfg = _fast_config(timeout_s=0.3, merge=MergeConfig(workers=1, merge_mb=1), control=False)
+    with pytest.raises(CalibrationError, match="requests failed"):
+        run_calibration(url, "ordinary", 3.0, out, config=cfg, progress=None)
+    doc = json.loads(out.read_text())
+    assert doc["complete"] is False
+    counts = doc["requests"]
+    assert counts["timeouts"] >= 1 and counts["by_status"].get("500", 0) >= 1
+    assert counts["ok"] >= 1 and counts["errors"] == counts["completed"] - counts["ok"]
+    recs = _records(doc)
+    assert all(r["latency_s"] is None for r in recs if r["error"] == "timed out")
+    _assert_no_children()
+
+
+def test_killed_worker_marks_run_incomplete(tmp_path, stub):
+    out = tmp_path / "killed.json"
+    cfg = _fast_config(kill_worker_at_merge=0, merge_seconds=3.0)
+    t0 = time.monotonic()
+    with pytest.raises(MergeWorkerError, match=r"rank 1 .* died during merge 0") as info:
+        run_calibration(stub(), "ordinary", 6.0, out, config=cfg, progress=None)
+    assert info.value.path == str(out)
+    doc = json.loads(out.read_text())
+    assert doc["complete"] is False and "died" in doc["error"]
+    assert doc["merges"][0]["end_s"] is not None  # the window was closed on the way out
+    assert time.monotonic() - t0 < 40
+    _assert_no_children()
+
+
+def test_ctrl_c_saves_partial_measurements(tmp_path, stub):
+    out = tmp_path / "interrupted.json"
+
+    def progress(line: str) -> None:
+        if line.startswith("merge 1/") and threading.current_thread() is threading.main_thread():
+            _thread.interrupt_main()  # what Ctrl-C does
+
+    cfg = _fast_config(merge=MergeConfig(workers=1, merge_mb=1))
+    with pytest.raises(KeyboardInterrupt):
+        run_calibration(stub(), "ordinary", 6.0, out, config=cfg, progress=progress)
+    doc = json.loads(out.read_text())
+    assert doc["complete"] is False and "Ctrl-C" in doc["error"]
+    assert doc["requests"]["sent"] >= 1
+    _assert_no_children()
+
+
+def test_cli_refused_endpoint(tmp_path, capsys):
+    parser = add_calibrate_arguments(argparse.ArgumentParser())
+    out = tmp_path / "cli.json"
+    args = parser.parse_args(["--endpoint", f"http://127.0.0.1:{free_port()}", "--duration",
+                              "5", "--out", str(out)])
+    assert run_calibrate_command(args) == 1
+    err = capsys.readouterr().err
+    assert "cannot reach the serving endpoint" in err and "complete: false" in err
+    assert json.loads(out.read_text())["complete"] is False
+    bad = parser.parse_args(["--regime", "no-such-regime", "--out", str(out)])
+    assert run_calibrate_command(bad) == 2
+    assert "neither a regime" in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------- pieces
+
+
+def test_builtin_server_speaks_openai(tmp_path):
+    lm = TinyLM(SidecarModelConfig(d_model=32, hidden=64, n_layers=2))
+    server = SidecarHTTPServer(lm)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        ep = Endpoint.parse(server.url + "/v1")
+        assert probe_endpoint(server.url)["models"] == ["tiny-lm"]
+        status, body, err = post_completion(ep, "tiny-lm", "a b c", 5, 5.0)
+        assert (status, err) == (200, "")
+        assert body["usage"] == {"prompt_tokens": 3, "completion_tokens": 5, "total_tokens": 8}
+        again = post_completion(ep, "tiny-lm", "a b c", 5, 5.0)[1]
+        assert again["choices"][0]["text"] == body["choices"][0]["text"]  # greedy, seeded
+        assert post_completion(ep, "other", "a", 1, 5.0)[0] == 404
+        assert post_completion(ep, "tiny-lm", "a", 0, 5.0)[0] == 400
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_plan_merges_fits_the_phase():
+    cfg = CalibrationConfig(merge_seconds=8.0, gap_seconds=(8.0, 16.0), lead_seconds=2.0)
+    plan = plan_merges(120.0, cfg)
+    assert plan == plan_merges(120.0, cfg)  # seeded
+    assert plan[0][0] == 2.0 and all(s + n <= 120.0 for s, n in plan)
+    gaps = [b[0] - (a[0] + a[1]) for a, b in zip(plan, plan[1:], strict=False)]
+    assert all(8.0 - 1e-9 <= g <= 16.0 + 1e-9 for g in gaps)
+    assert len(plan_merges(5.0, cfg)) == 1  # a short phase still gets one merge
+
+
+def _synthetic_run(params: SidecarParams, seed: int = 0) -> RunData:
+    """Requests whose latencies come from the sidecar model itself (known parameters)."""
+    rng = np.random.default_rng(seed)
+    n = 200  # 2 req/s: little queueing, so the idle-server fit sees the service costs
+    offsets = np.sort(rng.uniform(0, 100, n))
+    prompt = rng.integers(20, 300, n)
+    output = rng.integers(10, 120, n)
+    windows = [(10.0, 18.0), (40.0, 48.0), (70.0, 78.0)]
+    active = np.zeros(n, bool)
+    for lo, hi in windows:
+        active |= (offsets >= lo) & (offsets < hi)
+    data = RunData(np.array(["sync"] * n + ["control"] * n, dtype=object),
+                   np.concatenate([offsets, offsets]), np.zeros(2 * n),
+                   np.concatenate([prompt, prompt]), np.concatenate([output, output]),
+                   np.concatenate([active, np.zeros(n, bool)]), np.zeros(2 * n, np.int64),
+                   np.full(2 * n, np.nan), windows, 100.0, 100.0)
+    lat_sync, _ = simulate_phase(data, "sync", params)
+    lat_ctrl, _ = simulate_phase(data, "control", params, with_merges=False)
+
+    def inflight(lat: np.ndarray) -> np.ndarray:  # earlier requests not finished yet
+        end = offsets + lat
+        return np.array([(end[:i] > offsets[i]).sum() for i in range(n)])
+
+    return RunData(data.phase, data.offset_s, np.concatenate([lat_sync, lat_ctrl]),
+                   data.prompt_tokens, data.output_tokens, data.sync_active,
+                   np.concatenate([inflight(lat_sync), inflight(lat_ctrl)]),
+                   data.cpu_util, windows, 100.0, 100.0)
+
+
+def test_fit_recovers_known_sidecar():
+    truth = SidecarParams(ttft_ms=40.0, prefill_ms_per_token=0.2, decode_ms_per_token=5.0,
+                          slots=4.0, sync_slowdown=0.8)
+    data = _synthetic_run(truth)
+    measured = measured_effect_sizes(data)
+    assert measured["p95_sync_ratio"] > 1.3
+    fit = fit_sidecar_live(data, measured)
+    p = fit.params
+    assert p.decode_ms_per_token == pytest.approx(5.0, rel=0.05)
+    assert p.ttft_ms == pytest.approx(40.0, abs=1.0)
+    assert fit.sim_p95_sync_ratio == pytest.approx(measured["p95_sync_ratio"], rel=0.02)
+    assert p.sync_slowdown == pytest.approx(0.8, rel=0.1)
+
+
+def test_effect_sizes_and_least_squares_by_hand():
+    lat = np.array([1.0, 1.0, 2.0, 2.0])
+    data = RunData(np.array(["sync"] * 4, dtype=object), np.arange(4.0), lat,
+                   np.ones(4, np.int64), np.ones(4, np.int64),
+                   np.array([False, False, True, True]), np.array([0, 0, 4, 4]),
+                   np.full(4, np.nan), [(1.5, 3.5)], 4.0, 0.0)
+    m = measured_effect_sizes(data)
+    assert m["p95_sync_ratio"] == pytest.approx(2.0)
+    assert m["p95_high_low"] == pytest.approx(2.0)  # in-flight 4 / norm 4 = pressure 1
+    assert m["pressure_latency_corr"] == pytest.approx(1.0)
+    assert np.isnan(m["cpu_latency_corr"])
+    fit = fit_service_costs(np.array([0, 0, 0]), np.array([1, 2, 3]),
+                            np.array([0.015, 0.020, 0.025]))
+    assert fit["ttft_ms"] == pytest.approx(10.0) and fit["decode_ms_per_token"] == \
+        pytest.approx(5.0)
