@@ -65,3 +65,38 @@ def timeline_rgb(episode: Episode, merges: list[int], params: EnvParams, sidecar
     canvas.draw()
     buf = np.asarray(canvas.buffer_rgba())
     return buf[..., :3].copy()
+
+
+def plot_timeline_panels(fig, episode: Episode, schedules: dict[str, list[int]],
+                         params: EnvParams, sidecar: SidecarParams) -> None:
+    """Two stacked panels: the request rate, then one row per schedule with its merge
+    windows (bars) and the extra SLO violations they cause (black ticks)."""
+    tr = episode.trace
+    gs = fig.add_gridspec(2, 1, height_ratios=[2, max(1.5, 0.45 * len(schedules))], hspace=0.08)
+    ax_rate = fig.add_subplot(gs[0])
+    ax = fig.add_subplot(gs[1], sharex=ax_rate)
+    bins = np.arange(0.0, tr.duration_s + 1.0, 1.0)
+    rate, _ = np.histogram(tr.arrival_s, bins=bins)
+    ax_rate.fill_between(bins[:-1], rate, step="post", color="0.6")
+    ax_rate.set_ylabel("requests / s")
+    ax_rate.tick_params(labelbottom=False)
+    colors = ["tab:red", "tab:blue", "tab:green", "tab:purple", "tab:orange", "tab:brown",
+              "tab:pink", "tab:olive", "tab:cyan", "tab:gray"]
+    labels = list(schedules)
+    for i, label in enumerate(labels):
+        y = len(labels) - 1 - i
+        merges = schedules[label]
+        c = colors[i % len(colors)]
+        ax.broken_barh([(d * params.decision_seconds, params.merge_steps * params.step_seconds)
+                        for d in merges], (y - 0.35, 0.7), color=c, alpha=0.55)
+        res = replay_schedule(episode, merges, params, sidecar)
+        extra = res.violated & ~episode.baseline.violated
+        vt = tr.arrival_s[extra]
+        ax.plot(vt, np.full(vt.size, y), "|", color="black", markersize=7, alpha=0.7)
+        excess = 100.0 * extra.sum() / max(1, tr.num_requests)
+        ax.text(tr.duration_s * 1.005, y, f"{len(merges)} merges, +{excess:.1f} pp",
+                va="center", fontsize=7)
+    ax.set_yticks(range(len(labels)), labels[::-1], fontsize=8)
+    ax.set_ylim(-0.6, len(labels) - 0.4)
+    ax.set_xlim(0, tr.duration_s)
+    ax.set_xlabel("time (s)")

@@ -427,18 +427,18 @@ def _figures(result: dict[str, Any], out: Path) -> list[str]:
         plt.close(fig)
         names.append(name)
     for regime, tl in result.get("timelines", {}).items():
-        from diloco_gym.render import plot_timeline
+        from diloco_gym.render import plot_timeline_panels
 
         env = DiLoCoSyncEnv(regime=regime, sidecar=tl.get("sidecar")) if regime in REGIMES \
             else None
         if env is None:
             continue
         env.reset(seed=tl["seed"])
-        fig, ax = plt.subplots(figsize=(12, 4.5))
-        plot_timeline(ax, env.episode, tl["schedules"], env.params, env.sidecar)
-        ax.set_title(f"{regime}, seed {tl['seed']}: request rate, each agent's merge windows, "
-                     f"and the extra SLO violations they cause (|)")
-        fig.tight_layout()
+        fig = plt.figure(figsize=(12, 3 + 0.4 * len(tl["schedules"])))
+        plot_timeline_panels(fig, env.episode, tl["schedules"], env.params, env.sidecar)
+        fig.suptitle(f"{regime}, seed {tl['seed']}: request rate (top); each agent's merge "
+                     f"windows and the extra SLO violations they cause (|)", fontsize=10)
+        fig.subplots_adjust(left=0.12, right=0.88, top=0.93, bottom=0.08)
         name = f"timeline_{regime}.png"
         fig.savefig(out / name, dpi=90)
         plt.close(fig)
