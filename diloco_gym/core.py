@@ -26,8 +26,8 @@ from diloco_gym.sidecar import ReplayResult, SidecarParams, base_latency_s, merg
 from diloco_gym.traces import PRESSURE_DT_S, Trace
 
 __all__ = ["EnvParams", "Episode", "build_episode", "episode_from_seed", "OBS_FEATURES",
-           "OBS_DIM", "learner_table", "learner_features", "options", "sync_mask",
-           "replay_schedule", "BudgetTables"]
+           "OBS_DIM", "learner_table", "learner_features", "learner_features_k", "options",
+           "sync_mask", "replay_schedule", "BudgetTables"]
 
 
 @dataclass(frozen=True)
@@ -303,6 +303,34 @@ def episode_from_seed(generator, seed: int, params: EnvParams, sidecar: SidecarP
     return build_episode(trace, params, sidecar, learner_params, rng, seed=seed)
 
 
+def _sum_first_axis(x: np.ndarray) -> np.ndarray:
+    """``x.sum(0)`` in the order numpy's pairwise summation adds a contiguous axis.
+
+    ``a.sum(-1)`` of a learner-last array adds each row's K values in that order, one short
+    row at a time; here whole arrays are added instead (much faster for many short rows),
+    with the same additions in the same order, so the values are identical.
+    """
+    n = x.shape[0]
+    if n < 8:
+        res = np.zeros(x.shape[1:])
+        for i in range(n):
+            res += x[i]
+        return res
+    if n <= 128:
+        r = x[:8].copy() if n >= 16 else x[:8]  # accumulators (updated only when n >= 16)
+        i = 8
+        while i < n - n % 8:
+            r += x[i:i + 8]
+            i += 8
+        res = ((r[0] + r[1]) + (r[2] + r[3])) + ((r[4] + r[5]) + (r[6] + r[7]))
+        for j in range(i, n):
+            res += x[j]
+        return res
+    half = n // 2
+    half -= half % 8
+    return _sum_first_axis(x[:half]) + _sum_first_axis(x[half:])
+
+
 def learner_features(gap_s, global_tokens, throughputs: np.ndarray, params: EnvParams,
                      lp: lrn.LearnerParams) -> np.ndarray:
     """The learner block of the observation (``LEARNER_SLICE``) after ``gap_s`` seconds.
@@ -319,14 +347,36 @@ def learner_features(gap_s, global_tokens, throughputs: np.ndarray, params: EnvP
     Returns:
         float32 ``S + (5,)``: mean and min loss progress, mean and min tokens, staleness.
     """
-    delta, tau = lrn.reports(gap_s, global_tokens, throughputs, lp)
-    lp_ = np.clip(delta / params.loss_clip, 0.0, 1.0)
-    tk_ = np.clip(tau / params.tokens_clip, 0.0, 1.0)
-    stale = np.clip(np.asarray(gap_s) / params.staleness_clip_s, 0.0, 1.0)
-    stale = np.broadcast_to(stale, lp_.shape[:-1])
+    gap = np.asarray(gap_s, dtype=np.float64)
+    tok = np.asarray(global_tokens, dtype=np.float64)
+    thr = np.asarray(throughputs, dtype=np.float64)
+    k = thr.shape[-1]
+    shape = np.broadcast_shapes(gap.shape, tok.shape, thr.shape[:-1])
+    # Learners on the first axis, so that the means over learners are whole-array adds.
+    lead = (1,) * (len(shape) - (thr.ndim - 1))
+    thr_k = np.moveaxis(thr, -1, 0).reshape((k,) + lead + thr.shape[:-1])
+    return learner_features_k(gap, tok, thr_k, params, lp)
+
+
+def learner_features_k(gap_s: np.ndarray, global_tokens: np.ndarray, throughputs_k: np.ndarray,
+                       params: EnvParams, lp: lrn.LearnerParams) -> np.ndarray:
+    """:func:`learner_features` with the throughputs already learners-first, ``(K, ...)``
+    broadcastable to ``(K,) + S`` (the vector env keeps them so, to skip the transpose)."""
+    gap = np.asarray(gap_s, dtype=np.float64)
+    tok = np.asarray(global_tokens, dtype=np.float64)
+    k = throughputs_k.shape[0]
+    shape = np.broadcast_shapes(gap.shape, tok.shape, throughputs_k.shape[1:])
+    delta, tau = lrn.reports(gap, tok, throughputs_k, lp, learners_first=True)
+    lp_ = np.clip(np.divide(delta, params.loss_clip, out=delta), 0.0, 1.0, out=delta)
+    tk_ = np.clip(np.divide(tau, params.tokens_clip, out=tau), 0.0, 1.0, out=tau)
+    out = np.empty(shape + (5,), dtype=np.float32)  # float64 -> float32 on store
+    out[..., 0] = _sum_first_axis(lp_) / k  # = lp_.mean over learners
     # Reports grow with throughput and throughputs are sorted, so learner 0 is the minimum.
-    out = np.stack([lp_.mean(-1), lp_[..., 0], tk_.mean(-1), tk_[..., 0], stale], axis=-1)
-    return out.astype(np.float32)
+    out[..., 1] = lp_[0]
+    out[..., 2] = _sum_first_axis(tk_) / k
+    out[..., 3] = tk_[0]
+    out[..., 4] = np.clip(gap / params.staleness_clip_s, 0.0, 1.0)
+    return out
 
 
 def learner_table(global_tokens, throughputs: np.ndarray, params: EnvParams,

@@ -73,7 +73,8 @@ class DiLoCoSyncEnv(gym.Env):
     launched, evaluated in isolation against the no-merge replay), and ``progress`` is the
     global loss decrease of those merges. Both terms are in ``info["reward_terms"]``. Over
     an episode the sync-excess terms sum to the *additive* sync-excess; the exact replay
-    figure is in the final ``info["episode"]``.
+    figure is in the final ``info["episode_summary"]`` (not ``"episode"``, which
+    Gymnasium's ``RecordEpisodeStatistics`` and SB3's ``Monitor`` write).
 
     ## Starting State
 
@@ -187,9 +188,16 @@ class DiLoCoSyncEnv(gym.Env):
         self._excess_sum = 0.0
         self._progress_sum = 0.0
         info: dict[str, Any] = {"episode_seed": episode_seed}
+        # Merges forced before the agent's first real choice (possible only with a tight
+        # merge_budget) are applied here; reset() cannot return a reward, so their terms are
+        # carried into the first step's reward instead of being lost.
+        self._pending = (0.0, 0.0)
         if p.skip_forced:
-            terms = self._advance_forced()
-            info["reward_terms"] = terms  # zero at reset: the first H_min are deferrals
+            self._pending = self._advance_forced_raw()
+            if self._d >= n:
+                raise ValueError(f"merge_budget={p.merge_budget} leaves the agent no decision "
+                                 f"in this episode (every merge is forced)")
+        info["reward_terms"] = {"sync_excess": 0.0, "progress": 0.0}  # paid on the first step
         info.update(self._step_info(False, False))
         return self._obs(), info
 
@@ -211,6 +219,9 @@ class DiLoCoSyncEnv(gym.Env):
         merge = (want and can_merge) or not can_defer
         overridden = merge != want
         excess, progress = self._apply(merge)
+        excess += self._pending[0]
+        progress += self._pending[1]
+        self._pending = (0.0, 0.0)
         self._d += 1
         if self.params.skip_forced:
             ex2, pr2 = self._advance_forced_raw()
@@ -222,7 +233,7 @@ class DiLoCoSyncEnv(gym.Env):
         info = self._step_info(merge, overridden)
         info["reward_terms"] = {"sync_excess": -excess, "progress": progress}
         if truncated:
-            info["episode"] = self.episode_summary()
+            info["episode_summary"] = self.episode_summary()
         return self._obs(), float(reward), False, truncated, info
 
     # ----------------------------------------------------------------- internals
@@ -277,10 +288,6 @@ class DiLoCoSyncEnv(gym.Env):
             else:
                 self._d += 1
         return excess, progress
-
-    def _advance_forced(self) -> dict:
-        excess, progress = self._advance_forced_raw()
-        return {"sync_excess": -excess, "progress": progress}
 
     def _obs(self) -> np.ndarray:
         ep = self.episode

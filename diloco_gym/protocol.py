@@ -201,7 +201,7 @@ class MatchedRandomDeferral(gym.Wrapper):
         a = 1 if base.decision in self._planned() else 0
         obs, reward, terminated, truncated, info = self.env.step(a)
         if terminated or truncated:
-            realised = info["episode"]["merge_decisions"]
+            realised = info["episode_summary"]["merge_decisions"]
             if realised != self._draw.schedule.tolist():
                 raise RuntimeError(f"matched schedule {self._draw.schedule.tolist()} was not "
                                    f"realised ({realised}); the env must use the default "

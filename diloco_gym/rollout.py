@@ -17,7 +17,7 @@ def run_episode(env: Any, agent: Any, seed: int) -> dict[str, Any]:
     ``agent.predict`` until the episode ends.
 
     Returns:
-        The final ``info["episode"]`` replay summary, plus ``"return"`` (sum of rewards)
+        The final ``info["episode_summary"]`` replay summary, plus ``"return"`` (sum of rewards)
         and ``"steps"`` (agent decisions).
     """
     obs, info = env.reset(seed=seed)
@@ -37,7 +37,7 @@ def run_episode(env: Any, agent: Any, seed: int) -> dict[str, Any]:
         steps += 1
         if terminated or truncated:
             break
-    out = dict(info["episode"])
+    out = dict(info["episode_summary"])
     out["return"] = total
     out["steps"] = steps
     return out

@@ -33,6 +33,7 @@ same replay with no merges (percentage points of requests).
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, fields
 
 import numpy as np
@@ -189,6 +190,29 @@ def replay(base_s: np.ndarray, req_bin: np.ndarray, pressure_bin: np.ndarray,
 _COST_BLOCK = 4096
 #: Requests per chunk of the request/candidate pairing in :func:`merge_costs`.
 _PAIR_CHUNK = 1 << 16
+#: Bytes of :func:`merge_costs` scratch kept per thread between calls (see _scratch): enough
+#: for episodes up to about 20 minutes; longer traces allocate normally, because a retained
+#: multi-megabyte block in the heap pins the memory freed around it (higher RSS afterwards).
+_SCRATCH_MAX_BYTES = 1 << 21
+_SCRATCH = threading.local()
+
+
+def _scratch(name: str, shape: tuple[int, ...]) -> np.ndarray:
+    """An uninitialised float64 array of ``shape`` backed by a per-thread buffer.
+
+    The backlog grids of :func:`merge_costs` are too big for malloc's small-block heap, so a
+    fresh allocation maps new pages and faults each of them in; on an episode reset that
+    was a third of the call. Reusing one small buffer per thread avoids it (arrays above
+    ``_SCRATCH_MAX_BYTES`` are allocated normally, so at most a few MiB are held).
+    """
+    size = int(np.prod(shape))
+    if size * 8 > _SCRATCH_MAX_BYTES:
+        return np.empty(shape)
+    buf = getattr(_SCRATCH, name, None)
+    if buf is None or buf.size < size:
+        buf = np.empty(size)
+        setattr(_SCRATCH, name, buf)
+    return buf[:size].reshape(shape)
 
 
 def _padded(x: np.ndarray, size: int) -> np.ndarray:
@@ -289,7 +313,7 @@ def merge_costs(base_s: np.ndarray, req_bin: np.ndarray, pressure_bin: np.ndarra
         nb = c_b - c_a
         cols = nb + 2 * pad
         st = starts[c_a:c_b]
-        grid = np.empty((rows, cols))
+        grid = _scratch("grid", (rows, cols))
         grid[:, :pad] = -np.inf
         grid[:, pad + nb:] = -np.inf
         grid[horizon:] = -np.inf
@@ -304,7 +328,7 @@ def merge_costs(base_s: np.ndarray, req_bin: np.ndarray, pressure_bin: np.ndarra
         g -= d[st][None, :]
         # Running minimum along each horizon, starting from the no-merge prefix minimum
         # (min is exact, so the order of the comparisons does not matter).
-        run = np.empty((horizon, nb))
+        run = _scratch("run", (horizon, nb))
         prev = prefmin[st]
         for j in range(horizon):
             prev = np.minimum(prev, g[j], out=run[j])

@@ -102,7 +102,7 @@ class TrainSeedWrapper(gym.Wrapper):
 def make_train_env(regime: str, seed: int, env_kwargs: dict[str, Any] | None = None) -> gym.Env:
     """One training env: ``Monitor(TrainSeedWrapper(DiLoCoSyncEnv(regime)))``.
 
-    ``Monitor`` is outermost: it replaces the env's final ``info["episode"]`` replay
+    ``Monitor`` is outermost: it replaces the env's final ``info["episode_summary"]`` replay
     summary with SB3's ``{"r", "l", "t"}`` episode statistics.
     """
     from stable_baselines3.common.monitor import Monitor

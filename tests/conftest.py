@@ -54,7 +54,7 @@ class Rollout:
 
     @property
     def summary(self) -> dict:
-        return self.infos[-1]["episode"]
+        return self.infos[-1]["episode_summary"]
 
     @property
     def excess_terms(self) -> np.ndarray:

@@ -14,7 +14,7 @@ from gymnasium.utils.env_checker import check_env as gym_check_env
 from stable_baselines3.common.env_checker import check_env as sb3_check_env
 
 import diloco_gym
-from diloco_gym import REGIMES, DiLoCoSyncEnv, EnvParams, Trace, core
+from diloco_gym import REGIMES, DiLoCoSyncEnv, EnvParams, Trace, core, get_regime
 from diloco_gym.schedules import budget_range, is_feasible
 
 REGIME_NAMES = list(REGIMES)
@@ -489,3 +489,35 @@ def test_render_without_mode_warns_and_returns_none():
     env.reset(seed=0)
     with pytest.warns(UserWarning, match="render_mode"):
         assert env.render() is None
+
+
+@pytest.mark.parametrize("budget", [8, 20, 31, 32])
+def test_rewards_add_up_to_the_additive_excess_under_any_budget(budget):
+    """Nothing is lost: merges forced before the first choice are paid on the first step."""
+    env = DiLoCoSyncEnv("bursty", merge_budget=budget)
+    env.reset(seed=4)
+    rng = np.random.default_rng(0)
+    total, first, done = 0.0, None, False
+    while not done:
+        mask = env.action_masks()
+        a = int(rng.choice(np.flatnonzero(mask)))
+        _, r, _, done, info = env.step(a)
+        first = r if first is None else first
+        total += r
+    s = info["episode_summary"]
+    assert s["merges"] == budget
+    assert total == pytest.approx(-s["additive_excess_pct"], abs=1e-9)
+
+
+def test_budget_without_any_choice_is_refused():
+    """A budget whose only schedule is fully forced leaves no decision: a clear error."""
+    params = EnvParams(h_min_steps=16, h_max_steps=32, merge_seconds=2.0)
+    full = get_regime("bursty")(np.random.default_rng(0))
+    keep = full.arrival_s < 30.0
+    tr = Trace(full.arrival_s[keep], full.prompt_tokens[keep], full.output_tokens[keep], 30.0)
+    env = DiLoCoSyncEnv(tr, params=params, merge_budget=6)  # 14 decisions: merges at 2,4,...,12
+    with pytest.raises(ValueError, match="leaves the agent no decision"):
+        env.reset(seed=0)
+    env = DiLoCoSyncEnv(tr, params=params, merge_budget=5)
+    env.reset(seed=0)
+    assert env.action_masks().all()

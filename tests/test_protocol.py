@@ -44,7 +44,7 @@ def test_matched_random_wrapper_is_uniform_and_feasible():
             _, _, term, trunc, info = wrapped.step(1)  # the agent's action is ignored
             if term or trunc:
                 break
-        sched = tuple(info["episode"]["merge_decisions"])
+        sched = tuple(info["episode_summary"]["merge_decisions"])
         assert len(sched) == m
         assert schedules.is_feasible(sched, n, p.h_min, p.h_max)
         counts[sched] += 1
@@ -62,7 +62,7 @@ def test_matched_random_wrapper_per_seed_budget():
             *_, trunc, info = wrapped.step(0)
             if trunc:
                 break
-        assert info["episode"]["merges"] == m
+        assert info["episode_summary"]["merges"] == m
     with pytest.raises(KeyError, match="episode seed 6"):
         wrapped.reset(seed=6)
 

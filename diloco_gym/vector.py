@@ -1,0 +1,683 @@
+"""A native vector environment: many merge-scheduling episodes stepped together in numpy.
+
+:class:`DiLoCoSyncVectorEnv` runs ``num_envs`` copies of :class:`~diloco_gym.env.DiLoCoSyncEnv`
+over a batch axis. The dynamics are not re-implemented: episodes come from
+:func:`diloco_gym.core.episode_from_seed`, feasibility from :func:`diloco_gym.core.options`,
+learner features from :func:`diloco_gym.core.learner_features_k` and merges from
+:func:`diloco_gym.learners.merge_gain`, the functions the single env calls, applied to arrays.
+``tests/test_vector.py`` checks that env ``i`` reproduces the single env step for step.
+
+:class:`SB3VecEnv` adapts it to Stable-Baselines3 (imported lazily, only when used).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import fields, replace
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+from gymnasium.utils import seeding
+from gymnasium.vector import AutoresetMode
+from gymnasium.vector.utils import batch_space
+
+from diloco_gym import core
+from diloco_gym import learners as lrn
+from diloco_gym.core import (
+    EXO_SLICE,
+    LEARNER_SLICE,
+    OBS_DIM,
+    OBS_HIGH,
+    OBS_INDEX,
+    OBS_LOW,
+    EnvParams,
+    Episode,
+)
+from diloco_gym.env import make_generator
+from diloco_gym.sidecar import SidecarParams
+
+# SB3VecEnv is importable too (``from diloco_gym.vector import SB3VecEnv``) but built on first
+# access (module ``__getattr__``), so it is not in ``__all__``: a star import never needs SB3.
+__all__ = ["DiLoCoSyncVectorEnv"]
+
+_G = OBS_INDEX
+_ENV_FIELDS = {f.name for f in fields(EnvParams)}
+_SEED_HIGH = 2**31 - 1  # the single env draws episode seeds with integers(0, 2**31 - 1)
+
+
+class DiLoCoSyncVectorEnv(gym.vector.VectorEnv):
+    """``num_envs`` DiLoCo merge-scheduling episodes stepped together (numpy, one process).
+
+    ## Description
+
+    The same environment as :class:`~diloco_gym.env.DiLoCoSyncEnv` (see its docstring for
+    the problem, observation features and reward), vectorised over a leading batch axis.
+    ``gym.make_vec("DiLoCoSync-v0", num_envs=1024, vectorization_mode="vector_entry_point")``
+    builds one; every registered regime id works the same way.
+
+    ## Spaces
+
+    ``single_observation_space``: ``Box(17,)`` float32, ``observation_space``: its batch
+    ``Box((num_envs, 17))``. ``single_action_space``: ``Discrete(2)`` (0 defer, 1 merge),
+    ``action_space``: ``MultiDiscrete([2] * num_envs)``. ``action_masks()`` gives the
+    feasible actions of every env, ``(num_envs, 2)`` bool ``[defer, merge]``.
+
+    ## Seeding
+
+    ``reset(seed=s)`` gives env ``i`` exactly the episode of the single env's
+    ``reset(seed=s + i)``, and each later autoreset of env ``i`` the episode of the single
+    env's next ``reset()`` without a seed: env ``i`` owns a generator seeded like the single
+    env's ``np_random`` (``gymnasium.utils.seeding.np_random(s + i)``) and draws its next
+    episode seed from it. So a run is deterministic given ``s``, and any vector episode can be
+    rebuilt with the single env from ``episode_seeds``. ``seed`` may also be a sequence of
+    ``num_envs`` ints (or ``None`` entries). ``reset()`` without a seed continues each env's
+    generator (a fresh entropy seed on the very first reset).
+
+    ## Autoreset
+
+    ``autoreset_mode`` is :attr:`AutoresetMode.NEXT_STEP` by default (Gymnasium's default and
+    the mode of its ``CartPoleVectorEnv``): the step that ends an episode returns its last
+    observation with ``truncated=True``; the next ``step`` ignores that env's action, starts
+    its next episode and returns the first observation with reward 0 and both flags False.
+    :attr:`AutoresetMode.SAME_STEP` resets in the ending step instead: the returned
+    observation is the new episode's first, and the last one is in ``info["final_obs"]``
+    (an object array, with mask ``info["_final_obs"]``); :class:`SB3VecEnv` uses this mode.
+    Episodes are never terminated, only truncated (as in the single env).
+
+    ## Episode pool (opt-in)
+
+    Building an episode (trace generation and per-decision merge costs) costs about as much
+    as a few hundred vector steps, and with many envs several episodes end every step. With
+    ``episode_pool=K`` the env builds ``K`` episodes once per seed - the single env's
+    episodes of seeds ``s, s + 1, ..., s + K - 1`` - and reuses them round-robin: env ``i``
+    starts on pool episode ``i % K`` (so with ``K >= num_envs`` the first episodes equal the
+    fresh ones) and each autoreset takes the next pool episode. Episodes therefore repeat
+    (every ``K`` resets); the agent-dependent state always restarts fresh. Throughput with
+    and without a pool is reported separately in ``benchmarks/README.md``. A pool needs
+    ``seed`` to be ``None``, an int, or the consecutive sequence ``s, s + 1, ...``.
+
+    ## Info
+
+    Each ``step``'s info holds ``merged``, ``action_overridden`` and the reward terms
+    ``sync_excess`` and ``progress`` (arrays over envs, with Gymnasium's ``_key`` masks); when
+    episodes end, ``info["episode_end"]`` holds their ``merges``, additive ``sync_excess_pct``,
+    ``progress`` and ``seed`` (not ``"episode"``, which Gymnasium's ``RecordEpisodeStatistics``
+    writes); ``episode_seed`` marks the envs that started an episode. The
+    exact replay summary of the single env's final info is not computed here (it costs a
+    replay per episode): rebuild the episode with the single env from its seed when needed.
+
+    ## Arguments
+
+    ``num_envs``; ``regime``, ``params``, ``sidecar``, ``learners`` and ``EnvParams`` field
+    keywords exactly as :class:`~diloco_gym.env.DiLoCoSyncEnv`; ``episode_pool`` (``None`` or
+    ``K >= 1``); ``autoreset_mode`` (``NEXT_STEP`` or ``SAME_STEP``). No rendering: render
+    one episode with the single env.
+    """
+
+    metadata = {"render_modes": [], "autoreset_mode": AutoresetMode.NEXT_STEP}
+
+    def __init__(self, num_envs: int = 1, regime: Any = "bursty", params: EnvParams | None = None,
+                 sidecar: SidecarParams | None = None, learners: lrn.LearnerParams | None = None,
+                 episode_pool: int | None = None,
+                 autoreset_mode: AutoresetMode | str = AutoresetMode.NEXT_STEP,
+                 render_mode: str | None = None, **overrides: Any) -> None:
+        if not isinstance(num_envs, (int, np.integer)) or isinstance(num_envs, bool) \
+                or num_envs < 1:
+            raise ValueError(f"num_envs must be an int >= 1, got {num_envs!r}")
+        unknown = set(overrides) - _ENV_FIELDS
+        if unknown:
+            raise TypeError(f"unknown DiLoCoSyncVectorEnv argument(s) {sorted(unknown)}; valid "
+                            f"EnvParams fields: {sorted(_ENV_FIELDS)}")
+        if episode_pool is not None and (not isinstance(episode_pool, (int, np.integer))
+                                         or isinstance(episode_pool, bool) or episode_pool < 1):
+            raise ValueError(f"episode_pool must be None or an int >= 1, got {episode_pool!r}")
+        try:
+            mode = AutoresetMode(autoreset_mode)
+        except ValueError:
+            mode = None
+        if mode not in (AutoresetMode.NEXT_STEP, AutoresetMode.SAME_STEP):
+            raise ValueError(f"autoreset_mode must be AutoresetMode.NEXT_STEP or SAME_STEP, got "
+                             f"{autoreset_mode!r}")
+        if render_mode is not None:
+            raise ValueError("DiLoCoSyncVectorEnv does not render; render one episode with "
+                             "DiLoCoSyncEnv")
+        self.params = replace(params or EnvParams(), **overrides)
+        self.generator, default_sidecar, self.regime_name = make_generator(regime)
+        self.sidecar = sidecar or default_sidecar
+        self.learner_params = learners or lrn.LearnerParams()
+        self.episode_pool = None if episode_pool is None else int(episode_pool)
+        self.autoreset_mode = mode
+        self.metadata = dict(type(self).metadata, autoreset_mode=mode)
+        self.render_mode = None
+
+        self.num_envs = b = int(num_envs)
+        self.single_observation_space = gym.spaces.Box(OBS_LOW, OBS_HIGH, dtype=np.float32)
+        self.single_action_space = gym.spaces.Discrete(2)
+        self.observation_space = batch_space(self.single_observation_space, b)
+        self.action_space = batch_space(self.single_action_space, b)
+
+        # Agent-dependent state, one entry per env (the single env's attributes).
+        self._d = np.zeros(b, dtype=np.int64)
+        self._last = np.zeros(b, dtype=np.int64)
+        self._m_left = np.zeros(b, dtype=np.int64)
+        self._n_merges = np.zeros(b, dtype=np.int64)
+        self._tokens = np.zeros(b)
+        self._excess_sum = np.zeros(b)
+        self._progress_sum = np.zeros(b)
+        # Reward terms of merges forced before the first real choice, paid on the next step.
+        self._pend_excess = np.zeros(b)
+        self._pend_progress = np.zeros(b)
+        self._autoreset = np.zeros(b, dtype=bool)
+        self._all = np.ones(b, dtype=bool)
+        self._obs = np.zeros((b, OBS_DIM), dtype=np.float32)
+        # Episode bank: the agent-independent arrays of the episodes in use. Fresh episodes
+        # live in slot i of env i; a pool holds K episodes and envs point into it.
+        self._slot = np.arange(b, dtype=np.int64)
+        # Per-env copies of each episode's scalars (set at every (re)start: no gathers).
+        self._n = np.ones(b, dtype=np.int64)
+        self._pct = np.zeros(b)
+        self._max_merges = np.ones(b)
+        self._thr = np.zeros((b, self.learner_params.num_learners))
+        self._thr_k = np.zeros((self.learner_params.num_learners, b))  # learners first
+        self._seed = np.zeros(b, dtype=np.int64)
+        n_bank = self.episode_pool or b
+        self._bank_n = np.zeros(n_bank, dtype=np.int64)
+        self._bank_exo = np.zeros((n_bank, 0, EXO_SLICE.stop - EXO_SLICE.start),
+                                  dtype=np.float32)
+        self._bank_cost = np.zeros((n_bank, 0))
+        self._bank_pct = np.zeros(n_bank)
+        self._bank_max_merges = np.ones(n_bank)
+        self._bank_thr = np.zeros((n_bank, self.learner_params.num_learners))
+        self._bank_seed = np.zeros(n_bank, dtype=np.int64)
+        self._env_rngs: list[np.random.Generator | None] = [None] * b
+        self._pool_base: int | None = None
+        self._pool_next = 0
+        self._gaps_s = np.arange(self.params.h_max + 1) * self.params.decision_seconds
+        self._budget_cache: dict[int, core.BudgetTables] = {}
+        self._next_cache: dict[int, np.ndarray] = {}
+        self._started = False
+
+    # ----------------------------------------------------------------- public views
+    @property
+    def episode_seeds(self) -> np.ndarray:
+        """Seed of each env's current episode (rebuild it with ``DiLoCoSyncEnv.reset``)."""
+        return self._seed.copy()
+
+    @property
+    def decisions(self) -> np.ndarray:
+        """Index of each env's current decision."""
+        return self._d.copy()
+
+    @property
+    def merge_counts(self) -> np.ndarray:
+        """Merges launched so far in each env's episode."""
+        return self._n_merges.copy()
+
+    def action_masks(self) -> np.ndarray:
+        """Feasible actions of every env, ``(num_envs, 2)`` bool ``[defer, merge]``.
+
+        An env whose episode has ended (it restarts on the next step) allows both.
+        """
+        self._require_started()
+        out = np.ones((self.num_envs, 2), dtype=bool)
+        live = np.flatnonzero(self._d < self._n)
+        if live.size:
+            can_merge, can_defer = self._options(live)
+            out[live, 0] = can_defer
+            out[live, 1] = can_merge
+        return out
+
+    # ----------------------------------------------------------------- gym API
+    def reset(self, *, seed: int | Sequence[int | None] | None = None,
+              options: dict | None = None):
+        """Start a new episode in every env (``options`` is accepted and ignored)."""
+        b = self.num_envs
+        seeds = self._seed_list(seed)
+        if seed is not None:
+            first = next((s for s in seeds if s is not None), None)
+            self._np_random, self._np_random_seed = seeding.np_random(first)
+        if self.episode_pool is None:
+            for i in range(b):
+                self._store(i, self._episode(self._next_seed(i, seeds[i])))
+            self._slot = np.arange(b, dtype=np.int64)
+        else:
+            self._reset_pool(seed, seeds)
+        self._start(np.arange(b))
+        self._autoreset[:] = False
+        self._started = True
+        self._observe()
+        info = {"episode_seed": self.episode_seeds, "_episode_seed": self._all.copy()}
+        return self._obs.copy(), info
+
+    def step(self, actions):
+        """Step every env once; see the class docstring for autoreset and info."""
+        self._require_started()
+        b = self.num_envs
+        a = np.asarray(actions)
+        if a.shape != (b,):
+            raise ValueError(f"actions must have shape ({b},), got {a.shape}")
+        if a.dtype.kind in "iu":
+            valid = a.min() >= 0 and a.max() <= 1
+        else:
+            valid = a.dtype.kind == "b" or bool(np.all((a == 0) | (a == 1)))
+        if not valid:
+            bad = a[(a != 0) & (a != 1)][0]
+            raise ValueError(f"actions must be 0 (defer) or 1 (merge), got {bad!r}")
+        want = a == 1
+        p = self.params
+        pending = self._autoreset.copy()  # NEXT_STEP: these envs restart instead of stepping
+        restart = np.flatnonzero(pending)
+        active = ~pending if restart.size else self._all.copy()
+
+        can_merge, can_defer = self._options(None)
+        merge = (want & can_merge) | ~can_defer
+        if restart.size:
+            merge &= active
+        overridden = (merge != want) & active
+        excess = np.zeros(b)
+        progress = np.zeros(b)
+        idx = np.flatnonzero(merge)
+        if idx.size:
+            excess[idx], progress[idx] = self._apply(idx)
+        excess += self._pend_excess * active
+        progress += self._pend_progress * active
+        self._pend_excess[active] = 0.0
+        self._pend_progress[active] = 0.0
+        self._d += active
+        if p.skip_forced:
+            live = np.flatnonzero(active) if restart.size else None
+            ex2, pr2 = self._advance_forced(live)
+            excess += ex2
+            progress += pr2
+        rewards = -p.excess_weight * excess + p.progress_weight * progress
+        truncated = self._d >= self._n
+        if restart.size:
+            truncated &= active
+            rewards[restart] = 0.0
+        terminated = np.zeros(b, dtype=bool)
+
+        info: dict[str, Any] = {
+            "merged": merge, "_merged": active,
+            "action_overridden": overridden, "_action_overridden": active,
+            "sync_excess": -excess, "_sync_excess": active,
+            "progress": progress, "_progress": active,
+        }
+        ended = np.flatnonzero(truncated)
+        if ended.size:
+            info["episode_end"] = {
+                "merges": self._n_merges.copy(), "_merges": truncated,
+                "sync_excess_pct": self._excess_sum.copy(), "_sync_excess_pct": truncated,
+                "progress": self._progress_sum.copy(), "_progress": truncated,
+                "seed": self.episode_seeds, "_seed": truncated,
+            }
+            info["_episode_end"] = truncated
+
+        if self.autoreset_mode is AutoresetMode.NEXT_STEP:
+            if restart.size:
+                self._restart(restart)
+                info["episode_seed"] = self.episode_seeds
+                info["_episode_seed"] = pending.copy()
+            self._autoreset = truncated.copy()
+            self._observe()
+        else:  # SAME_STEP
+            self._observe()
+            if ended.size:
+                final = np.full(b, None, dtype=object)
+                for i in ended:
+                    final[i] = self._obs[i].copy()
+                info["final_obs"] = final
+                info["_final_obs"] = truncated
+                self._restart(ended)
+                self._observe()
+                info["episode_seed"] = self.episode_seeds
+                info["_episode_seed"] = truncated
+        return self._obs.copy(), rewards, terminated, truncated, info
+
+    def close_extras(self, **kwargs: Any) -> None:
+        """Nothing to release (no subprocesses)."""
+
+    # ----------------------------------------------------------------- episodes
+    def _require_started(self) -> None:
+        if not self._started:
+            raise RuntimeError("call reset() before using the environment")
+
+    def _seed_list(self, seed) -> list[int | None]:
+        b = self.num_envs
+        if seed is None:
+            return [None] * b
+        if isinstance(seed, (int, np.integer)) and not isinstance(seed, bool):
+            return [int(seed) + i for i in range(b)]
+        if isinstance(seed, Sequence) and len(seed) == b and all(
+                s is None or (isinstance(s, (int, np.integer)) and not isinstance(s, bool))
+                for s in seed):
+            return [None if s is None else int(s) for s in seed]
+        raise ValueError(f"seed must be None, an int, or a sequence of {b} ints/None, got "
+                         f"{seed!r}")
+
+    def _next_seed(self, i: int, seed: int | None) -> int:
+        """Env ``i``'s next episode seed, exactly as the single env's ``reset`` picks it."""
+        if seed is not None:
+            self._env_rngs[i] = seeding.np_random(seed)[0]
+            return int(seed)
+        if self._env_rngs[i] is None:
+            self._env_rngs[i] = seeding.np_random()[0]
+        return int(self._env_rngs[i].integers(0, _SEED_HIGH))
+
+    def _episode(self, seed: int) -> Episode:
+        return core.episode_from_seed(self.generator, seed, self.params, self.sidecar,
+                                      self.learner_params)
+
+    def _store(self, slot: int, ep: Episode) -> None:
+        """Copy an episode's arrays into bank ``slot`` (growing the bank if needed)."""
+        n = ep.n_decisions
+        if n > self._bank_exo.shape[1]:
+            width = max(n, self._bank_exo.shape[1])
+            exo = np.zeros((self._bank_exo.shape[0], width, self._bank_exo.shape[2]),
+                           dtype=np.float32)
+            exo[:, :self._bank_exo.shape[1]] = self._bank_exo
+            cost = np.zeros((self._bank_cost.shape[0], width))
+            cost[:, :self._bank_cost.shape[1]] = self._bank_cost
+            self._bank_exo, self._bank_cost = exo, cost
+        self._bank_n[slot] = n
+        self._bank_exo[slot, :n] = ep.exo
+        self._bank_cost[slot, :n] = ep.merge_cost
+        self._bank_pct[slot] = ep.pct_per_request
+        self._bank_max_merges[slot] = max(1.0, n / self.params.h_min)
+        self._bank_thr[slot] = ep.throughputs
+        self._bank_seed[slot] = ep.seed
+        if self.params.merge_budget is not None:
+            self._budget_for(n)  # an infeasible budget fails here, as in the single env
+
+    def _reset_pool(self, seed, seeds: list[int | None]) -> None:
+        k = self.episode_pool
+        if seed is None:
+            base = self._pool_base
+            if base is None:
+                base = int(seeding.np_random()[0].integers(0, _SEED_HIGH))
+        else:
+            base = seeds[0]
+            if base is None or seeds != [base + i for i in range(self.num_envs)]:
+                raise ValueError("with episode_pool, seed must be None, an int, or the "
+                                 "consecutive sequence s, s + 1, ...")
+        if base != self._pool_base:
+            for j in range(k):
+                self._store(j, self._episode(base + j))
+            self._pool_base = base
+            self._pool_next = 0
+        if seed is not None:
+            self._pool_next = 0
+        b = self.num_envs
+        self._slot = (self._pool_next + np.arange(b, dtype=np.int64)) % k
+        self._pool_next = (self._pool_next + b) % k
+
+    def _restart(self, idx: np.ndarray) -> None:
+        """Autoreset: the next episode of each env in ``idx`` (in index order)."""
+        if self.episode_pool is None:
+            for i in idx:
+                self._store(int(i), self._episode(self._next_seed(int(i), None)))
+        else:
+            k = self.episode_pool
+            self._slot[idx] = (self._pool_next + np.arange(idx.size)) % k
+            self._pool_next = int((self._pool_next + idx.size) % k)
+        self._start(idx)
+
+    def _start(self, idx: np.ndarray) -> None:
+        """The single env's reset of the agent-dependent state, for envs ``idx``."""
+        p = self.params
+        slot = self._slot[idx]
+        self._n[idx] = self._bank_n[slot]
+        self._pct[idx] = self._bank_pct[slot]
+        self._max_merges[idx] = self._bank_max_merges[slot]
+        self._thr[idx] = self._bank_thr[slot]
+        self._thr_k[:, idx] = self._bank_thr[slot].T
+        self._seed[idx] = self._bank_seed[slot]
+        self._d[idx] = 0
+        self._last[idx] = 0
+        self._n_merges[idx] = 0
+        self._tokens[idx] = float(self.learner_params.initial_tokens)
+        self._m_left[idx] = p.merge_budget if p.merge_budget is not None else 0
+        self._excess_sum[idx] = 0.0
+        self._progress_sum[idx] = 0.0
+        self._autoreset[idx] = False
+        self._pend_excess[idx] = 0.0
+        self._pend_progress[idx] = 0.0
+        if p.skip_forced:
+            # As the single env, merges forced before the first real choice are applied now
+            # and rewarded on the next step (with no budget there are none).
+            ex, pr = self._advance_forced(np.asarray(idx))
+            self._pend_excess[idx] = ex[idx]
+            self._pend_progress[idx] = pr[idx]
+            if np.any(self._d[idx] >= self._n[idx]):
+                raise ValueError(f"merge_budget={p.merge_budget} leaves the agent no decision "
+                                 f"in this episode (every merge is forced)")
+
+    # ----------------------------------------------------------------- dynamics
+    def _budget_for(self, n: int) -> core.BudgetTables:
+        if n not in self._budget_cache:
+            p = self.params
+            self._budget_cache[n] = core.BudgetTables(n, p.h_min, p.h_max, p.merge_budget)
+        return self._budget_cache[n]
+
+    def _options(self, idx: np.ndarray | None):
+        """:func:`core.options` for envs ``idx`` (``None``: all), grouped by episode length."""
+        sl = slice(None) if idx is None else idx
+        d, last, m_left = self._d[sl], self._last[sl], self._m_left[sl]
+        p = self.params
+        if p.merge_budget is None:
+            return core.options(d, last, m_left, p, 0, None)
+        n = self._n[sl]
+        lengths = np.unique(n)
+        if lengths.size == 1:
+            n0 = int(lengths[0])
+            return core.options(d, last, m_left, p, n0, self._budget_for(n0))
+        can_merge = np.empty(d.shape, dtype=bool)
+        can_defer = np.empty(d.shape, dtype=bool)
+        for n0 in lengths:
+            sel = n == n0
+            can_merge[sel], can_defer[sel] = core.options(d[sel], last[sel], m_left[sel], p,
+                                                          int(n0), self._budget_for(int(n0)))
+        return can_merge, can_defer
+
+    def _apply(self, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Merge now in envs ``idx``: the single env's ``_apply(True)``, batched."""
+        d = self._d[idx]
+        gap_s = (d - self._last[idx]) * self.params.decision_seconds
+        added, gain = lrn.merge_gain(gap_s, self._tokens[idx], self._thr[idx],
+                                     self.learner_params)
+        self._tokens[idx] += added
+        cost = self._bank_cost[self._slot[idx], d]
+        self._last[idx] = d
+        self._m_left[idx] -= 1
+        self._n_merges[idx] += 1
+        excess = cost * self._pct[idx]
+        self._excess_sum[idx] += excess
+        self._progress_sum[idx] += gain
+        return excess, gain
+
+    def _advance_forced(self, idx: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+        """Apply single-option decisions in envs ``idx`` (``None``: all) until each has a
+        real choice or its episode ends; returns the merges' excess and progress per env."""
+        b = self.num_envs
+        ex = np.zeros(b)
+        pr = np.zeros(b)
+        n_all = self._n
+        todo = np.flatnonzero(self._d < n_all) if idx is None else idx[self._d[idx] < n_all[idx]]
+        while todo.size:
+            can_merge, can_defer = self._options(todo)
+            forced = ~(can_merge & can_defer)
+            todo, can_merge, can_defer = todo[forced], can_merge[forced], can_defer[forced]
+            if not todo.size:
+                break
+            stuck = ~(can_merge | can_defer)
+            if stuck.any():  # cannot happen with validated budgets
+                i = int(todo[stuck][0])
+                raise RuntimeError(f"no feasible action at decision {self._d[i]} (env {i})")
+            d = self._d[todo]
+            n = n_all[todo]
+            # A forced deferral starts a run of them, and the run's end is known: below H_min
+            # the options cannot change until H_min (the single env jumps there too); with a
+            # budget, deferrals stay forced until the next decision from which the remaining
+            # merges can still be placed (or to the end, with none left). Jumping over the run
+            # gives the same state as stepping through it (nothing happens on the way).
+            d_next = d + 1
+            defer = np.flatnonzero(~can_merge)
+            if defer.size:
+                d_next[defer] = self._forced_deferral_end(todo[defer])
+            merged = todo[can_merge]
+            if merged.size:
+                e, g = self._apply(merged)
+                ex[merged] += e
+                pr[merged] += g
+            self._d[todo] = d_next
+            todo = todo[d_next < n]
+        return ex, pr
+
+    def _forced_deferral_end(self, idx: np.ndarray) -> np.ndarray:
+        """First decision after a forced deferral in envs ``idx`` at which the options can
+        differ (or the episode's end)."""
+        p = self.params
+        d, last, n = self._d[idx], self._last[idx], self._n[idx]
+        below = d - last < p.h_min
+        end = np.where(below, np.minimum(n, last + p.h_min), d + 1)
+        if p.merge_budget is None or below.all():
+            return end
+        m_left = self._m_left[idx]
+        for n0 in np.unique(n[~below]):
+            sel = np.flatnonzero(~below & (n == n0))
+            nxt = self._next_reach(int(n0))
+            m1 = np.maximum(m_left[sel] - 1, 0)
+            # No merge left: the tail is already safe (deferral is allowed), so every
+            # remaining decision is a forced deferral. Otherwise: the next decision from
+            # which the remaining merges can be completed.
+            end[sel] = np.where(m_left[sel] > 0, nxt[m1, np.minimum(d[sel] + 1, n0)], n0)
+        return end
+
+    def _next_reach(self, n: int) -> np.ndarray:
+        """``nxt[m, x]``: the first decision ``>= x`` after which ``m`` more merges can be
+        placed feasibly (``reach[m]`` of :class:`core.BudgetTables`), or ``n`` if none."""
+        if n not in self._next_cache:
+            reach = self._budget_for(n).reach
+            pos = np.where(reach, np.arange(n), n)
+            nxt = np.full((reach.shape[0], n + 1), n, dtype=np.int64)
+            nxt[:, :n] = np.minimum.accumulate(pos[:, ::-1], axis=1)[:, ::-1]
+            self._next_cache[n] = nxt
+        return self._next_cache[n]
+
+    def _observe(self) -> None:
+        """Fill ``self._obs`` (the single env's ``_obs`` for every env)."""
+        p = self.params
+        n = self._n
+        d = self._d
+        d_clip = np.minimum(d, n)
+        gap = d_clip - self._last
+        obs = self._obs
+        obs[:, _G["gap"]] = np.minimum(1.0, gap / p.h_max)
+        obs[:, _G["corridor_open"]] = gap >= p.h_min
+        gaps_s = self._gaps_s[np.minimum(gap, p.h_max)]
+        obs[:, LEARNER_SLICE] = core.learner_features_k(gaps_s, self._tokens, self._thr_k, p,
+                                                        self.learner_params)
+        exo = self._bank_exo
+        rows = self._slot * exo.shape[1] + np.minimum(d, n - 1)
+        obs[:, EXO_SLICE] = np.take(exo.reshape(-1, exo.shape[2]), rows, axis=0)
+        obs[:, _G["merges"]] = np.minimum(1.0, self._n_merges / self._max_merges)
+        obs[:, _G["time_left"]] = (n - d_clip) / n
+        if p.merge_budget:
+            obs[:, _G["budget_left"]] = self._m_left / p.merge_budget
+        else:
+            obs[:, _G["budget_left"]] = 0.0 if p.merge_budget == 0 else 1.0
+
+
+def _make_sb3_vec_env() -> type:
+    """Define :class:`SB3VecEnv` (imports Stable-Baselines3 on first use only)."""
+    from stable_baselines3.common.vec_env import VecEnv
+
+    class SB3VecEnv(VecEnv):
+        """Stable-Baselines3 ``VecEnv`` over a :class:`DiLoCoSyncVectorEnv` (no subprocesses).
+
+        Args:
+            venv: a native vector env with ``autoreset_mode=SAME_STEP`` (SB3's convention:
+                the observation returned at a done is the next episode's first, and the last
+                one is ``infos[i]["terminal_observation"]``). If omitted, one is built from
+                ``num_envs`` and ``kwargs`` (the native env's arguments).
+
+        ``env_method("action_masks")`` returns each env's ``[defer, merge]`` mask, so
+        sb3-contrib's ``MaskablePPO`` works on it. Episodes end by truncation, flagged with
+        ``infos[i]["TimeLimit.truncated"] = True``. Wrap it in ``VecMonitor`` for episode
+        statistics. ``seed(s)`` gives env ``i`` the seed ``s + i`` at the next ``reset()``,
+        the same contract as the native env.
+        """
+
+        def __init__(self, venv: DiLoCoSyncVectorEnv | None = None, num_envs: int = 1,
+                     **kwargs: Any) -> None:
+            if venv is None:
+                venv = DiLoCoSyncVectorEnv(num_envs, autoreset_mode=AutoresetMode.SAME_STEP,
+                                           **kwargs)
+            elif kwargs:
+                raise TypeError("pass either a native vector env or its arguments, not both")
+            if venv.autoreset_mode is not AutoresetMode.SAME_STEP:
+                raise ValueError("SB3VecEnv needs a DiLoCoSyncVectorEnv with "
+                                 "autoreset_mode=AutoresetMode.SAME_STEP")
+            self.venv = venv
+            self._actions: np.ndarray | None = None
+            super().__init__(venv.num_envs, venv.single_observation_space,
+                             venv.single_action_space)
+
+        def reset(self):
+            seeds = None if all(s is None for s in self._seeds) else list(self._seeds)
+            obs, info = self.venv.reset(seed=seeds)
+            self._reset_seeds()
+            self._reset_options()
+            self.reset_infos = [{"episode_seed": int(s)} for s in info["episode_seed"]]
+            return obs
+
+        def step_async(self, actions: np.ndarray) -> None:
+            self._actions = np.asarray(actions).reshape(self.num_envs)
+
+        def step_wait(self):
+            obs, rewards, terminated, truncated, info = self.venv.step(self._actions)
+            infos: list[dict[str, Any]] = [{} for _ in range(self.num_envs)]
+            done = terminated | truncated
+            if done.any():
+                final = info["final_obs"]
+                for i in np.flatnonzero(done):
+                    infos[i]["terminal_observation"] = final[i]
+                    infos[i]["TimeLimit.truncated"] = bool(truncated[i] and not terminated[i])
+                    infos[i]["episode_seed"] = int(info["episode_seed"][i])
+            return obs, rewards.astype(np.float32), done, infos
+
+        def close(self) -> None:
+            self.venv.close()
+
+        def get_attr(self, attr_name: str, indices=None) -> list[Any]:
+            value = getattr(self.venv, attr_name)
+            return [value for _ in self._get_indices(indices)]
+
+        def set_attr(self, attr_name: str, value: Any, indices=None) -> None:
+            raise AttributeError("SB3VecEnv shares one native env: set attributes on .venv")
+
+        def env_method(self, method_name: str, *method_args, indices=None,
+                       **method_kwargs) -> list[Any]:
+            if method_name == "action_masks":
+                masks = self.venv.action_masks()
+                return [masks[i] for i in self._get_indices(indices)]
+            raise AttributeError(f"SB3VecEnv supports env_method('action_masks') only, not "
+                                 f"{method_name!r}; call methods on .venv (the native env)")
+
+        def env_is_wrapped(self, wrapper_class, indices=None) -> list[bool]:
+            return [False for _ in self._get_indices(indices)]
+
+        def get_images(self):
+            raise NotImplementedError("SB3VecEnv does not render")
+
+    SB3VecEnv.__module__ = __name__
+    return SB3VecEnv
+
+
+def __getattr__(name: str):
+    # PEP 562: build the SB3 adapter on first access so that the core never imports SB3.
+    if name == "SB3VecEnv":
+        cls = _make_sb3_vec_env()
+        globals()["SB3VecEnv"] = cls
+        return cls
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
