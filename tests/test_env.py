@@ -513,9 +513,9 @@ def test_budget_without_any_choice_is_refused():
     """A budget whose only schedule is fully forced leaves no decision: a clear error."""
     params = EnvParams(h_min_steps=16, h_max_steps=32, merge_seconds=2.0)
     full = get_regime("bursty")(np.random.default_rng(0))
-    keep = full.arrival_s < 30.0
-    tr = Trace(full.arrival_s[keep], full.prompt_tokens[keep], full.output_tokens[keep], 30.0)
-    env = DiLoCoSyncEnv(tr, params=params, merge_budget=6)  # 14 decisions: merges at 2,4,...,12
+    keep = full.arrival_s < 29.0
+    tr = Trace(full.arrival_s[keep], full.prompt_tokens[keep], full.output_tokens[keep], 29.0)
+    env = DiLoCoSyncEnv(tr, params=params, merge_budget=6)  # 13 decisions: only 2,4,...,12
     with pytest.raises(ValueError, match="leaves the agent no decision"):
         env.reset(seed=0)
     env = DiLoCoSyncEnv(tr, params=params, merge_budget=5)
