@@ -16,13 +16,21 @@ Time: training advances in steps of ``step_seconds``; the agent decides every
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
+from functools import cached_property
 
 import numpy as np
 from scipy.signal import lfilter
 
 from diloco_gym import learners as lrn
 from diloco_gym.schedules import completion_counts
-from diloco_gym.sidecar import ReplayResult, SidecarParams, base_latency_s, merge_costs, replay
+from diloco_gym.sidecar import (
+    IsolatedMergeCost,
+    ReplayResult,
+    SidecarParams,
+    base_latency_s,
+    merge_costs,
+    replay,
+)
 from diloco_gym.traces import PRESSURE_DT_S, Trace
 
 __all__ = ["EnvParams", "Episode", "build_episode", "episode_from_seed", "OBS_FEATURES",
@@ -112,21 +120,21 @@ class EnvParams:
                              f"{self.merge_steps} steps) must fit inside h_min_steps "
                              f"({self.h_min_steps}) so that merges never overlap")
 
-    @property
+    @cached_property  # derived, never a second default; cached for the hot path
     def decision_seconds(self) -> float:
         return self.step_seconds * self.decision_interval
 
-    @property
+    @cached_property
     def h_min(self) -> int:
         """H_min in decisions."""
         return self.h_min_steps // self.decision_interval
 
-    @property
+    @cached_property
     def h_max(self) -> int:
         """H_max in decisions."""
         return self.h_max_steps // self.decision_interval
 
-    @property
+    @cached_property
     def merge_steps(self) -> int:
         """Merge window in steps (``merge_seconds`` rounded to the step grid, at least 1)."""
         return max(1, int(round(self.merge_seconds / self.step_seconds)))
@@ -193,25 +201,56 @@ class Episode:
         n_decisions: N, decisions in the episode.
         exo: ``(N, 7)`` float32 exogenous features (network .. rate_trend) per decision,
             computed from arrivals strictly before the decision.
-        merge_cost: ``(N,)`` extra SLO violations (requests) of a merge launched at each
-            decision, evaluated in isolation (:func:`~diloco_gym.sidecar.merge_costs`).
         throughputs: ``(K,)`` learner throughputs, ascending.
         base_s / req_bin / pressure_bin: replay inputs (service time per request, its
             step bin, fleet pressure per bin).
         baseline: the no-merge replay (the load match).
+        params / sidecar: the parameters the episode was built with.
         seed: the episode seed (``None`` if built from an explicit generator).
+
+    ``merge_cost`` (all decisions) is computed on first use; ``merge_cost_at(d)`` costs one
+    decision without computing the others (what an env stepping an agent needs).
     """
 
     trace: Trace
     n_decisions: int
     exo: np.ndarray
-    merge_cost: np.ndarray
     throughputs: np.ndarray
     base_s: np.ndarray
     req_bin: np.ndarray
     pressure_bin: np.ndarray
     baseline: ReplayResult
+    params: EnvParams
+    sidecar: SidecarParams
     seed: int | None = None
+
+    @cached_property
+    def merge_cost(self) -> np.ndarray:
+        """``(N,)`` extra SLO violations (requests) of a merge launched at each decision,
+        evaluated in isolation (:func:`~diloco_gym.sidecar.merge_costs`)."""
+        p = self.params
+        starts = np.arange(self.n_decisions, dtype=np.int64) * p.decision_interval
+        cost = merge_costs(self.base_s, self.req_bin, self.pressure_bin, self.sidecar,
+                           p.step_seconds, starts, p.merge_steps,
+                           self.baseline.violated.astype(np.float64))
+        cost.setflags(write=False)
+        return cost
+
+    @cached_property
+    def _one_cost(self) -> IsolatedMergeCost:
+        p = self.params
+        return IsolatedMergeCost(self.base_s, self.req_bin, self.pressure_bin, self.sidecar,
+                                 p.step_seconds, p.merge_steps, self.baseline.violated)
+
+    def merge_cost_at(self, d: int) -> float:
+        """The cost of a merge at decision ``d`` (equal to ``merge_cost[d]``)."""
+        full = self.__dict__.get("merge_cost")
+        if full is not None:
+            return float(full[d])
+        memo = self.__dict__.setdefault("_cost_memo", {})  # the summary asks again at the end
+        if d not in memo:
+            memo[d] = self._one_cost.cost_at(d * self.params.decision_interval)
+        return memo[d]
 
     @property
     def n_requests(self) -> int:
@@ -283,11 +322,9 @@ def build_episode(trace: Trace, params: EnvParams, sidecar: SidecarParams,
     base_s = base_latency_s(trace.prompt_tokens, trace.output_tokens, sidecar)
     req_bin = np.minimum((trace.arrival_s / params.step_seconds).astype(np.int64), n_bins - 1)
     base_replay = replay(base_s, req_bin, pressure_bin, None, sidecar, params.step_seconds)
-    starts = np.arange(n, dtype=np.int64) * di  # candidate merges: decisions only
-    cost = merge_costs(base_s, req_bin, pressure_bin, sidecar, params.step_seconds, starts,
-                       params.merge_steps, base_replay.violated.astype(np.float64))
-    return Episode(trace, n, exo, cost, learner_params.draw_throughputs(rng), base_s, req_bin,
-                   pressure_bin, base_replay, seed)
+    # Merge costs are computed lazily (Episode.merge_cost / merge_cost_at).
+    return Episode(trace, n, exo, learner_params.draw_throughputs(rng), base_s, req_bin,
+                   pressure_bin, base_replay, params, sidecar, seed)
 
 
 def episode_from_seed(generator, seed: int, params: EnvParams, sidecar: SidecarParams,
@@ -473,6 +510,6 @@ def schedule_summary(episode: Episode, merges, params: EnvParams,
     out["no_sync_violation_pct"] = base["violation_pct"]
     out["sync_excess_pct"] = out["violation_pct"] - base["violation_pct"]
     out["sync_excess_requests"] = out["violated"] - base["violated"]
-    out["additive_excess_pct"] = float(episode.merge_cost[np.asarray(merges, dtype=np.int64)]
-                                       .sum() * episode.pct_per_request)
+    out["additive_excess_pct"] = float(sum(episode.merge_cost_at(int(d)) for d in merges)
+                                       * episode.pct_per_request)
     return out

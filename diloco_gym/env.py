@@ -19,6 +19,8 @@ from diloco_gym.traces import Trace
 __all__ = ["DiLoCoSyncEnv", "make_generator"]
 
 _G = OBS_INDEX
+_G_GAP, _G_OPEN, _G_MERGES, _G_BUDGET = (_G["gap"], _G["corridor_open"], _G["merges"],
+                                         _G["budget_left"])
 _ENV_FIELDS = {f.name for f in fields(EnvParams)}
 
 
@@ -184,6 +186,8 @@ class DiLoCoSyncEnv(gym.Env):
         self._tokens = float(self.learner_params.initial_tokens)
         self._m_left = p.merge_budget if p.merge_budget is not None else 0
         self._max_merges = max(1.0, n / p.h_min)
+        self._obs_base = self._obs_table()
+        self._obs_base[:, _G_BUDGET] = 1.0  # overwritten per step when there is a budget
         self._refresh_learners()
         self._excess_sum = 0.0
         self._progress_sum = 0.0
@@ -206,14 +210,12 @@ class DiLoCoSyncEnv(gym.Env):
         n = self.episode.n_decisions
         if self._d >= n:
             raise RuntimeError("step() called after the episode ended; call reset()")
-        try:
+        if type(action) is int or isinstance(action, np.integer):  # the common fast path
             a = int(action)
-        except (TypeError, ValueError):
-            raise ValueError(f"action must be 0 (defer) or 1 (merge), got {action!r}") from None
-        if a not in (0, 1) or np.ndim(action) > 1 or (np.ndim(action) == 1 and np.size(action)
-                                                        != 1) or np.asarray(action).item() != a:
-            # the last test rejects a fractional action (0.7) that int() would truncate
-            raise ValueError(f"action must be 0 (defer) or 1 (merge), got {action!r}")
+            if a != 0 and a != 1:
+                raise ValueError(f"action must be 0 (defer) or 1 (merge), got {action!r}")
+        else:
+            a = self._parse_action(action)
         can_merge, can_defer = self._options(self._d)
         want = a == 1
         merge = (want and can_merge) or not can_defer
@@ -237,6 +239,19 @@ class DiLoCoSyncEnv(gym.Env):
         return self._obs(), float(reward), False, truncated, info
 
     # ----------------------------------------------------------------- internals
+    @staticmethod
+    def _parse_action(action: Any) -> int:
+        """Validate a non-integer action (a bool, float, 0-d or one-element array)."""
+        try:
+            a = int(action)
+        except (TypeError, ValueError):
+            raise ValueError(f"action must be 0 (defer) or 1 (merge), got {action!r}") from None
+        if a not in (0, 1) or np.ndim(action) > 1 or (np.ndim(action) == 1 and np.size(action)
+                                                        != 1) or np.asarray(action).item() != a:
+            # the last test rejects a fractional action (0.7) that int() would truncate
+            raise ValueError(f"action must be 0 (defer) or 1 (merge), got {action!r}")
+        return a
+
     def _require_episode(self) -> None:
         if self.episode is None:
             raise RuntimeError("call reset() before using the environment")
@@ -257,7 +272,7 @@ class DiLoCoSyncEnv(gym.Env):
         added, gain = lrn.merge_gain(gap_s, self._tokens, self.episode.throughputs,
                                      self.learner_params)
         self._tokens += float(added)
-        cost = float(self.episode.merge_cost[d])
+        cost = self.episode.merge_cost_at(d)
         self._merges.append(d)
         self._costs.append(cost)
         self._last = d
@@ -289,21 +304,29 @@ class DiLoCoSyncEnv(gym.Env):
                 self._d += 1
         return excess, progress
 
-    def _obs(self) -> np.ndarray:
+    def _obs_table(self) -> np.ndarray:
+        """Per-decision rows of the agent-independent features (exogenous block and time
+        left; row ``n`` is the terminal observation's), built once per episode."""
         ep = self.episode
-        p = self.params
         n = ep.n_decisions
-        d = min(self._d, n - 1)
-        gap = min(self._d, n) - self._last
-        obs = np.empty(OBS_DIM, dtype=np.float32)
-        obs[_G["gap"]] = min(1.0, gap / p.h_max)
-        obs[_G["corridor_open"]] = 1.0 if gap >= p.h_min else 0.0
-        obs[core.LEARNER_SLICE] = self._ltable[min(gap, p.h_max)]
-        obs[core.EXO_SLICE] = ep.exo[d]
-        obs[_G["merges"]] = min(1.0, len(self._merges) / self._max_merges)
-        obs[_G["time_left"]] = (n - min(self._d, n)) / n
-        obs[_G["budget_left"]] = (self._m_left / p.merge_budget if p.merge_budget else
-                                  (0.0 if p.merge_budget == 0 else 1.0))
+        base = np.zeros((n + 1, OBS_DIM), dtype=np.float32)
+        base[:n, core.EXO_SLICE] = ep.exo
+        base[n, core.EXO_SLICE] = ep.exo[n - 1]
+        base[:, _G["time_left"]] = (n - np.arange(n + 1)) / n
+        return base
+
+    def _obs(self) -> np.ndarray:
+        p = self.params
+        d = self._d  # never past n: the episode ends there
+        gap = d - self._last
+        obs = self._obs_base[d].copy()
+        obs[_G_GAP] = gap / p.h_max if gap < p.h_max else 1.0
+        obs[_G_OPEN] = 1.0 if gap >= p.h_min else 0.0
+        obs[core.LEARNER_SLICE] = self._ltable[gap if gap < p.h_max else p.h_max]
+        m = len(self._merges) / self._max_merges
+        obs[_G_MERGES] = m if m < 1.0 else 1.0
+        if p.merge_budget is not None:
+            obs[_G_BUDGET] = self._m_left / p.merge_budget if p.merge_budget else 0.0
         return obs
 
     def _step_info(self, merged: bool, overridden: bool) -> dict[str, Any]:

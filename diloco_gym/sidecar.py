@@ -39,6 +39,7 @@ from dataclasses import dataclass, fields
 import numpy as np
 
 __all__ = [
+    "IsolatedMergeCost",
     "SidecarParams",
     "ReplayResult",
     "base_latency_s",
@@ -361,6 +362,57 @@ def merge_costs(base_s: np.ndarray, req_bin: np.ndarray, pressure_bin: np.ndarra
             cost[c_a:c_b] += np.bincount(cand[ok], weights=per[ok], minlength=nb).astype(
                 np.int64)
     return cost.astype(np.float64)
+
+
+class IsolatedMergeCost:
+    """The cost of one merge at a time, with exactly the arithmetic of :func:`merge_costs`.
+
+    An environment only needs the costs of the merges it launches (a few dozen per
+    episode), not all of them; this precomputes the no-merge queue once (``O(bins)``) and
+    then costs a merge in ``O(horizon)``. ``cost_at(s)`` equals ``merge_costs(...)`` at start
+    ``s`` bit for bit (same sums in the same order; the minimum is exact), which the test
+    suite checks on every decision of many episodes.
+    """
+
+    def __init__(self, base_s: np.ndarray, req_bin: np.ndarray, pressure_bin: np.ndarray,
+                 p: SidecarParams, bin_s: float, merge_bins: int,
+                 violated0: np.ndarray) -> None:
+        n_bins = pressure_bin.size
+        self.merge_bins = int(merge_bins)
+        self.horizon = self.merge_bins + int(round(p.tail_s / bin_s))
+        m0 = _slowdown(pressure_bin, None, p)
+        s = _running_sum(base_s, req_bin, m0, p, bin_s)
+        prefmin = np.minimum.accumulate(s)
+        lost = p.slots * bin_s / m0 * (p.sync_slowdown / (1.0 + p.sync_slowdown))
+        d = np.zeros(n_bins + 1)
+        np.cumsum(lost, out=d[1:])
+        size = n_bins + 1 + self.horizon  # past the end, indices read S[n_bins] (as there)
+        self._s, self._d, self._prefmin = _padded(s, size), _padded(d, size), _padded(prefmin,
+                                                                                   size)
+        idx = np.flatnonzero(~np.asarray(violated0).astype(bool))
+        order = np.argsort(req_bin[idx], kind="stable")
+        idx = idx[order]
+        self._rbin = req_bin[idx]
+        slow = m0[self._rbin]
+        b_s = base_s[idx]
+        self._thr_in = (p.slo_s / (slow * (1.0 + p.sync_slowdown)) - b_s) * p.slots
+        self._thr_tail = (p.slo_s / slow - b_s) * p.slots
+
+    def cost_at(self, start: int) -> float:
+        """Extra violated requests of a merge starting at bin ``start``."""
+        start = int(start)
+        w, h = self.merge_bins, self.horizon
+        s, d = self._s, self._d
+        g = np.empty(h)
+        np.add(s[start:start + w], d[start:start + w], out=g[:w])
+        np.add(s[start + w:start + h], d[start + w], out=g[w:])
+        g -= d[start]
+        run = np.minimum(np.minimum.accumulate(g), self._prefmin[start])
+        g -= run  # the backlog with the merge
+        lo, hi = np.searchsorted(self._rbin, [start, start + h])
+        j = self._rbin[lo:hi] - start
+        thr = np.where(j < w, self._thr_in[lo:hi], self._thr_tail[lo:hi])
+        return float(np.count_nonzero(g[j] > thr))
 
 
 def effect_sizes(result: ReplayResult, high_pressure: float = 0.6) -> dict:

@@ -273,3 +273,19 @@ def test_sidecar_params_accept_ints_and_derive_slo_seconds():
     assert p.slo_s == 1.5
     with pytest.raises(TypeError):
         SidecarParams(slot=4)  # a misspelt field is not silently ignored
+
+
+@pytest.mark.parametrize("regime", ["bursty", "sync-heavy", "pressure-heavy", "non-periodic"])
+def test_one_merge_cost_equals_the_batched_costs(regime):
+    """The lazy per-merge path (what the env uses) equals the batched costs bit for bit."""
+    from diloco_gym import core
+    from diloco_gym.learners import LearnerParams
+    from diloco_gym.regimes import get_regime
+
+    gen = get_regime(regime)
+    for seed in range(4):
+        ep = core.episode_from_seed(gen, seed, core.EnvParams(), gen.sidecar, LearnerParams())
+        lazy = [ep.merge_cost_at(d) for d in range(ep.n_decisions)]  # before the full array
+        assert "merge_cost" not in ep.__dict__
+        assert np.array_equal(np.array(lazy), ep.merge_cost)
+        assert ep.merge_cost.sum() > 0 or regime == "pressure-heavy"
