@@ -52,6 +52,7 @@ from diloco_gym import learners as lrn  # noqa: E402
 from diloco_gym.sidecar import merge_costs  # noqa: E402
 
 TARGETS = {
+    "single_ratio_to_cartpole": 0.5,
     "vector_steps_per_s": 1_000_000,
     "vector_ratio_to_cartpole": 0.25,
     "envelope_s": 0.5,
@@ -197,8 +198,9 @@ def bench_oracle(duration_s: float, repeats: int) -> dict:
         trace = reg(rng)
         t1 = time.perf_counter()
         ep = core.build_episode(trace, params, reg.sidecar, lp, rng, seed=0)
+        cost = ep.merge_cost  # computed on first use: timed with the episode
         t2 = time.perf_counter()
-        merges, total = schedules.optimal_schedule(ep.merge_cost, params.h_min, params.h_max)
+        merges, total = schedules.optimal_schedule(cost, params.h_min, params.h_max)
         t3 = time.perf_counter()
         if t3 - t0 < best_total:
             best_total = t3 - t0
@@ -260,8 +262,10 @@ def bench_profile(episodes: int) -> dict:
         t_build += t2 - t1
         t_costs += t3 - t2
     k = 1000.0 / episodes
+    # build_episode no longer computes the merge costs (they are lazy): a vector env or a
+    # protocol run pays trace + build + costs, a single env trace + build + a few merges.
     return {"episodes": episodes, "trace_ms": t_trace * k, "merge_costs_ms": t_costs * k,
-            "rest_of_build_ms": (t_build - t_costs) * k, "episode_ms": (t_trace + t_build) * k}
+            "rest_of_build_ms": t_build * k, "episode_ms": (t_trace + t_build + t_costs) * k}
 
 
 # ----------------------------------------------------------------------------- report
@@ -285,7 +289,8 @@ def print_table(r: dict) -> None:
 
     rows = [
         ("single env: DiLoCoSync-v0", fmt_rate(s["diloco_steps_per_s"]),
-         f"ratio {s['ratio']:.2f} to CartPole-v1 ({fmt_rate(s['cartpole_steps_per_s'])})", ""),
+         f"ratio {s['ratio']:.2f} to CartPole-v1 ({fmt_rate(s['cartpole_steps_per_s'])})",
+         verdict(s["ratio"] >= t["single_ratio_to_cartpole"])),
         (f"vector x{v['num_envs']}: fresh episodes", fmt_rate(v["fresh_steps_per_s"]),
          f"ratio {v['fresh_ratio']:.2f} to CartPole vector ({fmt_rate(v['cartpole_steps_per_s'])})",
          vec_verdict(v["fresh_steps_per_s"], v["fresh_ratio"])),
@@ -307,7 +312,7 @@ def print_table(r: dict) -> None:
            f"({m['seconds']:.0f} s)",
            verdict(abs(m["growth_pct"]) <= t["rss_growth_pct"]))
           for m in (r["memory_pool"], r["memory_fresh"])],
-        ("episode reset (profile)", f"{p['episode_ms']:.2f} ms",
+        ("episode with all merge costs (profile)", f"{p['episode_ms']:.2f} ms",
          f"trace {p['trace_ms']:.2f} + merge costs {p['merge_costs_ms']:.2f} + rest "
          f"{p['rest_of_build_ms']:.2f} ms", ""),
     ]
