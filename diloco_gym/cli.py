@@ -173,6 +173,13 @@ def _unavailable(what: str, why: str) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["train"] and "-h" not in argv and "--help" not in argv:
+        try:
+            import diloco_gym.train  # noqa: F401
+        except ImportError as exc:  # the rl extra is missing: say so before argparse does
+            return _unavailable("train", f"it needs the 'rl' extra "
+                                         f"(pip install 'diloco-gym[rl]'): {exc}")
     parser = build_parser()
     args = parser.parse_args(argv)
     return int(args.func(args) or 0)

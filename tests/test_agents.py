@@ -189,3 +189,11 @@ def test_cli_run_on_a_trace_file(tmp_path, capsys):
     assert main(["run", "--agent", "fixed-512", "--trace", str(path), "--format", "native",
                  "--seeds", "2"]) == 0
     assert "fixed-512 on t" in capsys.readouterr().out
+
+
+def test_cli_train_without_the_rl_extra(monkeypatch, capsys):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "diloco_gym.train", None)  # as if SB3 were missing
+    assert main(["train", "--algo", "ppo", "--timesteps", "10", "--out", "x"]) == 2
+    assert "needs the 'rl' extra" in capsys.readouterr().err
