@@ -140,7 +140,9 @@ def run_protocol(config: ReportConfig, progress: bool = True) -> dict[str, Any]:
                 m = int(res["merges"])
                 if counts is None or counts.shape[0] <= m or counts.shape[1] != ep.n_decisions:
                     counts = protocol.counts_for(ep.n_decisions, p, max(m, 40))
-                rng = np.random.default_rng([seed, len(rows), 7])
+                # Draws depend on (episode, budget) only: the same report for any agent order,
+                # and agents with equal budgets are judged against the same envelope.
+                rng = np.random.default_rng([seed, m, 7])
                 env_draws = protocol.envelope(ep, m, config.draws, rng, p, sc, counts=counts)
                 check = protocol.envelope(ep, m, config.exact_check_draws,
                                           np.random.default_rng([seed, 11]), p, sc,

@@ -216,3 +216,16 @@ def test_user_calibration_file_drives_the_report(tmp_path):
     bad.write_text(json.dumps({"source": "x", "regimes": {}, "fitted_sidecar": {"slotz": 1}}))
     with pytest.raises(ValueError, match="bad.json: fitted_sidecar has unknown field"):
         load_calibration(bad)
+
+
+def test_report_is_deterministic_and_independent_of_agent_order():
+    a = run_protocol(ReportConfig(regimes=["bursty"], agents=["fixed-512", "wa-diloco"],
+                                  seeds=3, draws=100), progress=False)["rows"]
+    b = run_protocol(ReportConfig(regimes=["bursty"], agents=["wa-diloco", "fixed-512"],
+                                  seeds=3, draws=100), progress=False)["rows"]
+    key = ["agent", "seed"]
+    a = a.sort_values(key).reset_index(drop=True)
+    b = b.sort_values(key).reset_index(drop=True)
+    import pandas as pd
+
+    pd.testing.assert_frame_equal(a, b)
