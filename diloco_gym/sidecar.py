@@ -226,6 +226,31 @@ def _padded(x: np.ndarray, size: int) -> np.ndarray:
     return out
 
 
+def _merge_queue(base_s: np.ndarray, req_bin: np.ndarray, pressure_bin: np.ndarray,
+                 p: SidecarParams, bin_s: float, size: int):
+    """What costing a merge needs from the no-merge queue, padded to ``size``.
+
+    Returns ``(m0, S, D, prefmin)``: the no-merge slowdown per bin, the running sum
+    ``S_k = sum_{j<k} (work_j - capacity_j)``, the cumulative capacity a merge removes
+    ``D_k = sum_{j<k} (cap_j - cap_j / (1 + sigma))``, and the running minimum of ``S``.
+    """
+    m0 = _slowdown(pressure_bin, None, p)
+    s = _running_sum(base_s, req_bin, m0, p, bin_s)
+    prefmin = np.minimum.accumulate(s)
+    lost = p.slots * bin_s / m0 * (p.sync_slowdown / (1.0 + p.sync_slowdown))
+    d = np.zeros(pressure_bin.size + 1)
+    np.cumsum(lost, out=d[1:])
+    return m0, _padded(s, size), _padded(d, size), _padded(prefmin, size)
+
+
+def _backlog_thresholds(slow: np.ndarray, base_s: np.ndarray, p: SidecarParams):
+    """Backlog (work-seconds) above which a request violates, inside a merge window and
+    after it: ``(base + B / slots) * m > slo``  <=>  ``B > (slo / m - base) * slots``."""
+    thr_in = (p.slo_s / (slow * (1.0 + p.sync_slowdown)) - base_s) * p.slots
+    thr_tail = (p.slo_s / slow - base_s) * p.slots
+    return thr_in, thr_tail
+
+
 def merge_costs(base_s: np.ndarray, req_bin: np.ndarray, pressure_bin: np.ndarray,
                 p: SidecarParams, bin_s: float, starts: np.ndarray, merge_bins: int,
                 violated0: np.ndarray) -> np.ndarray:
@@ -256,7 +281,6 @@ def merge_costs(base_s: np.ndarray, req_bin: np.ndarray, pressure_bin: np.ndarra
     Returns:
         float array, one cost per start (number of requests, >= 0).
     """
-    n_bins = pressure_bin.size
     starts = np.asarray(starts, dtype=np.int64)
     n_c = starts.size
     if n_c == 0 or req_bin.size == 0:
@@ -274,16 +298,9 @@ def merge_costs(base_s: np.ndarray, req_bin: np.ndarray, pressure_bin: np.ndarra
     lag_in = min(merge_bins // stride, n_lags)
     lag_tail = min(-(-merge_bins // stride), n_lags)
 
-    m0 = _slowdown(pressure_bin, None, p)
-    s = _running_sum(base_s, req_bin, m0, p, bin_s)
-    prefmin = np.minimum.accumulate(s)
-    # Capacity a merge removes per bin: cap - cap / (1 + sigma).
-    lost = p.slots * bin_s / m0 * (p.sync_slowdown / (1.0 + p.sync_slowdown))
-    d = np.zeros(n_bins + 1)
-    np.cumsum(lost, out=d[1:])
     # Index k >= n_bins reads S[n_bins] (the reference clips indices): pad by repetition.
-    size = int(starts[-1]) + horizon + 1
-    s, d, prefmin = _padded(s, size), _padded(d, size), _padded(prefmin, size)
+    m0, s, d, prefmin = _merge_queue(base_s, req_bin, pressure_bin, p, bin_s,
+                                     int(starts[-1]) + horizon + 1)
 
     # Per request: candidate of the last start at or before it (c_hi), offset from it (r),
     # and the backlog thresholds inside the window and in the tail.
@@ -295,10 +312,7 @@ def merge_costs(base_s: np.ndarray, req_bin: np.ndarray, pressure_bin: np.ndarra
     ridx = np.flatnonzero(keep)
     c_hi = c_hi[ridx]
     r_off = rel[ridx] - c_hi * stride
-    slow = m0[req_bin[ridx]]
-    b_s = base_s[ridx]
-    thr_in = (p.slo_s / (slow * (1.0 + p.sync_slowdown)) - b_s) * p.slots
-    thr_tail = (p.slo_s / slow - b_s) * p.slots
+    thr_in, thr_tail = _backlog_thresholds(m0[req_bin[ridx]], base_s[ridx], p)
 
     if ridx.size and np.any(np.diff(c_hi) < 0):  # requests not in time order
         order = np.argsort(c_hi, kind="stable")
@@ -377,26 +391,15 @@ class IsolatedMergeCost:
     def __init__(self, base_s: np.ndarray, req_bin: np.ndarray, pressure_bin: np.ndarray,
                  p: SidecarParams, bin_s: float, merge_bins: int,
                  violated0: np.ndarray) -> None:
-        n_bins = pressure_bin.size
         self.merge_bins = int(merge_bins)
         self.horizon = self.merge_bins + int(round(p.tail_s / bin_s))
-        m0 = _slowdown(pressure_bin, None, p)
-        s = _running_sum(base_s, req_bin, m0, p, bin_s)
-        prefmin = np.minimum.accumulate(s)
-        lost = p.slots * bin_s / m0 * (p.sync_slowdown / (1.0 + p.sync_slowdown))
-        d = np.zeros(n_bins + 1)
-        np.cumsum(lost, out=d[1:])
-        size = n_bins + 1 + self.horizon  # past the end, indices read S[n_bins] (as there)
-        self._s, self._d, self._prefmin = _padded(s, size), _padded(d, size), _padded(prefmin,
-                                                                                   size)
+        size = pressure_bin.size + 1 + self.horizon  # past the end: S[n_bins], as there
+        m0, self._s, self._d, self._prefmin = _merge_queue(base_s, req_bin, pressure_bin, p,
+                                                           bin_s, size)
         idx = np.flatnonzero(~np.asarray(violated0).astype(bool))
-        order = np.argsort(req_bin[idx], kind="stable")
-        idx = idx[order]
+        idx = idx[np.argsort(req_bin[idx], kind="stable")]
         self._rbin = req_bin[idx]
-        slow = m0[self._rbin]
-        b_s = base_s[idx]
-        self._thr_in = (p.slo_s / (slow * (1.0 + p.sync_slowdown)) - b_s) * p.slots
-        self._thr_tail = (p.slo_s / slow - b_s) * p.slots
+        self._thr_in, self._thr_tail = _backlog_thresholds(m0[self._rbin], base_s[idx], p)
 
     def cost_at(self, start: int) -> float:
         """Extra violated requests of a merge starting at bin ``start``."""
