@@ -140,10 +140,10 @@ def gate_verdict(calibration_verdict: str, mean_diff: float, p_value: float,
     return "tied with matched random"
 
 
-@dataclass
+@dataclass(frozen=True)
 class _Draw:
     schedule: np.ndarray
-    index: int = 0
+    planned: frozenset[int]
 
 
 class MatchedRandomDeferral(gym.Wrapper):
@@ -187,18 +187,15 @@ class MatchedRandomDeferral(gym.Wrapper):
                                "with DiLoCoSyncEnv)")
         rng = np.random.default_rng([self.draw_seed, ep_seed])
         sched = sample_uniform(base.episode.n_decisions, p.h_min, p.h_max, m, 1, rng)[0]
-        self._draw = _Draw(sched)
+        self._draw = _Draw(sched, frozenset(int(d) for d in sched))
         info["matched_schedule"] = sched.tolist()
         return obs, info
-
-    def _planned(self) -> set[int]:
-        return set(int(d) for d in self._draw.schedule)
 
     def step(self, action: Any):
         if self._draw is None:
             raise RuntimeError("call reset() first")
         base = self.env.unwrapped
-        a = 1 if base.decision in self._planned() else 0
+        a = 1 if base.decision in self._draw.planned else 0
         obs, reward, terminated, truncated, info = self.env.step(a)
         if terminated or truncated:
             realised = info["episode_summary"]["merge_decisions"]
