@@ -99,8 +99,9 @@ def test_oracle_needs_attach():
 
 def test_evaluate_policy_accepts_heuristic_agents():
     from stable_baselines3.common.evaluation import evaluate_policy
+    from stable_baselines3.common.monitor import Monitor
 
-    env = diloco_gym.DiLoCoSyncEnv(regime="bursty")
+    env = Monitor(diloco_gym.DiLoCoSyncEnv(regime="bursty"))
     env.reset(seed=0)
     mean, std = evaluate_policy(WADiLoCo(), env, n_eval_episodes=2, deterministic=True)
     assert np.isfinite(mean) and mean < 0  # merges cost SLO violations in bursty
