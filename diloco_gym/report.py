@@ -38,7 +38,8 @@ class ReportConfig:
     """What a report runs.
 
     Attributes:
-        regimes: regime names (or ``["replay"]`` with ``trace``).
+        regimes: regime names (with ``trace``: ignored; the report's regime is
+            ``replay:<file stem>``).
         agents: agent names or model paths.
         seeds: episodes per regime (seeds ``seed0 .. seed0 + seeds - 1``).
         seed0: first episode seed.
@@ -105,7 +106,8 @@ def run_protocol(config: ReportConfig, progress: bool = True) -> dict[str, Any]:
 
     agents = [make_agent(a) for a in config.agents]
     calib = cal.load_calibration(config.calibration)
-    regimes = ["replay"] if config.trace is not None else list(config.regimes)
+    regimes = ([f"replay:{Path(config.trace).stem}"] if config.trace is not None
+               else list(config.regimes))
     seeds = list(range(config.seed0, config.seed0 + config.seeds))
     bar = _progress(len(regimes) * len(seeds) * len(agents), progress)
     rows: list[dict] = []
@@ -167,8 +169,10 @@ def run_protocol(config: ReportConfig, progress: bool = True) -> dict[str, Any]:
                     "envelope_exactness_gap_pp": float(np.abs(check - check_add).max()),
                     "return": res["return"], "duration_s": ep.trace.duration_s,
                 })
-                if regime in ("bursty", "replay") and seed == seeds[0]:
-                    timelines.setdefault(regime, {"seed": seed, "schedules": {}, "sidecar": sc})
+                if (regime == "bursty" or config.trace is not None) and seed == seeds[0]:
+                    # The episode object stays valid after the env's next reset.
+                    timelines.setdefault(regime, {"seed": seed, "schedules": {}, "episode": ep,
+                                                  "params": p, "sidecar": sc})
                     timelines[regime]["schedules"][agent.name] = res["merge_decisions"]
                 if bar is not None:
                     bar.update(1)
@@ -363,7 +367,7 @@ def render_markdown(result: dict[str, Any], figures: list[str], command: str = "
                 f"{_fmt_p(r['p_value'])} | {_fmt_p(r['p_holm'])} | "
                 f"{r['diff_requests_per_10min']:+.1f} | "
                 f"{_fmt(r['gap_captured'])} | {r['verdict']} |")
-        fig = f"fig_{regime}.png"
+        fig = f"fig_{regime.replace(':', '_')}.png"
         if fig in figures:
             lines += ["", f"![{regime}]({fig})"]
         if regime in PAPER:
@@ -424,24 +428,19 @@ def _figures(result: dict[str, Any], out: Path) -> list[str]:
         ax2.set_title("budget vs placement: on the dashed line = budget only")
         ax2.legend(fontsize=7)
         fig.tight_layout()
-        name = f"fig_{regime}.png"
+        name = f"fig_{regime.replace(':', '_')}.png"
         fig.savefig(out / name, dpi=90)
         plt.close(fig)
         names.append(name)
     for regime, tl in result.get("timelines", {}).items():
         from diloco_gym.render import plot_timeline_panels
 
-        env = DiLoCoSyncEnv(regime=regime, sidecar=tl.get("sidecar")) if regime in REGIMES \
-            else None
-        if env is None:
-            continue
-        env.reset(seed=tl["seed"])
         fig = plt.figure(figsize=(12, 3 + 0.4 * len(tl["schedules"])))
-        plot_timeline_panels(fig, env.episode, tl["schedules"], env.params, env.sidecar)
+        plot_timeline_panels(fig, tl["episode"], tl["schedules"], tl["params"], tl["sidecar"])
         fig.suptitle(f"{regime}, seed {tl['seed']}: request rate (top); each agent's merge "
                      f"windows and the extra SLO violations they cause (|)", fontsize=10)
         fig.subplots_adjust(left=0.12, right=0.88, top=0.93, bottom=0.08)
-        name = f"timeline_{regime}.png"
+        name = f"timeline_{regime.replace(':', '_')}.png"
         fig.savefig(out / name, dpi=90)
         plt.close(fig)
         names.append(name)

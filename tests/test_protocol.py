@@ -229,3 +229,19 @@ def test_report_is_deterministic_and_independent_of_agent_order():
     import pandas as pd
 
     pd.testing.assert_frame_equal(a, b)
+
+
+def test_report_on_a_trace_file(tmp_path):
+    """--trace runs the same protocol on a replayed file, with its own timeline."""
+    from diloco_gym.loaders import save_native
+
+    tr = diloco_gym.get_regime("bursty")(np.random.default_rng(5))
+    path = tmp_path / "mytrace.csv"
+    save_native(Trace(tr.arrival_s, tr.prompt_tokens, tr.output_tokens, tr.duration_s), path)
+    res = run_protocol(ReportConfig(agents=["fixed-512", "online-forecast"], seeds=3, draws=50,
+                                    trace=str(path), trace_format="native"), progress=False)
+    assert set(res["summary"]["regime"]) == {"replay:mytrace"}
+    assert res["calibration"].iloc[0]["measured_on"] == "sync-heavy"
+    out = write_report(res, tmp_path / "rep")
+    assert (out / "timeline_replay_mytrace.png").exists()
+    assert (out / "fig_replay_mytrace.png").exists()
