@@ -663,12 +663,8 @@ def _sync_phase(run: _Run, cluster: MergeCluster, sidecar: SidecarProcess | None
                 prompt: np.ndarray, output: np.ndarray, duration_s: float,
                 cfg: CalibrationConfig, say: Callable[[str], None]) -> None:
     """Phase 1: replay the window while the planned merges run."""
-    assert run.replayer is not None
-    run.stage = "sync"
-    origin = run.clock() + 0.5
-    run.phases["sync"] = {"origin_s": origin, "duration_s": float(duration_s)}
     say(f"sync phase: {duration_s:g} s, {win.num_requests} requests, {len(run.plan)} merges")
-    run.replayer.start_phase("sync", win, origin, prompt, output)
+    origin = _begin_phase(run, "sync", win, prompt, output, duration_s)
     for k, (start, length) in enumerate(run.plan):
         _sleep_until(run.clock, origin + start)
         _check_sidecar(sidecar)
@@ -697,24 +693,35 @@ def _sync_phase(run: _Run, cluster: MergeCluster, sidecar: SidecarProcess | None
             f"{entry['end_s'] - origin:5.1f} s, {report.allreduces} all-reduces, "
             f"checkpoint {report.checkpoint_s:.2f} s")
     run.replayer.wait_sent(timeout_s=max(0.0, origin + duration_s - run.clock()) + 5.0)
-    run.replayer.drain(cfg.timeout_s + 2.0)
-    run.phases["sync"]["end_s"] = run.clock()
-    _check_sidecar(sidecar)
+    _end_phase(run, "sync", sidecar, cfg)
 
 
 def _control_phase(run: _Run, sidecar: SidecarProcess | None, win: Trace,
                    prompt: np.ndarray, output: np.ndarray, duration_s: float,
                    cfg: CalibrationConfig, say: Callable[[str], None]) -> None:
     """Phase 2: the same window with no merges (the no-sync load match)."""
-    assert run.replayer is not None
-    run.stage = "control"
-    origin = run.clock() + 0.5
-    run.phases["control"] = {"origin_s": origin, "duration_s": float(duration_s)}
     say(f"control phase (no merges): {duration_s:g} s, {win.num_requests} requests")
-    run.replayer.start_phase("control", win, origin, prompt, output)
+    _begin_phase(run, "control", win, prompt, output, duration_s)
     run.replayer.wait_sent(timeout_s=duration_s + 5.0)
+    _end_phase(run, "control", sidecar, cfg)
+
+
+def _begin_phase(run: _Run, name: str, win: Trace, prompt: np.ndarray, output: np.ndarray,
+                 duration_s: float) -> float:
+    """Start replaying ``win`` as phase ``name`` half a second from now; returns its origin."""
+    assert run.replayer is not None
+    run.stage = name
+    origin = run.clock() + 0.5
+    run.phases[name] = {"origin_s": origin, "duration_s": float(duration_s)}
+    run.replayer.start_phase(name, win, origin, prompt, output)
+    return origin
+
+
+def _end_phase(run: _Run, name: str, sidecar: SidecarProcess | None,
+               cfg: CalibrationConfig) -> None:
+    """Wait for the phase's outstanding requests, record its end, check the sidecar."""
     run.replayer.drain(cfg.timeout_s + 2.0)
-    run.phases["control"]["end_s"] = run.clock()
+    run.phases[name]["end_s"] = run.clock()
     _check_sidecar(sidecar)
 
 
