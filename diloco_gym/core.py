@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 from functools import cached_property
+from typing import NamedTuple
 
 import numpy as np
 from scipy.signal import lfilter
@@ -27,6 +28,8 @@ from diloco_gym.sidecar import (
     IsolatedMergeCost,
     ReplayResult,
     SidecarParams,
+    _running_sum,
+    _slowdown,
     base_latency_s,
     merge_costs,
     replay,
@@ -277,54 +280,100 @@ def _ewma(x: np.ndarray, alpha: float) -> np.ndarray:
     return out
 
 
-def build_episode(trace: Trace, params: EnvParams, sidecar: SidecarParams,
-                  learner_params: lrn.LearnerParams, rng: np.random.Generator,
-                  seed: int | None = None) -> Episode:
-    """Precompute everything about an episode that does not depend on the agent.
+class EpisodeCore(NamedTuple):
+    """The agent-independent arrays of an episode, as :func:`episode_core` computes them.
+
+    ``m0``, ``s`` and ``prefmin`` are the no-merge queue of :mod:`diloco_gym.sidecar`
+    (slowdown per bin, running sum of work minus capacity, and its running minimum), from
+    which both the no-merge replay (``latency``, ``violated``) and the isolated merge costs
+    follow.
+    """
+
+    n: int
+    exo: np.ndarray
+    pressure_dec: np.ndarray
+    base_s: np.ndarray
+    req_bin: np.ndarray
+    pressure_bin: np.ndarray
+    m0: np.ndarray
+    s: np.ndarray
+    prefmin: np.ndarray
+    latency: np.ndarray
+    violated: np.ndarray
+
+
+def episode_core(arrival_s: np.ndarray, prompt_tokens: np.ndarray, output_tokens: np.ndarray,
+                 network: np.ndarray | None, checkpoint: np.ndarray | None, duration_s: float,
+                 params: EnvParams, sidecar: SidecarParams, name: str = "trace") -> EpisodeCore:
+    """Everything about an episode that does not depend on the agent, from a trace's arrays
+    (``arrival_s`` sorted, as in a :class:`~diloco_gym.traces.Trace`).
 
     Decisions stop ``merge_seconds + sidecar.tail_s`` before the trace ends, so that every
     merge's window and backlog lie inside the trace: a merge near the end is charged in
     full, not cheaper because its window runs off the recorded requests.
     """
     dec_s = params.decision_seconds
-    n_slots = params.n_decisions(trace.duration_s)  # decision intervals covering the trace
+    n_slots = params.n_decisions(duration_s)  # decision intervals covering the trace
     margin_s = params.merge_steps * params.step_seconds + sidecar.tail_s
-    n = min(n_slots, int(np.floor((trace.duration_s - margin_s) / dec_s + 1e-9)))
+    n = min(n_slots, int(np.floor((duration_s - margin_s) / dec_s + 1e-9)))
     if n < params.h_min + 1:
-        raise ValueError(f"trace {trace.name!r} of {trace.duration_s:.1f} s is too short: an "
+        raise ValueError(f"trace {name!r} of {duration_s:.1f} s is too short: an "
                          f"episode needs more than H_min ({params.h_min_steps} steps) of "
                          f"decisions plus a {margin_s:.1f} s margin for the last merge")
     di = params.decision_interval
     n_bins = n_slots * di
     # Decision d is at t_dec[d]; interval d is [t_dec[d], t_dec[d + 1]), and the rate seen at
-    # decision d is the count of interval d-1: arrivals strictly before t_dec[d]. Binning
-    # against t_dec itself keeps that boundary exact (floor(arrival / dec_s) rounds an
-    # arrival at exactly a decision time into the interval before it: a look-ahead).
+    # decision d is the count of interval d-1: arrivals strictly before t_dec[d] and at or
+    # after t_dec[d - 1]. Counting against t_dec itself keeps that boundary exact
+    # (floor(arrival / dec_s) could round an arrival at a decision time into the interval
+    # before it: a look-ahead).
     t_dec = np.arange(n_slots) * dec_s
-    dec_of_req = np.searchsorted(t_dec, trace.arrival_s, side="right") - 1
-    counts = np.bincount(dec_of_req, minlength=n_slots).astype(np.float64)
-    rate_now = np.concatenate([[0.0], counts[:-1] / dec_s])
+    before = np.searchsorted(arrival_s, t_dec, side="left")
+    rate_now = np.empty(n_slots)
+    rate_now[0] = 0.0
+    np.divide(np.diff(before), dec_s, out=rate_now[1:])
     forecast = _ewma(rate_now, params.forecast_alpha)
     baseline = _ewma(rate_now, params.baseline_alpha)
-    p_idx = np.minimum((t_dec / PRESSURE_DT_S).astype(np.int64), trace.num_pressure_samples - 1)
-    net = trace.network[p_idx] if trace.network is not None else np.zeros(n_slots)
-    ckpt = trace.checkpoint[p_idx] if trace.checkpoint is not None else np.zeros(n_slots)
+    p_idx = np.minimum((t_dec / PRESSURE_DT_S).astype(np.int64),
+                       int(np.ceil(duration_s / PRESSURE_DT_S - 1e-9)) - 1)
+    net = network[p_idx] if network is not None else np.zeros(n_slots)
+    ckpt = checkpoint[p_idx] if checkpoint is not None else np.zeros(n_slots)
     serving = np.minimum(1.0, forecast / sidecar.serving_capacity_rps)
     norm = params.rate_norm_rps
-    exo = np.stack([
-        net, serving, ckpt,
-        squash_rate(rate_now, norm), squash_rate(forecast, norm), squash_rate(baseline, norm),
-        np.clip((forecast - baseline) / norm, -1.0, 1.0),
-    ], axis=1).astype(np.float32)[:n]
+    exo = np.empty((n, 7), dtype=np.float32)
+    for k, col in enumerate((net, serving, ckpt, squash_rate(rate_now, norm),
+                             squash_rate(forecast, norm), squash_rate(baseline, norm),
+                             np.clip((forecast - baseline) / norm, -1.0, 1.0))):
+        exo[:, k] = col[:n]
 
     pressure_dec = np.maximum(np.maximum(net, serving), ckpt)
     pressure_bin = np.repeat(pressure_dec, di)
-    base_s = base_latency_s(trace.prompt_tokens, trace.output_tokens, sidecar)
-    req_bin = np.minimum((trace.arrival_s / params.step_seconds).astype(np.int64), n_bins - 1)
-    base_replay = replay(base_s, req_bin, pressure_bin, None, sidecar, params.step_seconds)
-    # Merge costs are computed lazily (Episode.merge_cost / merge_cost_at).
-    return Episode(trace, n, exo, learner_params.draw_throughputs(rng), base_s, req_bin,
-                   pressure_bin, base_replay, params, sidecar, seed)
+    base_s = base_latency_s(prompt_tokens, output_tokens, sidecar)
+    req_bin = np.minimum((arrival_s / params.step_seconds).astype(np.int64), n_bins - 1)
+    # The no-merge replay (sidecar.replay with sync_bin=None, the same arithmetic).
+    m0 = _slowdown(pressure_bin, None, sidecar)
+    s = _running_sum(base_s, req_bin, m0, sidecar, params.step_seconds)
+    prefmin = np.minimum.accumulate(s)
+    backlog = s[:-1] - prefmin[:-1]
+    latency = (base_s + backlog[req_bin] / sidecar.slots) * m0[req_bin]
+    return EpisodeCore(n, exo, pressure_dec, base_s, req_bin, pressure_bin, m0, s, prefmin,
+                       latency, latency > sidecar.slo_s)
+
+
+def build_episode(trace: Trace, params: EnvParams, sidecar: SidecarParams,
+                  learner_params: lrn.LearnerParams, rng: np.random.Generator,
+                  seed: int | None = None) -> Episode:
+    """Precompute everything about an episode that does not depend on the agent
+    (:func:`episode_core`), then draw the learner throughputs from ``rng``.
+
+    Merge costs are computed lazily (``Episode.merge_cost`` / ``merge_cost_at``).
+    """
+    c = episode_core(trace.arrival_s, trace.prompt_tokens, trace.output_tokens, trace.network,
+                     trace.checkpoint, trace.duration_s, params, sidecar, trace.name)
+    baseline = ReplayResult(c.latency, c.violated, np.zeros(c.req_bin.size, dtype=bool),
+                            c.pressure_bin[c.req_bin])
+    return Episode(trace, c.n, c.exo, learner_params.draw_throughputs(rng), c.base_s,
+                   c.req_bin, c.pressure_bin, baseline, params, sidecar, seed)
 
 
 def episode_from_seed(generator, seed: int, params: EnvParams, sidecar: SidecarParams,
