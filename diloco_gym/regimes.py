@@ -3,19 +3,26 @@
 A generator is a frozen dataclass called with a ``np.random.Generator``; it returns a
 :class:`~diloco_gym.traces.Trace`. Same generator and seed, same trace.
 
-Arrivals are a non-homogeneous Poisson process: the rate function ``rate_rps(t)`` is
-sampled on slices of ``SLICE_S`` seconds, each slice gets a Poisson count and its arrivals
-are spread uniformly inside it. Tokens are log-normal. Network and checkpoint pressure
-are smoothed AR(1) processes (one sample per second) with occasional high-pressure
-episodes; serving pressure is derived from the load by the environment.
+Arrivals are a non-homogeneous Poisson process whose rate ``rate_rps(t)`` is constant on
+slices of ``SLICE_S`` seconds. They are drawn by time rescaling: the points of a unit-rate
+Poisson process (cumulative sums of standard exponentials) are mapped through the inverse
+of the cumulative expected count, which is piecewise linear, so every slice gets a Poisson
+number of arrivals spread uniformly inside it - the same process as a Poisson count per
+slice, at a fraction of the cost, and already sorted. Tokens are log-normal, drawn by
+inversion from a table of ``2**14`` equiprobable standard-normal quantiles (one uniform per
+request gives both the prompt and the output quantile). Network and checkpoint pressure are
+smoothed AR(1) processes (one sample per second) with occasional high-pressure episodes;
+serving pressure is derived from the load by the environment.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
+from functools import lru_cache
 
 import numpy as np
 from scipy.signal import lfilter
+from scipy.special import ndtri
 
 from diloco_gym.sidecar import SidecarParams
 from diloco_gym.traces import PRESSURE_DT_S, Trace, random_window, scale_rate
@@ -24,6 +31,48 @@ __all__ = ["SyntheticRegime", "ReplayRegime", "REGIMES", "get_regime", "regime_n
 
 SLICE_S = 0.1
 _AR_B = np.array([1.0])
+#: Bits of a request's uniform used by each token quantile (2**14 quantiles per table).
+_TOKEN_BITS = 14
+
+
+@lru_cache(maxsize=64)
+def _token_table(median: float, sigma: float, upper: float, dtype=np.int64) -> np.ndarray:
+    """Log-normal token counts at the ``2**_TOKEN_BITS`` equiprobable normal quantiles
+    ``(k + 1/2) / 2**_TOKEN_BITS`` (so |z| <= 3.8), rounded and clipped to ``[1, upper]``."""
+    k = 1 << _TOKEN_BITS
+    z = ndtri((np.arange(k) + 0.5) / k)
+    table = np.clip(np.rint(median * np.exp(sigma * z)), 1, upper).astype(dtype)
+    table.setflags(write=False)
+    return table
+
+
+@lru_cache(maxsize=16)
+def _slice_grid(duration_s: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(edges, centres, widths)`` of the rate slices of a ``duration_s`` window (the last
+    slice is cut at the window's end)."""
+    n_slices = int(np.ceil(duration_s / SLICE_S - 1e-9))
+    edges = np.minimum(np.arange(n_slices + 1) * SLICE_S, duration_s)
+    out = (edges, 0.5 * (edges[:-1] + edges[1:]), np.diff(edges))
+    for a in out:
+        a.setflags(write=False)
+    return out
+
+
+def _poisson_arrivals(rng: np.random.Generator, lam: np.ndarray, edges: np.ndarray) -> np.ndarray:
+    """Sorted arrival times of a Poisson process with ``lam[k]`` expected arrivals on
+    ``[edges[k], edges[k + 1])`` (time rescaling; see the module docstring)."""
+    cum = np.empty(lam.size + 1)
+    cum[0] = 0.0
+    np.cumsum(lam, out=cum[1:])
+    total = float(cum[-1])
+    if total <= 0.0:
+        return np.zeros(0)
+    batch = int(total + 6.0 * np.sqrt(total)) + 16  # enough with probability ~1 - 1e-9
+    x = np.cumsum(rng.standard_exponential(batch))
+    while x[-1] < total:  # keep drawing until the unit-rate points pass the total
+        x = np.concatenate([x, x[-1] + np.cumsum(rng.standard_exponential(batch))])
+    x = x[:np.searchsorted(x, total)]
+    return np.minimum(np.interp(x, cum, edges), np.nextafter(edges[-1], 0.0))
 
 
 def _pressure_series(rng: np.random.Generator, n: int, mean: float, sd: float,
@@ -41,6 +90,23 @@ def _pressure_series(rng: np.random.Generator, n: int, mean: float, sd: float,
     for t in onsets:
         series[t:t + length] = np.maximum(series[t:t + length], spike_level)
     return np.clip(series, 0.0, 1.0)
+
+
+def _pressure_pair(rng: np.random.Generator, n: int, gen: SyntheticRegime) -> np.ndarray:
+    """Network and checkpoint pressure of ``gen`` (rows 0 and 1): two independent
+    :func:`_pressure_series` processes, drawn and filtered together."""
+    rho = 0.97
+    sd = gen.pressure_sd
+    noise = rng.standard_normal((2, n))
+    noise *= sd * np.sqrt(1 - rho**2)
+    noise[:, 0] *= 1.0 / np.sqrt(1 - rho**2)  # x[0] ~ N(0, sd): the stationary law
+    x = lfilter(_AR_B, [1.0, -rho], noise, axis=1)
+    series = x + np.array([[gen.network_mean], [gen.checkpoint_mean]])
+    length = max(1, int(round(gen.spike_s / PRESSURE_DT_S)))
+    for row, t in zip(*np.nonzero(rng.random((2, n)) < gen.spike_rate_per_s), strict=True):
+        span = series[row, t:t + length]
+        np.maximum(span, gen.spike_level, out=span)
+    return np.clip(series, 0.0, 1.0, out=series)
 
 
 @dataclass(frozen=True)
@@ -98,9 +164,10 @@ class SyntheticRegime:
         if self.busy_rate_rps < self.quiet_rate_rps:
             raise ValueError(f"{self.name}: busy_rate_rps must be >= quiet_rate_rps")
 
-    def rate_rps(self, t: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    def rate_rps(self, t: np.ndarray, rng: np.random.Generator, _sorted: bool = False
+                 ) -> np.ndarray:
         """The rate function at times ``t`` (draws burst timing from ``rng``)."""
-        rate = np.full(t.shape, self.quiet_rate_rps)
+        rate = np.full(np.shape(t), self.quiet_rate_rps)
         if self.burst_period_s <= 0 or self.busy_rate_rps == self.quiet_rate_rps:
             return rate
         if self.periodic:
@@ -110,42 +177,66 @@ class SyntheticRegime:
         else:
             gaps = rng.uniform(0.5, 1.5, int(self.duration_s / self.burst_period_s * 2) + 4)
             onsets = np.cumsum(gaps * self.burst_period_s) - rng.uniform(0, self.burst_period_s)
-        lift = np.zeros(t.shape)
-        # A burst lifts the rate only on [onset - ramp_s, onset + burst_s); elsewhere its
-        # term is 0 and max(lift, 0) = lift, so each burst touches just its own span of a
-        # sorted ``t`` (the same arithmetic as over the whole grid).
-        ordered = t.ndim == 1 and bool(np.all(t[1:] >= t[:-1]))
-        for onset in onsets:  # onset = start of the plateau
-            if ordered:
-                lo, hi = np.searchsorted(t, [onset - self.ramp_s, onset + self.burst_s])
-                span = slice(lo, hi)
-            else:
-                span = slice(None)
-            ts = t[span]
-            ramp = np.clip((ts - (onset - self.ramp_s)) / self.ramp_s, 0, 1) if self.ramp_s else (
-                (ts >= onset).astype(float))
-            inside = (ts < onset + self.burst_s) * ramp
-            lift[span] = np.maximum(lift[span], inside)
-        return rate + (self.busy_rate_rps - self.quiet_rate_rps) * lift
+        return rate + (self.busy_rate_rps - self.quiet_rate_rps) * self._lift(
+            np.asarray(t, dtype=np.float64), onsets, _sorted)
+
+    def _lift(self, t: np.ndarray, onsets: np.ndarray, is_sorted: bool = False) -> np.ndarray:
+        """Burst level in [0, 1] at ``t``: the largest over bursts of a ramp from 0 to 1 on
+        ``[onset - ramp_s, onset)`` (none without a ramp) and 1 on the plateau
+        ``[onset, onset + burst_s)``.
+
+        Each burst touches only its own span of the sorted times: its plateau is set to 1
+        and its ramp raised to the ramp's level there.
+        """
+        shape = t.shape
+        t = t.reshape(-1)
+        order = None
+        if not is_sorted and t.size > 1 and not bool(np.all(t[1:] >= t[:-1])):
+            order = np.argsort(t, kind="stable")
+            t = t[order]
+        lift = np.zeros(t.size)
+        ramp = self.ramp_s
+        bounds = np.searchsorted(t, np.stack([onsets - ramp, onsets, onsets + self.burst_s]))
+        for k, onset in enumerate(onsets.tolist()):
+            r0, p0, p1 = bounds[:, k].tolist()
+            if p0 < p1:
+                lift[p0:p1] = 1.0
+            if ramp and r0 < p0:
+                span = lift[r0:p0]
+                np.maximum(span, (t[r0:p0] - (onset - ramp)) / ramp, out=span)
+        if order is not None:
+            lift[order] = lift.copy()
+        return lift.reshape(shape)
+
+    def draw(self, rng: np.random.Generator):
+        """The raw draws of one trace: ``(arrival_s, token_index, network, checkpoint)``.
+
+        ``token_index`` holds one 28-bit integer per request: its top 14 bits pick the
+        prompt quantile and the low 14 bits the output quantile (:meth:`tokens`). Calling
+        the generator wraps exactly these draws into a validated :class:`Trace`; the vector
+        env uses them directly.
+        """
+        edges, t, widths = _slice_grid(self.duration_s)
+        lam = self.rate_rps(t, rng, _sorted=True) * widths
+        arrivals = _poisson_arrivals(rng, lam, edges)
+        # One uniform per request; random() has 53 random bits, so its top 14 and next 14
+        # bits are two independent quantile indices.
+        token_index = (rng.random(arrivals.size) * float(1 << (2 * _TOKEN_BITS))).astype(
+            np.int64)
+        n_p = int(np.ceil(self.duration_s / PRESSURE_DT_S - 1e-9))
+        pressure = _pressure_pair(rng, n_p, self)
+        return arrivals, token_index, pressure[0], pressure[1]
+
+    def tokens(self, token_index: np.ndarray, dtype=np.int64) -> tuple[np.ndarray, np.ndarray]:
+        """Prompt and output tokens of :meth:`draw`'s ``token_index`` (as ``dtype``)."""
+        prompt = _token_table(self.prompt_median, self.prompt_sigma, 32768.0, dtype)
+        output = _token_table(self.output_median, self.output_sigma, 4096.0, dtype)
+        return (prompt[token_index >> _TOKEN_BITS],
+                output[token_index & ((1 << _TOKEN_BITS) - 1)])
 
     def __call__(self, rng: np.random.Generator) -> Trace:
-        n_slices = int(np.ceil(self.duration_s / SLICE_S))
-        t = (np.arange(n_slices) + 0.5) * SLICE_S
-        lam = self.rate_rps(t, rng) * SLICE_S
-        counts = rng.poisson(lam)
-        arrivals = np.repeat(np.arange(n_slices) * SLICE_S, counts) + rng.uniform(
-            0, SLICE_S, counts.sum())
-        arrivals = np.sort(np.minimum(arrivals, np.nextafter(self.duration_s, 0)))
-        n = arrivals.size
-        prompt = np.clip(np.rint(self.prompt_median * np.exp(rng.normal(0, self.prompt_sigma, n))),
-                         1, 32768)
-        output = np.clip(np.rint(self.output_median * np.exp(rng.normal(0, self.output_sigma, n))),
-                         1, 4096)
-        n_p = int(np.ceil(self.duration_s / PRESSURE_DT_S - 1e-9))
-        network = _pressure_series(rng, n_p, self.network_mean, self.pressure_sd,
-                                   self.spike_rate_per_s, self.spike_s, self.spike_level)
-        checkpoint = _pressure_series(rng, n_p, self.checkpoint_mean, self.pressure_sd,
-                                      self.spike_rate_per_s, self.spike_s, self.spike_level)
+        arrivals, token_index, network, checkpoint = self.draw(rng)
+        prompt, output = self.tokens(token_index)
         return Trace(arrivals, prompt, output, self.duration_s, network=network,
                      checkpoint=checkpoint, name=self.name, meta={"regime": self.name})
 

@@ -237,10 +237,17 @@ def _merge_queue(base_s: np.ndarray, req_bin: np.ndarray, pressure_bin: np.ndarr
     m0 = _slowdown(pressure_bin, None, p)
     s = _running_sum(base_s, req_bin, m0, p, bin_s)
     prefmin = np.minimum.accumulate(s)
+    return m0, _padded(s, size), _padded(lost_capacity(m0, p, bin_s), size), _padded(
+        prefmin, size)
+
+
+def lost_capacity(m0: np.ndarray, p: SidecarParams, bin_s: float) -> np.ndarray:
+    """``D_k = sum_{j<k} (cap_j - cap_j / (1 + sigma))``: the cumulative nominal work a merge
+    removes from the capacity (``m0`` the no-merge slowdown per bin), length ``bins + 1``."""
     lost = p.slots * bin_s / m0 * (p.sync_slowdown / (1.0 + p.sync_slowdown))
-    d = np.zeros(pressure_bin.size + 1)
+    d = np.zeros(m0.size + 1)
     np.cumsum(lost, out=d[1:])
-    return m0, _padded(s, size), _padded(d, size), _padded(prefmin, size)
+    return d
 
 
 def _backlog_thresholds(slow: np.ndarray, base_s: np.ndarray, p: SidecarParams):

@@ -32,10 +32,10 @@ from diloco_gym.core import (
     OBS_INDEX,
     OBS_LOW,
     EnvParams,
-    Episode,
 )
 from diloco_gym.env import make_generator
-from diloco_gym.sidecar import SidecarParams
+from diloco_gym.regimes import SyntheticRegime
+from diloco_gym.sidecar import SidecarParams, _padded, _slowdown, lost_capacity, merge_costs
 
 # SB3VecEnv is importable too (``from diloco_gym.vector import SB3VecEnv``) but built on first
 # access (module ``__getattr__``), so it is not in ``__all__``: a star import never needs SB3.
@@ -185,7 +185,23 @@ class DiLoCoSyncVectorEnv(gym.vector.VectorEnv):
         self._bank_n = np.zeros(n_bank, dtype=np.int64)
         self._bank_exo = np.zeros((n_bank, 0, EXO_SLICE.stop - EXO_SLICE.start),
                                   dtype=np.float32)
-        self._bank_cost = np.zeros((n_bank, 0))
+        # What costing a merge lazily needs (sidecar.IsolatedMergeCost, per bank slot): the
+        # padded no-merge queue (S, D and the prefix minimum at decision starts), the
+        # no-merge slowdown per decision, and the requests in bin order (service time, or
+        # -inf for those already violated without a merge, and bin), with ptr[k] the first
+        # request of bin k.
+        self._merge_bins = self.params.merge_steps
+        self._horizon = self._merge_bins + int(round(self.sidecar.tail_s
+                                                     / self.params.step_seconds))
+        self._h_range = np.arange(self._horizon, dtype=np.int64)
+        self._bank_s = np.zeros((n_bank, 0))
+        self._bank_d = np.zeros((n_bank, 0))
+        self._bank_ptr = np.zeros((n_bank, 0), dtype=np.int64)
+        self._bank_prefmin = np.zeros((n_bank, 0))
+        self._bank_m0 = np.zeros((n_bank, 0))
+        self._bank_base = np.zeros((n_bank, 0))
+        self._bank_rbin = np.zeros((n_bank, 0), dtype=np.int64)
+        self._bank_cost = np.zeros((n_bank, 0))  # episode pool: every decision's cost
         self._bank_pct = np.zeros(n_bank)
         self._bank_max_merges = np.ones(n_bank)
         self._bank_thr = np.zeros((n_bank, self.learner_params.num_learners))
@@ -364,30 +380,112 @@ class DiLoCoSyncVectorEnv(gym.vector.VectorEnv):
             self._env_rngs[i] = seeding.np_random()[0]
         return int(self._env_rngs[i].integers(0, _SEED_HIGH))
 
-    def _episode(self, seed: int) -> Episode:
-        return core.episode_from_seed(self.generator, seed, self.params, self.sidecar,
-                                      self.learner_params)
+    def _episode(self, seed: int) -> dict[str, Any]:
+        """The bank row of the single env's episode of ``seed`` (same draws, same
+        arithmetic: :func:`core.episode_core`), without building a Trace or an Episode.
 
-    def _store(self, slot: int, ep: Episode) -> None:
+        A pool episode (reused many times) gets the cost of every decision up front, as
+        ``Episode.merge_cost``; a fresh one keeps what :meth:`_merge_costs` needs to cost
+        the merges the agent launches (a few dozen of its ~500 decisions)."""
+        rng = np.random.default_rng(seed)
+        gen = self.generator
+        if isinstance(gen, SyntheticRegime) and type(gen).__call__ is SyntheticRegime.__call__:
+            arrivals, token_index, net, ckpt = gen.draw(rng)
+            prompt, output = gen.tokens(token_index, np.float64)
+            duration, name = gen.duration_s, gen.name
+        else:
+            tr = gen(rng)
+            arrivals, prompt, output = tr.arrival_s, tr.prompt_tokens, tr.output_tokens
+            net, ckpt, duration, name = tr.network, tr.checkpoint, tr.duration_s, tr.name
+        p, sc = self.params, self.sidecar
+        c = core.episode_core(arrivals, prompt, output, net, ckpt, duration, p, sc, name)
+        common = {"n": c.n, "exo": c.exo, "seed": seed,
+                  "thr": self.learner_params.draw_throughputs(rng),
+                  "pct": 100.0 / max(1, c.req_bin.size)}
+        if self.episode_pool is not None:
+            starts = np.arange(c.n, dtype=np.int64) * p.decision_interval
+            return dict(common, cost=merge_costs(
+                c.base_s, c.req_bin, c.pressure_bin, sc, p.step_seconds, starts,
+                p.merge_steps, c.violated.astype(np.float64)))
+        n_bins = c.pressure_bin.size
+        size = n_bins + 1 + self._horizon
+        ptr = np.empty(size, dtype=np.int64)
+        ptr[0] = 0
+        np.cumsum(np.bincount(c.req_bin, minlength=n_bins), out=ptr[1:n_bins + 1])
+        ptr[n_bins + 1:] = c.req_bin.size
+        return dict(
+            common,
+            s=_padded(c.s, size),
+            d=_padded(lost_capacity(c.m0, sc, p.step_seconds), size),
+            ptr=ptr,
+            prefmin=c.prefmin[:c.n * p.decision_interval:p.decision_interval],
+            m0=_slowdown(c.pressure_dec, None, sc),
+            base=np.where(c.violated, -np.inf, c.base_s),
+            rbin=c.req_bin,
+        )
+
+    def _grow(self, name: str, width: int) -> np.ndarray:
+        """Bank array ``name`` with at least ``width`` columns (kept contents)."""
+        arr = getattr(self, name)
+        if width > arr.shape[1]:
+            new = np.zeros((arr.shape[0], width) + arr.shape[2:], dtype=arr.dtype)
+            new[:, :arr.shape[1]] = arr
+            setattr(self, name, new)
+            arr = new
+        return arr
+
+    def _store(self, slot: int, ep: dict[str, Any]) -> None:
         """Copy an episode's arrays into bank ``slot`` (growing the bank if needed)."""
-        n = ep.n_decisions
-        if n > self._bank_exo.shape[1]:
-            width = max(n, self._bank_exo.shape[1])
-            exo = np.zeros((self._bank_exo.shape[0], width, self._bank_exo.shape[2]),
-                           dtype=np.float32)
-            exo[:, :self._bank_exo.shape[1]] = self._bank_exo
-            cost = np.zeros((self._bank_cost.shape[0], width))
-            cost[:, :self._bank_cost.shape[1]] = self._bank_cost
-            self._bank_exo, self._bank_cost = exo, cost
+        n = ep["n"]
+        self._grow("_bank_exo", n)[slot, :n] = ep["exo"]
+        for key in ("cost",) if "cost" in ep else ("s", "d", "ptr", "prefmin", "m0", "base",
+                                                    "rbin"):
+            row = ep[key]
+            self._grow("_bank_" + key, row.size)[slot, :row.size] = row
         self._bank_n[slot] = n
-        self._bank_exo[slot, :n] = ep.exo
-        self._bank_cost[slot, :n] = ep.merge_cost
-        self._bank_pct[slot] = ep.pct_per_request
+        self._bank_pct[slot] = ep["pct"]
         self._bank_max_merges[slot] = max(1.0, n / self.params.h_min)
-        self._bank_thr[slot] = ep.throughputs
-        self._bank_seed[slot] = ep.seed
+        self._bank_thr[slot] = ep["thr"]
+        self._bank_seed[slot] = ep["seed"]
         if self.params.merge_budget is not None:
             self._budget_for(n)  # an infeasible budget fails here, as in the single env
+
+    def _merge_costs(self, idx: np.ndarray, d: np.ndarray) -> np.ndarray:
+        """Isolated cost of a merge at decision ``d[k]`` of env ``idx[k]``: exactly
+        :meth:`sidecar.IsolatedMergeCost.cost_at` (same sums in the same order), batched
+        over the envs, with the requests of all horizons paired in one flat pass."""
+        sc = self.sidecar
+        w, h = self._merge_bins, self._horizon
+        di = self.params.decision_interval
+        slot = self._slot[idx]
+        start = d * di
+        # Flat indices into the bank rows (np.take on a flat view is the fastest gather).
+        bs, bd = self._bank_s, self._bank_d
+        at = slot * bs.shape[1] + start
+        win = at[:, None] + self._h_range
+        g = np.take(bs.reshape(-1), win)
+        flat_d = bd.reshape(-1)
+        g[:, :w] += np.take(flat_d, win[:, :w])
+        g[:, w:] += np.take(flat_d, at + w)[:, None]
+        g -= np.take(flat_d, at)[:, None]
+        run = np.minimum.accumulate(g, axis=1)
+        np.minimum(run, self._bank_prefmin[slot, d][:, None], out=run)
+        g -= run  # the backlog with the merge
+        ptr = self._bank_ptr.reshape(-1)
+        lo = np.take(ptr, at)
+        cnt = np.take(ptr, at + h) - lo
+        which = np.repeat(np.arange(idx.size), cnt)
+        # Flat position of each paired request: its row's offset plus its index in the row.
+        row0 = slot * self._bank_base.shape[1] + lo - (np.cumsum(cnt) - cnt)
+        pos = np.arange(which.size) + np.repeat(row0, cnt)
+        rbin = np.take(self._bank_rbin.reshape(-1), pos)
+        j = rbin - np.repeat(start, cnt)
+        slow = np.take(self._bank_m0.reshape(-1),
+                       rbin // di + np.repeat(slot * self._bank_m0.shape[1], cnt))
+        slow *= np.where(j < w, 1.0 + sc.sync_slowdown, 1.0)
+        thr = (sc.slo_s / slow - np.take(self._bank_base.reshape(-1), pos)) * sc.slots
+        extra = np.take(g.reshape(-1), which * h + j) > thr
+        return np.bincount(which, weights=extra, minlength=idx.size)
 
     def _reset_pool(self, seed, seeds: list[int | None]) -> None:
         k = self.episode_pool
@@ -486,7 +584,10 @@ class DiLoCoSyncVectorEnv(gym.vector.VectorEnv):
         added, gain = lrn.merge_gain(gap_s, self._tokens[idx], self._thr[idx],
                                      self.learner_params)
         self._tokens[idx] += added
-        cost = self._bank_cost[self._slot[idx], d]
+        if self.episode_pool is None:
+            cost = self._merge_costs(idx, d)
+        else:
+            cost = self._bank_cost[self._slot[idx], d]
         self._last[idx] = d
         self._m_left[idx] -= 1
         self._n_merges[idx] += 1

@@ -244,3 +244,59 @@ def test_other_fixture_formats_replay(fixture):
     w = ReplayRegime(tr, duration_s=min(5.0, tr.duration_s))(np.random.default_rng(2))
     assert w.num_requests >= 1 and w.network is not None
     assert np.all(w.arrival_s < w.duration_s)
+
+
+# --------------------------------------------------------------------------- sampling
+def _lift_reference(reg: SyntheticRegime, t: np.ndarray, onsets: np.ndarray) -> np.ndarray:
+    """The burst level as the largest of every burst's shape (a plain loop)."""
+    lift = np.zeros(t.shape)
+    for onset in onsets:
+        if reg.ramp_s:
+            ramp = np.clip((t - (onset - reg.ramp_s)) / reg.ramp_s, 0.0, 1.0)
+        else:
+            ramp = (t >= onset).astype(float)
+        lift = np.maximum(lift, ramp * (t < onset + reg.burst_s))
+    return lift
+
+
+@pytest.mark.parametrize("ramp_s", [0.0, 7.0, 40.0])
+def test_burst_level_is_the_max_over_bursts_even_when_they_overlap(ramp_s):
+    reg = SyntheticRegime("x", 5.0, 17.0, burst_period_s=30.0, burst_s=45.0, periodic=False,
+                          ramp_s=ramp_s)
+    rng = np.random.default_rng(0)
+    onsets = np.sort(rng.uniform(-50, 650, 40))  # dense: bursts overlap a lot
+    t = np.sort(rng.uniform(0, 600, 5000))
+    np.testing.assert_array_equal(reg._lift(t, onsets), _lift_reference(reg, t, onsets))
+    shuffled = rng.permutation(t.size)
+    np.testing.assert_array_equal(reg._lift(t[shuffled], onsets),
+                                  _lift_reference(reg, t[shuffled], onsets))
+
+
+def test_arrivals_are_poisson_in_every_slice():
+    """Counts per second of a steady regime: mean = rate and variance = mean (Poisson), and
+    no correlation between consecutive seconds."""
+    counts = np.concatenate([_per_second(_trace("sync-heavy", s)) for s in range(20)])
+    assert counts.mean() == pytest.approx(10.0, abs=0.1)
+    assert counts.var() / counts.mean() == pytest.approx(1.0, abs=0.06)
+    assert abs(np.corrcoef(counts[:-1], counts[1:])[0, 1]) < 0.03
+    # Within a second, arrivals are uniform (time rescaling spreads them inside slices).
+    frac = np.concatenate([_trace("ordinary", s).arrival_s % 1.0 for s in range(10)])
+    hist = np.histogram(frac, bins=10, range=(0, 1))[0]
+    assert np.all(np.abs(hist / hist.mean() - 1) < 0.06)
+
+
+def test_tokens_are_log_normal_and_independent():
+    reg = REGIMES["bursty"]
+    tr = [_trace("bursty", s) for s in range(10)]
+    prompt = np.concatenate([t.prompt_tokens for t in tr]).astype(float)
+    output = np.concatenate([t.output_tokens for t in tr]).astype(float)
+    assert np.median(prompt) == pytest.approx(reg.prompt_median, rel=0.02)
+    assert np.median(output) == pytest.approx(reg.output_median, rel=0.02)
+    assert np.log(prompt).std() == pytest.approx(reg.prompt_sigma, rel=0.03)
+    assert np.log(output).std() == pytest.approx(reg.output_sigma, rel=0.05)
+    assert abs(np.corrcoef(np.log(prompt), np.log(output))[0, 1]) < 0.03
+    # The normal quantile of each token is uniform: 10 equal-probability bins, equal counts.
+    from scipy.stats import norm
+    u = norm.cdf(np.log(prompt / reg.prompt_median) / reg.prompt_sigma)
+    hist = np.histogram(u, bins=10, range=(0, 1))[0]
+    assert np.all(np.abs(hist / hist.mean() - 1) < 0.1)

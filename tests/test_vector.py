@@ -442,3 +442,35 @@ def test_benchmark_quick_runs():
                           capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "benchmark" in proc.stdout and "ratio" in proc.stdout
+
+
+# --------------------------------------------------------------------------- lazy merge costs
+@pytest.mark.parametrize("regime_kind", ["bursty", "replay", "pressure"])
+def test_lazy_merge_costs_equal_the_single_env_costs(regime_kind):
+    """The vector env costs merges lazily from its bank; every decision of every env must
+    cost exactly ``Episode.merge_cost`` (the batched full computation)."""
+    kwargs: dict = {}
+    if regime_kind == "replay":
+        tr = regimes.get_regime("non-periodic")(np.random.default_rng(5))
+        kwargs["regime"] = regimes.ReplayRegime(tr, duration_s=300.0, name="rep")
+    elif regime_kind == "pressure":  # a slowdown that varies per bin, and merges that hurt
+        kwargs["regime"] = "pressure-heavy"
+        kwargs["sidecar"] = replace(regimes.get_regime("bursty").sidecar, pressure_gain=0.9,
+                                    slots=12.0)
+    venv = DiLoCoSyncVectorEnv(4, **kwargs)
+    venv.reset(seed=3)
+    single = DiLoCoSyncEnv(**kwargs)
+    total = 0.0
+    for i in range(4):
+        single.reset(seed=int(venv.episode_seeds[i]))
+        want = single.unwrapped.episode.merge_cost
+        d = np.arange(want.size)
+        got = venv._merge_costs(np.full(d.size, i), d)
+        np.testing.assert_array_equal(got, want)
+        # Mixed envs and decisions in one call, in any order.
+        pick = np.random.default_rng(i).permutation(d.size)[:50]
+        idx = np.array([i, (i + 1) % 4] * 25)
+        both = venv._merge_costs(idx, pick)
+        np.testing.assert_array_equal(both[idx == i], want[pick[idx == i]])
+        total += want.sum()
+    assert total > 0
