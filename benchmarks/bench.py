@@ -241,12 +241,16 @@ def bench_memory(num_envs: int, total_steps: int, pool: bool) -> dict:
 
 
 # ----------------------------------------------------------------------------- profile
-def bench_profile(episodes: int) -> dict:
-    """Where an episode reset's time goes (mean over ``episodes`` seeds, milliseconds)."""
+def bench_profile(episodes: int, num_envs: int = 1024, steps: int = 517) -> dict:
+    """Where the time goes (milliseconds): an episode's parts (mean over ``episodes`` seeds)
+    and a fresh-episode vector step's parts (``steps`` steps of ``num_envs`` envs)."""
+    from diloco_gym.vector import DiLoCoSyncVectorEnv
+
     reg = regimes.get_regime("bursty")
-    params = core.EnvParams()
+    params = replace(core.EnvParams(), skip_forced=False)
     lp = lrn.LearnerParams()
-    t_trace = t_costs = t_build = 0.0
+    venv = DiLoCoSyncVectorEnv(num_envs, regime="bursty", params=params)
+    t = dict.fromkeys(("trace", "build", "costs", "draw", "core", "bank_row"), 0.0)
     for seed in range(episodes):
         t0 = time.perf_counter()
         rng = np.random.default_rng(seed)
@@ -258,14 +262,53 @@ def bench_profile(episodes: int) -> dict:
         merge_costs(ep.base_s, ep.req_bin, ep.pressure_bin, reg.sidecar, params.step_seconds,
                     starts, params.merge_steps, ep.baseline.violated)
         t3 = time.perf_counter()
-        t_trace += t1 - t0
-        t_build += t2 - t1
-        t_costs += t3 - t2
+        draws = reg.draw(np.random.default_rng(seed))
+        prompt, output = reg.tokens(draws[1], np.float64)
+        t4 = time.perf_counter()
+        core.episode_core(draws[0], prompt, output, draws[2], draws[3], reg.duration_s, params,
+                          reg.sidecar)
+        t5 = time.perf_counter()
+        venv._episode(seed)
+        t6 = time.perf_counter()
+        for key, dt in zip(t, (t1 - t0, t2 - t1, t3 - t2, t4 - t3, t5 - t4, t6 - t5),
+                           strict=True):
+            t[key] += dt
     k = 1000.0 / episodes
-    # build_episode no longer computes the merge costs (they are lazy): a vector env or a
-    # protocol run pays trace + build + costs, a single env trace + build + a few merges.
-    return {"episodes": episodes, "trace_ms": t_trace * k, "merge_costs_ms": t_costs * k,
-            "rest_of_build_ms": t_build * k, "episode_ms": (t_trace + t_build + t_costs) * k}
+    out = {"episodes": episodes, "trace_ms": t["trace"] * k, "merge_costs_ms": t["costs"] * k,
+           "rest_of_build_ms": t["build"] * k,
+           "episode_ms": (t["trace"] + t["build"] + t["costs"]) * k,
+           "vector_draw_ms": t["draw"] * k, "vector_core_ms": t["core"] * k,
+           "vector_bank_row_ms": t["bank_row"] * k}
+
+    # A fresh-episode vector step, split by timing the env's own methods in place.
+    spent = {"_restart": 0.0, "_merge_costs": 0.0, "_observe": 0.0}
+    for name in spent:
+        method = getattr(venv, name)
+
+        def timed(*args, _m=method, _n=name):
+            t0 = time.perf_counter()
+            try:
+                return _m(*args)
+            finally:
+                spent[_n] += time.perf_counter() - t0
+        setattr(venv, name, timed)
+    venv.reset(seed=0)
+    desync(venv, steps // 2)
+    for key in spent:
+        spent[key] = 0.0
+    table = np.random.default_rng(1).integers(0, 2, (64, num_envs))
+    t0 = time.perf_counter()
+    for i in range(steps):
+        venv.step(table[i % 64])
+    total = time.perf_counter() - t0
+    k = 1000.0 / steps
+    out.update({"step_ms": total * k, "step_restart_ms": spent["_restart"] * k,
+                "step_merge_costs_ms": spent["_merge_costs"] * k,
+                "step_observe_ms": spent["_observe"] * k,
+                "step_other_ms": (total - sum(spent.values())) * k,
+                "step_num_envs": num_envs})
+    venv.close()
+    return out
 
 
 # ----------------------------------------------------------------------------- report
@@ -312,9 +355,15 @@ def print_table(r: dict) -> None:
            f"({m['seconds']:.0f} s)",
            verdict(abs(m["growth_pct"]) <= t["rss_growth_pct"]))
           for m in (r["memory_pool"], r["memory_fresh"])],
-        ("episode with all merge costs (profile)", f"{p['episode_ms']:.2f} ms",
+        ("single env: episode with all merge costs", f"{p['episode_ms']:.2f} ms",
          f"trace {p['trace_ms']:.2f} + merge costs {p['merge_costs_ms']:.2f} + rest "
          f"{p['rest_of_build_ms']:.2f} ms", ""),
+        ("vector env: fresh episode (bank row)", f"{p['vector_bank_row_ms']:.2f} ms",
+         f"draws {p['vector_draw_ms']:.2f} + features and no-merge replay "
+         f"{p['vector_core_ms']:.2f} ms + queue arrays (merges costed lazily)", ""),
+        (f"vector step x{p['step_num_envs']}, fresh episodes", f"{p['step_ms']:.2f} ms",
+         f"restarts {p['step_restart_ms']:.2f} + merge costs {p['step_merge_costs_ms']:.2f} "
+         f"+ observation {p['step_observe_ms']:.2f} + other {p['step_other_ms']:.2f} ms", ""),
     ]
     widths = [max(len(row[i]) for row in rows) for i in range(3)]
     header = ("benchmark", "result", "ratio / detail", "target")
@@ -354,7 +403,7 @@ def main(argv: list[str] | None = None) -> int:
     results["vector"] = bench_vector(num_envs, 1 if q else 2, 1 if q else 2)
     results["envelope"] = bench_envelope(1000, 3)
     results["oracle"] = bench_oracle(7200.0 if q else 86400.0, 1 if q else 2)
-    results["profile"] = bench_profile(5 if q else 40)
+    results["profile"] = bench_profile(5 if q else 40, num_envs, 60 if q else 517)
     results["memory_pool"] = bench_memory(num_envs, memory_steps, pool=True)
     results["memory_fresh"] = bench_memory(num_envs, fresh_memory_steps, pool=False)
     print_table(results)

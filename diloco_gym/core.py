@@ -16,7 +16,7 @@ Time: training advances in steps of ``step_seconds``; the agent decides every
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from functools import cached_property
+from functools import cached_property, lru_cache
 from typing import NamedTuple
 
 import numpy as np
@@ -273,11 +273,17 @@ def _ewma(x: np.ndarray, alpha: float) -> np.ndarray:
     shrunk towards zero.
     """
     e = lfilter([alpha], [1.0, alpha - 1.0], x)
-    d = np.arange(x.size)
-    corr = 1.0 - (1.0 - alpha) ** d
     out = np.zeros_like(e)
-    out[1:] = e[1:] / corr[1:]
+    np.divide(e[1:], _ewma_norm(alpha, x.size)[1:], out=out[1:])
     return out
+
+
+@lru_cache(maxsize=64)
+def _ewma_norm(alpha: float, n: int) -> np.ndarray:
+    """``1 - (1 - alpha)**d`` for ``d < n`` (the same for every episode of a length)."""
+    corr = 1.0 - (1.0 - alpha) ** np.arange(n)
+    corr.setflags(write=False)
+    return corr
 
 
 class EpisodeCore(NamedTuple):
