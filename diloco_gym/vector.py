@@ -196,11 +196,11 @@ class DiLoCoSyncVectorEnv(gym.vector.VectorEnv):
         self._h_range = np.arange(self._horizon, dtype=np.int64)
         self._bank_s = np.zeros((n_bank, 0))
         self._bank_d = np.zeros((n_bank, 0))
-        self._bank_ptr = np.zeros((n_bank, 0), dtype=np.int64)
+        self._bank_ptr = np.zeros((n_bank, 0), dtype=np.int32)
         self._bank_prefmin = np.zeros((n_bank, 0))
         self._bank_m0 = np.zeros((n_bank, 0))
         self._bank_base = np.zeros((n_bank, 0))
-        self._bank_rbin = np.zeros((n_bank, 0), dtype=np.int64)
+        self._bank_rbin = np.zeros((n_bank, 0), dtype=np.int32)
         self._bank_cost = np.zeros((n_bank, 0))  # episode pool: every decision's cost
         self._bank_pct = np.zeros(n_bank)
         self._bank_max_merges = np.ones(n_bank)
