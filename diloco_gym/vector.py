@@ -424,10 +424,14 @@ class DiLoCoSyncVectorEnv(gym.vector.VectorEnv):
             rbin=c.req_bin,
         )
 
-    def _grow(self, name: str, width: int) -> np.ndarray:
-        """Bank array ``name`` with at least ``width`` columns (kept contents)."""
+    def _grow(self, name: str, width: int, headroom: float = 0.0) -> np.ndarray:
+        """Bank array ``name`` with at least ``width`` columns (kept contents), allocated
+        ``headroom`` wider than needed: request counts vary between episodes, and a bank
+        that grew by a few columns at every new longest episode would reallocate (and its
+        resident memory creep up) for as long as the env runs."""
         arr = getattr(self, name)
         if width > arr.shape[1]:
+            width = max(width, int(width * (1.0 + headroom)), int(arr.shape[1] * 1.25))
             new = np.zeros((arr.shape[0], width) + arr.shape[2:], dtype=arr.dtype)
             new[:, :arr.shape[1]] = arr
             setattr(self, name, new)
@@ -441,7 +445,8 @@ class DiLoCoSyncVectorEnv(gym.vector.VectorEnv):
         for key in ("cost",) if "cost" in ep else ("s", "d", "ptr", "prefmin", "m0", "base",
                                                     "rbin"):
             row = ep[key]
-            self._grow("_bank_" + key, row.size)[slot, :row.size] = row
+            grow = 0.25 if key in ("base", "rbin") else 0.0  # per-request arrays
+            self._grow("_bank_" + key, row.size, grow)[slot, :row.size] = row
         self._bank_n[slot] = n
         self._bank_pct[slot] = ep["pct"]
         self._bank_max_merges[slot] = max(1.0, n / self.params.h_min)
