@@ -28,7 +28,6 @@ from diloco_gym.sidecar import (
     IsolatedMergeCost,
     ReplayResult,
     SidecarParams,
-    _running_sum,
     _slowdown,
     base_latency_s,
     merge_costs,
@@ -266,15 +265,16 @@ class Episode:
 
 
 def _ewma(x: np.ndarray, alpha: float) -> np.ndarray:
-    """Bias-corrected EWMA of ``x[1:]`` (``x[0]`` is the empty past), causal.
+    """Bias-corrected EWMA of ``x[1:]`` (``x[0]`` is the empty past), causal, along the
+    last axis.
 
     ``e_d = alpha * x_d + (1 - alpha) * e_{d-1}`` from ``e_0 = 0``, divided by
     ``1 - (1 - alpha)**d`` so that early values are averages of what was seen, not
     shrunk towards zero.
     """
-    e = lfilter([alpha], [1.0, alpha - 1.0], x)
+    e = lfilter([alpha], [1.0, alpha - 1.0], x, axis=-1)
     out = np.zeros_like(e)
-    np.divide(e[1:], _ewma_norm(alpha, x.size)[1:], out=out[1:])
+    np.divide(e[..., 1:], _ewma_norm(alpha, x.shape[-1])[1:], out=out[..., 1:])
     return out
 
 
@@ -292,7 +292,9 @@ class EpisodeCore(NamedTuple):
     ``m0``, ``s`` and ``prefmin`` are the no-merge queue of :mod:`diloco_gym.sidecar`
     (slowdown per bin, running sum of work minus capacity, and its running minimum), from
     which both the no-merge replay (``latency``, ``violated``) and the isolated merge costs
-    follow.
+    follow. From :func:`episode_core_batch` every per-decision and per-bin array has a
+    leading batch axis and the per-request arrays are the episodes' requests concatenated
+    (``counts`` per episode, ``flat_bin`` = episode * bins + bin).
     """
 
     n: int
@@ -306,6 +308,21 @@ class EpisodeCore(NamedTuple):
     prefmin: np.ndarray
     latency: np.ndarray
     violated: np.ndarray
+    counts: np.ndarray | None = None
+    flat_bin: np.ndarray | None = None
+
+
+def episode_length(duration_s: float, params: EnvParams, sidecar: SidecarParams,
+                   name: str = "trace") -> int:
+    """Decisions in an episode of a ``duration_s`` trace (see :func:`episode_core`)."""
+    n_slots = params.n_decisions(duration_s)  # decision intervals covering the trace
+    margin_s = params.merge_steps * params.step_seconds + sidecar.tail_s
+    n = min(n_slots, int(np.floor((duration_s - margin_s) / params.decision_seconds + 1e-9)))
+    if n < params.h_min + 1:
+        raise ValueError(f"trace {name!r} of {duration_s:.1f} s is too short: an "
+                         f"episode needs more than H_min ({params.h_min_steps} steps) of "
+                         f"decisions plus a {margin_s:.1f} s margin for the last merge")
+    return n
 
 
 def episode_core(arrival_s: np.ndarray, prompt_tokens: np.ndarray, output_tokens: np.ndarray,
@@ -317,15 +334,34 @@ def episode_core(arrival_s: np.ndarray, prompt_tokens: np.ndarray, output_tokens
     Decisions stop ``merge_seconds + sidecar.tail_s`` before the trace ends, so that every
     merge's window and backlog lie inside the trace: a merge near the end is charged in
     full, not cheaper because its window runs off the recorded requests.
+
+    This is :func:`episode_core_batch` on a batch of one (one code path for the single and
+    the vector env).
     """
+    c = episode_core_batch([arrival_s], [prompt_tokens], [output_tokens],
+                           None if network is None else network[None, :],
+                           None if checkpoint is None else checkpoint[None, :],
+                           duration_s, params, sidecar, name)
+    return EpisodeCore(c.n, c.exo[0], c.pressure_dec[0], c.base_s, c.req_bin,
+                       c.pressure_bin[0], c.m0[0], c.s[0], c.prefmin[0], c.latency,
+                       c.violated)
+
+
+def episode_core_batch(arrivals: list[np.ndarray], prompts: list[np.ndarray],
+                       outputs: list[np.ndarray], network: np.ndarray | None,
+                       checkpoint: np.ndarray | None, duration_s: float, params: EnvParams,
+                       sidecar: SidecarParams, name: str = "trace") -> EpisodeCore:
+    """:func:`episode_core` of several traces of the same duration at once.
+
+    Every operation is elementwise, or runs along the time axis of each episode separately
+    (filters, cumulative sums and minima, ``bincount`` over episode-major indices), so each
+    episode's arrays are bit for bit those of a batch of one. ``network`` and ``checkpoint``
+    are ``(B, samples)`` arrays or ``None`` (zero pressure).
+    """
+    n = episode_length(duration_s, params, sidecar, name)
+    b = len(arrivals)
     dec_s = params.decision_seconds
-    n_slots = params.n_decisions(duration_s)  # decision intervals covering the trace
-    margin_s = params.merge_steps * params.step_seconds + sidecar.tail_s
-    n = min(n_slots, int(np.floor((duration_s - margin_s) / dec_s + 1e-9)))
-    if n < params.h_min + 1:
-        raise ValueError(f"trace {name!r} of {duration_s:.1f} s is too short: an "
-                         f"episode needs more than H_min ({params.h_min_steps} steps) of "
-                         f"decisions plus a {margin_s:.1f} s margin for the last merge")
+    n_slots = params.n_decisions(duration_s)
     di = params.decision_interval
     n_bins = n_slots * di
     # Decision d is at t_dec[d]; interval d is [t_dec[d], t_dec[d + 1]), and the rate seen at
@@ -334,36 +370,49 @@ def episode_core(arrival_s: np.ndarray, prompt_tokens: np.ndarray, output_tokens
     # (floor(arrival / dec_s) could round an arrival at a decision time into the interval
     # before it: a look-ahead).
     t_dec = np.arange(n_slots) * dec_s
-    before = np.searchsorted(arrival_s, t_dec, side="left")
-    rate_now = np.empty(n_slots)
-    rate_now[0] = 0.0
-    np.divide(np.diff(before), dec_s, out=rate_now[1:])
+    before = np.empty((b, n_slots), dtype=np.int64)
+    for e, arr in enumerate(arrivals):
+        before[e] = np.searchsorted(arr, t_dec, side="left")
+    rate_now = np.empty((b, n_slots))
+    rate_now[:, 0] = 0.0
+    np.divide(np.diff(before, axis=1), dec_s, out=rate_now[:, 1:])
     forecast = _ewma(rate_now, params.forecast_alpha)
     baseline = _ewma(rate_now, params.baseline_alpha)
     p_idx = np.minimum((t_dec / PRESSURE_DT_S).astype(np.int64),
                        int(np.ceil(duration_s / PRESSURE_DT_S - 1e-9)) - 1)
-    net = network[p_idx] if network is not None else np.zeros(n_slots)
-    ckpt = checkpoint[p_idx] if checkpoint is not None else np.zeros(n_slots)
+    net = network[:, p_idx] if network is not None else np.zeros((b, n_slots))
+    ckpt = checkpoint[:, p_idx] if checkpoint is not None else np.zeros((b, n_slots))
     serving = np.minimum(1.0, forecast / sidecar.serving_capacity_rps)
     norm = params.rate_norm_rps
-    exo = np.empty((n, 7), dtype=np.float32)
+    exo = np.empty((b, n, 7), dtype=np.float32)
     for k, col in enumerate((net, serving, ckpt, squash_rate(rate_now, norm),
                              squash_rate(forecast, norm), squash_rate(baseline, norm),
                              np.clip((forecast - baseline) / norm, -1.0, 1.0))):
-        exo[:, k] = col[:n]
+        exo[:, :, k] = col[:, :n]
 
     pressure_dec = np.maximum(np.maximum(net, serving), ckpt)
-    pressure_bin = np.repeat(pressure_dec, di)
-    base_s = base_latency_s(prompt_tokens, output_tokens, sidecar)
+    pressure_bin = np.repeat(pressure_dec, di, axis=1)
+    counts = np.fromiter((a.size for a in arrivals), dtype=np.int64, count=b)
+    if b == 1:
+        arrival_s, prompt, output = arrivals[0], prompts[0], outputs[0]
+    else:
+        arrival_s, prompt = np.concatenate(arrivals), np.concatenate(prompts)
+        output = np.concatenate(outputs)
+    base_s = base_latency_s(prompt, output, sidecar)
     req_bin = np.minimum((arrival_s / params.step_seconds).astype(np.int64), n_bins - 1)
-    # The no-merge replay (sidecar.replay with sync_bin=None, the same arithmetic).
+    flat_bin = req_bin if b == 1 else np.repeat(np.arange(b) * n_bins, counts) + req_bin
+    # The no-merge replay (sidecar.replay with sync_bin=None: the same arithmetic, with
+    # sidecar._running_sum's bincount over episode-major bins).
     m0 = _slowdown(pressure_bin, None, sidecar)
-    s = _running_sum(base_s, req_bin, m0, sidecar, params.step_seconds)
-    prefmin = np.minimum.accumulate(s)
-    backlog = s[:-1] - prefmin[:-1]
-    latency = (base_s + backlog[req_bin] / sidecar.slots) * m0[req_bin]
+    work = np.bincount(flat_bin, weights=base_s, minlength=b * n_bins).reshape(b, n_bins)
+    s = np.empty((b, n_bins + 1))
+    s[:, 0] = 0.0
+    np.cumsum(work - sidecar.slots * params.step_seconds / m0, axis=1, out=s[:, 1:])
+    prefmin = np.minimum.accumulate(s, axis=1)
+    backlog = s[:, :-1] - prefmin[:, :-1]
+    latency = (base_s + backlog.reshape(-1)[flat_bin] / sidecar.slots) * m0.reshape(-1)[flat_bin]
     return EpisodeCore(n, exo, pressure_dec, base_s, req_bin, pressure_bin, m0, s, prefmin,
-                       latency, latency > sidecar.slo_s)
+                       latency, latency > sidecar.slo_s, counts, flat_bin)
 
 
 def build_episode(trace: Trace, params: EnvParams, sidecar: SidecarParams,

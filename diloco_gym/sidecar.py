@@ -245,8 +245,8 @@ def lost_capacity(m0: np.ndarray, p: SidecarParams, bin_s: float) -> np.ndarray:
     """``D_k = sum_{j<k} (cap_j - cap_j / (1 + sigma))``: the cumulative nominal work a merge
     removes from the capacity (``m0`` the no-merge slowdown per bin), length ``bins + 1``."""
     lost = p.slots * bin_s / m0 * (p.sync_slowdown / (1.0 + p.sync_slowdown))
-    d = np.zeros(m0.size + 1)
-    np.cumsum(lost, out=d[1:])
+    d = np.zeros(m0.shape[:-1] + (m0.shape[-1] + 1,))  # along the last axis (batches too)
+    np.cumsum(lost, axis=-1, out=d[..., 1:])
     return d
 
 

@@ -35,7 +35,7 @@ from diloco_gym.core import (
 )
 from diloco_gym.env import make_generator
 from diloco_gym.regimes import SyntheticRegime
-from diloco_gym.sidecar import SidecarParams, _padded, _slowdown, lost_capacity, merge_costs
+from diloco_gym.sidecar import SidecarParams, _slowdown, lost_capacity, merge_costs
 
 # SB3VecEnv is importable too (``from diloco_gym.vector import SB3VecEnv``) but built on first
 # access (module ``__getattr__``), so it is not in ``__all__``: a star import never needs SB3.
@@ -254,9 +254,8 @@ class DiLoCoSyncVectorEnv(gym.vector.VectorEnv):
             first = next((s for s in seeds if s is not None), None)
             self._np_random, self._np_random_seed = seeding.np_random(first)
         if self.episode_pool is None:
-            for i in range(b):
-                self._store(i, self._episode(self._next_seed(i, seeds[i])))
             self._slot = np.arange(b, dtype=np.int64)
+            self._build_fresh(self._slot, [self._next_seed(i, seeds[i]) for i in range(b)])
         else:
             self._reset_pool(seed, seeds)
         self._start(np.arange(b))
@@ -380,13 +379,25 @@ class DiLoCoSyncVectorEnv(gym.vector.VectorEnv):
             self._env_rngs[i] = seeding.np_random()[0]
         return int(self._env_rngs[i].integers(0, _SEED_HIGH))
 
-    def _episode(self, seed: int) -> dict[str, Any]:
-        """The bank row of the single env's episode of ``seed`` (same draws, same
-        arithmetic: :func:`core.episode_core`), without building a Trace or an Episode.
+    def _pool_episode(self, seed: int) -> dict[str, Any]:
+        """The bank row of a pool episode: the single env's episode of ``seed`` (same draws,
+        same arithmetic) with the cost of every decision computed up front, as
+        ``Episode.merge_cost`` (a pool episode is reused many times)."""
+        arrivals, prompt, output, net, ckpt, duration, name, thr = self._draws(seed)
+        p, sc = self.params, self.sidecar
+        c = core.episode_core(arrivals, prompt, output, net, ckpt, duration, p, sc, name)
+        starts = np.arange(c.n, dtype=np.int64) * p.decision_interval
+        cost = merge_costs(c.base_s, c.req_bin, c.pressure_bin, sc, p.step_seconds, starts,
+                           p.merge_steps, c.violated.astype(np.float64))
+        return {"n": c.n, "exo": c.exo, "seed": seed, "thr": thr,
+                "pct": 100.0 / max(1, c.req_bin.size), "cost": cost}
 
-        A pool episode (reused many times) gets the cost of every decision up front, as
-        ``Episode.merge_cost``; a fresh one keeps what :meth:`_merge_costs` needs to cost
-        the merges the agent launches (a few dozen of its ~500 decisions)."""
+    #: Episodes built together at most (bounds the temporary arrays of a reset wave).
+    _BUILD_CHUNK = 256
+
+    def _draws(self, seed: int):
+        """The single env's draws for the episode of ``seed``: the trace's arrays and the
+        learner throughputs (drawn after the trace from the same generator)."""
         rng = np.random.default_rng(seed)
         gen = self.generator
         if isinstance(gen, SyntheticRegime) and type(gen).__call__ is SyntheticRegime.__call__:
@@ -397,32 +408,73 @@ class DiLoCoSyncVectorEnv(gym.vector.VectorEnv):
             tr = gen(rng)
             arrivals, prompt, output = tr.arrival_s, tr.prompt_tokens, tr.output_tokens
             net, ckpt, duration, name = tr.network, tr.checkpoint, tr.duration_s, tr.name
+        return (arrivals, prompt, output, net, ckpt, duration, name,
+                self.learner_params.draw_throughputs(rng))
+
+    def _build_fresh(self, slots: np.ndarray, seeds: list[int]) -> None:
+        """Build the fresh episodes of ``seeds`` into bank ``slots``, many at once.
+
+        The draws are made one episode at a time (each from its own seeded generator, as
+        the single env), then :func:`core.episode_core_batch` and the queue arrays run over
+        the whole batch in array passes (bit-identical per episode; tested). Traces of
+        different durations, or with and without pressure series, are built one by one.
+        """
+        for lo in range(0, len(seeds), self._BUILD_CHUNK):
+            chunk = range(lo, min(len(seeds), lo + self._BUILD_CHUNK))
+            draws = [self._draws(seeds[k]) for k in chunk]
+            uniform = (len({d[5] for d in draws}) == 1
+                       and len({d[3] is None or d[4] is None for d in draws}) == 1)
+            if not uniform:
+                for k, d in zip(chunk, draws, strict=True):
+                    self._store_batch(slots[k:k + 1], [seeds[k]], [d])
+            else:
+                self._store_batch(slots[lo:chunk.stop], [seeds[k] for k in chunk], draws)
+
+    def _store_batch(self, slots: np.ndarray, seeds: list[int], draws: list) -> None:
+        """Episode arrays and lazy-costing queue of same-duration ``draws`` into ``slots``."""
         p, sc = self.params, self.sidecar
-        c = core.episode_core(arrivals, prompt, output, net, ckpt, duration, p, sc, name)
-        common = {"n": c.n, "exo": c.exo, "seed": seed,
-                  "thr": self.learner_params.draw_throughputs(rng),
-                  "pct": 100.0 / max(1, c.req_bin.size)}
-        if self.episode_pool is not None:
-            starts = np.arange(c.n, dtype=np.int64) * p.decision_interval
-            return dict(common, cost=merge_costs(
-                c.base_s, c.req_bin, c.pressure_bin, sc, p.step_seconds, starts,
-                p.merge_steps, c.violated.astype(np.float64)))
-        n_bins = c.pressure_bin.size
+        b = len(draws)
+        has_p = draws[0][3] is not None and draws[0][4] is not None
+        c = core.episode_core_batch(
+            [d[0] for d in draws], [d[1] for d in draws], [d[2] for d in draws],
+            np.stack([d[3] for d in draws]) if has_p else None,
+            np.stack([d[4] for d in draws]) if has_p else None,
+            draws[0][5], p, sc, draws[0][6])
+        n, di = c.n, p.decision_interval
+        n_bins = c.pressure_bin.shape[1]
         size = n_bins + 1 + self._horizon
-        ptr = np.empty(size, dtype=np.int64)
-        ptr[0] = 0
-        np.cumsum(np.bincount(c.req_bin, minlength=n_bins), out=ptr[1:n_bins + 1])
-        ptr[n_bins + 1:] = c.req_bin.size
-        return dict(
-            common,
-            s=_padded(c.s, size),
-            d=_padded(lost_capacity(c.m0, sc, p.step_seconds), size),
-            ptr=ptr,
-            prefmin=c.prefmin[:c.n * p.decision_interval:p.decision_interval],
-            m0=_slowdown(c.pressure_dec, None, sc),
-            base=np.where(c.violated, -np.inf, c.base_s),
-            rbin=c.req_bin,
-        )
+        counts = c.counts
+        self._grow("_bank_exo", n)[slots, :n] = c.exo
+        bank_s = self._grow("_bank_s", size)
+        bank_s[slots, :n_bins + 1] = c.s
+        bank_s[slots, n_bins + 1:size] = c.s[:, -1:]  # index clipping, as sidecar._padded
+        bank_d = self._grow("_bank_d", size)
+        d0 = lost_capacity(c.m0, sc, p.step_seconds)
+        bank_d[slots, :n_bins + 1] = d0
+        bank_d[slots, n_bins + 1:size] = d0[:, -1:]
+        ptr = np.zeros((b, size), dtype=np.int64)
+        np.cumsum(np.bincount(c.flat_bin, minlength=b * n_bins).reshape(b, n_bins), axis=1,
+                  out=ptr[:, 1:n_bins + 1])
+        ptr[:, n_bins + 1:] = counts[:, None]
+        self._grow("_bank_ptr", size)[slots, :size] = ptr
+        self._grow("_bank_prefmin", n)[slots, :n] = c.prefmin[:, :n * di:di]
+        n_slots = c.pressure_dec.shape[1]
+        self._grow("_bank_m0", n_slots)[slots, :n_slots] = _slowdown(c.pressure_dec, None, sc)
+        # Requests: one scatter into the rows (episode e's requests at row slots[e]).
+        width = int(counts.max()) if b else 0
+        bank_base = self._grow("_bank_base", width, 0.25)
+        bank_rbin = self._grow("_bank_rbin", width, 0.25)
+        first = np.cumsum(counts) - counts
+        pos = np.arange(c.req_bin.size) + np.repeat(slots * bank_base.shape[1] - first, counts)
+        bank_base.reshape(-1)[pos] = np.where(c.violated, -np.inf, c.base_s)
+        bank_rbin.reshape(-1)[pos] = c.req_bin
+        self._bank_n[slots] = n
+        self._bank_pct[slots] = 100.0 / np.maximum(1, counts)
+        self._bank_max_merges[slots] = max(1.0, n / p.h_min)
+        self._bank_thr[slots] = np.stack([d[7] for d in draws])
+        self._bank_seed[slots] = seeds
+        if p.merge_budget is not None:
+            self._budget_for(n)  # an infeasible budget fails here, as in the single env
 
     def _grow(self, name: str, width: int, headroom: float = 0.0) -> np.ndarray:
         """Bank array ``name`` with at least ``width`` columns (kept contents), allocated
@@ -439,14 +491,10 @@ class DiLoCoSyncVectorEnv(gym.vector.VectorEnv):
         return arr
 
     def _store(self, slot: int, ep: dict[str, Any]) -> None:
-        """Copy an episode's arrays into bank ``slot`` (growing the bank if needed)."""
+        """Copy a pool episode's arrays into bank ``slot`` (growing the bank if needed)."""
         n = ep["n"]
         self._grow("_bank_exo", n)[slot, :n] = ep["exo"]
-        for key in ("cost",) if "cost" in ep else ("s", "d", "ptr", "prefmin", "m0", "base",
-                                                    "rbin"):
-            row = ep[key]
-            grow = 0.25 if key in ("base", "rbin") else 0.0  # per-request arrays
-            self._grow("_bank_" + key, row.size, grow)[slot, :row.size] = row
+        self._grow("_bank_cost", n)[slot, :n] = ep["cost"]
         self._bank_n[slot] = n
         self._bank_pct[slot] = ep["pct"]
         self._bank_max_merges[slot] = max(1.0, n / self.params.h_min)
@@ -505,7 +553,7 @@ class DiLoCoSyncVectorEnv(gym.vector.VectorEnv):
                                  "consecutive sequence s, s + 1, ...")
         if base != self._pool_base:
             for j in range(k):
-                self._store(j, self._episode(base + j))
+                self._store(j, self._pool_episode(base + j))
             self._pool_base = base
             self._pool_next = 0
         if seed is not None:
@@ -517,8 +565,7 @@ class DiLoCoSyncVectorEnv(gym.vector.VectorEnv):
     def _restart(self, idx: np.ndarray) -> None:
         """Autoreset: the next episode of each env in ``idx`` (in index order)."""
         if self.episode_pool is None:
-            for i in idx:
-                self._store(int(i), self._episode(self._next_seed(int(i), None)))
+            self._build_fresh(self._slot[idx], [self._next_seed(int(i), None) for i in idx])
         else:
             k = self.episode_pool
             self._slot[idx] = (self._pool_next + np.arange(idx.size)) % k
