@@ -392,8 +392,9 @@ class DiLoCoSyncVectorEnv(gym.vector.VectorEnv):
         return {"n": c.n, "exo": c.exo, "seed": seed, "thr": thr,
                 "pct": 100.0 / max(1, c.req_bin.size), "cost": cost}
 
-    #: Episodes built together at most (bounds the temporary arrays of a reset wave).
-    _BUILD_CHUNK = 256
+    #: Episodes built together at most: bounds the temporaries of a reset wave and keeps them
+    #: in cache (32 was fastest of 1-256 here; 1 is ~25 % slower).
+    _BUILD_CHUNK = 32
 
     def _draws(self, seed: int):
         """The single env's draws for the episode of ``seed``: the trace's arrays and the
