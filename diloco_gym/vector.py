@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import fields, replace
-from typing import Any
+from typing import Any, NamedTuple
 
 import gymnasium as gym
 import numpy as np
@@ -194,6 +194,8 @@ class DiLoCoSyncVectorEnv(gym.vector.VectorEnv):
         self._horizon = self._merge_bins + int(round(self.sidecar.tail_s
                                                      / self.params.step_seconds))
         self._h_range = np.arange(self._horizon, dtype=np.int64)
+        self._spec = _BuildSpec(self.generator, self.params, self.sidecar, self.learner_params,
+                                self._horizon)
         self._bank_s = np.zeros((n_bank, 0))
         self._bank_d = np.zeros((n_bank, 0))
         self._bank_ptr = np.zeros((n_bank, 0), dtype=np.int32)
@@ -383,7 +385,7 @@ class DiLoCoSyncVectorEnv(gym.vector.VectorEnv):
         """The bank row of a pool episode: the single env's episode of ``seed`` (same draws,
         same arithmetic) with the cost of every decision computed up front, as
         ``Episode.merge_cost`` (a pool episode is reused many times)."""
-        arrivals, prompt, output, net, ckpt, duration, name, thr = self._draws(seed)
+        arrivals, prompt, output, net, ckpt, duration, name, thr = _draws(self._spec, seed)
         p, sc = self.params, self.sidecar
         c = core.episode_core(arrivals, prompt, output, net, ckpt, duration, p, sc, name)
         starts = np.arange(c.n, dtype=np.int64) * p.decision_interval
@@ -392,89 +394,47 @@ class DiLoCoSyncVectorEnv(gym.vector.VectorEnv):
         return {"n": c.n, "exo": c.exo, "seed": seed, "thr": thr,
                 "pct": 100.0 / max(1, c.req_bin.size), "cost": cost}
 
-    #: Episodes built together at most: bounds the temporaries of a reset wave and keeps them
-    #: in cache (32 was fastest of 1-256 here; 1 is ~25 % slower).
-    _BUILD_CHUNK = 32
-
-    def _draws(self, seed: int):
-        """The single env's draws for the episode of ``seed``: the trace's arrays and the
-        learner throughputs (drawn after the trace from the same generator)."""
-        rng = np.random.default_rng(seed)
-        gen = self.generator
-        if isinstance(gen, SyntheticRegime) and type(gen).__call__ is SyntheticRegime.__call__:
-            arrivals, token_index, net, ckpt = gen.draw(rng)
-            prompt, output = gen.tokens(token_index, np.float64)
-            duration, name = gen.duration_s, gen.name
-        else:
-            tr = gen(rng)
-            arrivals, prompt, output = tr.arrival_s, tr.prompt_tokens, tr.output_tokens
-            net, ckpt, duration, name = tr.network, tr.checkpoint, tr.duration_s, tr.name
-        return (arrivals, prompt, output, net, ckpt, duration, name,
-                self.learner_params.draw_throughputs(rng))
-
     def _build_fresh(self, slots: np.ndarray, seeds: list[int]) -> None:
-        """Build the fresh episodes of ``seeds`` into bank ``slots``, many at once.
+        """Build the fresh episodes of ``seeds`` into bank ``slots`` (:func:`build_rows`)."""
+        done = 0
+        for rows in build_rows(self._spec, seeds):
+            k = rows["counts"].size
+            self._write_rows(slots[done:done + k], rows)
+            done += k
 
-        The draws are made one episode at a time (each from its own seeded generator, as
-        the single env), then :func:`core.episode_core_batch` and the queue arrays run over
-        the whole batch in array passes (bit-identical per episode; tested). Traces of
-        different durations, or with and without pressure series, are built one by one.
-        """
-        for lo in range(0, len(seeds), self._BUILD_CHUNK):
-            chunk = range(lo, min(len(seeds), lo + self._BUILD_CHUNK))
-            draws = [self._draws(seeds[k]) for k in chunk]
-            uniform = (len({d[5] for d in draws}) == 1
-                       and len({d[3] is None or d[4] is None for d in draws}) == 1)
-            if not uniform:
-                for k, d in zip(chunk, draws, strict=True):
-                    self._store_batch(slots[k:k + 1], [seeds[k]], [d])
-            else:
-                self._store_batch(slots[lo:chunk.stop], [seeds[k] for k in chunk], draws)
-
-    def _store_batch(self, slots: np.ndarray, seeds: list[int], draws: list) -> None:
-        """Episode arrays and lazy-costing queue of same-duration ``draws`` into ``slots``."""
-        p, sc = self.params, self.sidecar
-        b = len(draws)
-        has_p = draws[0][3] is not None and draws[0][4] is not None
-        c = core.episode_core_batch(
-            [d[0] for d in draws], [d[1] for d in draws], [d[2] for d in draws],
-            np.stack([d[3] for d in draws]) if has_p else None,
-            np.stack([d[4] for d in draws]) if has_p else None,
-            draws[0][5], p, sc, draws[0][6])
-        n, di = c.n, p.decision_interval
-        n_bins = c.pressure_bin.shape[1]
-        size = n_bins + 1 + self._horizon
-        counts = c.counts
-        self._grow("_bank_exo", n)[slots, :n] = c.exo
-        bank_s = self._grow("_bank_s", size)
-        bank_s[slots, :n_bins + 1] = c.s
-        bank_s[slots, n_bins + 1:size] = c.s[:, -1:]  # index clipping, as sidecar._padded
-        bank_d = self._grow("_bank_d", size)
-        d0 = lost_capacity(c.m0, sc, p.step_seconds)
-        bank_d[slots, :n_bins + 1] = d0
-        bank_d[slots, n_bins + 1:size] = d0[:, -1:]
-        ptr = np.zeros((b, size), dtype=np.int64)
-        np.cumsum(np.bincount(c.flat_bin, minlength=b * n_bins).reshape(b, n_bins), axis=1,
-                  out=ptr[:, 1:n_bins + 1])
-        ptr[:, n_bins + 1:] = counts[:, None]
-        self._grow("_bank_ptr", size)[slots, :size] = ptr
-        self._grow("_bank_prefmin", n)[slots, :n] = c.prefmin[:, :n * di:di]
-        n_slots = c.pressure_dec.shape[1]
-        self._grow("_bank_m0", n_slots)[slots, :n_slots] = _slowdown(c.pressure_dec, None, sc)
+    def _write_rows(self, slots: np.ndarray, rows: dict[str, Any],
+                    sel: np.ndarray | None = None) -> None:
+        """Copy episodes of ``rows`` (all, or those at positions ``sel``) into ``slots``."""
+        counts = rows["counts"]
+        req_first = np.cumsum(counts) - counts
+        if sel is not None:
+            keep = np.repeat(req_first[sel] - (np.cumsum(counts[sel]) - counts[sel]),
+                             counts[sel]) + np.arange(int(counts[sel].sum()))
+            rows = {k: (v[sel] if isinstance(v, np.ndarray) and k not in ("base", "rbin")
+                        else v) for k, v in rows.items()}
+            rows["base"], rows["rbin"] = rows["base"][keep], rows["rbin"][keep]
+            counts = rows["counts"]
+            req_first = np.cumsum(counts) - counts
+        n, size, n_slots = rows["n"], rows["s"].shape[1], rows["m0"].shape[1]
+        self._grow("_bank_exo", n)[slots, :n] = rows["exo"]
+        for key in ("s", "d", "ptr"):
+            self._grow("_bank_" + key, size)[slots, :size] = rows[key]
+        self._grow("_bank_prefmin", n)[slots, :n] = rows["prefmin"]
+        self._grow("_bank_m0", n_slots)[slots, :n_slots] = rows["m0"]
         # Requests: one scatter into the rows (episode e's requests at row slots[e]).
-        width = int(counts.max()) if b else 0
+        width = int(counts.max()) if counts.size else 0
         bank_base = self._grow("_bank_base", width, 0.25)
         bank_rbin = self._grow("_bank_rbin", width, 0.25)
-        first = np.cumsum(counts) - counts
-        pos = np.arange(c.req_bin.size) + np.repeat(slots * bank_base.shape[1] - first, counts)
-        bank_base.reshape(-1)[pos] = np.where(c.violated, -np.inf, c.base_s)
-        bank_rbin.reshape(-1)[pos] = c.req_bin
+        pos = np.arange(rows["base"].size) + np.repeat(
+            slots * bank_base.shape[1] - req_first, counts)
+        bank_base.reshape(-1)[pos] = rows["base"]
+        bank_rbin.reshape(-1)[pos] = rows["rbin"]
         self._bank_n[slots] = n
-        self._bank_pct[slots] = 100.0 / np.maximum(1, counts)
-        self._bank_max_merges[slots] = max(1.0, n / p.h_min)
-        self._bank_thr[slots] = np.stack([d[7] for d in draws])
-        self._bank_seed[slots] = seeds
-        if p.merge_budget is not None:
+        self._bank_pct[slots] = rows["pct"]
+        self._bank_max_merges[slots] = max(1.0, n / self.params.h_min)
+        self._bank_thr[slots] = rows["thr"]
+        self._bank_seed[slots] = rows["seeds"]
+        if self.params.merge_budget is not None:
             self._budget_for(n)  # an infeasible budget fails here, as in the single env
 
     def _grow(self, name: str, width: int, headroom: float = 0.0) -> np.ndarray:
@@ -740,6 +700,96 @@ class DiLoCoSyncVectorEnv(gym.vector.VectorEnv):
             obs[:, _G["budget_left"]] = self._m_left / p.merge_budget
         else:
             obs[:, _G["budget_left"]] = 0.0 if p.merge_budget == 0 else 1.0
+
+
+class _BuildSpec(NamedTuple):
+    """What building an episode needs (picklable, for worker processes)."""
+
+    generator: Any
+    params: EnvParams
+    sidecar: SidecarParams
+    learner_params: lrn.LearnerParams
+    horizon: int
+
+
+#: Episodes built together at most: bounds the temporaries of a reset wave and keeps them in
+#: cache (32 was fastest of 1-256 here; one at a time is ~25 % slower).
+BUILD_CHUNK = 32
+
+
+def _draws(spec: _BuildSpec, seed: int):
+    """The single env's draws for the episode of ``seed``: the trace's arrays and the
+    learner throughputs (drawn after the trace from the same generator)."""
+    rng = np.random.default_rng(seed)
+    gen = spec.generator
+    if isinstance(gen, SyntheticRegime) and type(gen).__call__ is SyntheticRegime.__call__:
+        arrivals, token_index, net, ckpt = gen.draw(rng)
+        prompt, output = gen.tokens(token_index, np.float64)
+        duration, name = gen.duration_s, gen.name
+    else:
+        tr = gen(rng)
+        arrivals, prompt, output = tr.arrival_s, tr.prompt_tokens, tr.output_tokens
+        net, ckpt, duration, name = tr.network, tr.checkpoint, tr.duration_s, tr.name
+    return (arrivals, prompt, output, net, ckpt, duration, name,
+            spec.learner_params.draw_throughputs(rng))
+
+
+def build_rows(spec: _BuildSpec, seeds: list[int]) -> list[dict[str, Any]]:
+    """The vector env's bank rows of the episodes of ``seeds``, in order, as a list of
+    batches (dicts of arrays with a leading episode axis; the requests concatenated).
+
+    The draws are made one episode at a time (each from its own seeded generator, as the
+    single env), then :func:`core.episode_core_batch` and the lazy-costing queue run over
+    up to :data:`BUILD_CHUNK` episodes in array passes (bit-identical per episode; tested).
+    Traces of different durations, or with and without pressure series, go one by one.
+    A pure function of its arguments, so worker processes can run it.
+    """
+    out = []
+    for lo in range(0, len(seeds), BUILD_CHUNK):
+        chunk = list(range(lo, min(len(seeds), lo + BUILD_CHUNK)))
+        draws = [_draws(spec, seeds[k]) for k in chunk]
+        if (len({d[5] for d in draws}) == 1
+                and len({d[3] is None or d[4] is None for d in draws}) == 1):
+            out.append(_rows(spec, [seeds[k] for k in chunk], draws))
+        else:
+            out.extend(_rows(spec, [seeds[k]], [d]) for k, d in zip(chunk, draws, strict=True))
+    return out
+
+
+def _rows(spec: _BuildSpec, seeds: list[int], draws: list) -> dict[str, Any]:
+    """Bank rows of same-duration ``draws``: the episode arrays and, for lazy costing, the
+    padded no-merge queue, bin pointers and requests (see DiLoCoSyncVectorEnv.__init__)."""
+    p, sc = spec.params, spec.sidecar
+    b = len(draws)
+    has_p = draws[0][3] is not None and draws[0][4] is not None
+    c = core.episode_core_batch(
+        [d[0] for d in draws], [d[1] for d in draws], [d[2] for d in draws],
+        np.stack([d[3] for d in draws]) if has_p else None,
+        np.stack([d[4] for d in draws]) if has_p else None,
+        draws[0][5], p, sc, draws[0][6])
+    n, di = c.n, p.decision_interval
+    n_bins = c.pressure_bin.shape[1]
+    size = n_bins + 1 + spec.horizon
+    counts = c.counts
+    s_pad = np.empty((b, size))
+    s_pad[:, :n_bins + 1] = c.s
+    s_pad[:, n_bins + 1:] = c.s[:, -1:]  # index clipping, as sidecar._padded
+    d0 = lost_capacity(c.m0, sc, p.step_seconds)
+    d_pad = np.empty((b, size))
+    d_pad[:, :n_bins + 1] = d0
+    d_pad[:, n_bins + 1:] = d0[:, -1:]
+    ptr = np.zeros((b, size), dtype=np.int32)
+    np.cumsum(np.bincount(c.flat_bin, minlength=b * n_bins).reshape(b, n_bins), axis=1,
+              out=ptr[:, 1:n_bins + 1])
+    ptr[:, n_bins + 1:] = counts[:, None]
+    return {
+        "seeds": np.asarray(seeds, dtype=np.int64), "n": n, "exo": c.exo, "s": s_pad,
+        "d": d_pad, "ptr": ptr, "prefmin": c.prefmin[:, :n * di:di],
+        "m0": _slowdown(c.pressure_dec, None, sc),
+        "base": np.where(c.violated, -np.inf, c.base_s), "rbin": c.req_bin.astype(np.int32),
+        "counts": counts, "pct": 100.0 / np.maximum(1, counts),
+        "thr": np.stack([d[7] for d in draws]),
+    }
 
 
 def _make_sb3_vec_env() -> type:
