@@ -130,16 +130,8 @@ def desync(env, steps: int) -> None:
         env.step(table[t % 16])
 
 
-def settle(env) -> None:
-    """Wait until the env's build workers (if any) are idle, so that they do not slow down
-    the CartPole timing that follows."""
-    for entry in getattr(env.unwrapped, "_ahead", []):
-        if entry is not None:
-            entry[0].result()
-
-
-def bench_vector(num_envs: int, episodes: int, repeats: int, build_workers: int = 0) -> dict:
-    out: dict = {"num_envs": num_envs, "build_workers": build_workers}
+def bench_vector(num_envs: int, episodes: int, repeats: int) -> dict:
+    out: dict = {"num_envs": num_envs}
     kw = {"num_envs": num_envs, "vectorization_mode": "vector_entry_point"}
     t0 = time.perf_counter()
     fresh = gym.make_vec("DiLoCoSync-v0", skip_forced=False, **kw)
@@ -153,22 +145,15 @@ def bench_vector(num_envs: int, episodes: int, repeats: int, build_workers: int 
     out["pool_build_s"] = time.perf_counter() - t0
     cart = gym.make_vec("CartPole-v1", **kw)
     cart.reset(seed=0)
-    envs = {"fresh": fresh, "pool": pooled, "cartpole": cart}
-    if build_workers:
-        envs["workers"] = gym.make_vec("DiLoCoSync-v0", skip_forced=False,
-                                       build_workers=build_workers, **kw)
-        envs["workers"].reset(seed=0)
-    for env in envs.values():
-        desync(env, n // 2)
-    rates: dict[str, list[float]] = {k: [] for k in envs}
+    desync(fresh, n // 2)
+    desync(pooled, n // 2)
+    desync(cart, n // 2)
+    rates: dict[str, list[float]] = {"fresh": [], "pool": [], "cartpole": []}
     for r in range(repeats):
-        for key, env in envs.items():
-            rates[key].append(vector_rate(env, steps, r))
-            settle(env)
+        rates["fresh"].append(vector_rate(fresh, steps, r))
+        rates["cartpole"].append(vector_rate(cart, steps, r))
+        rates["pool"].append(vector_rate(pooled, steps, r))
     best = {k: max(v) for k, v in rates.items()}
-    if build_workers:
-        out["workers_steps_per_s"] = best["workers"]
-        out["workers_ratio"] = best["workers"] / best["cartpole"]
     out.update({
         "steps_per_env": steps, "episode_decisions": n,
         "fresh_steps_per_s": best["fresh"], "pool_steps_per_s": best["pool"],
@@ -177,7 +162,7 @@ def bench_vector(num_envs: int, episodes: int, repeats: int, build_workers: int 
         "pool_ratio": best["pool"] / best["cartpole"],
         "note": "skip_forced=False, random actions, NEXT_STEP autoreset, whole episodes",
     })
-    for env in envs.values():
+    for env in (fresh, pooled, cart):
         env.close()
     return out
 
@@ -357,11 +342,6 @@ def print_table(r: dict) -> None:
         (f"vector x{v['num_envs']}: fresh episodes", fmt_rate(v["fresh_steps_per_s"]),
          f"ratio {v['fresh_ratio']:.2f} to CartPole vector ({fmt_rate(v['cartpole_steps_per_s'])})",
          vec_verdict(v["fresh_steps_per_s"], v["fresh_ratio"])),
-        *([(f"vector x{v['num_envs']}: fresh, build_workers={v['build_workers']}",
-            fmt_rate(v["workers_steps_per_s"]),
-            f"ratio {v['workers_ratio']:.2f} to CartPole vector ({os.cpu_count()} CPUs)",
-            vec_verdict(v["workers_steps_per_s"], v["workers_ratio"]))]
-          if v.get("build_workers") else []),
         (f"vector x{v['num_envs']}: episode_pool={v['num_envs']}",
          fmt_rate(v["pool_steps_per_s"]),
          f"ratio {v['pool_ratio']:.2f} to CartPole vector "
@@ -409,8 +389,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--num-envs", type=int, default=None, help="vector env size (1024)")
     ap.add_argument("--memory-steps", type=int, default=None,
                     help="env steps of the memory check with the episode pool (10,000,000)")
-    ap.add_argument("--build-workers", type=int, default=2,
-                    help="also time fresh episodes with this many build workers (0: skip)")
     ap.add_argument("--fresh-memory-steps", type=int, default=None,
                     help="env steps of the memory check with fresh episodes (2,000,000)")
     args = ap.parse_args(argv)
@@ -428,8 +406,7 @@ def main(argv: list[str] | None = None) -> int:
         "targets": TARGETS,
     }
     results["single"] = bench_single(2_000 if q else 20_000, 1 if q else 3)
-    results["vector"] = bench_vector(num_envs, 1 if q else 2, 1 if q else 2,
-                                     0 if q else args.build_workers)
+    results["vector"] = bench_vector(num_envs, 1 if q else 2, 1 if q else 2)
     results["envelope"] = bench_envelope(1000, 3)
     results["oracle"] = bench_oracle(7200.0 if q else 86400.0, 1 if q else 2)
     results["profile"] = bench_profile(5 if q else 40, num_envs, 60 if q else 517)

@@ -87,7 +87,7 @@ class DiLoCoSyncVectorEnv(gym.vector.VectorEnv):
 
     ## Episode pool (opt-in)
 
-    Building an episode (trace generation, features, no-merge queue) costs about as much
+    Building an episode (trace generation and per-decision merge costs) costs about as much
     as a few hundred vector steps, and with many envs several episodes end every step. With
     ``episode_pool=K`` the env builds ``K`` episodes once per seed - the single env's
     episodes of seeds ``s, s + 1, ..., s + K - 1`` - and reuses them round-robin: env ``i``
@@ -96,19 +96,6 @@ class DiLoCoSyncVectorEnv(gym.vector.VectorEnv):
     (every ``K`` resets); the agent-dependent state always restarts fresh. Throughput with
     and without a pool is reported separately in ``benchmarks/README.md``. A pool needs
     ``seed`` to be ``None``, an int, or the consecutive sequence ``s, s + 1, ...``.
-
-    ## Fresh episodes and build workers
-
-    Without a pool, every autoreset builds a fresh episode from its seed (about 1 ms each;
-    with 1,024 envs and 517-decision episodes two envs restart per step on average). The
-    envs restarting in a step are built together (:func:`build_rows`), and a merge is
-    costed only when launched (a fresh env keeps its no-merge queue, ~300 KB per env).
-    ``build_workers=k`` builds each env's next episode ahead in ``k`` worker processes
-    (``spawn``ed on the first reset, stopped by ``close()``); the episodes are the same,
-    since an env's next seed is drawn from its generator in advance. It pays off when
-    cores are free: on a 2-core machine the workers compete with the stepping process. As
-    with any ``spawn`` multiprocessing, a script must guard its entry point with
-    ``if __name__ == "__main__":``, and the regime must be picklable.
 
     ## Info
 
@@ -124,8 +111,7 @@ class DiLoCoSyncVectorEnv(gym.vector.VectorEnv):
 
     ``num_envs``; ``regime``, ``params``, ``sidecar``, ``learners`` and ``EnvParams`` field
     keywords exactly as :class:`~diloco_gym.env.DiLoCoSyncEnv`; ``episode_pool`` (``None`` or
-    ``K >= 1``); ``build_workers`` (``0``, or worker processes for fresh episodes);
-    ``autoreset_mode`` (``NEXT_STEP`` or ``SAME_STEP``). No rendering: render
+    ``K >= 1``); ``autoreset_mode`` (``NEXT_STEP`` or ``SAME_STEP``). No rendering: render
     one episode with the single env.
     """
 
