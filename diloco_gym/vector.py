@@ -119,7 +119,7 @@ class DiLoCoSyncVectorEnv(gym.vector.VectorEnv):
 
     def __init__(self, num_envs: int = 1, regime: Any = "bursty", params: EnvParams | None = None,
                  sidecar: SidecarParams | None = None, learners: lrn.LearnerParams | None = None,
-                 episode_pool: int | None = None, build_workers: int = 0,
+                 episode_pool: int | None = None,
                  autoreset_mode: AutoresetMode | str = AutoresetMode.NEXT_STEP,
                  render_mode: str | None = None, **overrides: Any) -> None:
         if not isinstance(num_envs, (int, np.integer)) or isinstance(num_envs, bool) \
@@ -132,12 +132,6 @@ class DiLoCoSyncVectorEnv(gym.vector.VectorEnv):
         if episode_pool is not None and (not isinstance(episode_pool, (int, np.integer))
                                          or isinstance(episode_pool, bool) or episode_pool < 1):
             raise ValueError(f"episode_pool must be None or an int >= 1, got {episode_pool!r}")
-        if not isinstance(build_workers, (int, np.integer)) or isinstance(build_workers, bool) \
-                or build_workers < 0:
-            raise ValueError(f"build_workers must be an int >= 0, got {build_workers!r}")
-        if build_workers and episode_pool is not None:
-            raise ValueError("build_workers builds fresh episodes ahead; an episode_pool is "
-                             "built once at reset, so use one or the other")
         try:
             mode = AutoresetMode(autoreset_mode)
         except ValueError:
@@ -202,11 +196,6 @@ class DiLoCoSyncVectorEnv(gym.vector.VectorEnv):
         self._h_range = np.arange(self._horizon, dtype=np.int64)
         self._spec = _BuildSpec(self.generator, self.params, self.sidecar, self.learner_params,
                                 self._horizon)
-        self.build_workers = int(build_workers)
-        self._executor: Any = None
-        # With build workers: env i's next episode, already being built (its seed drawn from
-        # the env's generator, as the next reset would): (future of build_rows, position).
-        self._ahead: list[tuple[Any, int] | None] = [None] * b
         self._bank_s = np.zeros((n_bank, 0))
         self._bank_d = np.zeros((n_bank, 0))
         self._bank_ptr = np.zeros((n_bank, 0), dtype=np.int32)
@@ -268,10 +257,7 @@ class DiLoCoSyncVectorEnv(gym.vector.VectorEnv):
             self._np_random, self._np_random_seed = seeding.np_random(first)
         if self.episode_pool is None:
             self._slot = np.arange(b, dtype=np.int64)
-            if self.build_workers:
-                self._reset_with_workers(seeds)
-            else:
-                self._build_fresh(self._slot, [self._next_seed(i, seeds[i]) for i in range(b)])
+            self._build_fresh(self._slot, [self._next_seed(i, seeds[i]) for i in range(b)])
         else:
             self._reset_pool(seed, seeds)
         self._start(np.arange(b))
@@ -366,16 +352,7 @@ class DiLoCoSyncVectorEnv(gym.vector.VectorEnv):
         return self._obs.copy(), rewards, terminated, truncated, info
 
     def close_extras(self, **kwargs: Any) -> None:
-        """Stop the build workers, if any (waits for them to exit: no orphan processes)."""
-        if self._executor is not None:
-            self._executor.shutdown(wait=True, cancel_futures=True)
-            self._executor = None
-        self._ahead = [None] * self.num_envs
-
-    def __del__(self) -> None:
-        executor = getattr(self, "_executor", None)
-        if executor is not None:
-            executor.shutdown(wait=False, cancel_futures=True)
+        """Nothing to release (no subprocesses)."""
 
     # ----------------------------------------------------------------- episodes
     def _require_started(self) -> None:
@@ -424,72 +401,6 @@ class DiLoCoSyncVectorEnv(gym.vector.VectorEnv):
             k = rows["counts"].size
             self._write_rows(slots[done:done + k], rows)
             done += k
-
-    # ----------------------------------------------------------------- build workers
-    def _workers(self):
-        """The process pool of ``build_workers`` (started on first use; ``spawn``, so it is
-        safe next to threads such as torch's). Each worker receives the build spec once."""
-        if self._executor is None:
-            import concurrent.futures
-            import multiprocessing
-            import pickle
-
-            try:
-                pickle.dumps(self._spec)
-            except Exception as exc:  # a lambda or local class as the regime, for example
-                raise ValueError(f"build_workers needs a picklable regime and parameters "
-                                 f"({type(exc).__name__}: {exc}); use build_workers=0") from exc
-            self._executor = concurrent.futures.ProcessPoolExecutor(
-                self.build_workers, mp_context=multiprocessing.get_context("spawn"),
-                initializer=_init_worker, initargs=(self._spec,))
-        return self._executor
-
-    def _submit(self, envs: list[int], seeds: list[int]) -> None:
-        """Start building the episodes of ``seeds`` for ``envs`` (``BUILD_CHUNK`` per task,
-        so that a reset wave is shared by the workers)."""
-        pool = self._workers()
-        for lo in range(0, len(envs), BUILD_CHUNK):
-            fut = pool.submit(_worker_build_rows, seeds[lo:lo + BUILD_CHUNK])
-            for k in range(lo, min(len(envs), lo + BUILD_CHUNK)):
-                self._ahead[envs[k]] = (fut, k - lo)
-
-    def _prefetch(self, idx) -> None:
-        """Draw the next episode seed of each env in ``idx`` now (what its next reset would
-        draw) and start building that episode in the workers."""
-        envs = [int(i) for i in idx]
-        self._submit(envs, [self._next_seed(i, None) for i in envs])
-
-    def _take_ahead(self, idx) -> None:
-        """Store the prebuilt next episode of each env in ``idx`` (waiting if needed)."""
-        by_task: dict[Any, list[tuple[int, int]]] = {}
-        for i in idx:
-            fut, pos = self._ahead[int(i)]
-            by_task.setdefault(fut, []).append((int(i), pos))
-            self._ahead[int(i)] = None
-        for fut, items in by_task.items():
-            batches = fut.result()
-            first = np.cumsum([0] + [r["counts"].size for r in batches])
-            envs = np.array([i for i, _ in items])
-            pos = np.array([k for _, k in items])
-            for j, rows in enumerate(batches):
-                inside = (pos >= first[j]) & (pos < first[j + 1])
-                if inside.any():
-                    self._write_rows(self._slot[envs[inside]], rows, pos[inside] - first[j])
-
-    def _reset_with_workers(self, seeds: list[int | None]) -> None:
-        """Reset with build workers: an env reset without a seed takes the episode already
-        built for it (its generator's next seed); the others are built now, in the workers,
-        and then every env's next episode is started."""
-        b = self.num_envs
-        build = [i for i in range(b) if not (seeds[i] is None and self._ahead[i] is not None)]
-        for i in build:
-            # An explicit seed restarts the env's generator: what was ahead is dropped (not
-            # cancelled: the same task may build other envs' next episodes).
-            self._ahead[i] = None
-        if build:
-            self._submit(build, [self._next_seed(i, seeds[i]) for i in build])
-        self._take_ahead(np.arange(b))
-        self._prefetch(np.arange(b))
 
     def _write_rows(self, slots: np.ndarray, rows: dict[str, Any],
                     sel: np.ndarray | None = None) -> None:
@@ -615,11 +526,7 @@ class DiLoCoSyncVectorEnv(gym.vector.VectorEnv):
     def _restart(self, idx: np.ndarray) -> None:
         """Autoreset: the next episode of each env in ``idx`` (in index order)."""
         if self.episode_pool is None:
-            if self.build_workers:
-                self._take_ahead(idx)
-                self._prefetch(idx)
-            else:
-                self._build_fresh(self._slot[idx], [self._next_seed(int(i), None) for i in idx])
+            self._build_fresh(self._slot[idx], [self._next_seed(int(i), None) for i in idx])
         else:
             k = self.episode_pool
             self._slot[idx] = (self._pool_next + np.arange(idx.size)) % k
@@ -847,19 +754,6 @@ def build_rows(spec: _BuildSpec, seeds: list[int]) -> list[dict[str, Any]]:
         else:
             out.extend(_rows(spec, [seeds[k]], [d]) for k, d in zip(chunk, draws, strict=True))
     return out
-
-
-_WORKER_SPEC: _BuildSpec | None = None
-
-
-def _init_worker(spec: _BuildSpec) -> None:
-    """Build-worker initialiser: keep the spec (sent once, not with every task)."""
-    global _WORKER_SPEC
-    _WORKER_SPEC = spec
-
-
-def _worker_build_rows(seeds: list[int]) -> list[dict[str, Any]]:
-    return build_rows(_WORKER_SPEC, seeds)
 
 
 def _rows(spec: _BuildSpec, seeds: list[int], draws: list) -> dict[str, Any]:

@@ -29,8 +29,7 @@ def lockstep(num_envs: int, seed: int, steps: int, actions, *,
     """Step a vector env and ``num_envs`` single envs with the same actions; assert that
     every observation, reward, flag and mask agrees exactly. Returns counters."""
     venv = DiLoCoSyncVectorEnv(num_envs, autoreset_mode=autoreset_mode, **kwargs)
-    singles = [DiLoCoSyncEnv(**{k: v for k, v in kwargs.items()
-                                if k not in ("episode_pool", "build_workers")})
+    singles = [DiLoCoSyncEnv(**{k: v for k, v in kwargs.items() if k != "episode_pool"})
                for _ in range(num_envs)]
     pooled = kwargs.get("episode_pool") is not None
 
@@ -538,46 +537,3 @@ def test_batched_episode_core_equals_one_at_a_time():
             np.testing.assert_array_equal(getattr(c, name)[k], getattr(one, name), name)
         off += t.num_requests
     assert off == c.req_bin.size
-
-
-# --------------------------------------------------------------------------- build workers
-def test_build_workers_match_the_single_env_and_the_in_process_build():
-    """Episodes built ahead in a worker process: the same episodes, step for step."""
-    counts = lockstep(3, 11, 1100, _random_actions(3, 0), skip_forced=False, build_workers=1)
-    assert counts["episodes_ended"] >= 6 and counts["merges"] > 50
-
-
-def test_build_workers_reset_forms_and_close():
-    table = np.random.default_rng(0).integers(0, 2, (64, 5))
-    runs = []
-    for workers in (0, 2):
-        venv = DiLoCoSyncVectorEnv(5, skip_forced=False, build_workers=workers)
-        obs = [venv.reset(seed=7)[0]]
-        for t in range(600):  # through an autoreset of every env
-            obs.append(venv.step(table[t % 64])[0])
-        obs.append(venv.reset()[0])  # continues each env's generator
-        obs.append(venv.reset(seed=[3, None, 4, None, None])[0])
-        obs.append(venv.reset(seed=7)[0])
-        seeds = venv.episode_seeds
-        venv.close()
-        runs.append((np.stack(obs), seeds))
-        if workers:
-            assert venv._executor is None
-    np.testing.assert_array_equal(runs[0][0], runs[1][0])
-    np.testing.assert_array_equal(runs[0][1], runs[1][1])
-
-
-def test_build_workers_bad_use():
-    with pytest.raises(ValueError, match="build_workers must be an int"):
-        DiLoCoSyncVectorEnv(2, build_workers=-1)
-    with pytest.raises(ValueError, match="one or the other"):
-        DiLoCoSyncVectorEnv(2, build_workers=1, episode_pool=4)
-    local = regimes.get_regime("bursty")
-
-    def unpicklable(rng):  # a local function cannot be sent to a worker
-        return local(rng)
-
-    venv = DiLoCoSyncVectorEnv(2, regime=unpicklable, build_workers=1)
-    with pytest.raises(ValueError, match="picklable"):
-        venv.reset(seed=0)
-    venv.close()
