@@ -233,9 +233,13 @@ def bench_memory(num_envs: int, total_steps: int, pool: bool) -> dict:
     elapsed = time.perf_counter() - t0
     gc.collect()
     end = rss_mib()
+    # The env's own arrays (its episode bank): the process RSS also holds whatever earlier
+    # benchmarks in this process freed but the allocator kept.
+    bank = sum(v.nbytes for k, v in vars(env.unwrapped).items()
+               if k.startswith("_bank_") and isinstance(v, np.ndarray)) / 2**20
     env.close()
     return {"num_envs": num_envs, "episode_pool": pool, "env_steps": steps * num_envs,
-            "rss_start_mib": start,
+            "bank_mib": bank, "rss_start_mib": start,
             "rss_end_mib": end, "rss_peak_mib": max(peak, end),
             "growth_pct": 100.0 * (end - start) / start, "seconds": elapsed}
 
@@ -356,8 +360,8 @@ def print_table(r: dict) -> None:
         *[(f"RSS, {m['env_steps']:,} vector steps, "
            f"{'episode pool' if m['episode_pool'] else 'fresh episodes'}",
            f"{m['rss_start_mib']:.0f} -> {m['rss_end_mib']:.0f} MiB",
-           f"growth {m['growth_pct']:+.1f} %, peak {m['rss_peak_mib']:.0f} MiB "
-           f"({m['seconds']:.0f} s)",
+           f"growth {m['growth_pct']:+.1f} %, peak {m['rss_peak_mib']:.0f} MiB, env bank "
+           f"{m['bank_mib']:.0f} MiB ({m['seconds']:.0f} s)",
            verdict(abs(m["growth_pct"]) <= t["rss_growth_pct"]))
           for m in (r["memory_pool"], r["memory_fresh"])],
         ("single env: episode with all merge costs", f"{p['episode_ms']:.2f} ms",
