@@ -507,17 +507,26 @@ def learner_features_k(gap_s: np.ndarray, global_tokens: np.ndarray, throughputs
     tok = np.asarray(global_tokens, dtype=np.float64)
     k = throughputs_k.shape[0]
     shape = np.broadcast_shapes(gap.shape, tok.shape, throughputs_k.shape[1:])
-    delta, tau = lrn.reports(gap, tok, throughputs_k, lp, learners_first=True)
-    lp_ = np.clip(np.divide(delta, params.loss_clip, out=delta), 0.0, 1.0, out=delta)
-    tk_ = np.clip(np.divide(tau, params.tokens_clip, out=tau), 0.0, 1.0, out=tau)
+    tau = throughputs_k * gap  # tokens each learner processed since the last merge
     out = np.empty(shape + (5,), dtype=np.float32)  # float64 -> float32 on store
-    out[..., 0] = _sum_first_axis(lp_) / k  # = lp_.mean over learners
-    # Reports grow with throughput and throughputs are sorted, so learner 0 is the minimum.
-    out[..., 1] = lp_[0]
+    out[..., 0], out[..., 1] = learner_progress(tau, tok, params, lp)
+    tk_ = np.clip(np.divide(tau, params.tokens_clip, out=tau), 0.0, 1.0, out=tau)
     out[..., 2] = _sum_first_axis(tk_) / k
     out[..., 3] = tk_[0]
     out[..., 4] = np.clip(gap / params.staleness_clip_s, 0.0, 1.0)
     return out
+
+
+def learner_progress(tau_k: np.ndarray, global_tokens, params: EnvParams,
+                     lp: lrn.LearnerParams) -> tuple[np.ndarray, np.ndarray]:
+    """Mean and minimum clipped loss progress over learners (the first two learner
+    features) for learner-first token counts ``tau_k`` ``(K, ...)``: the part of
+    :func:`learner_features_k` that depends on the global tokens, so the single env can
+    refresh only it after a merge (the rest depends on the gap alone)."""
+    delta = lrn.loss(global_tokens, lp) - lrn.loss(global_tokens + tau_k, lp)
+    lp_ = np.clip(np.divide(delta, params.loss_clip, out=delta), 0.0, 1.0, out=delta)
+    # Reports grow with throughput and throughputs are sorted, so learner 0 is the minimum.
+    return _sum_first_axis(lp_) / tau_k.shape[0], lp_[0]  # mean over learners, minimum
 
 
 def learner_table(global_tokens, throughputs: np.ndarray, params: EnvParams,

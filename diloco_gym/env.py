@@ -188,7 +188,7 @@ class DiLoCoSyncEnv(gym.Env):
         self._max_merges = max(1.0, n / p.h_min)
         self._obs_base = self._obs_table()
         self._obs_base[:, _G_BUDGET] = 1.0  # overwritten per step when there is a budget
-        self._refresh_learners()
+        self._refresh_learners(new_episode=True)
         self._excess_sum = 0.0
         self._progress_sum = 0.0
         info: dict[str, Any] = {"episode_seed": episode_seed}
@@ -260,9 +260,18 @@ class DiLoCoSyncEnv(gym.Env):
         return core.options(d, self._last, self._m_left, self.params, self.episode.n_decisions,
                             self._budget)
 
-    def _refresh_learners(self) -> None:
-        self._ltable = core.learner_table(self._tokens, self.episode.throughputs, self.params,
-                                          self.learner_params)
+    def _refresh_learners(self, new_episode: bool = False) -> None:
+        """The learner features for every gap until the next merge. Only the loss-progress
+        columns depend on the global tokens; the rest (tokens, staleness) is built once per
+        episode, with the per-learner token counts of every gap."""
+        p, lp = self.params, self.learner_params
+        if new_episode:
+            self._ltable = core.learner_table(self._tokens, self.episode.throughputs, p, lp)
+            gaps_s = np.arange(p.h_max + 1) * p.decision_seconds
+            self._tau_k = self.episode.throughputs[:, None] * gaps_s  # as learner_table
+            return
+        self._ltable[:, 0], self._ltable[:, 1] = core.learner_progress(self._tau_k,
+                                                                       self._tokens, p, lp)
 
     def _apply(self, merge: bool) -> tuple[float, float]:
         if not merge:
