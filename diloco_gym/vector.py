@@ -103,7 +103,7 @@ class DiLoCoSyncVectorEnv(gym.vector.VectorEnv):
     1,024 envs and 517-decision episodes two envs restart per step on average). The envs
     restarting in a step are built together (:func:`build_rows`, bit-identical per episode),
     and a merge is costed only when launched: a fresh env keeps its no-merge queue and
-    requests (~300 KB per env).
+    requests (~180 KB per env at 600 s episodes).
 
     ## Info
 
