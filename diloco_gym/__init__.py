@@ -13,7 +13,7 @@ from diloco_gym.regimes import REGIMES, ReplayRegime, SyntheticRegime, get_regim
 from diloco_gym.sidecar import SidecarParams
 from diloco_gym.traces import Trace, TraceFormatError
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 __all__ = ["DiLoCoSyncEnv", "EnvParams", "SidecarParams", "LearnerParams", "Trace",
            "TraceFormatError", "REGIMES", "get_regime", "SyntheticRegime", "ReplayRegime",

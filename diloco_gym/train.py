@@ -221,7 +221,10 @@ def _versions() -> dict[str, str]:
     import stable_baselines3
     import torch
 
-    out = {"python": platform.python_version(), "stable_baselines3": stable_baselines3.__version__,
+    import diloco_gym
+
+    out = {"diloco_gym": diloco_gym.__version__,  # the trace generator's draws per seed
+           "python": platform.python_version(), "stable_baselines3": stable_baselines3.__version__,
            "torch": torch.__version__, "gymnasium": gym.__version__, "numpy": np.__version__}
     try:
         import sb3_contrib
