@@ -481,22 +481,24 @@ class DiLoCoSyncVectorEnv(gym.vector.VectorEnv):
         di = self.params.decision_interval
         slot = self._slot[idx]
         start = d * di
-        # Flat indices into the bank rows (np.take on a flat view is the fastest gather).
+        m = idx.size
+        # Flat indices into the bank rows (np.take on a flat view is the fastest gather). The
+        # horizon grid is offset-major, (h, m), so the running minimum runs down whole rows.
         bs, bd = self._bank_s, self._bank_d
         at = slot * bs.shape[1] + start
-        win = at[:, None] + self._h_range
+        win = self._h_range[:, None] + at
         g = np.take(bs.reshape(-1), win)
         flat_d = bd.reshape(-1)
-        g[:, :w] += np.take(flat_d, win[:, :w])
-        g[:, w:] += np.take(flat_d, at + w)[:, None]
-        g -= np.take(flat_d, at)[:, None]
-        run = np.minimum.accumulate(g, axis=1)
-        np.minimum(run, self._bank_prefmin[slot, d][:, None], out=run)
+        g[:w] += np.take(flat_d, win[:w])
+        g[w:] += np.take(flat_d, at + w)
+        g -= np.take(flat_d, at)
+        run = np.minimum.accumulate(g, axis=0)
+        np.minimum(run, self._bank_prefmin[slot, d], out=run)
         g -= run  # the backlog with the merge
         ptr = self._bank_ptr.reshape(-1)
         lo = np.take(ptr, at)
         cnt = np.take(ptr, at + h) - lo
-        which = np.repeat(np.arange(idx.size), cnt)
+        which = np.repeat(np.arange(m), cnt)
         # Flat position of each paired request: its row's offset plus its index in the row.
         row0 = slot * self._bank_base.shape[1] + lo - (np.cumsum(cnt) - cnt)
         pos = np.arange(which.size) + np.repeat(row0, cnt)
@@ -506,8 +508,8 @@ class DiLoCoSyncVectorEnv(gym.vector.VectorEnv):
                        rbin // di + np.repeat(slot * self._bank_m0.shape[1], cnt))
         slow *= np.where(j < w, 1.0 + sc.sync_slowdown, 1.0)
         thr = (sc.slo_s / slow - np.take(self._bank_base.reshape(-1), pos)) * sc.slots
-        extra = np.take(g.reshape(-1), which * h + j) > thr
-        return np.bincount(which, weights=extra, minlength=idx.size)
+        extra = np.take(g.reshape(-1), j * m + which) > thr
+        return np.bincount(which[extra], minlength=m).astype(np.float64)
 
     def _reset_pool(self, seed, seeds: list[int | None]) -> None:
         k = self.episode_pool
