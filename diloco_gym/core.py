@@ -1,8 +1,9 @@
 """Pure dynamics of the merge-scheduling problem, shared by the single and vector envs.
 
 An *episode* is everything that does not depend on the agent, precomputed once from a
-trace (:func:`build_episode`): the exogenous observation features per decision, the cost
-of a merge launched at each decision, and the no-merge replay. The agent-dependent state
+trace (:func:`build_episode`; :func:`episode_core_batch` for many traces at once): the
+exogenous observation features per decision and the no-merge replay, from which the cost
+of a merge launched at any decision follows (computed when asked for). The agent-dependent state
 is tiny (decision index, last merge, merges so far, global tokens, budget left) and the
 transition helpers below are written with plain arithmetic, so the same functions run on
 Python scalars (the single env) and on numpy arrays with a leading batch axis (the vector
