@@ -88,25 +88,19 @@ def loss(tokens, p: LearnerParams):
                                                   -p.loss_exponent)
 
 
-def reports(gap_s, global_tokens, throughputs: np.ndarray, p: LearnerParams,
-            learners_first: bool = False):
+def reports(gap_s, global_tokens, throughputs: np.ndarray, p: LearnerParams):
     """Per-learner reports after ``gap_s`` seconds since the last merge.
 
     Args:
         gap_s: scalar or ``(B,)`` seconds since the last merge.
         global_tokens: scalar or ``(B,)`` tokens in the global model.
         throughputs: ``(K,)`` or ``(B, K)`` tokens per second.
-        learners_first: ``throughputs`` is ``(K, ...)`` instead (learners on the first axis,
-            the other axes broadcast with ``gap_s`` and ``global_tokens``); the outputs
-            then have the learners first too. Same values, another layout.
 
     Returns:
         ``(loss_delta, tokens)``, each of shape ``(K,)`` or ``(B, K)``.
     """
-    gap = np.asarray(gap_s, dtype=np.float64)
-    g_tok = np.asarray(global_tokens, dtype=np.float64)
-    if not learners_first:
-        gap, g_tok = gap[..., None], g_tok[..., None]
+    gap = np.asarray(gap_s, dtype=np.float64)[..., None]
+    g_tok = np.asarray(global_tokens, dtype=np.float64)[..., None]
     tau = throughputs * gap
     delta = loss(g_tok, p) - loss(g_tok + tau, p)
     return delta, tau

@@ -35,7 +35,7 @@ from diloco_gym.core import (
 )
 from diloco_gym.env import make_generator
 from diloco_gym.regimes import SyntheticRegime
-from diloco_gym.sidecar import SidecarParams, _slowdown, lost_capacity, merge_costs
+from diloco_gym.sidecar import SidecarParams, lost_capacity, merge_costs
 
 # SB3VecEnv is importable too (``from diloco_gym.vector import SB3VecEnv``) but built on first
 # access (module ``__getattr__``), so it is not in ``__all__``: a star import never needs SB3.
@@ -437,13 +437,7 @@ class DiLoCoSyncVectorEnv(gym.vector.VectorEnv):
             slots * bank_base.shape[1] - req_first, counts)
         bank_base.reshape(-1)[pos] = rows["base"]
         bank_rbin.reshape(-1)[pos] = rows["rbin"]
-        self._bank_n[slots] = n
-        self._bank_pct[slots] = rows["pct"]
-        self._bank_max_merges[slots] = max(1.0, n / self.params.h_min)
-        self._bank_thr[slots] = rows["thr"]
-        self._bank_seed[slots] = rows["seeds"]
-        if self.params.merge_budget is not None:
-            self._budget_for(n)  # an infeasible budget fails here, as in the single env
+        self._set_scalars(slots, n, rows["pct"], rows["thr"], rows["seeds"])
 
     def _grow(self, name: str, width: int, headroom: float = 0.0) -> np.ndarray:
         """Bank array ``name`` with at least ``width`` columns (kept contents), allocated
@@ -464,11 +458,15 @@ class DiLoCoSyncVectorEnv(gym.vector.VectorEnv):
         n = ep["n"]
         self._grow("_bank_exo", n)[slot, :n] = ep["exo"]
         self._grow("_bank_cost", n)[slot, :n] = ep["cost"]
-        self._bank_n[slot] = n
-        self._bank_pct[slot] = ep["pct"]
-        self._bank_max_merges[slot] = max(1.0, n / self.params.h_min)
-        self._bank_thr[slot] = ep["thr"]
-        self._bank_seed[slot] = ep["seed"]
+        self._set_scalars(slot, n, ep["pct"], ep["thr"], ep["seed"])
+
+    def _set_scalars(self, slots, n: int, pct, thr, seeds) -> None:
+        """The per-episode scalars of bank ``slots`` (episodes of ``n`` decisions)."""
+        self._bank_n[slots] = n
+        self._bank_pct[slots] = pct
+        self._bank_max_merges[slots] = max(1.0, n / self.params.h_min)
+        self._bank_thr[slots] = thr
+        self._bank_seed[slots] = seeds
         if self.params.merge_budget is not None:
             self._budget_for(n)  # an infeasible budget fails here, as in the single env
 
@@ -795,7 +793,7 @@ def _rows(spec: _BuildSpec, seeds: list[int], draws: list) -> dict[str, Any]:
     return {
         "seeds": np.asarray(seeds, dtype=np.int64), "n": n, "exo": c.exo, "s": s_pad,
         "d": d_pad, "ptr": ptr, "prefmin": c.prefmin[:, :n * di:di],
-        "m0": _slowdown(c.pressure_dec, None, sc),
+        "m0": c.m0[:, ::di],  # per decision (the pressure, hence m0, is too)
         "base": np.where(c.violated, -np.inf, c.base_s), "rbin": c.req_bin.astype(np.int32),
         "counts": counts, "pct": 100.0 / np.maximum(1, counts),
         "thr": np.stack([d[7] for d in draws]),
