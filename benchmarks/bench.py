@@ -16,6 +16,10 @@ What it measures (``benchmarks/README.md`` has the numbers and the profile):
   vs CartPole's native vector env, random actions, over whole episodes (with
   ``skip_forced=False`` every episode has the same length, so all envs reset together; the
   window covers whole episodes so that every env pays for its resets).
+* **fresh-episode ceiling**: the fastest fresh episodes could be without a faster step:
+  the pool's stepping plus, for every episode the window restarts, only its random draws
+  (seeding ``default_rng`` and drawing exactly the numbers the episode uses, none of the
+  simulation); a bound on what any faster episode builder could reach.
 * **matched-random envelope**: 1000 uniform feasible schedules with the same number of
   merges on one 600 s episode, costed by summing ``episode.merge_cost``.
 * **offline oracle**: a 24-hour bursty trace, its episode (merge costs included) and the
@@ -50,6 +54,7 @@ import diloco_gym  # noqa: E402  (registers the ids)
 from diloco_gym import core, regimes, schedules  # noqa: E402
 from diloco_gym import learners as lrn  # noqa: E402
 from diloco_gym.sidecar import merge_costs  # noqa: E402
+from diloco_gym.traces import PRESSURE_DT_S  # noqa: E402
 
 TARGETS = {
     "single_ratio_to_cartpole": 0.5,
@@ -162,13 +167,25 @@ def bench_vector(num_envs: int, episodes: int, repeats: int) -> dict:
     desync(fresh, n // 2)
     desync(pooled, n // 2)
     desync(cart, n // 2)
-    rates: dict[str, list[float]] = {"fresh": [], "pool": [], "cartpole": []}
+    # The floor of fresh episodes: stepping as fast as the pool does, plus only the random
+    # draws of the episodes that the window restarts (every env restarts `episodes` times).
+    restarts = episodes * num_envs
+    floor_eps = 64
+    rates: dict[str, list[float]] = {"fresh": [], "pool": [], "cartpole": [], "ceiling": []}
+    draws_ms = []
     for r in range(repeats):
         rates["fresh"].append(vector_rate(fresh, steps, r))
         rates["cartpole"].append(vector_rate(cart, steps, r))
         rates["pool"].append(vector_rate(pooled, steps, r))
+        draws_ms.append(bench_fresh_floor(floor_eps, 1)["draws_only_ms"])
+        window_s = steps * num_envs / rates["pool"][-1] + restarts * draws_ms[-1] / 1000.0
+        rates["ceiling"].append(steps * num_envs / window_s)
     best = {k: max(v) for k, v in rates.items()}
     out.update({
+        "fresh_ceiling_steps_per_s": best["ceiling"],
+        "fresh_ceiling_ratio": best["ceiling"] / best["cartpole"],
+        "draws_only_ms": min(draws_ms), "restarts_per_step": restarts / steps,
+        "cartpole_step_ms": num_envs / best["cartpole"] * 1000.0,
         "steps_per_env": steps, "episode_decisions": n,
         "fresh_steps_per_s": best["fresh"], "pool_steps_per_s": best["pool"],
         "cartpole_steps_per_s": best["cartpole"],
@@ -179,6 +196,56 @@ def bench_vector(num_envs: int, episodes: int, repeats: int) -> dict:
     for env in (fresh, pooled, cart):
         env.close()
     return out
+
+
+def _draw_sizes(reg, lp: lrn.LearnerParams, seed: int) -> tuple:
+    """The sizes of the generator calls that episode ``seed`` of periodic regime ``reg``
+    makes (the exponentials batch, requests, pressure samples), read off a real draw; the
+    generator state after :func:`_random_draws_only` with them is checked against it."""
+    rng = np.random.default_rng(seed)
+    arrivals = reg.draw(rng)[0]
+    lp.draw_throughputs(rng)
+    _, centres, widths = regimes._slice_grid(reg.duration_s)
+    lam = reg.rate_rps(centres, np.random.default_rng(seed), _sorted=True) * widths
+    total = float(np.cumsum(lam)[-1])  # as regimes._poisson_arrivals
+    batch = int(total + 6.0 * np.sqrt(total)) + 16
+    n_p = int(np.ceil(reg.duration_s / PRESSURE_DT_S - 1e-9))
+    sizes = (batch, arrivals.size, n_p)
+    check = np.random.default_rng(seed)
+    _random_draws_only(reg, lp, check, *sizes)
+    if check.bit_generator.state != rng.bit_generator.state:
+        return None  # a second exponentials batch was needed (rare): skip this seed
+    return sizes
+
+
+def _random_draws_only(reg, lp: lrn.LearnerParams, rng, batch: int, m: int, n_p: int) -> None:
+    """Exactly the random numbers an episode of the periodic regime ``reg`` draws (burst
+    phase, arrivals, tokens, pressure noise and spikes, learner throughputs), nothing else."""
+    rng.uniform(0.0, reg.burst_period_s)
+    rng.standard_exponential(batch)
+    rng.random(m)
+    rng.standard_normal((2, n_p))
+    rng.random((2, n_p))
+    rng.normal(0.0, lp.throughput_sigma, lp.num_learners)
+
+
+def bench_fresh_floor(episodes: int, repeats: int) -> dict:
+    """What a fresh episode costs at the very least: seeding its generator and drawing its
+    random numbers (bursty, per episode, ms), with none of the simulation."""
+    reg = regimes.get_regime("bursty")
+    lp = lrn.LearnerParams()
+    jobs = [(seed, sz) for seed in range(episodes)
+            if (sz := _draw_sizes(reg, lp, seed)) is not None]
+
+    if not jobs:
+        raise RuntimeError("bench_fresh_floor: the draws no longer match SyntheticRegime.draw")
+
+    def run():
+        for seed, sz in jobs:
+            _random_draws_only(reg, lp, np.random.default_rng(seed), *sz)
+
+    dt = best_of(run, repeats)
+    return {"episodes": len(jobs), "draws_only_ms": dt * 1000.0 / len(jobs)}
 
 
 # ----------------------------------------------------------------------------- protocol parts
@@ -367,6 +434,11 @@ def print_table(r: dict) -> None:
          f"ratio {v['pool_ratio']:.2f} to CartPole vector "
          f"(pool built in {v['pool_build_s']:.1f} s)",
          vec_verdict(v["pool_steps_per_s"], v["pool_ratio"])),
+        (f"vector x{v['num_envs']}: fresh-episode ceiling",
+         fmt_rate(v["fresh_ceiling_steps_per_s"]),
+         f"ratio {v['fresh_ceiling_ratio']:.2f}: pool-speed stepping + only the random draws "
+         f"of each new episode ({v['draws_only_ms']:.3f} ms x {v['restarts_per_step']:.2f} "
+         f"per step; CartPole's whole step {v['cartpole_step_ms']:.3f} ms)", ""),
         (f"matched-random envelope, {e['draws']} draws", f"{e['envelope_s'] * 1000:.1f} ms",
          f"{e['merges']} merges, 600 s episode", verdict(e["envelope_s"] <= t["envelope_s"])),
         (f"offline oracle, {o['duration_s'] / 3600:.0f} h trace", f"{o['total_s']:.2f} s",

@@ -442,6 +442,34 @@ def test_benchmark_quick_runs():
                           capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "benchmark" in proc.stdout and "ratio" in proc.stdout
+    assert "fresh-episode ceiling" in proc.stdout
+
+
+def test_benchmark_draws_floor_makes_exactly_the_episodes_draws():
+    """The fresh-episode floor times only the generator calls of an episode; they must be
+    exactly the calls the single env makes (same generator state afterwards), or the floor
+    would measure something else."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import bench
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    reg = regimes.get_regime("bursty")
+    lp = lrn.LearnerParams()
+    sizes = [bench._draw_sizes(reg, lp, seed) for seed in range(20)]
+    assert sum(s is None for s in sizes) <= 1  # a second exponentials batch is rare
+    seed, (batch, m, n_p) = next((k, s) for k, s in enumerate(sizes) if s is not None)
+    real = np.random.default_rng(seed)  # the single env's order: trace, then throughputs
+    reg(real)
+    lp.draw_throughputs(real)
+    mirror = np.random.default_rng(seed)
+    bench._random_draws_only(reg, lp, mirror, batch, m, n_p)
+    assert mirror.bit_generator.state == real.bit_generator.state
+    assert m == reg(np.random.default_rng(seed)).num_requests
+    # A wrong size shows: the check cannot pass by construction.
+    off = np.random.default_rng(seed)
+    bench._random_draws_only(reg, lp, off, batch, m + 1, n_p)
+    assert off.bit_generator.state != real.bit_generator.state
 
 
 # --------------------------------------------------------------------------- lazy merge costs
