@@ -115,9 +115,7 @@ def paired_test(diff: np.ndarray, rng: np.random.Generator, n_boot: int = 5000,
                 "ci_low": float("nan"), "ci_high": float("nan")}
     obs = abs(diff.mean())
     if n <= 20:
-        signs = ((np.arange(2**n)[:, None] >> np.arange(n)) & 1) * 2 - 1
-        stats = np.abs(signs @ diff) / n
-        p = float(np.mean(stats >= obs - 1e-12))
+        p = _exact_sign_flip_p(diff, obs)
     else:
         signs = rng.choice([-1.0, 1.0], size=(n_flip, n))
         stats = np.abs(signs @ diff) / n
@@ -126,6 +124,30 @@ def paired_test(diff: np.ndarray, rng: np.random.Generator, n_boot: int = 5000,
     lo, hi = np.percentile(boot, [2.5, 97.5])
     return {"n": n, "mean": float(diff.mean()), "p_value": p, "ci_low": float(lo),
             "ci_high": float(hi)}
+
+
+def _sign_sums(x: np.ndarray) -> np.ndarray:
+    """``sum_i s_i x_i`` for all ``2**len(x)`` sign patterns ``s``."""
+    signs = ((np.arange(2**x.size)[:, None] >> np.arange(x.size)) & 1) * 2 - 1
+    return signs @ x
+
+
+def _exact_sign_flip_p(diff: np.ndarray, obs: float) -> float:
+    """Share of the ``2**n`` sign patterns whose ``|mean|`` is at least ``obs`` (less
+    ``1e-12`` for rounding), counted without enumerating them: every pattern's sum is a sum
+    of one of the ``2**(n//2)`` sign sums of the first half and one of the second half's,
+    so for each first-half sum a binary search over the sorted second-half sums counts the
+    patterns at or beyond ``+-n * (obs - 1e-12)`` (``O(2**(n/2) n)`` instead of
+    ``O(2**n n)``: 1 M patterns for the report's 20 seeds)."""
+    n = diff.size
+    t = n * (obs - 1e-12)
+    if t <= 0.0:
+        return 1.0  # every pattern qualifies
+    first = _sign_sums(diff[:n // 2])
+    second = np.sort(_sign_sums(diff[n // 2:]))
+    upper = second.size - np.searchsorted(second, t - first, side="left")  # sum >= t
+    lower = np.searchsorted(second, -t - first, side="right")  # sum <= -t
+    return float((upper.sum() + lower.sum()) / 2**n)
 
 
 def gate_verdict(calibration_verdict: str, mean_diff: float, p_value: float,

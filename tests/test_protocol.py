@@ -97,6 +97,24 @@ def test_paired_test_exact_and_bootstrap():
     assert 0 < big["p_value"] < 0.05
 
 
+def _brute_force_sign_flip_p(diff: np.ndarray) -> float:
+    """The definition: every one of the 2**n sign patterns, enumerated."""
+    n = diff.size
+    signs = ((np.arange(2**n)[:, None] >> np.arange(n)) & 1) * 2 - 1
+    return float(np.mean(np.abs(signs @ diff) / n >= abs(diff.mean()) - 1e-12))
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 5, 8, 13, 16, 20])
+def test_exact_sign_flip_p_equals_enumerating_every_pattern(n):
+    rng = np.random.default_rng(n)
+    cases = [rng.normal(0.3, 1.0, n),  # continuous
+             rng.integers(-3, 4, n).astype(float),  # many ties at the observed statistic
+             np.zeros(n), np.full(n, 0.7), rng.normal(0, 1, n) * 1e-9]
+    for diff in cases:
+        assert protocol._exact_sign_flip_p(diff, abs(diff.mean())) == \
+            _brute_force_sign_flip_p(diff), diff
+
+
 def test_gate_and_holm():
     assert protocol.gate_verdict("calibrated", -1.0, 0.01) == "placement gain"
     assert protocol.gate_verdict("calibrated", 1.0, 0.01) == "worse than matched random"
