@@ -166,3 +166,23 @@ def test_reference_agent_loads_and_runs() -> None:
     r = run_episode(DiLoCoSyncEnv("bursty"), agent, seed=0)
     assert r["merges"] >= 1 and np.isfinite(r["sync_excess_pct"])
     assert make_agent(str(REFERENCE_MODEL)).name == agent.name
+
+
+def test_only_the_train_and_calibrate_commands_import_torch() -> None:
+    """``report``, ``run`` and ``--help`` build their parsers without the RL stack (it costs
+    seconds to import); ``train`` still gets all its options."""
+    import subprocess
+    import sys
+
+    probe = ("import sys\nfrom diloco_gym.cli import build_parser\n"
+             "p = build_parser({cmd!r})\n{parse}\n"
+             "print('stable_baselines3' in sys.modules, 'torch' in sys.modules)")
+    for cmd, parse, want in [
+            ("report", "p.parse_args(['report', '--seeds', '2'])", "False False"),
+            ("", "", "False False"),
+            ("train", "a = p.parse_args(['train', '--algo', 'dqn', '--timesteps', '5'])\n"
+                      "assert a.algo == 'dqn' and a.timesteps == 5", "True True")]:
+        out = subprocess.run([sys.executable, "-c", probe.format(cmd=cmd, parse=parse)],
+                             capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, out.stderr[-2000:]
+        assert out.stdout.split("\n")[-2] == want, (cmd, out.stdout)
