@@ -32,6 +32,7 @@ from diloco_gym.live import (  # noqa: E402
     plan_merges,
     run_calibration,
 )
+from diloco_gym.live.calibrate import _summary_lines  # noqa: E402
 from diloco_gym.live.cli import add_calibrate_arguments, run_calibrate_command  # noqa: E402
 from diloco_gym.live.fit import (  # noqa: E402
     RunData,
@@ -204,6 +205,23 @@ def test_live_run_calibration_file(live_run):
     else:  # the model cannot go lower: no slowdown
         assert params.sync_slowdown == 0.0
     assert not list(out.parent.glob(".*.tmp")), "temporary file left behind"
+
+
+def test_live_run_prints_the_fit_notes(live_run):
+    """What the fit could not determine (in the file's ``fit.notes``) is also said on the
+    console, not only stored."""
+    _, out, lines, _ = live_run
+    notes = json.loads(out.read_text())["fit"]["notes"]
+    printed = [ln.removeprefix("fit note: ") for ln in lines if ln.startswith("fit note: ")]
+    assert printed == notes
+    doc = {"measured": {"p95_sync_ratio": 1.004}, "fitted_sidecar": {"sync_slowdown": 0.0},
+           "fit": {"notes": ["measured p95 sync ratio 1.004 is at or below the model's ratio "
+                             "with no slowdown (1.066, ...): sync_slowdown = 0"]}}
+    summary = _summary_lines(doc)
+    assert summary[0].startswith("measured p95 sync ratio 1.004")
+    assert summary[1:] == ["fit note: " + doc["fit"]["notes"][0]]
+    assert _summary_lines({"measured": {}, "fitted_sidecar": {},
+                           "fit": {"error": "fit failed: x"}})[1:] == ["fit note: fit failed: x"]
 
 
 # --------------------------------------------------------------------------- faults

@@ -650,13 +650,24 @@ def run_calibration(endpoint: str | None, source: str | os.PathLike[str] | Trace
             sidecar.stop()
         cpu.stop()
     document = _save(out, run, complete, cfg)
-    m = document["measured"]
-    say(f"measured p95 sync ratio {_fmt(m.get('p95_sync_ratio'))}, p95 high/low "
-        f"{_fmt(m.get('p95_high_low'))}, pressure-latency corr "
-        f"{_fmt(m.get('pressure_latency_corr'))}; fitted sync_slowdown "
-        f"{_fmt(document['fitted_sidecar'].get('sync_slowdown'))}")
+    for line in _summary_lines(document):
+        say(line)
     say(f"wrote {out} (complete: {str(complete).lower()})")
     return CalibrationResult(str(out), document)
+
+
+def _summary_lines(document: dict) -> list[str]:
+    """The console summary of a calibration file: the effect sizes, the fitted slowdown and
+    every note of the fit (what the run could not determine, and why)."""
+    m = document["measured"]
+    lines = [f"measured p95 sync ratio {_fmt(m.get('p95_sync_ratio'))}, p95 high/low "
+             f"{_fmt(m.get('p95_high_low'))}, pressure-latency corr "
+             f"{_fmt(m.get('pressure_latency_corr'))}; fitted sync_slowdown "
+             f"{_fmt(document['fitted_sidecar'].get('sync_slowdown'))}"]
+    lines += [f"fit note: {note}" for note in document["fit"].get("notes", [])]
+    if "error" in document["fit"]:
+        lines.append(f"fit note: {document['fit']['error']}")
+    return lines
 
 
 def _sync_phase(run: _Run, cluster: MergeCluster, sidecar: SidecarProcess | None, win: Trace,
