@@ -170,14 +170,14 @@ def bench_vector(num_envs: int, episodes: int, repeats: int) -> dict:
     # The floor of fresh episodes: stepping as fast as the pool does, plus only the random
     # draws of the episodes that the window restarts (every env restarts `episodes` times).
     restarts = episodes * num_envs
-    floor_eps = 64
+    draws_only = fresh_floor_runner(64)
     rates: dict[str, list[float]] = {"fresh": [], "pool": [], "cartpole": [], "ceiling": []}
     draws_ms = []
     for r in range(repeats):
         rates["fresh"].append(vector_rate(fresh, steps, r))
         rates["cartpole"].append(vector_rate(cart, steps, r))
         rates["pool"].append(vector_rate(pooled, steps, r))
-        draws_ms.append(bench_fresh_floor(floor_eps, 1)["draws_only_ms"])
+        draws_ms.append(draws_only())
         window_s = steps * num_envs / rates["pool"][-1] + restarts * draws_ms[-1] / 1000.0
         rates["ceiling"].append(steps * num_envs / window_s)
     best = {k: max(v) for k, v in rates.items()}
@@ -208,7 +208,7 @@ def _draw_sizes(reg, lp: lrn.LearnerParams, seed: int) -> tuple:
     _, centres, widths = regimes._slice_grid(reg.duration_s)
     lam = reg.rate_rps(centres, np.random.default_rng(seed), _sorted=True) * widths
     total = float(np.cumsum(lam)[-1])  # as regimes._poisson_arrivals
-    batch = int(total + 6.0 * np.sqrt(total)) + 16
+    batch = regimes._exponential_batch(total)
     n_p = int(np.ceil(reg.duration_s / PRESSURE_DT_S - 1e-9))
     sizes = (batch, arrivals.size, n_p)
     check = np.random.default_rng(seed)
@@ -229,23 +229,24 @@ def _random_draws_only(reg, lp: lrn.LearnerParams, rng, batch: int, m: int, n_p:
     rng.normal(0.0, lp.throughput_sigma, lp.num_learners)
 
 
-def bench_fresh_floor(episodes: int, repeats: int) -> dict:
-    """What a fresh episode costs at the very least: seeding its generator and drawing its
-    random numbers (bursty, per episode, ms), with none of the simulation."""
+def fresh_floor_runner(episodes: int):
+    """A function timing the random draws alone of ``episodes`` bursty episodes (seeding
+    each generator and drawing exactly the numbers the episode uses, none of the
+    simulation); it returns milliseconds per episode. Sizes are read off real draws once."""
     reg = regimes.get_regime("bursty")
     lp = lrn.LearnerParams()
     jobs = [(seed, sz) for seed in range(episodes)
             if (sz := _draw_sizes(reg, lp, seed)) is not None]
-
     if not jobs:
-        raise RuntimeError("bench_fresh_floor: the draws no longer match SyntheticRegime.draw")
+        raise RuntimeError("fresh_floor_runner: the draws no longer match SyntheticRegime.draw")
 
-    def run():
+    def run() -> float:
+        t0 = time.perf_counter()
         for seed, sz in jobs:
             _random_draws_only(reg, lp, np.random.default_rng(seed), *sz)
+        return (time.perf_counter() - t0) * 1000.0 / len(jobs)
 
-    dt = best_of(run, repeats)
-    return {"episodes": len(jobs), "draws_only_ms": dt * 1000.0 / len(jobs)}
+    return run
 
 
 # ----------------------------------------------------------------------------- protocol parts

@@ -154,26 +154,27 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
 
     p = sub.add_parser("train", help="train an RL scheduler with stable-baselines3")
     p.set_defaults(func=cmd_train)
-    try:
-        if command not in (None, "train"):
-            raise ImportError("not the command being run")
-        from diloco_gym.train import add_train_arguments
-
+    add_train_arguments = None
+    if command in (None, "train"):
+        try:
+            from diloco_gym.train import add_train_arguments
+        except ImportError:  # no rl extra: main() says so before parsing
+            pass
+    if add_train_arguments is not None:
         add_train_arguments(p)
-    except ImportError:
+    else:
         p.add_argument("rest", nargs=argparse.REMAINDER)
 
     p = sub.add_parser("calibrate", help="measure real merge interference on a serving endpoint")
-    try:
-        if command not in (None, "calibrate"):
-            raise ImportError("not the command being run")
-        from diloco_gym.live.cli import add_calibrate_arguments, run_calibrate_command
+    if command in (None, "calibrate"):
+        try:
+            from diloco_gym.live.cli import add_calibrate_arguments, run_calibrate_command
 
-        add_calibrate_arguments(p)
-        p.set_defaults(func=run_calibrate_command)
-    except ImportError as exc:
-        msg = str(exc)
-        p.set_defaults(func=lambda _a: _unavailable("calibrate", msg))
+            add_calibrate_arguments(p)
+            p.set_defaults(func=run_calibrate_command)
+        except ImportError as exc:
+            msg = str(exc)
+            p.set_defaults(func=lambda _a: _unavailable("calibrate", msg))
     return parser
 
 

@@ -58,6 +58,12 @@ def _slice_grid(duration_s: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return out
 
 
+def _exponential_batch(total: float) -> int:
+    """Unit-rate exponentials drawn at once for ``total`` expected arrivals: enough to pass
+    ``total`` with probability ~1 - 1e-9 (:func:`_poisson_arrivals` draws more if not)."""
+    return int(total + 6.0 * np.sqrt(total)) + 16
+
+
 def _poisson_arrivals(rng: np.random.Generator, lam: np.ndarray, edges: np.ndarray) -> np.ndarray:
     """Sorted arrival times of a Poisson process with ``lam[k]`` expected arrivals on
     ``[edges[k], edges[k + 1])`` (time rescaling; see the module docstring)."""
@@ -67,7 +73,7 @@ def _poisson_arrivals(rng: np.random.Generator, lam: np.ndarray, edges: np.ndarr
     total = float(cum[-1])
     if total <= 0.0:
         return np.zeros(0)
-    batch = int(total + 6.0 * np.sqrt(total)) + 16  # enough with probability ~1 - 1e-9
+    batch = _exponential_batch(total)
     x = np.cumsum(rng.standard_exponential(batch))
     while x[-1] < total:  # keep drawing until the unit-rate points pass the total
         x = np.concatenate([x, x[-1] + np.cumsum(rng.standard_exponential(batch))])
