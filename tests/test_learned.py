@@ -269,9 +269,9 @@ def test_reference_agent_is_package_data() -> None:
     tomllib = pytest.importorskip("tomllib")
     root = Path(__file__).resolve().parents[1]
     conf = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]
-    assert "agents" in conf["packages"]
-    shipped = {f for pattern in conf["package-data"]["agents"]
-               for f in (root / "agents").glob(pattern)}
+    assert {"agents", "agents.reference"} <= set(conf["packages"])
+    shipped = {f for pattern in conf["package-data"]["agents.reference"]
+               for f in (root / "agents" / "reference").glob(pattern)}
     for name in ("model.zip", "meta.json", "README.md"):
         assert root / "agents" / "reference" / name in shipped
 
