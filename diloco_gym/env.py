@@ -84,15 +84,17 @@ class DiLoCoSyncEnv(gym.Env):
     * ``progress``: the global loss decrease of those merges (learner surrogate).
 
     The only look-ahead in a reward is a merge's own cost window: ``c`` counts the requests
-    that the merge's ``merge_seconds`` and the backlog it leaves (at most ``sidecar.tail_s``
-    later) push over the SLO. Two traces equal up to time ``t`` give equal rewards for every
-    decision whose cost window ends before ``t`` (tested).
+    arriving during the merge (``merge_seconds``) or within ``sidecar.tail_s`` after it that
+    the merge (its slowdown and the backlog it leaves) pushes over the SLO. Two traces equal
+    up to time ``t`` give equal rewards for every step whose merges' cost windows end by
+    ``t`` (tested).
 
     Exact relation to the episode's sync-excess: over an episode the ``sync_excess`` terms
     sum to ``-scale * A`` where ``A`` = ``episode_summary["additive_excess_requests"]``, the
     sum of the merges' isolated costs, and ``additive_excess_pct`` = ``A * 100 / requests``;
-    so ``sum(sync_excess terms) = -additive_excess_pct * requests / (10 * nominal_rate_rps *
-    duration_s)``. ``A`` equals the exact replay's ``sync_excess_requests`` whenever each
+    so ``sum(sync_excess terms) = -10 * additive_excess_pct * requests / (nominal_rate_rps *
+    duration_s)`` (bursty: about ``-10 * additive_excess_pct``, as ``requests`` is close to
+    the 4,800 nominal). ``A`` equals the exact replay's ``sync_excess_requests`` whenever each
     merge's backlog drains before the next merge starts (true on the shipped regimes up to
     rounding; the test suite bounds the gap). ``info["excess_requests_so_far"]`` is ``A`` so
     far. The exact replay is in the final ``info["episode_summary"]`` (not ``"episode"``,
