@@ -2,25 +2,42 @@
 
 Every agent has Stable-Baselines3's ``predict(observation, state=None, episode_start=None,
 deterministic=True) -> (action, state)``, so ``stable_baselines3.common.evaluation.
-evaluate_policy`` runs heuristic and learned agents alike. ``predict`` accepts one
-observation ``(17,)`` or a batch ``(n, 17)`` and returns an action of matching shape.
+evaluate_policy`` runs heuristic and learned agents alike (agents that need the runner's
+per-episode hand-over, such as the offline oracle, through
+:class:`diloco_gym.rollout.AttachAgentWrapper`). ``predict`` accepts one observation
+``(17,)`` or a batch ``(n, 17)`` and returns an action of matching shape.
 
-An agent that needs more than the observation vector gets it through one explicit,
-documented channel: :meth:`Agent.attach`, which the runner
-(:func:`diloco_gym.rollout.run_episode`) calls right after every ``env.reset``. Only
-non-deployable baselines (the offline oracle) use it to look ahead, through the env's
-public ``oracle_costs()``; deployable agents must work from observations alone.
+What an agent may know is enforced by the runner (:func:`diloco_gym.rollout.attach_agent`,
+called by :func:`diloco_gym.rollout.run_episode` after every ``env.reset``), not left to
+the agent's goodwill:
+
+* Every agent gets :meth:`Agent.attach` with an :class:`AgentContext`: the env's public
+  parameters (:class:`~diloco_gym.core.EnvParams`, a frozen dataclass), the regime's name
+  and the current action mask, copied in by the runner before every decision. It holds no
+  reference to the env, the trace, the merge costs or the episode seed. Together with the
+  observations (computed from the past only) this is what a deployed scheduler knows.
+* Only an agent that declares ``deployable = False`` also gets
+  :meth:`Agent.attach_episode` with the unwrapped env and the episode seed (the offline
+  oracle reads the env's ``oracle_costs()`` there). Reports mark such agents
+  "non-deployable". A deployable agent that defines ``attach_episode`` is refused.
+
+Limits: the runner controls what it hands over; it does not sandbox Python. Code that
+walks the interpreter's stack frames or the garbage collector can reach anything in the
+process, and a deployable agent that carries its own copy of the simulator could try to
+recognise a synthetic episode's seed from the observations. Judge agents whose code you
+do not trust on traces they cannot regenerate (real traces, unpublished seeds).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from diloco_gym.core import OBS_INDEX
+from diloco_gym.core import OBS_INDEX, EnvParams
 
-__all__ = ["Agent", "obs_feature"]
+__all__ = ["Agent", "AgentContext", "obs_feature"]
 
 
 def obs_feature(obs: np.ndarray, name: str) -> np.ndarray:
@@ -28,16 +45,45 @@ def obs_feature(obs: np.ndarray, name: str) -> np.ndarray:
     return np.asarray(obs)[..., OBS_INDEX[name]]
 
 
+@dataclass(frozen=True)
+class AgentContext:
+    """The read-only view of an episode that every agent gets: what a deployed scheduler has.
+
+    Attributes:
+        params: the env's public parameters (corridor, decision interval, merge budget,
+            feature scales, reward weights).
+        regime: the regime's name (a label; the trace itself is not here).
+    """
+
+    params: EnvParams
+    regime: str
+    _mask: np.ndarray = field(default_factory=lambda: np.ones(2, dtype=bool), repr=False,
+                              compare=False)
+
+    def action_mask(self) -> np.ndarray:
+        """The feasible actions at the current decision, ``[defer, merge]`` (a copy)."""
+        return self._mask.copy()
+
+    def _set_mask(self, mask: np.ndarray) -> None:
+        """Runner only: copy in the mask of the decision about to be asked."""
+        self._mask[:] = np.asarray(mask, dtype=bool)
+
+
 class Agent:
     """Base class: subclasses implement :meth:`act` on a batch of observations."""
 
-    #: registry name (set by subclasses / the registry).
+    #: the agent's name in tables and reports (set by subclasses / the registry).
     name: str = "agent"
-    #: whether the agent only uses information a deployed controller has.
+    #: whether the agent uses only what a deployed scheduler has (observations, action
+    #: masks, public parameters). The runner reads it: only ``False`` gets the episode.
     deployable: bool = True
 
-    def attach(self, env: Any, episode_seed: int | None = None) -> None:
-        """Called by the runner after each reset with the (unwrapped) env. Default: no-op."""
+    def attach(self, context: AgentContext) -> None:
+        """Called by the runner after each reset, for every agent. Default: no-op."""
+
+    def attach_episode(self, env: Any, episode_seed: int) -> None:
+        """Called by the runner after :meth:`attach`, only when ``deployable`` is False,
+        with the unwrapped env (which can look into the future) and the episode seed."""
 
     def act(self, obs: np.ndarray) -> np.ndarray:
         """Actions (0 defer, 1 merge) for a batch of observations ``(n, 17)``."""

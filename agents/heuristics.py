@@ -1,20 +1,25 @@
-"""The paper's scheduling policies (SPEC.md §3) as agents.
+"""The paper's scheduling policies as agents (rules and sources in ``docs/model.md``).
 
 Decision rules with their defaults; ``clip(x, c) = min(1, max(0, x / c))``. The corridor
 (wait below H_min, forced at H_max) is enforced by the environment for every agent, so
 each rule below only decides inside the corridor. Sources: "the paper" is "Not every sync
-is safe" (summaries in ``seeds/``); "the reference" is its public implementation
-(GitHub ``maincodeMax/workload-aware-diloco``), as described in SPEC.md.
+is safe: calibrated DiLoCo scheduling for shared AI infrastructure"; "the reference" is its
+public implementation (GitHub ``maincodeMax/workload-aware-diloco``).
+
+Every agent here is deployable (it reads observations and the public parameters of its
+:class:`~agents.base.AgentContext`) except :class:`OfflineCalibratedOracle`, which declares
+``deployable = False`` and receives the episode through ``attach_episode``.
 """
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from agents.base import Agent, obs_feature
+from agents.base import Agent, AgentContext, obs_feature
 from diloco_gym.core import EnvParams, unsquash_rate
 from diloco_gym.schedules import optimal_schedule
 
@@ -53,8 +58,8 @@ class FixedInterval(Agent):
         self.params = params or EnvParams()
         self.name = f"fixed-{self.interval_steps}"
 
-    def attach(self, env: Any, episode_seed: int | None = None) -> None:
-        self.params = env.params
+    def attach(self, context: AgentContext) -> None:
+        self.params = context.params
 
     def act(self, obs: np.ndarray) -> np.ndarray:
         return (_gap_steps(obs, self.params) >= self.interval_steps).astype(np.int64)
@@ -79,8 +84,10 @@ class RandomDeferral(Agent):
     (reference default 0.5). Not the matched control (that one is
     :class:`diloco_gym.protocol.MatchedRandomDeferral`).
 
-    The generator is re-seeded from ``(seed, episode_seed)`` at every :meth:`attach`, so
-    an episode's draws do not depend on what ran before.
+    Each decision's uniform is a hash (BLAKE2b keyed with ``seed``) of the observation, so
+    an episode's draws depend only on what the agent sees: not on the episode seed (which a
+    deployable agent never gets) nor on what ran before. Observations of one episode differ
+    at every decision (``time_left``), so its draws are distinct.
     """
 
     name = "random-deferral"
@@ -90,18 +97,24 @@ class RandomDeferral(Agent):
             raise ValueError(f"p must be in [0, 1], got {p}")
         self.p = float(p)
         self.seed = int(seed)
-        self.rng = np.random.default_rng(seed)
+        self._key = self.seed.to_bytes(16, "little", signed=True)
 
-    def attach(self, env: Any, episode_seed: int | None = None) -> None:
-        self.rng = np.random.default_rng([self.seed, int(episode_seed or 0)])
+    def uniforms(self, obs: np.ndarray) -> np.ndarray:
+        """The uniform in [0, 1) of each observation row (53 bits of its keyed hash)."""
+        rows = np.ascontiguousarray(obs, dtype=np.float32).reshape(len(obs), -1)
+        out = np.empty(len(rows))
+        for i, row in enumerate(rows):
+            h = hashlib.blake2b(row.tobytes(), digest_size=8, key=self._key).digest()
+            out[i] = (int.from_bytes(h, "little") >> 11) * 2.0**-53
+        return out
 
     def act(self, obs: np.ndarray) -> np.ndarray:
-        return (self.rng.random(len(obs)) >= self.p).astype(np.int64)
+        return (self.uniforms(obs) >= self.p).astype(np.int64)
 
 
 @dataclass(frozen=True)
 class WAWeights:
-    """WA-DiLoCo score weights (paper configuration; SPEC.md §3)."""
+    """WA-DiLoCo score weights (the paper's configuration)."""
 
     loss: float = 0.5
     tokens: float = 0.5
@@ -140,8 +153,8 @@ class WADiLoCo(Agent):
         self.aggregate = aggregate
         self.rate_norm_rps = rate_norm_rps
 
-    def attach(self, env: Any, episode_seed: int | None = None) -> None:
-        self.rate_norm_rps = env.params.rate_norm_rps
+    def attach(self, context: AgentContext) -> None:
+        self.rate_norm_rps = context.params.rate_norm_rps
 
     def sync_cost(self, obs: np.ndarray) -> np.ndarray:
         f = unsquash_rate(obs_feature(obs, "rate_forecast"), self.rate_norm_rps)
@@ -200,8 +213,8 @@ class OnlineForecastWA(Agent):
         self.max_trend = float(max_trend)
         self.rate_norm_rps = rate_norm_rps
 
-    def attach(self, env: Any, episode_seed: int | None = None) -> None:
-        self.rate_norm_rps = env.params.rate_norm_rps
+    def attach(self, context: AgentContext) -> None:
+        self.rate_norm_rps = context.params.rate_norm_rps
 
     def act(self, obs: np.ndarray) -> np.ndarray:
         w = WAWeights()
@@ -220,6 +233,11 @@ class OfflineCalibratedOracle(Agent):
     ``oracle_costs()``) and merges on the schedule of least total sync-excess cost under
     the corridor, by exact dynamic programming (:func:`diloco_gym.schedules.optimal_schedule`).
 
+    It needs the episode, so it runs only where a runner hands it over after each reset:
+    :func:`diloco_gym.rollout.run_episode` (``diloco-gym run`` / ``report``) or, for code
+    that only calls ``predict`` such as SB3's ``evaluate_policy``, an env wrapped in
+    :class:`diloco_gym.rollout.AttachAgentWrapper`. It follows one env at a time.
+
     Args:
         budget: exact number of merges, or ``None`` for the free-budget optimum.
     """
@@ -232,7 +250,7 @@ class OfflineCalibratedOracle(Agent):
         self._env = None
         self._plan: set[int] = set()
 
-    def attach(self, env: Any, episode_seed: int | None = None) -> None:
+    def attach_episode(self, env: Any, episode_seed: int) -> None:
         p = env.params
         merges, _ = optimal_schedule(env.oracle_costs(), p.h_min, p.h_max, self.budget)
         self._plan = set(int(d) for d in merges)
@@ -240,6 +258,12 @@ class OfflineCalibratedOracle(Agent):
 
     def act(self, obs: np.ndarray) -> np.ndarray:
         if self._env is None:
-            raise RuntimeError("OfflineCalibratedOracle needs attach(env) after each reset "
-                               "(use diloco_gym.rollout.run_episode)")
+            raise RuntimeError(
+                "offline-oracle is non-deployable: it needs the episode (the env's future "
+                "merge costs) after each reset, which only a runner hands over. Use "
+                "diloco_gym.rollout.run_episode, or wrap the env for evaluate_policy: "
+                "evaluate_policy(agent, diloco_gym.rollout.AttachAgentWrapper(env, agent))")
+        if len(obs) != 1:
+            raise ValueError(f"offline-oracle follows one env at a time; got a batch of "
+                             f"{len(obs)} observations")
         return np.full(len(obs), int(self._env.decision in self._plan), dtype=np.int64)

@@ -4,24 +4,52 @@ A model trained with ``diloco-gym train`` is a ``model.zip``; ``meta.json`` next
 present) names the algorithm and the regime. :func:`load_learned_agent` loads it, and the
 registry (``agents.registry.make_agent``) calls it for any ``.zip`` path, so a learned
 agent runs wherever a heuristic does: ``diloco-gym run --agent PATH`` and
-``diloco-gym report --agent PATH``.
+``diloco-gym report --agent PATH``. The shipped reference agent is package data, loaded by
+the registry name ``reference-ppo`` from any directory (:func:`reference_model_path`).
+
+A learned agent is deployable: its policy maps observations to actions (a MaskablePPO
+model also reads the action mask of its :class:`~agents.base.AgentContext`).
+
+Load only model files you trust: besides the weights (which are read with PyTorch's safe
+``weights_only`` loader), stable-baselines3 unpickles parts of a model zip's ``data`` entry.
 """
 
 from __future__ import annotations
 
+import contextlib
+import importlib.resources
 import json
+import re
 import zipfile
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from agents.base import Agent
+from agents.base import Agent, AgentContext
 
-__all__ = ["LearnedAgent", "load_learned_agent", "REFERENCE_MODEL"]
+__all__ = ["LearnedAgent", "load_learned_agent", "REFERENCE_MODEL", "reference_model_path"]
 
 #: The shipped reference agent (PPO on the bursty regime), see agents/reference/README.md.
+#: In a source checkout and a regular install this is the file itself; prefer
+#: :func:`reference_model_path`, which also works from a zipped install.
 REFERENCE_MODEL = Path(__file__).resolve().parent / "reference" / "model.zip"
+
+_stack = contextlib.ExitStack()  # keeps an extracted copy alive for zipped installs
+
+
+def reference_model_path() -> Path:
+    """The reference model as a file path, located with ``importlib.resources`` (package
+    data of ``agents``), so it does not depend on the working directory.
+
+    Raises:
+        FileNotFoundError: the package was installed without its data files.
+    """
+    res = importlib.resources.files("agents").joinpath("reference", "model.zip")
+    if not res.is_file():
+        raise FileNotFoundError("reference-ppo: agents/reference/model.zip is missing from the "
+                                "installed package (package data not shipped)")
+    return Path(_stack.enter_context(importlib.resources.as_file(res)))
 
 #: Algorithm name (as in meta.json) -> (module, class).
 _CLASSES = {
@@ -59,37 +87,68 @@ def _sniff_algo(path: Path) -> str | None:
 class LearnedAgent(Agent):
     """A stable-baselines3 model as an agent: ``model.predict(obs, deterministic=True)``.
 
-    For a ``MaskablePPO`` model the env's ``action_masks()`` is passed along when the agent
-    is attached to an env and predicts a single observation (with the default
-    ``skip_forced=True`` and no merge budget both actions are always feasible, and the env
-    enforces the corridor for every agent anyway).
+    For a ``MaskablePPO`` model the context's action mask is passed along when the agent
+    is attached and predicts a single observation (with the default ``skip_forced=True``
+    and no merge budget both actions are always feasible, and the env enforces the
+    corridor for every agent anyway).
 
     Args:
         model: a loaded SB3 model (``PPO``, ``MaskablePPO``, ``DQN``, ...).
         name: the agent's name in tables and reports.
         meta: the training metadata (``meta.json``), if known.
+        path: the model file it was loaded from, if any (names and duplicate checks).
     """
 
     deployable = True
 
-    def __init__(self, model: Any, name: str = "learned", meta: dict | None = None) -> None:
+    def __init__(self, model: Any, name: str = "learned", meta: dict | None = None,
+                 path: Path | None = None) -> None:
         self.model = model
         self.name = name
         self.meta = dict(meta or {})
-        self._env: Any = None
+        self.path = None if path is None else Path(path).resolve()
+        self._context: AgentContext | None = None
         self._maskable = type(model).__name__ == "MaskablePPO"
 
-    def attach(self, env: Any, episode_seed: int | None = None) -> None:
-        """Remember the env (only for ``action_masks()`` of maskable models)."""
-        self._env = env
+    def attach(self, context: AgentContext) -> None:
+        """Remember the context (only for the action mask of maskable models)."""
+        self._context = context
 
     def act(self, obs: np.ndarray) -> np.ndarray:
         kwargs: dict[str, Any] = {}
-        if self._maskable and self._env is not None and len(obs) == 1:
-            kwargs["action_masks"] = self._env.action_masks()[None]
+        if self._maskable and self._context is not None and len(obs) == 1:
+            kwargs["action_masks"] = self._context.action_mask()[None]
         actions, _ = self.model.predict(np.asarray(obs, dtype=np.float32), deterministic=True,
                                         **kwargs)
         return np.asarray(actions, dtype=np.int64).reshape(len(obs))
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+_UNSAFE_GLOBAL = re.compile(r"Unsupported global: GLOBAL ([\w.]+)")
+
+
+def _load_error(exc: BaseException) -> str:
+    """One line for a failed load, without PyTorch's advice to retry with
+    ``weights_only=False`` (or to allowlist globals): both would run code from a file of
+    unknown origin."""
+    text = _ANSI.sub("", str(exc))
+    if "weights_only" in text or "Weights only load failed" in text:
+        m = _UNSAFE_GLOBAL.search(text)
+        what = f" ({m.group(1)})" if m else ""
+        return (f"{type(exc).__name__}: the weights hold a Python object{what} that the safe "
+                f"loader refuses; a model file should hold tensors only")
+    first = text.strip().splitlines()[0] if text.strip() else ""
+    return f"{type(exc).__name__}: {first}"
+
+
+def learned_name(algo: str, path: Path, parts: int = 1) -> str:
+    """``{algo}:{path}`` with the last ``parts`` components of the path, without ``.zip``
+    (``ppo:model``, ``ppo:reference/model``)."""
+    p = Path(path)
+    stem = p.with_suffix("") if p.suffix == ".zip" else p
+    if parts >= len(stem.parts):
+        return f"{algo}:{stem.as_posix()}"
+    return f"{algo}:{'/'.join(stem.parts[-parts:])}"
 
 
 def load_learned_agent(path: str | Path) -> LearnedAgent:
@@ -98,14 +157,15 @@ def load_learned_agent(path: str | Path) -> LearnedAgent:
     Args:
         path: a ``model.zip`` written by ``diloco-gym train`` (or any SB3 PPO, MaskablePPO
             or DQN zip), or a directory holding ``model.zip``. ``meta.json`` beside the
-            model, when present, gives the algorithm and the agent name
-            (``learned:{algo}-{regime}``); otherwise the algorithm is read from the zip
-            (or PPO, MaskablePPO, DQN are tried in turn) and the name is
-            ``learned:{file stem}``.
+            model, when present, gives the algorithm; otherwise it is read from the zip (or
+            PPO, MaskablePPO, DQN are tried in turn). The agent is named
+            ``{algo}:{file stem}`` (``ppo:model``); ``agents.registry.make_agents`` adds
+            parent folders when two agents of a run would share a name.
 
     Raises:
         FileNotFoundError: the file does not exist.
-        ValueError: the file is not a valid stable-baselines3 model.
+        ValueError: the file is not a valid stable-baselines3 model (the message names
+            the file and the loader's first complaint).
     """
     p = Path(path)
     if p.is_dir():
@@ -127,6 +187,7 @@ def load_learned_agent(path: str | Path) -> LearnedAgent:
     order += [a for a in _CLASSES if a not in order]
     errors = []
     model = None
+    loaded = "learned"
     for a in order:
         try:
             cls = _model_class(a)
@@ -135,16 +196,11 @@ def load_learned_agent(path: str | Path) -> LearnedAgent:
             continue
         try:
             model = cls.load(p, device="cpu")
+            loaded = a
             break
         except Exception as exc:  # noqa: BLE001 - SB3 raises many kinds on bad files
-            errors.append(f"{a}: {type(exc).__name__}: {exc}")
+            errors.append(f"{a}: {_load_error(exc)}")
     if model is None:
         raise ValueError(f"learned agent: {p} is not a valid model file "
                          f"({'; '.join(errors)[:500]})")
-    if meta.get("name"):
-        name = str(meta["name"])
-    elif p.name == "model.zip" and p.parent.name:
-        name = f"learned:{p.parent.name}"
-    else:
-        name = f"learned:{p.stem}"
-    return LearnedAgent(model, name=name, meta=meta)
+    return LearnedAgent(model, name=learned_name(loaded, p), meta=meta, path=p)

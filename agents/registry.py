@@ -1,4 +1,9 @@
-"""Agents by name, for the CLI and the protocol."""
+"""Agents by name, for the CLI and the protocol.
+
+An agent argument is a registry name (:data:`AGENTS`) or the path of a trained model
+(``.zip``, or a directory holding ``model.zip``). :func:`make_agents` builds the agents of
+one run and gives each a unique name; the same agent given twice is refused.
+"""
 
 from __future__ import annotations
 
@@ -17,9 +22,17 @@ from agents.heuristics import (
     WADiLoCo,
 )
 
-__all__ = ["AGENTS", "HEURISTICS", "make_agent", "agent_names"]
+__all__ = ["AGENTS", "HEURISTICS", "LEARNED", "make_agent", "make_agents", "agent_names"]
 
-AGENTS: dict[str, Callable[[], Agent]] = {
+
+def _reference_ppo() -> Agent:
+    from agents.learned import load_learned_agent, reference_model_path
+
+    return load_learned_agent(reference_model_path())
+
+
+#: The heuristic agents (no optional dependency).
+_HEURISTIC_AGENTS: dict[str, Callable[[], Agent]] = {
     "no-sync": NoSync,
     "fixed-256": lambda: FixedInterval(256),
     "fixed-512": lambda: FixedInterval(512),
@@ -31,12 +44,31 @@ AGENTS: dict[str, Callable[[], Agent]] = {
     "offline-oracle": OfflineCalibratedOracle,
 }
 
-#: The agents a report runs by default (no-sync is the load match, not a contender).
-HEURISTICS = [n for n in AGENTS if n != "no-sync"]
+#: Shipped learned agents (need the ``rl`` extra): the reference PPO is package data,
+#: so ``reference-ppo`` works from any working directory.
+LEARNED: dict[str, Callable[[], Agent]] = {"reference-ppo": _reference_ppo}
+
+AGENTS: dict[str, Callable[[], Agent]] = {**_HEURISTIC_AGENTS, **LEARNED}
+
+#: The agents a report runs by default (no-sync is the load match, not a contender; the
+#: learned agents need the optional RL stack).
+HEURISTICS = [n for n in _HEURISTIC_AGENTS if n != "no-sync"]
 
 
 def agent_names() -> list[str]:
     return list(AGENTS)
+
+
+def _model_file(spec: str) -> Path | None:
+    """The model file an agent argument stands for (resolved), or ``None`` for a heuristic."""
+    if spec in LEARNED:
+        from agents.learned import reference_model_path
+
+        return reference_model_path().resolve()
+    if spec in AGENTS:
+        return None
+    p = Path(spec)
+    return (p / "model.zip" if p.is_dir() else p).resolve()
 
 
 def make_agent(name: str) -> Agent:
@@ -44,6 +76,7 @@ def make_agent(name: str) -> Agent:
 
     Raises:
         ValueError: for an unknown name (listing the valid ones).
+        FileNotFoundError: a model path that does not exist.
     """
     if name in AGENTS:
         agent = AGENTS[name]()
@@ -55,3 +88,48 @@ def make_agent(name: str) -> Agent:
         return load_learned_agent(name)
     raise ValueError(f"unknown agent {name!r}; valid agents: {', '.join(AGENTS)} "
                      f"(or a path to a trained model .zip)")
+
+
+def make_agents(specs: list[str]) -> list[Agent]:
+    """The agents of one run, each with a unique name.
+
+    Learned agents loaded from paths are named ``{algo}:{file stem}`` (``ppo:model``);
+    when two would share a name, parent folders are added until they differ
+    (``ppo:reference/model``, ``ppo:ppo/model``).
+
+    Raises:
+        ValueError: the same agent given twice (the same name, or two arguments naming the
+            same model file, such as ``reference-ppo`` and ``agents/reference/model.zip``);
+            or an unknown name.
+        FileNotFoundError: a model path that does not exist.
+    """
+    seen: dict[object, str] = {}
+    for spec in specs:
+        path = _model_file(spec)
+        key = ("file", path) if path is not None else ("name", spec)
+        if key in seen:
+            same = "" if seen[key] == spec else f" (the same model as {seen[key]!r})"
+            raise ValueError(f"agent {spec!r} is given twice{same}; give each agent once")
+        seen[key] = spec
+    agents = [make_agent(spec) for spec in specs]
+    from_path = [i for i, spec in enumerate(specs) if spec not in AGENTS]
+    if from_path:
+        from agents.learned import learned_name
+
+        parts = dict.fromkeys(from_path, 1)
+        while True:
+            names = [a.name for a in agents]
+            grow = [i for i in from_path if names.count(names[i]) > 1
+                    and parts[i] < len(_model_file(specs[i]).parts)]
+            if not grow:
+                break
+            for i in grow:
+                parts[i] += 1
+                algo = agents[i].name.split(":", 1)[0]
+                agents[i].name = learned_name(algo, _model_file(specs[i]), parts[i])
+    names = [a.name for a in agents]
+    dup = [s for s, n in zip(specs, names, strict=True) if names.count(n) > 1]
+    if dup:  # e.g. a model file whose name reads like another agent's
+        raise ValueError(f"agents {', '.join(map(repr, dup))} would share a name in the "
+                         f"report; rename one of the model files")
+    return agents

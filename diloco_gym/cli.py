@@ -28,12 +28,12 @@ def _check_regime(name: str) -> str:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from agents.registry import make_agent
+    from agents.registry import make_agents
     from diloco_gym.env import DiLoCoSyncEnv
-    from diloco_gym.rollout import run_episode
+    from diloco_gym.rollout import is_deployable, run_episode
 
     try:
-        agent = make_agent(args.agent)
+        agent = make_agents([args.agent])[0]
     except (ValueError, FileNotFoundError) as exc:
         raise SystemExit(f"diloco-gym: {exc}") from None
     if args.trace:
@@ -49,7 +49,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         _check_regime(args.regime)
         env = DiLoCoSyncEnv(regime=args.regime)
         label = args.regime
-    print(f"agent {agent.name} on {label}, {args.seeds} episodes")
+    print(f"agent {agent.name}{'' if is_deployable(agent) else ' (non-deployable)'} on {label}, "
+          f"{args.seeds} episodes")
     header = (f"{'seed':>5} {'merges':>6} {'sync-excess %':>13} {'p95 ms':>8} "
               f"{'violated':>8} {'excess req':>10}")
     print(header)
@@ -99,7 +100,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     command = "diloco-gym " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     out = write_report(result, args.out, force=args.force, command=command)
     s = result["summary"]
-    cols = ["regime", "agent", "merges", "sync_excess_pct", "matched_random_pct",
+    cols = ["regime", "agent", "deployable", "merges", "sync_excess_pct", "matched_random_pct",
             "oracle_same_budget_pct", "p_value", "p_holm", "verdict"]
     with_pd = s[cols].copy()
     print(with_pd.to_string(index=False, float_format=lambda x: f"{x:.3f}"))

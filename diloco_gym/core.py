@@ -37,7 +37,8 @@ from diloco_gym.sidecar import (
 from diloco_gym.traces import PRESSURE_DT_S, Trace
 
 __all__ = ["EnvParams", "Episode", "build_episode", "episode_from_seed", "OBS_FEATURES",
-           "OBS_DIM", "learner_table", "learner_features", "learner_features_k", "options",
+           "OBS_DIM", "REWARD_NOMINAL_REQUESTS", "nominal_rate_rps", "reward_per_request",
+           "learner_table", "learner_features", "learner_features_k", "options",
            "sync_mask", "replay_schedule", "BudgetTables"]
 
 
@@ -56,14 +57,18 @@ class EnvParams:
             asking the agent (gap < H_min, gap = H_max, budget-forced).
         merge_budget: if set, every episode has exactly this many merges; the action mask
             keeps the schedule feasible.
-        excess_weight: weight of the sync-excess term (reward unit: percentage points
-            of the episode's requests).
+        excess_weight: weight of the sync-excess term (reward unit: extra SLO-violating
+            requests per :data:`REWARD_NOMINAL_REQUESTS` nominal requests of the regime, a
+            scale fixed before the episode starts; see :func:`reward_per_request`).
         progress_weight: weight of the training-progress term (global loss decrease).
         forecast_alpha: EWMA weight of the one-step request-rate forecast, per decision.
         baseline_alpha: EWMA weight of the slow request-rate baseline, per decision.
         rate_norm_rps: scale of the rate features (``r / (r + rate_norm_rps)``).
         loss_clip / tokens_clip / staleness_clip_s: normalisers of the learner features
             (the WA-DiLoCo score's ``clip(x, c)`` constants).
+        reward_rate_rps: the nominal request rate of the reward scale; ``None`` (default)
+            takes the regime's (:func:`nominal_rate_rps`). Set it to compare rewards across
+            replays of different traces on one scale.
     """
 
     step_seconds: float = 0.14
@@ -81,10 +86,17 @@ class EnvParams:
     loss_clip: float = 0.05
     tokens_clip: float = 1.0e6
     staleness_clip_s: float = 1800.0
+    reward_rate_rps: float | None = None
 
     def __post_init__(self) -> None:
         for f in fields(self):
             v = getattr(self, f.name)
+            if f.name == "reward_rate_rps":
+                if v is not None and (not isinstance(v, (int, float, np.integer, np.floating))
+                                      or isinstance(v, bool) or not np.isfinite(v) or v <= 0):
+                    raise ValueError(f"EnvParams.reward_rate_rps must be None or a finite "
+                                     f"number > 0, got {v!r}")
+                continue
             if f.name == "merge_budget":
                 if v is not None and (not isinstance(v, (int, np.integer)) or isinstance(v, bool)
                                       or v < 0):
@@ -210,6 +222,9 @@ class Episode:
         baseline: the no-merge replay (the load match).
         params / sidecar: the parameters the episode was built with.
         seed: the episode seed (``None`` if built from an explicit generator).
+        reward_per_request: reward units per extra violating request,
+            :func:`reward_per_request` of the regime's nominal rate and the window length:
+            fixed before the episode starts, never the episode's own request count.
 
     ``merge_cost`` (all decisions) is computed on first use; ``merge_cost_at(d)`` costs one
     decision without computing the others (what an env stepping an agent needs).
@@ -226,6 +241,7 @@ class Episode:
     params: EnvParams
     sidecar: SidecarParams
     seed: int | None = None
+    reward_per_request: float = float("nan")
 
     @cached_property
     def merge_cost(self) -> np.ndarray:
@@ -261,8 +277,62 @@ class Episode:
 
     @property
     def pct_per_request(self) -> float:
-        """Percentage points of sync-excess per violated request."""
+        """Percentage points of sync-excess per violated request (of this episode's requests:
+        a score after the episode, never a reward, since the count depends on the future)."""
         return 100.0 / max(1, self.n_requests)
+
+
+#: The reward counts extra SLO-violating requests per this many nominal requests.
+REWARD_NOMINAL_REQUESTS = 1000.0
+
+
+def nominal_rate_rps(generator, params: EnvParams | None = None) -> float:
+    """The request rate that fixes the reward scale, known before any episode starts.
+
+    In order: ``params.reward_rate_rps`` when set; a ``nominal_rate_rps`` attribute of the
+    generator; for a :class:`~diloco_gym.regimes.SyntheticRegime` the long-run mean of its
+    rate function, ``quiet + (busy - quiet) * min(1, (burst_s + ramp_s / 2) /
+    burst_period_s)`` (bursty: 8 req/s, non-periodic: 8.1, steady regimes: their rate); for a
+    :class:`~diloco_gym.regimes.ReplayRegime` its ``target_rate_rps`` when set, otherwise
+    the mean rate of the whole loaded source trace (a constant of the regime, the same for
+    every window drawn from it; when the regime is one fixed trace, that trace's own mean
+    rate; pass ``reward_rate_rps`` to put several traces on one scale).
+
+    Raises:
+        ValueError: a generator of another kind without a ``nominal_rate_rps`` attribute
+            and no ``params.reward_rate_rps``.
+    """
+    from diloco_gym.regimes import ReplayRegime, SyntheticRegime
+
+    if params is not None and params.reward_rate_rps is not None:
+        return float(params.reward_rate_rps)
+    declared = getattr(generator, "nominal_rate_rps", None)
+    if declared is not None:
+        rate = float(declared)
+    elif isinstance(generator, SyntheticRegime):
+        g = generator
+        rate = g.quiet_rate_rps
+        if g.burst_period_s > 0 and g.busy_rate_rps > g.quiet_rate_rps:
+            duty = min(1.0, (g.burst_s + 0.5 * g.ramp_s) / g.burst_period_s)
+            rate += (g.busy_rate_rps - g.quiet_rate_rps) * duty
+    elif isinstance(generator, ReplayRegime):
+        rate = (generator.target_rate_rps if generator.target_rate_rps is not None
+                else generator.trace.mean_rate_rps)
+    else:
+        raise ValueError(f"cannot fix a reward scale for the generator "
+                         f"{getattr(generator, 'name', type(generator).__name__)!r}: give it a "
+                         f"nominal_rate_rps attribute (requests/s) or pass reward_rate_rps")
+    if not (np.isfinite(rate) and rate > 0):
+        raise ValueError(f"nominal request rate of the reward scale must be > 0, got {rate!r}")
+    return float(rate)
+
+
+def reward_per_request(rate_rps: float, duration_s: float) -> float:
+    """Reward units per extra violating request: ``REWARD_NOMINAL_REQUESTS / (rate_rps *
+    duration_s)``, i.e. the reward counts violating requests per 1,000 nominal requests of
+    the window (``rate_rps`` from :func:`nominal_rate_rps`, ``duration_s`` the window
+    length; both fixed before the episode starts)."""
+    return REWARD_NOMINAL_REQUESTS / (float(rate_rps) * float(duration_s))
 
 
 def _ewma(x: np.ndarray, alpha: float) -> np.ndarray:
@@ -418,31 +488,43 @@ def episode_core_batch(arrivals: list[np.ndarray], prompts: list[np.ndarray],
 
 def build_episode(trace: Trace, params: EnvParams, sidecar: SidecarParams,
                   learner_params: lrn.LearnerParams, rng: np.random.Generator,
-                  seed: int | None = None) -> Episode:
+                  seed: int | None = None, rate_rps: float | None = None) -> Episode:
     """Precompute everything about an episode that does not depend on the agent
     (:func:`episode_core`), then draw the learner throughputs from ``rng``.
 
-    Merge costs are computed lazily (``Episode.merge_cost`` / ``merge_cost_at``).
+    ``rate_rps`` is the nominal rate of the reward scale (:func:`nominal_rate_rps` of the
+    regime); ``None`` treats ``trace`` as a regime of its own (``params.reward_rate_rps``,
+    else the trace's mean rate). Merge costs are computed lazily (``Episode.merge_cost`` /
+    ``merge_cost_at``).
     """
+    if rate_rps is None:
+        rate_rps = (params.reward_rate_rps if params.reward_rate_rps is not None
+                    else trace.mean_rate_rps)
     c = episode_core(trace.arrival_s, trace.prompt_tokens, trace.output_tokens, trace.network,
                      trace.checkpoint, trace.duration_s, params, sidecar, trace.name)
     baseline = ReplayResult(c.latency, c.violated, np.zeros(c.req_bin.size, dtype=bool),
                             c.pressure_bin[c.req_bin])
     return Episode(trace, c.n, c.exo, learner_params.draw_throughputs(rng), c.base_s,
-                   c.req_bin, c.pressure_bin, baseline, params, sidecar, seed)
+                   c.req_bin, c.pressure_bin, baseline, params, sidecar, seed,
+                   reward_per_request(rate_rps, trace.duration_s))
 
 
 def episode_from_seed(generator, seed: int, params: EnvParams, sidecar: SidecarParams,
-                      learner_params: lrn.LearnerParams) -> Episode:
+                      learner_params: lrn.LearnerParams, rate_rps: float | None = None
+                      ) -> Episode:
     """The episode of ``seed``: its trace and learner throughputs from one generator.
 
     ``np.random.default_rng(seed)`` draws the trace (``generator(rng)``) and then the
     learner throughputs, so the single and the vector env give the same episode for the
-    same seed.
+    same seed. ``rate_rps``: the reward scale's nominal rate (default: the generator's,
+    :func:`nominal_rate_rps`).
     """
+    if rate_rps is None:
+        rate_rps = nominal_rate_rps(generator, params)
     rng = np.random.default_rng(seed)
     trace = generator(rng)
-    return build_episode(trace, params, sidecar, learner_params, rng, seed=seed)
+    return build_episode(trace, params, sidecar, learner_params, rng, seed=seed,
+                         rate_rps=rate_rps)
 
 
 def _sum_first_axis(x: np.ndarray) -> np.ndarray:
@@ -624,6 +706,7 @@ def schedule_summary(episode: Episode, merges, params: EnvParams,
     out["no_sync_violation_pct"] = base["violation_pct"]
     out["sync_excess_pct"] = out["violation_pct"] - base["violation_pct"]
     out["sync_excess_requests"] = out["violated"] - base["violated"]
-    out["additive_excess_pct"] = float(sum(episode.merge_cost_at(int(d)) for d in merges)
-                                       * episode.pct_per_request)
+    additive = sum(episode.merge_cost_at(int(d)) for d in merges)
+    out["additive_excess_requests"] = float(additive)
+    out["additive_excess_pct"] = float(additive * episode.pct_per_request)
     return out

@@ -69,14 +69,36 @@ class DiLoCoSyncEnv(gym.Env):
 
     ## Rewards
 
-    ``reward = -excess_weight * sync_excess + progress_weight * progress`` where
-    ``sync_excess`` is the extra SLO violations of the merges launched in this step, in
-    percentage points of the episode's requests (each merge's cost is credited when it is
-    launched, evaluated in isolation against the no-merge replay), and ``progress`` is the
-    global loss decrease of those merges. Both terms are in ``info["reward_terms"]``. Over
-    an episode the sync-excess terms sum to the *additive* sync-excess; the exact replay
-    figure is in the final ``info["episode_summary"]`` (not ``"episode"``, which
-    Gymnasium's ``RecordEpisodeStatistics`` and SB3's ``Monitor`` write).
+    ``reward = excess_weight * sync_excess + progress_weight * progress`` (both terms in
+    ``info["reward_terms"]``, ``sync_excess <= 0``):
+
+    * ``sync_excess`` = ``-c * scale`` where ``c`` is the extra SLO-violating requests of
+      the merges launched in this step, each evaluated in isolation against the no-merge
+      replay and credited when it is launched, and ``scale`` =
+      ``core.reward_per_request(nominal_rate_rps, duration_s)`` =
+      ``1000 / (nominal_rate_rps * duration_s)``: violating requests per 1,000 *nominal*
+      requests of the window. ``nominal_rate_rps`` is fixed before the episode starts
+      (``EnvParams.reward_rate_rps``, or the regime's: :func:`diloco_gym.core.nominal_rate_rps`;
+      bursty 8 req/s, so 4,800 nominal requests per 600 s window), never the episode's own
+      request count, which depends on the future.
+    * ``progress``: the global loss decrease of those merges (learner surrogate).
+
+    The only look-ahead in a reward is a merge's own cost window: ``c`` counts the requests
+    arriving during the merge (``merge_seconds``) or within ``sidecar.tail_s`` after it that
+    the merge (its slowdown and the backlog it leaves) pushes over the SLO. Two traces equal
+    up to time ``t`` give equal rewards for every step whose merges' cost windows end by
+    ``t`` (tested).
+
+    Exact relation to the episode's sync-excess: over an episode the ``sync_excess`` terms
+    sum to ``-scale * A`` where ``A`` = ``episode_summary["additive_excess_requests"]``, the
+    sum of the merges' isolated costs, and ``additive_excess_pct`` = ``A * 100 / requests``;
+    so ``sum(sync_excess terms) = -10 * additive_excess_pct * requests / (nominal_rate_rps *
+    duration_s)`` (bursty: about ``-10 * additive_excess_pct``, as ``requests`` is close to
+    the 4,800 nominal). ``A`` equals the exact replay's ``sync_excess_requests`` whenever each
+    merge's backlog drains before the next merge starts (true on the shipped regimes up to
+    rounding; the test suite bounds the gap). ``info["excess_requests_so_far"]`` is ``A`` so
+    far. The exact replay is in the final ``info["episode_summary"]`` (not ``"episode"``,
+    which Gymnasium's ``RecordEpisodeStatistics`` and SB3's ``Monitor`` write).
 
     ## Starting State
 
@@ -114,6 +136,8 @@ class DiLoCoSyncEnv(gym.Env):
                             f"EnvParams fields: {sorted(_ENV_FIELDS)}")
         self.params = replace(params or EnvParams(), **overrides)
         self.generator, default_sidecar, self.regime_name = make_generator(regime)
+        #: nominal request rate of the reward scale, fixed for every episode of this env.
+        self.reward_rate_rps = core.nominal_rate_rps(self.generator, self.params)
         self.sidecar = sidecar or default_sidecar
         self.learner_params = learners or lrn.LearnerParams()
         if render_mode is not None and render_mode not in self.metadata["render_modes"]:
@@ -170,7 +194,8 @@ class DiLoCoSyncEnv(gym.Env):
         else:
             episode_seed = int(self.np_random.integers(0, 2**31 - 1))
         self.episode = core.episode_from_seed(self.generator, episode_seed, self.params,
-                                              self.sidecar, self.learner_params)
+                                              self.sidecar, self.learner_params,
+                                              rate_rps=self.reward_rate_rps)
         n = self.episode.n_decisions
         p = self.params
         self._budget = None
@@ -189,7 +214,7 @@ class DiLoCoSyncEnv(gym.Env):
         self._obs_base = self._obs_table()
         self._obs_base[:, _G_BUDGET] = 1.0  # overwritten per step when there is a budget
         self._refresh_learners(new_episode=True)
-        self._excess_sum = 0.0
+        self._excess_requests = 0.0
         self._progress_sum = 0.0
         info: dict[str, Any] = {"episode_seed": episode_seed}
         # Merges forced before the agent's first real choice (possible only with a tight
@@ -287,8 +312,8 @@ class DiLoCoSyncEnv(gym.Env):
         self._last = d
         self._m_left -= 1
         self._refresh_learners()
-        excess = cost * self.episode.pct_per_request
-        self._excess_sum += excess
+        excess = cost * self.episode.reward_per_request
+        self._excess_requests += cost
         self._progress_sum += float(gain)
         return excess, float(gain)
 
@@ -347,7 +372,7 @@ class DiLoCoSyncEnv(gym.Env):
             "merged": merged,
             "action_overridden": overridden,
             "merges": len(self._merges),
-            "sync_excess_pct_so_far": self._excess_sum,
+            "excess_requests_so_far": self._excess_requests,
         }
 
     def episode_summary(self) -> dict[str, Any]:
@@ -375,7 +400,7 @@ class DiLoCoSyncEnv(gym.Env):
             return (f"t={self._d * self.params.decision_seconds:7.1f}s gap={gap:4d} steps "
                     f"merges={len(self._merges):3d} rate={rate:5.1f} rps "
                     f"pressure(n/s/c)={obs[_G['network']]:.2f}/{obs[_G['serving']]:.2f}/"
-                    f"{obs[_G['checkpoint']]:.2f} excess={self._excess_sum:6.2f} pp\n")
+                    f"{obs[_G['checkpoint']]:.2f} excess={self._excess_requests:6.0f} req\n")
         from diloco_gym.render import timeline_rgb
 
         return timeline_rgb(self.episode, self._merges, self.params, self.sidecar, upto=self._d)

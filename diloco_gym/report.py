@@ -102,9 +102,9 @@ def _make_env(config: ReportConfig, regime: str,
 
 def run_protocol(config: ReportConfig, progress: bool = True) -> dict[str, Any]:
     """Run the protocol; returns ``{"rows", "summary", "calibration", "config", ...}``."""
-    from agents.registry import make_agent
+    from agents.registry import make_agents
 
-    agents = [make_agent(a) for a in config.agents]
+    agents = make_agents(config.agents)  # unique names; the same agent twice is refused
     calib = cal.load_calibration(config.calibration)
     regimes = ([f"replay:{Path(config.trace).stem}"] if config.trace is not None
                else list(config.regimes))
@@ -155,7 +155,8 @@ def run_protocol(config: ReportConfig, progress: bool = True) -> dict[str, Any]:
                 oracle_pct, _ = protocol.oracle_excess(ep, m, p, sc)
                 dur_min = ep.trace.duration_s / 60.0
                 rows.append({
-                    "regime": regime, "agent": agent.name, "seed": seed, "merges": m,
+                    "regime": regime, "agent": agent.name, "deployable": res["deployable"],
+                    "seed": seed, "merges": m,
                     "merges_per_hour": m * 60.0 / dur_min,
                     "sync_excess_pct": res["sync_excess_pct"],
                     "additive_excess_pct": res["additive_excess_pct"],
@@ -217,6 +218,7 @@ def summarise(df: pd.DataFrame, calib_verdicts: dict[str, str], alpha: float) ->
         req_per_10min = (g["requests"] * 600.0 / g["duration_s"]).mean()
         out.append({
             "regime": regime, "agent": agent, "episodes": len(g),
+            "deployable": bool(g["deployable"].all()) if "deployable" in g else True,
             "merges": g["merges"].mean(), "merges_per_hour": g["merges_per_hour"].mean(),
             "sync_excess_pct": agent_m,
             "excess_per_merge_pp": float((g["sync_excess_pct"] / g["merges"].clip(lower=1))
@@ -360,7 +362,8 @@ def render_markdown(result: dict[str, Any], figures: list[str], command: str = "
                   "|---|---|---|---|---|---|---|---|---|---|---|"]
         for _, r in g.sort_values("sync_excess_pct").iterrows():
             lines.append(
-                f"| {r['agent']} | {r['merges_per_hour']:.1f} | {r['sync_excess_pct']:.2f} | "
+                f"| {r['agent']}{'' if r.get('deployable', True) else ' (non-deployable)'} | "
+                f"{r['merges_per_hour']:.1f} | {r['sync_excess_pct']:.2f} | "
                 f"{r['matched_random_pct']:.2f} [{r['matched_random_p05']:.2f}-"
                 f"{r['matched_random_p95']:.2f}] | {r['oracle_same_budget_pct']:.2f} | "
                 f"{r['diff_pp']:+.2f} [{r['diff_ci_low']:+.2f}, {r['diff_ci_high']:+.2f}] | "

@@ -152,6 +152,8 @@ class DiLoCoSyncVectorEnv(gym.vector.VectorEnv):
                              "DiLoCoSyncEnv")
         self.params = replace(params or EnvParams(), **overrides)
         self.generator, default_sidecar, self.regime_name = make_generator(regime)
+        # The single env's reward scale (core.nominal_rate_rps), fixed for every episode.
+        self.reward_rate_rps = core.nominal_rate_rps(self.generator, self.params)
         self.sidecar = sidecar or default_sidecar
         self.learner_params = learners or lrn.LearnerParams()
         self.episode_pool = None if episode_pool is None else int(episode_pool)
@@ -185,6 +187,7 @@ class DiLoCoSyncVectorEnv(gym.vector.VectorEnv):
         # Per-env copies of each episode's scalars (set at every (re)start: no gathers).
         self._n = np.ones(b, dtype=np.int64)
         self._pct = np.zeros(b)
+        self._scale = np.zeros(b)  # reward units per violating request (Episode's)
         self._max_merges = np.ones(b)
         self._thr = np.zeros((b, self.learner_params.num_learners))
         self._thr_k = np.zeros((self.learner_params.num_learners, b))  # learners first
@@ -203,7 +206,7 @@ class DiLoCoSyncVectorEnv(gym.vector.VectorEnv):
                                                      / self.params.step_seconds))
         self._h_range = np.arange(self._horizon, dtype=np.int64)
         self._spec = _BuildSpec(self.generator, self.params, self.sidecar, self.learner_params,
-                                self._horizon)
+                                self._horizon, self.reward_rate_rps)
         self._bank_s = np.zeros((n_bank, 0))
         self._bank_d = np.zeros((n_bank, 0))
         self._bank_ptr = np.zeros((n_bank, 0), dtype=np.int32)
@@ -213,6 +216,7 @@ class DiLoCoSyncVectorEnv(gym.vector.VectorEnv):
         self._bank_rbin = np.zeros((n_bank, 0), dtype=np.int32)
         self._bank_cost = np.zeros((n_bank, 0))  # episode pool: every decision's cost
         self._bank_pct = np.zeros(n_bank)
+        self._bank_scale = np.zeros(n_bank)
         self._bank_max_merges = np.ones(n_bank)
         self._bank_thr = np.zeros((n_bank, self.learner_params.num_learners))
         self._bank_seed = np.zeros(n_bank, dtype=np.int64)
@@ -400,7 +404,8 @@ class DiLoCoSyncVectorEnv(gym.vector.VectorEnv):
         cost = merge_costs(c.base_s, c.req_bin, c.pressure_bin, sc, p.step_seconds, starts,
                            p.merge_steps, c.violated.astype(np.float64))
         return {"n": c.n, "exo": c.exo, "seed": seed, "thr": thr,
-                "pct": 100.0 / max(1, c.req_bin.size), "cost": cost}
+                "pct": 100.0 / max(1, c.req_bin.size), "cost": cost,
+                "scale": core.reward_per_request(self.reward_rate_rps, duration)}
 
     def _build_fresh(self, slots: np.ndarray, seeds: list[int]) -> None:
         """Build the fresh episodes of ``seeds`` into bank ``slots`` (:func:`build_rows`)."""
@@ -437,7 +442,7 @@ class DiLoCoSyncVectorEnv(gym.vector.VectorEnv):
             slots * bank_base.shape[1] - req_first, counts)
         bank_base.reshape(-1)[pos] = rows["base"]
         bank_rbin.reshape(-1)[pos] = rows["rbin"]
-        self._set_scalars(slots, n, rows["pct"], rows["thr"], rows["seeds"])
+        self._set_scalars(slots, n, rows["pct"], rows["thr"], rows["seeds"], rows["scale"])
 
     def _grow(self, name: str, width: int, headroom: float = 0.0) -> np.ndarray:
         """Bank array ``name`` with at least ``width`` columns (kept contents), allocated
@@ -458,12 +463,13 @@ class DiLoCoSyncVectorEnv(gym.vector.VectorEnv):
         n = ep["n"]
         self._grow("_bank_exo", n)[slot, :n] = ep["exo"]
         self._grow("_bank_cost", n)[slot, :n] = ep["cost"]
-        self._set_scalars(slot, n, ep["pct"], ep["thr"], ep["seed"])
+        self._set_scalars(slot, n, ep["pct"], ep["thr"], ep["seed"], ep["scale"])
 
-    def _set_scalars(self, slots, n: int, pct, thr, seeds) -> None:
+    def _set_scalars(self, slots, n: int, pct, thr, seeds, scale) -> None:
         """The per-episode scalars of bank ``slots`` (episodes of ``n`` decisions)."""
         self._bank_n[slots] = n
         self._bank_pct[slots] = pct
+        self._bank_scale[slots] = scale
         self._bank_max_merges[slots] = max(1.0, n / self.params.h_min)
         self._bank_thr[slots] = thr
         self._bank_seed[slots] = seeds
@@ -547,6 +553,7 @@ class DiLoCoSyncVectorEnv(gym.vector.VectorEnv):
         slot = self._slot[idx]
         self._n[idx] = self._bank_n[slot]
         self._pct[idx] = self._bank_pct[slot]
+        self._scale[idx] = self._bank_scale[slot]
         self._max_merges[idx] = self._bank_max_merges[slot]
         self._thr[idx] = self._bank_thr[slot]
         self._thr_k[:, idx] = self._bank_thr[slot].T
@@ -612,8 +619,8 @@ class DiLoCoSyncVectorEnv(gym.vector.VectorEnv):
         self._last[idx] = d
         self._m_left[idx] -= 1
         self._n_merges[idx] += 1
-        excess = cost * self._pct[idx]
-        self._excess_sum[idx] += excess
+        excess = cost * self._scale[idx]  # the reward term, as the single env's
+        self._excess_sum[idx] += cost * self._pct[idx]  # additive sync-excess %, for the summary
         self._progress_sum[idx] += gain
         return excess, gain
 
@@ -718,6 +725,7 @@ class _BuildSpec(NamedTuple):
     sidecar: SidecarParams
     learner_params: lrn.LearnerParams
     horizon: int
+    rate_rps: float  # nominal rate of the reward scale (core.nominal_rate_rps)
 
 
 #: Episodes built together at most: bounds the temporaries of a reset wave and keeps them in
@@ -796,6 +804,7 @@ def _rows(spec: _BuildSpec, seeds: list[int], draws: list) -> dict[str, Any]:
         "m0": c.m0[:, ::di],  # per decision (the pressure, hence m0, is too)
         "base": np.where(c.violated, -np.inf, c.base_s), "rbin": c.req_bin.astype(np.int32),
         "counts": counts, "pct": 100.0 / np.maximum(1, counts),
+        "scale": core.reward_per_request(spec.rate_rps, draws[0][5]),
         "thr": np.stack([d[7] for d in draws]),
     }
 

@@ -1,22 +1,40 @@
-"""The paper's policies as agents (issue #3)."""
+"""The paper's policies as agents, and what the runner hands a deployable agent."""
 
 from __future__ import annotations
 
+import gc
+import types
+
+import gymnasium as gym
 import numpy as np
 import pytest
 
 import diloco_gym
-from agents.heuristics import FixedInterval, OfflineCalibratedOracle, OnlineForecastWA, WADiLoCo
-from agents.registry import AGENTS, HEURISTICS, make_agent
+from agents.base import Agent, AgentContext
+from agents.heuristics import (
+    FixedInterval,
+    OfflineCalibratedOracle,
+    OnlineForecastWA,
+    RandomDeferral,
+    WADiLoCo,
+)
+from agents.registry import AGENTS, HEURISTICS, LEARNED, make_agent
 from diloco_gym import core, schedules
 from diloco_gym.cli import main
-from diloco_gym.rollout import run_episode
+from diloco_gym.rollout import AttachAgentWrapper, attach_agent, run_episode
+from diloco_gym.sidecar import ReplayResult
 from diloco_gym.traces import Trace
+
+
+def _needs_rl(name: str) -> None:
+    if name in LEARNED:
+        pytest.importorskip("stable_baselines3")
 
 
 @pytest.mark.parametrize("regime", list(diloco_gym.REGIMES))
 @pytest.mark.parametrize("name", list(AGENTS))
 def test_every_agent_respects_the_corridor(regime, name):
+    _needs_rl(name)
     env = diloco_gym.DiLoCoSyncEnv(regime=regime)
     agent = make_agent(name)
     res = run_episode(env, agent, seed=3)
@@ -29,6 +47,7 @@ def test_every_agent_respects_the_corridor(regime, name):
 
 @pytest.mark.parametrize("name", list(AGENTS))
 def test_agents_are_deterministic(name):
+    _needs_rl(name)
     env = diloco_gym.DiLoCoSyncEnv(regime="bursty")
     a = run_episode(env, make_agent(name), seed=5)
     b = run_episode(diloco_gym.DiLoCoSyncEnv(regime="bursty"), make_agent(name), seed=5)
@@ -92,9 +111,204 @@ def test_batched_predict_shapes():
         make_agent("wa-diloco").predict(np.zeros(3))
 
 
-def test_oracle_needs_attach():
-    with pytest.raises(RuntimeError, match="attach"):
+def test_oracle_without_the_episode_says_why_and_names_the_wrapper():
+    with pytest.raises(RuntimeError, match="non-deployable.*future merge costs.*"
+                                           "AttachAgentWrapper"):
         OfflineCalibratedOracle().predict(np.zeros(core.OBS_DIM, dtype=np.float32))
+
+
+def test_evaluate_policy_runs_the_oracle_through_the_wrapper():
+    """The non-deployable oracle under SB3's evaluate_policy, via the documented wrapper:
+    the same returns as run_episode on the same episodes."""
+    from stable_baselines3.common.evaluation import evaluate_policy
+    from stable_baselines3.common.monitor import Monitor
+
+    agent = make_agent("offline-oracle")
+    env = AttachAgentWrapper(Monitor(diloco_gym.DiLoCoSyncEnv(regime="bursty")), agent)
+    env.reset(seed=4)
+    rewards, lengths = evaluate_policy(agent, env, n_eval_episodes=2, deterministic=True,
+                                       return_episode_rewards=True)
+    seeds = env.episode_seeds[1:3]  # evaluate_policy resets once more itself
+    assert len(rewards) == 2 and len(set(seeds)) == 2
+    for seed, reward, length in zip(seeds, rewards, lengths, strict=True):
+        ref = run_episode(diloco_gym.DiLoCoSyncEnv(regime="bursty"),
+                          OfflineCalibratedOracle(), seed)
+        assert length == ref["steps"]
+        assert reward == pytest.approx(ref["return"], rel=1e-5)  # SB3 sums float32 rewards
+        assert ref["return"] < 0
+
+
+# --------------------------------------------------------------------------- deployability
+_FORBIDDEN = (gym.Env, gym.Wrapper, core.Episode, Trace, ReplayResult)
+_SKIP = (type, types.ModuleType, types.BuiltinFunctionType, types.CodeType)
+
+
+def _reachable(roots) -> list:
+    """Every object reachable from ``roots`` by references (attributes, containers, array
+    bases, bound methods' ``__self__``, closures' cells), not through classes or modules
+    (code, not data the runner handed over)."""
+    seen, out, stack = set(), [], list(roots)
+    while stack:
+        o = stack.pop()
+        if id(o) in seen or isinstance(o, _SKIP):
+            continue
+        seen.add(id(o))
+        out.append(o)
+        if isinstance(o, types.FunctionType):
+            stack.extend(c.cell_contents for c in (o.__closure__ or ()))
+            stack.extend(o.__defaults__ or ())
+            continue
+        stack.extend(gc.get_referents(o))
+    return out
+
+
+def _leaks(roots, env) -> list[str]:
+    """What of the episode's future is reachable from ``roots``."""
+    ep = env.unwrapped.episode
+    found = []
+    for o in _reachable(roots):
+        if isinstance(o, _FORBIDDEN):
+            found.append(type(o).__name__)
+        elif isinstance(o, (int, np.integer)) and not isinstance(o, bool) and o == ep.seed:
+            found.append("episode seed")
+        elif isinstance(o, np.ndarray) and o.shape == ep.merge_cost.shape and np.array_equal(
+                o, ep.merge_cost):
+            found.append("merge costs")
+    return found
+
+
+class _Spy(Agent):
+    """A deployable agent that keeps everything it is handed and tries each channel to
+    reach the episode; it follows the oracle's plan if it ever finds it."""
+
+    name = "spy"
+
+    def __init__(self) -> None:
+        self.handed: list = []
+        self.plan: set[int] | None = None
+
+    def _look(self, o) -> None:
+        data = getattr(o, "__dict__", {})  # the object's own data (ndarray.trace is a method)
+        for path in ("unwrapped", "env", "episode", "_env", "oracle_costs", "trace",
+                     "seed", "episode_seed", "info"):
+            if data.get(path) is not None:
+                self.plan = set()  # found something: a real attacker would use it
+
+    def attach(self, context: AgentContext) -> None:
+        self.handed.append(context)
+        self._look(context)
+
+    def predict(self, observation, state=None, episode_start=None, deterministic=True):
+        self.handed += [observation, state, episode_start, deterministic]
+        self._look(observation)
+        return super().predict(observation, state, episode_start, deterministic)
+
+    def act(self, obs: np.ndarray) -> np.ndarray:
+        return np.zeros(len(obs), dtype=np.int64)
+
+
+def test_the_reachability_check_has_teeth():
+    env = diloco_gym.DiLoCoSyncEnv(regime="bursty")
+    env.reset(seed=123_456_789)
+    assert "DiLoCoSyncEnv" in _leaks([env.unwrapped], env)  # the old attach(env, seed)
+    assert "episode seed" in _leaks([{"episode_seed": 123_456_789}], env)  # the reset info
+    assert "DiLoCoSyncEnv" in _leaks([lambda: env], env)  # a closure
+    assert "DiLoCoSyncEnv" in _leaks([env.action_masks], env)  # a bound method
+    assert "merge costs" in _leaks([env.oracle_costs()], env)
+
+
+@pytest.mark.parametrize("regime", ["bursty", "sync-heavy"])
+def test_a_deployable_agent_cannot_reach_the_future(regime):
+    """Everything a deployable agent is handed (attach's context, every predict argument)
+    reaches no env, episode, trace, replay, merge-cost table or episode seed, so it
+    cannot rebuild the oracle's plan (an agent that could did so exactly on seeds 0-2)."""
+    seed = 123_456_789
+    env = gym.make("DiLoCoSync-v0", regime=regime)
+    spy = _Spy()
+    res = run_episode(env, spy, seed)
+    assert res["deployable"] is True and spy.plan is None
+    assert len(spy.handed) > 4 * res["steps"]
+    assert _leaks(spy.handed + [spy], env) == []
+    ctx = spy.handed[0]
+    assert isinstance(ctx, AgentContext) and ctx.params == env.unwrapped.params
+    assert ctx.regime == regime
+    with pytest.raises(AttributeError):  # frozen: the runner's, not the agent's, to change
+        ctx.params = None
+    # The context's mask is the runner's copy of the env's, refreshed before each decision.
+    masked = gym.make("DiLoCoSync-v0", regime=regime, merge_budget=9)
+    masked.reset(seed=1)
+    ctx = attach_agent(masked, spy, 1)
+    np.testing.assert_array_equal(ctx.action_mask(), masked.unwrapped.action_masks())
+    assert _leaks([ctx], masked) == []
+
+
+def test_only_non_deployable_agents_receive_the_episode():
+    got = {}
+
+    class Peek(Agent):
+        deployable = False
+
+        def attach_episode(self, env, episode_seed):
+            got["env"], got["seed"] = env, episode_seed
+
+        def act(self, obs):
+            return np.zeros(len(obs), dtype=np.int64)
+
+    env = diloco_gym.DiLoCoSyncEnv(regime="bursty")
+    res = run_episode(env, Peek(), 17)
+    assert got == {"env": env, "seed": 17} and res["deployable"] is False
+
+    class Liar(Peek):
+        deployable = True  # claims to be deployable, yet asks for the episode
+
+    with pytest.raises(ValueError, match="deployable = True but defines attach_episode"):
+        run_episode(env, Liar(), 17)
+    sneaky = OfflineCalibratedOracle()
+    sneaky.deployable = True
+    with pytest.raises(ValueError, match="attach_episode"):
+        run_episode(env, sneaky, 0)
+
+
+def test_only_the_oracle_is_non_deployable():
+    assert [n for n in HEURISTICS if not make_agent(n).deployable] == ["offline-oracle"]
+
+
+def test_random_deferral_draws_depend_only_on_what_it_sees():
+    """No episode seed: the draws hash the observations, so an episode's schedule does not
+    depend on what ran before, and merges follow p."""
+    env = diloco_gym.DiLoCoSyncEnv(regime="bursty")
+    agent = RandomDeferral()
+    first = run_episode(env, agent, 5)["merge_decisions"]
+    run_episode(env, agent, 3)
+    assert run_episode(env, agent, 5)["merge_decisions"] == first
+    assert run_episode(env, RandomDeferral(), 5)["merge_decisions"] == first
+    assert run_episode(env, RandomDeferral(seed=1), 5)["merge_decisions"] != first
+    obs = np.random.default_rng(0).random((4000, core.OBS_DIM)).astype(np.float32)
+    u = agent.uniforms(obs)
+    assert 0.0 <= u.min() and u.max() < 1.0 and abs(u.mean() - 0.5) < 0.02
+    assert abs(agent.predict(obs)[0].mean() - 0.5) < 0.03
+
+
+def test_report_marks_non_deployable_agents():
+    from diloco_gym.report import ReportConfig, render_markdown, run_protocol
+
+    res = run_protocol(ReportConfig(regimes=["bursty"], agents=["fixed-512", "offline-oracle"],
+                                    seeds=2, draws=20, exact_check_draws=2), progress=False)
+    rows, summ = res["rows"], res["summary"].set_index("agent")
+    assert dict(zip(rows["agent"], rows["deployable"], strict=True)) == {
+        "fixed-512": True, "offline-oracle": False}
+    assert bool(summ.loc["offline-oracle", "deployable"]) is False
+    assert bool(summ.loc["fixed-512", "deployable"]) is True
+    md = render_markdown(res, [])
+    assert "| offline-oracle (non-deployable) |" in md and "| fixed-512 |" in md
+    with pytest.raises(ValueError, match="given twice"):
+        run_protocol(ReportConfig(regimes=["bursty"], agents=["fixed-512", "fixed-512"],
+                                  seeds=2, draws=2), progress=False)
+
+
+def test_cli_run_marks_the_oracle_non_deployable(capsys):
+    assert main(["run", "--agent", "offline-oracle", "--regime", "bursty", "--seeds", "2"]) == 0
+    assert "agent offline-oracle (non-deployable) on bursty" in capsys.readouterr().out
 
 
 def test_evaluate_policy_accepts_heuristic_agents():
@@ -138,10 +352,10 @@ def test_online_forecast_is_causal():
               a.duration_s, network=a.network, checkpoint=a.checkpoint)
     runs = []
     for tr in (a, b):
-        env = diloco_gym.DiLoCoSyncEnv(regime=tr, skip_forced=False)
+        env = diloco_gym.DiLoCoSyncEnv(regime=tr, skip_forced=False, reward_rate_rps=8.0)
         obs, _ = env.reset(seed=0)
         agent = OnlineForecastWA()
-        agent.attach(env, 0)
+        attach_agent(env, agent, 0)
         acts = []
         while True:
             t = env.decision * env.params.decision_seconds

@@ -319,6 +319,14 @@ def test_final_summary_is_the_exact_replay_minus_the_no_sync_load_match(regime, 
 APPROX_BOUND_PP = 1e-6
 
 
+def _additive_pct_from_rewards(r, env) -> float:
+    """The documented exact relation, solved for the sync-excess: the ``sync_excess`` terms
+    sum to ``-scale * A`` (``A`` the merges' isolated costs in requests, ``scale =
+    1000 / (nominal_rate * duration)``), and ``additive_excess_pct = A * 100 / requests``."""
+    scale = core.reward_per_request(env.reward_rate_rps, env.episode.trace.duration_s)
+    return -r.excess_terms.sum() / scale * 100.0 / env.episode.n_requests
+
+
 @pytest.mark.parametrize("regime", ["bursty", "non-periodic", "sync-heavy"])
 def test_per_merge_rewards_add_up_to_the_exact_sync_excess(regime, rollout):
     env = DiLoCoSyncEnv(regime)
@@ -326,11 +334,88 @@ def test_per_merge_rewards_add_up_to_the_exact_sync_excess(regime, rollout):
     for seed in range(10):
         for policy in ("random", "always-merge", "never-merge", "masked-random"):
             r = rollout(env, policy, seed=seed, policy_seed=seed)
-            additive = -r.excess_terms.sum()
-            assert additive == pytest.approx(r.summary["additive_excess_pct"], abs=1e-9)
-            assert r.final["sync_excess_pct_so_far"] == pytest.approx(additive, abs=1e-9)
-            gaps.append(additive - r.summary["sync_excess_pct"])
+            s = r.summary
+            scale = env.episode.reward_per_request
+            assert -r.excess_terms.sum() == pytest.approx(scale * s["additive_excess_requests"],
+                                                          rel=1e-12, abs=1e-12)
+            assert r.final["excess_requests_so_far"] == s["additive_excess_requests"]
+            assert s["additive_excess_requests"] == sum(s["merge_costs_requests"])
+            additive = _additive_pct_from_rewards(r, env)
+            assert additive == pytest.approx(s["additive_excess_pct"], rel=1e-12, abs=1e-12)
+            gaps.append(additive - s["sync_excess_pct"])
     assert np.mean(np.abs(gaps)) <= APPROX_BOUND_PP
+
+
+def test_reward_scale_is_fixed_before_the_episode():
+    """Synthetic regimes: 1,000 / (nominal rate x window), whatever the episode's count."""
+    for name, rate in [("bursty", 8.0), ("non-periodic", 5.0 + 12.0 * (25.0 + 6.0) / 120.0),
+                       ("sync-heavy", 10.0), ("ordinary", 6.0)]:
+        env = DiLoCoSyncEnv(name)
+        assert env.reward_rate_rps == pytest.approx(rate, rel=1e-12)
+        counts, scales = set(), set()
+        for seed in range(3):
+            env.reset(seed=seed)
+            counts.add(env.episode.n_requests)
+            scales.add(env.episode.reward_per_request)
+        assert len(counts) == 3  # the episodes' request counts differ ...
+        assert scales == {1000.0 / (env.reward_rate_rps * 600.0)}  # ... the scale does not
+    # A bursty merge's reward: its violating requests per 1,000 nominal (4,800) requests.
+    env = DiLoCoSyncEnv("bursty")
+    env.reset(seed=0)
+    rewards = [env.step(1)[1] for _ in range(3)]
+    costs = [env.episode.merge_cost_at(d) for d in env.merges]
+    assert len(costs) == 3 and max(costs) > 0
+    assert rewards == [-c * (1000.0 / 4800.0) for c in costs]
+    # Replays: the target rate, else the whole source trace's rate; an override wins.
+    src = REGIMES["sync-heavy"](np.random.default_rng(0))
+    assert core.nominal_rate_rps(diloco_gym.ReplayRegime(src, duration_s=300.0)) == \
+        src.mean_rate_rps
+    assert core.nominal_rate_rps(diloco_gym.ReplayRegime(src, 300.0, target_rate_rps=3.0)) == 3.0
+    assert DiLoCoSyncEnv(src, reward_rate_rps=2.5).reward_rate_rps == 2.5
+
+
+def test_reward_scale_of_an_unknown_generator_must_be_given():
+    src = REGIMES["bursty"](np.random.default_rng(0))
+    with pytest.raises(ValueError, match="nominal_rate_rps attribute.*reward_rate_rps"):
+        DiLoCoSyncEnv(lambda rng: src)
+    env = DiLoCoSyncEnv(lambda rng: src, reward_rate_rps=8.0)
+    env.reset(seed=0)
+    assert env.episode.reward_per_request == 1000.0 / (8.0 * src.duration_s)
+    with pytest.raises(ValueError, match="reward_rate_rps"):
+        EnvParams(reward_rate_rps=0.0)
+
+
+@pytest.mark.parametrize("policy", ["always-merge", "random"])
+@pytest.mark.parametrize("cut_decision", [100, 250])
+def test_rewards_are_causal_up_to_the_cost_window(policy, cut_decision, rollout):
+    """Two traces equal up to t give equal rewards for every step whose merges' cost windows
+    (merge window plus the sidecar's tail) end before t. Under the old scale (100 / the
+    episode's request count) they differed already for the first merge."""
+    params = EnvParams(reward_rate_rps=8.0)
+    sidecar = REGIMES["bursty"].sidecar
+    base = REGIMES["bursty"](np.random.default_rng(0))
+    t_cut = cut_decision * params.decision_seconds
+    forked = _fork(base, REGIMES["bursty"](np.random.default_rng(1)), t_cut)
+    env_a = DiLoCoSyncEnv(regime=base, params=params, sidecar=sidecar)
+    env_b = DiLoCoSyncEnv(regime=forked, params=params, sidecar=sidecar)
+    ra = rollout(env_a, policy, seed=0, policy_seed=4)
+    rb = rollout(env_b, policy, seed=0, policy_seed=4)
+    assert ra.actions == rb.actions
+    assert env_a.merges == env_b.merges  # the schedule depends on the actions only
+    assert env_a.episode.n_requests != env_b.episode.n_requests  # the futures differ
+    window_s = (params.merge_steps + round(sidecar.tail_s / params.step_seconds)) \
+        * params.step_seconds
+    before = after = 0
+    merges_a = [0] + [i["merges"] for i in ra.infos[1:]]
+    for k, (rew_a, rew_b) in enumerate(zip(ra.rewards, rb.rewards, strict=True)):
+        launched = env_a.merges[merges_a[k]:merges_a[k + 1]]
+        if launched and max(launched) * params.decision_seconds + window_s <= t_cut:
+            assert rew_a == rew_b, f"step {k}, merges {launched}"
+            before += rew_a != 0.0
+        elif launched:
+            after += rew_a != rew_b
+    assert before >= 2  # merges with a cost before the cut: the old scale differed there
+    assert after >= 1  # and the test has teeth: later merges see different futures
 
 
 def test_per_merge_approximation_degrades_gracefully_under_overload(rollout):
@@ -343,7 +428,7 @@ def test_per_merge_approximation_degrades_gracefully_under_overload(rollout):
     for seed in range(10):
         for policy in ("random", "always-merge", "never-merge"):
             r = rollout(env, policy, seed=seed, policy_seed=1000 + seed)
-            gaps.append(-r.excess_terms.sum() - r.summary["sync_excess_pct"])
+            gaps.append(_additive_pct_from_rewards(r, env) - r.summary["sync_excess_pct"])
     gaps = np.abs(gaps)
     assert gaps.max() > 1e-3  # the approximation is genuinely approximate here ...
     assert gaps.mean() <= 1.0  # ... but stays close on average
@@ -506,7 +591,8 @@ def test_rewards_add_up_to_the_additive_excess_under_any_budget(budget):
         total += r
     s = info["episode_summary"]
     assert s["merges"] == budget
-    assert total == pytest.approx(-s["additive_excess_pct"], abs=1e-9)
+    assert total == pytest.approx(-env.episode.reward_per_request
+                                  * s["additive_excess_requests"], rel=1e-12, abs=1e-12)
 
 
 def test_budget_without_any_choice_is_refused():

@@ -11,8 +11,13 @@ import pytest
 
 pytest.importorskip("stable_baselines3")
 
-from agents.learned import REFERENCE_MODEL, LearnedAgent, load_learned_agent  # noqa: E402
-from agents.registry import make_agent  # noqa: E402
+from agents.learned import (  # noqa: E402
+    REFERENCE_MODEL,
+    LearnedAgent,
+    load_learned_agent,
+    reference_model_path,
+)
+from agents.registry import make_agent, make_agents  # noqa: E402
 from diloco_gym import train as tr  # noqa: E402
 from diloco_gym.cli import main  # noqa: E402
 from diloco_gym.env import DiLoCoSyncEnv  # noqa: E402
@@ -62,12 +67,12 @@ def test_cli_train_writes_model_meta_logs_checkpoints(ppo_run: Path) -> None:
 
 def test_save_load_round_trip_same_actions(ppo_run: Path, tmp_path: Path) -> None:
     agent = load_learned_agent(ppo_run / "model.zip")
-    assert agent.name == "learned:ppo-bursty"
+    assert agent.name == "ppo:model" and agent.meta["regime"] == "bursty"
     obs = _observations()
     a1 = agent.predict(obs)[0]
     agent.model.save(tmp_path / "copy.zip")
     again = load_learned_agent(tmp_path / "copy.zip")  # no meta.json: algo from the zip
-    assert again.name == "learned:copy"
+    assert again.name == "ppo:copy"
     np.testing.assert_array_equal(a1, again.predict(obs)[0])
     # single observations agree with the batch
     assert [int(agent.predict(o)[0]) for o in obs[:8]] == list(a1[:8])
@@ -134,6 +139,31 @@ def test_corrupt_model_is_a_clear_error(ppo_run: Path, tmp_path: Path) -> None:
         load_learned_agent(empty_zip)
 
 
+def test_unsafe_weights_error_gives_no_unsafe_advice(tmp_path: Path) -> None:
+    """Weights that hold a pickled Python object: PyTorch's safe loader refuses them and
+    advises retrying with weights_only=False; that advice (code execution from a file of
+    unknown origin) must not reach the user."""
+    import argparse
+    import io
+
+    import torch
+
+    buf = io.BytesIO()
+    torch.save({"x": argparse.Namespace(a=1)}, buf)
+    bad = tmp_path / "pickled.zip"
+    with zipfile.ZipFile(REFERENCE_MODEL) as zin, zipfile.ZipFile(bad, "w") as zout:
+        for name in zin.namelist():
+            zout.writestr(name, buf.getvalue() if name == "policy.pth" else zin.read(name))
+    with pytest.raises(ValueError) as err:
+        load_learned_agent(bad)
+    msg = str(err.value)
+    assert "pickled.zip is not a valid model" in msg
+    assert "argparse.Namespace" in msg and "tensors only" in msg
+    for unsafe in ("weights_only", "add_safe_globals", "safe_globals", "trusted source"):
+        assert unsafe not in msg
+    assert "\n" not in msg and "\x1b" not in msg
+
+
 def test_train_and_eval_seeds_are_disjoint() -> None:
     env = tr.TrainSeedWrapper(DiLoCoSyncEnv("bursty"), seed=0)
     for s in [0, 1, 19, 5, None, None, None]:
@@ -160,12 +190,90 @@ def test_reference_agent_loads_and_runs() -> None:
         pytest.skip("reference model not shipped")
     assert REFERENCE_MODEL.stat().st_size < 1_000_000
     agent = load_learned_agent(REFERENCE_MODEL)
-    assert agent.name.startswith("learned:")
+    assert agent.name == "ppo:model" and agent.deployable
     meta = json.loads(REFERENCE_MODEL.with_name("meta.json").read_text())
     assert meta["regime"] == "bursty"
     r = run_episode(DiLoCoSyncEnv("bursty"), agent, seed=0)
     assert r["merges"] >= 1 and np.isfinite(r["sync_excess_pct"])
     assert make_agent(str(REFERENCE_MODEL)).name == agent.name
+    ref = make_agent("reference-ppo")
+    assert ref.name == "reference-ppo" and ref.path == REFERENCE_MODEL.resolve()
+    assert run_episode(DiLoCoSyncEnv("bursty"), ref, seed=0) == r
+
+
+def _copy_model(dst: Path) -> Path:
+    dst.mkdir(parents=True)
+    (dst / "model.zip").write_bytes(REFERENCE_MODEL.read_bytes())
+    return dst / "model.zip"
+
+
+def test_learned_agents_get_unique_names(tmp_path: Path, monkeypatch) -> None:
+    """Two models of the same algorithm and regime used to share a name (one vanished from
+    the summary); now each is named from its path, parents added only when needed."""
+    a = _copy_model(tmp_path / "runs" / "ppo")
+    b = _copy_model(tmp_path / "other" / "ppo")
+    monkeypatch.chdir(tmp_path)
+    agents = make_agents([str(REFERENCE_MODEL), "runs/ppo/model.zip", "wa-diloco"])
+    assert [x.name for x in agents] == ["ppo:reference/model", "ppo:ppo/model", "wa-diloco"]
+    assert [x.name for x in make_agents(["runs/ppo/model.zip"])] == ["ppo:model"]
+    names = [x.name for x in make_agents([str(a), str(b), "reference-ppo"])]
+    assert names == ["ppo:runs/ppo/model", "ppo:other/ppo/model", "reference-ppo"]
+    assert len({x.name for x in make_agents(["runs/ppo", str(b)])}) == 2  # a directory
+
+
+def test_the_same_agent_twice_is_refused(tmp_path: Path, monkeypatch) -> None:
+    _copy_model(tmp_path / "runs" / "ppo")
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ValueError, match="'wa-diloco' is given twice"):
+        make_agents(["wa-diloco", "fixed-256", "wa-diloco"])
+    with pytest.raises(ValueError, match="given twice \\(the same model as 'runs/ppo'\\)"):
+        make_agents(["runs/ppo", "runs/ppo/model.zip"])
+    with pytest.raises(ValueError, match="the same model as 'reference-ppo'"):
+        make_agents(["reference-ppo", str(REFERENCE_MODEL)])
+    with pytest.raises(SystemExit, match="given twice"):
+        main(["report", "--regimes", "bursty", "--agents", "fixed-256", "--agent",
+              "runs/ppo/model.zip", "--agent", "./runs/ppo/model.zip", "--seeds", "2",
+              "--out", str(tmp_path / "rep"), "--no-progress"])
+    assert not (tmp_path / "rep").exists()
+
+
+def test_reference_agent_works_from_any_directory(tmp_path: Path) -> None:
+    """The registry name loads the package data, whatever the working directory."""
+    import os
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    code = ("from agents.registry import make_agent\n"
+            "from diloco_gym.env import DiLoCoSyncEnv\n"
+            "from diloco_gym.rollout import run_episode\n"
+            "a = make_agent('reference-ppo')\n"
+            "r = run_episode(DiLoCoSyncEnv('bursty'), a, 0)\n"
+            "print(a.name, a.path, r['merges'])\n")
+    env = dict(os.environ, PYTHONPATH=str(root))
+    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    name, path, merges = out.stdout.split()
+    assert name == "reference-ppo" and Path(path) == reference_model_path().resolve()
+    assert int(merges) >= 1
+    # The relative path only works from the repository root: a clear error elsewhere.
+    out = subprocess.run([sys.executable, "-m", "diloco_gym.cli", "run", "--agent",
+                          "agents/reference/model.zip", "--seeds", "1"], cwd=tmp_path,
+                         env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode != 0 and "model file not found" in out.stderr
+
+
+def test_reference_agent_is_package_data() -> None:
+    """pyproject ships the agents package with the reference model and its metadata."""
+    tomllib = pytest.importorskip("tomllib")
+    root = Path(__file__).resolve().parents[1]
+    conf = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]
+    assert {"agents", "agents.reference"} <= set(conf["packages"])
+    shipped = {f for pattern in conf["package-data"]["agents.reference"]
+               for f in (root / "agents" / "reference").glob(pattern)}
+    for name in ("model.zip", "meta.json", "README.md"):
+        assert root / "agents" / "reference" / name in shipped
 
 
 def test_only_the_train_and_calibrate_commands_import_torch() -> None:

@@ -524,6 +524,7 @@ class _TwoLengths:
     """A generator whose traces have one of two durations (and sometimes no pressure)."""
 
     name = "two-lengths"
+    nominal_rate_rps = 8.0  # bursty's: the reward scale of a generator must be declared
 
     def __init__(self) -> None:
         self.sidecar = regimes.get_regime("bursty").sidecar
