@@ -167,13 +167,18 @@ def simulated_effect_sizes(regime: str, seeds=range(8), sidecar: SidecarParams |
     """Effect sizes of the simulator for ``regime``, pooled over ``seeds``.
 
     With ``calibrated_on`` the trace comes from the regime the parameters were fitted on
-    (for bursty: sync-heavy traces with the bursty sidecar parameters).
+    (for bursty: sync-heavy traces with the bursty sidecar parameters). The trace regime
+    runs at its own utilization on ``sidecar`` (:meth:`SyntheticRegime.with_load`): a
+    fitted sidecar of lower capacity sees proportionally lower rates, the load its effect
+    sizes were measured at relative to its capacity, instead of an overload; with the
+    regimes' default sidecars the traces are unchanged.
     """
     params = params or core.EnvParams()
     reg = get_regime(regime)
     trace_regime = get_regime(reg.calibrated_on) if calibrated_on and reg.calibrated_on \
         else reg
     sidecar = sidecar or reg.sidecar
+    trace_regime = trace_regime.with_load(sidecar)
     lat, act, prs = [], [], []
     for seed in seeds:
         rng = np.random.default_rng(seed)
