@@ -134,7 +134,7 @@ def min_achievable_p(n: int, n_flip: int = N_FLIP) -> float:
 def units_needed(alpha: float = ALPHA, n_tests: int = 1, n_flip: int = N_FLIP) -> int:
     """The fewest independent units whose best achievable p, Holm-adjusted over
     ``n_tests`` tests (the smallest Holm-adjusted p is ``n_tests`` times the smallest raw
-    p), is below ``alpha``: 5 for one test at 0.05, 9 for eight.
+    p), is below ``alpha``: 6 for one test at 0.05 (2/2**5 = 0.0625 is not), 9 for eight.
 
     Raises:
         ValueError: when no number of units can reach ``alpha`` (Monte Carlo resolution).

@@ -162,3 +162,19 @@ def test_calibration_regimes_exist():
     cal = load_calibration()
     assert set(cal.regimes) == set(REGIMES)
     assert all(np.isfinite(cal.measured(n)["p95_sync_ratio"]) for n in REGIMES)
+
+
+def test_a_smaller_fitted_sidecar_is_simulated_at_the_regimes_utilization():
+    """A fitted sidecar with a quarter of the capacity: the calibration simulates sync-heavy
+    at the same utilization (2.5 req/s), so the effect sizes are measured, not drowned in an
+    overload (at 10 req/s nearly every request would violate with no merge)."""
+    from diloco_gym import DiLoCoSyncEnv
+
+    low = replace(REGIMES["sync-heavy"].sidecar, slots=4.0)
+    sim = simulated_effect_sizes("sync-heavy", seeds=HELD_OUT[:4], sidecar=low)
+    assert sim["p95_sync_ratio"] > 1.3  # the slowdown shows; an overload flattens it
+    assert sim["p95_ms"] < 3000.0
+    env = DiLoCoSyncEnv(REGIMES["sync-heavy"].with_load(low), sidecar=low)
+    env.reset(seed=HELD_OUT[0])
+    assert env.episode.trace.mean_rate_rps == pytest.approx(2.5, rel=0.1)
+    assert env.episode.baseline.violation_pct < 20.0
