@@ -40,7 +40,7 @@ from diloco_gym.sidecar import SidecarParams, base_latency_s
 from diloco_gym.traces import PRESSURE_DT_S, Trace, random_window, scale_rate, tile_starts
 
 __all__ = ["SyntheticRegime", "ReplayRegime", "REGIMES", "get_regime", "regime_names",
-           "trace_utilization", "replay_rate_scale"]
+           "trace_utilization", "trace_idle_violation_pct", "replay_rate_scale"]
 
 SLICE_S = 0.1
 _AR_B = np.array([1.0])
@@ -210,6 +210,22 @@ class SyntheticRegime:
         """Mean offered work over capacity, ``mean_rate_rps / capacity_rps(sidecar)``."""
         return self.mean_rate_rps / self.capacity_rps(sidecar)
 
+    def idle_violation_pct(self, sidecar: SidecarParams | None = None) -> float:
+        """Share (%) of this regime's requests whose nominal service time alone (an idle
+        sidecar: no queue, no pressure, no merge) exceeds the SLO; exact over the token
+        quantile tables. No load scaling can bring a replay's violation rate below it."""
+        sc = sidecar or self.sidecar
+        prompt = _token_table(self.prompt_median, self.prompt_sigma, 32768.0).astype(float)
+        output = _token_table(self.output_median, self.output_sigma, 4096.0).astype(float)
+        rest = sc.slo_ms - sc.ttft_ms - sc.decode_ms_per_token * output  # ms left for prefill
+        if sc.prefill_ms_per_token > 0:
+            # The prompt table is sorted (increasing quantiles): count the prompts past it.
+            over = prompt.size - np.searchsorted(prompt, rest / sc.prefill_ms_per_token,
+                                                 side="right")
+        else:
+            over = np.where(rest < 0, prompt.size, 0)
+        return float(100.0 * over.sum() / (prompt.size * output.size))
+
     def with_load(self, sidecar: SidecarParams | None = None, rate_scale: float | None = None,
                   target_utilization: float | None = None) -> SyntheticRegime:
         """This regime with its rates scaled for ``sidecar`` and a chosen load.
@@ -321,6 +337,15 @@ def trace_utilization(trace: Trace, sidecar: SidecarParams) -> float:
         return 0.0
     service = float(base_latency_s(trace.prompt_tokens, trace.output_tokens, sidecar).mean())
     return trace.mean_rate_rps * service / sidecar.slots
+
+
+def trace_idle_violation_pct(trace: Trace, sidecar: SidecarParams) -> float:
+    """Share (%) of ``trace``'s requests whose nominal service time alone exceeds the SLO
+    (see :meth:`SyntheticRegime.idle_violation_pct`)."""
+    if trace.num_requests == 0:
+        return 0.0
+    base = base_latency_s(trace.prompt_tokens, trace.output_tokens, sidecar)
+    return float(100.0 * np.mean(base > sidecar.slo_s))
 
 
 def replay_rate_scale(trace: Trace, sidecar: SidecarParams, rate_scale: float | None = None,

@@ -158,14 +158,20 @@ def _synthetic_units(config: ReportConfig, regime: str, fitted: SidecarParams | 
              range(config.seed0, config.seed0 + config.seeds)]
     load = {"rate_scale": gen.mean_rate_rps / base.mean_rate_rps,
             "mean_rate_rps": gen.mean_rate_rps, "capacity_rps": gen.capacity_rps(env.sidecar),
-            "utilization": gen.utilization(env.sidecar)}
+            "utilization": gen.utilization(env.sidecar),
+            "idle_violation_pct": gen.idle_violation_pct(env.sidecar)}
     return units, load
 
 
 def _trace_units(config: ReportConfig, sidecar: SidecarParams) -> tuple[list[_Unit], dict]:
     """The trace's tiled windows at the configured load (one env and seed per window)."""
     from diloco_gym.loaders import load_trace
-    from diloco_gym.regimes import ReplayRegime, replay_rate_scale, trace_utilization
+    from diloco_gym.regimes import (
+        ReplayRegime,
+        replay_rate_scale,
+        trace_idle_violation_pct,
+        trace_utilization,
+    )
     from diloco_gym.traces import scale_rate
 
     tr = load_trace(config.trace, config.trace_format)
@@ -191,6 +197,7 @@ def _trace_units(config: ReportConfig, sidecar: SidecarParams) -> tuple[list[_Un
     load = {"rate_scale": scale, "mean_rate_rps": replayed.mean_rate_rps,
             "capacity_rps": replayed.mean_rate_rps / util if util > 0 else np.inf,
             "utilization": util,
+            "idle_violation_pct": trace_idle_violation_pct(replayed, sidecar),
             "trace_duration_s": tr.duration_s, "replayed_duration_s": replayed.duration_s,
             "windows": len(units), "window_s": config.window_s,
             "stride_s": config.stride_s or config.window_s, "independent": independent}
@@ -248,7 +255,9 @@ def run_protocol(config: ReportConfig, progress: bool = True) -> dict[str, Any]:
                            **{f"trace_sim_{k}": trace_sim.get(k) for k in cal.METRICS},
                            "capacity_rps": load["capacity_rps"],
                            "utilization": load["utilization"],
-                           "rate_scale": load["rate_scale"], "verdict": verdict})
+                           "rate_scale": load["rate_scale"],
+                           "idle_violation_pct": load["idle_violation_pct"],
+                           "verdict": verdict})
         counts = None
         for unit in units:
             env, seed = unit.env, unit.seed
@@ -501,17 +510,18 @@ def render_markdown(result: dict[str, Any], figures: list[str], command: str = "
               "measured on, at that regime's load relative to the sidecar's capacity, against "
               "the real measurements. Capacity = slots / mean nominal service time of the "
               "replayed token mix (req/s); utilization = mean offered work / capacity, as "
-              "replayed.", "",
+              "replayed; over SLO when idle = requests whose nominal service time alone "
+              "exceeds the SLO.", "",
               "| regime | measured on | simulated sidecar | real p95 high/low | sim | "
               "real p95 sync ratio | sim | capacity req/s | utilization | rate scale | "
-              "verdict |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+              "over SLO when idle % | verdict |", "|" + "---|" * 12]
     for _, r in result["calibration"].iterrows():
         lines.append(f"| {r['regime']} | {r['measured_on']} | {r['sidecar']} | "
                      f"{_fmt(r['real_p95_high_low'], 3)} | "
                      f"{_fmt(r['sim_p95_high_low'], 3)} | {_fmt(r['real_p95_sync_ratio'], 3)} | "
                      f"{_fmt(r['sim_p95_sync_ratio'], 3)} | {_fmt(r.get('capacity_rps'), 1)} | "
                      f"{_fmt(r.get('utilization'), 3)} | {_fmt(r.get('rate_scale'), 3)} | "
-                     f"{r['verdict']} |")
+                     f"{_fmt(r.get('idle_violation_pct'), 1)} | {r['verdict']} |")
     trace_rows = [r for _, r in result["calibration"].iterrows()
                   if np.isfinite(r.get("trace_sim_p95_sync_ratio", np.nan))]
     for r in trace_rows:
@@ -523,7 +533,7 @@ def render_markdown(result: dict[str, Any], figures: list[str], command: str = "
         lines += ["", f"## {regime}", "",
                   f"No-sync violation rate: {g['no_sync_violation_pct'].mean():.2f} %. "
                   f"Calibration: {g['calibration'].iloc[0]}.", ""]
-        lines += _verdict_notes(g, cfg)
+        lines += _verdict_notes(g, cfg, result.get("loads", {}).get(regime, {}))
         lines += [
                   "| agent | merges/h | sync-excess % | matched random % [5-95 %] | oracle @ same "
                   "budget % | diff pp [95 % CI] | p | p (Holm) | req / 10 min | gap captured | "
@@ -578,7 +588,8 @@ def _units_sentence(result: dict[str, Any]) -> str:
         return "Trace windows as episodes."
     kind = ("disjoint windows, independent units" if load["independent"]
             else "overlapping windows: not independent")
-    return (f"{load['windows']} windows of {load['window_s']:g} s every "
+    plural = "" if load["windows"] == 1 else "s"
+    return (f"{load['windows']} window{plural} of {load['window_s']:g} s every "
             f"{load['stride_s']:g} s ({kind}) of the {load['trace_duration_s']:.0f} s trace "
             f"replayed {load['rate_scale']:.3g}x faster ({load['replayed_duration_s']:.0f} s, "
             f"{load['mean_rate_rps']:.2f} req/s, utilization {load['utilization']:.2f}); one "
@@ -586,18 +597,27 @@ def _units_sentence(result: dict[str, Any]) -> str:
             f"series.")
 
 
-def _verdict_notes(g: pd.DataFrame, cfg: dict) -> list[str]:
+def _verdict_notes(g: pd.DataFrame, cfg: dict, load: dict) -> list[str]:
     """Why a regime's verdicts are what they are, when that is not the test alone."""
     out = []
     r = g.iloc[0]
     if bool(r["saturated"]):
-        out.append(f"**No claim (saturated)**: {g['no_sync_violation_pct'].mean():.1f} % of "
-                   f"requests violate their SLO with no merge (threshold "
-                   f"{cfg.get('saturation_pct', 50):g} %). Lower the load (--rate-scale, "
-                   f"--target-utilization) or use a sidecar with more capacity.")
+        idle = load.get("idle_violation_pct", np.nan)
+        text = (f"**No claim (saturated)**: {g['no_sync_violation_pct'].mean():.1f} % of "
+                f"requests violate their SLO with no merge (threshold "
+                f"{cfg.get('saturation_pct', 50):g} %). ")
+        if np.isfinite(idle) and idle > cfg.get("saturation_pct", 50) / 2:
+            text += (f"{idle:.1f} % of the requests exceed the SLO even on an idle sidecar "
+                     f"(their nominal service time alone): no load makes this replay "
+                     f"meaningful; it needs a sidecar (or SLO) that fits these requests.")
+        else:
+            text += ("Lower the load (--rate-scale, --target-utilization) or use a sidecar "
+                     "with more capacity.")
+        out.append(text)
     if (g["verdict"] == "inconclusive (too few episodes)").any():
         out.append(f"**Inconclusive (too few episodes)**: {int(r['units'])} "
-                   f"{r['unit']}s; the best p an exact test on them can give, Holm-adjusted "
+                   f"{r['unit']}{'' if int(r['units']) == 1 else 's'}; the best p an exact "
+                   f"test on them can give, Holm-adjusted "
                    f"over {int(r['holm_family'])} agents, is {_fmt_p(r['best_p_holm'])}, not "
                    f"below {cfg['alpha']}. At least {int(r['units_needed'])} independent "
                    f"{r['unit']}s are needed"

@@ -394,3 +394,18 @@ def test_trace_utilization_and_rate_scale():
     assert trace_utilization(scale_rate(tr, tr.mean_rate_rps * k), sc) == pytest.approx(0.8)
     with pytest.raises(ValueError, match="not both"):
         replay_rate_scale(tr, sc, rate_scale=1.0, target_utilization=0.5)
+
+
+def test_idle_violation_pct_is_exact_over_the_token_tables():
+    from dataclasses import replace
+
+    from diloco_gym.regimes import trace_idle_violation_pct
+
+    reg = REGIMES["sync-heavy"]
+    sampled = np.mean([trace_idle_violation_pct(_trace("sync-heavy", s), reg.sidecar)
+                       for s in range(10)])
+    assert reg.idle_violation_pct() == pytest.approx(sampled, abs=0.3)
+    assert 0.5 < reg.idle_violation_pct() < 5.0
+    # A 10 s SLO: no request is over it on an idle sidecar; a 0.1 s SLO: every one is.
+    assert reg.idle_violation_pct(replace(reg.sidecar, slo_ms=10_000.0)) == 0.0
+    assert reg.idle_violation_pct(replace(reg.sidecar, slo_ms=100.0)) == 100.0

@@ -265,3 +265,18 @@ def test_real_azure_conv_is_five_disjoint_windows_and_inconclusive():
     s = res["summary"].iloc[0]
     assert s["units"] == 5 and s["min_p"] == pytest.approx(2 / 32)
     assert s["verdict"] == "inconclusive (too few episodes)"
+
+
+def test_saturation_from_the_requests_themselves_is_explained(tmp_path):
+    """Requests whose nominal service time alone exceeds the SLO (300 output tokens at
+    6 ms each): saturated at any load, and the report says that no load fixes it."""
+    rng = np.random.default_rng(0)
+    arrivals = np.sort(rng.uniform(0.0, 1200.0, 1200))
+    tr = Trace(arrivals, np.full(1200, 500), np.full(1200, 300), 1200.0)
+    path = tmp_path / "slow.csv"
+    save_native(tr, path)
+    res = _trace_report(path, agents=["fixed-512"], target_utilization=0.1)
+    assert res["loads"]["replay:slow"]["idle_violation_pct"] == 100.0
+    assert res["summary"]["verdict"].iloc[0] == "no claim (saturated)"
+    md = (write_report(res, tmp_path / "rep") / "report.md").read_text()
+    assert "100.0 % of the requests exceed the SLO even on an idle sidecar" in md
