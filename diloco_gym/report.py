@@ -238,7 +238,11 @@ def run_protocol(config: ReportConfig, progress: bool = True) -> dict[str, Any]:
         calib_seeds = range(config.seed0, config.seed0 + 8)
         # The verdict belongs to the sidecar on the load it was calibrated on: the measured
         # regime's own traces at its capacity-relative load (not the user's --rate-scale).
-        sim = cal.simulated_effect_sizes(measured_key, seeds=calib_seeds, sidecar=fitted)
+        # A live file records the load it was measured at: simulate the fitted sidecar there.
+        u_cal = (cal.measured_utilization(config.calibration, fitted) if fitted is not None
+                 else None)
+        sim = cal.simulated_effect_sizes(measured_key, seeds=calib_seeds, sidecar=fitted,
+                                         utilization=u_cal)
         trace_sim = (_trace_effect_sizes(units[:8]) if config.trace is not None
                      else dict.fromkeys(cal.METRICS, np.nan))
         verdict = cal.transfer_verdict(sim, measured)
@@ -257,6 +261,9 @@ def run_protocol(config: ReportConfig, progress: bool = True) -> dict[str, Any]:
                            "utilization": load["utilization"],
                            "rate_scale": load["rate_scale"],
                            "idle_violation_pct": load["idle_violation_pct"],
+                           "calibration_utilization": (
+                               u_cal if u_cal is not None else
+                               REGIMES[measured_key].with_load(fitted).utilization(fitted)),
                            "verdict": verdict})
         counts = None
         for unit in units:
@@ -507,19 +514,23 @@ def render_markdown(result: dict[str, Any], figures: list[str], command: str = "
         lines += ["**Warning: the calibration file is marked incomplete (an interrupted live "
                   "run); its numbers rest on partial measurements.**", ""]
     lines += ["The verdict is the sidecar's: its simulated effect sizes on the regime it was "
-              "measured on, at that regime's load relative to the sidecar's capacity, against "
-              "the real measurements. Capacity = slots / mean nominal service time of the "
+              "measured on, at the utilization it was measured at ('calibrated at U': a live "
+              "file's recorded load, otherwise the regime's own load relative to the sidecar's "
+              "capacity), against the real measurements. Capacity = slots / mean nominal "
+              "service time of the "
               "replayed token mix (req/s); utilization = mean offered work / capacity, as "
               "replayed; over SLO when idle = requests whose nominal service time alone "
               "exceeds the SLO.", "",
               "| regime | measured on | simulated sidecar | real p95 high/low | sim | "
-              "real p95 sync ratio | sim | capacity req/s | utilization | rate scale | "
-              "over SLO when idle % | verdict |", "|" + "---|" * 12]
+              "real p95 sync ratio | sim | calibrated at U | capacity req/s | utilization | "
+              "rate scale | over SLO when idle % | verdict |", "|" + "---|" * 13]
     for _, r in result["calibration"].iterrows():
         lines.append(f"| {r['regime']} | {r['measured_on']} | {r['sidecar']} | "
                      f"{_fmt(r['real_p95_high_low'], 3)} | "
                      f"{_fmt(r['sim_p95_high_low'], 3)} | {_fmt(r['real_p95_sync_ratio'], 3)} | "
-                     f"{_fmt(r['sim_p95_sync_ratio'], 3)} | {_fmt(r.get('capacity_rps'), 1)} | "
+                     f"{_fmt(r['sim_p95_sync_ratio'], 3)} | "
+                     f"{_fmt(r.get('calibration_utilization'), 3)} | "
+                     f"{_fmt(r.get('capacity_rps'), 1)} | "
                      f"{_fmt(r.get('utilization'), 3)} | {_fmt(r.get('rate_scale'), 3)} | "
                      f"{_fmt(r.get('idle_violation_pct'), 1)} | {r['verdict']} |")
     trace_rows = [r for _, r in result["calibration"].iterrows()
