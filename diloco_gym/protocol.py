@@ -212,11 +212,11 @@ def gate_verdict(calibration_verdict: str, mean_diff: float, p_value: float,
     2. ``no claim (saturated)`` when the replay's no-merge violation rate is above
        ``saturation_pct`` (see :data:`SATURATION_PCT`);
        then ``no claim (uncalibrated)`` when the effect sizes did not transfer;
-    3. ``placement gain`` / ``worse than matched random`` when ``p_value`` (Holm-adjusted
-       when the caller corrects) is below ``alpha``;
-    4. ``inconclusive (too few episodes)`` when ``n_units`` independent units could not
+    3. ``inconclusive (too few episodes)`` when ``n_units`` independent units could not
        have reached ``alpha`` whatever the data: ``n_tests * min_achievable_p(n_units)``
        (the smallest Holm-adjusted p over ``n_tests`` tests) is not below it;
+    4. ``placement gain`` / ``worse than matched random`` when ``p_value`` (Holm-adjusted
+       when the caller corrects) is below ``alpha``;
     5. otherwise ``tied with matched random``.
 
     Args:
@@ -224,7 +224,8 @@ def gate_verdict(calibration_verdict: str, mean_diff: float, p_value: float,
             effect``.
         mean_diff: agent minus matched random, percentage points.
         p_value: the p-value the gate compares with ``alpha``.
-        n_units: independent paired units behind ``p_value`` (``None``: not checked).
+        n_units: independent paired units behind ``p_value`` (``None``: not checked; for
+            overlapping windows, the number of disjoint windows the data hold).
         n_tests: size of the Holm family ``p_value`` was adjusted over (1 if raw).
         no_sync_violation_pct: mean violation % of the replay with no merges (``None``:
             not checked).
@@ -237,10 +238,13 @@ def gate_verdict(calibration_verdict: str, mean_diff: float, p_value: float,
         return "no claim (saturated)"
     if calibration_verdict == "uncalibrated":
         return "no claim (uncalibrated)"
-    if np.isfinite(p_value) and p_value < alpha:
-        return "placement gain" if mean_diff < 0 else "worse than matched random"
+    # Before the p-value: with independent units a p below alpha is then impossible anyway,
+    # and with overlapping ones (n_units = the independent count) a small p is
+    # pseudo-replication, not evidence.
     if n_units is not None and n_tests * min_achievable_p(n_units) >= alpha:
         return "inconclusive (too few episodes)"
+    if np.isfinite(p_value) and p_value < alpha:
+        return "placement gain" if mean_diff < 0 else "worse than matched random"
     return "tied with matched random"
 
 

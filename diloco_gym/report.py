@@ -153,7 +153,7 @@ def _synthetic_units(config: ReportConfig, regime: str, fitted: SidecarParams | 
     gen = base.with_load(fitted, config.rate_scale, config.target_utilization)
     env = DiLoCoSyncEnv(regime=gen, sidecar=fitted)
     fields = {"unit": "seed", "window_start_s": np.nan, "window_end_s": np.nan,
-              "independent": True}
+              "independent": True, "independent_units": config.seeds}
     units = [_Unit(env, seed, fields) for seed in
              range(config.seed0, config.seed0 + config.seeds)]
     load = {"rate_scale": gen.mean_rate_rps / base.mean_rate_rps,
@@ -172,7 +172,7 @@ def _trace_units(config: ReportConfig, sidecar: SidecarParams) -> tuple[list[_Un
         trace_idle_violation_pct,
         trace_utilization,
     )
-    from diloco_gym.traces import scale_rate
+    from diloco_gym.traces import scale_rate, tile_starts
 
     tr = load_trace(config.trace, config.trace_format)
     scale = replay_rate_scale(tr, sidecar, config.rate_scale, config.target_utilization)
@@ -184,13 +184,16 @@ def _trace_units(config: ReportConfig, sidecar: SidecarParams) -> tuple[list[_Un
         raise ValueError(f"{config.trace}: {exc} (the trace lasts {tr.duration_s:.0f} s, "
                          f"{replayed.duration_s:.0f} s at rate scale {scale:.3g})") from None
     independent = not config.overlapping
+    # Overlapping windows share requests: at most the disjoint tiling's count of them is
+    # independent, and that count (not the number of windows) decides 'inconclusive'.
+    disjoint = len(tile_starts(replayed.duration_s, config.window_s))
     units = []
     for i, tile in enumerate(tiles):
         # Window times in the file's own clock: a trace replayed ``scale`` times faster
         # compresses time by ``scale``.
         fields = {"unit": "window", "window_start_s": tile.start_s * scale,
                   "window_end_s": (tile.start_s + config.window_s) * scale,
-                  "independent": independent}
+                  "independent": independent, "independent_units": disjoint}
         units.append(_Unit(DiLoCoSyncEnv(regime=tile, sidecar=sidecar), config.seed0 + i,
                            fields))
     util = trace_utilization(replayed, sidecar)
@@ -347,8 +350,10 @@ def summarise(df: pd.DataFrame, calib_verdicts: dict[str, str], alpha: float,
     """One row per regime x agent: means, CI, paired test, gap share, verdict.
 
     ``units`` is the number of paired units (episodes: seeds, or trace windows) behind the
-    test, ``independent`` whether they are (overlapping windows are not),
-    ``best_p_holm`` the smallest Holm-adjusted p that many units could give across the
+    test, ``independent`` whether they are (overlapping windows are not; then
+    ``independent_units`` is the count of disjoint windows the trace holds, and it is what
+    the inconclusive check uses), ``best_p_holm`` the smallest Holm-adjusted p that many
+    independent units could give across the
     regime's agents, ``units_needed`` the fewest units for which it is below ``alpha``, and
     ``saturated`` whether the regime's mean no-merge violation rate is above
     ``saturation_pct``. The verdict follows :func:`diloco_gym.protocol.gate_verdict`.
@@ -367,6 +372,8 @@ def summarise(df: pd.DataFrame, calib_verdicts: dict[str, str], alpha: float,
             "unit": g["unit"].iloc[0] if "unit" in g else "seed",
             "units": len(g),
             "independent": bool(g["independent"].all()) if "independent" in g else True,
+            "independent_units": (int(g["independent_units"].iloc[0])
+                                  if "independent_units" in g else len(g)),
             "merges": g["merges"].mean(), "merges_per_hour": g["merges_per_hour"].mean(),
             "sync_excess_pct": agent_m,
             "excess_per_merge_pp": float((g["sync_excess_pct"] / g["merges"].clip(lower=1))
@@ -397,7 +404,9 @@ def summarise(df: pd.DataFrame, calib_verdicts: dict[str, str], alpha: float,
         family = len(idx)
         df_out.loc[idx, "p_holm"] = holm(df_out.loc[idx, "p_value"].to_numpy())
         df_out.loc[idx, "holm_family"] = family
-        df_out.loc[idx, "best_p_holm"] = np.minimum(1.0, family * df_out.loc[idx, "min_p"])
+        n_indep = np.minimum(df_out.loc[idx, "units"], df_out.loc[idx, "independent_units"])
+        df_out.loc[idx, "best_p_holm"] = np.minimum(
+            1.0, family * np.array([protocol.min_achievable_p(int(n)) for n in n_indep]))
         df_out.loc[idx, "units_needed"] = protocol.units_needed(alpha, family)
         # Every agent of a regime replays the same units: one no-merge rate per regime.
         no_sync = df_out.loc[idx, "no_sync_violation_pct"].mean()
@@ -405,7 +414,8 @@ def summarise(df: pd.DataFrame, calib_verdicts: dict[str, str], alpha: float,
         df_out.loc[idx, "no_sync_violation_pct_regime"] = no_sync
     df_out["verdict"] = [
         protocol.gate_verdict(calib_verdicts[r["regime"]], r["diff_pp"], r["p_holm"], alpha,
-                              n_units=int(r["units"]), n_tests=int(r["holm_family"]),
+                              n_units=min(int(r["units"]), int(r["independent_units"])),
+                              n_tests=int(r["holm_family"]),
                               no_sync_violation_pct=r["no_sync_violation_pct_regime"],
                               saturation_pct=saturation_pct)
         for _, r in df_out.iterrows()]
@@ -457,7 +467,7 @@ def write_report(result: dict[str, Any], out: str | Path, force: bool = False,
             "elapsed_s": result["elapsed_s"],
             "calibration": result["calibration"].to_dict(orient="records"),
             "summary": result["summary"].to_dict(orient="records"),
-            "paper": PAPER, "figures": figures,
+            "paper": PAPER, "figures": figures, "loads": result.get("loads", {}),
         }
         (tmp / "report.json").write_text(json.dumps(payload, indent=2, default=_json_default))
         (tmp / "report.md").write_text(render_markdown(result, figures, command))
@@ -626,8 +636,9 @@ def _verdict_notes(g: pd.DataFrame, cfg: dict, load: dict) -> list[str]:
                      "with more capacity.")
         out.append(text)
     if (g["verdict"] == "inconclusive (too few episodes)").any():
-        out.append(f"**Inconclusive (too few episodes)**: {int(r['units'])} "
-                   f"{r['unit']}{'' if int(r['units']) == 1 else 's'}; the best p an exact "
+        n = min(int(r["units"]), int(r["independent_units"]))
+        out.append(f"**Inconclusive (too few episodes)**: {n} independent "
+                   f"{r['unit']}{'' if n == 1 else 's'}; the best p an exact "
                    f"test on them can give, Holm-adjusted "
                    f"over {int(r['holm_family'])} agents, is {_fmt_p(r['best_p_holm'])}, not "
                    f"below {cfg['alpha']}. At least {int(r['units_needed'])} independent "

@@ -314,3 +314,9 @@ def test_gate_saturation():
     assert protocol.gate_verdict("calibrated", -5.0, 1e-6, no_sync_violation_pct=60.0,
                                  saturation_pct=70.0) == "placement gain"
     assert "no claim (saturated)" in protocol.VERDICTS
+
+
+def test_gate_inconclusive_overrides_a_pseudo_replicated_p():
+    # 21 overlapping windows can give a tiny p, but only 3 of them are independent.
+    assert protocol.gate_verdict("calibrated", -3.0, 1e-4, n_units=3) == \
+        "inconclusive (too few episodes)"

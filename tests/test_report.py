@@ -280,3 +280,14 @@ def test_saturation_from_the_requests_themselves_is_explained(tmp_path):
     assert res["summary"]["verdict"].iloc[0] == "no claim (saturated)"
     md = (write_report(res, tmp_path / "rep") / "report.md").read_text()
     assert "100.0 % of the requests exceed the SLO even on an idle sidecar" in md
+
+
+def test_many_overlapping_windows_do_not_buy_significance(long_trace):
+    """21 windows of 600 s every 60 s over 1,800 s are 3 independent ones: the oracle's
+    pseudo-replicated p may be tiny, the verdict stays inconclusive."""
+    res = _trace_report(long_trace, stride_s=60.0, agents=["offline-oracle"], draws=20)
+    s = res["summary"].iloc[0]
+    assert s["units"] == 21 and s["independent_units"] == 3 and not s["independent"]
+    assert s["p_value"] < 0.05  # what pseudo-replication would have claimed
+    assert s["best_p_holm"] == pytest.approx(2 / 8)
+    assert s["verdict"] == "inconclusive (too few episodes)"
