@@ -68,7 +68,11 @@ def cmd_run(args: argparse.Namespace) -> int:
                                   target_utilization=args.target_utilization,
                                   seed0=args.seed0)
             units, _ = _trace_units(config, REGIMES[config.trace_sidecar].sidecar)
-            label = f"{args.trace} ({len(units)} windows of {args.window_s:g} s)"
+            label = (f"{units[0].env.regime_name} ({len(units)} disjoint window"
+                     f"{'' if len(units) == 1 else 's'} of {args.window_s:g} s)"
+                     if not config.overlapping else
+                     f"{units[0].env.regime_name} ({len(units)} overlapping windows of "
+                     f"{args.window_s:g} s: not independent)")
         else:
             _check_regime(args.regime)
             config = ReportConfig(regimes=[args.regime], agents=[args.agent],

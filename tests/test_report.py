@@ -249,7 +249,7 @@ def test_cli_trace_options(long_trace, tmp_path, capsys):
     assert main(["run", "--agent", "fixed-512", "--trace", str(long_trace), "--format",
                  "native", "--window-s", "600"]) == 0
     printed = capsys.readouterr().out
-    assert "3 windows of 600 s" in printed and "3 episodes" in printed
+    assert "on long (3 disjoint windows of 600 s), 3 episodes" in printed
 
 
 # ----------------------------------------------------------------- real traces
