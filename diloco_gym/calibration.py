@@ -32,7 +32,7 @@ from diloco_gym.regimes import REGIMES, get_regime
 from diloco_gym.sidecar import SidecarParams, effect_sizes, percentile
 
 __all__ = ["load_calibration", "simulated_effect_sizes", "transfer_verdict", "fit_sidecar",
-           "Calibration"]
+           "Calibration", "measured_utilization"]
 
 TOLERANCE = 0.05
 METRICS = ("p95_high_low", "p95_sync_ratio")
@@ -155,6 +155,33 @@ def _read_calibration(path: str | Path | None) -> Calibration:
                        tuple(data["regimes"]), bool(data.get("complete", True)))
 
 
+def measured_utilization(path: str | Path | None, sidecar: SidecarParams) -> float | None:
+    """The utilization a live calibration file was measured at, under ``sidecar``.
+
+    ``diloco-gym calibrate`` records the replayed rate and the mean prompt and output
+    tokens it sent (``metadata.trace``); the nominal service time is linear in the tokens,
+    so the mean offered work over capacity is
+    ``rate * base_latency(mean prompt, mean output) / slots`` exactly. ``None`` for the
+    shipped reference (measured on the regimes' own loads) or a file without those fields.
+    """
+    if path is None:
+        return None
+    try:
+        trace = json.loads(Path(path).read_text()).get("metadata", {}).get("trace", {})
+        rate = trace.get("rate_rps")
+        if rate is None and trace.get("duration_s"):
+            rate = trace["requests"] / trace["duration_s"]
+        prompt, output = trace["sent_prompt_tokens_mean"], trace["sent_output_tokens_mean"]
+        rate, prompt, output = float(rate), float(prompt), float(output)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+    if not all(np.isfinite(v) and v >= 0 for v in (rate, prompt, output)) or rate == 0:
+        return None
+    service = (sidecar.ttft_ms + sidecar.prefill_ms_per_token * prompt
+               + sidecar.decode_ms_per_token * output) / 1000.0
+    return rate * service / sidecar.slots
+
+
 def fixed_schedule(n: int, every: int, h_min: int, h_max: int) -> list[int]:
     """Merges every ``every`` decisions (clamped to the corridor)."""
     every = min(max(every, h_min), h_max)
@@ -163,17 +190,25 @@ def fixed_schedule(n: int, every: int, h_min: int, h_max: int) -> list[int]:
 
 def simulated_effect_sizes(regime: str, seeds=range(8), sidecar: SidecarParams | None = None,
                            params: core.EnvParams | None = None,
-                           calibrated_on: bool = True) -> dict:
+                           calibrated_on: bool = True,
+                           utilization: float | None = None) -> dict:
     """Effect sizes of the simulator for ``regime``, pooled over ``seeds``.
 
     With ``calibrated_on`` the trace comes from the regime the parameters were fitted on
-    (for bursty: sync-heavy traces with the bursty sidecar parameters).
+    (for bursty: sync-heavy traces with the bursty sidecar parameters). The trace regime
+    runs at its own utilization on ``sidecar`` (:meth:`SyntheticRegime.with_load`): a
+    fitted sidecar of lower capacity sees proportionally lower rates, the load its effect
+    sizes were measured at relative to its capacity, instead of an overload; with the
+    regimes' default sidecars the traces are unchanged. ``utilization`` replays it at that
+    utilization instead (the load a live calibration was measured at,
+    :func:`measured_utilization`).
     """
     params = params or core.EnvParams()
     reg = get_regime(regime)
     trace_regime = get_regime(reg.calibrated_on) if calibrated_on and reg.calibrated_on \
         else reg
     sidecar = sidecar or reg.sidecar
+    trace_regime = trace_regime.with_load(sidecar, target_utilization=utilization)
     lat, act, prs = [], [], []
     for seed in seeds:
         rng = np.random.default_rng(seed)

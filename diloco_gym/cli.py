@@ -18,6 +18,26 @@ def _add_trace_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--trace", help="replay this trace file instead of a synthetic regime")
     p.add_argument("--format", default="auto", dest="trace_format",
                    help="trace format: auto, native, azure, mooncake, burstgpt")
+    p.add_argument("--window-s", type=float, default=600.0,
+                   help="with --trace: seconds per replayed window; each window is one "
+                        "episode (default 600)")
+    p.add_argument("--stride-s", type=float, default=None,
+                   help="with --trace: seconds between window starts (default: the window, "
+                        "so windows are disjoint and independent; a shorter stride overlaps "
+                        "them and the report flags the episodes as not independent)")
+    p.add_argument("--sidecar", default=None, metavar="REGIME",
+                   help="with --trace: the regime whose sidecar and calibration the replay "
+                        "uses (default sync-heavy; --calibration replaces it with the file's "
+                        "fitted sidecar when the file measured that regime)")
+    load = p.add_mutually_exclusive_group()
+    load.add_argument("--rate-scale", type=float, default=None, metavar="X",
+                      help="multiply the offered load: a regime's request rates, or replay a "
+                           "trace X times faster (every request kept, the trace X times "
+                           "shorter)")
+    load.add_argument("--target-utilization", type=float, default=None, metavar="U",
+                      help="instead of --rate-scale: replay at mean offered work / sidecar "
+                           "capacity = U (capacity = slots / mean service time of the "
+                           "replayed token mix)")
 
 
 def _check_regime(name: str) -> str:
@@ -29,35 +49,51 @@ def _check_regime(name: str) -> str:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from agents.registry import make_agents
-    from diloco_gym.env import DiLoCoSyncEnv
     from diloco_gym.rollout import is_deployable, run_episode
 
     try:
         agent = make_agents([args.agent])[0]
     except (ValueError, FileNotFoundError) as exc:
         raise SystemExit(f"diloco-gym: {exc}") from None
-    if args.trace:
-        from diloco_gym.loaders import load_trace
-        from diloco_gym.regimes import ReplayRegime
+    from diloco_gym.report import ReportConfig, _synthetic_units, _trace_units
 
-        tr = load_trace(args.trace, args.trace_format)
-        env = DiLoCoSyncEnv(regime=ReplayRegime(tr, duration_s=min(600.0, tr.duration_s),
-                                                name=tr.name,
-                                                sidecar=REGIMES["sync-heavy"].sidecar))
-        label = tr.name
-    else:
-        _check_regime(args.regime)
-        env = DiLoCoSyncEnv(regime=args.regime)
-        label = args.regime
-    print(f"agent {agent.name}{'' if is_deployable(agent) else ' (non-deployable)'} on {label}, "
-          f"{args.seeds} episodes")
+    # The same units as the report: seeds of a regime at the chosen load, or the trace's
+    # tiled windows (one episode per window; --seeds is then unused).
+    try:
+        if args.trace:
+            config = ReportConfig(agents=[args.agent], trace=args.trace,
+                                  trace_format=args.trace_format, window_s=args.window_s,
+                                  stride_s=args.stride_s, sidecar=args.sidecar,
+                                  rate_scale=args.rate_scale,
+                                  target_utilization=args.target_utilization,
+                                  seed0=args.seed0)
+            units, _ = _trace_units(config, REGIMES[config.trace_sidecar].sidecar)
+            label = (f"{units[0].env.regime_name} ({len(units)} disjoint window"
+                     f"{'' if len(units) == 1 else 's'} of {args.window_s:g} s)"
+                     if not config.overlapping else
+                     f"{units[0].env.regime_name} ({len(units)} overlapping windows of "
+                     f"{args.window_s:g} s: not independent)")
+        else:
+            _check_regime(args.regime)
+            config = ReportConfig(regimes=[args.regime], agents=[args.agent],
+                                  seeds=max(args.seeds, 2), seed0=args.seed0,
+                                  sidecar=args.sidecar, rate_scale=args.rate_scale,
+                                  target_utilization=args.target_utilization)
+            units, _ = _synthetic_units(config, args.regime, None)
+            units = units[:args.seeds]
+            label = args.regime
+    except (ValueError, FileNotFoundError) as exc:
+        raise SystemExit(f"diloco-gym: {exc}") from None
+    print(f"agent {agent.name}{'' if is_deployable(agent) else ' (non-deployable)'} on "
+          f"{label}, {len(units)} episodes")
     header = (f"{'seed':>5} {'merges':>6} {'sync-excess %':>13} {'p95 ms':>8} "
               f"{'violated':>8} {'excess req':>10}")
     print(header)
     print("-" * len(header))
     rows = []
-    for seed in range(args.seed0, args.seed0 + args.seeds):
-        r = run_episode(env, agent, seed)
+    for unit in units:
+        seed = unit.seed
+        r = run_episode(unit.env, agent, seed)
         rows.append(r)
         print(f"{seed:>5} {r['merges']:>6} {r['sync_excess_pct']:>13.2f} {r['p95_ms']:>8.0f} "
               f"{r['violated']:>8} {r['sync_excess_requests']:>10}")
@@ -93,7 +129,10 @@ def cmd_report(args: argparse.Namespace) -> int:
         config = ReportConfig(regimes=regimes, agents=agents, seeds=args.seeds,
                               seed0=args.seed0, draws=args.draws,
                               calibration=args.calibration, trace=args.trace,
-                              trace_format=args.trace_format)
+                              trace_format=args.trace_format, window_s=args.window_s,
+                              stride_s=args.stride_s, sidecar=args.sidecar,
+                              rate_scale=args.rate_scale,
+                              target_utilization=args.target_utilization)
         result = run_protocol(config, progress=not args.no_progress)
     except (ValueError, FileNotFoundError) as exc:
         raise SystemExit(f"diloco-gym: {exc}") from None

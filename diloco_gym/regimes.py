@@ -13,21 +13,34 @@ inversion from a table of ``2**14`` equiprobable standard-normal quantiles (one 
 request gives both the prompt and the output quantile). Network and checkpoint pressure are
 smoothed AR(1) processes (one sample per second) with occasional high-pressure episodes;
 serving pressure is derived from the load by the environment.
+
+**Load relative to capacity.** A sidecar with ``slots`` parallel servers and a mean nominal
+service time ``E[base]`` (:func:`diloco_gym.sidecar.base_latency_s` of the workload's token
+mix, no pressure, no merge) clears at most ``capacity = slots / E[base]`` requests per
+second; a workload's *utilization* is its mean offered work over that capacity,
+``U = mean_rate * E[base] / slots``. Every regime's load is defined by its utilization
+under its own default sidecar (:meth:`SyntheticRegime.utilization`); with the default
+sidecar the rates are exactly the ones in :data:`REGIMES`, and
+:meth:`SyntheticRegime.with_load` rescales them so that another sidecar (a fitted one from a
+smaller host, say) runs the regime at the same utilization, or at a chosen one. For the
+default sidecar and the regimes' token mix (prompt median 600, output median 100) the
+capacity is about 23 req/s, so sync-heavy's 10 req/s is U = 0.44.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from functools import lru_cache
 
 import numpy as np
 from scipy.signal import lfilter
 from scipy.special import ndtri
 
-from diloco_gym.sidecar import SidecarParams
-from diloco_gym.traces import PRESSURE_DT_S, Trace, random_window, scale_rate
+from diloco_gym.sidecar import SidecarParams, base_latency_s
+from diloco_gym.traces import PRESSURE_DT_S, Trace, random_window, scale_rate, tile_starts
 
-__all__ = ["SyntheticRegime", "ReplayRegime", "REGIMES", "get_regime", "regime_names"]
+__all__ = ["SyntheticRegime", "ReplayRegime", "REGIMES", "get_regime", "regime_names",
+           "trace_utilization", "trace_idle_violation_pct", "replay_rate_scale"]
 
 SLICE_S = 0.1
 _AR_B = np.array([1.0])
@@ -170,6 +183,76 @@ class SyntheticRegime:
         if self.busy_rate_rps < self.quiet_rate_rps:
             raise ValueError(f"{self.name}: busy_rate_rps must be >= quiet_rate_rps")
 
+    @property
+    def mean_rate_rps(self) -> float:
+        """Expected mean request rate of a window: the quiet rate plus the burst lift times
+        its duty cycle (plateau plus half the linear ramp, per mean burst period)."""
+        if self.burst_period_s <= 0 or self.busy_rate_rps == self.quiet_rate_rps:
+            return self.quiet_rate_rps
+        duty = min(1.0, (self.burst_s + 0.5 * self.ramp_s) / self.burst_period_s)
+        return self.quiet_rate_rps + (self.busy_rate_rps - self.quiet_rate_rps) * duty
+
+    def mean_service_s(self, sidecar: SidecarParams | None = None) -> float:
+        """Mean nominal service time (seconds) of this regime's token mix on ``sidecar``
+        (default: the regime's own), exact over the token quantile tables."""
+        sc = sidecar or self.sidecar
+        prompt = _token_table(self.prompt_median, self.prompt_sigma, 32768.0).mean()
+        output = _token_table(self.output_median, self.output_sigma, 4096.0).mean()
+        return float(base_latency_s(prompt, output, sc))
+
+    def capacity_rps(self, sidecar: SidecarParams | None = None) -> float:
+        """Requests per second ``sidecar`` clears at most on this token mix:
+        ``slots / mean_service_s`` (no pressure, no merge)."""
+        sc = sidecar or self.sidecar
+        return sc.slots / self.mean_service_s(sc)
+
+    def utilization(self, sidecar: SidecarParams | None = None) -> float:
+        """Mean offered work over capacity, ``mean_rate_rps / capacity_rps(sidecar)``."""
+        return self.mean_rate_rps / self.capacity_rps(sidecar)
+
+    def idle_violation_pct(self, sidecar: SidecarParams | None = None) -> float:
+        """Share (%) of this regime's requests whose nominal service time alone (an idle
+        sidecar: no queue, no pressure, no merge) exceeds the SLO; exact over the token
+        quantile tables. No load scaling can bring a replay's violation rate below it."""
+        sc = sidecar or self.sidecar
+        prompt = _token_table(self.prompt_median, self.prompt_sigma, 32768.0).astype(float)
+        output = _token_table(self.output_median, self.output_sigma, 4096.0).astype(float)
+        rest = sc.slo_ms - sc.ttft_ms - sc.decode_ms_per_token * output  # ms left for prefill
+        if sc.prefill_ms_per_token > 0:
+            # The prompt table is sorted (increasing quantiles): count the prompts past it.
+            over = prompt.size - np.searchsorted(prompt, rest / sc.prefill_ms_per_token,
+                                                 side="right")
+        else:
+            over = np.where(rest < 0, prompt.size, 0)
+        return float(100.0 * over.sum() / (prompt.size * output.size))
+
+    def with_load(self, sidecar: SidecarParams | None = None, rate_scale: float | None = None,
+                  target_utilization: float | None = None) -> SyntheticRegime:
+        """This regime with its rates scaled for ``sidecar`` and a chosen load.
+
+        The target utilization is ``target_utilization`` if given, else the regime's own
+        utilization under its default sidecar times ``rate_scale`` (default 1). Quiet and
+        busy rates are both multiplied by ``target / utilization(sidecar)``, so the burst
+        shape is kept. With the default sidecar (or one of equal capacity) and no scaling
+        the regime itself is returned: the same traces, seed for seed.
+
+        Raises:
+            ValueError: both or a non-positive ``rate_scale`` / ``target_utilization``.
+        """
+        if rate_scale is not None and target_utilization is not None:
+            raise ValueError("give rate_scale or target_utilization, not both")
+        for name, v in (("rate_scale", rate_scale), ("target_utilization", target_utilization)):
+            if v is not None and not (np.isfinite(v) and v > 0):
+                raise ValueError(f"{name} must be a positive number, got {v}")
+        sc = sidecar or self.sidecar
+        target = (target_utilization if target_utilization is not None
+                  else self.utilization() * (1.0 if rate_scale is None else rate_scale))
+        factor = target / self.utilization(sc)
+        if factor == 1.0:
+            return self
+        return replace(self, quiet_rate_rps=self.quiet_rate_rps * factor,
+                       busy_rate_rps=self.busy_rate_rps * factor)
+
     def rate_rps(self, t: np.ndarray, rng: np.random.Generator, _sorted: bool = False
                  ) -> np.ndarray:
         """The rate function at times ``t`` (draws burst timing from ``rng``)."""
@@ -247,13 +330,56 @@ class SyntheticRegime:
                      checkpoint=checkpoint, name=self.name, meta={"regime": self.name})
 
 
+def trace_utilization(trace: Trace, sidecar: SidecarParams) -> float:
+    """Mean offered work of ``trace`` over ``sidecar``'s capacity on the trace's own token
+    mix: ``mean_rate * mean(base_latency) / slots`` (see the module docstring)."""
+    if trace.num_requests == 0:
+        return 0.0
+    service = float(base_latency_s(trace.prompt_tokens, trace.output_tokens, sidecar).mean())
+    return trace.mean_rate_rps * service / sidecar.slots
+
+
+def trace_idle_violation_pct(trace: Trace, sidecar: SidecarParams) -> float:
+    """Share (%) of ``trace``'s requests whose nominal service time alone exceeds the SLO
+    (see :meth:`SyntheticRegime.idle_violation_pct`)."""
+    if trace.num_requests == 0:
+        return 0.0
+    base = base_latency_s(trace.prompt_tokens, trace.output_tokens, sidecar)
+    return float(100.0 * np.mean(base > sidecar.slo_s))
+
+
+def replay_rate_scale(trace: Trace, sidecar: SidecarParams, rate_scale: float | None = None,
+                      target_utilization: float | None = None) -> float:
+    """The factor by which to speed up ``trace`` (:func:`~diloco_gym.traces.scale_rate`:
+    time compressed, every request kept): ``rate_scale`` as given, or the one that brings
+    :func:`trace_utilization` under ``sidecar`` to ``target_utilization``; 1 by default.
+
+    Raises:
+        ValueError: both given, a non-positive value, or an empty trace.
+    """
+    if rate_scale is not None and target_utilization is not None:
+        raise ValueError("give --rate-scale or --target-utilization, not both")
+    for name, v in (("rate_scale", rate_scale), ("target_utilization", target_utilization)):
+        if v is not None and not (np.isfinite(v) and v > 0):
+            raise ValueError(f"{name} must be a positive number, got {v}")
+    if target_utilization is None:
+        return 1.0 if rate_scale is None else float(rate_scale)
+    u = trace_utilization(trace, sidecar)
+    if u <= 0:
+        raise ValueError(f"trace {trace.name} has no requests: no utilization to scale")
+    return float(target_utilization / u)
+
+
 @dataclass(frozen=True)
 class ReplayRegime:
     """Replay windows of a loaded trace (a real trace, for example).
 
     Each seed picks a random window of ``duration_s`` (``start_s`` fixes it instead),
     optionally rescales it to ``target_rate_rps``, and adds pressure series from the
-    ``pressure_from`` regime's processes when the trace has none.
+    ``pressure_from`` regime's processes when the trace has none (drawn from the seed).
+
+    Random windows overlap one another: episodes cut that way are not independent units.
+    For a statistical comparison use :meth:`tiles`, one fixed window per episode.
     """
 
     trace: Trace
@@ -285,6 +411,23 @@ class ReplayRegime:
             tr = Trace(tr.arrival_s, tr.prompt_tokens, tr.output_tokens, tr.duration_s,
                        network=net, checkpoint=ckpt, name=tr.name, meta=tr.meta)
         return tr
+
+    def tiles(self, stride_s: float | None = None) -> list[ReplayRegime]:
+        """One fixed-window regime per window tiling the (rate-scaled) trace.
+
+        Windows of ``duration_s`` start every ``stride_s`` seconds (default: the window
+        length, so they are disjoint and each is an independent unit); see
+        :func:`diloco_gym.traces.tile_starts`. Each tile keeps this regime's sidecar,
+        pressure source and rate target.
+
+        Raises:
+            ValueError: when no window fits in the trace.
+        """
+        src = self.trace
+        if self.target_rate_rps is not None:
+            src = scale_rate(src, self.target_rate_rps)
+        return [replace(self, start_s=start)
+                for start in tile_starts(src.duration_s, self.duration_s, stride_s)]
 
 
 # Sidecar parameters per regime, fitted so that a fixed-256 replay reproduces the

@@ -23,7 +23,7 @@ from diloco_gym.sidecar import SidecarParams
 
 __all__ = ["ReportConfig", "run_protocol", "write_report", "PAPER"]
 
-#: The paper's / reference's sync-excess % per regime and policy (SPEC.md §5).
+#: The paper's / reference's sync-excess % per regime and policy (docs/paper.md).
 PAPER: dict[str, dict[str, float]] = {
     "sync-heavy": {"fixed-256": 19.2, "fixed-512": 11.0, "pressure-gate": 13.7,
                    "wa-diloco": 6.46, "matched random (WA budget)": 6.38},
@@ -41,12 +41,27 @@ class ReportConfig:
         regimes: regime names (with ``trace``: ignored; the report's regime is
             ``replay:<file stem>``).
         agents: agent names or model paths.
-        seeds: episodes per regime (seeds ``seed0 .. seed0 + seeds - 1``).
-        seed0: first episode seed.
+        seeds: episodes per synthetic regime (seeds ``seed0 .. seed0 + seeds - 1``); with
+            ``trace`` the episodes are the trace's windows instead and ``seeds`` is unused.
+        seed0: first episode seed (with ``trace``: window ``i`` uses seed ``seed0 + i`` for
+            the pressure series added to it).
         draws: matched-random draws per episode (K).
         calibration: calibration file (``None``: the shipped reference measurements).
         trace / trace_format: replay a trace file instead of the synthetic regimes.
+        window_s: length of each replayed window of ``trace`` (one episode each).
+        stride_s: distance between window starts (``None``: ``window_s``, disjoint windows,
+            independent units). A shorter stride overlaps the windows; the report and
+            results then say the units are not independent.
+        sidecar: with ``trace``: the regime whose sidecar (and calibration) the replay uses;
+            ``calibration`` replaces it with the file's fitted sidecar when the file measured
+            that regime.
+        rate_scale: multiply the offered load (a synthetic regime's rates; a trace is
+            replayed this many times faster, every request kept).
+        target_utilization: instead of ``rate_scale``: the mean offered work over the
+            sidecar's capacity to replay at (see :mod:`diloco_gym.regimes`).
         alpha: significance level of the gate.
+        saturation_pct: no-merge violation % above which a replay gets
+            ``no claim (saturated)`` (:data:`diloco_gym.protocol.SATURATION_PCT`).
         exact_check_draws: draws per episode replayed exactly to check the additive envelope.
     """
 
@@ -58,7 +73,13 @@ class ReportConfig:
     calibration: str | None = None
     trace: str | None = None
     trace_format: str = "auto"
+    window_s: float = 600.0
+    stride_s: float | None = None
+    sidecar: str | None = None
+    rate_scale: float | None = None
+    target_utilization: float | None = None
     alpha: float = protocol.ALPHA
+    saturation_pct: float = protocol.SATURATION_PCT
     exact_check_draws: int = 10
 
     def __post_init__(self) -> None:
@@ -70,11 +91,49 @@ class ReportConfig:
             raise ValueError(f"seeds must be >= 2 for a paired test, got {self.seeds}")
         if self.draws < 1:
             raise ValueError(f"draws must be >= 1, got {self.draws}")
+        if not 0 < self.alpha < 1:
+            raise ValueError(f"alpha must be in (0, 1), got {self.alpha}")
+        if self.rate_scale is not None and self.target_utilization is not None:
+            raise ValueError("give rate_scale (--rate-scale) or target_utilization "
+                             "(--target-utilization), not both")
+        for name in ("rate_scale", "target_utilization"):
+            v = getattr(self, name)
+            if v is not None and not (np.isfinite(v) and v > 0):
+                raise ValueError(f"{name} must be a positive number, got {v}")
+        for name in ("window_s", "stride_s"):
+            v = getattr(self, name)
+            if v is not None and not (np.isfinite(v) and v > 0):
+                raise ValueError(f"{name} must be a positive number of seconds, got {v}")
         if self.trace is None:
             unknown = [r for r in self.regimes if r not in REGIMES]
             if unknown:
                 raise ValueError(f"unknown regime(s) {unknown}; valid regimes: "
                                  f"{', '.join(REGIMES)}")
+            if self.sidecar is not None:
+                raise ValueError("sidecar (--sidecar) chooses the sidecar of a --trace "
+                                 "replay; synthetic regimes use their own (or --calibration)")
+        elif self.sidecar is not None and self.sidecar not in REGIMES:
+            raise ValueError(f"unknown sidecar regime {self.sidecar!r}; valid regimes: "
+                             f"{', '.join(REGIMES)}")
+
+    @property
+    def trace_sidecar(self) -> str:
+        """The regime whose sidecar a trace replay uses (default sync-heavy)."""
+        return self.sidecar or "sync-heavy"
+
+    @property
+    def overlapping(self) -> bool:
+        """Trace windows overlap (a stride shorter than the window): not independent."""
+        return self.stride_s is not None and self.stride_s < self.window_s - 1e-9
+
+
+@dataclass
+class _Unit:
+    """One statistical unit (episode): a seed of a synthetic regime or a trace window."""
+
+    env: DiLoCoSyncEnv
+    seed: int
+    fields: dict
 
 
 def _progress(total: int, enabled: bool):
@@ -87,55 +146,132 @@ def _progress(total: int, enabled: bool):
     return tqdm(total=total, unit="episode", desc="report", file=sys.stderr)
 
 
-def _make_env(config: ReportConfig, regime: str,
-              sidecar: SidecarParams | None = None) -> DiLoCoSyncEnv:
-    if config.trace is None:
-        return DiLoCoSyncEnv(regime=regime, sidecar=sidecar)
+def _synthetic_units(config: ReportConfig, regime: str, fitted: SidecarParams | None
+                     ) -> tuple[list[_Unit], dict]:
+    """Seeds of a synthetic regime at the configured load, and the load's description."""
+    base = REGIMES[regime]
+    gen = base.with_load(fitted, config.rate_scale, config.target_utilization)
+    env = DiLoCoSyncEnv(regime=gen, sidecar=fitted)
+    fields = {"unit": "seed", "window_start_s": np.nan, "window_end_s": np.nan,
+              "independent": True, "independent_units": config.seeds}
+    units = [_Unit(env, seed, fields) for seed in
+             range(config.seed0, config.seed0 + config.seeds)]
+    load = {"rate_scale": gen.mean_rate_rps / base.mean_rate_rps,
+            "mean_rate_rps": gen.mean_rate_rps, "capacity_rps": gen.capacity_rps(env.sidecar),
+            "utilization": gen.utilization(env.sidecar),
+            "idle_violation_pct": gen.idle_violation_pct(env.sidecar)}
+    return units, load
+
+
+def _trace_units(config: ReportConfig, sidecar: SidecarParams) -> tuple[list[_Unit], dict]:
+    """The trace's tiled windows at the configured load (one env and seed per window)."""
     from diloco_gym.loaders import load_trace
-    from diloco_gym.regimes import ReplayRegime
+    from diloco_gym.regimes import (
+        ReplayRegime,
+        replay_rate_scale,
+        trace_idle_violation_pct,
+        trace_utilization,
+    )
+    from diloco_gym.traces import scale_rate, tile_starts
 
     tr = load_trace(config.trace, config.trace_format)
-    duration = min(600.0, tr.duration_s)
-    return DiLoCoSyncEnv(regime=ReplayRegime(tr, duration_s=duration, name=tr.name,
-                                             sidecar=sidecar or REGIMES["sync-heavy"].sidecar))
+    scale = replay_rate_scale(tr, sidecar, config.rate_scale, config.target_utilization)
+    replayed = tr if scale == 1.0 else scale_rate(tr, tr.mean_rate_rps * scale)
+    try:
+        tiles = ReplayRegime(replayed, duration_s=config.window_s, sidecar=sidecar,
+                             name=tr.name).tiles(config.stride_s)
+    except ValueError as exc:
+        raise ValueError(f"{config.trace}: {exc} (the trace lasts {tr.duration_s:.0f} s, "
+                         f"{replayed.duration_s:.0f} s at rate scale {scale:.3g})") from None
+    independent = not config.overlapping
+    # Overlapping windows share requests: at most the disjoint tiling's count of them is
+    # independent, and that count (not the number of windows) decides 'inconclusive'.
+    disjoint = len(tile_starts(replayed.duration_s, config.window_s))
+    units = []
+    for i, tile in enumerate(tiles):
+        # Window times in the file's own clock: a trace replayed ``scale`` times faster
+        # compresses time by ``scale``.
+        fields = {"unit": "window", "window_start_s": tile.start_s * scale,
+                  "window_end_s": (tile.start_s + config.window_s) * scale,
+                  "independent": independent, "independent_units": disjoint}
+        units.append(_Unit(DiLoCoSyncEnv(regime=tile, sidecar=sidecar), config.seed0 + i,
+                           fields))
+    util = trace_utilization(replayed, sidecar)
+    load = {"rate_scale": scale, "mean_rate_rps": replayed.mean_rate_rps,
+            "capacity_rps": replayed.mean_rate_rps / util if util > 0 else np.inf,
+            "utilization": util,
+            "idle_violation_pct": trace_idle_violation_pct(replayed, sidecar),
+            "trace_duration_s": tr.duration_s, "replayed_duration_s": replayed.duration_s,
+            "windows": len(units), "window_s": config.window_s,
+            "stride_s": config.stride_s or config.window_s, "independent": independent}
+    return units, load
 
 
 def run_protocol(config: ReportConfig, progress: bool = True) -> dict[str, Any]:
-    """Run the protocol; returns ``{"rows", "summary", "calibration", "config", ...}``."""
+    """Run the protocol; returns ``{"rows", "summary", "calibration", "config", ...}``.
+
+    The statistical unit is the episode: a seed of a synthetic regime, or one window of a
+    replayed trace (windows tile the trace, disjoint unless ``config.stride_s`` is shorter
+    than the window). ``rows`` records each unit's kind, window and independence.
+    """
     from agents.registry import make_agents
 
     agents = make_agents(config.agents)  # unique names; the same agent twice is refused
     calib = cal.load_calibration(config.calibration)
     regimes = ([f"replay:{Path(config.trace).stem}"] if config.trace is not None
                else list(config.regimes))
-    seeds = list(range(config.seed0, config.seed0 + config.seeds))
-    bar = _progress(len(regimes) * len(seeds) * len(agents), progress)
     rows: list[dict] = []
     calib_rows: list[dict] = []
     timelines: dict[str, Any] = {}
+    loads: dict[str, dict] = {}
     started = time.perf_counter()
+    plan = []
     for regime in regimes:
-        measured_key = regime if config.trace is None else "sync-heavy"
+        measured_key = regime if config.trace is None else config.trace_sidecar
         fitted = calib.sidecar_for(measured_key)
-        env = _make_env(config, regime, fitted)
-        p, sc = env.params, env.sidecar
-        measured = calib.measured(measured_key)
         if config.trace is None:
-            sim = cal.simulated_effect_sizes(regime, seeds=range(config.seed0, config.seed0 + 8),
-                                             sidecar=fitted)
+            units, load = _synthetic_units(config, regime, fitted)
         else:
-            sim = _trace_effect_sizes(env, seeds[:8])
+            units, load = _trace_units(config, fitted or REGIMES[measured_key].sidecar)
+        plan.append((regime, measured_key, fitted, units))
+        loads[regime] = load
+    bar = _progress(sum(len(u) for *_, u in plan) * len(agents), progress)
+    for regime, measured_key, fitted, units in plan:
+        measured = calib.measured(measured_key)
+        calib_seeds = range(config.seed0, config.seed0 + 8)
+        # The verdict belongs to the sidecar on the load it was calibrated on: the measured
+        # regime's own traces at its capacity-relative load (not the user's --rate-scale).
+        # A live file records the load it was measured at: simulate the fitted sidecar there.
+        u_cal = (cal.measured_utilization(config.calibration, fitted) if fitted is not None
+                 else None)
+        sim = cal.simulated_effect_sizes(measured_key, seeds=calib_seeds, sidecar=fitted,
+                                         utilization=u_cal)
+        trace_sim = (_trace_effect_sizes(units[:8]) if config.trace is not None
+                     else dict.fromkeys(cal.METRICS, np.nan))
         verdict = cal.transfer_verdict(sim, measured)
         on = calib.measured_on(measured_key)
+        load = loads[regime]
         calib_rows.append({"regime": regime,
                            "measured_on": on + ("" if on in calib.user_regimes or
                                                 calib.path.startswith("diloco_gym/")
                                                 else " (reference)"),
-                           "sidecar": "fitted (calibration file)" if fitted else "regime default",
+                           "sidecar": ("fitted (calibration file)" if fitted else
+                                       f"{measured_key} default"),
                            **{f"real_{k}": measured.get(k) for k in cal.METRICS},
-                           **{f"sim_{k}": v for k, v in sim.items()}, "verdict": verdict})
+                           **{f"sim_{k}": v for k, v in sim.items()},
+                           **{f"trace_sim_{k}": trace_sim.get(k) for k in cal.METRICS},
+                           "capacity_rps": load["capacity_rps"],
+                           "utilization": load["utilization"],
+                           "rate_scale": load["rate_scale"],
+                           "idle_violation_pct": load["idle_violation_pct"],
+                           "calibration_utilization": (
+                               u_cal if u_cal is not None else
+                               REGIMES[measured_key].with_load(fitted).utilization(fitted)),
+                           "verdict": verdict})
         counts = None
-        for seed in seeds:
+        for unit in units:
+            env, seed = unit.env, unit.seed
+            p, sc = env.params, env.sidecar
             for agent in agents:
                 res = run_episode(env, agent, seed)
                 ep = env.episode
@@ -170,7 +306,8 @@ def run_protocol(config: ReportConfig, progress: bool = True) -> dict[str, Any]:
                     "envelope_exactness_gap_pp": float(np.abs(check - check_add).max()),
                     "return": res["return"], "duration_s": ep.trace.duration_s,
                 })
-                if (regime == "bursty" or config.trace is not None) and seed == seeds[0]:
+                rows[-1].update(unit.fields)
+                if (regime == "bursty" or config.trace is not None) and unit is units[0]:
                     # The episode object stays valid after the env's next reset.
                     timelines.setdefault(regime, {"seed": seed, "schedules": {}, "episode": ep,
                                                   "params": p, "sidecar": sc})
@@ -180,19 +317,23 @@ def run_protocol(config: ReportConfig, progress: bool = True) -> dict[str, Any]:
     if bar is not None:
         bar.close()
     df = pd.DataFrame(rows)
-    summary = summarise(df, {r["regime"]: r["verdict"] for r in calib_rows}, config.alpha)
+    summary = summarise(df, {r["regime"]: r["verdict"] for r in calib_rows}, config.alpha,
+                        config.saturation_pct)
     return {"rows": df, "summary": summary, "calibration": pd.DataFrame(calib_rows),
-            "config": asdict(config), "calibration_source": calib.source,
+            "config": asdict(config), "loads": loads, "calibration_source": calib.source,
             "calibration_complete": calib.complete,
             "timelines": timelines, "elapsed_s": time.perf_counter() - started}
 
 
-def _trace_effect_sizes(env: DiLoCoSyncEnv, seeds: list[int]) -> dict:
+def _trace_effect_sizes(units: list[_Unit]) -> dict:
+    """Effect sizes of a fixed-256 schedule on the replayed windows, pooled (information:
+    the calibration verdict is the sidecar's, not the trace's)."""
     from diloco_gym.sidecar import ReplayResult, effect_sizes
 
     lat, act, prs = [], [], []
-    for seed in seeds:
-        env.reset(seed=seed)
+    for unit in units:
+        env = unit.env
+        env.reset(seed=unit.seed)
         ep = env.episode
         merges = cal.fixed_schedule(ep.n_decisions, 256 // env.params.decision_interval,
                                     env.params.h_min, env.params.h_max)
@@ -202,11 +343,22 @@ def _trace_effect_sizes(env: DiLoCoSyncEnv, seeds: list[int]) -> dict:
         prs.append(res.pressure)
     pooled = ReplayResult(np.concatenate(lat), np.zeros(0, bool), np.concatenate(act),
                           np.concatenate(prs))
-    return effect_sizes(pooled, env.sidecar.high_pressure)
+    return effect_sizes(pooled, units[0].env.sidecar.high_pressure)
 
 
-def summarise(df: pd.DataFrame, calib_verdicts: dict[str, str], alpha: float) -> pd.DataFrame:
-    """One row per regime x agent: means, CI, paired test, gap share, verdict."""
+def summarise(df: pd.DataFrame, calib_verdicts: dict[str, str], alpha: float,
+              saturation_pct: float = protocol.SATURATION_PCT) -> pd.DataFrame:
+    """One row per regime x agent: means, CI, paired test, gap share, verdict.
+
+    ``units`` is the number of paired units (episodes: seeds, or trace windows) behind the
+    test, ``independent`` whether they are (overlapping windows are not; then
+    ``independent_units`` is the count of disjoint windows the trace holds, and it is what
+    the inconclusive check uses), ``best_p_holm`` the smallest Holm-adjusted p that many
+    independent units could give across the
+    regime's agents, ``units_needed`` the fewest units for which it is below ``alpha``, and
+    ``saturated`` whether the regime's mean no-merge violation rate is above
+    ``saturation_pct``. The verdict follows :func:`diloco_gym.protocol.gate_verdict`.
+    """
     out = []
     for (regime, agent), g in df.groupby(["regime", "agent"], sort=False):
         diff = (g["sync_excess_pct"] - g["matched_random_mean"]).to_numpy()
@@ -219,6 +371,11 @@ def summarise(df: pd.DataFrame, calib_verdicts: dict[str, str], alpha: float) ->
         out.append({
             "regime": regime, "agent": agent, "episodes": len(g),
             "deployable": bool(g["deployable"].all()) if "deployable" in g else True,
+            "unit": g["unit"].iloc[0] if "unit" in g else "seed",
+            "units": len(g),
+            "independent": bool(g["independent"].all()) if "independent" in g else True,
+            "independent_units": (int(g["independent_units"].iloc[0])
+                                  if "independent_units" in g else len(g)),
             "merges": g["merges"].mean(), "merges_per_hour": g["merges_per_hour"].mean(),
             "sync_excess_pct": agent_m,
             "excess_per_merge_pp": float((g["sync_excess_pct"] / g["merges"].clip(lower=1))
@@ -229,6 +386,7 @@ def summarise(df: pd.DataFrame, calib_verdicts: dict[str, str], alpha: float) ->
             "oracle_same_budget_pct": orc,
             "diff_pp": test["mean"], "diff_ci_low": test["ci_low"],
             "diff_ci_high": test["ci_high"], "p_value": test["p_value"],
+            "min_p": test["min_p"],
             "diff_requests_per_10min": test["mean"] / 100.0 * req_per_10min,
             "gap_captured": float((mr - agent_m) / gap) if gap > 1e-9 else float("nan"),
             "no_sync_violation_pct": g["no_sync_violation_pct"].mean(),
@@ -240,12 +398,30 @@ def summarise(df: pd.DataFrame, calib_verdicts: dict[str, str], alpha: float) ->
     # Holm-Bonferroni across the agents of each regime: a report tests many agents at once,
     # and an uncorrected 5 % gate would hand some tied agent a 'verdict' by chance.
     df_out["p_holm"] = np.nan
+    df_out["holm_family"] = 0
+    df_out["best_p_holm"] = np.nan
+    df_out["units_needed"] = 0
+    df_out["saturated"] = False
     for _regime, idx in df_out.groupby("regime", sort=False).groups.items():
+        family = len(idx)
         df_out.loc[idx, "p_holm"] = holm(df_out.loc[idx, "p_value"].to_numpy())
-    df_out["verdict"] = [protocol.gate_verdict(calib_verdicts[r["regime"]], r["diff_pp"],
-                                               r["p_holm"], alpha)
-                         for _, r in df_out.iterrows()]
-    return df_out
+        df_out.loc[idx, "holm_family"] = family
+        n_indep = np.minimum(df_out.loc[idx, "units"], df_out.loc[idx, "independent_units"])
+        df_out.loc[idx, "best_p_holm"] = np.minimum(
+            1.0, family * np.array([protocol.min_achievable_p(int(n)) for n in n_indep]))
+        df_out.loc[idx, "units_needed"] = protocol.units_needed(alpha, family)
+        # Every agent of a regime replays the same units: one no-merge rate per regime.
+        no_sync = df_out.loc[idx, "no_sync_violation_pct"].mean()
+        df_out.loc[idx, "saturated"] = bool(no_sync > saturation_pct)
+        df_out.loc[idx, "no_sync_violation_pct_regime"] = no_sync
+    df_out["verdict"] = [
+        protocol.gate_verdict(calib_verdicts[r["regime"]], r["diff_pp"], r["p_holm"], alpha,
+                              n_units=min(int(r["units"]), int(r["independent_units"])),
+                              n_tests=int(r["holm_family"]),
+                              no_sync_violation_pct=r["no_sync_violation_pct_regime"],
+                              saturation_pct=saturation_pct)
+        for _, r in df_out.iterrows()]
+    return df_out.drop(columns="no_sync_violation_pct_regime")
 
 
 def holm(p: np.ndarray) -> np.ndarray:
@@ -293,7 +469,7 @@ def write_report(result: dict[str, Any], out: str | Path, force: bool = False,
             "elapsed_s": result["elapsed_s"],
             "calibration": result["calibration"].to_dict(orient="records"),
             "summary": result["summary"].to_dict(orient="records"),
-            "paper": PAPER, "figures": figures,
+            "paper": PAPER, "figures": figures, "loads": result.get("loads", {}),
         }
         (tmp / "report.json").write_text(json.dumps(payload, indent=2, default=_json_default))
         (tmp / "report.md").write_text(render_markdown(result, figures, command))
@@ -329,10 +505,14 @@ def render_markdown(result: dict[str, Any], figures: list[str], command: str = "
     lines = ["# diloco-gym calibration report", ""]
     if command:
         lines += [f"Command: `{command}`", ""]
-    last_seed = cfg["seed0"] + cfg["seeds"] - 1
-    lines += [f"{cfg['seeds']} episodes per regime (seeds {cfg['seed0']}..{last_seed}), "
-              f"{cfg['draws']} matched-random draws per episode, gate at p < {cfg['alpha']}. "
-              f"Ran in {result['elapsed_s']:.1f} s.", "",
+    lines += [_units_sentence(result) + f" {cfg['draws']} matched-random draws per episode, "
+              f"gate at p < {cfg['alpha']}. Ran in {result['elapsed_s']:.1f} s.", ""]
+    if cfg.get("trace") and not bool(s["independent"].all()):
+        lines += ["**Overlapping windows: not independent.** The stride is shorter than the "
+                  "window, so neighbouring episodes share requests; the p-values below treat "
+                  "them as independent and overstate the evidence (pseudo-replication). Use "
+                  "the default stride (disjoint windows) for a claim.", ""]
+    lines += [
               "Sync-excess = SLO violation % of the replay with the agent's merges minus the "
               "same replay without merges (percentage points of requests). Matched random = "
               "schedules drawn uniformly among all feasible schedules with the agent's own "
@@ -345,17 +525,39 @@ def render_markdown(result: dict[str, Any], figures: list[str], command: str = "
     if not result.get("calibration_complete", True):
         lines += ["**Warning: the calibration file is marked incomplete (an interrupted live "
                   "run); its numbers rest on partial measurements.**", ""]
-    lines += ["| regime | measured on | simulated sidecar | real p95 high/low | sim | "
-              "real p95 sync ratio | sim | verdict |", "|---|---|---|---|---|---|---|---|"]
+    lines += ["The verdict is the sidecar's: its simulated effect sizes on the regime it was "
+              "measured on, at the utilization it was measured at ('calibrated at U': a live "
+              "file's recorded load, otherwise the regime's own load relative to the sidecar's "
+              "capacity), against the real measurements. Capacity = slots / mean nominal "
+              "service time of the "
+              "replayed token mix (req/s); utilization = mean offered work / capacity, as "
+              "replayed; over SLO when idle = requests whose nominal service time alone "
+              "exceeds the SLO.", "",
+              "| regime | measured on | simulated sidecar | real p95 high/low | sim | "
+              "real p95 sync ratio | sim | calibrated at U | capacity req/s | utilization | "
+              "rate scale | over SLO when idle % | verdict |", "|" + "---|" * 13]
     for _, r in result["calibration"].iterrows():
         lines.append(f"| {r['regime']} | {r['measured_on']} | {r['sidecar']} | "
                      f"{_fmt(r['real_p95_high_low'], 3)} | "
                      f"{_fmt(r['sim_p95_high_low'], 3)} | {_fmt(r['real_p95_sync_ratio'], 3)} | "
-                     f"{_fmt(r['sim_p95_sync_ratio'], 3)} | {r['verdict']} |")
+                     f"{_fmt(r['sim_p95_sync_ratio'], 3)} | "
+                     f"{_fmt(r.get('calibration_utilization'), 3)} | "
+                     f"{_fmt(r.get('capacity_rps'), 1)} | "
+                     f"{_fmt(r.get('utilization'), 3)} | {_fmt(r.get('rate_scale'), 3)} | "
+                     f"{_fmt(r.get('idle_violation_pct'), 1)} | {r['verdict']} |")
+    trace_rows = [r for _, r in result["calibration"].iterrows()
+                  if np.isfinite(r.get("trace_sim_p95_sync_ratio", np.nan))]
+    for r in trace_rows:
+        lines += ["", f"For information only (not the verdict): on {r['regime']}'s own windows "
+                  f"a fixed-256 schedule gives p95 high/low {_fmt(r['trace_sim_p95_high_low'], 3)}"
+                  f" and p95 sync ratio {_fmt(r['trace_sim_p95_sync_ratio'], 3)}; the trace's "
+                  f"token mix and load, not the sidecar, set these."]
     for regime, g in s.groupby("regime", sort=False):
         lines += ["", f"## {regime}", "",
                   f"No-sync violation rate: {g['no_sync_violation_pct'].mean():.2f} %. "
-                  f"Calibration: {g['calibration'].iloc[0]}.", "",
+                  f"Calibration: {g['calibration'].iloc[0]}.", ""]
+        lines += _verdict_notes(g, cfg, result.get("loads", {}).get(regime, {}))
+        lines += [
                   "| agent | merges/h | sync-excess % | matched random % [5-95 %] | oracle @ same "
                   "budget % | diff pp [95 % CI] | p | p (Holm) | req / 10 min | gap captured | "
                   "verdict |",
@@ -374,7 +576,7 @@ def render_markdown(result: dict[str, Any], figures: list[str], command: str = "
         if fig in figures:
             lines += ["", f"![{regime}]({fig})"]
         if regime in PAPER:
-            lines += ["", "Paper / reference (SPEC.md §5), sync-excess %: "
+            lines += ["", "Paper / reference (docs/paper.md), sync-excess %: "
                       + ", ".join(f"{k} {v}" for k, v in PAPER[regime].items()) + "."]
     if any(f.startswith("timeline_") for f in figures):
         lines += ["", "## One episode", ""] + [f"![timeline]({f})" for f in figures
@@ -386,8 +588,70 @@ def render_markdown(result: dict[str, Any], figures: list[str], command: str = "
               f"exactly, largest difference {max_gap:.2g} pp.",
               "- 'no claim' rows: the regime's real sidecar showed no measurable merge effect "
               "(or the simulator is uncalibrated), so no SLO claim is made whatever the "
-              "numbers say.", ""]
+              "numbers say.",
+              f"- 'no claim (saturated)': more than {cfg.get('saturation_pct', 50):g} % of "
+              "requests violate their SLO with no merge at all; the median request already "
+              "fails, the sidecar is overloaded, and sync-excess cannot tell whether a "
+              "schedule protects a working service.",
+              "- 'inconclusive (too few episodes)': with n independent paired units an exact "
+              "two-sided sign-flip test cannot give p below 2/2^n (times the number of agents "
+              "after the Holm correction), so a tie cannot be told from a gain; the section "
+              "says how many units would be needed.", ""]
     return "\n".join(lines)
+
+
+def _units_sentence(result: dict[str, Any]) -> str:
+    """What the statistical units of the report are."""
+    cfg = result["config"]
+    if not cfg.get("trace"):
+        last_seed = cfg["seed0"] + cfg["seeds"] - 1
+        return (f"{cfg['seeds']} episodes per regime (independent units: seeds "
+                f"{cfg['seed0']}..{last_seed}).")
+    load = next(iter(result.get("loads", {}).values()), {})
+    if not load:
+        return "Trace windows as episodes."
+    kind = ("disjoint windows, independent units" if load["independent"]
+            else "overlapping windows: not independent")
+    plural = "" if load["windows"] == 1 else "s"
+    return (f"{load['windows']} window{plural} of {load['window_s']:g} s every "
+            f"{load['stride_s']:g} s ({kind}) of the {load['trace_duration_s']:.0f} s trace "
+            f"replayed {load['rate_scale']:.3g}x faster ({load['replayed_duration_s']:.0f} s, "
+            f"{load['mean_rate_rps']:.2f} req/s, utilization {load['utilization']:.2f}); one "
+            f"episode per window, window i seeded {cfg['seed0']} + i for the added pressure "
+            f"series.")
+
+
+def _verdict_notes(g: pd.DataFrame, cfg: dict, load: dict) -> list[str]:
+    """Why a regime's verdicts are what they are, when that is not the test alone."""
+    out = []
+    r = g.iloc[0]
+    if bool(r["saturated"]):
+        idle = load.get("idle_violation_pct", np.nan)
+        text = (f"**No claim (saturated)**: {g['no_sync_violation_pct'].mean():.1f} % of "
+                f"requests violate their SLO with no merge (threshold "
+                f"{cfg.get('saturation_pct', 50):g} %). ")
+        if np.isfinite(idle) and idle > cfg.get("saturation_pct", 50) / 2:
+            text += (f"{idle:.1f} % of the requests exceed the SLO even on an idle sidecar "
+                     f"(their nominal service time alone): no load makes this replay "
+                     f"meaningful; it needs a sidecar (or SLO) that fits these requests.")
+        else:
+            text += ("Lower the load (--rate-scale, --target-utilization) or use a sidecar "
+                     "with more capacity.")
+        out.append(text)
+    if (g["verdict"] == "inconclusive (too few episodes)").any():
+        n = min(int(r["units"]), int(r["independent_units"]))
+        out.append(f"**Inconclusive (too few episodes)**: {n} independent "
+                   f"{r['unit']}{'' if n == 1 else 's'}; the best p an exact "
+                   f"test on them can give, Holm-adjusted "
+                   f"over {int(r['holm_family'])} agents, is {_fmt_p(r['best_p_holm'])}, not "
+                   f"below {cfg['alpha']}. At least {int(r['units_needed'])} independent "
+                   f"{r['unit']}s are needed"
+                   + (" (a longer trace, or shorter windows)." if r["unit"] == "window"
+                      else " (--seeds)."))
+    if not bool(g["independent"].all()):
+        out.append("Units overlap (stride shorter than the window): **not independent**; "
+                   "these p-values overstate the evidence.")
+    return out + ([""] if out else [])
 
 
 def _figures(result: dict[str, Any], out: Path) -> list[str]:

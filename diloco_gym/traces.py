@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-__all__ = ["Trace", "TraceFormatError", "window", "scale_rate", "validate_trace"]
+__all__ = ["Trace", "TraceFormatError", "window", "scale_rate", "validate_trace", "tile_starts"]
 
 #: Sampling interval of the pressure series, in seconds.
 PRESSURE_DT_S = 1.0
@@ -221,3 +221,25 @@ def scale_rate(trace: Trace, target_rate_rps: float) -> Trace:
         out[name] = series
     return replace(trace, arrival_s=arrivals, duration_s=duration,
                    meta=dict(trace.meta, rate_scale=float(1 / factor)), **out)
+
+
+def tile_starts(duration_s: float, window_s: float, stride_s: float | None = None) -> list[float]:
+    """Start times of the windows that tile ``[0, duration_s)``.
+
+    Windows ``[k * stride_s, k * stride_s + window_s)`` for ``k = 0, 1, ...`` while they fit
+    inside the trace; the tail shorter than a window is left out. With the default stride
+    (the window length) the windows are disjoint, so episodes cut from them are independent
+    units; a shorter stride makes them overlap (not independent), a longer one leaves gaps.
+
+    Raises:
+        ValueError: a non-positive or non-finite length, or no window fits.
+    """
+    stride_s = window_s if stride_s is None else stride_s
+    for name, v in (("window_s", window_s), ("stride_s", stride_s)):
+        if not (np.isfinite(v) and v > 0):
+            raise ValueError(f"{name} must be a positive number of seconds, got {v}")
+    count = int(np.floor((duration_s - window_s) / stride_s + 1e-9)) + 1
+    if duration_s + 1e-9 < window_s or count < 1:
+        raise ValueError(f"a trace of {duration_s:.1f} s holds no window of {window_s:.1f} s "
+                         f"(shorten --window-s or lower the rate scale)")
+    return [k * float(stride_s) for k in range(count)]

@@ -162,3 +162,54 @@ def test_calibration_regimes_exist():
     cal = load_calibration()
     assert set(cal.regimes) == set(REGIMES)
     assert all(np.isfinite(cal.measured(n)["p95_sync_ratio"]) for n in REGIMES)
+
+
+def test_a_smaller_fitted_sidecar_is_simulated_at_the_regimes_utilization():
+    """A fitted sidecar with a quarter of the capacity: the calibration simulates sync-heavy
+    at the same utilization (2.5 req/s), so the effect sizes are measured, not drowned in an
+    overload (at 10 req/s nearly every request would violate with no merge)."""
+    from diloco_gym import DiLoCoSyncEnv
+
+    low = replace(REGIMES["sync-heavy"].sidecar, slots=4.0)
+    sim = simulated_effect_sizes("sync-heavy", seeds=HELD_OUT[:4], sidecar=low)
+    assert sim["p95_sync_ratio"] > 1.3  # the slowdown shows; an overload flattens it
+    assert sim["p95_ms"] < 3000.0
+    env = DiLoCoSyncEnv(REGIMES["sync-heavy"].with_load(low), sidecar=low)
+    env.reset(seed=HELD_OUT[0])
+    assert env.episode.trace.mean_rate_rps == pytest.approx(2.5, rel=0.1)
+    assert env.episode.baseline.violation_pct < 20.0
+
+
+def test_a_live_file_is_judged_at_the_utilization_it_was_measured_at(tmp_path):
+    """A live calibration records its replayed rate and mean sent tokens: the verdict's
+    simulation runs the fitted sidecar at that utilization, not at the regime's."""
+    from diloco_gym.calibration import measured_utilization
+    from diloco_gym.report import ReportConfig, run_protocol
+
+    fitted = {"ttft_ms": 47.0, "prefill_ms_per_token": 0.15, "decode_ms_per_token": 1.3,
+              "slots": 1.1, "sync_slowdown": 0.9}
+    doc = {"source": "unit-test live file",
+           "regimes": {"sync-heavy": {"p95_high_low": 1.0, "p95_sync_ratio": 2.35}},
+           "fitted_sidecar": fitted,
+           "metadata": {"trace": {"rate_rps": 1.5, "sent_prompt_tokens_mean": 252.0,
+                                  "sent_output_tokens_mean": 48.0, "requests": 17,
+                                  "duration_s": 10.0}}}
+    path = tmp_path / "live.json"
+    path.write_text(json.dumps(doc))
+    cal = load_calibration(path)
+    u = measured_utilization(path, cal.fitted_sidecar)
+    assert u == pytest.approx(1.5 * (47.0 + 0.15 * 252 + 1.3 * 48) / 1000 / 1.1)
+    assert measured_utilization(None, cal.fitted_sidecar) is None
+    del doc["metadata"]
+    bare = tmp_path / "bare.json"
+    bare.write_text(json.dumps(doc))
+    assert measured_utilization(bare, cal.fitted_sidecar) is None
+    res = run_protocol(ReportConfig(regimes=["sync-heavy"], agents=["fixed-512"], seeds=2,
+                                    draws=10, calibration=str(path)), progress=False)
+    row = res["calibration"].iloc[0]
+    assert row["calibration_utilization"] == pytest.approx(u)
+    at_u = simulated_effect_sizes("sync-heavy", seeds=range(8), sidecar=cal.fitted_sidecar,
+                                  utilization=u)
+    assert row["sim_p95_sync_ratio"] == at_u["p95_sync_ratio"]
+    # The episodes themselves run at the regime's own utilization on that sidecar.
+    assert row["utilization"] == pytest.approx(REGIMES["sync-heavy"].utilization())

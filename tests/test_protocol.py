@@ -263,3 +263,60 @@ def test_report_on_a_trace_file(tmp_path):
     out = write_report(res, tmp_path / "rep")
     assert (out / "timeline_replay_mytrace.png").exists()
     assert (out / "fig_replay_mytrace.png").exists()
+
+
+# ----------------------------------------------------------------- honest n and saturation
+def test_min_achievable_p_and_units_needed():
+    assert protocol.min_achievable_p(5) == pytest.approx(2 / 32)
+    assert protocol.min_achievable_p(1) == 1.0
+    assert protocol.min_achievable_p(30, n_flip=1000) == pytest.approx(1 / 1001)
+    assert protocol.units_needed(0.05, 1) == 6  # 2/32 = 0.0625 is not below 0.05
+    assert protocol.units_needed(0.05, 8) == 9  # 8 * 2/256 = 0.0625, 8 * 2/512 = 0.031
+    # The bound is attained: all-negative differences on n units give exactly 2 / 2**n.
+    for n in (3, 5, 9):
+        r = protocol.paired_test(-np.arange(1.0, n + 1), np.random.default_rng(0))
+        assert r["p_value"] == pytest.approx(r["min_p"]) == pytest.approx(2 / 2**n)
+    with pytest.raises(ValueError, match="alpha"):
+        protocol.units_needed(0.0)
+
+
+def test_gate_is_inconclusive_when_n_cannot_reach_alpha():
+    # The oracle's -6.97 pp on 5 seeds: p = 0.0625 at best, so no verdict is possible.
+    assert protocol.gate_verdict("calibrated", -6.97, 0.0625, n_units=5) == \
+        "inconclusive (too few episodes)"
+    assert protocol.gate_verdict("calibrated", 0.1, 0.8, n_units=5) == \
+        "inconclusive (too few episodes)"
+    # Holm over 8 agents: 8 units give at best 8 * 2/256 = 0.0625 -> still inconclusive.
+    assert protocol.gate_verdict("calibrated", 0.1, 0.9, n_units=8, n_tests=8) == \
+        "inconclusive (too few episodes)"
+    assert protocol.gate_verdict("calibrated", 0.1, 0.9, n_units=9, n_tests=8) == \
+        "tied with matched random"
+    assert protocol.gate_verdict("calibrated", -1.0, 0.03, n_units=9, n_tests=8) == \
+        "placement gain"
+    assert "inconclusive (too few episodes)" in protocol.VERDICTS
+
+
+def test_gate_saturation():
+    sat = protocol.SATURATION_PCT
+    assert sat == 50.0
+    assert protocol.gate_verdict("calibrated", -5.0, 1e-6, n_units=20,
+                                 no_sync_violation_pct=sat + 0.1) == "no claim (saturated)"
+    # At the threshold and below (pressure-heavy's 39.6 %) the test decides.
+    assert protocol.gate_verdict("calibrated", -5.0, 1e-6, n_units=20,
+                                 no_sync_violation_pct=39.6) == "placement gain"
+    assert protocol.gate_verdict("calibrated", -5.0, 1e-6, n_units=20,
+                                 no_sync_violation_pct=sat) == "placement gain"
+    # The real sidecar's 'no effect' comes first; saturation explains an 'uncalibrated'.
+    assert protocol.gate_verdict("no measurable SLO effect", -5.0, 1e-6,
+                                 no_sync_violation_pct=99.0) == "no claim (no SLO effect)"
+    assert protocol.gate_verdict("uncalibrated", -5.0, 1e-6,
+                                 no_sync_violation_pct=99.0) == "no claim (saturated)"
+    assert protocol.gate_verdict("calibrated", -5.0, 1e-6, no_sync_violation_pct=60.0,
+                                 saturation_pct=70.0) == "placement gain"
+    assert "no claim (saturated)" in protocol.VERDICTS
+
+
+def test_gate_inconclusive_overrides_a_pseudo_replicated_p():
+    # 21 overlapping windows can give a tiny p, but only 3 of them are independent.
+    assert protocol.gate_verdict("calibrated", -3.0, 1e-4, n_units=3) == \
+        "inconclusive (too few episodes)"

@@ -300,3 +300,112 @@ def test_tokens_are_log_normal_and_independent():
     u = norm.cdf(np.log(prompt / reg.prompt_median) / reg.prompt_sigma)
     hist = np.histogram(u, bins=10, range=(0, 1))[0]
     assert np.all(np.abs(hist / hist.mean() - 1) < 0.1)
+
+
+# --------------------------------------------------------------------------- load
+def test_regime_capacity_and_utilization():
+    reg = REGIMES["sync-heavy"]
+    sc = reg.sidecar
+    # Exact mean of the token tables: slots / mean nominal service time.
+    from diloco_gym.regimes import _token_table
+    service = (sc.ttft_ms + sc.prefill_ms_per_token * _token_table(600.0, 0.5, 32768.0).mean()
+               + sc.decode_ms_per_token * _token_table(100.0, 0.2, 4096.0).mean()) / 1000
+    assert reg.capacity_rps() == pytest.approx(sc.slots / service)
+    assert 20.0 < reg.capacity_rps() < 26.0
+    assert reg.utilization() == pytest.approx(10.0 / reg.capacity_rps())
+    assert REGIMES["bursty"].mean_rate_rps == pytest.approx(8.0)
+    assert REGIMES["non-periodic"].mean_rate_rps == pytest.approx(5.0 + 12.0 * 31.0 / 120.0)
+
+
+@pytest.mark.parametrize("name", ["bursty", "non-periodic"])
+def test_mean_rate_matches_the_traces(name):
+    rates = [_trace(name, s).mean_rate_rps for s in range(12)]
+    assert np.mean(rates) == pytest.approx(REGIMES[name].mean_rate_rps, rel=0.04)
+
+
+@pytest.mark.parametrize("name", list(REGIMES))
+def test_default_sidecar_keeps_todays_rates_and_traces(name):
+    from dataclasses import replace
+
+    reg = REGIMES[name]
+    assert reg.with_load() is reg
+    # A sidecar with the same capacity (other slowdown parameters) changes nothing.
+    other = replace(reg.sidecar, sync_slowdown=1.3, pressure_gain=0.7)
+    assert reg.with_load(other) is reg
+    assert reg.with_load(other)(np.random.default_rng(4)) == _trace(name, 4)
+
+
+def test_with_load_keeps_utilization_on_a_smaller_sidecar():
+    from dataclasses import replace
+
+    reg = REGIMES["bursty"]
+    low = replace(reg.sidecar, slots=4.0)  # a quarter of the capacity
+    scaled = reg.with_load(low)
+    assert scaled.quiet_rate_rps == pytest.approx(reg.quiet_rate_rps / 4)
+    assert scaled.busy_rate_rps == pytest.approx(reg.busy_rate_rps / 4)
+    assert scaled.utilization(low) == pytest.approx(reg.utilization())
+    assert scaled.burst_period_s == reg.burst_period_s and scaled.burst_s == reg.burst_s
+    double = reg.with_load(rate_scale=2.0)
+    assert double.quiet_rate_rps == 10.0 and double.busy_rate_rps == 34.0
+    assert reg.with_load(target_utilization=0.5).utilization() == pytest.approx(0.5)
+    assert reg.with_load(low, target_utilization=0.5).utilization(low) == pytest.approx(0.5)
+    with pytest.raises(ValueError, match="not both"):
+        reg.with_load(rate_scale=2.0, target_utilization=0.5)
+    with pytest.raises(ValueError, match="rate_scale must be a positive"):
+        reg.with_load(rate_scale=0.0)
+
+
+def test_tile_starts():
+    from diloco_gym.traces import tile_starts
+
+    assert tile_starts(3502.0, 600.0) == [0.0, 600.0, 1200.0, 1800.0, 2400.0]
+    assert tile_starts(1200.0, 600.0) == [0.0, 600.0]  # an exact fit keeps the last window
+    assert tile_starts(1500.0, 600.0, 300.0) == [0.0, 300.0, 600.0, 900.0]
+    assert tile_starts(3000.0, 600.0, 1000.0) == [0.0, 1000.0, 2000.0]
+    with pytest.raises(ValueError, match="holds no window of 600.0 s"):
+        tile_starts(599.0, 600.0)
+    with pytest.raises(ValueError, match="stride_s must be a positive"):
+        tile_starts(1000.0, 100.0, -1.0)
+
+
+def test_replay_tiles_are_disjoint_and_cover_the_trace():
+    tr = _trace("bursty", 2)
+    tiles = ReplayRegime(tr, duration_s=150.0).tiles()
+    assert [t.start_s for t in tiles] == [0.0, 150.0, 300.0, 450.0]
+    windows = [t(np.random.default_rng(i)) for i, t in enumerate(tiles)]
+    assert sum(w.num_requests for w in windows) == tr.num_requests
+    got = np.concatenate([w.arrival_s + t.start_s for w, t in zip(windows, tiles, strict=True)])
+    np.testing.assert_allclose(got, tr.arrival_s, atol=1e-9)
+    # Same window index and seed: same episode trace (pressure series included).
+    assert tiles[1](np.random.default_rng(1)) == windows[1]
+
+
+def test_trace_utilization_and_rate_scale():
+    from diloco_gym.regimes import replay_rate_scale, trace_utilization
+    from diloco_gym.traces import scale_rate
+
+    tr = _trace("sync-heavy", 0)
+    sc = REGIMES["sync-heavy"].sidecar
+    u = trace_utilization(tr, sc)
+    assert u == pytest.approx(REGIMES["sync-heavy"].utilization(), rel=0.05)
+    assert replay_rate_scale(tr, sc) == 1.0
+    assert replay_rate_scale(tr, sc, rate_scale=3.0) == 3.0
+    k = replay_rate_scale(tr, sc, target_utilization=0.8)
+    assert trace_utilization(scale_rate(tr, tr.mean_rate_rps * k), sc) == pytest.approx(0.8)
+    with pytest.raises(ValueError, match="not both"):
+        replay_rate_scale(tr, sc, rate_scale=1.0, target_utilization=0.5)
+
+
+def test_idle_violation_pct_is_exact_over_the_token_tables():
+    from dataclasses import replace
+
+    from diloco_gym.regimes import trace_idle_violation_pct
+
+    reg = REGIMES["sync-heavy"]
+    sampled = np.mean([trace_idle_violation_pct(_trace("sync-heavy", s), reg.sidecar)
+                       for s in range(10)])
+    assert reg.idle_violation_pct() == pytest.approx(sampled, abs=0.3)
+    assert 0.5 < reg.idle_violation_pct() < 5.0
+    # A 10 s SLO: no request is over it on an idle sidecar; a 0.1 s SLO: every one is.
+    assert reg.idle_violation_pct(replace(reg.sidecar, slo_ms=10_000.0)) == 0.0
+    assert reg.idle_violation_pct(replace(reg.sidecar, slo_ms=100.0)) == 100.0
