@@ -1,90 +1,209 @@
-"""The ``diloco-gym`` command line: run, report, train, calibrate."""
+"""The ``diloco-gym`` command line: run, report, train, calibrate.
+
+Failure handling: every command reports a user error as one line on stderr,
+``diloco-gym: <what is wrong>``, and exits with status 2 for a usage error (a bad option
+value, an unknown name, an output directory it refuses to replace), 1 for a data error (a
+missing, unreadable or malformed trace, calibration or model file, a trace too short for
+an episode) and 130 when interrupted by Ctrl-C; never a Python traceback. Unexpected
+internal errors also print one line, naming the exception; set ``DILOCO_GYM_TRACEBACK=1``
+to see the traceback.
+"""
 
 from __future__ import annotations
 
 import argparse
+import os
 import shlex
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 
 from diloco_gym.regimes import REGIMES
 
-__all__ = ["main"]
+__all__ = ["main", "CLIError", "UsageError", "DataError", "Interrupted", "CLIExit", "exit_status"]
+
+#: Trace formats of ``--format`` (kept in step with :data:`diloco_gym.loaders.FORMATS`).
+TRACE_FORMATS: tuple[str, ...] = ("auto", "native", "azure", "mooncake", "burstgpt")
+
+
+class CLIError(Exception):
+    """A user error a command reports as one line; ``exit_code`` is the exit status."""
+
+    exit_code = 1
+
+
+class UsageError(CLIError):
+    """The command line is wrong: a bad option value, an unknown name, a refused ``--out``."""
+
+    exit_code = 2
+
+
+class DataError(CLIError):
+    """An input file (trace, calibration, model) is missing, unreadable or unusable."""
+
+    exit_code = 1
+
+
+class Interrupted(CLIError):
+    """Ctrl-C: the command stopped; the message says what was left on disk."""
+
+    exit_code = 130
+
+
+class CLIExit(SystemExit):
+    """Raised by :func:`main` after it printed an error line: ``code`` is the exit status
+    and ``str()`` the message (so ``pytest.raises(SystemExit, match=...)`` sees it)."""
+
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(code)
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
+
+
+def exit_status(exc: BaseException) -> tuple[int, str]:
+    """The exit status and the one-line message for an exception a command raised.
+
+    The order matters: ``TraceFormatError`` is a ``ValueError`` (data, 1) and a bare
+    ``ValueError`` is a parameter that failed validation (usage, 2).
+    """
+    from diloco_gym.traces import TraceFormatError
+
+    try:
+        from diloco_gym.live.errors import CalibrationError
+    except ImportError:  # pragma: no cover - part of the package
+        CalibrationError = ()  # type: ignore[assignment]  # noqa: N806
+    if isinstance(exc, KeyboardInterrupt):
+        return 130, "interrupted"
+    if isinstance(exc, CLIError):
+        return exc.exit_code, str(exc)
+    if isinstance(exc, (TraceFormatError, CalibrationError)):
+        return 1, str(exc)
+    if isinstance(exc, OSError):
+        if exc.strerror and exc.filename:
+            return 1, f"{exc.filename}: {exc.strerror}"
+        return 1, str(exc)
+    if isinstance(exc, KeyError):
+        return 1, str(exc.args[0]) if exc.args else repr(exc)
+    if isinstance(exc, ValueError):
+        return 2, str(exc)
+    return 1, (f"internal error: {type(exc).__name__}: {exc} "
+               f"(set DILOCO_GYM_TRACEBACK=1 to see the traceback)")
+
+
+def _one_line(msg: str) -> str:
+    return " ".join(part.strip() for part in str(msg).splitlines() if part.strip())
+
+
+def _positive_int(minimum: int):
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {value}")
+        return value
+
+    parse.__name__ = f"integer >= {minimum}"
+    return parse
 
 
 def _add_trace_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--trace", help="replay this trace file instead of a synthetic regime")
-    p.add_argument("--format", default="auto", dest="trace_format",
-                   help="trace format: auto, native, azure, mooncake, burstgpt")
+    p.add_argument("--trace", metavar="FILE",
+                   help="replay this trace file instead of a synthetic regime")
+    p.add_argument("--format", default="auto", dest="trace_format", choices=TRACE_FORMATS,
+                   help="trace format (default: auto, by extension and header)")
 
 
 def _check_regime(name: str) -> str:
     if name not in REGIMES:
-        raise SystemExit(f"diloco-gym: unknown regime {name!r}; valid regimes: "
-                         f"{', '.join(REGIMES)}")
+        raise UsageError(f"unknown regime {name!r}; valid regimes: {', '.join(REGIMES)}")
     return name
 
 
-def cmd_run(args: argparse.Namespace) -> int:
+def _check_agent(name: str) -> str:
+    from agents.registry import AGENTS
+
+    if name not in AGENTS and not name.endswith(".zip") and not Path(name).exists():
+        raise UsageError(f"unknown agent {name!r}; valid agents: {', '.join(AGENTS)} "
+                         f"(or a path to a trained model .zip)")
+    return name
+
+
+def _load_agent(name: str):
     from agents.registry import make_agent
+
+    _check_agent(name)
+    try:
+        return make_agent(name)
+    except (ValueError, OSError) as exc:  # a missing or corrupt model file
+        raise DataError(str(exc)) from None
+
+
+def cmd_run(args: argparse.Namespace) -> int:
     from diloco_gym.env import DiLoCoSyncEnv
     from diloco_gym.rollout import run_episode
 
-    try:
-        agent = make_agent(args.agent)
-    except (ValueError, FileNotFoundError) as exc:
-        raise SystemExit(f"diloco-gym: {exc}") from None
+    if not args.trace:
+        _check_regime(args.regime)
+    agent = _load_agent(args.agent)
     if args.trace:
         from diloco_gym.loaders import load_trace
         from diloco_gym.regimes import ReplayRegime
 
-        tr = load_trace(args.trace, args.trace_format)
-        env = DiLoCoSyncEnv(regime=ReplayRegime(tr, duration_s=min(600.0, tr.duration_s),
-                                                name=tr.name,
-                                                sidecar=REGIMES["sync-heavy"].sidecar))
+        tr = load_trace(args.trace, args.trace_format)  # TraceFormatError: exit 1
+        try:
+            env = DiLoCoSyncEnv(regime=ReplayRegime(tr, duration_s=min(600.0, tr.duration_s),
+                                                    name=tr.name,
+                                                    sidecar=REGIMES["sync-heavy"].sidecar))
+            env.reset(seed=args.seed0)  # a trace too short for an episode fails here
+        except ValueError as exc:
+            raise DataError(f"{args.trace}: {exc}") from None
         label = tr.name
     else:
-        _check_regime(args.regime)
         env = DiLoCoSyncEnv(regime=args.regime)
         label = args.regime
     print(f"agent {agent.name} on {label}, {args.seeds} episodes")
-    header = (f"{'seed':>5} {'merges':>6} {'sync-excess %':>13} {'p95 ms':>8} "
+    header = (f"{'seed':>5} {'merges/h':>8} {'sync-excess %':>13} {'p95 ms':>8} "
               f"{'violated':>8} {'excess req':>10}")
     print(header)
     print("-" * len(header))
     rows = []
     for seed in range(args.seed0, args.seed0 + args.seeds):
         r = run_episode(env, agent, seed)
+        r["merges_per_hour"] = r["merges"] * 3600.0 / env.episode.trace.duration_s
         rows.append(r)
-        print(f"{seed:>5} {r['merges']:>6} {r['sync_excess_pct']:>13.2f} {r['p95_ms']:>8.0f} "
-              f"{r['violated']:>8} {r['sync_excess_requests']:>10}")
+        print(f"{seed:>5} {r['merges_per_hour']:>8.1f} {r['sync_excess_pct']:>13.2f} "
+              f"{r['p95_ms']:>8.0f} {r['violated']:>8} {r['sync_excess_requests']:>10}")
     print("-" * len(header))
-    print(f"{'total':>5} {sum(r['merges'] for r in rows):>6} "
+    print(f"{'all':>5} {np.mean([r['merges_per_hour'] for r in rows]):>8.1f} "
           f"{np.mean([r['sync_excess_pct'] for r in rows]):>13.2f} "
           f"{np.mean([r['p95_ms'] for r in rows]):>8.0f} {sum(r['violated'] for r in rows):>8} "
           f"{sum(r['sync_excess_requests'] for r in rows):>10}")
-    print("(total row: merges, violated and excess requests are sums; sync-excess % and p95 "
-          "are means over episodes)")
+    print("(last row: merges/h, sync-excess % and p95 are means over episodes; violated and "
+          "excess requests are sums)")
     return 0
 
 
 def cmd_report(args: argparse.Namespace) -> int:
     started = time.perf_counter()
-    from agents.registry import AGENTS, HEURISTICS
+    from agents.registry import HEURISTICS
+    from diloco_gym import calibration as cal
     from diloco_gym.report import ReportConfig, prepare_out_dir, run_protocol, write_report
+    from diloco_gym.traces import TraceFormatError
 
     try:
         prepare_out_dir(args.out, args.force)
-    except FileExistsError as exc:
-        raise SystemExit(f"diloco-gym: {exc}") from None
+    except (FileExistsError, IsADirectoryError, NotADirectoryError, PermissionError) as exc:
+        raise UsageError(str(exc)) from None
     agents = list(HEURISTICS) if not args.agents else list(args.agents)
     agents += list(args.agent or [])
     for a in agents:
-        if a not in AGENTS and not a.endswith(".zip"):
-            raise SystemExit(f"diloco-gym: unknown agent {a!r}; valid agents: "
-                             f"{', '.join(AGENTS)} (or a path to a trained model .zip)")
+        _check_agent(a)
     regimes = args.regimes or list(REGIMES)
     for r in regimes:
         _check_regime(r)
@@ -93,16 +212,27 @@ def cmd_report(args: argparse.Namespace) -> int:
                               seed0=args.seed0, draws=args.draws,
                               calibration=args.calibration, trace=args.trace,
                               trace_format=args.trace_format)
-        result = run_protocol(config, progress=not args.no_progress)
-    except (ValueError, FileNotFoundError) as exc:
-        raise SystemExit(f"diloco-gym: {exc}") from None
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    try:
+        cal.load_calibration(args.calibration)  # a bad file fails before any episode runs
+    except (ValueError, KeyError) as exc:
+        raise DataError(str(exc)) from None
     command = "diloco-gym " + " ".join(shlex.quote(a) for a in sys.argv[1:])
-    out = write_report(result, args.out, force=args.force, command=command)
-    s = result["summary"]
-    cols = ["regime", "agent", "merges", "sync_excess_pct", "matched_random_pct",
-            "oracle_same_budget_pct", "p_value", "p_holm", "verdict"]
-    with_pd = s[cols].copy()
-    print(with_pd.to_string(index=False, float_format=lambda x: f"{x:.3f}"))
+    try:
+        result = run_protocol(config, progress=not args.no_progress)
+        out = write_report(result, args.out, force=args.force, command=command)
+    except TraceFormatError:
+        raise
+    except (ValueError, KeyError) as exc:  # the data: a trace too short, a regime missing
+        raise DataError(str(exc.args[0]) if isinstance(exc, KeyError) and exc.args
+                        else str(exc)) from None
+    except KeyboardInterrupt:
+        raise Interrupted(f"interrupted; no report written ({args.out} left as it "
+                          f"was)") from None
+    from diloco_gym.report import console_summary
+
+    print(console_summary(result["summary"]))
     print(f"\nreport written to {out}/ (report.md, results.csv, report.json, figures) "
           f"in {time.perf_counter() - started:.1f} s (episodes and statistics "
           f"{result['elapsed_s']:.1f} s)")
@@ -113,9 +243,22 @@ def cmd_train(args: argparse.Namespace) -> int:
     try:
         from diloco_gym.train import run_train_command
     except ImportError as exc:
-        raise SystemExit(f"diloco-gym: training needs the 'rl' extra "
+        raise UsageError(f"training needs the 'rl' extra "
                          f"(pip install 'diloco-gym[rl]'): {exc}") from None
     return run_train_command(args)
+
+
+_SEED0_HELP = ("first episode seed: the episodes use seeds SEED0 .. SEED0+SEEDS-1, and "
+               "the same seed always gives the same trace (default %(default)s). Seeds below "
+               "1,000,000 are never used in training (train draws its episode seeds from "
+               "[10^6, 2^30)), so the default seeds test a trained agent on traces it never "
+               "saw; another SEED0 gives an independent replication")
+
+
+def _version() -> str:
+    import diloco_gym
+
+    return diloco_gym.__version__
 
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
@@ -125,34 +268,47 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="diloco-gym",
         description="Schedule DiLoCo outer merges on hosts shared with LLM serving, and judge "
-                    "schedulers against a matched-random baseline.")
+                    "schedulers against a matched-random baseline.",
+        epilog="Exit status: 0 success, 1 a data error (missing or malformed trace, "
+               "calibration or model file), 2 a usage error, 130 interrupted.")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
+    fmt = argparse.ArgumentDefaultsHelpFormatter
 
-    p = sub.add_parser("run", help="run one agent on a regime or a trace, per-seed table")
+    p = sub.add_parser("run", help="run one agent on a regime or a trace, per-seed table",
+                       formatter_class=fmt)
     p.add_argument("--agent", required=True, help="agent name or trained model .zip")
     p.add_argument("--regime", default="bursty", help=f"one of {', '.join(REGIMES)}")
-    p.add_argument("--seeds", type=int, default=20, help="number of episodes")
-    p.add_argument("--seed0", type=int, default=0, help="first episode seed")
+    p.add_argument("--seeds", type=_positive_int(1), default=20, help="number of episodes")
+    p.add_argument("--seed0", type=_positive_int(0), default=0,
+                   help=_SEED0_HELP.replace(" (default %(default)s)", ""))
     _add_trace_args(p)
     p.set_defaults(func=cmd_run)
 
-    p = sub.add_parser("report", help="the calibration protocol: all regimes x agents x seeds")
-    p.add_argument("--out", default="report", help="report directory (default: report)")
-    p.add_argument("--force", action="store_true", help="replace an existing report directory")
-    p.add_argument("--seeds", type=int, default=20, help="episodes per regime (default 20)")
-    p.add_argument("--seed0", type=int, default=0)
-    p.add_argument("--draws", type=int, default=1000,
-                   help="matched-random draws per episode (default 1000)")
+    p = sub.add_parser("report", help="the calibration protocol: all regimes x agents x seeds",
+                       formatter_class=fmt)
+    p.add_argument("--out", default="report", help="report directory")
+    p.add_argument("--force", action="store_true",
+                   help="replace OUT if it holds a previous diloco-gym report (never the "
+                        "current, home or root directory, nor a directory of other files)")
+    p.add_argument("--seeds", type=_positive_int(2), default=20,
+                   help="episodes per regime (>= 2 for the paired test)")
+    p.add_argument("--seed0", type=_positive_int(0), default=0,
+                   help=_SEED0_HELP.replace(" (default %(default)s)", ""))
+    p.add_argument("--draws", type=_positive_int(1), default=1000,
+                   help="matched-random draws per episode")
     p.add_argument("--regimes", nargs="+", help="subset of regimes (default: all)")
     p.add_argument("--agents", nargs="+", help="heuristic agents (default: all)")
     p.add_argument("--agent", action="append",
                    help="an extra agent (name or trained model .zip); repeatable")
-    p.add_argument("--calibration", help="real-sidecar calibration JSON (default: reference)")
+    p.add_argument("--calibration",
+                   help="real-sidecar calibration JSON (default: the shipped reference)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     _add_trace_args(p)
     p.set_defaults(func=cmd_report)
 
-    p = sub.add_parser("train", help="train an RL scheduler with stable-baselines3")
+    p = sub.add_parser("train", help="train an RL scheduler with stable-baselines3",
+                       formatter_class=fmt)
     p.set_defaults(func=cmd_train)
     add_train_arguments = None
     if command in (None, "train"):
@@ -184,16 +340,36 @@ def _unavailable(what: str, why: str) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run one ``diloco-gym`` command.
+
+    Returns:
+        The command's exit status (0 on success).
+
+    Raises:
+        SystemExit: on any error, after printing one line on stderr (a :class:`CLIExit`
+            whose ``code`` is 2 for usage errors, 1 for data errors, 130 for Ctrl-C), or
+            argparse's own exit for ``--help``, ``--version`` and unparsable options.
+    """
     argv = sys.argv[1:] if argv is None else list(argv)
-    if argv[:1] == ["train"] and "-h" not in argv and "--help" not in argv:
-        try:
-            import diloco_gym.train  # noqa: F401
-        except ImportError as exc:  # the rl extra is missing: say so before argparse does
-            return _unavailable("train", f"it needs the 'rl' extra "
-                                         f"(pip install 'diloco-gym[rl]'): {exc}")
-    parser = build_parser(argv[0] if argv and not argv[0].startswith("-") else "")
-    args = parser.parse_args(argv)
-    return int(args.func(args) or 0)
+    try:
+        if argv[:1] == ["train"] and "-h" not in argv and "--help" not in argv:
+            try:
+                import diloco_gym.train  # noqa: F401
+            except ImportError as exc:  # the rl extra is missing: say so before argparse
+                return _unavailable("train", f"it needs the 'rl' extra "
+                                             f"(pip install 'diloco-gym[rl]'): {exc}")
+        parser = build_parser(argv[0] if argv and not argv[0].startswith("-") else "")
+        args = parser.parse_args(argv)
+        return int(args.func(args) or 0)
+    except SystemExit:
+        raise
+    except BaseException as exc:  # noqa: B036 - Ctrl-C included: one line, no traceback
+        if os.environ.get("DILOCO_GYM_TRACEBACK") and not isinstance(exc, KeyboardInterrupt):
+            raise
+        code, msg = exit_status(exc)
+        msg = _one_line(msg)
+        print(f"diloco-gym: {msg}", file=sys.stderr)
+        raise CLIExit(code, f"diloco-gym: {msg}") from None
 
 
 if __name__ == "__main__":  # pragma: no cover
