@@ -20,36 +20,13 @@ from pathlib import Path
 
 import numpy as np
 
+from diloco_gym.errors import CLIError, DataError, Interrupted, UsageError
 from diloco_gym.regimes import REGIMES
 
 __all__ = ["main", "CLIError", "UsageError", "DataError", "Interrupted", "CLIExit", "exit_status"]
 
 #: Trace formats of ``--format`` (kept in step with :data:`diloco_gym.loaders.FORMATS`).
 TRACE_FORMATS: tuple[str, ...] = ("auto", "native", "azure", "mooncake", "burstgpt")
-
-
-class CLIError(Exception):
-    """A user error a command reports as one line; ``exit_code`` is the exit status."""
-
-    exit_code = 1
-
-
-class UsageError(CLIError):
-    """The command line is wrong: a bad option value, an unknown name, a refused ``--out``."""
-
-    exit_code = 2
-
-
-class DataError(CLIError):
-    """An input file (trace, calibration, model) is missing, unreadable or unusable."""
-
-    exit_code = 1
-
-
-class Interrupted(CLIError):
-    """Ctrl-C: the command stopped; the message says what was left on disk."""
-
-    exit_code = 130
 
 
 class CLIExit(SystemExit):
@@ -180,11 +157,11 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"{seed:>5} {r['merges_per_hour']:>8.1f} {r['sync_excess_pct']:>13.2f} "
               f"{r['p95_ms']:>8.0f} {r['violated']:>8} {r['sync_excess_requests']:>10}")
     print("-" * len(header))
-    print(f"{'all':>5} {np.mean([r['merges_per_hour'] for r in rows]):>8.1f} "
+    print(f"{'total':>5} {np.mean([r['merges_per_hour'] for r in rows]):>8.1f} "
           f"{np.mean([r['sync_excess_pct'] for r in rows]):>13.2f} "
           f"{np.mean([r['p95_ms'] for r in rows]):>8.0f} {sum(r['violated'] for r in rows):>8} "
           f"{sum(r['sync_excess_requests'] for r in rows):>10}")
-    print("(last row: merges/h, sync-excess % and p95 are means over episodes; violated and "
+    print("(total row: merges/h, sync-excess % and p95 are means over episodes; violated and "
           "excess requests are sums)")
     return 0
 
@@ -307,8 +284,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     _add_trace_args(p)
     p.set_defaults(func=cmd_report)
 
-    p = sub.add_parser("train", help="train an RL scheduler with stable-baselines3",
-                       formatter_class=fmt)
+    p = sub.add_parser("train", help="train an RL scheduler with stable-baselines3")
     p.set_defaults(func=cmd_train)
     add_train_arguments = None
     if command in (None, "train"):
