@@ -205,6 +205,7 @@ def cmd_report(args: argparse.Namespace) -> int:
         raise DataError(str(exc.args[0]) if isinstance(exc, KeyError) and exc.args
                         else str(exc)) from None
     except KeyboardInterrupt:
+        _close_progress_bars()
         raise Interrupted(f"interrupted; no report written ({args.out} left as it "
                           f"was)") from None
     from diloco_gym.report import console_summary
@@ -214,6 +215,17 @@ def cmd_report(args: argparse.Namespace) -> int:
           f"in {time.perf_counter() - started:.1f} s (episodes and statistics "
           f"{result['elapsed_s']:.1f} s)")
     return 0
+
+
+def _close_progress_bars() -> None:
+    """Close open tqdm bars now, so that their last redraw (at garbage collection) does not
+    land after the one-line message."""
+    try:
+        from tqdm import tqdm
+    except ImportError:  # pragma: no cover - tqdm is a dependency
+        return
+    for bar in list(getattr(tqdm, "_instances", ())):
+        bar.close()
 
 
 def cmd_train(args: argparse.Namespace) -> int:

@@ -511,7 +511,7 @@ class _ActionCounter:
         return action, state
 
 
-def validation_comparison(model_path: str | Path, regime: str, seeds: list[int],
+def validation_comparison(model: str | Path | Any, regime: str, seeds: list[int],
                           env_kwargs: dict[str, Any] | None = None,
                           draws: int = 200) -> dict[str, Any]:
     """The trained agent next to fixed-512 and its matched random on validation seeds.
@@ -519,6 +519,13 @@ def validation_comparison(model_path: str | Path, regime: str, seeds: list[int],
     Matched random is scored as in ``diloco-gym report``: per episode, the mean
     sync-excess of ``draws`` schedules drawn uniformly among those with the agent's own
     number of merges.
+
+    Args:
+        model: a trained model file, or an agent (``predict`` / ``name``).
+        regime: the validation regime.
+        seeds: validation episode seeds.
+        env_kwargs: extra ``DiLoCoSyncEnv`` keyword arguments.
+        draws: matched-random draws per episode.
 
     Returns:
         ``{"seeds", "agent", "fixed-512", "matched random"}`` (each with mean
@@ -531,7 +538,8 @@ def validation_comparison(model_path: str | Path, regime: str, seeds: list[int],
     from diloco_gym import protocol
 
     env = DiLoCoSyncEnv(regime=regime, **(env_kwargs or {}))
-    agent = _ActionCounter(load_learned_agent(model_path))
+    agent = _ActionCounter(load_learned_agent(model) if isinstance(model, (str, Path))
+                           else model)
     fixed = make_agent("fixed-512")
     rows: dict[str, list[tuple[float, float]]] = {"agent": [], "fixed-512": [],
                                                   "matched random": []}
