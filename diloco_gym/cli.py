@@ -202,10 +202,11 @@ def cmd_report(args: argparse.Namespace) -> int:
     except TraceFormatError:
         raise
     except (ValueError, KeyError) as exc:  # the data: a trace too short, a regime missing
-        raise DataError(str(exc.args[0]) if isinstance(exc, KeyError) and exc.args
-                        else str(exc)) from None
+        msg = str(exc.args[0]) if isinstance(exc, KeyError) and exc.args else str(exc)
+        if args.trace and isinstance(exc, ValueError) and args.trace not in msg:
+            msg = f"{args.trace}: {msg}"
+        raise DataError(msg) from None
     except KeyboardInterrupt:
-        _close_progress_bars()
         raise Interrupted(f"interrupted; no report written ({args.out} left as it "
                           f"was)") from None
     from diloco_gym.report import console_summary
@@ -356,6 +357,7 @@ def main(argv: list[str] | None = None) -> int:
             raise
         code, msg = exit_status(exc)
         msg = _one_line(msg)
+        _close_progress_bars()
         print(f"diloco-gym: {msg}", file=sys.stderr)
         raise CLIExit(code, f"diloco-gym: {msg}") from None
 

@@ -648,17 +648,34 @@ def _annotate_points(fig, ax, x: np.ndarray, y: np.ndarray, labels: list[str],
                 break
         else:
             groups.append([i])
-    placed: list[tuple[float, float, float]] = []  # (x start, x end, y) of labels, points
+    placed: list[tuple[float, float, float]] = []  # (x start, x end, y) of labels, in points
+
+    # the points themselves are obstacles too: a label must not sit on another point
+    dots = list(zip(px, py, strict=True))
+
+    def free(x_lo: float, x_hi: float, yy: float) -> bool:
+        return (x_lo >= 0.0 and x_hi <= w_pt and 0.0 <= yy <= h_pt
+                and not any(x_lo < b1 and a0 < x_hi and abs(yy - y2) < line_pt
+                        for a0, b1, y2 in placed)
+                and not any(x_lo - 3.0 < dx < x_hi + 3.0 and abs(yy - dy) < line_pt * 0.8
+                            for dx, dy in dots))
+
+    # right of the point, a line below or above it, left of it, then further down
+    candidates = [(1, 3.0), (1, 3.0 - line_pt), (1, 3.0 + line_pt), (-1, 3.0),
+                  (-1, 3.0 - line_pt)] + [(side, 3.0 - k * line_pt) for k in range(2, 40)
+                                          for side in (1, -1)]
     for grp in groups:
         j = grp[0]
         text = ", ".join(labels[k] for k in grp)
-        lx0, lx1 = px[j] + 5.0, px[j] + 5.0 + char_pt * len(text)
-        ly = py[j] + 3.0
-        while any(lx0 < b1 and a0 < lx1 and abs(ly - yy) < line_pt for a0, b1, yy in placed):
-            ly -= line_pt
-        placed.append((lx0, lx1, ly))
-        moved = abs(ly - (py[j] + 3.0)) > 1e-9
-        ax.annotate(text, (x[j], y[j]), xytext=(5.0, ly - py[j]), textcoords="offset points",
-                    fontsize=fontsize, va="center",
-                    arrowprops={"arrowstyle": "-", "lw": 0.5, "color": "0.5"} if moved
-                    else None)
+        width = char_pt * len(text)
+        side, dy, x_lo = 1, 3.0, px[j] + 5.0
+        for cand_side, cand_dy in candidates:
+            lo = px[j] + 5.0 if cand_side > 0 else px[j] - 5.0 - width
+            if free(lo, lo + width, py[j] + cand_dy):
+                side, dy, x_lo = cand_side, cand_dy, lo
+                break
+        placed.append((x_lo, x_lo + width, py[j] + dy))
+        ax.annotate(text, (x[j], y[j]), xytext=(5.0 * side, dy), textcoords="offset points",
+                    fontsize=fontsize, va="center", ha="left" if side > 0 else "right",
+                    arrowprops={"arrowstyle": "-", "lw": 0.6, "color": "0.35"}
+                    if abs(dy - 3.0) > line_pt / 2 else None)

@@ -218,6 +218,9 @@ def test_run_trace_errors_are_one_line(tmp_path, capsys):
     bad.write_text("# duration_s=100\narrival_s,prompt_tokens,output_tokens\n1.0,abc,3\n")
     assert "row 1" in _fails(["run", "--agent", "fixed-512", "--trace", str(bad),
                               "--format", "native"], capsys, 1)
+    assert "native.csv" in _fails(["run", "--agent", "fixed-512", "--trace",
+                                   str(_short_trace(tmp_path / "native.csv", 100.0)),
+                                   "--format", "azure"], capsys, 1)
     short = _short_trace(tmp_path / "short.csv", 30.0)
     line = _fails(["run", "--agent", "fixed-512", "--trace", str(short), "--seeds", "1"],
                   capsys, 1)
@@ -228,6 +231,11 @@ def test_run_trace_errors_are_one_line(tmp_path, capsys):
     capsys.readouterr()
     assert "too short" in _fails(["report", "--out", str(tmp_path / "r"), "--trace",
                                   str(short), *QUICK], capsys, 1)
+    # with a progress bar open, the message is still the last and only line
+    res = _cli(["report", "--out", "r", "--trace", str(short), "--seeds", "2",
+                "--agents", "fixed-512", "--draws", "10"], tmp_path)
+    assert res.returncode == 1 and "Traceback" not in res.stderr
+    assert res.stderr.strip().splitlines()[-1].startswith("diloco-gym: ")
     assert not (tmp_path / "r").exists()
 
 
