@@ -251,11 +251,18 @@ def _version() -> str:
     return diloco_gym.__version__
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with a one-line usage error (argparse prints the whole usage block first)."""
+
+    def error(self, message: str):  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {message} (see: {self.prog} --help)\n")
+
+
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """The ``diloco-gym`` parser. ``train`` and ``calibrate`` take their options from modules
     that import stable-baselines3 and torch (seconds): given the ``command`` being run, the
     other commands' parsers leave them out, so ``report`` and ``--help`` start fast."""
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="diloco-gym",
         description="Schedule DiLoCo outer merges on hosts shared with LLM serving, and judge "
                     "schedulers against a matched-random baseline.",

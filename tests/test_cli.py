@@ -260,6 +260,7 @@ def test_bad_counts_are_usage_errors(argv, capsys):
     assert exc.value.code == 2
     err = capsys.readouterr().err
     assert "must be >=" in err and "Traceback" not in err and "nan" not in err
+    assert len(err.strip().splitlines()) == 1, err
 
 
 def test_data_and_usage_errors_of_report(tmp_path, capsys):
