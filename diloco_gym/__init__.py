@@ -13,7 +13,18 @@ from diloco_gym.regimes import REGIMES, ReplayRegime, SyntheticRegime, get_regim
 from diloco_gym.sidecar import SidecarParams
 from diloco_gym.traces import Trace, TraceFormatError
 
-__version__ = "0.2.0"
+
+def _package_version() -> str:
+    """The installed distribution's version (pyproject.toml is the one place it is set)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("diloco-gym")
+    except PackageNotFoundError:  # a source tree on sys.path that was never installed
+        return "0+unknown"
+
+
+__version__ = _package_version()
 
 __all__ = ["DiLoCoSyncEnv", "EnvParams", "SidecarParams", "LearnerParams", "Trace",
            "TraceFormatError", "REGIMES", "get_regime", "SyntheticRegime", "ReplayRegime",

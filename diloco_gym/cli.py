@@ -1,23 +1,99 @@
-"""The ``diloco-gym`` command line: run, report, train, calibrate."""
+"""The ``diloco-gym`` command line: run, report, train, calibrate.
+
+Failure handling: every command reports a user error as one line on stderr,
+``diloco-gym: <what is wrong>``, and exits with status 2 for a usage error (a bad option
+value, an unknown name, an output directory it refuses to replace), 1 for a data error (a
+missing, unreadable or malformed trace, calibration or model file, a trace too short for
+an episode) and 130 when interrupted by Ctrl-C; never a Python traceback. Unexpected
+internal errors also print one line, naming the exception; set ``DILOCO_GYM_TRACEBACK=1``
+to see the traceback.
+"""
 
 from __future__ import annotations
 
 import argparse
+import os
 import shlex
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 
+from diloco_gym.errors import CLIError, DataError, Interrupted, UsageError
 from diloco_gym.regimes import REGIMES
 
-__all__ = ["main"]
+__all__ = ["main", "CLIError", "UsageError", "DataError", "Interrupted", "CLIExit", "exit_status"]
+
+#: Trace formats of ``--format`` (kept in step with :data:`diloco_gym.loaders.FORMATS`).
+TRACE_FORMATS: tuple[str, ...] = ("auto", "native", "azure", "mooncake", "burstgpt")
+
+
+class CLIExit(SystemExit):
+    """Raised by :func:`main` after it printed an error line: ``code`` is the exit status
+    and ``str()`` the message (so ``pytest.raises(SystemExit, match=...)`` sees it)."""
+
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(code)
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
+
+
+def exit_status(exc: BaseException) -> tuple[int, str]:
+    """The exit status and the one-line message for an exception a command raised.
+
+    The order matters: ``TraceFormatError`` is a ``ValueError`` (data, 1) and a bare
+    ``ValueError`` is a parameter that failed validation (usage, 2).
+    """
+    from diloco_gym.traces import TraceFormatError
+
+    try:
+        from diloco_gym.live.errors import CalibrationError
+    except ImportError:  # pragma: no cover - part of the package
+        CalibrationError = ()  # type: ignore[assignment]  # noqa: N806
+    if isinstance(exc, KeyboardInterrupt):
+        return 130, "interrupted"
+    if isinstance(exc, CLIError):
+        return exc.exit_code, str(exc)
+    if isinstance(exc, (TraceFormatError, CalibrationError)):
+        return 1, str(exc)
+    if isinstance(exc, OSError):
+        if exc.strerror and exc.filename:
+            return 1, f"{exc.filename}: {exc.strerror}"
+        return 1, str(exc)
+    if isinstance(exc, KeyError):
+        return 1, str(exc.args[0]) if exc.args else repr(exc)
+    if isinstance(exc, ValueError):
+        return 2, str(exc)
+    return 1, (f"internal error: {type(exc).__name__}: {exc} "
+               f"(set DILOCO_GYM_TRACEBACK=1 to see the traceback)")
+
+
+def _one_line(msg: str) -> str:
+    return " ".join(part.strip() for part in str(msg).splitlines() if part.strip())
+
+
+def _positive_int(minimum: int):
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {value}")
+        return value
+
+    parse.__name__ = f"integer >= {minimum}"
+    return parse
 
 
 def _add_trace_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--trace", help="replay this trace file instead of a synthetic regime")
-    p.add_argument("--format", default="auto", dest="trace_format",
-                   help="trace format: auto, native, azure, mooncake, burstgpt")
+    p.add_argument("--trace", metavar="FILE",
+                   help="replay this trace file instead of a synthetic regime")
+    p.add_argument("--format", default="auto", dest="trace_format", choices=TRACE_FORMATS,
+                   help="trace format (default: auto, by extension and header)")
     p.add_argument("--window-s", type=float, default=600.0,
                    help="with --trace: seconds per replayed window; each window is one "
                         "episode (default 600)")
@@ -42,19 +118,35 @@ def _add_trace_args(p: argparse.ArgumentParser) -> None:
 
 def _check_regime(name: str) -> str:
     if name not in REGIMES:
-        raise SystemExit(f"diloco-gym: unknown regime {name!r}; valid regimes: "
-                         f"{', '.join(REGIMES)}")
+        raise UsageError(f"unknown regime {name!r}; valid regimes: {', '.join(REGIMES)}")
     return name
 
 
-def cmd_run(args: argparse.Namespace) -> int:
+def _check_agent(name: str) -> str:
+    from agents.registry import AGENTS
+
+    if name not in AGENTS and not name.endswith(".zip") and not Path(name).exists():
+        raise UsageError(f"unknown agent {name!r}; valid agents: {', '.join(AGENTS)} "
+                         f"(or a path to a trained model .zip)")
+    return name
+
+
+def _load_agent(name: str):
     from agents.registry import make_agents
+
+    _check_agent(name)
+    try:
+        return make_agents([name])[0]
+    except (ValueError, OSError) as exc:  # a missing or corrupt model file
+        raise DataError(str(exc)) from None
+
+
+def cmd_run(args: argparse.Namespace) -> int:
     from diloco_gym.rollout import is_deployable, run_episode
 
-    try:
-        agent = make_agents([args.agent])[0]
-    except (ValueError, FileNotFoundError) as exc:
-        raise SystemExit(f"diloco-gym: {exc}") from None
+    if not args.trace:
+        _check_regime(args.regime)
+    agent = _load_agent(args.agent)
     from diloco_gym.report import ReportConfig, _synthetic_units, _trace_units
 
     # The same units as the report: seeds of a regime at the chosen load, or the trace's
@@ -67,6 +159,15 @@ def cmd_run(args: argparse.Namespace) -> int:
                                   rate_scale=args.rate_scale,
                                   target_utilization=args.target_utilization,
                                   seed0=args.seed0)
+        else:
+            config = ReportConfig(regimes=[args.regime], agents=[args.agent],
+                                  seeds=max(args.seeds, 2), seed0=args.seed0,
+                                  sidecar=args.sidecar, rate_scale=args.rate_scale,
+                                  target_utilization=args.target_utilization)
+    except ValueError as exc:  # an invalid option value
+        raise UsageError(str(exc)) from None
+    try:
+        if args.trace:
             units, _ = _trace_units(config, REGIMES[config.trace_sidecar].sidecar)
             label = (f"{units[0].env.regime_name} ({len(units)} disjoint window"
                      f"{'' if len(units) == 1 else 's'} of {args.window_s:g} s)"
@@ -74,19 +175,17 @@ def cmd_run(args: argparse.Namespace) -> int:
                      f"{units[0].env.regime_name} ({len(units)} overlapping windows of "
                      f"{args.window_s:g} s: not independent)")
         else:
-            _check_regime(args.regime)
-            config = ReportConfig(regimes=[args.regime], agents=[args.agent],
-                                  seeds=max(args.seeds, 2), seed0=args.seed0,
-                                  sidecar=args.sidecar, rate_scale=args.rate_scale,
-                                  target_utilization=args.target_utilization)
             units, _ = _synthetic_units(config, args.regime, None)
             units = units[:args.seeds]
             label = args.regime
-    except (ValueError, FileNotFoundError) as exc:
-        raise SystemExit(f"diloco-gym: {exc}") from None
+    except ValueError as exc:  # the data: a trace too short for a window
+        msg = str(exc)
+        if args.trace and args.trace not in msg:
+            msg = f"{args.trace}: {msg}"
+        raise DataError(msg) from None
     print(f"agent {agent.name}{'' if is_deployable(agent) else ' (non-deployable)'} on "
           f"{label}, {len(units)} episodes")
-    header = (f"{'seed':>5} {'merges':>6} {'sync-excess %':>13} {'p95 ms':>8} "
+    header = (f"{'seed':>5} {'merges/h':>8} {'sync-excess %':>13} {'p95 ms':>8} "
               f"{'violated':>8} {'excess req':>10}")
     print(header)
     print("-" * len(header))
@@ -94,34 +193,35 @@ def cmd_run(args: argparse.Namespace) -> int:
     for unit in units:
         seed = unit.seed
         r = run_episode(unit.env, agent, seed)
+        r["merges_per_hour"] = r["merges"] * 3600.0 / unit.env.episode.trace.duration_s
         rows.append(r)
-        print(f"{seed:>5} {r['merges']:>6} {r['sync_excess_pct']:>13.2f} {r['p95_ms']:>8.0f} "
-              f"{r['violated']:>8} {r['sync_excess_requests']:>10}")
+        print(f"{seed:>5} {r['merges_per_hour']:>8.1f} {r['sync_excess_pct']:>13.2f} "
+              f"{r['p95_ms']:>8.0f} {r['violated']:>8} {r['sync_excess_requests']:>10}")
     print("-" * len(header))
-    print(f"{'total':>5} {sum(r['merges'] for r in rows):>6} "
+    print(f"{'total':>5} {np.mean([r['merges_per_hour'] for r in rows]):>8.1f} "
           f"{np.mean([r['sync_excess_pct'] for r in rows]):>13.2f} "
           f"{np.mean([r['p95_ms'] for r in rows]):>8.0f} {sum(r['violated'] for r in rows):>8} "
           f"{sum(r['sync_excess_requests'] for r in rows):>10}")
-    print("(total row: merges, violated and excess requests are sums; sync-excess % and p95 "
-          "are means over episodes)")
+    print("(total row: merges/h, sync-excess % and p95 are means over episodes; violated and "
+          "excess requests are sums)")
     return 0
 
 
 def cmd_report(args: argparse.Namespace) -> int:
     started = time.perf_counter()
-    from agents.registry import AGENTS, HEURISTICS
+    from agents.registry import HEURISTICS
+    from diloco_gym import calibration as cal
     from diloco_gym.report import ReportConfig, prepare_out_dir, run_protocol, write_report
+    from diloco_gym.traces import TraceFormatError
 
     try:
         prepare_out_dir(args.out, args.force)
-    except FileExistsError as exc:
-        raise SystemExit(f"diloco-gym: {exc}") from None
+    except (FileExistsError, IsADirectoryError, NotADirectoryError, PermissionError) as exc:
+        raise UsageError(str(exc)) from None
     agents = list(HEURISTICS) if not args.agents else list(args.agents)
     agents += list(args.agent or [])
     for a in agents:
-        if a not in AGENTS and not a.endswith(".zip"):
-            raise SystemExit(f"diloco-gym: unknown agent {a!r}; valid agents: "
-                             f"{', '.join(AGENTS)} (or a path to a trained model .zip)")
+        _check_agent(a)
     regimes = args.regimes or list(REGIMES)
     for r in regimes:
         _check_regime(r)
@@ -133,61 +233,117 @@ def cmd_report(args: argparse.Namespace) -> int:
                               stride_s=args.stride_s, sidecar=args.sidecar,
                               rate_scale=args.rate_scale,
                               target_utilization=args.target_utilization)
-        result = run_protocol(config, progress=not args.no_progress)
-    except (ValueError, FileNotFoundError) as exc:
-        raise SystemExit(f"diloco-gym: {exc}") from None
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    try:
+        cal.load_calibration(args.calibration)  # a bad file fails before any episode runs
+    except (ValueError, KeyError) as exc:
+        raise DataError(str(exc)) from None
     command = "diloco-gym " + " ".join(shlex.quote(a) for a in sys.argv[1:])
-    out = write_report(result, args.out, force=args.force, command=command)
-    s = result["summary"]
-    cols = ["regime", "agent", "deployable", "merges", "sync_excess_pct", "matched_random_pct",
-            "oracle_same_budget_pct", "p_value", "p_holm", "verdict"]
-    with_pd = s[cols].copy()
-    print(with_pd.to_string(index=False, float_format=lambda x: f"{x:.3f}"))
+    try:
+        result = run_protocol(config, progress=not args.no_progress)
+        out = write_report(result, args.out, force=args.force, command=command)
+    except TraceFormatError:
+        raise
+    except (ValueError, KeyError) as exc:  # the data: a trace too short, a regime missing
+        msg = str(exc.args[0]) if isinstance(exc, KeyError) and exc.args else str(exc)
+        if args.trace and isinstance(exc, ValueError) and args.trace not in msg:
+            msg = f"{args.trace}: {msg}"
+        raise DataError(msg) from None
+    except KeyboardInterrupt:
+        raise Interrupted(f"interrupted; no report written ({args.out} left as it "
+                          f"was)") from None
+    from diloco_gym.report import console_summary
+
+    print(console_summary(result["summary"]))
     print(f"\nreport written to {out}/ (report.md, results.csv, report.json, figures) "
           f"in {time.perf_counter() - started:.1f} s (episodes and statistics "
           f"{result['elapsed_s']:.1f} s)")
     return 0
 
 
+def _close_progress_bars() -> None:
+    """Close open tqdm bars now, so that their last redraw (at garbage collection) does not
+    land after the one-line message."""
+    try:
+        from tqdm import tqdm
+    except ImportError:  # pragma: no cover - tqdm is a dependency
+        return
+    for bar in list(getattr(tqdm, "_instances", ())):
+        bar.close()
+
+
 def cmd_train(args: argparse.Namespace) -> int:
     try:
         from diloco_gym.train import run_train_command
     except ImportError as exc:
-        raise SystemExit(f"diloco-gym: training needs the 'rl' extra "
+        raise UsageError(f"training needs the 'rl' extra "
                          f"(pip install 'diloco-gym[rl]'): {exc}") from None
     return run_train_command(args)
+
+
+_SEED0_HELP = ("first episode seed: the episodes use seeds SEED0 .. SEED0+SEEDS-1, and "
+               "the same seed always gives the same trace (default %(default)s). Seeds below "
+               "1,000,000 are never used in training (train draws its episode seeds from "
+               "[10^6, 2^30)), so the default seeds test a trained agent on traces it never "
+               "saw; another SEED0 gives an independent replication")
+
+
+def _version() -> str:
+    import diloco_gym
+
+    return diloco_gym.__version__
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with a one-line usage error (argparse prints the whole usage block first)."""
+
+    def error(self, message: str):  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {message} (see: {self.prog} --help)\n")
 
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """The ``diloco-gym`` parser. ``train`` and ``calibrate`` take their options from modules
     that import stable-baselines3 and torch (seconds): given the ``command`` being run, the
     other commands' parsers leave them out, so ``report`` and ``--help`` start fast."""
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="diloco-gym",
         description="Schedule DiLoCo outer merges on hosts shared with LLM serving, and judge "
-                    "schedulers against a matched-random baseline.")
+                    "schedulers against a matched-random baseline.",
+        epilog="Exit status: 0 success, 1 a data error (missing or malformed trace, "
+               "calibration or model file), 2 a usage error, 130 interrupted.")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
+    fmt = argparse.ArgumentDefaultsHelpFormatter
 
-    p = sub.add_parser("run", help="run one agent on a regime or a trace, per-seed table")
+    p = sub.add_parser("run", help="run one agent on a regime or a trace, per-seed table",
+                       formatter_class=fmt)
     p.add_argument("--agent", required=True, help="agent name or trained model .zip")
     p.add_argument("--regime", default="bursty", help=f"one of {', '.join(REGIMES)}")
-    p.add_argument("--seeds", type=int, default=20, help="number of episodes")
-    p.add_argument("--seed0", type=int, default=0, help="first episode seed")
+    p.add_argument("--seeds", type=_positive_int(1), default=20, help="number of episodes")
+    p.add_argument("--seed0", type=_positive_int(0), default=0,
+                   help=_SEED0_HELP.replace(" (default %(default)s)", ""))
     _add_trace_args(p)
     p.set_defaults(func=cmd_run)
 
-    p = sub.add_parser("report", help="the calibration protocol: all regimes x agents x seeds")
-    p.add_argument("--out", default="report", help="report directory (default: report)")
-    p.add_argument("--force", action="store_true", help="replace an existing report directory")
-    p.add_argument("--seeds", type=int, default=20, help="episodes per regime (default 20)")
-    p.add_argument("--seed0", type=int, default=0)
-    p.add_argument("--draws", type=int, default=1000,
-                   help="matched-random draws per episode (default 1000)")
+    p = sub.add_parser("report", help="the calibration protocol: all regimes x agents x seeds",
+                       formatter_class=fmt)
+    p.add_argument("--out", default="report", help="report directory")
+    p.add_argument("--force", action="store_true",
+                   help="replace OUT if it holds a previous diloco-gym report (never the "
+                        "current, home or root directory, nor a directory of other files)")
+    p.add_argument("--seeds", type=_positive_int(2), default=20,
+                   help="episodes per regime (>= 2 for the paired test)")
+    p.add_argument("--seed0", type=_positive_int(0), default=0,
+                   help=_SEED0_HELP.replace(" (default %(default)s)", ""))
+    p.add_argument("--draws", type=_positive_int(1), default=1000,
+                   help="matched-random draws per episode")
     p.add_argument("--regimes", nargs="+", help="subset of regimes (default: all)")
     p.add_argument("--agents", nargs="+", help="heuristic agents (default: all)")
     p.add_argument("--agent", action="append",
                    help="an extra agent (name or trained model .zip); repeatable")
-    p.add_argument("--calibration", help="real-sidecar calibration JSON (default: reference)")
+    p.add_argument("--calibration",
+                   help="real-sidecar calibration JSON (default: the shipped reference)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     _add_trace_args(p)
     p.set_defaults(func=cmd_report)
@@ -224,16 +380,37 @@ def _unavailable(what: str, why: str) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run one ``diloco-gym`` command.
+
+    Returns:
+        The command's exit status (0 on success).
+
+    Raises:
+        SystemExit: on any error, after printing one line on stderr (a :class:`CLIExit`
+            whose ``code`` is 2 for usage errors, 1 for data errors, 130 for Ctrl-C), or
+            argparse's own exit for ``--help``, ``--version`` and unparsable options.
+    """
     argv = sys.argv[1:] if argv is None else list(argv)
-    if argv[:1] == ["train"] and "-h" not in argv and "--help" not in argv:
-        try:
-            import diloco_gym.train  # noqa: F401
-        except ImportError as exc:  # the rl extra is missing: say so before argparse does
-            return _unavailable("train", f"it needs the 'rl' extra "
-                                         f"(pip install 'diloco-gym[rl]'): {exc}")
-    parser = build_parser(argv[0] if argv and not argv[0].startswith("-") else "")
-    args = parser.parse_args(argv)
-    return int(args.func(args) or 0)
+    try:
+        if argv[:1] == ["train"] and "-h" not in argv and "--help" not in argv:
+            try:
+                import diloco_gym.train  # noqa: F401
+            except ImportError as exc:  # the rl extra is missing: say so before argparse
+                return _unavailable("train", f"it needs the 'rl' extra "
+                                             f"(pip install 'diloco-gym[rl]'): {exc}")
+        parser = build_parser(argv[0] if argv and not argv[0].startswith("-") else "")
+        args = parser.parse_args(argv)
+        return int(args.func(args) or 0)
+    except SystemExit:
+        raise
+    except BaseException as exc:  # noqa: B036 - Ctrl-C included: one line, no traceback
+        if os.environ.get("DILOCO_GYM_TRACEBACK") and not isinstance(exc, KeyboardInterrupt):
+            raise
+        code, msg = exit_status(exc)
+        msg = _one_line(msg)
+        _close_progress_bars()
+        print(f"diloco-gym: {msg}", file=sys.stderr)
+        raise CLIExit(code, f"diloco-gym: {msg}") from None
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -383,6 +383,13 @@ class EpisodeCore(NamedTuple):
     flat_bin: np.ndarray | None = None
 
 
+def min_episode_seconds(params: EnvParams, sidecar: SidecarParams) -> float:
+    """The shortest trace window that holds an episode: more than H_min steps of decisions
+    plus the margin that charges the last merge in full (its window and the sidecar's tail)."""
+    margin_s = params.merge_steps * params.step_seconds + sidecar.tail_s
+    return margin_s + (params.h_min + 1) * params.decision_seconds
+
+
 def episode_length(duration_s: float, params: EnvParams, sidecar: SidecarParams,
                    name: str = "trace") -> int:
     """Decisions in an episode of a ``duration_s`` trace (see :func:`episode_core`)."""
@@ -390,9 +397,11 @@ def episode_length(duration_s: float, params: EnvParams, sidecar: SidecarParams,
     margin_s = params.merge_steps * params.step_seconds + sidecar.tail_s
     n = min(n_slots, int(np.floor((duration_s - margin_s) / params.decision_seconds + 1e-9)))
     if n < params.h_min + 1:
-        raise ValueError(f"trace {name!r} of {duration_s:.1f} s is too short: an "
-                         f"episode needs more than H_min ({params.h_min_steps} steps) of "
-                         f"decisions plus a {margin_s:.1f} s margin for the last merge")
+        min_s = min_episode_seconds(params, sidecar)
+        raise ValueError(f"trace {name!r} of {duration_s:.1f} s is too short: an episode "
+                         f"needs at least {min_s:.1f} s (more than H_min = "
+                         f"{params.h_min_steps} steps of decisions plus a {margin_s:.1f} s "
+                         f"margin for the last merge)")
     return n
 
 

@@ -59,8 +59,8 @@ def timeline_rgb(episode: Episode, merges: list[int], params: EnvParams, sidecar
     canvas = FigureCanvasAgg(fig)
     ax = fig.add_subplot(1, 1, 1)
     plot_timeline(ax, episode, {"agent": merges}, params, sidecar, upto=upto)
-    ax.set_title("requests/s (grey), merge windows (red), extra SLO violations (|)",
-                 fontsize=8)
+    ax.set_title("requests/s (grey), merge windows (red bars), requests that miss their SLO "
+                 "only because of a merge (black ticks)", fontsize=8)
     fig.tight_layout()
     canvas.draw()
     buf = np.asarray(canvas.buffer_rgba())
@@ -97,6 +97,17 @@ def plot_timeline_panels(fig, episode: Episode, schedules: dict[str, list[int]],
         ax.text(tr.duration_s * 1.005, y, f"{len(merges)} merges, +{excess:.1f} pp",
                 va="center", fontsize=7)
     ax.set_yticks(range(len(labels)), labels[::-1], fontsize=8)
+    # The key in words: a bare "|" glyph in a title does not say what a tick is.
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+
+    ax_rate.legend(handles=[
+        Patch(color="0.6", label="requests per second"),
+        Patch(color="tab:red", alpha=0.55, label="merge window (one colour per agent)"),
+        Line2D([], [], color="black", marker="|", linestyle="none", markersize=9,
+               label="request that misses its SLO only because of a merge")],
+        loc="lower left", bbox_to_anchor=(0.0, 1.0), ncol=3, fontsize=8, frameon=False,
+        borderaxespad=0.2)
     ax.set_ylim(-0.6, len(labels) - 0.4)
     ax.set_xlim(0, tr.duration_s)
     ax.set_xlabel("time (s)")

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import sys
+import textwrap
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -21,7 +23,8 @@ from diloco_gym.regimes import REGIMES
 from diloco_gym.rollout import run_episode
 from diloco_gym.sidecar import SidecarParams
 
-__all__ = ["ReportConfig", "run_protocol", "write_report", "PAPER"]
+__all__ = ["ReportConfig", "run_protocol", "write_report", "prepare_out_dir", "clean_leftovers",
+           "is_report_dir", "console_summary", "MARKER", "PAPER"]
 
 #: The paper's / reference's sync-excess % per regime and policy (docs/paper.md).
 PAPER: dict[str, dict[str, float]] = {
@@ -115,6 +118,11 @@ class ReportConfig:
         elif self.sidecar is not None and self.sidecar not in REGIMES:
             raise ValueError(f"unknown sidecar regime {self.sidecar!r}; valid regimes: "
                              f"{', '.join(REGIMES)}")
+        else:
+            min_s = core.min_episode_seconds(core.EnvParams(), REGIMES[self.trace_sidecar].sidecar)
+            if self.window_s < min_s:
+                raise ValueError(f"window_s (--window-s) {self.window_s:g} s is too short: an "
+                                 f"episode needs at least {min_s:.1f} s")
 
     @property
     def trace_sidecar(self) -> str:
@@ -181,8 +189,10 @@ def _trace_units(config: ReportConfig, sidecar: SidecarParams) -> tuple[list[_Un
         tiles = ReplayRegime(replayed, duration_s=config.window_s, sidecar=sidecar,
                              name=tr.name).tiles(config.stride_s)
     except ValueError as exc:
+        min_s = core.min_episode_seconds(core.EnvParams(), sidecar)
         raise ValueError(f"{config.trace}: {exc} (the trace lasts {tr.duration_s:.0f} s, "
-                         f"{replayed.duration_s:.0f} s at rate scale {scale:.3g})") from None
+                         f"{replayed.duration_s:.0f} s at rate scale {scale:.3g}: too short "
+                         f"for the window; an episode needs at least {min_s:.1f} s)") from None
     independent = not config.overlapping
     # Overlapping windows share requests: at most the disjoint tiling's count of them is
     # independent, and that count (not the number of windows) decides 'inconclusive'.
@@ -438,10 +448,110 @@ def holm(p: np.ndarray) -> np.ndarray:
 
 
 # ----------------------------------------------------------------------------- output
+#: The file every report directory holds; ``--force`` replaces only directories that have it.
+MARKER = ".diloco-gym-report"
+_MARKER_TEXT = "diloco-gym report directory: `diloco-gym report --force` may replace it.\n"
+#: The files a report writes (a directory of only these, from a version that wrote no
+#: marker, is also recognised as a report).
+_REPORT_FILE = re.compile(r"^(report\.md|report\.json|results\.csv|(fig|timeline)_.+\.png)$")
+#: Sibling directories of a report being written (``partial``) or replaced (``old``).
+_LEFTOVER = re.compile(r"^\.(?P<name>.+)\.(?P<kind>partial|old)-(?P<pid>\d+)$")
+
+
+def is_report_dir(path: str | Path) -> bool:
+    """Whether ``path`` is a directory holding a diloco-gym report (and nothing else of
+    value): it has the :data:`MARKER` file, or it holds only files a report writes."""
+    path = Path(path)
+    if not path.is_dir():
+        return False
+    marker = path / MARKER
+    if marker.is_file():
+        try:
+            return marker.read_text().startswith(_MARKER_TEXT[:24])
+        except (OSError, UnicodeDecodeError):
+            return False
+    names = [p.name for p in path.iterdir()]
+    return ("report.md" in names and "results.csv" in names
+            and all(_REPORT_FILE.match(n) and (path / n).is_file() for n in names))
+
+
+def _pid_alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return False  # our own leftovers (an earlier call in this process) are stale
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OSError):
+        return True
+    return True
+
+
+def clean_leftovers(out: str | Path) -> list[Path]:
+    """Remove what an interrupted or killed ``write_report`` to ``out`` left beside it.
+
+    These are the hidden siblings ``.NAME.partial-PID`` (a report being written) and
+    ``.NAME.old-PID`` (the previous report being replaced) of a process that is no longer
+    running; only directories that are empty or carry the report marker are removed.
+
+    Returns:
+        The directories removed.
+    """
+    out = Path(os.path.abspath(out))
+    parent = out.parent
+    removed: list[Path] = []
+    if not parent.is_dir():
+        return removed
+    for p in parent.iterdir():
+        m = _LEFTOVER.match(p.name)
+        if not m or m["name"] != out.name or not p.is_dir() or p.is_symlink():
+            continue
+        if _pid_alive(int(m["pid"])):
+            continue  # another report run is writing there right now
+        if (p / MARKER).is_file() or not any(p.iterdir()):
+            shutil.rmtree(p, ignore_errors=True)
+            removed.append(p)
+    return removed
+
+
 def prepare_out_dir(out: str | Path, force: bool) -> Path:
-    """Check ``out`` before any work: an existing directory needs ``force``."""
+    """Check ``out`` before any work, and clean a killed earlier run's leftovers.
+
+    A missing or empty directory is fine. An existing report needs ``force``; ``force``
+    never replaces the current directory, the home directory, a filesystem root, a
+    directory that contains the current one, or a directory that is not a diloco-gym
+    report (no :data:`MARKER`), so that no user file can be lost.
+
+    Raises:
+        FileExistsError: ``out`` exists and may not be replaced (the message says why).
+    """
     out = Path(out)
-    if out.exists() and not force:
+    full = Path(os.path.abspath(out))
+    cwd = Path.cwd().resolve()
+    special = {cwd: "the current directory", Path.home().resolve(): "the home directory"}
+    if out.exists():
+        resolved = out.resolve()
+        why = special.get(resolved)
+        if why is None and resolved.parent == resolved:
+            why = "a filesystem root"
+        if why is None and resolved in cwd.parents:
+            why = "a directory that contains the current directory"
+        if why is not None:
+            raise FileExistsError(f"refusing to write the report to {out}: it is {why}; "
+                                  f"choose a new directory with --out")
+        if not out.is_dir():
+            raise FileExistsError(f"refusing to write the report to {out}: it exists and is "
+                                  f"not a directory")
+    clean_leftovers(full)
+    if not out.exists() or not any(out.iterdir()):
+        return out
+    if not is_report_dir(out):
+        entries = sorted(p.name for p in out.iterdir())
+        raise FileExistsError(
+            f"refusing to replace {out}: it holds {len(entries)} file(s) (e.g. "
+            f"{entries[0]!r}) but no diloco-gym report marker ({MARKER}); "
+            f"--force replaces only a previous report. Choose another --out")
+    if not force:
         raise FileExistsError(f"report directory {out} already exists; pass --force to "
                               f"replace it")
     return out
@@ -451,16 +561,29 @@ def write_report(result: dict[str, Any], out: str | Path, force: bool = False,
                  command: str = "") -> Path:
     """Write report.md, results.csv, report.json and figures to ``out`` atomically.
 
-    Everything is written to a hidden sibling directory first and renamed into place at
-    the end, so an interrupted run never leaves files that look complete.
+    The new report is written completely to the hidden sibling ``.OUT.partial-PID``
+    (marker file first); only then is an existing report renamed aside to
+    ``.OUT.old-PID``, the new one renamed into place, and the old one deleted. An
+    interrupted run removes its partial directory and puts the old report back; a killed
+    one leaves marked siblings that the next run (:func:`clean_leftovers`) removes, and
+    ``out`` itself is always either the old or the new complete report.
+
+    Raises:
+        FileExistsError: see :func:`prepare_out_dir`.
     """
-    out = prepare_out_dir(out, force)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.parent / f".{out.name}.partial-{os.getpid()}"
-    if tmp.exists():
-        shutil.rmtree(tmp)
+    out = Path(out)
+    prepare_out_dir(out, force)
+    full = Path(os.path.abspath(out))
+    full.parent.mkdir(parents=True, exist_ok=True)
+    tmp = full.parent / f".{full.name}.partial-{os.getpid()}"
+    old = full.parent / f".{full.name}.old-{os.getpid()}"
+    for stale in (tmp, old):
+        if stale.exists():
+            shutil.rmtree(stale)
     tmp.mkdir()
+    moved_aside = False
     try:
+        (tmp / MARKER).write_text(_MARKER_TEXT)
         result["rows"].to_csv(tmp / "results.csv", index=False)
         figures = _figures(result, tmp)
         payload = {
@@ -473,12 +596,17 @@ def write_report(result: dict[str, Any], out: str | Path, force: bool = False,
         }
         (tmp / "report.json").write_text(json.dumps(payload, indent=2, default=_json_default))
         (tmp / "report.md").write_text(render_markdown(result, figures, command))
-        if out.exists():
-            shutil.rmtree(out)
-        os.replace(tmp, out)
+        if full.exists():
+            os.replace(full, old)
+            moved_aside = True
+        os.replace(tmp, full)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
+        if moved_aside and not full.exists():
+            os.replace(old, full)
         raise
+    if moved_aside:
+        shutil.rmtree(old, ignore_errors=True)
     return out
 
 
@@ -496,6 +624,29 @@ def _fmt(x: float, nd: int = 2) -> str:
 
 def _fmt_p(p: float) -> str:
     return "n/a" if not np.isfinite(p) else ("<0.001" if p < 0.001 else f"{p:.3f}")
+
+
+#: Console summary columns: (summary column, heading, formatter).
+_CONSOLE_COLUMNS: list[tuple[str, str, Any]] = [
+    ("regime", "regime", str), ("agent", "agent", str),
+    ("merges_per_hour", "merges/h", lambda x: _fmt(x, 1)),
+    ("sync_excess_pct", "sync-excess %", lambda x: _fmt(x, 3)),
+    ("matched_random_pct", "matched random %", lambda x: _fmt(x, 3)),
+    ("oracle_same_budget_pct", "oracle @ budget %", lambda x: _fmt(x, 3)),
+    ("p_value", "p", _fmt_p), ("p_holm", "p (Holm)", _fmt_p), ("verdict", "verdict", str),
+]
+
+
+def console_summary(summary: pd.DataFrame) -> str:
+    """The summary table the ``report`` command prints: merge rate in merges/h and p-values
+    as in report.md (``<0.001`` below 0.001); non-deployable agents are marked."""
+    summary = summary.copy()
+    if "deployable" in summary:
+        summary["agent"] = [a if dep else f"{a} (non-deployable)"
+                            for a, dep in zip(summary["agent"], summary["deployable"], strict=True)]
+    table = pd.DataFrame({head: [fmt(v) for v in summary[col]]
+                          for col, head, fmt in _CONSOLE_COLUMNS})
+    return table.to_string(index=False)
 
 
 def render_markdown(result: dict[str, Any], figures: list[str], command: str = "") -> str:
@@ -665,6 +816,20 @@ def _figures(result: dict[str, Any], out: Path) -> list[str]:
     for regime, g in s.groupby("regime", sort=False):
         g = g.sort_values("sync_excess_pct")
         fig, (ax, ax2) = plt.subplots(1, 2, figsize=(12, 4.2))
+        why = _no_claim_reason(g)
+        if why is not None:
+            # A bar chart of zeros on an auto-scaled +-0.04 axis reads like a result; the
+            # honest content of such a panel is the absence of a claim.
+            for a, title, note in ((ax, f"{regime}: agent vs its matched-random envelope",
+                                    why), (ax2, "budget vs placement", "")):
+                a.set_axis_off()
+                a.set_title(title)
+                a.text(0.5, 0.6, "no claim: no SLO effect", ha="center", va="center",
+                       fontsize=16, transform=a.transAxes)
+                a.text(0.5, 0.42, textwrap.fill(note, 60), ha="center", va="center",
+                       fontsize=9, transform=a.transAxes)
+            _save(fig, out, f"fig_{regime.replace(':', '_')}.png", names)
+            continue
         x = np.arange(len(g))
         yerr = np.vstack([g["sync_excess_pct"] - (g["matched_random_pct"] + g["diff_ci_low"]),
                           (g["matched_random_pct"] + g["diff_ci_high"]) - g["sync_excess_pct"]])
@@ -687,28 +852,108 @@ def _figures(result: dict[str, Any], out: Path) -> list[str]:
         ax2.plot(xs, xs / rr["merges_per_hour"].mean() * rr["merges"].mean() * per_merge_mr,
                  "--", color="tab:orange", label="random placement at that budget")
         ax2.scatter(g["merges_per_hour"], g["sync_excess_pct"], color="tab:blue")
-        for _, r in g.iterrows():
-            ax2.annotate(r["agent"], (r["merges_per_hour"], r["sync_excess_pct"]), fontsize=7,
-                         xytext=(3, 3), textcoords="offset points")
+        _annotate_points(fig, ax2, g["merges_per_hour"].to_numpy(),
+                         g["sync_excess_pct"].to_numpy(), list(g["agent"]))
         ax2.set_xlabel("merges per hour (budget)")
         ax2.set_ylabel("sync-excess (pp)")
         ax2.set_title("budget vs placement: on the dashed line = budget only")
         ax2.legend(fontsize=7)
         fig.tight_layout()
-        name = f"fig_{regime.replace(':', '_')}.png"
-        fig.savefig(out / name, dpi=90)
-        plt.close(fig)
-        names.append(name)
+        _save(fig, out, f"fig_{regime.replace(':', '_')}.png", names)
     for regime, tl in result.get("timelines", {}).items():
         from diloco_gym.render import plot_timeline_panels
 
         fig = plt.figure(figsize=(12, 3 + 0.4 * len(tl["schedules"])))
         plot_timeline_panels(fig, tl["episode"], tl["schedules"], tl["params"], tl["sidecar"])
         fig.suptitle(f"{regime}, seed {tl['seed']}: request rate (top); each agent's merge "
-                     f"windows and the extra SLO violations they cause (|)", fontsize=10)
-        fig.subplots_adjust(left=0.12, right=0.88, top=0.93, bottom=0.08)
-        name = f"timeline_{regime.replace(':', '_')}.png"
-        fig.savefig(out / name, dpi=90)
-        plt.close(fig)
-        names.append(name)
+                     f"windows (bars) and the requests that miss their SLO only because of "
+                     f"a merge (black ticks)", fontsize=10)
+        fig.subplots_adjust(left=0.12, right=0.88, top=0.88, bottom=0.08)
+        _save(fig, out, f"timeline_{regime.replace(':', '_')}.png", names)
     return names
+
+
+def _save(fig, out: Path, name: str, names: list[str]) -> None:
+    import matplotlib.pyplot as plt
+
+    fig.savefig(out / name, dpi=90)
+    plt.close(fig)
+    names.append(name)
+
+
+def _no_claim_reason(g: pd.DataFrame) -> str | None:
+    """Why a regime's panels carry no chart (``None``: draw it).
+
+    Args:
+        g: the regime's summary rows.
+    """
+    if g["verdict"].astype(str).str.startswith("no claim (no SLO effect)").all():
+        return ("the real sidecar showed no measurable merge effect in this regime, so no "
+                "agent's SLO numbers are a claim")
+    values = g[["sync_excess_pct", "matched_random_pct", "matched_random_p95",
+                "oracle_same_budget_pct"]].to_numpy(dtype=float)
+    if np.all(np.abs(values[np.isfinite(values)]) < 1e-9):
+        return "merges cause no extra SLO violations here: every agent, matched random and " \
+               "the oracle are at 0.00 pp"
+    return None
+
+
+def _annotate_points(fig, ax, x: np.ndarray, y: np.ndarray, labels: list[str],
+                     fontsize: float = 7.0) -> None:
+    """Label scatter points without overprinting.
+
+    Points within a few points of each other on the page share one label (their names
+    joined); a label that would overlap one already placed moves down line by line, with
+    a thin leader line to its point.
+    """
+    fig.tight_layout()
+    ax.set_xlim(ax.get_xlim())  # freeze the limits: the labels must not move them
+    ax.set_ylim(ax.get_ylim())
+    pos = ax.get_position()
+    w_pt = pos.width * fig.get_figwidth() * 72.0
+    h_pt = pos.height * fig.get_figheight() * 72.0
+    (x0, x1), (y0, y1) = ax.get_xlim(), ax.get_ylim()
+    px = (np.asarray(x, float) - x0) / (x1 - x0) * w_pt
+    py = (np.asarray(y, float) - y0) / (y1 - y0) * h_pt
+    line_pt = fontsize * 1.3
+    char_pt = fontsize * 0.6
+    groups: list[list[int]] = []
+    for i in sorted(range(len(labels)), key=lambda k: (-py[k], px[k])):
+        for grp in groups:
+            j = grp[0]
+            if abs(px[i] - px[j]) < 6.0 and abs(py[i] - py[j]) < 6.0:
+                grp.append(i)
+                break
+        else:
+            groups.append([i])
+    placed: list[tuple[float, float, float]] = []  # (x start, x end, y) of labels, in points
+
+    # the points themselves are obstacles too: a label must not sit on another point
+    dots = list(zip(px, py, strict=True))
+
+    def free(x_lo: float, x_hi: float, yy: float) -> bool:
+        return (x_lo >= 0.0 and x_hi <= w_pt and 0.0 <= yy <= h_pt
+                and not any(x_lo < b1 and a0 < x_hi and abs(yy - y2) < line_pt
+                        for a0, b1, y2 in placed)
+                and not any(x_lo - 3.0 < dx < x_hi + 3.0 and abs(yy - dy) < line_pt * 0.8
+                            for dx, dy in dots))
+
+    # right of the point, a line below or above it, left of it, then further down
+    candidates = [(1, 3.0), (1, 3.0 - line_pt), (1, 3.0 + line_pt), (-1, 3.0),
+                  (-1, 3.0 - line_pt)] + [(side, 3.0 - k * line_pt) for k in range(2, 40)
+                                          for side in (1, -1)]
+    for grp in groups:
+        j = grp[0]
+        text = ", ".join(labels[k] for k in grp)
+        width = char_pt * len(text)
+        side, dy, x_lo = 1, 3.0, px[j] + 5.0
+        for cand_side, cand_dy in candidates:
+            lo = px[j] + 5.0 if cand_side > 0 else px[j] - 5.0 - width
+            if free(lo, lo + width, py[j] + cand_dy):
+                side, dy, x_lo = cand_side, cand_dy, lo
+                break
+        placed.append((x_lo, x_lo + width, py[j] + dy))
+        ax.annotate(text, (x[j], y[j]), xytext=(5.0 * side, dy), textcoords="offset points",
+                    fontsize=fontsize, va="center", ha="left" if side > 0 else "right",
+                    arrowprops={"arrowstyle": "-", "lw": 0.6, "color": "0.35"}
+                    if abs(dy - 3.0) > line_pt / 2 else None)

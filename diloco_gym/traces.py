@@ -240,6 +240,7 @@ def tile_starts(duration_s: float, window_s: float, stride_s: float | None = Non
             raise ValueError(f"{name} must be a positive number of seconds, got {v}")
     count = int(np.floor((duration_s - window_s) / stride_s + 1e-9)) + 1
     if duration_s + 1e-9 < window_s or count < 1:
-        raise ValueError(f"a trace of {duration_s:.1f} s holds no window of {window_s:.1f} s "
-                         f"(shorten --window-s or lower the rate scale)")
+        raise ValueError(f"a trace of {duration_s:.1f} s holds no window of {window_s:.1f} s; "
+                         f"a window needs at least {window_s:.1f} s of trace (shorten "
+                         f"--window-s or lower the rate scale)")
     return [k * float(stride_s) for k in range(count)]

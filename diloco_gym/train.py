@@ -33,6 +33,7 @@ import json
 import platform
 import re
 import shlex
+import shutil
 import sys
 import time
 from dataclasses import asdict
@@ -49,7 +50,8 @@ from diloco_gym.rollout import run_episode
 
 __all__ = ["ALGOS", "TRAIN_SEED_LOW", "TRAIN_SEED_HIGH", "HELD_OUT_SEED_HIGH",
            "VALIDATION_SEED0", "TrainSeedWrapper", "HeldOutEvalCallback", "make_train_env",
-           "train", "add_train_arguments", "run_train_command", "latest_checkpoint"]
+           "train", "add_train_arguments", "run_train_command", "latest_checkpoint",
+           "check_run_dir", "validation_comparison", "RUN_ARTEFACTS"]
 
 #: Algorithms ``train`` knows, by CLI name.
 ALGOS = ("ppo", "maskable-ppo", "dqn")
@@ -235,12 +237,96 @@ def _versions() -> dict[str, str]:
     return out
 
 
+#: What a training run writes in its directory (``--force`` removes these and nothing else).
+RUN_ARTEFACTS = ("model.zip", "best_model.zip", "meta.json", "checkpoints", "tb")
+
+
+def _read_meta(path: Path) -> dict[str, Any]:
+    try:
+        meta = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"{path}: cannot read the run's metadata: {exc}") from None
+    if not isinstance(meta, dict):
+        raise ValueError(f"{path}: the run's metadata is not a JSON object")
+    return meta
+
+
+def check_run_dir(out: str | Path, algo: str, regime: str, resume: bool = False,
+                  force: bool = False, apply: bool = True) -> Path | None:
+    """Check the output directory of a training run before anything is written.
+
+    A missing or empty directory starts a new run. An existing run (a directory with
+    ``meta.json``, written when a run starts) is continued only with ``resume`` and the
+    same algorithm and regime as its metadata, or replaced with ``force`` (which removes
+    the files in :data:`RUN_ARTEFACTS` and nothing else). A non-empty directory that is
+    not a run is never used.
+
+    Args:
+        apply: with ``force``, remove the previous run's files (``False``: only check).
+
+    Returns:
+        With ``resume``, the file to continue from (the latest checkpoint, else
+        ``model.zip``); otherwise ``None``.
+
+    Raises:
+        FileExistsError: ``out`` holds a run (without ``resume`` / ``force``), is not a
+            directory, or is a non-empty directory that is not a run.
+        FileNotFoundError: ``resume`` and there is no run (or nothing to continue from).
+        ValueError: ``resume`` with another algorithm or regime than the run's, or both
+            ``resume`` and ``force``.
+    """
+    out = Path(out)
+    if resume and force:
+        raise ValueError("--resume and --force exclude each other: --resume continues the "
+                         "run in OUT, --force replaces it")
+    if out.exists() and not out.is_dir():
+        raise FileExistsError(f"{out} exists and is not a directory")
+    meta_path = out / "meta.json"
+    non_empty = out.is_dir() and any(out.iterdir())
+    if resume:
+        if not meta_path.is_file():
+            raise FileNotFoundError(f"--resume: there is no training run in {out} (no "
+                                    f"meta.json); leave out --resume to start a new run")
+        meta = _read_meta(meta_path)
+        for key, want in (("algo", algo), ("regime", regime)):
+            if meta.get(key) != want:
+                flag = "--algo" if key == "algo" else "--regime"
+                raise ValueError(f"--resume: {out} is a {meta.get('algo')} run on "
+                                 f"{meta.get('regime')}; it cannot continue with {flag} "
+                                 f"{want} (pass {flag} {meta.get(key)}, or --force to "
+                                 f"start over)")
+        start = latest_checkpoint(out)
+        if start is None and (out / "model.zip").is_file():
+            start = out / "model.zip"
+        if start is None:
+            raise FileNotFoundError(f"--resume: {out} has no checkpoint and no model.zip to "
+                                    f"continue from")
+        return start
+    if not non_empty:
+        return None
+    if not meta_path.is_file():
+        raise FileExistsError(f"{out} is not empty and is not a diloco-gym training run (no "
+                              f"meta.json); choose another --out")
+    if not force:
+        meta = _read_meta(meta_path)
+        raise FileExistsError(f"{out} already holds a training run ({meta.get('algo')} on "
+                              f"{meta.get('regime')}, {meta.get('status', 'complete')}); "
+                              f"pass --resume to continue it or --force to replace it")
+    for name in RUN_ARTEFACTS if apply else ():
+        target = out / name
+        if target.is_dir() and not target.is_symlink():
+            shutil.rmtree(target)
+        elif target.exists() or target.is_symlink():
+            target.unlink()
+    return None
+
+
 def train(algo: str, regime: str = "bursty", timesteps: int = 200_000, seed: int = 0,
           out: str | Path = "runs/train", n_envs: int = 4, eval_episodes: int = 10,
           eval_freq: int = 10_000, checkpoint_freq: int = 50_000, resume: bool = False,
           progress_bar: bool = False, env_kwargs: dict[str, Any] | None = None,
           hyperparameters: dict[str, Any] | None = None, verbose: int = 0,
-          command: str | None = None) -> Path:
+          command: str | None = None, force: bool = False) -> Path:
     """Train an RL scheduler and save ``out/model.zip`` and ``out/meta.json``.
 
     Args:
@@ -260,16 +346,21 @@ def train(algo: str, regime: str = "bursty", timesteps: int = 200_000, seed: int
         eval_freq: evaluate every this many timesteps (summed over envs); ``0``: only at
             the end.
         checkpoint_freq: save a checkpoint every this many timesteps; ``0`` disables.
-        resume: continue from the latest checkpoint in ``out/checkpoints`` (if any) up to
+        resume: continue the run in ``out`` (same algorithm and regime, checked against
+            its ``meta.json``) from its latest checkpoint, else its ``model.zip``, up to
             ``timesteps`` in total (``reset_num_timesteps=False``).
         progress_bar: show SB3's progress bar (needs tqdm and rich).
         env_kwargs: extra ``DiLoCoSyncEnv`` keyword arguments (``EnvParams`` fields).
         hyperparameters: overrides of :func:`default_hyperparameters`.
         verbose: SB3 verbosity (0 silent).
         command: the command line to record in ``meta.json``.
+        force: replace an existing run in ``out`` (see :func:`check_run_dir`).
 
     Returns:
         The path of the saved ``model.zip``.
+
+    Raises:
+        FileExistsError, FileNotFoundError, ValueError: see :func:`check_run_dir`.
     """
     import torch
     from stable_baselines3.common.callbacks import CallbackList, CheckpointCallback
@@ -285,7 +376,13 @@ def train(algo: str, regime: str = "bursty", timesteps: int = 200_000, seed: int
                          "checkpoint_freq must be >= 0")
     env_kwargs = dict(env_kwargs or {})
     out = Path(out)
+    start = check_run_dir(out, algo, regime, resume=resume, force=force)
     out.mkdir(parents=True, exist_ok=True)
+    if start is None:
+        # Written first, so that an interrupted run can be resumed (and checked) later.
+        (out / "meta.json").write_text(json.dumps(
+            {"algo": algo, "regime": regime, "seed": int(seed), "status": "training",
+             "command": command, "name": f"learned:{algo}-{regime}"}, indent=2) + "\n")
     torch.set_num_threads(1)
     set_random_seed(seed)
     started = time.perf_counter()
@@ -296,12 +393,12 @@ def train(algo: str, regime: str = "bursty", timesteps: int = 200_000, seed: int
     hp = default_hyperparameters(algo, n_envs, timesteps)
     hp.update(hyperparameters or {})
 
-    ckpt = latest_checkpoint(out) if resume else None
+    ckpt = start
     if ckpt is not None:
         model = cls.load(ckpt, env=vec_env, device="cpu", tensorboard_log=str(out / "tb"))
         buffer = ckpt.with_name(ckpt.name.replace("_steps.zip", "_steps.pkl").replace(
             "rl_model_", "rl_model_replay_buffer_"))
-        if algo == "dqn" and buffer.exists():
+        if algo == "dqn" and ckpt.parent.name == "checkpoints" and buffer.exists():
             model.load_replay_buffer(buffer)
         # fresh, reproducible streams for the continuation
         model.set_random_seed(seed + int(model.num_timesteps))
@@ -365,6 +462,7 @@ def train(algo: str, regime: str = "bursty", timesteps: int = 200_000, seed: int
         "command": command,
         "versions": _versions(),
         "name": f"learned:{algo}-{regime}",
+        "status": "complete",
     }
     (out / "meta.json").write_text(json.dumps(meta, indent=2, default=str) + "\n")
     vec_env.close()
@@ -379,7 +477,8 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
                         help="total agent decisions to train for (default 200000)")
     parser.add_argument("--seed", type=int, default=0, help="training seed (default 0)")
     parser.add_argument("--out", default="runs/train",
-                        help="output directory: model.zip, meta.json, tb/, checkpoints/")
+                        help="output directory: model.zip, meta.json, tb/, checkpoints/; an "
+                             "existing run needs --resume or --force")
     parser.add_argument("--n-envs", type=int, default=4, help="parallel envs (default 4)")
     parser.add_argument("--eval-episodes", type=int, default=10,
                         help="validation episodes per evaluation, seeds 900000+ (0: none)")
@@ -388,28 +487,147 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--checkpoint-freq", type=int, default=50_000,
                         help="checkpoint every N timesteps (default 50000; 0: none)")
     parser.add_argument("--resume", action="store_true",
-                        help="continue from the latest checkpoint in OUT/checkpoints")
+                        help="continue the run in OUT (same --algo and --regime as its "
+                             "meta.json) from its latest checkpoint")
+    parser.add_argument("--force", action="store_true",
+                        help="replace the training run in OUT (removes its model, meta, "
+                             "checkpoints and logs; other files stay)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.add_argument("--verbose", type=int, default=0, help="SB3 verbosity (0, 1, 2)")
 
 
+class _ActionCounter:
+    """Wraps an agent and counts the merges it *chooses* (action 1); the env adds the
+    merges forced at the H_max limit on its own."""
+
+    def __init__(self, agent: Any) -> None:
+        self.agent = agent
+        self.name = agent.name
+        self.chosen = 0
+
+    def predict(self, obs, **kwargs):
+        action, state = self.agent.predict(obs, **kwargs)
+        self.chosen += int(int(np.asarray(action).reshape(-1)[0]) == 1)
+        return action, state
+
+
+def validation_comparison(model: str | Path | Any, regime: str, seeds: list[int],
+                          env_kwargs: dict[str, Any] | None = None,
+                          draws: int = 200) -> dict[str, Any]:
+    """The trained agent next to fixed-512 and its matched random on validation seeds.
+
+    Matched random is scored as in ``diloco-gym report``: per episode, the mean
+    sync-excess of ``draws`` schedules drawn uniformly among those with the agent's own
+    number of merges.
+
+    Args:
+        model: a trained model file, or an agent (``predict`` / ``name``).
+        regime: the validation regime.
+        seeds: validation episode seeds.
+        env_kwargs: extra ``DiLoCoSyncEnv`` keyword arguments.
+        draws: matched-random draws per episode.
+
+    Returns:
+        ``{"seeds", "agent", "fixed-512", "matched random"}`` (each with mean
+        ``sync_excess_pct`` and ``merges_per_hour``), ``"chosen_merges"`` (merges the
+        policy chose, over all episodes, the rest being forced) and
+        ``"same_schedules_as_fixed_512"`` (episodes whose merges equal fixed-512's).
+    """
+    from agents.learned import load_learned_agent
+    from agents.registry import make_agent
+    from diloco_gym import protocol
+
+    env = DiLoCoSyncEnv(regime=regime, **(env_kwargs or {}))
+    agent = _ActionCounter(load_learned_agent(model) if isinstance(model, (str, Path))
+                           else model)
+    fixed = make_agent("fixed-512")
+    rows: dict[str, list[tuple[float, float]]] = {"agent": [], "fixed-512": [],
+                                                  "matched random": []}
+    same = 0
+    for seed in seeds:
+        res = run_episode(env, agent, seed)
+        ep = env.episode
+        per_hour = 3600.0 / ep.trace.duration_s
+        m = int(res["merges"])
+        counts = protocol.counts_for(ep.n_decisions, env.params, max(m, 40))
+        mr = protocol.envelope(ep, m, draws, np.random.default_rng([seed, m, 7]), env.params,
+                               env.sidecar, counts=counts)
+        rows["agent"].append((res["sync_excess_pct"], m * per_hour))
+        rows["matched random"].append((float(mr.mean()), m * per_hour))
+        ref = run_episode(env, fixed, seed)
+        rows["fixed-512"].append((ref["sync_excess_pct"], ref["merges"] * per_hour))
+        same += int(list(res["merge_decisions"]) == list(ref["merge_decisions"]))
+    out: dict[str, Any] = {"seeds": [int(s) for s in seeds], "agent_name": agent.name}
+    for key, vals in rows.items():
+        arr = np.array(vals, dtype=float)
+        out[key] = {"sync_excess_pct": float(arr[:, 0].mean()),
+                    "merges_per_hour": float(arr[:, 1].mean())}
+    out["chosen_merges"] = agent.chosen
+    out["same_schedules_as_fixed_512"] = same
+    return out
+
+
+def format_comparison(cmp: dict[str, Any]) -> tuple[list[str], list[str]]:
+    """The lines ``train`` prints for :func:`validation_comparison`: (table, warnings)."""
+    seeds = cmp["seeds"]
+    lines = [f"validation episodes (seeds {seeds[0]}..{seeds[-1]}, deterministic policy), "
+             f"means:",
+             f"  {'':<28} {'sync-excess %':>13} {'merges/h':>9}"]
+    for key, label in (("agent", cmp["agent_name"]), ("fixed-512", "fixed-512"),
+                       ("matched random", "matched random (same merges)")):
+        r = cmp[key]
+        lines.append(f"  {label:<28} {r['sync_excess_pct']:>13.3f} "
+                     f"{r['merges_per_hour']:>9.1f}")
+    warnings = []
+    n = len(seeds)
+    if cmp["chosen_merges"] == 0:
+        warnings.append(
+            f"warning: the policy never chose to merge in the {n} validation episodes: every "
+            f"merge it made was forced at the H_max limit, so it schedules like fixed-512 "
+            f"({cmp['same_schedules_as_fixed_512']} of {n} episodes identical). Train longer "
+            f"(--timesteps) or check the reward.")
+    elif cmp["same_schedules_as_fixed_512"] == n:
+        warnings.append(f"warning: the policy's merges equal fixed-512's in all {n} "
+                        f"validation episodes. Train longer (--timesteps).")
+    return lines, warnings
+
+
 def run_train_command(args: argparse.Namespace) -> int:
-    """Run ``diloco-gym train`` with parsed ``args``; returns the exit status."""
+    """Run ``diloco-gym train`` with parsed ``args``; returns the exit status.
+
+    After training it prints the final model's validation result next to fixed-512 and
+    its matched random, and warns when the policy never chooses to merge.
+    """
+    from diloco_gym.errors import UsageError
+
     if args.regime not in REGIMES:
-        raise SystemExit(f"diloco-gym: unknown regime {args.regime!r}; valid regimes: "
+        raise UsageError(f"unknown regime {args.regime!r}; valid regimes: "
                          f"{', '.join(REGIMES)}")
     if args.timesteps < 1 or args.n_envs < 1:
-        raise SystemExit("diloco-gym: --timesteps and --n-envs must be >= 1")
+        raise UsageError("--timesteps and --n-envs must be >= 1")
+    if args.eval_episodes < 0 or args.eval_freq < 0 or args.checkpoint_freq < 0:
+        raise UsageError("--eval-episodes, --eval-freq and --checkpoint-freq must be >= 0")
+    try:
+        check_run_dir(args.out, args.algo, args.regime, resume=args.resume, force=args.force,
+                      apply=False)
+    except (OSError, ValueError) as exc:
+        raise UsageError(str(exc)) from None
     command = "diloco-gym " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     path = train(args.algo, regime=args.regime, timesteps=args.timesteps, seed=args.seed,
                  out=args.out, n_envs=args.n_envs, eval_episodes=args.eval_episodes,
                  eval_freq=args.eval_freq, checkpoint_freq=args.checkpoint_freq,
                  resume=args.resume, progress_bar=not args.no_progress, verbose=args.verbose,
-                 command=command)
-    meta = json.loads((path.parent / "meta.json").read_text())
-    fv = meta.get("final_validation") or {}
+                 command=command, force=args.force)
+    meta_path = path.parent / "meta.json"
+    meta = json.loads(meta_path.read_text())
     print(f"saved {path} ({meta['timesteps']} timesteps, {meta['train_seconds']} s)")
-    if fv:
-        print(f"validation (seeds {VALIDATION_SEED0}+, deterministic): sync-excess "
-              f"{fv['sync_excess_pct']:.3f} %, {fv['merges']:.1f} merges per episode")
+    n_val = args.eval_episodes if args.eval_episodes > 0 else 10
+    cmp = validation_comparison(path, args.regime,
+                                [VALIDATION_SEED0 + i for i in range(n_val)])
+    meta["validation_comparison"] = cmp
+    meta_path.write_text(json.dumps(meta, indent=2, default=str) + "\n")
+    lines, warnings = format_comparison(cmp)
+    print("\n".join(lines))
+    for w in warnings:
+        print(w, file=sys.stderr)
     return 0

@@ -294,3 +294,129 @@ def test_only_the_train_and_calibrate_commands_import_torch() -> None:
                              capture_output=True, text=True, timeout=120)
         assert out.returncode == 0, out.stderr[-2000:]
         assert out.stdout.split("\n")[-2] == want, (cmd, out.stdout)
+
+
+# ----------------------------------------------------------------- run directories, summary
+SMALL = ["--timesteps", "256", "--n-envs", "1", "--eval-episodes", "1", "--eval-freq", "0",
+         "--checkpoint-freq", "128", "--no-progress"]
+
+
+def _exit_code(argv: list[str], capsys) -> tuple[int, str]:
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    return int(exc.value.code), err
+
+
+def _copy_run(src: Path, dst: Path) -> Path:
+    import shutil
+
+    shutil.copytree(src, dst)
+    return dst
+
+
+def test_train_refuses_an_existing_run(ppo_run: Path, tmp_path: Path, capsys) -> None:
+    out = _copy_run(ppo_run, tmp_path / "run")
+    before = (out / "model.zip").read_bytes()
+    code, err = _exit_code(["train", "--algo", "dqn", "--out", str(out), *SMALL], capsys)
+    assert code == 2 and "--resume" in err and "--force" in err
+    assert (out / "model.zip").read_bytes() == before
+    assert json.loads((out / "meta.json").read_text())["algo"] == "ppo"
+
+
+def test_resume_checks_the_algorithm_and_needs_a_run(ppo_run: Path, tmp_path: Path,
+                                                     capsys) -> None:
+    out = _copy_run(ppo_run, tmp_path / "run")
+    code, err = _exit_code(["train", "--algo", "dqn", "--resume", "--out", str(out), *SMALL],
+                           capsys)
+    assert code == 2 and "is a ppo run" in err and "AttributeError" not in err
+    code, err = _exit_code(["train", "--algo", "ppo", "--regime", "sync-heavy", "--resume",
+                            "--out", str(out), *SMALL], capsys)
+    assert code == 2 and "--regime" in err
+    code, err = _exit_code(["train", "--resume", "--out", str(tmp_path / "none"), *SMALL],
+                           capsys)
+    assert code == 2 and "no training run" in err
+    assert not (tmp_path / "none").exists()
+    code, err = _exit_code(["train", "--resume", "--force", "--out", str(out), *SMALL], capsys)
+    assert code == 2
+
+
+def test_train_never_writes_into_a_directory_of_other_files(tmp_path: Path, capsys) -> None:
+    (tmp_path / "model.zip").write_text("someone else's")
+    code, err = _exit_code(["train", "--force", "--out", str(tmp_path), *SMALL], capsys)
+    assert code == 2 and "not a diloco-gym training run" in err
+    assert (tmp_path / "model.zip").read_text() == "someone else's"
+
+
+def test_force_replaces_the_run_files_only_and_prints_the_comparison(
+        ppo_run: Path, tmp_path: Path, capsys) -> None:
+    out = _copy_run(ppo_run, tmp_path / "run")
+    (out / "notes.txt").write_text("mine")
+    assert main(["train", "--algo", "dqn", "--force", "--out", str(out), *SMALL]) == 0
+    captured = capsys.readouterr()
+    meta = json.loads((out / "meta.json").read_text())
+    assert meta["algo"] == "dqn" and meta["status"] == "complete"
+    assert (out / "notes.txt").read_text() == "mine"
+    assert tr.latest_checkpoint(out).name == "rl_model_256_steps.zip"  # old ones removed
+    assert not (out / "checkpoints" / "rl_model_1024_steps.zip").exists()
+    # validation next to fixed-512 and matched random, in merges/h
+    lines = captured.out.splitlines()
+    table = lines[next(i for i, ln in enumerate(lines) if ln.startswith("validation")):]
+    assert "merges/h" in table[1]
+    for label in ("dqn:model", "fixed-512", "matched random"):
+        row = next(ln for ln in table if ln.strip().startswith(label))
+        assert float(row.split()[-1]) > 0 and float(row.split()[-2]) >= 0
+    cmp = meta["validation_comparison"]
+    assert cmp["seeds"] == [tr.VALIDATION_SEED0]
+    assert cmp["agent"]["merges_per_hour"] == cmp["matched random"]["merges_per_hour"]
+    if cmp["chosen_merges"] == 0:
+        assert "never chose to merge" in captured.err
+
+
+def test_meta_is_written_at_start_so_a_killed_run_can_resume(tmp_path: Path, monkeypatch,
+                                                              capsys) -> None:
+    out = tmp_path / "run"
+
+    def killed(self):
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as m:
+        m.setattr(tr.HeldOutEvalCallback, "evaluate", killed)
+        with pytest.raises(SystemExit) as exc:
+            main(["train", "--out", str(out), "--timesteps", "512", "--n-envs", "1",
+                  "--eval-episodes", "1", "--eval-freq", "384", "--checkpoint-freq", "128",
+                  "--no-progress"])
+    assert exc.value.code == 130
+    meta = json.loads((out / "meta.json").read_text())
+    assert meta["algo"] == "ppo" and meta["status"] == "training"
+    assert not (out / "model.zip").exists()
+    capsys.readouterr()
+    assert main(["train", "--out", str(out), "--resume", *SMALL[:1], "512",
+                 *SMALL[2:]]) == 0
+    meta = json.loads((out / "meta.json").read_text())
+    assert meta["status"] == "complete" and meta["resumed_from"].endswith("_steps.zip")
+
+
+class _Never:
+    name = "never"
+
+    def predict(self, obs, **kwargs):
+        return np.array([0]), None
+
+
+def test_a_policy_that_never_merges_is_flagged() -> None:
+    from agents.registry import make_agent
+
+    seeds = [tr.VALIDATION_SEED0, tr.VALIDATION_SEED0 + 1]
+    never = tr.validation_comparison(_Never(), "bursty", seeds, draws=20)
+    assert never["chosen_merges"] == 0
+    assert never["agent"]["merges_per_hour"] > 0  # the forced merges
+    assert never["same_schedules_as_fixed_512"] == 2
+    assert never["agent"]["sync_excess_pct"] == pytest.approx(
+        never["fixed-512"]["sync_excess_pct"])
+    _, warnings = tr.format_comparison(never)
+    assert len(warnings) == 1 and "never chose to merge" in warnings[0]
+    busy = tr.validation_comparison(make_agent("fixed-256"), "bursty", seeds, draws=20)
+    assert busy["chosen_merges"] > 0 and busy["same_schedules_as_fixed_512"] == 0
+    assert tr.format_comparison(busy)[1] == []
