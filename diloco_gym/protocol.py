@@ -23,7 +23,12 @@ import gymnasium as gym
 import numpy as np
 
 from diloco_gym import core
-from diloco_gym.schedules import completion_counts, optimal_schedule, sample_uniform
+from diloco_gym.schedules import (
+    CompletionTable,
+    completion_table,
+    optimal_schedule,
+    sample_uniform,
+)
 from diloco_gym.sidecar import SidecarParams
 
 __all__ = ["MatchedRandomDeferral", "envelope", "replay_many", "paired_test", "gate_verdict",
@@ -78,7 +83,7 @@ def replay_many(episode: core.Episode, schedules: np.ndarray, params: core.EnvPa
 
 def envelope(episode: core.Episode, merges: int, draws: int, rng: np.random.Generator,
              params: core.EnvParams, sidecar: SidecarParams,
-             counts: np.ndarray | None = None, exact: bool = False) -> np.ndarray:
+             counts: CompletionTable | None = None, exact: bool = False) -> np.ndarray:
     """Sync-excess (pp) of ``draws`` matched-random schedules with exactly ``merges`` merges.
 
     With ``exact=False`` (the default) each draw is scored by the sum of its merges'
@@ -228,6 +233,7 @@ class MatchedRandomDeferral(gym.Wrapper):
         return obs, reward, terminated, truncated, info
 
 
-def counts_for(n: int, params: core.EnvParams, m_max: int) -> np.ndarray:
-    """Completion counts shared by all draws of an episode length (cache them per N)."""
-    return completion_counts(n, params.h_min, params.h_max, m_max)
+def counts_for(n: int, params: core.EnvParams, m_max: int) -> CompletionTable:
+    """Completion counts (log space) shared by all draws of an episode length (cache them
+    per N)."""
+    return completion_table(n, params.h_min, params.h_max, m_max)
