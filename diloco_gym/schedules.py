@@ -124,20 +124,25 @@ class CompletionTable:
             out[s - a:e - a] = self.rows[m][s - lo:e - lo]
         return out
 
-    def next_weights(self, m_left: int, cur: np.ndarray) -> np.ndarray:
-        """Unnormalised probabilities ``(len(cur), h_max - h_min + 1)`` of the next merge at
-        ``cur + h_min + j``, with ``m_left`` merges (this one included) still to place:
-        proportional to ``F[m_left - 1, .]``, scaled so each row's largest weight is 1."""
-        r = m_left - 1
+    def window_weights(self, m_left: int, c_lo: int, c_hi: int) -> np.ndarray:
+        """Unnormalised probabilities of the next merge after a merge at each ``c`` in
+        ``c_lo..c_hi``, with ``m_left`` merges (this one included) still to place:
+        ``(c_hi - c_lo + 1, h_max - h_min + 1)``, row ``c - c_lo`` over decisions
+        ``c + h_min .. c + h_max``, proportional to ``F[m_left - 1, .]`` and scaled so its
+        largest weight is 1 (a ``c`` with no feasible continuation gives a row of NaN)."""
         width = self.h_max - self.h_min + 1
-        pos = np.asarray(cur, dtype=np.int64)[:, None] + self.h_min + np.arange(width)
-        idx = pos - self.lo[r]
-        ok = (idx >= 0) & (pos <= self.hi[r])
-        vals = np.where(ok, self.rows[r][np.clip(idx, 0, max(0, self.rows[r].size - 1))]
-                        if self.rows[r].size else -np.inf, -np.inf)
+        seg = self.row_values(m_left - 1, c_lo + self.h_min, c_hi + self.h_max + 1)
+        vals = np.lib.stride_tricks.sliding_window_view(seg, width)
         top = vals.max(axis=1, keepdims=True)
         with np.errstate(invalid="ignore"):
-            return np.where(ok, np.exp(vals - top), 0.0)
+            return np.exp(vals - top)
+
+    def next_weights(self, m_left: int, cur: np.ndarray) -> np.ndarray:
+        """:meth:`window_weights` for each previous merge in ``cur``, ``(len(cur), width)``
+        (the weights :func:`sample_uniform` draws from)."""
+        cur = np.asarray(cur, dtype=np.int64)
+        c_lo = int(cur.min())
+        return self.window_weights(m_left, c_lo, int(cur.max()))[cur - c_lo]
 
 
 def completion_table(n: int, h_min: int, h_max: int, m_max: int) -> CompletionTable:
@@ -239,8 +244,9 @@ def sample_uniform(n: int, h_min: int, h_max: int, m: int, k: int,
     cur = np.zeros(k, dtype=np.int64)
     width = h_max - h_min + 1
     for j in range(m):
-        w = f.next_weights(m - j, cur)  # (k, width)
-        cw = np.cumsum(w, axis=1)
+        # The kernel depends on the previous merge only: weights once per distinct position.
+        c_lo = int(cur.min())
+        cw = np.cumsum(f.window_weights(m - j, c_lo, int(cur.max())), axis=1)[cur - c_lo]
         u = rng.random(k) * cw[:, -1]
         pick = (cw <= u[:, None]).sum(axis=1)  # first index with cw > u
         pick = np.minimum(pick, width - 1)
