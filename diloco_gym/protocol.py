@@ -75,6 +75,13 @@ class EpisodeScorer:
     state. Nothing is assumed: the additive cost (``episode.merge_cost``) is compared with
     the exact sum per schedule.
 
+    Violations are decided as in the isolated cost (backlog against the request's
+    threshold), so the scorer is bitwise consistent with ``episode.merge_cost``; a
+    whole-episode replay (:func:`replay_full`, the env's episode summary) decides them
+    from the latency and rounds differently, so the two can differ by a request whose
+    latency is within rounding (~1e-15 s) of the SLO (measured: one request in one of the
+    default report's 800 agent-episodes).
+
     ``episode_proven``: every decision's isolated merge drains within ``H_min`` and its
     exact excess equals its isolated cost, so *every* feasible schedule of the episode has
     exact == additive sync-excess (each merge starts from the no-merge state); then the
