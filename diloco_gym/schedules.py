@@ -72,29 +72,37 @@ def _log_window_sum(x: np.ndarray, width: int, count: int) -> np.ndarray:
 class CompletionTable:
     """``log F[m, d]`` for ``m = 0..m_max`` over an episode of ``n`` decisions.
 
-    Row ``m`` is stored only over its support ``lo[m]..hi[m]`` (closed form, see
-    :func:`_support`) and shifted so that its largest entry is 0: the sampler only uses
-    ratios within a row. Memory is the sum of the support widths (at most
-    ``(m_max + 1) * n`` floats, much less for small budgets or long episodes). ``shape``
-    is ``(m_max + 1, n)``, as for the dense table.
+    Row ``m`` is stored only over its support (closed form, see :func:`_support`) and
+    shifted so that its largest entry is 0: the sampler only uses ratios within a row.
+    With ``reach_only`` (the default) a row is further cut to the decisions a schedule with
+    at most ``m_max`` merges can reach with ``m`` merges still to place (the next merge of
+    a budget ``M`` with ``m`` left is merge ``M - m`` and lies at or before
+    ``(M - m) * h_max``), which is every entry the sampler reads; a day-long trace
+    (77,000 decisions) with budgets up to 1,300 then needs ~57 MiB instead of ~310 MiB
+    (the dense table: ~800 MiB). ``shape`` is ``(m_max + 1, n)``, as for the dense table.
 
     Attributes:
         n, h_min, h_max, m_max: the episode length, corridor (decisions) and rows.
-        lo, hi: int arrays ``(m_max + 1,)``, the support of each row.
+        lo, hi: int arrays ``(m_max + 1,)``, the stored decisions of each row.
+        reach_only: whether rows are cut to the decisions budgets <= ``m_max`` reach.
         rows: one float array per row, ``log F[m, lo[m]..hi[m]]`` minus the row's maximum.
     """
 
-    def __init__(self, n: int, h_min: int, h_max: int, m_max: int) -> None:
+    def __init__(self, n: int, h_min: int, h_max: int, m_max: int,
+                 reach_only: bool = True) -> None:
         _check(n, h_min, h_max)
         if m_max < 0:
             raise ValueError(f"m_max must be >= 0, got {m_max}")
         self.n, self.h_min, self.h_max, self.m_max = n, h_min, h_max, int(m_max)
+        self.reach_only = reach_only
         self.lo = np.empty(m_max + 1, dtype=np.int64)
         self.hi = np.empty(m_max + 1, dtype=np.int64)
         self.rows: list[np.ndarray] = []
         width = h_max - h_min + 1
         for m in range(m_max + 1):
             lo, hi = _support(n, h_min, h_max, m)
+            if reach_only:
+                hi = min(hi, (m_max - m) * h_max)
             self.lo[m], self.hi[m] = lo, hi
             if hi < lo:
                 self.rows.append(np.zeros(0))
@@ -159,7 +167,7 @@ def completion_counts(n: int, h_min: int, h_max: int, m_max: int) -> np.ndarray:
     has no such range limit. ``F[m, 0] > 0`` iff an episode of ``n`` decisions has a
     feasible schedule with exactly ``m`` merges.
     """
-    t = CompletionTable(n, h_min, h_max, m_max)
+    t = CompletionTable(n, h_min, h_max, m_max, reach_only=False)
     f = np.zeros((m_max + 1, n))
     for m in range(m_max + 1):
         if t.rows[m].size:

@@ -312,7 +312,7 @@ def test_sampler_at_the_largest_budget_puts_the_exact_mass_on_the_first_merge():
 
 def test_completion_table_handles_hours_long_episodes():
     # A 6 h trace has ~19,000 decisions (24 h: ~77,000): the counts overflow any float, the
-    # log table does not (the day-long table for 1,300 merges takes ~4 s and ~310 MiB).
+    # log table does not (the day-long table for 1,300 merges: ~1 s and ~57 MiB here).
     n, h_min, h_max = 19_250, 16, 64
     lo, hi = budget_range(n, h_min, h_max)
     assert (lo, hi) == (-(-n // h_max) - 1, (n - 1) // h_min)
@@ -336,3 +336,17 @@ def test_sample_uniform_rejects_wrong_count_tables():
     with pytest.raises(ValueError, match="up to 3, not 4"):
         sample_uniform(200, 16, 64, 4, 5, np.random.default_rng(0),
                        counts=completion_table(200, 16, 64, 3))
+
+
+def test_reach_only_table_gives_the_same_draws_as_the_full_table():
+    from diloco_gym.schedules import CompletionTable
+
+    n, h_min, h_max, m_max = 5000, 16, 64, 120
+    cut = CompletionTable(n, h_min, h_max, m_max)
+    full = CompletionTable(n, h_min, h_max, m_max, reach_only=False)
+    assert sum(r.size for r in cut.rows) < 0.7 * sum(r.size for r in full.rows)
+    lo, _ = budget_range(n, h_min, h_max)
+    for m in (lo, 100, m_max):
+        a = sample_uniform(n, h_min, h_max, m, 200, np.random.default_rng(m), counts=cut)
+        b = sample_uniform(n, h_min, h_max, m, 200, np.random.default_rng(m), counts=full)
+        np.testing.assert_array_equal(a, b)
