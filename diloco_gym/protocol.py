@@ -40,6 +40,10 @@ VERDICTS = ("placement gain", "tied with matched random", "worse than matched ra
             "no claim (uncalibrated)", "no claim (no SLO effect)")
 
 
+#: Largest replay grid (windows x bins) the scorer holds at once (~16 MiB per array).
+_GRID_MAX = 1 << 21
+
+
 class Scores(NamedTuple):
     """Sync-excess of a batch of schedules on one episode.
 
@@ -108,15 +112,23 @@ class EpisodeScorer:
                                                            episode.base_s[keep], sc)
         horizon = self.w + int(round(sc.tail_s / p.step_seconds))
         starts = np.arange(episode.n_decisions, dtype=np.int64) * self.interval
-        # First pass over the isolated cost window (+1 bin); merges still perturbing the
-        # queue then are followed to the end of the episode.
-        drain, excess = self._windows(starts, np.zeros(starts.size), self._prefmin[starts],
-                                      np.minimum(horizon + 1, n_bins - starts))
-        long = np.flatnonzero(~drain[0])
-        if long.size:
-            d2, e2 = self._windows(starts[long], np.zeros(long.size),
-                                   self._prefmin[starts[long]], n_bins - starts[long])
-            drain[1][long], excess[long] = d2[1], e2
+        # Each decision's isolated merge, followed over its cost window (+1 bin) first, and
+        # those still perturbing the queue then over windows 4x longer each round, up to
+        # the episode's end (bounded memory on long traces; one round on the shipped ones).
+        length = np.minimum(horizon + 1, n_bins - starts)
+        (drained, t_drain), excess = self._windows(starts, np.zeros(starts.size),
+                                                   self._prefmin[starts], length)
+        span = 4 * (horizon + 1)
+        while True:
+            todo = np.flatnonzero(~drained & (length < n_bins - starts))
+            if todo.size == 0:
+                break
+            length[todo] = np.minimum(span, n_bins - starts[todo])
+            (d2, t2), e2 = self._windows(starts[todo], np.zeros(todo.size),
+                                         self._prefmin[starts[todo]], length[todo])
+            drained[todo], t_drain[todo], excess[todo] = d2, t2, e2
+            span *= 4
+        drain = (drained, t_drain)
         #: Bins from a merge's start to its drain (or to the episode's end), per decision.
         self.drain_bins = drain[1]
         #: Extra violated requests of an isolated merge at each decision, exact.
@@ -136,6 +148,24 @@ class EpisodeScorer:
 
     def _windows(self, st: np.ndarray, off0: np.ndarray, min0: np.ndarray, length: np.ndarray,
                  want_state: bool = False):
+        """:meth:`_windows_block` over blocks of rows of at most ``_GRID_MAX`` grid cells."""
+        r = st.size
+        per = max(1, _GRID_MAX // max(1, int(length.max()) if r else 1))
+        if r <= per:
+            return self._windows_block(st, off0, min0, length, want_state)
+        parts = [self._windows_block(st[i:i + per], off0[i:i + per], min0[i:i + per],
+                                     length[i:i + per], want_state) for i in range(0, r, per)]
+        drained = np.concatenate([q[0][0] for q in parts])
+        t_drain = np.concatenate([q[0][1] for q in parts])
+        excess = np.concatenate([q[1] for q in parts])
+        if not want_state:
+            return (drained, t_drain), excess
+        return ((drained, t_drain), excess,
+                (np.concatenate([q[2][0] for q in parts]),
+                 np.concatenate([q[2][1] for q in parts])))
+
+    def _windows_block(self, st: np.ndarray, off0: np.ndarray, min0: np.ndarray,
+                       length: np.ndarray, want_state: bool = False):
         """Replay windows ``[st, st + length)`` each holding one merge at ``st``, entering
         with running-sum offset ``off0`` and running minimum ``min0`` (the no-merge state:
         0 and ``prefmin[st]``).

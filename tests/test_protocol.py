@@ -403,3 +403,27 @@ def test_high_load_report_diff_equals_the_all_exact_computation(tmp_path):
     md = __import__("diloco_gym.report", fromlist=["render_markdown"]).render_markdown(res, [])
     assert "Largest additive-exact gap over all scored schedules" in md
     assert "upper bound" in md
+
+
+def test_episode_scorer_bounded_memory_paths_agree(monkeypatch):
+    """An hour-long high-load episode, scored with the default grid and with a grid so
+    small that every replay is split into blocks: both equal the whole-episode replay."""
+    import dataclasses
+
+    env = diloco_gym.DiLoCoSyncEnv(regime=dataclasses.replace(_high_load_regime(24.0),
+                                                              duration_s=3600.0))
+    env.reset(seed=1)
+    ep, p, sc = env.episode, env.params, env.sidecar
+    m = ep.n_decisions // 40
+    sch = schedules.sample_uniform(ep.n_decisions, p.h_min, p.h_max, m, 40,
+                                   np.random.default_rng(0))
+    full = protocol.replay_full(ep, sch, p, sc)
+    big = protocol.EpisodeScorer(ep, p, sc)
+    got = big.score(sch)
+    np.testing.assert_allclose(got.exact_pct, full, rtol=0, atol=1e-9)
+    assert got.replayed.any() and not big.episode_proven
+    monkeypatch.setattr(protocol, "_GRID_MAX", 3000)
+    small = protocol.EpisodeScorer(ep, p, sc)
+    np.testing.assert_array_equal(small.drain_bins, big.drain_bins)
+    np.testing.assert_array_equal(small.iso_excess, big.iso_excess)
+    np.testing.assert_array_equal(small.score(sch).exact_pct, got.exact_pct)
