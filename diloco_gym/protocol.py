@@ -83,8 +83,8 @@ class EpisodeScorer:
     threshold), so the scorer is bitwise consistent with ``episode.merge_cost``; a
     whole-episode replay (:func:`replay_full`, the env's episode summary) decides them
     from the latency and rounds differently, so the two can differ by a request whose
-    latency is within rounding (~1e-15 s) of the SLO (measured: one request in one of the
-    default report's 800 agent-episodes).
+    latency is within rounding (~1e-15 s) of the SLO (measured: one request in each of 2 of
+    the default report's 800 agent-episodes).
 
     ``episode_proven``: every decision's isolated merge drains within ``H_min`` and its
     exact excess equals its isolated cost, so *every* feasible schedule of the episode has

@@ -149,6 +149,8 @@ class CompletionTable:
         """:meth:`window_weights` for each previous merge in ``cur``, ``(len(cur), width)``
         (the weights :func:`sample_uniform` draws from)."""
         cur = np.asarray(cur, dtype=np.int64)
+        if cur.size == 0:
+            return np.zeros((0, self.h_max - self.h_min + 1))
         c_lo = int(cur.min())
         return self.window_weights(m_left, c_lo, int(cur.max()))[cur - c_lo]
 
@@ -248,7 +250,11 @@ def sample_uniform(n: int, h_min: int, h_max: int, m: int, k: int,
     """
     f = _table_for(n, h_min, h_max, m, counts)
     _check_budget(f, n, h_min, h_max, m)
+    if k < 0:
+        raise ValueError(f"k must be >= 0, got {k}")
     out = np.empty((k, m), dtype=np.int64)
+    if k == 0:
+        return out
     cur = np.zeros(k, dtype=np.int64)
     width = h_max - h_min + 1
     for j in range(m):

@@ -350,3 +350,9 @@ def test_reach_only_table_gives_the_same_draws_as_the_full_table():
         a = sample_uniform(n, h_min, h_max, m, 200, np.random.default_rng(m), counts=cut)
         b = sample_uniform(n, h_min, h_max, m, 200, np.random.default_rng(m), counts=full)
         np.testing.assert_array_equal(a, b)
+
+
+def test_sample_uniform_zero_draws_and_bad_k():
+    assert sample_uniform(200, 16, 64, 4, 0, np.random.default_rng(0)).shape == (0, 4)
+    with pytest.raises(ValueError, match="k must be >= 0"):
+        sample_uniform(200, 16, 64, 4, -1, np.random.default_rng(0))
