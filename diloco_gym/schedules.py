@@ -10,16 +10,20 @@ These are exactly the schedules an agent can produce in the environment, whose c
 forbids a merge below ``h_min`` and forces one at ``h_max``.
 
 All counts use ``F[m, d]``: the number of feasible completions with ``m`` more merges
-after a merge at ``d``. Rows are rescaled to avoid overflow; only ratios within a row are
-used for sampling, and ``F > 0`` is exact feasibility.
+after a merge at ``d``. These numbers span far more than the float range on long episodes
+(and far more than 1e16 within one row at 517 decisions), so they are kept as natural
+logarithms (:class:`CompletionTable`), each window sum taken as a sum of positive terms in
+log space (never a difference of large partial sums), and each row stored only over its
+support, which has a closed form. ``F > 0`` (feasibility) is exact.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["is_feasible", "budget_range", "completion_counts", "sample_uniform",
-           "optimal_schedule", "brute_force_schedules"]
+__all__ = ["is_feasible", "budget_range", "CompletionTable", "completion_table",
+           "completion_counts", "transition_kernel", "sample_uniform", "optimal_schedule",
+           "brute_force_schedules"]
 
 
 def is_feasible(merges, n: int, h_min: int, h_max: int) -> bool:
@@ -31,43 +35,153 @@ def is_feasible(merges, n: int, h_min: int, h_max: int) -> bool:
     return bool(np.all((gaps >= h_min) & (gaps <= h_max)) and (n - 1) - d[-1] < h_max)
 
 
-def _window_sum(row: np.ndarray, h_min: int, h_max: int) -> np.ndarray:
-    """``out[d] = sum(row[d + h_min : d + h_max + 1])`` (indices past the end count 0)."""
-    n = row.size
-    padded = np.concatenate([row, np.zeros(h_max + 1)])
-    c = np.concatenate([[0.0], np.cumsum(padded)])
-    d = np.arange(n)
-    out = c[d + h_max + 1] - c[d + h_min]
-    # Exact zeros stay zero (a window of zeros adds nothing to the running sum), but
-    # rounding can leave tiny negatives or positives next to large partial sums.
-    nz = np.concatenate([[0], np.cumsum(padded > 0)])
-    has = (nz[d + h_max + 1] - nz[d + h_min]) > 0
-    return np.where(has, np.maximum(out, np.finfo(float).tiny), 0.0)
+def _support(n: int, h_min: int, h_max: int, m: int) -> tuple[int, int]:
+    """``(lo, hi)``: the decisions ``d`` with ``F[m, d] > 0`` are exactly ``lo..hi`` (empty
+    when ``hi < lo``).
+
+    After a merge at ``d``, ``m`` more merges with gaps in ``[h_min, h_max]`` can end at any
+    decision in ``[d + m h_min, d + m h_max]`` (every gap total in between is reachable),
+    and the last one must leave a tail ``< h_max``: so the ``n - 1 - d`` decisions left must
+    lie in ``[m h_min, (m + 1) h_max - 1]``.
+    """
+    return max(0, n - (m + 1) * h_max), n - 1 - m * h_min
+
+
+def _log_window_sum(x: np.ndarray, width: int, count: int) -> np.ndarray:
+    """``out[i] = log(sum(exp(x[i : i + width])))`` for ``i < count`` (``x`` padded with
+    ``-inf`` as needed), computed from sums of positive terms only.
+
+    ``x`` is cut into blocks of ``width``; a window is a suffix of one block plus a prefix
+    of the next, and prefix and suffix sums within a block are running ``logaddexp``
+    sums. Nothing is ever subtracted, so the result is accurate to a few ulps relative
+    whatever the spread of the values (a cumulative sum and a difference would cancel).
+    """
+    nb = -(-(count + width - 1) // width) + 1
+    xx = np.full(nb * width, -np.inf)
+    k = min(x.size, xx.size)
+    xx[:k] = x[:k]
+    blocks = xx.reshape(nb, width)
+    pre = np.logaddexp.accumulate(blocks, axis=1)
+    suf = np.logaddexp.accumulate(blocks[:, ::-1], axis=1)[:, ::-1]
+    i = np.arange(count)
+    blk, off = np.divmod(i, width)
+    head = np.where(off > 0, pre[np.minimum(blk + 1, nb - 1), np.maximum(off - 1, 0)], -np.inf)
+    return np.logaddexp(suf[blk, off], head)
+
+
+class CompletionTable:
+    """``log F[m, d]`` for ``m = 0..m_max`` over an episode of ``n`` decisions.
+
+    Row ``m`` is stored only over its support (closed form, see :func:`_support`) and
+    shifted so that its largest entry is 0: the sampler only uses ratios within a row.
+    With ``reach_only`` (the default) a row is further cut to the decisions a schedule with
+    at most ``m_max`` merges can reach with ``m`` merges still to place (the next merge of
+    a budget ``M`` with ``m`` left is merge ``M - m`` and lies at or before
+    ``(M - m) * h_max``), which is every entry the sampler reads; a day-long trace
+    (77,000 decisions) with budgets up to 1,300 then needs ~57 MiB instead of ~310 MiB
+    (the dense table: ~800 MiB). ``shape`` is ``(m_max + 1, n)``, as for the dense table.
+
+    Attributes:
+        n, h_min, h_max, m_max: the episode length, corridor (decisions) and rows.
+        lo, hi: int arrays ``(m_max + 1,)``, the stored decisions of each row.
+        reach_only: whether rows are cut to the decisions budgets <= ``m_max`` reach.
+        rows: one float array per row, ``log F[m, lo[m]..hi[m]]`` minus the row's maximum.
+    """
+
+    def __init__(self, n: int, h_min: int, h_max: int, m_max: int,
+                 reach_only: bool = True) -> None:
+        _check(n, h_min, h_max)
+        if m_max < 0:
+            raise ValueError(f"m_max must be >= 0, got {m_max}")
+        self.n, self.h_min, self.h_max, self.m_max = n, h_min, h_max, int(m_max)
+        self.reach_only = reach_only
+        self.lo = np.empty(m_max + 1, dtype=np.int64)
+        self.hi = np.empty(m_max + 1, dtype=np.int64)
+        self.rows: list[np.ndarray] = []
+        width = h_max - h_min + 1
+        for m in range(m_max + 1):
+            lo, hi = _support(n, h_min, h_max, m)
+            if reach_only:
+                hi = min(hi, (m_max - m) * h_max)
+            self.lo[m], self.hi[m] = lo, hi
+            if hi < lo:
+                self.rows.append(np.zeros(0))
+            elif m == 0:
+                self.rows.append(np.zeros(hi - lo + 1))  # F = 1 on the tail
+            else:
+                # x[j] = log F[m-1, lo + h_min + j]; -inf outside that row's support.
+                x = self.row_values(m - 1, lo + h_min, hi + h_max + 1)
+                with np.errstate(invalid="ignore"):
+                    row = _log_window_sum(x, width, hi - lo + 1)
+                self.rows.append(row - row.max())
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (self.m_max + 1, self.n)
+
+    def feasible(self, m: int) -> bool:
+        """Whether a schedule with exactly ``m`` merges exists (``F[m, 0] > 0``)."""
+        return 0 <= m <= self.m_max and self.lo[m] == 0 and self.hi[m] >= 0
+
+    def row_values(self, m: int, a: int, b: int) -> np.ndarray:
+        """``log F[m, a:b]`` (shifted as stored), ``-inf`` outside the support."""
+        out = np.full(b - a, -np.inf)
+        lo, hi = int(self.lo[m]), int(self.hi[m])
+        s, e = max(a, lo), min(b, hi + 1)
+        if e > s:
+            out[s - a:e - a] = self.rows[m][s - lo:e - lo]
+        return out
+
+    def window_weights(self, m_left: int, c_lo: int, c_hi: int) -> np.ndarray:
+        """Unnormalised probabilities of the next merge after a merge at each ``c`` in
+        ``c_lo..c_hi``, with ``m_left`` merges (this one included) still to place:
+        ``(c_hi - c_lo + 1, h_max - h_min + 1)``, row ``c - c_lo`` over decisions
+        ``c + h_min .. c + h_max``, proportional to ``F[m_left - 1, .]`` and scaled so its
+        largest weight is 1 (a ``c`` with no feasible continuation gives a row of NaN)."""
+        width = self.h_max - self.h_min + 1
+        seg = self.row_values(m_left - 1, c_lo + self.h_min, c_hi + self.h_max + 1)
+        vals = np.lib.stride_tricks.sliding_window_view(seg, width)
+        top = vals.max(axis=1, keepdims=True)
+        with np.errstate(invalid="ignore"):
+            return np.exp(vals - top)
+
+    def next_weights(self, m_left: int, cur: np.ndarray) -> np.ndarray:
+        """:meth:`window_weights` for each previous merge in ``cur``, ``(len(cur), width)``
+        (the weights :func:`sample_uniform` draws from)."""
+        cur = np.asarray(cur, dtype=np.int64)
+        if cur.size == 0:
+            return np.zeros((0, self.h_max - self.h_min + 1))
+        c_lo = int(cur.min())
+        return self.window_weights(m_left, c_lo, int(cur.max()))[cur - c_lo]
+
+
+def completion_table(n: int, h_min: int, h_max: int, m_max: int) -> CompletionTable:
+    """The log completion counts shared by every draw of an episode length (cache it)."""
+    return CompletionTable(n, h_min, h_max, m_max)
 
 
 def completion_counts(n: int, h_min: int, h_max: int, m_max: int) -> np.ndarray:
-    """``F[m, d]`` for ``m = 0..m_max``, each row scaled so its maximum is 1 (or all 0).
+    """Dense ``F[m, d]`` for ``m = 0..m_max``, each row scaled so its maximum is 1 (or all 0).
 
-    ``F[m, 0] > 0`` iff an episode of ``n`` decisions has a feasible schedule with
-    exactly ``m`` merges.
+    ``F[m, d] > 0`` exactly where a completion exists (entries below the float range are
+    kept at the smallest positive float, so feasibility stays exact); ratios are exact to
+    float precision where representable. The sampler uses :class:`CompletionTable`, which
+    has no such range limit. ``F[m, 0] > 0`` iff an episode of ``n`` decisions has a
+    feasible schedule with exactly ``m`` merges.
     """
-    _check(n, h_min, h_max)
+    t = CompletionTable(n, h_min, h_max, m_max, reach_only=False)
     f = np.zeros((m_max + 1, n))
-    f[0] = (np.arange(n) >= n - h_max).astype(float)
-    for m in range(1, m_max + 1):
-        row = _window_sum(f[m - 1], h_min, h_max)
-        top = row.max()
-        f[m] = row / top if top > 0 else row
+    for m in range(m_max + 1):
+        if t.rows[m].size:
+            f[m, t.lo[m]:t.hi[m] + 1] = np.maximum(np.exp(t.rows[m]), np.finfo(float).tiny)
     return f
 
 
 def budget_range(n: int, h_min: int, h_max: int) -> tuple[int, int]:
-    """The smallest and largest feasible number of merges in ``n`` decisions."""
+    """The smallest and largest feasible number of merges in ``n`` decisions (closed form:
+    ``m`` is feasible iff ``m h_min <= n - 1 <= (m + 1) h_max - 1``)."""
     _check(n, h_min, h_max)
-    m_hi = (n - 1) // h_min
-    f = completion_counts(n, h_min, h_max, m_hi)
-    ok = np.flatnonzero(f[:, 0] > 0)
-    return int(ok[0]), int(ok[-1])
+    return max(0, -(-n // h_max) - 1), (n - 1) // h_min
 
 
 def _check(n: int, h_min: int, h_max: int) -> None:
@@ -77,13 +191,56 @@ def _check(n: int, h_min: int, h_max: int) -> None:
         raise ValueError(f"need at least one decision, got n={n}")
 
 
+def _table_for(n: int, h_min: int, h_max: int, m: int,
+               counts: CompletionTable | None) -> CompletionTable:
+    if counts is None:
+        return CompletionTable(n, h_min, h_max, max(m, 0))
+    if not isinstance(counts, CompletionTable):
+        raise TypeError(f"counts must be a CompletionTable (from completion_table), got "
+                        f"{type(counts).__name__}")
+    if (counts.n, counts.h_min, counts.h_max) != (n, h_min, h_max):
+        raise ValueError(f"counts were built for n={counts.n}, h_min={counts.h_min}, "
+                         f"h_max={counts.h_max}, not n={n}, h_min={h_min}, h_max={h_max}")
+    return counts
+
+
+def _check_budget(f: CompletionTable, n: int, h_min: int, h_max: int, m: int) -> None:
+    if m < 0 or not (m <= f.m_max and f.feasible(m)):
+        lo, hi = budget_range(n, h_min, h_max)
+        if lo <= m <= hi:
+            raise ValueError(f"counts hold budgets up to {f.m_max}, not {m}")
+        raise ValueError(f"no feasible schedule has {m} merges in {n} decisions "
+                         f"(h_min={h_min}, h_max={h_max}); feasible budgets: {lo}..{hi}")
+
+
+def transition_kernel(n: int, h_min: int, h_max: int, m: int, j: int, cur,
+                      counts: CompletionTable | None = None) -> np.ndarray:
+    """The probabilities :func:`sample_uniform` uses for merge ``j`` (0-based) of ``m``,
+    after the previous merge at each of ``cur``: ``(len(cur), h_max - h_min + 1)``, row
+    ``i`` over decisions ``cur[i] + h_min .. cur[i] + h_max`` (rows sum to 1; a ``cur``
+    with no feasible continuation gives a row of NaN)."""
+    f = _table_for(n, h_min, h_max, m, counts)
+    _check_budget(f, n, h_min, h_max, m)
+    if not 0 <= j < m:
+        raise ValueError(f"merge index j must be in 0..{m - 1}, got {j}")
+    w = f.next_weights(m - j, np.asarray(cur, dtype=np.int64))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return w / w.sum(axis=1, keepdims=True)
+
+
 def sample_uniform(n: int, h_min: int, h_max: int, m: int, k: int,
-                   rng: np.random.Generator, counts: np.ndarray | None = None) -> np.ndarray:
+                   rng: np.random.Generator,
+                   counts: CompletionTable | None = None) -> np.ndarray:
     """Draw ``k`` schedules uniformly among all feasible schedules with exactly ``m`` merges.
 
     Exact: the next merge is drawn with probability proportional to the number of
-    feasible completions from it (``F``), so every schedule has probability
-    ``1 / F[m, 0]``.
+    feasible completions from it (``F``, from the log-space :class:`CompletionTable`, so
+    the ratios are exact to float precision at any episode length), so every schedule has
+    probability ``1 / F[m, 0]``.
+
+    Args:
+        counts: a :func:`completion_table` for this ``n`` and corridor with at least ``m``
+            rows beyond the first (built when ``None``).
 
     Returns:
         int array ``(k, m)`` of decision indices, each row sorted.
@@ -91,19 +248,19 @@ def sample_uniform(n: int, h_min: int, h_max: int, m: int, k: int,
     Raises:
         ValueError: when no feasible schedule has ``m`` merges (the message gives the range).
     """
-    f = counts if counts is not None else completion_counts(n, h_min, h_max, max(m, 0))
-    if m < 0 or m >= f.shape[0] or f[m, 0] <= 0:
-        lo, hi = budget_range(n, h_min, h_max)
-        raise ValueError(f"no feasible schedule has {m} merges in {n} decisions "
-                         f"(h_min={h_min}, h_max={h_max}); feasible budgets: {lo}..{hi}")
+    f = _table_for(n, h_min, h_max, m, counts)
+    _check_budget(f, n, h_min, h_max, m)
+    if k < 0:
+        raise ValueError(f"k must be >= 0, got {k}")
     out = np.empty((k, m), dtype=np.int64)
+    if k == 0:
+        return out
     cur = np.zeros(k, dtype=np.int64)
     width = h_max - h_min + 1
-    offs = np.arange(width)
     for j in range(m):
-        row = np.concatenate([f[m - 1 - j], np.zeros(h_max + 1)])
-        w = row[cur[:, None] + h_min + offs[None, :]]  # (k, width)
-        cw = np.cumsum(w, axis=1)
+        # The kernel depends on the previous merge only: weights once per distinct position.
+        c_lo = int(cur.min())
+        cw = np.cumsum(f.window_weights(m - j, c_lo, int(cur.max())), axis=1)[cur - c_lo]
         u = rng.random(k) * cw[:, -1]
         pick = (cw <= u[:, None]).sum(axis=1)  # first index with cw > u
         pick = np.minimum(pick, width - 1)

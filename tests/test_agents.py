@@ -293,7 +293,7 @@ def test_report_marks_non_deployable_agents():
     from diloco_gym.report import ReportConfig, render_markdown, run_protocol
 
     res = run_protocol(ReportConfig(regimes=["bursty"], agents=["fixed-512", "offline-oracle"],
-                                    seeds=2, draws=20, exact_check_draws=2), progress=False)
+                                    seeds=2, draws=20), progress=False)
     rows, summ = res["rows"], res["summary"].set_index("agent")
     assert dict(zip(rows["agent"], rows["deployable"], strict=True)) == {
         "fixed-512": True, "offline-oracle": False}

@@ -320,3 +320,170 @@ def test_gate_inconclusive_overrides_a_pseudo_replicated_p():
     # 21 overlapping windows can give a tiny p, but only 3 of them are independent.
     assert protocol.gate_verdict("calibrated", -3.0, 1e-4, n_units=3) == \
         "inconclusive (too few episodes)"
+
+
+# --------------------------------------------------------------------------- exact scoring
+def _steady_env(rate: float, duration: float = 80.0):
+    """A short steady trace at ``rate`` req/s on the sync-heavy sidecar, corridor 8..16
+    decisions with 8 s merges: few enough schedules to enumerate them all."""
+    import dataclasses
+
+    from diloco_gym.regimes import REGIMES
+
+    reg = dataclasses.replace(REGIMES["sync-heavy"], quiet_rate_rps=rate, busy_rate_rps=rate)
+    full = reg(np.random.default_rng(0))
+    keep = full.arrival_s < duration
+    tr = Trace(full.arrival_s[keep], full.prompt_tokens[keep], full.output_tokens[keep],
+               duration, network=full.network[:int(duration)],
+               checkpoint=full.checkpoint[:int(duration)])
+    params = core.EnvParams(h_min_steps=64, h_max_steps=128, merge_seconds=8.0)
+    env = diloco_gym.DiLoCoSyncEnv(regime=tr, params=params,
+                                   sidecar=REGIMES["sync-heavy"].sidecar)
+    env.reset(seed=0)
+    return env
+
+
+def _high_load_regime(busy: float = 24.0):
+    """Bursty load with bursts well above the sidecar's capacity (merge backlogs outlive
+    H_min, so merges interact)."""
+    import dataclasses
+
+    from diloco_gym.regimes import REGIMES
+
+    return dataclasses.replace(REGIMES["bursty"], busy_rate_rps=busy)
+
+
+@pytest.mark.parametrize("busy", [17.0, 24.0])
+def test_episode_scorer_equals_the_full_replay(busy):
+    """The windowed exact replay equals replaying the whole episode, at the default load
+    (where it is proven additive) and with 24 req/s bursts (where merges interact)."""
+    env = diloco_gym.DiLoCoSyncEnv(regime=_high_load_regime(busy))
+    gaps, replayed = [], 0
+    for seed in (0, 1):
+        env.reset(seed=seed)
+        ep, p, sc = env.episode, env.params, env.sidecar
+        scorer = protocol.EpisodeScorer(ep, p, sc)
+        for m in (8, 16, 30):
+            sch = schedules.sample_uniform(ep.n_decisions, p.h_min, p.h_max, m, 150,
+                                           np.random.default_rng([seed, m]))
+            got = scorer.score(sch)
+            np.testing.assert_allclose(got.exact_pct, protocol.replay_full(ep, sch, p, sc),
+                                       rtol=0, atol=1e-9)
+            ref = core.schedule_summary(ep, sch[0].tolist(), p, sc)["sync_excess_pct"]
+            assert got.exact_pct[0] == pytest.approx(ref, abs=1e-9)
+            np.testing.assert_allclose(got.additive_pct,
+                                       ep.merge_cost[sch].sum(axis=1) * ep.pct_per_request)
+            gaps.append(np.abs(got.exact_pct - got.additive_pct).max())
+            replayed += int(got.replayed.sum())
+            if scorer.episode_proven:
+                assert not got.replayed.any()
+                np.testing.assert_array_equal(got.exact_pct, got.additive_pct)
+    if busy == 17.0:
+        assert max(gaps) == 0.0 and replayed == 0
+    else:  # the interacting path was exercised and additive scoring would be wrong
+        assert replayed > 100 and max(gaps) > 1.0
+
+
+@pytest.mark.parametrize("rate, proven", [(10.0, True), (16.0, False)])
+def test_oracle_is_the_exact_optimum_only_when_the_episode_is_proven(rate, proven):
+    env = _steady_env(rate)
+    ep, p, sc = env.episode, env.params, env.sidecar
+    scorer = protocol.EpisodeScorer(ep, p, sc)
+    assert scorer.episode_proven is proven
+    for m in (3, 6):
+        every = np.array(schedules.brute_force_schedules(ep.n_decisions, p.h_min, p.h_max, m))
+        exact = protocol.replay_full(ep, every, p, sc)
+        got = scorer.score(every)
+        np.testing.assert_allclose(got.exact_pct, exact, rtol=0, atol=1e-9)
+        orc = protocol.oracle_score(ep, m, p, sc, scorer=scorer)
+        assert orc["exact_optimum"] is proven
+        if proven:
+            np.testing.assert_array_equal(got.exact_pct, got.additive_pct)
+            assert orc["exact_pct"] == pytest.approx(exact.min(), abs=1e-9)
+        else:
+            assert np.abs(got.exact_pct - got.additive_pct).max() > 0
+            assert orc["exact_pct"] >= exact.min() - 1e-9  # an upper bound on the optimum
+
+
+def test_scorer_is_reused_only_for_the_same_episode():
+    env = diloco_gym.DiLoCoSyncEnv(regime="bursty")
+    env.reset(seed=3)
+    scorer = protocol.EpisodeScorer(env.episode, env.params, env.sidecar)
+    env.reset(seed=3)
+    assert scorer.matches(env.episode)
+    env.reset(seed=4)
+    assert not scorer.matches(env.episode)
+    with pytest.raises(ValueError, match="decisions must be in"):
+        scorer.score(np.array([[env.episode.n_decisions]]))
+
+
+def test_high_load_report_diff_equals_the_all_exact_computation(tmp_path):
+    """With bursts well above capacity, the report's agent, matched-random and oracle
+    columns (hence agent minus control) equal an independent all-exact recomputation:
+    the env's own replay for the agent, whole-episode replays for every draw and the
+    oracle's schedule."""
+    from agents.registry import make_agent
+    from diloco_gym.loaders import save_native
+    from diloco_gym.regimes import REGIMES
+    from diloco_gym.report import _trace_units
+    from diloco_gym.rollout import run_episode
+
+    tr = _high_load_regime(24.0)(np.random.default_rng(11))
+    path = tmp_path / "hot.csv"
+    save_native(Trace(tr.arrival_s, tr.prompt_tokens, tr.output_tokens, tr.duration_s), path)
+    config = ReportConfig(agents=["fixed-256", "wa-diloco", "pressure-gate"], seeds=2,
+                          draws=120, trace=str(path), trace_format="native")
+    res = run_protocol(config, progress=False)
+    rows = res["rows"]
+    assert rows["additive_exact_gap_pp"].max() > 0.5  # additive scoring would be biased
+    assert (rows["scoring"] == protocol.SCORING_EXACT).all()
+    assert (rows["oracle_schedule"] == protocol.ORACLE_BOUND).all()
+    units, _ = _trace_units(config, REGIMES[config.trace_sidecar].sidecar)
+    envs = {u.seed: u.env for u in units}  # one episode per window
+    for _, r in rows.iterrows():
+        env = envs[int(r["seed"])]
+        p, sc = env.params, env.sidecar
+        out = run_episode(env, make_agent(r["agent"]), int(r["seed"]))
+        ep = env.episode
+        m = int(out["merges"])
+        assert m == r["merges"]
+        draws = schedules.sample_uniform(ep.n_decisions, p.h_min, p.h_max, m, config.draws,
+                                         np.random.default_rng([int(r["seed"]), m, 7]))
+        control = protocol.replay_full(ep, draws, p, sc)
+        orc, _ = schedules.optimal_schedule(ep.merge_cost, p.h_min, p.h_max, m)
+        oracle = protocol.replay_full(ep, orc[None, :], p, sc)[0]
+        assert r["sync_excess_pct"] == pytest.approx(out["sync_excess_pct"], abs=1e-9)
+        assert r["matched_random_mean"] == pytest.approx(control.mean(), abs=1e-9)
+        assert r["matched_random_p95"] == pytest.approx(np.percentile(control, 95), abs=1e-9)
+        assert r["oracle_same_budget_pct"] == pytest.approx(oracle, abs=1e-9)
+        assert (r["sync_excess_pct"] - r["matched_random_mean"]) == pytest.approx(
+            out["sync_excess_pct"] - control.mean(), abs=1e-9)
+    s = res["summary"]
+    assert (s["additive_exact_gap_pp"] > 0).all()
+    md = __import__("diloco_gym.report", fromlist=["render_markdown"]).render_markdown(res, [])
+    assert "Largest additive-exact gap over all scored schedules" in md
+    assert "upper bound" in md
+
+
+def test_episode_scorer_bounded_memory_paths_agree(monkeypatch):
+    """An hour-long high-load episode, scored with the default grid and with a grid so
+    small that every replay is split into blocks: both equal the whole-episode replay."""
+    import dataclasses
+
+    env = diloco_gym.DiLoCoSyncEnv(regime=dataclasses.replace(_high_load_regime(24.0),
+                                                              duration_s=3600.0))
+    env.reset(seed=1)
+    ep, p, sc = env.episode, env.params, env.sidecar
+    m = ep.n_decisions // 40
+    sch = schedules.sample_uniform(ep.n_decisions, p.h_min, p.h_max, m, 40,
+                                   np.random.default_rng(0))
+    full = protocol.replay_full(ep, sch, p, sc)
+    big = protocol.EpisodeScorer(ep, p, sc)
+    got = big.score(sch)
+    np.testing.assert_allclose(got.exact_pct, full, rtol=0, atol=1e-9)
+    assert got.replayed.any() and not big.episode_proven
+    monkeypatch.setattr(protocol, "_GRID_MAX", 3000)
+    small = protocol.EpisodeScorer(ep, p, sc)
+    np.testing.assert_array_equal(small.drain_bins, big.drain_bins)
+    np.testing.assert_array_equal(small.iso_excess, big.iso_excess)
+    np.testing.assert_array_equal(small.score(sch).exact_pct, got.exact_pct)

@@ -14,9 +14,11 @@ from diloco_gym.schedules import (
     brute_force_schedules,
     budget_range,
     completion_counts,
+    completion_table,
     is_feasible,
     optimal_schedule,
     sample_uniform,
+    transition_kernel,
 )
 
 #: Small corridors (n, h_min, h_max) where brute force enumerates everything quickly.
@@ -95,7 +97,8 @@ def test_completion_counts_do_not_overflow_on_long_episodes():
     lo, hi = budget_range(5000, 16, 64)
     assert (lo, hi) == (-(-(5000 - 64) // 64), (5000 - 1) // 16)
     assert f[lo, 0] > 0 and f[hi, 0] > 0 and f[lo - 1, 0] == 0 and f[hi + 1, 0] == 0
-    draws = sample_uniform(5000, 16, 64, 100, 20, np.random.default_rng(0), counts=f)
+    draws = sample_uniform(5000, 16, 64, 100, 20, np.random.default_rng(0),
+                           counts=completion_table(5000, 16, 64, 100))
     assert all(is_feasible(row, 5000, 16, 64) for row in draws)
 
 
@@ -156,7 +159,7 @@ def test_sample_uniform_rejects_infeasible_budgets(m):
 
 
 def test_sample_uniform_reuses_counts_and_is_seeded():
-    counts = completion_counts(200, 16, 64, 8)
+    counts = completion_table(200, 16, 64, 8)
     a = sample_uniform(200, 16, 64, 4, 50, np.random.default_rng(5), counts=counts)
     b = sample_uniform(200, 16, 64, 4, 50, np.random.default_rng(5))
     np.testing.assert_array_equal(a, b)
@@ -228,3 +231,128 @@ def test_optimal_schedule_bad_input():
         optimal_schedule(np.zeros(20), 3, 6, m=-2)
     with pytest.raises(ValueError, match="h_min"):
         optimal_schedule(np.zeros(20), 6, 3)
+
+
+# --------------------------------------------------------------------------- exactness at length
+def _exact_marginals(n: int, h_min: int, h_max: int, m: int, back: list[list[int]]):
+    """Exact ``P(merge j at d)`` for a uniform schedule with ``m`` merges, as floats from
+    Python-integer counts: (ways to reach ``d`` with ``j + 1`` merges) x (completions from
+    ``d`` with ``m - 1 - j`` more) / (all schedules)."""
+    total = back[m][0]
+    fwd = [1] + [0] * (n - 1)  # ways to stand at d after j merges (j = 0: the start)
+    out = np.zeros((m, n))
+    for j in range(m):
+        nxt = [0] * n
+        for d, ways in enumerate(fwd):
+            if ways:
+                for e in range(d + h_min, min(d + h_max, n - 1) + 1):
+                    nxt[e] += ways
+        fwd = nxt
+        out[j] = [a * back[m - 1 - j][d] / total for d, a in enumerate(fwd)]
+    return out
+
+
+def _int_completions(n: int, h_min: int, h_max: int, m_max: int) -> list[list[int]]:
+    rows = [[int((n - 1) - d < h_max) for d in range(n)]]
+    for _ in range(m_max):
+        prev = rows[-1]
+        rows.append([sum(prev[d + h_min:min(d + h_max, n - 1) + 1]) for d in range(n)])
+    return rows
+
+
+def _kernel_marginals(n: int, h_min: int, h_max: int, m: int, table) -> np.ndarray:
+    """Per-merge marginals obtained by propagating the sampler's own transition kernel."""
+    dist = np.zeros(n)
+    dist[0] = 1.0
+    out = np.zeros((m, n))
+    width = h_max - h_min + 1
+    for j in range(m):
+        cur = np.flatnonzero(dist > 0)
+        k = transition_kernel(n, h_min, h_max, m, j, cur, counts=table)
+        new = np.zeros(n + h_max + 1)
+        np.add.at(new, (cur[:, None] + h_min + np.arange(width)).ravel(),
+                  (dist[cur][:, None] * k).ravel())
+        assert new[n:].sum() == 0.0  # the kernel never steps past the episode
+        dist = new[:n]
+        out[j] = dist
+    return out
+
+
+def test_sampler_kernel_is_exact_at_full_episode_length_for_every_budget():
+    """517 decisions, corridor 16..64: within one row the counts span far more than 1e16
+    (the float table of cumulative sums cancelled and was off by up to TV ~1 at 29-32
+    merges); the sampler's kernel, propagated exactly, must give the integer marginals."""
+    n, h_min, h_max = 517, 16, 64
+    lo, hi = budget_range(n, h_min, h_max)
+    assert (lo, hi) == (8, 32)
+    back = _int_completions(n, h_min, h_max, hi)
+    spread = max(max(r) / min(x for x in r if x) for r in back[1:])
+    assert spread > 1e16  # the regime where float differences of partial sums cancel
+    table = completion_table(n, h_min, h_max, hi)
+    worst = 0.0
+    for m in range(lo, hi + 1):
+        exact = _exact_marginals(n, h_min, h_max, m, back)
+        ours = _kernel_marginals(n, h_min, h_max, m, table)
+        worst = max(worst, float(np.abs(ours - exact).max()))
+        assert np.abs(ours - exact).max() <= 1e-9, (m, np.abs(ours - exact).max())
+    assert worst < 1e-9
+
+
+def test_sampler_at_the_largest_budget_puts_the_exact_mass_on_the_first_merge():
+    # 32 merges in 517 decisions: P(first merge at decision 16) is 0.889 exactly.
+    n, h_min, h_max, m = 517, 16, 64, 32
+    back = _int_completions(n, h_min, h_max, m)
+    p16 = back[m - 1][16] / back[m][0]
+    assert p16 == pytest.approx(0.889, abs=1e-3)
+    draws = sample_uniform(n, h_min, h_max, m, 4000, np.random.default_rng(3))
+    share = float(np.mean(draws[:, 0] == 16))
+    assert abs(share - p16) < 4 * np.sqrt(p16 * (1 - p16) / 4000)
+    assert all(is_feasible(r, n, h_min, h_max) for r in draws[:50])
+
+
+def test_completion_table_handles_hours_long_episodes():
+    # A 6 h trace has ~19,000 decisions (24 h: ~77,000): the counts overflow any float, the
+    # log table does not (the day-long table for 1,300 merges: ~1 s and ~57 MiB here).
+    n, h_min, h_max = 19_250, 16, 64
+    lo, hi = budget_range(n, h_min, h_max)
+    assert (lo, hi) == (-(-n // h_max) - 1, (n - 1) // h_min)
+    t = completion_table(n, h_min, h_max, 400)
+    assert all(np.isfinite(r).all() for r in t.rows)
+    assert t.feasible(400) and t.feasible(lo) and not t.feasible(lo - 1)
+    draws = sample_uniform(n, h_min, h_max, 400, 5, np.random.default_rng(0), counts=t)
+    assert all(is_feasible(r, n, h_min, h_max) for r in draws)
+    # At the smallest budget every gap is near h_max; the sampler must still find them.
+    draws = sample_uniform(n, h_min, h_max, lo, 3, np.random.default_rng(1), counts=t)
+    assert all(is_feasible(r, n, h_min, h_max) for r in draws)
+
+
+def test_sample_uniform_rejects_wrong_count_tables():
+    with pytest.raises(TypeError, match="CompletionTable"):
+        sample_uniform(200, 16, 64, 4, 5, np.random.default_rng(0),
+                       counts=completion_counts(200, 16, 64, 8))
+    with pytest.raises(ValueError, match="built for n=300"):
+        sample_uniform(200, 16, 64, 4, 5, np.random.default_rng(0),
+                       counts=completion_table(300, 16, 64, 8))
+    with pytest.raises(ValueError, match="up to 3, not 4"):
+        sample_uniform(200, 16, 64, 4, 5, np.random.default_rng(0),
+                       counts=completion_table(200, 16, 64, 3))
+
+
+def test_reach_only_table_gives_the_same_draws_as_the_full_table():
+    from diloco_gym.schedules import CompletionTable
+
+    n, h_min, h_max, m_max = 5000, 16, 64, 120
+    cut = CompletionTable(n, h_min, h_max, m_max)
+    full = CompletionTable(n, h_min, h_max, m_max, reach_only=False)
+    assert sum(r.size for r in cut.rows) < 0.7 * sum(r.size for r in full.rows)
+    lo, _ = budget_range(n, h_min, h_max)
+    for m in (lo, 100, m_max):
+        a = sample_uniform(n, h_min, h_max, m, 200, np.random.default_rng(m), counts=cut)
+        b = sample_uniform(n, h_min, h_max, m, 200, np.random.default_rng(m), counts=full)
+        np.testing.assert_array_equal(a, b)
+
+
+def test_sample_uniform_zero_draws_and_bad_k():
+    assert sample_uniform(200, 16, 64, 4, 0, np.random.default_rng(0)).shape == (0, 4)
+    with pytest.raises(ValueError, match="k must be >= 0"):
+        sample_uniform(200, 16, 64, 4, -1, np.random.default_rng(0))
