@@ -84,10 +84,16 @@ class RandomDeferral(Agent):
     (reference default 0.5). Not the matched control (that one is
     :class:`diloco_gym.protocol.MatchedRandomDeferral`).
 
-    Each decision's uniform is a hash (BLAKE2b keyed with ``seed``) of the observation, so
-    an episode's draws depend only on what the agent sees: not on the episode seed (which a
-    deployable agent never gets) nor on what ran before. Observations of one episode differ
-    at every decision (``time_left``), so its draws are distinct.
+    Each episode draws its coins from its own random stream, independent of everything the
+    agent observes after the episode's first observation. The stream is seeded from the
+    agent's ``seed`` and a keyed hash (BLAKE2b) of that first observation, so an episode's
+    schedule is reproducible, does not depend on what ran before, and needs no episode seed
+    (which a deployable agent never gets). The runner's :meth:`attach` marks each new
+    episode; without it (a plain ``predict`` loop) one stream runs on across episodes.
+
+    Why not hash every observation: that makes each coin a fixed function of what the
+    agent sees, i.e. a (meaningless) observation-dependent policy rather than independent
+    coin flips; its results then vary with the key like a policy's, not like random draws.
     """
 
     name = "random-deferral"
@@ -98,15 +104,19 @@ class RandomDeferral(Agent):
         self.p = float(p)
         self.seed = int(seed)
         self._key = self.seed.to_bytes(16, "little", signed=True)
+        self._rng: np.random.Generator | None = None
+
+    def attach(self, context: Any) -> None:
+        """A new episode starts: its stream is seeded from its first observation."""
+        self._rng = None
 
     def uniforms(self, obs: np.ndarray) -> np.ndarray:
-        """The uniform in [0, 1) of each observation row (53 bits of its keyed hash)."""
+        """The next uniforms in [0, 1) of the episode's stream, one per observation row."""
         rows = np.ascontiguousarray(obs, dtype=np.float32).reshape(len(obs), -1)
-        out = np.empty(len(rows))
-        for i, row in enumerate(rows):
-            h = hashlib.blake2b(row.tobytes(), digest_size=8, key=self._key).digest()
-            out[i] = (int.from_bytes(h, "little") >> 11) * 2.0**-53
-        return out
+        if self._rng is None:
+            h = hashlib.blake2b(rows[0].tobytes(), digest_size=16, key=self._key).digest()
+            self._rng = np.random.default_rng(int.from_bytes(h, "little"))
+        return self._rng.random(len(rows))
 
     def act(self, obs: np.ndarray) -> np.ndarray:
         return (self.uniforms(obs) >= self.p).astype(np.int64)

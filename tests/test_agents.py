@@ -274,8 +274,9 @@ def test_only_the_oracle_is_non_deployable():
 
 
 def test_random_deferral_draws_depend_only_on_what_it_sees():
-    """No episode seed: the draws hash the observations, so an episode's schedule does not
-    depend on what ran before, and merges follow p."""
+    """No episode seed: each episode's coins come from a stream seeded by its first
+    observation, so an episode's schedule does not depend on what ran before, and merges
+    follow p."""
     env = diloco_gym.DiLoCoSyncEnv(regime="bursty")
     agent = RandomDeferral()
     first = run_episode(env, agent, 5)["merge_decisions"]
@@ -284,9 +285,27 @@ def test_random_deferral_draws_depend_only_on_what_it_sees():
     assert run_episode(env, RandomDeferral(), 5)["merge_decisions"] == first
     assert run_episode(env, RandomDeferral(seed=1), 5)["merge_decisions"] != first
     obs = np.random.default_rng(0).random((4000, core.OBS_DIM)).astype(np.float32)
+    agent.attach(None)
     u = agent.uniforms(obs)
     assert 0.0 <= u.min() and u.max() < 1.0 and abs(u.mean() - 0.5) < 0.02
     assert abs(agent.predict(obs)[0].mean() - 0.5) < 0.03
+
+
+def test_random_deferral_coins_do_not_depend_on_later_observations():
+    """After the first observation the coins are a stream: changing every later
+    observation changes no draw (a per-observation hash would redraw them all)."""
+    rng = np.random.default_rng(1)
+    obs = rng.random((50, core.OBS_DIM)).astype(np.float32)
+    other = obs.copy()
+    other[1:] = rng.random((49, core.OBS_DIM)).astype(np.float32)
+    a, b = RandomDeferral(), RandomDeferral()
+    a.attach(None)
+    b.attach(None)
+    ua = [a.uniforms(o[None])[0] for o in obs]
+    ub = [b.uniforms(o[None])[0] for o in other]
+    assert ua == ub
+    b.attach(None)  # a new episode with another first observation: another stream
+    assert [b.uniforms(o[None])[0] for o in other[::-1]] != ua
 
 
 def test_report_marks_non_deployable_agents():
