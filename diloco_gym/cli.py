@@ -96,6 +96,10 @@ def cmd_report(args: argparse.Namespace) -> int:
         result = run_protocol(config, progress=not args.no_progress)
     except (ValueError, FileNotFoundError) as exc:
         raise SystemExit(f"diloco-gym: {exc}") from None
+    if not result.get("calibration_complete", True):
+        print(f"diloco-gym: warning: calibration file {args.calibration} is marked incomplete "
+              "(an interrupted or failed live run); verdicts rest on partial measurements",
+              file=sys.stderr)
     command = "diloco-gym " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     out = write_report(result, args.out, force=args.force, command=command)
     s = result["summary"]
