@@ -105,11 +105,13 @@ class CalibrationFileError(ValueError):
         reason: what is wrong, in words.
     """
 
-    def __init__(self, path: str, reason: str, field: str | None = None) -> None:
+    def __init__(self, path: str, reason: str, field: str | None = None, *,
+                 field_in_reason: bool = False) -> None:
         self.path = str(path)
         self.field = field
         self.reason = reason
-        where = self.path if field is None else f"{self.path}: field {field!r}"
+        # field_in_reason: the reason already names the field (``x has unknown field 'y'``).
+        where = self.path if field is None or field_in_reason else f"{self.path}: field {field!r}"
         super().__init__(f"{where}: {reason}")
 
 
@@ -209,7 +211,8 @@ def validate_schema(value: Any, schema: dict, where: str, field: str = "") -> No
                 validate_schema(item, props[key], where, _join(field, key))
             elif extra is False:
                 raise CalibrationFileError(
-                    where, f"unknown field; valid fields: {', '.join(props)}", _join(field, key))
+                    where, f"{field or 'the file'} has unknown field {key!r}; valid fields: "
+                    f"{', '.join(props)}", _join(field, key), field_in_reason=True)
             elif isinstance(extra, dict):
                 validate_schema(item, extra, where, _join(field, key))
 

@@ -53,7 +53,7 @@ BAD = [
     ("zero-slots", _with(fitted_sidecar={"slots": 0}), "fitted_sidecar.slots",
      "outside the documented range (0, 100000]"),
     ("unknown-sidecar-field", _with(fitted_sidecar={"speed": 1.0}), "fitted_sidecar.speed",
-     "unknown field; valid fields: ttft_ms"),
+     "fitted_sidecar has unknown field 'speed'; valid fields: ttft_ms"),
     ("fitted-list", _with(fitted_sidecar=[1]), "fitted_sidecar", "an object or null"),
     ("huge-ratio", _with(regimes={"ordinary": {"p95_high_low": 1.0, "p95_sync_ratio": 1e9}}),
      "regimes.ordinary.p95_sync_ratio", "outside the documented range"),
@@ -68,7 +68,7 @@ BAD = [
      "regimes.ordinary.p95_sync_ratio", "required field is missing"),
     ("calibrated-on-number", _with(regimes={"bursty": {"calibrated_on": 3}}),
      "regimes.bursty.calibrated_on", "must be a string"),
-    ("typo-top-level", _with(complet=False), "complet", "unknown field"),
+    ("typo-top-level", _with(complet=False), "complet", "the file has unknown field 'complet'"),
     ("empty-source", _with(source=""), "source", "must not be empty"),
     ("top-level-list", [1, 2], None, "must be an object"),
     ("missing-source", {"regimes": {}}, "source", "required field is missing"),
@@ -87,7 +87,7 @@ def test_structural_errors_name_the_field(tmp_path, content, field, fragment):
     assert fragment in str(err)
     assert str(err).startswith(path)
     if field is not None:
-        assert f"field {field!r}" in str(err)
+        assert f"field {field!r}" in str(err) or "unknown field" in str(err)
 
 
 def test_cycle_through_the_reference_entries_is_caught(tmp_path):
@@ -137,3 +137,21 @@ def test_fitted_sidecar_in_range_loads(tmp_path):
     assert cal.fitted_sidecar == SidecarParams(sync_slowdown=0.7, slots=4)
     assert cal.sidecar_for("bursty") == cal.fitted_sidecar  # bursty is measured on sync-heavy
     assert cal.sidecar_for("ordinary") is None
+
+
+def test_report_announces_an_incomplete_calibration(tmp_path, capsys):
+    """An incomplete calibration is said on the terminal and recorded in report.json."""
+    from diloco_gym.cli import main
+
+    path = _write(tmp_path, _with(complete=False))
+    base = ["report", "--seeds", "2", "--regimes", "sync-heavy", "--agents", "fixed-512",
+            "--draws", "20", "--no-progress"]
+    assert main([*base, "--out", str(tmp_path / "inc"), "--calibration", path]) == 0
+    err = capsys.readouterr().err
+    assert err.count("marked incomplete") == 1 and path in err
+    assert json.loads((tmp_path / "inc" / "report.json").read_text())[
+        "calibration_complete"] is False
+    assert main([*base, "--out", str(tmp_path / "ok")]) == 0
+    assert "incomplete" not in capsys.readouterr().err
+    assert json.loads((tmp_path / "ok" / "report.json").read_text())[
+        "calibration_complete"] is True
