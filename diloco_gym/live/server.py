@@ -351,13 +351,21 @@ def _sidecar_main(conn: Any, cfg: SidecarModelConfig, port: int) -> None:
         lm.complete("warm up the kernels", 4)
         server = SidecarHTTPServer(lm, port)
     except BaseException as exc:  # report start-up failures to the parent
-        conn.send(("error", f"{type(exc).__name__}: {exc}"))
+        try:
+            conn.send(("error", f"{type(exc).__name__}: {exc}"))
+        except (OSError, ValueError):  # the parent is gone (killed): exit quietly
+            pass
         conn.close()
         return
     thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.1},
                               name="sidecar-http", daemon=True)
     thread.start()
-    conn.send(("ready", server.server_port, lm.num_parameters()))
+    try:
+        conn.send(("ready", server.server_port, lm.num_parameters()))
+    except (OSError, ValueError):  # the parent is gone before we were ready
+        server.shutdown()
+        server.server_close()
+        return
     parent = os.getppid()
     try:
         while True:
