@@ -1,4 +1,4 @@
-"""Live calibration against a real serving endpoint with real merges .
+"""Live calibration against a real serving endpoint with real merges.
 
 The simulator's effect sizes are only as good as the real measurements they are fitted
 to (docs/calibration.md). This subpackage measures them on the machine at hand:
