@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 import time
 import warnings
 from pathlib import Path
@@ -13,7 +14,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from diloco_gym.loaders import (
+    DEFAULT_MAX_TOKENS,
     FORMATS,
+    MAX_TOKENS_ENV,
     TraceFilterWarning,
     detect_format,
     load_azure,
@@ -21,12 +24,27 @@ from diloco_gym.loaders import (
     load_mooncake,
     load_native,
     load_trace,
+    max_tokens_bound,
     save_native,
 )
 from diloco_gym.traces import Trace, TraceFormatError, random_window, scale_rate, window
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
-REAL = Path(__file__).resolve().parents[2] / "shared" / "traces" / "real"
+
+
+def _real_traces_dir() -> Path:
+    """``shared/traces/real`` beside the repository (or beside a folder holding it, as for
+    a git worktree); ``$DILOCO_GYM_REAL_TRACES`` overrides."""
+    if os.environ.get("DILOCO_GYM_REAL_TRACES"):
+        return Path(os.environ["DILOCO_GYM_REAL_TRACES"])
+    parents = Path(__file__).resolve().parents[2:]
+    for parent in parents:
+        if (parent / "shared" / "traces" / "real").is_dir():
+            return parent / "shared" / "traces" / "real"
+    return parents[0] / "shared" / "traces" / "real"
+
+
+REAL = _real_traces_dir()
 
 AZURE_HEADER = "TIMESTAMP,ContextTokens,GeneratedTokens\n"
 BURST_HEADER = ("Timestamp,Session ID,Elapsed time,Model,Request tokens,Response tokens,"
@@ -386,14 +404,27 @@ MOONCAKE_BAD = [
     ("null-value", MOON_OK + '{"timestamp": 0, "input_length": null, "output_length": 1}\n',
      2, "input_length", "expected an integer"),
     ("nan-value", MOON_OK + '{"timestamp": 0, "input_length": NaN, "output_length": 1}\n',
-     2, "input_length", "not an integer"),
+     2, "input_length", "NaN is not a finite number"),
+    ("infinity-value",
+     MOON_OK + '{"timestamp": 0, "input_length": 1, "output_length": -Infinity}\n', 2,
+     "output_length", "-Infinity is not a finite number"),
     ("fractional", MOON_OK + '{"timestamp": 0, "input_length": 1, "output_length": 2.5}\n',
      2, "output_length", "not an integer"),
     ("negative", MOON_OK * 2 + '{"timestamp": 0, "input_length": -4, "output_length": 1}\n',
      3, "input_length", "negative"),
     ("unsorted", '{"timestamp": 3000, "input_length": 1, "output_length": 1}\n' + MOON_OK,
      2, "timestamp", "not sorted"),
-    ("blank-line-inside", MOON_OK + "\n" + MOON_OK, 2, None, "blank line"),
+    ("error-row-counts-blank-lines", MOON_OK + "\n\n" + MOON_OK.replace("10", "1.5"), 4,
+     "input_length", "1.5 is not an integer"),
+    ("huge-tokens", MOON_OK + '{"timestamp": 0, "input_length": 1000000000000, '
+     '"output_length": 1}\n', 2, "input_length", "1000000000000 is too large"),
+    ("huge-timestamp", MOON_OK + '{"timestamp": 1e300, "input_length": 1, '
+     '"output_length": 1}\n', 2, "timestamp", "timestamp 1e300 is too large"),
+    ("value-as-written", MOON_OK + '{"timestamp": 0, "input_length": 1.0e1, '
+     '"output_length": 12.50}\n', 2, "output_length", "12.50 is not an integer"),
+    ("string-shown-as-written", MOON_OK + '{"timestamp": 0, "input_length": "7", '
+     '"output_length": 1}\n', 2, "input_length", 'got "7"'),
+    ("only-blank-lines", "\n \n\n", None, None, "empty file"),
 ]
 
 
@@ -415,6 +446,69 @@ def test_mooncake_integral_floats_and_trailing_blank_lines_are_accepted(tmp_path
     assert trace.num_requests == 1 and trace.prompt_tokens[0] == 5
 
 
+def test_mooncake_blank_lines_are_skipped(tmp_path: Path) -> None:
+    """A blank line (inside, or trailing as many writers leave) is skipped, as JSON Lines
+    readers do; rows_read counts the records."""
+    path = write(tmp_path, "gaps.jsonl", MOON_OK + "\n  \n" + MOON_OK.replace("10", "7") + "\n")
+    trace = load_trace(path)
+    assert trace.num_requests == 2 and trace.meta["rows_read"] == 2
+    assert trace.prompt_tokens.tolist() == [10, 7]
+
+
+def test_token_bound_is_configurable(tmp_path: Path, monkeypatch) -> None:
+    text = NATIVE_HEADER + "0,1,1\n1,100,1\n"
+    path = write(tmp_path, "n.csv", text)
+    assert max_tokens_bound() == DEFAULT_MAX_TOKENS == 2**24
+    with pytest.raises(TraceFormatError, match="100 is too large: above the plausible maximum "
+                       "of 99 ") as info:
+        load_trace(path, max_tokens=99)
+    assert_error(info, path, 2, "prompt_tokens")
+    assert load_trace(path, max_tokens=100).prompt_tokens.max() == 100
+    monkeypatch.setenv(MAX_TOKENS_ENV, "50")
+    assert max_tokens_bound() == 50
+    for fmt_path in (path, write(tmp_path, "m.jsonl", MOON_OK.replace("10", "100"))):
+        with pytest.raises(TraceFormatError, match="above the plausible maximum of 50 "):
+            load_trace(fmt_path)
+    monkeypatch.setenv(MAX_TOKENS_ENV, "many")
+    with pytest.raises(ValueError, match="DILOCO_GYM_MAX_TOKENS must be an integer"):
+        load_trace(path)
+    with pytest.raises(ValueError, match="max_tokens must be an integer in"):
+        load_trace(path, max_tokens=0)
+
+
+def test_detection_never_prints_undecoded_bytes(tmp_path: Path) -> None:
+    binary = tmp_path / "blob.csv"
+    binary.write_bytes(b"TIMESTAMP,\xff\xfeContext\x00\n1,2\n")
+    with pytest.raises(TraceFormatError, match=r"not UTF-8 text \(byte 0xff at offset 10\)") \
+            as info:
+        load_trace(binary)
+    assert "\ufffd" not in str(info.value) and "\xff" not in str(info.value)
+    gz = tmp_path / "trace.csv.gz"
+    gz.write_bytes(b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x00\xff")
+    with pytest.raises(TraceFormatError, match="gzip-compressed file; decompress it first"):
+        load_trace(gz)
+    control = write(tmp_path, "ctl.csv", "a\x07b,c\n1,2\n")
+    with pytest.raises(TraceFormatError, match=r"header 'a\\x07b,c'"):
+        load_trace(control)
+    # A multi-byte character cut at the end of the 64 KiB head is not "binary".
+    cut = tmp_path / "cut.csv"
+    cut.write_bytes(AZURE_HEADER.encode() + b"x" * (65536 - len(AZURE_HEADER) - 1) + "é".encode())
+    assert detect_format(cut) == "azure"
+
+
+def test_trace_with_nan_tokens_says_not_finite() -> None:
+    """NaN used to be cast to int64 first and reported as a negative token count."""
+    with pytest.raises(TraceFormatError, match="token count nan is not a finite number") as info:
+        Trace([0.0, 1.0], [1.0, float("nan")], [1, 1], 2.0)
+    assert (info.value.row, info.value.field) == (2, "prompt_tokens")
+    with pytest.raises(TraceFormatError, match="inf is not a finite number"):
+        Trace([0.0], [1], [float("inf")], 2.0)
+    with pytest.raises(TraceFormatError, match="not an integer"):
+        Trace([0.0], [1.5], [1], 2.0)
+    with pytest.raises(TraceFormatError, match="fit int64"):
+        Trace([0.0], [10**30], [1], 2.0)
+
+
 NATIVE_HEADER = "arrival_s,prompt_tokens,output_tokens\n"
 
 NATIVE_BAD = [
@@ -423,7 +517,16 @@ NATIVE_BAD = [
     ("bad-duration", "# duration_s=-2\n" + NATIVE_HEADER + "0,1,1\n", None, "duration_s",
      "positive"),
     ("negative-arrival", NATIVE_HEADER + "0,1,1\n-0.5,1,1\n", 2, "arrival_s", "negative"),
-    ("inf-arrival", NATIVE_HEADER + "0,1,1\ninf,1,1\n", 2, "arrival_s", "not finite"),
+    ("inf-arrival", NATIVE_HEADER + "0,1,1\ninf,1,1\n", 2, "arrival_s",
+     "value inf is not a finite number"),
+    ("inf-tokens", NATIVE_HEADER + "0,1,1\n1,-Infinity,1\n", 2, "prompt_tokens",
+     "token count -Infinity is not a finite number"),
+    ("value-as-written", NATIVE_HEADER + "0,1,1\n1,12.50,1\n", 2, "prompt_tokens",
+     "token count 12.50 is not an integer"),
+    ("implausible-tokens", NATIVE_HEADER + "0,1,1\n1,1000000000000,1\n", 2, "prompt_tokens",
+     "token count 1000000000000 is too large: above the plausible maximum of 16777216"),
+    ("sorted-as-written", NATIVE_HEADER + "0,1,1\n2.50,1,1\n1.0e0,1,1\n", 3, "arrival_s",
+     "not sorted: 1.0e0 comes after 2.50"),
     ("unsorted", NATIVE_HEADER + "0,1,1\n2,1,1\n1,1,1\n", 3, "arrival_s", "not sorted"),
     ("arrival-past-duration", "# duration_s=2.0\n" + NATIVE_HEADER + "0,1,1\n1.5,1,1\n2.0,1,1\n",
      3, "arrival_s", "not before duration_s"),
@@ -461,7 +564,7 @@ def test_native_parquet_bad_input(tmp_path: Path) -> None:
     pq.write_table(pa.table({"arrival_s": [0.0, 1.0, 2.0],
                              "prompt_tokens": pa.array([1, 2, None], type=pa.int64()),
                              "output_tokens": [1, 2, 3]}), path)
-    with pytest.raises(TraceFormatError, match="NaN") as info:
+    with pytest.raises(TraceFormatError, match="value is missing") as info:
         load_native(path)
     assert_error(info, path, 3, "prompt_tokens")
 
