@@ -204,7 +204,7 @@ def detect_format(path: StrPath) -> str:
     if text.startswith("#"):
         return "native"
     first = text.split("\n", 1)[0].rstrip("\r")
-    header = {name.strip() for name in next(csv.reader([first]), [])}
+    header = {name.strip() for name in _csv_fields(first)}
     if "arrival_s" in header:
         return "native"
     if header & {"TIMESTAMP", "ContextTokens", "GeneratedTokens"}:
@@ -507,7 +507,7 @@ class _CsvTable:
         line = self.line(row)
         if not line.strip():
             return "blank line"
-        found = len(next(csv.reader([line])))
+        found = len(_csv_fields(line))
         if found < self.ncols:
             return f"line has {found} of {self.ncols} fields (truncated line?)"
         return "empty value"
@@ -555,6 +555,15 @@ class _CsvTable:
                       f"cannot parse timestamp {value!r} (expected 'YYYY-MM-DD HH:MM:SS.fffffff')")
             raise TraceFormatError(self.path, reason, row=row, field=column)
         return stamps.to_numpy().astype("datetime64[us]").astype(np.int64)
+
+
+def _csv_fields(line: str) -> list[str]:
+    """The fields of one CSV line (a plain comma split where the csv module gives up, e.g.
+    on a bare carriage return); used only to recognise a header or explain an error."""
+    try:
+        return next(csv.reader([line]), [])
+    except csv.Error:
+        return line.split(",")
 
 
 def _read_csv(path: str, text: str, columns: tuple[str, ...], *,

@@ -12,6 +12,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from diloco_gym.loaders import (
     DEFAULT_MAX_TOKENS,
@@ -721,3 +723,114 @@ def test_scale_rate_keeps_requests_and_hits_target(target: float) -> None:
     assert scaled.arrival_s[-1] < scaled.duration_s
     with pytest.raises(ValueError):
         scale_rate(trace, 0.0)
+
+
+# ------------------------------------------------------------------------- property test
+
+# Fragments that tend to break parsers: special numbers, huge values, separators, quotes,
+# control and non-UTF-8 bytes, JSON syntax.
+_NASTY = [b"nan", b"NaN", b"-inf", b"Infinity", b"1e999", b"-1", b"1.5", b"99999999999999999999",
+          b"1000000000000", b"", b",", b",,", b'"', b"\n", b"\r\n", b"\r", b"\x00", b"\xff",
+          b"\xc3", b"{", b"}", b"[", b"]", b":", b"null", b"true", b"# duration_s=0\n",
+          b"# duration_s=nan\n", b"\xef\xbb\xbf", b"2023-02-30 25:61:61.1", b" ", b"\t", b"0"]
+
+
+@st.composite
+def _mutated(draw: st.DrawFn, data: bytes) -> bytes:
+    """``data`` with a few random edits: replace, insert or delete a slice, truncate,
+    duplicate or swap lines."""
+    for _ in range(draw(st.integers(1, 4))):
+        kind = draw(st.sampled_from(["replace", "insert", "delete", "truncate", "lines"]))
+        n = len(data)
+        at = draw(st.integers(0, n))
+        if kind == "truncate":
+            data = data[:at]
+            continue
+        if kind == "lines":
+            lines = data.split(b"\n")
+            i = draw(st.integers(0, len(lines) - 1))
+            j = draw(st.integers(0, len(lines) - 1))
+            if draw(st.booleans()):
+                lines.insert(j, lines[i])
+            else:
+                lines[i], lines[j] = lines[j], lines[i]
+            data = b"\n".join(lines)
+            continue
+        piece = draw(st.one_of(st.sampled_from(_NASTY), st.binary(max_size=6)))
+        end = min(n, at + draw(st.integers(0, 8)))
+        if kind == "replace":
+            data = data[:at] + piece + data[end:]
+        elif kind == "insert":
+            data = data[:at] + piece + data[at:]
+        else:
+            data = data[:at] + data[end:]
+    return data
+
+
+def _native_parquet_bytes() -> bytes:
+    sink = pa.BufferOutputStream()
+    table = pa.table({"arrival_s": [0.0, 1.5, 2.25], "prompt_tokens": [10, 20, 30],
+                      "output_tokens": [1, 2, 3]})
+    pq.write_table(table.replace_schema_metadata({"duration_s": "5.0"}), sink)
+    return sink.getvalue().to_pybytes()
+
+
+_SEEDS = {
+    "native": ("native_small.csv", ".csv"),
+    "azure": ("azure_small.csv", ".csv"),
+    "mooncake": ("mooncake_small.jsonl", ".jsonl"),
+    "burstgpt": ("burstgpt_small.csv", ".csv"),
+}
+
+
+def _load_or_format_error(path: Path, fmt: str) -> None:
+    """Load ``path`` both as ``fmt`` and auto-detected: a Trace or a TraceFormatError only."""
+    for choice in (fmt, "auto"):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", TraceFilterWarning)
+            try:
+                trace = load_trace(path, choice)
+            except TraceFormatError as exc:
+                assert str(exc).startswith(str(path)), exc
+                assert "\ufffd" not in str(exc), exc  # never undecoded bytes
+                continue
+        assert isinstance(trace, Trace) and trace.num_requests >= 1
+
+
+@pytest.mark.parametrize(("blob", "fragment"), [
+    (b"20\r23-11-16 18:17:05.5,110,27\n2023-11-16 18:17:03.2011450,4808,10\n",
+     "cannot detect the trace format"),
+    (b"T\rimestamp,Request tokens,Response tokens\n5,472,18\n", "missing column 'Timestamp'"),
+], ids=["cr-in-first-field", "cr-in-header"])
+def test_carriage_return_in_first_line_is_a_format_error(tmp_path: Path, blob: bytes,
+                                                         fragment: str) -> None:
+    """Found by the property test: the csv module raised its own error on a bare CR."""
+    path = tmp_path / "cr.csv"
+    path.write_bytes(blob)
+    with pytest.raises(TraceFormatError, match=fragment):
+        load_trace(path)
+
+
+@pytest.mark.parametrize("fmt", list(_SEEDS))
+@settings(max_examples=150, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_mutated_files_load_or_raise_trace_format_error(tmp_path: Path, fmt: str,
+                                                       data: st.DataObject) -> None:
+    """Random mutations of a valid file in each format either load or raise the documented
+    TraceFormatError, never any other exception."""
+    name, suffix = _SEEDS[fmt]
+    original = (FIXTURES / name).read_bytes()
+    path = tmp_path / f"mutant{suffix}"
+    path.write_bytes(data.draw(_mutated(original)))
+    _load_or_format_error(path, fmt)
+
+
+@settings(max_examples=100, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_mutated_parquet_files_load_or_raise_trace_format_error(tmp_path: Path,
+                                                                data: st.DataObject) -> None:
+    path = tmp_path / "mutant.parquet"
+    path.write_bytes(data.draw(_mutated(_native_parquet_bytes())))
+    _load_or_format_error(path, "native")
