@@ -290,13 +290,13 @@ def _read_calibration(path: str | Path | None) -> Calibration:
     else:
         where = str(path)
         try:
-            text = Path(path).read_text(encoding="utf-8")
+            text = Path(path).read_text(encoding="utf-8-sig")
         except (OSError, UnicodeDecodeError) as exc:
             raise CalibrationFileError(where, f"cannot read calibration file: {exc}") from exc
     try:
         data = json.loads(text)
-    except (json.JSONDecodeError, RecursionError) as exc:
-        raise CalibrationFileError(where, f"not valid JSON: {exc}") from exc
+    except (ValueError, RecursionError) as exc:  # also deep nesting, 5000-digit integers
+        raise CalibrationFileError(where, f"not valid JSON: {str(exc)[:200]}") from None
     validate_calibration(data, where)
     fitted = None
     if data.get("fitted_sidecar"):

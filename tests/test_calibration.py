@@ -73,6 +73,13 @@ BAD = [
     ("top-level-list", [1, 2], None, "must be an object"),
     ("missing-source", {"regimes": {}}, "source", "required field is missing"),
     ("deep-nesting", "[" * 100000 + "]" * 100000, None, "not valid JSON"),
+    ("huge-integer-literal", '{"source": "x", "regimes": {}, "complete": ' + "9" * 5000 + "}",
+     None, "not valid JSON"),
+    ("complete-null", _with(complete=None), "complete", "JSON boolean"),
+    ("source-number", _with(source=5), "source", "must be a string"),
+    ("undefined-unknown", _with(regimes={"ordinary": {"p95_high_low": 1, "p95_sync_ratio": 1,
+                                                      "undefined": ["p50"]}}),
+     "regimes.ordinary.undefined[0]", "is not one of p95_high_low, p95_sync_ratio"),
 ]
 
 
@@ -103,6 +110,12 @@ def test_complete_flag_is_read_as_a_boolean(tmp_path):
     assert load_calibration(_write(tmp_path, _with(complete=False))).complete is False
     assert load_calibration(_write(tmp_path, _with(complete=True))).complete is True
     assert load_calibration(_write(tmp_path, GOOD)).complete is True  # absent: complete
+
+
+def test_byte_order_mark_is_accepted(tmp_path):
+    path = tmp_path / "bom.json"
+    path.write_bytes(b"\xef\xbb\xbf" + json.dumps(GOOD).encode())
+    assert load_calibration(path).measured("sync-heavy")["p95_sync_ratio"] == 1.5
 
 
 def test_error_is_a_value_error_for_old_callers(tmp_path):

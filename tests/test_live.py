@@ -90,7 +90,9 @@ class _StubHandler(BaseHTTPRequestHandler):
         self.wfile.write(data)
 
     def do_GET(self) -> None:  # noqa: N802
-        if self.server.mode == "models500":
+        if self.server.mode == "raw":
+            self._raw(200, self.server.body)
+        elif self.server.mode == "models500":
             self._raw(500, b"Internal Server Error\n")
         elif self.server.mode == "models-garbage":
             self._raw(200, b"\x89PNG\r\n\x1a\n\x00\x00 not a model list")
@@ -99,6 +101,9 @@ class _StubHandler(BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:  # noqa: N802
         self.rfile.read(int(self.headers.get("Content-Length", "0")))
+        if self.server.mode == "raw":
+            self._raw(200, self.server.body)
+            return
         with self.server.lock:
             self.server.count += 1
             n = self.server.count
@@ -124,6 +129,7 @@ class _StubServer(ThreadingHTTPServer):
 
     def __init__(self, mode: str) -> None:
         self.mode = mode
+        self.body = b""
         self.count = 0
         self.lock = threading.Lock()
         super().__init__(("127.0.0.1", 0), _StubHandler)
@@ -140,6 +146,7 @@ def stub():
         return f"http://127.0.0.1:{server.server_port}"
 
     servers: list = []
+    make.servers = servers
     yield make
     for server, thread in servers:
         server.shutdown()
@@ -379,6 +386,28 @@ def test_check_completion():
            ({**good, "usage": {"completion_tokens": -1}}, "in [0, 2]")]
     for body, fragment in bad:
         assert fragment in check_completion(body, 2), body
+
+
+GARBAGE_BODIES = [b"", b"null", b"[]", b'"text"', b"{}", b'{"choices": null}',
+                  b'{"choices": [null]}', b'{"choices": [{"text": null}]}',
+                  b'{"choices": [{"text": "x"}], "usage": {"completion_tokens": 1e3}}',
+                  b"[" * 100000, b"1" * 5000, b"\xff\xfe\x00garbage", b"<html>502</html>",
+                  b'{"data": {"id": "m"}}', b'{"data": [{"name": "m"}]}', b'{"data": "abc"}']
+
+
+def test_garbage_answers_never_raise(stub):
+    """Whatever an endpoint answers with HTTP 200, a completion is either valid or an
+    "invalid response" failure, and a model list is either ids or a stated reason."""
+    url = stub("raw")
+    server = stub.servers[-1][0]
+    ep = Endpoint.parse(url)
+    for body in GARBAGE_BODIES:
+        server.body = body
+        status, _, error = post_completion(ep, "m", "a b", 4, 5.0)
+        assert status == 200 and error.startswith("invalid response: "), (body[:20], error)
+        assert "\ufffd" not in error
+        info = probe_endpoint(url)
+        assert info["models"] == [] and info["models_error"], body[:20]
 
 
 @pytest.mark.parametrize(("mode", "fragments"), [

@@ -112,7 +112,7 @@ def _model_ids(status: int, data: bytes) -> tuple[list[str], str]:
     try:
         listed = json.loads(data).get("data")
         models = [str(m["id"]) for m in listed]
-    except (ValueError, KeyError, TypeError, AttributeError):
+    except (ValueError, KeyError, TypeError, AttributeError, RecursionError):
         return [], (f"answered HTTP 200 with a body that is not an OpenAI model list "
                     f"(first bytes: {first_bytes(data)})")
     return models, "" if models else "lists no model"
@@ -223,7 +223,7 @@ def post_completion(endpoint: Endpoint, model: str, prompt: str, max_tokens: int
         return 0, None, _describe_error(exc)
     try:
         parsed = json.loads(data) if data else None
-    except ValueError:
+    except (ValueError, RecursionError):  # not JSON, not UTF-8, or absurdly nested
         parsed = None
     if status != 200:
         message = ""
