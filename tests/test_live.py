@@ -482,7 +482,8 @@ def _children_of(pid: int) -> set[int]:
 
 
 @pytest.mark.skipif(not Path("/proc").is_dir(), reason="needs /proc to list child processes")
-def test_sigterm_is_handled_like_ctrl_c(tmp_path, stub):
+@pytest.mark.parametrize("builtin", [False, True], ids=["stub-endpoint", "built-in-sidecar"])
+def test_sigterm_is_handled_like_ctrl_c(tmp_path, stub, builtin):
     """SIGTERM to ``calibrate``: partial file saved, children ended, one line, exit 143."""
     import os
     import signal
@@ -492,7 +493,8 @@ def test_sigterm_is_handled_like_ctrl_c(tmp_path, stub):
     out = tmp_path / "term.json"
     root = Path(__file__).resolve().parents[1]
     env = dict(os.environ, PYTHONPATH=str(root), PYTHONUNBUFFERED="1")
-    cmd = [sys.executable, "-m", "diloco_gym.cli", "calibrate", "--endpoint", stub(),
+    endpoint = [] if builtin else ["--endpoint", stub()]
+    cmd = [sys.executable, "-m", "diloco_gym.cli", "calibrate", *endpoint,
            "--regime", "ordinary", "--duration", "20", "--rate", "4", "--workers", "2",
            "--merge-mb", "1", "--merge-seconds", "1.5", "--gap-seconds", "1", "1",
            "--no-control", "--out", str(out)]
@@ -536,7 +538,7 @@ def test_sigterm_is_handled_like_ctrl_c(tmp_path, stub):
         return found
 
     workers = {pid for pid, cmd in names.items() if "spawn_main" in cmd}
-    assert len(workers) >= 2  # the two merge workers
+    assert len(workers) >= 2 + builtin  # the two merge workers (and the sidecar)
     assert not alive() & workers, "merge workers outlived the command"
     # The workers are reaped before the command exits; multiprocessing's resource tracker
     # (one of the children) exits when it sees the parent's pipe close: give it 5 s.
@@ -547,6 +549,26 @@ def test_sigterm_is_handled_like_ctrl_c(tmp_path, stub):
 
 
 # --------------------------------------------------------------------------- pieces
+
+
+def test_builtin_server_is_quiet_about_clients_that_went_away(capsys):
+    """A stopped calibration leaves requests in flight; the sidecar's write to their closed
+    sockets printed a BrokenPipeError traceback. Other errors still print."""
+    server = SidecarHTTPServer(TinyLM(SidecarModelConfig(d_model=16, hidden=16, n_layers=1)))
+    try:
+        for exc in (BrokenPipeError(32, "Broken pipe"), ConnectionResetError(104, "reset")):
+            try:
+                raise exc
+            except ConnectionError:
+                server.handle_error(None, ("127.0.0.1", 1))
+        assert capsys.readouterr().err == ""
+        try:
+            raise ValueError("a real bug")
+        except ValueError:
+            server.handle_error(None, ("127.0.0.1", 1))
+        assert "ValueError: a real bug" in capsys.readouterr().err
+    finally:
+        server.server_close()
 
 
 def test_builtin_server_speaks_openai(tmp_path):

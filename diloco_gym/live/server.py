@@ -251,6 +251,15 @@ class SidecarHTTPServer(ThreadingHTTPServer):
             self.inflight -= 1
             self.served += 1
 
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client that went away (the calibration was stopped while requests were in
+        flight) is not an error of the server: no traceback for a broken pipe or reset."""
+        import sys
+
+        if isinstance(sys.exc_info()[1], ConnectionError):
+            return
+        super().handle_error(request, client_address)
+
 
 class _Handler(BaseHTTPRequestHandler):
     server: SidecarHTTPServer
