@@ -130,7 +130,7 @@ def _token_counts(name: str, values: object) -> np.ndarray:
                 row = int(np.argmax(frac.ravel()))
                 raise TraceFormatError("<array>", f"token count {floats.ravel()[row]!s} is not "
                                        "an integer", row=row + 1, field=name)
-        return array.astype(np.int64)
+        return array.astype(np.int64, copy=False)
     except (OverflowError, TypeError, ValueError) as exc:
         if isinstance(exc, TraceFormatError):
             raise

@@ -252,6 +252,13 @@ def test_live_run_prints_the_fit_notes(live_run):
     assert summary[1:] == ["fit note: " + doc["fit"]["notes"][0]]
     assert _summary_lines({"measured": {}, "fitted_sidecar": {},
                            "fit": {"error": "fit failed: x"}})[1:] == ["fit note: fit failed: x"]
+    with_failures = {**doc, "requests": {"errors": 3, "sent": 30,
+                                         "by_status": {"200": 27, "invalid response": 2,
+                                                       "timed out": 1}},
+                     "metadata": {"config": {"max_error_fraction": 0.5}}}
+    assert _summary_lines(with_failures)[1] == (
+        "3 of 30 requests failed (10 %, within the 50 % limit; invalid response: 2, timed "
+        "out: 1); they are left out of the measurements")
 
 
 # --------------------------------------------------------------------------- faults

@@ -725,6 +725,15 @@ def _summary_lines(document: dict) -> list[str]:
              f"{_fmt(m.get('p95_high_low'))}, pressure-latency corr "
              f"{_fmt(m.get('pressure_latency_corr'))}; fitted sync_slowdown "
              f"{_fmt(document['fitted_sidecar'].get('sync_slowdown'))}"]
+    counts = document.get("requests", {})
+    if counts.get("errors"):
+        limit = document.get("metadata", {}).get("config", {}).get("max_error_fraction")
+        kinds = ", ".join(f"{k}: {v}" for k, v in sorted(counts.get("by_status", {}).items())
+                          if k != "200")
+        lines.append(f"{counts['errors']} of {counts['sent']} requests failed "
+                     f"({100 * counts['errors'] / max(1, counts['sent']):.0f} %"
+                     + (f", within the {100 * limit:.0f} % limit" if limit is not None else "")
+                     + f"; {kinds}); they are left out of the measurements")
     lines += [f"fit note: {note}" for note in document["fit"].get("notes", [])]
     if "error" in document["fit"]:
         lines.append(f"fit note: {document['fit']['error']}")
