@@ -710,9 +710,10 @@ def _check_failure_rate(records: list[RequestRecord], cfg: CalibrationConfig) ->
     first = next((r.error for r in records if r.done and not r.ok), "")
     kinds = ", ".join(f"{k}: {v}" for k, v in sorted(counts["by_status"].items())
                       if k != "200")
+    why = (f"{100 * failed:.0f} %, above the {100 * cfg.max_error_fraction:.0f} % limit"
+           if failed > cfg.max_error_fraction else "within the limit")
     raise CalibrationError(
-        f"{counts['errors']} of {counts['sent']} requests failed ({100 * failed:.0f} %, above "
-        f"the {100 * cfg.max_error_fraction:.0f} % limit"
+        f"{counts['errors']} of {counts['sent']} requests failed ({why}"
         + ("" if counts["ok"] else "; none succeeded") + f"; {kinds or 'no answer'}); first "
         f"error: {first or 'none'}")
 
