@@ -310,6 +310,22 @@ def test_failed_and_timed_out_requests_are_recorded(tmp_path, stub):
     _assert_no_children()
 
 
+def test_failures_within_the_limit_leave_the_run_complete(tmp_path, stub):
+    """The failure limit is a setting: with 90 % allowed the same flaky endpoint gives a
+    complete run, and the summary says how many requests failed and why."""
+    out = tmp_path / "tolerant.json"
+    lines: list[str] = []
+    cfg = _fast_config(timeout_s=0.3, merge=MergeConfig(workers=1, merge_mb=1), control=False,
+                       max_error_fraction=0.9)
+    result = run_calibration(stub("flaky"), "ordinary", 3.0, out, config=cfg,
+                             progress=lines.append)
+    counts = result.document["requests"]
+    assert result.complete and 0 < counts["errors"] and counts["ok"] > 0
+    assert any(line.startswith(f"{counts['errors']} of {counts['sent']} requests failed")
+               and "within the 90 % limit" in line for line in lines), lines
+    _assert_no_children()
+
+
 def test_killed_worker_marks_run_incomplete(tmp_path, stub):
     out = tmp_path / "killed.json"
     cfg = _fast_config(kill_worker_at_merge=0, merge_seconds=3.0)
