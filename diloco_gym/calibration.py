@@ -1,9 +1,10 @@
-"""Effect-size transfer (SPEC.md §4.1): simulated vs real-sidecar effect sizes.
+"""Effect-size transfer (docs/calibration.md): simulated vs real-sidecar effect sizes.
 
 The simulator supports an SLO claim in a regime only when its effect sizes match what a
 real sidecar showed. The real measurements ship as ``data/calibration_reference.json``
-(the reference implementation's result files, as quoted in SPEC.md §5); a user can pass
-their own file with the same layout (``diloco-gym report --calibration FILE``).
+(the reference implementation's result files, GitHub maincodeMax/workload-aware-diloco);
+a user can pass their own file with the same layout (``diloco-gym report --calibration
+FILE``). Every file is validated against ``data/calibration.schema.json``.
 
 Simulated effect sizes are measured on a fixed-256 schedule (merges every 256 steps),
 pooling the requests of several seeds so that the p95s are stable.
@@ -20,9 +21,12 @@ Verdicts per regime:
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, fields, replace
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -32,7 +36,8 @@ from diloco_gym.regimes import REGIMES, get_regime
 from diloco_gym.sidecar import SidecarParams, effect_sizes, percentile
 
 __all__ = ["load_calibration", "simulated_effect_sizes", "transfer_verdict", "fit_sidecar",
-           "Calibration", "measured_utilization"]
+           "Calibration", "CalibrationFileError", "calibration_schema", "validate_calibration",
+           "measured_utilization"]
 
 TOLERANCE = 0.05
 METRICS = ("p95_high_low", "p95_sync_ratio")
@@ -87,6 +92,171 @@ class Calibration:
         return entry
 
 
+class CalibrationFileError(ValueError):
+    """A calibration file is missing, unreadable or breaks the schema.
+
+    The schema is ``diloco_gym/data/calibration.schema.json`` (JSON Schema, shipped with
+    the package) plus two rules checked in code: an entry without ``calibrated_on`` needs
+    both p95 ratios, and ``calibrated_on`` chains must end at a measured regime.
+
+    Attributes:
+        path: the file.
+        field: dotted path of the field at fault (``regimes.bursty.calibrated_on``), or
+            ``None`` when the problem is file-wide.
+        reason: what is wrong, in words.
+    """
+
+    def __init__(self, path: str, reason: str, field: str | None = None, *,
+                 field_in_reason: bool = False) -> None:
+        self.path = str(path)
+        self.field = field
+        self.reason = reason
+        # field_in_reason: the reason already names the field (``x has unknown field 'y'``).
+        where = self.path if field is None or field_in_reason else f"{self.path}: field {field!r}"
+        super().__init__(f"{where}: {reason}")
+
+
+SCHEMA_RESOURCE = "data/calibration.schema.json"
+
+
+def calibration_schema() -> dict:
+    """The JSON Schema of calibration files (shipped as package data)."""
+    return json.loads(resources.files("diloco_gym").joinpath(SCHEMA_RESOURCE).read_text())
+
+
+_JSON_TYPES = {"object": "an object", "array": "a list", "string": "a string",
+               "number": "a number", "integer": "an integer", "boolean": "a JSON boolean "
+               "(true or false)", "null": "null"}
+
+
+def _json_type_ok(value: Any, kind: str) -> bool:
+    if kind == "object":
+        return isinstance(value, dict)
+    if kind == "array":
+        return isinstance(value, list)
+    if kind == "string":
+        return isinstance(value, str)
+    if kind == "boolean":
+        return isinstance(value, bool)
+    if kind == "null":
+        return value is None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return False
+    return kind == "number" or (kind == "integer" and float(value).is_integer())
+
+
+def _shown(value: Any) -> str:
+    """A value as JSON writes it (``"false"`` stays quoted), shortened."""
+    try:
+        text = json.dumps(value)
+    except (TypeError, ValueError):
+        text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _join(prefix: str, key: str) -> str:
+    return f"{prefix}.{key}" if prefix else key
+
+
+def validate_schema(value: Any, schema: dict, where: str, field: str = "") -> None:
+    """Validate ``value`` against a JSON Schema (the subset the calibration schema uses).
+
+    Supported keywords: ``type``, ``properties``, ``required``, ``additionalProperties``
+    (boolean or schema), ``propertyNames`` (with ``enum``), ``enum``, ``minimum``,
+    ``maximum``, ``exclusiveMinimum``, ``minLength``, ``items``. Numbers must also be
+    finite (JSON has no NaN; Python's reader accepts it).
+
+    Raises:
+        CalibrationFileError: at the first violation, naming the dotted field.
+    """
+    kinds = schema.get("type")
+    if kinds is not None:
+        kinds = [kinds] if isinstance(kinds, str) else list(kinds)
+        if not any(_json_type_ok(value, k) for k in kinds):
+            wanted = " or ".join(_JSON_TYPES[k] for k in kinds)
+            raise CalibrationFileError(where, f"must be {wanted}, got {_shown(value)}",
+                                       field or None)
+    if "enum" in schema and value not in schema["enum"]:
+        raise CalibrationFileError(where, f"{_shown(value)} is not one of "
+                                   f"{', '.join(map(str, schema['enum']))}", field or None)
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        if not math.isfinite(value):
+            raise CalibrationFileError(where, f"{_shown(value)} is not a finite number",
+                                       field or None)
+        low, high = schema.get("minimum"), schema.get("maximum")
+        open_low = schema.get("exclusiveMinimum")
+        if ((low is not None and value < low) or (high is not None and value > high)
+                or (open_low is not None and value <= open_low)):
+            lo_text = f"({open_low}" if open_low is not None else f"[{low}"
+            hi_text = f"{high}]" if high is not None else "inf)"
+            raise CalibrationFileError(where, f"{_shown(value)} is outside the documented "
+                                       f"range {lo_text}, {hi_text}", field or None)
+    if isinstance(value, str) and len(value) < schema.get("minLength", 0):
+        raise CalibrationFileError(where, "must not be empty", field or None)
+    if isinstance(value, list) and "items" in schema:
+        for i, item in enumerate(value):
+            validate_schema(item, schema["items"], where, f"{field}[{i}]")
+    if isinstance(value, dict):
+        for key in schema.get("required", ()):
+            if key not in value:
+                raise CalibrationFileError(where, "required field is missing",
+                                           _join(field, key))
+        names = schema.get("propertyNames", {}).get("enum")
+        props = schema.get("properties", {})
+        extra = schema.get("additionalProperties", True)
+        for key, item in value.items():
+            if names is not None and key not in names:
+                raise CalibrationFileError(
+                    where, f"unknown key {key!r}; valid keys: {', '.join(names)}", field or None)
+            if key in props:
+                validate_schema(item, props[key], where, _join(field, key))
+            elif extra is False:
+                raise CalibrationFileError(
+                    where, f"{field or 'the file'} has unknown field {key!r}; valid fields: "
+                    f"{', '.join(props)}", _join(field, key), field_in_reason=True)
+            elif isinstance(extra, dict):
+                validate_schema(item, extra, where, _join(field, key))
+
+
+def _check_chains(regimes: dict, where: str, owned: Iterable[str]) -> None:
+    """Every ``calibrated_on`` chain of the ``owned`` entries ends at a measured regime."""
+    for name in owned:
+        seen = [name]
+        entry = regimes[name]
+        while "calibrated_on" in entry:
+            target = entry["calibrated_on"]
+            field = f"regimes.{seen[-1]}.calibrated_on"
+            if target in seen:
+                cycle = " -> ".join([*seen[seen.index(target):], target])
+                raise CalibrationFileError(where, f"calibrated_on forms a cycle ({cycle})",
+                                           f"regimes.{name}.calibrated_on")
+            if target not in regimes:
+                raise CalibrationFileError(where, f"names regime {target!r}, which has no "
+                                           f"entry; entries: {', '.join(sorted(regimes))}",
+                                           field)
+            seen.append(target)
+            entry = regimes[target]
+
+
+def validate_calibration(data: Any, where: str) -> None:
+    """Validate a parsed calibration file against the schema and the chain rules.
+
+    Raises:
+        CalibrationFileError: naming the file and the field at fault.
+    """
+    validate_schema(data, calibration_schema(), where)
+    regimes = data["regimes"]
+    for name, entry in regimes.items():
+        if "calibrated_on" in entry:
+            continue
+        for metric in METRICS:
+            if metric not in entry:
+                raise CalibrationFileError(where, "required field is missing (an entry "
+                                           "without calibrated_on needs both p95 ratios)",
+                                           f"regimes.{name}.{metric}")
+    _check_chains(regimes, where, regimes)
+
+
 def load_calibration(path: str | Path | None = None) -> Calibration:
     """Read a calibration file (default: the shipped reference measurements).
 
@@ -94,10 +264,12 @@ def load_calibration(path: str | Path | None = None) -> Calibration:
     entry: regimes it does not measure keep the reference's numbers, and regimes
     calibrated on a regime it does measure (bursty on sync-heavy) follow the new numbers.
     A ``fitted_sidecar`` object in the file is validated and exposed as
-    :attr:`Calibration.fitted_sidecar`.
+    :attr:`Calibration.fitted_sidecar`. Every file is validated against
+    ``diloco_gym/data/calibration.schema.json`` (see :class:`CalibrationFileError`).
 
     Raises:
-        ValueError: naming the file and field when the file is malformed.
+        CalibrationFileError: (a ``ValueError``) naming the file and field when the file is
+            missing, unreadable or malformed.
     """
     if path is None:
         return _read_calibration(None)
@@ -105,6 +277,8 @@ def load_calibration(path: str | Path | None = None) -> Calibration:
     user = _read_calibration(path)
     regimes = dict(base.regimes)
     regimes.update(user.regimes)
+    # The user's entries may point at the reference's (and vice versa): check the merge.
+    _check_chains(regimes, user.path, user.user_regimes)
     return Calibration(user.source, regimes, user.path, user.fitted_sidecar,
                        tuple(user.regimes), user.complete)
 
@@ -117,42 +291,22 @@ def _read_calibration(path: str | Path | None) -> Calibration:
     else:
         where = str(path)
         try:
-            text = Path(path).read_text()
-        except OSError as exc:
-            raise ValueError(f"{where}: cannot read calibration file: {exc}") from exc
+            text = Path(path).read_text(encoding="utf-8-sig")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise CalibrationFileError(where, f"cannot read calibration file: {exc}") from exc
     try:
         data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"{where}: not valid JSON: {exc}") from exc
-    if not isinstance(data, dict) or "regimes" not in data or "source" not in data:
-        raise ValueError(f"{where}: needs top-level fields 'source' and 'regimes'")
-    for name, entry in data["regimes"].items():
-        if "calibrated_on" in entry:
-            if entry["calibrated_on"] not in data["regimes"]:
-                raise ValueError(f"{where}: regimes.{name}.calibrated_on names unknown regime "
-                                 f"{entry['calibrated_on']!r}")
-            continue
-        for metric in METRICS:
-            v = entry.get(metric)
-            if not isinstance(v, (int, float)) or not np.isfinite(v) or v <= 0:
-                raise ValueError(f"{where}: regimes.{name}.{metric} must be a positive "
-                                 f"number, got {v!r}")
+    except (ValueError, RecursionError) as exc:  # also deep nesting, 5000-digit integers
+        raise CalibrationFileError(where, f"not valid JSON: {str(exc)[:200]}") from None
+    validate_calibration(data, where)
     fitted = None
     if data.get("fitted_sidecar"):
-        fs = data["fitted_sidecar"]
-        if not isinstance(fs, dict):
-            raise ValueError(f"{where}: fitted_sidecar must be an object of SidecarParams "
-                             f"fields")
-        known = {f.name for f in fields(SidecarParams)}
-        unknown = set(fs) - known
-        if unknown:
-            raise ValueError(f"{where}: fitted_sidecar has unknown field(s) {sorted(unknown)}")
         try:
-            fitted = SidecarParams(**fs)
-        except ValueError as exc:
-            raise ValueError(f"{where}: fitted_sidecar: {exc}") from exc
+            fitted = SidecarParams(**data["fitted_sidecar"])
+        except ValueError as exc:  # defensive: the schema's ranges are stricter
+            raise CalibrationFileError(where, str(exc), "fitted_sidecar") from exc
     return Calibration(str(data["source"]), dict(data["regimes"]), where, fitted,
-                       tuple(data["regimes"]), bool(data.get("complete", True)))
+                       tuple(data["regimes"]), data.get("complete", True))
 
 
 def measured_utilization(path: str | Path | None, sidecar: SidecarParams) -> float | None:

@@ -236,9 +236,13 @@ def cmd_report(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     try:
-        cal.load_calibration(args.calibration)  # a bad file fails before any episode runs
+        calib = cal.load_calibration(args.calibration)  # a bad file fails before any episode
     except (ValueError, KeyError) as exc:
         raise DataError(str(exc)) from None
+    if not calib.complete:
+        print(f"diloco-gym: warning: calibration file {args.calibration} is marked incomplete "
+              "(an interrupted or failed live run); verdicts rest on partial measurements",
+              file=sys.stderr)
     command = "diloco-gym " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     try:
         result = run_protocol(config, progress=not args.no_progress)

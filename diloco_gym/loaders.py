@@ -27,11 +27,22 @@ Supported formats (see :data:`FORMATS`):
 
 Malformed input never loads partially: it raises :class:`TraceFormatError` naming the
 file, the 1-based data row (header and metadata lines excluded; for JSONL, the line)
-and the field at fault.
+and the field at fault, and showing the offending value as it is written in the file.
+No other exception escapes a loader for any file content (a property test mutates valid
+files of every format to check this).
+
+Token counts must be integers in ``[0, max_tokens]``. The plausibility bound
+``max_tokens`` defaults to :data:`DEFAULT_MAX_TOKENS` (2**24 = 16,777,216 tokens per
+request and field, well above the largest served context windows, a few million
+tokens); pass ``max_tokens=`` to any loader, or set the environment variable
+``DILOCO_GYM_MAX_TOKENS`` (which also reaches the command line), to change it. NaN and
+infinities are reported as "not a finite number". In JSON Lines files blank lines are
+skipped (as JSON Lines readers do); line numbers still count them.
 """
 
 from __future__ import annotations
 
+import codecs
 import csv
 import io
 import json
@@ -51,7 +62,10 @@ import pyarrow.parquet as pq
 from diloco_gym.traces import Trace, TraceFormatError
 
 __all__ = [
+    "DEFAULT_MAX_TOKENS",
     "FORMATS",
+    "MAX_TOKENS_ENV",
+    "max_tokens_bound",
     "TraceFilterWarning",
     "detect_format",
     "load_azure",
@@ -75,7 +89,12 @@ _BURSTGPT_COLUMNS = ("Timestamp", "Request tokens", "Response tokens")
 _MOONCAKE_KEYS = ("timestamp", "input_length", "output_length")
 _DURATION_LINE = re.compile(r"#\s*duration_s\s*=\s*(\S+)\s*")
 _TIMESTAMP_RE = r"\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2}(?:\.\d+)?"
-_INT_LIMIT = float(2**62)
+_INT_LIMIT = 2**62  # int64 head-room for sums; timestamps beyond it cannot be stored
+
+#: Default plausibility bound on a request's prompt or output tokens (see module doc).
+DEFAULT_MAX_TOKENS = 2**24
+#: Environment variable that overrides :data:`DEFAULT_MAX_TOKENS`.
+MAX_TOKENS_ENV = "DILOCO_GYM_MAX_TOKENS"
 
 
 class TraceFilterWarning(UserWarning):
@@ -85,7 +104,8 @@ class TraceFilterWarning(UserWarning):
 # --------------------------------------------------------------------------- public API
 
 
-def load_trace(path: StrPath, format: str = "auto", *, seed: int = 0) -> Trace:
+def load_trace(path: StrPath, format: str = "auto", *, seed: int = 0,
+               max_tokens: int | None = None) -> Trace:
     """Load a trace file in any supported format.
 
     Args:
@@ -94,26 +114,54 @@ def load_trace(path: StrPath, format: str = "auto", *, seed: int = 0) -> Trace:
             (see :func:`detect_format`).
         seed: seed for formats that need randomness (``mooncake`` bucket spreading);
             ignored by the others.
+        max_tokens: plausibility bound on token counts (``None``: see
+            :func:`max_tokens_bound`).
 
     Returns:
         The trace, named after the file stem.
 
     Raises:
-        ValueError: ``format`` is not a known format name.
+        ValueError: ``format`` is not a known format name, or a bad ``max_tokens``.
         TraceFormatError: the file is missing, unreadable or malformed, or ``"auto"``
             cannot tell its format.
     """
     if format != "auto" and format not in FORMATS:
         raise ValueError(
             f"unknown trace format {format!r}; valid formats: {', '.join(('auto',) + FORMATS)}")
+    limit = max_tokens_bound(max_tokens)
     fmt = detect_format(path) if format == "auto" else format
     if fmt == "native":
-        return load_native(path)
+        return load_native(path, max_tokens=limit)
     if fmt == "azure":
-        return load_azure(path)
+        return load_azure(path, max_tokens=limit)
     if fmt == "mooncake":
-        return load_mooncake(path, seed=seed)
-    return load_burstgpt(path)
+        return load_mooncake(path, seed=seed, max_tokens=limit)
+    return load_burstgpt(path, max_tokens=limit)
+
+
+def max_tokens_bound(max_tokens: int | None = None) -> int:
+    """The token-count bound in force: ``max_tokens``, else ``$DILOCO_GYM_MAX_TOKENS``, else
+    :data:`DEFAULT_MAX_TOKENS`.
+
+    Raises:
+        ValueError: the bound (argument or environment variable) is not an integer in
+            ``[1, 2**62]``.
+    """
+    where = "max_tokens"
+    value: object = max_tokens
+    if max_tokens is None:
+        text = os.environ.get(MAX_TOKENS_ENV, "").strip()
+        if not text:
+            return DEFAULT_MAX_TOKENS
+        where = f"environment variable {MAX_TOKENS_ENV}"
+        try:
+            value = int(text)
+        except ValueError:
+            raise ValueError(f"{where} must be an integer, got {text!r}") from None
+    if isinstance(value, bool) or not isinstance(value, int | np.integer) \
+            or not 1 <= value <= _INT_LIMIT:
+        raise ValueError(f"{where} must be an integer in [1, 2**62], got {value!r}")
+    return int(value)
 
 
 def detect_format(path: StrPath) -> str:
@@ -142,7 +190,13 @@ def detect_format(path: StrPath) -> str:
         raise TraceFormatError(str(path), f"cannot read: {exc}") from exc
     if head.startswith(b"PAR1"):
         return "native"
-    text = head.decode("utf-8-sig", errors="replace").lstrip()
+    if head.startswith(b"\x1f\x8b"):
+        raise TraceFormatError(str(path), "gzip-compressed file; decompress it first")
+    try:  # incremental: a character cut at the end of the 64 KiB head is not an error
+        text = codecs.getincrementaldecoder("utf-8-sig")().decode(head, final=False).lstrip()
+    except UnicodeDecodeError as exc:
+        raise TraceFormatError(str(path), f"cannot detect the trace format: not UTF-8 text "
+                               f"({_undecodable(exc)})") from None
     if not text:
         raise TraceFormatError(str(path), "empty file")
     if text.startswith("{") or suffix in _JSONL_SUFFIXES:
@@ -150,19 +204,20 @@ def detect_format(path: StrPath) -> str:
     if text.startswith("#"):
         return "native"
     first = text.split("\n", 1)[0].rstrip("\r")
-    header = {name.strip() for name in next(csv.reader([first]), [])}
+    header = {name.strip() for name in _csv_fields(first)}
     if "arrival_s" in header:
         return "native"
     if header & {"TIMESTAMP", "ContextTokens", "GeneratedTokens"}:
         return "azure"
     if header & {"Request tokens", "Response tokens", "Log Type"}:
         return "burstgpt"
+    shown = first[:200] if first.isprintable() else ascii(first[:200])[1:-1]
     raise TraceFormatError(
-        str(path), f"cannot detect the trace format from header {first[:200]!r}; pass "
+        str(path), f"cannot detect the trace format from header '{shown}'; pass "
         f"format= one of {', '.join(FORMATS)}")
 
 
-def load_native(path: StrPath) -> Trace:
+def load_native(path: StrPath, *, max_tokens: int | None = None) -> Trace:
     """Load a trace in this project's native CSV or Parquet format.
 
     Columns ``arrival_s`` (finite seconds, ``>= 0``, sorted), ``prompt_tokens`` and
@@ -174,6 +229,7 @@ def load_native(path: StrPath) -> Trace:
 
     Args:
         path: a ``.parquet``/``.pq`` file, or a CSV file (any other extension).
+        max_tokens: plausibility bound on token counts (see :func:`max_tokens_bound`).
 
     Returns:
         The trace; ``meta["duration_source"]`` says whether the length was stored in
@@ -183,11 +239,13 @@ def load_native(path: StrPath) -> Trace:
         TraceFormatError: the file is missing, unreadable or malformed.
     """
     spath = str(path)
+    limit = max_tokens_bound(max_tokens)
+    raw: dict[str, np.ndarray | None] = dict.fromkeys(_NATIVE_COLUMNS)
     if Path(path).suffix.lower() in _PARQUET_SUFFIXES:
         columns, rows, duration = _read_native_parquet(spath)
         arrival = _check_floats(spath, "arrival_s", columns["arrival_s"], nonnegative=True)
-        prompt = _check_ints(spath, "prompt_tokens", columns["prompt_tokens"])
-        output = _check_ints(spath, "output_tokens", columns["output_tokens"])
+        prompt = _check_ints(spath, "prompt_tokens", columns["prompt_tokens"], limit)
+        output = _check_ints(spath, "output_tokens", columns["output_tokens"], limit)
     else:
         text = _read_text(spath)
         duration = None
@@ -197,21 +255,24 @@ def load_native(path: StrPath) -> Trace:
             header_line = 1
         table = _read_csv(spath, text, _NATIVE_COLUMNS, header_line=header_line)
         rows = table.rows
+        raw = dict(table.raw)
         arrival = _check_floats(spath, "arrival_s", table.numbers("arrival_s"),
-                                nonnegative=True)
-        prompt = _check_ints(spath, "prompt_tokens", table.numbers("prompt_tokens"))
-        output = _check_ints(spath, "output_tokens", table.numbers("output_tokens"))
-    _check_sorted(spath, "arrival_s", arrival)
+                                nonnegative=True, raw=raw["arrival_s"])
+        prompt = _check_ints(spath, "prompt_tokens", table.numbers("prompt_tokens"), limit,
+                             raw=raw["prompt_tokens"])
+        output = _check_ints(spath, "output_tokens", table.numbers("output_tokens"), limit,
+                             raw=raw["output_tokens"])
+    _check_sorted(spath, "arrival_s", arrival, raw=raw["arrival_s"])
     if duration is None:
-        duration = _default_duration(float(arrival[-1]))
+        duration = _default_duration(spath, float(arrival[-1]))
         source = "inferred"
     else:
         source = "file"
         late = int(np.searchsorted(arrival, duration, side="left"))
         if late < arrival.size:
             raise TraceFormatError(
-                spath, f"arrival {arrival[late]!r} s is not before duration_s={duration!r}",
-                row=late + 1, field="arrival_s")
+                spath, f"arrival {_as_written(arrival, raw['arrival_s'], late)} s is not "
+                f"before duration_s={duration!r}", row=late + 1, field="arrival_s")
     return _make_trace(spath, "native", arrival, prompt, output, duration, rows,
                        duration_source=source)
 
@@ -252,7 +313,7 @@ def save_native(trace: Trace, path: StrPath) -> None:
         handle.write(f"# duration_s={duration!r}\n{','.join(_NATIVE_COLUMNS)}\n{body}")
 
 
-def load_azure(path: StrPath) -> Trace:
+def load_azure(path: StrPath, *, max_tokens: int | None = None) -> Trace:
     """Load an Azure LLM inference trace (2023) CSV.
 
     The header must hold ``TIMESTAMP``, ``ContextTokens`` and ``GeneratedTokens``.
@@ -263,6 +324,7 @@ def load_azure(path: StrPath) -> Trace:
 
     Args:
         path: the CSV file.
+        max_tokens: plausibility bound on token counts (see :func:`max_tokens_bound`).
 
     Returns:
         The trace, with ``meta["start_time"]`` holding the first raw timestamp.
@@ -275,14 +337,18 @@ def load_azure(path: StrPath) -> Trace:
     micros = table.timestamps_us("TIMESTAMP")
     _check_sorted(spath, "TIMESTAMP", micros, raw=table.raw["TIMESTAMP"])
     arrival = (micros - micros[0]) / 1e6
-    prompt = _check_ints(spath, "ContextTokens", table.numbers("ContextTokens"))
-    output = _check_ints(spath, "GeneratedTokens", table.numbers("GeneratedTokens"))
+    limit = max_tokens_bound(max_tokens)
+    prompt = _check_ints(spath, "ContextTokens", table.numbers("ContextTokens"), limit,
+                         raw=table.raw["ContextTokens"])
+    output = _check_ints(spath, "GeneratedTokens", table.numbers("GeneratedTokens"), limit,
+                         raw=table.raw["GeneratedTokens"])
     return _make_trace(spath, "azure", arrival, prompt, output,
-                       _default_duration(float(arrival[-1])), table.rows,
+                       _default_duration(spath, float(arrival[-1])), table.rows,
                        start_time=str(table.raw["TIMESTAMP"][0]).strip())
 
 
-def load_mooncake(path: StrPath, *, seed: int = 0, bucket_s: float = 3.0) -> Trace:
+def load_mooncake(path: StrPath, *, seed: int = 0, bucket_s: float = 3.0,
+                  max_tokens: int | None = None) -> Trace:
     """Load a Mooncake (FAST'25) JSONL trace, spreading each timestamp bucket.
 
     Each line is a JSON object with integer ``timestamp`` (ms, relative; not re-based),
@@ -302,6 +368,7 @@ def load_mooncake(path: StrPath, *, seed: int = 0, bucket_s: float = 3.0) -> Tra
         path: the JSONL file.
         seed: seed of the spreading generator; the same seed gives the same trace.
         bucket_s: nominal bucket width in seconds.
+        max_tokens: plausibility bound on token counts (see :func:`max_tokens_bound`).
 
     Returns:
         The trace, with ``meta`` also holding ``bucket_s``, ``seed`` and ``num_buckets``.
@@ -313,25 +380,32 @@ def load_mooncake(path: StrPath, *, seed: int = 0, bucket_s: float = 3.0) -> Tra
     if not (math.isfinite(bucket_s) and bucket_s > 0):
         raise ValueError(f"bucket_s must be positive, got {bucket_s}")
     spath = str(path)
+    limit = max_tokens_bound(max_tokens)
     lines = _read_text(spath).rstrip().split("\n")
     if lines == [""]:
         raise TraceFormatError(spath, "empty file")
     values: dict[str, list[int]] = {key: [] for key in _MOONCAKE_KEYS}
+    rows_read = 0
     for row, line in enumerate(lines, start=1):
         if not line.strip():
-            raise TraceFormatError(spath, "blank line", row=row)
+            continue  # JSON Lines readers skip blank lines; row numbers still count them
+        rows_read += 1
         try:
-            obj = json.loads(line)
+            obj = json.loads(line, parse_float=_JsonFloat, parse_constant=_JsonFloat)
         except json.JSONDecodeError as exc:
             hint = " (truncated last line?)" if row == len(lines) else ""
             raise TraceFormatError(
                 spath, f"invalid JSON ({exc.msg}, column {exc.colno}){hint}", row=row
             ) from exc
+        except (RecursionError, ValueError) as exc:  # deep nesting, huge integer literals
+            raise TraceFormatError(spath, f"invalid JSON ({type(exc).__name__}: "
+                                   f"{str(exc)[:100]})", row=row) from None
         if not isinstance(obj, dict):
             raise TraceFormatError(spath, f"expected a JSON object, got {type(obj).__name__}",
                                    row=row)
         for key, sink in values.items():
-            sink.append(_json_count(spath, obj, key, row))
+            bound = _INT_LIMIT if key == "timestamp" else limit
+            sink.append(_json_count(spath, obj, key, row, bound))
     stamps = np.asarray(values["timestamp"], dtype=np.int64)
     _check_sorted(spath, "timestamp", stamps)
 
@@ -347,11 +421,11 @@ def load_mooncake(path: StrPath, *, seed: int = 0, bucket_s: float = 3.0) -> Tra
     arrival = np.minimum(lo + (hi - lo) * draws, np.nextafter(hi, -np.inf))
     duration = float(math.ceil(starts[-1] + bucket_s))
     return _make_trace(spath, "mooncake", arrival, values["input_length"],
-                       values["output_length"], duration, len(lines),
+                       values["output_length"], duration, rows_read,
                        bucket_s=float(bucket_s), seed=seed, num_buckets=int(starts.size))
 
 
-def load_burstgpt(path: StrPath) -> Trace:
+def load_burstgpt(path: StrPath, *, max_tokens: int | None = None) -> Trace:
     """Load a BurstGPT CSV trace, leaving out failed requests.
 
     Required columns are ``Timestamp`` (seconds, sorted), ``Request tokens`` and
@@ -364,6 +438,7 @@ def load_burstgpt(path: StrPath) -> Trace:
 
     Args:
         path: the CSV file.
+        max_tokens: plausibility bound on token counts (see :func:`max_tokens_bound`).
 
     Returns:
         The trace of successful requests.
@@ -374,10 +449,14 @@ def load_burstgpt(path: StrPath) -> Trace:
     """
     spath = str(path)
     table = _read_csv(spath, _read_text(spath), _BURSTGPT_COLUMNS)
-    stamps = _check_floats(spath, "Timestamp", table.numbers("Timestamp"))
-    _check_sorted(spath, "Timestamp", stamps)
-    prompt = _check_ints(spath, "Request tokens", table.numbers("Request tokens"))
-    output = _check_ints(spath, "Response tokens", table.numbers("Response tokens"))
+    limit = max_tokens_bound(max_tokens)
+    stamps = _check_floats(spath, "Timestamp", table.numbers("Timestamp"),
+                           raw=table.raw["Timestamp"])
+    _check_sorted(spath, "Timestamp", stamps, raw=table.raw["Timestamp"])
+    prompt = _check_ints(spath, "Request tokens", table.numbers("Request tokens"), limit,
+                         raw=table.raw["Request tokens"])
+    output = _check_ints(spath, "Response tokens", table.numbers("Response tokens"), limit,
+                         raw=table.raw["Response tokens"])
     kept = output != 0
     failed = int(table.rows - np.count_nonzero(kept))
     if failed == table.rows:
@@ -389,7 +468,7 @@ def load_burstgpt(path: StrPath) -> Trace:
     stamps, prompt, output = stamps[kept], prompt[kept], output[kept]
     arrival = stamps - stamps[0]
     return _make_trace(spath, "burstgpt", arrival, prompt, output,
-                       _default_duration(float(arrival[-1])), table.rows,
+                       _default_duration(spath, float(arrival[-1])), table.rows,
                        filtered_failed=failed, first_timestamp_s=float(stamps[0]))
 
 
@@ -428,7 +507,7 @@ class _CsvTable:
         line = self.line(row)
         if not line.strip():
             return "blank line"
-        found = len(next(csv.reader([line])))
+        found = len(_csv_fields(line))
         if found < self.ncols:
             return f"line has {found} of {self.ncols} fields (truncated line?)"
         return "empty value"
@@ -451,9 +530,9 @@ class _CsvTable:
             if not value.strip():
                 reason = self.empty_reason(row)
             elif value.strip().lower() in ("nan", "+nan", "-nan"):
-                reason = "value is NaN"
+                reason = f"value {value.strip()} is not a finite number"
             else:
-                reason = f"cannot parse {value!r} as a number"
+                reason = f"cannot parse '{value.strip()}' as a number"
             raise TraceFormatError(self.path, reason, row=row, field=column)
         return parsed
 
@@ -476,6 +555,15 @@ class _CsvTable:
                       f"cannot parse timestamp {value!r} (expected 'YYYY-MM-DD HH:MM:SS.fffffff')")
             raise TraceFormatError(self.path, reason, row=row, field=column)
         return stamps.to_numpy().astype("datetime64[us]").astype(np.int64)
+
+
+def _csv_fields(line: str) -> list[str]:
+    """The fields of one CSV line (a plain comma split where the csv module gives up, e.g.
+    on a bare carriage return); used only to recognise a header or explain an error."""
+    try:
+        return next(csv.reader([line]), [])
+    except csv.Error:
+        return line.split(",")
 
 
 def _read_csv(path: str, text: str, columns: tuple[str, ...], *,
@@ -526,8 +614,11 @@ def _read_text(path: str) -> str:
     """The whole file as text (UTF-8, optional BOM), or a :class:`TraceFormatError`."""
     try:
         return Path(path).read_text(encoding="utf-8-sig")
-    except (OSError, UnicodeDecodeError) as exc:
+    except OSError as exc:
         raise TraceFormatError(path, f"cannot read: {exc}") from exc
+    except UnicodeDecodeError as exc:
+        raise TraceFormatError(path, f"cannot read: not UTF-8 text ({_undecodable(exc)})") \
+            from None
 
 
 def _parse_duration(path: str, line: str) -> float:
@@ -562,50 +653,99 @@ def _read_native_parquet(path: str) -> tuple[dict[str, np.ndarray], int, float |
         if not (pa.types.is_integer(kind) or pa.types.is_floating(kind)):
             raise TraceFormatError(path, f"column has type {kind}, expected a number",
                                    field=column)
-        values = table.column(column).to_numpy(zero_copy_only=False)  # nulls become NaN
-        columns[column] = values
+        data = table.column(column)
+        if data.null_count:
+            row = int(np.argmax(data.is_null().to_numpy(zero_copy_only=False))) + 1
+            raise TraceFormatError(path, "value is missing (null)", row=row, field=column)
+        columns[column] = data.to_numpy(zero_copy_only=False)
     if table.num_rows == 0:
         raise TraceFormatError(path, "no data rows")
     stored = (table.schema.metadata or {}).get(b"duration_s")
     duration = None
     if stored is not None:
-        duration = _parse_duration(path, "# duration_s=" + stored.decode("utf-8", "replace"))
+        try:
+            text = stored.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise TraceFormatError(path, f"duration_s metadata is not UTF-8 text "
+                                   f"({_undecodable(exc)})", field="duration_s") from None
+        duration = _parse_duration(path, "# duration_s=" + text)
     return columns, table.num_rows, duration
 
 
 # --------------------------------------------------------------------------- validation
 
 
-def _check_ints(path: str, column: str, values: np.ndarray) -> np.ndarray:
-    """Validate non-negative integer counts (int or integral float); return int64."""
+class _JsonFloat(float):
+    """A JSON number that keeps its text, so that messages show it as written."""
+
+    text: str
+
+    def __new__(cls, text: str) -> _JsonFloat:
+        value = super().__new__(cls, text)
+        value.text = text
+        return value
+
+
+def _as_written(values: np.ndarray | list, raw: np.ndarray | None, index: int) -> str:
+    """Element ``index`` as the file writes it (raw text when known, else plain Python)."""
+    if raw is not None:
+        return str(raw[index]).strip()
+    value = values[index]
+    value = value.item() if isinstance(value, np.generic) else value
+    if isinstance(value, _JsonFloat):
+        return value.text
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    return json.dumps(value) if isinstance(value, str | bool) or value is None else repr(value)
+
+
+def _undecodable(exc: UnicodeDecodeError) -> str:
+    """Where a file stops being UTF-8, with the byte in hex (never the raw byte)."""
+    return f"byte 0x{exc.object[exc.start]:02x} at offset {exc.start}"
+
+
+def _check_ints(path: str, column: str, values: np.ndarray, limit: int, *,
+                raw: np.ndarray | None = None) -> np.ndarray:
+    """Validate token counts: integers (or integral floats) in ``[0, limit]``; return int64.
+
+    ``raw`` holds the column's text as written, for messages.
+    """
     if values.dtype.kind in "iu":
-        bad = values < 0
+        bad = (values < 0) | (values > limit)
         if bad.any():
             row = int(np.argmax(bad))
-            raise TraceFormatError(path, f"negative token count {values[row]}",
-                                   row=row + 1, field=column)
+            shown = _as_written(values, raw, row)
+            reason = (f"negative token count {shown}" if values[row] < 0
+                      else _too_large(shown, limit))
+            raise TraceFormatError(path, reason, row=row + 1, field=column)
         return values.astype(np.int64, copy=False)
     values = values.astype(np.float64)
     finite = np.isfinite(values)
     whole = finite & (values == np.floor(np.where(finite, values, 0.0)))
-    bad = ~whole | (values < 0) | (values >= _INT_LIMIT)
+    bad = ~whole | (values < 0) | (values > limit)
     if bad.any():
         row = int(np.argmax(bad))
         value = values[row]
-        if np.isnan(value):
-            reason = "token count is missing (NaN)"
+        shown = _as_written(values, raw, row)
+        if not finite[row]:
+            reason = f"token count {shown} is not a finite number"
         elif not whole[row]:
-            reason = f"token count {value!r} is not an integer"
+            reason = f"token count {shown} is not an integer"
         elif value < 0:
-            reason = f"negative token count {value!r}"
+            reason = f"negative token count {shown}"
         else:
-            reason = f"token count {value!r} is too large"
+            reason = _too_large(shown, limit)
         raise TraceFormatError(path, reason, row=row + 1, field=column)
     return values.astype(np.int64)
 
 
-def _check_floats(path: str, column: str, values: np.ndarray, *,
-                  nonnegative: bool = False) -> np.ndarray:
+def _too_large(shown: str, limit: int) -> str:
+    return (f"token count {shown} is too large: above the plausible maximum of {limit} "
+            f"tokens per request (pass max_tokens= or set {MAX_TOKENS_ENV} to change it)")
+
+
+def _check_floats(path: str, column: str, values: np.ndarray, *, nonnegative: bool = False,
+                  raw: np.ndarray | None = None) -> np.ndarray:
     """Validate finite (and optionally non-negative) floats; return float64."""
     values = values.astype(np.float64)
     bad = ~np.isfinite(values)
@@ -613,9 +753,9 @@ def _check_floats(path: str, column: str, values: np.ndarray, *,
         bad |= values < 0
     if bad.any():
         row = int(np.argmax(bad))
-        value = values[row]
-        reason = (f"value {value!r} is not finite" if not np.isfinite(value)
-                  else f"negative value {value!r}")
+        shown = _as_written(values, raw, row)
+        reason = (f"value {shown} is not a finite number" if not np.isfinite(values[row])
+                  else f"negative value {shown}")
         raise TraceFormatError(path, reason, row=row + 1, field=column)
     return values
 
@@ -626,29 +766,39 @@ def _check_sorted(path: str, column: str, values: np.ndarray,
     down = np.diff(values) < 0
     if down.any():
         row = int(np.argmax(down)) + 2  # 1-based index of the later element
-        shown = raw if raw is not None else values
         raise TraceFormatError(
-            path, f"not sorted: {shown[row - 1]!s} comes after {shown[row - 2]!s}",
-            row=row, field=column)
+            path, f"not sorted: {_as_written(values, raw, row - 1)} comes after "
+            f"{_as_written(values, raw, row - 2)}", row=row, field=column)
 
 
-def _json_count(path: str, obj: dict, key: str, row: int) -> int:
-    """A non-negative integer field of one JSONL object."""
+def _json_count(path: str, obj: dict, key: str, row: int, limit: int) -> int:
+    """A non-negative integer field (at most ``limit``) of one JSONL object."""
     if key not in obj:
         raise TraceFormatError(path, f"missing key {key!r}", row=row, field=key)
     value = obj[key]
+    shown = _as_written([value], None, 0)
     if isinstance(value, bool) or not isinstance(value, int | float):
-        raise TraceFormatError(path, f"expected an integer, got {value!r}", row=row, field=key)
+        raise TraceFormatError(path, f"expected an integer, got {shown}", row=row, field=key)
+    if isinstance(value, float) and not math.isfinite(value):
+        raise TraceFormatError(path, f"{shown} is not a finite number", row=row, field=key)
     if isinstance(value, float) and not value.is_integer():
-        raise TraceFormatError(path, f"{value!r} is not an integer", row=row, field=key)
+        raise TraceFormatError(path, f"{shown} is not an integer", row=row, field=key)
     if value < 0:
-        raise TraceFormatError(path, f"negative value {value!r}", row=row, field=key)
+        raise TraceFormatError(path, f"negative value {shown}", row=row, field=key)
+    if value > limit:
+        reason = _too_large(shown, limit) if key != "timestamp" else \
+            f"timestamp {shown} is too large (at most 2**62 ms)"
+        raise TraceFormatError(path, reason, row=row, field=key)
     return int(value)
 
 
-def _default_duration(last_arrival_s: float) -> float:
+def _default_duration(path: str, last_arrival_s: float) -> float:
     """The last arrival plus 1e-6 s, rounded up to the next whole second."""
-    return float(math.ceil(last_arrival_s + 1e-6))
+    end = last_arrival_s + 1e-6
+    if not math.isfinite(end):
+        raise TraceFormatError(path, f"the trace spans {last_arrival_s!r} s, which is not a "
+                               "finite number of seconds")
+    return float(math.ceil(end))
 
 
 def _make_trace(path: str, fmt: str, arrival: np.ndarray, prompt: np.ndarray | list[int],

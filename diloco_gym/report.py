@@ -626,6 +626,7 @@ def write_report(result: dict[str, Any], out: str | Path, force: bool = False,
         payload = {
             "config": result["config"], "command": command,
             "calibration_source": result["calibration_source"],
+            "calibration_complete": bool(result.get("calibration_complete", True)),
             "elapsed_s": result["elapsed_s"],
             "calibration": result["calibration"].to_dict(orient="records"),
             "summary": result["summary"].to_dict(orient="records"),

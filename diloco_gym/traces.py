@@ -75,8 +75,8 @@ class Trace:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "arrival_s", np.asarray(self.arrival_s, dtype=np.float64))
-        object.__setattr__(self, "prompt_tokens", np.asarray(self.prompt_tokens, dtype=np.int64))
-        object.__setattr__(self, "output_tokens", np.asarray(self.output_tokens, dtype=np.int64))
+        for name in ("prompt_tokens", "output_tokens"):
+            object.__setattr__(self, name, _token_counts(name, getattr(self, name)))
         for name in ("network", "checkpoint"):
             value = getattr(self, name)
             if value is not None:
@@ -111,6 +111,31 @@ class Trace:
         return bool(same)
 
     __hash__ = None  # type: ignore[assignment]
+
+
+def _token_counts(name: str, values: object) -> np.ndarray:
+    """``values`` as int64 token counts; NaN, infinities and fractions are refused here,
+    before the cast (which would turn NaN into a huge negative number)."""
+    try:
+        array = np.asarray(values)
+        if array.dtype.kind in "fc" or array.dtype == object:
+            floats = array.astype(np.float64)
+            bad = ~np.isfinite(floats)
+            if bad.any():
+                row = int(np.argmax(bad.ravel()))
+                raise TraceFormatError("<array>", f"token count {floats.ravel()[row]!s} is not "
+                                       "a finite number", row=row + 1, field=name)
+            frac = floats != np.floor(floats)
+            if frac.any():
+                row = int(np.argmax(frac.ravel()))
+                raise TraceFormatError("<array>", f"token count {floats.ravel()[row]!s} is not "
+                                       "an integer", row=row + 1, field=name)
+        return array.astype(np.int64, copy=False)
+    except (OverflowError, TypeError, ValueError) as exc:
+        if isinstance(exc, TraceFormatError):
+            raise
+        raise TraceFormatError("<array>", f"token counts are not integers that fit int64 "
+                               f"({exc})", field=name) from None
 
 
 def validate_trace(trace: Trace, path: str = "<array>") -> None:

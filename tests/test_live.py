@@ -15,6 +15,7 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from multiprocessing import active_children
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -32,7 +33,7 @@ from diloco_gym.live import (  # noqa: E402
     plan_merges,
     run_calibration,
 )
-from diloco_gym.live.calibrate import _summary_lines  # noqa: E402
+from diloco_gym.live.calibrate import _summary_lines, partial_path  # noqa: E402
 from diloco_gym.live.cli import add_calibrate_arguments, run_calibrate_command  # noqa: E402
 from diloco_gym.live.fit import (  # noqa: E402
     RunData,
@@ -42,7 +43,12 @@ from diloco_gym.live.fit import (  # noqa: E402
     simulate_phase,
 )
 from diloco_gym.live.merges import free_port  # noqa: E402
-from diloco_gym.live.replay import Endpoint, post_completion, probe_endpoint  # noqa: E402
+from diloco_gym.live.replay import (  # noqa: E402
+    Endpoint,
+    check_completion,
+    post_completion,
+    probe_endpoint,
+)
 from diloco_gym.live.server import SidecarHTTPServer, TinyLM  # noqa: E402
 from diloco_gym.sidecar import SidecarParams  # noqa: E402
 
@@ -77,11 +83,27 @@ class _StubHandler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(data)
 
+    def _raw(self, status: int, data: bytes) -> None:
+        self.send_response(status)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
     def do_GET(self) -> None:  # noqa: N802
-        self._json(200, {"data": [{"id": "stub-model"}]})
+        if self.server.mode == "raw":
+            self._raw(200, self.server.body)
+        elif self.server.mode == "models500":
+            self._raw(500, b"Internal Server Error\n")
+        elif self.server.mode == "models-garbage":
+            self._raw(200, b"\x89PNG\r\n\x1a\n\x00\x00 not a model list")
+        else:
+            self._json(200, {"data": [{"id": "stub-model"}]})
 
     def do_POST(self) -> None:  # noqa: N802
         self.rfile.read(int(self.headers.get("Content-Length", "0")))
+        if self.server.mode == "raw":
+            self._raw(200, self.server.body)
+            return
         with self.server.lock:
             self.server.count += 1
             n = self.server.count
@@ -92,6 +114,12 @@ class _StubHandler(BaseHTTPRequestHandler):
         if self.server.mode == "flaky" and not warm and n % 3 == 2:
             time.sleep(1.0)  # beyond the client's timeout
         time.sleep(0.01)
+        if self.server.mode == "garbage" and not warm:  # HTTP 200, but not a completion
+            self._json(200, {"object": "list", "data": []})
+            return
+        if self.server.mode == "html" and not warm:
+            self._raw(200, b"<html>\xff\xfe proxy login page</html>")
+            return
         self._json(200, {"choices": [{"text": "x"}],
                          "usage": {"prompt_tokens": 3, "completion_tokens": 2}})
 
@@ -101,6 +129,7 @@ class _StubServer(ThreadingHTTPServer):
 
     def __init__(self, mode: str) -> None:
         self.mode = mode
+        self.body = b""
         self.count = 0
         self.lock = threading.Lock()
         super().__init__(("127.0.0.1", 0), _StubHandler)
@@ -117,6 +146,7 @@ def stub():
         return f"http://127.0.0.1:{server.server_port}"
 
     servers: list = []
+    make.servers = servers
     yield make
     for server, thread in servers:
         server.shutdown()
@@ -222,6 +252,13 @@ def test_live_run_prints_the_fit_notes(live_run):
     assert summary[1:] == ["fit note: " + doc["fit"]["notes"][0]]
     assert _summary_lines({"measured": {}, "fitted_sidecar": {},
                            "fit": {"error": "fit failed: x"}})[1:] == ["fit note: fit failed: x"]
+    with_failures = {**doc, "requests": {"errors": 3, "sent": 30,
+                                         "by_status": {"200": 27, "invalid response": 2,
+                                                       "timed out": 1}},
+                     "metadata": {"config": {"max_error_fraction": 0.5}}}
+    assert _summary_lines(with_failures)[1] == (
+        "3 of 30 requests failed (10 %, within the 50 % limit; invalid response: 2, timed "
+        "out: 1); they are left out of the measurements")
 
 
 # --------------------------------------------------------------------------- faults
@@ -233,10 +270,11 @@ def test_refused_endpoint_gives_clear_error_and_incomplete_file(tmp_path):
     with pytest.raises(EndpointUnavailableError, match="connection refused") as info:
         run_calibration(f"http://127.0.0.1:{port}", "sync-heavy", 5.0, out, progress=None)
     assert "Omit --endpoint" in str(info.value)
-    assert info.value.path == str(out)
-    doc = json.loads(out.read_text())
+    partial = tmp_path / "refused.partial.json"
+    assert info.value.path == str(partial) and not out.exists()
+    doc = json.loads(partial.read_text())
     assert doc["complete"] is False and "connection refused" in doc["error"]
-    load_calibration(out)  # still a valid calibration file (no regime measured)
+    assert load_calibration(partial).complete is False  # a valid file, no regime measured
     _assert_no_children()
 
 
@@ -252,16 +290,17 @@ def test_endpoint_that_never_answers_times_out(tmp_path):
             run_calibration(url, "ordinary", 5.0, tmp_path / "t.json",
                             config=CalibrationConfig(timeout_s=0.3), progress=None)
         assert time.monotonic() - t0 < 5.0
-    assert json.loads((tmp_path / "t.json").read_text())["complete"] is False
+    assert json.loads((tmp_path / "t.partial.json").read_text())["complete"] is False
 
 
 def test_failed_and_timed_out_requests_are_recorded(tmp_path, stub):
     url = stub("flaky")
     out = tmp_path / "flaky.json"
     cfg = _fast_config(timeout_s=0.3, merge=MergeConfig(workers=1, merge_mb=1), control=False)
-    with pytest.raises(CalibrationError, match="requests failed"):
+    with pytest.raises(CalibrationError, match="requests failed") as info:
         run_calibration(url, "ordinary", 3.0, out, config=cfg, progress=None)
-    doc = json.loads(out.read_text())
+    assert "above the 50 % limit" in str(info.value) and not out.exists()
+    doc = json.loads(Path(info.value.path).read_text())
     assert doc["complete"] is False
     counts = doc["requests"]
     assert counts["timeouts"] >= 1 and counts["by_status"].get("500", 0) >= 1
@@ -271,14 +310,30 @@ def test_failed_and_timed_out_requests_are_recorded(tmp_path, stub):
     _assert_no_children()
 
 
+def test_failures_within_the_limit_leave_the_run_complete(tmp_path, stub):
+    """The failure limit is a setting: with 90 % allowed the same flaky endpoint gives a
+    complete run, and the summary says how many requests failed and why."""
+    out = tmp_path / "tolerant.json"
+    lines: list[str] = []
+    cfg = _fast_config(timeout_s=0.3, merge=MergeConfig(workers=1, merge_mb=1), control=False,
+                       max_error_fraction=0.9)
+    result = run_calibration(stub("flaky"), "ordinary", 3.0, out, config=cfg,
+                             progress=lines.append)
+    counts = result.document["requests"]
+    assert result.complete and 0 < counts["errors"] and counts["ok"] > 0
+    assert any(line.startswith(f"{counts['errors']} of {counts['sent']} requests failed")
+               and "within the 90 % limit" in line for line in lines), lines
+    _assert_no_children()
+
+
 def test_killed_worker_marks_run_incomplete(tmp_path, stub):
     out = tmp_path / "killed.json"
     cfg = _fast_config(kill_worker_at_merge=0, merge_seconds=3.0)
     t0 = time.monotonic()
     with pytest.raises(MergeWorkerError, match=r"rank 1 .* died during merge 0") as info:
         run_calibration(stub(), "ordinary", 6.0, out, config=cfg, progress=None)
-    assert info.value.path == str(out)
-    doc = json.loads(out.read_text())
+    assert info.value.path == str(partial_path(out)) and not out.exists()
+    doc = json.loads(partial_path(out).read_text())
     assert doc["complete"] is False and "died" in doc["error"]
     assert doc["merges"][0]["end_s"] is not None  # the window was closed on the way out
     assert time.monotonic() - t0 < 40
@@ -293,9 +348,10 @@ def test_ctrl_c_saves_partial_measurements(tmp_path, stub):
             _thread.interrupt_main()  # what Ctrl-C does
 
     cfg = _fast_config(merge=MergeConfig(workers=1, merge_mb=1))
-    with pytest.raises(KeyboardInterrupt):
+    with pytest.raises(KeyboardInterrupt) as info:
         run_calibration(stub(), "ordinary", 6.0, out, config=cfg, progress=progress)
-    doc = json.loads(out.read_text())
+    assert info.value.path == str(partial_path(out)) and not out.exists()
+    doc = json.loads(partial_path(out).read_text())
     assert doc["complete"] is False and "Ctrl-C" in doc["error"]
     assert doc["requests"]["sent"] >= 1
     _assert_no_children()
@@ -307,15 +363,235 @@ def test_cli_refused_endpoint(tmp_path, capsys):
     args = parser.parse_args(["--endpoint", f"http://127.0.0.1:{free_port()}", "--duration",
                               "5", "--out", str(out)])
     assert run_calibrate_command(args) == 1
-    err = capsys.readouterr().err
-    assert "cannot reach the serving endpoint" in err and "complete: false" in err
-    assert json.loads(out.read_text())["complete"] is False
+    captured = capsys.readouterr()
+    assert "cannot reach the serving endpoint" in captured.err
+    both = captured.out + captured.err
+    assert both.count("partial measurements saved") == 1, both  # said once, not twice
+    assert not out.exists()
+    assert json.loads((tmp_path / "cli.partial.json").read_text())["complete"] is False
     bad = parser.parse_args(["--regime", "no-such-regime", "--out", str(out)])
     assert run_calibrate_command(bad) == 2
     assert "neither a regime" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("mode", ["garbage", "html"])
+def test_invalid_completions_are_failures_and_the_run_is_incomplete(tmp_path, stub, mode):
+    """HTTP 200 answers that are not completions were counted as successes (a file marked
+    complete with slots 0.25); now they are failures, and above the limit the run stops."""
+    out = tmp_path / "garbage.json"
+    lines: list[str] = []
+    cfg = _fast_config(merge=MergeConfig(workers=1, merge_mb=1), control=False)
+    with pytest.raises(CalibrationError, match="invalid response") as info:
+        run_calibration(stub(mode), "ordinary", 3.0, out, config=cfg, progress=lines.append)
+    message = str(info.value)
+    assert "above the 50 % limit" in message and "none succeeded" in message
+    assert ("no 'choices' list" if mode == "garbage" else "not JSON (first bytes: b'<html>\\xff")\
+        in message
+    assert not out.exists()
+    doc = json.loads(partial_path(out).read_text())
+    counts = doc["requests"]
+    assert doc["complete"] is False and counts["ok"] == 0
+    assert counts["invalid"] == counts["errors"] == counts["by_status"]["invalid response"] >= 3
+    assert sum("partial measurements saved" in line for line in lines) == 1
+    _assert_no_children()
+
+
+def test_check_completion():
+    good = {"choices": [{"text": "a b"}], "usage": {"completion_tokens": 2}}
+    assert check_completion(good, 2) == ""
+    assert check_completion({"choices": [{"text": ""}]}, 4) == ""  # usage not reported
+    bad = [([], "JSON list instead of an object"), ({}, "no 'choices' list"),
+           ({"choices": []}, "no 'choices' list"), ({"choices": [1]}, "no 'text' string"),
+           ({"choices": [{"text": 3}]}, "no 'text' string"),
+           ({**good, "usage": [2]}, "'usage' is not an object"),
+           ({**good, "usage": {"completion_tokens": 3}}, "expected an integer in [0, 2]"),
+           ({**good, "usage": {"completion_tokens": "2"}}, 'is "2"'),
+           ({**good, "usage": {"completion_tokens": -1}}, "in [0, 2]")]
+    for body, fragment in bad:
+        assert fragment in check_completion(body, 2), body
+
+
+GARBAGE_BODIES = [b"", b"null", b"[]", b'"text"', b"{}", b'{"choices": null}',
+                  b'{"choices": [null]}', b'{"choices": [{"text": null}]}',
+                  b'{"choices": [{"text": "x"}], "usage": {"completion_tokens": 1e3}}',
+                  b"[" * 100000, b"1" * 5000, b"\xff\xfe\x00garbage", b"<html>502</html>",
+                  b'{"data": {"id": "m"}}', b'{"data": [{"name": "m"}]}', b'{"data": "abc"}']
+
+
+def test_garbage_answers_never_raise(stub):
+    """Whatever an endpoint answers with HTTP 200, a completion is either valid or an
+    "invalid response" failure, and a model list is either ids or a stated reason."""
+    url = stub("raw")
+    server = stub.servers[-1][0]
+    ep = Endpoint.parse(url)
+    for body in GARBAGE_BODIES:
+        server.body = body
+        status, _, error = post_completion(ep, "m", "a b", 4, 5.0)
+        assert status == 200 and error.startswith("invalid response: "), (body[:20], error)
+        assert "\ufffd" not in error
+        info = probe_endpoint(url)
+        assert info["models"] == [] and info["models_error"], body[:20]
+
+
+@pytest.mark.parametrize(("mode", "fragments"), [
+    ("models500", ["/v1/models answered HTTP 500", "b'Internal Server Error\\n'"]),
+    ("models-garbage", ["answered HTTP 200 with a body that is not an OpenAI model list",
+                        "b'\\x89PNG\\r\\n\\x1a\\n"]),
+])
+def test_models_route_errors_are_reported(tmp_path, stub, capsys, mode, fragments):
+    """/v1/models answering 500 or garbage is said as such (status, first bytes), not as
+    "lists no model"; the run stops before any worker starts."""
+    out = tmp_path / "m.json"
+    parser = add_calibrate_arguments(argparse.ArgumentParser())
+    args = parser.parse_args(["--endpoint", stub(mode), "--duration", "3", "--out", str(out)])
+    assert run_calibrate_command(args) == 1
+    captured = capsys.readouterr()
+    for fragment in fragments:
+        assert fragment in captured.err, captured.err
+    assert "pass --model" in captured.err and "lists no model" not in captured.err
+    assert (captured.out + captured.err).count("partial measurements saved") == 1
+    assert not out.exists() and partial_path(out).exists()
+    _assert_no_children()
+
+
+def test_failed_run_never_overwrites_a_complete_file(tmp_path):
+    out = tmp_path / "good.json"
+    good = json.dumps({"source": "an earlier complete run", "complete": True,
+                       "regimes": {"sync-heavy": {"p95_high_low": 1.0, "p95_sync_ratio": 1.4}}})
+    out.write_text(good)
+    with pytest.raises(EndpointUnavailableError):
+        run_calibration(f"http://127.0.0.1:{free_port()}", "sync-heavy", 5.0, out,
+                        progress=None)
+    assert out.read_text() == good
+    assert json.loads((tmp_path / "good.partial.json").read_text())["complete"] is False
+    assert partial_path("a/x.json") == Path("a/x.partial.json")
+    assert partial_path("x") == Path("x.partial.json")
+
+
+def test_complete_run_writes_the_target_and_removes_a_stale_partial(tmp_path, stub):
+    out = tmp_path / "fresh.json"
+    partial_path(out).write_text("{}")
+    cfg = _fast_config(merge=MergeConfig(workers=1, merge_mb=1), control=False)
+    result = run_calibration(stub(), "sync-heavy", 3.0, out, config=cfg, progress=None)
+    assert result.complete and result.path == str(out)
+    assert load_calibration(out).complete is True
+    assert not partial_path(out).exists()
+    _assert_no_children()
+
+
+def test_label_must_be_a_regime(tmp_path):
+    from diloco_gym.live.calibrate import prepare_trace
+    from diloco_gym.traces import Trace
+
+    trace = Trace(np.arange(20.0), np.ones(20), np.ones(20), 20.0, name="my_trace")
+    with pytest.raises(ValueError, match="'my_trace' is not one: pass --label"):
+        prepare_trace(trace, 5.0, CalibrationConfig(start_s=0.0))
+    win, label, _, _ = prepare_trace(trace, 5.0, CalibrationConfig(start_s=0.0,
+                                                                   label="bursty"))
+    assert label == "bursty" and win.num_requests == 5
+
+
+def _children_of(pid: int) -> set[int]:
+    out = set()
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                out.add(int(entry.name))
+    return out
+
+
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="needs /proc to list child processes")
+@pytest.mark.parametrize("builtin", [False, True], ids=["stub-endpoint", "built-in-sidecar"])
+def test_sigterm_is_handled_like_ctrl_c(tmp_path, stub, builtin):
+    """SIGTERM to ``calibrate``: partial file saved, children ended, one line, exit 143."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    out = tmp_path / "term.json"
+    root = Path(__file__).resolve().parents[1]
+    env = dict(os.environ, PYTHONPATH=str(root), PYTHONUNBUFFERED="1")
+    endpoint = [] if builtin else ["--endpoint", stub()]
+    cmd = [sys.executable, "-m", "diloco_gym.cli", "calibrate", *endpoint,
+           "--regime", "ordinary", "--duration", "20", "--rate", "4", "--workers", "2",
+           "--merge-mb", "1", "--merge-seconds", "1.5", "--gap-seconds", "1", "1",
+           "--no-control", "--out", str(out)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=env, cwd=tmp_path)
+    lines = []
+    try:
+        deadline = time.monotonic() + 120
+        for line in proc.stdout:  # wait until the merges run
+            lines.append(line)
+            if "merge 1/" in line or time.monotonic() > deadline:
+                break
+        assert any("merge 1/" in line for line in lines), lines
+        children = _children_of(proc.pid)
+        names = {pid: (Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
+                       .decode(errors="replace")) for pid in children}
+        proc.send_signal(signal.SIGTERM)
+        rest, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    stdout = "".join(lines) + rest
+    assert proc.returncode == 143, (stdout, err)
+    assert "Traceback" not in err and "BrokenPipeError" not in err, err
+    assert err.strip() == "terminated (SIGTERM)"
+    assert stdout.count("partial measurements saved") == 1
+    assert not out.exists()
+    doc = json.loads(partial_path(out).read_text())
+    assert doc["complete"] is False and "SIGTERM" in doc["error"]
+
+    def alive() -> set[int]:
+        found = set()
+        for pid in children:
+            try:
+                state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+            except OSError:
+                continue
+            if state != "Z":
+                found.add(pid)
+        return found
+
+    workers = {pid for pid, cmd in names.items() if "spawn_main" in cmd}
+    assert len(workers) >= 2 + builtin  # the two merge workers (and the sidecar)
+    assert not alive() & workers, "merge workers outlived the command"
+    # The workers are reaped before the command exits; multiprocessing's resource tracker
+    # (one of the children) exits when it sees the parent's pipe close: give it 5 s.
+    until = time.monotonic() + 5.0
+    while alive() and time.monotonic() < until:
+        time.sleep(0.1)
+    assert not alive(), f"child processes still alive after the run: {alive()} {names}"
+
+
 # --------------------------------------------------------------------------- pieces
+
+
+def test_builtin_server_is_quiet_about_clients_that_went_away(capsys):
+    """A stopped calibration leaves requests in flight; the sidecar's write to their closed
+    sockets printed a BrokenPipeError traceback. Other errors still print."""
+    server = SidecarHTTPServer(TinyLM(SidecarModelConfig(d_model=16, hidden=16, n_layers=1)))
+    try:
+        for exc in (BrokenPipeError(32, "Broken pipe"), ConnectionResetError(104, "reset")):
+            try:
+                raise exc
+            except ConnectionError:
+                server.handle_error(None, ("127.0.0.1", 1))
+        assert capsys.readouterr().err == ""
+        try:
+            raise ValueError("a real bug")
+        except ValueError:
+            server.handle_error(None, ("127.0.0.1", 1))
+        assert "ValueError: a real bug" in capsys.readouterr().err
+    finally:
+        server.server_close()
 
 
 def test_builtin_server_speaks_openai(tmp_path):

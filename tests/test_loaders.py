@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 import time
 import warnings
 from pathlib import Path
@@ -11,9 +12,13 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from diloco_gym.loaders import (
+    DEFAULT_MAX_TOKENS,
     FORMATS,
+    MAX_TOKENS_ENV,
     TraceFilterWarning,
     detect_format,
     load_azure,
@@ -21,12 +26,27 @@ from diloco_gym.loaders import (
     load_mooncake,
     load_native,
     load_trace,
+    max_tokens_bound,
     save_native,
 )
 from diloco_gym.traces import Trace, TraceFormatError, random_window, scale_rate, window
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
-REAL = Path(__file__).resolve().parents[2] / "shared" / "traces" / "real"
+
+
+def _real_traces_dir() -> Path:
+    """``shared/traces/real`` beside the repository (or beside a folder holding it, as for
+    a git worktree); ``$DILOCO_GYM_REAL_TRACES`` overrides."""
+    if os.environ.get("DILOCO_GYM_REAL_TRACES"):
+        return Path(os.environ["DILOCO_GYM_REAL_TRACES"])
+    parents = Path(__file__).resolve().parents[2:]
+    for parent in parents:
+        if (parent / "shared" / "traces" / "real").is_dir():
+            return parent / "shared" / "traces" / "real"
+    return parents[0] / "shared" / "traces" / "real"
+
+
+REAL = _real_traces_dir()
 
 AZURE_HEADER = "TIMESTAMP,ContextTokens,GeneratedTokens\n"
 BURST_HEADER = ("Timestamp,Session ID,Elapsed time,Model,Request tokens,Response tokens,"
@@ -386,14 +406,27 @@ MOONCAKE_BAD = [
     ("null-value", MOON_OK + '{"timestamp": 0, "input_length": null, "output_length": 1}\n',
      2, "input_length", "expected an integer"),
     ("nan-value", MOON_OK + '{"timestamp": 0, "input_length": NaN, "output_length": 1}\n',
-     2, "input_length", "not an integer"),
+     2, "input_length", "NaN is not a finite number"),
+    ("infinity-value",
+     MOON_OK + '{"timestamp": 0, "input_length": 1, "output_length": -Infinity}\n', 2,
+     "output_length", "-Infinity is not a finite number"),
     ("fractional", MOON_OK + '{"timestamp": 0, "input_length": 1, "output_length": 2.5}\n',
      2, "output_length", "not an integer"),
     ("negative", MOON_OK * 2 + '{"timestamp": 0, "input_length": -4, "output_length": 1}\n',
      3, "input_length", "negative"),
     ("unsorted", '{"timestamp": 3000, "input_length": 1, "output_length": 1}\n' + MOON_OK,
      2, "timestamp", "not sorted"),
-    ("blank-line-inside", MOON_OK + "\n" + MOON_OK, 2, None, "blank line"),
+    ("error-row-counts-blank-lines", MOON_OK + "\n\n" + MOON_OK.replace("10", "1.5"), 4,
+     "input_length", "1.5 is not an integer"),
+    ("huge-tokens", MOON_OK + '{"timestamp": 0, "input_length": 1000000000000, '
+     '"output_length": 1}\n', 2, "input_length", "1000000000000 is too large"),
+    ("huge-timestamp", MOON_OK + '{"timestamp": 1e300, "input_length": 1, '
+     '"output_length": 1}\n', 2, "timestamp", "timestamp 1e300 is too large"),
+    ("value-as-written", MOON_OK + '{"timestamp": 0, "input_length": 1.0e1, '
+     '"output_length": 12.50}\n', 2, "output_length", "12.50 is not an integer"),
+    ("string-shown-as-written", MOON_OK + '{"timestamp": 0, "input_length": "7", '
+     '"output_length": 1}\n', 2, "input_length", 'got "7"'),
+    ("only-blank-lines", "\n \n\n", None, None, "empty file"),
 ]
 
 
@@ -415,6 +448,69 @@ def test_mooncake_integral_floats_and_trailing_blank_lines_are_accepted(tmp_path
     assert trace.num_requests == 1 and trace.prompt_tokens[0] == 5
 
 
+def test_mooncake_blank_lines_are_skipped(tmp_path: Path) -> None:
+    """A blank line (inside, or trailing as many writers leave) is skipped, as JSON Lines
+    readers do; rows_read counts the records."""
+    path = write(tmp_path, "gaps.jsonl", MOON_OK + "\n  \n" + MOON_OK.replace("10", "7") + "\n")
+    trace = load_trace(path)
+    assert trace.num_requests == 2 and trace.meta["rows_read"] == 2
+    assert trace.prompt_tokens.tolist() == [10, 7]
+
+
+def test_token_bound_is_configurable(tmp_path: Path, monkeypatch) -> None:
+    text = NATIVE_HEADER + "0,1,1\n1,100,1\n"
+    path = write(tmp_path, "n.csv", text)
+    assert max_tokens_bound() == DEFAULT_MAX_TOKENS == 2**24
+    with pytest.raises(TraceFormatError, match="100 is too large: above the plausible maximum "
+                       "of 99 ") as info:
+        load_trace(path, max_tokens=99)
+    assert_error(info, path, 2, "prompt_tokens")
+    assert load_trace(path, max_tokens=100).prompt_tokens.max() == 100
+    monkeypatch.setenv(MAX_TOKENS_ENV, "50")
+    assert max_tokens_bound() == 50
+    for fmt_path in (path, write(tmp_path, "m.jsonl", MOON_OK.replace("10", "100"))):
+        with pytest.raises(TraceFormatError, match="above the plausible maximum of 50 "):
+            load_trace(fmt_path)
+    monkeypatch.setenv(MAX_TOKENS_ENV, "many")
+    with pytest.raises(ValueError, match="DILOCO_GYM_MAX_TOKENS must be an integer"):
+        load_trace(path)
+    with pytest.raises(ValueError, match="max_tokens must be an integer in"):
+        load_trace(path, max_tokens=0)
+
+
+def test_detection_never_prints_undecoded_bytes(tmp_path: Path) -> None:
+    binary = tmp_path / "blob.csv"
+    binary.write_bytes(b"TIMESTAMP,\xff\xfeContext\x00\n1,2\n")
+    with pytest.raises(TraceFormatError, match=r"not UTF-8 text \(byte 0xff at offset 10\)") \
+            as info:
+        load_trace(binary)
+    assert "\ufffd" not in str(info.value) and "\xff" not in str(info.value)
+    gz = tmp_path / "trace.csv.gz"
+    gz.write_bytes(b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x00\xff")
+    with pytest.raises(TraceFormatError, match="gzip-compressed file; decompress it first"):
+        load_trace(gz)
+    control = write(tmp_path, "ctl.csv", "a\x07b,c\n1,2\n")
+    with pytest.raises(TraceFormatError, match=r"header 'a\\x07b,c'"):
+        load_trace(control)
+    # A multi-byte character cut at the end of the 64 KiB head is not "binary".
+    cut = tmp_path / "cut.csv"
+    cut.write_bytes(AZURE_HEADER.encode() + b"x" * (65536 - len(AZURE_HEADER) - 1) + "é".encode())
+    assert detect_format(cut) == "azure"
+
+
+def test_trace_with_nan_tokens_says_not_finite() -> None:
+    """NaN used to be cast to int64 first and reported as a negative token count."""
+    with pytest.raises(TraceFormatError, match="token count nan is not a finite number") as info:
+        Trace([0.0, 1.0], [1.0, float("nan")], [1, 1], 2.0)
+    assert (info.value.row, info.value.field) == (2, "prompt_tokens")
+    with pytest.raises(TraceFormatError, match="inf is not a finite number"):
+        Trace([0.0], [1], [float("inf")], 2.0)
+    with pytest.raises(TraceFormatError, match="not an integer"):
+        Trace([0.0], [1.5], [1], 2.0)
+    with pytest.raises(TraceFormatError, match="fit int64"):
+        Trace([0.0], [10**30], [1], 2.0)
+
+
 NATIVE_HEADER = "arrival_s,prompt_tokens,output_tokens\n"
 
 NATIVE_BAD = [
@@ -423,7 +519,16 @@ NATIVE_BAD = [
     ("bad-duration", "# duration_s=-2\n" + NATIVE_HEADER + "0,1,1\n", None, "duration_s",
      "positive"),
     ("negative-arrival", NATIVE_HEADER + "0,1,1\n-0.5,1,1\n", 2, "arrival_s", "negative"),
-    ("inf-arrival", NATIVE_HEADER + "0,1,1\ninf,1,1\n", 2, "arrival_s", "not finite"),
+    ("inf-arrival", NATIVE_HEADER + "0,1,1\ninf,1,1\n", 2, "arrival_s",
+     "value inf is not a finite number"),
+    ("inf-tokens", NATIVE_HEADER + "0,1,1\n1,-Infinity,1\n", 2, "prompt_tokens",
+     "token count -Infinity is not a finite number"),
+    ("value-as-written", NATIVE_HEADER + "0,1,1\n1,12.50,1\n", 2, "prompt_tokens",
+     "token count 12.50 is not an integer"),
+    ("implausible-tokens", NATIVE_HEADER + "0,1,1\n1,1000000000000,1\n", 2, "prompt_tokens",
+     "token count 1000000000000 is too large: above the plausible maximum of 16777216"),
+    ("sorted-as-written", NATIVE_HEADER + "0,1,1\n2.50,1,1\n1.0e0,1,1\n", 3, "arrival_s",
+     "not sorted: 1.0e0 comes after 2.50"),
     ("unsorted", NATIVE_HEADER + "0,1,1\n2,1,1\n1,1,1\n", 3, "arrival_s", "not sorted"),
     ("arrival-past-duration", "# duration_s=2.0\n" + NATIVE_HEADER + "0,1,1\n1.5,1,1\n2.0,1,1\n",
      3, "arrival_s", "not before duration_s"),
@@ -461,7 +566,7 @@ def test_native_parquet_bad_input(tmp_path: Path) -> None:
     pq.write_table(pa.table({"arrival_s": [0.0, 1.0, 2.0],
                              "prompt_tokens": pa.array([1, 2, None], type=pa.int64()),
                              "output_tokens": [1, 2, 3]}), path)
-    with pytest.raises(TraceFormatError, match="NaN") as info:
+    with pytest.raises(TraceFormatError, match="value is missing") as info:
         load_native(path)
     assert_error(info, path, 3, "prompt_tokens")
 
@@ -618,3 +723,114 @@ def test_scale_rate_keeps_requests_and_hits_target(target: float) -> None:
     assert scaled.arrival_s[-1] < scaled.duration_s
     with pytest.raises(ValueError):
         scale_rate(trace, 0.0)
+
+
+# ------------------------------------------------------------------------- property test
+
+# Fragments that tend to break parsers: special numbers, huge values, separators, quotes,
+# control and non-UTF-8 bytes, JSON syntax.
+_NASTY = [b"nan", b"NaN", b"-inf", b"Infinity", b"1e999", b"-1", b"1.5", b"99999999999999999999",
+          b"1000000000000", b"", b",", b",,", b'"', b"\n", b"\r\n", b"\r", b"\x00", b"\xff",
+          b"\xc3", b"{", b"}", b"[", b"]", b":", b"null", b"true", b"# duration_s=0\n",
+          b"# duration_s=nan\n", b"\xef\xbb\xbf", b"2023-02-30 25:61:61.1", b" ", b"\t", b"0"]
+
+
+@st.composite
+def _mutated(draw: st.DrawFn, data: bytes) -> bytes:
+    """``data`` with a few random edits: replace, insert or delete a slice, truncate,
+    duplicate or swap lines."""
+    for _ in range(draw(st.integers(1, 4))):
+        kind = draw(st.sampled_from(["replace", "insert", "delete", "truncate", "lines"]))
+        n = len(data)
+        at = draw(st.integers(0, n))
+        if kind == "truncate":
+            data = data[:at]
+            continue
+        if kind == "lines":
+            lines = data.split(b"\n")
+            i = draw(st.integers(0, len(lines) - 1))
+            j = draw(st.integers(0, len(lines) - 1))
+            if draw(st.booleans()):
+                lines.insert(j, lines[i])
+            else:
+                lines[i], lines[j] = lines[j], lines[i]
+            data = b"\n".join(lines)
+            continue
+        piece = draw(st.one_of(st.sampled_from(_NASTY), st.binary(max_size=6)))
+        end = min(n, at + draw(st.integers(0, 8)))
+        if kind == "replace":
+            data = data[:at] + piece + data[end:]
+        elif kind == "insert":
+            data = data[:at] + piece + data[at:]
+        else:
+            data = data[:at] + data[end:]
+    return data
+
+
+def _native_parquet_bytes() -> bytes:
+    sink = pa.BufferOutputStream()
+    table = pa.table({"arrival_s": [0.0, 1.5, 2.25], "prompt_tokens": [10, 20, 30],
+                      "output_tokens": [1, 2, 3]})
+    pq.write_table(table.replace_schema_metadata({"duration_s": "5.0"}), sink)
+    return sink.getvalue().to_pybytes()
+
+
+_SEEDS = {
+    "native": ("native_small.csv", ".csv"),
+    "azure": ("azure_small.csv", ".csv"),
+    "mooncake": ("mooncake_small.jsonl", ".jsonl"),
+    "burstgpt": ("burstgpt_small.csv", ".csv"),
+}
+
+
+def _load_or_format_error(path: Path, fmt: str) -> None:
+    """Load ``path`` both as ``fmt`` and auto-detected: a Trace or a TraceFormatError only."""
+    for choice in (fmt, "auto"):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", TraceFilterWarning)
+            try:
+                trace = load_trace(path, choice)
+            except TraceFormatError as exc:
+                assert str(exc).startswith(str(path)), exc
+                assert "\ufffd" not in str(exc), exc  # never undecoded bytes
+                continue
+        assert isinstance(trace, Trace) and trace.num_requests >= 1
+
+
+@pytest.mark.parametrize(("blob", "fragment"), [
+    (b"20\r23-11-16 18:17:05.5,110,27\n2023-11-16 18:17:03.2011450,4808,10\n",
+     "cannot detect the trace format"),
+    (b"T\rimestamp,Request tokens,Response tokens\n5,472,18\n", "missing column 'Timestamp'"),
+], ids=["cr-in-first-field", "cr-in-header"])
+def test_carriage_return_in_first_line_is_a_format_error(tmp_path: Path, blob: bytes,
+                                                         fragment: str) -> None:
+    """Found by the property test: the csv module raised its own error on a bare CR."""
+    path = tmp_path / "cr.csv"
+    path.write_bytes(blob)
+    with pytest.raises(TraceFormatError, match=fragment):
+        load_trace(path)
+
+
+@pytest.mark.parametrize("fmt", list(_SEEDS))
+@settings(max_examples=150, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_mutated_files_load_or_raise_trace_format_error(tmp_path: Path, fmt: str,
+                                                       data: st.DataObject) -> None:
+    """Random mutations of a valid file in each format either load or raise the documented
+    TraceFormatError, never any other exception."""
+    name, suffix = _SEEDS[fmt]
+    original = (FIXTURES / name).read_bytes()
+    path = tmp_path / f"mutant{suffix}"
+    path.write_bytes(data.draw(_mutated(original)))
+    _load_or_format_error(path, fmt)
+
+
+@settings(max_examples=100, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_mutated_parquet_files_load_or_raise_trace_format_error(tmp_path: Path,
+                                                                data: st.DataObject) -> None:
+    path = tmp_path / "mutant.parquet"
+    path.write_bytes(data.draw(_mutated(_native_parquet_bytes())))
+    _load_or_format_error(path, "native")

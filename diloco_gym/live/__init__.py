@@ -1,7 +1,7 @@
-"""Live calibration against a real serving endpoint with real merges (GitHub issue #7).
+"""Live calibration against a real serving endpoint with real merges.
 
 The simulator's effect sizes are only as good as the real measurements they are fitted
-to (SPEC.md §4.1). This subpackage measures them on the machine at hand:
+to (docs/calibration.md). This subpackage measures them on the machine at hand:
 
 * :mod:`~diloco_gym.live.server`: a built-in OpenAI-compatible sidecar (a tiny torch LM
   behind ``http.server`` on 127.0.0.1) for machines without a serving stack;

@@ -2,12 +2,12 @@
 
 :func:`run_calibration` replays a trace window against an OpenAI-compatible completions
 endpoint, open loop, while real merges (:mod:`diloco_gym.live.merges`) run on the same
-machine, then measures the effect sizes of SPEC.md §4.1, fits the sidecar model to them
+machine, then measures the effect sizes (docs/calibration.md), fits the sidecar model to them
 (:mod:`diloco_gym.live.fit`) and writes a calibration file that
 :func:`diloco_gym.calibration.load_calibration` reads.
 
 A run has two phases over the *same* trace window (so the second is the no-sync load
-match of SPEC.md §4.2):
+match of docs/protocol.md):
 
 1. **sync**: the window is replayed while merges run at a seeded schedule: merge windows
    of ``merge_seconds`` separated by gaps drawn uniformly from ``gap_seconds``, the first
@@ -19,16 +19,30 @@ match of SPEC.md §4.2):
 Without an endpoint the built-in sidecar (:mod:`diloco_gym.live.server`) is started on
 127.0.0.1 and stopped at the end.
 
-The output file (written atomically: temporary file, fsync, rename) has the layout of
-``diloco_gym/data/calibration_reference.json`` (``source``, ``regimes``) plus
+The output file (written atomically: temporary file, fsync, rename) follows the
+calibration schema ``diloco_gym/data/calibration.schema.json`` (``source``, ``regimes``,
 ``complete``, ``error``, ``fitted_sidecar``, ``fit``, ``measured``, ``metadata``,
-``schedule``, ``merges``, ``requests`` (counts) and ``records`` (one column per field of
-:class:`~diloco_gym.live.replay.RequestRecord`). After the sync phase a partial file is
-written too, so a run killed outright still leaves its first half behind.
+``schedule``, ``merges``, ``requests`` (counts) and ``records``: one column per field of
+:class:`~diloco_gym.live.replay.RequestRecord`); a complete document is validated against
+it before it is written.
+
+Only a complete run writes the target file. Partial measurements always go *beside* it,
+to :func:`partial_path` (``NAME.partial.json`` for ``NAME.json``), so a failed run never
+replaces a good calibration: after the sync phase (so that a run killed outright still
+leaves its first half behind) and when a run fails. A complete run removes a stale
+partial file.
+
+Every ``/v1/completions`` answer is validated (JSON object, a ``choices`` list with a
+``text``, ``usage.completion_tokens`` within ``max_tokens`` when usage is reported, see
+:func:`~diloco_gym.live.replay.check_completion`); an invalid one is a failed request.
+When more than ``max_error_fraction`` (default 0.5) of the sent requests failed, the run
+is incomplete and the error says how many failed, of which kind, and the first error.
 
 Faults: the endpoint down at start raises :class:`EndpointUnavailableError`; a merge
-worker that dies, the built-in sidecar dying, or most requests failing raise
-:class:`CalibrationError`; Ctrl-C re-raises :class:`KeyboardInterrupt`. In every case the
+worker that dies, the built-in sidecar dying, too many failed requests, or an endpoint
+whose ``/v1/models`` answers an error or garbage (without ``--model``) raise
+:class:`CalibrationError`; Ctrl-C re-raises :class:`KeyboardInterrupt` (SIGTERM, which the
+command turns into :class:`CalibrationTerminated`, likewise). In every case the
 measurements so far are saved with ``"complete": false`` and an ``error`` message, and all
 child processes are stopped and reaped before the function returns or raises.
 """
@@ -50,7 +64,13 @@ from typing import Any
 
 import numpy as np
 
-from diloco_gym.live.errors import CalibrationError, EndpointUnavailableError, MergeWorkerError
+from diloco_gym.calibration import CalibrationFileError, validate_calibration
+from diloco_gym.live.errors import (
+    CalibrationError,
+    CalibrationTerminated,
+    EndpointUnavailableError,
+    MergeWorkerError,
+)
 from diloco_gym.live.fit import RunData, fit_sidecar_live, measured_effect_sizes
 from diloco_gym.live.merges import MergeCluster, MergeConfig, MergeReport
 from diloco_gym.live.replay import (
@@ -67,7 +87,7 @@ from diloco_gym.sidecar import SidecarParams
 from diloco_gym.traces import Trace, random_window, scale_rate, window
 
 __all__ = ["CalibrationConfig", "CalibrationResult", "run_calibration", "plan_merges",
-           "prepare_trace", "BUILTIN_DEFAULTS"]
+           "prepare_trace", "partial_path", "BUILTIN_DEFAULTS"]
 
 #: Defaults used with the built-in sidecar when a field of the config is ``None``: a tiny
 #: CPU model serves ~3 requests/s of this size, so the regimes' native rates would swamp it.
@@ -102,8 +122,10 @@ class CalibrationConfig:
         high_pressure: pressure threshold of the high class.
         warmup_requests: unrecorded requests sent (one at a time) before the run.
         max_outstanding: most requests outstanding at once (beyond, sends are delayed).
-        max_error_fraction: a run with more failed requests than this is incomplete.
-        label: the key under ``regimes`` (default: the regime name or the trace's name).
+        max_error_fraction: a run in which more than this fraction of the sent requests
+            failed (refused, timed out, HTTP errors, invalid responses) is incomplete.
+        label: the regime key under ``regimes`` (default: the replayed regime; required
+            with a trace file or a :class:`Trace`, whose name is not a regime).
         sidecar: configuration of the built-in sidecar.
         base_sidecar: parameters the fit does not touch come from here (default: the
             regime's calibrated parameters, or ``SidecarParams()`` for a trace file).
@@ -218,7 +240,8 @@ def prepare_trace(source: str | os.PathLike[str] | Trace, duration_s: float,
         ``(window, label, base sidecar parameters, provenance)``.
 
     Raises:
-        ValueError: unknown regime and no such file, or a window outside the trace.
+        ValueError: unknown regime and no such file, a label that is not a regime, or a
+            window outside the trace.
     """
     from diloco_gym.regimes import REGIMES, get_regime
 
@@ -242,6 +265,12 @@ def prepare_trace(source: str | os.PathLike[str] | Trace, duration_s: float,
         label, base = full.name, SidecarParams()
         info = {"kind": "file", "path": str(path), "format": full.meta.get("format"),
                 "rows_read": full.meta.get("rows_read")}
+    label = cfg.label or label
+    if label not in REGIMES:
+        raise ValueError(
+            f"the calibration file's entry needs a regime name, and {label!r} is not one: "
+            f"pass --label (label=) one of {', '.join(REGIMES)}, the regime whose "
+            f"measurements this trace stands for")
     info["native_rate_rps"] = full.mean_rate_rps
     if cfg.rate_rps is not None:
         full = scale_rate(full, cfg.rate_rps)
@@ -252,7 +281,7 @@ def prepare_trace(source: str | os.PathLike[str] | Trace, duration_s: float,
     info.update(window_start_s=float(win.meta.get("window_start_s", 0.0)),
                 duration_s=float(duration_s), rate_rps=cfg.rate_rps,
                 requests=win.num_requests)
-    return win, cfg.label or label, cfg.base_sidecar or base, info
+    return win, label, cfg.base_sidecar or base, info
 
 
 def plan_merges(duration_s: float, cfg: CalibrationConfig) -> list[tuple[float, float]]:
@@ -368,7 +397,10 @@ def _request_counts(records: list[RequestRecord]) -> dict:
     done = [r for r in records if r.done]
     by_status: dict[str, int] = {}
     for r in done:
-        key = str(r.status) if r.status else (r.error or "error")
+        if r.status == 200 and r.error:
+            key = "invalid response"
+        else:
+            key = str(r.status) if r.status else (r.error or "error")
         by_status[key] = by_status.get(key, 0) + 1
     return {
         "planned": len(records),
@@ -378,6 +410,7 @@ def _request_counts(records: list[RequestRecord]) -> dict:
         "errors": sum(1 for r in done if not r.ok),
         "timeouts": sum(1 for r in done if r.error == "timed out"),
         "refused": sum(1 for r in done if r.error == "connection refused"),
+        "invalid": sum(1 for r in done if r.error.startswith("invalid response")),
         "unfinished": sum(1 for r in records if r.sent and not r.done),
         "sync_active": sum(1 for r in records if r.ok and r.phase == "sync" and r.merge_active),
         "sync_inactive": sum(1 for r in records if r.ok and r.phase == "sync"
@@ -498,13 +531,16 @@ def run_calibration(endpoint: str | None, source: str | os.PathLike[str] | Trace
         progress: called with one line of text at each step (``None``: silent).
 
     Returns:
-        The result of a complete run (``result.complete`` is True).
+        The result of a complete run (``result.complete`` is True), written to
+        ``out_path``.
 
     Raises:
         EndpointUnavailableError: the endpoint does not answer at start.
-        CalibrationError: a merge worker died, the sidecar died, or too many requests
-            failed; the partial file is at ``exc.path``.
-        KeyboardInterrupt: re-raised after saving the partial file.
+        CalibrationError: a merge worker died, the sidecar died, too many requests failed
+            or the endpoint lists no model; the partial file (:func:`partial_path`, never
+            ``out_path``) is at ``exc.path``.
+        KeyboardInterrupt: (or :class:`CalibrationTerminated`) re-raised after saving the
+            partial file; its ``path`` attribute names it (``None`` if nothing was saved).
         ValueError: bad arguments (unknown regime, window outside the trace, ...).
     """
     if not (isinstance(duration_s, (int, float)) and math.isfinite(duration_s)
@@ -512,6 +548,7 @@ def run_calibration(endpoint: str | None, source: str | os.PathLike[str] | Trace
         raise ValueError(f"duration_s must be > 0, got {duration_s!r}")
     say = progress or (lambda message: None)
     out = Path(out_path)
+    partial = partial_path(out)
     builtin = endpoint is None
     cfg = (config or CalibrationConfig()).resolved(builtin)
     run = _Run(t0=time.monotonic(),
@@ -576,7 +613,9 @@ def run_calibration(endpoint: str | None, source: str | os.PathLike[str] | Trace
                     f"sidecar.") from None
             model = cfg.model or (info["models"][0] if info["models"] else "")
             if not model:
-                raise CalibrationError(f"{url} lists no model under /v1/models; pass --model")
+                raise CalibrationError(f"{url}/v1/models {info['models_error']}; pass --model")
+            if not info["models"]:
+                say(f"note: {url}/v1/models {info['models_error']}; using --model {model}")
             run.endpoint = {"kind": "external", "url": url, "model": model,
                             "models_listed": info["models"]}
             say(f"endpoint {url} answers; model {model}")
@@ -607,31 +646,34 @@ def run_calibration(endpoint: str | None, source: str | os.PathLike[str] | Trace
         ticker.start()
 
         _sync_phase(run, cluster, sidecar, win, prompt, output, duration_s, cfg, say)
-        _save(out, run, False, cfg)  # the first half survives even a hard kill
+        _save(partial, run, False, cfg)  # the first half survives even a hard kill
         if cfg.control:
             _control_phase(run, sidecar, win, prompt, output, duration_s, cfg, say)
 
         run.stage = "done"
-        counts = run.replayer.counts()
-        failed = counts["errors"] / max(1, counts["sent"])
-        if counts["ok"] == 0 or failed > cfg.max_error_fraction:
-            first = next((r.error for r in run.replayer.snapshot() if r.done and not r.ok), "")
-            raise CalibrationError(f"{counts['errors']} of {counts['sent']} requests failed "
-                                   f"(first error: {first or 'none'})")
+        _check_failure_rate(run.replayer.snapshot(), cfg)
+        document = _document(run, True, cfg)
+        try:
+            validate_calibration(_finite(document), str(out))
+        except CalibrationFileError as exc:
+            raise CalibrationError(f"the measurements do not make a valid calibration "
+                                   f"file: {exc.reason} (field {exc.field})") from None
         complete = True
-    except KeyboardInterrupt:
-        run.error = f"interrupted by Ctrl-C during the {run.stage} stage"
-        say(f"{run.error}; saving partial measurements")
-        _save_partial(out, run, cfg, say)
+    except KeyboardInterrupt as exc:
+        what = "terminated by SIGTERM" if isinstance(exc, CalibrationTerminated) \
+            else "interrupted by Ctrl-C"
+        run.error = f"{what} during the {run.stage} stage"
+        say(run.error)
+        exc.path = str(partial) if _save_partial(partial, run, cfg, say) else None
         raise
     except CalibrationError as exc:
         run.error = str(exc)
-        if _save_partial(out, run, cfg, say):
-            exc.path = str(out)
+        if _save_partial(partial, run, cfg, say):
+            exc.path = str(partial)
         raise
     except Exception as exc:
         run.error = f"{type(exc).__name__}: {exc}"
-        _save_partial(out, run, cfg, say)
+        _save_partial(partial, run, cfg, say)
         raise
     finally:
         ticker_stop.set()
@@ -649,11 +691,31 @@ def run_calibration(endpoint: str | None, source: str | os.PathLike[str] | Trace
         if sidecar is not None:
             sidecar.stop()
         cpu.stop()
-    document = _save(out, run, complete, cfg)
+    _write_atomic(out, document)
+    document = _finite(document)
+    partial.unlink(missing_ok=True)  # superseded by the complete file
     for line in _summary_lines(document):
         say(line)
     say(f"wrote {out} (complete: {str(complete).lower()})")
     return CalibrationResult(str(out), document)
+
+
+def _check_failure_rate(records: list[RequestRecord], cfg: CalibrationConfig) -> None:
+    """Raise :class:`CalibrationError` when no request succeeded or too many failed."""
+    counts = _request_counts(records)
+    sent = max(1, counts["sent"])
+    failed = counts["errors"] / sent
+    if counts["ok"] > 0 and failed <= cfg.max_error_fraction:
+        return
+    first = next((r.error for r in records if r.done and not r.ok), "")
+    kinds = ", ".join(f"{k}: {v}" for k, v in sorted(counts["by_status"].items())
+                      if k != "200")
+    why = (f"{100 * failed:.0f} %, above the {100 * cfg.max_error_fraction:.0f} % limit"
+           if failed > cfg.max_error_fraction else "within the limit")
+    raise CalibrationError(
+        f"{counts['errors']} of {counts['sent']} requests failed ({why}"
+        + ("" if counts["ok"] else "; none succeeded") + f"; {kinds or 'no answer'}); first "
+        f"error: {first or 'none'}")
 
 
 def _summary_lines(document: dict) -> list[str]:
@@ -664,6 +726,15 @@ def _summary_lines(document: dict) -> list[str]:
              f"{_fmt(m.get('p95_high_low'))}, pressure-latency corr "
              f"{_fmt(m.get('pressure_latency_corr'))}; fitted sync_slowdown "
              f"{_fmt(document['fitted_sidecar'].get('sync_slowdown'))}"]
+    counts = document.get("requests", {})
+    if counts.get("errors"):
+        limit = document.get("metadata", {}).get("config", {}).get("max_error_fraction")
+        kinds = ", ".join(f"{k}: {v}" for k, v in sorted(counts.get("by_status", {}).items())
+                          if k != "200")
+        lines.append(f"{counts['errors']} of {counts['sent']} requests failed "
+                     f"({100 * counts['errors'] / max(1, counts['sent']):.0f} %"
+                     + (f", within the {100 * limit:.0f} % limit" if limit is not None else "")
+                     + f"; {kinds}); they are left out of the measurements")
     lines += [f"fit note: {note}" for note in document["fit"].get("notes", [])]
     if "error" in document["fit"]:
         lines.append(f"fit note: {document['fit']['error']}")
@@ -755,9 +826,18 @@ def _check_sidecar(sidecar: SidecarProcess | None) -> None:
         raise CalibrationError(f"the built-in sidecar (pid {sidecar.pid}) died")
 
 
+def partial_path(out: str | os.PathLike[str]) -> Path:
+    """Where the partial measurements of a run writing ``out`` go: ``NAME.partial.json``
+    beside ``NAME.json`` (``out`` itself is written only by a complete run)."""
+    out = Path(out)
+    stem = out.name[:-5] if out.name.lower().endswith(".json") else out.name
+    return out.with_name(f"{stem}.partial.json")
+
+
 def _save_partial(out: Path, run: _Run, cfg: CalibrationConfig,
                   say: Callable[[str], None]) -> bool:
-    """Save an incomplete run; never mask the error being handled."""
+    """Save an incomplete run to ``out`` (a partial path); never mask the error being
+    handled. Says "partial measurements saved" once: callers do not repeat it."""
     try:
         _save(out, run, False, cfg)
     except Exception as exc:  # noqa: BLE001 - report and carry on with the original error
@@ -774,4 +854,5 @@ def _save(out: Path, run: _Run, complete: bool, cfg: CalibrationConfig) -> dict:
 
 
 # MergeWorkerError is a CalibrationError; re-exported for callers that catch it by name.
-__all__ += ["CalibrationError", "EndpointUnavailableError", "MergeWorkerError"]
+__all__ += ["CalibrationError", "EndpointUnavailableError", "MergeWorkerError",
+            "CalibrationTerminated"]

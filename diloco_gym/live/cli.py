@@ -7,13 +7,18 @@ The main CLI wires it up with::
     ... return run_calibrate_command(args)
 
 Exit codes: 0 complete, 1 the run failed (partial file saved, see the message),
-2 bad arguments, 130 interrupted by Ctrl-C (partial file saved).
+2 bad arguments, 130 interrupted by Ctrl-C, 143 terminated by SIGTERM (partial file saved
+in both). A run that does not complete writes ``NAME.partial.json`` beside ``--out
+NAME.json`` and never touches ``--out`` itself. Errors are one line on stderr, never a
+traceback.
 """
 
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
+from types import FrameType
 
 __all__ = ["add_calibrate_arguments", "run_calibrate_command"]
 
@@ -63,11 +68,17 @@ def add_calibrate_arguments(parser: argparse.ArgumentParser) -> argparse.Argumen
                         "costs are then fitted on the sync phase's inactive requests)")
     parser.add_argument("--timeout", type=float, default=30.0, metavar="SECONDS",
                         help="per-request timeout (default 30)")
-    parser.add_argument("--label", metavar="NAME",
-                        help="regime key in the output file (default: the regime or trace name)")
+    parser.add_argument("--label", metavar="REGIME",
+                        help="regime whose entry the output file holds (default: --regime; "
+                        "required with --trace)")
+    parser.add_argument("--max-failure-rate", type=float, default=0.5, metavar="FRACTION",
+                        help="a run in which more than this fraction of the sent requests "
+                        "failed (refused, timed out, HTTP errors, or HTTP 200 answers that are "
+                        "not a completion) is incomplete (default 0.5)")
     parser.add_argument("--seed", type=int, default=0, help="seed of window, trace and schedule")
     parser.add_argument("--out", default="calibration_live.json", metavar="FILE",
-                        help="calibration file to write (default calibration_live.json)")
+                        help="calibration file to write (default calibration_live.json); an "
+                        "incomplete run writes FILE's NAME.partial.json beside it instead")
     return parser
 
 
@@ -79,7 +90,7 @@ def run_calibrate_command(args: argparse.Namespace) -> int:
         print("error: calibrate needs torch: pip install 'diloco-gym[rl]'", file=sys.stderr)
         return 1
     from diloco_gym.live.calibrate import CalibrationConfig, run_calibration
-    from diloco_gym.live.errors import CalibrationError
+    from diloco_gym.live.errors import CalibrationError, CalibrationTerminated
     from diloco_gym.live.merges import MergeConfig
     from diloco_gym.traces import TraceFormatError
 
@@ -90,25 +101,55 @@ def run_calibrate_command(args: argparse.Namespace) -> int:
             merge=MergeConfig(workers=args.workers, merge_mb=args.merge_mb,
                               backend=args.backend),
             merge_seconds=args.merge_seconds, gap_seconds=tuple(args.gap_seconds),
-            control=not args.no_control, label=args.label)
+            control=not args.no_control, label=args.label,
+            max_error_fraction=args.max_failure_rate)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     source = args.trace if args.trace else (args.regime or DEFAULT_REGIME)
+    # The run itself says "partial measurements saved to ..." (once); the lines below only
+    # name the outcome.
     try:
-        result = run_calibration(args.endpoint, source, args.duration, args.out,
-                                 trace_format=args.format, config=cfg)
-    except KeyboardInterrupt:
-        print(f"interrupted: partial measurements saved to {args.out} (complete: false)",
-              file=sys.stderr)
-        return 130
+        with _sigterm_as_interrupt():
+            result = run_calibration(args.endpoint, source, args.duration, args.out,
+                                     trace_format=args.format, config=cfg)
+    except KeyboardInterrupt as exc:
+        terminated = isinstance(exc, CalibrationTerminated)
+        saved = getattr(exc, "path", None)
+        print(f"{'terminated (SIGTERM)' if terminated else 'interrupted (Ctrl-C)'}"
+              + ("" if saved else ": no measurement saved"), file=sys.stderr)
+        return 143 if terminated else 130
     except CalibrationError as exc:
         print(f"error: {exc}", file=sys.stderr)
-        if exc.path:
-            print(f"partial measurements saved to {exc.path} (complete: false)",
-                  file=sys.stderr)
         return 1
     except (ValueError, TraceFormatError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     return 0 if result.complete else 1
+
+
+class _sigterm_as_interrupt:
+    """Raise :class:`CalibrationTerminated` in the main thread on SIGTERM, once.
+
+    The run then saves its partial measurements and stops its child processes exactly as
+    for Ctrl-C. Further SIGTERMs during that (bounded) clean-up are ignored so that they
+    cannot cut it short; the previous handler is restored on exit.
+    """
+
+    def __enter__(self) -> None:
+        from diloco_gym.live.errors import CalibrationTerminated
+
+        def handler(signum: int, frame: FrameType | None) -> None:
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            raise CalibrationTerminated()
+
+        self._previous = signal.getsignal(signal.SIGTERM)
+        self._installed = True
+        try:
+            signal.signal(signal.SIGTERM, handler)
+        except ValueError:  # not the main thread: leave SIGTERM alone
+            self._installed = False
+
+    def __exit__(self, *exc: object) -> None:
+        if self._installed:
+            signal.signal(signal.SIGTERM, self._previous)

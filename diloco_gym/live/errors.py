@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-__all__ = ["CalibrationError", "EndpointUnavailableError", "MergeWorkerError"]
+__all__ = ["CalibrationError", "EndpointUnavailableError", "MergeWorkerError",
+           "CalibrationTerminated"]
 
 
 class CalibrationError(RuntimeError):
@@ -24,3 +25,11 @@ class EndpointUnavailableError(CalibrationError):
 
 class MergeWorkerError(CalibrationError):
     """A merge worker failed or died."""
+
+
+class CalibrationTerminated(KeyboardInterrupt):
+    """SIGTERM arrived during a run (``diloco-gym calibrate`` turns it into this).
+
+    It is a :class:`KeyboardInterrupt` so that a run handles it exactly like Ctrl-C: the
+    partial measurements are saved and every child process is stopped.
+    """

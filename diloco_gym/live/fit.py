@@ -1,6 +1,6 @@
 """Effect sizes of a live run and the sidecar-model fit to them.
 
-Measured effect sizes (SPEC.md §4.1), from the successful requests of a run:
+Measured effect sizes (docs/calibration.md), from the successful requests of a run:
 
 * ``p95_sync_ratio``: p95 latency of the sync phase's requests sent while a merge window
   was open over that of the sync phase's other requests (linear-interpolation

@@ -170,7 +170,10 @@ def _worker_main(rank: int, world: int, port: int, cfg: MergeConfig, backend: st
         dist.all_reduce(flag)  # first collective sets up the connections
         conn.send(("ready", rank, os.getpid(), backend))
     except BaseException:
-        conn.send(("error", rank, traceback.format_exc()))
+        try:
+            conn.send(("error", rank, traceback.format_exc()))
+        except (OSError, ValueError):  # the coordinator is gone (killed): exit quietly
+            pass
         return
     parent = os.getppid()
     try:

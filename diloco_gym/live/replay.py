@@ -32,7 +32,7 @@ from diloco_gym.traces import Trace
 
 __all__ = ["Endpoint", "EndpointUnavailableError", "RequestRecord", "CpuSampler",
            "OpenLoopReplayer", "probe_endpoint", "wait_until_healthy", "make_prompt",
-           "post_completion"]
+           "post_completion", "check_completion", "first_bytes"]
 
 
 @dataclass(frozen=True)
@@ -99,13 +99,34 @@ def _describe_error(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
+def first_bytes(data: bytes, n: int = 80) -> str:
+    """The start of a response body, printable whatever it holds (bytes escaped)."""
+    shown = repr(bytes(data[:n]))
+    return shown + (" ..." if len(data) > n else "")
+
+
+def _model_ids(status: int, data: bytes) -> tuple[list[str], str]:
+    """Model ids of a ``/v1/models`` answer, or ``([], why not)``."""
+    if status != 200:
+        return [], f"answered HTTP {status} (first bytes: {first_bytes(data)})"
+    try:
+        listed = json.loads(data).get("data")
+        models = [str(m["id"]) for m in listed]
+    except (ValueError, KeyError, TypeError, AttributeError, RecursionError):
+        return [], (f"answered HTTP 200 with a body that is not an OpenAI model list "
+                    f"(first bytes: {first_bytes(data)})")
+    return models, "" if models else "lists no model"
+
+
 def probe_endpoint(url: str, timeout_s: float = 5.0) -> dict:
     """Check that an endpoint answers; return what it says about its models.
 
     ``GET /v1/models`` is tried first, then ``GET /health``; any HTTP answer counts as up.
 
     Returns:
-        ``{"status": int, "models": [ids]}`` (``models`` empty when not listed).
+        ``{"status": int, "models": [ids], "models_error": str}``: ``models`` is empty when
+        none is listed, and ``models_error`` then says why (the HTTP status and the first
+        bytes of a body that is not a model list, or ``"lists no model"``).
 
     Raises:
         EndpointUnavailableError: no HTTP answer (refused, timed out, unreachable).
@@ -120,13 +141,11 @@ def probe_endpoint(url: str, timeout_s: float = 5.0) -> dict:
             if isinstance(exc, ConnectionRefusedError):
                 break  # a refused port refuses every route
             continue
-        models: list[str] = []
-        if route == "/v1/models" and status == 200:
-            try:
-                models = [str(m["id"]) for m in json.loads(data).get("data", [])]
-            except (ValueError, KeyError, TypeError, AttributeError):
-                models = []
-        return {"status": status, "models": models}
+        if route == "/v1/models":
+            models, why = _model_ids(status, data)
+        else:
+            models, why = [], f"/v1/models did not answer ({last})"
+        return {"status": status, "models": models, "models_error": why}
     raise EndpointUnavailableError(f"cannot reach the serving endpoint {endpoint.url} ({last})")
 
 
@@ -158,11 +177,43 @@ def make_prompt(n_tokens: int, salt: int) -> str:
     return " ".join(f"w{(salt * 7919 + i * 104729) % 997}" for i in range(max(1, n_tokens)))
 
 
+def check_completion(body: object, max_tokens: int) -> str:
+    """Why a parsed HTTP-200 body is not a completion of ``max_tokens`` tokens ("" if it is).
+
+    A completion is a JSON object with a non-empty ``choices`` list whose first entry has
+    a ``text`` string; when the server reports ``usage``, it must be an object whose
+    ``completion_tokens`` (if present) is an integer in ``[0, max_tokens]``.
+    """
+    if not isinstance(body, dict):
+        return f"JSON {type(body).__name__} instead of an object"
+    choices = body.get("choices")
+    if not isinstance(choices, list) or not choices:
+        return "no 'choices' list"
+    first = choices[0]
+    if not isinstance(first, dict) or not isinstance(first.get("text"), str):
+        return "choices[0] has no 'text' string"
+    usage = body.get("usage")
+    if usage is None:
+        return ""
+    if not isinstance(usage, dict):
+        return "'usage' is not an object"
+    generated = usage.get("completion_tokens")
+    if generated is None:
+        return ""
+    if isinstance(generated, bool) or not isinstance(generated, int) \
+            or not 0 <= generated <= max_tokens:
+        return (f"usage.completion_tokens is {json.dumps(generated)[:40]}, expected an "
+                f"integer in [0, {max_tokens}]")
+    return ""
+
+
 def post_completion(endpoint: Endpoint, model: str, prompt: str, max_tokens: int,
                     timeout_s: float) -> tuple[int, dict | None, str]:
     """Send one completion request; return (status, parsed body or None, error text).
 
-    ``status`` is 0 when no HTTP answer came back (``error`` says why).
+    ``status`` is 0 when no HTTP answer came back (``error`` says why). An HTTP 200 whose
+    body is not a completion (see :func:`check_completion`) has the error ``"invalid
+    response: ..."`` and counts as a failed request.
     """
     body = {"model": model, "prompt": prompt, "max_tokens": int(max_tokens),
             "temperature": 0}
@@ -172,14 +223,19 @@ def post_completion(endpoint: Endpoint, model: str, prompt: str, max_tokens: int
         return 0, None, _describe_error(exc)
     try:
         parsed = json.loads(data) if data else None
-    except ValueError:
+    except (ValueError, RecursionError):  # not JSON, not UTF-8, or absurdly nested
         parsed = None
     if status != 200:
         message = ""
         if isinstance(parsed, dict) and isinstance(parsed.get("error"), dict):
             message = str(parsed["error"].get("message", ""))
         return status, parsed, f"HTTP {status}" + (f": {message[:200]}" if message else "")
-    return status, parsed if isinstance(parsed, dict) else None, ""
+    if parsed is None:
+        return status, None, f"invalid response: not JSON (first bytes: {first_bytes(data)})"
+    why = check_completion(parsed, int(max_tokens))
+    if why:
+        return status, parsed if isinstance(parsed, dict) else None, f"invalid response: {why}"
+    return status, parsed, ""
 
 
 class CpuSampler:
@@ -251,7 +307,8 @@ class RequestRecord:
         status: HTTP status (0 = no HTTP answer).
         error: empty when the request succeeded, ``"not sent"`` before its send, ``"in
             flight"`` while outstanding, else why it failed (``"connection refused"``,
-            ``"timed out"``, ``"HTTP 500: ..."``).
+            ``"timed out"``, ``"HTTP 500: ..."``, ``"invalid response: ..."`` for an HTTP
+            200 whose body is not a completion).
         prompt_tokens / output_tokens: requested sizes (``usage`` overrides when returned).
         merge_active: a merge window was open at the send (read with the send time).
         merge_id: which merge (-1 when none).
@@ -395,8 +452,11 @@ class OpenLoopReplayer:
             status, body, error = post_completion(self.endpoint, self.model, prompt,
                                                   rec.output_tokens, self.timeout_s)
             elapsed = time.monotonic() - start
-            usage = (body or {}).get("usage") or {}
-            extra = (body or {}).get("x_sidecar") or {}
+            # Only a validated completion's fields are read (check_completion).
+            usage = (body or {}).get("usage") if not error else None
+            extra = (body or {}).get("x_sidecar") if not error else None
+            usage = usage if isinstance(usage, dict) else {}
+            extra = extra if isinstance(extra, dict) else {}
             with self.state.lock:  # snapshots read records under this lock
                 self.state.inflight -= 1
                 rec.status, rec.error = status, error

@@ -251,6 +251,15 @@ class SidecarHTTPServer(ThreadingHTTPServer):
             self.inflight -= 1
             self.served += 1
 
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client that went away (the calibration was stopped while requests were in
+        flight) is not an error of the server: no traceback for a broken pipe or reset."""
+        import sys
+
+        if isinstance(sys.exc_info()[1], ConnectionError):
+            return
+        super().handle_error(request, client_address)
+
 
 class _Handler(BaseHTTPRequestHandler):
     server: SidecarHTTPServer
@@ -351,13 +360,21 @@ def _sidecar_main(conn: Any, cfg: SidecarModelConfig, port: int) -> None:
         lm.complete("warm up the kernels", 4)
         server = SidecarHTTPServer(lm, port)
     except BaseException as exc:  # report start-up failures to the parent
-        conn.send(("error", f"{type(exc).__name__}: {exc}"))
+        try:
+            conn.send(("error", f"{type(exc).__name__}: {exc}"))
+        except (OSError, ValueError):  # the parent is gone (killed): exit quietly
+            pass
         conn.close()
         return
     thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.1},
                               name="sidecar-http", daemon=True)
     thread.start()
-    conn.send(("ready", server.server_port, lm.num_parameters()))
+    try:
+        conn.send(("ready", server.server_port, lm.num_parameters()))
+    except (OSError, ValueError):  # the parent is gone before we were ready
+        server.shutdown()
+        server.server_close()
+        return
     parent = os.getppid()
     try:
         while True:
