@@ -44,7 +44,7 @@ __all__ = ["EnvParams", "Episode", "build_episode", "episode_from_seed", "OBS_FE
 
 @dataclass(frozen=True)
 class EnvParams:
-    """Environment parameters (units in the names; defaults from SPEC.md §2).
+    """Environment parameters (units in the names; defaults in docs/model.md#clock).
 
     Attributes:
         step_seconds: wall time of one training (inner) step.

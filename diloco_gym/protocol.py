@@ -1,4 +1,4 @@
-"""The calibration protocol of SPEC.md §4: load match, matched-random envelope, statistics, gate.
+"""The calibration protocol (docs/protocol.md): load match, matched-random envelope, statistics, gate.
 
 For each regime and agent, over N episodes (seeds):
 

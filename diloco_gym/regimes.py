@@ -1,4 +1,4 @@
-"""Seeded trace generators, one per regime of SPEC.md §5, plus replay of a loaded trace.
+"""Seeded trace generators, one per regime (docs/model.md#synthetic-regimes), plus replay of a loaded trace.
 
 A generator is a frozen dataclass called with a ``np.random.Generator``; it returns a
 :class:`~diloco_gym.traces.Trace`. Same generator and seed, same trace.
@@ -149,7 +149,7 @@ class SyntheticRegime:
         duration_s: window length, seconds.
         sidecar: the calibrated sidecar parameters of this regime.
         calibrated_on: the regime whose real-sidecar measurements the sidecar parameters
-            were fitted to (SPEC.md §4.1: bursty replays took the sync-heavy interference).
+            were fitted to (docs/calibration.md: bursty replays took the sync-heavy interference).
     """
 
     name: str
@@ -431,7 +431,7 @@ class ReplayRegime:
 
 
 # Sidecar parameters per regime, fitted so that a fixed-256 replay reproduces the
-# reference's real-sidecar effect sizes (SPEC.md §5); see tests/test_calibration_targets.py
+# reference's real-sidecar effect sizes (docs/paper.md#real-sidecar-effect-sizes); see tests/test_calibration_targets.py
 # and `python -m diloco_gym.fit` for the fit.
 _SIDECAR_QUIET = SidecarParams(sync_slowdown=0.0, pressure_gain=0.0)
 _SIDECAR_PRESSURE = SidecarParams(sync_slowdown=0.0, pressure_gain=1.111)

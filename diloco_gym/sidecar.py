@@ -426,7 +426,7 @@ class IsolatedMergeCost:
 
 
 def effect_sizes(result: ReplayResult, high_pressure: float = 0.6) -> dict:
-    """The real-sidecar effect sizes of SPEC.md §4.1 for one replay.
+    """The real-sidecar effect sizes (docs/calibration.md#effect-sizes) for one replay.
 
     Returns:
         ``p95_high_low``: p95 latency of high-pressure requests (pressure >= threshold) over

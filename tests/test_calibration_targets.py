@@ -1,4 +1,4 @@
-"""Effect-size transfer (SPEC.md §4.1): every regime's default sidecar parameters reproduce
+"""Effect-size transfer (docs/calibration.md): every regime's default sidecar parameters reproduce
 the reference's real-sidecar effect sizes on held-out seeds, and the verdicts follow."""
 
 from __future__ import annotations
@@ -18,13 +18,13 @@ from diloco_gym.calibration import (
     transfer_verdict,
 )
 
-#: The reference's real-sidecar numbers, as quoted in SPEC.md §5 (high/low, sync ratio).
-SPEC_TARGETS = {
+#: The reference's real-sidecar numbers, (docs/paper.md#real-sidecar-effect-sizes; high/low, sync ratio).
+REFERENCE_TARGETS = {
     "ordinary": (1.00, 1.00),
     "pressure-heavy": (1.546, 1.00),
     "sync-heavy": (1.00, 1.556),
 }
-#: Bursty and non-periodic take the sync-heavy interference (SPEC.md §4.1).
+#: Bursty and non-periodic take the sync-heavy interference (docs/calibration.md).
 TARGET_OF = {"ordinary": "ordinary", "pressure-heavy": "pressure-heavy",
              "sync-heavy": "sync-heavy", "bursty": "sync-heavy", "non-periodic": "sync-heavy"}
 #: Seeds the sidecar parameters were not fitted on (the fit uses range(8)).
@@ -44,7 +44,7 @@ def test_shipped_reference_matches_the_spec():
     cal = load_calibration()
     for name, target in TARGET_OF.items():
         measured = cal.measured(name)
-        high_low, sync = SPEC_TARGETS[target]
+        high_low, sync = REFERENCE_TARGETS[target]
         assert measured["p95_high_low"] == pytest.approx(high_low, abs=0.005)
         assert measured["p95_sync_ratio"] == pytest.approx(sync, abs=0.005)
         if target != name:
@@ -53,7 +53,7 @@ def test_shipped_reference_matches_the_spec():
 
 @pytest.mark.parametrize("name", list(REGIMES))
 def test_default_parameters_reproduce_the_reference_on_held_out_seeds(name, simulated):
-    high_low, sync = SPEC_TARGETS[TARGET_OF[name]]
+    high_low, sync = REFERENCE_TARGETS[TARGET_OF[name]]
     sim = simulated[name]
     assert sim["p95_high_low"] == pytest.approx(high_low, abs=0.05)
     assert sim["p95_sync_ratio"] == pytest.approx(sync, abs=0.05)

@@ -1,4 +1,4 @@
-"""The calibration protocol, the matched-random wrapper and the report (issue #4)."""
+"""The calibration protocol, the matched-random wrapper and the report."""
 
 from __future__ import annotations
 

@@ -4,6 +4,7 @@ user's load, saturation, and the sidecar that carries the calibration verdict.""
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import replace
 from pathlib import Path
 
@@ -19,11 +20,12 @@ from diloco_gym.regimes import REGIMES, trace_utilization
 from diloco_gym.report import ReportConfig, run_protocol, write_report
 from diloco_gym.traces import Trace
 
-#: The real traces live in ``shared/traces/real`` next to the repository; a git worktree sits
-#: one level deeper, so both the repository's parent and its grandparent are searched.
-REAL = next((p / "shared" / "traces" / "real" for p in Path(__file__).resolve().parents[2:4]
-             if (p / "shared" / "traces" / "real").is_dir()),
-            Path(__file__).resolve().parents[2] / "shared" / "traces" / "real")
+#: The real public traces: ``$DILOCO_GYM_REAL_TRACES``, else ``shared/traces/real`` beside the
+#: repository (or beside its parent, for a git worktree); tests skip when absent.
+REAL = Path(os.environ["DILOCO_GYM_REAL_TRACES"]) if os.environ.get("DILOCO_GYM_REAL_TRACES") \
+    else next((p / "shared" / "traces" / "real" for p in Path(__file__).resolve().parents[2:4]
+               if (p / "shared" / "traces" / "real").is_dir()),
+              Path(__file__).resolve().parents[2] / "shared" / "traces" / "real")
 AGENTS = ["fixed-512", "offline-oracle"]
 
 
