@@ -222,6 +222,10 @@ def cmd_report(args: argparse.Namespace) -> int:
     agents += list(args.agent or [])
     for a in agents:
         _check_agent(a)
+    twice = sorted({a for a in agents if agents.count(a) > 1})
+    if twice:
+        raise UsageError(f"agent(s) {', '.join(map(repr, twice))} given more than once; "
+                         f"give each agent once")
     regimes = args.regimes or list(REGIMES)
     for r in regimes:
         _check_regime(r)

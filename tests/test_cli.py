@@ -466,3 +466,10 @@ def test_report_json_and_files_of_a_cli_report(tmp_path):
     data = json.loads((out / "report.json").read_text())
     assert data["summary"][0]["merges_per_hour"] == pytest.approx(48.0)
     assert "merges_per_hour" in pd.read_csv(out / "results.csv").columns
+
+
+def test_the_same_agent_twice_is_a_usage_error(tmp_path, capsys):
+    line = _fails(["report", "--out", str(tmp_path / "r"), "--seeds", "2", "--regimes", "bursty",
+                   "--agents", "fixed-512", "wa-diloco", "fixed-512", "--no-progress"], capsys, 2)
+    assert "'fixed-512' given more than once" in line
+    assert not (tmp_path / "r").exists()
