@@ -52,12 +52,10 @@ import re
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TypeAlias
+from typing import Any, TypeAlias
 
 import numpy as np
 import pandas as pd
-import pyarrow as pa
-import pyarrow.parquet as pq
 
 from diloco_gym.traces import Trace, TraceFormatError
 
@@ -299,6 +297,7 @@ def save_native(trace: Trace, path: StrPath) -> None:
             "(dataclasses.replace(trace, network=None, checkpoint=None))")
     duration = float(trace.duration_s)
     if Path(path).suffix.lower() in _PARQUET_SUFFIXES:
+        pa, pq = _pyarrow(path, "writing")
         table = pa.table({
             "arrival_s": pa.array(trace.arrival_s, type=pa.float64()),
             "prompt_tokens": pa.array(trace.prompt_tokens, type=pa.int64()),
@@ -637,8 +636,29 @@ def _parse_duration(path: str, line: str) -> float:
     return duration
 
 
+def _pyarrow(path: StrPath, action: str) -> tuple[Any, Any]:
+    """``(pyarrow, pyarrow.parquet)``, imported on first use.
+
+    pyarrow (about 170 MB installed) is needed only for Parquet traces, so it is an
+    optional extra rather than a dependency, and importing this module does not load it.
+
+    Raises:
+        ModuleNotFoundError: pyarrow is not installed; the message names ``path`` and the
+            extra to install.
+    """
+    try:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+    except ImportError as exc:
+        raise ModuleNotFoundError(
+            f"{os.fspath(path)}: {action} Parquet traces needs pyarrow, which is not "
+            f"installed: pip install \"diloco-gym[parquet]\" ({exc})", name="pyarrow") from None
+    return pa, pq
+
+
 def _read_native_parquet(path: str) -> tuple[dict[str, np.ndarray], int, float | None]:
     """Columns, row count and stored ``duration_s`` (or ``None``) of a native Parquet."""
+    pa, pq = _pyarrow(path, "reading")
     try:
         table = pq.read_table(path)
     except (OSError, pa.ArrowException) as exc:
