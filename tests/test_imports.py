@@ -41,9 +41,13 @@ def _loaded_after(code: str, watch: tuple[str, ...]) -> list[str]:
 
 def test_import_loads_no_scipy_pyarrow_matplotlib_or_pandas():
     """``import diloco_gym`` needs only numpy and gymnasium: scipy (its signal package alone
-    is most of the old import time), pyarrow, matplotlib, pandas and tqdm stay unloaded."""
-    watch = ("scipy", "scipy.signal", "scipy.special", "scipy.stats") + NOT_FOR_THE_ENV
+    is most of the old import time), pyarrow, matplotlib, pandas and tqdm stay unloaded, and
+    so does importlib.metadata until ``__version__`` is asked for."""
+    watch = ("scipy", "scipy.signal", "scipy.special", "scipy.stats",
+             "importlib.metadata") + NOT_FOR_THE_ENV
     assert _loaded_after("import diloco_gym", watch) == []
+    code = "import diloco_gym\nassert diloco_gym.__version__ == diloco_gym.__version__ != ''"
+    assert _loaded_after(code, ("importlib.metadata",)) == ["importlib.metadata"]
 
 
 def test_building_and_stepping_envs_loads_no_report_or_parquet_modules():
