@@ -12,7 +12,8 @@ Supported formats (see :data:`FORMATS`):
     ``prompt_tokens``, ``output_tokens`` (other columns are ignored). A CSV may start
     with one metadata line ``# duration_s=<seconds>``; a Parquet file may carry
     ``duration_s`` in its schema metadata. Without it the window ends at the last
-    arrival rounded up to the next whole second. :func:`save_native` writes it.
+    arrival rounded up to the next whole second. :func:`save_native` writes it. Parquet
+    needs pyarrow, an optional extra: ``pip install "diloco-gym[parquet]"``.
 ``azure``
     Azure LLM inference trace 2023: CSV ``TIMESTAMP,ContextTokens,GeneratedTokens``
     with wall-clock timestamps such as ``2023-11-16 18:17:03.2011450``.
@@ -122,6 +123,8 @@ def load_trace(path: StrPath, format: str = "auto", *, seed: int = 0,
         ValueError: ``format`` is not a known format name, or a bad ``max_tokens``.
         TraceFormatError: the file is missing, unreadable or malformed, or ``"auto"``
             cannot tell its format.
+        ModuleNotFoundError: a Parquet file, and pyarrow (the ``parquet`` extra) is not
+            installed.
     """
     if format != "auto" and format not in FORMATS:
         raise ValueError(
@@ -235,6 +238,8 @@ def load_native(path: StrPath, *, max_tokens: int | None = None) -> Trace:
 
     Raises:
         TraceFormatError: the file is missing, unreadable or malformed.
+        ModuleNotFoundError: a Parquet file, and pyarrow (the ``parquet`` extra) is not
+            installed.
     """
     spath = str(path)
     limit = max_tokens_bound(max_tokens)
@@ -290,6 +295,8 @@ def save_native(trace: Trace, path: StrPath) -> None:
 
     Raises:
         ValueError: ``trace`` carries a ``network`` or ``checkpoint`` series.
+        ModuleNotFoundError: a Parquet destination, and pyarrow (the ``parquet`` extra) is
+            not installed.
     """
     if trace.network is not None or trace.checkpoint is not None:
         raise ValueError(
