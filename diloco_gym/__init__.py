@@ -6,6 +6,8 @@ any regime through ``regime=``) and one id per regime, e.g. ``DiLoCoSync-Bursty-
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 from diloco_gym.core import OBS_FEATURES, EnvParams
 from diloco_gym.env import DiLoCoSyncEnv
 from diloco_gym.learners import LearnerParams
@@ -14,6 +16,7 @@ from diloco_gym.sidecar import SidecarParams
 from diloco_gym.traces import Trace, TraceFormatError
 
 
+@lru_cache(maxsize=1)
 def _package_version() -> str:
     """The installed distribution's version (pyproject.toml is the one place it is set)."""
     from importlib.metadata import PackageNotFoundError, version
@@ -24,7 +27,12 @@ def _package_version() -> str:
         return "0+unknown"
 
 
-__version__ = _package_version()
+def __getattr__(name: str) -> str:
+    """``__version__``, looked up on first access: importlib.metadata takes 10-20 ms to
+    import, which every process importing the package (each spawned worker) would pay."""
+    if name == "__version__":
+        return _package_version()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 __all__ = ["DiLoCoSyncEnv", "EnvParams", "SidecarParams", "LearnerParams", "Trace",
            "TraceFormatError", "REGIMES", "get_regime", "SyntheticRegime", "ReplayRegime",

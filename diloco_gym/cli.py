@@ -59,6 +59,8 @@ def exit_status(exc: BaseException) -> tuple[int, str]:
         return exc.exit_code, str(exc)
     if isinstance(exc, (TraceFormatError, CalibrationError)):
         return 1, str(exc)
+    if isinstance(exc, ModuleNotFoundError) and exc.name == "pyarrow":  # the parquet extra
+        return 1, str(exc)
     if isinstance(exc, OSError):
         if exc.strerror and exc.filename:
             return 1, f"{exc.filename}: {exc.strerror}"

@@ -12,7 +12,8 @@ Supported formats (see :data:`FORMATS`):
     ``prompt_tokens``, ``output_tokens`` (other columns are ignored). A CSV may start
     with one metadata line ``# duration_s=<seconds>``; a Parquet file may carry
     ``duration_s`` in its schema metadata. Without it the window ends at the last
-    arrival rounded up to the next whole second. :func:`save_native` writes it.
+    arrival rounded up to the next whole second. :func:`save_native` writes it. Parquet
+    needs pyarrow, an optional extra: ``pip install "diloco-gym[parquet]"``.
 ``azure``
     Azure LLM inference trace 2023: CSV ``TIMESTAMP,ContextTokens,GeneratedTokens``
     with wall-clock timestamps such as ``2023-11-16 18:17:03.2011450``.
@@ -52,12 +53,10 @@ import re
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TypeAlias
+from typing import Any, TypeAlias
 
 import numpy as np
 import pandas as pd
-import pyarrow as pa
-import pyarrow.parquet as pq
 
 from diloco_gym.traces import Trace, TraceFormatError
 
@@ -124,6 +123,8 @@ def load_trace(path: StrPath, format: str = "auto", *, seed: int = 0,
         ValueError: ``format`` is not a known format name, or a bad ``max_tokens``.
         TraceFormatError: the file is missing, unreadable or malformed, or ``"auto"``
             cannot tell its format.
+        ModuleNotFoundError: a Parquet file, and pyarrow (the ``parquet`` extra) is not
+            installed.
     """
     if format != "auto" and format not in FORMATS:
         raise ValueError(
@@ -237,6 +238,8 @@ def load_native(path: StrPath, *, max_tokens: int | None = None) -> Trace:
 
     Raises:
         TraceFormatError: the file is missing, unreadable or malformed.
+        ModuleNotFoundError: a Parquet file, and pyarrow (the ``parquet`` extra) is not
+            installed.
     """
     spath = str(path)
     limit = max_tokens_bound(max_tokens)
@@ -292,6 +295,8 @@ def save_native(trace: Trace, path: StrPath) -> None:
 
     Raises:
         ValueError: ``trace`` carries a ``network`` or ``checkpoint`` series.
+        ModuleNotFoundError: a Parquet destination, and pyarrow (the ``parquet`` extra) is
+            not installed.
     """
     if trace.network is not None or trace.checkpoint is not None:
         raise ValueError(
@@ -299,6 +304,7 @@ def save_native(trace: Trace, path: StrPath) -> None:
             "(dataclasses.replace(trace, network=None, checkpoint=None))")
     duration = float(trace.duration_s)
     if Path(path).suffix.lower() in _PARQUET_SUFFIXES:
+        pa, pq = _pyarrow(path, "writing")
         table = pa.table({
             "arrival_s": pa.array(trace.arrival_s, type=pa.float64()),
             "prompt_tokens": pa.array(trace.prompt_tokens, type=pa.int64()),
@@ -637,8 +643,29 @@ def _parse_duration(path: str, line: str) -> float:
     return duration
 
 
+def _pyarrow(path: StrPath, action: str) -> tuple[Any, Any]:
+    """``(pyarrow, pyarrow.parquet)``, imported on first use.
+
+    pyarrow (about 170 MB installed) is needed only for Parquet traces, so it is an
+    optional extra rather than a dependency, and importing this module does not load it.
+
+    Raises:
+        ModuleNotFoundError: pyarrow is not installed; the message names ``path`` and the
+            extra to install.
+    """
+    try:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+    except ImportError as exc:
+        raise ModuleNotFoundError(
+            f"{os.fspath(path)}: {action} Parquet traces needs pyarrow, which is not "
+            f"installed: pip install \"diloco-gym[parquet]\" ({exc})", name="pyarrow") from None
+    return pa, pq
+
+
 def _read_native_parquet(path: str) -> tuple[dict[str, np.ndarray], int, float | None]:
     """Columns, row count and stored ``duration_s`` (or ``None``) of a native Parquet."""
+    pa, pq = _pyarrow(path, "reading")
     try:
         table = pq.read_table(path)
     except (OSError, pa.ArrowException) as exc:

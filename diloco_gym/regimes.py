@@ -1,4 +1,6 @@
-"""Seeded trace generators, one per regime (docs/model.md#synthetic-regimes), plus replay of a loaded trace.
+"""Seeded trace generators, one per regime, plus replay of a loaded trace.
+
+The regimes are described in docs/model.md#synthetic-regimes.
 
 A generator is a frozen dataclass called with a ``np.random.Generator``; it returns a
 :class:`~diloco_gym.traces.Trace`. Same generator and seed, same trace.
@@ -33,8 +35,6 @@ from dataclasses import dataclass, fields, replace
 from functools import lru_cache
 
 import numpy as np
-from scipy.signal import lfilter
-from scipy.special import ndtri
 
 from diloco_gym.sidecar import SidecarParams, base_latency_s
 from diloco_gym.traces import PRESSURE_DT_S, Trace, random_window, scale_rate, tile_starts
@@ -52,6 +52,8 @@ _TOKEN_BITS = 14
 def _token_table(median: float, sigma: float, upper: float, dtype=np.int64) -> np.ndarray:
     """Log-normal token counts at the ``2**_TOKEN_BITS`` equiprobable normal quantiles
     ``(k + 1/2) / 2**_TOKEN_BITS`` (so |z| <= 3.8), rounded and clipped to ``[1, upper]``."""
+    from scipy.special import ndtri  # imported on first use, as in _ar1: scipy is slow to load
+
     k = 1 << _TOKEN_BITS
     z = ndtri((np.arange(k) + 0.5) / k)
     table = np.clip(np.rint(median * np.exp(sigma * z)), 1, upper).astype(dtype)
@@ -94,15 +96,26 @@ def _poisson_arrivals(rng: np.random.Generator, lam: np.ndarray, edges: np.ndarr
     return np.minimum(np.interp(x, cum, edges), np.nextafter(edges[-1], 0.0))
 
 
+def _ar1(noise: np.ndarray, rho: float) -> np.ndarray:
+    """``x[i] = rho * x[i - 1] + noise[i]`` from ``x[0] = noise[0]``, along the last axis.
+
+    Evaluated as the first-order IIR filter ``scipy.signal.lfilter([1], [1, -rho])``: scipy
+    computes exactly this expression per sample, so the series is bit-identical to the loop.
+    scipy.signal is imported here, not at module level, because it costs about 0.5-1 s to
+    import (most of ``import diloco_gym``); only code that draws an episode pays it.
+    """
+    from scipy.signal import lfilter
+
+    return lfilter(_AR_B, [1.0, -rho], noise, axis=-1)
+
+
 def _pressure_series(rng: np.random.Generator, n: int, mean: float, sd: float,
                      spike_rate_per_s: float, spike_s: float, spike_level: float) -> np.ndarray:
     """AR(1) pressure around ``mean`` with rare plateaus at ``spike_level``."""
     rho = 0.97  # about 30 s memory
     noise = rng.normal(0.0, sd * np.sqrt(1 - rho**2), n)
     noise[0] = rng.normal(0.0, sd)  # x[0]; noise[0] is never used by the recursion
-    # x[i] = rho * x[i - 1] + noise[i] as a first-order IIR filter: scipy evaluates
-    # exactly this expression per sample, so the series is bit-identical to the loop.
-    x = lfilter(_AR_B, [1.0, -rho], noise)
+    x = _ar1(noise, rho)
     series = mean + x
     onsets = np.flatnonzero(rng.random(n) < spike_rate_per_s)
     length = max(1, int(round(spike_s / PRESSURE_DT_S)))
@@ -119,7 +132,7 @@ def _pressure_pair(rng: np.random.Generator, n: int, gen: SyntheticRegime) -> np
     noise = rng.standard_normal((2, n))
     noise *= sd * np.sqrt(1 - rho**2)
     noise[:, 0] *= 1.0 / np.sqrt(1 - rho**2)  # x[0] ~ N(0, sd): the stationary law
-    x = lfilter(_AR_B, [1.0, -rho], noise, axis=1)
+    x = _ar1(noise, rho)
     series = x + np.array([[gen.network_mean], [gen.checkpoint_mean]])
     length = max(1, int(round(gen.spike_s / PRESSURE_DT_S)))
     for row, t in zip(*np.nonzero(rng.random((2, n)) < gen.spike_rate_per_s), strict=True):
@@ -431,8 +444,8 @@ class ReplayRegime:
 
 
 # Sidecar parameters per regime, fitted so that a fixed-256 replay reproduces the
-# reference's real-sidecar effect sizes (docs/paper.md#real-sidecar-effect-sizes); see tests/test_calibration_targets.py
-# and `python -m diloco_gym.fit` for the fit.
+# reference's real-sidecar effect sizes (docs/paper.md#real-sidecar-effect-sizes); see
+# tests/test_calibration_targets.py and `python -m diloco_gym.fit` for the fit.
 _SIDECAR_QUIET = SidecarParams(sync_slowdown=0.0, pressure_gain=0.0)
 _SIDECAR_PRESSURE = SidecarParams(sync_slowdown=0.0, pressure_gain=1.111)
 _SIDECAR_SYNC = SidecarParams(sync_slowdown=0.5, pressure_gain=0.0)

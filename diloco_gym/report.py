@@ -11,7 +11,7 @@ import textwrap
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
@@ -22,6 +22,9 @@ from diloco_gym.env import DiLoCoSyncEnv
 from diloco_gym.regimes import REGIMES
 from diloco_gym.rollout import run_episode
 from diloco_gym.sidecar import SidecarParams
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 __all__ = ["ReportConfig", "run_protocol", "write_report", "prepare_out_dir", "clean_leftovers",
            "is_report_dir", "console_summary", "MARKER", "PAPER"]
@@ -860,17 +863,27 @@ def _verdict_notes(g: pd.DataFrame, cfg: dict, load: dict) -> list[str]:
     return out + ([""] if out else [])
 
 
+def _new_figure(figsize: tuple[float, float]) -> Figure:
+    """A matplotlib Figure on its own Agg canvas.
+
+    Built directly rather than through pyplot, so that writing a report neither switches
+    the calling process's backend (``matplotlib.use``) nor registers figures with pyplot.
+    """
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=figsize)
+    FigureCanvasAgg(fig)
+    return fig
+
+
 def _figures(result: dict[str, Any], out: Path) -> list[str]:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     s = result["summary"]
     names = []
     for regime, g in s.groupby("regime", sort=False):
         g = g.sort_values("sync_excess_pct")
-        fig, (ax, ax2) = plt.subplots(1, 2, figsize=(12, 4.2))
+        fig = _new_figure((12, 4.2))
+        ax, ax2 = fig.subplots(1, 2)
         why = _no_claim_reason(g)
         if why is not None:
             # A bar chart of zeros on an auto-scaled +-0.04 axis reads like a result; the
@@ -918,7 +931,7 @@ def _figures(result: dict[str, Any], out: Path) -> list[str]:
     for regime, tl in result.get("timelines", {}).items():
         from diloco_gym.render import plot_timeline_panels
 
-        fig = plt.figure(figsize=(12, 3 + 0.4 * len(tl["schedules"])))
+        fig = _new_figure((12, 3 + 0.4 * len(tl["schedules"])))
         plot_timeline_panels(fig, tl["episode"], tl["schedules"], tl["params"], tl["sidecar"])
         fig.suptitle(f"{regime}, seed {tl['seed']}: request rate (top); each agent's merge "
                      f"windows (bars) and the requests that miss their SLO only because of "
@@ -929,10 +942,7 @@ def _figures(result: dict[str, Any], out: Path) -> list[str]:
 
 
 def _save(fig, out: Path, name: str, names: list[str]) -> None:
-    import matplotlib.pyplot as plt
-
     fig.savefig(out / name, dpi=90)
-    plt.close(fig)
     names.append(name)
 
 

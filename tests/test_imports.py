@@ -1,0 +1,158 @@
+"""What importing the package (and using the env) loads, the Parquet extra, and that a report
+leaves the caller's matplotlib alone.
+
+Import times themselves are not asserted (the machines that run this are shared and noisy);
+benchmarks/README.md records them. What is asserted is which heavy modules get loaded: that
+is what makes ``import diloco_gym`` (paid by every spawned worker) slow or fast.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from diloco_gym.cli import exit_status
+from diloco_gym.loaders import load_native, load_trace, save_native
+from diloco_gym.traces import Trace
+
+ROOT = Path(__file__).resolve().parents[1]
+
+#: Modules that neither importing the package nor building and stepping an env may load.
+NOT_FOR_THE_ENV = ("pyarrow", "matplotlib", "matplotlib.pyplot", "pandas", "tqdm")
+
+
+def _loaded_after(code: str, watch: tuple[str, ...]) -> list[str]:
+    """The modules of ``watch`` present in ``sys.modules`` after running ``code`` in a fresh
+    interpreter that imports this checkout's package."""
+    probe = (f"import json, sys\n{code}\n"
+             f"print(json.dumps([m for m in {list(watch)!r} if m in sys.modules]))")
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                         env=env, cwd=ROOT, timeout=300, check=False)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_import_loads_no_scipy_pyarrow_matplotlib_or_pandas():
+    """``import diloco_gym`` needs only numpy and gymnasium: scipy (its signal package alone
+    is most of the old import time), pyarrow, matplotlib, pandas and tqdm stay unloaded, and
+    so does importlib.metadata until ``__version__`` is asked for."""
+    watch = ("scipy", "scipy.signal", "scipy.special", "scipy.stats",
+             "importlib.metadata") + NOT_FOR_THE_ENV
+    assert _loaded_after("import diloco_gym", watch) == []
+    code = "import diloco_gym\nassert diloco_gym.__version__ == diloco_gym.__version__ != ''"
+    assert _loaded_after(code, ("importlib.metadata",)) == ["importlib.metadata"]
+
+
+def test_building_and_stepping_envs_loads_no_report_or_parquet_modules():
+    """The single and the vector env, built, reset and stepped, load none of pyarrow,
+    matplotlib, pandas or tqdm (scipy.signal is loaded by the first episode build: the AR(1)
+    and EWMA filters use ``lfilter``)."""
+    code = """
+import gymnasium as gym
+import numpy as np
+import diloco_gym
+env = gym.make("DiLoCoSync-v0")
+env.reset(seed=0)
+for _ in range(20):
+    env.step(env.action_space.sample())
+venv = gym.make_vec("DiLoCoSync-v0", num_envs=4, vectorization_mode="vector_entry_point")
+venv.reset(seed=0)
+for _ in range(20):
+    venv.step(np.zeros(4, dtype=np.int64))
+for regime in diloco_gym.REGIMES:
+    gym.make(diloco_gym.ENV_IDS[regime]).reset(seed=1)
+"""
+    assert _loaded_after(code, NOT_FOR_THE_ENV) == []
+
+
+def test_loaders_import_and_read_csv_without_pyarrow(tmp_path):
+    """Without pyarrow installed, the loaders module imports and reads CSV traces. (pandas 3
+    imports pyarrow itself when it is installed, so its absence is what is checked here.)"""
+    path = tmp_path / "small.csv"
+    path.write_text("# duration_s=3.0\narrival_s,prompt_tokens,output_tokens\n0.5,10,1\n")
+    code = f"""
+sys.modules["pyarrow"] = None  # as on an install without the parquet extra
+from diloco_gym.loaders import load_trace
+assert load_trace({str(path)!r}).prompt_tokens.tolist() == [10]
+"""
+    assert _loaded_after(code, ("pyarrow",)) == ["pyarrow"]  # the None placeholder only
+
+
+@pytest.fixture
+def parquet_file(tmp_path: Path) -> Path:
+    pytest.importorskip("pyarrow")
+    path = tmp_path / "small.parquet"
+    save_native(Trace(arrival_s=np.array([0.5, 1.0, 2.0]), prompt_tokens=np.array([10, 20, 30]),
+                      output_tokens=np.array([1, 2, 3]), duration_s=3.0, name="small"), path)
+    return path
+
+
+def _without_pyarrow(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Make ``import pyarrow`` fail in this process, as on an install without the extra."""
+    for name in [m for m in sys.modules if m == "pyarrow" or m.startswith("pyarrow.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "pyarrow", None)
+    monkeypatch.setitem(sys.modules, "pyarrow.parquet", None)
+
+
+@pytest.mark.parametrize("load", [load_native, load_trace], ids=["load_native", "load_trace"])
+def test_parquet_load_without_pyarrow_names_the_file_and_the_extra(parquet_file, monkeypatch,
+                                                                   load):
+    _without_pyarrow(monkeypatch)
+    with pytest.raises(ModuleNotFoundError) as info:
+        load(parquet_file)
+    msg = str(info.value)
+    assert info.value.name == "pyarrow"
+    assert str(parquet_file) in msg
+    assert 'pip install "diloco-gym[parquet]"' in msg
+    assert "\n" not in msg
+    # The command line reports it as one line with exit status 1, not as an internal error.
+    code, line = exit_status(info.value)
+    assert code == 1 and line == msg
+
+
+def test_parquet_save_without_pyarrow_is_a_clear_error(tmp_path, monkeypatch):
+    _without_pyarrow(monkeypatch)
+    path = tmp_path / "out.pq"
+    trace = Trace(arrival_s=np.array([0.5]), prompt_tokens=np.array([10]),
+                  output_tokens=np.array([1]), duration_s=1.0, name="one")
+    with pytest.raises(ModuleNotFoundError, match=r'writing Parquet traces needs pyarrow.*'
+                                                  r'pip install "diloco-gym\[parquet\]"'):
+        save_native(trace, path)
+    assert not path.exists()
+    # CSV needs no pyarrow.
+    save_native(trace, tmp_path / "out.csv")
+    assert load_native(tmp_path / "out.csv") == trace
+
+
+def test_parquet_round_trip_with_pyarrow(parquet_file):
+    """With the extra installed, the lazy import still reads what it wrote."""
+    trace = load_native(parquet_file)
+    assert trace.duration_s == 3.0
+    assert trace.arrival_s.tolist() == [0.5, 1.0, 2.0]
+
+
+def test_report_keeps_the_callers_matplotlib_backend(tmp_path):
+    """Writing a report (figures included) neither switches the calling process's backend
+    nor goes through pyplot."""
+    code = f"""
+import matplotlib
+matplotlib.use("svg")
+before = matplotlib.get_backend()
+from diloco_gym.report import ReportConfig, run_protocol, write_report
+res = run_protocol(ReportConfig(regimes=["bursty"], agents=["fixed-512", "offline-oracle"],
+                                seeds=2, draws=20), progress=False)
+out = write_report(res, {str(tmp_path / "rep")!r})
+pngs = sorted(p.name for p in out.glob("*.png"))
+assert pngs and all(p.read_bytes()[:8] == b"\\x89PNG\\r\\n\\x1a\\n" for p in out.glob("*.png"))
+after = matplotlib.get_backend()
+assert before == after == "svg", (before, after)
+"""
+    assert _loaded_after(code, ("matplotlib.pyplot",)) == []
