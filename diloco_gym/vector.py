@@ -718,7 +718,7 @@ class DiLoCoSyncVectorEnv(gym.vector.VectorEnv):
 
 
 class _BuildSpec(NamedTuple):
-    """What building an episode needs (picklable, for worker processes)."""
+    """What building an episode needs (a picklable value: building is a pure function of it)."""
 
     generator: Any
     params: EnvParams
@@ -729,7 +729,7 @@ class _BuildSpec(NamedTuple):
 
 
 #: Episodes built together at most: bounds the temporaries of a reset wave and keeps them in
-#: cache (32 was fastest of 1-256 here; one at a time is ~25 % slower).
+#: cache (the choice is measured in benchmarks/README.md).
 BUILD_CHUNK = 32
 
 
@@ -758,7 +758,7 @@ def build_rows(spec: _BuildSpec, seeds: list[int]) -> list[dict[str, Any]]:
     single env), then :func:`core.episode_core_batch` and the lazy-costing queue run over
     up to :data:`BUILD_CHUNK` episodes in array passes (bit-identical per episode; tested).
     Traces of different durations, or with and without pressure series, go one by one.
-    A pure function of its arguments, so worker processes can run it.
+    A pure function of its arguments.
     """
     out = []
     for lo in range(0, len(seeds), BUILD_CHUNK):
