@@ -392,6 +392,7 @@ class DiLoCoSyncEnv(gym.Env):
         if self.render_mode is None:
             gym.logger.warn("render() called without a render_mode")
             return None
+        self._require_episode()
         if self.render_mode == "ansi":
             ep = self.episode
             gap = (min(self._d, ep.n_decisions) - self._last) * self.params.decision_interval
