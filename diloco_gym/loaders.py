@@ -810,7 +810,6 @@ def _make_trace(path: str, fmt: str, arrival: np.ndarray, prompt: np.ndarray | l
     try:
         # Trace.__post_init__ converts token lists to arrays; the dataclass field types
         # describe the attributes after that, which mypy also applies to the arguments.
-        return Trace(arrival, prompt, output, float(duration),  # type: ignore[arg-type]
-                     name=Path(path).stem, meta=meta)
+        return Trace(arrival, prompt, output, float(duration), name=Path(path).stem, meta=meta)  # type: ignore[arg-type]
     except TraceFormatError as exc:  # defensive: loaders validate before building
         raise TraceFormatError(path, exc.reason, row=exc.row, field=exc.field) from exc
