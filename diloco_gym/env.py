@@ -58,8 +58,9 @@ class DiLoCoSyncEnv(gym.Env[Observation, Action]):
     Every ``decision_interval`` training steps the agent decides whether to launch the
     outer merge now (``1``) or defer (``0``). A merge occupies the host for
     ``merge_seconds`` and slows the sidecar; requests that then exceed their SLO are the
-    merge's *sync-excess* cost. The corridor (docs/model.md#corridor-and-decisions) bounds the schedule: no merge
-    before ``H_min`` steps since the last one, a forced merge at ``H_max``.
+    merge's *sync-excess* cost. The corridor (docs/model.md#corridor-and-decisions) bounds
+    the schedule: no merge before ``H_min`` steps since the last one, a forced merge at
+    ``H_max``.
 
     ## Action Space
 

@@ -1,4 +1,5 @@
-"""The calibration protocol (docs/protocol.md): load match, matched-random envelope, statistics, gate.
+"""The calibration protocol (docs/protocol.md): load match, matched-random envelope,
+statistics, gate.
 
 For each regime and agent, over N episodes (seeds):
 

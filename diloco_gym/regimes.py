@@ -1,4 +1,5 @@
-"""Seeded trace generators, one per regime (docs/model.md#synthetic-regimes), plus replay of a loaded trace.
+"""Seeded trace generators, one per regime (docs/model.md#synthetic-regimes), plus replay
+of a loaded trace.
 
 A generator is a frozen dataclass called with a ``np.random.Generator``; it returns a
 :class:`~diloco_gym.traces.Trace`. Same generator and seed, same trace.
@@ -431,8 +432,8 @@ class ReplayRegime:
 
 
 # Sidecar parameters per regime, fitted so that a fixed-256 replay reproduces the
-# reference's real-sidecar effect sizes (docs/paper.md#real-sidecar-effect-sizes); see tests/test_calibration_targets.py
-# and `python -m diloco_gym.fit` for the fit.
+# reference's real-sidecar effect sizes (docs/paper.md#real-sidecar-effect-sizes); see
+# tests/test_calibration_targets.py and `python -m diloco_gym.fit` for the fit.
 _SIDECAR_QUIET = SidecarParams(sync_slowdown=0.0, pressure_gain=0.0)
 _SIDECAR_PRESSURE = SidecarParams(sync_slowdown=0.0, pressure_gain=1.111)
 _SIDECAR_SYNC = SidecarParams(sync_slowdown=0.5, pressure_gain=0.0)
