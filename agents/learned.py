@@ -45,7 +45,7 @@ def reference_model_path() -> Path:
     Raises:
         FileNotFoundError: the package was installed without its data files.
     """
-    res = importlib.resources.files("agents").joinpath("reference", "model.zip")
+    res = importlib.resources.files("agents").joinpath("reference").joinpath("model.zip")
     if not res.is_file():
         raise FileNotFoundError("reference-ppo: agents/reference/model.zip is missing from the "
                                 "installed package (package data not shipped)")

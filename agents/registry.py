@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import cast
 
 from agents.base import Agent
 from agents.heuristics import (
@@ -117,16 +118,17 @@ def make_agents(specs: list[str]) -> list[Agent]:
         from agents.learned import learned_name
 
         parts = dict.fromkeys(from_path, 1)
+        # Every spec in from_path (not a heuristic) has a model file.
         while True:
             names = [a.name for a in agents]
             grow = [i for i in from_path if names.count(names[i]) > 1
-                    and parts[i] < len(_model_file(specs[i]).parts)]
+                    and parts[i] < len(cast(Path, _model_file(specs[i])).parts)]
             if not grow:
                 break
             for i in grow:
                 parts[i] += 1
                 algo = agents[i].name.split(":", 1)[0]
-                agents[i].name = learned_name(algo, _model_file(specs[i]), parts[i])
+                agents[i].name = learned_name(algo, cast(Path, _model_file(specs[i])), parts[i])
     names = [a.name for a in agents]
     dup = [s for s, n in zip(specs, names, strict=True) if names.count(n) > 1]
     if dup:  # e.g. a model file whose name reads like another agent's

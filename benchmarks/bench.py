@@ -428,7 +428,8 @@ def print_table(r: dict) -> None:
          f"{s['ratio_max']:.2f}",
          verdict(s["ratio"] >= t["single_ratio_to_cartpole"])),
         (f"vector x{v['num_envs']}: fresh episodes", fmt_rate(v["fresh_steps_per_s"]),
-         f"ratio {v['fresh_ratio']:.2f} to CartPole vector ({fmt_rate(v['cartpole_steps_per_s'])})",
+         f"ratio {v['fresh_ratio']:.2f} to CartPole vector "
+         f"({fmt_rate(v['cartpole_steps_per_s'])})",
          vec_verdict(v["fresh_steps_per_s"], v["fresh_ratio"])),
         (f"vector x{v['num_envs']}: episode_pool={v['num_envs']}",
          fmt_rate(v["pool_steps_per_s"]),

@@ -51,7 +51,7 @@ def register_envs() -> None:
     """Register the environment ids with Gymnasium (idempotent; runs on import)."""
     import gymnasium as gym
 
-    entries = {"DiLoCoSync-v0": {}} | {env_id: {"regime": name}
+    entries: dict[str, dict[str, str]] = {"DiLoCoSync-v0": {}} | {env_id: {"regime": name}
                                        for name, env_id in ENV_IDS.items()}
     for env_id, kwargs in entries.items():
         if env_id in gym.registry:

@@ -16,7 +16,9 @@ import os
 import shlex
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import NoReturn
 
 import numpy as np
 
@@ -52,7 +54,7 @@ def exit_status(exc: BaseException) -> tuple[int, str]:
     try:
         from diloco_gym.live.errors import CalibrationError
     except ImportError:  # pragma: no cover - part of the package
-        CalibrationError = ()  # type: ignore[assignment]  # noqa: N806
+        CalibrationError = ()  # type: ignore[assignment,misc]  # noqa: N806
     if isinstance(exc, KeyboardInterrupt):
         return 130, "interrupted"
     if isinstance(exc, CLIError):
@@ -195,6 +197,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     for unit in units:
         seed = unit.seed
         r = run_episode(unit.env, agent, seed)
+        assert unit.env.episode is not None  # run_episode() reset it
         r["merges_per_hour"] = r["merges"] * 3600.0 / unit.env.episode.trace.duration_s
         rows.append(r)
         print(f"{seed:>5} {r['merges_per_hour']:>8.1f} {r['sync_excess_pct']:>13.2f} "
@@ -308,7 +311,7 @@ def _version() -> str:
 class _Parser(argparse.ArgumentParser):
     """argparse with a one-line usage error (argparse prints the whole usage block first)."""
 
-    def error(self, message: str):  # type: ignore[override]
+    def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {message} (see: {self.prog} --help)\n")
 
 
@@ -360,7 +363,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
 
     p = sub.add_parser("train", help="train an RL scheduler with stable-baselines3")
     p.set_defaults(func=cmd_train)
-    add_train_arguments = None
+    add_train_arguments: Callable[[argparse.ArgumentParser], None] | None = None
     if command in (None, "train"):
         try:
             from diloco_gym.train import add_train_arguments

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import fields, replace
-from typing import Any
+from typing import Any, TypeAlias
 
 import gymnasium as gym
 import numpy as np
@@ -17,6 +17,12 @@ from diloco_gym.sidecar import SidecarParams
 from diloco_gym.traces import Trace
 
 __all__ = ["DiLoCoSyncEnv", "make_generator"]
+
+#: The ``gym.Env`` type parameters: an observation is a float32 vector of ``OBS_DIM`` features;
+#: an action is ``0`` (defer) or ``1`` (merge), a Python or NumPy integer (``Discrete(2)``
+#: samples ``np.int64``).
+Observation: TypeAlias = np.ndarray
+Action: TypeAlias = int | np.integer
 
 _G = OBS_INDEX
 _G_GAP, _G_OPEN, _G_MERGES, _G_BUDGET = (_G["gap"], _G["corridor_open"], _G["merges"],
@@ -45,15 +51,16 @@ def make_generator(regime) -> tuple[Callable[[np.random.Generator], Trace], Side
                     f"(callable rng -> Trace) or a Trace; got {type(regime).__name__}")
 
 
-class DiLoCoSyncEnv(gym.Env):
+class DiLoCoSyncEnv(gym.Env[Observation, Action]):
     """## Description
 
     A DiLoCo training job shares its hosts with a latency-sensitive LLM serving sidecar.
     Every ``decision_interval`` training steps the agent decides whether to launch the
     outer merge now (``1``) or defer (``0``). A merge occupies the host for
     ``merge_seconds`` and slows the sidecar; requests that then exceed their SLO are the
-    merge's *sync-excess* cost. The corridor (docs/model.md#corridor-and-decisions) bounds the schedule: no merge
-    before ``H_min`` steps since the last one, a forced merge at ``H_max``.
+    merge's *sync-excess* cost. The corridor (docs/model.md#corridor-and-decisions) bounds
+    the schedule: no merge before ``H_min`` steps since the last one, a forced merge at
+    ``H_max``.
 
     ## Action Space
 
@@ -167,11 +174,13 @@ class DiLoCoSyncEnv(gym.Env):
         offline oracle). A deployable agent must never call it.
         """
         self._require_episode()
+        assert self.episode is not None  # for mypy: _require_episode() raised otherwise
         return self.episode.merge_cost.copy()
 
     def learner_reports(self) -> dict[str, np.ndarray]:
         """Per-learner reports now: loss reduction, tokens since the last merge, staleness."""
         self._require_episode()
+        assert self.episode is not None  # for mypy: _require_episode() raised otherwise
         gap_s = (self._d - self._last) * self.params.decision_seconds
         delta, tau = lrn.reports(gap_s, self._tokens, self.episode.throughputs,
                                  self.learner_params)
@@ -181,13 +190,15 @@ class DiLoCoSyncEnv(gym.Env):
     def action_masks(self) -> np.ndarray:
         """Feasible actions now, ``[defer, merge]`` (sb3-contrib MaskablePPO protocol)."""
         self._require_episode()
+        assert self.episode is not None  # for mypy: _require_episode() raised otherwise
         if self._d >= self.episode.n_decisions:
             return np.array([True, True])
         can_merge, can_defer = self._options(self._d)
         return np.array([bool(can_defer), bool(can_merge)])
 
     # ----------------------------------------------------------------- gym API
-    def reset(self, *, seed: int | None = None, options: dict | None = None):
+    def reset(self, *, seed: int | None = None,
+              options: dict[str, Any] | None = None) -> tuple[Observation, dict[str, Any]]:
         super().reset(seed=seed)
         if seed is not None:
             episode_seed = int(seed)
@@ -230,8 +241,9 @@ class DiLoCoSyncEnv(gym.Env):
         info.update(self._step_info(False, False))
         return self._obs(), info
 
-    def step(self, action):
+    def step(self, action: Any) -> tuple[Observation, float, bool, bool, dict[str, Any]]:
         self._require_episode()
+        assert self.episode is not None  # for mypy: _require_episode() raised otherwise
         n = self.episode.n_decisions
         if self._d >= n:
             raise RuntimeError("step() called after the episode ended; call reset()")
@@ -282,6 +294,7 @@ class DiLoCoSyncEnv(gym.Env):
             raise RuntimeError("call reset() before using the environment")
 
     def _options(self, d: int):
+        assert self.episode is not None  # called only after reset()
         return core.options(d, self._last, self._m_left, self.params, self.episode.n_decisions,
                             self._budget)
 
@@ -291,6 +304,7 @@ class DiLoCoSyncEnv(gym.Env):
         episode, with the per-learner token counts of every gap."""
         p, lp = self.params, self.learner_params
         if new_episode:
+            assert self.episode is not None  # called only after reset()
             self._ltable = core.learner_table(self._tokens, self.episode.throughputs, p, lp)
             gaps_s = np.arange(p.h_max + 1) * p.decision_seconds
             self._tau_k = self.episode.throughputs[:, None] * gaps_s  # as learner_table
@@ -301,6 +315,7 @@ class DiLoCoSyncEnv(gym.Env):
     def _apply(self, merge: bool) -> tuple[float, float]:
         if not merge:
             return 0.0, 0.0
+        assert self.episode is not None  # called only after reset()
         d = self._d
         gap_s = (d - self._last) * self.params.decision_seconds
         added, gain = lrn.merge_gain(gap_s, self._tokens, self.episode.throughputs,
@@ -319,6 +334,7 @@ class DiLoCoSyncEnv(gym.Env):
 
     def _advance_forced_raw(self) -> tuple[float, float]:
         """Apply single-option decisions until the agent has a real choice or the end."""
+        assert self.episode is not None  # called only after reset()
         n = self.episode.n_decisions
         excess = progress = 0.0
         while self._d < n:
@@ -342,6 +358,7 @@ class DiLoCoSyncEnv(gym.Env):
         """Per-decision rows of the agent-independent features (exogenous block and time
         left; row ``n`` is the terminal observation's), built once per episode."""
         ep = self.episode
+        assert ep is not None  # called only after reset()
         n = ep.n_decisions
         base = np.zeros((n + 1, OBS_DIM), dtype=np.float32)
         base[:n, core.EXO_SLICE] = ep.exo
@@ -364,6 +381,7 @@ class DiLoCoSyncEnv(gym.Env):
         return obs
 
     def _step_info(self, merged: bool, overridden: bool) -> dict[str, Any]:
+        assert self.episode is not None  # called only after reset()
         return {
             "decision": self._d,
             "time_s": self._d * self.params.decision_seconds,
@@ -378,6 +396,7 @@ class DiLoCoSyncEnv(gym.Env):
     def episode_summary(self) -> dict[str, Any]:
         """Exact replay of the schedule so far (the sidecar model, all merges together)."""
         self._require_episode()
+        assert self.episode is not None  # for mypy: _require_episode() raised otherwise
         out = core.schedule_summary(self.episode, self._merges, self.params, self.sidecar)
         out["merge_decisions"] = list(self._merges)
         out["merge_times_s"] = [d * self.params.decision_seconds for d in self._merges]
@@ -388,10 +407,12 @@ class DiLoCoSyncEnv(gym.Env):
         return out
 
     # ----------------------------------------------------------------- rendering
-    def render(self):
+    def render(self) -> str | np.ndarray | None:
         if self.render_mode is None:
             gym.logger.warn("render() called without a render_mode")
             return None
+        self._require_episode()
+        assert self.episode is not None  # for mypy: _require_episode() raised otherwise
         if self.render_mode == "ansi":
             ep = self.episode
             gap = (min(self._d, ep.n_decisions) - self._last) * self.params.decision_interval

@@ -835,6 +835,8 @@ def _make_trace(path: str, fmt: str, arrival: np.ndarray, prompt: np.ndarray | l
     meta: dict[str, object] = {"path": path, "format": fmt, "rows_read": int(rows_read)}
     meta.update(extra)
     try:
-        return Trace(arrival, prompt, output, float(duration), name=Path(path).stem, meta=meta)
+        # Trace.__post_init__ converts token lists to arrays; the dataclass field types
+        # describe the attributes after that, which mypy also applies to the arguments.
+        return Trace(arrival, prompt, output, float(duration), name=Path(path).stem, meta=meta)  # type: ignore[arg-type]
     except TraceFormatError as exc:  # defensive: loaders validate before building
         raise TraceFormatError(path, exc.reason, row=exc.row, field=exc.field) from exc

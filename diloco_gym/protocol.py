@@ -1,4 +1,5 @@
-"""The calibration protocol (docs/protocol.md): load match, matched-random envelope, statistics, gate.
+"""The calibration protocol (docs/protocol.md): load match, matched-random envelope,
+statistics, gate.
 
 For each regime and agent, over N episodes (seeds):
 
@@ -17,12 +18,13 @@ For each regime and agent, over N episodes (seeds):
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, cast
 
 import gymnasium as gym
 import numpy as np
 
 from diloco_gym import core
+from diloco_gym.env import Action, Observation
 from diloco_gym.schedules import (
     CompletionTable,
     completion_table,
@@ -30,6 +32,9 @@ from diloco_gym.schedules import (
     sample_uniform,
 )
 from diloco_gym.sidecar import SidecarParams, _backlog_thresholds, _merge_queue
+
+if TYPE_CHECKING:
+    from diloco_gym.env import DiLoCoSyncEnv
 
 __all__ = ["MatchedRandomDeferral", "EpisodeScorer", "Scores", "envelope", "replay_many",
            "replay_full", "oracle_score", "oracle_excess", "paired_test", "gate_verdict",
@@ -549,7 +554,7 @@ class _Draw:
     planned: frozenset[int]
 
 
-class MatchedRandomDeferral(gym.Wrapper):
+class MatchedRandomDeferral(gym.Wrapper[Observation, Action, Observation, Action]):
     """The matched random deferral control as a Gymnasium wrapper.
 
     For an episode whose reference schedule has ``M`` merges, the wrapped env's merges are
@@ -574,7 +579,7 @@ class MatchedRandomDeferral(gym.Wrapper):
 
     def reset(self, *, seed: int | None = None, options: dict | None = None):
         obs, info = self.env.reset(seed=seed, options=options)
-        base = self.env.unwrapped
+        base = cast("DiLoCoSyncEnv", self.env.unwrapped)
         ep_seed = int(info["episode_seed"])
         if isinstance(self.merges, dict):
             if ep_seed not in self.merges:
@@ -588,6 +593,7 @@ class MatchedRandomDeferral(gym.Wrapper):
             raise RuntimeError("MatchedRandomDeferral needs an env that has not merged at "
                                "reset (skip_forced starts at gap 0, so this cannot happen "
                                "with DiLoCoSyncEnv)")
+        assert base.episode is not None  # set by the reset() above
         rng = np.random.default_rng([self.draw_seed, ep_seed])
         sched = sample_uniform(base.episode.n_decisions, p.h_min, p.h_max, m, 1, rng)[0]
         self._draw = _Draw(sched, frozenset(int(d) for d in sched))
@@ -597,7 +603,7 @@ class MatchedRandomDeferral(gym.Wrapper):
     def step(self, action: Any):
         if self._draw is None:
             raise RuntimeError("call reset() first")
-        base = self.env.unwrapped
+        base = cast("DiLoCoSyncEnv", self.env.unwrapped)
         a = 1 if base.decision in self._draw.planned else 0
         obs, reward, terminated, truncated, info = self.env.step(a)
         if terminated or truncated:

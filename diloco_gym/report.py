@@ -11,7 +11,7 @@ import textwrap
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import pandas as pd
@@ -183,6 +183,7 @@ def _trace_units(config: ReportConfig, sidecar: SidecarParams) -> tuple[list[_Un
     )
     from diloco_gym.traces import scale_rate, tile_starts
 
+    assert config.trace is not None  # called only for a trace report
     tr = load_trace(config.trace, config.trace_format)
     scale = replay_rate_scale(tr, sidecar, config.rate_scale, config.target_utilization)
     replayed = tr if scale == 1.0 else scale_rate(tr, tr.mean_rate_rps * scale)
@@ -202,6 +203,7 @@ def _trace_units(config: ReportConfig, sidecar: SidecarParams) -> tuple[list[_Un
     for i, tile in enumerate(tiles):
         # Window times in the file's own clock: a trace replayed ``scale`` times faster
         # compresses time by ``scale``.
+        assert tile.start_s is not None  # tiles() fixes every window's start
         fields = {"unit": "window", "window_start_s": tile.start_s * scale,
                   "window_end_s": (tile.start_s + config.window_s) * scale,
                   "independent": independent, "independent_units": disjoint}
@@ -286,6 +288,7 @@ def run_protocol(config: ReportConfig, progress: bool = True) -> dict[str, Any]:
             for agent in agents:
                 res = run_episode(env, agent, seed)
                 ep = env.episode
+                assert ep is not None  # run_episode() reset env
                 m = int(res["merges"])
                 if counts is None or counts.shape[0] <= m or counts.shape[1] != ep.n_decisions:
                     counts = protocol.counts_for(ep.n_decisions, p, max(m, 40))
@@ -337,6 +340,7 @@ def _trace_effect_sizes(units: list[_Unit]) -> dict:
         env = unit.env
         env.reset(seed=unit.seed)
         ep = env.episode
+        assert ep is not None  # set by the reset() above
         merges = cal.fixed_schedule(ep.n_decisions, 256 // env.params.decision_interval,
                                     env.params.h_min, env.params.h_max)
         res = core.replay_schedule(ep, merges, env.params, env.sidecar)
@@ -396,7 +400,7 @@ def summarise(df: pd.DataFrame, calib_verdicts: dict[str, str], alpha: float,
             "additive_exact_gap_pp": g["additive_exact_gap_pp"].max(),
             "scoring": _scoring_label(g),
             "oracle_schedule": _oracle_label(g),
-            "calibration": calib_verdicts[regime],
+            "calibration": calib_verdicts[cast(str, regime)],  # groupby keys are Hashable
         })
     df_out = pd.DataFrame(out)
     # Holm-Bonferroni across the agents of each regime: a report tests many agents at once,
@@ -816,7 +820,7 @@ def _units_sentence(result: dict[str, Any]) -> str:
         last_seed = cfg["seed0"] + cfg["seeds"] - 1
         return (f"{cfg['seeds']} episodes per regime (independent units: seeds "
                 f"{cfg['seed0']}..{last_seed}).")
-    load = next(iter(result.get("loads", {}).values()), {})
+    load: dict[str, Any] = next(iter(result.get("loads", {}).values()), {})
     if not load:
         return "Trace windows as episodes."
     kind = ("disjoint windows, independent units" if load["independent"]
@@ -879,7 +883,7 @@ def _new_figure(figsize: tuple[float, float]) -> Figure:
 
 def _figures(result: dict[str, Any], out: Path) -> list[str]:
     s = result["summary"]
-    names = []
+    names: list[str] = []
     for regime, g in s.groupby("regime", sort=False):
         g = g.sort_values("sync_excess_pct")
         fig = _new_figure((12, 4.2))

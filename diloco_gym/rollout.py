@@ -9,10 +9,15 @@ parameters and the action mask, no env, trace, costs or seed); only an agent wit
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import gymnasium as gym
 import numpy as np
+
+from diloco_gym.env import Action, Observation
+
+if TYPE_CHECKING:
+    from diloco_gym.env import DiLoCoSyncEnv
 
 __all__ = ["run_episode", "attach_agent", "is_deployable", "AttachAgentWrapper"]
 
@@ -89,7 +94,7 @@ def run_episode(env: Any, agent: Any, seed: int) -> dict[str, Any]:
     return out
 
 
-class AttachAgentWrapper(gym.Wrapper):
+class AttachAgentWrapper(gym.Wrapper[Observation, Action, Observation, Action]):
     """Attach ``agent`` at every reset of ``env``, as :func:`run_episode` does, so that
     code that only calls ``predict`` (Stable-Baselines3's ``evaluate_policy``) can run any
     agent, including the non-deployable offline oracle::
@@ -117,5 +122,5 @@ class AttachAgentWrapper(gym.Wrapper):
     def step(self, action):
         obs, reward, terminated, truncated, info = self.env.step(action)
         if not (terminated or truncated):
-            self._ctx._set_mask(self.env.unwrapped.action_masks())
+            self._ctx._set_mask(cast("DiLoCoSyncEnv", self.env.unwrapped).action_masks())
         return obs, reward, terminated, truncated, info

@@ -389,7 +389,9 @@ def train(algo: str, regime: str = "bursty", timesteps: int = 200_000, seed: int
 
     cls = _algo_class(algo)
     vec_env = DummyVecEnv([
-        (lambda i=i: make_train_env(regime, seed + i, env_kwargs)) for i in range(n_envs)])
+        # mypy cannot infer a lambda whose default argument binds the loop variable.
+        (lambda i=i: make_train_env(regime, seed + i, env_kwargs))  # type: ignore[misc]
+        for i in range(n_envs)])
     hp = default_hyperparameters(algo, n_envs, timesteps)
     hp.update(hyperparameters or {})
 
@@ -411,7 +413,7 @@ def train(algo: str, regime: str = "bursty", timesteps: int = 200_000, seed: int
     done = int(model.num_timesteps)
     remaining = max(0, int(timesteps) - done)
 
-    callbacks = []
+    callbacks: list[BaseCallback] = []
     if checkpoint_freq > 0:
         callbacks.append(CheckpointCallback(
             save_freq=max(1, checkpoint_freq // n_envs), save_path=str(out / "checkpoints"),
@@ -547,6 +549,7 @@ def validation_comparison(model: str | Path | Any, regime: str, seeds: list[int]
     for seed in seeds:
         res = run_episode(env, agent, seed)
         ep = env.episode
+        assert ep is not None  # run_episode() reset env
         per_hour = 3600.0 / ep.trace.duration_s
         m = int(res["merges"])
         counts = protocol.counts_for(ep.n_decisions, env.params, max(m, 40))

@@ -46,7 +46,7 @@ _ENV_FIELDS = {f.name for f in fields(EnvParams)}
 _SEED_HIGH = 2**31 - 1  # the single env draws episode seeds with integers(0, 2**31 - 1)
 
 
-class DiLoCoSyncVectorEnv(gym.vector.VectorEnv):
+class DiLoCoSyncVectorEnv(gym.vector.VectorEnv[np.ndarray, np.ndarray, np.ndarray]):
     """``num_envs`` DiLoCo merge-scheduling episodes stepped together (numpy, one process).
 
     ## Description
@@ -260,7 +260,7 @@ class DiLoCoSyncVectorEnv(gym.vector.VectorEnv):
 
     # ----------------------------------------------------------------- gym API
     def reset(self, *, seed: int | Sequence[int | None] | None = None,
-              options: dict | None = None):
+              options: dict[str, Any] | None = None) -> tuple[np.ndarray, dict[str, Any]]:
         """Start a new episode in every env (``options`` is accepted and ignored)."""
         b = self.num_envs
         seeds = self._seed_list(seed)
@@ -279,7 +279,8 @@ class DiLoCoSyncVectorEnv(gym.vector.VectorEnv):
         info = {"episode_seed": self.episode_seeds, "_episode_seed": self._all.copy()}
         return self._obs.copy(), info
 
-    def step(self, actions):
+    def step(self, actions: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray,
+                                          dict[str, Any]]:
         """Step every env once; see the class docstring for autoreset and info."""
         self._require_started()
         b = self.num_envs
@@ -389,9 +390,10 @@ class DiLoCoSyncVectorEnv(gym.vector.VectorEnv):
         if seed is not None:
             self._env_rngs[i] = seeding.np_random(seed)[0]
             return int(seed)
-        if self._env_rngs[i] is None:
-            self._env_rngs[i] = seeding.np_random()[0]
-        return int(self._env_rngs[i].integers(0, _SEED_HIGH))
+        rng = self._env_rngs[i]
+        if rng is None:
+            rng = self._env_rngs[i] = seeding.np_random()[0]
+        return int(rng.integers(0, _SEED_HIGH))
 
     def _pool_episode(self, seed: int) -> dict[str, Any]:
         """The bank row of a pool episode: the single env's episode of ``seed`` (same draws,
@@ -517,6 +519,7 @@ class DiLoCoSyncVectorEnv(gym.vector.VectorEnv):
 
     def _reset_pool(self, seed, seeds: list[int | None]) -> None:
         k = self.episode_pool
+        assert k is not None  # called only with an episode pool
         if seed is None:
             base = self._pool_base
             if base is None:
@@ -582,6 +585,7 @@ class DiLoCoSyncVectorEnv(gym.vector.VectorEnv):
     def _budget_for(self, n: int) -> core.BudgetTables:
         if n not in self._budget_cache:
             p = self.params
+            assert p.merge_budget is not None  # called only with a merge budget
             self._budget_cache[n] = core.BudgetTables(n, p.h_min, p.h_max, p.merge_budget)
         return self._budget_cache[n]
 
@@ -783,6 +787,7 @@ def _rows(spec: _BuildSpec, seeds: list[int], draws: list) -> dict[str, Any]:
         np.stack([d[3] for d in draws]) if has_p else None,
         np.stack([d[4] for d in draws]) if has_p else None,
         draws[0][5], p, sc, draws[0][6])
+    assert c.counts is not None and c.flat_bin is not None  # episode_core_batch fills them
     n, di = c.n, p.decision_interval
     n_bins = c.pressure_bin.shape[1]
     size = n_bins + 1 + spec.horizon

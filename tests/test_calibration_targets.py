@@ -18,7 +18,8 @@ from diloco_gym.calibration import (
     transfer_verdict,
 )
 
-#: The reference's real-sidecar numbers, (docs/paper.md#real-sidecar-effect-sizes; high/low, sync ratio).
+#: The reference's real-sidecar numbers (docs/paper.md#real-sidecar-effect-sizes; high/low,
+#: sync ratio).
 REFERENCE_TARGETS = {
     "ordinary": (1.00, 1.00),
     "pressure-heavy": (1.546, 1.00),

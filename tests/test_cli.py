@@ -164,6 +164,7 @@ def test_new_report_is_complete_before_the_old_one_moves(tmp_path, small_result,
     assert sorted(p.name for p in tmp_path.iterdir()) == ["r"]
 
 
+@pytest.mark.slow
 def test_a_killed_run_leaves_only_leftovers_the_next_run_cleans(tmp_path):
     """The process dies (os._exit) right after moving the old report aside."""
     out = tmp_path / "r"
@@ -303,6 +304,7 @@ def test_ctrl_c_during_report_is_one_line_and_130(tmp_path, monkeypatch, capsys)
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.slow
 def test_sigint_to_a_running_report_process(tmp_path):
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     proc = subprocess.Popen(

@@ -569,6 +569,13 @@ def test_render_rgb_array_returns_an_image():
     assert img.min() < img.max()  # not a blank canvas
 
 
+@pytest.mark.parametrize("mode", ["ansi", "rgb_array"])
+def test_render_before_reset_says_to_call_reset(mode):
+    env = DiLoCoSyncEnv("bursty", render_mode=mode)
+    with pytest.raises(RuntimeError, match=r"call reset\(\) before"):
+        env.render()
+
+
 def test_render_without_mode_warns_and_returns_none():
     env = DiLoCoSyncEnv("bursty")
     env.reset(seed=0)

@@ -237,6 +237,7 @@ def test_the_same_agent_twice_is_refused(tmp_path: Path, monkeypatch) -> None:
     assert not (tmp_path / "rep").exists()
 
 
+@pytest.mark.slow
 def test_reference_agent_works_from_any_directory(tmp_path: Path) -> None:
     """The registry name loads the package data, whatever the working directory."""
     import os
@@ -276,6 +277,7 @@ def test_reference_agent_is_package_data() -> None:
         assert root / "agents" / "reference" / name in shipped
 
 
+@pytest.mark.slow
 def test_only_the_train_and_calibrate_commands_import_torch() -> None:
     """``report``, ``run`` and ``--help`` build their parsers without the RL stack (it costs
     seconds to import); ``train`` still gets all its options."""

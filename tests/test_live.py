@@ -177,6 +177,7 @@ def live_run(tmp_path_factory):
     return result, out, lines, time.monotonic() - t0
 
 
+@pytest.mark.slow
 def test_live_run_records_requests(live_run):
     result, _, lines, _ = live_run
     doc = result.document
@@ -193,6 +194,7 @@ def test_live_run_records_requests(live_run):
     _assert_no_children()
 
 
+@pytest.mark.slow
 def test_live_run_flags_match_merge_windows(live_run):
     doc = live_run[0].document
     windows = {m["merge_id"]: (m["start_s"], m["end_s"]) for m in doc["merges"]}
@@ -215,6 +217,7 @@ def test_live_run_flags_match_merge_windows(live_run):
                        for k in inside for lo, hi in [windows[k]])
 
 
+@pytest.mark.slow
 def test_live_run_calibration_file(live_run):
     result, out, _, _ = live_run
     cal = load_calibration(out)
@@ -237,6 +240,7 @@ def test_live_run_calibration_file(live_run):
     assert not list(out.parent.glob(".*.tmp")), "temporary file left behind"
 
 
+@pytest.mark.slow
 def test_live_run_prints_the_fit_notes(live_run):
     """What the fit could not determine (in the file's ``fit.notes``) is also said on the
     console, not only stored."""
@@ -293,6 +297,7 @@ def test_endpoint_that_never_answers_times_out(tmp_path):
     assert json.loads((tmp_path / "t.partial.json").read_text())["complete"] is False
 
 
+@pytest.mark.slow
 def test_failed_and_timed_out_requests_are_recorded(tmp_path, stub):
     url = stub("flaky")
     out = tmp_path / "flaky.json"
@@ -310,6 +315,7 @@ def test_failed_and_timed_out_requests_are_recorded(tmp_path, stub):
     _assert_no_children()
 
 
+@pytest.mark.slow
 def test_failures_within_the_limit_leave_the_run_complete(tmp_path, stub):
     """The failure limit is a setting: with 90 % allowed the same flaky endpoint gives a
     complete run, and the summary says how many requests failed and why."""
@@ -326,6 +332,7 @@ def test_failures_within_the_limit_leave_the_run_complete(tmp_path, stub):
     _assert_no_children()
 
 
+@pytest.mark.slow
 def test_killed_worker_marks_run_incomplete(tmp_path, stub):
     out = tmp_path / "killed.json"
     cfg = _fast_config(kill_worker_at_merge=0, merge_seconds=3.0)
@@ -340,6 +347,7 @@ def test_killed_worker_marks_run_incomplete(tmp_path, stub):
     _assert_no_children()
 
 
+@pytest.mark.slow
 def test_ctrl_c_saves_partial_measurements(tmp_path, stub):
     out = tmp_path / "interrupted.json"
 
@@ -375,6 +383,7 @@ def test_cli_refused_endpoint(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("mode", ["garbage", "html"])
+@pytest.mark.slow
 def test_invalid_completions_are_failures_and_the_run_is_incomplete(tmp_path, stub, mode):
     """HTTP 200 answers that are not completions were counted as successes (a file marked
     complete with slots 0.25); now they are failures, and above the limit the run stops."""
@@ -468,6 +477,7 @@ def test_failed_run_never_overwrites_a_complete_file(tmp_path):
     assert partial_path("x") == Path("x.partial.json")
 
 
+@pytest.mark.slow
 def test_complete_run_writes_the_target_and_removes_a_stale_partial(tmp_path, stub):
     out = tmp_path / "fresh.json"
     partial_path(out).write_text("{}")
@@ -506,6 +516,7 @@ def _children_of(pid: int) -> set[int]:
 
 @pytest.mark.skipif(not Path("/proc").is_dir(), reason="needs /proc to list child processes")
 @pytest.mark.parametrize("builtin", [False, True], ids=["stub-endpoint", "built-in-sidecar"])
+@pytest.mark.slow
 def test_sigterm_is_handled_like_ctrl_c(tmp_path, stub, builtin):
     """SIGTERM to ``calibrate``: partial file saved, children ended, one line, exit 143."""
     import os

@@ -27,6 +27,7 @@ def _small_env(**kw):
     return diloco_gym.DiLoCoSyncEnv(regime=tr, params=params)
 
 
+@pytest.mark.slow
 def test_matched_random_wrapper_is_uniform_and_feasible():
     env = _small_env()
     env.reset(seed=0)
@@ -104,7 +105,7 @@ def _brute_force_sign_flip_p(diff: np.ndarray) -> float:
     return float(np.mean(np.abs(signs @ diff) / n >= abs(diff.mean()) - 1e-12))
 
 
-@pytest.mark.parametrize("n", [1, 2, 3, 5, 8, 13, 16, 20])
+@pytest.mark.parametrize("n", [1, 2, 3, 5, 8, 13, 16, pytest.param(20, marks=pytest.mark.slow)])
 def test_exact_sign_flip_p_equals_enumerating_every_pattern(n):
     rng = np.random.default_rng(n)
     cases = [rng.normal(0.3, 1.0, n),  # continuous
@@ -135,6 +136,7 @@ def reduced_report():
     return run_protocol(config, progress=False)
 
 
+@pytest.mark.slow
 def test_report_reaches_the_papers_conclusions(reduced_report):
     s = reduced_report["summary"].set_index(["regime", "agent"])
     # ordinary and pressure-heavy: merges have no measurable real effect -> no SLO claim
@@ -165,6 +167,7 @@ def test_report_reaches_the_papers_conclusions(reduced_report):
     assert b.loc["online-forecast", "p_value"] < 0.05
 
 
+@pytest.mark.slow
 def test_report_files_and_overwrite_protection(reduced_report, tmp_path):
     out = tmp_path / "rep"
     write_report(reduced_report, out)
@@ -179,6 +182,7 @@ def test_report_files_and_overwrite_protection(reduced_report, tmp_path):
     write_report(reduced_report, out, force=True)
 
 
+@pytest.mark.slow
 def test_interrupted_report_leaves_no_files(reduced_report, tmp_path, monkeypatch):
     import diloco_gym.report as rep
 

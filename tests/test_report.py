@@ -91,6 +91,7 @@ def test_a_window_longer_than_the_trace_is_a_clear_error(long_trace):
 
 
 # ----------------------------------------------------------------- honest n
+@pytest.mark.slow
 def test_too_few_seeds_are_inconclusive_never_tied(tmp_path):
     """5 seeds cannot give p < 0.05 (best exact p 2/32, times 2 agents after Holm): the
     oracle's clear gain and fixed-512's tie are both 'inconclusive', with the n needed."""

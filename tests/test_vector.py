@@ -437,6 +437,7 @@ def test_rate_function_spans_match_whole_grid():
 
 
 # --------------------------------------------------------------------------- benchmark script
+@pytest.mark.slow
 def test_benchmark_quick_runs():
     proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench.py"), "--quick"],
                           capture_output=True, text=True, timeout=120, cwd=ROOT)

@@ -91,11 +91,11 @@ __all__ = ["CalibrationConfig", "CalibrationResult", "run_calibration", "plan_me
 
 #: Defaults used with the built-in sidecar when a field of the config is ``None``: a tiny
 #: CPU model serves ~3 requests/s of this size, so the regimes' native rates would swamp it.
-BUILTIN_DEFAULTS = {"rate_rps": 2.0, "output_scale": 0.5, "max_prompt_tokens": 256,
-                    "max_output_tokens": 256}
+BUILTIN_DEFAULTS: dict[str, Any] = {"rate_rps": 2.0, "output_scale": 0.5,
+                                     "max_prompt_tokens": 256, "max_output_tokens": 256}
 #: Defaults against an external endpoint (the trace as it is).
-ENDPOINT_DEFAULTS = {"rate_rps": None, "output_scale": 1.0, "max_prompt_tokens": 4096,
-                     "max_output_tokens": 1024}
+ENDPOINT_DEFAULTS: dict[str, Any] = {"rate_rps": None, "output_scale": 1.0,
+                                      "max_prompt_tokens": 4096, "max_output_tokens": 1024}
 
 
 @dataclass(frozen=True)
@@ -246,6 +246,7 @@ def prepare_trace(source: str | os.PathLike[str] | Trace, duration_s: float,
     from diloco_gym.regimes import REGIMES, get_regime
 
     rng = np.random.default_rng(cfg.seed)
+    info: dict[str, Any]
     if isinstance(source, Trace):
         full, label, base, info = source, source.name, SidecarParams(), {"kind": "trace",
                                                                          "name": source.name}
@@ -603,6 +604,7 @@ def run_calibration(endpoint: str | None, source: str | os.PathLike[str] | Trace
             say(f"built-in sidecar {model} ({sidecar.num_parameters / 1e6:.1f} M parameters) "
                 f"serving at {url}")
         else:
+            assert endpoint is not None  # builtin is False
             url = endpoint
             say(f"probing {url}")
             try:
@@ -635,6 +637,7 @@ def run_calibration(endpoint: str | None, source: str | os.PathLike[str] | Trace
                                         cfg.max_outstanding, cpu)
 
         def _tick() -> None:
+            assert run.replayer is not None  # set before the ticker starts
             while not ticker_stop.wait(cfg.progress_every_s):
                 c = run.replayer.counts() if run.replayer else {}
                 say(f"t={run.clock():6.1f} s {run.stage}: sent {c.get('sent', 0)}/"
@@ -664,7 +667,8 @@ def run_calibration(endpoint: str | None, source: str | os.PathLike[str] | Trace
             else "interrupted by Ctrl-C"
         run.error = f"{what} during the {run.stage} stage"
         say(run.error)
-        exc.path = str(partial) if _save_partial(partial, run, cfg, say) else None
+        # The documented ``path`` attribute, added to the interrupt on its way out.
+        exc.path = str(partial) if _save_partial(partial, run, cfg, say) else None  # type: ignore[attr-defined]
         raise
     except CalibrationError as exc:
         run.error = str(exc)
@@ -747,6 +751,7 @@ def _sync_phase(run: _Run, cluster: MergeCluster, sidecar: SidecarProcess | None
     """Phase 1: replay the window while the planned merges run."""
     say(f"sync phase: {duration_s:g} s, {win.num_requests} requests, {len(run.plan)} merges")
     origin = _begin_phase(run, "sync", win, prompt, output, duration_s)
+    assert run.replayer is not None  # _begin_phase() checked it
     for k, (start, length) in enumerate(run.plan):
         _sleep_until(run.clock, origin + start)
         _check_sidecar(sidecar)
@@ -784,6 +789,7 @@ def _control_phase(run: _Run, sidecar: SidecarProcess | None, win: Trace,
     """Phase 2: the same window with no merges (the no-sync load match)."""
     say(f"control phase (no merges): {duration_s:g} s, {win.num_requests} requests")
     _begin_phase(run, "control", win, prompt, output, duration_s)
+    assert run.replayer is not None  # _begin_phase() checked it
     run.replayer.wait_sent(timeout_s=duration_s + 5.0)
     _end_phase(run, "control", sidecar, cfg)
 
@@ -802,6 +808,7 @@ def _begin_phase(run: _Run, name: str, win: Trace, prompt: np.ndarray, output: n
 def _end_phase(run: _Run, name: str, sidecar: SidecarProcess | None,
                cfg: CalibrationConfig) -> None:
     """Wait for the phase's outstanding requests, record its end, check the sidecar."""
+    assert run.replayer is not None  # set before any phase begins
     run.replayer.drain(cfg.timeout_s + 2.0)
     run.phases[name]["end_s"] = run.clock()
     _check_sidecar(sidecar)

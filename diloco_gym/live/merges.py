@@ -30,8 +30,9 @@ import tempfile
 import time
 import traceback
 from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
 from multiprocessing.connection import wait as wait_ready
-from typing import Any
+from typing import Any, cast
 
 from diloco_gym.live.errors import MergeWorkerError
 
@@ -299,7 +300,7 @@ class MergeCluster:
                     continue  # handled below, after draining pipes that are ready
                 rank = conns[id(obj)]
                 try:
-                    message = obj.recv()
+                    message = cast(Connection, obj).recv()  # not a sentinel: a pipe
                 except (EOFError, OSError):
                     continue  # the process died; its sentinel reports it
                 if message[0] == "error":

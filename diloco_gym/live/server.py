@@ -88,6 +88,9 @@ def _build_model(cfg: SidecarModelConfig):
     from torch import nn
 
     class _TinyLM(nn.Module):
+        kernel: torch.Tensor  # buffers registered in __init__
+        carry_pow: torch.Tensor
+
         def __init__(self) -> None:
             super().__init__()
             self.cfg = cfg
