@@ -357,7 +357,8 @@ def _agent_table(df: pd.DataFrame, keys: list[str], calib_verdicts: dict[str, st
     res["p_holm"] = np.nan
     res["holm_family"] = 0
     res["verdict"] = ""
-    for _, idx in res.groupby(family_keys, sort=False).groups.items():
+    for _, idx in res.groupby(family_keys if len(family_keys) > 1 else family_keys[0],
+                              sort=False).groups.items():
         k = len(idx)
         res.loc[idx, "p_holm"] = _holm(res.loc[idx, "p_value"].to_numpy())
         res.loc[idx, "holm_family"] = k
