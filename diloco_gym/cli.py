@@ -281,8 +281,12 @@ def cmd_frontier(args: argparse.Namespace) -> int:
     for r in regimes:
         _check_regime(r)
     extra = list(args.agent or [])
-    budget_agents = list(args.budget_agents or fr.DEFAULT_BUDGET_AGENTS) + extra
-    free_agents = list(args.free_agents or []) + extra
+    from agents.registry import HEURISTICS
+
+    # --agent adds to both lists (the defaults too); an agent already listed stays once.
+    budget_agents = list(dict.fromkeys(list(args.budget_agents or fr.DEFAULT_BUDGET_AGENTS)
+                                       + extra))
+    free_agents = list(dict.fromkeys(list(args.free_agents or HEURISTICS) + extra))
     for a in budget_agents + free_agents:
         _check_agent(a)
     try:

@@ -435,11 +435,12 @@ def dominance(budgets: pd.DataFrame, pairwise: pd.DataFrame,
 
     A dominates B when at every budget both ran A's mean sync-excess is no higher than B's
     and at least one of those differences is significant (pairwise Holm-adjusted
-    p < ``alpha``). Otherwise: ``no dominance (order changes across budgets)`` when each is
-    lower somewhere, ``no dominance (no significant difference)`` when one is never higher
-    but no difference is significant, and ``inconclusive (too few episodes)`` when no
+    p < ``alpha``). Otherwise: ``no dominance (order changes across budgets)`` when some
+    difference is significant but the other agent is lower at another budget,
+    ``no dominance (no significant difference)`` when no difference at any budget is
+    significant (enough units to find one), and ``inconclusive (too few episodes)`` when no
     pairwise test at any budget could reach ``alpha`` with the units given (then a missing
-    significance says nothing).
+    significance says nothing, and it is never called a tie).
 
     Args:
         budgets: :func:`budget_stats` (unused beyond the agents' order; kept for callers
@@ -469,7 +470,7 @@ def dominance(budgets: pd.DataFrame, pairwise: pd.DataFrame,
             rel = "is dominated by"
         elif not reachable:
             rel = "inconclusive (too few episodes)"
-        elif not a_le and not b_le:
+        elif sig.any():
             rel = "no dominance (order changes across budgets)"
         else:
             rel = "no dominance (no significant difference)"
