@@ -641,17 +641,24 @@ def frontier_figure(result: dict[str, Any], regime: str):
         f = fr[fr["regime"] == regime]
         ax.scatter(f["merges_per_hour"], f["sync_excess_pct"], marker="D", s=30,
                    color="0.2", zorder=5, label="free-budget agents (own merges/h)")
-        # Labels stacked in a column to the right of the points, each with a leader line,
-        # in the order of their sync-excess, so close points never overprint.
+        # Labels in a column to the right of the curves, each at its point's height where
+        # it can be, pushed apart just enough not to overprint (in the points' order, so
+        # the leader lines do not cross each other much).
         order = f.sort_values("sync_excess_pct", ascending=False)
         y_lo, y_hi = ax.get_ylim()
+        step = (y_hi - y_lo) * 0.05
+        ty = order["sync_excess_pct"].to_numpy(dtype=float).copy()
+        for i in range(1, ty.size):
+            ty[i] = min(ty[i], ty[i - 1] - step)
+        if ty.size and ty[-1] < y_lo + step:
+            ty += y_lo + step - ty[-1]
         x_hi = max(float(c.index.max()), float(f["merges_per_hour"].max()))
-        for i, r in enumerate(order.itertuples()):
-            ty = y_hi - (i + 0.5) * (y_hi - y_lo) / max(len(order), 1) * 0.55
+        for r, y_text in zip(order.itertuples(), ty, strict=True):
             name = r.agent + ("" if r.deployable else " (non-dep.)")
             ax.annotate(name, (r.merges_per_hour, r.sync_excess_pct),
-                        xytext=(x_hi * 1.04, ty), textcoords="data", fontsize=7,
-                        va="center", arrowprops={"arrowstyle": "-", "lw": 0.5, "color": "0.5"})
+                        xytext=(x_hi * 1.04, y_text), textcoords="data", fontsize=7,
+                        va="center", arrowprops={"arrowstyle": "-", "lw": 0.5, "color": "0.6"})
+        ax.set_ylim(y_lo, max(y_hi, float(ty.max()) + step) if ty.size else y_hi)
         x_lo = min(float(c.index.min()), float(f["merges_per_hour"].min()))
         ax.set_xlim(x_lo * 0.9, x_hi * 1.35)
     for x in sorted(set(b["budget_per_hour"])) if not b.empty else []:
