@@ -524,7 +524,8 @@ def render_markdown(result: dict[str, Any], figures: dict[str, str], command: st
         ""]
     for regime in cfg["regimes"]:
         lines += [f"## {regime}", ""]
-        lines += [f"Calibration: {result['calibration'].get(regime, '-')}.", ""]
+        lines += [f"Calibration: {result['calibration'].get(regime, '-')}. "
+                  + _scoring_sentence(result["rows"], regime), ""]
         if regime in figures:
             lines += [f"![frontier {regime}]({figures[regime]})", ""]
         g = b[b["regime"] == regime] if not b.empty else b
@@ -600,6 +601,20 @@ def render_markdown(result: dict[str, Any], figures: dict[str, str], command: st
                              f"{_fmt(r.gap_ci_high)}] | {_fmt_p(r.p_holm)} | {r.verdict} |")
         lines.append("")
     return "\n".join(lines)
+
+
+def _scoring_sentence(rows: pd.DataFrame, regime: str) -> str:
+    """How a regime's rows were scored: where the oracle is the exact optimum, and the
+    largest additive-exact gap (every number itself is the exact replay)."""
+    g = rows[rows["regime"] == regime]
+    if g.empty:
+        return ""
+    bound = int((g["oracle_schedule"] != protocol.ORACLE_EXACT).sum())
+    oracle = ("the oracle is the exact optimum in every agent-episode" if bound == 0 else
+              f"the oracle is an upper bound on the exact optimum (exact replay of the "
+              f"additive optimum) in {bound} of {len(g)} agent-episodes")
+    return (f"Scoring: exact replay; {oracle}; largest additive-exact gap "
+            f"{g['additive_exact_gap_pp'].max():.3g} pp.")
 
 
 def _undominated(d: pd.DataFrame) -> list[str]:
