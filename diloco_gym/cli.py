@@ -289,19 +289,33 @@ def cmd_frontier(args: argparse.Namespace) -> int:
     free_agents = list(dict.fromkeys(list(args.free_agents or HEURISTICS) + extra))
     for a in budget_agents + free_agents:
         _check_agent(a)
+    if args.stride_s is not None and abs(args.stride_s - args.window_s) > 1e-9:
+        raise UsageError("frontier replays disjoint windows only (independent units): drop "
+                         "--stride-s or set it to --window-s")
     try:
         config = fr.FrontierConfig(regimes=regimes, budgets_per_hour=list(args.budgets),
                                    budget_agents=budget_agents, free_agents=free_agents,
                                    seeds=args.seeds, seed0=args.seed0, draws=args.draws,
-                                   calibration=args.calibration)
+                                   calibration=args.calibration, trace=args.trace,
+                                   trace_format=args.trace_format, window_s=args.window_s,
+                                   sidecar=args.sidecar, rate_scale=args.rate_scale,
+                                   target_utilization=args.target_utilization)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     command = "diloco-gym " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    from diloco_gym.traces import TraceFormatError
+
     try:
         result = fr.run_frontier(config, progress=not args.no_progress)
         out = fr.write_frontier(result, args.out, force=args.force, command=command)
     except FileExistsError as exc:
         raise UsageError(str(exc)) from None
+    except TraceFormatError:
+        raise
+    except ValueError as exc:  # a trace too short for its windows is the data's fault
+        if args.trace and args.trace in str(exc):
+            raise DataError(str(exc)) from None
+        raise
     except KeyboardInterrupt:
         raise Interrupted(f"interrupted; no frontier written ({args.out} left as it "
                           f"was)") from None
@@ -430,6 +444,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     p.add_argument("--calibration",
                    help="real-sidecar calibration JSON (default: the shipped reference)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    _add_trace_args(p)
     p.set_defaults(func=cmd_frontier)
 
     p = sub.add_parser("train", help="train an RL scheduler with stable-baselines3")

@@ -94,6 +94,13 @@ class FrontierConfig:
         alpha: significance level (Holm-adjusted tests).
         calibration: calibration file (``None``: the shipped reference measurements); a
             live file's fitted sidecar drives the regimes it measured, as in the report.
+        trace / trace_format: replay a trace file instead of the synthetic regimes; its
+            disjoint windows of ``window_s`` are the units (window ``i`` uses seed
+            ``seed0 + i`` for the pressure series added to it) and ``seeds`` is unused.
+        sidecar: with ``trace``: the regime whose sidecar (and calibration) the replay uses
+            (default sync-heavy).
+        rate_scale / target_utilization: with ``trace``: replay it faster (every request
+            kept), or at this mean offered work over the sidecar's capacity.
     """
 
     regimes: list[str] = field(default_factory=lambda: ["bursty", "non-periodic",
@@ -107,15 +114,42 @@ class FrontierConfig:
     draws: int = 1000
     alpha: float = protocol.ALPHA
     calibration: str | None = None
+    trace: str | None = None
+    trace_format: str = "auto"
+    window_s: float = 600.0
+    sidecar: str | None = None
+    rate_scale: float | None = None
+    target_utilization: float | None = None
+
+    @property
+    def trace_sidecar(self) -> str:
+        """The regime whose sidecar a trace replay uses (default sync-heavy)."""
+        return self.sidecar or "sync-heavy"
 
     def __post_init__(self) -> None:
+        if self.trace is None:
+            for name in ("sidecar", "rate_scale", "target_utilization"):
+                if getattr(self, name) is not None:
+                    raise ValueError(f"{name} applies to a trace replay (trace=...); synthetic "
+                                     f"regimes use their own sidecar and load")
+        else:
+            self.regimes = [f"replay:{Path(self.trace).stem}"]
+            if self.sidecar is not None and self.sidecar not in REGIMES:
+                raise ValueError(f"unknown sidecar regime {self.sidecar!r}; valid regimes: "
+                                 f"{', '.join(REGIMES)}")
+            if self.rate_scale is not None and self.target_utilization is not None:
+                raise ValueError("give rate_scale or target_utilization, not both")
+            for name in ("rate_scale", "target_utilization", "window_s"):
+                v = getattr(self, name)
+                if v is not None and not (np.isfinite(v) and v > 0):
+                    raise ValueError(f"{name} must be a positive number, got {v}")
         if not self.free_agents:
             from agents.registry import HEURISTICS
 
             self.free_agents = list(HEURISTICS)
         if not self.regimes:
             raise ValueError("regimes: give at least one regime")
-        unknown = [r for r in self.regimes if r not in REGIMES]
+        unknown = [r for r in self.regimes if r not in REGIMES and self.trace is None]
         if unknown:
             raise ValueError(f"unknown regime(s) {unknown}; valid regimes: {', '.join(REGIMES)}")
         if len(set(self.regimes)) != len(self.regimes):
@@ -162,6 +196,27 @@ def _progress(total: int, enabled: bool):
     except ImportError:  # pragma: no cover - tqdm is a dependency
         return None
     return tqdm(total=total, unit="episode", desc="frontier", file=sys.stderr)
+
+
+def _trace_tiles(config: FrontierConfig, sidecar) -> list:
+    """The trace's disjoint windows (one fixed-window regime each) at the configured load."""
+    from diloco_gym.loaders import load_trace
+    from diloco_gym.regimes import ReplayRegime, replay_rate_scale
+    from diloco_gym.traces import scale_rate
+
+    tr = load_trace(config.trace, config.trace_format)
+    scale = replay_rate_scale(tr, sidecar, config.rate_scale, config.target_utilization)
+    replayed = tr if scale == 1.0 else scale_rate(tr, tr.mean_rate_rps * scale)
+    try:
+        tiles = ReplayRegime(replayed, duration_s=config.window_s, sidecar=sidecar,
+                             name=tr.name).tiles()
+    except ValueError as exc:
+        raise ValueError(f"{config.trace}: {exc} (the trace lasts {tr.duration_s:.0f} s, "
+                         f"{replayed.duration_s:.0f} s at rate scale {scale:.3g})") from None
+    if len(tiles) < 2:
+        raise ValueError(f"{config.trace}: {len(tiles)} window(s) of {config.window_s:g} s; "
+                         f"the paired tests need at least 2 (use a shorter --window-s)")
+    return tiles
 
 
 def _scorer(cache: dict[str, Any], ep, env: DiLoCoSyncEnv):
@@ -212,31 +267,48 @@ def run_frontier(config: FrontierConfig, progress: bool = True) -> dict[str, Any
     curves: list[dict] = []
     calib_verdicts: dict[str, str] = {}
     plan = []
-    for regime in config.regimes:
-        fitted = calib.sidecar_for(regime)
-        gen = REGIMES[regime].with_load(fitted)
-        env = DiLoCoSyncEnv(regime=gen, sidecar=fitted)
-        env.reset(seed=seeds[0])
-        ep = env.episode
-        budgets = {b: _episode_budget(b, ep.trace.duration_s, ep.n_decisions, env.params)
-                   for b in config.budgets_per_hour}
-        if len(set(budgets.values())) != len(budgets):
-            raise ValueError(f"budgets {config.budgets_per_hour} merges/h round to the same "
-                             f"merges per episode ({list(budgets.values())}); give distinct "
-                             f"budgets")
-        benvs = {m: DiLoCoSyncEnv(regime=gen, sidecar=fitted, merge_budget=m)
-                 for m in budgets.values()}
-        plan.append((regime, fitted, env, budgets, benvs))
-    per_seed = len(free_agents) + len(budget_agents) * len(config.budgets_per_hour)
-    bar = _progress(len(plan) * len(seeds) * per_seed, progress)
-    for regime, fitted, env, budgets, benvs in plan:
+    if config.trace is None:
+        for regime in config.regimes:
+            fitted = calib.sidecar_for(regime)
+            gen = REGIMES[regime].with_load(fitted)
+            # One env per budget, reused across seeds (a synthetic regime's seeds are its
+            # units).
+            envs = {None: DiLoCoSyncEnv(regime=gen, sidecar=fitted)}
+            plan.append((regime, regime, fitted, [(seed, gen) for seed in seeds], envs))
+    else:
+        key = config.trace_sidecar
+        fitted = calib.sidecar_for(key)
+        tiles = _trace_tiles(config, fitted or REGIMES[key].sidecar)
+        label = f"replay:{Path(config.trace).stem}"
+        plan.append((label, key, fitted,
+                     [(config.seed0 + i, t) for i, t in enumerate(tiles)], None))
+    units_total = sum(len(u) for _, _, _, u, _ in plan)
+    per_unit = len(free_agents) + len(budget_agents) * len(config.budgets_per_hour)
+    bar = _progress(units_total * per_unit, progress)
+    for regime, calib_key, fitted, units, shared_envs in plan:
         u_cal = (cal.measured_utilization(config.calibration, fitted) if fitted is not None
                  else None)
-        sim = cal.simulated_effect_sizes(regime, seeds=range(config.seed0, config.seed0 + 8),
+        sim = cal.simulated_effect_sizes(calib_key,
+                                         seeds=range(config.seed0, config.seed0 + 8),
                                          sidecar=fitted, utilization=u_cal)
-        calib_verdicts[regime] = cal.transfer_verdict(sim, calib.measured(regime))
+        calib_verdicts[regime] = cal.transfer_verdict(sim, calib.measured(calib_key))
         cache: dict[str, Any] = {}
-        for seed in seeds:
+        for seed, gen in units:
+            envs = shared_envs if shared_envs is not None else {
+                None: DiLoCoSyncEnv(regime=gen, sidecar=fitted or REGIMES[calib_key].sidecar)}
+            env = envs[None]
+            env.reset(seed=seed)
+            ep0 = env.episode
+            budgets = {b: _episode_budget(b, ep0.trace.duration_s, ep0.n_decisions,
+                                          env.params) for b in config.budgets_per_hour}
+            if len(set(budgets.values())) != len(budgets):
+                raise ValueError(f"budgets {config.budgets_per_hour} merges/h round to the "
+                                 f"same merges per episode ({list(budgets.values())}); give "
+                                 f"distinct budgets")
+            for m in budgets.values():
+                if m not in envs:
+                    envs[m] = DiLoCoSyncEnv(regime=gen, sidecar=env.sidecar, merge_budget=m)
+            benvs = envs
             runs = [(agent, env, "free", np.nan, np.nan) for agent in free_agents]
             runs += [(agent, benvs[m], "budget", per_hour, m)
                      for per_hour, m in budgets.items() for agent in budget_agents]
@@ -258,6 +330,10 @@ def run_frontier(config: FrontierConfig, progress: bool = True) -> dict[str, Any
                     **scored,
                     "no_sync_violation_pct": res["no_sync_violation_pct"],
                     "duration_s": ep.trace.duration_s, "n_decisions": ep.n_decisions,
+                    "unit": "seed" if config.trace is None else "window",
+                    # in the replayed (rate-scaled) trace's clock
+                    "window_start_replayed_s": getattr(gen, "start_s", np.nan)
+                    if config.trace is not None else np.nan,
                 })
                 if bar is not None:
                     bar.update(1)
@@ -269,10 +345,9 @@ def run_frontier(config: FrontierConfig, progress: bool = True) -> dict[str, Any
             scorer, counts = _scorer(cache, ep, env)
             lo, hi = budget_range(ep.n_decisions, env.params.h_min, env.params.h_max)
             for m in range(max(lo, 1), hi + 1):
-                env_sched = sample_uniform(ep.n_decisions, env.params.h_min,
-                                                    env.params.h_max, m, config.draws,
-                                                    np.random.default_rng([seed, m, 7]),
-                                                    counts=counts)
+                env_sched = sample_uniform(ep.n_decisions, env.params.h_min, env.params.h_max,
+                                           m, config.draws,
+                                           np.random.default_rng([seed, m, 7]), counts=counts)
                 mr = scorer.score(env_sched).exact_pct
                 orc = protocol.oracle_score(ep, m, env.params, env.sidecar, scorer=scorer)
                 curves.append({"regime": regime, "seed": seed, "budget": m,
@@ -507,20 +582,26 @@ def render_markdown(result: dict[str, Any], figures: dict[str, str], command: st
     lines = ["# Frontier: sync-excess against merge rate", ""]
     if command:
         lines += [f"Command: `{command}`", ""]
+    if cfg.get("trace"):
+        n_units = int(result["rows"]["seed"].nunique()) if len(result["rows"]) else 0
+        units = (f"{n_units} disjoint windows of {cfg['window_s']:g} s of {cfg['trace']} "
+                 f"(independent units; {cfg.get('sidecar') or 'sync-heavy'} sidecar),")
+    else:
+        units = (f"{cfg['seeds']} seeds per regime ({cfg['seed0']}.."
+                 f"{cfg['seed0'] + cfg['seeds'] - 1}),")
     lines += [
-        f"{cfg['seeds']} seeds per regime ({cfg['seed0']}..{cfg['seed0'] + cfg['seeds'] - 1}),"
-        f" {cfg['draws']} matched-random draws per episode and budget, alpha "
+        f"{units} {cfg['draws']} matched-random draws per episode and budget, alpha "
         f"{cfg['alpha']}; wall time {result['elapsed_s']:.1f} s.",
         "",
         "Every number is the exact replay (`protocol.EpisodeScorer`) of the agent's, the "
         "matched-random draws' and the oracle's schedules. **Gap captured** = (matched random"
         " - agent) / (matched random - oracle) at the same budget (0 = random placement, 1 = "
-        "the oracle), 95 % bootstrap CI over seeds. Verdict against matched random: paired "
-        "sign-flip test, Holm across the agents at that budget. Held: `budget-aware` agents "
-        "steer by `budget_left`; `mask` agents follow their own rule and the env's budget "
-        "mask forces or forbids merges to keep exactly the budget. A dominates B: at every "
-        "budget A's sync-excess is no higher, at least one difference significant (pairwise "
-        "Holm across the pairs at a budget).",
+        "the oracle), 95 % bootstrap CI over units (seeds or windows). Verdict against "
+        "matched random: paired sign-flip test, Holm across the agents at that budget. Held: "
+        "`budget-aware` agents steer by `budget_left`; `mask` agents follow their own rule "
+        "and the env's budget mask forces or forbids merges to keep exactly the budget. A "
+        "dominates B: at every budget A's sync-excess is no higher, at least one difference "
+        "significant (pairwise Holm across the pairs at a budget).",
         ""]
     for regime in cfg["regimes"]:
         lines += [f"## {regime}", ""]
@@ -680,8 +761,9 @@ def frontier_figure(result: dict[str, Any], regime: str):
         ax.axvline(x, color="0.85", lw=0.8, zorder=0)
     ax.set_xlabel("merges per hour (budget)")
     ax.set_ylabel("sync-excess (pp of requests)")
-    ax.set_title(f"{regime}: frontier of sync-excess against merge rate "
-                 f"({result['config']['seeds']} seeds)")
+    n_units = int(cv.loc[cv["regime"] == regime, "seed"].nunique())
+    kind = "windows" if result["config"].get("trace") else "seeds"
+    ax.set_title(f"{regime}: frontier of sync-excess against merge rate ({n_units} {kind})")
     ax.legend(fontsize=7, loc="upper left")
     fig.tight_layout()
     return fig
@@ -735,7 +817,7 @@ def write_frontier(result: dict[str, Any], out: str | Path, force: bool = False,
         result["curves"].to_csv(tmp / "curves.csv", index=False)
         figures = {}
         for regime in result["config"]["regimes"]:
-            name = f"frontier_{regime}.png"
+            name = f"frontier_{regime.replace(':', '_')}.png"
             _save_png(frontier_figure(result, regime), tmp / name)
             figures[regime] = name
         payload = {

@@ -331,3 +331,43 @@ def test_cli_extra_agent_joins_both_default_lists(tmp_path):
     held = list(dict.fromkeys(rows.loc[rows["mode"] == "budget", "agent"]))
     assert free == [*HEURISTICS, "reference-ppo"]
     assert held == [*fr.DEFAULT_BUDGET_AGENTS, "reference-ppo"]
+
+
+@pytest.fixture(scope="module")
+def long_trace(tmp_path_factory):
+    """A 1,800 s bursty trace saved in the native format (6 windows of 300 s)."""
+    from dataclasses import replace
+
+    from diloco_gym.loaders import save_native
+    from diloco_gym.regimes import REGIMES
+    from diloco_gym.traces import Trace
+
+    tr = replace(REGIMES["bursty"], duration_s=1800.0)(np.random.default_rng(11))
+    path = tmp_path_factory.mktemp("traces") / "long.csv"
+    save_native(Trace(tr.arrival_s, tr.prompt_tokens, tr.output_tokens, tr.duration_s), path)
+    return path
+
+
+def test_cli_trace_windows_are_the_units(long_trace, tmp_path, capsys):
+    out = tmp_path / "tr"
+    base = ["frontier", "--trace", str(long_trace), "--format", "native", "--draws", "10",
+            "--budgets", "48", "72", "--budget-agents", "online-forecast-budget",
+            "--free-agents", "fixed-512", "--no-progress"]
+    assert main([*base, "--window-s", "300", "--out", str(out)]) == 0
+    rows = pd.read_csv(out / "frontier.csv")
+    assert set(rows["regime"]) == {"replay:long"} and set(rows["unit"]) == {"window"}
+    starts = sorted(rows["window_start_replayed_s"].unique())
+    assert starts == [0.0, 300.0, 600.0, 900.0, 1200.0, 1500.0]
+    assert len(rows) == 6 * (1 + 2)
+    # 300 s windows hold 250 decisions: 48 and 72 merges/h are 4 and 6 merges.
+    assert set(rows.loc[rows["mode"] == "budget", "merges"]) == {4, 6}
+    assert "6 disjoint windows of 300 s" in (out / "frontier.md").read_text()
+    assert (out / "frontier_replay_long.png").is_file()
+    # Overlapping windows are refused (not independent); one window is too few.
+    with pytest.raises(SystemExit) as exc:
+        main([*base, "--window-s", "300", "--stride-s", "150", "--out", str(tmp_path / "a")])
+    assert exc.value.code == 2 and "disjoint windows only" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exc:
+        main([*base, "--window-s", "1000", "--out", str(tmp_path / "b")])
+    assert exc.value.code == 1
+    assert "1 window(s) of 1000 s" in capsys.readouterr().err
