@@ -629,7 +629,7 @@ def render_markdown(result: dict[str, Any], figures: dict[str, str], command: st
                     cells.append(f"{_fmt(r['gap_captured'])} [{_fmt(r['gap_ci_low'])}, "
                                  f"{_fmt(r['gap_ci_high'])}] ({short})")
                 lines.append(f"| {agent} | {ga['held'].iloc[0]} | " + " | ".join(cells) + " |")
-            lines += ["", "### Sync-excess % per budget (agent mean over seeds)", "",
+            lines += ["", "### Sync-excess % per budget (agent mean over units)", "",
                       "| agent | " + " | ".join(f"{x:g}/h" for x in per_hours) + " |",
                       "|---|" + "---|" * len(per_hours)]
             for agent in order:
