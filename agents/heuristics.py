@@ -24,7 +24,8 @@ from diloco_gym.core import EnvParams, unsquash_rate
 from diloco_gym.schedules import optimal_schedule
 
 __all__ = ["NoSync", "FixedInterval", "PressureGate", "RandomDeferral", "WADiLoCo",
-           "CalibratedWA", "OnlineForecastWA", "OfflineCalibratedOracle", "WAWeights"]
+           "CalibratedWA", "OnlineForecastWA", "OfflineCalibratedOracle", "WAWeights",
+           "BudgetPace", "FixedBudget", "OnlineForecastBudget"]
 
 
 def _gap_steps(obs: np.ndarray, params: EnvParams) -> np.ndarray:
@@ -277,3 +278,145 @@ class OfflineCalibratedOracle(Agent):
             raise ValueError(f"offline-oracle follows one env at a time; got a batch of "
                              f"{len(obs)} observations")
         return np.full(len(obs), int(self._env.decision in self._plan), dtype=np.int64)
+
+
+# ----------------------------------------------------------------------------- budget-aware
+class BudgetPace:
+    """What a budget-aware agent reads from an observation: where it stands on its budget.
+
+    Everything comes from the observation and the public ``params.merge_budget`` (the env's
+    exact merge budget ``M``), so it is deployable and stateless (batches of observations
+    from different episodes are fine):
+
+    * merges left ``m_left = rint(budget_left * M)`` and merges so far ``k = M - m_left``;
+    * the episode's decisions ``n``: from the ``merges`` feature (``k * H_min / n``) once a
+      merge happened, else from the gap and ``time_left`` (before the first merge the gap
+      is the decision index ``d`` and ``time_left = (n - d) / n``, so ``n = d / (1 -
+      time_left)``). A deployed scheduler knows its window; the observation carries it;
+    * the decision ``d = n - rint(time_left * n)``, the gap ``g`` in decisions and the last
+      merge ``d - g``.
+
+    Args:
+        params: the env's public parameters; ``merge_budget`` must be set.
+    """
+
+    def __init__(self, params: EnvParams) -> None:
+        if params.merge_budget is None or params.merge_budget < 1:
+            raise ValueError("a budget-aware agent needs the env's merge budget: run it with "
+                             "merge_budget=M >= 1 (DiLoCoSyncEnv(..., merge_budget=M); "
+                             "`diloco-gym frontier` does this at every budget)")
+        self.params = params
+        self.budget = int(params.merge_budget)
+
+    def read(self, obs: np.ndarray) -> dict[str, np.ndarray]:
+        """``{"m_left", "merges", "n", "d", "gap", "last"}`` per observation row (decisions)."""
+        h_min, h_max = self.params.h_min, self.params.h_max  # in decisions
+        m_left = np.rint(obs_feature(obs, "budget_left").astype(np.float64) * self.budget)
+        k = self.budget - m_left
+        gap = np.rint(obs_feature(obs, "gap").astype(np.float64) * h_max)
+        tl = obs_feature(obs, "time_left").astype(np.float64)
+        mf = obs_feature(obs, "merges").astype(np.float64)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            n_from_merges = k * h_min / mf
+            n_from_gap = gap / (1.0 - tl)
+        n = np.where((k > 0) & (mf > 0) & (mf < 1), n_from_merges, n_from_gap)
+        n = np.rint(np.where(np.isfinite(n) & (n >= 1), n, gap + 1))
+        d = n - np.rint(tl * n)
+        return {"m_left": m_left, "merges": k, "n": n, "d": d, "gap": gap, "last": d - gap}
+
+
+class FixedBudget(Agent):
+    """Fixed-H at the budget's interval: ``H = n / M`` decisions (episode decisions over
+    the merge budget), i.e. ``a = 1[gap >= n / M]``.
+
+    Budget-aware (reads ``budget_left`` and the budget ``M`` from the env's public
+    parameters; needs ``merge_budget``). With ``H = n / M`` the ``M``-th merge would fall at
+    the episode's end, so the env's budget mask places the last one (at the latest feasible
+    decision); at the smallest budgets ``n / M`` exceeds ``H_max`` and the corridor forces
+    every merge, as for fixed-512.
+    """
+
+    name = "fixed-budget"
+    #: reads ``budget_left`` (the frontier tables mark such agents "budget-aware").
+    budget_aware = True
+
+    def __init__(self) -> None:
+        self._pace: BudgetPace | None = None
+
+    def attach(self, context: AgentContext) -> None:
+        self._pace = BudgetPace(context.params)
+
+    def act(self, obs: np.ndarray) -> np.ndarray:
+        if self._pace is None:
+            raise RuntimeError(f"{self.name} is budget-aware: attach it to an env with a merge "
+                               f"budget first (diloco_gym.rollout.run_episode does)")
+        s = self._pace.read(obs)
+        interval = s["n"] / self._pace.budget
+        return ((s["gap"] >= interval) & (s["m_left"] > 0)).astype(np.int64)
+
+
+class OnlineForecastBudget(OnlineForecastWA):
+    """The online forecaster with a merge budget: its quiet-rate rule, with the quiet
+    threshold adapted to the merges left and the time left so that it spends its budget.
+
+    Pacing. After the last merge at decision ``last`` the ``m_left`` merges still to place
+    and the episode's tail share the ``n - last`` decisions left; on an even pace the next
+    merge is due ``G = (n - last) / (m_left + 1)`` decisions after the last one. The
+    agent's *urgency* is ``u = gap / G`` (1 = on pace).
+
+    Rule. Merge when
+
+    ``u >= min_urgency`` and (``max(f, r_now) <= quiet_ratio * u * baseline`` and
+    ``trend <= max_trend``, or ``u >= max_urgency``),
+
+    with ``f`` the one-step EWMA rate forecast, ``r_now`` the last interval's rate and
+    ``baseline`` the slow EWMA (the forecaster's features). Early in a gap (``u`` small) only
+    a clearly quiet period qualifies; the threshold relaxes linearly as the merge falls
+    due, and past ``max_urgency`` it merges whatever the load, so it never drifts far
+    behind its budget. The forecaster's progress threshold is dropped: the budget, not
+    the learners' progress, decides how often to merge. The env's budget mask still
+    guarantees exactly ``M`` merges (and the corridor H_min..H_max); the rule makes the
+    agent's own choices spend them (its forced merges are few: tested).
+
+    Defaults: ``quiet_ratio = 0.9``, ``max_trend = 0.05`` (the forecaster's),
+    ``min_urgency = 0.5``, ``max_urgency = 1.5``. Deployable: observations and the public
+    ``merge_budget`` only (:class:`BudgetPace`).
+    """
+
+    name = "online-forecast-budget"
+    budget_aware = True
+
+    def __init__(self, quiet_ratio: float = 0.9, max_trend: float = 0.05,
+                 min_urgency: float = 0.5, max_urgency: float = 1.5,
+                 rate_norm_rps: float = 8.0) -> None:
+        super().__init__(min_progress=0.0, quiet_ratio=quiet_ratio, max_trend=max_trend,
+                         rate_norm_rps=rate_norm_rps)
+        if not 0.0 <= min_urgency <= max_urgency:
+            raise ValueError(f"need 0 <= min_urgency <= max_urgency, got {min_urgency}, "
+                             f"{max_urgency}")
+        self.min_urgency = float(min_urgency)
+        self.max_urgency = float(max_urgency)
+        self._pace: BudgetPace | None = None
+
+    def attach(self, context: AgentContext) -> None:
+        super().attach(context)
+        self._pace = BudgetPace(context.params)
+
+    def urgency(self, obs: np.ndarray) -> np.ndarray:
+        """``gap / G`` per observation (see the class docstring)."""
+        if self._pace is None:
+            raise RuntimeError(f"{self.name} is budget-aware: attach it to an env with a merge "
+                               f"budget first (diloco_gym.rollout.run_episode does)")
+        s = self._pace.read(obs)
+        due = np.maximum((s["n"] - s["last"]) / (s["m_left"] + 1.0), 1.0)
+        return np.where(s["m_left"] > 0, s["gap"] / due, 0.0)
+
+    def act(self, obs: np.ndarray) -> np.ndarray:
+        u = self.urgency(obs)
+        f = unsquash_rate(obs_feature(obs, "rate_forecast"), self.rate_norm_rps)
+        r = unsquash_rate(obs_feature(obs, "rate_now"), self.rate_norm_rps)
+        b = unsquash_rate(obs_feature(obs, "rate_baseline"), self.rate_norm_rps)
+        quiet = np.maximum(f, r) <= self.quiet_ratio * u * b
+        calm = obs_feature(obs, "rate_trend") <= self.max_trend
+        go = (u >= self.min_urgency) & ((quiet & calm) | (u >= self.max_urgency))
+        return go.astype(np.int64)

@@ -14,16 +14,19 @@ from typing import cast
 from agents.base import Agent
 from agents.heuristics import (
     CalibratedWA,
+    FixedBudget,
     FixedInterval,
     NoSync,
     OfflineCalibratedOracle,
+    OnlineForecastBudget,
     OnlineForecastWA,
     PressureGate,
     RandomDeferral,
     WADiLoCo,
 )
 
-__all__ = ["AGENTS", "HEURISTICS", "LEARNED", "make_agent", "make_agents", "agent_names"]
+__all__ = ["AGENTS", "HEURISTICS", "LEARNED", "BUDGETED", "make_agent", "make_agents",
+           "agent_names", "is_budget_aware"]
 
 
 def _reference_ppo() -> Agent:
@@ -49,7 +52,15 @@ _HEURISTIC_AGENTS: dict[str, Callable[[], Agent]] = {
 #: so ``reference-ppo`` works from any working directory.
 LEARNED: dict[str, Callable[[], Agent]] = {"reference-ppo": _reference_ppo}
 
-AGENTS: dict[str, Callable[[], Agent]] = {**_HEURISTIC_AGENTS, **LEARNED}
+#: Budget-aware heuristics: they read ``budget_left`` and need the env's exact merge budget
+#: (``merge_budget=M``), so they run in ``diloco-gym frontier`` (at every budget of its
+#: grid), not in a free-budget report.
+BUDGETED: dict[str, Callable[[], Agent]] = {
+    "online-forecast-budget": OnlineForecastBudget,
+    "fixed-budget": FixedBudget,
+}
+
+AGENTS: dict[str, Callable[[], Agent]] = {**_HEURISTIC_AGENTS, **BUDGETED, **LEARNED}
 
 #: The agents a report runs by default (no-sync is the load match, not a contender; the
 #: learned agents need the optional RL stack).
@@ -58,6 +69,13 @@ HEURISTICS = [n for n in _HEURISTIC_AGENTS if n != "no-sync"]
 
 def agent_names() -> list[str]:
     return list(AGENTS)
+
+
+def is_budget_aware(agent: object) -> bool:
+    """Whether ``agent`` steers by its merge budget (reads ``budget_left``): such agents
+    declare ``budget_aware = True``. Any other agent run with ``merge_budget=M`` is only
+    held to the budget by the env's action mask."""
+    return bool(getattr(agent, "budget_aware", False))
 
 
 def _model_file(spec: str) -> Path | None:

@@ -275,6 +275,68 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_frontier(args: argparse.Namespace) -> int:
+    """``diloco-gym frontier``: sync-excess against merge rate, agents compared at equal
+    budgets (:mod:`diloco_gym.frontier`)."""
+    started = time.perf_counter()
+    from diloco_gym import frontier as fr
+    from diloco_gym.report import prepare_out_dir
+
+    try:
+        prepare_out_dir(args.out, args.force)
+    except (FileExistsError, IsADirectoryError, NotADirectoryError, PermissionError) as exc:
+        raise UsageError(str(exc)) from None
+    regimes = args.regimes or list(fr.FrontierConfig().regimes)
+    for r in regimes:
+        _check_regime(r)
+    extra = list(args.agent or [])
+    from agents.registry import HEURISTICS
+
+    # --agent adds to both lists (the defaults too); an agent already listed stays once.
+    budget_agents = list(dict.fromkeys(list(args.budget_agents or fr.DEFAULT_BUDGET_AGENTS)
+                                       + extra))
+    free_agents = list(dict.fromkeys(list(args.free_agents or HEURISTICS) + extra))
+    for a in budget_agents + free_agents:
+        _check_agent(a)
+    if args.stride_s is not None and abs(args.stride_s - args.window_s) > 1e-9:
+        raise UsageError("frontier replays disjoint windows only (independent units): drop "
+                         "--stride-s or set it to --window-s")
+    try:
+        config = fr.FrontierConfig(regimes=regimes, budgets_per_hour=list(args.budgets),
+                                   budget_agents=budget_agents, free_agents=free_agents,
+                                   seeds=args.seeds, seed0=args.seed0, draws=args.draws,
+                                   calibration=args.calibration, trace=args.trace,
+                                   trace_format=args.trace_format, window_s=args.window_s,
+                                   sidecar=args.sidecar, rate_scale=args.rate_scale,
+                                   target_utilization=args.target_utilization)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    command = "diloco-gym " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    from diloco_gym.traces import TraceFormatError
+
+    try:
+        result = fr.run_frontier(config, progress=not args.no_progress)
+        out = fr.write_frontier(result, args.out, force=args.force, command=command)
+    except FileExistsError as exc:
+        raise UsageError(str(exc)) from None
+    except TraceFormatError:
+        raise
+    except ValueError as exc:  # a trace too short for its windows is the data's fault
+        if args.trace and args.trace in str(exc):
+            raise DataError(str(exc)) from None
+        raise
+    except KeyboardInterrupt:
+        raise Interrupted(f"interrupted; no frontier written ({args.out} left as it "
+                          f"was)") from None
+    for regime in config.regimes:
+        d = result["dominance"]
+        d = d[d["regime"] == regime] if not d.empty else d
+        print(f"{regime}: not dominated: {', '.join(fr._undominated(d)) if not d.empty else '-'}")
+    print(f"\nfrontier written to {out}/ (frontier.md, frontier.csv, curves.csv, frontier.json, "
+          f"figures) in {time.perf_counter() - started:.1f} s")
+    return 0
+
+
 def _close_progress_bars() -> None:
     """Close open tqdm bars now, so that their last redraw (at garbage collection) does not
     land after the one-line message."""
@@ -360,6 +422,39 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     _add_trace_args(p)
     p.set_defaults(func=cmd_report)
+
+    p = sub.add_parser("frontier", help="sync-excess vs merge rate: agents compared at equal "
+                       "merge budgets, with the oracle's and matched random's curves",
+                       formatter_class=fmt)
+    p.add_argument("--out", default="frontier", help="output directory")
+    p.add_argument("--force", action="store_true",
+                   help="replace OUT if it holds a previous diloco-gym report or frontier")
+    p.add_argument("--regimes", nargs="+",
+                   help="regimes (default: bursty non-periodic sync-heavy)")
+    p.add_argument("--budgets", nargs="+", type=float, metavar="MERGES_PER_HOUR",
+                   default=[48.0, 60.0, 72.0, 96.0, 144.0],
+                   help="the budget grid in merges per hour (a 600 s episode holds 8..32 "
+                        "merges: 48..192 merges/h)")
+    p.add_argument("--seeds", type=_positive_int(2), default=20,
+                   help="episodes per regime (>= 2 for the paired tests)")
+    p.add_argument("--seed0", type=_positive_int(0), default=0,
+                   help=_SEED0_HELP.replace(" (default %(default)s)", ""))
+    p.add_argument("--draws", type=_positive_int(1), default=1000,
+                   help="matched-random draws per episode and budget")
+    p.add_argument("--budget-agents", nargs="+",
+                   help="agents run with merge_budget=M at every budget (default: "
+                        "online-forecast-budget fixed-budget online-forecast calibrated-wa "
+                        "wa-diloco pressure-gate)")
+    p.add_argument("--free-agents", nargs="+",
+                   help="agents run at their own merge rate (default: all heuristics)")
+    p.add_argument("--agent", action="append",
+                   help="an extra agent (name or trained model .zip) for both lists; "
+                        "repeatable")
+    p.add_argument("--calibration",
+                   help="real-sidecar calibration JSON (default: the shipped reference)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    _add_trace_args(p)
+    p.set_defaults(func=cmd_frontier)
 
     p = sub.add_parser("train", help="train an RL scheduler with stable-baselines3")
     p.set_defaults(func=cmd_train)
