@@ -54,7 +54,7 @@ import numpy as np
 import pandas as pd
 
 from diloco_gym import calibration as cal
-from diloco_gym import protocol
+from diloco_gym import core, protocol
 from diloco_gym.env import DiLoCoSyncEnv
 from diloco_gym.regimes import REGIMES
 from diloco_gym.rollout import run_episode
@@ -198,12 +198,23 @@ def _progress(total: int, enabled: bool):
     return tqdm(total=total, unit="episode", desc="frontier", file=sys.stderr)
 
 
+#: One env per merge budget (``None``: the free-budget env) of a unit.
+_Envs = dict[int | None, DiLoCoSyncEnv]
+
+
+def _episode(env: DiLoCoSyncEnv) -> core.Episode:
+    """The episode ``env`` was last reset to (it has one after every reset)."""
+    assert env.episode is not None
+    return env.episode
+
+
 def _trace_tiles(config: FrontierConfig, sidecar) -> list:
     """The trace's disjoint windows (one fixed-window regime each) at the configured load."""
     from diloco_gym.loaders import load_trace
     from diloco_gym.regimes import ReplayRegime, replay_rate_scale
     from diloco_gym.traces import scale_rate
 
+    assert config.trace is not None  # only called for a trace replay
     tr = load_trace(config.trace, config.trace_format)
     scale = replay_rate_scale(tr, sidecar, config.rate_scale, config.target_utilization)
     replayed = tr if scale == 1.0 else scale_rate(tr, tr.mean_rate_rps * scale)
@@ -266,14 +277,16 @@ def run_frontier(config: FrontierConfig, progress: bool = True) -> dict[str, Any
     rows: list[dict] = []
     curves: list[dict] = []
     calib_verdicts: dict[str, str] = {}
-    plan = []
+    # (label, calibration key, fitted sidecar, units (seed, generator), shared envs or None)
+    plan: list[tuple[str, str, Any, list[tuple[int, Any]], _Envs | None]] = []
     if config.trace is None:
         for regime in config.regimes:
             fitted = calib.sidecar_for(regime)
             gen = REGIMES[regime].with_load(fitted)
             # One env per budget, reused across seeds (a synthetic regime's seeds are its
             # units).
-            envs = {None: DiLoCoSyncEnv(regime=gen, sidecar=fitted)}
+            envs: _Envs = {
+                None: DiLoCoSyncEnv(regime=gen, sidecar=fitted)}
             plan.append((regime, regime, fitted, [(seed, gen) for seed in seeds], envs))
     else:
         key = config.trace_sidecar
@@ -298,7 +311,7 @@ def run_frontier(config: FrontierConfig, progress: bool = True) -> dict[str, Any
                 None: DiLoCoSyncEnv(regime=gen, sidecar=fitted or REGIMES[calib_key].sidecar)}
             env = envs[None]
             env.reset(seed=seed)
-            ep0 = env.episode
+            ep0 = _episode(env)
             budgets = {b: _episode_budget(b, ep0.trace.duration_s, ep0.n_decisions,
                                           env.params) for b in config.budgets_per_hour}
             if len(set(budgets.values())) != len(budgets):
@@ -318,7 +331,7 @@ def run_frontier(config: FrontierConfig, progress: bool = True) -> dict[str, Any
                     # The env's mask guarantees it; checked, never assumed.
                     raise RuntimeError(f"{agent.name} made {res['merges']} merges with "
                                        f"merge_budget={m_budget} (seed {seed})")
-                ep = e.episode
+                ep = _episode(e)
                 scored = _score(cache, ep, e, res["merge_decisions"], seed, config.draws)
                 held = ("free" if mode == "free" else
                         "budget-aware" if is_budget_aware(agent) else "mask")
@@ -341,7 +354,7 @@ def run_frontier(config: FrontierConfig, progress: bool = True) -> dict[str, Any
             # exactly as score_episode draws them (same rng, same counts), so the curve at M
             # is every budget-held agent's matched random at M.
             env.reset(seed=seed)
-            ep = env.episode
+            ep = _episode(env)
             scorer, counts = _scorer(cache, ep, env)
             lo, hi = budget_range(ep.n_decisions, env.params.h_min, env.params.h_max)
             for m in range(max(lo, 1), hi + 1):
