@@ -116,6 +116,31 @@ def _add_trace_args(p: argparse.ArgumentParser) -> None:
                            "replayed token mix)")
 
 
+def _add_backend_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--backend", choices=("serial", "processes", "ray"), default="serial",
+                   help="where the cells run: this process, a local process pool, or Ray "
+                        "(the extra diloco-gym[ray]); results are identical on every backend")
+    p.add_argument("--jobs", type=_positive_int(1), default=None,
+                   help="workers for processes / a local Ray instance (default: the CPUs "
+                        "available)")
+    p.add_argument("--ray-address", default=None,
+                   help="Ray cluster to connect to ('auto': the one `ray start` runs here; "
+                        "default: start a local instance); needs --backend ray")
+
+
+def _check_backend(args: argparse.Namespace) -> None:
+    """Refuse backend options that cannot apply, and a missing Ray, before any work."""
+    if args.ray_address and args.backend != "ray":
+        raise UsageError(f"--ray-address needs --backend ray (got --backend {args.backend})")
+    if args.backend == "ray":
+        from diloco_gym.scale.backends import RAY_EXTRA_HINT
+
+        try:
+            import ray  # noqa: F401
+        except ImportError:
+            raise UsageError(RAY_EXTRA_HINT) from None
+
+
 def _check_regime(name: str) -> str:
     if name not in REGIMES:
         raise UsageError(f"unknown regime {name!r}; valid regimes: {', '.join(REGIMES)}")
@@ -214,6 +239,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     from diloco_gym.report import ReportConfig, prepare_out_dir, run_protocol, write_report
     from diloco_gym.traces import TraceFormatError
 
+    _check_backend(args)
     try:
         prepare_out_dir(args.out, args.force)
     except (FileExistsError, IsADirectoryError, NotADirectoryError, PermissionError) as exc:
@@ -245,7 +271,8 @@ def cmd_report(args: argparse.Namespace) -> int:
               file=sys.stderr)
     command = "diloco-gym " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     try:
-        result = run_protocol(config, progress=not args.no_progress)
+        result = run_protocol(config, progress=not args.no_progress, backend=args.backend,
+                              jobs=args.jobs, ray_address=args.ray_address)
         out = write_report(result, args.out, force=args.force, command=command)
     except TraceFormatError:
         raise
@@ -349,6 +376,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     p.add_argument("--calibration",
                    help="real-sidecar calibration JSON (default: the shipped reference)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    _add_backend_args(p)
     _add_trace_args(p)
     p.set_defaults(func=cmd_report)
 

@@ -1,0 +1,164 @@
+"""Scale-out backends: the report is byte-identical on serial, processes and Ray, cells come
+back in order, a raising cell is reported (or recorded), and a missing Ray names the extra."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from diloco_gym.cli import main
+from diloco_gym.report import ReportConfig, run_protocol, write_report
+from diloco_gym.scale.backends import RAY_EXTRA_HINT, CellError, require_ray, run_cells
+
+ROOT = Path(__file__).resolve().parents[1]
+
+try:
+    import ray  # noqa: F401
+
+    HAVE_RAY = True
+except ImportError:
+    HAVE_RAY = False
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    """A local Ray instance of 2 CPUs for this module (the CI's size)."""
+    if not HAVE_RAY:
+        pytest.skip("Ray is not installed (the diloco-gym[ray] extra)")
+    import ray
+
+    from diloco_gym.scale.backends import init_ray
+
+    started = not ray.is_initialized()
+    init_ray(jobs=2)
+    yield ray
+    if started:
+        ray.shutdown()
+
+
+def _square_slow_first(x: int) -> int:
+    # Early cells finish last: the order of the results must not follow finishing order.
+    time.sleep(0.05 * (3 - x) if x < 3 else 0)
+    return x * x
+
+
+def _fail_on_two(x: int) -> int:
+    if x == 2:
+        raise ValueError(f"cell {x} is broken\non two lines")
+    return x
+
+
+def _report_files(config: ReportConfig, out: Path, **backend) -> tuple[bytes, dict]:
+    result = run_protocol(config, progress=False, **backend)
+    write_report(result, out, command=f"test {backend}")
+    payload = json.loads((out / "report.json").read_text())
+    for volatile in ("elapsed_s", "command"):  # timings and the command may differ
+        payload.pop(volatile)
+    return (out / "results.csv").read_bytes(), payload
+
+
+SMALL = {"regimes": ["bursty", "sync-heavy"], "seeds": 3, "draws": 40,
+         "agents": ["fixed-512", "random-deferral", "offline-oracle"]}
+
+
+@pytest.fixture(scope="module")
+def serial_report(tmp_path_factory):
+    out = tmp_path_factory.mktemp("serial") / "r"
+    return _report_files(ReportConfig(**SMALL), out)
+
+
+@pytest.mark.parametrize("jobs", [1, 2])
+def test_report_identical_on_processes(serial_report, tmp_path, jobs):
+    csv, payload = _report_files(ReportConfig(**SMALL), tmp_path / "r", backend="processes",
+                                 jobs=jobs)
+    assert csv == serial_report[0]
+    assert payload == serial_report[1]
+    assert b"random-deferral" in csv and len(csv.splitlines()) == 1 + 2 * 3 * 3
+
+
+def test_report_identical_on_ray(serial_report, tmp_path, local_ray):
+    csv, payload = _report_files(ReportConfig(**SMALL), tmp_path / "r", backend="ray")
+    assert csv == serial_report[0]
+    assert payload == serial_report[1]
+
+
+def test_trace_report_identical_on_processes(tmp_path):
+    """Trace windows (units rebuilt from the file by each worker) and their timeline."""
+    config = ReportConfig(trace=str(ROOT / "traces" / "bursty.csv"), window_s=300.0,
+                          draws=30, agents=["fixed-512", "wa-diloco"])
+    serial = _report_files(config, tmp_path / "s")
+    pooled = _report_files(config, tmp_path / "p", backend="processes", jobs=2)
+    assert pooled == serial
+    assert serial[1]["figures"], "the trace report draws its timeline figure"
+
+
+def test_cells_come_back_in_order(local_ray):
+    for backend in ("serial", "processes", "ray"):
+        seen = []
+        out = run_cells(_square_slow_first, list(range(6)), backend=backend, jobs=2,
+                        on_result=lambda i, r, seen=seen: seen.append(i))
+        assert out == [x * x for x in range(6)], backend
+        assert sorted(seen) == list(range(6)), backend
+
+
+@pytest.mark.parametrize("backend", ["serial", "processes", "ray"])
+def test_raising_cell(backend, request):
+    if backend == "ray":
+        request.getfixturevalue("local_ray")
+    # Recorded, the others complete.
+    out = run_cells(_fail_on_two, list(range(5)), backend=backend, jobs=2,
+                    capture_errors=True)
+    assert out[:2] == [0, 1] and out[3:] == [3, 4]
+    assert isinstance(out[2], CellError)
+    assert str(out[2]) == "ValueError: cell 2 is broken on two lines"
+    # Not captured: the cell's own exception type reaches the caller on every backend.
+    with pytest.raises(ValueError, match="cell 2 is broken"):
+        run_cells(_fail_on_two, list(range(5)), backend=backend, jobs=2)
+
+
+def test_bad_backend_arguments():
+    with pytest.raises(ValueError, match="unknown backend 'spark'"):
+        run_cells(abs, [1], backend="spark")
+    with pytest.raises(ValueError, match="jobs must be >= 1"):
+        run_cells(abs, [1], backend="processes", jobs=0)
+    with pytest.raises(ValueError, match="needs backend 'ray'"):
+        run_cells(abs, [1], backend="processes", ray_address="auto")
+
+
+def test_missing_ray_names_the_extra(monkeypatch, tmp_path, capsys):
+    monkeypatch.setitem(sys.modules, "ray", None)  # import ray -> ImportError
+    with pytest.raises(ModuleNotFoundError) as exc:
+        require_ray()
+    assert str(exc.value) == RAY_EXTRA_HINT
+    assert 'pip install "diloco-gym[ray]"' in RAY_EXTRA_HINT
+    with pytest.raises(SystemExit, match=r'pip install "diloco-gym\[ray\]"') as ex:
+        main(["report", "--backend", "ray", "--out", str(tmp_path / "r"), "--seeds", "2",
+              "--regimes", "bursty", "--no-progress"])
+    err = capsys.readouterr().err
+    assert ex.value.code != 0
+    assert 'pip install "diloco-gym[ray]"' in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "r").exists()
+
+
+def test_cli_ray_address_needs_ray_backend(tmp_path, capsys):
+    with pytest.raises(SystemExit) as ex:
+        main(["report", "--backend", "processes", "--ray-address", "auto",
+              "--out", str(tmp_path / "r"), "--no-progress"])
+    assert ex.value.code != 0
+    assert "--ray-address needs --backend ray" in capsys.readouterr().err
+
+
+def test_cli_report_processes(tmp_path, capsys):
+    """The report command with --backend processes --jobs 2 writes the serial report."""
+    args = ["report", "--seeds", "2", "--draws", "20", "--regimes", "sync-heavy",
+            "--agents", "fixed-256", "wa-diloco", "--no-progress"]
+    assert main(args + ["--out", str(tmp_path / "s")]) == 0
+    assert main(args + ["--out", str(tmp_path / "p"), "--backend", "processes",
+                        "--jobs", "2"]) == 0
+    capsys.readouterr()
+    assert ((tmp_path / "s" / "results.csv").read_bytes()
+            == (tmp_path / "p" / "results.csv").read_bytes())
