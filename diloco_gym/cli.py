@@ -293,6 +293,28 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_sweep(args: argparse.Namespace) -> int:
+    from diloco_gym.scale.sweep import load_sweep, run_sweep
+
+    _check_backend(args)
+    spec = load_sweep(args.config)  # a bad file (a ValueError) fails before any cell
+    out = args.out or f"sweep-{spec.name}"
+    try:
+        res = run_sweep(spec, out, backend=args.backend, jobs=args.jobs,
+                        ray_address=args.ray_address, progress=not args.no_progress,
+                        retry_failed=args.retry_failed, max_cells=args.max_cells)
+    except KeyboardInterrupt:
+        raise Interrupted(f"interrupted; the finished cells are stored in {out}/ (rerun to "
+                          f"resume)") from None
+    state = "complete" if res["complete"] else "incomplete (rerun to continue)"
+    print(f"sweep {spec.name}: {len(spec.points)} point(s), {res['cells']} cells: "
+          f"{res['run']} run now, {res['skipped']} stored before, {res['failed']} failed; "
+          f"{state}")
+    print(f"results in {out}/ (results.csv, results.parquet, summary.csv, summary.md, "
+          f"errors.csv)")
+    return 0
+
+
 def _close_progress_bars() -> None:
     """Close open tqdm bars now, so that their last redraw (at garbage collection) does not
     land after the one-line message."""
@@ -379,6 +401,22 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     _add_backend_args(p)
     _add_trace_args(p)
     p.set_defaults(func=cmd_report)
+
+    p = sub.add_parser("sweep", help="a grid of protocol runs (regimes/traces, loads, "
+                       "calibrations, merge budgets, env parameters, agents), resumable",
+                       formatter_class=fmt)
+    p.add_argument("config", help="sweep file (TOML; YAML with PyYAML): fixed settings and "
+                                  "a [grid] of axes (see docs/scale-out.md)")
+    p.add_argument("--out", default=None,
+                   help="sweep directory (default: sweep-NAME); cells already stored there "
+                        "are skipped, so rerunning resumes an interrupted sweep")
+    p.add_argument("--retry-failed", action="store_true",
+                   help="run the cells stored with an error again")
+    p.add_argument("--max-cells", type=_positive_int(1), default=None,
+                   help="stop after this many cells (rerun to continue)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    _add_backend_args(p)
+    p.set_defaults(func=cmd_sweep)
 
     p = sub.add_parser("train", help="train an RL scheduler with stable-baselines3")
     p.set_defaults(func=cmd_train)

@@ -38,11 +38,14 @@ class ReportCell:
             (workers may run in another directory).
         regime: the report's regime name (``replay:<stem>`` for a trace).
         unit: the unit's index within the regime; ``None`` for the regime's calibration cell.
+        env: ``DiLoCoSyncEnv`` keyword overrides (``EnvParams`` fields such as
+            ``merge_budget``) as sorted ``(name, value)`` pairs; empty for a report.
     """
 
     config: Any  # diloco_gym.report.ReportConfig (not imported here: no import cycle)
     regime: str
     unit: int | None
+    env: tuple[tuple[str, Any], ...] = ()
 
 
 def cell_config(config):
@@ -58,11 +61,14 @@ def cell_config(config):
                    calibration=absolute(config.calibration), agents=agents)
 
 
-def regime_plan(config, regime: str, calib=None) -> tuple[list, dict, str, Any]:
+def regime_plan(config, regime: str, calib=None, env: dict | None = None
+                ) -> tuple[list, dict, str, Any]:
     """The units and load of one regime of a report: ``(units, load, measured_key, fitted)``.
 
     ``measured_key`` is the regime whose calibration applies (a trace replay's sidecar
     regime) and ``fitted`` the calibration file's fitted sidecar for it, or ``None``.
+    ``env`` overrides ``EnvParams`` fields of every unit's environment (a sweep's
+    ``merge_budget``, for example).
     """
     from diloco_gym import calibration as cal
     from diloco_gym.regimes import REGIMES
@@ -75,6 +81,16 @@ def regime_plan(config, regime: str, calib=None) -> tuple[list, dict, str, Any]:
         units, load = _synthetic_units(config, regime, fitted)
     else:
         units, load = _trace_units(config, fitted or REGIMES[measured_key].sidecar)
+    if env:
+        from diloco_gym.env import DiLoCoSyncEnv
+
+        rebuilt: dict[int, Any] = {}  # units that shared an env keep sharing one
+        for unit in units:
+            old = unit.env
+            if id(old) not in rebuilt:
+                rebuilt[id(old)] = DiLoCoSyncEnv(regime=old.generator, sidecar=old.sidecar,
+                                                 **env)
+            unit.env = rebuilt[id(old)]
     return units, load, measured_key, fitted
 
 
@@ -83,8 +99,8 @@ _CACHE: dict[str, Any] = {}
 _CACHE_MAX = 8
 
 
-def _cached(kind: str, config, regime: str | None, build):
-    key = json.dumps([kind, asdict(config), regime], sort_keys=True, default=str)
+def _cached(kind: str, config, regime: str | None, build, env: tuple = ()):
+    key = json.dumps([kind, asdict(config), regime, env], sort_keys=True, default=str)
     if key not in _CACHE:
         if len(_CACHE) >= _CACHE_MAX:
             _CACHE.pop(next(iter(_CACHE)))
@@ -105,7 +121,8 @@ def run_report_cell(cell: ReportCell) -> dict[str, Any]:
     config = cell.config
     calib = _cached("calibration", config, None, lambda: cal.load_calibration(config.calibration))
     units, _load, measured_key, fitted = _cached(
-        "units", config, cell.regime, lambda: regime_plan(config, cell.regime, calib))
+        "units", config, cell.regime,
+        lambda: regime_plan(config, cell.regime, calib, dict(cell.env)), cell.env)
     if cell.unit is None:
         return _calibration_cell(config, measured_key, fitted, units)
     from agents.registry import make_agents
