@@ -162,3 +162,65 @@ def test_cli_report_processes(tmp_path, capsys):
     capsys.readouterr()
     assert ((tmp_path / "s" / "results.csv").read_bytes()
             == (tmp_path / "p" / "results.csv").read_bytes())
+
+
+# ----------------------------------------------------------------- train --vec-env
+def _train_tiny(out: Path, kind: str, seed: int = 5) -> dict:
+    pytest.importorskip("stable_baselines3")
+    from diloco_gym import train as tr
+
+    tr.train("ppo", regime="bursty", timesteps=512, seed=seed, out=out, n_envs=2,
+             eval_episodes=0, checkpoint_freq=0, vec_env=kind,
+             hyperparameters={"n_steps": 128, "batch_size": 128, "n_epochs": 1})
+    from stable_baselines3 import PPO
+
+    meta = json.loads((out / "meta.json").read_text())
+    assert meta["vec_env"] == kind and meta["timesteps"] >= 512
+    assert meta["train_episodes_this_run"] >= 2
+    return {k: v.numpy() for k, v in PPO.load(out / "model.zip").policy.state_dict().items()}
+
+
+def _same(a: dict, b: dict) -> bool:
+    import numpy as np
+
+    return a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.parametrize("kind", ["native", "dummy"])
+def test_train_same_seed_same_model_per_vec_env(tmp_path, kind):
+    first = _train_tiny(tmp_path / "a", kind)
+    assert _same(first, _train_tiny(tmp_path / "b", kind))
+    assert not _same(first, _train_tiny(tmp_path / "c", kind, seed=6))
+
+
+def test_train_subproc_equals_dummy(tmp_path):
+    """The same envs one per process or one after another: the same model."""
+    assert _same(_train_tiny(tmp_path / "s", "subproc"), _train_tiny(tmp_path / "d", "dummy"))
+
+
+def test_native_vec_env_batches_the_training_episodes():
+    """The native batch plays exactly the episodes of DummyVecEnv's envs, and every one of
+    them has a training seed (never a report or validation seed)."""
+    pytest.importorskip("stable_baselines3")
+    import numpy as np
+
+    from diloco_gym import train as tr
+
+    native = tr.make_train_vec_env("native", "bursty", seed=11, n_envs=3)
+    dummy = tr.make_train_vec_env("dummy", "bursty", seed=11, n_envs=3)
+    native.seed(11)
+    dummy.seed(11)
+    np.testing.assert_array_equal(native.reset(), dummy.reset())
+    rng = np.random.default_rng(0)
+    for _ in range(600):  # past the end of the first episodes (517 decisions at most)
+        actions = rng.integers(2, size=3)
+        o1, r1, d1, _ = native.step(actions)
+        o2, r2, d2, _ = dummy.step(actions)
+        np.testing.assert_array_equal(d1, d2)
+        np.testing.assert_allclose(o1, o2, rtol=1e-6, atol=1e-6)
+        np.testing.assert_allclose(r1, r2, rtol=1e-6, atol=1e-6)
+    seeds = tr._train_episode_seeds(native)
+    assert len(seeds) >= 6 and sorted(seeds) == sorted(tr._train_episode_seeds(dummy))
+    assert all(tr.TRAIN_SEED_LOW <= s < tr.TRAIN_SEED_HIGH for s in seeds)
+    native.close()
+    dummy.close()
