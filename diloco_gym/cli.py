@@ -315,6 +315,27 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_tune(args: argparse.Namespace) -> int:
+    _check_backend(args)
+    try:
+        from diloco_gym.scale.tune import load_tune, run_tune
+    except ImportError as exc:
+        raise UsageError(f"tune needs the 'rl' and 'ray' extras "
+                         f"(pip install 'diloco-gym[rl,ray]'): {exc}") from None
+    spec = load_tune(args.config)
+    out = args.out or f"tune-{spec['name']}"
+    try:
+        res = run_tune(spec, out, jobs=args.jobs, ray_address=args.ray_address,
+                       progress=not args.no_progress)
+    except KeyboardInterrupt:
+        raise Interrupted("interrupted; no best model saved") from None
+    print(f"tune {spec['name']}: {res['trials']} trial(s), {res['errored']} errored; best "
+          f"validation sync-excess {res['metric']:.3f} % with {res['config']}")
+    print(f"best model: {res['best_dir']}/ (use: diloco-gym report --agent "
+          f"{res['best_dir']})")
+    return 0
+
+
 def _close_progress_bars() -> None:
     """Close open tqdm bars now, so that their last redraw (at garbage collection) does not
     land after the one-line message."""
@@ -417,6 +438,23 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     _add_backend_args(p)
     p.set_defaults(func=cmd_sweep)
+
+    p = sub.add_parser("tune", help="Ray Tune (ASHA) search over SB3 hyperparameters, "
+                       "selected on validation seeds; the best model as a run directory",
+                       formatter_class=fmt)
+    p.add_argument("config", help="tune file (TOML; YAML with PyYAML): the training setup "
+                                  "and a [space] of hyperparameters (see docs/scale-out.md)")
+    p.add_argument("--out", default=None,
+                   help="output directory (default: tune-NAME): best/ (model.zip, "
+                        "meta.json: give it to report --agent), trials.json, ray_results/")
+    p.add_argument("--backend", choices=("ray",), default="ray",
+                   help="Ray Tune (the extra diloco-gym[ray]); the only backend of tune")
+    p.add_argument("--jobs", type=_positive_int(1), default=None,
+                   help="CPUs of a local Ray instance (default: the CPUs available)")
+    p.add_argument("--ray-address", default=None,
+                   help="Ray cluster to connect to ('auto': the one `ray start` runs here)")
+    p.add_argument("--no-progress", action="store_true", help="quiet Tune output")
+    p.set_defaults(func=cmd_tune)
 
     p = sub.add_parser("train", help="train an RL scheduler with stable-baselines3")
     p.set_defaults(func=cmd_train)

@@ -224,3 +224,76 @@ def test_native_vec_env_batches_the_training_episodes():
     assert all(tr.TRAIN_SEED_LOW <= s < tr.TRAIN_SEED_HIGH for s in seeds)
     native.close()
     dummy.close()
+
+
+# ----------------------------------------------------------------- tune
+TINY_TUNE = """
+name = "tiny"
+timesteps = 256
+eval_every = 128
+grace_timesteps = 128
+reduction_factor = 2
+num_samples = 2
+train_seeds = 2
+validation_episodes = 2
+n_envs = 2
+seed = 1
+[space]
+learning_rate = { loguniform = [1e-4, 1e-3] }
+n_steps = [64]
+batch_size = 64
+n_epochs = 1
+"""
+
+
+def test_tiny_tune_saves_a_model_report_accepts(tmp_path, local_ray):
+    pytest.importorskip("stable_baselines3")
+    pytest.importorskip("ray.tune")
+    from agents.registry import make_agents
+    from diloco_gym import train as tr
+    from diloco_gym.env import DiLoCoSyncEnv
+    from diloco_gym.rollout import run_episode
+    from diloco_gym.scale.tune import load_tune, run_tune
+
+    cfg = tmp_path / "t.toml"
+    cfg.write_text(TINY_TUNE)
+    res = run_tune(load_tune(cfg), tmp_path / "out", progress=False)
+    assert res["trials"] == 2 and res["errored"] == 0
+    best = tmp_path / "out" / "best"
+    meta = json.loads((best / "meta.json").read_text())
+    assert meta["algo"] == "ppo" and meta["timesteps"] == 256
+    assert meta["seed_ranges"]["validation_seeds"] == [tr.VALIDATION_SEED0,
+                                                      tr.VALIDATION_SEED0 + 2]
+    assert meta["seed_ranges"]["train_episode_seeds"][0] == tr.TRAIN_SEED_LOW == 10**6
+    assert len(meta["tune"]["validation_per_seed"]) == 2
+    assert meta["hyperparameters"]["learning_rate"] == res["config"]["learning_rate"]
+    trials = json.loads((tmp_path / "out" / "trials.json").read_text())
+    finished = [t for t in trials if t["timesteps"] == 256]
+    assert res["metric"] == min(t["val_sync_excess_pct"] for t in finished)
+    # A normal run directory: the report's agent loader takes it.
+    (agent,) = make_agents([str(best)])
+    out = run_episode(DiLoCoSyncEnv("bursty"), agent, 0)
+    assert out["merges"] >= 1
+    assert main(["report", "--agents", "fixed-512", "--agent", str(best), "--regimes",
+                 "bursty", "--seeds", "2", "--draws", "10", "--no-progress",
+                 "--out", str(tmp_path / "rep")]) == 0
+
+
+@pytest.mark.parametrize("text, match", [
+    ("algo = 'ppo'\n", r"\[space\] must be a table"),
+    ("bogus = 1\n[space]\ngamma = 0.99\n", "unknown key 'bogus'"),
+    ("[space]\nnot_a_param = [1, 2]\n", "'not_a_param' is not a ppo hyperparameter"),
+    ("[space]\ngamma = { normal = [0, 1] }\n", "gamma must be one of"),
+    ("[space]\nlearning_rate = { loguniform = [0, 1] }\n", "0 < low < high"),
+    ("timesteps = 0\n[space]\ngamma = 0.99\n", "timesteps must be >= 1"),
+    ("regime = 'nope'\n[space]\ngamma = 0.99\n", "unknown regime 'nope'"),
+])
+def test_bad_tune_file(tmp_path, text, match):
+    pytest.importorskip("stable_baselines3")
+    from diloco_gym.scale.tune import TuneFileError, load_tune
+
+    cfg = tmp_path / "t.toml"
+    cfg.write_text(text)
+    with pytest.raises(TuneFileError, match=match) as exc:
+        load_tune(cfg)
+    assert str(cfg) in str(exc.value)
