@@ -20,6 +20,7 @@ import argparse
 import json
 import os
 import platform
+import resource
 import sys
 import tempfile
 import time
@@ -40,10 +41,17 @@ QUICK = {
 }
 
 
-def _time(config: ReportConfig, **backend) -> tuple[float, object]:
-    t0 = time.perf_counter()
+def _cpu() -> float:
+    """CPU seconds of this process and of its reaped children (pool workers; not Ray's)."""
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+def _time(config: ReportConfig, **backend) -> tuple[float, float, object]:
+    c0, t0 = _cpu(), time.perf_counter()
     res = run_protocol(config, progress=False, **backend)
-    return time.perf_counter() - t0, res
+    return time.perf_counter() - t0, _cpu() - c0, res
 
 
 def bench(workloads: dict, with_ray: bool) -> list[dict]:
@@ -68,15 +76,20 @@ def bench(workloads: dict, with_ray: bool) -> list[dict]:
         cells = None
         serial_t = serial_rows = None
         for label, backend in runs:
-            t, res = _time(config, **backend)
+            t, cpu, res = _time(config, **backend)
             if serial_rows is None:
                 serial_t, serial_rows = t, res["rows"]
                 cells = len(res["rows"]) // len(config.agents) + len(res["calibration"])
             same = res["rows"].equals(serial_rows)
+            # CPU of Ray's workers is not visible here (they are not our children).
+            cpu_s = None if label.startswith("ray") else cpu
             out.append({"workload": name, "cells": cells, "run": label, "wall_s": t,
-                        "speedup": serial_t / t, "same_rows_as_serial": bool(same)})
-            print(f"{name:20s} {label:14s} {t:8.2f} s  speedup {serial_t / t:5.2f}  "
-                  f"identical {same}", flush=True)
+                        "cpu_s": cpu_s, "speedup": serial_t / t,
+                        "same_rows_as_serial": bool(same),
+                        "load_average": os.getloadavg()[0]})
+            cpu_txt = "" if cpu_s is None else f"  cpu {cpu_s:7.2f} s"
+            print(f"{name:20s} {label:14s} {t:8.2f} s{cpu_txt}  speedup {serial_t / t:5.2f}  "
+                  f"identical {same}  load {os.getloadavg()[0]:.1f}", flush=True)
     if with_ray:
         out.append({"workload": "ray local start-up", "run": "ray.init(num_cpus=2)",
                     "wall_s": ray_start})
