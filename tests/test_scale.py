@@ -297,3 +297,19 @@ def test_bad_tune_file(tmp_path, text, match):
     with pytest.raises(TuneFileError, match=match) as exc:
         load_tune(cfg)
     assert str(cfg) in str(exc.value)
+
+
+def test_sweep_on_ray_equals_serial(tmp_path, local_ray):
+    """A sweep with a failing point, on Ray and serially: the same files."""
+    from diloco_gym.scale.sweep import load_sweep, run_sweep
+
+    cfg = tmp_path / "s.toml"
+    cfg.write_text('agents = ["fixed-512"]\nseeds = 2\ndraws = 20\n[grid]\n'
+                   'regime = ["sync-heavy"]\nmerge_budget = [8, 100000]\n')
+    outs = {}
+    for backend in ("serial", "ray"):
+        res = run_sweep(load_sweep(cfg), tmp_path / backend, backend=backend, progress=False)
+        assert res["complete"] and res["failed"] == 2
+        outs[backend] = {n: (tmp_path / backend / n).read_bytes()
+                         for n in ("results.csv", "summary.csv", "errors.csv", "summary.md")}
+    assert outs["ray"] == outs["serial"]
