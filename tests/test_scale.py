@@ -313,3 +313,14 @@ def test_sweep_on_ray_equals_serial(tmp_path, local_ray):
         outs[backend] = {n: (tmp_path / backend / n).read_bytes()
                          for n in ("results.csv", "summary.csv", "errors.csv", "summary.md")}
     assert outs["ray"] == outs["serial"]
+
+
+def test_tune_without_ray_names_the_extra(monkeypatch, tmp_path, capsys):
+    monkeypatch.setitem(sys.modules, "ray", None)
+    cfg = tmp_path / "t.toml"
+    cfg.write_text("[space]\ngamma = 0.99\n")
+    with pytest.raises(SystemExit) as ex:
+        main(["tune", str(cfg), "--out", str(tmp_path / "o")])
+    assert ex.value.code == 2
+    assert 'pip install "diloco-gym[ray]"' in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()

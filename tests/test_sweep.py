@@ -174,3 +174,13 @@ def test_cli_sweep(tmp_path, capsys):
     with pytest.raises(SystemExit) as exc:
         main(["sweep", str(tmp_path / "none.toml"), "--no-progress"])
     assert exc.value.code == 2 and "no such sweep file" in capsys.readouterr().err
+
+
+def test_yaml_sweep_equals_toml(tmp_path):
+    pytest.importorskip("yaml")
+    toml = load_sweep(_write(tmp_path, SPEC))
+    yaml_text = ("name: t\nagents: [fixed-512, wa-diloco]\nseeds: 3\ndraws: 30\n"
+                 "grid:\n  regime: [bursty, sync-heavy]\n  merge_budget: [8, 16]\n")
+    got = load_sweep(_write(tmp_path, yaml_text, "s.yaml"))
+    assert [(p.params, p.env, p.config) for p in got.points] == \
+        [(p.params, p.env, p.config) for p in toml.points]
