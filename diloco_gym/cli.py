@@ -120,6 +120,31 @@ def _add_trace_args(p: argparse.ArgumentParser) -> None:
                            "replayed token mix)")
 
 
+def _add_backend_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--backend", choices=("serial", "processes", "ray"), default="serial",
+                   help="where the cells run: this process, a local process pool, or Ray "
+                        "(the extra diloco-gym[ray]); results are identical on every backend")
+    p.add_argument("--jobs", type=_positive_int(1), default=None,
+                   help="workers for processes / a local Ray instance (default: the CPUs "
+                        "available)")
+    p.add_argument("--ray-address", default=None,
+                   help="Ray cluster to connect to ('auto': the one `ray start` runs here; "
+                        "default: start a local instance); needs --backend ray")
+
+
+def _check_backend(args: argparse.Namespace) -> None:
+    """Refuse backend options that cannot apply, and a missing Ray, before any work."""
+    if args.ray_address and args.backend != "ray":
+        raise UsageError(f"--ray-address needs --backend ray (got --backend {args.backend})")
+    if args.backend == "ray":
+        from diloco_gym.scale.backends import RAY_EXTRA_HINT
+
+        try:
+            import ray  # noqa: F401
+        except ImportError:
+            raise UsageError(RAY_EXTRA_HINT) from None
+
+
 def _check_regime(name: str) -> str:
     if name not in REGIMES:
         raise UsageError(f"unknown regime {name!r}; valid regimes: {', '.join(REGIMES)}")
@@ -219,6 +244,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     from diloco_gym.report import ReportConfig, prepare_out_dir, run_protocol, write_report
     from diloco_gym.traces import TraceFormatError
 
+    _check_backend(args)
     try:
         prepare_out_dir(args.out, args.force)
     except (FileExistsError, IsADirectoryError, NotADirectoryError, PermissionError) as exc:
@@ -254,7 +280,8 @@ def cmd_report(args: argparse.Namespace) -> int:
               file=sys.stderr)
     command = "diloco-gym " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     try:
-        result = run_protocol(config, progress=not args.no_progress)
+        result = run_protocol(config, progress=not args.no_progress, backend=args.backend,
+                              jobs=args.jobs, ray_address=args.ray_address)
         out = write_report(result, args.out, force=args.force, command=command)
     except TraceFormatError:
         raise
@@ -334,6 +361,49 @@ def cmd_frontier(args: argparse.Namespace) -> int:
         print(f"{regime}: not dominated: {', '.join(fr._undominated(d)) if not d.empty else '-'}")
     print(f"\nfrontier written to {out}/ (frontier.md, frontier.csv, curves.csv, frontier.json, "
           f"figures) in {time.perf_counter() - started:.1f} s")
+    return 0
+
+
+def cmd_sweep(args: argparse.Namespace) -> int:
+    from diloco_gym.scale.sweep import load_sweep, run_sweep
+
+    _check_backend(args)
+    spec = load_sweep(args.config)  # a bad file (a ValueError) fails before any cell
+    out = args.out or f"sweep-{spec.name}"
+    try:
+        res = run_sweep(spec, out, backend=args.backend, jobs=args.jobs,
+                        ray_address=args.ray_address, progress=not args.no_progress,
+                        retry_failed=args.retry_failed, max_cells=args.max_cells)
+    except KeyboardInterrupt:
+        raise Interrupted(f"interrupted; the finished cells are stored in {out}/ (rerun to "
+                          f"resume)") from None
+    state = "complete" if res["complete"] else "incomplete (rerun to continue)"
+    print(f"sweep {spec.name}: {len(spec.points)} point(s), {res['cells']} cells: "
+          f"{res['run']} run now, {res['skipped']} stored before, {res['failed']} failed; "
+          f"{state}")
+    print(f"results in {out}/ (results.csv, results.parquet, summary.csv, summary.md, "
+          f"errors.csv)")
+    return 0
+
+
+def cmd_tune(args: argparse.Namespace) -> int:
+    _check_backend(args)
+    try:
+        from diloco_gym.scale.tune import load_tune, run_tune
+    except ImportError as exc:
+        raise UsageError(f"tune needs the 'rl' and 'ray' extras "
+                         f"(pip install 'diloco-gym[rl,ray]'): {exc}") from None
+    spec = load_tune(args.config)
+    out = args.out or f"tune-{spec['name']}"
+    try:
+        res = run_tune(spec, out, jobs=args.jobs, ray_address=args.ray_address,
+                       progress=not args.no_progress)
+    except KeyboardInterrupt:
+        raise Interrupted("interrupted; no best model saved") from None
+    print(f"tune {spec['name']}: {res['trials']} trial(s), {res['errored']} errored; best "
+          f"validation sync-excess {res['metric']:.3f} % with {res['config']}")
+    print(f"best model: {res['best_dir']}/ (use: diloco-gym report --agent "
+          f"{res['best_dir']})")
     return 0
 
 
@@ -420,6 +490,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     p.add_argument("--calibration",
                    help="real-sidecar calibration JSON (default: the shipped reference)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    _add_backend_args(p)
     _add_trace_args(p)
     p.set_defaults(func=cmd_report)
 
@@ -455,6 +526,40 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     _add_trace_args(p)
     p.set_defaults(func=cmd_frontier)
+
+
+    p = sub.add_parser("sweep", help="a grid of protocol runs (regimes/traces, loads, "
+                       "calibrations, merge budgets, env parameters, agents), resumable",
+                       formatter_class=fmt)
+    p.add_argument("config", help="sweep file (TOML; YAML with PyYAML): fixed settings and "
+                                  "a [grid] of axes (see docs/scale-out.md)")
+    p.add_argument("--out", default=None,
+                   help="sweep directory (default: sweep-NAME); cells already stored there "
+                        "are skipped, so rerunning resumes an interrupted sweep")
+    p.add_argument("--retry-failed", action="store_true",
+                   help="run the cells stored with an error again")
+    p.add_argument("--max-cells", type=_positive_int(1), default=None,
+                   help="stop after this many cells (rerun to continue)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    _add_backend_args(p)
+    p.set_defaults(func=cmd_sweep)
+
+    p = sub.add_parser("tune", help="Ray Tune (ASHA) search over SB3 hyperparameters, "
+                       "selected on validation seeds; the best model as a run directory",
+                       formatter_class=fmt)
+    p.add_argument("config", help="tune file (TOML; YAML with PyYAML): the training setup "
+                                  "and a [space] of hyperparameters (see docs/scale-out.md)")
+    p.add_argument("--out", default=None,
+                   help="output directory (default: tune-NAME): best/ (model.zip, "
+                        "meta.json: give it to report --agent), trials.json, ray_results/")
+    p.add_argument("--backend", choices=("ray",), default="ray",
+                   help="Ray Tune (the extra diloco-gym[ray]); the only backend of tune")
+    p.add_argument("--jobs", type=_positive_int(1), default=None,
+                   help="CPUs of a local Ray instance (default: the CPUs available)")
+    p.add_argument("--ray-address", default=None,
+                   help="Ray cluster to connect to ('auto': the one `ray start` runs here)")
+    p.add_argument("--no-progress", action="store_true", help="quiet Tune output")
+    p.set_defaults(func=cmd_tune)
 
     p = sub.add_parser("train", help="train an RL scheduler with stable-baselines3")
     p.set_defaults(func=cmd_train)

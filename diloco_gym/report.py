@@ -6,7 +6,6 @@ import json
 import os
 import re
 import shutil
-import sys
 import textwrap
 import time
 from dataclasses import asdict, dataclass, field
@@ -20,7 +19,6 @@ from diloco_gym import calibration as cal
 from diloco_gym import core, protocol
 from diloco_gym.env import DiLoCoSyncEnv
 from diloco_gym.regimes import REGIMES
-from diloco_gym.rollout import run_episode
 from diloco_gym.sidecar import SidecarParams
 
 if TYPE_CHECKING:
@@ -145,16 +143,6 @@ class _Unit:
     fields: dict
 
 
-def _progress(total: int, enabled: bool):
-    if not enabled:
-        return None
-    try:
-        from tqdm import tqdm
-    except ImportError:  # pragma: no cover - tqdm is a dependency
-        return None
-    return tqdm(total=total, unit="episode", desc="report", file=sys.stderr)
-
-
 def _synthetic_units(config: ReportConfig, regime: str, fitted: SidecarParams | None
                      ) -> tuple[list[_Unit], dict]:
     """Seeds of a synthetic regime at the configured load, and the load's description."""
@@ -220,16 +208,25 @@ def _trace_units(config: ReportConfig, sidecar: SidecarParams) -> tuple[list[_Un
     return units, load
 
 
-def run_protocol(config: ReportConfig, progress: bool = True) -> dict[str, Any]:
+def run_protocol(config: ReportConfig, progress: bool = True, backend: str = "serial",
+                 jobs: int | None = None, ray_address: str | None = None) -> dict[str, Any]:
     """Run the protocol; returns ``{"rows", "summary", "calibration", "config", ...}``.
 
     The statistical unit is the episode: a seed of a synthetic regime, or one window of a
     replayed trace (windows tile the trace, disjoint unless ``config.stride_s`` is shorter
     than the window). ``rows`` records each unit's kind, window and independence.
+
+    The work is split into cells (:mod:`diloco_gym.scale.cells`: one per unit with all the
+    agents, and one calibration cell per regime) run on ``backend`` (``serial``,
+    ``processes`` or ``ray``; see :func:`diloco_gym.scale.run_cells`) with ``jobs`` workers;
+    the results are put back in the serial order, so everything but ``elapsed_s`` is the
+    same for every backend and number of workers.
     """
     from agents.registry import make_agents
+    from diloco_gym.scale.backends import run_cells
+    from diloco_gym.scale.cells import ReportCell, cell_config, regime_plan, run_report_cell
 
-    agents = make_agents(config.agents)  # unique names; the same agent twice is refused
+    make_agents(config.agents)  # unique names; the same agent twice is refused
     calib = cal.load_calibration(config.calibration)
     regimes = ([f"replay:{Path(config.trace).stem}"] if config.trace is not None
                else list(config.regimes))
@@ -240,27 +237,21 @@ def run_protocol(config: ReportConfig, progress: bool = True) -> dict[str, Any]:
     started = time.perf_counter()
     plan = []
     for regime in regimes:
-        measured_key = regime if config.trace is None else config.trace_sidecar
-        fitted = calib.sidecar_for(measured_key)
-        if config.trace is None:
-            units, load = _synthetic_units(config, regime, fitted)
-        else:
-            units, load = _trace_units(config, fitted or REGIMES[measured_key].sidecar)
-        plan.append((regime, measured_key, fitted, units))
+        units, load, measured_key, fitted = regime_plan(config, regime, calib)
+        plan.append((regime, measured_key, fitted, len(units)))
         loads[regime] = load
-    bar = _progress(sum(len(u) for *_, u in plan) * len(agents), progress)
-    for regime, measured_key, fitted, units in plan:
+    shipped = cell_config(config)
+    # Calibration cells first: each is one of the longest, and starting them early keeps
+    # the workers busy to the end.
+    cells = [ReportCell(shipped, regime, None) for regime in regimes]
+    cells += [ReportCell(shipped, regime, i) for regime, *_, n in plan for i in range(n)]
+    done = run_cells(run_report_cell, cells, backend=backend, jobs=jobs,
+                     ray_address=ray_address, progress=progress, desc="report")
+    by_cell = {(c.regime, c.unit): r for c, r in zip(cells, done, strict=True)}
+    for regime, measured_key, fitted, n_units in plan:
         measured = calib.measured(measured_key)
-        calib_seeds = range(config.seed0, config.seed0 + 8)
-        # The verdict belongs to the sidecar on the load it was calibrated on: the measured
-        # regime's own traces at its capacity-relative load (not the user's --rate-scale).
-        # A live file records the load it was measured at: simulate the fitted sidecar there.
-        u_cal = (cal.measured_utilization(config.calibration, fitted) if fitted is not None
-                 else None)
-        sim = cal.simulated_effect_sizes(measured_key, seeds=calib_seeds, sidecar=fitted,
-                                         utilization=u_cal)
-        trace_sim = (_trace_effect_sizes(units[:8]) if config.trace is not None
-                     else dict.fromkeys(cal.METRICS, np.nan))
+        got = by_cell[(regime, None)]
+        sim, trace_sim, u_cal = got["sim"], got["trace_sim"], got["u_cal"]
         verdict = cal.transfer_verdict(sim, measured)
         on = calib.measured_on(measured_key)
         load = loads[regime]
@@ -281,45 +272,11 @@ def run_protocol(config: ReportConfig, progress: bool = True) -> dict[str, Any]:
                                u_cal if u_cal is not None else
                                REGIMES[measured_key].with_load(fitted).utilization(fitted)),
                            "verdict": verdict})
-        counts = scorer = None
-        for unit in units:
-            env, seed = unit.env, unit.seed
-            p, sc = env.params, env.sidecar
-            for agent in agents:
-                res = run_episode(env, agent, seed)
-                ep = env.episode
-                assert ep is not None  # run_episode() reset env
-                m = int(res["merges"])
-                if counts is None or counts.shape[0] <= m or counts.shape[1] != ep.n_decisions:
-                    counts = protocol.counts_for(ep.n_decisions, p, max(m, 40))
-                # Agent, control and oracle by the same exact replay (one scorer per
-                # episode, reused across agents). Draws depend on (episode, budget) only: the
-                # same report for any agent order, and equal budgets share an envelope.
-                if scorer is None or not scorer.matches(ep):
-                    scorer = protocol.EpisodeScorer(ep, p, sc)
-                scored = protocol.score_episode(scorer, res["merge_decisions"], config.draws,
-                                                np.random.default_rng([seed, m, 7]), counts)
-                dur_min = ep.trace.duration_s / 60.0
-                rows.append({
-                    "regime": regime, "agent": agent.name, "deployable": res["deployable"],
-                    "seed": seed, "merges": m,
-                    "merges_per_hour": m * 60.0 / dur_min,
-                    **scored,
-                    "no_sync_violation_pct": res["no_sync_violation_pct"],
-                    "violation_pct": res["violation_pct"], "p95_ms": res["p95_ms"],
-                    "requests": res["requests"], "excess_requests": res["sync_excess_requests"],
-                    "return": res["return"], "duration_s": ep.trace.duration_s,
-                })
-                rows[-1].update(unit.fields)
-                if (regime == "bursty" or config.trace is not None) and unit is units[0]:
-                    # The episode object stays valid after the env's next reset.
-                    timelines.setdefault(regime, {"seed": seed, "schedules": {}, "episode": ep,
-                                                  "params": p, "sidecar": sc})
-                    timelines[regime]["schedules"][agent.name] = res["merge_decisions"]
-                if bar is not None:
-                    bar.update(1)
-    if bar is not None:
-        bar.close()
+        for i in range(n_units):
+            got = by_cell[(regime, i)]
+            rows.extend(got["rows"])
+            if got["timeline"] is not None:
+                timelines.setdefault(regime, got["timeline"])
     df = pd.DataFrame(rows)
     summary = summarise(df, {r["regime"]: r["verdict"] for r in calib_rows}, config.alpha,
                         config.saturation_pct)

@@ -36,6 +36,7 @@ import shlex
 import shutil
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -111,6 +112,89 @@ def make_train_env(regime: str, seed: int, env_kwargs: dict[str, Any] | None = N
 
     env = DiLoCoSyncEnv(regime=regime, **(env_kwargs or {}))
     return Monitor(TrainSeedWrapper(env, seed=seed))
+
+
+#: How ``train`` batches its ``n_envs`` environments (``--vec-env``).
+VEC_ENVS = ("native", "subproc", "dummy")
+
+
+def _train_seed_vector_env():
+    """The native vector env with :class:`TrainSeedWrapper`'s seed rule (built lazily: the
+    class derives from :class:`~diloco_gym.vector.DiLoCoSyncVectorEnv`)."""
+    from diloco_gym.vector import DiLoCoSyncVectorEnv
+
+    class TrainSeedVectorEnv(DiLoCoSyncVectorEnv):
+        """Every episode seed of env ``i`` drawn from ``[TRAIN_SEED_LOW, TRAIN_SEED_HIGH)``
+        by a generator seeded with the seed ``reset`` gives env ``i``, exactly as a
+        :class:`TrainSeedWrapper` does: a training episode can never use a held-out seed,
+        and env ``i`` plays the episodes of the ``dummy`` / ``subproc`` kinds' env ``i``."""
+
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self._train_rngs: list[np.random.Generator] = [
+                np.random.default_rng() for _ in range(self.num_envs)]
+            #: the episode seeds used so far (for audits and tests).
+            self.train_episode_seeds: list[int] = []
+
+        def _next_seed(self, i: int, seed: int | None) -> int:
+            if seed is not None:
+                self._train_rngs[i] = np.random.default_rng(seed)
+            episode_seed = int(self._train_rngs[i].integers(TRAIN_SEED_LOW, TRAIN_SEED_HIGH))
+            self.train_episode_seeds.append(episode_seed)
+            return episode_seed
+
+    return TrainSeedVectorEnv
+
+
+def make_train_vec_env(kind: str, regime: str, seed: int, n_envs: int,
+                       env_kwargs: dict[str, Any] | None = None):
+    """The SB3 vector env ``train`` learns on.
+
+    Args:
+        kind: ``"native"`` (:class:`~diloco_gym.vector.SB3VecEnv` over the batched native
+            vector env in this process: the ``n_envs`` envs step as one array operation),
+            ``"subproc"`` (SB3's ``SubprocVecEnv``: one process per env) or ``"dummy"``
+            (SB3's ``DummyVecEnv``: the envs one after another).
+        regime, env_kwargs: the training environment.
+        seed: env ``i``'s episode-seed generator starts from ``seed + i`` (every kind).
+        n_envs: environments.
+
+    Returns:
+        The vector env, with episode statistics (``Monitor`` / ``VecMonitor``).
+    """
+    env_kwargs = dict(env_kwargs or {})
+    if kind == "native":
+        from stable_baselines3.common.vec_env import VecMonitor
+
+        from diloco_gym.vector import AutoresetMode, SB3VecEnv
+
+        venv = _train_seed_vector_env()(n_envs, regime=regime,
+                                        autoreset_mode=AutoresetMode.SAME_STEP, **env_kwargs)
+        vec = VecMonitor(SB3VecEnv(venv))
+        vec.seed(seed)
+        return vec
+    def env_fn(i: int) -> Callable[[], gym.Env]:
+        return lambda: make_train_env(regime, seed + i, env_kwargs)
+
+    fns = [env_fn(i) for i in range(n_envs)]
+    if kind == "dummy":
+        from stable_baselines3.common.vec_env import DummyVecEnv
+
+        return DummyVecEnv(fns)
+    if kind == "subproc":
+        from stable_baselines3.common.vec_env import SubprocVecEnv
+
+        return SubprocVecEnv(fns, start_method="spawn")
+    raise ValueError(f"unknown vec env {kind!r}; valid: {', '.join(VEC_ENVS)}")
+
+
+def _train_episode_seeds(vec_env) -> list[int]:
+    """The training episode seeds a vector env from :func:`make_train_vec_env` used."""
+    inner = getattr(vec_env, "venv", None)
+    native = getattr(inner, "venv", None)
+    if native is not None and hasattr(native, "train_episode_seeds"):
+        return list(native.train_episode_seeds)
+    return [s for seeds in vec_env.get_attr("episode_seeds") for s in seeds]
 
 
 def _algo_class(algo: str):
@@ -326,7 +410,7 @@ def train(algo: str, regime: str = "bursty", timesteps: int = 200_000, seed: int
           eval_freq: int = 10_000, checkpoint_freq: int = 50_000, resume: bool = False,
           progress_bar: bool = False, env_kwargs: dict[str, Any] | None = None,
           hyperparameters: dict[str, Any] | None = None, verbose: int = 0,
-          command: str | None = None, force: bool = False) -> Path:
+          command: str | None = None, force: bool = False, vec_env: str = "native") -> Path:
     """Train an RL scheduler and save ``out/model.zip`` and ``out/meta.json``.
 
     Args:
@@ -340,7 +424,7 @@ def train(algo: str, regime: str = "bursty", timesteps: int = 200_000, seed: int
             episode-seed generator is seeded with ``seed + i``). Same seed, same machine and
             library versions give the same model.
         out: output directory (created).
-        n_envs: environments in the ``DummyVecEnv``.
+        n_envs: environments, batched as ``vec_env`` says.
         eval_episodes: validation episodes per evaluation (seeds ``VALIDATION_SEED0 + i``);
             ``0`` disables evaluation.
         eval_freq: evaluate every this many timesteps (summed over envs); ``0``: only at
@@ -355,6 +439,8 @@ def train(algo: str, regime: str = "bursty", timesteps: int = 200_000, seed: int
         verbose: SB3 verbosity (0 silent).
         command: the command line to record in ``meta.json``.
         force: replace an existing run in ``out`` (see :func:`check_run_dir`).
+        vec_env: ``"native"`` (default), ``"subproc"`` or ``"dummy"``; see
+            :func:`make_train_vec_env`. Same seed and kind, same model.
 
     Returns:
         The path of the saved ``model.zip``.
@@ -365,8 +451,9 @@ def train(algo: str, regime: str = "bursty", timesteps: int = 200_000, seed: int
     import torch
     from stable_baselines3.common.callbacks import CallbackList, CheckpointCallback
     from stable_baselines3.common.utils import set_random_seed
-    from stable_baselines3.common.vec_env import DummyVecEnv
 
+    if vec_env not in VEC_ENVS:
+        raise ValueError(f"unknown vec env {vec_env!r}; valid: {', '.join(VEC_ENVS)}")
     if algo not in ALGOS:
         raise ValueError(f"unknown algo {algo!r}; valid: {', '.join(ALGOS)}")
     if regime not in REGIMES:
@@ -388,10 +475,8 @@ def train(algo: str, regime: str = "bursty", timesteps: int = 200_000, seed: int
     started = time.perf_counter()
 
     cls = _algo_class(algo)
-    vec_env = DummyVecEnv([
-        # mypy cannot infer a lambda whose default argument binds the loop variable.
-        (lambda i=i: make_train_env(regime, seed + i, env_kwargs))  # type: ignore[misc]
-        for i in range(n_envs)])
+    vec_kind = vec_env
+    vec_env = make_train_vec_env(vec_kind, regime, seed, n_envs, env_kwargs)
     hp = default_hyperparameters(algo, n_envs, timesteps)
     hp.update(hyperparameters or {})
 
@@ -437,8 +522,7 @@ def train(algo: str, regime: str = "bursty", timesteps: int = 200_000, seed: int
         final_eval = evaluator.evaluate()
     model_path = out / "model.zip"
     model.save(model_path)
-    train_seeds = sorted({s for e in vec_env.envs
-                          for s in e.get_wrapper_attr("episode_seeds")})
+    train_seeds = sorted(set(_train_episode_seeds(vec_env)))
     assert all(TRAIN_SEED_LOW <= s < TRAIN_SEED_HIGH for s in train_seeds)
     base = DiLoCoSyncEnv(regime=regime, **env_kwargs)
     meta = {
@@ -448,6 +532,7 @@ def train(algo: str, regime: str = "bursty", timesteps: int = 200_000, seed: int
         "timesteps_requested": int(timesteps),
         "seed": int(seed),
         "n_envs": int(n_envs),
+        "vec_env": vec_kind,
         "resumed_from": str(ckpt) if ckpt is not None else None,
         "env_kwargs": env_kwargs,
         "env_params": asdict(base.params),
@@ -481,7 +566,12 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default="runs/train",
                         help="output directory: model.zip, meta.json, tb/, checkpoints/; an "
                              "existing run needs --resume or --force")
-    parser.add_argument("--n-envs", type=int, default=4, help="parallel envs (default 4)")
+    parser.add_argument("--n-envs", type=int, default=4,
+                        help="environments stepped together (default 4)")
+    parser.add_argument("--vec-env", choices=VEC_ENVS, default="native",
+                        help="how the --n-envs envs are batched: native (one batched env in "
+                             "this process, default), subproc (one process per env) or dummy "
+                             "(one after another)")
     parser.add_argument("--eval-episodes", type=int, default=10,
                         help="validation episodes per evaluation, seeds 900000+ (0: none)")
     parser.add_argument("--eval-freq", type=int, default=10_000,
@@ -620,7 +710,7 @@ def run_train_command(args: argparse.Namespace) -> int:
                  out=args.out, n_envs=args.n_envs, eval_episodes=args.eval_episodes,
                  eval_freq=args.eval_freq, checkpoint_freq=args.checkpoint_freq,
                  resume=args.resume, progress_bar=not args.no_progress, verbose=args.verbose,
-                 command=command, force=args.force)
+                 command=command, force=args.force, vec_env=args.vec_env)
     meta_path = path.parent / "meta.json"
     meta = json.loads(meta_path.read_text())
     print(f"saved {path} ({meta['timesteps']} timesteps, {meta['train_seconds']} s)")

@@ -1,0 +1,451 @@
+"""``diloco-gym sweep``: a grid of protocol runs, as cells on a backend, resumable.
+
+A sweep file (TOML; YAML when PyYAML is installed) holds fixed settings at the top level
+and the grid's axes under ``[grid]``; every combination of the axes (in the file's order)
+is one *point*, a complete protocol run::
+
+    name = "budgets"
+    agents = ["fixed-512", "wa-diloco"]   # every cell runs all of them
+    seeds = 20
+    draws = 1000
+
+    [env]                                  # EnvParams fields fixed for every point
+    decision_interval = 8
+
+    [grid]
+    regime = ["bursty", "sync-heavy"]      # or trace = ["a.csv", "b.jsonl"]
+    merge_budget = [8, 16, 32]             # an EnvParams field (the env's merge_budget)
+    rate_scale = [0.5, 1.0]                # or target_utilization = [...]
+    calibration = ["reference", "cal.json"]
+    "env.excess_weight" = [1.0, 2.0]       # any EnvParams field as env.NAME
+
+Keys (top level or grid axes): ``regime``, ``trace``, ``trace_format``, ``window_s``,
+``stride_s``, ``sidecar``, ``rate_scale``, ``target_utilization``, ``calibration``
+(``"reference"``: the shipped one), ``agents``, ``seeds``, ``seed0``, ``draws``, ``alpha``,
+``saturation_pct``, ``merge_budget`` and ``env.NAME``. Relative paths are relative to the
+sweep file.
+
+Each point is split into the report's cells (:mod:`diloco_gym.scale.cells`). A cell's
+record is appended to ``OUT/cells.jsonl`` (and flushed to disk) the moment it finishes, keyed
+by a fingerprint of everything it depends on: a rerun skips every stored cell, so an
+interrupted sweep loses at most the cells that were running, and a changed grid reuses the
+cells it shares with the old one. A cell that raises is stored with its error and the sweep
+goes on (``retry_failed`` runs such cells again). Outputs, rewritten after every run from the
+stored records (so a resumed sweep writes exactly what an uninterrupted one does):
+``results.csv`` / ``results.parquet`` (one row per point x unit x agent, the point's
+parameters first as ``grid.AXIS`` columns), ``summary.csv`` (the report's summary
+statistics per point x agent), ``errors.csv`` and ``summary.md``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import math
+import os
+import sys
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+__all__ = ["SweepSpec", "SweepPoint", "load_sweep", "run_sweep", "run_sweep_cell"]
+
+_REPORT_KEYS = ("regime", "trace", "trace_format", "window_s", "stride_s", "sidecar",
+                "rate_scale", "target_utilization", "calibration", "agents", "seeds",
+                "seed0", "draws", "alpha", "saturation_pct")
+_PATH_KEYS = ("trace", "calibration")
+#: Fields a calibration cell does not depend on (cells that differ only in them share one).
+_NOT_CALIBRATION = ("agents", "seeds", "draws", "alpha", "saturation_pct")
+
+
+class SweepFileError(ValueError):
+    """A malformed sweep file (the message names the file and the key)."""
+
+
+@dataclass
+class SweepPoint:
+    """One combination of the grid's axes.
+
+    Attributes:
+        index: its position in the grid (file order of the axes, last axis fastest).
+        params: the axes' values at this point (the table's leading columns).
+        config: the protocol's configuration (paths absolute).
+        env: ``EnvParams`` overrides (``merge_budget`` and ``env.NAME`` keys).
+        regime: the report regime name (``replay:<stem>`` for a trace).
+    """
+
+    index: int
+    params: dict[str, Any]
+    config: Any
+    env: dict[str, Any]
+    regime: str
+
+
+@dataclass
+class SweepSpec:
+    """A parsed sweep file."""
+
+    name: str
+    path: Path
+    axes: dict[str, list]
+    points: list[SweepPoint]
+
+
+def _read(path: Path) -> dict:
+    if not path.is_file():
+        raise SweepFileError(f"{path}: no such sweep file")
+    if path.suffix.lower() in (".yaml", ".yml"):
+        try:
+            import yaml
+        except ImportError:
+            raise SweepFileError(f"{path}: YAML sweep files need PyYAML (pip install pyyaml); "
+                                 f"or write the sweep as TOML") from None
+        try:
+            data = yaml.safe_load(path.read_text())
+        except yaml.YAMLError as exc:
+            raise SweepFileError(f"{path}: not valid YAML: {' '.join(str(exc).split())}"
+                                 ) from None
+    else:
+        if sys.version_info >= (3, 11):
+            import tomllib
+        else:  # Python 3.10: the same parser as the package tomli
+            import tomli as tomllib
+
+        try:
+            data = tomllib.loads(path.read_text())
+        except tomllib.TOMLDecodeError as exc:
+            raise SweepFileError(f"{path}: not valid TOML: {exc}") from None
+    if not isinstance(data, dict):
+        raise SweepFileError(f"{path}: a sweep file is a table of settings, got "
+                             f"{type(data).__name__}")
+    return data
+
+
+def _env_field(path: Path, key: str) -> str:
+    from diloco_gym.core import EnvParams
+
+    name = key[4:] if key.startswith("env.") else key
+    valid = {f.name for f in fields(EnvParams)}
+    if name not in valid:
+        raise SweepFileError(f"{path}: unknown env parameter {name!r} (key {key!r}); valid: "
+                             f"{', '.join(sorted(valid))}")
+    return name
+
+
+def load_sweep(path: str | Path) -> SweepSpec:
+    """Read and check a sweep file; every point's configuration is validated here.
+
+    Raises:
+        SweepFileError: (a ``ValueError``) a missing or malformed file, an unknown key, an
+            empty axis, or a point whose settings are invalid (named by its parameters).
+    """
+    from diloco_gym.regimes import REGIMES
+    from diloco_gym.report import ReportConfig
+    from diloco_gym.scale.cells import cell_config
+
+    path = Path(path)
+    data = _read(path)
+    name = str(data.pop("name", path.stem))
+    grid = data.pop("grid", {})
+    env_fixed = data.pop("env", {})
+    if not isinstance(grid, dict) or not isinstance(env_fixed, dict):
+        raise SweepFileError(f"{path}: [grid] and [env] must be tables")
+    fixed: dict[str, Any] = {}
+    for key, value in [*data.items(), *((f"env.{k}", v) for k, v in env_fixed.items())]:
+        if key not in _REPORT_KEYS and key != "merge_budget" and not key.startswith("env."):
+            raise SweepFileError(f"{path}: unknown key {key!r}; valid keys: "
+                                 f"{', '.join(_REPORT_KEYS)}, merge_budget, env.NAME")
+        fixed[key] = value
+    axes: dict[str, list] = {}
+    for key, values in grid.items():
+        if key not in _REPORT_KEYS and key != "merge_budget" and not key.startswith("env."):
+            raise SweepFileError(f"{path}: unknown grid axis {key!r}; valid axes: "
+                                 f"{', '.join(_REPORT_KEYS)}, merge_budget, env.NAME")
+        if not isinstance(values, list) or not values:
+            raise SweepFileError(f"{path}: grid axis {key!r} must be a non-empty list")
+        axes[key] = values
+    if "regime" in {**fixed, **axes} and "trace" in {**fixed, **axes}:
+        raise SweepFileError(f"{path}: give regime or trace, not both")
+    if "regime" not in fixed and "regime" not in axes and "trace" not in fixed \
+            and "trace" not in axes:
+        raise SweepFileError(f"{path}: no regime or trace (give regime = [...] or "
+                             f"trace = [...] under [grid], or one at the top level)")
+    points = []
+    for index, combo in enumerate(itertools.product(*axes.values())):
+        params = dict(zip(axes, combo, strict=True))
+        settings = {**fixed, **params}
+        where = f"{path}: point {index} ({_describe(params)})"
+        env: dict[str, Any] = {}
+        kwargs: dict[str, Any] = {}
+        for key, value in settings.items():
+            if key == "merge_budget" or key.startswith("env."):
+                env[_env_field(path, key)] = value
+            elif key in _PATH_KEYS:
+                if value is None or (key == "calibration" and value in ("reference", "none")):
+                    kwargs[key] = None
+                else:
+                    p = Path(str(value)).expanduser()
+                    kwargs[key] = str(p if p.is_absolute() else path.parent / p)
+            else:
+                kwargs[key] = value
+        regime = kwargs.pop("regime", None)
+        if regime is not None:
+            if regime not in REGIMES:
+                raise SweepFileError(f"{where}: unknown regime {regime!r}; valid regimes: "
+                                     f"{', '.join(REGIMES)}")
+            kwargs["regimes"] = [regime]
+        if isinstance(kwargs.get("agents"), str):
+            kwargs["agents"] = [kwargs["agents"]]
+        try:
+            from diloco_gym.core import EnvParams
+
+            EnvParams(**env)
+            config = cell_config(ReportConfig(**kwargs))
+        except (TypeError, ValueError) as exc:
+            raise SweepFileError(f"{where}: {' '.join(str(exc).split())}") from None
+        if config.trace is not None and not Path(config.trace).is_file():
+            raise SweepFileError(f"{where}: trace file {config.trace} does not exist")
+        report_regime = (f"replay:{Path(config.trace).stem}" if config.trace is not None
+                         else regime)
+        points.append(SweepPoint(index, params, config, env, report_regime))
+    return SweepSpec(name, path, axes, points)
+
+
+def _describe(params: dict) -> str:
+    return ", ".join(f"{k}={v}" for k, v in params.items()) or "the only point"
+
+
+def _fingerprint(*parts: Any) -> str:
+    text = json.dumps(parts, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:20]
+
+
+def run_sweep_cell(cell) -> dict[str, Any]:
+    """One sweep cell (a report cell with the point's env overrides); module-level so that
+    workers import it by name."""
+    from diloco_gym.scale.cells import run_report_cell
+
+    return run_report_cell(cell)
+
+
+def _json_default(o: Any) -> Any:
+    if isinstance(o, np.bool_):
+        return bool(o)
+    if isinstance(o, np.integer):
+        return int(o)
+    if isinstance(o, np.floating):
+        return float(o)
+    if isinstance(o, np.ndarray):
+        return o.tolist()
+    raise TypeError(f"cannot store {type(o).__name__} in a sweep record")
+
+
+class _Store:
+    """The append-only record of finished cells (``cells.jsonl``)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.records: dict[str, dict] = {}
+        if path.exists():
+            self._load()
+
+    def _load(self) -> None:
+        raw = self.path.read_bytes()
+        good = 0
+        for line in raw.splitlines(keepends=True):
+            if not line.endswith(b"\n"):
+                break  # the last line of a killed run, half written: dropped
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError:
+                break
+            self.records[rec["key"]] = rec
+            good += len(line)
+        if good < len(raw):
+            with open(self.path, "r+b") as f:
+                f.truncate(good)
+
+    def add(self, rec: dict) -> None:
+        line = json.dumps(rec, default=_json_default) + "\n"
+        with open(self.path, "a") as f:
+            f.write(line)
+            f.flush()
+            os.fsync(f.fileno())
+        self.records[rec["key"]] = rec
+
+
+class _Stop(Exception):
+    """Raised by the store callback after ``max_cells`` cells (a chunked sweep)."""
+
+
+def run_sweep(spec: SweepSpec, out: str | Path, backend: str = "serial",
+              jobs: int | None = None, ray_address: str | None = None,
+              progress: bool = True, retry_failed: bool = False,
+              max_cells: int | None = None) -> dict[str, Any]:
+    """Run (or resume) a sweep into ``out``; returns counts and the output paths.
+
+    Args:
+        spec: from :func:`load_sweep`.
+        out: the sweep's directory (created; the stored cells of an earlier run are kept).
+        backend, jobs, ray_address: see :func:`diloco_gym.scale.run_cells`.
+        progress: a cells done / total bar.
+        retry_failed: run cells stored with an error again.
+        max_cells: stop after this many cells finish (rerun to continue).
+
+    Returns:
+        ``{"cells", "run", "skipped", "failed", "complete", "out"}``: cells in the grid,
+        cells run now, cells skipped (stored by an earlier run), failed cells stored,
+        whether every cell is stored, and the directory.
+    """
+    from diloco_gym.scale.backends import CellError, run_cells
+    from diloco_gym.scale.cells import ReportCell, regime_plan
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    store = _Store(out / "cells.jsonl")
+    plan: list[tuple[SweepPoint, str | None, list[str]]] = []  # point, cal key, unit keys
+    cells: dict[str, ReportCell] = {}
+    for pt in spec.points:
+        env = tuple(sorted(pt.env.items()))
+        try:
+            units = regime_plan(pt.config, pt.regime, env=pt.env)[0]
+        except (ValueError, KeyError, OSError) as exc:
+            # The point cannot be planned (a trace too short for its window...): stored
+            # as a failed cell so that the rest of the grid runs.
+            key = "plan/" + _fingerprint(asdict(pt.config), pt.regime, env)
+            if key not in store.records:
+                store.add({"key": key, "ok": False, "error": f"{type(exc).__name__}: "
+                           f"{' '.join(str(exc).split())}"})
+            plan.append((pt, None, [key]))
+            continue
+        cal_cfg = {k: v for k, v in asdict(pt.config).items() if k not in _NOT_CALIBRATION}
+        cal_key = "cal/" + _fingerprint(cal_cfg, pt.regime, env)
+        cells.setdefault(cal_key, ReportCell(pt.config, pt.regime, None, env))
+        keys = []
+        for i in range(len(units)):
+            key = "unit/" + _fingerprint(asdict(pt.config), pt.regime, env, i)
+            cells.setdefault(key, ReportCell(pt.config, pt.regime, i, env))
+            keys.append(key)
+        plan.append((pt, cal_key, keys))
+    todo = [k for k in cells
+            if k not in store.records or (retry_failed and not store.records[k]["ok"])]
+    new = 0
+
+    def stored(i: int, res: Any) -> None:
+        nonlocal new
+        key = todo[i]
+        if isinstance(res, CellError):
+            store.add({"key": key, "ok": False, "error": str(res)})
+        else:
+            store.add({"key": key, "ok": True, "result": res if key.startswith("cal/")
+                       else {"rows": res["rows"]}})
+        new += 1
+        if max_cells is not None and new >= max_cells and new < len(todo):
+            raise _Stop
+
+    try:
+        run_cells(run_sweep_cell, [cells[k] for k in todo], backend=backend, jobs=jobs,
+                  ray_address=ray_address, progress=progress, desc="sweep",
+                  on_result=stored, capture_errors=True)
+    except _Stop:
+        pass
+    _write_outputs(spec, plan, store, out)
+    failed = sum(1 for _, c, ks in plan for k in [c, *ks]
+                 if k in store.records and not store.records[k]["ok"])
+    complete = all(k in store.records for _, c, ks in plan for k in [c, *ks] if k)
+    return {"cells": len(cells), "run": new, "skipped": len(cells) - len(todo),
+            "failed": failed, "complete": complete, "out": out}
+
+
+def _cell_value(v: Any) -> Any:
+    return " ".join(map(str, v)) if isinstance(v, list) else v
+
+
+def _write_outputs(spec: SweepSpec, plan: list, store: _Store, out: Path) -> None:
+    from diloco_gym import calibration as cal
+    from diloco_gym.report import summarise
+
+    tables: list[pd.DataFrame] = []
+    summaries: list[pd.DataFrame] = []
+    errors: list[dict] = []
+    notes: list[str] = []
+    for pt, cal_key, keys in plan:
+        lead = {"sweep": spec.name, "point": pt.index,
+                **{f"grid.{k}": _cell_value(v) for k, v in pt.params.items()}}
+        rows: list[dict] = []
+        missing = 0
+        names = ["calibration", *(f"unit {i}" for i in range(len(keys)))] if cal_key \
+            else ["plan"]
+        for key, name in zip([cal_key, *keys] if cal_key else keys, names, strict=True):
+            rec = store.records.get(key)
+            if rec is None:
+                missing += 1
+            elif not rec["ok"]:
+                errors.append({**lead, "cell": name, "error": rec["error"]})
+            elif key.startswith("unit/"):
+                rows.extend(rec["result"]["rows"])
+        if missing:
+            notes.append(f"point {pt.index} ({_describe(pt.params)}): {missing} cell(s) not "
+                         f"run yet")
+        if not rows:
+            continue
+        df = pd.DataFrame(rows)
+        tables.append(pd.concat([pd.DataFrame([lead] * len(df)), df], axis=1))
+        rec = store.records.get(cal_key) if cal_key else None
+        if rec is None or not rec["ok"] or df["seed"].nunique() < 2:
+            why = ("fewer than 2 units" if rec is not None and rec["ok"]
+                   else "its calibration cell is missing or failed")
+            notes.append(f"point {pt.index} ({_describe(pt.params)}): no summary ({why})")
+            continue
+        calib = cal.load_calibration(pt.config.calibration)
+        measured_key = pt.regime if pt.config.trace is None else pt.config.trace_sidecar
+        sim = {k: (math.nan if v is None else v) for k, v in rec["result"]["sim"].items()}
+        verdict = cal.transfer_verdict(sim, calib.measured(measured_key))
+        summ = summarise(df, {pt.regime: verdict}, pt.config.alpha, pt.config.saturation_pct)
+        summaries.append(pd.concat([pd.DataFrame([lead] * len(summ)), summ], axis=1))
+    results = pd.concat(tables, ignore_index=True) if tables else pd.DataFrame()
+    summary = pd.concat(summaries, ignore_index=True) if summaries else pd.DataFrame()
+    _atomic(out / "results.csv", results.to_csv(index=False))
+    _atomic(out / "summary.csv", summary.to_csv(index=False))
+    error_cols = ["sweep", "point", *(f"grid.{k}" for k in spec.axes), "cell", "error"]
+    _atomic(out / "errors.csv", pd.DataFrame(errors, columns=error_cols).to_csv(index=False))
+    try:
+        import pyarrow  # noqa: F401
+
+        tmp = out / ".results.parquet.tmp"
+        results.to_parquet(tmp, index=False)
+        os.replace(tmp, out / "results.parquet")
+    except ImportError:  # pragma: no cover - pyarrow is a dependency
+        pass
+    _atomic(out / "summary.md", _markdown(spec, summary, errors, notes))
+
+
+def _atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def _markdown(spec: SweepSpec, summary: pd.DataFrame, errors: list[dict],
+              notes: list[str]) -> str:
+    lines = [f"# Sweep {spec.name}", "", f"Sweep file: `{spec.path.name}`; "
+             f"{len(spec.points)} point(s) over {', '.join(spec.axes) or 'no axis'}.", ""]
+    if not summary.empty:
+        cols = ["point", *(f"grid.{k}" for k in spec.axes), "agent", "units", "sync_excess_pct",
+                "matched_random_pct", "diff_pp", "p_holm", "verdict"]
+        lines += ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+        for _, r in summary.iterrows():
+            lines.append("| " + " | ".join(
+                f"{r[c]:.3g}" if isinstance(r[c], float) else str(r[c]) for c in cols) + " |")
+        lines.append("")
+    if errors:
+        lines += [f"## Failed cells ({len(errors)})", ""]
+        lines += [f"- point {e['point']}, {e['cell']}: {e['error']}" for e in errors] + [""]
+    if notes:
+        lines += ["## Incomplete", ""] + [f"- {n}" for n in notes] + [""]
+    return "\n".join(lines)
+
