@@ -156,8 +156,9 @@ class FrontierConfig:
             raise ValueError(f"regimes: each regime once, got {self.regimes}")
         if self.seeds < 2:
             raise ValueError(f"seeds must be >= 2 for a paired test, got {self.seeds}")
-        if self.seed0 < 0:
-            raise ValueError(f"seed0 must be >= 0, got {self.seed0}")
+        from diloco_gym.seed_ranges import check_test_seeds
+
+        check_test_seeds(self.seed0, self.seeds, "frontier seeds (--seed0, --seeds)")
         if self.draws < 1:
             raise ValueError(f"draws must be >= 1, got {self.draws}")
         if not 0 < self.alpha < 1:

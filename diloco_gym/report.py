@@ -93,6 +93,10 @@ class ReportConfig:
             raise ValueError(f"seeds must be >= 2 for a paired test, got {self.seeds}")
         if self.draws < 1:
             raise ValueError(f"draws must be >= 1, got {self.draws}")
+        from diloco_gym.seed_ranges import check_test_seeds
+
+        check_test_seeds(self.seed0, self.seeds if self.trace is None else 1,
+                         "report seeds (--seed0, --seeds)")
         if not 0 < self.alpha < 1:
             raise ValueError(f"alpha must be in (0, 1), got {self.alpha}")
         if self.rate_scale is not None and self.target_utilization is not None:
@@ -188,6 +192,9 @@ def _trace_units(config: ReportConfig, sidecar: SidecarParams) -> tuple[list[_Un
     # independent, and that count (not the number of windows) decides 'inconclusive'.
     disjoint = len(tile_starts(replayed.duration_s, config.window_s))
     units = []
+    from diloco_gym.seed_ranges import check_test_seeds
+
+    check_test_seeds(config.seed0, len(tiles), "window seeds (--seed0 + window index)")
     for i, tile in enumerate(tiles):
         # Window times in the file's own clock: a trace replayed ``scale`` times faster
         # compresses time by ``scale``.

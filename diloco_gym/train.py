@@ -10,8 +10,9 @@ Seed discipline (training and evaluation seeds are disjoint *by construction*):
   ``diloco-gym run`` use seeds ``0 .. 19`` by default, so their episodes are held out.
 * The **validation** seeds of the periodic evaluation during training (model selection,
   ``best_model.zip``) are ``VALIDATION_SEED0 + i = 900_000 + i``: held out from training,
-  and distinct from the report's test seeds, so choosing the best checkpoint does not
-  peek at the report.
+  and distinct from the report's test seeds (``report``, ``frontier`` and ``sweep`` refuse
+  seeds from ``VALIDATION_SEED0`` on; :mod:`diloco_gym.seed_ranges`), so choosing the
+  best checkpoint does not peek at the report.
 
 The evaluation callback (:class:`HeldOutEvalCallback`) plays deterministic episodes on the
 fixed validation seeds and logs the exact replayed sync-excess % (``eval/sync_excess_pct``),
@@ -48,6 +49,7 @@ from stable_baselines3.common.callbacks import BaseCallback
 from diloco_gym.env import DiLoCoSyncEnv
 from diloco_gym.regimes import REGIMES
 from diloco_gym.rollout import run_episode
+from diloco_gym.seed_ranges import TRAIN_SEED_HIGH, TRAIN_SEED_LOW, VALIDATION_SEED0
 
 __all__ = ["ALGOS", "TRAIN_SEED_LOW", "TRAIN_SEED_HIGH", "HELD_OUT_SEED_HIGH",
            "VALIDATION_SEED0", "TrainSeedWrapper", "HeldOutEvalCallback", "make_train_env",
@@ -56,13 +58,9 @@ __all__ = ["ALGOS", "TRAIN_SEED_LOW", "TRAIN_SEED_HIGH", "HELD_OUT_SEED_HIGH",
 
 #: Algorithms ``train`` knows, by CLI name.
 ALGOS = ("ppo", "maskable-ppo", "dqn")
-#: Training episode seeds are drawn from ``[TRAIN_SEED_LOW, TRAIN_SEED_HIGH)``.
-TRAIN_SEED_LOW = 10**6
-TRAIN_SEED_HIGH = 2**30
-#: Episode seeds below this are held out from training (report / run / validation).
+#: Episode seeds below this are held out from training (report / run / validation); the
+#: ranges are defined in :mod:`diloco_gym.seed_ranges`.
 HELD_OUT_SEED_HIGH = TRAIN_SEED_LOW
-#: First validation seed of the evaluation during training (held out, not a report seed).
-VALIDATION_SEED0 = 900_000
 
 _CHECKPOINT_RE = re.compile(r"_(\d+)_steps\.zip$")
 

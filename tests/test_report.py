@@ -294,3 +294,17 @@ def test_many_overlapping_windows_do_not_buy_significance(long_trace):
     assert s["p_value"] < 0.05  # what pseudo-replication would have claimed
     assert s["best_p_holm"] == pytest.approx(2 / 8)
     assert s["verdict"] == "inconclusive (too few episodes)"
+
+
+def test_report_seeds_never_reach_validation_or_training_seeds(tmp_path):
+    from diloco_gym.seed_ranges import VALIDATION_SEED0
+
+    ReportConfig(seeds=2, seed0=VALIDATION_SEED0 - 2)  # the last two test seeds: allowed
+    with pytest.raises(ValueError, match="validation seeds"):
+        ReportConfig(seeds=2, seed0=VALIDATION_SEED0 - 1)
+    with pytest.raises(ValueError, match="seed0 must be >= 0"):
+        ReportConfig(seeds=2, seed0=-1)
+    with pytest.raises(SystemExit) as exc:
+        main(["report", "--out", str(tmp_path / "r"), "--seeds", "2",
+              "--seed0", str(VALIDATION_SEED0), "--no-progress"])
+    assert exc.value.code == 2
