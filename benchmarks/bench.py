@@ -525,15 +525,15 @@ def print_table(r: dict) -> None:
 
     rows = [
         ("DEFAULT single env: gym.make(\"DiLoCoSync-v0\") (skip_forced=True, fresh episodes)",
-         f"{fmt_rate(ds['diloco_steps_per_s'])} decisions, "
-         f"{fmt_rate(ds['diloco_episodes_per_s'])} episodes",
+         f"{ds['diloco_steps_per_s']:,.0f} decisions/s, "
+         f"{ds['diloco_episodes_per_s']:,.0f} episodes/s",
          f"ratio {ds['ratio']:.3f} to CartPole-v1 ({fmt_rate(ds['cartpole_steps_per_s'])}); "
          f"median of {ds['rounds']} paired rounds, range {ds['ratio_min']:.3f}-"
          f"{ds['ratio_max']:.3f}",
          verdict(ds["ratio"] >= t["default_single_ratio_to_cartpole"])),
         (f"DEFAULT vector x{dv['num_envs']}: make_vec (skip_forced=True, fresh episodes)",
-         f"{fmt_rate(dv['diloco_steps_per_s'])} decisions, "
-         f"{fmt_rate(dv['diloco_episodes_per_s'])} episodes",
+         f"{dv['diloco_steps_per_s']:,.0f} decisions/s, "
+         f"{dv['diloco_episodes_per_s']:,.0f} episodes/s",
          f"ratio {dv['ratio']:.3f} to CartPole vector ({fmt_rate(dv['cartpole_steps_per_s'])});"
          f" median of {dv['rounds']} paired rounds, range {dv['ratio_min']:.3f}-"
          f"{dv['ratio_max']:.3f}",
