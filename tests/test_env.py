@@ -661,3 +661,30 @@ def test_sync_mask_rejects_a_start_past_the_end_as_before():
     p = EnvParams()
     with pytest.raises(IndexError):
         core.sync_mask([10_000], 100, p)
+
+
+@pytest.mark.parametrize("k", [1, 3, 7, 8, 9, 16, 23, 200])
+def test_sum_over_learners_is_numpys_sum_bit_for_bit(k):
+    """``core._sum_first_axis`` (whole-array adds; three of them for the default 8
+    learners) adds in numpy's pairwise order: equal to ``sum`` over a contiguous axis."""
+    x = np.random.default_rng(k).lognormal(0.0, 3.0, (k, 65))
+    np.testing.assert_array_equal(core._sum_first_axis(x), np.ascontiguousarray(x.T).sum(-1))
+
+
+def test_loss_progress_in_place_equals_the_loss_function():
+    """``core.learner_progress`` evaluates the loss in place; the values must be those of
+    ``learners.loss`` (with and without the loss at the current tokens passed in)."""
+    from diloco_gym import learners as lrn
+
+    p, lp = EnvParams(), lrn.LearnerParams()
+    rng = np.random.default_rng(3)
+    thr = np.sort(rng.uniform(5e3, 2e4, lp.num_learners))
+    tau_k = thr[:, None] * (np.arange(p.h_max + 1) * p.decision_seconds)
+    for tok in (0.0, 1.5e5, 3.3e7):
+        delta = lrn.loss(tok, lp) - lrn.loss(tok + tau_k, lp)
+        clipped = np.clip(delta / p.loss_clip, 0.0, 1.0)
+        expected = (np.ascontiguousarray(clipped.T).sum(-1) / lp.num_learners, clipped[0])
+        for loss_now in (None, lrn.loss(tok, lp)):
+            mean, low = core.learner_progress(tau_k, tok, p, lp, loss_now)
+            np.testing.assert_array_equal(mean, expected[0])
+            np.testing.assert_array_equal(low, expected[1])
