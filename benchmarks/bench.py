@@ -31,7 +31,9 @@ What it measures (``benchmarks/README.md`` has the numbers and the profile):
   exact free-budget dynamic programme; the DP alone is reported separately.
 * **memory**: resident set size before and after 10 million vector-env steps with the
   episode pool, and a shorter run with fresh episodes (every episode built and dropped).
-* **profile**: where an episode reset's time goes (trace generation, merge costs, the rest).
+* **profile**: where the default configuration's time goes (an episode of the single env,
+  a step of the vector env), and where a ``skip_forced=False`` episode reset's time goes
+  (trace generation, merge costs, the rest).
 
 Timings are wall-clock; each throughput is the best of a few repeats, and DiLoCo and
 CartPole are timed alternately so that a busy machine affects both alike.
@@ -503,6 +505,94 @@ def bench_profile(episodes: int, num_envs: int = 1024, steps: int = 517) -> dict
     return out
 
 
+def _timed_methods(obj, names, spent: dict) -> None:
+    """Replace ``obj``'s methods ``names`` by wrappers adding their wall time to ``spent``."""
+    for name in names:
+        method = getattr(obj, name)
+
+        def timed(*args, _m=method, _n=name, **kwargs):
+            t0 = time.perf_counter()
+            try:
+                return _m(*args, **kwargs)
+            finally:
+                spent[_n] += time.perf_counter() - t0
+        setattr(obj, name, timed)
+
+
+def bench_profile_default(steps: int, num_envs: int, vector_steps: int) -> dict:
+    """Where the default configuration's time goes (milliseconds), random actions.
+
+    Single env (``gym.make("DiLoCoSync-v0")``), per episode: the reset (of which the
+    episode build, ``core.episode_from_seed``: trace draws and the agent-independent
+    arrays), the merges (``_apply``: the merge's cost, training gain and learner-feature
+    refresh), the final exact replay (``episode_summary``) and the rest of the steps
+    (Gymnasium's wrappers, corridor logic, observation, info). Vector env at ``num_envs``
+    (fresh episodes), per vector step: restarts (building the new episodes), merge costs,
+    observation, the rest.
+    """
+    env = gym.make("DiLoCoSync-v0")
+    u = env.unwrapped
+    spent = dict.fromkeys(("_apply", "episode_summary", "reset", "build"), 0.0)
+    _timed_methods(u, ("_apply", "episode_summary"), spent)
+    build = core.episode_from_seed
+
+    def timed_build(*args, **kwargs):
+        t0 = time.perf_counter()
+        try:
+            return build(*args, **kwargs)
+        finally:
+            spent["build"] += time.perf_counter() - t0
+
+    actions = np.random.default_rng(2).integers(0, 2, steps).tolist()
+    env.reset(seed=0)
+    core.episode_from_seed = timed_build  # the env calls it through the module
+    try:
+        episodes = 0
+        t0 = time.perf_counter()
+        for a in actions:
+            if env.step(a)[3]:
+                t1 = time.perf_counter()
+                env.reset()
+                spent["reset"] += time.perf_counter() - t1
+                episodes += 1
+        total = time.perf_counter() - t0
+    finally:
+        core.episode_from_seed = build
+    env.close()
+    k = 1000.0 / max(1, episodes)
+    out = {"episodes": episodes, "decisions_per_episode": steps / max(1, episodes),
+           "episode_ms": total * k, "reset_ms": spent["reset"] * k,
+           "build_ms": spent["build"] * k, "merges_ms": spent["_apply"] * k,
+           "summary_ms": spent["episode_summary"] * k,
+           "steps_other_ms": (total - spent["reset"] - spent["_apply"]
+                              - spent["episode_summary"]) * k}
+
+    venv = gym.make_vec("DiLoCoSync-v0", num_envs=num_envs,
+                        vectorization_mode="vector_entry_point")
+    vu = venv.unwrapped
+    venv.reset(seed=0)
+    table = np.random.default_rng(3).integers(0, 2, (64, num_envs))
+    for t in range(vector_steps):  # warm-up: the episode ends spread out
+        venv.step(table[t % 64])
+    vspent = dict.fromkeys(("_restart", "_merge_costs", "_observe"), 0.0)
+    _timed_methods(vu, tuple(vspent), vspent)
+    ended = 0
+    t0 = time.perf_counter()
+    for t in range(vector_steps):
+        _, _, term, trunc, _ = venv.step(table[t % 64])
+        ended += int(np.count_nonzero(term | trunc))
+    vtotal = time.perf_counter() - t0
+    venv.close()
+    k = 1000.0 / vector_steps
+    out.update({"vector_num_envs": num_envs, "vector_step_ms": vtotal * k,
+                "vector_restart_ms": vspent["_restart"] * k,
+                "vector_merge_costs_ms": vspent["_merge_costs"] * k,
+                "vector_observe_ms": vspent["_observe"] * k,
+                "vector_other_ms": (vtotal - sum(vspent.values())) * k,
+                "vector_episodes_per_step": ended / vector_steps})
+    return out
+
+
 # ----------------------------------------------------------------------------- report
 def fmt_rate(x: float) -> str:
     return f"{x:,.0f}/s"
@@ -523,6 +613,7 @@ def print_table(r: dict) -> None:
             return f"(n/a at {v['num_envs']})"
         return verdict(rate >= t["vector_steps_per_s"] and ratio >= t["vector_ratio_to_cartpole"])
 
+    pd = r["profile_default"]
     rows = [
         ("DEFAULT single env: gym.make(\"DiLoCoSync-v0\") (skip_forced=True, fresh episodes)",
          f"{ds['diloco_steps_per_s']:,.0f} decisions/s, "
@@ -539,6 +630,15 @@ def print_table(r: dict) -> None:
          f"{dv['ratio_max']:.3f}",
          verdict(dv["ratio"] >= t["default_vector_ratio_to_cartpole"])
          if dv["num_envs"] == 1024 else f"(n/a at {dv['num_envs']})"),
+        ("DEFAULT single env: one episode, split", f"{pd['episode_ms']:.2f} ms",
+         f"{pd['decisions_per_episode']:.0f} decisions: reset {pd['reset_ms']:.2f} (episode "
+         f"build {pd['build_ms']:.2f}) + merges {pd['merges_ms']:.2f} + final replay "
+         f"{pd['summary_ms']:.2f} + other step work {pd['steps_other_ms']:.2f} ms", ""),
+        (f"DEFAULT vector x{pd['vector_num_envs']}: one step, split",
+         f"{pd['vector_step_ms']:.2f} ms",
+         f"restarts {pd['vector_restart_ms']:.2f} ({pd['vector_episodes_per_step']:.1f} "
+         f"episodes built) + merge costs {pd['vector_merge_costs_ms']:.2f} + observation "
+         f"{pd['vector_observe_ms']:.2f} + other {pd['vector_other_ms']:.2f} ms", ""),
         ("single env: DiLoCoSync-v0 skip_forced=False", fmt_rate(s["diloco_steps_per_s"]),
          f"ratio {s['ratio']:.2f} to CartPole-v1 ({fmt_rate(s['cartpole_steps_per_s'])}); "
          f"median of {s['rounds']} paired rounds, range {s['ratio_min']:.2f}-"
@@ -605,6 +705,14 @@ def print_default(r: dict) -> None:
               f"{d['diloco_episodes_per_s']:,.1f} episodes/s; CartPole "
               f"{d['cartpole_steps_per_s']:,.0f} steps/s; ratio {d['ratio']:.3f} "
               f"(rounds {d['ratio_min']:.3f}-{d['ratio_max']:.3f})")
+    pd = r["profile_default"]
+    print(f"DEFAULT single env, one episode: {pd['episode_ms']:.2f} ms = reset "
+          f"{pd['reset_ms']:.2f} (build {pd['build_ms']:.2f}) + merges {pd['merges_ms']:.2f} + "
+          f"final replay {pd['summary_ms']:.2f} + other {pd['steps_other_ms']:.2f}")
+    print(f"DEFAULT vector x{pd['vector_num_envs']}, one step: {pd['vector_step_ms']:.2f} ms = "
+          f"restarts {pd['vector_restart_ms']:.2f} ({pd['vector_episodes_per_step']:.1f} "
+          f"episodes) + merge costs {pd['vector_merge_costs_ms']:.2f} + observation "
+          f"{pd['vector_observe_ms']:.2f} + other {pd['vector_other_ms']:.2f}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -634,6 +742,8 @@ def main(argv: list[str] | None = None) -> int:
     }
     results["default_single"] = bench_single_default(2_000 if q else 10_000, 3 if q else 11)
     results["default_vector"] = bench_vector_default(num_envs, 20 if q else 100, 1 if q else 5)
+    results["profile_default"] = bench_profile_default(2_000 if q else 20_000, num_envs,
+                                                       80 if q else 100)
     if args.default_only:
         print_default(results)
         if args.json:
