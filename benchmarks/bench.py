@@ -8,6 +8,11 @@ Usage::
 
 What it measures (``benchmarks/README.md`` has the numbers and the profile):
 
+* **headline, the default configuration** (what ``gym.make("DiLoCoSync-v0")`` gives:
+  ``skip_forced=True``, fresh episodes), uniformly random actions, in agent decisions
+  (``step`` calls) per second and episodes per second:
+  single env vs ``gym.make("CartPole-v1")``, and the native vector env at 1,024 envs vs
+  CartPole's native vector env at 1,024 envs.
 * **single env**: ``gym.make("DiLoCoSync-v0", skip_forced=False)`` (one step per decision,
   517 decisions per 600 s episode) vs ``gym.make("CartPole-v1")``, both under uniformly
   random actions, resets included.
@@ -26,7 +31,9 @@ What it measures (``benchmarks/README.md`` has the numbers and the profile):
   exact free-budget dynamic programme; the DP alone is reported separately.
 * **memory**: resident set size before and after 10 million vector-env steps with the
   episode pool, and a shorter run with fresh episodes (every episode built and dropped).
-* **profile**: where an episode reset's time goes (trace generation, merge costs, the rest).
+* **profile**: where the default configuration's time goes (an episode of the single env,
+  a step of the vector env), and where a ``skip_forced=False`` episode reset's time goes
+  (trace generation, merge costs, the rest).
 
 Timings are wall-clock; each throughput is the best of a few repeats, and DiLoCo and
 CartPole are timed alternately so that a busy machine affects both alike.
@@ -57,6 +64,8 @@ from diloco_gym.sidecar import merge_costs  # noqa: E402
 from diloco_gym.traces import PRESSURE_DT_S  # noqa: E402
 
 TARGETS = {
+    "default_single_ratio_to_cartpole": 0.3,
+    "default_vector_ratio_to_cartpole": 0.05,
     "single_ratio_to_cartpole": 0.5,
     "vector_steps_per_s": 1_000_000,
     "vector_ratio_to_cartpole": 0.25,
@@ -106,6 +115,100 @@ def _single_env_runner(env_id: str, steps: int, seed: int, **kwargs):
         return time.perf_counter() - t0
 
     return env, run
+
+
+def _counting_runner(env, steps: int, seed: int):
+    """A function that steps ``env`` ``steps`` times with uniformly random actions (resets
+    included) and returns ``(seconds, episodes finished)``."""
+    actions = np.random.default_rng(seed).integers(0, 2, steps).tolist()
+
+    def run() -> tuple[float, int]:
+        episodes = 0
+        t0 = time.perf_counter()
+        for a in actions:
+            _, _, terminated, truncated, _ = env.step(a)
+            if terminated or truncated:
+                env.reset()
+                episodes += 1
+        return time.perf_counter() - t0, episodes
+
+    return run
+
+
+def bench_single_default(steps: int, rounds: int) -> dict:
+    """The default configuration: ``gym.make("DiLoCoSync-v0")`` (``skip_forced=True``, fresh
+    episodes) against ``gym.make("CartPole-v1")``, uniformly random actions, resets included,
+    in paired rounds of ``steps`` agent decisions each; ratios are medians of the rounds'."""
+    dil_env = gym.make("DiLoCoSync-v0")
+    cart_env = gym.make("CartPole-v1")
+    dil_env.reset(seed=0)
+    cart_env.reset(seed=0)
+    dil, cart = _counting_runner(dil_env, steps, 0), _counting_runner(cart_env, steps, 0)
+    dil(), cart()  # warm-up
+    d_rates, c_rates, d_eps, c_eps = [], [], [], []
+    for _ in range(rounds):
+        dt, e = dil()
+        d_rates.append(steps / dt)
+        d_eps.append(e / dt)
+        dt, e = cart()
+        c_rates.append(steps / dt)
+        c_eps.append(e / dt)
+    dil_env.close()
+    cart_env.close()
+    ratios = np.array(d_rates) / np.array(c_rates)
+    return {"diloco_steps_per_s": float(np.median(d_rates)),
+            "diloco_episodes_per_s": float(np.median(d_eps)),
+            "cartpole_steps_per_s": float(np.median(c_rates)),
+            "cartpole_episodes_per_s": float(np.median(c_eps)),
+            "ratio": float(np.median(ratios)), "ratio_min": float(ratios.min()),
+            "ratio_max": float(ratios.max()), "rounds": rounds, "steps": steps,
+            "note": "default gym.make (skip_forced=True, fresh episodes), random actions, "
+                    "resets included; median of paired rounds"}
+
+
+def bench_vector_default(num_envs: int, steps: int, rounds: int) -> dict:
+    """The default configuration's native vector env (``gym.make_vec("DiLoCoSync-v0",
+    num_envs, vectorization_mode="vector_entry_point")``: ``skip_forced=True``, fresh
+    episodes, NEXT_STEP autoreset) against CartPole's, random actions, in paired rounds of
+    ``steps`` vector steps each (after a warm-up that spreads the episode ends)."""
+    kw = {"num_envs": num_envs, "vectorization_mode": "vector_entry_point"}
+    envs = {"diloco": gym.make_vec("DiLoCoSync-v0", **kw), "cartpole": gym.make_vec(
+        "CartPole-v1", **kw)}
+    tables = {}
+    for k, env in envs.items():
+        env.reset(seed=0)
+        tables[k] = np.random.default_rng(1).integers(0, 2, (256, num_envs))
+        for t in range(2 * steps):  # warm-up: episode lengths vary, so ends spread out
+            env.step(tables[k][t % 256])
+
+    def run(k: str) -> tuple[float, int]:
+        env, table = envs[k], tables[k]
+        episodes = 0
+        t0 = time.perf_counter()
+        for t in range(steps):
+            _, _, terminated, truncated, _ = env.step(table[t % 256])
+            episodes += int(np.count_nonzero(terminated | truncated))
+        return time.perf_counter() - t0, episodes
+
+    rates: dict[str, list[float]] = {"diloco": [], "cartpole": []}
+    eps: dict[str, list[float]] = {"diloco": [], "cartpole": []}
+    for _ in range(rounds):
+        for k in envs:
+            dt, e = run(k)
+            rates[k].append(steps * num_envs / dt)
+            eps[k].append(e / dt)
+    for env in envs.values():
+        env.close()
+    ratios = np.array(rates["diloco"]) / np.array(rates["cartpole"])
+    return {"num_envs": num_envs, "steps": steps, "rounds": rounds,
+            "diloco_steps_per_s": float(np.median(rates["diloco"])),
+            "diloco_episodes_per_s": float(np.median(eps["diloco"])),
+            "cartpole_steps_per_s": float(np.median(rates["cartpole"])),
+            "cartpole_episodes_per_s": float(np.median(eps["cartpole"])),
+            "ratio": float(np.median(ratios)), "ratio_min": float(ratios.min()),
+            "ratio_max": float(ratios.max()),
+            "note": "default make_vec (skip_forced=True, fresh episodes), random actions, "
+                    "NEXT_STEP autoreset; median of paired rounds"}
 
 
 def bench_single(steps: int, rounds: int) -> dict:
@@ -402,6 +505,94 @@ def bench_profile(episodes: int, num_envs: int = 1024, steps: int = 517) -> dict
     return out
 
 
+def _timed_methods(obj, names, spent: dict) -> None:
+    """Replace ``obj``'s methods ``names`` by wrappers adding their wall time to ``spent``."""
+    for name in names:
+        method = getattr(obj, name)
+
+        def timed(*args, _m=method, _n=name, **kwargs):
+            t0 = time.perf_counter()
+            try:
+                return _m(*args, **kwargs)
+            finally:
+                spent[_n] += time.perf_counter() - t0
+        setattr(obj, name, timed)
+
+
+def bench_profile_default(steps: int, num_envs: int, vector_steps: int) -> dict:
+    """Where the default configuration's time goes (milliseconds), random actions.
+
+    Single env (``gym.make("DiLoCoSync-v0")``), per episode: the reset (of which the
+    episode build, ``core.episode_from_seed``: trace draws and the agent-independent
+    arrays), the merges (``_apply``: the merge's cost, training gain and learner-feature
+    refresh), the final exact replay (``episode_summary``) and the rest of the steps
+    (Gymnasium's wrappers, corridor logic, observation, info). Vector env at ``num_envs``
+    (fresh episodes), per vector step: restarts (building the new episodes), merge costs,
+    observation, the rest.
+    """
+    env = gym.make("DiLoCoSync-v0")
+    u = env.unwrapped
+    spent = dict.fromkeys(("_apply", "episode_summary", "reset", "build"), 0.0)
+    _timed_methods(u, ("_apply", "episode_summary"), spent)
+    build = core.episode_from_seed
+
+    def timed_build(*args, **kwargs):
+        t0 = time.perf_counter()
+        try:
+            return build(*args, **kwargs)
+        finally:
+            spent["build"] += time.perf_counter() - t0
+
+    actions = np.random.default_rng(2).integers(0, 2, steps).tolist()
+    env.reset(seed=0)
+    core.episode_from_seed = timed_build  # the env calls it through the module
+    try:
+        episodes = 0
+        t0 = time.perf_counter()
+        for a in actions:
+            if env.step(a)[3]:
+                t1 = time.perf_counter()
+                env.reset()
+                spent["reset"] += time.perf_counter() - t1
+                episodes += 1
+        total = time.perf_counter() - t0
+    finally:
+        core.episode_from_seed = build
+    env.close()
+    k = 1000.0 / max(1, episodes)
+    out = {"episodes": episodes, "decisions_per_episode": steps / max(1, episodes),
+           "episode_ms": total * k, "reset_ms": spent["reset"] * k,
+           "build_ms": spent["build"] * k, "merges_ms": spent["_apply"] * k,
+           "summary_ms": spent["episode_summary"] * k,
+           "steps_other_ms": (total - spent["reset"] - spent["_apply"]
+                              - spent["episode_summary"]) * k}
+
+    venv = gym.make_vec("DiLoCoSync-v0", num_envs=num_envs,
+                        vectorization_mode="vector_entry_point")
+    vu = venv.unwrapped
+    venv.reset(seed=0)
+    table = np.random.default_rng(3).integers(0, 2, (64, num_envs))
+    for t in range(vector_steps):  # warm-up: the episode ends spread out
+        venv.step(table[t % 64])
+    vspent = dict.fromkeys(("_restart", "_merge_costs", "_observe"), 0.0)
+    _timed_methods(vu, tuple(vspent), vspent)
+    ended = 0
+    t0 = time.perf_counter()
+    for t in range(vector_steps):
+        _, _, term, trunc, _ = venv.step(table[t % 64])
+        ended += int(np.count_nonzero(term | trunc))
+    vtotal = time.perf_counter() - t0
+    venv.close()
+    k = 1000.0 / vector_steps
+    out.update({"vector_num_envs": num_envs, "vector_step_ms": vtotal * k,
+                "vector_restart_ms": vspent["_restart"] * k,
+                "vector_merge_costs_ms": vspent["_merge_costs"] * k,
+                "vector_observe_ms": vspent["_observe"] * k,
+                "vector_other_ms": (vtotal - sum(vspent.values())) * k,
+                "vector_episodes_per_step": ended / vector_steps})
+    return out
+
+
 # ----------------------------------------------------------------------------- report
 def fmt_rate(x: float) -> str:
     return f"{x:,.0f}/s"
@@ -413,6 +604,7 @@ def verdict(ok: bool) -> str:
 
 def print_table(r: dict) -> None:
     s, v, e, o, p = (r[k] for k in ("single", "vector", "envelope", "oracle", "profile"))
+    ds, dv = r["default_single"], r["default_vector"]
     t = TARGETS
     full = v["num_envs"] == 1024  # the vector targets are stated for 1,024 envs
 
@@ -421,22 +613,48 @@ def print_table(r: dict) -> None:
             return f"(n/a at {v['num_envs']})"
         return verdict(rate >= t["vector_steps_per_s"] and ratio >= t["vector_ratio_to_cartpole"])
 
+    pd = r["profile_default"]
     rows = [
-        ("single env: DiLoCoSync-v0", fmt_rate(s["diloco_steps_per_s"]),
+        ("DEFAULT single env: gym.make(\"DiLoCoSync-v0\") (skip_forced=True, fresh episodes)",
+         f"{ds['diloco_steps_per_s']:,.0f} decisions/s, "
+         f"{ds['diloco_episodes_per_s']:,.0f} episodes/s",
+         f"ratio {ds['ratio']:.3f} to CartPole-v1 ({fmt_rate(ds['cartpole_steps_per_s'])}); "
+         f"median of {ds['rounds']} paired rounds, range {ds['ratio_min']:.3f}-"
+         f"{ds['ratio_max']:.3f}",
+         verdict(ds["ratio"] >= t["default_single_ratio_to_cartpole"])),
+        (f"DEFAULT vector x{dv['num_envs']}: make_vec (skip_forced=True, fresh episodes)",
+         f"{dv['diloco_steps_per_s']:,.0f} decisions/s, "
+         f"{dv['diloco_episodes_per_s']:,.0f} episodes/s",
+         f"ratio {dv['ratio']:.3f} to CartPole vector ({fmt_rate(dv['cartpole_steps_per_s'])});"
+         f" median of {dv['rounds']} paired rounds, range {dv['ratio_min']:.3f}-"
+         f"{dv['ratio_max']:.3f}",
+         verdict(dv["ratio"] >= t["default_vector_ratio_to_cartpole"])
+         if dv["num_envs"] == 1024 else f"(n/a at {dv['num_envs']})"),
+        ("DEFAULT single env: one episode, split", f"{pd['episode_ms']:.2f} ms",
+         f"{pd['decisions_per_episode']:.0f} decisions: reset {pd['reset_ms']:.2f} (episode "
+         f"build {pd['build_ms']:.2f}) + merges {pd['merges_ms']:.2f} + final replay "
+         f"{pd['summary_ms']:.2f} + other step work {pd['steps_other_ms']:.2f} ms", ""),
+        (f"DEFAULT vector x{pd['vector_num_envs']}: one step, split",
+         f"{pd['vector_step_ms']:.2f} ms",
+         f"restarts {pd['vector_restart_ms']:.2f} ({pd['vector_episodes_per_step']:.1f} "
+         f"episodes built) + merge costs {pd['vector_merge_costs_ms']:.2f} + observation "
+         f"{pd['vector_observe_ms']:.2f} + other {pd['vector_other_ms']:.2f} ms", ""),
+        ("single env: DiLoCoSync-v0 skip_forced=False", fmt_rate(s["diloco_steps_per_s"]),
          f"ratio {s['ratio']:.2f} to CartPole-v1 ({fmt_rate(s['cartpole_steps_per_s'])}); "
          f"median of {s['rounds']} paired rounds, range {s['ratio_min']:.2f}-"
          f"{s['ratio_max']:.2f}",
          verdict(s["ratio"] >= t["single_ratio_to_cartpole"])),
-        (f"vector x{v['num_envs']}: fresh episodes", fmt_rate(v["fresh_steps_per_s"]),
+        (f"vector x{v['num_envs']}: skip_forced=False, fresh episodes",
+         fmt_rate(v["fresh_steps_per_s"]),
          f"ratio {v['fresh_ratio']:.2f} to CartPole vector "
          f"({fmt_rate(v['cartpole_steps_per_s'])})",
          vec_verdict(v["fresh_steps_per_s"], v["fresh_ratio"])),
-        (f"vector x{v['num_envs']}: episode_pool={v['num_envs']}",
+        (f"vector x{v['num_envs']}: skip_forced=False, episode_pool={v['num_envs']}",
          fmt_rate(v["pool_steps_per_s"]),
          f"ratio {v['pool_ratio']:.2f} to CartPole vector "
          f"(pool built in {v['pool_build_s']:.1f} s)",
          vec_verdict(v["pool_steps_per_s"], v["pool_ratio"])),
-        (f"vector x{v['num_envs']}: fresh-episode ceiling",
+        (f"vector x{v['num_envs']}: skip_forced=False, fresh-episode ceiling",
          fmt_rate(v["fresh_ceiling_steps_per_s"]),
          f"ratio {v['fresh_ceiling_ratio']:.2f}: pool-speed stepping + only the random draws "
          f"of each new episode ({v['draws_only_ms']:.3f} ms x {v['restarts_per_step']:.2f} "
@@ -447,7 +665,7 @@ def print_table(r: dict) -> None:
          f"trace {o['trace_s']:.2f} s + episode {o['build_episode_s']:.2f} s + DP "
          f"{o['dp_s'] * 1000:.0f} ms ({o['decisions']:,} decisions)",
          verdict(o["total_s"] <= t["oracle_24h_s"]) if o["duration_s"] >= 86400 else "(quick)"),
-        *[(f"RSS, {m['env_steps']:,} vector steps, "
+        *[(f"RSS, {m['env_steps']:,} vector steps, skip_forced=False, "
            f"{'episode pool' if m['episode_pool'] else 'fresh episodes'}",
            f"{m['rss_start_mib']:.0f} -> {m['rss_end_mib']:.0f} MiB",
            f"growth {m['growth_pct']:+.1f} %, peak {m['rss_peak_mib']:.0f} MiB, env bank "
@@ -457,11 +675,13 @@ def print_table(r: dict) -> None:
         ("single env: episode with all merge costs", f"{p['episode_ms']:.2f} ms",
          f"trace {p['trace_ms']:.2f} + merge costs {p['merge_costs_ms']:.2f} + rest "
          f"{p['rest_of_build_ms']:.2f} ms", ""),
-        ("vector env: fresh episode (bank row)", f"{p['vector_bank_row_ms']:.2f} ms",
+        ("vector env: fresh episode (bank row), skip_forced=False",
+         f"{p['vector_bank_row_ms']:.2f} ms",
          f"draws {p['vector_draw_ms']:.2f} + features and no-merge replay "
          f"{p['vector_core_ms']:.2f} ms + queue arrays; built {p['episodes']} together: "
          f"{p['vector_batched_row_ms']:.2f} ms each", ""),
-        (f"vector step x{p['step_num_envs']}, fresh episodes", f"{p['step_ms']:.2f} ms",
+        (f"vector step x{p['step_num_envs']}, skip_forced=False, fresh episodes",
+         f"{p['step_ms']:.2f} ms",
          f"restarts {p['step_restart_ms']:.2f} + merge costs {p['step_merge_costs_ms']:.2f} "
          f"+ observation {p['step_observe_ms']:.2f} + other {p['step_other_ms']:.2f} ms", ""),
     ]
@@ -476,10 +696,31 @@ def print_table(r: dict) -> None:
         print("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)))
 
 
+def print_default(r: dict) -> None:
+    """The headline rows alone (``--default-only``)."""
+    for key, label in (("default_single", "single env"), ("default_vector", "vector env")):
+        d = r[key]
+        extra = f" x{d['num_envs']}" if "num_envs" in d else ""
+        print(f"DEFAULT {label}{extra}: {d['diloco_steps_per_s']:,.0f} decisions/s, "
+              f"{d['diloco_episodes_per_s']:,.1f} episodes/s; CartPole "
+              f"{d['cartpole_steps_per_s']:,.0f} steps/s; ratio {d['ratio']:.3f} "
+              f"(rounds {d['ratio_min']:.3f}-{d['ratio_max']:.3f})")
+    pd = r["profile_default"]
+    print(f"DEFAULT single env, one episode: {pd['episode_ms']:.2f} ms = reset "
+          f"{pd['reset_ms']:.2f} (build {pd['build_ms']:.2f}) + merges {pd['merges_ms']:.2f} + "
+          f"final replay {pd['summary_ms']:.2f} + other {pd['steps_other_ms']:.2f}")
+    print(f"DEFAULT vector x{pd['vector_num_envs']}, one step: {pd['vector_step_ms']:.2f} ms = "
+          f"restarts {pd['vector_restart_ms']:.2f} ({pd['vector_episodes_per_step']:.1f} "
+          f"episodes) + merge costs {pd['vector_merge_costs_ms']:.2f} + observation "
+          f"{pd['vector_observe_ms']:.2f} + other {pd['vector_other_ms']:.2f}")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="small sizes, for a CI smoke run")
     ap.add_argument("--json", type=Path, help="save every number to this JSON file")
+    ap.add_argument("--default-only", action="store_true",
+                    help="only the headline rows (the default configuration)")
     ap.add_argument("--num-envs", type=int, default=None, help="vector env size (1024)")
     ap.add_argument("--memory-steps", type=int, default=None,
                     help="env steps of the memory check with the episode pool (10,000,000)")
@@ -499,6 +740,15 @@ def main(argv: list[str] | None = None) -> int:
         "quick": q,
         "targets": TARGETS,
     }
+    results["default_single"] = bench_single_default(2_000 if q else 10_000, 3 if q else 11)
+    results["default_vector"] = bench_vector_default(num_envs, 20 if q else 100, 1 if q else 5)
+    results["profile_default"] = bench_profile_default(2_000 if q else 20_000, num_envs,
+                                                       80 if q else 100)
+    if args.default_only:
+        print_default(results)
+        if args.json:
+            args.json.write_text(json.dumps(results, indent=2, default=float))
+        return 0
     results["single"] = bench_single(2_000 if q else 10_000, 3 if q else 11)
     results["vector"] = bench_vector(num_envs, 1 if q else 2, 1 if q else 2)
     results["envelope"] = bench_envelope(1000, 3)

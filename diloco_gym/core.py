@@ -16,7 +16,7 @@ Time: training advances in steps of ``step_seconds``; the agent decides every
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from functools import cached_property, lru_cache
 from typing import NamedTuple
 
@@ -241,6 +241,10 @@ class Episode:
     sidecar: SidecarParams
     seed: int | None = None
     reward_per_request: float = float("nan")
+    #: ``(m0, S, prefmin)`` of the no-merge queue (:class:`EpisodeCore`), reused by the lazy
+    #: merge costing; ``None`` recomputes them.
+    queue: tuple[np.ndarray, np.ndarray, np.ndarray] | None = field(default=None, repr=False,
+                                                                    compare=False)
 
     @cached_property
     def merge_cost(self) -> np.ndarray:
@@ -258,7 +262,8 @@ class Episode:
     def _one_cost(self) -> IsolatedMergeCost:
         p = self.params
         return IsolatedMergeCost(self.base_s, self.req_bin, self.pressure_bin, self.sidecar,
-                                 p.step_seconds, p.merge_steps, self.baseline.violated)
+                                 p.step_seconds, p.merge_steps, self.baseline.violated,
+                                 queue=self.queue)
 
     def merge_cost_at(self, d: int) -> float:
         """The cost of a merge at decision ``d`` (equal to ``merge_cost[d]``)."""
@@ -520,7 +525,7 @@ def build_episode(trace: Trace, params: EnvParams, sidecar: SidecarParams,
                             c.pressure_bin[c.req_bin])
     return Episode(trace, c.n, c.exo, learner_params.draw_throughputs(rng), c.base_s,
                    c.req_bin, c.pressure_bin, baseline, params, sidecar, seed,
-                   reward_per_request(rate_rps, trace.duration_s))
+                   reward_per_request(rate_rps, trace.duration_s), (c.m0, c.s, c.prefmin))
 
 
 def episode_from_seed(generator, seed: int, params: EnvParams, sidecar: SidecarParams,
@@ -549,6 +554,10 @@ def _sum_first_axis(x: np.ndarray) -> np.ndarray:
     with the same additions in the same order, so the values are identical.
     """
     n = x.shape[0]
+    if n == 8:  # the default learner count: the same tree in three whole-array adds
+        r = x[0::2] + x[1::2]  # (x0 + x1), (x2 + x3), (x4 + x5), (x6 + x7)
+        r2 = r[0::2] + r[1::2]
+        return r2[0] + r2[1]
     if n < 8:
         res = np.zeros(x.shape[1:])
         for i in range(n):
@@ -615,12 +624,22 @@ def learner_features_k(gap_s: np.ndarray, global_tokens: np.ndarray, throughputs
 
 
 def learner_progress(tau_k: np.ndarray, global_tokens, params: EnvParams,
-                     lp: lrn.LearnerParams) -> tuple[np.ndarray, np.ndarray]:
+                     lp: lrn.LearnerParams, loss_now=None) -> tuple[np.ndarray, np.ndarray]:
     """Mean and minimum clipped loss progress over learners (the first two learner
     features) for learner-first token counts ``tau_k`` ``(K, ...)``: the part of
     :func:`learner_features_k` that depends on the global tokens, so the single env can
-    refresh only it after a merge (the rest depends on the gap alone)."""
-    delta = lrn.loss(global_tokens, lp) - lrn.loss(global_tokens + tau_k, lp)
+    refresh only it after a merge (the rest depends on the gap alone). ``loss_now``:
+    ``lrn.loss(global_tokens)`` when the caller has it already."""
+    if loss_now is None:
+        loss_now = lrn.loss(global_tokens, lp)
+    # loss_now - lrn.loss(global_tokens + tau_k) with the same operations, in place.
+    x = np.add(tau_k, global_tokens)
+    np.divide(x, lp.tokens_scale, out=x)
+    np.add(x, 1.0, out=x)
+    np.power(x, -lp.loss_exponent, out=x)
+    np.multiply(x, lp.loss_scale, out=x)
+    np.add(x, lp.loss_floor, out=x)
+    delta = np.subtract(loss_now, x, out=x)
     lp_ = np.clip(np.divide(delta, params.loss_clip, out=delta), 0.0, 1.0, out=delta)
     # Reports grow with throughput and throughputs are sorted, so learner 0 is the minimum.
     return _sum_first_axis(lp_) / tau_k.shape[0], lp_[0]  # mean over learners, minimum
@@ -695,10 +714,15 @@ def sync_mask(merges, n_bins: int, params: EnvParams) -> np.ndarray:
     mask = np.zeros(n_bins + params.merge_steps, dtype=np.float64)
     starts = np.asarray(merges, dtype=np.int64) * params.decision_interval
     if starts.size:
-        delta = np.zeros(mask.size + 1)
-        np.add.at(delta, starts, 1.0)
-        np.add.at(delta, starts + params.merge_steps, -1.0)
-        mask = np.cumsum(delta)[:-1]
+        # 1 on each window (a count of overlapping windows would be capped at 1 anyway).
+        w = params.merge_steps
+        if starts.min() >= 0 and starts.max() + w <= mask.size:
+            mask[(starts[:, None] + np.arange(w)).ravel()] = 1.0
+        else:  # out-of-range starts: np.add.at's indexing (and its IndexError), as before
+            delta = np.zeros(mask.size + 1)
+            np.add.at(delta, starts, 1.0)
+            np.add.at(delta, starts + w, -1.0)
+            mask = np.cumsum(delta)[:-1]
     return np.minimum(mask[:n_bins], 1.0)
 
 

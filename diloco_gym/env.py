@@ -298,19 +298,23 @@ class DiLoCoSyncEnv(gym.Env[Observation, Action]):
         return core.options(d, self._last, self._m_left, self.params, self.episode.n_decisions,
                             self._budget)
 
-    def _refresh_learners(self, new_episode: bool = False) -> None:
+    def _refresh_learners(self, new_episode: bool = False, loss_now: float | None = None
+                          ) -> None:
         """The learner features for every gap until the next merge. Only the loss-progress
         columns depend on the global tokens; the rest (tokens, staleness) is built once per
-        episode, with the per-learner token counts of every gap."""
+        episode, with the per-learner token counts of every gap. ``loss_now``: the loss at
+        the current global tokens, when known."""
         p, lp = self.params, self.learner_params
         if new_episode:
             assert self.episode is not None  # called only after reset()
             self._ltable = core.learner_table(self._tokens, self.episode.throughputs, p, lp)
             gaps_s = np.arange(p.h_max + 1) * p.decision_seconds
             self._tau_k = self.episode.throughputs[:, None] * gaps_s  # as learner_table
+            # merge_gain's sum over learners, once per episode (the same np.sum).
+            self._thr_sum = float(np.sum(self.episode.throughputs, axis=-1))
             return
-        self._ltable[:, 0], self._ltable[:, 1] = core.learner_progress(self._tau_k,
-                                                                       self._tokens, p, lp)
+        self._ltable[:, 0], self._ltable[:, 1] = core.learner_progress(
+            self._tau_k, self._tokens, p, lp, loss_now)
 
     def _apply(self, merge: bool) -> tuple[float, float]:
         if not merge:
@@ -318,19 +322,19 @@ class DiLoCoSyncEnv(gym.Env[Observation, Action]):
         assert self.episode is not None  # called only after reset()
         d = self._d
         gap_s = (d - self._last) * self.params.decision_seconds
-        added, gain = lrn.merge_gain(gap_s, self._tokens, self.episode.throughputs,
-                                     self.learner_params)
-        self._tokens += float(added)
+        added, gain, loss_after = lrn.merge_gain_scalar(gap_s, self._tokens, self._thr_sum,
+                                                        self.learner_params)
+        self._tokens += added
         cost = self.episode.merge_cost_at(d)
         self._merges.append(d)
         self._costs.append(cost)
         self._last = d
         self._m_left -= 1
-        self._refresh_learners()
+        self._refresh_learners(loss_now=loss_after)
         excess = cost * self.episode.reward_per_request
         self._excess_requests += cost
-        self._progress_sum += float(gain)
-        return excess, float(gain)
+        self._progress_sum += gain
+        return excess, gain
 
     def _advance_forced_raw(self) -> tuple[float, float]:
         """Apply single-option decisions until the agent has a real choice or the end."""

@@ -29,7 +29,7 @@ from dataclasses import dataclass, fields
 
 import numpy as np
 
-__all__ = ["LearnerParams", "loss", "reports", "merge_gain"]
+__all__ = ["LearnerParams", "loss", "reports", "merge_gain", "merge_gain_scalar"]
 
 
 @dataclass(frozen=True)
@@ -112,3 +112,22 @@ def merge_gain(gap_s, global_tokens, throughputs: np.ndarray, p: LearnerParams):
     eff = 1.0 / (1.0 + gap / p.drift_s)
     added = eff * gap * np.sum(throughputs, axis=-1)
     return added, loss(global_tokens, p) - loss(np.asarray(global_tokens) + added, p)
+
+
+def merge_gain_scalar(gap_s: float, global_tokens: float, throughput_sum: float,
+                      p: LearnerParams) -> tuple[float, float, float]:
+    """:func:`merge_gain` of one merge, for the single env's hot path.
+
+    ``throughput_sum`` is ``np.sum(throughputs)`` (constant over an episode). The same
+    operations in the same order as :func:`merge_gain` (IEEE arithmetic on Python floats
+    equals numpy's on float64), and both losses from one ``np.power`` call, the ufunc
+    :func:`loss` uses, so the values are bit for bit the vector env's.
+
+    Returns:
+        ``(effective_tokens, loss_decrease, loss_after)``; ``loss_after`` is
+        ``loss(global_tokens + effective_tokens)``.
+    """
+    eff = 1.0 / (1.0 + gap_s / p.drift_s)
+    added = eff * gap_s * throughput_sum
+    before, after = loss(np.array([global_tokens, global_tokens + added]), p).tolist()
+    return added, before - after, after

@@ -150,13 +150,16 @@ class ReplayResult:
         """Violation %, latency percentiles (ms) and sync-active fraction."""
         lat_ms = self.latency_s * 1000.0
         n = lat_ms.size
+        # One partition for the three (each value as percentile(lat_ms, q) alone).
+        p50, p95, p99 = (np.percentile(lat_ms, [50, 95, 99]).tolist() if n
+                         else [float("nan")] * 3)
         return {
             "requests": int(n),
             "violated": int(self.violated.sum()),
             "violation_pct": self.violation_pct,
-            "p50_ms": percentile(lat_ms, 50),
-            "p95_ms": percentile(lat_ms, 95),
-            "p99_ms": percentile(lat_ms, 99),
+            "p50_ms": p50,
+            "p95_ms": p95,
+            "p99_ms": p99,
             "sync_active_frac": float(self.sync_active.mean()) if n else 0.0,
         }
 
@@ -397,14 +400,25 @@ class IsolatedMergeCost:
 
     def __init__(self, base_s: np.ndarray, req_bin: np.ndarray, pressure_bin: np.ndarray,
                  p: SidecarParams, bin_s: float, merge_bins: int,
-                 violated0: np.ndarray) -> None:
+                 violated0: np.ndarray,
+                 queue: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None) -> None:
+        """``queue``: optionally ``(m0, S, prefmin)`` of the no-merge queue, unpadded, as
+        :func:`diloco_gym.core.episode_core` computed them (the same arithmetic as
+        :func:`_merge_queue`), so that they are not computed twice."""
         self.merge_bins = int(merge_bins)
         self.horizon = self.merge_bins + int(round(p.tail_s / bin_s))
         size = pressure_bin.size + 1 + self.horizon  # past the end: S[n_bins], as there
-        m0, self._s, self._d, self._prefmin = _merge_queue(base_s, req_bin, pressure_bin, p,
-                                                           bin_s, size)
+        if queue is None:
+            m0, self._s, self._d, self._prefmin = _merge_queue(base_s, req_bin, pressure_bin,
+                                                               p, bin_s, size)
+        else:
+            m0, s, prefmin = queue
+            self._s, self._prefmin = _padded(s, size), _padded(prefmin, size)
+            self._d = _padded(lost_capacity(m0, p, bin_s), size)
         idx = np.flatnonzero(~np.asarray(violated0).astype(bool))
-        idx = idx[np.argsort(req_bin[idx], kind="stable")]
+        rb = req_bin[idx]
+        if rb.size > 1 and not bool(np.all(rb[1:] >= rb[:-1])):  # sorted arrivals: already
+            idx = idx[np.argsort(rb, kind="stable")]
         self._rbin = req_bin[idx]
         self._thr_in, self._thr_tail = _backlog_thresholds(m0[self._rbin], base_s[idx], p)
 

@@ -614,3 +614,77 @@ def test_budget_without_any_choice_is_refused():
     env = DiLoCoSyncEnv(tr, params=params, merge_budget=5)
     env.reset(seed=0)
     assert env.action_masks().all()
+
+
+# --------------------------------------------------------------------------- fast paths
+def test_scalar_merge_gain_is_bitwise_the_batched_one():
+    """The single env's scalar merge gain (one ``np.power`` call for both losses, the
+    throughput sum precomputed) equals ``learners.merge_gain`` on arrays bit for bit."""
+    from diloco_gym import learners as lrn
+
+    lp = lrn.LearnerParams()
+    rng = np.random.default_rng(7)
+    thr = np.sort(rng.uniform(5e3, 2e4, (64, lp.num_learners)), axis=1)
+    gap = rng.integers(16, 65, 64) * 1.12
+    tok = rng.uniform(0.0, 5e7, 64)
+    added_v, gain_v = lrn.merge_gain(gap, tok, thr, lp)
+    for i in range(64):
+        added, gain, after = lrn.merge_gain_scalar(float(gap[i]), float(tok[i]),
+                                                   float(np.sum(thr[i], axis=-1)), lp)
+        assert added == added_v[i] and gain == gain_v[i]
+        assert after == lrn.loss(np.array([tok[i] + added_v[i]]), lp)[0]
+
+
+def _sync_mask_add_at(merges, n_bins, params):
+    """The former ``sync_mask`` (a +1/-1 difference array and a cumulative sum)."""
+    mask = np.zeros(n_bins + params.merge_steps)
+    starts = np.asarray(merges, dtype=np.int64) * params.decision_interval
+    if starts.size:
+        delta = np.zeros(mask.size + 1)
+        np.add.at(delta, starts, 1.0)
+        np.add.at(delta, starts + params.merge_steps, -1.0)
+        mask = np.cumsum(delta)[:-1]
+    return np.minimum(mask[:n_bins], 1.0)
+
+
+@pytest.mark.parametrize("merges", [[], [0], [3, 20, 40], [5, 6], [0, 535], [535],
+                                    [-1, 10]])
+def test_sync_mask_equals_the_difference_array(merges):
+    """Overlapping windows, windows running past the end and negative indices alike."""
+    p = EnvParams()
+    n_bins = 536 * p.decision_interval
+    np.testing.assert_array_equal(core.sync_mask(merges, n_bins, p),
+                                  _sync_mask_add_at(merges, n_bins, p))
+
+
+def test_sync_mask_rejects_a_start_past_the_end_as_before():
+    p = EnvParams()
+    with pytest.raises(IndexError):
+        core.sync_mask([10_000], 100, p)
+
+
+@pytest.mark.parametrize("k", [1, 3, 7, 8, 9, 16, 23, 200])
+def test_sum_over_learners_is_numpys_sum_bit_for_bit(k):
+    """``core._sum_first_axis`` (whole-array adds; three of them for the default 8
+    learners) adds in numpy's pairwise order: equal to ``sum`` over a contiguous axis."""
+    x = np.random.default_rng(k).lognormal(0.0, 3.0, (k, 65))
+    np.testing.assert_array_equal(core._sum_first_axis(x), np.ascontiguousarray(x.T).sum(-1))
+
+
+def test_loss_progress_in_place_equals_the_loss_function():
+    """``core.learner_progress`` evaluates the loss in place; the values must be those of
+    ``learners.loss`` (with and without the loss at the current tokens passed in)."""
+    from diloco_gym import learners as lrn
+
+    p, lp = EnvParams(), lrn.LearnerParams()
+    rng = np.random.default_rng(3)
+    thr = np.sort(rng.uniform(5e3, 2e4, lp.num_learners))
+    tau_k = thr[:, None] * (np.arange(p.h_max + 1) * p.decision_seconds)
+    for tok in (0.0, 1.5e5, 3.3e7):
+        delta = lrn.loss(tok, lp) - lrn.loss(tok + tau_k, lp)
+        clipped = np.clip(delta / p.loss_clip, 0.0, 1.0)
+        expected = (np.ascontiguousarray(clipped.T).sum(-1) / lp.num_learners, clipped[0])
+        for loss_now in (None, lrn.loss(tok, lp)):
+            mean, low = core.learner_progress(tau_k, tok, p, lp, loss_now)
+            np.testing.assert_array_equal(mean, expected[0])
+            np.testing.assert_array_equal(low, expected[1])

@@ -289,3 +289,60 @@ def test_one_merge_cost_equals_the_batched_costs(regime):
         assert "merge_cost" not in ep.__dict__
         assert np.array_equal(np.array(lazy), ep.merge_cost)
         assert ep.merge_cost.sum() > 0 or regime == "pressure-heavy"
+
+
+# --------------------------------------------------------------------------- fast paths
+def test_summary_percentiles_equal_one_call_each():
+    """``ReplayResult.summary`` takes the three percentiles from one call; each must equal
+    ``percentile`` alone (and NaN for an empty replay)."""
+    rng = np.random.default_rng(4)
+    for n in (1, 2, 7, 4801):
+        lat = rng.lognormal(-1.0, 0.8, n)
+        res = ReplayResult(lat, lat > 0.5, np.zeros(n, bool), rng.random(n))
+        s = res.summary()
+        for q in (50, 95, 99):
+            assert s[f"p{q}_ms"] == percentile(lat * 1000.0, q)
+    empty = ReplayResult(np.zeros(0), np.zeros(0, bool), np.zeros(0, bool), np.zeros(0))
+    assert all(np.isnan(empty.summary()[f"p{q}_ms"]) for q in (50, 95, 99))
+
+
+def test_isolated_cost_from_the_episode_queue_equals_its_own():
+    """``IsolatedMergeCost(queue=...)`` with the episode's no-merge queue (as the episode
+    builder computed it) costs every decision exactly as the one computing its own queue."""
+    from diloco_gym import core
+    from diloco_gym.learners import LearnerParams
+    from diloco_gym.regimes import get_regime
+    from diloco_gym.sidecar import IsolatedMergeCost
+
+    p = core.EnvParams()
+    for name, seed in (("bursty", 0), ("sync-heavy", 3), ("non-periodic", 5)):
+        reg = get_regime(name)
+        ep = core.episode_from_seed(reg, seed, p, reg.sidecar, LearnerParams())
+        assert ep.queue is not None
+        args = (ep.base_s, ep.req_bin, ep.pressure_bin, reg.sidecar, p.step_seconds,
+                p.merge_steps, ep.baseline.violated)
+        own, shared = IsolatedMergeCost(*args), IsolatedMergeCost(*args, queue=ep.queue)
+        for attr in ("_s", "_d", "_prefmin", "_rbin", "_thr_in", "_thr_tail"):
+            np.testing.assert_array_equal(getattr(own, attr), getattr(shared, attr))
+        starts = np.arange(ep.n_decisions) * p.decision_interval
+        costs = [shared.cost_at(s) for s in starts]
+        assert costs == [own.cost_at(s) for s in starts]
+        np.testing.assert_array_equal(costs, ep.merge_cost)
+
+
+def test_isolated_cost_sorts_requests_given_out_of_order():
+    """Requests not in bin order are still costed as in ``merge_costs`` (the stable sort
+    is skipped only when the bins are already sorted)."""
+    from diloco_gym.sidecar import IsolatedMergeCost
+
+    rng = np.random.default_rng(2)
+    p = SidecarParams()
+    n_bins, m = 400, 300
+    req_bin = rng.integers(0, n_bins, m)  # unsorted
+    base_s = rng.uniform(0.05, 0.4, m)
+    pressure = rng.random(n_bins)
+    v0 = replay(base_s, req_bin, pressure, None, p, 0.14).violated
+    starts = np.arange(0, n_bins - 100, 8)
+    expected = merge_costs(base_s, req_bin, pressure, p, 0.14, starts, 57, v0.astype(float))
+    one = IsolatedMergeCost(base_s, req_bin, pressure, p, 0.14, 57, v0)
+    np.testing.assert_array_equal([one.cost_at(s) for s in starts], expected)
