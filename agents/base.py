@@ -57,8 +57,9 @@ class AgentContext:
 
     params: EnvParams
     regime: str
-    _mask: np.ndarray = field(default_factory=lambda: np.ones(2, dtype=bool), repr=False,
-                              compare=False)
+    _mask: np.ndarray = field(
+        default_factory=lambda: np.ones(2, dtype=bool), repr=False, compare=False
+    )
 
     def action_mask(self) -> np.ndarray:
         """The feasible actions at the current decision, ``[defer, merge]`` (a copy)."""
@@ -89,13 +90,20 @@ class Agent:
         """Actions (0 defer, 1 merge) for a batch of observations ``(n, 17)``."""
         raise NotImplementedError
 
-    def predict(self, observation: np.ndarray, state: Any = None, episode_start: Any = None,
-                deterministic: bool = True) -> tuple[np.ndarray, Any]:
+    def predict(
+        self,
+        observation: np.ndarray,
+        state: Any = None,
+        episode_start: Any = None,
+        deterministic: bool = True,
+    ) -> tuple[np.ndarray, Any]:
         """SB3-compatible prediction; the corridor itself is enforced by the env."""
         obs = np.asarray(observation, dtype=np.float32)
         if obs.shape[-1:] != (len(OBS_INDEX),):
-            raise ValueError(f"{self.name}: expected observations with {len(OBS_INDEX)} "
-                             f"features, got shape {obs.shape}")
+            raise ValueError(
+                f"{self.name}: expected observations with {len(OBS_INDEX)} "
+                f"features, got shape {obs.shape}"
+            )
         single = obs.ndim == 1
         actions = np.asarray(self.act(obs[None] if single else obs), dtype=np.int64)
         return (actions[0] if single else actions), state

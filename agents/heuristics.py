@@ -23,9 +23,20 @@ from agents.base import Agent, AgentContext, obs_feature
 from diloco_gym.core import EnvParams, unsquash_rate
 from diloco_gym.schedules import optimal_schedule
 
-__all__ = ["NoSync", "FixedInterval", "PressureGate", "RandomDeferral", "WADiLoCo",
-           "CalibratedWA", "OnlineForecastWA", "OfflineCalibratedOracle", "WAWeights",
-           "BudgetPace", "FixedBudget", "OnlineForecastBudget"]
+__all__ = [
+    "NoSync",
+    "FixedInterval",
+    "PressureGate",
+    "RandomDeferral",
+    "WADiLoCo",
+    "CalibratedWA",
+    "OnlineForecastWA",
+    "OfflineCalibratedOracle",
+    "WAWeights",
+    "BudgetPace",
+    "FixedBudget",
+    "OnlineForecastBudget",
+]
 
 
 def _gap_steps(obs: np.ndarray, params: EnvParams) -> np.ndarray:
@@ -155,8 +166,13 @@ class WADiLoCo(Agent):
 
     name = "wa-diloco"
 
-    def __init__(self, weights: WAWeights | None = None, threshold: float = 0.0,
-                 aggregate: str = "mean", rate_norm_rps: float = 8.0) -> None:
+    def __init__(
+        self,
+        weights: WAWeights | None = None,
+        threshold: float = 0.0,
+        aggregate: str = "mean",
+        rate_norm_rps: float = 8.0,
+    ) -> None:
         if aggregate not in ("mean", "unanimous"):
             raise ValueError(f"aggregate must be 'mean' or 'unanimous', got {aggregate!r}")
         self.weights = weights or WAWeights()
@@ -175,12 +191,15 @@ class WADiLoCo(Agent):
     def score(self, obs: np.ndarray) -> np.ndarray:
         w = self.weights
         suffix = "mean" if self.aggregate == "mean" else "min"
-        progress = (w.loss * obs_feature(obs, f"loss_progress_{suffix}")
-                    + w.tokens * obs_feature(obs, f"tokens_{suffix}"))
-        pressure = (w.network * obs_feature(obs, "network")
-                    + w.serving * obs_feature(obs, "serving")
-                    + w.checkpoint * obs_feature(obs, "checkpoint")
-                    + w.staleness * obs_feature(obs, "staleness"))
+        progress = w.loss * obs_feature(obs, f"loss_progress_{suffix}") + w.tokens * obs_feature(
+            obs, f"tokens_{suffix}"
+        )
+        pressure = (
+            w.network * obs_feature(obs, "network")
+            + w.serving * obs_feature(obs, "serving")
+            + w.checkpoint * obs_feature(obs, "checkpoint")
+            + w.staleness * obs_feature(obs, "staleness")
+        )
         if w.cost:
             pressure = pressure + w.cost * self.sync_cost(obs)
         return progress - pressure
@@ -217,8 +236,13 @@ class OnlineForecastWA(Agent):
 
     name = "online-forecast"
 
-    def __init__(self, min_progress: float = 0.3, quiet_ratio: float = 0.9,
-                 max_trend: float = 0.05, rate_norm_rps: float = 8.0) -> None:
+    def __init__(
+        self,
+        min_progress: float = 0.3,
+        quiet_ratio: float = 0.9,
+        max_trend: float = 0.05,
+        rate_norm_rps: float = 8.0,
+    ) -> None:
         self.min_progress = float(min_progress)
         self.quiet_ratio = float(quiet_ratio)
         self.max_trend = float(max_trend)
@@ -229,8 +253,9 @@ class OnlineForecastWA(Agent):
 
     def act(self, obs: np.ndarray) -> np.ndarray:
         w = WAWeights()
-        progress = (w.loss * obs_feature(obs, "loss_progress_mean")
-                    + w.tokens * obs_feature(obs, "tokens_mean"))
+        progress = w.loss * obs_feature(obs, "loss_progress_mean") + w.tokens * obs_feature(
+            obs, "tokens_mean"
+        )
         f = unsquash_rate(obs_feature(obs, "rate_forecast"), self.rate_norm_rps)
         r = unsquash_rate(obs_feature(obs, "rate_now"), self.rate_norm_rps)
         b = unsquash_rate(obs_feature(obs, "rate_baseline"), self.rate_norm_rps)
@@ -273,10 +298,12 @@ class OfflineCalibratedOracle(Agent):
                 "offline-oracle is non-deployable: it needs the episode (the env's future "
                 "merge costs) after each reset, which only a runner hands over. Use "
                 "diloco_gym.rollout.run_episode, or wrap the env for evaluate_policy: "
-                "evaluate_policy(agent, diloco_gym.rollout.AttachAgentWrapper(env, agent))")
+                "evaluate_policy(agent, diloco_gym.rollout.AttachAgentWrapper(env, agent))"
+            )
         if len(obs) != 1:
-            raise ValueError(f"offline-oracle follows one env at a time; got a batch of "
-                             f"{len(obs)} observations")
+            raise ValueError(
+                f"offline-oracle follows one env at a time; got a batch of {len(obs)} observations"
+            )
         return np.full(len(obs), int(self._env.decision in self._plan), dtype=np.int64)
 
 
@@ -302,9 +329,11 @@ class BudgetPace:
 
     def __init__(self, params: EnvParams) -> None:
         if params.merge_budget is None or params.merge_budget < 1:
-            raise ValueError("a budget-aware agent needs the env's merge budget: run it with "
-                             "merge_budget=M >= 1 (DiLoCoSyncEnv(..., merge_budget=M); "
-                             "`diloco-gym frontier` does this at every budget)")
+            raise ValueError(
+                "a budget-aware agent needs the env's merge budget: run it with "
+                "merge_budget=M >= 1 (DiLoCoSyncEnv(..., merge_budget=M); "
+                "`diloco-gym frontier` does this at every budget)"
+            )
         self.params = params
         self.budget = int(params.merge_budget)
 
@@ -348,8 +377,10 @@ class FixedBudget(Agent):
 
     def act(self, obs: np.ndarray) -> np.ndarray:
         if self._pace is None:
-            raise RuntimeError(f"{self.name} is budget-aware: attach it to an env with a merge "
-                               f"budget first (diloco_gym.rollout.run_episode does)")
+            raise RuntimeError(
+                f"{self.name} is budget-aware: attach it to an env with a merge "
+                f"budget first (diloco_gym.rollout.run_episode does)"
+            )
         s = self._pace.read(obs)
         interval = s["n"] / self._pace.budget
         return ((s["gap"] >= interval) & (s["m_left"] > 0)).astype(np.int64)
@@ -386,14 +417,24 @@ class OnlineForecastBudget(OnlineForecastWA):
     name = "online-forecast-budget"
     budget_aware = True
 
-    def __init__(self, quiet_ratio: float = 0.9, max_trend: float = 0.05,
-                 min_urgency: float = 0.5, max_urgency: float = 1.5,
-                 rate_norm_rps: float = 8.0) -> None:
-        super().__init__(min_progress=0.0, quiet_ratio=quiet_ratio, max_trend=max_trend,
-                         rate_norm_rps=rate_norm_rps)
+    def __init__(
+        self,
+        quiet_ratio: float = 0.9,
+        max_trend: float = 0.05,
+        min_urgency: float = 0.5,
+        max_urgency: float = 1.5,
+        rate_norm_rps: float = 8.0,
+    ) -> None:
+        super().__init__(
+            min_progress=0.0,
+            quiet_ratio=quiet_ratio,
+            max_trend=max_trend,
+            rate_norm_rps=rate_norm_rps,
+        )
         if not 0.0 <= min_urgency <= max_urgency:
-            raise ValueError(f"need 0 <= min_urgency <= max_urgency, got {min_urgency}, "
-                             f"{max_urgency}")
+            raise ValueError(
+                f"need 0 <= min_urgency <= max_urgency, got {min_urgency}, {max_urgency}"
+            )
         self.min_urgency = float(min_urgency)
         self.max_urgency = float(max_urgency)
         self._pace: BudgetPace | None = None
@@ -405,8 +446,10 @@ class OnlineForecastBudget(OnlineForecastWA):
     def urgency(self, obs: np.ndarray) -> np.ndarray:
         """``gap / G`` per observation (see the class docstring)."""
         if self._pace is None:
-            raise RuntimeError(f"{self.name} is budget-aware: attach it to an env with a merge "
-                               f"budget first (diloco_gym.rollout.run_episode does)")
+            raise RuntimeError(
+                f"{self.name} is budget-aware: attach it to an env with a merge "
+                f"budget first (diloco_gym.rollout.run_episode does)"
+            )
         s = self._pace.read(obs)
         due = np.maximum((s["n"] - s["last"]) / (s["m_left"] + 1.0), 1.0)
         return np.where(s["m_left"] > 0, s["gap"] / due, 0.0)

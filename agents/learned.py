@@ -47,9 +47,12 @@ def reference_model_path() -> Path:
     """
     res = importlib.resources.files("agents").joinpath("reference").joinpath("model.zip")
     if not res.is_file():
-        raise FileNotFoundError("reference-ppo: agents/reference/model.zip is missing from the "
-                                "installed package (package data not shipped)")
+        raise FileNotFoundError(
+            "reference-ppo: agents/reference/model.zip is missing from the "
+            "installed package (package data not shipped)"
+        )
     return Path(_stack.enter_context(importlib.resources.as_file(res)))
+
 
 #: Algorithm name (as in meta.json) -> (module, class).
 _CLASSES = {
@@ -101,8 +104,9 @@ class LearnedAgent(Agent):
 
     deployable = True
 
-    def __init__(self, model: Any, name: str = "learned", meta: dict | None = None,
-                 path: Path | None = None) -> None:
+    def __init__(
+        self, model: Any, name: str = "learned", meta: dict | None = None, path: Path | None = None
+    ) -> None:
         self.model = model
         self.name = name
         self.meta = dict(meta or {})
@@ -118,8 +122,9 @@ class LearnedAgent(Agent):
         kwargs: dict[str, Any] = {}
         if self._maskable and self._context is not None and len(obs) == 1:
             kwargs["action_masks"] = self._context.action_mask()[None]
-        actions, _ = self.model.predict(np.asarray(obs, dtype=np.float32), deterministic=True,
-                                        **kwargs)
+        actions, _ = self.model.predict(
+            np.asarray(obs, dtype=np.float32), deterministic=True, **kwargs
+        )
         return np.asarray(actions, dtype=np.int64).reshape(len(obs))
 
 
@@ -135,8 +140,10 @@ def _load_error(exc: BaseException) -> str:
     if "weights_only" in text or "Weights only load failed" in text:
         m = _UNSAFE_GLOBAL.search(text)
         what = f" ({m.group(1)})" if m else ""
-        return (f"{type(exc).__name__}: the weights hold a Python object{what} that the safe "
-                f"loader refuses; a model file should hold tensors only")
+        return (
+            f"{type(exc).__name__}: the weights hold a Python object{what} that the safe "
+            f"loader refuses; a model file should hold tensors only"
+        )
     first = text.strip().splitlines()[0] if text.strip() else ""
     return f"{type(exc).__name__}: {first}"
 
@@ -173,8 +180,10 @@ def load_learned_agent(path: str | Path) -> LearnedAgent:
     if not p.is_file():
         raise FileNotFoundError(f"learned agent: model file not found: {p}")
     if not zipfile.is_zipfile(p):
-        raise ValueError(f"learned agent: {p} is not a valid model file (not a zip archive "
-                         f"written by stable-baselines3)")
+        raise ValueError(
+            f"learned agent: {p} is not a valid model file (not a zip archive "
+            f"written by stable-baselines3)"
+        )
     meta: dict = {}
     meta_path = p.with_name("meta.json")
     if p.name == "model.zip" and meta_path.is_file():
@@ -201,6 +210,7 @@ def load_learned_agent(path: str | Path) -> LearnedAgent:
         except Exception as exc:  # noqa: BLE001 - SB3 raises many kinds on bad files
             errors.append(f"{a}: {_load_error(exc)}")
     if model is None:
-        raise ValueError(f"learned agent: {p} is not a valid model file "
-                         f"({'; '.join(errors)[:500]})")
+        raise ValueError(
+            f"learned agent: {p} is not a valid model file ({'; '.join(errors)[:500]})"
+        )
     return LearnedAgent(model, name=learned_name(loaded, p), meta=meta, path=p)

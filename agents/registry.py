@@ -25,8 +25,16 @@ from agents.heuristics import (
     WADiLoCo,
 )
 
-__all__ = ["AGENTS", "HEURISTICS", "LEARNED", "BUDGETED", "make_agent", "make_agents",
-           "agent_names", "is_budget_aware"]
+__all__ = [
+    "AGENTS",
+    "HEURISTICS",
+    "LEARNED",
+    "BUDGETED",
+    "make_agent",
+    "make_agents",
+    "agent_names",
+    "is_budget_aware",
+]
 
 
 def _reference_ppo() -> Agent:
@@ -105,8 +113,10 @@ def make_agent(name: str) -> Agent:
         from agents.learned import load_learned_agent
 
         return load_learned_agent(name)
-    raise ValueError(f"unknown agent {name!r}; valid agents: {', '.join(AGENTS)} "
-                     f"(or a path to a trained model .zip)")
+    raise ValueError(
+        f"unknown agent {name!r}; valid agents: {', '.join(AGENTS)} "
+        f"(or a path to a trained model .zip)"
+    )
 
 
 def make_agents(specs: list[str]) -> list[Agent]:
@@ -139,8 +149,12 @@ def make_agents(specs: list[str]) -> list[Agent]:
         # Every spec in from_path (not a heuristic) has a model file.
         while True:
             names = [a.name for a in agents]
-            grow = [i for i in from_path if names.count(names[i]) > 1
-                    and parts[i] < len(cast(Path, _model_file(specs[i])).parts)]
+            grow = [
+                i
+                for i in from_path
+                if names.count(names[i]) > 1
+                and parts[i] < len(cast(Path, _model_file(specs[i])).parts)
+            ]
             if not grow:
                 break
             for i in grow:
@@ -150,6 +164,8 @@ def make_agents(specs: list[str]) -> list[Agent]:
     names = [a.name for a in agents]
     dup = [s for s, n in zip(specs, names, strict=True) if names.count(n) > 1]
     if dup:  # e.g. a model file whose name reads like another agent's
-        raise ValueError(f"agents {', '.join(map(repr, dup))} would share a name in the "
-                         f"report; rename one of the model files")
+        raise ValueError(
+            f"agents {', '.join(map(repr, dup))} would share a name in the "
+            f"report; rename one of the model files"
+        )
     return agents

@@ -156,14 +156,19 @@ def bench_single_default(steps: int, rounds: int) -> dict:
     dil_env.close()
     cart_env.close()
     ratios = np.array(d_rates) / np.array(c_rates)
-    return {"diloco_steps_per_s": float(np.median(d_rates)),
-            "diloco_episodes_per_s": float(np.median(d_eps)),
-            "cartpole_steps_per_s": float(np.median(c_rates)),
-            "cartpole_episodes_per_s": float(np.median(c_eps)),
-            "ratio": float(np.median(ratios)), "ratio_min": float(ratios.min()),
-            "ratio_max": float(ratios.max()), "rounds": rounds, "steps": steps,
-            "note": "default gym.make (skip_forced=True, fresh episodes), random actions, "
-                    "resets included; median of paired rounds"}
+    return {
+        "diloco_steps_per_s": float(np.median(d_rates)),
+        "diloco_episodes_per_s": float(np.median(d_eps)),
+        "cartpole_steps_per_s": float(np.median(c_rates)),
+        "cartpole_episodes_per_s": float(np.median(c_eps)),
+        "ratio": float(np.median(ratios)),
+        "ratio_min": float(ratios.min()),
+        "ratio_max": float(ratios.max()),
+        "rounds": rounds,
+        "steps": steps,
+        "note": "default gym.make (skip_forced=True, fresh episodes), random actions, "
+        "resets included; median of paired rounds",
+    }
 
 
 def bench_vector_default(num_envs: int, steps: int, rounds: int) -> dict:
@@ -172,8 +177,10 @@ def bench_vector_default(num_envs: int, steps: int, rounds: int) -> dict:
     episodes, NEXT_STEP autoreset) against CartPole's, random actions, in paired rounds of
     ``steps`` vector steps each (after a warm-up that spreads the episode ends)."""
     kw = {"num_envs": num_envs, "vectorization_mode": "vector_entry_point"}
-    envs = {"diloco": gym.make_vec("DiLoCoSync-v0", **kw), "cartpole": gym.make_vec(
-        "CartPole-v1", **kw)}
+    envs = {
+        "diloco": gym.make_vec("DiLoCoSync-v0", **kw),
+        "cartpole": gym.make_vec("CartPole-v1", **kw),
+    }
     tables = {}
     for k, env in envs.items():
         env.reset(seed=0)
@@ -200,15 +207,20 @@ def bench_vector_default(num_envs: int, steps: int, rounds: int) -> dict:
     for env in envs.values():
         env.close()
     ratios = np.array(rates["diloco"]) / np.array(rates["cartpole"])
-    return {"num_envs": num_envs, "steps": steps, "rounds": rounds,
-            "diloco_steps_per_s": float(np.median(rates["diloco"])),
-            "diloco_episodes_per_s": float(np.median(eps["diloco"])),
-            "cartpole_steps_per_s": float(np.median(rates["cartpole"])),
-            "cartpole_episodes_per_s": float(np.median(eps["cartpole"])),
-            "ratio": float(np.median(ratios)), "ratio_min": float(ratios.min()),
-            "ratio_max": float(ratios.max()),
-            "note": "default make_vec (skip_forced=True, fresh episodes), random actions, "
-                    "NEXT_STEP autoreset; median of paired rounds"}
+    return {
+        "num_envs": num_envs,
+        "steps": steps,
+        "rounds": rounds,
+        "diloco_steps_per_s": float(np.median(rates["diloco"])),
+        "diloco_episodes_per_s": float(np.median(eps["diloco"])),
+        "cartpole_steps_per_s": float(np.median(rates["cartpole"])),
+        "cartpole_episodes_per_s": float(np.median(eps["cartpole"])),
+        "ratio": float(np.median(ratios)),
+        "ratio_min": float(ratios.min()),
+        "ratio_max": float(ratios.max()),
+        "note": "default make_vec (skip_forced=True, fresh episodes), random actions, "
+        "NEXT_STEP autoreset; median of paired rounds",
+    }
 
 
 def bench_single(steps: int, rounds: int) -> dict:
@@ -225,12 +237,16 @@ def bench_single(steps: int, rounds: int) -> dict:
     dil_env.close()
     cart_env.close()
     ratios = np.array(d_rates) / np.array(c_rates)
-    return {"diloco_steps_per_s": float(np.median(d_rates)),
-            "cartpole_steps_per_s": float(np.median(c_rates)),
-            "ratio": float(np.median(ratios)), "ratio_min": float(ratios.min()),
-            "ratio_max": float(ratios.max()), "rounds": rounds, "steps": steps,
-            "note": "skip_forced=False, random actions, resets included; median of paired "
-                    "rounds"}
+    return {
+        "diloco_steps_per_s": float(np.median(d_rates)),
+        "cartpole_steps_per_s": float(np.median(c_rates)),
+        "ratio": float(np.median(ratios)),
+        "ratio_min": float(ratios.min()),
+        "ratio_max": float(ratios.max()),
+        "rounds": rounds,
+        "steps": steps,
+        "note": "skip_forced=False, random actions, resets included; median of paired rounds",
+    }
 
 
 # ----------------------------------------------------------------------------- vector env
@@ -284,18 +300,23 @@ def bench_vector(num_envs: int, episodes: int, repeats: int) -> dict:
         window_s = steps * num_envs / rates["pool"][-1] + restarts * draws_ms[-1] / 1000.0
         rates["ceiling"].append(steps * num_envs / window_s)
     best = {k: max(v) for k, v in rates.items()}
-    out.update({
-        "fresh_ceiling_steps_per_s": best["ceiling"],
-        "fresh_ceiling_ratio": best["ceiling"] / best["cartpole"],
-        "draws_only_ms": min(draws_ms), "restarts_per_step": restarts / steps,
-        "cartpole_step_ms": num_envs / best["cartpole"] * 1000.0,
-        "steps_per_env": steps, "episode_decisions": n,
-        "fresh_steps_per_s": best["fresh"], "pool_steps_per_s": best["pool"],
-        "cartpole_steps_per_s": best["cartpole"],
-        "fresh_ratio": best["fresh"] / best["cartpole"],
-        "pool_ratio": best["pool"] / best["cartpole"],
-        "note": "skip_forced=False, random actions, NEXT_STEP autoreset, whole episodes",
-    })
+    out.update(
+        {
+            "fresh_ceiling_steps_per_s": best["ceiling"],
+            "fresh_ceiling_ratio": best["ceiling"] / best["cartpole"],
+            "draws_only_ms": min(draws_ms),
+            "restarts_per_step": restarts / steps,
+            "cartpole_step_ms": num_envs / best["cartpole"] * 1000.0,
+            "steps_per_env": steps,
+            "episode_decisions": n,
+            "fresh_steps_per_s": best["fresh"],
+            "pool_steps_per_s": best["pool"],
+            "cartpole_steps_per_s": best["cartpole"],
+            "fresh_ratio": best["fresh"] / best["cartpole"],
+            "pool_ratio": best["pool"] / best["cartpole"],
+            "note": "skip_forced=False, random actions, NEXT_STEP autoreset, whole episodes",
+        }
+    )
     for env in (fresh, pooled, cart):
         env.close()
     return out
@@ -338,8 +359,9 @@ def fresh_floor_runner(episodes: int):
     simulation); it returns milliseconds per episode. Sizes are read off real draws once."""
     reg = regimes.get_regime("bursty")
     lp = lrn.LearnerParams()
-    jobs = [(seed, sz) for seed in range(episodes)
-            if (sz := _draw_sizes(reg, lp, seed)) is not None]
+    jobs = [
+        (seed, sz) for seed in range(episodes) if (sz := _draw_sizes(reg, lp, seed)) is not None
+    ]
     if not jobs:
         raise RuntimeError("fresh_floor_runner: the draws no longer match SyntheticRegime.draw")
 
@@ -363,8 +385,7 @@ def bench_envelope(draws: int, repeats: int) -> dict:
 
     def run():
         rng = np.random.default_rng(1)
-        sch = schedules.sample_uniform(ep.n_decisions, params.h_min, params.h_max, m, draws,
-                                       rng)
+        sch = schedules.sample_uniform(ep.n_decisions, params.h_min, params.h_max, m, draws, rng)
         return ep.merge_cost[sch].sum(axis=1)
 
     dt = best_of(run, repeats)
@@ -389,17 +410,29 @@ def bench_oracle(duration_s: float, repeats: int) -> dict:
         t3 = time.perf_counter()
         if t3 - t0 < best_total:
             best_total = t3 - t0
-            res.update(trace_s=t1 - t0, build_episode_s=t2 - t1, dp_s=t3 - t2, total_s=t3 - t0,
-                       decisions=ep.n_decisions, requests=trace.num_requests,
-                       merges=int(merges.size), oracle_cost_requests=total)
+            res.update(
+                trace_s=t1 - t0,
+                build_episode_s=t2 - t1,
+                dp_s=t3 - t2,
+                total_s=t3 - t0,
+                decisions=ep.n_decisions,
+                requests=trace.num_requests,
+                merges=int(merges.size),
+                oracle_cost_requests=total,
+            )
     return res
 
 
 # ----------------------------------------------------------------------------- memory
 def bench_memory(num_envs: int, total_steps: int, pool: bool) -> dict:
     """RSS before and after ``total_steps`` env steps (after one whole episode of warm-up)."""
-    env = gym.make_vec("DiLoCoSync-v0", num_envs=num_envs, vectorization_mode="vector_entry_point",
-                       skip_forced=False, episode_pool=num_envs if pool else None)
+    env = gym.make_vec(
+        "DiLoCoSync-v0",
+        num_envs=num_envs,
+        vectorization_mode="vector_entry_point",
+        skip_forced=False,
+        episode_pool=num_envs if pool else None,
+    )
     env.reset(seed=0)
     n = int(env.unwrapped._bank_n[0])
     table = np.random.default_rng(0).integers(0, 2, (1024, num_envs))
@@ -420,13 +453,26 @@ def bench_memory(num_envs: int, total_steps: int, pool: bool) -> dict:
     end = rss_mib()
     # The env's own arrays (its episode bank): the process RSS also holds whatever earlier
     # benchmarks in this process freed but the allocator kept.
-    bank = sum(v.nbytes for k, v in vars(env.unwrapped).items()
-               if k.startswith("_bank_") and isinstance(v, np.ndarray)) / 2**20
+    bank = (
+        sum(
+            v.nbytes
+            for k, v in vars(env.unwrapped).items()
+            if k.startswith("_bank_") and isinstance(v, np.ndarray)
+        )
+        / 2**20
+    )
     env.close()
-    return {"num_envs": num_envs, "episode_pool": pool, "env_steps": steps * num_envs,
-            "bank_mib": bank, "rss_start_mib": start,
-            "rss_end_mib": end, "rss_peak_mib": max(peak, end),
-            "growth_pct": 100.0 * (end - start) / start, "seconds": elapsed}
+    return {
+        "num_envs": num_envs,
+        "episode_pool": pool,
+        "env_steps": steps * num_envs,
+        "bank_mib": bank,
+        "rss_start_mib": start,
+        "rss_end_mib": end,
+        "rss_peak_mib": max(peak, end),
+        "growth_pct": 100.0 * (end - start) / start,
+        "seconds": elapsed,
+    }
 
 
 # ----------------------------------------------------------------------------- profile
@@ -448,26 +494,39 @@ def bench_profile(episodes: int, num_envs: int = 1024, steps: int = 517) -> dict
         ep = core.build_episode(trace, params, reg.sidecar, lp, rng, seed=seed)
         t2 = time.perf_counter()
         starts = np.arange(ep.n_decisions, dtype=np.int64) * params.decision_interval
-        merge_costs(ep.base_s, ep.req_bin, ep.pressure_bin, reg.sidecar, params.step_seconds,
-                    starts, params.merge_steps, ep.baseline.violated)
+        merge_costs(
+            ep.base_s,
+            ep.req_bin,
+            ep.pressure_bin,
+            reg.sidecar,
+            params.step_seconds,
+            starts,
+            params.merge_steps,
+            ep.baseline.violated,
+        )
         t3 = time.perf_counter()
         draws = reg.draw(np.random.default_rng(seed))
         prompt, output = reg.tokens(draws[1], np.float64)
         t4 = time.perf_counter()
-        core.episode_core(draws[0], prompt, output, draws[2], draws[3], reg.duration_s, params,
-                          reg.sidecar)
+        core.episode_core(
+            draws[0], prompt, output, draws[2], draws[3], reg.duration_s, params, reg.sidecar
+        )
         t5 = time.perf_counter()
         venv._build_fresh(np.array([0]), [seed])
         t6 = time.perf_counter()
-        for key, dt in zip(t, (t1 - t0, t2 - t1, t3 - t2, t4 - t3, t5 - t4, t6 - t5),
-                           strict=True):
+        for key, dt in zip(t, (t1 - t0, t2 - t1, t3 - t2, t4 - t3, t5 - t4, t6 - t5), strict=True):
             t[key] += dt
     k = 1000.0 / episodes
-    out = {"episodes": episodes, "trace_ms": t["trace"] * k, "merge_costs_ms": t["costs"] * k,
-           "rest_of_build_ms": t["build"] * k,
-           "episode_ms": (t["trace"] + t["build"] + t["costs"]) * k,
-           "vector_draw_ms": t["draw"] * k, "vector_core_ms": t["core"] * k,
-           "vector_bank_row_ms": t["bank_row"] * k}
+    out = {
+        "episodes": episodes,
+        "trace_ms": t["trace"] * k,
+        "merge_costs_ms": t["costs"] * k,
+        "rest_of_build_ms": t["build"] * k,
+        "episode_ms": (t["trace"] + t["build"] + t["costs"]) * k,
+        "vector_draw_ms": t["draw"] * k,
+        "vector_core_ms": t["core"] * k,
+        "vector_bank_row_ms": t["bank_row"] * k,
+    }
     # The same episodes built together, as a reset wave builds them.
     slots = np.arange(min(episodes, num_envs))
     t0 = time.perf_counter()
@@ -485,6 +544,7 @@ def bench_profile(episodes: int, num_envs: int = 1024, steps: int = 517) -> dict
                 return _m(*args)
             finally:
                 spent[_n] += time.perf_counter() - t0
+
         setattr(venv, name, timed)
     venv.reset(seed=0)
     desync(venv, steps // 2)
@@ -496,11 +556,16 @@ def bench_profile(episodes: int, num_envs: int = 1024, steps: int = 517) -> dict
         venv.step(table[i % 64])
     total = time.perf_counter() - t0
     k = 1000.0 / steps
-    out.update({"step_ms": total * k, "step_restart_ms": spent["_restart"] * k,
-                "step_merge_costs_ms": spent["_merge_costs"] * k,
-                "step_observe_ms": spent["_observe"] * k,
-                "step_other_ms": (total - sum(spent.values())) * k,
-                "step_num_envs": num_envs})
+    out.update(
+        {
+            "step_ms": total * k,
+            "step_restart_ms": spent["_restart"] * k,
+            "step_merge_costs_ms": spent["_merge_costs"] * k,
+            "step_observe_ms": spent["_observe"] * k,
+            "step_other_ms": (total - sum(spent.values())) * k,
+            "step_num_envs": num_envs,
+        }
+    )
     venv.close()
     return out
 
@@ -516,6 +581,7 @@ def _timed_methods(obj, names, spent: dict) -> None:
                 return _m(*args, **kwargs)
             finally:
                 spent[_n] += time.perf_counter() - t0
+
         setattr(obj, name, timed)
 
 
@@ -560,15 +626,18 @@ def bench_profile_default(steps: int, num_envs: int, vector_steps: int) -> dict:
         core.episode_from_seed = build
     env.close()
     k = 1000.0 / max(1, episodes)
-    out = {"episodes": episodes, "decisions_per_episode": steps / max(1, episodes),
-           "episode_ms": total * k, "reset_ms": spent["reset"] * k,
-           "build_ms": spent["build"] * k, "merges_ms": spent["_apply"] * k,
-           "summary_ms": spent["episode_summary"] * k,
-           "steps_other_ms": (total - spent["reset"] - spent["_apply"]
-                              - spent["episode_summary"]) * k}
+    out = {
+        "episodes": episodes,
+        "decisions_per_episode": steps / max(1, episodes),
+        "episode_ms": total * k,
+        "reset_ms": spent["reset"] * k,
+        "build_ms": spent["build"] * k,
+        "merges_ms": spent["_apply"] * k,
+        "summary_ms": spent["episode_summary"] * k,
+        "steps_other_ms": (total - spent["reset"] - spent["_apply"] - spent["episode_summary"]) * k,
+    }
 
-    venv = gym.make_vec("DiLoCoSync-v0", num_envs=num_envs,
-                        vectorization_mode="vector_entry_point")
+    venv = gym.make_vec("DiLoCoSync-v0", num_envs=num_envs, vectorization_mode="vector_entry_point")
     vu = venv.unwrapped
     venv.reset(seed=0)
     table = np.random.default_rng(3).integers(0, 2, (64, num_envs))
@@ -584,12 +653,17 @@ def bench_profile_default(steps: int, num_envs: int, vector_steps: int) -> dict:
     vtotal = time.perf_counter() - t0
     venv.close()
     k = 1000.0 / vector_steps
-    out.update({"vector_num_envs": num_envs, "vector_step_ms": vtotal * k,
-                "vector_restart_ms": vspent["_restart"] * k,
-                "vector_merge_costs_ms": vspent["_merge_costs"] * k,
-                "vector_observe_ms": vspent["_observe"] * k,
-                "vector_other_ms": (vtotal - sum(vspent.values())) * k,
-                "vector_episodes_per_step": ended / vector_steps})
+    out.update(
+        {
+            "vector_num_envs": num_envs,
+            "vector_step_ms": vtotal * k,
+            "vector_restart_ms": vspent["_restart"] * k,
+            "vector_merge_costs_ms": vspent["_merge_costs"] * k,
+            "vector_observe_ms": vspent["_observe"] * k,
+            "vector_other_ms": (vtotal - sum(vspent.values())) * k,
+            "vector_episodes_per_step": ended / vector_steps,
+        }
+    )
     return out
 
 
@@ -615,75 +689,118 @@ def print_table(r: dict) -> None:
 
     pd = r["profile_default"]
     rows = [
-        ("DEFAULT single env: gym.make(\"DiLoCoSync-v0\") (skip_forced=True, fresh episodes)",
-         f"{ds['diloco_steps_per_s']:,.0f} decisions/s, "
-         f"{ds['diloco_episodes_per_s']:,.0f} episodes/s",
-         f"ratio {ds['ratio']:.3f} to CartPole-v1 ({fmt_rate(ds['cartpole_steps_per_s'])}); "
-         f"median of {ds['rounds']} paired rounds, range {ds['ratio_min']:.3f}-"
-         f"{ds['ratio_max']:.3f}",
-         verdict(ds["ratio"] >= t["default_single_ratio_to_cartpole"])),
-        (f"DEFAULT vector x{dv['num_envs']}: make_vec (skip_forced=True, fresh episodes)",
-         f"{dv['diloco_steps_per_s']:,.0f} decisions/s, "
-         f"{dv['diloco_episodes_per_s']:,.0f} episodes/s",
-         f"ratio {dv['ratio']:.3f} to CartPole vector ({fmt_rate(dv['cartpole_steps_per_s'])});"
-         f" median of {dv['rounds']} paired rounds, range {dv['ratio_min']:.3f}-"
-         f"{dv['ratio_max']:.3f}",
-         verdict(dv["ratio"] >= t["default_vector_ratio_to_cartpole"])
-         if dv["num_envs"] == 1024 else f"(n/a at {dv['num_envs']})"),
-        ("DEFAULT single env: one episode, split", f"{pd['episode_ms']:.2f} ms",
-         f"{pd['decisions_per_episode']:.0f} decisions: reset {pd['reset_ms']:.2f} (episode "
-         f"build {pd['build_ms']:.2f}) + merges {pd['merges_ms']:.2f} + final replay "
-         f"{pd['summary_ms']:.2f} + other step work {pd['steps_other_ms']:.2f} ms", ""),
-        (f"DEFAULT vector x{pd['vector_num_envs']}: one step, split",
-         f"{pd['vector_step_ms']:.2f} ms",
-         f"restarts {pd['vector_restart_ms']:.2f} ({pd['vector_episodes_per_step']:.1f} "
-         f"episodes built) + merge costs {pd['vector_merge_costs_ms']:.2f} + observation "
-         f"{pd['vector_observe_ms']:.2f} + other {pd['vector_other_ms']:.2f} ms", ""),
-        ("single env: DiLoCoSync-v0 skip_forced=False", fmt_rate(s["diloco_steps_per_s"]),
-         f"ratio {s['ratio']:.2f} to CartPole-v1 ({fmt_rate(s['cartpole_steps_per_s'])}); "
-         f"median of {s['rounds']} paired rounds, range {s['ratio_min']:.2f}-"
-         f"{s['ratio_max']:.2f}",
-         verdict(s["ratio"] >= t["single_ratio_to_cartpole"])),
-        (f"vector x{v['num_envs']}: skip_forced=False, fresh episodes",
-         fmt_rate(v["fresh_steps_per_s"]),
-         f"ratio {v['fresh_ratio']:.2f} to CartPole vector "
-         f"({fmt_rate(v['cartpole_steps_per_s'])})",
-         vec_verdict(v["fresh_steps_per_s"], v["fresh_ratio"])),
-        (f"vector x{v['num_envs']}: skip_forced=False, episode_pool={v['num_envs']}",
-         fmt_rate(v["pool_steps_per_s"]),
-         f"ratio {v['pool_ratio']:.2f} to CartPole vector "
-         f"(pool built in {v['pool_build_s']:.1f} s)",
-         vec_verdict(v["pool_steps_per_s"], v["pool_ratio"])),
-        (f"vector x{v['num_envs']}: skip_forced=False, fresh-episode ceiling",
-         fmt_rate(v["fresh_ceiling_steps_per_s"]),
-         f"ratio {v['fresh_ceiling_ratio']:.2f}: pool-speed stepping + only the random draws "
-         f"of each new episode ({v['draws_only_ms']:.3f} ms x {v['restarts_per_step']:.2f} "
-         f"per step; CartPole's whole step {v['cartpole_step_ms']:.3f} ms)", ""),
-        (f"matched-random envelope, {e['draws']} draws", f"{e['envelope_s'] * 1000:.1f} ms",
-         f"{e['merges']} merges, 600 s episode", verdict(e["envelope_s"] <= t["envelope_s"])),
-        (f"offline oracle, {o['duration_s'] / 3600:.0f} h trace", f"{o['total_s']:.2f} s",
-         f"trace {o['trace_s']:.2f} s + episode {o['build_episode_s']:.2f} s + DP "
-         f"{o['dp_s'] * 1000:.0f} ms ({o['decisions']:,} decisions)",
-         verdict(o["total_s"] <= t["oracle_24h_s"]) if o["duration_s"] >= 86400 else "(quick)"),
-        *[(f"RSS, {m['env_steps']:,} vector steps, skip_forced=False, "
-           f"{'episode pool' if m['episode_pool'] else 'fresh episodes'}",
-           f"{m['rss_start_mib']:.0f} -> {m['rss_end_mib']:.0f} MiB",
-           f"growth {m['growth_pct']:+.1f} %, peak {m['rss_peak_mib']:.0f} MiB, env bank "
-           f"{m['bank_mib']:.0f} MiB ({m['seconds']:.0f} s)",
-           verdict(abs(m["growth_pct"]) <= t["rss_growth_pct"]))
-          for m in (r["memory_pool"], r["memory_fresh"])],
-        ("single env: episode with all merge costs", f"{p['episode_ms']:.2f} ms",
-         f"trace {p['trace_ms']:.2f} + merge costs {p['merge_costs_ms']:.2f} + rest "
-         f"{p['rest_of_build_ms']:.2f} ms", ""),
-        ("vector env: fresh episode (bank row), skip_forced=False",
-         f"{p['vector_bank_row_ms']:.2f} ms",
-         f"draws {p['vector_draw_ms']:.2f} + features and no-merge replay "
-         f"{p['vector_core_ms']:.2f} ms + queue arrays; built {p['episodes']} together: "
-         f"{p['vector_batched_row_ms']:.2f} ms each", ""),
-        (f"vector step x{p['step_num_envs']}, skip_forced=False, fresh episodes",
-         f"{p['step_ms']:.2f} ms",
-         f"restarts {p['step_restart_ms']:.2f} + merge costs {p['step_merge_costs_ms']:.2f} "
-         f"+ observation {p['step_observe_ms']:.2f} + other {p['step_other_ms']:.2f} ms", ""),
+        (
+            'DEFAULT single env: gym.make("DiLoCoSync-v0") (skip_forced=True, fresh episodes)',
+            f"{ds['diloco_steps_per_s']:,.0f} decisions/s, "
+            f"{ds['diloco_episodes_per_s']:,.0f} episodes/s",
+            f"ratio {ds['ratio']:.3f} to CartPole-v1 ({fmt_rate(ds['cartpole_steps_per_s'])}); "
+            f"median of {ds['rounds']} paired rounds, range {ds['ratio_min']:.3f}-"
+            f"{ds['ratio_max']:.3f}",
+            verdict(ds["ratio"] >= t["default_single_ratio_to_cartpole"]),
+        ),
+        (
+            f"DEFAULT vector x{dv['num_envs']}: make_vec (skip_forced=True, fresh episodes)",
+            f"{dv['diloco_steps_per_s']:,.0f} decisions/s, "
+            f"{dv['diloco_episodes_per_s']:,.0f} episodes/s",
+            f"ratio {dv['ratio']:.3f} to CartPole vector ({fmt_rate(dv['cartpole_steps_per_s'])});"
+            f" median of {dv['rounds']} paired rounds, range {dv['ratio_min']:.3f}-"
+            f"{dv['ratio_max']:.3f}",
+            verdict(dv["ratio"] >= t["default_vector_ratio_to_cartpole"])
+            if dv["num_envs"] == 1024
+            else f"(n/a at {dv['num_envs']})",
+        ),
+        (
+            "DEFAULT single env: one episode, split",
+            f"{pd['episode_ms']:.2f} ms",
+            f"{pd['decisions_per_episode']:.0f} decisions: reset {pd['reset_ms']:.2f} (episode "
+            f"build {pd['build_ms']:.2f}) + merges {pd['merges_ms']:.2f} + final replay "
+            f"{pd['summary_ms']:.2f} + other step work {pd['steps_other_ms']:.2f} ms",
+            "",
+        ),
+        (
+            f"DEFAULT vector x{pd['vector_num_envs']}: one step, split",
+            f"{pd['vector_step_ms']:.2f} ms",
+            f"restarts {pd['vector_restart_ms']:.2f} ({pd['vector_episodes_per_step']:.1f} "
+            f"episodes built) + merge costs {pd['vector_merge_costs_ms']:.2f} + observation "
+            f"{pd['vector_observe_ms']:.2f} + other {pd['vector_other_ms']:.2f} ms",
+            "",
+        ),
+        (
+            "single env: DiLoCoSync-v0 skip_forced=False",
+            fmt_rate(s["diloco_steps_per_s"]),
+            f"ratio {s['ratio']:.2f} to CartPole-v1 ({fmt_rate(s['cartpole_steps_per_s'])}); "
+            f"median of {s['rounds']} paired rounds, range {s['ratio_min']:.2f}-"
+            f"{s['ratio_max']:.2f}",
+            verdict(s["ratio"] >= t["single_ratio_to_cartpole"]),
+        ),
+        (
+            f"vector x{v['num_envs']}: skip_forced=False, fresh episodes",
+            fmt_rate(v["fresh_steps_per_s"]),
+            f"ratio {v['fresh_ratio']:.2f} to CartPole vector "
+            f"({fmt_rate(v['cartpole_steps_per_s'])})",
+            vec_verdict(v["fresh_steps_per_s"], v["fresh_ratio"]),
+        ),
+        (
+            f"vector x{v['num_envs']}: skip_forced=False, episode_pool={v['num_envs']}",
+            fmt_rate(v["pool_steps_per_s"]),
+            f"ratio {v['pool_ratio']:.2f} to CartPole vector "
+            f"(pool built in {v['pool_build_s']:.1f} s)",
+            vec_verdict(v["pool_steps_per_s"], v["pool_ratio"]),
+        ),
+        (
+            f"vector x{v['num_envs']}: skip_forced=False, fresh-episode ceiling",
+            fmt_rate(v["fresh_ceiling_steps_per_s"]),
+            f"ratio {v['fresh_ceiling_ratio']:.2f}: pool-speed stepping + only the random draws "
+            f"of each new episode ({v['draws_only_ms']:.3f} ms x {v['restarts_per_step']:.2f} "
+            f"per step; CartPole's whole step {v['cartpole_step_ms']:.3f} ms)",
+            "",
+        ),
+        (
+            f"matched-random envelope, {e['draws']} draws",
+            f"{e['envelope_s'] * 1000:.1f} ms",
+            f"{e['merges']} merges, 600 s episode",
+            verdict(e["envelope_s"] <= t["envelope_s"]),
+        ),
+        (
+            f"offline oracle, {o['duration_s'] / 3600:.0f} h trace",
+            f"{o['total_s']:.2f} s",
+            f"trace {o['trace_s']:.2f} s + episode {o['build_episode_s']:.2f} s + DP "
+            f"{o['dp_s'] * 1000:.0f} ms ({o['decisions']:,} decisions)",
+            verdict(o["total_s"] <= t["oracle_24h_s"]) if o["duration_s"] >= 86400 else "(quick)",
+        ),
+        *[
+            (
+                f"RSS, {m['env_steps']:,} vector steps, skip_forced=False, "
+                f"{'episode pool' if m['episode_pool'] else 'fresh episodes'}",
+                f"{m['rss_start_mib']:.0f} -> {m['rss_end_mib']:.0f} MiB",
+                f"growth {m['growth_pct']:+.1f} %, peak {m['rss_peak_mib']:.0f} MiB, env bank "
+                f"{m['bank_mib']:.0f} MiB ({m['seconds']:.0f} s)",
+                verdict(abs(m["growth_pct"]) <= t["rss_growth_pct"]),
+            )
+            for m in (r["memory_pool"], r["memory_fresh"])
+        ],
+        (
+            "single env: episode with all merge costs",
+            f"{p['episode_ms']:.2f} ms",
+            f"trace {p['trace_ms']:.2f} + merge costs {p['merge_costs_ms']:.2f} + rest "
+            f"{p['rest_of_build_ms']:.2f} ms",
+            "",
+        ),
+        (
+            "vector env: fresh episode (bank row), skip_forced=False",
+            f"{p['vector_bank_row_ms']:.2f} ms",
+            f"draws {p['vector_draw_ms']:.2f} + features and no-merge replay "
+            f"{p['vector_core_ms']:.2f} ms + queue arrays; built {p['episodes']} together: "
+            f"{p['vector_batched_row_ms']:.2f} ms each",
+            "",
+        ),
+        (
+            f"vector step x{p['step_num_envs']}, skip_forced=False, fresh episodes",
+            f"{p['step_ms']:.2f} ms",
+            f"restarts {p['step_restart_ms']:.2f} + merge costs {p['step_merge_costs_ms']:.2f} "
+            f"+ observation {p['step_observe_ms']:.2f} + other {p['step_other_ms']:.2f} ms",
+            "",
+        ),
     ]
     widths = [max(len(row[i]) for row in rows) for i in range(3)]
     header = ("benchmark", "result", "ratio / detail", "target")
@@ -701,31 +818,48 @@ def print_default(r: dict) -> None:
     for key, label in (("default_single", "single env"), ("default_vector", "vector env")):
         d = r[key]
         extra = f" x{d['num_envs']}" if "num_envs" in d else ""
-        print(f"DEFAULT {label}{extra}: {d['diloco_steps_per_s']:,.0f} decisions/s, "
-              f"{d['diloco_episodes_per_s']:,.1f} episodes/s; CartPole "
-              f"{d['cartpole_steps_per_s']:,.0f} steps/s; ratio {d['ratio']:.3f} "
-              f"(rounds {d['ratio_min']:.3f}-{d['ratio_max']:.3f})")
+        print(
+            f"DEFAULT {label}{extra}: {d['diloco_steps_per_s']:,.0f} decisions/s, "
+            f"{d['diloco_episodes_per_s']:,.1f} episodes/s; CartPole "
+            f"{d['cartpole_steps_per_s']:,.0f} steps/s; ratio {d['ratio']:.3f} "
+            f"(rounds {d['ratio_min']:.3f}-{d['ratio_max']:.3f})"
+        )
     pd = r["profile_default"]
-    print(f"DEFAULT single env, one episode: {pd['episode_ms']:.2f} ms = reset "
-          f"{pd['reset_ms']:.2f} (build {pd['build_ms']:.2f}) + merges {pd['merges_ms']:.2f} + "
-          f"final replay {pd['summary_ms']:.2f} + other {pd['steps_other_ms']:.2f}")
-    print(f"DEFAULT vector x{pd['vector_num_envs']}, one step: {pd['vector_step_ms']:.2f} ms = "
-          f"restarts {pd['vector_restart_ms']:.2f} ({pd['vector_episodes_per_step']:.1f} "
-          f"episodes) + merge costs {pd['vector_merge_costs_ms']:.2f} + observation "
-          f"{pd['vector_observe_ms']:.2f} + other {pd['vector_other_ms']:.2f}")
+    print(
+        f"DEFAULT single env, one episode: {pd['episode_ms']:.2f} ms = reset "
+        f"{pd['reset_ms']:.2f} (build {pd['build_ms']:.2f}) + merges {pd['merges_ms']:.2f} + "
+        f"final replay {pd['summary_ms']:.2f} + other {pd['steps_other_ms']:.2f}"
+    )
+    print(
+        f"DEFAULT vector x{pd['vector_num_envs']}, one step: {pd['vector_step_ms']:.2f} ms = "
+        f"restarts {pd['vector_restart_ms']:.2f} ({pd['vector_episodes_per_step']:.1f} "
+        f"episodes) + merge costs {pd['vector_merge_costs_ms']:.2f} + observation "
+        f"{pd['vector_observe_ms']:.2f} + other {pd['vector_other_ms']:.2f}"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="small sizes, for a CI smoke run")
     ap.add_argument("--json", type=Path, help="save every number to this JSON file")
-    ap.add_argument("--default-only", action="store_true",
-                    help="only the headline rows (the default configuration)")
+    ap.add_argument(
+        "--default-only",
+        action="store_true",
+        help="only the headline rows (the default configuration)",
+    )
     ap.add_argument("--num-envs", type=int, default=None, help="vector env size (1024)")
-    ap.add_argument("--memory-steps", type=int, default=None,
-                    help="env steps of the memory check with the episode pool (10,000,000)")
-    ap.add_argument("--fresh-memory-steps", type=int, default=None,
-                    help="env steps of the memory check with fresh episodes (2,000,000)")
+    ap.add_argument(
+        "--memory-steps",
+        type=int,
+        default=None,
+        help="env steps of the memory check with the episode pool (10,000,000)",
+    )
+    ap.add_argument(
+        "--fresh-memory-steps",
+        type=int,
+        default=None,
+        help="env steps of the memory check with fresh episodes (2,000,000)",
+    )
     args = ap.parse_args(argv)
     q = args.quick
     num_envs = args.num_envs or (64 if q else 1024)
@@ -733,17 +867,23 @@ def main(argv: list[str] | None = None) -> int:
     fresh_memory_steps = args.fresh_memory_steps or (50_000 if q else 2_000_000)
 
     results = {
-        "machine": {"python": platform.python_version(), "numpy": np.__version__,
-                    "gymnasium": gym.__version__, "diloco_gym": diloco_gym.__version__,
-                    "platform": platform.platform(), "cpus": os.cpu_count(),
-                    "load_avg": os.getloadavg() if hasattr(os, "getloadavg") else None},
+        "machine": {
+            "python": platform.python_version(),
+            "numpy": np.__version__,
+            "gymnasium": gym.__version__,
+            "diloco_gym": diloco_gym.__version__,
+            "platform": platform.platform(),
+            "cpus": os.cpu_count(),
+            "load_avg": os.getloadavg() if hasattr(os, "getloadavg") else None,
+        },
         "quick": q,
         "targets": TARGETS,
     }
     results["default_single"] = bench_single_default(2_000 if q else 10_000, 3 if q else 11)
     results["default_vector"] = bench_vector_default(num_envs, 20 if q else 100, 1 if q else 5)
-    results["profile_default"] = bench_profile_default(2_000 if q else 20_000, num_envs,
-                                                       80 if q else 100)
+    results["profile_default"] = bench_profile_default(
+        2_000 if q else 20_000, num_envs, 80 if q else 100
+    )
     if args.default_only:
         print_default(results)
         if args.json:

@@ -36,8 +36,12 @@ WORKLOADS = {
     "bursty, 200 seeds": {"regimes": ["bursty"], "seeds": 200},
 }
 QUICK = {
-    "quick report": {"regimes": ["bursty"], "seeds": 4, "draws": 50,
-                     "agents": ["fixed-512", "wa-diloco"]},
+    "quick report": {
+        "regimes": ["bursty"],
+        "seeds": 4,
+        "draws": 50,
+        "agents": ["fixed-512", "wa-diloco"],
+    },
 }
 
 
@@ -83,16 +87,28 @@ def bench(workloads: dict, with_ray: bool) -> list[dict]:
             same = res["rows"].equals(serial_rows)
             # CPU of Ray's workers is not visible here (they are not our children).
             cpu_s = None if label.startswith("ray") else cpu
-            out.append({"workload": name, "cells": cells, "run": label, "wall_s": t,
-                        "cpu_s": cpu_s, "speedup": serial_t / t,
-                        "same_rows_as_serial": bool(same),
-                        "load_average": os.getloadavg()[0]})
+            out.append(
+                {
+                    "workload": name,
+                    "cells": cells,
+                    "run": label,
+                    "wall_s": t,
+                    "cpu_s": cpu_s,
+                    "speedup": serial_t / t,
+                    "same_rows_as_serial": bool(same),
+                    "load_average": os.getloadavg()[0],
+                }
+            )
             cpu_txt = "" if cpu_s is None else f"  cpu {cpu_s:7.2f} s"
-            print(f"{name:20s} {label:14s} {t:8.2f} s{cpu_txt}  speedup {serial_t / t:5.2f}  "
-                  f"identical {same}  load {os.getloadavg()[0]:.1f}", flush=True)
+            print(
+                f"{name:20s} {label:14s} {t:8.2f} s{cpu_txt}  speedup {serial_t / t:5.2f}  "
+                f"identical {same}  load {os.getloadavg()[0]:.1f}",
+                flush=True,
+            )
     if with_ray:
-        out.append({"workload": "ray local start-up", "run": "ray.init(num_cpus=2)",
-                    "wall_s": ray_start})
+        out.append(
+            {"workload": "ray local start-up", "run": "ray.init(num_cpus=2)", "wall_s": ray_start}
+        )
         print(f"ray.init(num_cpus=2): {ray_start:.2f} s")
         ray.shutdown()
     return out
@@ -102,19 +118,27 @@ def bench_sweep(backend: str, jobs: int) -> dict:
     """Cells per second of a small sweep (2 regimes x 2 merge budgets x 6 seeds)."""
     from diloco_gym.scale.sweep import load_sweep, run_sweep
 
-    spec = ("name = 'bench'\nagents = ['fixed-512', 'wa-diloco']\nseeds = 6\ndraws = 200\n"
-            "[grid]\nregime = ['bursty', 'sync-heavy']\nmerge_budget = [8, 16]\n")
+    spec = (
+        "name = 'bench'\nagents = ['fixed-512', 'wa-diloco']\nseeds = 6\ndraws = 200\n"
+        "[grid]\nregime = ['bursty', 'sync-heavy']\nmerge_budget = [8, 16]\n"
+    )
     with tempfile.TemporaryDirectory() as tmp:
         cfg = Path(tmp) / "s.toml"
         cfg.write_text(spec)
         t0 = time.perf_counter()
-        res = run_sweep(load_sweep(cfg), Path(tmp) / "out", backend=backend, jobs=jobs,
-                        progress=False)
+        res = run_sweep(
+            load_sweep(cfg), Path(tmp) / "out", backend=backend, jobs=jobs, progress=False
+        )
         t = time.perf_counter() - t0
     n = res["cells"]
     print(f"sweep {backend} x{jobs}: {n} cells in {t:.2f} s = {n / t:.2f} cells/s")
-    return {"workload": "sweep", "run": f"{backend} x{jobs}", "cells": n, "wall_s": t,
-            "cells_per_s": n / t}
+    return {
+        "workload": "sweep",
+        "run": f"{backend} x{jobs}",
+        "cells": n,
+        "wall_s": t,
+        "cells_per_s": n / t,
+    }
 
 
 def main() -> None:
@@ -130,8 +154,10 @@ def main() -> None:
         with_ray = not args.no_ray
     except ImportError:
         with_ray = False
-    print(f"{platform.platform()}, Python {platform.python_version()}, "
-          f"{default_jobs()} CPUs available, load average {os.getloadavg()[0]:.2f}")
+    print(
+        f"{platform.platform()}, Python {platform.python_version()}, "
+        f"{default_jobs()} CPUs available, load average {os.getloadavg()[0]:.2f}"
+    )
     rows = bench(QUICK if args.quick else WORKLOADS, with_ray)
     if args.sweep:
         for jobs in (1, 2):

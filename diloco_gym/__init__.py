@@ -34,9 +34,22 @@ def __getattr__(name: str) -> str:
         return _package_version()
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
-__all__ = ["DiLoCoSyncEnv", "EnvParams", "SidecarParams", "LearnerParams", "Trace",
-           "TraceFormatError", "REGIMES", "get_regime", "SyntheticRegime", "ReplayRegime",
-           "OBS_FEATURES", "ENV_IDS", "register_envs"]
+
+__all__ = [
+    "DiLoCoSyncEnv",
+    "EnvParams",
+    "SidecarParams",
+    "LearnerParams",
+    "Trace",
+    "TraceFormatError",
+    "REGIMES",
+    "get_regime",
+    "SyntheticRegime",
+    "ReplayRegime",
+    "OBS_FEATURES",
+    "ENV_IDS",
+    "register_envs",
+]
 
 
 def _id_for(regime: str) -> str:
@@ -51,14 +64,19 @@ def register_envs() -> None:
     """Register the environment ids with Gymnasium (idempotent; runs on import)."""
     import gymnasium as gym
 
-    entries: dict[str, dict[str, str]] = {"DiLoCoSync-v0": {}} | {env_id: {"regime": name}
-                                       for name, env_id in ENV_IDS.items()}
+    entries: dict[str, dict[str, str]] = {"DiLoCoSync-v0": {}} | {
+        env_id: {"regime": name} for name, env_id in ENV_IDS.items()
+    }
     for env_id, kwargs in entries.items():
         if env_id in gym.registry:
             continue
-        gym.register(id=env_id, entry_point="diloco_gym.env:DiLoCoSyncEnv",
-                     vector_entry_point="diloco_gym.vector:DiLoCoSyncVectorEnv",
-                     kwargs=kwargs, disable_env_checker=False)
+        gym.register(
+            id=env_id,
+            entry_point="diloco_gym.env:DiLoCoSyncEnv",
+            vector_entry_point="diloco_gym.vector:DiLoCoSyncVectorEnv",
+            kwargs=kwargs,
+            disable_env_checker=False,
+        )
 
 
 register_envs()

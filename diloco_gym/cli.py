@@ -71,8 +71,10 @@ def exit_status(exc: BaseException) -> tuple[int, str]:
         return 1, str(exc.args[0]) if exc.args else repr(exc)
     if isinstance(exc, ValueError):
         return 2, str(exc)
-    return 1, (f"internal error: {type(exc).__name__}: {exc} "
-               f"(set DILOCO_GYM_TRACEBACK=1 to see the traceback)")
+    return 1, (
+        f"internal error: {type(exc).__name__}: {exc} "
+        f"(set DILOCO_GYM_TRACEBACK=1 to see the traceback)"
+    )
 
 
 def _one_line(msg: str) -> str:
@@ -94,42 +96,79 @@ def _positive_int(minimum: int):
 
 
 def _add_trace_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--trace", metavar="FILE",
-                   help="replay this trace file instead of a synthetic regime")
-    p.add_argument("--format", default="auto", dest="trace_format", choices=TRACE_FORMATS,
-                   help="trace format (default: auto, by extension and header)")
-    p.add_argument("--window-s", type=float, default=600.0,
-                   help="with --trace: seconds per replayed window; each window is one "
-                        "episode (default 600)")
-    p.add_argument("--stride-s", type=float, default=None,
-                   help="with --trace: seconds between window starts (default: the window, "
-                        "so windows are disjoint and independent; a shorter stride overlaps "
-                        "them and the report flags the episodes as not independent)")
-    p.add_argument("--sidecar", default=None, metavar="REGIME",
-                   help="with --trace: the regime whose sidecar and calibration the replay "
-                        "uses (default sync-heavy; --calibration replaces it with the file's "
-                        "fitted sidecar when the file measured that regime)")
+    p.add_argument(
+        "--trace", metavar="FILE", help="replay this trace file instead of a synthetic regime"
+    )
+    p.add_argument(
+        "--format",
+        default="auto",
+        dest="trace_format",
+        choices=TRACE_FORMATS,
+        help="trace format (default: auto, by extension and header)",
+    )
+    p.add_argument(
+        "--window-s",
+        type=float,
+        default=600.0,
+        help="with --trace: seconds per replayed window; each window is one episode (default 600)",
+    )
+    p.add_argument(
+        "--stride-s",
+        type=float,
+        default=None,
+        help="with --trace: seconds between window starts (default: the window, "
+        "so windows are disjoint and independent; a shorter stride overlaps "
+        "them and the report flags the episodes as not independent)",
+    )
+    p.add_argument(
+        "--sidecar",
+        default=None,
+        metavar="REGIME",
+        help="with --trace: the regime whose sidecar and calibration the replay "
+        "uses (default sync-heavy; --calibration replaces it with the file's "
+        "fitted sidecar when the file measured that regime)",
+    )
     load = p.add_mutually_exclusive_group()
-    load.add_argument("--rate-scale", type=float, default=None, metavar="X",
-                      help="multiply the offered load: a regime's request rates, or replay a "
-                           "trace X times faster (every request kept, the trace X times "
-                           "shorter)")
-    load.add_argument("--target-utilization", type=float, default=None, metavar="U",
-                      help="instead of --rate-scale: replay at mean offered work / sidecar "
-                           "capacity = U (capacity = slots / mean service time of the "
-                           "replayed token mix)")
+    load.add_argument(
+        "--rate-scale",
+        type=float,
+        default=None,
+        metavar="X",
+        help="multiply the offered load: a regime's request rates, or replay a "
+        "trace X times faster (every request kept, the trace X times "
+        "shorter)",
+    )
+    load.add_argument(
+        "--target-utilization",
+        type=float,
+        default=None,
+        metavar="U",
+        help="instead of --rate-scale: replay at mean offered work / sidecar "
+        "capacity = U (capacity = slots / mean service time of the "
+        "replayed token mix)",
+    )
 
 
 def _add_backend_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--backend", choices=("serial", "processes", "ray"), default="serial",
-                   help="where the cells run: this process, a local process pool, or Ray "
-                        "(the extra diloco-gym[ray]); results are identical on every backend")
-    p.add_argument("--jobs", type=_positive_int(1), default=None,
-                   help="workers for processes / a local Ray instance (default: the CPUs "
-                        "available)")
-    p.add_argument("--ray-address", default=None,
-                   help="Ray cluster to connect to ('auto': the one `ray start` runs here; "
-                        "default: start a local instance); needs --backend ray")
+    p.add_argument(
+        "--backend",
+        choices=("serial", "processes", "ray"),
+        default="serial",
+        help="where the cells run: this process, a local process pool, or Ray "
+        "(the extra diloco-gym[ray]); results are identical on every backend",
+    )
+    p.add_argument(
+        "--jobs",
+        type=_positive_int(1),
+        default=None,
+        help="workers for processes / a local Ray instance (default: the CPUs available)",
+    )
+    p.add_argument(
+        "--ray-address",
+        default=None,
+        help="Ray cluster to connect to ('auto': the one `ray start` runs here; "
+        "default: start a local instance); needs --backend ray",
+    )
 
 
 def _check_backend(args: argparse.Namespace) -> None:
@@ -155,8 +194,10 @@ def _check_agent(name: str) -> str:
     from agents.registry import AGENTS
 
     if name not in AGENTS and not name.endswith(".zip") and not Path(name).exists():
-        raise UsageError(f"unknown agent {name!r}; valid agents: {', '.join(AGENTS)} "
-                         f"(or a path to a trained model .zip)")
+        raise UsageError(
+            f"unknown agent {name!r}; valid agents: {', '.join(AGENTS)} "
+            f"(or a path to a trained model .zip)"
+        )
     return name
 
 
@@ -182,40 +223,56 @@ def cmd_run(args: argparse.Namespace) -> int:
     # tiled windows (one episode per window; --seeds is then unused).
     try:
         if args.trace:
-            config = ReportConfig(agents=[args.agent], trace=args.trace,
-                                  trace_format=args.trace_format, window_s=args.window_s,
-                                  stride_s=args.stride_s, sidecar=args.sidecar,
-                                  rate_scale=args.rate_scale,
-                                  target_utilization=args.target_utilization,
-                                  seed0=args.seed0)
+            config = ReportConfig(
+                agents=[args.agent],
+                trace=args.trace,
+                trace_format=args.trace_format,
+                window_s=args.window_s,
+                stride_s=args.stride_s,
+                sidecar=args.sidecar,
+                rate_scale=args.rate_scale,
+                target_utilization=args.target_utilization,
+                seed0=args.seed0,
+            )
         else:
-            config = ReportConfig(regimes=[args.regime], agents=[args.agent],
-                                  seeds=max(args.seeds, 2), seed0=args.seed0,
-                                  sidecar=args.sidecar, rate_scale=args.rate_scale,
-                                  target_utilization=args.target_utilization)
+            config = ReportConfig(
+                regimes=[args.regime],
+                agents=[args.agent],
+                seeds=max(args.seeds, 2),
+                seed0=args.seed0,
+                sidecar=args.sidecar,
+                rate_scale=args.rate_scale,
+                target_utilization=args.target_utilization,
+            )
     except ValueError as exc:  # an invalid option value
         raise UsageError(str(exc)) from None
     try:
         if args.trace:
             units, _ = _trace_units(config, REGIMES[config.trace_sidecar].sidecar)
-            label = (f"{units[0].env.regime_name} ({len(units)} disjoint window"
-                     f"{'' if len(units) == 1 else 's'} of {args.window_s:g} s)"
-                     if not config.overlapping else
-                     f"{units[0].env.regime_name} ({len(units)} overlapping windows of "
-                     f"{args.window_s:g} s: not independent)")
+            label = (
+                f"{units[0].env.regime_name} ({len(units)} disjoint window"
+                f"{'' if len(units) == 1 else 's'} of {args.window_s:g} s)"
+                if not config.overlapping
+                else f"{units[0].env.regime_name} ({len(units)} overlapping windows of "
+                f"{args.window_s:g} s: not independent)"
+            )
         else:
             units, _ = _synthetic_units(config, args.regime, None)
-            units = units[:args.seeds]
+            units = units[: args.seeds]
             label = args.regime
     except ValueError as exc:  # the data: a trace too short for a window
         msg = str(exc)
         if args.trace and args.trace not in msg:
             msg = f"{args.trace}: {msg}"
         raise DataError(msg) from None
-    print(f"agent {agent.name}{'' if is_deployable(agent) else ' (non-deployable)'} on "
-          f"{label}, {len(units)} episodes")
-    header = (f"{'seed':>5} {'merges/h':>8} {'sync-excess %':>13} {'p95 ms':>8} "
-              f"{'violated':>8} {'excess req':>10}")
+    print(
+        f"agent {agent.name}{'' if is_deployable(agent) else ' (non-deployable)'} on "
+        f"{label}, {len(units)} episodes"
+    )
+    header = (
+        f"{'seed':>5} {'merges/h':>8} {'sync-excess %':>13} {'p95 ms':>8} "
+        f"{'violated':>8} {'excess req':>10}"
+    )
     print(header)
     print("-" * len(header))
     rows = []
@@ -225,15 +282,21 @@ def cmd_run(args: argparse.Namespace) -> int:
         assert unit.env.episode is not None  # run_episode() reset it
         r["merges_per_hour"] = r["merges"] * 3600.0 / unit.env.episode.trace.duration_s
         rows.append(r)
-        print(f"{seed:>5} {r['merges_per_hour']:>8.1f} {r['sync_excess_pct']:>13.2f} "
-              f"{r['p95_ms']:>8.0f} {r['violated']:>8} {r['sync_excess_requests']:>10}")
+        print(
+            f"{seed:>5} {r['merges_per_hour']:>8.1f} {r['sync_excess_pct']:>13.2f} "
+            f"{r['p95_ms']:>8.0f} {r['violated']:>8} {r['sync_excess_requests']:>10}"
+        )
     print("-" * len(header))
-    print(f"{'total':>5} {np.mean([r['merges_per_hour'] for r in rows]):>8.1f} "
-          f"{np.mean([r['sync_excess_pct'] for r in rows]):>13.2f} "
-          f"{np.mean([r['p95_ms'] for r in rows]):>8.0f} {sum(r['violated'] for r in rows):>8} "
-          f"{sum(r['sync_excess_requests'] for r in rows):>10}")
-    print("(total row: merges/h, sync-excess % and p95 are means over episodes; violated and "
-          "excess requests are sums)")
+    print(
+        f"{'total':>5} {np.mean([r['merges_per_hour'] for r in rows]):>8.1f} "
+        f"{np.mean([r['sync_excess_pct'] for r in rows]):>13.2f} "
+        f"{np.mean([r['p95_ms'] for r in rows]):>8.0f} {sum(r['violated'] for r in rows):>8} "
+        f"{sum(r['sync_excess_requests'] for r in rows):>10}"
+    )
+    print(
+        "(total row: merges/h, sync-excess % and p95 are means over episodes; violated and "
+        "excess requests are sums)"
+    )
     return 0
 
 
@@ -255,19 +318,28 @@ def cmd_report(args: argparse.Namespace) -> int:
         _check_agent(a)
     twice = sorted({a for a in agents if agents.count(a) > 1})
     if twice:
-        raise UsageError(f"agent(s) {', '.join(map(repr, twice))} given more than once; "
-                         f"give each agent once")
+        raise UsageError(
+            f"agent(s) {', '.join(map(repr, twice))} given more than once; give each agent once"
+        )
     regimes = args.regimes or list(REGIMES)
     for r in regimes:
         _check_regime(r)
     try:
-        config = ReportConfig(regimes=regimes, agents=agents, seeds=args.seeds,
-                              seed0=args.seed0, draws=args.draws,
-                              calibration=args.calibration, trace=args.trace,
-                              trace_format=args.trace_format, window_s=args.window_s,
-                              stride_s=args.stride_s, sidecar=args.sidecar,
-                              rate_scale=args.rate_scale,
-                              target_utilization=args.target_utilization)
+        config = ReportConfig(
+            regimes=regimes,
+            agents=agents,
+            seeds=args.seeds,
+            seed0=args.seed0,
+            draws=args.draws,
+            calibration=args.calibration,
+            trace=args.trace,
+            trace_format=args.trace_format,
+            window_s=args.window_s,
+            stride_s=args.stride_s,
+            sidecar=args.sidecar,
+            rate_scale=args.rate_scale,
+            target_utilization=args.target_utilization,
+        )
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     try:
@@ -275,13 +347,20 @@ def cmd_report(args: argparse.Namespace) -> int:
     except (ValueError, KeyError) as exc:
         raise DataError(str(exc)) from None
     if not calib.complete:
-        print(f"diloco-gym: warning: calibration file {args.calibration} is marked incomplete "
-              "(an interrupted or failed live run); verdicts rest on partial measurements",
-              file=sys.stderr)
+        print(
+            f"diloco-gym: warning: calibration file {args.calibration} is marked incomplete "
+            "(an interrupted or failed live run); verdicts rest on partial measurements",
+            file=sys.stderr,
+        )
     command = "diloco-gym " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     try:
-        result = run_protocol(config, progress=not args.no_progress, backend=args.backend,
-                              jobs=args.jobs, ray_address=args.ray_address)
+        result = run_protocol(
+            config,
+            progress=not args.no_progress,
+            backend=args.backend,
+            jobs=args.jobs,
+            ray_address=args.ray_address,
+        )
         out = write_report(result, args.out, force=args.force, command=command)
     except TraceFormatError:
         raise
@@ -291,14 +370,15 @@ def cmd_report(args: argparse.Namespace) -> int:
             msg = f"{args.trace}: {msg}"
         raise DataError(msg) from None
     except KeyboardInterrupt:
-        raise Interrupted(f"interrupted; no report written ({args.out} left as it "
-                          f"was)") from None
+        raise Interrupted(f"interrupted; no report written ({args.out} left as it was)") from None
     from diloco_gym.report import console_summary
 
     print(console_summary(result["summary"]))
-    print(f"\nreport written to {out}/ (report.md, results.csv, report.json, figures) "
-          f"in {time.perf_counter() - started:.1f} s (episodes and statistics "
-          f"{result['elapsed_s']:.1f} s)")
+    print(
+        f"\nreport written to {out}/ (report.md, results.csv, report.json, figures) "
+        f"in {time.perf_counter() - started:.1f} s (episodes and statistics "
+        f"{result['elapsed_s']:.1f} s)"
+    )
     return 0
 
 
@@ -320,22 +400,34 @@ def cmd_frontier(args: argparse.Namespace) -> int:
     from agents.registry import HEURISTICS
 
     # --agent adds to both lists (the defaults too); an agent already listed stays once.
-    budget_agents = list(dict.fromkeys(list(args.budget_agents or fr.DEFAULT_BUDGET_AGENTS)
-                                       + extra))
+    budget_agents = list(
+        dict.fromkeys(list(args.budget_agents or fr.DEFAULT_BUDGET_AGENTS) + extra)
+    )
     free_agents = list(dict.fromkeys(list(args.free_agents or HEURISTICS) + extra))
     for a in budget_agents + free_agents:
         _check_agent(a)
     if args.stride_s is not None and abs(args.stride_s - args.window_s) > 1e-9:
-        raise UsageError("frontier replays disjoint windows only (independent units): drop "
-                         "--stride-s or set it to --window-s")
+        raise UsageError(
+            "frontier replays disjoint windows only (independent units): drop "
+            "--stride-s or set it to --window-s"
+        )
     try:
-        config = fr.FrontierConfig(regimes=regimes, budgets_per_hour=list(args.budgets),
-                                   budget_agents=budget_agents, free_agents=free_agents,
-                                   seeds=args.seeds, seed0=args.seed0, draws=args.draws,
-                                   calibration=args.calibration, trace=args.trace,
-                                   trace_format=args.trace_format, window_s=args.window_s,
-                                   sidecar=args.sidecar, rate_scale=args.rate_scale,
-                                   target_utilization=args.target_utilization)
+        config = fr.FrontierConfig(
+            regimes=regimes,
+            budgets_per_hour=list(args.budgets),
+            budget_agents=budget_agents,
+            free_agents=free_agents,
+            seeds=args.seeds,
+            seed0=args.seed0,
+            draws=args.draws,
+            calibration=args.calibration,
+            trace=args.trace,
+            trace_format=args.trace_format,
+            window_s=args.window_s,
+            sidecar=args.sidecar,
+            rate_scale=args.rate_scale,
+            target_utilization=args.target_utilization,
+        )
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     command = "diloco-gym " + " ".join(shlex.quote(a) for a in sys.argv[1:])
@@ -353,14 +445,15 @@ def cmd_frontier(args: argparse.Namespace) -> int:
             raise DataError(str(exc)) from None
         raise
     except KeyboardInterrupt:
-        raise Interrupted(f"interrupted; no frontier written ({args.out} left as it "
-                          f"was)") from None
+        raise Interrupted(f"interrupted; no frontier written ({args.out} left as it was)") from None
     for regime in config.regimes:
         d = result["dominance"]
         d = d[d["regime"] == regime] if not d.empty else d
         print(f"{regime}: not dominated: {', '.join(fr._undominated(d)) if not d.empty else '-'}")
-    print(f"\nfrontier written to {out}/ (frontier.md, frontier.csv, curves.csv, frontier.json, "
-          f"figures) in {time.perf_counter() - started:.1f} s")
+    print(
+        f"\nfrontier written to {out}/ (frontier.md, frontier.csv, curves.csv, frontier.json, "
+        f"figures) in {time.perf_counter() - started:.1f} s"
+    )
     return 0
 
 
@@ -371,18 +464,27 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     spec = load_sweep(args.config)  # a bad file (a ValueError) fails before any cell
     out = args.out or f"sweep-{spec.name}"
     try:
-        res = run_sweep(spec, out, backend=args.backend, jobs=args.jobs,
-                        ray_address=args.ray_address, progress=not args.no_progress,
-                        retry_failed=args.retry_failed, max_cells=args.max_cells)
+        res = run_sweep(
+            spec,
+            out,
+            backend=args.backend,
+            jobs=args.jobs,
+            ray_address=args.ray_address,
+            progress=not args.no_progress,
+            retry_failed=args.retry_failed,
+            max_cells=args.max_cells,
+        )
     except KeyboardInterrupt:
-        raise Interrupted(f"interrupted; the finished cells are stored in {out}/ (rerun to "
-                          f"resume)") from None
+        raise Interrupted(
+            f"interrupted; the finished cells are stored in {out}/ (rerun to resume)"
+        ) from None
     state = "complete" if res["complete"] else "incomplete (rerun to continue)"
-    print(f"sweep {spec.name}: {len(spec.points)} point(s), {res['cells']} cells: "
-          f"{res['run']} run now, {res['skipped']} stored before, {res['failed']} failed; "
-          f"{state}")
-    print(f"results in {out}/ (results.csv, results.parquet, summary.csv, summary.md, "
-          f"errors.csv)")
+    print(
+        f"sweep {spec.name}: {len(spec.points)} point(s), {res['cells']} cells: "
+        f"{res['run']} run now, {res['skipped']} stored before, {res['failed']} failed; "
+        f"{state}"
+    )
+    print(f"results in {out}/ (results.csv, results.parquet, summary.csv, summary.md, errors.csv)")
     return 0
 
 
@@ -391,19 +493,22 @@ def cmd_tune(args: argparse.Namespace) -> int:
     try:
         from diloco_gym.scale.tune import load_tune, run_tune
     except ImportError as exc:
-        raise UsageError(f"tune needs the 'rl' and 'ray' extras "
-                         f"(pip install 'diloco-gym[rl,ray]'): {exc}") from None
+        raise UsageError(
+            f"tune needs the 'rl' and 'ray' extras (pip install 'diloco-gym[rl,ray]'): {exc}"
+        ) from None
     spec = load_tune(args.config)
     out = args.out or f"tune-{spec['name']}"
     try:
-        res = run_tune(spec, out, jobs=args.jobs, ray_address=args.ray_address,
-                       progress=not args.no_progress)
+        res = run_tune(
+            spec, out, jobs=args.jobs, ray_address=args.ray_address, progress=not args.no_progress
+        )
     except KeyboardInterrupt:
         raise Interrupted("interrupted; no best model saved") from None
-    print(f"tune {spec['name']}: {res['trials']} trial(s), {res['errored']} errored; best "
-          f"validation sync-excess {res['metric']:.3f} % with {res['config']}")
-    print(f"best model: {res['best_dir']}/ (use: diloco-gym report --agent "
-          f"{res['best_dir']})")
+    print(
+        f"tune {spec['name']}: {res['trials']} trial(s), {res['errored']} errored; best "
+        f"validation sync-excess {res['metric']:.3f} % with {res['config']}"
+    )
+    print(f"best model: {res['best_dir']}/ (use: diloco-gym report --agent {res['best_dir']})")
     return 0
 
 
@@ -422,16 +527,19 @@ def cmd_train(args: argparse.Namespace) -> int:
     try:
         from diloco_gym.train import run_train_command
     except ImportError as exc:
-        raise UsageError(f"training needs the 'rl' extra "
-                         f"(pip install 'diloco-gym[rl]'): {exc}") from None
+        raise UsageError(
+            f"training needs the 'rl' extra (pip install 'diloco-gym[rl]'): {exc}"
+        ) from None
     return run_train_command(args)
 
 
-_SEED0_HELP = ("first episode seed: the episodes use seeds SEED0 .. SEED0+SEEDS-1, and "
-               "the same seed always gives the same trace (default %(default)s). Seeds below "
-               "1,000,000 are never used in training (train draws its episode seeds from "
-               "[10^6, 2^30)), so the default seeds test a trained agent on traces it never "
-               "saw; another SEED0 gives an independent replication")
+_SEED0_HELP = (
+    "first episode seed: the episodes use seeds SEED0 .. SEED0+SEEDS-1, and "
+    "the same seed always gives the same trace (default %(default)s). Seeds below "
+    "1,000,000 are never used in training (train draws its episode seeds from "
+    "[10^6, 2^30)), so the default seeds test a trained agent on traces it never "
+    "saw; another SEED0 gives an independent replication"
+)
 
 
 def _version() -> str:
@@ -454,110 +562,195 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     parser = _Parser(
         prog="diloco-gym",
         description="Schedule DiLoCo outer merges on hosts shared with LLM serving, and judge "
-                    "schedulers against a matched-random baseline.",
+        "schedulers against a matched-random baseline.",
         epilog="Exit status: 0 success, 1 a data error (missing or malformed trace, "
-               "calibration or model file), 2 a usage error, 130 interrupted.")
+        "calibration or model file), 2 a usage error, 130 interrupted.",
+    )
     parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
     fmt = argparse.ArgumentDefaultsHelpFormatter
 
-    p = sub.add_parser("run", help="run one agent on a regime or a trace, per-seed table",
-                       formatter_class=fmt)
+    p = sub.add_parser(
+        "run", help="run one agent on a regime or a trace, per-seed table", formatter_class=fmt
+    )
     p.add_argument("--agent", required=True, help="agent name or trained model .zip")
     p.add_argument("--regime", default="bursty", help=f"one of {', '.join(REGIMES)}")
     p.add_argument("--seeds", type=_positive_int(1), default=20, help="number of episodes")
-    p.add_argument("--seed0", type=_positive_int(0), default=0,
-                   help=_SEED0_HELP.replace(" (default %(default)s)", ""))
+    p.add_argument(
+        "--seed0",
+        type=_positive_int(0),
+        default=0,
+        help=_SEED0_HELP.replace(" (default %(default)s)", ""),
+    )
     _add_trace_args(p)
     p.set_defaults(func=cmd_run)
 
-    p = sub.add_parser("report", help="the calibration protocol: all regimes x agents x seeds",
-                       formatter_class=fmt)
+    p = sub.add_parser(
+        "report", help="the calibration protocol: all regimes x agents x seeds", formatter_class=fmt
+    )
     p.add_argument("--out", default="report", help="report directory")
-    p.add_argument("--force", action="store_true",
-                   help="replace OUT if it holds a previous diloco-gym report (never the "
-                        "current, home or root directory, nor a directory of other files)")
-    p.add_argument("--seeds", type=_positive_int(2), default=20,
-                   help="episodes per regime (>= 2 for the paired test)")
-    p.add_argument("--seed0", type=_positive_int(0), default=0,
-                   help=_SEED0_HELP.replace(" (default %(default)s)", ""))
-    p.add_argument("--draws", type=_positive_int(1), default=1000,
-                   help="matched-random draws per episode")
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="replace OUT if it holds a previous diloco-gym report (never the "
+        "current, home or root directory, nor a directory of other files)",
+    )
+    p.add_argument(
+        "--seeds",
+        type=_positive_int(2),
+        default=20,
+        help="episodes per regime (>= 2 for the paired test)",
+    )
+    p.add_argument(
+        "--seed0",
+        type=_positive_int(0),
+        default=0,
+        help=_SEED0_HELP.replace(" (default %(default)s)", ""),
+    )
+    p.add_argument(
+        "--draws", type=_positive_int(1), default=1000, help="matched-random draws per episode"
+    )
     p.add_argument("--regimes", nargs="+", help="subset of regimes (default: all)")
     p.add_argument("--agents", nargs="+", help="heuristic agents (default: all)")
-    p.add_argument("--agent", action="append",
-                   help="an extra agent (name or trained model .zip); repeatable")
-    p.add_argument("--calibration",
-                   help="real-sidecar calibration JSON (default: the shipped reference)")
+    p.add_argument(
+        "--agent", action="append", help="an extra agent (name or trained model .zip); repeatable"
+    )
+    p.add_argument(
+        "--calibration", help="real-sidecar calibration JSON (default: the shipped reference)"
+    )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     _add_backend_args(p)
     _add_trace_args(p)
     p.set_defaults(func=cmd_report)
 
-    p = sub.add_parser("frontier", help="sync-excess vs merge rate: agents compared at equal "
-                       "merge budgets, with the oracle's and matched random's curves",
-                       formatter_class=fmt)
+    p = sub.add_parser(
+        "frontier",
+        help="sync-excess vs merge rate: agents compared at equal "
+        "merge budgets, with the oracle's and matched random's curves",
+        formatter_class=fmt,
+    )
     p.add_argument("--out", default="frontier", help="output directory")
-    p.add_argument("--force", action="store_true",
-                   help="replace OUT if it holds a previous diloco-gym report or frontier")
-    p.add_argument("--regimes", nargs="+",
-                   help="regimes (default: bursty non-periodic sync-heavy)")
-    p.add_argument("--budgets", nargs="+", type=float, metavar="MERGES_PER_HOUR",
-                   default=[48.0, 60.0, 72.0, 96.0, 144.0],
-                   help="the budget grid in merges per hour (a 600 s episode holds 8..32 "
-                        "merges: 48..192 merges/h)")
-    p.add_argument("--seeds", type=_positive_int(2), default=20,
-                   help="episodes per regime (>= 2 for the paired tests)")
-    p.add_argument("--seed0", type=_positive_int(0), default=0,
-                   help=_SEED0_HELP.replace(" (default %(default)s)", ""))
-    p.add_argument("--draws", type=_positive_int(1), default=1000,
-                   help="matched-random draws per episode and budget")
-    p.add_argument("--budget-agents", nargs="+",
-                   help="agents run with merge_budget=M at every budget (default: "
-                        "online-forecast-budget fixed-budget online-forecast calibrated-wa "
-                        "wa-diloco pressure-gate)")
-    p.add_argument("--free-agents", nargs="+",
-                   help="agents run at their own merge rate (default: all heuristics)")
-    p.add_argument("--agent", action="append",
-                   help="an extra agent (name or trained model .zip) for both lists; "
-                        "repeatable")
-    p.add_argument("--calibration",
-                   help="real-sidecar calibration JSON (default: the shipped reference)")
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="replace OUT if it holds a previous diloco-gym report or frontier",
+    )
+    p.add_argument("--regimes", nargs="+", help="regimes (default: bursty non-periodic sync-heavy)")
+    p.add_argument(
+        "--budgets",
+        nargs="+",
+        type=float,
+        metavar="MERGES_PER_HOUR",
+        default=[48.0, 60.0, 72.0, 96.0, 144.0],
+        help="the budget grid in merges per hour (a 600 s episode holds 8..32 "
+        "merges: 48..192 merges/h)",
+    )
+    p.add_argument(
+        "--seeds",
+        type=_positive_int(2),
+        default=20,
+        help="episodes per regime (>= 2 for the paired tests)",
+    )
+    p.add_argument(
+        "--seed0",
+        type=_positive_int(0),
+        default=0,
+        help=_SEED0_HELP.replace(" (default %(default)s)", ""),
+    )
+    p.add_argument(
+        "--draws",
+        type=_positive_int(1),
+        default=1000,
+        help="matched-random draws per episode and budget",
+    )
+    p.add_argument(
+        "--budget-agents",
+        nargs="+",
+        help="agents run with merge_budget=M at every budget (default: "
+        "online-forecast-budget fixed-budget online-forecast calibrated-wa "
+        "wa-diloco pressure-gate)",
+    )
+    p.add_argument(
+        "--free-agents",
+        nargs="+",
+        help="agents run at their own merge rate (default: all heuristics)",
+    )
+    p.add_argument(
+        "--agent",
+        action="append",
+        help="an extra agent (name or trained model .zip) for both lists; repeatable",
+    )
+    p.add_argument(
+        "--calibration", help="real-sidecar calibration JSON (default: the shipped reference)"
+    )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     _add_trace_args(p)
     p.set_defaults(func=cmd_frontier)
 
-
-    p = sub.add_parser("sweep", help="a grid of protocol runs (regimes/traces, loads, "
-                       "calibrations, merge budgets, env parameters, agents), resumable",
-                       formatter_class=fmt)
-    p.add_argument("config", help="sweep file (TOML; YAML with PyYAML): fixed settings and "
-                                  "a [grid] of axes (see docs/scale-out.md)")
-    p.add_argument("--out", default=None,
-                   help="sweep directory (default: sweep-NAME); cells already stored there "
-                        "are skipped, so rerunning resumes an interrupted sweep")
-    p.add_argument("--retry-failed", action="store_true",
-                   help="run the cells stored with an error again")
-    p.add_argument("--max-cells", type=_positive_int(1), default=None,
-                   help="stop after this many cells (rerun to continue)")
+    p = sub.add_parser(
+        "sweep",
+        help="a grid of protocol runs (regimes/traces, loads, "
+        "calibrations, merge budgets, env parameters, agents), resumable",
+        formatter_class=fmt,
+    )
+    p.add_argument(
+        "config",
+        help="sweep file (TOML; YAML with PyYAML): fixed settings and "
+        "a [grid] of axes (see docs/scale-out.md)",
+    )
+    p.add_argument(
+        "--out",
+        default=None,
+        help="sweep directory (default: sweep-NAME); cells already stored there "
+        "are skipped, so rerunning resumes an interrupted sweep",
+    )
+    p.add_argument(
+        "--retry-failed", action="store_true", help="run the cells stored with an error again"
+    )
+    p.add_argument(
+        "--max-cells",
+        type=_positive_int(1),
+        default=None,
+        help="stop after this many cells (rerun to continue)",
+    )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     _add_backend_args(p)
     p.set_defaults(func=cmd_sweep)
 
-    p = sub.add_parser("tune", help="Ray Tune (ASHA) search over SB3 hyperparameters, "
-                       "selected on validation seeds; the best model as a run directory",
-                       formatter_class=fmt)
-    p.add_argument("config", help="tune file (TOML; YAML with PyYAML): the training setup "
-                                  "and a [space] of hyperparameters (see docs/scale-out.md)")
-    p.add_argument("--out", default=None,
-                   help="output directory (default: tune-NAME): best/ (model.zip, "
-                        "meta.json: give it to report --agent), trials.json, ray_results/")
-    p.add_argument("--backend", choices=("ray",), default="ray",
-                   help="Ray Tune (the extra diloco-gym[ray]); the only backend of tune")
-    p.add_argument("--jobs", type=_positive_int(1), default=None,
-                   help="CPUs of a local Ray instance (default: the CPUs available)")
-    p.add_argument("--ray-address", default=None,
-                   help="Ray cluster to connect to ('auto': the one `ray start` runs here)")
+    p = sub.add_parser(
+        "tune",
+        help="Ray Tune (ASHA) search over SB3 hyperparameters, "
+        "selected on validation seeds; the best model as a run directory",
+        formatter_class=fmt,
+    )
+    p.add_argument(
+        "config",
+        help="tune file (TOML; YAML with PyYAML): the training setup "
+        "and a [space] of hyperparameters (see docs/scale-out.md)",
+    )
+    p.add_argument(
+        "--out",
+        default=None,
+        help="output directory (default: tune-NAME): best/ (model.zip, "
+        "meta.json: give it to report --agent), trials.json, ray_results/",
+    )
+    p.add_argument(
+        "--backend",
+        choices=("ray",),
+        default="ray",
+        help="Ray Tune (the extra diloco-gym[ray]); the only backend of tune",
+    )
+    p.add_argument(
+        "--jobs",
+        type=_positive_int(1),
+        default=None,
+        help="CPUs of a local Ray instance (default: the CPUs available)",
+    )
+    p.add_argument(
+        "--ray-address",
+        default=None,
+        help="Ray cluster to connect to ('auto': the one `ray start` runs here)",
+    )
     p.add_argument("--no-progress", action="store_true", help="quiet Tune output")
     p.set_defaults(func=cmd_tune)
 
@@ -609,8 +802,9 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 import diloco_gym.train  # noqa: F401
             except ImportError as exc:  # the rl extra is missing: say so before argparse
-                return _unavailable("train", f"it needs the 'rl' extra "
-                                             f"(pip install 'diloco-gym[rl]'): {exc}")
+                return _unavailable(
+                    "train", f"it needs the 'rl' extra (pip install 'diloco-gym[rl]'): {exc}"
+                )
         parser = build_parser(argv[0] if argv and not argv[0].startswith("-") else "")
         args = parser.parse_args(argv)
         return int(args.func(args) or 0)

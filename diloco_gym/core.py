@@ -35,10 +35,24 @@ from diloco_gym.sidecar import (
 )
 from diloco_gym.traces import PRESSURE_DT_S, Trace
 
-__all__ = ["EnvParams", "Episode", "build_episode", "episode_from_seed", "OBS_FEATURES",
-           "OBS_DIM", "REWARD_NOMINAL_REQUESTS", "nominal_rate_rps", "reward_per_request",
-           "learner_table", "learner_features", "learner_features_k", "options",
-           "sync_mask", "replay_schedule", "BudgetTables"]
+__all__ = [
+    "EnvParams",
+    "Episode",
+    "build_episode",
+    "episode_from_seed",
+    "OBS_FEATURES",
+    "OBS_DIM",
+    "REWARD_NOMINAL_REQUESTS",
+    "nominal_rate_rps",
+    "reward_per_request",
+    "learner_table",
+    "learner_features",
+    "learner_features_k",
+    "options",
+    "sync_mask",
+    "replay_schedule",
+    "BudgetTables",
+]
 
 
 @dataclass(frozen=True)
@@ -91,16 +105,23 @@ class EnvParams:
         for f in fields(self):
             v = getattr(self, f.name)
             if f.name == "reward_rate_rps":
-                if v is not None and (not isinstance(v, (int, float, np.integer, np.floating))
-                                      or isinstance(v, bool) or not np.isfinite(v) or v <= 0):
-                    raise ValueError(f"EnvParams.reward_rate_rps must be None or a finite "
-                                     f"number > 0, got {v!r}")
+                if v is not None and (
+                    not isinstance(v, (int, float, np.integer, np.floating))
+                    or isinstance(v, bool)
+                    or not np.isfinite(v)
+                    or v <= 0
+                ):
+                    raise ValueError(
+                        f"EnvParams.reward_rate_rps must be None or a finite number > 0, got {v!r}"
+                    )
                 continue
             if f.name == "merge_budget":
-                if v is not None and (not isinstance(v, (int, np.integer)) or isinstance(v, bool)
-                                      or v < 0):
-                    raise ValueError(f"EnvParams.merge_budget must be None or an int >= 0, "
-                                     f"got {v!r}")
+                if v is not None and (
+                    not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v < 0
+                ):
+                    raise ValueError(
+                        f"EnvParams.merge_budget must be None or an int >= 0, got {v!r}"
+                    )
                 continue
             if f.name == "skip_forced":
                 if not isinstance(v, (bool, np.bool_)):
@@ -111,8 +132,14 @@ class EnvParams:
                     raise ValueError(f"EnvParams.{f.name} must be an int >= 1, got {v!r}")
             elif not isinstance(v, (int, float)) or isinstance(v, bool) or not np.isfinite(v):
                 raise ValueError(f"EnvParams.{f.name} must be a finite number, got {v!r}")
-        for name in ("step_seconds", "merge_seconds", "rate_norm_rps", "loss_clip",
-                     "tokens_clip", "staleness_clip_s"):
+        for name in (
+            "step_seconds",
+            "merge_seconds",
+            "rate_norm_rps",
+            "loss_clip",
+            "tokens_clip",
+            "staleness_clip_s",
+        ):
             if getattr(self, name) <= 0:
                 raise ValueError(f"EnvParams.{name} must be > 0, got {getattr(self, name)!r}")
         for name in ("excess_weight", "progress_weight"):
@@ -120,19 +147,24 @@ class EnvParams:
                 raise ValueError(f"EnvParams.{name} must be >= 0, got {getattr(self, name)!r}")
         for name in ("forecast_alpha", "baseline_alpha"):
             if not 0 < getattr(self, name) <= 1:
-                raise ValueError(f"EnvParams.{name} must be in (0, 1], got "
-                                 f"{getattr(self, name)!r}")
+                raise ValueError(f"EnvParams.{name} must be in (0, 1], got {getattr(self, name)!r}")
         if self.h_min_steps > self.h_max_steps:
-            raise ValueError(f"EnvParams: h_min_steps ({self.h_min_steps}) must not exceed "
-                             f"h_max_steps ({self.h_max_steps})")
+            raise ValueError(
+                f"EnvParams: h_min_steps ({self.h_min_steps}) must not exceed "
+                f"h_max_steps ({self.h_max_steps})"
+            )
         for name in ("h_min_steps", "h_max_steps"):
             if getattr(self, name) % self.decision_interval:
-                raise ValueError(f"EnvParams.{name} ({getattr(self, name)}) must be a multiple "
-                                 f"of decision_interval ({self.decision_interval})")
+                raise ValueError(
+                    f"EnvParams.{name} ({getattr(self, name)}) must be a multiple "
+                    f"of decision_interval ({self.decision_interval})"
+                )
         if self.merge_steps > self.h_min_steps:
-            raise ValueError(f"EnvParams.merge_seconds: a merge ({self.merge_seconds} s = "
-                             f"{self.merge_steps} steps) must fit inside h_min_steps "
-                             f"({self.h_min_steps}) so that merges never overlap")
+            raise ValueError(
+                f"EnvParams.merge_seconds: a merge ({self.merge_seconds} s = "
+                f"{self.merge_steps} steps) must fit inside h_min_steps "
+                f"({self.h_min_steps}) so that merges never overlap"
+            )
 
     @cached_property  # derived, never a second default; cached for the hot path
     def decision_seconds(self) -> float:
@@ -162,30 +194,63 @@ class EnvParams:
 OBS_FEATURES: tuple[tuple[str, str, float, float, str], ...] = (
     ("gap", "gap / H_max", 0.0, 1.0, "training steps since the last merge"),
     ("corridor_open", "0/1", 0.0, 1.0, "1 when gap >= H_min, so a merge is allowed"),
-    ("loss_progress_mean", "clip(loss_delta / loss_clip)", 0.0, 1.0,
-     "mean over learners of the loss reduction since the last merge"),
-    ("loss_progress_min", "clip(loss_delta / loss_clip)", 0.0, 1.0,
-     "the same, slowest learner"),
-    ("tokens_mean", "clip(tokens / tokens_clip)", 0.0, 1.0,
-     "mean tokens per learner since the last merge"),
+    (
+        "loss_progress_mean",
+        "clip(loss_delta / loss_clip)",
+        0.0,
+        1.0,
+        "mean over learners of the loss reduction since the last merge",
+    ),
+    ("loss_progress_min", "clip(loss_delta / loss_clip)", 0.0, 1.0, "the same, slowest learner"),
+    (
+        "tokens_mean",
+        "clip(tokens / tokens_clip)",
+        0.0,
+        1.0,
+        "mean tokens per learner since the last merge",
+    ),
     ("tokens_min", "clip(tokens / tokens_clip)", 0.0, 1.0, "the same, slowest learner"),
     ("staleness", "clip(seconds / staleness_clip_s)", 0.0, 1.0, "seconds since the last merge"),
     ("network", "[0, 1]", 0.0, 1.0, "network pressure now"),
-    ("serving", "[0, 1]", 0.0, 1.0,
-     "serving pressure: rate forecast / serving_capacity_rps, capped at 1"),
+    (
+        "serving",
+        "[0, 1]",
+        0.0,
+        1.0,
+        "serving pressure: rate forecast / serving_capacity_rps, capped at 1",
+    ),
     ("checkpoint", "[0, 1]", 0.0, 1.0, "checkpoint-I/O pressure now"),
-    ("rate_now", "r / (r + rate_norm_rps)", 0.0, 1.0,
-     "request rate over the last decision interval"),
-    ("rate_forecast", "r / (r + rate_norm_rps)", 0.0, 1.0,
-     "one-step EWMA forecast of the request rate (forecast_alpha)"),
-    ("rate_baseline", "r / (r + rate_norm_rps)", 0.0, 1.0,
-     "slow EWMA of the request rate (baseline_alpha)"),
-    ("rate_trend", "clip((forecast - baseline) / rate_norm_rps, -1, 1)", -1.0, 1.0,
-     "forecast above (+) or below (-) the baseline"),
+    (
+        "rate_now",
+        "r / (r + rate_norm_rps)",
+        0.0,
+        1.0,
+        "request rate over the last decision interval",
+    ),
+    (
+        "rate_forecast",
+        "r / (r + rate_norm_rps)",
+        0.0,
+        1.0,
+        "one-step EWMA forecast of the request rate (forecast_alpha)",
+    ),
+    (
+        "rate_baseline",
+        "r / (r + rate_norm_rps)",
+        0.0,
+        1.0,
+        "slow EWMA of the request rate (baseline_alpha)",
+    ),
+    (
+        "rate_trend",
+        "clip((forecast - baseline) / rate_norm_rps, -1, 1)",
+        -1.0,
+        1.0,
+        "forecast above (+) or below (-) the baseline",
+    ),
     ("merges", "merges / (decisions / H_min)", 0.0, 1.0, "merges so far this episode"),
     ("time_left", "fraction", 0.0, 1.0, "fraction of the episode's decisions left"),
-    ("budget_left", "fraction", 0.0, 1.0,
-     "merges left / merge_budget (1 when there is no budget)"),
+    ("budget_left", "fraction", 0.0, 1.0, "merges left / merge_budget (1 when there is no budget)"),
 )
 OBS_DIM = len(OBS_FEATURES)
 OBS_INDEX = {name: i for i, (name, *_) in enumerate(OBS_FEATURES)}
@@ -243,8 +308,9 @@ class Episode:
     reward_per_request: float = float("nan")
     #: ``(m0, S, prefmin)`` of the no-merge queue (:class:`EpisodeCore`), reused by the lazy
     #: merge costing; ``None`` recomputes them.
-    queue: tuple[np.ndarray, np.ndarray, np.ndarray] | None = field(default=None, repr=False,
-                                                                    compare=False)
+    queue: tuple[np.ndarray, np.ndarray, np.ndarray] | None = field(
+        default=None, repr=False, compare=False
+    )
 
     @cached_property
     def merge_cost(self) -> np.ndarray:
@@ -252,18 +318,32 @@ class Episode:
         evaluated in isolation (:func:`~diloco_gym.sidecar.merge_costs`)."""
         p = self.params
         starts = np.arange(self.n_decisions, dtype=np.int64) * p.decision_interval
-        cost = merge_costs(self.base_s, self.req_bin, self.pressure_bin, self.sidecar,
-                           p.step_seconds, starts, p.merge_steps,
-                           self.baseline.violated.astype(np.float64))
+        cost = merge_costs(
+            self.base_s,
+            self.req_bin,
+            self.pressure_bin,
+            self.sidecar,
+            p.step_seconds,
+            starts,
+            p.merge_steps,
+            self.baseline.violated.astype(np.float64),
+        )
         cost.setflags(write=False)
         return cost
 
     @cached_property
     def _one_cost(self) -> IsolatedMergeCost:
         p = self.params
-        return IsolatedMergeCost(self.base_s, self.req_bin, self.pressure_bin, self.sidecar,
-                                 p.step_seconds, p.merge_steps, self.baseline.violated,
-                                 queue=self.queue)
+        return IsolatedMergeCost(
+            self.base_s,
+            self.req_bin,
+            self.pressure_bin,
+            self.sidecar,
+            p.step_seconds,
+            p.merge_steps,
+            self.baseline.violated,
+            queue=self.queue,
+        )
 
     def merge_cost_at(self, d: int) -> float:
         """The cost of a merge at decision ``d`` (equal to ``merge_cost[d]``)."""
@@ -320,12 +400,17 @@ def nominal_rate_rps(generator, params: EnvParams | None = None) -> float:
             duty = min(1.0, (g.burst_s + 0.5 * g.ramp_s) / g.burst_period_s)
             rate += (g.busy_rate_rps - g.quiet_rate_rps) * duty
     elif isinstance(generator, ReplayRegime):
-        rate = (generator.target_rate_rps if generator.target_rate_rps is not None
-                else generator.trace.mean_rate_rps)
+        rate = (
+            generator.target_rate_rps
+            if generator.target_rate_rps is not None
+            else generator.trace.mean_rate_rps
+        )
     else:
-        raise ValueError(f"cannot fix a reward scale for the generator "
-                         f"{getattr(generator, 'name', type(generator).__name__)!r}: give it a "
-                         f"nominal_rate_rps attribute (requests/s) or pass reward_rate_rps")
+        raise ValueError(
+            f"cannot fix a reward scale for the generator "
+            f"{getattr(generator, 'name', type(generator).__name__)!r}: give it a "
+            f"nominal_rate_rps attribute (requests/s) or pass reward_rate_rps"
+        )
     if not (np.isfinite(rate) and rate > 0):
         raise ValueError(f"nominal request rate of the reward scale must be > 0, got {rate!r}")
     return float(rate)
@@ -400,24 +485,35 @@ def min_episode_seconds(params: EnvParams, sidecar: SidecarParams) -> float:
     return margin_s + (params.h_min + 1) * params.decision_seconds
 
 
-def episode_length(duration_s: float, params: EnvParams, sidecar: SidecarParams,
-                   name: str = "trace") -> int:
+def episode_length(
+    duration_s: float, params: EnvParams, sidecar: SidecarParams, name: str = "trace"
+) -> int:
     """Decisions in an episode of a ``duration_s`` trace (see :func:`episode_core`)."""
     n_slots = params.n_decisions(duration_s)  # decision intervals covering the trace
     margin_s = params.merge_steps * params.step_seconds + sidecar.tail_s
     n = min(n_slots, int(np.floor((duration_s - margin_s) / params.decision_seconds + 1e-9)))
     if n < params.h_min + 1:
         min_s = min_episode_seconds(params, sidecar)
-        raise ValueError(f"trace {name!r} of {duration_s:.1f} s is too short: an episode "
-                         f"needs at least {min_s:.1f} s (more than H_min = "
-                         f"{params.h_min_steps} steps of decisions plus a {margin_s:.1f} s "
-                         f"margin for the last merge)")
+        raise ValueError(
+            f"trace {name!r} of {duration_s:.1f} s is too short: an episode "
+            f"needs at least {min_s:.1f} s (more than H_min = "
+            f"{params.h_min_steps} steps of decisions plus a {margin_s:.1f} s "
+            f"margin for the last merge)"
+        )
     return n
 
 
-def episode_core(arrival_s: np.ndarray, prompt_tokens: np.ndarray, output_tokens: np.ndarray,
-                 network: np.ndarray | None, checkpoint: np.ndarray | None, duration_s: float,
-                 params: EnvParams, sidecar: SidecarParams, name: str = "trace") -> EpisodeCore:
+def episode_core(
+    arrival_s: np.ndarray,
+    prompt_tokens: np.ndarray,
+    output_tokens: np.ndarray,
+    network: np.ndarray | None,
+    checkpoint: np.ndarray | None,
+    duration_s: float,
+    params: EnvParams,
+    sidecar: SidecarParams,
+    name: str = "trace",
+) -> EpisodeCore:
     """Everything about an episode that does not depend on the agent, from a trace's arrays
     (``arrival_s`` sorted, as in a :class:`~diloco_gym.traces.Trace`).
 
@@ -428,19 +524,43 @@ def episode_core(arrival_s: np.ndarray, prompt_tokens: np.ndarray, output_tokens
     This is :func:`episode_core_batch` on a batch of one (one code path for the single and
     the vector env).
     """
-    c = episode_core_batch([arrival_s], [prompt_tokens], [output_tokens],
-                           None if network is None else network[None, :],
-                           None if checkpoint is None else checkpoint[None, :],
-                           duration_s, params, sidecar, name)
-    return EpisodeCore(c.n, c.exo[0], c.pressure_dec[0], c.base_s, c.req_bin,
-                       c.pressure_bin[0], c.m0[0], c.s[0], c.prefmin[0], c.latency,
-                       c.violated)
+    c = episode_core_batch(
+        [arrival_s],
+        [prompt_tokens],
+        [output_tokens],
+        None if network is None else network[None, :],
+        None if checkpoint is None else checkpoint[None, :],
+        duration_s,
+        params,
+        sidecar,
+        name,
+    )
+    return EpisodeCore(
+        c.n,
+        c.exo[0],
+        c.pressure_dec[0],
+        c.base_s,
+        c.req_bin,
+        c.pressure_bin[0],
+        c.m0[0],
+        c.s[0],
+        c.prefmin[0],
+        c.latency,
+        c.violated,
+    )
 
 
-def episode_core_batch(arrivals: list[np.ndarray], prompts: list[np.ndarray],
-                       outputs: list[np.ndarray], network: np.ndarray | None,
-                       checkpoint: np.ndarray | None, duration_s: float, params: EnvParams,
-                       sidecar: SidecarParams, name: str = "trace") -> EpisodeCore:
+def episode_core_batch(
+    arrivals: list[np.ndarray],
+    prompts: list[np.ndarray],
+    outputs: list[np.ndarray],
+    network: np.ndarray | None,
+    checkpoint: np.ndarray | None,
+    duration_s: float,
+    params: EnvParams,
+    sidecar: SidecarParams,
+    name: str = "trace",
+) -> EpisodeCore:
     """:func:`episode_core` of several traces of the same duration at once.
 
     Every operation is elementwise, or runs along the time axis of each episode separately
@@ -468,16 +588,26 @@ def episode_core_batch(arrivals: list[np.ndarray], prompts: list[np.ndarray],
     np.divide(np.diff(before, axis=1), dec_s, out=rate_now[:, 1:])
     forecast = _ewma(rate_now, params.forecast_alpha)
     baseline = _ewma(rate_now, params.baseline_alpha)
-    p_idx = np.minimum((t_dec / PRESSURE_DT_S).astype(np.int64),
-                       int(np.ceil(duration_s / PRESSURE_DT_S - 1e-9)) - 1)
+    p_idx = np.minimum(
+        (t_dec / PRESSURE_DT_S).astype(np.int64),
+        int(np.ceil(duration_s / PRESSURE_DT_S - 1e-9)) - 1,
+    )
     net = network[:, p_idx] if network is not None else np.zeros((b, n_slots))
     ckpt = checkpoint[:, p_idx] if checkpoint is not None else np.zeros((b, n_slots))
     serving = np.minimum(1.0, forecast / sidecar.serving_capacity_rps)
     norm = params.rate_norm_rps
     exo = np.empty((b, n, 7), dtype=np.float32)
-    for k, col in enumerate((net, serving, ckpt, squash_rate(rate_now, norm),
-                             squash_rate(forecast, norm), squash_rate(baseline, norm),
-                             np.clip((forecast - baseline) / norm, -1.0, 1.0))):
+    for k, col in enumerate(
+        (
+            net,
+            serving,
+            ckpt,
+            squash_rate(rate_now, norm),
+            squash_rate(forecast, norm),
+            squash_rate(baseline, norm),
+            np.clip((forecast - baseline) / norm, -1.0, 1.0),
+        )
+    ):
         exo[:, :, k] = col[:, :n]
 
     pressure_dec = np.maximum(np.maximum(net, serving), ckpt)
@@ -501,13 +631,32 @@ def episode_core_batch(arrivals: list[np.ndarray], prompts: list[np.ndarray],
     prefmin = np.minimum.accumulate(s, axis=1)
     backlog = s[:, :-1] - prefmin[:, :-1]
     latency = (base_s + backlog.reshape(-1)[flat_bin] / sidecar.slots) * m0.reshape(-1)[flat_bin]
-    return EpisodeCore(n, exo, pressure_dec, base_s, req_bin, pressure_bin, m0, s, prefmin,
-                       latency, latency > sidecar.slo_s, counts, flat_bin)
+    return EpisodeCore(
+        n,
+        exo,
+        pressure_dec,
+        base_s,
+        req_bin,
+        pressure_bin,
+        m0,
+        s,
+        prefmin,
+        latency,
+        latency > sidecar.slo_s,
+        counts,
+        flat_bin,
+    )
 
 
-def build_episode(trace: Trace, params: EnvParams, sidecar: SidecarParams,
-                  learner_params: lrn.LearnerParams, rng: np.random.Generator,
-                  seed: int | None = None, rate_rps: float | None = None) -> Episode:
+def build_episode(
+    trace: Trace,
+    params: EnvParams,
+    sidecar: SidecarParams,
+    learner_params: lrn.LearnerParams,
+    rng: np.random.Generator,
+    seed: int | None = None,
+    rate_rps: float | None = None,
+) -> Episode:
     """Precompute everything about an episode that does not depend on the agent
     (:func:`episode_core`), then draw the learner throughputs from ``rng``.
 
@@ -517,20 +666,48 @@ def build_episode(trace: Trace, params: EnvParams, sidecar: SidecarParams,
     ``merge_cost_at``).
     """
     if rate_rps is None:
-        rate_rps = (params.reward_rate_rps if params.reward_rate_rps is not None
-                    else trace.mean_rate_rps)
-    c = episode_core(trace.arrival_s, trace.prompt_tokens, trace.output_tokens, trace.network,
-                     trace.checkpoint, trace.duration_s, params, sidecar, trace.name)
-    baseline = ReplayResult(c.latency, c.violated, np.zeros(c.req_bin.size, dtype=bool),
-                            c.pressure_bin[c.req_bin])
-    return Episode(trace, c.n, c.exo, learner_params.draw_throughputs(rng), c.base_s,
-                   c.req_bin, c.pressure_bin, baseline, params, sidecar, seed,
-                   reward_per_request(rate_rps, trace.duration_s), (c.m0, c.s, c.prefmin))
+        rate_rps = (
+            params.reward_rate_rps if params.reward_rate_rps is not None else trace.mean_rate_rps
+        )
+    c = episode_core(
+        trace.arrival_s,
+        trace.prompt_tokens,
+        trace.output_tokens,
+        trace.network,
+        trace.checkpoint,
+        trace.duration_s,
+        params,
+        sidecar,
+        trace.name,
+    )
+    baseline = ReplayResult(
+        c.latency, c.violated, np.zeros(c.req_bin.size, dtype=bool), c.pressure_bin[c.req_bin]
+    )
+    return Episode(
+        trace,
+        c.n,
+        c.exo,
+        learner_params.draw_throughputs(rng),
+        c.base_s,
+        c.req_bin,
+        c.pressure_bin,
+        baseline,
+        params,
+        sidecar,
+        seed,
+        reward_per_request(rate_rps, trace.duration_s),
+        (c.m0, c.s, c.prefmin),
+    )
 
 
-def episode_from_seed(generator, seed: int, params: EnvParams, sidecar: SidecarParams,
-                      learner_params: lrn.LearnerParams, rate_rps: float | None = None
-                      ) -> Episode:
+def episode_from_seed(
+    generator,
+    seed: int,
+    params: EnvParams,
+    sidecar: SidecarParams,
+    learner_params: lrn.LearnerParams,
+    rate_rps: float | None = None,
+) -> Episode:
     """The episode of ``seed``: its trace and learner throughputs from one generator.
 
     ``np.random.default_rng(seed)`` draws the trace (``generator(rng)``) and then the
@@ -542,8 +719,7 @@ def episode_from_seed(generator, seed: int, params: EnvParams, sidecar: SidecarP
         rate_rps = nominal_rate_rps(generator, params)
     rng = np.random.default_rng(seed)
     trace = generator(rng)
-    return build_episode(trace, params, sidecar, learner_params, rng, seed=seed,
-                         rate_rps=rate_rps)
+    return build_episode(trace, params, sidecar, learner_params, rng, seed=seed, rate_rps=rate_rps)
 
 
 def _sum_first_axis(x: np.ndarray) -> np.ndarray:
@@ -567,7 +743,7 @@ def _sum_first_axis(x: np.ndarray) -> np.ndarray:
         r = x[:8].copy() if n >= 16 else x[:8]  # accumulators (updated only when n >= 16)
         i = 8
         while i < n - n % 8:
-            r += x[i:i + 8]
+            r += x[i : i + 8]
             i += 8
         res = ((r[0] + r[1]) + (r[2] + r[3])) + ((r[4] + r[5]) + (r[6] + r[7]))
         for j in range(i, n):
@@ -578,8 +754,9 @@ def _sum_first_axis(x: np.ndarray) -> np.ndarray:
     return _sum_first_axis(x[:half]) + _sum_first_axis(x[half:])
 
 
-def learner_features(gap_s, global_tokens, throughputs: np.ndarray, params: EnvParams,
-                     lp: lrn.LearnerParams) -> np.ndarray:
+def learner_features(
+    gap_s, global_tokens, throughputs: np.ndarray, params: EnvParams, lp: lrn.LearnerParams
+) -> np.ndarray:
     """The learner block of the observation (``LEARNER_SLICE``) after ``gap_s`` seconds.
 
     Shared by :func:`learner_table` (the single env: every gap at once) and the vector env
@@ -605,8 +782,13 @@ def learner_features(gap_s, global_tokens, throughputs: np.ndarray, params: EnvP
     return learner_features_k(gap, tok, thr_k, params, lp)
 
 
-def learner_features_k(gap_s: np.ndarray, global_tokens: np.ndarray, throughputs_k: np.ndarray,
-                       params: EnvParams, lp: lrn.LearnerParams) -> np.ndarray:
+def learner_features_k(
+    gap_s: np.ndarray,
+    global_tokens: np.ndarray,
+    throughputs_k: np.ndarray,
+    params: EnvParams,
+    lp: lrn.LearnerParams,
+) -> np.ndarray:
     """:func:`learner_features` with the throughputs already learners-first, ``(K, ...)``
     broadcastable to ``(K,) + S`` (the vector env keeps them so, to skip the transpose)."""
     gap = np.asarray(gap_s, dtype=np.float64)
@@ -623,8 +805,9 @@ def learner_features_k(gap_s: np.ndarray, global_tokens: np.ndarray, throughputs
     return out
 
 
-def learner_progress(tau_k: np.ndarray, global_tokens, params: EnvParams,
-                     lp: lrn.LearnerParams, loss_now=None) -> tuple[np.ndarray, np.ndarray]:
+def learner_progress(
+    tau_k: np.ndarray, global_tokens, params: EnvParams, lp: lrn.LearnerParams, loss_now=None
+) -> tuple[np.ndarray, np.ndarray]:
     """Mean and minimum clipped loss progress over learners (the first two learner
     features) for learner-first token counts ``tau_k`` ``(K, ...)``: the part of
     :func:`learner_features_k` that depends on the global tokens, so the single env can
@@ -645,8 +828,9 @@ def learner_progress(tau_k: np.ndarray, global_tokens, params: EnvParams,
     return _sum_first_axis(lp_) / tau_k.shape[0], lp_[0]  # mean over learners, minimum
 
 
-def learner_table(global_tokens, throughputs: np.ndarray, params: EnvParams,
-                  lp: lrn.LearnerParams) -> np.ndarray:
+def learner_table(
+    global_tokens, throughputs: np.ndarray, params: EnvParams, lp: lrn.LearnerParams
+) -> np.ndarray:
     """Learner features for every gap ``0..H_max`` decisions, given the global tokens.
 
     Returns:
@@ -675,9 +859,11 @@ class BudgetTables:
             from diloco_gym.schedules import budget_range
 
             lo, hi = budget_range(n, h_min, h_max)
-            raise ValueError(f"merge_budget={budget} is infeasible for an episode of {n} "
-                             f"decisions (H_min={h_min}, H_max={h_max} decisions); feasible "
-                             f"budgets: {lo}..{hi}")
+            raise ValueError(
+                f"merge_budget={budget} is infeasible for an episode of {n} "
+                f"decisions (H_min={h_min}, H_max={h_max} decisions); feasible "
+                f"budgets: {lo}..{hi}"
+            )
         self.n, self.h_min, self.h_max, self.budget = n, h_min, h_max, budget
         self.reach = f > 0
         self.prefix = np.zeros((budget + 1, n + 1), dtype=np.int64)
@@ -726,16 +912,17 @@ def sync_mask(merges, n_bins: int, params: EnvParams) -> np.ndarray:
     return np.minimum(mask[:n_bins], 1.0)
 
 
-def replay_schedule(episode: Episode, merges, params: EnvParams,
-                    sidecar: SidecarParams) -> ReplayResult:
+def replay_schedule(
+    episode: Episode, merges, params: EnvParams, sidecar: SidecarParams
+) -> ReplayResult:
     """Exact replay of the episode's requests with the merge windows of ``merges``."""
     mask = sync_mask(merges, episode.pressure_bin.size, params)
-    return replay(episode.base_s, episode.req_bin, episode.pressure_bin, mask, sidecar,
-                  params.step_seconds)
+    return replay(
+        episode.base_s, episode.req_bin, episode.pressure_bin, mask, sidecar, params.step_seconds
+    )
 
 
-def schedule_summary(episode: Episode, merges, params: EnvParams,
-                     sidecar: SidecarParams) -> dict:
+def schedule_summary(episode: Episode, merges, params: EnvParams, sidecar: SidecarParams) -> dict:
     """Replay summary of a realised schedule, with its exact and additive sync-excess."""
     res = replay_schedule(episode, merges, params, sidecar)
     out = res.summary()

@@ -25,8 +25,12 @@ Observation: TypeAlias = np.ndarray
 Action: TypeAlias = int | np.integer
 
 _G = OBS_INDEX
-_G_GAP, _G_OPEN, _G_MERGES, _G_BUDGET = (_G["gap"], _G["corridor_open"], _G["merges"],
-                                         _G["budget_left"])
+_G_GAP, _G_OPEN, _G_MERGES, _G_BUDGET = (
+    _G["gap"],
+    _G["corridor_open"],
+    _G["merges"],
+    _G["budget_left"],
+)
 _ENV_FIELDS = {f.name for f in fields(EnvParams)}
 
 
@@ -45,10 +49,15 @@ def make_generator(regime) -> tuple[Callable[[np.random.Generator], Trace], Side
         gen = ReplayRegime(regime, duration_s=regime.duration_s, start_s=0.0, name=regime.name)
         return gen, gen.sidecar, regime.name
     if callable(regime):
-        return regime, getattr(regime, "sidecar", SidecarParams()), getattr(
-            regime, "name", type(regime).__name__)
-    raise TypeError(f"regime must be a regime name ({', '.join(REGIMES)}), a generator "
-                    f"(callable rng -> Trace) or a Trace; got {type(regime).__name__}")
+        return (
+            regime,
+            getattr(regime, "sidecar", SidecarParams()),
+            getattr(regime, "name", type(regime).__name__),
+        )
+    raise TypeError(
+        f"regime must be a regime name ({', '.join(REGIMES)}), a generator "
+        f"(callable rng -> Trace) or a Trace; got {type(regime).__name__}"
+    )
 
 
 class DiLoCoSyncEnv(gym.Env[Observation, Action]):
@@ -133,14 +142,21 @@ class DiLoCoSyncEnv(gym.Env[Observation, Action]):
 
     metadata = {"render_modes": ["ansi", "rgb_array"], "render_fps": 4}
 
-    def __init__(self, regime: Any = "bursty", params: EnvParams | None = None,
-                 sidecar: SidecarParams | None = None,
-                 learners: lrn.LearnerParams | None = None, render_mode: str | None = None,
-                 **overrides: Any) -> None:
+    def __init__(
+        self,
+        regime: Any = "bursty",
+        params: EnvParams | None = None,
+        sidecar: SidecarParams | None = None,
+        learners: lrn.LearnerParams | None = None,
+        render_mode: str | None = None,
+        **overrides: Any,
+    ) -> None:
         unknown = set(overrides) - _ENV_FIELDS
         if unknown:
-            raise TypeError(f"unknown DiLoCoSyncEnv argument(s) {sorted(unknown)}; valid "
-                            f"EnvParams fields: {sorted(_ENV_FIELDS)}")
+            raise TypeError(
+                f"unknown DiLoCoSyncEnv argument(s) {sorted(unknown)}; valid "
+                f"EnvParams fields: {sorted(_ENV_FIELDS)}"
+            )
         self.params = replace(params or EnvParams(), **overrides)
         self.generator, default_sidecar, self.regime_name = make_generator(regime)
         #: nominal request rate of the reward scale, fixed for every episode of this env.
@@ -148,8 +164,9 @@ class DiLoCoSyncEnv(gym.Env[Observation, Action]):
         self.sidecar = sidecar or default_sidecar
         self.learner_params = learners or lrn.LearnerParams()
         if render_mode is not None and render_mode not in self.metadata["render_modes"]:
-            raise ValueError(f"render_mode must be one of {self.metadata['render_modes']}, "
-                             f"got {render_mode!r}")
+            raise ValueError(
+                f"render_mode must be one of {self.metadata['render_modes']}, got {render_mode!r}"
+            )
         self.render_mode = render_mode
         self.action_space = gym.spaces.Discrete(2)
         self.observation_space = gym.spaces.Box(OBS_LOW, OBS_HIGH, dtype=np.float32)
@@ -182,10 +199,8 @@ class DiLoCoSyncEnv(gym.Env[Observation, Action]):
         self._require_episode()
         assert self.episode is not None  # for mypy: _require_episode() raised otherwise
         gap_s = (self._d - self._last) * self.params.decision_seconds
-        delta, tau = lrn.reports(gap_s, self._tokens, self.episode.throughputs,
-                                 self.learner_params)
-        return {"loss_delta": delta, "tokens": tau,
-                "staleness_s": np.full(delta.shape, gap_s)}
+        delta, tau = lrn.reports(gap_s, self._tokens, self.episode.throughputs, self.learner_params)
+        return {"loss_delta": delta, "tokens": tau, "staleness_s": np.full(delta.shape, gap_s)}
 
     def action_masks(self) -> np.ndarray:
         """Feasible actions now, ``[defer, merge]`` (sb3-contrib MaskablePPO protocol)."""
@@ -197,16 +212,22 @@ class DiLoCoSyncEnv(gym.Env[Observation, Action]):
         return np.array([bool(can_defer), bool(can_merge)])
 
     # ----------------------------------------------------------------- gym API
-    def reset(self, *, seed: int | None = None,
-              options: dict[str, Any] | None = None) -> tuple[Observation, dict[str, Any]]:
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[Observation, dict[str, Any]]:
         super().reset(seed=seed)
         if seed is not None:
             episode_seed = int(seed)
         else:
             episode_seed = int(self.np_random.integers(0, 2**31 - 1))
-        self.episode = core.episode_from_seed(self.generator, episode_seed, self.params,
-                                              self.sidecar, self.learner_params,
-                                              rate_rps=self.reward_rate_rps)
+        self.episode = core.episode_from_seed(
+            self.generator,
+            episode_seed,
+            self.params,
+            self.sidecar,
+            self.learner_params,
+            rate_rps=self.reward_rate_rps,
+        )
         n = self.episode.n_decisions
         p = self.params
         self._budget = None
@@ -235,8 +256,10 @@ class DiLoCoSyncEnv(gym.Env[Observation, Action]):
         if p.skip_forced:
             self._pending = self._advance_forced_raw()
             if self._d >= n:
-                raise ValueError(f"merge_budget={p.merge_budget} leaves the agent no decision "
-                                 f"in this episode (every merge is forced)")
+                raise ValueError(
+                    f"merge_budget={p.merge_budget} leaves the agent no decision "
+                    f"in this episode (every merge is forced)"
+                )
         info["reward_terms"] = {"sync_excess": 0.0, "progress": 0.0}  # paid on the first step
         info.update(self._step_info(False, False))
         return self._obs(), info
@@ -283,8 +306,12 @@ class DiLoCoSyncEnv(gym.Env[Observation, Action]):
             a = int(action)
         except (TypeError, ValueError):
             raise ValueError(f"action must be 0 (defer) or 1 (merge), got {action!r}") from None
-        if a not in (0, 1) or np.ndim(action) > 1 or (np.ndim(action) == 1 and np.size(action)
-                                                        != 1) or np.asarray(action).item() != a:
+        if (
+            a not in (0, 1)
+            or np.ndim(action) > 1
+            or (np.ndim(action) == 1 and np.size(action) != 1)
+            or np.asarray(action).item() != a
+        ):
             # the last test rejects a fractional action (0.7) that int() would truncate
             raise ValueError(f"action must be 0 (defer) or 1 (merge), got {action!r}")
         return a
@@ -295,11 +322,11 @@ class DiLoCoSyncEnv(gym.Env[Observation, Action]):
 
     def _options(self, d: int):
         assert self.episode is not None  # called only after reset()
-        return core.options(d, self._last, self._m_left, self.params, self.episode.n_decisions,
-                            self._budget)
+        return core.options(
+            d, self._last, self._m_left, self.params, self.episode.n_decisions, self._budget
+        )
 
-    def _refresh_learners(self, new_episode: bool = False, loss_now: float | None = None
-                          ) -> None:
+    def _refresh_learners(self, new_episode: bool = False, loss_now: float | None = None) -> None:
         """The learner features for every gap until the next merge. Only the loss-progress
         columns depend on the global tokens; the rest (tokens, staleness) is built once per
         episode, with the per-learner token counts of every gap. ``loss_now``: the loss at
@@ -314,7 +341,8 @@ class DiLoCoSyncEnv(gym.Env[Observation, Action]):
             self._thr_sum = float(np.sum(self.episode.throughputs, axis=-1))
             return
         self._ltable[:, 0], self._ltable[:, 1] = core.learner_progress(
-            self._tau_k, self._tokens, p, lp, loss_now)
+            self._tau_k, self._tokens, p, lp, loss_now
+        )
 
     def _apply(self, merge: bool) -> tuple[float, float]:
         if not merge:
@@ -322,8 +350,9 @@ class DiLoCoSyncEnv(gym.Env[Observation, Action]):
         assert self.episode is not None  # called only after reset()
         d = self._d
         gap_s = (d - self._last) * self.params.decision_seconds
-        added, gain, loss_after = lrn.merge_gain_scalar(gap_s, self._tokens, self._thr_sum,
-                                                        self.learner_params)
+        added, gain, loss_after = lrn.merge_gain_scalar(
+            gap_s, self._tokens, self._thr_sum, self.learner_params
+        )
         self._tokens += added
         cost = self.episode.merge_cost_at(d)
         self._merges.append(d)
@@ -422,10 +451,12 @@ class DiLoCoSyncEnv(gym.Env[Observation, Action]):
             gap = (min(self._d, ep.n_decisions) - self._last) * self.params.decision_interval
             obs = self._obs()
             rate = core.unsquash_rate(obs[_G["rate_now"]], self.params.rate_norm_rps)
-            return (f"t={self._d * self.params.decision_seconds:7.1f}s gap={gap:4d} steps "
-                    f"merges={len(self._merges):3d} rate={rate:5.1f} rps "
-                    f"pressure(n/s/c)={obs[_G['network']]:.2f}/{obs[_G['serving']]:.2f}/"
-                    f"{obs[_G['checkpoint']]:.2f} excess={self._excess_requests:6.0f} req\n")
+            return (
+                f"t={self._d * self.params.decision_seconds:7.1f}s gap={gap:4d} steps "
+                f"merges={len(self._merges):3d} rate={rate:5.1f} rps "
+                f"pressure(n/s/c)={obs[_G['network']]:.2f}/{obs[_G['serving']]:.2f}/"
+                f"{obs[_G['checkpoint']]:.2f} excess={self._excess_requests:6.0f} req\n"
+            )
         from diloco_gym.render import timeline_rgb
 
         return timeline_rgb(self.episode, self._merges, self.params, self.sidecar, upto=self._d)

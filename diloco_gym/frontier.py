@@ -60,21 +60,42 @@ from diloco_gym.regimes import REGIMES
 from diloco_gym.rollout import run_episode
 from diloco_gym.schedules import budget_range, sample_uniform
 
-__all__ = ["FrontierConfig", "run_frontier", "budget_stats", "pairwise_stats", "dominance",
-           "gap_captured", "write_frontier", "render_markdown", "frontier_figure",
-           "DEFAULT_BUDGETS_PER_HOUR", "DEFAULT_BUDGET_AGENTS", "DOMINANCE_VERDICTS"]
+__all__ = [
+    "FrontierConfig",
+    "run_frontier",
+    "budget_stats",
+    "pairwise_stats",
+    "dominance",
+    "gap_captured",
+    "write_frontier",
+    "render_markdown",
+    "frontier_figure",
+    "DEFAULT_BUDGETS_PER_HOUR",
+    "DEFAULT_BUDGET_AGENTS",
+    "DOMINANCE_VERDICTS",
+]
 
 #: The issue's grid: 8, 10, 12, 16 and 24 merges per 10 min (8 is about the fewest the
 #: corridor allows in a 600 s episode; there placement has little freedom).
 DEFAULT_BUDGETS_PER_HOUR = (48.0, 60.0, 72.0, 96.0, 144.0)
 #: Agents run at every budget of the grid: the budget-aware heuristics, and the deployable
 #: heuristics that steer by the load (held to the budget by the env's mask).
-DEFAULT_BUDGET_AGENTS = ("online-forecast-budget", "fixed-budget", "online-forecast",
-                         "calibrated-wa", "wa-diloco", "pressure-gate")
+DEFAULT_BUDGET_AGENTS = (
+    "online-forecast-budget",
+    "fixed-budget",
+    "online-forecast",
+    "calibrated-wa",
+    "wa-diloco",
+    "pressure-gate",
+)
 #: The relations :func:`dominance` gives a pair of agents.
-DOMINANCE_VERDICTS = ("dominates", "is dominated by", "no dominance (order changes across budgets)",
-                      "no dominance (no significant difference)",
-                      "inconclusive (too few episodes)")
+DOMINANCE_VERDICTS = (
+    "dominates",
+    "is dominated by",
+    "no dominance (order changes across budgets)",
+    "no dominance (no significant difference)",
+    "inconclusive (too few episodes)",
+)
 #: Bootstrap resamples of the gap-captured CI.
 N_BOOT = 5000
 
@@ -103,10 +124,8 @@ class FrontierConfig:
             kept), or at this mean offered work over the sidecar's capacity.
     """
 
-    regimes: list[str] = field(default_factory=lambda: ["bursty", "non-periodic",
-                                                        "sync-heavy"])
-    budgets_per_hour: list[float] = field(default_factory=lambda: list(
-        DEFAULT_BUDGETS_PER_HOUR))
+    regimes: list[str] = field(default_factory=lambda: ["bursty", "non-periodic", "sync-heavy"])
+    budgets_per_hour: list[float] = field(default_factory=lambda: list(DEFAULT_BUDGETS_PER_HOUR))
     budget_agents: list[str] = field(default_factory=lambda: list(DEFAULT_BUDGET_AGENTS))
     free_agents: list[str] = field(default_factory=list)
     seeds: int = 20
@@ -130,13 +149,16 @@ class FrontierConfig:
         if self.trace is None:
             for name in ("sidecar", "rate_scale", "target_utilization"):
                 if getattr(self, name) is not None:
-                    raise ValueError(f"{name} applies to a trace replay (trace=...); synthetic "
-                                     f"regimes use their own sidecar and load")
+                    raise ValueError(
+                        f"{name} applies to a trace replay (trace=...); synthetic "
+                        f"regimes use their own sidecar and load"
+                    )
         else:
             self.regimes = [f"replay:{Path(self.trace).stem}"]
             if self.sidecar is not None and self.sidecar not in REGIMES:
-                raise ValueError(f"unknown sidecar regime {self.sidecar!r}; valid regimes: "
-                                 f"{', '.join(REGIMES)}")
+                raise ValueError(
+                    f"unknown sidecar regime {self.sidecar!r}; valid regimes: {', '.join(REGIMES)}"
+                )
             if self.rate_scale is not None and self.target_utilization is not None:
                 raise ValueError("give rate_scale or target_utilization, not both")
             for name in ("rate_scale", "target_utilization", "window_s"):
@@ -171,8 +193,7 @@ class FrontierConfig:
         self.budgets_per_hour = sorted(float(b) for b in self.budgets_per_hour)
         if not self.budget_agents and not self.free_agents:
             raise ValueError("give at least one agent")
-        for name, lst in (("budget_agents", self.budget_agents),
-                          ("free_agents", self.free_agents)):
+        for name, lst in (("budget_agents", self.budget_agents), ("free_agents", self.free_agents)):
             if len(set(lst)) != len(lst):
                 raise ValueError(f"{name}: each agent once, got {lst}")
 
@@ -183,9 +204,11 @@ def _episode_budget(per_hour: float, duration_s: float, n: int, params) -> int:
     lo, hi = budget_range(n, params.h_min, params.h_max)
     if not lo <= m <= hi:
         to_h = 3600.0 / duration_s
-        raise ValueError(f"budget {per_hour:g} merges/h is {m} merges in a {duration_s:g} s "
-                         f"episode, outside the feasible {lo}..{hi} "
-                         f"({lo * to_h:g}..{hi * to_h:g} merges/h)")
+        raise ValueError(
+            f"budget {per_hour:g} merges/h is {m} merges in a {duration_s:g} s "
+            f"episode, outside the feasible {lo}..{hi} "
+            f"({lo * to_h:g}..{hi * to_h:g} merges/h)"
+        )
     return m
 
 
@@ -220,14 +243,19 @@ def _trace_tiles(config: FrontierConfig, sidecar) -> list:
     scale = replay_rate_scale(tr, sidecar, config.rate_scale, config.target_utilization)
     replayed = tr if scale == 1.0 else scale_rate(tr, tr.mean_rate_rps * scale)
     try:
-        tiles = ReplayRegime(replayed, duration_s=config.window_s, sidecar=sidecar,
-                             name=tr.name).tiles()
+        tiles = ReplayRegime(
+            replayed, duration_s=config.window_s, sidecar=sidecar, name=tr.name
+        ).tiles()
     except ValueError as exc:
-        raise ValueError(f"{config.trace}: {exc} (the trace lasts {tr.duration_s:.0f} s, "
-                         f"{replayed.duration_s:.0f} s at rate scale {scale:.3g})") from None
+        raise ValueError(
+            f"{config.trace}: {exc} (the trace lasts {tr.duration_s:.0f} s, "
+            f"{replayed.duration_s:.0f} s at rate scale {scale:.3g})"
+        ) from None
     if len(tiles) < 2:
-        raise ValueError(f"{config.trace}: {len(tiles)} window(s) of {config.window_s:g} s; "
-                         f"the paired tests need at least 2 (use a shorter --window-s)")
+        raise ValueError(
+            f"{config.trace}: {len(tiles)} window(s) of {config.window_s:g} s; "
+            f"the paired tests need at least 2 (use a shorter --window-s)"
+        )
     return tiles
 
 
@@ -243,14 +271,16 @@ def _scorer(cache: dict[str, Any], ep, env: DiLoCoSyncEnv):
     return cache["scorer"], cache["counts"]
 
 
-def _score(cache: dict[str, Any], ep, env: DiLoCoSyncEnv, merges, seed: int,
-           draws: int) -> dict[str, Any]:
+def _score(
+    cache: dict[str, Any], ep, env: DiLoCoSyncEnv, merges, seed: int, draws: int
+) -> dict[str, Any]:
     """Agent, matched random and oracle of one episode by the same exact replay; the draws
     depend on (seed, merges) only, as in the report."""
     scorer, counts = _scorer(cache, ep, env)
     m = len(merges)
-    return protocol.score_episode(scorer, merges, draws, np.random.default_rng([seed, m, 7]),
-                                  counts)
+    return protocol.score_episode(
+        scorer, merges, draws, np.random.default_rng([seed, m, 7]), counts
+    )
 
 
 def run_frontier(config: FrontierConfig, progress: bool = True) -> dict[str, Any]:
@@ -271,8 +301,10 @@ def run_frontier(config: FrontierConfig, progress: bool = True) -> dict[str, Any
     budget_agents = make_agents(config.budget_agents) if config.budget_agents else []
     aware_free = [a.name for a in free_agents if is_budget_aware(a)]
     if aware_free:
-        raise ValueError(f"budget-aware agent(s) {aware_free} need a merge budget: give them "
-                         f"as budget agents (run at every budget of the grid), not free ones")
+        raise ValueError(
+            f"budget-aware agent(s) {aware_free} need a merge budget: give them "
+            f"as budget agents (run at every budget of the grid), not free ones"
+        )
     calib = cal.load_calibration(config.calibration)
     seeds = list(range(config.seed0, config.seed0 + config.seeds))
     rows: list[dict] = []
@@ -286,69 +318,98 @@ def run_frontier(config: FrontierConfig, progress: bool = True) -> dict[str, Any
             gen = REGIMES[regime].with_load(fitted)
             # One env per budget, reused across seeds (a synthetic regime's seeds are its
             # units).
-            envs: _Envs = {
-                None: DiLoCoSyncEnv(regime=gen, sidecar=fitted)}
+            envs: _Envs = {None: DiLoCoSyncEnv(regime=gen, sidecar=fitted)}
             plan.append((regime, regime, fitted, [(seed, gen) for seed in seeds], envs))
     else:
         key = config.trace_sidecar
         fitted = calib.sidecar_for(key)
         tiles = _trace_tiles(config, fitted or REGIMES[key].sidecar)
         label = f"replay:{Path(config.trace).stem}"
-        plan.append((label, key, fitted,
-                     [(config.seed0 + i, t) for i, t in enumerate(tiles)], None))
+        plan.append(
+            (label, key, fitted, [(config.seed0 + i, t) for i, t in enumerate(tiles)], None)
+        )
     units_total = sum(len(u) for _, _, _, u, _ in plan)
     per_unit = len(free_agents) + len(budget_agents) * len(config.budgets_per_hour)
     bar = _progress(units_total * per_unit, progress)
     for regime, calib_key, fitted, units, shared_envs in plan:
-        u_cal = (cal.measured_utilization(config.calibration, fitted) if fitted is not None
-                 else None)
-        sim = cal.simulated_effect_sizes(calib_key,
-                                         seeds=range(config.seed0, config.seed0 + 8),
-                                         sidecar=fitted, utilization=u_cal)
+        u_cal = cal.measured_utilization(config.calibration, fitted) if fitted is not None else None
+        sim = cal.simulated_effect_sizes(
+            calib_key,
+            seeds=range(config.seed0, config.seed0 + 8),
+            sidecar=fitted,
+            utilization=u_cal,
+        )
         calib_verdicts[regime] = cal.transfer_verdict(sim, calib.measured(calib_key))
         cache: dict[str, Any] = {}
         for seed, gen in units:
-            envs = shared_envs if shared_envs is not None else {
-                None: DiLoCoSyncEnv(regime=gen, sidecar=fitted or REGIMES[calib_key].sidecar)}
+            envs = (
+                shared_envs
+                if shared_envs is not None
+                else {None: DiLoCoSyncEnv(regime=gen, sidecar=fitted or REGIMES[calib_key].sidecar)}
+            )
             env = envs[None]
             env.reset(seed=seed)
             ep0 = _episode(env)
-            budgets = {b: _episode_budget(b, ep0.trace.duration_s, ep0.n_decisions,
-                                          env.params) for b in config.budgets_per_hour}
+            budgets = {
+                b: _episode_budget(b, ep0.trace.duration_s, ep0.n_decisions, env.params)
+                for b in config.budgets_per_hour
+            }
             if len(set(budgets.values())) != len(budgets):
-                raise ValueError(f"budgets {config.budgets_per_hour} merges/h round to the "
-                                 f"same merges per episode ({list(budgets.values())}); give "
-                                 f"distinct budgets")
+                raise ValueError(
+                    f"budgets {config.budgets_per_hour} merges/h round to the "
+                    f"same merges per episode ({list(budgets.values())}); give "
+                    f"distinct budgets"
+                )
             for m in budgets.values():
                 if m not in envs:
                     envs[m] = DiLoCoSyncEnv(regime=gen, sidecar=env.sidecar, merge_budget=m)
             benvs = envs
             runs = [(agent, env, "free", np.nan, np.nan) for agent in free_agents]
-            runs += [(agent, benvs[m], "budget", per_hour, m)
-                     for per_hour, m in budgets.items() for agent in budget_agents]
+            runs += [
+                (agent, benvs[m], "budget", per_hour, m)
+                for per_hour, m in budgets.items()
+                for agent in budget_agents
+            ]
             for agent, e, mode, per_hour, m_budget in runs:
                 res = run_episode(e, agent, seed)
                 if mode == "budget" and int(res["merges"]) != m_budget:
                     # The env's mask guarantees it; checked, never assumed.
-                    raise RuntimeError(f"{agent.name} made {res['merges']} merges with "
-                                       f"merge_budget={m_budget} (seed {seed})")
+                    raise RuntimeError(
+                        f"{agent.name} made {res['merges']} merges with "
+                        f"merge_budget={m_budget} (seed {seed})"
+                    )
                 ep = _episode(e)
                 scored = _score(cache, ep, e, res["merge_decisions"], seed, config.draws)
-                held = ("free" if mode == "free" else
-                        "budget-aware" if is_budget_aware(agent) else "mask")
-                rows.append({
-                    "regime": regime, "agent": agent.name, "mode": mode, "held": held,
-                    "deployable": res["deployable"], "budget_per_hour": per_hour,
-                    "budget": m_budget, "seed": seed, "merges": int(res["merges"]),
-                    "merges_per_hour": int(res["merges"]) * 3600.0 / ep.trace.duration_s,
-                    **scored,
-                    "no_sync_violation_pct": res["no_sync_violation_pct"],
-                    "duration_s": ep.trace.duration_s, "n_decisions": ep.n_decisions,
-                    "unit": "seed" if config.trace is None else "window",
-                    # in the replayed (rate-scaled) trace's clock
-                    "window_start_replayed_s": getattr(gen, "start_s", np.nan)
-                    if config.trace is not None else np.nan,
-                })
+                held = (
+                    "free"
+                    if mode == "free"
+                    else "budget-aware"
+                    if is_budget_aware(agent)
+                    else "mask"
+                )
+                rows.append(
+                    {
+                        "regime": regime,
+                        "agent": agent.name,
+                        "mode": mode,
+                        "held": held,
+                        "deployable": res["deployable"],
+                        "budget_per_hour": per_hour,
+                        "budget": m_budget,
+                        "seed": seed,
+                        "merges": int(res["merges"]),
+                        "merges_per_hour": int(res["merges"]) * 3600.0 / ep.trace.duration_s,
+                        **scored,
+                        "no_sync_violation_pct": res["no_sync_violation_pct"],
+                        "duration_s": ep.trace.duration_s,
+                        "n_decisions": ep.n_decisions,
+                        "unit": "seed" if config.trace is None else "window",
+                        # in the replayed (rate-scaled) trace's clock
+                        "window_start_replayed_s": getattr(gen, "start_s", np.nan)
+                        if config.trace is not None
+                        else np.nan,
+                    }
+                )
                 if bar is not None:
                     bar.update(1)
             # The curves: random placement and the oracle at every feasible budget, drawn
@@ -359,16 +420,28 @@ def run_frontier(config: FrontierConfig, progress: bool = True) -> dict[str, Any
             scorer, counts = _scorer(cache, ep, env)
             lo, hi = budget_range(ep.n_decisions, env.params.h_min, env.params.h_max)
             for m in range(max(lo, 1), hi + 1):
-                env_sched = sample_uniform(ep.n_decisions, env.params.h_min, env.params.h_max,
-                                           m, config.draws,
-                                           np.random.default_rng([seed, m, 7]), counts=counts)
+                env_sched = sample_uniform(
+                    ep.n_decisions,
+                    env.params.h_min,
+                    env.params.h_max,
+                    m,
+                    config.draws,
+                    np.random.default_rng([seed, m, 7]),
+                    counts=counts,
+                )
                 mr = scorer.score(env_sched).exact_pct
                 orc = protocol.oracle_score(ep, m, env.params, env.sidecar, scorer=scorer)
-                curves.append({"regime": regime, "seed": seed, "budget": m,
-                               "budget_per_hour": m * 3600.0 / ep.trace.duration_s,
-                               "matched_random_mean": float(mr.mean()),
-                               "oracle_pct": orc["exact_pct"],
-                               "oracle_exact_optimum": bool(orc["exact_optimum"])})
+                curves.append(
+                    {
+                        "regime": regime,
+                        "seed": seed,
+                        "budget": m,
+                        "budget_per_hour": m * 3600.0 / ep.trace.duration_s,
+                        "matched_random_mean": float(mr.mean()),
+                        "oracle_pct": orc["exact_pct"],
+                        "oracle_exact_optimum": bool(orc["exact_optimum"]),
+                    }
+                )
     if bar is not None:
         bar.close()
     df = pd.DataFrame(rows)
@@ -377,14 +450,27 @@ def run_frontier(config: FrontierConfig, progress: bool = True) -> dict[str, Any
     pair_df = pairwise_stats(df[df["mode"] == "budget"], config.alpha)
     dom_df = dominance(budget_df, pair_df, config.alpha)
     free_df = free_stats(df[df["mode"] == "free"], calib_verdicts, config.alpha)
-    return {"rows": df, "curves": cv, "budgets": budget_df, "pairwise": pair_df,
-            "dominance": dom_df, "free": free_df, "calibration": calib_verdicts,
-            "config": asdict(config), "elapsed_s": time.perf_counter() - started}
+    return {
+        "rows": df,
+        "curves": cv,
+        "budgets": budget_df,
+        "pairwise": pair_df,
+        "dominance": dom_df,
+        "free": free_df,
+        "calibration": calib_verdicts,
+        "config": asdict(config),
+        "elapsed_s": time.perf_counter() - started,
+    }
 
 
 # ----------------------------------------------------------------------------- statistics
-def gap_captured(agent: np.ndarray, random: np.ndarray, oracle: np.ndarray,
-                 rng: np.random.Generator, n_boot: int = N_BOOT) -> dict[str, float]:
+def gap_captured(
+    agent: np.ndarray,
+    random: np.ndarray,
+    oracle: np.ndarray,
+    rng: np.random.Generator,
+    n_boot: int = N_BOOT,
+) -> dict[str, float]:
     """Share of the random-to-oracle gap an agent captures, with a bootstrap CI over units.
 
     ``gap = (mean(random) - mean(agent)) / (mean(random) - mean(oracle))``: 0 is random
@@ -395,8 +481,10 @@ def gap_captured(agent: np.ndarray, random: np.ndarray, oracle: np.ndarray,
     """
     a, r, o = (np.asarray(x, dtype=np.float64) for x in (agent, random, oracle))
     if not (a.shape == r.shape == o.shape) or a.ndim != 1 or a.size == 0:
-        raise ValueError(f"gap_captured needs three equal-length 1-D arrays, got shapes "
-                         f"{a.shape}, {r.shape}, {o.shape}")
+        raise ValueError(
+            f"gap_captured needs three equal-length 1-D arrays, got shapes "
+            f"{a.shape}, {r.shape}, {o.shape}"
+        )
     den = r.mean() - o.mean()
     if not den > 1e-9:
         return {"gap": float("nan"), "ci_low": float("nan"), "ci_high": float("nan")}
@@ -405,9 +493,8 @@ def gap_captured(agent: np.ndarray, random: np.ndarray, oracle: np.ndarray,
     den_b = r[idx].mean(axis=1) - o[idx].mean(axis=1)
     ok = den_b > 1e-9
     ratio = num_b[ok] / den_b[ok]
-    lo, hi = (np.percentile(ratio, [2.5, 97.5]) if ratio.size else (np.nan, np.nan))
-    return {"gap": float((r.mean() - a.mean()) / den), "ci_low": float(lo),
-            "ci_high": float(hi)}
+    lo, hi = np.percentile(ratio, [2.5, 97.5]) if ratio.size else (np.nan, np.nan)
+    return {"gap": float((r.mean() - a.mean()) / den), "ci_low": float(lo), "ci_high": float(hi)}
 
 
 def _holm(p: np.ndarray) -> np.ndarray:
@@ -416,8 +503,9 @@ def _holm(p: np.ndarray) -> np.ndarray:
     return holm(p) if np.size(p) else np.asarray(p, dtype=np.float64)
 
 
-def _agent_table(df: pd.DataFrame, keys: list[str], calib_verdicts: dict[str, str],
-                 alpha: float) -> pd.DataFrame:
+def _agent_table(
+    df: pd.DataFrame, keys: list[str], calib_verdicts: dict[str, str], alpha: float
+) -> pd.DataFrame:
     """Per ``keys`` group of agents: means, paired test vs matched random, gap captured;
     Holm across the agents of each group (``keys`` minus ``agent``)."""
     out = []
@@ -425,20 +513,33 @@ def _agent_table(df: pd.DataFrame, keys: list[str], calib_verdicts: dict[str, st
         g = g.sort_values("seed")
         diff = (g["sync_excess_pct"] - g["matched_random_mean"]).to_numpy()
         test = protocol.paired_test(diff, np.random.default_rng(0))
-        gap = gap_captured(g["sync_excess_pct"].to_numpy(), g["matched_random_mean"].to_numpy(),
-                           g["oracle_same_budget_pct"].to_numpy(), np.random.default_rng(1))
-        out.append({**dict(zip(keys, key if isinstance(key, tuple) else (key,), strict=True)),
-                    "held": g["held"].iloc[0], "deployable": bool(g["deployable"].all()),
-                    "units": len(g), "merges": g["merges"].mean(),
-                    "merges_per_hour": g["merges_per_hour"].mean(),
-                    "sync_excess_pct": g["sync_excess_pct"].mean(),
-                    "matched_random_pct": g["matched_random_mean"].mean(),
-                    "oracle_pct": g["oracle_same_budget_pct"].mean(),
-                    "diff_pp": test["mean"], "diff_ci_low": test["ci_low"],
-                    "diff_ci_high": test["ci_high"], "p_value": test["p_value"],
-                    "gap_captured": gap["gap"], "gap_ci_low": gap["ci_low"],
-                    "gap_ci_high": gap["ci_high"],
-                    "no_sync_violation_pct": g["no_sync_violation_pct"].mean()})
+        gap = gap_captured(
+            g["sync_excess_pct"].to_numpy(),
+            g["matched_random_mean"].to_numpy(),
+            g["oracle_same_budget_pct"].to_numpy(),
+            np.random.default_rng(1),
+        )
+        out.append(
+            {
+                **dict(zip(keys, key if isinstance(key, tuple) else (key,), strict=True)),
+                "held": g["held"].iloc[0],
+                "deployable": bool(g["deployable"].all()),
+                "units": len(g),
+                "merges": g["merges"].mean(),
+                "merges_per_hour": g["merges_per_hour"].mean(),
+                "sync_excess_pct": g["sync_excess_pct"].mean(),
+                "matched_random_pct": g["matched_random_mean"].mean(),
+                "oracle_pct": g["oracle_same_budget_pct"].mean(),
+                "diff_pp": test["mean"],
+                "diff_ci_low": test["ci_low"],
+                "diff_ci_high": test["ci_high"],
+                "p_value": test["p_value"],
+                "gap_captured": gap["gap"],
+                "gap_ci_low": gap["ci_low"],
+                "gap_ci_high": gap["ci_high"],
+                "no_sync_violation_pct": g["no_sync_violation_pct"].mean(),
+            }
+        )
     res = pd.DataFrame(out)
     if res.empty:
         return res
@@ -446,8 +547,9 @@ def _agent_table(df: pd.DataFrame, keys: list[str], calib_verdicts: dict[str, st
     res["p_holm"] = np.nan
     res["holm_family"] = 0
     res["verdict"] = ""
-    for _, idx in res.groupby(family_keys if len(family_keys) > 1 else family_keys[0],
-                              sort=False).groups.items():
+    for _, idx in res.groupby(
+        family_keys if len(family_keys) > 1 else family_keys[0], sort=False
+    ).groups.items():
         k = len(idx)
         res.loc[idx, "p_holm"] = _holm(res.loc[idx, "p_value"].to_numpy())
         res.loc[idx, "holm_family"] = k
@@ -455,24 +557,33 @@ def _agent_table(df: pd.DataFrame, keys: list[str], calib_verdicts: dict[str, st
         for i in idx:
             r = res.loc[i]
             res.loc[i, "verdict"] = protocol.gate_verdict(
-                calib_verdicts[r["regime"]], r["diff_pp"], r["p_holm"], alpha,
-                n_units=int(r["units"]), n_tests=k, no_sync_violation_pct=no_sync)
+                calib_verdicts[r["regime"]],
+                r["diff_pp"],
+                r["p_holm"],
+                alpha,
+                n_units=int(r["units"]),
+                n_tests=k,
+                no_sync_violation_pct=no_sync,
+            )
     return res
 
 
-def budget_stats(rows: pd.DataFrame, calib_verdicts: dict[str, str],
-                 alpha: float = protocol.ALPHA) -> pd.DataFrame:
+def budget_stats(
+    rows: pd.DataFrame, calib_verdicts: dict[str, str], alpha: float = protocol.ALPHA
+) -> pd.DataFrame:
     """One row per regime x budget x budget-held agent: sync-excess, matched random, oracle,
     the paired test against matched random (Holm across the agents at that budget), the
     verdict and the gap captured with its bootstrap CI."""
     if rows.empty:
         return pd.DataFrame()
-    return _agent_table(rows, ["regime", "budget_per_hour", "budget", "agent"], calib_verdicts,
-                        alpha)
+    return _agent_table(
+        rows, ["regime", "budget_per_hour", "budget", "agent"], calib_verdicts, alpha
+    )
 
 
-def free_stats(rows: pd.DataFrame, calib_verdicts: dict[str, str],
-               alpha: float = protocol.ALPHA) -> pd.DataFrame:
+def free_stats(
+    rows: pd.DataFrame, calib_verdicts: dict[str, str], alpha: float = protocol.ALPHA
+) -> pd.DataFrame:
     """The free-budget points: one row per regime x agent at its own merges per hour
     (Holm across the free agents of a regime), as the report computes them."""
     if rows.empty:
@@ -491,22 +602,33 @@ def pairwise_stats(rows: pd.DataFrame, alpha: float = protocol.ALPHA) -> pd.Data
     out = []
     if rows.empty:
         return pd.DataFrame()
-    for (regime, per_hour, m), g in rows.groupby(["regime", "budget_per_hour", "budget"],
-                                                 sort=False):
-        wide = g.pivot_table(index="seed", columns="agent", values="sync_excess_pct",
-                             sort=False)
+    for (regime, per_hour, m), g in rows.groupby(
+        ["regime", "budget_per_hour", "budget"], sort=False
+    ):
+        wide = g.pivot_table(index="seed", columns="agent", values="sync_excess_pct", sort=False)
         names = list(dict.fromkeys(g["agent"]))
         block = []
         for a, b in itertools.combinations(names, 2):
             both = wide[[a, b]].dropna()
             diff = (both[a] - both[b]).to_numpy()
             test = protocol.paired_test(diff, np.random.default_rng(2))
-            block.append({"regime": regime, "budget_per_hour": per_hour, "budget": m,
-                          "agent_a": a, "agent_b": b, "units": len(diff),
-                          "mean_a": float(both[a].mean()), "mean_b": float(both[b].mean()),
-                          "diff_pp": test["mean"], "diff_ci_low": test["ci_low"],
-                          "diff_ci_high": test["ci_high"], "p_value": test["p_value"],
-                          "min_p": test["min_p"]})
+            block.append(
+                {
+                    "regime": regime,
+                    "budget_per_hour": per_hour,
+                    "budget": m,
+                    "agent_a": a,
+                    "agent_b": b,
+                    "units": len(diff),
+                    "mean_a": float(both[a].mean()),
+                    "mean_b": float(both[b].mean()),
+                    "diff_pp": test["mean"],
+                    "diff_ci_low": test["ci_low"],
+                    "diff_ci_high": test["ci_high"],
+                    "p_value": test["p_value"],
+                    "min_p": test["min_p"],
+                }
+            )
         if block:
             p_holm = _holm(np.array([r["p_value"] for r in block]))
             for r, ph in zip(block, p_holm, strict=True):
@@ -518,8 +640,9 @@ def pairwise_stats(rows: pd.DataFrame, alpha: float = protocol.ALPHA) -> pd.Data
     return pd.DataFrame(out)
 
 
-def dominance(budgets: pd.DataFrame, pairwise: pd.DataFrame,
-              alpha: float = protocol.ALPHA) -> pd.DataFrame:
+def dominance(
+    budgets: pd.DataFrame, pairwise: pd.DataFrame, alpha: float = protocol.ALPHA
+) -> pd.DataFrame:
     """The dominance relation between budget-held agents, per regime.
 
     A dominates B when at every budget both ran A's mean sync-excess is no higher than B's
@@ -544,8 +667,18 @@ def dominance(budgets: pd.DataFrame, pairwise: pd.DataFrame,
     """
     out = []
     if pairwise.empty:
-        return pd.DataFrame(columns=["regime", "agent_a", "agent_b", "relation", "budgets",
-                                     "significant_budgets", "a_lower_at", "b_lower_at"])
+        return pd.DataFrame(
+            columns=[
+                "regime",
+                "agent_a",
+                "agent_b",
+                "relation",
+                "budgets",
+                "significant_budgets",
+                "a_lower_at",
+                "b_lower_at",
+            ]
+        )
     for (regime, a, b), g in pairwise.groupby(["regime", "agent_a", "agent_b"], sort=False):
         d = g["mean_a"].to_numpy() - g["mean_b"].to_numpy()
         sig = g["significant"].to_numpy(bool)
@@ -563,11 +696,18 @@ def dominance(budgets: pd.DataFrame, pairwise: pd.DataFrame,
             rel = "no dominance (order changes across budgets)"
         else:
             rel = "no dominance (no significant difference)"
-        out.append({"regime": regime, "agent_a": a, "agent_b": b, "relation": rel,
-                    "budgets": len(g),
-                    "significant_budgets": [float(x) for x in bud[sig]],
-                    "a_lower_at": [float(x) for x in bud[d < 0]],
-                    "b_lower_at": [float(x) for x in bud[d > 0]]})
+        out.append(
+            {
+                "regime": regime,
+                "agent_a": a,
+                "agent_b": b,
+                "relation": rel,
+                "budgets": len(g),
+                "significant_budgets": [float(x) for x in bud[sig]],
+                "a_lower_at": [float(x) for x in bud[d < 0]],
+                "b_lower_at": [float(x) for x in bud[d > 0]],
+            }
+        )
     return pd.DataFrame(out)
 
 
@@ -582,10 +722,15 @@ def _fmt_p(p: float) -> str:
     return f"{p:.2g}" if p >= 1e-3 else f"{p:.1e}"
 
 
-_SHORT = {"placement gain": "gain", "tied with matched random": "tie",
-          "worse than matched random": "worse", "inconclusive (too few episodes)": "inconcl.",
-          "no claim (saturated)": "no claim", "no claim (uncalibrated)": "no claim",
-          "no claim (no SLO effect)": "no claim"}
+_SHORT = {
+    "placement gain": "gain",
+    "tied with matched random": "tie",
+    "worse than matched random": "worse",
+    "inconclusive (too few episodes)": "inconcl.",
+    "no claim (saturated)": "no claim",
+    "no claim (uncalibrated)": "no claim",
+    "no claim (no SLO effect)": "no claim",
+}
 
 
 def render_markdown(result: dict[str, Any], figures: dict[str, str], command: str = "") -> str:
@@ -598,11 +743,14 @@ def render_markdown(result: dict[str, Any], figures: dict[str, str], command: st
         lines += [f"Command: `{command}`", ""]
     if cfg.get("trace"):
         n_units = int(result["rows"]["seed"].nunique()) if len(result["rows"]) else 0
-        units = (f"{n_units} disjoint windows of {cfg['window_s']:g} s of {cfg['trace']} "
-                 f"(independent units; {cfg.get('sidecar') or 'sync-heavy'} sidecar),")
+        units = (
+            f"{n_units} disjoint windows of {cfg['window_s']:g} s of {cfg['trace']} "
+            f"(independent units; {cfg.get('sidecar') or 'sync-heavy'} sidecar),"
+        )
     else:
-        units = (f"{cfg['seeds']} seeds per regime ({cfg['seed0']}.."
-                 f"{cfg['seed0'] + cfg['seeds'] - 1}),")
+        units = (
+            f"{cfg['seeds']} seeds per regime ({cfg['seed0']}..{cfg['seed0'] + cfg['seeds'] - 1}),"
+        )
     lines += [
         f"{units} {cfg['draws']} matched-random draws per episode and budget, alpha "
         f"{cfg['alpha']}; wall time {result['elapsed_s']:.1f} s.",
@@ -616,21 +764,33 @@ def render_markdown(result: dict[str, Any], figures: dict[str, str], command: st
         "and the env's budget mask forces or forbids merges to keep exactly the budget. A "
         "dominates B: at every budget A's sync-excess is no higher, at least one difference "
         "significant (pairwise Holm across the pairs at a budget).",
-        ""]
+        "",
+    ]
     for regime in cfg["regimes"]:
         lines += [f"## {regime}", ""]
-        lines += [f"Calibration: {result['calibration'].get(regime, '-')}. "
-                  + _scoring_sentence(result["rows"], regime), ""]
+        lines += [
+            f"Calibration: {result['calibration'].get(regime, '-')}. "
+            + _scoring_sentence(result["rows"], regime),
+            "",
+        ]
         if regime in figures:
             lines += [f"![frontier {regime}]({figures[regime]})", ""]
         g = b[b["regime"] == regime] if not b.empty else b
         if not g.empty:
             per_hours = sorted(g["budget_per_hour"].unique())
             head = "| agent | held | " + " | ".join(f"{x:g}/h" for x in per_hours) + " |"
-            lines += ["### Leaderboard: gap captured [95 % CI] (verdict vs matched random)",
-                      "", head, "|---|---|" + "---|" * len(per_hours)]
-            order = (g.groupby("agent", sort=False)["gap_captured"].mean()
-                     .sort_values(ascending=False).index)
+            lines += [
+                "### Leaderboard: gap captured [95 % CI] (verdict vs matched random)",
+                "",
+                head,
+                "|---|---|" + "---|" * len(per_hours),
+            ]
+            order = (
+                g.groupby("agent", sort=False)["gap_captured"]
+                .mean()
+                .sort_values(ascending=False)
+                .index
+            )
             for agent in order:
                 ga = g[g["agent"] == agent].set_index("budget_per_hour")
                 cells = []
@@ -640,32 +800,61 @@ def render_markdown(result: dict[str, Any], figures: dict[str, str], command: st
                         continue
                     r = ga.loc[x]
                     short = _SHORT.get(r["verdict"], r["verdict"])
-                    cells.append(f"{_fmt(r['gap_captured'])} [{_fmt(r['gap_ci_low'])}, "
-                                 f"{_fmt(r['gap_ci_high'])}] ({short})")
+                    cells.append(
+                        f"{_fmt(r['gap_captured'])} [{_fmt(r['gap_ci_low'])}, "
+                        f"{_fmt(r['gap_ci_high'])}] ({short})"
+                    )
                 lines.append(f"| {agent} | {ga['held'].iloc[0]} | " + " | ".join(cells) + " |")
-            lines += ["", "### Sync-excess % per budget (agent mean over units)", "",
-                      "| agent | " + " | ".join(f"{x:g}/h" for x in per_hours) + " |",
-                      "|---|" + "---|" * len(per_hours)]
+            lines += [
+                "",
+                "### Sync-excess % per budget (agent mean over units)",
+                "",
+                "| agent | " + " | ".join(f"{x:g}/h" for x in per_hours) + " |",
+                "|---|" + "---|" * len(per_hours),
+            ]
             for agent in order:
                 ga = g[g["agent"] == agent].set_index("budget_per_hour")
-                lines.append(f"| {agent} | " + " | ".join(
-                    _fmt(ga.loc[x, "sync_excess_pct"]) if x in ga.index else "-"
-                    for x in per_hours) + " |")
+                lines.append(
+                    f"| {agent} | "
+                    + " | ".join(
+                        _fmt(ga.loc[x, "sync_excess_pct"]) if x in ga.index else "-"
+                        for x in per_hours
+                    )
+                    + " |"
+                )
             first = g.drop_duplicates("budget_per_hour").set_index("budget_per_hour")
-            lines.append("| *matched random* | " + " | ".join(
-                _fmt(first.loc[x, "matched_random_pct"]) for x in per_hours) + " |")
-            lines.append("| *oracle (non-deployable)* | " + " | ".join(
-                _fmt(first.loc[x, "oracle_pct"]) for x in per_hours) + " |")
-            lines.append("| *merges per episode* | " + " | ".join(
-                f"{int(first.loc[x, 'budget'])}" for x in per_hours) + " |")
+            lines.append(
+                "| *matched random* | "
+                + " | ".join(_fmt(first.loc[x, "matched_random_pct"]) for x in per_hours)
+                + " |"
+            )
+            lines.append(
+                "| *oracle (non-deployable)* | "
+                + " | ".join(_fmt(first.loc[x, "oracle_pct"]) for x in per_hours)
+                + " |"
+            )
+            lines.append(
+                "| *merges per episode* | "
+                + " | ".join(f"{int(first.loc[x, 'budget'])}" for x in per_hours)
+                + " |"
+            )
             lines += ["", "Diff vs matched random (pp) and Holm p per budget:", ""]
-            lines += ["| agent | " + " | ".join(f"{x:g}/h" for x in per_hours) + " |",
-                      "|---|" + "---|" * len(per_hours)]
+            lines += [
+                "| agent | " + " | ".join(f"{x:g}/h" for x in per_hours) + " |",
+                "|---|" + "---|" * len(per_hours),
+            ]
             for agent in order:
                 ga = g[g["agent"] == agent].set_index("budget_per_hour")
-                lines.append(f"| {agent} | " + " | ".join(
-                    f"{ga.loc[x, 'diff_pp']:+.2f} (p {_fmt_p(ga.loc[x, 'p_holm'])})"
-                    if x in ga.index else "-" for x in per_hours) + " |")
+                lines.append(
+                    f"| {agent} | "
+                    + " | ".join(
+                        f"{ga.loc[x, 'diff_pp']:+.2f} (p {_fmt_p(ga.loc[x, 'p_holm'])})"
+                        if x in ga.index
+                        else "-"
+                        for x in per_hours
+                    )
+                    + " |"
+                )
         d = dom[dom["regime"] == regime] if not dom.empty else dom
         if not d.empty:
             lines += ["", "### Dominance", ""]
@@ -674,26 +863,36 @@ def render_markdown(result: dict[str, Any], figures: dict[str, str], command: st
                 if dd.empty:
                     continue
                 if rel in ("dominates", "is dominated by"):
-                    pairs = [(r.agent_a, r.agent_b) if rel == "dominates" else
-                             (r.agent_b, r.agent_a) for r in dd.itertuples()]
+                    pairs = [
+                        (r.agent_a, r.agent_b) if rel == "dominates" else (r.agent_b, r.agent_a)
+                        for r in dd.itertuples()
+                    ]
                     lines += [f"* **{w}** dominates {lo_}" for w, lo_ in pairs]
                 else:
-                    lines.append(f"* {rel}: " + "; ".join(
-                        f"{r.agent_a} vs {r.agent_b}" for r in dd.itertuples()))
+                    lines.append(
+                        f"* {rel}: "
+                        + "; ".join(f"{r.agent_a} vs {r.agent_b}" for r in dd.itertuples())
+                    )
             winners = _undominated(d)
             lines += ["", f"Not dominated by any budget-held agent: {', '.join(winners)}."]
         f = fr[fr["regime"] == regime] if not fr.empty else fr
         if not f.empty:
-            lines += ["", "### Free-budget points (each agent at its own merges/h)", "",
-                      "| agent | merges/h | sync-excess % | matched random % | oracle % | "
-                      "gap captured [CI] | Holm p | verdict |",
-                      "|---|---|---|---|---|---|---|---|"]
+            lines += [
+                "",
+                "### Free-budget points (each agent at its own merges/h)",
+                "",
+                "| agent | merges/h | sync-excess % | matched random % | oracle % | "
+                "gap captured [CI] | Holm p | verdict |",
+                "|---|---|---|---|---|---|---|---|",
+            ]
             for r in f.sort_values("merges_per_hour").itertuples():
                 name = r.agent + ("" if r.deployable else " (non-deployable)")
-                lines.append(f"| {name} | {r.merges_per_hour:.1f} | {_fmt(r.sync_excess_pct)} "
-                             f"| {_fmt(r.matched_random_pct)} | {_fmt(r.oracle_pct)} | "
-                             f"{_fmt(r.gap_captured)} [{_fmt(r.gap_ci_low)}, "
-                             f"{_fmt(r.gap_ci_high)}] | {_fmt_p(r.p_holm)} | {r.verdict} |")
+                lines.append(
+                    f"| {name} | {r.merges_per_hour:.1f} | {_fmt(r.sync_excess_pct)} "
+                    f"| {_fmt(r.matched_random_pct)} | {_fmt(r.oracle_pct)} | "
+                    f"{_fmt(r.gap_captured)} [{_fmt(r.gap_ci_low)}, "
+                    f"{_fmt(r.gap_ci_high)}] | {_fmt_p(r.p_holm)} | {r.verdict} |"
+                )
         lines.append("")
     return "\n".join(lines)
 
@@ -705,18 +904,24 @@ def _scoring_sentence(rows: pd.DataFrame, regime: str) -> str:
     if g.empty:
         return ""
     bound = int((g["oracle_schedule"] != protocol.ORACLE_EXACT).sum())
-    oracle = ("the oracle is the exact optimum in every agent-episode" if bound == 0 else
-              f"the oracle is an upper bound on the exact optimum (exact replay of the "
-              f"additive optimum) in {bound} of {len(g)} agent-episodes")
-    return (f"Scoring: exact replay; {oracle}; largest additive-exact gap "
-            f"{g['additive_exact_gap_pp'].max():.3g} pp.")
+    oracle = (
+        "the oracle is the exact optimum in every agent-episode"
+        if bound == 0
+        else f"the oracle is an upper bound on the exact optimum (exact replay of the "
+        f"additive optimum) in {bound} of {len(g)} agent-episodes"
+    )
+    return (
+        f"Scoring: exact replay; {oracle}; largest additive-exact gap "
+        f"{g['additive_exact_gap_pp'].max():.3g} pp."
+    )
 
 
 def _undominated(d: pd.DataFrame) -> list[str]:
     """Agents of one regime's dominance table that no other agent dominates."""
     agents = list(dict.fromkeys(list(d["agent_a"]) + list(d["agent_b"])))
     losers = set(d.loc[d["relation"] == "dominates", "agent_b"]) | set(
-        d.loc[d["relation"] == "is dominated by", "agent_a"])
+        d.loc[d["relation"] == "is dominated by", "agent_a"]
+    )
     return [a for a in agents if a not in losers]
 
 
@@ -728,29 +933,72 @@ def frontier_figure(result: dict[str, Any], regime: str):
     from matplotlib.figure import Figure
 
     cv = result["curves"]
-    c = cv[cv["regime"] == regime].groupby("budget_per_hour")[
-        ["matched_random_mean", "oracle_pct"]].mean()
+    c = (
+        cv[cv["regime"] == regime]
+        .groupby("budget_per_hour")[["matched_random_mean", "oracle_pct"]]
+        .mean()
+    )
     fig = Figure(figsize=(9.5, 5.6))
     ax = fig.add_subplot(1, 1, 1)
-    ax.plot(c.index, c["matched_random_mean"], "-", color="tab:orange", lw=2.5, alpha=0.7,
-            label="matched random (random placement)")
-    ax.plot(c.index, c["oracle_pct"], "-", color="black", lw=2.5, alpha=0.7,
-            label="oracle (exact DP, non-deployable)")
+    ax.plot(
+        c.index,
+        c["matched_random_mean"],
+        "-",
+        color="tab:orange",
+        lw=2.5,
+        alpha=0.7,
+        label="matched random (random placement)",
+    )
+    ax.plot(
+        c.index,
+        c["oracle_pct"],
+        "-",
+        color="black",
+        lw=2.5,
+        alpha=0.7,
+        label="oracle (exact DP, non-deployable)",
+    )
     b = result["budgets"]
-    colors = iter(["tab:blue", "tab:green", "tab:red", "tab:purple", "tab:brown", "tab:pink",
-                   "tab:olive", "tab:cyan", "tab:gray"] * 4)
+    colors = iter(
+        [
+            "tab:blue",
+            "tab:green",
+            "tab:red",
+            "tab:purple",
+            "tab:brown",
+            "tab:pink",
+            "tab:olive",
+            "tab:cyan",
+            "tab:gray",
+        ]
+        * 4
+    )
     if not b.empty:
         for agent, g in b[b["regime"] == regime].groupby("agent", sort=False):
             g = g.sort_values("budget_per_hour")
             aware = g["held"].iloc[0] == "budget-aware"
-            ax.plot(g["budget_per_hour"], g["sync_excess_pct"], "-" if aware else "--",
-                    marker="o", ms=4, color=next(colors), lw=1.6,
-                    label=f"{agent} @ budget ({'budget-aware' if aware else 'held by mask'})")
+            ax.plot(
+                g["budget_per_hour"],
+                g["sync_excess_pct"],
+                "-" if aware else "--",
+                marker="o",
+                ms=4,
+                color=next(colors),
+                lw=1.6,
+                label=f"{agent} @ budget ({'budget-aware' if aware else 'held by mask'})",
+            )
     fr = result["free"]
     if not fr.empty:
         f = fr[fr["regime"] == regime]
-        ax.scatter(f["merges_per_hour"], f["sync_excess_pct"], marker="D", s=30,
-                   color="0.2", zorder=5, label="free-budget agents (own merges/h)")
+        ax.scatter(
+            f["merges_per_hour"],
+            f["sync_excess_pct"],
+            marker="D",
+            s=30,
+            color="0.2",
+            zorder=5,
+            label="free-budget agents (own merges/h)",
+        )
         # Labels in a column to the right of the curves, each at its point's height where
         # it can be, pushed apart just enough not to overprint (in the points' order, so
         # the leader lines do not cross each other much).
@@ -765,9 +1013,15 @@ def frontier_figure(result: dict[str, Any], regime: str):
         x_hi = max(float(c.index.max()), float(f["merges_per_hour"].max()))
         for r, y_text in zip(order.itertuples(), ty, strict=True):
             name = r.agent + ("" if r.deployable else " (non-dep.)")
-            ax.annotate(name, (r.merges_per_hour, r.sync_excess_pct),
-                        xytext=(x_hi * 1.04, y_text), textcoords="data", fontsize=7,
-                        va="center", arrowprops={"arrowstyle": "-", "lw": 0.5, "color": "0.6"})
+            ax.annotate(
+                name,
+                (r.merges_per_hour, r.sync_excess_pct),
+                xytext=(x_hi * 1.04, y_text),
+                textcoords="data",
+                fontsize=7,
+                va="center",
+                arrowprops={"arrowstyle": "-", "lw": 0.5, "color": "0.6"},
+            )
         ax.set_ylim(y_lo, max(y_hi, float(ty.max()) + step) if ty.size else y_hi)
         x_lo = min(float(c.index.min()), float(f["merges_per_hour"].min()))
         ax.set_xlim(x_lo * 0.9, x_hi * 1.35)
@@ -798,8 +1052,9 @@ def _json_default(x: Any) -> Any:
     return str(x)
 
 
-def write_frontier(result: dict[str, Any], out: str | Path, force: bool = False,
-                   command: str = "") -> Path:
+def write_frontier(
+    result: dict[str, Any], out: str | Path, force: bool = False, command: str = ""
+) -> Path:
     """Write frontier.csv, curves.csv, frontier.md, frontier.json and one figure per regime.
 
     The output directory follows the report's safety rules: it is checked by
@@ -835,15 +1090,17 @@ def write_frontier(result: dict[str, Any], out: str | Path, force: bool = False,
             _save_png(frontier_figure(result, regime), tmp / name)
             figures[regime] = name
         payload = {
-            "config": result["config"], "command": command, "elapsed_s": result["elapsed_s"],
-            "calibration": result["calibration"], "figures": figures,
+            "config": result["config"],
+            "command": command,
+            "elapsed_s": result["elapsed_s"],
+            "calibration": result["calibration"],
+            "figures": figures,
             "budgets": result["budgets"].to_dict(orient="records"),
             "pairwise": result["pairwise"].to_dict(orient="records"),
             "dominance": result["dominance"].to_dict(orient="records"),
             "free": result["free"].to_dict(orient="records"),
         }
-        (tmp / "frontier.json").write_text(json.dumps(payload, indent=2,
-                                                      default=_json_default))
+        (tmp / "frontier.json").write_text(json.dumps(payload, indent=2, default=_json_default))
         (tmp / "frontier.md").write_text(render_markdown(result, figures, command))
         if full.exists():
             os.replace(full, old)

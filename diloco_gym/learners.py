@@ -61,10 +61,16 @@ class LearnerParams:
             if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, float, np.number)):
                 raise ValueError(f"LearnerParams.{f.name} must be a number, got {v!r}")
         if not isinstance(self.num_learners, (int, np.integer)) or self.num_learners < 1:
-            raise ValueError(f"LearnerParams.num_learners must be an int >= 1, "
-                             f"got {self.num_learners!r}")
-        for name in ("throughput_tokens_per_s", "loss_scale", "loss_exponent", "tokens_scale",
-                     "drift_s"):
+            raise ValueError(
+                f"LearnerParams.num_learners must be an int >= 1, got {self.num_learners!r}"
+            )
+        for name in (
+            "throughput_tokens_per_s",
+            "loss_scale",
+            "loss_exponent",
+            "tokens_scale",
+            "drift_s",
+        ):
             v = getattr(self, name)
             if not (np.isfinite(v) and v > 0):
                 raise ValueError(f"LearnerParams.{name} must be > 0, got {v!r}")
@@ -75,8 +81,10 @@ class LearnerParams:
 
     def draw_throughputs(self, rng: np.random.Generator) -> np.ndarray:
         """Per-learner throughputs (tokens/s), sorted ascending (slowest first)."""
-        return np.sort(self.throughput_tokens_per_s
-                       * np.exp(rng.normal(0.0, self.throughput_sigma, self.num_learners)))
+        return np.sort(
+            self.throughput_tokens_per_s
+            * np.exp(rng.normal(0.0, self.throughput_sigma, self.num_learners))
+        )
 
 
 def loss(tokens, p: LearnerParams):
@@ -84,8 +92,9 @@ def loss(tokens, p: LearnerParams):
     # np.power, not ``**``: on a numpy scalar ``**`` takes the C library's pow, which can
     # differ in the last bit from the ufunc used on arrays; the ufunc gives every shape
     # (the single env's scalars, the vector env's batches) the same values.
-    return p.loss_floor + p.loss_scale * np.power(1.0 + np.asarray(tokens) / p.tokens_scale,
-                                                  -p.loss_exponent)
+    return p.loss_floor + p.loss_scale * np.power(
+        1.0 + np.asarray(tokens) / p.tokens_scale, -p.loss_exponent
+    )
 
 
 def reports(gap_s, global_tokens, throughputs: np.ndarray, p: LearnerParams):
@@ -114,8 +123,9 @@ def merge_gain(gap_s, global_tokens, throughputs: np.ndarray, p: LearnerParams):
     return added, loss(global_tokens, p) - loss(np.asarray(global_tokens) + added, p)
 
 
-def merge_gain_scalar(gap_s: float, global_tokens: float, throughput_sum: float,
-                      p: LearnerParams) -> tuple[float, float, float]:
+def merge_gain_scalar(
+    gap_s: float, global_tokens: float, throughput_sum: float, p: LearnerParams
+) -> tuple[float, float, float]:
     """:func:`merge_gain` of one merge, for the single env's hot path.
 
     ``throughput_sum`` is ``np.sum(throughputs)`` (constant over an episode). The same

@@ -103,8 +103,9 @@ class TraceFilterWarning(UserWarning):
 # --------------------------------------------------------------------------- public API
 
 
-def load_trace(path: StrPath, format: str = "auto", *, seed: int = 0,
-               max_tokens: int | None = None) -> Trace:
+def load_trace(
+    path: StrPath, format: str = "auto", *, seed: int = 0, max_tokens: int | None = None
+) -> Trace:
     """Load a trace file in any supported format.
 
     Args:
@@ -128,7 +129,8 @@ def load_trace(path: StrPath, format: str = "auto", *, seed: int = 0,
     """
     if format != "auto" and format not in FORMATS:
         raise ValueError(
-            f"unknown trace format {format!r}; valid formats: {', '.join(('auto',) + FORMATS)}")
+            f"unknown trace format {format!r}; valid formats: {', '.join(('auto',) + FORMATS)}"
+        )
     limit = max_tokens_bound(max_tokens)
     fmt = detect_format(path) if format == "auto" else format
     if fmt == "native":
@@ -159,8 +161,11 @@ def max_tokens_bound(max_tokens: int | None = None) -> int:
             value = int(text)
         except ValueError:
             raise ValueError(f"{where} must be an integer, got {text!r}") from None
-    if isinstance(value, bool) or not isinstance(value, int | np.integer) \
-            or not 1 <= value <= _INT_LIMIT:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | np.integer)
+        or not 1 <= value <= _INT_LIMIT
+    ):
         raise ValueError(f"{where} must be an integer in [1, 2**62], got {value!r}")
     return int(value)
 
@@ -196,8 +201,9 @@ def detect_format(path: StrPath) -> str:
     try:  # incremental: a character cut at the end of the 64 KiB head is not an error
         text = codecs.getincrementaldecoder("utf-8-sig")().decode(head, final=False).lstrip()
     except UnicodeDecodeError as exc:
-        raise TraceFormatError(str(path), f"cannot detect the trace format: not UTF-8 text "
-                               f"({_undecodable(exc)})") from None
+        raise TraceFormatError(
+            str(path), f"cannot detect the trace format: not UTF-8 text ({_undecodable(exc)})"
+        ) from None
     if not text:
         raise TraceFormatError(str(path), "empty file")
     if text.startswith("{") or suffix in _JSONL_SUFFIXES:
@@ -214,8 +220,10 @@ def detect_format(path: StrPath) -> str:
         return "burstgpt"
     shown = first[:200] if first.isprintable() else ascii(first[:200])[1:-1]
     raise TraceFormatError(
-        str(path), f"cannot detect the trace format from header '{shown}'; pass "
-        f"format= one of {', '.join(FORMATS)}")
+        str(path),
+        f"cannot detect the trace format from header '{shown}'; pass "
+        f"format= one of {', '.join(FORMATS)}",
+    )
 
 
 def load_native(path: StrPath, *, max_tokens: int | None = None) -> Trace:
@@ -259,12 +267,15 @@ def load_native(path: StrPath, *, max_tokens: int | None = None) -> Trace:
         table = _read_csv(spath, text, _NATIVE_COLUMNS, header_line=header_line)
         rows = table.rows
         raw = dict(table.raw)
-        arrival = _check_floats(spath, "arrival_s", table.numbers("arrival_s"),
-                                nonnegative=True, raw=raw["arrival_s"])
-        prompt = _check_ints(spath, "prompt_tokens", table.numbers("prompt_tokens"), limit,
-                             raw=raw["prompt_tokens"])
-        output = _check_ints(spath, "output_tokens", table.numbers("output_tokens"), limit,
-                             raw=raw["output_tokens"])
+        arrival = _check_floats(
+            spath, "arrival_s", table.numbers("arrival_s"), nonnegative=True, raw=raw["arrival_s"]
+        )
+        prompt = _check_ints(
+            spath, "prompt_tokens", table.numbers("prompt_tokens"), limit, raw=raw["prompt_tokens"]
+        )
+        output = _check_ints(
+            spath, "output_tokens", table.numbers("output_tokens"), limit, raw=raw["output_tokens"]
+        )
     _check_sorted(spath, "arrival_s", arrival, raw=raw["arrival_s"])
     if duration is None:
         duration = _default_duration(spath, float(arrival[-1]))
@@ -274,10 +285,15 @@ def load_native(path: StrPath, *, max_tokens: int | None = None) -> Trace:
         late = int(np.searchsorted(arrival, duration, side="left"))
         if late < arrival.size:
             raise TraceFormatError(
-                spath, f"arrival {_as_written(arrival, raw['arrival_s'], late)} s is not "
-                f"before duration_s={duration!r}", row=late + 1, field="arrival_s")
-    return _make_trace(spath, "native", arrival, prompt, output, duration, rows,
-                       duration_source=source)
+                spath,
+                f"arrival {_as_written(arrival, raw['arrival_s'], late)} s is not "
+                f"before duration_s={duration!r}",
+                row=late + 1,
+                field="arrival_s",
+            )
+    return _make_trace(
+        spath, "native", arrival, prompt, output, duration, rows, duration_source=source
+    )
 
 
 def save_native(trace: Trace, path: StrPath) -> None:
@@ -301,19 +317,26 @@ def save_native(trace: Trace, path: StrPath) -> None:
     if trace.network is not None or trace.checkpoint is not None:
         raise ValueError(
             "the native trace format stores requests only; drop the pressure series first "
-            "(dataclasses.replace(trace, network=None, checkpoint=None))")
+            "(dataclasses.replace(trace, network=None, checkpoint=None))"
+        )
     duration = float(trace.duration_s)
     if Path(path).suffix.lower() in _PARQUET_SUFFIXES:
         pa, pq = _pyarrow(path, "writing")
-        table = pa.table({
-            "arrival_s": pa.array(trace.arrival_s, type=pa.float64()),
-            "prompt_tokens": pa.array(trace.prompt_tokens, type=pa.int64()),
-            "output_tokens": pa.array(trace.output_tokens, type=pa.int64()),
-        }).replace_schema_metadata({"duration_s": repr(duration)})
+        table = pa.table(
+            {
+                "arrival_s": pa.array(trace.arrival_s, type=pa.float64()),
+                "prompt_tokens": pa.array(trace.prompt_tokens, type=pa.int64()),
+                "output_tokens": pa.array(trace.output_tokens, type=pa.int64()),
+            }
+        ).replace_schema_metadata({"duration_s": repr(duration)})
         pq.write_table(table, path)
         return
-    rows = zip(trace.arrival_s.tolist(), trace.prompt_tokens.tolist(),
-               trace.output_tokens.tolist(), strict=True)
+    rows = zip(
+        trace.arrival_s.tolist(),
+        trace.prompt_tokens.tolist(),
+        trace.output_tokens.tolist(),
+        strict=True,
+    )
     body = "".join(f"{a!r},{p},{o}\n" for a, p, o in rows)
     with open(path, "w", encoding="utf-8", newline="\n") as handle:
         handle.write(f"# duration_s={duration!r}\n{','.join(_NATIVE_COLUMNS)}\n{body}")
@@ -344,17 +367,35 @@ def load_azure(path: StrPath, *, max_tokens: int | None = None) -> Trace:
     _check_sorted(spath, "TIMESTAMP", micros, raw=table.raw["TIMESTAMP"])
     arrival = (micros - micros[0]) / 1e6
     limit = max_tokens_bound(max_tokens)
-    prompt = _check_ints(spath, "ContextTokens", table.numbers("ContextTokens"), limit,
-                         raw=table.raw["ContextTokens"])
-    output = _check_ints(spath, "GeneratedTokens", table.numbers("GeneratedTokens"), limit,
-                         raw=table.raw["GeneratedTokens"])
-    return _make_trace(spath, "azure", arrival, prompt, output,
-                       _default_duration(spath, float(arrival[-1])), table.rows,
-                       start_time=str(table.raw["TIMESTAMP"][0]).strip())
+    prompt = _check_ints(
+        spath,
+        "ContextTokens",
+        table.numbers("ContextTokens"),
+        limit,
+        raw=table.raw["ContextTokens"],
+    )
+    output = _check_ints(
+        spath,
+        "GeneratedTokens",
+        table.numbers("GeneratedTokens"),
+        limit,
+        raw=table.raw["GeneratedTokens"],
+    )
+    return _make_trace(
+        spath,
+        "azure",
+        arrival,
+        prompt,
+        output,
+        _default_duration(spath, float(arrival[-1])),
+        table.rows,
+        start_time=str(table.raw["TIMESTAMP"][0]).strip(),
+    )
 
 
-def load_mooncake(path: StrPath, *, seed: int = 0, bucket_s: float = 3.0,
-                  max_tokens: int | None = None) -> Trace:
+def load_mooncake(
+    path: StrPath, *, seed: int = 0, bucket_s: float = 3.0, max_tokens: int | None = None
+) -> Trace:
     """Load a Mooncake (FAST'25) JSONL trace, spreading each timestamp bucket.
 
     Each line is a JSON object with integer ``timestamp`` (ms, relative; not re-based),
@@ -404,11 +445,13 @@ def load_mooncake(path: StrPath, *, seed: int = 0, bucket_s: float = 3.0,
                 spath, f"invalid JSON ({exc.msg}, column {exc.colno}){hint}", row=row
             ) from exc
         except (RecursionError, ValueError) as exc:  # deep nesting, huge integer literals
-            raise TraceFormatError(spath, f"invalid JSON ({type(exc).__name__}: "
-                                   f"{str(exc)[:100]})", row=row) from None
+            raise TraceFormatError(
+                spath, f"invalid JSON ({type(exc).__name__}: {str(exc)[:100]})", row=row
+            ) from None
         if not isinstance(obj, dict):
-            raise TraceFormatError(spath, f"expected a JSON object, got {type(obj).__name__}",
-                                   row=row)
+            raise TraceFormatError(
+                spath, f"expected a JSON object, got {type(obj).__name__}", row=row
+            )
         for key, sink in values.items():
             bound = _INT_LIMIT if key == "timestamp" else limit
             sink.append(_json_count(spath, obj, key, row, bound))
@@ -426,9 +469,18 @@ def load_mooncake(path: StrPath, *, seed: int = 0, bucket_s: float = 3.0,
     lo, hi = starts[bucket], ends[bucket]
     arrival = np.minimum(lo + (hi - lo) * draws, np.nextafter(hi, -np.inf))
     duration = float(math.ceil(starts[-1] + bucket_s))
-    return _make_trace(spath, "mooncake", arrival, values["input_length"],
-                       values["output_length"], duration, rows_read,
-                       bucket_s=float(bucket_s), seed=seed, num_buckets=int(starts.size))
+    return _make_trace(
+        spath,
+        "mooncake",
+        arrival,
+        values["input_length"],
+        values["output_length"],
+        duration,
+        rows_read,
+        bucket_s=float(bucket_s),
+        seed=seed,
+        num_buckets=int(starts.size),
+    )
 
 
 def load_burstgpt(path: StrPath, *, max_tokens: int | None = None) -> Trace:
@@ -456,26 +508,52 @@ def load_burstgpt(path: StrPath, *, max_tokens: int | None = None) -> Trace:
     spath = str(path)
     table = _read_csv(spath, _read_text(spath), _BURSTGPT_COLUMNS)
     limit = max_tokens_bound(max_tokens)
-    stamps = _check_floats(spath, "Timestamp", table.numbers("Timestamp"),
-                           raw=table.raw["Timestamp"])
+    stamps = _check_floats(
+        spath, "Timestamp", table.numbers("Timestamp"), raw=table.raw["Timestamp"]
+    )
     _check_sorted(spath, "Timestamp", stamps, raw=table.raw["Timestamp"])
-    prompt = _check_ints(spath, "Request tokens", table.numbers("Request tokens"), limit,
-                         raw=table.raw["Request tokens"])
-    output = _check_ints(spath, "Response tokens", table.numbers("Response tokens"), limit,
-                         raw=table.raw["Response tokens"])
+    prompt = _check_ints(
+        spath,
+        "Request tokens",
+        table.numbers("Request tokens"),
+        limit,
+        raw=table.raw["Request tokens"],
+    )
+    output = _check_ints(
+        spath,
+        "Response tokens",
+        table.numbers("Response tokens"),
+        limit,
+        raw=table.raw["Response tokens"],
+    )
     kept = output != 0
     failed = int(table.rows - np.count_nonzero(kept))
     if failed == table.rows:
-        raise TraceFormatError(spath, f"no successful request: all {failed} rows have "
-                               "'Response tokens' == 0", field="Response tokens")
+        raise TraceFormatError(
+            spath,
+            f"no successful request: all {failed} rows have 'Response tokens' == 0",
+            field="Response tokens",
+        )
     if failed:
-        warnings.warn(f"{spath}: filtered {failed} failed request(s) ('Response tokens' == 0) "
-                      f"out of {table.rows} rows", TraceFilterWarning, stacklevel=2)
+        warnings.warn(
+            f"{spath}: filtered {failed} failed request(s) ('Response tokens' == 0) "
+            f"out of {table.rows} rows",
+            TraceFilterWarning,
+            stacklevel=2,
+        )
     stamps, prompt, output = stamps[kept], prompt[kept], output[kept]
     arrival = stamps - stamps[0]
-    return _make_trace(spath, "burstgpt", arrival, prompt, output,
-                       _default_duration(spath, float(arrival[-1])), table.rows,
-                       filtered_failed=failed, first_timestamp_s=float(stamps[0]))
+    return _make_trace(
+        spath,
+        "burstgpt",
+        arrival,
+        prompt,
+        output,
+        _default_duration(spath, float(arrival[-1])),
+        table.rows,
+        filtered_failed=failed,
+        first_timestamp_s=float(stamps[0]),
+    )
 
 
 # --------------------------------------------------------------------------- CSV reading
@@ -557,8 +635,11 @@ class _CsvTable:
         if bad.any():
             row = int(np.argmax(bad)) + 1
             value = str(raw[row - 1])
-            reason = (self.empty_reason(row) if not value.strip() else
-                      f"cannot parse timestamp {value!r} (expected 'YYYY-MM-DD HH:MM:SS.fffffff')")
+            reason = (
+                self.empty_reason(row)
+                if not value.strip()
+                else f"cannot parse timestamp {value!r} (expected 'YYYY-MM-DD HH:MM:SS.fffffff')"
+            )
             raise TraceFormatError(self.path, reason, row=row, field=column)
         return stamps.to_numpy().astype("datetime64[us]").astype(np.int64)
 
@@ -572,8 +653,7 @@ def _csv_fields(line: str) -> list[str]:
         return line.split(",")
 
 
-def _read_csv(path: str, text: str, columns: tuple[str, ...], *,
-              header_line: int = 0) -> _CsvTable:
+def _read_csv(path: str, text: str, columns: tuple[str, ...], *, header_line: int = 0) -> _CsvTable:
     """Read the CSV in ``text`` (header at line ``header_line``) as string columns.
 
     Trailing blank lines are ignored; blank lines elsewhere become rows of empty values
@@ -587,8 +667,13 @@ def _read_csv(path: str, text: str, columns: tuple[str, ...], *,
     if not body:
         raise TraceFormatError(path, "empty file" if not text.strip() else "no header line")
     try:
-        frame = pd.read_csv(io.StringIO(body + "\n"), dtype=str, keep_default_na=False,
-                            skip_blank_lines=False, engine="c")
+        frame = pd.read_csv(
+            io.StringIO(body + "\n"),
+            dtype=str,
+            keep_default_na=False,
+            skip_blank_lines=False,
+            engine="c",
+        )
     except pd.errors.EmptyDataError as exc:
         raise TraceFormatError(path, "empty file") from exc
     except pd.errors.ParserError as exc:
@@ -597,7 +682,7 @@ def _read_csv(path: str, text: str, columns: tuple[str, ...], *,
         match = re.search(r"Expected (\d+) fields in line (\d+), saw (\d+)", message)
         if match:
             row = int(match.group(2)) - 1
-            message = (f"line has {match.group(3)} fields, header has {match.group(1)}")
+            message = f"line has {match.group(3)} fields, header has {match.group(1)}"
         else:
             match = re.search(r"starting at row (\d+)", message)
             if match:
@@ -608,8 +693,9 @@ def _read_csv(path: str, text: str, columns: tuple[str, ...], *,
     frame.columns = names
     for column in columns:
         if column not in names:
-            raise TraceFormatError(path, f"missing column {column!r} (header: {names})",
-                                   field=column)
+            raise TraceFormatError(
+                path, f"missing column {column!r} (header: {names})", field=column
+            )
     if len(frame) == 0:
         raise TraceFormatError(path, "no data rows")
     raw = {column: frame[column].to_numpy(dtype=object) for column in columns}
@@ -623,23 +709,28 @@ def _read_text(path: str) -> str:
     except OSError as exc:
         raise TraceFormatError(path, f"cannot read: {exc}") from exc
     except UnicodeDecodeError as exc:
-        raise TraceFormatError(path, f"cannot read: not UTF-8 text ({_undecodable(exc)})") \
-            from None
+        raise TraceFormatError(path, f"cannot read: not UTF-8 text ({_undecodable(exc)})") from None
 
 
 def _parse_duration(path: str, line: str) -> float:
     """Parse the native metadata line ``# duration_s=<seconds>``."""
     match = _DURATION_LINE.fullmatch(line)
     if not match:
-        raise TraceFormatError(path, f"unrecognised metadata line {line[:200]!r}; "
-                               "expected '# duration_s=<seconds>'", field="duration_s")
+        raise TraceFormatError(
+            path,
+            f"unrecognised metadata line {line[:200]!r}; expected '# duration_s=<seconds>'",
+            field="duration_s",
+        )
     try:
         duration = float(match.group(1))
     except ValueError:
         duration = math.nan
     if not (math.isfinite(duration) and duration > 0):
-        raise TraceFormatError(path, f"duration_s must be a positive number, got "
-                               f"{match.group(1)!r}", field="duration_s")
+        raise TraceFormatError(
+            path,
+            f"duration_s must be a positive number, got {match.group(1)!r}",
+            field="duration_s",
+        )
     return duration
 
 
@@ -659,7 +750,9 @@ def _pyarrow(path: StrPath, action: str) -> tuple[Any, Any]:
     except ImportError as exc:
         raise ModuleNotFoundError(
             f"{os.fspath(path)}: {action} Parquet traces needs pyarrow, which is not "
-            f"installed: pip install \"diloco-gym[parquet]\" ({exc})", name="pyarrow") from None
+            f'installed: pip install "diloco-gym[parquet]" ({exc})',
+            name="pyarrow",
+        ) from None
     return pa, pq
 
 
@@ -672,14 +765,14 @@ def _read_native_parquet(path: str) -> tuple[dict[str, np.ndarray], int, float |
         raise TraceFormatError(path, f"cannot read: {exc}") from exc
     for column in _NATIVE_COLUMNS:
         if column not in table.column_names:
-            raise TraceFormatError(path, f"missing column {column!r} (columns: "
-                                   f"{table.column_names})", field=column)
+            raise TraceFormatError(
+                path, f"missing column {column!r} (columns: {table.column_names})", field=column
+            )
     columns = {}
     for column in _NATIVE_COLUMNS:
         kind = table.schema.field(column).type
         if not (pa.types.is_integer(kind) or pa.types.is_floating(kind)):
-            raise TraceFormatError(path, f"column has type {kind}, expected a number",
-                                   field=column)
+            raise TraceFormatError(path, f"column has type {kind}, expected a number", field=column)
         data = table.column(column)
         if data.null_count:
             row = int(np.argmax(data.is_null().to_numpy(zero_copy_only=False))) + 1
@@ -693,8 +786,11 @@ def _read_native_parquet(path: str) -> tuple[dict[str, np.ndarray], int, float |
         try:
             text = stored.decode("utf-8")
         except UnicodeDecodeError as exc:
-            raise TraceFormatError(path, f"duration_s metadata is not UTF-8 text "
-                                   f"({_undecodable(exc)})", field="duration_s") from None
+            raise TraceFormatError(
+                path,
+                f"duration_s metadata is not UTF-8 text ({_undecodable(exc)})",
+                field="duration_s",
+            ) from None
         duration = _parse_duration(path, "# duration_s=" + text)
     return columns, table.num_rows, duration
 
@@ -731,8 +827,9 @@ def _undecodable(exc: UnicodeDecodeError) -> str:
     return f"byte 0x{exc.object[exc.start]:02x} at offset {exc.start}"
 
 
-def _check_ints(path: str, column: str, values: np.ndarray, limit: int, *,
-                raw: np.ndarray | None = None) -> np.ndarray:
+def _check_ints(
+    path: str, column: str, values: np.ndarray, limit: int, *, raw: np.ndarray | None = None
+) -> np.ndarray:
     """Validate token counts: integers (or integral floats) in ``[0, limit]``; return int64.
 
     ``raw`` holds the column's text as written, for messages.
@@ -742,8 +839,9 @@ def _check_ints(path: str, column: str, values: np.ndarray, limit: int, *,
         if bad.any():
             row = int(np.argmax(bad))
             shown = _as_written(values, raw, row)
-            reason = (f"negative token count {shown}" if values[row] < 0
-                      else _too_large(shown, limit))
+            reason = (
+                f"negative token count {shown}" if values[row] < 0 else _too_large(shown, limit)
+            )
             raise TraceFormatError(path, reason, row=row + 1, field=column)
         return values.astype(np.int64, copy=False)
     values = values.astype(np.float64)
@@ -767,12 +865,20 @@ def _check_ints(path: str, column: str, values: np.ndarray, limit: int, *,
 
 
 def _too_large(shown: str, limit: int) -> str:
-    return (f"token count {shown} is too large: above the plausible maximum of {limit} "
-            f"tokens per request (pass max_tokens= or set {MAX_TOKENS_ENV} to change it)")
+    return (
+        f"token count {shown} is too large: above the plausible maximum of {limit} "
+        f"tokens per request (pass max_tokens= or set {MAX_TOKENS_ENV} to change it)"
+    )
 
 
-def _check_floats(path: str, column: str, values: np.ndarray, *, nonnegative: bool = False,
-                  raw: np.ndarray | None = None) -> np.ndarray:
+def _check_floats(
+    path: str,
+    column: str,
+    values: np.ndarray,
+    *,
+    nonnegative: bool = False,
+    raw: np.ndarray | None = None,
+) -> np.ndarray:
     """Validate finite (and optionally non-negative) floats; return float64."""
     values = values.astype(np.float64)
     bad = ~np.isfinite(values)
@@ -781,21 +887,29 @@ def _check_floats(path: str, column: str, values: np.ndarray, *, nonnegative: bo
     if bad.any():
         row = int(np.argmax(bad))
         shown = _as_written(values, raw, row)
-        reason = (f"value {shown} is not a finite number" if not np.isfinite(values[row])
-                  else f"negative value {shown}")
+        reason = (
+            f"value {shown} is not a finite number"
+            if not np.isfinite(values[row])
+            else f"negative value {shown}"
+        )
         raise TraceFormatError(path, reason, row=row + 1, field=column)
     return values
 
 
-def _check_sorted(path: str, column: str, values: np.ndarray,
-                  raw: np.ndarray | None = None) -> None:
+def _check_sorted(
+    path: str, column: str, values: np.ndarray, raw: np.ndarray | None = None
+) -> None:
     """Raise at the first row whose value is smaller than the previous row's."""
     down = np.diff(values) < 0
     if down.any():
         row = int(np.argmax(down)) + 2  # 1-based index of the later element
         raise TraceFormatError(
-            path, f"not sorted: {_as_written(values, raw, row - 1)} comes after "
-            f"{_as_written(values, raw, row - 2)}", row=row, field=column)
+            path,
+            f"not sorted: {_as_written(values, raw, row - 1)} comes after "
+            f"{_as_written(values, raw, row - 2)}",
+            row=row,
+            field=column,
+        )
 
 
 def _json_count(path: str, obj: dict, key: str, row: int, limit: int) -> int:
@@ -813,8 +927,11 @@ def _json_count(path: str, obj: dict, key: str, row: int, limit: int) -> int:
     if value < 0:
         raise TraceFormatError(path, f"negative value {shown}", row=row, field=key)
     if value > limit:
-        reason = _too_large(shown, limit) if key != "timestamp" else \
-            f"timestamp {shown} is too large (at most 2**62 ms)"
+        reason = (
+            _too_large(shown, limit)
+            if key != "timestamp"
+            else f"timestamp {shown} is too large (at most 2**62 ms)"
+        )
         raise TraceFormatError(path, reason, row=row, field=key)
     return int(value)
 
@@ -823,14 +940,22 @@ def _default_duration(path: str, last_arrival_s: float) -> float:
     """The last arrival plus 1e-6 s, rounded up to the next whole second."""
     end = last_arrival_s + 1e-6
     if not math.isfinite(end):
-        raise TraceFormatError(path, f"the trace spans {last_arrival_s!r} s, which is not a "
-                               "finite number of seconds")
+        raise TraceFormatError(
+            path, f"the trace spans {last_arrival_s!r} s, which is not a finite number of seconds"
+        )
     return float(math.ceil(end))
 
 
-def _make_trace(path: str, fmt: str, arrival: np.ndarray, prompt: np.ndarray | list[int],
-                output: np.ndarray | list[int], duration: float, rows_read: int,
-                **extra: object) -> Trace:
+def _make_trace(
+    path: str,
+    fmt: str,
+    arrival: np.ndarray,
+    prompt: np.ndarray | list[int],
+    output: np.ndarray | list[int],
+    duration: float,
+    rows_read: int,
+    **extra: object,
+) -> Trace:
     """Build the :class:`Trace`, re-raising any invariant failure against ``path``."""
     meta: dict[str, object] = {"path": path, "format": fmt, "rows_read": int(rows_read)}
     meta.update(extra)

@@ -27,10 +27,13 @@ def main(argv: list[str] | None = None) -> int:
     for name, gen in REGIMES.items():
         tr = gen(np.random.default_rng(SEED))
         path = out / f"{name}.csv"
-        save_native(Trace(tr.arrival_s, tr.prompt_tokens, tr.output_tokens, tr.duration_s,
-                          name=name), path)
-        print(f"{path}: {tr.num_requests} requests, {tr.duration_s:.0f} s, "
-              f"{tr.mean_rate_rps:.2f} req/s")
+        save_native(
+            Trace(tr.arrival_s, tr.prompt_tokens, tr.output_tokens, tr.duration_s, name=name), path
+        )
+        print(
+            f"{path}: {tr.num_requests} requests, {tr.duration_s:.0f} s, "
+            f"{tr.mean_rate_rps:.2f} req/s"
+        )
     return 0
 
 

@@ -36,10 +36,24 @@ from diloco_gym.sidecar import SidecarParams, _backlog_thresholds, _merge_queue
 if TYPE_CHECKING:
     from diloco_gym.env import DiLoCoSyncEnv
 
-__all__ = ["MatchedRandomDeferral", "EpisodeScorer", "Scores", "envelope", "replay_many",
-           "replay_full", "oracle_score", "oracle_excess", "paired_test", "gate_verdict",
-           "min_achievable_p", "units_needed", "ALPHA", "VERDICTS", "SATURATION_PCT",
-           "N_FLIP"]
+__all__ = [
+    "MatchedRandomDeferral",
+    "EpisodeScorer",
+    "Scores",
+    "envelope",
+    "replay_many",
+    "replay_full",
+    "oracle_score",
+    "oracle_excess",
+    "paired_test",
+    "gate_verdict",
+    "min_achievable_p",
+    "units_needed",
+    "ALPHA",
+    "VERDICTS",
+    "SATURATION_PCT",
+    "N_FLIP",
+]
 
 ALPHA = 0.05
 #: Random sign patterns of the Monte Carlo test (more than 20 units).
@@ -56,9 +70,15 @@ EXACT_MAX_N = 20
 #: pressure-heavy regime (39.6 % with no merges) is below it: it stays judged by its
 #: calibration (no measurable SLO effect), not called saturated.
 SATURATION_PCT = 50.0
-VERDICTS = ("placement gain", "tied with matched random", "worse than matched random",
-            "inconclusive (too few episodes)", "no claim (saturated)",
-            "no claim (uncalibrated)", "no claim (no SLO effect)")
+VERDICTS = (
+    "placement gain",
+    "tied with matched random",
+    "worse than matched random",
+    "inconclusive (too few episodes)",
+    "no claim (saturated)",
+    "no claim (uncalibrated)",
+    "no claim (no SLO effect)",
+)
 
 
 #: Largest replay grid (windows x bins) the scorer holds at once (~16 MiB per array).
@@ -113,8 +133,9 @@ class EpisodeScorer:
     additive optimum is the exact optimum.
     """
 
-    def __init__(self, episode: core.Episode, params: core.EnvParams,
-                 sidecar: SidecarParams) -> None:
+    def __init__(
+        self, episode: core.Episode, params: core.EnvParams, sidecar: SidecarParams
+    ) -> None:
         p, sc = params, sidecar
         self.episode, self.params, self.sidecar = episode, params, sidecar
         self.interval = p.decision_interval
@@ -123,30 +144,36 @@ class EpisodeScorer:
         self.pct = episode.pct_per_request
         self.cost = np.asarray(episode.merge_cost, dtype=np.float64)
         m0, self._s, self._d, self._prefmin = _merge_queue(
-            episode.base_s, episode.req_bin, episode.pressure_bin, sc, p.step_seconds,
-            n_bins + 1 + self.w)
+            episode.base_s,
+            episode.req_bin,
+            episode.pressure_bin,
+            sc,
+            p.step_seconds,
+            n_bins + 1 + self.w,
+        )
         self._base_bl = self._s - self._prefmin  # the no-merge backlog (as replay computes it)
         keep = np.flatnonzero(~np.asarray(episode.baseline.violated).astype(bool))
         keep = keep[np.argsort(episode.req_bin[keep], kind="stable")]
         self._rbin = episode.req_bin[keep]
-        self._thr_in, self._thr_tail = _backlog_thresholds(m0[self._rbin],
-                                                           episode.base_s[keep], sc)
+        self._thr_in, self._thr_tail = _backlog_thresholds(m0[self._rbin], episode.base_s[keep], sc)
         horizon = self.w + int(round(sc.tail_s / p.step_seconds))
         starts = np.arange(episode.n_decisions, dtype=np.int64) * self.interval
         # Each decision's isolated merge, followed over its cost window (+1 bin) first, and
         # those still perturbing the queue then over windows 4x longer each round, up to
         # the episode's end (bounded memory on long traces; one round on the shipped ones).
         length = np.minimum(horizon + 1, n_bins - starts)
-        (drained, t_drain), excess = self._windows(starts, np.zeros(starts.size),
-                                                   self._prefmin[starts], length)
+        (drained, t_drain), excess = self._windows(
+            starts, np.zeros(starts.size), self._prefmin[starts], length
+        )
         span = 4 * (horizon + 1)
         while True:
             todo = np.flatnonzero(~drained & (length < n_bins - starts))
             if todo.size == 0:
                 break
             length[todo] = np.minimum(span, n_bins - starts[todo])
-            (d2, t2), e2 = self._windows(starts[todo], np.zeros(todo.size),
-                                         self._prefmin[starts[todo]], length[todo])
+            (d2, t2), e2 = self._windows(
+                starts[todo], np.zeros(todo.size), self._prefmin[starts[todo]], length[todo]
+            )
             drained[todo], t_drain[todo], excess[todo] = d2, t2, e2
             span *= 4
         drain = (drained, t_drain)
@@ -155,38 +182,63 @@ class EpisodeScorer:
         #: Extra violated requests of an isolated merge at each decision, exact.
         self.iso_excess = excess
         h_min_bins = p.h_min * self.interval
-        self.episode_proven = bool(np.all(self.drain_bins <= h_min_bins)
-                                   and np.array_equal(self.iso_excess, self.cost))
+        self.episode_proven = bool(
+            np.all(self.drain_bins <= h_min_bins) and np.array_equal(self.iso_excess, self.cost)
+        )
 
     def matches(self, episode: core.Episode) -> bool:
         """Whether ``episode`` has this scorer's replay inputs (an episode rebuilt from the
         same seed does), so the scorer can be reused for it."""
         e = self.episode
-        return episode is e or (episode.n_decisions == e.n_decisions
-                                and np.array_equal(episode.base_s, e.base_s)
-                                and np.array_equal(episode.req_bin, e.req_bin)
-                                and np.array_equal(episode.pressure_bin, e.pressure_bin))
+        return episode is e or (
+            episode.n_decisions == e.n_decisions
+            and np.array_equal(episode.base_s, e.base_s)
+            and np.array_equal(episode.req_bin, e.req_bin)
+            and np.array_equal(episode.pressure_bin, e.pressure_bin)
+        )
 
-    def _windows(self, st: np.ndarray, off0: np.ndarray, min0: np.ndarray, length: np.ndarray,
-                 want_state: bool = False):
+    def _windows(
+        self,
+        st: np.ndarray,
+        off0: np.ndarray,
+        min0: np.ndarray,
+        length: np.ndarray,
+        want_state: bool = False,
+    ):
         """:meth:`_windows_block` over blocks of rows of at most ``_GRID_MAX`` grid cells."""
         r = st.size
         per = max(1, _GRID_MAX // max(1, int(length.max()) if r else 1))
         if r <= per:
             return self._windows_block(st, off0, min0, length, want_state)
-        parts = [self._windows_block(st[i:i + per], off0[i:i + per], min0[i:i + per],
-                                     length[i:i + per], want_state) for i in range(0, r, per)]
+        parts = [
+            self._windows_block(
+                st[i : i + per],
+                off0[i : i + per],
+                min0[i : i + per],
+                length[i : i + per],
+                want_state,
+            )
+            for i in range(0, r, per)
+        ]
         drained = np.concatenate([q[0][0] for q in parts])
         t_drain = np.concatenate([q[0][1] for q in parts])
         excess = np.concatenate([q[1] for q in parts])
         if not want_state:
             return (drained, t_drain), excess
-        return ((drained, t_drain), excess,
-                (np.concatenate([q[2][0] for q in parts]),
-                 np.concatenate([q[2][1] for q in parts])))
+        return (
+            (drained, t_drain),
+            excess,
+            (np.concatenate([q[2][0] for q in parts]), np.concatenate([q[2][1] for q in parts])),
+        )
 
-    def _windows_block(self, st: np.ndarray, off0: np.ndarray, min0: np.ndarray,
-                       length: np.ndarray, want_state: bool = False):
+    def _windows_block(
+        self,
+        st: np.ndarray,
+        off0: np.ndarray,
+        min0: np.ndarray,
+        length: np.ndarray,
+        want_state: bool = False,
+    ):
         """Replay windows ``[st, st + length)`` each holding one merge at ``st``, entering
         with running-sum offset ``off0`` and running minimum ``min0`` (the no-merge state:
         0 and ``prefmin[st]``).
@@ -235,12 +287,13 @@ class EpisodeScorer:
         if m == 0:
             return Scores(np.zeros(k), np.zeros(k), np.zeros(k, bool))
         if sch.min() < 0 or sch.max() >= self.episode.n_decisions:
-            raise ValueError(f"schedule decisions must be in 0..{self.episode.n_decisions - 1}"
-                             f", got {int(sch.min())}..{int(sch.max())}")
+            raise ValueError(
+                f"schedule decisions must be in 0..{self.episode.n_decisions - 1}"
+                f", got {int(sch.min())}..{int(sch.max())}"
+            )
         additive = self.cost[sch].sum(axis=1) * self.pct
         if self.episode_proven:
-            return Scores(self.iso_excess[sch].sum(axis=1) * self.pct, additive,
-                          np.zeros(k, bool))
+            return Scores(self.iso_excess[sch].sum(axis=1) * self.pct, additive, np.zeros(k, bool))
         total = np.zeros(k)
         replayed = np.zeros(k, bool)
         carried = np.zeros(k, bool)
@@ -261,16 +314,22 @@ class EpisodeScorer:
             was = carried[rows]
             off0 = np.where(was, c_off[rows], 0.0)
             min0 = np.where(was, c_run[rows], self._prefmin[st_r])
-            (drained, _), exc, (off1, run1) = self._windows(st_r, off0, min0,
-                                                            nxt[rows] - st_r, want_state=True)
+            (drained, _), exc, (off1, run1) = self._windows(
+                st_r, off0, min0, nxt[rows] - st_r, want_state=True
+            )
             total[rows] += exc
             carried[rows] = ~drained
             c_off[rows], c_run[rows] = off1, run1
         return Scores(total * self.pct, additive, replayed)
 
 
-def replay_many(episode: core.Episode, schedules: np.ndarray, params: core.EnvParams,
-                sidecar: SidecarParams, scorer: EpisodeScorer | None = None) -> np.ndarray:
+def replay_many(
+    episode: core.Episode,
+    schedules: np.ndarray,
+    params: core.EnvParams,
+    sidecar: SidecarParams,
+    scorer: EpisodeScorer | None = None,
+) -> np.ndarray:
     """Exact sync-excess (percentage points) of many schedules at once.
 
     Args:
@@ -284,8 +343,13 @@ def replay_many(episode: core.Episode, schedules: np.ndarray, params: core.EnvPa
     return scorer.score(schedules).exact_pct
 
 
-def replay_full(episode: core.Episode, schedules: np.ndarray, params: core.EnvParams,
-                sidecar: SidecarParams, chunk: int = 256) -> np.ndarray:
+def replay_full(
+    episode: core.Episode,
+    schedules: np.ndarray,
+    params: core.EnvParams,
+    sidecar: SidecarParams,
+    chunk: int = 256,
+) -> np.ndarray:
     """Sync-excess (pp) of each schedule by replaying the whole episode through the queue
     (the slow reference for :func:`replay_many`)."""
     schedules = np.asarray(schedules, dtype=np.int64)
@@ -300,7 +364,7 @@ def replay_full(episode: core.Episode, schedules: np.ndarray, params: core.EnvPa
     work = np.bincount(episode.req_bin, weights=episode.base_s, minlength=n_bins)
     steps = params.merge_steps
     for lo in range(0, k, chunk):
-        sch = schedules[lo:lo + chunk]
+        sch = schedules[lo : lo + chunk]
         rows = sch.shape[0]
         delta = np.zeros((rows, n_bins + steps + 1))
         starts = sch * params.decision_interval
@@ -316,14 +380,21 @@ def replay_full(episode: core.Episode, schedules: np.ndarray, params: core.EnvPa
         b = episode.req_bin
         lat = (episode.base_s + backlog[:, b] / sidecar.slots) * slow[:, b]
         viol = (lat > sidecar.slo_s).mean(axis=1) * 100.0
-        out[lo:lo + rows] = viol - base_viol
+        out[lo : lo + rows] = viol - base_viol
     return out
 
 
-def envelope(episode: core.Episode, merges: int, draws: int, rng: np.random.Generator,
-             params: core.EnvParams, sidecar: SidecarParams,
-             counts: CompletionTable | None = None, exact: bool = True,
-             scorer: EpisodeScorer | None = None) -> np.ndarray:
+def envelope(
+    episode: core.Episode,
+    merges: int,
+    draws: int,
+    rng: np.random.Generator,
+    params: core.EnvParams,
+    sidecar: SidecarParams,
+    counts: CompletionTable | None = None,
+    exact: bool = True,
+    scorer: EpisodeScorer | None = None,
+) -> np.ndarray:
     """Sync-excess (pp) of ``draws`` matched-random schedules with exactly ``merges`` merges.
 
     With ``exact=True`` (the default) every draw is scored by the exact replay
@@ -332,15 +403,21 @@ def envelope(episode: core.Episode, merges: int, draws: int, rng: np.random.Gene
     from the replay when merges interact (a merge starting before the previous one's
     backlog has drained).
     """
-    sch = sample_uniform(episode.n_decisions, params.h_min, params.h_max, merges, draws, rng,
-                         counts=counts)
+    sch = sample_uniform(
+        episode.n_decisions, params.h_min, params.h_max, merges, draws, rng, counts=counts
+    )
     if exact:
         return replay_many(episode, sch, params, sidecar, scorer=scorer)
     return episode.merge_cost[sch].sum(axis=1) * episode.pct_per_request
 
 
-def oracle_score(episode: core.Episode, merges: int, params: core.EnvParams,
-                 sidecar: SidecarParams, scorer: EpisodeScorer | None = None) -> dict:
+def oracle_score(
+    episode: core.Episode,
+    merges: int,
+    params: core.EnvParams,
+    sidecar: SidecarParams,
+    scorer: EpisodeScorer | None = None,
+) -> dict:
     """The offline oracle at exactly ``merges`` merges: the exact optimum of the additive
     cost (dynamic programme), replayed exactly.
 
@@ -353,12 +430,17 @@ def oracle_score(episode: core.Episode, merges: int, params: core.EnvParams,
     scorer = scorer or EpisodeScorer(episode, params, sidecar)
     sched, _ = optimal_schedule(scorer.cost, params.h_min, params.h_max, merges)
     sc = scorer.score(sched[None, :])
-    return {"schedule": sched, "exact_pct": float(sc.exact_pct[0]),
-            "additive_pct": float(sc.additive_pct[0]), "exact_optimum": scorer.episode_proven}
+    return {
+        "schedule": sched,
+        "exact_pct": float(sc.exact_pct[0]),
+        "additive_pct": float(sc.additive_pct[0]),
+        "exact_optimum": scorer.episode_proven,
+    }
 
 
-def oracle_excess(episode: core.Episode, merges: int, params: core.EnvParams,
-                  sidecar: SidecarParams) -> tuple[float, np.ndarray]:
+def oracle_excess(
+    episode: core.Episode, merges: int, params: core.EnvParams, sidecar: SidecarParams
+) -> tuple[float, np.ndarray]:
     """Exact sync-excess (pp) of the offline oracle's schedule at exactly ``merges`` merges
     (see :func:`oracle_score`)."""
     o = oracle_score(episode, merges, params, sidecar)
@@ -372,8 +454,13 @@ ORACLE_EXACT = "exact optimum"
 ORACLE_BOUND = "upper bound (exact replay of the additive optimum)"
 
 
-def score_episode(scorer: EpisodeScorer, agent_schedule, draws: int, rng: np.random.Generator,
-                  counts: CompletionTable | None = None) -> dict[str, Any]:
+def score_episode(
+    scorer: EpisodeScorer,
+    agent_schedule,
+    draws: int,
+    rng: np.random.Generator,
+    counts: CompletionTable | None = None,
+) -> dict[str, Any]:
     """Agent, matched-random control and oracle of one episode, all by the same exact replay.
 
     The control is ``draws`` schedules drawn uniformly among the feasible schedules with
@@ -444,12 +531,15 @@ def units_needed(alpha: float = ALPHA, n_tests: int = 1, n_flip: int = N_FLIP) -
     for n in range(1, 64):
         if n_tests * min_achievable_p(n, n_flip) < alpha:
             return n
-    raise ValueError(f"no number of units reaches alpha {alpha} with {n_tests} tests and "
-                     f"{n_flip} Monte Carlo sign patterns")
+    raise ValueError(
+        f"no number of units reaches alpha {alpha} with {n_tests} tests and "
+        f"{n_flip} Monte Carlo sign patterns"
+    )
 
 
-def paired_test(diff: np.ndarray, rng: np.random.Generator, n_boot: int = 5000,
-                n_flip: int = N_FLIP) -> dict:
+def paired_test(
+    diff: np.ndarray, rng: np.random.Generator, n_boot: int = 5000, n_flip: int = N_FLIP
+) -> dict:
     """Two-sided sign-flip test of mean(diff) = 0 and a bootstrap 95 % CI of the mean.
 
     Exact (all ``2**n`` sign patterns) for ``n <= 20``, Monte Carlo with ``n_flip`` random
@@ -461,8 +551,14 @@ def paired_test(diff: np.ndarray, rng: np.random.Generator, n_boot: int = 5000,
     diff = np.asarray(diff, dtype=np.float64)
     n = diff.size
     if n == 0:
-        return {"n": 0, "mean": float("nan"), "p_value": float("nan"),
-                "ci_low": float("nan"), "ci_high": float("nan"), "min_p": 1.0}
+        return {
+            "n": 0,
+            "mean": float("nan"),
+            "p_value": float("nan"),
+            "ci_low": float("nan"),
+            "ci_high": float("nan"),
+            "min_p": 1.0,
+        }
     obs = abs(diff.mean())
     if n <= EXACT_MAX_N:
         p = _exact_sign_flip_p(diff, obs)
@@ -472,8 +568,14 @@ def paired_test(diff: np.ndarray, rng: np.random.Generator, n_boot: int = 5000,
         p = float((np.sum(stats >= obs - 1e-12) + 1) / (n_flip + 1))
     boot = diff[rng.integers(0, n, size=(n_boot, n))].mean(axis=1)
     lo, hi = np.percentile(boot, [2.5, 97.5])
-    return {"n": n, "mean": float(diff.mean()), "p_value": p, "ci_low": float(lo),
-            "ci_high": float(hi), "min_p": min_achievable_p(n, n_flip)}
+    return {
+        "n": n,
+        "mean": float(diff.mean()),
+        "p_value": p,
+        "ci_low": float(lo),
+        "ci_high": float(hi),
+        "min_p": min_achievable_p(n, n_flip),
+    }
 
 
 def _sign_sums(x: np.ndarray) -> np.ndarray:
@@ -493,17 +595,24 @@ def _exact_sign_flip_p(diff: np.ndarray, obs: float) -> float:
     t = n * (obs - 1e-12)
     if t <= 0.0:
         return 1.0  # every pattern qualifies
-    first = _sign_sums(diff[:n // 2])
-    second = np.sort(_sign_sums(diff[n // 2:]))
+    first = _sign_sums(diff[: n // 2])
+    second = np.sort(_sign_sums(diff[n // 2 :]))
     upper = second.size - np.searchsorted(second, t - first, side="left")  # sum >= t
     lower = np.searchsorted(second, -t - first, side="right")  # sum <= -t
     return float((upper.sum() + lower.sum()) / 2**n)
 
 
-def gate_verdict(calibration_verdict: str, mean_diff: float, p_value: float,
-                 alpha: float = ALPHA, *, n_units: int | None = None, n_tests: int = 1,
-                 no_sync_violation_pct: float | None = None,
-                 saturation_pct: float = SATURATION_PCT) -> str:
+def gate_verdict(
+    calibration_verdict: str,
+    mean_diff: float,
+    p_value: float,
+    alpha: float = ALPHA,
+    *,
+    n_units: int | None = None,
+    n_tests: int = 1,
+    no_sync_violation_pct: float | None = None,
+    saturation_pct: float = SATURATION_PCT,
+) -> str:
     """The gate (docs/protocol.md): one of :data:`VERDICTS`.
 
     In order:
@@ -583,16 +692,17 @@ class MatchedRandomDeferral(gym.Wrapper[Observation, Action, Observation, Action
         ep_seed = int(info["episode_seed"])
         if isinstance(self.merges, dict):
             if ep_seed not in self.merges:
-                raise KeyError(f"MatchedRandomDeferral: no merge count for episode seed "
-                               f"{ep_seed}")
+                raise KeyError(f"MatchedRandomDeferral: no merge count for episode seed {ep_seed}")
             m = int(self.merges[ep_seed])
         else:
             m = int(self.merges)
         p = base.params
         if base.merges:
-            raise RuntimeError("MatchedRandomDeferral needs an env that has not merged at "
-                               "reset (skip_forced starts at gap 0, so this cannot happen "
-                               "with DiLoCoSyncEnv)")
+            raise RuntimeError(
+                "MatchedRandomDeferral needs an env that has not merged at "
+                "reset (skip_forced starts at gap 0, so this cannot happen "
+                "with DiLoCoSyncEnv)"
+            )
         assert base.episode is not None  # set by the reset() above
         rng = np.random.default_rng([self.draw_seed, ep_seed])
         sched = sample_uniform(base.episode.n_decisions, p.h_min, p.h_max, m, 1, rng)[0]
@@ -609,9 +719,11 @@ class MatchedRandomDeferral(gym.Wrapper[Observation, Action, Observation, Action
         if terminated or truncated:
             realised = info["episode_summary"]["merge_decisions"]
             if realised != self._draw.schedule.tolist():
-                raise RuntimeError(f"matched schedule {self._draw.schedule.tolist()} was not "
-                                   f"realised ({realised}); the env must use the default "
-                                   f"corridor semantics")
+                raise RuntimeError(
+                    f"matched schedule {self._draw.schedule.tolist()} was not "
+                    f"realised ({realised}); the env must use the default "
+                    f"corridor semantics"
+                )
         return obs, reward, terminated, truncated, info
 
 

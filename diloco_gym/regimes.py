@@ -39,8 +39,16 @@ import numpy as np
 from diloco_gym.sidecar import SidecarParams, base_latency_s
 from diloco_gym.traces import PRESSURE_DT_S, Trace, random_window, scale_rate, tile_starts
 
-__all__ = ["SyntheticRegime", "ReplayRegime", "REGIMES", "get_regime", "regime_names",
-           "trace_utilization", "trace_idle_violation_pct", "replay_rate_scale"]
+__all__ = [
+    "SyntheticRegime",
+    "ReplayRegime",
+    "REGIMES",
+    "get_regime",
+    "regime_names",
+    "trace_utilization",
+    "trace_idle_violation_pct",
+    "replay_rate_scale",
+]
 
 SLICE_S = 0.1
 _AR_B = np.array([1.0])
@@ -92,7 +100,7 @@ def _poisson_arrivals(rng: np.random.Generator, lam: np.ndarray, edges: np.ndarr
     x = np.cumsum(rng.standard_exponential(batch))
     while x[-1] < total:  # keep drawing until the unit-rate points pass the total
         x = np.concatenate([x, x[-1] + np.cumsum(rng.standard_exponential(batch))])
-    x = x[:np.searchsorted(x, total)]
+    x = x[: np.searchsorted(x, total)]
     return np.minimum(np.interp(x, cum, edges), np.nextafter(edges[-1], 0.0))
 
 
@@ -109,8 +117,15 @@ def _ar1(noise: np.ndarray, rho: float) -> np.ndarray:
     return lfilter(_AR_B, [1.0, -rho], noise, axis=-1)
 
 
-def _pressure_series(rng: np.random.Generator, n: int, mean: float, sd: float,
-                     spike_rate_per_s: float, spike_s: float, spike_level: float) -> np.ndarray:
+def _pressure_series(
+    rng: np.random.Generator,
+    n: int,
+    mean: float,
+    sd: float,
+    spike_rate_per_s: float,
+    spike_s: float,
+    spike_level: float,
+) -> np.ndarray:
     """AR(1) pressure around ``mean`` with rare plateaus at ``spike_level``."""
     rho = 0.97  # about 30 s memory
     noise = rng.normal(0.0, sd * np.sqrt(1 - rho**2), n)
@@ -120,7 +135,7 @@ def _pressure_series(rng: np.random.Generator, n: int, mean: float, sd: float,
     onsets = np.flatnonzero(rng.random(n) < spike_rate_per_s)
     length = max(1, int(round(spike_s / PRESSURE_DT_S)))
     for t in onsets:
-        series[t:t + length] = np.maximum(series[t:t + length], spike_level)
+        series[t : t + length] = np.maximum(series[t : t + length], spike_level)
     return np.clip(series, 0.0, 1.0)
 
 
@@ -136,7 +151,7 @@ def _pressure_pair(rng: np.random.Generator, n: int, gen: SyntheticRegime) -> np
     series = x + np.array([[gen.network_mean], [gen.checkpoint_mean]])
     length = max(1, int(round(gen.spike_s / PRESSURE_DT_S)))
     for row, t in zip(*np.nonzero(rng.random((2, n)) < gen.spike_rate_per_s), strict=True):
-        span = series[row, t:t + length]
+        span = series[row, t : t + length]
         np.maximum(span, gen.spike_level, out=span)
     return np.clip(series, 0.0, 1.0, out=series)
 
@@ -233,14 +248,19 @@ class SyntheticRegime:
         rest = sc.slo_ms - sc.ttft_ms - sc.decode_ms_per_token * output  # ms left for prefill
         if sc.prefill_ms_per_token > 0:
             # The prompt table is sorted (increasing quantiles): count the prompts past it.
-            over = prompt.size - np.searchsorted(prompt, rest / sc.prefill_ms_per_token,
-                                                 side="right")
+            over = prompt.size - np.searchsorted(
+                prompt, rest / sc.prefill_ms_per_token, side="right"
+            )
         else:
             over = np.where(rest < 0, prompt.size, 0)
         return float(100.0 * over.sum() / (prompt.size * output.size))
 
-    def with_load(self, sidecar: SidecarParams | None = None, rate_scale: float | None = None,
-                  target_utilization: float | None = None) -> SyntheticRegime:
+    def with_load(
+        self,
+        sidecar: SidecarParams | None = None,
+        rate_scale: float | None = None,
+        target_utilization: float | None = None,
+    ) -> SyntheticRegime:
         """This regime with its rates scaled for ``sidecar`` and a chosen load.
 
         The target utilization is ``target_utilization`` if given, else the regime's own
@@ -258,16 +278,23 @@ class SyntheticRegime:
             if v is not None and not (np.isfinite(v) and v > 0):
                 raise ValueError(f"{name} must be a positive number, got {v}")
         sc = sidecar or self.sidecar
-        target = (target_utilization if target_utilization is not None
-                  else self.utilization() * (1.0 if rate_scale is None else rate_scale))
+        target = (
+            target_utilization
+            if target_utilization is not None
+            else self.utilization() * (1.0 if rate_scale is None else rate_scale)
+        )
         factor = target / self.utilization(sc)
         if factor == 1.0:
             return self
-        return replace(self, quiet_rate_rps=self.quiet_rate_rps * factor,
-                       busy_rate_rps=self.busy_rate_rps * factor)
+        return replace(
+            self,
+            quiet_rate_rps=self.quiet_rate_rps * factor,
+            busy_rate_rps=self.busy_rate_rps * factor,
+        )
 
-    def rate_rps(self, t: np.ndarray, rng: np.random.Generator, _sorted: bool = False
-                 ) -> np.ndarray:
+    def rate_rps(
+        self, t: np.ndarray, rng: np.random.Generator, _sorted: bool = False
+    ) -> np.ndarray:
         """The rate function at times ``t`` (draws burst timing from ``rng``)."""
         rate = np.full(np.shape(t), self.quiet_rate_rps)
         if self.burst_period_s <= 0 or self.busy_rate_rps == self.quiet_rate_rps:
@@ -280,7 +307,8 @@ class SyntheticRegime:
             gaps = rng.uniform(0.5, 1.5, int(self.duration_s / self.burst_period_s * 2) + 4)
             onsets = np.cumsum(gaps * self.burst_period_s) - rng.uniform(0, self.burst_period_s)
         return rate + (self.busy_rate_rps - self.quiet_rate_rps) * self._lift(
-            np.asarray(t, dtype=np.float64), onsets, _sorted)
+            np.asarray(t, dtype=np.float64), onsets, _sorted
+        )
 
     def _lift(self, t: np.ndarray, onsets: np.ndarray, is_sorted: bool = False) -> np.ndarray:
         """Burst level in [0, 1] at ``t``: the largest over bursts of a ramp from 0 to 1 on
@@ -323,8 +351,7 @@ class SyntheticRegime:
         arrivals = _poisson_arrivals(rng, lam, edges)
         # One uniform per request; random() has 53 random bits, so its top 14 and next 14
         # bits are two independent quantile indices.
-        token_index = (rng.random(arrivals.size) * float(1 << (2 * _TOKEN_BITS))).astype(
-            np.int64)
+        token_index = (rng.random(arrivals.size) * float(1 << (2 * _TOKEN_BITS))).astype(np.int64)
         n_p = int(np.ceil(self.duration_s / PRESSURE_DT_S - 1e-9))
         pressure = _pressure_pair(rng, n_p, self)
         return arrivals, token_index, pressure[0], pressure[1]
@@ -333,14 +360,21 @@ class SyntheticRegime:
         """Prompt and output tokens of :meth:`draw`'s ``token_index`` (as ``dtype``)."""
         prompt = _token_table(self.prompt_median, self.prompt_sigma, 32768.0, dtype)
         output = _token_table(self.output_median, self.output_sigma, 4096.0, dtype)
-        return (prompt[token_index >> _TOKEN_BITS],
-                output[token_index & ((1 << _TOKEN_BITS) - 1)])
+        return (prompt[token_index >> _TOKEN_BITS], output[token_index & ((1 << _TOKEN_BITS) - 1)])
 
     def __call__(self, rng: np.random.Generator) -> Trace:
         arrivals, token_index, network, checkpoint = self.draw(rng)
         prompt, output = self.tokens(token_index)
-        return Trace(arrivals, prompt, output, self.duration_s, network=network,
-                     checkpoint=checkpoint, name=self.name, meta={"regime": self.name})
+        return Trace(
+            arrivals,
+            prompt,
+            output,
+            self.duration_s,
+            network=network,
+            checkpoint=checkpoint,
+            name=self.name,
+            meta={"regime": self.name},
+        )
 
 
 def trace_utilization(trace: Trace, sidecar: SidecarParams) -> float:
@@ -361,8 +395,12 @@ def trace_idle_violation_pct(trace: Trace, sidecar: SidecarParams) -> float:
     return float(100.0 * np.mean(base > sidecar.slo_s))
 
 
-def replay_rate_scale(trace: Trace, sidecar: SidecarParams, rate_scale: float | None = None,
-                      target_utilization: float | None = None) -> float:
+def replay_rate_scale(
+    trace: Trace,
+    sidecar: SidecarParams,
+    rate_scale: float | None = None,
+    target_utilization: float | None = None,
+) -> float:
     """The factor by which to speed up ``trace`` (:func:`~diloco_gym.traces.scale_rate`:
     time compressed, every request kept): ``rate_scale`` as given, or the one that brings
     :func:`trace_utilization` under ``sidecar`` to ``target_utilization``; 1 by default.
@@ -417,12 +455,34 @@ class ReplayRegime:
         if tr.network is None or tr.checkpoint is None:
             gen = self.pressure_from or REGIMES["sync-heavy"]
             n_p = tr.num_pressure_samples
-            net = _pressure_series(rng, n_p, gen.network_mean, gen.pressure_sd,
-                                   gen.spike_rate_per_s, gen.spike_s, gen.spike_level)
-            ckpt = _pressure_series(rng, n_p, gen.checkpoint_mean, gen.pressure_sd,
-                                    gen.spike_rate_per_s, gen.spike_s, gen.spike_level)
-            tr = Trace(tr.arrival_s, tr.prompt_tokens, tr.output_tokens, tr.duration_s,
-                       network=net, checkpoint=ckpt, name=tr.name, meta=tr.meta)
+            net = _pressure_series(
+                rng,
+                n_p,
+                gen.network_mean,
+                gen.pressure_sd,
+                gen.spike_rate_per_s,
+                gen.spike_s,
+                gen.spike_level,
+            )
+            ckpt = _pressure_series(
+                rng,
+                n_p,
+                gen.checkpoint_mean,
+                gen.pressure_sd,
+                gen.spike_rate_per_s,
+                gen.spike_s,
+                gen.spike_level,
+            )
+            tr = Trace(
+                tr.arrival_s,
+                tr.prompt_tokens,
+                tr.output_tokens,
+                tr.duration_s,
+                network=net,
+                checkpoint=ckpt,
+                name=tr.name,
+                meta=tr.meta,
+            )
         return tr
 
     def tiles(self, stride_s: float | None = None) -> list[ReplayRegime]:
@@ -439,8 +499,10 @@ class ReplayRegime:
         src = self.trace
         if self.target_rate_rps is not None:
             src = scale_rate(src, self.target_rate_rps)
-        return [replace(self, start_s=start)
-                for start in tile_starts(src.duration_s, self.duration_s, stride_s)]
+        return [
+            replace(self, start_s=start)
+            for start in tile_starts(src.duration_s, self.duration_s, stride_s)
+        ]
 
 
 # Sidecar parameters per regime, fitted so that a fixed-256 replay reproduces the
@@ -451,19 +513,46 @@ _SIDECAR_PRESSURE = SidecarParams(sync_slowdown=0.0, pressure_gain=1.111)
 _SIDECAR_SYNC = SidecarParams(sync_slowdown=0.5, pressure_gain=0.0)
 
 REGIMES: dict[str, SyntheticRegime] = {
-    "ordinary": SyntheticRegime("ordinary", 6.0, 6.0, sidecar=_SIDECAR_QUIET,
-                                calibrated_on="ordinary"),
+    "ordinary": SyntheticRegime(
+        "ordinary", 6.0, 6.0, sidecar=_SIDECAR_QUIET, calibrated_on="ordinary"
+    ),
     "pressure-heavy": SyntheticRegime(
-        "pressure-heavy", 8.0, 8.0, network_mean=0.25, checkpoint_mean=0.2, pressure_sd=0.1,
-        spike_rate_per_s=1 / 100, spike_s=20.0, spike_level=0.85, sidecar=_SIDECAR_PRESSURE,
-        calibrated_on="pressure-heavy"),
-    "sync-heavy": SyntheticRegime("sync-heavy", 10.0, 10.0, sidecar=_SIDECAR_SYNC,
-                                  calibrated_on="sync-heavy"),
-    "bursty": SyntheticRegime("bursty", 5.0, 17.0, burst_period_s=120.0, burst_s=30.0,
-                              periodic=True, sidecar=_SIDECAR_SYNC, calibrated_on="sync-heavy"),
-    "non-periodic": SyntheticRegime("non-periodic", 5.0, 17.0, burst_period_s=120.0,
-                                    burst_s=25.0, periodic=False, ramp_s=12.0,
-                                    sidecar=_SIDECAR_SYNC, calibrated_on="sync-heavy"),
+        "pressure-heavy",
+        8.0,
+        8.0,
+        network_mean=0.25,
+        checkpoint_mean=0.2,
+        pressure_sd=0.1,
+        spike_rate_per_s=1 / 100,
+        spike_s=20.0,
+        spike_level=0.85,
+        sidecar=_SIDECAR_PRESSURE,
+        calibrated_on="pressure-heavy",
+    ),
+    "sync-heavy": SyntheticRegime(
+        "sync-heavy", 10.0, 10.0, sidecar=_SIDECAR_SYNC, calibrated_on="sync-heavy"
+    ),
+    "bursty": SyntheticRegime(
+        "bursty",
+        5.0,
+        17.0,
+        burst_period_s=120.0,
+        burst_s=30.0,
+        periodic=True,
+        sidecar=_SIDECAR_SYNC,
+        calibrated_on="sync-heavy",
+    ),
+    "non-periodic": SyntheticRegime(
+        "non-periodic",
+        5.0,
+        17.0,
+        burst_period_s=120.0,
+        burst_s=25.0,
+        periodic=False,
+        ramp_s=12.0,
+        sidecar=_SIDECAR_SYNC,
+        calibrated_on="sync-heavy",
+    ),
 }
 
 

@@ -46,11 +46,14 @@ def attach_agent(env: Any, agent: Any, episode_seed: int) -> Any:
     ctx._set_mask(base.action_masks())
     deployable = is_deployable(agent)
     wants_episode = callable(getattr(agent, "attach_episode", None)) and (
-        not isinstance(agent, Agent) or type(agent).attach_episode is not Agent.attach_episode)
+        not isinstance(agent, Agent) or type(agent).attach_episode is not Agent.attach_episode
+    )
     if deployable and wants_episode:
-        raise ValueError(f"agent {getattr(agent, 'name', agent)!r} declares deployable = True "
-                         f"but defines attach_episode(): only non-deployable agents receive "
-                         f"the episode (set deployable = False; reports then mark it so)")
+        raise ValueError(
+            f"agent {getattr(agent, 'name', agent)!r} declares deployable = True "
+            f"but defines attach_episode(): only non-deployable agents receive "
+            f"the episode (set deployable = False; reports then mark it so)"
+        )
     if callable(getattr(agent, "attach", None)):
         agent.attach(ctx)
     if not deployable and wants_episode:
@@ -78,8 +81,12 @@ def run_episode(env: Any, agent: Any, seed: int) -> dict[str, Any]:
     state = None
     start = True
     while True:
-        action, state = agent.predict(np.array(obs, dtype=np.float32), state=state,
-                                      episode_start=np.array([start]), deterministic=True)
+        action, state = agent.predict(
+            np.array(obs, dtype=np.float32),
+            state=state,
+            episode_start=np.array([start]),
+            deterministic=True,
+        )
         start = False
         obs, reward, terminated, truncated, info = env.step(int(np.asarray(action).reshape(-1)[0]))
         total += reward

@@ -21,9 +21,17 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["is_feasible", "budget_range", "CompletionTable", "completion_table",
-           "completion_counts", "transition_kernel", "sample_uniform", "optimal_schedule",
-           "brute_force_schedules"]
+__all__ = [
+    "is_feasible",
+    "budget_range",
+    "CompletionTable",
+    "completion_table",
+    "completion_counts",
+    "transition_kernel",
+    "sample_uniform",
+    "optimal_schedule",
+    "brute_force_schedules",
+]
 
 
 def is_feasible(merges, n: int, h_min: int, h_max: int) -> bool:
@@ -88,8 +96,7 @@ class CompletionTable:
         rows: one float array per row, ``log F[m, lo[m]..hi[m]]`` minus the row's maximum.
     """
 
-    def __init__(self, n: int, h_min: int, h_max: int, m_max: int,
-                 reach_only: bool = True) -> None:
+    def __init__(self, n: int, h_min: int, h_max: int, m_max: int, reach_only: bool = True) -> None:
         _check(n, h_min, h_max)
         if m_max < 0:
             raise ValueError(f"m_max must be >= 0, got {m_max}")
@@ -129,7 +136,7 @@ class CompletionTable:
         lo, hi = int(self.lo[m]), int(self.hi[m])
         s, e = max(a, lo), min(b, hi + 1)
         if e > s:
-            out[s - a:e - a] = self.rows[m][s - lo:e - lo]
+            out[s - a : e - a] = self.rows[m][s - lo : e - lo]
         return out
 
     def window_weights(self, m_left: int, c_lo: int, c_hi: int) -> np.ndarray:
@@ -173,7 +180,7 @@ def completion_counts(n: int, h_min: int, h_max: int, m_max: int) -> np.ndarray:
     f = np.zeros((m_max + 1, n))
     for m in range(m_max + 1):
         if t.rows[m].size:
-            f[m, t.lo[m]:t.hi[m] + 1] = np.maximum(np.exp(t.rows[m]), np.finfo(float).tiny)
+            f[m, t.lo[m] : t.hi[m] + 1] = np.maximum(np.exp(t.rows[m]), np.finfo(float).tiny)
     return f
 
 
@@ -191,16 +198,20 @@ def _check(n: int, h_min: int, h_max: int) -> None:
         raise ValueError(f"need at least one decision, got n={n}")
 
 
-def _table_for(n: int, h_min: int, h_max: int, m: int,
-               counts: CompletionTable | None) -> CompletionTable:
+def _table_for(
+    n: int, h_min: int, h_max: int, m: int, counts: CompletionTable | None
+) -> CompletionTable:
     if counts is None:
         return CompletionTable(n, h_min, h_max, max(m, 0))
     if not isinstance(counts, CompletionTable):
-        raise TypeError(f"counts must be a CompletionTable (from completion_table), got "
-                        f"{type(counts).__name__}")
+        raise TypeError(
+            f"counts must be a CompletionTable (from completion_table), got {type(counts).__name__}"
+        )
     if (counts.n, counts.h_min, counts.h_max) != (n, h_min, h_max):
-        raise ValueError(f"counts were built for n={counts.n}, h_min={counts.h_min}, "
-                         f"h_max={counts.h_max}, not n={n}, h_min={h_min}, h_max={h_max}")
+        raise ValueError(
+            f"counts were built for n={counts.n}, h_min={counts.h_min}, "
+            f"h_max={counts.h_max}, not n={n}, h_min={h_min}, h_max={h_max}"
+        )
     return counts
 
 
@@ -209,12 +220,15 @@ def _check_budget(f: CompletionTable, n: int, h_min: int, h_max: int, m: int) ->
         lo, hi = budget_range(n, h_min, h_max)
         if lo <= m <= hi:
             raise ValueError(f"counts hold budgets up to {f.m_max}, not {m}")
-        raise ValueError(f"no feasible schedule has {m} merges in {n} decisions "
-                         f"(h_min={h_min}, h_max={h_max}); feasible budgets: {lo}..{hi}")
+        raise ValueError(
+            f"no feasible schedule has {m} merges in {n} decisions "
+            f"(h_min={h_min}, h_max={h_max}); feasible budgets: {lo}..{hi}"
+        )
 
 
-def transition_kernel(n: int, h_min: int, h_max: int, m: int, j: int, cur,
-                      counts: CompletionTable | None = None) -> np.ndarray:
+def transition_kernel(
+    n: int, h_min: int, h_max: int, m: int, j: int, cur, counts: CompletionTable | None = None
+) -> np.ndarray:
     """The probabilities :func:`sample_uniform` uses for merge ``j`` (0-based) of ``m``,
     after the previous merge at each of ``cur``: ``(len(cur), h_max - h_min + 1)``, row
     ``i`` over decisions ``cur[i] + h_min .. cur[i] + h_max`` (rows sum to 1; a ``cur``
@@ -228,9 +242,15 @@ def transition_kernel(n: int, h_min: int, h_max: int, m: int, j: int, cur,
         return w / w.sum(axis=1, keepdims=True)
 
 
-def sample_uniform(n: int, h_min: int, h_max: int, m: int, k: int,
-                   rng: np.random.Generator,
-                   counts: CompletionTable | None = None) -> np.ndarray:
+def sample_uniform(
+    n: int,
+    h_min: int,
+    h_max: int,
+    m: int,
+    k: int,
+    rng: np.random.Generator,
+    counts: CompletionTable | None = None,
+) -> np.ndarray:
     """Draw ``k`` schedules uniformly among all feasible schedules with exactly ``m`` merges.
 
     Exact: the next merge is drawn with probability proportional to the number of
@@ -269,8 +289,9 @@ def sample_uniform(n: int, h_min: int, h_max: int, m: int, k: int,
     return out
 
 
-def optimal_schedule(cost: np.ndarray, h_min: int, h_max: int,
-                     m: int | None = None) -> tuple[np.ndarray, float]:
+def optimal_schedule(
+    cost: np.ndarray, h_min: int, h_max: int, m: int | None = None
+) -> tuple[np.ndarray, float]:
     """The feasible schedule of least total ``cost`` (exact dynamic programme).
 
     ``g[d]`` is the least cost of finishing the episode after a merge at ``d``:
@@ -313,7 +334,7 @@ def optimal_schedule(cost: np.ndarray, h_min: int, h_max: int,
         merges = []
         cur = 0
         while True:
-            seg = val[cur + h_min: cur + h_max + 1]
+            seg = val[cur + h_min : cur + h_max + 1]
             best = seg.min() if seg.size else np.inf
             if tail_ok[cur] and best >= 0.0:
                 break
@@ -325,8 +346,10 @@ def optimal_schedule(cost: np.ndarray, h_min: int, h_max: int,
     if m < 0:
         raise ValueError(f"m must be >= 0, got {m}")
     if n * (m + 1) > 60_000_000:
-        raise ValueError(f"an exact budget of m={m} over {n} decisions needs too much memory; "
-                         f"use m=None (free budget) or a shorter trace")
+        raise ValueError(
+            f"an exact budget of m={m} over {n} decisions needs too much memory; "
+            f"use m=None (free budget) or a shorter trace"
+        )
     g = np.empty((m + 1, n))
     g[0] = np.where(tail_ok, 0.0, np.inf)
     ext = np.full(n + h_max + 1, np.inf)
@@ -336,12 +359,13 @@ def optimal_schedule(cost: np.ndarray, h_min: int, h_max: int,
         g[j] = win[:n].min(axis=1)
     if not np.isfinite(g[m, 0]):
         lo, hi = budget_range(n, h_min, h_max)
-        raise ValueError(f"no feasible schedule has {m} merges in {n} decisions; "
-                         f"feasible budgets: {lo}..{hi}")
+        raise ValueError(
+            f"no feasible schedule has {m} merges in {n} decisions; feasible budgets: {lo}..{hi}"
+        )
     merges = np.empty(m, dtype=np.int64)
     cur = 0
     for j in range(m, 0, -1):
-        seg = cost[cur + h_min: cur + h_max + 1] + g[j - 1][cur + h_min: cur + h_max + 1]
+        seg = cost[cur + h_min : cur + h_max + 1] + g[j - 1][cur + h_min : cur + h_max + 1]
         cur = cur + h_min + int(np.argmin(seg))
         merges[m - j] = cur
     return merges, float(g[m, 0])

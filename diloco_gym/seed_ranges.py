@@ -31,7 +31,9 @@ def check_test_seeds(seed0: int, n: int, what: str = "episode seeds") -> None:
     if seed0 < 0:
         raise ValueError(f"seed0 must be >= 0, got {seed0}")
     if seed0 + n > VALIDATION_SEED0:
-        raise ValueError(f"{what} {seed0}..{seed0 + n - 1} reach {VALIDATION_SEED0}: seeds "
-                         f"from {VALIDATION_SEED0} are validation seeds and from "
-                         f"{TRAIN_SEED_LOW} training seeds of learned agents; test seeds "
-                         f"stay below {VALIDATION_SEED0}")
+        raise ValueError(
+            f"{what} {seed0}..{seed0 + n - 1} reach {VALIDATION_SEED0}: seeds "
+            f"from {VALIDATION_SEED0} are validation seeds and from "
+            f"{TRAIN_SEED_LOW} training seeds of learned agents; test seeds "
+            f"stay below {VALIDATION_SEED0}"
+        )

@@ -84,8 +84,10 @@ class SidecarParams:
     def __post_init__(self) -> None:
         for f in fields(self):
             value = getattr(self, f.name)
-            if not isinstance(value, (int, float)) or isinstance(value, bool) or not np.isfinite(
-                value
+            if (
+                not isinstance(value, (int, float))
+                or isinstance(value, bool)
+                or not np.isfinite(value)
             ):
                 raise ValueError(f"SidecarParams.{f.name} must be a finite number, got {value!r}")
             if value < 0:
@@ -94,19 +96,22 @@ class SidecarParams:
             if getattr(self, name) <= 0:
                 raise ValueError(f"SidecarParams.{name} must be > 0, got {getattr(self, name)!r}")
         if not 0 < self.high_pressure <= 1:
-            raise ValueError(f"SidecarParams.high_pressure must be in (0, 1], got "
-                             f"{self.high_pressure!r}")
+            raise ValueError(
+                f"SidecarParams.high_pressure must be in (0, 1], got {self.high_pressure!r}"
+            )
 
     @property
     def slo_s(self) -> float:
         return self.slo_ms / 1000.0
 
 
-def base_latency_s(prompt_tokens: np.ndarray, output_tokens: np.ndarray,
-                   p: SidecarParams) -> np.ndarray:
+def base_latency_s(
+    prompt_tokens: np.ndarray, output_tokens: np.ndarray, p: SidecarParams
+) -> np.ndarray:
     """Nominal service time per request, seconds."""
-    return (p.ttft_ms + p.prefill_ms_per_token * prompt_tokens
-            + p.decode_ms_per_token * output_tokens) / 1000.0
+    return (
+        p.ttft_ms + p.prefill_ms_per_token * prompt_tokens + p.decode_ms_per_token * output_tokens
+    ) / 1000.0
 
 
 def _slowdown(pressure_bin: np.ndarray, sync_bin: np.ndarray | None, p: SidecarParams):
@@ -151,8 +156,7 @@ class ReplayResult:
         lat_ms = self.latency_s * 1000.0
         n = lat_ms.size
         # One partition for the three (each value as percentile(lat_ms, q) alone).
-        p50, p95, p99 = (np.percentile(lat_ms, [50, 95, 99]).tolist() if n
-                         else [float("nan")] * 3)
+        p50, p95, p99 = np.percentile(lat_ms, [50, 95, 99]).tolist() if n else [float("nan")] * 3
         return {
             "requests": int(n),
             "violated": int(self.violated.sum()),
@@ -169,8 +173,14 @@ def percentile(x: np.ndarray, q: float) -> float:
     return float(np.percentile(x, q)) if np.size(x) else float("nan")
 
 
-def replay(base_s: np.ndarray, req_bin: np.ndarray, pressure_bin: np.ndarray,
-           sync_bin: np.ndarray | None, p: SidecarParams, bin_s: float) -> ReplayResult:
+def replay(
+    base_s: np.ndarray,
+    req_bin: np.ndarray,
+    pressure_bin: np.ndarray,
+    sync_bin: np.ndarray | None,
+    p: SidecarParams,
+    bin_s: float,
+) -> ReplayResult:
     """Replay requests through the queue with the given merge mask.
 
     Args:
@@ -185,8 +195,7 @@ def replay(base_s: np.ndarray, req_bin: np.ndarray, pressure_bin: np.ndarray,
     s = _running_sum(base_s, req_bin, m, p, bin_s)
     backlog = s[:-1] - np.minimum.accumulate(s)[:-1]
     latency = (base_s + backlog[req_bin] / p.slots) * m[req_bin]
-    active = (np.zeros(req_bin.size, bool) if sync_bin is None
-              else sync_bin[req_bin].astype(bool))
+    active = np.zeros(req_bin.size, bool) if sync_bin is None else sync_bin[req_bin].astype(bool)
     return ReplayResult(latency, latency > p.slo_s, active, pressure_bin[req_bin])
 
 
@@ -224,13 +233,19 @@ def _padded(x: np.ndarray, size: int) -> np.ndarray:
     if size <= x.size:
         return x
     out = np.empty(size)
-    out[:x.size] = x
-    out[x.size:] = x[-1]
+    out[: x.size] = x
+    out[x.size :] = x[-1]
     return out
 
 
-def _merge_queue(base_s: np.ndarray, req_bin: np.ndarray, pressure_bin: np.ndarray,
-                 p: SidecarParams, bin_s: float, size: int):
+def _merge_queue(
+    base_s: np.ndarray,
+    req_bin: np.ndarray,
+    pressure_bin: np.ndarray,
+    p: SidecarParams,
+    bin_s: float,
+    size: int,
+):
     """What costing a merge needs from the no-merge queue, padded to ``size``.
 
     Returns ``(m0, S, D, prefmin)``: the no-merge slowdown per bin, the running sum
@@ -240,8 +255,7 @@ def _merge_queue(base_s: np.ndarray, req_bin: np.ndarray, pressure_bin: np.ndarr
     m0 = _slowdown(pressure_bin, None, p)
     s = _running_sum(base_s, req_bin, m0, p, bin_s)
     prefmin = np.minimum.accumulate(s)
-    return m0, _padded(s, size), _padded(lost_capacity(m0, p, bin_s), size), _padded(
-        prefmin, size)
+    return m0, _padded(s, size), _padded(lost_capacity(m0, p, bin_s), size), _padded(prefmin, size)
 
 
 def lost_capacity(m0: np.ndarray, p: SidecarParams, bin_s: float) -> np.ndarray:
@@ -261,9 +275,16 @@ def _backlog_thresholds(slow: np.ndarray, base_s: np.ndarray, p: SidecarParams):
     return thr_in, thr_tail
 
 
-def merge_costs(base_s: np.ndarray, req_bin: np.ndarray, pressure_bin: np.ndarray,
-                p: SidecarParams, bin_s: float, starts: np.ndarray, merge_bins: int,
-                violated0: np.ndarray) -> np.ndarray:
+def merge_costs(
+    base_s: np.ndarray,
+    req_bin: np.ndarray,
+    pressure_bin: np.ndarray,
+    p: SidecarParams,
+    bin_s: float,
+    starts: np.ndarray,
+    merge_bins: int,
+    violated0: np.ndarray,
+) -> np.ndarray:
     """Extra SLO violations (requests) caused by one merge starting at each of ``starts``.
 
     Each candidate is evaluated *in isolation* against the no-merge replay
@@ -309,8 +330,9 @@ def merge_costs(base_s: np.ndarray, req_bin: np.ndarray, pressure_bin: np.ndarra
     lag_tail = min(-(-merge_bins // stride), n_lags)
 
     # Index k >= n_bins reads S[n_bins] (the reference clips indices): pad by repetition.
-    m0, s, d, prefmin = _merge_queue(base_s, req_bin, pressure_bin, p, bin_s,
-                                     int(starts[-1]) + horizon + 1)
+    m0, s, d, prefmin = _merge_queue(
+        base_s, req_bin, pressure_bin, p, bin_s, int(starts[-1]) + horizon + 1
+    )
 
     # Per request: candidate of the last start at or before it (c_hi), offset from it (r),
     # and the backlog thresholds inside the window and in the tail.
@@ -340,13 +362,15 @@ def merge_costs(base_s: np.ndarray, req_bin: np.ndarray, pressure_bin: np.ndarra
         st = starts[c_a:c_b]
         grid = _scratch("grid", (rows, cols))
         grid[:, :pad] = -np.inf
-        grid[:, pad + nb:] = -np.inf
+        grid[:, pad + nb :] = -np.inf
         grid[horizon:] = -np.inf
-        g = grid[:horizon, pad:pad + nb]
-        s_win = np.lib.stride_tricks.as_strided(s[int(st[0]):], (horizon, nb),
-                                                (es, es * stride), writeable=False)
-        d_win = np.lib.stride_tricks.as_strided(d[int(st[0]):], (merge_bins, nb),
-                                                (es, es * stride), writeable=False)
+        g = grid[:horizon, pad : pad + nb]
+        s_win = np.lib.stride_tricks.as_strided(
+            s[int(st[0]) :], (horizon, nb), (es, es * stride), writeable=False
+        )
+        d_win = np.lib.stride_tricks.as_strided(
+            d[int(st[0]) :], (merge_bins, nb), (es, es * stride), writeable=False
+        )
         # S with the merge: s[k] + d[k_end] - d[s0], k_end clipped to the window's end.
         np.add(s_win[:merge_bins], d_win, out=g[:merge_bins])
         np.add(s_win[merge_bins:], d[st + merge_bins][None, :], out=g[merge_bins:])
@@ -370,7 +394,7 @@ def merge_costs(base_s: np.ndarray, req_bin: np.ndarray, pressure_bin: np.ndarra
             base = r * cols + ch + pad
             extra = np.empty((n_lags, base.size), dtype=bool)
             for lag in range(n_lags):
-                b = np.take(flat[lag * step:], base)
+                b = np.take(flat[lag * step :], base)
                 if lag < lag_in:
                     thr = t_in
                 elif lag >= lag_tail:
@@ -383,8 +407,7 @@ def merge_costs(base_s: np.ndarray, req_bin: np.ndarray, pressure_bin: np.ndarra
             per = np.add.reduceat(extra, heads, axis=1, dtype=np.int64)  # (L, groups)
             cand = ch[heads][None, :] - lags[:, None]
             ok = (cand >= 0) & (cand < nb)
-            cost[c_a:c_b] += np.bincount(cand[ok], weights=per[ok], minlength=nb).astype(
-                np.int64)
+            cost[c_a:c_b] += np.bincount(cand[ok], weights=per[ok], minlength=nb).astype(np.int64)
     return cost.astype(np.float64)
 
 
@@ -398,10 +421,17 @@ class IsolatedMergeCost:
     suite checks on every decision of many episodes.
     """
 
-    def __init__(self, base_s: np.ndarray, req_bin: np.ndarray, pressure_bin: np.ndarray,
-                 p: SidecarParams, bin_s: float, merge_bins: int,
-                 violated0: np.ndarray,
-                 queue: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None) -> None:
+    def __init__(
+        self,
+        base_s: np.ndarray,
+        req_bin: np.ndarray,
+        pressure_bin: np.ndarray,
+        p: SidecarParams,
+        bin_s: float,
+        merge_bins: int,
+        violated0: np.ndarray,
+        queue: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None,
+    ) -> None:
         """``queue``: optionally ``(m0, S, prefmin)`` of the no-merge queue, unpadded, as
         :func:`diloco_gym.core.episode_core` computed them (the same arithmetic as
         :func:`_merge_queue`), so that they are not computed twice."""
@@ -409,8 +439,9 @@ class IsolatedMergeCost:
         self.horizon = self.merge_bins + int(round(p.tail_s / bin_s))
         size = pressure_bin.size + 1 + self.horizon  # past the end: S[n_bins], as there
         if queue is None:
-            m0, self._s, self._d, self._prefmin = _merge_queue(base_s, req_bin, pressure_bin,
-                                                               p, bin_s, size)
+            m0, self._s, self._d, self._prefmin = _merge_queue(
+                base_s, req_bin, pressure_bin, p, bin_s, size
+            )
         else:
             m0, s, prefmin = queue
             self._s, self._prefmin = _padded(s, size), _padded(prefmin, size)
@@ -428,8 +459,8 @@ class IsolatedMergeCost:
         w, h = self.merge_bins, self.horizon
         s, d = self._s, self._d
         g = np.empty(h)
-        np.add(s[start:start + w], d[start:start + w], out=g[:w])
-        np.add(s[start + w:start + h], d[start + w], out=g[w:])
+        np.add(s[start : start + w], d[start : start + w], out=g[:w])
+        np.add(s[start + w : start + h], d[start + w], out=g[w:])
         g -= d[start]
         run = np.minimum(np.minimum.accumulate(g), self._prefmin[start])
         g -= run  # the backlog with the merge

@@ -106,8 +106,10 @@ class Trace:
         )
         for name in ("network", "checkpoint"):
             a, b = getattr(self, name), getattr(other, name)
-            same = same and ((a is None and b is None) or (
-                a is not None and b is not None and np.array_equal(a, b)))
+            same = same and (
+                (a is None and b is None)
+                or (a is not None and b is not None and np.array_equal(a, b))
+            )
         return bool(same)
 
     __hash__ = None  # type: ignore[assignment]
@@ -123,19 +125,28 @@ def _token_counts(name: str, values: object) -> np.ndarray:
             bad = ~np.isfinite(floats)
             if bad.any():
                 row = int(np.argmax(bad.ravel()))
-                raise TraceFormatError("<array>", f"token count {floats.ravel()[row]!s} is not "
-                                       "a finite number", row=row + 1, field=name)
+                raise TraceFormatError(
+                    "<array>",
+                    f"token count {floats.ravel()[row]!s} is not a finite number",
+                    row=row + 1,
+                    field=name,
+                )
             frac = floats != np.floor(floats)
             if frac.any():
                 row = int(np.argmax(frac.ravel()))
-                raise TraceFormatError("<array>", f"token count {floats.ravel()[row]!s} is not "
-                                       "an integer", row=row + 1, field=name)
+                raise TraceFormatError(
+                    "<array>",
+                    f"token count {floats.ravel()[row]!s} is not an integer",
+                    row=row + 1,
+                    field=name,
+                )
         return array.astype(np.int64, copy=False)
     except (OverflowError, TypeError, ValueError) as exc:
         if isinstance(exc, TraceFormatError):
             raise
-        raise TraceFormatError("<array>", f"token counts are not integers that fit int64 "
-                               f"({exc})", field=name) from None
+        raise TraceFormatError(
+            "<array>", f"token counts are not integers that fit int64 ({exc})", field=name
+        ) from None
 
 
 def validate_trace(trace: Trace, path: str = "<array>") -> None:
@@ -145,33 +156,40 @@ def validate_trace(trace: Trace, path: str = "<array>") -> None:
     n = trace.arrival_s.size
     for name in ("prompt_tokens", "output_tokens"):
         if getattr(trace, name).shape != (n,):
-            raise TraceFormatError(path, f"{name} has shape {getattr(trace, name).shape}, "
-                                   f"expected ({n},)", field=name)
+            raise TraceFormatError(
+                path, f"{name} has shape {getattr(trace, name).shape}, expected ({n},)", field=name
+            )
     if trace.arrival_s.ndim != 1:
         raise TraceFormatError(path, "arrival_s must be one-dimensional", field="arrival_s")
     bad = ~np.isfinite(trace.arrival_s)
     if bad.any():
-        raise TraceFormatError(path, "arrival time is not finite",
-                               row=int(np.argmax(bad)) + 1, field="arrival_s")
+        raise TraceFormatError(
+            path, "arrival time is not finite", row=int(np.argmax(bad)) + 1, field="arrival_s"
+        )
     if n and np.any(np.diff(trace.arrival_s) < 0):
         row = int(np.argmax(np.diff(trace.arrival_s) < 0)) + 2
         raise TraceFormatError(path, "arrivals are not sorted", row=row, field="arrival_s")
     if n and (trace.arrival_s[0] < 0 or trace.arrival_s[-1] >= trace.duration_s):
         row = 1 if trace.arrival_s[0] < 0 else n
-        raise TraceFormatError(path, f"arrival outside the window [0, {trace.duration_s})",
-                               row=row, field="arrival_s")
+        raise TraceFormatError(
+            path, f"arrival outside the window [0, {trace.duration_s})", row=row, field="arrival_s"
+        )
     for name in ("prompt_tokens", "output_tokens"):
         neg = getattr(trace, name) < 0
         if neg.any():
-            raise TraceFormatError(path, "negative token count",
-                                   row=int(np.argmax(neg)) + 1, field=name)
+            raise TraceFormatError(
+                path, "negative token count", row=int(np.argmax(neg)) + 1, field=name
+            )
     for name in ("network", "checkpoint"):
         series = getattr(trace, name)
         if series is None:
             continue
         if series.shape != (trace.num_pressure_samples,):
-            raise TraceFormatError(path, f"{name} has {series.shape} samples, expected "
-                                   f"({trace.num_pressure_samples},)", field=name)
+            raise TraceFormatError(
+                path,
+                f"{name} has {series.shape} samples, expected ({trace.num_pressure_samples},)",
+                field=name,
+            )
         if not np.all((series >= 0) & (series <= 1)):
             raise TraceFormatError(path, "pressure outside [0, 1] or NaN", field=name)
 
@@ -185,8 +203,10 @@ def window(trace: Trace, start_s: float, duration_s: float) -> Trace:
     path = trace.meta.get("path", trace.name)
     if duration_s <= 0 or start_s < 0 or start_s + duration_s > trace.duration_s + 1e-9:
         raise TraceFormatError(
-            path, f"window [{start_s}, {start_s + duration_s}) s is not inside the trace "
-            f"[0, {trace.duration_s}) s")
+            path,
+            f"window [{start_s}, {start_s + duration_s}) s is not inside the trace "
+            f"[0, {trace.duration_s}) s",
+        )
     lo, hi = np.searchsorted(trace.arrival_s, [start_s, start_s + duration_s], side="left")
     if hi <= lo:
         raise TraceFormatError(path, f"window [{start_s}, {start_s + duration_s}) s is empty")
@@ -200,9 +220,15 @@ def window(trace: Trace, start_s: float, duration_s: float) -> Trace:
             series = series[idx]
         out[name] = series
     meta = dict(trace.meta, window_start_s=float(start_s))
-    return Trace(trace.arrival_s[lo:hi] - start_s, trace.prompt_tokens[lo:hi],
-                 trace.output_tokens[lo:hi], float(duration_s), name=trace.name, meta=meta,
-                 **out)
+    return Trace(
+        trace.arrival_s[lo:hi] - start_s,
+        trace.prompt_tokens[lo:hi],
+        trace.output_tokens[lo:hi],
+        float(duration_s),
+        name=trace.name,
+        meta=meta,
+        **out,
+    )
 
 
 def random_window(trace: Trace, duration_s: float, rng: np.random.Generator) -> Trace:
@@ -213,9 +239,10 @@ def random_window(trace: Trace, duration_s: float, rng: np.random.Generator) -> 
     """
     span = trace.duration_s - duration_s
     if span < 0:
-        raise TraceFormatError(trace.meta.get("path", trace.name),
-                               f"trace of {trace.duration_s:.1f} s is shorter than the "
-                               f"{duration_s:.1f} s window")
+        raise TraceFormatError(
+            trace.meta.get("path", trace.name),
+            f"trace of {trace.duration_s:.1f} s is shorter than the {duration_s:.1f} s window",
+        )
     for _ in range(100):
         start = float(rng.uniform(0.0, span)) if span > 0 else 0.0
         lo, hi = np.searchsorted(trace.arrival_s, [start, start + duration_s])
@@ -240,12 +267,19 @@ def scale_rate(trace: Trace, target_rate_rps: float) -> Trace:
     for name in ("network", "checkpoint"):
         series = getattr(trace, name)
         if series is not None:
-            src = np.minimum((np.arange(count) * PRESSURE_DT_S / factor / PRESSURE_DT_S)
-                             .astype(np.int64), series.size - 1)
+            src = np.minimum(
+                (np.arange(count) * PRESSURE_DT_S / factor / PRESSURE_DT_S).astype(np.int64),
+                series.size - 1,
+            )
             series = series[src]
         out[name] = series
-    return replace(trace, arrival_s=arrivals, duration_s=duration,
-                   meta=dict(trace.meta, rate_scale=float(1 / factor)), **out)
+    return replace(
+        trace,
+        arrival_s=arrivals,
+        duration_s=duration,
+        meta=dict(trace.meta, rate_scale=float(1 / factor)),
+        **out,
+    )
 
 
 def tile_starts(duration_s: float, window_s: float, stride_s: float | None = None) -> list[float]:
@@ -265,7 +299,9 @@ def tile_starts(duration_s: float, window_s: float, stride_s: float | None = Non
             raise ValueError(f"{name} must be a positive number of seconds, got {v}")
     count = int(np.floor((duration_s - window_s) / stride_s + 1e-9)) + 1
     if duration_s + 1e-9 < window_s or count < 1:
-        raise ValueError(f"a trace of {duration_s:.1f} s holds no window of {window_s:.1f} s; "
-                         f"a window needs at least {window_s:.1f} s of trace (shorten "
-                         f"--window-s or lower the rate scale)")
+        raise ValueError(
+            f"a trace of {duration_s:.1f} s holds no window of {window_s:.1f} s; "
+            f"a window needs at least {window_s:.1f} s of trace (shorten "
+            f"--window-s or lower the rate scale)"
+        )
     return [k * float(stride_s) for k in range(count)]

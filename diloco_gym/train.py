@@ -51,10 +51,23 @@ from diloco_gym.regimes import REGIMES
 from diloco_gym.rollout import run_episode
 from diloco_gym.seed_ranges import TRAIN_SEED_HIGH, TRAIN_SEED_LOW, VALIDATION_SEED0
 
-__all__ = ["ALGOS", "TRAIN_SEED_LOW", "TRAIN_SEED_HIGH", "HELD_OUT_SEED_HIGH",
-           "VALIDATION_SEED0", "TrainSeedWrapper", "HeldOutEvalCallback", "make_train_env",
-           "train", "add_train_arguments", "run_train_command", "latest_checkpoint",
-           "check_run_dir", "validation_comparison", "RUN_ARTEFACTS"]
+__all__ = [
+    "ALGOS",
+    "TRAIN_SEED_LOW",
+    "TRAIN_SEED_HIGH",
+    "HELD_OUT_SEED_HIGH",
+    "VALIDATION_SEED0",
+    "TrainSeedWrapper",
+    "HeldOutEvalCallback",
+    "make_train_env",
+    "train",
+    "add_train_arguments",
+    "run_train_command",
+    "latest_checkpoint",
+    "check_run_dir",
+    "validation_comparison",
+    "RUN_ARTEFACTS",
+]
 
 #: Algorithms ``train`` knows, by CLI name.
 ALGOS = ("ppo", "maskable-ppo", "dqn")
@@ -81,8 +94,13 @@ class TrainSeedWrapper(gym.Wrapper):
         seed: initial seed of the wrapper's generator (``None``: from OS entropy).
     """
 
-    def __init__(self, env: gym.Env, low: int = TRAIN_SEED_LOW, high: int = TRAIN_SEED_HIGH,
-                 seed: int | None = None) -> None:
+    def __init__(
+        self,
+        env: gym.Env,
+        low: int = TRAIN_SEED_LOW,
+        high: int = TRAIN_SEED_HIGH,
+        seed: int | None = None,
+    ) -> None:
         super().__init__(env)
         if not 0 <= low < high:
             raise ValueError(f"need 0 <= low < high, got low={low}, high={high}")
@@ -130,7 +148,8 @@ def _train_seed_vector_env():
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
             self._train_rngs: list[np.random.Generator] = [
-                np.random.default_rng() for _ in range(self.num_envs)]
+                np.random.default_rng() for _ in range(self.num_envs)
+            ]
             #: the episode seeds used so far (for audits and tests).
             self.train_episode_seeds: list[int] = []
 
@@ -144,8 +163,9 @@ def _train_seed_vector_env():
     return TrainSeedVectorEnv
 
 
-def make_train_vec_env(kind: str, regime: str, seed: int, n_envs: int,
-                       env_kwargs: dict[str, Any] | None = None):
+def make_train_vec_env(
+    kind: str, regime: str, seed: int, n_envs: int, env_kwargs: dict[str, Any] | None = None
+):
     """The SB3 vector env ``train`` learns on.
 
     Args:
@@ -166,11 +186,13 @@ def make_train_vec_env(kind: str, regime: str, seed: int, n_envs: int,
 
         from diloco_gym.vector import AutoresetMode, SB3VecEnv
 
-        venv = _train_seed_vector_env()(n_envs, regime=regime,
-                                        autoreset_mode=AutoresetMode.SAME_STEP, **env_kwargs)
+        venv = _train_seed_vector_env()(
+            n_envs, regime=regime, autoreset_mode=AutoresetMode.SAME_STEP, **env_kwargs
+        )
         vec = VecMonitor(SB3VecEnv(venv))
         vec.seed(seed)
         return vec
+
     def env_fn(i: int) -> Callable[[], gym.Env]:
         return lambda: make_train_env(regime, seed + i, env_kwargs)
 
@@ -216,15 +238,30 @@ def default_hyperparameters(algo: str, n_envs: int, timesteps: int) -> dict[str,
     arch = {"net_arch": [64, 64]}
     if algo in ("ppo", "maskable-ppo"):
         n_steps = 256
-        return {"n_steps": n_steps, "batch_size": 256, "n_epochs": 10, "learning_rate": 3e-4,
-                "gamma": 0.995, "gae_lambda": 0.95, "ent_coef": 0.01, "clip_range": 0.2,
-                "policy_kwargs": arch}
+        return {
+            "n_steps": n_steps,
+            "batch_size": 256,
+            "n_epochs": 10,
+            "learning_rate": 3e-4,
+            "gamma": 0.995,
+            "gae_lambda": 0.95,
+            "ent_coef": 0.01,
+            "clip_range": 0.2,
+            "policy_kwargs": arch,
+        }
     if algo == "dqn":
-        return {"learning_rate": 5e-4, "buffer_size": 100_000,
-                "learning_starts": int(min(5_000, max(64, timesteps // 10))),
-                "batch_size": 64, "gamma": 0.995, "train_freq": 4,
-                "target_update_interval": 1_000, "exploration_fraction": 0.3,
-                "exploration_final_eps": 0.02, "policy_kwargs": arch}
+        return {
+            "learning_rate": 5e-4,
+            "buffer_size": 100_000,
+            "learning_starts": int(min(5_000, max(64, timesteps // 10))),
+            "batch_size": 64,
+            "gamma": 0.995,
+            "train_freq": 4,
+            "target_update_interval": 1_000,
+            "exploration_fraction": 0.3,
+            "exploration_final_eps": 0.02,
+            "policy_kwargs": arch,
+        }
     raise ValueError(f"unknown algo {algo!r}; valid: {', '.join(ALGOS)}")
 
 
@@ -258,13 +295,20 @@ class HeldOutEvalCallback(BaseCallback):
         ValueError: if a seed is not in the held-out range.
     """
 
-    def __init__(self, env: DiLoCoSyncEnv, seeds: list[int], eval_freq: int,
-                 best_path: Path | None, verbose: int = 0) -> None:
+    def __init__(
+        self,
+        env: DiLoCoSyncEnv,
+        seeds: list[int],
+        eval_freq: int,
+        best_path: Path | None,
+        verbose: int = 0,
+    ) -> None:
         super().__init__(verbose)
         bad = [s for s in seeds if not 0 <= s < HELD_OUT_SEED_HIGH]
         if bad:
-            raise ValueError(f"evaluation seeds must be held out (< {HELD_OUT_SEED_HIGH}); "
-                             f"got {bad[:5]}")
+            raise ValueError(
+                f"evaluation seeds must be held out (< {HELD_OUT_SEED_HIGH}); got {bad[:5]}"
+            )
         self.eval_env = env
         self.seeds = list(seeds)
         self.eval_freq = int(eval_freq)
@@ -283,10 +327,12 @@ class HeldOutEvalCallback(BaseCallback):
 
         agent = LearnedAgent(self.model, name="eval")
         res = [run_episode(self.eval_env, agent, s) for s in self.seeds]
-        row = {"timesteps": int(self.model.num_timesteps),
-               "sync_excess_pct": float(np.mean([r["sync_excess_pct"] for r in res])),
-               "merges": float(np.mean([r["merges"] for r in res])),
-               "mean_reward": float(np.mean([r["return"] for r in res]))}
+        row = {
+            "timesteps": int(self.model.num_timesteps),
+            "sync_excess_pct": float(np.mean([r["sync_excess_pct"] for r in res])),
+            "merges": float(np.mean([r["merges"] for r in res])),
+            "mean_reward": float(np.mean([r["return"] for r in res])),
+        }
         self.history.append(row)
         if getattr(self.model, "_logger", None) is not None:  # set once learn() started
             for k in ("sync_excess_pct", "merges", "mean_reward"):
@@ -296,8 +342,10 @@ class HeldOutEvalCallback(BaseCallback):
             if self.best_path is not None:
                 self.model.save(self.best_path)
         if self.verbose:
-            print(f"eval @ {row['timesteps']}: sync-excess {row['sync_excess_pct']:.3f} %, "
-                  f"{row['merges']:.1f} merges, return {row['mean_reward']:.3f}")
+            print(
+                f"eval @ {row['timesteps']}: sync-excess {row['sync_excess_pct']:.3f} %, "
+                f"{row['merges']:.1f} merges, return {row['mean_reward']:.3f}"
+            )
         return row
 
 
@@ -307,9 +355,14 @@ def _versions() -> dict[str, str]:
 
     import diloco_gym
 
-    out = {"diloco_gym": diloco_gym.__version__,  # the trace generator's draws per seed
-           "python": platform.python_version(), "stable_baselines3": stable_baselines3.__version__,
-           "torch": torch.__version__, "gymnasium": gym.__version__, "numpy": np.__version__}
+    out = {
+        "diloco_gym": diloco_gym.__version__,  # the trace generator's draws per seed
+        "python": platform.python_version(),
+        "stable_baselines3": stable_baselines3.__version__,
+        "torch": torch.__version__,
+        "gymnasium": gym.__version__,
+        "numpy": np.__version__,
+    }
     try:
         import sb3_contrib
 
@@ -333,8 +386,14 @@ def _read_meta(path: Path) -> dict[str, Any]:
     return meta
 
 
-def check_run_dir(out: str | Path, algo: str, regime: str, resume: bool = False,
-                  force: bool = False, apply: bool = True) -> Path | None:
+def check_run_dir(
+    out: str | Path,
+    algo: str,
+    regime: str,
+    resume: bool = False,
+    force: bool = False,
+    apply: bool = True,
+) -> Path | None:
     """Check the output directory of a training run before anything is written.
 
     A missing or empty directory starts a new run. An existing run (a directory with
@@ -359,41 +418,52 @@ def check_run_dir(out: str | Path, algo: str, regime: str, resume: bool = False,
     """
     out = Path(out)
     if resume and force:
-        raise ValueError("--resume and --force exclude each other: --resume continues the "
-                         "run in OUT, --force replaces it")
+        raise ValueError(
+            "--resume and --force exclude each other: --resume continues the "
+            "run in OUT, --force replaces it"
+        )
     if out.exists() and not out.is_dir():
         raise FileExistsError(f"{out} exists and is not a directory")
     meta_path = out / "meta.json"
     non_empty = out.is_dir() and any(out.iterdir())
     if resume:
         if not meta_path.is_file():
-            raise FileNotFoundError(f"--resume: there is no training run in {out} (no "
-                                    f"meta.json); leave out --resume to start a new run")
+            raise FileNotFoundError(
+                f"--resume: there is no training run in {out} (no "
+                f"meta.json); leave out --resume to start a new run"
+            )
         meta = _read_meta(meta_path)
         for key, want in (("algo", algo), ("regime", regime)):
             if meta.get(key) != want:
                 flag = "--algo" if key == "algo" else "--regime"
-                raise ValueError(f"--resume: {out} is a {meta.get('algo')} run on "
-                                 f"{meta.get('regime')}; it cannot continue with {flag} "
-                                 f"{want} (pass {flag} {meta.get(key)}, or --force to "
-                                 f"start over)")
+                raise ValueError(
+                    f"--resume: {out} is a {meta.get('algo')} run on "
+                    f"{meta.get('regime')}; it cannot continue with {flag} "
+                    f"{want} (pass {flag} {meta.get(key)}, or --force to "
+                    f"start over)"
+                )
         start = latest_checkpoint(out)
         if start is None and (out / "model.zip").is_file():
             start = out / "model.zip"
         if start is None:
-            raise FileNotFoundError(f"--resume: {out} has no checkpoint and no model.zip to "
-                                    f"continue from")
+            raise FileNotFoundError(
+                f"--resume: {out} has no checkpoint and no model.zip to continue from"
+            )
         return start
     if not non_empty:
         return None
     if not meta_path.is_file():
-        raise FileExistsError(f"{out} is not empty and is not a diloco-gym training run (no "
-                              f"meta.json); choose another --out")
+        raise FileExistsError(
+            f"{out} is not empty and is not a diloco-gym training run (no "
+            f"meta.json); choose another --out"
+        )
     if not force:
         meta = _read_meta(meta_path)
-        raise FileExistsError(f"{out} already holds a training run ({meta.get('algo')} on "
-                              f"{meta.get('regime')}, {meta.get('status', 'complete')}); "
-                              f"pass --resume to continue it or --force to replace it")
+        raise FileExistsError(
+            f"{out} already holds a training run ({meta.get('algo')} on "
+            f"{meta.get('regime')}, {meta.get('status', 'complete')}); "
+            f"pass --resume to continue it or --force to replace it"
+        )
     for name in RUN_ARTEFACTS if apply else ():
         target = out / name
         if target.is_dir() and not target.is_symlink():
@@ -403,12 +473,25 @@ def check_run_dir(out: str | Path, algo: str, regime: str, resume: bool = False,
     return None
 
 
-def train(algo: str, regime: str = "bursty", timesteps: int = 200_000, seed: int = 0,
-          out: str | Path = "runs/train", n_envs: int = 4, eval_episodes: int = 10,
-          eval_freq: int = 10_000, checkpoint_freq: int = 50_000, resume: bool = False,
-          progress_bar: bool = False, env_kwargs: dict[str, Any] | None = None,
-          hyperparameters: dict[str, Any] | None = None, verbose: int = 0,
-          command: str | None = None, force: bool = False, vec_env: str = "native") -> Path:
+def train(
+    algo: str,
+    regime: str = "bursty",
+    timesteps: int = 200_000,
+    seed: int = 0,
+    out: str | Path = "runs/train",
+    n_envs: int = 4,
+    eval_episodes: int = 10,
+    eval_freq: int = 10_000,
+    checkpoint_freq: int = 50_000,
+    resume: bool = False,
+    progress_bar: bool = False,
+    env_kwargs: dict[str, Any] | None = None,
+    hyperparameters: dict[str, Any] | None = None,
+    verbose: int = 0,
+    command: str | None = None,
+    force: bool = False,
+    vec_env: str = "native",
+) -> Path:
     """Train an RL scheduler and save ``out/model.zip`` and ``out/meta.json``.
 
     Args:
@@ -457,17 +540,30 @@ def train(algo: str, regime: str = "bursty", timesteps: int = 200_000, seed: int
     if regime not in REGIMES:
         raise ValueError(f"unknown regime {regime!r}; valid: {', '.join(REGIMES)}")
     if timesteps < 1 or n_envs < 1 or eval_episodes < 0 or eval_freq < 0 or checkpoint_freq < 0:
-        raise ValueError("timesteps and n_envs must be >= 1; eval_episodes, eval_freq and "
-                         "checkpoint_freq must be >= 0")
+        raise ValueError(
+            "timesteps and n_envs must be >= 1; eval_episodes, eval_freq and "
+            "checkpoint_freq must be >= 0"
+        )
     env_kwargs = dict(env_kwargs or {})
     out = Path(out)
     start = check_run_dir(out, algo, regime, resume=resume, force=force)
     out.mkdir(parents=True, exist_ok=True)
     if start is None:
         # Written first, so that an interrupted run can be resumed (and checked) later.
-        (out / "meta.json").write_text(json.dumps(
-            {"algo": algo, "regime": regime, "seed": int(seed), "status": "training",
-             "command": command, "name": f"learned:{algo}-{regime}"}, indent=2) + "\n")
+        (out / "meta.json").write_text(
+            json.dumps(
+                {
+                    "algo": algo,
+                    "regime": regime,
+                    "seed": int(seed),
+                    "status": "training",
+                    "command": command,
+                    "name": f"learned:{algo}-{regime}",
+                },
+                indent=2,
+            )
+            + "\n"
+        )
     torch.set_num_threads(1)
     set_random_seed(seed)
     started = time.perf_counter()
@@ -481,8 +577,11 @@ def train(algo: str, regime: str = "bursty", timesteps: int = 200_000, seed: int
     ckpt = start
     if ckpt is not None:
         model = cls.load(ckpt, env=vec_env, device="cpu", tensorboard_log=str(out / "tb"))
-        buffer = ckpt.with_name(ckpt.name.replace("_steps.zip", "_steps.pkl").replace(
-            "rl_model_", "rl_model_replay_buffer_"))
+        buffer = ckpt.with_name(
+            ckpt.name.replace("_steps.zip", "_steps.pkl").replace(
+                "rl_model_", "rl_model_replay_buffer_"
+            )
+        )
         if algo == "dqn" and ckpt.parent.name == "checkpoints" and buffer.exists():
             model.load_replay_buffer(buffer)
         # fresh, reproducible streams for the continuation
@@ -491,28 +590,48 @@ def train(algo: str, regime: str = "bursty", timesteps: int = 200_000, seed: int
         if verbose:
             print(f"resuming from {ckpt} at {model.num_timesteps} timesteps")
     else:
-        model = cls("MlpPolicy", vec_env, seed=seed, device="cpu", verbose=verbose,
-                    tensorboard_log=str(out / "tb"), **hp)
+        model = cls(
+            "MlpPolicy",
+            vec_env,
+            seed=seed,
+            device="cpu",
+            verbose=verbose,
+            tensorboard_log=str(out / "tb"),
+            **hp,
+        )
     done = int(model.num_timesteps)
     remaining = max(0, int(timesteps) - done)
 
     callbacks: list[BaseCallback] = []
     if checkpoint_freq > 0:
-        callbacks.append(CheckpointCallback(
-            save_freq=max(1, checkpoint_freq // n_envs), save_path=str(out / "checkpoints"),
-            name_prefix="rl_model", save_replay_buffer=(algo == "dqn"), verbose=0))
+        callbacks.append(
+            CheckpointCallback(
+                save_freq=max(1, checkpoint_freq // n_envs),
+                save_path=str(out / "checkpoints"),
+                name_prefix="rl_model",
+                save_replay_buffer=(algo == "dqn"),
+                verbose=0,
+            )
+        )
     evaluator = None
     if eval_episodes > 0:
         seeds = [VALIDATION_SEED0 + i for i in range(eval_episodes)]
         evaluator = HeldOutEvalCallback(
-            DiLoCoSyncEnv(regime=regime, **env_kwargs), seeds,
+            DiLoCoSyncEnv(regime=regime, **env_kwargs),
+            seeds,
             eval_freq=max(1, eval_freq // n_envs) if eval_freq > 0 else 0,
-            best_path=out / "best_model.zip", verbose=verbose)
+            best_path=out / "best_model.zip",
+            verbose=verbose,
+        )
         callbacks.append(evaluator)
     if remaining > 0:
-        model.learn(total_timesteps=remaining, callback=CallbackList(callbacks),
-                    reset_num_timesteps=ckpt is None, progress_bar=progress_bar,
-                    tb_log_name=algo)
+        model.learn(
+            total_timesteps=remaining,
+            callback=CallbackList(callbacks),
+            reset_num_timesteps=ckpt is None,
+            progress_bar=progress_bar,
+            tb_log_name=algo,
+        )
     final_eval = None
     if evaluator is not None:
         if evaluator.model is None:  # learn() did not run (resumed at the target)
@@ -535,13 +654,16 @@ def train(algo: str, regime: str = "bursty", timesteps: int = 200_000, seed: int
         "env_kwargs": env_kwargs,
         "env_params": asdict(base.params),
         "hyperparameters": {k: v for k, v in hp.items()},
-        "seed_ranges": {"train_episode_seeds": [TRAIN_SEED_LOW, TRAIN_SEED_HIGH],
-                        "held_out_below": HELD_OUT_SEED_HIGH,
-                        "validation_seeds": [VALIDATION_SEED0, VALIDATION_SEED0 + eval_episodes]},
+        "seed_ranges": {
+            "train_episode_seeds": [TRAIN_SEED_LOW, TRAIN_SEED_HIGH],
+            "held_out_below": HELD_OUT_SEED_HIGH,
+            "validation_seeds": [VALIDATION_SEED0, VALIDATION_SEED0 + eval_episodes],
+        },
         "train_episodes_this_run": len(train_seeds),
         "final_validation": final_eval,
-        "best_validation_sync_excess_pct": (evaluator.best_sync_excess
-                                            if evaluator is not None else None),
+        "best_validation_sync_excess_pct": (
+            evaluator.best_sync_excess if evaluator is not None else None
+        ),
         "evaluations": evaluator.history if evaluator is not None else [],
         "train_seconds": round(time.perf_counter() - started, 1),
         "command": command,
@@ -558,30 +680,60 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     """Add the ``diloco-gym train`` options to ``parser``."""
     parser.add_argument("--algo", choices=ALGOS, default="ppo", help="RL algorithm")
     parser.add_argument("--regime", default="bursty", help=f"one of {', '.join(REGIMES)}")
-    parser.add_argument("--timesteps", type=int, default=200_000,
-                        help="total agent decisions to train for (default 200000)")
+    parser.add_argument(
+        "--timesteps",
+        type=int,
+        default=200_000,
+        help="total agent decisions to train for (default 200000)",
+    )
     parser.add_argument("--seed", type=int, default=0, help="training seed (default 0)")
-    parser.add_argument("--out", default="runs/train",
-                        help="output directory: model.zip, meta.json, tb/, checkpoints/; an "
-                             "existing run needs --resume or --force")
-    parser.add_argument("--n-envs", type=int, default=4,
-                        help="environments stepped together (default 4)")
-    parser.add_argument("--vec-env", choices=VEC_ENVS, default="native",
-                        help="how the --n-envs envs are batched: native (one batched env in "
-                             "this process, default), subproc (one process per env) or dummy "
-                             "(one after another)")
-    parser.add_argument("--eval-episodes", type=int, default=10,
-                        help="validation episodes per evaluation, seeds 900000+ (0: none)")
-    parser.add_argument("--eval-freq", type=int, default=10_000,
-                        help="evaluate every N timesteps (default 10000; 0: only at the end)")
-    parser.add_argument("--checkpoint-freq", type=int, default=50_000,
-                        help="checkpoint every N timesteps (default 50000; 0: none)")
-    parser.add_argument("--resume", action="store_true",
-                        help="continue the run in OUT (same --algo and --regime as its "
-                             "meta.json) from its latest checkpoint")
-    parser.add_argument("--force", action="store_true",
-                        help="replace the training run in OUT (removes its model, meta, "
-                             "checkpoints and logs; other files stay)")
+    parser.add_argument(
+        "--out",
+        default="runs/train",
+        help="output directory: model.zip, meta.json, tb/, checkpoints/; an "
+        "existing run needs --resume or --force",
+    )
+    parser.add_argument(
+        "--n-envs", type=int, default=4, help="environments stepped together (default 4)"
+    )
+    parser.add_argument(
+        "--vec-env",
+        choices=VEC_ENVS,
+        default="native",
+        help="how the --n-envs envs are batched: native (one batched env in "
+        "this process, default), subproc (one process per env) or dummy "
+        "(one after another)",
+    )
+    parser.add_argument(
+        "--eval-episodes",
+        type=int,
+        default=10,
+        help="validation episodes per evaluation, seeds 900000+ (0: none)",
+    )
+    parser.add_argument(
+        "--eval-freq",
+        type=int,
+        default=10_000,
+        help="evaluate every N timesteps (default 10000; 0: only at the end)",
+    )
+    parser.add_argument(
+        "--checkpoint-freq",
+        type=int,
+        default=50_000,
+        help="checkpoint every N timesteps (default 50000; 0: none)",
+    )
+    parser.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue the run in OUT (same --algo and --regime as its "
+        "meta.json) from its latest checkpoint",
+    )
+    parser.add_argument(
+        "--force",
+        action="store_true",
+        help="replace the training run in OUT (removes its model, meta, "
+        "checkpoints and logs; other files stay)",
+    )
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.add_argument("--verbose", type=int, default=0, help="SB3 verbosity (0, 1, 2)")
 
@@ -601,9 +753,13 @@ class _ActionCounter:
         return action, state
 
 
-def validation_comparison(model: str | Path | Any, regime: str, seeds: list[int],
-                          env_kwargs: dict[str, Any] | None = None,
-                          draws: int = 200) -> dict[str, Any]:
+def validation_comparison(
+    model: str | Path | Any,
+    regime: str,
+    seeds: list[int],
+    env_kwargs: dict[str, Any] | None = None,
+    draws: int = 200,
+) -> dict[str, Any]:
     """The trained agent next to fixed-512 and its matched random on validation seeds.
 
     Matched random is scored as in ``diloco-gym report``: per episode, the mean
@@ -628,11 +784,13 @@ def validation_comparison(model: str | Path | Any, regime: str, seeds: list[int]
     from diloco_gym import protocol
 
     env = DiLoCoSyncEnv(regime=regime, **(env_kwargs or {}))
-    agent = _ActionCounter(load_learned_agent(model) if isinstance(model, (str, Path))
-                           else model)
+    agent = _ActionCounter(load_learned_agent(model) if isinstance(model, (str, Path)) else model)
     fixed = make_agent("fixed-512")
-    rows: dict[str, list[tuple[float, float]]] = {"agent": [], "fixed-512": [],
-                                                  "matched random": []}
+    rows: dict[str, list[tuple[float, float]]] = {
+        "agent": [],
+        "fixed-512": [],
+        "matched random": [],
+    }
     same = 0
     for seed in seeds:
         res = run_episode(env, agent, seed)
@@ -641,8 +799,15 @@ def validation_comparison(model: str | Path | Any, regime: str, seeds: list[int]
         per_hour = 3600.0 / ep.trace.duration_s
         m = int(res["merges"])
         counts = protocol.counts_for(ep.n_decisions, env.params, max(m, 40))
-        mr = protocol.envelope(ep, m, draws, np.random.default_rng([seed, m, 7]), env.params,
-                               env.sidecar, counts=counts)
+        mr = protocol.envelope(
+            ep,
+            m,
+            draws,
+            np.random.default_rng([seed, m, 7]),
+            env.params,
+            env.sidecar,
+            counts=counts,
+        )
         rows["agent"].append((res["sync_excess_pct"], m * per_hour))
         rows["matched random"].append((float(mr.mean()), m * per_hour))
         ref = run_episode(env, fixed, seed)
@@ -651,8 +816,10 @@ def validation_comparison(model: str | Path | Any, regime: str, seeds: list[int]
     out: dict[str, Any] = {"seeds": [int(s) for s in seeds], "agent_name": agent.name}
     for key, vals in rows.items():
         arr = np.array(vals, dtype=float)
-        out[key] = {"sync_excess_pct": float(arr[:, 0].mean()),
-                    "merges_per_hour": float(arr[:, 1].mean())}
+        out[key] = {
+            "sync_excess_pct": float(arr[:, 0].mean()),
+            "merges_per_hour": float(arr[:, 1].mean()),
+        }
     out["chosen_merges"] = agent.chosen
     out["same_schedules_as_fixed_512"] = same
     return out
@@ -661,14 +828,17 @@ def validation_comparison(model: str | Path | Any, regime: str, seeds: list[int]
 def format_comparison(cmp: dict[str, Any]) -> tuple[list[str], list[str]]:
     """The lines ``train`` prints for :func:`validation_comparison`: (table, warnings)."""
     seeds = cmp["seeds"]
-    lines = [f"validation episodes (seeds {seeds[0]}..{seeds[-1]}, deterministic policy), "
-             f"means:",
-             f"  {'':<28} {'sync-excess %':>13} {'merges/h':>9}"]
-    for key, label in (("agent", cmp["agent_name"]), ("fixed-512", "fixed-512"),
-                       ("matched random", "matched random (same merges)")):
+    lines = [
+        f"validation episodes (seeds {seeds[0]}..{seeds[-1]}, deterministic policy), means:",
+        f"  {'':<28} {'sync-excess %':>13} {'merges/h':>9}",
+    ]
+    for key, label in (
+        ("agent", cmp["agent_name"]),
+        ("fixed-512", "fixed-512"),
+        ("matched random", "matched random (same merges)"),
+    ):
         r = cmp[key]
-        lines.append(f"  {label:<28} {r['sync_excess_pct']:>13.3f} "
-                     f"{r['merges_per_hour']:>9.1f}")
+        lines.append(f"  {label:<28} {r['sync_excess_pct']:>13.3f} {r['merges_per_hour']:>9.1f}")
     warnings = []
     n = len(seeds)
     if cmp["chosen_merges"] == 0:
@@ -676,10 +846,13 @@ def format_comparison(cmp: dict[str, Any]) -> tuple[list[str], list[str]]:
             f"warning: the policy never chose to merge in the {n} validation episodes: every "
             f"merge it made was forced at the H_max limit, so it schedules like fixed-512 "
             f"({cmp['same_schedules_as_fixed_512']} of {n} episodes identical). Train longer "
-            f"(--timesteps) or check the reward.")
+            f"(--timesteps) or check the reward."
+        )
     elif cmp["same_schedules_as_fixed_512"] == n:
-        warnings.append(f"warning: the policy's merges equal fixed-512's in all {n} "
-                        f"validation episodes. Train longer (--timesteps).")
+        warnings.append(
+            f"warning: the policy's merges equal fixed-512's in all {n} "
+            f"validation episodes. Train longer (--timesteps)."
+        )
     return lines, warnings
 
 
@@ -692,29 +865,40 @@ def run_train_command(args: argparse.Namespace) -> int:
     from diloco_gym.errors import UsageError
 
     if args.regime not in REGIMES:
-        raise UsageError(f"unknown regime {args.regime!r}; valid regimes: "
-                         f"{', '.join(REGIMES)}")
+        raise UsageError(f"unknown regime {args.regime!r}; valid regimes: {', '.join(REGIMES)}")
     if args.timesteps < 1 or args.n_envs < 1:
         raise UsageError("--timesteps and --n-envs must be >= 1")
     if args.eval_episodes < 0 or args.eval_freq < 0 or args.checkpoint_freq < 0:
         raise UsageError("--eval-episodes, --eval-freq and --checkpoint-freq must be >= 0")
     try:
-        check_run_dir(args.out, args.algo, args.regime, resume=args.resume, force=args.force,
-                      apply=False)
+        check_run_dir(
+            args.out, args.algo, args.regime, resume=args.resume, force=args.force, apply=False
+        )
     except (OSError, ValueError) as exc:
         raise UsageError(str(exc)) from None
     command = "diloco-gym " + " ".join(shlex.quote(a) for a in sys.argv[1:])
-    path = train(args.algo, regime=args.regime, timesteps=args.timesteps, seed=args.seed,
-                 out=args.out, n_envs=args.n_envs, eval_episodes=args.eval_episodes,
-                 eval_freq=args.eval_freq, checkpoint_freq=args.checkpoint_freq,
-                 resume=args.resume, progress_bar=not args.no_progress, verbose=args.verbose,
-                 command=command, force=args.force, vec_env=args.vec_env)
+    path = train(
+        args.algo,
+        regime=args.regime,
+        timesteps=args.timesteps,
+        seed=args.seed,
+        out=args.out,
+        n_envs=args.n_envs,
+        eval_episodes=args.eval_episodes,
+        eval_freq=args.eval_freq,
+        checkpoint_freq=args.checkpoint_freq,
+        resume=args.resume,
+        progress_bar=not args.no_progress,
+        verbose=args.verbose,
+        command=command,
+        force=args.force,
+        vec_env=args.vec_env,
+    )
     meta_path = path.parent / "meta.json"
     meta = json.loads(meta_path.read_text())
     print(f"saved {path} ({meta['timesteps']} timesteps, {meta['train_seconds']} s)")
     n_val = args.eval_episodes if args.eval_episodes > 0 else 10
-    cmp = validation_comparison(path, args.regime,
-                                [VALIDATION_SEED0 + i for i in range(n_val)])
+    cmp = validation_comparison(path, args.regime, [VALIDATION_SEED0 + i for i in range(n_val)])
     meta["validation_comparison"] = cmp
     meta_path.write_text(json.dumps(meta, indent=2, default=str) + "\n")
     lines, warnings = format_comparison(cmp)

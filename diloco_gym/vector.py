@@ -125,31 +125,49 @@ class DiLoCoSyncVectorEnv(gym.vector.VectorEnv[np.ndarray, np.ndarray, np.ndarra
 
     metadata = {"render_modes": [], "autoreset_mode": AutoresetMode.NEXT_STEP}
 
-    def __init__(self, num_envs: int = 1, regime: Any = "bursty", params: EnvParams | None = None,
-                 sidecar: SidecarParams | None = None, learners: lrn.LearnerParams | None = None,
-                 episode_pool: int | None = None,
-                 autoreset_mode: AutoresetMode | str = AutoresetMode.NEXT_STEP,
-                 render_mode: str | None = None, **overrides: Any) -> None:
-        if not isinstance(num_envs, (int, np.integer)) or isinstance(num_envs, bool) \
-                or num_envs < 1:
+    def __init__(
+        self,
+        num_envs: int = 1,
+        regime: Any = "bursty",
+        params: EnvParams | None = None,
+        sidecar: SidecarParams | None = None,
+        learners: lrn.LearnerParams | None = None,
+        episode_pool: int | None = None,
+        autoreset_mode: AutoresetMode | str = AutoresetMode.NEXT_STEP,
+        render_mode: str | None = None,
+        **overrides: Any,
+    ) -> None:
+        if (
+            not isinstance(num_envs, (int, np.integer))
+            or isinstance(num_envs, bool)
+            or num_envs < 1
+        ):
             raise ValueError(f"num_envs must be an int >= 1, got {num_envs!r}")
         unknown = set(overrides) - _ENV_FIELDS
         if unknown:
-            raise TypeError(f"unknown DiLoCoSyncVectorEnv argument(s) {sorted(unknown)}; valid "
-                            f"EnvParams fields: {sorted(_ENV_FIELDS)}")
-        if episode_pool is not None and (not isinstance(episode_pool, (int, np.integer))
-                                         or isinstance(episode_pool, bool) or episode_pool < 1):
+            raise TypeError(
+                f"unknown DiLoCoSyncVectorEnv argument(s) {sorted(unknown)}; valid "
+                f"EnvParams fields: {sorted(_ENV_FIELDS)}"
+            )
+        if episode_pool is not None and (
+            not isinstance(episode_pool, (int, np.integer))
+            or isinstance(episode_pool, bool)
+            or episode_pool < 1
+        ):
             raise ValueError(f"episode_pool must be None or an int >= 1, got {episode_pool!r}")
         try:
             mode = AutoresetMode(autoreset_mode)
         except ValueError:
             mode = None
         if mode not in (AutoresetMode.NEXT_STEP, AutoresetMode.SAME_STEP):
-            raise ValueError(f"autoreset_mode must be AutoresetMode.NEXT_STEP or SAME_STEP, got "
-                             f"{autoreset_mode!r}")
+            raise ValueError(
+                f"autoreset_mode must be AutoresetMode.NEXT_STEP or SAME_STEP, got "
+                f"{autoreset_mode!r}"
+            )
         if render_mode is not None:
-            raise ValueError("DiLoCoSyncVectorEnv does not render; render one episode with "
-                             "DiLoCoSyncEnv")
+            raise ValueError(
+                "DiLoCoSyncVectorEnv does not render; render one episode with DiLoCoSyncEnv"
+            )
         self.params = replace(params or EnvParams(), **overrides)
         self.generator, default_sidecar, self.regime_name = make_generator(regime)
         # The single env's reward scale (core.nominal_rate_rps), fixed for every episode.
@@ -194,19 +212,25 @@ class DiLoCoSyncVectorEnv(gym.vector.VectorEnv[np.ndarray, np.ndarray, np.ndarra
         self._seed = np.zeros(b, dtype=np.int64)
         n_bank = self.episode_pool or b
         self._bank_n = np.zeros(n_bank, dtype=np.int64)
-        self._bank_exo = np.zeros((n_bank, 0, EXO_SLICE.stop - EXO_SLICE.start),
-                                  dtype=np.float32)
+        self._bank_exo = np.zeros((n_bank, 0, EXO_SLICE.stop - EXO_SLICE.start), dtype=np.float32)
         # What costing a merge lazily needs (sidecar.IsolatedMergeCost, per bank slot): the
         # padded no-merge queue (S, D and the prefix minimum at decision starts), the
         # no-merge slowdown per decision, and the requests in bin order (service time, or
         # -inf for those already violated without a merge, and bin), with ptr[k] the first
         # request of bin k.
         self._merge_bins = self.params.merge_steps
-        self._horizon = self._merge_bins + int(round(self.sidecar.tail_s
-                                                     / self.params.step_seconds))
+        self._horizon = self._merge_bins + int(
+            round(self.sidecar.tail_s / self.params.step_seconds)
+        )
         self._h_range = np.arange(self._horizon, dtype=np.int64)
-        self._spec = _BuildSpec(self.generator, self.params, self.sidecar, self.learner_params,
-                                self._horizon, self.reward_rate_rps)
+        self._spec = _BuildSpec(
+            self.generator,
+            self.params,
+            self.sidecar,
+            self.learner_params,
+            self._horizon,
+            self.reward_rate_rps,
+        )
         self._bank_s = np.zeros((n_bank, 0))
         self._bank_d = np.zeros((n_bank, 0))
         self._bank_ptr = np.zeros((n_bank, 0), dtype=np.int32)
@@ -259,8 +283,12 @@ class DiLoCoSyncVectorEnv(gym.vector.VectorEnv[np.ndarray, np.ndarray, np.ndarra
         return out
 
     # ----------------------------------------------------------------- gym API
-    def reset(self, *, seed: int | Sequence[int | None] | None = None,
-              options: dict[str, Any] | None = None) -> tuple[np.ndarray, dict[str, Any]]:
+    def reset(
+        self,
+        *,
+        seed: int | Sequence[int | None] | None = None,
+        options: dict[str, Any] | None = None,
+    ) -> tuple[np.ndarray, dict[str, Any]]:
         """Start a new episode in every env (``options`` is accepted and ignored)."""
         b = self.num_envs
         seeds = self._seed_list(seed)
@@ -279,8 +307,9 @@ class DiLoCoSyncVectorEnv(gym.vector.VectorEnv[np.ndarray, np.ndarray, np.ndarra
         info = {"episode_seed": self.episode_seeds, "_episode_seed": self._all.copy()}
         return self._obs.copy(), info
 
-    def step(self, actions: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray,
-                                          dict[str, Any]]:
+    def step(
+        self, actions: Any
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
         """Step every env once; see the class docstring for autoreset and info."""
         self._require_started()
         b = self.num_envs
@@ -328,18 +357,26 @@ class DiLoCoSyncVectorEnv(gym.vector.VectorEnv[np.ndarray, np.ndarray, np.ndarra
         terminated = np.zeros(b, dtype=bool)
 
         info: dict[str, Any] = {
-            "merged": merge, "_merged": active,
-            "action_overridden": overridden, "_action_overridden": active,
-            "sync_excess": -excess, "_sync_excess": active,
-            "progress": progress, "_progress": active,
+            "merged": merge,
+            "_merged": active,
+            "action_overridden": overridden,
+            "_action_overridden": active,
+            "sync_excess": -excess,
+            "_sync_excess": active,
+            "progress": progress,
+            "_progress": active,
         }
         ended = np.flatnonzero(truncated)
         if ended.size:
             info["episode_end"] = {
-                "merges": self._n_merges.copy(), "_merges": truncated,
-                "sync_excess_pct": self._excess_sum.copy(), "_sync_excess_pct": truncated,
-                "progress": self._progress_sum.copy(), "_progress": truncated,
-                "seed": self.episode_seeds, "_seed": truncated,
+                "merges": self._n_merges.copy(),
+                "_merges": truncated,
+                "sync_excess_pct": self._excess_sum.copy(),
+                "_sync_excess_pct": truncated,
+                "progress": self._progress_sum.copy(),
+                "_progress": truncated,
+                "seed": self.episode_seeds,
+                "_seed": truncated,
             }
             info["_episode_end"] = truncated
 
@@ -378,12 +415,16 @@ class DiLoCoSyncVectorEnv(gym.vector.VectorEnv[np.ndarray, np.ndarray, np.ndarra
             return [None] * b
         if isinstance(seed, (int, np.integer)) and not isinstance(seed, bool):
             return [int(seed) + i for i in range(b)]
-        if isinstance(seed, Sequence) and len(seed) == b and all(
+        if (
+            isinstance(seed, Sequence)
+            and len(seed) == b
+            and all(
                 s is None or (isinstance(s, (int, np.integer)) and not isinstance(s, bool))
-                for s in seed):
+                for s in seed
+            )
+        ):
             return [None if s is None else int(s) for s in seed]
-        raise ValueError(f"seed must be None, an int, or a sequence of {b} ints/None, got "
-                         f"{seed!r}")
+        raise ValueError(f"seed must be None, an int, or a sequence of {b} ints/None, got {seed!r}")
 
     def _next_seed(self, i: int, seed: int | None) -> int:
         """Env ``i``'s next episode seed, exactly as the single env's ``reset`` picks it."""
@@ -403,30 +444,48 @@ class DiLoCoSyncVectorEnv(gym.vector.VectorEnv[np.ndarray, np.ndarray, np.ndarra
         p, sc = self.params, self.sidecar
         c = core.episode_core(arrivals, prompt, output, net, ckpt, duration, p, sc, name)
         starts = np.arange(c.n, dtype=np.int64) * p.decision_interval
-        cost = merge_costs(c.base_s, c.req_bin, c.pressure_bin, sc, p.step_seconds, starts,
-                           p.merge_steps, c.violated.astype(np.float64))
-        return {"n": c.n, "exo": c.exo, "seed": seed, "thr": thr,
-                "pct": 100.0 / max(1, c.req_bin.size), "cost": cost,
-                "scale": core.reward_per_request(self.reward_rate_rps, duration)}
+        cost = merge_costs(
+            c.base_s,
+            c.req_bin,
+            c.pressure_bin,
+            sc,
+            p.step_seconds,
+            starts,
+            p.merge_steps,
+            c.violated.astype(np.float64),
+        )
+        return {
+            "n": c.n,
+            "exo": c.exo,
+            "seed": seed,
+            "thr": thr,
+            "pct": 100.0 / max(1, c.req_bin.size),
+            "cost": cost,
+            "scale": core.reward_per_request(self.reward_rate_rps, duration),
+        }
 
     def _build_fresh(self, slots: np.ndarray, seeds: list[int]) -> None:
         """Build the fresh episodes of ``seeds`` into bank ``slots`` (:func:`build_rows`)."""
         done = 0
         for rows in build_rows(self._spec, seeds):
             k = rows["counts"].size
-            self._write_rows(slots[done:done + k], rows)
+            self._write_rows(slots[done : done + k], rows)
             done += k
 
-    def _write_rows(self, slots: np.ndarray, rows: dict[str, Any],
-                    sel: np.ndarray | None = None) -> None:
+    def _write_rows(
+        self, slots: np.ndarray, rows: dict[str, Any], sel: np.ndarray | None = None
+    ) -> None:
         """Copy episodes of ``rows`` (all, or those at positions ``sel``) into ``slots``."""
         counts = rows["counts"]
         req_first = np.cumsum(counts) - counts
         if sel is not None:
-            keep = np.repeat(req_first[sel] - (np.cumsum(counts[sel]) - counts[sel]),
-                             counts[sel]) + np.arange(int(counts[sel].sum()))
-            rows = {k: (v[sel] if isinstance(v, np.ndarray) and k not in ("base", "rbin")
-                        else v) for k, v in rows.items()}
+            keep = np.repeat(
+                req_first[sel] - (np.cumsum(counts[sel]) - counts[sel]), counts[sel]
+            ) + np.arange(int(counts[sel].sum()))
+            rows = {
+                k: (v[sel] if isinstance(v, np.ndarray) and k not in ("base", "rbin") else v)
+                for k, v in rows.items()
+            }
             rows["base"], rows["rbin"] = rows["base"][keep], rows["rbin"][keep]
             counts = rows["counts"]
             req_first = np.cumsum(counts) - counts
@@ -441,7 +500,8 @@ class DiLoCoSyncVectorEnv(gym.vector.VectorEnv[np.ndarray, np.ndarray, np.ndarra
         bank_base = self._grow("_bank_base", width, 0.25)
         bank_rbin = self._grow("_bank_rbin", width, 0.25)
         pos = np.arange(rows["base"].size) + np.repeat(
-            slots * bank_base.shape[1] - req_first, counts)
+            slots * bank_base.shape[1] - req_first, counts
+        )
         bank_base.reshape(-1)[pos] = rows["base"]
         bank_rbin.reshape(-1)[pos] = rows["rbin"]
         self._set_scalars(slots, n, rows["pct"], rows["thr"], rows["seeds"], rows["scale"])
@@ -455,7 +515,7 @@ class DiLoCoSyncVectorEnv(gym.vector.VectorEnv[np.ndarray, np.ndarray, np.ndarra
         if width > arr.shape[1]:
             width = max(width, int(width * (1.0 + headroom)), int(arr.shape[1] * 1.25))
             new = np.zeros((arr.shape[0], width) + arr.shape[2:], dtype=arr.dtype)
-            new[:, :arr.shape[1]] = arr
+            new[:, : arr.shape[1]] = arr
             setattr(self, name, new)
             arr = new
         return arr
@@ -510,8 +570,9 @@ class DiLoCoSyncVectorEnv(gym.vector.VectorEnv[np.ndarray, np.ndarray, np.ndarra
         pos = np.arange(which.size) + np.repeat(row0, cnt)
         rbin = np.take(self._bank_rbin.reshape(-1), pos)
         j = rbin - np.repeat(start, cnt)
-        slow = np.take(self._bank_m0.reshape(-1),
-                       rbin // di + np.repeat(slot * self._bank_m0.shape[1], cnt))
+        slow = np.take(
+            self._bank_m0.reshape(-1), rbin // di + np.repeat(slot * self._bank_m0.shape[1], cnt)
+        )
         slow *= np.where(j < w, 1.0 + sc.sync_slowdown, 1.0)
         thr = (sc.slo_s / slow - np.take(self._bank_base.reshape(-1), pos)) * sc.slots
         extra = np.take(g.reshape(-1), j * m + which) > thr
@@ -527,8 +588,10 @@ class DiLoCoSyncVectorEnv(gym.vector.VectorEnv[np.ndarray, np.ndarray, np.ndarra
         else:
             base = seeds[0]
             if base is None or seeds != [base + i for i in range(self.num_envs)]:
-                raise ValueError("with episode_pool, seed must be None, an int, or the "
-                                 "consecutive sequence s, s + 1, ...")
+                raise ValueError(
+                    "with episode_pool, seed must be None, an int, or the "
+                    "consecutive sequence s, s + 1, ..."
+                )
         if base != self._pool_base:
             for j in range(k):
                 self._store(j, self._pool_episode(base + j))
@@ -578,8 +641,10 @@ class DiLoCoSyncVectorEnv(gym.vector.VectorEnv[np.ndarray, np.ndarray, np.ndarra
             self._pend_excess[idx] = ex[idx]
             self._pend_progress[idx] = pr[idx]
             if np.any(self._d[idx] >= self._n[idx]):
-                raise ValueError(f"merge_budget={p.merge_budget} leaves the agent no decision "
-                                 f"in this episode (every merge is forced)")
+                raise ValueError(
+                    f"merge_budget={p.merge_budget} leaves the agent no decision "
+                    f"in this episode (every merge is forced)"
+                )
 
     # ----------------------------------------------------------------- dynamics
     def _budget_for(self, n: int) -> core.BudgetTables:
@@ -605,16 +670,16 @@ class DiLoCoSyncVectorEnv(gym.vector.VectorEnv[np.ndarray, np.ndarray, np.ndarra
         can_defer = np.empty(d.shape, dtype=bool)
         for n0 in lengths:
             sel = n == n0
-            can_merge[sel], can_defer[sel] = core.options(d[sel], last[sel], m_left[sel], p,
-                                                          int(n0), self._budget_for(int(n0)))
+            can_merge[sel], can_defer[sel] = core.options(
+                d[sel], last[sel], m_left[sel], p, int(n0), self._budget_for(int(n0))
+            )
         return can_merge, can_defer
 
     def _apply(self, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Merge now in envs ``idx``: the single env's ``_apply(True)``, batched."""
         d = self._d[idx]
         gap_s = (d - self._last[idx]) * self.params.decision_seconds
-        added, gain = lrn.merge_gain(gap_s, self._tokens[idx], self._thr[idx],
-                                     self.learner_params)
+        added, gain = lrn.merge_gain(gap_s, self._tokens[idx], self._thr[idx], self.learner_params)
         self._tokens[idx] += added
         if self.episode_pool is None:
             cost = self._merge_costs(idx, d)
@@ -708,8 +773,9 @@ class DiLoCoSyncVectorEnv(gym.vector.VectorEnv[np.ndarray, np.ndarray, np.ndarra
         obs[:, _G["gap"]] = np.minimum(1.0, gap / p.h_max)
         obs[:, _G["corridor_open"]] = gap >= p.h_min
         gaps_s = self._gaps_s[np.minimum(gap, p.h_max)]
-        obs[:, LEARNER_SLICE] = core.learner_features_k(gaps_s, self._tokens, self._thr_k, p,
-                                                        self.learner_params)
+        obs[:, LEARNER_SLICE] = core.learner_features_k(
+            gaps_s, self._tokens, self._thr_k, p, self.learner_params
+        )
         exo = self._bank_exo
         rows = self._slot * exo.shape[1] + np.minimum(d, n - 1)
         obs[:, EXO_SLICE] = np.take(exo.reshape(-1, exo.shape[2]), rows, axis=0)
@@ -750,8 +816,16 @@ def _draws(spec: _BuildSpec, seed: int):
         tr = gen(rng)
         arrivals, prompt, output = tr.arrival_s, tr.prompt_tokens, tr.output_tokens
         net, ckpt, duration, name = tr.network, tr.checkpoint, tr.duration_s, tr.name
-    return (arrivals, prompt, output, net, ckpt, duration, name,
-            spec.learner_params.draw_throughputs(rng))
+    return (
+        arrivals,
+        prompt,
+        output,
+        net,
+        ckpt,
+        duration,
+        name,
+        spec.learner_params.draw_throughputs(rng),
+    )
 
 
 def build_rows(spec: _BuildSpec, seeds: list[int]) -> list[dict[str, Any]]:
@@ -768,8 +842,10 @@ def build_rows(spec: _BuildSpec, seeds: list[int]) -> list[dict[str, Any]]:
     for lo in range(0, len(seeds), BUILD_CHUNK):
         chunk = list(range(lo, min(len(seeds), lo + BUILD_CHUNK)))
         draws = [_draws(spec, seeds[k]) for k in chunk]
-        if (len({d[5] for d in draws}) == 1
-                and len({d[3] is None or d[4] is None for d in draws}) == 1):
+        if (
+            len({d[5] for d in draws}) == 1
+            and len({d[3] is None or d[4] is None for d in draws}) == 1
+        ):
             out.append(_rows(spec, [seeds[k] for k in chunk], draws))
         else:
             out.extend(_rows(spec, [seeds[k]], [d]) for k, d in zip(chunk, draws, strict=True))
@@ -783,32 +859,48 @@ def _rows(spec: _BuildSpec, seeds: list[int], draws: list) -> dict[str, Any]:
     b = len(draws)
     has_p = draws[0][3] is not None and draws[0][4] is not None
     c = core.episode_core_batch(
-        [d[0] for d in draws], [d[1] for d in draws], [d[2] for d in draws],
+        [d[0] for d in draws],
+        [d[1] for d in draws],
+        [d[2] for d in draws],
         np.stack([d[3] for d in draws]) if has_p else None,
         np.stack([d[4] for d in draws]) if has_p else None,
-        draws[0][5], p, sc, draws[0][6])
+        draws[0][5],
+        p,
+        sc,
+        draws[0][6],
+    )
     assert c.counts is not None and c.flat_bin is not None  # episode_core_batch fills them
     n, di = c.n, p.decision_interval
     n_bins = c.pressure_bin.shape[1]
     size = n_bins + 1 + spec.horizon
     counts = c.counts
     s_pad = np.empty((b, size))
-    s_pad[:, :n_bins + 1] = c.s
-    s_pad[:, n_bins + 1:] = c.s[:, -1:]  # index clipping, as sidecar._padded
+    s_pad[:, : n_bins + 1] = c.s
+    s_pad[:, n_bins + 1 :] = c.s[:, -1:]  # index clipping, as sidecar._padded
     d0 = lost_capacity(c.m0, sc, p.step_seconds)
     d_pad = np.empty((b, size))
-    d_pad[:, :n_bins + 1] = d0
-    d_pad[:, n_bins + 1:] = d0[:, -1:]
+    d_pad[:, : n_bins + 1] = d0
+    d_pad[:, n_bins + 1 :] = d0[:, -1:]
     ptr = np.zeros((b, size), dtype=np.int32)
-    np.cumsum(np.bincount(c.flat_bin, minlength=b * n_bins).reshape(b, n_bins), axis=1,
-              out=ptr[:, 1:n_bins + 1])
-    ptr[:, n_bins + 1:] = counts[:, None]
+    np.cumsum(
+        np.bincount(c.flat_bin, minlength=b * n_bins).reshape(b, n_bins),
+        axis=1,
+        out=ptr[:, 1 : n_bins + 1],
+    )
+    ptr[:, n_bins + 1 :] = counts[:, None]
     return {
-        "seeds": np.asarray(seeds, dtype=np.int64), "n": n, "exo": c.exo, "s": s_pad,
-        "d": d_pad, "ptr": ptr, "prefmin": c.prefmin[:, :n * di:di],
+        "seeds": np.asarray(seeds, dtype=np.int64),
+        "n": n,
+        "exo": c.exo,
+        "s": s_pad,
+        "d": d_pad,
+        "ptr": ptr,
+        "prefmin": c.prefmin[:, : n * di : di],
         "m0": c.m0[:, ::di],  # per decision (the pressure, hence m0, is too)
-        "base": np.where(c.violated, -np.inf, c.base_s), "rbin": c.req_bin.astype(np.int32),
-        "counts": counts, "pct": 100.0 / np.maximum(1, counts),
+        "base": np.where(c.violated, -np.inf, c.base_s),
+        "rbin": c.req_bin.astype(np.int32),
+        "counts": counts,
+        "pct": 100.0 / np.maximum(1, counts),
         "scale": core.reward_per_request(spec.rate_rps, draws[0][5]),
         "thr": np.stack([d[7] for d in draws]),
     }
@@ -834,20 +926,23 @@ def _make_sb3_vec_env() -> type:
         the same contract as the native env.
         """
 
-        def __init__(self, venv: DiLoCoSyncVectorEnv | None = None, num_envs: int = 1,
-                     **kwargs: Any) -> None:
+        def __init__(
+            self, venv: DiLoCoSyncVectorEnv | None = None, num_envs: int = 1, **kwargs: Any
+        ) -> None:
             if venv is None:
-                venv = DiLoCoSyncVectorEnv(num_envs, autoreset_mode=AutoresetMode.SAME_STEP,
-                                           **kwargs)
+                venv = DiLoCoSyncVectorEnv(
+                    num_envs, autoreset_mode=AutoresetMode.SAME_STEP, **kwargs
+                )
             elif kwargs:
                 raise TypeError("pass either a native vector env or its arguments, not both")
             if venv.autoreset_mode is not AutoresetMode.SAME_STEP:
-                raise ValueError("SB3VecEnv needs a DiLoCoSyncVectorEnv with "
-                                 "autoreset_mode=AutoresetMode.SAME_STEP")
+                raise ValueError(
+                    "SB3VecEnv needs a DiLoCoSyncVectorEnv with "
+                    "autoreset_mode=AutoresetMode.SAME_STEP"
+                )
             self.venv = venv
             self._actions: np.ndarray | None = None
-            super().__init__(venv.num_envs, venv.single_observation_space,
-                             venv.single_action_space)
+            super().__init__(venv.num_envs, venv.single_observation_space, venv.single_action_space)
 
         def reset(self):
             seeds = None if all(s is None for s in self._seeds) else list(self._seeds)
@@ -882,13 +977,16 @@ def _make_sb3_vec_env() -> type:
         def set_attr(self, attr_name: str, value: Any, indices=None) -> None:
             raise AttributeError("SB3VecEnv shares one native env: set attributes on .venv")
 
-        def env_method(self, method_name: str, *method_args, indices=None,
-                       **method_kwargs) -> list[Any]:
+        def env_method(
+            self, method_name: str, *method_args, indices=None, **method_kwargs
+        ) -> list[Any]:
             if method_name == "action_masks":
                 masks = self.venv.action_masks()
                 return [masks[i] for i in self._get_indices(indices)]
-            raise AttributeError(f"SB3VecEnv supports env_method('action_masks') only, not "
-                                 f"{method_name!r}; call methods on .venv (the native env)")
+            raise AttributeError(
+                f"SB3VecEnv supports env_method('action_masks') only, not "
+                f"{method_name!r}; call methods on .venv (the native env)"
+            )
 
         def env_is_wrapped(self, wrapper_class, indices=None) -> list[bool]:
             return [False for _ in self._get_indices(indices)]

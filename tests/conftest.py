@@ -59,12 +59,14 @@ class Rollout:
     @property
     def excess_terms(self) -> np.ndarray:
         """The per-step ``sync_excess`` reward terms (reset's included; <= 0)."""
-        return np.array([i["reward_terms"]["sync_excess"] for i in self.infos
-                         if "reward_terms" in i])
+        return np.array(
+            [i["reward_terms"]["sync_excess"] for i in self.infos if "reward_terms" in i]
+        )
 
 
-def run_episode(env, policy: Policy | str, seed: int, policy_seed: int = 0,
-                max_steps: int = 100_000) -> Rollout:
+def run_episode(
+    env, policy: Policy | str, seed: int, policy_seed: int = 0, max_steps: int = 100_000
+) -> Rollout:
     """Reset ``env`` with ``seed`` and step ``policy`` to the end of the episode."""
     if isinstance(policy, str):
         policy = POLICIES[policy]

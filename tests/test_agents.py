@@ -116,8 +116,9 @@ def test_batched_predict_shapes():
 
 
 def test_oracle_without_the_episode_says_why_and_names_the_wrapper():
-    with pytest.raises(RuntimeError, match="non-deployable.*future merge costs.*"
-                                           "AttachAgentWrapper"):
+    with pytest.raises(
+        RuntimeError, match="non-deployable.*future merge costs.*AttachAgentWrapper"
+    ):
         OfflineCalibratedOracle().predict(np.zeros(core.OBS_DIM, dtype=np.float32))
 
 
@@ -130,13 +131,15 @@ def test_evaluate_policy_runs_the_oracle_through_the_wrapper():
     agent = make_agent("offline-oracle")
     env = AttachAgentWrapper(Monitor(diloco_gym.DiLoCoSyncEnv(regime="bursty")), agent)
     env.reset(seed=4)
-    rewards, lengths = evaluate_policy(agent, env, n_eval_episodes=2, deterministic=True,
-                                       return_episode_rewards=True)
+    rewards, lengths = evaluate_policy(
+        agent, env, n_eval_episodes=2, deterministic=True, return_episode_rewards=True
+    )
     seeds = env.episode_seeds[1:3]  # evaluate_policy resets once more itself
     assert len(rewards) == 2 and len(set(seeds)) == 2
     for seed, reward, length in zip(seeds, rewards, lengths, strict=True):
-        ref = run_episode(diloco_gym.DiLoCoSyncEnv(regime="bursty"),
-                          OfflineCalibratedOracle(), seed)
+        ref = run_episode(
+            diloco_gym.DiLoCoSyncEnv(regime="bursty"), OfflineCalibratedOracle(), seed
+        )
         assert length == ref["steps"]
         assert reward == pytest.approx(ref["return"], rel=1e-5)  # SB3 sums float32 rewards
         assert ref["return"] < 0
@@ -175,8 +178,11 @@ def _leaks(roots, env) -> list[str]:
             found.append(type(o).__name__)
         elif isinstance(o, (int, np.integer)) and not isinstance(o, bool) and o == ep.seed:
             found.append("episode seed")
-        elif isinstance(o, np.ndarray) and o.shape == ep.merge_cost.shape and np.array_equal(
-                o, ep.merge_cost):
+        elif (
+            isinstance(o, np.ndarray)
+            and o.shape == ep.merge_cost.shape
+            and np.array_equal(o, ep.merge_cost)
+        ):
             found.append("merge costs")
     return found
 
@@ -193,8 +199,17 @@ class _Spy(Agent):
 
     def _look(self, o) -> None:
         data = getattr(o, "__dict__", {})  # the object's own data (ndarray.trace is a method)
-        for path in ("unwrapped", "env", "episode", "_env", "oracle_costs", "trace",
-                     "seed", "episode_seed", "info"):
+        for path in (
+            "unwrapped",
+            "env",
+            "episode",
+            "_env",
+            "oracle_costs",
+            "trace",
+            "seed",
+            "episode_seed",
+            "info",
+        ):
             if data.get(path) is not None:
                 self.plan = set()  # found something: a real attacker would use it
 
@@ -315,18 +330,24 @@ def test_random_deferral_coins_do_not_depend_on_later_observations():
 def test_report_marks_non_deployable_agents():
     from diloco_gym.report import ReportConfig, render_markdown, run_protocol
 
-    res = run_protocol(ReportConfig(regimes=["bursty"], agents=["fixed-512", "offline-oracle"],
-                                    seeds=2, draws=20), progress=False)
+    res = run_protocol(
+        ReportConfig(regimes=["bursty"], agents=["fixed-512", "offline-oracle"], seeds=2, draws=20),
+        progress=False,
+    )
     rows, summ = res["rows"], res["summary"].set_index("agent")
     assert dict(zip(rows["agent"], rows["deployable"], strict=True)) == {
-        "fixed-512": True, "offline-oracle": False}
+        "fixed-512": True,
+        "offline-oracle": False,
+    }
     assert bool(summ.loc["offline-oracle", "deployable"]) is False
     assert bool(summ.loc["fixed-512", "deployable"]) is True
     md = render_markdown(res, [])
     assert "| offline-oracle (non-deployable) |" in md and "| fixed-512 |" in md
     with pytest.raises(ValueError, match="given twice"):
-        run_protocol(ReportConfig(regimes=["bursty"], agents=["fixed-512", "fixed-512"],
-                                  seeds=2, draws=2), progress=False)
+        run_protocol(
+            ReportConfig(regimes=["bursty"], agents=["fixed-512", "fixed-512"], seeds=2, draws=2),
+            progress=False,
+        )
 
 
 def test_cli_run_marks_the_oracle_non_deployable(capsys):
@@ -369,10 +390,14 @@ def test_online_forecast_is_causal():
     keep = a.arrival_s < t_cut
     rng = np.random.default_rng(1)
     extra = np.sort(rng.uniform(t_cut, a.duration_s, 3000))
-    b = Trace(np.concatenate([a.arrival_s[keep], extra]),
-              np.concatenate([a.prompt_tokens[keep], np.full(extra.size, 4000)]),
-              np.concatenate([a.output_tokens[keep], np.full(extra.size, 300)]),
-              a.duration_s, network=a.network, checkpoint=a.checkpoint)
+    b = Trace(
+        np.concatenate([a.arrival_s[keep], extra]),
+        np.concatenate([a.prompt_tokens[keep], np.full(extra.size, 4000)]),
+        np.concatenate([a.output_tokens[keep], np.full(extra.size, 300)]),
+        a.duration_s,
+        network=a.network,
+        checkpoint=a.checkpoint,
+    )
     runs = []
     for tr in (a, b):
         env = diloco_gym.DiLoCoSyncEnv(regime=tr, skip_forced=False, reward_rate_rps=8.0)
@@ -424,8 +449,22 @@ def test_cli_run_on_a_trace_file(tmp_path, capsys):
     tr = diloco_gym.get_regime("bursty")(np.random.default_rng(0))
     path = tmp_path / "t.csv"
     save_native(Trace(tr.arrival_s, tr.prompt_tokens, tr.output_tokens, tr.duration_s), path)
-    assert main(["run", "--agent", "fixed-512", "--trace", str(path), "--format", "native",
-                 "--seeds", "2"]) == 0
+    assert (
+        main(
+            [
+                "run",
+                "--agent",
+                "fixed-512",
+                "--trace",
+                str(path),
+                "--format",
+                "native",
+                "--seeds",
+                "2",
+            ]
+        )
+        == 0
+    )
     assert "fixed-512 on t" in capsys.readouterr().out
 
 

@@ -22,16 +22,31 @@ from diloco_gym.loaders import FORMATS, save_native
 from diloco_gym.traces import Trace
 
 ROOT = Path(__file__).resolve().parents[1]
-QUICK = ["--seeds", "2", "--regimes", "bursty", "--agents", "fixed-512", "--draws", "20",
-         "--no-progress"]
+QUICK = [
+    "--seeds",
+    "2",
+    "--regimes",
+    "bursty",
+    "--agents",
+    "fixed-512",
+    "--draws",
+    "20",
+    "--no-progress",
+]
 
 
 def _cli(args: list[str], cwd: Path, timeout: float = 120) -> subprocess.CompletedProcess:
     """``python -m diloco_gym.cli ARGS`` in a subprocess, importing this checkout."""
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     env.pop("DILOCO_GYM_TRACEBACK", None)
-    return subprocess.run([sys.executable, "-m", "diloco_gym.cli", *args], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "diloco_gym.cli", *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def _fails(argv: list[str], capsys, code: int) -> str:
@@ -54,21 +69,21 @@ def _dead_pid() -> int:
 
 @pytest.fixture(scope="module")
 def small_result():
-    cfg = rep.ReportConfig(regimes=["bursty"], agents=["fixed-512", "wa-diloco"], seeds=2,
-                           draws=20)
+    cfg = rep.ReportConfig(regimes=["bursty"], agents=["fixed-512", "wa-diloco"], seeds=2, draws=20)
     return rep.run_protocol(cfg, progress=False)
 
 
 def _short_trace(path: Path, duration_s: float) -> Path:
     n = max(2, int(duration_s))
-    save_native(Trace(np.linspace(0.0, duration_s * 0.99, n), np.full(n, 100),
-                      np.full(n, 10), duration_s), path)
+    save_native(
+        Trace(np.linspace(0.0, duration_s * 0.99, n), np.full(n, 100), np.full(n, 10), duration_s),
+        path,
+    )
     return path
 
 
 # ------------------------------------------------------------------ report --force safety
-def test_force_refuses_the_current_directory_and_keeps_its_files(tmp_path, monkeypatch,
-                                                                   capsys):
+def test_force_refuses_the_current_directory_and_keeps_its_files(tmp_path, monkeypatch, capsys):
     (tmp_path / "notes.txt").write_text("mine")
     monkeypatch.chdir(tmp_path)
     line = _fails(["report", "--out", ".", "--force", *QUICK], capsys, 2)
@@ -83,10 +98,10 @@ def test_force_refuses_home_root_and_a_parent_of_the_cwd(tmp_path, monkeypatch, 
     (home / "keep.txt").write_text("x")
     monkeypatch.setenv("HOME", str(home))
     monkeypatch.chdir(home / "work" / "deep")
-    assert "home directory" in _fails(["report", "--out", str(home), "--force", *QUICK],
-                                      capsys, 2)
+    assert "home directory" in _fails(["report", "--out", str(home), "--force", *QUICK], capsys, 2)
     assert "contains the current directory" in _fails(
-        ["report", "--out", "..", "--force", *QUICK], capsys, 2)
+        ["report", "--out", "..", "--force", *QUICK], capsys, 2
+    )
     with pytest.raises(FileExistsError, match="filesystem root"):
         rep.prepare_out_dir(Path(os.path.abspath(os.sep)), force=True)
     assert (home / "keep.txt").exists()
@@ -141,8 +156,7 @@ def test_interrupted_replacement_keeps_the_old_report(tmp_path, small_result, mo
     assert sorted(p.name for p in tmp_path.iterdir()) == ["r"]
 
 
-def test_new_report_is_complete_before_the_old_one_moves(tmp_path, small_result,
-                                                         monkeypatch):
+def test_new_report_is_complete_before_the_old_one_moves(tmp_path, small_result, monkeypatch):
     out = tmp_path / "r"
     rep.write_report(small_result, out)
     real_replace = os.replace
@@ -154,7 +168,8 @@ def test_new_report_is_complete_before_the_old_one_moves(tmp_path, small_result,
             partial = [p for p in tmp_path.iterdir() if ".partial-" in p.name]
             assert len(partial) == 1
             assert {"report.md", "results.csv", "report.json", rep.MARKER} <= {
-                p.name for p in partial[0].iterdir()}
+                p.name for p in partial[0].iterdir()
+            }
         seen.append((src.name, dst.name))
         real_replace(src, dst)
 
@@ -183,12 +198,19 @@ rep.os.replace = dying
 rep.write_report(res, {str(out)!r}, force=True)
 """
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    proc = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 9, proc.stderr
     left = sorted(p.name for p in tmp_path.iterdir())
-    assert "r" not in left and any(".old-" in n for n in left) and any(
-        ".partial-" in n for n in left), left
+    assert (
+        "r" not in left and any(".old-" in n for n in left) and any(".partial-" in n for n in left)
+    ), left
     # an unrelated hidden directory with a similar name but no marker is not touched
     foreign = tmp_path / f".r.partial-{_dead_pid()}"
     foreign.mkdir()
@@ -213,33 +235,74 @@ def test_next_run_removes_leftovers_and_writes_the_report(tmp_path, small_result
 # ------------------------------------------------------------------ one error path
 def test_run_trace_errors_are_one_line(tmp_path, capsys):
     missing = tmp_path / "missing.csv"
-    assert "missing.csv" in _fails(["run", "--agent", "fixed-512", "--trace", str(missing)],
-                                   capsys, 1)
+    assert "missing.csv" in _fails(
+        ["run", "--agent", "fixed-512", "--trace", str(missing)], capsys, 1
+    )
     bad = tmp_path / "bad.csv"
     bad.write_text("# duration_s=100\narrival_s,prompt_tokens,output_tokens\n1.0,abc,3\n")
-    assert "row 1" in _fails(["run", "--agent", "fixed-512", "--trace", str(bad),
-                              "--format", "native"], capsys, 1)
-    assert "native.csv" in _fails(["run", "--agent", "fixed-512", "--trace",
-                                   str(_short_trace(tmp_path / "native.csv", 100.0)),
-                                   "--format", "azure"], capsys, 1)
+    assert "row 1" in _fails(
+        ["run", "--agent", "fixed-512", "--trace", str(bad), "--format", "native"], capsys, 1
+    )
+    assert "native.csv" in _fails(
+        [
+            "run",
+            "--agent",
+            "fixed-512",
+            "--trace",
+            str(_short_trace(tmp_path / "native.csv", 100.0)),
+            "--format",
+            "azure",
+        ],
+        capsys,
+        1,
+    )
     short = _short_trace(tmp_path / "short.csv", 30.0)
-    line = _fails(["run", "--agent", "fixed-512", "--trace", str(short), "--seeds", "1"],
-                  capsys, 1)
+    line = _fails(["run", "--agent", "fixed-512", "--trace", str(short), "--seeds", "1"], capsys, 1)
     assert "too short" in line and "at least 39.0 s" in line
     # the stated minimum is the real one: a 39.1 s trace runs as one 39.1 s window...
     ok = _short_trace(tmp_path / "ok.csv", 39.1)
-    assert main(["run", "--agent", "fixed-512", "--trace", str(ok), "--seeds", "1",
-                 "--window-s", "39.1"]) == 0
+    assert (
+        main(
+            [
+                "run",
+                "--agent",
+                "fixed-512",
+                "--trace",
+                str(ok),
+                "--seeds",
+                "1",
+                "--window-s",
+                "39.1",
+            ]
+        )
+        == 0
+    )
     capsys.readouterr()
     # ...and a window below it is refused with that minimum
-    line = _fails(["run", "--agent", "fixed-512", "--trace", str(ok), "--window-s", "30"],
-                  capsys, 2)
+    line = _fails(
+        ["run", "--agent", "fixed-512", "--trace", str(ok), "--window-s", "30"], capsys, 2
+    )
     assert "too short" in line and "at least 39.0 s" in line
-    assert "too short" in _fails(["report", "--out", str(tmp_path / "r"), "--trace",
-                                  str(short), *QUICK], capsys, 1)
+    assert "too short" in _fails(
+        ["report", "--out", str(tmp_path / "r"), "--trace", str(short), *QUICK], capsys, 1
+    )
     # with a progress bar open, the message is still the last and only line
-    res = _cli(["report", "--out", "r", "--trace", str(short), "--seeds", "2",
-                "--agents", "fixed-512", "--draws", "10"], tmp_path)
+    res = _cli(
+        [
+            "report",
+            "--out",
+            "r",
+            "--trace",
+            str(short),
+            "--seeds",
+            "2",
+            "--agents",
+            "fixed-512",
+            "--draws",
+            "10",
+        ],
+        tmp_path,
+    )
     assert res.returncode == 1 and "Traceback" not in res.stderr
     assert res.stderr.strip().splitlines()[-1].startswith("diloco-gym: ")
     assert not (tmp_path / "r").exists()
@@ -253,13 +316,16 @@ def test_format_is_a_choice_list(tmp_path, capsys):
     assert "invalid choice: 'csvx'" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("argv", [
-    ["run", "--agent", "fixed-512", "--seeds", "0"],
-    ["run", "--agent", "fixed-512", "--seeds", "-3"],
-    ["run", "--agent", "fixed-512", "--seed0", "-1"],
-    ["report", "--seeds", "1", "--out", "never"],
-    ["report", "--draws", "0", "--out", "never"],
-])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["run", "--agent", "fixed-512", "--seeds", "0"],
+        ["run", "--agent", "fixed-512", "--seeds", "-3"],
+        ["run", "--agent", "fixed-512", "--seed0", "-1"],
+        ["report", "--seeds", "1", "--out", "never"],
+        ["report", "--draws", "0", "--out", "never"],
+    ],
+)
 def test_bad_counts_are_usage_errors(argv, capsys):
     with pytest.raises(SystemExit) as exc:
         main(argv)
@@ -272,10 +338,12 @@ def test_bad_counts_are_usage_errors(argv, capsys):
 def test_data_and_usage_errors_of_report(tmp_path, capsys):
     bad_cal = tmp_path / "cal.json"
     bad_cal.write_text("{not json")
-    assert "cal.json" in _fails(["report", "--out", str(tmp_path / "r"), "--calibration",
-                                 str(bad_cal), *QUICK], capsys, 1)
-    assert "valid agents" in _fails(["report", "--out", str(tmp_path / "r"), "--agents",
-                                     "nope"], capsys, 2)
+    assert "cal.json" in _fails(
+        ["report", "--out", str(tmp_path / "r"), "--calibration", str(bad_cal), *QUICK], capsys, 1
+    )
+    assert "valid agents" in _fails(
+        ["report", "--out", str(tmp_path / "r"), "--agents", "nope"], capsys, 2
+    )
     junk = tmp_path / "junk.zip"
     junk.write_bytes(b"junk")
     assert "junk.zip" in _fails(["run", "--agent", str(junk), "--seeds", "1"], capsys, 1)
@@ -308,9 +376,24 @@ def test_ctrl_c_during_report_is_one_line_and_130(tmp_path, monkeypatch, capsys)
 def test_sigint_to_a_running_report_process(tmp_path):
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     proc = subprocess.Popen(
-        [sys.executable, "-m", "diloco_gym.cli", "report", "--out", "r", "--seeds", "400",
-         "--draws", "2000"], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE, text=True)
+        [
+            sys.executable,
+            "-m",
+            "diloco_gym.cli",
+            "report",
+            "--out",
+            "r",
+            "--seeds",
+            "400",
+            "--draws",
+            "2000",
+        ],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     deadline = time.monotonic() + 60
     err = ""
     assert proc.stderr is not None
@@ -348,8 +431,7 @@ def test_version_comes_from_package_metadata(capsys):
     printed = capsys.readouterr().out.strip()
     assert printed == f"diloco-gym {diloco_gym.__version__}"
     assert diloco_gym.__version__ == version("diloco-gym")
-    declared = re.search(r'^version = "([^"]+)"', (ROOT / "pyproject.toml").read_text(),
-                         flags=re.M)
+    declared = re.search(r'^version = "([^"]+)"', (ROOT / "pyproject.toml").read_text(), flags=re.M)
     assert declared is not None and diloco_gym.__version__ == declared.group(1)
 
 
@@ -392,14 +474,25 @@ def test_run_table_uses_merges_per_hour(capsys):
 def test_no_claim_panels_carry_words_not_zero_bars(small_result, monkeypatch, tmp_path):
     zero = small_result["summary"].copy()
     zero["regime"] = "ordinary"
-    for c in ("sync_excess_pct", "matched_random_pct", "matched_random_p05",
-              "matched_random_p95", "oracle_same_budget_pct", "diff_pp", "diff_ci_low",
-              "diff_ci_high"):
+    for c in (
+        "sync_excess_pct",
+        "matched_random_pct",
+        "matched_random_p05",
+        "matched_random_p95",
+        "oracle_same_budget_pct",
+        "diff_pp",
+        "diff_ci_low",
+        "diff_ci_high",
+    ):
         zero[c] = 0.0
     rows = small_result["rows"].copy()
     rows2 = rows.assign(regime="ordinary")
-    result = {**small_result, "summary": pd.concat([small_result["summary"], zero]),
-              "rows": pd.concat([rows, rows2]), "timelines": {}}
+    result = {
+        **small_result,
+        "summary": pd.concat([small_result["summary"], zero]),
+        "rows": pd.concat([rows, rows2]),
+        "timelines": {},
+    }
     drawn = {}
 
     def keep(fig, out, name, names):
@@ -438,8 +531,7 @@ def test_scatter_labels_do_not_overprint():
     assert len(boxes) >= 3
     for i in range(len(boxes)):
         for j in range(i + 1, len(boxes)):
-            assert not boxes[i].overlaps(boxes[j]), (ax.texts[i].get_text(),
-                                                     ax.texts[j].get_text())
+            assert not boxes[i].overlaps(boxes[j]), (ax.texts[i].get_text(), ax.texts[j].get_text())
     assert sorted(n for t in ax.texts for n in t.get_text().split(", ")) == sorted(names)
     plt.close(fig)
 
@@ -471,7 +563,23 @@ def test_report_json_and_files_of_a_cli_report(tmp_path):
 
 
 def test_the_same_agent_twice_is_a_usage_error(tmp_path, capsys):
-    line = _fails(["report", "--out", str(tmp_path / "r"), "--seeds", "2", "--regimes", "bursty",
-                   "--agents", "fixed-512", "wa-diloco", "fixed-512", "--no-progress"], capsys, 2)
+    line = _fails(
+        [
+            "report",
+            "--out",
+            str(tmp_path / "r"),
+            "--seeds",
+            "2",
+            "--regimes",
+            "bursty",
+            "--agents",
+            "fixed-512",
+            "wa-diloco",
+            "fixed-512",
+            "--no-progress",
+        ],
+        capsys,
+        2,
+    )
     assert "'fixed-512' given more than once" in line
     assert not (tmp_path / "r").exists()

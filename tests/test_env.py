@@ -33,8 +33,14 @@ def test_check_env_passes_without_any_warning(env_id):
     assert [f"{w.category.__name__}: {w.message}" for w in caught] == []
 
 
-@pytest.mark.parametrize("kwargs", [{"skip_forced": False}, {"merge_budget": 10},
-                                    {"regime": "sync-heavy", "progress_weight": 1.0}])
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"skip_forced": False},
+        {"merge_budget": 10},
+        {"regime": "sync-heavy", "progress_weight": 1.0},
+    ],
+)
 def test_check_env_passes_for_non_default_arguments(kwargs):
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -122,18 +128,28 @@ def _fork(trace: Trace, other: Trace, t_cut: float) -> Trace:
     keep = trace.arrival_s < t_cut
     late = other.arrival_s >= t_cut
     n_burst = 40
-    arrivals = np.concatenate([trace.arrival_s[keep], np.full(n_burst, t_cut),
-                               other.arrival_s[late]])
-    prompt = np.concatenate([trace.prompt_tokens[keep], np.full(n_burst, 4000),
-                             other.prompt_tokens[late]])
-    output = np.concatenate([trace.output_tokens[keep], np.full(n_burst, 400),
-                             other.output_tokens[late]])
+    arrivals = np.concatenate(
+        [trace.arrival_s[keep], np.full(n_burst, t_cut), other.arrival_s[late]]
+    )
+    prompt = np.concatenate(
+        [trace.prompt_tokens[keep], np.full(n_burst, 4000), other.prompt_tokens[late]]
+    )
+    output = np.concatenate(
+        [trace.output_tokens[keep], np.full(n_burst, 400), other.output_tokens[late]]
+    )
     after = np.arange(trace.num_pressure_samples) > t_cut  # sample i is the pressure at i s
     network, checkpoint = trace.network.copy(), trace.checkpoint.copy()
     network[after] = 1.0 - network[after]
     checkpoint[after] = 1.0
-    return Trace(arrivals, prompt, output, trace.duration_s, network=network,
-                 checkpoint=checkpoint, name=trace.name)
+    return Trace(
+        arrivals,
+        prompt,
+        output,
+        trace.duration_s,
+        network=network,
+        checkpoint=checkpoint,
+        name=trace.name,
+    )
 
 
 def _obs_by_decision(env, actions) -> dict[int, np.ndarray]:
@@ -297,8 +313,9 @@ def test_final_summary_is_the_exact_replay_minus_the_no_sync_load_match(regime, 
     env = DiLoCoSyncEnv(regime)
     r = rollout(env, "random", seed=6, policy_seed=6)
     s = r.summary
-    assert s["sync_excess_pct"] == pytest.approx(s["violation_pct"] - s["no_sync_violation_pct"],
-                                                 abs=1e-12)
+    assert s["sync_excess_pct"] == pytest.approx(
+        s["violation_pct"] - s["no_sync_violation_pct"], abs=1e-12
+    )
     no_sync = core.schedule_summary(env.episode, [], env.params, env.sidecar)
     assert s["no_sync_violation_pct"] == no_sync["violation_pct"]
     exact = core.replay_schedule(env.episode, s["merge_decisions"], env.params, env.sidecar)
@@ -336,8 +353,9 @@ def test_per_merge_rewards_add_up_to_the_exact_sync_excess(regime, rollout):
             r = rollout(env, policy, seed=seed, policy_seed=seed)
             s = r.summary
             scale = env.episode.reward_per_request
-            assert -r.excess_terms.sum() == pytest.approx(scale * s["additive_excess_requests"],
-                                                          rel=1e-12, abs=1e-12)
+            assert -r.excess_terms.sum() == pytest.approx(
+                scale * s["additive_excess_requests"], rel=1e-12, abs=1e-12
+            )
             assert r.final["excess_requests_so_far"] == s["additive_excess_requests"]
             assert s["additive_excess_requests"] == sum(s["merge_costs_requests"])
             additive = _additive_pct_from_rewards(r, env)
@@ -348,8 +366,12 @@ def test_per_merge_rewards_add_up_to_the_exact_sync_excess(regime, rollout):
 
 def test_reward_scale_is_fixed_before_the_episode():
     """Synthetic regimes: 1,000 / (nominal rate x window), whatever the episode's count."""
-    for name, rate in [("bursty", 8.0), ("non-periodic", 5.0 + 12.0 * (25.0 + 6.0) / 120.0),
-                       ("sync-heavy", 10.0), ("ordinary", 6.0)]:
+    for name, rate in [
+        ("bursty", 8.0),
+        ("non-periodic", 5.0 + 12.0 * (25.0 + 6.0) / 120.0),
+        ("sync-heavy", 10.0),
+        ("ordinary", 6.0),
+    ]:
         env = DiLoCoSyncEnv(name)
         assert env.reward_rate_rps == pytest.approx(rate, rel=1e-12)
         counts, scales = set(), set()
@@ -368,8 +390,9 @@ def test_reward_scale_is_fixed_before_the_episode():
     assert rewards == [-c * (1000.0 / 4800.0) for c in costs]
     # Replays: the target rate, else the whole source trace's rate; an override wins.
     src = REGIMES["sync-heavy"](np.random.default_rng(0))
-    assert core.nominal_rate_rps(diloco_gym.ReplayRegime(src, duration_s=300.0)) == \
-        src.mean_rate_rps
+    assert (
+        core.nominal_rate_rps(diloco_gym.ReplayRegime(src, duration_s=300.0)) == src.mean_rate_rps
+    )
     assert core.nominal_rate_rps(diloco_gym.ReplayRegime(src, 300.0, target_rate_rps=3.0)) == 3.0
     assert DiLoCoSyncEnv(src, reward_rate_rps=2.5).reward_rate_rps == 2.5
 
@@ -403,12 +426,13 @@ def test_rewards_are_causal_up_to_the_cost_window(policy, cut_decision, rollout)
     assert ra.actions == rb.actions
     assert env_a.merges == env_b.merges  # the schedule depends on the actions only
     assert env_a.episode.n_requests != env_b.episode.n_requests  # the futures differ
-    window_s = (params.merge_steps + round(sidecar.tail_s / params.step_seconds)) \
-        * params.step_seconds
+    window_s = (
+        params.merge_steps + round(sidecar.tail_s / params.step_seconds)
+    ) * params.step_seconds
     before = after = 0
     merges_a = [0] + [i["merges"] for i in ra.infos[1:]]
     for k, (rew_a, rew_b) in enumerate(zip(ra.rewards, rb.rewards, strict=True)):
-        launched = env_a.merges[merges_a[k]:merges_a[k + 1]]
+        launched = env_a.merges[merges_a[k] : merges_a[k + 1]]
         if launched and max(launched) * params.decision_seconds + window_s <= t_cut:
             assert rew_a == rew_b, f"step {k}, merges {launched}"
             before += rew_a != 0.0
@@ -453,20 +477,34 @@ def test_reward_is_the_weighted_sum_of_its_named_terms(rollout):
         assert terms["sync_excess"] <= 0.0 and terms["progress"] >= 0.0
         assert reward == pytest.approx(2.0 * terms["sync_excess"] + 10.0 * terms["progress"])
     assert sum(i["reward_terms"]["progress"] for i in r.infos) == pytest.approx(
-        r.summary["progress"])
+        r.summary["progress"]
+    )
     assert r.summary["progress"] > 0
     assert r.infos[0]["reward_terms"] == {"sync_excess": -0.0, "progress": 0.0}
 
 
 # --------------------------------------------------------------------------- bad input
-@pytest.mark.parametrize("field, value", [
-    ("step_seconds", -0.1), ("step_seconds", 0.0), ("step_seconds", "fast"),
-    ("step_seconds", float("nan")), ("h_min_steps", 100), ("h_min_steps", 128.0),
-    ("h_max_steps", True), ("decision_interval", 0), ("merge_budget", -1),
-    ("merge_budget", 8.0), ("skip_forced", "yes"), ("excess_weight", -1.0),
-    ("forecast_alpha", 0.0), ("baseline_alpha", 1.5), ("merge_seconds", 100.0),
-    ("rate_norm_rps", 0.0),
-])
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("step_seconds", -0.1),
+        ("step_seconds", 0.0),
+        ("step_seconds", "fast"),
+        ("step_seconds", float("nan")),
+        ("h_min_steps", 100),
+        ("h_min_steps", 128.0),
+        ("h_max_steps", True),
+        ("decision_interval", 0),
+        ("merge_budget", -1),
+        ("merge_budget", 8.0),
+        ("skip_forced", "yes"),
+        ("excess_weight", -1.0),
+        ("forecast_alpha", 0.0),
+        ("baseline_alpha", 1.5),
+        ("merge_seconds", 100.0),
+        ("rate_norm_rps", 0.0),
+    ],
+)
 def test_bad_env_params_name_the_field(field, value):
     with pytest.raises(ValueError, match=field):
         EnvParams(**{field: value})
@@ -598,8 +636,9 @@ def test_rewards_add_up_to_the_additive_excess_under_any_budget(budget):
         total += r
     s = info["episode_summary"]
     assert s["merges"] == budget
-    assert total == pytest.approx(-env.episode.reward_per_request
-                                  * s["additive_excess_requests"], rel=1e-12, abs=1e-12)
+    assert total == pytest.approx(
+        -env.episode.reward_per_request * s["additive_excess_requests"], rel=1e-12, abs=1e-12
+    )
 
 
 def test_budget_without_any_choice_is_refused():
@@ -629,8 +668,9 @@ def test_scalar_merge_gain_is_bitwise_the_batched_one():
     tok = rng.uniform(0.0, 5e7, 64)
     added_v, gain_v = lrn.merge_gain(gap, tok, thr, lp)
     for i in range(64):
-        added, gain, after = lrn.merge_gain_scalar(float(gap[i]), float(tok[i]),
-                                                   float(np.sum(thr[i], axis=-1)), lp)
+        added, gain, after = lrn.merge_gain_scalar(
+            float(gap[i]), float(tok[i]), float(np.sum(thr[i], axis=-1)), lp
+        )
         assert added == added_v[i] and gain == gain_v[i]
         assert after == lrn.loss(np.array([tok[i] + added_v[i]]), lp)[0]
 
@@ -647,14 +687,14 @@ def _sync_mask_add_at(merges, n_bins, params):
     return np.minimum(mask[:n_bins], 1.0)
 
 
-@pytest.mark.parametrize("merges", [[], [0], [3, 20, 40], [5, 6], [0, 535], [535],
-                                    [-1, 10]])
+@pytest.mark.parametrize("merges", [[], [0], [3, 20, 40], [5, 6], [0, 535], [535], [-1, 10]])
 def test_sync_mask_equals_the_difference_array(merges):
     """Overlapping windows, windows running past the end and negative indices alike."""
     p = EnvParams()
     n_bins = 536 * p.decision_interval
-    np.testing.assert_array_equal(core.sync_mask(merges, n_bins, p),
-                                  _sync_mask_add_at(merges, n_bins, p))
+    np.testing.assert_array_equal(
+        core.sync_mask(merges, n_bins, p), _sync_mask_add_at(merges, n_bins, p)
+    )
 
 
 def test_sync_mask_rejects_a_start_past_the_end_as_before():

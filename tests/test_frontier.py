@@ -21,9 +21,15 @@ from diloco_gym.rollout import attach_agent, run_episode
 # ----------------------------------------------------------------- the frontier's rows
 @pytest.fixture(scope="module")
 def small():
-    cfg = fr.FrontierConfig(regimes=["bursty"], budgets_per_hour=[72.0], seeds=2, seed0=3,
-                            draws=40, budget_agents=["online-forecast-budget", "wa-diloco"],
-                            free_agents=["fixed-512"])
+    cfg = fr.FrontierConfig(
+        regimes=["bursty"],
+        budgets_per_hour=[72.0],
+        seeds=2,
+        seed0=3,
+        draws=40,
+        budget_agents=["online-forecast-budget", "wa-diloco"],
+        free_agents=["fixed-512"],
+    )
     return fr.run_frontier(cfg, progress=False)
 
 
@@ -44,8 +50,9 @@ def test_rows_equal_independent_computations(small):
         tol = ep.pct_per_request + 1e-9
         agent = protocol.replay_full(ep, np.array([res["merge_decisions"]]), p, env.sidecar)
         assert r.sync_excess_pct == pytest.approx(agent[0], abs=tol)
-        draws = schedules.sample_uniform(ep.n_decisions, p.h_min, p.h_max, m, 40,
-                                         np.random.default_rng([r.seed, m, 7]))
+        draws = schedules.sample_uniform(
+            ep.n_decisions, p.h_min, p.h_max, m, 40, np.random.default_rng([r.seed, m, 7])
+        )
         assert np.all(np.diff(draws, axis=1) >= p.h_min)
         control = protocol.replay_full(ep, draws, p, env.sidecar)
         assert r.matched_random_mean == pytest.approx(control.mean(), abs=tol)
@@ -65,8 +72,11 @@ def test_rows_equal_independent_computations(small):
 def test_held_column_and_curves_cover_every_feasible_budget(small):
     rows = small["rows"]
     held = dict(zip(rows["agent"] + "/" + rows["mode"], rows["held"], strict=True))
-    assert held == {"fixed-512/free": "free", "online-forecast-budget/budget": "budget-aware",
-                    "wa-diloco/budget": "mask"}
+    assert held == {
+        "fixed-512/free": "free",
+        "online-forecast-budget/budget": "budget-aware",
+        "wa-diloco/budget": "mask",
+    }
     lo, hi = schedules.budget_range(517, 16, 64)
     assert sorted(small["curves"]["budget"].unique()) == list(range(lo, hi + 1))
     # Oracle never above random placement at any budget (means over seeds).
@@ -90,16 +100,29 @@ def test_config_rejects_bad_input():
         fr.FrontierConfig(budgets_per_hour=[60.0, -1.0])
     with pytest.raises(ValueError, match="each agent once"):
         fr.FrontierConfig(budget_agents=["fixed-budget", "fixed-budget"])
-    cfg = fr.FrontierConfig(regimes=["bursty"], budgets_per_hour=[200.0], seeds=2, draws=5,
-                            budget_agents=["fixed-budget"], free_agents=["fixed-512"])
+    cfg = fr.FrontierConfig(
+        regimes=["bursty"],
+        budgets_per_hour=[200.0],
+        seeds=2,
+        draws=5,
+        budget_agents=["fixed-budget"],
+        free_agents=["fixed-512"],
+    )
     with pytest.raises(ValueError, match=r"200 merges/h is 33 merges .* feasible 8\.\.32"):
         fr.run_frontier(cfg, progress=False)
-    cfg = fr.FrontierConfig(regimes=["bursty"], budgets_per_hour=[60.0, 61.0], seeds=2,
-                            draws=5, budget_agents=["fixed-budget"], free_agents=["fixed-512"])
+    cfg = fr.FrontierConfig(
+        regimes=["bursty"],
+        budgets_per_hour=[60.0, 61.0],
+        seeds=2,
+        draws=5,
+        budget_agents=["fixed-budget"],
+        free_agents=["fixed-512"],
+    )
     with pytest.raises(ValueError, match="round to the same merges per episode"):
         fr.run_frontier(cfg, progress=False)
-    cfg = fr.FrontierConfig(regimes=["bursty"], seeds=2, draws=5,
-                            free_agents=["online-forecast-budget"])
+    cfg = fr.FrontierConfig(
+        regimes=["bursty"], seeds=2, draws=5, free_agents=["online-forecast-budget"]
+    )
     with pytest.raises(ValueError, match="budget-aware agent.*need a merge budget"):
         fr.run_frontier(cfg, progress=False)
 
@@ -180,10 +203,16 @@ def test_budget_aware_agents_need_a_budget():
 
 def test_budget_agents_are_deterministic_and_feasible():
     for name in BUDGETED:
-        a = run_episode(diloco_gym.DiLoCoSyncEnv(regime="non-periodic", merge_budget=16),
-                        make_agent(name), seed=5)
-        b = run_episode(diloco_gym.DiLoCoSyncEnv(regime="non-periodic", merge_budget=16),
-                        make_agent(name), seed=5)
+        a = run_episode(
+            diloco_gym.DiLoCoSyncEnv(regime="non-periodic", merge_budget=16),
+            make_agent(name),
+            seed=5,
+        )
+        b = run_episode(
+            diloco_gym.DiLoCoSyncEnv(regime="non-periodic", merge_budget=16),
+            make_agent(name),
+            seed=5,
+        )
         assert a == b
         assert schedules.is_feasible(a["merge_decisions"], 517, 16, 64)
 
@@ -197,17 +226,30 @@ def test_fixed_budget_merges_at_the_budget_interval():
 
 
 # ----------------------------------------------------------------- statistics, by hand
-def _rows(values: dict[tuple[str, float], np.ndarray], random: float = 10.0,
-          oracle: float = 2.0) -> pd.DataFrame:
+def _rows(
+    values: dict[tuple[str, float], np.ndarray], random: float = 10.0, oracle: float = 2.0
+) -> pd.DataFrame:
     out = []
     for (agent, per_hour), v in values.items():
         for seed, x in enumerate(v):
-            out.append({"regime": "r", "agent": agent, "mode": "budget",
-                        "held": "budget-aware", "deployable": True,
-                        "budget_per_hour": per_hour, "budget": per_hour / 6, "seed": seed,
-                        "merges": per_hour / 6, "merges_per_hour": per_hour,
-                        "sync_excess_pct": float(x), "matched_random_mean": random,
-                        "oracle_same_budget_pct": oracle, "no_sync_violation_pct": 5.0})
+            out.append(
+                {
+                    "regime": "r",
+                    "agent": agent,
+                    "mode": "budget",
+                    "held": "budget-aware",
+                    "deployable": True,
+                    "budget_per_hour": per_hour,
+                    "budget": per_hour / 6,
+                    "seed": seed,
+                    "merges": per_hour / 6,
+                    "merges_per_hour": per_hour,
+                    "sync_excess_pct": float(x),
+                    "matched_random_mean": random,
+                    "oracle_same_budget_pct": oracle,
+                    "no_sync_violation_pct": 5.0,
+                }
+            )
     return pd.DataFrame(out)
 
 
@@ -257,8 +299,10 @@ def test_dominance_on_a_hand_made_table():
 
 
 def test_budget_stats_by_hand():
-    values = {("A", 60.0): np.full(10, 6.0) + np.linspace(-0.1, 0.1, 10),
-              ("B", 60.0): np.full(10, 10.0) + np.linspace(-0.1, 0.1, 10)[::-1] * 0}
+    values = {
+        ("A", 60.0): np.full(10, 6.0) + np.linspace(-0.1, 0.1, 10),
+        ("B", 60.0): np.full(10, 10.0) + np.linspace(-0.1, 0.1, 10)[::-1] * 0,
+    }
     b = fr.budget_stats(_rows(values), {"r": "calibrated"}, 0.05)
     a = b[b["agent"] == "A"].iloc[0]
     assert a["gap_captured"] == pytest.approx(0.5)
@@ -274,13 +318,38 @@ def test_budget_stats_by_hand():
 # ----------------------------------------------------------------- figure and CLI
 def test_cli_end_to_end(tmp_path, capsys):
     out = tmp_path / "fr"
-    argv = ["frontier", "--regimes", "bursty", "--seeds", "2", "--draws", "20", "--budgets",
-            "60", "96", "--budget-agents", "online-forecast-budget", "fixed-budget",
-            "--free-agents", "fixed-512", "--out", str(out), "--no-progress"]
+    argv = [
+        "frontier",
+        "--regimes",
+        "bursty",
+        "--seeds",
+        "2",
+        "--draws",
+        "20",
+        "--budgets",
+        "60",
+        "96",
+        "--budget-agents",
+        "online-forecast-budget",
+        "fixed-budget",
+        "--free-agents",
+        "fixed-512",
+        "--out",
+        str(out),
+        "--no-progress",
+    ]
     assert main(argv) == 0
     names = sorted(p.name for p in out.iterdir())
-    assert names == sorted([MARKER, "curves.csv", "frontier.csv", "frontier.json",
-                            "frontier.md", "frontier_bursty.png"])
+    assert names == sorted(
+        [
+            MARKER,
+            "curves.csv",
+            "frontier.csv",
+            "frontier.json",
+            "frontier.md",
+            "frontier_bursty.png",
+        ]
+    )
     rows = pd.read_csv(out / "frontier.csv")
     assert len(rows) == 2 * (1 + 2 * 2)
     assert set(rows.loc[rows["mode"] == "budget", "merges"]) == {10, 16}
@@ -306,12 +375,27 @@ def test_cli_end_to_end(tmp_path, capsys):
     assert exc.value.code == 2 and (other / "notes.txt").read_text() == "keep"
     assert "refusing to replace" in capsys.readouterr().err
     # Bad budgets and agents: one line, usage error.
-    for bad, msg in ((["--budgets", "30"], "outside the feasible 8..32"),
-                     (["--free-agents", "fixed-budget"], "need a merge budget"),
-                     (["--budget-agents", "nope"], "unknown agent")):
+    for bad, msg in (
+        (["--budgets", "30"], "outside the feasible 8..32"),
+        (["--free-agents", "fixed-budget"], "need a merge budget"),
+        (["--budget-agents", "nope"], "unknown agent"),
+    ):
         with pytest.raises(SystemExit) as exc:
-            main(["frontier", "--regimes", "bursty", "--seeds", "2", "--draws", "5",
-                  "--out", str(tmp_path / "x"), "--no-progress", *bad])
+            main(
+                [
+                    "frontier",
+                    "--regimes",
+                    "bursty",
+                    "--seeds",
+                    "2",
+                    "--draws",
+                    "5",
+                    "--out",
+                    str(tmp_path / "x"),
+                    "--no-progress",
+                    *bad,
+                ]
+            )
         assert exc.value.code == 2
         err = capsys.readouterr().err
         assert msg in err and err.count("\n") == 1
@@ -323,9 +407,29 @@ def test_cli_extra_agent_joins_both_default_lists(tmp_path):
     from agents.registry import HEURISTICS
 
     out = tmp_path / "fr"
-    assert main(["frontier", "--regimes", "sync-heavy", "--seeds", "2", "--draws", "5",
-                 "--budgets", "96", "--agent", "reference-ppo", "--agent", "wa-diloco",
-                 "--out", str(out), "--no-progress"]) == 0
+    assert (
+        main(
+            [
+                "frontier",
+                "--regimes",
+                "sync-heavy",
+                "--seeds",
+                "2",
+                "--draws",
+                "5",
+                "--budgets",
+                "96",
+                "--agent",
+                "reference-ppo",
+                "--agent",
+                "wa-diloco",
+                "--out",
+                str(out),
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
     rows = pd.read_csv(out / "frontier.csv")
     free = list(dict.fromkeys(rows.loc[rows["mode"] == "free", "agent"]))
     held = list(dict.fromkeys(rows.loc[rows["mode"] == "budget", "agent"]))
@@ -350,9 +454,23 @@ def long_trace(tmp_path_factory):
 
 def test_cli_trace_windows_are_the_units(long_trace, tmp_path, capsys):
     out = tmp_path / "tr"
-    base = ["frontier", "--trace", str(long_trace), "--format", "native", "--draws", "10",
-            "--budgets", "48", "72", "--budget-agents", "online-forecast-budget",
-            "--free-agents", "fixed-512", "--no-progress"]
+    base = [
+        "frontier",
+        "--trace",
+        str(long_trace),
+        "--format",
+        "native",
+        "--draws",
+        "10",
+        "--budgets",
+        "48",
+        "72",
+        "--budget-agents",
+        "online-forecast-budget",
+        "--free-agents",
+        "fixed-512",
+        "--no-progress",
+    ]
     assert main([*base, "--window-s", "300", "--out", str(out)]) == 0
     rows = pd.read_csv(out / "frontier.csv")
     assert set(rows["regime"]) == {"replay:long"} and set(rows["unit"]) == {"window"}

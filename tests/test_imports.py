@@ -30,11 +30,20 @@ NOT_FOR_THE_ENV = ("pyarrow", "matplotlib", "matplotlib.pyplot", "pandas", "tqdm
 def _loaded_after(code: str, watch: tuple[str, ...]) -> list[str]:
     """The modules of ``watch`` present in ``sys.modules`` after running ``code`` in a fresh
     interpreter that imports this checkout's package."""
-    probe = (f"import json, sys\n{code}\n"
-             f"print(json.dumps([m for m in {list(watch)!r} if m in sys.modules]))")
+    probe = (
+        f"import json, sys\n{code}\n"
+        f"print(json.dumps([m for m in {list(watch)!r} if m in sys.modules]))"
+    )
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
-                         env=env, cwd=ROOT, timeout=300, check=False)
+    out = subprocess.run(
+        [sys.executable, "-c", probe],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=ROOT,
+        timeout=300,
+        check=False,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -43,8 +52,13 @@ def test_import_loads_no_scipy_pyarrow_matplotlib_or_pandas():
     """``import diloco_gym`` needs only numpy and gymnasium: scipy (its signal package alone
     is most of the old import time), pyarrow, matplotlib, pandas and tqdm stay unloaded, and
     so does importlib.metadata until ``__version__`` is asked for."""
-    watch = ("scipy", "scipy.signal", "scipy.special", "scipy.stats",
-             "importlib.metadata") + NOT_FOR_THE_ENV
+    watch = (
+        "scipy",
+        "scipy.signal",
+        "scipy.special",
+        "scipy.stats",
+        "importlib.metadata",
+    ) + NOT_FOR_THE_ENV
     assert _loaded_after("import diloco_gym", watch) == []
     code = "import diloco_gym\nassert diloco_gym.__version__ == diloco_gym.__version__ != ''"
     assert _loaded_after(code, ("importlib.metadata",)) == ["importlib.metadata"]
@@ -89,8 +103,16 @@ assert load_trace({str(path)!r}).prompt_tokens.tolist() == [10]
 def parquet_file(tmp_path: Path) -> Path:
     pytest.importorskip("pyarrow")
     path = tmp_path / "small.parquet"
-    save_native(Trace(arrival_s=np.array([0.5, 1.0, 2.0]), prompt_tokens=np.array([10, 20, 30]),
-                      output_tokens=np.array([1, 2, 3]), duration_s=3.0, name="small"), path)
+    save_native(
+        Trace(
+            arrival_s=np.array([0.5, 1.0, 2.0]),
+            prompt_tokens=np.array([10, 20, 30]),
+            output_tokens=np.array([1, 2, 3]),
+            duration_s=3.0,
+            name="small",
+        ),
+        path,
+    )
     return path
 
 
@@ -103,8 +125,7 @@ def _without_pyarrow(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.mark.parametrize("load", [load_native, load_trace], ids=["load_native", "load_trace"])
-def test_parquet_load_without_pyarrow_names_the_file_and_the_extra(parquet_file, monkeypatch,
-                                                                   load):
+def test_parquet_load_without_pyarrow_names_the_file_and_the_extra(parquet_file, monkeypatch, load):
     _without_pyarrow(monkeypatch)
     with pytest.raises(ModuleNotFoundError) as info:
         load(parquet_file)
@@ -121,10 +142,18 @@ def test_parquet_load_without_pyarrow_names_the_file_and_the_extra(parquet_file,
 def test_parquet_save_without_pyarrow_is_a_clear_error(tmp_path, monkeypatch):
     _without_pyarrow(monkeypatch)
     path = tmp_path / "out.pq"
-    trace = Trace(arrival_s=np.array([0.5]), prompt_tokens=np.array([10]),
-                  output_tokens=np.array([1]), duration_s=1.0, name="one")
-    with pytest.raises(ModuleNotFoundError, match=r'writing Parquet traces needs pyarrow.*'
-                                                  r'pip install "diloco-gym\[parquet\]"'):
+    trace = Trace(
+        arrival_s=np.array([0.5]),
+        prompt_tokens=np.array([10]),
+        output_tokens=np.array([1]),
+        duration_s=1.0,
+        name="one",
+    )
+    with pytest.raises(
+        ModuleNotFoundError,
+        match=r"writing Parquet traces needs pyarrow.*"
+        r'pip install "diloco-gym\[parquet\]"',
+    ):
         save_native(trace, path)
     assert not path.exists()
     # CSV needs no pyarrow.

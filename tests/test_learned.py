@@ -23,8 +23,19 @@ from diloco_gym.cli import main  # noqa: E402
 from diloco_gym.env import DiLoCoSyncEnv  # noqa: E402
 from diloco_gym.rollout import run_episode  # noqa: E402
 
-TINY = ["--timesteps", "1024", "--n-envs", "2", "--eval-episodes", "2", "--eval-freq", "512",
-        "--checkpoint-freq", "512", "--no-progress"]
+TINY = [
+    "--timesteps",
+    "1024",
+    "--n-envs",
+    "2",
+    "--eval-episodes",
+    "2",
+    "--eval-freq",
+    "512",
+    "--checkpoint-freq",
+    "512",
+    "--no-progress",
+]
 
 
 def _observations(n: int = 64) -> np.ndarray:
@@ -231,9 +242,24 @@ def test_the_same_agent_twice_is_refused(tmp_path: Path, monkeypatch) -> None:
     with pytest.raises(ValueError, match="the same model as 'reference-ppo'"):
         make_agents(["reference-ppo", str(REFERENCE_MODEL)])
     with pytest.raises(SystemExit, match="given twice"):
-        main(["report", "--regimes", "bursty", "--agents", "fixed-256", "--agent",
-              "runs/ppo/model.zip", "--agent", "./runs/ppo/model.zip", "--seeds", "2",
-              "--out", str(tmp_path / "rep"), "--no-progress"])
+        main(
+            [
+                "report",
+                "--regimes",
+                "bursty",
+                "--agents",
+                "fixed-256",
+                "--agent",
+                "runs/ppo/model.zip",
+                "--agent",
+                "./runs/ppo/model.zip",
+                "--seeds",
+                "2",
+                "--out",
+                str(tmp_path / "rep"),
+                "--no-progress",
+            ]
+        )
     assert not (tmp_path / "rep").exists()
 
 
@@ -245,23 +271,45 @@ def test_reference_agent_works_from_any_directory(tmp_path: Path) -> None:
     import sys
 
     root = Path(__file__).resolve().parents[1]
-    code = ("from agents.registry import make_agent\n"
-            "from diloco_gym.env import DiLoCoSyncEnv\n"
-            "from diloco_gym.rollout import run_episode\n"
-            "a = make_agent('reference-ppo')\n"
-            "r = run_episode(DiLoCoSyncEnv('bursty'), a, 0)\n"
-            "print(a.name, a.path, r['merges'])\n")
+    code = (
+        "from agents.registry import make_agent\n"
+        "from diloco_gym.env import DiLoCoSyncEnv\n"
+        "from diloco_gym.rollout import run_episode\n"
+        "a = make_agent('reference-ppo')\n"
+        "r = run_episode(DiLoCoSyncEnv('bursty'), a, 0)\n"
+        "print(a.name, a.path, r['merges'])\n"
+    )
     env = dict(os.environ, PYTHONPATH=str(root))
-    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env,
-                         capture_output=True, text=True, timeout=300)
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     name, path, merges = out.stdout.split()
     assert name == "reference-ppo" and Path(path) == reference_model_path().resolve()
     assert int(merges) >= 1
     # The relative path only works from the repository root: a clear error elsewhere.
-    out = subprocess.run([sys.executable, "-m", "diloco_gym.cli", "run", "--agent",
-                          "agents/reference/model.zip", "--seeds", "1"], cwd=tmp_path,
-                         env=env, capture_output=True, text=True, timeout=300)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "diloco_gym.cli",
+            "run",
+            "--agent",
+            "agents/reference/model.zip",
+            "--seeds",
+            "1",
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode != 0 and "model file not found" in out.stderr
 
 
@@ -271,8 +319,11 @@ def test_reference_agent_is_package_data() -> None:
     root = Path(__file__).resolve().parents[1]
     conf = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]
     assert {"agents", "agents.reference"} <= set(conf["packages"])
-    shipped = {f for pattern in conf["package-data"]["agents.reference"]
-               for f in (root / "agents" / "reference").glob(pattern)}
+    shipped = {
+        f
+        for pattern in conf["package-data"]["agents.reference"]
+        for f in (root / "agents" / "reference").glob(pattern)
+    }
     for name in ("model.zip", "meta.json", "README.md"):
         assert root / "agents" / "reference" / name in shipped
 
@@ -284,23 +335,45 @@ def test_only_the_train_and_calibrate_commands_import_torch() -> None:
     import subprocess
     import sys
 
-    probe = ("import sys\nfrom diloco_gym.cli import build_parser\n"
-             "p = build_parser({cmd!r})\n{parse}\n"
-             "print('stable_baselines3' in sys.modules, 'torch' in sys.modules)")
+    probe = (
+        "import sys\nfrom diloco_gym.cli import build_parser\n"
+        "p = build_parser({cmd!r})\n{parse}\n"
+        "print('stable_baselines3' in sys.modules, 'torch' in sys.modules)"
+    )
     for cmd, parse, want in [
-            ("report", "p.parse_args(['report', '--seeds', '2'])", "False False"),
-            ("", "", "False False"),
-            ("train", "a = p.parse_args(['train', '--algo', 'dqn', '--timesteps', '5'])\n"
-                      "assert a.algo == 'dqn' and a.timesteps == 5", "True True")]:
-        out = subprocess.run([sys.executable, "-c", probe.format(cmd=cmd, parse=parse)],
-                             capture_output=True, text=True, timeout=120)
+        ("report", "p.parse_args(['report', '--seeds', '2'])", "False False"),
+        ("", "", "False False"),
+        (
+            "train",
+            "a = p.parse_args(['train', '--algo', 'dqn', '--timesteps', '5'])\n"
+            "assert a.algo == 'dqn' and a.timesteps == 5",
+            "True True",
+        ),
+    ]:
+        out = subprocess.run(
+            [sys.executable, "-c", probe.format(cmd=cmd, parse=parse)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert out.returncode == 0, out.stderr[-2000:]
         assert out.stdout.split("\n")[-2] == want, (cmd, out.stdout)
 
 
 # ----------------------------------------------------------------- run directories, summary
-SMALL = ["--timesteps", "256", "--n-envs", "1", "--eval-episodes", "1", "--eval-freq", "0",
-         "--checkpoint-freq", "128", "--no-progress"]
+SMALL = [
+    "--timesteps",
+    "256",
+    "--n-envs",
+    "1",
+    "--eval-episodes",
+    "1",
+    "--eval-freq",
+    "0",
+    "--checkpoint-freq",
+    "128",
+    "--no-progress",
+]
 
 
 def _exit_code(argv: list[str], capsys) -> tuple[int, str]:
@@ -327,17 +400,18 @@ def test_train_refuses_an_existing_run(ppo_run: Path, tmp_path: Path, capsys) ->
     assert json.loads((out / "meta.json").read_text())["algo"] == "ppo"
 
 
-def test_resume_checks_the_algorithm_and_needs_a_run(ppo_run: Path, tmp_path: Path,
-                                                     capsys) -> None:
+def test_resume_checks_the_algorithm_and_needs_a_run(ppo_run: Path, tmp_path: Path, capsys) -> None:
     out = _copy_run(ppo_run, tmp_path / "run")
-    code, err = _exit_code(["train", "--algo", "dqn", "--resume", "--out", str(out), *SMALL],
-                           capsys)
+    code, err = _exit_code(
+        ["train", "--algo", "dqn", "--resume", "--out", str(out), *SMALL], capsys
+    )
     assert code == 2 and "is a ppo run" in err and "AttributeError" not in err
-    code, err = _exit_code(["train", "--algo", "ppo", "--regime", "sync-heavy", "--resume",
-                            "--out", str(out), *SMALL], capsys)
+    code, err = _exit_code(
+        ["train", "--algo", "ppo", "--regime", "sync-heavy", "--resume", "--out", str(out), *SMALL],
+        capsys,
+    )
     assert code == 2 and "--regime" in err
-    code, err = _exit_code(["train", "--resume", "--out", str(tmp_path / "none"), *SMALL],
-                           capsys)
+    code, err = _exit_code(["train", "--resume", "--out", str(tmp_path / "none"), *SMALL], capsys)
     assert code == 2 and "no training run" in err
     assert not (tmp_path / "none").exists()
     code, err = _exit_code(["train", "--resume", "--force", "--out", str(out), *SMALL], capsys)
@@ -352,7 +426,8 @@ def test_train_never_writes_into_a_directory_of_other_files(tmp_path: Path, caps
 
 
 def test_force_replaces_the_run_files_only_and_prints_the_comparison(
-        ppo_run: Path, tmp_path: Path, capsys) -> None:
+    ppo_run: Path, tmp_path: Path, capsys
+) -> None:
     out = _copy_run(ppo_run, tmp_path / "run")
     (out / "notes.txt").write_text("mine")
     assert main(["train", "--algo", "dqn", "--force", "--out", str(out), *SMALL]) == 0
@@ -364,7 +439,7 @@ def test_force_replaces_the_run_files_only_and_prints_the_comparison(
     assert not (out / "checkpoints" / "rl_model_1024_steps.zip").exists()
     # validation next to fixed-512 and matched random, in merges/h
     lines = captured.out.splitlines()
-    table = lines[next(i for i, ln in enumerate(lines) if ln.startswith("validation")):]
+    table = lines[next(i for i, ln in enumerate(lines) if ln.startswith("validation")) :]
     assert "merges/h" in table[1]
     for label in ("dqn:model", "fixed-512", "matched random"):
         row = next(ln for ln in table if ln.strip().startswith(label))
@@ -376,8 +451,9 @@ def test_force_replaces_the_run_files_only_and_prints_the_comparison(
         assert "never chose to merge" in captured.err
 
 
-def test_meta_is_written_at_start_so_a_killed_run_can_resume(tmp_path: Path, monkeypatch,
-                                                              capsys) -> None:
+def test_meta_is_written_at_start_so_a_killed_run_can_resume(
+    tmp_path: Path, monkeypatch, capsys
+) -> None:
     out = tmp_path / "run"
 
     def killed(self):
@@ -386,16 +462,30 @@ def test_meta_is_written_at_start_so_a_killed_run_can_resume(tmp_path: Path, mon
     with monkeypatch.context() as m:
         m.setattr(tr.HeldOutEvalCallback, "evaluate", killed)
         with pytest.raises(SystemExit) as exc:
-            main(["train", "--out", str(out), "--timesteps", "512", "--n-envs", "1",
-                  "--eval-episodes", "1", "--eval-freq", "384", "--checkpoint-freq", "128",
-                  "--no-progress"])
+            main(
+                [
+                    "train",
+                    "--out",
+                    str(out),
+                    "--timesteps",
+                    "512",
+                    "--n-envs",
+                    "1",
+                    "--eval-episodes",
+                    "1",
+                    "--eval-freq",
+                    "384",
+                    "--checkpoint-freq",
+                    "128",
+                    "--no-progress",
+                ]
+            )
     assert exc.value.code == 130
     meta = json.loads((out / "meta.json").read_text())
     assert meta["algo"] == "ppo" and meta["status"] == "training"
     assert not (out / "model.zip").exists()
     capsys.readouterr()
-    assert main(["train", "--out", str(out), "--resume", *SMALL[:1], "512",
-                 *SMALL[2:]]) == 0
+    assert main(["train", "--out", str(out), "--resume", *SMALL[:1], "512", *SMALL[2:]]) == 0
     meta = json.loads((out / "meta.json").read_text())
     assert meta["status"] == "complete" and meta["resumed_from"].endswith("_steps.zip")
 
@@ -415,8 +505,7 @@ def test_a_policy_that_never_merges_is_flagged() -> None:
     assert never["chosen_merges"] == 0
     assert never["agent"]["merges_per_hour"] > 0  # the forced merges
     assert never["same_schedules_as_fixed_512"] == 2
-    assert never["agent"]["sync_excess_pct"] == pytest.approx(
-        never["fixed-512"]["sync_excess_pct"])
+    assert never["agent"]["sync_excess_pct"] == pytest.approx(never["fixed-512"]["sync_excess_pct"])
     _, warnings = tr.format_comparison(never)
     assert len(warnings) == 1 and "never chose to merge" in warnings[0]
     busy = tr.validation_comparison(make_agent("fixed-256"), "bursty", seeds, draws=20)

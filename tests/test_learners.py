@@ -20,7 +20,8 @@ def test_loss_decreases_in_tokens_towards_the_floor():
     assert np.all(loss > P.loss_floor)
     # Power law: at T = tokens_scale the excess over the floor is 2 ** -exponent of the start.
     assert lrn.loss(P.tokens_scale, P) - P.loss_floor == pytest.approx(
-        P.loss_scale * 2 ** -P.loss_exponent)
+        P.loss_scale * 2**-P.loss_exponent
+    )
 
 
 def test_reports_grow_with_throughput_and_gap():
@@ -99,13 +100,24 @@ def test_learner_table_features():
     np.testing.assert_array_equal(batch[1], core.learner_table(0.0, thr * 2, params, P))
 
 
-@pytest.mark.parametrize("field, value", [
-    ("num_learners", 0), ("num_learners", 2.5), ("num_learners", True), ("num_learners", "8"),
-    ("throughput_tokens_per_s", -1.0), ("throughput_tokens_per_s", "fast"),
-    ("throughput_sigma", -0.1), ("loss_floor", float("nan")), ("loss_scale", 0.0),
-    ("loss_exponent", float("inf")), ("tokens_scale", None), ("drift_s", 0),
-    ("initial_tokens", -5.0),
-])
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("num_learners", 0),
+        ("num_learners", 2.5),
+        ("num_learners", True),
+        ("num_learners", "8"),
+        ("throughput_tokens_per_s", -1.0),
+        ("throughput_tokens_per_s", "fast"),
+        ("throughput_sigma", -0.1),
+        ("loss_floor", float("nan")),
+        ("loss_scale", 0.0),
+        ("loss_exponent", float("inf")),
+        ("tokens_scale", None),
+        ("drift_s", 0),
+        ("initial_tokens", -5.0),
+    ],
+)
 def test_bad_learner_params_name_the_field(field, value):
     with pytest.raises(ValueError, match=rf"LearnerParams\.{field}"):
         LearnerParams(**{field: value})

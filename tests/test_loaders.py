@@ -49,8 +49,9 @@ def _real_traces_dir() -> Path:
 REAL = _real_traces_dir()
 
 AZURE_HEADER = "TIMESTAMP,ContextTokens,GeneratedTokens\n"
-BURST_HEADER = ("Timestamp,Session ID,Elapsed time,Model,Request tokens,Response tokens,"
-                "Total tokens,Log Type\n")
+BURST_HEADER = (
+    "Timestamp,Session ID,Elapsed time,Model,Request tokens,Response tokens,Total tokens,Log Type\n"
+)
 
 
 def write(tmp_path: Path, name: str, text: str) -> Path:
@@ -112,8 +113,9 @@ def test_azure_fixture() -> None:
 
 
 def test_azure_file_without_trailing_newline(tmp_path: Path) -> None:
-    path = write(tmp_path, "az.csv", AZURE_HEADER + "2023-11-16 18:17:03.0,5,6\n"
-                 "2023-11-16 18:17:04.25,7,8")
+    path = write(
+        tmp_path, "az.csv", AZURE_HEADER + "2023-11-16 18:17:03.0,5,6\n2023-11-16 18:17:04.25,7,8"
+    )
     trace = load_azure(path)
     np.testing.assert_array_equal(trace.arrival_s, [0.0, 1.25])
     np.testing.assert_array_equal(trace.output_tokens, [6, 8])
@@ -121,8 +123,9 @@ def test_azure_file_without_trailing_newline(tmp_path: Path) -> None:
 
 
 def test_azure_crosses_midnight(tmp_path: Path) -> None:
-    path = write(tmp_path, "az.csv", AZURE_HEADER + "2023-11-16 23:59:59.5,5,6\n"
-                 "2023-11-17 00:00:00.5,7,8\n")
+    path = write(
+        tmp_path, "az.csv", AZURE_HEADER + "2023-11-16 23:59:59.5,5,6\n2023-11-17 00:00:00.5,7,8\n"
+    )
     np.testing.assert_array_equal(load_azure(path).arrival_s, [0.0, 1.0])
 
 
@@ -148,12 +151,14 @@ def test_mooncake_fixture() -> None:
 def test_mooncake_spreading_is_the_sorted_seeded_draws() -> None:
     trace = load_mooncake(FIXTURES / "mooncake_small.jsonl", seed=3)
     u = np.random.default_rng(3).random(7)
-    expected = np.concatenate([
-        np.sort(u[:3]) * 3.0,
-        3.0 + u[3:4] * (5.999 - 3.0),
-        5.999 + np.sort(u[4:6]) * 3.0,
-        12.0 + u[6:] * 3.0,
-    ])
+    expected = np.concatenate(
+        [
+            np.sort(u[:3]) * 3.0,
+            3.0 + u[3:4] * (5.999 - 3.0),
+            5.999 + np.sort(u[4:6]) * 3.0,
+            12.0 + u[6:] * 3.0,
+        ]
+    )
     np.testing.assert_allclose(trace.arrival_s, expected, rtol=0, atol=1e-12)
 
 
@@ -187,8 +192,11 @@ def test_burstgpt_fixture_filters_failed_with_warning() -> None:
 
 
 def test_burstgpt_without_failures_does_not_warn(tmp_path: Path) -> None:
-    path = write(tmp_path, "b.csv", BURST_HEADER + "1,1,1,ChatGPT,5,6,11,API log\n"
-                 "2,1,1,ChatGPT,5,6,11,API log\n")
+    path = write(
+        tmp_path,
+        "b.csv",
+        BURST_HEADER + "1,1,1,ChatGPT,5,6,11,API log\n2,1,1,ChatGPT,5,6,11,API log\n",
+    )
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         trace = load_burstgpt(path)
@@ -197,8 +205,11 @@ def test_burstgpt_without_failures_does_not_warn(tmp_path: Path) -> None:
 
 
 def test_burstgpt_first_row_failed_rebases_on_first_kept(tmp_path: Path) -> None:
-    path = write(tmp_path, "b.csv", BURST_HEADER + "10,1,1,ChatGPT,5,0,5,API log\n"
-                 "12.5,1,1,ChatGPT,5,6,11,API log\n")
+    path = write(
+        tmp_path,
+        "b.csv",
+        BURST_HEADER + "10,1,1,ChatGPT,5,0,5,API log\n12.5,1,1,ChatGPT,5,6,11,API log\n",
+    )
     with pytest.warns(TraceFilterWarning):
         trace = load_burstgpt(path)
     np.testing.assert_array_equal(trace.arrival_s, [0.0])
@@ -208,13 +219,16 @@ def test_burstgpt_first_row_failed_rebases_on_first_kept(tmp_path: Path) -> None
 # ------------------------------------------------------------------------- format dispatch
 
 
-@pytest.mark.parametrize(("name", "fmt"), [
-    ("native_small.csv", "native"),
-    ("native_nometa.csv", "native"),
-    ("azure_small.csv", "azure"),
-    ("mooncake_small.jsonl", "mooncake"),
-    ("burstgpt_small.csv", "burstgpt"),
-])
+@pytest.mark.parametrize(
+    ("name", "fmt"),
+    [
+        ("native_small.csv", "native"),
+        ("native_nometa.csv", "native"),
+        ("azure_small.csv", "azure"),
+        ("mooncake_small.jsonl", "mooncake"),
+        ("burstgpt_small.csv", "burstgpt"),
+    ],
+)
 def test_detect_format(name: str, fmt: str) -> None:
     assert detect_format(FIXTURES / name) == fmt
 
@@ -260,8 +274,13 @@ def test_wrong_explicit_format_reports_missing_column() -> None:
 def test_native_round_trip(tmp_path: Path, suffix: str) -> None:
     rng = np.random.default_rng(0)
     arrival = np.sort(rng.uniform(0.0, 123.456, size=500))
-    trace = Trace(arrival, rng.integers(0, 100_000, 500), rng.integers(0, 4000, 500),
-                  duration_s=123.456789, name="rt")
+    trace = Trace(
+        arrival,
+        rng.integers(0, 100_000, 500),
+        rng.integers(0, 4000, 500),
+        duration_s=123.456789,
+        name="rt",
+    )
     path = tmp_path / f"rt{suffix}"
     save_native(trace, path)
     back = load_trace(path)
@@ -280,8 +299,9 @@ def test_native_round_trip_of_a_loaded_trace(tmp_path: Path) -> None:
 
 def test_native_parquet_without_metadata_infers_duration(tmp_path: Path) -> None:
     path = tmp_path / "plain.parquet"
-    pq.write_table(pa.table({"arrival_s": [0.0, 2.5], "prompt_tokens": [1, 2],
-                             "output_tokens": [3, 4]}), path)
+    pq.write_table(
+        pa.table({"arrival_s": [0.0, 2.5], "prompt_tokens": [1, 2], "output_tokens": [3, 4]}), path
+    )
     trace = load_native(path)
     assert trace.duration_s == 3.0
     np.testing.assert_array_equal(trace.output_tokens, [3, 4])
@@ -297,8 +317,9 @@ def test_save_native_refuses_pressure_series(tmp_path: Path) -> None:
 # ------------------------------------------------------------------------- bad input
 
 
-def assert_error(info: pytest.ExceptionInfo[TraceFormatError], path: Path, row: int | None,
-                 field: str | None) -> None:
+def assert_error(
+    info: pytest.ExceptionInfo[TraceFormatError], path: Path, row: int | None, field: str | None
+) -> None:
     err = info.value
     message = str(err)
     assert str(path) in message
@@ -318,37 +339,81 @@ AZURE_OK = "2023-11-16 18:17:03.2011450,10,1\n"
 AZURE_BAD = [
     # (id, body after the header, row, field, message fragment)
     ("missing-column", None, None, "GeneratedTokens", "missing column"),
-    ("bad-timestamp", AZURE_OK + "2023-11-16 18:17:xx.1,10,1\n", 2, "TIMESTAMP",
-     "cannot parse timestamp"),
-    ("impossible-date", AZURE_OK + "2023-02-30 18:17:03.1,10,1\n", 2, "TIMESTAMP",
-     "cannot parse timestamp"),
+    (
+        "bad-timestamp",
+        AZURE_OK + "2023-11-16 18:17:xx.1,10,1\n",
+        2,
+        "TIMESTAMP",
+        "cannot parse timestamp",
+    ),
+    (
+        "impossible-date",
+        AZURE_OK + "2023-02-30 18:17:03.1,10,1\n",
+        2,
+        "TIMESTAMP",
+        "cannot parse timestamp",
+    ),
     ("empty-timestamp", AZURE_OK + ",10,1\n", 2, "TIMESTAMP", "empty value"),
-    ("empty-tokens", AZURE_OK * 2 + "2023-11-16 18:17:04,,1\n", 3, "ContextTokens",
-     "empty value"),
+    ("empty-tokens", AZURE_OK * 2 + "2023-11-16 18:17:04,,1\n", 3, "ContextTokens", "empty value"),
     ("nan-tokens", AZURE_OK * 2 + "2023-11-16 18:17:04,NaN,1\n", 3, "ContextTokens", "NaN"),
-    ("text-tokens", AZURE_OK + "2023-11-16 18:17:04,ten,1\n", 2, "ContextTokens",
-     "cannot parse 'ten'"),
-    ("negative-tokens", AZURE_OK * 3 + "2023-11-16 18:17:04,10,-1\n", 4, "GeneratedTokens",
-     "negative"),
-    ("fractional-tokens", AZURE_OK + "2023-11-16 18:17:04,10.5,1\n", 2, "ContextTokens",
-     "not an integer"),
-    ("unsorted", AZURE_OK + "2023-11-16 18:17:05,10,1\n2023-11-16 18:17:04,10,1\n", 3,
-     "TIMESTAMP", "not sorted"),
-    ("truncated-last-line", AZURE_OK * 2 + "2023-11-16 18:17:04,10", 3, "GeneratedTokens",
-     "truncated"),
+    (
+        "text-tokens",
+        AZURE_OK + "2023-11-16 18:17:04,ten,1\n",
+        2,
+        "ContextTokens",
+        "cannot parse 'ten'",
+    ),
+    (
+        "negative-tokens",
+        AZURE_OK * 3 + "2023-11-16 18:17:04,10,-1\n",
+        4,
+        "GeneratedTokens",
+        "negative",
+    ),
+    (
+        "fractional-tokens",
+        AZURE_OK + "2023-11-16 18:17:04,10.5,1\n",
+        2,
+        "ContextTokens",
+        "not an integer",
+    ),
+    (
+        "unsorted",
+        AZURE_OK + "2023-11-16 18:17:05,10,1\n2023-11-16 18:17:04,10,1\n",
+        3,
+        "TIMESTAMP",
+        "not sorted",
+    ),
+    (
+        "truncated-last-line",
+        AZURE_OK * 2 + "2023-11-16 18:17:04,10",
+        3,
+        "GeneratedTokens",
+        "truncated",
+    ),
     ("blank-line-inside", AZURE_OK + "\n" + AZURE_OK, 2, "TIMESTAMP", "blank line"),
-    ("too-many-fields", AZURE_OK + "2023-11-16 18:17:04,10,1,7\n", 2, None,
-     "4 fields, header has 3"),
+    (
+        "too-many-fields",
+        AZURE_OK + "2023-11-16 18:17:04,10,1,7\n",
+        2,
+        None,
+        "4 fields, header has 3",
+    ),
     ("no-data-rows", "", None, None, "no data rows"),
 ]
 
 
-@pytest.mark.parametrize(("body", "row", "field", "fragment"),
-                         [case[1:] for case in AZURE_BAD], ids=[case[0] for case in AZURE_BAD])
-def test_azure_bad_input(tmp_path: Path, body: str | None, row: int | None,
-                         field: str | None, fragment: str) -> None:
-    text = "TIMESTAMP,ContextTokens\n2023-11-16 18:17:03,1\n" if body is None \
-        else AZURE_HEADER + body
+@pytest.mark.parametrize(
+    ("body", "row", "field", "fragment"),
+    [case[1:] for case in AZURE_BAD],
+    ids=[case[0] for case in AZURE_BAD],
+)
+def test_azure_bad_input(
+    tmp_path: Path, body: str | None, row: int | None, field: str | None, fragment: str
+) -> None:
+    text = (
+        "TIMESTAMP,ContextTokens\n2023-11-16 18:17:03,1\n" if body is None else AZURE_HEADER + body
+    )
     path = write(tmp_path, "bad.csv", text)
     with pytest.raises(TraceFormatError, match=fragment) as info:
         load_trace(path, "azure")
@@ -399,42 +464,109 @@ MOONCAKE_BAD = [
     ("truncated-last-line", MOON_OK * 2 + '{"timestamp": 3000, "input_len', 3, None, "truncated"),
     ("invalid-json-inside", MOON_OK + "{oops}\n" + MOON_OK, 2, None, "invalid JSON"),
     ("not-an-object", MOON_OK + "[1, 2, 3]\n", 2, None, "JSON object"),
-    ("missing-key", MOON_OK + '{"timestamp": 0, "output_length": 1}\n', 2, "input_length",
-     "missing key"),
-    ("string-value", MOON_OK + '{"timestamp": "3000", "input_length": 1, "output_length": 1}\n',
-     2, "timestamp", "expected an integer"),
-    ("null-value", MOON_OK + '{"timestamp": 0, "input_length": null, "output_length": 1}\n',
-     2, "input_length", "expected an integer"),
-    ("nan-value", MOON_OK + '{"timestamp": 0, "input_length": NaN, "output_length": 1}\n',
-     2, "input_length", "NaN is not a finite number"),
-    ("infinity-value",
-     MOON_OK + '{"timestamp": 0, "input_length": 1, "output_length": -Infinity}\n', 2,
-     "output_length", "-Infinity is not a finite number"),
-    ("fractional", MOON_OK + '{"timestamp": 0, "input_length": 1, "output_length": 2.5}\n',
-     2, "output_length", "not an integer"),
-    ("negative", MOON_OK * 2 + '{"timestamp": 0, "input_length": -4, "output_length": 1}\n',
-     3, "input_length", "negative"),
-    ("unsorted", '{"timestamp": 3000, "input_length": 1, "output_length": 1}\n' + MOON_OK,
-     2, "timestamp", "not sorted"),
-    ("error-row-counts-blank-lines", MOON_OK + "\n\n" + MOON_OK.replace("10", "1.5"), 4,
-     "input_length", "1.5 is not an integer"),
-    ("huge-tokens", MOON_OK + '{"timestamp": 0, "input_length": 1000000000000, '
-     '"output_length": 1}\n', 2, "input_length", "1000000000000 is too large"),
-    ("huge-timestamp", MOON_OK + '{"timestamp": 1e300, "input_length": 1, '
-     '"output_length": 1}\n', 2, "timestamp", "timestamp 1e300 is too large"),
-    ("value-as-written", MOON_OK + '{"timestamp": 0, "input_length": 1.0e1, '
-     '"output_length": 12.50}\n', 2, "output_length", "12.50 is not an integer"),
-    ("string-shown-as-written", MOON_OK + '{"timestamp": 0, "input_length": "7", '
-     '"output_length": 1}\n', 2, "input_length", 'got "7"'),
+    (
+        "missing-key",
+        MOON_OK + '{"timestamp": 0, "output_length": 1}\n',
+        2,
+        "input_length",
+        "missing key",
+    ),
+    (
+        "string-value",
+        MOON_OK + '{"timestamp": "3000", "input_length": 1, "output_length": 1}\n',
+        2,
+        "timestamp",
+        "expected an integer",
+    ),
+    (
+        "null-value",
+        MOON_OK + '{"timestamp": 0, "input_length": null, "output_length": 1}\n',
+        2,
+        "input_length",
+        "expected an integer",
+    ),
+    (
+        "nan-value",
+        MOON_OK + '{"timestamp": 0, "input_length": NaN, "output_length": 1}\n',
+        2,
+        "input_length",
+        "NaN is not a finite number",
+    ),
+    (
+        "infinity-value",
+        MOON_OK + '{"timestamp": 0, "input_length": 1, "output_length": -Infinity}\n',
+        2,
+        "output_length",
+        "-Infinity is not a finite number",
+    ),
+    (
+        "fractional",
+        MOON_OK + '{"timestamp": 0, "input_length": 1, "output_length": 2.5}\n',
+        2,
+        "output_length",
+        "not an integer",
+    ),
+    (
+        "negative",
+        MOON_OK * 2 + '{"timestamp": 0, "input_length": -4, "output_length": 1}\n',
+        3,
+        "input_length",
+        "negative",
+    ),
+    (
+        "unsorted",
+        '{"timestamp": 3000, "input_length": 1, "output_length": 1}\n' + MOON_OK,
+        2,
+        "timestamp",
+        "not sorted",
+    ),
+    (
+        "error-row-counts-blank-lines",
+        MOON_OK + "\n\n" + MOON_OK.replace("10", "1.5"),
+        4,
+        "input_length",
+        "1.5 is not an integer",
+    ),
+    (
+        "huge-tokens",
+        MOON_OK + '{"timestamp": 0, "input_length": 1000000000000, "output_length": 1}\n',
+        2,
+        "input_length",
+        "1000000000000 is too large",
+    ),
+    (
+        "huge-timestamp",
+        MOON_OK + '{"timestamp": 1e300, "input_length": 1, "output_length": 1}\n',
+        2,
+        "timestamp",
+        "timestamp 1e300 is too large",
+    ),
+    (
+        "value-as-written",
+        MOON_OK + '{"timestamp": 0, "input_length": 1.0e1, "output_length": 12.50}\n',
+        2,
+        "output_length",
+        "12.50 is not an integer",
+    ),
+    (
+        "string-shown-as-written",
+        MOON_OK + '{"timestamp": 0, "input_length": "7", "output_length": 1}\n',
+        2,
+        "input_length",
+        'got "7"',
+    ),
     ("only-blank-lines", "\n \n\n", None, None, "empty file"),
 ]
 
 
-@pytest.mark.parametrize(("body", "row", "field", "fragment"),
-                         [case[1:] for case in MOONCAKE_BAD],
-                         ids=[case[0] for case in MOONCAKE_BAD])
-def test_mooncake_bad_input(tmp_path: Path, body: str, row: int, field: str | None,
-                            fragment: str) -> None:
+@pytest.mark.parametrize(
+    ("body", "row", "field", "fragment"),
+    [case[1:] for case in MOONCAKE_BAD],
+    ids=[case[0] for case in MOONCAKE_BAD],
+)
+def test_mooncake_bad_input(
+    tmp_path: Path, body: str, row: int, field: str | None, fragment: str
+) -> None:
     path = write(tmp_path, "bad.jsonl", body)
     with pytest.raises(TraceFormatError, match=fragment) as info:
         load_trace(path)
@@ -442,8 +574,9 @@ def test_mooncake_bad_input(tmp_path: Path, body: str, row: int, field: str | No
 
 
 def test_mooncake_integral_floats_and_trailing_blank_lines_are_accepted(tmp_path: Path) -> None:
-    path = write(tmp_path, "ok.jsonl",
-                 '{"timestamp": 0.0, "input_length": 5.0, "output_length": 1}\n\n\n')
+    path = write(
+        tmp_path, "ok.jsonl", '{"timestamp": 0.0, "input_length": 5.0, "output_length": 1}\n\n\n'
+    )
     trace = load_mooncake(path)
     assert trace.num_requests == 1 and trace.prompt_tokens[0] == 5
 
@@ -461,8 +594,9 @@ def test_token_bound_is_configurable(tmp_path: Path, monkeypatch) -> None:
     text = NATIVE_HEADER + "0,1,1\n1,100,1\n"
     path = write(tmp_path, "n.csv", text)
     assert max_tokens_bound() == DEFAULT_MAX_TOKENS == 2**24
-    with pytest.raises(TraceFormatError, match="100 is too large: above the plausible maximum "
-                       "of 99 ") as info:
+    with pytest.raises(
+        TraceFormatError, match="100 is too large: above the plausible maximum of 99 "
+    ) as info:
         load_trace(path, max_tokens=99)
     assert_error(info, path, 2, "prompt_tokens")
     assert load_trace(path, max_tokens=100).prompt_tokens.max() == 100
@@ -481,8 +615,9 @@ def test_token_bound_is_configurable(tmp_path: Path, monkeypatch) -> None:
 def test_detection_never_prints_undecoded_bytes(tmp_path: Path) -> None:
     binary = tmp_path / "blob.csv"
     binary.write_bytes(b"TIMESTAMP,\xff\xfeContext\x00\n1,2\n")
-    with pytest.raises(TraceFormatError, match=r"not UTF-8 text \(byte 0xff at offset 10\)") \
-            as info:
+    with pytest.raises(
+        TraceFormatError, match=r"not UTF-8 text \(byte 0xff at offset 10\)"
+    ) as info:
         load_trace(binary)
     assert "\ufffd" not in str(info.value) and "\xff" not in str(info.value)
     gz = tmp_path / "trace.csv.gz"
@@ -514,42 +649,105 @@ def test_trace_with_nan_tokens_says_not_finite() -> None:
 NATIVE_HEADER = "arrival_s,prompt_tokens,output_tokens\n"
 
 NATIVE_BAD = [
-    ("bad-metadata-line", "# length=5\n" + NATIVE_HEADER + "0,1,1\n", None, "duration_s",
-     "metadata line"),
-    ("bad-duration", "# duration_s=-2\n" + NATIVE_HEADER + "0,1,1\n", None, "duration_s",
-     "positive"),
+    (
+        "bad-metadata-line",
+        "# length=5\n" + NATIVE_HEADER + "0,1,1\n",
+        None,
+        "duration_s",
+        "metadata line",
+    ),
+    (
+        "bad-duration",
+        "# duration_s=-2\n" + NATIVE_HEADER + "0,1,1\n",
+        None,
+        "duration_s",
+        "positive",
+    ),
     ("negative-arrival", NATIVE_HEADER + "0,1,1\n-0.5,1,1\n", 2, "arrival_s", "negative"),
-    ("inf-arrival", NATIVE_HEADER + "0,1,1\ninf,1,1\n", 2, "arrival_s",
-     "value inf is not a finite number"),
-    ("inf-tokens", NATIVE_HEADER + "0,1,1\n1,-Infinity,1\n", 2, "prompt_tokens",
-     "token count -Infinity is not a finite number"),
-    ("value-as-written", NATIVE_HEADER + "0,1,1\n1,12.50,1\n", 2, "prompt_tokens",
-     "token count 12.50 is not an integer"),
-    ("implausible-tokens", NATIVE_HEADER + "0,1,1\n1,1000000000000,1\n", 2, "prompt_tokens",
-     "token count 1000000000000 is too large: above the plausible maximum of 16777216"),
-    ("sorted-as-written", NATIVE_HEADER + "0,1,1\n2.50,1,1\n1.0e0,1,1\n", 3, "arrival_s",
-     "not sorted: 1.0e0 comes after 2.50"),
+    (
+        "inf-arrival",
+        NATIVE_HEADER + "0,1,1\ninf,1,1\n",
+        2,
+        "arrival_s",
+        "value inf is not a finite number",
+    ),
+    (
+        "inf-tokens",
+        NATIVE_HEADER + "0,1,1\n1,-Infinity,1\n",
+        2,
+        "prompt_tokens",
+        "token count -Infinity is not a finite number",
+    ),
+    (
+        "value-as-written",
+        NATIVE_HEADER + "0,1,1\n1,12.50,1\n",
+        2,
+        "prompt_tokens",
+        "token count 12.50 is not an integer",
+    ),
+    (
+        "implausible-tokens",
+        NATIVE_HEADER + "0,1,1\n1,1000000000000,1\n",
+        2,
+        "prompt_tokens",
+        "token count 1000000000000 is too large: above the plausible maximum of 16777216",
+    ),
+    (
+        "sorted-as-written",
+        NATIVE_HEADER + "0,1,1\n2.50,1,1\n1.0e0,1,1\n",
+        3,
+        "arrival_s",
+        "not sorted: 1.0e0 comes after 2.50",
+    ),
     ("unsorted", NATIVE_HEADER + "0,1,1\n2,1,1\n1,1,1\n", 3, "arrival_s", "not sorted"),
-    ("arrival-past-duration", "# duration_s=2.0\n" + NATIVE_HEADER + "0,1,1\n1.5,1,1\n2.0,1,1\n",
-     3, "arrival_s", "not before duration_s"),
-    ("row-numbers-skip-metadata", "# duration_s=9\n" + NATIVE_HEADER + "0,1,1\n1,x,1\n", 2,
-     "prompt_tokens", "cannot parse 'x'"),
-    ("truncated-after-metadata", "# duration_s=9\n" + NATIVE_HEADER + "0,1,1\n1,1", 2,
-     "output_tokens", "truncated"),
-    ("too-many-fields-after-metadata", "# duration_s=9\n" + NATIVE_HEADER + "0,1,1\n1,1,1,1\n",
-     2, None, "4 fields, header has 3"),
-    ("huge-token-count", NATIVE_HEADER + "0,1,1\n1,99999999999999999999,1\n", 2,
-     "prompt_tokens", "too large"),
-    ("missing-column", "arrival_s,prompt_tokens\n0,1\n", None, "output_tokens",
-     "missing column"),
+    (
+        "arrival-past-duration",
+        "# duration_s=2.0\n" + NATIVE_HEADER + "0,1,1\n1.5,1,1\n2.0,1,1\n",
+        3,
+        "arrival_s",
+        "not before duration_s",
+    ),
+    (
+        "row-numbers-skip-metadata",
+        "# duration_s=9\n" + NATIVE_HEADER + "0,1,1\n1,x,1\n",
+        2,
+        "prompt_tokens",
+        "cannot parse 'x'",
+    ),
+    (
+        "truncated-after-metadata",
+        "# duration_s=9\n" + NATIVE_HEADER + "0,1,1\n1,1",
+        2,
+        "output_tokens",
+        "truncated",
+    ),
+    (
+        "too-many-fields-after-metadata",
+        "# duration_s=9\n" + NATIVE_HEADER + "0,1,1\n1,1,1,1\n",
+        2,
+        None,
+        "4 fields, header has 3",
+    ),
+    (
+        "huge-token-count",
+        NATIVE_HEADER + "0,1,1\n1,99999999999999999999,1\n",
+        2,
+        "prompt_tokens",
+        "too large",
+    ),
+    ("missing-column", "arrival_s,prompt_tokens\n0,1\n", None, "output_tokens", "missing column"),
     ("metadata-only", "# duration_s=9\n", None, None, "no header"),
 ]
 
 
-@pytest.mark.parametrize(("text", "row", "field", "fragment"),
-                         [case[1:] for case in NATIVE_BAD], ids=[case[0] for case in NATIVE_BAD])
-def test_native_csv_bad_input(tmp_path: Path, text: str, row: int | None, field: str | None,
-                              fragment: str) -> None:
+@pytest.mark.parametrize(
+    ("text", "row", "field", "fragment"),
+    [case[1:] for case in NATIVE_BAD],
+    ids=[case[0] for case in NATIVE_BAD],
+)
+def test_native_csv_bad_input(
+    tmp_path: Path, text: str, row: int | None, field: str | None, fragment: str
+) -> None:
     path = write(tmp_path, "bad.csv", text)
     with pytest.raises(TraceFormatError, match=fragment) as info:
         load_native(path)
@@ -563,21 +761,30 @@ def test_native_parquet_bad_input(tmp_path: Path) -> None:
         load_native(path)
     assert_error(info, path, None, "output_tokens")
 
-    pq.write_table(pa.table({"arrival_s": [0.0, 1.0, 2.0],
-                             "prompt_tokens": pa.array([1, 2, None], type=pa.int64()),
-                             "output_tokens": [1, 2, 3]}), path)
+    pq.write_table(
+        pa.table(
+            {
+                "arrival_s": [0.0, 1.0, 2.0],
+                "prompt_tokens": pa.array([1, 2, None], type=pa.int64()),
+                "output_tokens": [1, 2, 3],
+            }
+        ),
+        path,
+    )
     with pytest.raises(TraceFormatError, match="value is missing") as info:
         load_native(path)
     assert_error(info, path, 3, "prompt_tokens")
 
-    pq.write_table(pa.table({"arrival_s": [0.0, 1.0], "prompt_tokens": [1, -2],
-                             "output_tokens": [1, 2]}), path)
+    pq.write_table(
+        pa.table({"arrival_s": [0.0, 1.0], "prompt_tokens": [1, -2], "output_tokens": [1, 2]}), path
+    )
     with pytest.raises(TraceFormatError, match="negative") as info:
         load_native(path)
     assert_error(info, path, 2, "prompt_tokens")
 
-    pq.write_table(pa.table({"arrival_s": ["0", "1"], "prompt_tokens": [1, 2],
-                             "output_tokens": [1, 2]}), path)
+    pq.write_table(
+        pa.table({"arrival_s": ["0", "1"], "prompt_tokens": [1, 2], "output_tokens": [1, 2]}), path
+    )
     with pytest.raises(TraceFormatError, match="expected a number") as info:
         load_native(path)
     assert_error(info, path, None, "arrival_s")
@@ -588,32 +795,68 @@ def test_native_parquet_bad_input(tmp_path: Path) -> None:
         load_native(path)
     assert_error(info, path, 2, "arrival_s")
 
-    pq.write_table(pa.table({"arrival_s": pa.array([], pa.float64()),
-                             "prompt_tokens": pa.array([], pa.int64()),
-                             "output_tokens": pa.array([], pa.int64())}), path)
+    pq.write_table(
+        pa.table(
+            {
+                "arrival_s": pa.array([], pa.float64()),
+                "prompt_tokens": pa.array([], pa.int64()),
+                "output_tokens": pa.array([], pa.int64()),
+            }
+        ),
+        path,
+    )
     with pytest.raises(TraceFormatError, match="no data rows"):
         load_native(path)
 
 
 BURST_BAD = [
-    ("bad-timestamp", "1,1,1,ChatGPT,5,6,11,API log\nsoon,1,1,ChatGPT,5,6,11,API log\n", 2,
-     "Timestamp", "cannot parse 'soon'"),
-    ("unsorted", "2,1,1,ChatGPT,5,6,11,API log\n1,1,1,ChatGPT,5,6,11,API log\n", 2,
-     "Timestamp", "not sorted"),
-    ("negative-response", "1,1,1,ChatGPT,5,6,11,API log\n2,1,1,ChatGPT,5,-6,11,API log\n", 2,
-     "Response tokens", "negative"),
+    (
+        "bad-timestamp",
+        "1,1,1,ChatGPT,5,6,11,API log\nsoon,1,1,ChatGPT,5,6,11,API log\n",
+        2,
+        "Timestamp",
+        "cannot parse 'soon'",
+    ),
+    (
+        "unsorted",
+        "2,1,1,ChatGPT,5,6,11,API log\n1,1,1,ChatGPT,5,6,11,API log\n",
+        2,
+        "Timestamp",
+        "not sorted",
+    ),
+    (
+        "negative-response",
+        "1,1,1,ChatGPT,5,6,11,API log\n2,1,1,ChatGPT,5,-6,11,API log\n",
+        2,
+        "Response tokens",
+        "negative",
+    ),
     ("empty-request", "1,1,1,ChatGPT,,6,11,API log\n", 1, "Request tokens", "empty value"),
-    ("truncated-last-line", "1,1,1,ChatGPT,5,6,11,API log\n2,1,1,ChatGPT,5", 2,
-     "Response tokens", "truncated"),
-    ("all-failed", "1,1,1,ChatGPT,5,0,5,API log\n2,1,1,ChatGPT,5,0,5,API log\n", None,
-     "Response tokens", "no successful request"),
+    (
+        "truncated-last-line",
+        "1,1,1,ChatGPT,5,6,11,API log\n2,1,1,ChatGPT,5",
+        2,
+        "Response tokens",
+        "truncated",
+    ),
+    (
+        "all-failed",
+        "1,1,1,ChatGPT,5,0,5,API log\n2,1,1,ChatGPT,5,0,5,API log\n",
+        None,
+        "Response tokens",
+        "no successful request",
+    ),
 ]
 
 
-@pytest.mark.parametrize(("body", "row", "field", "fragment"),
-                         [case[1:] for case in BURST_BAD], ids=[case[0] for case in BURST_BAD])
-def test_burstgpt_bad_input(tmp_path: Path, body: str, row: int | None, field: str | None,
-                            fragment: str) -> None:
+@pytest.mark.parametrize(
+    ("body", "row", "field", "fragment"),
+    [case[1:] for case in BURST_BAD],
+    ids=[case[0] for case in BURST_BAD],
+)
+def test_burstgpt_bad_input(
+    tmp_path: Path, body: str, row: int | None, field: str | None, fragment: str
+) -> None:
     path = write(tmp_path, "bad.csv", BURST_HEADER + body)
     with pytest.raises(TraceFormatError, match=fragment) as info:
         load_trace(path, "burstgpt")
@@ -637,8 +880,9 @@ REAL_CASES = [
 ]
 
 
-@pytest.mark.parametrize(("name", "fmt", "rows", "rate"), REAL_CASES,
-                         ids=[case[0] for case in REAL_CASES])
+@pytest.mark.parametrize(
+    ("name", "fmt", "rows", "rate"), REAL_CASES, ids=[case[0] for case in REAL_CASES]
+)
 def test_real_trace(name: str, fmt: str, rows: int, rate: float) -> None:
     path = real_file(name)
     start = time.perf_counter()
@@ -666,8 +910,15 @@ def test_real_mooncake_spreading_stays_in_buckets() -> None:
     assert a == load_mooncake(path, seed=0)
     assert not np.array_equal(a.arrival_s, b.arrival_s)
     np.testing.assert_array_equal(a.prompt_tokens, b.prompt_tokens)
-    stamps = np.array([int(line.split('"timestamp": ')[1].split(",")[0])
-                       for line in path.read_text().splitlines()]) / 1000.0
+    stamps = (
+        np.array(
+            [
+                int(line.split('"timestamp": ')[1].split(",")[0])
+                for line in path.read_text().splitlines()
+            ]
+        )
+        / 1000.0
+    )
     starts = np.unique(stamps)
     nxt = np.append(starts[1:], np.inf)[np.searchsorted(starts, stamps)]
     for trace in (a, b):
@@ -729,10 +980,41 @@ def test_scale_rate_keeps_requests_and_hits_target(target: float) -> None:
 
 # Fragments that tend to break parsers: special numbers, huge values, separators, quotes,
 # control and non-UTF-8 bytes, JSON syntax.
-_NASTY = [b"nan", b"NaN", b"-inf", b"Infinity", b"1e999", b"-1", b"1.5", b"99999999999999999999",
-          b"1000000000000", b"", b",", b",,", b'"', b"\n", b"\r\n", b"\r", b"\x00", b"\xff",
-          b"\xc3", b"{", b"}", b"[", b"]", b":", b"null", b"true", b"# duration_s=0\n",
-          b"# duration_s=nan\n", b"\xef\xbb\xbf", b"2023-02-30 25:61:61.1", b" ", b"\t", b"0"]
+_NASTY = [
+    b"nan",
+    b"NaN",
+    b"-inf",
+    b"Infinity",
+    b"1e999",
+    b"-1",
+    b"1.5",
+    b"99999999999999999999",
+    b"1000000000000",
+    b"",
+    b",",
+    b",,",
+    b'"',
+    b"\n",
+    b"\r\n",
+    b"\r",
+    b"\x00",
+    b"\xff",
+    b"\xc3",
+    b"{",
+    b"}",
+    b"[",
+    b"]",
+    b":",
+    b"null",
+    b"true",
+    b"# duration_s=0\n",
+    b"# duration_s=nan\n",
+    b"\xef\xbb\xbf",
+    b"2023-02-30 25:61:61.1",
+    b" ",
+    b"\t",
+    b"0",
+]
 
 
 @st.composite
@@ -769,8 +1051,9 @@ def _mutated(draw: st.DrawFn, data: bytes) -> bytes:
 
 def _native_parquet_bytes() -> bytes:
     sink = pa.BufferOutputStream()
-    table = pa.table({"arrival_s": [0.0, 1.5, 2.25], "prompt_tokens": [10, 20, 30],
-                      "output_tokens": [1, 2, 3]})
+    table = pa.table(
+        {"arrival_s": [0.0, 1.5, 2.25], "prompt_tokens": [10, 20, 30], "output_tokens": [1, 2, 3]}
+    )
     pq.write_table(table.replace_schema_metadata({"duration_s": "5.0"}), sink)
     return sink.getvalue().to_pybytes()
 
@@ -797,13 +1080,20 @@ def _load_or_format_error(path: Path, fmt: str) -> None:
         assert isinstance(trace, Trace) and trace.num_requests >= 1
 
 
-@pytest.mark.parametrize(("blob", "fragment"), [
-    (b"20\r23-11-16 18:17:05.5,110,27\n2023-11-16 18:17:03.2011450,4808,10\n",
-     "cannot detect the trace format"),
-    (b"T\rimestamp,Request tokens,Response tokens\n5,472,18\n", "missing column 'Timestamp'"),
-], ids=["cr-in-first-field", "cr-in-header"])
-def test_carriage_return_in_first_line_is_a_format_error(tmp_path: Path, blob: bytes,
-                                                         fragment: str) -> None:
+@pytest.mark.parametrize(
+    ("blob", "fragment"),
+    [
+        (
+            b"20\r23-11-16 18:17:05.5,110,27\n2023-11-16 18:17:03.2011450,4808,10\n",
+            "cannot detect the trace format",
+        ),
+        (b"T\rimestamp,Request tokens,Response tokens\n5,472,18\n", "missing column 'Timestamp'"),
+    ],
+    ids=["cr-in-first-field", "cr-in-header"],
+)
+def test_carriage_return_in_first_line_is_a_format_error(
+    tmp_path: Path, blob: bytes, fragment: str
+) -> None:
     """Found by the property test: the csv module raised its own error on a bare CR."""
     path = tmp_path / "cr.csv"
     path.write_bytes(blob)
@@ -812,11 +1102,16 @@ def test_carriage_return_in_first_line_is_a_format_error(tmp_path: Path, blob: b
 
 
 @pytest.mark.parametrize("fmt", list(_SEEDS))
-@settings(max_examples=150, deadline=None, derandomize=True,
-          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=150,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
 @given(data=st.data())
-def test_mutated_files_load_or_raise_trace_format_error(tmp_path: Path, fmt: str,
-                                                       data: st.DataObject) -> None:
+def test_mutated_files_load_or_raise_trace_format_error(
+    tmp_path: Path, fmt: str, data: st.DataObject
+) -> None:
     """Random mutations of a valid file in each format either load or raise the documented
     TraceFormatError, never any other exception."""
     name, suffix = _SEEDS[fmt]
@@ -826,11 +1121,16 @@ def test_mutated_files_load_or_raise_trace_format_error(tmp_path: Path, fmt: str
     _load_or_format_error(path, fmt)
 
 
-@settings(max_examples=100, deadline=None, derandomize=True,
-          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=100,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
 @given(data=st.data())
-def test_mutated_parquet_files_load_or_raise_trace_format_error(tmp_path: Path,
-                                                                data: st.DataObject) -> None:
+def test_mutated_parquet_files_load_or_raise_trace_format_error(
+    tmp_path: Path, data: st.DataObject
+) -> None:
     path = tmp_path / "mutant.parquet"
     path.write_bytes(data.draw(_mutated(_native_parquet_bytes())))
     _load_or_format_error(path, "native")

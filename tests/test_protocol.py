@@ -21,8 +21,14 @@ def _small_env(**kw):
     gen = diloco_gym.get_regime("bursty")
     full = gen(np.random.default_rng(0))
     keep = full.arrival_s < 30.0
-    tr = Trace(full.arrival_s[keep], full.prompt_tokens[keep], full.output_tokens[keep], 30.0,
-               network=full.network[:30], checkpoint=full.checkpoint[:30])
+    tr = Trace(
+        full.arrival_s[keep],
+        full.prompt_tokens[keep],
+        full.output_tokens[keep],
+        30.0,
+        network=full.network[:30],
+        checkpoint=full.checkpoint[:30],
+    )
     params = core.EnvParams(h_min_steps=16, h_max_steps=32, merge_seconds=2.0, **kw)
     return diloco_gym.DiLoCoSyncEnv(regime=tr, params=params)
 
@@ -108,12 +114,17 @@ def _brute_force_sign_flip_p(diff: np.ndarray) -> float:
 @pytest.mark.parametrize("n", [1, 2, 3, 5, 8, 13, 16, pytest.param(20, marks=pytest.mark.slow)])
 def test_exact_sign_flip_p_equals_enumerating_every_pattern(n):
     rng = np.random.default_rng(n)
-    cases = [rng.normal(0.3, 1.0, n),  # continuous
-             rng.integers(-3, 4, n).astype(float),  # many ties at the observed statistic
-             np.zeros(n), np.full(n, 0.7), rng.normal(0, 1, n) * 1e-9]
+    cases = [
+        rng.normal(0.3, 1.0, n),  # continuous
+        rng.integers(-3, 4, n).astype(float),  # many ties at the observed statistic
+        np.zeros(n),
+        np.full(n, 0.7),
+        rng.normal(0, 1, n) * 1e-9,
+    ]
     for diff in cases:
-        assert protocol._exact_sign_flip_p(diff, abs(diff.mean())) == \
-            _brute_force_sign_flip_p(diff), diff
+        assert protocol._exact_sign_flip_p(diff, abs(diff.mean())) == _brute_force_sign_flip_p(
+            diff
+        ), diff
 
 
 def test_gate_and_holm():
@@ -121,8 +132,9 @@ def test_gate_and_holm():
     assert protocol.gate_verdict("calibrated", 1.0, 0.01) == "worse than matched random"
     assert protocol.gate_verdict("calibrated", -1.0, 0.2) == "tied with matched random"
     assert protocol.gate_verdict("uncalibrated", -1.0, 0.0) == "no claim (uncalibrated)"
-    assert protocol.gate_verdict("no measurable SLO effect", -1.0, 0.0) == \
-        "no claim (no SLO effect)"
+    assert (
+        protocol.gate_verdict("no measurable SLO effect", -1.0, 0.0) == "no claim (no SLO effect)"
+    )
     assert np.allclose(holm(np.array([0.01, 0.04, 0.03])), [0.03, 0.06, 0.06])
 
 
@@ -130,9 +142,17 @@ def test_gate_and_holm():
 def reduced_report():
     config = ReportConfig(
         regimes=["ordinary", "pressure-heavy", "sync-heavy", "bursty"],
-        agents=["fixed-256", "fixed-512", "pressure-gate", "wa-diloco", "online-forecast",
-                "offline-oracle"],
-        seeds=20, draws=200)
+        agents=[
+            "fixed-256",
+            "fixed-512",
+            "pressure-gate",
+            "wa-diloco",
+            "online-forecast",
+            "offline-oracle",
+        ],
+        seeds=20,
+        draws=200,
+    )
     return run_protocol(config, progress=False)
 
 
@@ -171,8 +191,13 @@ def test_report_reaches_the_papers_conclusions(reduced_report):
 def test_report_files_and_overwrite_protection(reduced_report, tmp_path):
     out = tmp_path / "rep"
     write_report(reduced_report, out)
-    for name in ("report.md", "results.csv", "report.json", "fig_bursty.png",
-                 "timeline_bursty.png"):
+    for name in (
+        "report.md",
+        "results.csv",
+        "report.json",
+        "fig_bursty.png",
+        "timeline_bursty.png",
+    ):
         assert (out / name).stat().st_size > 0, name
     data = json.loads((out / "report.json").read_text())
     assert {r["verdict"] for r in data["summary"]} <= set(protocol.VERDICTS)
@@ -198,8 +223,20 @@ def test_interrupted_report_leaves_no_files(reduced_report, tmp_path, monkeypatc
 
 def test_cli_report_end_to_end(tmp_path, capsys):
     out = tmp_path / "r"
-    argv = ["report", "--out", str(out), "--seeds", "2", "--regimes", "bursty", "--agents",
-            "fixed-512", "--draws", "50", "--no-progress"]
+    argv = [
+        "report",
+        "--out",
+        str(out),
+        "--seeds",
+        "2",
+        "--regimes",
+        "bursty",
+        "--agents",
+        "fixed-512",
+        "--draws",
+        "50",
+        "--no-progress",
+    ]
     assert main(argv) == 0
     assert (out / "report.md").exists() and (out / "results.csv").exists()
     assert "report written" in capsys.readouterr().out
@@ -217,18 +254,27 @@ def test_user_calibration_file_drives_the_report(tmp_path):
     from diloco_gym.calibration import load_calibration
 
     path = tmp_path / "cal.json"
-    path.write_text(json.dumps({
-        "source": "unit-test sidecar", "complete": False,
-        "regimes": {"sync-heavy": {"p95_high_low": 1.0, "p95_sync_ratio": 2.5}},
-        "fitted_sidecar": {"sync_slowdown": 1.5, "slots": 16.0},
-    }))
+    path.write_text(
+        json.dumps(
+            {
+                "source": "unit-test sidecar",
+                "complete": False,
+                "regimes": {"sync-heavy": {"p95_high_low": 1.0, "p95_sync_ratio": 2.5}},
+                "fitted_sidecar": {"sync_slowdown": 1.5, "slots": 16.0},
+            }
+        )
+    )
     cal = load_calibration(path)
     assert cal.measured("ordinary")["p95_sync_ratio"] == pytest.approx(1.0)  # reference kept
     assert cal.measured("bursty")["p95_sync_ratio"] == pytest.approx(2.5)  # follows sync-heavy
     assert cal.sidecar_for("bursty").sync_slowdown == 1.5
     assert cal.sidecar_for("ordinary") is None
-    res = run_protocol(ReportConfig(regimes=["sync-heavy"], agents=["fixed-512"], seeds=2,
-                                    draws=20, calibration=str(path)), progress=False)
+    res = run_protocol(
+        ReportConfig(
+            regimes=["sync-heavy"], agents=["fixed-512"], seeds=2, draws=20, calibration=str(path)
+        ),
+        progress=False,
+    )
     row = res["calibration"].iloc[0]
     assert row["sidecar"].startswith("fitted")
     assert row["sim_p95_sync_ratio"] > 2.0  # the fitted slowdown 1.5 was simulated
@@ -241,10 +287,14 @@ def test_user_calibration_file_drives_the_report(tmp_path):
 
 
 def test_report_is_deterministic_and_independent_of_agent_order():
-    a = run_protocol(ReportConfig(regimes=["bursty"], agents=["fixed-512", "wa-diloco"],
-                                  seeds=3, draws=100), progress=False)["rows"]
-    b = run_protocol(ReportConfig(regimes=["bursty"], agents=["wa-diloco", "fixed-512"],
-                                  seeds=3, draws=100), progress=False)["rows"]
+    a = run_protocol(
+        ReportConfig(regimes=["bursty"], agents=["fixed-512", "wa-diloco"], seeds=3, draws=100),
+        progress=False,
+    )["rows"]
+    b = run_protocol(
+        ReportConfig(regimes=["bursty"], agents=["wa-diloco", "fixed-512"], seeds=3, draws=100),
+        progress=False,
+    )["rows"]
     key = ["agent", "seed"]
     a = a.sort_values(key).reset_index(drop=True)
     b = b.sort_values(key).reset_index(drop=True)
@@ -260,8 +310,16 @@ def test_report_on_a_trace_file(tmp_path):
     tr = diloco_gym.get_regime("bursty")(np.random.default_rng(5))
     path = tmp_path / "mytrace.csv"
     save_native(Trace(tr.arrival_s, tr.prompt_tokens, tr.output_tokens, tr.duration_s), path)
-    res = run_protocol(ReportConfig(agents=["fixed-512", "online-forecast"], seeds=3, draws=50,
-                                    trace=str(path), trace_format="native"), progress=False)
+    res = run_protocol(
+        ReportConfig(
+            agents=["fixed-512", "online-forecast"],
+            seeds=3,
+            draws=50,
+            trace=str(path),
+            trace_format="native",
+        ),
+        progress=False,
+    )
     assert set(res["summary"]["regime"]) == {"replay:mytrace"}
     assert res["calibration"].iloc[0]["measured_on"] == "sync-heavy"
     out = write_report(res, tmp_path / "rep")
@@ -286,44 +344,67 @@ def test_min_achievable_p_and_units_needed():
 
 def test_gate_is_inconclusive_when_n_cannot_reach_alpha():
     # The oracle's -6.97 pp on 5 seeds: p = 0.0625 at best, so no verdict is possible.
-    assert protocol.gate_verdict("calibrated", -6.97, 0.0625, n_units=5) == \
-        "inconclusive (too few episodes)"
-    assert protocol.gate_verdict("calibrated", 0.1, 0.8, n_units=5) == \
-        "inconclusive (too few episodes)"
+    assert (
+        protocol.gate_verdict("calibrated", -6.97, 0.0625, n_units=5)
+        == "inconclusive (too few episodes)"
+    )
+    assert (
+        protocol.gate_verdict("calibrated", 0.1, 0.8, n_units=5)
+        == "inconclusive (too few episodes)"
+    )
     # Holm over 8 agents: 8 units give at best 8 * 2/256 = 0.0625 -> still inconclusive.
-    assert protocol.gate_verdict("calibrated", 0.1, 0.9, n_units=8, n_tests=8) == \
-        "inconclusive (too few episodes)"
-    assert protocol.gate_verdict("calibrated", 0.1, 0.9, n_units=9, n_tests=8) == \
-        "tied with matched random"
-    assert protocol.gate_verdict("calibrated", -1.0, 0.03, n_units=9, n_tests=8) == \
-        "placement gain"
+    assert (
+        protocol.gate_verdict("calibrated", 0.1, 0.9, n_units=8, n_tests=8)
+        == "inconclusive (too few episodes)"
+    )
+    assert (
+        protocol.gate_verdict("calibrated", 0.1, 0.9, n_units=9, n_tests=8)
+        == "tied with matched random"
+    )
+    assert protocol.gate_verdict("calibrated", -1.0, 0.03, n_units=9, n_tests=8) == "placement gain"
     assert "inconclusive (too few episodes)" in protocol.VERDICTS
 
 
 def test_gate_saturation():
     sat = protocol.SATURATION_PCT
     assert sat == 50.0
-    assert protocol.gate_verdict("calibrated", -5.0, 1e-6, n_units=20,
-                                 no_sync_violation_pct=sat + 0.1) == "no claim (saturated)"
+    assert (
+        protocol.gate_verdict("calibrated", -5.0, 1e-6, n_units=20, no_sync_violation_pct=sat + 0.1)
+        == "no claim (saturated)"
+    )
     # At the threshold and below (pressure-heavy's 39.6 %) the test decides.
-    assert protocol.gate_verdict("calibrated", -5.0, 1e-6, n_units=20,
-                                 no_sync_violation_pct=39.6) == "placement gain"
-    assert protocol.gate_verdict("calibrated", -5.0, 1e-6, n_units=20,
-                                 no_sync_violation_pct=sat) == "placement gain"
+    assert (
+        protocol.gate_verdict("calibrated", -5.0, 1e-6, n_units=20, no_sync_violation_pct=39.6)
+        == "placement gain"
+    )
+    assert (
+        protocol.gate_verdict("calibrated", -5.0, 1e-6, n_units=20, no_sync_violation_pct=sat)
+        == "placement gain"
+    )
     # The real sidecar's 'no effect' comes first; saturation explains an 'uncalibrated'.
-    assert protocol.gate_verdict("no measurable SLO effect", -5.0, 1e-6,
-                                 no_sync_violation_pct=99.0) == "no claim (no SLO effect)"
-    assert protocol.gate_verdict("uncalibrated", -5.0, 1e-6,
-                                 no_sync_violation_pct=99.0) == "no claim (saturated)"
-    assert protocol.gate_verdict("calibrated", -5.0, 1e-6, no_sync_violation_pct=60.0,
-                                 saturation_pct=70.0) == "placement gain"
+    assert (
+        protocol.gate_verdict("no measurable SLO effect", -5.0, 1e-6, no_sync_violation_pct=99.0)
+        == "no claim (no SLO effect)"
+    )
+    assert (
+        protocol.gate_verdict("uncalibrated", -5.0, 1e-6, no_sync_violation_pct=99.0)
+        == "no claim (saturated)"
+    )
+    assert (
+        protocol.gate_verdict(
+            "calibrated", -5.0, 1e-6, no_sync_violation_pct=60.0, saturation_pct=70.0
+        )
+        == "placement gain"
+    )
     assert "no claim (saturated)" in protocol.VERDICTS
 
 
 def test_gate_inconclusive_overrides_a_pseudo_replicated_p():
     # 21 overlapping windows can give a tiny p, but only 3 of them are independent.
-    assert protocol.gate_verdict("calibrated", -3.0, 1e-4, n_units=3) == \
-        "inconclusive (too few episodes)"
+    assert (
+        protocol.gate_verdict("calibrated", -3.0, 1e-4, n_units=3)
+        == "inconclusive (too few episodes)"
+    )
 
 
 # --------------------------------------------------------------------------- exact scoring
@@ -337,12 +418,16 @@ def _steady_env(rate: float, duration: float = 80.0):
     reg = dataclasses.replace(REGIMES["sync-heavy"], quiet_rate_rps=rate, busy_rate_rps=rate)
     full = reg(np.random.default_rng(0))
     keep = full.arrival_s < duration
-    tr = Trace(full.arrival_s[keep], full.prompt_tokens[keep], full.output_tokens[keep],
-               duration, network=full.network[:int(duration)],
-               checkpoint=full.checkpoint[:int(duration)])
+    tr = Trace(
+        full.arrival_s[keep],
+        full.prompt_tokens[keep],
+        full.output_tokens[keep],
+        duration,
+        network=full.network[: int(duration)],
+        checkpoint=full.checkpoint[: int(duration)],
+    )
     params = core.EnvParams(h_min_steps=64, h_max_steps=128, merge_seconds=8.0)
-    env = diloco_gym.DiLoCoSyncEnv(regime=tr, params=params,
-                                   sidecar=REGIMES["sync-heavy"].sidecar)
+    env = diloco_gym.DiLoCoSyncEnv(regime=tr, params=params, sidecar=REGIMES["sync-heavy"].sidecar)
     env.reset(seed=0)
     return env
 
@@ -368,15 +453,18 @@ def test_episode_scorer_equals_the_full_replay(busy):
         ep, p, sc = env.episode, env.params, env.sidecar
         scorer = protocol.EpisodeScorer(ep, p, sc)
         for m in (8, 16, 30):
-            sch = schedules.sample_uniform(ep.n_decisions, p.h_min, p.h_max, m, 150,
-                                           np.random.default_rng([seed, m]))
+            sch = schedules.sample_uniform(
+                ep.n_decisions, p.h_min, p.h_max, m, 150, np.random.default_rng([seed, m])
+            )
             got = scorer.score(sch)
-            np.testing.assert_allclose(got.exact_pct, protocol.replay_full(ep, sch, p, sc),
-                                       rtol=0, atol=1e-9)
+            np.testing.assert_allclose(
+                got.exact_pct, protocol.replay_full(ep, sch, p, sc), rtol=0, atol=1e-9
+            )
             ref = core.schedule_summary(ep, sch[0].tolist(), p, sc)["sync_excess_pct"]
             assert got.exact_pct[0] == pytest.approx(ref, abs=1e-9)
-            np.testing.assert_allclose(got.additive_pct,
-                                       ep.merge_cost[sch].sum(axis=1) * ep.pct_per_request)
+            np.testing.assert_allclose(
+                got.additive_pct, ep.merge_cost[sch].sum(axis=1) * ep.pct_per_request
+            )
             gaps.append(np.abs(got.exact_pct - got.additive_pct).max())
             replayed += int(got.replayed.sum())
             if scorer.episode_proven:
@@ -435,8 +523,13 @@ def test_high_load_report_diff_equals_the_all_exact_computation(tmp_path):
     tr = _high_load_regime(24.0)(np.random.default_rng(11))
     path = tmp_path / "hot.csv"
     save_native(Trace(tr.arrival_s, tr.prompt_tokens, tr.output_tokens, tr.duration_s), path)
-    config = ReportConfig(agents=["fixed-256", "wa-diloco", "pressure-gate"], seeds=2,
-                          draws=120, trace=str(path), trace_format="native")
+    config = ReportConfig(
+        agents=["fixed-256", "wa-diloco", "pressure-gate"],
+        seeds=2,
+        draws=120,
+        trace=str(path),
+        trace_format="native",
+    )
     res = run_protocol(config, progress=False)
     rows = res["rows"]
     assert rows["additive_exact_gap_pp"].max() > 0.5  # additive scoring would be biased
@@ -451,8 +544,14 @@ def test_high_load_report_diff_equals_the_all_exact_computation(tmp_path):
         ep = env.episode
         m = int(out["merges"])
         assert m == r["merges"]
-        draws = schedules.sample_uniform(ep.n_decisions, p.h_min, p.h_max, m, config.draws,
-                                         np.random.default_rng([int(r["seed"]), m, 7]))
+        draws = schedules.sample_uniform(
+            ep.n_decisions,
+            p.h_min,
+            p.h_max,
+            m,
+            config.draws,
+            np.random.default_rng([int(r["seed"]), m, 7]),
+        )
         control = protocol.replay_full(ep, draws, p, sc)
         orc, _ = schedules.optimal_schedule(ep.merge_cost, p.h_min, p.h_max, m)
         oracle = protocol.replay_full(ep, orc[None, :], p, sc)[0]
@@ -461,7 +560,8 @@ def test_high_load_report_diff_equals_the_all_exact_computation(tmp_path):
         assert r["matched_random_p95"] == pytest.approx(np.percentile(control, 95), abs=1e-9)
         assert r["oracle_same_budget_pct"] == pytest.approx(oracle, abs=1e-9)
         assert (r["sync_excess_pct"] - r["matched_random_mean"]) == pytest.approx(
-            out["sync_excess_pct"] - control.mean(), abs=1e-9)
+            out["sync_excess_pct"] - control.mean(), abs=1e-9
+        )
     s = res["summary"]
     assert (s["additive_exact_gap_pp"] > 0).all()
     md = __import__("diloco_gym.report", fromlist=["render_markdown"]).render_markdown(res, [])
@@ -474,13 +574,15 @@ def test_episode_scorer_bounded_memory_paths_agree(monkeypatch):
     small that every replay is split into blocks: both equal the whole-episode replay."""
     import dataclasses
 
-    env = diloco_gym.DiLoCoSyncEnv(regime=dataclasses.replace(_high_load_regime(24.0),
-                                                              duration_s=3600.0))
+    env = diloco_gym.DiLoCoSyncEnv(
+        regime=dataclasses.replace(_high_load_regime(24.0), duration_s=3600.0)
+    )
     env.reset(seed=1)
     ep, p, sc = env.episode, env.params, env.sidecar
     m = ep.n_decisions // 40
-    sch = schedules.sample_uniform(ep.n_decisions, p.h_min, p.h_max, m, 40,
-                                   np.random.default_rng(0))
+    sch = schedules.sample_uniform(
+        ep.n_decisions, p.h_min, p.h_max, m, 40, np.random.default_rng(0)
+    )
     full = protocol.replay_full(ep, sch, p, sc)
     big = protocol.EpisodeScorer(ep, p, sc)
     got = big.score(sch)

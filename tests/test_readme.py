@@ -12,8 +12,9 @@ README = (ROOT / "README.md").read_text()
 
 
 def test_observation_table_matches_the_code():
-    rows = re.findall(r"^\| (\d+) \| `([a-z_]+)` \| (.+?) \| \[(-?\d+), (-?\d+)\] \|", README,
-                      flags=re.M)
+    rows = re.findall(
+        r"^\| (\d+) \| `([a-z_]+)` \| (.+?) \| \[(-?\d+), (-?\d+)\] \|", README, flags=re.M
+    )
     assert [(int(i), n) for i, n, *_ in rows] == [(i, f[0]) for i, f in enumerate(OBS_FEATURES)]
     for (_, _, unit, lo, hi), f in zip(rows, OBS_FEATURES, strict=True):
         assert (unit, float(lo), float(hi)) == (f[1], f[2], f[3])

@@ -33,9 +33,15 @@ def test_same_seed_same_trace_different_seed_different_trace(name):
     assert not np.array_equal(a.network, c.network)
 
 
-@pytest.mark.parametrize("name, mean_rate", [("ordinary", 6.0), ("pressure-heavy", 8.0),
-                                             ("sync-heavy", 10.0),
-                                             ("bursty", 5.0 + 12.0 * 30 / 120)])
+@pytest.mark.parametrize(
+    "name, mean_rate",
+    [
+        ("ordinary", 6.0),
+        ("pressure-heavy", 8.0),
+        ("sync-heavy", 10.0),
+        ("bursty", 5.0 + 12.0 * 30 / 120),
+    ],
+)
 def test_regime_traces_are_well_formed(name, mean_rate):
     rates = []
     for seed in range(4):
@@ -95,14 +101,18 @@ def test_plateau_onsets_reproduce_the_generator():
         for onset in _plateau_onsets(reg, seed):
             if onset + 20 < 600:
                 start = int(np.ceil(onset))
-                assert counts[start:start + 20].mean() > reg.quiet_rate_rps + 6
+                assert counts[start : start + 20].mean() > reg.quiet_rate_rps + 6
 
 
 def test_non_periodic_bursts_ramp_up_before_the_plateau():
     reg = REGIMES["non-periodic"]
     assert reg.ramp_s == 12.0
-    windows = {"quiet": (-30, -18), "early ramp": (-12, -6), "late ramp": (-6, 0),
-               "plateau": (0, 20)}
+    windows = {
+        "quiet": (-30, -18),
+        "early ramp": (-12, -6),
+        "late ramp": (-6, 0),
+        "plateau": (0, 20),
+    }
     totals = dict.fromkeys(windows, 0.0)
     n_bursts = 0
     gaps = []
@@ -143,10 +153,11 @@ def test_rate_function_shapes():
         onset = _plateau_onsets(nonp, seed)[0]
         rate = nonp.rate_rps(t, np.random.default_rng(seed))
         at = np.searchsorted(t, onset)
-        ramp = rate[at - 1200:at]  # the 12 s before the plateau
+        ramp = rate[at - 1200 : at]  # the 12 s before the plateau
         assert np.all(np.diff(ramp) >= -1e-12)
-        assert rate[at - 600] == pytest.approx((nonp.quiet_rate_rps + nonp.busy_rate_rps) / 2,
-                                               abs=0.1)
+        assert rate[at - 600] == pytest.approx(
+            (nonp.quiet_rate_rps + nonp.busy_rate_rps) / 2, abs=0.1
+        )
     flat = REGIMES["sync-heavy"].rate_rps(t, np.random.default_rng(0))
     assert np.all(flat == 10.0)
 
@@ -160,12 +171,15 @@ def test_unknown_regime_lists_the_valid_names():
     assert get_regime("bursty") is REGIMES["bursty"]
 
 
-@pytest.mark.parametrize("kwargs, match", [
-    ({"quiet_rate_rps": -1.0, "busy_rate_rps": 2.0}, "quiet_rate_rps"),
-    ({"quiet_rate_rps": 5.0, "busy_rate_rps": 2.0}, "busy_rate_rps"),
-    ({"quiet_rate_rps": 5.0, "busy_rate_rps": 5.0, "duration_s": 0.0}, "duration_s"),
-    ({"quiet_rate_rps": 5.0, "busy_rate_rps": 5.0, "burst_s": float("nan")}, "burst_s"),
-])
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"quiet_rate_rps": -1.0, "busy_rate_rps": 2.0}, "quiet_rate_rps"),
+        ({"quiet_rate_rps": 5.0, "busy_rate_rps": 2.0}, "busy_rate_rps"),
+        ({"quiet_rate_rps": 5.0, "busy_rate_rps": 5.0, "duration_s": 0.0}, "duration_s"),
+        ({"quiet_rate_rps": 5.0, "busy_rate_rps": 5.0, "burst_s": float("nan")}, "burst_s"),
+    ],
+)
 def test_bad_synthetic_regime_raises(kwargs, match):
     with pytest.raises(ValueError, match=match):
         SyntheticRegime("bad", **kwargs)
@@ -213,8 +227,9 @@ def test_replay_regime_fixed_window_and_rate_scaling(small_trace):
     np.testing.assert_array_equal(fixed.prompt_tokens, [300, 400])
     np.testing.assert_array_equal(fixed.output_tokens, [30, 40])
     # 0.4 req/s scaled to 0.004 req/s stretches time 100x: arrivals 0, 50, 225, 775 s.
-    scaled = ReplayRegime(small_trace, duration_s=600.0, start_s=0.0,
-                          target_rate_rps=0.004)(np.random.default_rng(0))
+    scaled = ReplayRegime(small_trace, duration_s=600.0, start_s=0.0, target_rate_rps=0.004)(
+        np.random.default_rng(0)
+    )
     np.testing.assert_allclose(scaled.arrival_s, [0.0, 50.0, 225.0])
     assert scaled.duration_s == 600.0
 
@@ -261,15 +276,17 @@ def _lift_reference(reg: SyntheticRegime, t: np.ndarray, onsets: np.ndarray) -> 
 
 @pytest.mark.parametrize("ramp_s", [0.0, 7.0, 40.0])
 def test_burst_level_is_the_max_over_bursts_even_when_they_overlap(ramp_s):
-    reg = SyntheticRegime("x", 5.0, 17.0, burst_period_s=30.0, burst_s=45.0, periodic=False,
-                          ramp_s=ramp_s)
+    reg = SyntheticRegime(
+        "x", 5.0, 17.0, burst_period_s=30.0, burst_s=45.0, periodic=False, ramp_s=ramp_s
+    )
     rng = np.random.default_rng(0)
     onsets = np.sort(rng.uniform(-50, 650, 40))  # dense: bursts overlap a lot
     t = np.sort(rng.uniform(0, 600, 5000))
     np.testing.assert_array_equal(reg._lift(t, onsets), _lift_reference(reg, t, onsets))
     shuffled = rng.permutation(t.size)
-    np.testing.assert_array_equal(reg._lift(t[shuffled], onsets),
-                                  _lift_reference(reg, t[shuffled], onsets))
+    np.testing.assert_array_equal(
+        reg._lift(t[shuffled], onsets), _lift_reference(reg, t[shuffled], onsets)
+    )
 
 
 def test_arrivals_are_poisson_in_every_slice():
@@ -297,6 +314,7 @@ def test_tokens_are_log_normal_and_independent():
     assert abs(np.corrcoef(np.log(prompt), np.log(output))[0, 1]) < 0.03
     # The normal quantile of each token is uniform: 10 equal-probability bins, equal counts.
     from scipy.stats import norm
+
     u = norm.cdf(np.log(prompt / reg.prompt_median) / reg.prompt_sigma)
     hist = np.histogram(u, bins=10, range=(0, 1))[0]
     assert np.all(np.abs(hist / hist.mean() - 1) < 0.1)
@@ -308,8 +326,12 @@ def test_regime_capacity_and_utilization():
     sc = reg.sidecar
     # Exact mean of the token tables: slots / mean nominal service time.
     from diloco_gym.regimes import _token_table
-    service = (sc.ttft_ms + sc.prefill_ms_per_token * _token_table(600.0, 0.5, 32768.0).mean()
-               + sc.decode_ms_per_token * _token_table(100.0, 0.2, 4096.0).mean()) / 1000
+
+    service = (
+        sc.ttft_ms
+        + sc.prefill_ms_per_token * _token_table(600.0, 0.5, 32768.0).mean()
+        + sc.decode_ms_per_token * _token_table(100.0, 0.2, 4096.0).mean()
+    ) / 1000
     assert reg.capacity_rps() == pytest.approx(sc.slots / service)
     assert 20.0 < reg.capacity_rps() < 26.0
     assert reg.utilization() == pytest.approx(10.0 / reg.capacity_rps())
@@ -402,8 +424,9 @@ def test_idle_violation_pct_is_exact_over_the_token_tables():
     from diloco_gym.regimes import trace_idle_violation_pct
 
     reg = REGIMES["sync-heavy"]
-    sampled = np.mean([trace_idle_violation_pct(_trace("sync-heavy", s), reg.sidecar)
-                       for s in range(10)])
+    sampled = np.mean(
+        [trace_idle_violation_pct(_trace("sync-heavy", s), reg.sidecar) for s in range(10)]
+    )
     assert reg.idle_violation_pct() == pytest.approx(sampled, abs=0.3)
     assert 0.5 < reg.idle_violation_pct() < 5.0
     # A 10 s SLO: no request is over it on an idle sidecar; a 0.1 s SLO: every one is.

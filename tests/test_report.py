@@ -22,10 +22,18 @@ from diloco_gym.traces import Trace
 
 #: The real public traces: ``$DILOCO_GYM_REAL_TRACES``, else ``shared/traces/real`` beside the
 #: repository (or beside its parent, for a git worktree); tests skip when absent.
-REAL = Path(os.environ["DILOCO_GYM_REAL_TRACES"]) if os.environ.get("DILOCO_GYM_REAL_TRACES") \
-    else next((p / "shared" / "traces" / "real" for p in Path(__file__).resolve().parents[2:4]
-               if (p / "shared" / "traces" / "real").is_dir()),
-              Path(__file__).resolve().parents[2] / "shared" / "traces" / "real")
+REAL = (
+    Path(os.environ["DILOCO_GYM_REAL_TRACES"])
+    if os.environ.get("DILOCO_GYM_REAL_TRACES")
+    else next(
+        (
+            p / "shared" / "traces" / "real"
+            for p in Path(__file__).resolve().parents[2:4]
+            if (p / "shared" / "traces" / "real").is_dir()
+        ),
+        Path(__file__).resolve().parents[2] / "shared" / "traces" / "real",
+    )
+)
 AGENTS = ["fixed-512", "offline-oracle"]
 
 
@@ -42,8 +50,7 @@ def long_trace(tmp_path_factory) -> Path:
 def _trace_report(path: Path, **kw):
     kw.setdefault("agents", AGENTS)
     kw.setdefault("draws", 40)
-    return run_protocol(ReportConfig(trace=str(path), trace_format="native", **kw),
-                        progress=False)
+    return run_protocol(ReportConfig(trace=str(path), trace_format="native", **kw), progress=False)
 
 
 # ----------------------------------------------------------------- windows as units
@@ -58,8 +65,9 @@ def test_trace_windows_tile_the_trace_disjointly(long_trace):
     assert (rows["unit"] == "window").all() and rows["independent"].all()
     src = load_trace(long_trace)
     for _, u in units.iterrows():
-        inside = np.sum((src.arrival_s >= u["window_start_s"])
-                        & (src.arrival_s < u["window_end_s"]))
+        inside = np.sum(
+            (src.arrival_s >= u["window_start_s"]) & (src.arrival_s < u["window_end_s"])
+        )
         assert u["requests"] == inside  # each episode replays exactly its window
     s = res["summary"]
     assert (s["units"] == 3).all() and (s["unit"] == "window").all()
@@ -95,8 +103,9 @@ def test_a_window_longer_than_the_trace_is_a_clear_error(long_trace):
 def test_too_few_seeds_are_inconclusive_never_tied(tmp_path):
     """5 seeds cannot give p < 0.05 (best exact p 2/32, times 2 agents after Holm): the
     oracle's clear gain and fixed-512's tie are both 'inconclusive', with the n needed."""
-    res = run_protocol(ReportConfig(regimes=["bursty"], agents=AGENTS, seeds=5, draws=50),
-                       progress=False)
+    res = run_protocol(
+        ReportConfig(regimes=["bursty"], agents=AGENTS, seeds=5, draws=50), progress=False
+    )
     s = res["summary"].set_index("agent")
     assert s.loc["offline-oracle", "diff_pp"] < -2.0  # a large gain ...
     assert s.loc["offline-oracle", "p_value"] == pytest.approx(2 / 32)  # ... at the floor
@@ -106,8 +115,9 @@ def test_too_few_seeds_are_inconclusive_never_tied(tmp_path):
     md = (write_report(res, tmp_path / "rep") / "report.md").read_text()
     assert "At least 7 independent seeds are needed" in md
     # With the n it asked for, the same gate can decide.
-    res = run_protocol(ReportConfig(regimes=["bursty"], agents=AGENTS, seeds=7, draws=50),
-                       progress=False)
+    res = run_protocol(
+        ReportConfig(regimes=["bursty"], agents=AGENTS, seeds=7, draws=50), progress=False
+    )
     s = res["summary"].set_index("agent")
     assert s.loc["offline-oracle", "verdict"] == "placement gain"
     assert "inconclusive" not in s.loc["fixed-512", "verdict"]
@@ -131,7 +141,8 @@ def test_rate_scale_compresses_the_trace_and_keeps_the_files_clock(long_trace):
     cal = res["calibration"].iloc[0]
     assert cal["rate_scale"] == 2.0
     assert cal["utilization"] == pytest.approx(
-        2 * trace_utilization(src, REGIMES["sync-heavy"].sidecar))
+        2 * trace_utilization(src, REGIMES["sync-heavy"].sidecar)
+    )
 
 
 def test_target_utilization_sets_the_replayed_load(long_trace):
@@ -142,17 +153,27 @@ def test_target_utilization_sets_the_replayed_load(long_trace):
 
 
 def test_rate_scale_on_synthetic_regimes():
-    base = run_protocol(ReportConfig(regimes=["sync-heavy"], agents=["fixed-512"], seeds=2,
-                                     draws=20), progress=False)
-    double = run_protocol(ReportConfig(regimes=["sync-heavy"], agents=["fixed-512"], seeds=2,
-                                       draws=20, rate_scale=2.0), progress=False)
+    base = run_protocol(
+        ReportConfig(regimes=["sync-heavy"], agents=["fixed-512"], seeds=2, draws=20),
+        progress=False,
+    )
+    double = run_protocol(
+        ReportConfig(
+            regimes=["sync-heavy"], agents=["fixed-512"], seeds=2, draws=20, rate_scale=2.0
+        ),
+        progress=False,
+    )
     assert double["rows"]["requests"].sum() == pytest.approx(
-        2 * base["rows"]["requests"].sum(), rel=0.05)
+        2 * base["rows"]["requests"].sum(), rel=0.05
+    )
     assert double["calibration"].iloc[0]["utilization"] == pytest.approx(
-        2 * REGIMES["sync-heavy"].utilization())
+        2 * REGIMES["sync-heavy"].utilization()
+    )
     # The calibration verdict is the sidecar's at its calibrated load: unchanged.
-    assert double["calibration"].iloc[0]["sim_p95_sync_ratio"] == \
-        base["calibration"].iloc[0]["sim_p95_sync_ratio"]
+    assert (
+        double["calibration"].iloc[0]["sim_p95_sync_ratio"]
+        == base["calibration"].iloc[0]["sim_p95_sync_ratio"]
+    )
     with pytest.raises(ValueError, match="not both"):
         ReportConfig(rate_scale=2.0, target_utilization=0.5)
     with pytest.raises(ValueError, match="rate_scale must be a positive"):
@@ -168,12 +189,21 @@ def test_low_capacity_calibration_is_replayed_at_the_same_utilization(tmp_path):
     env.reset(seed=0)
     assert env.episode.baseline.violation_pct > 90.0  # the old overload
     path = tmp_path / "cal.json"
-    path.write_text(json.dumps({
-        "source": "unit-test small host",
-        "regimes": {"sync-heavy": {"p95_high_low": 1.0, "p95_sync_ratio": 1.9}},
-        "fitted_sidecar": {"sync_slowdown": 0.5, "slots": 4.0}}))
-    res = run_protocol(ReportConfig(regimes=["sync-heavy"], agents=["fixed-512"], seeds=2,
-                                    draws=20, calibration=str(path)), progress=False)
+    path.write_text(
+        json.dumps(
+            {
+                "source": "unit-test small host",
+                "regimes": {"sync-heavy": {"p95_high_low": 1.0, "p95_sync_ratio": 1.9}},
+                "fitted_sidecar": {"sync_slowdown": 0.5, "slots": 4.0},
+            }
+        )
+    )
+    res = run_protocol(
+        ReportConfig(
+            regimes=["sync-heavy"], agents=["fixed-512"], seeds=2, draws=20, calibration=str(path)
+        ),
+        progress=False,
+    )
     cal = res["calibration"].iloc[0]
     assert cal["sidecar"].startswith("fitted")
     assert cal["utilization"] == pytest.approx(REGIMES["sync-heavy"].utilization())
@@ -198,8 +228,10 @@ def test_saturated_replay_gets_no_claim_with_the_rate_shown(long_trace, tmp_path
 def test_default_regimes_are_not_saturated():
     """pressure-heavy violates ~40 % with no merge: below the 50 % threshold, so it keeps
     its calibration verdict (no SLO effect) rather than 'saturated'."""
-    res = run_protocol(ReportConfig(regimes=["pressure-heavy"], agents=["fixed-512"],
-                                    seeds=3, draws=20), progress=False)
+    res = run_protocol(
+        ReportConfig(regimes=["pressure-heavy"], agents=["fixed-512"], seeds=3, draws=20),
+        progress=False,
+    )
     s = res["summary"].iloc[0]
     assert 30.0 < s["no_sync_violation_pct"] < protocol.SATURATION_PCT
     assert not s["saturated"]
@@ -231,9 +263,31 @@ def test_trace_calibration_verdict_is_the_chosen_sidecars(long_trace):
 # ----------------------------------------------------------------- CLI
 def test_cli_trace_options(long_trace, tmp_path, capsys):
     out = tmp_path / "r"
-    assert main(["report", "--out", str(out), "--trace", str(long_trace), "--format",
-                 "native", "--agents", "fixed-512", "--draws", "20", "--window-s", "450",
-                 "--stride-s", "450", "--target-utilization", "0.3", "--no-progress"]) == 0
+    assert (
+        main(
+            [
+                "report",
+                "--out",
+                str(out),
+                "--trace",
+                str(long_trace),
+                "--format",
+                "native",
+                "--agents",
+                "fixed-512",
+                "--draws",
+                "20",
+                "--window-s",
+                "450",
+                "--stride-s",
+                "450",
+                "--target-utilization",
+                "0.3",
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
     csv = pd.read_csv(out / "results.csv")
     scale = 0.3 / trace_utilization(load_trace(long_trace), REGIMES["sync-heavy"].sidecar)
     n = int(1800.0 / scale // 450.0)  # windows in the replayed (stretched) trace
@@ -243,25 +297,68 @@ def test_cli_trace_options(long_trace, tmp_path, capsys):
     assert data["config"]["target_utilization"] == 0.3
     assert data["calibration"][0]["utilization"] == pytest.approx(0.3)
     with pytest.raises(SystemExit):  # argparse: mutually exclusive
-        main(["report", "--out", str(tmp_path / "x"), "--rate-scale", "2",
-              "--target-utilization", "0.5"])
+        main(
+            [
+                "report",
+                "--out",
+                str(tmp_path / "x"),
+                "--rate-scale",
+                "2",
+                "--target-utilization",
+                "0.5",
+            ]
+        )
     with pytest.raises(SystemExit, match="--trace"):
-        main(["report", "--out", str(tmp_path / "y"), "--sidecar", "ordinary",
-              "--regimes", "bursty", "--seeds", "2", "--no-progress"])
+        main(
+            [
+                "report",
+                "--out",
+                str(tmp_path / "y"),
+                "--sidecar",
+                "ordinary",
+                "--regimes",
+                "bursty",
+                "--seeds",
+                "2",
+                "--no-progress",
+            ]
+        )
     capsys.readouterr()
-    assert main(["run", "--agent", "fixed-512", "--trace", str(long_trace), "--format",
-                 "native", "--window-s", "600"]) == 0
+    assert (
+        main(
+            [
+                "run",
+                "--agent",
+                "fixed-512",
+                "--trace",
+                str(long_trace),
+                "--format",
+                "native",
+                "--window-s",
+                "600",
+            ]
+        )
+        == 0
+    )
     printed = capsys.readouterr().out
     assert "on long (3 disjoint windows of 600 s), 3 episodes" in printed
 
 
 # ----------------------------------------------------------------- real traces
-@pytest.mark.skipif(not (REAL / "AzureLLMInferenceTrace_conv.csv").is_file(),
-                    reason=f"real traces not present under {REAL}")
+@pytest.mark.skipif(
+    not (REAL / "AzureLLMInferenceTrace_conv.csv").is_file(),
+    reason=f"real traces not present under {REAL}",
+)
 def test_real_azure_conv_is_five_disjoint_windows_and_inconclusive():
-    res = run_protocol(ReportConfig(trace=str(REAL / "AzureLLMInferenceTrace_conv.csv"),
-                                    trace_format="azure", agents=["offline-oracle"],
-                                    draws=20), progress=False)
+    res = run_protocol(
+        ReportConfig(
+            trace=str(REAL / "AzureLLMInferenceTrace_conv.csv"),
+            trace_format="azure",
+            agents=["offline-oracle"],
+            draws=20,
+        ),
+        progress=False,
+    )
     rows = res["rows"]
     assert rows["window_start_s"].tolist() == [0.0, 600.0, 1200.0, 1800.0, 2400.0]
     assert rows["independent"].all()
@@ -305,6 +402,16 @@ def test_report_seeds_never_reach_validation_or_training_seeds(tmp_path):
     with pytest.raises(ValueError, match="seed0 must be >= 0"):
         ReportConfig(seeds=2, seed0=-1)
     with pytest.raises(SystemExit) as exc:
-        main(["report", "--out", str(tmp_path / "r"), "--seeds", "2",
-              "--seed0", str(VALIDATION_SEED0), "--no-progress"])
+        main(
+            [
+                "report",
+                "--out",
+                str(tmp_path / "r"),
+                "--seeds",
+                "2",
+                "--seed0",
+                str(VALIDATION_SEED0),
+                "--no-progress",
+            ]
+        )
     assert exc.value.code == 2

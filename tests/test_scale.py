@@ -61,8 +61,12 @@ def _report_files(config: ReportConfig, out: Path, **backend) -> tuple[bytes, di
     return (out / "results.csv").read_bytes(), payload
 
 
-SMALL = {"regimes": ["bursty", "sync-heavy"], "seeds": 3, "draws": 40,
-         "agents": ["fixed-512", "random-deferral", "offline-oracle"]}
+SMALL = {
+    "regimes": ["bursty", "sync-heavy"],
+    "seeds": 3,
+    "draws": 40,
+    "agents": ["fixed-512", "random-deferral", "offline-oracle"],
+}
 
 
 @pytest.fixture(scope="module")
@@ -73,8 +77,9 @@ def serial_report(tmp_path_factory):
 
 @pytest.mark.parametrize("jobs", [1, 2])
 def test_report_identical_on_processes(serial_report, tmp_path, jobs):
-    csv, payload = _report_files(ReportConfig(**SMALL), tmp_path / "r", backend="processes",
-                                 jobs=jobs)
+    csv, payload = _report_files(
+        ReportConfig(**SMALL), tmp_path / "r", backend="processes", jobs=jobs
+    )
     assert csv == serial_report[0]
     assert payload == serial_report[1]
     assert b"random-deferral" in csv and len(csv.splitlines()) == 1 + 2 * 3 * 3
@@ -88,8 +93,12 @@ def test_report_identical_on_ray(serial_report, tmp_path, local_ray):
 
 def test_trace_report_identical_on_processes(tmp_path):
     """Trace windows (units rebuilt from the file by each worker) and their timeline."""
-    config = ReportConfig(trace=str(ROOT / "traces" / "bursty.csv"), window_s=300.0,
-                          draws=30, agents=["fixed-512", "wa-diloco"])
+    config = ReportConfig(
+        trace=str(ROOT / "traces" / "bursty.csv"),
+        window_s=300.0,
+        draws=30,
+        agents=["fixed-512", "wa-diloco"],
+    )
     serial = _report_files(config, tmp_path / "s")
     pooled = _report_files(config, tmp_path / "p", backend="processes", jobs=2)
     assert pooled == serial
@@ -99,8 +108,13 @@ def test_trace_report_identical_on_processes(tmp_path):
 def test_cells_come_back_in_order(local_ray):
     for backend in ("serial", "processes", "ray"):
         seen = []
-        out = run_cells(_square_slow_first, list(range(6)), backend=backend, jobs=2,
-                        on_result=lambda i, r, seen=seen: seen.append(i))
+        out = run_cells(
+            _square_slow_first,
+            list(range(6)),
+            backend=backend,
+            jobs=2,
+            on_result=lambda i, r, seen=seen: seen.append(i),
+        )
         assert out == [x * x for x in range(6)], backend
         assert sorted(seen) == list(range(6)), backend
 
@@ -110,8 +124,7 @@ def test_raising_cell(backend, request):
     if backend == "ray":
         request.getfixturevalue("local_ray")
     # Recorded, the others complete.
-    out = run_cells(_fail_on_two, list(range(5)), backend=backend, jobs=2,
-                    capture_errors=True)
+    out = run_cells(_fail_on_two, list(range(5)), backend=backend, jobs=2, capture_errors=True)
     assert out[:2] == [0, 1] and out[3:] == [3, 4]
     assert isinstance(out[2], CellError)
     assert str(out[2]) == "ValueError: cell 2 is broken on two lines"
@@ -136,8 +149,20 @@ def test_missing_ray_names_the_extra(monkeypatch, tmp_path, capsys):
     assert str(exc.value) == RAY_EXTRA_HINT
     assert 'pip install "diloco-gym[ray]"' in RAY_EXTRA_HINT
     with pytest.raises(SystemExit, match=r'pip install "diloco-gym\[ray\]"') as ex:
-        main(["report", "--backend", "ray", "--out", str(tmp_path / "r"), "--seeds", "2",
-              "--regimes", "bursty", "--no-progress"])
+        main(
+            [
+                "report",
+                "--backend",
+                "ray",
+                "--out",
+                str(tmp_path / "r"),
+                "--seeds",
+                "2",
+                "--regimes",
+                "bursty",
+                "--no-progress",
+            ]
+        )
     err = capsys.readouterr().err
     assert ex.value.code != 0
     assert 'pip install "diloco-gym[ray]"' in err and len(err.strip().splitlines()) == 1
@@ -146,22 +171,43 @@ def test_missing_ray_names_the_extra(monkeypatch, tmp_path, capsys):
 
 def test_cli_ray_address_needs_ray_backend(tmp_path, capsys):
     with pytest.raises(SystemExit) as ex:
-        main(["report", "--backend", "processes", "--ray-address", "auto",
-              "--out", str(tmp_path / "r"), "--no-progress"])
+        main(
+            [
+                "report",
+                "--backend",
+                "processes",
+                "--ray-address",
+                "auto",
+                "--out",
+                str(tmp_path / "r"),
+                "--no-progress",
+            ]
+        )
     assert ex.value.code != 0
     assert "--ray-address needs --backend ray" in capsys.readouterr().err
 
 
 def test_cli_report_processes(tmp_path, capsys):
     """The report command with --backend processes --jobs 2 writes the serial report."""
-    args = ["report", "--seeds", "2", "--draws", "20", "--regimes", "sync-heavy",
-            "--agents", "fixed-256", "wa-diloco", "--no-progress"]
+    args = [
+        "report",
+        "--seeds",
+        "2",
+        "--draws",
+        "20",
+        "--regimes",
+        "sync-heavy",
+        "--agents",
+        "fixed-256",
+        "wa-diloco",
+        "--no-progress",
+    ]
     assert main(args + ["--out", str(tmp_path / "s")]) == 0
-    assert main(args + ["--out", str(tmp_path / "p"), "--backend", "processes",
-                        "--jobs", "2"]) == 0
+    assert main(args + ["--out", str(tmp_path / "p"), "--backend", "processes", "--jobs", "2"]) == 0
     capsys.readouterr()
-    assert ((tmp_path / "s" / "results.csv").read_bytes()
-            == (tmp_path / "p" / "results.csv").read_bytes())
+    assert (tmp_path / "s" / "results.csv").read_bytes() == (
+        tmp_path / "p" / "results.csv"
+    ).read_bytes()
 
 
 # ----------------------------------------------------------------- train --vec-env
@@ -169,9 +215,18 @@ def _train_tiny(out: Path, kind: str, seed: int = 5) -> dict:
     pytest.importorskip("stable_baselines3")
     from diloco_gym import train as tr
 
-    tr.train("ppo", regime="bursty", timesteps=512, seed=seed, out=out, n_envs=2,
-             eval_episodes=0, checkpoint_freq=0, vec_env=kind,
-             hyperparameters={"n_steps": 128, "batch_size": 128, "n_epochs": 1})
+    tr.train(
+        "ppo",
+        regime="bursty",
+        timesteps=512,
+        seed=seed,
+        out=out,
+        n_envs=2,
+        eval_episodes=0,
+        checkpoint_freq=0,
+        vec_env=kind,
+        hyperparameters={"n_steps": 128, "batch_size": 128, "n_epochs": 1},
+    )
     from stable_baselines3 import PPO
 
     meta = json.loads((out / "meta.json").read_text())
@@ -262,8 +317,7 @@ def test_tiny_tune_saves_a_model_report_accepts(tmp_path, local_ray):
     best = tmp_path / "out" / "best"
     meta = json.loads((best / "meta.json").read_text())
     assert meta["algo"] == "ppo" and meta["timesteps"] == 256
-    assert meta["seed_ranges"]["validation_seeds"] == [tr.VALIDATION_SEED0,
-                                                      tr.VALIDATION_SEED0 + 2]
+    assert meta["seed_ranges"]["validation_seeds"] == [tr.VALIDATION_SEED0, tr.VALIDATION_SEED0 + 2]
     assert meta["seed_ranges"]["train_episode_seeds"][0] == tr.TRAIN_SEED_LOW == 10**6
     assert len(meta["tune"]["validation_per_seed"]) == 2
     assert meta["hyperparameters"]["learning_rate"] == res["config"]["learning_rate"]
@@ -274,20 +328,41 @@ def test_tiny_tune_saves_a_model_report_accepts(tmp_path, local_ray):
     (agent,) = make_agents([str(best)])
     out = run_episode(DiLoCoSyncEnv("bursty"), agent, 0)
     assert out["merges"] >= 1
-    assert main(["report", "--agents", "fixed-512", "--agent", str(best), "--regimes",
-                 "bursty", "--seeds", "2", "--draws", "10", "--no-progress",
-                 "--out", str(tmp_path / "rep")]) == 0
+    assert (
+        main(
+            [
+                "report",
+                "--agents",
+                "fixed-512",
+                "--agent",
+                str(best),
+                "--regimes",
+                "bursty",
+                "--seeds",
+                "2",
+                "--draws",
+                "10",
+                "--no-progress",
+                "--out",
+                str(tmp_path / "rep"),
+            ]
+        )
+        == 0
+    )
 
 
-@pytest.mark.parametrize("text, match", [
-    ("algo = 'ppo'\n", r"\[space\] must be a table"),
-    ("bogus = 1\n[space]\ngamma = 0.99\n", "unknown key 'bogus'"),
-    ("[space]\nnot_a_param = [1, 2]\n", "'not_a_param' is not a ppo hyperparameter"),
-    ("[space]\ngamma = { normal = [0, 1] }\n", "gamma must be one of"),
-    ("[space]\nlearning_rate = { loguniform = [0, 1] }\n", "0 < low < high"),
-    ("timesteps = 0\n[space]\ngamma = 0.99\n", "timesteps must be >= 1"),
-    ("regime = 'nope'\n[space]\ngamma = 0.99\n", "unknown regime 'nope'"),
-])
+@pytest.mark.parametrize(
+    "text, match",
+    [
+        ("algo = 'ppo'\n", r"\[space\] must be a table"),
+        ("bogus = 1\n[space]\ngamma = 0.99\n", "unknown key 'bogus'"),
+        ("[space]\nnot_a_param = [1, 2]\n", "'not_a_param' is not a ppo hyperparameter"),
+        ("[space]\ngamma = { normal = [0, 1] }\n", "gamma must be one of"),
+        ("[space]\nlearning_rate = { loguniform = [0, 1] }\n", "0 < low < high"),
+        ("timesteps = 0\n[space]\ngamma = 0.99\n", "timesteps must be >= 1"),
+        ("regime = 'nope'\n[space]\ngamma = 0.99\n", "unknown regime 'nope'"),
+    ],
+)
 def test_bad_tune_file(tmp_path, text, match):
     pytest.importorskip("stable_baselines3")
     from diloco_gym.scale.tune import TuneFileError, load_tune
@@ -304,14 +379,18 @@ def test_sweep_on_ray_equals_serial(tmp_path, local_ray):
     from diloco_gym.scale.sweep import load_sweep, run_sweep
 
     cfg = tmp_path / "s.toml"
-    cfg.write_text('agents = ["fixed-512"]\nseeds = 2\ndraws = 20\n[grid]\n'
-                   'regime = ["sync-heavy"]\nmerge_budget = [8, 100000]\n')
+    cfg.write_text(
+        'agents = ["fixed-512"]\nseeds = 2\ndraws = 20\n[grid]\n'
+        'regime = ["sync-heavy"]\nmerge_budget = [8, 100000]\n'
+    )
     outs = {}
     for backend in ("serial", "ray"):
         res = run_sweep(load_sweep(cfg), tmp_path / backend, backend=backend, progress=False)
         assert res["complete"] and res["failed"] == 2
-        outs[backend] = {n: (tmp_path / backend / n).read_bytes()
-                         for n in ("results.csv", "summary.csv", "errors.csv", "summary.md")}
+        outs[backend] = {
+            n: (tmp_path / backend / n).read_bytes()
+            for n in ("results.csv", "summary.csv", "errors.csv", "summary.md")
+        }
     assert outs["ray"] == outs["serial"]
 
 

@@ -22,8 +22,17 @@ from diloco_gym.schedules import (
 )
 
 #: Small corridors (n, h_min, h_max) where brute force enumerates everything quickly.
-SMALL = [(10, 2, 4), (12, 3, 5), (15, 2, 6), (17, 4, 4), (20, 3, 7), (9, 1, 3), (25, 4, 9),
-         (6, 3, 8), (30, 5, 8)]
+SMALL = [
+    (10, 2, 4),
+    (12, 3, 5),
+    (15, 2, 6),
+    (17, 4, 4),
+    (20, 3, 7),
+    (9, 1, 3),
+    (25, 4, 9),
+    (6, 3, 8),
+    (30, 5, 8),
+]
 
 
 def brute_completions(n: int, h_min: int, h_max: int, m: int, d: int) -> int:
@@ -33,24 +42,28 @@ def brute_completions(n: int, h_min: int, h_max: int, m: int, d: int) -> int:
     def count(last: int, left: int) -> int:
         if left == 0:
             return int((n - 1) - last < h_max)
-        return sum(count(nxt, left - 1)
-                   for nxt in range(last + h_min, min(last + h_max, n - 1) + 1))
+        return sum(
+            count(nxt, left - 1) for nxt in range(last + h_min, min(last + h_max, n - 1) + 1)
+        )
 
     return count(d, m)
 
 
 # --------------------------------------------------------------------------- feasibility
-@pytest.mark.parametrize("merges, feasible", [
-    ([3, 6], True),      # gaps 3, 3; tail 9 - 6 = 3 < 4
-    ([4, 8], True),
-    ([2, 4, 6, 8], True),
-    ([], False),         # the tail 9 - 0 reaches H_max: a merge was due
-    ([1, 5], False),     # first gap below H_min
-    ([5, 9], False),     # first gap above H_max
-    ([3, 4, 8], False),  # second gap below H_min
-    ([4, 10], False),    # past the last decision
-    ([3], False),        # tail 9 - 3 = 6 >= H_max
-])
+@pytest.mark.parametrize(
+    "merges, feasible",
+    [
+        ([3, 6], True),  # gaps 3, 3; tail 9 - 6 = 3 < 4
+        ([4, 8], True),
+        ([2, 4, 6, 8], True),
+        ([], False),  # the tail 9 - 0 reaches H_max: a merge was due
+        ([1, 5], False),  # first gap below H_min
+        ([5, 9], False),  # first gap above H_max
+        ([3, 4, 8], False),  # second gap below H_min
+        ([4, 10], False),  # past the last decision
+        ([3], False),  # tail 9 - 3 = 6 >= H_max
+    ],
+)
 def test_is_feasible_by_hand(merges, feasible):
     assert is_feasible(merges, 10, 2, 4) is feasible
 
@@ -63,8 +76,12 @@ def test_brute_force_enumerates_exactly_the_feasible_schedules(n, h_min, h_max):
     if n <= 12:
         from itertools import combinations
 
-        every = {c for k in range(n) for c in combinations(range(1, n), k)
-                 if is_feasible(c, n, h_min, h_max)}
+        every = {
+            c
+            for k in range(n)
+            for c in combinations(range(1, n), k)
+            if is_feasible(c, n, h_min, h_max)
+        }
         assert every == listed
 
 
@@ -97,8 +114,9 @@ def test_completion_counts_do_not_overflow_on_long_episodes():
     lo, hi = budget_range(5000, 16, 64)
     assert (lo, hi) == (-(-(5000 - 64) // 64), (5000 - 1) // 16)
     assert f[lo, 0] > 0 and f[hi, 0] > 0 and f[lo - 1, 0] == 0 and f[hi + 1, 0] == 0
-    draws = sample_uniform(5000, 16, 64, 100, 20, np.random.default_rng(0),
-                           counts=completion_table(5000, 16, 64, 100))
+    draws = sample_uniform(
+        5000, 16, 64, 100, 20, np.random.default_rng(0), counts=completion_table(5000, 16, 64, 100)
+    )
     assert all(is_feasible(row, 5000, 16, 64) for row in draws)
 
 
@@ -121,8 +139,9 @@ def test_sample_uniform_draws_feasible_schedules_with_exactly_m_merges(n, h_min,
             assert len(row) == m and is_feasible(row, n, h_min, h_max), row
 
 
-@pytest.mark.parametrize("n, h_min, h_max, m", [(20, 3, 7, 4), (25, 4, 9, 3), (15, 2, 6, 4),
-                                                (30, 5, 8, 4)])
+@pytest.mark.parametrize(
+    "n, h_min, h_max, m", [(20, 3, 7, 4), (25, 4, 9, 3), (15, 2, 6, 4), (30, 5, 8, 4)]
+)
 def test_sample_uniform_is_uniform(n, h_min, h_max, m):
     support = brute_force_schedules(n, h_min, h_max, m)
     assert 10 <= len(support) <= 400
@@ -256,7 +275,7 @@ def _int_completions(n: int, h_min: int, h_max: int, m_max: int) -> list[list[in
     rows = [[int((n - 1) - d < h_max) for d in range(n)]]
     for _ in range(m_max):
         prev = rows[-1]
-        rows.append([sum(prev[d + h_min:min(d + h_max, n - 1) + 1]) for d in range(n)])
+        rows.append([sum(prev[d + h_min : min(d + h_max, n - 1) + 1]) for d in range(n)])
     return rows
 
 
@@ -270,8 +289,9 @@ def _kernel_marginals(n: int, h_min: int, h_max: int, m: int, table) -> np.ndarr
         cur = np.flatnonzero(dist > 0)
         k = transition_kernel(n, h_min, h_max, m, j, cur, counts=table)
         new = np.zeros(n + h_max + 1)
-        np.add.at(new, (cur[:, None] + h_min + np.arange(width)).ravel(),
-                  (dist[cur][:, None] * k).ravel())
+        np.add.at(
+            new, (cur[:, None] + h_min + np.arange(width)).ravel(), (dist[cur][:, None] * k).ravel()
+        )
         assert new[n:].sum() == 0.0  # the kernel never steps past the episode
         dist = new[:n]
         out[j] = dist
@@ -328,14 +348,17 @@ def test_completion_table_handles_hours_long_episodes():
 
 def test_sample_uniform_rejects_wrong_count_tables():
     with pytest.raises(TypeError, match="CompletionTable"):
-        sample_uniform(200, 16, 64, 4, 5, np.random.default_rng(0),
-                       counts=completion_counts(200, 16, 64, 8))
+        sample_uniform(
+            200, 16, 64, 4, 5, np.random.default_rng(0), counts=completion_counts(200, 16, 64, 8)
+        )
     with pytest.raises(ValueError, match="built for n=300"):
-        sample_uniform(200, 16, 64, 4, 5, np.random.default_rng(0),
-                       counts=completion_table(300, 16, 64, 8))
+        sample_uniform(
+            200, 16, 64, 4, 5, np.random.default_rng(0), counts=completion_table(300, 16, 64, 8)
+        )
     with pytest.raises(ValueError, match="up to 3, not 4"):
-        sample_uniform(200, 16, 64, 4, 5, np.random.default_rng(0),
-                       counts=completion_table(200, 16, 64, 3))
+        sample_uniform(
+            200, 16, 64, 4, 5, np.random.default_rng(0), counts=completion_table(200, 16, 64, 3)
+        )
 
 
 def test_reach_only_table_gives_the_same_draws_as_the_full_table():

@@ -19,8 +19,9 @@ from diloco_gym.sidecar import (
 
 
 # --------------------------------------------------------------------------- slow references
-def slow_replay_latency(base_s, req_bin, pressure_bin, sync_bin, p: SidecarParams,
-                        bin_s: float) -> np.ndarray:
+def slow_replay_latency(
+    base_s, req_bin, pressure_bin, sync_bin, p: SidecarParams, bin_s: float
+) -> np.ndarray:
     """The Lindley recursion as written in the module docstring, one bin at a time."""
     latency = np.full(len(base_s), np.nan)
     backlog = 0.0
@@ -40,7 +41,7 @@ def slow_merge_cost(base_s, req_bin, pressure_bin, p, bin_s, start, merge_bins, 
     """Extra violations of one merge at ``start``, counted over its window and tail."""
     n_bins = len(pressure_bin)
     sync = np.zeros(n_bins)
-    sync[start:start + merge_bins] = 1.0
+    sync[start : start + merge_bins] = 1.0
     viol = slow_replay_latency(base_s, req_bin, pressure_bin, sync, p, bin_s) > p.slo_s
     horizon = merge_bins + int(round(p.tail_s / bin_s))
     inside = (req_bin >= start) & (req_bin < start + horizon)
@@ -48,9 +49,19 @@ def slow_merge_cost(base_s, req_bin, pressure_bin, p, bin_s, start, merge_bins, 
 
 
 def random_instance(rng, n_bins=60, n_req=90, bin_s=0.5, **overrides):
-    p = SidecarParams(**{"ttft_ms": 80.0, "prefill_ms_per_token": 0.2, "decode_ms_per_token":
-                         5.0, "slots": 2.0, "sync_slowdown": 0.8, "pressure_gain": 0.7,
-                         "slo_ms": 900.0, "tail_s": 3.0, **overrides})
+    p = SidecarParams(
+        **{
+            "ttft_ms": 80.0,
+            "prefill_ms_per_token": 0.2,
+            "decode_ms_per_token": 5.0,
+            "slots": 2.0,
+            "sync_slowdown": 0.8,
+            "pressure_gain": 0.7,
+            "slo_ms": 900.0,
+            "tail_s": 3.0,
+            **overrides,
+        }
+    )
     prompt = rng.integers(10, 800, n_req)
     output = rng.integers(5, 150, n_req)
     base = base_latency_s(prompt, output, p)
@@ -67,9 +78,16 @@ def random_instance(rng, n_bins=60, n_req=90, bin_s=0.5, **overrides):
 #   r2        1    20             0.3 s
 #   r3        2    20             0.3 s
 #   r4        3    40             0.5 s
-GOLDEN_P = SidecarParams(ttft_ms=100.0, prefill_ms_per_token=0.0, decode_ms_per_token=10.0,
-                         slots=1.0, sync_slowdown=1.0, pressure_gain=0.0, slo_ms=1000.0,
-                         tail_s=2.0)
+GOLDEN_P = SidecarParams(
+    ttft_ms=100.0,
+    prefill_ms_per_token=0.0,
+    decode_ms_per_token=10.0,
+    slots=1.0,
+    sync_slowdown=1.0,
+    pressure_gain=0.0,
+    slo_ms=1000.0,
+    tail_s=2.0,
+)
 GOLDEN_BIN = np.array([0, 0, 1, 2, 3])
 GOLDEN_OUT = np.array([40, 90, 20, 20, 40])
 
@@ -118,8 +136,15 @@ def test_golden_replay_with_a_merge_in_bins_1_and_2():
 def test_golden_pressure_slowdown():
     # pressure 0.5 with gain 2: m = 1 + 2 * 0.25 = 1.5 in bin 0, so r0 takes 0.75 s and
     # r1 1.5 s; capacity 1 / 1.5 leaves B1 = 1.5 - 2/3 = 5/6 for r2: (0.3 + 5/6) * 1 = 1.1333.
-    p = SidecarParams(ttft_ms=100.0, prefill_ms_per_token=0.0, decode_ms_per_token=10.0,
-                      slots=1.0, sync_slowdown=1.0, pressure_gain=2.0, slo_ms=1000.0)
+    p = SidecarParams(
+        ttft_ms=100.0,
+        prefill_ms_per_token=0.0,
+        decode_ms_per_token=10.0,
+        slots=1.0,
+        sync_slowdown=1.0,
+        pressure_gain=2.0,
+        slo_ms=1000.0,
+    )
     pressure = np.array([0.5, 0.0, 0.0, 0.0, 0.0])
     res = replay(golden_base(), GOLDEN_BIN, pressure, None, p, 1.0)
     b1 = 1.5 - 1.0 / 1.5
@@ -138,11 +163,13 @@ def test_golden_merge_costs():
     # Starts 3, 4: r4 at most 1.0 s -> 0.
     base = golden_base()
     v0 = replay(base, GOLDEN_BIN, np.zeros(5), None, GOLDEN_P, 1.0).violated
-    costs = merge_costs(base, GOLDEN_BIN, np.zeros(5), GOLDEN_P, 1.0, np.arange(5), 2,
-                        v0.astype(np.float64))
+    costs = merge_costs(
+        base, GOLDEN_BIN, np.zeros(5), GOLDEN_P, 1.0, np.arange(5), 2, v0.astype(np.float64)
+    )
     np.testing.assert_array_equal(costs, [3, 2, 0, 0, 0])
-    slow = [slow_merge_cost(base, GOLDEN_BIN, np.zeros(5), GOLDEN_P, 1.0, s, 2, v0)
-            for s in range(5)]
+    slow = [
+        slow_merge_cost(base, GOLDEN_BIN, np.zeros(5), GOLDEN_P, 1.0, s, 2, v0) for s in range(5)
+    ]
     np.testing.assert_array_equal(costs, slow)
 
 
@@ -163,17 +190,16 @@ def test_lindley_closed_form_matches_the_explicit_loop(seed):
 
 
 @pytest.mark.parametrize("seed", range(6))
-@pytest.mark.parametrize("first, stride, merge_bins", [(0, 1, 4), (3, 2, 5), (1, 3, 3),
-                                                       (0, 5, 6)])
+@pytest.mark.parametrize("first, stride, merge_bins", [(0, 1, 4), (3, 2, 5), (1, 3, 3), (0, 5, 6)])
 def test_merge_costs_match_brute_force_replays(seed, first, stride, merge_bins):
     rng = np.random.default_rng(100 + seed)
     p, base, req_bin, pressure, bin_s = random_instance(rng)
     v0 = replay(base, req_bin, pressure, None, p, bin_s).violated
     starts = np.arange(first, len(pressure), stride)  # runs to the end: horizons get clipped
-    fast = merge_costs(base, req_bin, pressure, p, bin_s, starts, merge_bins,
-                       v0.astype(np.float64))
-    slow = [slow_merge_cost(base, req_bin, pressure, p, bin_s, int(s), merge_bins, v0)
-            for s in starts]
+    fast = merge_costs(base, req_bin, pressure, p, bin_s, starts, merge_bins, v0.astype(np.float64))
+    slow = [
+        slow_merge_cost(base, req_bin, pressure, p, bin_s, int(s), merge_bins, v0) for s in starts
+    ]
     np.testing.assert_array_equal(fast, slow)
     assert np.sum(slow) > 0
 
@@ -186,7 +212,7 @@ def test_merge_costs_with_an_unbounded_tail_equal_the_whole_replay_excess():
     costs = merge_costs(base, req_bin, pressure, p, bin_s, starts, 4, v0.astype(np.float64))
     for s, c in zip(starts, costs, strict=True):
         sync = np.zeros(len(pressure))
-        sync[s:s + 4] = 1.0
+        sync[s : s + 4] = 1.0
         full = replay(base, req_bin, pressure, sync, p, bin_s)
         assert c == np.sum(full.violated) - np.sum(v0)
 
@@ -195,8 +221,9 @@ def test_merge_costs_edge_cases():
     rng = np.random.default_rng(3)
     p, base, req_bin, pressure, bin_s = random_instance(rng)
     v0 = replay(base, req_bin, pressure, None, p, bin_s).violated.astype(np.float64)
-    assert merge_costs(base, req_bin, pressure, p, bin_s, np.array([], dtype=int), 4,
-                       v0).shape == (0,)
+    assert merge_costs(base, req_bin, pressure, p, bin_s, np.array([], dtype=int), 4, v0).shape == (
+        0,
+    )
     empty = merge_costs(base[:0], req_bin[:0], pressure, p, bin_s, np.arange(5), 4, v0[:0])
     np.testing.assert_array_equal(empty, np.zeros(5))
     one = merge_costs(base, req_bin, pressure, p, bin_s, np.array([10]), 4, v0)
@@ -207,7 +234,8 @@ def test_merge_costs_edge_cases():
     free = SidecarParams(sync_slowdown=0.0, slots=2.0)
     v0f = replay(base, req_bin, pressure, None, free, bin_s).violated.astype(np.float64)
     np.testing.assert_array_equal(
-        merge_costs(base, req_bin, pressure, free, bin_s, np.arange(50), 4, v0f), np.zeros(50))
+        merge_costs(base, req_bin, pressure, free, bin_s, np.arange(50), 4, v0f), np.zeros(50)
+    )
 
 
 def test_merge_only_ever_adds_latency():
@@ -224,16 +252,16 @@ def test_merge_only_ever_adds_latency():
 # --------------------------------------------------------------------------- effect sizes
 def _result(latency, pressure, sync):
     latency = np.asarray(latency, dtype=float)
-    return ReplayResult(latency, latency > 1.0, np.asarray(sync, bool),
-                        np.asarray(pressure, float))
+    return ReplayResult(latency, latency > 1.0, np.asarray(sync, bool), np.asarray(pressure, float))
 
 
 def test_effect_sizes_on_a_constructed_replay():
     # Low-pressure requests take 1 s, high-pressure ones 3 s: ratio 3, positive correlation.
     # Sync-active requests are one low and one high; their p95 is 1 + 0.95 * 2 = 2.9 and the
     # inactive ones (two low, one high) have p95 = 1 + (0.95 * 2 - 1) * 2 = 2.8.
-    res = _result([1.0, 1.0, 1.0, 3.0, 3.0], [0.1, 0.2, 0.3, 0.6, 0.9],
-                  [True, False, False, True, False])
+    res = _result(
+        [1.0, 1.0, 1.0, 3.0, 3.0], [0.1, 0.2, 0.3, 0.6, 0.9], [True, False, False, True, False]
+    )
     es = effect_sizes(res, high_pressure=0.6)  # 0.6 itself counts as high (>=)
     assert es["p95_high_low"] == pytest.approx(3.0)
     assert es["p95_sync_ratio"] == pytest.approx(2.9 / 2.8)
@@ -257,12 +285,23 @@ def test_percentile_is_linear_interpolation():
 
 
 # --------------------------------------------------------------------------- validation
-@pytest.mark.parametrize("field, value", [
-    ("ttft_ms", -1.0), ("decode_ms_per_token", float("nan")), ("slots", 0.0),
-    ("slo_ms", 0), ("serving_capacity_rps", -2.0), ("sync_slowdown", -0.5),
-    ("pressure_gain", float("inf")), ("high_pressure", 0.0), ("high_pressure", 1.5),
-    ("tail_s", "12"), ("slots", True), ("prefill_ms_per_token", None),
-])
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("ttft_ms", -1.0),
+        ("decode_ms_per_token", float("nan")),
+        ("slots", 0.0),
+        ("slo_ms", 0),
+        ("serving_capacity_rps", -2.0),
+        ("sync_slowdown", -0.5),
+        ("pressure_gain", float("inf")),
+        ("high_pressure", 0.0),
+        ("high_pressure", 1.5),
+        ("tail_s", "12"),
+        ("slots", True),
+        ("prefill_ms_per_token", None),
+    ],
+)
 def test_bad_sidecar_params_name_the_field(field, value):
     with pytest.raises(ValueError, match=rf"SidecarParams\.{field}"):
         SidecarParams(**{field: value})
@@ -319,8 +358,15 @@ def test_isolated_cost_from_the_episode_queue_equals_its_own():
         reg = get_regime(name)
         ep = core.episode_from_seed(reg, seed, p, reg.sidecar, LearnerParams())
         assert ep.queue is not None
-        args = (ep.base_s, ep.req_bin, ep.pressure_bin, reg.sidecar, p.step_seconds,
-                p.merge_steps, ep.baseline.violated)
+        args = (
+            ep.base_s,
+            ep.req_bin,
+            ep.pressure_bin,
+            reg.sidecar,
+            p.step_seconds,
+            p.merge_steps,
+            ep.baseline.violated,
+        )
         own, shared = IsolatedMergeCost(*args), IsolatedMergeCost(*args, queue=ep.queue)
         for attr in ("_s", "_d", "_prefmin", "_rbin", "_thr_in", "_thr_tail"):
             np.testing.assert_array_equal(getattr(own, attr), getattr(shared, attr))

@@ -65,8 +65,9 @@ def uninterrupted(tmp_path_factory) -> dict[str, bytes]:
 
 def test_stopped_and_resumed_equals_uninterrupted(tmp_path, uninterrupted):
     spec = load_sweep(_write(tmp_path, SPEC))
-    first = run_sweep(spec, tmp_path / "out", progress=False, max_cells=5, backend="processes",
-                      jobs=2)
+    first = run_sweep(
+        spec, tmp_path / "out", progress=False, max_cells=5, backend="processes", jobs=2
+    )
     assert first["run"] == 5 and not first["complete"]
     assert "not run yet" in (tmp_path / "out" / "summary.md").read_text()
     second = run_sweep(spec, tmp_path / "out", progress=False, backend="processes", jobs=2)
@@ -83,9 +84,21 @@ def test_killed_sweep_resumes(tmp_path, uninterrupted):
     cfg = _write(tmp_path, SPEC)
     out = tmp_path / "out"
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.Popen([sys.executable, "-m", "diloco_gym.cli", "sweep", str(cfg),
-                             "--out", str(out), "--no-progress"], env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "diloco_gym.cli",
+            "sweep",
+            str(cfg),
+            "--out",
+            str(out),
+            "--no-progress",
+        ],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     store = out / "cells.jsonl"
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
@@ -129,34 +142,50 @@ def test_trace_grid_with_windows_and_loads(tmp_path):
     (tmp_path / "tr").mkdir()
     gen = replace(REGIMES["bursty"], duration_s=1800.0)
     tr = gen(np.random.default_rng(3))
-    save_native(Trace(tr.arrival_s, tr.prompt_tokens, tr.output_tokens, tr.duration_s),
-                tmp_path / "tr" / "b.csv")
-    cfg = _write(tmp_path, 'agents = ["fixed-512"]\ndraws = 20\ntrace = "tr/b.csv"\n'
-                           '[grid]\nwindow_s = [300, 600, 1200]\nrate_scale = [0.5, 1.0]\n')
+    save_native(
+        Trace(tr.arrival_s, tr.prompt_tokens, tr.output_tokens, tr.duration_s),
+        tmp_path / "tr" / "b.csv",
+    )
+    cfg = _write(
+        tmp_path,
+        'agents = ["fixed-512"]\ndraws = 20\ntrace = "tr/b.csv"\n'
+        "[grid]\nwindow_s = [300, 600, 1200]\nrate_scale = [0.5, 1.0]\n",
+    )
     res = run_sweep(load_sweep(cfg), tmp_path / "out", progress=False)
     # 1,200 s windows of the trace replayed at its own rate: one window, no paired test.
     assert res["complete"] and res["failed"] == 0
     table = pd.read_csv(tmp_path / "out" / "results.csv")
     windows = table.groupby(["grid.window_s", "grid.rate_scale"]).size().to_dict()
-    assert windows == {(300, 0.5): 12, (300, 1.0): 6, (600, 0.5): 6, (600, 1.0): 3,
-                       (1200, 0.5): 3, (1200, 1.0): 1}
+    assert windows == {
+        (300, 0.5): 12,
+        (300, 1.0): 6,
+        (600, 0.5): 6,
+        (600, 1.0): 3,
+        (1200, 0.5): 3,
+        (1200, 1.0): 1,
+    }
     assert set(table["regime"]) == {"replay:b"} and set(table["unit"]) == {"window"}
     summary = pd.read_csv(tmp_path / "out" / "summary.csv")
     assert len(summary) == 5
-    assert "point 5 (window_s=1200, rate_scale=1.0): no summary (fewer than 2 units)" in \
-        (tmp_path / "out" / "summary.md").read_text()
+    assert (
+        "point 5 (window_s=1200, rate_scale=1.0): no summary (fewer than 2 units)"
+        in (tmp_path / "out" / "summary.md").read_text()
+    )
 
 
-@pytest.mark.parametrize("text, match", [
-    ('regime = "bursty"\nbogus = 1\n', "unknown key 'bogus'"),
-    ('[grid]\nregime = []\n', "grid axis 'regime' must be a non-empty list"),
-    ('[grid]\nregime = ["nope"]\n', "point 0 \\(regime=nope\\): unknown regime 'nope'"),
-    ('regime = "bursty"\n[grid]\n"env.nope" = [1]\n', "unknown env parameter 'nope'"),
-    ('regime = "bursty"\n[grid]\nseeds = [1]\n', "seeds must be >= 2"),
-    ('seeds = 3\n', "no regime or trace"),
-    ('regime = [\n', "not valid TOML"),
-    ('trace = "missing.csv"\n', "missing.csv does not exist"),
-])
+@pytest.mark.parametrize(
+    "text, match",
+    [
+        ('regime = "bursty"\nbogus = 1\n', "unknown key 'bogus'"),
+        ("[grid]\nregime = []\n", "grid axis 'regime' must be a non-empty list"),
+        ('[grid]\nregime = ["nope"]\n', "point 0 \\(regime=nope\\): unknown regime 'nope'"),
+        ('regime = "bursty"\n[grid]\n"env.nope" = [1]\n', "unknown env parameter 'nope'"),
+        ('regime = "bursty"\n[grid]\nseeds = [1]\n', "seeds must be >= 2"),
+        ("seeds = 3\n", "no regime or trace"),
+        ("regime = [\n", "not valid TOML"),
+        ('trace = "missing.csv"\n', "missing.csv does not exist"),
+    ],
+)
 def test_bad_sweep_file(tmp_path, text, match):
     cfg = _write(tmp_path, text)
     with pytest.raises(SweepFileError, match=match) as exc:
@@ -165,8 +194,11 @@ def test_bad_sweep_file(tmp_path, text, match):
 
 
 def test_cli_sweep(tmp_path, capsys):
-    cfg = _write(tmp_path, 'regime = "sync-heavy"\nagents = ["fixed-256"]\nseeds = 2\n'
-                           'draws = 10\n[grid]\nrate_scale = [0.5, 1.0]\n')
+    cfg = _write(
+        tmp_path,
+        'regime = "sync-heavy"\nagents = ["fixed-256"]\nseeds = 2\n'
+        "draws = 10\n[grid]\nrate_scale = [0.5, 1.0]\n",
+    )
     assert main(["sweep", str(cfg), "--out", str(tmp_path / "o"), "--no-progress"]) == 0
     assert "6 cells: 6 run now, 0 stored before, 0 failed; complete" in capsys.readouterr().out
     assert main(["sweep", str(cfg), "--out", str(tmp_path / "o"), "--no-progress"]) == 0
@@ -179,8 +211,11 @@ def test_cli_sweep(tmp_path, capsys):
 def test_yaml_sweep_equals_toml(tmp_path):
     pytest.importorskip("yaml")
     toml = load_sweep(_write(tmp_path, SPEC))
-    yaml_text = ("name: t\nagents: [fixed-512, wa-diloco]\nseeds: 3\ndraws: 30\n"
-                 "grid:\n  regime: [bursty, sync-heavy]\n  merge_budget: [8, 16]\n")
+    yaml_text = (
+        "name: t\nagents: [fixed-512, wa-diloco]\nseeds: 3\ndraws: 30\n"
+        "grid:\n  regime: [bursty, sync-heavy]\n  merge_budget: [8, 16]\n"
+    )
     got = load_sweep(_write(tmp_path, yaml_text, "s.yaml"))
-    assert [(p.params, p.env, p.config) for p in got.points] == \
-        [(p.params, p.env, p.config) for p in toml.points]
+    assert [(p.params, p.env, p.config) for p in got.points] == [
+        (p.params, p.env, p.config) for p in toml.points
+    ]

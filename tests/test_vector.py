@@ -24,13 +24,22 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 # --------------------------------------------------------------------------- lockstep harness
-def lockstep(num_envs: int, seed: int, steps: int, actions, *,
-             autoreset_mode=AutoresetMode.NEXT_STEP, **kwargs) -> dict:
+def lockstep(
+    num_envs: int,
+    seed: int,
+    steps: int,
+    actions,
+    *,
+    autoreset_mode=AutoresetMode.NEXT_STEP,
+    **kwargs,
+) -> dict:
     """Step a vector env and ``num_envs`` single envs with the same actions; assert that
     every observation, reward, flag and mask agrees exactly. Returns counters."""
     venv = DiLoCoSyncVectorEnv(num_envs, autoreset_mode=autoreset_mode, **kwargs)
-    singles = [DiLoCoSyncEnv(**{k: v for k, v in kwargs.items() if k != "episode_pool"})
-               for _ in range(num_envs)]
+    singles = [
+        DiLoCoSyncEnv(**{k: v for k, v in kwargs.items() if k != "episode_pool"})
+        for _ in range(num_envs)
+    ]
     pooled = kwargs.get("episode_pool") is not None
 
     vobs, vinfo = venv.reset(seed=seed)
@@ -77,13 +86,15 @@ def lockstep(num_envs: int, seed: int, steps: int, actions, *,
                     assert ep["merges"][i] == info["episode_summary"]["merges"]
                     assert ep["seed"][i] == info["episode_summary"]["episode_seed"]
                     assert ep["sync_excess_pct"][i] == pytest.approx(
-                        info["episode_summary"]["additive_excess_pct"], rel=1e-12, abs=1e-12)
+                        info["episode_summary"]["additive_excess_pct"], rel=1e-12, abs=1e-12
+                    )
                     if autoreset_mode is AutoresetMode.SAME_STEP:
                         np.testing.assert_array_equal(vinfo["final_obs"][i], obs)
                         obs = next_episode(i, env)
             assert vrew[i] == rew, (t, i)
             assert vtrunc[i] == (trunc and autoreset_mode is AutoresetMode.NEXT_STEP) or (
-                autoreset_mode is AutoresetMode.SAME_STEP and vtrunc[i] == trunc)
+                autoreset_mode is AutoresetMode.SAME_STEP and vtrunc[i] == trunc
+            )
             np.testing.assert_array_equal(vobs[i], obs, err_msg=f"step {t}, env {i}")
         pending = vtrunc.copy() if autoreset_mode is AutoresetMode.NEXT_STEP else pending
     return counts
@@ -98,8 +109,7 @@ def _random_actions(num_envs: int, seed: int, p_merge: float = 0.5):
 def test_matches_single_env_every_decision(mode):
     # skip_forced=False: one step per decision (517 per episode), so this crosses an
     # autoreset with a fixed random action sequence, overrides included.
-    counts = lockstep(3, 11, 1100, _random_actions(3, 0), autoreset_mode=mode,
-                      skip_forced=False)
+    counts = lockstep(3, 11, 1100, _random_actions(3, 0), autoreset_mode=mode, skip_forced=False)
     assert counts["episodes_ended"] >= 6 and counts["merges"] > 50 and counts["overridden"] > 50
 
 
@@ -112,14 +122,21 @@ def test_matches_single_env_skip_forced_with_progress():
 @pytest.mark.parametrize("budget", [8, 9, 30])  # 8 and 30: near the feasible extremes
 def test_matches_single_env_with_merge_budget(skip_forced, budget):
     steps = 150 if skip_forced else 1050
-    counts = lockstep(3, 21, steps, _random_actions(3, budget, 0.2), merge_budget=budget,
-                      skip_forced=skip_forced)
+    counts = lockstep(
+        3, 21, steps, _random_actions(3, budget, 0.2), merge_budget=budget, skip_forced=skip_forced
+    )
     assert counts["episodes_ended"] >= 6
 
 
 def test_matches_single_env_other_regime_and_learners():
-    counts = lockstep(2, 99, 150, _random_actions(2, 3), regime="sync-heavy",
-                      learners=lrn.LearnerParams(num_learners=3, initial_tokens=1e6))
+    counts = lockstep(
+        2,
+        99,
+        150,
+        _random_actions(2, 3),
+        regime="sync-heavy",
+        learners=lrn.LearnerParams(num_learners=3, initial_tokens=1e6),
+    )
     assert counts["episodes_ended"] >= 2
 
 
@@ -212,8 +229,14 @@ def test_make_vec_every_id(env_id):
 
 
 def test_make_vec_passes_env_kwargs():
-    env = gym.make_vec("DiLoCoSync-v0", num_envs=2, vectorization_mode="vector_entry_point",
-                       merge_budget=8, skip_forced=False, episode_pool=2)
+    env = gym.make_vec(
+        "DiLoCoSync-v0",
+        num_envs=2,
+        vectorization_mode="vector_entry_point",
+        merge_budget=8,
+        skip_forced=False,
+        episode_pool=2,
+    )
     assert env.num_envs == 2 and env.params.merge_budget == 8 and not env.params.skip_forced
     assert env.episode_pool == 2
     with pytest.raises(TypeError, match="unknown"):
@@ -252,6 +275,7 @@ def test_bad_use_is_reported():
 def test_determinism_and_vector_sanity():
     """A vector-env version of ``check_env``'s checks: same seed, same rollout; obs inside
     the space; infos carry Gymnasium's ``_key`` masks; wrappers that need NEXT_STEP work."""
+
     def rollout():
         env = gym.wrappers.vector.RecordEpisodeStatistics(DiLoCoSyncVectorEnv(3))
         obs, info = env.reset(seed=3)
@@ -307,8 +331,9 @@ def test_sb3_adapter_ppo_smoke():
     venv.reset()
     masks = venv.env_method("action_masks")
     assert len(masks) == 4 and masks[0].shape == (2,)
-    model = PPO("MlpPolicy", VecMonitor(venv), n_steps=16, batch_size=32, n_epochs=1, seed=0,
-                device="cpu")
+    model = PPO(
+        "MlpPolicy", VecMonitor(venv), n_steps=16, batch_size=32, n_epochs=1, seed=0, device="cpu"
+    )
     model.learn(64)
     assert model.num_timesteps >= 64
     # Terminal observations and truncation flags follow SB3's conventions.
@@ -336,14 +361,20 @@ def test_sb3_adapter_maskable_ppo_smoke():
 
     from diloco_gym.vector import SB3VecEnv
 
-    model = MaskablePPO("MlpPolicy", SB3VecEnv(num_envs=4), n_steps=16, batch_size=32,
-                        n_epochs=1, seed=0, device="cpu")
+    model = MaskablePPO(
+        "MlpPolicy",
+        SB3VecEnv(num_envs=4),
+        n_steps=16,
+        batch_size=32,
+        n_epochs=1,
+        seed=0,
+        device="cpu",
+    )
     model.learn(64)
 
 
 # --------------------------------------------------------------------------- fast paths
-def _merge_costs_reference(base_s, req_bin, pressure_bin, p, bin_s, starts, merge_bins,
-                           violated0):
+def _merge_costs_reference(base_s, req_bin, pressure_bin, p, bin_s, starts, merge_bins, violated0):
     """The slow, obvious version: replay each candidate merge alone over its horizon."""
     n_bins = pressure_bin.size
     horizon = merge_bins + int(round(p.tail_s / bin_s))
@@ -351,7 +382,7 @@ def _merge_costs_reference(base_s, req_bin, pressure_bin, p, bin_s, starts, merg
     base_v = np.asarray(violated0).astype(bool)
     for c, s0 in enumerate(starts):
         sync = np.zeros(n_bins)
-        sync[s0:s0 + merge_bins] = 1.0
+        sync[s0 : s0 + merge_bins] = 1.0
         res = sc.replay(base_s, req_bin, pressure_bin, sync, p, bin_s)
         inside = (req_bin >= s0) & (req_bin < s0 + horizon)
         out[c] = np.sum(res.violated & inside & ~base_v)
@@ -362,15 +393,28 @@ def test_merge_costs_matches_slow_replay():
     reg = regimes.get_regime("bursty")
     params = core.EnvParams()
     tr = reg(np.random.default_rng(4))
-    ep = core.build_episode(tr, params, reg.sidecar, lrn.LearnerParams(),
-                            np.random.default_rng(4))
+    ep = core.build_episode(tr, params, reg.sidecar, lrn.LearnerParams(), np.random.default_rng(4))
     starts = np.arange(0, ep.n_decisions, 7) * params.decision_interval
-    fast = sc.merge_costs(ep.base_s, ep.req_bin, ep.pressure_bin, reg.sidecar,
-                          params.step_seconds, starts, params.merge_steps,
-                          ep.baseline.violated)
-    slow = _merge_costs_reference(ep.base_s, ep.req_bin, ep.pressure_bin, reg.sidecar,
-                                  params.step_seconds, starts, params.merge_steps,
-                                  ep.baseline.violated)
+    fast = sc.merge_costs(
+        ep.base_s,
+        ep.req_bin,
+        ep.pressure_bin,
+        reg.sidecar,
+        params.step_seconds,
+        starts,
+        params.merge_steps,
+        ep.baseline.violated,
+    )
+    slow = _merge_costs_reference(
+        ep.base_s,
+        ep.req_bin,
+        ep.pressure_bin,
+        reg.sidecar,
+        params.step_seconds,
+        starts,
+        params.merge_steps,
+        ep.baseline.violated,
+    )
     # The isolated replay is the same model; the closed form differs only by rounding
     # right at a latency threshold, so allow a request or two in the whole episode.
     assert np.abs(fast - slow).sum() <= 2
@@ -381,19 +425,33 @@ def test_merge_costs_matches_slow_replay():
 def test_merge_costs_blocks_chunks_and_unsorted_requests(monkeypatch):
     reg = regimes.get_regime("sync-heavy")
     params = core.EnvParams()
-    ep = core.build_episode(reg(np.random.default_rng(1)), params, reg.sidecar,
-                            lrn.LearnerParams(), np.random.default_rng(1))
+    ep = core.build_episode(
+        reg(np.random.default_rng(1)),
+        params,
+        reg.sidecar,
+        lrn.LearnerParams(),
+        np.random.default_rng(1),
+    )
     args = (ep.base_s, ep.req_bin, ep.pressure_bin, reg.sidecar, params.step_seconds)
     starts = np.arange(ep.n_decisions) * params.decision_interval
     whole = sc.merge_costs(*args, starts, params.merge_steps, ep.baseline.violated)
     monkeypatch.setattr(sc, "_COST_BLOCK", 37)
     monkeypatch.setattr(sc, "_PAIR_CHUNK", 101)
     np.testing.assert_array_equal(
-        sc.merge_costs(*args, starts, params.merge_steps, ep.baseline.violated), whole)
+        sc.merge_costs(*args, starts, params.merge_steps, ep.baseline.violated), whole
+    )
     perm = np.random.default_rng(0).permutation(ep.req_bin.size)
     np.testing.assert_array_equal(
-        sc.merge_costs(ep.base_s[perm], ep.req_bin[perm], *args[2:], starts,
-                       params.merge_steps, ep.baseline.violated[perm]), whole)
+        sc.merge_costs(
+            ep.base_s[perm],
+            ep.req_bin[perm],
+            *args[2:],
+            starts,
+            params.merge_steps,
+            ep.baseline.violated[perm],
+        ),
+        whole,
+    )
     # Strides, offsets and candidates past the end of the trace.
     for first, stride in [(3, 5), (0, 1), (ep.pressure_bin.size - 20, 9)]:
         st = first + stride * np.arange(40)
@@ -414,7 +472,7 @@ def _pressure_series_loop(rng, n, mean, sd, spike_rate_per_s, spike_s, spike_lev
     onsets = np.flatnonzero(rng.random(n) < spike_rate_per_s)
     length = max(1, int(round(spike_s / 1.0)))
     for t in onsets:
-        series[t:t + length] = np.maximum(series[t:t + length], spike_level)
+        series[t : t + length] = np.maximum(series[t : t + length], spike_level)
     return np.clip(series, 0.0, 1.0)
 
 
@@ -423,7 +481,8 @@ def test_pressure_series_filter_is_bit_identical_to_loop(seed):
     args = (600, 0.3, 0.12, 1 / 50, 20.0, 0.75)
     np.testing.assert_array_equal(
         regimes._pressure_series(np.random.default_rng(seed), *args),
-        _pressure_series_loop(np.random.default_rng(seed), *args))
+        _pressure_series_loop(np.random.default_rng(seed), *args),
+    )
 
 
 def test_rate_function_spans_match_whole_grid():
@@ -439,8 +498,13 @@ def test_rate_function_spans_match_whole_grid():
 # --------------------------------------------------------------------------- benchmark script
 @pytest.mark.slow
 def test_benchmark_quick_runs():
-    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench.py"), "--quick"],
-                          capture_output=True, text=True, timeout=120, cwd=ROOT)
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "bench.py"), "--quick"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "benchmark" in proc.stdout and "ratio" in proc.stdout
     assert "fresh-episode ceiling" in proc.stdout
@@ -484,8 +548,9 @@ def test_lazy_merge_costs_equal_the_single_env_costs(regime_kind):
         kwargs["regime"] = regimes.ReplayRegime(tr, duration_s=300.0, name="rep")
     elif regime_kind == "pressure":  # a slowdown that varies per bin, and merges that hurt
         kwargs["regime"] = "pressure-heavy"
-        kwargs["sidecar"] = replace(regimes.get_regime("bursty").sidecar, pressure_gain=0.9,
-                                    slots=12.0)
+        kwargs["sidecar"] = replace(
+            regimes.get_regime("bursty").sidecar, pressure_gain=0.9, slots=12.0
+        )
     venv = DiLoCoSyncVectorEnv(4, **kwargs)
     venv.reset(seed=3)
     single = DiLoCoSyncEnv(**kwargs)
@@ -534,9 +599,12 @@ class _TwoLengths:
         base = regimes.get_regime("bursty")(rng)
         if rng.random() < 0.5:
             return base
-        cut = regimes.Trace(base.arrival_s[base.arrival_s < 400.0],
-                            base.prompt_tokens[base.arrival_s < 400.0],
-                            base.output_tokens[base.arrival_s < 400.0], 400.0)
+        cut = regimes.Trace(
+            base.arrival_s[base.arrival_s < 400.0],
+            base.prompt_tokens[base.arrival_s < 400.0],
+            base.output_tokens[base.arrival_s < 400.0],
+            400.0,
+        )
         return cut
 
 
@@ -551,15 +619,28 @@ def test_batched_episode_core_equals_one_at_a_time():
     reg = regimes.get_regime("non-periodic")
     params = core.EnvParams()
     traces = [reg(np.random.default_rng(s)) for s in range(4)]
-    c = core.episode_core_batch([t.arrival_s for t in traces], [t.prompt_tokens for t in traces],
-                                [t.output_tokens for t in traces],
-                                np.stack([t.network for t in traces]),
-                                np.stack([t.checkpoint for t in traces]), reg.duration_s,
-                                params, reg.sidecar)
+    c = core.episode_core_batch(
+        [t.arrival_s for t in traces],
+        [t.prompt_tokens for t in traces],
+        [t.output_tokens for t in traces],
+        np.stack([t.network for t in traces]),
+        np.stack([t.checkpoint for t in traces]),
+        reg.duration_s,
+        params,
+        reg.sidecar,
+    )
     off = 0
     for e, t in enumerate(traces):
-        one = core.episode_core(t.arrival_s, t.prompt_tokens, t.output_tokens, t.network,
-                                t.checkpoint, t.duration_s, params, reg.sidecar)
+        one = core.episode_core(
+            t.arrival_s,
+            t.prompt_tokens,
+            t.output_tokens,
+            t.network,
+            t.checkpoint,
+            t.duration_s,
+            params,
+            reg.sidecar,
+        )
         for name in ("exo", "pressure_dec", "pressure_bin", "m0", "s", "prefmin"):
             np.testing.assert_array_equal(getattr(c, name)[e], getattr(one, name), name)
         k = slice(off, off + t.num_requests)

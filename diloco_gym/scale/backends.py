@@ -24,8 +24,15 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["BACKENDS", "CellError", "RAY_EXTRA_HINT", "default_jobs", "require_ray",
-           "run_cells", "init_ray"]
+__all__ = [
+    "BACKENDS",
+    "CellError",
+    "RAY_EXTRA_HINT",
+    "default_jobs",
+    "require_ray",
+    "run_cells",
+    "init_ray",
+]
 
 #: The backends :func:`run_cells` knows.
 BACKENDS = ("serial", "processes", "ray")
@@ -80,8 +87,11 @@ def init_ray(jobs: int | None = None, address: str | None = None):
         # Workers must import this package. On a local instance pass the driver's import
         # path on, so that a source checkout run with PYTHONPATH works like an installed
         # package; a cluster's workers need the package installed (docs/scale-out.md).
-        kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False,
-                                  "logging_level": "ERROR"}
+        kwargs: dict[str, Any] = {
+            "include_dashboard": False,
+            "log_to_driver": False,
+            "logging_level": "ERROR",
+        }
         if address:
             ray.init(address=address, **kwargs)
         else:
@@ -109,11 +119,17 @@ def _progress(total: int, enabled: bool, desc: str):
     return tqdm(total=total, unit="cell", desc=desc, file=sys.stderr)
 
 
-def run_cells(fn: Callable[[Any], Any], cells: Sequence[Any], backend: str = "serial",
-              jobs: int | None = None, ray_address: str | None = None,
-              progress: bool = False, desc: str = "cells",
-              on_result: Callable[[int, Any], None] | None = None,
-              capture_errors: bool = False) -> list[Any]:
+def run_cells(
+    fn: Callable[[Any], Any],
+    cells: Sequence[Any],
+    backend: str = "serial",
+    jobs: int | None = None,
+    ray_address: str | None = None,
+    progress: bool = False,
+    desc: str = "cells",
+    on_result: Callable[[int, Any], None] | None = None,
+    capture_errors: bool = False,
+) -> list[Any]:
     """Run ``fn(cell)`` for every cell on ``backend``; results in the order of ``cells``.
 
     Args:
@@ -141,8 +157,7 @@ def run_cells(fn: Callable[[Any], Any], cells: Sequence[Any], backend: str = "se
     if jobs is not None and jobs < 1:
         raise ValueError(f"jobs must be >= 1, got {jobs}")
     if ray_address and backend != "ray":
-        raise ValueError(f"a Ray address ({ray_address!r}) needs backend 'ray', not "
-                         f"{backend!r}")
+        raise ValueError(f"a Ray address ({ray_address!r}) needs backend 'ray', not {backend!r}")
     results: list[Any] = [None] * len(cells)
     bar = _progress(len(cells), progress, desc)
 

@@ -51,18 +51,24 @@ class ReportCell:
 def cell_config(config):
     """``config`` with its trace, calibration and model paths absolute, for workers whose
     working directory may differ from this process's."""
+
     def absolute(p: str | None) -> str | None:
         return None if p is None else str(Path(p).expanduser().resolve())
 
     from agents.registry import AGENTS
 
     agents = [a if a in AGENTS else absolute(a) for a in config.agents]
-    return replace(config, trace=absolute(config.trace),
-                   calibration=absolute(config.calibration), agents=agents)
+    return replace(
+        config,
+        trace=absolute(config.trace),
+        calibration=absolute(config.calibration),
+        agents=agents,
+    )
 
 
-def regime_plan(config, regime: str, calib=None, env: dict | None = None
-                ) -> tuple[list, dict, str, Any]:
+def regime_plan(
+    config, regime: str, calib=None, env: dict | None = None
+) -> tuple[list, dict, str, Any]:
     """The units and load of one regime of a report: ``(units, load, measured_key, fitted)``.
 
     ``measured_key`` is the regime whose calibration applies (a trace replay's sidecar
@@ -88,8 +94,7 @@ def regime_plan(config, regime: str, calib=None, env: dict | None = None
         for unit in units:
             old = unit.env
             if id(old) not in rebuilt:
-                rebuilt[id(old)] = DiLoCoSyncEnv(regime=old.generator, sidecar=old.sidecar,
-                                                 **env)
+                rebuilt[id(old)] = DiLoCoSyncEnv(regime=old.generator, sidecar=old.sidecar, **env)
             unit.env = rebuilt[id(old)]
     return units, load, measured_key, fitted
 
@@ -121,8 +126,12 @@ def run_report_cell(cell: ReportCell) -> dict[str, Any]:
     config = cell.config
     calib = _cached("calibration", config, None, lambda: cal.load_calibration(config.calibration))
     units, _load, measured_key, fitted = _cached(
-        "units", config, cell.regime,
-        lambda: regime_plan(config, cell.regime, calib, dict(cell.env)), cell.env)
+        "units",
+        config,
+        cell.regime,
+        lambda: regime_plan(config, cell.regime, calib, dict(cell.env)),
+        cell.env,
+    )
     if cell.unit is None:
         return _calibration_cell(config, measured_key, fitted, units)
     from agents.registry import make_agents
@@ -139,12 +148,15 @@ def _calibration_cell(config, measured_key: str, fitted, units: list) -> dict[st
     # The verdict belongs to the sidecar on the load it was calibrated on: the measured
     # regime's own traces at its capacity-relative load (not the user's --rate-scale).
     # A live file records the load it was measured at: simulate the fitted sidecar there.
-    u_cal = (cal.measured_utilization(config.calibration, fitted) if fitted is not None
-             else None)
-    sim = cal.simulated_effect_sizes(measured_key, seeds=calib_seeds, sidecar=fitted,
-                                     utilization=u_cal)
-    trace_sim = (_trace_effect_sizes(units[:8]) if config.trace is not None
-                 else dict.fromkeys(cal.METRICS, np.nan))
+    u_cal = cal.measured_utilization(config.calibration, fitted) if fitted is not None else None
+    sim = cal.simulated_effect_sizes(
+        measured_key, seeds=calib_seeds, sidecar=fitted, utilization=u_cal
+    )
+    trace_sim = (
+        _trace_effect_sizes(units[:8])
+        if config.trace is not None
+        else dict.fromkeys(cal.METRICS, np.nan)
+    )
     return {"sim": sim, "trace_sim": trace_sim, "u_cal": u_cal}
 
 
@@ -169,24 +181,42 @@ def _unit_cell(config, regime: str, units: list, index: int, agents: list) -> di
         # for any agent order, and equal budgets share an envelope.
         if scorer is None or not scorer.matches(ep):
             scorer = protocol.EpisodeScorer(ep, p, sc)
-        scored = protocol.score_episode(scorer, res["merge_decisions"], config.draws,
-                                        np.random.default_rng([seed, m, 7]), counts)
+        scored = protocol.score_episode(
+            scorer,
+            res["merge_decisions"],
+            config.draws,
+            np.random.default_rng([seed, m, 7]),
+            counts,
+        )
         dur_min = ep.trace.duration_s / 60.0
-        rows.append({
-            "regime": regime, "agent": agent.name, "deployable": res["deployable"],
-            "seed": seed, "merges": m,
-            "merges_per_hour": m * 60.0 / dur_min,
-            **scored,
-            "no_sync_violation_pct": res["no_sync_violation_pct"],
-            "violation_pct": res["violation_pct"], "p95_ms": res["p95_ms"],
-            "requests": res["requests"], "excess_requests": res["sync_excess_requests"],
-            "return": res["return"], "duration_s": ep.trace.duration_s,
-        })
+        rows.append(
+            {
+                "regime": regime,
+                "agent": agent.name,
+                "deployable": res["deployable"],
+                "seed": seed,
+                "merges": m,
+                "merges_per_hour": m * 60.0 / dur_min,
+                **scored,
+                "no_sync_violation_pct": res["no_sync_violation_pct"],
+                "violation_pct": res["violation_pct"],
+                "p95_ms": res["p95_ms"],
+                "requests": res["requests"],
+                "excess_requests": res["sync_excess_requests"],
+                "return": res["return"],
+                "duration_s": ep.trace.duration_s,
+            }
+        )
         rows[-1].update(unit.fields)
         if (regime == "bursty" or config.trace is not None) and index == 0:
             # The episode object stays valid after the env's next reset.
             if timeline is None:
-                timeline = {"seed": seed, "schedules": {}, "episode": ep, "params": p,
-                            "sidecar": sc}
+                timeline = {
+                    "seed": seed,
+                    "schedules": {},
+                    "episode": ep,
+                    "params": p,
+                    "sidecar": sc,
+                }
             timeline["schedules"][agent.name] = res["merge_decisions"]
     return {"rows": rows, "timeline": timeline}

@@ -54,9 +54,23 @@ import pandas as pd
 
 __all__ = ["SweepSpec", "SweepPoint", "load_sweep", "run_sweep", "run_sweep_cell"]
 
-_REPORT_KEYS = ("regime", "trace", "trace_format", "window_s", "stride_s", "sidecar",
-                "rate_scale", "target_utilization", "calibration", "agents", "seeds",
-                "seed0", "draws", "alpha", "saturation_pct")
+_REPORT_KEYS = (
+    "regime",
+    "trace",
+    "trace_format",
+    "window_s",
+    "stride_s",
+    "sidecar",
+    "rate_scale",
+    "target_utilization",
+    "calibration",
+    "agents",
+    "seeds",
+    "seed0",
+    "draws",
+    "alpha",
+    "saturation_pct",
+)
 _PATH_KEYS = ("trace", "calibration")
 #: Fields a calibration cell does not depend on (cells that differ only in them share one).
 _NOT_CALIBRATION = ("agents", "seeds", "draws", "alpha", "saturation_pct")
@@ -102,13 +116,14 @@ def _read(path: Path) -> dict:
         try:
             import yaml
         except ImportError:
-            raise SweepFileError(f"{path}: YAML sweep files need PyYAML (pip install pyyaml); "
-                                 f"or write the sweep as TOML") from None
+            raise SweepFileError(
+                f"{path}: YAML sweep files need PyYAML (pip install pyyaml); "
+                f"or write the sweep as TOML"
+            ) from None
         try:
             data = yaml.safe_load(path.read_text())
         except yaml.YAMLError as exc:
-            raise SweepFileError(f"{path}: not valid YAML: {' '.join(str(exc).split())}"
-                                 ) from None
+            raise SweepFileError(f"{path}: not valid YAML: {' '.join(str(exc).split())}") from None
     else:
         if sys.version_info >= (3, 11):
             import tomllib
@@ -120,8 +135,9 @@ def _read(path: Path) -> dict:
         except tomllib.TOMLDecodeError as exc:
             raise SweepFileError(f"{path}: not valid TOML: {exc}") from None
     if not isinstance(data, dict):
-        raise SweepFileError(f"{path}: a sweep file is a table of settings, got "
-                             f"{type(data).__name__}")
+        raise SweepFileError(
+            f"{path}: a sweep file is a table of settings, got {type(data).__name__}"
+        )
     return data
 
 
@@ -131,8 +147,10 @@ def _env_field(path: Path, key: str) -> str:
     name = key[4:] if key.startswith("env.") else key
     valid = {f.name for f in fields(EnvParams)}
     if name not in valid:
-        raise SweepFileError(f"{path}: unknown env parameter {name!r} (key {key!r}); valid: "
-                             f"{', '.join(sorted(valid))}")
+        raise SweepFileError(
+            f"{path}: unknown env parameter {name!r} (key {key!r}); valid: "
+            f"{', '.join(sorted(valid))}"
+        )
     return name
 
 
@@ -157,23 +175,33 @@ def load_sweep(path: str | Path) -> SweepSpec:
     fixed: dict[str, Any] = {}
     for key, value in [*data.items(), *((f"env.{k}", v) for k, v in env_fixed.items())]:
         if key not in _REPORT_KEYS and key != "merge_budget" and not key.startswith("env."):
-            raise SweepFileError(f"{path}: unknown key {key!r}; valid keys: "
-                                 f"{', '.join(_REPORT_KEYS)}, merge_budget, env.NAME")
+            raise SweepFileError(
+                f"{path}: unknown key {key!r}; valid keys: "
+                f"{', '.join(_REPORT_KEYS)}, merge_budget, env.NAME"
+            )
         fixed[key] = value
     axes: dict[str, list] = {}
     for key, values in grid.items():
         if key not in _REPORT_KEYS and key != "merge_budget" and not key.startswith("env."):
-            raise SweepFileError(f"{path}: unknown grid axis {key!r}; valid axes: "
-                                 f"{', '.join(_REPORT_KEYS)}, merge_budget, env.NAME")
+            raise SweepFileError(
+                f"{path}: unknown grid axis {key!r}; valid axes: "
+                f"{', '.join(_REPORT_KEYS)}, merge_budget, env.NAME"
+            )
         if not isinstance(values, list) or not values:
             raise SweepFileError(f"{path}: grid axis {key!r} must be a non-empty list")
         axes[key] = values
     if "regime" in {**fixed, **axes} and "trace" in {**fixed, **axes}:
         raise SweepFileError(f"{path}: give regime or trace, not both")
-    if "regime" not in fixed and "regime" not in axes and "trace" not in fixed \
-            and "trace" not in axes:
-        raise SweepFileError(f"{path}: no regime or trace (give regime = [...] or "
-                             f"trace = [...] under [grid], or one at the top level)")
+    if (
+        "regime" not in fixed
+        and "regime" not in axes
+        and "trace" not in fixed
+        and "trace" not in axes
+    ):
+        raise SweepFileError(
+            f"{path}: no regime or trace (give regime = [...] or "
+            f"trace = [...] under [grid], or one at the top level)"
+        )
     points = []
     for index, combo in enumerate(itertools.product(*axes.values())):
         params = dict(zip(axes, combo, strict=True))
@@ -195,8 +223,9 @@ def load_sweep(path: str | Path) -> SweepSpec:
         regime = kwargs.pop("regime", None)
         if regime is not None:
             if regime not in REGIMES:
-                raise SweepFileError(f"{where}: unknown regime {regime!r}; valid regimes: "
-                                     f"{', '.join(REGIMES)}")
+                raise SweepFileError(
+                    f"{where}: unknown regime {regime!r}; valid regimes: {', '.join(REGIMES)}"
+                )
             kwargs["regimes"] = [regime]
         if isinstance(kwargs.get("agents"), str):
             kwargs["agents"] = [kwargs["agents"]]
@@ -209,8 +238,7 @@ def load_sweep(path: str | Path) -> SweepSpec:
             raise SweepFileError(f"{where}: {' '.join(str(exc).split())}") from None
         if config.trace is not None and not Path(config.trace).is_file():
             raise SweepFileError(f"{where}: trace file {config.trace} does not exist")
-        report_regime = (f"replay:{Path(config.trace).stem}" if config.trace is not None
-                         else regime)
+        report_regime = f"replay:{Path(config.trace).stem}" if config.trace is not None else regime
         points.append(SweepPoint(index, params, config, env, report_regime))
     return SweepSpec(name, path, axes, points)
 
@@ -282,10 +310,16 @@ class _Stop(Exception):
     """Raised by the store callback after ``max_cells`` cells (a chunked sweep)."""
 
 
-def run_sweep(spec: SweepSpec, out: str | Path, backend: str = "serial",
-              jobs: int | None = None, ray_address: str | None = None,
-              progress: bool = True, retry_failed: bool = False,
-              max_cells: int | None = None) -> dict[str, Any]:
+def run_sweep(
+    spec: SweepSpec,
+    out: str | Path,
+    backend: str = "serial",
+    jobs: int | None = None,
+    ray_address: str | None = None,
+    progress: bool = True,
+    retry_failed: bool = False,
+    max_cells: int | None = None,
+) -> dict[str, Any]:
     """Run (or resume) a sweep into ``out``; returns counts and the output paths.
 
     Args:
@@ -318,8 +352,13 @@ def run_sweep(spec: SweepSpec, out: str | Path, backend: str = "serial",
             # as a failed cell so that the rest of the grid runs.
             key = "plan/" + _fingerprint(asdict(pt.config), pt.regime, env)
             if key not in store.records:
-                store.add({"key": key, "ok": False, "error": f"{type(exc).__name__}: "
-                           f"{' '.join(str(exc).split())}"})
+                store.add(
+                    {
+                        "key": key,
+                        "ok": False,
+                        "error": f"{type(exc).__name__}: {' '.join(str(exc).split())}",
+                    }
+                )
             plan.append((pt, None, [key]))
             continue
         cal_cfg = {k: v for k, v in asdict(pt.config).items() if k not in _NOT_CALIBRATION}
@@ -331,8 +370,9 @@ def run_sweep(spec: SweepSpec, out: str | Path, backend: str = "serial",
             cells.setdefault(key, ReportCell(pt.config, pt.regime, i, env))
             keys.append(key)
         plan.append((pt, cal_key, keys))
-    todo = [k for k in cells
-            if k not in store.records or (retry_failed and not store.records[k]["ok"])]
+    todo = [
+        k for k in cells if k not in store.records or (retry_failed and not store.records[k]["ok"])
+    ]
     new = 0
 
     def stored(i: int, res: Any) -> None:
@@ -341,24 +381,47 @@ def run_sweep(spec: SweepSpec, out: str | Path, backend: str = "serial",
         if isinstance(res, CellError):
             store.add({"key": key, "ok": False, "error": str(res)})
         else:
-            store.add({"key": key, "ok": True, "result": res if key.startswith("cal/")
-                       else {"rows": res["rows"]}})
+            store.add(
+                {
+                    "key": key,
+                    "ok": True,
+                    "result": res if key.startswith("cal/") else {"rows": res["rows"]},
+                }
+            )
         new += 1
         if max_cells is not None and new >= max_cells and new < len(todo):
             raise _Stop
 
     try:
-        run_cells(run_sweep_cell, [cells[k] for k in todo], backend=backend, jobs=jobs,
-                  ray_address=ray_address, progress=progress, desc="sweep",
-                  on_result=stored, capture_errors=True)
+        run_cells(
+            run_sweep_cell,
+            [cells[k] for k in todo],
+            backend=backend,
+            jobs=jobs,
+            ray_address=ray_address,
+            progress=progress,
+            desc="sweep",
+            on_result=stored,
+            capture_errors=True,
+        )
     except _Stop:
         pass
     _write_outputs(spec, plan, store, out)
-    failed = sum(1 for _, c, ks in plan for k in [c, *ks]
-                 if k in store.records and not store.records[k]["ok"])
+    failed = sum(
+        1
+        for _, c, ks in plan
+        for k in [c, *ks]
+        if k in store.records and not store.records[k]["ok"]
+    )
     complete = all(k in store.records for _, c, ks in plan for k in [c, *ks] if k)
-    return {"cells": len(cells), "run": new, "skipped": len(cells) - len(todo),
-            "failed": failed, "complete": complete, "out": out}
+    return {
+        "cells": len(cells),
+        "run": new,
+        "skipped": len(cells) - len(todo),
+        "failed": failed,
+        "complete": complete,
+        "out": out,
+    }
 
 
 def _cell_value(v: Any) -> Any:
@@ -374,12 +437,14 @@ def _write_outputs(spec: SweepSpec, plan: list, store: _Store, out: Path) -> Non
     errors: list[dict] = []
     notes: list[str] = []
     for pt, cal_key, keys in plan:
-        lead = {"sweep": spec.name, "point": pt.index,
-                **{f"grid.{k}": _cell_value(v) for k, v in pt.params.items()}}
+        lead = {
+            "sweep": spec.name,
+            "point": pt.index,
+            **{f"grid.{k}": _cell_value(v) for k, v in pt.params.items()},
+        }
         rows: list[dict] = []
         missing = 0
-        names = ["calibration", *(f"unit {i}" for i in range(len(keys)))] if cal_key \
-            else ["plan"]
+        names = ["calibration", *(f"unit {i}" for i in range(len(keys)))] if cal_key else ["plan"]
         for key, name in zip([cal_key, *keys] if cal_key else keys, names, strict=True):
             rec = store.records.get(key)
             if rec is None:
@@ -389,16 +454,20 @@ def _write_outputs(spec: SweepSpec, plan: list, store: _Store, out: Path) -> Non
             elif key.startswith("unit/"):
                 rows.extend(rec["result"]["rows"])
         if missing:
-            notes.append(f"point {pt.index} ({_describe(pt.params)}): {missing} cell(s) not "
-                         f"run yet")
+            notes.append(
+                f"point {pt.index} ({_describe(pt.params)}): {missing} cell(s) not run yet"
+            )
         if not rows:
             continue
         df = pd.DataFrame(rows)
         tables.append(pd.concat([pd.DataFrame([lead] * len(df)), df], axis=1))
         rec = store.records.get(cal_key) if cal_key else None
         if rec is None or not rec["ok"] or df["seed"].nunique() < 2:
-            why = ("fewer than 2 units" if rec is not None and rec["ok"]
-                   else "its calibration cell is missing or failed")
+            why = (
+                "fewer than 2 units"
+                if rec is not None and rec["ok"]
+                else "its calibration cell is missing or failed"
+            )
             notes.append(f"point {pt.index} ({_describe(pt.params)}): no summary ({why})")
             continue
         calib = cal.load_calibration(pt.config.calibration)
@@ -430,17 +499,33 @@ def _atomic(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-def _markdown(spec: SweepSpec, summary: pd.DataFrame, errors: list[dict],
-              notes: list[str]) -> str:
-    lines = [f"# Sweep {spec.name}", "", f"Sweep file: `{spec.path.name}`; "
-             f"{len(spec.points)} point(s) over {', '.join(spec.axes) or 'no axis'}.", ""]
+def _markdown(spec: SweepSpec, summary: pd.DataFrame, errors: list[dict], notes: list[str]) -> str:
+    lines = [
+        f"# Sweep {spec.name}",
+        "",
+        f"Sweep file: `{spec.path.name}`; "
+        f"{len(spec.points)} point(s) over {', '.join(spec.axes) or 'no axis'}.",
+        "",
+    ]
     if not summary.empty:
-        cols = ["point", *(f"grid.{k}" for k in spec.axes), "agent", "units", "sync_excess_pct",
-                "matched_random_pct", "diff_pp", "p_holm", "verdict"]
+        cols = [
+            "point",
+            *(f"grid.{k}" for k in spec.axes),
+            "agent",
+            "units",
+            "sync_excess_pct",
+            "matched_random_pct",
+            "diff_pp",
+            "p_holm",
+            "verdict",
+        ]
         lines += ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
         for _, r in summary.iterrows():
-            lines.append("| " + " | ".join(
-                f"{r[c]:.3g}" if isinstance(r[c], float) else str(r[c]) for c in cols) + " |")
+            lines.append(
+                "| "
+                + " | ".join(f"{r[c]:.3g}" if isinstance(r[c], float) else str(r[c]) for c in cols)
+                + " |"
+            )
         lines.append("")
     if errors:
         lines += [f"## Failed cells ({len(errors)})", ""]
@@ -448,4 +533,3 @@ def _markdown(spec: SweepSpec, summary: pd.DataFrame, errors: list[dict],
     if notes:
         lines += ["## Incomplete", ""] + [f"- {n}" for n in notes] + [""]
     return "\n".join(lines)
-

@@ -49,10 +49,21 @@ import numpy as np
 
 __all__ = ["TuneSpec", "load_tune", "run_tune", "tune_trial"]
 
-_FIXED = {"name": str, "algo": str, "regime": str, "timesteps": int, "eval_every": int,
-          "grace_timesteps": int, "reduction_factor": int, "num_samples": int,
-          "train_seeds": int, "validation_episodes": int, "n_envs": int, "vec_env": str,
-          "seed": int}
+_FIXED = {
+    "name": str,
+    "algo": str,
+    "regime": str,
+    "timesteps": int,
+    "eval_every": int,
+    "grace_timesteps": int,
+    "reduction_factor": int,
+    "num_samples": int,
+    "train_seeds": int,
+    "validation_episodes": int,
+    "n_envs": int,
+    "vec_env": str,
+    "seed": int,
+}
 _DISTRIBUTIONS = ("uniform", "loguniform", "choice", "randint")
 METRIC = "val_sync_excess_pct"
 
@@ -88,32 +99,54 @@ def load_tune(path: str | Path) -> TuneSpec:
         raise TuneFileError(f"{path}: [space] must be a table of at least one hyperparameter")
     if not isinstance(env, dict):
         raise TuneFileError(f"{path}: [env] must be a table")
-    spec = TuneSpec(name=path.stem, algo="ppo", regime="bursty", timesteps=100_000,
-                    eval_every=10_000, grace_timesteps=20_000, reduction_factor=3,
-                    num_samples=8, train_seeds=2, validation_episodes=10, n_envs=4,
-                    vec_env="native", seed=0)
+    spec = TuneSpec(
+        name=path.stem,
+        algo="ppo",
+        regime="bursty",
+        timesteps=100_000,
+        eval_every=10_000,
+        grace_timesteps=20_000,
+        reduction_factor=3,
+        num_samples=8,
+        train_seeds=2,
+        validation_episodes=10,
+        n_envs=4,
+        vec_env="native",
+        seed=0,
+    )
     for key, value in data.items():
         if key not in _FIXED:
-            raise TuneFileError(f"{path}: unknown key {key!r}; valid keys: "
-                                f"{', '.join(_FIXED)}, [env], [space]")
+            raise TuneFileError(
+                f"{path}: unknown key {key!r}; valid keys: {', '.join(_FIXED)}, [env], [space]"
+            )
         if not isinstance(value, _FIXED[key]) or isinstance(value, bool):
             raise TuneFileError(f"{path}: {key} must be {_FIXED[key].__name__}, got {value!r}")
         spec[key] = value
     if spec["algo"] not in ALGOS:
         raise TuneFileError(f"{path}: unknown algo {spec['algo']!r}; valid: {', '.join(ALGOS)}")
     if spec["regime"] not in REGIMES:
-        raise TuneFileError(f"{path}: unknown regime {spec['regime']!r}; valid: "
-                            f"{', '.join(REGIMES)}")
+        raise TuneFileError(
+            f"{path}: unknown regime {spec['regime']!r}; valid: {', '.join(REGIMES)}"
+        )
     if spec["vec_env"] not in VEC_ENVS:
-        raise TuneFileError(f"{path}: unknown vec_env {spec['vec_env']!r}; valid: "
-                            f"{', '.join(VEC_ENVS)}")
-    for key in ("timesteps", "eval_every", "grace_timesteps", "num_samples", "train_seeds",
-                "validation_episodes", "n_envs"):
+        raise TuneFileError(
+            f"{path}: unknown vec_env {spec['vec_env']!r}; valid: {', '.join(VEC_ENVS)}"
+        )
+    for key in (
+        "timesteps",
+        "eval_every",
+        "grace_timesteps",
+        "num_samples",
+        "train_seeds",
+        "validation_episodes",
+        "n_envs",
+    ):
         if spec[key] < 1:
             raise TuneFileError(f"{path}: {key} must be >= 1, got {spec[key]}")
     if spec["reduction_factor"] < 2:
-        raise TuneFileError(f"{path}: reduction_factor must be >= 2, got "
-                            f"{spec['reduction_factor']}")
+        raise TuneFileError(
+            f"{path}: reduction_factor must be >= 2, got {spec['reduction_factor']}"
+        )
     try:
         EnvParams(**env)
     except (TypeError, ValueError) as exc:
@@ -122,20 +155,35 @@ def load_tune(path: str | Path) -> TuneSpec:
     accepted -= {"self", "policy", "env", "seed", "device", "verbose", "tensorboard_log"}
     for name, dist in space.items():
         if name not in accepted:
-            raise TuneFileError(f"{path}: [space]: {name!r} is not a {spec['algo']} "
-                                f"hyperparameter; valid: {', '.join(sorted(accepted))}")
+            raise TuneFileError(
+                f"{path}: [space]: {name!r} is not a {spec['algo']} "
+                f"hyperparameter; valid: {', '.join(sorted(accepted))}"
+            )
         if isinstance(dist, dict):
             if len(dist) != 1 or next(iter(dist)) not in _DISTRIBUTIONS:
-                raise TuneFileError(f"{path}: [space]: {name} must be one of "
-                                    f"{{{' | '.join(_DISTRIBUTIONS)} = [...]}}, a list "
-                                    f"(a choice) or a value; got {dist!r}")
+                raise TuneFileError(
+                    f"{path}: [space]: {name} must be one of "
+                    f"{{{' | '.join(_DISTRIBUTIONS)} = [...]}}, a list "
+                    f"(a choice) or a value; got {dist!r}"
+                )
             kind, args = next(iter(dist.items()))
-            if not isinstance(args, list) or not args or (
-                    kind != "choice" and (len(args) != 2 or not args[0] < args[1]
-                                          or (kind == "loguniform" and args[0] <= 0))):
-                raise TuneFileError(f"{path}: [space]: {name} = {{{kind} = {args!r}}}: "
-                                    f"give [low, high] with 0 < low < high for loguniform, "
-                                    f"low < high otherwise, a non-empty list for choice")
+            if (
+                not isinstance(args, list)
+                or not args
+                or (
+                    kind != "choice"
+                    and (
+                        len(args) != 2
+                        or not args[0] < args[1]
+                        or (kind == "loguniform" and args[0] <= 0)
+                    )
+                )
+            ):
+                raise TuneFileError(
+                    f"{path}: [space]: {name} = {{{kind} = {args!r}}}: "
+                    f"give [low, high] with 0 < low < high for loguniform, "
+                    f"low < high otherwise, a non-empty list for choice"
+                )
         elif isinstance(dist, list) and not dist:
             raise TuneFileError(f"{path}: [space]: {name} is an empty choice")
     spec["env"] = env
@@ -151,8 +199,7 @@ def _search_space(space: dict) -> dict:
     for name, dist in space.items():
         if isinstance(dist, dict):
             kind, args = next(iter(dist.items()))
-            out[name] = (tune.choice(args) if kind == "choice" else
-                         getattr(tune, kind)(*args))
+            out[name] = tune.choice(args) if kind == "choice" else getattr(tune, kind)(*args)
         elif isinstance(dist, list):
             out[name] = tune.choice(dist)
         else:
@@ -191,8 +238,7 @@ def tune_trial(config: dict) -> None:
     models, envs = [], []
     for seed in range(fixed["train_seeds"]):
         set_random_seed(seed)
-        vec = tr.make_train_vec_env(fixed["vec_env"], regime, seed, fixed["n_envs"],
-                                    env_kwargs)
+        vec = tr.make_train_vec_env(fixed["vec_env"], regime, seed, fixed["n_envs"], env_kwargs)
         params = tr.default_hyperparameters(algo, fixed["n_envs"], fixed["timesteps"])
         params.update(hp)
         models.append(cls("MlpPolicy", vec, seed=seed, device="cpu", verbose=0, **params))
@@ -209,18 +255,36 @@ def tune_trial(config: dict) -> None:
         best = int(np.argmin(scores))
         with tempfile.TemporaryDirectory() as tmp:
             models[best].save(Path(tmp) / "model.zip")
-            (Path(tmp) / "trial.json").write_text(json.dumps(
-                {"hyperparameters": hp, "train_seed": best, "timesteps": done,
-                 "validation_sync_excess_pct_per_seed": scores}, default=str))
-            tune.report({METRIC: float(np.mean(scores)), "timesteps": done,
-                         "best_seed_val_sync_excess_pct": scores[best]},
-                        checkpoint=tune.Checkpoint.from_directory(tmp))
+            (Path(tmp) / "trial.json").write_text(
+                json.dumps(
+                    {
+                        "hyperparameters": hp,
+                        "train_seed": best,
+                        "timesteps": done,
+                        "validation_sync_excess_pct_per_seed": scores,
+                    },
+                    default=str,
+                )
+            )
+            tune.report(
+                {
+                    METRIC: float(np.mean(scores)),
+                    "timesteps": done,
+                    "best_seed_val_sync_excess_pct": scores[best],
+                },
+                checkpoint=tune.Checkpoint.from_directory(tmp),
+            )
     for vec in envs:
         vec.close()
 
 
-def run_tune(spec: TuneSpec, out: str | Path, jobs: int | None = None,
-             ray_address: str | None = None, progress: bool = True) -> dict[str, Any]:
+def run_tune(
+    spec: TuneSpec,
+    out: str | Path,
+    jobs: int | None = None,
+    ray_address: str | None = None,
+    progress: bool = True,
+) -> dict[str, Any]:
     """Run the search; save the best model as the run directory ``out/best``.
 
     Returns:
@@ -247,21 +311,41 @@ def run_tune(spec: TuneSpec, out: str | Path, jobs: int | None = None,
     out.mkdir(parents=True, exist_ok=True)
     init_ray(jobs, ray_address)
     started = time.perf_counter()
-    fixed = {k: spec[k] for k in ("algo", "regime", "timesteps", "eval_every", "train_seeds",
-                                  "validation_episodes", "n_envs", "vec_env")}
+    fixed = {
+        k: spec[k]
+        for k in (
+            "algo",
+            "regime",
+            "timesteps",
+            "eval_every",
+            "train_seeds",
+            "validation_episodes",
+            "n_envs",
+            "vec_env",
+        )
+    }
     fixed["env"] = dict(spec["env"])
     space = {**_search_space(spec["space"]), "_fixed": fixed}
-    scheduler = ASHAScheduler(time_attr="timesteps", max_t=spec["timesteps"],
-                              grace_period=min(spec["grace_timesteps"], spec["timesteps"]),
-                              reduction_factor=spec["reduction_factor"])
+    scheduler = ASHAScheduler(
+        time_attr="timesteps",
+        max_t=spec["timesteps"],
+        grace_period=min(spec["grace_timesteps"], spec["timesteps"]),
+        reduction_factor=spec["reduction_factor"],
+    )
     tuner = tune.Tuner(
         tune.with_resources(tune_trial, {"cpu": 1}),
         param_space=space,
-        tune_config=tune.TuneConfig(metric=METRIC, mode="min", scheduler=scheduler,
-                                    num_samples=spec["num_samples"],
-                                    search_alg=BasicVariantGenerator(random_state=spec["seed"])),
-        run_config=tune.RunConfig(name=spec["name"], storage_path=str(out / "ray_results"),
-                                  verbose=1 if progress else 0))
+        tune_config=tune.TuneConfig(
+            metric=METRIC,
+            mode="min",
+            scheduler=scheduler,
+            num_samples=spec["num_samples"],
+            search_alg=BasicVariantGenerator(random_state=spec["seed"]),
+        ),
+        run_config=tune.RunConfig(
+            name=spec["name"], storage_path=str(out / "ray_results"), verbose=1 if progress else 0
+        ),
+    )
     result_grid = tuner.fit()
     # ResultGrid is indexable and sized; its Results' optional fields are checked below
     # (error, metrics), so they are handled as untyped values here.
@@ -270,13 +354,13 @@ def run_tune(spec: TuneSpec, out: str | Path, jobs: int | None = None,
     ok = [r for r in grid if r.error is None and r.metrics and METRIC in r.metrics]
     if not ok:
         first = next((r.error for r in grid if r.error is not None), None)
-        raise RuntimeError(f"every tune trial failed ({errored} errored): "
-                           f"{' '.join(str(first).split())[:300]}")
+        raise RuntimeError(
+            f"every tune trial failed ({errored} errored): {' '.join(str(first).split())[:300]}"
+        )
     # The best configuration by the validation metric at its last rung, among the trials
     # that reached the furthest rung (ASHA stopped the others on the same metric earlier).
     reach = max(r.metrics["timesteps"] for r in ok)
-    best = min((r for r in ok if r.metrics["timesteps"] == reach),
-               key=lambda r: r.metrics[METRIC])
+    best = min((r for r in ok if r.metrics["timesteps"] == reach), key=lambda r: r.metrics[METRIC])
     best_dir = out / "best"
     if best_dir.exists():
         shutil.rmtree(best_dir)
@@ -286,34 +370,55 @@ def run_tune(spec: TuneSpec, out: str | Path, jobs: int | None = None,
     hp = tr.default_hyperparameters(spec["algo"], spec["n_envs"], spec["timesteps"])
     hp.update(trial["hyperparameters"])
     meta = {
-        "algo": spec["algo"], "regime": spec["regime"], "timesteps": int(trial["timesteps"]),
-        "timesteps_requested": int(spec["timesteps"]), "seed": int(trial["train_seed"]),
-        "n_envs": int(spec["n_envs"]), "vec_env": spec["vec_env"],
-        "env_kwargs": spec["env"], "hyperparameters": hp,
-        "seed_ranges": {"train_episode_seeds": [tr.TRAIN_SEED_LOW, tr.TRAIN_SEED_HIGH],
-                        "held_out_below": tr.HELD_OUT_SEED_HIGH,
-                        "validation_seeds": [tr.VALIDATION_SEED0,
-                                             tr.VALIDATION_SEED0
-                                             + spec["validation_episodes"]]},
-        "tune": {"name": spec["name"], "file": spec["path"], "trials": len(grid),
-                 "errored": errored, "metric": METRIC,
-                 "best_metric": float(best.metrics[METRIC]),
-                 "train_seeds": spec["train_seeds"],
-                 "validation_per_seed": trial["validation_sync_excess_pct_per_seed"],
-                 "space": spec["space"]},
-        "best_validation_sync_excess_pct": float(min(
-            trial["validation_sync_excess_pct_per_seed"])),
+        "algo": spec["algo"],
+        "regime": spec["regime"],
+        "timesteps": int(trial["timesteps"]),
+        "timesteps_requested": int(spec["timesteps"]),
+        "seed": int(trial["train_seed"]),
+        "n_envs": int(spec["n_envs"]),
+        "vec_env": spec["vec_env"],
+        "env_kwargs": spec["env"],
+        "hyperparameters": hp,
+        "seed_ranges": {
+            "train_episode_seeds": [tr.TRAIN_SEED_LOW, tr.TRAIN_SEED_HIGH],
+            "held_out_below": tr.HELD_OUT_SEED_HIGH,
+            "validation_seeds": [
+                tr.VALIDATION_SEED0,
+                tr.VALIDATION_SEED0 + spec["validation_episodes"],
+            ],
+        },
+        "tune": {
+            "name": spec["name"],
+            "file": spec["path"],
+            "trials": len(grid),
+            "errored": errored,
+            "metric": METRIC,
+            "best_metric": float(best.metrics[METRIC]),
+            "train_seeds": spec["train_seeds"],
+            "validation_per_seed": trial["validation_sync_excess_pct_per_seed"],
+            "space": spec["space"],
+        },
+        "best_validation_sync_excess_pct": float(min(trial["validation_sync_excess_pct_per_seed"])),
         "train_seconds": round(time.perf_counter() - started, 1),
         "versions": tr._versions(),
         "name": f"learned:{spec['algo']}-{spec['regime']}",
         "status": "complete",
     }
     (best_dir / "meta.json").write_text(json.dumps(meta, indent=2, default=str) + "\n")
-    trials = [{**{k: v for k, v in r.config.items() if k != "_fixed"},
-               "timesteps": (r.metrics or {}).get("timesteps"),
-               METRIC: (r.metrics or {}).get(METRIC, math.nan),
-               "error": None if r.error is None else " ".join(str(r.error).split())[:200]}
-              for r in grid]
+    trials = [
+        {
+            **{k: v for k, v in r.config.items() if k != "_fixed"},
+            "timesteps": (r.metrics or {}).get("timesteps"),
+            METRIC: (r.metrics or {}).get(METRIC, math.nan),
+            "error": None if r.error is None else " ".join(str(r.error).split())[:200],
+        }
+        for r in grid
+    ]
     (out / "trials.json").write_text(json.dumps(trials, indent=2, default=str) + "\n")
-    return {"best_dir": best_dir, "config": trial["hyperparameters"],
-            "metric": float(best.metrics[METRIC]), "trials": len(grid), "errored": errored}
+    return {
+        "best_dir": best_dir,
+        "config": trial["hyperparameters"],
+        "metric": float(best.metrics[METRIC]),
+        "trials": len(grid),
+        "errored": errored,
+    }
