@@ -42,8 +42,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import os
-import shutil
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -1060,28 +1058,15 @@ def write_frontier(
     The output directory follows the report's safety rules: it is checked by
     :func:`diloco_gym.report.prepare_out_dir` (``force`` replaces only a directory holding
     the report marker, never the current, home or root directory), carries the report's
-    marker file, and is written completely beside ``out`` (``.OUT.partial-PID``, which
-    :func:`diloco_gym.report.clean_leftovers` removes if a run is killed) before it
-    replaces ``out``.
+    marker file, and is written completely beside ``out`` before it replaces ``out``
+    (:func:`diloco_gym.report.write_output_dir`).
 
     Raises:
         FileExistsError: see :func:`diloco_gym.report.prepare_out_dir`.
     """
     from diloco_gym import report
 
-    out = Path(out)
-    report.prepare_out_dir(out, force)
-    full = Path(os.path.abspath(out))
-    full.parent.mkdir(parents=True, exist_ok=True)
-    tmp = full.parent / f".{full.name}.partial-{os.getpid()}"
-    old = full.parent / f".{full.name}.old-{os.getpid()}"
-    for stale in (tmp, old):
-        if stale.exists():
-            shutil.rmtree(stale)
-    tmp.mkdir()
-    moved_aside = False
-    try:
-        (tmp / report.MARKER).write_text(report._MARKER_TEXT)
+    def fill(tmp: Path) -> None:
         result["rows"].to_csv(tmp / "frontier.csv", index=False)
         result["curves"].to_csv(tmp / "curves.csv", index=False)
         figures = {}
@@ -1102,15 +1087,5 @@ def write_frontier(
         }
         (tmp / "frontier.json").write_text(json.dumps(payload, indent=2, default=_json_default))
         (tmp / "frontier.md").write_text(render_markdown(result, figures, command))
-        if full.exists():
-            os.replace(full, old)
-            moved_aside = True
-        os.replace(tmp, full)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        if moved_aside and not full.exists():
-            os.replace(old, full)
-        raise
-    if moved_aside:
-        shutil.rmtree(old, ignore_errors=True)
-    return out
+
+    return report.write_output_dir(out, force, fill)

@@ -8,6 +8,7 @@ import re
 import shutil
 import textwrap
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
@@ -29,6 +30,7 @@ __all__ = [
     "run_protocol",
     "write_report",
     "prepare_out_dir",
+    "write_output_dir",
     "clean_leftovers",
     "is_report_dir",
     "console_summary",
@@ -677,17 +679,16 @@ def prepare_out_dir(out: str | Path, force: bool) -> Path:
     return out
 
 
-def write_report(
-    result: dict[str, Any], out: str | Path, force: bool = False, command: str = ""
-) -> Path:
-    """Write report.md, results.csv, report.json and figures to ``out`` atomically.
+def write_output_dir(out: str | Path, force: bool, fill: Callable[[Path], None]) -> Path:
+    """Fill a new output directory with ``fill(tmp)`` and put it at ``out`` atomically.
 
-    The new report is written completely to the hidden sibling ``.OUT.partial-PID``
-    (marker file first); only then is an existing report renamed aside to
+    The directory is written completely to the hidden sibling ``.OUT.partial-PID`` (the
+    marker file first, then ``fill``); only then is an existing output renamed aside to
     ``.OUT.old-PID``, the new one renamed into place, and the old one deleted. An
-    interrupted run removes its partial directory and puts the old report back; a killed
+    interrupted run removes its partial directory and puts the old output back; a killed
     one leaves marked siblings that the next run (:func:`clean_leftovers`) removes, and
-    ``out`` itself is always either the old or the new complete report.
+    ``out`` itself is always either the old or the new complete output. Used by the
+    report and the frontier.
 
     Raises:
         FileExistsError: see :func:`prepare_out_dir`.
@@ -705,6 +706,32 @@ def write_report(
     moved_aside = False
     try:
         (tmp / MARKER).write_text(_MARKER_TEXT)
+        fill(tmp)
+        if full.exists():
+            os.replace(full, old)
+            moved_aside = True
+        os.replace(tmp, full)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if moved_aside and not full.exists():
+            os.replace(old, full)
+        raise
+    if moved_aside:
+        shutil.rmtree(old, ignore_errors=True)
+    return out
+
+
+def write_report(
+    result: dict[str, Any], out: str | Path, force: bool = False, command: str = ""
+) -> Path:
+    """Write report.md, results.csv, report.json and figures to ``out`` atomically
+    (:func:`write_output_dir`).
+
+    Raises:
+        FileExistsError: see :func:`prepare_out_dir`.
+    """
+
+    def fill(tmp: Path) -> None:
         result["rows"].to_csv(tmp / "results.csv", index=False)
         figures = _figures(result, tmp)
         payload = {
@@ -722,18 +749,8 @@ def write_report(
         }
         (tmp / "report.json").write_text(json.dumps(payload, indent=2, default=_json_default))
         (tmp / "report.md").write_text(render_markdown(result, figures, command))
-        if full.exists():
-            os.replace(full, old)
-            moved_aside = True
-        os.replace(tmp, full)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        if moved_aside and not full.exists():
-            os.replace(old, full)
-        raise
-    if moved_aside:
-        shutil.rmtree(old, ignore_errors=True)
-    return out
+
+    return write_output_dir(out, force, fill)
 
 
 def _json_default(x: Any) -> Any:
