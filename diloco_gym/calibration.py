@@ -36,6 +36,7 @@ from diloco_gym.regimes import REGIMES, get_regime
 from diloco_gym.sidecar import SidecarParams, effect_sizes, percentile
 
 __all__ = ["load_calibration", "simulated_effect_sizes", "transfer_verdict", "fit_sidecar",
+           "measured_intervals",
            "Calibration", "CalibrationFileError", "calibration_schema", "validate_calibration",
            "measured_utilization"]
 
@@ -163,7 +164,8 @@ def validate_schema(value: Any, schema: dict, where: str, field: str = "") -> No
 
     Supported keywords: ``type``, ``properties``, ``required``, ``additionalProperties``
     (boolean or schema), ``propertyNames`` (with ``enum``), ``enum``, ``minimum``,
-    ``maximum``, ``exclusiveMinimum``, ``minLength``, ``items``. Numbers must also be
+    ``maximum``, ``exclusiveMinimum``, ``minLength``, ``items``, ``minItems``,
+    ``maxItems``. Numbers must also be
     finite (JSON has no NaN; Python's reader accepts it).
 
     Raises:
@@ -193,6 +195,11 @@ def validate_schema(value: Any, schema: dict, where: str, field: str = "") -> No
                                        f"range {lo_text}, {hi_text}", field or None)
     if isinstance(value, str) and len(value) < schema.get("minLength", 0):
         raise CalibrationFileError(where, "must not be empty", field or None)
+    if isinstance(value, list) and not \
+            schema.get("minItems", 0) <= len(value) <= schema.get("maxItems", math.inf):
+        raise CalibrationFileError(where, f"must have {schema.get('minItems', 0)} to "
+                                   f"{schema.get('maxItems', 'any number of')} items, got "
+                                   f"{len(value)}", field or None)
     if isinstance(value, list) and "items" in schema:
         for i, item in enumerate(value):
             validate_schema(item, schema["items"], where, f"{field}[{i}]")
@@ -382,8 +389,45 @@ def simulated_effect_sizes(regime: str, seeds=range(8), sidecar: SidecarParams |
     return out
 
 
-def transfer_verdict(simulated: dict, measured: dict, tolerance: float = TOLERANCE) -> str:
-    """``calibrated``, ``uncalibrated`` or ``no measurable SLO effect`` (see module doc)."""
+def transfer_verdict(simulated: dict, measured: dict, tolerance: float = TOLERANCE,
+                     interval: dict | None = None) -> str:
+    """``calibrated``, ``uncalibrated`` or ``no measurable SLO effect`` (see module doc).
+
+    Args:
+        simulated / measured: effect sizes (``p95_high_low``, ``p95_sync_ratio``).
+        tolerance: largest accepted difference.
+        interval: optional confidence intervals of the measured effect sizes,
+            ``{metric: (lo, hi)}`` (a live run's ``p95_sync_ratio_ci`` ... fields, see
+            :func:`measured_intervals`). When the verdict at either end of an interval
+            differs from the verdict at the measured value, the interval is too wide to
+            decide and the verdict is ``"uncertain"``. Without it (or with no finite
+            interval) the verdict is exactly the point verdict.
+    """
+    verdict = _point_verdict(simulated, measured, tolerance)
+    for metric, bounds in (interval or {}).items():
+        if bounds is None or metric not in measured:
+            continue
+        for end in bounds:
+            if end is None or not np.isfinite(end):
+                continue
+            if _point_verdict(simulated, {**measured, metric: float(end)},
+                              tolerance) != verdict:
+                return "uncertain"
+    return verdict
+
+
+def measured_intervals(entry: dict) -> dict[str, tuple[float, float]]:
+    """The confidence intervals a calibration entry carries (``{metric: (lo, hi)}``; empty
+    for entries without them, such as the shipped reference)."""
+    out = {}
+    for metric in METRICS:
+        ci = entry.get(f"{metric}_ci")
+        if isinstance(ci, (list, tuple)) and len(ci) == 2:
+            out[metric] = (float(ci[0]), float(ci[1]))
+    return out
+
+
+def _point_verdict(simulated: dict, measured: dict, tolerance: float) -> str:
     if abs(measured["p95_sync_ratio"] - 1.0) <= tolerance:
         return "no measurable SLO effect"
     ok = all(abs(simulated[m] - measured[m]) <= tolerance for m in METRICS

@@ -35,6 +35,7 @@ from diloco_gym.live import (  # noqa: E402
 )
 from diloco_gym.live.calibrate import _summary_lines, partial_path  # noqa: E402
 from diloco_gym.live.cli import add_calibrate_arguments, run_calibrate_command  # noqa: E402
+from diloco_gym.live.engine import engine_available  # noqa: E402
 from diloco_gym.live.fit import (  # noqa: E402
     RunData,
     fit_service_costs,
@@ -107,7 +108,7 @@ class _StubHandler(BaseHTTPRequestHandler):
         with self.server.lock:
             self.server.count += 1
             n = self.server.count
-        warm = n <= 1  # the warm-up request always succeeds
+        warm = n <= 4  # the warm-up (1 longest + 3 idle requests) always succeeds
         if self.server.mode == "flaky" and not warm and n % 3 == 1:
             self._json(500, {"error": {"message": "boom"}})
             return
@@ -157,7 +158,8 @@ def stub():
 def _fast_config(**kw) -> CalibrationConfig:
     base = dict(seed=3, rate_rps=4.0, merge=MergeConfig(workers=2, merge_mb=2),
                 merge_seconds=1.5, gap_seconds=(1.0, 1.0), lead_seconds=0.5, timeout_s=5.0,
-                warmup_requests=1, progress_every_s=60.0)
+                warmup_requests=1, progress_every_s=60.0, engine="builtin-fallback",
+                probe=None, repeats=1)
     base.update(kw)
     return CalibrationConfig(**base)
 
@@ -171,7 +173,8 @@ def live_run(tmp_path_factory):
     lines: list[str] = []
     cfg = CalibrationConfig(seed=1, rate_rps=1.5, merge=MergeConfig(workers=2, merge_mb=8),
                             merge_seconds=2.5, gap_seconds=(1.5, 2.5), lead_seconds=1.0,
-                            warmup_requests=1, progress_every_s=4.0)
+                            warmup_requests=1, progress_every_s=4.0,
+                            engine="builtin-fallback", probe=None, repeats=1)
     t0 = time.monotonic()
     result = run_calibration(None, "sync-heavy", 10.0, out, config=cfg, progress=lines.append)
     return result, out, lines, time.monotonic() - t0
@@ -505,8 +508,12 @@ def _children_of(pid: int) -> set[int]:
 
 
 @pytest.mark.skipif(not Path("/proc").is_dir(), reason="needs /proc to list child processes")
-@pytest.mark.parametrize("builtin", [False, True], ids=["stub-endpoint", "built-in-sidecar"])
-def test_sigterm_is_handled_like_ctrl_c(tmp_path, stub, builtin):
+@pytest.mark.parametrize("engine", [
+    None, "builtin-fallback",
+    pytest.param("transformers", marks=pytest.mark.skipif(
+        not engine_available(), reason='needs the live extra: pip install "diloco-gym[live]"'))],
+    ids=["stub-endpoint", "builtin-fallback", "transformers-engine"])
+def test_sigterm_is_handled_like_ctrl_c(tmp_path, stub, engine):
     """SIGTERM to ``calibrate``: partial file saved, children ended, one line, exit 143."""
     import os
     import signal
@@ -516,11 +523,12 @@ def test_sigterm_is_handled_like_ctrl_c(tmp_path, stub, builtin):
     out = tmp_path / "term.json"
     root = Path(__file__).resolve().parents[1]
     env = dict(os.environ, PYTHONPATH=str(root), PYTHONUNBUFFERED="1")
-    endpoint = [] if builtin else ["--endpoint", stub()]
+    builtin = engine is not None
+    endpoint = ["--engine", engine] if builtin else ["--endpoint", stub()]
     cmd = [sys.executable, "-m", "diloco_gym.cli", "calibrate", *endpoint,
            "--regime", "ordinary", "--duration", "20", "--rate", "4", "--workers", "2",
            "--merge-mb", "1", "--merge-seconds", "1.5", "--gap-seconds", "1", "1",
-           "--no-control", "--out", str(out)]
+           "--no-control", "--no-probe", "--repeats", "1", "--out", str(out)]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=env, cwd=tmp_path)
     lines = []
@@ -561,7 +569,10 @@ def test_sigterm_is_handled_like_ctrl_c(tmp_path, stub, builtin):
         return found
 
     workers = {pid for pid, cmd in names.items() if "spawn_main" in cmd}
-    assert len(workers) >= 2 + builtin  # the two merge workers (and the sidecar)
+    # the two merge workers (and the fallback server, a spawned process too)
+    assert len(workers) >= 2 + (engine == "builtin-fallback")
+    if engine == "transformers":
+        assert any("transformers" in cmd and "serve" in cmd for cmd in names.values()), names
     assert not alive() & workers, "merge workers outlived the command"
     # The workers are reaped before the command exits; multiprocessing's resource tracker
     # (one of the children) exits when it sees the parent's pipe close: give it 5 s.

@@ -29,9 +29,13 @@ def add_calibrate_arguments(parser: argparse.ArgumentParser) -> argparse.Argumen
     """Add the ``calibrate`` options to ``parser`` (returned for chaining)."""
     parser.description = (
         "Measure real merge interference: replay a trace window open-loop against an "
-        "OpenAI-compatible /v1/completions endpoint (or a built-in CPU sidecar) while real "
-        "torch.distributed all-reduces and checkpoint writes run on this machine, then fit "
-        "the sidecar model and write a calibration file (usable with --calibration).")
+        "OpenAI-compatible /v1/completions endpoint (by default a continuous-batching "
+        "transformers server started here on a small local model) while real "
+        "torch.distributed all-reduces and checkpoint writes run on this machine. Before "
+        "the measured phases: a warm-up and a capacity probe, and the replay runs at "
+        "--target-utilization of the probed capacity. Sync and no-sync control phases are "
+        "repeated (--repeats) for bootstrap intervals of the effect sizes; the sidecar "
+        "model is fitted and a calibration file written (usable with --calibration).")
     src = parser.add_mutually_exclusive_group()
     src.add_argument("--regime", metavar="NAME",
                      help=f"replay a window of this regime's trace (default {DEFAULT_REGIME})")
@@ -39,17 +43,48 @@ def add_calibrate_arguments(parser: argparse.ArgumentParser) -> argparse.Argumen
     parser.add_argument("--format", default="auto", metavar="FMT",
                         help="format of --trace: auto, native, azure, mooncake, burstgpt")
     parser.add_argument("--endpoint", metavar="URL",
-                        help="http://HOST:PORT of an OpenAI-compatible server; without it a "
-                        "built-in tiny sidecar is started on 127.0.0.1")
+                        help="http://HOST:PORT of an OpenAI-compatible server (vLLM, TGI, "
+                        "transformers serve, ...); without it --engine is started on 127.0.0.1")
+    parser.add_argument("--engine", choices=("transformers", "builtin-fallback"),
+                        default="transformers",
+                        help="server to start without --endpoint: transformers (transformers "
+                        "serve --continuous-batching on a small Llama built locally from a "
+                        "seed; needs pip install \"diloco-gym[live]\") or builtin-fallback "
+                        "(a dependency-free server, one thread per request and no batching: "
+                        "not how LLM serving behaves). Default transformers")
+    parser.add_argument("--engine-model-config", metavar="JSON",
+                        help="size of the engine's model as a JSON object (or @FILE) of "
+                        "vocab_size, hidden_size, intermediate_size, num_hidden_layers, "
+                        "num_attention_heads, num_key_value_heads, max_position_embeddings, "
+                        "seed, dtype (default: a 1.4 M-parameter, 2-layer, width-128 Llama)")
     parser.add_argument("--model", metavar="NAME",
                         help="model id to request (default: the built-in model, or the first "
                         "model the endpoint lists)")
-    parser.add_argument("--duration", type=float, default=60.0, metavar="SECONDS",
-                        help="trace window length; the sync phase and the no-sync control "
-                        "phase each last this long (default 60)")
+    parser.add_argument("--duration", type=float, default=30.0, metavar="SECONDS",
+                        help="trace window length; every sync phase and every no-sync "
+                        "control phase lasts this long (default 30)")
     parser.add_argument("--rate", type=float, metavar="RPS",
-                        help="rescale the trace to this mean request rate (default: 2 with "
-                        "the built-in sidecar, the trace's own rate with --endpoint)")
+                        help="rescale the trace to this mean request rate (default: "
+                        "--target-utilization x the probed capacity)")
+    parser.add_argument("--target-utilization", type=float, default=0.5, metavar="FRACTION",
+                        help="replay at this fraction of the probed capacity (default 0.5, "
+                        "which keeps the no-merge control inside the probe's sustainable "
+                        "region)")
+    parser.add_argument("--no-probe", action="store_true",
+                        help="skip the capacity probe (rate: --rate, else 2 req/s with a "
+                        "built-in engine, else the trace's own rate)")
+    parser.add_argument("--probe-step-seconds", type=float, default=8.0, metavar="SECONDS",
+                        help="length of each step of the capacity probe's ramp (default 8)")
+    parser.add_argument("--repeats", type=int, default=3, metavar="N",
+                        help="sync/control phase pairs, each pair in a seeded random order; "
+                        "effect sizes get bootstrap intervals over them (default 3)")
+    parser.add_argument("--overload-inflight", type=int, metavar="N",
+                        help="stop the run (overload) when more requests are outstanding "
+                        "(default: 4 x rate x p95 of the probe's highest sustainable step, "
+                        "at least 16; 64 without a probe)")
+    parser.add_argument("--overload-timeouts", type=float, default=0.2, metavar="FRACTION",
+                        help="stop the run (overload) when more than this fraction of a "
+                        "phase's answered requests timed out, after 3 (default 0.2)")
     parser.add_argument("--start", type=float, metavar="SECONDS",
                         help="start of the trace window (default: a seeded random window)")
     parser.add_argument("--merge-mb", type=float, default=64.0, metavar="MB",
@@ -90,11 +125,16 @@ def run_calibrate_command(args: argparse.Namespace) -> int:
         print("error: calibrate needs torch: pip install 'diloco-gym[rl]'", file=sys.stderr)
         return 1
     from diloco_gym.live.calibrate import CalibrationConfig, run_calibration
+    from diloco_gym.live.engine import EngineModelConfig
     from diloco_gym.live.errors import CalibrationError, CalibrationTerminated
     from diloco_gym.live.merges import MergeConfig
+    from diloco_gym.live.probe import ProbeConfig
     from diloco_gym.traces import TraceFormatError
 
     try:
+        engine_model = (EngineModelConfig.from_json(args.engine_model_config)
+                        if args.engine_model_config else EngineModelConfig())
+        probe = None if args.no_probe else ProbeConfig(step_s=args.probe_step_seconds)
         cfg = CalibrationConfig(
             seed=args.seed, start_s=args.start, rate_rps=args.rate, model=args.model,
             timeout_s=args.timeout,
@@ -102,7 +142,11 @@ def run_calibrate_command(args: argparse.Namespace) -> int:
                               backend=args.backend),
             merge_seconds=args.merge_seconds, gap_seconds=tuple(args.gap_seconds),
             control=not args.no_control, label=args.label,
-            max_error_fraction=args.max_failure_rate)
+            max_error_fraction=args.max_failure_rate, engine=args.engine,
+            engine_model=engine_model, probe=probe,
+            target_utilization=args.target_utilization, repeats=args.repeats,
+            overload_inflight=args.overload_inflight,
+            overload_timeout_fraction=args.overload_timeouts)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -316,6 +316,7 @@ class RequestRecord:
         cpu_util: host CPU utilisation at the send (NaN when unknown).
         server_inflight: the server's own in-flight count at arrival when it reports one
             (the built-in sidecar does), else -1.
+        repeat: which repetition of the phase (0 for the first).
     """
 
     index: int
@@ -332,6 +333,7 @@ class RequestRecord:
     inflight: int = 0
     cpu_util: float = float("nan")
     server_inflight: int = -1
+    repeat: int = 0
 
     @property
     def ok(self) -> bool:
@@ -401,13 +403,15 @@ class OpenLoopReplayer:
 
     # ---- dispatch ----
     def start_phase(self, phase: str, trace: Trace, origin_s: float,
-                    prompt_tokens: np.ndarray, output_tokens: np.ndarray) -> threading.Thread:
-        """Start sending ``trace`` with arrival ``a`` at clock time ``origin_s + a``.
+                    prompt_tokens: np.ndarray, output_tokens: np.ndarray,
+                    repeat: int = 0) -> threading.Thread:
+        """Start sending ``trace`` with arrival ``a`` at clock time ``origin_s + a``
+        (records are labelled ``phase`` and ``repeat``).
 
         Returns:
             The dispatcher thread (join it, or call :meth:`wait_sent`).
         """
-        records = [RequestRecord(i, phase, float(origin_s + a), int(p), int(o))
+        records = [RequestRecord(i, phase, float(origin_s + a), int(p), int(o), repeat=repeat)
                    for i, (a, p, o) in enumerate(zip(trace.arrival_s, prompt_tokens,
                                                      output_tokens, strict=True))]
         self.records.extend(records)
@@ -493,6 +497,11 @@ class OpenLoopReplayer:
         return True
 
     @property
+    def sending(self) -> bool:
+        """The current phase's dispatcher has requests left to send."""
+        return self._dispatcher is not None and self._dispatcher.is_alive()
+
+    @property
     def outstanding(self) -> int:
         with self._pending_cv:
             return self._pending
@@ -502,12 +511,16 @@ class OpenLoopReplayer:
         with self.state.lock:
             return [replace(r) for r in self.records]
 
-    def counts(self) -> dict:
-        """Planned / sent / ok / error counts so far."""
-        recs = self.snapshot()
+    def counts(self, phase: str | None = None, repeat: int | None = None) -> dict:
+        """Planned / sent / ok / error / timed-out counts so far (of one phase and repeat
+        when given; ``outstanding`` is always over all phases)."""
+        recs = [r for r in self.snapshot()
+                if (phase is None or r.phase == phase) and (repeat is None or r.repeat == repeat)]
         return {"planned": len(recs), "sent": sum(r.sent for r in recs),
                 "ok": sum(r.ok for r in recs),
                 "errors": sum(1 for r in recs if r.done and not r.ok),
+                "timeouts": sum(1 for r in recs if r.done and r.error == "timed out"),
+                "done": sum(r.done for r in recs),
                 "outstanding": self.outstanding}
 
     def close(self, wait_s: float = 0.0) -> None:
