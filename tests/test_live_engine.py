@@ -416,3 +416,38 @@ def test_schema_accepts_intervals_and_capacity_and_rejects_bad_ones(tmp_path):
         validate_calibration(bad, "f.json")
     # the shipped reference file (without the new fields) still loads
     assert load_calibration().regimes
+
+
+def test_overload_grace_lets_a_merge_backlog_drain():
+    """A backlog above the limit that drains within the grace (a merge stalled the engine)
+    does not stop the run; one that stays above it for longer, or exceeds 4x the limit,
+    does."""
+    from diloco_gym.live.calibrate import _check_overload, _Run
+
+    class Fake:
+        outstanding = 0
+
+        def counts(self, *args: object) -> dict:
+            return {"timeouts": 0, "done": 0}
+
+    now = [0.0]
+    run = _Run(t0=0.0, started_utc="")
+    run.clock = lambda: now[0]
+    run.replayer, run.current, run.overload_limit = Fake(), ("sync", 0), 10
+    cfg = CalibrationConfig(merge_seconds=4.0)  # grace max(10, 8) = 10 s
+
+    def at(t: float, outstanding: int) -> None:
+        now[0] = t
+        run.replayer.outstanding = outstanding
+        _check_overload(run, cfg)
+
+    at(0.0, 20)
+    at(8.0, 30)  # above the limit for 8 s: within the grace
+    at(9.0, 5)  # drained: the clock restarts
+    at(15.0, 20)
+    at(24.0, 20)
+    with pytest.raises(CalibrationError, match="above the limit 10 for 11 s"):
+        at(26.0, 20)
+    run.over_since = None
+    with pytest.raises(CalibrationError, match="more than 4 x the limit 10"):
+        at(30.0, 41)

@@ -169,8 +169,13 @@ class CalibrationConfig:
             over repeats (:func:`~diloco_gym.live.fit.bootstrap_intervals`).
         bootstrap_resamples: resamples of that bootstrap.
         overload_inflight: stop the run (overload) when more requests than this are
-            outstanding (``None``: ``max(16, 4 x rate x p95 of the highest sustainable
-            probe step)``, or 64 without a probe).
+            outstanding for longer than ``overload_grace_s``, or more than four times this
+            at any moment (``None``: ``max(16, 4 x rate x p95 of the highest sustainable
+            probe step)``, or 64 without a probe). The grace lets the backlog of one merge
+            drain: a merge may stall the engine for its whole window, and a continuous-
+            batching engine clears such a backlog quickly afterwards.
+        overload_grace_s: see ``overload_inflight`` (``None``: ``max(10, 2 x
+            merge_seconds)``).
         overload_timeout_fraction: stop the run when more than this fraction of a phase's
             answered requests timed out (after at least 3 timeouts).
     """
@@ -207,6 +212,7 @@ class CalibrationConfig:
     repeats: int = 3
     bootstrap_resamples: int = 2000
     overload_inflight: int | None = None
+    overload_grace_s: float | None = None
     overload_timeout_fraction: float = 0.2
 
     def __post_init__(self) -> None:
@@ -256,6 +262,8 @@ class CalibrationConfig:
                 not isinstance(self.overload_inflight, int) or self.overload_inflight < 1):
             raise ValueError(f"CalibrationConfig.overload_inflight must be None or an int "
                              f">= 1, got {self.overload_inflight!r}")
+        if self.overload_grace_s is not None and not self.overload_grace_s >= 0:
+            raise ValueError("CalibrationConfig.overload_grace_s must be None or >= 0")
         if not 0 < self.overload_timeout_fraction <= 1:
             raise ValueError("CalibrationConfig.overload_timeout_fraction must be in (0, 1]")
         if not self.engine_start_timeout_s > 0:
@@ -413,6 +421,7 @@ class _Run:
     warmup: dict = field(default_factory=dict)
     rate_rps: float | None = None
     overload_limit: int = 64
+    over_since: float | None = None
 
     def clock(self) -> float:
         return time.monotonic() - self.t0
@@ -1016,13 +1025,24 @@ def _check_overload(run: _Run, cfg: CalibrationConfig) -> None:
     if rep is None or run.current is None:
         return
     outstanding = rep.outstanding
-    hint = (f"the engine cannot carry {run.rate_rps:.2f} req/s here while merges run: "
+    now = run.clock()
+    hint = (f"the engine cannot carry {run.rate_rps:.2f} req/s (mean) here while merges run: "
             f"lower --target-utilization (now {cfg.target_utilization:g}) or --rate"
             if run.rate_rps else "lower --rate")
-    if outstanding > run.overload_limit:
-        raise CalibrationError(
-            f"overload: {outstanding} requests in flight (limit {run.overload_limit}) "
-            f"{run.clock():.1f} s into the run, in the {run.stage} phase; {hint}")
+    limit = run.overload_limit
+    grace = (cfg.overload_grace_s if cfg.overload_grace_s is not None
+             else max(10.0, 2.0 * cfg.merge_seconds))
+    if outstanding > limit:
+        if run.over_since is None:
+            run.over_since = now
+        if outstanding > 4 * limit or now - run.over_since > grace:
+            why = (f"more than 4 x the limit {limit}" if outstanding > 4 * limit else
+                   f"above the limit {limit} for {now - run.over_since:.0f} s")
+            raise CalibrationError(
+                f"overload: {outstanding} requests in flight, {why}, {now:.1f} s into the "
+                f"run, in the {run.stage} phase; {hint}")
+    else:
+        run.over_since = None
     counts = rep.counts(*run.current)
     if counts["timeouts"] >= 3 and counts["timeouts"] > \
             cfg.overload_timeout_fraction * max(1, counts["done"]):
