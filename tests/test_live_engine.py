@@ -451,3 +451,64 @@ def test_overload_grace_lets_a_merge_backlog_drain():
     run.over_since = None
     with pytest.raises(CalibrationError, match="more than 4 x the limit 10"):
         at(30.0, 41)
+
+
+def test_warm_up_sends_concurrent_bursts_before_timing_idle_requests(queue_server):
+    url = queue_server(slots=4, service_s=0.2)
+    t0 = time.monotonic()
+    out = warm_up(Endpoint.parse(url), "queue-model", (16, 8), (8, 4), 5.0, long_requests=1,
+                  idle_requests=2, burst=4)
+    # 1 + 2 x 4 (concurrent: each burst takes one service time) + 2, one at a time
+    assert len(out["longest_s"]) == 1 and len(out["burst_s"]) == 8 and len(out["idle_s"]) == 2
+    assert time.monotonic() - t0 < 0.2 * (1 + 2 + 2) + 1.5  # not 11 sequential services
+    assert out["idle_p95_s"] >= 0.19
+
+
+def test_overload_limit_allows_a_merge_backlog():
+    from diloco_gym.live.calibrate import _overload_limit, _Run
+
+    run = _Run(t0=0.0, started_utc="")
+    cfg = CalibrationConfig(merge_seconds=4.0)
+    assert _overload_limit(run, cfg, 1.0) == 64  # no probe
+    run.capacity = {"probe": {"steps": [{"sustainable": True, "p95_s": 0.2},
+                                        {"sustainable": False, "p95_s": None}]}}
+    assert _overload_limit(run, cfg, 1.0) == 16  # floor
+    assert _overload_limit(run, cfg, 5.0) == 40  # 2 x 5 req/s x 4 s of merge
+    assert _overload_limit(run, CalibrationConfig(merge_seconds=0.5), 50.0) == 50  # 4 x 50 x 0.2
+    assert _overload_limit(run, CalibrationConfig(overload_inflight=7), 50.0) == 7
+
+
+def test_probe_upper_bound_ignores_an_early_transient_failure(monkeypatch):
+    """A cold first step that fails, then a ramp that never fails: capacity is the last
+    step and there is no upper bound (not the cold step's rate)."""
+    from diloco_gym.live import probe as probe_mod
+
+    outcomes = iter([False, True, True])
+
+    class FakeReplayer:
+        outstanding = 0
+
+        def __init__(self, *args: object) -> None:
+            self.ok = next(outcomes)
+
+        def start_phase(self, phase, trace, origin, prompt, output) -> None:
+            self.n = trace.prompt_tokens.size
+
+        def snapshot(self) -> list:
+            from diloco_gym.live.replay import RequestRecord
+
+            lat = 0.01 if self.ok else 99.0
+            return [RequestRecord(i, "probe", 0.0, 1, 1, send_s=0.0, latency_s=lat, status=200,
+                                  error="") for i in range(self.n)]
+
+        def close(self) -> None:
+            pass
+
+    monkeypatch.setattr(probe_mod, "OpenLoopReplayer", FakeReplayer)
+    idle = {"idle_p95_s": 0.01, "idle_mean_s": 0.01}
+    cfg = ProbeConfig(step_s=0.05, max_steps=3, growth=2.0, start_rps=100.0, grace_s=0.0)
+    res = probe_capacity(Endpoint.parse("http://127.0.0.1:9"), "m", np.array([1]),
+                         np.array([1]), idle, 1.0, cfg)
+    assert [s["sustainable"] for s in res.steps] == [False, True, True]
+    assert res.capacity_rps == pytest.approx(100.0)  # 100 -> 50 (halved) -> 100
+    assert np.isnan(res.upper_rps)

@@ -170,8 +170,9 @@ class CalibrationConfig:
         bootstrap_resamples: resamples of that bootstrap.
         overload_inflight: stop the run (overload) when more requests than this are
             outstanding for longer than ``overload_grace_s``, or more than four times this
-            at any moment (``None``: ``max(16, 4 x rate x p95 of the highest sustainable
-            probe step)``, or 64 without a probe). The grace lets the backlog of one merge
+            at any moment (``None``: ``max(16, 2 x rate x merge_seconds, 4 x rate x p95 of
+            the highest sustainable probe step)``, or ``max(64, 2 x rate x merge_seconds)``
+            without a probe). The grace lets the backlog of one merge
             drain: a merge may stall the engine for its whole window, and a continuous-
             batching engine clears such a backlog quickly afterwards.
         overload_grace_s: see ``overload_inflight`` (``None``: ``max(10, 2 x
@@ -885,10 +886,26 @@ def _summary_lines(document: dict) -> list[str]:
     """The console summary of a calibration file: the effect sizes, the fitted slowdown and
     every note of the fit (what the run could not determine, and why)."""
     m = document["measured"]
-    lines = [f"measured p95 sync ratio {_fmt(m.get('p95_sync_ratio'))}, p95 high/low "
-             f"{_fmt(m.get('p95_high_low'))}, pressure-latency corr "
+    iv = m.get("intervals") or {}
+
+    def ci(name: str) -> str:
+        bounds = iv.get(name)
+        return f" [{_fmt(bounds[0])}, {_fmt(bounds[1])}]" if bounds else ""
+
+    lines = [f"measured p95 sync ratio {_fmt(m.get('p95_sync_ratio'))}"
+             f"{ci('p95_sync_ratio')}, p95 high/low {_fmt(m.get('p95_high_low'))}"
+             f"{ci('p95_high_low')}, pressure-latency corr "
              f"{_fmt(m.get('pressure_latency_corr'))}; fitted sync_slowdown "
              f"{_fmt(document['fitted_sidecar'].get('sync_slowdown'))}"]
+    if iv.get("repeats", 0) >= 2:
+        lines.append(f"intervals: {100 * iv['level']:.0f} % bootstrap over {iv['repeats']} "
+                     f"repeats (coarse with few repeats); per-repeat p95 sync ratios: "
+                     + ", ".join(_fmt(v) for v in iv["per_repeat"]["p95_sync_ratio"]))
+    cap = document.get("capacity") or {}
+    if cap.get("capacity_rps"):
+        lines.append(f"probed capacity {_fmt(cap['capacity_rps'])} req/s; replayed at "
+                     f"{_fmt(cap.get('rate_rps'))} req/s (utilization "
+                     f"{_fmt(cap.get('utilization'))})")
     counts = document.get("requests", {})
     if counts.get("errors"):
         limit = document.get("metadata", {}).get("config", {}).get("max_error_fraction")
@@ -1011,11 +1028,14 @@ def _overload_limit(run: _Run, cfg: CalibrationConfig, rate_rps: float) -> int:
     """Outstanding requests beyond which the run stops (see ``overload_inflight``)."""
     if cfg.overload_inflight is not None:
         return cfg.overload_inflight
+    # A merge may stall the engine for its whole window: the arrivals of two windows are
+    # an expected backlog, not an overload.
+    merge_backlog = math.ceil(2.0 * rate_rps * cfg.merge_seconds)
     steps = [s for s in run.capacity.get("probe", {}).get("steps", []) if s["sustainable"]]
     if steps and steps[-1].get("p95_s"):
         # Little's law at the highest sustainable step's p95, with a 4x margin.
-        return max(16, math.ceil(4.0 * rate_rps * steps[-1]["p95_s"]))
-    return 64
+        return max(16, merge_backlog, math.ceil(4.0 * rate_rps * steps[-1]["p95_s"]))
+    return max(64, merge_backlog)
 
 
 def _check_overload(run: _Run, cfg: CalibrationConfig) -> None:
@@ -1063,11 +1083,15 @@ def _warm_up(run: _Run, ep: Endpoint, model: str, cfg: CalibrationConfig,
     run.stage = "warm-up"
     mean = (max(1, round(float(prompt.mean()))), max(1, round(float(output.mean()))))
     t = time.monotonic()
+    # A burst of a quarter of the KV cache's concurrency (twice) warms the batched path.
+    burst = max(2, cfg.engine_max_concurrent // 4) if cfg.warmup_requests >= 2 else 0
     run.warmup = warm_up(ep, model, longest, mean, cfg.timeout_s,
                          long_requests=cfg.warmup_requests,
-                         idle_requests=max(3, cfg.warmup_requests))
+                         idle_requests=max(3, cfg.warmup_requests), burst=burst)
     say(f"warm-up: {len(run.warmup['longest_s'])} requests of {longest[0]} + {longest[1]} "
-        f"tokens ({', '.join(f'{v:.2f}' for v in run.warmup['longest_s'])} s), idle latency "
+        f"tokens ({', '.join(f'{v:.2f}' for v in run.warmup['longest_s'])} s), "
+        f"{len(run.warmup['burst_s'])} in concurrent bursts (max "
+        f"{max(run.warmup['burst_s'], default=0):.2f} s), idle latency "
         f"at the mean size {mean[0]} + {mean[1]}: p95 {run.warmup['idle_p95_s']:.2f} s "
         f"({time.monotonic() - t:.0f} s)")
 

@@ -81,8 +81,9 @@ def add_calibrate_arguments(parser: argparse.ArgumentParser) -> argparse.Argumen
     parser.add_argument("--overload-inflight", type=int, metavar="N",
                         help="stop the run (overload) when more requests are outstanding "
                         "for longer than max(10 s, 2 x --merge-seconds), or 4x as many at "
-                        "any moment (default: 4 x rate x p95 of the probe's highest "
-                        "sustainable step, at least 16; 64 without a probe)")
+                        "any moment (default: the largest of 16, 2 x rate x "
+                        "--merge-seconds and 4 x rate x p95 of the probe's highest "
+                        "sustainable step; without a probe 64 instead of 16)")
     parser.add_argument("--overload-timeouts", type=float, default=0.2, metavar="FRACTION",
                         help="stop the run (overload) when more than this fraction of a "
                         "phase's answered requests timed out, after 3 (default 0.2)")
