@@ -452,6 +452,11 @@ def fit_sidecar_live(data: RunData, measured: dict, base: SidecarParams | None =
             sigma_interval = [round(solve(lo), 4), round(solve(hi_end), 4)]
         params = replace(params, sync_slowdown=round(sigma, 4))
         sim_ratio = sync_ratio(params.sync_slowdown)
+        if sim_ratio < target_ratio * 0.95:
+            notes.append(f"the model cannot reproduce the measured p95 sync ratio "
+                         f"{target_ratio:.3f} on this window (it reaches {sim_ratio:.3f} at "
+                         f"sync_slowdown {params.sync_slowdown:g}): too few merge-active "
+                         f"requests, or a ratio that is not a slowdown; do not use this fit")
     else:
         notes.append("p95 sync ratio undefined: sync_slowdown kept at the base value")
 

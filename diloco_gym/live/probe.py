@@ -13,7 +13,9 @@ module measures that capacity:
    with request sizes drawn from the window's; a step is *sustainable* when at least
    ``min_completed`` of its requests completed successfully within ``step_s`` plus a grace
    time, and its p95 latency is at most ``p95_factor`` times the idle p95. The ramp
-   multiplies the rate by ``growth`` until a step is not sustainable (or ``max_steps``);
+   multiplies the rate by ``growth`` until a step is not sustainable twice in a row at the
+   same rate (one failure can be a transient) or ``max_steps`` is reached; when the first
+   rate fails, it is halved (twice at most);
    the capacity is the highest sustainable rate (a lower bound; the first unsustainable
    rate is the upper bound).
 """
@@ -203,6 +205,7 @@ def probe_capacity(ep: Endpoint, model: str, prompt_tokens: np.ndarray,
     steps: list[dict] = []
     best = upper = float("nan")
     retries = 0
+    confirmed = False
     t0 = time.monotonic()
     while len(steps) < cfg.max_steps:
         trace = _poisson_step(rate, cfg.step_s, prompt, output, rng)
@@ -244,8 +247,15 @@ def probe_capacity(ep: Endpoint, model: str, prompt_tokens: np.ndarray,
             if upper <= rate:  # an earlier failure below this rate was transient (cold)
                 upper = float("nan")
             rate *= cfg.growth
+            confirmed = False
             continue
         upper = rate
+        if not confirmed:
+            # One failure can be a transient (a cold batch shape, another process taking
+            # the cores): the same rate is tried once more before it counts.
+            confirmed = True
+            continue
+        confirmed = False
         if math.isnan(best) and retries < 2:
             retries += 1
             rate /= 2.0
