@@ -1,15 +1,17 @@
-"""Measure the p95 sync ratio of this machine: built-in sidecar + real merges, ~60 s.
+"""Measure the p95 sync ratio of this machine with its interval: a real engine + merges.
 
-Runs :func:`diloco_gym.live.run_calibration` against the built-in CPU sidecar (a tiny torch
-LM on 127.0.0.1) with real gloo all-reduces of a 64 MiB tensor across two local worker
-processes plus checkpoint writes, replaying a 30 s window of the sync-heavy regime twice
-(with merges, then the no-sync control), and prints the measured effect sizes and the
-fitted ``sync_slowdown``.
+Runs :func:`diloco_gym.live.run_calibration` against transformers' continuous-batching
+server on a small local Llama (or ``--engine builtin-fallback``) with real gloo all-reduces
+of a 64 MiB tensor across two local worker processes plus checkpoint writes: a warm-up, a
+capacity probe, then ``--repeats`` pairs of a sync phase and a no-sync control phase over a
+window of the sync-heavy regime replayed at ``--target-utilization`` of the probed
+capacity. Prints the capacity, the effect sizes with their bootstrap intervals over repeats,
+and the fitted ``sync_slowdown``.
 
 Usage::
 
-    python benchmarks/live_sync_ratio.py                 # ~60 s of replay plus start-up
-    python benchmarks/live_sync_ratio.py --duration 60 --merge-mb 128 --out cal.json
+    python benchmarks/live_sync_ratio.py                       # ~5 min on 2 cores
+    python benchmarks/live_sync_ratio.py --target-utilization 0.6 --out cal.json
 """
 
 from __future__ import annotations
@@ -26,10 +28,21 @@ def main() -> int:
         "--duration",
         type=float,
         default=30.0,
-        help="trace window, seconds; replayed twice (default 30)",
+        help="trace window, seconds; replayed twice per repeat (default 30)",
     )
     parser.add_argument("--regime", default="sync-heavy")
-    parser.add_argument("--rate", type=float, default=2.0, help="request rate, req/s")
+    parser.add_argument(
+        "--engine", default="transformers", choices=("transformers", "builtin-fallback")
+    )
+    parser.add_argument(
+        "--rate",
+        type=float,
+        default=None,
+        help="request rate, req/s (default: utilization x probed capacity)",
+    )
+    parser.add_argument("--target-utilization", type=float, default=0.5)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--probe-step-seconds", type=float, default=8.0)
     parser.add_argument("--merge-mb", type=float, default=64.0)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--merge-seconds", type=float, default=4.0)
@@ -39,6 +52,7 @@ def main() -> int:
     args = parser.parse_args()
 
     from diloco_gym.live import CalibrationConfig, MergeConfig, run_calibration
+    from diloco_gym.live.probe import ProbeConfig
 
     cfg = CalibrationConfig(
         seed=args.seed,
@@ -46,6 +60,10 @@ def main() -> int:
         merge=MergeConfig(workers=args.workers, merge_mb=args.merge_mb),
         merge_seconds=args.merge_seconds,
         gap_seconds=(args.merge_seconds, 2 * args.merge_seconds),
+        engine=args.engine,
+        target_utilization=args.target_utilization,
+        repeats=args.repeats,
+        probe=ProbeConfig(step_s=args.probe_step_seconds),
     )
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(args.out) if args.out else Path(tmp) / "calibration_live.json"
@@ -65,8 +83,16 @@ def main() -> int:
     def f(x: float | None, unit: str = "") -> str:
         return "n/a" if x is None else f"{x:.3f}{unit}"
 
+    cap = doc.get("capacity", {})
+    iv = m.get("intervals", {})
+
+    def ci(name: str) -> str:
+        bounds = iv.get(name)
+        return "" if not bounds else f" [{bounds[0]:.3f}, {bounds[1]:.3f}]"
+
     print(
-        f"\nlive calibration, {args.regime} window of {args.duration:g} s x 2 phases, "
+        f"\nlive calibration, {args.regime} window of {args.duration:g} s x 2 phases x "
+        f"{args.repeats} repeats, engine {doc['metadata']['endpoint'].get('engine')}, "
         f"{args.workers} x {doc['metadata']['merges']['backend']} workers, "
         f"{args.merge_mb:g} MiB all-reduce, {len(doc['merges'])} merges, wall {wall:.0f} s"
     )
@@ -78,11 +104,21 @@ def main() -> int:
         f"p95 ms: sync active {f(m['p95_sync_active_ms'])}, inactive "
         f"{f(m['p95_sync_inactive_ms'])}, control {f(m['p95_control_ms'])}"
     )
-    print(f"p95 sync ratio          {f(m['p95_sync_ratio'])}")
-    print(f"p95 high/low ratio      {f(m['p95_high_low'])}")
+    print(
+        f"capacity {f(cap.get('capacity_rps'))} req/s, replayed at {f(cap.get('rate_rps'))} "
+        f"req/s (utilization {f(cap.get('utilization'))})"
+    )
+    per_repeat = iv.get("per_repeat", {}).get("p95_sync_ratio", [])
+    print(
+        f"p95 sync ratio          {f(m['p95_sync_ratio'])}{ci('p95_sync_ratio')} "
+        f"(per repeat: {', '.join(f(v) for v in per_repeat)})"
+    )
+    print(f"p95 sync vs control     {f(m.get('p95_sync_vs_control'))}{ci('p95_sync_vs_control')}")
+    print(f"p95 high/low ratio      {f(m['p95_high_low'])}{ci('p95_high_low')}")
     print(f"pressure-latency corr   {f(m['pressure_latency_corr'])}")
     print(
         f"fitted sync_slowdown    {f(fit.get('sync_slowdown'))} "
+        f"{doc['fit'].get('sync_slowdown_interval')} "
         f"(simulated ratio {f(doc['fit'].get('sim_p95_sync_ratio'))})"
     )
     print(

@@ -35,9 +35,18 @@ from diloco_gym.learners import LearnerParams
 from diloco_gym.regimes import REGIMES, get_regime
 from diloco_gym.sidecar import SidecarParams, effect_sizes, percentile
 
-__all__ = ["load_calibration", "simulated_effect_sizes", "transfer_verdict", "fit_sidecar",
-           "Calibration", "CalibrationFileError", "calibration_schema", "validate_calibration",
-           "measured_utilization"]
+__all__ = [
+    "load_calibration",
+    "simulated_effect_sizes",
+    "transfer_verdict",
+    "fit_sidecar",
+    "measured_intervals",
+    "Calibration",
+    "CalibrationFileError",
+    "calibration_schema",
+    "validate_calibration",
+    "measured_utilization",
+]
 
 TOLERANCE = 0.05
 METRICS = ("p95_high_low", "p95_sync_ratio")
@@ -82,8 +91,10 @@ class Calibration:
         """Measurements that apply to ``regime`` (following ``calibrated_on``)."""
         entry = self.regimes.get(regime)
         if entry is None:
-            raise KeyError(f"calibration file {self.path} has no entry for regime {regime!r}; "
-                           f"it has {sorted(self.regimes)}")
+            raise KeyError(
+                f"calibration file {self.path} has no entry for regime {regime!r}; "
+                f"it has {sorted(self.regimes)}"
+            )
         on = entry.get("calibrated_on", regime)
         if on != regime:
             base = dict(self.measured(on))
@@ -106,8 +117,9 @@ class CalibrationFileError(ValueError):
         reason: what is wrong, in words.
     """
 
-    def __init__(self, path: str, reason: str, field: str | None = None, *,
-                 field_in_reason: bool = False) -> None:
+    def __init__(
+        self, path: str, reason: str, field: str | None = None, *, field_in_reason: bool = False
+    ) -> None:
         self.path = str(path)
         self.field = field
         self.reason = reason
@@ -124,9 +136,15 @@ def calibration_schema() -> dict:
     return json.loads(resources.files("diloco_gym").joinpath(SCHEMA_RESOURCE).read_text())
 
 
-_JSON_TYPES = {"object": "an object", "array": "a list", "string": "a string",
-               "number": "a number", "integer": "an integer", "boolean": "a JSON boolean "
-               "(true or false)", "null": "null"}
+_JSON_TYPES = {
+    "object": "an object",
+    "array": "a list",
+    "string": "a string",
+    "number": "a number",
+    "integer": "an integer",
+    "boolean": "a JSON boolean (true or false)",
+    "null": "null",
+}
 
 
 def _json_type_ok(value: Any, kind: str) -> bool:
@@ -163,7 +181,8 @@ def validate_schema(value: Any, schema: dict, where: str, field: str = "") -> No
 
     Supported keywords: ``type``, ``properties``, ``required``, ``additionalProperties``
     (boolean or schema), ``propertyNames`` (with ``enum``), ``enum``, ``minimum``,
-    ``maximum``, ``exclusiveMinimum``, ``minLength``, ``items``. Numbers must also be
+    ``maximum``, ``exclusiveMinimum``, ``minLength``, ``items``, ``minItems``,
+    ``maxItems``. Numbers must also be
     finite (JSON has no NaN; Python's reader accepts it).
 
     Raises:
@@ -174,46 +193,71 @@ def validate_schema(value: Any, schema: dict, where: str, field: str = "") -> No
         kinds = [kinds] if isinstance(kinds, str) else list(kinds)
         if not any(_json_type_ok(value, k) for k in kinds):
             wanted = " or ".join(_JSON_TYPES[k] for k in kinds)
-            raise CalibrationFileError(where, f"must be {wanted}, got {_shown(value)}",
-                                       field or None)
+            raise CalibrationFileError(
+                where, f"must be {wanted}, got {_shown(value)}", field or None
+            )
     if "enum" in schema and value not in schema["enum"]:
-        raise CalibrationFileError(where, f"{_shown(value)} is not one of "
-                                   f"{', '.join(map(str, schema['enum']))}", field or None)
+        raise CalibrationFileError(
+            where,
+            f"{_shown(value)} is not one of {', '.join(map(str, schema['enum']))}",
+            field or None,
+        )
     if isinstance(value, int | float) and not isinstance(value, bool):
         if not math.isfinite(value):
-            raise CalibrationFileError(where, f"{_shown(value)} is not a finite number",
-                                       field or None)
+            raise CalibrationFileError(
+                where, f"{_shown(value)} is not a finite number", field or None
+            )
         low, high = schema.get("minimum"), schema.get("maximum")
         open_low = schema.get("exclusiveMinimum")
-        if ((low is not None and value < low) or (high is not None and value > high)
-                or (open_low is not None and value <= open_low)):
+        if (
+            (low is not None and value < low)
+            or (high is not None and value > high)
+            or (open_low is not None and value <= open_low)
+        ):
             lo_text = f"({open_low}" if open_low is not None else f"[{low}"
             hi_text = f"{high}]" if high is not None else "inf)"
-            raise CalibrationFileError(where, f"{_shown(value)} is outside the documented "
-                                       f"range {lo_text}, {hi_text}", field or None)
+            raise CalibrationFileError(
+                where,
+                f"{_shown(value)} is outside the documented range {lo_text}, {hi_text}",
+                field or None,
+            )
     if isinstance(value, str) and len(value) < schema.get("minLength", 0):
         raise CalibrationFileError(where, "must not be empty", field or None)
+    if isinstance(value, list) and not schema.get("minItems", 0) <= len(value) <= schema.get(
+        "maxItems", math.inf
+    ):
+        raise CalibrationFileError(
+            where,
+            f"must have {schema.get('minItems', 0)} to "
+            f"{schema.get('maxItems', 'any number of')} items, got "
+            f"{len(value)}",
+            field or None,
+        )
     if isinstance(value, list) and "items" in schema:
         for i, item in enumerate(value):
             validate_schema(item, schema["items"], where, f"{field}[{i}]")
     if isinstance(value, dict):
         for key in schema.get("required", ()):
             if key not in value:
-                raise CalibrationFileError(where, "required field is missing",
-                                           _join(field, key))
+                raise CalibrationFileError(where, "required field is missing", _join(field, key))
         names = schema.get("propertyNames", {}).get("enum")
         props = schema.get("properties", {})
         extra = schema.get("additionalProperties", True)
         for key, item in value.items():
             if names is not None and key not in names:
                 raise CalibrationFileError(
-                    where, f"unknown key {key!r}; valid keys: {', '.join(names)}", field or None)
+                    where, f"unknown key {key!r}; valid keys: {', '.join(names)}", field or None
+                )
             if key in props:
                 validate_schema(item, props[key], where, _join(field, key))
             elif extra is False:
                 raise CalibrationFileError(
-                    where, f"{field or 'the file'} has unknown field {key!r}; valid fields: "
-                    f"{', '.join(props)}", _join(field, key), field_in_reason=True)
+                    where,
+                    f"{field or 'the file'} has unknown field {key!r}; valid fields: "
+                    f"{', '.join(props)}",
+                    _join(field, key),
+                    field_in_reason=True,
+                )
             elif isinstance(extra, dict):
                 validate_schema(item, extra, where, _join(field, key))
 
@@ -227,13 +271,17 @@ def _check_chains(regimes: dict, where: str, owned: Iterable[str]) -> None:
             target = entry["calibrated_on"]
             field = f"regimes.{seen[-1]}.calibrated_on"
             if target in seen:
-                cycle = " -> ".join([*seen[seen.index(target):], target])
-                raise CalibrationFileError(where, f"calibrated_on forms a cycle ({cycle})",
-                                           f"regimes.{name}.calibrated_on")
+                cycle = " -> ".join([*seen[seen.index(target) :], target])
+                raise CalibrationFileError(
+                    where, f"calibrated_on forms a cycle ({cycle})", f"regimes.{name}.calibrated_on"
+                )
             if target not in regimes:
-                raise CalibrationFileError(where, f"names regime {target!r}, which has no "
-                                           f"entry; entries: {', '.join(sorted(regimes))}",
-                                           field)
+                raise CalibrationFileError(
+                    where,
+                    f"names regime {target!r}, which has no "
+                    f"entry; entries: {', '.join(sorted(regimes))}",
+                    field,
+                )
             seen.append(target)
             entry = regimes[target]
 
@@ -251,9 +299,12 @@ def validate_calibration(data: Any, where: str) -> None:
             continue
         for metric in METRICS:
             if metric not in entry:
-                raise CalibrationFileError(where, "required field is missing (an entry "
-                                           "without calibrated_on needs both p95 ratios)",
-                                           f"regimes.{name}.{metric}")
+                raise CalibrationFileError(
+                    where,
+                    "required field is missing (an entry "
+                    "without calibrated_on needs both p95 ratios)",
+                    f"regimes.{name}.{metric}",
+                )
     _check_chains(regimes, where, regimes)
 
 
@@ -279,14 +330,14 @@ def load_calibration(path: str | Path | None = None) -> Calibration:
     regimes.update(user.regimes)
     # The user's entries may point at the reference's (and vice versa): check the merge.
     _check_chains(regimes, user.path, user.user_regimes)
-    return Calibration(user.source, regimes, user.path, user.fitted_sidecar,
-                       tuple(user.regimes), user.complete)
+    return Calibration(
+        user.source, regimes, user.path, user.fitted_sidecar, tuple(user.regimes), user.complete
+    )
 
 
 def _read_calibration(path: str | Path | None) -> Calibration:
     if path is None:
-        text = resources.files("diloco_gym").joinpath("data/calibration_reference.json") \
-            .read_text()
+        text = resources.files("diloco_gym").joinpath("data/calibration_reference.json").read_text()
         where = "diloco_gym/data/calibration_reference.json"
     else:
         where = str(path)
@@ -305,8 +356,14 @@ def _read_calibration(path: str | Path | None) -> Calibration:
             fitted = SidecarParams(**data["fitted_sidecar"])
         except ValueError as exc:  # defensive: the schema's ranges are stricter
             raise CalibrationFileError(where, str(exc), "fitted_sidecar") from exc
-    return Calibration(str(data["source"]), dict(data["regimes"]), where, fitted,
-                       tuple(data["regimes"]), data.get("complete", True))
+    return Calibration(
+        str(data["source"]),
+        dict(data["regimes"]),
+        where,
+        fitted,
+        tuple(data["regimes"]),
+        data.get("complete", True),
+    )
 
 
 def measured_utilization(path: str | Path | None, sidecar: SidecarParams) -> float | None:
@@ -331,8 +388,11 @@ def measured_utilization(path: str | Path | None, sidecar: SidecarParams) -> flo
         return None
     if not all(np.isfinite(v) and v >= 0 for v in (rate, prompt, output)) or rate == 0:
         return None
-    service = (sidecar.ttft_ms + sidecar.prefill_ms_per_token * prompt
-               + sidecar.decode_ms_per_token * output) / 1000.0
+    service = (
+        sidecar.ttft_ms
+        + sidecar.prefill_ms_per_token * prompt
+        + sidecar.decode_ms_per_token * output
+    ) / 1000.0
     return rate * service / sidecar.slots
 
 
@@ -342,10 +402,14 @@ def fixed_schedule(n: int, every: int, h_min: int, h_max: int) -> list[int]:
     return list(range(every, n, every))
 
 
-def simulated_effect_sizes(regime: str, seeds=range(8), sidecar: SidecarParams | None = None,
-                           params: core.EnvParams | None = None,
-                           calibrated_on: bool = True,
-                           utilization: float | None = None) -> dict:
+def simulated_effect_sizes(
+    regime: str,
+    seeds=range(8),
+    sidecar: SidecarParams | None = None,
+    params: core.EnvParams | None = None,
+    calibrated_on: bool = True,
+    utilization: float | None = None,
+) -> dict:
     """Effect sizes of the simulator for ``regime``, pooled over ``seeds``.
 
     With ``calibrated_on`` the trace comes from the regime the parameters were fitted on
@@ -359,35 +423,76 @@ def simulated_effect_sizes(regime: str, seeds=range(8), sidecar: SidecarParams |
     """
     params = params or core.EnvParams()
     reg = get_regime(regime)
-    trace_regime = get_regime(reg.calibrated_on) if calibrated_on and reg.calibrated_on \
-        else reg
+    trace_regime = get_regime(reg.calibrated_on) if calibrated_on and reg.calibrated_on else reg
     sidecar = sidecar or reg.sidecar
     trace_regime = trace_regime.with_load(sidecar, target_utilization=utilization)
     lat, act, prs = [], [], []
     for seed in seeds:
         rng = np.random.default_rng(seed)
         ep = core.build_episode(trace_regime(rng), params, sidecar, LearnerParams(), rng, seed)
-        merges = fixed_schedule(ep.n_decisions, 256 // params.decision_interval, params.h_min,
-                                params.h_max)
+        merges = fixed_schedule(
+            ep.n_decisions, 256 // params.decision_interval, params.h_min, params.h_max
+        )
         res = core.replay_schedule(ep, merges, params, sidecar)
         lat.append(res.latency_s)
         act.append(res.sync_active)
         prs.append(res.pressure)
     from diloco_gym.sidecar import ReplayResult
 
-    pooled = ReplayResult(np.concatenate(lat), np.zeros(0, bool), np.concatenate(act),
-                          np.concatenate(prs))
+    pooled = ReplayResult(
+        np.concatenate(lat), np.zeros(0, bool), np.concatenate(act), np.concatenate(prs)
+    )
     out = effect_sizes(pooled, sidecar.high_pressure)
     out["p95_ms"] = percentile(pooled.latency_s * 1000, 95)
     return out
 
 
-def transfer_verdict(simulated: dict, measured: dict, tolerance: float = TOLERANCE) -> str:
-    """``calibrated``, ``uncalibrated`` or ``no measurable SLO effect`` (see module doc)."""
+def transfer_verdict(
+    simulated: dict, measured: dict, tolerance: float = TOLERANCE, interval: dict | None = None
+) -> str:
+    """``calibrated``, ``uncalibrated`` or ``no measurable SLO effect`` (see module doc).
+
+    Args:
+        simulated / measured: effect sizes (``p95_high_low``, ``p95_sync_ratio``).
+        tolerance: largest accepted difference.
+        interval: optional confidence intervals of the measured effect sizes,
+            ``{metric: (lo, hi)}`` (a live run's ``p95_sync_ratio_ci`` ... fields, see
+            :func:`measured_intervals`). When the verdict at either end of an interval
+            differs from the verdict at the measured value, the interval is too wide to
+            decide and the verdict is ``"uncertain"``. Without it (or with no finite
+            interval) the verdict is exactly the point verdict.
+    """
+    verdict = _point_verdict(simulated, measured, tolerance)
+    for metric, bounds in (interval or {}).items():
+        if bounds is None or metric not in measured:
+            continue
+        for end in bounds:
+            if end is None or not np.isfinite(end):
+                continue
+            if _point_verdict(simulated, {**measured, metric: float(end)}, tolerance) != verdict:
+                return "uncertain"
+    return verdict
+
+
+def measured_intervals(entry: dict) -> dict[str, tuple[float, float]]:
+    """The confidence intervals a calibration entry carries (``{metric: (lo, hi)}``; empty
+    for entries without them, such as the shipped reference)."""
+    out = {}
+    for metric in METRICS:
+        ci = entry.get(f"{metric}_ci")
+        if isinstance(ci, (list, tuple)) and len(ci) == 2:
+            out[metric] = (float(ci[0]), float(ci[1]))
+    return out
+
+
+def _point_verdict(simulated: dict, measured: dict, tolerance: float) -> str:
     if abs(measured["p95_sync_ratio"] - 1.0) <= tolerance:
         return "no measurable SLO effect"
-    ok = all(abs(simulated[m] - measured[m]) <= tolerance for m in METRICS
-             if np.isfinite(simulated.get(m, np.nan)))
+    ok = all(
+        abs(simulated[m] - measured[m]) <= tolerance
+        for m in METRICS
+        if np.isfinite(simulated.get(m, np.nan))
+    )
     return "calibrated" if ok else "uncalibrated"
 
 
@@ -409,9 +514,11 @@ def fit_sidecar(regime: str, measured: dict, seeds=range(8), iters: int = 18) ->
             lo, hi = (mid, hi) if got < target else (lo, mid)
         return replace(current, **{field: round((lo + hi) / 2, 3)})
 
-    for field, metric in (("sync_slowdown", "p95_sync_ratio"),
-                          ("pressure_gain", "p95_high_low"),
-                          ("sync_slowdown", "p95_sync_ratio")):
+    for field, metric in (
+        ("sync_slowdown", "p95_sync_ratio"),
+        ("pressure_gain", "p95_high_low"),
+        ("sync_slowdown", "p95_sync_ratio"),
+    ):
         sidecar = solve(field, metric, measured[metric], sidecar)
     return sidecar
 
@@ -424,9 +531,11 @@ def main() -> None:  # pragma: no cover - a maintenance command
             continue
         fitted = fit_sidecar(name, cal.measured(name))
         sim = simulated_effect_sizes(name, sidecar=fitted)
-        print(f"{name:15s} sync_slowdown={fitted.sync_slowdown:.3f} "
-              f"pressure_gain={fitted.pressure_gain:.3f} -> "
-              + " ".join(f"{k}={v:.3f}" for k, v in sim.items()))
+        print(
+            f"{name:15s} sync_slowdown={fitted.sync_slowdown:.3f} "
+            f"pressure_gain={fitted.pressure_gain:.3f} -> "
+            + " ".join(f"{k}={v:.3f}" for k, v in sim.items())
+        )
 
 
 if __name__ == "__main__":  # pragma: no cover

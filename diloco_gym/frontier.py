@@ -337,7 +337,10 @@ def run_frontier(config: FrontierConfig, progress: bool = True) -> dict[str, Any
             sidecar=fitted,
             utilization=u_cal,
         )
-        calib_verdicts[regime] = cal.transfer_verdict(sim, calib.measured(calib_key))
+        measured = calib.measured(calib_key)
+        calib_verdicts[regime] = cal.transfer_verdict(
+            sim, measured, interval=cal.measured_intervals(measured)
+        )
         cache: dict[str, Any] = {}
         for seed, gen in units:
             envs = (

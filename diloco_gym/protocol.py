@@ -77,6 +77,7 @@ VERDICTS = (
     "inconclusive (too few episodes)",
     "no claim (saturated)",
     "no claim (uncalibrated)",
+    "no claim (calibration uncertain)",
     "no claim (no SLO effect)",
 )
 
@@ -620,7 +621,9 @@ def gate_verdict(
     1. ``no claim (no SLO effect)`` when the real sidecar showed no merge effect;
     2. ``no claim (saturated)`` when the replay's no-merge violation rate is above
        ``saturation_pct`` (see :data:`SATURATION_PCT`);
-       then ``no claim (uncalibrated)`` when the effect sizes did not transfer;
+       then ``no claim (uncalibrated)`` when the effect sizes did not transfer, and
+       ``no claim (calibration uncertain)`` when the measured interval of an effect size is
+       too wide to decide the transfer;
     3. ``inconclusive (too few episodes)`` when ``n_units`` independent units could not
        have reached ``alpha`` whatever the data: ``n_tests * min_achievable_p(n_units)``
        (the smallest Holm-adjusted p over ``n_tests`` tests) is not below it;
@@ -647,6 +650,8 @@ def gate_verdict(
         return "no claim (saturated)"
     if calibration_verdict == "uncalibrated":
         return "no claim (uncalibrated)"
+    if calibration_verdict == "uncertain":  # the measured interval straddles the verdict
+        return "no claim (calibration uncertain)"
     # Before the p-value: with independent units a p below alpha is then impossible anyway,
     # and with overlapping ones (n_units = the independent count) a small p is
     # pseudo-replication, not evidence.

@@ -324,7 +324,7 @@ def run_protocol(
         measured = calib.measured(measured_key)
         got = by_cell[(regime, None)]
         sim, trace_sim, u_cal = got["sim"], got["trace_sim"], got["u_cal"]
-        verdict = cal.transfer_verdict(sim, measured)
+        verdict = cal.transfer_verdict(sim, measured, interval=cal.measured_intervals(measured))
         on = calib.measured_on(measured_key)
         load = loads[regime]
         calib_rows.append(

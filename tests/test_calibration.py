@@ -16,8 +16,7 @@ from diloco_gym.calibration import (
 from diloco_gym.regimes import REGIMES
 from diloco_gym.sidecar import SidecarParams
 
-GOOD = {"source": "test", "regimes": {"sync-heavy": {"p95_high_low": 1.0,
-                                                     "p95_sync_ratio": 1.5}}}
+GOOD = {"source": "test", "regimes": {"sync-heavy": {"p95_high_low": 1.0, "p95_sync_ratio": 1.5}}}
 
 
 def _write(tmp_path, content) -> str:
@@ -34,57 +33,127 @@ def _with(**changes) -> dict:
 
 BAD = [
     # (id, document, field named, message fragment)
-    ("cycle", _with(regimes={"bursty": {"calibrated_on": "non-periodic"},
-                             "non-periodic": {"calibrated_on": "bursty"}}),
-     "regimes.bursty.calibrated_on", "cycle (bursty -> non-periodic -> bursty)"),
-    ("self-cycle", _with(regimes={"bursty": {"calibrated_on": "bursty"}}),
-     "regimes.bursty.calibrated_on", "cycle"),
+    (
+        "cycle",
+        _with(
+            regimes={
+                "bursty": {"calibrated_on": "non-periodic"},
+                "non-periodic": {"calibrated_on": "bursty"},
+            }
+        ),
+        "regimes.bursty.calibrated_on",
+        "cycle (bursty -> non-periodic -> bursty)",
+    ),
+    (
+        "self-cycle",
+        _with(regimes={"bursty": {"calibrated_on": "bursty"}}),
+        "regimes.bursty.calibrated_on",
+        "cycle",
+    ),
     ("regimes-list", _with(regimes=[{"p95_high_low": 1.0}]), "regimes", "must be an object"),
-    ("entry-number", _with(regimes={"ordinary": 1.5}), "regimes.ordinary",
-     "must be an object, got 1.5"),
-    ("complete-string", _with(complete="false"), "complete",
-     'must be a JSON boolean (true or false), got "false"'),
+    (
+        "entry-number",
+        _with(regimes={"ordinary": 1.5}),
+        "regimes.ordinary",
+        "must be an object, got 1.5",
+    ),
+    (
+        "complete-string",
+        _with(complete="false"),
+        "complete",
+        'must be a JSON boolean (true or false), got "false"',
+    ),
     ("complete-number", _with(complete=0), "complete", "JSON boolean"),
-    ("unknown-regime", _with(regimes={"sync_heavy": {"p95_high_low": 1.0,
-                                                     "p95_sync_ratio": 1.0}}),
-     "regimes", "unknown key 'sync_heavy'; valid keys: ordinary, pressure-heavy, sync-heavy"),
-    ("huge-slowdown", _with(fitted_sidecar={"sync_slowdown": 1e300}),
-     "fitted_sidecar.sync_slowdown", "outside the documented range [0, 100]"),
-    ("zero-slots", _with(fitted_sidecar={"slots": 0}), "fitted_sidecar.slots",
-     "outside the documented range (0, 100000]"),
-    ("unknown-sidecar-field", _with(fitted_sidecar={"speed": 1.0}), "fitted_sidecar.speed",
-     "fitted_sidecar has unknown field 'speed'; valid fields: ttft_ms"),
+    (
+        "unknown-regime",
+        _with(regimes={"sync_heavy": {"p95_high_low": 1.0, "p95_sync_ratio": 1.0}}),
+        "regimes",
+        "unknown key 'sync_heavy'; valid keys: ordinary, pressure-heavy, sync-heavy",
+    ),
+    (
+        "huge-slowdown",
+        _with(fitted_sidecar={"sync_slowdown": 1e300}),
+        "fitted_sidecar.sync_slowdown",
+        "outside the documented range [0, 100]",
+    ),
+    (
+        "zero-slots",
+        _with(fitted_sidecar={"slots": 0}),
+        "fitted_sidecar.slots",
+        "outside the documented range (0, 100000]",
+    ),
+    (
+        "unknown-sidecar-field",
+        _with(fitted_sidecar={"speed": 1.0}),
+        "fitted_sidecar.speed",
+        "fitted_sidecar has unknown field 'speed'; valid fields: ttft_ms",
+    ),
     ("fitted-list", _with(fitted_sidecar=[1]), "fitted_sidecar", "an object or null"),
-    ("huge-ratio", _with(regimes={"ordinary": {"p95_high_low": 1.0, "p95_sync_ratio": 1e9}}),
-     "regimes.ordinary.p95_sync_ratio", "outside the documented range"),
-    ("nan-ratio", '{"source": "x", "regimes": {"ordinary": {"p95_high_low": NaN, '
-     '"p95_sync_ratio": 1}}}', "regimes.ordinary.p95_high_low", "not a finite number"),
-    ("bool-ratio", _with(regimes={"ordinary": {"p95_high_low": True, "p95_sync_ratio": 1}}),
-     "regimes.ordinary.p95_high_low", "must be a number"),
-    ("corr-out-of-range", _with(regimes={"ordinary": {"p95_high_low": 1, "p95_sync_ratio": 1,
-                                                      "pressure_latency_corr": 2}}),
-     "regimes.ordinary.pressure_latency_corr", "outside"),
-    ("missing-metric", _with(regimes={"ordinary": {"p95_high_low": 1}}),
-     "regimes.ordinary.p95_sync_ratio", "required field is missing"),
-    ("calibrated-on-number", _with(regimes={"bursty": {"calibrated_on": 3}}),
-     "regimes.bursty.calibrated_on", "must be a string"),
+    (
+        "huge-ratio",
+        _with(regimes={"ordinary": {"p95_high_low": 1.0, "p95_sync_ratio": 1e9}}),
+        "regimes.ordinary.p95_sync_ratio",
+        "outside the documented range",
+    ),
+    (
+        "nan-ratio",
+        '{"source": "x", "regimes": {"ordinary": {"p95_high_low": NaN, "p95_sync_ratio": 1}}}',
+        "regimes.ordinary.p95_high_low",
+        "not a finite number",
+    ),
+    (
+        "bool-ratio",
+        _with(regimes={"ordinary": {"p95_high_low": True, "p95_sync_ratio": 1}}),
+        "regimes.ordinary.p95_high_low",
+        "must be a number",
+    ),
+    (
+        "corr-out-of-range",
+        _with(
+            regimes={
+                "ordinary": {"p95_high_low": 1, "p95_sync_ratio": 1, "pressure_latency_corr": 2}
+            }
+        ),
+        "regimes.ordinary.pressure_latency_corr",
+        "outside",
+    ),
+    (
+        "missing-metric",
+        _with(regimes={"ordinary": {"p95_high_low": 1}}),
+        "regimes.ordinary.p95_sync_ratio",
+        "required field is missing",
+    ),
+    (
+        "calibrated-on-number",
+        _with(regimes={"bursty": {"calibrated_on": 3}}),
+        "regimes.bursty.calibrated_on",
+        "must be a string",
+    ),
     ("typo-top-level", _with(complet=False), "complet", "the file has unknown field 'complet'"),
     ("empty-source", _with(source=""), "source", "must not be empty"),
     ("top-level-list", [1, 2], None, "must be an object"),
     ("missing-source", {"regimes": {}}, "source", "required field is missing"),
     ("deep-nesting", "[" * 100000 + "]" * 100000, None, "not valid JSON"),
-    ("huge-integer-literal", '{"source": "x", "regimes": {}, "complete": ' + "9" * 5000 + "}",
-     None, "not valid JSON"),
+    (
+        "huge-integer-literal",
+        '{"source": "x", "regimes": {}, "complete": ' + "9" * 5000 + "}",
+        None,
+        "not valid JSON",
+    ),
     ("complete-null", _with(complete=None), "complete", "JSON boolean"),
     ("source-number", _with(source=5), "source", "must be a string"),
-    ("undefined-unknown", _with(regimes={"ordinary": {"p95_high_low": 1, "p95_sync_ratio": 1,
-                                                      "undefined": ["p50"]}}),
-     "regimes.ordinary.undefined[0]", "is not one of p95_high_low, p95_sync_ratio"),
+    (
+        "undefined-unknown",
+        _with(regimes={"ordinary": {"p95_high_low": 1, "p95_sync_ratio": 1, "undefined": ["p50"]}}),
+        "regimes.ordinary.undefined[0]",
+        "is not one of p95_high_low, p95_sync_ratio",
+    ),
 ]
 
 
-@pytest.mark.parametrize(("content", "field", "fragment"), [c[1:] for c in BAD],
-                         ids=[c[0] for c in BAD])
+@pytest.mark.parametrize(
+    ("content", "field", "fragment"), [c[1:] for c in BAD], ids=[c[0] for c in BAD]
+)
 def test_structural_errors_name_the_field(tmp_path, content, field, fragment):
     path = _write(tmp_path, content)
     with pytest.raises(CalibrationFileError) as info:
@@ -133,20 +202,21 @@ def test_schema_matches_the_code():
     schema = calibration_schema()
     regimes = schema["properties"]["regimes"]
     assert regimes["propertyNames"]["enum"] == list(REGIMES)
-    assert regimes["additionalProperties"]["properties"]["calibrated_on"]["enum"] == \
-        list(REGIMES)
+    assert regimes["additionalProperties"]["properties"]["calibrated_on"]["enum"] == list(REGIMES)
     sidecar = schema["properties"]["fitted_sidecar"]["properties"]
     assert list(sidecar) == [f.name for f in fields(SidecarParams)]
     load_calibration()
     for name, regime in REGIMES.items():
-        doc = _with(fitted_sidecar={f.name: getattr(regime.sidecar, f.name)
-                                    for f in fields(SidecarParams)})
+        doc = _with(
+            fitted_sidecar={f.name: getattr(regime.sidecar, f.name) for f in fields(SidecarParams)}
+        )
         validate_calibration(doc, name)
 
 
 def test_fitted_sidecar_in_range_loads(tmp_path):
-    cal = load_calibration(_write(tmp_path, _with(fitted_sidecar={"sync_slowdown": 0.7,
-                                                                  "slots": 4})))
+    cal = load_calibration(
+        _write(tmp_path, _with(fitted_sidecar={"sync_slowdown": 0.7, "slots": 4}))
+    )
     assert cal.fitted_sidecar == SidecarParams(sync_slowdown=0.7, slots=4)
     assert cal.sidecar_for("bursty") == cal.fitted_sidecar  # bursty is measured on sync-heavy
     assert cal.sidecar_for("ordinary") is None
@@ -157,14 +227,24 @@ def test_report_announces_an_incomplete_calibration(tmp_path, capsys):
     from diloco_gym.cli import main
 
     path = _write(tmp_path, _with(complete=False))
-    base = ["report", "--seeds", "2", "--regimes", "sync-heavy", "--agents", "fixed-512",
-            "--draws", "20", "--no-progress"]
+    base = [
+        "report",
+        "--seeds",
+        "2",
+        "--regimes",
+        "sync-heavy",
+        "--agents",
+        "fixed-512",
+        "--draws",
+        "20",
+        "--no-progress",
+    ]
     assert main([*base, "--out", str(tmp_path / "inc"), "--calibration", path]) == 0
     err = capsys.readouterr().err
     assert err.count("marked incomplete") == 1 and path in err
-    assert json.loads((tmp_path / "inc" / "report.json").read_text())[
-        "calibration_complete"] is False
+    assert (
+        json.loads((tmp_path / "inc" / "report.json").read_text())["calibration_complete"] is False
+    )
     assert main([*base, "--out", str(tmp_path / "ok")]) == 0
     assert "incomplete" not in capsys.readouterr().err
-    assert json.loads((tmp_path / "ok" / "report.json").read_text())[
-        "calibration_complete"] is True
+    assert json.loads((tmp_path / "ok" / "report.json").read_text())["calibration_complete"] is True

@@ -26,14 +26,22 @@ REFERENCE_TARGETS = {
     "sync-heavy": (1.00, 1.556),
 }
 #: Bursty and non-periodic take the sync-heavy interference (docs/calibration.md).
-TARGET_OF = {"ordinary": "ordinary", "pressure-heavy": "pressure-heavy",
-             "sync-heavy": "sync-heavy", "bursty": "sync-heavy", "non-periodic": "sync-heavy"}
+TARGET_OF = {
+    "ordinary": "ordinary",
+    "pressure-heavy": "pressure-heavy",
+    "sync-heavy": "sync-heavy",
+    "bursty": "sync-heavy",
+    "non-periodic": "sync-heavy",
+}
 #: Seeds the sidecar parameters were not fitted on (the fit uses range(8)).
 HELD_OUT = range(100, 108)
-EXPECTED_VERDICT = {"ordinary": "no measurable SLO effect",
-                    "pressure-heavy": "no measurable SLO effect",
-                    "sync-heavy": "calibrated", "bursty": "calibrated",
-                    "non-periodic": "calibrated"}
+EXPECTED_VERDICT = {
+    "ordinary": "no measurable SLO effect",
+    "pressure-heavy": "no measurable SLO effect",
+    "sync-heavy": "calibrated",
+    "bursty": "calibrated",
+    "non-periodic": "calibrated",
+}
 
 
 @pytest.fixture(scope="module")
@@ -82,19 +90,29 @@ def test_miscalibrated_parameters_are_caught():
     assert sim["p95_sync_ratio"] < 1.556 - TOLERANCE
     assert transfer_verdict(sim, cal.measured("sync-heavy")) == "uncalibrated"
     # The verdict only looks at the measured sync ratio to call "no measurable effect".
-    assert transfer_verdict({"p95_high_low": 3.0, "p95_sync_ratio": 3.0},
-                            {"p95_high_low": 1.0, "p95_sync_ratio": 1.0}) \
+    assert (
+        transfer_verdict(
+            {"p95_high_low": 3.0, "p95_sync_ratio": 3.0},
+            {"p95_high_low": 1.0, "p95_sync_ratio": 1.0},
+        )
         == "no measurable SLO effect"
+    )
     # A NaN simulated metric (an empty class) is skipped, not a failure.
-    assert transfer_verdict({"p95_high_low": float("nan"), "p95_sync_ratio": 1.55},
-                            {"p95_high_low": 1.0, "p95_sync_ratio": 1.556}) == "calibrated"
+    assert (
+        transfer_verdict(
+            {"p95_high_low": float("nan"), "p95_sync_ratio": 1.55},
+            {"p95_high_low": 1.0, "p95_sync_ratio": 1.556},
+        )
+        == "calibrated"
+    )
 
 
 def test_fit_recovers_the_shipped_sync_slowdown():
     measured = load_calibration().measured("sync-heavy")
     fitted = fit_sidecar("sync-heavy", measured, seeds=range(8), iters=10)
-    assert fitted.sync_slowdown == pytest.approx(REGIMES["sync-heavy"].sidecar.sync_slowdown,
-                                                 abs=0.03)
+    assert fitted.sync_slowdown == pytest.approx(
+        REGIMES["sync-heavy"].sidecar.sync_slowdown, abs=0.03
+    )
     assert fitted.pressure_gain == 0.0  # measured high/low is 1: no pressure effect
 
 
@@ -116,23 +134,36 @@ def _write(tmp_path, content) -> str:
     return str(path)
 
 
-GOOD = {"source": "test", "regimes": {"sync-heavy": {"p95_high_low": 1.0,
-                                                     "p95_sync_ratio": 1.5}}}
+GOOD = {"source": "test", "regimes": {"sync-heavy": {"p95_high_low": 1.0, "p95_sync_ratio": 1.5}}}
 
 
-@pytest.mark.parametrize("content, field", [
-    ("{not json", "not valid JSON"),
-    ({"regimes": {}}, "source"),
-    ({"source": "x"}, "regimes"),
-    ({"source": "x", "regimes": {"sync-heavy": {"p95_high_low": 1.0}}},
-     "regimes.sync-heavy.p95_sync_ratio"),
-    ({"source": "x", "regimes": {"ordinary": {"p95_high_low": -1.0, "p95_sync_ratio": 1.0}}},
-     "regimes.ordinary.p95_high_low"),
-    ({"source": "x", "regimes": {"ordinary": {"p95_high_low": "1.0", "p95_sync_ratio": 1.0}}},
-     "regimes.ordinary.p95_high_low"),
-    ({"source": "x", "regimes": {"bursty": {"calibrated_on": "nowhere"}}},
-     "regimes.bursty.calibrated_on"),
-])
+@pytest.mark.parametrize(
+    "content, field",
+    [
+        ("{not json", "not valid JSON"),
+        ({"regimes": {}}, "source"),
+        ({"source": "x"}, "regimes"),
+        (
+            {"source": "x", "regimes": {"sync-heavy": {"p95_high_low": 1.0}}},
+            "regimes.sync-heavy.p95_sync_ratio",
+        ),
+        (
+            {"source": "x", "regimes": {"ordinary": {"p95_high_low": -1.0, "p95_sync_ratio": 1.0}}},
+            "regimes.ordinary.p95_high_low",
+        ),
+        (
+            {
+                "source": "x",
+                "regimes": {"ordinary": {"p95_high_low": "1.0", "p95_sync_ratio": 1.0}},
+            },
+            "regimes.ordinary.p95_high_low",
+        ),
+        (
+            {"source": "x", "regimes": {"bursty": {"calibrated_on": "nowhere"}}},
+            "regimes.bursty.calibrated_on",
+        ),
+    ],
+)
 def test_bad_calibration_files_name_file_and_field(tmp_path, content, field):
     path = _write(tmp_path, content)
     with pytest.raises(ValueError) as info:
@@ -187,14 +218,27 @@ def test_a_live_file_is_judged_at_the_utilization_it_was_measured_at(tmp_path):
     from diloco_gym.calibration import measured_utilization
     from diloco_gym.report import ReportConfig, run_protocol
 
-    fitted = {"ttft_ms": 47.0, "prefill_ms_per_token": 0.15, "decode_ms_per_token": 1.3,
-              "slots": 1.1, "sync_slowdown": 0.9}
-    doc = {"source": "unit-test live file",
-           "regimes": {"sync-heavy": {"p95_high_low": 1.0, "p95_sync_ratio": 2.35}},
-           "fitted_sidecar": fitted,
-           "metadata": {"trace": {"rate_rps": 1.5, "sent_prompt_tokens_mean": 252.0,
-                                  "sent_output_tokens_mean": 48.0, "requests": 17,
-                                  "duration_s": 10.0}}}
+    fitted = {
+        "ttft_ms": 47.0,
+        "prefill_ms_per_token": 0.15,
+        "decode_ms_per_token": 1.3,
+        "slots": 1.1,
+        "sync_slowdown": 0.9,
+    }
+    doc = {
+        "source": "unit-test live file",
+        "regimes": {"sync-heavy": {"p95_high_low": 1.0, "p95_sync_ratio": 2.35}},
+        "fitted_sidecar": fitted,
+        "metadata": {
+            "trace": {
+                "rate_rps": 1.5,
+                "sent_prompt_tokens_mean": 252.0,
+                "sent_output_tokens_mean": 48.0,
+                "requests": 17,
+                "duration_s": 10.0,
+            }
+        },
+    }
     path = tmp_path / "live.json"
     path.write_text(json.dumps(doc))
     cal = load_calibration(path)
@@ -205,12 +249,17 @@ def test_a_live_file_is_judged_at_the_utilization_it_was_measured_at(tmp_path):
     bare = tmp_path / "bare.json"
     bare.write_text(json.dumps(doc))
     assert measured_utilization(bare, cal.fitted_sidecar) is None
-    res = run_protocol(ReportConfig(regimes=["sync-heavy"], agents=["fixed-512"], seeds=2,
-                                    draws=10, calibration=str(path)), progress=False)
+    res = run_protocol(
+        ReportConfig(
+            regimes=["sync-heavy"], agents=["fixed-512"], seeds=2, draws=10, calibration=str(path)
+        ),
+        progress=False,
+    )
     row = res["calibration"].iloc[0]
     assert row["calibration_utilization"] == pytest.approx(u)
-    at_u = simulated_effect_sizes("sync-heavy", seeds=range(8), sidecar=cal.fitted_sidecar,
-                                  utilization=u)
+    at_u = simulated_effect_sizes(
+        "sync-heavy", seeds=range(8), sidecar=cal.fitted_sidecar, utilization=u
+    )
     assert row["sim_p95_sync_ratio"] == at_u["p95_sync_ratio"]
     # The episodes themselves run at the regime's own utilization on that sidecar.
     assert row["utilization"] == pytest.approx(REGIMES["sync-heavy"].utilization())

@@ -593,3 +593,20 @@ def test_episode_scorer_bounded_memory_paths_agree(monkeypatch):
     np.testing.assert_array_equal(small.drain_bins, big.drain_bins)
     np.testing.assert_array_equal(small.iso_excess, big.iso_excess)
     np.testing.assert_array_equal(small.score(sch).exact_pct, got.exact_pct)
+
+
+def test_an_uncertain_calibration_makes_no_claim():
+    """A live calibration whose interval straddles the transfer verdict supports no claim,
+    whatever the data (it is not treated as calibrated)."""
+    assert (
+        protocol.gate_verdict("uncertain", -5.0, 1e-6, n_units=20)
+        == "no claim (calibration uncertain)"
+    )
+    assert "no claim (calibration uncertain)" in protocol.VERDICTS
+    from diloco_gym import calibration as cal
+
+    sim = {"p95_high_low": 1.0, "p95_sync_ratio": 1.55, "pressure_latency_corr": 0.0}
+    measured = {"p95_high_low": 1.0, "p95_sync_ratio": 1.55, "p95_sync_ratio_ci": [0.9, 3.0]}
+    interval = cal.measured_intervals(measured)
+    assert cal.transfer_verdict(sim, measured, interval=interval) == "uncertain"
+    assert cal.transfer_verdict(sim, measured) == "calibrated"

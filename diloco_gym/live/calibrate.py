@@ -65,37 +65,70 @@ from typing import Any
 import numpy as np
 
 from diloco_gym.calibration import CalibrationFileError, validate_calibration
+from diloco_gym.live.engine import (
+    LIVE_EXTRA_HINT,
+    EngineModelConfig,
+    EngineProcess,
+    engine_available,
+    kv_settings,
+    start_engine,
+)
 from diloco_gym.live.errors import (
     CalibrationError,
     CalibrationTerminated,
     EndpointUnavailableError,
     MergeWorkerError,
 )
-from diloco_gym.live.fit import RunData, fit_sidecar_live, measured_effect_sizes
+from diloco_gym.live.fit import (
+    RunData,
+    bootstrap_intervals,
+    fit_sidecar_live,
+    measured_effect_sizes,
+)
 from diloco_gym.live.merges import MergeCluster, MergeConfig, MergeReport
+from diloco_gym.live.probe import ProbeConfig, ProbeResult, probe_capacity, warm_up
 from diloco_gym.live.replay import (
     CpuSampler,
     Endpoint,
     OpenLoopReplayer,
     RequestRecord,
-    make_prompt,
-    post_completion,
     probe_endpoint,
 )
 from diloco_gym.live.server import SidecarModelConfig, SidecarProcess, start_sidecar
 from diloco_gym.sidecar import SidecarParams
 from diloco_gym.traces import Trace, random_window, scale_rate, window
 
-__all__ = ["CalibrationConfig", "CalibrationResult", "run_calibration", "plan_merges",
-           "prepare_trace", "partial_path", "BUILTIN_DEFAULTS"]
+__all__ = [
+    "CalibrationConfig",
+    "CalibrationResult",
+    "run_calibration",
+    "plan_merges",
+    "prepare_trace",
+    "partial_path",
+    "BUILTIN_DEFAULTS",
+]
 
-#: Defaults used with the built-in sidecar when a field of the config is ``None``: a tiny
-#: CPU model serves ~3 requests/s of this size, so the regimes' native rates would swamp it.
-BUILTIN_DEFAULTS: dict[str, Any] = {"rate_rps": 2.0, "output_scale": 0.5,
-                                     "max_prompt_tokens": 256, "max_output_tokens": 256}
+#: Defaults used with a built-in engine when a field of the config is ``None``: a tiny CPU
+#: model serves a few requests/s of this size, so the regimes' native sizes would swamp it.
+#: The rate comes from the capacity probe (``target_utilization`` of the capacity); 2 req/s
+#: only when the probe is off.
+BUILTIN_DEFAULTS: dict[str, Any] = {
+    "rate_rps": None,
+    "output_scale": 0.5,
+    "max_prompt_tokens": 256,
+    "max_output_tokens": 256,
+}
+#: Rate of a built-in engine when neither ``rate_rps`` nor the probe sets one.
+BUILTIN_RATE_WITHOUT_PROBE = 2.0
+#: The engines ``calibrate`` can start itself (without an endpoint).
+ENGINES = ("transformers", "builtin-fallback")
 #: Defaults against an external endpoint (the trace as it is).
-ENDPOINT_DEFAULTS: dict[str, Any] = {"rate_rps": None, "output_scale": 1.0,
-                                      "max_prompt_tokens": 4096, "max_output_tokens": 1024}
+ENDPOINT_DEFAULTS: dict[str, Any] = {
+    "rate_rps": None,
+    "output_scale": 1.0,
+    "max_prompt_tokens": 4096,
+    "max_output_tokens": 1024,
+}
 
 
 @dataclass(frozen=True)
@@ -132,6 +165,35 @@ class CalibrationConfig:
         progress_every_s: seconds between progress lines.
         kill_worker_at_merge: fault injection for tests: SIGKILL worker rank 1 (or 0 when
             there is one) half a second into this merge.
+        engine: without an endpoint, which server to start: ``"transformers"`` (a real
+            continuous-batching engine, :mod:`diloco_gym.live.engine`, needs the ``live``
+            extra) or ``"builtin-fallback"`` (the dependency-free server of
+            :mod:`diloco_gym.live.server`).
+        engine_model: size of the ``transformers`` engine's model.
+        engine_max_concurrent: requests of the longest size its KV cache holds at once.
+        engine_start_timeout_s: how long the engine may take to answer ``/health``.
+        probe: capacity-probe settings (:class:`~diloco_gym.live.probe.ProbeConfig`);
+            ``None`` skips the probe (the rate is then ``rate_rps``, or 2 req/s with a
+            built-in engine, or the trace's own rate).
+        target_utilization: without ``rate_rps``, the replay's mean rate is this fraction
+            of the probed capacity. The default 0.5 keeps the no-merge control well inside
+            the probe's sustainable region (p95 within ``probe.p95_factor`` of idle), so that
+            merges are measured on a busy but unsaturated engine.
+        repeats: sync/control phase pairs; the order within each pair is drawn from the
+            seed. Effect sizes are pooled over all repeats and get a bootstrap interval
+            over repeats (:func:`~diloco_gym.live.fit.bootstrap_intervals`).
+        bootstrap_resamples: resamples of that bootstrap.
+        overload_inflight: stop the run (overload) when more requests than this are
+            outstanding for longer than ``overload_grace_s``, or more than four times this
+            at any moment (``None``: ``max(16, 2 x rate x merge_seconds, 4 x rate x p95 of
+            the highest sustainable probe step)``, or ``max(64, 2 x rate x merge_seconds)``
+            without a probe). The grace lets the backlog of one merge
+            drain: a merge may stall the engine for its whole window, and a continuous-
+            batching engine clears such a backlog quickly afterwards.
+        overload_grace_s: see ``overload_inflight`` (``None``: ``max(10, 2 x
+            merge_seconds)``).
+        overload_timeout_fraction: stop the run when more than this fraction of a phase's
+            answered requests timed out (after at least 3 timeouts).
     """
 
     seed: int = 0
@@ -157,17 +219,29 @@ class CalibrationConfig:
     base_sidecar: SidecarParams | None = None
     progress_every_s: float = 5.0
     kill_worker_at_merge: int | None = None
+    engine: str = "transformers"
+    engine_model: EngineModelConfig = field(default_factory=EngineModelConfig)
+    engine_max_concurrent: int = 32
+    engine_start_timeout_s: float = 180.0
+    probe: ProbeConfig | None = field(default_factory=ProbeConfig)
+    target_utilization: float = 0.5
+    repeats: int = 3
+    bootstrap_resamples: int = 2000
+    overload_inflight: int | None = None
+    overload_grace_s: float | None = None
+    overload_timeout_fraction: float = 0.2
 
     def __post_init__(self) -> None:
-        for name in ("timeout_s", "merge_seconds", "pressure_norm_inflight",
-                     "progress_every_s"):
+        for name in ("timeout_s", "merge_seconds", "pressure_norm_inflight", "progress_every_s"):
             v = getattr(self, name)
             if not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
                 raise ValueError(f"CalibrationConfig.{name} must be > 0, got {v!r}")
         lo, hi = self.gap_seconds
         if not 0 <= lo <= hi:
-            raise ValueError(f"CalibrationConfig.gap_seconds must be (lo, hi) with "
-                             f"0 <= lo <= hi, got {self.gap_seconds!r}")
+            raise ValueError(
+                f"CalibrationConfig.gap_seconds must be (lo, hi) with "
+                f"0 <= lo <= hi, got {self.gap_seconds!r}"
+            )
         if self.lead_seconds < 0:
             raise ValueError("CalibrationConfig.lead_seconds must be >= 0")
         if self.rate_rps is not None and not self.rate_rps > 0:
@@ -185,10 +259,37 @@ class CalibrationConfig:
         for name in ("max_prompt_tokens", "max_output_tokens"):
             v = getattr(self, name)
             if v is not None and (not isinstance(v, int) or v < 1):
-                raise ValueError(f"CalibrationConfig.{name} must be None or an int >= 1, "
-                                 f"got {v!r}")
+                raise ValueError(f"CalibrationConfig.{name} must be None or an int >= 1, got {v!r}")
         if not isinstance(self.merge, MergeConfig):
             raise ValueError("CalibrationConfig.merge must be a MergeConfig")
+        if self.engine not in ENGINES:
+            raise ValueError(
+                f"CalibrationConfig.engine must be one of {', '.join(ENGINES)}, got {self.engine!r}"
+            )
+        if not (
+            isinstance(self.target_utilization, (int, float)) and 0 < self.target_utilization <= 1
+        ):
+            raise ValueError(
+                f"CalibrationConfig.target_utilization must be in (0, 1], got "
+                f"{self.target_utilization!r}"
+            )
+        for name, low in (("repeats", 1), ("engine_max_concurrent", 1), ("bootstrap_resamples", 0)):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < low:
+                raise ValueError(f"CalibrationConfig.{name} must be an int >= {low}, got {v!r}")
+        if self.overload_inflight is not None and (
+            not isinstance(self.overload_inflight, int) or self.overload_inflight < 1
+        ):
+            raise ValueError(
+                f"CalibrationConfig.overload_inflight must be None or an int "
+                f">= 1, got {self.overload_inflight!r}"
+            )
+        if self.overload_grace_s is not None and not self.overload_grace_s >= 0:
+            raise ValueError("CalibrationConfig.overload_grace_s must be None or >= 0")
+        if not 0 < self.overload_timeout_fraction <= 1:
+            raise ValueError("CalibrationConfig.overload_timeout_fraction must be in (0, 1]")
+        if not self.engine_start_timeout_s > 0:
+            raise ValueError("CalibrationConfig.engine_start_timeout_s must be > 0")
 
     def resolved(self, builtin: bool) -> CalibrationConfig:
         """The config with its ``None`` defaults filled for the built-in sidecar or not."""
@@ -225,9 +326,12 @@ class CalibrationResult:
 # --------------------------------------------------------------------------- preparation
 
 
-def prepare_trace(source: str | os.PathLike[str] | Trace, duration_s: float,
-                  cfg: CalibrationConfig, trace_format: str = "auto"
-                  ) -> tuple[Trace, str, SidecarParams, dict]:
+def prepare_trace(
+    source: str | os.PathLike[str] | Trace,
+    duration_s: float,
+    cfg: CalibrationConfig,
+    trace_format: str = "auto",
+) -> tuple[Trace, str, SidecarParams, dict]:
     """Resolve the source and cut the replayed window.
 
     Args:
@@ -248,8 +352,12 @@ def prepare_trace(source: str | os.PathLike[str] | Trace, duration_s: float,
     rng = np.random.default_rng(cfg.seed)
     info: dict[str, Any]
     if isinstance(source, Trace):
-        full, label, base, info = source, source.name, SidecarParams(), {"kind": "trace",
-                                                                         "name": source.name}
+        full, label, base, info = (
+            source,
+            source.name,
+            SidecarParams(),
+            {"kind": "trace", "name": source.name},
+        )
     elif isinstance(source, str) and source in REGIMES:
         regime = get_regime(source)
         full = regime(rng)
@@ -258,30 +366,49 @@ def prepare_trace(source: str | os.PathLike[str] | Trace, duration_s: float,
     else:
         path = Path(source)
         if not path.exists():
-            raise ValueError(f"{source!s} is neither a regime ({', '.join(REGIMES)}) nor an "
-                             f"existing trace file")
+            raise ValueError(
+                f"{source!s} is neither a regime ({', '.join(REGIMES)}) nor an existing trace file"
+            )
         from diloco_gym.loaders import load_trace
 
         full = load_trace(path, trace_format, seed=cfg.seed)
         label, base = full.name, SidecarParams()
-        info = {"kind": "file", "path": str(path), "format": full.meta.get("format"),
-                "rows_read": full.meta.get("rows_read")}
+        info = {
+            "kind": "file",
+            "path": str(path),
+            "format": full.meta.get("format"),
+            "rows_read": full.meta.get("rows_read"),
+        }
     label = cfg.label or label
     if label not in REGIMES:
         raise ValueError(
             f"the calibration file's entry needs a regime name, and {label!r} is not one: "
             f"pass --label (label=) one of {', '.join(REGIMES)}, the regime whose "
-            f"measurements this trace stands for")
+            f"measurements this trace stands for"
+        )
     info["native_rate_rps"] = full.mean_rate_rps
+    if full.num_requests and None not in (
+        cfg.output_scale,
+        cfg.max_prompt_tokens,
+        cfg.max_output_tokens,
+    ):
+        # The longest request any window of this trace can send (after the caps): the
+        # engine's KV cache is sized for it before the window is cut.
+        p_all, o_all = _token_arrays(full, cfg)
+        info["longest_prompt_tokens"] = int(p_all.max())
+        info["longest_output_tokens"] = int(o_all.max())
     if cfg.rate_rps is not None:
         full = scale_rate(full, cfg.rate_rps)
     if cfg.start_s is not None:
         win = window(full, cfg.start_s, duration_s)
     else:
         win = random_window(full, duration_s, rng)
-    info.update(window_start_s=float(win.meta.get("window_start_s", 0.0)),
-                duration_s=float(duration_s), rate_rps=cfg.rate_rps,
-                requests=win.num_requests)
+    info.update(
+        window_start_s=float(win.meta.get("window_start_s", 0.0)),
+        duration_s=float(duration_s),
+        rate_rps=cfg.rate_rps,
+        requests=win.num_requests,
+    )
     return win, label, cfg.base_sidecar or base, info
 
 
@@ -330,6 +457,13 @@ class _Run:
     replayer: OpenLoopReplayer | None = None
     error: str | None = None
     stage: str = "setup"
+    order: list[tuple[str, int]] = field(default_factory=list)
+    current: tuple[str, int] | None = None
+    capacity: dict = field(default_factory=dict)
+    warmup: dict = field(default_factory=dict)
+    rate_rps: float | None = None
+    overload_limit: int = 64
+    over_since: float | None = None
 
     def clock(self) -> float:
         return time.monotonic() - self.t0
@@ -374,23 +508,31 @@ def _write_atomic(path: Path, document: dict) -> None:
 
 
 def _run_data(records: list[RequestRecord], run: _Run) -> RunData:
-    ok = [r for r in records if r.ok and r.phase in run.phases]
-    origin = {name: p["origin_s"] for name, p in run.phases.items()}
-    sync_origin = origin.get("sync", 0.0)
-    windows = [(m["start_s"] - sync_origin, m["end_s"] - sync_origin) for m in run.merges
-               if m.get("end_s") is not None]
+    keys = {(p["name"], p["repeat"]): p for p in run.phases.values()}
+    ok = [r for r in records if r.ok and (r.phase, r.repeat) in keys]
+    origin = {key: p["origin_s"] for key, p in keys.items()}
+    windows: dict[int, list[tuple[float, float]]] = {}
+    for m in run.merges:
+        k = m.get("repeat", 0)
+        if m.get("end_s") is not None and ("sync", k) in origin:
+            o = origin[("sync", k)]
+            windows.setdefault(k, []).append((m["start_s"] - o, m["end_s"] - o))
+    first = keys.get(("sync", 0), {})
+    control: dict = next((p for (name, _), p in keys.items() if name == "control"), {})
     return RunData(
         phase=np.array([r.phase for r in ok], dtype=object),
-        offset_s=np.array([r.send_s - origin[r.phase] for r in ok], dtype=np.float64),
+        offset_s=np.array([r.send_s - origin[(r.phase, r.repeat)] for r in ok], dtype=np.float64),
         latency_s=np.array([r.latency_s for r in ok], dtype=np.float64),
         prompt_tokens=np.array([r.prompt_tokens for r in ok], dtype=np.int64),
         output_tokens=np.array([r.output_tokens for r in ok], dtype=np.int64),
         sync_active=np.array([r.merge_active for r in ok], dtype=bool),
         inflight=np.array([r.inflight for r in ok], dtype=np.int64),
         cpu_util=np.array([r.cpu_util for r in ok], dtype=np.float64),
-        windows_s=windows,
-        sync_duration_s=float(run.phases.get("sync", {}).get("duration_s", 0.0)),
-        control_duration_s=float(run.phases.get("control", {}).get("duration_s", 0.0)),
+        windows_s=windows.get(0, []),
+        sync_duration_s=float(first.get("duration_s", 0.0)),
+        control_duration_s=float(control.get("duration_s", 0.0)),
+        repeat=np.array([r.repeat for r in ok], dtype=np.int64),
+        windows_by_repeat=windows,
     )
 
 
@@ -414,8 +556,9 @@ def _request_counts(records: list[RequestRecord]) -> dict:
         "invalid": sum(1 for r in done if r.error.startswith("invalid response")),
         "unfinished": sum(1 for r in records if r.sent and not r.done),
         "sync_active": sum(1 for r in records if r.ok and r.phase == "sync" and r.merge_active),
-        "sync_inactive": sum(1 for r in records if r.ok and r.phase == "sync"
-                             and not r.merge_active),
+        "sync_inactive": sum(
+            1 for r in records if r.ok and r.phase == "sync" and not r.merge_active
+        ),
         "control": sum(1 for r in records if r.ok and r.phase == "control"),
         "by_status": by_status,
     }
@@ -431,8 +574,9 @@ def _records_columns(records: list[RequestRecord]) -> dict:
     return cols
 
 
-def _document(run: _Run, complete: bool, cfg: CalibrationConfig) -> dict:
-    """The calibration file's content from the run so far."""
+def _document(run: _Run, complete: bool, cfg: CalibrationConfig, intervals: bool = True) -> dict:
+    """The calibration file's content from the run so far (``intervals=False`` skips the
+    bootstrap, for the partial file saved after each phase)."""
     records = run.replayer.snapshot() if run.replayer is not None else []
     counts = _request_counts(records)
     measured: dict = {}
@@ -442,30 +586,54 @@ def _document(run: _Run, complete: bool, cfg: CalibrationConfig) -> dict:
     if counts["ok"]:
         data = _run_data(records, run)
         measured = measured_effect_sizes(data, cfg.pressure_norm_inflight, cfg.high_pressure)
+        boot = bootstrap_intervals(
+            data,
+            cfg.pressure_norm_inflight,
+            cfg.high_pressure,
+            cfg.bootstrap_resamples if intervals else 0,
+            seed=cfg.seed,
+        )
+        measured["intervals"] = boot
         try:
-            live_fit = fit_sidecar_live(data, measured, run.base)
+            live_fit = fit_sidecar_live(
+                data, measured, run.base, sync_ratio_interval=boot["p95_sync_ratio"]
+            )
             fit = live_fit.to_dict()
             fitted = fit.pop("fitted_sidecar")
         except (ValueError, FloatingPointError) as exc:  # a degenerate partial run
             fit = {"error": f"fit failed: {exc}"}
-        undefined = [k for k in ("p95_high_low", "p95_sync_ratio")
-                     if not math.isfinite(measured[k])]
-        entry = {k: (measured[k] if k not in undefined else 1.0)
-                 for k in ("p95_high_low", "p95_sync_ratio")}
+        undefined = [
+            k for k in ("p95_high_low", "p95_sync_ratio") if not math.isfinite(measured[k])
+        ]
+        entry = {
+            k: (measured[k] if k not in undefined else 1.0)
+            for k in ("p95_high_low", "p95_sync_ratio")
+        }
         entry["pressure_latency_corr"] = measured["pressure_latency_corr"]
-        entry["note"] = ("live calibration" + ("" if complete else " (incomplete run)")
-                         + (f"; undefined (empty class), written as 1.0: "
-                            f"{', '.join(undefined)}" if undefined else ""))
+        for k in ("p95_sync_ratio", "p95_high_low"):
+            if boot.get(k) is not None and k not in undefined:
+                entry[f"{k}_ci"] = boot[k]
+        entry["note"] = (
+            "live calibration"
+            + ("" if complete else " (incomplete run)")
+            + (
+                f"; undefined (empty class), written as 1.0: {', '.join(undefined)}"
+                if undefined
+                else ""
+            )
+        )
         if undefined:
             entry["undefined"] = undefined
         regimes[run.label] = entry
     ep = run.endpoint.get("url", "?")
-    source = (f"live calibration (diloco-gym calibrate) of {ep} "
-              f"[{run.endpoint.get('kind', 'endpoint')}] with real "
-              f"{run.cluster.get('backend', '?')} merges on {socket.gethostname()}, "
-              f"started {run.started_utc}. p95 ratios use linear-interpolation percentiles; "
-              f"high pressure = in-flight proxy >= {cfg.high_pressure}; sync active = sent "
-              f"inside a recorded merge window.")
+    source = (
+        f"live calibration (diloco-gym calibrate) of {ep} "
+        f"[{run.endpoint.get('kind', 'endpoint')}] with real "
+        f"{run.cluster.get('backend', '?')} merges on {socket.gethostname()}, "
+        f"started {run.started_utc}. p95 ratios use linear-interpolation percentiles; "
+        f"high pressure = in-flight proxy >= {cfg.high_pressure}; sync active = sent "
+        f"inside a recorded merge window."
+    )
     return {
         "source": source,
         "regimes": regimes,
@@ -476,7 +644,11 @@ def _document(run: _Run, complete: bool, cfg: CalibrationConfig) -> dict:
         "fitted_sidecar": fitted,
         "fit": fit,
         "requests": counts,
+        "capacity": run.capacity,
         "metadata": {
+            "warmup": run.warmup,
+            "phase_order": [_phase_key(n, k) for n, k in run.order],
+            "overload_inflight_limit": run.overload_limit,
             "endpoint": run.endpoint,
             "trace": run.trace_info,
             "label": run.label,
@@ -485,11 +657,16 @@ def _document(run: _Run, complete: bool, cfg: CalibrationConfig) -> dict:
             "elapsed_s": run.clock(),
             "phases": run.phases,
             "config": _finite(_config_dict(cfg)),
-            "pressure_proxy": (f"min(1, client in-flight requests at send / "
-                               f"{cfg.pressure_norm_inflight})"),
-            "host": {"hostname": socket.gethostname(), "platform": platform.platform(),
-                     "python": platform.python_version(), "cpus": os.cpu_count(),
-                     "torch": _torch_version()},
+            "pressure_proxy": (
+                f"min(1, client in-flight requests at send / {cfg.pressure_norm_inflight})"
+            ),
+            "host": {
+                "hostname": socket.gethostname(),
+                "platform": platform.platform(),
+                "python": platform.python_version(),
+                "cpus": os.cpu_count(),
+                "torch": _torch_version(),
+            },
             "clock": "seconds since the run started (time.monotonic)",
         },
         "schedule": [{"start_s": s, "length_s": n} for s, n in run.plan],
@@ -513,11 +690,16 @@ def _torch_version() -> str:
         return "unavailable"
 
 
-def run_calibration(endpoint: str | None, source: str | os.PathLike[str] | Trace,
-                    duration_s: float, out_path: str | os.PathLike[str], *,
-                    trace_format: str = "auto", config: CalibrationConfig | None = None,
-                    progress: Callable[[str], None] | None = _default_progress
-                    ) -> CalibrationResult:
+def run_calibration(
+    endpoint: str | None,
+    source: str | os.PathLike[str] | Trace,
+    duration_s: float,
+    out_path: str | os.PathLike[str],
+    *,
+    trace_format: str = "auto",
+    config: CalibrationConfig | None = None,
+    progress: Callable[[str], None] | None = _default_progress,
+) -> CalibrationResult:
     """Measure merge interference on a serving endpoint and write a calibration file.
 
     Args:
@@ -544,30 +726,31 @@ def run_calibration(endpoint: str | None, source: str | os.PathLike[str] | Trace
             partial file; its ``path`` attribute names it (``None`` if nothing was saved).
         ValueError: bad arguments (unknown regime, window outside the trace, ...).
     """
-    if not (isinstance(duration_s, (int, float)) and math.isfinite(duration_s)
-            and duration_s > 0):
+    if not (isinstance(duration_s, (int, float)) and math.isfinite(duration_s) and duration_s > 0):
         raise ValueError(f"duration_s must be > 0, got {duration_s!r}")
     say = progress or (lambda message: None)
     out = Path(out_path)
     partial = partial_path(out)
     builtin = endpoint is None
     cfg = (config or CalibrationConfig()).resolved(builtin)
-    run = _Run(t0=time.monotonic(),
-               started_utc=datetime.now(timezone.utc).isoformat(timespec="seconds"))
-    win, run.label, run.base, run.trace_info = prepare_trace(source, duration_s, cfg,
-                                                             trace_format)
+    if builtin and cfg.engine == "transformers" and not engine_available():
+        raise CalibrationError(LIVE_EXTRA_HINT)
+    run = _Run(
+        t0=time.monotonic(), started_utc=datetime.now(timezone.utc).isoformat(timespec="seconds")
+    )
+    # A first cut of the window (at the given rate, or the trace's own) gives the request
+    # sizes for the warm-up and the probe; with the probe's rate the window is cut again.
+    win, run.label, run.base, run.trace_info = prepare_trace(source, duration_s, cfg, trace_format)
     prompt, output = _token_arrays(win, cfg)
-    run.trace_info.update(sent_prompt_tokens_mean=float(prompt.mean()) if prompt.size else 0.0,
-                          sent_output_tokens_mean=float(output.mean()) if output.size else 0.0)
     run.plan = plan_merges(duration_s, cfg)
-    say(f"trace {run.trace_info['kind']} {run.trace_info.get('name') or run.trace_info.get('path')}"
-        f": {win.num_requests} requests in a {duration_s:g} s window "
-        f"({win.mean_rate_rps:.2f} req/s); {len(run.plan)} merges of "
-        f"{cfg.merge_seconds:g} s planned" + ("; then a no-sync control phase"
-                                              if cfg.control else ""))
+    run.order = phase_order(cfg)
+    longest = (
+        run.trace_info.get("longest_prompt_tokens", int(prompt.max(initial=1))),
+        run.trace_info.get("longest_output_tokens", int(output.max(initial=1))),
+    )
 
-    sidecar: SidecarProcess | None = None
-    sidecar_box: dict = {}  # filled by the start-up thread: "handle" or "error"
+    server: SidecarProcess | EngineProcess | None = None
+    server_box: dict = {}  # filled by the start-up thread: "handle" or "error"
     starter: threading.Thread | None = None
     cluster: MergeCluster | None = None
     cpu = CpuSampler().start()
@@ -576,33 +759,75 @@ def run_calibration(endpoint: str | None, source: str | os.PathLike[str] | Trace
     complete = False
     try:
         if builtin:
-            say("starting the built-in sidecar and the merge workers")
-            # The sidecar starts in a thread while the workers spawn: both load torch at once.
+            if cfg.engine == "transformers":
+                kv = kv_settings(*longest, max_concurrent=cfg.engine_max_concurrent)
+                say(
+                    f"starting transformers serve --continuous-batching (KV: block "
+                    f"{kv.block_size}, {kv.num_blocks} blocks, {kv.max_batch_tokens} batch "
+                    f"tokens; longest request {longest[0]} + {longest[1]} tokens) and the "
+                    f"merge workers"
+                )
+
+                def _start() -> Any:
+                    return start_engine(kv, cfg.engine_model, cfg.engine_start_timeout_s)
+            else:
+                say(
+                    "starting the built-in fallback server (dependency-free, one thread per "
+                    "request, no batching) and the merge workers"
+                )
+
+                def _start() -> Any:
+                    return start_sidecar(cfg.sidecar)
+
+            # The server starts in a thread while the workers spawn: both load torch at once.
             cluster = MergeCluster(cfg.merge)
 
-            def _start_sidecar() -> None:
+            def _start_server() -> None:
                 try:
-                    sidecar_box["handle"] = start_sidecar(cfg.sidecar)
+                    server_box["handle"] = _start()
                 except BaseException as exc:  # noqa: BLE001 - re-raised in the main thread
-                    sidecar_box["error"] = exc
+                    server_box["error"] = exc
 
-            starter = threading.Thread(target=_start_sidecar, name="sidecar-start",
-                                       daemon=True)
+            starter = threading.Thread(target=_start_server, name="server-start", daemon=True)
             starter.start()
             try:
                 cluster.start()
             finally:
                 starter.join()
-                sidecar = sidecar_box.get("handle")
-            if "error" in sidecar_box:
-                raise CalibrationError(f"the built-in sidecar failed to start: "
-                                       f"{sidecar_box['error']}")
-            assert sidecar is not None
-            url, model = sidecar.url, cfg.model or cfg.sidecar.model_name
-            run.endpoint = {"kind": "built-in", "url": url, "model": model,
-                            **sidecar.describe()}
-            say(f"built-in sidecar {model} ({sidecar.num_parameters / 1e6:.1f} M parameters) "
-                f"serving at {url}")
+                server = server_box.get("handle")
+            if "error" in server_box:
+                err = server_box["error"]
+                if isinstance(err, CalibrationError):
+                    raise CalibrationError(str(err))
+                raise CalibrationError(f"the built-in {cfg.engine} server failed to start: {err}")
+            assert server is not None
+            url = server.url
+            if isinstance(server, EngineProcess):
+                model = server.model
+                run.endpoint = {
+                    "kind": "built-in",
+                    "engine": "transformers",
+                    "url": url,
+                    "model": model,
+                    **server.describe(),
+                }
+                say(
+                    f"transformers serve (continuous batching) on a {server.parameters / 1e6:.1f}"
+                    f" M-parameter Llama at {url}"
+                )
+            else:
+                model = cfg.model or cfg.sidecar.model_name
+                run.endpoint = {
+                    "kind": "built-in",
+                    "engine": "builtin-fallback",
+                    "url": url,
+                    "model": model,
+                    **server.describe(),
+                }
+                say(
+                    f"built-in fallback server {model} ({server.num_parameters / 1e6:.1f} M "
+                    f"parameters) at {url}"
+                )
         else:
             assert endpoint is not None  # builtin is False
             url = endpoint
@@ -611,47 +836,85 @@ def run_calibration(endpoint: str | None, source: str | os.PathLike[str] | Trace
                 info = probe_endpoint(url, timeout_s=min(cfg.timeout_s, 10.0))
             except EndpointUnavailableError as exc:
                 raise EndpointUnavailableError(
-                    f"{exc}. Is the server running? Omit --endpoint to use the built-in "
-                    f"sidecar.") from None
+                    f"{exc}. Is the server running? Omit --endpoint to use the built-in engine."
+                ) from None
             model = cfg.model or (info["models"][0] if info["models"] else "")
             if not model:
                 raise CalibrationError(f"{url}/v1/models {info['models_error']}; pass --model")
             if not info["models"]:
                 say(f"note: {url}/v1/models {info['models_error']}; using --model {model}")
-            run.endpoint = {"kind": "external", "url": url, "model": model,
-                            "models_listed": info["models"]}
+            run.endpoint = {
+                "kind": "external",
+                "url": url,
+                "model": model,
+                "models_listed": info["models"],
+            }
             say(f"endpoint {url} answers; model {model}")
-            _warm_up(Endpoint.parse(url), model, cfg)  # before paying for the workers
+            _warm_up(run, Endpoint.parse(url), model, cfg, prompt, output, longest, say)
             cluster = MergeCluster(cfg.merge)
             say(f"starting {cfg.merge.workers} merge workers")
             cluster.start()
         run.cluster = cluster.describe()
-        say(f"{cfg.merge.workers} merge workers ready: {cluster.backend} all-reduce of "
-            f"{cfg.merge.merge_mb:g} MiB over {run.cluster['init_method']}")
+        say(
+            f"{cfg.merge.workers} merge workers ready: {cluster.backend} all-reduce of "
+            f"{cfg.merge.merge_mb:g} MiB over {run.cluster['init_method']}"
+        )
 
         ep = Endpoint.parse(url)
         if builtin:
-            _warm_up(ep, model, cfg)
+            _warm_up(run, ep, model, cfg, prompt, output, longest, say)
+        rate = _choose_rate(run, ep, model, cfg, builtin, prompt, output, server, say)
+        if rate is not None and rate != cfg.rate_rps:
+            win, _, _, run.trace_info = prepare_trace(
+                source, duration_s, replace(cfg, rate_rps=rate), trace_format
+            )
+            prompt, output = _token_arrays(win, cfg)
+        run.trace_info.update(
+            sent_prompt_tokens_mean=float(prompt.mean()) if prompt.size else 0.0,
+            sent_output_tokens_mean=float(output.mean()) if output.size else 0.0,
+        )
+        if run.capacity.get("capacity_rps"):
+            run.capacity["utilization"] = win.mean_rate_rps / run.capacity["capacity_rps"]
+        say(
+            f"trace {run.trace_info['kind']} "
+            f"{run.trace_info.get('name') or run.trace_info.get('path')}: "
+            f"{win.num_requests} requests in a {duration_s:g} s window "
+            f"({win.mean_rate_rps:.2f} req/s"
+            + (
+                f", {100 * run.capacity['utilization']:.0f} % of the probed capacity"
+                if "utilization" in run.capacity
+                else ""
+            )
+            + f"); {len(run.plan)} merges of {cfg.merge_seconds:g} s per sync phase; "
+            f"phases: {', '.join(f'{n}{k + 1}' for n, k in run.order)}"
+        )
+        run.overload_limit = _overload_limit(run, cfg, win.mean_rate_rps)
 
-        run.replayer = OpenLoopReplayer(ep, model, cfg.timeout_s, run.clock,
-                                        cfg.max_outstanding, cpu)
+        run.replayer = OpenLoopReplayer(
+            ep, model, cfg.timeout_s, run.clock, cfg.max_outstanding, cpu
+        )
 
         def _tick() -> None:
             assert run.replayer is not None  # set before the ticker starts
             while not ticker_stop.wait(cfg.progress_every_s):
                 c = run.replayer.counts() if run.replayer else {}
-                say(f"t={run.clock():6.1f} s {run.stage}: sent {c.get('sent', 0)}/"
+                say(
+                    f"t={run.clock():6.1f} s {run.stage}: sent {c.get('sent', 0)}/"
                     f"{c.get('planned', 0)}, ok {c.get('ok', 0)}, errors "
                     f"{c.get('errors', 0)}, outstanding {c.get('outstanding', 0)}, merge "
-                    f"{'active' if run.replayer.state.merge_id >= 0 else 'idle'}")
+                    f"{'active' if run.replayer.state.merge_id >= 0 else 'idle'}"
+                )
 
         ticker = threading.Thread(target=_tick, name="calibrate-progress", daemon=True)
         ticker.start()
 
-        _sync_phase(run, cluster, sidecar, win, prompt, output, duration_s, cfg, say)
-        _save(partial, run, False, cfg)  # the first half survives even a hard kill
-        if cfg.control:
-            _control_phase(run, sidecar, win, prompt, output, duration_s, cfg, say)
+        for name, k in run.order:
+            if name == "sync":
+                _sync_phase(run, cluster, server, win, prompt, output, duration_s, cfg, say, k)
+            else:
+                _control_phase(run, server, win, prompt, output, duration_s, cfg, say, k)
+            # What was measured so far survives even a hard kill.
+            _save(partial, run, False, cfg, intervals=False)
 
         run.stage = "done"
         _check_failure_rate(run.replayer.snapshot(), cfg)
@@ -659,12 +922,17 @@ def run_calibration(endpoint: str | None, source: str | os.PathLike[str] | Trace
         try:
             validate_calibration(_finite(document), str(out))
         except CalibrationFileError as exc:
-            raise CalibrationError(f"the measurements do not make a valid calibration "
-                                   f"file: {exc.reason} (field {exc.field})") from None
+            raise CalibrationError(
+                f"the measurements do not make a valid calibration "
+                f"file: {exc.reason} (field {exc.field})"
+            ) from None
         complete = True
     except KeyboardInterrupt as exc:
-        what = "terminated by SIGTERM" if isinstance(exc, CalibrationTerminated) \
+        what = (
+            "terminated by SIGTERM"
+            if isinstance(exc, CalibrationTerminated)
             else "interrupted by Ctrl-C"
+        )
         run.error = f"{what} during the {run.stage} stage"
         say(run.error)
         # The documented ``path`` attribute, added to the interrupt on its way out.
@@ -688,12 +956,12 @@ def run_calibration(endpoint: str | None, source: str | os.PathLike[str] | Trace
         if cluster is not None:
             cluster.close()
         if starter is not None:
-            # An interrupted start-up may still be bringing the sidecar up: wait for it so
+            # An interrupted start-up may still be bringing the server up: wait for it so
             # that it can be stopped rather than orphaned.
             starter.join()
-            sidecar = sidecar_box.get("handle")
-        if sidecar is not None:
-            sidecar.stop()
+            server = server_box.get("handle")
+        if server is not None:
+            server.stop()
         cpu.stop()
     _write_atomic(out, document)
     document = _finite(document)
@@ -712,55 +980,114 @@ def _check_failure_rate(records: list[RequestRecord], cfg: CalibrationConfig) ->
     if counts["ok"] > 0 and failed <= cfg.max_error_fraction:
         return
     first = next((r.error for r in records if r.done and not r.ok), "")
-    kinds = ", ".join(f"{k}: {v}" for k, v in sorted(counts["by_status"].items())
-                      if k != "200")
-    why = (f"{100 * failed:.0f} %, above the {100 * cfg.max_error_fraction:.0f} % limit"
-           if failed > cfg.max_error_fraction else "within the limit")
+    kinds = ", ".join(f"{k}: {v}" for k, v in sorted(counts["by_status"].items()) if k != "200")
+    why = (
+        f"{100 * failed:.0f} %, above the {100 * cfg.max_error_fraction:.0f} % limit"
+        if failed > cfg.max_error_fraction
+        else "within the limit"
+    )
     raise CalibrationError(
         f"{counts['errors']} of {counts['sent']} requests failed ({why}"
-        + ("" if counts["ok"] else "; none succeeded") + f"; {kinds or 'no answer'}); first "
-        f"error: {first or 'none'}")
+        + ("" if counts["ok"] else "; none succeeded")
+        + f"; {kinds or 'no answer'}); first "
+        f"error: {first or 'none'}"
+    )
 
 
 def _summary_lines(document: dict) -> list[str]:
     """The console summary of a calibration file: the effect sizes, the fitted slowdown and
     every note of the fit (what the run could not determine, and why)."""
     m = document["measured"]
-    lines = [f"measured p95 sync ratio {_fmt(m.get('p95_sync_ratio'))}, p95 high/low "
-             f"{_fmt(m.get('p95_high_low'))}, pressure-latency corr "
-             f"{_fmt(m.get('pressure_latency_corr'))}; fitted sync_slowdown "
-             f"{_fmt(document['fitted_sidecar'].get('sync_slowdown'))}"]
+    iv = m.get("intervals") or {}
+
+    def ci(name: str) -> str:
+        bounds = iv.get(name)
+        return f" [{_fmt(bounds[0])}, {_fmt(bounds[1])}]" if bounds else ""
+
+    lines = [
+        f"measured p95 sync ratio {_fmt(m.get('p95_sync_ratio'))}"
+        f"{ci('p95_sync_ratio')}, p95 high/low {_fmt(m.get('p95_high_low'))}"
+        f"{ci('p95_high_low')}, pressure-latency corr "
+        f"{_fmt(m.get('pressure_latency_corr'))}; fitted sync_slowdown "
+        f"{_fmt(document['fitted_sidecar'].get('sync_slowdown'))}"
+    ]
+    if iv.get("repeats", 0) >= 2:
+        lines.append(
+            f"intervals: {100 * iv['level']:.0f} % bootstrap over {iv['repeats']} "
+            f"repeats (coarse with few repeats); per-repeat p95 sync ratios: "
+            + ", ".join(_fmt(v) for v in iv["per_repeat"]["p95_sync_ratio"])
+        )
+    cap = document.get("capacity") or {}
+    if cap.get("capacity_rps"):
+        lines.append(
+            f"probed capacity {_fmt(cap['capacity_rps'])} req/s; replayed at "
+            f"{_fmt(cap.get('rate_rps'))} req/s (utilization "
+            f"{_fmt(cap.get('utilization'))})"
+        )
     counts = document.get("requests", {})
     if counts.get("errors"):
         limit = document.get("metadata", {}).get("config", {}).get("max_error_fraction")
-        kinds = ", ".join(f"{k}: {v}" for k, v in sorted(counts.get("by_status", {}).items())
-                          if k != "200")
-        lines.append(f"{counts['errors']} of {counts['sent']} requests failed "
-                     f"({100 * counts['errors'] / max(1, counts['sent']):.0f} %"
-                     + (f", within the {100 * limit:.0f} % limit" if limit is not None else "")
-                     + f"; {kinds}); they are left out of the measurements")
+        kinds = ", ".join(
+            f"{k}: {v}" for k, v in sorted(counts.get("by_status", {}).items()) if k != "200"
+        )
+        lines.append(
+            f"{counts['errors']} of {counts['sent']} requests failed "
+            f"({100 * counts['errors'] / max(1, counts['sent']):.0f} %"
+            + (f", within the {100 * limit:.0f} % limit" if limit is not None else "")
+            + f"; {kinds}); they are left out of the measurements"
+        )
     lines += [f"fit note: {note}" for note in document["fit"].get("notes", [])]
     if "error" in document["fit"]:
         lines.append(f"fit note: {document['fit']['error']}")
     return lines
 
 
-def _sync_phase(run: _Run, cluster: MergeCluster, sidecar: SidecarProcess | None, win: Trace,
-                prompt: np.ndarray, output: np.ndarray, duration_s: float,
-                cfg: CalibrationConfig, say: Callable[[str], None]) -> None:
-    """Phase 1: replay the window while the planned merges run."""
-    say(f"sync phase: {duration_s:g} s, {win.num_requests} requests, {len(run.plan)} merges")
-    origin = _begin_phase(run, "sync", win, prompt, output, duration_s)
-    assert run.replayer is not None  # _begin_phase() checked it
-    for k, (start, length) in enumerate(run.plan):
-        _sleep_until(run.clock, origin + start)
-        _check_sidecar(sidecar)
-        entry: dict = {"merge_id": k, "planned_start_s": origin + start,
-                       "planned_length_s": length}
+def phase_order(cfg: CalibrationConfig) -> list[tuple[str, int]]:
+    """The run's phases ``(name, repeat)``: ``repeats`` pairs of a sync and a control phase,
+    each pair in an order drawn from the seed (sync phases only without a control)."""
+    rng = np.random.default_rng([cfg.seed, 13])
+    order: list[tuple[str, int]] = []
+    for k in range(cfg.repeats):
+        names = ["sync", "control"] if cfg.control else ["sync"]
+        if cfg.control and rng.random() < 0.5:
+            names.reverse()
+        order += [(name, k) for name in names]
+    return order
+
+
+def _sync_phase(
+    run: _Run,
+    cluster: MergeCluster,
+    server: Any,
+    win: Trace,
+    prompt: np.ndarray,
+    output: np.ndarray,
+    duration_s: float,
+    cfg: CalibrationConfig,
+    say: Callable[[str], None],
+    repeat: int = 0,
+) -> None:
+    """Replay the window while the planned merges run."""
+    replayer = run.replayer
+    assert replayer is not None  # set before any phase starts
+    say(
+        f"sync phase {repeat + 1}/{cfg.repeats}: {duration_s:g} s, {win.num_requests} "
+        f"requests, {len(run.plan)} merges"
+    )
+    origin = _begin_phase(run, "sync", repeat, win, prompt, output, duration_s)
+    for j, (start, length) in enumerate(run.plan):
+        _wait(run, cfg, server, until=origin + start)
+        k = len(run.merges)  # merge ids are unique over the run
+        entry: dict = {
+            "merge_id": k,
+            "repeat": repeat,
+            "planned_start_s": origin + start,
+            "planned_length_s": length,
+        }
         run.merges.append(entry)
         # The window opens when the command goes out and closes when every worker is done
         # (checkpoint included); requests read the flag under the same lock.
-        entry["start_s"] = run.replayer.set_merge(k)
+        entry["start_s"] = replayer.set_merge(k)
         killer = None
         if cfg.kill_worker_at_merge == k:
             rank = 1 if cfg.merge.workers > 1 else 0
@@ -771,66 +1098,284 @@ def _sync_phase(run: _Run, cluster: MergeCluster, sidecar: SidecarProcess | None
         try:
             report = cluster.merge(length)
         finally:
-            entry["end_s"] = run.replayer.clear_merge()
+            entry["end_s"] = replayer.clear_merge()
             if killer is not None:
                 killer.cancel()
             if report is not None:
                 entry.update(asdict(report))
-        say(f"merge {k + 1}/{len(run.plan)}: {entry['start_s'] - origin:5.1f}-"
+        say(
+            f"merge {j + 1}/{len(run.plan)}: {entry['start_s'] - origin:5.1f}-"
             f"{entry['end_s'] - origin:5.1f} s, {report.allreduces} all-reduces, "
-            f"checkpoint {report.checkpoint_s:.2f} s")
-    run.replayer.wait_sent(timeout_s=max(0.0, origin + duration_s - run.clock()) + 5.0)
-    _end_phase(run, "sync", sidecar, cfg)
+            f"checkpoint {report.checkpoint_s:.2f} s"
+        )
+    _wait(run, cfg, server, until=origin + duration_s + 5.0, done=lambda: not replayer.sending)
+    _end_phase(run, "sync", repeat, server, cfg)
 
 
-def _control_phase(run: _Run, sidecar: SidecarProcess | None, win: Trace,
-                   prompt: np.ndarray, output: np.ndarray, duration_s: float,
-                   cfg: CalibrationConfig, say: Callable[[str], None]) -> None:
-    """Phase 2: the same window with no merges (the no-sync load match)."""
-    say(f"control phase (no merges): {duration_s:g} s, {win.num_requests} requests")
-    _begin_phase(run, "control", win, prompt, output, duration_s)
-    assert run.replayer is not None  # _begin_phase() checked it
-    run.replayer.wait_sent(timeout_s=duration_s + 5.0)
-    _end_phase(run, "control", sidecar, cfg)
+def _control_phase(
+    run: _Run,
+    server: Any,
+    win: Trace,
+    prompt: np.ndarray,
+    output: np.ndarray,
+    duration_s: float,
+    cfg: CalibrationConfig,
+    say: Callable[[str], None],
+    repeat: int = 0,
+) -> None:
+    """The same window with no merges (the no-sync load match)."""
+    replayer = run.replayer
+    assert replayer is not None  # set before any phase starts
+    say(
+        f"control phase {repeat + 1}/{cfg.repeats} (no merges): {duration_s:g} s, "
+        f"{win.num_requests} requests"
+    )
+    origin = _begin_phase(run, "control", repeat, win, prompt, output, duration_s)
+    _wait(run, cfg, server, until=origin + duration_s + 5.0, done=lambda: not replayer.sending)
+    _end_phase(run, "control", repeat, server, cfg)
 
 
-def _begin_phase(run: _Run, name: str, win: Trace, prompt: np.ndarray, output: np.ndarray,
-                 duration_s: float) -> float:
+def _begin_phase(
+    run: _Run,
+    name: str,
+    repeat: int,
+    win: Trace,
+    prompt: np.ndarray,
+    output: np.ndarray,
+    duration_s: float,
+) -> float:
     """Start replaying ``win`` as phase ``name`` half a second from now; returns its origin."""
     assert run.replayer is not None
-    run.stage = name
+    run.stage = f"{name} {repeat + 1}"
     origin = run.clock() + 0.5
-    run.phases[name] = {"origin_s": origin, "duration_s": float(duration_s)}
-    run.replayer.start_phase(name, win, origin, prompt, output)
+    run.phases[_phase_key(name, repeat)] = {
+        "name": name,
+        "repeat": repeat,
+        "origin_s": origin,
+        "duration_s": float(duration_s),
+    }
+    run.current = (name, repeat)
+    run.replayer.start_phase(name, win, origin, prompt, output, repeat=repeat)
     return origin
 
 
-def _end_phase(run: _Run, name: str, sidecar: SidecarProcess | None,
-               cfg: CalibrationConfig) -> None:
-    """Wait for the phase's outstanding requests, record its end, check the sidecar."""
-    assert run.replayer is not None  # set before any phase begins
-    run.replayer.drain(cfg.timeout_s + 2.0)
-    run.phases[name]["end_s"] = run.clock()
-    _check_sidecar(sidecar)
+def _phase_key(name: str, repeat: int) -> str:
+    """Key of a phase in the file's ``metadata.phases`` (``sync`` and ``control`` for the
+    first repeat, as in files without repeats; ``sync-2`` ... after it)."""
+    return name if repeat == 0 else f"{name}-{repeat + 1}"
 
 
-def _warm_up(ep: Endpoint, model: str, cfg: CalibrationConfig) -> None:
-    """Send the unrecorded warm-up requests; any failure stops the run."""
-    for i in range(cfg.warmup_requests):
-        status, _, err = post_completion(ep, model, make_prompt(16, i), 8, cfg.timeout_s)
-        if status == 0:
-            raise EndpointUnavailableError(f"warm-up request to {ep.url} failed ({err})")
-        if err:
-            raise CalibrationError(f"warm-up request to {ep.url} failed: {err}")
+def _end_phase(run: _Run, name: str, repeat: int, server: Any, cfg: CalibrationConfig) -> None:
+    """Wait for the phase's outstanding requests, record its end, check the server."""
+    replayer = run.replayer
+    assert replayer is not None  # set before any phase starts
+    _wait(
+        run,
+        cfg,
+        server,
+        until=run.clock() + cfg.timeout_s + 2.0,
+        done=lambda: replayer.outstanding == 0,
+    )
+    run.phases[_phase_key(name, repeat)]["end_s"] = run.clock()
+    _check_sidecar(server)
+
+
+def _wait(
+    run: _Run,
+    cfg: CalibrationConfig,
+    server: Any,
+    until: float,
+    done: Callable[[], bool] | None = None,
+) -> None:
+    """Wait until the run clock reaches ``until`` (or ``done()``), checking every 0.1 s that
+    the server lives and the engine is not overloaded."""
+    while run.clock() < until and not (done is not None and done()):
+        _check_sidecar(server)
+        _check_overload(run, cfg)
+        time.sleep(0.1)
+    _check_overload(run, cfg)
+
+
+def _overload_limit(run: _Run, cfg: CalibrationConfig, rate_rps: float) -> int:
+    """Outstanding requests beyond which the run stops (see ``overload_inflight``)."""
+    if cfg.overload_inflight is not None:
+        return cfg.overload_inflight
+    # A merge may stall the engine for its whole window: the arrivals of two windows are
+    # an expected backlog, not an overload.
+    merge_backlog = math.ceil(2.0 * rate_rps * cfg.merge_seconds)
+    steps = [s for s in run.capacity.get("probe", {}).get("steps", []) if s["sustainable"]]
+    if steps and steps[-1].get("p95_s"):
+        # Little's law at the highest sustainable step's p95, with a 4x margin.
+        return max(16, merge_backlog, math.ceil(4.0 * rate_rps * steps[-1]["p95_s"]))
+    return max(64, merge_backlog)
+
+
+def _check_overload(run: _Run, cfg: CalibrationConfig) -> None:
+    """Raise :class:`CalibrationError` when the engine cannot carry the offered load:
+    more requests outstanding than the limit, or too many timeouts in this phase."""
+    rep = run.replayer
+    if rep is None or run.current is None:
+        return
+    outstanding = rep.outstanding
+    now = run.clock()
+    hint = (
+        f"the engine cannot carry {run.rate_rps:.2f} req/s (mean) here while merges run: "
+        f"lower --target-utilization (now {cfg.target_utilization:g}) or --rate"
+        if run.rate_rps
+        else "lower --rate"
+    )
+    limit = run.overload_limit
+    grace = (
+        cfg.overload_grace_s
+        if cfg.overload_grace_s is not None
+        else max(10.0, 2.0 * cfg.merge_seconds)
+    )
+    if outstanding > limit:
+        if run.over_since is None:
+            run.over_since = now
+        if outstanding > 4 * limit or now - run.over_since > grace:
+            why = (
+                f"more than 4 x the limit {limit}"
+                if outstanding > 4 * limit
+                else f"above the limit {limit} for {now - run.over_since:.0f} s"
+            )
+            raise CalibrationError(
+                f"overload: {outstanding} requests in flight, {why}, {now:.1f} s into the "
+                f"run, in the {run.stage} phase; {hint}"
+            )
+    else:
+        run.over_since = None
+    counts = rep.counts(*run.current)
+    if counts["timeouts"] >= 3 and counts["timeouts"] > cfg.overload_timeout_fraction * max(
+        1, counts["done"]
+    ):
+        raise CalibrationError(
+            f"overload: {counts['timeouts']} of {counts['done']} answered requests of the "
+            f"{run.stage} phase timed out (limit "
+            f"{100 * cfg.overload_timeout_fraction:.0f} %, timeout {cfg.timeout_s:g} s); "
+            f"{hint}"
+        )
+
+
+def _warm_up(
+    run: _Run,
+    ep: Endpoint,
+    model: str,
+    cfg: CalibrationConfig,
+    prompt: np.ndarray,
+    output: np.ndarray,
+    longest: tuple[int, int],
+    say: Callable[[str], None],
+) -> None:
+    """Unrecorded warm-up: requests as long as the longest, then idle requests of the mean
+    size (:func:`~diloco_gym.live.probe.warm_up`); any failure stops the run."""
+    if cfg.warmup_requests == 0:
+        return
+    run.stage = "warm-up"
+    mean = (max(1, round(float(prompt.mean()))), max(1, round(float(output.mean()))))
+    t = time.monotonic()
+    # A burst of a quarter of the KV cache's concurrency (twice) warms the batched path.
+    burst = max(2, cfg.engine_max_concurrent // 4) if cfg.warmup_requests >= 2 else 0
+    run.warmup = warm_up(
+        ep,
+        model,
+        longest,
+        mean,
+        cfg.timeout_s,
+        long_requests=cfg.warmup_requests,
+        idle_requests=max(3, cfg.warmup_requests),
+        burst=burst,
+    )
+    say(
+        f"warm-up: {len(run.warmup['longest_s'])} requests of {longest[0]} + {longest[1]} "
+        f"tokens ({', '.join(f'{v:.2f}' for v in run.warmup['longest_s'])} s), "
+        f"{len(run.warmup['burst_s'])} in concurrent bursts (max "
+        f"{max(run.warmup['burst_s'], default=0):.2f} s), idle latency "
+        f"at the mean size {mean[0]} + {mean[1]}: p95 {run.warmup['idle_p95_s']:.2f} s "
+        f"({time.monotonic() - t:.0f} s)"
+    )
+
+
+def _choose_rate(
+    run: _Run,
+    ep: Endpoint,
+    model: str,
+    cfg: CalibrationConfig,
+    builtin: bool,
+    prompt: np.ndarray,
+    output: np.ndarray,
+    server: Any,
+    say: Callable[[str], None],
+) -> float | None:
+    """Probe the capacity (merge workers idle) and choose the replay rate.
+
+    ``rate_rps`` wins when given (the utilization is then only recorded); otherwise the
+    rate is ``target_utilization`` x the probed capacity. Without a probe: 2 req/s with a
+    built-in engine, the trace's own rate with an endpoint (``None``).
+    """
+    run.capacity = {"target_utilization": cfg.target_utilization}
+    if cfg.probe is not None and run.warmup:
+        run.stage = "probe"
+        say(
+            f"capacity probe (merge workers idle): steps of {cfg.probe.step_s:g} s, rate x"
+            f"{cfg.probe.growth:g} per step, sustainable while p95 <= "
+            f"{cfg.probe.p95_factor:g} x idle p95"
+        )
+        result: ProbeResult = probe_capacity(
+            ep,
+            model,
+            prompt,
+            output,
+            run.warmup,
+            cfg.timeout_s,
+            replace(cfg.probe, seed=cfg.seed),
+            say,
+            stop=lambda: _check_sidecar(server),
+        )
+        run.capacity.update(capacity_rps=result.capacity_rps, probe=result.to_dict())
+        if math.isfinite(result.capacity_rps):
+            say(
+                f"capacity: {result.capacity_rps:.2f} req/s sustainable"
+                + (
+                    f" ({result.upper_rps:.2f} req/s was not)"
+                    if math.isfinite(result.upper_rps)
+                    else " (the ramp never saturated it)"
+                )
+            )
+        elif cfg.rate_rps is None:
+            raise CalibrationError(
+                f"capacity probe: the engine did not sustain even "
+                f"{result.steps[-1]['offered_rps']:.2f} req/s (p95 within "
+                f"{cfg.probe.p95_factor:g} x its idle p95 of {result.idle_p95_s:.2f} s): "
+                f"use a smaller model (--engine-model-config), smaller requests, or --rate"
+            )
+    if cfg.rate_rps is not None:
+        rate = cfg.rate_rps
+        run.capacity["rate_source"] = "--rate"
+    elif run.capacity.get("capacity_rps") and math.isfinite(run.capacity["capacity_rps"]):
+        rate = cfg.target_utilization * run.capacity["capacity_rps"]
+        run.capacity["rate_source"] = "target_utilization x probed capacity"
+    elif builtin:
+        rate = BUILTIN_RATE_WITHOUT_PROBE
+        run.capacity["rate_source"] = "built-in default (no probe)"
+    else:
+        rate = None
+        run.capacity["rate_source"] = "the trace's own rate (no probe)"
+    run.capacity["rate_rps"] = rate
+    run.rate_rps = rate
+    return rate
 
 
 def _fmt(x: Any) -> str:
     return f"{x:.3f}" if isinstance(x, (int, float)) and math.isfinite(x) else "n/a"
 
 
-def _check_sidecar(sidecar: SidecarProcess | None) -> None:
-    if sidecar is not None and not sidecar.is_alive():
-        raise CalibrationError(f"the built-in sidecar (pid {sidecar.pid}) died")
+def _check_sidecar(server: Any) -> None:
+    if server is not None and not server.is_alive():
+        tail = server.log_tail() if isinstance(server, EngineProcess) else ""
+        raise CalibrationError(
+            f"the serving engine (pid {server.pid}) died" + (f": {tail}" if tail else "")
+        )
 
 
 def partial_path(out: str | os.PathLike[str]) -> Path:
@@ -841,8 +1386,7 @@ def partial_path(out: str | os.PathLike[str]) -> Path:
     return out.with_name(f"{stem}.partial.json")
 
 
-def _save_partial(out: Path, run: _Run, cfg: CalibrationConfig,
-                  say: Callable[[str], None]) -> bool:
+def _save_partial(out: Path, run: _Run, cfg: CalibrationConfig, say: Callable[[str], None]) -> bool:
     """Save an incomplete run to ``out`` (a partial path); never mask the error being
     handled. Says "partial measurements saved" once: callers do not repeat it."""
     try:
@@ -854,12 +1398,18 @@ def _save_partial(out: Path, run: _Run, cfg: CalibrationConfig,
     return True
 
 
-def _save(out: Path, run: _Run, complete: bool, cfg: CalibrationConfig) -> dict:
-    document = _document(run, complete, cfg)
+def _save(
+    out: Path, run: _Run, complete: bool, cfg: CalibrationConfig, intervals: bool = True
+) -> dict:
+    document = _document(run, complete, cfg, intervals)
     _write_atomic(out, document)
     return _finite(document)
 
 
 # MergeWorkerError is a CalibrationError; re-exported for callers that catch it by name.
-__all__ += ["CalibrationError", "EndpointUnavailableError", "MergeWorkerError",
-            "CalibrationTerminated"]
+__all__ += [
+    "CalibrationError",
+    "EndpointUnavailableError",
+    "MergeWorkerError",
+    "CalibrationTerminated",
+]

@@ -29,56 +29,190 @@ def add_calibrate_arguments(parser: argparse.ArgumentParser) -> argparse.Argumen
     """Add the ``calibrate`` options to ``parser`` (returned for chaining)."""
     parser.description = (
         "Measure real merge interference: replay a trace window open-loop against an "
-        "OpenAI-compatible /v1/completions endpoint (or a built-in CPU sidecar) while real "
-        "torch.distributed all-reduces and checkpoint writes run on this machine, then fit "
-        "the sidecar model and write a calibration file (usable with --calibration).")
+        "OpenAI-compatible /v1/completions endpoint (by default a continuous-batching "
+        "transformers server started here on a small local model) while real "
+        "torch.distributed all-reduces and checkpoint writes run on this machine. Before "
+        "the measured phases: a warm-up and a capacity probe, and the replay runs at "
+        "--target-utilization of the probed capacity. Sync and no-sync control phases are "
+        "repeated (--repeats) for bootstrap intervals of the effect sizes; the sidecar "
+        "model is fitted and a calibration file written (usable with --calibration)."
+    )
     src = parser.add_mutually_exclusive_group()
-    src.add_argument("--regime", metavar="NAME",
-                     help=f"replay a window of this regime's trace (default {DEFAULT_REGIME})")
+    src.add_argument(
+        "--regime",
+        metavar="NAME",
+        help=f"replay a window of this regime's trace (default {DEFAULT_REGIME})",
+    )
     src.add_argument("--trace", metavar="FILE", help="replay a window of this trace file")
-    parser.add_argument("--format", default="auto", metavar="FMT",
-                        help="format of --trace: auto, native, azure, mooncake, burstgpt")
-    parser.add_argument("--endpoint", metavar="URL",
-                        help="http://HOST:PORT of an OpenAI-compatible server; without it a "
-                        "built-in tiny sidecar is started on 127.0.0.1")
-    parser.add_argument("--model", metavar="NAME",
-                        help="model id to request (default: the built-in model, or the first "
-                        "model the endpoint lists)")
-    parser.add_argument("--duration", type=float, default=60.0, metavar="SECONDS",
-                        help="trace window length; the sync phase and the no-sync control "
-                        "phase each last this long (default 60)")
-    parser.add_argument("--rate", type=float, metavar="RPS",
-                        help="rescale the trace to this mean request rate (default: 2 with "
-                        "the built-in sidecar, the trace's own rate with --endpoint)")
-    parser.add_argument("--start", type=float, metavar="SECONDS",
-                        help="start of the trace window (default: a seeded random window)")
-    parser.add_argument("--merge-mb", type=float, default=64.0, metavar="MB",
-                        help="size of the all-reduced tensor, MiB (default 64)")
-    parser.add_argument("--workers", type=int, default=2,
-                        help="merge worker processes (default 2)")
-    parser.add_argument("--backend", choices=("auto", "gloo", "nccl"), default="auto",
-                        help="torch.distributed backend (default: nccl with CUDA, else gloo)")
-    parser.add_argument("--merge-seconds", type=float, default=8.0, metavar="SECONDS",
-                        help="length of a merge window (default 8, the paper's)")
-    parser.add_argument("--gap-seconds", type=float, nargs=2, default=(8.0, 16.0),
-                        metavar=("LO", "HI"),
-                        help="gap between merge windows, drawn uniformly (default 8 16)")
-    parser.add_argument("--no-control", action="store_true",
-                        help="skip the no-sync control phase (halves the run; the per-token "
-                        "costs are then fitted on the sync phase's inactive requests)")
-    parser.add_argument("--timeout", type=float, default=30.0, metavar="SECONDS",
-                        help="per-request timeout (default 30)")
-    parser.add_argument("--label", metavar="REGIME",
-                        help="regime whose entry the output file holds (default: --regime; "
-                        "required with --trace)")
-    parser.add_argument("--max-failure-rate", type=float, default=0.5, metavar="FRACTION",
-                        help="a run in which more than this fraction of the sent requests "
-                        "failed (refused, timed out, HTTP errors, or HTTP 200 answers that are "
-                        "not a completion) is incomplete (default 0.5)")
+    parser.add_argument(
+        "--format",
+        default="auto",
+        metavar="FMT",
+        help="format of --trace: auto, native, azure, mooncake, burstgpt",
+    )
+    parser.add_argument(
+        "--endpoint",
+        metavar="URL",
+        help="http://HOST:PORT of an OpenAI-compatible server (vLLM, TGI, "
+        "transformers serve, ...); without it --engine is started on 127.0.0.1",
+    )
+    parser.add_argument(
+        "--engine",
+        choices=("transformers", "builtin-fallback"),
+        default="transformers",
+        help="server to start without --endpoint: transformers (transformers "
+        "serve --continuous-batching on a small Llama built locally from a "
+        'seed; needs pip install "diloco-gym[live]") or builtin-fallback '
+        "(a dependency-free server, one thread per request and no batching: "
+        "not how LLM serving behaves). Default transformers",
+    )
+    parser.add_argument(
+        "--engine-model-config",
+        metavar="JSON",
+        help="size of the engine's model as a JSON object (or @FILE) of "
+        "vocab_size, hidden_size, intermediate_size, num_hidden_layers, "
+        "num_attention_heads, num_key_value_heads, max_position_embeddings, "
+        "seed, dtype (default: a 1.4 M-parameter, 2-layer, width-128 Llama)",
+    )
+    parser.add_argument(
+        "--model",
+        metavar="NAME",
+        help="model id to request (default: the built-in model, or the first "
+        "model the endpoint lists)",
+    )
+    parser.add_argument(
+        "--duration",
+        type=float,
+        default=30.0,
+        metavar="SECONDS",
+        help="trace window length; every sync phase and every no-sync "
+        "control phase lasts this long (default 30)",
+    )
+    parser.add_argument(
+        "--rate",
+        type=float,
+        metavar="RPS",
+        help="rescale the trace to this mean request rate (default: "
+        "--target-utilization x the probed capacity)",
+    )
+    parser.add_argument(
+        "--target-utilization",
+        type=float,
+        default=0.5,
+        metavar="FRACTION",
+        help="replay at this fraction of the probed capacity (default 0.5, "
+        "which keeps the no-merge control inside the probe's sustainable "
+        "region)",
+    )
+    parser.add_argument(
+        "--no-probe",
+        action="store_true",
+        help="skip the capacity probe (rate: --rate, else 2 req/s with a "
+        "built-in engine, else the trace's own rate)",
+    )
+    parser.add_argument(
+        "--probe-step-seconds",
+        type=float,
+        default=8.0,
+        metavar="SECONDS",
+        help="length of each step of the capacity probe's ramp (default 8)",
+    )
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        default=3,
+        metavar="N",
+        help="sync/control phase pairs, each pair in a seeded random order; "
+        "effect sizes get bootstrap intervals over them (default 3)",
+    )
+    parser.add_argument(
+        "--overload-inflight",
+        type=int,
+        metavar="N",
+        help="stop the run (overload) when more requests are outstanding "
+        "for longer than max(10 s, 2 x --merge-seconds), or 4x as many at "
+        "any moment (default: the largest of 16, 2 x rate x "
+        "--merge-seconds and 4 x rate x p95 of the probe's highest "
+        "sustainable step; without a probe 64 instead of 16)",
+    )
+    parser.add_argument(
+        "--overload-timeouts",
+        type=float,
+        default=0.2,
+        metavar="FRACTION",
+        help="stop the run (overload) when more than this fraction of a "
+        "phase's answered requests timed out, after 3 (default 0.2)",
+    )
+    parser.add_argument(
+        "--start",
+        type=float,
+        metavar="SECONDS",
+        help="start of the trace window (default: a seeded random window)",
+    )
+    parser.add_argument(
+        "--merge-mb",
+        type=float,
+        default=64.0,
+        metavar="MB",
+        help="size of the all-reduced tensor, MiB (default 64)",
+    )
+    parser.add_argument("--workers", type=int, default=2, help="merge worker processes (default 2)")
+    parser.add_argument(
+        "--backend",
+        choices=("auto", "gloo", "nccl"),
+        default="auto",
+        help="torch.distributed backend (default: nccl with CUDA, else gloo)",
+    )
+    parser.add_argument(
+        "--merge-seconds",
+        type=float,
+        default=8.0,
+        metavar="SECONDS",
+        help="length of a merge window (default 8, the paper's)",
+    )
+    parser.add_argument(
+        "--gap-seconds",
+        type=float,
+        nargs=2,
+        default=(8.0, 16.0),
+        metavar=("LO", "HI"),
+        help="gap between merge windows, drawn uniformly (default 8 16)",
+    )
+    parser.add_argument(
+        "--no-control",
+        action="store_true",
+        help="skip the no-sync control phase (halves the run; the per-token "
+        "costs are then fitted on the sync phase's inactive requests)",
+    )
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=30.0,
+        metavar="SECONDS",
+        help="per-request timeout (default 30)",
+    )
+    parser.add_argument(
+        "--label",
+        metavar="REGIME",
+        help="regime whose entry the output file holds (default: --regime; required with --trace)",
+    )
+    parser.add_argument(
+        "--max-failure-rate",
+        type=float,
+        default=0.5,
+        metavar="FRACTION",
+        help="a run in which more than this fraction of the sent requests "
+        "failed (refused, timed out, HTTP errors, or HTTP 200 answers that are "
+        "not a completion) is incomplete (default 0.5)",
+    )
     parser.add_argument("--seed", type=int, default=0, help="seed of window, trace and schedule")
-    parser.add_argument("--out", default="calibration_live.json", metavar="FILE",
-                        help="calibration file to write (default calibration_live.json); an "
-                        "incomplete run writes FILE's NAME.partial.json beside it instead")
+    parser.add_argument(
+        "--out",
+        default="calibration_live.json",
+        metavar="FILE",
+        help="calibration file to write (default calibration_live.json); an "
+        "incomplete run writes FILE's NAME.partial.json beside it instead",
+    )
     return parser
 
 
@@ -90,19 +224,39 @@ def run_calibrate_command(args: argparse.Namespace) -> int:
         print("error: calibrate needs torch: pip install 'diloco-gym[rl]'", file=sys.stderr)
         return 1
     from diloco_gym.live.calibrate import CalibrationConfig, run_calibration
+    from diloco_gym.live.engine import EngineModelConfig
     from diloco_gym.live.errors import CalibrationError, CalibrationTerminated
     from diloco_gym.live.merges import MergeConfig
+    from diloco_gym.live.probe import ProbeConfig
     from diloco_gym.traces import TraceFormatError
 
     try:
+        engine_model = (
+            EngineModelConfig.from_json(args.engine_model_config)
+            if args.engine_model_config
+            else EngineModelConfig()
+        )
+        probe = None if args.no_probe else ProbeConfig(step_s=args.probe_step_seconds)
         cfg = CalibrationConfig(
-            seed=args.seed, start_s=args.start, rate_rps=args.rate, model=args.model,
+            seed=args.seed,
+            start_s=args.start,
+            rate_rps=args.rate,
+            model=args.model,
             timeout_s=args.timeout,
-            merge=MergeConfig(workers=args.workers, merge_mb=args.merge_mb,
-                              backend=args.backend),
-            merge_seconds=args.merge_seconds, gap_seconds=tuple(args.gap_seconds),
-            control=not args.no_control, label=args.label,
-            max_error_fraction=args.max_failure_rate)
+            merge=MergeConfig(workers=args.workers, merge_mb=args.merge_mb, backend=args.backend),
+            merge_seconds=args.merge_seconds,
+            gap_seconds=tuple(args.gap_seconds),
+            control=not args.no_control,
+            label=args.label,
+            max_error_fraction=args.max_failure_rate,
+            engine=args.engine,
+            engine_model=engine_model,
+            probe=probe,
+            target_utilization=args.target_utilization,
+            repeats=args.repeats,
+            overload_inflight=args.overload_inflight,
+            overload_timeout_fraction=args.overload_timeouts,
+        )
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -111,13 +265,17 @@ def run_calibrate_command(args: argparse.Namespace) -> int:
     # name the outcome.
     try:
         with _sigterm_as_interrupt():
-            result = run_calibration(args.endpoint, source, args.duration, args.out,
-                                     trace_format=args.format, config=cfg)
+            result = run_calibration(
+                args.endpoint, source, args.duration, args.out, trace_format=args.format, config=cfg
+            )
     except KeyboardInterrupt as exc:
         terminated = isinstance(exc, CalibrationTerminated)
         saved = getattr(exc, "path", None)
-        print(f"{'terminated (SIGTERM)' if terminated else 'interrupted (Ctrl-C)'}"
-              + ("" if saved else ": no measurement saved"), file=sys.stderr)
+        print(
+            f"{'terminated (SIGTERM)' if terminated else 'interrupted (Ctrl-C)'}"
+            + ("" if saved else ": no measurement saved"),
+            file=sys.stderr,
+        )
         return 143 if terminated else 130
     except CalibrationError as exc:
         print(f"error: {exc}", file=sys.stderr)

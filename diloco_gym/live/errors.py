@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
-__all__ = ["CalibrationError", "EndpointUnavailableError", "MergeWorkerError",
-           "CalibrationTerminated"]
+__all__ = [
+    "CalibrationError",
+    "EndpointUnavailableError",
+    "MergeWorkerError",
+    "CalibrationTerminated",
+]
 
 
 class CalibrationError(RuntimeError):

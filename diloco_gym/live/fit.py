@@ -41,8 +41,16 @@ import numpy as np
 
 from diloco_gym.sidecar import SidecarParams, base_latency_s, percentile, replay
 
-__all__ = ["RunData", "measured_effect_sizes", "fit_service_costs", "simulate_phase",
-           "fit_sidecar_live", "LiveFit"]
+__all__ = [
+    "RunData",
+    "measured_effect_sizes",
+    "fit_service_costs",
+    "simulate_phase",
+    "bootstrap_intervals",
+    "INTERVAL_METRICS",
+    "fit_sidecar_live",
+    "LiveFit",
+]
 
 
 @dataclass(frozen=True)
@@ -72,9 +80,43 @@ class RunData:
     windows_s: list[tuple[float, float]]
     sync_duration_s: float
     control_duration_s: float
+    repeat: np.ndarray | None = None
+    windows_by_repeat: dict[int, list[tuple[float, float]]] | None = None
 
     def mask(self, phase: str) -> np.ndarray:
         return self.phase == phase
+
+    def repeats(self) -> list[int]:
+        """The repeat indices present (``[0]`` for a run without repeats)."""
+        if self.repeat is None:
+            return [0]
+        return sorted({int(k) for k in self.repeat})
+
+    def repeat_mask(self, k: int) -> np.ndarray:
+        if self.repeat is None:
+            return np.ones(self.latency_s.size, dtype=bool)
+        return self.repeat == k
+
+    def windows_for(self, k: int) -> list[tuple[float, float]]:
+        """Merge windows of repeat ``k``'s sync phase (relative to that phase's start)."""
+        if self.windows_by_repeat is None:
+            return self.windows_s
+        return self.windows_by_repeat.get(k, [])
+
+    def take(self, index: np.ndarray) -> RunData:
+        """The requests at ``index`` (repeats relabelled by the caller if needed)."""
+        return replace(
+            self,
+            phase=self.phase[index],
+            offset_s=self.offset_s[index],
+            latency_s=self.latency_s[index],
+            prompt_tokens=self.prompt_tokens[index],
+            output_tokens=self.output_tokens[index],
+            sync_active=self.sync_active[index],
+            inflight=self.inflight[index],
+            cpu_util=self.cpu_util[index],
+            repeat=None if self.repeat is None else self.repeat[index],
+        )
 
 
 def _ratio(lat: np.ndarray, mask: np.ndarray) -> float:
@@ -96,8 +138,9 @@ def pressure_proxy(inflight: np.ndarray, norm_inflight: float) -> np.ndarray:
     return np.minimum(1.0, np.asarray(inflight, dtype=np.float64) / norm_inflight)
 
 
-def measured_effect_sizes(data: RunData, pressure_norm_inflight: float = 4.0,
-                          high_pressure: float = 0.6) -> dict:
+def measured_effect_sizes(
+    data: RunData, pressure_norm_inflight: float = 4.0, high_pressure: float = 0.6
+) -> dict:
     """The effect sizes of the module docstring, with the class sizes behind them.
 
     Ratios are NaN when one of their classes is empty; correlations are NaN with fewer
@@ -129,17 +172,111 @@ def measured_effect_sizes(data: RunData, pressure_norm_inflight: float = 4.0,
     }
     inactive_p95 = out["p95_sync_inactive_ms"]
     control_p95 = out["p95_control_ms"]
-    out["p95_sync_vs_control"] = (out["p95_sync_active_ms"] / control_p95
-                                  if np.isfinite(control_p95) and control_p95 > 0
-                                  else float("nan"))
-    out["p95_inactive_vs_control"] = (inactive_p95 / control_p95
-                                      if np.isfinite(control_p95) and control_p95 > 0
-                                      else float("nan"))
+    out["p95_sync_vs_control"] = (
+        out["p95_sync_active_ms"] / control_p95
+        if np.isfinite(control_p95) and control_p95 > 0
+        else float("nan")
+    )
+    out["p95_inactive_vs_control"] = (
+        inactive_p95 / control_p95 if np.isfinite(control_p95) and control_p95 > 0 else float("nan")
+    )
     return out
 
 
-def fit_service_costs(prompt_tokens: np.ndarray, output_tokens: np.ndarray,
-                      latency_s: np.ndarray) -> dict:
+#: Effect sizes that get a bootstrap interval.
+INTERVAL_METRICS = ("p95_sync_ratio", "p95_high_low", "p95_sync_vs_control")
+
+
+def _interval_metrics(
+    data: RunData, pressure_norm_inflight: float, high_pressure: float
+) -> dict[str, float]:
+    """The :data:`INTERVAL_METRICS` of ``data`` (the same definitions as
+    :func:`measured_effect_sizes`, without the extras, for the bootstrap's speed)."""
+    lat = data.latency_s
+    sync = data.mask("sync")
+    control = data.mask("control")
+    active = data.sync_active & sync
+    high = pressure_proxy(data.inflight, pressure_norm_inflight) >= high_pressure
+    control_p95 = percentile(lat[control], 95) if control.any() else float("nan")
+    active_p95 = percentile(lat[active], 95) if active.any() else float("nan")
+    return {
+        "p95_sync_ratio": _ratio(lat[sync], active[sync]),
+        "p95_high_low": _ratio(lat, high),
+        "p95_sync_vs_control": (
+            active_p95 / control_p95
+            if np.isfinite(control_p95) and control_p95 > 0
+            else float("nan")
+        ),
+    }
+
+
+def bootstrap_intervals(
+    data: RunData,
+    pressure_norm_inflight: float = 4.0,
+    high_pressure: float = 0.6,
+    resamples: int = 2000,
+    level: float = 0.95,
+    seed: int = 0,
+) -> dict:
+    """Percentile-bootstrap confidence intervals of the effect sizes, over repeats.
+
+    The unit of resampling is a *repeat* (one sync phase and its control phase, replayed
+    back to back): requests of one phase share the engine's state and the merge windows,
+    so they are not independent, while repeats are. Each resample draws as many repeats
+    as the run had, with replacement, pools their requests and recomputes each effect size;
+    the interval is the ``(1 - level) / 2`` and ``(1 + level) / 2`` quantiles of the
+    resampled values. With few repeats the interval is coarse (``n`` repeats give at most
+    ``C(2n - 1, n)`` distinct resamples) and tends to be too narrow: read it as a lower bound
+    on the uncertainty.
+
+    Returns:
+        ``{"unit", "repeats", "level", "resamples", "per_repeat": {metric: [values]},
+        metric: [lo, hi] or None}``: ``None`` with fewer than two repeats, or when fewer
+        than half of the resamples define the metric (an empty class).
+    """
+    if not 0 < level < 1:
+        raise ValueError(f"bootstrap level must be in (0, 1), got {level!r}")
+    reps = data.repeats()
+    index_of = {k: np.flatnonzero(data.repeat_mask(k)) for k in reps}
+    out: dict = {
+        "unit": "repeat (a sync phase and its no-sync control phase)",
+        "repeats": len(reps),
+        "level": level,
+        "resamples": int(resamples),
+        "per_repeat": {m: [] for m in INTERVAL_METRICS},
+    }
+    for k in reps:
+        values = _interval_metrics(data.take(index_of[k]), pressure_norm_inflight, high_pressure)
+        for m in INTERVAL_METRICS:
+            out["per_repeat"][m].append(values[m])
+    if len(reps) < 2 or resamples < 1:
+        for m in INTERVAL_METRICS:
+            out[m] = None
+        out["note"] = "fewer than two repeats: no interval"
+        return out
+    rng = np.random.default_rng([seed, 17])
+    draws: dict[str, list[float]] = {m: [] for m in INTERVAL_METRICS}
+    for _ in range(resamples):
+        pick = rng.integers(0, len(reps), size=len(reps))
+        index = np.concatenate([index_of[reps[j]] for j in pick])
+        values = _interval_metrics(data.take(index), pressure_norm_inflight, high_pressure)
+        for m in INTERVAL_METRICS:
+            draws[m].append(values[m])
+    alpha = (1.0 - level) / 2.0
+    for m in INTERVAL_METRICS:
+        arr = np.asarray(draws[m], dtype=np.float64)
+        arr = arr[np.isfinite(arr)]
+        out[m] = (
+            None
+            if arr.size < resamples / 2
+            else [float(np.quantile(arr, alpha)), float(np.quantile(arr, 1.0 - alpha))]
+        )
+    return out
+
+
+def fit_service_costs(
+    prompt_tokens: np.ndarray, output_tokens: np.ndarray, latency_s: np.ndarray
+) -> dict:
     """Non-negative least squares ``latency_ms ~ ttft + prefill * prompt + decode * output``.
 
     Returns:
@@ -152,10 +289,16 @@ def fit_service_costs(prompt_tokens: np.ndarray, output_tokens: np.ndarray,
     n = y.size
     if n < 3:
         nan = float("nan")
-        return {"ttft_ms": nan, "prefill_ms_per_token": nan, "decode_ms_per_token": nan,
-                "r2": nan, "requests": int(n)}
-    a = np.column_stack([np.ones(n), np.asarray(prompt_tokens, np.float64),
-                         np.asarray(output_tokens, np.float64)])
+        return {
+            "ttft_ms": nan,
+            "prefill_ms_per_token": nan,
+            "decode_ms_per_token": nan,
+            "r2": nan,
+            "requests": int(n),
+        }
+    a = np.column_stack(
+        [np.ones(n), np.asarray(prompt_tokens, np.float64), np.asarray(output_tokens, np.float64)]
+    )
     # Scale the columns so that nnls is well conditioned, then undo the scaling.
     scale = np.maximum(np.abs(a).max(axis=0), 1e-12)
     coef, _ = nnls(a / scale, y)
@@ -163,8 +306,13 @@ def fit_service_costs(prompt_tokens: np.ndarray, output_tokens: np.ndarray,
     resid = y - a @ coef
     ss_tot = float(np.sum((y - y.mean()) ** 2))
     r2 = 1.0 - float(np.sum(resid**2)) / ss_tot if ss_tot > 0 else float("nan")
-    return {"ttft_ms": float(coef[0]), "prefill_ms_per_token": float(coef[1]),
-            "decode_ms_per_token": float(coef[2]), "r2": r2, "requests": int(n)}
+    return {
+        "ttft_ms": float(coef[0]),
+        "prefill_ms_per_token": float(coef[1]),
+        "decode_ms_per_token": float(coef[2]),
+        "r2": r2,
+        "requests": int(n),
+    }
 
 
 def _sync_bins(windows_s: list[tuple[float, float]], n_bins: int, bin_s: float) -> np.ndarray:
@@ -176,22 +324,40 @@ def _sync_bins(windows_s: list[tuple[float, float]], n_bins: int, bin_s: float) 
     return mask
 
 
-def simulate_phase(data: RunData, phase: str, params: SidecarParams,
-                   bin_s: float = 0.05, with_merges: bool = True) -> tuple[np.ndarray,
-                                                                        np.ndarray]:
+def simulate_phase(
+    data: RunData, phase: str, params: SidecarParams, bin_s: float = 0.05, with_merges: bool = True
+) -> tuple[np.ndarray, np.ndarray]:
     """Replay one phase's requests through the sidecar model.
 
+    With repeated phases each repeat is replayed on its own (its own send times and merge
+    windows) and the results are concatenated, repeat by repeat.
+
     Returns:
-        ``(latency_s, sync_active)`` of the phase's requests, in record order.
+        ``(latency_s, sync_active)`` of the phase's requests.
     """
+    if data.repeat is not None and len(data.repeats()) > 1:
+        lat, act = [], []
+        for k in data.repeats():
+            sub = data.take(np.flatnonzero(data.repeat_mask(k)))
+            sub = replace(sub, repeat=None, windows_s=data.windows_for(k), windows_by_repeat=None)
+            if sub.mask(phase).any():
+                a, b = simulate_phase(sub, phase, params, bin_s, with_merges)
+                lat.append(a)
+                act.append(b)
+        if not lat:
+            return np.zeros(0), np.zeros(0, dtype=bool)
+        return np.concatenate(lat), np.concatenate(act)
+    if data.windows_by_repeat is not None:
+        data = replace(data, windows_s=data.windows_for(data.repeats()[0]))
     m = data.mask(phase)
     offsets = np.maximum(data.offset_s[m], 0.0)
     duration = data.sync_duration_s if phase == "sync" else data.control_duration_s
     n_bins = max(1, int(np.ceil(max(duration, float(offsets.max(initial=0.0))) / bin_s)) + 1)
     req_bin = np.minimum((offsets / bin_s).astype(np.int64), n_bins - 1)
     base = base_latency_s(data.prompt_tokens[m], data.output_tokens[m], params)
-    sync_bin = (_sync_bins(data.windows_s, n_bins, bin_s)
-                if with_merges and phase == "sync" else None)
+    sync_bin = (
+        _sync_bins(data.windows_s, n_bins, bin_s) if with_merges and phase == "sync" else None
+    )
     res = replay(base, req_bin, np.zeros(n_bins), sync_bin, params, bin_s)
     return res.latency_s, data.sync_active[m]
 
@@ -216,17 +382,23 @@ class LiveFit:
     sim_p95_sync_ratio: float
     sim_p95_sync_ratio_no_slowdown: float
     notes: list[str]
+    sync_slowdown_interval: list[float] | None = None
 
     def to_dict(self) -> dict:
-        return {"service_fit": self.service, "sim_p95_control_ms": self.sim_p95_control_ms,
-                "sim_p95_sync_ratio": self.sim_p95_sync_ratio,
-                "sim_p95_sync_ratio_no_slowdown": self.sim_p95_sync_ratio_no_slowdown,
-                "notes": list(self.notes),
-                "fitted_sidecar": asdict(self.params)}
+        return {
+            "service_fit": self.service,
+            "sim_p95_control_ms": self.sim_p95_control_ms,
+            "sync_slowdown_interval": self.sync_slowdown_interval,
+            "sim_p95_sync_ratio": self.sim_p95_sync_ratio,
+            "sim_p95_sync_ratio_no_slowdown": self.sim_p95_sync_ratio_no_slowdown,
+            "notes": list(self.notes),
+            "fitted_sidecar": asdict(self.params),
+        }
 
 
-def _bisect(fn, target: float, lo: float, hi: float, increasing: bool, iters: int,
-            log: bool = False) -> float:
+def _bisect(
+    fn, target: float, lo: float, hi: float, increasing: bool, iters: int, log: bool = False
+) -> float:
     """Solve ``fn(x) = target`` for a monotone ``fn`` on ``[lo, hi]``."""
     for _ in range(iters):
         mid = float(np.sqrt(lo * hi)) if log else (lo + hi) / 2
@@ -238,9 +410,15 @@ def _bisect(fn, target: float, lo: float, hi: float, increasing: bool, iters: in
     return float(np.sqrt(lo * hi)) if log else (lo + hi) / 2
 
 
-def fit_sidecar_live(data: RunData, measured: dict, base: SidecarParams | None = None,
-                     bin_s: float = 0.05, min_idle_requests: int = 10,
-                     iters: int = 30) -> LiveFit:
+def fit_sidecar_live(
+    data: RunData,
+    measured: dict,
+    base: SidecarParams | None = None,
+    bin_s: float = 0.05,
+    min_idle_requests: int = 10,
+    iters: int = 30,
+    sync_ratio_interval: tuple[float, float] | list[float] | None = None,
+) -> LiveFit:
     """Fit the sidecar model to a live run (steps 1-4 of the module docstring).
 
     Args:
@@ -250,33 +428,45 @@ def fit_sidecar_live(data: RunData, measured: dict, base: SidecarParams | None =
         bin_s: replay bin width, seconds.
         min_idle_requests: fit step 1 on idle-server requests only when at least this many.
         iters: bisection iterations.
+        sync_ratio_interval: the measured interval of the p95 sync ratio
+            (:func:`bootstrap_intervals`); ``sync_slowdown`` is then also fitted to its two
+            ends, giving the interval of the fitted slowdown (``sync_slowdown_interval``).
     """
     base = base or SidecarParams()
     notes: list[str] = []
+    sigma_interval: list[float] | None = None
     params = base
     fit_phase = "control" if data.mask("control").sum() >= 3 else "sync"
     if fit_phase == "sync":
-        notes.append("fewer than 3 control-phase requests: service costs fitted on the "
-                     "sync phase's inactive requests")
+        notes.append(
+            "fewer than 3 control-phase requests: service costs fitted on the "
+            "sync phase's inactive requests"
+        )
     pool = data.mask(fit_phase) & ~data.sync_active
     idle = pool & (data.inflight == 0)
     use = idle if idle.sum() >= min_idle_requests else pool
-    service = fit_service_costs(data.prompt_tokens[use], data.output_tokens[use],
-                                data.latency_s[use])
+    service = fit_service_costs(
+        data.prompt_tokens[use], data.output_tokens[use], data.latency_s[use]
+    )
     service["idle_only"] = bool(use is idle)
     if np.isfinite(service["ttft_ms"]):
-        params = replace(params, ttft_ms=round(service["ttft_ms"], 4),
-                         prefill_ms_per_token=round(service["prefill_ms_per_token"], 6),
-                         decode_ms_per_token=round(service["decode_ms_per_token"], 6))
+        params = replace(
+            params,
+            ttft_ms=round(service["ttft_ms"], 4),
+            prefill_ms_per_token=round(service["prefill_ms_per_token"], 6),
+            decode_ms_per_token=round(service["decode_ms_per_token"], 6),
+        )
     else:
         notes.append("too few requests to fit the per-token costs: base values kept")
 
     sim_control = float("nan")
     target_control = percentile(data.latency_s[data.mask(fit_phase) & ~data.sync_active], 95)
     if fit_phase == "control" and np.isfinite(target_control):
+
         def control_p95(slots: float) -> float:
-            lat, _ = simulate_phase(data, "control", replace(params, slots=slots), bin_s,
-                                    with_merges=False)
+            lat, _ = simulate_phase(
+                data, "control", replace(params, slots=slots), bin_s, with_merges=False
+            )
             return percentile(lat, 95)
 
         lo_slots, hi_slots = 0.25, 256.0
@@ -286,8 +476,15 @@ def fit_sidecar_live(data: RunData, measured: dict, base: SidecarParams | None =
         elif control_p95(lo_slots) <= target_control:
             slots = lo_slots
         else:
-            slots = _bisect(control_p95, target_control, lo_slots, hi_slots,
-                            increasing=False, iters=iters, log=True)
+            slots = _bisect(
+                control_p95,
+                target_control,
+                lo_slots,
+                hi_slots,
+                increasing=False,
+                iters=iters,
+                log=True,
+            )
         params = replace(params, slots=round(slots, 4))
         sim_control = control_p95(params.slots) * 1000.0
     else:
@@ -296,29 +493,49 @@ def fit_sidecar_live(data: RunData, measured: dict, base: SidecarParams | None =
     target_ratio = measured.get("p95_sync_ratio", float("nan"))
     sim_ratio = floor_ratio = float("nan")
     if data.mask("sync").sum() >= 3 and np.isfinite(target_ratio):
+
         def sync_ratio(sigma: float) -> float:
             lat, act = simulate_phase(data, "sync", replace(params, sync_slowdown=sigma), bin_s)
             r = _ratio(lat, act)
             return r if np.isfinite(r) else 1.0
 
         floor_ratio = sync_ratio(0.0)
-        if target_ratio <= floor_ratio:
-            sigma = 0.0
-            notes.append(f"measured p95 sync ratio {target_ratio:.3f} is at or below the "
-                         f"model's ratio with no slowdown ({floor_ratio:.3f}, from the mix of "
-                         f"request sizes and queueing alone): sync_slowdown = 0")
-        else:
+
+        def solve(target: float) -> float:
+            if target <= floor_ratio:
+                return 0.0
             hi = 1.0
-            while sync_ratio(hi) < target_ratio and hi < 64.0:
+            while sync_ratio(hi) < target and hi < 64.0:
                 hi *= 2.0
-            sigma = _bisect(sync_ratio, target_ratio, 0.0, hi, increasing=True, iters=iters)
+            return _bisect(sync_ratio, target, 0.0, hi, increasing=True, iters=iters)
+
+        sigma = solve(target_ratio)
+        if target_ratio <= floor_ratio:
+            notes.append(
+                f"measured p95 sync ratio {target_ratio:.3f} is at or below the "
+                f"model's ratio with no slowdown ({floor_ratio:.3f}, from the mix of "
+                f"request sizes and queueing alone): sync_slowdown = 0"
+            )
+        if sync_ratio_interval is not None and all(np.isfinite(sync_ratio_interval)):
+            lo, hi_end = sorted(float(v) for v in sync_ratio_interval)
+            sigma_interval = [round(solve(lo), 4), round(solve(hi_end), 4)]
         params = replace(params, sync_slowdown=round(sigma, 4))
         sim_ratio = sync_ratio(params.sync_slowdown)
+        if sim_ratio < target_ratio * 0.95:
+            notes.append(
+                f"the model cannot reproduce the measured p95 sync ratio "
+                f"{target_ratio:.3f} on this window (it reaches {sim_ratio:.3f} at "
+                f"sync_slowdown {params.sync_slowdown:g}): too few merge-active "
+                f"requests, or a ratio that is not a slowdown; do not use this fit"
+            )
     else:
         notes.append("p95 sync ratio undefined: sync_slowdown kept at the base value")
 
-    mean_base = float(np.mean(base_latency_s(data.prompt_tokens, data.output_tokens, params))) \
-        if data.latency_s.size else 0.0
+    mean_base = (
+        float(np.mean(base_latency_s(data.prompt_tokens, data.output_tokens, params)))
+        if data.latency_s.size
+        else 0.0
+    )
     if mean_base > 0:
         params = replace(params, serving_capacity_rps=round(params.slots / mean_base, 4))
-    return LiveFit(params, service, sim_control, sim_ratio, floor_ratio, notes)
+    return LiveFit(params, service, sim_control, sim_ratio, floor_ratio, notes, sigma_interval)

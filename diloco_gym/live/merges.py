@@ -36,8 +36,14 @@ from typing import Any, cast
 
 from diloco_gym.live.errors import MergeWorkerError
 
-__all__ = ["MergeConfig", "MergeCluster", "MergeWorkerError", "MergeReport", "free_port",
-           "loopback_interface"]
+__all__ = [
+    "MergeConfig",
+    "MergeCluster",
+    "MergeWorkerError",
+    "MergeReport",
+    "free_port",
+    "loopback_interface",
+]
 
 
 @dataclass(frozen=True)
@@ -71,8 +77,9 @@ class MergeConfig:
         if not self.merge_mb > 0:
             raise ValueError(f"MergeConfig.merge_mb must be > 0, got {self.merge_mb!r}")
         if self.backend not in ("auto", "gloo", "nccl"):
-            raise ValueError(f"MergeConfig.backend must be auto, gloo or nccl, got "
-                             f"{self.backend!r}")
+            raise ValueError(
+                f"MergeConfig.backend must be auto, gloo or nccl, got {self.backend!r}"
+            )
 
     @property
     def numel(self) -> int:
@@ -144,8 +151,9 @@ def _fsync_save(tensor: Any, path: str) -> int:
     return os.path.getsize(path)
 
 
-def _worker_main(rank: int, world: int, port: int, cfg: MergeConfig, backend: str,
-                 ckpt_dir: str, conn: Any) -> None:
+def _worker_main(
+    rank: int, world: int, port: int, cfg: MergeConfig, backend: str, ckpt_dir: str, conn: Any
+) -> None:
     """Entry point of merge worker ``rank``: join the group, then serve merge commands."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the coordinator handles Ctrl-C
     iface = loopback_interface()
@@ -162,9 +170,13 @@ def _worker_main(rank: int, world: int, port: int, cfg: MergeConfig, backend: st
         device = torch.device(f"cuda:{rank}") if backend == "nccl" else torch.device("cpu")
         if backend == "nccl":
             torch.cuda.set_device(device)
-        dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                                world_size=world,
-                                timeout=timedelta(seconds=cfg.collective_timeout_s))
+        dist.init_process_group(
+            backend,
+            init_method=f"tcp://127.0.0.1:{port}",
+            rank=rank,
+            world_size=world,
+            timeout=timedelta(seconds=cfg.collective_timeout_s),
+        )
         gen = torch.Generator().manual_seed(1000 + rank)
         buf = torch.randn(cfg.numel, generator=gen).to(device)
         flag = torch.ones(1, device=device)
@@ -205,10 +217,21 @@ def _worker_main(rank: int, world: int, port: int, cfg: MergeConfig, backend: st
             if rank == 0 and cfg.checkpoint:
                 size = _fsync_save(buf.cpu(), os.path.join(ckpt_dir, "global_model.pt"))
             t2 = time.monotonic()
-            conn.send(("done", rank, merge_id, {
-                "allreduces": rounds, "bytes": buf.numel() * buf.element_size(),
-                "allreduce_s": t1 - t0, "checkpoint_s": t2 - t1, "checkpoint_bytes": size,
-                "worker_s": t2 - t0}))
+            conn.send(
+                (
+                    "done",
+                    rank,
+                    merge_id,
+                    {
+                        "allreduces": rounds,
+                        "bytes": buf.numel() * buf.element_size(),
+                        "allreduce_s": t1 - t0,
+                        "checkpoint_s": t2 - t1,
+                        "checkpoint_bytes": size,
+                        "worker_s": t2 - t0,
+                    },
+                )
+            )
     except (EOFError, OSError):
         pass  # the coordinator closed the pipe: exit quietly
     except BaseException:
@@ -265,10 +288,20 @@ class MergeCluster:
         try:
             for rank in range(self.cfg.workers):
                 parent_conn, child_conn = ctx.Pipe()
-                proc = ctx.Process(target=_worker_main, name=f"diloco-gym-merge-{rank}",
-                                   args=(rank, self.cfg.workers, self.port, self.cfg,
-                                         self.backend, self.checkpoint_dir, child_conn),
-                                   daemon=True)
+                proc = ctx.Process(
+                    target=_worker_main,
+                    name=f"diloco-gym-merge-{rank}",
+                    args=(
+                        rank,
+                        self.cfg.workers,
+                        self.port,
+                        self.cfg,
+                        self.backend,
+                        self.checkpoint_dir,
+                        child_conn,
+                    ),
+                    daemon=True,
+                )
                 proc.start()
                 child_conn.close()
                 self._procs.append(proc)
@@ -291,8 +324,9 @@ class MergeCluster:
             left = deadline - time.monotonic()
             if left <= 0:
                 missing = sorted(set(range(len(self._procs))) - set(replies))
-                raise MergeWorkerError(f"merge workers {missing} gave no answer within "
-                                       f"{timeout_s:.0f} s during {what}")
+                raise MergeWorkerError(
+                    f"merge workers {missing} gave no answer within {timeout_s:.0f} s during {what}"
+                )
             waiting = [c for r, c in enumerate(self._conns) if r not in replies]
             ready = wait_ready(waiting + list(sentinels), timeout=min(left, 1.0))
             for obj in ready:
@@ -311,7 +345,8 @@ class MergeCluster:
                 if rank not in replies and not proc.is_alive():
                     raise MergeWorkerError(
                         f"merge worker rank {rank} (pid {proc.pid}) died during {what} "
-                        f"(exit code {proc.exitcode})")
+                        f"(exit code {proc.exitcode})"
+                    )
         return replies
 
     def _raise_failure(self, rank: int, trace: str, what: str) -> None:
@@ -329,8 +364,10 @@ class MergeCluster:
             time.sleep(0.05)
         if dead:
             r, p = dead[0]
-            raise MergeWorkerError(f"merge worker rank {r} (pid {p.pid}) died during {what} "
-                                   f"(exit code {p.exitcode}); rank {rank} then failed: {last}")
+            raise MergeWorkerError(
+                f"merge worker rank {r} (pid {p.pid}) died during {what} "
+                f"(exit code {p.exitcode}); rank {rank} then failed: {last}"
+            )
         detail = f"\n{trace.rstrip()}" if what == "start-up" else ""
         raise MergeWorkerError(f"merge worker rank {rank} failed during {what}: {last}{detail}")
 
@@ -355,8 +392,7 @@ class MergeCluster:
                 conn.send(("merge", merge_id, float(window_s)))
             except (OSError, ValueError) as exc:
                 raise MergeWorkerError(f"merge worker rank {rank} is gone ({exc})") from None
-        timeout = timeout_s if timeout_s is not None else (
-            window_s + self.cfg.collective_timeout_s)
+        timeout = timeout_s if timeout_s is not None else (window_s + self.cfg.collective_timeout_s)
         try:
             replies = self._collect("done", timeout, f"merge {merge_id}")
         except BaseException:
@@ -365,10 +401,15 @@ class MergeCluster:
             self._broken = True
             raise
         stats = [replies[r][3] for r in range(len(self._procs))]
-        return MergeReport(merge_id, int(stats[0]["allreduces"]), int(stats[0]["bytes"]),
-                           float(stats[0]["allreduce_s"]), float(stats[0]["checkpoint_s"]),
-                           int(stats[0]["checkpoint_bytes"]),
-                           [float(s["worker_s"]) for s in stats])
+        return MergeReport(
+            merge_id,
+            int(stats[0]["allreduces"]),
+            int(stats[0]["bytes"]),
+            float(stats[0]["allreduce_s"]),
+            float(stats[0]["checkpoint_s"]),
+            int(stats[0]["checkpoint_bytes"]),
+            [float(s["worker_s"]) for s in stats],
+        )
 
     def kill_worker(self, rank: int) -> None:
         """SIGKILL worker ``rank`` (fault injection for tests)."""
@@ -402,10 +443,16 @@ class MergeCluster:
             self._tmpdir = None
 
     def describe(self) -> dict:
-        return {"workers": self.cfg.workers, "backend": self.backend,
-                "merge_mb": self.cfg.merge_mb, "bytes": self.cfg.numel * 4,
-                "init_method": f"tcp://127.0.0.1:{self.port}", "checkpoint": self.cfg.checkpoint,
-                "checkpoint_dir": self.checkpoint_dir, "pids": list(self.pids)}
+        return {
+            "workers": self.cfg.workers,
+            "backend": self.backend,
+            "merge_mb": self.cfg.merge_mb,
+            "bytes": self.cfg.numel * 4,
+            "init_method": f"tcp://127.0.0.1:{self.port}",
+            "checkpoint": self.cfg.checkpoint,
+            "checkpoint_dir": self.checkpoint_dir,
+            "pids": list(self.pids),
+        }
 
     def __enter__(self) -> MergeCluster:
         return self.start()

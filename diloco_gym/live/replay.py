@@ -30,9 +30,19 @@ import numpy as np
 from diloco_gym.live.errors import EndpointUnavailableError
 from diloco_gym.traces import Trace
 
-__all__ = ["Endpoint", "EndpointUnavailableError", "RequestRecord", "CpuSampler",
-           "OpenLoopReplayer", "probe_endpoint", "wait_until_healthy", "make_prompt",
-           "post_completion", "check_completion", "first_bytes"]
+__all__ = [
+    "Endpoint",
+    "EndpointUnavailableError",
+    "RequestRecord",
+    "CpuSampler",
+    "OpenLoopReplayer",
+    "probe_endpoint",
+    "wait_until_healthy",
+    "make_prompt",
+    "post_completion",
+    "check_completion",
+    "first_bytes",
+]
 
 
 @dataclass(frozen=True)
@@ -61,7 +71,8 @@ class Endpoint:
         parts = urllib.parse.urlsplit(url.strip())
         if parts.scheme != "http" or not parts.hostname:
             raise EndpointUnavailableError(
-                f"endpoint {url!r} is not an http://HOST:PORT URL (https is not supported)")
+                f"endpoint {url!r} is not an http://HOST:PORT URL (https is not supported)"
+            )
         try:
             port = parts.port or 80
         except ValueError as exc:
@@ -75,8 +86,9 @@ class Endpoint:
         return self.prefix + route
 
 
-def _request(endpoint: Endpoint, method: str, route: str, body: dict | None,
-             timeout_s: float) -> tuple[int, bytes]:
+def _request(
+    endpoint: Endpoint, method: str, route: str, body: dict | None, timeout_s: float
+) -> tuple[int, bytes]:
     """One HTTP exchange on a fresh connection; return (status, body bytes)."""
     conn = http.client.HTTPConnection(endpoint.host, endpoint.port, timeout=timeout_s)
     try:
@@ -113,8 +125,10 @@ def _model_ids(status: int, data: bytes) -> tuple[list[str], str]:
         listed = json.loads(data).get("data")
         models = [str(m["id"]) for m in listed]
     except (ValueError, KeyError, TypeError, AttributeError, RecursionError):
-        return [], (f"answered HTTP 200 with a body that is not an OpenAI model list "
-                    f"(first bytes: {first_bytes(data)})")
+        return [], (
+            f"answered HTTP 200 with a body that is not an OpenAI model list "
+            f"(first bytes: {first_bytes(data)})"
+        )
     return models, "" if models else "lists no model"
 
 
@@ -167,8 +181,9 @@ def wait_until_healthy(url: str, timeout_s: float = 30.0) -> None:
         except (OSError, http.client.HTTPException) as exc:
             last = _describe_error(exc)
         if time.monotonic() > deadline:
-            raise EndpointUnavailableError(f"{endpoint.url}/health not healthy after "
-                                           f"{timeout_s:.0f} s ({last})")
+            raise EndpointUnavailableError(
+                f"{endpoint.url}/health not healthy after {timeout_s:.0f} s ({last})"
+            )
         time.sleep(0.1)
 
 
@@ -200,23 +215,28 @@ def check_completion(body: object, max_tokens: int) -> str:
     generated = usage.get("completion_tokens")
     if generated is None:
         return ""
-    if isinstance(generated, bool) or not isinstance(generated, int) \
-            or not 0 <= generated <= max_tokens:
-        return (f"usage.completion_tokens is {json.dumps(generated)[:40]}, expected an "
-                f"integer in [0, {max_tokens}]")
+    if (
+        isinstance(generated, bool)
+        or not isinstance(generated, int)
+        or not 0 <= generated <= max_tokens
+    ):
+        return (
+            f"usage.completion_tokens is {json.dumps(generated)[:40]}, expected an "
+            f"integer in [0, {max_tokens}]"
+        )
     return ""
 
 
-def post_completion(endpoint: Endpoint, model: str, prompt: str, max_tokens: int,
-                    timeout_s: float) -> tuple[int, dict | None, str]:
+def post_completion(
+    endpoint: Endpoint, model: str, prompt: str, max_tokens: int, timeout_s: float
+) -> tuple[int, dict | None, str]:
     """Send one completion request; return (status, parsed body or None, error text).
 
     ``status`` is 0 when no HTTP answer came back (``error`` says why). An HTTP 200 whose
     body is not a completion (see :func:`check_completion`) has the error ``"invalid
     response: ..."`` and counts as a failed request.
     """
-    body = {"model": model, "prompt": prompt, "max_tokens": int(max_tokens),
-            "temperature": 0}
+    body = {"model": model, "prompt": prompt, "max_tokens": int(max_tokens), "temperature": 0}
     try:
         status, data = _request(endpoint, "POST", "/v1/completions", body, timeout_s)
     except (OSError, http.client.HTTPException) as exc:
@@ -316,6 +336,7 @@ class RequestRecord:
         cpu_util: host CPU utilisation at the send (NaN when unknown).
         server_inflight: the server's own in-flight count at arrival when it reports one
             (the built-in sidecar does), else -1.
+        repeat: which repetition of the phase (0 for the first).
     """
 
     index: int
@@ -332,6 +353,7 @@ class RequestRecord:
     inflight: int = 0
     cpu_util: float = float("nan")
     server_inflight: int = -1
+    repeat: int = 0
 
     @property
     def ok(self) -> bool:
@@ -368,9 +390,15 @@ class OpenLoopReplayer:
         cpu: optional CPU sampler read at each send.
     """
 
-    def __init__(self, endpoint: Endpoint, model: str, timeout_s: float,
-                 clock: Callable[[], float], max_outstanding: int = 256,
-                 cpu: CpuSampler | None = None) -> None:
+    def __init__(
+        self,
+        endpoint: Endpoint,
+        model: str,
+        timeout_s: float,
+        clock: Callable[[], float],
+        max_outstanding: int = 256,
+        cpu: CpuSampler | None = None,
+    ) -> None:
         self.endpoint = endpoint
         self.model = model
         self.timeout_s = timeout_s
@@ -400,19 +428,31 @@ class OpenLoopReplayer:
             return self.clock()
 
     # ---- dispatch ----
-    def start_phase(self, phase: str, trace: Trace, origin_s: float,
-                    prompt_tokens: np.ndarray, output_tokens: np.ndarray) -> threading.Thread:
-        """Start sending ``trace`` with arrival ``a`` at clock time ``origin_s + a``.
+    def start_phase(
+        self,
+        phase: str,
+        trace: Trace,
+        origin_s: float,
+        prompt_tokens: np.ndarray,
+        output_tokens: np.ndarray,
+        repeat: int = 0,
+    ) -> threading.Thread:
+        """Start sending ``trace`` with arrival ``a`` at clock time ``origin_s + a``
+        (records are labelled ``phase`` and ``repeat``).
 
         Returns:
             The dispatcher thread (join it, or call :meth:`wait_sent`).
         """
-        records = [RequestRecord(i, phase, float(origin_s + a), int(p), int(o))
-                   for i, (a, p, o) in enumerate(zip(trace.arrival_s, prompt_tokens,
-                                                     output_tokens, strict=True))]
+        records = [
+            RequestRecord(i, phase, float(origin_s + a), int(p), int(o), repeat=repeat)
+            for i, (a, p, o) in enumerate(
+                zip(trace.arrival_s, prompt_tokens, output_tokens, strict=True)
+            )
+        ]
         self.records.extend(records)
-        thread = threading.Thread(target=self._dispatch, args=(records,),
-                                  name=f"dispatch-{phase}", daemon=True)
+        thread = threading.Thread(
+            target=self._dispatch, args=(records,), name=f"dispatch-{phase}", daemon=True
+        )
         self._dispatcher = thread
         thread.start()
         return thread
@@ -433,8 +473,9 @@ class OpenLoopReplayer:
                 return
             with self._pending_cv:
                 self._pending += 1
-            threading.Thread(target=self._send, args=(rec,), name=f"request-{rec.index}",
-                             daemon=True).start()
+            threading.Thread(
+                target=self._send, args=(rec,), name=f"request-{rec.index}", daemon=True
+            ).start()
 
     def _send(self, rec: RequestRecord) -> None:
         try:
@@ -449,8 +490,9 @@ class OpenLoopReplayer:
                 rec.cpu_util = float("nan") if cpu is None else cpu
                 self.state.inflight += 1
             start = time.monotonic()
-            status, body, error = post_completion(self.endpoint, self.model, prompt,
-                                                  rec.output_tokens, self.timeout_s)
+            status, body, error = post_completion(
+                self.endpoint, self.model, prompt, rec.output_tokens, self.timeout_s
+            )
             elapsed = time.monotonic() - start
             # Only a validated completion's fields are read (check_completion).
             usage = (body or {}).get("usage") if not error else None
@@ -493,6 +535,11 @@ class OpenLoopReplayer:
         return True
 
     @property
+    def sending(self) -> bool:
+        """The current phase's dispatcher has requests left to send."""
+        return self._dispatcher is not None and self._dispatcher.is_alive()
+
+    @property
     def outstanding(self) -> int:
         with self._pending_cv:
             return self._pending
@@ -502,13 +549,23 @@ class OpenLoopReplayer:
         with self.state.lock:
             return [replace(r) for r in self.records]
 
-    def counts(self) -> dict:
-        """Planned / sent / ok / error counts so far."""
-        recs = self.snapshot()
-        return {"planned": len(recs), "sent": sum(r.sent for r in recs),
-                "ok": sum(r.ok for r in recs),
-                "errors": sum(1 for r in recs if r.done and not r.ok),
-                "outstanding": self.outstanding}
+    def counts(self, phase: str | None = None, repeat: int | None = None) -> dict:
+        """Planned / sent / ok / error / timed-out counts so far (of one phase and repeat
+        when given; ``outstanding`` is always over all phases)."""
+        recs = [
+            r
+            for r in self.snapshot()
+            if (phase is None or r.phase == phase) and (repeat is None or r.repeat == repeat)
+        ]
+        return {
+            "planned": len(recs),
+            "sent": sum(r.sent for r in recs),
+            "ok": sum(r.ok for r in recs),
+            "errors": sum(1 for r in recs if r.done and not r.ok),
+            "timeouts": sum(1 for r in recs if r.done and r.error == "timed out"),
+            "done": sum(r.done for r in recs),
+            "outstanding": self.outstanding,
+        }
 
     def close(self, wait_s: float = 0.0) -> None:
         """Stop dispatching; give outstanding requests ``wait_s`` seconds, then abandon them.

@@ -32,8 +32,7 @@ from dataclasses import asdict, dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-__all__ = ["SidecarModelConfig", "TinyLM", "SidecarHTTPServer", "SidecarProcess",
-           "start_sidecar"]
+__all__ = ["SidecarModelConfig", "TinyLM", "SidecarHTTPServer", "SidecarProcess", "start_sidecar"]
 
 _SCAN_CHUNK = 32
 
@@ -71,8 +70,15 @@ class SidecarModelConfig:
     max_tokens_limit: int = 4096
 
     def __post_init__(self) -> None:
-        for name in ("vocab_size", "d_model", "hidden", "n_layers", "torch_threads",
-                     "max_prompt_tokens", "max_tokens_limit"):
+        for name in (
+            "vocab_size",
+            "d_model",
+            "hidden",
+            "n_layers",
+            "torch_threads",
+            "max_prompt_tokens",
+            "max_tokens_limit",
+        ):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"SidecarModelConfig.{name} must be an int >= 1, got {value!r}")
@@ -96,17 +102,16 @@ def _build_model(cfg: SidecarModelConfig):
             self.cfg = cfg
             self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
             self.norms = nn.ModuleList(nn.LayerNorm(cfg.d_model) for _ in range(cfg.n_layers))
-            self.up = nn.ModuleList(nn.Linear(cfg.d_model, cfg.hidden)
-                                    for _ in range(cfg.n_layers))
-            self.down = nn.ModuleList(nn.Linear(cfg.hidden, cfg.d_model)
-                                      for _ in range(cfg.n_layers))
+            self.up = nn.ModuleList(nn.Linear(cfg.d_model, cfg.hidden) for _ in range(cfg.n_layers))
+            self.down = nn.ModuleList(
+                nn.Linear(cfg.hidden, cfg.d_model) for _ in range(cfg.n_layers)
+            )
             self.final = nn.LayerNorm(cfg.d_model)
             self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
             powers = cfg.decay ** torch.arange(_SCAN_CHUNK, dtype=torch.float32)
             lag = torch.arange(_SCAN_CHUNK)[:, None] - torch.arange(_SCAN_CHUNK)[None, :]
             # kernel[t, j] = decay**(t - j) for j <= t: the intra-chunk part of the scan.
-            kernel = torch.where(lag >= 0, cfg.decay ** lag.clamp(min=0).float(),
-                                 torch.zeros(()))
+            kernel = torch.where(lag >= 0, cfg.decay ** lag.clamp(min=0).float(), torch.zeros(()))
             self.register_buffer("kernel", kernel, persistent=False)
             self.register_buffer("carry_pow", powers * cfg.decay, persistent=False)
 
@@ -137,15 +142,15 @@ def _build_model(cfg: SidecarModelConfig):
         def step(self, token: int, states: list[torch.Tensor]) -> torch.Tensor:
             """One decode step: update the layer states in place, return the logits."""
             x = self.embed.weight[token]
-            for i, (norm, up, down) in enumerate(zip(self.norms, self.up, self.down,
-                                                     strict=True)):
+            for i, (norm, up, down) in enumerate(zip(self.norms, self.up, self.down, strict=True)):
                 states[i].mul_(cfg.decay).add_(norm(x))
                 x = x + down(torch.nn.functional.gelu(up(states[i])))
             return self.head(self.final(x))
 
         @torch.inference_mode()
-        def generate(self, ids: list[int], max_tokens: int,
-                     cancelled: Callable[[], bool] | None = None) -> list[int]:
+        def generate(
+            self, ids: list[int], max_tokens: int, cancelled: Callable[[], bool] | None = None
+        ) -> list[int]:
             """Greedy decoding of exactly ``max_tokens`` tokens after ``ids``.
 
             ``cancelled`` is polled before every step; when it returns True the
@@ -201,11 +206,12 @@ class TinyLM:
 
     def tokenize(self, text: str) -> list[int]:
         """Whitespace words hashed into the vocabulary (CRC-32, so deterministic)."""
-        words = text.split()[-self.cfg.max_prompt_tokens:]
+        words = text.split()[-self.cfg.max_prompt_tokens :]
         return [zlib.crc32(w.encode("utf-8")) % self.cfg.vocab_size for w in words]
 
-    def complete(self, prompt: str, max_tokens: int,
-                 cancelled: Callable[[], bool] | None = None) -> tuple[str, int, int]:
+    def complete(
+        self, prompt: str, max_tokens: int, cancelled: Callable[[], bool] | None = None
+    ) -> tuple[str, int, int]:
         """Generate ``max_tokens`` words; return (text, prompt tokens, completion tokens).
 
         Raises:
@@ -285,12 +291,25 @@ class _Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:  # noqa: N802 - http.server naming
         path = self.path.split("?", 1)[0].rstrip("/")
         if path == "/health":
-            self._send_json(200, {"status": "ok", "inflight": self.server.inflight,
-                                  "served": self.server.served})
+            self._send_json(
+                200,
+                {"status": "ok", "inflight": self.server.inflight, "served": self.server.served},
+            )
         elif path == "/v1/models":
-            self._send_json(200, {"object": "list", "data": [{
-                "id": self.server.lm.cfg.model_name, "object": "model", "created": 0,
-                "owned_by": "diloco-gym"}]})
+            self._send_json(
+                200,
+                {
+                    "object": "list",
+                    "data": [
+                        {
+                            "id": self.server.lm.cfg.model_name,
+                            "object": "model",
+                            "created": 0,
+                            "owned_by": "diloco-gym",
+                        }
+                    ],
+                },
+            )
         else:
             self._error(404, f"no route {self.path}", "not_found")
 
@@ -311,8 +330,11 @@ class _Handler(BaseHTTPRequestHandler):
         cfg = self.server.lm.cfg
         model = body.get("model", cfg.model_name)
         if model != cfg.model_name:
-            self._error(404, f"model {model!r} not found; this sidecar serves "
-                        f"{cfg.model_name!r}", "not_found")
+            self._error(
+                404,
+                f"model {model!r} not found; this sidecar serves {cfg.model_name!r}",
+                "not_found",
+            )
             return
         prompt = body.get("prompt", "")
         if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
@@ -321,15 +343,21 @@ class _Handler(BaseHTTPRequestHandler):
             self._error(400, "prompt must be a string")
             return
         max_tokens = body.get("max_tokens", 16)
-        if (not isinstance(max_tokens, int) or isinstance(max_tokens, bool)
-                or not 1 <= max_tokens <= cfg.max_tokens_limit):
-            self._error(400, f"max_tokens must be an integer in [1, {cfg.max_tokens_limit}], "
-                        f"got {max_tokens!r}")
+        if (
+            not isinstance(max_tokens, int)
+            or isinstance(max_tokens, bool)
+            or not 1 <= max_tokens <= cfg.max_tokens_limit
+        ):
+            self._error(
+                400,
+                f"max_tokens must be an integer in [1, {cfg.max_tokens_limit}], got {max_tokens!r}",
+            )
             return
         inflight = self.server.enter()
         try:
             text, n_prompt, n_out = self.server.lm.complete(
-                prompt, max_tokens, lambda: self.server.stopping)
+                prompt, max_tokens, lambda: self.server.stopping
+            )
         except GenerationCancelled as exc:
             self.server.leave()
             self._error(503, str(exc), "server_error")
@@ -340,16 +368,24 @@ class _Handler(BaseHTTPRequestHandler):
             return
         self.server.leave()
         server_ms = (time.perf_counter() - arrived) * 1000.0
-        self._send_json(200, {
-            "id": f"cmpl-{self.server.served}",
-            "object": "text_completion",
-            "created": int(time.time()),
-            "model": cfg.model_name,
-            "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": "length"}],
-            "usage": {"prompt_tokens": n_prompt, "completion_tokens": n_out,
-                      "total_tokens": n_prompt + n_out},
-            "x_sidecar": {"inflight_at_arrival": inflight, "server_ms": server_ms},
-        })
+        self._send_json(
+            200,
+            {
+                "id": f"cmpl-{self.server.served}",
+                "object": "text_completion",
+                "created": int(time.time()),
+                "model": cfg.model_name,
+                "choices": [
+                    {"index": 0, "text": text, "logprobs": None, "finish_reason": "length"}
+                ],
+                "usage": {
+                    "prompt_tokens": n_prompt,
+                    "completion_tokens": n_out,
+                    "total_tokens": n_prompt + n_out,
+                },
+                "x_sidecar": {"inflight_at_arrival": inflight, "server_ms": server_ms},
+            },
+        )
 
 
 def _sidecar_main(conn: Any, cfg: SidecarModelConfig, port: int) -> None:
@@ -369,8 +405,9 @@ def _sidecar_main(conn: Any, cfg: SidecarModelConfig, port: int) -> None:
             pass
         conn.close()
         return
-    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.1},
-                              name="sidecar-http", daemon=True)
+    thread = threading.Thread(
+        target=server.serve_forever, kwargs={"poll_interval": 0.1}, name="sidecar-http", daemon=True
+    )
     thread.start()
     try:
         conn.send(("ready", server.server_port, lm.num_parameters()))
@@ -414,8 +451,14 @@ class SidecarProcess:
         pid: the child's process id.
     """
 
-    def __init__(self, process: mp.process.BaseProcess, conn: Any, port: int,
-                 config: SidecarModelConfig, num_parameters: int) -> None:
+    def __init__(
+        self,
+        process: mp.process.BaseProcess,
+        conn: Any,
+        port: int,
+        config: SidecarModelConfig,
+        num_parameters: int,
+    ) -> None:
         self._process = process
         self._conn = conn
         self.port = port
@@ -431,8 +474,12 @@ class SidecarProcess:
         return self._process.is_alive()
 
     def describe(self) -> dict:
-        return {"kind": "built-in", "url": self.url, "parameters": self.num_parameters,
-                **asdict(self.config)}
+        return {
+            "kind": "built-in",
+            "url": self.url,
+            "parameters": self.num_parameters,
+            **asdict(self.config),
+        }
 
     def stop(self, timeout_s: float = 5.0) -> None:
         """Stop the server and reap the process (terminate, then kill, if it lingers)."""
@@ -461,8 +508,9 @@ def _reap(process: mp.process.BaseProcess, timeout_s: float) -> None:
         process.join(2.0)
 
 
-def start_sidecar(cfg: SidecarModelConfig | None = None, port: int = 0,
-                  start_timeout_s: float = 120.0) -> SidecarProcess:
+def start_sidecar(
+    cfg: SidecarModelConfig | None = None, port: int = 0, start_timeout_s: float = 120.0
+) -> SidecarProcess:
     """Start the built-in sidecar in a spawned process and wait until it serves.
 
     Args:
@@ -482,16 +530,18 @@ def start_sidecar(cfg: SidecarModelConfig | None = None, port: int = 0,
     cfg = cfg or SidecarModelConfig()
     ctx = mp.get_context("spawn")
     parent_conn, child_conn = ctx.Pipe()
-    process = ctx.Process(target=_sidecar_main, args=(child_conn, cfg, port),
-                          name="diloco-gym-sidecar", daemon=True)
+    process = ctx.Process(
+        target=_sidecar_main, args=(child_conn, cfg, port), name="diloco-gym-sidecar", daemon=True
+    )
     process.start()
     child_conn.close()
     try:
         deadline = time.monotonic() + start_timeout_s
         while not parent_conn.poll(0.2):
             if not process.is_alive():
-                raise RuntimeError(f"built-in sidecar exited during start-up "
-                                   f"(exit code {process.exitcode})")
+                raise RuntimeError(
+                    f"built-in sidecar exited during start-up (exit code {process.exitcode})"
+                )
             if time.monotonic() > deadline:
                 raise RuntimeError(f"built-in sidecar did not start within {start_timeout_s} s")
         message = parent_conn.recv()

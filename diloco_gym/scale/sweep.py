@@ -473,7 +473,8 @@ def _write_outputs(spec: SweepSpec, plan: list, store: _Store, out: Path) -> Non
         calib = cal.load_calibration(pt.config.calibration)
         measured_key = pt.regime if pt.config.trace is None else pt.config.trace_sidecar
         sim = {k: (math.nan if v is None else v) for k, v in rec["result"]["sim"].items()}
-        verdict = cal.transfer_verdict(sim, calib.measured(measured_key))
+        measured = calib.measured(measured_key)
+        verdict = cal.transfer_verdict(sim, measured, interval=cal.measured_intervals(measured))
         summ = summarise(df, {pt.regime: verdict}, pt.config.alpha, pt.config.saturation_pct)
         summaries.append(pd.concat([pd.DataFrame([lead] * len(summ)), summ], axis=1))
     results = pd.concat(tables, ignore_index=True) if tables else pd.DataFrame()
