@@ -326,6 +326,23 @@ class CalibrationResult:
 # --------------------------------------------------------------------------- preparation
 
 
+def check_source(source: str | os.PathLike[str]) -> Path:
+    """The trace file ``source`` names, when it is not a regime.
+
+    Raises:
+        ValueError: ``source`` is neither a regime nor an existing file (a usage error,
+            checked before anything starts).
+    """
+    from diloco_gym.regimes import REGIMES
+
+    path = Path(source)
+    if not path.exists():
+        raise ValueError(
+            f"{source!s} is neither a regime ({', '.join(REGIMES)}) nor an existing trace file"
+        )
+    return path
+
+
 def prepare_trace(
     source: str | os.PathLike[str] | Trace,
     duration_s: float,
@@ -364,11 +381,7 @@ def prepare_trace(
         label, base = source, regime.sidecar
         info = {"kind": "regime", "name": source, "seed": cfg.seed}
     else:
-        path = Path(source)
-        if not path.exists():
-            raise ValueError(
-                f"{source!s} is neither a regime ({', '.join(REGIMES)}) nor an existing trace file"
-            )
+        path = check_source(source)
         from diloco_gym.loaders import load_trace
 
         full = load_trace(path, trace_format, seed=cfg.seed)

@@ -223,7 +223,7 @@ def run_calibrate_command(args: argparse.Namespace) -> int:
     except ImportError:
         print("error: calibrate needs torch: pip install 'diloco-gym[rl]'", file=sys.stderr)
         return 1
-    from diloco_gym.live.calibrate import CalibrationConfig, run_calibration
+    from diloco_gym.live.calibrate import CalibrationConfig, check_source, run_calibration
     from diloco_gym.live.engine import EngineModelConfig
     from diloco_gym.live.errors import CalibrationError, CalibrationTerminated
     from diloco_gym.live.merges import MergeConfig
@@ -261,6 +261,14 @@ def run_calibrate_command(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     source = args.trace if args.trace else (args.regime or DEFAULT_REGIME)
+    from diloco_gym.regimes import REGIMES
+
+    if source not in REGIMES:
+        try:  # a usage error before the engine, the endpoint or the merges are touched
+            check_source(source)
+        except ValueError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
     # The run itself says "partial measurements saved to ..." (once); the lines below only
     # name the outcome.
     try:
