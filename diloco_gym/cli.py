@@ -18,7 +18,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import numpy as np
 
@@ -211,6 +211,22 @@ def _load_agent(name: str):
         raise DataError(str(exc)) from None
 
 
+def _replay_options(args: argparse.Namespace, stride: bool = True) -> dict[str, Any]:
+    """The trace, window and load options a protocol config takes from the command line
+    (``stride``: the config has ``stride_s``; the frontier replays disjoint windows only)."""
+    opts: dict[str, Any] = {
+        "trace": args.trace,
+        "trace_format": args.trace_format,
+        "window_s": args.window_s,
+        "sidecar": args.sidecar,
+        "rate_scale": args.rate_scale,
+        "target_utilization": args.target_utilization,
+    }
+    if stride:
+        opts["stride_s"] = args.stride_s
+    return opts
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from diloco_gym.rollout import is_deployable, run_episode
 
@@ -222,28 +238,14 @@ def cmd_run(args: argparse.Namespace) -> int:
     # The same units as the report: seeds of a regime at the chosen load, or the trace's
     # tiled windows (one episode per window; --seeds is then unused).
     try:
-        if args.trace:
-            config = ReportConfig(
-                agents=[args.agent],
-                trace=args.trace,
-                trace_format=args.trace_format,
-                window_s=args.window_s,
-                stride_s=args.stride_s,
-                sidecar=args.sidecar,
-                rate_scale=args.rate_scale,
-                target_utilization=args.target_utilization,
-                seed0=args.seed0,
-            )
-        else:
-            config = ReportConfig(
-                regimes=[args.regime],
-                agents=[args.agent],
-                seeds=max(args.seeds, 2),
-                seed0=args.seed0,
-                sidecar=args.sidecar,
-                rate_scale=args.rate_scale,
-                target_utilization=args.target_utilization,
-            )
+        # The synthetic regime is ignored with --trace (its windows are the units).
+        config = ReportConfig(
+            regimes=[args.regime],
+            agents=[args.agent],
+            seeds=max(args.seeds, 2),
+            seed0=args.seed0,
+            **_replay_options(args),
+        )
     except ValueError as exc:  # an invalid option value
         raise UsageError(str(exc)) from None
     try:
@@ -332,13 +334,7 @@ def cmd_report(args: argparse.Namespace) -> int:
             seed0=args.seed0,
             draws=args.draws,
             calibration=args.calibration,
-            trace=args.trace,
-            trace_format=args.trace_format,
-            window_s=args.window_s,
-            stride_s=args.stride_s,
-            sidecar=args.sidecar,
-            rate_scale=args.rate_scale,
-            target_utilization=args.target_utilization,
+            **_replay_options(args),
         )
     except ValueError as exc:
         raise UsageError(str(exc)) from None
@@ -421,12 +417,7 @@ def cmd_frontier(args: argparse.Namespace) -> int:
             seed0=args.seed0,
             draws=args.draws,
             calibration=args.calibration,
-            trace=args.trace,
-            trace_format=args.trace_format,
-            window_s=args.window_s,
-            sidecar=args.sidecar,
-            rate_scale=args.rate_scale,
-            target_utilization=args.target_utilization,
+            **_replay_options(args, stride=False),
         )
     except ValueError as exc:
         raise UsageError(str(exc)) from None

@@ -270,12 +270,8 @@ def load_native(path: StrPath, *, max_tokens: int | None = None) -> Trace:
         arrival = _check_floats(
             spath, "arrival_s", table.numbers("arrival_s"), nonnegative=True, raw=raw["arrival_s"]
         )
-        prompt = _check_ints(
-            spath, "prompt_tokens", table.numbers("prompt_tokens"), limit, raw=raw["prompt_tokens"]
-        )
-        output = _check_ints(
-            spath, "output_tokens", table.numbers("output_tokens"), limit, raw=raw["output_tokens"]
-        )
+        prompt = table.token_counts("prompt_tokens", limit)
+        output = table.token_counts("output_tokens", limit)
     _check_sorted(spath, "arrival_s", arrival, raw=raw["arrival_s"])
     if duration is None:
         duration = _default_duration(spath, float(arrival[-1]))
@@ -367,20 +363,8 @@ def load_azure(path: StrPath, *, max_tokens: int | None = None) -> Trace:
     _check_sorted(spath, "TIMESTAMP", micros, raw=table.raw["TIMESTAMP"])
     arrival = (micros - micros[0]) / 1e6
     limit = max_tokens_bound(max_tokens)
-    prompt = _check_ints(
-        spath,
-        "ContextTokens",
-        table.numbers("ContextTokens"),
-        limit,
-        raw=table.raw["ContextTokens"],
-    )
-    output = _check_ints(
-        spath,
-        "GeneratedTokens",
-        table.numbers("GeneratedTokens"),
-        limit,
-        raw=table.raw["GeneratedTokens"],
-    )
+    prompt = table.token_counts("ContextTokens", limit)
+    output = table.token_counts("GeneratedTokens", limit)
     return _make_trace(
         spath,
         "azure",
@@ -512,20 +496,8 @@ def load_burstgpt(path: StrPath, *, max_tokens: int | None = None) -> Trace:
         spath, "Timestamp", table.numbers("Timestamp"), raw=table.raw["Timestamp"]
     )
     _check_sorted(spath, "Timestamp", stamps, raw=table.raw["Timestamp"])
-    prompt = _check_ints(
-        spath,
-        "Request tokens",
-        table.numbers("Request tokens"),
-        limit,
-        raw=table.raw["Request tokens"],
-    )
-    output = _check_ints(
-        spath,
-        "Response tokens",
-        table.numbers("Response tokens"),
-        limit,
-        raw=table.raw["Response tokens"],
-    )
+    prompt = table.token_counts("Request tokens", limit)
+    output = table.token_counts("Response tokens", limit)
     kept = output != 0
     failed = int(table.rows - np.count_nonzero(kept))
     if failed == table.rows:
@@ -595,6 +567,10 @@ class _CsvTable:
         if found < self.ncols:
             return f"line has {found} of {self.ncols} fields (truncated line?)"
         return "empty value"
+
+    def token_counts(self, column: str, limit: int) -> np.ndarray:
+        """``column`` as validated token counts (:func:`_check_ints`), int64."""
+        return _check_ints(self.path, column, self.numbers(column), limit, raw=self.raw[column])
 
     def numbers(self, column: str) -> np.ndarray:
         """Parse ``column`` to numbers (int64 when all are integers, else float64).

@@ -7,6 +7,20 @@ import numpy as np
 from diloco_gym.core import EnvParams, Episode, replay_schedule
 from diloco_gym.sidecar import SidecarParams
 
+#: One colour per schedule in the timelines, in order.
+_PALETTE = [
+    "tab:red",
+    "tab:blue",
+    "tab:green",
+    "tab:purple",
+    "tab:orange",
+    "tab:brown",
+    "tab:pink",
+    "tab:olive",
+    "tab:cyan",
+    "tab:gray",
+]
+
 
 def plot_timeline(
     ax,
@@ -31,18 +45,7 @@ def plot_timeline(
     top = max(1.0, rate.max()) * 1.05
     n_rows = max(1, len(schedules))
     band = top * 0.25 / n_rows
-    colors = [
-        "tab:red",
-        "tab:blue",
-        "tab:green",
-        "tab:purple",
-        "tab:orange",
-        "tab:brown",
-        "tab:pink",
-        "tab:olive",
-        "tab:cyan",
-        "tab:gray",
-    ]
+    colors = _PALETTE
     for i, (label, merges) in enumerate(schedules.items()):
         y0 = top + i * band
         c = colors[i % len(colors)]
@@ -114,18 +117,7 @@ def plot_timeline_panels(
     ax_rate.fill_between(bins[:-1], rate, step="post", color="0.6")
     ax_rate.set_ylabel("requests / s")
     ax_rate.tick_params(labelbottom=False)
-    colors = [
-        "tab:red",
-        "tab:blue",
-        "tab:green",
-        "tab:purple",
-        "tab:orange",
-        "tab:brown",
-        "tab:pink",
-        "tab:olive",
-        "tab:cyan",
-        "tab:gray",
-    ]
+    colors = _PALETTE
     labels = list(schedules)
     for i, label in enumerate(labels):
         y = len(labels) - 1 - i
