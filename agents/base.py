@@ -4,15 +4,15 @@ Every agent has Stable-Baselines3's ``predict(observation, state=None, episode_s
 deterministic=True) -> (action, state)``, so ``stable_baselines3.common.evaluation.
 evaluate_policy`` runs heuristic and learned agents alike (agents that need the runner's
 per-episode hand-over, such as the offline oracle, through
-:class:`diloco_gym.rollout.AttachAgentWrapper`). ``predict`` accepts one observation
+:class:`diloco_gym.eval.rollout.AttachAgentWrapper`). ``predict`` accepts one observation
 ``(17,)`` or a batch ``(n, 17)`` and returns an action of matching shape.
 
-What an agent may know is enforced by the runner (:func:`diloco_gym.rollout.attach_agent`,
-called by :func:`diloco_gym.rollout.run_episode` after every ``env.reset``), not left to
+What an agent may know is enforced by the runner (:func:`diloco_gym.eval.rollout.attach_agent`,
+called by :func:`diloco_gym.eval.rollout.run_episode` after every ``env.reset``), not left to
 the agent's goodwill:
 
 * Every agent gets :meth:`Agent.attach` with an :class:`AgentContext`: the env's public
-  parameters (:class:`~diloco_gym.core.EnvParams`, a frozen dataclass), the regime's name
+  parameters (:class:`~diloco_gym.envs.core.EnvParams`, a frozen dataclass), the regime's name
   and the current action mask, copied in by the runner before every decision. It holds no
   reference to the env, the trace, the merge costs or the episode seed. Together with the
   observations (computed from the past only) this is what a deployed scheduler knows.
@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from diloco_gym.core import OBS_INDEX, EnvParams
+from diloco_gym.envs.core import OBS_INDEX, EnvParams
 
 __all__ = ["Agent", "AgentContext", "obs_feature"]
 

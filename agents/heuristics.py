@@ -20,8 +20,8 @@ from typing import Any
 import numpy as np
 
 from agents.base import Agent, AgentContext, obs_feature
-from diloco_gym.core import EnvParams, unsquash_rate
-from diloco_gym.schedules import optimal_schedule
+from diloco_gym.envs.core import EnvParams, unsquash_rate
+from diloco_gym.sim.schedules import optimal_schedule
 
 __all__ = [
     "NoSync",
@@ -94,7 +94,7 @@ class PressureGate(Agent):
 class RandomDeferral(Agent):
     """Deployable random baseline: inside the corridor defer with probability ``p``
     (reference default 0.5). Not the matched control (that one is
-    :class:`diloco_gym.protocol.MatchedRandomDeferral`).
+    :class:`diloco_gym.eval.protocol.MatchedRandomDeferral`).
 
     Each episode draws its coins from its own random stream, independent of everything the
     agent observes after the episode's first observation. The stream is seeded from the
@@ -267,12 +267,12 @@ class OnlineForecastWA(Agent):
 class OfflineCalibratedOracle(Agent):
     """Non-deployable upper bound: sees the whole trace (through the env's
     ``oracle_costs()``) and merges on the schedule of least total sync-excess cost under
-    the corridor, by exact dynamic programming (:func:`diloco_gym.schedules.optimal_schedule`).
+    the corridor, by exact dynamic programming (:func:`diloco_gym.sim.schedules.optimal_schedule`).
 
     It needs the episode, so it runs only where a runner hands it over after each reset:
-    :func:`diloco_gym.rollout.run_episode` (``diloco-gym run`` / ``report``) or, for code
+    :func:`diloco_gym.eval.rollout.run_episode` (``diloco-gym run`` / ``report``) or, for code
     that only calls ``predict`` such as SB3's ``evaluate_policy``, an env wrapped in
-    :class:`diloco_gym.rollout.AttachAgentWrapper`. It follows one env at a time.
+    :class:`diloco_gym.eval.rollout.AttachAgentWrapper`. It follows one env at a time.
 
     Args:
         budget: exact number of merges, or ``None`` for the free-budget optimum.
@@ -297,8 +297,8 @@ class OfflineCalibratedOracle(Agent):
             raise RuntimeError(
                 "offline-oracle is non-deployable: it needs the episode (the env's future "
                 "merge costs) after each reset, which only a runner hands over. Use "
-                "diloco_gym.rollout.run_episode, or wrap the env for evaluate_policy: "
-                "evaluate_policy(agent, diloco_gym.rollout.AttachAgentWrapper(env, agent))"
+                "diloco_gym.eval.rollout.run_episode, or wrap the env for evaluate_policy: "
+                "evaluate_policy(agent, diloco_gym.eval.rollout.AttachAgentWrapper(env, agent))"
             )
         if len(obs) != 1:
             raise ValueError(
@@ -379,7 +379,7 @@ class FixedBudget(Agent):
         if self._pace is None:
             raise RuntimeError(
                 f"{self.name} is budget-aware: attach it to an env with a merge "
-                f"budget first (diloco_gym.rollout.run_episode does)"
+                f"budget first (diloco_gym.eval.rollout.run_episode does)"
             )
         s = self._pace.read(obs)
         interval = s["n"] / self._pace.budget
@@ -448,7 +448,7 @@ class OnlineForecastBudget(OnlineForecastWA):
         if self._pace is None:
             raise RuntimeError(
                 f"{self.name} is budget-aware: attach it to an env with a merge "
-                f"budget first (diloco_gym.rollout.run_episode does)"
+                f"budget first (diloco_gym.eval.rollout.run_episode does)"
             )
         s = self._pace.read(obs)
         due = np.maximum((s["n"] - s["last"]) / (s["m_left"] + 1.0), 1.0)

@@ -58,10 +58,11 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import diloco_gym  # noqa: E402  (registers the ids)
-from diloco_gym import core, regimes, schedules  # noqa: E402
-from diloco_gym import learners as lrn  # noqa: E402
-from diloco_gym.sidecar import merge_costs  # noqa: E402
-from diloco_gym.traces import PRESSURE_DT_S  # noqa: E402
+from diloco_gym.envs import core  # noqa: E402
+from diloco_gym.sim import learners as lrn  # noqa: E402
+from diloco_gym.sim import regimes, schedules
+from diloco_gym.sim.sidecar import merge_costs  # noqa: E402
+from diloco_gym.sim.traces import PRESSURE_DT_S  # noqa: E402
 
 TARGETS = {
     "default_single_ratio_to_cartpole": 0.3,
@@ -479,7 +480,7 @@ def bench_memory(num_envs: int, total_steps: int, pool: bool) -> dict:
 def bench_profile(episodes: int, num_envs: int = 1024, steps: int = 517) -> dict:
     """Where the time goes (milliseconds): an episode's parts (mean over ``episodes`` seeds)
     and a fresh-episode vector step's parts (``steps`` steps of ``num_envs`` envs)."""
-    from diloco_gym.vector import DiLoCoSyncVectorEnv
+    from diloco_gym.envs.vector import DiLoCoSyncVectorEnv
 
     reg = regimes.get_regime("bursty")
     params = replace(core.EnvParams(), skip_forced=False)

@@ -28,7 +28,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from diloco_gym.report import ReportConfig, run_protocol  # noqa: E402
+from diloco_gym.eval.report import ReportConfig, run_protocol  # noqa: E402
 from diloco_gym.scale.backends import default_jobs  # noqa: E402
 
 WORKLOADS = {

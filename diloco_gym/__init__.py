@@ -8,12 +8,12 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from diloco_gym.core import OBS_FEATURES, EnvParams
-from diloco_gym.env import DiLoCoSyncEnv
-from diloco_gym.learners import LearnerParams
-from diloco_gym.regimes import REGIMES, ReplayRegime, SyntheticRegime, get_regime
-from diloco_gym.sidecar import SidecarParams
-from diloco_gym.traces import Trace, TraceFormatError
+from diloco_gym.envs.core import OBS_FEATURES, EnvParams
+from diloco_gym.envs.env import DiLoCoSyncEnv
+from diloco_gym.sim.learners import LearnerParams
+from diloco_gym.sim.regimes import REGIMES, ReplayRegime, SyntheticRegime, get_regime
+from diloco_gym.sim.sidecar import SidecarParams
+from diloco_gym.sim.traces import Trace, TraceFormatError
 
 
 @lru_cache(maxsize=1)
@@ -72,8 +72,8 @@ def register_envs() -> None:
             continue
         gym.register(
             id=env_id,
-            entry_point="diloco_gym.env:DiLoCoSyncEnv",
-            vector_entry_point="diloco_gym.vector:DiLoCoSyncVectorEnv",
+            entry_point="diloco_gym.envs.env:DiLoCoSyncEnv",
+            vector_entry_point="diloco_gym.envs.vector:DiLoCoSyncVectorEnv",
             kwargs=kwargs,
             disable_env_checker=False,
         )

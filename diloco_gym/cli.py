@@ -23,11 +23,11 @@ from typing import Any, NoReturn
 import numpy as np
 
 from diloco_gym.errors import CLIError, DataError, Interrupted, UsageError
-from diloco_gym.regimes import REGIMES
+from diloco_gym.sim.regimes import REGIMES
 
 __all__ = ["main", "CLIError", "UsageError", "DataError", "Interrupted", "CLIExit", "exit_status"]
 
-#: Trace formats of ``--format`` (kept in step with :data:`diloco_gym.loaders.FORMATS`).
+#: Trace formats of ``--format`` (kept in step with :data:`diloco_gym.sim.loaders.FORMATS`).
 TRACE_FORMATS: tuple[str, ...] = ("auto", "native", "azure", "mooncake", "burstgpt")
 
 
@@ -49,7 +49,7 @@ def exit_status(exc: BaseException) -> tuple[int, str]:
     The order matters: ``TraceFormatError`` is a ``ValueError`` (data, 1) and a bare
     ``ValueError`` is a parameter that failed validation (usage, 2).
     """
-    from diloco_gym.traces import TraceFormatError
+    from diloco_gym.sim.traces import TraceFormatError
 
     try:
         from diloco_gym.live.errors import CalibrationError
@@ -228,12 +228,12 @@ def _replay_options(args: argparse.Namespace, stride: bool = True) -> dict[str, 
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from diloco_gym.rollout import is_deployable, run_episode
+    from diloco_gym.eval.rollout import is_deployable, run_episode
 
     if not args.trace:
         _check_regime(args.regime)
     agent = _load_agent(args.agent)
-    from diloco_gym.report import ReportConfig, _synthetic_units, _trace_units
+    from diloco_gym.eval.report import ReportConfig, _synthetic_units, _trace_units
 
     # The same units as the report: seeds of a regime at the chosen load, or the trace's
     # tiled windows (one episode per window; --seeds is then unused).
@@ -305,9 +305,9 @@ def cmd_run(args: argparse.Namespace) -> int:
 def cmd_report(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     from agents.registry import HEURISTICS
-    from diloco_gym import calibration as cal
-    from diloco_gym.report import ReportConfig, prepare_out_dir, run_protocol, write_report
-    from diloco_gym.traces import TraceFormatError
+    from diloco_gym.eval import calibration as cal
+    from diloco_gym.eval.report import ReportConfig, prepare_out_dir, run_protocol, write_report
+    from diloco_gym.sim.traces import TraceFormatError
 
     _check_backend(args)
     try:
@@ -367,7 +367,7 @@ def cmd_report(args: argparse.Namespace) -> int:
         raise DataError(msg) from None
     except KeyboardInterrupt:
         raise Interrupted(f"interrupted; no report written ({args.out} left as it was)") from None
-    from diloco_gym.report import console_summary
+    from diloco_gym.eval.report import console_summary
 
     print(console_summary(result["summary"]))
     print(
@@ -380,10 +380,10 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 def cmd_frontier(args: argparse.Namespace) -> int:
     """``diloco-gym frontier``: sync-excess against merge rate, agents compared at equal
-    budgets (:mod:`diloco_gym.frontier`)."""
+    budgets (:mod:`diloco_gym.eval.frontier`)."""
     started = time.perf_counter()
-    from diloco_gym import frontier as fr
-    from diloco_gym.report import prepare_out_dir
+    from diloco_gym.eval import frontier as fr
+    from diloco_gym.eval.report import prepare_out_dir
 
     try:
         prepare_out_dir(args.out, args.force)
@@ -422,7 +422,7 @@ def cmd_frontier(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     command = "diloco-gym " + " ".join(shlex.quote(a) for a in sys.argv[1:])
-    from diloco_gym.traces import TraceFormatError
+    from diloco_gym.sim.traces import TraceFormatError
 
     try:
         result = fr.run_frontier(config, progress=not args.no_progress)
@@ -516,7 +516,7 @@ def _close_progress_bars() -> None:
 
 def cmd_train(args: argparse.Namespace) -> int:
     try:
-        from diloco_gym.train import run_train_command
+        from diloco_gym.rl.train import run_train_command
     except ImportError as exc:
         raise UsageError(
             f"training needs the 'rl' extra (pip install 'diloco-gym[rl]'): {exc}"
@@ -750,7 +750,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     add_train_arguments: Callable[[argparse.ArgumentParser], None] | None = None
     if command in (None, "train"):
         try:
-            from diloco_gym.train import add_train_arguments
+            from diloco_gym.rl.train import add_train_arguments
         except ImportError:  # no rl extra: main() says so before parsing
             pass
     if add_train_arguments is not None:
@@ -791,7 +791,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if argv[:1] == ["train"] and "-h" not in argv and "--help" not in argv:
             try:
-                import diloco_gym.train  # noqa: F401
+                import diloco_gym.rl.train  # noqa: F401
             except ImportError as exc:  # the rl extra is missing: say so before argparse
                 return _unavailable(
                     "train", f"it needs the 'rl' extra (pip install 'diloco-gym[rl]'): {exc}"

@@ -19,14 +19,15 @@ from agents.heuristics import (
     WADiLoCo,
 )
 from agents.registry import AGENTS, BUDGETED, HEURISTICS, LEARNED, make_agent
-from diloco_gym import core, schedules
 from diloco_gym.cli import main
-from diloco_gym.rollout import AttachAgentWrapper, attach_agent, run_episode
-from diloco_gym.sidecar import ReplayResult
-from diloco_gym.traces import Trace
+from diloco_gym.envs import core
+from diloco_gym.eval.rollout import AttachAgentWrapper, attach_agent, run_episode
+from diloco_gym.sim import schedules
+from diloco_gym.sim.sidecar import ReplayResult
+from diloco_gym.sim.traces import Trace
 
 #: Agents that run without a merge budget; the budget-aware ones (BUDGETED) need
-#: merge_budget=M and are checked at budgets in tests/test_frontier.py.
+#: merge_budget=M and are checked at budgets in tests/eval/test_frontier.py.
 FREE_AGENTS = [n for n in AGENTS if n not in BUDGETED]
 
 
@@ -328,7 +329,7 @@ def test_random_deferral_coins_do_not_depend_on_later_observations():
 
 
 def test_report_marks_non_deployable_agents():
-    from diloco_gym.report import ReportConfig, render_markdown, run_protocol
+    from diloco_gym.eval.report import ReportConfig, render_markdown, run_protocol
 
     res = run_protocol(
         ReportConfig(regimes=["bursty"], agents=["fixed-512", "offline-oracle"], seeds=2, draws=20),
@@ -444,7 +445,7 @@ def test_cli_run_unknown_names(capsys):
 
 
 def test_cli_run_on_a_trace_file(tmp_path, capsys):
-    from diloco_gym.loaders import save_native
+    from diloco_gym.sim.loaders import save_native
 
     tr = diloco_gym.get_regime("bursty")(np.random.default_rng(0))
     path = tmp_path / "t.csv"
@@ -471,6 +472,6 @@ def test_cli_run_on_a_trace_file(tmp_path, capsys):
 def test_cli_train_without_the_rl_extra(monkeypatch, capsys):
     import sys
 
-    monkeypatch.setitem(sys.modules, "diloco_gym.train", None)  # as if SB3 were missing
+    monkeypatch.setitem(sys.modules, "diloco_gym.rl.train", None)  # as if SB3 were missing
     assert main(["train", "--algo", "ppo", "--timesteps", "10", "--out", "x"]) == 2
     assert "needs the 'rl' extra" in capsys.readouterr().err

@@ -16,10 +16,10 @@ import pytest
 
 import diloco_gym
 from diloco_gym import cli
-from diloco_gym import report as rep
 from diloco_gym.cli import main
-from diloco_gym.loaders import FORMATS, save_native
-from diloco_gym.traces import Trace
+from diloco_gym.eval import report as rep
+from diloco_gym.sim.loaders import FORMATS, save_native
+from diloco_gym.sim.traces import Trace
 
 ROOT = Path(__file__).resolve().parents[1]
 QUICK = [
@@ -185,7 +185,7 @@ def test_a_killed_run_leaves_only_leftovers_the_next_run_cleans(tmp_path):
     out = tmp_path / "r"
     script = f"""
 import os, sys
-from diloco_gym import report as rep
+from diloco_gym.eval import report as rep
 cfg = rep.ReportConfig(regimes=["bursty"], agents=["fixed-512"], seeds=2, draws=10)
 res = rep.run_protocol(cfg, progress=False)
 rep.write_report(res, {str(out)!r})
@@ -542,7 +542,7 @@ def test_timeline_key_is_in_words(small_result):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from diloco_gym.render import plot_timeline_panels
+    from diloco_gym.envs.render import plot_timeline_panels
 
     tl = small_result["timelines"]["bursty"]
     fig = plt.figure(figsize=(12, 4))

@@ -18,8 +18,8 @@ import numpy as np
 import pytest
 
 from diloco_gym.cli import exit_status
-from diloco_gym.loaders import load_native, load_trace, save_native
-from diloco_gym.traces import Trace
+from diloco_gym.sim.loaders import load_native, load_trace, save_native
+from diloco_gym.sim.traces import Trace
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -93,7 +93,7 @@ def test_loaders_import_and_read_csv_without_pyarrow(tmp_path):
     path.write_text("# duration_s=3.0\narrival_s,prompt_tokens,output_tokens\n0.5,10,1\n")
     code = f"""
 sys.modules["pyarrow"] = None  # as on an install without the parquet extra
-from diloco_gym.loaders import load_trace
+from diloco_gym.sim.loaders import load_trace
 assert load_trace({str(path)!r}).prompt_tokens.tolist() == [10]
 """
     assert _loaded_after(code, ("pyarrow",)) == ["pyarrow"]  # the None placeholder only
@@ -175,7 +175,7 @@ def test_report_keeps_the_callers_matplotlib_backend(tmp_path):
 import matplotlib
 matplotlib.use("svg")
 before = matplotlib.get_backend()
-from diloco_gym.report import ReportConfig, run_protocol, write_report
+from diloco_gym.eval.report import ReportConfig, run_protocol, write_report
 res = run_protocol(ReportConfig(regimes=["bursty"], agents=["fixed-512", "offline-oracle"],
                                 seeds=2, draws=20), progress=False)
 out = write_report(res, {str(tmp_path / "rep")!r})

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from diloco_gym.core import OBS_FEATURES
+from diloco_gym.envs.core import OBS_FEATURES
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()

@@ -14,7 +14,7 @@ to (docs/calibration.md). This subpackage measures them on the machine at hand:
 * :mod:`~diloco_gym.live.replay`: open-loop replay of a trace window over HTTP;
 * :mod:`~diloco_gym.live.fit`: the measured effect sizes and the sidecar-model fit;
 * :mod:`~diloco_gym.live.calibrate`: :func:`run_calibration`, which ties them together
-  and writes a file :func:`diloco_gym.calibration.load_calibration` reads;
+  and writes a file :func:`diloco_gym.eval.calibration.load_calibration` reads;
 * :mod:`~diloco_gym.live.cli`: the ``diloco-gym calibrate`` command.
 
 torch is needed only when a run starts (``pip install diloco-gym[rl]``); the built-in

@@ -4,7 +4,7 @@
 endpoint, open loop, while real merges (:mod:`diloco_gym.live.merges`) run on the same
 machine, then measures the effect sizes (docs/calibration.md), fits the sidecar model to them
 (:mod:`diloco_gym.live.fit`) and writes a calibration file that
-:func:`diloco_gym.calibration.load_calibration` reads.
+:func:`diloco_gym.eval.calibration.load_calibration` reads.
 
 A run has two phases over the *same* trace window (so the second is the no-sync load
 match of docs/protocol.md):
@@ -64,7 +64,7 @@ from typing import Any
 
 import numpy as np
 
-from diloco_gym.calibration import CalibrationFileError, validate_calibration
+from diloco_gym.eval.calibration import CalibrationFileError, validate_calibration
 from diloco_gym.live.engine import (
     LIVE_EXTRA_HINT,
     EngineModelConfig,
@@ -95,8 +95,8 @@ from diloco_gym.live.replay import (
     probe_endpoint,
 )
 from diloco_gym.live.server import SidecarModelConfig, SidecarProcess, start_sidecar
-from diloco_gym.sidecar import SidecarParams
-from diloco_gym.traces import Trace, random_window, scale_rate, window
+from diloco_gym.sim.sidecar import SidecarParams
+from diloco_gym.sim.traces import Trace, random_window, scale_rate, window
 
 __all__ = [
     "CalibrationConfig",
@@ -333,7 +333,7 @@ def check_source(source: str | os.PathLike[str]) -> Path:
         ValueError: ``source`` is neither a regime nor an existing file (a usage error,
             checked before anything starts).
     """
-    from diloco_gym.regimes import REGIMES
+    from diloco_gym.sim.regimes import REGIMES
 
     path = Path(source)
     if not path.exists():
@@ -355,7 +355,7 @@ def prepare_trace(
         source: a regime name, a trace file, or a :class:`Trace`.
         duration_s: window length, seconds.
         cfg: the (resolved) config: seed, start, rate.
-        trace_format: format of a trace file (see :func:`diloco_gym.loaders.load_trace`).
+        trace_format: format of a trace file (see :func:`diloco_gym.sim.loaders.load_trace`).
 
     Returns:
         ``(window, label, base sidecar parameters, provenance)``.
@@ -364,7 +364,7 @@ def prepare_trace(
         ValueError: unknown regime and no such file, a label that is not a regime, or a
             window outside the trace.
     """
-    from diloco_gym.regimes import REGIMES, get_regime
+    from diloco_gym.sim.regimes import REGIMES, get_regime
 
     rng = np.random.default_rng(cfg.seed)
     info: dict[str, Any]
@@ -382,7 +382,7 @@ def prepare_trace(
         info = {"kind": "regime", "name": source, "seed": cfg.seed}
     else:
         path = check_source(source)
-        from diloco_gym.loaders import load_trace
+        from diloco_gym.sim.loaders import load_trace
 
         full = load_trace(path, trace_format, seed=cfg.seed)
         label, base = full.name, SidecarParams()
@@ -718,8 +718,8 @@ def run_calibration(
     Args:
         endpoint: ``http://host:port`` of an OpenAI-compatible server, or ``None`` to start
             the built-in sidecar on 127.0.0.1.
-        source: a regime name (:data:`diloco_gym.regimes.REGIMES`), a trace file, or a
-            :class:`~diloco_gym.traces.Trace`.
+        source: a regime name (:data:`diloco_gym.sim.regimes.REGIMES`), a trace file, or a
+            :class:`~diloco_gym.sim.traces.Trace`.
         duration_s: length of the replayed trace window; each phase lasts this long.
         out_path: the calibration file to write.
         trace_format: format of a trace file (``auto`` detects it).

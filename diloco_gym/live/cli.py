@@ -228,7 +228,7 @@ def run_calibrate_command(args: argparse.Namespace) -> int:
     from diloco_gym.live.errors import CalibrationError, CalibrationTerminated
     from diloco_gym.live.merges import MergeConfig
     from diloco_gym.live.probe import ProbeConfig
-    from diloco_gym.traces import TraceFormatError
+    from diloco_gym.sim.traces import TraceFormatError
 
     try:
         engine_model = (
@@ -261,7 +261,7 @@ def run_calibrate_command(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     source = args.trace if args.trace else (args.regime or DEFAULT_REGIME)
-    from diloco_gym.regimes import REGIMES
+    from diloco_gym.sim.regimes import REGIMES
 
     if source not in REGIMES:
         try:  # a usage error before the engine, the endpoint or the merges are touched

@@ -4,7 +4,7 @@ Measured effect sizes (docs/calibration.md), from the successful requests of a r
 
 * ``p95_sync_ratio``: p95 latency of the sync phase's requests sent while a merge window
   was open over that of the sync phase's other requests (linear-interpolation
-  percentiles, :func:`diloco_gym.sidecar.percentile`).
+  percentiles, :func:`diloco_gym.sim.sidecar.percentile`).
 * ``p95_high_low``: p95 latency of *high-pressure* requests over that of the others, both
   phases pooled. Pressure is a measured proxy: the serving pressure
   ``min(1, inflight / pressure_norm_inflight)``, where ``inflight`` is the number of this
@@ -16,18 +16,18 @@ Measured effect sizes (docs/calibration.md), from the successful requests of a r
   separately (``cpu_latency_corr``).
 * ``pressure_latency_corr``: Pearson correlation of that pressure and latency.
 
-Fit of :class:`~diloco_gym.sidecar.SidecarParams` (each step uses the previous ones):
+Fit of :class:`~diloco_gym.sim.sidecar.SidecarParams` (each step uses the previous ones):
 
 1. ``ttft_ms``, ``prefill_ms_per_token``, ``decode_ms_per_token``: non-negative least
    squares of latency on (1, prompt tokens, output tokens) over the no-sync control
    phase, using the requests that found the server idle (no other request outstanding)
    when there are enough of them, so that queueing does not bias the per-token costs.
 2. ``slots``: bisection (on a log scale) so that the simulated no-sync replay of the
-   control phase (:func:`diloco_gym.sidecar.replay` on the same send times and token
+   control phase (:func:`diloco_gym.sim.sidecar.replay` on the same send times and token
    counts) has the measured control-phase p95.
 3. ``sync_slowdown``: bisection so that the simulated replay of the sync phase, with the
    merge windows that were really open, has the measured p95 sync ratio (the same idea as
-   :func:`diloco_gym.calibration.fit_sidecar`, on the live window instead of a regime).
+   :func:`diloco_gym.eval.calibration.fit_sidecar`, on the live window instead of a regime).
 4. ``serving_capacity_rps`` = ``slots`` / mean nominal service time (the rate at which
    the fitted server is fully busy). ``pressure_gain`` is not fitted (the live pressure
    proxy is the load itself, which the queue already models) and keeps its base value.
@@ -39,7 +39,7 @@ from dataclasses import asdict, dataclass, replace
 
 import numpy as np
 
-from diloco_gym.sidecar import SidecarParams, base_latency_s, percentile, replay
+from diloco_gym.sim.sidecar import SidecarParams, base_latency_s, percentile, replay
 
 __all__ = [
     "RunData",

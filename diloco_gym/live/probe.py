@@ -32,8 +32,8 @@ import numpy as np
 
 from diloco_gym.live.errors import CalibrationError, EndpointUnavailableError
 from diloco_gym.live.replay import Endpoint, OpenLoopReplayer, make_prompt, post_completion
-from diloco_gym.sidecar import percentile
-from diloco_gym.traces import Trace
+from diloco_gym.sim.sidecar import percentile
+from diloco_gym.sim.traces import Trace
 
 __all__ = ["ProbeConfig", "warm_up", "probe_capacity", "ProbeResult"]
 

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from diloco_gym.live.errors import EndpointUnavailableError
-from diloco_gym.traces import Trace
+from diloco_gym.sim.traces import Trace
 
 __all__ = [
     "Endpoint",

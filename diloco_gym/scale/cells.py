@@ -3,13 +3,13 @@
 Granularity: one cell is one *unit* (a seed of a synthetic regime, or one window of a
 replayed trace) x **all** the report's agents, with each agent's matched-random envelope and
 oracle. Keeping the agents of a unit together keeps the one
-:class:`~diloco_gym.protocol.EpisodeScorer` built per episode (the costly part of scoring:
+:class:`~diloco_gym.eval.protocol.EpisodeScorer` built per episode (the costly part of scoring:
 the episode's exact replay state, the oracle) shared by every agent, as in a serial run;
 splitting agents into cells would rebuild it once per agent. A unit is also the protocol's
 statistical unit, so a cell never straddles two of them. Besides the unit cells, each regime
 has one calibration cell (the simulated effect sizes behind its calibration verdict).
 
-A cell carries only names, paths and parameters (the :class:`~diloco_gym.report.ReportConfig`
+A cell carries only names, paths and parameters (the :class:`~diloco_gym.eval.report.ReportConfig`
 with absolute paths, a regime name, a unit index): a worker rebuilds the environment, the
 calibration and the agents itself, so the package (and any trace, calibration or model file
 the report names) must be reachable on every worker. A worker caches what it rebuilt per
@@ -42,7 +42,7 @@ class ReportCell:
             ``merge_budget``) as sorted ``(name, value)`` pairs; empty for a report.
     """
 
-    config: Any  # diloco_gym.report.ReportConfig (not imported here: no import cycle)
+    config: Any  # diloco_gym.eval.report.ReportConfig (not imported here: no import cycle)
     regime: str
     unit: int | None
     env: tuple[tuple[str, Any], ...] = ()
@@ -76,9 +76,9 @@ def regime_plan(
     ``env`` overrides ``EnvParams`` fields of every unit's environment (a sweep's
     ``merge_budget``, for example).
     """
-    from diloco_gym import calibration as cal
-    from diloco_gym.regimes import REGIMES
-    from diloco_gym.report import _synthetic_units, _trace_units
+    from diloco_gym.eval import calibration as cal
+    from diloco_gym.eval.report import _synthetic_units, _trace_units
+    from diloco_gym.sim.regimes import REGIMES
 
     calib = calib if calib is not None else cal.load_calibration(config.calibration)
     measured_key = regime if config.trace is None else config.trace_sidecar
@@ -88,7 +88,7 @@ def regime_plan(
     else:
         units, load = _trace_units(config, fitted or REGIMES[measured_key].sidecar)
     if env:
-        from diloco_gym.env import DiLoCoSyncEnv
+        from diloco_gym.envs.env import DiLoCoSyncEnv
 
         rebuilt: dict[int, Any] = {}  # units that shared an env keep sharing one
         for unit in units:
@@ -121,7 +121,7 @@ def run_report_cell(cell: ReportCell) -> dict[str, Any]:
         order and, for the first unit of ``bursty`` or of a trace replay, the schedules the
         report draws on its timeline. A calibration cell: ``{"sim", "trace_sim", "u_cal"}``.
     """
-    from diloco_gym import calibration as cal
+    from diloco_gym.eval import calibration as cal
 
     config = cell.config
     calib = _cached("calibration", config, None, lambda: cal.load_calibration(config.calibration))
@@ -141,8 +141,8 @@ def run_report_cell(cell: ReportCell) -> dict[str, Any]:
 
 
 def _calibration_cell(config, measured_key: str, fitted, units: list) -> dict[str, Any]:
-    from diloco_gym import calibration as cal
-    from diloco_gym.report import _trace_effect_sizes
+    from diloco_gym.eval import calibration as cal
+    from diloco_gym.eval.report import _trace_effect_sizes
 
     calib_seeds = range(config.seed0, config.seed0 + 8)
     # The verdict belongs to the sidecar on the load it was calibrated on: the measured
@@ -161,8 +161,8 @@ def _calibration_cell(config, measured_key: str, fitted, units: list) -> dict[st
 
 
 def _unit_cell(config, regime: str, units: list, index: int, agents: list) -> dict[str, Any]:
-    from diloco_gym import protocol
-    from diloco_gym.rollout import run_episode
+    from diloco_gym.eval import protocol
+    from diloco_gym.eval.rollout import run_episode
 
     unit = units[index]
     env, seed = unit.env, unit.seed

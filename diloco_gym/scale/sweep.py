@@ -142,7 +142,7 @@ def _read(path: Path) -> dict:
 
 
 def _env_field(path: Path, key: str) -> str:
-    from diloco_gym.core import EnvParams
+    from diloco_gym.envs.core import EnvParams
 
     name = key[4:] if key.startswith("env.") else key
     valid = {f.name for f in fields(EnvParams)}
@@ -161,9 +161,9 @@ def load_sweep(path: str | Path) -> SweepSpec:
         SweepFileError: (a ``ValueError``) a missing or malformed file, an unknown key, an
             empty axis, or a point whose settings are invalid (named by its parameters).
     """
-    from diloco_gym.regimes import REGIMES
-    from diloco_gym.report import ReportConfig
+    from diloco_gym.eval.report import ReportConfig
     from diloco_gym.scale.cells import cell_config
+    from diloco_gym.sim.regimes import REGIMES
 
     path = Path(path)
     data = _read(path)
@@ -230,7 +230,7 @@ def load_sweep(path: str | Path) -> SweepSpec:
         if isinstance(kwargs.get("agents"), str):
             kwargs["agents"] = [kwargs["agents"]]
         try:
-            from diloco_gym.core import EnvParams
+            from diloco_gym.envs.core import EnvParams
 
             EnvParams(**env)
             config = cell_config(ReportConfig(**kwargs))
@@ -429,8 +429,8 @@ def _cell_value(v: Any) -> Any:
 
 
 def _write_outputs(spec: SweepSpec, plan: list, store: _Store, out: Path) -> None:
-    from diloco_gym import calibration as cal
-    from diloco_gym.report import summarise
+    from diloco_gym.eval import calibration as cal
+    from diloco_gym.eval.report import summarise
 
     tables: list[pd.DataFrame] = []
     summaries: list[pd.DataFrame] = []

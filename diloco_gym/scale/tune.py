@@ -83,10 +83,10 @@ def load_tune(path: str | Path) -> TuneSpec:
         TuneFileError: (a ``ValueError``) a missing or malformed file, an unknown key or
             hyperparameter, a bad distribution, or an invalid setting.
     """
-    from diloco_gym.core import EnvParams
-    from diloco_gym.regimes import REGIMES
+    from diloco_gym.envs.core import EnvParams
+    from diloco_gym.rl.train import ALGOS, VEC_ENVS, _algo_class
     from diloco_gym.scale.sweep import SweepFileError, _read
-    from diloco_gym.train import ALGOS, VEC_ENVS, _algo_class
+    from diloco_gym.sim.regimes import REGIMES
 
     path = Path(path)
     try:
@@ -210,7 +210,7 @@ def _search_space(space: dict) -> dict:
 def _validate(model, env, seeds: list[int]) -> float:
     """Mean exact-replay sync-excess % of ``model`` over the validation ``seeds``."""
     from agents.learned import LearnedAgent
-    from diloco_gym.rollout import run_episode
+    from diloco_gym.eval.rollout import run_episode
 
     agent = LearnedAgent(model, name="tune")
     return float(np.mean([run_episode(env, agent, s)["sync_excess_pct"] for s in seeds]))
@@ -224,8 +224,8 @@ def tune_trial(config: dict) -> None:
     from ray import tune
     from stable_baselines3.common.utils import set_random_seed
 
-    from diloco_gym import train as tr
-    from diloco_gym.env import DiLoCoSyncEnv
+    from diloco_gym.envs.env import DiLoCoSyncEnv
+    from diloco_gym.rl import train as tr
 
     fixed = config["_fixed"]
     hp = {k: v for k, v in config.items() if k != "_fixed"}
@@ -305,7 +305,7 @@ def run_tune(
         from diloco_gym.scale.backends import RAY_EXTRA_HINT
 
         raise ModuleNotFoundError(RAY_EXTRA_HINT.replace("Ray is", "Ray Tune is")) from None
-    from diloco_gym import train as tr
+    from diloco_gym.rl import train as tr
 
     out = Path(out).resolve()
     out.mkdir(parents=True, exist_ok=True)

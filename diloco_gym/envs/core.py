@@ -1,0 +1,937 @@
+"""Pure dynamics of the merge-scheduling problem, shared by the single and vector envs.
+
+An *episode* is everything that does not depend on the agent, precomputed once from a
+trace (:func:`build_episode`; :func:`episode_core_batch` for many traces at once): the
+exogenous observation features per decision and the no-merge replay, from which the cost
+of a merge launched at any decision follows (computed when asked for). The agent-dependent state
+is tiny (decision index, last merge, merges so far, global tokens, budget left) and the
+transition helpers below are written with plain arithmetic, so the same functions run on
+Python scalars (the single env) and on numpy arrays with a leading batch axis (the vector
+env).
+
+Time: training advances in steps of ``step_seconds``; the agent decides every
+``decision_interval`` steps (one *decision* = ``decision_seconds``). The corridor
+``[h_min_steps, h_max_steps]`` is expressed in decisions by dividing by the interval.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from functools import cached_property, lru_cache
+from typing import NamedTuple
+
+import numpy as np
+
+from diloco_gym.sim import learners as lrn
+from diloco_gym.sim.schedules import completion_counts
+from diloco_gym.sim.sidecar import (
+    IsolatedMergeCost,
+    ReplayResult,
+    SidecarParams,
+    _slowdown,
+    base_latency_s,
+    merge_costs,
+    replay,
+)
+from diloco_gym.sim.traces import PRESSURE_DT_S, Trace
+
+__all__ = [
+    "EnvParams",
+    "Episode",
+    "build_episode",
+    "episode_from_seed",
+    "OBS_FEATURES",
+    "OBS_DIM",
+    "REWARD_NOMINAL_REQUESTS",
+    "nominal_rate_rps",
+    "reward_per_request",
+    "learner_table",
+    "learner_features",
+    "learner_features_k",
+    "options",
+    "sync_mask",
+    "replay_schedule",
+    "BudgetTables",
+]
+
+
+@dataclass(frozen=True)
+class EnvParams:
+    """Environment parameters (units in the names; defaults in docs/model.md#clock).
+
+    Attributes:
+        step_seconds: wall time of one training (inner) step.
+        h_min_steps: a merge may start only when the gap since the last merge is at least
+            this many steps (paper: 128).
+        h_max_steps: a merge must start when the gap reaches this many steps (paper: 512).
+        merge_seconds: how long a merge occupies the host (paper: 8 s); rounded to steps.
+        decision_interval: steps between two decisions; must divide both corridor bounds.
+        skip_forced: advance through decisions with a single feasible action without
+            asking the agent (gap < H_min, gap = H_max, budget-forced).
+        merge_budget: if set, every episode has exactly this many merges; the action mask
+            keeps the schedule feasible.
+        excess_weight: weight of the sync-excess term (reward unit: extra SLO-violating
+            requests per :data:`REWARD_NOMINAL_REQUESTS` nominal requests of the regime, a
+            scale fixed before the episode starts; see :func:`reward_per_request`).
+        progress_weight: weight of the training-progress term (global loss decrease).
+        forecast_alpha: EWMA weight of the one-step request-rate forecast, per decision.
+        baseline_alpha: EWMA weight of the slow request-rate baseline, per decision.
+        rate_norm_rps: scale of the rate features (``r / (r + rate_norm_rps)``).
+        loss_clip / tokens_clip / staleness_clip_s: normalisers of the learner features
+            (the WA-DiLoCo score's ``clip(x, c)`` constants).
+        reward_rate_rps: the nominal request rate of the reward scale; ``None`` (default)
+            takes the regime's (:func:`nominal_rate_rps`). Set it to compare rewards across
+            replays of different traces on one scale.
+    """
+
+    step_seconds: float = 0.14
+    h_min_steps: int = 128
+    h_max_steps: int = 512
+    merge_seconds: float = 8.0
+    decision_interval: int = 8
+    skip_forced: bool = True
+    merge_budget: int | None = None
+    excess_weight: float = 1.0
+    progress_weight: float = 0.0
+    forecast_alpha: float = 0.5
+    baseline_alpha: float = 0.02
+    rate_norm_rps: float = 8.0
+    loss_clip: float = 0.05
+    tokens_clip: float = 1.0e6
+    staleness_clip_s: float = 1800.0
+    reward_rate_rps: float | None = None
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if f.name == "reward_rate_rps":
+                if v is not None and (
+                    not isinstance(v, (int, float, np.integer, np.floating))
+                    or isinstance(v, bool)
+                    or not np.isfinite(v)
+                    or v <= 0
+                ):
+                    raise ValueError(
+                        f"EnvParams.reward_rate_rps must be None or a finite number > 0, got {v!r}"
+                    )
+                continue
+            if f.name == "merge_budget":
+                if v is not None and (
+                    not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v < 0
+                ):
+                    raise ValueError(
+                        f"EnvParams.merge_budget must be None or an int >= 0, got {v!r}"
+                    )
+                continue
+            if f.name == "skip_forced":
+                if not isinstance(v, (bool, np.bool_)):
+                    raise ValueError(f"EnvParams.skip_forced must be a bool, got {v!r}")
+                continue
+            if f.type in ("int", int):
+                if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v < 1:
+                    raise ValueError(f"EnvParams.{f.name} must be an int >= 1, got {v!r}")
+            elif not isinstance(v, (int, float)) or isinstance(v, bool) or not np.isfinite(v):
+                raise ValueError(f"EnvParams.{f.name} must be a finite number, got {v!r}")
+        for name in (
+            "step_seconds",
+            "merge_seconds",
+            "rate_norm_rps",
+            "loss_clip",
+            "tokens_clip",
+            "staleness_clip_s",
+        ):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"EnvParams.{name} must be > 0, got {getattr(self, name)!r}")
+        for name in ("excess_weight", "progress_weight"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"EnvParams.{name} must be >= 0, got {getattr(self, name)!r}")
+        for name in ("forecast_alpha", "baseline_alpha"):
+            if not 0 < getattr(self, name) <= 1:
+                raise ValueError(f"EnvParams.{name} must be in (0, 1], got {getattr(self, name)!r}")
+        if self.h_min_steps > self.h_max_steps:
+            raise ValueError(
+                f"EnvParams: h_min_steps ({self.h_min_steps}) must not exceed "
+                f"h_max_steps ({self.h_max_steps})"
+            )
+        for name in ("h_min_steps", "h_max_steps"):
+            if getattr(self, name) % self.decision_interval:
+                raise ValueError(
+                    f"EnvParams.{name} ({getattr(self, name)}) must be a multiple "
+                    f"of decision_interval ({self.decision_interval})"
+                )
+        if self.merge_steps > self.h_min_steps:
+            raise ValueError(
+                f"EnvParams.merge_seconds: a merge ({self.merge_seconds} s = "
+                f"{self.merge_steps} steps) must fit inside h_min_steps "
+                f"({self.h_min_steps}) so that merges never overlap"
+            )
+
+    @cached_property  # derived, never a second default; cached for the hot path
+    def decision_seconds(self) -> float:
+        return self.step_seconds * self.decision_interval
+
+    @cached_property
+    def h_min(self) -> int:
+        """H_min in decisions."""
+        return self.h_min_steps // self.decision_interval
+
+    @cached_property
+    def h_max(self) -> int:
+        """H_max in decisions."""
+        return self.h_max_steps // self.decision_interval
+
+    @cached_property
+    def merge_steps(self) -> int:
+        """Merge window in steps (``merge_seconds`` rounded to the step grid, at least 1)."""
+        return max(1, int(round(self.merge_seconds / self.step_seconds)))
+
+    def n_decisions(self, duration_s: float) -> int:
+        """Decisions in an episode covering ``duration_s`` (the last may run past the end)."""
+        return int(np.ceil(duration_s / self.decision_seconds - 1e-9))
+
+
+# (name, unit / transform, low, high, meaning)
+OBS_FEATURES: tuple[tuple[str, str, float, float, str], ...] = (
+    ("gap", "gap / H_max", 0.0, 1.0, "training steps since the last merge"),
+    ("corridor_open", "0/1", 0.0, 1.0, "1 when gap >= H_min, so a merge is allowed"),
+    (
+        "loss_progress_mean",
+        "clip(loss_delta / loss_clip)",
+        0.0,
+        1.0,
+        "mean over learners of the loss reduction since the last merge",
+    ),
+    ("loss_progress_min", "clip(loss_delta / loss_clip)", 0.0, 1.0, "the same, slowest learner"),
+    (
+        "tokens_mean",
+        "clip(tokens / tokens_clip)",
+        0.0,
+        1.0,
+        "mean tokens per learner since the last merge",
+    ),
+    ("tokens_min", "clip(tokens / tokens_clip)", 0.0, 1.0, "the same, slowest learner"),
+    ("staleness", "clip(seconds / staleness_clip_s)", 0.0, 1.0, "seconds since the last merge"),
+    ("network", "[0, 1]", 0.0, 1.0, "network pressure now"),
+    (
+        "serving",
+        "[0, 1]",
+        0.0,
+        1.0,
+        "serving pressure: rate forecast / serving_capacity_rps, capped at 1",
+    ),
+    ("checkpoint", "[0, 1]", 0.0, 1.0, "checkpoint-I/O pressure now"),
+    (
+        "rate_now",
+        "r / (r + rate_norm_rps)",
+        0.0,
+        1.0,
+        "request rate over the last decision interval",
+    ),
+    (
+        "rate_forecast",
+        "r / (r + rate_norm_rps)",
+        0.0,
+        1.0,
+        "one-step EWMA forecast of the request rate (forecast_alpha)",
+    ),
+    (
+        "rate_baseline",
+        "r / (r + rate_norm_rps)",
+        0.0,
+        1.0,
+        "slow EWMA of the request rate (baseline_alpha)",
+    ),
+    (
+        "rate_trend",
+        "clip((forecast - baseline) / rate_norm_rps, -1, 1)",
+        -1.0,
+        1.0,
+        "forecast above (+) or below (-) the baseline",
+    ),
+    ("merges", "merges / (decisions / H_min)", 0.0, 1.0, "merges so far this episode"),
+    ("time_left", "fraction", 0.0, 1.0, "fraction of the episode's decisions left"),
+    ("budget_left", "fraction", 0.0, 1.0, "merges left / merge_budget (1 when there is no budget)"),
+)
+OBS_DIM = len(OBS_FEATURES)
+OBS_INDEX = {name: i for i, (name, *_) in enumerate(OBS_FEATURES)}
+OBS_LOW = np.array([f[2] for f in OBS_FEATURES], dtype=np.float32)
+OBS_HIGH = np.array([f[3] for f in OBS_FEATURES], dtype=np.float32)
+EXO_SLICE = slice(OBS_INDEX["network"], OBS_INDEX["rate_trend"] + 1)
+LEARNER_SLICE = slice(OBS_INDEX["loss_progress_mean"], OBS_INDEX["staleness"] + 1)
+
+
+def squash_rate(rate_rps, norm_rps: float):
+    """``r / (r + norm)``: a bounded, invertible rate feature."""
+    return rate_rps / (rate_rps + norm_rps)
+
+
+def unsquash_rate(x, norm_rps: float):
+    """Inverse of :func:`squash_rate` (requests per second)."""
+    x = np.minimum(x, 1 - 1e-6)
+    return norm_rps * x / (1.0 - x)
+
+
+@dataclass(frozen=True)
+class Episode:
+    """Agent-independent data of one episode (all arrays read-only by convention).
+
+    Attributes:
+        trace: the sidecar's trace.
+        n_decisions: N, decisions in the episode.
+        exo: ``(N, 7)`` float32 exogenous features (network .. rate_trend) per decision,
+            computed from arrivals strictly before the decision.
+        throughputs: ``(K,)`` learner throughputs, ascending.
+        base_s / req_bin / pressure_bin: replay inputs (service time per request, its
+            step bin, fleet pressure per bin).
+        baseline: the no-merge replay (the load match).
+        params / sidecar: the parameters the episode was built with.
+        seed: the episode seed (``None`` if built from an explicit generator).
+        reward_per_request: reward units per extra violating request,
+            :func:`reward_per_request` of the regime's nominal rate and the window length:
+            fixed before the episode starts, never the episode's own request count.
+
+    ``merge_cost`` (all decisions) is computed on first use; ``merge_cost_at(d)`` costs one
+    decision without computing the others (what an env stepping an agent needs).
+    """
+
+    trace: Trace
+    n_decisions: int
+    exo: np.ndarray
+    throughputs: np.ndarray
+    base_s: np.ndarray
+    req_bin: np.ndarray
+    pressure_bin: np.ndarray
+    baseline: ReplayResult
+    params: EnvParams
+    sidecar: SidecarParams
+    seed: int | None = None
+    reward_per_request: float = float("nan")
+    #: ``(m0, S, prefmin)`` of the no-merge queue (:class:`EpisodeCore`), reused by the lazy
+    #: merge costing; ``None`` recomputes them.
+    queue: tuple[np.ndarray, np.ndarray, np.ndarray] | None = field(
+        default=None, repr=False, compare=False
+    )
+
+    @cached_property
+    def merge_cost(self) -> np.ndarray:
+        """``(N,)`` extra SLO violations (requests) of a merge launched at each decision,
+        evaluated in isolation (:func:`~diloco_gym.sim.sidecar.merge_costs`)."""
+        p = self.params
+        starts = np.arange(self.n_decisions, dtype=np.int64) * p.decision_interval
+        cost = merge_costs(
+            self.base_s,
+            self.req_bin,
+            self.pressure_bin,
+            self.sidecar,
+            p.step_seconds,
+            starts,
+            p.merge_steps,
+            self.baseline.violated.astype(np.float64),
+        )
+        cost.setflags(write=False)
+        return cost
+
+    @cached_property
+    def _one_cost(self) -> IsolatedMergeCost:
+        p = self.params
+        return IsolatedMergeCost(
+            self.base_s,
+            self.req_bin,
+            self.pressure_bin,
+            self.sidecar,
+            p.step_seconds,
+            p.merge_steps,
+            self.baseline.violated,
+            queue=self.queue,
+        )
+
+    def merge_cost_at(self, d: int) -> float:
+        """The cost of a merge at decision ``d`` (equal to ``merge_cost[d]``)."""
+        full = self.__dict__.get("merge_cost")
+        if full is not None:
+            return float(full[d])
+        memo = self.__dict__.setdefault("_cost_memo", {})  # the summary asks again at the end
+        if d not in memo:
+            memo[d] = self._one_cost.cost_at(d * self.params.decision_interval)
+        return memo[d]
+
+    @property
+    def n_requests(self) -> int:
+        return self.trace.num_requests
+
+    @property
+    def pct_per_request(self) -> float:
+        """Percentage points of sync-excess per violated request (of this episode's requests:
+        a score after the episode, never a reward, since the count depends on the future)."""
+        return 100.0 / max(1, self.n_requests)
+
+
+#: The reward counts extra SLO-violating requests per this many nominal requests.
+REWARD_NOMINAL_REQUESTS = 1000.0
+
+
+def nominal_rate_rps(generator, params: EnvParams | None = None) -> float:
+    """The request rate that fixes the reward scale, known before any episode starts.
+
+    In order: ``params.reward_rate_rps`` when set; a ``nominal_rate_rps`` attribute of the
+    generator; for a :class:`~diloco_gym.sim.regimes.SyntheticRegime` the long-run mean of its
+    rate function, ``quiet + (busy - quiet) * min(1, (burst_s + ramp_s / 2) /
+    burst_period_s)`` (bursty: 8 req/s, non-periodic: 8.1, steady regimes: their rate); for a
+    :class:`~diloco_gym.sim.regimes.ReplayRegime` its ``target_rate_rps`` when set, otherwise
+    the mean rate of the whole loaded source trace (a constant of the regime, the same for
+    every window drawn from it; when the regime is one fixed trace, that trace's own mean
+    rate; pass ``reward_rate_rps`` to put several traces on one scale).
+
+    Raises:
+        ValueError: a generator of another kind without a ``nominal_rate_rps`` attribute
+            and no ``params.reward_rate_rps``.
+    """
+    from diloco_gym.sim.regimes import ReplayRegime, SyntheticRegime
+
+    if params is not None and params.reward_rate_rps is not None:
+        return float(params.reward_rate_rps)
+    declared = getattr(generator, "nominal_rate_rps", None)
+    if declared is not None:
+        rate = float(declared)
+    elif isinstance(generator, SyntheticRegime):
+        g = generator
+        rate = g.quiet_rate_rps
+        if g.burst_period_s > 0 and g.busy_rate_rps > g.quiet_rate_rps:
+            duty = min(1.0, (g.burst_s + 0.5 * g.ramp_s) / g.burst_period_s)
+            rate += (g.busy_rate_rps - g.quiet_rate_rps) * duty
+    elif isinstance(generator, ReplayRegime):
+        rate = (
+            generator.target_rate_rps
+            if generator.target_rate_rps is not None
+            else generator.trace.mean_rate_rps
+        )
+    else:
+        raise ValueError(
+            f"cannot fix a reward scale for the generator "
+            f"{getattr(generator, 'name', type(generator).__name__)!r}: give it a "
+            f"nominal_rate_rps attribute (requests/s) or pass reward_rate_rps"
+        )
+    if not (np.isfinite(rate) and rate > 0):
+        raise ValueError(f"nominal request rate of the reward scale must be > 0, got {rate!r}")
+    return float(rate)
+
+
+def reward_per_request(rate_rps: float, duration_s: float) -> float:
+    """Reward units per extra violating request: ``REWARD_NOMINAL_REQUESTS / (rate_rps *
+    duration_s)``, i.e. the reward counts violating requests per 1,000 nominal requests of
+    the window (``rate_rps`` from :func:`nominal_rate_rps`, ``duration_s`` the window
+    length; both fixed before the episode starts)."""
+    return REWARD_NOMINAL_REQUESTS / (float(rate_rps) * float(duration_s))
+
+
+def _ewma(x: np.ndarray, alpha: float) -> np.ndarray:
+    """Bias-corrected EWMA of ``x[1:]`` (``x[0]`` is the empty past), causal, along the
+    last axis.
+
+    ``e_d = alpha * x_d + (1 - alpha) * e_{d-1}`` from ``e_0 = 0``, divided by
+    ``1 - (1 - alpha)**d`` so that early values are averages of what was seen, not
+    shrunk towards zero.
+    """
+    # Imported here, not at module level: scipy.signal costs about 0.5-1 s to import (most
+    # of ``import diloco_gym``), so only code that builds an episode pays it. An exact
+    # pure-Python recursion would be bit-identical but ~65 ns per sample, slowing an
+    # episode build by about a third.
+    from scipy.signal import lfilter
+
+    e = lfilter([alpha], [1.0, alpha - 1.0], x, axis=-1)
+    out = np.zeros_like(e)
+    np.divide(e[..., 1:], _ewma_norm(alpha, x.shape[-1])[1:], out=out[..., 1:])
+    return out
+
+
+@lru_cache(maxsize=64)
+def _ewma_norm(alpha: float, n: int) -> np.ndarray:
+    """``1 - (1 - alpha)**d`` for ``d < n`` (the same for every episode of a length)."""
+    corr = 1.0 - (1.0 - alpha) ** np.arange(n)
+    corr.setflags(write=False)
+    return corr
+
+
+class EpisodeCore(NamedTuple):
+    """The agent-independent arrays of an episode, as :func:`episode_core` computes them.
+
+    ``m0``, ``s`` and ``prefmin`` are the no-merge queue of :mod:`diloco_gym.sim.sidecar`
+    (slowdown per bin, running sum of work minus capacity, and its running minimum), from
+    which both the no-merge replay (``latency``, ``violated``) and the isolated merge costs
+    follow. From :func:`episode_core_batch` every per-decision and per-bin array has a
+    leading batch axis and the per-request arrays are the episodes' requests concatenated
+    (``counts`` per episode, ``flat_bin`` = episode * bins + bin).
+    """
+
+    n: int
+    exo: np.ndarray
+    pressure_dec: np.ndarray
+    base_s: np.ndarray
+    req_bin: np.ndarray
+    pressure_bin: np.ndarray
+    m0: np.ndarray
+    s: np.ndarray
+    prefmin: np.ndarray
+    latency: np.ndarray
+    violated: np.ndarray
+    counts: np.ndarray | None = None
+    flat_bin: np.ndarray | None = None
+
+
+def min_episode_seconds(params: EnvParams, sidecar: SidecarParams) -> float:
+    """The shortest trace window that holds an episode: more than H_min steps of decisions
+    plus the margin that charges the last merge in full (its window and the sidecar's tail)."""
+    margin_s = params.merge_steps * params.step_seconds + sidecar.tail_s
+    return margin_s + (params.h_min + 1) * params.decision_seconds
+
+
+def episode_length(
+    duration_s: float, params: EnvParams, sidecar: SidecarParams, name: str = "trace"
+) -> int:
+    """Decisions in an episode of a ``duration_s`` trace (see :func:`episode_core`)."""
+    n_slots = params.n_decisions(duration_s)  # decision intervals covering the trace
+    margin_s = params.merge_steps * params.step_seconds + sidecar.tail_s
+    n = min(n_slots, int(np.floor((duration_s - margin_s) / params.decision_seconds + 1e-9)))
+    if n < params.h_min + 1:
+        min_s = min_episode_seconds(params, sidecar)
+        raise ValueError(
+            f"trace {name!r} of {duration_s:.1f} s is too short: an episode "
+            f"needs at least {min_s:.1f} s (more than H_min = "
+            f"{params.h_min_steps} steps of decisions plus a {margin_s:.1f} s "
+            f"margin for the last merge)"
+        )
+    return n
+
+
+def episode_core(
+    arrival_s: np.ndarray,
+    prompt_tokens: np.ndarray,
+    output_tokens: np.ndarray,
+    network: np.ndarray | None,
+    checkpoint: np.ndarray | None,
+    duration_s: float,
+    params: EnvParams,
+    sidecar: SidecarParams,
+    name: str = "trace",
+) -> EpisodeCore:
+    """Everything about an episode that does not depend on the agent, from a trace's arrays
+    (``arrival_s`` sorted, as in a :class:`~diloco_gym.sim.traces.Trace`).
+
+    Decisions stop ``merge_seconds + sidecar.tail_s`` before the trace ends, so that every
+    merge's window and backlog lie inside the trace: a merge near the end is charged in
+    full, not cheaper because its window runs off the recorded requests.
+
+    This is :func:`episode_core_batch` on a batch of one (one code path for the single and
+    the vector env).
+    """
+    c = episode_core_batch(
+        [arrival_s],
+        [prompt_tokens],
+        [output_tokens],
+        None if network is None else network[None, :],
+        None if checkpoint is None else checkpoint[None, :],
+        duration_s,
+        params,
+        sidecar,
+        name,
+    )
+    return EpisodeCore(
+        c.n,
+        c.exo[0],
+        c.pressure_dec[0],
+        c.base_s,
+        c.req_bin,
+        c.pressure_bin[0],
+        c.m0[0],
+        c.s[0],
+        c.prefmin[0],
+        c.latency,
+        c.violated,
+    )
+
+
+def episode_core_batch(
+    arrivals: list[np.ndarray],
+    prompts: list[np.ndarray],
+    outputs: list[np.ndarray],
+    network: np.ndarray | None,
+    checkpoint: np.ndarray | None,
+    duration_s: float,
+    params: EnvParams,
+    sidecar: SidecarParams,
+    name: str = "trace",
+) -> EpisodeCore:
+    """:func:`episode_core` of several traces of the same duration at once.
+
+    Every operation is elementwise, or runs along the time axis of each episode separately
+    (filters, cumulative sums and minima, ``bincount`` over episode-major indices), so each
+    episode's arrays are bit for bit those of a batch of one. ``network`` and ``checkpoint``
+    are ``(B, samples)`` arrays or ``None`` (zero pressure).
+    """
+    n = episode_length(duration_s, params, sidecar, name)
+    b = len(arrivals)
+    dec_s = params.decision_seconds
+    n_slots = params.n_decisions(duration_s)
+    di = params.decision_interval
+    n_bins = n_slots * di
+    # Decision d is at t_dec[d]; interval d is [t_dec[d], t_dec[d + 1]), and the rate seen at
+    # decision d is the count of interval d-1: arrivals strictly before t_dec[d] and at or
+    # after t_dec[d - 1]. Counting against t_dec itself keeps that boundary exact
+    # (floor(arrival / dec_s) could round an arrival at a decision time into the interval
+    # before it: a look-ahead).
+    t_dec = np.arange(n_slots) * dec_s
+    before = np.empty((b, n_slots), dtype=np.int64)
+    for e, arr in enumerate(arrivals):
+        before[e] = np.searchsorted(arr, t_dec, side="left")
+    rate_now = np.empty((b, n_slots))
+    rate_now[:, 0] = 0.0
+    np.divide(np.diff(before, axis=1), dec_s, out=rate_now[:, 1:])
+    forecast = _ewma(rate_now, params.forecast_alpha)
+    baseline = _ewma(rate_now, params.baseline_alpha)
+    p_idx = np.minimum(
+        (t_dec / PRESSURE_DT_S).astype(np.int64),
+        int(np.ceil(duration_s / PRESSURE_DT_S - 1e-9)) - 1,
+    )
+    net = network[:, p_idx] if network is not None else np.zeros((b, n_slots))
+    ckpt = checkpoint[:, p_idx] if checkpoint is not None else np.zeros((b, n_slots))
+    serving = np.minimum(1.0, forecast / sidecar.serving_capacity_rps)
+    norm = params.rate_norm_rps
+    exo = np.empty((b, n, 7), dtype=np.float32)
+    for k, col in enumerate(
+        (
+            net,
+            serving,
+            ckpt,
+            squash_rate(rate_now, norm),
+            squash_rate(forecast, norm),
+            squash_rate(baseline, norm),
+            np.clip((forecast - baseline) / norm, -1.0, 1.0),
+        )
+    ):
+        exo[:, :, k] = col[:, :n]
+
+    pressure_dec = np.maximum(np.maximum(net, serving), ckpt)
+    pressure_bin = np.repeat(pressure_dec, di, axis=1)
+    counts = np.fromiter((a.size for a in arrivals), dtype=np.int64, count=b)
+    if b == 1:
+        arrival_s, prompt, output = arrivals[0], prompts[0], outputs[0]
+    else:
+        arrival_s, prompt = np.concatenate(arrivals), np.concatenate(prompts)
+        output = np.concatenate(outputs)
+    base_s = base_latency_s(prompt, output, sidecar)
+    req_bin = np.minimum((arrival_s / params.step_seconds).astype(np.int64), n_bins - 1)
+    flat_bin = req_bin if b == 1 else np.repeat(np.arange(b) * n_bins, counts) + req_bin
+    # The no-merge replay (sidecar.replay with sync_bin=None: the same arithmetic, with
+    # sidecar._running_sum's bincount over episode-major bins).
+    m0 = _slowdown(pressure_bin, None, sidecar)
+    work = np.bincount(flat_bin, weights=base_s, minlength=b * n_bins).reshape(b, n_bins)
+    s = np.empty((b, n_bins + 1))
+    s[:, 0] = 0.0
+    np.cumsum(work - sidecar.slots * params.step_seconds / m0, axis=1, out=s[:, 1:])
+    prefmin = np.minimum.accumulate(s, axis=1)
+    backlog = s[:, :-1] - prefmin[:, :-1]
+    latency = (base_s + backlog.reshape(-1)[flat_bin] / sidecar.slots) * m0.reshape(-1)[flat_bin]
+    return EpisodeCore(
+        n,
+        exo,
+        pressure_dec,
+        base_s,
+        req_bin,
+        pressure_bin,
+        m0,
+        s,
+        prefmin,
+        latency,
+        latency > sidecar.slo_s,
+        counts,
+        flat_bin,
+    )
+
+
+def build_episode(
+    trace: Trace,
+    params: EnvParams,
+    sidecar: SidecarParams,
+    learner_params: lrn.LearnerParams,
+    rng: np.random.Generator,
+    seed: int | None = None,
+    rate_rps: float | None = None,
+) -> Episode:
+    """Precompute everything about an episode that does not depend on the agent
+    (:func:`episode_core`), then draw the learner throughputs from ``rng``.
+
+    ``rate_rps`` is the nominal rate of the reward scale (:func:`nominal_rate_rps` of the
+    regime); ``None`` treats ``trace`` as a regime of its own (``params.reward_rate_rps``,
+    else the trace's mean rate). Merge costs are computed lazily (``Episode.merge_cost`` /
+    ``merge_cost_at``).
+    """
+    if rate_rps is None:
+        rate_rps = (
+            params.reward_rate_rps if params.reward_rate_rps is not None else trace.mean_rate_rps
+        )
+    c = episode_core(
+        trace.arrival_s,
+        trace.prompt_tokens,
+        trace.output_tokens,
+        trace.network,
+        trace.checkpoint,
+        trace.duration_s,
+        params,
+        sidecar,
+        trace.name,
+    )
+    baseline = ReplayResult(
+        c.latency, c.violated, np.zeros(c.req_bin.size, dtype=bool), c.pressure_bin[c.req_bin]
+    )
+    return Episode(
+        trace,
+        c.n,
+        c.exo,
+        learner_params.draw_throughputs(rng),
+        c.base_s,
+        c.req_bin,
+        c.pressure_bin,
+        baseline,
+        params,
+        sidecar,
+        seed,
+        reward_per_request(rate_rps, trace.duration_s),
+        (c.m0, c.s, c.prefmin),
+    )
+
+
+def episode_from_seed(
+    generator,
+    seed: int,
+    params: EnvParams,
+    sidecar: SidecarParams,
+    learner_params: lrn.LearnerParams,
+    rate_rps: float | None = None,
+) -> Episode:
+    """The episode of ``seed``: its trace and learner throughputs from one generator.
+
+    ``np.random.default_rng(seed)`` draws the trace (``generator(rng)``) and then the
+    learner throughputs, so the single and the vector env give the same episode for the
+    same seed. ``rate_rps``: the reward scale's nominal rate (default: the generator's,
+    :func:`nominal_rate_rps`).
+    """
+    if rate_rps is None:
+        rate_rps = nominal_rate_rps(generator, params)
+    rng = np.random.default_rng(seed)
+    trace = generator(rng)
+    return build_episode(trace, params, sidecar, learner_params, rng, seed=seed, rate_rps=rate_rps)
+
+
+def _sum_first_axis(x: np.ndarray) -> np.ndarray:
+    """``x.sum(0)`` in the order numpy's pairwise summation adds a contiguous axis.
+
+    ``a.sum(-1)`` of a learner-last array adds each row's K values in that order, one short
+    row at a time; here whole arrays are added instead (much faster for many short rows),
+    with the same additions in the same order, so the values are identical.
+    """
+    n = x.shape[0]
+    if n == 8:  # the default learner count: the same tree in three whole-array adds
+        r = x[0::2] + x[1::2]  # (x0 + x1), (x2 + x3), (x4 + x5), (x6 + x7)
+        r2 = r[0::2] + r[1::2]
+        return r2[0] + r2[1]
+    if n < 8:
+        res = np.zeros(x.shape[1:])
+        for i in range(n):
+            res += x[i]
+        return res
+    if n <= 128:
+        r = x[:8].copy() if n >= 16 else x[:8]  # accumulators (updated only when n >= 16)
+        i = 8
+        while i < n - n % 8:
+            r += x[i : i + 8]
+            i += 8
+        res = ((r[0] + r[1]) + (r[2] + r[3])) + ((r[4] + r[5]) + (r[6] + r[7]))
+        for j in range(i, n):
+            res += x[j]
+        return res
+    half = n // 2
+    half -= half % 8
+    return _sum_first_axis(x[:half]) + _sum_first_axis(x[half:])
+
+
+def learner_features(
+    gap_s, global_tokens, throughputs: np.ndarray, params: EnvParams, lp: lrn.LearnerParams
+) -> np.ndarray:
+    """The learner block of the observation (``LEARNER_SLICE``) after ``gap_s`` seconds.
+
+    Shared by :func:`learner_table` (the single env: every gap at once) and the vector env
+    (one gap per env), so both compute the features with the same arithmetic.
+
+    Args:
+        gap_s: seconds since the last merge, any shape ``S`` (broadcast with the tokens).
+        global_tokens: tokens in the global model, broadcastable to ``S``.
+        throughputs: ``(..., K)`` tokens per second, ascending along the last axis and
+            broadcastable to ``S + (K,)``.
+
+    Returns:
+        float32 ``S + (5,)``: mean and min loss progress, mean and min tokens, staleness.
+    """
+    gap = np.asarray(gap_s, dtype=np.float64)
+    tok = np.asarray(global_tokens, dtype=np.float64)
+    thr = np.asarray(throughputs, dtype=np.float64)
+    k = thr.shape[-1]
+    shape = np.broadcast_shapes(gap.shape, tok.shape, thr.shape[:-1])
+    # Learners on the first axis, so that the means over learners are whole-array adds.
+    lead = (1,) * (len(shape) - (thr.ndim - 1))
+    thr_k = np.moveaxis(thr, -1, 0).reshape((k,) + lead + thr.shape[:-1])
+    return learner_features_k(gap, tok, thr_k, params, lp)
+
+
+def learner_features_k(
+    gap_s: np.ndarray,
+    global_tokens: np.ndarray,
+    throughputs_k: np.ndarray,
+    params: EnvParams,
+    lp: lrn.LearnerParams,
+) -> np.ndarray:
+    """:func:`learner_features` with the throughputs already learners-first, ``(K, ...)``
+    broadcastable to ``(K,) + S`` (the vector env keeps them so, to skip the transpose)."""
+    gap = np.asarray(gap_s, dtype=np.float64)
+    tok = np.asarray(global_tokens, dtype=np.float64)
+    k = throughputs_k.shape[0]
+    shape = np.broadcast_shapes(gap.shape, tok.shape, throughputs_k.shape[1:])
+    tau = throughputs_k * gap  # tokens each learner processed since the last merge
+    out = np.empty(shape + (5,), dtype=np.float32)  # float64 -> float32 on store
+    out[..., 0], out[..., 1] = learner_progress(tau, tok, params, lp)
+    tk_ = np.clip(np.divide(tau, params.tokens_clip, out=tau), 0.0, 1.0, out=tau)
+    out[..., 2] = _sum_first_axis(tk_) / k
+    out[..., 3] = tk_[0]
+    out[..., 4] = np.clip(gap / params.staleness_clip_s, 0.0, 1.0)
+    return out
+
+
+def learner_progress(
+    tau_k: np.ndarray, global_tokens, params: EnvParams, lp: lrn.LearnerParams, loss_now=None
+) -> tuple[np.ndarray, np.ndarray]:
+    """Mean and minimum clipped loss progress over learners (the first two learner
+    features) for learner-first token counts ``tau_k`` ``(K, ...)``: the part of
+    :func:`learner_features_k` that depends on the global tokens, so the single env can
+    refresh only it after a merge (the rest depends on the gap alone). ``loss_now``:
+    ``lrn.loss(global_tokens)`` when the caller has it already."""
+    if loss_now is None:
+        loss_now = lrn.loss(global_tokens, lp)
+    # loss_now - lrn.loss(global_tokens + tau_k) with the same operations, in place.
+    x = np.add(tau_k, global_tokens)
+    np.divide(x, lp.tokens_scale, out=x)
+    np.add(x, 1.0, out=x)
+    np.power(x, -lp.loss_exponent, out=x)
+    np.multiply(x, lp.loss_scale, out=x)
+    np.add(x, lp.loss_floor, out=x)
+    delta = np.subtract(loss_now, x, out=x)
+    lp_ = np.clip(np.divide(delta, params.loss_clip, out=delta), 0.0, 1.0, out=delta)
+    # Reports grow with throughput and throughputs are sorted, so learner 0 is the minimum.
+    return _sum_first_axis(lp_) / tau_k.shape[0], lp_[0]  # mean over learners, minimum
+
+
+def learner_table(
+    global_tokens, throughputs: np.ndarray, params: EnvParams, lp: lrn.LearnerParams
+) -> np.ndarray:
+    """Learner features for every gap ``0..H_max`` decisions, given the global tokens.
+
+    Returns:
+        float32 ``(H_max + 1, 5)`` (or ``(B, H_max + 1, 5)`` for batched inputs): mean and
+        min loss progress, mean and min tokens, staleness — the ``LEARNER_SLICE`` block.
+    """
+    gaps_s = np.arange(params.h_max + 1) * params.decision_seconds
+    tok = np.asarray(global_tokens, dtype=np.float64)
+    batched = tok.ndim == 1
+    g = gaps_s[None, :] if batched else gaps_s
+    tk = tok[:, None] if batched else tok
+    thr = throughputs[:, None, :] if batched else throughputs
+    return learner_features(g, tk, thr, params, lp)
+
+
+class BudgetTables:
+    """Feasibility tables for an exact merge budget (shared by every episode of length N).
+
+    ``reach[m, d]``: after a merge at ``d`` with ``m`` merges still to place, a feasible
+    completion exists. ``prefix[m, x]``: how many ``d < x`` have ``reach[m, d]``.
+    """
+
+    def __init__(self, n: int, h_min: int, h_max: int, budget: int) -> None:
+        f = completion_counts(n, h_min, h_max, budget)
+        if f[budget, 0] <= 0:
+            from diloco_gym.sim.schedules import budget_range
+
+            lo, hi = budget_range(n, h_min, h_max)
+            raise ValueError(
+                f"merge_budget={budget} is infeasible for an episode of {n} "
+                f"decisions (H_min={h_min}, H_max={h_max} decisions); feasible "
+                f"budgets: {lo}..{hi}"
+            )
+        self.n, self.h_min, self.h_max, self.budget = n, h_min, h_max, budget
+        self.reach = f > 0
+        self.prefix = np.zeros((budget + 1, n + 1), dtype=np.int64)
+        np.cumsum(self.reach, axis=1, out=self.prefix[:, 1:])
+
+
+def options(d, last, m_left, params: EnvParams, n: int, budget: BudgetTables | None):
+    """``(can_merge, can_defer)`` at decision ``d`` (scalars or arrays alike).
+
+    Without a budget: merge iff ``gap >= H_min``; defer iff ``gap < H_max``. With a budget,
+    additionally a merge must leave a feasible completion and a deferral must leave a
+    feasible next merge (or, with no merges left, the tail must already be safe).
+    """
+    gap = d - last
+    can_merge = gap >= params.h_min
+    can_defer = gap < params.h_max
+    if budget is None:
+        return can_merge, can_defer
+    m1 = np.maximum(m_left - 1, 0)
+    dd = np.minimum(d, n - 1)
+    can_merge = can_merge & (m_left > 0) & budget.reach[m1, dd]
+    lo = np.maximum(d + 1, last + params.h_min)
+    hi = np.minimum(last + params.h_max, n - 1)
+    lo_c = np.minimum(lo, n)
+    hi_c = np.clip(hi + 1, 0, n)
+    later = (budget.prefix[m1, np.maximum(hi_c, lo_c)] - budget.prefix[m1, lo_c]) > 0
+    tail_safe = budget.reach[0, np.minimum(last, n - 1)]
+    can_defer = can_defer & np.where(m_left > 0, later, tail_safe)
+    return can_merge, can_defer
+
+
+def sync_mask(merges, n_bins: int, params: EnvParams) -> np.ndarray:
+    """Per-bin 0/1 mask of the merge windows of a schedule (decision indices)."""
+    mask = np.zeros(n_bins + params.merge_steps, dtype=np.float64)
+    starts = np.asarray(merges, dtype=np.int64) * params.decision_interval
+    if starts.size:
+        # 1 on each window (a count of overlapping windows would be capped at 1 anyway).
+        w = params.merge_steps
+        if starts.min() >= 0 and starts.max() + w <= mask.size:
+            mask[(starts[:, None] + np.arange(w)).ravel()] = 1.0
+        else:  # out-of-range starts: np.add.at's indexing (and its IndexError), as before
+            delta = np.zeros(mask.size + 1)
+            np.add.at(delta, starts, 1.0)
+            np.add.at(delta, starts + w, -1.0)
+            mask = np.cumsum(delta)[:-1]
+    return np.minimum(mask[:n_bins], 1.0)
+
+
+def replay_schedule(
+    episode: Episode, merges, params: EnvParams, sidecar: SidecarParams
+) -> ReplayResult:
+    """Exact replay of the episode's requests with the merge windows of ``merges``."""
+    mask = sync_mask(merges, episode.pressure_bin.size, params)
+    return replay(
+        episode.base_s, episode.req_bin, episode.pressure_bin, mask, sidecar, params.step_seconds
+    )
+
+
+def schedule_summary(episode: Episode, merges, params: EnvParams, sidecar: SidecarParams) -> dict:
+    """Replay summary of a realised schedule, with its exact and additive sync-excess."""
+    res = replay_schedule(episode, merges, params, sidecar)
+    out = res.summary()
+    base = episode.baseline.summary()
+    out["merges"] = int(len(merges))
+    out["no_sync_violation_pct"] = base["violation_pct"]
+    out["sync_excess_pct"] = out["violation_pct"] - base["violation_pct"]
+    out["sync_excess_requests"] = out["violated"] - base["violated"]
+    additive = sum(episode.merge_cost_at(int(d)) for d in merges)
+    out["additive_excess_requests"] = float(additive)
+    out["additive_excess_pct"] = float(additive * episode.pct_per_request)
+    return out

@@ -1,0 +1,542 @@
+"""Effect-size transfer (docs/calibration.md): simulated vs real-sidecar effect sizes.
+
+The simulator supports an SLO claim in a regime only when its effect sizes match what a
+real sidecar showed. The real measurements ship as ``data/calibration_reference.json``
+(the reference implementation's result files, GitHub maincodeMax/workload-aware-diloco);
+a user can pass their own file with the same layout (``diloco-gym report --calibration
+FILE``). Every file is validated against ``data/calibration.schema.json``.
+
+Simulated effect sizes are measured on a fixed-256 schedule (merges every 256 steps),
+pooling the requests of several seeds so that the p95s are stable.
+
+Verdicts per regime:
+
+* ``no measurable SLO effect``: the real sync ratio is within ``tolerance`` of 1, so merges
+  did not measurably slow the real sidecar and no SLO claim about merges is possible;
+* ``calibrated``: the simulated sync ratio and high/low ratio are both within
+  ``tolerance`` of the real ones;
+* ``uncalibrated``: otherwise.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from diloco_gym.envs import core
+from diloco_gym.sim.learners import LearnerParams
+from diloco_gym.sim.regimes import REGIMES, get_regime
+from diloco_gym.sim.sidecar import SidecarParams, effect_sizes, percentile
+
+__all__ = [
+    "load_calibration",
+    "simulated_effect_sizes",
+    "transfer_verdict",
+    "fit_sidecar",
+    "measured_intervals",
+    "Calibration",
+    "CalibrationFileError",
+    "calibration_schema",
+    "validate_calibration",
+    "measured_utilization",
+]
+
+TOLERANCE = 0.05
+METRICS = ("p95_high_low", "p95_sync_ratio")
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """Real-sidecar measurements per regime.
+
+    Attributes:
+        source: where the numbers come from.
+        regimes: regime -> {"p95_high_low", "p95_sync_ratio", optional
+            "pressure_latency_corr", optional "calibrated_on"}.
+        path: the file it was read from.
+    """
+
+    source: str
+    regimes: dict
+    path: str
+    fitted_sidecar: SidecarParams | None = None
+    user_regimes: tuple[str, ...] = ()
+    complete: bool = True
+
+    def measured_on(self, regime: str) -> str:
+        """The regime whose measurements apply to ``regime`` (following ``calibrated_on``)."""
+        entry = self.regimes.get(regime, {})
+        on = entry.get("calibrated_on", regime)
+        return on if on == regime else self.measured_on(on)
+
+    def sidecar_for(self, regime: str) -> SidecarParams | None:
+        """Fitted sidecar parameters that apply to ``regime``, if the file has them.
+
+        A live calibration file (``diloco-gym calibrate``) fits the sidecar model to its
+        measurements; those parameters drive the simulation of the measured regime and of
+        the regimes calibrated on it. ``None`` means: keep the regime's defaults.
+        """
+        if self.fitted_sidecar is None:
+            return None
+        return self.fitted_sidecar if self.measured_on(regime) in self.user_regimes else None
+
+    def measured(self, regime: str) -> dict:
+        """Measurements that apply to ``regime`` (following ``calibrated_on``)."""
+        entry = self.regimes.get(regime)
+        if entry is None:
+            raise KeyError(
+                f"calibration file {self.path} has no entry for regime {regime!r}; "
+                f"it has {sorted(self.regimes)}"
+            )
+        on = entry.get("calibrated_on", regime)
+        if on != regime:
+            base = dict(self.measured(on))
+            base["calibrated_on"] = on
+            return base
+        return entry
+
+
+class CalibrationFileError(ValueError):
+    """A calibration file is missing, unreadable or breaks the schema.
+
+    The schema is ``diloco_gym/data/calibration.schema.json`` (JSON Schema, shipped with
+    the package) plus two rules checked in code: an entry without ``calibrated_on`` needs
+    both p95 ratios, and ``calibrated_on`` chains must end at a measured regime.
+
+    Attributes:
+        path: the file.
+        field: dotted path of the field at fault (``regimes.bursty.calibrated_on``), or
+            ``None`` when the problem is file-wide.
+        reason: what is wrong, in words.
+    """
+
+    def __init__(
+        self, path: str, reason: str, field: str | None = None, *, field_in_reason: bool = False
+    ) -> None:
+        self.path = str(path)
+        self.field = field
+        self.reason = reason
+        # field_in_reason: the reason already names the field (``x has unknown field 'y'``).
+        where = self.path if field is None or field_in_reason else f"{self.path}: field {field!r}"
+        super().__init__(f"{where}: {reason}")
+
+
+SCHEMA_RESOURCE = "data/calibration.schema.json"
+
+
+def calibration_schema() -> dict:
+    """The JSON Schema of calibration files (shipped as package data)."""
+    return json.loads(resources.files("diloco_gym").joinpath(SCHEMA_RESOURCE).read_text())
+
+
+_JSON_TYPES = {
+    "object": "an object",
+    "array": "a list",
+    "string": "a string",
+    "number": "a number",
+    "integer": "an integer",
+    "boolean": "a JSON boolean (true or false)",
+    "null": "null",
+}
+
+
+def _json_type_ok(value: Any, kind: str) -> bool:
+    if kind == "object":
+        return isinstance(value, dict)
+    if kind == "array":
+        return isinstance(value, list)
+    if kind == "string":
+        return isinstance(value, str)
+    if kind == "boolean":
+        return isinstance(value, bool)
+    if kind == "null":
+        return value is None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return False
+    return kind == "number" or (kind == "integer" and float(value).is_integer())
+
+
+def _shown(value: Any) -> str:
+    """A value as JSON writes it (``"false"`` stays quoted), shortened."""
+    try:
+        text = json.dumps(value)
+    except (TypeError, ValueError):
+        text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _join(prefix: str, key: str) -> str:
+    return f"{prefix}.{key}" if prefix else key
+
+
+def validate_schema(value: Any, schema: dict, where: str, field: str = "") -> None:
+    """Validate ``value`` against a JSON Schema (the subset the calibration schema uses).
+
+    Supported keywords: ``type``, ``properties``, ``required``, ``additionalProperties``
+    (boolean or schema), ``propertyNames`` (with ``enum``), ``enum``, ``minimum``,
+    ``maximum``, ``exclusiveMinimum``, ``minLength``, ``items``, ``minItems``,
+    ``maxItems``. Numbers must also be
+    finite (JSON has no NaN; Python's reader accepts it).
+
+    Raises:
+        CalibrationFileError: at the first violation, naming the dotted field.
+    """
+    kinds = schema.get("type")
+    if kinds is not None:
+        kinds = [kinds] if isinstance(kinds, str) else list(kinds)
+        if not any(_json_type_ok(value, k) for k in kinds):
+            wanted = " or ".join(_JSON_TYPES[k] for k in kinds)
+            raise CalibrationFileError(
+                where, f"must be {wanted}, got {_shown(value)}", field or None
+            )
+    if "enum" in schema and value not in schema["enum"]:
+        raise CalibrationFileError(
+            where,
+            f"{_shown(value)} is not one of {', '.join(map(str, schema['enum']))}",
+            field or None,
+        )
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        if not math.isfinite(value):
+            raise CalibrationFileError(
+                where, f"{_shown(value)} is not a finite number", field or None
+            )
+        low, high = schema.get("minimum"), schema.get("maximum")
+        open_low = schema.get("exclusiveMinimum")
+        if (
+            (low is not None and value < low)
+            or (high is not None and value > high)
+            or (open_low is not None and value <= open_low)
+        ):
+            lo_text = f"({open_low}" if open_low is not None else f"[{low}"
+            hi_text = f"{high}]" if high is not None else "inf)"
+            raise CalibrationFileError(
+                where,
+                f"{_shown(value)} is outside the documented range {lo_text}, {hi_text}",
+                field or None,
+            )
+    if isinstance(value, str) and len(value) < schema.get("minLength", 0):
+        raise CalibrationFileError(where, "must not be empty", field or None)
+    if isinstance(value, list) and not schema.get("minItems", 0) <= len(value) <= schema.get(
+        "maxItems", math.inf
+    ):
+        raise CalibrationFileError(
+            where,
+            f"must have {schema.get('minItems', 0)} to "
+            f"{schema.get('maxItems', 'any number of')} items, got "
+            f"{len(value)}",
+            field or None,
+        )
+    if isinstance(value, list) and "items" in schema:
+        for i, item in enumerate(value):
+            validate_schema(item, schema["items"], where, f"{field}[{i}]")
+    if isinstance(value, dict):
+        for key in schema.get("required", ()):
+            if key not in value:
+                raise CalibrationFileError(where, "required field is missing", _join(field, key))
+        names = schema.get("propertyNames", {}).get("enum")
+        props = schema.get("properties", {})
+        extra = schema.get("additionalProperties", True)
+        for key, item in value.items():
+            if names is not None and key not in names:
+                raise CalibrationFileError(
+                    where, f"unknown key {key!r}; valid keys: {', '.join(names)}", field or None
+                )
+            if key in props:
+                validate_schema(item, props[key], where, _join(field, key))
+            elif extra is False:
+                raise CalibrationFileError(
+                    where,
+                    f"{field or 'the file'} has unknown field {key!r}; valid fields: "
+                    f"{', '.join(props)}",
+                    _join(field, key),
+                    field_in_reason=True,
+                )
+            elif isinstance(extra, dict):
+                validate_schema(item, extra, where, _join(field, key))
+
+
+def _check_chains(regimes: dict, where: str, owned: Iterable[str]) -> None:
+    """Every ``calibrated_on`` chain of the ``owned`` entries ends at a measured regime."""
+    for name in owned:
+        seen = [name]
+        entry = regimes[name]
+        while "calibrated_on" in entry:
+            target = entry["calibrated_on"]
+            field = f"regimes.{seen[-1]}.calibrated_on"
+            if target in seen:
+                cycle = " -> ".join([*seen[seen.index(target) :], target])
+                raise CalibrationFileError(
+                    where, f"calibrated_on forms a cycle ({cycle})", f"regimes.{name}.calibrated_on"
+                )
+            if target not in regimes:
+                raise CalibrationFileError(
+                    where,
+                    f"names regime {target!r}, which has no "
+                    f"entry; entries: {', '.join(sorted(regimes))}",
+                    field,
+                )
+            seen.append(target)
+            entry = regimes[target]
+
+
+def validate_calibration(data: Any, where: str) -> None:
+    """Validate a parsed calibration file against the schema and the chain rules.
+
+    Raises:
+        CalibrationFileError: naming the file and the field at fault.
+    """
+    validate_schema(data, calibration_schema(), where)
+    regimes = data["regimes"]
+    for name, entry in regimes.items():
+        if "calibrated_on" in entry:
+            continue
+        for metric in METRICS:
+            if metric not in entry:
+                raise CalibrationFileError(
+                    where,
+                    "required field is missing (an entry "
+                    "without calibrated_on needs both p95 ratios)",
+                    f"regimes.{name}.{metric}",
+                )
+    _check_chains(regimes, where, regimes)
+
+
+def load_calibration(path: str | Path | None = None) -> Calibration:
+    """Read a calibration file (default: the shipped reference measurements).
+
+    A user file (for example from ``diloco-gym calibrate``) overrides the reference entry by
+    entry: regimes it does not measure keep the reference's numbers, and regimes
+    calibrated on a regime it does measure (bursty on sync-heavy) follow the new numbers.
+    A ``fitted_sidecar`` object in the file is validated and exposed as
+    :attr:`Calibration.fitted_sidecar`. Every file is validated against
+    ``diloco_gym/data/calibration.schema.json`` (see :class:`CalibrationFileError`).
+
+    Raises:
+        CalibrationFileError: (a ``ValueError``) naming the file and field when the file is
+            missing, unreadable or malformed.
+    """
+    if path is None:
+        return _read_calibration(None)
+    base = _read_calibration(None)
+    user = _read_calibration(path)
+    regimes = dict(base.regimes)
+    regimes.update(user.regimes)
+    # The user's entries may point at the reference's (and vice versa): check the merge.
+    _check_chains(regimes, user.path, user.user_regimes)
+    return Calibration(
+        user.source, regimes, user.path, user.fitted_sidecar, tuple(user.regimes), user.complete
+    )
+
+
+def _read_calibration(path: str | Path | None) -> Calibration:
+    if path is None:
+        text = resources.files("diloco_gym").joinpath("data/calibration_reference.json").read_text()
+        where = "diloco_gym/data/calibration_reference.json"
+    else:
+        where = str(path)
+        try:
+            text = Path(path).read_text(encoding="utf-8-sig")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise CalibrationFileError(where, f"cannot read calibration file: {exc}") from exc
+    try:
+        data = json.loads(text)
+    except (ValueError, RecursionError) as exc:  # also deep nesting, 5000-digit integers
+        raise CalibrationFileError(where, f"not valid JSON: {str(exc)[:200]}") from None
+    validate_calibration(data, where)
+    fitted = None
+    if data.get("fitted_sidecar"):
+        try:
+            fitted = SidecarParams(**data["fitted_sidecar"])
+        except ValueError as exc:  # defensive: the schema's ranges are stricter
+            raise CalibrationFileError(where, str(exc), "fitted_sidecar") from exc
+    return Calibration(
+        str(data["source"]),
+        dict(data["regimes"]),
+        where,
+        fitted,
+        tuple(data["regimes"]),
+        data.get("complete", True),
+    )
+
+
+def measured_utilization(path: str | Path | None, sidecar: SidecarParams) -> float | None:
+    """The utilization a live calibration file was measured at, under ``sidecar``.
+
+    ``diloco-gym calibrate`` records the replayed rate and the mean prompt and output
+    tokens it sent (``metadata.trace``); the nominal service time is linear in the tokens,
+    so the mean offered work over capacity is
+    ``rate * base_latency(mean prompt, mean output) / slots`` exactly. ``None`` for the
+    shipped reference (measured on the regimes' own loads) or a file without those fields.
+    """
+    if path is None:
+        return None
+    try:
+        trace = json.loads(Path(path).read_text()).get("metadata", {}).get("trace", {})
+        rate = trace.get("rate_rps")
+        if rate is None and trace.get("duration_s"):
+            rate = trace["requests"] / trace["duration_s"]
+        prompt, output = trace["sent_prompt_tokens_mean"], trace["sent_output_tokens_mean"]
+        rate, prompt, output = float(rate), float(prompt), float(output)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+    if not all(np.isfinite(v) and v >= 0 for v in (rate, prompt, output)) or rate == 0:
+        return None
+    service = (
+        sidecar.ttft_ms
+        + sidecar.prefill_ms_per_token * prompt
+        + sidecar.decode_ms_per_token * output
+    ) / 1000.0
+    return rate * service / sidecar.slots
+
+
+def fixed_schedule(n: int, every: int, h_min: int, h_max: int) -> list[int]:
+    """Merges every ``every`` decisions (clamped to the corridor)."""
+    every = min(max(every, h_min), h_max)
+    return list(range(every, n, every))
+
+
+def simulated_effect_sizes(
+    regime: str,
+    seeds=range(8),
+    sidecar: SidecarParams | None = None,
+    params: core.EnvParams | None = None,
+    calibrated_on: bool = True,
+    utilization: float | None = None,
+) -> dict:
+    """Effect sizes of the simulator for ``regime``, pooled over ``seeds``.
+
+    With ``calibrated_on`` the trace comes from the regime the parameters were fitted on
+    (for bursty: sync-heavy traces with the bursty sidecar parameters). The trace regime
+    runs at its own utilization on ``sidecar`` (:meth:`SyntheticRegime.with_load`): a
+    fitted sidecar of lower capacity sees proportionally lower rates, the load its effect
+    sizes were measured at relative to its capacity, instead of an overload; with the
+    regimes' default sidecars the traces are unchanged. ``utilization`` replays it at that
+    utilization instead (the load a live calibration was measured at,
+    :func:`measured_utilization`).
+    """
+    params = params or core.EnvParams()
+    reg = get_regime(regime)
+    trace_regime = get_regime(reg.calibrated_on) if calibrated_on and reg.calibrated_on else reg
+    sidecar = sidecar or reg.sidecar
+    trace_regime = trace_regime.with_load(sidecar, target_utilization=utilization)
+    lat, act, prs = [], [], []
+    for seed in seeds:
+        rng = np.random.default_rng(seed)
+        ep = core.build_episode(trace_regime(rng), params, sidecar, LearnerParams(), rng, seed)
+        merges = fixed_schedule(
+            ep.n_decisions, 256 // params.decision_interval, params.h_min, params.h_max
+        )
+        res = core.replay_schedule(ep, merges, params, sidecar)
+        lat.append(res.latency_s)
+        act.append(res.sync_active)
+        prs.append(res.pressure)
+    from diloco_gym.sim.sidecar import ReplayResult
+
+    pooled = ReplayResult(
+        np.concatenate(lat), np.zeros(0, bool), np.concatenate(act), np.concatenate(prs)
+    )
+    out = effect_sizes(pooled, sidecar.high_pressure)
+    out["p95_ms"] = percentile(pooled.latency_s * 1000, 95)
+    return out
+
+
+def transfer_verdict(
+    simulated: dict, measured: dict, tolerance: float = TOLERANCE, interval: dict | None = None
+) -> str:
+    """``calibrated``, ``uncalibrated`` or ``no measurable SLO effect`` (see module doc).
+
+    Args:
+        simulated / measured: effect sizes (``p95_high_low``, ``p95_sync_ratio``).
+        tolerance: largest accepted difference.
+        interval: optional confidence intervals of the measured effect sizes,
+            ``{metric: (lo, hi)}`` (a live run's ``p95_sync_ratio_ci`` ... fields, see
+            :func:`measured_intervals`). When the verdict at either end of an interval
+            differs from the verdict at the measured value, the interval is too wide to
+            decide and the verdict is ``"uncertain"``. Without it (or with no finite
+            interval) the verdict is exactly the point verdict.
+    """
+    verdict = _point_verdict(simulated, measured, tolerance)
+    for metric, bounds in (interval or {}).items():
+        if bounds is None or metric not in measured:
+            continue
+        for end in bounds:
+            if end is None or not np.isfinite(end):
+                continue
+            if _point_verdict(simulated, {**measured, metric: float(end)}, tolerance) != verdict:
+                return "uncertain"
+    return verdict
+
+
+def measured_intervals(entry: dict) -> dict[str, tuple[float, float]]:
+    """The confidence intervals a calibration entry carries (``{metric: (lo, hi)}``; empty
+    for entries without them, such as the shipped reference)."""
+    out = {}
+    for metric in METRICS:
+        ci = entry.get(f"{metric}_ci")
+        if isinstance(ci, (list, tuple)) and len(ci) == 2:
+            out[metric] = (float(ci[0]), float(ci[1]))
+    return out
+
+
+def _point_verdict(simulated: dict, measured: dict, tolerance: float) -> str:
+    if abs(measured["p95_sync_ratio"] - 1.0) <= tolerance:
+        return "no measurable SLO effect"
+    ok = all(
+        abs(simulated[m] - measured[m]) <= tolerance
+        for m in METRICS
+        if np.isfinite(simulated.get(m, np.nan))
+    )
+    return "calibrated" if ok else "uncalibrated"
+
+
+def fit_sidecar(regime: str, measured: dict, seeds=range(8), iters: int = 18) -> SidecarParams:
+    """Fit ``sync_slowdown`` and ``pressure_gain`` of a regime to measured ratios (bisection).
+
+    Each ratio grows monotonically with its own parameter, so the two are fitted one after
+    the other (sync first, then pressure, then sync again).
+    """
+    sidecar = get_regime(regime).sidecar
+
+    def solve(field: str, metric: str, target: float, current: SidecarParams) -> SidecarParams:
+        if target <= 1.0 + 1e-3:
+            return replace(current, **{field: 0.0})
+        lo, hi = 0.0, 3.0
+        for _ in range(iters):
+            mid = (lo + hi) / 2
+            got = simulated_effect_sizes(regime, seeds, replace(current, **{field: mid}))[metric]
+            lo, hi = (mid, hi) if got < target else (lo, mid)
+        return replace(current, **{field: round((lo + hi) / 2, 3)})
+
+    for field, metric in (
+        ("sync_slowdown", "p95_sync_ratio"),
+        ("pressure_gain", "p95_high_low"),
+        ("sync_slowdown", "p95_sync_ratio"),
+    ):
+        sidecar = solve(field, metric, measured[metric], sidecar)
+    return sidecar
+
+
+def main() -> None:  # pragma: no cover - a maintenance command
+    """Print the fitted sidecar parameters per regime: ``python -m diloco_gym.eval.calibration``."""
+    cal = load_calibration()
+    for name in REGIMES:
+        if REGIMES[name].calibrated_on not in ("", name):
+            continue
+        fitted = fit_sidecar(name, cal.measured(name))
+        sim = simulated_effect_sizes(name, sidecar=fitted)
+        print(
+            f"{name:15s} sync_slowdown={fitted.sync_slowdown:.3f} "
+            f"pressure_gain={fitted.pressure_gain:.3f} -> "
+            + " ".join(f"{k}={v:.3f}" for k, v in sim.items())
+        )
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

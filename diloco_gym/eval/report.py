@@ -1,0 +1,1257 @@
+"""``diloco-gym report``: the protocol over regimes x agents x seeds, written to a directory."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import textwrap
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, cast
+
+import numpy as np
+import pandas as pd
+
+from diloco_gym.envs import core
+from diloco_gym.envs.env import DiLoCoSyncEnv
+from diloco_gym.eval import calibration as cal
+from diloco_gym.eval import protocol
+from diloco_gym.sim.regimes import REGIMES
+from diloco_gym.sim.sidecar import SidecarParams
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+__all__ = [
+    "ReportConfig",
+    "run_protocol",
+    "write_report",
+    "prepare_out_dir",
+    "write_output_dir",
+    "clean_leftovers",
+    "is_report_dir",
+    "console_summary",
+    "MARKER",
+    "PAPER",
+]
+
+#: The paper's / reference's sync-excess % per regime and policy (docs/paper.md).
+PAPER: dict[str, dict[str, float]] = {
+    "sync-heavy": {
+        "fixed-256": 19.2,
+        "fixed-512": 11.0,
+        "pressure-gate": 13.7,
+        "wa-diloco": 6.46,
+        "matched random (WA budget)": 6.38,
+    },
+    "bursty": {
+        "fixed-256": 19.0,
+        "fixed-512": 10.9,
+        "pressure-gate": 12.7,
+        "wa-diloco": 6.92,
+        "matched random (WA budget)": 6.26,
+        "offline-oracle": 4.45,
+        "online-forecast": 5.09,
+        "matched random (online budget)": 6.54,
+    },
+}
+
+
+@dataclass
+class ReportConfig:
+    """What a report runs.
+
+    Attributes:
+        regimes: regime names (with ``trace``: ignored; the report's regime is
+            ``replay:<file stem>``).
+        agents: agent names or model paths.
+        seeds: episodes per synthetic regime (seeds ``seed0 .. seed0 + seeds - 1``); with
+            ``trace`` the episodes are the trace's windows instead and ``seeds`` is unused.
+        seed0: first episode seed (with ``trace``: window ``i`` uses seed ``seed0 + i`` for
+            the pressure series added to it).
+        draws: matched-random draws per episode (K).
+        calibration: calibration file (``None``: the shipped reference measurements).
+        trace / trace_format: replay a trace file instead of the synthetic regimes.
+        window_s: length of each replayed window of ``trace`` (one episode each).
+        stride_s: distance between window starts (``None``: ``window_s``, disjoint windows,
+            independent units). A shorter stride overlaps the windows; the report and
+            results then say the units are not independent.
+        sidecar: with ``trace``: the regime whose sidecar (and calibration) the replay uses;
+            ``calibration`` replaces it with the file's fitted sidecar when the file measured
+            that regime.
+        rate_scale: multiply the offered load (a synthetic regime's rates; a trace is
+            replayed this many times faster, every request kept).
+        target_utilization: instead of ``rate_scale``: the mean offered work over the
+            sidecar's capacity to replay at (see :mod:`diloco_gym.sim.regimes`).
+        alpha: significance level of the gate.
+        saturation_pct: no-merge violation % above which a replay gets
+            ``no claim (saturated)`` (:data:`diloco_gym.eval.protocol.SATURATION_PCT`).
+    """
+
+    regimes: list[str] = field(default_factory=lambda: list(REGIMES))
+    agents: list[str] = field(default_factory=list)
+    seeds: int = 20
+    seed0: int = 0
+    draws: int = 1000
+    calibration: str | None = None
+    trace: str | None = None
+    trace_format: str = "auto"
+    window_s: float = 600.0
+    stride_s: float | None = None
+    sidecar: str | None = None
+    rate_scale: float | None = None
+    target_utilization: float | None = None
+    alpha: float = protocol.ALPHA
+    saturation_pct: float = protocol.SATURATION_PCT
+
+    def __post_init__(self) -> None:
+        if not self.agents:
+            from agents.registry import HEURISTICS
+
+            self.agents = list(HEURISTICS)
+        if self.seeds < 2:
+            raise ValueError(f"seeds must be >= 2 for a paired test, got {self.seeds}")
+        if self.draws < 1:
+            raise ValueError(f"draws must be >= 1, got {self.draws}")
+        from diloco_gym.eval.seed_ranges import check_test_seeds
+
+        check_test_seeds(
+            self.seed0, self.seeds if self.trace is None else 1, "report seeds (--seed0, --seeds)"
+        )
+        if not 0 < self.alpha < 1:
+            raise ValueError(f"alpha must be in (0, 1), got {self.alpha}")
+        if self.rate_scale is not None and self.target_utilization is not None:
+            raise ValueError(
+                "give rate_scale (--rate-scale) or target_utilization "
+                "(--target-utilization), not both"
+            )
+        for name in ("rate_scale", "target_utilization"):
+            v = getattr(self, name)
+            if v is not None and not (np.isfinite(v) and v > 0):
+                raise ValueError(f"{name} must be a positive number, got {v}")
+        for name in ("window_s", "stride_s"):
+            v = getattr(self, name)
+            if v is not None and not (np.isfinite(v) and v > 0):
+                raise ValueError(f"{name} must be a positive number of seconds, got {v}")
+        if self.trace is None:
+            unknown = [r for r in self.regimes if r not in REGIMES]
+            if unknown:
+                raise ValueError(
+                    f"unknown regime(s) {unknown}; valid regimes: {', '.join(REGIMES)}"
+                )
+            if self.sidecar is not None:
+                raise ValueError(
+                    "sidecar (--sidecar) chooses the sidecar of a --trace "
+                    "replay; synthetic regimes use their own (or --calibration)"
+                )
+        elif self.sidecar is not None and self.sidecar not in REGIMES:
+            raise ValueError(
+                f"unknown sidecar regime {self.sidecar!r}; valid regimes: {', '.join(REGIMES)}"
+            )
+        else:
+            min_s = core.min_episode_seconds(core.EnvParams(), REGIMES[self.trace_sidecar].sidecar)
+            if self.window_s < min_s:
+                raise ValueError(
+                    f"window_s (--window-s) {self.window_s:g} s is too short: an "
+                    f"episode needs at least {min_s:.1f} s"
+                )
+
+    @property
+    def trace_sidecar(self) -> str:
+        """The regime whose sidecar a trace replay uses (default sync-heavy)."""
+        return self.sidecar or "sync-heavy"
+
+    @property
+    def overlapping(self) -> bool:
+        """Trace windows overlap (a stride shorter than the window): not independent."""
+        return self.stride_s is not None and self.stride_s < self.window_s - 1e-9
+
+
+@dataclass
+class _Unit:
+    """One statistical unit (episode): a seed of a synthetic regime or a trace window."""
+
+    env: DiLoCoSyncEnv
+    seed: int
+    fields: dict
+
+
+def _synthetic_units(
+    config: ReportConfig, regime: str, fitted: SidecarParams | None
+) -> tuple[list[_Unit], dict]:
+    """Seeds of a synthetic regime at the configured load, and the load's description."""
+    base = REGIMES[regime]
+    gen = base.with_load(fitted, config.rate_scale, config.target_utilization)
+    env = DiLoCoSyncEnv(regime=gen, sidecar=fitted)
+    fields = {
+        "unit": "seed",
+        "window_start_s": np.nan,
+        "window_end_s": np.nan,
+        "independent": True,
+        "independent_units": config.seeds,
+    }
+    units = [_Unit(env, seed, fields) for seed in range(config.seed0, config.seed0 + config.seeds)]
+    load = {
+        "rate_scale": gen.mean_rate_rps / base.mean_rate_rps,
+        "mean_rate_rps": gen.mean_rate_rps,
+        "capacity_rps": gen.capacity_rps(env.sidecar),
+        "utilization": gen.utilization(env.sidecar),
+        "idle_violation_pct": gen.idle_violation_pct(env.sidecar),
+    }
+    return units, load
+
+
+def _trace_units(config: ReportConfig, sidecar: SidecarParams) -> tuple[list[_Unit], dict]:
+    """The trace's tiled windows at the configured load (one env and seed per window)."""
+    from diloco_gym.sim.loaders import load_trace
+    from diloco_gym.sim.regimes import (
+        ReplayRegime,
+        replay_rate_scale,
+        trace_idle_violation_pct,
+        trace_utilization,
+    )
+    from diloco_gym.sim.traces import scale_rate, tile_starts
+
+    assert config.trace is not None  # called only for a trace report
+    tr = load_trace(config.trace, config.trace_format)
+    scale = replay_rate_scale(tr, sidecar, config.rate_scale, config.target_utilization)
+    replayed = tr if scale == 1.0 else scale_rate(tr, tr.mean_rate_rps * scale)
+    try:
+        tiles = ReplayRegime(
+            replayed, duration_s=config.window_s, sidecar=sidecar, name=tr.name
+        ).tiles(config.stride_s)
+    except ValueError as exc:
+        min_s = core.min_episode_seconds(core.EnvParams(), sidecar)
+        raise ValueError(
+            f"{config.trace}: {exc} (the trace lasts {tr.duration_s:.0f} s, "
+            f"{replayed.duration_s:.0f} s at rate scale {scale:.3g}: too short "
+            f"for the window; an episode needs at least {min_s:.1f} s)"
+        ) from None
+    independent = not config.overlapping
+    # Overlapping windows share requests: at most the disjoint tiling's count of them is
+    # independent, and that count (not the number of windows) decides 'inconclusive'.
+    disjoint = len(tile_starts(replayed.duration_s, config.window_s))
+    units = []
+    from diloco_gym.eval.seed_ranges import check_test_seeds
+
+    check_test_seeds(config.seed0, len(tiles), "window seeds (--seed0 + window index)")
+    for i, tile in enumerate(tiles):
+        # Window times in the file's own clock: a trace replayed ``scale`` times faster
+        # compresses time by ``scale``.
+        assert tile.start_s is not None  # tiles() fixes every window's start
+        fields = {
+            "unit": "window",
+            "window_start_s": tile.start_s * scale,
+            "window_end_s": (tile.start_s + config.window_s) * scale,
+            "independent": independent,
+            "independent_units": disjoint,
+        }
+        units.append(_Unit(DiLoCoSyncEnv(regime=tile, sidecar=sidecar), config.seed0 + i, fields))
+    util = trace_utilization(replayed, sidecar)
+    load = {
+        "rate_scale": scale,
+        "mean_rate_rps": replayed.mean_rate_rps,
+        "capacity_rps": replayed.mean_rate_rps / util if util > 0 else np.inf,
+        "utilization": util,
+        "idle_violation_pct": trace_idle_violation_pct(replayed, sidecar),
+        "trace_duration_s": tr.duration_s,
+        "replayed_duration_s": replayed.duration_s,
+        "windows": len(units),
+        "window_s": config.window_s,
+        "stride_s": config.stride_s or config.window_s,
+        "independent": independent,
+    }
+    return units, load
+
+
+def run_protocol(
+    config: ReportConfig,
+    progress: bool = True,
+    backend: str = "serial",
+    jobs: int | None = None,
+    ray_address: str | None = None,
+) -> dict[str, Any]:
+    """Run the protocol; returns ``{"rows", "summary", "calibration", "config", ...}``.
+
+    The statistical unit is the episode: a seed of a synthetic regime, or one window of a
+    replayed trace (windows tile the trace, disjoint unless ``config.stride_s`` is shorter
+    than the window). ``rows`` records each unit's kind, window and independence.
+
+    The work is split into cells (:mod:`diloco_gym.scale.cells`: one per unit with all the
+    agents, and one calibration cell per regime) run on ``backend`` (``serial``,
+    ``processes`` or ``ray``; see :func:`diloco_gym.scale.run_cells`) with ``jobs`` workers;
+    the results are put back in the serial order, so everything but ``elapsed_s`` is the
+    same for every backend and number of workers.
+    """
+    from agents.registry import make_agents
+    from diloco_gym.scale.backends import run_cells
+    from diloco_gym.scale.cells import ReportCell, cell_config, regime_plan, run_report_cell
+
+    make_agents(config.agents)  # unique names; the same agent twice is refused
+    calib = cal.load_calibration(config.calibration)
+    regimes = (
+        [f"replay:{Path(config.trace).stem}"] if config.trace is not None else list(config.regimes)
+    )
+    rows: list[dict] = []
+    calib_rows: list[dict] = []
+    timelines: dict[str, Any] = {}
+    loads: dict[str, dict] = {}
+    started = time.perf_counter()
+    plan = []
+    for regime in regimes:
+        units, load, measured_key, fitted = regime_plan(config, regime, calib)
+        plan.append((regime, measured_key, fitted, len(units)))
+        loads[regime] = load
+    shipped = cell_config(config)
+    # Calibration cells first: each is one of the longest, and starting them early keeps
+    # the workers busy to the end.
+    cells = [ReportCell(shipped, regime, None) for regime in regimes]
+    cells += [ReportCell(shipped, regime, i) for regime, *_, n in plan for i in range(n)]
+    done = run_cells(
+        run_report_cell,
+        cells,
+        backend=backend,
+        jobs=jobs,
+        ray_address=ray_address,
+        progress=progress,
+        desc="report",
+    )
+    by_cell = {(c.regime, c.unit): r for c, r in zip(cells, done, strict=True)}
+    for regime, measured_key, fitted, n_units in plan:
+        measured = calib.measured(measured_key)
+        got = by_cell[(regime, None)]
+        sim, trace_sim, u_cal = got["sim"], got["trace_sim"], got["u_cal"]
+        verdict = cal.transfer_verdict(sim, measured, interval=cal.measured_intervals(measured))
+        on = calib.measured_on(measured_key)
+        load = loads[regime]
+        calib_rows.append(
+            {
+                "regime": regime,
+                "measured_on": on
+                + (
+                    ""
+                    if on in calib.user_regimes or calib.path.startswith("diloco_gym/")
+                    else " (reference)"
+                ),
+                "sidecar": ("fitted (calibration file)" if fitted else f"{measured_key} default"),
+                **{f"real_{k}": measured.get(k) for k in cal.METRICS},
+                **{f"sim_{k}": v for k, v in sim.items()},
+                **{f"trace_sim_{k}": trace_sim.get(k) for k in cal.METRICS},
+                "capacity_rps": load["capacity_rps"],
+                "utilization": load["utilization"],
+                "rate_scale": load["rate_scale"],
+                "idle_violation_pct": load["idle_violation_pct"],
+                "calibration_utilization": (
+                    u_cal
+                    if u_cal is not None
+                    else REGIMES[measured_key].with_load(fitted).utilization(fitted)
+                ),
+                "verdict": verdict,
+            }
+        )
+        for i in range(n_units):
+            got = by_cell[(regime, i)]
+            rows.extend(got["rows"])
+            if got["timeline"] is not None:
+                timelines.setdefault(regime, got["timeline"])
+    df = pd.DataFrame(rows)
+    summary = summarise(
+        df, {r["regime"]: r["verdict"] for r in calib_rows}, config.alpha, config.saturation_pct
+    )
+    return {
+        "rows": df,
+        "summary": summary,
+        "calibration": pd.DataFrame(calib_rows),
+        "config": asdict(config),
+        "loads": loads,
+        "calibration_source": calib.source,
+        "calibration_complete": calib.complete,
+        "timelines": timelines,
+        "scoring": scoring_summary(df),
+        "elapsed_s": time.perf_counter() - started,
+    }
+
+
+def _trace_effect_sizes(units: list[_Unit]) -> dict:
+    """Effect sizes of a fixed-256 schedule on the replayed windows, pooled (information:
+    the calibration verdict is the sidecar's, not the trace's)."""
+    from diloco_gym.sim.sidecar import ReplayResult, effect_sizes
+
+    lat, act, prs = [], [], []
+    for unit in units:
+        env = unit.env
+        env.reset(seed=unit.seed)
+        ep = env.episode
+        assert ep is not None  # set by the reset() above
+        merges = cal.fixed_schedule(
+            ep.n_decisions, 256 // env.params.decision_interval, env.params.h_min, env.params.h_max
+        )
+        res = core.replay_schedule(ep, merges, env.params, env.sidecar)
+        lat.append(res.latency_s)
+        act.append(res.sync_active)
+        prs.append(res.pressure)
+    pooled = ReplayResult(
+        np.concatenate(lat), np.zeros(0, bool), np.concatenate(act), np.concatenate(prs)
+    )
+    return effect_sizes(pooled, units[0].env.sidecar.high_pressure)
+
+
+def summarise(
+    df: pd.DataFrame,
+    calib_verdicts: dict[str, str],
+    alpha: float,
+    saturation_pct: float = protocol.SATURATION_PCT,
+) -> pd.DataFrame:
+    """One row per regime x agent: means, CI, paired test, gap share, verdict.
+
+    ``units`` is the number of paired units (episodes: seeds, or trace windows) behind the
+    test, ``independent`` whether they are (overlapping windows are not; then
+    ``independent_units`` is the count of disjoint windows the trace holds, and it is what
+    the inconclusive check uses), ``best_p_holm`` the smallest Holm-adjusted p that many
+    independent units could give across the
+    regime's agents, ``units_needed`` the fewest units for which it is below ``alpha``, and
+    ``saturated`` whether the regime's mean no-merge violation rate is above
+    ``saturation_pct``. The verdict follows :func:`diloco_gym.eval.protocol.gate_verdict`.
+    """
+    out = []
+    for (regime, agent), g in df.groupby(["regime", "agent"], sort=False):
+        diff = (g["sync_excess_pct"] - g["matched_random_mean"]).to_numpy()
+        test = protocol.paired_test(diff, np.random.default_rng(0))
+        agent_m = g["sync_excess_pct"].mean()
+        mr = g["matched_random_mean"].mean()
+        orc = g["oracle_same_budget_pct"].mean()
+        gap = mr - orc
+        req_per_10min = (g["requests"] * 600.0 / g["duration_s"]).mean()
+        out.append(
+            {
+                "regime": regime,
+                "agent": agent,
+                "episodes": len(g),
+                "deployable": bool(g["deployable"].all()) if "deployable" in g else True,
+                "unit": g["unit"].iloc[0] if "unit" in g else "seed",
+                "units": len(g),
+                "independent": bool(g["independent"].all()) if "independent" in g else True,
+                "independent_units": (
+                    int(g["independent_units"].iloc[0]) if "independent_units" in g else len(g)
+                ),
+                "merges": g["merges"].mean(),
+                "merges_per_hour": g["merges_per_hour"].mean(),
+                "sync_excess_pct": agent_m,
+                "excess_per_merge_pp": float(
+                    (g["sync_excess_pct"] / g["merges"].clip(lower=1)).mean()
+                ),
+                "matched_random_pct": mr,
+                "matched_random_p05": g["matched_random_p05"].mean(),
+                "matched_random_p95": g["matched_random_p95"].mean(),
+                "oracle_same_budget_pct": orc,
+                "diff_pp": test["mean"],
+                "diff_ci_low": test["ci_low"],
+                "diff_ci_high": test["ci_high"],
+                "p_value": test["p_value"],
+                "min_p": test["min_p"],
+                "diff_requests_per_10min": test["mean"] / 100.0 * req_per_10min,
+                "gap_captured": float((mr - agent_m) / gap) if gap > 1e-9 else float("nan"),
+                "no_sync_violation_pct": g["no_sync_violation_pct"].mean(),
+                "p95_ms": g["p95_ms"].mean(),
+                "additive_exact_gap_pp": g["additive_exact_gap_pp"].max(),
+                "scoring": _scoring_label(g),
+                "oracle_schedule": _oracle_label(g),
+                "calibration": calib_verdicts[cast(str, regime)],  # groupby keys are Hashable
+            }
+        )
+    df_out = pd.DataFrame(out)
+    # Holm-Bonferroni across the agents of each regime: a report tests many agents at once,
+    # and an uncorrected 5 % gate would hand some tied agent a 'verdict' by chance.
+    df_out["p_holm"] = np.nan
+    df_out["holm_family"] = 0
+    df_out["best_p_holm"] = np.nan
+    df_out["units_needed"] = 0
+    df_out["saturated"] = False
+    for _regime, idx in df_out.groupby("regime", sort=False).groups.items():
+        family = len(idx)
+        df_out.loc[idx, "p_holm"] = holm(df_out.loc[idx, "p_value"].to_numpy())
+        df_out.loc[idx, "holm_family"] = family
+        n_indep = np.minimum(df_out.loc[idx, "units"], df_out.loc[idx, "independent_units"])
+        df_out.loc[idx, "best_p_holm"] = np.minimum(
+            1.0, family * np.array([protocol.min_achievable_p(int(n)) for n in n_indep])
+        )
+        df_out.loc[idx, "units_needed"] = protocol.units_needed(alpha, family)
+        # Every agent of a regime replays the same units: one no-merge rate per regime.
+        no_sync = df_out.loc[idx, "no_sync_violation_pct"].mean()
+        df_out.loc[idx, "saturated"] = bool(no_sync > saturation_pct)
+        df_out.loc[idx, "no_sync_violation_pct_regime"] = no_sync
+    df_out["verdict"] = [
+        protocol.gate_verdict(
+            calib_verdicts[r["regime"]],
+            r["diff_pp"],
+            r["p_holm"],
+            alpha,
+            n_units=min(int(r["units"]), int(r["independent_units"])),
+            n_tests=int(r["holm_family"]),
+            no_sync_violation_pct=r["no_sync_violation_pct_regime"],
+            saturation_pct=saturation_pct,
+        )
+        for _, r in df_out.iterrows()
+    ]
+    return df_out.drop(columns="no_sync_violation_pct_regime")
+
+
+def scoring_summary(rows: pd.DataFrame) -> dict[str, Any]:
+    """How the report was scored, for report.md / report.json: the method, how many
+    agent-episodes were proven additive, in how many the oracle is an upper bound, and the
+    largest additive-exact gap over every scored schedule."""
+    n = len(rows)
+    return {
+        "method": "exact replay for agent, matched-random draws and oracle alike",
+        "agent_episodes": n,
+        "proven_additive": int((rows["scoring"] == protocol.SCORING_PROVEN).sum()) if n else 0,
+        "oracle_upper_bound": (
+            int((rows["oracle_schedule"] != protocol.ORACLE_EXACT).sum()) if n else 0
+        ),
+        "largest_additive_exact_gap_pp": float(rows["additive_exact_gap_pp"].max()) if n else 0.0,
+    }
+
+
+def _regime_scoring(result: dict[str, Any], regime: str) -> str:
+    """One sentence on how a regime's rows were scored."""
+    rows = result["rows"]
+    sc = scoring_summary(rows[rows["regime"] == regime])
+    n = sc["agent_episodes"]
+    oracle = (
+        "exact optimum in every episode"
+        if sc["oracle_upper_bound"] == 0
+        else f"upper bound in {sc['oracle_upper_bound']} of {n} agent-episodes"
+    )
+    return (
+        f"Scoring: exact replay, proven equal to additive in {sc['proven_additive']} of "
+        f"{n} agent-episodes; largest additive-exact gap "
+        f"{sc['largest_additive_exact_gap_pp']:.3g} pp; oracle: {oracle}."
+    )
+
+
+def _scoring_label(g: pd.DataFrame) -> str:
+    """How a summary row's episodes were scored (every number is the exact replay)."""
+    proven = int((g["scoring"] == protocol.SCORING_PROVEN).sum())
+    if proven == len(g):
+        return protocol.SCORING_PROVEN
+    if proven == 0:
+        return protocol.SCORING_EXACT
+    return f"{protocol.SCORING_EXACT} ({proven} of {len(g)} episodes proven additive)"
+
+
+def _oracle_label(g: pd.DataFrame) -> str:
+    """Whether a summary row's oracle is the exact optimum in every episode."""
+    bound = int((g["oracle_schedule"] != protocol.ORACLE_EXACT).sum())
+    if bound == 0:
+        return protocol.ORACLE_EXACT
+    return f"upper bound in {bound} of {len(g)} episodes"
+
+
+def holm(p: np.ndarray) -> np.ndarray:
+    """Holm-Bonferroni adjusted p-values (family-wise error control)."""
+    p = np.asarray(p, dtype=np.float64)
+    order = np.argsort(p)
+    m = p.size
+    adj = np.empty(m)
+    running = 0.0
+    for rank, i in enumerate(order):
+        running = max(running, min(1.0, (m - rank) * p[i]))
+        adj[i] = running
+    return adj
+
+
+# ----------------------------------------------------------------------------- output
+#: The file every report directory holds; ``--force`` replaces only directories that have it.
+MARKER = ".diloco-gym-report"
+_MARKER_TEXT = "diloco-gym report directory: `diloco-gym report --force` may replace it.\n"
+#: The files a report writes (a directory of only these, from a version that wrote no
+#: marker, is also recognised as a report).
+_REPORT_FILE = re.compile(r"^(report\.md|report\.json|results\.csv|(fig|timeline)_.+\.png)$")
+#: Sibling directories of a report being written (``partial``) or replaced (``old``).
+_LEFTOVER = re.compile(r"^\.(?P<name>.+)\.(?P<kind>partial|old)-(?P<pid>\d+)$")
+
+
+def is_report_dir(path: str | Path) -> bool:
+    """Whether ``path`` is a directory holding a diloco-gym report (and nothing else of
+    value): it has the :data:`MARKER` file, or it holds only files a report writes."""
+    path = Path(path)
+    if not path.is_dir():
+        return False
+    marker = path / MARKER
+    if marker.is_file():
+        try:
+            return marker.read_text().startswith(_MARKER_TEXT[:24])
+        except (OSError, UnicodeDecodeError):
+            return False
+    names = [p.name for p in path.iterdir()]
+    return (
+        "report.md" in names
+        and "results.csv" in names
+        and all(_REPORT_FILE.match(n) and (path / n).is_file() for n in names)
+    )
+
+
+def _pid_alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return False  # our own leftovers (an earlier call in this process) are stale
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OSError):
+        return True
+    return True
+
+
+def clean_leftovers(out: str | Path) -> list[Path]:
+    """Remove what an interrupted or killed ``write_report`` to ``out`` left beside it.
+
+    These are the hidden siblings ``.NAME.partial-PID`` (a report being written) and
+    ``.NAME.old-PID`` (the previous report being replaced) of a process that is no longer
+    running; only directories that are empty or carry the report marker are removed.
+
+    Returns:
+        The directories removed.
+    """
+    out = Path(os.path.abspath(out))
+    parent = out.parent
+    removed: list[Path] = []
+    if not parent.is_dir():
+        return removed
+    for p in parent.iterdir():
+        m = _LEFTOVER.match(p.name)
+        if not m or m["name"] != out.name or not p.is_dir() or p.is_symlink():
+            continue
+        if _pid_alive(int(m["pid"])):
+            continue  # another report run is writing there right now
+        if (p / MARKER).is_file() or not any(p.iterdir()):
+            shutil.rmtree(p, ignore_errors=True)
+            removed.append(p)
+    return removed
+
+
+def prepare_out_dir(out: str | Path, force: bool) -> Path:
+    """Check ``out`` before any work, and clean a killed earlier run's leftovers.
+
+    A missing or empty directory is fine. An existing report needs ``force``; ``force``
+    never replaces the current directory, the home directory, a filesystem root, a
+    directory that contains the current one, or a directory that is not a diloco-gym
+    report (no :data:`MARKER`), so that no user file can be lost.
+
+    Raises:
+        FileExistsError: ``out`` exists and may not be replaced (the message says why).
+    """
+    out = Path(out)
+    full = Path(os.path.abspath(out))
+    cwd = Path.cwd().resolve()
+    special = {cwd: "the current directory", Path.home().resolve(): "the home directory"}
+    if out.exists():
+        resolved = out.resolve()
+        why = special.get(resolved)
+        if why is None and resolved.parent == resolved:
+            why = "a filesystem root"
+        if why is None and resolved in cwd.parents:
+            why = "a directory that contains the current directory"
+        if why is not None:
+            raise FileExistsError(
+                f"refusing to write the report to {out}: it is {why}; "
+                f"choose a new directory with --out"
+            )
+        if not out.is_dir():
+            raise FileExistsError(
+                f"refusing to write the report to {out}: it exists and is not a directory"
+            )
+    clean_leftovers(full)
+    if not out.exists() or not any(out.iterdir()):
+        return out
+    if not is_report_dir(out):
+        entries = sorted(p.name for p in out.iterdir())
+        raise FileExistsError(
+            f"refusing to replace {out}: it holds {len(entries)} file(s) (e.g. "
+            f"{entries[0]!r}) but no diloco-gym report marker ({MARKER}); "
+            f"--force replaces only a previous report. Choose another --out"
+        )
+    if not force:
+        raise FileExistsError(f"report directory {out} already exists; pass --force to replace it")
+    return out
+
+
+def write_output_dir(out: str | Path, force: bool, fill: Callable[[Path], None]) -> Path:
+    """Fill a new output directory with ``fill(tmp)`` and put it at ``out`` atomically.
+
+    The directory is written completely to the hidden sibling ``.OUT.partial-PID`` (the
+    marker file first, then ``fill``); only then is an existing output renamed aside to
+    ``.OUT.old-PID``, the new one renamed into place, and the old one deleted. An
+    interrupted run removes its partial directory and puts the old output back; a killed
+    one leaves marked siblings that the next run (:func:`clean_leftovers`) removes, and
+    ``out`` itself is always either the old or the new complete output. Used by the
+    report and the frontier.
+
+    Raises:
+        FileExistsError: see :func:`prepare_out_dir`.
+    """
+    out = Path(out)
+    prepare_out_dir(out, force)
+    full = Path(os.path.abspath(out))
+    full.parent.mkdir(parents=True, exist_ok=True)
+    tmp = full.parent / f".{full.name}.partial-{os.getpid()}"
+    old = full.parent / f".{full.name}.old-{os.getpid()}"
+    for stale in (tmp, old):
+        if stale.exists():
+            shutil.rmtree(stale)
+    tmp.mkdir()
+    moved_aside = False
+    try:
+        (tmp / MARKER).write_text(_MARKER_TEXT)
+        fill(tmp)
+        if full.exists():
+            os.replace(full, old)
+            moved_aside = True
+        os.replace(tmp, full)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if moved_aside and not full.exists():
+            os.replace(old, full)
+        raise
+    if moved_aside:
+        shutil.rmtree(old, ignore_errors=True)
+    return out
+
+
+def write_report(
+    result: dict[str, Any], out: str | Path, force: bool = False, command: str = ""
+) -> Path:
+    """Write report.md, results.csv, report.json and figures to ``out`` atomically
+    (:func:`write_output_dir`).
+
+    Raises:
+        FileExistsError: see :func:`prepare_out_dir`.
+    """
+
+    def fill(tmp: Path) -> None:
+        result["rows"].to_csv(tmp / "results.csv", index=False)
+        figures = _figures(result, tmp)
+        payload = {
+            "config": result["config"],
+            "command": command,
+            "calibration_source": result["calibration_source"],
+            "calibration_complete": bool(result.get("calibration_complete", True)),
+            "elapsed_s": result["elapsed_s"],
+            "calibration": result["calibration"].to_dict(orient="records"),
+            "summary": result["summary"].to_dict(orient="records"),
+            "paper": PAPER,
+            "figures": figures,
+            "loads": result.get("loads", {}),
+            "scoring": result.get("scoring") or scoring_summary(result["rows"]),
+        }
+        (tmp / "report.json").write_text(json.dumps(payload, indent=2, default=_json_default))
+        (tmp / "report.md").write_text(render_markdown(result, figures, command))
+
+    return write_output_dir(out, force, fill)
+
+
+def _json_default(x: Any) -> Any:
+    if isinstance(x, (np.floating, np.integer)):
+        return x.item()
+    if isinstance(x, np.ndarray):
+        return x.tolist()
+    return str(x)
+
+
+def _fmt(x: float, nd: int = 2) -> str:
+    return "n/a" if x is None or not np.isfinite(x) else f"{x:.{nd}f}"
+
+
+def _fmt_p(p: float) -> str:
+    return "n/a" if not np.isfinite(p) else ("<0.001" if p < 0.001 else f"{p:.3f}")
+
+
+#: Console summary columns: (summary column, heading, formatter).
+_CONSOLE_COLUMNS: list[tuple[str, str, Any]] = [
+    ("regime", "regime", str),
+    ("agent", "agent", str),
+    ("merges_per_hour", "merges/h", lambda x: _fmt(x, 1)),
+    ("sync_excess_pct", "sync-excess %", lambda x: _fmt(x, 3)),
+    ("matched_random_pct", "matched random %", lambda x: _fmt(x, 3)),
+    ("oracle_same_budget_pct", "oracle @ budget %", lambda x: _fmt(x, 3)),
+    ("p_value", "p", _fmt_p),
+    ("p_holm", "p (Holm)", _fmt_p),
+    ("verdict", "verdict", str),
+]
+
+
+def console_summary(summary: pd.DataFrame) -> str:
+    """The summary table the ``report`` command prints: merge rate in merges/h and p-values
+    as in report.md (``<0.001`` below 0.001); non-deployable agents are marked."""
+    summary = summary.copy()
+    if "deployable" in summary:
+        summary["agent"] = [
+            a if dep else f"{a} (non-deployable)"
+            for a, dep in zip(summary["agent"], summary["deployable"], strict=True)
+        ]
+    table = pd.DataFrame(
+        {head: [fmt(v) for v in summary[col]] for col, head, fmt in _CONSOLE_COLUMNS}
+    )
+    return table.to_string(index=False)
+
+
+def render_markdown(result: dict[str, Any], figures: list[str], command: str = "") -> str:
+    """The human-readable report."""
+    cfg = result["config"]
+    s = result["summary"]
+    lines = ["# diloco-gym calibration report", ""]
+    if command:
+        lines += [f"Command: `{command}`", ""]
+    lines += [
+        _units_sentence(result) + f" {cfg['draws']} matched-random draws per episode, "
+        f"gate at p < {cfg['alpha']}. Ran in {result['elapsed_s']:.1f} s.",
+        "",
+    ]
+    if cfg.get("trace") and not bool(s["independent"].all()):
+        lines += [
+            "**Overlapping windows: not independent.** The stride is shorter than the "
+            "window, so neighbouring episodes share requests; the p-values below treat "
+            "them as independent and overstate the evidence (pseudo-replication). Use "
+            "the default stride (disjoint windows) for a claim.",
+            "",
+        ]
+    lines += [
+        "Sync-excess = SLO violation % of the replay with the agent's merges minus the "
+        "same replay without merges (percentage points of requests). Matched random = "
+        "schedules drawn uniformly among all feasible schedules with the agent's own "
+        "number of merges in each episode. Diff = agent minus matched random (paired "
+        "over episodes; exact sign-flip test; 95 % bootstrap CI; the verdict uses p "
+        "Holm-adjusted across the agents of a regime). Gap captured = "
+        "(matched random - agent) / (matched random - oracle at the same budget).",
+        "",
+        "## Effect-size transfer",
+        "",
+        f"Real-sidecar measurements: {result['calibration_source']}",
+        "",
+    ]
+    if not result.get("calibration_complete", True):
+        lines += [
+            "**Warning: the calibration file is marked incomplete (an interrupted live "
+            "run); its numbers rest on partial measurements.**",
+            "",
+        ]
+    lines += [
+        "The verdict is the sidecar's: its simulated effect sizes on the regime it was "
+        "measured on, at the utilization it was measured at ('calibrated at U': a live "
+        "file's recorded load, otherwise the regime's own load relative to the sidecar's "
+        "capacity), against the real measurements. Capacity = slots / mean nominal "
+        "service time of the "
+        "replayed token mix (req/s); utilization = mean offered work / capacity, as "
+        "replayed; over SLO when idle = requests whose nominal service time alone "
+        "exceeds the SLO.",
+        "",
+        "| regime | measured on | simulated sidecar | real p95 high/low | sim | "
+        "real p95 sync ratio | sim | calibrated at U | capacity req/s | utilization | "
+        "rate scale | over SLO when idle % | verdict |",
+        "|" + "---|" * 13,
+    ]
+    for _, r in result["calibration"].iterrows():
+        lines.append(
+            f"| {r['regime']} | {r['measured_on']} | {r['sidecar']} | "
+            f"{_fmt(r['real_p95_high_low'], 3)} | "
+            f"{_fmt(r['sim_p95_high_low'], 3)} | {_fmt(r['real_p95_sync_ratio'], 3)} | "
+            f"{_fmt(r['sim_p95_sync_ratio'], 3)} | "
+            f"{_fmt(r.get('calibration_utilization'), 3)} | "
+            f"{_fmt(r.get('capacity_rps'), 1)} | "
+            f"{_fmt(r.get('utilization'), 3)} | {_fmt(r.get('rate_scale'), 3)} | "
+            f"{_fmt(r.get('idle_violation_pct'), 1)} | {r['verdict']} |"
+        )
+    trace_rows = [
+        r
+        for _, r in result["calibration"].iterrows()
+        if np.isfinite(r.get("trace_sim_p95_sync_ratio", np.nan))
+    ]
+    for r in trace_rows:
+        lines += [
+            "",
+            f"For information only (not the verdict): on {r['regime']}'s own windows "
+            f"a fixed-256 schedule gives p95 high/low {_fmt(r['trace_sim_p95_high_low'], 3)}"
+            f" and p95 sync ratio {_fmt(r['trace_sim_p95_sync_ratio'], 3)}; the trace's "
+            f"token mix and load, not the sidecar, set these.",
+        ]
+    for regime, g in s.groupby("regime", sort=False):
+        lines += [
+            "",
+            f"## {regime}",
+            "",
+            f"No-sync violation rate: {g['no_sync_violation_pct'].mean():.2f} %. "
+            f"Calibration: {g['calibration'].iloc[0]}. {_regime_scoring(result, regime)}",
+            "",
+        ]
+        lines += _verdict_notes(g, cfg, result.get("loads", {}).get(regime, {}))
+        lines += [
+            "| agent | merges/h | sync-excess % | matched random % [5-95 %] | oracle @ same "
+            "budget % | diff pp [95 % CI] | p | p (Holm) | req / 10 min | gap captured | "
+            "verdict |",
+            "|---|---|---|---|---|---|---|---|---|---|---|",
+        ]
+        for _, r in g.sort_values("sync_excess_pct").iterrows():
+            lines.append(
+                f"| {r['agent']}{'' if r.get('deployable', True) else ' (non-deployable)'} | "
+                f"{r['merges_per_hour']:.1f} | {r['sync_excess_pct']:.2f} | "
+                f"{r['matched_random_pct']:.2f} [{r['matched_random_p05']:.2f}-"
+                f"{r['matched_random_p95']:.2f}] | {r['oracle_same_budget_pct']:.2f} | "
+                f"{r['diff_pp']:+.2f} [{r['diff_ci_low']:+.2f}, {r['diff_ci_high']:+.2f}] | "
+                f"{_fmt_p(r['p_value'])} | {_fmt_p(r['p_holm'])} | "
+                f"{r['diff_requests_per_10min']:+.1f} | "
+                f"{_fmt(r['gap_captured'])} | {r['verdict']} |"
+            )
+        fig = f"fig_{regime.replace(':', '_')}.png"
+        if fig in figures:
+            lines += ["", f"![{regime}]({fig})"]
+        if regime in PAPER:
+            lines += [
+                "",
+                "Paper / reference (docs/paper.md), sync-excess %: "
+                + ", ".join(f"{k} {v}" for k, v in PAPER[regime].items())
+                + ".",
+            ]
+    if any(f.startswith("timeline_") for f in figures):
+        lines += ["", "## One episode", ""] + [
+            f"![timeline]({f})" for f in figures if f.startswith("timeline_")
+        ]
+    sc = result.get("scoring") or scoring_summary(result["rows"])
+    max_gap, n_rows = sc["largest_additive_exact_gap_pp"], sc["agent_episodes"]
+    n_proven, n_bound = sc["proven_additive"], sc["oracle_upper_bound"]
+    lines += [
+        "",
+        "## Notes",
+        "",
+        "- Scoring: the agent, every matched-random draw and the oracle's schedule are "
+        "scored by the same exact replay of the queue (a merge's backlog is followed "
+        "until it drains, and merges that start before the previous one's backlog has "
+        "drained are replayed together). In "
+        f"{n_proven} of {n_rows} agent-episodes every scored schedule was proven "
+        "equal to the sum of its merges' isolated costs (each merge drains before the "
+        "next one starts; 'additive (proven equal)' in results.csv); in the others "
+        "('exact') some merge interacts with the previous one or its backlog outlives "
+        "its isolated cost window, and those windows were replayed. Largest "
+        "additive-exact gap over "
+        f"all scored schedules: {max_gap:.3g} pp.",
+        "- Oracle @ same budget: the exact optimum of the additive cost, replayed "
+        "exactly; it is the exact optimum where every merge of the episode drains "
+        "within H_min (then every schedule's exact sync-excess equals its additive "
+        f"one), otherwise an upper bound on the exact optimum ({n_bound} of "
+        f"{n_rows} agent-episodes).",
+        "- 'no claim' rows: the regime's real sidecar showed no measurable merge effect "
+        "(or the simulator is uncalibrated), so no SLO claim is made whatever the "
+        "numbers say.",
+        f"- 'no claim (saturated)': more than {cfg.get('saturation_pct', 50):g} % of "
+        "requests violate their SLO with no merge at all; the median request already "
+        "fails, the sidecar is overloaded, and sync-excess cannot tell whether a "
+        "schedule protects a working service.",
+        "- 'inconclusive (too few episodes)': with n independent paired units an exact "
+        "two-sided sign-flip test cannot give p below 2/2^n (times the number of agents "
+        "after the Holm correction), so a tie cannot be told from a gain; the section "
+        "says how many units would be needed.",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def _units_sentence(result: dict[str, Any]) -> str:
+    """What the statistical units of the report are."""
+    cfg = result["config"]
+    if not cfg.get("trace"):
+        last_seed = cfg["seed0"] + cfg["seeds"] - 1
+        return (
+            f"{cfg['seeds']} episodes per regime (independent units: seeds "
+            f"{cfg['seed0']}..{last_seed})."
+        )
+    load: dict[str, Any] = next(iter(result.get("loads", {}).values()), {})
+    if not load:
+        return "Trace windows as episodes."
+    kind = (
+        "disjoint windows, independent units"
+        if load["independent"]
+        else "overlapping windows: not independent"
+    )
+    plural = "" if load["windows"] == 1 else "s"
+    return (
+        f"{load['windows']} window{plural} of {load['window_s']:g} s every "
+        f"{load['stride_s']:g} s ({kind}) of the {load['trace_duration_s']:.0f} s trace "
+        f"replayed {load['rate_scale']:.3g}x faster ({load['replayed_duration_s']:.0f} s, "
+        f"{load['mean_rate_rps']:.2f} req/s, utilization {load['utilization']:.2f}); one "
+        f"episode per window, window i seeded {cfg['seed0']} + i for the added pressure "
+        f"series."
+    )
+
+
+def _verdict_notes(g: pd.DataFrame, cfg: dict, load: dict) -> list[str]:
+    """Why a regime's verdicts are what they are, when that is not the test alone."""
+    out = []
+    r = g.iloc[0]
+    if bool(r["saturated"]):
+        idle = load.get("idle_violation_pct", np.nan)
+        text = (
+            f"**No claim (saturated)**: {g['no_sync_violation_pct'].mean():.1f} % of "
+            f"requests violate their SLO with no merge (threshold "
+            f"{cfg.get('saturation_pct', 50):g} %). "
+        )
+        if np.isfinite(idle) and idle > cfg.get("saturation_pct", 50) / 2:
+            text += (
+                f"{idle:.1f} % of the requests exceed the SLO even on an idle sidecar "
+                f"(their nominal service time alone): no load makes this replay "
+                f"meaningful; it needs a sidecar (or SLO) that fits these requests."
+            )
+        else:
+            text += (
+                "Lower the load (--rate-scale, --target-utilization) or use a sidecar "
+                "with more capacity."
+            )
+        out.append(text)
+    if (g["verdict"] == "inconclusive (too few episodes)").any():
+        n = min(int(r["units"]), int(r["independent_units"]))
+        out.append(
+            f"**Inconclusive (too few episodes)**: {n} independent "
+            f"{r['unit']}{'' if n == 1 else 's'}; the best p an exact "
+            f"test on them can give, Holm-adjusted "
+            f"over {int(r['holm_family'])} agents, is {_fmt_p(r['best_p_holm'])}, not "
+            f"below {cfg['alpha']}. At least {int(r['units_needed'])} independent "
+            f"{r['unit']}s are needed"
+            + (" (a longer trace, or shorter windows)." if r["unit"] == "window" else " (--seeds).")
+        )
+    if not bool(g["independent"].all()):
+        out.append(
+            "Units overlap (stride shorter than the window): **not independent**; "
+            "these p-values overstate the evidence."
+        )
+    return out + ([""] if out else [])
+
+
+def _new_figure(figsize: tuple[float, float]) -> Figure:
+    """A matplotlib Figure on its own Agg canvas.
+
+    Built directly rather than through pyplot, so that writing a report neither switches
+    the calling process's backend (``matplotlib.use``) nor registers figures with pyplot.
+    """
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=figsize)
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def _figures(result: dict[str, Any], out: Path) -> list[str]:
+    s = result["summary"]
+    names: list[str] = []
+    for regime, g in s.groupby("regime", sort=False):
+        g = g.sort_values("sync_excess_pct")
+        fig = _new_figure((12, 4.2))
+        ax, ax2 = fig.subplots(1, 2)
+        why = _no_claim_reason(g)
+        if why is not None:
+            # A bar chart of zeros on an auto-scaled +-0.04 axis reads like a result; the
+            # honest content of such a panel is the absence of a claim.
+            for a, title, note in (
+                (ax, f"{regime}: agent vs its matched-random envelope", why),
+                (ax2, "budget vs placement", ""),
+            ):
+                a.set_axis_off()
+                a.set_title(title)
+                a.text(
+                    0.5,
+                    0.6,
+                    "no claim: no SLO effect",
+                    ha="center",
+                    va="center",
+                    fontsize=16,
+                    transform=a.transAxes,
+                )
+                a.text(
+                    0.5,
+                    0.42,
+                    textwrap.fill(note, 60),
+                    ha="center",
+                    va="center",
+                    fontsize=9,
+                    transform=a.transAxes,
+                )
+            _save(fig, out, f"fig_{regime.replace(':', '_')}.png", names)
+            continue
+        x = np.arange(len(g))
+        yerr = np.vstack(
+            [
+                g["sync_excess_pct"] - (g["matched_random_pct"] + g["diff_ci_low"]),
+                (g["matched_random_pct"] + g["diff_ci_high"]) - g["sync_excess_pct"],
+            ]
+        )
+        ax.bar(
+            x,
+            g["sync_excess_pct"],
+            color="tab:blue",
+            alpha=0.8,
+            label="agent",
+            yerr=np.clip(yerr, 0, None),
+            capsize=3,
+        )
+        ax.errorbar(
+            x + 0.3,
+            g["matched_random_pct"],
+            yerr=[
+                g["matched_random_pct"] - g["matched_random_p05"],
+                g["matched_random_p95"] - g["matched_random_pct"],
+            ],
+            fmt="o",
+            color="tab:orange",
+            label="matched random (mean, 5-95 %)",
+        )
+        ax.plot(x, g["oracle_same_budget_pct"], "k_", markersize=14, label="oracle @ same budget")
+        ax.set_xticks(x, g["agent"], rotation=30, ha="right", fontsize=8)
+        ax.set_ylabel("sync-excess SLO violations (pp)")
+        ax.set_title(f"{regime}: agent vs its matched-random envelope")
+        ax.legend(fontsize=7)
+        rows = result["rows"]
+        rr = rows[rows["regime"] == regime]
+        per_merge_mr = (rr["matched_random_mean"] / rr["merges"].clip(lower=1)).mean()
+        xs = np.linspace(0, max(1.0, g["merges_per_hour"].max() * 1.1), 50)
+        ax2.plot(
+            xs,
+            xs / rr["merges_per_hour"].mean() * rr["merges"].mean() * per_merge_mr,
+            "--",
+            color="tab:orange",
+            label="random placement at that budget",
+        )
+        ax2.scatter(g["merges_per_hour"], g["sync_excess_pct"], color="tab:blue")
+        _annotate_points(
+            fig,
+            ax2,
+            g["merges_per_hour"].to_numpy(),
+            g["sync_excess_pct"].to_numpy(),
+            list(g["agent"]),
+        )
+        ax2.set_xlabel("merges per hour (budget)")
+        ax2.set_ylabel("sync-excess (pp)")
+        ax2.set_title("budget vs placement: on the dashed line = budget only")
+        ax2.legend(fontsize=7)
+        fig.tight_layout()
+        _save(fig, out, f"fig_{regime.replace(':', '_')}.png", names)
+    for regime, tl in result.get("timelines", {}).items():
+        from diloco_gym.envs.render import plot_timeline_panels
+
+        fig = _new_figure((12, 3 + 0.4 * len(tl["schedules"])))
+        plot_timeline_panels(fig, tl["episode"], tl["schedules"], tl["params"], tl["sidecar"])
+        fig.suptitle(
+            f"{regime}, seed {tl['seed']}: request rate (top); each agent's merge "
+            f"windows (bars) and the requests that miss their SLO only because of "
+            f"a merge (black ticks)",
+            fontsize=10,
+        )
+        fig.subplots_adjust(left=0.12, right=0.88, top=0.88, bottom=0.08)
+        _save(fig, out, f"timeline_{regime.replace(':', '_')}.png", names)
+    return names
+
+
+def _save(fig, out: Path, name: str, names: list[str]) -> None:
+    fig.savefig(out / name, dpi=90)
+    names.append(name)
+
+
+def _no_claim_reason(g: pd.DataFrame) -> str | None:
+    """Why a regime's panels carry no chart (``None``: draw it).
+
+    Args:
+        g: the regime's summary rows.
+    """
+    if g["verdict"].astype(str).str.startswith("no claim (no SLO effect)").all():
+        return (
+            "the real sidecar showed no measurable merge effect in this regime, so no "
+            "agent's SLO numbers are a claim"
+        )
+    values = g[
+        ["sync_excess_pct", "matched_random_pct", "matched_random_p95", "oracle_same_budget_pct"]
+    ].to_numpy(dtype=float)
+    if np.all(np.abs(values[np.isfinite(values)]) < 1e-9):
+        return (
+            "merges cause no extra SLO violations here: every agent, matched random and "
+            "the oracle are at 0.00 pp"
+        )
+    return None
+
+
+def _annotate_points(
+    fig, ax, x: np.ndarray, y: np.ndarray, labels: list[str], fontsize: float = 7.0
+) -> None:
+    """Label scatter points without overprinting.
+
+    Points within a few points of each other on the page share one label (their names
+    joined); a label that would overlap one already placed moves down line by line, with
+    a thin leader line to its point.
+    """
+    fig.tight_layout()
+    ax.set_xlim(ax.get_xlim())  # freeze the limits: the labels must not move them
+    ax.set_ylim(ax.get_ylim())
+    pos = ax.get_position()
+    w_pt = pos.width * fig.get_figwidth() * 72.0
+    h_pt = pos.height * fig.get_figheight() * 72.0
+    (x0, x1), (y0, y1) = ax.get_xlim(), ax.get_ylim()
+    px = (np.asarray(x, float) - x0) / (x1 - x0) * w_pt
+    py = (np.asarray(y, float) - y0) / (y1 - y0) * h_pt
+    line_pt = fontsize * 1.3
+    char_pt = fontsize * 0.6
+    groups: list[list[int]] = []
+    for i in sorted(range(len(labels)), key=lambda k: (-py[k], px[k])):
+        for grp in groups:
+            j = grp[0]
+            if abs(px[i] - px[j]) < 6.0 and abs(py[i] - py[j]) < 6.0:
+                grp.append(i)
+                break
+        else:
+            groups.append([i])
+    placed: list[tuple[float, float, float]] = []  # (x start, x end, y) of labels, in points
+
+    # the points themselves are obstacles too: a label must not sit on another point
+    dots = list(zip(px, py, strict=True))
+
+    def free(x_lo: float, x_hi: float, yy: float) -> bool:
+        return (
+            x_lo >= 0.0
+            and x_hi <= w_pt
+            and 0.0 <= yy <= h_pt
+            and not any(x_lo < b1 and a0 < x_hi and abs(yy - y2) < line_pt for a0, b1, y2 in placed)
+            and not any(
+                x_lo - 3.0 < dx < x_hi + 3.0 and abs(yy - dy) < line_pt * 0.8 for dx, dy in dots
+            )
+        )
+
+    # right of the point, a line below or above it, left of it, then further down
+    candidates = [
+        (1, 3.0),
+        (1, 3.0 - line_pt),
+        (1, 3.0 + line_pt),
+        (-1, 3.0),
+        (-1, 3.0 - line_pt),
+    ] + [(side, 3.0 - k * line_pt) for k in range(2, 40) for side in (1, -1)]
+    for grp in groups:
+        j = grp[0]
+        text = ", ".join(labels[k] for k in grp)
+        width = char_pt * len(text)
+        side, dy, x_lo = 1, 3.0, px[j] + 5.0
+        for cand_side, cand_dy in candidates:
+            lo = px[j] + 5.0 if cand_side > 0 else px[j] - 5.0 - width
+            if free(lo, lo + width, py[j] + cand_dy):
+                side, dy, x_lo = cand_side, cand_dy, lo
+                break
+        placed.append((x_lo, x_lo + width, py[j] + dy))
+        ax.annotate(
+            text,
+            (x[j], y[j]),
+            xytext=(5.0 * side, dy),
+            textcoords="offset points",
+            fontsize=fontsize,
+            va="center",
+            ha="left" if side > 0 else "right",
+            arrowprops={"arrowstyle": "-", "lw": 0.6, "color": "0.35"}
+            if abs(dy - 3.0) > line_pt / 2
+            else None,
+        )

@@ -1,0 +1,221 @@
+"""``diloco-gym sweep``: a grid of protocol runs that resumes where it stopped (a stopped or
+killed sweep, resumed, writes exactly what an uninterrupted one does), records a raising cell
+and completes the rest, and refuses malformed sweep files with one line naming the file."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from diloco_gym.cli import main
+from diloco_gym.scale.sweep import SweepFileError, load_sweep, run_sweep
+from diloco_gym.sim.loaders import save_native
+from diloco_gym.sim.regimes import REGIMES
+from diloco_gym.sim.traces import Trace
+
+ROOT = Path(__file__).resolve().parents[2]
+OUTPUTS = ("results.csv", "summary.csv", "errors.csv", "summary.md")
+
+SPEC = """
+name = "t"
+agents = ["fixed-512", "wa-diloco"]
+seeds = 3
+draws = 30
+[grid]
+regime = ["bursty", "sync-heavy"]
+merge_budget = [8, 16]
+"""
+
+
+def _write(tmp: Path, text: str, name: str = "s.toml") -> Path:
+    path = tmp / name
+    path.write_text(text)
+    return path
+
+
+def _outputs(out: Path) -> dict[str, bytes]:
+    return {name: (out / name).read_bytes() for name in OUTPUTS}
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory) -> dict[str, bytes]:
+    tmp = tmp_path_factory.mktemp("whole")
+    res = run_sweep(load_sweep(_write(tmp, SPEC)), tmp / "out", progress=False)
+    assert res["complete"] and res["failed"] == 0 and res["run"] == res["cells"] == 16
+    got = _outputs(tmp / "out")
+    table = pd.read_csv(tmp / "out" / "results.csv")
+    assert len(table) == 4 * 3 * 2  # points x seeds x agents
+    assert list(table.columns[:4]) == ["sweep", "point", "grid.regime", "grid.merge_budget"]
+    # The budget is the env's: every episode of a point merges exactly that many times.
+    assert (table["merges"] == table["grid.merge_budget"]).all()
+    assert len(pd.read_csv(tmp / "out" / "summary.csv")) == 4 * 2
+    parquet = pd.read_parquet(tmp / "out" / "results.parquet")
+    pd.testing.assert_frame_equal(parquet, table, check_dtype=False)
+    return got
+
+
+def test_stopped_and_resumed_equals_uninterrupted(tmp_path, uninterrupted):
+    spec = load_sweep(_write(tmp_path, SPEC))
+    first = run_sweep(
+        spec, tmp_path / "out", progress=False, max_cells=5, backend="processes", jobs=2
+    )
+    assert first["run"] == 5 and not first["complete"]
+    assert "not run yet" in (tmp_path / "out" / "summary.md").read_text()
+    second = run_sweep(spec, tmp_path / "out", progress=False, backend="processes", jobs=2)
+    assert second["skipped"] == 5 and second["run"] == 11 and second["complete"]
+    assert _outputs(tmp_path / "out") == uninterrupted
+    third = run_sweep(spec, tmp_path / "out", progress=False)
+    assert third["run"] == 0 and third["skipped"] == 16
+    assert _outputs(tmp_path / "out") == uninterrupted
+
+
+def test_killed_sweep_resumes(tmp_path, uninterrupted):
+    """SIGKILL mid-sweep (a half-written last record included): the rerun runs only what
+    is missing and writes the uninterrupted sweep's files."""
+    cfg = _write(tmp_path, SPEC)
+    out = tmp_path / "out"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "diloco_gym.cli",
+            "sweep",
+            str(cfg),
+            "--out",
+            str(out),
+            "--no-progress",
+        ],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    store = out / "cells.jsonl"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if store.exists() and store.read_bytes().count(b"\n") >= 2:
+            break
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    stored = store.read_bytes().count(b"\n")
+    assert 2 <= stored < 16, "the sweep must be killed before it finished"
+    with open(store, "ab") as f:
+        f.write(b'{"key": "unit/half-written", "ok": tr')  # a record cut by the kill
+    res = run_sweep(load_sweep(cfg), out, progress=False)
+    assert res["complete"] and res["skipped"] == stored and res["run"] == 16 - stored
+    assert _outputs(out) == uninterrupted
+
+
+def test_raising_cell_is_recorded_and_the_rest_completes(tmp_path):
+    spec = load_sweep(_write(tmp_path, SPEC.replace("[8, 16]", "[8, 100000]")))
+    out = tmp_path / "out"
+    res = run_sweep(spec, out, progress=False, backend="processes", jobs=2)
+    assert res["complete"]
+    # An infeasible budget fails the units of its two points (3 seeds each); their
+    # calibration cells do not step the env and succeed.
+    assert res["failed"] == 6
+    errors = pd.read_csv(out / "errors.csv")
+    assert sorted(errors["point"].unique()) == [1, 3]
+    assert errors["error"].str.startswith("ValueError: merge_budget=100000 is infeasible").all()
+    table = pd.read_csv(out / "results.csv")
+    assert sorted(table["point"].unique()) == [0, 2] and len(table) == 2 * 3 * 2
+    assert set(pd.read_csv(out / "summary.csv")["point"]) == {0, 2}
+    assert "## Failed cells (6)" in (out / "summary.md").read_text()
+    # Failed cells are stored: a rerun skips them, --retry-failed runs them again.
+    assert run_sweep(spec, out, progress=False)["run"] == 0
+    assert run_sweep(spec, out, progress=False, retry_failed=True)["run"] == 6
+
+
+def test_trace_grid_with_windows_and_loads(tmp_path):
+    """A grid over a trace's window and its target utilisation (paths relative to the
+    sweep file)."""
+    (tmp_path / "tr").mkdir()
+    gen = replace(REGIMES["bursty"], duration_s=1800.0)
+    tr = gen(np.random.default_rng(3))
+    save_native(
+        Trace(tr.arrival_s, tr.prompt_tokens, tr.output_tokens, tr.duration_s),
+        tmp_path / "tr" / "b.csv",
+    )
+    cfg = _write(
+        tmp_path,
+        'agents = ["fixed-512"]\ndraws = 20\ntrace = "tr/b.csv"\n'
+        "[grid]\nwindow_s = [300, 600, 1200]\nrate_scale = [0.5, 1.0]\n",
+    )
+    res = run_sweep(load_sweep(cfg), tmp_path / "out", progress=False)
+    # 1,200 s windows of the trace replayed at its own rate: one window, no paired test.
+    assert res["complete"] and res["failed"] == 0
+    table = pd.read_csv(tmp_path / "out" / "results.csv")
+    windows = table.groupby(["grid.window_s", "grid.rate_scale"]).size().to_dict()
+    assert windows == {
+        (300, 0.5): 12,
+        (300, 1.0): 6,
+        (600, 0.5): 6,
+        (600, 1.0): 3,
+        (1200, 0.5): 3,
+        (1200, 1.0): 1,
+    }
+    assert set(table["regime"]) == {"replay:b"} and set(table["unit"]) == {"window"}
+    summary = pd.read_csv(tmp_path / "out" / "summary.csv")
+    assert len(summary) == 5
+    assert (
+        "point 5 (window_s=1200, rate_scale=1.0): no summary (fewer than 2 units)"
+        in (tmp_path / "out" / "summary.md").read_text()
+    )
+
+
+@pytest.mark.parametrize(
+    "text, match",
+    [
+        ('regime = "bursty"\nbogus = 1\n', "unknown key 'bogus'"),
+        ("[grid]\nregime = []\n", "grid axis 'regime' must be a non-empty list"),
+        ('[grid]\nregime = ["nope"]\n', "point 0 \\(regime=nope\\): unknown regime 'nope'"),
+        ('regime = "bursty"\n[grid]\n"env.nope" = [1]\n', "unknown env parameter 'nope'"),
+        ('regime = "bursty"\n[grid]\nseeds = [1]\n', "seeds must be >= 2"),
+        ("seeds = 3\n", "no regime or trace"),
+        ("regime = [\n", "not valid TOML"),
+        ('trace = "missing.csv"\n', "missing.csv does not exist"),
+    ],
+)
+def test_bad_sweep_file(tmp_path, text, match):
+    cfg = _write(tmp_path, text)
+    with pytest.raises(SweepFileError, match=match) as exc:
+        load_sweep(cfg)
+    assert str(cfg) in str(exc.value) and "\n" not in str(exc.value)
+
+
+def test_cli_sweep(tmp_path, capsys):
+    cfg = _write(
+        tmp_path,
+        'regime = "sync-heavy"\nagents = ["fixed-256"]\nseeds = 2\n'
+        "draws = 10\n[grid]\nrate_scale = [0.5, 1.0]\n",
+    )
+    assert main(["sweep", str(cfg), "--out", str(tmp_path / "o"), "--no-progress"]) == 0
+    assert "6 cells: 6 run now, 0 stored before, 0 failed; complete" in capsys.readouterr().out
+    assert main(["sweep", str(cfg), "--out", str(tmp_path / "o"), "--no-progress"]) == 0
+    assert "0 run now, 6 stored before" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as exc:
+        main(["sweep", str(tmp_path / "none.toml"), "--no-progress"])
+    assert exc.value.code == 2 and "no such sweep file" in capsys.readouterr().err
+
+
+def test_yaml_sweep_equals_toml(tmp_path):
+    pytest.importorskip("yaml")
+    toml = load_sweep(_write(tmp_path, SPEC))
+    yaml_text = (
+        "name: t\nagents: [fixed-512, wa-diloco]\nseeds: 3\ndraws: 30\n"
+        "grid:\n  regime: [bursty, sync-heavy]\n  merge_budget: [8, 16]\n"
+    )
+    got = load_sweep(_write(tmp_path, yaml_text, "s.yaml"))
+    assert [(p.params, p.env, p.config) for p in got.points] == [
+        (p.params, p.env, p.config) for p in toml.points
+    ]
