@@ -185,3 +185,55 @@ after = matplotlib.get_backend()
 assert before == after == "svg", (before, after)
 """
     assert _loaded_after(code, ("matplotlib.pyplot",)) == []
+
+
+#: Which layers each layer's modules may import (README "Layout"). ``sim`` is the simulated
+#: world with no Gymnasium; ``envs`` builds on it; everything else may use both.
+LAYER_RULES = {
+    "sim": {"sim"},
+    "envs": {"sim", "envs"},
+}
+
+
+def _imported_diloco_modules(path: Path) -> set[str]:
+    """The ``diloco_gym...`` modules a source file imports (any scope; docstrings ignored)."""
+    import ast
+
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names if a.name.startswith("diloco_gym"))
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("diloco_gym"):
+            assert node.module is not None
+            if node.module == "diloco_gym":
+                found.update(f"diloco_gym.{a.name}" for a in node.names)
+            else:
+                found.add(node.module)
+    return found
+
+
+@pytest.mark.parametrize("layer", sorted(LAYER_RULES))
+def test_layers_import_only_the_layers_below(layer: str) -> None:
+    allowed = LAYER_RULES[layer]
+    bad = []
+    for path in sorted((ROOT / "diloco_gym" / layer).glob("*.py")):
+        for mod in _imported_diloco_modules(path):
+            parts = mod.split(".")
+            if len(parts) < 2 or parts[1] not in allowed:
+                bad.append(f"{path.relative_to(ROOT)} imports {mod}")
+    assert not bad, "layer rule broken:\n" + "\n".join(bad)
+
+
+def test_sim_layer_does_not_import_gymnasium() -> None:
+    import ast
+
+    for path in sorted((ROOT / "diloco_gym" / "sim").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module or ""]
+                if isinstance(node, ast.ImportFrom)
+                else []
+            )
+            assert not any(n.split(".")[0] == "gymnasium" for n in names), path
