@@ -560,22 +560,48 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
     fmt = argparse.ArgumentDefaultsHelpFormatter
+    _add_run_command(sub, fmt)
+    _add_report_command(sub, fmt)
+    _add_frontier_command(sub, fmt)
+    _add_sweep_command(sub, fmt)
+    _add_tune_command(sub, fmt)
+    _add_train_command(sub, command)
+    _add_calibrate_command(sub, command)
+    return parser
 
-    p = sub.add_parser(
-        "run", help="run one agent on a regime or a trace, per-seed table", formatter_class=fmt
-    )
-    p.add_argument("--agent", required=True, help="agent name or trained model .zip")
-    p.add_argument("--regime", default="bursty", help=f"one of {', '.join(REGIMES)}")
-    p.add_argument("--seeds", type=_positive_int(1), default=20, help="number of episodes")
+
+def _add_seed0_arg(p: argparse.ArgumentParser) -> None:
+    """``--seed0``, the first episode seed (run, report, frontier)."""
     p.add_argument(
         "--seed0",
         type=_positive_int(0),
         default=0,
         help=_SEED0_HELP.replace(" (default %(default)s)", ""),
     )
+
+
+def _add_calibration_arg(p: argparse.ArgumentParser) -> None:
+    """``--calibration``, the real-sidecar measurements (report, frontier)."""
+    p.add_argument(
+        "--calibration", help="real-sidecar calibration JSON (default: the shipped reference)"
+    )
+
+
+def _add_run_command(sub: Any, fmt: type[argparse.HelpFormatter]) -> None:
+    """The ``run`` command's options."""
+    p = sub.add_parser(
+        "run", help="run one agent on a regime or a trace, per-seed table", formatter_class=fmt
+    )
+    p.add_argument("--agent", required=True, help="agent name or trained model .zip")
+    p.add_argument("--regime", default="bursty", help=f"one of {', '.join(REGIMES)}")
+    p.add_argument("--seeds", type=_positive_int(1), default=20, help="number of episodes")
+    _add_seed0_arg(p)
     _add_trace_args(p)
     p.set_defaults(func=cmd_run)
 
+
+def _add_report_command(sub: Any, fmt: type[argparse.HelpFormatter]) -> None:
+    """The ``report`` command's options."""
     p = sub.add_parser(
         "report", help="the calibration protocol: all regimes x agents x seeds", formatter_class=fmt
     )
@@ -592,12 +618,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         default=20,
         help="episodes per regime (>= 2 for the paired test)",
     )
-    p.add_argument(
-        "--seed0",
-        type=_positive_int(0),
-        default=0,
-        help=_SEED0_HELP.replace(" (default %(default)s)", ""),
-    )
+    _add_seed0_arg(p)
     p.add_argument(
         "--draws", type=_positive_int(1), default=1000, help="matched-random draws per episode"
     )
@@ -606,14 +627,15 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     p.add_argument(
         "--agent", action="append", help="an extra agent (name or trained model .zip); repeatable"
     )
-    p.add_argument(
-        "--calibration", help="real-sidecar calibration JSON (default: the shipped reference)"
-    )
+    _add_calibration_arg(p)
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     _add_backend_args(p)
     _add_trace_args(p)
     p.set_defaults(func=cmd_report)
 
+
+def _add_frontier_command(sub: Any, fmt: type[argparse.HelpFormatter]) -> None:
+    """The ``frontier`` command's options."""
     p = sub.add_parser(
         "frontier",
         help="sync-excess vs merge rate: agents compared at equal "
@@ -642,12 +664,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         default=20,
         help="episodes per regime (>= 2 for the paired tests)",
     )
-    p.add_argument(
-        "--seed0",
-        type=_positive_int(0),
-        default=0,
-        help=_SEED0_HELP.replace(" (default %(default)s)", ""),
-    )
+    _add_seed0_arg(p)
     p.add_argument(
         "--draws",
         type=_positive_int(1),
@@ -671,13 +688,14 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         action="append",
         help="an extra agent (name or trained model .zip) for both lists; repeatable",
     )
-    p.add_argument(
-        "--calibration", help="real-sidecar calibration JSON (default: the shipped reference)"
-    )
+    _add_calibration_arg(p)
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     _add_trace_args(p)
     p.set_defaults(func=cmd_frontier)
 
+
+def _add_sweep_command(sub: Any, fmt: type[argparse.HelpFormatter]) -> None:
+    """The ``sweep`` command's options."""
     p = sub.add_parser(
         "sweep",
         help="a grid of protocol runs (regimes/traces, loads, "
@@ -708,6 +726,9 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     _add_backend_args(p)
     p.set_defaults(func=cmd_sweep)
 
+
+def _add_tune_command(sub: Any, fmt: type[argparse.HelpFormatter]) -> None:
+    """The ``tune`` command's options."""
     p = sub.add_parser(
         "tune",
         help="Ray Tune (ASHA) search over SB3 hyperparameters, "
@@ -745,6 +766,9 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     p.add_argument("--no-progress", action="store_true", help="quiet Tune output")
     p.set_defaults(func=cmd_tune)
 
+
+def _add_train_command(sub: Any, command: str | None) -> None:
+    """The ``train`` command's options."""
     p = sub.add_parser("train", help="train an RL scheduler with stable-baselines3")
     p.set_defaults(func=cmd_train)
     add_train_arguments: Callable[[argparse.ArgumentParser], None] | None = None
@@ -758,6 +782,9 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     else:
         p.add_argument("rest", nargs=argparse.REMAINDER)
 
+
+def _add_calibrate_command(sub: Any, command: str | None) -> None:
+    """The ``calibrate`` command's options."""
     p = sub.add_parser("calibrate", help="measure real merge interference on a serving endpoint")
     if command in (None, "calibrate"):
         try:
@@ -768,7 +795,6 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         except ImportError as exc:
             msg = str(exc)
             p.set_defaults(func=lambda _a: _unavailable("calibrate", msg))
-    return parser
 
 
 def _unavailable(what: str, why: str) -> int:
