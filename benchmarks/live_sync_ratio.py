@@ -17,6 +17,7 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -52,6 +53,7 @@ def main() -> int:
     args = parser.parse_args()
 
     from diloco_gym.live import CalibrationConfig, MergeConfig, run_calibration
+    from diloco_gym.live.errors import CalibrationError
     from diloco_gym.live.probe import ProbeConfig
 
     cfg = CalibrationConfig(
@@ -68,14 +70,25 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(args.out) if args.out else Path(tmp) / "calibration_live.json"
         t0 = time.monotonic()
-        result = run_calibration(
-            None,
-            args.regime,
-            args.duration,
-            out,
-            config=cfg,
-            progress=None if args.quiet else print,
-        )
+        try:
+            result = run_calibration(
+                None,
+                args.regime,
+                args.duration,
+                out,
+                config=cfg,
+                progress=None if args.quiet else print,
+            )
+        except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM: the partial file is saved
+            saved = getattr(exc, "path", None)
+            print(f"interrupted; measurements so far: {saved or 'none saved'}", file=sys.stderr)
+            return 130
+        except CalibrationError as exc:  # overload stop, dead worker, ...: one line, no trace
+            saved = getattr(exc, "path", None)
+            print(f"calibration stopped: {exc}", file=sys.stderr)
+            if saved:
+                print(f"measurements so far: {saved}", file=sys.stderr)
+            return 1
         wall = time.monotonic() - t0
         doc = result.document
     m, fit, req = doc["measured"], doc["fitted_sidecar"], doc["requests"]
