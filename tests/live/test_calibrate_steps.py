@@ -1,0 +1,321 @@
+"""The steps of :func:`run_calibration` with every process and socket stubbed out.
+
+These tests pin what the run does around its measurements, without a server, merge
+workers or requests: the progress lines it prints (timings masked), the partial file it
+saves, the exception it raises and the order in which it releases what it started (the
+server start-up thread joined before the server is stopped, the replayer and the merge
+workers closed, the CPU sampler stopped last). They run in a fraction of a second.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+import time
+from types import SimpleNamespace
+
+import pytest
+
+pytest.importorskip("torch")
+
+from diloco_gym.live import calibrate as calibrate_mod  # noqa: E402
+from diloco_gym.live.calibrate import CalibrationConfig, partial_path, run_calibration  # noqa: E402
+from diloco_gym.live.errors import (  # noqa: E402
+    CalibrationError,
+    CalibrationTerminated,
+    MergeWorkerError,
+)
+from diloco_gym.live.merges import MergeConfig, MergeReport  # noqa: E402
+
+
+class _Stubs:
+    """Stand-ins for the server, the merge cluster, the replayer and the CPU sampler that
+    append what happens to them to ``events``."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.events: list[str] = []
+        self.start_delay_s = 0.0
+        self.start_error: BaseException | None = None
+        self.cluster_start_error: BaseException | None = None
+        self.fail_at_merge: int | None = None
+        self.merge_s = 0.0
+        # The server start waits for the cluster start (at most 5 s), so that the order of
+        # the events does not depend on thread scheduling.
+        self.cluster_started = threading.Event()
+        self.threads: dict[str, str] = {}
+        stubs = self
+
+        class Server:
+            url = "http://127.0.0.1:9"
+            pid = 4242
+            num_parameters = 1_500_000
+
+            def is_alive(self) -> bool:
+                return True
+
+            def describe(self) -> dict:
+                return {"kind": "built-in", "parameters": self.num_parameters}
+
+            def stop(self) -> None:
+                stubs.events.append("server.stop")
+
+        def start_sidecar(cfg: object) -> Server:
+            stubs.threads["server"] = threading.current_thread().name
+            stubs.cluster_started.wait(5.0)
+            time.sleep(stubs.start_delay_s)
+            if stubs.start_error is not None:
+                stubs.events.append("server failed")
+                raise stubs.start_error
+            stubs.events.append("server started")
+            return Server()
+
+        class Cluster:
+            backend = "gloo"
+
+            def __init__(self, cfg: MergeConfig) -> None:
+                self.cfg = cfg
+                self.merges = 0
+
+            def start(self) -> Cluster:
+                stubs.threads["cluster"] = threading.current_thread().name
+                stubs.events.append("cluster.start")
+                stubs.cluster_started.set()
+                if stubs.cluster_start_error is not None:
+                    raise stubs.cluster_start_error
+                return self
+
+            def describe(self) -> dict:
+                return {"backend": "gloo", "init_method": "tcp://127.0.0.1:1"}
+
+            def merge(self, window_s: float) -> MergeReport:
+                k = self.merges
+                self.merges += 1
+                time.sleep(stubs.merge_s)
+                if stubs.fail_at_merge == k:
+                    stubs.events.append(f"merge {k} failed")
+                    raise MergeWorkerError(f"merge worker rank 1 died during merge {k}")
+                stubs.events.append(f"merge {k}")
+                return MergeReport(k, allreduces=3, checkpoint_s=0.25)
+
+            def kill_worker(self, rank: int) -> None:
+                pass
+
+            def close(self) -> None:
+                stubs.events.append("cluster.close")
+
+        class Replayer:
+            def __init__(self, ep, model, timeout_s, clock, max_outstanding, cpu) -> None:
+                self.clock = clock
+                self.state = SimpleNamespace(merge_id=-1)
+                self.sending = False
+                self.outstanding = 0
+
+            def set_merge(self, k: int) -> float:
+                self.state.merge_id = k
+                return self.clock()
+
+            def clear_merge(self) -> float:
+                self.state.merge_id = -1
+                return self.clock()
+
+            def start_phase(self, name, win, origin, prompt, output, repeat=0) -> None:
+                stubs.events.append(f"phase {name} {repeat}")
+
+            def counts(self, *phase: object) -> dict:
+                return {"sent": 0, "planned": 0, "ok": 0, "errors": 0, "outstanding": 0,
+                        "timeouts": 0, "done": 0}  # fmt: skip
+
+            def snapshot(self) -> list:
+                return []
+
+            def close(self) -> None:
+                stubs.events.append("replayer.close")
+
+        class Cpu:
+            def start(self) -> Cpu:
+                return self
+
+            def stop(self) -> None:
+                stubs.events.append("cpu.stop")
+
+        monkeypatch.setattr(calibrate_mod, "start_sidecar", start_sidecar)
+        monkeypatch.setattr(calibrate_mod, "MergeCluster", Cluster)
+        monkeypatch.setattr(calibrate_mod, "OpenLoopReplayer", Replayer)
+        monkeypatch.setattr(calibrate_mod, "CpuSampler", Cpu)
+
+
+def _config(**kw: object) -> CalibrationConfig:
+    base: dict = dict(
+        seed=3,
+        merge=MergeConfig(workers=2, merge_mb=1),
+        merge_seconds=0.2,
+        gap_seconds=(0.1, 0.1),
+        lead_seconds=0.1,
+        timeout_s=1.0,
+        warmup_requests=0,
+        progress_every_s=60.0,
+        engine="builtin-fallback",
+        probe=None,
+        repeats=2,
+    )
+    base.update(kw)
+    return CalibrationConfig(**base)
+
+
+def _masked(lines: list[str]) -> list[str]:
+    """The lines with their decimal numbers (timings, not addresses) replaced by ``#``."""
+    return [re.sub(r"(?<![\d.])\d+\.\d+(?![\d.])", "#", line) for line in lines]
+
+
+def test_error_in_the_phase_loop_saves_the_partial_file_and_cleans_up_in_order(
+    tmp_path, monkeypatch
+):
+    """A merge worker dies in the second sync phase: the partial file holds the first
+    phases, the error carries its path, and everything is released in order."""
+    stubs = _Stubs(monkeypatch)
+    stubs.fail_at_merge = 4  # three merges per sync phase: the second merge of sync 2
+    out = tmp_path / "cal.json"
+    lines: list[str] = []
+    with pytest.raises(MergeWorkerError, match="died during merge 4") as info:
+        run_calibration(None, "ordinary", 1.0, out, config=_config(), progress=lines.append)
+    partial = partial_path(out)
+    assert info.value.path == str(partial) and not out.exists()
+    doc = json.loads(partial.read_text())
+    assert doc["complete"] is False and doc["stage"] == "sync 2"
+    assert doc["error"] == "merge worker rank 1 died during merge 4"
+    assert [m["merge_id"] for m in doc["merges"]] == [0, 1, 2, 3, 4]
+    assert all(m["end_s"] is not None for m in doc["merges"])  # windows closed on the way out
+    assert set(doc["metadata"]["phases"]) == {"control", "sync", "control-2", "sync-2"}
+    assert stubs.events == [
+        "cluster.start",
+        "server started",
+        "phase control 0",
+        "phase sync 0",
+        "merge 0",
+        "merge 1",
+        "merge 2",
+        "phase control 1",
+        "phase sync 1",
+        "merge 3",
+        "merge 4 failed",
+        "replayer.close",
+        "cluster.close",
+        "server.stop",
+        "cpu.stop",
+    ]
+    assert _masked(lines) == [
+        "starting the built-in fallback server (dependency-free, one thread per request, no "
+        "batching) and the merge workers",
+        "built-in fallback server tiny-lm (# M parameters) at http://127.0.0.1:9",
+        "2 merge workers ready: gloo all-reduce of 1 MiB over tcp://127.0.0.1:1",
+        "trace regime ordinary: 1 requests in a 1 s window (# req/s); 3 merges of # s per "
+        "sync phase; phases: control1, sync1, control2, sync2",
+        "control phase 1/2 (no merges): 1 s, 1 requests",
+        "sync phase 1/2: 1 s, 1 requests, 3 merges",
+        "merge 1/3:   #-  # s, 3 all-reduces, checkpoint # s",
+        "merge 2/3:   #-  # s, 3 all-reduces, checkpoint # s",
+        "merge 3/3:   #-  # s, 3 all-reduces, checkpoint # s",
+        "control phase 2/2 (no merges): 1 s, 1 requests",
+        "sync phase 2/2: 1 s, 1 requests, 3 merges",
+        "merge 1/3:   #-  # s, 3 all-reduces, checkpoint # s",
+        f"partial measurements saved to {partial} (complete: false)",
+    ]
+
+
+def test_progress_ticker_reports_the_stage(tmp_path, monkeypatch):
+    """The ticker's lines name the stage, the counts and whether a merge is open."""
+    stubs = _Stubs(monkeypatch)
+    stubs.fail_at_merge = 0
+    stubs.merge_s = 0.35
+    lines: list[str] = []
+    with pytest.raises(MergeWorkerError):
+        run_calibration(
+            None,
+            "ordinary",
+            1.0,
+            tmp_path / "c.json",
+            config=_config(progress_every_s=0.1, repeats=1, control=False),
+            progress=lines.append,
+        )
+    ticks = [line for line in lines if line.startswith("t=")]
+    assert ticks, lines
+    pattern = (
+        r"t= *\d+\.\d s (setup|sync 1): sent 0/0, ok 0, errors 0, outstanding 0, "
+        r"merge (active|idle)"
+    )
+    assert all(re.fullmatch(pattern, line) for line in ticks), ticks
+    assert any(line.endswith("merge active") for line in ticks), ticks
+    assert stubs.events[-4:] == ["replayer.close", "cluster.close", "server.stop", "cpu.stop"]
+
+
+@pytest.mark.parametrize(
+    ("interrupt", "message"),
+    [
+        (KeyboardInterrupt, "interrupted by Ctrl-C during the setup stage"),
+        (CalibrationTerminated, "terminated by SIGTERM during the setup stage"),
+    ],
+)
+def test_interrupt_during_start_up_waits_for_the_server_then_stops_it(
+    tmp_path, monkeypatch, interrupt, message
+):
+    """Ctrl-C (or SIGTERM) while the merge workers start and the server is still coming
+    up: the start-up thread is joined, so the server it brings up is stopped, not
+    orphaned; the partial file names the interruption."""
+    stubs = _Stubs(monkeypatch)
+    stubs.start_delay_s = 0.3
+    stubs.cluster_start_error = interrupt()
+    out = tmp_path / "cal.json"
+    lines: list[str] = []
+    with pytest.raises(interrupt) as info:
+        run_calibration(None, "ordinary", 1.0, out, config=_config(), progress=lines.append)
+    assert info.value.path == str(partial_path(out))
+    doc = json.loads(partial_path(out).read_text())
+    assert doc["complete"] is False and doc["error"] == message
+    assert stubs.events == [
+        "cluster.start",
+        "server started",
+        "cluster.close",
+        "server.stop",
+        "cpu.stop",
+    ]
+    assert lines[1:] == [
+        message,
+        f"partial measurements saved to {partial_path(out)} (complete: false)",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("error", "expected"),
+    [
+        (RuntimeError("no port"), "the built-in builtin-fallback server failed to start: no port"),
+        (CalibrationError("model too large"), "model too large"),
+    ],
+)
+def test_server_start_failure_is_a_calibration_error(tmp_path, monkeypatch, error, expected):
+    """A server that fails to start: a :class:`CalibrationError` (its own message, or
+    wrapped), the merge workers closed, nothing to stop, the sampler stopped."""
+    stubs = _Stubs(monkeypatch)
+    stubs.start_error = error
+    out = tmp_path / "cal.json"
+    with pytest.raises(CalibrationError) as info:
+        run_calibration(None, "ordinary", 1.0, out, config=_config(), progress=None)
+    assert type(info.value) is CalibrationError and str(info.value) == expected
+    assert info.value.path == str(partial_path(out))
+    assert json.loads(partial_path(out).read_text())["error"] == expected
+    assert stubs.events == ["cluster.start", "server failed", "cluster.close", "cpu.stop"]
+
+
+def test_the_server_starts_in_a_thread_beside_the_merge_workers(tmp_path, monkeypatch):
+    """The server starts in its own thread while the merge workers spawn in the main
+    thread (both load torch): a server start that waits for the cluster start does not
+    hold up the run."""
+    stubs = _Stubs(monkeypatch)
+    stubs.fail_at_merge = 0
+    t0 = time.monotonic()
+    with pytest.raises(MergeWorkerError):
+        run_calibration(
+            None, "ordinary", 1.0, tmp_path / "c.json", config=_config(repeats=1), progress=None
+        )
+    assert time.monotonic() - t0 < 4.0  # the server start did not wait out its 5 s
+    assert stubs.threads == {"server": "server-start", "cluster": "MainThread"}
