@@ -319,3 +319,82 @@ def test_the_server_starts_in_a_thread_beside_the_merge_workers(tmp_path, monkey
         )
     assert time.monotonic() - t0 < 4.0  # the server start did not wait out its 5 s
     assert stubs.threads == {"server": "server-start", "cluster": "MainThread"}
+
+
+# --------------------------------------------------------------------------- the command
+
+
+def test_every_calibrate_option_reaches_the_run(tmp_path, monkeypatch):
+    """Each option of ``calibrate`` lands in the config (or argument) of the run."""
+    import argparse
+
+    from diloco_gym.live.cli import add_calibrate_arguments, run_calibrate_command
+
+    seen: dict = {}
+
+    def fake_run(endpoint, source, duration_s, out, *, trace_format, config):
+        seen.update(endpoint=endpoint, source=source, duration_s=duration_s, out=out)
+        seen.update(trace_format=trace_format, config=config)
+        return SimpleNamespace(complete=True)
+
+    monkeypatch.setattr(calibrate_mod, "run_calibration", fake_run)
+    parser = add_calibrate_arguments(argparse.ArgumentParser())
+    argv = ["--regime", "bursty", "--format", "azure", "--endpoint", "http://h:1"]
+    argv += ["--engine", "builtin-fallback", "--engine-model-config", '{"num_hidden_layers": 3}']
+    argv += ["--model", "m", "--duration", "12", "--rate", "3.5", "--target-utilization", "0.4"]
+    argv += ["--probe-step-seconds", "6", "--repeats", "2", "--overload-inflight", "40"]
+    argv += ["--overload-timeouts", "0.3", "--start", "7", "--merge-mb", "4", "--workers", "3"]
+    argv += ["--backend", "gloo", "--merge-seconds", "5", "--gap-seconds", "2", "9"]
+    argv += ["--no-control", "--timeout", "11", "--label", "ordinary"]
+    argv += ["--max-failure-rate", "0.25", "--seed", "17", "--out", str(tmp_path / "o.json")]
+    assert run_calibrate_command(parser.parse_args(argv)) == 0
+    cfg = seen["config"]
+    assert (seen["endpoint"], seen["source"], seen["duration_s"]) == ("http://h:1", "bursty", 12)
+    assert (seen["out"], seen["trace_format"]) == (str(tmp_path / "o.json"), "azure")
+    assert (cfg.engine, cfg.engine_model.num_hidden_layers, cfg.model) == (
+        "builtin-fallback",
+        3,
+        "m",
+    )
+    assert (cfg.rate_rps, cfg.target_utilization, cfg.probe.step_s) == (3.5, 0.4, 6.0)
+    assert (cfg.repeats, cfg.overload_inflight, cfg.overload_timeout_fraction) == (2, 40, 0.3)
+    assert (cfg.start_s, cfg.merge.merge_mb, cfg.merge.workers, cfg.merge.backend) == (
+        7.0, 4.0, 3, "gloo"
+    )  # fmt: skip
+    assert (cfg.merge_seconds, cfg.gap_seconds, cfg.control) == (5.0, (2.0, 9.0), False)
+    assert (cfg.timeout_s, cfg.label, cfg.max_error_fraction, cfg.seed) == (
+        11.0, "ordinary", 0.25, 17
+    )  # fmt: skip
+    seen.clear()
+    assert (
+        run_calibrate_command(
+            parser.parse_args(["--no-probe", "--trace", str(tmp_path / "no.csv")])
+        )
+        == 2
+    )
+    assert seen == {}  # a missing trace file is a usage error before the run
+    defaults = parser.parse_args(["--no-probe"])
+    assert run_calibrate_command(defaults) == 0
+    assert seen["config"].probe is None and seen["source"] == "sync-heavy"
+
+
+@pytest.mark.parametrize(
+    ("argv", "fragment"),
+    [
+        (["--repeats", "0"], "CalibrationConfig.repeats must be an int >= 1, got 0"),
+        (["--engine-model-config", '{"bogus": 1}'], "bogus"),
+        (["--target-utilization", "1.5"], "target_utilization must be in (0, 1]"),
+    ],
+)
+def test_bad_calibrate_options_are_usage_errors(tmp_path, monkeypatch, capsys, argv, fragment):
+    """An invalid setting is exit 2 with one line on stderr, before anything runs."""
+    import argparse
+
+    from diloco_gym.live.cli import add_calibrate_arguments, run_calibrate_command
+
+    monkeypatch.setattr(calibrate_mod, "run_calibration", lambda *a, **k: pytest.fail("ran"))
+    parser = add_calibrate_arguments(argparse.ArgumentParser())
+    args = parser.parse_args([*argv, "--out", str(tmp_path / "o.json")])
+    assert run_calibrate_command(args) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and fragment in err and len(err.strip().splitlines()) == 1
