@@ -398,3 +398,96 @@ def test_bad_calibrate_options_are_usage_errors(tmp_path, monkeypatch, capsys, a
     assert run_calibrate_command(args) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and fragment in err and len(err.strip().splitlines()) == 1
+
+
+# --------------------------------------------------------------------------- the probe
+
+
+def test_probe_steps_lines_and_ramp(monkeypatch):
+    """The probe's progress lines, step records and ramp (a failure retried once, then a
+    halving of a first rate that never passed, two halvings at most) with a stub replayer
+    whose steps pass or fail as scripted."""
+    import numpy as np
+
+    from diloco_gym.live import probe as probe_mod
+    from diloco_gym.live.probe import ProbeConfig, probe_capacity
+    from diloco_gym.live.replay import Endpoint, RequestRecord
+
+    outcomes = iter(["fail", "fail", "unanswered", "unanswered", "pass", "fail", "fail"])
+    drained: list[int] = []
+
+    class Replayer:
+        def __init__(self, *args: object) -> None:
+            self.kind = next(outcomes)
+            self.polls = 0
+
+        @property
+        def outstanding(self) -> int:
+            self.polls += 1
+            drained.append(self.polls)
+            return 1 if self.polls < 2 else 0  # one poll with a request outstanding
+
+        def start_phase(self, phase, trace, origin, prompt, output) -> None:
+            self.n = trace.prompt_tokens.size
+
+        def snapshot(self) -> list:
+            if self.kind == "unanswered":  # sent, never answered
+                return [RequestRecord(i, "probe", 0.0, 1, 1, send_s=0.0, status=0,
+                                      error="in flight") for i in range(self.n)]  # fmt: skip
+            lat = 0.01 if self.kind == "pass" else 0.1  # slow, but in time
+            return [
+                RequestRecord(
+                    i, "probe", 0.0, 1, 1, send_s=0.0, latency_s=lat, status=200, error=""
+                )
+                for i in range(self.n)
+            ]
+
+        def close(self) -> None:
+            pass
+
+    monkeypatch.setattr(probe_mod, "OpenLoopReplayer", Replayer)
+    lines: list[str] = []
+    idle = {"idle_p95_s": 0.01, "idle_mean_s": 0.01}
+    cfg = ProbeConfig(step_s=0.05, max_steps=8, growth=2.0, start_rps=80.0, grace_s=0.0)
+    stops: list[int] = []
+    res = probe_capacity(
+        Endpoint.parse("http://127.0.0.1:9"),
+        "m",
+        np.array([1]),
+        np.array([1]),
+        idle,
+        1.0,
+        cfg,
+        lines.append,
+        stop=lambda: stops.append(1),
+    )
+    assert lines == [
+        "probe step 1: 80.00 req/s offered, 4/4 answered in time, p95 0.10 s (limit 0.04 s): "
+        "NOT sustainable",
+        "probe step 2: 80.00 req/s offered, 4/4 answered in time, p95 0.10 s (limit 0.04 s): "
+        "NOT sustainable",
+        "probe step 3: 40.00 req/s offered, 0/2 answered in time, p95 n/a (limit 0.04 s): "
+        "NOT sustainable",
+        "probe step 4: 40.00 req/s offered, 0/2 answered in time, p95 n/a (limit 0.04 s): "
+        "NOT sustainable",
+        "probe step 5: 20.00 req/s offered, 1/1 answered in time, p95 0.01 s (limit 0.04 s): "
+        "sustainable",
+        "probe step 6: 40.00 req/s offered, 2/2 answered in time, p95 0.10 s (limit 0.04 s): "
+        "NOT sustainable",
+        "probe step 7: 40.00 req/s offered, 2/2 answered in time, p95 0.10 s (limit 0.04 s): "
+        "NOT sustainable",
+    ]
+    assert res.capacity_rps == 20.0 and res.upper_rps == 40.0
+    assert res.steps[2] == {
+        "offered_rps": 40.0,
+        "requests": 2,
+        "sent": 2,
+        "ok_in_time": 0,
+        "throughput_rps": 0.0,
+        "completed_fraction": 0.0,
+        "p95_s": None,
+        "p95_limit_s": 0.04,
+        "sustainable": False,
+    }
+    assert res.steps[4]["throughput_rps"] == 20.0 and res.steps[4]["completed_fraction"] == 1.0
+    assert drained.count(1) == 7 and stops  # every step drained, stop() polled
