@@ -66,6 +66,16 @@ _FIXED = {
 }
 _DISTRIBUTIONS = ("uniform", "loguniform", "choice", "randint")
 METRIC = "val_sync_excess_pct"
+#: Fixed settings that must be at least 1 (``reduction_factor`` at least 2).
+_AT_LEAST_ONE = (
+    "timesteps",
+    "eval_every",
+    "grace_timesteps",
+    "num_samples",
+    "train_seeds",
+    "validation_episodes",
+    "n_envs",
+)
 
 
 class TuneFileError(ValueError):
@@ -84,9 +94,8 @@ def load_tune(path: str | Path) -> TuneSpec:
             hyperparameter, a bad distribution, or an invalid setting.
     """
     from diloco_gym.envs.core import EnvParams
-    from diloco_gym.rl.train import ALGOS, VEC_ENVS, _algo_class
+    from diloco_gym.rl import train  # noqa: F401 - without stable-baselines3, fail first
     from diloco_gym.scale.sweep import SweepFileError, _read
-    from diloco_gym.sim.regimes import REGIMES
 
     path = Path(path)
     try:
@@ -99,6 +108,23 @@ def load_tune(path: str | Path) -> TuneSpec:
         raise TuneFileError(f"{path}: [space] must be a table of at least one hyperparameter")
     if not isinstance(env, dict):
         raise TuneFileError(f"{path}: [env] must be a table")
+    spec = _fixed_settings(path, data)
+    try:
+        EnvParams(**env)
+    except (TypeError, ValueError) as exc:
+        raise TuneFileError(f"{path}: [env]: {' '.join(str(exc).split())}") from None
+    _check_space(path, space, spec["algo"])
+    spec["env"] = env
+    spec["space"] = space
+    spec["path"] = str(path)
+    return spec
+
+
+def _fixed_settings(path: Path, data: dict) -> TuneSpec:
+    """The file's fixed settings over the defaults, each checked (type, name, bound)."""
+    from diloco_gym.rl.train import ALGOS, VEC_ENVS
+    from diloco_gym.sim.regimes import REGIMES
+
     spec = TuneSpec(
         name=path.stem,
         algo="ppo",
@@ -122,74 +148,59 @@ def load_tune(path: str | Path) -> TuneSpec:
         if not isinstance(value, _FIXED[key]) or isinstance(value, bool):
             raise TuneFileError(f"{path}: {key} must be {_FIXED[key].__name__}, got {value!r}")
         spec[key] = value
-    if spec["algo"] not in ALGOS:
-        raise TuneFileError(f"{path}: unknown algo {spec['algo']!r}; valid: {', '.join(ALGOS)}")
-    if spec["regime"] not in REGIMES:
-        raise TuneFileError(
-            f"{path}: unknown regime {spec['regime']!r}; valid: {', '.join(REGIMES)}"
-        )
-    if spec["vec_env"] not in VEC_ENVS:
-        raise TuneFileError(
-            f"{path}: unknown vec_env {spec['vec_env']!r}; valid: {', '.join(VEC_ENVS)}"
-        )
-    for key in (
-        "timesteps",
-        "eval_every",
-        "grace_timesteps",
-        "num_samples",
-        "train_seeds",
-        "validation_episodes",
-        "n_envs",
-    ):
+    for key, valid in (("algo", ALGOS), ("regime", REGIMES), ("vec_env", VEC_ENVS)):
+        if spec[key] not in valid:
+            raise TuneFileError(f"{path}: unknown {key} {spec[key]!r}; valid: {', '.join(valid)}")
+    for key in _AT_LEAST_ONE:
         if spec[key] < 1:
             raise TuneFileError(f"{path}: {key} must be >= 1, got {spec[key]}")
     if spec["reduction_factor"] < 2:
         raise TuneFileError(
             f"{path}: reduction_factor must be >= 2, got {spec['reduction_factor']}"
         )
-    try:
-        EnvParams(**env)
-    except (TypeError, ValueError) as exc:
-        raise TuneFileError(f"{path}: [env]: {' '.join(str(exc).split())}") from None
-    accepted = set(inspect.signature(_algo_class(spec["algo"]).__init__).parameters)
+    return spec
+
+
+def _check_space(path: Path, space: dict, algo: str) -> None:
+    """Every hyperparameter of ``space`` is one of ``algo``'s, with a valid distribution."""
+    from diloco_gym.rl.train import _algo_class
+
+    accepted = set(inspect.signature(_algo_class(algo).__init__).parameters)
     accepted -= {"self", "policy", "env", "seed", "device", "verbose", "tensorboard_log"}
     for name, dist in space.items():
         if name not in accepted:
             raise TuneFileError(
-                f"{path}: [space]: {name!r} is not a {spec['algo']} "
+                f"{path}: [space]: {name!r} is not a {algo} "
                 f"hyperparameter; valid: {', '.join(sorted(accepted))}"
             )
         if isinstance(dist, dict):
-            if len(dist) != 1 or next(iter(dist)) not in _DISTRIBUTIONS:
-                raise TuneFileError(
-                    f"{path}: [space]: {name} must be one of "
-                    f"{{{' | '.join(_DISTRIBUTIONS)} = [...]}}, a list "
-                    f"(a choice) or a value; got {dist!r}"
-                )
-            kind, args = next(iter(dist.items()))
-            if (
-                not isinstance(args, list)
-                or not args
-                or (
-                    kind != "choice"
-                    and (
-                        len(args) != 2
-                        or not args[0] < args[1]
-                        or (kind == "loguniform" and args[0] <= 0)
-                    )
-                )
-            ):
-                raise TuneFileError(
-                    f"{path}: [space]: {name} = {{{kind} = {args!r}}}: "
-                    f"give [low, high] with 0 < low < high for loguniform, "
-                    f"low < high otherwise, a non-empty list for choice"
-                )
+            _check_distribution(path, name, dist)
         elif isinstance(dist, list) and not dist:
             raise TuneFileError(f"{path}: [space]: {name} is an empty choice")
-    spec["env"] = env
-    spec["space"] = space
-    spec["path"] = str(path)
-    return spec
+
+
+def _check_distribution(path: Path, name: str, dist: dict) -> None:
+    """One ``{kind = [...]}`` distribution: a known kind with valid arguments."""
+    if len(dist) != 1 or next(iter(dist)) not in _DISTRIBUTIONS:
+        raise TuneFileError(
+            f"{path}: [space]: {name} must be one of "
+            f"{{{' | '.join(_DISTRIBUTIONS)} = [...]}}, a list "
+            f"(a choice) or a value; got {dist!r}"
+        )
+    kind, args = next(iter(dist.items()))
+    if (
+        not isinstance(args, list)
+        or not args
+        or (
+            kind != "choice"
+            and (len(args) != 2 or not args[0] < args[1] or (kind == "loguniform" and args[0] <= 0))
+        )
+    ):
+        raise TuneFileError(
+            f"{path}: [space]: {name} = {{{kind} = {args!r}}}: "
+            f"give [low, high] with 0 < low < high for loguniform, "
+            f"low < high otherwise, a non-empty list for choice"
+        )
 
 
 def _search_space(space: dict) -> dict:
