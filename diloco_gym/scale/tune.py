@@ -309,19 +309,52 @@ def run_tune(
 
     require_ray()
     try:
-        from ray import tune
-        from ray.tune.schedulers import ASHAScheduler
-        from ray.tune.search.basic_variant import BasicVariantGenerator
+        from ray import tune  # noqa: F401 - checked here, used by _make_tuner
+        from ray.tune.schedulers import ASHAScheduler  # noqa: F401
+        from ray.tune.search.basic_variant import BasicVariantGenerator  # noqa: F401
     except ImportError:
         from diloco_gym.scale.backends import RAY_EXTRA_HINT
 
         raise ModuleNotFoundError(RAY_EXTRA_HINT.replace("Ray is", "Ray Tune is")) from None
-    from diloco_gym.rl import train as tr
+    from diloco_gym.rl import train  # noqa: F401 - without stable-baselines3, fail first
 
     out = Path(out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     init_ray(jobs, ray_address)
     started = time.perf_counter()
+    result_grid = _make_tuner(spec, out, progress).fit()
+    # ResultGrid is indexable and sized; its Results' optional fields are checked below
+    # (error, metrics), so they are handled as untyped values here.
+    grid: list[Any] = [result_grid[i] for i in range(len(result_grid))]
+    best, errored = _best_result(grid)
+    best_dir = out / "best"
+    trial = _save_best(spec, best, best_dir, len(grid), errored, started)
+    trials = [
+        {
+            **{k: v for k, v in r.config.items() if k != "_fixed"},
+            "timesteps": (r.metrics or {}).get("timesteps"),
+            METRIC: (r.metrics or {}).get(METRIC, math.nan),
+            "error": None if r.error is None else " ".join(str(r.error).split())[:200],
+        }
+        for r in grid
+    ]
+    (out / "trials.json").write_text(json.dumps(trials, indent=2, default=str) + "\n")
+    return {
+        "best_dir": best_dir,
+        "config": trial["hyperparameters"],
+        "metric": float(best.metrics[METRIC]),
+        "trials": len(grid),
+        "errored": errored,
+    }
+
+
+def _make_tuner(spec: TuneSpec, out: Path, progress: bool) -> Any:
+    """The Tuner: ASHA on the validation metric over ``spec``'s space, results in
+    ``out/ray_results``."""
+    from ray import tune
+    from ray.tune.schedulers import ASHAScheduler
+    from ray.tune.search.basic_variant import BasicVariantGenerator
+
     fixed = {
         k: spec[k]
         for k in (
@@ -343,7 +376,7 @@ def run_tune(
         grace_period=min(spec["grace_timesteps"], spec["timesteps"]),
         reduction_factor=spec["reduction_factor"],
     )
-    tuner = tune.Tuner(
+    return tune.Tuner(
         tune.with_resources(tune_trial, {"cpu": 1}),
         param_space=space,
         tune_config=tune.TuneConfig(
@@ -357,10 +390,10 @@ def run_tune(
             name=spec["name"], storage_path=str(out / "ray_results"), verbose=1 if progress else 0
         ),
     )
-    result_grid = tuner.fit()
-    # ResultGrid is indexable and sized; its Results' optional fields are checked below
-    # (error, metrics), so they are handled as untyped values here.
-    grid: list[Any] = [result_grid[i] for i in range(len(result_grid))]
+
+
+def _best_result(grid: list[Any]) -> tuple[Any, int]:
+    """The best trial and the number that errored; RuntimeError when none finished."""
     errored = sum(1 for r in grid if r.error is not None)
     ok = [r for r in grid if r.error is None and r.metrics and METRIC in r.metrics]
     if not ok:
@@ -372,7 +405,16 @@ def run_tune(
     # that reached the furthest rung (ASHA stopped the others on the same metric earlier).
     reach = max(r.metrics["timesteps"] for r in ok)
     best = min((r for r in ok if r.metrics["timesteps"] == reach), key=lambda r: r.metrics[METRIC])
-    best_dir = out / "best"
+    return best, errored
+
+
+def _save_best(
+    spec: TuneSpec, best: Any, best_dir: Path, trials: int, errored: int, started: float
+) -> dict:
+    """Write the best trial's checkpoint as a run directory (``model.zip`` and the
+    ``meta.json`` that ``diloco-gym train`` writes); returns the trial's record."""
+    from diloco_gym.rl import train as tr
+
     if best_dir.exists():
         shutil.rmtree(best_dir)
     best.checkpoint.to_directory(str(best_dir))
@@ -401,7 +443,7 @@ def run_tune(
         "tune": {
             "name": spec["name"],
             "file": spec["path"],
-            "trials": len(grid),
+            "trials": trials,
             "errored": errored,
             "metric": METRIC,
             "best_metric": float(best.metrics[METRIC]),
@@ -416,20 +458,4 @@ def run_tune(
         "status": "complete",
     }
     (best_dir / "meta.json").write_text(json.dumps(meta, indent=2, default=str) + "\n")
-    trials = [
-        {
-            **{k: v for k, v in r.config.items() if k != "_fixed"},
-            "timesteps": (r.metrics or {}).get("timesteps"),
-            METRIC: (r.metrics or {}).get(METRIC, math.nan),
-            "error": None if r.error is None else " ".join(str(r.error).split())[:200],
-        }
-        for r in grid
-    ]
-    (out / "trials.json").write_text(json.dumps(trials, indent=2, default=str) + "\n")
-    return {
-        "best_dir": best_dir,
-        "config": trial["hyperparameters"],
-        "metric": float(best.metrics[METRIC]),
-        "trials": len(grid),
-        "errored": errored,
-    }
+    return trial

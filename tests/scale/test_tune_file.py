@@ -126,3 +126,33 @@ def test_missing_and_malformed_tune_files(tmp_path):
     path.write_text("[space\n")
     with pytest.raises(TuneFileError, match=r"broken.toml: not valid TOML"):
         load_tune(path)
+
+
+# --------------------------------------------------------------------------- results
+
+
+def _result(metric: float | None, timesteps: int | None, error: str | None = None):
+    from types import SimpleNamespace
+
+    from diloco_gym.scale.tune import METRIC
+
+    metrics = {} if metric is None else {METRIC: metric, "timesteps": timesteps}
+    return SimpleNamespace(metrics=metrics, error=error)
+
+
+def test_best_trial_is_the_best_of_the_furthest_rung():
+    """A trial stopped early with a better metric does not win; errored ones are counted."""
+    from diloco_gym.scale.tune import _best_result
+
+    grid = [_result(1.0, 100), _result(5.0, 300), _result(3.0, 300), _result(None, None, "boom")]
+    best, errored = _best_result(grid)
+    assert best is grid[2] and errored == 1
+
+
+def test_every_trial_failed_names_the_first_error():
+    from diloco_gym.scale.tune import _best_result
+
+    grid = [_result(None, None, "Traceback\n  ValueError: bad\n lr"), _result(None, None, "x")]
+    with pytest.raises(RuntimeError) as info:
+        _best_result(grid)
+    assert str(info.value) == "every tune trial failed (2 errored): Traceback ValueError: bad lr"
