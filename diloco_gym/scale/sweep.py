@@ -47,10 +47,13 @@ import os
 import sys
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
+
+if TYPE_CHECKING:
+    from diloco_gym.scale.cells import ReportCell
 
 __all__ = ["SweepSpec", "SweepPoint", "load_sweep", "run_sweep", "run_sweep_cell"]
 
@@ -335,21 +338,48 @@ def run_sweep(
         cells run now, cells skipped (stored by an earlier run), failed cells stored,
         whether every cell is stored, and the directory.
     """
-    from diloco_gym.scale.backends import CellError, run_cells
-    from diloco_gym.scale.cells import ReportCell, regime_plan
-
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     store = _Store(out / "cells.jsonl")
-    plan: list[tuple[SweepPoint, str | None, list[str]]] = []  # point, cal key, unit keys
+    plan, cells = _plan_cells(spec, store)
+    todo = [
+        k for k in cells if k not in store.records or (retry_failed and not store.records[k]["ok"])
+    ]
+    new = _run_todo(cells, todo, store, max_cells, backend, jobs, ray_address, progress)
+    _write_outputs(spec, plan, store, out)
+    failed = sum(
+        1
+        for _, c, ks in plan
+        for k in [c, *ks]
+        if k in store.records and not store.records[k]["ok"]
+    )
+    complete = all(k in store.records for _, c, ks in plan for k in [c, *ks] if k)
+    return {
+        "cells": len(cells),
+        "run": new,
+        "skipped": len(cells) - len(todo),
+        "failed": failed,
+        "complete": complete,
+        "out": out,
+    }
+
+
+def _plan_cells(
+    spec: SweepSpec, store: _Store
+) -> tuple[list[tuple[SweepPoint, str | None, list[str]]], dict[str, ReportCell]]:
+    """Each point's cells, keyed by fingerprint: ``(plan, cells)``, the plan one ``(point,
+    calibration key, unit keys)`` per point. A point that cannot be planned is stored as a
+    failed cell (once) so that the rest of the grid runs."""
+    from diloco_gym.scale.cells import ReportCell, regime_plan
+
+    plan: list[tuple[SweepPoint, str | None, list[str]]] = []
     cells: dict[str, ReportCell] = {}
     for pt in spec.points:
         env = tuple(sorted(pt.env.items()))
         try:
             units = regime_plan(pt.config, pt.regime, env=pt.env)[0]
         except (ValueError, KeyError, OSError) as exc:
-            # The point cannot be planned (a trace too short for its window...): stored
-            # as a failed cell so that the rest of the grid runs.
+            # The point cannot be planned (a trace too short for its window...).
             key = "plan/" + _fingerprint(asdict(pt.config), pt.regime, env)
             if key not in store.records:
                 store.add(
@@ -370,9 +400,23 @@ def run_sweep(
             cells.setdefault(key, ReportCell(pt.config, pt.regime, i, env))
             keys.append(key)
         plan.append((pt, cal_key, keys))
-    todo = [
-        k for k in cells if k not in store.records or (retry_failed and not store.records[k]["ok"])
-    ]
+    return plan, cells
+
+
+def _run_todo(
+    cells: dict[str, ReportCell],
+    todo: list[str],
+    store: _Store,
+    max_cells: int | None,
+    backend: str,
+    jobs: int | None,
+    ray_address: str | None,
+    progress: bool,
+) -> int:
+    """Run the ``todo`` cells on the backend, storing each the moment it finishes (its
+    error too); stops after ``max_cells``. Returns how many were stored."""
+    from diloco_gym.scale.backends import CellError, run_cells
+
     new = 0
 
     def stored(i: int, res: Any) -> None:
@@ -406,22 +450,7 @@ def run_sweep(
         )
     except _Stop:
         pass
-    _write_outputs(spec, plan, store, out)
-    failed = sum(
-        1
-        for _, c, ks in plan
-        for k in [c, *ks]
-        if k in store.records and not store.records[k]["ok"]
-    )
-    complete = all(k in store.records for _, c, ks in plan for k in [c, *ks] if k)
-    return {
-        "cells": len(cells),
-        "run": new,
-        "skipped": len(cells) - len(todo),
-        "failed": failed,
-        "complete": complete,
-        "out": out,
-    }
+    return new
 
 
 def _cell_value(v: Any) -> Any:
