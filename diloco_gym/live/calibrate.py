@@ -597,46 +597,7 @@ def _document(run: _Run, complete: bool, cfg: CalibrationConfig, intervals: bool
     fitted: dict = {}
     regimes: dict = {}
     if counts["ok"]:
-        data = _run_data(records, run)
-        measured = measured_effect_sizes(data, cfg.pressure_norm_inflight, cfg.high_pressure)
-        boot = bootstrap_intervals(
-            data,
-            cfg.pressure_norm_inflight,
-            cfg.high_pressure,
-            cfg.bootstrap_resamples if intervals else 0,
-            seed=cfg.seed,
-        )
-        measured["intervals"] = boot
-        try:
-            live_fit = fit_sidecar_live(
-                data, measured, run.base, sync_ratio_interval=boot["p95_sync_ratio"]
-            )
-            fit = live_fit.to_dict()
-            fitted = fit.pop("fitted_sidecar")
-        except (ValueError, FloatingPointError) as exc:  # a degenerate partial run
-            fit = {"error": f"fit failed: {exc}"}
-        undefined = [
-            k for k in ("p95_high_low", "p95_sync_ratio") if not math.isfinite(measured[k])
-        ]
-        entry = {
-            k: (measured[k] if k not in undefined else 1.0)
-            for k in ("p95_high_low", "p95_sync_ratio")
-        }
-        entry["pressure_latency_corr"] = measured["pressure_latency_corr"]
-        for k in ("p95_sync_ratio", "p95_high_low"):
-            if boot.get(k) is not None and k not in undefined:
-                entry[f"{k}_ci"] = boot[k]
-        entry["note"] = (
-            "live calibration"
-            + ("" if complete else " (incomplete run)")
-            + (
-                f"; undefined (empty class), written as 1.0: {', '.join(undefined)}"
-                if undefined
-                else ""
-            )
-        )
-        if undefined:
-            entry["undefined"] = undefined
+        measured, fit, fitted, entry = _measure_and_fit(records, run, complete, cfg, intervals)
         regimes[run.label] = entry
     ep = run.endpoint.get("url", "?")
     source = (
@@ -658,33 +619,95 @@ def _document(run: _Run, complete: bool, cfg: CalibrationConfig, intervals: bool
         "fit": fit,
         "requests": counts,
         "capacity": run.capacity,
-        "metadata": {
-            "warmup": run.warmup,
-            "phase_order": [_phase_key(n, k) for n, k in run.order],
-            "overload_inflight_limit": run.overload_limit,
-            "endpoint": run.endpoint,
-            "trace": run.trace_info,
-            "label": run.label,
-            "merges": run.cluster,
-            "started_utc": run.started_utc,
-            "elapsed_s": run.clock(),
-            "phases": run.phases,
-            "config": _finite(_config_dict(cfg)),
-            "pressure_proxy": (
-                f"min(1, client in-flight requests at send / {cfg.pressure_norm_inflight})"
-            ),
-            "host": {
-                "hostname": socket.gethostname(),
-                "platform": platform.platform(),
-                "python": platform.python_version(),
-                "cpus": os.cpu_count(),
-                "torch": _torch_version(),
-            },
-            "clock": "seconds since the run started (time.monotonic)",
-        },
+        "metadata": _metadata(run, cfg),
         "schedule": [{"start_s": s, "length_s": n} for s, n in run.plan],
         "merges": run.merges,
         "records": _records_columns(records),
+    }
+
+
+def _measure_and_fit(
+    records: list[RequestRecord],
+    run: _Run,
+    complete: bool,
+    cfg: CalibrationConfig,
+    intervals: bool,
+) -> tuple[dict, dict, dict, dict]:
+    """The effect sizes (with bootstrap intervals), the fit, the fitted parameters and the
+    regime's entry, from the successful requests so far: ``(measured, fit, fitted, entry)``.
+    """
+    data = _run_data(records, run)
+    measured = measured_effect_sizes(data, cfg.pressure_norm_inflight, cfg.high_pressure)
+    boot = bootstrap_intervals(
+        data,
+        cfg.pressure_norm_inflight,
+        cfg.high_pressure,
+        cfg.bootstrap_resamples if intervals else 0,
+        seed=cfg.seed,
+    )
+    measured["intervals"] = boot
+    fitted: dict = {}
+    try:
+        live_fit = fit_sidecar_live(
+            data, measured, run.base, sync_ratio_interval=boot["p95_sync_ratio"]
+        )
+        fit = live_fit.to_dict()
+        fitted = fit.pop("fitted_sidecar")
+    except (ValueError, FloatingPointError) as exc:  # a degenerate partial run
+        fit = {"error": f"fit failed: {exc}"}
+    return measured, fit, fitted, _regime_entry(measured, boot, complete)
+
+
+def _regime_entry(measured: dict, boot: dict, complete: bool) -> dict:
+    """The regime's entry under ``regimes``: the effect sizes (an undefined one written as
+    1.0 and listed), their intervals, and a note."""
+    undefined = [k for k in ("p95_high_low", "p95_sync_ratio") if not math.isfinite(measured[k])]
+    entry = {
+        k: (measured[k] if k not in undefined else 1.0) for k in ("p95_high_low", "p95_sync_ratio")
+    }
+    entry["pressure_latency_corr"] = measured["pressure_latency_corr"]
+    for k in ("p95_sync_ratio", "p95_high_low"):
+        if boot.get(k) is not None and k not in undefined:
+            entry[f"{k}_ci"] = boot[k]
+    entry["note"] = (
+        "live calibration"
+        + ("" if complete else " (incomplete run)")
+        + (
+            f"; undefined (empty class), written as 1.0: {', '.join(undefined)}"
+            if undefined
+            else ""
+        )
+    )
+    if undefined:
+        entry["undefined"] = undefined
+    return entry
+
+
+def _metadata(run: _Run, cfg: CalibrationConfig) -> dict:
+    """The file's ``metadata``: how the run was set up, where and when it ran."""
+    return {
+        "warmup": run.warmup,
+        "phase_order": [_phase_key(n, k) for n, k in run.order],
+        "overload_inflight_limit": run.overload_limit,
+        "endpoint": run.endpoint,
+        "trace": run.trace_info,
+        "label": run.label,
+        "merges": run.cluster,
+        "started_utc": run.started_utc,
+        "elapsed_s": run.clock(),
+        "phases": run.phases,
+        "config": _finite(_config_dict(cfg)),
+        "pressure_proxy": (
+            f"min(1, client in-flight requests at send / {cfg.pressure_norm_inflight})"
+        ),
+        "host": {
+            "hostname": socket.gethostname(),
+            "platform": platform.platform(),
+            "python": platform.python_version(),
+            "cpus": os.cpu_count(),
+            "torch": _torch_version(),
+        },
+        "clock": "seconds since the run started (time.monotonic)",
     }
 
 

@@ -491,3 +491,68 @@ def test_probe_steps_lines_and_ramp(monkeypatch):
     }
     assert res.steps[4]["throughput_rps"] == 20.0 and res.steps[4]["completed_fraction"] == 1.0
     assert drained.count(1) == 7 and stops  # every step drained, stop() polled
+
+
+# --------------------------------------------------------------------------- the document
+
+
+def _synthetic_run(no_pressure: bool) -> calibrate_mod._Run:
+    """A run of two repeats with scripted records (merge-active requests 2.5x slower);
+    ``no_pressure``: nothing in flight, so the high-pressure class is empty."""
+    import numpy as np
+
+    from diloco_gym.live.replay import RequestRecord
+
+    rng = np.random.default_rng(0)
+    records = []
+    run = calibrate_mod._Run(t0=0.0, started_utc="2026-01-01T00:00:00+00:00", label="ordinary")
+    for rep in range(2):
+        for phase, origin in (("sync", 100.0 * rep), ("control", 100.0 * rep + 50)):
+            key = calibrate_mod._phase_key(phase, rep)
+            run.phases[key] = {"name": phase, "repeat": rep, "origin_s": origin, "duration_s": 6.0}
+            for i in range(60):
+                active = phase == "sync" and i % 3 == 0
+                records.append(
+                    RequestRecord(
+                        i, phase, i * 0.1, int(rng.integers(5, 50)), int(rng.integers(5, 50)),
+                        send_s=origin + i * 0.1,
+                        latency_s=float(rng.uniform(0.1, 0.3) * (2.5 if active else 1.0)),
+                        status=200, error="", merge_active=active, merge_id=rep if active else -1,
+                        inflight=0 if no_pressure else int(rng.integers(0, 8)), repeat=rep,
+                    )
+                )  # fmt: skip
+        run.merges.append(
+            {"merge_id": rep, "repeat": rep, "start_s": 100.0 * rep, "end_s": 100.0 * rep + 6}
+        )
+    run.replayer = SimpleNamespace(snapshot=lambda: records)  # type: ignore[assignment]
+    run.order = [("sync", 0), ("control", 0), ("sync", 1), ("control", 1)]
+    run.plan = [(0.0, 6.0)]
+    return run
+
+
+@pytest.mark.parametrize("no_pressure", [False, True])
+def test_document_of_a_run_is_a_valid_calibration(no_pressure):
+    """The document of a complete run validates; an effect size whose class is empty is
+    written as 1.0, listed under ``undefined`` and named in the note, without an interval."""
+    from diloco_gym.eval.calibration import validate_calibration
+
+    cfg = CalibrationConfig(bootstrap_resamples=50)
+    doc = calibrate_mod._finite(calibrate_mod._document(_synthetic_run(no_pressure), True, cfg))
+    validate_calibration(doc, "synthetic")
+    entry = doc["regimes"]["ordinary"]
+    assert list(doc)[:3] == ["source", "regimes", "complete"] and doc["complete"] is True
+    assert doc["requests"]["ok"] == 240 and doc["measured"]["intervals"]["repeats"] == 2
+    assert entry["p95_sync_ratio"] == doc["measured"]["p95_sync_ratio"] > 1.5
+    assert "p95_sync_ratio_ci" in entry and doc["fitted_sidecar"]
+    if no_pressure:
+        assert entry["p95_high_low"] == 1.0 and entry["undefined"] == ["p95_high_low"]
+        assert "p95_high_low_ci" not in entry
+        assert entry["note"] == (
+            "live calibration; undefined (empty class), written as 1.0: p95_high_low"
+        )
+    else:
+        assert "undefined" not in entry and entry["note"] == "live calibration"
+        assert entry["p95_high_low"] == doc["measured"]["p95_high_low"]
+    partial = calibrate_mod._document(_synthetic_run(no_pressure), False, cfg, intervals=False)
+    assert "(incomplete run)" in partial["regimes"]["ordinary"]["note"]
+    assert "p95_sync_ratio_ci" not in partial["regimes"]["ordinary"]
