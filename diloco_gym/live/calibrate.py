@@ -364,34 +364,10 @@ def prepare_trace(
         ValueError: unknown regime and no such file, a label that is not a regime, or a
             window outside the trace.
     """
-    from diloco_gym.sim.regimes import REGIMES, get_regime
+    from diloco_gym.sim.regimes import REGIMES
 
     rng = np.random.default_rng(cfg.seed)
-    info: dict[str, Any]
-    if isinstance(source, Trace):
-        full, label, base, info = (
-            source,
-            source.name,
-            SidecarParams(),
-            {"kind": "trace", "name": source.name},
-        )
-    elif isinstance(source, str) and source in REGIMES:
-        regime = get_regime(source)
-        full = regime(rng)
-        label, base = source, regime.sidecar
-        info = {"kind": "regime", "name": source, "seed": cfg.seed}
-    else:
-        path = check_source(source)
-        from diloco_gym.sim.loaders import load_trace
-
-        full = load_trace(path, trace_format, seed=cfg.seed)
-        label, base = full.name, SidecarParams()
-        info = {
-            "kind": "file",
-            "path": str(path),
-            "format": full.meta.get("format"),
-            "rows_read": full.meta.get("rows_read"),
-        }
+    full, label, base, info = _resolve_source(source, cfg, trace_format, rng)
     label = cfg.label or label
     if label not in REGIMES:
         raise ValueError(
@@ -423,6 +399,44 @@ def prepare_trace(
         requests=win.num_requests,
     )
     return win, label, cfg.base_sidecar or base, info
+
+
+def _resolve_source(
+    source: str | os.PathLike[str] | Trace,
+    cfg: CalibrationConfig,
+    trace_format: str,
+    rng: np.random.Generator,
+) -> tuple[Trace, str, SidecarParams, dict]:
+    """The whole trace of a :class:`Trace`, a regime (drawn from ``rng``) or a file, with
+    its label, base sidecar parameters and provenance."""
+    from diloco_gym.sim.regimes import REGIMES, get_regime
+
+    info: dict[str, Any]
+    if isinstance(source, Trace):
+        full, label, base, info = (
+            source,
+            source.name,
+            SidecarParams(),
+            {"kind": "trace", "name": source.name},
+        )
+    elif isinstance(source, str) and source in REGIMES:
+        regime = get_regime(source)
+        full = regime(rng)
+        label, base = source, regime.sidecar
+        info = {"kind": "regime", "name": source, "seed": cfg.seed}
+    else:
+        path = check_source(source)
+        from diloco_gym.sim.loaders import load_trace
+
+        full = load_trace(path, trace_format, seed=cfg.seed)
+        label, base = full.name, SidecarParams()
+        info = {
+            "kind": "file",
+            "path": str(path),
+            "format": full.meta.get("format"),
+            "rows_read": full.meta.get("rows_read"),
+        }
+    return full, label, base, info
 
 
 def plan_merges(duration_s: float, cfg: CalibrationConfig) -> list[tuple[float, float]]:
@@ -1483,40 +1497,7 @@ def _choose_rate(
     """
     run.capacity = {"target_utilization": cfg.target_utilization}
     if cfg.probe is not None and run.warmup:
-        run.stage = "probe"
-        say(
-            f"capacity probe (merge workers idle): steps of {cfg.probe.step_s:g} s, rate x"
-            f"{cfg.probe.growth:g} per step, sustainable while p95 <= "
-            f"{cfg.probe.p95_factor:g} x idle p95"
-        )
-        result: ProbeResult = probe_capacity(
-            ep,
-            model,
-            prompt,
-            output,
-            run.warmup,
-            cfg.timeout_s,
-            replace(cfg.probe, seed=cfg.seed),
-            say,
-            stop=lambda: _check_sidecar(server),
-        )
-        run.capacity.update(capacity_rps=result.capacity_rps, probe=result.to_dict())
-        if math.isfinite(result.capacity_rps):
-            say(
-                f"capacity: {result.capacity_rps:.2f} req/s sustainable"
-                + (
-                    f" ({result.upper_rps:.2f} req/s was not)"
-                    if math.isfinite(result.upper_rps)
-                    else " (the ramp never saturated it)"
-                )
-            )
-        elif cfg.rate_rps is None:
-            raise CalibrationError(
-                f"capacity probe: the engine did not sustain even "
-                f"{result.steps[-1]['offered_rps']:.2f} req/s (p95 within "
-                f"{cfg.probe.p95_factor:g} x its idle p95 of {result.idle_p95_s:.2f} s): "
-                f"use a smaller model (--engine-model-config), smaller requests, or --rate"
-            )
+        _probe(run, ep, model, cfg, cfg.probe, prompt, output, server, say)
     if cfg.rate_rps is not None:
         rate = cfg.rate_rps
         run.capacity["rate_source"] = "--rate"
@@ -1532,6 +1513,55 @@ def _choose_rate(
     run.capacity["rate_rps"] = rate
     run.rate_rps = rate
     return rate
+
+
+def _probe(
+    run: _Run,
+    ep: Endpoint,
+    model: str,
+    cfg: CalibrationConfig,
+    probe: ProbeConfig,
+    prompt: np.ndarray,
+    output: np.ndarray,
+    server: Any,
+    say: Callable[[str], None],
+) -> None:
+    """Probe the capacity into ``run.capacity``; without ``rate_rps``, a probe that found
+    no sustainable rate stops the run (:class:`CalibrationError`)."""
+    run.stage = "probe"
+    say(
+        f"capacity probe (merge workers idle): steps of {probe.step_s:g} s, rate x"
+        f"{probe.growth:g} per step, sustainable while p95 <= "
+        f"{probe.p95_factor:g} x idle p95"
+    )
+    result: ProbeResult = probe_capacity(
+        ep,
+        model,
+        prompt,
+        output,
+        run.warmup,
+        cfg.timeout_s,
+        replace(probe, seed=cfg.seed),
+        say,
+        stop=lambda: _check_sidecar(server),
+    )
+    run.capacity.update(capacity_rps=result.capacity_rps, probe=result.to_dict())
+    if math.isfinite(result.capacity_rps):
+        say(
+            f"capacity: {result.capacity_rps:.2f} req/s sustainable"
+            + (
+                f" ({result.upper_rps:.2f} req/s was not)"
+                if math.isfinite(result.upper_rps)
+                else " (the ramp never saturated it)"
+            )
+        )
+    elif cfg.rate_rps is None:
+        raise CalibrationError(
+            f"capacity probe: the engine did not sustain even "
+            f"{result.steps[-1]['offered_rps']:.2f} req/s (p95 within "
+            f"{probe.p95_factor:g} x its idle p95 of {result.idle_p95_s:.2f} s): "
+            f"use a smaller model (--engine-model-config), smaller requests, or --rate"
+        )
 
 
 def _fmt(x: Any) -> str:
