@@ -164,10 +164,6 @@ def load_sweep(path: str | Path) -> SweepSpec:
         SweepFileError: (a ``ValueError``) a missing or malformed file, an unknown key, an
             empty axis, or a point whose settings are invalid (named by its parameters).
     """
-    from diloco_gym.eval.report import ReportConfig
-    from diloco_gym.scale.cells import cell_config
-    from diloco_gym.sim.regimes import REGIMES
-
     path = Path(path)
     data = _read(path)
     name = str(data.pop("name", path.stem))
@@ -205,45 +201,54 @@ def load_sweep(path: str | Path) -> SweepSpec:
             f"{path}: no regime or trace (give regime = [...] or "
             f"trace = [...] under [grid], or one at the top level)"
         )
-    points = []
-    for index, combo in enumerate(itertools.product(*axes.values())):
-        params = dict(zip(axes, combo, strict=True))
-        settings = {**fixed, **params}
-        where = f"{path}: point {index} ({_describe(params)})"
-        env: dict[str, Any] = {}
-        kwargs: dict[str, Any] = {}
-        for key, value in settings.items():
-            if key == "merge_budget" or key.startswith("env."):
-                env[_env_field(path, key)] = value
-            elif key in _PATH_KEYS:
-                if value is None or (key == "calibration" and value in ("reference", "none")):
-                    kwargs[key] = None
-                else:
-                    p = Path(str(value)).expanduser()
-                    kwargs[key] = str(p if p.is_absolute() else path.parent / p)
-            else:
-                kwargs[key] = value
-        regime = kwargs.pop("regime", None)
-        if regime is not None:
-            if regime not in REGIMES:
-                raise SweepFileError(
-                    f"{where}: unknown regime {regime!r}; valid regimes: {', '.join(REGIMES)}"
-                )
-            kwargs["regimes"] = [regime]
-        if isinstance(kwargs.get("agents"), str):
-            kwargs["agents"] = [kwargs["agents"]]
-        try:
-            from diloco_gym.envs.core import EnvParams
-
-            EnvParams(**env)
-            config = cell_config(ReportConfig(**kwargs))
-        except (TypeError, ValueError) as exc:
-            raise SweepFileError(f"{where}: {' '.join(str(exc).split())}") from None
-        if config.trace is not None and not Path(config.trace).is_file():
-            raise SweepFileError(f"{where}: trace file {config.trace} does not exist")
-        report_regime = f"replay:{Path(config.trace).stem}" if config.trace is not None else regime
-        points.append(SweepPoint(index, params, config, env, report_regime))
+    points = [
+        _point(path, index, dict(zip(axes, combo, strict=True)), fixed)
+        for index, combo in enumerate(itertools.product(*axes.values()))
+    ]
     return SweepSpec(name, path, axes, points)
+
+
+def _point(path: Path, index: int, params: dict[str, Any], fixed: dict[str, Any]) -> SweepPoint:
+    """Point ``index`` of the grid (its axes' values ``params`` over the ``fixed``
+    settings), its configuration checked; errors name the point by its parameters."""
+    from diloco_gym.envs.core import EnvParams
+    from diloco_gym.eval.report import ReportConfig
+    from diloco_gym.scale.cells import cell_config
+    from diloco_gym.sim.regimes import REGIMES
+
+    settings = {**fixed, **params}
+    where = f"{path}: point {index} ({_describe(params)})"
+    env: dict[str, Any] = {}
+    kwargs: dict[str, Any] = {}
+    for key, value in settings.items():
+        if key == "merge_budget" or key.startswith("env."):
+            env[_env_field(path, key)] = value
+        elif key in _PATH_KEYS:
+            if value is None or (key == "calibration" and value in ("reference", "none")):
+                kwargs[key] = None
+            else:
+                p = Path(str(value)).expanduser()
+                kwargs[key] = str(p if p.is_absolute() else path.parent / p)
+        else:
+            kwargs[key] = value
+    regime = kwargs.pop("regime", None)
+    if regime is not None:
+        if regime not in REGIMES:
+            raise SweepFileError(
+                f"{where}: unknown regime {regime!r}; valid regimes: {', '.join(REGIMES)}"
+            )
+        kwargs["regimes"] = [regime]
+    if isinstance(kwargs.get("agents"), str):
+        kwargs["agents"] = [kwargs["agents"]]
+    try:
+        EnvParams(**env)
+        config = cell_config(ReportConfig(**kwargs))
+    except (TypeError, ValueError) as exc:
+        raise SweepFileError(f"{where}: {' '.join(str(exc).split())}") from None
+    if config.trace is not None and not Path(config.trace).is_file():
+        raise SweepFileError(f"{where}: trace file {config.trace} does not exist")
+    report_regime = f"replay:{Path(config.trace).stem}" if config.trace is not None else regime
+    return SweepPoint(index, params, config, env, report_regime)
 
 
 def _describe(params: dict) -> str:
