@@ -364,34 +364,10 @@ def prepare_trace(
         ValueError: unknown regime and no such file, a label that is not a regime, or a
             window outside the trace.
     """
-    from diloco_gym.sim.regimes import REGIMES, get_regime
+    from diloco_gym.sim.regimes import REGIMES
 
     rng = np.random.default_rng(cfg.seed)
-    info: dict[str, Any]
-    if isinstance(source, Trace):
-        full, label, base, info = (
-            source,
-            source.name,
-            SidecarParams(),
-            {"kind": "trace", "name": source.name},
-        )
-    elif isinstance(source, str) and source in REGIMES:
-        regime = get_regime(source)
-        full = regime(rng)
-        label, base = source, regime.sidecar
-        info = {"kind": "regime", "name": source, "seed": cfg.seed}
-    else:
-        path = check_source(source)
-        from diloco_gym.sim.loaders import load_trace
-
-        full = load_trace(path, trace_format, seed=cfg.seed)
-        label, base = full.name, SidecarParams()
-        info = {
-            "kind": "file",
-            "path": str(path),
-            "format": full.meta.get("format"),
-            "rows_read": full.meta.get("rows_read"),
-        }
+    full, label, base, info = _resolve_source(source, cfg, trace_format, rng)
     label = cfg.label or label
     if label not in REGIMES:
         raise ValueError(
@@ -423,6 +399,44 @@ def prepare_trace(
         requests=win.num_requests,
     )
     return win, label, cfg.base_sidecar or base, info
+
+
+def _resolve_source(
+    source: str | os.PathLike[str] | Trace,
+    cfg: CalibrationConfig,
+    trace_format: str,
+    rng: np.random.Generator,
+) -> tuple[Trace, str, SidecarParams, dict]:
+    """The whole trace of a :class:`Trace`, a regime (drawn from ``rng``) or a file, with
+    its label, base sidecar parameters and provenance."""
+    from diloco_gym.sim.regimes import REGIMES, get_regime
+
+    info: dict[str, Any]
+    if isinstance(source, Trace):
+        full, label, base, info = (
+            source,
+            source.name,
+            SidecarParams(),
+            {"kind": "trace", "name": source.name},
+        )
+    elif isinstance(source, str) and source in REGIMES:
+        regime = get_regime(source)
+        full = regime(rng)
+        label, base = source, regime.sidecar
+        info = {"kind": "regime", "name": source, "seed": cfg.seed}
+    else:
+        path = check_source(source)
+        from diloco_gym.sim.loaders import load_trace
+
+        full = load_trace(path, trace_format, seed=cfg.seed)
+        label, base = full.name, SidecarParams()
+        info = {
+            "kind": "file",
+            "path": str(path),
+            "format": full.meta.get("format"),
+            "rows_read": full.meta.get("rows_read"),
+        }
+    return full, label, base, info
 
 
 def plan_merges(duration_s: float, cfg: CalibrationConfig) -> list[tuple[float, float]]:
@@ -597,46 +611,7 @@ def _document(run: _Run, complete: bool, cfg: CalibrationConfig, intervals: bool
     fitted: dict = {}
     regimes: dict = {}
     if counts["ok"]:
-        data = _run_data(records, run)
-        measured = measured_effect_sizes(data, cfg.pressure_norm_inflight, cfg.high_pressure)
-        boot = bootstrap_intervals(
-            data,
-            cfg.pressure_norm_inflight,
-            cfg.high_pressure,
-            cfg.bootstrap_resamples if intervals else 0,
-            seed=cfg.seed,
-        )
-        measured["intervals"] = boot
-        try:
-            live_fit = fit_sidecar_live(
-                data, measured, run.base, sync_ratio_interval=boot["p95_sync_ratio"]
-            )
-            fit = live_fit.to_dict()
-            fitted = fit.pop("fitted_sidecar")
-        except (ValueError, FloatingPointError) as exc:  # a degenerate partial run
-            fit = {"error": f"fit failed: {exc}"}
-        undefined = [
-            k for k in ("p95_high_low", "p95_sync_ratio") if not math.isfinite(measured[k])
-        ]
-        entry = {
-            k: (measured[k] if k not in undefined else 1.0)
-            for k in ("p95_high_low", "p95_sync_ratio")
-        }
-        entry["pressure_latency_corr"] = measured["pressure_latency_corr"]
-        for k in ("p95_sync_ratio", "p95_high_low"):
-            if boot.get(k) is not None and k not in undefined:
-                entry[f"{k}_ci"] = boot[k]
-        entry["note"] = (
-            "live calibration"
-            + ("" if complete else " (incomplete run)")
-            + (
-                f"; undefined (empty class), written as 1.0: {', '.join(undefined)}"
-                if undefined
-                else ""
-            )
-        )
-        if undefined:
-            entry["undefined"] = undefined
+        measured, fit, fitted, entry = _measure_and_fit(records, run, complete, cfg, intervals)
         regimes[run.label] = entry
     ep = run.endpoint.get("url", "?")
     source = (
@@ -658,33 +633,95 @@ def _document(run: _Run, complete: bool, cfg: CalibrationConfig, intervals: bool
         "fit": fit,
         "requests": counts,
         "capacity": run.capacity,
-        "metadata": {
-            "warmup": run.warmup,
-            "phase_order": [_phase_key(n, k) for n, k in run.order],
-            "overload_inflight_limit": run.overload_limit,
-            "endpoint": run.endpoint,
-            "trace": run.trace_info,
-            "label": run.label,
-            "merges": run.cluster,
-            "started_utc": run.started_utc,
-            "elapsed_s": run.clock(),
-            "phases": run.phases,
-            "config": _finite(_config_dict(cfg)),
-            "pressure_proxy": (
-                f"min(1, client in-flight requests at send / {cfg.pressure_norm_inflight})"
-            ),
-            "host": {
-                "hostname": socket.gethostname(),
-                "platform": platform.platform(),
-                "python": platform.python_version(),
-                "cpus": os.cpu_count(),
-                "torch": _torch_version(),
-            },
-            "clock": "seconds since the run started (time.monotonic)",
-        },
+        "metadata": _metadata(run, cfg),
         "schedule": [{"start_s": s, "length_s": n} for s, n in run.plan],
         "merges": run.merges,
         "records": _records_columns(records),
+    }
+
+
+def _measure_and_fit(
+    records: list[RequestRecord],
+    run: _Run,
+    complete: bool,
+    cfg: CalibrationConfig,
+    intervals: bool,
+) -> tuple[dict, dict, dict, dict]:
+    """The effect sizes (with bootstrap intervals), the fit, the fitted parameters and the
+    regime's entry, from the successful requests so far: ``(measured, fit, fitted, entry)``.
+    """
+    data = _run_data(records, run)
+    measured = measured_effect_sizes(data, cfg.pressure_norm_inflight, cfg.high_pressure)
+    boot = bootstrap_intervals(
+        data,
+        cfg.pressure_norm_inflight,
+        cfg.high_pressure,
+        cfg.bootstrap_resamples if intervals else 0,
+        seed=cfg.seed,
+    )
+    measured["intervals"] = boot
+    fitted: dict = {}
+    try:
+        live_fit = fit_sidecar_live(
+            data, measured, run.base, sync_ratio_interval=boot["p95_sync_ratio"]
+        )
+        fit = live_fit.to_dict()
+        fitted = fit.pop("fitted_sidecar")
+    except (ValueError, FloatingPointError) as exc:  # a degenerate partial run
+        fit = {"error": f"fit failed: {exc}"}
+    return measured, fit, fitted, _regime_entry(measured, boot, complete)
+
+
+def _regime_entry(measured: dict, boot: dict, complete: bool) -> dict:
+    """The regime's entry under ``regimes``: the effect sizes (an undefined one written as
+    1.0 and listed), their intervals, and a note."""
+    undefined = [k for k in ("p95_high_low", "p95_sync_ratio") if not math.isfinite(measured[k])]
+    entry = {
+        k: (measured[k] if k not in undefined else 1.0) for k in ("p95_high_low", "p95_sync_ratio")
+    }
+    entry["pressure_latency_corr"] = measured["pressure_latency_corr"]
+    for k in ("p95_sync_ratio", "p95_high_low"):
+        if boot.get(k) is not None and k not in undefined:
+            entry[f"{k}_ci"] = boot[k]
+    entry["note"] = (
+        "live calibration"
+        + ("" if complete else " (incomplete run)")
+        + (
+            f"; undefined (empty class), written as 1.0: {', '.join(undefined)}"
+            if undefined
+            else ""
+        )
+    )
+    if undefined:
+        entry["undefined"] = undefined
+    return entry
+
+
+def _metadata(run: _Run, cfg: CalibrationConfig) -> dict:
+    """The file's ``metadata``: how the run was set up, where and when it ran."""
+    return {
+        "warmup": run.warmup,
+        "phase_order": [_phase_key(n, k) for n, k in run.order],
+        "overload_inflight_limit": run.overload_limit,
+        "endpoint": run.endpoint,
+        "trace": run.trace_info,
+        "label": run.label,
+        "merges": run.cluster,
+        "started_utc": run.started_utc,
+        "elapsed_s": run.clock(),
+        "phases": run.phases,
+        "config": _finite(_config_dict(cfg)),
+        "pressure_proxy": (
+            f"min(1, client in-flight requests at send / {cfg.pressure_norm_inflight})"
+        ),
+        "host": {
+            "hostname": socket.gethostname(),
+            "platform": platform.platform(),
+            "python": platform.python_version(),
+            "cpus": os.cpu_count(),
+            "torch": _torch_version(),
+        },
+        "clock": "seconds since the run started (time.monotonic)",
     }
 
 
@@ -701,6 +738,101 @@ def _torch_version() -> str:
         return str(torch.__version__)
     except ImportError:  # pragma: no cover - torch is required to get here
         return "unavailable"
+
+
+@dataclass
+class _Job:
+    """The fixed inputs of one run, shared by its steps."""
+
+    endpoint: str | None
+    source: str | os.PathLike[str] | Trace
+    duration_s: float
+    trace_format: str
+    cfg: CalibrationConfig
+    say: Callable[[str], None]
+    out: Path
+    partial: Path
+
+    @property
+    def builtin(self) -> bool:
+        return self.endpoint is None
+
+
+@dataclass
+class _Window:
+    """The replayed trace window and the request sizes sent for it (after the caps)."""
+
+    trace: Trace
+    prompt: np.ndarray
+    output: np.ndarray
+
+
+@dataclass
+class _Resources:
+    """What a run starts and must release, whatever happens: the progress ticker, the
+    replayer (held by ``run``), the merge workers, the server with its start-up thread and
+    the CPU sampler. :meth:`close` releases them in that order."""
+
+    run: _Run
+    cpu: CpuSampler
+    cluster: MergeCluster | None = None
+    server: SidecarProcess | EngineProcess | None = None
+    starter: threading.Thread | None = None
+    server_box: dict = field(default_factory=dict)  # the start-up thread's "handle" or "error"
+    ticker_stop: threading.Event = field(default_factory=threading.Event)
+    ticker: threading.Thread | None = None
+
+    def start_server(self, start: Callable[[], Any]) -> None:
+        """Run ``start`` in a thread; its server (or its error) lands in ``server_box``."""
+
+        def _start_server() -> None:
+            try:
+                self.server_box["handle"] = start()
+            except BaseException as exc:  # noqa: BLE001 - re-raised in the main thread
+                self.server_box["error"] = exc
+
+        self.starter = threading.Thread(target=_start_server, name="server-start", daemon=True)
+        self.starter.start()
+
+    def join_starter(self) -> None:
+        """Wait for the start-up thread (if any) and take the server it brought up."""
+        if self.starter is not None:
+            self.starter.join()
+            self.server = self.server_box.get("handle")
+
+    def start_ticker(self, every_s: float, say: Callable[[str], None]) -> None:
+        """Print a progress line every ``every_s`` seconds until :meth:`close`."""
+        run = self.run
+
+        def _tick() -> None:
+            assert run.replayer is not None  # set before the ticker starts
+            while not self.ticker_stop.wait(every_s):
+                c = run.replayer.counts() if run.replayer else {}
+                say(
+                    f"t={run.clock():6.1f} s {run.stage}: sent {c.get('sent', 0)}/"
+                    f"{c.get('planned', 0)}, ok {c.get('ok', 0)}, errors "
+                    f"{c.get('errors', 0)}, outstanding {c.get('outstanding', 0)}, merge "
+                    f"{'active' if run.replayer.state.merge_id >= 0 else 'idle'}"
+                )
+
+        self.ticker = threading.Thread(target=_tick, name="calibrate-progress", daemon=True)
+        self.ticker.start()
+
+    def close(self) -> None:
+        """Release everything, in order; the server only once its start-up has finished."""
+        self.ticker_stop.set()
+        if self.ticker is not None:
+            self.ticker.join(timeout=1.0)
+        if self.run.replayer is not None:
+            self.run.replayer.close()
+        if self.cluster is not None:
+            self.cluster.close()
+        # An interrupted start-up may still be bringing the server up: wait for it so that
+        # it can be stopped rather than orphaned.
+        self.join_starter()
+        if self.server is not None:
+            self.server.stop()
+        self.cpu.stop()
 
 
 def run_calibration(
@@ -741,248 +873,285 @@ def run_calibration(
     """
     if not (isinstance(duration_s, (int, float)) and math.isfinite(duration_s) and duration_s > 0):
         raise ValueError(f"duration_s must be > 0, got {duration_s!r}")
-    say = progress or (lambda message: None)
     out = Path(out_path)
-    partial = partial_path(out)
-    builtin = endpoint is None
-    cfg = (config or CalibrationConfig()).resolved(builtin)
-    if builtin and cfg.engine == "transformers" and not engine_available():
+    cfg = (config or CalibrationConfig()).resolved(endpoint is None)
+    say = progress or (lambda message: None)
+    job = _Job(endpoint, source, duration_s, trace_format, cfg, say, out, partial_path(out))
+    if job.builtin and cfg.engine == "transformers" and not engine_available():
         raise CalibrationError(LIVE_EXTRA_HINT)
     run = _Run(
         t0=time.monotonic(), started_utc=datetime.now(timezone.utc).isoformat(timespec="seconds")
     )
-    # A first cut of the window (at the given rate, or the trace's own) gives the request
-    # sizes for the warm-up and the probe; with the probe's rate the window is cut again.
-    win, run.label, run.base, run.trace_info = prepare_trace(source, duration_s, cfg, trace_format)
+    window, longest = _first_cut(job, run)
+    resources = _Resources(run, CpuSampler().start())
+    try:
+        document = _measure(job, run, resources, window, longest)
+    except BaseException as exc:
+        _record_failure(job, run, exc)
+        raise
+    finally:
+        resources.close()
+    return _write_complete(job, document)
+
+
+def _first_cut(job: _Job, run: _Run) -> tuple[_Window, tuple[int, int]]:
+    """Cut the window at the given rate (or the trace's own) and plan the phases.
+
+    This first cut gives the request sizes for the warm-up and the probe; with the probe's
+    rate the window is cut again (:func:`_recut_window`). Returns the window and the
+    longest request ``(prompt, output)`` any window of the trace can send.
+    """
+    cfg = job.cfg
+    win, run.label, run.base, run.trace_info = prepare_trace(
+        job.source, job.duration_s, cfg, job.trace_format
+    )
     prompt, output = _token_arrays(win, cfg)
-    run.plan = plan_merges(duration_s, cfg)
+    run.plan = plan_merges(job.duration_s, cfg)
     run.order = phase_order(cfg)
     longest = (
         run.trace_info.get("longest_prompt_tokens", int(prompt.max(initial=1))),
         run.trace_info.get("longest_output_tokens", int(output.max(initial=1))),
     )
+    return _Window(win, prompt, output), longest
 
-    server: SidecarProcess | EngineProcess | None = None
-    server_box: dict = {}  # filled by the start-up thread: "handle" or "error"
-    starter: threading.Thread | None = None
-    cluster: MergeCluster | None = None
-    cpu = CpuSampler().start()
-    ticker_stop = threading.Event()
-    ticker: threading.Thread | None = None
-    complete = False
+
+def _measure(
+    job: _Job, run: _Run, res: _Resources, window: _Window, longest: tuple[int, int]
+) -> dict:
+    """Every step of a run in order, up to the validated complete document (not written)."""
+    cfg, say = job.cfg, job.say
+    if job.builtin:
+        url, model = _start_builtin(job, run, res, longest)
+    else:
+        url, model = _connect_external(job, run, res, window, longest)
+    assert res.cluster is not None  # started by either step
+    run.cluster = res.cluster.describe()
+    say(
+        f"{cfg.merge.workers} merge workers ready: {res.cluster.backend} all-reduce of "
+        f"{cfg.merge.merge_mb:g} MiB over {run.cluster['init_method']}"
+    )
+    ep = Endpoint.parse(url)
+    if job.builtin:
+        _warm_up(run, ep, model, cfg, window.prompt, window.output, longest, say)
+    rate = _choose_rate(
+        run, ep, model, cfg, job.builtin, window.prompt, window.output, res.server, say
+    )
+    window = _recut_window(job, run, window, rate)
+    run.overload_limit = _overload_limit(run, cfg, window.trace.mean_rate_rps)
+    run.replayer = OpenLoopReplayer(
+        ep, model, cfg.timeout_s, run.clock, cfg.max_outstanding, res.cpu
+    )
+    res.start_ticker(cfg.progress_every_s, say)
+    _run_phases(job, run, res, window)
+    return _complete_document(job, run)
+
+
+def _builtin_starter(job: _Job, longest: tuple[int, int]) -> Callable[[], Any]:
+    """Announce the built-in server and return the call that starts it (it runs in a
+    thread, see :func:`_start_builtin`)."""
+    cfg, say = job.cfg, job.say
+    if cfg.engine == "transformers":
+        kv = kv_settings(*longest, max_concurrent=cfg.engine_max_concurrent)
+        say(
+            f"starting transformers serve --continuous-batching (KV: block "
+            f"{kv.block_size}, {kv.num_blocks} blocks, {kv.max_batch_tokens} batch "
+            f"tokens; longest request {longest[0]} + {longest[1]} tokens) and the "
+            f"merge workers"
+        )
+        return lambda: start_engine(kv, cfg.engine_model, cfg.engine_start_timeout_s)
+    say(
+        "starting the built-in fallback server (dependency-free, one thread per "
+        "request, no batching) and the merge workers"
+    )
+    return lambda: start_sidecar(cfg.sidecar)
+
+
+def _start_builtin(
+    job: _Job, run: _Run, res: _Resources, longest: tuple[int, int]
+) -> tuple[str, str]:
+    """Start the built-in server and the merge workers; returns ``(url, model)``.
+
+    The server starts in a thread while the workers spawn: both load torch at once.
+    """
+    start = _builtin_starter(job, longest)
+    res.cluster = MergeCluster(job.cfg.merge)
+    res.start_server(start)
     try:
-        if builtin:
-            if cfg.engine == "transformers":
-                kv = kv_settings(*longest, max_concurrent=cfg.engine_max_concurrent)
-                say(
-                    f"starting transformers serve --continuous-batching (KV: block "
-                    f"{kv.block_size}, {kv.num_blocks} blocks, {kv.max_batch_tokens} batch "
-                    f"tokens; longest request {longest[0]} + {longest[1]} tokens) and the "
-                    f"merge workers"
-                )
+        res.cluster.start()
+    finally:
+        res.join_starter()
+    if "error" in res.server_box:
+        err = res.server_box["error"]
+        if isinstance(err, CalibrationError):
+            raise CalibrationError(str(err))
+        raise CalibrationError(f"the built-in {job.cfg.engine} server failed to start: {err}")
+    assert res.server is not None
+    return _describe_builtin(job, run, res.server)
 
-                def _start() -> Any:
-                    return start_engine(kv, cfg.engine_model, cfg.engine_start_timeout_s)
-            else:
-                say(
-                    "starting the built-in fallback server (dependency-free, one thread per "
-                    "request, no batching) and the merge workers"
-                )
 
-                def _start() -> Any:
-                    return start_sidecar(cfg.sidecar)
+def _describe_builtin(
+    job: _Job, run: _Run, server: SidecarProcess | EngineProcess
+) -> tuple[str, str]:
+    """Record and announce the started built-in server; returns ``(url, model)``."""
+    url = server.url
+    if isinstance(server, EngineProcess):
+        model = server.model
+        run.endpoint = {
+            "kind": "built-in",
+            "engine": "transformers",
+            "url": url,
+            "model": model,
+            **server.describe(),
+        }
+        job.say(
+            f"transformers serve (continuous batching) on a {server.parameters / 1e6:.1f}"
+            f" M-parameter Llama at {url}"
+        )
+    else:
+        model = job.cfg.model or job.cfg.sidecar.model_name
+        run.endpoint = {
+            "kind": "built-in",
+            "engine": "builtin-fallback",
+            "url": url,
+            "model": model,
+            **server.describe(),
+        }
+        job.say(
+            f"built-in fallback server {model} ({server.num_parameters / 1e6:.1f} M "
+            f"parameters) at {url}"
+        )
+    return url, model
 
-            # The server starts in a thread while the workers spawn: both load torch at once.
-            cluster = MergeCluster(cfg.merge)
 
-            def _start_server() -> None:
-                try:
-                    server_box["handle"] = _start()
-                except BaseException as exc:  # noqa: BLE001 - re-raised in the main thread
-                    server_box["error"] = exc
+def _connect_external(
+    job: _Job, run: _Run, res: _Resources, window: _Window, longest: tuple[int, int]
+) -> tuple[str, str]:
+    """Probe the external endpoint, warm it up, then start the merge workers; returns
+    ``(url, model)``."""
+    cfg, say = job.cfg, job.say
+    assert job.endpoint is not None  # not a built-in run
+    url = job.endpoint
+    say(f"probing {url}")
+    try:
+        info = probe_endpoint(url, timeout_s=min(cfg.timeout_s, 10.0))
+    except EndpointUnavailableError as exc:
+        raise EndpointUnavailableError(
+            f"{exc}. Is the server running? Omit --endpoint to use the built-in engine."
+        ) from None
+    model = cfg.model or (info["models"][0] if info["models"] else "")
+    if not model:
+        raise CalibrationError(f"{url}/v1/models {info['models_error']}; pass --model")
+    if not info["models"]:
+        say(f"note: {url}/v1/models {info['models_error']}; using --model {model}")
+    run.endpoint = {
+        "kind": "external",
+        "url": url,
+        "model": model,
+        "models_listed": info["models"],
+    }
+    say(f"endpoint {url} answers; model {model}")
+    _warm_up(run, Endpoint.parse(url), model, cfg, window.prompt, window.output, longest, say)
+    res.cluster = MergeCluster(cfg.merge)
+    say(f"starting {cfg.merge.workers} merge workers")
+    res.cluster.start()
+    return url, model
 
-            starter = threading.Thread(target=_start_server, name="server-start", daemon=True)
-            starter.start()
-            try:
-                cluster.start()
-            finally:
-                starter.join()
-                server = server_box.get("handle")
-            if "error" in server_box:
-                err = server_box["error"]
-                if isinstance(err, CalibrationError):
-                    raise CalibrationError(str(err))
-                raise CalibrationError(f"the built-in {cfg.engine} server failed to start: {err}")
-            assert server is not None
-            url = server.url
-            if isinstance(server, EngineProcess):
-                model = server.model
-                run.endpoint = {
-                    "kind": "built-in",
-                    "engine": "transformers",
-                    "url": url,
-                    "model": model,
-                    **server.describe(),
-                }
-                say(
-                    f"transformers serve (continuous batching) on a {server.parameters / 1e6:.1f}"
-                    f" M-parameter Llama at {url}"
-                )
-            else:
-                model = cfg.model or cfg.sidecar.model_name
-                run.endpoint = {
-                    "kind": "built-in",
-                    "engine": "builtin-fallback",
-                    "url": url,
-                    "model": model,
-                    **server.describe(),
-                }
-                say(
-                    f"built-in fallback server {model} ({server.num_parameters / 1e6:.1f} M "
-                    f"parameters) at {url}"
-                )
+
+def _recut_window(job: _Job, run: _Run, window: _Window, rate: float | None) -> _Window:
+    """Cut the window again at the chosen rate (when it differs from the given one) and
+    announce what will be replayed."""
+    cfg = job.cfg
+    win, prompt, output = window.trace, window.prompt, window.output
+    if rate is not None and rate != cfg.rate_rps:
+        win, _, _, run.trace_info = prepare_trace(
+            job.source, job.duration_s, replace(cfg, rate_rps=rate), job.trace_format
+        )
+        prompt, output = _token_arrays(win, cfg)
+    run.trace_info.update(
+        sent_prompt_tokens_mean=float(prompt.mean()) if prompt.size else 0.0,
+        sent_output_tokens_mean=float(output.mean()) if output.size else 0.0,
+    )
+    if run.capacity.get("capacity_rps"):
+        run.capacity["utilization"] = win.mean_rate_rps / run.capacity["capacity_rps"]
+    job.say(
+        f"trace {run.trace_info['kind']} "
+        f"{run.trace_info.get('name') or run.trace_info.get('path')}: "
+        f"{win.num_requests} requests in a {job.duration_s:g} s window "
+        f"({win.mean_rate_rps:.2f} req/s"
+        + (
+            f", {100 * run.capacity['utilization']:.0f} % of the probed capacity"
+            if "utilization" in run.capacity
+            else ""
+        )
+        + f"); {len(run.plan)} merges of {cfg.merge_seconds:g} s per sync phase; "
+        f"phases: {', '.join(f'{n}{k + 1}' for n, k in run.order)}"
+    )
+    return _Window(win, prompt, output)
+
+
+def _run_phases(job: _Job, run: _Run, res: _Resources, window: _Window) -> None:
+    """Replay every phase in the run's order, saving the partial file after each."""
+    cfg, say = job.cfg, job.say
+    win, prompt, output, duration_s = window.trace, window.prompt, window.output, job.duration_s
+    for name, k in run.order:
+        if name == "sync":
+            assert res.cluster is not None  # started before any phase
+            _sync_phase(run, res.cluster, res.server, win, prompt, output, duration_s, cfg, say, k)
         else:
-            assert endpoint is not None  # builtin is False
-            url = endpoint
-            say(f"probing {url}")
-            try:
-                info = probe_endpoint(url, timeout_s=min(cfg.timeout_s, 10.0))
-            except EndpointUnavailableError as exc:
-                raise EndpointUnavailableError(
-                    f"{exc}. Is the server running? Omit --endpoint to use the built-in engine."
-                ) from None
-            model = cfg.model or (info["models"][0] if info["models"] else "")
-            if not model:
-                raise CalibrationError(f"{url}/v1/models {info['models_error']}; pass --model")
-            if not info["models"]:
-                say(f"note: {url}/v1/models {info['models_error']}; using --model {model}")
-            run.endpoint = {
-                "kind": "external",
-                "url": url,
-                "model": model,
-                "models_listed": info["models"],
-            }
-            say(f"endpoint {url} answers; model {model}")
-            _warm_up(run, Endpoint.parse(url), model, cfg, prompt, output, longest, say)
-            cluster = MergeCluster(cfg.merge)
-            say(f"starting {cfg.merge.workers} merge workers")
-            cluster.start()
-        run.cluster = cluster.describe()
-        say(
-            f"{cfg.merge.workers} merge workers ready: {cluster.backend} all-reduce of "
-            f"{cfg.merge.merge_mb:g} MiB over {run.cluster['init_method']}"
-        )
+            _control_phase(run, res.server, win, prompt, output, duration_s, cfg, say, k)
+        # What was measured so far survives even a hard kill.
+        _save(job.partial, run, False, cfg, intervals=False)
 
-        ep = Endpoint.parse(url)
-        if builtin:
-            _warm_up(run, ep, model, cfg, prompt, output, longest, say)
-        rate = _choose_rate(run, ep, model, cfg, builtin, prompt, output, server, say)
-        if rate is not None and rate != cfg.rate_rps:
-            win, _, _, run.trace_info = prepare_trace(
-                source, duration_s, replace(cfg, rate_rps=rate), trace_format
-            )
-            prompt, output = _token_arrays(win, cfg)
-        run.trace_info.update(
-            sent_prompt_tokens_mean=float(prompt.mean()) if prompt.size else 0.0,
-            sent_output_tokens_mean=float(output.mean()) if output.size else 0.0,
-        )
-        if run.capacity.get("capacity_rps"):
-            run.capacity["utilization"] = win.mean_rate_rps / run.capacity["capacity_rps"]
-        say(
-            f"trace {run.trace_info['kind']} "
-            f"{run.trace_info.get('name') or run.trace_info.get('path')}: "
-            f"{win.num_requests} requests in a {duration_s:g} s window "
-            f"({win.mean_rate_rps:.2f} req/s"
-            + (
-                f", {100 * run.capacity['utilization']:.0f} % of the probed capacity"
-                if "utilization" in run.capacity
-                else ""
-            )
-            + f"); {len(run.plan)} merges of {cfg.merge_seconds:g} s per sync phase; "
-            f"phases: {', '.join(f'{n}{k + 1}' for n, k in run.order)}"
-        )
-        run.overload_limit = _overload_limit(run, cfg, win.mean_rate_rps)
 
-        run.replayer = OpenLoopReplayer(
-            ep, model, cfg.timeout_s, run.clock, cfg.max_outstanding, cpu
-        )
+def _complete_document(job: _Job, run: _Run) -> dict:
+    """The complete document, once the failure rate is within the limit and the document
+    is a valid calibration file."""
+    assert run.replayer is not None  # set before the phases
+    run.stage = "done"
+    _check_failure_rate(run.replayer.snapshot(), job.cfg)
+    document = _document(run, True, job.cfg)
+    try:
+        validate_calibration(_finite(document), str(job.out))
+    except CalibrationFileError as exc:
+        raise CalibrationError(
+            f"the measurements do not make a valid calibration "
+            f"file: {exc.reason} (field {exc.field})"
+        ) from None
+    return document
 
-        def _tick() -> None:
-            assert run.replayer is not None  # set before the ticker starts
-            while not ticker_stop.wait(cfg.progress_every_s):
-                c = run.replayer.counts() if run.replayer else {}
-                say(
-                    f"t={run.clock():6.1f} s {run.stage}: sent {c.get('sent', 0)}/"
-                    f"{c.get('planned', 0)}, ok {c.get('ok', 0)}, errors "
-                    f"{c.get('errors', 0)}, outstanding {c.get('outstanding', 0)}, merge "
-                    f"{'active' if run.replayer.state.merge_id >= 0 else 'idle'}"
-                )
 
-        ticker = threading.Thread(target=_tick, name="calibrate-progress", daemon=True)
-        ticker.start()
-
-        for name, k in run.order:
-            if name == "sync":
-                _sync_phase(run, cluster, server, win, prompt, output, duration_s, cfg, say, k)
-            else:
-                _control_phase(run, server, win, prompt, output, duration_s, cfg, say, k)
-            # What was measured so far survives even a hard kill.
-            _save(partial, run, False, cfg, intervals=False)
-
-        run.stage = "done"
-        _check_failure_rate(run.replayer.snapshot(), cfg)
-        document = _document(run, True, cfg)
-        try:
-            validate_calibration(_finite(document), str(out))
-        except CalibrationFileError as exc:
-            raise CalibrationError(
-                f"the measurements do not make a valid calibration "
-                f"file: {exc.reason} (field {exc.field})"
-            ) from None
-        complete = True
-    except KeyboardInterrupt as exc:
+def _record_failure(job: _Job, run: _Run, exc: BaseException) -> None:
+    """Note why the run stopped and save the partial file; an interrupt or a
+    :class:`CalibrationError` gets the file's ``path`` (the caller re-raises ``exc``)."""
+    if isinstance(exc, KeyboardInterrupt):
         what = (
             "terminated by SIGTERM"
             if isinstance(exc, CalibrationTerminated)
             else "interrupted by Ctrl-C"
         )
         run.error = f"{what} during the {run.stage} stage"
-        say(run.error)
+        job.say(run.error)
         # The documented ``path`` attribute, added to the interrupt on its way out.
-        exc.path = str(partial) if _save_partial(partial, run, cfg, say) else None  # type: ignore[attr-defined]
-        raise
-    except CalibrationError as exc:
+        saved = _save_partial(job.partial, run, job.cfg, job.say)
+        exc.path = str(job.partial) if saved else None  # type: ignore[attr-defined]
+    elif isinstance(exc, CalibrationError):
         run.error = str(exc)
-        if _save_partial(partial, run, cfg, say):
-            exc.path = str(partial)
-        raise
-    except Exception as exc:
+        if _save_partial(job.partial, run, job.cfg, job.say):
+            exc.path = str(job.partial)
+    elif isinstance(exc, Exception):
         run.error = f"{type(exc).__name__}: {exc}"
-        _save_partial(partial, run, cfg, say)
-        raise
-    finally:
-        ticker_stop.set()
-        if ticker is not None:
-            ticker.join(timeout=1.0)
-        if run.replayer is not None:
-            run.replayer.close()
-        if cluster is not None:
-            cluster.close()
-        if starter is not None:
-            # An interrupted start-up may still be bringing the server up: wait for it so
-            # that it can be stopped rather than orphaned.
-            starter.join()
-            server = server_box.get("handle")
-        if server is not None:
-            server.stop()
-        cpu.stop()
-    _write_atomic(out, document)
+        _save_partial(job.partial, run, job.cfg, job.say)
+
+
+def _write_complete(job: _Job, document: dict) -> CalibrationResult:
+    """Write the complete file, remove the partial one it supersedes, print the summary."""
+    _write_atomic(job.out, document)
     document = _finite(document)
-    partial.unlink(missing_ok=True)  # superseded by the complete file
+    job.partial.unlink(missing_ok=True)  # superseded by the complete file
     for line in _summary_lines(document):
-        say(line)
-    say(f"wrote {out} (complete: {str(complete).lower()})")
-    return CalibrationResult(str(out), document)
+        job.say(line)
+    job.say(f"wrote {job.out} (complete: {str(bool(document['complete'])).lower()})")
+    return CalibrationResult(str(job.out), document)
 
 
 def _check_failure_rate(records: list[RequestRecord], cfg: CalibrationConfig) -> None:
@@ -1328,40 +1497,7 @@ def _choose_rate(
     """
     run.capacity = {"target_utilization": cfg.target_utilization}
     if cfg.probe is not None and run.warmup:
-        run.stage = "probe"
-        say(
-            f"capacity probe (merge workers idle): steps of {cfg.probe.step_s:g} s, rate x"
-            f"{cfg.probe.growth:g} per step, sustainable while p95 <= "
-            f"{cfg.probe.p95_factor:g} x idle p95"
-        )
-        result: ProbeResult = probe_capacity(
-            ep,
-            model,
-            prompt,
-            output,
-            run.warmup,
-            cfg.timeout_s,
-            replace(cfg.probe, seed=cfg.seed),
-            say,
-            stop=lambda: _check_sidecar(server),
-        )
-        run.capacity.update(capacity_rps=result.capacity_rps, probe=result.to_dict())
-        if math.isfinite(result.capacity_rps):
-            say(
-                f"capacity: {result.capacity_rps:.2f} req/s sustainable"
-                + (
-                    f" ({result.upper_rps:.2f} req/s was not)"
-                    if math.isfinite(result.upper_rps)
-                    else " (the ramp never saturated it)"
-                )
-            )
-        elif cfg.rate_rps is None:
-            raise CalibrationError(
-                f"capacity probe: the engine did not sustain even "
-                f"{result.steps[-1]['offered_rps']:.2f} req/s (p95 within "
-                f"{cfg.probe.p95_factor:g} x its idle p95 of {result.idle_p95_s:.2f} s): "
-                f"use a smaller model (--engine-model-config), smaller requests, or --rate"
-            )
+        _probe(run, ep, model, cfg, cfg.probe, prompt, output, server, say)
     if cfg.rate_rps is not None:
         rate = cfg.rate_rps
         run.capacity["rate_source"] = "--rate"
@@ -1377,6 +1513,55 @@ def _choose_rate(
     run.capacity["rate_rps"] = rate
     run.rate_rps = rate
     return rate
+
+
+def _probe(
+    run: _Run,
+    ep: Endpoint,
+    model: str,
+    cfg: CalibrationConfig,
+    probe: ProbeConfig,
+    prompt: np.ndarray,
+    output: np.ndarray,
+    server: Any,
+    say: Callable[[str], None],
+) -> None:
+    """Probe the capacity into ``run.capacity``; without ``rate_rps``, a probe that found
+    no sustainable rate stops the run (:class:`CalibrationError`)."""
+    run.stage = "probe"
+    say(
+        f"capacity probe (merge workers idle): steps of {probe.step_s:g} s, rate x"
+        f"{probe.growth:g} per step, sustainable while p95 <= "
+        f"{probe.p95_factor:g} x idle p95"
+    )
+    result: ProbeResult = probe_capacity(
+        ep,
+        model,
+        prompt,
+        output,
+        run.warmup,
+        cfg.timeout_s,
+        replace(probe, seed=cfg.seed),
+        say,
+        stop=lambda: _check_sidecar(server),
+    )
+    run.capacity.update(capacity_rps=result.capacity_rps, probe=result.to_dict())
+    if math.isfinite(result.capacity_rps):
+        say(
+            f"capacity: {result.capacity_rps:.2f} req/s sustainable"
+            + (
+                f" ({result.upper_rps:.2f} req/s was not)"
+                if math.isfinite(result.upper_rps)
+                else " (the ramp never saturated it)"
+            )
+        )
+    elif cfg.rate_rps is None:
+        raise CalibrationError(
+            f"capacity probe: the engine did not sustain even "
+            f"{result.steps[-1]['offered_rps']:.2f} req/s (p95 within "
+            f"{probe.p95_factor:g} x its idle p95 of {result.idle_p95_s:.2f} s): "
+            f"use a smaller model (--engine-model-config), smaller requests, or --rate"
+        )
 
 
 def _fmt(x: Any) -> str:

@@ -19,6 +19,10 @@ import argparse
 import signal
 import sys
 from types import FrameType
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from diloco_gym.live.calibrate import CalibrationConfig
 
 __all__ = ["add_calibrate_arguments", "run_calibrate_command"]
 
@@ -37,6 +41,18 @@ def add_calibrate_arguments(parser: argparse.ArgumentParser) -> argparse.Argumen
         "repeated (--repeats) for bootstrap intervals of the effect sizes; the sidecar "
         "model is fitted and a calibration file written (usable with --calibration)."
     )
+    # One helper per concern, in the order --help lists the options.
+    _add_source_arguments(parser)
+    _add_server_arguments(parser)
+    _add_load_arguments(parser)
+    _add_phase_arguments(parser)
+    _add_merge_arguments(parser)
+    _add_output_arguments(parser)
+    return parser
+
+
+def _add_source_arguments(parser: argparse.ArgumentParser) -> None:
+    """The replayed trace: a regime or a trace file, and its format."""
     src = parser.add_mutually_exclusive_group()
     src.add_argument(
         "--regime",
@@ -50,6 +66,10 @@ def add_calibrate_arguments(parser: argparse.ArgumentParser) -> argparse.Argumen
         metavar="FMT",
         help="format of --trace: auto, native, azure, mooncake, burstgpt",
     )
+
+
+def _add_server_arguments(parser: argparse.ArgumentParser) -> None:
+    """The server: an external endpoint, or the engine started here, and the model."""
     parser.add_argument(
         "--endpoint",
         metavar="URL",
@@ -80,6 +100,10 @@ def add_calibrate_arguments(parser: argparse.ArgumentParser) -> argparse.Argumen
         help="model id to request (default: the built-in model, or the first "
         "model the endpoint lists)",
     )
+
+
+def _add_load_arguments(parser: argparse.ArgumentParser) -> None:
+    """The offered load: window length, rate, and the capacity probe that sets it."""
     parser.add_argument(
         "--duration",
         type=float,
@@ -117,6 +141,10 @@ def add_calibrate_arguments(parser: argparse.ArgumentParser) -> argparse.Argumen
         metavar="SECONDS",
         help="length of each step of the capacity probe's ramp (default 8)",
     )
+
+
+def _add_phase_arguments(parser: argparse.ArgumentParser) -> None:
+    """The phases: repeats, the overload stops, the window start."""
     parser.add_argument(
         "--repeats",
         type=int,
@@ -149,6 +177,10 @@ def add_calibrate_arguments(parser: argparse.ArgumentParser) -> argparse.Argumen
         metavar="SECONDS",
         help="start of the trace window (default: a seeded random window)",
     )
+
+
+def _add_merge_arguments(parser: argparse.ArgumentParser) -> None:
+    """The merges: workers, tensor size, backend, schedule, control phase."""
     parser.add_argument(
         "--merge-mb",
         type=float,
@@ -184,6 +216,10 @@ def add_calibrate_arguments(parser: argparse.ArgumentParser) -> argparse.Argumen
         help="skip the no-sync control phase (halves the run; the per-token "
         "costs are then fitted on the sync phase's inactive requests)",
     )
+
+
+def _add_output_arguments(parser: argparse.ArgumentParser) -> None:
+    """Requests, the failure limit, the label, the seed and the output file."""
     parser.add_argument(
         "--timeout",
         type=float,
@@ -213,7 +249,6 @@ def add_calibrate_arguments(parser: argparse.ArgumentParser) -> argparse.Argumen
         help="calibration file to write (default calibration_live.json); an "
         "incomplete run writes FILE's NAME.partial.json beside it instead",
     )
-    return parser
 
 
 def run_calibrate_command(args: argparse.Namespace) -> int:
@@ -223,40 +258,12 @@ def run_calibrate_command(args: argparse.Namespace) -> int:
     except ImportError:
         print("error: calibrate needs torch: pip install 'diloco-gym[rl]'", file=sys.stderr)
         return 1
-    from diloco_gym.live.calibrate import CalibrationConfig, check_source, run_calibration
-    from diloco_gym.live.engine import EngineModelConfig
+    from diloco_gym.live.calibrate import check_source, run_calibration
     from diloco_gym.live.errors import CalibrationError, CalibrationTerminated
-    from diloco_gym.live.merges import MergeConfig
-    from diloco_gym.live.probe import ProbeConfig
     from diloco_gym.sim.traces import TraceFormatError
 
     try:
-        engine_model = (
-            EngineModelConfig.from_json(args.engine_model_config)
-            if args.engine_model_config
-            else EngineModelConfig()
-        )
-        probe = None if args.no_probe else ProbeConfig(step_s=args.probe_step_seconds)
-        cfg = CalibrationConfig(
-            seed=args.seed,
-            start_s=args.start,
-            rate_rps=args.rate,
-            model=args.model,
-            timeout_s=args.timeout,
-            merge=MergeConfig(workers=args.workers, merge_mb=args.merge_mb, backend=args.backend),
-            merge_seconds=args.merge_seconds,
-            gap_seconds=tuple(args.gap_seconds),
-            control=not args.no_control,
-            label=args.label,
-            max_error_fraction=args.max_failure_rate,
-            engine=args.engine,
-            engine_model=engine_model,
-            probe=probe,
-            target_utilization=args.target_utilization,
-            repeats=args.repeats,
-            overload_inflight=args.overload_inflight,
-            overload_timeout_fraction=args.overload_timeouts,
-        )
+        cfg = _config_from_args(args)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -292,6 +299,42 @@ def run_calibrate_command(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     return 0 if result.complete else 1
+
+
+def _config_from_args(args: argparse.Namespace) -> CalibrationConfig:
+    """The run's configuration from the parsed options (a ``ValueError`` is a usage
+    error, exit 2); separate so that the command reads as its exit codes."""
+    from diloco_gym.live.calibrate import CalibrationConfig
+    from diloco_gym.live.engine import EngineModelConfig
+    from diloco_gym.live.merges import MergeConfig
+    from diloco_gym.live.probe import ProbeConfig
+
+    engine_model = (
+        EngineModelConfig.from_json(args.engine_model_config)
+        if args.engine_model_config
+        else EngineModelConfig()
+    )
+    probe = None if args.no_probe else ProbeConfig(step_s=args.probe_step_seconds)
+    return CalibrationConfig(
+        seed=args.seed,
+        start_s=args.start,
+        rate_rps=args.rate,
+        model=args.model,
+        timeout_s=args.timeout,
+        merge=MergeConfig(workers=args.workers, merge_mb=args.merge_mb, backend=args.backend),
+        merge_seconds=args.merge_seconds,
+        gap_seconds=tuple(args.gap_seconds),
+        control=not args.no_control,
+        label=args.label,
+        max_error_fraction=args.max_failure_rate,
+        engine=args.engine,
+        engine_model=engine_model,
+        probe=probe,
+        target_utilization=args.target_utilization,
+        repeats=args.repeats,
+        overload_inflight=args.overload_inflight,
+        overload_timeout_fraction=args.overload_timeouts,
+    )
 
 
 class _sigterm_as_interrupt:

@@ -453,9 +453,6 @@ def start_engine(
         CalibrationError: the ``live`` extra is missing, or the server exited or did not
             become healthy in time (with the last lines of its log).
     """
-    from diloco_gym.live.errors import EndpointUnavailableError
-    from diloco_gym.live.replay import wait_until_healthy
-
     cfg = cfg or EngineModelConfig()
     if kv.longest_prompt + kv.longest_output > cfg.max_position_embeddings:
         raise CalibrationError(
@@ -463,6 +460,54 @@ def start_engine(
             f"the engine model's max_position_embeddings {cfg.max_position_embeddings}: "
             f"raise it with --engine-model-config or cap the request sizes"
         )
+    handle = _launch_engine(kv, cfg, threads)
+    try:
+        _wait_for_engine(handle, start_timeout_s)
+    except BaseException:
+        handle.stop(timeout_s=2.0)
+        raise
+    return handle
+
+
+def _serve_arguments(
+    model_dir: Path, kv: KVSettings, cfg: EngineModelConfig, port: int
+) -> list[str]:
+    """The ``transformers serve`` command line for ``model_dir`` on ``port``."""
+    return [
+        *_serve_command(),
+        str(model_dir),
+        "--continuous-batching",
+        *kv.flags(),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--device",
+        "cpu",
+        "--dtype",
+        cfg.dtype,
+        "--log-level",
+        "warning",
+    ]
+
+
+def _serve_environment(threads: int | None) -> dict[str, str]:
+    """The server's environment: offline (nothing is downloaded), unbuffered output."""
+    env = dict(
+        os.environ,
+        HF_HUB_OFFLINE="1",
+        TRANSFORMERS_OFFLINE="1",
+        TOKENIZERS_PARALLELISM="false",
+        PYTHONUNBUFFERED="1",
+    )
+    if threads is not None:
+        env["OMP_NUM_THREADS"] = str(threads)
+    return env
+
+
+def _launch_engine(kv: KVSettings, cfg: EngineModelConfig, threads: int | None) -> EngineProcess:
+    """Build the model in a temporary directory and start the server on it (not yet
+    healthy); on any failure the process is killed and the directory removed."""
     tmpdir = tempfile.mkdtemp(prefix="diloco-gym-engine-")
     proc: subprocess.Popen | None = None
     log = None
@@ -470,31 +515,7 @@ def start_engine(
         model_dir = build_model(cfg, Path(tmpdir) / f"llama-{cfg.fingerprint()}")
         parameters = json.loads((model_dir / "diloco_gym_engine.json").read_text())["parameters"]
         port = _free_port()
-        command = [
-            *_serve_command(),
-            str(model_dir),
-            "--continuous-batching",
-            *kv.flags(),
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--device",
-            "cpu",
-            "--dtype",
-            cfg.dtype,
-            "--log-level",
-            "warning",
-        ]
-        env = dict(
-            os.environ,
-            HF_HUB_OFFLINE="1",
-            TRANSFORMERS_OFFLINE="1",
-            TOKENIZERS_PARALLELISM="false",
-            PYTHONUNBUFFERED="1",
-        )
-        if threads is not None:
-            env["OMP_NUM_THREADS"] = str(threads)
+        command = _serve_arguments(model_dir, kv, cfg, port)
         log_path = str(Path(tmpdir) / "serve.log")
         log = open(log_path, "w")  # noqa: SIM115 - closed by EngineProcess.stop
         proc = subprocess.Popen(
@@ -502,10 +523,10 @@ def start_engine(
             stdout=log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
-            env=env,
+            env=_serve_environment(threads),
             start_new_session=True,
         )
-        handle = EngineProcess(
+        return EngineProcess(
             f"http://127.0.0.1:{port}",
             str(model_dir),
             kv,
@@ -525,23 +546,27 @@ def start_engine(
             log.close()
         shutil.rmtree(tmpdir, ignore_errors=True)
         raise
-    try:
-        deadline = time.monotonic() + start_timeout_s
-        while True:
-            if not handle.is_alive():
+
+
+def _wait_for_engine(handle: EngineProcess, start_timeout_s: float) -> None:
+    """Poll ``/health`` until the server answers; raise when it exits or times out (the
+    caller stops it)."""
+    from diloco_gym.live.errors import EndpointUnavailableError
+    from diloco_gym.live.replay import wait_until_healthy
+
+    deadline = time.monotonic() + start_timeout_s
+    while True:
+        if not handle.is_alive():
+            raise CalibrationError(
+                f"transformers serve exited during start-up (exit code "
+                f"{handle._process.returncode}): {handle.log_tail() or 'no output'}"
+            )
+        try:
+            wait_until_healthy(handle.url, timeout_s=1.0)
+            return
+        except EndpointUnavailableError:
+            if time.monotonic() > deadline:
                 raise CalibrationError(
-                    f"transformers serve exited during start-up (exit code "
-                    f"{proc.returncode}): {handle.log_tail() or 'no output'}"
-                )
-            try:
-                wait_until_healthy(handle.url, timeout_s=1.0)
-                return handle
-            except EndpointUnavailableError:
-                if time.monotonic() > deadline:
-                    raise CalibrationError(
-                        f"transformers serve did not answer {handle.url}/health within "
-                        f"{start_timeout_s:.0f} s: {handle.log_tail() or 'no output'}"
-                    ) from None
-    except BaseException:
-        handle.stop(timeout_s=2.0)
-        raise
+                    f"transformers serve did not answer {handle.url}/health within "
+                    f"{start_timeout_s:.0f} s: {handle.log_tail() or 'no output'}"
+                ) from None

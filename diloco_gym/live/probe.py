@@ -31,7 +31,13 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from diloco_gym.live.errors import CalibrationError, EndpointUnavailableError
-from diloco_gym.live.replay import Endpoint, OpenLoopReplayer, make_prompt, post_completion
+from diloco_gym.live.replay import (
+    Endpoint,
+    OpenLoopReplayer,
+    RequestRecord,
+    make_prompt,
+    post_completion,
+)
 from diloco_gym.sim.sidecar import percentile
 from diloco_gym.sim.traces import Trace
 
@@ -229,81 +235,124 @@ def probe_capacity(
     idle_p95, idle_mean = float(idle["idle_p95_s"]), float(idle["idle_mean_s"])
     limit_s = cfg.p95_factor * idle_p95
     grace = cfg.grace_s if cfg.grace_s is not None else max(1.0, 3.0 * idle_p95)
-    rate = cfg.start_rps or 0.5 / max(idle_mean, 1e-3)
+    ramp = _Ramp(cfg.start_rps or 0.5 / max(idle_mean, 1e-3), cfg.growth)
     rng = np.random.default_rng([cfg.seed, 11])
     steps: list[dict] = []
-    best = upper = float("nan")
-    retries = 0
-    confirmed = False
     t0 = time.monotonic()
     while len(steps) < cfg.max_steps:
-        trace = _poisson_step(rate, cfg.step_s, prompt, output, rng)
+        trace = _poisson_step(ramp.rate, cfg.step_s, prompt, output, rng)
         replayer = OpenLoopReplayer(ep, model, timeout_s, lambda: time.monotonic() - t0)
-        origin = time.monotonic() - t0 + 0.2
-        replayer.start_phase("probe", trace, origin, trace.prompt_tokens, trace.output_tokens)
-        deadline = origin + cfg.step_s + grace
-        try:
-            while time.monotonic() - t0 < deadline:
-                stop()
-                time.sleep(0.1)
-            records = replayer.snapshot()
-        finally:
-            replayer.close()
-        sent = sum(r.sent for r in records)
-        # Requests not answered by the deadline count as infinitely slow in the p95.
-        lat = np.array(
-            [
-                r.latency_s if r.ok and r.send_s + r.latency_s <= deadline else np.inf
-                for r in records
-                if r.sent
-            ]
-        )
-        in_time = lat[np.isfinite(lat)]
-        # "higher": no interpolation, so that a tail of unanswered requests gives inf
-        # rather than inf - inf.
-        p95 = float(np.percentile(lat, 95, method="higher")) if lat.size else float("inf")
-        completed = len(in_time) / max(1, len(records))
-        ok = completed >= cfg.min_completed and p95 <= limit_s
-        step = {
-            "offered_rps": rate,
-            "requests": len(records),
-            "sent": sent,
-            "ok_in_time": len(in_time),
-            "throughput_rps": len(in_time) / cfg.step_s,
-            "completed_fraction": completed,
-            "p95_s": p95 if math.isfinite(p95) else None,
-            "p95_limit_s": limit_s,
-            "sustainable": bool(ok),
-        }
+        records, deadline = _offer_step(replayer, trace, t0, cfg.step_s + grace, stop)
+        step = _score_step(records, deadline, ramp.rate, cfg, limit_s)
         steps.append(step)
-        say(
-            f"probe step {len(steps)}: {rate:.2f} req/s offered, {len(in_time)}/"
-            f"{len(records)} answered in time, p95 "
-            + (f"{p95:.2f} s" if math.isfinite(p95) else "n/a")
-            + f" (limit {limit_s:.2f} s): {'sustainable' if ok else 'NOT sustainable'}"
-        )
+        say(_step_line(len(steps), step))
         # Let the engine drain before the next step, so that steps do not pile up.
         _drain_wait(replayer, timeout_s, stop)
+        if not ramp.advance(step["sustainable"]):
+            break
+    return ProbeResult(ramp.best, ramp.upper, idle_p95, idle_mean, steps, cfg)
+
+
+@dataclass
+class _Ramp:
+    """The ramp between steps: the next rate, the bounds found so far, and the retries
+    (kept apart from the stepping so that the rule reads in one place)."""
+
+    rate: float
+    growth: float
+    best: float = float("nan")
+    upper: float = float("nan")
+    retries: int = 0
+    confirmed: bool = False
+
+    def advance(self, ok: bool) -> bool:
+        """Set the next step's rate after a step that was sustainable (``ok``) or not;
+        False when the ramp ends."""
         if ok:
-            best = rate
-            if upper <= rate:  # an earlier failure below this rate was transient (cold)
-                upper = float("nan")
-            rate *= cfg.growth
-            confirmed = False
-            continue
-        upper = rate
-        if not confirmed:
+            self.best = self.rate
+            if self.upper <= self.rate:  # an earlier failure below this rate was transient
+                self.upper = float("nan")
+            self.rate *= self.growth
+            self.confirmed = False
+            return True
+        self.upper = self.rate
+        if not self.confirmed:
             # One failure can be a transient (a cold batch shape, another process taking
             # the cores): the same rate is tried once more before it counts.
-            confirmed = True
-            continue
-        confirmed = False
-        if math.isnan(best) and retries < 2:
-            retries += 1
-            rate /= 2.0
-            continue
-        break
-    return ProbeResult(best, upper, idle_p95, idle_mean, steps, cfg)
+            self.confirmed = True
+            return True
+        self.confirmed = False
+        if math.isnan(self.best) and self.retries < 2:
+            self.retries += 1
+            self.rate /= 2.0
+            return True
+        return False
+
+
+def _offer_step(
+    replayer: OpenLoopReplayer,
+    trace: Trace,
+    t0: float,
+    length_s: float,
+    stop: Callable[[], None],
+) -> tuple[list[RequestRecord], float]:
+    """Replay one step's ``trace`` from 0.2 s from now for ``length_s`` (its sends plus the
+    grace time), then close the replayer; returns its records and the step's deadline."""
+    origin = time.monotonic() - t0 + 0.2
+    replayer.start_phase("probe", trace, origin, trace.prompt_tokens, trace.output_tokens)
+    deadline = origin + length_s
+    try:
+        while time.monotonic() - t0 < deadline:
+            stop()
+            time.sleep(0.1)
+        records = replayer.snapshot()
+    finally:
+        replayer.close()
+    return records, deadline
+
+
+def _score_step(
+    records: list[RequestRecord], deadline: float, rate: float, cfg: ProbeConfig, limit_s: float
+) -> dict:
+    """The record of one step: what was answered in time, its p95, whether sustainable."""
+    sent = sum(r.sent for r in records)
+    # Requests not answered by the deadline count as infinitely slow in the p95.
+    lat = np.array(
+        [
+            r.latency_s if r.ok and r.send_s + r.latency_s <= deadline else np.inf
+            for r in records
+            if r.sent
+        ]
+    )
+    in_time = lat[np.isfinite(lat)]
+    # "higher": no interpolation, so that a tail of unanswered requests gives inf
+    # rather than inf - inf.
+    p95 = float(np.percentile(lat, 95, method="higher")) if lat.size else float("inf")
+    completed = len(in_time) / max(1, len(records))
+    ok = completed >= cfg.min_completed and p95 <= limit_s
+    return {
+        "offered_rps": rate,
+        "requests": len(records),
+        "sent": sent,
+        "ok_in_time": len(in_time),
+        "throughput_rps": len(in_time) / cfg.step_s,
+        "completed_fraction": completed,
+        "p95_s": p95 if math.isfinite(p95) else None,
+        "p95_limit_s": limit_s,
+        "sustainable": bool(ok),
+    }
+
+
+def _step_line(n: int, step: dict) -> str:
+    """The progress line of step ``n``."""
+    p95 = step["p95_s"]
+    return (
+        f"probe step {n}: {step['offered_rps']:.2f} req/s offered, {step['ok_in_time']}/"
+        f"{step['requests']} answered in time, p95 "
+        + (f"{p95:.2f} s" if p95 is not None else "n/a")
+        + f" (limit {step['p95_limit_s']:.2f} s): "
+        f"{'sustainable' if step['sustainable'] else 'NOT sustainable'}"
+    )
 
 
 def _drain_wait(replayer: OpenLoopReplayer, timeout_s: float, stop: Callable[[], None]) -> None:

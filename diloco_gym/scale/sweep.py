@@ -47,10 +47,13 @@ import os
 import sys
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
+
+if TYPE_CHECKING:
+    from diloco_gym.scale.cells import ReportCell
 
 __all__ = ["SweepSpec", "SweepPoint", "load_sweep", "run_sweep", "run_sweep_cell"]
 
@@ -161,10 +164,6 @@ def load_sweep(path: str | Path) -> SweepSpec:
         SweepFileError: (a ``ValueError``) a missing or malformed file, an unknown key, an
             empty axis, or a point whose settings are invalid (named by its parameters).
     """
-    from diloco_gym.eval.report import ReportConfig
-    from diloco_gym.scale.cells import cell_config
-    from diloco_gym.sim.regimes import REGIMES
-
     path = Path(path)
     data = _read(path)
     name = str(data.pop("name", path.stem))
@@ -202,45 +201,54 @@ def load_sweep(path: str | Path) -> SweepSpec:
             f"{path}: no regime or trace (give regime = [...] or "
             f"trace = [...] under [grid], or one at the top level)"
         )
-    points = []
-    for index, combo in enumerate(itertools.product(*axes.values())):
-        params = dict(zip(axes, combo, strict=True))
-        settings = {**fixed, **params}
-        where = f"{path}: point {index} ({_describe(params)})"
-        env: dict[str, Any] = {}
-        kwargs: dict[str, Any] = {}
-        for key, value in settings.items():
-            if key == "merge_budget" or key.startswith("env."):
-                env[_env_field(path, key)] = value
-            elif key in _PATH_KEYS:
-                if value is None or (key == "calibration" and value in ("reference", "none")):
-                    kwargs[key] = None
-                else:
-                    p = Path(str(value)).expanduser()
-                    kwargs[key] = str(p if p.is_absolute() else path.parent / p)
-            else:
-                kwargs[key] = value
-        regime = kwargs.pop("regime", None)
-        if regime is not None:
-            if regime not in REGIMES:
-                raise SweepFileError(
-                    f"{where}: unknown regime {regime!r}; valid regimes: {', '.join(REGIMES)}"
-                )
-            kwargs["regimes"] = [regime]
-        if isinstance(kwargs.get("agents"), str):
-            kwargs["agents"] = [kwargs["agents"]]
-        try:
-            from diloco_gym.envs.core import EnvParams
-
-            EnvParams(**env)
-            config = cell_config(ReportConfig(**kwargs))
-        except (TypeError, ValueError) as exc:
-            raise SweepFileError(f"{where}: {' '.join(str(exc).split())}") from None
-        if config.trace is not None and not Path(config.trace).is_file():
-            raise SweepFileError(f"{where}: trace file {config.trace} does not exist")
-        report_regime = f"replay:{Path(config.trace).stem}" if config.trace is not None else regime
-        points.append(SweepPoint(index, params, config, env, report_regime))
+    points = [
+        _point(path, index, dict(zip(axes, combo, strict=True)), fixed)
+        for index, combo in enumerate(itertools.product(*axes.values()))
+    ]
     return SweepSpec(name, path, axes, points)
+
+
+def _point(path: Path, index: int, params: dict[str, Any], fixed: dict[str, Any]) -> SweepPoint:
+    """Point ``index`` of the grid (its axes' values ``params`` over the ``fixed``
+    settings), its configuration checked; errors name the point by its parameters."""
+    from diloco_gym.envs.core import EnvParams
+    from diloco_gym.eval.report import ReportConfig
+    from diloco_gym.scale.cells import cell_config
+    from diloco_gym.sim.regimes import REGIMES
+
+    settings = {**fixed, **params}
+    where = f"{path}: point {index} ({_describe(params)})"
+    env: dict[str, Any] = {}
+    kwargs: dict[str, Any] = {}
+    for key, value in settings.items():
+        if key == "merge_budget" or key.startswith("env."):
+            env[_env_field(path, key)] = value
+        elif key in _PATH_KEYS:
+            if value is None or (key == "calibration" and value in ("reference", "none")):
+                kwargs[key] = None
+            else:
+                p = Path(str(value)).expanduser()
+                kwargs[key] = str(p if p.is_absolute() else path.parent / p)
+        else:
+            kwargs[key] = value
+    regime = kwargs.pop("regime", None)
+    if regime is not None:
+        if regime not in REGIMES:
+            raise SweepFileError(
+                f"{where}: unknown regime {regime!r}; valid regimes: {', '.join(REGIMES)}"
+            )
+        kwargs["regimes"] = [regime]
+    if isinstance(kwargs.get("agents"), str):
+        kwargs["agents"] = [kwargs["agents"]]
+    try:
+        EnvParams(**env)
+        config = cell_config(ReportConfig(**kwargs))
+    except (TypeError, ValueError) as exc:
+        raise SweepFileError(f"{where}: {' '.join(str(exc).split())}") from None
+    if config.trace is not None and not Path(config.trace).is_file():
+        raise SweepFileError(f"{where}: trace file {config.trace} does not exist")
+    report_regime = f"replay:{Path(config.trace).stem}" if config.trace is not None else regime
+    return SweepPoint(index, params, config, env, report_regime)
 
 
 def _describe(params: dict) -> str:
@@ -335,21 +343,48 @@ def run_sweep(
         cells run now, cells skipped (stored by an earlier run), failed cells stored,
         whether every cell is stored, and the directory.
     """
-    from diloco_gym.scale.backends import CellError, run_cells
-    from diloco_gym.scale.cells import ReportCell, regime_plan
-
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     store = _Store(out / "cells.jsonl")
-    plan: list[tuple[SweepPoint, str | None, list[str]]] = []  # point, cal key, unit keys
+    plan, cells = _plan_cells(spec, store)
+    todo = [
+        k for k in cells if k not in store.records or (retry_failed and not store.records[k]["ok"])
+    ]
+    new = _run_todo(cells, todo, store, max_cells, backend, jobs, ray_address, progress)
+    _write_outputs(spec, plan, store, out)
+    failed = sum(
+        1
+        for _, c, ks in plan
+        for k in [c, *ks]
+        if k in store.records and not store.records[k]["ok"]
+    )
+    complete = all(k in store.records for _, c, ks in plan for k in [c, *ks] if k)
+    return {
+        "cells": len(cells),
+        "run": new,
+        "skipped": len(cells) - len(todo),
+        "failed": failed,
+        "complete": complete,
+        "out": out,
+    }
+
+
+def _plan_cells(
+    spec: SweepSpec, store: _Store
+) -> tuple[list[tuple[SweepPoint, str | None, list[str]]], dict[str, ReportCell]]:
+    """Each point's cells, keyed by fingerprint: ``(plan, cells)``, the plan one ``(point,
+    calibration key, unit keys)`` per point. A point that cannot be planned is stored as a
+    failed cell (once) so that the rest of the grid runs."""
+    from diloco_gym.scale.cells import ReportCell, regime_plan
+
+    plan: list[tuple[SweepPoint, str | None, list[str]]] = []
     cells: dict[str, ReportCell] = {}
     for pt in spec.points:
         env = tuple(sorted(pt.env.items()))
         try:
             units = regime_plan(pt.config, pt.regime, env=pt.env)[0]
         except (ValueError, KeyError, OSError) as exc:
-            # The point cannot be planned (a trace too short for its window...): stored
-            # as a failed cell so that the rest of the grid runs.
+            # The point cannot be planned (a trace too short for its window...).
             key = "plan/" + _fingerprint(asdict(pt.config), pt.regime, env)
             if key not in store.records:
                 store.add(
@@ -370,9 +405,23 @@ def run_sweep(
             cells.setdefault(key, ReportCell(pt.config, pt.regime, i, env))
             keys.append(key)
         plan.append((pt, cal_key, keys))
-    todo = [
-        k for k in cells if k not in store.records or (retry_failed and not store.records[k]["ok"])
-    ]
+    return plan, cells
+
+
+def _run_todo(
+    cells: dict[str, ReportCell],
+    todo: list[str],
+    store: _Store,
+    max_cells: int | None,
+    backend: str,
+    jobs: int | None,
+    ray_address: str | None,
+    progress: bool,
+) -> int:
+    """Run the ``todo`` cells on the backend, storing each the moment it finishes (its
+    error too); stops after ``max_cells``. Returns how many were stored."""
+    from diloco_gym.scale.backends import CellError, run_cells
+
     new = 0
 
     def stored(i: int, res: Any) -> None:
@@ -406,22 +455,7 @@ def run_sweep(
         )
     except _Stop:
         pass
-    _write_outputs(spec, plan, store, out)
-    failed = sum(
-        1
-        for _, c, ks in plan
-        for k in [c, *ks]
-        if k in store.records and not store.records[k]["ok"]
-    )
-    complete = all(k in store.records for _, c, ks in plan for k in [c, *ks] if k)
-    return {
-        "cells": len(cells),
-        "run": new,
-        "skipped": len(cells) - len(todo),
-        "failed": failed,
-        "complete": complete,
-        "out": out,
-    }
+    return new
 
 
 def _cell_value(v: Any) -> Any:

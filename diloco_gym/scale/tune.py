@@ -66,6 +66,16 @@ _FIXED = {
 }
 _DISTRIBUTIONS = ("uniform", "loguniform", "choice", "randint")
 METRIC = "val_sync_excess_pct"
+#: Fixed settings that must be at least 1 (``reduction_factor`` at least 2).
+_AT_LEAST_ONE = (
+    "timesteps",
+    "eval_every",
+    "grace_timesteps",
+    "num_samples",
+    "train_seeds",
+    "validation_episodes",
+    "n_envs",
+)
 
 
 class TuneFileError(ValueError):
@@ -84,9 +94,8 @@ def load_tune(path: str | Path) -> TuneSpec:
             hyperparameter, a bad distribution, or an invalid setting.
     """
     from diloco_gym.envs.core import EnvParams
-    from diloco_gym.rl.train import ALGOS, VEC_ENVS, _algo_class
+    from diloco_gym.rl import train  # noqa: F401 - without stable-baselines3, fail first
     from diloco_gym.scale.sweep import SweepFileError, _read
-    from diloco_gym.sim.regimes import REGIMES
 
     path = Path(path)
     try:
@@ -99,6 +108,23 @@ def load_tune(path: str | Path) -> TuneSpec:
         raise TuneFileError(f"{path}: [space] must be a table of at least one hyperparameter")
     if not isinstance(env, dict):
         raise TuneFileError(f"{path}: [env] must be a table")
+    spec = _fixed_settings(path, data)
+    try:
+        EnvParams(**env)
+    except (TypeError, ValueError) as exc:
+        raise TuneFileError(f"{path}: [env]: {' '.join(str(exc).split())}") from None
+    _check_space(path, space, spec["algo"])
+    spec["env"] = env
+    spec["space"] = space
+    spec["path"] = str(path)
+    return spec
+
+
+def _fixed_settings(path: Path, data: dict) -> TuneSpec:
+    """The file's fixed settings over the defaults, each checked (type, name, bound)."""
+    from diloco_gym.rl.train import ALGOS, VEC_ENVS
+    from diloco_gym.sim.regimes import REGIMES
+
     spec = TuneSpec(
         name=path.stem,
         algo="ppo",
@@ -122,74 +148,59 @@ def load_tune(path: str | Path) -> TuneSpec:
         if not isinstance(value, _FIXED[key]) or isinstance(value, bool):
             raise TuneFileError(f"{path}: {key} must be {_FIXED[key].__name__}, got {value!r}")
         spec[key] = value
-    if spec["algo"] not in ALGOS:
-        raise TuneFileError(f"{path}: unknown algo {spec['algo']!r}; valid: {', '.join(ALGOS)}")
-    if spec["regime"] not in REGIMES:
-        raise TuneFileError(
-            f"{path}: unknown regime {spec['regime']!r}; valid: {', '.join(REGIMES)}"
-        )
-    if spec["vec_env"] not in VEC_ENVS:
-        raise TuneFileError(
-            f"{path}: unknown vec_env {spec['vec_env']!r}; valid: {', '.join(VEC_ENVS)}"
-        )
-    for key in (
-        "timesteps",
-        "eval_every",
-        "grace_timesteps",
-        "num_samples",
-        "train_seeds",
-        "validation_episodes",
-        "n_envs",
-    ):
+    for key, valid in (("algo", ALGOS), ("regime", REGIMES), ("vec_env", VEC_ENVS)):
+        if spec[key] not in valid:
+            raise TuneFileError(f"{path}: unknown {key} {spec[key]!r}; valid: {', '.join(valid)}")
+    for key in _AT_LEAST_ONE:
         if spec[key] < 1:
             raise TuneFileError(f"{path}: {key} must be >= 1, got {spec[key]}")
     if spec["reduction_factor"] < 2:
         raise TuneFileError(
             f"{path}: reduction_factor must be >= 2, got {spec['reduction_factor']}"
         )
-    try:
-        EnvParams(**env)
-    except (TypeError, ValueError) as exc:
-        raise TuneFileError(f"{path}: [env]: {' '.join(str(exc).split())}") from None
-    accepted = set(inspect.signature(_algo_class(spec["algo"]).__init__).parameters)
+    return spec
+
+
+def _check_space(path: Path, space: dict, algo: str) -> None:
+    """Every hyperparameter of ``space`` is one of ``algo``'s, with a valid distribution."""
+    from diloco_gym.rl.train import _algo_class
+
+    accepted = set(inspect.signature(_algo_class(algo).__init__).parameters)
     accepted -= {"self", "policy", "env", "seed", "device", "verbose", "tensorboard_log"}
     for name, dist in space.items():
         if name not in accepted:
             raise TuneFileError(
-                f"{path}: [space]: {name!r} is not a {spec['algo']} "
+                f"{path}: [space]: {name!r} is not a {algo} "
                 f"hyperparameter; valid: {', '.join(sorted(accepted))}"
             )
         if isinstance(dist, dict):
-            if len(dist) != 1 or next(iter(dist)) not in _DISTRIBUTIONS:
-                raise TuneFileError(
-                    f"{path}: [space]: {name} must be one of "
-                    f"{{{' | '.join(_DISTRIBUTIONS)} = [...]}}, a list "
-                    f"(a choice) or a value; got {dist!r}"
-                )
-            kind, args = next(iter(dist.items()))
-            if (
-                not isinstance(args, list)
-                or not args
-                or (
-                    kind != "choice"
-                    and (
-                        len(args) != 2
-                        or not args[0] < args[1]
-                        or (kind == "loguniform" and args[0] <= 0)
-                    )
-                )
-            ):
-                raise TuneFileError(
-                    f"{path}: [space]: {name} = {{{kind} = {args!r}}}: "
-                    f"give [low, high] with 0 < low < high for loguniform, "
-                    f"low < high otherwise, a non-empty list for choice"
-                )
+            _check_distribution(path, name, dist)
         elif isinstance(dist, list) and not dist:
             raise TuneFileError(f"{path}: [space]: {name} is an empty choice")
-    spec["env"] = env
-    spec["space"] = space
-    spec["path"] = str(path)
-    return spec
+
+
+def _check_distribution(path: Path, name: str, dist: dict) -> None:
+    """One ``{kind = [...]}`` distribution: a known kind with valid arguments."""
+    if len(dist) != 1 or next(iter(dist)) not in _DISTRIBUTIONS:
+        raise TuneFileError(
+            f"{path}: [space]: {name} must be one of "
+            f"{{{' | '.join(_DISTRIBUTIONS)} = [...]}}, a list "
+            f"(a choice) or a value; got {dist!r}"
+        )
+    kind, args = next(iter(dist.items()))
+    if (
+        not isinstance(args, list)
+        or not args
+        or (
+            kind != "choice"
+            and (len(args) != 2 or not args[0] < args[1] or (kind == "loguniform" and args[0] <= 0))
+        )
+    ):
+        raise TuneFileError(
+            f"{path}: [space]: {name} = {{{kind} = {args!r}}}: "
+            f"give [low, high] with 0 < low < high for loguniform, "
+            f"low < high otherwise, a non-empty list for choice"
+        )
 
 
 def _search_space(space: dict) -> dict:
@@ -298,19 +309,52 @@ def run_tune(
 
     require_ray()
     try:
-        from ray import tune
-        from ray.tune.schedulers import ASHAScheduler
-        from ray.tune.search.basic_variant import BasicVariantGenerator
+        from ray import tune  # noqa: F401 - checked here, used by _make_tuner
+        from ray.tune.schedulers import ASHAScheduler  # noqa: F401
+        from ray.tune.search.basic_variant import BasicVariantGenerator  # noqa: F401
     except ImportError:
         from diloco_gym.scale.backends import RAY_EXTRA_HINT
 
         raise ModuleNotFoundError(RAY_EXTRA_HINT.replace("Ray is", "Ray Tune is")) from None
-    from diloco_gym.rl import train as tr
+    from diloco_gym.rl import train  # noqa: F401 - without stable-baselines3, fail first
 
     out = Path(out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     init_ray(jobs, ray_address)
     started = time.perf_counter()
+    result_grid = _make_tuner(spec, out, progress).fit()
+    # ResultGrid is indexable and sized; its Results' optional fields are checked below
+    # (error, metrics), so they are handled as untyped values here.
+    grid: list[Any] = [result_grid[i] for i in range(len(result_grid))]
+    best, errored = _best_result(grid)
+    best_dir = out / "best"
+    trial = _save_best(spec, best, best_dir, len(grid), errored, started)
+    trials = [
+        {
+            **{k: v for k, v in r.config.items() if k != "_fixed"},
+            "timesteps": (r.metrics or {}).get("timesteps"),
+            METRIC: (r.metrics or {}).get(METRIC, math.nan),
+            "error": None if r.error is None else " ".join(str(r.error).split())[:200],
+        }
+        for r in grid
+    ]
+    (out / "trials.json").write_text(json.dumps(trials, indent=2, default=str) + "\n")
+    return {
+        "best_dir": best_dir,
+        "config": trial["hyperparameters"],
+        "metric": float(best.metrics[METRIC]),
+        "trials": len(grid),
+        "errored": errored,
+    }
+
+
+def _make_tuner(spec: TuneSpec, out: Path, progress: bool) -> Any:
+    """The Tuner: ASHA on the validation metric over ``spec``'s space, results in
+    ``out/ray_results``."""
+    from ray import tune
+    from ray.tune.schedulers import ASHAScheduler
+    from ray.tune.search.basic_variant import BasicVariantGenerator
+
     fixed = {
         k: spec[k]
         for k in (
@@ -332,7 +376,7 @@ def run_tune(
         grace_period=min(spec["grace_timesteps"], spec["timesteps"]),
         reduction_factor=spec["reduction_factor"],
     )
-    tuner = tune.Tuner(
+    return tune.Tuner(
         tune.with_resources(tune_trial, {"cpu": 1}),
         param_space=space,
         tune_config=tune.TuneConfig(
@@ -346,10 +390,10 @@ def run_tune(
             name=spec["name"], storage_path=str(out / "ray_results"), verbose=1 if progress else 0
         ),
     )
-    result_grid = tuner.fit()
-    # ResultGrid is indexable and sized; its Results' optional fields are checked below
-    # (error, metrics), so they are handled as untyped values here.
-    grid: list[Any] = [result_grid[i] for i in range(len(result_grid))]
+
+
+def _best_result(grid: list[Any]) -> tuple[Any, int]:
+    """The best trial and the number that errored; RuntimeError when none finished."""
     errored = sum(1 for r in grid if r.error is not None)
     ok = [r for r in grid if r.error is None and r.metrics and METRIC in r.metrics]
     if not ok:
@@ -361,7 +405,16 @@ def run_tune(
     # that reached the furthest rung (ASHA stopped the others on the same metric earlier).
     reach = max(r.metrics["timesteps"] for r in ok)
     best = min((r for r in ok if r.metrics["timesteps"] == reach), key=lambda r: r.metrics[METRIC])
-    best_dir = out / "best"
+    return best, errored
+
+
+def _save_best(
+    spec: TuneSpec, best: Any, best_dir: Path, trials: int, errored: int, started: float
+) -> dict:
+    """Write the best trial's checkpoint as a run directory (``model.zip`` and the
+    ``meta.json`` that ``diloco-gym train`` writes); returns the trial's record."""
+    from diloco_gym.rl import train as tr
+
     if best_dir.exists():
         shutil.rmtree(best_dir)
     best.checkpoint.to_directory(str(best_dir))
@@ -390,7 +443,7 @@ def run_tune(
         "tune": {
             "name": spec["name"],
             "file": spec["path"],
-            "trials": len(grid),
+            "trials": trials,
             "errored": errored,
             "metric": METRIC,
             "best_metric": float(best.metrics[METRIC]),
@@ -405,20 +458,4 @@ def run_tune(
         "status": "complete",
     }
     (best_dir / "meta.json").write_text(json.dumps(meta, indent=2, default=str) + "\n")
-    trials = [
-        {
-            **{k: v for k, v in r.config.items() if k != "_fixed"},
-            "timesteps": (r.metrics or {}).get("timesteps"),
-            METRIC: (r.metrics or {}).get(METRIC, math.nan),
-            "error": None if r.error is None else " ".join(str(r.error).split())[:200],
-        }
-        for r in grid
-    ]
-    (out / "trials.json").write_text(json.dumps(trials, indent=2, default=str) + "\n")
-    return {
-        "best_dir": best_dir,
-        "config": trial["hyperparameters"],
-        "metric": float(best.metrics[METRIC]),
-        "trials": len(grid),
-        "errored": errored,
-    }
+    return trial

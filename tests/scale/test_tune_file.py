@@ -1,0 +1,158 @@
+"""Tune files: what a valid one parses to, and one clear error per kind of mistake (the
+file and the key named). Needs stable-baselines3 (the algorithms' hyperparameters), not
+Ray."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("stable_baselines3")
+
+from diloco_gym.scale.tune import TuneFileError, load_tune  # noqa: E402
+
+VALID = """
+name = "search"
+algo = "dqn"
+regime = "ordinary"
+timesteps = 5000
+eval_every = 1000
+grace_timesteps = 2000
+reduction_factor = 2
+num_samples = 3
+train_seeds = 1
+validation_episodes = 4
+n_envs = 2
+vec_env = "dummy"
+seed = 7
+[env]
+decision_interval = 8
+[space]
+learning_rate = { loguniform = [1e-5, 1e-3] }
+gamma = { uniform = [0.9, 0.99] }
+batch_size = { choice = [32, 64] }
+train_freq = { randint = [1, 8] }
+exploration_fraction = [0.1, 0.2]
+buffer_size = 10000
+"""
+
+
+def test_valid_tune_file(tmp_path):
+    path = tmp_path / "t.toml"
+    path.write_text(VALID)
+    spec = load_tune(path)
+    assert dict(spec) == {
+        "name": "search",
+        "algo": "dqn",
+        "regime": "ordinary",
+        "timesteps": 5000,
+        "eval_every": 1000,
+        "grace_timesteps": 2000,
+        "reduction_factor": 2,
+        "num_samples": 3,
+        "train_seeds": 1,
+        "validation_episodes": 4,
+        "n_envs": 2,
+        "vec_env": "dummy",
+        "seed": 7,
+        "env": {"decision_interval": 8},
+        "space": {
+            "learning_rate": {"loguniform": [1e-5, 1e-3]},
+            "gamma": {"uniform": [0.9, 0.99]},
+            "batch_size": {"choice": [32, 64]},
+            "train_freq": {"randint": [1, 8]},
+            "exploration_fraction": [0.1, 0.2],
+            "buffer_size": 10000,
+        },
+        "path": str(path),
+    }
+
+
+def test_defaults_of_a_minimal_tune_file(tmp_path):
+    path = tmp_path / "minimal.toml"
+    path.write_text("[space]\ngamma = 0.99\n")
+    spec = load_tune(path)
+    assert spec["name"] == "minimal" and spec["algo"] == "ppo" and spec["regime"] == "bursty"
+    assert (spec["timesteps"], spec["eval_every"], spec["grace_timesteps"]) == (
+        100_000,
+        10_000,
+        20_000,
+    )
+    assert (spec["reduction_factor"], spec["num_samples"], spec["train_seeds"]) == (3, 8, 2)
+    assert (spec["validation_episodes"], spec["n_envs"], spec["vec_env"], spec["seed"]) == (
+        10,
+        4,
+        "native",
+        0,
+    )
+    assert spec["env"] == {} and spec["space"] == {"gamma": 0.99}
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("[space]\n", "[space] must be a table of at least one hyperparameter"),
+        ("env = 3\n[space]\ngamma = 0.99\n", "[env] must be a table"),
+        ("timesteps = 'many'\n[space]\ngamma = 0.99\n", "timesteps must be int, got 'many'"),
+        ("seed = true\n[space]\ngamma = 0.99\n", "seed must be int, got True"),
+        ("algo = 'a2c'\n[space]\ngamma = 0.99\n", "unknown algo 'a2c'; valid: "),
+        ("vec_env = 'gpu'\n[space]\ngamma = 0.99\n", "unknown vec_env 'gpu'; valid: "),
+        ("n_envs = 0\n[space]\ngamma = 0.99\n", "n_envs must be >= 1, got 0"),
+        ("reduction_factor = 1\n[space]\ngamma = 0.99\n", "reduction_factor must be >= 2, got 1"),
+        ("[env]\nbogus = 1\n[space]\ngamma = 0.99\n", "[env]: "),
+        ("[space]\ngamma = []\n", "[space]: gamma is an empty choice"),
+        ("[space]\ngamma = { uniform = [1, 1] }\n", "gamma = {uniform = [1, 1]}: give [low, high]"),
+        ("[space]\ngamma = { choice = [] }\n", "gamma = {choice = []}: give [low, high]"),
+        ("[space]\ngamma = { uniform = 1 }\n", "gamma = {uniform = 1}: give [low, high]"),
+        (
+            "[space]\ngamma = { uniform = [0, 1], choice = [1] }\n",
+            "[space]: gamma must be one of {uniform | loguniform | choice | randint = [...]}",
+        ),
+        ("[space]\nseed = [1, 2]\n", "[space]: 'seed' is not a ppo hyperparameter; valid: "),
+    ],
+)
+def test_bad_tune_file_messages(tmp_path, text, message):
+    path = tmp_path / "bad.toml"
+    path.write_text(text)
+    with pytest.raises(TuneFileError) as info:
+        load_tune(path)
+    assert str(info.value).startswith(f"{path}: ") and message in str(info.value)
+    assert "\n" not in str(info.value)
+
+
+def test_missing_and_malformed_tune_files(tmp_path):
+    with pytest.raises(TuneFileError, match=r"no such tune file"):
+        load_tune(tmp_path / "absent.toml")
+    path = tmp_path / "broken.toml"
+    path.write_text("[space\n")
+    with pytest.raises(TuneFileError, match=r"broken.toml: not valid TOML"):
+        load_tune(path)
+
+
+# --------------------------------------------------------------------------- results
+
+
+def _result(metric: float | None, timesteps: int | None, error: str | None = None):
+    from types import SimpleNamespace
+
+    from diloco_gym.scale.tune import METRIC
+
+    metrics = {} if metric is None else {METRIC: metric, "timesteps": timesteps}
+    return SimpleNamespace(metrics=metrics, error=error)
+
+
+def test_best_trial_is_the_best_of_the_furthest_rung():
+    """A trial stopped early with a better metric does not win; errored ones are counted."""
+    from diloco_gym.scale.tune import _best_result
+
+    grid = [_result(1.0, 100), _result(5.0, 300), _result(3.0, 300), _result(None, None, "boom")]
+    best, errored = _best_result(grid)
+    assert best is grid[2] and errored == 1
+
+
+def test_every_trial_failed_names_the_first_error():
+    from diloco_gym.scale.tune import _best_result
+
+    grid = [_result(None, None, "Traceback\n  ValueError: bad\n lr"), _result(None, None, "x")]
+    with pytest.raises(RuntimeError) as info:
+        _best_result(grid)
+    assert str(info.value) == "every tune trial failed (2 errored): Traceback ValueError: bad lr"
