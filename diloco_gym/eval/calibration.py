@@ -46,6 +46,8 @@ __all__ = [
     "calibration_schema",
     "validate_calibration",
     "measured_utilization",
+    "measured_merge_plan",
+    "simulate_as_measured",
 ]
 
 TOLERANCE = 0.05
@@ -396,6 +398,58 @@ def measured_utilization(path: str | Path | None, sidecar: SidecarParams) -> flo
     return rate * service / sidecar.slots
 
 
+def measured_merge_plan(path: str | Path | None) -> tuple[float, float] | None:
+    """``(merge_seconds, start_to_start_seconds)`` of a live calibration's merge plan.
+
+    ``diloco-gym calibrate`` records its per-phase plan as ``schedule`` (start and length of
+    each merge within a sync phase). A sync ratio depends on how long the merges are and how close
+    together (a merge's backlog spills into the requests before the next one), so the
+    simulated side of the transfer check replays merges of the measured length at the
+    measured mean spacing. ``None`` for the shipped reference, a file without a plan, or a
+    plan of fewer than two merges.
+    """
+    if path is None:
+        return None
+    try:
+        plan = json.loads(Path(path).read_text()).get("schedule", [])
+        starts = [float(m["start_s"]) for m in plan]
+        lengths = [float(m["length_s"]) for m in plan]
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+    if len(starts) < 2 or not all(np.isfinite(starts + lengths)) or min(lengths) <= 0:
+        return None
+    spacing = float(np.mean(np.diff(starts)))
+    return (float(np.mean(lengths)), spacing) if spacing > 0 else None
+
+
+def simulate_as_measured(
+    regime: str,
+    path: str | Path | None,
+    sidecar: SidecarParams | None,
+    seeds=range(8),
+) -> tuple[dict, float | None]:
+    """The simulated effect sizes a calibration's transfer check compares with, and the
+    utilization they were simulated at.
+
+    For a live file (``path`` with a recorded load and merge plan) the fitted ``sidecar``
+    is replayed under the conditions of the measurement: the measured utilization
+    (:func:`measured_utilization`) and merges of the measured length and spacing
+    (:func:`measured_merge_plan`). Otherwise the regime's own load and the default
+    schedule (8 s merges every 256 steps).
+    """
+    u_cal = measured_utilization(path, sidecar) if sidecar is not None else None
+    plan = measured_merge_plan(path) if sidecar is not None else None
+    sim = simulated_effect_sizes(
+        regime,
+        seeds=seeds,
+        sidecar=sidecar,
+        utilization=u_cal,
+        merge_seconds=plan[0] if plan else None,
+        merge_every_s=plan[1] if plan else None,
+    )
+    return sim, u_cal
+
+
 def fixed_schedule(n: int, every: int, h_min: int, h_max: int) -> list[int]:
     """Merges every ``every`` decisions (clamped to the corridor)."""
     every = min(max(every, h_min), h_max)
@@ -409,6 +463,8 @@ def simulated_effect_sizes(
     params: core.EnvParams | None = None,
     calibrated_on: bool = True,
     utilization: float | None = None,
+    merge_seconds: float | None = None,
+    merge_every_s: float | None = None,
 ) -> dict:
     """Effect sizes of the simulator for ``regime``, pooled over ``seeds``.
 
@@ -420,8 +476,15 @@ def simulated_effect_sizes(
     regimes' default sidecars the traces are unchanged. ``utilization`` replays it at that
     utilization instead (the load a live calibration was measured at,
     :func:`measured_utilization`).
+
+    Merges last ``params.merge_seconds`` and start every 256 steps; ``merge_seconds`` and
+    ``merge_every_s`` (a live calibration's plan, :func:`measured_merge_plan`) replace
+    both, with merges every ``merge_every_s`` rounded to whole decisions (the schedule of
+    the measurement, not an agent's, so the training corridor does not apply).
     """
     params = params or core.EnvParams()
+    if merge_seconds is not None:
+        params = replace(params, merge_seconds=merge_seconds)
     reg = get_regime(regime)
     trace_regime = get_regime(reg.calibrated_on) if calibrated_on and reg.calibrated_on else reg
     sidecar = sidecar or reg.sidecar
@@ -430,9 +493,13 @@ def simulated_effect_sizes(
     for seed in seeds:
         rng = np.random.default_rng(seed)
         ep = core.build_episode(trace_regime(rng), params, sidecar, LearnerParams(), rng, seed)
-        merges = fixed_schedule(
-            ep.n_decisions, 256 // params.decision_interval, params.h_min, params.h_max
-        )
+        if merge_every_s is not None:
+            every = max(1, round(merge_every_s / params.decision_seconds))
+            merges = list(range(every, ep.n_decisions, every))
+        else:
+            merges = fixed_schedule(
+                ep.n_decisions, 256 // params.decision_interval, params.h_min, params.h_max
+            )
         res = core.replay_schedule(ep, merges, params, sidecar)
         lat.append(res.latency_s)
         act.append(res.sync_active)

@@ -332,12 +332,8 @@ def run_frontier(config: FrontierConfig, progress: bool = True) -> dict[str, Any
     per_unit = len(free_agents) + len(budget_agents) * len(config.budgets_per_hour)
     bar = _progress(units_total * per_unit, progress)
     for regime, calib_key, fitted, units, shared_envs in plan:
-        u_cal = cal.measured_utilization(config.calibration, fitted) if fitted is not None else None
-        sim = cal.simulated_effect_sizes(
-            calib_key,
-            seeds=range(config.seed0, config.seed0 + 8),
-            sidecar=fitted,
-            utilization=u_cal,
+        sim, _ = cal.simulate_as_measured(
+            calib_key, config.calibration, fitted, range(config.seed0, config.seed0 + 8)
         )
         measured = calib.measured(calib_key)
         calib_verdicts[regime] = cal.transfer_verdict(

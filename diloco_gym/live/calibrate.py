@@ -171,6 +171,11 @@ class CalibrationConfig:
             :mod:`diloco_gym.live.server`).
         engine_model: size of the ``transformers`` engine's model.
         engine_max_concurrent: requests of the longest size its KV cache holds at once.
+        engine_threads: torch intra-op threads of the ``transformers`` engine (``None``: the
+            cores the merge workers leave, :func:`default_engine_threads`). On a CPU host an
+            engine with more threads than free cores stalls at every parallel region
+            whenever another process holds one of its cores, which makes its latency
+            erratic (measured: see docs/calibration.md).
         engine_start_timeout_s: how long the engine may take to answer ``/health``.
         probe: capacity-probe settings (:class:`~diloco_gym.live.probe.ProbeConfig`);
             ``None`` skips the probe (the rate is then ``rate_rps``, or 2 req/s with a
@@ -222,6 +227,7 @@ class CalibrationConfig:
     engine: str = "transformers"
     engine_model: EngineModelConfig = field(default_factory=EngineModelConfig)
     engine_max_concurrent: int = 32
+    engine_threads: int | None = None
     engine_start_timeout_s: float = 180.0
     probe: ProbeConfig | None = field(default_factory=ProbeConfig)
     target_utilization: float = 0.5
@@ -288,6 +294,15 @@ class CalibrationConfig:
             raise ValueError("CalibrationConfig.overload_grace_s must be None or >= 0")
         if not 0 < self.overload_timeout_fraction <= 1:
             raise ValueError("CalibrationConfig.overload_timeout_fraction must be in (0, 1]")
+        if self.engine_threads is not None and (
+            not isinstance(self.engine_threads, int)
+            or isinstance(self.engine_threads, bool)
+            or self.engine_threads < 1
+        ):
+            raise ValueError(
+                f"CalibrationConfig.engine_threads must be None or an int >= 1, got "
+                f"{self.engine_threads!r}"
+            )
         if not self.engine_start_timeout_s > 0:
             raise ValueError("CalibrationConfig.engine_start_timeout_s must be > 0")
 
@@ -946,19 +961,34 @@ def _measure(
     return _complete_document(job, run)
 
 
+def default_engine_threads(merge: MergeConfig, cpus: int | None = None) -> int:
+    """Threads for a CPU engine beside the merge workers: the cores they leave, at least 1.
+
+    Each merge worker runs ``merge.torch_threads`` threads; the engine gets the rest of the
+    host's ``cpus`` (default: the CPUs this process may use).
+    """
+    if cpus is None:
+        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
+        cpus = cpus or os.cpu_count() or 1
+    return max(1, cpus - merge.workers * merge.torch_threads)
+
+
 def _builtin_starter(job: _Job, longest: tuple[int, int]) -> Callable[[], Any]:
     """Announce the built-in server and return the call that starts it (it runs in a
     thread, see :func:`_start_builtin`)."""
     cfg, say = job.cfg, job.say
     if cfg.engine == "transformers":
         kv = kv_settings(*longest, max_concurrent=cfg.engine_max_concurrent)
+        threads = cfg.engine_threads or default_engine_threads(cfg.merge)
         say(
             f"starting transformers serve --continuous-batching (KV: block "
             f"{kv.block_size}, {kv.num_blocks} blocks, {kv.max_batch_tokens} batch "
-            f"tokens; longest request {longest[0]} + {longest[1]} tokens) and the "
-            f"merge workers"
+            f"tokens; longest request {longest[0]} + {longest[1]} tokens; {threads} torch "
+            f"thread{'s' if threads > 1 else ''}) and the merge workers"
         )
-        return lambda: start_engine(kv, cfg.engine_model, cfg.engine_start_timeout_s)
+        return lambda: start_engine(
+            kv, cfg.engine_model, cfg.engine_start_timeout_s, threads=threads
+        )
     say(
         "starting the built-in fallback server (dependency-free, one thread per "
         "request, no batching) and the merge workers"

@@ -95,6 +95,14 @@ def _add_server_arguments(parser: argparse.ArgumentParser) -> None:
         "seed, dtype (default: a 1.4 M-parameter, 2-layer, width-128 Llama)",
     )
     parser.add_argument(
+        "--engine-threads",
+        type=int,
+        metavar="N",
+        help="torch threads of the built-in transformers engine (default: the cores "
+        "the merge workers leave, at least 1; on a CPU host an engine whose threads "
+        "share cores with other processes stalls unpredictably)",
+    )
+    parser.add_argument(
         "--model",
         metavar="NAME",
         help="model id to request (default: the built-in model, or the first "
@@ -329,6 +337,7 @@ def _config_from_args(args: argparse.Namespace) -> CalibrationConfig:
         max_error_fraction=args.max_failure_rate,
         engine=args.engine,
         engine_model=engine_model,
+        engine_threads=args.engine_threads,
         probe=probe,
         target_utilization=args.target_utilization,
         repeats=args.repeats,

@@ -345,6 +345,7 @@ class EngineProcess:
         parameters: model size.
         command: the command line.
         log_path: the server's combined stdout and stderr.
+        threads: its torch intra-op threads (``None``: torch's default).
     """
 
     url: str
@@ -357,6 +358,7 @@ class EngineProcess:
     _process: subprocess.Popen = field(repr=False)
     _tmpdir: str | None = field(default=None, repr=False)
     _log: Any = field(default=None, repr=False)
+    threads: int | None = None
 
     @property
     def pid(self) -> int:
@@ -374,6 +376,7 @@ class EngineProcess:
             "model_config": asdict(self.config),
             "kv": asdict(self.kv),
             "command": self.command,
+            "threads": self.threads,
             "transformers": _version("transformers"),
             "torch": _version("torch"),
         }
@@ -537,6 +540,7 @@ def _launch_engine(kv: KVSettings, cfg: EngineModelConfig, threads: int | None) 
             proc,
             tmpdir,
             log,
+            threads,
         )
     except BaseException:
         if proc is not None and proc.poll() is None:

@@ -147,11 +147,9 @@ def _calibration_cell(config, measured_key: str, fitted, units: list) -> dict[st
     calib_seeds = range(config.seed0, config.seed0 + 8)
     # The verdict belongs to the sidecar on the load it was calibrated on: the measured
     # regime's own traces at its capacity-relative load (not the user's --rate-scale).
-    # A live file records the load it was measured at: simulate the fitted sidecar there.
-    u_cal = cal.measured_utilization(config.calibration, fitted) if fitted is not None else None
-    sim = cal.simulated_effect_sizes(
-        measured_key, seeds=calib_seeds, sidecar=fitted, utilization=u_cal
-    )
+    # A live file records the load and the merge plan it was measured with: simulate the
+    # fitted sidecar under those.
+    sim, u_cal = cal.simulate_as_measured(measured_key, config.calibration, fitted, calib_seeds)
     trace_sim = (
         _trace_effect_sizes(units[:8])
         if config.trace is not None

@@ -263,3 +263,41 @@ def test_a_live_file_is_judged_at_the_utilization_it_was_measured_at(tmp_path):
     assert row["sim_p95_sync_ratio"] == at_u["p95_sync_ratio"]
     # The episodes themselves run at the regime's own utilization on that sidecar.
     assert row["utilization"] == pytest.approx(REGIMES["sync-heavy"].utilization())
+
+
+def test_a_live_file_is_judged_with_the_merges_it_was_measured_with(tmp_path):
+    """A sync ratio depends on how long the merges are and how close together: the
+    verdict's simulation replays merges of the live plan's length at its mean spacing."""
+    from diloco_gym.eval.calibration import measured_merge_plan, simulate_as_measured
+
+    fitted = {"ttft_ms": 47.0, "decode_ms_per_token": 1.3, "slots": 1.1, "sync_slowdown": 0.9}
+    doc = {
+        "source": "unit-test live file",
+        "regimes": {"sync-heavy": {"p95_high_low": 1.0, "p95_sync_ratio": 2.35}},
+        "fitted_sidecar": fitted,
+        "schedule": [
+            {"start_s": 2.0, "length_s": 4.0},
+            {"start_s": 10.0, "length_s": 4.0},
+            {"start_s": 22.0, "length_s": 4.0},
+        ],
+    }
+    path = tmp_path / "live.json"
+    path.write_text(json.dumps(doc))
+    assert measured_merge_plan(path) == (4.0, 10.0)
+    assert measured_merge_plan(None) is None
+    for plan in ([], [{"start_s": 2.0, "length_s": 4.0}], [{"start_s": "x"}] * 2):
+        path.write_text(json.dumps(doc | {"schedule": plan}))
+        assert measured_merge_plan(path) is None, plan
+    path.write_text(json.dumps(doc))
+    sidecar = load_calibration(path).fitted_sidecar
+    seeds = HELD_OUT[:2]
+    sim, u_cal = simulate_as_measured("sync-heavy", path, sidecar, seeds)
+    assert u_cal is None  # no recorded load in this file: the regime's own
+    assert sim == simulated_effect_sizes(
+        "sync-heavy", seeds=seeds, sidecar=sidecar, merge_seconds=4.0, merge_every_s=10.0
+    )
+    default = simulated_effect_sizes("sync-heavy", seeds=seeds, sidecar=sidecar)
+    assert sim["p95_sync_ratio"] != default["p95_sync_ratio"]
+    # Without a fitted sidecar (the shipped reference) nothing is read from the file.
+    ref, _ = simulate_as_measured("sync-heavy", path, None, seeds)
+    assert ref == simulated_effect_sizes("sync-heavy", seeds=seeds)

@@ -341,6 +341,7 @@ def test_every_calibrate_option_reaches_the_run(tmp_path, monkeypatch):
     parser = add_calibrate_arguments(argparse.ArgumentParser())
     argv = ["--regime", "bursty", "--format", "azure", "--endpoint", "http://h:1"]
     argv += ["--engine", "builtin-fallback", "--engine-model-config", '{"num_hidden_layers": 3}']
+    argv += ["--engine-threads", "3"]
     argv += ["--model", "m", "--duration", "12", "--rate", "3.5", "--target-utilization", "0.4"]
     argv += ["--probe-step-seconds", "6", "--repeats", "2", "--overload-inflight", "40"]
     argv += ["--overload-timeouts", "0.3", "--start", "7", "--merge-mb", "4", "--workers", "3"]
@@ -357,6 +358,7 @@ def test_every_calibrate_option_reaches_the_run(tmp_path, monkeypatch):
         "m",
     )
     assert (cfg.rate_rps, cfg.target_utilization, cfg.probe.step_s) == (3.5, 0.4, 6.0)
+    assert cfg.engine_threads == 3
     assert (cfg.repeats, cfg.overload_inflight, cfg.overload_timeout_fraction) == (2, 40, 0.3)
     assert (cfg.start_s, cfg.merge.merge_mb, cfg.merge.workers, cfg.merge.backend) == (
         7.0, 4.0, 3, "gloo"
@@ -384,6 +386,7 @@ def test_every_calibrate_option_reaches_the_run(tmp_path, monkeypatch):
         (["--repeats", "0"], "CalibrationConfig.repeats must be an int >= 1, got 0"),
         (["--engine-model-config", '{"bogus": 1}'], "bogus"),
         (["--target-utilization", "1.5"], "target_utilization must be in (0, 1]"),
+        (["--engine-threads", "0"], "CalibrationConfig.engine_threads must be None or an int >= 1"),
     ],
 )
 def test_bad_calibrate_options_are_usage_errors(tmp_path, monkeypatch, capsys, argv, fragment):
@@ -639,3 +642,32 @@ def test_choose_rate_without_a_probe():
             "rate_source": source,
             "rate_rps": rate,
         }
+
+
+def test_engine_threads_default_to_the_cores_the_merge_workers_leave(monkeypatch):
+    """Without --engine-threads the engine gets the host's CPUs minus the workers' threads
+    (at least one), and the start-up passes that count on and announces it."""
+    from diloco_gym.live.calibrate import CalibrationConfig, default_engine_threads
+    from diloco_gym.live.merges import MergeConfig
+
+    assert default_engine_threads(MergeConfig(workers=2), cpus=2) == 1
+    assert default_engine_threads(MergeConfig(workers=2), cpus=16) == 14
+    assert default_engine_threads(MergeConfig(workers=3, torch_threads=2), cpus=16) == 10
+    assert default_engine_threads(MergeConfig(workers=4), cpus=2) == 1
+
+    started: dict = {}
+
+    def fake_start_engine(kv, model_cfg, timeout_s, threads=None):
+        started["threads"] = threads
+        return "engine"
+
+    monkeypatch.setattr(calibrate_mod, "start_engine", fake_start_engine)
+    lines: list[str] = []
+    for cfg, expected in (
+        (CalibrationConfig(merge=MergeConfig(workers=2)), default_engine_threads(MergeConfig())),
+        (CalibrationConfig(engine_threads=5), 5),
+    ):
+        job = SimpleNamespace(cfg=cfg, say=lines.append)
+        assert calibrate_mod._builtin_starter(job, (64, 16))() == "engine"
+        assert started["threads"] == expected
+        assert f"; {expected} torch thread" in lines[-1]
