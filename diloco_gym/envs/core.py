@@ -28,10 +28,11 @@ from diloco_gym.sim.sidecar import (
     IsolatedMergeCost,
     ReplayResult,
     SidecarParams,
-    _slowdown,
     base_latency_s,
     merge_costs,
+    queue,
     replay,
+    slowdown,
 )
 from diloco_gym.sim.traces import PRESSURE_DT_S, Trace
 
@@ -621,14 +622,11 @@ def episode_core_batch(
     base_s = base_latency_s(prompt, output, sidecar)
     req_bin = np.minimum((arrival_s / params.step_seconds).astype(np.int64), n_bins - 1)
     flat_bin = req_bin if b == 1 else np.repeat(np.arange(b) * n_bins, counts) + req_bin
-    # The no-merge replay (sidecar.replay with sync_bin=None: the same arithmetic, with
-    # sidecar._running_sum's bincount over episode-major bins).
-    m0 = _slowdown(pressure_bin, None, sidecar)
+    # The no-merge replay (sidecar.replay with sync_bin=None: the same arithmetic, with the
+    # work of every episode from one bincount over episode-major bins).
+    m0 = slowdown(pressure_bin, None, sidecar)
     work = np.bincount(flat_bin, weights=base_s, minlength=b * n_bins).reshape(b, n_bins)
-    s = np.empty((b, n_bins + 1))
-    s[:, 0] = 0.0
-    np.cumsum(work - sidecar.slots * params.step_seconds / m0, axis=1, out=s[:, 1:])
-    prefmin = np.minimum.accumulate(s, axis=1)
+    s, prefmin = queue(work, m0, sidecar, params.step_seconds)
     backlog = s[:, :-1] - prefmin[:, :-1]
     latency = (base_s + backlog.reshape(-1)[flat_bin] / sidecar.slots) * m0.reshape(-1)[flat_bin]
     return EpisodeCore(
@@ -896,12 +894,27 @@ def options(d, last, m_left, params: EnvParams, n: int, budget: BudgetTables | N
 
 
 def sync_mask(merges, n_bins: int, params: EnvParams) -> np.ndarray:
-    """Per-bin 0/1 mask of the merge windows of a schedule (decision indices)."""
-    mask = np.zeros(n_bins + params.merge_steps, dtype=np.float64)
+    """Per-bin 0/1 mask of the merge windows of a schedule (decision indices).
+
+    A ``(K, M)`` array of schedules gives a ``(K, n_bins)`` mask, one row per schedule.
+    """
     starts = np.asarray(merges, dtype=np.int64) * params.decision_interval
+    w = params.merge_steps
+    width = n_bins + w
+    if starts.ndim > 1:
+        rows = starts.reshape(-1, starts.shape[-1])
+        if rows.size and (rows.min() < 0 or rows.max() + w > width):
+            # out-of-range starts: each row as a schedule of its own (np.add.at below)
+            out = np.stack([sync_mask(r, n_bins, params) for r in rows // params.decision_interval])
+            return out.reshape(starts.shape[:-1] + (n_bins,))
+        mask = np.zeros((rows.shape[0], width), dtype=np.float64)
+        if rows.size:
+            at = rows + (np.arange(rows.shape[0]) * width)[:, None]
+            mask.reshape(-1)[(at[..., None] + np.arange(w)).ravel()] = 1.0
+        return mask[:, :n_bins].reshape(starts.shape[:-1] + (n_bins,))
+    mask = np.zeros(width, dtype=np.float64)
     if starts.size:
         # 1 on each window (a count of overlapping windows would be capped at 1 anyway).
-        w = params.merge_steps
         if starts.min() >= 0 and starts.max() + w <= mask.size:
             mask[(starts[:, None] + np.arange(w)).ravel()] = 1.0
         else:  # out-of-range starts: np.add.at's indexing (and its IndexError), as before

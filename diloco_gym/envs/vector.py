@@ -36,7 +36,14 @@ from diloco_gym.envs.core import (
 from diloco_gym.envs.env import make_generator
 from diloco_gym.sim import learners as lrn
 from diloco_gym.sim.regimes import SyntheticRegime
-from diloco_gym.sim.sidecar import SidecarParams, lost_capacity, merge_costs
+from diloco_gym.sim.sidecar import (
+    CostQueue,
+    SidecarParams,
+    cost_horizon,
+    cost_queue,
+    isolated_merge_costs,
+    merge_costs,
+)
 
 __all__ = ["DiLoCoSyncVectorEnv"]
 
@@ -213,16 +220,11 @@ class DiLoCoSyncVectorEnv(gym.vector.VectorEnv[np.ndarray, np.ndarray, np.ndarra
         n_bank = self.episode_pool or b
         self._bank_n = np.zeros(n_bank, dtype=np.int64)
         self._bank_exo = np.zeros((n_bank, 0, EXO_SLICE.stop - EXO_SLICE.start), dtype=np.float32)
-        # What costing a merge lazily needs (sidecar.IsolatedMergeCost, per bank slot): the
-        # padded no-merge queue (S, D and the prefix minimum at decision starts), the
-        # no-merge slowdown per decision, and the requests in bin order (service time, or
-        # -inf for those already violated without a merge, and bin), with ptr[k] the first
-        # request of bin k.
+        # What costing a merge lazily needs, per bank slot: a row of a sidecar.CostQueue
+        # (S, D, ptr, the requests' bins and service times, m0 per decision) and the
+        # prefix minimum of S at decision starts.
         self._merge_bins = self.params.merge_steps
-        self._horizon = self._merge_bins + int(
-            round(self.sidecar.tail_s / self.params.step_seconds)
-        )
-        self._h_range = np.arange(self._horizon, dtype=np.int64)
+        self._horizon = cost_horizon(self.sidecar, self.params.step_seconds, self._merge_bins)
         self._spec = _BuildSpec(
             self.generator,
             self.params,
@@ -472,38 +474,18 @@ class DiLoCoSyncVectorEnv(gym.vector.VectorEnv[np.ndarray, np.ndarray, np.ndarra
             self._write_rows(slots[done : done + k], rows)
             done += k
 
-    def _write_rows(
-        self, slots: np.ndarray, rows: dict[str, Any], sel: np.ndarray | None = None
-    ) -> None:
-        """Copy episodes of ``rows`` (all, or those at positions ``sel``) into ``slots``."""
-        counts = rows["counts"]
-        req_first = np.cumsum(counts) - counts
-        if sel is not None:
-            keep = np.repeat(
-                req_first[sel] - (np.cumsum(counts[sel]) - counts[sel]), counts[sel]
-            ) + np.arange(int(counts[sel].sum()))
-            rows = {
-                k: (v[sel] if isinstance(v, np.ndarray) and k not in ("base", "rbin") else v)
-                for k, v in rows.items()
-            }
-            rows["base"], rows["rbin"] = rows["base"][keep], rows["rbin"][keep]
-            counts = rows["counts"]
-            req_first = np.cumsum(counts) - counts
-        n, size, n_slots = rows["n"], rows["s"].shape[1], rows["m0"].shape[1]
+    def _write_rows(self, slots: np.ndarray, rows: dict[str, Any]) -> None:
+        """Copy the episodes of ``rows`` into bank ``slots``."""
+        q: CostQueue = rows["queue"]
+        n, size, n_slots = rows["n"], q.s.shape[1], q.m0.shape[1]
         self._grow("_bank_exo", n)[slots, :n] = rows["exo"]
         for key in ("s", "d", "ptr"):
-            self._grow("_bank_" + key, size)[slots, :size] = rows[key]
+            self._grow("_bank_" + key, size)[slots, :size] = getattr(q, key)
         self._grow("_bank_prefmin", n)[slots, :n] = rows["prefmin"]
-        self._grow("_bank_m0", n_slots)[slots, :n_slots] = rows["m0"]
-        # Requests: one scatter into the rows (episode e's requests at row slots[e]).
-        width = int(counts.max()) if counts.size else 0
-        bank_base = self._grow("_bank_base", width, 0.25)
-        bank_rbin = self._grow("_bank_rbin", width, 0.25)
-        pos = np.arange(rows["base"].size) + np.repeat(
-            slots * bank_base.shape[1] - req_first, counts
-        )
-        bank_base.reshape(-1)[pos] = rows["base"]
-        bank_rbin.reshape(-1)[pos] = rows["rbin"]
+        self._grow("_bank_m0", n_slots)[slots, :n_slots] = q.m0
+        width = q.base.shape[1]
+        self._grow("_bank_base", width, 0.25)[slots, :width] = q.base
+        self._grow("_bank_rbin", width, 0.25)[slots, :width] = q.rbin
         self._set_scalars(slots, n, rows["pct"], rows["thr"], rows["seeds"], rows["scale"])
 
     def _grow(self, name: str, width: int, headroom: float = 0.0) -> np.ndarray:
@@ -539,44 +521,28 @@ class DiLoCoSyncVectorEnv(gym.vector.VectorEnv[np.ndarray, np.ndarray, np.ndarra
             self._budget_for(n)  # an infeasible budget fails here, as in the single env
 
     def _merge_costs(self, idx: np.ndarray, d: np.ndarray) -> np.ndarray:
-        """Isolated cost of a merge at decision ``d[k]`` of env ``idx[k]``: exactly
-        :meth:`sidecar.IsolatedMergeCost.cost_at` (same sums in the same order), batched
-        over the envs, with the requests of all horizons paired in one flat pass."""
-        sc = self.sidecar
-        w, h = self._merge_bins, self._horizon
-        di = self.params.decision_interval
+        """Isolated cost of a merge at decision ``d[k]`` of env ``idx[k]``
+        (:func:`sidecar.isolated_merge_costs` on the bank's rows)."""
+        p = self.params
         slot = self._slot[idx]
-        start = d * di
-        m = idx.size
-        # Flat indices into the bank rows (np.take on a flat view is the fastest gather). The
-        # horizon grid is offset-major, (h, m), so the running minimum runs down whole rows.
-        bs, bd = self._bank_s, self._bank_d
-        at = slot * bs.shape[1] + start
-        win = self._h_range[:, None] + at
-        g = np.take(bs.reshape(-1), win)
-        flat_d = bd.reshape(-1)
-        g[:w] += np.take(flat_d, win[:w])
-        g[w:] += np.take(flat_d, at + w)
-        g -= np.take(flat_d, at)
-        run = np.minimum.accumulate(g, axis=0)
-        np.minimum(run, self._bank_prefmin[slot, d], out=run)
-        g -= run  # the backlog with the merge
-        ptr = self._bank_ptr.reshape(-1)
-        lo = np.take(ptr, at)
-        cnt = np.take(ptr, at + h) - lo
-        which = np.repeat(np.arange(m), cnt)
-        # Flat position of each paired request: its row's offset plus its index in the row.
-        row0 = slot * self._bank_base.shape[1] + lo - (np.cumsum(cnt) - cnt)
-        pos = np.arange(which.size) + np.repeat(row0, cnt)
-        rbin = np.take(self._bank_rbin.reshape(-1), pos)
-        j = rbin - np.repeat(start, cnt)
-        slow = np.take(
-            self._bank_m0.reshape(-1), rbin // di + np.repeat(slot * self._bank_m0.shape[1], cnt)
+        q = CostQueue(
+            self._bank_s,
+            self._bank_d,
+            self._bank_ptr,
+            self._bank_rbin,
+            self._bank_base,
+            self._bank_m0,
+            p.decision_interval,
         )
-        slow *= np.where(j < w, 1.0 + sc.sync_slowdown, 1.0)
-        thr = (sc.slo_s / slow - np.take(self._bank_base.reshape(-1), pos)) * sc.slots
-        extra = np.take(g.reshape(-1), j * m + which) > thr
-        return np.bincount(which[extra], minlength=m).astype(np.float64)
+        return isolated_merge_costs(
+            q,
+            slot,
+            d * p.decision_interval,
+            self._bank_prefmin[slot, d],
+            p.merge_steps,
+            self.sidecar,
+            p.step_seconds,
+        )
 
     def _reset_pool(self, seed, seeds: list[int | None]) -> None:
         k = self.episode_pool
@@ -856,7 +822,6 @@ def _rows(spec: _BuildSpec, seeds: list[int], draws: list) -> dict[str, Any]:
     """Bank rows of same-duration ``draws``: the episode arrays and, for lazy costing, the
     padded no-merge queue, bin pointers and requests (see DiLoCoSyncVectorEnv.__init__)."""
     p, sc = spec.params, spec.sidecar
-    b = len(draws)
     has_p = draws[0][3] is not None and draws[0][4] is not None
     c = core.episode_core_batch(
         [d[0] for d in draws],
@@ -869,38 +834,29 @@ def _rows(spec: _BuildSpec, seeds: list[int], draws: list) -> dict[str, Any]:
         sc,
         draws[0][6],
     )
-    assert c.counts is not None and c.flat_bin is not None  # episode_core_batch fills them
+    assert c.counts is not None  # episode_core_batch fills it
     n, di = c.n, p.decision_interval
     n_bins = c.pressure_bin.shape[1]
-    size = n_bins + 1 + spec.horizon
-    counts = c.counts
-    s_pad = np.empty((b, size))
-    s_pad[:, : n_bins + 1] = c.s
-    s_pad[:, n_bins + 1 :] = c.s[:, -1:]  # index clipping, as sidecar._padded
-    d0 = lost_capacity(c.m0, sc, p.step_seconds)
-    d_pad = np.empty((b, size))
-    d_pad[:, : n_bins + 1] = d0
-    d_pad[:, n_bins + 1 :] = d0[:, -1:]
-    ptr = np.zeros((b, size), dtype=np.int32)
-    np.cumsum(
-        np.bincount(c.flat_bin, minlength=b * n_bins).reshape(b, n_bins),
-        axis=1,
-        out=ptr[:, 1 : n_bins + 1],
+    q = cost_queue(
+        c.base_s,
+        c.req_bin,
+        c.violated,
+        c.m0,
+        c.s,
+        sc,
+        p.step_seconds,
+        n_bins + 1 + spec.horizon,
+        counts=c.counts,
+        m0_bins=di,  # the pressure, hence m0, is constant over a decision
     )
-    ptr[:, n_bins + 1 :] = counts[:, None]
     return {
         "seeds": np.asarray(seeds, dtype=np.int64),
         "n": n,
         "exo": c.exo,
-        "s": s_pad,
-        "d": d_pad,
-        "ptr": ptr,
+        "queue": q,
         "prefmin": c.prefmin[:, : n * di : di],
-        "m0": c.m0[:, ::di],  # per decision (the pressure, hence m0, is too)
-        "base": np.where(c.violated, -np.inf, c.base_s),
-        "rbin": c.req_bin.astype(np.int32),
-        "counts": counts,
-        "pct": 100.0 / np.maximum(1, counts),
+        "counts": c.counts,
+        "pct": 100.0 / np.maximum(1, c.counts),
         "scale": core.reward_per_request(spec.rate_rps, draws[0][5]),
         "thr": np.stack([d[7] for d in draws]),
     }
