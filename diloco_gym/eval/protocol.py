@@ -268,7 +268,10 @@ class EpisodeScorer:
         t = np.arange(t_max)
         rows = np.zeros(r, dtype=np.int64)
         # The queue with the merge (one rule: sidecar.merged_backlog), offset-major (t, r).
-        bl, run = merged_backlog(self._q, rows, st, min0, self.w, t_max, off0)
+        last = np.maximum(length - 1, 0)
+        bl, run_last = merged_backlog(
+            self._q, rows, st, min0, self.w, t_max, off0, ends=last if want_state else None
+        )
         inside = t[:, None] < length
         eq = (bl == self._base_bl[t[:, None] + st]) & (t[:, None] >= self.w) & inside
         drained = eq.any(axis=0)
@@ -277,9 +280,8 @@ class EpisodeScorer:
         excess = merge_violations(self._q, rows, st, bl, self.w, self.sidecar, t_drain)
         if not want_state:
             return (drained, t_drain), excess
-        last = np.maximum(length - 1, 0)
         end = st + self.w
-        state = (off0 + (self._d[end] - self._d[st]), run[last, np.arange(r)])
+        state = (off0 + (self._d[end] - self._d[st]), run_last)
         return (drained, t_drain), excess, state
 
     def score(self, schedules: np.ndarray) -> Scores:

@@ -33,6 +33,7 @@ same replay with no merges (percentage points of requests).
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, fields
 from typing import NamedTuple
 
@@ -254,6 +255,33 @@ _COST_BLOCK = 4096
 _PAIR_CHUNK = 1 << 18
 
 
+#: Bytes of scratch kept per thread between calls (see _scratch): enough for episodes up to
+#: about 20 minutes; longer traces allocate normally, because a retained multi-megabyte
+#: block in the heap pins the memory freed around it (higher RSS afterwards).
+_SCRATCH_MAX_BYTES = 1 << 21
+_SCRATCH = threading.local()
+
+
+def _scratch(name: str, shape: tuple[int, ...], dtype=np.float64) -> np.ndarray:
+    """An uninitialised array of ``shape`` backed by a per-thread buffer, for temporaries
+    that never leave the function that asked for them.
+
+    The grids of a whole episode's merge costs are too big for malloc's small-block heap,
+    so a fresh allocation maps new pages and faults each of them in (a third of the call,
+    measured). Reusing one small buffer per thread avoids it (arrays above
+    ``_SCRATCH_MAX_BYTES`` are allocated normally, so at most a few MiB are held).
+    """
+    size = int(np.prod(shape))
+    if size * np.dtype(dtype).itemsize > _SCRATCH_MAX_BYTES:
+        return np.empty(shape, dtype=dtype)
+    key = f"{name}_{np.dtype(dtype).str}"
+    buf = getattr(_SCRATCH, key, None)
+    if buf is None or buf.size < size:
+        buf = np.empty(size, dtype=dtype)
+        setattr(_SCRATCH, key, buf)
+    return buf[:size].reshape(shape)
+
+
 def _padded(x: np.ndarray, size: int) -> np.ndarray:
     """``x`` extended to ``size`` along its last axis by repeating its last value (index
     clipping, as a copy)."""
@@ -389,7 +417,8 @@ def merged_backlog(
     merge_bins: int,
     length: int,
     off0: np.ndarray | None = None,
-) -> tuple[np.ndarray, np.ndarray]:
+    ends: np.ndarray | None = None,
+) -> tuple[np.ndarray, np.ndarray | None]:
     """The queue's backlog with one merge in ``[start, start + merge_bins)`` of each row.
 
     The running sum with the merge is ``S_k + D_min(k, end) - D_start`` (the merge removes
@@ -401,25 +430,51 @@ def merged_backlog(
         rows / starts: the merge of each column: its row of ``q`` and start bin.
         min0: running minimum of the queue entering each window.
         length: bins to follow from each start.
+        ends: optionally an offset per merge at which to report the running minimum (the
+            state to carry into a later window).
 
     Returns:
-        ``(backlog, run)``: offset-major ``(length, M)`` backlog (work-seconds) and the
-        running minimum it was measured from.
+        ``(backlog, run_at_ends)``: offset-major ``(length, M)`` backlog (work-seconds) and
+        the running minimum at ``ends`` (``None`` without ``ends``).
     """
-    at = rows * q.s.shape[1] + starts
-    win = np.arange(length)[:, None] + at
-    g = np.take(q.s.reshape(-1), win)
-    flat_d = q.d.reshape(-1)
     w = merge_bins
-    g[:w] += np.take(flat_d, win[:w])
-    g[w:] += np.take(flat_d, at + w)
-    g -= np.take(flat_d, at)
+    stride = _uniform_stride(rows, starts)
+    if stride and int(starts[-1]) + max(length, w + 1) <= q.s.shape[1]:
+        # One row, equally spaced starts: the windows are strided views (no gather).
+        s_row, d_row = q.s[int(rows[0])], q.d[int(rows[0])]
+        es, first = s_row.strides[0], int(starts[0])
+        view = np.lib.stride_tricks.as_strided
+        s_win = view(s_row[first:], (length, starts.size), (es, es * stride), writeable=False)
+        d_win = view(
+            d_row[first:], (min(w, length), starts.size), (es, es * stride), writeable=False
+        )
+        g = np.empty((length, starts.size))
+        np.add(s_win[:w], d_win, out=g[:w])
+        np.add(s_win[w:], d_row[starts + w][None, :], out=g[w:])
+        g -= d_row[starts]
+    else:
+        at = rows * q.s.shape[1] + starts
+        win = np.arange(length)[:, None] + at
+        g = np.take(q.s.reshape(-1), win)
+        flat_d = q.d.reshape(-1)
+        g[:w] += np.take(flat_d, win[:w])
+        g[w:] += np.take(flat_d, at + w)
+        g -= np.take(flat_d, at)
     if off0 is not None:
         g += off0
-    run = np.minimum.accumulate(g, axis=0)
-    np.minimum(run, min0, out=run)
+    # The running minimum along each horizon, from min0 (min is exact: any order of the
+    # comparisons gives the same values). Row by row when the rows are long (faster than
+    # an accumulate down the first axis).
+    if starts.size >= 64:
+        run = _scratch("run", g.shape)
+        prev = np.asarray(min0, dtype=np.float64)
+        for j in range(length):
+            prev = np.minimum(prev, g[j], out=run[j])
+    else:
+        run = np.minimum.accumulate(g, axis=0)
+        np.minimum(run, min0, out=run)
     g -= run
-    return g, run
+    return g, None if ends is None else run[ends, np.arange(starts.size)]
 
 
 def merge_violations(
@@ -441,6 +496,9 @@ def merge_violations(
         float ``(M,)`` counts.
     """
     m = starts.size
+    stride = _uniform_stride(rows, starts)
+    if stride and np.ndim(lengths) == 0:
+        return _strided_violations(q, int(rows[0]), starts, stride, backlog, merge_bins, p)
     at = rows * q.ptr.shape[1] + starts
     ptr = q.ptr.reshape(-1)
     lo = np.take(ptr, at)
@@ -457,6 +515,76 @@ def merge_violations(
     thr = violation_threshold(slow, np.take(q.base.reshape(-1), pos), p)
     extra = np.take(backlog.reshape(-1), j * m + which) > thr
     return np.bincount(which[extra], minlength=m).astype(np.float64)
+
+
+def _uniform_stride(rows: np.ndarray, starts: np.ndarray) -> int:
+    """The stride of ``starts`` when they are two or more equally spaced starts of one row
+    (every decision of an episode), else 0."""
+    if starts.size < 2 or rows[0] != rows[-1] or not np.all(rows == rows[0]):
+        return 0
+    stride = int(starts[1] - starts[0])
+    return stride if stride >= 1 and bool(np.all(np.diff(starts) == stride)) else 0
+
+
+def _strided_violations(
+    q: CostQueue,
+    row: int,
+    starts: np.ndarray,
+    stride: int,
+    backlog: np.ndarray,
+    merge_bins: int,
+    p: SidecarParams,
+) -> np.ndarray:
+    """:func:`merge_violations` of equally spaced merges of one row, request-major.
+
+    The counting rule is the same (a request of ``[start, start + length)`` counts when the
+    backlog at its bin exceeds :func:`violation_threshold` under the merge's slowdown inside
+    the window); only the pairing differs: each request meets the candidates whose horizon
+    holds it at a fixed stride of a ``-inf``-padded copy of the grid, lag by lag, so no
+    request/candidate pair is materialised and no validity mask is needed.
+    """
+    length, m = backlog.shape
+    first = int(starts[0])
+    lo = int(q.ptr[row, first])
+    hi = int(q.ptr[row, min(int(starts[-1]) + length, q.ptr.shape[1] - 1)])
+    if hi <= lo:
+        return np.zeros(m)
+    rb = q.rbin[row, lo:hi].astype(np.int64)
+    base = q.base[row, lo:hi]
+    slow = q.m0[row, rb if q.m0_bins == 1 else rb // q.m0_bins]
+    t_in = violation_threshold(slow * (1.0 + p.sync_slowdown), base, p)
+    t_tail = violation_threshold(slow, base, p)
+    rel = rb - first
+    ch = rel // stride  # the last candidate starting at or before the request
+    r = rel - ch * stride  # its offset from that start
+    n_lags = (length - 1) // stride + 1  # candidates whose horizon can hold one request
+    lag_in = min(merge_bins // stride, n_lags)  # lags inside the window for every request
+    lag_tail = min(-(-merge_bins // stride), n_lags)  # lags after it for every request
+    pad = n_lags - 1
+    cols = m + 2 * pad
+    grid = _scratch("grid", (n_lags * stride, cols))
+    grid[:, :pad] = -np.inf
+    grid[:, pad + m :] = -np.inf
+    grid[length:] = -np.inf
+    grid[:length, pad : pad + m] = backlog
+    flat = grid.ravel()
+    step = stride * cols - 1  # flat distance between a request's consecutive lags
+    idx = r * cols + ch + pad
+    extra = np.empty((n_lags, idx.size), dtype=bool)
+    for lag in range(n_lags):
+        if lag < lag_in:
+            thr = t_in
+        elif lag >= lag_tail:
+            thr = t_tail
+        else:
+            thr = np.where(r + lag * stride < merge_bins, t_in, t_tail)
+        np.greater(np.take(flat[lag * step :], idx), thr, out=extra[lag])
+    # Count per candidate c = ch - lag: sum each run of equal ch, then scatter.
+    heads = np.flatnonzero(np.diff(ch, prepend=ch[0] - 1))
+    per = np.add.reduceat(extra, heads, axis=1, dtype=np.int64)  # (lags, groups)
+    cand = ch[heads][None, :] - np.arange(n_lags)[:, None]
+    ok = (cand >= 0) & (cand < m)
+    return np.bincount(cand[ok], weights=per[ok], minlength=m).astype(np.float64)
 
 
 def isolated_merge_costs(
