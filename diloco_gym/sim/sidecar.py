@@ -452,6 +452,14 @@ def merged_backlog(
         np.add(s_win[:w], d_win, out=g[:w])
         np.add(s_win[w:], d_row[starts + w][None, :], out=g[w:])
         g -= d_row[starts]
+    elif starts.size == 1:  # one merge (the single env's): slices of its row
+        r, a = int(rows[0]), int(starts[0])
+        s_row, d_row = q.s[r], q.d[r]
+        g = np.empty((length, 1))
+        g0 = g[:, 0]
+        np.add(s_row[a : a + min(w, length)], d_row[a : a + min(w, length)], out=g0[:w])
+        np.add(s_row[a + w : a + length], d_row[a + w], out=g0[w:])
+        g0 -= d_row[a]
     else:
         at = rows * q.s.shape[1] + starts
         win = np.arange(length)[:, None] + at
@@ -501,6 +509,16 @@ def merge_violations(
         return _strided_violations(q, int(rows[0]), starts, stride, backlog, merge_bins, p)
     at = rows * q.ptr.shape[1] + starts
     ptr = q.ptr.reshape(-1)
+    if m == 1:  # one merge (the single env's): its requests are one slice of its row
+        r, a = int(rows[0]), int(at[0])
+        lo, hi = int(ptr[a]), int(ptr[a + int(np.reshape(lengths, -1)[0])])
+        rbin = q.rbin[r, lo:hi]
+        j = rbin - starts[0]
+        grp = rbin if q.m0_bins == 1 else rbin // q.m0_bins
+        slow = q.m0[r, grp]
+        slow *= np.where(j < merge_bins, 1.0 + p.sync_slowdown, 1.0)
+        thr = violation_threshold(slow, q.base[r, lo:hi], p)
+        return np.array([float(np.count_nonzero(backlog[j, 0] > thr))])
     lo = np.take(ptr, at)
     cnt = np.take(ptr, at + lengths) - lo
     which = np.repeat(np.arange(m), cnt)
