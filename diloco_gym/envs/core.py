@@ -667,6 +667,18 @@ def build_episode(
         rate_rps = (
             params.reward_rate_rps if params.reward_rate_rps is not None else trace.mean_rate_rps
         )
+    return _episode(trace, learner_params.draw_throughputs(rng), params, sidecar, seed, rate_rps)
+
+
+def _episode(
+    trace: Trace,
+    throughputs: np.ndarray,
+    params: EnvParams,
+    sidecar: SidecarParams,
+    seed: int | None,
+    rate_rps: float,
+) -> Episode:
+    """The :class:`Episode` of ``trace`` with learner ``throughputs`` (already drawn)."""
     c = episode_core(
         trace.arrival_s,
         trace.prompt_tokens,
@@ -685,7 +697,7 @@ def build_episode(
         trace,
         c.n,
         c.exo,
-        learner_params.draw_throughputs(rng),
+        throughputs,
         c.base_s,
         c.req_bin,
         c.pressure_bin,
@@ -708,16 +720,17 @@ def episode_from_seed(
 ) -> Episode:
     """The episode of ``seed``: its trace and learner throughputs from one generator.
 
-    ``np.random.default_rng(seed)`` draws the trace (``generator(rng)``) and then the
-    learner throughputs, so the single and the vector env give the same episode for the
-    same seed. ``rate_rps``: the reward scale's nominal rate (default: the generator's,
-    :func:`nominal_rate_rps`).
+    The draws come from :func:`diloco_gym.envs.kernel.episode_draws` (the trace, then the
+    learner throughputs, from ``np.random.default_rng(seed)``), as the vector env's, so the
+    single and the vector env give the same episode for the same seed. ``rate_rps``: the
+    reward scale's nominal rate (default: the generator's, :func:`nominal_rate_rps`).
     """
+    from diloco_gym.envs.kernel import episode_draws
+
     if rate_rps is None:
         rate_rps = nominal_rate_rps(generator, params)
-    rng = np.random.default_rng(seed)
-    trace = generator(rng)
-    return build_episode(trace, params, sidecar, learner_params, rng, seed=seed, rate_rps=rate_rps)
+    trace, throughputs = episode_draws(generator, seed, learner_params)
+    return _episode(trace, throughputs, params, sidecar, seed, rate_rps)
 
 
 def _sum_first_axis(x: np.ndarray) -> np.ndarray:
