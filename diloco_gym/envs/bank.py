@@ -21,6 +21,7 @@ import numpy as np
 
 from diloco_gym.envs import core
 from diloco_gym.envs.core import EXO_SLICE, EnvParams
+from diloco_gym.envs.kernel import episode_draws, max_merges
 from diloco_gym.sim import learners as lrn
 from diloco_gym.sim.sidecar import (
     CostQueue,
@@ -60,8 +61,6 @@ def build_rows(spec: BuildSpec, seeds: list[int]) -> list[dict[str, Any]]:
     Traces of different durations, or with and without pressure series, go one by one.
     A pure function of its arguments.
     """
-    from diloco_gym.envs.kernel import episode_draws
-
     out = []
     for lo in range(0, len(seeds), BUILD_CHUNK):
         chunk = list(range(lo, min(len(seeds), lo + BUILD_CHUNK)))
@@ -126,8 +125,6 @@ def pool_row(spec: BuildSpec, seed: int) -> dict[str, Any]:
     """The bank row of a pool episode: the single env's episode of ``seed`` with the cost of
     every decision computed up front, as ``Episode.merge_cost`` (a pool episode is reused
     many times)."""
-    from diloco_gym.envs.kernel import episode_draws
-
     p, sc = spec.params, spec.sidecar
     arrivals, prompt, output, net, ckpt, duration, name, thr = episode_draws(
         spec.generator, seed, spec.learner_params, as_trace=False
@@ -245,6 +242,6 @@ class EpisodeBank:
         self.n[slots] = n
         self.pct[slots] = pct
         self.scale[slots] = scale
-        self.max_merges[slots] = max(1.0, n / self.params.h_min)
+        self.max_merges[slots] = max_merges(float(n), self.params)
         self.thr[slots] = thr
         self.seed[slots] = seeds

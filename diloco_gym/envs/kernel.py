@@ -310,7 +310,7 @@ def check_actions(actions: Any, shape: tuple[int, ...]) -> np.ndarray:
     if not valid:
         if shape == ():
             raise ValueError(f"action must be 0 (defer) or 1 (merge), got {actions!r}")
-        bad = a[(a != 0) & (a != 1)][0]
+        bad = a[(a != 0) & (a != 1)][0].item()
         raise ValueError(f"actions must be 0 (defer) or 1 (merge), got {bad!r}")
     return a == 1
 

@@ -88,11 +88,11 @@ class DiLoCoSyncVectorEnv(gym.vector.VectorEnv[np.ndarray, np.ndarray, np.ndarra
 
     ## Fresh episodes
 
-    Without a pool, every autoreset builds a fresh episode from its seed (about 1 ms; with
-    1,024 envs and 517-decision episodes two envs restart per step on average). The envs
-    restarting in a step are built together (:func:`build_rows`, bit-identical per episode),
-    and a merge is costed only when launched: a fresh env keeps its no-merge queue and
-    requests (~180 KB per env at 600 s episodes).
+    Without a pool, every autoreset builds a fresh episode from its seed (with 1,024 envs
+    and 517-decision episodes two envs restart per step on average). The envs restarting in
+    a step are built together (:func:`build_rows`, bit-identical per episode), and a merge
+    is costed only when launched: a fresh env keeps its no-merge queue and requests in the
+    bank (timings and memory in ``benchmarks/README.md``).
 
     ## Info
 
