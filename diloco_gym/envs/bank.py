@@ -29,7 +29,6 @@ from diloco_gym.sim.sidecar import (
     cost_horizon,
     cost_queue,
     isolated_merge_costs,
-    merge_costs,
 )
 
 __all__ = ["BuildSpec", "EpisodeBank", "build_rows", "BUILD_CHUNK"]
@@ -130,17 +129,7 @@ def pool_row(spec: BuildSpec, seed: int) -> dict[str, Any]:
         spec.generator, seed, spec.learner_params, as_trace=False
     )
     c = core.episode_core(arrivals, prompt, output, net, ckpt, duration, p, sc, name)
-    starts = np.arange(c.n, dtype=np.int64) * p.decision_interval
-    cost = merge_costs(
-        c.base_s,
-        c.req_bin,
-        c.pressure_bin,
-        sc,
-        p.step_seconds,
-        starts,
-        p.merge_steps,
-        c.violated.astype(np.float64),
-    )
+    cost = core.decision_costs(c.base_s, c.req_bin, c.pressure_bin, c.violated, c.n, p, sc)
     return {
         "n": c.n,
         "exo": c.exo,

@@ -317,17 +317,14 @@ class Episode:
     def merge_cost(self) -> np.ndarray:
         """``(N,)`` extra SLO violations (requests) of a merge launched at each decision,
         evaluated in isolation (:func:`~diloco_gym.sim.sidecar.merge_costs`)."""
-        p = self.params
-        starts = np.arange(self.n_decisions, dtype=np.int64) * p.decision_interval
-        cost = merge_costs(
+        cost = decision_costs(
             self.base_s,
             self.req_bin,
             self.pressure_bin,
+            self.baseline.violated,
+            self.n_decisions,
+            self.params,
             self.sidecar,
-            p.step_seconds,
-            starts,
-            p.merge_steps,
-            self.baseline.violated.astype(np.float64),
         )
         cost.setflags(write=False)
         return cost
@@ -365,6 +362,30 @@ class Episode:
         """Percentage points of sync-excess per violated request (of this episode's requests:
         a score after the episode, never a reward, since the count depends on the future)."""
         return 100.0 / max(1, self.n_requests)
+
+
+def decision_costs(
+    base_s: np.ndarray,
+    req_bin: np.ndarray,
+    pressure_bin: np.ndarray,
+    violated0: np.ndarray,
+    n: int,
+    params: EnvParams,
+    sidecar: SidecarParams,
+) -> np.ndarray:
+    """The isolated cost of a merge at each of an episode's ``n`` decisions
+    (:func:`~diloco_gym.sim.sidecar.merge_costs` at the decision starts)."""
+    starts = np.arange(n, dtype=np.int64) * params.decision_interval
+    return merge_costs(
+        base_s,
+        req_bin,
+        pressure_bin,
+        sidecar,
+        params.step_seconds,
+        starts,
+        params.merge_steps,
+        np.asarray(violated0).astype(np.float64),
+    )
 
 
 #: The reward counts extra SLO-violating requests per this many nominal requests.

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import fields, replace
-from typing import Any, TypeAlias
+from typing import Any, NamedTuple, TypeAlias
 
 import gymnasium as gym
 import numpy as np
@@ -16,7 +16,7 @@ from diloco_gym.sim.regimes import REGIMES, get_regime
 from diloco_gym.sim.sidecar import SidecarParams
 from diloco_gym.sim.traces import Trace
 
-__all__ = ["DiLoCoSyncEnv", "make_generator"]
+__all__ = ["DiLoCoSyncEnv", "EnvConfig", "configure", "make_generator"]
 
 #: The ``gym.Env`` type parameters: an observation is a float32 vector of ``OBS_DIM`` features;
 #: an action is ``0`` (defer) or ``1`` (merge), a Python or NumPy integer (``Discrete(2)``
@@ -58,6 +58,46 @@ def make_generator(regime) -> tuple[Callable[[np.random.Generator], Trace], Side
     raise TypeError(
         f"regime must be a regime name ({', '.join(REGIMES)}), a generator "
         f"(callable rng -> Trace) or a Trace; got {type(regime).__name__}"
+    )
+
+
+class EnvConfig(NamedTuple):
+    """What both envs resolve from their arguments (:func:`configure`)."""
+
+    params: EnvParams
+    generator: Callable[[np.random.Generator], Trace]
+    regime_name: str
+    reward_rate_rps: float
+    sidecar: SidecarParams
+    learner_params: lrn.LearnerParams
+
+
+def configure(
+    owner: str,
+    regime: Any,
+    params: EnvParams | None,
+    sidecar: SidecarParams | None,
+    learners: lrn.LearnerParams | None,
+    overrides: dict[str, Any],
+) -> EnvConfig:
+    """Resolve the arguments an env shares (``owner`` names it in errors): ``EnvParams``
+    field keywords over ``params``, the regime's generator and default sidecar, and the
+    nominal request rate of the reward scale (fixed for every episode of the env)."""
+    unknown = set(overrides) - _ENV_FIELDS
+    if unknown:
+        raise TypeError(
+            f"unknown {owner} argument(s) {sorted(unknown)}; valid "
+            f"EnvParams fields: {sorted(_ENV_FIELDS)}"
+        )
+    p = replace(params or EnvParams(), **overrides)
+    generator, default_sidecar, name = make_generator(regime)
+    return EnvConfig(
+        p,
+        generator,
+        name,
+        core.nominal_rate_rps(generator, p),
+        sidecar or default_sidecar,
+        learners or lrn.LearnerParams(),
     )
 
 
@@ -153,18 +193,11 @@ class DiLoCoSyncEnv(gym.Env[Observation, Action]):
         render_mode: str | None = None,
         **overrides: Any,
     ) -> None:
-        unknown = set(overrides) - _ENV_FIELDS
-        if unknown:
-            raise TypeError(
-                f"unknown DiLoCoSyncEnv argument(s) {sorted(unknown)}; valid "
-                f"EnvParams fields: {sorted(_ENV_FIELDS)}"
-            )
-        self.params = replace(params or EnvParams(), **overrides)
-        self.generator, default_sidecar, self.regime_name = make_generator(regime)
+        cfg = configure("DiLoCoSyncEnv", regime, params, sidecar, learners, overrides)
+        self.params, self.generator, self.regime_name = cfg.params, cfg.generator, cfg.regime_name
         #: nominal request rate of the reward scale, fixed for every episode of this env.
-        self.reward_rate_rps = core.nominal_rate_rps(self.generator, self.params)
-        self.sidecar = sidecar or default_sidecar
-        self.learner_params = learners or lrn.LearnerParams()
+        self.reward_rate_rps = cfg.reward_rate_rps
+        self.sidecar, self.learner_params = cfg.sidecar, cfg.learner_params
         if render_mode is not None and render_mode not in self.metadata["render_modes"]:
             raise ValueError(
                 f"render_mode must be one of {self.metadata['render_modes']}, got {render_mode!r}"

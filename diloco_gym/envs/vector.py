@@ -12,7 +12,6 @@ functions, which :class:`~diloco_gym.envs.env.DiLoCoSyncEnv` runs as a batch of 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import fields, replace
 from typing import Any
 
 import gymnasium as gym
@@ -21,16 +20,15 @@ from gymnasium.utils import seeding
 from gymnasium.vector import AutoresetMode
 from gymnasium.vector.utils import batch_space
 
-from diloco_gym.envs import core, kernel
+from diloco_gym.envs import kernel
 from diloco_gym.envs.bank import BUILD_CHUNK, BuildSpec, EpisodeBank, build_rows, pool_row
 from diloco_gym.envs.core import OBS_DIM, OBS_HIGH, OBS_LOW, EnvParams
-from diloco_gym.envs.env import make_generator
+from diloco_gym.envs.env import configure
 from diloco_gym.sim import learners as lrn
 from diloco_gym.sim.sidecar import SidecarParams
 
 __all__ = ["DiLoCoSyncVectorEnv", "build_rows", "BUILD_CHUNK"]
 
-_ENV_FIELDS = {f.name for f in fields(EnvParams)}
 _SEED_HIGH = 2**31 - 1  # the single env draws episode seeds with integers(0, 2**31 - 1)
 
 
@@ -132,12 +130,7 @@ class DiLoCoSyncVectorEnv(gym.vector.VectorEnv[np.ndarray, np.ndarray, np.ndarra
             or num_envs < 1
         ):
             raise ValueError(f"num_envs must be an int >= 1, got {num_envs!r}")
-        unknown = set(overrides) - _ENV_FIELDS
-        if unknown:
-            raise TypeError(
-                f"unknown DiLoCoSyncVectorEnv argument(s) {sorted(unknown)}; valid "
-                f"EnvParams fields: {sorted(_ENV_FIELDS)}"
-            )
+        cfg = configure("DiLoCoSyncVectorEnv", regime, params, sidecar, learners, overrides)
         if episode_pool is not None and (
             not isinstance(episode_pool, (int, np.integer))
             or isinstance(episode_pool, bool)
@@ -157,12 +150,10 @@ class DiLoCoSyncVectorEnv(gym.vector.VectorEnv[np.ndarray, np.ndarray, np.ndarra
             raise ValueError(
                 "DiLoCoSyncVectorEnv does not render; render one episode with DiLoCoSyncEnv"
             )
-        self.params = replace(params or EnvParams(), **overrides)
-        self.generator, default_sidecar, self.regime_name = make_generator(regime)
+        self.params, self.generator, self.regime_name = cfg.params, cfg.generator, cfg.regime_name
         # The single env's reward scale (core.nominal_rate_rps), fixed for every episode.
-        self.reward_rate_rps = core.nominal_rate_rps(self.generator, self.params)
-        self.sidecar = sidecar or default_sidecar
-        self.learner_params = learners or lrn.LearnerParams()
+        self.reward_rate_rps = cfg.reward_rate_rps
+        self.sidecar, self.learner_params = cfg.sidecar, cfg.learner_params
         self.episode_pool = None if episode_pool is None else int(episode_pool)
         self.autoreset_mode = mode
         self.metadata = dict(type(self).metadata, autoreset_mode=mode)
