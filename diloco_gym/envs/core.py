@@ -1,13 +1,12 @@
-"""Pure dynamics of the merge-scheduling problem, shared by the single and vector envs.
+"""Parameters, episodes and the pure per-decision rules of the merge-scheduling problem.
 
 An *episode* is everything that does not depend on the agent, precomputed once from a
 trace (:func:`build_episode`; :func:`episode_core_batch` for many traces at once): the
 exogenous observation features per decision and the no-merge replay, from which the cost
-of a merge launched at any decision follows (computed when asked for). The agent-dependent state
-is tiny (decision index, last merge, merges so far, global tokens, budget left) and the
-transition helpers below are written with plain arithmetic, so the same functions run on
-Python scalars (the single env) and on numpy arrays with a leading batch axis (the vector
-env).
+of a merge launched at any decision follows (computed when asked for). The rules here
+(:func:`options`, :func:`learner_features`, :func:`sync_mask`) are plain arithmetic on
+scalars or arrays; the step that applies them to the agent-dependent state is
+:mod:`diloco_gym.envs.kernel`.
 
 Time: training advances in steps of ``step_seconds``; the agent decides every
 ``decision_interval`` steps (one *decision* = ``decision_seconds``). The corridor

@@ -1,4 +1,8 @@
-"""The Gymnasium environment: when to run a DiLoCo outer merge on a shared host."""
+"""The Gymnasium environment: when to run a DiLoCo outer merge on a shared host.
+
+:class:`DiLoCoSyncEnv` is the simulation kernel (:mod:`diloco_gym.envs.kernel`) on a batch of
+one episode, with the single-env Gymnasium API.
+"""
 
 from __future__ import annotations
 
