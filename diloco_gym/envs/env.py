@@ -37,6 +37,7 @@ _G_GAP, _G_OPEN, _G_MERGES, _G_BUDGET = (
 )
 _ENV_FIELDS = {f.name for f in fields(EnvParams)}
 _ROW = np.zeros(1, dtype=np.int64)  # the one row of the single env's batch
+_ROW_SLICE = slice(0, 1)  # the same row as a slice (views instead of gathers)
 
 
 def make_generator(regime) -> tuple[Callable[[np.random.Generator], Trace], SidecarParams, str]:
@@ -217,12 +218,13 @@ class DiLoCoSyncEnv(gym.Env[Observation, Action]):
         self._merges: list[int] = []  # the schedule so far (recorded by _cost)
         self._costs: list[float] = []
         self._merges_seen = 0
+        self._owed = False
 
     # ----------------------------------------------------------------- public views
     @property
     def decision(self) -> int:
         """Index of the current decision in the episode."""
-        return int(self._state.d[0])
+        return self._state.d.item(0)
 
     @property
     def merges(self) -> list[int]:
@@ -246,7 +248,7 @@ class DiLoCoSyncEnv(gym.Env[Observation, Action]):
         st = self._state
         gap_s = int(st.d[0] - st.last[0]) * self.params.decision_seconds
         delta, tau = lrn.reports(
-            gap_s, float(st.tokens[0]), self.episode.throughputs, self.learner_params
+            gap_s, st.tokens.item(0), self.episode.throughputs, self.learner_params
         )
         return {"loss_delta": delta, "tokens": tau, "staleness_s": np.full(delta.shape, gap_s)}
 
@@ -254,7 +256,7 @@ class DiLoCoSyncEnv(gym.Env[Observation, Action]):
         """Feasible actions now, ``[defer, merge]`` (sb3-contrib MaskablePPO protocol)."""
         self._require_episode()
         assert self.episode is not None  # for mypy: _require_episode() raised otherwise
-        d = int(self._state.d[0])
+        d = self._state.d.item(0)
         if d >= self.episode.n_decisions:
             return np.array([True, True])
         can_merge, can_defer = self._options(d)
@@ -303,11 +305,13 @@ class DiLoCoSyncEnv(gym.Env[Observation, Action]):
         self._merges.clear()
         self._costs.clear()
         self._merges_seen = 0
+        self._owed = False
         self._obs_tables()
         self._refresh_learners(new_episode=True)
         kernel.reset_rows(
             self._state, batch, _ROW, p, self.learner_params, self._budgets, self._cost
         )
+        self._owed = bool(self._state.pend_excess[0] or self._state.pend_progress[0])
         self._sync_merges()
         info: dict[str, Any] = {"episode_seed": episode_seed}
         info["reward_terms"] = {"sync_excess": 0.0, "progress": 0.0}  # paid on the first step
@@ -319,7 +323,7 @@ class DiLoCoSyncEnv(gym.Env[Observation, Action]):
         assert self.episode is not None  # for mypy: _require_episode() raised otherwise
         st = self._state
         n = self.episode.n_decisions
-        d = int(st.d[0])
+        d = st.d.item(0)
         if d >= n:
             raise RuntimeError("step() called after the episode ended; call reset()")
         if type(action) is int or isinstance(action, np.integer):  # the common fast path
@@ -334,22 +338,18 @@ class DiLoCoSyncEnv(gym.Env[Observation, Action]):
         excess = progress = 0.0
         if merge:
             excess, progress = self._apply()
-        excess += float(st.pend_excess[0])
-        progress += float(st.pend_progress[0])
-        st.pend_excess[0] = st.pend_progress[0] = 0.0
+        if self._owed:  # merges forced before the first choice: their terms, paid now
+            excess += st.pend_excess.item(0)
+            progress += st.pend_progress.item(0)
+            st.pend_excess[0] = st.pend_progress[0] = 0.0
+            self._owed = False
         st.d[0] = d + 1
-        if self.params.skip_forced and d + 1 < n:
-            cm, cd = self._options(d + 1)
-            if not (cm and cd):  # a forced decision: the kernel advances to the next choice
-                ex2, pr2 = kernel.advance_forced(
-                    st, self._batch, _ROW, self.params, self.learner_params, self._budgets,
-                    self._cost,
-                )  # fmt: skip
-                self._sync_merges()
-                excess += float(ex2[0])
-                progress += float(pr2[0])
+        if self.params.skip_forced:
+            ex2, pr2 = self._advance_forced()
+            excess += ex2
+            progress += pr2
         reward = float(kernel.reward(excess, progress, self.params))
-        truncated = int(st.d[0]) >= n
+        truncated = st.d.item(0) >= n
         info = self._step_info(merge, overridden)
         info["reward_terms"] = {"sync_excess": -excess, "progress": progress}
         if truncated:
@@ -378,7 +378,7 @@ class DiLoCoSyncEnv(gym.Env[Observation, Action]):
         if self.episode is None:
             raise RuntimeError("call reset() before using the environment")
 
-    def _cost(self, idx: np.ndarray, d: np.ndarray) -> np.ndarray:
+    def _cost(self, idx: np.ndarray | slice, d: np.ndarray) -> np.ndarray:
         """The kernel's cost callback (called once per merge launched): the episode's lazy,
         memoised isolated costs. The single env records its schedule here."""
         assert self.episode is not None  # called only after reset()
@@ -394,7 +394,7 @@ class DiLoCoSyncEnv(gym.Env[Observation, Action]):
         n = self.episode.n_decisions
         budget = self._budgets.tables(n) if self.params.merge_budget is not None else None
         st = self._state
-        return core.options(d, int(st.last[0]), int(st.m_left[0]), self.params, n, budget)
+        return core.options(d, st.last.item(0), st.m_left.item(0), self.params, n, budget)
 
     def _refresh_learners(self, new_episode: bool = False) -> None:
         """The learner features for every gap until the next merge. Only the loss-progress
@@ -418,10 +418,39 @@ class DiLoCoSyncEnv(gym.Env[Observation, Action]):
     def _apply(self) -> tuple[float, float]:
         """Merge now (the kernel's merge on this batch of one); returns the reward terms."""
         ex, gain = kernel.apply_merges(
-            self._state, self._batch, _ROW, self.params, self.learner_params, self._cost
+            self._state, self._batch, _ROW_SLICE, self.params, self.learner_params, self._cost
         )
         self._sync_merges()
         return float(ex[0]), float(gain[0])
+
+    def _advance_forced(self) -> tuple[float, float]:
+        """:func:`kernel.advance_forced` on this one row, as a scalar loop over the same
+        rules (:func:`core.options`, :func:`kernel.apply_merges`,
+        :func:`kernel.forced_deferral_end`): single-option decisions until the agent has a
+        real choice or the episode ends. Returns the merges' reward terms."""
+        assert self.episode is not None  # called only after reset()
+        st, p = self._state, self.params
+        n = self.episode.n_decisions
+        excess = progress = 0.0
+        d = st.d.item(0)
+        while d < n:
+            can_merge, can_defer = self._options(d)
+            if can_merge and can_defer:
+                break
+            if not can_merge and not can_defer:  # cannot happen with validated budgets
+                raise RuntimeError(f"no feasible action at decision {d} (row 0)")
+            if can_merge:
+                e, g = self._apply()
+                excess += e
+                progress += g
+                d += 1
+            else:
+                budgets = self._budgets if p.merge_budget is not None else None
+                d = int(
+                    kernel.forced_deferral_end(d, st.last.item(0), n, st.m_left.item(0), p, budgets)
+                )
+            st.d[0] = d
+        return excess, progress
 
     def _sync_merges(self) -> None:
         """Refresh the learner features after the merges of a kernel call (if any)."""
@@ -453,28 +482,28 @@ class DiLoCoSyncEnv(gym.Env[Observation, Action]):
     def _obs(self) -> np.ndarray:
         p = self.params
         st = self._state
-        d = int(st.d[0])  # never past n: the episode ends there
-        gap = min(d - int(st.last[0]), p.h_max)
+        d = st.d.item(0)  # never past n: the episode ends there
+        gap = min(d - st.last.item(0), p.h_max)
         obs = self._obs_base[d].copy()
         obs[_G_GAP : _G_OPEN + 1] = self._gap_tab[gap]
         obs[core.LEARNER_SLICE] = self._ltable[gap]
         obs[_G_MERGES] = self._merges_tab[len(self._merges)]
-        obs[_G_BUDGET] = self._budget_tab[int(st.m_left[0]) if p.merge_budget else 0]
+        obs[_G_BUDGET] = self._budget_tab[st.m_left.item(0) if p.merge_budget else 0]
         return obs
 
     def _step_info(self, merged: bool, overridden: bool) -> dict[str, Any]:
         assert self.episode is not None  # called only after reset()
         st = self._state
-        d = int(st.d[0])
+        d = st.d.item(0)
         return {
             "decision": d,
             "time_s": d * self.params.decision_seconds,
-            "gap_steps": (min(d, self.episode.n_decisions) - int(st.last[0]))
+            "gap_steps": (min(d, self.episode.n_decisions) - st.last.item(0))
             * self.params.decision_interval,
             "merged": merged,
             "action_overridden": overridden,
             "merges": len(self._merges),
-            "excess_requests_so_far": float(st.excess_requests[0]),
+            "excess_requests_so_far": st.excess_requests.item(0),
         }
 
     def episode_summary(self) -> dict[str, Any]:
@@ -485,7 +514,7 @@ class DiLoCoSyncEnv(gym.Env[Observation, Action]):
         out["merge_decisions"] = list(self._merges)
         out["merge_times_s"] = [d * self.params.decision_seconds for d in self._merges]
         out["merge_costs_requests"] = list(self._costs)
-        out["progress"] = float(self._state.progress_sum[0])
+        out["progress"] = self._state.progress_sum.item(0)
         out["regime"] = self.regime_name
         out["episode_seed"] = self.episode.seed
         return out
@@ -500,18 +529,18 @@ class DiLoCoSyncEnv(gym.Env[Observation, Action]):
         if self.render_mode == "ansi":
             ep = self.episode
             st = self._state
-            d = int(st.d[0])
-            gap = (min(d, ep.n_decisions) - int(st.last[0])) * self.params.decision_interval
+            d = st.d.item(0)
+            gap = (min(d, ep.n_decisions) - st.last.item(0)) * self.params.decision_interval
             obs = self._obs()
             rate = core.unsquash_rate(obs[_G["rate_now"]], self.params.rate_norm_rps)
             return (
                 f"t={d * self.params.decision_seconds:7.1f}s gap={gap:4d} steps "
                 f"merges={len(self._merges):3d} rate={rate:5.1f} rps "
                 f"pressure(n/s/c)={obs[_G['network']]:.2f}/{obs[_G['serving']]:.2f}/"
-                f"{obs[_G['checkpoint']]:.2f} excess={float(st.excess_requests[0]):6.0f} req\n"
+                f"{obs[_G['checkpoint']]:.2f} excess={st.excess_requests.item(0):6.0f} req\n"
             )
         from diloco_gym.envs.render import timeline_rgb
 
         return timeline_rgb(
-            self.episode, self._merges, self.params, self.sidecar, upto=int(self._state.d[0])
+            self.episode, self._merges, self.params, self.sidecar, upto=self._state.d.item(0)
         )

@@ -333,13 +333,13 @@ def reward(excess, progress, params: EnvParams):
 def apply_merges(
     state: EnvState,
     batch: EpisodeBatch,
-    idx: np.ndarray,
+    idx: np.ndarray | slice,
     params: EnvParams,
     lp: lrn.LearnerParams,
     cost,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Merge now in rows ``idx``: the learners' gain, the merge's isolated cost
-    (``cost(idx, d)``), and the state after it.
+    """Merge now in rows ``idx`` (an index array, or a slice): the learners' gain, the
+    merge's isolated cost (``cost(idx, d)``), and the state after it.
 
     Returns:
         ``(excess, gain)`` per merge: the reward's sync-excess term (cost times the
@@ -347,9 +347,9 @@ def apply_merges(
     """
     d = state.d[idx]
     gap_s = (d - state.last[idx]) * params.decision_seconds
-    if idx.size == 1:  # lrn.merge_gain's scalar form (the same operations, bit for bit)
+    if d.size == 1:  # lrn.merge_gain's scalar form (the same operations, bit for bit)
         a1, g1, _ = lrn.merge_gain_scalar(
-            float(gap_s[0]), float(state.tokens[idx[0]]), float(batch.thr_sum[idx[0]]), lp
+            float(gap_s[0]), float(state.tokens[idx][0]), float(batch.thr_sum[idx][0]), lp
         )
         added, gain = np.array([a1]), np.array([g1])
     else:

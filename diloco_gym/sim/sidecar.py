@@ -455,11 +455,17 @@ def merged_backlog(
     elif starts.size == 1:  # one merge (the single env's): slices of its row
         r, a = int(rows[0]), int(starts[0])
         s_row, d_row = q.s[r], q.d[r]
-        g = np.empty((length, 1))
-        g0 = g[:, 0]
+        g0 = np.empty(length)
         np.add(s_row[a : a + min(w, length)], d_row[a : a + min(w, length)], out=g0[:w])
         np.add(s_row[a + w : a + length], d_row[a + w], out=g0[w:])
         g0 -= d_row[a]
+        if off0 is not None:
+            g0 += off0[0]
+        run0 = np.minimum.accumulate(g0)
+        np.minimum(run0, min0[0], out=run0)
+        g0 -= run0
+        g = g0[:, None]
+        return g, None if ends is None else run0[np.asarray(ends).reshape(-1)]
     else:
         at = rows * q.s.shape[1] + starts
         win = np.arange(length)[:, None] + at
@@ -511,14 +517,14 @@ def merge_violations(
     ptr = q.ptr.reshape(-1)
     if m == 1:  # one merge (the single env's): its requests are one slice of its row
         r, a = int(rows[0]), int(at[0])
-        lo, hi = int(ptr[a]), int(ptr[a + int(np.reshape(lengths, -1)[0])])
+        length = int(lengths) if np.ndim(lengths) == 0 else int(lengths[0])
+        lo, hi = int(ptr[a]), int(ptr[a + length])
+        k_in = int(ptr[a + min(merge_bins, length)]) - lo  # requests inside the window
         rbin = q.rbin[r, lo:hi]
-        j = rbin - starts[0]
-        grp = rbin if q.m0_bins == 1 else rbin // q.m0_bins
-        slow = q.m0[r, grp]
-        slow *= np.where(j < merge_bins, 1.0 + p.sync_slowdown, 1.0)
+        slow = q.m0[r, rbin if q.m0_bins == 1 else rbin // q.m0_bins]
+        slow[:k_in] *= 1.0 + p.sync_slowdown
         thr = violation_threshold(slow, q.base[r, lo:hi], p)
-        return np.array([float(np.count_nonzero(backlog[j, 0] > thr))])
+        return np.array([float(np.count_nonzero(backlog[rbin - starts[0], 0] > thr))])
     lo = np.take(ptr, at)
     cnt = np.take(ptr, at + lengths) - lo
     which = np.repeat(np.arange(m), cnt)

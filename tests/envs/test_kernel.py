@@ -84,10 +84,11 @@ def test_single_env_and_vector_env0_equal_a_direct_kernel_rollout(overrides):
 
 
 def test_both_envs_step_through_the_kernel_functions(monkeypatch):
-    """The envs hold no dynamics of their own: a merge, a forced advance and an episode
-    start in either env go through the kernel's functions."""
+    """The envs hold no dynamics of their own: a merge, a forced deferral, an episode
+    start and the action taken in either env go through the kernel's functions."""
     calls: dict[str, int] = {}
-    for name in ("apply_merges", "advance_forced", "reset_rows", "resolve"):
+    names = ("apply_merges", "forced_deferral_end", "reset_rows", "resolve")
+    for name in names:
         real = getattr(kernel, name)
 
         def counted(*args, _real=real, _name=name, **kwargs):
@@ -101,7 +102,7 @@ def test_both_envs_step_through_the_kernel_functions(monkeypatch):
         env.reset(seed=0)
         for _ in range(20):  # merges (each followed by forced deferrals), no episode end
             env.step(1 if isinstance(env, DiLoCoSyncEnv) else np.array([1, 1]))
-        assert set(calls) == {"apply_merges", "advance_forced", "reset_rows", "resolve"}, calls
+        assert set(calls) == set(names), calls
 
 
 def test_reset_with_a_prebuilt_episode_equals_a_plain_reset():
