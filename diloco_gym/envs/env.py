@@ -36,6 +36,10 @@ _G_GAP, _G_OPEN, _G_MERGES, _G_BUDGET = (
     _G["budget_left"],
 )
 _ENV_FIELDS = {f.name for f in fields(EnvParams)}
+# The gap-indexed table holds columns gap, corridor_open and the learner block, in order.
+assert (_G_GAP, _G_OPEN) == (0, 1) and core.LEARNER_SLICE == slice(2, 7)
+_LEARNER = slice(2, 7)
+_LOSS_MEAN, _LOSS_MIN = _G["loss_progress_mean"], _G["loss_progress_min"]
 _ROW = np.zeros(1, dtype=np.int64)  # the one row of the single env's batch
 _ROW_SLICE = slice(0, 1)  # the same row as a slice (views instead of gathers)
 
@@ -404,14 +408,14 @@ class DiLoCoSyncEnv(gym.Env[Observation, Action]):
         tokens = self._state.tokens[:1] if not new_episode else None
         if new_episode:
             assert self.episode is not None  # called only after reset()
-            self._ltable = core.learner_table(
+            self._gap_tab[:, _LEARNER] = core.learner_table(
                 float(lp.initial_tokens), self.episode.throughputs, p, lp
             )
             gaps_s = np.arange(p.h_max + 1) * p.decision_seconds
             self._tau_k = self.episode.throughputs[:, None] * gaps_s  # as learner_table
             return
         assert tokens is not None
-        self._ltable[:, 0], self._ltable[:, 1] = core.learner_progress(
+        self._gap_tab[:, _LOSS_MEAN], self._gap_tab[:, _LOSS_MIN] = core.learner_progress(
             self._tau_k, float(tokens[0]), p, lp, lrn.loss(tokens, lp)[0]
         )
 
@@ -471,8 +475,11 @@ class DiLoCoSyncEnv(gym.Env[Observation, Action]):
         base[:n, core.EXO_SLICE] = ep.exo
         base[n, core.EXO_SLICE] = ep.exo[n - 1]
         base[:, _G["time_left"]] = kernel.time_left_feature(np.arange(n + 1), n)
+        base[:, _G_BUDGET] = kernel.budget_feature(0, p)  # per step only with a budget
         self._obs_base = base
-        self._gap_tab = kernel.gap_block(np.arange(p.h_max + 1), p).astype(np.float32)
+        # Per gap: the gap block and (columns filled by _refresh_learners) the learner block.
+        self._gap_tab = np.zeros((p.h_max + 1, _G_OPEN + 1 + 5), dtype=np.float32)
+        self._gap_tab[:, : _G_OPEN + 1] = kernel.gap_block(np.arange(p.h_max + 1), p)
         self._merges_tab = kernel.merges_feature(np.arange(n + 2), kernel.max_merges(n, p)).astype(
             np.float32
         )
@@ -485,10 +492,10 @@ class DiLoCoSyncEnv(gym.Env[Observation, Action]):
         d = st.d.item(0)  # never past n: the episode ends there
         gap = min(d - st.last.item(0), p.h_max)
         obs = self._obs_base[d].copy()
-        obs[_G_GAP : _G_OPEN + 1] = self._gap_tab[gap]
-        obs[core.LEARNER_SLICE] = self._ltable[gap]
+        obs[: _G_OPEN + 1 + 5] = self._gap_tab[gap]  # gap, corridor_open, learner block
         obs[_G_MERGES] = self._merges_tab[len(self._merges)]
-        obs[_G_BUDGET] = self._budget_tab[st.m_left.item(0) if p.merge_budget else 0]
+        if p.merge_budget:
+            obs[_G_BUDGET] = self._budget_tab[st.m_left.item(0)]
         return obs
 
     def _step_info(self, merged: bool, overridden: bool) -> dict[str, Any]:
