@@ -41,7 +41,6 @@ assert (_G_GAP, _G_OPEN) == (0, 1) and core.LEARNER_SLICE == slice(2, 7)
 _LEARNER = slice(2, 7)
 _LOSS_MEAN, _LOSS_MIN = _G["loss_progress_mean"], _G["loss_progress_min"]
 _ROW = np.zeros(1, dtype=np.int64)  # the one row of the single env's batch
-_ROW_SLICE = slice(0, 1)  # the same row as a slice (views instead of gathers)
 
 
 def make_generator(regime) -> tuple[Callable[[np.random.Generator], Trace], SidecarParams, str]:
@@ -223,6 +222,8 @@ class DiLoCoSyncEnv(gym.Env[Observation, Action]):
         self._costs: list[float] = []
         self._merges_seen = 0
         self._owed = False
+        self._n = 0
+        self._budget: core.BudgetTables | None = None
 
     # ----------------------------------------------------------------- public views
     @property
@@ -304,8 +305,9 @@ class DiLoCoSyncEnv(gym.Env[Observation, Action]):
         batch.thr_k[:, 0] = ep.throughputs
         batch.thr_sum[0] = np.sum(ep.throughputs, axis=-1)
         batch.seed[0] = -1 if ep.seed is None else ep.seed
-        if p.merge_budget is not None:
-            self._budgets.tables(n)  # an infeasible budget fails here
+        # Episode constants of the scalar rules (an infeasible budget fails here).
+        self._n = n
+        self._budget = self._budgets.tables(n) if p.merge_budget is not None else None
         self._merges.clear()
         self._costs.clear()
         self._merges_seen = 0
@@ -382,23 +384,24 @@ class DiLoCoSyncEnv(gym.Env[Observation, Action]):
         if self.episode is None:
             raise RuntimeError("call reset() before using the environment")
 
-    def _cost(self, idx: np.ndarray | slice, d: np.ndarray) -> np.ndarray:
-        """The kernel's cost callback (called once per merge launched): the episode's lazy,
-        memoised isolated costs. The single env records its schedule here."""
+    def _cost(self, idx: Any, d: Any) -> Any:
+        """The kernel's cost callback (called once per merge launched; ``d`` an array of
+        decisions, or one decision): the episode's lazy, memoised isolated costs. The
+        single env records its schedule here."""
         assert self.episode is not None  # called only after reset()
-        out = np.empty(d.size)
-        for k, x in enumerate(d.tolist()):
-            out[k] = cost = self.episode.merge_cost_at(x)
+        if np.ndim(d) == 0:
+            x = int(d)
+            cost = self.episode.merge_cost_at(x)
             self._merges.append(x)
             self._costs.append(cost)
-        return out
+            return cost
+        return np.array([self._cost(idx, x) for x in d.tolist()])
 
     def _options(self, d: int):
-        assert self.episode is not None  # called only after reset()
-        n = self.episode.n_decisions
-        budget = self._budgets.tables(n) if self.params.merge_budget is not None else None
         st = self._state
-        return core.options(d, st.last.item(0), st.m_left.item(0), self.params, n, budget)
+        return core.options(
+            d, st.last.item(0), st.m_left.item(0), self.params, self._n, self._budget
+        )
 
     def _refresh_learners(self, new_episode: bool = False) -> None:
         """The learner features for every gap until the next merge. Only the loss-progress
@@ -422,10 +425,10 @@ class DiLoCoSyncEnv(gym.Env[Observation, Action]):
     def _apply(self) -> tuple[float, float]:
         """Merge now (the kernel's merge on this batch of one); returns the reward terms."""
         ex, gain = kernel.apply_merges(
-            self._state, self._batch, _ROW_SLICE, self.params, self.learner_params, self._cost
+            self._state, self._batch, 0, self.params, self.learner_params, self._cost
         )
         self._sync_merges()
-        return float(ex[0]), float(gain[0])
+        return float(ex), float(gain)
 
     def _advance_forced(self) -> tuple[float, float]:
         """:func:`kernel.advance_forced` on this one row, as a scalar loop over the same

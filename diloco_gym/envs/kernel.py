@@ -333,25 +333,25 @@ def reward(excess, progress, params: EnvParams):
 def apply_merges(
     state: EnvState,
     batch: EpisodeBatch,
-    idx: np.ndarray | slice,
+    idx: np.ndarray | int,
     params: EnvParams,
     lp: lrn.LearnerParams,
     cost,
-) -> tuple[np.ndarray, np.ndarray]:
-    """Merge now in rows ``idx`` (an index array, or a slice): the learners' gain, the
-    merge's isolated cost (``cost(idx, d)``), and the state after it.
+) -> tuple[Any, Any]:
+    """Merge now in rows ``idx`` (an index array, or one row's index): the learners' gain,
+    the merge's isolated cost (``cost(idx, d)``), and the state after it. The same
+    arithmetic runs on arrays and, for one row, on NumPy scalars (the single env).
 
     Returns:
-        ``(excess, gain)`` per merge: the reward's sync-excess term (cost times the
-        episode's reward scale) and the global loss decrease.
+        ``(excess, gain)`` per merge (scalars for one row): the reward's sync-excess term
+        (cost times the episode's reward scale) and the global loss decrease.
     """
     d = state.d[idx]
     gap_s = (d - state.last[idx]) * params.decision_seconds
-    if d.size == 1:  # lrn.merge_gain's scalar form (the same operations, bit for bit)
-        a1, g1, _ = lrn.merge_gain_scalar(
-            float(gap_s[0]), float(state.tokens[idx][0]), float(batch.thr_sum[idx][0]), lp
+    if np.ndim(d) == 0:  # one row: lrn.merge_gain's scalar form (bit for bit the same)
+        added, gain, _ = lrn.merge_gain_scalar(
+            float(gap_s), float(state.tokens[idx]), float(batch.thr_sum[idx]), lp
         )
-        added, gain = np.array([a1]), np.array([g1])
     else:
         added, gain = lrn.merge_gain(gap_s, state.tokens[idx], batch.thr[idx], lp)
     state.tokens[idx] += added

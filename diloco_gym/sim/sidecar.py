@@ -510,21 +510,22 @@ def merge_violations(
         float ``(M,)`` counts.
     """
     m = starts.size
+    if m == 1:  # one merge (the single env's): its requests are one slice of its row
+        r, a = int(rows[0]), int(starts[0])
+        length = int(lengths) if np.ndim(lengths) == 0 else int(lengths[0])
+        ptr_r = q.ptr[r]
+        lo, hi = int(ptr_r[a]), int(ptr_r[a + length])
+        k_in = int(ptr_r[a + min(merge_bins, length)]) - lo  # requests inside the window
+        rbin = q.rbin[r, lo:hi]
+        slow = q.m0[r, rbin if q.m0_bins == 1 else rbin // q.m0_bins]
+        slow[:k_in] *= 1.0 + p.sync_slowdown
+        thr = violation_threshold(slow, q.base[r, lo:hi], p)
+        return np.array([float(np.count_nonzero(backlog[rbin - a, 0] > thr))])
     stride = _uniform_stride(rows, starts)
     if stride and np.ndim(lengths) == 0:
         return _strided_violations(q, int(rows[0]), starts, stride, backlog, merge_bins, p)
     at = rows * q.ptr.shape[1] + starts
     ptr = q.ptr.reshape(-1)
-    if m == 1:  # one merge (the single env's): its requests are one slice of its row
-        r, a = int(rows[0]), int(at[0])
-        length = int(lengths) if np.ndim(lengths) == 0 else int(lengths[0])
-        lo, hi = int(ptr[a]), int(ptr[a + length])
-        k_in = int(ptr[a + min(merge_bins, length)]) - lo  # requests inside the window
-        rbin = q.rbin[r, lo:hi]
-        slow = q.m0[r, rbin if q.m0_bins == 1 else rbin // q.m0_bins]
-        slow[:k_in] *= 1.0 + p.sync_slowdown
-        thr = violation_threshold(slow, q.base[r, lo:hi], p)
-        return np.array([float(np.count_nonzero(backlog[rbin - starts[0], 0] > thr))])
     lo = np.take(ptr, at)
     cnt = np.take(ptr, at + lengths) - lo
     which = np.repeat(np.arange(m), cnt)
@@ -715,10 +716,12 @@ class IsolatedMergeCost:
 
     def cost_at(self, start: int) -> float:
         """Extra violated requests of a merge starting at bin ``start``."""
-        st = np.array([int(start)], dtype=np.int64)
+        s0 = int(start)
+        st = np.array([s0], dtype=np.int64)
         c = isolated_merge_costs(
-            self.queue, self._row, st, self.prefmin[st], self.merge_bins, self.p, self.bin_s
-        )
+            self.queue, self._row, st, self.prefmin[s0 : s0 + 1], self.merge_bins, self.p,
+            self.bin_s,
+        )  # fmt: skip
         return float(c[0])
 
 
