@@ -151,7 +151,37 @@ class EpisodeBank:
     :class:`CostQueue`) and ``prefmin`` (per decision); for a pool ``cost`` per decision.
     """
 
-    def __init__(self, slots: int, params: EnvParams, sidecar: SidecarParams, k: int) -> None:
+    #: The per-slot arrays, kept in ``store`` under ``_bank_<name>``.
+    FIELDS = (
+        "n",
+        "exo",
+        "s",
+        "d",
+        "ptr",
+        "prefmin",
+        "m0",
+        "base",
+        "rbin",
+        "cost",
+        "pct",
+        "scale",
+        "max_merges",
+        "thr",
+        "seed",
+    )
+
+    def __init__(
+        self,
+        slots: int,
+        params: EnvParams,
+        sidecar: SidecarParams,
+        k: int,
+        store: dict[str, Any] | None = None,
+    ) -> None:
+        """``store``: where the arrays live (a dict; by default the bank's own). The vector
+        env passes its instance namespace, so the arrays are also its ``_bank_*``
+        attributes (what ``benchmarks/bench.py`` reads to size the bank)."""
+        object.__setattr__(self, "_store", {} if store is None else store)
         self.params, self.sidecar = params, sidecar
         self.horizon = cost_horizon(sidecar, params.step_seconds, params.merge_steps)
         self.n = np.zeros(slots, dtype=np.int64)
@@ -169,6 +199,19 @@ class EpisodeBank:
         self.max_merges = np.ones(slots)
         self.thr = np.zeros((slots, k))
         self.seed = np.zeros(slots, dtype=np.int64)
+
+    def __getattr__(self, name: str) -> Any:
+        # Called only for names not found normally: the arrays in the store.
+        try:
+            return self.__dict__["_store"]["_bank_" + name]
+        except KeyError:
+            raise AttributeError(f"EpisodeBank has no attribute {name!r}") from None
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in self.FIELDS:
+            self._store["_bank_" + name] = value
+        else:
+            object.__setattr__(self, name, value)
 
     def queue(self) -> CostQueue:
         """The bank's rows as a :class:`CostQueue` (views, no copy)."""

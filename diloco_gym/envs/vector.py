@@ -171,7 +171,9 @@ class DiLoCoSyncVectorEnv(gym.vector.VectorEnv[np.ndarray, np.ndarray, np.ndarra
         self._state = kernel.new_state(b)
         self._batch = kernel.new_batch(b, k)
         self._budgets = kernel.Budgets(self.params)
-        self.bank = EpisodeBank(self.episode_pool or b, self.params, self.sidecar, k)
+        self.bank = EpisodeBank(
+            self.episode_pool or b, self.params, self.sidecar, k, store=self.__dict__
+        )
         self._spec = BuildSpec(
             self.generator,
             self.params,

@@ -335,6 +335,10 @@ class CostQueue(NamedTuple):
         m0: ``(R, G)`` the no-merge slowdown per group of ``m0_bins`` bins.
         m0_bins: bins per ``m0`` entry (1; an episode's pressure is constant over a
             decision, so the vector env keeps one per decision).
+        thr_in / thr_tail: optionally ``(R, W)``, each request's threshold inside a merge
+            window and after it (:func:`violation_threshold` of ``m0`` with and without the
+            merge's slowdown), precomputed for a queue that costs many merges one by one;
+            ``None``: computed from ``m0`` and ``base`` when needed (less memory).
     """
 
     s: np.ndarray
@@ -344,6 +348,8 @@ class CostQueue(NamedTuple):
     base: np.ndarray
     m0: np.ndarray
     m0_bins: int = 1
+    thr_in: np.ndarray | None = None
+    thr_tail: np.ndarray | None = None
 
 
 def cost_queue(
@@ -357,6 +363,7 @@ def cost_queue(
     size: int,
     counts: np.ndarray | None = None,
     m0_bins: int = 1,
+    thresholds: bool = False,
 ) -> CostQueue:
     """The :class:`CostQueue` of ``B`` episodes.
 
@@ -367,6 +374,7 @@ def cost_queue(
             (:func:`queue`).
         size: bins to hold (at least the last start plus a horizon plus one).
         m0_bins: keep ``m0`` every ``m0_bins`` bins (when it is constant over such groups).
+        thresholds: also precompute each request's thresholds (``thr_in``, ``thr_tail``).
     """
     b, n_bins = m0.shape
     if counts is None:
@@ -398,14 +406,22 @@ def cost_queue(
         base_rows.reshape(-1)[pos] = base
         rbin_rows.reshape(-1)[pos] = rbin
         base, rbin = base_rows, rbin_rows
+    m0_kept = m0 if m0_bins == 1 else m0[:, ::m0_bins]
+    thr_in = thr_tail = None
+    if thresholds:
+        slow = np.take_along_axis(m0_kept, rbin // m0_bins, axis=1)
+        thr_in = violation_threshold(slow * (1.0 + p.sync_slowdown), base, p)
+        thr_tail = violation_threshold(slow, base, p)
     return CostQueue(
         _padded(s, width),
         _padded(lost_capacity(m0, p, bin_s), width),
         ptr,
         rbin,
         base,
-        m0 if m0_bins == 1 else m0[:, ::m0_bins],
+        m0_kept,
         m0_bins,
+        thr_in,
+        thr_tail,
     )
 
 
@@ -515,12 +531,18 @@ def merge_violations(
         length = int(lengths) if np.ndim(lengths) == 0 else int(lengths[0])
         ptr_r = q.ptr[r]
         lo, hi = int(ptr_r[a]), int(ptr_r[a + length])
-        k_in = int(ptr_r[a + min(merge_bins, length)]) - lo  # requests inside the window
+        mid = int(ptr_r[a + min(merge_bins, length)])  # requests before it: in the window
         rbin = q.rbin[r, lo:hi]
+        bl = backlog[rbin - a, 0]
+        if q.thr_in is not None and q.thr_tail is not None:
+            k = mid - lo
+            hits = np.count_nonzero(bl[:k] > q.thr_in[r, lo:mid])
+            hits += np.count_nonzero(bl[k:] > q.thr_tail[r, mid:hi])
+            return np.array([float(hits)])
         slow = q.m0[r, rbin if q.m0_bins == 1 else rbin // q.m0_bins]
-        slow[:k_in] *= 1.0 + p.sync_slowdown
+        slow[: mid - lo] *= 1.0 + p.sync_slowdown
         thr = violation_threshold(slow, q.base[r, lo:hi], p)
-        return np.array([float(np.count_nonzero(backlog[rbin - a, 0] > thr))])
+        return np.array([float(np.count_nonzero(bl > thr))])
     stride = _uniform_stride(rows, starts)
     if stride and np.ndim(lengths) == 0:
         return _strided_violations(q, int(rows[0]), starts, stride, backlog, merge_bins, p)
@@ -575,10 +597,13 @@ def _strided_violations(
     if hi <= lo:
         return np.zeros(m)
     rb = q.rbin[row, lo:hi].astype(np.int64)
-    base = q.base[row, lo:hi]
-    slow = q.m0[row, rb if q.m0_bins == 1 else rb // q.m0_bins]
-    t_in = violation_threshold(slow * (1.0 + p.sync_slowdown), base, p)
-    t_tail = violation_threshold(slow, base, p)
+    if q.thr_in is not None and q.thr_tail is not None:
+        t_in, t_tail = q.thr_in[row, lo:hi], q.thr_tail[row, lo:hi]
+    else:
+        base = q.base[row, lo:hi]
+        slow = q.m0[row, rb if q.m0_bins == 1 else rb // q.m0_bins]
+        t_in = violation_threshold(slow * (1.0 + p.sync_slowdown), base, p)
+        t_tail = violation_threshold(slow, base, p)
     rel = rb - first
     ch = rel // stride  # the last candidate starting at or before the request
     r = rel - ch * stride  # its offset from that start
@@ -672,7 +697,9 @@ def merge_costs(
     h = cost_horizon(p, bin_s, merge_bins)
     m0, s, prefmin = no_merge_queue(base_s, req_bin, pressure_bin, p, bin_s)
     size = int(starts[-1]) + h + 1
-    q = cost_queue(base_s, req_bin, violated0, m0[None, :], s[None, :], p, bin_s, size)
+    q = cost_queue(
+        base_s, req_bin, violated0, m0[None, :], s[None, :], p, bin_s, size, thresholds=True
+    )
     prefmin = _padded(prefmin, size)
     per_start = max(1.0, req_bin.size * h / max(1, pressure_bin.size))  # pairs, roughly
     block = max(1, min(_COST_BLOCK, int(_PAIR_CHUNK / per_start)))
@@ -710,7 +737,9 @@ class IsolatedMergeCost:
         self.horizon = cost_horizon(p, bin_s, self.merge_bins)
         size = pressure_bin.size + 1 + self.horizon  # past the end: S[n_bins], as there
         m0, s, prefmin = queue or no_merge_queue(base_s, req_bin, pressure_bin, p, bin_s)
-        self.queue = cost_queue(base_s, req_bin, violated0, m0[None, :], s[None, :], p, bin_s, size)
+        self.queue = cost_queue(
+            base_s, req_bin, violated0, m0[None, :], s[None, :], p, bin_s, size, thresholds=True
+        )
         self.prefmin = _padded(prefmin, size)
         self._row = np.zeros(1, dtype=np.int64)
 
