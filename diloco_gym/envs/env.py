@@ -224,6 +224,15 @@ class DiLoCoSyncEnv(gym.Env[Observation, Action]):
         self._owed = False
         self._n = 0
         self._budget: core.BudgetTables | None = None
+        # Observation tables that depend only on the parameters (and, in _tables, the
+        # episode length): from the kernel's block functions, built once.
+        p = self.params
+        self._tables: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        self._gap_block = kernel.gap_block(np.arange(p.h_max + 1), p).astype(np.float32)
+        self._gap_tab = np.zeros((p.h_max + 1, _G_OPEN + 1 + 5), dtype=np.float32)
+        self._budget_tab = kernel.budget_feature(np.arange((p.merge_budget or 0) + 1), p).astype(
+            np.float32
+        )
 
     # ----------------------------------------------------------------- public views
     @property
@@ -315,7 +324,14 @@ class DiLoCoSyncEnv(gym.Env[Observation, Action]):
         self._obs_tables()
         self._refresh_learners(new_episode=True)
         kernel.reset_rows(
-            self._state, batch, _ROW, p, self.learner_params, self._budgets, self._cost
+            self._state,
+            batch,
+            0,
+            p,
+            self.learner_params,
+            self._budgets,
+            self._cost,
+            advance=lambda _row: self._advance_forced(),
         )
         self._owed = bool(self._state.pend_excess[0] or self._state.pend_progress[0])
         self._sync_merges()
@@ -419,7 +435,7 @@ class DiLoCoSyncEnv(gym.Env[Observation, Action]):
             return
         assert tokens is not None
         self._gap_tab[:, _LOSS_MEAN], self._gap_tab[:, _LOSS_MIN] = core.learner_progress(
-            self._tau_k, float(tokens[0]), p, lp, lrn.loss(tokens, lp)[0]
+            self._tau_k, tokens.item(0), p, lp
         )
 
     def _apply(self) -> tuple[float, float]:
@@ -468,26 +484,26 @@ class DiLoCoSyncEnv(gym.Env[Observation, Action]):
     def _obs_tables(self) -> None:
         """Per-episode tables of the observation, from the kernel's block functions: rows
         per decision of the agent-independent features (exogenous block and time left;
-        row ``n`` is the terminal observation's), the gap block per gap, the merges
-        feature per merge count and the budget feature per merges left."""
+        row ``n`` is the terminal observation's), the gap block per gap (and the learner
+        block, filled by :meth:`_refresh_learners`), the merges feature per merge count and
+        the budget feature per merges left. What depends only on the parameters and the
+        episode length is built once per length."""
         ep = self.episode
         assert ep is not None  # called only after reset()
         p = self.params
         n = ep.n_decisions
-        base = np.zeros((n + 1, OBS_DIM), dtype=np.float32)
+        if n not in self._tables:
+            base0 = np.zeros((n + 1, OBS_DIM), dtype=np.float32)
+            base0[:, _G["time_left"]] = kernel.time_left_feature(np.arange(n + 1), n)
+            base0[:, _G_BUDGET] = kernel.budget_feature(0, p)  # per step only with a budget
+            merges = kernel.merges_feature(np.arange(n + 2), kernel.max_merges(n, p))
+            self._tables[n] = (base0, merges.astype(np.float32))
+        base0, self._merges_tab = self._tables[n]
+        base = base0.copy()
         base[:n, core.EXO_SLICE] = ep.exo
         base[n, core.EXO_SLICE] = ep.exo[n - 1]
-        base[:, _G["time_left"]] = kernel.time_left_feature(np.arange(n + 1), n)
-        base[:, _G_BUDGET] = kernel.budget_feature(0, p)  # per step only with a budget
         self._obs_base = base
-        # Per gap: the gap block and (columns filled by _refresh_learners) the learner block.
-        self._gap_tab = np.zeros((p.h_max + 1, _G_OPEN + 1 + 5), dtype=np.float32)
-        self._gap_tab[:, : _G_OPEN + 1] = kernel.gap_block(np.arange(p.h_max + 1), p)
-        self._merges_tab = kernel.merges_feature(np.arange(n + 2), kernel.max_merges(n, p)).astype(
-            np.float32
-        )
-        m_max = p.merge_budget or 0
-        self._budget_tab = kernel.budget_feature(np.arange(m_max + 1), p).astype(np.float32)
+        self._gap_tab[:, : _G_OPEN + 1] = self._gap_block
 
     def _obs(self) -> np.ndarray:
         p = self.params

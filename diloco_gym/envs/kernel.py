@@ -220,17 +220,20 @@ class Budgets:
 def reset_rows(
     state: EnvState,
     batch: EpisodeBatch,
-    idx: np.ndarray,
+    idx: np.ndarray | int,
     params: EnvParams,
     lp: lrn.LearnerParams,
     budgets: Budgets,
     cost,
+    advance=None,
 ) -> None:
     """Start the episodes of rows ``idx`` (their constants already in ``batch``).
 
     The episode starts just after a merge (gap 0). With ``skip_forced``, merges forced
     before the agent's first real choice (possible only with a tight merge budget) are
     applied now and their reward terms owed to the first step (a reset returns no reward).
+    ``advance(idx) -> (excess, progress)`` applies them (default :func:`advance_forced`;
+    the single env passes its one-row loop over the same rules).
 
     Raises:
         ValueError: the merge budget leaves the agent no decision (every merge is forced).
@@ -246,9 +249,13 @@ def reset_rows(
     state.pend_excess[idx] = 0.0
     state.pend_progress[idx] = 0.0
     if params.skip_forced:
-        ex, pr = advance_forced(state, batch, np.asarray(idx), params, lp, budgets, cost)
-        state.pend_excess[idx] = ex[idx]
-        state.pend_progress[idx] = pr[idx]
+        if advance is None:
+            ex, pr = advance_forced(state, batch, np.asarray(idx), params, lp, budgets, cost)
+            ex, pr = ex[idx], pr[idx]
+        else:
+            ex, pr = advance(idx)
+        state.pend_excess[idx] = ex
+        state.pend_progress[idx] = pr
         if np.any(state.d[idx] >= batch.n[idx]):
             raise ValueError(
                 f"merge_budget={params.merge_budget} leaves the agent no decision "
@@ -377,7 +384,9 @@ def forced_deferral_end(d, last, n, m_left, params: EnvParams, budgets: Budgets 
     p = params
     below = d - last < p.h_min
     end = np.where(below, np.minimum(n, last + p.h_min), d + 1)
-    if p.merge_budget is None or np.all(below):
+    if p.merge_budget is None:
+        return end
+    if np.all(below):
         return end
     assert budgets is not None  # with a merge budget
     end = np.array(end, dtype=np.int64)  # writable, also for scalar inputs

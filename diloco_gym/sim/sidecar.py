@@ -533,7 +533,7 @@ def merge_violations(
         lo, hi = int(ptr_r[a]), int(ptr_r[a + length])
         mid = int(ptr_r[a + min(merge_bins, length)])  # requests before it: in the window
         rbin = q.rbin[r, lo:hi]
-        bl = backlog[rbin - a, 0]
+        bl = np.take(backlog.reshape(-1), rbin - a)  # backlog is (length, 1)
         if q.thr_in is not None and q.thr_tail is not None:
             k = mid - lo
             hits = np.count_nonzero(bl[:k] > q.thr_in[r, lo:mid])
@@ -747,11 +747,9 @@ class IsolatedMergeCost:
         """Extra violated requests of a merge starting at bin ``start``."""
         s0 = int(start)
         st = np.array([s0], dtype=np.int64)
-        c = isolated_merge_costs(
-            self.queue, self._row, st, self.prefmin[s0 : s0 + 1], self.merge_bins, self.p,
-            self.bin_s,
-        )  # fmt: skip
-        return float(c[0])
+        w, h, q = self.merge_bins, self.horizon, self.queue
+        g, _ = merged_backlog(q, self._row, st, self.prefmin[s0 : s0 + 1], w, h)
+        return float(merge_violations(q, self._row, st, g, w, self.p, h)[0])
 
 
 def effect_sizes(result: ReplayResult, high_pressure: float = 0.6) -> dict:
