@@ -230,8 +230,8 @@ class DiLoCoSyncEnv(gym.Env[Observation, Action]):
         self._tables: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         self._gap_block = kernel.gap_block(np.arange(p.h_max + 1), p).astype(np.float32)
         self._gap_tab = np.zeros((p.h_max + 1, _G_OPEN + 1 + 5), dtype=np.float32)
-        self._budget_tab = kernel.budget_feature(np.arange((p.merge_budget or 0) + 1), p).astype(
-            np.float32
+        self._budget_tab = np.asarray(
+            kernel.budget_feature(np.arange((p.merge_budget or 0) + 1), p), dtype=np.float32
         )
 
     # ----------------------------------------------------------------- public views

@@ -500,10 +500,12 @@ def step(
     }
 
 
-def gap_block(gap, params: EnvParams) -> np.ndarray:
-    """The ``gap`` and ``corridor_open`` features of gaps (decisions), ``(..., 2)``."""
+def gap_block(gap, params: EnvParams, out: np.ndarray | None = None) -> np.ndarray:
+    """The ``gap`` and ``corridor_open`` features of gaps (decisions), ``(..., 2)`` (into
+    ``out`` when given)."""
     gap = np.asarray(gap)
-    out = np.empty(gap.shape + (2,))
+    if out is None:
+        out = np.empty(gap.shape + (2,))
     out[..., 0] = np.minimum(1.0, gap / params.h_max)
     out[..., 1] = gap >= params.h_min
     return out
@@ -520,10 +522,11 @@ def time_left_feature(d, n):
 
 
 def budget_feature(m_left, params: EnvParams):
-    """The ``budget_left`` feature: merges left over the budget (1 without a budget)."""
+    """The ``budget_left`` feature: merges left over the budget (a constant without one:
+    1, or 0 for a budget of 0)."""
     if params.merge_budget:
         return m_left / params.merge_budget
-    return np.zeros(np.shape(m_left)) + (0.0 if params.merge_budget == 0 else 1.0)
+    return 0.0 if params.merge_budget == 0 else 1.0
 
 
 def observe(
@@ -543,7 +546,7 @@ def observe(
     n, d = batch.n, state.d
     d_clip = np.minimum(d, n)
     gap = d_clip - state.last
-    out[:, _G["gap"] : _G["corridor_open"] + 1] = gap_block(gap, p)
+    gap_block(gap, p, out=out[:, _G["gap"] : _G["corridor_open"] + 1])
     gaps_s = np.minimum(gap, p.h_max) * p.decision_seconds
     out[:, LEARNER_SLICE] = core.learner_features_k(gaps_s, state.tokens, batch.thr_k, p, lp)
     rows = batch.slot * exo.shape[1] + np.minimum(d, n - 1)

@@ -494,8 +494,8 @@ def merged_backlog(
         g += off0
     # The running minimum along each horizon, from min0 (min is exact: any order of the
     # comparisons gives the same values). Row by row when the rows are long (faster than
-    # an accumulate down the first axis).
-    if starts.size >= 64:
+    # an accumulate down the first axis from a few hundred columns).
+    if starts.size >= 256:
         run = _scratch("run", g.shape)
         prev = np.asarray(min0, dtype=np.float64)
         for j in range(length):
