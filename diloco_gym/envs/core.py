@@ -1,13 +1,12 @@
-"""Pure dynamics of the merge-scheduling problem, shared by the single and vector envs.
+"""Parameters, episodes and the pure per-decision rules of the merge-scheduling problem.
 
 An *episode* is everything that does not depend on the agent, precomputed once from a
 trace (:func:`build_episode`; :func:`episode_core_batch` for many traces at once): the
 exogenous observation features per decision and the no-merge replay, from which the cost
-of a merge launched at any decision follows (computed when asked for). The agent-dependent state
-is tiny (decision index, last merge, merges so far, global tokens, budget left) and the
-transition helpers below are written with plain arithmetic, so the same functions run on
-Python scalars (the single env) and on numpy arrays with a leading batch axis (the vector
-env).
+of a merge launched at any decision follows (computed when asked for). The rules here
+(:func:`options`, :func:`learner_features`, :func:`sync_mask`) are plain arithmetic on
+scalars or arrays; the step that applies them to the agent-dependent state is
+:mod:`diloco_gym.envs.kernel`.
 
 Time: training advances in steps of ``step_seconds``; the agent decides every
 ``decision_interval`` steps (one *decision* = ``decision_seconds``). The corridor
@@ -28,10 +27,11 @@ from diloco_gym.sim.sidecar import (
     IsolatedMergeCost,
     ReplayResult,
     SidecarParams,
-    _slowdown,
     base_latency_s,
     merge_costs,
+    queue,
     replay,
+    slowdown,
 )
 from diloco_gym.sim.traces import PRESSURE_DT_S, Trace
 
@@ -316,17 +316,14 @@ class Episode:
     def merge_cost(self) -> np.ndarray:
         """``(N,)`` extra SLO violations (requests) of a merge launched at each decision,
         evaluated in isolation (:func:`~diloco_gym.sim.sidecar.merge_costs`)."""
-        p = self.params
-        starts = np.arange(self.n_decisions, dtype=np.int64) * p.decision_interval
-        cost = merge_costs(
+        cost = decision_costs(
             self.base_s,
             self.req_bin,
             self.pressure_bin,
+            self.baseline.violated,
+            self.n_decisions,
+            self.params,
             self.sidecar,
-            p.step_seconds,
-            starts,
-            p.merge_steps,
-            self.baseline.violated.astype(np.float64),
         )
         cost.setflags(write=False)
         return cost
@@ -364,6 +361,30 @@ class Episode:
         """Percentage points of sync-excess per violated request (of this episode's requests:
         a score after the episode, never a reward, since the count depends on the future)."""
         return 100.0 / max(1, self.n_requests)
+
+
+def decision_costs(
+    base_s: np.ndarray,
+    req_bin: np.ndarray,
+    pressure_bin: np.ndarray,
+    violated0: np.ndarray,
+    n: int,
+    params: EnvParams,
+    sidecar: SidecarParams,
+) -> np.ndarray:
+    """The isolated cost of a merge at each of an episode's ``n`` decisions
+    (:func:`~diloco_gym.sim.sidecar.merge_costs` at the decision starts)."""
+    starts = np.arange(n, dtype=np.int64) * params.decision_interval
+    return merge_costs(
+        base_s,
+        req_bin,
+        pressure_bin,
+        sidecar,
+        params.step_seconds,
+        starts,
+        params.merge_steps,
+        np.asarray(violated0).astype(np.float64),
+    )
 
 
 #: The reward counts extra SLO-violating requests per this many nominal requests.
@@ -621,14 +642,11 @@ def episode_core_batch(
     base_s = base_latency_s(prompt, output, sidecar)
     req_bin = np.minimum((arrival_s / params.step_seconds).astype(np.int64), n_bins - 1)
     flat_bin = req_bin if b == 1 else np.repeat(np.arange(b) * n_bins, counts) + req_bin
-    # The no-merge replay (sidecar.replay with sync_bin=None: the same arithmetic, with
-    # sidecar._running_sum's bincount over episode-major bins).
-    m0 = _slowdown(pressure_bin, None, sidecar)
+    # The no-merge replay (sidecar.replay with sync_bin=None: the same arithmetic, with the
+    # work of every episode from one bincount over episode-major bins).
+    m0 = slowdown(pressure_bin, None, sidecar)
     work = np.bincount(flat_bin, weights=base_s, minlength=b * n_bins).reshape(b, n_bins)
-    s = np.empty((b, n_bins + 1))
-    s[:, 0] = 0.0
-    np.cumsum(work - sidecar.slots * params.step_seconds / m0, axis=1, out=s[:, 1:])
-    prefmin = np.minimum.accumulate(s, axis=1)
+    s, prefmin = queue(work, m0, sidecar, params.step_seconds)
     backlog = s[:, :-1] - prefmin[:, :-1]
     latency = (base_s + backlog.reshape(-1)[flat_bin] / sidecar.slots) * m0.reshape(-1)[flat_bin]
     return EpisodeCore(
@@ -669,6 +687,18 @@ def build_episode(
         rate_rps = (
             params.reward_rate_rps if params.reward_rate_rps is not None else trace.mean_rate_rps
         )
+    return _episode(trace, learner_params.draw_throughputs(rng), params, sidecar, seed, rate_rps)
+
+
+def _episode(
+    trace: Trace,
+    throughputs: np.ndarray,
+    params: EnvParams,
+    sidecar: SidecarParams,
+    seed: int | None,
+    rate_rps: float,
+) -> Episode:
+    """The :class:`Episode` of ``trace`` with learner ``throughputs`` (already drawn)."""
     c = episode_core(
         trace.arrival_s,
         trace.prompt_tokens,
@@ -687,7 +717,7 @@ def build_episode(
         trace,
         c.n,
         c.exo,
-        learner_params.draw_throughputs(rng),
+        throughputs,
         c.base_s,
         c.req_bin,
         c.pressure_bin,
@@ -710,16 +740,17 @@ def episode_from_seed(
 ) -> Episode:
     """The episode of ``seed``: its trace and learner throughputs from one generator.
 
-    ``np.random.default_rng(seed)`` draws the trace (``generator(rng)``) and then the
-    learner throughputs, so the single and the vector env give the same episode for the
-    same seed. ``rate_rps``: the reward scale's nominal rate (default: the generator's,
-    :func:`nominal_rate_rps`).
+    The draws come from :func:`diloco_gym.envs.kernel.episode_draws` (the trace, then the
+    learner throughputs, from ``np.random.default_rng(seed)``), as the vector env's, so the
+    single and the vector env give the same episode for the same seed. ``rate_rps``: the
+    reward scale's nominal rate (default: the generator's, :func:`nominal_rate_rps`).
     """
+    from diloco_gym.envs.kernel import episode_draws
+
     if rate_rps is None:
         rate_rps = nominal_rate_rps(generator, params)
-    rng = np.random.default_rng(seed)
-    trace = generator(rng)
-    return build_episode(trace, params, sidecar, learner_params, rng, seed=seed, rate_rps=rate_rps)
+    trace, throughputs = episode_draws(generator, seed, learner_params)
+    return _episode(trace, throughputs, params, sidecar, seed, rate_rps)
 
 
 def _sum_first_axis(x: np.ndarray) -> np.ndarray:
@@ -896,12 +927,27 @@ def options(d, last, m_left, params: EnvParams, n: int, budget: BudgetTables | N
 
 
 def sync_mask(merges, n_bins: int, params: EnvParams) -> np.ndarray:
-    """Per-bin 0/1 mask of the merge windows of a schedule (decision indices)."""
-    mask = np.zeros(n_bins + params.merge_steps, dtype=np.float64)
+    """Per-bin 0/1 mask of the merge windows of a schedule (decision indices).
+
+    A ``(K, M)`` array of schedules gives a ``(K, n_bins)`` mask, one row per schedule.
+    """
     starts = np.asarray(merges, dtype=np.int64) * params.decision_interval
+    w = params.merge_steps
+    width = n_bins + w
+    if starts.ndim > 1:
+        rows = starts.reshape(-1, starts.shape[-1])
+        if rows.size and (rows.min() < 0 or rows.max() + w > width):
+            # out-of-range starts: each row as a schedule of its own (np.add.at below)
+            out = np.stack([sync_mask(r, n_bins, params) for r in rows // params.decision_interval])
+            return out.reshape(starts.shape[:-1] + (n_bins,))
+        mask = np.zeros((rows.shape[0], width), dtype=np.float64)
+        if rows.size:
+            at = rows + (np.arange(rows.shape[0]) * width)[:, None]
+            mask.reshape(-1)[(at[..., None] + np.arange(w)).ravel()] = 1.0
+        return mask[:, :n_bins].reshape(starts.shape[:-1] + (n_bins,))
+    mask = np.zeros(width, dtype=np.float64)
     if starts.size:
         # 1 on each window (a count of overlapping windows would be capped at 1 anyway).
-        w = params.merge_steps
         if starts.min() >= 0 and starts.max() + w <= mask.size:
             mask[(starts[:, None] + np.arange(w)).ravel()] = 1.0
         else:  # out-of-range starts: np.add.at's indexing (and its IndexError), as before

@@ -1,22 +1,26 @@
-"""The Gymnasium environment: when to run a DiLoCo outer merge on a shared host."""
+"""The Gymnasium environment: when to run a DiLoCo outer merge on a shared host.
+
+:class:`DiLoCoSyncEnv` is the simulation kernel (:mod:`diloco_gym.envs.kernel`) on a batch of
+one episode, with the single-env Gymnasium API.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import fields, replace
-from typing import Any, TypeAlias
+from typing import Any, NamedTuple, TypeAlias
 
 import gymnasium as gym
 import numpy as np
 
-from diloco_gym.envs import core
+from diloco_gym.envs import core, kernel
 from diloco_gym.envs.core import OBS_DIM, OBS_HIGH, OBS_INDEX, OBS_LOW, EnvParams, Episode
 from diloco_gym.sim import learners as lrn
 from diloco_gym.sim.regimes import REGIMES, get_regime
 from diloco_gym.sim.sidecar import SidecarParams
 from diloco_gym.sim.traces import Trace
 
-__all__ = ["DiLoCoSyncEnv", "make_generator"]
+__all__ = ["DiLoCoSyncEnv", "EnvConfig", "configure", "make_generator"]
 
 #: The ``gym.Env`` type parameters: an observation is a float32 vector of ``OBS_DIM`` features;
 #: an action is ``0`` (defer) or ``1`` (merge), a Python or NumPy integer (``Discrete(2)``
@@ -32,6 +36,11 @@ _G_GAP, _G_OPEN, _G_MERGES, _G_BUDGET = (
     _G["budget_left"],
 )
 _ENV_FIELDS = {f.name for f in fields(EnvParams)}
+# The gap-indexed table holds columns gap, corridor_open and the learner block, in order.
+assert (_G_GAP, _G_OPEN) == (0, 1) and core.LEARNER_SLICE == slice(2, 7)
+_LEARNER = slice(2, 7)
+_LOSS_MEAN, _LOSS_MIN = _G["loss_progress_mean"], _G["loss_progress_min"]
+_ROW = np.zeros(1, dtype=np.int64)  # the one row of the single env's batch
 
 
 def make_generator(regime) -> tuple[Callable[[np.random.Generator], Trace], SidecarParams, str]:
@@ -57,6 +66,46 @@ def make_generator(regime) -> tuple[Callable[[np.random.Generator], Trace], Side
     raise TypeError(
         f"regime must be a regime name ({', '.join(REGIMES)}), a generator "
         f"(callable rng -> Trace) or a Trace; got {type(regime).__name__}"
+    )
+
+
+class EnvConfig(NamedTuple):
+    """What both envs resolve from their arguments (:func:`configure`)."""
+
+    params: EnvParams
+    generator: Callable[[np.random.Generator], Trace]
+    regime_name: str
+    reward_rate_rps: float
+    sidecar: SidecarParams
+    learner_params: lrn.LearnerParams
+
+
+def configure(
+    owner: str,
+    regime: Any,
+    params: EnvParams | None,
+    sidecar: SidecarParams | None,
+    learners: lrn.LearnerParams | None,
+    overrides: dict[str, Any],
+) -> EnvConfig:
+    """Resolve the arguments an env shares (``owner`` names it in errors): ``EnvParams``
+    field keywords over ``params``, the regime's generator and default sidecar, and the
+    nominal request rate of the reward scale (fixed for every episode of the env)."""
+    unknown = set(overrides) - _ENV_FIELDS
+    if unknown:
+        raise TypeError(
+            f"unknown {owner} argument(s) {sorted(unknown)}; valid "
+            f"EnvParams fields: {sorted(_ENV_FIELDS)}"
+        )
+    p = replace(params or EnvParams(), **overrides)
+    generator, default_sidecar, name = make_generator(regime)
+    return EnvConfig(
+        p,
+        generator,
+        name,
+        core.nominal_rate_rps(generator, p),
+        sidecar or default_sidecar,
+        learners or lrn.LearnerParams(),
     )
 
 
@@ -152,18 +201,11 @@ class DiLoCoSyncEnv(gym.Env[Observation, Action]):
         render_mode: str | None = None,
         **overrides: Any,
     ) -> None:
-        unknown = set(overrides) - _ENV_FIELDS
-        if unknown:
-            raise TypeError(
-                f"unknown DiLoCoSyncEnv argument(s) {sorted(unknown)}; valid "
-                f"EnvParams fields: {sorted(_ENV_FIELDS)}"
-            )
-        self.params = replace(params or EnvParams(), **overrides)
-        self.generator, default_sidecar, self.regime_name = make_generator(regime)
+        cfg = configure("DiLoCoSyncEnv", regime, params, sidecar, learners, overrides)
+        self.params, self.generator, self.regime_name = cfg.params, cfg.generator, cfg.regime_name
         #: nominal request rate of the reward scale, fixed for every episode of this env.
-        self.reward_rate_rps = core.nominal_rate_rps(self.generator, self.params)
-        self.sidecar = sidecar or default_sidecar
-        self.learner_params = learners or lrn.LearnerParams()
+        self.reward_rate_rps = cfg.reward_rate_rps
+        self.sidecar, self.learner_params = cfg.sidecar, cfg.learner_params
         if render_mode is not None and render_mode not in self.metadata["render_modes"]:
             raise ValueError(
                 f"render_mode must be one of {self.metadata['render_modes']}, got {render_mode!r}"
@@ -172,13 +214,31 @@ class DiLoCoSyncEnv(gym.Env[Observation, Action]):
         self.action_space = gym.spaces.Discrete(2)
         self.observation_space = gym.spaces.Box(OBS_LOW, OBS_HIGH, dtype=np.float32)
         self.episode: Episode | None = None
-        self._budget_cache: dict[int, core.BudgetTables] = {}
+        # The kernel's state and episode constants, a batch of one (envs/kernel.py).
+        self._state = kernel.new_state(1)
+        self._batch = kernel.new_batch(1, self.learner_params.num_learners)
+        self._budgets = kernel.Budgets(self.params)
+        self._merges: list[int] = []  # the schedule so far (recorded by _cost)
+        self._costs: list[float] = []
+        self._merges_seen = 0
+        self._owed = False
+        self._n = 0
+        self._budget: core.BudgetTables | None = None
+        # Observation tables that depend only on the parameters (and, in _tables, the
+        # episode length): from the kernel's block functions, built once.
+        p = self.params
+        self._tables: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        self._gap_block = kernel.gap_block(np.arange(p.h_max + 1), p).astype(np.float32)
+        self._gap_tab = np.zeros((p.h_max + 1, _G_OPEN + 1 + 5), dtype=np.float32)
+        self._budget_tab = np.asarray(
+            kernel.budget_feature(np.arange((p.merge_budget or 0) + 1), p), dtype=np.float32
+        )
 
     # ----------------------------------------------------------------- public views
     @property
     def decision(self) -> int:
         """Index of the current decision in the episode."""
-        return self._d
+        return self._state.d.item(0)
 
     @property
     def merges(self) -> list[int]:
@@ -199,68 +259,83 @@ class DiLoCoSyncEnv(gym.Env[Observation, Action]):
         """Per-learner reports now: loss reduction, tokens since the last merge, staleness."""
         self._require_episode()
         assert self.episode is not None  # for mypy: _require_episode() raised otherwise
-        gap_s = (self._d - self._last) * self.params.decision_seconds
-        delta, tau = lrn.reports(gap_s, self._tokens, self.episode.throughputs, self.learner_params)
+        st = self._state
+        gap_s = int(st.d[0] - st.last[0]) * self.params.decision_seconds
+        delta, tau = lrn.reports(
+            gap_s, st.tokens.item(0), self.episode.throughputs, self.learner_params
+        )
         return {"loss_delta": delta, "tokens": tau, "staleness_s": np.full(delta.shape, gap_s)}
 
     def action_masks(self) -> np.ndarray:
         """Feasible actions now, ``[defer, merge]`` (sb3-contrib MaskablePPO protocol)."""
         self._require_episode()
         assert self.episode is not None  # for mypy: _require_episode() raised otherwise
-        if self._d >= self.episode.n_decisions:
+        d = self._state.d.item(0)
+        if d >= self.episode.n_decisions:
             return np.array([True, True])
-        can_merge, can_defer = self._options(self._d)
+        can_merge, can_defer = self._options(d)
         return np.array([bool(can_defer), bool(can_merge)])
 
     # ----------------------------------------------------------------- gym API
     def reset(
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
     ) -> tuple[Observation, dict[str, Any]]:
+        """Start an episode: the one of ``seed`` (drawn from the env's generator when
+        ``None``), or ``options["episode"]``, an :class:`~diloco_gym.envs.core.Episode`
+        built with this env's parameters (:func:`~diloco_gym.envs.core.episode_from_seed`),
+        to run an agent on an episode built once for several uses."""
         super().reset(seed=seed)
-        if seed is not None:
-            episode_seed = int(seed)
+        given = (options or {}).get("episode")
+        if given is not None:
+            self.episode = self._check_episode(given, seed)
+            episode_seed = given.seed
         else:
-            episode_seed = int(self.np_random.integers(0, 2**31 - 1))
-        self.episode = core.episode_from_seed(
-            self.generator,
-            episode_seed,
-            self.params,
-            self.sidecar,
-            self.learner_params,
-            rate_rps=self.reward_rate_rps,
-        )
-        n = self.episode.n_decisions
+            if seed is not None:
+                episode_seed = int(seed)
+            else:
+                episode_seed = int(self.np_random.integers(0, 2**31 - 1))
+            self.episode = core.episode_from_seed(
+                self.generator,
+                episode_seed,
+                self.params,
+                self.sidecar,
+                self.learner_params,
+                rate_rps=self.reward_rate_rps,
+            )
+        ep = self.episode
+        n = ep.n_decisions
         p = self.params
-        self._budget = None
-        if p.merge_budget is not None:
-            key = n
-            if key not in self._budget_cache:
-                self._budget_cache[key] = core.BudgetTables(n, p.h_min, p.h_max, p.merge_budget)
-            self._budget = self._budget_cache[key]
-        self._d = 0
-        self._last = 0
-        self._merges: list[int] = []
-        self._costs: list[float] = []
-        self._tokens = float(self.learner_params.initial_tokens)
-        self._m_left = p.merge_budget if p.merge_budget is not None else 0
-        self._max_merges = max(1.0, n / p.h_min)
-        self._obs_base = self._obs_table()
-        self._obs_base[:, _G_BUDGET] = 1.0  # overwritten per step when there is a budget
+        batch = self._batch
+        batch.n[0] = n
+        batch.pct[0] = ep.pct_per_request
+        batch.scale[0] = ep.reward_per_request
+        batch.max_merges[0] = kernel.max_merges(n, p)
+        batch.thr[0] = ep.throughputs
+        batch.thr_k[:, 0] = ep.throughputs
+        batch.thr_sum[0] = np.sum(ep.throughputs, axis=-1)
+        batch.seed[0] = -1 if ep.seed is None else ep.seed
+        # Episode constants of the scalar rules (an infeasible budget fails here).
+        self._n = n
+        self._budget = self._budgets.tables(n) if p.merge_budget is not None else None
+        self._merges.clear()
+        self._costs.clear()
+        self._merges_seen = 0
+        self._owed = False
+        self._obs_tables()
         self._refresh_learners(new_episode=True)
-        self._excess_requests = 0.0
-        self._progress_sum = 0.0
+        kernel.reset_rows(
+            self._state,
+            batch,
+            0,
+            p,
+            self.learner_params,
+            self._budgets,
+            self._cost,
+            advance=lambda _row: self._advance_forced(),
+        )
+        self._owed = bool(self._state.pend_excess[0] or self._state.pend_progress[0])
+        self._sync_merges()
         info: dict[str, Any] = {"episode_seed": episode_seed}
-        # Merges forced before the agent's first real choice (possible only with a tight
-        # merge_budget) are applied here; reset() cannot return a reward, so their terms are
-        # carried into the first step's reward instead of being lost.
-        self._pending = (0.0, 0.0)
-        if p.skip_forced:
-            self._pending = self._advance_forced_raw()
-            if self._d >= n:
-                raise ValueError(
-                    f"merge_budget={p.merge_budget} leaves the agent no decision "
-                    f"in this episode (every merge is forced)"
-                )
         info["reward_terms"] = {"sync_excess": 0.0, "progress": 0.0}  # paid on the first step
         info.update(self._step_info(False, False))
         return self._obs(), info
@@ -268,163 +343,193 @@ class DiLoCoSyncEnv(gym.Env[Observation, Action]):
     def step(self, action: Any) -> tuple[Observation, float, bool, bool, dict[str, Any]]:
         self._require_episode()
         assert self.episode is not None  # for mypy: _require_episode() raised otherwise
+        st = self._state
         n = self.episode.n_decisions
-        if self._d >= n:
+        d = st.d.item(0)
+        if d >= n:
             raise RuntimeError("step() called after the episode ended; call reset()")
         if type(action) is int or isinstance(action, np.integer):  # the common fast path
-            a = int(action)
-            if a != 0 and a != 1:
+            want = action == 1
+            if not want and action != 0:
                 raise ValueError(f"action must be 0 (defer) or 1 (merge), got {action!r}")
         else:
-            a = self._parse_action(action)
-        can_merge, can_defer = self._options(self._d)
-        want = a == 1
-        merge = (want and can_merge) or not can_defer
-        overridden = merge != want
-        excess, progress = self._apply(merge)
-        excess += self._pending[0]
-        progress += self._pending[1]
-        self._pending = (0.0, 0.0)
-        self._d += 1
+            want = bool(kernel.check_actions(action, ()))
+        can_merge, can_defer = self._options(d)
+        merge, overridden = kernel.resolve(want, can_merge, can_defer)
+        merge, overridden = bool(merge), bool(overridden)
+        excess = progress = 0.0
+        if merge:
+            excess, progress = self._apply()
+        if self._owed:  # merges forced before the first choice: their terms, paid now
+            excess += st.pend_excess.item(0)
+            progress += st.pend_progress.item(0)
+            st.pend_excess[0] = st.pend_progress[0] = 0.0
+            self._owed = False
+        st.d[0] = d + 1
         if self.params.skip_forced:
-            ex2, pr2 = self._advance_forced_raw()
+            ex2, pr2 = self._advance_forced()
             excess += ex2
             progress += pr2
-        p = self.params
-        reward = -p.excess_weight * excess + p.progress_weight * progress
-        truncated = self._d >= n
+        reward = float(kernel.reward(excess, progress, self.params))
+        truncated = st.d.item(0) >= n
         info = self._step_info(merge, overridden)
         info["reward_terms"] = {"sync_excess": -excess, "progress": progress}
         if truncated:
             info["episode_summary"] = self.episode_summary()
-        return self._obs(), float(reward), False, truncated, info
+        return self._obs(), reward, False, truncated, info
 
     # ----------------------------------------------------------------- internals
-    @staticmethod
-    def _parse_action(action: Any) -> int:
-        """Validate a non-integer action (a bool, float, 0-d or one-element array)."""
-        try:
-            a = int(action)
-        except (TypeError, ValueError):
-            raise ValueError(f"action must be 0 (defer) or 1 (merge), got {action!r}") from None
-        if (
-            a not in (0, 1)
-            or np.ndim(action) > 1
-            or (np.ndim(action) == 1 and np.size(action) != 1)
-            or np.asarray(action).item() != a
-        ):
-            # the last test rejects a fractional action (0.7) that int() would truncate
-            raise ValueError(f"action must be 0 (defer) or 1 (merge), got {action!r}")
-        return a
+    def _check_episode(self, episode: Any, seed: int | None) -> Episode:
+        """A given episode must be an :class:`Episode` built with this env's parameters."""
+        if not isinstance(episode, Episode):
+            raise ValueError(
+                f"options['episode'] must be a diloco_gym.envs.core.Episode, "
+                f"got {type(episode).__name__}"
+            )
+        if episode.params != self.params or episode.sidecar != self.sidecar:
+            raise ValueError(
+                "options['episode'] was built with other EnvParams or SidecarParams than this env's"
+            )
+        if seed is not None and episode.seed != int(seed):
+            raise ValueError(
+                f"options['episode'] is the episode of seed {episode.seed}, not of seed {seed}"
+            )
+        return episode
 
     def _require_episode(self) -> None:
         if self.episode is None:
             raise RuntimeError("call reset() before using the environment")
 
-    def _options(self, d: int):
+    def _cost(self, idx: Any, d: Any) -> Any:
+        """The kernel's cost callback (called once per merge launched; ``d`` an array of
+        decisions, or one decision): the episode's lazy, memoised isolated costs. The
+        single env records its schedule here."""
         assert self.episode is not None  # called only after reset()
+        if np.ndim(d) == 0:
+            x = int(d)
+            cost = self.episode.merge_cost_at(x)
+            self._merges.append(x)
+            self._costs.append(cost)
+            return cost
+        return np.array([self._cost(idx, x) for x in d.tolist()])
+
+    def _options(self, d: int):
+        st = self._state
         return core.options(
-            d, self._last, self._m_left, self.params, self.episode.n_decisions, self._budget
+            d, st.last.item(0), st.m_left.item(0), self.params, self._n, self._budget
         )
 
-    def _refresh_learners(self, new_episode: bool = False, loss_now: float | None = None) -> None:
+    def _refresh_learners(self, new_episode: bool = False) -> None:
         """The learner features for every gap until the next merge. Only the loss-progress
         columns depend on the global tokens; the rest (tokens, staleness) is built once per
-        episode, with the per-learner token counts of every gap. ``loss_now``: the loss at
-        the current global tokens, when known."""
+        episode, with the per-learner token counts of every gap."""
         p, lp = self.params, self.learner_params
+        tokens = self._state.tokens[:1] if not new_episode else None
         if new_episode:
             assert self.episode is not None  # called only after reset()
-            self._ltable = core.learner_table(self._tokens, self.episode.throughputs, p, lp)
+            self._gap_tab[:, _LEARNER] = core.learner_table(
+                float(lp.initial_tokens), self.episode.throughputs, p, lp
+            )
             gaps_s = np.arange(p.h_max + 1) * p.decision_seconds
             self._tau_k = self.episode.throughputs[:, None] * gaps_s  # as learner_table
-            # merge_gain's sum over learners, once per episode (the same np.sum).
-            self._thr_sum = float(np.sum(self.episode.throughputs, axis=-1))
             return
-        self._ltable[:, 0], self._ltable[:, 1] = core.learner_progress(
-            self._tau_k, self._tokens, p, lp, loss_now
+        assert tokens is not None
+        self._gap_tab[:, _LOSS_MEAN], self._gap_tab[:, _LOSS_MIN] = core.learner_progress(
+            self._tau_k, tokens.item(0), p, lp
         )
 
-    def _apply(self, merge: bool) -> tuple[float, float]:
-        if not merge:
-            return 0.0, 0.0
-        assert self.episode is not None  # called only after reset()
-        d = self._d
-        gap_s = (d - self._last) * self.params.decision_seconds
-        added, gain, loss_after = lrn.merge_gain_scalar(
-            gap_s, self._tokens, self._thr_sum, self.learner_params
+    def _apply(self) -> tuple[float, float]:
+        """Merge now (the kernel's merge on this batch of one); returns the reward terms."""
+        ex, gain = kernel.apply_merges(
+            self._state, self._batch, 0, self.params, self.learner_params, self._cost
         )
-        self._tokens += added
-        cost = self.episode.merge_cost_at(d)
-        self._merges.append(d)
-        self._costs.append(cost)
-        self._last = d
-        self._m_left -= 1
-        self._refresh_learners(loss_now=loss_after)
-        excess = cost * self.episode.reward_per_request
-        self._excess_requests += cost
-        self._progress_sum += gain
-        return excess, gain
+        self._sync_merges()
+        return float(ex), float(gain)
 
-    def _advance_forced_raw(self) -> tuple[float, float]:
-        """Apply single-option decisions until the agent has a real choice or the end."""
+    def _advance_forced(self) -> tuple[float, float]:
+        """:func:`kernel.advance_forced` on this one row, as a scalar loop over the same
+        rules (:func:`core.options`, :func:`kernel.apply_merges`,
+        :func:`kernel.forced_deferral_end`): single-option decisions until the agent has a
+        real choice or the episode ends. Returns the merges' reward terms."""
         assert self.episode is not None  # called only after reset()
+        st, p = self._state, self.params
         n = self.episode.n_decisions
         excess = progress = 0.0
-        while self._d < n:
-            can_merge, can_defer = self._options(self._d)
+        d = st.d.item(0)
+        while d < n:
+            can_merge, can_defer = self._options(d)
             if can_merge and can_defer:
                 break
             if not can_merge and not can_defer:  # cannot happen with validated budgets
-                raise RuntimeError(f"no feasible action at decision {self._d}")
+                raise RuntimeError(f"no feasible action at decision {d} (row 0)")
             if can_merge:
-                e, g = self._apply(True)
+                e, g = self._apply()
                 excess += e
                 progress += g
-            # Jump over a run of forced deferrals in one go (no budget: until H_min).
-            if not can_merge and self._budget is None:
-                self._d = min(n, self._last + self.params.h_min)
+                d += 1
             else:
-                self._d += 1
+                budgets = self._budgets if p.merge_budget is not None else None
+                d = int(
+                    kernel.forced_deferral_end(d, st.last.item(0), n, st.m_left.item(0), p, budgets)
+                )
+            st.d[0] = d
         return excess, progress
 
-    def _obs_table(self) -> np.ndarray:
-        """Per-decision rows of the agent-independent features (exogenous block and time
-        left; row ``n`` is the terminal observation's), built once per episode."""
+    def _sync_merges(self) -> None:
+        """Refresh the learner features after the merges of a kernel call (if any)."""
+        if len(self._merges) != self._merges_seen:
+            self._merges_seen = len(self._merges)
+            self._refresh_learners()
+
+    def _obs_tables(self) -> None:
+        """Per-episode tables of the observation, from the kernel's block functions: rows
+        per decision of the agent-independent features (exogenous block and time left;
+        row ``n`` is the terminal observation's), the gap block per gap (and the learner
+        block, filled by :meth:`_refresh_learners`), the merges feature per merge count and
+        the budget feature per merges left. What depends only on the parameters and the
+        episode length is built once per length."""
         ep = self.episode
         assert ep is not None  # called only after reset()
+        p = self.params
         n = ep.n_decisions
-        base = np.zeros((n + 1, OBS_DIM), dtype=np.float32)
+        if n not in self._tables:
+            base0 = np.zeros((n + 1, OBS_DIM), dtype=np.float32)
+            base0[:, _G["time_left"]] = kernel.time_left_feature(np.arange(n + 1), n)
+            base0[:, _G_BUDGET] = kernel.budget_feature(0, p)  # per step only with a budget
+            merges = kernel.merges_feature(np.arange(n + 2), kernel.max_merges(n, p))
+            self._tables[n] = (base0, merges.astype(np.float32))
+        base0, self._merges_tab = self._tables[n]
+        base = base0.copy()
         base[:n, core.EXO_SLICE] = ep.exo
         base[n, core.EXO_SLICE] = ep.exo[n - 1]
-        base[:, _G["time_left"]] = (n - np.arange(n + 1)) / n
-        return base
+        self._obs_base = base
+        self._gap_tab[:, : _G_OPEN + 1] = self._gap_block
 
     def _obs(self) -> np.ndarray:
         p = self.params
-        d = self._d  # never past n: the episode ends there
-        gap = d - self._last
+        st = self._state
+        d = st.d.item(0)  # never past n: the episode ends there
+        gap = min(d - st.last.item(0), p.h_max)
         obs = self._obs_base[d].copy()
-        obs[_G_GAP] = gap / p.h_max if gap < p.h_max else 1.0
-        obs[_G_OPEN] = 1.0 if gap >= p.h_min else 0.0
-        obs[core.LEARNER_SLICE] = self._ltable[gap if gap < p.h_max else p.h_max]
-        m = len(self._merges) / self._max_merges
-        obs[_G_MERGES] = m if m < 1.0 else 1.0
-        if p.merge_budget is not None:
-            obs[_G_BUDGET] = self._m_left / p.merge_budget if p.merge_budget else 0.0
+        obs[: _G_OPEN + 1 + 5] = self._gap_tab[gap]  # gap, corridor_open, learner block
+        obs[_G_MERGES] = self._merges_tab[len(self._merges)]
+        if p.merge_budget:
+            obs[_G_BUDGET] = self._budget_tab[st.m_left.item(0)]
         return obs
 
     def _step_info(self, merged: bool, overridden: bool) -> dict[str, Any]:
         assert self.episode is not None  # called only after reset()
+        st = self._state
+        d = st.d.item(0)
         return {
-            "decision": self._d,
-            "time_s": self._d * self.params.decision_seconds,
-            "gap_steps": (min(self._d, self.episode.n_decisions) - self._last)
+            "decision": d,
+            "time_s": d * self.params.decision_seconds,
+            "gap_steps": (min(d, self.episode.n_decisions) - st.last.item(0))
             * self.params.decision_interval,
             "merged": merged,
             "action_overridden": overridden,
             "merges": len(self._merges),
-            "excess_requests_so_far": self._excess_requests,
+            "excess_requests_so_far": st.excess_requests.item(0),
         }
 
     def episode_summary(self) -> dict[str, Any]:
@@ -435,7 +540,7 @@ class DiLoCoSyncEnv(gym.Env[Observation, Action]):
         out["merge_decisions"] = list(self._merges)
         out["merge_times_s"] = [d * self.params.decision_seconds for d in self._merges]
         out["merge_costs_requests"] = list(self._costs)
-        out["progress"] = self._progress_sum
+        out["progress"] = self._state.progress_sum.item(0)
         out["regime"] = self.regime_name
         out["episode_seed"] = self.episode.seed
         return out
@@ -449,15 +554,19 @@ class DiLoCoSyncEnv(gym.Env[Observation, Action]):
         assert self.episode is not None  # for mypy: _require_episode() raised otherwise
         if self.render_mode == "ansi":
             ep = self.episode
-            gap = (min(self._d, ep.n_decisions) - self._last) * self.params.decision_interval
+            st = self._state
+            d = st.d.item(0)
+            gap = (min(d, ep.n_decisions) - st.last.item(0)) * self.params.decision_interval
             obs = self._obs()
             rate = core.unsquash_rate(obs[_G["rate_now"]], self.params.rate_norm_rps)
             return (
-                f"t={self._d * self.params.decision_seconds:7.1f}s gap={gap:4d} steps "
+                f"t={d * self.params.decision_seconds:7.1f}s gap={gap:4d} steps "
                 f"merges={len(self._merges):3d} rate={rate:5.1f} rps "
                 f"pressure(n/s/c)={obs[_G['network']]:.2f}/{obs[_G['serving']]:.2f}/"
-                f"{obs[_G['checkpoint']]:.2f} excess={self._excess_requests:6.0f} req\n"
+                f"{obs[_G['checkpoint']]:.2f} excess={st.excess_requests.item(0):6.0f} req\n"
             )
         from diloco_gym.envs.render import timeline_rgb
 
-        return timeline_rgb(self.episode, self._merges, self.params, self.sidecar, upto=self._d)
+        return timeline_rgb(
+            self.episode, self._merges, self.params, self.sidecar, upto=self._state.d.item(0)
+        )

@@ -1,11 +1,9 @@
 """A native vector environment: many merge-scheduling episodes stepped together in numpy.
 
-:class:`DiLoCoSyncVectorEnv` runs ``num_envs`` copies of
-:class:`~diloco_gym.envs.env.DiLoCoSyncEnv` over a batch axis. The dynamics are not
-re-implemented: episodes come from :func:`diloco_gym.envs.core.episode_from_seed`,
-feasibility from :func:`diloco_gym.envs.core.options`,
-learner features from :func:`diloco_gym.envs.core.learner_features_k` and merges from
-:func:`diloco_gym.sim.learners.merge_gain`, the functions the single env calls, applied to arrays.
+:class:`DiLoCoSyncVectorEnv` is the simulation kernel (:mod:`diloco_gym.envs.kernel`) with
+Gymnasium's vector API around it: spaces, seeding, autoreset modes and infos. Its episodes
+live in an :class:`~diloco_gym.envs.bank.EpisodeBank`; the dynamics are the kernel's
+functions, which :class:`~diloco_gym.envs.env.DiLoCoSyncEnv` runs as a batch of one.
 ``tests/envs/test_vector.py`` checks that env ``i`` reproduces the single env step for step.
 
 :class:`diloco_gym.rl.sb3.SB3VecEnv` adapts it to Stable-Baselines3.
@@ -14,8 +12,7 @@ learner features from :func:`diloco_gym.envs.core.learner_features_k` and merges
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import fields, replace
-from typing import Any, NamedTuple
+from typing import Any
 
 import gymnasium as gym
 import numpy as np
@@ -23,25 +20,15 @@ from gymnasium.utils import seeding
 from gymnasium.vector import AutoresetMode
 from gymnasium.vector.utils import batch_space
 
-from diloco_gym.envs import core
-from diloco_gym.envs.core import (
-    EXO_SLICE,
-    LEARNER_SLICE,
-    OBS_DIM,
-    OBS_HIGH,
-    OBS_INDEX,
-    OBS_LOW,
-    EnvParams,
-)
-from diloco_gym.envs.env import make_generator
+from diloco_gym.envs import kernel
+from diloco_gym.envs.bank import BUILD_CHUNK, BuildSpec, EpisodeBank, build_rows, pool_row
+from diloco_gym.envs.core import OBS_DIM, OBS_HIGH, OBS_LOW, EnvParams
+from diloco_gym.envs.env import configure
 from diloco_gym.sim import learners as lrn
-from diloco_gym.sim.regimes import SyntheticRegime
-from diloco_gym.sim.sidecar import SidecarParams, lost_capacity, merge_costs
+from diloco_gym.sim.sidecar import SidecarParams
 
-__all__ = ["DiLoCoSyncVectorEnv"]
+__all__ = ["DiLoCoSyncVectorEnv", "build_rows", "BUILD_CHUNK"]
 
-_G = OBS_INDEX
-_ENV_FIELDS = {f.name for f in fields(EnvParams)}
 _SEED_HIGH = 2**31 - 1  # the single env draws episode seeds with integers(0, 2**31 - 1)
 
 
@@ -99,11 +86,11 @@ class DiLoCoSyncVectorEnv(gym.vector.VectorEnv[np.ndarray, np.ndarray, np.ndarra
 
     ## Fresh episodes
 
-    Without a pool, every autoreset builds a fresh episode from its seed (about 1 ms; with
-    1,024 envs and 517-decision episodes two envs restart per step on average). The envs
-    restarting in a step are built together (:func:`build_rows`, bit-identical per episode),
-    and a merge is costed only when launched: a fresh env keeps its no-merge queue and
-    requests (~180 KB per env at 600 s episodes).
+    Without a pool, every autoreset builds a fresh episode from its seed (with 1,024 envs
+    and 517-decision episodes two envs restart per step on average). The envs restarting in
+    a step are built together (:func:`build_rows`, bit-identical per episode), and a merge
+    is costed only when launched: a fresh env keeps its no-merge queue and requests in the
+    bank (timings and memory in ``benchmarks/README.md``).
 
     ## Info
 
@@ -143,12 +130,7 @@ class DiLoCoSyncVectorEnv(gym.vector.VectorEnv[np.ndarray, np.ndarray, np.ndarra
             or num_envs < 1
         ):
             raise ValueError(f"num_envs must be an int >= 1, got {num_envs!r}")
-        unknown = set(overrides) - _ENV_FIELDS
-        if unknown:
-            raise TypeError(
-                f"unknown DiLoCoSyncVectorEnv argument(s) {sorted(unknown)}; valid "
-                f"EnvParams fields: {sorted(_ENV_FIELDS)}"
-            )
+        cfg = configure("DiLoCoSyncVectorEnv", regime, params, sidecar, learners, overrides)
         if episode_pool is not None and (
             not isinstance(episode_pool, (int, np.integer))
             or isinstance(episode_pool, bool)
@@ -168,12 +150,10 @@ class DiLoCoSyncVectorEnv(gym.vector.VectorEnv[np.ndarray, np.ndarray, np.ndarra
             raise ValueError(
                 "DiLoCoSyncVectorEnv does not render; render one episode with DiLoCoSyncEnv"
             )
-        self.params = replace(params or EnvParams(), **overrides)
-        self.generator, default_sidecar, self.regime_name = make_generator(regime)
+        self.params, self.generator, self.regime_name = cfg.params, cfg.generator, cfg.regime_name
         # The single env's reward scale (core.nominal_rate_rps), fixed for every episode.
-        self.reward_rate_rps = core.nominal_rate_rps(self.generator, self.params)
-        self.sidecar = sidecar or default_sidecar
-        self.learner_params = learners or lrn.LearnerParams()
+        self.reward_rate_rps = cfg.reward_rate_rps
+        self.sidecar, self.learner_params = cfg.sidecar, cfg.learner_params
         self.episode_pool = None if episode_pool is None else int(episode_pool)
         self.autoreset_mode = mode
         self.metadata = dict(type(self).metadata, autoreset_mode=mode)
@@ -185,88 +165,46 @@ class DiLoCoSyncVectorEnv(gym.vector.VectorEnv[np.ndarray, np.ndarray, np.ndarra
         self.observation_space = batch_space(self.single_observation_space, b)
         self.action_space = batch_space(self.single_action_space, b)
 
-        # Agent-dependent state, one entry per env (the single env's attributes).
-        self._d = np.zeros(b, dtype=np.int64)
-        self._last = np.zeros(b, dtype=np.int64)
-        self._m_left = np.zeros(b, dtype=np.int64)
-        self._n_merges = np.zeros(b, dtype=np.int64)
-        self._tokens = np.zeros(b)
-        self._excess_sum = np.zeros(b)
-        self._progress_sum = np.zeros(b)
-        # Reward terms of merges forced before the first real choice, paid on the next step.
-        self._pend_excess = np.zeros(b)
-        self._pend_progress = np.zeros(b)
-        self._autoreset = np.zeros(b, dtype=bool)
-        self._all = np.ones(b, dtype=bool)
-        self._obs = np.zeros((b, OBS_DIM), dtype=np.float32)
-        # Episode bank: the agent-independent arrays of the episodes in use. Fresh episodes
-        # live in slot i of env i; a pool holds K episodes and envs point into it.
-        self._slot = np.arange(b, dtype=np.int64)
-        # Per-env copies of each episode's scalars (set at every (re)start: no gathers).
-        self._n = np.ones(b, dtype=np.int64)
-        self._pct = np.zeros(b)
-        self._scale = np.zeros(b)  # reward units per violating request (Episode's)
-        self._max_merges = np.ones(b)
-        self._thr = np.zeros((b, self.learner_params.num_learners))
-        self._thr_k = np.zeros((self.learner_params.num_learners, b))  # learners first
-        self._seed = np.zeros(b, dtype=np.int64)
-        n_bank = self.episode_pool or b
-        self._bank_n = np.zeros(n_bank, dtype=np.int64)
-        self._bank_exo = np.zeros((n_bank, 0, EXO_SLICE.stop - EXO_SLICE.start), dtype=np.float32)
-        # What costing a merge lazily needs (sidecar.IsolatedMergeCost, per bank slot): the
-        # padded no-merge queue (S, D and the prefix minimum at decision starts), the
-        # no-merge slowdown per decision, and the requests in bin order (service time, or
-        # -inf for those already violated without a merge, and bin), with ptr[k] the first
-        # request of bin k.
-        self._merge_bins = self.params.merge_steps
-        self._horizon = self._merge_bins + int(
-            round(self.sidecar.tail_s / self.params.step_seconds)
+        # The kernel's state and episode constants, one row per env, and the episode bank
+        # (fresh episodes in slot i of env i; a pool holds K episodes and envs point into it).
+        k = self.learner_params.num_learners
+        self._state = kernel.new_state(b)
+        self._batch = kernel.new_batch(b, k)
+        self._budgets = kernel.Budgets(self.params)
+        self.bank = EpisodeBank(
+            self.episode_pool or b, self.params, self.sidecar, k, store=self.__dict__
         )
-        self._h_range = np.arange(self._horizon, dtype=np.int64)
-        self._spec = _BuildSpec(
+        self._spec = BuildSpec(
             self.generator,
             self.params,
             self.sidecar,
             self.learner_params,
-            self._horizon,
+            self.bank.horizon,
             self.reward_rate_rps,
         )
-        self._bank_s = np.zeros((n_bank, 0))
-        self._bank_d = np.zeros((n_bank, 0))
-        self._bank_ptr = np.zeros((n_bank, 0), dtype=np.int32)
-        self._bank_prefmin = np.zeros((n_bank, 0))
-        self._bank_m0 = np.zeros((n_bank, 0))
-        self._bank_base = np.zeros((n_bank, 0))
-        self._bank_rbin = np.zeros((n_bank, 0), dtype=np.int32)
-        self._bank_cost = np.zeros((n_bank, 0))  # episode pool: every decision's cost
-        self._bank_pct = np.zeros(n_bank)
-        self._bank_scale = np.zeros(n_bank)
-        self._bank_max_merges = np.ones(n_bank)
-        self._bank_thr = np.zeros((n_bank, self.learner_params.num_learners))
-        self._bank_seed = np.zeros(n_bank, dtype=np.int64)
+        self._autoreset = np.zeros(b, dtype=bool)
+        self._all = np.ones(b, dtype=bool)
+        self._obs = np.zeros((b, OBS_DIM), dtype=np.float32)
         self._env_rngs: list[np.random.Generator | None] = [None] * b
         self._pool_base: int | None = None
         self._pool_next = 0
-        self._gaps_s = np.arange(self.params.h_max + 1) * self.params.decision_seconds
-        self._budget_cache: dict[int, core.BudgetTables] = {}
-        self._next_cache: dict[int, np.ndarray] = {}
         self._started = False
 
     # ----------------------------------------------------------------- public views
     @property
     def episode_seeds(self) -> np.ndarray:
         """Seed of each env's current episode (rebuild it with ``DiLoCoSyncEnv.reset``)."""
-        return self._seed.copy()
+        return self._batch.seed.copy()
 
     @property
     def decisions(self) -> np.ndarray:
         """Index of each env's current decision."""
-        return self._d.copy()
+        return self._state.d.copy()
 
     @property
     def merge_counts(self) -> np.ndarray:
         """Merges launched so far in each env's episode."""
-        return self._n_merges.copy()
+        return self._state.n_merges.copy()
 
     def action_masks(self) -> np.ndarray:
         """Feasible actions of every env, ``(num_envs, 2)`` bool ``[defer, merge]``.
@@ -274,13 +212,7 @@ class DiLoCoSyncVectorEnv(gym.vector.VectorEnv[np.ndarray, np.ndarray, np.ndarra
         An env whose episode has ended (it restarts on the next step) allows both.
         """
         self._require_started()
-        out = np.ones((self.num_envs, 2), dtype=bool)
-        live = np.flatnonzero(self._d < self._n)
-        if live.size:
-            can_merge, can_defer = self._options(live)
-            out[live, 0] = can_defer
-            out[live, 1] = can_merge
-        return out
+        return kernel.action_masks(self._state, self._batch, self.params, self._budgets)
 
     # ----------------------------------------------------------------- gym API
     def reset(
@@ -296,8 +228,8 @@ class DiLoCoSyncVectorEnv(gym.vector.VectorEnv[np.ndarray, np.ndarray, np.ndarra
             first = next((s for s in seeds if s is not None), None)
             self._np_random, self._np_random_seed = seeding.np_random(first)
         if self.episode_pool is None:
-            self._slot = np.arange(b, dtype=np.int64)
-            self._build_fresh(self._slot, [self._next_seed(i, seeds[i]) for i in range(b)])
+            self._batch.slot[:] = np.arange(b, dtype=np.int64)
+            self._build_fresh(self._batch.slot, [self._next_seed(i, seeds[i]) for i in range(b)])
         else:
             self._reset_pool(seed, seeds)
         self._start(np.arange(b))
@@ -313,47 +245,23 @@ class DiLoCoSyncVectorEnv(gym.vector.VectorEnv[np.ndarray, np.ndarray, np.ndarra
         """Step every env once; see the class docstring for autoreset and info."""
         self._require_started()
         b = self.num_envs
-        a = np.asarray(actions)
-        if a.shape != (b,):
-            raise ValueError(f"actions must have shape ({b},), got {a.shape}")
-        if a.dtype.kind in "iu":
-            valid = a.min() >= 0 and a.max() <= 1
-        else:
-            valid = a.dtype.kind == "b" or bool(np.all((a == 0) | (a == 1)))
-        if not valid:
-            bad = a[(a != 0) & (a != 1)][0]
-            raise ValueError(f"actions must be 0 (defer) or 1 (merge), got {bad!r}")
-        want = a == 1
-        p = self.params
+        want = kernel.check_actions(actions, (b,))
         pending = self._autoreset.copy()  # NEXT_STEP: these envs restart instead of stepping
         restart = np.flatnonzero(pending)
         active = ~pending if restart.size else self._all.copy()
-
-        can_merge, can_defer = self._options(None)
-        merge = (want & can_merge) | ~can_defer
-        if restart.size:
-            merge &= active
-        overridden = (merge != want) & active
-        excess = np.zeros(b)
-        progress = np.zeros(b)
-        idx = np.flatnonzero(merge)
-        if idx.size:
-            excess[idx], progress[idx] = self._apply(idx)
-        excess += self._pend_excess * active
-        progress += self._pend_progress * active
-        self._pend_excess[active] = 0.0
-        self._pend_progress[active] = 0.0
-        self._d += active
-        if p.skip_forced:
-            live = np.flatnonzero(active) if restart.size else None
-            ex2, pr2 = self._advance_forced(live)
-            excess += ex2
-            progress += pr2
-        rewards = -p.excess_weight * excess + p.progress_weight * progress
-        truncated = self._d >= self._n
-        if restart.size:
-            truncated &= active
-            rewards[restart] = 0.0
+        out = kernel.step(
+            self._state,
+            self._batch,
+            want,
+            active if restart.size else None,
+            self.params,
+            self.learner_params,
+            self._budgets,
+            self._merge_costs,
+        )
+        merge, overridden = out["merged"], out["overridden"]
+        excess, progress = out["excess"], out["progress"]
+        rewards, truncated = out["reward"], out["truncated"]
         terminated = np.zeros(b, dtype=bool)
 
         info: dict[str, Any] = {
@@ -369,11 +277,11 @@ class DiLoCoSyncVectorEnv(gym.vector.VectorEnv[np.ndarray, np.ndarray, np.ndarra
         ended = np.flatnonzero(truncated)
         if ended.size:
             info["episode_end"] = {
-                "merges": self._n_merges.copy(),
+                "merges": self._state.n_merges.copy(),
                 "_merges": truncated,
-                "sync_excess_pct": self._excess_sum.copy(),
+                "sync_excess_pct": self._state.excess_sum.copy(),
                 "_sync_excess_pct": truncated,
-                "progress": self._progress_sum.copy(),
+                "progress": self._state.progress_sum.copy(),
                 "_progress": truncated,
                 "seed": self.episode_seeds,
                 "_seed": truncated,
@@ -436,147 +344,23 @@ class DiLoCoSyncVectorEnv(gym.vector.VectorEnv[np.ndarray, np.ndarray, np.ndarra
             rng = self._env_rngs[i] = seeding.np_random()[0]
         return int(rng.integers(0, _SEED_HIGH))
 
-    def _pool_episode(self, seed: int) -> dict[str, Any]:
-        """The bank row of a pool episode: the single env's episode of ``seed`` (same draws,
-        same arithmetic) with the cost of every decision computed up front, as
-        ``Episode.merge_cost`` (a pool episode is reused many times)."""
-        arrivals, prompt, output, net, ckpt, duration, name, thr = _draws(self._spec, seed)
-        p, sc = self.params, self.sidecar
-        c = core.episode_core(arrivals, prompt, output, net, ckpt, duration, p, sc, name)
-        starts = np.arange(c.n, dtype=np.int64) * p.decision_interval
-        cost = merge_costs(
-            c.base_s,
-            c.req_bin,
-            c.pressure_bin,
-            sc,
-            p.step_seconds,
-            starts,
-            p.merge_steps,
-            c.violated.astype(np.float64),
-        )
-        return {
-            "n": c.n,
-            "exo": c.exo,
-            "seed": seed,
-            "thr": thr,
-            "pct": 100.0 / max(1, c.req_bin.size),
-            "cost": cost,
-            "scale": core.reward_per_request(self.reward_rate_rps, duration),
-        }
-
     def _build_fresh(self, slots: np.ndarray, seeds: list[int]) -> None:
         """Build the fresh episodes of ``seeds`` into bank ``slots`` (:func:`build_rows`)."""
         done = 0
         for rows in build_rows(self._spec, seeds):
             k = rows["counts"].size
-            self._write_rows(slots[done : done + k], rows)
+            self.bank.write_rows(slots[done : done + k], rows)
             done += k
+        self._check_budget(slots)
 
-    def _write_rows(
-        self, slots: np.ndarray, rows: dict[str, Any], sel: np.ndarray | None = None
-    ) -> None:
-        """Copy episodes of ``rows`` (all, or those at positions ``sel``) into ``slots``."""
-        counts = rows["counts"]
-        req_first = np.cumsum(counts) - counts
-        if sel is not None:
-            keep = np.repeat(
-                req_first[sel] - (np.cumsum(counts[sel]) - counts[sel]), counts[sel]
-            ) + np.arange(int(counts[sel].sum()))
-            rows = {
-                k: (v[sel] if isinstance(v, np.ndarray) and k not in ("base", "rbin") else v)
-                for k, v in rows.items()
-            }
-            rows["base"], rows["rbin"] = rows["base"][keep], rows["rbin"][keep]
-            counts = rows["counts"]
-            req_first = np.cumsum(counts) - counts
-        n, size, n_slots = rows["n"], rows["s"].shape[1], rows["m0"].shape[1]
-        self._grow("_bank_exo", n)[slots, :n] = rows["exo"]
-        for key in ("s", "d", "ptr"):
-            self._grow("_bank_" + key, size)[slots, :size] = rows[key]
-        self._grow("_bank_prefmin", n)[slots, :n] = rows["prefmin"]
-        self._grow("_bank_m0", n_slots)[slots, :n_slots] = rows["m0"]
-        # Requests: one scatter into the rows (episode e's requests at row slots[e]).
-        width = int(counts.max()) if counts.size else 0
-        bank_base = self._grow("_bank_base", width, 0.25)
-        bank_rbin = self._grow("_bank_rbin", width, 0.25)
-        pos = np.arange(rows["base"].size) + np.repeat(
-            slots * bank_base.shape[1] - req_first, counts
-        )
-        bank_base.reshape(-1)[pos] = rows["base"]
-        bank_rbin.reshape(-1)[pos] = rows["rbin"]
-        self._set_scalars(slots, n, rows["pct"], rows["thr"], rows["seeds"], rows["scale"])
-
-    def _grow(self, name: str, width: int, headroom: float = 0.0) -> np.ndarray:
-        """Bank array ``name`` with at least ``width`` columns (kept contents), allocated
-        ``headroom`` wider than needed: request counts vary between episodes, and a bank
-        that grew by a few columns at every new longest episode would reallocate (and its
-        resident memory creep up) for as long as the env runs."""
-        arr = getattr(self, name)
-        if width > arr.shape[1]:
-            width = max(width, int(width * (1.0 + headroom)), int(arr.shape[1] * 1.25))
-            new = np.zeros((arr.shape[0], width) + arr.shape[2:], dtype=arr.dtype)
-            new[:, : arr.shape[1]] = arr
-            setattr(self, name, new)
-            arr = new
-        return arr
-
-    def _store(self, slot: int, ep: dict[str, Any]) -> None:
-        """Copy a pool episode's arrays into bank ``slot`` (growing the bank if needed)."""
-        n = ep["n"]
-        self._grow("_bank_exo", n)[slot, :n] = ep["exo"]
-        self._grow("_bank_cost", n)[slot, :n] = ep["cost"]
-        self._set_scalars(slot, n, ep["pct"], ep["thr"], ep["seed"], ep["scale"])
-
-    def _set_scalars(self, slots, n: int, pct, thr, seeds, scale) -> None:
-        """The per-episode scalars of bank ``slots`` (episodes of ``n`` decisions)."""
-        self._bank_n[slots] = n
-        self._bank_pct[slots] = pct
-        self._bank_scale[slots] = scale
-        self._bank_max_merges[slots] = max(1.0, n / self.params.h_min)
-        self._bank_thr[slots] = thr
-        self._bank_seed[slots] = seeds
+    def _check_budget(self, slots: np.ndarray) -> None:
         if self.params.merge_budget is not None:
-            self._budget_for(n)  # an infeasible budget fails here, as in the single env
+            for n in np.unique(self.bank.n[slots]):
+                self._budgets.tables(int(n))  # an infeasible budget fails here
 
     def _merge_costs(self, idx: np.ndarray, d: np.ndarray) -> np.ndarray:
-        """Isolated cost of a merge at decision ``d[k]`` of env ``idx[k]``: exactly
-        :meth:`sidecar.IsolatedMergeCost.cost_at` (same sums in the same order), batched
-        over the envs, with the requests of all horizons paired in one flat pass."""
-        sc = self.sidecar
-        w, h = self._merge_bins, self._horizon
-        di = self.params.decision_interval
-        slot = self._slot[idx]
-        start = d * di
-        m = idx.size
-        # Flat indices into the bank rows (np.take on a flat view is the fastest gather). The
-        # horizon grid is offset-major, (h, m), so the running minimum runs down whole rows.
-        bs, bd = self._bank_s, self._bank_d
-        at = slot * bs.shape[1] + start
-        win = self._h_range[:, None] + at
-        g = np.take(bs.reshape(-1), win)
-        flat_d = bd.reshape(-1)
-        g[:w] += np.take(flat_d, win[:w])
-        g[w:] += np.take(flat_d, at + w)
-        g -= np.take(flat_d, at)
-        run = np.minimum.accumulate(g, axis=0)
-        np.minimum(run, self._bank_prefmin[slot, d], out=run)
-        g -= run  # the backlog with the merge
-        ptr = self._bank_ptr.reshape(-1)
-        lo = np.take(ptr, at)
-        cnt = np.take(ptr, at + h) - lo
-        which = np.repeat(np.arange(m), cnt)
-        # Flat position of each paired request: its row's offset plus its index in the row.
-        row0 = slot * self._bank_base.shape[1] + lo - (np.cumsum(cnt) - cnt)
-        pos = np.arange(which.size) + np.repeat(row0, cnt)
-        rbin = np.take(self._bank_rbin.reshape(-1), pos)
-        j = rbin - np.repeat(start, cnt)
-        slow = np.take(
-            self._bank_m0.reshape(-1), rbin // di + np.repeat(slot * self._bank_m0.shape[1], cnt)
-        )
-        slow *= np.where(j < w, 1.0 + sc.sync_slowdown, 1.0)
-        thr = (sc.slo_s / slow - np.take(self._bank_base.reshape(-1), pos)) * sc.slots
-        extra = np.take(g.reshape(-1), j * m + which) > thr
-        return np.bincount(which[extra], minlength=m).astype(np.float64)
+        """Isolated cost of a merge at decision ``d[k]`` of env ``idx[k]`` (the bank's)."""
+        return self.bank.merge_costs(self._batch.slot[idx], d, self.episode_pool is not None)
 
     def _reset_pool(self, seed, seeds: list[int | None]) -> None:
         k = self.episode_pool
@@ -594,313 +378,42 @@ class DiLoCoSyncVectorEnv(gym.vector.VectorEnv[np.ndarray, np.ndarray, np.ndarra
                 )
         if base != self._pool_base:
             for j in range(k):
-                self._store(j, self._pool_episode(base + j))
+                self.bank.store_pool(j, pool_row(self._spec, base + j))
+            self._check_budget(np.arange(k))
             self._pool_base = base
             self._pool_next = 0
         if seed is not None:
             self._pool_next = 0
         b = self.num_envs
-        self._slot = (self._pool_next + np.arange(b, dtype=np.int64)) % k
+        self._batch.slot[:] = (self._pool_next + np.arange(b, dtype=np.int64)) % k
         self._pool_next = (self._pool_next + b) % k
 
     def _restart(self, idx: np.ndarray) -> None:
         """Autoreset: the next episode of each env in ``idx`` (in index order)."""
         if self.episode_pool is None:
-            self._build_fresh(self._slot[idx], [self._next_seed(int(i), None) for i in idx])
+            self._build_fresh(self._batch.slot[idx], [self._next_seed(int(i), None) for i in idx])
         else:
             k = self.episode_pool
-            self._slot[idx] = (self._pool_next + np.arange(idx.size)) % k
+            self._batch.slot[idx] = (self._pool_next + np.arange(idx.size)) % k
             self._pool_next = int((self._pool_next + idx.size) % k)
         self._start(idx)
 
     def _start(self, idx: np.ndarray) -> None:
-        """The single env's reset of the agent-dependent state, for envs ``idx``."""
-        p = self.params
-        slot = self._slot[idx]
-        self._n[idx] = self._bank_n[slot]
-        self._pct[idx] = self._bank_pct[slot]
-        self._scale[idx] = self._bank_scale[slot]
-        self._max_merges[idx] = self._bank_max_merges[slot]
-        self._thr[idx] = self._bank_thr[slot]
-        self._thr_k[:, idx] = self._bank_thr[slot].T
-        self._seed[idx] = self._bank_seed[slot]
-        self._d[idx] = 0
-        self._last[idx] = 0
-        self._n_merges[idx] = 0
-        self._tokens[idx] = float(self.learner_params.initial_tokens)
-        self._m_left[idx] = p.merge_budget if p.merge_budget is not None else 0
-        self._excess_sum[idx] = 0.0
-        self._progress_sum[idx] = 0.0
+        """Start the episodes now in the bank slots of envs ``idx`` (:func:`kernel.reset_rows`)."""
+        kernel.load_episodes(self._batch, self.bank, idx)
         self._autoreset[idx] = False
-        self._pend_excess[idx] = 0.0
-        self._pend_progress[idx] = 0.0
-        if p.skip_forced:
-            # As the single env, merges forced before the first real choice are applied now
-            # and rewarded on the next step (with no budget there are none).
-            ex, pr = self._advance_forced(np.asarray(idx))
-            self._pend_excess[idx] = ex[idx]
-            self._pend_progress[idx] = pr[idx]
-            if np.any(self._d[idx] >= self._n[idx]):
-                raise ValueError(
-                    f"merge_budget={p.merge_budget} leaves the agent no decision "
-                    f"in this episode (every merge is forced)"
-                )
-
-    # ----------------------------------------------------------------- dynamics
-    def _budget_for(self, n: int) -> core.BudgetTables:
-        if n not in self._budget_cache:
-            p = self.params
-            assert p.merge_budget is not None  # called only with a merge budget
-            self._budget_cache[n] = core.BudgetTables(n, p.h_min, p.h_max, p.merge_budget)
-        return self._budget_cache[n]
-
-    def _options(self, idx: np.ndarray | None):
-        """:func:`core.options` for envs ``idx`` (``None``: all), grouped by episode length."""
-        sl = slice(None) if idx is None else idx
-        d, last, m_left = self._d[sl], self._last[sl], self._m_left[sl]
-        p = self.params
-        if p.merge_budget is None:
-            return core.options(d, last, m_left, p, 0, None)
-        n = self._n[sl]
-        lengths = np.unique(n)
-        if lengths.size == 1:
-            n0 = int(lengths[0])
-            return core.options(d, last, m_left, p, n0, self._budget_for(n0))
-        can_merge = np.empty(d.shape, dtype=bool)
-        can_defer = np.empty(d.shape, dtype=bool)
-        for n0 in lengths:
-            sel = n == n0
-            can_merge[sel], can_defer[sel] = core.options(
-                d[sel], last[sel], m_left[sel], p, int(n0), self._budget_for(int(n0))
-            )
-        return can_merge, can_defer
-
-    def _apply(self, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Merge now in envs ``idx``: the single env's ``_apply(True)``, batched."""
-        d = self._d[idx]
-        gap_s = (d - self._last[idx]) * self.params.decision_seconds
-        added, gain = lrn.merge_gain(gap_s, self._tokens[idx], self._thr[idx], self.learner_params)
-        self._tokens[idx] += added
-        if self.episode_pool is None:
-            cost = self._merge_costs(idx, d)
-        else:
-            cost = self._bank_cost[self._slot[idx], d]
-        self._last[idx] = d
-        self._m_left[idx] -= 1
-        self._n_merges[idx] += 1
-        excess = cost * self._scale[idx]  # the reward term, as the single env's
-        self._excess_sum[idx] += cost * self._pct[idx]  # additive sync-excess %, for the summary
-        self._progress_sum[idx] += gain
-        return excess, gain
-
-    def _advance_forced(self, idx: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
-        """Apply single-option decisions in envs ``idx`` (``None``: all) until each has a
-        real choice or its episode ends; returns the merges' excess and progress per env."""
-        b = self.num_envs
-        ex = np.zeros(b)
-        pr = np.zeros(b)
-        n_all = self._n
-        todo = np.flatnonzero(self._d < n_all) if idx is None else idx[self._d[idx] < n_all[idx]]
-        while todo.size:
-            can_merge, can_defer = self._options(todo)
-            forced = ~(can_merge & can_defer)
-            todo, can_merge, can_defer = todo[forced], can_merge[forced], can_defer[forced]
-            if not todo.size:
-                break
-            stuck = ~(can_merge | can_defer)
-            if stuck.any():  # cannot happen with validated budgets
-                i = int(todo[stuck][0])
-                raise RuntimeError(f"no feasible action at decision {self._d[i]} (env {i})")
-            d = self._d[todo]
-            n = n_all[todo]
-            # A forced deferral starts a run of them, and the run's end is known: below H_min
-            # the options cannot change until H_min (the single env jumps there too); with a
-            # budget, deferrals stay forced until the next decision from which the remaining
-            # merges can still be placed (or to the end, with none left). Jumping over the run
-            # gives the same state as stepping through it (nothing happens on the way).
-            d_next = d + 1
-            defer = np.flatnonzero(~can_merge)
-            if defer.size:
-                d_next[defer] = self._forced_deferral_end(todo[defer])
-            merged = todo[can_merge]
-            if merged.size:
-                e, g = self._apply(merged)
-                ex[merged] += e
-                pr[merged] += g
-            self._d[todo] = d_next
-            todo = todo[d_next < n]
-        return ex, pr
-
-    def _forced_deferral_end(self, idx: np.ndarray) -> np.ndarray:
-        """First decision after a forced deferral in envs ``idx`` at which the options can
-        differ (or the episode's end)."""
-        p = self.params
-        d, last, n = self._d[idx], self._last[idx], self._n[idx]
-        below = d - last < p.h_min
-        end = np.where(below, np.minimum(n, last + p.h_min), d + 1)
-        if p.merge_budget is None or below.all():
-            return end
-        m_left = self._m_left[idx]
-        for n0 in np.unique(n[~below]):
-            sel = np.flatnonzero(~below & (n == n0))
-            nxt = self._next_reach(int(n0))
-            m1 = np.maximum(m_left[sel] - 1, 0)
-            # No merge left: the tail is already safe (deferral is allowed), so every
-            # remaining decision is a forced deferral. Otherwise: the next decision from
-            # which the remaining merges can be completed.
-            end[sel] = np.where(m_left[sel] > 0, nxt[m1, np.minimum(d[sel] + 1, n0)], n0)
-        return end
-
-    def _next_reach(self, n: int) -> np.ndarray:
-        """``nxt[m, x]``: the first decision ``>= x`` after which ``m`` more merges can be
-        placed feasibly (``reach[m]`` of :class:`core.BudgetTables`), or ``n`` if none."""
-        if n not in self._next_cache:
-            reach = self._budget_for(n).reach
-            pos = np.where(reach, np.arange(n), n)
-            nxt = np.full((reach.shape[0], n + 1), n, dtype=np.int64)
-            nxt[:, :n] = np.minimum.accumulate(pos[:, ::-1], axis=1)[:, ::-1]
-            self._next_cache[n] = nxt
-        return self._next_cache[n]
+        kernel.reset_rows(
+            self._state,
+            self._batch,
+            idx,
+            self.params,
+            self.learner_params,
+            self._budgets,
+            self._merge_costs,
+        )
 
     def _observe(self) -> None:
-        """Fill ``self._obs`` (the single env's ``_obs`` for every env)."""
-        p = self.params
-        n = self._n
-        d = self._d
-        d_clip = np.minimum(d, n)
-        gap = d_clip - self._last
-        obs = self._obs
-        obs[:, _G["gap"]] = np.minimum(1.0, gap / p.h_max)
-        obs[:, _G["corridor_open"]] = gap >= p.h_min
-        gaps_s = self._gaps_s[np.minimum(gap, p.h_max)]
-        obs[:, LEARNER_SLICE] = core.learner_features_k(
-            gaps_s, self._tokens, self._thr_k, p, self.learner_params
+        """Fill ``self._obs`` (:func:`kernel.observe`)."""
+        kernel.observe(
+            self._state, self._batch, self.bank.exo, self.params, self.learner_params, self._obs
         )
-        exo = self._bank_exo
-        rows = self._slot * exo.shape[1] + np.minimum(d, n - 1)
-        obs[:, EXO_SLICE] = np.take(exo.reshape(-1, exo.shape[2]), rows, axis=0)
-        obs[:, _G["merges"]] = np.minimum(1.0, self._n_merges / self._max_merges)
-        obs[:, _G["time_left"]] = (n - d_clip) / n
-        if p.merge_budget:
-            obs[:, _G["budget_left"]] = self._m_left / p.merge_budget
-        else:
-            obs[:, _G["budget_left"]] = 0.0 if p.merge_budget == 0 else 1.0
-
-
-class _BuildSpec(NamedTuple):
-    """What building an episode needs (a picklable value: building is a pure function of it)."""
-
-    generator: Any
-    params: EnvParams
-    sidecar: SidecarParams
-    learner_params: lrn.LearnerParams
-    horizon: int
-    rate_rps: float  # nominal rate of the reward scale (core.nominal_rate_rps)
-
-
-#: Episodes built together at most: bounds the temporaries of a reset wave and keeps them in
-#: cache (the choice is measured in benchmarks/README.md).
-BUILD_CHUNK = 32
-
-
-def _draws(spec: _BuildSpec, seed: int):
-    """The single env's draws for the episode of ``seed``: the trace's arrays and the
-    learner throughputs (drawn after the trace from the same generator)."""
-    rng = np.random.default_rng(seed)
-    gen = spec.generator
-    if isinstance(gen, SyntheticRegime) and type(gen).__call__ is SyntheticRegime.__call__:
-        arrivals, token_index, net, ckpt = gen.draw(rng)
-        prompt, output = gen.tokens(token_index, np.float64)
-        duration, name = gen.duration_s, gen.name
-    else:
-        tr = gen(rng)
-        arrivals, prompt, output = tr.arrival_s, tr.prompt_tokens, tr.output_tokens
-        net, ckpt, duration, name = tr.network, tr.checkpoint, tr.duration_s, tr.name
-    return (
-        arrivals,
-        prompt,
-        output,
-        net,
-        ckpt,
-        duration,
-        name,
-        spec.learner_params.draw_throughputs(rng),
-    )
-
-
-def build_rows(spec: _BuildSpec, seeds: list[int]) -> list[dict[str, Any]]:
-    """The vector env's bank rows of the episodes of ``seeds``, in order, as a list of
-    batches (dicts of arrays with a leading episode axis; the requests concatenated).
-
-    The draws are made one episode at a time (each from its own seeded generator, as the
-    single env), then :func:`core.episode_core_batch` and the lazy-costing queue run over
-    up to :data:`BUILD_CHUNK` episodes in array passes (bit-identical per episode; tested).
-    Traces of different durations, or with and without pressure series, go one by one.
-    A pure function of its arguments.
-    """
-    out = []
-    for lo in range(0, len(seeds), BUILD_CHUNK):
-        chunk = list(range(lo, min(len(seeds), lo + BUILD_CHUNK)))
-        draws = [_draws(spec, seeds[k]) for k in chunk]
-        if (
-            len({d[5] for d in draws}) == 1
-            and len({d[3] is None or d[4] is None for d in draws}) == 1
-        ):
-            out.append(_rows(spec, [seeds[k] for k in chunk], draws))
-        else:
-            out.extend(_rows(spec, [seeds[k]], [d]) for k, d in zip(chunk, draws, strict=True))
-    return out
-
-
-def _rows(spec: _BuildSpec, seeds: list[int], draws: list) -> dict[str, Any]:
-    """Bank rows of same-duration ``draws``: the episode arrays and, for lazy costing, the
-    padded no-merge queue, bin pointers and requests (see DiLoCoSyncVectorEnv.__init__)."""
-    p, sc = spec.params, spec.sidecar
-    b = len(draws)
-    has_p = draws[0][3] is not None and draws[0][4] is not None
-    c = core.episode_core_batch(
-        [d[0] for d in draws],
-        [d[1] for d in draws],
-        [d[2] for d in draws],
-        np.stack([d[3] for d in draws]) if has_p else None,
-        np.stack([d[4] for d in draws]) if has_p else None,
-        draws[0][5],
-        p,
-        sc,
-        draws[0][6],
-    )
-    assert c.counts is not None and c.flat_bin is not None  # episode_core_batch fills them
-    n, di = c.n, p.decision_interval
-    n_bins = c.pressure_bin.shape[1]
-    size = n_bins + 1 + spec.horizon
-    counts = c.counts
-    s_pad = np.empty((b, size))
-    s_pad[:, : n_bins + 1] = c.s
-    s_pad[:, n_bins + 1 :] = c.s[:, -1:]  # index clipping, as sidecar._padded
-    d0 = lost_capacity(c.m0, sc, p.step_seconds)
-    d_pad = np.empty((b, size))
-    d_pad[:, : n_bins + 1] = d0
-    d_pad[:, n_bins + 1 :] = d0[:, -1:]
-    ptr = np.zeros((b, size), dtype=np.int32)
-    np.cumsum(
-        np.bincount(c.flat_bin, minlength=b * n_bins).reshape(b, n_bins),
-        axis=1,
-        out=ptr[:, 1 : n_bins + 1],
-    )
-    ptr[:, n_bins + 1 :] = counts[:, None]
-    return {
-        "seeds": np.asarray(seeds, dtype=np.int64),
-        "n": n,
-        "exo": c.exo,
-        "s": s_pad,
-        "d": d_pad,
-        "ptr": ptr,
-        "prefmin": c.prefmin[:, : n * di : di],
-        "m0": c.m0[:, ::di],  # per decision (the pressure, hence m0, is too)
-        "base": np.where(c.violated, -np.inf, c.base_s),
-        "rbin": c.req_bin.astype(np.int32),
-        "counts": counts,
-        "pct": 100.0 / np.maximum(1, counts),
-        "scale": core.reward_per_request(spec.rate_rps, draws[0][5]),
-        "thr": np.stack([d[7] for d in draws]),
-    }

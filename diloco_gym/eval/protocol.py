@@ -31,7 +31,16 @@ from diloco_gym.sim.schedules import (
     optimal_schedule,
     sample_uniform,
 )
-from diloco_gym.sim.sidecar import SidecarParams, _backlog_thresholds, _merge_queue
+from diloco_gym.sim.sidecar import (
+    SidecarParams,
+    _padded,
+    cost_horizon,
+    cost_queue,
+    merge_violations,
+    merged_backlog,
+    no_merge_queue,
+    replay,
+)
 
 if TYPE_CHECKING:
     from diloco_gym.envs.env import DiLoCoSyncEnv
@@ -144,20 +153,26 @@ class EpisodeScorer:
         self.n_bins = n_bins = episode.pressure_bin.size
         self.pct = episode.pct_per_request
         self.cost = np.asarray(episode.merge_cost, dtype=np.float64)
-        m0, self._s, self._d, self._prefmin = _merge_queue(
+        m0, s, prefmin = episode.queue or no_merge_queue(
+            episode.base_s, episode.req_bin, episode.pressure_bin, sc, p.step_seconds
+        )
+        # Windows of one block share a length (the longest), so one starting near the end
+        # reads up to n_bins past it (padding: index clipping; masked out after its length).
+        size = 2 * (n_bins + 1) + self.w
+        self._q = cost_queue(
             episode.base_s,
             episode.req_bin,
-            episode.pressure_bin,
+            episode.baseline.violated,
+            m0[None, :],
+            s[None, :],
             sc,
             p.step_seconds,
-            n_bins + 1 + self.w,
+            size,
         )
-        self._base_bl = self._s - self._prefmin  # the no-merge backlog (as replay computes it)
-        keep = np.flatnonzero(~np.asarray(episode.baseline.violated).astype(bool))
-        keep = keep[np.argsort(episode.req_bin[keep], kind="stable")]
-        self._rbin = episode.req_bin[keep]
-        self._thr_in, self._thr_tail = _backlog_thresholds(m0[self._rbin], episode.base_s[keep], sc)
-        horizon = self.w + int(round(sc.tail_s / p.step_seconds))
+        self._prefmin = _padded(prefmin, size)
+        self._d = self._q.d[0]
+        self._base_bl = self._q.s[0] - self._prefmin  # the no-merge backlog (as replay's)
+        horizon = cost_horizon(sc, p.step_seconds, self.w)
         starts = np.arange(episode.n_decisions, dtype=np.int64) * self.interval
         # Each decision's isolated merge, followed over its cost window (+1 bin) first, and
         # those still perturbing the queue then over windows 4x longer each round, up to
@@ -251,32 +266,22 @@ class EpisodeScorer:
         r = st.size
         t_max = int(length.max()) if r else 0
         t = np.arange(t_max)
-        idx = np.minimum(st[:, None] + t, self._s.size - 1)
-        end = st + self.w
-        # S with the merge(s), as IsolatedMergeCost: s[k] + d[min(k, end)] - d[st].
-        g = self._s[idx] + self._d[np.minimum(idx, end[:, None])]
-        g -= self._d[st][:, None]
-        g += off0[:, None]
-        run = np.minimum(np.minimum.accumulate(g, axis=1), min0[:, None])
-        bl = g - run
-        inside = t[None, :] < length[:, None]
-        eq = (bl == self._base_bl[idx]) & (t[None, :] >= self.w) & inside
-        drained = eq.any(axis=1)
-        t_drain = np.where(drained, eq.argmax(axis=1), length)
+        rows = np.zeros(r, dtype=np.int64)
+        # The queue with the merge (one rule: sidecar.merged_backlog), offset-major (t, r).
+        last = np.maximum(length - 1, 0)
+        bl, run_last = merged_backlog(
+            self._q, rows, st, min0, self.w, t_max, off0, ends=last if want_state else None
+        )
+        inside = t[:, None] < length
+        eq = (bl == self._base_bl[t[:, None] + st]) & (t[:, None] >= self.w) & inside
+        drained = eq.any(axis=0)
+        t_drain = np.where(drained, eq.argmax(axis=0), length)
         # Requests (not violated without merges) between the start and the drain.
-        lo = np.searchsorted(self._rbin, st)
-        hi = np.searchsorted(self._rbin, st + t_drain)
-        cnt = hi - lo
-        row = np.repeat(np.arange(r), cnt)
-        pos = np.arange(cnt.sum()) - np.repeat(np.cumsum(cnt) - cnt, cnt) + np.repeat(lo, cnt)
-        off = self._rbin[pos] - st[row]
-        thr = np.where(off < self.w, self._thr_in[pos], self._thr_tail[pos])
-        viol = bl[row, off] > thr
-        excess = np.bincount(row, weights=viol, minlength=r).astype(np.float64)
+        excess = merge_violations(self._q, rows, st, bl, self.w, self.sidecar, t_drain)
         if not want_state:
             return (drained, t_drain), excess
-        last = np.maximum(length - 1, 0)
-        state = (off0 + (self._d[end] - self._d[st]), run[np.arange(r), last])
+        end = st + self.w
+        state = (off0 + (self._d[end] - self._d[st]), run_last)
         return (drained, t_drain), excess, state
 
     def score(self, schedules: np.ndarray) -> Scores:
@@ -361,27 +366,17 @@ def replay_full(
     if m == 0:
         out[:] = 0.0
         return out
-    m0 = 1.0 + sidecar.pressure_gain * episode.pressure_bin**2
-    work = np.bincount(episode.req_bin, weights=episode.base_s, minlength=n_bins)
-    steps = params.merge_steps
     for lo in range(0, k, chunk):
-        sch = schedules[lo : lo + chunk]
-        rows = sch.shape[0]
-        delta = np.zeros((rows, n_bins + steps + 1))
-        starts = sch * params.decision_interval
-        r_idx = np.repeat(np.arange(rows), m)
-        np.add.at(delta, (r_idx, starts.ravel()), 1.0)
-        np.add.at(delta, (r_idx, starts.ravel() + steps), -1.0)
-        mask = np.minimum(np.cumsum(delta, axis=1)[:, :n_bins], 1.0)
-        slow = m0 * (1.0 + sidecar.sync_slowdown * mask)  # (rows, n_bins)
-        x = work - sidecar.slots * params.step_seconds / slow
-        s = np.zeros((rows, n_bins + 1))
-        np.cumsum(x, axis=1, out=s[:, 1:])
-        backlog = s[:, :-1] - np.minimum.accumulate(s, axis=1)[:, :-1]
-        b = episode.req_bin
-        lat = (episode.base_s + backlog[:, b] / sidecar.slots) * slow[:, b]
-        viol = (lat > sidecar.slo_s).mean(axis=1) * 100.0
-        out[lo : lo + rows] = viol - base_viol
+        mask = core.sync_mask(schedules[lo : lo + chunk], n_bins, params)
+        res = replay(
+            episode.base_s,
+            episode.req_bin,
+            episode.pressure_bin,
+            mask,
+            sidecar,
+            params.step_seconds,
+        )
+        out[lo : lo + mask.shape[0]] = res.violated.mean(axis=1) * 100.0 - base_viol
     return out
 
 

@@ -173,11 +173,28 @@ class ReportConfig:
 
 @dataclass
 class _Unit:
-    """One statistical unit (episode): a seed of a synthetic regime or a trace window."""
+    """One statistical unit (episode): a seed of a synthetic regime or a trace window.
+
+    ``env`` is where agents act; the episode itself is built by :meth:`episode`, directly
+    from the env's generator and parameters (no env reset), once for every agent and the
+    scoring.
+    """
 
     env: DiLoCoSyncEnv
     seed: int
     fields: dict
+
+    def episode(self) -> core.Episode:
+        """The unit's episode (:func:`core.episode_from_seed` with the env's parameters)."""
+        env = self.env
+        return core.episode_from_seed(
+            env.generator,
+            self.seed,
+            env.params,
+            env.sidecar,
+            env.learner_params,
+            rate_rps=env.reward_rate_rps,
+        )
 
 
 def _synthetic_units(
@@ -384,9 +401,7 @@ def _trace_effect_sizes(units: list[_Unit]) -> dict:
     lat, act, prs = [], [], []
     for unit in units:
         env = unit.env
-        env.reset(seed=unit.seed)
-        ep = env.episode
-        assert ep is not None  # set by the reset() above
+        ep = unit.episode()
         merges = cal.fixed_schedule(
             ep.n_decisions, 256 // env.params.decision_interval, env.params.h_min, env.params.h_max
         )

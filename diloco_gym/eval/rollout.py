@@ -61,8 +61,12 @@ def attach_agent(env: Any, agent: Any, episode_seed: int) -> Any:
     return ctx
 
 
-def run_episode(env: Any, agent: Any, seed: int) -> dict[str, Any]:
+def run_episode(env: Any, agent: Any, seed: int, episode: Any = None) -> dict[str, Any]:
     """One episode of ``agent`` on ``env`` with episode seed ``seed``.
+
+    ``episode``: the episode of ``seed`` already built with the env's parameters
+    (:func:`diloco_gym.envs.core.episode_from_seed`), to run several agents on one build
+    (the env's ``reset(options={"episode": ...})``); ``None`` builds it.
 
     After the reset the agent is attached (:func:`attach_agent`); then ``agent.predict``
     gets a copy of each observation, and nothing else, until the episode ends. The step
@@ -73,7 +77,7 @@ def run_episode(env: Any, agent: Any, seed: int) -> dict[str, Any]:
         The final ``info["episode_summary"]`` replay summary, plus ``"return"`` (sum of
         rewards), ``"steps"`` (agent decisions) and ``"deployable"``.
     """
-    obs, info = env.reset(seed=seed)
+    obs, info = env.reset(seed=seed, options=None if episode is None else {"episode": episode})
     ctx = attach_agent(env, agent, info["episode_seed"])
     base = env.unwrapped
     total = 0.0

@@ -168,9 +168,9 @@ def _unit_cell(config, regime: str, units: list, index: int, agents: list) -> di
     rows: list[dict] = []
     timeline = None
     counts = scorer = None
+    ep = unit.episode()  # built once, through the kernel: every agent runs on it
     for agent in agents:
-        res = run_episode(env, agent, seed)
-        ep = env.episode
+        res = run_episode(env, agent, seed, episode=ep)
         m = int(res["merges"])
         if counts is None or counts.shape[0] <= m or counts.shape[1] != ep.n_decisions:
             counts = protocol.counts_for(ep.n_decisions, p, max(m, 40))

@@ -35,16 +35,27 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, fields
+from typing import NamedTuple
 
 import numpy as np
 
 __all__ = [
+    "CostQueue",
     "IsolatedMergeCost",
     "SidecarParams",
     "ReplayResult",
     "base_latency_s",
+    "queue",
+    "no_merge_queue",
+    "slowdown",
     "replay",
+    "cost_queue",
+    "cost_horizon",
+    "isolated_merge_costs",
+    "merged_backlog",
+    "merge_violations",
     "merge_costs",
+    "violation_threshold",
     "effect_sizes",
     "percentile",
 ]
@@ -114,21 +125,54 @@ def base_latency_s(
     ) / 1000.0
 
 
-def _slowdown(pressure_bin: np.ndarray, sync_bin: np.ndarray | None, p: SidecarParams):
+def slowdown(pressure_bin: np.ndarray, sync_bin: np.ndarray | None, p: SidecarParams):
+    """Slowdown multiplier per bin, ``(1 + pressure_gain * P**2) * (1 + sync_slowdown * sync)``.
+
+    ``sync_bin`` is ``None`` for no merges; it may carry leading batch axes (one merge mask
+    per schedule), which the result then has too.
+    """
     m = 1.0 + p.pressure_gain * pressure_bin**2
     if sync_bin is not None:
         m = m * (1.0 + p.sync_slowdown * sync_bin)
     return m
 
 
-def _running_sum(base_s, req_bin, m, p: SidecarParams, bin_s: float) -> np.ndarray:
-    """``S_k = sum_{j<k} (work_j - capacity_j)``, length ``n_bins + 1``."""
-    work = np.bincount(req_bin, weights=base_s, minlength=m.size)
+def queue(
+    work: np.ndarray, m: np.ndarray, p: SidecarParams, bin_s: float
+) -> tuple[np.ndarray, np.ndarray]:
+    """The Lindley recursion in closed form, along the last axis.
+
+    ``S_k = sum_{j<k} (work_j - capacity_j)`` with ``capacity_j = slots * bin_s / m_j``, and
+    its running minimum; the backlog at the start of bin ``k`` is ``S_k - min_{u<=k} S_u``.
+    Leading axes are independent queues (episodes or schedules), each computed exactly as a
+    queue of its own (cumulative sums and minima run along the last axis only).
+
+    Args:
+        work: ``(..., bins)`` nominal work-seconds arriving per bin.
+        m: ``(..., bins)`` slowdown per bin (:func:`slowdown`), broadcast with ``work``.
+
+    Returns:
+        ``(S, prefmin)``, each ``(..., bins + 1)``.
+    """
     x = work - p.slots * bin_s / m
-    s = np.empty(m.size + 1)
-    s[0] = 0.0
-    np.cumsum(x, out=s[1:])
-    return s
+    s = np.empty(x.shape[:-1] + (x.shape[-1] + 1,))
+    s[..., 0] = 0.0
+    np.cumsum(x, axis=-1, out=s[..., 1:])
+    return s, np.minimum.accumulate(s, axis=-1)
+
+
+def no_merge_queue(
+    base_s: np.ndarray,
+    req_bin: np.ndarray,
+    pressure_bin: np.ndarray,
+    p: SidecarParams,
+    bin_s: float,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(m0, S, prefmin)`` of one episode's queue without merges (:func:`queue`)."""
+    m0 = slowdown(pressure_bin, None, p)
+    work = np.bincount(req_bin, weights=base_s, minlength=pressure_bin.size)
+    s, prefmin = queue(work, m0, p, bin_s)
+    return m0, s, prefmin
 
 
 @dataclass(frozen=True)
@@ -187,75 +231,67 @@ def replay(
         base_s: nominal service time per request (:func:`base_latency_s`).
         req_bin: bin index of each request's arrival.
         pressure_bin: fleet pressure per bin, in [0, 1].
-        sync_bin: 1 where a merge is active (per bin), or ``None`` for no merges.
+        sync_bin: 1 where a merge is active (per bin), or ``None`` for no merges. A
+            ``(K, bins)`` array replays K schedules at once: ``latency_s``, ``violated``
+            and ``sync_active`` are then ``(K, requests)``.
         p: sidecar parameters.
         bin_s: bin width, seconds.
     """
-    m = _slowdown(pressure_bin, sync_bin, p)
-    s = _running_sum(base_s, req_bin, m, p, bin_s)
-    backlog = s[:-1] - np.minimum.accumulate(s)[:-1]
-    latency = (base_s + backlog[req_bin] / p.slots) * m[req_bin]
-    active = np.zeros(req_bin.size, bool) if sync_bin is None else sync_bin[req_bin].astype(bool)
+    m = slowdown(pressure_bin, sync_bin, p)
+    work = np.bincount(req_bin, weights=base_s, minlength=pressure_bin.size)
+    s, prefmin = queue(work, m, p, bin_s)
+    backlog = s[..., :-1] - prefmin[..., :-1]
+    latency = (base_s + backlog[..., req_bin] / p.slots) * m[..., req_bin]
+    if sync_bin is None:
+        active = np.zeros(req_bin.size, bool)
+    else:
+        active = sync_bin[..., req_bin].astype(bool)
     return ReplayResult(latency, latency > p.slo_s, active, pressure_bin[req_bin])
 
 
 #: Candidates per block in :func:`merge_costs` (bounds memory on day-long traces).
 _COST_BLOCK = 4096
-#: Requests per chunk of the request/candidate pairing in :func:`merge_costs`.
-_PAIR_CHUNK = 1 << 16
-#: Bytes of :func:`merge_costs` scratch kept per thread between calls (see _scratch): enough
-#: for episodes up to about 20 minutes; longer traces allocate normally, because a retained
-#: multi-megabyte block in the heap pins the memory freed around it (higher RSS afterwards).
+#: Request/candidate pairs per block in :func:`merge_costs`, roughly (bounds memory too).
+_PAIR_CHUNK = 1 << 18
+
+
+#: Bytes of scratch kept per thread between calls (see _scratch): enough for episodes up to
+#: about 20 minutes; longer traces allocate normally, because a retained multi-megabyte
+#: block in the heap pins the memory freed around it (higher RSS afterwards).
 _SCRATCH_MAX_BYTES = 1 << 21
 _SCRATCH = threading.local()
 
 
-def _scratch(name: str, shape: tuple[int, ...]) -> np.ndarray:
-    """An uninitialised float64 array of ``shape`` backed by a per-thread buffer.
+def _scratch(name: str, shape: tuple[int, ...], dtype=np.float64) -> np.ndarray:
+    """An uninitialised array of ``shape`` backed by a per-thread buffer, for temporaries
+    that never leave the function that asked for them.
 
-    The backlog grids of :func:`merge_costs` are too big for malloc's small-block heap, so a
-    fresh allocation maps new pages and faults each of them in; on an episode reset that
-    was a third of the call. Reusing one small buffer per thread avoids it (arrays above
+    The grids of a whole episode's merge costs are too big for malloc's small-block heap,
+    so a fresh allocation maps new pages and faults each of them in (a third of the call,
+    measured). Reusing one small buffer per thread avoids it (arrays above
     ``_SCRATCH_MAX_BYTES`` are allocated normally, so at most a few MiB are held).
     """
     size = int(np.prod(shape))
-    if size * 8 > _SCRATCH_MAX_BYTES:
-        return np.empty(shape)
-    buf = getattr(_SCRATCH, name, None)
+    if size * np.dtype(dtype).itemsize > _SCRATCH_MAX_BYTES:
+        return np.empty(shape, dtype=dtype)
+    key = f"{name}_{np.dtype(dtype).str}"
+    buf = getattr(_SCRATCH, key, None)
     if buf is None or buf.size < size:
-        buf = np.empty(size)
-        setattr(_SCRATCH, name, buf)
+        buf = np.empty(size, dtype=dtype)
+        setattr(_SCRATCH, key, buf)
     return buf[:size].reshape(shape)
 
 
 def _padded(x: np.ndarray, size: int) -> np.ndarray:
-    """``x`` extended to ``size`` by repeating its last value (index clipping, as a copy)."""
-    if size <= x.size:
+    """``x`` extended to ``size`` along its last axis by repeating its last value (index
+    clipping, as a copy)."""
+    n = x.shape[-1]
+    if size <= n:
         return x
-    out = np.empty(size)
-    out[: x.size] = x
-    out[x.size :] = x[-1]
+    out = np.empty(x.shape[:-1] + (size,), dtype=x.dtype)
+    out[..., :n] = x
+    out[..., n:] = x[..., -1:]
     return out
-
-
-def _merge_queue(
-    base_s: np.ndarray,
-    req_bin: np.ndarray,
-    pressure_bin: np.ndarray,
-    p: SidecarParams,
-    bin_s: float,
-    size: int,
-):
-    """What costing a merge needs from the no-merge queue, padded to ``size``.
-
-    Returns ``(m0, S, D, prefmin)``: the no-merge slowdown per bin, the running sum
-    ``S_k = sum_{j<k} (work_j - capacity_j)``, the cumulative capacity a merge removes
-    ``D_k = sum_{j<k} (cap_j - cap_j / (1 + sigma))``, and the running minimum of ``S``.
-    """
-    m0 = _slowdown(pressure_bin, None, p)
-    s = _running_sum(base_s, req_bin, m0, p, bin_s)
-    prefmin = np.minimum.accumulate(s)
-    return m0, _padded(s, size), _padded(lost_capacity(m0, p, bin_s), size), _padded(prefmin, size)
 
 
 def lost_capacity(m0: np.ndarray, p: SidecarParams, bin_s: float) -> np.ndarray:
@@ -267,12 +303,365 @@ def lost_capacity(m0: np.ndarray, p: SidecarParams, bin_s: float) -> np.ndarray:
     return d
 
 
-def _backlog_thresholds(slow: np.ndarray, base_s: np.ndarray, p: SidecarParams):
-    """Backlog (work-seconds) above which a request violates, inside a merge window and
-    after it: ``(base + B / slots) * m > slo``  <=>  ``B > (slo / m - base) * slots``."""
-    thr_in = (p.slo_s / (slow * (1.0 + p.sync_slowdown)) - base_s) * p.slots
-    thr_tail = (p.slo_s / slow - base_s) * p.slots
-    return thr_in, thr_tail
+def violation_threshold(slow: np.ndarray, base_s: np.ndarray, p: SidecarParams) -> np.ndarray:
+    """Backlog (work-seconds) above which a request violates its SLO under slowdown ``slow``:
+    ``(base + B / slots) * m > slo``  <=>  ``B > (slo / m - base) * slots`` (``+inf`` for a
+    ``base_s`` of ``-inf``: a request that can never be counted)."""
+    return (p.slo_s / slow - base_s) * p.slots
+
+
+def cost_horizon(p: SidecarParams, bin_s: float, merge_bins: int) -> int:
+    """Bins over which a merge's isolated cost is counted: its window and ``tail_s`` after."""
+    return int(merge_bins) + int(round(p.tail_s / bin_s))
+
+
+class CostQueue(NamedTuple):
+    """The no-merge queue of one or more episodes (rows), as merge costing reads it.
+
+    Built by :func:`cost_queue`; read by :func:`merged_backlog`, :func:`merge_violations`
+    and :func:`isolated_merge_costs`. The vector env keeps one row per env (its episode
+    bank); a single episode is a batch of one.
+
+    Attributes:
+        s: ``(R, L)`` running sum ``S`` of the no-merge queue (:func:`queue`), padded past
+            the episode's end by repeating its last value (index clipping), so a cost
+            horizon from any start fits.
+        d: ``(R, L)`` cumulative capacity a merge removes (:func:`lost_capacity`), padded
+            alike.
+        ptr: ``(R, L)`` int: ``ptr[r, k]`` = number of row ``r``'s requests in bins ``< k``.
+        rbin: ``(R, W)`` int: each row's request bins, in bin order (``W`` >= its count).
+        base: ``(R, W)`` their nominal service time, ``-inf`` for a request already over its
+            SLO without a merge (a merge cannot add it again, so it is never counted).
+        m0: ``(R, G)`` the no-merge slowdown per group of ``m0_bins`` bins.
+        m0_bins: bins per ``m0`` entry (1; an episode's pressure is constant over a
+            decision, so the vector env keeps one per decision).
+        thr_in / thr_tail: optionally ``(R, W)``, each request's threshold inside a merge
+            window and after it (:func:`violation_threshold` of ``m0`` with and without the
+            merge's slowdown), precomputed for a queue that costs many merges one by one;
+            ``None``: computed from ``m0`` and ``base`` when needed (less memory).
+    """
+
+    s: np.ndarray
+    d: np.ndarray
+    ptr: np.ndarray
+    rbin: np.ndarray
+    base: np.ndarray
+    m0: np.ndarray
+    m0_bins: int = 1
+    thr_in: np.ndarray | None = None
+    thr_tail: np.ndarray | None = None
+
+
+def cost_queue(
+    base_s: np.ndarray,
+    req_bin: np.ndarray,
+    violated0: np.ndarray,
+    m0: np.ndarray,
+    s: np.ndarray,
+    p: SidecarParams,
+    bin_s: float,
+    size: int,
+    counts: np.ndarray | None = None,
+    m0_bins: int = 1,
+    thresholds: bool = False,
+) -> CostQueue:
+    """The :class:`CostQueue` of ``B`` episodes.
+
+    Args:
+        base_s / req_bin / violated0: per request, the episodes' requests concatenated
+            (``counts[e]`` of episode ``e``; ``None``: one episode), any order within each.
+        m0: ``(B, bins)`` no-merge slowdown; ``s``: ``(B, bins + 1)`` its running sum
+            (:func:`queue`).
+        size: bins to hold (at least the last start plus a horizon plus one).
+        m0_bins: keep ``m0`` every ``m0_bins`` bins (when it is constant over such groups).
+        thresholds: also precompute each request's thresholds (``thr_in``, ``thr_tail``).
+    """
+    b, n_bins = m0.shape
+    if counts is None:
+        counts = np.array([req_bin.size], dtype=np.int64)
+    width = max(int(size), n_bins + 1)
+    flat_bin = req_bin if b == 1 else np.repeat(np.arange(b) * n_bins, counts) + req_bin
+    ptr = np.empty((b, width), dtype=np.int32)
+    ptr[:, 0] = 0
+    np.cumsum(
+        np.bincount(flat_bin, minlength=b * n_bins).reshape(b, n_bins),
+        axis=1,
+        out=ptr[:, 1 : n_bins + 1],
+    )
+    ptr[:, n_bins + 1 :] = counts[:, None]
+    base = np.where(np.asarray(violated0).astype(bool), -np.inf, base_s)
+    rbin = req_bin.astype(np.int32)
+    if flat_bin.size > 1 and not bool(np.all(flat_bin[1:] >= flat_bin[:-1])):
+        order = np.argsort(flat_bin, kind="stable")  # sorted arrivals (a trace's) skip this
+        base, rbin = base[order], rbin[order]
+    if b == 1:
+        base, rbin = base[None, :], rbin[None, :]
+    else:
+        w = int(counts.max()) if counts.size else 0
+        pos = np.arange(rbin.size) + np.repeat(
+            np.arange(b) * w - (np.cumsum(counts) - counts), counts
+        )
+        base_rows = np.full((b, w), -np.inf)
+        rbin_rows = np.zeros((b, w), dtype=np.int32)
+        base_rows.reshape(-1)[pos] = base
+        rbin_rows.reshape(-1)[pos] = rbin
+        base, rbin = base_rows, rbin_rows
+    m0_kept = m0 if m0_bins == 1 else m0[:, ::m0_bins]
+    thr_in = thr_tail = None
+    if thresholds:
+        slow = np.take_along_axis(m0_kept, rbin // m0_bins, axis=1)
+        thr_in = violation_threshold(slow * (1.0 + p.sync_slowdown), base, p)
+        thr_tail = violation_threshold(slow, base, p)
+    return CostQueue(
+        _padded(s, width),
+        _padded(lost_capacity(m0, p, bin_s), width),
+        ptr,
+        rbin,
+        base,
+        m0_kept,
+        m0_bins,
+        thr_in,
+        thr_tail,
+    )
+
+
+def merged_backlog(
+    q: CostQueue,
+    rows: np.ndarray,
+    starts: np.ndarray,
+    min0: np.ndarray,
+    merge_bins: int,
+    length: int,
+    off0: np.ndarray | None = None,
+    ends: np.ndarray | None = None,
+) -> tuple[np.ndarray, np.ndarray | None]:
+    """The queue's backlog with one merge in ``[start, start + merge_bins)`` of each row.
+
+    The running sum with the merge is ``S_k + D_min(k, end) - D_start`` (the merge removes
+    capacity only inside its window); the backlog is that minus its running minimum, which
+    enters the window at ``min0`` (the no-merge ``prefmin[start]``, or a state carried from
+    an earlier merge, whose capacity offset is ``off0``).
+
+    Args:
+        rows / starts: the merge of each column: its row of ``q`` and start bin.
+        min0: running minimum of the queue entering each window.
+        length: bins to follow from each start.
+        ends: optionally an offset per merge at which to report the running minimum (the
+            state to carry into a later window).
+
+    Returns:
+        ``(backlog, run_at_ends)``: offset-major ``(length, M)`` backlog (work-seconds) and
+        the running minimum at ``ends`` (``None`` without ``ends``).
+    """
+    w = merge_bins
+    stride = _uniform_stride(rows, starts)
+    if stride and int(starts[-1]) + max(length, w + 1) <= q.s.shape[1]:
+        # One row, equally spaced starts: the windows are strided views (no gather).
+        s_row, d_row = q.s[int(rows[0])], q.d[int(rows[0])]
+        es, first = s_row.strides[0], int(starts[0])
+        view = np.lib.stride_tricks.as_strided
+        s_win = view(s_row[first:], (length, starts.size), (es, es * stride), writeable=False)
+        d_win = view(
+            d_row[first:], (min(w, length), starts.size), (es, es * stride), writeable=False
+        )
+        g = np.empty((length, starts.size))
+        np.add(s_win[:w], d_win, out=g[:w])
+        np.add(s_win[w:], d_row[starts + w][None, :], out=g[w:])
+        g -= d_row[starts]
+    elif starts.size == 1:  # one merge (the single env's): slices of its row
+        r, a = int(rows[0]), int(starts[0])
+        s_row, d_row = q.s[r], q.d[r]
+        g0 = np.empty(length)
+        np.add(s_row[a : a + min(w, length)], d_row[a : a + min(w, length)], out=g0[:w])
+        np.add(s_row[a + w : a + length], d_row[a + w], out=g0[w:])
+        g0 -= d_row[a]
+        if off0 is not None:
+            g0 += off0[0]
+        run0 = np.minimum.accumulate(g0)
+        np.minimum(run0, min0[0], out=run0)
+        g0 -= run0
+        g = g0[:, None]
+        return g, None if ends is None else run0[np.asarray(ends).reshape(-1)]
+    else:
+        at = rows * q.s.shape[1] + starts
+        win = np.arange(length)[:, None] + at
+        g = np.take(q.s.reshape(-1), win)
+        flat_d = q.d.reshape(-1)
+        g[:w] += np.take(flat_d, win[:w])
+        g[w:] += np.take(flat_d, at + w)
+        g -= np.take(flat_d, at)
+    if off0 is not None:
+        g += off0
+    # The running minimum along each horizon, from min0 (min is exact: any order of the
+    # comparisons gives the same values). Row by row when the rows are long (faster than
+    # an accumulate down the first axis from a few hundred columns).
+    if starts.size >= 256:
+        run = _scratch("run", g.shape)
+        prev = np.asarray(min0, dtype=np.float64)
+        for j in range(length):
+            prev = np.minimum(prev, g[j], out=run[j])
+    else:
+        run = np.minimum.accumulate(g, axis=0)
+        np.minimum(run, min0, out=run)
+    g -= run
+    return g, None if ends is None else run[ends, np.arange(starts.size)]
+
+
+def merge_violations(
+    q: CostQueue,
+    rows: np.ndarray,
+    starts: np.ndarray,
+    backlog: np.ndarray,
+    merge_bins: int,
+    p: SidecarParams,
+    lengths,
+) -> np.ndarray:
+    """Requests that a merge's backlog (:func:`merged_backlog`) pushes over their SLO.
+
+    Counts, for each merge, the requests of its row arriving in ``[start, start + lengths)``
+    (not already violating without a merge) whose backlog exceeds their threshold
+    (:func:`violation_threshold`, with the merge's slowdown inside its window).
+
+    Returns:
+        float ``(M,)`` counts.
+    """
+    m = starts.size
+    if m == 1:  # one merge (the single env's): its requests are one slice of its row
+        r, a = int(rows[0]), int(starts[0])
+        length = int(lengths) if np.ndim(lengths) == 0 else int(lengths[0])
+        ptr_r = q.ptr[r]
+        lo, hi = int(ptr_r[a]), int(ptr_r[a + length])
+        mid = int(ptr_r[a + min(merge_bins, length)])  # requests before it: in the window
+        rbin = q.rbin[r, lo:hi]
+        bl = np.take(backlog.reshape(-1), rbin - a)  # backlog is (length, 1)
+        if q.thr_in is not None and q.thr_tail is not None:
+            k = mid - lo
+            hits = np.count_nonzero(bl[:k] > q.thr_in[r, lo:mid])
+            hits += np.count_nonzero(bl[k:] > q.thr_tail[r, mid:hi])
+            return np.array([float(hits)])
+        slow = q.m0[r, rbin if q.m0_bins == 1 else rbin // q.m0_bins]
+        slow[: mid - lo] *= 1.0 + p.sync_slowdown
+        thr = violation_threshold(slow, q.base[r, lo:hi], p)
+        return np.array([float(np.count_nonzero(bl > thr))])
+    stride = _uniform_stride(rows, starts)
+    if stride and np.ndim(lengths) == 0:
+        return _strided_violations(q, int(rows[0]), starts, stride, backlog, merge_bins, p)
+    at = rows * q.ptr.shape[1] + starts
+    ptr = q.ptr.reshape(-1)
+    lo = np.take(ptr, at)
+    cnt = np.take(ptr, at + lengths) - lo
+    which = np.repeat(np.arange(m), cnt)
+    # Flat position of each paired request: its row's offset plus its index in the row.
+    row0 = rows * q.rbin.shape[1] + lo - (np.cumsum(cnt) - cnt)
+    pos = np.arange(which.size) + np.repeat(row0, cnt)
+    rbin = np.take(q.rbin.reshape(-1), pos)
+    j = rbin - np.repeat(starts, cnt)
+    grp = rbin if q.m0_bins == 1 else rbin // q.m0_bins
+    slow = np.take(q.m0.reshape(-1), grp + np.repeat(rows * q.m0.shape[1], cnt))
+    slow *= np.where(j < merge_bins, 1.0 + p.sync_slowdown, 1.0)
+    thr = violation_threshold(slow, np.take(q.base.reshape(-1), pos), p)
+    extra = np.take(backlog.reshape(-1), j * m + which) > thr
+    return np.bincount(which[extra], minlength=m).astype(np.float64)
+
+
+def _uniform_stride(rows: np.ndarray, starts: np.ndarray) -> int:
+    """The stride of ``starts`` when they are two or more equally spaced starts of one row
+    (every decision of an episode), else 0."""
+    if starts.size < 2 or rows[0] != rows[-1] or not np.all(rows == rows[0]):
+        return 0
+    stride = int(starts[1] - starts[0])
+    return stride if stride >= 1 and bool(np.all(np.diff(starts) == stride)) else 0
+
+
+def _strided_violations(
+    q: CostQueue,
+    row: int,
+    starts: np.ndarray,
+    stride: int,
+    backlog: np.ndarray,
+    merge_bins: int,
+    p: SidecarParams,
+) -> np.ndarray:
+    """:func:`merge_violations` of equally spaced merges of one row, request-major.
+
+    The counting rule is the same (a request of ``[start, start + length)`` counts when the
+    backlog at its bin exceeds :func:`violation_threshold` under the merge's slowdown inside
+    the window); only the pairing differs: each request meets the candidates whose horizon
+    holds it at a fixed stride of a ``-inf``-padded copy of the grid, lag by lag, so no
+    request/candidate pair is materialised and no validity mask is needed.
+    """
+    length, m = backlog.shape
+    first = int(starts[0])
+    lo = int(q.ptr[row, first])
+    hi = int(q.ptr[row, min(int(starts[-1]) + length, q.ptr.shape[1] - 1)])
+    if hi <= lo:
+        return np.zeros(m)
+    rb = q.rbin[row, lo:hi].astype(np.int64)
+    if q.thr_in is not None and q.thr_tail is not None:
+        t_in, t_tail = q.thr_in[row, lo:hi], q.thr_tail[row, lo:hi]
+    else:
+        base = q.base[row, lo:hi]
+        slow = q.m0[row, rb if q.m0_bins == 1 else rb // q.m0_bins]
+        t_in = violation_threshold(slow * (1.0 + p.sync_slowdown), base, p)
+        t_tail = violation_threshold(slow, base, p)
+    rel = rb - first
+    ch = rel // stride  # the last candidate starting at or before the request
+    r = rel - ch * stride  # its offset from that start
+    n_lags = (length - 1) // stride + 1  # candidates whose horizon can hold one request
+    lag_in = min(merge_bins // stride, n_lags)  # lags inside the window for every request
+    lag_tail = min(-(-merge_bins // stride), n_lags)  # lags after it for every request
+    pad = n_lags - 1
+    cols = m + 2 * pad
+    grid = _scratch("grid", (n_lags * stride, cols))
+    grid[:, :pad] = -np.inf
+    grid[:, pad + m :] = -np.inf
+    grid[length:] = -np.inf
+    grid[:length, pad : pad + m] = backlog
+    flat = grid.ravel()
+    step = stride * cols - 1  # flat distance between a request's consecutive lags
+    idx = r * cols + ch + pad
+    extra = np.empty((n_lags, idx.size), dtype=bool)
+    for lag in range(n_lags):
+        if lag < lag_in:
+            thr = t_in
+        elif lag >= lag_tail:
+            thr = t_tail
+        else:
+            thr = np.where(r + lag * stride < merge_bins, t_in, t_tail)
+        np.greater(np.take(flat[lag * step :], idx), thr, out=extra[lag])
+    # Count per candidate c = ch - lag: sum each run of equal ch, then scatter.
+    heads = np.flatnonzero(np.diff(ch, prepend=ch[0] - 1))
+    per = np.add.reduceat(extra, heads, axis=1, dtype=np.int64)  # (lags, groups)
+    cand = ch[heads][None, :] - np.arange(n_lags)[:, None]
+    ok = (cand >= 0) & (cand < m)
+    return np.bincount(cand[ok], weights=per[ok], minlength=m).astype(np.float64)
+
+
+def isolated_merge_costs(
+    q: CostQueue,
+    rows: np.ndarray,
+    starts: np.ndarray,
+    min0: np.ndarray,
+    merge_bins: int,
+    p: SidecarParams,
+    bin_s: float,
+) -> np.ndarray:
+    """The isolated cost of merges: extra SLO violations (requests) of a merge starting at
+    bin ``starts[k]`` of row ``rows[k]``, alone against the no-merge replay.
+
+    Its window ``[s, s + merge_bins)`` slows service, and the backlog it leaves is followed
+    for ``tail_s`` seconds afterwards (:func:`cost_horizon`). Because merges are at least
+    ``H_min`` apart, the sum over a schedule's merges approximates its sync-excess;
+    :func:`replay` gives the exact figure (the test suite bounds the difference). This is
+    the one merge-cost rule: the envs, the episode's full cost table (:func:`merge_costs`)
+    and the protocol's scorer all count through it.
+
+    Args:
+        min0: ``prefmin`` of each row's no-merge queue at each start.
+    """
+    h = cost_horizon(p, bin_s, merge_bins)
+    g, _ = merged_backlog(q, rows, starts, min0, merge_bins, h)
+    return merge_violations(q, rows, starts, g, merge_bins, p, h)
 
 
 def merge_costs(
@@ -285,29 +674,12 @@ def merge_costs(
     merge_bins: int,
     violated0: np.ndarray,
 ) -> np.ndarray:
-    """Extra SLO violations (requests) caused by one merge starting at each of ``starts``.
+    """Isolated cost (:func:`isolated_merge_costs`) of a merge at each of ``starts``.
 
-    Each candidate is evaluated *in isolation* against the no-merge replay
-    (``violated0``): its window ``[s, s + merge_bins)`` slows service, and the backlog it
-    leaves is followed for ``tail_s`` seconds afterwards. Because merges are at least
-    ``H_min`` apart, the sum over a schedule's merges approximates its sync-excess;
-    :func:`replay` gives the exact figure (the test suite bounds the difference).
-
-    All candidates are evaluated at once: the running sum ``S`` of the no-merge queue is
-    shifted by the cumulative capacity a merge removes, and the backlog follows from a
-    running minimum along each candidate's horizon (no Python loop over time). Each
-    request is then paired with the candidates whose horizon holds it and compared with
-    its latency threshold.
-
-    Layout (for speed; the arithmetic is unchanged): the backlog grid is stored
-    offset-major, ``grid[j, c]`` for offset ``j`` into candidate ``c``'s horizon, padded
-    with ``-inf`` (no candidate, or past the horizon) so that a request's pairs are a
-    fixed stride apart in the flat grid and need no validity mask. Requests that violate
-    without a merge are dropped before pairing. Day-long traces are processed in blocks
-    of candidates and chunks of requests, so memory stays bounded.
+    Candidates are costed in blocks (memory stays bounded on day-long traces).
 
     Args:
-        starts: candidate start bins, equally spaced.
+        starts: candidate start bins, equally spaced, ``>= 0``.
 
     Returns:
         float array, one cost per start (number of requests, >= 0).
@@ -316,110 +688,35 @@ def merge_costs(
     n_c = starts.size
     if n_c == 0 or req_bin.size == 0:
         return np.zeros(n_c)
-    stride = int(starts[1] - starts[0]) if n_c > 1 else 1
-    if n_c > 1 and (stride < 1 or not np.all(np.diff(starts) == stride)):
-        raise ValueError("merge_costs needs equally spaced candidate starts")
-    first = int(starts[0])
-    if first < 0:
+    if n_c > 1:
+        stride = int(starts[1] - starts[0])
+        if stride < 1 or not np.all(np.diff(starts) == stride):
+            raise ValueError("merge_costs needs equally spaced candidate starts")
+    if int(starts[0]) < 0:
         raise ValueError("merge_costs needs candidate starts >= 0")
-    horizon = merge_bins + int(round(p.tail_s / bin_s))
-    n_lags = (horizon - 1) // stride + 1  # candidates whose horizon can hold one request
-    # Lags [0, lag_in) are inside the merge window for every request, [lag_tail, n_lags)
-    # after it; the (at most one) lag in between depends on the request's offset.
-    lag_in = min(merge_bins // stride, n_lags)
-    lag_tail = min(-(-merge_bins // stride), n_lags)
-
-    # Index k >= n_bins reads S[n_bins] (the reference clips indices): pad by repetition.
-    m0, s, d, prefmin = _merge_queue(
-        base_s, req_bin, pressure_bin, p, bin_s, int(starts[-1]) + horizon + 1
+    h = cost_horizon(p, bin_s, merge_bins)
+    m0, s, prefmin = no_merge_queue(base_s, req_bin, pressure_bin, p, bin_s)
+    size = int(starts[-1]) + h + 1
+    q = cost_queue(
+        base_s, req_bin, violated0, m0[None, :], s[None, :], p, bin_s, size, thresholds=True
     )
-
-    # Per request: candidate of the last start at or before it (c_hi), offset from it (r),
-    # and the backlog thresholds inside the window and in the tail.
-    keep = ~np.asarray(violated0).astype(bool)
-    rel = req_bin - first
-    keep &= rel >= 0
-    c_hi = rel // stride
-    keep &= c_hi < n_c + n_lags - 1
-    ridx = np.flatnonzero(keep)
-    c_hi = c_hi[ridx]
-    r_off = rel[ridx] - c_hi * stride
-    thr_in, thr_tail = _backlog_thresholds(m0[req_bin[ridx]], base_s[ridx], p)
-
-    if ridx.size and np.any(np.diff(c_hi) < 0):  # requests not in time order
-        order = np.argsort(c_hi, kind="stable")
-        c_hi, r_off, thr_in, thr_tail = c_hi[order], r_off[order], thr_in[order], thr_tail[order]
-
-    cost = np.zeros(n_c, dtype=np.int64)
-    pad = n_lags - 1
-    rows = n_lags * stride  # covers offsets r + lag * stride, r < stride
-    lags = np.arange(n_lags, dtype=np.int64)
-    es = s.strides[0]
-    for c_a in range(0, n_c, _COST_BLOCK):
-        c_b = min(n_c, c_a + _COST_BLOCK)
-        nb = c_b - c_a
-        cols = nb + 2 * pad
-        st = starts[c_a:c_b]
-        grid = _scratch("grid", (rows, cols))
-        grid[:, :pad] = -np.inf
-        grid[:, pad + nb :] = -np.inf
-        grid[horizon:] = -np.inf
-        g = grid[:horizon, pad : pad + nb]
-        s_win = np.lib.stride_tricks.as_strided(
-            s[int(st[0]) :], (horizon, nb), (es, es * stride), writeable=False
+    prefmin = _padded(prefmin, size)
+    per_start = max(1.0, req_bin.size * h / max(1, pressure_bin.size))  # pairs, roughly
+    block = max(1, min(_COST_BLOCK, int(_PAIR_CHUNK / per_start)))
+    out = np.empty(n_c)
+    rows = np.zeros(min(block, n_c), dtype=np.int64)
+    for a in range(0, n_c, block):
+        st = starts[a : a + block]
+        out[a : a + st.size] = isolated_merge_costs(
+            q, rows[: st.size], st, prefmin[st], merge_bins, p, bin_s
         )
-        d_win = np.lib.stride_tricks.as_strided(
-            d[int(st[0]) :], (merge_bins, nb), (es, es * stride), writeable=False
-        )
-        # S with the merge: s[k] + d[k_end] - d[s0], k_end clipped to the window's end.
-        np.add(s_win[:merge_bins], d_win, out=g[:merge_bins])
-        np.add(s_win[merge_bins:], d[st + merge_bins][None, :], out=g[merge_bins:])
-        g -= d[st][None, :]
-        # Running minimum along each horizon, starting from the no-merge prefix minimum
-        # (min is exact, so the order of the comparisons does not matter).
-        run = _scratch("run", (horizon, nb))
-        prev = prefmin[st]
-        for j in range(horizon):
-            prev = np.minimum(prev, g[j], out=run[j])
-        g -= run  # now the backlog with the merge
-        flat = grid.ravel()
-        step = stride * cols - 1  # flat distance between a request's consecutive lags
-
-        lo, hi = np.searchsorted(c_hi, [c_a, c_b + pad])
-        for q0 in range(lo, hi, _PAIR_CHUNK):
-            q = slice(q0, min(hi, q0 + _PAIR_CHUNK))
-            ch = c_hi[q] - c_a
-            r = r_off[q]
-            t_in, t_tail = thr_in[q], thr_tail[q]
-            base = r * cols + ch + pad
-            extra = np.empty((n_lags, base.size), dtype=bool)
-            for lag in range(n_lags):
-                b = np.take(flat[lag * step :], base)
-                if lag < lag_in:
-                    thr = t_in
-                elif lag >= lag_tail:
-                    thr = t_tail
-                else:
-                    thr = np.where(r + lag * stride < merge_bins, t_in, t_tail)
-                np.greater(b, thr, out=extra[lag])
-            # Count per candidate c = ch - lag: sum each run of equal ch, then scatter.
-            heads = np.flatnonzero(np.diff(ch, prepend=ch[0] - 1))
-            per = np.add.reduceat(extra, heads, axis=1, dtype=np.int64)  # (L, groups)
-            cand = ch[heads][None, :] - lags[:, None]
-            ok = (cand >= 0) & (cand < nb)
-            cost[c_a:c_b] += np.bincount(cand[ok], weights=per[ok], minlength=nb).astype(np.int64)
-    return cost.astype(np.float64)
+    return out
 
 
 class IsolatedMergeCost:
-    """The cost of one merge at a time, with exactly the arithmetic of :func:`merge_costs`.
-
-    An environment only needs the costs of the merges it launches (a few dozen per
-    episode), not all of them; this precomputes the no-merge queue once (``O(bins)``) and
-    then costs a merge in ``O(horizon)``. ``cost_at(s)`` equals ``merge_costs(...)`` at start
-    ``s`` bit for bit (same sums in the same order; the minimum is exact), which the test
-    suite checks on every decision of many episodes.
-    """
+    """The isolated cost of one merge at a time (:func:`isolated_merge_costs` on a batch of
+    one): the no-merge queue is prepared once (``O(bins)``), then a merge costs
+    ``O(horizon)``. ``cost_at(s)`` equals ``merge_costs(...)`` at start ``s``."""
 
     def __init__(
         self,
@@ -433,41 +730,26 @@ class IsolatedMergeCost:
         queue: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None,
     ) -> None:
         """``queue``: optionally ``(m0, S, prefmin)`` of the no-merge queue, unpadded, as
-        :func:`diloco_gym.envs.core.episode_core` computed them (the same arithmetic as
-        :func:`_merge_queue`), so that they are not computed twice."""
+        :func:`diloco_gym.envs.core.episode_core` computed them (:func:`no_merge_queue`), so
+        that they are not computed twice."""
+        self.p, self.bin_s = p, bin_s
         self.merge_bins = int(merge_bins)
-        self.horizon = self.merge_bins + int(round(p.tail_s / bin_s))
+        self.horizon = cost_horizon(p, bin_s, self.merge_bins)
         size = pressure_bin.size + 1 + self.horizon  # past the end: S[n_bins], as there
-        if queue is None:
-            m0, self._s, self._d, self._prefmin = _merge_queue(
-                base_s, req_bin, pressure_bin, p, bin_s, size
-            )
-        else:
-            m0, s, prefmin = queue
-            self._s, self._prefmin = _padded(s, size), _padded(prefmin, size)
-            self._d = _padded(lost_capacity(m0, p, bin_s), size)
-        idx = np.flatnonzero(~np.asarray(violated0).astype(bool))
-        rb = req_bin[idx]
-        if rb.size > 1 and not bool(np.all(rb[1:] >= rb[:-1])):  # sorted arrivals: already
-            idx = idx[np.argsort(rb, kind="stable")]
-        self._rbin = req_bin[idx]
-        self._thr_in, self._thr_tail = _backlog_thresholds(m0[self._rbin], base_s[idx], p)
+        m0, s, prefmin = queue or no_merge_queue(base_s, req_bin, pressure_bin, p, bin_s)
+        self.queue = cost_queue(
+            base_s, req_bin, violated0, m0[None, :], s[None, :], p, bin_s, size, thresholds=True
+        )
+        self.prefmin = _padded(prefmin, size)
+        self._row = np.zeros(1, dtype=np.int64)
 
     def cost_at(self, start: int) -> float:
         """Extra violated requests of a merge starting at bin ``start``."""
-        start = int(start)
-        w, h = self.merge_bins, self.horizon
-        s, d = self._s, self._d
-        g = np.empty(h)
-        np.add(s[start : start + w], d[start : start + w], out=g[:w])
-        np.add(s[start + w : start + h], d[start + w], out=g[w:])
-        g -= d[start]
-        run = np.minimum(np.minimum.accumulate(g), self._prefmin[start])
-        g -= run  # the backlog with the merge
-        lo, hi = np.searchsorted(self._rbin, [start, start + h])
-        j = self._rbin[lo:hi] - start
-        thr = np.where(j < w, self._thr_in[lo:hi], self._thr_tail[lo:hi])
-        return float(np.count_nonzero(g[j] > thr))
+        s0 = int(start)
+        st = np.array([s0], dtype=np.int64)
+        w, h, q = self.merge_bins, self.horizon, self.queue
+        g, _ = merged_backlog(q, self._row, st, self.prefmin[s0 : s0 + 1], w, h)
+        return float(merge_violations(q, self._row, st, g, w, self.p, h)[0])
 
 
 def effect_sizes(result: ReplayResult, high_pressure: float = 0.6) -> dict:

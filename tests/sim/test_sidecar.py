@@ -368,8 +368,9 @@ def test_isolated_cost_from_the_episode_queue_equals_its_own():
             ep.baseline.violated,
         )
         own, shared = IsolatedMergeCost(*args), IsolatedMergeCost(*args, queue=ep.queue)
-        for attr in ("_s", "_d", "_prefmin", "_rbin", "_thr_in", "_thr_tail"):
-            np.testing.assert_array_equal(getattr(own, attr), getattr(shared, attr))
+        np.testing.assert_array_equal(own.prefmin, shared.prefmin)
+        for name, mine in own.queue._asdict().items():
+            np.testing.assert_array_equal(mine, getattr(shared.queue, name), name)
         starts = np.arange(ep.n_decisions) * p.decision_interval
         costs = [shared.cost_at(s) for s in starts]
         assert costs == [own.cost_at(s) for s in starts]

@@ -1,0 +1,279 @@
+"""The episode bank: the agent-independent arrays of a batch of episodes, one row per slot.
+
+The vector env keeps its episodes here (fresh episodes in slot ``i`` of env ``i``; an
+episode pool holds ``K`` episodes that envs point into). A row holds what a step needs
+without a Python object per episode: the exogenous observation features per decision, the
+episode's scalars (length, reward scale, learner throughputs, seed) and either a row of a
+:class:`~diloco_gym.sim.sidecar.CostQueue` (fresh episodes: merges are costed lazily, only
+when launched) or every decision's cost (pool episodes, costed once and reused).
+
+Episodes are built by :func:`build_rows` from seeds: the draws of each episode come from
+:func:`diloco_gym.envs.kernel.episode_draws` (the fixed draw order the single env uses
+too), and :func:`diloco_gym.envs.core.episode_core_batch` computes up to
+:data:`BUILD_CHUNK` of them in array passes, bit-identical per episode.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from diloco_gym.envs import core
+from diloco_gym.envs.core import EXO_SLICE, EnvParams
+from diloco_gym.envs.kernel import episode_draws, max_merges
+from diloco_gym.sim import learners as lrn
+from diloco_gym.sim.sidecar import (
+    CostQueue,
+    SidecarParams,
+    cost_horizon,
+    cost_queue,
+    isolated_merge_costs,
+)
+
+__all__ = ["BuildSpec", "EpisodeBank", "build_rows", "BUILD_CHUNK"]
+
+
+class BuildSpec(NamedTuple):
+    """What building an episode needs (a picklable value: building is a pure function of it)."""
+
+    generator: Any
+    params: EnvParams
+    sidecar: SidecarParams
+    learner_params: lrn.LearnerParams
+    horizon: int  # bins a merge's cost is followed for (sidecar.cost_horizon)
+    rate_rps: float  # nominal rate of the reward scale (core.nominal_rate_rps)
+
+
+#: Episodes built together at most: bounds the temporaries of a reset wave and keeps them in
+#: cache (the choice is measured in benchmarks/README.md).
+BUILD_CHUNK = 32
+
+
+def build_rows(spec: BuildSpec, seeds: list[int]) -> list[dict[str, Any]]:
+    """The bank rows of the episodes of ``seeds``, in order, as a list of batches (dicts of
+    arrays with a leading episode axis).
+
+    The draws are made one episode at a time (each from its own seeded generator, as the
+    single env), then :func:`core.episode_core_batch` and :func:`sidecar.cost_queue` run over
+    up to :data:`BUILD_CHUNK` episodes in array passes (bit-identical per episode; tested).
+    Traces of different durations, or with and without pressure series, go one by one.
+    A pure function of its arguments.
+    """
+    out = []
+    for lo in range(0, len(seeds), BUILD_CHUNK):
+        chunk = list(range(lo, min(len(seeds), lo + BUILD_CHUNK)))
+        draws = [
+            episode_draws(spec.generator, seeds[k], spec.learner_params, as_trace=False)
+            for k in chunk
+        ]
+        if (
+            len({d[5] for d in draws}) == 1
+            and len({d[3] is None or d[4] is None for d in draws}) == 1
+        ):
+            out.append(_rows(spec, [seeds[k] for k in chunk], draws))
+        else:
+            out.extend(_rows(spec, [seeds[k]], [d]) for k, d in zip(chunk, draws, strict=True))
+    return out
+
+
+def _rows(spec: BuildSpec, seeds: list[int], draws: list) -> dict[str, Any]:
+    """Bank rows of same-duration ``draws``: the episode arrays and the cost queue."""
+    p, sc = spec.params, spec.sidecar
+    has_p = draws[0][3] is not None and draws[0][4] is not None
+    c = core.episode_core_batch(
+        [d[0] for d in draws],
+        [d[1] for d in draws],
+        [d[2] for d in draws],
+        np.stack([d[3] for d in draws]) if has_p else None,
+        np.stack([d[4] for d in draws]) if has_p else None,
+        draws[0][5],
+        p,
+        sc,
+        draws[0][6],
+    )
+    assert c.counts is not None  # episode_core_batch fills it
+    n, di = c.n, p.decision_interval
+    n_bins = c.pressure_bin.shape[1]
+    q = cost_queue(
+        c.base_s,
+        c.req_bin,
+        c.violated,
+        c.m0,
+        c.s,
+        sc,
+        p.step_seconds,
+        n_bins + 1 + spec.horizon,
+        counts=c.counts,
+        m0_bins=di,  # the pressure, hence m0, is constant over a decision
+    )
+    return {
+        "seeds": np.asarray(seeds, dtype=np.int64),
+        "n": n,
+        "exo": c.exo,
+        "queue": q,
+        "prefmin": c.prefmin[:, : n * di : di],
+        "counts": c.counts,
+        "pct": 100.0 / np.maximum(1, c.counts),
+        "scale": core.reward_per_request(spec.rate_rps, draws[0][5]),
+        "thr": np.stack([d[7] for d in draws]),
+    }
+
+
+def pool_row(spec: BuildSpec, seed: int) -> dict[str, Any]:
+    """The bank row of a pool episode: the single env's episode of ``seed`` with the cost of
+    every decision computed up front, as ``Episode.merge_cost`` (a pool episode is reused
+    many times)."""
+    p, sc = spec.params, spec.sidecar
+    arrivals, prompt, output, net, ckpt, duration, name, thr = episode_draws(
+        spec.generator, seed, spec.learner_params, as_trace=False
+    )
+    c = core.episode_core(arrivals, prompt, output, net, ckpt, duration, p, sc, name)
+    cost = core.decision_costs(c.base_s, c.req_bin, c.pressure_bin, c.violated, c.n, p, sc)
+    return {
+        "n": c.n,
+        "exo": c.exo,
+        "seed": seed,
+        "thr": thr,
+        "pct": 100.0 / max(1, c.req_bin.size),
+        "cost": cost,
+        "scale": core.reward_per_request(spec.rate_rps, duration),
+    }
+
+
+class EpisodeBank:
+    """``slots`` rows of episode arrays (see the module docstring), grown as needed.
+
+    Attributes (rows are slots): ``n`` decisions, ``exo`` features per decision, ``pct``
+    (percentage points per violated request), ``scale`` (reward units per violated
+    request), ``max_merges`` (the merges feature's scale), ``thr`` learner throughputs,
+    ``seed``; for lazy costing ``s``, ``d``, ``ptr``, ``rbin``, ``base``, ``m0`` (a
+    :class:`CostQueue`) and ``prefmin`` (per decision); for a pool ``cost`` per decision.
+    """
+
+    #: The per-slot arrays, kept in ``store`` under ``_bank_<name>``.
+    FIELDS = (
+        "n",
+        "exo",
+        "s",
+        "d",
+        "ptr",
+        "prefmin",
+        "m0",
+        "base",
+        "rbin",
+        "cost",
+        "pct",
+        "scale",
+        "max_merges",
+        "thr",
+        "seed",
+    )
+
+    def __init__(
+        self,
+        slots: int,
+        params: EnvParams,
+        sidecar: SidecarParams,
+        k: int,
+        store: dict[str, Any] | None = None,
+    ) -> None:
+        """``store``: where the arrays live (a dict; by default the bank's own). The vector
+        env passes its instance namespace, so the arrays are also its ``_bank_*``
+        attributes (what ``benchmarks/bench.py`` reads to size the bank)."""
+        object.__setattr__(self, "_store", {} if store is None else store)
+        self.params, self.sidecar = params, sidecar
+        self.horizon = cost_horizon(sidecar, params.step_seconds, params.merge_steps)
+        self.n = np.zeros(slots, dtype=np.int64)
+        self.exo = np.zeros((slots, 0, EXO_SLICE.stop - EXO_SLICE.start), dtype=np.float32)
+        self.s = np.zeros((slots, 0))
+        self.d = np.zeros((slots, 0))
+        self.ptr = np.zeros((slots, 0), dtype=np.int32)
+        self.prefmin = np.zeros((slots, 0))
+        self.m0 = np.zeros((slots, 0))
+        self.base = np.zeros((slots, 0))
+        self.rbin = np.zeros((slots, 0), dtype=np.int32)
+        self.cost = np.zeros((slots, 0))  # episode pool: every decision's cost
+        self.pct = np.zeros(slots)
+        self.scale = np.zeros(slots)
+        self.max_merges = np.ones(slots)
+        self.thr = np.zeros((slots, k))
+        self.seed = np.zeros(slots, dtype=np.int64)
+
+    def __getattr__(self, name: str) -> Any:
+        # Called only for names not found normally: the arrays in the store.
+        try:
+            return self.__dict__["_store"]["_bank_" + name]
+        except KeyError:
+            raise AttributeError(f"EpisodeBank has no attribute {name!r}") from None
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in self.FIELDS:
+            self._store["_bank_" + name] = value
+        else:
+            object.__setattr__(self, name, value)
+
+    def queue(self) -> CostQueue:
+        """The bank's rows as a :class:`CostQueue` (views, no copy)."""
+        return CostQueue(
+            self.s, self.d, self.ptr, self.rbin, self.base, self.m0, self.params.decision_interval
+        )
+
+    def merge_costs(self, slot: np.ndarray, d: np.ndarray, pooled: bool) -> np.ndarray:
+        """Isolated cost of a merge at decision ``d[k]`` of the episode in ``slot[k]``: a pool's
+        precomputed table, else :func:`sidecar.isolated_merge_costs` on the bank's rows."""
+        if pooled:
+            return self.cost[slot, d]
+        p = self.params
+        return isolated_merge_costs(
+            self.queue(),
+            slot,
+            d * p.decision_interval,
+            self.prefmin[slot, d],
+            p.merge_steps,
+            self.sidecar,
+            p.step_seconds,
+        )
+
+    def write_rows(self, slots: np.ndarray, rows: dict[str, Any]) -> None:
+        """Copy the episodes of ``rows`` (:func:`build_rows`) into ``slots``."""
+        q: CostQueue = rows["queue"]
+        n, size, n_slots = rows["n"], q.s.shape[1], q.m0.shape[1]
+        self._grow("exo", n)[slots, :n] = rows["exo"]
+        for key in ("s", "d", "ptr"):
+            self._grow(key, size)[slots, :size] = getattr(q, key)
+        self._grow("prefmin", n)[slots, :n] = rows["prefmin"]
+        self._grow("m0", n_slots)[slots, :n_slots] = q.m0
+        width = q.base.shape[1]
+        self._grow("base", width, 0.25)[slots, :width] = q.base
+        self._grow("rbin", width, 0.25)[slots, :width] = q.rbin
+        self._set_scalars(slots, n, rows["pct"], rows["thr"], rows["seeds"], rows["scale"])
+
+    def store_pool(self, slot: int, ep: dict[str, Any]) -> None:
+        """Copy a pool episode (:func:`pool_row`) into ``slot``."""
+        n = ep["n"]
+        self._grow("exo", n)[slot, :n] = ep["exo"]
+        self._grow("cost", n)[slot, :n] = ep["cost"]
+        self._set_scalars(slot, n, ep["pct"], ep["thr"], ep["seed"], ep["scale"])
+
+    def _grow(self, name: str, width: int, headroom: float = 0.0) -> np.ndarray:
+        """Array ``name`` with at least ``width`` columns (kept contents), allocated
+        ``headroom`` wider than needed: request counts vary between episodes, and a bank
+        that grew by a few columns at every new longest episode would reallocate (and its
+        resident memory creep up) for as long as the env runs."""
+        arr = getattr(self, name)
+        if width > arr.shape[1]:
+            width = max(width, int(width * (1.0 + headroom)), int(arr.shape[1] * 1.25))
+            new = np.zeros((arr.shape[0], width) + arr.shape[2:], dtype=arr.dtype)
+            new[:, : arr.shape[1]] = arr
+            setattr(self, name, new)
+            arr = new
+        return arr
+
+    def _set_scalars(self, slots, n: int, pct, thr, seeds, scale) -> None:
+        self.n[slots] = n
+        self.pct[slots] = pct
+        self.scale[slots] = scale
+        self.max_merges[slots] = max_merges(float(n), self.params)
+        self.thr[slots] = thr
+        self.seed[slots] = seeds

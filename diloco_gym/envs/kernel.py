@@ -1,0 +1,571 @@
+"""The simulation kernel: the merge-scheduling dynamics over an explicit batch of episodes.
+
+Everything an environment does between two observations is written here once, over arrays
+with a leading batch axis:
+
+* :func:`episode_draws`: the draws of an episode from its seed, in their fixed order.
+* :class:`EnvState`: the agent-dependent state (decision, last merge, merges, budget left,
+  global tokens, reward terms owed) of every episode in the batch;
+  :class:`EpisodeBatch`: the per-episode constants the steps read (length, reward scale,
+  learner throughputs, seed and the slot of the episode's arrays in the bank,
+  :class:`~diloco_gym.envs.bank.EpisodeBank`).
+* :func:`reset_rows` (the start of an episode), :func:`options` (corridor and budget
+  masks), :func:`check_actions` (input validation), :func:`resolve` (the action taken),
+  :func:`apply_merges` (a merge: its cost, training gain and state change),
+  :func:`advance_forced` (decisions with a single feasible action), :func:`reward`,
+  :func:`step` (one decision of every live episode) and :func:`observe` (the observation,
+  from the block functions :func:`gap_block`, :func:`merges_feature`,
+  :func:`time_left_feature` and :func:`budget_feature`).
+
+Functions update the state arrays of the rows they are given in place (the batch can be
+thousands of episodes; a copy per step would cost more than the step) and return the
+per-row results. :class:`~diloco_gym.envs.vector.DiLoCoSyncVectorEnv` is this kernel with
+Gymnasium's vector API around it. :class:`~diloco_gym.envs.env.DiLoCoSyncEnv` is a batch of
+one: it calls the same rule functions (:func:`resolve`, :func:`forced_deferral_end`,
+:func:`reward`, :func:`check_actions`, :func:`max_merges`, :func:`core.options`) on Python
+scalars, and tabulates its observation with the same block functions, so no rule has a
+second copy; ``tests/envs/test_vector.py`` checks both against each other step for step
+and ``tests/envs/test_kernel.py`` both against a direct kernel rollout.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from diloco_gym.envs import core
+from diloco_gym.envs.core import EXO_SLICE, LEARNER_SLICE, OBS_INDEX, EnvParams
+from diloco_gym.sim import learners as lrn
+from diloco_gym.sim.regimes import SyntheticRegime
+
+__all__ = [
+    "EnvState",
+    "EpisodeBatch",
+    "Budgets",
+    "episode_draws",
+    "new_state",
+    "new_batch",
+    "load_episodes",
+    "reset_rows",
+    "options",
+    "check_actions",
+    "resolve",
+    "apply_merges",
+    "advance_forced",
+    "forced_deferral_end",
+    "reward",
+    "step",
+    "observe",
+    "action_masks",
+    "gap_block",
+    "merges_feature",
+    "time_left_feature",
+    "budget_feature",
+    "max_merges",
+]
+
+_G = OBS_INDEX
+
+
+def episode_draws(
+    generator: Any, seed: int, learner_params: lrn.LearnerParams, as_trace: bool = True
+) -> tuple:
+    """The draws of the episode of ``seed``, in their fixed order.
+
+    One generator, ``np.random.default_rng(seed)``, draws first the trace
+    (``generator(rng)``) and then the learner throughputs
+    (``learner_params.draw_throughputs``). Every episode of either env comes from here, so
+    the single and the vector env give the same episode for the same seed.
+
+    Returns:
+        ``(trace, throughputs)``; with ``as_trace=False`` the trace's arrays instead,
+        ``(arrivals, prompt, output, network, checkpoint, duration_s, name, throughputs)``
+        (a :class:`~diloco_gym.sim.regimes.SyntheticRegime` then skips building the
+        :class:`~diloco_gym.sim.traces.Trace`: the same draws, fewer copies).
+    """
+    rng = np.random.default_rng(seed)
+    gen = generator
+    if as_trace:
+        trace = gen(rng)
+        return trace, learner_params.draw_throughputs(rng)
+    if isinstance(gen, SyntheticRegime) and type(gen).__call__ is SyntheticRegime.__call__:
+        arrivals, token_index, net, ckpt = gen.draw(rng)
+        prompt, output = gen.tokens(token_index, np.float64)
+        duration, name = gen.duration_s, gen.name
+    else:
+        tr = gen(rng)
+        arrivals, prompt, output = tr.arrival_s, tr.prompt_tokens, tr.output_tokens
+        net, ckpt, duration, name = tr.network, tr.checkpoint, tr.duration_s, tr.name
+    thr = learner_params.draw_throughputs(rng)
+    return arrivals, prompt, output, net, ckpt, duration, name, thr
+
+
+class EnvState(NamedTuple):
+    """Agent-dependent state of a batch of episodes, one entry per row (``(B,)`` arrays).
+
+    Attributes:
+        d: current decision.
+        last: decision of the last merge (0 at the start: an episode starts just after one).
+        m_left: merges left under the merge budget (0 without one).
+        n_merges: merges launched so far.
+        tokens: tokens in the global model.
+        excess_sum: additive sync-excess so far (percentage points of requests).
+        excess_requests: the same in requests.
+        progress_sum: training progress (global loss decrease) so far.
+        pend_excess / pend_progress: reward terms of merges forced before the first real
+            choice of an episode, paid on its first step.
+    """
+
+    d: np.ndarray
+    last: np.ndarray
+    m_left: np.ndarray
+    n_merges: np.ndarray
+    tokens: np.ndarray
+    excess_sum: np.ndarray
+    excess_requests: np.ndarray
+    progress_sum: np.ndarray
+    pend_excess: np.ndarray
+    pend_progress: np.ndarray
+
+
+class EpisodeBatch(NamedTuple):
+    """The constants of each row's current episode (copied from the bank at its start, so a
+    step gathers nothing): ``slot`` in the bank, ``n`` decisions, ``pct`` (percentage points
+    per violated request), ``scale`` (reward units per violated request), ``max_merges``,
+    ``thr`` ``(B, K)`` and ``thr_k`` ``(K, B)`` learner throughputs and ``thr_sum`` their
+    sum, ``seed``."""
+
+    slot: np.ndarray
+    n: np.ndarray
+    pct: np.ndarray
+    scale: np.ndarray
+    max_merges: np.ndarray
+    thr: np.ndarray
+    thr_k: np.ndarray
+    thr_sum: np.ndarray
+    seed: np.ndarray
+
+
+def new_state(b: int) -> EnvState:
+    """An all-zero state of ``b`` rows (:func:`reset_rows` starts their episodes)."""
+    i = lambda: np.zeros(b, dtype=np.int64)  # noqa: E731
+    f = lambda: np.zeros(b)  # noqa: E731
+    return EnvState(i(), i(), i(), i(), f(), f(), f(), f(), f(), f())
+
+
+def new_batch(b: int, k: int) -> EpisodeBatch:
+    """An empty episode batch of ``b`` rows and ``k`` learners (slot ``i`` for row ``i``)."""
+    return EpisodeBatch(
+        np.arange(b, dtype=np.int64),
+        np.ones(b, dtype=np.int64),
+        np.zeros(b),
+        np.zeros(b),
+        np.ones(b),
+        np.zeros((b, k)),
+        np.zeros((k, b)),
+        np.zeros(b),
+        np.zeros(b, dtype=np.int64),
+    )
+
+
+def max_merges(n, params: EnvParams):
+    """Scale of the ``merges`` feature: the merges an ``n``-decision episode can hold at
+    ``H_min`` spacing (at least 1)."""
+    return np.maximum(1.0, n / params.h_min)
+
+
+def load_episodes(batch: EpisodeBatch, bank: Any, idx: np.ndarray) -> None:
+    """Copy the constants of the episodes in bank slots ``batch.slot[idx]`` into rows ``idx``."""
+    slot = batch.slot[idx]
+    batch.n[idx] = bank.n[slot]
+    batch.pct[idx] = bank.pct[slot]
+    batch.scale[idx] = bank.scale[slot]
+    batch.max_merges[idx] = bank.max_merges[slot]
+    batch.thr[idx] = bank.thr[slot]
+    batch.thr_k[:, idx] = bank.thr[slot].T
+    batch.thr_sum[idx] = np.sum(bank.thr[slot], axis=-1)
+    batch.seed[idx] = bank.seed[slot]
+
+
+class Budgets:
+    """Feasibility tables of an exact merge budget, per episode length (cached)."""
+
+    def __init__(self, params: EnvParams) -> None:
+        self.params = params
+        self._tables: dict[int, core.BudgetTables] = {}
+        self._next: dict[int, np.ndarray] = {}
+
+    def tables(self, n: int) -> core.BudgetTables:
+        """:class:`core.BudgetTables` of an ``n``-decision episode (an infeasible budget
+        raises here)."""
+        if n not in self._tables:
+            p = self.params
+            assert p.merge_budget is not None  # called only with a merge budget
+            self._tables[n] = core.BudgetTables(n, p.h_min, p.h_max, p.merge_budget)
+        return self._tables[n]
+
+    def next_reach(self, n: int) -> np.ndarray:
+        """``nxt[m, x]``: the first decision ``>= x`` after which ``m`` more merges can be
+        placed feasibly (``reach[m]`` of :class:`core.BudgetTables`), or ``n`` if none."""
+        if n not in self._next:
+            reach = self.tables(n).reach
+            pos = np.where(reach, np.arange(n), n)
+            nxt = np.full((reach.shape[0], n + 1), n, dtype=np.int64)
+            nxt[:, :n] = np.minimum.accumulate(pos[:, ::-1], axis=1)[:, ::-1]
+            self._next[n] = nxt
+        return self._next[n]
+
+
+def reset_rows(
+    state: EnvState,
+    batch: EpisodeBatch,
+    idx: np.ndarray | int,
+    params: EnvParams,
+    lp: lrn.LearnerParams,
+    budgets: Budgets,
+    cost,
+    advance=None,
+) -> None:
+    """Start the episodes of rows ``idx`` (their constants already in ``batch``).
+
+    The episode starts just after a merge (gap 0). With ``skip_forced``, merges forced
+    before the agent's first real choice (possible only with a tight merge budget) are
+    applied now and their reward terms owed to the first step (a reset returns no reward).
+    ``advance(idx) -> (excess, progress)`` applies them (default :func:`advance_forced`;
+    the single env passes its one-row loop over the same rules).
+
+    Raises:
+        ValueError: the merge budget leaves the agent no decision (every merge is forced).
+    """
+    state.d[idx] = 0
+    state.last[idx] = 0
+    state.n_merges[idx] = 0
+    state.tokens[idx] = float(lp.initial_tokens)
+    state.m_left[idx] = params.merge_budget if params.merge_budget is not None else 0
+    state.excess_sum[idx] = 0.0
+    state.excess_requests[idx] = 0.0
+    state.progress_sum[idx] = 0.0
+    state.pend_excess[idx] = 0.0
+    state.pend_progress[idx] = 0.0
+    if params.skip_forced:
+        if advance is None:
+            ex, pr = advance_forced(state, batch, np.asarray(idx), params, lp, budgets, cost)
+            ex, pr = ex[idx], pr[idx]
+        else:
+            ex, pr = advance(idx)
+        state.pend_excess[idx] = ex
+        state.pend_progress[idx] = pr
+        if np.any(state.d[idx] >= batch.n[idx]):
+            raise ValueError(
+                f"merge_budget={params.merge_budget} leaves the agent no decision "
+                f"in this episode (every merge is forced)"
+            )
+
+
+def options(
+    state: EnvState,
+    batch: EpisodeBatch,
+    idx: np.ndarray | None,
+    params: EnvParams,
+    budgets: Budgets,
+):
+    """``(can_merge, can_defer)`` of rows ``idx`` (``None``: all): :func:`core.options`,
+    grouped by episode length when there is a budget."""
+    sl = slice(None) if idx is None else idx
+    d, last, m_left = state.d[sl], state.last[sl], state.m_left[sl]
+    p = params
+    if p.merge_budget is None:
+        return core.options(d, last, m_left, p, 0, None)
+    n = batch.n[sl]
+    lengths = np.unique(n)
+    if lengths.size == 1:
+        n0 = int(lengths[0])
+        return core.options(d, last, m_left, p, n0, budgets.tables(n0))
+    can_merge = np.empty(d.shape, dtype=bool)
+    can_defer = np.empty(d.shape, dtype=bool)
+    for n0 in lengths:
+        sel = n == n0
+        can_merge[sel], can_defer[sel] = core.options(
+            d[sel], last[sel], m_left[sel], p, int(n0), budgets.tables(int(n0))
+        )
+    return can_merge, can_defer
+
+
+def check_actions(actions: Any, shape: tuple[int, ...]) -> np.ndarray:
+    """Validated actions as a bool array of ``shape`` (``True`` = merge).
+
+    Accepts integers, bools and floats equal to 0 or 1 (a one-element array for a single
+    env). Raises ``ValueError`` naming the bad value: the shape, a value other than 0/1, or
+    a fractional one that ``int()`` would truncate.
+    """
+    a = np.asarray(actions)
+    if shape == ():
+        if a.ndim > 1 or (a.ndim == 1 and a.size != 1):
+            raise ValueError(f"action must be 0 (defer) or 1 (merge), got {actions!r}")
+        a = a.reshape(())
+    elif a.shape != shape:
+        raise ValueError(f"actions must have shape {shape}, got {a.shape}")
+    if a.dtype.kind in "iu":
+        valid = bool(a.min() >= 0 and a.max() <= 1) if a.size else True
+    elif a.dtype.kind == "b":
+        valid = True
+    elif a.dtype.kind == "f":
+        valid = bool(np.all((a == 0) | (a == 1)))
+    else:
+        valid = False
+    if not valid:
+        if shape == ():
+            raise ValueError(f"action must be 0 (defer) or 1 (merge), got {actions!r}")
+        bad = a[(a != 0) & (a != 1)][0].item()
+        raise ValueError(f"actions must be 0 (defer) or 1 (merge), got {bad!r}")
+    return a == 1
+
+
+def resolve(want, can_merge, can_defer):
+    """``(merge, overridden)``: the action taken and whether it differs from the one asked.
+
+    A merge happens when asked and allowed, or when deferring is not allowed; elementwise
+    on arrays and on Python/NumPy booleans alike.
+    """
+    merge = (want & can_merge) | (can_defer ^ True)
+    return merge, merge != want
+
+
+def reward(excess, progress, params: EnvParams):
+    """``-excess_weight * excess + progress_weight * progress`` (both terms as paid)."""
+    return -params.excess_weight * excess + params.progress_weight * progress
+
+
+def apply_merges(
+    state: EnvState,
+    batch: EpisodeBatch,
+    idx: np.ndarray | int,
+    params: EnvParams,
+    lp: lrn.LearnerParams,
+    cost,
+) -> tuple[Any, Any]:
+    """Merge now in rows ``idx`` (an index array, or one row's index): the learners' gain,
+    the merge's isolated cost (``cost(idx, d)``), and the state after it. The same
+    arithmetic runs on arrays and, for one row, on NumPy scalars (the single env).
+
+    Returns:
+        ``(excess, gain)`` per merge (scalars for one row): the reward's sync-excess term
+        (cost times the episode's reward scale) and the global loss decrease.
+    """
+    d = state.d[idx]
+    gap_s = (d - state.last[idx]) * params.decision_seconds
+    if np.ndim(d) == 0:  # one row: lrn.merge_gain's scalar form (bit for bit the same)
+        added, gain, _ = lrn.merge_gain_scalar(
+            float(gap_s), float(state.tokens[idx]), float(batch.thr_sum[idx]), lp
+        )
+    else:
+        added, gain = lrn.merge_gain(gap_s, state.tokens[idx], batch.thr[idx], lp)
+    state.tokens[idx] += added
+    c = cost(idx, d)
+    state.last[idx] = d
+    state.m_left[idx] -= 1
+    state.n_merges[idx] += 1
+    state.excess_sum[idx] += c * batch.pct[idx]  # additive sync-excess %, for the summary
+    state.excess_requests[idx] += c
+    state.progress_sum[idx] += gain
+    return c * batch.scale[idx], gain
+
+
+def forced_deferral_end(d, last, n, m_left, params: EnvParams, budgets: Budgets | None):
+    """First decision after a forced deferral at ``d`` at which the options can differ (or
+    the episode's end ``n``); elementwise.
+
+    Below ``H_min`` the options cannot change until ``H_min``; with a budget, deferrals stay
+    forced until the next decision from which the remaining merges can still be placed (to
+    the end, with none left). Jumping over the run gives the same state as stepping through
+    it: nothing happens on the way.
+    """
+    p = params
+    below = d - last < p.h_min
+    end = np.where(below, np.minimum(n, last + p.h_min), d + 1)
+    if p.merge_budget is None:
+        return end
+    if np.all(below):
+        return end
+    assert budgets is not None  # with a merge budget
+    end = np.array(end, dtype=np.int64)  # writable, also for scalar inputs
+    d_, n_, m_, b_ = (np.asarray(x) for x in (d, n, m_left, below))
+    for n0 in np.unique(n_[~b_]):
+        sel = ~b_ & (n_ == n0)
+        nxt = budgets.next_reach(int(n0))
+        m1 = np.maximum(m_[sel] - 1, 0)
+        # No merge left: the tail is already safe (deferral is allowed), so every remaining
+        # decision is a forced deferral. Otherwise: the next decision from which the
+        # remaining merges can be completed.
+        end[sel] = np.where(m_[sel] > 0, nxt[m1, np.minimum(d_[sel] + 1, n0)], n0)
+    return end
+
+
+def advance_forced(
+    state: EnvState,
+    batch: EpisodeBatch,
+    idx: np.ndarray | None,
+    params: EnvParams,
+    lp: lrn.LearnerParams,
+    budgets: Budgets,
+    cost,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Apply single-option decisions in rows ``idx`` (``None``: all) until each has a real
+    choice or its episode ends; returns the merges' excess and progress per row."""
+    b = state.d.size
+    ex = np.zeros(b)
+    pr = np.zeros(b)
+    n_all = batch.n
+    todo = np.flatnonzero(state.d < n_all) if idx is None else idx[state.d[idx] < n_all[idx]]
+    while todo.size:
+        can_merge, can_defer = options(state, batch, todo, params, budgets)
+        forced = ~(can_merge & can_defer)
+        todo, can_merge, can_defer = todo[forced], can_merge[forced], can_defer[forced]
+        if not todo.size:
+            break
+        stuck = ~(can_merge | can_defer)
+        if stuck.any():  # cannot happen with validated budgets
+            i = int(todo[stuck][0])
+            raise RuntimeError(f"no feasible action at decision {state.d[i]} (row {i})")
+        d_next = state.d[todo] + 1
+        defer = np.flatnonzero(~can_merge)
+        if defer.size:
+            r = todo[defer]
+            d_next[defer] = forced_deferral_end(
+                state.d[r], state.last[r], n_all[r], state.m_left[r], params, budgets
+            )
+        merged = todo[can_merge]
+        if merged.size:
+            e, g = apply_merges(state, batch, merged, params, lp, cost)
+            ex[merged] += e
+            pr[merged] += g
+        state.d[todo] = d_next
+        todo = todo[d_next < n_all[todo]]
+    return ex, pr
+
+
+def step(
+    state: EnvState,
+    batch: EpisodeBatch,
+    want: np.ndarray,
+    active: np.ndarray | None,
+    params: EnvParams,
+    lp: lrn.LearnerParams,
+    budgets: Budgets,
+    cost,
+) -> dict[str, np.ndarray]:
+    """One decision of every row (``active``: only those; ``None``: all).
+
+    Returns:
+        ``merged``, ``overridden``, ``excess`` (the sync-excess term, >= 0), ``progress``,
+        ``reward`` and ``truncated`` arrays over rows (inactive rows: no merge, reward 0).
+    """
+    b = state.d.size
+    can_merge, can_defer = options(state, batch, None, params, budgets)
+    merge, overridden = resolve(want, can_merge, can_defer)
+    if active is not None:
+        merge &= active
+        overridden &= active
+    excess = np.zeros(b)
+    progress = np.zeros(b)
+    idx = np.flatnonzero(merge)
+    if idx.size:
+        excess[idx], progress[idx] = apply_merges(state, batch, idx, params, lp, cost)
+    live = np.ones(b, dtype=bool) if active is None else active
+    excess += state.pend_excess * live
+    progress += state.pend_progress * live
+    state.pend_excess[live] = 0.0
+    state.pend_progress[live] = 0.0
+    state.d[:] += live
+    if params.skip_forced:
+        ex2, pr2 = advance_forced(
+            state, batch, None if active is None else np.flatnonzero(active), params, lp,
+            budgets, cost,
+        )  # fmt: skip
+        excess += ex2
+        progress += pr2
+    rewards = reward(excess, progress, params)
+    truncated = state.d >= batch.n
+    if active is not None:
+        truncated &= active
+        rewards[~active] = 0.0
+    return {
+        "merged": merge,
+        "overridden": overridden,
+        "excess": excess,
+        "progress": progress,
+        "reward": rewards,
+        "truncated": truncated,
+    }
+
+
+def gap_block(gap, params: EnvParams, out: np.ndarray | None = None) -> np.ndarray:
+    """The ``gap`` and ``corridor_open`` features of gaps (decisions), ``(..., 2)`` (into
+    ``out`` when given)."""
+    gap = np.asarray(gap)
+    if out is None:
+        out = np.empty(gap.shape + (2,))
+    out[..., 0] = np.minimum(1.0, gap / params.h_max)
+    out[..., 1] = gap >= params.h_min
+    return out
+
+
+def merges_feature(n_merges, max_merges_):
+    """The ``merges`` feature: merges so far over :func:`max_merges`, capped at 1."""
+    return np.minimum(1.0, n_merges / max_merges_)
+
+
+def time_left_feature(d, n):
+    """The ``time_left`` feature: the fraction of the episode's decisions left."""
+    return (n - d) / n
+
+
+def budget_feature(m_left, params: EnvParams):
+    """The ``budget_left`` feature: merges left over the budget (a constant without one:
+    1, or 0 for a budget of 0)."""
+    if params.merge_budget:
+        return m_left / params.merge_budget
+    return 0.0 if params.merge_budget == 0 else 1.0
+
+
+def observe(
+    state: EnvState,
+    batch: EpisodeBatch,
+    exo: np.ndarray,
+    params: EnvParams,
+    lp: lrn.LearnerParams,
+    out: np.ndarray,
+) -> np.ndarray:
+    """The observation of every row into ``out`` ``(B, OBS_DIM)`` float32.
+
+    ``exo``: the bank's exogenous features, ``(slots, decisions, 7)``; the terminal
+    observation (``d == n``) repeats the last decision's.
+    """
+    p = params
+    n, d = batch.n, state.d
+    d_clip = np.minimum(d, n)
+    gap = d_clip - state.last
+    gap_block(gap, p, out=out[:, _G["gap"] : _G["corridor_open"] + 1])
+    gaps_s = np.minimum(gap, p.h_max) * p.decision_seconds
+    out[:, LEARNER_SLICE] = core.learner_features_k(gaps_s, state.tokens, batch.thr_k, p, lp)
+    rows = batch.slot * exo.shape[1] + np.minimum(d, n - 1)
+    out[:, EXO_SLICE] = np.take(exo.reshape(-1, exo.shape[2]), rows, axis=0)
+    out[:, _G["merges"]] = merges_feature(state.n_merges, batch.max_merges)
+    out[:, _G["time_left"]] = time_left_feature(d_clip, n)
+    out[:, _G["budget_left"]] = budget_feature(state.m_left, p)
+    return out
+
+
+def action_masks(
+    state: EnvState, batch: EpisodeBatch, params: EnvParams, budgets: Budgets
+) -> np.ndarray:
+    """Feasible actions of every row, ``(B, 2)`` bool ``[defer, merge]``; a row whose
+    episode has ended allows both."""
+    out = np.ones((state.d.size, 2), dtype=bool)
+    live = np.flatnonzero(state.d < batch.n)
+    if live.size:
+        can_merge, can_defer = options(state, batch, live, params, budgets)
+        out[live, 0] = can_defer
+        out[live, 1] = can_merge
+    return out

@@ -1,0 +1,281 @@
+"""The simulation kernel: both envs are it (a direct kernel rollout reproduces the single env
+and env 0 of the vector env exactly), its input checks, and the one-rule paths of the
+sidecar that the envs, the protocol and the report share."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from diloco_gym.envs import core, kernel
+from diloco_gym.envs.bank import BuildSpec, EpisodeBank, build_rows
+from diloco_gym.envs.core import OBS_DIM, EnvParams
+from diloco_gym.envs.env import DiLoCoSyncEnv, make_generator
+from diloco_gym.envs.vector import DiLoCoSyncVectorEnv
+from diloco_gym.eval.rollout import run_episode
+from diloco_gym.sim import learners as lrn
+from diloco_gym.sim import sidecar as sc
+from diloco_gym.sim.regimes import get_regime
+
+
+def _kernel_rollout(seed: int, actions: list[int], **overrides):
+    """One episode driven by the kernel functions alone (no env object)."""
+    params = EnvParams(**overrides)
+    gen, sidecar, _ = make_generator("bursty")
+    lp = lrn.LearnerParams()
+    spec = BuildSpec(
+        gen,
+        params,
+        sidecar,
+        lp,
+        sc.cost_horizon(sidecar, params.step_seconds, params.merge_steps),
+        core.nominal_rate_rps(gen, params),
+    )
+    bank = EpisodeBank(1, params, sidecar, lp.num_learners)
+    (rows,) = build_rows(spec, [seed])
+    bank.write_rows(np.array([0]), rows)
+    state, batch = kernel.new_state(1), kernel.new_batch(1, lp.num_learners)
+    budgets = kernel.Budgets(params)
+    row = np.array([0])
+
+    def cost(idx, d):
+        return bank.merge_costs(batch.slot[idx], d, pooled=False)
+
+    kernel.load_episodes(batch, bank, row)
+    kernel.reset_rows(state, batch, row, params, lp, budgets, cost)
+    out = np.zeros((1, OBS_DIM), dtype=np.float32)
+    obs = [kernel.observe(state, batch, bank.exo, params, lp, out)[0].copy()]
+    rewards, masks = [], [kernel.action_masks(state, batch, params, budgets)[0].copy()]
+    for a in actions:
+        res = kernel.step(state, batch, np.array([a == 1]), None, params, lp, budgets, cost)
+        obs.append(kernel.observe(state, batch, bank.exo, params, lp, out)[0].copy())
+        rewards.append(float(res["reward"][0]))
+        if res["truncated"][0]:
+            break
+        masks.append(kernel.action_masks(state, batch, params, budgets)[0].copy())
+    return obs, rewards, masks
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [{}, {"skip_forced": False}, {"merge_budget": 10}, {"progress_weight": 0.5}],
+)
+def test_single_env_and_vector_env0_equal_a_direct_kernel_rollout(overrides):
+    seed = 4
+    actions = (np.random.default_rng(1).random(2000) < 0.2).astype(int).tolist()
+    k_obs, k_rew, k_masks = _kernel_rollout(seed, actions, **overrides)
+    assert len(k_rew) > 20
+
+    env = DiLoCoSyncEnv(**overrides)
+    obs, _ = env.reset(seed=seed)
+    venv = DiLoCoSyncVectorEnv(3, **overrides)
+    vobs, _ = venv.reset(seed=seed)
+    np.testing.assert_array_equal(obs, k_obs[0])
+    np.testing.assert_array_equal(vobs[0], k_obs[0])
+    for t, a in enumerate(actions[: len(k_rew)]):
+        np.testing.assert_array_equal(env.action_masks(), k_masks[t])
+        np.testing.assert_array_equal(venv.action_masks()[0], k_masks[t])
+        obs, rew, _, trunc, _ = env.step(a)
+        vobs, vrew, _, vtrunc, _ = venv.step(np.array([a, 0, 1]))
+        np.testing.assert_array_equal(obs, k_obs[t + 1], err_msg=f"single, step {t}")
+        np.testing.assert_array_equal(vobs[0], k_obs[t + 1], err_msg=f"vector, step {t}")
+        assert rew == vrew[0] == k_rew[t], t
+        assert trunc == vtrunc[0] == (t == len(k_rew) - 1)
+
+
+def test_both_envs_step_through_the_kernel_functions(monkeypatch):
+    """The envs hold no dynamics of their own: a merge, a forced deferral, an episode
+    start and the action taken in either env go through the kernel's functions."""
+    calls: dict[str, int] = {}
+    names = ("apply_merges", "forced_deferral_end", "reset_rows", "resolve")
+    for name in names:
+        real = getattr(kernel, name)
+
+        def counted(*args, _real=real, _name=name, **kwargs):
+            calls[_name] = calls.get(_name, 0) + 1
+            return _real(*args, **kwargs)
+
+        monkeypatch.setattr(kernel, name, counted)
+    for make in (lambda: DiLoCoSyncEnv(), lambda: DiLoCoSyncVectorEnv(2)):
+        calls.clear()
+        env = make()
+        env.reset(seed=0)
+        for _ in range(20):  # merges (each followed by forced deferrals), no episode end
+            env.step(1 if isinstance(env, DiLoCoSyncEnv) else np.array([1, 1]))
+        assert set(calls) == set(names), calls
+
+
+def test_reset_with_a_prebuilt_episode_equals_a_plain_reset():
+    env = DiLoCoSyncEnv(regime="non-periodic")
+    ep = core.episode_from_seed(
+        env.generator, 7, env.params, env.sidecar, env.learner_params, env.reward_rate_rps
+    )
+    actions = (np.random.default_rng(0).random(300) < 0.3).astype(int)
+    runs = []
+    for opts in (None, {"episode": ep}):
+        obs, info = env.reset(seed=7, options=opts)
+        trace = [obs]
+        for a in actions:
+            obs, r, _, trunc, info = env.step(int(a))
+            trace += [obs, np.array([r])]
+            if trunc:
+                break
+        runs.append((np.concatenate(trace), info.get("episode_summary")))
+    np.testing.assert_array_equal(runs[0][0], runs[1][0])
+    assert runs[0][1] == runs[1][1]
+
+
+def test_reset_refuses_a_foreign_episode():
+    env = DiLoCoSyncEnv()
+    ep = core.episode_from_seed(
+        env.generator, 3, env.params, env.sidecar, env.learner_params, env.reward_rate_rps
+    )
+    with pytest.raises(ValueError, match="must be a diloco_gym.envs.core.Episode"):
+        env.reset(seed=3, options={"episode": "not an episode"})
+    with pytest.raises(ValueError, match="episode of seed 3, not of seed 4"):
+        env.reset(seed=4, options={"episode": ep})
+    other = DiLoCoSyncEnv(merge_budget=10)
+    with pytest.raises(ValueError, match="other EnvParams or SidecarParams"):
+        other.reset(seed=3, options={"episode": ep})
+
+
+def test_run_episode_on_a_prebuilt_episode_equals_a_fresh_one():
+    from agents.registry import make_agent
+
+    env = DiLoCoSyncEnv(regime="bursty")
+    ep = core.episode_from_seed(
+        env.generator, 2, env.params, env.sidecar, env.learner_params, env.reward_rate_rps
+    )
+    for name in ("wa-diloco", "offline-oracle"):
+        fresh = run_episode(env, make_agent(name), 2)
+        shared = run_episode(env, make_agent(name), 2, episode=ep)
+        assert fresh == shared, name
+
+
+@pytest.mark.parametrize(
+    "actions, shape, match",
+    [
+        (np.array([0, 2]), (2,), r"actions must be 0 \(defer\) or 1 \(merge\), got 2"),
+        (np.array([0.0, 0.5]), (2,), r"got 0\.5"),
+        (np.array([1, 0, 1]), (2,), r"actions must have shape \(2,\), got \(3,\)"),
+        (np.array(["a", "b"]), (2,), "actions must be 0"),
+        (0.7, (), r"action must be 0 \(defer\) or 1 \(merge\), got 0\.7"),
+        (np.array([[1]]), (), "action must be 0"),
+        (None, (), "action must be 0"),
+    ],
+)
+def test_check_actions_rejects_bad_input(actions, shape, match):
+    with pytest.raises(ValueError, match=match):
+        kernel.check_actions(actions, shape)
+
+
+def test_check_actions_accepts_the_action_forms():
+    np.testing.assert_array_equal(
+        kernel.check_actions(np.array([0, 1, 1]), (3,)), [False, True, True]
+    )
+    np.testing.assert_array_equal(kernel.check_actions([True, False], (2,)), [True, False])
+    np.testing.assert_array_equal(kernel.check_actions(np.array([1.0, 0.0]), (2,)), [1, 0])
+    assert kernel.check_actions(np.array([1]), ()) and not kernel.check_actions(0.0, ())
+
+
+def test_resolve_is_the_same_rule_on_scalars_and_arrays():
+    cases = [(w, m, d) for w in (False, True) for m in (False, True) for d in (False, True)]
+    want, can_merge, can_defer = (np.array(c) for c in zip(*cases, strict=True))
+    merge, over = kernel.resolve(want, can_merge, can_defer)
+    for i, (w, m, d) in enumerate(cases):
+        one = kernel.resolve(w, m, d)
+        assert (bool(one[0]), bool(one[1])) == (merge[i], over[i])
+        assert bool(one[0]) == ((w and m) or not d)
+
+
+# --------------------------------------------------------------------------- sidecar paths
+def _episode(regime: str = "bursty", seed: int = 0) -> core.Episode:
+    reg = get_regime(regime)
+    return core.episode_from_seed(reg, seed, EnvParams(), reg.sidecar, lrn.LearnerParams())
+
+
+def test_batched_replay_equals_one_schedule_at_a_time():
+    ep = _episode("sync-heavy", 1)
+    p = EnvParams()
+    rng = np.random.default_rng(0)
+    sch = np.sort(rng.choice(ep.n_decisions, (5, 9), replace=False), axis=1)
+    mask = core.sync_mask(sch, ep.pressure_bin.size, p)
+    both = sc.replay(ep.base_s, ep.req_bin, ep.pressure_bin, mask, ep.sidecar, p.step_seconds)
+    assert both.latency_s.shape == (5, ep.req_bin.size)
+    for k in range(5):
+        np.testing.assert_array_equal(mask[k], core.sync_mask(sch[k], ep.pressure_bin.size, p))
+        one = sc.replay(ep.base_s, ep.req_bin, ep.pressure_bin, mask[k], ep.sidecar, p.step_seconds)
+        np.testing.assert_array_equal(both.latency_s[k], one.latency_s)
+        np.testing.assert_array_equal(both.violated[k], one.violated)
+        np.testing.assert_array_equal(both.sync_active[k], one.sync_active)
+
+
+def test_merge_cost_paths_agree():
+    """The one merge-cost rule has three ways to pair requests with merges (every decision
+    of one episode, one merge, any merges of any rows); all give the same counts."""
+    ep = _episode("bursty", 3)
+    p = EnvParams()
+    q, m0, s, prefmin = _queue(ep, p)
+    starts = np.arange(ep.n_decisions) * p.decision_interval
+    every = sc.merge_costs(
+        ep.base_s,
+        ep.req_bin,
+        ep.pressure_bin,
+        ep.sidecar,
+        p.step_seconds,
+        starts,
+        p.merge_steps,
+        ep.baseline.violated,
+    )
+    assert every.sum() > 0
+    # Any merges: shuffled, so neither the one-row strided nor the single-merge path runs.
+    order = np.random.default_rng(0).permutation(starts.size)
+    rows = np.zeros(starts.size, dtype=np.int64)
+    mixed = sc.isolated_merge_costs(
+        q, rows, starts[order], prefmin[starts[order]], p.merge_steps, ep.sidecar, p.step_seconds
+    )
+    np.testing.assert_array_equal(mixed, every[order])
+    one = [
+        sc.isolated_merge_costs(
+            q, rows[:1], starts[i : i + 1], prefmin[starts[i : i + 1]], p.merge_steps,
+            ep.sidecar, p.step_seconds,
+        )[0]
+        for i in range(0, starts.size, 7)
+    ]  # fmt: skip
+    np.testing.assert_array_equal(one, every[::7])
+
+
+def _queue(ep: core.Episode, p: EnvParams):
+    m0, s, prefmin = sc.no_merge_queue(
+        ep.base_s, ep.req_bin, ep.pressure_bin, ep.sidecar, p.step_seconds
+    )
+    h = sc.cost_horizon(ep.sidecar, p.step_seconds, p.merge_steps)
+    size = ep.pressure_bin.size + 1 + h
+    q = sc.cost_queue(
+        ep.base_s,
+        ep.req_bin,
+        ep.baseline.violated,
+        m0[None],
+        s[None],
+        ep.sidecar,
+        p.step_seconds,
+        size,
+    )
+    return q, m0, s, sc._padded(prefmin, size)
+
+
+def test_queue_rows_are_independent_queues():
+    rng = np.random.default_rng(5)
+    p = sc.SidecarParams(slots=3.0, pressure_gain=0.7)
+    work = rng.uniform(0, 0.6, (4, 200))
+    m = sc.slowdown(rng.random((4, 200)), (rng.random((4, 200)) < 0.2).astype(float), p)
+    s, prefmin = sc.queue(work, m, p, 0.14)
+    for k in range(4):
+        s1, pm1 = sc.queue(work[k], m[k], p, 0.14)
+        np.testing.assert_array_equal(s[k], s1)
+        np.testing.assert_array_equal(prefmin[k], pm1)
+    # The closed form is the Lindley recursion.
+    backlog, b = s[0, :-1] - prefmin[0, :-1], 0.0
+    for k in range(200):
+        assert backlog[k] == pytest.approx(b, abs=1e-9)
+        b = max(0.0, b + work[0, k] - p.slots * 0.14 / m[0, k])
