@@ -430,7 +430,15 @@ def _versions() -> dict[str, str]:
 
 
 #: What a training run writes in its directory (``--force`` removes these and nothing else).
-RUN_ARTEFACTS = ("model.zip", "best_model.zip", "meta.json", "checkpoints", "tb")
+RUN_ARTEFACTS = (
+    "model.zip",
+    "best_model.zip",
+    "meta.json",
+    "checkpoints",
+    "tb",
+    "validation.csv",
+    "validation.png",
+)
 
 
 def _read_meta(path: Path) -> dict[str, Any]:
@@ -1157,6 +1165,7 @@ def run_train_command(args: argparse.Namespace) -> int:
     meta_path = path_model.parent / "meta.json"
     meta = json.loads(meta_path.read_text())
     print(f"saved {path_model} ({meta['timesteps']} timesteps, {meta['train_seconds']} s)")
+    write_validation_curve(path_model.parent)
     if specs is not None:
         print("\n".join(format_budget_validation(meta)))
         return 0
@@ -1171,6 +1180,86 @@ def run_train_command(args: argparse.Namespace) -> int:
     for w in warnings:
         print(w, file=sys.stderr)
     return 0
+
+
+def validation_curve_rows(meta: dict[str, Any]) -> list[dict[str, Any]]:
+    """The validation curve of a run from its evaluation history: one row per evaluation
+    and env kind (``env = "all"``: the mean over every env and seed)."""
+    rows: list[dict[str, Any]] = []
+    for ev in meta.get("evaluations") or []:
+        rows.append(
+            {
+                "timesteps": ev["timesteps"],
+                "env": "all",
+                "sync_excess_pct": ev["sync_excess_pct"],
+                "matched_random_pct": None,
+                "oracle_pct": None,
+                "gap_captured": None,
+                "merges": ev["merges"],
+            }
+        )
+        for label, r in (ev.get("per_env") or {}).items():
+            rows.append(
+                {
+                    "timesteps": ev["timesteps"],
+                    "env": label,
+                    "sync_excess_pct": r["sync_excess_pct"],
+                    "matched_random_pct": r["matched_random_pct"],
+                    "oracle_pct": r["oracle_pct"],
+                    "gap_captured": r["gap_captured"],
+                    "merges": None,
+                }
+            )
+    return rows
+
+
+def write_validation_curve(run_dir: str | Path) -> tuple[Path, Path] | None:
+    """Write ``validation.csv`` and ``validation.png`` of a run from its ``meta.json``
+    (the evaluation callback's history); ``None`` when the run has no evaluations.
+
+    The figure shows the mean validation sync-excess against timesteps and, for a
+    budget-conditioned run, the gap captured per regime and budget (0: matched random,
+    1: the oracle at that budget).
+    """
+    import csv
+
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    run_dir = Path(run_dir)
+    meta = _read_meta(run_dir / "meta.json")
+    rows = validation_curve_rows(meta)
+    if not rows:
+        return None
+    csv_path = run_dir / "validation.csv"
+    with csv_path.open("w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    envs = [e for e in dict.fromkeys(r["env"] for r in rows) if e != "all"]
+    fig = Figure(figsize=(10 if envs else 5.5, 4))
+    ax = fig.add_subplot(1, 2 if envs else 1, 1)
+    allr = [r for r in rows if r["env"] == "all"]
+    ax.plot([r["timesteps"] for r in allr], [r["sync_excess_pct"] for r in allr], marker="o")
+    ax.set_xlabel("timesteps")
+    ax.set_ylabel("validation sync-excess % (mean)")
+    ax.set_title(f"{meta.get('algo')} on {meta.get('regime')}, seed {meta.get('seed')}")
+    ax.grid(alpha=0.3)
+    if envs:
+        ax2 = fig.add_subplot(1, 2, 2)
+        for e in envs:
+            er = [r for r in rows if r["env"] == e and r["gap_captured"] is not None]
+            ax2.plot([r["timesteps"] for r in er], [r["gap_captured"] for r in er], label=e)
+        ax2.axhline(0.0, color="grey", lw=0.8)
+        ax2.set_xlabel("timesteps")
+        ax2.set_ylabel("gap captured (0 random, 1 oracle)")
+        ax2.set_title("per regime @ merges per episode")
+        ax2.legend(fontsize=7, ncol=2)
+        ax2.grid(alpha=0.3)
+    fig.tight_layout()
+    png_path = run_dir / "validation.png"
+    FigureCanvasAgg(fig).print_png(str(png_path))
+    return csv_path, png_path
 
 
 def format_budget_validation(meta: dict[str, Any]) -> list[str]:

@@ -255,3 +255,19 @@ def test_frontier_runs_a_budget_conditioned_agent_on_the_grid_only(tiny_run, tmp
     assert set(mine["mode"]) == {"budget"} and set(mine["held"]) == {"budget-aware"}
     assert (mine["merges"] == mine["budget"]).all()
     assert sorted(set(mine["budget"])) == [10, 16]
+
+
+def test_the_run_writes_its_validation_curve(tiny_run: Path) -> None:
+    import csv
+
+    rows = list(csv.DictReader((tiny_run / "validation.csv").open()))
+    assert (tiny_run / "validation.png").stat().st_size > 1000
+    meta = json.loads((tiny_run / "meta.json").read_text())
+    assert len(rows) == 3 * len(meta["evaluations"])  # "all" + two budgets per evaluation
+    for r in rows:
+        if r["env"] == "all":
+            continue
+        mr, orc, agent = (
+            float(r[k]) for k in ("matched_random_pct", "oracle_pct", "sync_excess_pct")
+        )
+        assert float(r["gap_captured"]) == pytest.approx((mr - agent) / (mr - orc))
