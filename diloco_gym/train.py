@@ -565,8 +565,8 @@ def make_spec_vec_env(
 
         def make() -> gym.Env:
             env: gym.Env = spec.make(env_params)
-            if obs_transform == "budget":
-                env = BudgetFeatures(env)
+            if obs_transform in ("budget", "budget-history"):
+                env = BudgetFeatures(env, history=obs_transform == "budget-history")
             return Monitor(TrainSeedWrapper(env, seed=seed + i))
 
         return make
@@ -745,7 +745,8 @@ def train(
             ``None``: every env is ``regime`` with ``env_kwargs``. Needs ``vec_env``
             ``"dummy"`` or ``"subproc"``.
         obs_transform: ``"budget"``: the policy sees the budget features of
-            :mod:`diloco_gym.wrappers` (every spec needs a merge budget); recorded in
+            :mod:`diloco_gym.wrappers` (every spec needs a merge budget);
+            ``"budget-history"``: and the rate-history memory features; recorded in
             meta.json so that the loaded agent computes them too.
         config: the resolved configuration (and its file) to record in meta.json.
 
@@ -767,8 +768,10 @@ def train(
         "checkpoint_freq": checkpoint_freq,
     }
     _check_train_args(algo, regime, vec_env, counts, env_specs)
-    if obs_transform == "budget" and any(s.merge_budget is None for s in env_specs or [None]):
-        raise ValueError("obs_transform 'budget' needs env_specs that all have a merge budget")
+    if obs_transform is not None and any(s.merge_budget is None for s in env_specs or [None]):
+        raise ValueError(
+            f"obs_transform {obs_transform!r} needs env_specs that all have a merge budget"
+        )
     env_kwargs = dict(env_kwargs or {})
     out = Path(out)
     start = check_run_dir(out, algo, regime, resume=resume, force=force)
@@ -851,9 +854,12 @@ def train(
     if env_specs is not None:
         meta["env_specs"] = [s.record() for s in env_specs]
     if obs_transform is not None:
-        from diloco_gym.wrappers import BUDGET_FEATURES
+        from diloco_gym.wrappers import BUDGET_FEATURES, HISTORY_FEATURES
 
-        meta["observation"] = {"transform": obs_transform, "features": list(BUDGET_FEATURES)}
+        names = list(BUDGET_FEATURES)
+        if obs_transform == "budget-history":
+            names += list(HISTORY_FEATURES)
+        meta["observation"] = {"transform": obs_transform, "features": names}
     if config is not None:
         meta["config"] = config
     (out / "meta.json").write_text(json.dumps(meta, indent=2, default=str) + "\n")

@@ -32,7 +32,8 @@ converted to the exact merges per episode the env takes (``merge_budget = M``,
 ``M = round(per_hour * episode_s / 3600)``, the frontier's conversion) and checked against
 the merges the corridor allows in an episode. With budgets, the training envs are one copy
 per (regime, budget) (``n_envs`` cycles through them) and the policy sees the budget
-features of :mod:`diloco_gym.wrappers` (``observation = "budget"``, the default then).
+features of :mod:`diloco_gym.wrappers` (``observation = "budget"``, the default then;
+``"budget-history"`` adds the rate-history memory features).
 
 Every error is one line naming the file, the table and the key.
 """
@@ -407,11 +408,13 @@ def check_config(cfg: TrainConfig, path: str = "<config>") -> None:
         cfg.observation = "budget"
     if cfg.observation not in OBS_TRANSFORMS:
         raise ConfigError(
-            f'{path}: observation {cfg.observation!r} is unknown; valid: "budget" (or leave it out)'
+            f'{path}: observation {cfg.observation!r} is unknown; valid: "budget", '
+            f'"budget-history" (or leave it out)'
         )
-    if cfg.observation == "budget" and cfg.budgets_per_hour is None:
+    if cfg.observation is not None and cfg.budgets_per_hour is None:
         raise ConfigError(
-            f'{path}: observation = "budget" needs budgets (budgets_per_hour or budgets_per_10min)'
+            f"{path}: observation = {cfg.observation!r} needs budgets (budgets_per_hour or "
+            f"budgets_per_10min)"
         )
     if cfg.budgets_per_hour is not None and cfg.vec_env == "native":
         raise ConfigError(
