@@ -56,6 +56,8 @@ __all__ = [
     "EnvSpec",
     "load_config_file",
     "parse_config",
+    "check_config",
+    "policy_kwargs_for_sb3",
     "validate_hyperparameters",
     "build_env_specs",
     "TRAIN_KEYS",
