@@ -318,3 +318,21 @@ def test_a_history_model_loads_with_its_memory(tmp_path) -> None:
             a, _ = agent.model.predict(obs, deterministic=True, action_masks=env.action_masks())
             obs, _, _, done, info = env.step(int(a))
         assert list(info["episode_summary"]["merge_decisions"]) == list(res["merge_decisions"])
+
+
+def test_the_docs_config_example_parses_and_trains(tmp_path, monkeypatch) -> None:
+    """docs/training.md's "Train your own agent" config, from the repository root."""
+    root = Path(__file__).resolve().parents[1]
+    text = (root / "docs" / "training.md").read_text()
+    section = text.split("## Train your own agent", 1)[1]
+    example = section.split("```toml\n", 1)[1].split("```", 1)[0]
+    cfg = _write(tmp_path, example, "mine.toml")
+    monkeypatch.chdir(root)
+    out = tmp_path / "mine"
+    argv = ["train", "--config", str(cfg), "--out", str(out), "--no-progress"]
+    assert main([*argv, "--timesteps", "300", "--eval-episodes", "1", "--eval-freq", "0"]) == 0
+    meta = json.loads((out / "meta.json").read_text())
+    assert meta["regime"] == "replay:bursty"
+    assert [s["merge_budget"] for s in meta["env_specs"]] == [5, 8]  # 300 s episodes
+    assert meta["config"]["calibration"].endswith("calibration_reference.json")
+    assert meta["timesteps"] >= 300
