@@ -583,6 +583,94 @@ def make_spec_vec_env(
     raise ValueError(f"vec env {kind!r} cannot run several env kinds; use dummy or subproc")
 
 
+def behaviour_clone(
+    model: Any,
+    specs: list[Any],
+    teacher: str,
+    episodes: int,
+    epochs: int,
+    seed: int,
+    env_params: dict[str, Any] | None = None,
+    obs_transform: str | None = None,
+    learning_rate: float = 1e-3,
+    batch_size: int = 256,
+) -> dict[str, Any]:
+    """Warm-start ``model``'s policy by imitating a teacher agent (behaviour cloning).
+
+    The teacher (a deployable registry agent, e.g. ``online-forecast-budget``) plays
+    ``episodes`` episodes of every env kind, with episode seeds from the training range
+    ``[TRAIN_SEED_LOW, TRAIN_SEED_HIGH)`` drawn from a generator seeded with ``seed``; the
+    policy is then fitted to its actions by cross-entropy (``epochs`` passes, Adam, torch
+    generator seeded with ``seed``). Reinforcement learning continues from there. The
+    teacher sees what any agent sees (observations, masks, public parameters); the policy
+    sees the transformed observations it is trained on.
+
+    Returns:
+        ``{"teacher", "episodes_per_env", "samples", "merge_share", "epochs",
+        "train_accuracy", "merge_recall", "final_loss"}``.
+    """
+    import torch
+
+    from agents.registry import make_agent
+    from diloco_gym.rollout import attach_agent
+    from diloco_gym.wrappers import BudgetFeatures
+
+    rng = np.random.default_rng([seed, 77])
+    xs: list[np.ndarray] = []
+    ys: list[int] = []
+    from diloco_gym.core import OBS_INDEX
+
+    n_raw = len(OBS_INDEX)  # the teacher reads the env's own features
+    for spec in specs:
+        env: gym.Env = spec.make(env_params)
+        if obs_transform is not None:
+            env = BudgetFeatures(env, history=obs_transform == "budget-history")
+        agent = make_agent(teacher)
+        if not getattr(agent, "deployable", True):
+            raise ValueError(f"behaviour cloning needs a deployable teacher, not {teacher!r}")
+        for _ in range(episodes):
+            ep_seed = int(rng.integers(TRAIN_SEED_LOW, TRAIN_SEED_HIGH))
+            obs, _ = env.reset(seed=ep_seed)
+            ctx = attach_agent(env, agent, ep_seed)
+            done = False
+            while not done:
+                ctx._set_mask(env.unwrapped.action_masks())  # type: ignore[attr-defined]
+                a, _ = agent.predict(np.asarray(obs)[:n_raw])
+                xs.append(np.asarray(obs, dtype=np.float32))
+                ys.append(int(a))
+                obs, _, terminated, truncated, _ = env.step(int(a))
+                done = bool(terminated or truncated)
+    x = torch.as_tensor(np.stack(xs))
+    y = torch.as_tensor(np.array(ys, dtype=np.int64))
+    policy = model.policy
+    opt = torch.optim.Adam(policy.parameters(), lr=learning_rate)
+    gen = torch.Generator().manual_seed(int(seed))
+    loss = torch.tensor(0.0)
+    policy.set_training_mode(True)
+    for _ in range(epochs):
+        perm = torch.randperm(len(x), generator=gen)
+        for i in range(0, len(x), batch_size):
+            idx = perm[i : i + batch_size]
+            loss = -policy.get_distribution(x[idx]).log_prob(y[idx]).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    policy.set_training_mode(False)
+    with torch.no_grad():
+        pred = policy.get_distribution(x).distribution.probs.argmax(dim=1)
+    merges = y == 1
+    return {
+        "teacher": teacher,
+        "episodes_per_env": int(episodes),
+        "samples": len(ys),
+        "merge_share": float(merges.float().mean()),
+        "epochs": int(epochs),
+        "train_accuracy": float((pred == y).float().mean()),
+        "merge_recall": float((pred[merges] == 1).float().mean()) if merges.any() else None,
+        "final_loss": float(loss.detach()),
+    }
+
+
 def _check_train_args(
     algo: str, regime: str, vec_env: str, counts: dict[str, int], specs: list[Any] | None
 ) -> None:
@@ -708,6 +796,9 @@ def train(
     env_specs: list[Any] | None = None,
     obs_transform: str | None = None,
     config: dict[str, Any] | None = None,
+    bc_teacher: str | None = None,
+    bc_episodes: int = 20,
+    bc_epochs: int = 5,
 ) -> Path:
     """Train an RL scheduler and save ``out/model.zip`` and ``out/meta.json``.
 
@@ -749,6 +840,10 @@ def train(
             ``"budget-history"``: and the rate-history memory features; recorded in
             meta.json so that the loaded agent computes them too.
         config: the resolved configuration (and its file) to record in meta.json.
+        bc_teacher: warm-start a new model by imitating this registry agent
+            (:func:`behaviour_clone`, ``bc_episodes`` episodes per env kind, ``bc_epochs``
+            passes) before reinforcement learning; the model right after it is evaluated
+            at timestep 0. Needs ``env_specs``.
 
     Returns:
         The path of the saved ``model.zip``.
@@ -790,6 +885,15 @@ def train(
     hp.update(hyperparameters or {})
     model = _build_model(algo, venv, hp, seed, out, start, verbose)
     remaining = max(0, int(timesteps) - int(model.num_timesteps))
+    bc_record = None
+    if bc_teacher is not None and start is None:
+        if env_specs is None:
+            raise ValueError("behaviour cloning needs env_specs (a config with budgets)")
+        bc_record = behaviour_clone(
+            model, env_specs, bc_teacher, bc_episodes, bc_epochs, seed, env_kwargs, obs_transform
+        )
+        if verbose:
+            print(f"behaviour cloning: {bc_record}")
 
     evaluator = None
     if eval_episodes > 0:
@@ -801,6 +905,9 @@ def train(
             verbose=verbose,
             obs_transform=obs_transform,
         )
+    if evaluator is not None and bc_record is not None:
+        evaluator.init_callback(model)
+        evaluator.evaluate()  # the cloned policy, at timestep 0
     if remaining > 0:
         model.learn(
             total_timesteps=remaining,
@@ -862,6 +969,8 @@ def train(
         meta["observation"] = {"transform": obs_transform, "features": names}
     if config is not None:
         meta["config"] = config
+    if bc_record is not None:
+        meta["behaviour_cloning"] = bc_record
     (out / "meta.json").write_text(json.dumps(meta, indent=2, default=str) + "\n")
     venv.close()
     return model_path
@@ -1167,6 +1276,9 @@ def run_train_command(args: argparse.Namespace) -> int:
         env_specs=specs,
         obs_transform=cfg.observation,
         config=record,
+        bc_teacher=cfg.bc_teacher,
+        bc_episodes=cfg.bc_episodes,
+        bc_epochs=cfg.bc_epochs,
     )
     meta_path = path_model.parent / "meta.json"
     meta = json.loads(meta_path.read_text())

@@ -11,6 +11,9 @@ the file::
     eval_episodes = 10           # validation seeds 900000.. per (regime, budget)
     eval_freq = 20000
     checkpoint_freq = 0
+    bc_teacher = "online-forecast-budget"   # optional warm start: imitate this agent first
+    bc_episodes = 20             # ... on this many training episodes per env kind
+    bc_epochs = 5
 
     [env]                        # the environments
     regimes = ["bursty"]         # or regime = "bursty", or trace = "my.csv" (below)
@@ -79,6 +82,9 @@ TRAIN_KEYS: dict[str, type | tuple[type, ...]] = {
     "eval_episodes": int,
     "eval_freq": int,
     "checkpoint_freq": int,
+    "bc_teacher": str,
+    "bc_episodes": int,
+    "bc_epochs": int,
 }
 #: ``[env]`` keys other than :class:`EnvParams` fields, and their types.
 ENV_KEYS: dict[str, type | tuple[type, ...]] = {
@@ -122,6 +128,9 @@ class TrainConfig:
     eval_episodes: int = 10
     eval_freq: int = 10_000
     checkpoint_freq: int = 50_000
+    bc_teacher: str | None = None
+    bc_episodes: int = 20
+    bc_epochs: int = 5
     regimes: list[str] = field(default_factory=lambda: ["bursty"])
     trace: str | None = None
     trace_format: str = "auto"
@@ -427,6 +436,22 @@ def check_config(cfg: TrainConfig, path: str = "<config>") -> None:
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"{path}: [env] {exc}") from None
     validate_hyperparameters(cfg.algo, cfg.hyperparameters, where=f"{path}: [algo]")
+    if cfg.bc_teacher is not None:
+        from agents.registry import AGENTS
+
+        if cfg.bc_teacher not in AGENTS:
+            raise ConfigError(
+                f"{path}: [train] bc_teacher {cfg.bc_teacher!r} is not an agent; valid: "
+                f"{', '.join(AGENTS)}"
+            )
+        if cfg.budgets_per_hour is None:
+            raise ConfigError(
+                f"{path}: [train] bc_teacher needs budgets (a budget-conditioned run)"
+            )
+        if cfg.bc_teacher == "offline-oracle":
+            raise ConfigError(f"{path}: [train] bc_teacher must be deployable, not the oracle")
+    if cfg.bc_episodes < 1 or cfg.bc_epochs < 1:
+        raise ConfigError(f"{path}: [train] bc_episodes and bc_epochs must be >= 1")
 
 
 @dataclass(frozen=True)

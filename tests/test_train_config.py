@@ -27,6 +27,9 @@ seed = 5
 eval_episodes = 1
 eval_freq = 0
 checkpoint_freq = 0
+bc_teacher = "online-forecast-budget"
+bc_episodes = 2
+bc_epochs = 1
 
 [env]
 regimes = ["bursty"]
@@ -96,6 +99,16 @@ BAD = [
     ('[algo]\npolicy_kwargs = { activation_fn = "gelu" }\n', "activation_fn: 'gelu'"),
     ("[algo]\nn_steps = [1, 2]\n", "[algo] n_steps: expected a number"),
     ('[train]\nalgo = "sac"\n', "algo 'sac' is unknown"),
+    (
+        '[train]\nbc_teacher = "guru"\n[env]\nbudgets_per_hour = [60]\n',
+        "bc_teacher 'guru' is not an agent",
+    ),
+    (
+        '[train]\nbc_teacher = "offline-oracle"\n[env]\nbudgets_per_hour = [60]\n',
+        "bc_teacher must be deployable",
+    ),
+    ('[train]\nbc_teacher = "fixed-budget"\n', "bc_teacher needs budgets"),
+    ("[train]\nbc_epochs = 0\n", "bc_episodes and bc_epochs must be >= 1"),
     ("[train]\ntimesteps = 0\n", "timesteps must be >= 1"),
     ("this is = not toml ]\n", "not valid TOML"),
 ]
@@ -146,6 +159,10 @@ def test_meta_records_the_resolved_config_and_the_file(tiny_run: Path, tmp_path)
     assert [s["merge_budget"] for s in meta["env_specs"]] == [10, 16]
     assert meta["observation"] == {"transform": "budget", "features": list(BUDGET_FEATURES)}
     assert meta["hyperparameters"]["n_steps"] == 128
+    bc = meta["behaviour_cloning"]
+    assert bc["teacher"] == "online-forecast-budget" and bc["episodes_per_env"] == 2
+    assert bc["samples"] > 100 and 0 < bc["merge_share"] < 0.5
+    assert meta["evaluations"][0]["timesteps"] == 0  # the cloned policy, before RL
     assert meta["hyperparameters"]["policy_kwargs"] == {"net_arch": [16, 16]}
     # the validation curve per env kind, with matched random and the oracle
     per_env = meta["final_validation"]["per_env"]
@@ -336,3 +353,21 @@ def test_the_docs_config_example_parses_and_trains(tmp_path, monkeypatch) -> Non
     assert [s["merge_budget"] for s in meta["env_specs"]] == [5, 8]  # 300 s episodes
     assert meta["config"]["calibration"].endswith("calibration_reference.json")
     assert meta["timesteps"] >= 300
+
+
+@pytest.mark.slow
+def test_behaviour_cloning_imitates_the_teacher() -> None:
+    """Enough cloning makes the policy act as the teacher on most decisions of its own
+    training episodes (a fit that cannot pass by chance: merges are rare)."""
+    from sb3_contrib import MaskablePPO
+    from stable_baselines3.common.vec_env import DummyVecEnv
+
+    from diloco_gym.train import behaviour_clone
+    from diloco_gym.train_config import EnvSpec
+
+    spec = EnvSpec("bursty", "bursty", None, 12, 72.0)
+    venv = DummyVecEnv([lambda: BudgetFeatures(spec.make())])
+    model = MaskablePPO("MlpPolicy", venv, seed=0, device="cpu", n_steps=64, batch_size=64)
+    rec = behaviour_clone(model, [spec], "online-forecast-budget", 8, 80, 0, None, "budget")
+    assert rec["train_accuracy"] > 0.9 and rec["merge_recall"] > 0.5
+    assert rec["train_accuracy"] > 1 - rec["merge_share"]  # better than "never merge"
