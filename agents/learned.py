@@ -146,8 +146,7 @@ class LearnedAgent(Agent):
     A model trained with an observation transform (``meta.json``'s ``observation``, e.g.
     the budget features of :mod:`diloco_gym.wrappers`) gets the same features here,
     computed from the observation and the context's public parameters; such a
-    ``"budget"`` (or ``"budget-history"``, which also keeps a memory of the episode's
-    request rate, reset at every :meth:`attach`) model is **budget-aware**: it needs the
+    ``"budget"`` model is **budget-aware**: it needs the
     env's ``merge_budget``, as the budget-aware heuristics do, and ``diloco-gym frontier``
     runs it at every budget.
 
@@ -191,7 +190,6 @@ class LearnedAgent(Agent):
         self.obs_transform = obs_transform
         #: a budget-conditioned model steers by its merge budget (frontier: "budget-aware").
         self.budget_aware = obs_transform is not None
-        self._history: Any = None  # a RateHistory for "budget-history" models
 
     def attach(self, context: AgentContext) -> None:
         """Remember the context (the action mask of maskable models; the public merge
@@ -204,10 +202,6 @@ class LearnedAgent(Agent):
                 f"(merge_budget=M; `diloco-gym frontier` gives one at every budget)"
             )
         self._context = context
-        if self.obs_transform == "budget-history":
-            from diloco_gym.wrappers import RateHistory
-
-            self._history = RateHistory(context.params)  # a new episode: no memory yet
 
     def act(self, obs: np.ndarray) -> np.ndarray:
         from diloco_gym.wrappers import augment_observation
@@ -222,7 +216,7 @@ class LearnedAgent(Agent):
                     f"{self.name} computes budget features from the env's public merge "
                     f"budget: attach it first (diloco_gym.rollout.run_episode does)"
                 )
-            x = augment_observation(x, self._context.params, self.obs_transform, self._history)
+            x = augment_observation(x, self._context.params, self.obs_transform)
         actions, _ = self.model.predict(x, deterministic=True, **kwargs)
         return np.asarray(actions, dtype=np.int64).reshape(len(obs))
 

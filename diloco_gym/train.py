@@ -565,8 +565,8 @@ def make_spec_vec_env(
 
         def make() -> gym.Env:
             env: gym.Env = spec.make(env_params)
-            if obs_transform in ("budget", "budget-history"):
-                env = BudgetFeatures(env, history=obs_transform == "budget-history")
+            if obs_transform == "budget":
+                env = BudgetFeatures(env)
             return Monitor(TrainSeedWrapper(env, seed=seed + i))
 
         return make
@@ -624,7 +624,7 @@ def behaviour_clone(
     for spec in specs:
         env: gym.Env = spec.make(env_params)
         if obs_transform is not None:
-            env = BudgetFeatures(env, history=obs_transform == "budget-history")
+            env = BudgetFeatures(env)
         agent = make_agent(teacher)
         if not getattr(agent, "deployable", True):
             raise ValueError(f"behaviour cloning needs a deployable teacher, not {teacher!r}")
@@ -836,8 +836,7 @@ def train(
             ``None``: every env is ``regime`` with ``env_kwargs``. Needs ``vec_env``
             ``"dummy"`` or ``"subproc"``.
         obs_transform: ``"budget"``: the policy sees the budget features of
-            :mod:`diloco_gym.wrappers` (every spec needs a merge budget);
-            ``"budget-history"``: and the rate-history memory features; recorded in
+            :mod:`diloco_gym.wrappers` (every spec needs a merge budget); recorded in
             meta.json so that the loaded agent computes them too.
         config: the resolved configuration (and its file) to record in meta.json.
         bc_teacher: warm-start a new model by imitating this registry agent
@@ -961,12 +960,9 @@ def train(
     if env_specs is not None:
         meta["env_specs"] = [s.record() for s in env_specs]
     if obs_transform is not None:
-        from diloco_gym.wrappers import BUDGET_FEATURES, HISTORY_FEATURES
+        from diloco_gym.wrappers import BUDGET_FEATURES
 
-        names = list(BUDGET_FEATURES)
-        if obs_transform == "budget-history":
-            names += list(HISTORY_FEATURES)
-        meta["observation"] = {"transform": obs_transform, "features": names}
+        meta["observation"] = {"transform": obs_transform, "features": list(BUDGET_FEATURES)}
     if config is not None:
         meta["config"] = config
     if bc_record is not None:

@@ -35,8 +35,7 @@ converted to the exact merges per episode the env takes (``merge_budget = M``,
 ``M = round(per_hour * episode_s / 3600)``, the frontier's conversion) and checked against
 the merges the corridor allows in an episode. With budgets, the training envs are one copy
 per (regime, budget) (``n_envs`` cycles through them) and the policy sees the budget
-features of :mod:`diloco_gym.wrappers` (``observation = "budget"``, the default then;
-``"budget-history"`` adds the rate-history memory features).
+features of :mod:`diloco_gym.wrappers` (``observation = "budget"``, the default then).
 
 Every error is one line naming the file, the table and the key.
 """
@@ -419,8 +418,7 @@ def check_config(cfg: TrainConfig, path: str = "<config>") -> None:
         cfg.observation = "budget"
     if cfg.observation not in OBS_TRANSFORMS:
         raise ConfigError(
-            f'{path}: observation {cfg.observation!r} is unknown; valid: "budget", '
-            f'"budget-history" (or leave it out)'
+            f'{path}: observation {cfg.observation!r} is unknown; valid: "budget" (or leave it out)'
         )
     if cfg.observation is not None and cfg.budgets_per_hour is None:
         raise ConfigError(

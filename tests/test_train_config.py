@@ -290,53 +290,6 @@ def test_the_run_writes_its_validation_curve(tiny_run: Path) -> None:
         assert float(r["gap_captured"]) == pytest.approx((mr - agent) / (mr - orc))
 
 
-def test_rate_history_features_follow_the_busy_spells() -> None:
-    from diloco_gym.core import OBS_INDEX, squash_rate
-    from diloco_gym.wrappers import HISTORY_CLIP, RateHistory
-
-    p = DiLoCoSyncEnv("bursty", merge_budget=10).params
-    n = 500
-    h = RateHistory(p)
-
-    def obs(d: int, rate: float) -> np.ndarray:
-        o = np.zeros(17, dtype=np.float32)
-        o[OBS_INDEX["time_left"]] = (n - d) / n
-        o[OBS_INDEX["gap"]] = d / p.h_max  # no merge yet: the gap is the decision
-        o[OBS_INDEX["budget_left"]] = 1.0
-        o[OBS_INDEX["rate_now"]] = squash_rate(rate, p.rate_norm_rps)
-        o[OBS_INDEX["rate_baseline"]] = squash_rate(8.0, p.rate_norm_rps)
-        return o
-
-    assert list(h.update(obs(1, 5.0))) == [1.0, 1.0]  # nothing busy yet
-    h.update(obs(10, 17.0))  # a burst starts
-    h.update(obs(11, 17.0))
-    f = h.update(obs(20, 5.0))
-    assert f == pytest.approx([(20 - 11) / HISTORY_CLIP, (20 - 10) / HISTORY_CLIP])
-    h.reset()
-    assert list(h.update(obs(30, 5.0))) == [1.0, 1.0]
-
-
-def test_a_history_model_loads_with_its_memory(tmp_path) -> None:
-    """The loaded agent rebuilds the stateful features (reset per episode) exactly as the
-    training wrapper computed them: the same schedule on two episodes in a row."""
-    cfg = _write(tmp_path, TINY.replace("excess_weight = 1.0", 'observation = "budget-history"'))
-    out = tmp_path / "hist"
-    assert main(["train", "--config", str(cfg), "--out", str(out), "--no-progress"]) == 0
-    agent = load_learned_agent(out / "model.zip")
-    assert agent.obs_transform == "budget-history" and agent.budget_aware
-    env = BudgetFeatures(DiLoCoSyncEnv("bursty", merge_budget=16), history=True)
-    assert env.observation_space.shape == (22,)
-    benv = DiLoCoSyncEnv("bursty", merge_budget=16)
-    for seed in (7, 8):
-        res = run_episode(benv, agent, seed=seed)
-        obs, _ = env.reset(seed=seed)
-        done = False
-        while not done:
-            a, _ = agent.model.predict(obs, deterministic=True, action_masks=env.action_masks())
-            obs, _, _, done, info = env.step(int(a))
-        assert list(info["episode_summary"]["merge_decisions"]) == list(res["merge_decisions"])
-
-
 def test_the_docs_config_example_parses_and_trains(tmp_path, monkeypatch) -> None:
     """docs/training.md's "Train your own agent" config, from the repository root."""
     root = Path(__file__).resolve().parents[1]
