@@ -775,6 +775,68 @@ def _callbacks(
     return callbacks
 
 
+def _final_meta(
+    request: dict[str, Any],
+    model: Any,
+    venv: Any,
+    hp: dict[str, Any],
+    start: Path | None,
+    evaluator: HeldOutEvalCallback | None,
+    final_eval: dict[str, Any] | None,
+    bc_record: dict[str, Any] | None,
+    started: float,
+) -> dict[str, Any]:
+    """The meta.json of a finished run (``request``: the arguments :func:`train` got)."""
+    r = request
+    algo, regime, env_kwargs, env_specs = r["algo"], r["regime"], r["env_kwargs"], r["env_specs"]
+    train_seeds = sorted(set(_train_episode_seeds(venv)))
+    assert all(TRAIN_SEED_LOW <= s < TRAIN_SEED_HIGH for s in train_seeds)
+    if env_specs is None:
+        base_params = DiLoCoSyncEnv(regime=regime, **env_kwargs).params
+    else:
+        base_params = env_specs[0].make(env_kwargs).params
+    meta = {
+        "algo": algo,
+        "regime": regime,
+        "timesteps": int(model.num_timesteps),
+        "timesteps_requested": int(r["timesteps"]),
+        "seed": int(r["seed"]),
+        "n_envs": int(r["n_envs"]),
+        "vec_env": r["vec_env"],
+        "resumed_from": str(start) if start is not None else None,
+        "env_kwargs": env_kwargs,
+        "env_params": asdict(base_params),
+        "hyperparameters": dict(hp),
+        "seed_ranges": {
+            "train_episode_seeds": [TRAIN_SEED_LOW, TRAIN_SEED_HIGH],
+            "held_out_below": HELD_OUT_SEED_HIGH,
+            "validation_seeds": [VALIDATION_SEED0, VALIDATION_SEED0 + r["eval_episodes"]],
+        },
+        "train_episodes_this_run": len(train_seeds),
+        "final_validation": final_eval,
+        "best_validation_sync_excess_pct": (
+            evaluator.best_sync_excess if evaluator is not None else None
+        ),
+        "evaluations": evaluator.history if evaluator is not None else [],
+        "train_seconds": round(time.perf_counter() - started, 1),
+        "command": r["command"],
+        "versions": _versions(),
+        "name": f"learned:{algo}-{regime}",
+        "status": "complete",
+    }
+    if env_specs is not None:
+        meta["env_specs"] = [s.record() for s in env_specs]
+    if r["obs_transform"] is not None:
+        from diloco_gym.wrappers import BUDGET_FEATURES
+
+        meta["observation"] = {"transform": r["obs_transform"], "features": list(BUDGET_FEATURES)}
+    if r["config"] is not None:
+        meta["config"] = r["config"]
+    if bc_record is not None:
+        meta["behaviour_cloning"] = bc_record
+    return meta
+
+
 def train(
     algo: str,
     regime: str = "bursty",
@@ -922,51 +984,21 @@ def train(
         final_eval = evaluator.evaluate()
     model_path = out / "model.zip"
     model.save(model_path)
-    train_seeds = sorted(set(_train_episode_seeds(venv)))
-    assert all(TRAIN_SEED_LOW <= s < TRAIN_SEED_HIGH for s in train_seeds)
-    if env_specs is None:
-        base_params = DiLoCoSyncEnv(regime=regime, **env_kwargs).params
-    else:
-        base_params = env_specs[0].make(env_kwargs).params
-    meta = {
+    request = {
         "algo": algo,
         "regime": regime,
-        "timesteps": int(model.num_timesteps),
-        "timesteps_requested": int(timesteps),
-        "seed": int(seed),
-        "n_envs": int(n_envs),
+        "timesteps": timesteps,
+        "seed": seed,
+        "n_envs": n_envs,
         "vec_env": vec_env,
-        "resumed_from": str(start) if start is not None else None,
         "env_kwargs": env_kwargs,
-        "env_params": asdict(base_params),
-        "hyperparameters": dict(hp),
-        "seed_ranges": {
-            "train_episode_seeds": [TRAIN_SEED_LOW, TRAIN_SEED_HIGH],
-            "held_out_below": HELD_OUT_SEED_HIGH,
-            "validation_seeds": [VALIDATION_SEED0, VALIDATION_SEED0 + eval_episodes],
-        },
-        "train_episodes_this_run": len(train_seeds),
-        "final_validation": final_eval,
-        "best_validation_sync_excess_pct": (
-            evaluator.best_sync_excess if evaluator is not None else None
-        ),
-        "evaluations": evaluator.history if evaluator is not None else [],
-        "train_seconds": round(time.perf_counter() - started, 1),
+        "eval_episodes": eval_episodes,
         "command": command,
-        "versions": _versions(),
-        "name": f"learned:{algo}-{regime}",
-        "status": "complete",
+        "env_specs": env_specs,
+        "obs_transform": obs_transform,
+        "config": config,
     }
-    if env_specs is not None:
-        meta["env_specs"] = [s.record() for s in env_specs]
-    if obs_transform is not None:
-        from diloco_gym.wrappers import BUDGET_FEATURES
-
-        meta["observation"] = {"transform": obs_transform, "features": list(BUDGET_FEATURES)}
-    if config is not None:
-        meta["config"] = config
-    if bc_record is not None:
-        meta["behaviour_cloning"] = bc_record
+    meta = _final_meta(request, model, venv, hp, start, evaluator, final_eval, bc_record, started)
     (out / "meta.json").write_text(json.dumps(meta, indent=2, default=str) + "\n")
     venv.close()
     return model_path
@@ -1216,6 +1248,36 @@ def format_comparison(cmp: dict[str, Any]) -> tuple[list[str], list[str]]:
     return lines, warnings
 
 
+def _run_layout(cfg: Any) -> tuple[list[Any] | None, str, int]:
+    """``(env_specs, vec_env, n_envs)`` of a resolved config: env kinds when the run has
+    budgets, several regimes, a trace or a calibration file (``None``: the plain regime),
+    and the vector env and env count (defaults: native and 4, or dummy and one env per
+    kind).
+
+    Raises:
+        ConfigError: the native vector env asked for several env kinds.
+    """
+    from diloco_gym.train_config import ConfigError, build_env_specs
+
+    path = cfg.source["path"] if cfg.source else "command line"
+    specs = None
+    if (
+        cfg.budgets_per_hour is not None
+        or len(cfg.regimes) > 1
+        or cfg.trace is not None
+        or cfg.calibration is not None
+    ):
+        specs = build_env_specs(cfg, path)
+    vec_env = cfg.vec_env or ("native" if specs is None else "dummy")
+    if specs is not None and vec_env == "native":
+        raise ConfigError(
+            f"{path}: vec_env native runs a single regime without budgets or "
+            f"calibration; use dummy or subproc"
+        )
+    n_envs = cfg.n_envs if cfg.n_envs is not None else (4 if specs is None else len(specs))
+    return specs, vec_env, n_envs
+
+
 def run_train_command(args: argparse.Namespace) -> int:
     """Run ``diloco-gym train`` with parsed ``args``; returns the exit status.
 
@@ -1224,23 +1286,10 @@ def run_train_command(args: argparse.Namespace) -> int:
     budget-conditioned run, per regime and budget next to matched random and the oracle.
     """
     from diloco_gym.errors import UsageError
-    from diloco_gym.train_config import ConfigError, build_env_specs
 
     try:
         cfg = resolve_config(args)
-        path = cfg.source["path"] if cfg.source else "command line"
-        specs = None
-        if cfg.budgets_per_hour is not None or len(cfg.regimes) > 1 or cfg.trace is not None:
-            specs = build_env_specs(cfg, path)
-        elif cfg.calibration is not None:
-            specs = build_env_specs(cfg, path)
-        vec_env = cfg.vec_env or ("native" if specs is None else "dummy")
-        if specs is not None and vec_env == "native":
-            raise ConfigError(
-                f"{path}: vec_env native runs a single regime without budgets or "
-                f"calibration; use dummy or subproc"
-            )
-        n_envs = cfg.n_envs if cfg.n_envs is not None else (4 if specs is None else len(specs))
+        specs, vec_env, n_envs = _run_layout(cfg)
         check_run_dir(
             args.out, cfg.algo, cfg.label, resume=args.resume, force=args.force, apply=False
         )
