@@ -543,3 +543,5 @@ def test_budget_reference_agents_ship_with_config_command_and_curve(name, folder
     for m in (8, 12, 24):
         res = run_episode(DiLoCoSyncEnv("bursty", merge_budget=m), agent, seed=1)
         assert res["merges"] == m
+    again = run_episode(DiLoCoSyncEnv("bursty", merge_budget=24), make_agent(name), seed=1)
+    assert again == res  # deterministic
