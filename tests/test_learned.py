@@ -538,6 +538,9 @@ def test_budget_reference_agents_ship_with_config_command_and_curve(name, folder
     assert meta["command"].startswith(f"diloco-gym train --config agents/reference/{folder}/")
     assert meta["status"] == "complete" and meta["algo"] == "maskable-ppo"
     assert f"`{name}`" in (ref / "README.md").read_text()
+    from agents.registry import is_budget_aware_spec
+
+    assert is_budget_aware_spec(name)  # frontier --agent runs it on the grid only
     agent = make_agent(name)
     assert agent.name == name and agent.budget_aware
     for m in (8, 12, 24):

@@ -324,3 +324,14 @@ def test_behaviour_cloning_imitates_the_teacher() -> None:
     rec = behaviour_clone(model, [spec], "online-forecast-budget", 8, 80, 0, None, "budget")
     assert rec["train_accuracy"] > 0.9 and rec["merge_recall"] > 0.5
     assert rec["train_accuracy"] > 1 - rec["merge_share"]  # better than "never merge"
+
+
+@pytest.mark.parametrize(
+    ("budgets", "message"),
+    [(["60", "60"], "are both 10 merges"), (["-6"], "outside the feasible 8..32")],
+)
+def test_budget_flags_are_checked_like_the_file(budgets, message, tmp_path, capsys) -> None:
+    argv = ["train", "--algo", "maskable-ppo", "--budgets", *budgets, "--out", str(tmp_path / "o")]
+    code, err = _exit(argv, capsys)
+    assert code == 2 and message in err and err.startswith("diloco-gym: command line:")
+    assert not (tmp_path / "o").exists()
