@@ -28,7 +28,15 @@ import numpy as np
 
 from agents.base import Agent, AgentContext
 
-__all__ = ["LearnedAgent", "load_learned_agent", "REFERENCE_MODEL", "reference_model_path"]
+__all__ = [
+    "LearnedAgent",
+    "load_learned_agent",
+    "REFERENCE_MODEL",
+    "REFERENCE_AGENTS",
+    "reference_model_path",
+    "reference_meta",
+    "load_reference_agent",
+]
 
 #: The shipped reference agent (PPO on the bursty regime), see agents/reference/README.md.
 #: In a source checkout and a regular install this is the file itself; prefer
@@ -38,20 +46,60 @@ REFERENCE_MODEL = Path(__file__).resolve().parent / "reference" / "model.zip"
 _stack = contextlib.ExitStack()  # keeps an extracted copy alive for zipped installs
 
 
-def reference_model_path() -> Path:
-    """The reference model as a file path, located with ``importlib.resources`` (package
-    data of ``agents``), so it does not depend on the working directory.
+#: Shipped learned agents: registry name -> model file under ``agents/reference`` (see
+#: agents/reference/README.md). The ``reference-budget-*`` agents are budget-conditioned
+#: MaskablePPO policies (they need a merge budget; ``diloco-gym frontier`` gives one).
+REFERENCE_AGENTS: dict[str, tuple[str, ...]] = {
+    "reference-ppo": ("model.zip",),
+    "reference-budget-bursty": ("budget-bursty", "model.zip"),
+    "reference-budget-non-periodic": ("budget-non-periodic", "model.zip"),
+    "reference-budget-mixed": ("budget-mixed", "model.zip"),
+}
+
+
+def reference_model_path(name: str = "reference-ppo") -> Path:
+    """A shipped model as a file path, located with ``importlib.resources`` (package data
+    of ``agents``), so it does not depend on the working directory.
+
+    Args:
+        name: a key of :data:`REFERENCE_AGENTS`.
 
     Raises:
         FileNotFoundError: the package was installed without its data files.
     """
-    res = importlib.resources.files("agents").joinpath("reference").joinpath("model.zip")
+    parts = REFERENCE_AGENTS[name]
+    res = importlib.resources.files("agents").joinpath("reference")
+    for part in parts:
+        res = res.joinpath(part)
     if not res.is_file():
         raise FileNotFoundError(
-            "reference-ppo: agents/reference/model.zip is missing from the "
-            "installed package (package data not shipped)"
+            f"{name}: agents/reference/{'/'.join(parts)} is missing from the "
+            f"installed package (package data not shipped)"
         )
     return Path(_stack.enter_context(importlib.resources.as_file(res)))
+
+
+def reference_meta(name: str) -> dict | None:
+    """The ``meta.json`` beside a shipped model (read as package data, so it is found
+    from a zipped install too), or ``None``."""
+    parts = REFERENCE_AGENTS[name]
+    res = importlib.resources.files("agents").joinpath("reference")
+    for part in parts[:-1]:
+        res = res.joinpath(part)
+    meta = res.joinpath("meta.json")
+    if not meta.is_file():
+        return None
+    try:
+        data = json.loads(meta.read_text())
+    except ValueError as exc:
+        raise ValueError(f"{name}: agents/reference meta.json is not valid JSON: {exc}") from None
+    return data if isinstance(data, dict) else None
+
+
+def load_reference_agent(name: str) -> LearnedAgent:
+    """A shipped agent of :data:`REFERENCE_AGENTS`, with its training metadata (and so its
+    observation transform)."""
+    return load_learned_agent(reference_model_path(name), meta=reference_meta(name))
 
 
 #: Algorithm name (as in meta.json) -> (module, class).
@@ -95,36 +143,81 @@ class LearnedAgent(Agent):
     and no merge budget both actions are always feasible, and the env enforces the
     corridor for every agent anyway).
 
+    A model trained with an observation transform (``meta.json``'s ``observation``, e.g.
+    the budget features of :mod:`diloco_gym.rl.wrappers`) gets the same features here,
+    computed from the observation and the context's public parameters; such a
+    ``"budget"`` model is **budget-aware**: it needs the
+    env's ``merge_budget``, as the budget-aware heuristics do, and ``diloco-gym frontier``
+    runs it at every budget.
+
     Args:
         model: a loaded SB3 model (``PPO``, ``MaskablePPO``, ``DQN``, ...).
         name: the agent's name in tables and reports.
         meta: the training metadata (``meta.json``), if known.
         path: the model file it was loaded from, if any (names and duplicate checks).
+        obs_transform: the observation transform (default: the one ``meta`` records).
     """
 
     deployable = True
 
     def __init__(
-        self, model: Any, name: str = "learned", meta: dict | None = None, path: Path | None = None
+        self,
+        model: Any,
+        name: str = "learned",
+        meta: dict | None = None,
+        path: Path | None = None,
+        obs_transform: str | None = None,
     ) -> None:
+        from diloco_gym.rl.wrappers import augmented_size
+
         self.model = model
         self.name = name
         self.meta = dict(meta or {})
         self.path = None if path is None else Path(path).resolve()
         self._context: AgentContext | None = None
         self._maskable = type(model).__name__ == "MaskablePPO"
+        if obs_transform is None:
+            obs_meta = self.meta.get("observation") or {}
+            obs_transform = obs_meta.get("transform") if isinstance(obs_meta, dict) else None
+        want = augmented_size(obs_transform)  # raises for an unknown transform
+        space = getattr(model, "observation_space", None)
+        shape = getattr(space, "shape", None)
+        if shape is not None and tuple(shape) != (want,):
+            raise ValueError(
+                f"learned agent {name}: the model takes observations of shape {tuple(shape)}, "
+                f"but its observation transform {obs_transform!r} gives ({want},)"
+            )
+        self.obs_transform = obs_transform
+        #: a budget-conditioned model steers by its merge budget (frontier: "budget-aware").
+        self.budget_aware = obs_transform is not None
 
     def attach(self, context: AgentContext) -> None:
-        """Remember the context (only for the action mask of maskable models)."""
+        """Remember the context (the action mask of maskable models; the public merge
+        budget of budget-conditioned models)."""
+        if self.budget_aware and (
+            context.params.merge_budget is None or context.params.merge_budget < 1
+        ):
+            raise ValueError(
+                f"{self.name} is budget-conditioned: run it with a merge budget "
+                f"(merge_budget=M; `diloco-gym frontier` gives one at every budget)"
+            )
         self._context = context
 
     def act(self, obs: np.ndarray) -> np.ndarray:
+        from diloco_gym.rl.wrappers import augment_observation
+
         kwargs: dict[str, Any] = {}
         if self._maskable and self._context is not None and len(obs) == 1:
             kwargs["action_masks"] = self._context.action_mask()[None]
-        actions, _ = self.model.predict(
-            np.asarray(obs, dtype=np.float32), deterministic=True, **kwargs
-        )
+        x = np.asarray(obs, dtype=np.float32)
+        if self.obs_transform is not None:
+            if self._context is None:
+                raise RuntimeError(
+                    f"{self.name} computes budget features from the env's public merge "
+                    f"budget: attach it first (diloco_gym.eval.rollout.run_episode does)"
+                )
+            x = augment_observation(x, self._context.params, self.obs_transform)
+        actions, _ = self.model.predict(x, deterministic=True, **kwargs)
         return np.asarray(actions, dtype=np.int64).reshape(len(obs))
 
 
@@ -158,7 +251,7 @@ def learned_name(algo: str, path: Path, parts: int = 1) -> str:
     return f"{algo}:{'/'.join(stem.parts[-parts:])}"
 
 
-def load_learned_agent(path: str | Path) -> LearnedAgent:
+def load_learned_agent(path: str | Path, meta: dict | None = None) -> LearnedAgent:
     """Load a trained model as a :class:`LearnedAgent`.
 
     Args:
@@ -168,6 +261,7 @@ def load_learned_agent(path: str | Path) -> LearnedAgent:
             PPO, MaskablePPO, DQN are tried in turn). The agent is named
             ``{algo}:{file stem}`` (``ppo:model``); ``agents.registry.make_agents`` adds
             parent folders when two agents of a run would share a name.
+        meta: the training metadata to use instead of the ``meta.json`` beside the model.
 
     Raises:
         FileNotFoundError: the file does not exist.
@@ -184,9 +278,9 @@ def load_learned_agent(path: str | Path) -> LearnedAgent:
             f"learned agent: {p} is not a valid model file (not a zip archive "
             f"written by stable-baselines3)"
         )
-    meta: dict = {}
+    meta = dict(meta) if meta is not None else {}
     meta_path = p.with_name("meta.json")
-    if p.name == "model.zip" and meta_path.is_file():
+    if not meta and p.name == "model.zip" and meta_path.is_file():
         try:
             meta = json.loads(meta_path.read_text())
         except (OSError, ValueError):
@@ -213,4 +307,11 @@ def load_learned_agent(path: str | Path) -> LearnedAgent:
         raise ValueError(
             f"learned agent: {p} is not a valid model file ({'; '.join(errors)[:500]})"
         )
-    return LearnedAgent(model, name=learned_name(loaded, p), meta=meta, path=p)
+    obs = meta.get("observation")
+    transform = obs.get("transform") if isinstance(obs, dict) else None
+    try:
+        return LearnedAgent(
+            model, name=learned_name(loaded, p), meta=meta, path=p, obs_transform=transform
+        )
+    except ValueError as exc:
+        raise ValueError(f"learned agent: {p}: {exc}") from None

@@ -34,13 +34,17 @@ __all__ = [
     "make_agents",
     "agent_names",
     "is_budget_aware",
+    "is_budget_aware_spec",
 ]
 
 
-def _reference_ppo() -> Agent:
-    from agents.learned import load_learned_agent, reference_model_path
+def _reference(name: str) -> Callable[[], Agent]:
+    def load() -> Agent:
+        from agents.learned import load_reference_agent
 
-    return load_learned_agent(reference_model_path())
+        return load_reference_agent(name)
+
+    return load
 
 
 #: The heuristic agents (no optional dependency).
@@ -56,9 +60,18 @@ _HEURISTIC_AGENTS: dict[str, Callable[[], Agent]] = {
     "offline-oracle": OfflineCalibratedOracle,
 }
 
-#: Shipped learned agents (need the ``rl`` extra): the reference PPO is package data,
-#: so ``reference-ppo`` works from any working directory.
-LEARNED: dict[str, Callable[[], Agent]] = {"reference-ppo": _reference_ppo}
+#: Shipped learned agents (need the ``rl`` extra), package data loaded by name from any
+#: working directory: the free-budget reference PPO, and the budget-conditioned MaskablePPO
+#: agents (budget-aware: they need a merge budget, so they run on the frontier's grid).
+LEARNED: dict[str, Callable[[], Agent]] = {
+    name: _reference(name)
+    for name in (
+        "reference-ppo",
+        "reference-budget-bursty",
+        "reference-budget-non-periodic",
+        "reference-budget-mixed",
+    )
+}
 
 #: Budget-aware heuristics: they read ``budget_left`` and need the env's exact merge budget
 #: (``merge_budget=M``), so they run in ``diloco-gym frontier`` (at every budget of its
@@ -86,12 +99,40 @@ def is_budget_aware(agent: object) -> bool:
     return bool(getattr(agent, "budget_aware", False))
 
 
+def is_budget_aware_spec(spec: str) -> bool:
+    """Whether the agent an argument names is budget-aware, without loading a model: the
+    budget-aware heuristics (:data:`BUDGETED`), and learned models whose training metadata
+    (``meta.json`` beside ``model.zip``) records the budget observation transform."""
+    import json
+
+    if spec in BUDGETED:
+        return True
+    if spec in _HEURISTIC_AGENTS:
+        return False
+    meta: object = None
+    if spec in LEARNED:
+        from agents.learned import reference_meta
+
+        meta = reference_meta(spec)
+    else:
+        p = Path(spec)
+        p = p / "model.zip" if p.is_dir() else p
+        meta_path = p.with_name("meta.json")
+        if p.name == "model.zip" and meta_path.is_file():
+            try:
+                meta = json.loads(meta_path.read_text())
+            except (OSError, ValueError):
+                meta = None
+    obs = meta.get("observation") if isinstance(meta, dict) else None
+    return isinstance(obs, dict) and obs.get("transform") == "budget"
+
+
 def _model_file(spec: str) -> Path | None:
     """The model file an agent argument stands for (resolved), or ``None`` for a heuristic."""
     if spec in LEARNED:
         from agents.learned import reference_model_path
 
-        return reference_model_path().resolve()
+        return reference_model_path(spec).resolve()
     if spec in AGENTS:
         return None
     p = Path(spec)

@@ -399,7 +399,11 @@ def cmd_frontier(args: argparse.Namespace) -> int:
     budget_agents = list(
         dict.fromkeys(list(args.budget_agents or fr.DEFAULT_BUDGET_AGENTS) + extra)
     )
-    free_agents = list(dict.fromkeys(list(args.free_agents or HEURISTICS) + extra))
+    from agents.registry import is_budget_aware_spec
+
+    # A budget-aware --agent (it needs a merge budget) runs on the grid only.
+    extra_free = [a for a in extra if not is_budget_aware_spec(a)]
+    free_agents = list(dict.fromkeys(list(args.free_agents or HEURISTICS) + extra_free))
     for a in budget_agents + free_agents:
         _check_agent(a)
     if args.stride_s is not None and abs(args.stride_s - args.window_s) > 1e-9:

@@ -18,7 +18,14 @@ from agents.heuristics import (
     RandomDeferral,
     WADiLoCo,
 )
-from agents.registry import AGENTS, BUDGETED, HEURISTICS, LEARNED, make_agent
+from agents.registry import (
+    AGENTS,
+    BUDGETED,
+    HEURISTICS,
+    LEARNED,
+    is_budget_aware_spec,
+    make_agent,
+)
 from diloco_gym.cli import main
 from diloco_gym.envs import core
 from diloco_gym.eval.rollout import AttachAgentWrapper, attach_agent, run_episode
@@ -26,9 +33,10 @@ from diloco_gym.sim import schedules
 from diloco_gym.sim.sidecar import ReplayResult
 from diloco_gym.sim.traces import Trace
 
-#: Agents that run without a merge budget; the budget-aware ones (BUDGETED) need
-#: merge_budget=M and are checked at budgets in tests/eval/test_frontier.py.
-FREE_AGENTS = [n for n in AGENTS if n not in BUDGETED]
+#: Agents that run without a merge budget; the budget-aware ones (BUDGETED, and the
+#: budget-conditioned learned agents) need merge_budget=M and are checked at budgets in
+#: tests/eval/test_frontier.py and tests/rl/test_learned.py.
+FREE_AGENTS = [n for n in AGENTS if n not in BUDGETED and not is_budget_aware_spec(n)]
 
 
 def _needs_rl(name: str) -> None:

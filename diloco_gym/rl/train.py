@@ -281,16 +281,27 @@ class HeldOutEvalCallback(BaseCallback):
     """Deterministic evaluation on fixed held-out validation seeds.
 
     Every ``eval_freq`` callback calls (vector steps), plays one deterministic episode per
-    seed with :func:`diloco_gym.eval.rollout.run_episode`, records ``eval/sync_excess_pct``
-    (exact replay), ``eval/merges`` and ``eval/mean_reward``, and saves ``best_path`` when
-    the mean sync-excess is the lowest so far.
+    seed and evaluation env with :func:`diloco_gym.eval.rollout.run_episode`, records
+    ``eval/sync_excess_pct`` (exact replay, mean over every env and seed), ``eval/merges``
+    and ``eval/mean_reward``, and saves ``best_path`` when the mean sync-excess is the
+    lowest so far.
+
+    With several evaluation envs (one per regime and budget of a budget-conditioned run)
+    each history row also holds, per env label, the agent's sync-excess and, fixed once at
+    the first evaluation, the matched-random mean and the oracle at that budget (by the
+    report's exact scoring, ``draws`` random schedules per episode), so the validation curve
+    shows the gap captured as training goes.
 
     Args:
-        env: the evaluation env (not wrapped: it is reset with explicit held-out seeds).
+        env: the evaluation env (not wrapped: it is reset with explicit held-out seeds), or
+            a dict ``{label: env}``.
         seeds: episode seeds, all ``< HELD_OUT_SEED_HIGH``.
         eval_freq: evaluate every this many callback calls; ``0``: only on request.
         best_path: where to save the best model (``None``: do not save).
         verbose: print each evaluation when ``> 0``.
+        obs_transform: the observation transform the policy was trained with
+            (:mod:`diloco_gym.rl.wrappers`).
+        draws: matched-random draws per episode for the per-env reference curves.
 
     Raises:
         ValueError: if a seed is not in the held-out range.
@@ -298,11 +309,13 @@ class HeldOutEvalCallback(BaseCallback):
 
     def __init__(
         self,
-        env: DiLoCoSyncEnv,
+        env: DiLoCoSyncEnv | dict[str, DiLoCoSyncEnv],
         seeds: list[int],
         eval_freq: int,
         best_path: Path | None,
         verbose: int = 0,
+        obs_transform: str | None = None,
+        draws: int = 200,
     ) -> None:
         super().__init__(verbose)
         bad = [s for s in seeds if not 0 <= s < HELD_OUT_SEED_HIGH]
@@ -310,30 +323,74 @@ class HeldOutEvalCallback(BaseCallback):
             raise ValueError(
                 f"evaluation seeds must be held out (< {HELD_OUT_SEED_HIGH}); got {bad[:5]}"
             )
-        self.eval_env = env
+        self.eval_envs = dict(env) if isinstance(env, dict) else {"": env}
+        self.eval_env = next(iter(self.eval_envs.values()))
         self.seeds = list(seeds)
         self.eval_freq = int(eval_freq)
         self.best_path = best_path
         self.best_sync_excess = float("inf")
-        self.history: list[dict[str, float]] = []
+        self.history: list[dict[str, Any]] = []
+        self.obs_transform = obs_transform
+        self.draws = int(draws)
+        #: per env label: (matched-random mean, oracle) over the seeds, set at the first
+        #: evaluation of a multi-env callback.
+        self.references: dict[str, dict[str, float]] = {}
 
     def _on_step(self) -> bool:
         if self.eval_freq > 0 and self.n_calls % self.eval_freq == 0:
             self.evaluate()
         return True
 
-    def evaluate(self) -> dict[str, float]:
+    def _reference(self, label: str, env: DiLoCoSyncEnv, schedules: list) -> dict[str, float]:
+        """Matched random and oracle at the agent's budget on this env's seeds (once)."""
+        from diloco_gym.eval import protocol
+
+        if label not in self.references:
+            mr, orc = [], []
+            for seed, sched in zip(self.seeds, schedules, strict=True):
+                env.reset(seed=seed)
+                ep = env.episode
+                assert ep is not None
+                scorer = protocol.EpisodeScorer(ep, env.params, env.sidecar)
+                counts = protocol.counts_for(ep.n_decisions, env.params, max(len(sched), 1))
+                sc = protocol.score_episode(
+                    scorer, sched, self.draws, np.random.default_rng([seed, len(sched), 7]), counts
+                )
+                mr.append(sc["matched_random_mean"])
+                orc.append(sc["oracle_same_budget_pct"])
+            self.references[label] = {
+                "matched_random_pct": float(np.mean(mr)),
+                "oracle_pct": float(np.mean(orc)),
+            }
+        return self.references[label]
+
+    def evaluate(self) -> dict[str, Any]:
         """Run the validation episodes now; returns the mean metrics."""
         from agents.learned import LearnedAgent
 
-        agent = LearnedAgent(self.model, name="eval")
-        res = [run_episode(self.eval_env, agent, s) for s in self.seeds]
-        row = {
+        agent = LearnedAgent(self.model, name="eval", obs_transform=self.obs_transform)
+        res: list[dict[str, Any]] = []
+        per_env: dict[str, dict[str, float | None]] = {}
+        for label, env in self.eval_envs.items():
+            rows = [run_episode(env, agent, s) for s in self.seeds]
+            res += rows
+            if len(self.eval_envs) > 1 or env.params.merge_budget is not None:
+                ref = self._reference(label, env, [r["merge_decisions"] for r in rows])
+                mean = float(np.mean([r["sync_excess_pct"] for r in rows]))
+                span = ref["matched_random_pct"] - ref["oracle_pct"]
+                per_env[label] = {
+                    "sync_excess_pct": mean,
+                    **ref,
+                    "gap_captured": (ref["matched_random_pct"] - mean) / span if span > 0 else None,
+                }
+        row: dict[str, Any] = {
             "timesteps": int(self.model.num_timesteps),
             "sync_excess_pct": float(np.mean([r["sync_excess_pct"] for r in res])),
             "merges": float(np.mean([r["merges"] for r in res])),
             "mean_reward": float(np.mean([r["return"] for r in res])),
         }
+        if per_env:
+            row["per_env"] = per_env
         self.history.append(row)
         if getattr(self.model, "_logger", None) is not None:  # set once learn() started
             for k in ("sync_excess_pct", "merges", "mean_reward"):
@@ -374,7 +431,15 @@ def _versions() -> dict[str, str]:
 
 
 #: What a training run writes in its directory (``--force`` removes these and nothing else).
-RUN_ARTEFACTS = ("model.zip", "best_model.zip", "meta.json", "checkpoints", "tb")
+RUN_ARTEFACTS = (
+    "model.zip",
+    "best_model.zip",
+    "meta.json",
+    "checkpoints",
+    "tb",
+    "validation.csv",
+    "validation.png",
+)
 
 
 def _read_meta(path: Path) -> dict[str, Any]:
@@ -474,6 +539,305 @@ def check_run_dir(
     return None
 
 
+def make_spec_vec_env(
+    kind: str,
+    specs: list[Any],
+    seed: int,
+    n_envs: int,
+    env_params: dict[str, Any] | None = None,
+    obs_transform: str | None = None,
+):
+    """The SB3 vector env of a run over several env kinds (regimes and budgets).
+
+    Env ``i`` is ``specs[i % len(specs)]`` (a :class:`~diloco_gym.rl.config.EnvSpec`),
+    wrapped as ``Monitor(TrainSeedWrapper(BudgetFeatures(env)))`` when ``obs_transform`` is
+    ``"budget"``; its episode-seed generator starts from ``seed + i``, as in
+    :func:`make_train_vec_env`.
+
+    Args:
+        kind: ``"dummy"`` or ``"subproc"`` (the native vector env runs a single kind).
+    """
+    from stable_baselines3.common.monitor import Monitor
+
+    from diloco_gym.rl.wrappers import BudgetFeatures
+
+    def env_fn(i: int) -> Callable[[], gym.Env]:
+        spec = specs[i % len(specs)]
+
+        def make() -> gym.Env:
+            env: gym.Env = spec.make(env_params)
+            if obs_transform == "budget":
+                env = BudgetFeatures(env)
+            return Monitor(TrainSeedWrapper(env, seed=seed + i))
+
+        return make
+
+    fns = [env_fn(i) for i in range(n_envs)]
+    if kind == "dummy":
+        from stable_baselines3.common.vec_env import DummyVecEnv
+
+        return DummyVecEnv(fns)
+    if kind == "subproc":
+        from stable_baselines3.common.vec_env import SubprocVecEnv
+
+        return SubprocVecEnv(fns, start_method="spawn")
+    raise ValueError(f"vec env {kind!r} cannot run several env kinds; use dummy or subproc")
+
+
+def behaviour_clone(
+    model: Any,
+    specs: list[Any],
+    teacher: str,
+    episodes: int,
+    epochs: int,
+    seed: int,
+    env_params: dict[str, Any] | None = None,
+    obs_transform: str | None = None,
+    learning_rate: float = 1e-3,
+    batch_size: int = 256,
+) -> dict[str, Any]:
+    """Warm-start ``model``'s policy by imitating a teacher agent (behaviour cloning).
+
+    The teacher (a deployable registry agent, e.g. ``online-forecast-budget``) plays
+    ``episodes`` episodes of every env kind, with episode seeds from the training range
+    ``[TRAIN_SEED_LOW, TRAIN_SEED_HIGH)`` drawn from a generator seeded with ``seed``; the
+    policy is then fitted to its actions by cross-entropy (``epochs`` passes, Adam, torch
+    generator seeded with ``seed``). Reinforcement learning continues from there. The
+    teacher sees what any agent sees (observations, masks, public parameters); the policy
+    sees the transformed observations it is trained on.
+
+    Returns:
+        ``{"teacher", "episodes_per_env", "samples", "merge_share", "epochs",
+        "train_accuracy", "merge_recall", "final_loss"}``.
+    """
+    import torch
+
+    from agents.registry import make_agent
+    from diloco_gym.eval.rollout import attach_agent
+    from diloco_gym.rl.wrappers import BudgetFeatures
+
+    rng = np.random.default_rng([seed, 77])
+    xs: list[np.ndarray] = []
+    ys: list[int] = []
+    from diloco_gym.envs.core import OBS_INDEX
+
+    n_raw = len(OBS_INDEX)  # the teacher reads the env's own features
+    for spec in specs:
+        env: gym.Env = spec.make(env_params)
+        if obs_transform is not None:
+            env = BudgetFeatures(env)
+        agent = make_agent(teacher)
+        if not getattr(agent, "deployable", True):
+            raise ValueError(f"behaviour cloning needs a deployable teacher, not {teacher!r}")
+        for _ in range(episodes):
+            ep_seed = int(rng.integers(TRAIN_SEED_LOW, TRAIN_SEED_HIGH))
+            obs, _ = env.reset(seed=ep_seed)
+            ctx = attach_agent(env, agent, ep_seed)
+            done = False
+            while not done:
+                ctx._set_mask(env.unwrapped.action_masks())  # type: ignore[attr-defined]
+                a, _ = agent.predict(np.asarray(obs)[:n_raw])
+                xs.append(np.asarray(obs, dtype=np.float32))
+                ys.append(int(a))
+                obs, _, terminated, truncated, _ = env.step(int(a))
+                done = bool(terminated or truncated)
+    x = torch.as_tensor(np.stack(xs))
+    y = torch.as_tensor(np.array(ys, dtype=np.int64))
+    policy = model.policy
+    opt = torch.optim.Adam(policy.parameters(), lr=learning_rate)
+    gen = torch.Generator().manual_seed(int(seed))
+    loss = torch.tensor(0.0)
+    policy.set_training_mode(True)
+    for _ in range(epochs):
+        perm = torch.randperm(len(x), generator=gen)
+        for i in range(0, len(x), batch_size):
+            idx = perm[i : i + batch_size]
+            loss = -policy.get_distribution(x[idx]).log_prob(y[idx]).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    policy.set_training_mode(False)
+    with torch.no_grad():
+        pred = policy.get_distribution(x).distribution.probs.argmax(dim=1)
+    merges = y == 1
+    return {
+        "teacher": teacher,
+        "episodes_per_env": int(episodes),
+        "samples": len(ys),
+        "merge_share": float(merges.float().mean()),
+        "epochs": int(epochs),
+        "train_accuracy": float((pred == y).float().mean()),
+        "merge_recall": float((pred[merges] == 1).float().mean()) if merges.any() else None,
+        "final_loss": float(loss.detach()),
+    }
+
+
+def _check_train_args(
+    algo: str, regime: str, vec_env: str, counts: dict[str, int], specs: list[Any] | None
+) -> None:
+    """The argument checks of :func:`train` (one-line ``ValueError``)."""
+    if vec_env not in VEC_ENVS:
+        raise ValueError(f"unknown vec env {vec_env!r}; valid: {', '.join(VEC_ENVS)}")
+    if algo not in ALGOS:
+        raise ValueError(f"unknown algo {algo!r}; valid: {', '.join(ALGOS)}")
+    if specs is None and regime not in REGIMES:
+        raise ValueError(f"unknown regime {regime!r}; valid: {', '.join(REGIMES)}")
+    if specs is not None and not specs:
+        raise ValueError("env_specs: give at least one env kind")
+    if counts["timesteps"] < 1 or counts["n_envs"] < 1 or min(counts.values()) < 0:
+        raise ValueError(
+            "timesteps and n_envs must be >= 1; eval_episodes, eval_freq and "
+            "checkpoint_freq must be >= 0"
+        )
+
+
+def _write_start_meta(out: Path, algo: str, label: str, seed: int, command: str | None) -> None:
+    """meta.json of a run that has started: written first, so that an interrupted run can
+    be resumed (and checked) later."""
+    start = {
+        "algo": algo,
+        "regime": label,
+        "seed": int(seed),
+        "status": "training",
+        "command": command,
+        "name": f"learned:{algo}-{label}",
+    }
+    (out / "meta.json").write_text(json.dumps(start, indent=2) + "\n")
+
+
+def _build_model(
+    algo: str, vec_env, hp: dict[str, Any], seed: int, out: Path, ckpt: Path | None, verbose: int
+):
+    """A new model, or the one of ``ckpt`` continued with fresh reproducible streams."""
+    from diloco_gym.rl.config import policy_kwargs_for_sb3
+
+    cls = _algo_class(algo)
+    if ckpt is None:
+        return cls(
+            "MlpPolicy",
+            vec_env,
+            seed=seed,
+            device="cpu",
+            verbose=verbose,
+            tensorboard_log=str(out / "tb"),
+            **policy_kwargs_for_sb3(hp),
+        )
+    model = cls.load(ckpt, env=vec_env, device="cpu", tensorboard_log=str(out / "tb"))
+    buffer = ckpt.with_name(
+        ckpt.name.replace("_steps.zip", "_steps.pkl").replace(
+            "rl_model_", "rl_model_replay_buffer_"
+        )
+    )
+    if algo == "dqn" and ckpt.parent.name == "checkpoints" and buffer.exists():
+        model.load_replay_buffer(buffer)
+    # fresh, reproducible streams for the continuation
+    model.set_random_seed(seed + int(model.num_timesteps))
+    vec_env.seed(seed + int(model.num_timesteps))
+    if verbose:
+        print(f"resuming from {ckpt} at {model.num_timesteps} timesteps")
+    return model
+
+
+def _eval_envs(
+    specs: list[Any] | None, regime: str, env_kwargs: dict[str, Any]
+) -> DiLoCoSyncEnv | dict[str, DiLoCoSyncEnv]:
+    """The validation env(s): one per env kind, labelled ``regime@M`` with a budget."""
+    if specs is None:
+        return DiLoCoSyncEnv(regime=regime, **env_kwargs)
+    envs: dict[str, DiLoCoSyncEnv] = {}
+    for spec in specs:
+        label = spec.label if spec.merge_budget is None else f"{spec.label}@{spec.merge_budget}"
+        envs[label] = spec.make(env_kwargs)
+    return envs
+
+
+def _callbacks(
+    algo: str,
+    out: Path,
+    n_envs: int,
+    checkpoint_freq: int,
+    evaluator: HeldOutEvalCallback | None,
+) -> list[BaseCallback]:
+    from stable_baselines3.common.callbacks import CheckpointCallback
+
+    callbacks: list[BaseCallback] = []
+    if checkpoint_freq > 0:
+        callbacks.append(
+            CheckpointCallback(
+                save_freq=max(1, checkpoint_freq // n_envs),
+                save_path=str(out / "checkpoints"),
+                name_prefix="rl_model",
+                save_replay_buffer=(algo == "dqn"),
+                verbose=0,
+            )
+        )
+    if evaluator is not None:
+        callbacks.append(evaluator)
+    return callbacks
+
+
+def _final_meta(
+    request: dict[str, Any],
+    model: Any,
+    venv: Any,
+    hp: dict[str, Any],
+    start: Path | None,
+    evaluator: HeldOutEvalCallback | None,
+    final_eval: dict[str, Any] | None,
+    bc_record: dict[str, Any] | None,
+    started: float,
+) -> dict[str, Any]:
+    """The meta.json of a finished run (``request``: the arguments :func:`train` got)."""
+    r = request
+    algo, regime, env_kwargs, env_specs = r["algo"], r["regime"], r["env_kwargs"], r["env_specs"]
+    train_seeds = sorted(set(_train_episode_seeds(venv)))
+    assert all(TRAIN_SEED_LOW <= s < TRAIN_SEED_HIGH for s in train_seeds)
+    if env_specs is None:
+        base_params = DiLoCoSyncEnv(regime=regime, **env_kwargs).params
+    else:
+        base_params = env_specs[0].make(env_kwargs).params
+    meta = {
+        "algo": algo,
+        "regime": regime,
+        "timesteps": int(model.num_timesteps),
+        "timesteps_requested": int(r["timesteps"]),
+        "seed": int(r["seed"]),
+        "n_envs": int(r["n_envs"]),
+        "vec_env": r["vec_env"],
+        "resumed_from": str(start) if start is not None else None,
+        "env_kwargs": env_kwargs,
+        "env_params": asdict(base_params),
+        "hyperparameters": dict(hp),
+        "seed_ranges": {
+            "train_episode_seeds": [TRAIN_SEED_LOW, TRAIN_SEED_HIGH],
+            "held_out_below": HELD_OUT_SEED_HIGH,
+            "validation_seeds": [VALIDATION_SEED0, VALIDATION_SEED0 + r["eval_episodes"]],
+        },
+        "train_episodes_this_run": len(train_seeds),
+        "final_validation": final_eval,
+        "best_validation_sync_excess_pct": (
+            evaluator.best_sync_excess if evaluator is not None else None
+        ),
+        "evaluations": evaluator.history if evaluator is not None else [],
+        "train_seconds": round(time.perf_counter() - started, 1),
+        "command": r["command"],
+        "versions": _versions(),
+        "name": f"learned:{algo}-{regime}",
+        "status": "complete",
+    }
+    if env_specs is not None:
+        meta["env_specs"] = [s.record() for s in env_specs]
+    if r["obs_transform"] is not None:
+        from diloco_gym.rl.wrappers import BUDGET_FEATURES
+
+        meta["observation"] = {"transform": r["obs_transform"], "features": list(BUDGET_FEATURES)}
+    if r["config"] is not None:
+        meta["config"] = r["config"]
+    if bc_record is not None:
+        meta["behaviour_cloning"] = bc_record
+    return meta
+
+
 def train(
     algo: str,
     regime: str = "bursty",
@@ -492,6 +856,12 @@ def train(
     command: str | None = None,
     force: bool = False,
     vec_env: str = "native",
+    env_specs: list[Any] | None = None,
+    obs_transform: str | None = None,
+    config: dict[str, Any] | None = None,
+    bc_teacher: str | None = None,
+    bc_episodes: int = 20,
+    bc_epochs: int = 5,
 ) -> Path:
     """Train an RL scheduler and save ``out/model.zip`` and ``out/meta.json``.
 
@@ -500,15 +870,16 @@ def train(
             ``action_masks()``; with the default ``skip_forced=True`` and no
             ``merge_budget`` both actions are always feasible, so the mask is all-true)
             or ``"dqn"``.
-        regime: training regime name.
+        regime: training regime name; with ``env_specs``, the run's label (meta.json's
+            ``regime``, checked by ``resume``).
         timesteps: total environment steps (agent decisions) to train for.
         seed: training seed: seeds torch/numpy/random, the model and the envs (env ``i``'s
             episode-seed generator is seeded with ``seed + i``). Same seed, same machine and
             library versions give the same model.
         out: output directory (created).
         n_envs: environments, batched as ``vec_env`` says.
-        eval_episodes: validation episodes per evaluation (seeds ``VALIDATION_SEED0 + i``);
-            ``0`` disables evaluation.
+        eval_episodes: validation episodes per evaluation and env kind (seeds
+            ``VALIDATION_SEED0 + i``); ``0`` disables evaluation.
         eval_freq: evaluate every this many timesteps (summed over envs); ``0``: only at
             the end.
         checkpoint_freq: save a checkpoint every this many timesteps; ``0`` disables.
@@ -523,6 +894,18 @@ def train(
         force: replace an existing run in ``out`` (see :func:`check_run_dir`).
         vec_env: ``"native"`` (default), ``"subproc"`` or ``"dummy"``; see
             :func:`make_train_vec_env`. Same seed and kind, same model.
+        env_specs: env kinds (:class:`~diloco_gym.rl.config.EnvSpec`: regime or trace,
+            merge budget) that env ``i`` cycles through (``specs[i % len(specs)]``);
+            ``None``: every env is ``regime`` with ``env_kwargs``. Needs ``vec_env``
+            ``"dummy"`` or ``"subproc"``.
+        obs_transform: ``"budget"``: the policy sees the budget features of
+            :mod:`diloco_gym.rl.wrappers` (every spec needs a merge budget); recorded in
+            meta.json so that the loaded agent computes them too.
+        config: the resolved configuration (and its file) to record in meta.json.
+        bc_teacher: warm-start a new model by imitating this registry agent
+            (:func:`behaviour_clone`, ``bc_episodes`` episodes per env kind, ``bc_epochs``
+            passes) before reinforcement learning; the model right after it is evaluated
+            at timestep 0. Needs ``env_specs``.
 
     Returns:
         The path of the saved ``model.zip``.
@@ -531,105 +914,67 @@ def train(
         FileExistsError, FileNotFoundError, ValueError: see :func:`check_run_dir`.
     """
     import torch
-    from stable_baselines3.common.callbacks import CallbackList, CheckpointCallback
+    from stable_baselines3.common.callbacks import CallbackList
     from stable_baselines3.common.utils import set_random_seed
 
-    if vec_env not in VEC_ENVS:
-        raise ValueError(f"unknown vec env {vec_env!r}; valid: {', '.join(VEC_ENVS)}")
-    if algo not in ALGOS:
-        raise ValueError(f"unknown algo {algo!r}; valid: {', '.join(ALGOS)}")
-    if regime not in REGIMES:
-        raise ValueError(f"unknown regime {regime!r}; valid: {', '.join(REGIMES)}")
-    if timesteps < 1 or n_envs < 1 or eval_episodes < 0 or eval_freq < 0 or checkpoint_freq < 0:
+    counts = {
+        "timesteps": timesteps,
+        "n_envs": n_envs,
+        "eval_episodes": eval_episodes,
+        "eval_freq": eval_freq,
+        "checkpoint_freq": checkpoint_freq,
+    }
+    _check_train_args(algo, regime, vec_env, counts, env_specs)
+    if obs_transform is not None and any(s.merge_budget is None for s in env_specs or [None]):
         raise ValueError(
-            "timesteps and n_envs must be >= 1; eval_episodes, eval_freq and "
-            "checkpoint_freq must be >= 0"
+            f"obs_transform {obs_transform!r} needs env_specs that all have a merge budget"
         )
     env_kwargs = dict(env_kwargs or {})
     out = Path(out)
     start = check_run_dir(out, algo, regime, resume=resume, force=force)
     out.mkdir(parents=True, exist_ok=True)
     if start is None:
-        # Written first, so that an interrupted run can be resumed (and checked) later.
-        (out / "meta.json").write_text(
-            json.dumps(
-                {
-                    "algo": algo,
-                    "regime": regime,
-                    "seed": int(seed),
-                    "status": "training",
-                    "command": command,
-                    "name": f"learned:{algo}-{regime}",
-                },
-                indent=2,
-            )
-            + "\n"
-        )
+        _write_start_meta(out, algo, regime, seed, command)
     torch.set_num_threads(1)
     set_random_seed(seed)
     started = time.perf_counter()
 
-    cls = _algo_class(algo)
-    vec_kind = vec_env
-    vec_env = make_train_vec_env(vec_kind, regime, seed, n_envs, env_kwargs)
+    if env_specs is None:
+        venv = make_train_vec_env(vec_env, regime, seed, n_envs, env_kwargs)
+    else:
+        venv = make_spec_vec_env(vec_env, env_specs, seed, n_envs, env_kwargs, obs_transform)
     hp = default_hyperparameters(algo, n_envs, timesteps)
     hp.update(hyperparameters or {})
-
-    ckpt = start
-    if ckpt is not None:
-        model = cls.load(ckpt, env=vec_env, device="cpu", tensorboard_log=str(out / "tb"))
-        buffer = ckpt.with_name(
-            ckpt.name.replace("_steps.zip", "_steps.pkl").replace(
-                "rl_model_", "rl_model_replay_buffer_"
-            )
+    model = _build_model(algo, venv, hp, seed, out, start, verbose)
+    remaining = max(0, int(timesteps) - int(model.num_timesteps))
+    bc_record = None
+    if bc_teacher is not None and start is None:
+        if env_specs is None:
+            raise ValueError("behaviour cloning needs env_specs (a config with budgets)")
+        bc_record = behaviour_clone(
+            model, env_specs, bc_teacher, bc_episodes, bc_epochs, seed, env_kwargs, obs_transform
         )
-        if algo == "dqn" and ckpt.parent.name == "checkpoints" and buffer.exists():
-            model.load_replay_buffer(buffer)
-        # fresh, reproducible streams for the continuation
-        model.set_random_seed(seed + int(model.num_timesteps))
-        vec_env.seed(seed + int(model.num_timesteps))
         if verbose:
-            print(f"resuming from {ckpt} at {model.num_timesteps} timesteps")
-    else:
-        model = cls(
-            "MlpPolicy",
-            vec_env,
-            seed=seed,
-            device="cpu",
-            verbose=verbose,
-            tensorboard_log=str(out / "tb"),
-            **hp,
-        )
-    done = int(model.num_timesteps)
-    remaining = max(0, int(timesteps) - done)
+            print(f"behaviour cloning: {bc_record}")
 
-    callbacks: list[BaseCallback] = []
-    if checkpoint_freq > 0:
-        callbacks.append(
-            CheckpointCallback(
-                save_freq=max(1, checkpoint_freq // n_envs),
-                save_path=str(out / "checkpoints"),
-                name_prefix="rl_model",
-                save_replay_buffer=(algo == "dqn"),
-                verbose=0,
-            )
-        )
     evaluator = None
     if eval_episodes > 0:
-        seeds = [VALIDATION_SEED0 + i for i in range(eval_episodes)]
         evaluator = HeldOutEvalCallback(
-            DiLoCoSyncEnv(regime=regime, **env_kwargs),
-            seeds,
+            _eval_envs(env_specs, regime, env_kwargs),
+            [VALIDATION_SEED0 + i for i in range(eval_episodes)],
             eval_freq=max(1, eval_freq // n_envs) if eval_freq > 0 else 0,
             best_path=out / "best_model.zip",
             verbose=verbose,
+            obs_transform=obs_transform,
         )
-        callbacks.append(evaluator)
+    if evaluator is not None and bc_record is not None:
+        evaluator.init_callback(model)
+        evaluator.evaluate()  # the cloned policy, at timestep 0
     if remaining > 0:
         model.learn(
             total_timesteps=remaining,
-            callback=CallbackList(callbacks),
-            reset_num_timesteps=ckpt is None,
+            callback=CallbackList(_callbacks(algo, out, n_envs, checkpoint_freq, evaluator)),
+            reset_num_timesteps=start is None,
             progress_bar=progress_bar,
             tb_log_name=algo,
         )
@@ -640,54 +985,59 @@ def train(
         final_eval = evaluator.evaluate()
     model_path = out / "model.zip"
     model.save(model_path)
-    train_seeds = sorted(set(_train_episode_seeds(vec_env)))
-    assert all(TRAIN_SEED_LOW <= s < TRAIN_SEED_HIGH for s in train_seeds)
-    base = DiLoCoSyncEnv(regime=regime, **env_kwargs)
-    meta = {
+    request = {
         "algo": algo,
         "regime": regime,
-        "timesteps": int(model.num_timesteps),
-        "timesteps_requested": int(timesteps),
-        "seed": int(seed),
-        "n_envs": int(n_envs),
-        "vec_env": vec_kind,
-        "resumed_from": str(ckpt) if ckpt is not None else None,
+        "timesteps": timesteps,
+        "seed": seed,
+        "n_envs": n_envs,
+        "vec_env": vec_env,
         "env_kwargs": env_kwargs,
-        "env_params": asdict(base.params),
-        "hyperparameters": {k: v for k, v in hp.items()},
-        "seed_ranges": {
-            "train_episode_seeds": [TRAIN_SEED_LOW, TRAIN_SEED_HIGH],
-            "held_out_below": HELD_OUT_SEED_HIGH,
-            "validation_seeds": [VALIDATION_SEED0, VALIDATION_SEED0 + eval_episodes],
-        },
-        "train_episodes_this_run": len(train_seeds),
-        "final_validation": final_eval,
-        "best_validation_sync_excess_pct": (
-            evaluator.best_sync_excess if evaluator is not None else None
-        ),
-        "evaluations": evaluator.history if evaluator is not None else [],
-        "train_seconds": round(time.perf_counter() - started, 1),
+        "eval_episodes": eval_episodes,
         "command": command,
-        "versions": _versions(),
-        "name": f"learned:{algo}-{regime}",
-        "status": "complete",
+        "env_specs": env_specs,
+        "obs_transform": obs_transform,
+        "config": config,
     }
+    meta = _final_meta(request, model, venv, hp, start, evaluator, final_eval, bc_record, started)
     (out / "meta.json").write_text(json.dumps(meta, indent=2, default=str) + "\n")
-    vec_env.close()
+    venv.close()
     return model_path
 
 
 def add_train_arguments(parser: argparse.ArgumentParser) -> None:
-    """Add the ``diloco-gym train`` options to ``parser``."""
-    parser.add_argument("--algo", choices=ALGOS, default="ppo", help="RL algorithm")
-    parser.add_argument("--regime", default="bursty", help=f"one of {', '.join(REGIMES)}")
+    """Add the ``diloco-gym train`` options to ``parser``.
+
+    Options that a config file can set default to ``None`` here: the value is the flag's
+    if given, else the file's, else the built-in default (:func:`resolve_config`).
+    """
+    parser.add_argument(
+        "--config",
+        default=None,
+        help="training config file (TOML): [train], [env] (regimes or trace, budgets, "
+        "reward weights, any EnvParams field) and [algo] (hyperparameters); flags "
+        "override it; see docs/training.md",
+    )
+    parser.add_argument("--algo", choices=ALGOS, default=None, help="RL algorithm (default ppo)")
+    parser.add_argument(
+        "--regime", default=None, help=f"one of {', '.join(REGIMES)} (default bursty)"
+    )
+    parser.add_argument(
+        "--budgets",
+        type=float,
+        nargs="+",
+        default=None,
+        metavar="PER_HOUR",
+        help="train one budget-conditioned policy across these merge budgets, in merges "
+        "per hour (each converted to merges per episode: 60 = 10 per 600 s episode)",
+    )
     parser.add_argument(
         "--timesteps",
         type=int,
-        default=200_000,
+        default=None,
         help="total agent decisions to train for (default 200000)",
     )
-    parser.add_argument("--seed", type=int, default=0, help="training seed (default 0)")
+    parser.add_argument("--seed", type=int, default=None, help="training seed (default 0)")
     parser.add_argument(
         "--out",
         default="runs/train",
@@ -695,32 +1045,35 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
         "existing run needs --resume or --force",
     )
     parser.add_argument(
-        "--n-envs", type=int, default=4, help="environments stepped together (default 4)"
+        "--n-envs",
+        type=int,
+        default=None,
+        help="environments stepped together (default 4; with budgets one per regime and budget)",
     )
     parser.add_argument(
         "--vec-env",
         choices=VEC_ENVS,
-        default="native",
+        default=None,
         help="how the --n-envs envs are batched: native (one batched env in "
-        "this process, default), subproc (one process per env) or dummy "
-        "(one after another)",
+        "this process, default without budgets), subproc (one process per env) or dummy "
+        "(one after another; default with budgets)",
     )
     parser.add_argument(
         "--eval-episodes",
         type=int,
-        default=10,
-        help="validation episodes per evaluation, seeds 900000+ (0: none)",
+        default=None,
+        help="validation episodes per evaluation, seeds 900000+ (default 10; 0: none)",
     )
     parser.add_argument(
         "--eval-freq",
         type=int,
-        default=10_000,
+        default=None,
         help="evaluate every N timesteps (default 10000; 0: only at the end)",
     )
     parser.add_argument(
         "--checkpoint-freq",
         type=int,
-        default=50_000,
+        default=None,
         help="checkpoint every N timesteps (default 50000; 0: none)",
     )
     parser.add_argument(
@@ -737,6 +1090,45 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.add_argument("--verbose", type=int, default=0, help="SB3 verbosity (0, 1, 2)")
+
+
+def resolve_config(args: argparse.Namespace):
+    """The run's :class:`~diloco_gym.rl.config.TrainConfig`: the config file's values
+    (``--config``), overridden by the flags given, checked as a whole.
+
+    Raises:
+        ConfigError: an invalid file, value or combination (one line).
+    """
+    from diloco_gym.rl.config import TrainConfig, check_config, load_config_file, parse_config
+
+    path = "command line"
+    if args.config is not None:
+        data, source = load_config_file(args.config)
+        path = source["path"]
+        cfg = parse_config(data, path)
+        cfg.source = source
+    else:
+        cfg = TrainConfig()
+    for key in (
+        "algo",
+        "timesteps",
+        "seed",
+        "n_envs",
+        "vec_env",
+        "eval_episodes",
+        "eval_freq",
+        "checkpoint_freq",
+    ):
+        value = getattr(args, key)
+        if value is not None:
+            setattr(cfg, key, value)
+    if args.regime is not None:
+        cfg.regimes = [args.regime]
+        cfg.trace = None
+    if args.budgets is not None:
+        cfg.budgets_per_hour = [float(b) for b in args.budgets]
+    check_config(cfg, path)
+    return cfg
 
 
 class _ActionCounter:
@@ -857,49 +1249,94 @@ def format_comparison(cmp: dict[str, Any]) -> tuple[list[str], list[str]]:
     return lines, warnings
 
 
+def _run_layout(cfg: Any) -> tuple[list[Any] | None, str, int]:
+    """``(env_specs, vec_env, n_envs)`` of a resolved config: env kinds when the run has
+    budgets, several regimes, a trace or a calibration file (``None``: the plain regime),
+    and the vector env and env count (defaults: native and 4, or dummy and one env per
+    kind).
+
+    Raises:
+        ConfigError: the native vector env asked for several env kinds.
+    """
+    from diloco_gym.rl.config import ConfigError, build_env_specs
+
+    path = cfg.source["path"] if cfg.source else "command line"
+    specs = None
+    if (
+        cfg.budgets_per_hour is not None
+        or len(cfg.regimes) > 1
+        or cfg.trace is not None
+        or cfg.calibration is not None
+    ):
+        specs = build_env_specs(cfg, path)
+    vec_env = cfg.vec_env or ("native" if specs is None else "dummy")
+    if specs is not None and vec_env == "native":
+        raise ConfigError(
+            f"{path}: vec_env native runs a single regime without budgets or "
+            f"calibration; use dummy or subproc"
+        )
+    n_envs = cfg.n_envs if cfg.n_envs is not None else (4 if specs is None else len(specs))
+    return specs, vec_env, n_envs
+
+
 def run_train_command(args: argparse.Namespace) -> int:
     """Run ``diloco-gym train`` with parsed ``args``; returns the exit status.
 
-    After training it prints the final model's validation result next to fixed-512 and
-    its matched random, and warns when the policy never chooses to merge.
+    After training it prints the final model's validation result: next to fixed-512 and
+    its matched random (warning when the policy never chooses to merge), or, for a
+    budget-conditioned run, per regime and budget next to matched random and the oracle.
     """
     from diloco_gym.errors import UsageError
 
-    if args.regime not in REGIMES:
-        raise UsageError(f"unknown regime {args.regime!r}; valid regimes: {', '.join(REGIMES)}")
-    if args.timesteps < 1 or args.n_envs < 1:
-        raise UsageError("--timesteps and --n-envs must be >= 1")
-    if args.eval_episodes < 0 or args.eval_freq < 0 or args.checkpoint_freq < 0:
-        raise UsageError("--eval-episodes, --eval-freq and --checkpoint-freq must be >= 0")
     try:
+        cfg = resolve_config(args)
+        specs, vec_env, n_envs = _run_layout(cfg)
         check_run_dir(
-            args.out, args.algo, args.regime, resume=args.resume, force=args.force, apply=False
+            args.out, cfg.algo, cfg.label, resume=args.resume, force=args.force, apply=False
         )
     except (OSError, ValueError) as exc:
         raise UsageError(str(exc)) from None
+    record = cfg.record()
+    record.update(n_envs=n_envs, vec_env=vec_env)
+    if cfg.source is not None:
+        record["file"] = cfg.source
     command = "diloco-gym " + " ".join(shlex.quote(a) for a in sys.argv[1:])
-    path = train(
-        args.algo,
-        regime=args.regime,
-        timesteps=args.timesteps,
-        seed=args.seed,
+    path_model = train(
+        cfg.algo,
+        regime=cfg.label,
+        timesteps=cfg.timesteps,
+        seed=cfg.seed,
         out=args.out,
-        n_envs=args.n_envs,
-        eval_episodes=args.eval_episodes,
-        eval_freq=args.eval_freq,
-        checkpoint_freq=args.checkpoint_freq,
+        n_envs=n_envs,
+        eval_episodes=cfg.eval_episodes,
+        eval_freq=cfg.eval_freq,
+        checkpoint_freq=cfg.checkpoint_freq,
         resume=args.resume,
         progress_bar=not args.no_progress,
+        env_kwargs=cfg.env_params,
+        hyperparameters=cfg.hyperparameters,
         verbose=args.verbose,
         command=command,
         force=args.force,
-        vec_env=args.vec_env,
+        vec_env=vec_env,
+        env_specs=specs,
+        obs_transform=cfg.observation,
+        config=record,
+        bc_teacher=cfg.bc_teacher,
+        bc_episodes=cfg.bc_episodes,
+        bc_epochs=cfg.bc_epochs,
     )
-    meta_path = path.parent / "meta.json"
+    meta_path = path_model.parent / "meta.json"
     meta = json.loads(meta_path.read_text())
-    print(f"saved {path} ({meta['timesteps']} timesteps, {meta['train_seconds']} s)")
-    n_val = args.eval_episodes if args.eval_episodes > 0 else 10
-    cmp = validation_comparison(path, args.regime, [VALIDATION_SEED0 + i for i in range(n_val)])
+    print(f"saved {path_model} ({meta['timesteps']} timesteps, {meta['train_seconds']} s)")
+    write_validation_curve(path_model.parent)
+    if specs is not None:
+        print("\n".join(format_budget_validation(meta)))
+        return 0
+    n_val = cfg.eval_episodes if cfg.eval_episodes > 0 else 10
+    cmp = validation_comparison(
+        path_model, cfg.regimes[0], [VALIDATION_SEED0 + i for i in range(n_val)], cfg.env_params
+    )
     meta["validation_comparison"] = cmp
     meta_path.write_text(json.dumps(meta, indent=2, default=str) + "\n")
     lines, warnings = format_comparison(cmp)
@@ -907,3 +1344,104 @@ def run_train_command(args: argparse.Namespace) -> int:
     for w in warnings:
         print(w, file=sys.stderr)
     return 0
+
+
+def validation_curve_rows(meta: dict[str, Any]) -> list[dict[str, Any]]:
+    """The validation curve of a run from its evaluation history: one row per evaluation
+    and env kind (``env = "all"``: the mean over every env and seed)."""
+    rows: list[dict[str, Any]] = []
+    for ev in meta.get("evaluations") or []:
+        rows.append(
+            {
+                "timesteps": ev["timesteps"],
+                "env": "all",
+                "sync_excess_pct": ev["sync_excess_pct"],
+                "matched_random_pct": None,
+                "oracle_pct": None,
+                "gap_captured": None,
+                "merges": ev["merges"],
+            }
+        )
+        for label, r in (ev.get("per_env") or {}).items():
+            rows.append(
+                {
+                    "timesteps": ev["timesteps"],
+                    "env": label,
+                    "sync_excess_pct": r["sync_excess_pct"],
+                    "matched_random_pct": r["matched_random_pct"],
+                    "oracle_pct": r["oracle_pct"],
+                    "gap_captured": r["gap_captured"],
+                    "merges": None,
+                }
+            )
+    return rows
+
+
+def write_validation_curve(run_dir: str | Path) -> tuple[Path, Path] | None:
+    """Write ``validation.csv`` and ``validation.png`` of a run from its ``meta.json``
+    (the evaluation callback's history); ``None`` when the run has no evaluations.
+
+    The figure shows the mean validation sync-excess against timesteps and, for a
+    budget-conditioned run, the gap captured per regime and budget (0: matched random,
+    1: the oracle at that budget).
+    """
+    import csv
+
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    run_dir = Path(run_dir)
+    meta = _read_meta(run_dir / "meta.json")
+    rows = validation_curve_rows(meta)
+    if not rows:
+        return None
+    csv_path = run_dir / "validation.csv"
+    with csv_path.open("w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    envs = [e for e in dict.fromkeys(r["env"] for r in rows) if e != "all"]
+    fig = Figure(figsize=(10 if envs else 5.5, 4))
+    ax = fig.add_subplot(1, 2 if envs else 1, 1)
+    allr = [r for r in rows if r["env"] == "all"]
+    ax.plot([r["timesteps"] for r in allr], [r["sync_excess_pct"] for r in allr], marker="o")
+    ax.set_xlabel("timesteps")
+    ax.set_ylabel("validation sync-excess % (mean)")
+    ax.set_title(f"{meta.get('algo')} on {meta.get('regime')}, seed {meta.get('seed')}")
+    ax.grid(alpha=0.3)
+    if envs:
+        ax2 = fig.add_subplot(1, 2, 2)
+        for e in envs:
+            er = [r for r in rows if r["env"] == e and r["gap_captured"] is not None]
+            ax2.plot([r["timesteps"] for r in er], [r["gap_captured"] for r in er], label=e)
+        ax2.axhline(0.0, color="grey", lw=0.8)
+        ax2.set_xlabel("timesteps")
+        ax2.set_ylabel("gap captured (0 random, 1 oracle)")
+        ax2.set_title("per regime @ merges per episode")
+        ax2.legend(fontsize=7, ncol=2)
+        ax2.grid(alpha=0.3)
+    fig.tight_layout()
+    png_path = run_dir / "validation.png"
+    FigureCanvasAgg(fig).print_png(str(png_path))
+    return csv_path, png_path
+
+
+def format_budget_validation(meta: dict[str, Any]) -> list[str]:
+    """The lines ``train`` prints after a multi-env run: the final validation per env kind
+    (regime@merges per episode) with matched random, the oracle and the gap captured."""
+    final = meta.get("final_validation") or {}
+    per_env = final.get("per_env") or {}
+    if not per_env:
+        return ["(no validation: --eval-episodes 0)"]
+    v0, v1 = meta["seed_ranges"]["validation_seeds"]
+    lines = [
+        f"validation (seeds {v0}..{v1 - 1}, deterministic policy), means per env:",
+        f"  {'env':<24} {'agent %':>8} {'matched random %':>17} {'oracle %':>9} {'gap':>6}",
+    ]
+    for label, r in per_env.items():
+        gap = "n/a" if r["gap_captured"] is None else f"{r['gap_captured']:.2f}"
+        lines.append(
+            f"  {label:<24} {r['sync_excess_pct']:>8.3f} {r['matched_random_pct']:>17.3f} "
+            f"{r['oracle_pct']:>9.3f} {gap:>6}"
+        )
+    return lines

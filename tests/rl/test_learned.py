@@ -519,3 +519,40 @@ def test_a_policy_that_never_merges_is_flagged() -> None:
     busy = tr.validation_comparison(make_agent("fixed-256"), "bursty", seeds, draws=20)
     assert busy["chosen_merges"] > 0 and busy["same_schedules_as_fixed_512"] == 0
     assert tr.format_comparison(busy)[1] == []
+
+
+BUDGET_REFERENCES = [
+    ("reference-budget-bursty", "budget-bursty"),
+    ("reference-budget-non-periodic", "budget-non-periodic"),
+    ("reference-budget-mixed", "budget-mixed"),
+]
+
+
+@pytest.mark.parametrize(("name", "folder"), BUDGET_REFERENCES)
+def test_budget_reference_agents_ship_with_config_command_and_curve(name, folder) -> None:
+    """Each shipped budget-conditioned agent: package data (model, meta, config, README,
+    validation curve), trained from the config file in its folder, and loaded by name as a
+    budget-aware agent that holds every budget of the frontier's grid."""
+    tomllib = pytest.importorskip("tomllib")
+    root = Path(__file__).resolve().parents[2]
+    ref = root / "agents" / "reference"
+    conf = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]
+    shipped = {f for p in conf["package-data"]["agents.reference"] for f in ref.glob(p)}
+    files = ("model.zip", "meta.json", "config.toml", "validation.csv", "validation.png")
+    for f in files:
+        assert ref / folder / f in shipped, f
+    meta = json.loads((ref / folder / "meta.json").read_text())
+    assert meta["config"]["file"]["text"] == (ref / folder / "config.toml").read_text()
+    assert meta["command"].startswith(f"diloco-gym train --config agents/reference/{folder}/")
+    assert meta["status"] == "complete" and meta["algo"] == "maskable-ppo"
+    assert f"`{name}`" in (ref / "README.md").read_text()
+    from agents.registry import is_budget_aware_spec
+
+    assert is_budget_aware_spec(name)  # frontier --agent runs it on the grid only
+    agent = make_agent(name)
+    assert agent.name == name and agent.budget_aware
+    for m in (8, 12, 24):
+        res = run_episode(DiLoCoSyncEnv("bursty", merge_budget=m), agent, seed=1)
+        assert res["merges"] == m
+    again = run_episode(DiLoCoSyncEnv("bursty", merge_budget=24), make_agent(name), seed=1)
+    assert again == res  # deterministic
