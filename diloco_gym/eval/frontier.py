@@ -45,7 +45,7 @@ import itertools
 import json
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -232,6 +232,16 @@ def _episode(env: DiLoCoSyncEnv) -> core.Episode:
     return env.episode
 
 
+def _same_episode(ep: core.Episode, env: DiLoCoSyncEnv) -> core.Episode:
+    """``ep`` for an env that differs from the one it was built for only by its merge
+    budget (a budget is not used to build an episode, only to mask the actions)."""
+    if ep.params == env.params:
+        return ep
+    if replace(ep.params, merge_budget=env.params.merge_budget) != env.params:
+        raise ValueError("the budget envs of a unit differ by more than the merge budget")
+    return replace(ep, params=env.params)
+
+
 def _trace_tiles(config: FrontierConfig, sidecar) -> list:
     """The trace's disjoint windows (one fixed-window regime each) at the configured load."""
     from diloco_gym.sim.loaders import load_trace
@@ -347,8 +357,16 @@ def run_frontier(config: FrontierConfig, progress: bool = True) -> dict[str, Any
                 else {None: DiLoCoSyncEnv(regime=gen, sidecar=fitted or REGIMES[calib_key].sidecar)}
             )
             env = envs[None]
-            env.reset(seed=seed)
-            ep0 = _episode(env)
+            # Built once, directly (no env reset): every agent runs on it and the curves
+            # and the scoring read it.
+            ep0 = core.episode_from_seed(
+                env.generator,
+                seed,
+                env.params,
+                env.sidecar,
+                env.learner_params,
+                rate_rps=env.reward_rate_rps,
+            )
             budgets = {
                 b: _episode_budget(b, ep0.trace.duration_s, ep0.n_decisions, env.params)
                 for b in config.budgets_per_hour
@@ -370,7 +388,7 @@ def run_frontier(config: FrontierConfig, progress: bool = True) -> dict[str, Any
                 for agent in budget_agents
             ]
             for agent, e, mode, per_hour, m_budget in runs:
-                res = run_episode(e, agent, seed)
+                res = run_episode(e, agent, seed, episode=_same_episode(ep0, e))
                 if mode == "budget" and int(res["merges"]) != m_budget:
                     # The env's mask guarantees it; checked, never assumed.
                     raise RuntimeError(
@@ -414,8 +432,7 @@ def run_frontier(config: FrontierConfig, progress: bool = True) -> dict[str, Any
             # The curves: random placement and the oracle at every feasible budget, drawn
             # exactly as score_episode draws them (same rng, same counts), so the curve at M
             # is every budget-held agent's matched random at M.
-            env.reset(seed=seed)
-            ep = _episode(env)
+            ep = ep0
             scorer, counts = _scorer(cache, ep, env)
             lo, hi = budget_range(ep.n_decisions, env.params.h_min, env.params.h_max)
             for m in range(max(lo, 1), hi + 1):
