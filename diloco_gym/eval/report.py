@@ -1157,7 +1157,7 @@ def _figures(result: dict[str, Any], out: Path) -> list[str]:
         )
         ax2.set_xlabel("merges per hour (budget)")
         ax2.set_ylabel("sync-excess (pp)")
-        ax2.set_title("sync-excess vs merge rate: below the orange line = placement gain")
+        ax2.set_title("sync-excess vs merge rate (below orange: placement gain)")
         ax2.legend(fontsize=7)
         fig.tight_layout()
         _save(fig, out, f"fig_{regime.replace(':', '_')}.png", names)
