@@ -104,8 +104,8 @@ def test_azure_fixture() -> None:
     assert trace.meta["format"] == "azure"
     # 7th fractional digit is truncated: .7011459 -> .701145
     np.testing.assert_array_equal(trace.arrival_s, [0.0, 0.5, 2.298855, 6.798855])
-    np.testing.assert_array_equal(trace.prompt_tokens, [4808, 3180, 110, 2048])
-    np.testing.assert_array_equal(trace.output_tokens, [10, 8, 27, 1])
+    np.testing.assert_array_equal(trace.prompt_tokens, [4100, 2900, 110, 2048])
+    np.testing.assert_array_equal(trace.output_tokens, [12, 6, 27, 1])
     assert trace.duration_s == 7.0
     assert trace.name == "azure_small"
     assert trace.meta["rows_read"] == 4
