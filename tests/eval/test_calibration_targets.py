@@ -301,3 +301,37 @@ def test_a_live_file_is_judged_with_the_merges_it_was_measured_with(tmp_path):
     # Without a fitted sidecar (the shipped reference) nothing is read from the file.
     ref, _ = simulate_as_measured("sync-heavy", path, None, seeds)
     assert ref == simulated_effect_sizes("sync-heavy", seeds=seeds)
+
+
+def test_a_measured_cpu_calibration_replays_at_the_intended_load():
+    """A calibration measured on this project's CPU host (transformers serve, one-thread
+    engine, 2 gloo workers, target utilization 0.6; per-request records left out) gives a
+    report whose replays run at the regimes' intended loads: no request over the SLO on an
+    idle sidecar and no saturated regime. Its transfer verdict is whatever the simulator
+    makes of it (here it cannot reproduce the host's ratio: no SLO claim)."""
+    from pathlib import Path
+
+    from diloco_gym.eval.report import ReportConfig, run_protocol
+
+    path = Path(__file__).resolve().parents[1] / "fixtures" / "live_cpu_calibration.json"
+    res = run_protocol(
+        ReportConfig(
+            regimes=["sync-heavy", "bursty"],
+            agents=["fixed-512", "wa-diloco"],
+            seeds=3,
+            draws=20,
+            calibration=str(path),
+        ),
+        progress=False,
+    )
+    cal_rows = res["calibration"].set_index("regime")
+    for regime in ("sync-heavy", "bursty"):
+        row = cal_rows.loc[regime]
+        assert row["sidecar"] == "fitted (calibration file)"
+        assert row["idle_violation_pct"] == 0.0
+        assert row["utilization"] == pytest.approx(REGIMES[regime].utilization(), rel=1e-6)
+        assert 0.3 < row["calibration_utilization"] < 0.8  # the measured load, as replayed
+    summary = res["summary"]
+    assert not summary["saturated"].any()
+    assert (summary["no_sync_violation_pct"] < 20.0).all()
+    assert not summary["verdict"].str.contains("saturated").any()
