@@ -303,7 +303,7 @@ def test_the_docs_config_example_parses_and_trains(tmp_path, monkeypatch) -> Non
     assert main([*argv, "--timesteps", "300", "--eval-episodes", "1", "--eval-freq", "0"]) == 0
     meta = json.loads((out / "meta.json").read_text())
     assert meta["regime"] == "replay:bursty"
-    assert [s["merge_budget"] for s in meta["env_specs"]] == [5, 8]  # 300 s episodes
+    assert [s["merge_budget"] for s in meta["env_specs"]] == [2, 3]  # 120 s episodes
     assert meta["config"]["calibration"].endswith("calibration_reference.json")
     assert meta["timesteps"] >= 300
 
