@@ -201,6 +201,20 @@ def _check_agent(name: str) -> str:
     return name
 
 
+def _check_free_agent(name: str) -> str:
+    """A known agent that can run without a merge budget (``run`` and ``report`` give
+    none): budget-aware agents are a usage error, found before anything runs."""
+    from agents.registry import is_budget_aware_spec
+
+    _check_agent(name)
+    if is_budget_aware_spec(name):
+        raise UsageError(
+            f"{name} steers by a merge budget and runs only with one; compare it at "
+            f"every budget of a grid with `diloco-gym frontier --budget-agents {name}`"
+        )
+    return name
+
+
 def _load_agent(name: str):
     from agents.registry import make_agents
 
@@ -232,6 +246,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     if not args.trace:
         _check_regime(args.regime)
+    _check_free_agent(args.agent)
     agent = _load_agent(args.agent)
     from diloco_gym.eval.report import ReportConfig, _synthetic_units, _trace_units
 
@@ -317,7 +332,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     agents = list(HEURISTICS) if not args.agents else list(args.agents)
     agents += list(args.agent or [])
     for a in agents:
-        _check_agent(a)
+        _check_free_agent(a)
     twice = sorted({a for a in agents if agents.count(a) > 1})
     if twice:
         raise UsageError(

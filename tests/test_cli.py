@@ -583,3 +583,26 @@ def test_the_same_agent_twice_is_a_usage_error(tmp_path, capsys):
     )
     assert "'fixed-512' given more than once" in line
     assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["run", "--agent", "reference-budget-bursty", "--seeds", "2"],
+        ["run", "--agent", "fixed-budget"],
+        ["report", "--agents", "online-forecast-budget", "--out", "OUT"],
+        ["report", "--agent", "reference-budget-mixed", "--out", "OUT"],
+    ],
+)
+def test_budget_aware_agents_are_refused_where_no_budget_is_given(argv, tmp_path, capsys):
+    """run and report give no merge budget: a budget-aware agent there is a usage error
+    (exit 2, one line naming the frontier) before anything is printed or written."""
+    out = tmp_path / "rep"
+    with pytest.raises(SystemExit) as exc:
+        main([str(out) if a == "OUT" else a for a in argv])
+    captured = capsys.readouterr()
+    assert exc.value.code == 2
+    assert captured.out == ""
+    assert "runs only with one" in captured.err and "diloco-gym frontier" in captured.err
+    assert len(captured.err.strip().splitlines()) == 1
+    assert not out.exists()
