@@ -191,6 +191,12 @@ class FrontierConfig:
             if not (np.isfinite(b) and b > 0):
                 raise ValueError(f"budgets must be positive numbers of merges per hour, got {b}")
         self.budgets_per_hour = sorted(float(b) for b in self.budgets_per_hour)
+        twice = sorted({b for b in self.budgets_per_hour if self.budgets_per_hour.count(b) > 1})
+        if twice:
+            raise ValueError(
+                f"budgets given more than once: {', '.join(f'{b:g}' for b in twice)} "
+                f"merges/h; give each budget once"
+            )
         if not self.budget_agents and not self.free_agents:
             raise ValueError("give at least one agent")
         for name, lst in (("budget_agents", self.budget_agents), ("free_agents", self.free_agents)):

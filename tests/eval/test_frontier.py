@@ -101,6 +101,8 @@ def test_config_rejects_bad_input():
         fr.FrontierConfig(budgets_per_hour=[60.0, -1.0])
     with pytest.raises(ValueError, match="each agent once"):
         fr.FrontierConfig(budget_agents=["fixed-budget", "fixed-budget"])
+    with pytest.raises(ValueError, match="budgets given more than once: 60 merges/h"):
+        fr.FrontierConfig(budgets_per_hour=[60.0, 72.0, 60])
     cfg = fr.FrontierConfig(
         regimes=["bursty"],
         budgets_per_hour=[200.0],
