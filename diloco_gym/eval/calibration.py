@@ -377,16 +377,32 @@ def measured_utilization(path: str | Path | None, sidecar: SidecarParams) -> flo
     ``rate * base_latency(mean prompt, mean output) / slots`` exactly. ``None`` for the
     shipped reference (measured on the regimes' own loads) or a file without those fields.
     """
+    return _utilization_of(_live_document(path), sidecar)
+
+
+def _live_document(path: str | Path | None) -> dict:
+    """A calibration file's JSON, read once for the fields of a live run (``{}`` when there
+    is no file or it cannot be read: the shipped reference, or a file load_calibration has
+    already refused)."""
     if path is None:
-        return None
+        return {}
     try:
-        trace = json.loads(Path(path).read_text()).get("metadata", {}).get("trace", {})
+        doc = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return {}
+    return doc if isinstance(doc, dict) else {}
+
+
+def _utilization_of(doc: dict, sidecar: SidecarParams) -> float | None:
+    """:func:`measured_utilization` of a parsed file."""
+    try:
+        trace = doc.get("metadata", {}).get("trace", {})
         rate = trace.get("rate_rps")
         if rate is None and trace.get("duration_s"):
             rate = trace["requests"] / trace["duration_s"]
         prompt, output = trace["sent_prompt_tokens_mean"], trace["sent_output_tokens_mean"]
         rate, prompt, output = float(rate), float(prompt), float(output)
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+    except (ValueError, KeyError, TypeError, AttributeError):
         return None
     if not all(np.isfinite(v) and v >= 0 for v in (rate, prompt, output)) or rate == 0:
         return None
@@ -402,19 +418,22 @@ def measured_merge_plan(path: str | Path | None) -> tuple[float, float] | None:
     """``(merge_seconds, start_to_start_seconds)`` of a live calibration's merge plan.
 
     ``diloco-gym calibrate`` records its per-phase plan as ``schedule`` (start and length of
-    each merge within a sync phase). A sync ratio depends on how long the merges are and how close
-    together (a merge's backlog spills into the requests before the next one), so the
+    each merge within a sync phase). A sync ratio depends on how long the merges are and
+    how close together (a merge's backlog spills into the requests before the next one), so the
     simulated side of the transfer check replays merges of the measured length at the
     measured mean spacing. ``None`` for the shipped reference, a file without a plan, or a
     plan of fewer than two merges.
     """
-    if path is None:
-        return None
+    return _plan_of(_live_document(path))
+
+
+def _plan_of(doc: dict) -> tuple[float, float] | None:
+    """:func:`measured_merge_plan` of a parsed file."""
     try:
-        plan = json.loads(Path(path).read_text()).get("schedule", [])
+        plan = doc.get("schedule", [])
         starts = [float(m["start_s"]) for m in plan]
         lengths = [float(m["length_s"]) for m in plan]
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+    except (ValueError, KeyError, TypeError, AttributeError):
         return None
     if len(starts) < 2 or not all(np.isfinite(starts + lengths)) or min(lengths) <= 0:
         return None
@@ -437,8 +456,9 @@ def simulate_as_measured(
     (:func:`measured_merge_plan`). Otherwise the regime's own load and the default
     schedule (8 s merges every 256 steps).
     """
-    u_cal = measured_utilization(path, sidecar) if sidecar is not None else None
-    plan = measured_merge_plan(path) if sidecar is not None else None
+    doc = _live_document(path) if sidecar is not None else {}
+    u_cal = _utilization_of(doc, sidecar) if sidecar is not None else None
+    plan = _plan_of(doc)
     sim = simulated_effect_sizes(
         regime,
         seeds=seeds,

@@ -197,7 +197,16 @@ def make_train_vec_env(
     def env_fn(i: int) -> Callable[[], gym.Env]:
         return lambda: make_train_env(regime, seed + i, env_kwargs)
 
-    fns = [env_fn(i) for i in range(n_envs)]
+    return _sb3_vec_env(
+        kind,
+        [env_fn(i) for i in range(n_envs)],
+        f"unknown vec env {kind!r}; valid: {', '.join(VEC_ENVS)}",
+    )
+
+
+def _sb3_vec_env(kind: str, fns: list[Callable[[], gym.Env]], unknown: str) -> Any:
+    """SB3's ``dummy`` or ``subproc`` vector env over ``fns`` (spawned workers); any other
+    ``kind`` is a ``ValueError`` with the message ``unknown``."""
     if kind == "dummy":
         from stable_baselines3.common.vec_env import DummyVecEnv
 
@@ -206,7 +215,7 @@ def make_train_vec_env(
         from stable_baselines3.common.vec_env import SubprocVecEnv
 
         return SubprocVecEnv(fns, start_method="spawn")
-    raise ValueError(f"unknown vec env {kind!r}; valid: {', '.join(VEC_ENVS)}")
+    raise ValueError(unknown)
 
 
 def _train_episode_seeds(vec_env) -> list[int]:
@@ -572,16 +581,11 @@ def make_spec_vec_env(
 
         return make
 
-    fns = [env_fn(i) for i in range(n_envs)]
-    if kind == "dummy":
-        from stable_baselines3.common.vec_env import DummyVecEnv
-
-        return DummyVecEnv(fns)
-    if kind == "subproc":
-        from stable_baselines3.common.vec_env import SubprocVecEnv
-
-        return SubprocVecEnv(fns, start_method="spawn")
-    raise ValueError(f"vec env {kind!r} cannot run several env kinds; use dummy or subproc")
+    return _sb3_vec_env(
+        kind,
+        [env_fn(i) for i in range(n_envs)],
+        f"vec env {kind!r} cannot run several env kinds; use dummy or subproc",
+    )
 
 
 def behaviour_clone(
