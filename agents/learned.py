@@ -289,13 +289,14 @@ def load_learned_agent(path: str | Path, meta: dict | None = None) -> LearnedAge
     order = [algo] if algo else []
     order += [a for a in _CLASSES if a not in order]
     errors = []
+    missing = []
     model = None
     loaded = "learned"
     for a in order:
         try:
             cls = _model_class(a)
         except ImportError as exc:
-            errors.append(f"{a}: {exc}")
+            missing.append(f"{a}: {exc}")
             continue
         try:
             model = cls.load(p, device="cpu")
@@ -303,9 +304,14 @@ def load_learned_agent(path: str | Path, meta: dict | None = None) -> LearnedAge
             break
         except Exception as exc:  # noqa: BLE001 - SB3 raises many kinds on bad files
             errors.append(f"{a}: {_load_error(exc)}")
+    if model is None and not errors:  # no RL library could even be imported
+        raise ValueError(
+            f"learned agent {p}: loading a trained model needs the 'rl' extra "
+            f"(pip install 'diloco-gym[rl]'): {'; '.join(missing)[:300]}"
+        )
     if model is None:
         raise ValueError(
-            f"learned agent: {p} is not a valid model file ({'; '.join(errors)[:500]})"
+            f"learned agent: {p} is not a valid model file ({'; '.join(errors + missing)[:500]})"
         )
     obs = meta.get("observation")
     transform = obs.get("transform") if isinstance(obs, dict) else None

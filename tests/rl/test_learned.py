@@ -556,3 +556,18 @@ def test_budget_reference_agents_ship_with_config_command_and_curve(name, folder
         assert res["merges"] == m
     again = run_episode(DiLoCoSyncEnv("bursty", merge_budget=24), make_agent(name), seed=1)
     assert again == res  # deterministic
+
+
+def test_a_missing_rl_extra_is_named_not_blamed_on_the_file(monkeypatch) -> None:
+    """Without stable-baselines3 (no 'rl' extra) the shipped model is a valid file: the
+    error names the missing extra, not the model."""
+    import agents.learned as learned
+
+    def no_rl(algo: str):
+        raise ImportError(f"No module named 'stable_baselines3' ({algo})")
+
+    monkeypatch.setattr(learned, "_model_class", no_rl)
+    with pytest.raises(
+        ValueError, match=r"needs the 'rl' extra \(pip install 'diloco-gym\[rl\]'\)"
+    ):
+        learned.load_learned_agent(str(learned.reference_model_path()))
