@@ -69,6 +69,11 @@ def exit_status(exc: BaseException) -> tuple[int, str]:
         return 1, str(exc)
     if isinstance(exc, KeyError):
         return 1, str(exc.args[0]) if exc.args else repr(exc)
+    if isinstance(exc, MemoryError):
+        return 1, (
+            "out of memory; an input implies more than this machine holds (see the "
+            "README's failure handling for the size limits)"
+        )
     if isinstance(exc, ValueError):
         return 2, str(exc)
     return 1, (
@@ -298,6 +303,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         r = run_episode(unit.env, agent, seed)
         assert unit.env.episode is not None  # run_episode() reset it
         r["merges_per_hour"] = r["merges"] * 3600.0 / unit.env.episode.trace.duration_s
+        unit.env.episode = None  # streamed: only one window's episode is held at a time
         rows.append(r)
         print(
             f"{seed:>5} {r['merges_per_hour']:>8.1f} {r['sync_excess_pct']:>13.2f} "

@@ -22,7 +22,8 @@ from typing import NamedTuple
 import numpy as np
 
 from diloco_gym.sim import learners as lrn
-from diloco_gym.sim.schedules import completion_counts
+from diloco_gym.sim.limits import check_limit
+from diloco_gym.sim.schedules import budget_range, completion_counts
 from diloco_gym.sim.sidecar import (
     IsolatedMergeCost,
     ReplayResult,
@@ -159,6 +160,9 @@ class EnvParams:
                     f"EnvParams.{name} ({getattr(self, name)}) must be a multiple "
                     f"of decision_interval ({self.decision_interval})"
                 )
+        check_limit("H_MAX_DECISIONS", self.h_max, "EnvParams.h_max_steps / decision_interval")
+        if self.merge_budget is not None:
+            check_limit("MERGE_BUDGET", self.merge_budget, "EnvParams.merge_budget")
         if self.merge_steps > self.h_min_steps:
             raise ValueError(
                 f"EnvParams.merge_seconds: a merge ({self.merge_seconds} s = "
@@ -389,6 +393,63 @@ def decision_costs(
 
 #: The reward counts extra SLO-violating requests per this many nominal requests.
 REWARD_NOMINAL_REQUESTS = 1000.0
+
+#: Largest episode seed: seeds are stored as int64 (Gymnasium wants them non-negative).
+MAX_SEED = 2**63 - 1
+
+
+def check_env_sizes(params: EnvParams, generator, num_envs: int = 1) -> None:
+    """Refuse, before anything is allocated, an env whose episodes would be too large:
+    decisions per episode (``DILOCO_GYM_MAX_DECISIONS``), envs (``DILOCO_GYM_MAX_ENVS``)
+    and envs x decisions (``DILOCO_GYM_MAX_BATCH_DECISIONS``); see
+    :mod:`diloco_gym.sim.limits`. ``generator`` is asked for its ``duration_s`` (the
+    episode window); one without it is not checked here.
+
+    Raises:
+        diloco_gym.sim.limits.LimitError: a size above its limit.
+    """
+    check_limit("ENVS", num_envs, "num_envs")
+    duration = getattr(generator, "duration_s", None)
+    if not isinstance(duration, (int, float, np.integer, np.floating)):
+        return
+    duration = float(duration)
+    if not np.isfinite(duration):
+        raise ValueError(f"the regime's episode window duration_s must be finite, got {duration}")
+    n = duration / params.decision_seconds
+    check_limit("DECISIONS", n, f"an episode window of {duration:g} s, in decisions")
+    check_limit(
+        "BATCH_DECISIONS",
+        n * num_envs,
+        f"{num_envs:,} envs x {int(n):,} decisions per episode",
+    )
+
+
+def check_seed(seed, what: str = "seed") -> int:
+    """``seed`` as an int in ``[0, MAX_SEED]``, or a ``ValueError`` naming ``what``."""
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
+        raise ValueError(f"{what} must be an int, got {type(seed).__name__} {seed!r:.60}")
+    if not 0 <= int(seed) <= MAX_SEED:
+        raise ValueError(f"{what} must be an int in [0, 2**63 - 1], got {int(seed)}")
+    return int(seed)
+
+
+def check_reset_options(options, allowed: tuple[str, ...], owner: str) -> dict:
+    """``options`` of ``reset`` as a dict (``{}`` for ``None``); anything but a dict, or a
+    key not in ``allowed``, is a ``ValueError`` (an option is never silently ignored)."""
+    if options is None:
+        return {}
+    if not isinstance(options, dict):
+        raise ValueError(
+            f"{owner}.reset options must be a dict or None, got {type(options).__name__}"
+        )
+    unknown = sorted(str(k) for k in options if k not in allowed)
+    if unknown:
+        valid = ", ".join(repr(k) for k in allowed) or "none"
+        raise ValueError(
+            f"{owner}.reset: unknown option(s) {', '.join(map(repr, unknown))}; valid options: "
+            f"{valid} (environment parameters such as merge_budget are set when the env is made)"
+        )
+    return options
 
 
 def nominal_rate_rps(generator, params: EnvParams | None = None) -> float:
@@ -885,11 +946,9 @@ class BudgetTables:
     """
 
     def __init__(self, n: int, h_min: int, h_max: int, budget: int) -> None:
-        f = completion_counts(n, h_min, h_max, budget)
-        if f[budget, 0] <= 0:
-            from diloco_gym.sim.schedules import budget_range
-
-            lo, hi = budget_range(n, h_min, h_max)
+        lo, hi = budget_range(n, h_min, h_max)  # closed form: refuse before allocating
+        f = completion_counts(n, h_min, h_max, budget) if lo <= budget <= hi else None
+        if f is None or f[budget, 0] <= 0:
             raise ValueError(
                 f"merge_budget={budget} is infeasible for an episode of {n} "
                 f"decisions (H_min={h_min}, H_max={h_max} decisions); feasible "

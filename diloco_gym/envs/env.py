@@ -99,6 +99,7 @@ def configure(
         )
     p = replace(params or EnvParams(), **overrides)
     generator, default_sidecar, name = make_generator(regime)
+    core.check_env_sizes(p, generator)  # before any episode is allocated
     return EnvConfig(
         p,
         generator,
@@ -284,8 +285,10 @@ class DiLoCoSyncEnv(gym.Env[Observation, Action]):
         ``None``), or ``options["episode"]``, an :class:`~diloco_gym.envs.core.Episode`
         built with this env's parameters (:func:`~diloco_gym.envs.core.episode_from_seed`),
         to run an agent on an episode built once for several uses."""
+        if seed is not None:
+            core.check_seed(seed)
+        given = core.check_reset_options(options, ("episode",), "DiLoCoSyncEnv").get("episode")
         super().reset(seed=seed)
-        given = (options or {}).get("episode")
         if given is not None:
             self.episode = self._check_episode(given, seed)
             episode_seed = given.seed

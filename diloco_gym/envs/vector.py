@@ -20,7 +20,7 @@ from gymnasium.utils import seeding
 from gymnasium.vector import AutoresetMode
 from gymnasium.vector.utils import batch_space
 
-from diloco_gym.envs import kernel
+from diloco_gym.envs import core, kernel
 from diloco_gym.envs.bank import BUILD_CHUNK, BuildSpec, EpisodeBank, build_rows, pool_row
 from diloco_gym.envs.core import OBS_DIM, OBS_HIGH, OBS_LOW, EnvParams
 from diloco_gym.envs.env import configure
@@ -131,6 +131,7 @@ class DiLoCoSyncVectorEnv(gym.vector.VectorEnv[np.ndarray, np.ndarray, np.ndarra
         ):
             raise ValueError(f"num_envs must be an int >= 1, got {num_envs!r}")
         cfg = configure("DiLoCoSyncVectorEnv", regime, params, sidecar, learners, overrides)
+        core.check_env_sizes(cfg.params, cfg.generator, int(num_envs))
         if episode_pool is not None and (
             not isinstance(episode_pool, (int, np.integer))
             or isinstance(episode_pool, bool)
@@ -221,9 +222,14 @@ class DiLoCoSyncVectorEnv(gym.vector.VectorEnv[np.ndarray, np.ndarray, np.ndarra
         seed: int | Sequence[int | None] | None = None,
         options: dict[str, Any] | None = None,
     ) -> tuple[np.ndarray, dict[str, Any]]:
-        """Start a new episode in every env (``options`` is accepted and ignored)."""
+        """Start a new episode in every env (``options``: none are defined; ``None`` or
+        ``{}``, anything else is an error)."""
         b = self.num_envs
+        core.check_reset_options(options, (), "DiLoCoSyncVectorEnv")
         seeds = self._seed_list(seed)
+        for s in seeds:
+            if s is not None:
+                core.check_seed(s, "seed (+ env index)")
         if seed is not None:
             first = next((s for s in seeds if s is not None), None)
             self._np_random, self._np_random_seed = seeding.np_random(first)

@@ -224,6 +224,7 @@ def _synthetic_units(
 
 def _trace_units(config: ReportConfig, sidecar: SidecarParams) -> tuple[list[_Unit], dict]:
     """The trace's tiled windows at the configured load (one env and seed per window)."""
+    from diloco_gym.sim.limits import LimitError
     from diloco_gym.sim.loaders import load_trace
     from diloco_gym.sim.regimes import (
         ReplayRegime,
@@ -231,16 +232,21 @@ def _trace_units(config: ReportConfig, sidecar: SidecarParams) -> tuple[list[_Un
         trace_idle_violation_pct,
         trace_utilization,
     )
-    from diloco_gym.sim.traces import scale_rate, tile_starts
+    from diloco_gym.sim.traces import TraceFormatError, scale_rate, tile_starts
 
     assert config.trace is not None  # called only for a trace report
-    tr = load_trace(config.trace, config.trace_format)
+    try:
+        tr = load_trace(config.trace, config.trace_format)
+    except MemoryError:
+        raise TraceFormatError(config.trace, "out of memory while loading the trace") from None
     scale = replay_rate_scale(tr, sidecar, config.rate_scale, config.target_utilization)
     replayed = tr if scale == 1.0 else scale_rate(tr, tr.mean_rate_rps * scale)
     try:
         tiles = ReplayRegime(
             replayed, duration_s=config.window_s, sidecar=sidecar, name=tr.name
         ).tiles(config.stride_s)
+    except LimitError as exc:
+        raise LimitError(f"{config.trace}: {exc}") from None
     except ValueError as exc:
         min_s = core.min_episode_seconds(core.EnvParams(), sidecar)
         raise ValueError(

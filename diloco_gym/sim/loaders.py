@@ -50,6 +50,7 @@ import json
 import math
 import os
 import re
+import stat
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -58,6 +59,7 @@ from typing import Any, TypeAlias
 import numpy as np
 import pandas as pd
 
+from diloco_gym.sim import limits as _limits
 from diloco_gym.sim.traces import Trace, TraceFormatError
 
 __all__ = [
@@ -187,6 +189,7 @@ def detect_format(path: StrPath) -> str:
         TraceFormatError: the file cannot be read, is empty, or matches no format.
     """
     suffix = Path(path).suffix.lower()
+    _check_file(str(path))
     if suffix in _PARQUET_SUFFIXES:
         return "native"
     try:
@@ -592,7 +595,7 @@ class _CsvTable:
             elif value.strip().lower() in ("nan", "+nan", "-nan"):
                 reason = f"value {value.strip()} is not a finite number"
             else:
-                reason = f"cannot parse '{value.strip()}' as a number"
+                reason = f"cannot parse '{_short(value.strip())}' as a number"
             raise TraceFormatError(self.path, reason, row=row, field=column)
         return parsed
 
@@ -614,7 +617,8 @@ class _CsvTable:
             reason = (
                 self.empty_reason(row)
                 if not value.strip()
-                else f"cannot parse timestamp {value!r} (expected 'YYYY-MM-DD HH:MM:SS.fffffff')"
+                else f"cannot parse timestamp '{_short(value)}' (expected "
+                "'YYYY-MM-DD HH:MM:SS.fffffff')"
             )
             raise TraceFormatError(self.path, reason, row=row, field=column)
         return stamps.to_numpy().astype("datetime64[us]").astype(np.int64)
@@ -670,7 +674,7 @@ def _read_csv(path: str, text: str, columns: tuple[str, ...], *, header_line: in
     for column in columns:
         if column not in names:
             raise TraceFormatError(
-                path, f"missing column {column!r} (header: {names})", field=column
+                path, f"missing column {column!r} (header: {_short(str(names), 200)})", field=column
             )
     if len(frame) == 0:
         raise TraceFormatError(path, "no data rows")
@@ -678,10 +682,50 @@ def _read_csv(path: str, text: str, columns: tuple[str, ...], *, header_line: in
     return _CsvTable(path, text, header_line, len(names), raw, len(frame))
 
 
+def _check_file(path: str) -> int:
+    """The size of ``path``, a regular file of at most ``DILOCO_GYM_MAX_TRACE_BYTES`` bytes
+    (:mod:`diloco_gym.sim.limits`); a FIFO, a device or a directory is refused before it is
+    opened (reading one could hang or never end).
+
+    Raises:
+        TraceFormatError: missing, not a regular file, or too large.
+    """
+    try:
+        info = os.stat(path)
+    except OSError as exc:
+        raise TraceFormatError(path, f"cannot read: {exc.strerror or exc}") from None
+    if not stat.S_ISREG(info.st_mode):
+        kind = (
+            "a directory"
+            if stat.S_ISDIR(info.st_mode)
+            else "a FIFO (named pipe)"
+            if stat.S_ISFIFO(info.st_mode)
+            else "a device"
+            if stat.S_ISCHR(info.st_mode) or stat.S_ISBLK(info.st_mode)
+            else "a socket or other special file"
+        )
+        raise TraceFormatError(path, f"cannot read: not a regular file ({kind}); give a trace file")
+    try:
+        _limits.check_limit("TRACE_BYTES", info.st_size, "file size in bytes")
+    except _limits.LimitError as exc:
+        raise TraceFormatError(path, str(exc)) from None
+    return info.st_size
+
+
 def _read_text(path: str) -> str:
     """The whole file as text (UTF-8, optional BOM), or a :class:`TraceFormatError`."""
+    _check_file(path)
+    bound = _limits.limit("TRACE_BYTES")
     try:
-        return Path(path).read_text(encoding="utf-8-sig")
+        with open(path, "rb") as handle:
+            data = handle.read(bound + 1)  # bounded even if the file grows meanwhile
+        if len(data) > bound:
+            raise TraceFormatError(
+                path,
+                f"file size in bytes is above the limit of {bound:,} "
+                f"(set {_limits.limit_env_var('TRACE_BYTES')} to raise it)",
+            )
+        return data.decode("utf-8-sig")
     except OSError as exc:
         raise TraceFormatError(path, f"cannot read: {exc}") from exc
     except UnicodeDecodeError as exc:
@@ -694,7 +738,7 @@ def _parse_duration(path: str, line: str) -> float:
     if not match:
         raise TraceFormatError(
             path,
-            f"unrecognised metadata line {line[:200]!r}; expected '# duration_s=<seconds>'",
+            f"unrecognised metadata line '{_short(line, 100)}'; expected '# duration_s=<seconds>'",
             field="duration_s",
         )
     try:
@@ -704,7 +748,7 @@ def _parse_duration(path: str, line: str) -> float:
     if not (math.isfinite(duration) and duration > 0):
         raise TraceFormatError(
             path,
-            f"duration_s must be a positive number, got {match.group(1)!r}",
+            f"duration_s must be a positive number, got '{_short(match.group(1))}'",
             field="duration_s",
         )
     return duration
@@ -735,6 +779,7 @@ def _pyarrow(path: StrPath, action: str) -> tuple[Any, Any]:
 def _read_native_parquet(path: str) -> tuple[dict[str, np.ndarray], int, float | None]:
     """Columns, row count and stored ``duration_s`` (or ``None``) of a native Parquet."""
     pa, pq = _pyarrow(path, "reading")
+    _check_file(path)
     try:
         table = pq.read_table(path)
     except (OSError, pa.ArrowException) as exc:
@@ -788,14 +833,27 @@ class _JsonFloat(float):
 def _as_written(values: np.ndarray | list, raw: np.ndarray | None, index: int) -> str:
     """Element ``index`` as the file writes it (raw text when known, else plain Python)."""
     if raw is not None:
-        return str(raw[index]).strip()
+        return _short(str(raw[index]).strip())
     value = values[index]
     value = value.item() if isinstance(value, np.generic) else value
     if isinstance(value, _JsonFloat):
-        return value.text
+        return _short(value.text)
     if isinstance(value, float) and not math.isfinite(value):
         return str(value)
-    return json.dumps(value) if isinstance(value, str | bool) or value is None else repr(value)
+    if isinstance(value, str | bool) or value is None:
+        return _short(json.dumps(value))
+    if isinstance(value, int) and abs(value) > 10**60:
+        return f"an integer of {len(str(abs(value))):,} digits"
+    return _short(repr(value))
+
+
+def _short(text: str, width: int = 60) -> str:
+    """``text`` for a message: control characters (a NUL byte, say) escaped, and cut to
+    ``width`` characters with the full length said, so a huge field is never echoed."""
+    text = str(text)
+    cut = text[:width]
+    shown = "".join(c if c.isprintable() else ascii(c)[1:-1] for c in cut)
+    return shown if len(text) <= width else f"{shown}... ({len(text):,} characters)"
 
 
 def _undecodable(exc: UnicodeDecodeError) -> str:

@@ -16,6 +16,8 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from diloco_gym.sim.limits import check_limit
+
 __all__ = ["Trace", "TraceFormatError", "window", "scale_rate", "validate_trace", "tile_starts"]
 
 #: Sampling interval of the pressure series, in seconds.
@@ -263,7 +265,18 @@ def scale_rate(trace: Trace, target_rate_rps: float) -> Trace:
     duration = trace.duration_s * factor
     arrivals = np.minimum(trace.arrival_s * factor, np.nextafter(duration, 0))
     out = {}
+    if not np.isfinite(duration):
+        raise ValueError(
+            f"rate scale {target_rate_rps / trace.mean_rate_rps:.3g} makes the trace "
+            f"{trace.duration_s:g} s last {duration} s, not a finite number of seconds"
+        )
     count = int(np.ceil(duration / PRESSURE_DT_S - 1e-9))
+    if trace.network is not None or trace.checkpoint is not None:
+        check_limit(
+            "DECISIONS",
+            count,
+            f"the pressure samples of a trace stretched to {duration:.6g} s",
+        )
     for name in ("network", "checkpoint"):
         series = getattr(trace, name)
         if series is not None:
@@ -297,7 +310,16 @@ def tile_starts(duration_s: float, window_s: float, stride_s: float | None = Non
     for name, v in (("window_s", window_s), ("stride_s", stride_s)):
         if not (np.isfinite(v) and v > 0):
             raise ValueError(f"{name} must be a positive number of seconds, got {v}")
-    count = int(np.floor((duration_s - window_s) / stride_s + 1e-9)) + 1
+    if not np.isfinite(duration_s):
+        raise ValueError(f"the trace lasts {duration_s} s, not a finite number of seconds")
+    count_f = np.floor((duration_s - window_s) / stride_s + 1e-9) + 1
+    # Checked before the list is built: a long trace or a tiny stride would not fit in memory.
+    check_limit(
+        "WINDOWS",
+        count_f,
+        f"a trace of {duration_s:.6g} s cut into {window_s:g} s windows every {stride_s:g} s",
+    )
+    count = int(count_f)
     if duration_s + 1e-9 < window_s or count < 1:
         raise ValueError(
             f"a trace of {duration_s:.1f} s holds no window of {window_s:.1f} s; "

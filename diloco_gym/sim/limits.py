@@ -1,0 +1,76 @@
+"""Size limits: what a file or a parameter may make the package allocate.
+
+Every size an input implies (trace windows, decisions per episode, envs times episode
+size, the merge corridor, a merge budget, a trace file's bytes) is checked against a limit
+*before* anything of that size is allocated, so that a 60-byte file or one option never
+exhausts the machine. A value over its limit raises :class:`LimitError` (a ``ValueError``)
+with one line naming the value, the limit and how to raise it: each limit can be changed
+with an environment variable, ``DILOCO_GYM_MAX_<NAME>`` (see :data:`LIMITS`).
+
+The defaults are far above anything the package needs for its own protocol (600 s
+episodes of 536 decisions, a few hundred windows of a week-long trace, 1,024 vector envs)
+and far below what would exhaust a laptop.
+"""
+
+from __future__ import annotations
+
+import os
+
+__all__ = ["LIMITS", "LimitError", "check_limit", "limit", "limit_env_var"]
+
+#: ``name: (default, what it bounds)``; the environment variable is ``DILOCO_GYM_MAX_<NAME>``.
+LIMITS: dict[str, tuple[int, str]] = {
+    "WINDOWS": (10_000, "trace windows per replay (one episode each)"),
+    "DECISIONS": (2**20, "decisions per episode (about 13.6 days at 1.12 s per decision)"),
+    "BATCH_DECISIONS": (2**23, "envs x decisions per episode of a vector env"),
+    "ENVS": (65_536, "envs of one vector env"),
+    "MERGE_BUDGET": (2**16, "merges per episode of a merge budget"),
+    "H_MAX_DECISIONS": (2**20, "decisions of the merge corridor's upper bound H_max"),
+    "TRACE_BYTES": (2**31, "bytes of one trace file"),
+    "CALIBRATION_BYTES": (2**26, "bytes of one calibration or configuration file"),
+}
+
+
+class LimitError(ValueError):
+    """An input implies a size above a documented limit (:data:`LIMITS`)."""
+
+
+def limit_env_var(name: str) -> str:
+    """The environment variable that overrides limit ``name``."""
+    return f"DILOCO_GYM_MAX_{name}"
+
+
+def limit(name: str) -> int:
+    """The limit ``name`` in force: ``$DILOCO_GYM_MAX_<NAME>`` if set, else the default.
+
+    Raises:
+        LimitError: the environment variable is not a positive integer.
+    """
+    default, _ = LIMITS[name]
+    var = limit_env_var(name)
+    text = os.environ.get(var, "").strip()
+    if not text:
+        return default
+    try:
+        value = int(text.replace("_", ""))
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise LimitError(
+            f"environment variable {var} must be a positive integer, got {text[:40]!r}"
+        )
+    return value
+
+
+def check_limit(name: str, value: float, what: str) -> None:
+    """Raise :class:`LimitError` when ``value`` exceeds limit ``name``.
+
+    ``what`` names the value in the message, e.g. ``"the trace's 600 s windows"``.
+    """
+    bound = limit(name)
+    if not value <= bound:  # also refuses NaN
+        shown = f"{int(value):,}" if value == value and abs(value) < 1e18 else f"{value:.3g}"
+        raise LimitError(
+            f"{what}: {shown} is above the limit of {bound:,} {LIMITS[name][1]} "
+            f"(set {limit_env_var(name)} to raise it)"
+        )
