@@ -490,6 +490,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
             retry_failed=args.retry_failed,
             max_cells=args.max_cells,
         )
+    except FileExistsError as exc:  # another sweep writes there now
+        raise UsageError(str(exc)) from None
     except KeyboardInterrupt:
         raise Interrupted(
             f"interrupted; the finished cells are stored in {out}/ (rerun to resume)"
@@ -860,6 +862,9 @@ def main(argv: list[str] | None = None) -> int:
         _close_progress_bars()
         print(f"diloco-gym: {msg}", file=sys.stderr)
         raise CLIExit(code, f"diloco-gym: {msg}") from None
+    finally:
+        if "diloco_gym.eval.outlock" in sys.modules:  # a refused or failed run unlocks too
+            sys.modules["diloco_gym.eval.outlock"].release_out_locks()
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -342,8 +342,32 @@ def run_sweep(
         ``{"cells", "run", "skipped", "failed", "complete", "out"}``: cells in the grid,
         cells run now, cells skipped (stored by an earlier run), failed cells stored,
         whether every cell is stored, and the directory.
+
+    Raises:
+        FileExistsError: another process is running a sweep into ``out`` now (its lock file
+            ``.OUT.lock``, :mod:`diloco_gym.eval.outlock`, is held).
     """
+    from diloco_gym.eval.outlock import lock_out_dir, release_out_lock
+
     out = Path(out)
+    lock_out_dir(out, "sweep")
+    try:
+        return _run_sweep(spec, out, backend, jobs, ray_address, progress, retry_failed, max_cells)
+    finally:
+        release_out_lock(out)
+
+
+def _run_sweep(
+    spec: SweepSpec,
+    out: Path,
+    backend: str,
+    jobs: int | None,
+    ray_address: str | None,
+    progress: bool,
+    retry_failed: bool,
+    max_cells: int | None,
+) -> dict[str, Any]:
+    """:func:`run_sweep` with the output's lock held."""
     out.mkdir(parents=True, exist_ok=True)
     store = _Store(out / "cells.jsonl")
     plan, cells = _plan_cells(spec, store)
