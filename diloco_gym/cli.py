@@ -369,6 +369,11 @@ def cmd_report(args: argparse.Namespace) -> int:
             "(an interrupted or failed live run); verdicts rest on partial measurements",
             file=sys.stderr,
         )
+    if calib.out_of_range:
+        print(
+            f"diloco-gym: warning: calibration file {args.calibration}: {calib.out_of_range}",
+            file=sys.stderr,
+        )
     command = "diloco-gym " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     try:
         result = run_protocol(

@@ -48,6 +48,8 @@ __all__ = [
     "measured_utilization",
     "measured_merge_plan",
     "simulate_as_measured",
+    "read_json_file",
+    "check_consistency",
 ]
 
 TOLERANCE = 0.05
@@ -71,6 +73,9 @@ class Calibration:
     fitted_sidecar: SidecarParams | None = None
     user_regimes: tuple[str, ...] = ()
     complete: bool = True
+    #: why the fitted sidecar lies outside the model's range (its nominal service time
+    #: alone reaches the SLO, so every request violates it), or ``None``.
+    out_of_range: str | None = None
 
     def measured_on(self, regime: str) -> str:
         """The regime whose measurements apply to ``regime`` (following ``calibrated_on``)."""
@@ -135,7 +140,9 @@ SCHEMA_RESOURCE = "data/calibration.schema.json"
 
 def calibration_schema() -> dict:
     """The JSON Schema of calibration files (shipped as package data)."""
-    return json.loads(resources.files("diloco_gym").joinpath(SCHEMA_RESOURCE).read_text())
+    return json.loads(
+        resources.files("diloco_gym").joinpath(SCHEMA_RESOURCE).read_text(encoding="utf-8-sig")
+    )
 
 
 _JSON_TYPES = {
@@ -310,8 +317,170 @@ def validate_calibration(data: Any, where: str) -> None:
     _check_chains(regimes, where, regimes)
 
 
-def load_calibration(path: str | Path | None = None) -> Calibration:
+#: The smallest plausible p95 ratio: a merge (or high pressure) never makes the sidecar's p95
+#: latency more than twice as fast; a smaller measured ratio is a measurement or editing fault.
+MIN_PLAUSIBLE_RATIO = 0.5
+
+
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict:
+    """``object_pairs_hook`` of every JSON file read here: a key given twice is an error
+    (``json`` would silently keep the last value)."""
+    out: dict = {}
+    for key, value in pairs:
+        if key in out:
+            shown = key if len(key) <= 60 else key[:60] + "..."
+            raise ValueError(
+                f"duplicate key {shown!r} (given twice in one object: which value is meant "
+                f"is ambiguous)"
+            )
+        out[key] = value
+    return out
+
+
+def read_json_file(path: str | Path, what: str = "calibration file") -> Any:
+    """Parse a JSON file strictly: a regular file of at most ``DILOCO_GYM_MAX_CALIBRATION_BYTES``
+    bytes, UTF-8 with or without a byte-order mark, no key given twice in one object.
+
+    Raises:
+        CalibrationFileError: naming the file and what is wrong (never swallowed).
+    """
+    import os
+    import stat
+
+    from diloco_gym.sim import limits
+
+    where = str(path)
+    try:
+        info = os.stat(path)
+        if not stat.S_ISREG(info.st_mode):
+            raise CalibrationFileError(where, f"cannot read {what}: not a regular file")
+        limits.check_limit("CALIBRATION_BYTES", info.st_size, f"{what} size in bytes")
+        with open(path, "rb") as handle:
+            raw = handle.read(limits.limit("CALIBRATION_BYTES") + 1)
+        text = raw.decode("utf-8-sig")
+    except limits.LimitError as exc:
+        raise CalibrationFileError(where, str(exc)) from None
+    except OSError as exc:
+        raise CalibrationFileError(where, f"cannot read {what}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        raise CalibrationFileError(
+            where,
+            f"cannot read {what}: not UTF-8 text (byte 0x{raw[exc.start]:02x} at offset "
+            f"{exc.start})",
+        ) from None
+    return _parse_json(text, where)
+
+
+def _parse_json(text: str, where: str) -> Any:
+    try:
+        return json.loads(text, object_pairs_hook=_no_duplicates)
+    except (ValueError, RecursionError) as exc:  # also deep nesting, 5000-digit integers
+        raise CalibrationFileError(where, f"not valid JSON: {str(exc)[:200]}") from None
+
+
+def check_consistency(data: dict, where: str) -> None:
+    """Refuse what the schema cannot express: contradictions and impossible values.
+
+    ``complete: true`` beside an ``error``; a confidence interval that is reversed or does
+    not contain its point estimate; a p95 ratio below :data:`MIN_PLAUSIBLE_RATIO`; a merge
+    ``schedule`` that is not a list of merges with finite, sorted ``start_s >= 0`` and
+    ``length_s > 0``; a recorded trace load (``metadata.trace``) that is not finite.
+
+    Raises:
+        CalibrationFileError: naming the file and the field at fault.
+    """
+    if data.get("complete", True) and data.get("error"):
+        raise CalibrationFileError(
+            where,
+            f"the file says complete: true but records an error "
+            f"({str(data['error'])[:120]!r}); a run that failed is not complete",
+            "error",
+        )
+    for name, entry in data["regimes"].items():
+        for metric in METRICS:
+            field = f"regimes.{name}.{metric}"
+            point = entry.get(metric)
+            if point is not None and point < MIN_PLAUSIBLE_RATIO:
+                raise CalibrationFileError(
+                    where,
+                    f"{point} is physically implausible: a p95 ratio below "
+                    f"{MIN_PLAUSIBLE_RATIO} would mean merges (or pressure) make the sidecar "
+                    f"more than twice as fast",
+                    field,
+                )
+            ci = entry.get(f"{metric}_ci")
+            if ci is None:
+                continue
+            lo, hi = ci
+            if lo > hi:
+                raise CalibrationFileError(
+                    where,
+                    f"interval [{lo}, {hi}] is reversed (lower end above upper end)",
+                    field + "_ci",
+                )
+            if point is not None and not lo <= point <= hi:
+                raise CalibrationFileError(
+                    where,
+                    f"interval [{lo}, {hi}] does not contain its point estimate {point}",
+                    field + "_ci",
+                )
+    schedule = data.get("schedule")
+    if schedule is not None:
+        last = -math.inf
+        for i, merge in enumerate(schedule):
+            if not isinstance(merge, dict) or set(merge) != {"start_s", "length_s"}:
+                raise CalibrationFileError(
+                    where,
+                    "a merge must be an object with exactly start_s and length_s, got "
+                    f"{json.dumps(merge)[:80]}",
+                    f"schedule[{i}]",
+                )
+            for key in ("start_s", "length_s"):
+                v = merge[key]
+                ok = isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+                if not ok or (v < 0 if key == "start_s" else v <= 0):
+                    need = "a finite number >= 0" if key == "start_s" else "a finite number > 0"
+                    raise CalibrationFileError(
+                        where, f"must be {need}, got {json.dumps(v)[:40]}", f"schedule[{i}].{key}"
+                    )
+            if merge["start_s"] < last:
+                raise CalibrationFileError(
+                    where, "merges are not sorted by start_s", f"schedule[{i}].start_s"
+                )
+            last = merge["start_s"]
+    trace = (
+        data.get("metadata", {}).get("trace", {}) if isinstance(data.get("metadata"), dict) else {}
+    )
+    if isinstance(trace, dict):
+        for key in (
+            "rate_rps",
+            "duration_s",
+            "requests",
+            "sent_prompt_tokens_mean",
+            "sent_output_tokens_mean",
+        ):
+            v = trace.get(key)
+            if v is None:
+                continue
+            bad = isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v)
+            if bad or v < 0 or (key == "rate_rps" and v > 1e6):
+                raise CalibrationFileError(
+                    where,
+                    "must be a finite number in [0, 1e6] (requests per second)"
+                    if key == "rate_rps"
+                    else f"must be a finite number >= 0, got {json.dumps(v)[:40]}",
+                    f"metadata.trace.{key}",
+                )
+
+
+def load_calibration(path: str | Path | None = None, *, allow_empty: bool = False) -> Calibration:
     """Read a calibration file (default: the shipped reference measurements).
+
+    A user file is read strictly (:func:`read_json_file`: UTF-8 with or without a
+    byte-order mark, no duplicate keys) and checked for contradictions
+    (:func:`check_consistency`). A file that measured nothing (``regimes`` empty: a live run
+    interrupted before any request succeeded) is refused unless ``allow_empty`` (it would
+    silently stand for the reference's numbers).
 
     A user file (for example from ``diloco-gym calibrate``) overrides the reference entry by
     entry: regimes it does not measure keep the reference's numbers, and regimes
@@ -328,36 +497,58 @@ def load_calibration(path: str | Path | None = None) -> Calibration:
         return _read_calibration(None)
     base = _read_calibration(None)
     user = _read_calibration(path)
+    if not user.regimes and not allow_empty:
+        raise CalibrationFileError(
+            user.path,
+            "the file measured nothing (no regime has measurements: a live run stopped "
+            "before any request succeeded?); leave out the calibration file to use the "
+            "shipped reference measurements",
+            "regimes",
+        )
     regimes = dict(base.regimes)
     regimes.update(user.regimes)
     # The user's entries may point at the reference's (and vice versa): check the merge.
     _check_chains(regimes, user.path, user.user_regimes)
     return Calibration(
-        user.source, regimes, user.path, user.fitted_sidecar, tuple(user.regimes), user.complete
+        user.source,
+        regimes,
+        user.path,
+        user.fitted_sidecar,
+        tuple(user.regimes),
+        user.complete,
+        user.out_of_range,
     )
 
 
 def _read_calibration(path: str | Path | None) -> Calibration:
     if path is None:
-        text = resources.files("diloco_gym").joinpath("data/calibration_reference.json").read_text()
+        text = (
+            resources.files("diloco_gym")
+            .joinpath("data/calibration_reference.json")
+            .read_text(encoding="utf-8-sig")
+        )
         where = "diloco_gym/data/calibration_reference.json"
+        data = _parse_json(text, where)
     else:
         where = str(path)
-        try:
-            text = Path(path).read_text(encoding="utf-8-sig")
-        except (OSError, UnicodeDecodeError) as exc:
-            raise CalibrationFileError(where, f"cannot read calibration file: {exc}") from exc
-    try:
-        data = json.loads(text)
-    except (ValueError, RecursionError) as exc:  # also deep nesting, 5000-digit integers
-        raise CalibrationFileError(where, f"not valid JSON: {str(exc)[:200]}") from None
+        data = read_json_file(path)
     validate_calibration(data, where)
+    check_consistency(data, where)
     fitted = None
     if data.get("fitted_sidecar"):
         try:
             fitted = SidecarParams(**data["fitted_sidecar"])
         except ValueError as exc:  # defensive: the schema's ranges are stricter
             raise CalibrationFileError(where, str(exc), "fitted_sidecar") from exc
+        shortest = min(float(getattr(r, "duration_s", 600.0)) for r in REGIMES.values())
+        min_s = core.min_episode_seconds(core.EnvParams(), fitted)
+        if min_s > shortest:
+            raise CalibrationFileError(
+                where,
+                f"{fitted.tail_s:g} s leaves no room for an episode: with it an episode needs "
+                f"at least {min_s:.1f} s, the regimes' episodes last {shortest:g} s",
+                "fitted_sidecar.tail_s",
+            )
     return Calibration(
         str(data["source"]),
         dict(data["regimes"]),
@@ -365,6 +556,29 @@ def _read_calibration(path: str | Path | None) -> Calibration:
         fitted,
         tuple(data["regimes"]),
         data.get("complete", True),
+        slower_than_slo(fitted, data) if fitted is not None else None,
+    )
+
+
+def slower_than_slo(fitted: SidecarParams, doc: dict) -> str | None:
+    """Why a fitted sidecar is outside the model's range, or ``None``: its nominal service
+    time for the measured mean request (``metadata.trace``; the TTFT alone when not
+    recorded) reaches the SLO, so every request violates it and merges cannot change that
+    (for example a server far slower than the SLO)."""
+    meta = doc.get("metadata")
+    trace = meta.get("trace", {}) if isinstance(meta, dict) else {}
+    trace = trace if isinstance(trace, dict) else {}
+    prompt = float(trace.get("sent_prompt_tokens_mean") or 0.0)
+    output = float(trace.get("sent_output_tokens_mean") or 0.0)
+    service_ms = (
+        fitted.ttft_ms + fitted.prefill_ms_per_token * prompt + fitted.decode_ms_per_token * output
+    )
+    if service_ms < fitted.slo_ms:
+        return None
+    return (
+        f"the fitted sidecar serves the measured mean request in {service_ms:,.0f} ms (TTFT "
+        f"{fitted.ttft_ms:,.0f} ms), at or above the {fitted.slo_ms:,.0f} ms SLO: every "
+        f"request violates it, outside the model's range (a server slower than the SLO)"
     )
 
 
@@ -381,15 +595,16 @@ def measured_utilization(path: str | Path | None, sidecar: SidecarParams) -> flo
 
 
 def _live_document(path: str | Path | None) -> dict:
-    """A calibration file's JSON, read once for the fields of a live run (``{}`` when there
-    is no file or it cannot be read: the shipped reference, or a file load_calibration has
-    already refused)."""
+    """A calibration file's JSON, read once for the fields of a live run (``{}`` for the
+    shipped reference). Read as strictly as :func:`load_calibration` reads it (a byte-order
+    mark is fine); an unreadable file is an error, never an empty document.
+
+    Raises:
+        CalibrationFileError: the file cannot be read or parsed.
+    """
     if path is None:
         return {}
-    try:
-        doc = json.loads(Path(path).read_text())
-    except (OSError, ValueError):
-        return {}
+    doc = read_json_file(path)
     return doc if isinstance(doc, dict) else {}
 
 

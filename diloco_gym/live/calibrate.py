@@ -337,6 +337,11 @@ class CalibrationResult:
     def fitted_sidecar(self) -> dict:
         return self.document.get("fitted_sidecar", {})
 
+    @property
+    def out_of_range(self) -> str | None:
+        """Why the fitted sidecar is outside the model's range (slower than the SLO)."""
+        return (self.document.get("fit") or {}).get("out_of_range")
+
 
 # --------------------------------------------------------------------------- preparation
 
@@ -628,6 +633,9 @@ def _document(run: _Run, complete: bool, cfg: CalibrationConfig, intervals: bool
     if counts["ok"]:
         measured, fit, fitted, entry = _measure_and_fit(records, run, complete, cfg, intervals)
         regimes[run.label] = entry
+    metadata = _metadata(run, cfg)
+    if fitted and regimes:
+        _mark_out_of_range(fitted, fit, regimes[run.label], metadata)
     ep = run.endpoint.get("url", "?")
     source = (
         f"live calibration (diloco-gym calibrate) of {ep} "
@@ -648,11 +656,26 @@ def _document(run: _Run, complete: bool, cfg: CalibrationConfig, intervals: bool
         "fit": fit,
         "requests": counts,
         "capacity": run.capacity,
-        "metadata": _metadata(run, cfg),
+        "metadata": metadata,
         "schedule": [{"start_s": s, "length_s": n} for s, n in run.plan],
         "merges": run.merges,
         "records": _records_columns(records),
     }
+
+
+def _mark_out_of_range(fitted: dict, fit: dict, entry: dict, metadata: dict) -> None:
+    """Mark a calibration whose fitted sidecar is slower than the SLO (every request
+    violates it: outside the model's range) in ``fit["out_of_range"]`` and the regime's
+    note; the command warns about it."""
+    from diloco_gym.eval.calibration import slower_than_slo
+
+    try:
+        why = slower_than_slo(SidecarParams(**fitted), {"metadata": metadata})
+    except (TypeError, ValueError):  # a degenerate partial fit: nothing to judge
+        return
+    if why:
+        fit["out_of_range"] = why
+        entry["note"] = entry.get("note", "") + "; outside the model's range: slower than the SLO"
 
 
 def _measure_and_fit(
@@ -718,14 +741,14 @@ def _metadata(run: _Run, cfg: CalibrationConfig) -> dict:
         "warmup": run.warmup,
         "phase_order": [_phase_key(n, k) for n, k in run.order],
         "overload_inflight_limit": run.overload_limit,
-        "endpoint": run.endpoint,
+        "endpoint": _portable(run.endpoint),
         "trace": run.trace_info,
         "label": run.label,
-        "merges": run.cluster,
+        "merges": _portable(run.cluster),
         "started_utc": run.started_utc,
         "elapsed_s": run.clock(),
         "phases": run.phases,
-        "config": _finite(_config_dict(cfg)),
+        "config": _portable(_finite(_config_dict(cfg))),
         "pressure_proxy": (
             f"min(1, client in-flight requests at send / {cfg.pressure_norm_inflight})"
         ),
@@ -738,6 +761,24 @@ def _metadata(run: _Run, cfg: CalibrationConfig) -> dict:
         },
         "clock": "seconds since the run started (time.monotonic)",
     }
+
+
+#: Machine-specific fields a calibration file leaves out: the server's command line (a
+#: virtual environment's executable, temporary model directories) and the merge workers'
+#: temporary checkpoint directory. The versions and the model configuration stay.
+_MACHINE_FIELDS = ("command", "checkpoint_dir")
+
+
+def _portable(value: Any) -> Any:
+    """``value`` without machine paths: the :data:`_MACHINE_FIELDS` dropped and every
+    absolute filesystem path replaced by its last component (a model directory's name)."""
+    if isinstance(value, dict):
+        return {k: _portable(v) for k, v in value.items() if k not in _MACHINE_FIELDS}
+    if isinstance(value, list | tuple):
+        return [_portable(v) for v in value]
+    if isinstance(value, str) and "://" not in value and os.path.isabs(value):
+        return os.path.basename(value.rstrip("/\\")) or value
+    return value
 
 
 def _config_dict(cfg: CalibrationConfig) -> dict:

@@ -306,6 +306,9 @@ def run_calibrate_command(args: argparse.Namespace) -> int:
     except (ValueError, TraceFormatError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    why = getattr(result, "out_of_range", None)  # a stand-in result may not have it
+    if why:
+        print(f"warning: {why}", file=sys.stderr)
     return 0 if result.complete else 1
 
 

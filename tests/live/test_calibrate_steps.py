@@ -671,3 +671,42 @@ def test_engine_threads_default_to_the_cores_the_merge_workers_leave(monkeypatch
         assert calibrate_mod._builtin_starter(job, (64, 16))() == "engine"
         assert started["threads"] == expected
         assert f"; {expected} torch thread" in lines[-1]
+
+
+def test_a_server_slower_than_the_slo_is_marked_out_of_range():
+    """Every request takes over 5 s against a 1 s SLO: the document says so (``fit``
+    and the regime's note), and the command warns (it wrote ``complete: true`` silently)."""
+    import dataclasses
+
+    from diloco_gym.eval.calibration import validate_calibration
+
+    run = _synthetic_run(False)
+    slow = [dataclasses.replace(r, latency_s=r.latency_s + 5.0) for r in run.replayer.snapshot()]
+    run.replayer = SimpleNamespace(snapshot=lambda: slow)  # type: ignore[assignment]
+    cfg = CalibrationConfig(bootstrap_resamples=20)
+    doc = calibrate_mod._finite(calibrate_mod._document(run, True, cfg))
+    validate_calibration(doc, "synthetic")
+    assert "SLO" in doc["fit"]["out_of_range"], doc["fit"]
+    assert "outside the model's range" in doc["regimes"]["ordinary"]["note"]
+    fast = calibrate_mod._finite(calibrate_mod._document(_synthetic_run(False), True, cfg))
+    assert "out_of_range" not in fast["fit"]
+
+
+def test_the_document_records_no_machine_paths():
+    run = _synthetic_run(False)
+    run.endpoint = {
+        "kind": "transformers-serve",
+        "model": "/tmp/diloco-gym-engine-abc/llama-1",
+        "command": ["/work/venv/bin/transformers", "serve", "/tmp/diloco-gym-engine-abc/llama-1"],
+        "url": "http://127.0.0.1:5000",
+        "model_config": {"hidden_size": 128},
+        "transformers": "5.24.0",
+    }
+    run.cluster = {"backend": "gloo", "checkpoint": True, "checkpoint_dir": "/tmp/merge-xyz"}
+    doc = calibrate_mod._document(run, True, CalibrationConfig(bootstrap_resamples=20))
+    text = json.dumps(doc["metadata"])
+    assert "/tmp/" not in text and "/venv/" not in text, text
+    endpoint = doc["metadata"]["endpoint"]
+    assert endpoint["model"] == "llama-1" and "command" not in endpoint
+    assert endpoint["url"] == "http://127.0.0.1:5000" and endpoint["model_config"]
+    assert doc["metadata"]["merges"] == {"backend": "gloo", "checkpoint": True}
