@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import re
 import shlex
@@ -277,13 +278,54 @@ def default_hyperparameters(algo: str, n_envs: int, timesteps: int) -> dict[str,
 
 def latest_checkpoint(out: str | Path) -> Path | None:
     """The checkpoint in ``out/checkpoints`` with the most timesteps, or ``None``."""
+    found = checkpoints_newest_first(out)
+    return found[0] if found else None
+
+
+def checkpoints_newest_first(out: str | Path) -> list[Path]:
+    """The checkpoints in ``out/checkpoints``, the one with the most timesteps first."""
     ckpt_dir = Path(out) / "checkpoints"
-    best: tuple[int, Path] | None = None
+    found: list[tuple[int, Path]] = []
     for p in ckpt_dir.glob("*_steps.zip") if ckpt_dir.is_dir() else []:
         m = _CHECKPOINT_RE.search(p.name)
-        if m and (best is None or int(m.group(1)) > best[0]):
-            best = (int(m.group(1)), p)
-    return None if best is None else best[1]
+        if m:
+            found.append((int(m.group(1)), p))
+    return [p for _, p in sorted(found, key=lambda t: t[0], reverse=True)]
+
+
+def model_file_problem(path: Path) -> str | None:
+    """Why ``path`` is not a complete saved model (a truncated or torn zip), or ``None``.
+
+    A Stable-Baselines3 model file is a zip archive holding ``data`` (the parameters of
+    the algorithm) and the policy weights; every member's CRC is checked.
+    """
+    import zipfile
+
+    try:
+        with zipfile.ZipFile(path) as archive:
+            names = set(archive.namelist())
+            if "data" not in names or not any(n.endswith(".pth") for n in names):
+                return "not a complete Stable-Baselines3 model (no data or weights)"
+            bad = archive.testzip()
+            if bad is not None:
+                return f"member {bad!r} is corrupt (CRC mismatch)"
+    except (OSError, zipfile.BadZipFile, EOFError, ValueError) as exc:
+        return f"not a readable zip archive ({exc})"
+    return None
+
+
+def _save_atomic(save: Callable[[str], None], path: Path) -> None:
+    """Write a file with ``save(tmp)`` beside ``path`` and rename it into place, so that a
+    kill leaves either the old state or the complete file, never a torn one."""
+    tmp = path.with_name(f".{path.stem}.partial-{os.getpid()}{path.suffix}")
+    try:
+        save(str(tmp))
+        with open(tmp, "rb") as handle:
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
 
 
 class HeldOutEvalCallback(BaseCallback):
@@ -451,14 +493,31 @@ RUN_ARTEFACTS = (
 )
 
 
+def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """``object_pairs_hook``: a key given twice in one object is an error, not the last."""
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise ValueError(f"duplicate key {key[:60]!r}")
+        out[key] = value
+    return out
+
+
 def _read_meta(path: Path) -> dict[str, Any]:
     try:
-        meta = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        meta = json.loads(
+            path.read_text(encoding="utf-8-sig"), object_pairs_hook=_no_duplicate_keys
+        )
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
         raise ValueError(f"{path}: cannot read the run's metadata: {exc}") from None
     if not isinstance(meta, dict):
         raise ValueError(f"{path}: the run's metadata is not a JSON object")
     return meta
+
+
+def _has_saved_model(out: Path) -> bool:
+    """Whether the run in ``out`` saved a checkpoint or a final model."""
+    return bool(checkpoints_newest_first(out)) or (out / "model.zip").is_file()
 
 
 def check_run_dir(
@@ -480,9 +539,14 @@ def check_run_dir(
     Args:
         apply: with ``force``, remove the previous run's files (``False``: only check).
 
+    With ``resume``, the latest checkpoint is verified first (:func:`model_file_problem`);
+    a damaged one (truncated by a kill, say) is skipped with a warning on stderr for the
+    previous one. A run killed before its first checkpoint (``meta.json`` says
+    ``training`` and nothing was saved) is resumed as a fresh start.
+
     Returns:
-        With ``resume``, the file to continue from (the latest checkpoint, else
-        ``model.zip``); otherwise ``None``.
+        With ``resume``, the file to continue from (the latest intact checkpoint, else
+        ``model.zip``; ``None``: nothing was saved, start afresh); otherwise ``None``.
 
     Raises:
         FileExistsError: ``out`` holds a run (without ``resume`` / ``force``), is not a
@@ -517,14 +581,25 @@ def check_run_dir(
                     f"{want} (pass {flag} {meta.get(key)}, or --force to "
                     f"start over)"
                 )
-        start = latest_checkpoint(out)
-        if start is None and (out / "model.zip").is_file():
-            start = out / "model.zip"
-        if start is None:
-            raise FileNotFoundError(
-                f"--resume: {out} has no checkpoint and no model.zip to continue from"
+        candidates = checkpoints_newest_first(out)
+        if (out / "model.zip").is_file():
+            candidates.append(out / "model.zip")
+        for i, candidate in enumerate(candidates):
+            problem = model_file_problem(candidate)
+            if problem is None:
+                return candidate
+            after = candidates[i + 1] if i + 1 < len(candidates) else None
+            print(
+                f"diloco-gym: warning: {candidate} is damaged ({problem}); "
+                + (f"continuing from {after.name} instead" if after else "no earlier one"),
+                file=sys.stderr,
             )
-        return start
+        if not candidates and meta.get("status") == "training":
+            return None  # stopped before its first checkpoint: resumed as a fresh start
+        raise FileNotFoundError(
+            f"--resume: {out} has no intact checkpoint and no model.zip to continue from; "
+            f"--force replaces the run (it removes only the run's own files)"
+        )
     if not non_empty:
         return None
     if not meta_path.is_file():
@@ -534,6 +609,12 @@ def check_run_dir(
         )
     if not force:
         meta = _read_meta(meta_path)
+        if meta.get("status") == "training" and not _has_saved_model(out):
+            raise FileExistsError(
+                f"{out} holds a {meta.get('algo')} run on {meta.get('regime')} that stopped "
+                f"before its first checkpoint (nothing saved to continue from): --resume "
+                f"starts it afresh, and --force is safe (it removes only the run's own files)"
+            )
         raise FileExistsError(
             f"{out} already holds a training run ({meta.get('algo')} on "
             f"{meta.get('regime')}, {meta.get('status', 'complete')}); "
@@ -755,6 +836,23 @@ def _eval_envs(
     return envs
 
 
+def _atomic_checkpoint_callback(base: type) -> type:
+    """SB3's ``CheckpointCallback`` whose files are written atomically (:func:`_save_atomic`):
+    a kill while saving leaves the previous checkpoints and no torn file."""
+
+    class AtomicCheckpointCallback(base):
+        def _on_step(self) -> bool:
+            if self.n_calls % self.save_freq == 0:
+                _save_atomic(self.model.save, Path(self._checkpoint_path(extension="zip")))
+                buffer = getattr(self.model, "replay_buffer", None)
+                if self.save_replay_buffer and buffer is not None:
+                    path = Path(self._checkpoint_path("replay_buffer_", extension="pkl"))
+                    _save_atomic(self.model.save_replay_buffer, path)
+            return True
+
+    return AtomicCheckpointCallback
+
+
 def _callbacks(
     algo: str,
     out: Path,
@@ -767,7 +865,7 @@ def _callbacks(
     callbacks: list[BaseCallback] = []
     if checkpoint_freq > 0:
         callbacks.append(
-            CheckpointCallback(
+            _atomic_checkpoint_callback(CheckpointCallback)(
                 save_freq=max(1, checkpoint_freq // n_envs),
                 save_path=str(out / "checkpoints"),
                 name_prefix="rl_model",
@@ -938,6 +1036,8 @@ def train(
     start = check_run_dir(out, algo, regime, resume=resume, force=force)
     out.mkdir(parents=True, exist_ok=True)
     if start is None:
+        if resume and verbose:
+            print(f"nothing saved in {out} before it stopped: starting the run afresh")
         _write_start_meta(out, algo, regime, seed, command)
     torch.set_num_threads(1)
     set_random_seed(seed)
@@ -988,7 +1088,7 @@ def train(
             evaluator.init_callback(model)
         final_eval = evaluator.evaluate()
     model_path = out / "model.zip"
-    model.save(model_path)
+    _save_atomic(model.save, model_path)
     request = {
         "algo": algo,
         "regime": regime,
@@ -1331,7 +1431,7 @@ def run_train_command(args: argparse.Namespace) -> int:
         bc_epochs=cfg.bc_epochs,
     )
     meta_path = path_model.parent / "meta.json"
-    meta = json.loads(meta_path.read_text())
+    meta = _read_meta(meta_path)
     print(f"saved {path_model} ({meta['timesteps']} timesteps, {meta['train_seconds']} s)")
     write_validation_curve(path_model.parent)
     if specs is not None:

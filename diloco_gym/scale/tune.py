@@ -418,7 +418,7 @@ def _save_best(
     if best_dir.exists():
         shutil.rmtree(best_dir)
     best.checkpoint.to_directory(str(best_dir))
-    trial = json.loads((best_dir / "trial.json").read_text())
+    trial = json.loads((best_dir / "trial.json").read_text(encoding="utf-8-sig"))
     (best_dir / "trial.json").unlink()
     hp = tr.default_hyperparameters(spec["algo"], spec["n_envs"], spec["timesteps"])
     hp.update(trial["hyperparameters"])
