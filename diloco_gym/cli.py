@@ -16,6 +16,7 @@ import os
 import shlex
 import sys
 import time
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NoReturn
@@ -80,6 +81,20 @@ def exit_status(exc: BaseException) -> tuple[int, str]:
         f"internal error: {type(exc).__name__}: {exc} "
         f"(set DILOCO_GYM_TRACEBACK=1 to see the traceback)"
     )
+
+
+def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    """Show a trace loader's warning (rows deliberately left out) as one line,
+    ``diloco-gym: warning: ...``; other warnings keep Python's format."""
+    from diloco_gym.sim.loaders import TraceFilterWarning
+
+    if issubclass(category, TraceFilterWarning):
+        print(f"diloco-gym: warning: {_one_line(str(message))}", file=file or sys.stderr)
+        return
+    _PYTHON_SHOWWARNING(message, category, filename, lineno, file, line)
+
+
+_PYTHON_SHOWWARNING = warnings.showwarning
 
 
 def _one_line(msg: str) -> str:
@@ -856,7 +871,9 @@ def main(argv: list[str] | None = None) -> int:
                 )
         parser = build_parser(argv[0] if argv and not argv[0].startswith("-") else "")
         args = parser.parse_args(argv)
-        return int(args.func(args) or 0)
+        with warnings.catch_warnings():
+            warnings.showwarning = _show_warning  # restored when the command ends
+            return int(args.func(args) or 0)
     except SystemExit:
         raise
     except BaseException as exc:  # noqa: B036 - Ctrl-C included: one line, no traceback

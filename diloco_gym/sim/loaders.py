@@ -90,6 +90,7 @@ _BURSTGPT_COLUMNS = ("Timestamp", "Request tokens", "Response tokens")
 _MOONCAKE_KEYS = ("timestamp", "input_length", "output_length")
 _DURATION_LINE = re.compile(r"#\s*duration_s\s*=\s*(\S+)\s*")
 _TIMESTAMP_RE = r"\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2}(?:\.\d+)?"
+_LEAP_SECOND = r"^(\d{4}-\d{2}-\d{2} \d{2}:\d{2}:)60(?:\.\d*)?$"
 _INT_LIMIT = 2**62  # int64 head-room for sums; timestamps beyond it cannot be stored
 
 #: Default plausibility bound on a request's prompt or output tokens (see module doc).
@@ -425,7 +426,12 @@ def load_mooncake(
             continue  # JSON Lines readers skip blank lines; row numbers still count them
         rows_read += 1
         try:
-            obj = json.loads(line, parse_float=_JsonFloat, parse_constant=_JsonFloat)
+            obj = json.loads(
+                line,
+                parse_float=_JsonFloat,
+                parse_constant=_JsonFloat,
+                object_pairs_hook=_unique_keys,
+            )
         except json.JSONDecodeError as exc:
             hint = " (truncated last line?)" if row == len(lines) else ""
             raise TraceFormatError(
@@ -607,6 +613,10 @@ class _CsvTable:
         """
         raw = self.raw[column]
         text = pd.Series(raw, dtype=object).astype(str).str.strip()
+        # A leap second (second 60, e.g. 23:59:60.2) is kept in order: it becomes the last
+        # microsecond of its minute (parsed as is, it would roll over into the next minute
+        # and look unsorted against the requests just after it).
+        text = text.str.replace(_LEAP_SECOND, r"\g<1>59.999999", regex=True)
         parts = text.str.partition(".")
         normal = parts[0] + "." + parts[2].str[:6].str.ljust(6, "0")
         stamps = pd.to_datetime(normal, format="%Y-%m-%d %H:%M:%S.%f", errors="coerce")
@@ -669,6 +679,16 @@ def _read_csv(path: str, text: str, columns: tuple[str, ...], *, header_line: in
                 row = int(match.group(1))
             message = message.replace("Error tokenizing data. C error: ", "")
         raise TraceFormatError(path, f"malformed CSV: {message}", row=row) from exc
+    header = [name.strip() for name in _csv_fields(body.split("\n", 1)[0].rstrip("\r"))]
+    for column in columns:
+        where = [i + 1 for i, name in enumerate(header) if name == column]
+        if len(where) > 1:
+            raise TraceFormatError(
+                path,
+                f"column {column!r} appears {len(where)} times in the header (columns "
+                f"{', '.join(map(str, where))}); which one is meant is ambiguous",
+                field=column,
+            )
     names = [str(name).strip() for name in frame.columns]
     frame.columns = names
     for column in columns:
@@ -847,6 +867,17 @@ def _as_written(values: np.ndarray | list, raw: np.ndarray | None, index: int) -
     return _short(repr(value))
 
 
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """``object_pairs_hook``: a key given twice in one JSON object is an error (``json``
+    would keep the last value silently)."""
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise ValueError(f"duplicate key '{_short(key)}'")
+        out[key] = value
+    return out
+
+
 def _short(text: str, width: int = 60) -> str:
     """``text`` for a message: control characters (a NUL byte, say) escaped, and cut to
     ``width`` characters with the full length said, so a huge field is never echoed."""
@@ -977,7 +1008,10 @@ def _default_duration(path: str, last_arrival_s: float) -> float:
         raise TraceFormatError(
             path, f"the trace spans {last_arrival_s!r} s, which is not a finite number of seconds"
         )
-    return float(math.ceil(end))
+    duration = float(math.ceil(end))
+    if duration <= last_arrival_s:  # beyond 2**33 s the 1e-6 s is lost to rounding
+        duration = float(math.floor(last_arrival_s) + 1)
+    return duration
 
 
 def _make_trace(
