@@ -27,7 +27,7 @@ LIMITS: dict[str, tuple[int, str]] = {
     "MERGE_BUDGET": (2**16, "merges per episode of a merge budget"),
     "H_MAX_DECISIONS": (2**20, "decisions of the merge corridor's upper bound H_max"),
     "TRACE_BYTES": (2**31, "bytes of one trace file"),
-    "CALIBRATION_BYTES": (2**26, "bytes of one calibration or configuration file"),
+    "CALIBRATION_BYTES": (2**26, "bytes of one calibration file"),
 }
 
 
