@@ -556,6 +556,7 @@ def _agent_table(
                 "diff_ci_low": test["ci_low"],
                 "diff_ci_high": test["ci_high"],
                 "p_value": test["p_value"],
+                "nonzero_units": test["nonzero"],
                 "gap_captured": gap["gap"],
                 "gap_ci_low": gap["ci_low"],
                 "gap_ci_high": gap["ci_high"],
@@ -584,6 +585,7 @@ def _agent_table(
                 r["p_holm"],
                 alpha,
                 n_units=int(r["units"]),
+                n_nonzero=int(r["nonzero_units"]),
                 n_tests=k,
                 no_sync_violation_pct=no_sync,
             )
