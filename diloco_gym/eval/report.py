@@ -90,6 +90,9 @@ class ReportConfig:
         alpha: significance level of the gate.
         saturation_pct: no-merge violation % above which a replay gets
             ``no claim (saturated)`` (:data:`diloco_gym.eval.protocol.SATURATION_PCT`).
+        in_process_agents: run deployable agents in the evaluating process (the opt-out
+            ``--in-process-agents``); by default each runs sealed in its own process
+            (:mod:`diloco_gym.eval.sealed`).
     """
 
     regimes: list[str] = field(default_factory=lambda: list(REGIMES))
@@ -107,6 +110,7 @@ class ReportConfig:
     target_utilization: float | None = None
     alpha: float = protocol.ALPHA
     saturation_pct: float = protocol.SATURATION_PCT
+    in_process_agents: bool = False
 
     def __post_init__(self) -> None:
         if not self.agents:
@@ -398,8 +402,16 @@ def run_protocol(
         "calibration_complete": calib.complete,
         "timelines": timelines,
         "scoring": scoring_summary(df),
+        "agent_sealing": sealing_mode(config.in_process_agents),
         "elapsed_s": time.perf_counter() - started,
     }
+
+
+def sealing_mode(in_process: bool) -> str:
+    """How deployable agents ran (report.json ``agent_sealing``, the report's header)."""
+    from diloco_gym.eval.sealed import IN_PROCESS, SEALED
+
+    return IN_PROCESS if in_process else SEALED
 
 
 def _trace_effect_sizes(units: list[_Unit]) -> dict:
@@ -783,6 +795,7 @@ def write_report(
             "figures": figures,
             "loads": result.get("loads", {}),
             "scoring": result.get("scoring") or scoring_summary(result["rows"]),
+            "agent_sealing": result.get("agent_sealing"),
         }
         (tmp / "report.json").write_text(json.dumps(payload, indent=2, default=_json_default))
         (tmp / "report.md").write_text(render_markdown(result, figures, command))
@@ -854,6 +867,17 @@ def render_markdown(result: dict[str, Any], figures: list[str], command: str = "
     lines += [
         _units_sentence(result) + f" {cfg['draws']} matched-random draws per episode, "
         f"gate at p < {cfg['alpha']}. Ran in {result['elapsed_s']:.1f} s.",
+        "",
+        f"Deployable agents: {result.get('agent_sealing', sealing_mode(False))}."
+        + (
+            " **They ran in the evaluating process, where an agent's code can reach the "
+            "env, the episode's trace, its merge costs and its seed: nothing enforces "
+            "that they used observations only.**"
+            if cfg.get("in_process_agents")
+            else " Each ran in a worker process that held no env, trace, episode or "
+            "seed and received only observations, action masks and the public "
+            "parameters; the oracle ran in the evaluating process."
+        ),
         "",
     ]
     if cfg.get("trace") and not bool(s["independent"].all()):
