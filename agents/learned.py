@@ -10,8 +10,12 @@ the registry name ``reference-ppo`` from any directory (:func:`reference_model_p
 A learned agent is deployable: its policy maps observations to actions (a MaskablePPO
 model also reads the action mask of its :class:`~agents.base.AgentContext`).
 
-Load only model files you trust: besides the weights (which are read with PyTorch's safe
-``weights_only`` loader), stable-baselines3 unpickles parts of a model zip's ``data`` entry.
+Model files are loaded without unpickling anything (:mod:`agents.safe_model`: the
+archive's JSON and tensor-only weights, a policy rebuilt from known classes); a file that
+needs more is refused. Only with ``trust=True`` (the CLI's ``--trust-model-file``, which
+sets :data:`TRUST_ENV` so that worker processes inherit it) does stable-baselines3's own
+loader run, which unpickles parts of the zip's ``data`` entry: use it only for files you
+trust.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import importlib.resources
 import json
+import os
 import re
 import zipfile
 from pathlib import Path
@@ -37,6 +42,16 @@ __all__ = [
     "reference_meta",
     "load_reference_agent",
 ]
+
+#: Environment variable that allows stable-baselines3's own (unpickling) loader for model
+#: files: ``1`` (set by ``--trust-model-file``; inherited by report and sweep workers).
+TRUST_ENV = "DILOCO_GYM_TRUST_MODEL_FILES"
+
+
+def trust_model_files() -> bool:
+    """Whether model files may be loaded with stable-baselines3's unpickling loader."""
+    return os.environ.get(TRUST_ENV, "") == "1"
+
 
 #: The shipped reference agent (PPO on the bursty regime), see agents/reference/README.md.
 #: In a source checkout and a regular install this is the file itself; prefer
@@ -175,7 +190,7 @@ class LearnedAgent(Agent):
         self.meta = dict(meta or {})
         self.path = None if path is None else Path(path).resolve()
         self._context: AgentContext | None = None
-        self._maskable = type(model).__name__ == "MaskablePPO"
+        self._maskable = bool(getattr(model, "maskable", type(model).__name__ == "MaskablePPO"))
         if obs_transform is None:
             obs_meta = self.meta.get("observation") or {}
             obs_transform = obs_meta.get("transform") if isinstance(obs_meta, dict) else None
@@ -251,7 +266,9 @@ def learned_name(algo: str, path: Path, parts: int = 1) -> str:
     return f"{algo}:{'/'.join(stem.parts[-parts:])}"
 
 
-def load_learned_agent(path: str | Path, meta: dict | None = None) -> LearnedAgent:
+def load_learned_agent(
+    path: str | Path, meta: dict | None = None, trust: bool | None = None
+) -> LearnedAgent:
     """Load a trained model as a :class:`LearnedAgent`.
 
     Args:
@@ -262,6 +279,10 @@ def load_learned_agent(path: str | Path, meta: dict | None = None) -> LearnedAge
             ``{algo}:{file stem}`` (``ppo:model``); ``agents.registry.make_agents`` adds
             parent folders when two agents of a run would share a name.
         meta: the training metadata to use instead of the ``meta.json`` beside the model.
+        trust: load with stable-baselines3's own loader, which unpickles parts of the file
+            (``None``: only when :data:`TRUST_ENV` is ``1``). Otherwise the file is read
+            without unpickling (:func:`agents.safe_model.load_policy_safely`) and refused
+            when that cannot rebuild it.
 
     Raises:
         FileNotFoundError: the file does not exist.
@@ -285,6 +306,24 @@ def load_learned_agent(path: str | Path, meta: dict | None = None) -> LearnedAge
             meta = json.loads(meta_path.read_text())
         except (OSError, ValueError):
             meta = {}
+    if not (trust_model_files() if trust is None else trust):
+        from agents.safe_model import load_policy_safely
+
+        try:
+            safe = load_policy_safely(p)
+        except ImportError as exc:
+            raise ValueError(
+                f"learned agent {p}: loading a trained model needs the 'rl' extra "
+                f"(pip install 'diloco-gym[rl]'): {exc}"
+            ) from None
+        obs = meta.get("observation")
+        transform = obs.get("transform") if isinstance(obs, dict) else None
+        try:
+            return LearnedAgent(
+                safe, name=learned_name(safe.algo, p), meta=meta, path=p, obs_transform=transform
+            )
+        except ValueError as exc:
+            raise ValueError(f"learned agent: {p}: {exc}") from None
     algo = meta.get("algo") if meta.get("algo") in _CLASSES else _sniff_algo(p)
     order = [algo] if algo else []
     order += [a for a in _CLASSES if a not in order]

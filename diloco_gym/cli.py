@@ -268,6 +268,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         _check_regime(args.regime)
     _check_free_agent(args.agent)
     agent = _load_agent(args.agent)
+    if not args.in_process_agents:
+        from diloco_gym.eval.sealed import seal_agents
+
+        agent = seal_agents([agent])[0]
     from diloco_gym.eval.report import ReportConfig, _synthetic_units, _trace_units
 
     # The same units as the report: seeds of a regime at the chosen load, or the trace's
@@ -370,6 +374,7 @@ def cmd_report(args: argparse.Namespace) -> int:
             seed0=args.seed0,
             draws=args.draws,
             calibration=args.calibration,
+            in_process_agents=args.in_process_agents,
             **_replay_options(args),
         )
     except ValueError as exc:
@@ -462,6 +467,7 @@ def cmd_frontier(args: argparse.Namespace) -> int:
             seed0=args.seed0,
             draws=args.draws,
             calibration=args.calibration,
+            in_process_agents=args.in_process_agents,
             **_replay_options(args, stride=False),
         )
     except ValueError as exc:
@@ -634,6 +640,30 @@ def _add_calibration_arg(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_trust_arg(p: argparse.ArgumentParser) -> None:
+    """``--trust-model-file``: allow stable-baselines3's own (unpickling) model loader."""
+    p.add_argument(
+        "--trust-model-file",
+        action="store_true",
+        help="load model .zip files with stable-baselines3's own loader, which unpickles "
+        "parts of the file (runs code in it): only for files you trust. By default a "
+        "model is rebuilt from the zip's JSON and tensor-only weights, and refused when "
+        "that is not possible",
+    )
+
+
+def _add_sealing_arg(p: argparse.ArgumentParser) -> None:
+    """``--in-process-agents``: the opt-out from sealed deployable agents."""
+    p.add_argument(
+        "--in-process-agents",
+        action="store_true",
+        help="run deployable agents in the evaluating process instead of each in its own "
+        "worker process that receives only observations, action masks and public "
+        "parameters; faster, but nothing then stops an agent's code from reaching the "
+        "env, the trace or the seed (the report says so in its header)",
+    )
+
+
 def _add_run_command(sub: Any, fmt: type[argparse.HelpFormatter]) -> None:
     """The ``run`` command's options."""
     p = sub.add_parser(
@@ -644,6 +674,8 @@ def _add_run_command(sub: Any, fmt: type[argparse.HelpFormatter]) -> None:
     p.add_argument("--seeds", type=_positive_int(1), default=20, help="number of episodes")
     _add_seed0_arg(p)
     _add_trace_args(p)
+    _add_trust_arg(p)
+    _add_sealing_arg(p)
     p.set_defaults(func=cmd_run)
 
 
@@ -678,6 +710,8 @@ def _add_report_command(sub: Any, fmt: type[argparse.HelpFormatter]) -> None:
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     _add_backend_args(p)
     _add_trace_args(p)
+    _add_trust_arg(p)
+    _add_sealing_arg(p)
     p.set_defaults(func=cmd_report)
 
 
@@ -738,6 +772,8 @@ def _add_frontier_command(sub: Any, fmt: type[argparse.HelpFormatter]) -> None:
     _add_calibration_arg(p)
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     _add_trace_args(p)
+    _add_trust_arg(p)
+    _add_sealing_arg(p)
     p.set_defaults(func=cmd_frontier)
 
 
@@ -771,6 +807,7 @@ def _add_sweep_command(sub: Any, fmt: type[argparse.HelpFormatter]) -> None:
     )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     _add_backend_args(p)
+    _add_trust_arg(p)
     p.set_defaults(func=cmd_sweep)
 
 
@@ -873,7 +910,19 @@ def main(argv: list[str] | None = None) -> int:
         args = parser.parse_args(argv)
         with warnings.catch_warnings():
             warnings.showwarning = _show_warning  # restored when the command ends
-            return int(args.func(args) or 0)
+            if not getattr(args, "trust_model_file", False):
+                return int(args.func(args) or 0)
+            from agents.learned import TRUST_ENV
+
+            before = os.environ.get(TRUST_ENV)
+            os.environ[TRUST_ENV] = "1"  # worker processes inherit it
+            try:
+                return int(args.func(args) or 0)
+            finally:
+                if before is None:
+                    os.environ.pop(TRUST_ENV, None)
+                else:
+                    os.environ[TRUST_ENV] = before
     except SystemExit:
         raise
     except BaseException as exc:  # noqa: B036 - Ctrl-C included: one line, no traceback

@@ -139,6 +139,9 @@ class FrontierConfig:
     sidecar: str | None = None
     rate_scale: float | None = None
     target_utilization: float | None = None
+    #: run deployable agents in this process (``--in-process-agents``); default: sealed
+    #: each in its own worker process (:mod:`diloco_gym.eval.sealed`).
+    in_process_agents: bool = False
 
     @property
     def trace_sidecar(self) -> str:
@@ -313,8 +316,12 @@ def run_frontier(config: FrontierConfig, progress: bool = True) -> dict[str, Any
     from agents.registry import is_budget_aware, make_agents
 
     started = time.perf_counter()
+    from diloco_gym.eval.sealed import seal_agents
+
     free_agents = make_agents(config.free_agents) if config.free_agents else []
     budget_agents = make_agents(config.budget_agents) if config.budget_agents else []
+    free_agents = seal_agents(free_agents, config.in_process_agents)
+    budget_agents = seal_agents(budget_agents, config.in_process_agents)
     aware_free = [a.name for a in free_agents if is_budget_aware(a)]
     if aware_free:
         raise ValueError(
@@ -556,6 +563,7 @@ def _agent_table(
                 "diff_ci_low": test["ci_low"],
                 "diff_ci_high": test["ci_high"],
                 "p_value": test["p_value"],
+                "nonzero_units": test["nonzero"],
                 "gap_captured": gap["gap"],
                 "gap_ci_low": gap["ci_low"],
                 "gap_ci_high": gap["ci_high"],
@@ -584,6 +592,7 @@ def _agent_table(
                 r["p_holm"],
                 alpha,
                 n_units=int(r["units"]),
+                n_nonzero=int(r["nonzero_units"]),
                 n_tests=k,
                 no_sync_violation_pct=no_sync,
             )
@@ -776,6 +785,14 @@ def render_markdown(result: dict[str, Any], figures: dict[str, str], command: st
     lines += [
         f"{units} {cfg['draws']} matched-random draws per episode and budget, alpha "
         f"{cfg['alpha']}; wall time {result['elapsed_s']:.1f} s.",
+        "",
+        "Deployable agents: "
+        + (
+            "in-process (--in-process-agents: not sealed; an agent's code could reach the episode)."
+            if cfg.get("in_process_agents")
+            else "sealed, each in its own process with observations, action masks and "
+            "public parameters only; the oracle runs in the evaluating process."
+        ),
         "",
         "Every number is the exact replay (`protocol.EpisodeScorer`) of the agent's, the "
         "matched-random draws' and the oracle's schedules. **Gap captured** = (matched random"

@@ -58,6 +58,8 @@ __all__ = [
     "gate_verdict",
     "min_achievable_p",
     "units_needed",
+    "nonzero_units",
+    "ZERO_TOL",
     "ALPHA",
     "VERDICTS",
     "SATURATION_PCT",
@@ -69,6 +71,9 @@ ALPHA = 0.05
 N_FLIP = 100_000
 #: Largest exact test: up to this many units every sign pattern is counted.
 EXACT_MAX_N = 20
+#: A paired difference no larger than this (pp) is zero: flipping its sign changes no
+#: statistic by more than the sign-flip test's rounding tolerance, so it carries no evidence.
+ZERO_TOL = 1e-12
 #: No-merge SLO violation rate (% of requests) above which a replay is *saturated* and the
 #: gate makes no claim. Above 50 % the median request already misses its SLO before any
 #: merge: the sidecar is overloaded (its backlog grows through the window), a merge can only
@@ -514,6 +519,18 @@ def min_achievable_p(n: int, n_flip: int = N_FLIP) -> float:
     return exact if n <= EXACT_MAX_N else max(exact, 1.0 / (n_flip + 1))
 
 
+def nonzero_units(diff: np.ndarray, tol: float = ZERO_TOL) -> int:
+    """How many paired units can carry evidence in a sign-flip test: those whose
+    difference is not zero (``|d| > tol``).
+
+    A unit with a difference of exactly zero gives the same statistic under both signs, so
+    every sign pattern is counted twice over it: with ``k`` non-zero units out of ``n`` the
+    smallest achievable p is ``2 / 2**k``, not ``2 / 2**n``.
+    """
+    d = np.asarray(diff, dtype=np.float64)
+    return int(np.count_nonzero(np.abs(d) > tol))
+
+
 def units_needed(alpha: float = ALPHA, n_tests: int = 1, n_flip: int = N_FLIP) -> int:
     """The fewest independent units whose best achievable p, Holm-adjusted over
     ``n_tests`` tests (the smallest Holm-adjusted p is ``n_tests`` times the smallest raw
@@ -540,9 +557,10 @@ def paired_test(
 
     Exact (all ``2**n`` sign patterns) for ``n <= 20``, Monte Carlo with ``n_flip`` random
     patterns above (p then counts the observed statistic, so it is never 0). The result's
-    ``min_p`` is the smallest p this test could give on ``n`` units
-    (:func:`min_achievable_p`): when even that cannot reach the gate's alpha, the units are
-    too few to tell a tie from a gain.
+    ``nonzero`` counts the units whose difference is not zero (:func:`nonzero_units`;
+    only they can carry evidence) and ``min_p`` is the smallest p this test could give on
+    them (:func:`min_achievable_p` of ``nonzero``): when even that cannot reach the gate's
+    alpha, the units are too few to tell a tie from a gain.
     """
     diff = np.asarray(diff, dtype=np.float64)
     n = diff.size
@@ -554,6 +572,7 @@ def paired_test(
             "ci_low": float("nan"),
             "ci_high": float("nan"),
             "min_p": 1.0,
+            "nonzero": 0,
         }
     obs = abs(diff.mean())
     if n <= EXACT_MAX_N:
@@ -564,13 +583,15 @@ def paired_test(
         p = float((np.sum(stats >= obs - 1e-12) + 1) / (n_flip + 1))
     boot = diff[rng.integers(0, n, size=(n_boot, n))].mean(axis=1)
     lo, hi = np.percentile(boot, [2.5, 97.5])
+    k = nonzero_units(diff)
     return {
         "n": n,
         "mean": float(diff.mean()),
         "p_value": p,
         "ci_low": float(lo),
         "ci_high": float(hi),
-        "min_p": min_achievable_p(n, n_flip),
+        "min_p": min_achievable_p(k, n_flip),
+        "nonzero": k,
     }
 
 
@@ -605,6 +626,7 @@ def gate_verdict(
     alpha: float = ALPHA,
     *,
     n_units: int | None = None,
+    n_nonzero: int | None = None,
     n_tests: int = 1,
     no_sync_violation_pct: float | None = None,
     saturation_pct: float = SATURATION_PCT,
@@ -619,9 +641,11 @@ def gate_verdict(
        then ``no claim (uncalibrated)`` when the effect sizes did not transfer, and
        ``no claim (calibration uncertain)`` when the measured interval of an effect size is
        too wide to decide the transfer;
-    3. ``inconclusive (too few episodes)`` when ``n_units`` independent units could not
-       have reached ``alpha`` whatever the data: ``n_tests * min_achievable_p(n_units)``
-       (the smallest Holm-adjusted p over ``n_tests`` tests) is not below it;
+    3. ``inconclusive (too few episodes)`` when the independent units that can carry
+       evidence (``n_nonzero`` when given: a unit whose difference is exactly zero
+       carries none; else ``n_units``) could not have reached ``alpha`` whatever the
+       data: ``n_tests * min_achievable_p(n)`` (the smallest Holm-adjusted p over
+       ``n_tests`` tests) is not below it;
     4. ``placement gain`` / ``worse than matched random`` when ``p_value`` (Holm-adjusted
        when the caller corrects) is below ``alpha``;
     5. otherwise ``tied with matched random``.
@@ -631,8 +655,9 @@ def gate_verdict(
             effect``.
         mean_diff: agent minus matched random, percentage points.
         p_value: the p-value the gate compares with ``alpha``.
-        n_units: independent paired units behind ``p_value`` (``None``: not checked; for
-            overlapping windows, the number of disjoint windows the data hold).
+        n_units: independent paired units behind ``p_value`` (``None``: not checked).
+        n_nonzero: how many of them have a non-zero difference (:func:`nonzero_units`;
+            ``None``: all of them).
         n_tests: size of the Holm family ``p_value`` was adjusted over (1 if raw).
         no_sync_violation_pct: mean violation % of the replay with no merges (``None``:
             not checked).
@@ -647,10 +672,10 @@ def gate_verdict(
         return "no claim (uncalibrated)"
     if calibration_verdict == "uncertain":  # the measured interval straddles the verdict
         return "no claim (calibration uncertain)"
-    # Before the p-value: with independent units a p below alpha is then impossible anyway,
-    # and with overlapping ones (n_units = the independent count) a small p is
-    # pseudo-replication, not evidence.
-    if n_units is not None and n_tests * min_achievable_p(n_units) >= alpha:
+    # Before the p-value: with these units a p below alpha is impossible anyway (a zero
+    # difference carries no evidence, so only the non-zero units count).
+    counts = [c for c in (n_units, n_nonzero) if c is not None]
+    if counts and n_tests * min_achievable_p(min(counts)) >= alpha:
         return "inconclusive (too few episodes)"
     if np.isfinite(p_value) and p_value < alpha:
         return "placement gain" if mean_diff < 0 else "worse than matched random"

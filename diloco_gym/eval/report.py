@@ -96,6 +96,9 @@ class ReportConfig:
         alpha: significance level of the gate.
         saturation_pct: no-merge violation % above which a replay gets
             ``no claim (saturated)`` (:data:`diloco_gym.eval.protocol.SATURATION_PCT`).
+        in_process_agents: run deployable agents in the evaluating process (the opt-out
+            ``--in-process-agents``); by default each runs sealed in its own process
+            (:mod:`diloco_gym.eval.sealed`).
     """
 
     regimes: list[str] = field(default_factory=lambda: list(REGIMES))
@@ -113,6 +116,7 @@ class ReportConfig:
     target_utilization: float | None = None
     alpha: float = protocol.ALPHA
     saturation_pct: float = protocol.SATURATION_PCT
+    in_process_agents: bool = False
 
     def __post_init__(self) -> None:
         if not self.agents:
@@ -216,6 +220,7 @@ def _synthetic_units(
         "window_end_s": np.nan,
         "independent": True,
         "independent_units": config.seeds,
+        "verdict_unit": True,
     }
     units = [_Unit(env, seed, fields) for seed in range(config.seed0, config.seed0 + config.seeds)]
     load = {
@@ -238,7 +243,7 @@ def _trace_units(config: ReportConfig, sidecar: SidecarParams) -> tuple[list[_Un
         trace_idle_violation_pct,
         trace_utilization,
     )
-    from diloco_gym.sim.traces import TraceFormatError, scale_rate, tile_starts
+    from diloco_gym.sim.traces import TraceFormatError, scale_rate
 
     assert config.trace is not None  # called only for a trace report
     try:
@@ -261,9 +266,16 @@ def _trace_units(config: ReportConfig, sidecar: SidecarParams) -> tuple[list[_Un
             f"for the window; an episode needs at least {min_s:.1f} s)"
         ) from None
     independent = not config.overlapping
-    # Overlapping windows share requests: at most the disjoint tiling's count of them is
-    # independent, and that count (not the number of windows) decides 'inconclusive'.
-    disjoint = len(tile_starts(replayed.duration_s, config.window_s))
+    # Overlapping windows share requests: only a disjoint subset of them are independent
+    # units. The test and the verdict use the windows picked greedily from the start (each
+    # starts at or after the previous one's end); the others are descriptive only.
+    picked, last_end = [], -np.inf
+    for tile in tiles:
+        assert tile.start_s is not None  # tiles() fixes every window's start
+        picked.append(tile.start_s >= last_end - 1e-9)
+        if picked[-1]:
+            last_end = tile.start_s + config.window_s
+    disjoint = int(sum(picked))
     units = []
     from diloco_gym.eval.seed_ranges import check_test_seeds
 
@@ -278,6 +290,7 @@ def _trace_units(config: ReportConfig, sidecar: SidecarParams) -> tuple[list[_Un
             "window_end_s": (tile.start_s + config.window_s) * scale,
             "independent": independent,
             "independent_units": disjoint,
+            "verdict_unit": bool(picked[i]),
         }
         units.append(_Unit(DiLoCoSyncEnv(regime=tile, sidecar=sidecar), config.seed0 + i, fields))
     util = trace_utilization(replayed, sidecar)
@@ -401,8 +414,16 @@ def run_protocol(
         "calibration_complete": calib.complete,
         "timelines": timelines,
         "scoring": scoring_summary(df),
+        "agent_sealing": sealing_mode(config.in_process_agents),
         "elapsed_s": time.perf_counter() - started,
     }
+
+
+def sealing_mode(in_process: bool) -> str:
+    """How deployable agents ran (report.json ``agent_sealing``, the report's header)."""
+    from diloco_gym.eval.sealed import IN_PROCESS, SEALED
+
+    return IN_PROCESS if in_process else SEALED
 
 
 def _trace_effect_sizes(units: list[_Unit]) -> dict:
@@ -435,18 +456,25 @@ def summarise(
 ) -> pd.DataFrame:
     """One row per regime x agent: means, CI, paired test, gap share, verdict.
 
-    ``units`` is the number of paired units (episodes: seeds, or trace windows) behind the
-    test, ``independent`` whether they are (overlapping windows are not; then
-    ``independent_units`` is the count of disjoint windows the trace holds, and it is what
-    the inconclusive check uses), ``best_p_holm`` the smallest Holm-adjusted p that many
-    independent units could give across the
-    regime's agents, ``units_needed`` the fewest units for which it is below ``alpha``, and
+    ``units`` is the number of independent paired units (episodes: seeds, or disjoint
+    trace windows) behind the test and every summary number; ``independent`` is False for
+    overlapping windows, whose test then runs on the disjoint subset picked greedily
+    from the first window (``independent_units`` of them; ``units_all`` counts every
+    window, and ``diff_pp_all_units`` is their mean difference, descriptive only: never a
+    p-value or a verdict). ``nonzero_units`` counts the units whose difference is not
+    zero (only they can carry evidence in a sign-flip test), ``best_p_holm`` is the
+    smallest Holm-adjusted p they could give across the regime's agents, ``units_needed``
+    the fewest non-zero units for which it is below ``alpha``, and
     ``saturated`` whether the regime's mean no-merge violation rate is above
     ``saturation_pct``. The verdict follows :func:`diloco_gym.eval.protocol.gate_verdict`.
     """
     out = []
-    for (regime, agent), g in df.groupby(["regime", "agent"], sort=False):
+    for (regime, agent), g_all in df.groupby(["regime", "agent"], sort=False):
+        # Overlapping windows: the test, its p-value and every summary number below come
+        # from the disjoint subset only; the other windows add descriptive means.
+        g = g_all[g_all["verdict_unit"].astype(bool)] if "verdict_unit" in g_all else g_all
         diff = (g["sync_excess_pct"] - g["matched_random_mean"]).to_numpy()
+        diff_all = (g_all["sync_excess_pct"] - g_all["matched_random_mean"]).to_numpy()
         test = protocol.paired_test(diff, np.random.default_rng(0))
         agent_m = g["sync_excess_pct"].mean()
         mr = g["matched_random_mean"].mean()
@@ -465,6 +493,9 @@ def summarise(
                 "independent_units": (
                     int(g["independent_units"].iloc[0]) if "independent_units" in g else len(g)
                 ),
+                "nonzero_units": test["nonzero"],
+                "units_all": len(g_all),
+                "diff_pp_all_units": float(diff_all.mean()),
                 "merges": g["merges"].mean(),
                 "merges_per_hour": g["merges_per_hour"].mean(),
                 "sync_excess_pct": agent_m,
@@ -502,9 +533,10 @@ def summarise(
         family = len(idx)
         df_out.loc[idx, "p_holm"] = holm(df_out.loc[idx, "p_value"].to_numpy())
         df_out.loc[idx, "holm_family"] = family
-        n_indep = np.minimum(df_out.loc[idx, "units"], df_out.loc[idx, "independent_units"])
+        # Only the units with a non-zero difference can carry evidence (protocol.nonzero_units).
+        n_ev = df_out.loc[idx, "nonzero_units"]
         df_out.loc[idx, "best_p_holm"] = np.minimum(
-            1.0, family * np.array([protocol.min_achievable_p(int(n)) for n in n_indep])
+            1.0, family * np.array([protocol.min_achievable_p(int(n)) for n in n_ev])
         )
         df_out.loc[idx, "units_needed"] = protocol.units_needed(alpha, family)
         # Every agent of a regime replays the same units: one no-merge rate per regime.
@@ -517,7 +549,8 @@ def summarise(
             r["diff_pp"],
             r["p_holm"],
             alpha,
-            n_units=min(int(r["units"]), int(r["independent_units"])),
+            n_units=int(r["units"]),
+            n_nonzero=int(r["nonzero_units"]),
             n_tests=int(r["holm_family"]),
             no_sync_violation_pct=r["no_sync_violation_pct_regime"],
             saturation_pct=saturation_pct,
@@ -832,6 +865,7 @@ def write_report(
             "figures": figures,
             "loads": result.get("loads", {}),
             "scoring": result.get("scoring") or scoring_summary(result["rows"]),
+            "agent_sealing": result.get("agent_sealing"),
         }
         (tmp / "report.json").write_text(json.dumps(payload, indent=2, default=_json_default))
         (tmp / "report.md").write_text(render_markdown(result, figures, command))
@@ -863,6 +897,7 @@ _CONSOLE_COLUMNS: list[tuple[str, str, Any]] = [
     ("sync_excess_pct", "sync-excess %", lambda x: _fmt(x, 3)),
     ("matched_random_pct", "matched random %", lambda x: _fmt(x, 3)),
     ("oracle_same_budget_pct", "oracle @ budget %", lambda x: _fmt(x, 3)),
+    ("n_nonzero", "n (non-zero)", str),
     ("p_value", "p", _fmt_p),
     ("p_holm", "p (Holm)", _fmt_p),
     ("verdict", "verdict", str),
@@ -878,6 +913,14 @@ def console_summary(summary: pd.DataFrame) -> str:
             a if dep else f"{a} (non-deployable)"
             for a, dep in zip(summary["agent"], summary["deployable"], strict=True)
         ]
+    summary["n_nonzero"] = (
+        [
+            f"{int(n)} ({int(k)})"
+            for n, k in zip(summary["units"], summary["nonzero_units"], strict=True)
+        ]
+        if "nonzero_units" in summary
+        else summary.get("units", "")
+    )
     table = pd.DataFrame(
         {head: [fmt(v) for v in summary[col]] for col, head, fmt in _CONSOLE_COLUMNS}
     )
@@ -895,13 +938,26 @@ def render_markdown(result: dict[str, Any], figures: list[str], command: str = "
         _units_sentence(result) + f" {cfg['draws']} matched-random draws per episode, "
         f"gate at p < {cfg['alpha']}. Ran in {result['elapsed_s']:.1f} s.",
         "",
+        f"Deployable agents: {result.get('agent_sealing', sealing_mode(False))}."
+        + (
+            " **They ran in the evaluating process, where an agent's code can reach the "
+            "env, the episode's trace, its merge costs and its seed: nothing enforces "
+            "that they used observations only.**"
+            if cfg.get("in_process_agents")
+            else " Each ran in a worker process that held no env, trace, episode or "
+            "seed and received only observations, action masks and the public "
+            "parameters; the oracle ran in the evaluating process."
+        ),
+        "",
     ]
     if cfg.get("trace") and not bool(s["independent"].all()):
         lines += [
             "**Overlapping windows: not independent.** The stride is shorter than the "
-            "window, so neighbouring episodes share requests; the p-values below treat "
-            "them as independent and overstate the evidence (pseudo-replication). Use "
-            "the default stride (disjoint windows) for a claim.",
+            "window, so neighbouring episodes share requests. Every number, p-value and "
+            "verdict in the tables below comes from the disjoint windows only (picked "
+            "greedily from the first: each starts at or after the previous one's end); "
+            "the other windows appear only in the rows marked 'descriptive', which carry "
+            "no p-value and no verdict.",
             "",
         ]
     lines += [
@@ -910,7 +966,10 @@ def render_markdown(result: dict[str, Any], figures: list[str], command: str = "
         "schedules drawn uniformly among all feasible schedules with the agent's own "
         "number of merges in each episode. Diff = agent minus matched random (paired "
         "over episodes; exact sign-flip test; 95 % bootstrap CI; the verdict uses p "
-        "Holm-adjusted across the agents of a regime). Gap captured = "
+        "Holm-adjusted across the agents of a regime: the Holm family is one regime's "
+        "agents in this report, not several reports or settings). n (non-zero) = "
+        "independent units in the test (those whose difference is not exactly zero; "
+        "only they can carry evidence). Gap captured = "
         "(matched random - agent) / (matched random - oracle at the same budget).",
         "",
         "## Effect-size transfer",
@@ -975,9 +1034,9 @@ def render_markdown(result: dict[str, Any], figures: list[str], command: str = "
         lines += _verdict_notes(g, cfg, result.get("loads", {}).get(regime, {}))
         lines += [
             "| agent | merges/h | sync-excess % | matched random % [5-95 %] | oracle @ same "
-            "budget % | diff pp [95 % CI] | p | p (Holm) | req / 10 min | gap captured | "
-            "verdict |",
-            "|---|---|---|---|---|---|---|---|---|---|---|",
+            "budget % | diff pp [95 % CI] | n (non-zero) | p | p (Holm) | req / 10 min | "
+            "gap captured | verdict |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|",
         ]
         for _, r in g.sort_values("sync_excess_pct").iterrows():
             lines.append(
@@ -986,10 +1045,25 @@ def render_markdown(result: dict[str, Any], figures: list[str], command: str = "
                 f"{r['matched_random_pct']:.2f} [{r['matched_random_p05']:.2f}-"
                 f"{r['matched_random_p95']:.2f}] | {r['oracle_same_budget_pct']:.2f} | "
                 f"{r['diff_pp']:+.2f} [{r['diff_ci_low']:+.2f}, {r['diff_ci_high']:+.2f}] | "
+                f"{int(r['units'])} ({int(r['nonzero_units'])}) | "
                 f"{_fmt_p(r['p_value'])} | {_fmt_p(r['p_holm'])} | "
                 f"{r['diff_requests_per_10min']:+.1f} | "
                 f"{_fmt(r['gap_captured'])} | {r['verdict']} |"
             )
+        if not bool(g["independent"].all()):
+            lines += [
+                "",
+                "Descriptive only (all overlapping windows, not independent: no p-value, "
+                "no verdict):",
+                "",
+                "| agent | windows | mean diff pp |",
+                "|---|---|---|",
+            ]
+            lines += [
+                f"| {r['agent']} (descriptive) | {int(r['units_all'])} | "
+                f"{r['diff_pp_all_units']:+.2f} |"
+                for _, r in g.sort_values("sync_excess_pct").iterrows()
+            ]
         fig = f"fig_{regime.replace(':', '_')}.png"
         if fig in figures:
             lines += ["", f"![{regime}]({fig})"]
@@ -1034,10 +1108,11 @@ def render_markdown(result: dict[str, Any], figures: list[str], command: str = "
         "requests violate their SLO with no merge at all; the median request already "
         "fails, the sidecar is overloaded, and sync-excess cannot tell whether a "
         "schedule protects a working service.",
-        "- 'inconclusive (too few episodes)': with n independent paired units an exact "
-        "two-sided sign-flip test cannot give p below 2/2^n (times the number of agents "
+        "- 'inconclusive (too few episodes)': with k independent paired units whose "
+        "difference is not exactly zero (a zero difference carries no evidence) an exact "
+        "two-sided sign-flip test cannot give p below 2/2^k (times the number of agents "
         "after the Holm correction), so a tie cannot be told from a gain; the section "
-        "says how many units would be needed.",
+        "says how many non-zero units would be needed.",
         "",
     ]
     return "\n".join(lines)
@@ -1094,21 +1169,22 @@ def _verdict_notes(g: pd.DataFrame, cfg: dict, load: dict) -> list[str]:
                 "with more capacity."
             )
         out.append(text)
-    if (g["verdict"] == "inconclusive (too few episodes)").any():
-        n = min(int(r["units"]), int(r["independent_units"]))
+    for _, r in g[g["verdict"] == "inconclusive (too few episodes)"].iterrows():
+        n, k = int(r["units"]), int(r["nonzero_units"])
         out.append(
-            f"**Inconclusive (too few episodes)**: {n} independent "
-            f"{r['unit']}{'' if n == 1 else 's'}; the best p an exact "
-            f"test on them can give, Holm-adjusted "
-            f"over {int(r['holm_family'])} agents, is {_fmt_p(r['best_p_holm'])}, not "
-            f"below {cfg['alpha']}. At least {int(r['units_needed'])} independent "
-            f"{r['unit']}s are needed"
+            f"**{r['agent']}: inconclusive (too few episodes)**: {n} independent "
+            f"{r['unit']}{'' if n == 1 else 's'}, {k} with a non-zero difference; the "
+            f"best p an exact test on them can give, Holm-adjusted over "
+            f"{int(r['holm_family'])} agents, is {_fmt_p(r['best_p_holm'])}, not below "
+            f"{cfg['alpha']}. At least {int(r['units_needed'])} independent "
+            f"{r['unit']}s with a non-zero difference are needed"
             + (" (a longer trace, or shorter windows)." if r["unit"] == "window" else " (--seeds).")
         )
     if not bool(g["independent"].all()):
         out.append(
-            "Units overlap (stride shorter than the window): **not independent**; "
-            "these p-values overstate the evidence."
+            f"Windows overlap (stride shorter than the window): **not independent**; the "
+            f"test uses the {int(r['independent_units'])} disjoint windows among the "
+            f"{int(r['units_all'])}, and the other windows are descriptive only."
         )
     return out + ([""] if out else [])
 

@@ -135,8 +135,16 @@ def run_report_cell(cell: ReportCell) -> dict[str, Any]:
     if cell.unit is None:
         return _calibration_cell(config, measured_key, fitted, units)
     from agents.registry import make_agents
+    from diloco_gym.eval.sealed import seal_agents
 
-    agents = _cached("agents", config, None, lambda: make_agents(config.agents))
+    agents = _cached(
+        "agents",
+        config,
+        None,
+        lambda: seal_agents(
+            make_agents(config.agents), getattr(config, "in_process_agents", False)
+        ),
+    )
     return _unit_cell(config, cell.regime, units, cell.unit, agents)
 
 

@@ -537,6 +537,12 @@ def _write_outputs(spec: SweepSpec, plan: list, store: _Store, out: Path) -> Non
         summaries.append(pd.concat([pd.DataFrame([lead] * len(summ)), summ], axis=1))
     results = pd.concat(tables, ignore_index=True) if tables else pd.DataFrame()
     summary = pd.concat(summaries, ignore_index=True) if summaries else pd.DataFrame()
+    if not summary.empty:
+        # A sweep compares settings: besides the Holm family of one point (its agents),
+        # a correction across every agent of every point.
+        from diloco_gym.eval.report import holm
+
+        summary["p_holm_all_points"] = holm(summary["p_value"].to_numpy())
     _atomic(out / "results.csv", results.to_csv(index=False))
     _atomic(out / "summary.csv", summary.to_csv(index=False))
     error_cols = ["sweep", "point", *(f"grid.{k}" for k in spec.axes), "cell", "error"]
@@ -572,11 +578,20 @@ def _markdown(spec: SweepSpec, summary: pd.DataFrame, errors: list[dict], notes:
             *(f"grid.{k}" for k in spec.axes),
             "agent",
             "units",
+            "nonzero_units",
             "sync_excess_pct",
             "matched_random_pct",
             "diff_pp",
             "p_holm",
+            "p_holm_all_points",
             "verdict",
+        ]
+        lines += [
+            "p_holm is Holm-adjusted across the agents of one point (the family the verdict "
+            "uses); p_holm_all_points across every agent of every point of this sweep (use "
+            "it when comparing settings). nonzero_units: units whose difference is not "
+            "exactly zero (only they carry evidence).",
+            "",
         ]
         lines += ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
         for _, r in summary.iterrows():

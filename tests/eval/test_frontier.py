@@ -313,7 +313,13 @@ def test_budget_stats_by_hand():
     assert a["p_holm"] == pytest.approx(2 * 2 / 2**10)
     bb = b[b["agent"] == "B"].iloc[0]
     assert bb["gap_captured"] == pytest.approx(0.0)
-    assert bb["verdict"] == "tied with matched random"
+    # B equals matched random exactly on every seed: no unit carries evidence, so the
+    # gate cannot tell anything (a tie needs units that could have shown a difference).
+    assert bb["nonzero_units"] == 0
+    assert bb["verdict"] == "inconclusive (too few episodes)"
+    noisy = {**values, ("B", 60.0): np.full(10, 10.0) + np.array([0.05, -0.05] * 5)}
+    bn = fr.budget_stats(_rows(noisy), {"r": "calibrated"}, 0.05)
+    assert bn[bn["agent"] == "B"].iloc[0]["verdict"] == "tied with matched random"
     b4 = fr.budget_stats(_rows(values).query("seed < 5"), {"r": "calibrated"}, 0.05)
     assert set(b4["verdict"]) == {"inconclusive (too few episodes)"}
 

@@ -344,6 +344,29 @@ def test_min_achievable_p_and_units_needed():
         protocol.units_needed(0.0)
 
 
+def test_zero_differences_carry_no_evidence():
+    """5 non-zero differences among 11 units: the exact p is at least 2/2**5 = 0.0625
+    whatever their size, so the gate says inconclusive (counting the 11 units it would
+    have said 'tied': 2/2**11 is far below 0.05)."""
+    diff = np.array([-3.0, -2.0, -1.5, -1.0, -0.5] + [0.0] * 6)
+    r = protocol.paired_test(diff, np.random.default_rng(0))
+    assert r["n"] == 11 and r["nonzero"] == 5
+    assert r["p_value"] == pytest.approx(2 / 32) == pytest.approx(r["min_p"])
+    assert protocol.nonzero_units(np.array([0.0, 1e-13, -1e-13, 2e-12, -0.1])) == 2
+    assert protocol.gate_verdict("calibrated", -1.6, r["p_value"], n_units=11) == (
+        "tied with matched random"  # what counting every unit concluded
+    )
+    assert (
+        protocol.gate_verdict("calibrated", -1.6, r["p_value"], n_units=11, n_nonzero=5)
+        == "inconclusive (too few episodes)"
+    )
+    # Holm over 8 agents: 6 non-zero units give at best 8 * 2/64 = 0.25: inconclusive,
+    # 9 give 8 * 2/512 = 0.031: the gate can decide.
+    kw = {"n_units": 11, "n_tests": 8}
+    assert protocol.gate_verdict("calibrated", -0.2, 0.25, n_nonzero=6, **kw).startswith("inc")
+    assert protocol.gate_verdict("calibrated", -0.2, 0.25, n_nonzero=9, **kw).startswith("tied")
+
+
 def test_gate_is_inconclusive_when_n_cannot_reach_alpha():
     # The oracle's -6.97 pp on 5 seeds: p = 0.0625 at best, so no verdict is possible.
     assert (

@@ -1,0 +1,167 @@
+"""Model files are read without unpickling: a crafted zip cannot run code, the shipped
+models still load and act exactly as stable-baselines3's own loader makes them act."""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import pickle
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("stable_baselines3")
+pytest.importorskip("sb3_contrib")
+
+from agents.learned import (  # noqa: E402
+    REFERENCE_AGENTS,
+    _model_class,
+    load_learned_agent,
+    reference_model_path,
+)
+from agents.safe_model import UnsafeModelError, load_policy_safely  # noqa: E402
+
+pytestmark = pytest.mark.slow  # loads torch and SB3 models
+
+
+class _Payload:
+    """Unpickling this writes ``canary``: what a malicious model file would do."""
+
+    def __init__(self, canary: Path) -> None:
+        self.canary = str(canary)
+
+    def __reduce__(self):
+        return (exec, (f"open({self.canary!r}, 'w').write('ran')",))
+
+
+def _rewrite(src: Path, dst: Path, data=None, weights: bytes | None = None) -> None:
+    with zipfile.ZipFile(src) as zin, zipfile.ZipFile(dst, "w") as zout:
+        for name in zin.namelist():
+            raw = zin.read(name)
+            if name == "data" and data is not None:
+                raw = json.dumps(data).encode()
+            if name == "policy.pth" and weights is not None:
+                raw = weights
+            zout.writestr(name, raw)
+
+
+def _poisoned_data(src: Path, canary: Path) -> dict:
+    """The archive's JSON with every pickled field replaced by the payload."""
+    with zipfile.ZipFile(src) as zf:
+        data = json.loads(zf.read("data"))
+    blob = base64.b64encode(pickle.dumps(_Payload(canary))).decode()
+    for v in data.values():
+        if isinstance(v, dict) and ":serialized:" in v:
+            v[":serialized:"] = blob
+    return data
+
+
+def test_a_pickle_payload_in_the_data_entry_never_runs(tmp_path):
+    src = reference_model_path("reference-ppo")
+    canary = tmp_path / "canary.txt"
+    bad = tmp_path / "model.zip"
+    _rewrite(src, bad, data=_poisoned_data(src, canary))
+    agent = load_learned_agent(bad)  # rebuilt from the JSON: the pickles are never read
+    assert not canary.exists()
+    assert agent.name == "ppo:model"
+    # The test can fail: stable-baselines3's own loader runs the payload (which then
+    # leaves it without spaces, so the load fails after the code ran).
+    with pytest.raises(ValueError):
+        load_learned_agent(bad, trust=True)
+    assert canary.read_text() == "ran"
+
+
+def test_an_unknown_policy_class_is_refused_without_running_it(tmp_path):
+    src = reference_model_path("reference-ppo")
+    canary = tmp_path / "canary.txt"
+    data = _poisoned_data(src, canary)
+    data["policy_class"] = {
+        ":type:": "<class 'abc.ABCMeta'>",
+        ":serialized:": data["policy_class"][":serialized:"],
+        "__module__": "evil.policies",
+        "__init__": "<function EvilPolicy.__init__ at 0x0>",
+    }
+    bad = tmp_path / "model.zip"
+    _rewrite(src, bad, data=data)
+    with pytest.raises(
+        UnsafeModelError,
+        match=r"model\.zip is not a valid model .*: unknown policy class evil",
+    ):
+        load_learned_agent(bad)
+    assert not canary.exists()
+
+
+def test_a_pickle_payload_in_the_weights_is_refused_without_running_it(tmp_path):
+    import torch
+
+    src = reference_model_path("reference-ppo")
+    canary = tmp_path / "canary.txt"
+    buf = io.BytesIO()
+    torch.save({"w": _Payload(canary)}, buf)
+    bad = tmp_path / "model.zip"
+    _rewrite(src, bad, weights=buf.getvalue())
+    assert not canary.exists()
+    with pytest.raises(UnsafeModelError, match="policy.pth holds a Python object"):
+        load_learned_agent(bad)
+    assert not canary.exists()
+
+
+def test_other_refusals_name_the_file_and_the_reason(tmp_path):
+    src = reference_model_path("reference-ppo")
+    with zipfile.ZipFile(src) as zf:
+        data = json.loads(zf.read("data"))
+    bad = tmp_path / "kw.zip"
+    _rewrite(src, bad, data={**data, "policy_kwargs": {"features_extractor_class": "x"}})
+    with pytest.raises(
+        UnsafeModelError,
+        match=r"kw\.zip is not a valid .*: policy_kwargs\.features_",
+    ):
+        load_policy_safely(bad)
+    bad = tmp_path / "space.zip"
+    _rewrite(src, bad, data={**data, "action_space": {":type:": "<class 'x.Tuple'>"}})
+    with pytest.raises(
+        UnsafeModelError,
+        match=r"space\.zip is not a valid .*: the action space is not",
+    ):
+        load_policy_safely(bad)
+
+
+@pytest.mark.parametrize("name", sorted(REFERENCE_AGENTS))
+def test_shipped_models_act_exactly_as_with_sb3s_loader(name):
+    path = reference_model_path(name)
+    safe = load_policy_safely(path)
+    algo = "maskable-ppo" if safe.maskable else "ppo"
+    ref = _model_class(algo).load(path, device="cpu")
+    space = ref.observation_space
+    assert safe.observation_space == space and safe.action_space == ref.action_space
+    x = np.random.default_rng(0).uniform(space.low, space.high, (4000, *space.shape))
+    x = x.astype(np.float32)
+    a_safe, _ = safe.predict(x, deterministic=True)
+    a_ref, _ = ref.predict(x, deterministic=True)
+    assert np.array_equal(a_safe, a_ref)
+    assert 0 < a_ref.mean() < 1  # both actions occur: the comparison is not vacuous
+
+
+@pytest.mark.parametrize("algo", ["ppo", "dqn"])
+def test_a_fresh_model_with_a_named_activation_loads_safely(tmp_path, algo):
+    import torch
+
+    from diloco_gym import DiLoCoSyncEnv
+
+    cls = _model_class(algo)
+    model = cls(
+        "MlpPolicy",
+        DiLoCoSyncEnv(),
+        policy_kwargs={"net_arch": [16, 16], "activation_fn": torch.nn.ReLU},
+        seed=3,
+        device="cpu",
+    )
+    path = tmp_path / "model.zip"
+    model.save(path)
+    safe = load_policy_safely(path)
+    x = np.random.default_rng(1).uniform(0, 1, (2000, *model.observation_space.shape))
+    x = x.astype(np.float32)
+    assert np.array_equal(safe.predict(x)[0], model.predict(x, deterministic=True)[0])
