@@ -294,14 +294,7 @@ class DiLoCoSyncEnv(gym.Env[Observation, Action]):
                 episode_seed = int(seed)
             else:
                 episode_seed = int(self.np_random.integers(0, 2**31 - 1))
-            self.episode = core.episode_from_seed(
-                self.generator,
-                episode_seed,
-                self.params,
-                self.sidecar,
-                self.learner_params,
-                rate_rps=self.reward_rate_rps,
-            )
+            self.episode = self._episode_of_seed(episode_seed)
         ep = self.episode
         n = ep.n_decisions
         p = self.params
@@ -395,6 +388,18 @@ class DiLoCoSyncEnv(gym.Env[Observation, Action]):
                 f"options['episode'] is the episode of seed {episode.seed}, not of seed {seed}"
             )
         return episode
+
+    def _episode_of_seed(self, episode_seed: int) -> Any:
+        """The episode of ``episode_seed`` with this env's parameters (the fleet env
+        builds its sites' episodes here)."""
+        return core.episode_from_seed(
+            self.generator,
+            episode_seed,
+            self.params,
+            self.sidecar,
+            self.learner_params,
+            rate_rps=self.reward_rate_rps,
+        )
 
     def _require_episode(self) -> None:
         if self.episode is None:
