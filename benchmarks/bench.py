@@ -136,11 +136,12 @@ def _counting_runner(env, steps: int, seed: int):
     return run
 
 
-def bench_single_default(steps: int, rounds: int) -> dict:
-    """The default configuration: ``gym.make("DiLoCoSync-v0")`` (``skip_forced=True``, fresh
-    episodes) against ``gym.make("CartPole-v1")``, uniformly random actions, resets included,
-    in paired rounds of ``steps`` agent decisions each; ratios are medians of the rounds'."""
-    dil_env = gym.make("DiLoCoSync-v0")
+def bench_single_default(steps: int, rounds: int, env_id: str = "DiLoCoSync-v0") -> dict:
+    """The default configuration: ``gym.make(env_id)`` (``DiLoCoSync-v0``: ``skip_forced=True``,
+    fresh episodes; ``DiLoCoFleet-v0``: its default fleet of 4 bursty sites, F=1, 32-bit)
+    against ``gym.make("CartPole-v1")``, uniformly random actions, resets included, in
+    paired rounds of ``steps`` agent decisions each; ratios are medians of the rounds'."""
+    dil_env = gym.make(env_id)
     cart_env = gym.make("CartPole-v1")
     dil_env.reset(seed=0)
     cart_env.reset(seed=0)
@@ -711,6 +712,14 @@ def print_table(r: dict) -> None:
             else f"(n/a at {dv['num_envs']})",
         ),
         (
+            'DEFAULT fleet env: gym.make("DiLoCoFleet-v0") (4 bursty sites, F=1, 32-bit)',
+            f"{r['default_fleet']['diloco_steps_per_s']:,.0f} decisions/s, "
+            f"{r['default_fleet']['diloco_episodes_per_s']:,.1f} episodes/s",
+            f"ratio {r['default_fleet']['ratio']:.4f} to CartPole-v1; median of "
+            f"{r['default_fleet']['rounds']} paired rounds",
+            "(no target)",
+        ),
+        (
             "DEFAULT single env: one episode, split",
             f"{pd['episode_ms']:.2f} ms",
             f"{pd['decisions_per_episode']:.0f} decisions: reset {pd['reset_ms']:.2f} (episode "
@@ -816,7 +825,11 @@ def print_table(r: dict) -> None:
 
 def print_default(r: dict) -> None:
     """The headline rows alone (``--default-only``)."""
-    for key, label in (("default_single", "single env"), ("default_vector", "vector env")):
+    for key, label in (
+        ("default_single", "single env"),
+        ("default_vector", "vector env"),
+        ("default_fleet", "fleet env (DiLoCoFleet-v0, 4 sites)"),
+    ):
         d = r[key]
         extra = f" x{d['num_envs']}" if "num_envs" in d else ""
         print(
@@ -882,6 +895,9 @@ def main(argv: list[str] | None = None) -> int:
     }
     results["default_single"] = bench_single_default(2_000 if q else 10_000, 3 if q else 11)
     results["default_vector"] = bench_vector_default(num_envs, 20 if q else 100, 1 if q else 5)
+    results["default_fleet"] = bench_single_default(
+        500 if q else 3_000, 3 if q else 5, env_id="DiLoCoFleet-v0"
+    )
     results["profile_default"] = bench_profile_default(
         2_000 if q else 20_000, num_envs, 80 if q else 100
     )
