@@ -21,6 +21,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from diloco_gym.sim import compiled
 from diloco_gym.sim import learners as lrn
 from diloco_gym.sim.schedules import completion_counts
 from diloco_gym.sim.sidecar import (
@@ -791,8 +792,7 @@ def learner_features_k(
     """:func:`learner_features` with the throughputs learners-first, ``(K, ...)``
     broadcastable to ``(K,) + S``: the compiled rule
     :func:`diloco_gym.sim.jit.learner_block` on the broadcast rows."""
-    from diloco_gym.sim import jit
-
+    jit = compiled()
     gap = np.asarray(gap_s, dtype=np.float64)
     tok = np.asarray(global_tokens, dtype=np.float64)
     k = throughputs_k.shape[0]

@@ -214,6 +214,7 @@ class DiLoCoSyncEnv(gym.Env[Observation, Action]):
         self._budget: core.BudgetTables | None = None
         self._exo: np.ndarray = np.zeros((1, 1, 7), dtype=np.float32)  # the episode's, 1 slot
         self._obs_out = np.zeros((1, OBS_DIM), dtype=np.float32)
+        self._obs_consts = kernel.observe_consts(self.params, self.learner_params)
 
     # ----------------------------------------------------------------- public views
     @property
@@ -436,7 +437,13 @@ class DiLoCoSyncEnv(gym.Env[Observation, Action]):
     def _obs(self) -> np.ndarray:
         """The observation now: the kernel's (compiled) observation of this batch of one."""
         out = kernel.observe(
-            self._state, self._batch, self._exo, self.params, self.learner_params, self._obs_out
+            self._state,
+            self._batch,
+            self._exo,
+            self.params,
+            self.learner_params,
+            self._obs_out,
+            self._obs_consts,
         )
         return out[0].copy()
 

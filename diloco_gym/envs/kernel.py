@@ -35,6 +35,7 @@ import numpy as np
 
 from diloco_gym.envs import core
 from diloco_gym.envs.core import EXO_SLICE, LEARNER_SLICE, OBS_INDEX, EnvParams
+from diloco_gym.sim import compiled
 from diloco_gym.sim import learners as lrn
 from diloco_gym.sim.regimes import SyntheticRegime
 
@@ -56,6 +57,7 @@ __all__ = [
     "reward",
     "step",
     "observe",
+    "observe_consts",
     "action_masks",
     "max_merges",
 ]
@@ -498,6 +500,17 @@ def step(
     }
 
 
+def observe_consts(params: EnvParams, lp: lrn.LearnerParams) -> tuple:
+    """The parameters :func:`observe` passes to the compiled observation, in its order (an
+    env builds them once: a step then passes a tuple instead of reading 12 attributes)."""
+    p = params
+    return (
+        p.h_min, p.h_max, p.decision_seconds, -1 if p.merge_budget is None else p.merge_budget,
+        lp.loss_floor, lp.loss_scale, lp.tokens_scale, lp.loss_exponent, p.loss_clip,
+        p.tokens_clip, p.staleness_clip_s,
+    )  # fmt: skip
+
+
 def observe(
     state: EnvState,
     batch: EpisodeBatch,
@@ -505,21 +518,20 @@ def observe(
     params: EnvParams,
     lp: lrn.LearnerParams,
     out: np.ndarray,
+    consts: tuple | None = None,
 ) -> np.ndarray:
     """The observation of every row into ``out`` ``(B, OBS_DIM)`` float32: the compiled
     rule :func:`diloco_gym.sim.jit.observe_rows` (both envs call it).
 
     ``exo``: the bank's exogenous features, ``(slots, decisions, 7)``; the terminal
-    observation (``d == n``) repeats the last decision's.
+    observation (``d == n``) repeats the last decision's. ``consts``:
+    :func:`observe_consts` of ``params`` and ``lp``, when the caller keeps them.
     """
-    from diloco_gym.sim import jit
-
-    p = params
+    jit = compiled()
+    c = observe_consts(params, lp) if consts is None else consts
     jit.observe_rows(
         state.d, state.last, batch.n, state.n_merges, state.m_left, batch.slot, state.tokens,
-        batch.thr, batch.max_merges, exo, p.h_min, p.h_max, p.decision_seconds,
-        -1 if p.merge_budget is None else p.merge_budget, lp.loss_floor, lp.loss_scale,
-        lp.tokens_scale, lp.loss_exponent, p.loss_clip, p.tokens_clip, p.staleness_clip_s, out,
+        batch.thr, batch.max_merges, exo, *c, out,
     )  # fmt: skip
     return out
 

@@ -170,7 +170,7 @@ def merged_backlog_rows(
             out[k, j] = g - run
             if j == e:
                 run_ends[k] = run
-    return out
+    return 0
 
 
 @njit(cache=True)
@@ -215,7 +215,7 @@ def merge_violations_rows(
             ptr[r], rbin[r], base[r], m0[r], m0_bins, ti, tt, starts[k], w, lengths[k], bl[k],
             sigma1, slo_s, slots,
         )  # fmt: skip
-    return out
+    return 0
 
 
 @njit(cache=True)
@@ -248,7 +248,7 @@ def isolated_costs(
             s[r], d[r], ptr[r], rbin[r], base[r], m0[r], m0_bins, ti, tt, starts[k], min0[k],
             w, h, sigma1, slo_s, slots, buf,
         )  # fmt: skip
-    return out
+    return 0
 
 
 # ------------------------------------------------------------------ the learners
@@ -293,7 +293,7 @@ def learner_block(
         out[b, 2] = _pairwise(tk, 0, k) / k
         out[b, 3] = tk[0]
         out[b, 4] = _clip01(gap / staleness_clip_s)
-    return out
+    return 0
 
 
 # ------------------------------------------------------------------ the observation
@@ -333,4 +333,4 @@ def observe_rows(
             row[16] = m_left[b] / budget
         else:
             row[16] = 0.0 if budget == 0 else 1.0
-    return out
+    return 0

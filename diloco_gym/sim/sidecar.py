@@ -38,6 +38,8 @@ from typing import NamedTuple
 
 import numpy as np
 
+from diloco_gym.sim import compiled
+
 __all__ = [
     "CostQueue",
     "IsolatedMergeCost",
@@ -425,8 +427,7 @@ def merged_backlog(
         ``(backlog, run_at_ends)``: offset-major ``(length, M)`` backlog (work-seconds) and
         the running minimum at ``ends`` (``None`` without ``ends``).
     """
-    from diloco_gym.sim import jit
-
+    jit = compiled()
     m = starts.size
     out = np.empty((m, length))
     run_ends = np.empty(m)
@@ -475,8 +476,7 @@ def merge_violations(
     Returns:
         float ``(M,)`` counts.
     """
-    from diloco_gym.sim import jit
-
+    jit = compiled()
     m = starts.size
     thr_in, thr_tail = _thresholds(q)
     bl = np.ascontiguousarray(np.asarray(backlog).T)  # merge-major
@@ -524,8 +524,7 @@ def isolated_merge_costs(
     Args:
         min0: ``prefmin`` of each row's no-merge queue at each start.
     """
-    from diloco_gym.sim import jit
-
+    jit = compiled()
     m = starts.size
     thr_in, thr_tail = _thresholds(q)
     out = np.empty(m)
@@ -637,8 +636,7 @@ class IsolatedMergeCost:
 
     def cost_at(self, start: int) -> float:
         """Extra violated requests of a merge starting at bin ``start``."""
-        from diloco_gym.sim import jit
-
+        jit = compiled()
         s0 = int(start)
         s, d, ptr, rbin, base, m0, thr_in = self._row
         q, p = self.queue, self.p
