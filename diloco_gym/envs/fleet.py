@@ -380,6 +380,8 @@ class DiLoCoFleetEnv(DiLoCoSyncEnv):
         self._frag0 = core.OBS_DIM + _N_EXO * (fleet.n_sites - 1)
         p = self.params
         self._h_full = p.h_max * fleet.fragments  # a fragment's own H_max (decisions)
+        self._site_rows = np.zeros((1, 0), dtype=np.float32)
+        self._site_rows_of: FleetEpisode | None = None
 
     # ------------------------------------------------------------------ episode
     def _episode_of_seed(self, episode_seed: int) -> FleetEpisode:
@@ -425,19 +427,19 @@ class DiLoCoFleetEnv(DiLoCoSyncEnv):
         return ex, gain
 
     # ------------------------------------------------------------------ observation
-    def _obs_tables(self) -> None:
-        super()._obs_tables()
+    def _new_episode_tables(self) -> None:
+        """The further sites' pressure blocks per decision (row ``n`` repeats the last
+        decision's, as the kernel's terminal observation does)."""
         ep = self.episode
         assert isinstance(ep, FleetEpisode)
         n = ep.n_decisions
-        extra_dim = len(self.obs_features) - self._n_base
-        if not extra_dim:
-            return
-        extra = np.zeros((n + 1, extra_dim), dtype=np.float32)
+        width = _N_EXO * (len(ep.sites) - 1)
+        extra = np.zeros((n + 1, width), dtype=np.float32)
         for k, e in enumerate(ep.sites[1:]):
             extra[:n, k * _N_EXO : (k + 1) * _N_EXO] = e.exo
             extra[n, k * _N_EXO : (k + 1) * _N_EXO] = e.exo[n - 1]
-        self._obs_base = np.concatenate([self._obs_base, extra], axis=1)
+        self._site_rows = extra
+        self._site_rows_of = ep
 
     def fragment_staleness(self) -> np.ndarray:
         """Decisions since each fragment's last sync, in sync order (0: next to sync). The
@@ -452,7 +454,17 @@ class DiLoCoFleetEnv(DiLoCoSyncEnv):
         return np.array([d - t for t in last_f], dtype=np.int64)
 
     def _obs(self) -> np.ndarray:
-        obs = super()._obs()
+        """The single env's observation (the kernel's, with the first site's pressure
+        block), then the further sites' blocks and the fragments' staleness."""
+        base = super()._obs()
+        if len(self.obs_features) == base.shape[0]:
+            return base
+        if self._site_rows_of is not self.episode:
+            self._new_episode_tables()
+        obs = np.empty(len(self.obs_features), dtype=np.float32)
+        obs[: base.shape[0]] = base
+        d = self._state.d.item(0)
+        obs[base.shape[0] : self._frag0] = self._site_rows[d]
         f = self.fleet.fragments
         if f > 1:
             st = self.fragment_staleness()
