@@ -53,10 +53,13 @@ class AgentContext:
         params: the env's public parameters (corridor, decision interval, merge budget,
             feature scales, reward weights).
         regime: the regime's name (a label; the trace itself is not here).
+        features: the names of the observation's features when they differ from the
+            single env's (``DiLoCoFleet-v0``: per-site pressure blocks); ``None`` otherwise.
     """
 
     params: EnvParams
     regime: str
+    features: tuple[str, ...] | None = None
     _mask: np.ndarray = field(
         default_factory=lambda: np.ones(2, dtype=bool), repr=False, compare=False
     )

@@ -191,10 +191,12 @@ class LearnedAgent(Agent):
         self.path = None if path is None else Path(path).resolve()
         self._context: AgentContext | None = None
         self._maskable = bool(getattr(model, "maskable", type(model).__name__ == "MaskablePPO"))
+        obs_meta = self.meta.get("observation") or {}
         if obs_transform is None:
-            obs_meta = self.meta.get("observation") or {}
             obs_transform = obs_meta.get("transform") if isinstance(obs_meta, dict) else None
-        want = augmented_size(obs_transform)  # raises for an unknown transform
+        # a fleet model records its (wider) observation's size
+        base = obs_meta.get("base_size") if isinstance(obs_meta, dict) else None
+        want = augmented_size(obs_transform, base)  # raises for an unknown transform
         space = getattr(model, "observation_space", None)
         shape = getattr(space, "shape", None)
         if shape is not None and tuple(shape) != (want,):

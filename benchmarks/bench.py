@@ -55,7 +55,9 @@ from pathlib import Path
 import gymnasium as gym
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+# The source tree measured: this checkout, or DILOCO_GYM_BENCH_SRC (--ab points it at an
+# older revision's tree, so both codes run under the same benchmark functions).
+sys.path.insert(0, os.environ.get("DILOCO_GYM_BENCH_SRC") or str(Path(__file__).parents[1]))
 
 import diloco_gym  # noqa: E402  (registers the ids)
 from diloco_gym.envs import core  # noqa: E402
@@ -63,6 +65,8 @@ from diloco_gym.sim import learners as lrn  # noqa: E402
 from diloco_gym.sim import regimes, schedules
 from diloco_gym.sim.sidecar import merge_costs  # noqa: E402
 from diloco_gym.sim.traces import PRESSURE_DT_S  # noqa: E402
+
+SRC = sys.path[0]
 
 TARGETS = {
     "default_single_ratio_to_cartpole": 0.3,
@@ -136,11 +140,12 @@ def _counting_runner(env, steps: int, seed: int):
     return run
 
 
-def bench_single_default(steps: int, rounds: int) -> dict:
-    """The default configuration: ``gym.make("DiLoCoSync-v0")`` (``skip_forced=True``, fresh
-    episodes) against ``gym.make("CartPole-v1")``, uniformly random actions, resets included,
-    in paired rounds of ``steps`` agent decisions each; ratios are medians of the rounds'."""
-    dil_env = gym.make("DiLoCoSync-v0")
+def bench_single_default(steps: int, rounds: int, env_id: str = "DiLoCoSync-v0") -> dict:
+    """The default configuration: ``gym.make(env_id)`` (``DiLoCoSync-v0``: ``skip_forced=True``,
+    fresh episodes; ``DiLoCoFleet-v0``: its default fleet of 4 bursty sites, F=1, 32-bit)
+    against ``gym.make("CartPole-v1")``, uniformly random actions, resets included, in
+    paired rounds of ``steps`` agent decisions each; ratios are medians of the rounds'."""
+    dil_env = gym.make(env_id)
     cart_env = gym.make("CartPole-v1")
     dil_env.reset(seed=0)
     cart_env.reset(seed=0)
@@ -373,6 +378,137 @@ def fresh_floor_runner(episodes: int):
         return (time.perf_counter() - t0) * 1000.0 / len(jobs)
 
     return run
+
+
+def bench_floor(episodes: int, repeats: int) -> dict:
+    """The floor of a fresh episode: generating its requests (``SyntheticRegime.draw``: the
+    random draws, arrival times by time rescaling, token counts) and replaying them without
+    merges (service times, the Lindley queue, latencies and SLO violations), nothing else
+    (no features, no merge costs, no agent), per decision of the default bursty episode.
+    Bursty has no pressure slowdown, so the pressure series do not enter the replay."""
+    from diloco_gym.sim.sidecar import base_latency_s, replay
+
+    reg = regimes.get_regime("bursty")
+    p = core.EnvParams()
+    sc = reg.sidecar
+    n_bins = int(np.ceil(reg.duration_s / p.step_seconds - 1e-9))
+    n_dec = p.n_decisions(reg.duration_s)
+    zeros = np.zeros(n_bins)
+    lp = lrn.LearnerParams()
+
+    def run() -> float:
+        t0 = time.perf_counter()
+        for seed in range(episodes):
+            rng = np.random.default_rng(seed)
+            arrivals, token_index, _, _ = reg.draw(rng)
+            lp.draw_throughputs(rng)
+            prompt, output = reg.tokens(token_index, np.float64)
+            base = base_latency_s(prompt, output, sc)
+            req_bin = np.minimum((arrivals / p.step_seconds).astype(np.int64), n_bins - 1)
+            replay(base, req_bin, zeros, None, sc, p.step_seconds).violated.sum()
+        return time.perf_counter() - t0
+
+    run()
+    dt = min(run() for _ in range(repeats))
+    per_dec = dt / (episodes * n_dec)
+    return {
+        "episodes": episodes,
+        "decisions_per_episode": n_dec,
+        "episode_ms": dt * 1000.0 / episodes,
+        "us_per_decision": per_dec * 1e6,
+        "decisions_per_s": 1.0 / per_dec,
+        "note": "bursty: draws + tokens + no-merge replay per episode; best of repeats",
+    }
+
+
+def bench_training(timesteps: int, n_envs: int, repeats: int) -> dict:
+    """Training throughput: PPO and MaskablePPO (``n_steps=256``, batch 64, one epoch,
+    ``MlpPolicy``, CPU) for ``timesteps`` steps on the native vector env (``SB3VecEnv``,
+    default ``DiLoCoSync-v0``) vs the same settings on CartPole (SB3's ``DummyVecEnv`` of
+    ``n_envs`` CartPole-v1; MaskablePPO with all-true masks). Steps per second, best of
+    ``repeats``; the ratio shows whether the environment is the bottleneck."""
+    try:
+        import torch
+        from sb3_contrib import MaskablePPO
+        from sb3_contrib.common.wrappers import ActionMasker
+        from stable_baselines3 import PPO
+        from stable_baselines3.common.env_util import make_vec_env
+    except ImportError as e:  # the rl extra
+        return {"skipped": f"needs the rl extra ({e.name})"}
+    from diloco_gym.rl.sb3 import SB3VecEnv
+
+    torch.set_num_threads(1)
+    kw = {"n_steps": 256, "batch_size": 64, "n_epochs": 1, "verbose": 0, "device": "cpu"}
+
+    def cart_env(masked: bool):
+        wrapper = None
+        if masked:
+
+            def wrapper(e):
+                return ActionMasker(e, lambda _e: np.ones(2, dtype=bool))
+
+        return make_vec_env("CartPole-v1", n_envs=n_envs, seed=0, wrapper_class=wrapper)
+
+    def rate(algo, make_env) -> float:
+        best = 0.0
+        for _ in range(repeats):
+            env = make_env()
+            model = algo("MlpPolicy", env, seed=0, **kw)
+            t0 = time.perf_counter()
+            model.learn(total_timesteps=timesteps)
+            best = max(best, model.num_timesteps / (time.perf_counter() - t0))
+            env.close()
+        return best
+
+    out: dict = {"timesteps": timesteps, "n_envs": n_envs, "settings": dict(kw)}
+    for name, algo, masked in (("ppo", PPO, False), ("maskable_ppo", MaskablePPO, True)):
+        d = rate(algo, lambda: SB3VecEnv(num_envs=n_envs))
+        c = rate(algo, lambda m=masked: cart_env(m))
+        out[name] = {"diloco_steps_per_s": d, "cartpole_steps_per_s": c, "ratio": d / c}
+    return out
+
+
+def _ab_child(out: Path) -> None:
+    """One A/B measurement of the tree at ``SRC``: the two headline rows, written to ``out``."""
+    res = {
+        "src": SRC,
+        "default_single": bench_single_default(5_000, 5),
+        "default_vector": bench_vector_default(1024, 30, 3),
+    }
+    out.write_text(json.dumps(res, default=float))
+
+
+def bench_ab(rev: str, rounds: int) -> dict:
+    """The headline rows of revision ``rev``'s code and of this checkout's, in alternating
+    subprocesses (``rounds`` each) of this script: the same benchmark functions, only the
+    package differs (``DILOCO_GYM_BENCH_SRC``). ``rev``'s tree comes from ``git archive``."""
+    import subprocess
+    import tempfile
+
+    here = Path(__file__).resolve().parents[1]
+    tmp = Path(tempfile.mkdtemp(prefix="diloco-ab-"))
+    archive = subprocess.run(
+        ["git", "-C", str(here), "archive", rev, "diloco_gym"], capture_output=True, check=True
+    ).stdout
+    subprocess.run(["tar", "-x", "-C", str(tmp)], input=archive, check=True)
+    trees = {rev: str(tmp), "this checkout": str(here)}
+    runs: dict[str, list[dict]] = {k: [] for k in trees}
+    for _ in range(rounds):
+        for name, src in trees.items():
+            out = tmp / "ab.json"
+            env = dict(os.environ, DILOCO_GYM_BENCH_SRC=src)
+            subprocess.run([sys.executable, __file__, "--ab-child", str(out)], env=env, check=True)
+            runs[name].append(json.loads(out.read_text()))
+    res = {}
+    for name, rs in runs.items():
+        res[name] = {
+            row: {
+                key: float(np.median([r[row][key] for r in rs]))
+                for key in ("diloco_steps_per_s", "cartpole_steps_per_s", "ratio")
+            }
+            for row in ("default_single", "default_vector")
+        }
+    return {"rev": rev, "rounds": rounds, "results": res}
 
 
 # ----------------------------------------------------------------------------- protocol parts
@@ -711,6 +847,14 @@ def print_table(r: dict) -> None:
             else f"(n/a at {dv['num_envs']})",
         ),
         (
+            'DEFAULT fleet env: gym.make("DiLoCoFleet-v0") (4 bursty sites, F=1, 32-bit)',
+            f"{r['default_fleet']['diloco_steps_per_s']:,.0f} decisions/s, "
+            f"{r['default_fleet']['diloco_episodes_per_s']:,.1f} episodes/s",
+            f"ratio {r['default_fleet']['ratio']:.4f} to CartPole-v1; median of "
+            f"{r['default_fleet']['rounds']} paired rounds",
+            "(no target)",
+        ),
+        (
             "DEFAULT single env: one episode, split",
             f"{pd['episode_ms']:.2f} ms",
             f"{pd['decisions_per_episode']:.0f} decisions: reset {pd['reset_ms']:.2f} (episode "
@@ -814,9 +958,36 @@ def print_table(r: dict) -> None:
         print("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)))
 
 
+def print_extra(r: dict) -> None:
+    """The floor row, the vector row against it, and the training row (when measured)."""
+    f = r["floor"]
+    v = r["default_vector"]
+    print(
+        f"FLOOR (bursty episode: requests + no-merge replay only): {f['episode_ms']:.2f} ms per "
+        f"episode, {f['us_per_decision']:.2f} us per decision ({f['decisions_per_s']:,.0f}/s); "
+        f"default vector env x{v['num_envs']} at {v['diloco_steps_per_s']:,.0f} decisions/s "
+        f"is {f['decisions_per_s'] / v['diloco_steps_per_s']:.2f}x below the floor"
+    )
+    t = r.get("training")
+    if t and "skipped" not in t:
+        for name in ("ppo", "maskable_ppo"):
+            d = t[name]
+            print(
+                f"TRAINING {name} ({t['n_envs']} envs, n_steps 256, batch 64, 1 epoch, "
+                f"{t['timesteps']} steps): DiLoCo {d['diloco_steps_per_s']:,.0f} steps/s, "
+                f"CartPole {d['cartpole_steps_per_s']:,.0f} steps/s, ratio {d['ratio']:.3f}"
+            )
+    elif t:
+        print(f"TRAINING skipped: {t['skipped']}")
+
+
 def print_default(r: dict) -> None:
     """The headline rows alone (``--default-only``)."""
-    for key, label in (("default_single", "single env"), ("default_vector", "vector env")):
+    for key, label in (
+        ("default_single", "single env"),
+        ("default_vector", "vector env"),
+        ("default_fleet", "fleet env (DiLoCoFleet-v0, 4 sites)"),
+    ):
         d = r[key]
         extra = f" x{d['num_envs']}" if "num_envs" in d else ""
         print(
@@ -850,6 +1021,19 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--num-envs", type=int, default=None, help="vector env size (1024)")
     ap.add_argument(
+        "--ab",
+        metavar="REV",
+        help="only the headline rows of git revision REV's code and this checkout's, "
+        "alternating subprocesses (e.g. --ab c1f0745, diloco-gym 0.4.0)",
+    )
+    ap.add_argument("--ab-rounds", type=int, default=3, help="subprocesses per side (3)")
+    ap.add_argument("--ab-child", type=Path, help=argparse.SUPPRESS)
+    ap.add_argument(
+        "--training",
+        action="store_true",
+        help="also the training-throughput row (PPO and MaskablePPO vs CartPole; rl extra)",
+    )
+    ap.add_argument(
         "--memory-steps",
         type=int,
         default=None,
@@ -862,6 +1046,20 @@ def main(argv: list[str] | None = None) -> int:
         help="env steps of the memory check with fresh episodes (2,000,000)",
     )
     args = ap.parse_args(argv)
+    if args.ab_child:
+        _ab_child(args.ab_child)
+        return 0
+    if args.ab:
+        ab = bench_ab(args.ab, args.ab_rounds)
+        for name, rows in ab["results"].items():
+            for row, d in rows.items():
+                print(
+                    f"A/B {name:>14} {row}: {d['diloco_steps_per_s']:,.0f} decisions/s, "
+                    f"CartPole {d['cartpole_steps_per_s']:,.0f} steps/s, ratio {d['ratio']:.3f}"
+                )
+        if args.json:
+            args.json.write_text(json.dumps(ab, indent=2, default=float))
+        return 0
     q = args.quick
     num_envs = args.num_envs or (64 if q else 1024)
     memory_steps = args.memory_steps or (200_000 if q else 10_000_000)
@@ -882,11 +1080,18 @@ def main(argv: list[str] | None = None) -> int:
     }
     results["default_single"] = bench_single_default(2_000 if q else 10_000, 3 if q else 11)
     results["default_vector"] = bench_vector_default(num_envs, 20 if q else 100, 1 if q else 5)
+    results["default_fleet"] = bench_single_default(
+        500 if q else 3_000, 3 if q else 5, env_id="DiLoCoFleet-v0"
+    )
     results["profile_default"] = bench_profile_default(
         2_000 if q else 20_000, num_envs, 80 if q else 100
     )
+    results["floor"] = bench_floor(5 if q else 40, 2 if q else 5)
+    if args.training:
+        results["training"] = bench_training(2_048 if q else 20_480, 8, 1 if q else 2)
     if args.default_only:
         print_default(results)
+        print_extra(results)
         if args.json:
             args.json.write_text(json.dumps(results, indent=2, default=float))
         return 0
@@ -898,6 +1103,7 @@ def main(argv: list[str] | None = None) -> int:
     results["memory_pool"] = bench_memory(num_envs, memory_steps, pool=True)
     results["memory_fresh"] = bench_memory(num_envs, fresh_memory_steps, pool=False)
     print_table(results)
+    print_extra(results)
     if args.json:
         args.json.write_text(json.dumps(results, indent=2, default=float))
         print(f"\nsaved {args.json}")

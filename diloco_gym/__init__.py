@@ -77,6 +77,12 @@ def register_envs() -> None:
             kwargs=kwargs,
             disable_env_checker=False,
         )
+    if "DiLoCoFleet-v0" not in gym.registry:
+        gym.register(
+            id="DiLoCoFleet-v0",
+            entry_point="diloco_gym.envs.fleet:DiLoCoFleetEnv",
+            disable_env_checker=False,
+        )
 
 
 register_envs()

@@ -264,6 +264,8 @@ def _replay_options(args: argparse.Namespace, stride: bool = True) -> dict[str, 
 def cmd_run(args: argparse.Namespace) -> int:
     from diloco_gym.eval.rollout import is_deployable, run_episode
 
+    if getattr(args, "fleet", None):
+        return _run_fleet(args)
     if not args.trace:
         _check_regime(args.regime)
     _check_free_agent(args.agent)
@@ -342,6 +344,93 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _fleet_env_error(exc: Exception) -> CLIError:
+    """A fleet configuration error as the CLI's error: a bad file is a data error."""
+    return DataError(str(exc))
+
+
+def _run_fleet(args: argparse.Namespace) -> int:
+    """``run --fleet FILE``: one agent on fleet episodes, per-seed table with each site's
+    sync-excess (:mod:`diloco_gym.envs.fleet`)."""
+    from agents.fleet import fleet_agent
+    from diloco_gym.envs.fleet import DiLoCoFleetEnv
+    from diloco_gym.eval.rollout import is_deployable, run_episode
+    from diloco_gym.sim.fleet import FleetConfigError
+
+    _check_free_agent(args.agent)
+    agent = fleet_agent(_load_agent(args.agent))
+    try:
+        env = DiLoCoFleetEnv(fleet=args.fleet)
+    except (FleetConfigError, ValueError) as exc:
+        raise _fleet_env_error(exc) from None
+    names = env.setup.site_names
+    print(
+        f"agent {agent.name}{'' if is_deployable(agent) else ' (non-deployable)'} on fleet "
+        f"{args.fleet} ({len(names)} sites, F={env.fleet.fragments}, {env.fleet.bits}-bit, "
+        f"sync window {env.setup.plan.window_s:.2f} s), {args.seeds} episodes"
+    )
+    header = f"{'seed':>5} {'syncs/h':>8} {'sync-excess %':>13} {'worst site %':>12}  " + " ".join(
+        f"{n[:10]:>10}" for n in names
+    )
+    print(header)
+    print("-" * len(header))
+    for seed in range(args.seed0, args.seed0 + args.seeds):
+        r = run_episode(env, agent, seed)
+        assert env.episode is not None  # run_episode() reset it
+        per_h = r["merges"] * 3600.0 / env.episode.trace.duration_s
+        sites = " ".join(f"{x['sync_excess_pct']:>10.2f}" for x in r["sites"])
+        print(
+            f"{seed:>5} {per_h:>8.1f} {r['sync_excess_pct']:>13.2f} "
+            f"{r['worst_site_sync_excess_pct']:>12.2f}  {sites}"
+        )
+    print("(sync-excess: pp of all the fleet's requests; per site: pp of the site's requests)")
+    return 0
+
+
+def _report_fleet(args: argparse.Namespace, agents: list[str]) -> int:
+    """``report --fleet FILE``: the protocol on a fleet (:mod:`diloco_gym.eval.fleet`)."""
+    from diloco_gym.eval.fleet import (
+        FleetReportConfig,
+        fleet_summary_table,
+        run_fleet_report,
+        write_fleet_report,
+    )
+    from diloco_gym.eval.report import prepare_out_dir
+    from diloco_gym.sim.fleet import FleetConfigError
+
+    started = time.perf_counter()
+    try:
+        prepare_out_dir(args.out, args.force)
+    except (FileExistsError, IsADirectoryError, NotADirectoryError, PermissionError) as exc:
+        raise UsageError(str(exc)) from None
+    try:
+        config = FleetReportConfig(
+            fleet=args.fleet,
+            agents=agents,
+            seeds=args.seeds,
+            seed0=args.seed0,
+            draws=args.draws,
+            calibration=args.calibration,
+        )
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    command = "diloco-gym " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    try:
+        result = run_fleet_report(config, progress=not args.no_progress)
+        out = write_fleet_report(result, args.out, force=args.force, command=command)
+    except (FleetConfigError, ValueError, KeyError) as exc:
+        msg = str(exc.args[0]) if isinstance(exc, KeyError) and exc.args else str(exc)
+        raise DataError(msg) from None
+    except KeyboardInterrupt:
+        raise Interrupted(f"interrupted; no report written ({args.out} left as it was)") from None
+    print(fleet_summary_table(result["summary"]))
+    print(
+        f"\nfleet report written to {out}/ (report.md, results.csv, report.json) in "
+        f"{time.perf_counter() - started:.1f} s"
+    )
+    return 0
+
+
 def cmd_report(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     from agents.registry import HEURISTICS
@@ -363,6 +452,10 @@ def cmd_report(args: argparse.Namespace) -> int:
         raise UsageError(
             f"agent(s) {', '.join(map(repr, twice))} given more than once; give each agent once"
         )
+    if getattr(args, "fleet", None):
+        if args.regimes or args.trace:
+            raise UsageError("--fleet replaces --regimes and --trace (the sites are in FILE)")
+        return _report_fleet(args, agents)
     regimes = args.regimes or list(REGIMES)
     for r in regimes:
         _check_regime(r)
@@ -664,6 +757,16 @@ def _add_sealing_arg(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_fleet_arg(p: argparse.ArgumentParser) -> None:
+    """``--fleet``, a DiLoCoFleet-v0 configuration (run, report)."""
+    p.add_argument(
+        "--fleet",
+        metavar="FILE",
+        help="run on a fleet of sites (DiLoCoFleet-v0) configured by this TOML file "
+        "(docs/fleet.md; example: docs/examples/fleet.toml)",
+    )
+
+
 def _add_run_command(sub: Any, fmt: type[argparse.HelpFormatter]) -> None:
     """The ``run`` command's options."""
     p = sub.add_parser(
@@ -676,6 +779,7 @@ def _add_run_command(sub: Any, fmt: type[argparse.HelpFormatter]) -> None:
     _add_trace_args(p)
     _add_trust_arg(p)
     _add_sealing_arg(p)
+    _add_fleet_arg(p)
     p.set_defaults(func=cmd_run)
 
 
@@ -712,6 +816,7 @@ def _add_report_command(sub: Any, fmt: type[argparse.HelpFormatter]) -> None:
     _add_trace_args(p)
     _add_trust_arg(p)
     _add_sealing_arg(p)
+    _add_fleet_arg(p)
     p.set_defaults(func=cmd_report)
 
 

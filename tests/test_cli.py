@@ -606,3 +606,43 @@ def test_budget_aware_agents_are_refused_where_no_budget_is_given(argv, tmp_path
     assert "runs only with one" in captured.err and "diloco-gym frontier" in captured.err
     assert len(captured.err.strip().splitlines()) == 1
     assert not out.exists()
+
+
+# ------------------------------------------------------------------ fleet
+FLEET_EXAMPLE = Path(__file__).resolve().parents[1] / "docs" / "examples" / "fleet.toml"
+
+
+def test_run_fleet_table(capsys):
+    assert (
+        main(["run", "--agent", "pressure-gate", "--fleet", str(FLEET_EXAMPLE), "--seeds", "1"])
+        == 0
+    )
+    out = capsys.readouterr().out
+    assert "4 sites, F=4, 8-bit" in out
+    header = next(ln for ln in out.splitlines() if "syncs/h" in ln)
+    assert all(n in header for n in ("eu", "us", "asia", "small", "worst site"))
+
+
+def test_fleet_file_errors_are_one_line(tmp_path, capsys):
+    assert "fleet configuration file not found" in _fails(
+        ["run", "--agent", "pressure-gate", "--fleet", str(tmp_path / "no.toml")], capsys, 1
+    )
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[fleet]\nbits = 12\n")
+    msg = _fails(["run", "--agent", "pressure-gate", "--fleet", str(bad)], capsys, 1)
+    assert str(bad) in msg and "bits must be one of" in msg
+    assert "--fleet replaces --regimes" in _fails(
+        ["report", "--fleet", str(FLEET_EXAMPLE), "--regimes", "bursty", "--out",
+         str(tmp_path / "r")], capsys, 2,
+    )  # fmt: skip
+
+
+@pytest.mark.slow
+def test_report_fleet_writes_a_report(tmp_path, capsys):
+    out = tmp_path / "fleet-report"
+    args = ["report", "--fleet", str(FLEET_EXAMPLE), "--agents", "pressure-gate", "--seeds", "2"]
+    assert main([*args, "--draws", "20", "--out", str(out), "--no-progress"]) == 0
+    data = json.loads((out / "report.json").read_text())
+    assert data["fleet"]["sites"] == ["eu", "us", "asia", "small"]
+    assert data["summary"][0]["verdict"] == "inconclusive (too few episodes)"
+    assert (out / "results.csv").is_file() and (out / "report.md").is_file()

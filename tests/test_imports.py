@@ -50,7 +50,8 @@ def _loaded_after(code: str, watch: tuple[str, ...]) -> list[str]:
 
 def test_import_loads_no_scipy_pyarrow_matplotlib_or_pandas():
     """``import diloco_gym`` needs only numpy and gymnasium: scipy (its signal package alone
-    is most of the old import time), pyarrow, matplotlib, pandas and tqdm stay unloaded, and
+    is most of the old import time), numba (the compiled kernel loads it with the first
+    episode), pyarrow, matplotlib, pandas and tqdm stay unloaded, and
     so does importlib.metadata until ``__version__`` is asked for."""
     watch = (
         "scipy",
@@ -58,6 +59,7 @@ def test_import_loads_no_scipy_pyarrow_matplotlib_or_pandas():
         "scipy.special",
         "scipy.stats",
         "importlib.metadata",
+        "numba",
     ) + NOT_FOR_THE_ENV
     assert _loaded_after("import diloco_gym", watch) == []
     code = "import diloco_gym\nassert diloco_gym.__version__ == diloco_gym.__version__ != ''"

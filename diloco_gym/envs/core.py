@@ -21,6 +21,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from diloco_gym.sim import compiled
 from diloco_gym.sim import learners as lrn
 from diloco_gym.sim.limits import check_limit
 from diloco_gym.sim.schedules import budget_range, completion_counts
@@ -814,38 +815,6 @@ def episode_from_seed(
     return _episode(trace, throughputs, params, sidecar, seed, rate_rps)
 
 
-def _sum_first_axis(x: np.ndarray) -> np.ndarray:
-    """``x.sum(0)`` in the order numpy's pairwise summation adds a contiguous axis.
-
-    ``a.sum(-1)`` of a learner-last array adds each row's K values in that order, one short
-    row at a time; here whole arrays are added instead (much faster for many short rows),
-    with the same additions in the same order, so the values are identical.
-    """
-    n = x.shape[0]
-    if n == 8:  # the default learner count: the same tree in three whole-array adds
-        r = x[0::2] + x[1::2]  # (x0 + x1), (x2 + x3), (x4 + x5), (x6 + x7)
-        r2 = r[0::2] + r[1::2]
-        return r2[0] + r2[1]
-    if n < 8:
-        res = np.zeros(x.shape[1:])
-        for i in range(n):
-            res += x[i]
-        return res
-    if n <= 128:
-        r = x[:8].copy() if n >= 16 else x[:8]  # accumulators (updated only when n >= 16)
-        i = 8
-        while i < n - n % 8:
-            r += x[i : i + 8]
-            i += 8
-        res = ((r[0] + r[1]) + (r[2] + r[3])) + ((r[4] + r[5]) + (r[6] + r[7]))
-        for j in range(i, n):
-            res += x[j]
-        return res
-    half = n // 2
-    half -= half % 8
-    return _sum_first_axis(x[:half]) + _sum_first_axis(x[half:])
-
-
 def learner_features(
     gap_s, global_tokens, throughputs: np.ndarray, params: EnvParams, lp: lrn.LearnerParams
 ) -> np.ndarray:
@@ -881,43 +850,30 @@ def learner_features_k(
     params: EnvParams,
     lp: lrn.LearnerParams,
 ) -> np.ndarray:
-    """:func:`learner_features` with the throughputs already learners-first, ``(K, ...)``
-    broadcastable to ``(K,) + S`` (the vector env keeps them so, to skip the transpose)."""
+    """:func:`learner_features` with the throughputs learners-first, ``(K, ...)``
+    broadcastable to ``(K,) + S``: the compiled rule
+    :func:`diloco_gym.sim.jit.learner_block` on the broadcast rows."""
+    jit = compiled()
     gap = np.asarray(gap_s, dtype=np.float64)
     tok = np.asarray(global_tokens, dtype=np.float64)
     k = throughputs_k.shape[0]
     shape = np.broadcast_shapes(gap.shape, tok.shape, throughputs_k.shape[1:])
-    tau = throughputs_k * gap  # tokens each learner processed since the last merge
+    thr = np.moveaxis(np.broadcast_to(throughputs_k, (k,) + shape), 0, -1).reshape(-1, k)
     out = np.empty(shape + (5,), dtype=np.float32)  # float64 -> float32 on store
-    out[..., 0], out[..., 1] = learner_progress(tau, tok, params, lp)
-    tk_ = np.clip(np.divide(tau, params.tokens_clip, out=tau), 0.0, 1.0, out=tau)
-    out[..., 2] = _sum_first_axis(tk_) / k
-    out[..., 3] = tk_[0]
-    out[..., 4] = np.clip(gap / params.staleness_clip_s, 0.0, 1.0)
+    jit.learner_block(
+        np.broadcast_to(gap, shape).reshape(-1),
+        np.broadcast_to(tok, shape).reshape(-1),
+        np.ascontiguousarray(thr, dtype=np.float64),
+        lp.loss_floor,
+        lp.loss_scale,
+        lp.tokens_scale,
+        lp.loss_exponent,
+        params.loss_clip,
+        params.tokens_clip,
+        params.staleness_clip_s,
+        out.reshape(-1, 5),
+    )
     return out
-
-
-def learner_progress(
-    tau_k: np.ndarray, global_tokens, params: EnvParams, lp: lrn.LearnerParams, loss_now=None
-) -> tuple[np.ndarray, np.ndarray]:
-    """Mean and minimum clipped loss progress over learners (the first two learner
-    features) for learner-first token counts ``tau_k`` ``(K, ...)``: the part of
-    :func:`learner_features_k` that depends on the global tokens, so the single env can
-    refresh only it after a merge (the rest depends on the gap alone). ``loss_now``:
-    ``lrn.loss(global_tokens)`` when the caller has it already."""
-    if loss_now is None:
-        loss_now = lrn.loss(global_tokens, lp)
-    # loss_now - lrn.loss(global_tokens + tau_k) with the same operations, in place.
-    x = np.add(tau_k, global_tokens)
-    np.divide(x, lp.tokens_scale, out=x)
-    np.add(x, 1.0, out=x)
-    np.power(x, -lp.loss_exponent, out=x)
-    np.multiply(x, lp.loss_scale, out=x)
-    np.add(x, lp.loss_floor, out=x)
-    delta = np.subtract(loss_now, x, out=x)
-    lp_ = np.clip(np.divide(delta, params.loss_clip, out=delta), 0.0, 1.0, out=delta)
-    # Reports grow with throughput and throughputs are sorted, so learner 0 is the minimum.
-    return _sum_first_axis(lp_) / tau_k.shape[0], lp_[0]  # mean over learners, minimum
 
 
 def learner_table(

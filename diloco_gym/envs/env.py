@@ -29,18 +29,7 @@ Observation: TypeAlias = np.ndarray
 Action: TypeAlias = int | np.integer
 
 _G = OBS_INDEX
-_G_GAP, _G_OPEN, _G_MERGES, _G_BUDGET = (
-    _G["gap"],
-    _G["corridor_open"],
-    _G["merges"],
-    _G["budget_left"],
-)
 _ENV_FIELDS = {f.name for f in fields(EnvParams)}
-# The gap-indexed table holds columns gap, corridor_open and the learner block, in order.
-assert (_G_GAP, _G_OPEN) == (0, 1) and core.LEARNER_SLICE == slice(2, 7)
-_LEARNER = slice(2, 7)
-_LOSS_MEAN, _LOSS_MIN = _G["loss_progress_mean"], _G["loss_progress_min"]
-_ROW = np.zeros(1, dtype=np.int64)  # the one row of the single env's batch
 
 
 def make_generator(regime) -> tuple[Callable[[np.random.Generator], Trace], SidecarParams, str]:
@@ -221,19 +210,12 @@ class DiLoCoSyncEnv(gym.Env[Observation, Action]):
         self._budgets = kernel.Budgets(self.params)
         self._merges: list[int] = []  # the schedule so far (recorded by _cost)
         self._costs: list[float] = []
-        self._merges_seen = 0
         self._owed = False
         self._n = 0
         self._budget: core.BudgetTables | None = None
-        # Observation tables that depend only on the parameters (and, in _tables, the
-        # episode length): from the kernel's block functions, built once.
-        p = self.params
-        self._tables: dict[int, tuple[np.ndarray, np.ndarray]] = {}
-        self._gap_block = kernel.gap_block(np.arange(p.h_max + 1), p).astype(np.float32)
-        self._gap_tab = np.zeros((p.h_max + 1, _G_OPEN + 1 + 5), dtype=np.float32)
-        self._budget_tab = np.asarray(
-            kernel.budget_feature(np.arange((p.merge_budget or 0) + 1), p), dtype=np.float32
-        )
+        self._exo: np.ndarray = np.zeros((1, 1, 7), dtype=np.float32)  # the episode's, 1 slot
+        self._obs_out = np.zeros((1, OBS_DIM), dtype=np.float32)
+        self._obs_consts = kernel.observe_consts(self.params, self.learner_params)
 
     # ----------------------------------------------------------------- public views
     @property
@@ -297,14 +279,7 @@ class DiLoCoSyncEnv(gym.Env[Observation, Action]):
                 episode_seed = int(seed)
             else:
                 episode_seed = int(self.np_random.integers(0, 2**31 - 1))
-            self.episode = core.episode_from_seed(
-                self.generator,
-                episode_seed,
-                self.params,
-                self.sidecar,
-                self.learner_params,
-                rate_rps=self.reward_rate_rps,
-            )
+            self.episode = self._episode_of_seed(episode_seed)
         ep = self.episode
         n = ep.n_decisions
         p = self.params
@@ -322,10 +297,8 @@ class DiLoCoSyncEnv(gym.Env[Observation, Action]):
         self._budget = self._budgets.tables(n) if p.merge_budget is not None else None
         self._merges.clear()
         self._costs.clear()
-        self._merges_seen = 0
         self._owed = False
-        self._obs_tables()
-        self._refresh_learners(new_episode=True)
+        self._exo = ep.exo[None]
         kernel.reset_rows(
             self._state,
             batch,
@@ -337,7 +310,6 @@ class DiLoCoSyncEnv(gym.Env[Observation, Action]):
             advance=lambda _row: self._advance_forced(),
         )
         self._owed = bool(self._state.pend_excess[0] or self._state.pend_progress[0])
-        self._sync_merges()
         info: dict[str, Any] = {"episode_seed": episode_seed}
         info["reward_terms"] = {"sync_excess": 0.0, "progress": 0.0}  # paid on the first step
         info.update(self._step_info(False, False))
@@ -399,6 +371,18 @@ class DiLoCoSyncEnv(gym.Env[Observation, Action]):
             )
         return episode
 
+    def _episode_of_seed(self, episode_seed: int) -> Any:
+        """The episode of ``episode_seed`` with this env's parameters (the fleet env
+        builds its sites' episodes here)."""
+        return core.episode_from_seed(
+            self.generator,
+            episode_seed,
+            self.params,
+            self.sidecar,
+            self.learner_params,
+            rate_rps=self.reward_rate_rps,
+        )
+
     def _require_episode(self) -> None:
         if self.episode is None:
             raise RuntimeError("call reset() before using the environment")
@@ -422,31 +406,11 @@ class DiLoCoSyncEnv(gym.Env[Observation, Action]):
             d, st.last.item(0), st.m_left.item(0), self.params, self._n, self._budget
         )
 
-    def _refresh_learners(self, new_episode: bool = False) -> None:
-        """The learner features for every gap until the next merge. Only the loss-progress
-        columns depend on the global tokens; the rest (tokens, staleness) is built once per
-        episode, with the per-learner token counts of every gap."""
-        p, lp = self.params, self.learner_params
-        tokens = self._state.tokens[:1] if not new_episode else None
-        if new_episode:
-            assert self.episode is not None  # called only after reset()
-            self._gap_tab[:, _LEARNER] = core.learner_table(
-                float(lp.initial_tokens), self.episode.throughputs, p, lp
-            )
-            gaps_s = np.arange(p.h_max + 1) * p.decision_seconds
-            self._tau_k = self.episode.throughputs[:, None] * gaps_s  # as learner_table
-            return
-        assert tokens is not None
-        self._gap_tab[:, _LOSS_MEAN], self._gap_tab[:, _LOSS_MIN] = core.learner_progress(
-            self._tau_k, tokens.item(0), p, lp
-        )
-
     def _apply(self) -> tuple[float, float]:
         """Merge now (the kernel's merge on this batch of one); returns the reward terms."""
         ex, gain = kernel.apply_merges(
             self._state, self._batch, 0, self.params, self.learner_params, self._cost
         )
-        self._sync_merges()
         return float(ex), float(gain)
 
     def _advance_forced(self) -> tuple[float, float]:
@@ -478,47 +442,18 @@ class DiLoCoSyncEnv(gym.Env[Observation, Action]):
             st.d[0] = d
         return excess, progress
 
-    def _sync_merges(self) -> None:
-        """Refresh the learner features after the merges of a kernel call (if any)."""
-        if len(self._merges) != self._merges_seen:
-            self._merges_seen = len(self._merges)
-            self._refresh_learners()
-
-    def _obs_tables(self) -> None:
-        """Per-episode tables of the observation, from the kernel's block functions: rows
-        per decision of the agent-independent features (exogenous block and time left;
-        row ``n`` is the terminal observation's), the gap block per gap (and the learner
-        block, filled by :meth:`_refresh_learners`), the merges feature per merge count and
-        the budget feature per merges left. What depends only on the parameters and the
-        episode length is built once per length."""
-        ep = self.episode
-        assert ep is not None  # called only after reset()
-        p = self.params
-        n = ep.n_decisions
-        if n not in self._tables:
-            base0 = np.zeros((n + 1, OBS_DIM), dtype=np.float32)
-            base0[:, _G["time_left"]] = kernel.time_left_feature(np.arange(n + 1), n)
-            base0[:, _G_BUDGET] = kernel.budget_feature(0, p)  # per step only with a budget
-            merges = kernel.merges_feature(np.arange(n + 2), kernel.max_merges(n, p))
-            self._tables[n] = (base0, merges.astype(np.float32))
-        base0, self._merges_tab = self._tables[n]
-        base = base0.copy()
-        base[:n, core.EXO_SLICE] = ep.exo
-        base[n, core.EXO_SLICE] = ep.exo[n - 1]
-        self._obs_base = base
-        self._gap_tab[:, : _G_OPEN + 1] = self._gap_block
-
     def _obs(self) -> np.ndarray:
-        p = self.params
-        st = self._state
-        d = st.d.item(0)  # never past n: the episode ends there
-        gap = min(d - st.last.item(0), p.h_max)
-        obs = self._obs_base[d].copy()
-        obs[: _G_OPEN + 1 + 5] = self._gap_tab[gap]  # gap, corridor_open, learner block
-        obs[_G_MERGES] = self._merges_tab[len(self._merges)]
-        if p.merge_budget:
-            obs[_G_BUDGET] = self._budget_tab[st.m_left.item(0)]
-        return obs
+        """The observation now: the kernel's (compiled) observation of this batch of one."""
+        out = kernel.observe(
+            self._state,
+            self._batch,
+            self._exo,
+            self.params,
+            self.learner_params,
+            self._obs_out,
+            self._obs_consts,
+        )
+        return out[0].copy()
 
     def _step_info(self, merged: bool, overridden: bool) -> dict[str, Any]:
         assert self.episode is not None  # called only after reset()

@@ -13,9 +13,8 @@ with a leading batch axis:
   masks), :func:`check_actions` (input validation), :func:`resolve` (the action taken),
   :func:`apply_merges` (a merge: its cost, training gain and state change),
   :func:`advance_forced` (decisions with a single feasible action), :func:`reward`,
-  :func:`step` (one decision of every live episode) and :func:`observe` (the observation,
-  from the block functions :func:`gap_block`, :func:`merges_feature`,
-  :func:`time_left_feature` and :func:`budget_feature`).
+  :func:`step` (one decision of every live episode) and :func:`observe` (the observation, the
+  compiled :func:`diloco_gym.sim.jit.observe_rows`).
 
 Functions update the state arrays of the rows they are given in place (the batch can be
 thousands of episodes; a copy per step would cost more than the step) and return the
@@ -23,7 +22,7 @@ per-row results. :class:`~diloco_gym.envs.vector.DiLoCoSyncVectorEnv` is this ke
 Gymnasium's vector API around it. :class:`~diloco_gym.envs.env.DiLoCoSyncEnv` is a batch of
 one: it calls the same rule functions (:func:`resolve`, :func:`forced_deferral_end`,
 :func:`reward`, :func:`check_actions`, :func:`max_merges`, :func:`core.options`) on Python
-scalars, and tabulates its observation with the same block functions, so no rule has a
+scalars, and computes its observation with the same compiled :func:`observe`, so no rule has a
 second copy; ``tests/envs/test_vector.py`` checks both against each other step for step
 and ``tests/envs/test_kernel.py`` both against a direct kernel rollout.
 """
@@ -36,6 +35,7 @@ import numpy as np
 
 from diloco_gym.envs import core
 from diloco_gym.envs.core import EXO_SLICE, LEARNER_SLICE, OBS_INDEX, EnvParams
+from diloco_gym.sim import compiled
 from diloco_gym.sim import learners as lrn
 from diloco_gym.sim.regimes import SyntheticRegime
 
@@ -57,15 +57,15 @@ __all__ = [
     "reward",
     "step",
     "observe",
+    "observe_consts",
     "action_masks",
-    "gap_block",
-    "merges_feature",
-    "time_left_feature",
-    "budget_feature",
     "max_merges",
 ]
 
-_G = OBS_INDEX
+# The compiled observation (sim.jit.observe_rows) writes the features in this layout.
+assert (OBS_INDEX["gap"], OBS_INDEX["corridor_open"], OBS_INDEX["merges"]) == (0, 1, 14)
+assert (OBS_INDEX["time_left"], OBS_INDEX["budget_left"]) == (15, 16)
+assert LEARNER_SLICE == slice(2, 7) and EXO_SLICE == slice(7, 14)
 
 
 def episode_draws(
@@ -500,33 +500,15 @@ def step(
     }
 
 
-def gap_block(gap, params: EnvParams, out: np.ndarray | None = None) -> np.ndarray:
-    """The ``gap`` and ``corridor_open`` features of gaps (decisions), ``(..., 2)`` (into
-    ``out`` when given)."""
-    gap = np.asarray(gap)
-    if out is None:
-        out = np.empty(gap.shape + (2,))
-    out[..., 0] = np.minimum(1.0, gap / params.h_max)
-    out[..., 1] = gap >= params.h_min
-    return out
-
-
-def merges_feature(n_merges, max_merges_):
-    """The ``merges`` feature: merges so far over :func:`max_merges`, capped at 1."""
-    return np.minimum(1.0, n_merges / max_merges_)
-
-
-def time_left_feature(d, n):
-    """The ``time_left`` feature: the fraction of the episode's decisions left."""
-    return (n - d) / n
-
-
-def budget_feature(m_left, params: EnvParams):
-    """The ``budget_left`` feature: merges left over the budget (a constant without one:
-    1, or 0 for a budget of 0)."""
-    if params.merge_budget:
-        return m_left / params.merge_budget
-    return 0.0 if params.merge_budget == 0 else 1.0
+def observe_consts(params: EnvParams, lp: lrn.LearnerParams) -> tuple:
+    """The parameters :func:`observe` passes to the compiled observation, in its order (an
+    env builds them once: a step then passes a tuple instead of reading 12 attributes)."""
+    p = params
+    return (
+        p.h_min, p.h_max, p.decision_seconds, -1 if p.merge_budget is None else p.merge_budget,
+        lp.loss_floor, lp.loss_scale, lp.tokens_scale, lp.loss_exponent, p.loss_clip,
+        p.tokens_clip, p.staleness_clip_s,
+    )  # fmt: skip
 
 
 def observe(
@@ -536,24 +518,21 @@ def observe(
     params: EnvParams,
     lp: lrn.LearnerParams,
     out: np.ndarray,
+    consts: tuple | None = None,
 ) -> np.ndarray:
-    """The observation of every row into ``out`` ``(B, OBS_DIM)`` float32.
+    """The observation of every row into ``out`` ``(B, OBS_DIM)`` float32: the compiled
+    rule :func:`diloco_gym.sim.jit.observe_rows` (both envs call it).
 
     ``exo``: the bank's exogenous features, ``(slots, decisions, 7)``; the terminal
-    observation (``d == n``) repeats the last decision's.
+    observation (``d == n``) repeats the last decision's. ``consts``:
+    :func:`observe_consts` of ``params`` and ``lp``, when the caller keeps them.
     """
-    p = params
-    n, d = batch.n, state.d
-    d_clip = np.minimum(d, n)
-    gap = d_clip - state.last
-    gap_block(gap, p, out=out[:, _G["gap"] : _G["corridor_open"] + 1])
-    gaps_s = np.minimum(gap, p.h_max) * p.decision_seconds
-    out[:, LEARNER_SLICE] = core.learner_features_k(gaps_s, state.tokens, batch.thr_k, p, lp)
-    rows = batch.slot * exo.shape[1] + np.minimum(d, n - 1)
-    out[:, EXO_SLICE] = np.take(exo.reshape(-1, exo.shape[2]), rows, axis=0)
-    out[:, _G["merges"]] = merges_feature(state.n_merges, batch.max_merges)
-    out[:, _G["time_left"]] = time_left_feature(d_clip, n)
-    out[:, _G["budget_left"]] = budget_feature(state.m_left, p)
+    jit = compiled()
+    c = observe_consts(params, lp) if consts is None else consts
+    jit.observe_rows(
+        state.d, state.last, batch.n, state.n_merges, state.m_left, batch.slot, state.tokens,
+        batch.thr, batch.max_merges, exo, *c, out,
+    )  # fmt: skip
     return out
 
 

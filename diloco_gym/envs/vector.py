@@ -186,6 +186,7 @@ class DiLoCoSyncVectorEnv(gym.vector.VectorEnv[np.ndarray, np.ndarray, np.ndarra
         self._autoreset = np.zeros(b, dtype=bool)
         self._all = np.ones(b, dtype=bool)
         self._obs = np.zeros((b, OBS_DIM), dtype=np.float32)
+        self._obs_consts: tuple | None = None  # kernel.observe_consts, on the first observe
         self._env_rngs: list[np.random.Generator | None] = [None] * b
         self._pool_base: int | None = None
         self._pool_next = 0
@@ -420,6 +421,14 @@ class DiLoCoSyncVectorEnv(gym.vector.VectorEnv[np.ndarray, np.ndarray, np.ndarra
 
     def _observe(self) -> None:
         """Fill ``self._obs`` (:func:`kernel.observe`)."""
+        if self._obs_consts is None:
+            self._obs_consts = kernel.observe_consts(self.params, self.learner_params)
         kernel.observe(
-            self._state, self._batch, self.bank.exo, self.params, self.learner_params, self._obs
+            self._state,
+            self._batch,
+            self.bank.exo,
+            self.params,
+            self.learner_params,
+            self._obs,
+            self._obs_consts,
         )

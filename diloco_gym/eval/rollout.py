@@ -42,7 +42,9 @@ def attach_agent(env: Any, agent: Any, episode_seed: int) -> Any:
     from agents.base import Agent, AgentContext
 
     base = env.unwrapped
-    ctx = AgentContext(params=base.params, regime=str(base.regime_name))
+    table = getattr(base, "obs_features", None)  # the fleet env's wider observation
+    features = tuple(f[0] for f in table) if table is not None else None
+    ctx = AgentContext(params=base.params, regime=str(base.regime_name), features=features)
     ctx._set_mask(base.action_masks())
     deployable = is_deployable(agent)
     wants_episode = callable(getattr(agent, "attach_episode", None)) and (

@@ -73,14 +73,16 @@ def budget_features(obs: np.ndarray, params: EnvParams) -> np.ndarray:
     return np.stack([rate, pace_left, urgency], axis=-1).astype(np.float32)
 
 
-def augmented_size(transform: str | None) -> int:
-    """Observation length after ``transform``."""
+def augmented_size(transform: str | None, base: int | None = None) -> int:
+    """Observation length after ``transform`` of an observation of ``base`` features
+    (default: the single env's 17; a fleet env's observation is wider)."""
     if transform not in OBS_TRANSFORMS:
         raise ValueError(
             f"unknown observation transform {transform!r}; valid: "
             f"{', '.join(str(t) for t in OBS_TRANSFORMS)}"
         )
-    return len(OBS_INDEX) + (len(BUDGET_FEATURES) if transform == "budget" else 0)
+    n = len(OBS_INDEX) if base is None else int(base)
+    return n + (len(BUDGET_FEATURES) if transform == "budget" else 0)
 
 
 def augment_observation(obs: np.ndarray, params: EnvParams, transform: str | None) -> np.ndarray:

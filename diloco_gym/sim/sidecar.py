@@ -33,11 +33,12 @@ same replay with no merges (percentage points of requests).
 
 from __future__ import annotations
 
-import threading
 from dataclasses import dataclass, fields
 from typing import NamedTuple
 
 import numpy as np
+
+from diloco_gym.sim import compiled
 
 __all__ = [
     "CostQueue",
@@ -255,33 +256,6 @@ _COST_BLOCK = 4096
 _PAIR_CHUNK = 1 << 18
 
 
-#: Bytes of scratch kept per thread between calls (see _scratch): enough for episodes up to
-#: about 20 minutes; longer traces allocate normally, because a retained multi-megabyte
-#: block in the heap pins the memory freed around it (higher RSS afterwards).
-_SCRATCH_MAX_BYTES = 1 << 21
-_SCRATCH = threading.local()
-
-
-def _scratch(name: str, shape: tuple[int, ...], dtype=np.float64) -> np.ndarray:
-    """An uninitialised array of ``shape`` backed by a per-thread buffer, for temporaries
-    that never leave the function that asked for them.
-
-    The grids of a whole episode's merge costs are too big for malloc's small-block heap,
-    so a fresh allocation maps new pages and faults each of them in (a third of the call,
-    measured). Reusing one small buffer per thread avoids it (arrays above
-    ``_SCRATCH_MAX_BYTES`` are allocated normally, so at most a few MiB are held).
-    """
-    size = int(np.prod(shape))
-    if size * np.dtype(dtype).itemsize > _SCRATCH_MAX_BYTES:
-        return np.empty(shape, dtype=dtype)
-    key = f"{name}_{np.dtype(dtype).str}"
-    buf = getattr(_SCRATCH, key, None)
-    if buf is None or buf.size < size:
-        buf = np.empty(size, dtype=dtype)
-        setattr(_SCRATCH, key, buf)
-    return buf[:size].reshape(shape)
-
-
 def _padded(x: np.ndarray, size: int) -> np.ndarray:
     """``x`` extended to ``size`` along its last axis by repeating its last value (index
     clipping, as a copy)."""
@@ -453,58 +427,35 @@ def merged_backlog(
         ``(backlog, run_at_ends)``: offset-major ``(length, M)`` backlog (work-seconds) and
         the running minimum at ``ends`` (``None`` without ``ends``).
     """
-    w = merge_bins
-    stride = _uniform_stride(rows, starts)
-    if stride and int(starts[-1]) + max(length, w + 1) <= q.s.shape[1]:
-        # One row, equally spaced starts: the windows are strided views (no gather).
-        s_row, d_row = q.s[int(rows[0])], q.d[int(rows[0])]
-        es, first = s_row.strides[0], int(starts[0])
-        view = np.lib.stride_tricks.as_strided
-        s_win = view(s_row[first:], (length, starts.size), (es, es * stride), writeable=False)
-        d_win = view(
-            d_row[first:], (min(w, length), starts.size), (es, es * stride), writeable=False
-        )
-        g = np.empty((length, starts.size))
-        np.add(s_win[:w], d_win, out=g[:w])
-        np.add(s_win[w:], d_row[starts + w][None, :], out=g[w:])
-        g -= d_row[starts]
-    elif starts.size == 1:  # one merge (the single env's): slices of its row
-        r, a = int(rows[0]), int(starts[0])
-        s_row, d_row = q.s[r], q.d[r]
-        g0 = np.empty(length)
-        np.add(s_row[a : a + min(w, length)], d_row[a : a + min(w, length)], out=g0[:w])
-        np.add(s_row[a + w : a + length], d_row[a + w], out=g0[w:])
-        g0 -= d_row[a]
-        if off0 is not None:
-            g0 += off0[0]
-        run0 = np.minimum.accumulate(g0)
-        np.minimum(run0, min0[0], out=run0)
-        g0 -= run0
-        g = g0[:, None]
-        return g, None if ends is None else run0[np.asarray(ends).reshape(-1)]
-    else:
-        at = rows * q.s.shape[1] + starts
-        win = np.arange(length)[:, None] + at
-        g = np.take(q.s.reshape(-1), win)
-        flat_d = q.d.reshape(-1)
-        g[:w] += np.take(flat_d, win[:w])
-        g[w:] += np.take(flat_d, at + w)
-        g -= np.take(flat_d, at)
-    if off0 is not None:
-        g += off0
-    # The running minimum along each horizon, from min0 (min is exact: any order of the
-    # comparisons gives the same values). Row by row when the rows are long (faster than
-    # an accumulate down the first axis from a few hundred columns).
-    if starts.size >= 256:
-        run = _scratch("run", g.shape)
-        prev = np.asarray(min0, dtype=np.float64)
-        for j in range(length):
-            prev = np.minimum(prev, g[j], out=run[j])
-    else:
-        run = np.minimum.accumulate(g, axis=0)
-        np.minimum(run, min0, out=run)
-    g -= run
-    return g, None if ends is None else run[ends, np.arange(starts.size)]
+    jit = compiled()
+    m = starts.size
+    out = np.empty((m, length))
+    run_ends = np.empty(m)
+    jit.merged_backlog_rows(
+        q.s,
+        q.d,
+        np.asarray(rows, dtype=np.int64),
+        np.asarray(starts, dtype=np.int64),
+        np.broadcast_to(np.asarray(min0, dtype=np.float64), (m,)),
+        np.zeros(m) if off0 is None else np.broadcast_to(np.asarray(off0, np.float64), (m,)),
+        int(merge_bins),
+        int(length),
+        _EMPTY_I if ends is None else np.broadcast_to(np.asarray(ends, np.int64), (m,)),
+        out,
+        run_ends,
+    )
+    return out.T, None if ends is None else run_ends
+
+
+_EMPTY_I = np.empty(0, dtype=np.int64)
+_NO_THR = np.empty((1, 0))
+
+
+def _thresholds(q: CostQueue) -> tuple[np.ndarray, np.ndarray]:
+    """The queue's precomputed thresholds, or empty ones (computed in the loop)."""
+    if q.thr_in is not None and q.thr_tail is not None:
+        return q.thr_in, q.thr_tail
+    return _NO_THR, _NO_THR
 
 
 def merge_violations(
@@ -525,116 +476,30 @@ def merge_violations(
     Returns:
         float ``(M,)`` counts.
     """
+    jit = compiled()
     m = starts.size
-    if m == 1:  # one merge (the single env's): its requests are one slice of its row
-        r, a = int(rows[0]), int(starts[0])
-        length = int(lengths) if np.ndim(lengths) == 0 else int(lengths[0])
-        ptr_r = q.ptr[r]
-        lo, hi = int(ptr_r[a]), int(ptr_r[a + length])
-        mid = int(ptr_r[a + min(merge_bins, length)])  # requests before it: in the window
-        rbin = q.rbin[r, lo:hi]
-        bl = np.take(backlog.reshape(-1), rbin - a)  # backlog is (length, 1)
-        if q.thr_in is not None and q.thr_tail is not None:
-            k = mid - lo
-            hits = np.count_nonzero(bl[:k] > q.thr_in[r, lo:mid])
-            hits += np.count_nonzero(bl[k:] > q.thr_tail[r, mid:hi])
-            return np.array([float(hits)])
-        slow = q.m0[r, rbin if q.m0_bins == 1 else rbin // q.m0_bins]
-        slow[: mid - lo] *= 1.0 + p.sync_slowdown
-        thr = violation_threshold(slow, q.base[r, lo:hi], p)
-        return np.array([float(np.count_nonzero(bl > thr))])
-    stride = _uniform_stride(rows, starts)
-    if stride and np.ndim(lengths) == 0:
-        return _strided_violations(q, int(rows[0]), starts, stride, backlog, merge_bins, p)
-    at = rows * q.ptr.shape[1] + starts
-    ptr = q.ptr.reshape(-1)
-    lo = np.take(ptr, at)
-    cnt = np.take(ptr, at + lengths) - lo
-    which = np.repeat(np.arange(m), cnt)
-    # Flat position of each paired request: its row's offset plus its index in the row.
-    row0 = rows * q.rbin.shape[1] + lo - (np.cumsum(cnt) - cnt)
-    pos = np.arange(which.size) + np.repeat(row0, cnt)
-    rbin = np.take(q.rbin.reshape(-1), pos)
-    j = rbin - np.repeat(starts, cnt)
-    grp = rbin if q.m0_bins == 1 else rbin // q.m0_bins
-    slow = np.take(q.m0.reshape(-1), grp + np.repeat(rows * q.m0.shape[1], cnt))
-    slow *= np.where(j < merge_bins, 1.0 + p.sync_slowdown, 1.0)
-    thr = violation_threshold(slow, np.take(q.base.reshape(-1), pos), p)
-    extra = np.take(backlog.reshape(-1), j * m + which) > thr
-    return np.bincount(which[extra], minlength=m).astype(np.float64)
-
-
-def _uniform_stride(rows: np.ndarray, starts: np.ndarray) -> int:
-    """The stride of ``starts`` when they are two or more equally spaced starts of one row
-    (every decision of an episode), else 0."""
-    if starts.size < 2 or rows[0] != rows[-1] or not np.all(rows == rows[0]):
-        return 0
-    stride = int(starts[1] - starts[0])
-    return stride if stride >= 1 and bool(np.all(np.diff(starts) == stride)) else 0
-
-
-def _strided_violations(
-    q: CostQueue,
-    row: int,
-    starts: np.ndarray,
-    stride: int,
-    backlog: np.ndarray,
-    merge_bins: int,
-    p: SidecarParams,
-) -> np.ndarray:
-    """:func:`merge_violations` of equally spaced merges of one row, request-major.
-
-    The counting rule is the same (a request of ``[start, start + length)`` counts when the
-    backlog at its bin exceeds :func:`violation_threshold` under the merge's slowdown inside
-    the window); only the pairing differs: each request meets the candidates whose horizon
-    holds it at a fixed stride of a ``-inf``-padded copy of the grid, lag by lag, so no
-    request/candidate pair is materialised and no validity mask is needed.
-    """
-    length, m = backlog.shape
-    first = int(starts[0])
-    lo = int(q.ptr[row, first])
-    hi = int(q.ptr[row, min(int(starts[-1]) + length, q.ptr.shape[1] - 1)])
-    if hi <= lo:
-        return np.zeros(m)
-    rb = q.rbin[row, lo:hi].astype(np.int64)
-    if q.thr_in is not None and q.thr_tail is not None:
-        t_in, t_tail = q.thr_in[row, lo:hi], q.thr_tail[row, lo:hi]
-    else:
-        base = q.base[row, lo:hi]
-        slow = q.m0[row, rb if q.m0_bins == 1 else rb // q.m0_bins]
-        t_in = violation_threshold(slow * (1.0 + p.sync_slowdown), base, p)
-        t_tail = violation_threshold(slow, base, p)
-    rel = rb - first
-    ch = rel // stride  # the last candidate starting at or before the request
-    r = rel - ch * stride  # its offset from that start
-    n_lags = (length - 1) // stride + 1  # candidates whose horizon can hold one request
-    lag_in = min(merge_bins // stride, n_lags)  # lags inside the window for every request
-    lag_tail = min(-(-merge_bins // stride), n_lags)  # lags after it for every request
-    pad = n_lags - 1
-    cols = m + 2 * pad
-    grid = _scratch("grid", (n_lags * stride, cols))
-    grid[:, :pad] = -np.inf
-    grid[:, pad + m :] = -np.inf
-    grid[length:] = -np.inf
-    grid[:length, pad : pad + m] = backlog
-    flat = grid.ravel()
-    step = stride * cols - 1  # flat distance between a request's consecutive lags
-    idx = r * cols + ch + pad
-    extra = np.empty((n_lags, idx.size), dtype=bool)
-    for lag in range(n_lags):
-        if lag < lag_in:
-            thr = t_in
-        elif lag >= lag_tail:
-            thr = t_tail
-        else:
-            thr = np.where(r + lag * stride < merge_bins, t_in, t_tail)
-        np.greater(np.take(flat[lag * step :], idx), thr, out=extra[lag])
-    # Count per candidate c = ch - lag: sum each run of equal ch, then scatter.
-    heads = np.flatnonzero(np.diff(ch, prepend=ch[0] - 1))
-    per = np.add.reduceat(extra, heads, axis=1, dtype=np.int64)  # (lags, groups)
-    cand = ch[heads][None, :] - np.arange(n_lags)[:, None]
-    ok = (cand >= 0) & (cand < m)
-    return np.bincount(cand[ok], weights=per[ok], minlength=m).astype(np.float64)
+    thr_in, thr_tail = _thresholds(q)
+    bl = np.ascontiguousarray(np.asarray(backlog).T)  # merge-major
+    out = np.empty(m)
+    jit.merge_violations_rows(
+        q.ptr,
+        q.rbin,
+        q.base,
+        q.m0,
+        int(q.m0_bins),
+        thr_in,
+        thr_tail,
+        np.asarray(rows, dtype=np.int64),
+        np.asarray(starts, dtype=np.int64),
+        bl,
+        int(merge_bins),
+        np.broadcast_to(np.asarray(lengths, dtype=np.int64), (m,)),
+        1.0 + p.sync_slowdown,
+        p.slo_s,
+        float(p.slots),
+        out,
+    )
+    return out
 
 
 def isolated_merge_costs(
@@ -659,9 +524,31 @@ def isolated_merge_costs(
     Args:
         min0: ``prefmin`` of each row's no-merge queue at each start.
     """
-    h = cost_horizon(p, bin_s, merge_bins)
-    g, _ = merged_backlog(q, rows, starts, min0, merge_bins, h)
-    return merge_violations(q, rows, starts, g, merge_bins, p, h)
+    jit = compiled()
+    m = starts.size
+    thr_in, thr_tail = _thresholds(q)
+    out = np.empty(m)
+    jit.isolated_costs(
+        q.s,
+        q.d,
+        q.ptr,
+        q.rbin,
+        q.base,
+        q.m0,
+        int(q.m0_bins),
+        thr_in,
+        thr_tail,
+        np.asarray(rows, dtype=np.int64),
+        np.asarray(starts, dtype=np.int64),
+        np.broadcast_to(np.asarray(min0, dtype=np.float64), (m,)),
+        int(merge_bins),
+        cost_horizon(p, bin_s, merge_bins),
+        1.0 + p.sync_slowdown,
+        p.slo_s,
+        float(p.slots),
+        out,
+    )
+    return out
 
 
 def merge_costs(
@@ -741,15 +628,39 @@ class IsolatedMergeCost:
             base_s, req_bin, violated0, m0[None, :], s[None, :], p, bin_s, size, thresholds=True
         )
         self.prefmin = _padded(prefmin, size)
-        self._row = np.zeros(1, dtype=np.int64)
+        q = self.queue
+        thr_in, thr_tail = _thresholds(q)
+        self._row = (q.s[0], q.d[0], q.ptr[0], q.rbin[0], q.base[0], q.m0[0], thr_in[0])
+        self._thr_tail = thr_tail[0]
+        self._buf = np.empty(max(self.horizon, 1))
 
     def cost_at(self, start: int) -> float:
         """Extra violated requests of a merge starting at bin ``start``."""
+        jit = compiled()
         s0 = int(start)
-        st = np.array([s0], dtype=np.int64)
-        w, h, q = self.merge_bins, self.horizon, self.queue
-        g, _ = merged_backlog(q, self._row, st, self.prefmin[s0 : s0 + 1], w, h)
-        return float(merge_violations(q, self._row, st, g, w, self.p, h)[0])
+        s, d, ptr, rbin, base, m0, thr_in = self._row
+        q, p = self.queue, self.p
+        return float(
+            jit.isolated_cost_one(
+                s,
+                d,
+                ptr,
+                rbin,
+                base,
+                m0,
+                q.m0_bins,
+                thr_in,
+                self._thr_tail,
+                s0,
+                self.prefmin[s0],
+                self.merge_bins,
+                self.horizon,
+                1.0 + p.sync_slowdown,
+                p.slo_s,
+                float(p.slots),
+                self._buf,
+            )  # fmt: skip
+        )
 
 
 def effect_sizes(result: ReplayResult, high_pressure: float = 0.6) -> dict:

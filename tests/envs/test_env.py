@@ -704,28 +704,40 @@ def test_sync_mask_rejects_a_start_past_the_end_as_before():
         core.sync_mask([10_000], 100, p)
 
 
-@pytest.mark.parametrize("k", [1, 3, 7, 8, 9, 16, 23, 200])
+@pytest.mark.parametrize("k", [1, 3, 7, 8, 9, 16, 23, 200, 300])
 def test_sum_over_learners_is_numpys_sum_bit_for_bit(k):
-    """``core._sum_first_axis`` (whole-array adds; three of them for the default 8
-    learners) adds in numpy's pairwise order: equal to ``sum`` over a contiguous axis."""
-    x = np.random.default_rng(k).lognormal(0.0, 3.0, (k, 65))
-    np.testing.assert_array_equal(core._sum_first_axis(x), np.ascontiguousarray(x.T).sum(-1))
+    """The compiled sum over learners (``sim.jit.sum_first_axis``) adds in numpy's pairwise
+    order: equal to ``np.sum`` over a contiguous axis, bit for bit."""
+    from diloco_gym.sim import jit
+
+    x = np.random.default_rng(k).lognormal(0.0, 3.0, (65, k))
+    got = np.array([jit.sum_first_axis(row) for row in x])
+    assert got.tobytes() == x.sum(-1).tobytes()
 
 
-def test_loss_progress_in_place_equals_the_loss_function():
-    """``core.learner_progress`` evaluates the loss in place; the values must be those of
-    ``learners.loss`` (with and without the loss at the current tokens passed in)."""
+def test_compiled_learner_block_equals_the_loss_function():
+    """The compiled learner block (``core.learner_features_k``) gives the values of
+    ``learners.loss`` and numpy's clip/sum arithmetic, bit for bit, for every gap."""
     from diloco_gym.sim import learners as lrn
 
     p, lp = EnvParams(), lrn.LearnerParams()
     rng = np.random.default_rng(3)
     thr = np.sort(rng.uniform(5e3, 2e4, lp.num_learners))
-    tau_k = thr[:, None] * (np.arange(p.h_max + 1) * p.decision_seconds)
+    gaps_s = np.arange(p.h_max + 1) * p.decision_seconds
+    tau_k = thr[:, None] * gaps_s
     for tok in (0.0, 1.5e5, 3.3e7):
         delta = lrn.loss(tok, lp) - lrn.loss(tok + tau_k, lp)
         clipped = np.clip(delta / p.loss_clip, 0.0, 1.0)
-        expected = (np.ascontiguousarray(clipped.T).sum(-1) / lp.num_learners, clipped[0])
-        for loss_now in (None, lrn.loss(tok, lp)):
-            mean, low = core.learner_progress(tau_k, tok, p, lp, loss_now)
-            np.testing.assert_array_equal(mean, expected[0])
-            np.testing.assert_array_equal(low, expected[1])
+        tk = np.clip(tau_k / p.tokens_clip, 0.0, 1.0)
+        want = np.stack(
+            [
+                np.ascontiguousarray(clipped.T).sum(-1) / lp.num_learners,
+                clipped[0],
+                np.ascontiguousarray(tk.T).sum(-1) / lp.num_learners,
+                tk[0],
+                np.clip(gaps_s / p.staleness_clip_s, 0.0, 1.0),
+            ],
+            axis=-1,
+        ).astype(np.float32)
+        got = core.learner_features_k(gaps_s, np.float64(tok), thr[:, None], p, lp)
+        assert got.tobytes() == want.tobytes()

@@ -1,0 +1,553 @@
+"""``DiLoCoFleet-v0``: when to run the next fragment sync of a DiLoCo fleet of sites.
+
+The fleet env is the single env (:class:`~diloco_gym.envs.env.DiLoCoSyncEnv`, the kernel
+on a batch of one) with a fleet episode: every site's episode is built by the same
+:func:`~diloco_gym.envs.core.episode_from_seed` with the fleet's kernel parameters (the
+fragment corridor, the payload-timed sync window) and the site's sidecar (slowed down as
+the sync's link share says, :func:`~diloco_gym.sim.fleet.sync_plan`); a sync's cost is the
+sum of the sites' isolated costs. No rule of the dynamics is written here: the corridor,
+budget, merge, reward and observation blocks are the kernel's.
+
+The model, its formulas and defaults: docs/fleet.md.
+"""
+
+from __future__ import annotations
+
+from dataclasses import fields, replace
+from functools import cached_property, lru_cache
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+
+from diloco_gym.envs import core
+from diloco_gym.envs.core import OBS_FEATURES, EnvParams, Episode
+from diloco_gym.envs.env import DiLoCoSyncEnv
+from diloco_gym.sim import fleet as fl
+from diloco_gym.sim import learners as lrn
+from diloco_gym.sim.regimes import ReplayRegime, get_regime, replay_rate_scale
+from diloco_gym.sim.sidecar import SidecarParams
+
+__all__ = [
+    "DiLoCoFleetEnv",
+    "FleetEpisode",
+    "FleetSetup",
+    "fleet_setup",
+    "fleet_obs_features",
+    "site_seed",
+]
+
+_EXO_NAMES = tuple(f[0] for f in OBS_FEATURES[core.EXO_SLICE])
+_N_EXO = len(_EXO_NAMES)
+_FLEET_FIELDS = {f.name for f in fields(fl.FleetParams)}
+_ENV_FIELDS = {f.name for f in fields(EnvParams)}
+
+
+def site_seed(episode_seed: int, site: int) -> int:
+    """The seed of site ``site``'s episode: the episode seed itself for site 0 (so a
+    one-site fleet is the single env), ``SeedSequence((episode_seed, site))`` otherwise
+    (independent streams; no site of one episode repeats a site of another seed)."""
+    if site == 0:
+        return int(episode_seed)
+    return int(np.random.SeedSequence([int(episode_seed), int(site)]).generate_state(1)[0])
+
+
+def fleet_obs_features(
+    site_names: list[str] | tuple[str, ...], fragments: int
+) -> tuple[tuple[str, str, float, float, str], ...]:
+    """The fleet's observation table: the single env's 17 features (its pressure block is
+    the first site's, named ``<site>.<feature>``), then one pressure block per further
+    site, then (``F > 1``) the staleness of every fragment in sync order (``fragment0`` is
+    the next to sync). One site and one fragment: exactly the single env's layout."""
+    out = []
+    first = site_names[0]
+    for name, unit, lo, hi, meaning in OBS_FEATURES:
+        if name in _EXO_NAMES:
+            out.append((f"{first}.{name}", unit, lo, hi, f"site {first}: {meaning}"))
+        else:
+            out.append((name, unit, lo, hi, meaning))
+    exo = OBS_FEATURES[core.EXO_SLICE]
+    for s in site_names[1:]:
+        for name, unit, lo, hi, meaning in exo:
+            out.append((f"{s}.{name}", unit, lo, hi, f"site {s}: {meaning}"))
+    if fragments > 1:
+        for j in range(fragments):
+            out.append(
+                (
+                    f"fragment{j}_staleness",
+                    "clip(decisions / H_max)",
+                    0.0,
+                    1.0,
+                    f"decisions since the fragment {j}-th in sync order (0: next) was synced",
+                )
+            )
+    return tuple(out)
+
+
+@lru_cache(maxsize=8)
+def _load_trace(path: str):
+    from diloco_gym.sim.loaders import load_trace
+
+    return load_trace(path)
+
+
+class FleetSetup:
+    """A fleet resolved against the env parameters: per-site generators, sidecars (with
+    the sync's slowdown) and nominal rates, the sync plan and the kernel parameters."""
+
+    def __init__(self, fleet: fl.FleetParams, params: EnvParams) -> None:
+        self.fleet = fleet
+        gens: list[Any] = []
+        #: trace sites: ``site -> (start_s, tiles)``; episode seed ``k`` replays the disjoint
+        #: 600 s window ``k mod tiles`` after ``start_s`` (:meth:`generator_for`).
+        self.tiles: dict[int, tuple[float, int]] = {}
+        base_sidecars: list[SidecarParams] = []
+        for s in fleet.sites:
+            if s.trace is not None:
+                try:
+                    trace = _load_trace(str(s.trace))
+                except (OSError, ValueError) as exc:
+                    raise fl.FleetConfigError(f"site {s.name!r}: {exc}") from None
+                pressure = get_regime(s.regime) if s.regime is not None else None
+                sidecar0 = s.sidecar_params(SidecarParams())
+                rate = s.target_rate_rps
+                if s.target_utilization is not None:
+                    scale = replay_rate_scale(
+                        trace, sidecar0, target_utilization=s.target_utilization
+                    )
+                    rate = trace.mean_rate_rps * scale
+                gen: Any = ReplayRegime(
+                    trace,
+                    duration_s=600.0,
+                    start_s=s.start_s if s.start_s is not None else 0.0,
+                    target_rate_rps=rate,
+                    pressure_from=pressure,
+                    name=s.name,
+                )
+                length = trace.duration_s * (
+                    1.0 if rate is None else trace.mean_rate_rps / float(rate)
+                )
+                start = 0.0 if s.start_s is None else float(s.start_s)
+                n_tiles = int((length - start) // 600.0)
+                if n_tiles < 1:
+                    raise fl.FleetConfigError(
+                        f"site {s.name!r}: start_s={start} leaves less than a 600 s window "
+                        f"in {s.trace} ({length:.0f} s at the site's rate)"
+                    )
+                self.tiles[len(gens)] = (start, n_tiles)
+            else:
+                assert s.regime is not None
+                try:
+                    gen = get_regime(s.regime)
+                except (KeyError, ValueError) as exc:
+                    raise fl.FleetConfigError(f"site {s.name!r}: {exc}") from None
+            gens.append(gen)
+            base_sidecars.append(s.sidecar_params(gen.sidecar))
+        durations = {float(g.duration_s) for g in gens}
+        if len(durations) != 1:
+            raise fl.FleetConfigError(
+                f"the sites' windows differ in length ({sorted(durations)} s); they must be equal"
+            )
+        self.generators = gens
+        self.plan = fl.sync_plan(fleet, base_sidecars, params.step_seconds)
+        self.sidecars = [
+            sc if sc.sync_slowdown == m else replace(sc, sync_slowdown=m)
+            for sc, m in zip(base_sidecars, self.plan.slowdowns, strict=True)
+        ]
+        lo, hi = fl.fragment_corridor(params.h_min, params.h_max, fleet.fragments)
+        iv = params.decision_interval
+        try:
+            self.params = replace(
+                params,
+                h_min_steps=lo * iv,
+                h_max_steps=hi * iv,
+                merge_seconds=self.plan.window_s,
+            )
+        except ValueError as exc:
+            raise fl.FleetConfigError(
+                f"the fragment sync ({self.plan.window_s:.2f} s) does not fit the fragment "
+                f"corridor [{lo}, {hi}] decisions ({exc})"
+            ) from None
+        kp = self.params
+        self.rates = [core.nominal_rate_rps(g, replace(kp, reward_rate_rps=None)) for g in gens]
+        if params.reward_rate_rps is not None:
+            self.rate_total = float(params.reward_rate_rps)
+        else:
+            total = 0.0
+            for r in self.rates:
+                total += r
+            self.rate_total = total
+        mean_rate = self.rate_total / len(self.rates)
+        #: per-site normaliser of the worst-site term: requests of a site of mean size.
+        self.norm = [mean_rate / r for r in self.rates]
+        self.progress_factor = fl.progress_factor(fleet.bits, fleet.quant_penalty)
+        self.site_names = [s.name for s in fleet.sites]
+        if len(gens) == 1:
+            self.regime_name = str(getattr(gens[0], "name", fleet.sites[0].name))
+        else:
+            self.regime_name = "fleet[" + ",".join(self.site_names) + "]"
+
+    def generator_for(self, site: int, episode_seed: int) -> Any:
+        """Site ``site``'s generator for the episode of ``episode_seed``: a synthetic
+        regime as is (its seed makes the episode); a trace site's window is the disjoint
+        tile ``episode_seed mod tiles`` after its ``start_s``, so distinct seeds below the
+        tile count replay disjoint windows (independent units)."""
+        gen = self.generators[site]
+        if site not in self.tiles:
+            return gen
+        start, n_tiles = self.tiles[site]
+        return replace(gen, start_s=start + 600.0 * (int(episode_seed) % n_tiles))
+
+    @property
+    def independent_episodes(self) -> int | None:
+        """How many episode seeds (0, 1, ...) replay disjoint windows at every trace site
+        (``None``: no trace site, every seed is a fresh draw)."""
+        if not self.tiles:
+            return None
+        return min(n for _, n in self.tiles.values())
+
+
+def fleet_setup(fleet: fl.FleetParams, params: EnvParams) -> FleetSetup:
+    return FleetSetup(fleet, params)
+
+
+class FleetEpisode:
+    """The agent-independent data of one fleet episode: one
+    :class:`~diloco_gym.envs.core.Episode` per site (same decisions), and what the env
+    reads from an episode (``n_decisions``, ``exo`` of the first site, the learner
+    ``throughputs`` of the first site's stream, reward scale, costs).
+
+    ``merge_cost_at(d)``: the sum over sites of the isolated cost (requests) of a fragment
+    sync at ``d``, plus ``worst_site_weight`` times the largest site cost normalised to a
+    site of mean nominal rate (0 by default). Additive over syncs, so the exact oracle is
+    the dynamic programme over it.
+    """
+
+    def __init__(self, setup: FleetSetup, sites: list[Episode], seed: int | None) -> None:
+        self.setup = setup
+        self.sites = sites
+        e0 = sites[0]
+        ns = {e.n_decisions for e in sites}
+        if len(ns) != 1:
+            raise ValueError(f"fleet sites have different decision counts {sorted(ns)}")
+        self.n_decisions = e0.n_decisions
+        self.exo = e0.exo
+        self.throughputs = e0.throughputs
+        self.trace = e0.trace
+        self.params = setup.params
+        self.sidecar = e0.sidecar
+        self.seed = seed
+        self.reward_per_request = core.reward_per_request(setup.rate_total, e0.trace.duration_s)
+        self.n_requests = sum(e.n_requests for e in sites)
+        self.pct_per_request = 100.0 / max(1, self.n_requests)
+        self._lam = setup.fleet.worst_site_weight
+        self._memo: dict[int, float] = {}
+
+    @cached_property
+    def site_costs(self) -> np.ndarray:
+        """``(N_sites, n_decisions)`` isolated cost (requests) per site and decision."""
+        return np.stack([np.asarray(e.merge_cost, dtype=np.float64) for e in self.sites])
+
+    @cached_property
+    def merge_cost(self) -> np.ndarray:
+        """``(n_decisions,)`` cost of a fragment sync at each decision (see the class)."""
+        if len(self.sites) == 1 and not self._lam:
+            return self.sites[0].merge_cost
+        c = self.site_costs
+        total = np.zeros(self.n_decisions)
+        for row in c:
+            total += row
+        if self._lam:
+            norm = np.asarray(self.setup.norm)[:, None]
+            total = total + self._lam * np.max(c * norm, axis=0)
+        total.setflags(write=False)
+        return total
+
+    def merge_cost_at(self, d: int) -> float:
+        if len(self.sites) == 1 and not self._lam:
+            return self.sites[0].merge_cost_at(d)
+        if d not in self._memo:
+            cs = [e.merge_cost_at(d) for e in self.sites]
+            total = 0.0
+            for c in cs:
+                total += c
+            if self._lam:
+                total += self._lam * max(c * w for c, w in zip(cs, self.setup.norm, strict=True))
+            self._memo[d] = total
+        return self._memo[d]
+
+
+class DiLoCoFleetEnv(DiLoCoSyncEnv):
+    """## Description
+
+    A DiLoCo fleet: ``N`` sites, each with its own serving traffic and sidecar, all
+    synchronised by ring all-reduce. Every decision the agent chooses whether to launch the
+    next fragment sync (Streaming DiLoCo: ``F`` fragments, round-robin). A sync occupies
+    every site's hosts for its window (payload-timed: ``model_params * bits / 8 / F`` bytes
+    over the slowest link plus a fixed overhead) and slows every site's serving by its
+    sidecar's ``sync_slowdown`` scaled by the link share the sync uses; the cost is the
+    extra SLO-violating requests summed over sites. docs/fleet.md states every formula,
+    default and source.
+
+    ## Action Space
+
+    ``Discrete(2)``: ``0`` defer, ``1`` launch the next fragment sync; the corridor on
+    consecutive fragment syncs is ``[ceil(H_min/F), floor(H_max/F)]`` decisions, which keeps
+    every fragment's own gap within ``[H_min, H_max]``; ``action_masks()`` as in
+    ``DiLoCoSync-v0``.
+
+    ## Observation Space
+
+    ``Box`` float32, :attr:`obs_features` (:func:`fleet_obs_features`): the single env's
+    17 features with the first site's pressure block, one pressure block per further site,
+    and ``F`` fragment staleness features when ``F > 1``. All causal.
+
+    ## Rewards
+
+    As ``DiLoCoSync-v0`` with the fleet's cost and a reward scale of the sites' summed
+    nominal rate; the progress term of a sync at ``b`` bits is multiplied by
+    :func:`~diloco_gym.sim.fleet.progress_factor`. ``worst_site_weight > 0`` adds the worst
+    site's (size-normalised) cost to each sync's cost.
+
+    ## Special case
+
+    One site, ``fragments=1``, ``bits=32``, ``merge_seconds=8``: the observations, rewards
+    and summaries of ``DiLoCoSync-v0`` for the same seed, bit for bit (tested).
+
+    ## Arguments
+
+    ``fleet``: a :class:`~diloco_gym.sim.fleet.FleetParams`, a path to a fleet TOML file
+    (docs/fleet.md), or ``None`` (the default fleet). ``params`` / ``learners`` as for
+    ``DiLoCoSync-v0`` (``h_min_steps`` / ``h_max_steps`` are the full-model corridor;
+    ``merge_seconds`` is ignored: the fleet times its syncs). Keywords: any ``FleetParams``
+    field (``fragments=4``, ``bits=8``) or ``EnvParams`` field (``merge_budget=16``).
+
+    ## Version History
+
+    * v0: initial version.
+    """
+
+    def __init__(
+        self,
+        fleet: fl.FleetParams | str | Path | None = None,
+        params: EnvParams | None = None,
+        learners: lrn.LearnerParams | None = None,
+        render_mode: str | None = None,
+        **overrides: Any,
+    ) -> None:
+        env_kw: dict[str, Any] = {}
+        if isinstance(fleet, (str, Path)):
+            fleet, env_kw = fl.load_fleet_toml(fleet)
+        fleet_kw = {k: v for k, v in overrides.items() if k in _FLEET_FIELDS}
+        env_kw.update({k: v for k, v in overrides.items() if k not in _FLEET_FIELDS})
+        unknown = set(env_kw) - _ENV_FIELDS
+        if unknown:
+            raise TypeError(
+                f"unknown DiLoCoFleetEnv argument(s) {sorted(unknown)}; valid: FleetParams "
+                f"fields {sorted(_FLEET_FIELDS)} and EnvParams fields {sorted(_ENV_FIELDS)}"
+            )
+        fleet = fleet if fleet is not None else fl.FleetParams()
+        if not isinstance(fleet, fl.FleetParams):
+            raise TypeError(
+                f"fleet must be a FleetParams, a TOML path or None, got {type(fleet).__name__}"
+            )
+        if fleet_kw:
+            fleet = replace(fleet, **fleet_kw)
+        base = replace(params or EnvParams(), **env_kw)
+        setup = FleetSetup(fleet, base)
+        self.fleet = fleet
+        self.setup = setup
+        first = fleet.sites[0]
+        regime0: Any = first.regime if first.trace is None else setup.generators[0]
+        super().__init__(
+            regime=regime0,
+            params=setup.params,
+            sidecar=setup.sidecars[0],
+            learners=learners,
+            render_mode=render_mode,
+        )
+        self.generator = setup.generators[0]
+        self.regime_name = setup.regime_name
+        self.reward_rate_rps = setup.rate_total
+        #: the observation table (name, unit, low, high, meaning).
+        self.obs_features = fleet_obs_features(setup.site_names, fleet.fragments)
+        self.obs_index = {f[0]: i for i, f in enumerate(self.obs_features)}
+        low = np.array([f[2] for f in self.obs_features], dtype=np.float32)
+        high = np.array([f[3] for f in self.obs_features], dtype=np.float32)
+        self.observation_space = gym.spaces.Box(low, high, dtype=np.float32)
+        self._n_base = core.OBS_DIM
+        self._frag0 = core.OBS_DIM + _N_EXO * (fleet.n_sites - 1)
+        p = self.params
+        self._h_full = p.h_max * fleet.fragments  # a fragment's own H_max (decisions)
+        self._site_rows = np.zeros((1, 0), dtype=np.float32)
+        self._site_rows_of: FleetEpisode | None = None
+
+    # ------------------------------------------------------------------ episode
+    def _episode_of_seed(self, episode_seed: int) -> FleetEpisode:
+        s = self.setup
+        sites = []
+        for i, sc in enumerate(s.sidecars):
+            sites.append(
+                core.episode_from_seed(
+                    s.generator_for(i, episode_seed),
+                    site_seed(episode_seed, i),
+                    s.params,
+                    sc,
+                    self.learner_params,
+                    rate_rps=s.rates[i],
+                )
+            )
+        return FleetEpisode(s, sites, int(episode_seed))
+
+    def _check_episode(self, episode: Any, seed: int | None) -> Any:
+        if not isinstance(episode, FleetEpisode) or episode.setup is not self.setup:
+            raise ValueError(
+                "options['episode'] must be a FleetEpisode built by this env "
+                "(env.unwrapped.build_episode(seed))"
+            )
+        if seed is not None and episode.seed != int(seed):
+            raise ValueError(
+                f"options['episode'] is the episode of seed {episode.seed}, not of seed {seed}"
+            )
+        return episode
+
+    def build_episode(self, seed: int) -> FleetEpisode:
+        """The fleet episode of ``seed`` (to run several agents on one build)."""
+        return self._episode_of_seed(int(seed))
+
+    # ------------------------------------------------------------------ merges
+    def _apply(self) -> tuple[float, float]:
+        ex, gain = super()._apply()
+        f = self.setup.progress_factor
+        if f != 1.0:
+            credited = gain * f
+            self._state.progress_sum[0] += credited - gain
+            gain = credited
+        return ex, gain
+
+    # ------------------------------------------------------------------ observation
+    def _new_episode_tables(self) -> None:
+        """The further sites' pressure blocks per decision (row ``n`` repeats the last
+        decision's, as the kernel's terminal observation does)."""
+        ep = self.episode
+        assert isinstance(ep, FleetEpisode)
+        n = ep.n_decisions
+        width = _N_EXO * (len(ep.sites) - 1)
+        extra = np.zeros((n + 1, width), dtype=np.float32)
+        for k, e in enumerate(ep.sites[1:]):
+            extra[:n, k * _N_EXO : (k + 1) * _N_EXO] = e.exo
+            extra[n, k * _N_EXO : (k + 1) * _N_EXO] = e.exo[n - 1]
+        self._site_rows = extra
+        self._site_rows_of = ep
+
+    def fragment_staleness(self) -> np.ndarray:
+        """Decisions since each fragment's last sync, in sync order (0: next to sync). The
+        episode starts just after a sync of the last fragment, the others staggered by
+        ``floor(H_max/F)`` decisions (so every fragment's first own gap is within the
+        corridor too)."""
+        f = self.fleet.fragments
+        d = self._state.d.item(0)
+        h = self.params.h_max
+        hist = [-(f - 1 - k) * h for k in range(f)] + self._merges
+        last_f = hist[-f:]
+        return np.array([d - t for t in last_f], dtype=np.int64)
+
+    def _obs(self) -> np.ndarray:
+        """The single env's observation (the kernel's, with the first site's pressure
+        block), then the further sites' blocks and the fragments' staleness."""
+        base = super()._obs()
+        if len(self.obs_features) == base.shape[0]:
+            return base
+        if self._site_rows_of is not self.episode:
+            self._new_episode_tables()
+        obs = np.empty(len(self.obs_features), dtype=np.float32)
+        obs[: base.shape[0]] = base
+        d = self._state.d.item(0)
+        obs[base.shape[0] : self._frag0] = self._site_rows[d]
+        f = self.fleet.fragments
+        if f > 1:
+            st = self.fragment_staleness()
+            obs[self._frag0 : self._frag0 + f] = np.minimum(1.0, st / self._h_full)
+        return obs
+
+    # ------------------------------------------------------------------ summary
+    def episode_summary(self) -> dict[str, Any]:
+        """Exact replay of the schedule so far at every site (all syncs together), the
+        fleet totals and each site's share; with one site the single env's summary."""
+        self._require_episode()
+        ep = self.episode
+        assert isinstance(ep, FleetEpisode)
+        s = self.setup
+        merges = self._merges
+        per = [
+            core.schedule_summary(e, merges, self.params, sc)
+            for e, sc in zip(ep.sites, s.sidecars, strict=True)
+        ]
+        if len(per) == 1:
+            out = dict(per[0])
+        else:
+            req = sum(x["requests"] for x in per)
+            viol = sum(x["violated"] for x in per)
+            base_viol = sum(x["violated"] - x["sync_excess_requests"] for x in per)
+            additive = sum(x["additive_excess_requests"] for x in per)
+            out = {
+                "requests": int(req),
+                "violated": int(viol),
+                "violation_pct": 100.0 * viol / max(1, req),
+                "sync_active_frac": float(
+                    sum(x["sync_active_frac"] * x["requests"] for x in per) / max(1, req)
+                ),
+                "merges": int(len(merges)),
+                "no_sync_violation_pct": 100.0 * base_viol / max(1, req),
+                "sync_excess_pct": 100.0 * (viol - base_viol) / max(1, req),
+                "sync_excess_requests": int(viol - base_viol),
+                "additive_excess_requests": float(additive),
+                "additive_excess_pct": float(additive * 100.0 / max(1, req)),
+            }
+        total_ex = sum(x["sync_excess_requests"] for x in per)
+        sites = []
+        for name, x in zip(s.site_names, per, strict=True):
+            sites.append(
+                {
+                    "site": name,
+                    "requests": x["requests"],
+                    "no_sync_violation_pct": x["no_sync_violation_pct"],
+                    "sync_excess_pct": x["sync_excess_pct"],
+                    "sync_excess_requests": x["sync_excess_requests"],
+                    "share_of_excess": (x["sync_excess_requests"] / total_ex if total_ex else 0.0),
+                }
+            )
+        worst = max(sites, key=lambda r: r["sync_excess_pct"])
+        out["sites"] = sites
+        out["worst_site"] = worst["site"]
+        out["worst_site_sync_excess_pct"] = worst["sync_excess_pct"]
+        plan = s.plan
+        out["fragments"] = self.fleet.fragments
+        out["bits"] = self.fleet.bits
+        out["sync_window_s"] = plan.window_s
+        out["payload_bytes"] = plan.payload_bytes
+        out["link_share"] = plan.link_share
+        out["progress_factor"] = s.progress_factor
+        out["merge_decisions"] = list(merges)
+        out["merge_times_s"] = [d * self.params.decision_seconds for d in merges]
+        out["merge_costs_requests"] = list(self._costs)
+        out["progress"] = self._state.progress_sum.item(0)
+        out["regime"] = self.regime_name
+        out["episode_seed"] = ep.seed
+        return out
+
+    def render(self) -> str | np.ndarray | None:
+        if self.render_mode == "rgb_array" and self.episode is not None:
+            from diloco_gym.envs.render import timeline_rgb
+
+            ep = self.episode
+            assert isinstance(ep, FleetEpisode)
+            return timeline_rgb(
+                ep.sites[0],
+                self._merges,
+                self.params,
+                self.setup.sidecars[0],
+                upto=self._state.d.item(0),
+            )
+        return super().render()

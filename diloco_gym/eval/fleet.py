@@ -1,0 +1,392 @@
+"""The protocol on a fleet (``DiLoCoFleet-v0``): the same scoring, control, oracle,
+statistics and gate as the single-host report (:mod:`diloco_gym.eval.protocol`), over
+fleet episodes.
+
+* **Scoring**: a schedule's exact sync-excess on a fleet is the sum over sites of its
+  exact extra SLO violations (each site's :class:`~diloco_gym.eval.protocol.EpisodeScorer`,
+  the single-host exact replay), in percentage points of all the fleet's requests
+  (:class:`FleetScorer`). The same scorer serves agent, control and oracle.
+* **Matched random**: schedules drawn uniformly among all feasible schedules with exactly
+  the agent's number of fragment syncs under the fleet corridor (the exact 1-D sampler,
+  :func:`~diloco_gym.sim.schedules.sample_uniform`, through
+  :func:`~diloco_gym.eval.protocol.score_episode`).
+* **Oracle**: the dynamic programme over the summed additive cost at the agent's number of
+  syncs, replayed exactly (:func:`~diloco_gym.eval.protocol.oracle_score`).
+* **Gate**: per agent, the paired sign-flip test of agent minus matched-random mean over
+  episodes (independent units: distinct seeds of synthetic sites; disjoint windows of
+  trace sites), Holm-corrected over the agents, and
+  :func:`~diloco_gym.eval.protocol.gate_verdict` with the fleet's calibration verdict (every
+  site's regime must transfer: :func:`fleet_calibration`).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from diloco_gym.envs.fleet import DiLoCoFleetEnv, FleetEpisode
+from diloco_gym.eval import protocol
+from diloco_gym.eval.protocol import EpisodeScorer, Scores
+
+__all__ = [
+    "FleetScorer",
+    "FleetReportConfig",
+    "fleet_calibration",
+    "run_fleet_report",
+    "write_fleet_report",
+    "fleet_summary_table",
+]
+
+
+class FleetScorer:
+    """Exact sync-excess of many schedules on one fleet episode: the sum over sites of
+    each site's exact replay (:class:`EpisodeScorer`), in pp of the fleet's requests.
+
+    Exposes what :func:`~diloco_gym.eval.protocol.score_episode` reads from a scorer:
+    ``episode`` (``n_decisions``), ``params``, ``sidecar``, ``cost`` (the fleet's additive
+    cost per decision, the oracle's), ``iso_excess`` (the sum of the sites' exact isolated
+    excess, requests) and :meth:`score`.
+    """
+
+    def __init__(self, episode: FleetEpisode, params, sidecars) -> None:
+        self.episode = episode
+        self.params = params
+        self.sidecar = sidecars[0]
+        self.sites = [
+            EpisodeScorer(e, params, sc) for e, sc in zip(episode.sites, sidecars, strict=True)
+        ]
+        self.n_requests = np.array([e.n_requests for e in episode.sites], dtype=np.float64)
+        self.total = float(max(1.0, self.n_requests.sum()))
+        self.cost = np.asarray(episode.merge_cost, dtype=np.float64)
+        iso = np.zeros(episode.n_decisions)
+        for s in self.sites:
+            iso += s.iso_excess
+        self.iso_excess = iso if len(self.sites) > 1 else self.sites[0].iso_excess
+        self.episode_proven = all(s.episode_proven for s in self.sites) and bool(
+            np.array_equal(self.iso_excess, self.cost)
+        )
+
+    def site_scores(self, schedules: np.ndarray) -> list[Scores]:
+        return [s.score(schedules) for s in self.sites]
+
+    def score(self, schedules: np.ndarray) -> Scores:
+        per = self.site_scores(schedules)
+        if len(per) == 1:
+            return per[0]
+        exact = np.zeros(len(per[0].exact_pct))
+        additive = np.zeros_like(exact)
+        replayed = np.zeros(exact.shape, dtype=bool)
+        for sc, n in zip(per, self.n_requests, strict=True):
+            exact += sc.exact_pct * n / self.total
+            additive += sc.additive_pct * n / self.total
+            replayed |= sc.replayed
+        return Scores(exact, additive, replayed)
+
+
+@dataclass
+class FleetReportConfig:
+    """A fleet report: the fleet (TOML path), agents, episodes, draws, calibration."""
+
+    fleet: str
+    agents: list[str]
+    seeds: int = 20
+    seed0: int = 0
+    draws: int = 1000
+    calibration: str | None = None
+    alpha: float = protocol.ALPHA
+    env: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.seeds < 2:
+            raise ValueError(f"seeds must be >= 2 for the paired test, got {self.seeds}")
+        if self.draws < 1:
+            raise ValueError(f"draws must be >= 1, got {self.draws}")
+        if not self.agents:
+            raise ValueError("a fleet report needs at least one agent")
+
+
+_VERDICT_ORDER = ("uncalibrated", "uncertain", "no measurable SLO effect")
+
+
+def fleet_calibration(env: DiLoCoFleetEnv, calibration: str | None) -> tuple[str, list[dict]]:
+    """The fleet's calibration verdict and one row per site.
+
+    Each site is judged as the single-host report judges its regime: the simulator's effect
+    sizes under the site's sidecar and the fleet's sync window
+    (:func:`~diloco_gym.eval.calibration.simulated_effect_sizes`) against the calibration
+    file's measurements for the site's regime (a trace site: the ``sync-heavy`` entry, as
+    for a replayed trace in the single-host report). The fleet is ``calibrated`` only if
+    every site is; otherwise the first of ``uncalibrated``, ``uncertain``, ``no measurable
+    SLO effect`` that some site has.
+    """
+    from diloco_gym.eval import calibration as cal
+
+    calib = cal.load_calibration(calibration)
+    p = env.params
+    rows = []
+    cache: dict[tuple, dict] = {}
+    for site, sc in zip(env.fleet.sites, env.setup.sidecars, strict=True):
+        regime = site.regime if site.trace is None and site.regime else "sync-heavy"
+        key = (regime, sc, p.merge_seconds)
+        if key not in cache:
+            cache[key] = cal.simulated_effect_sizes(regime, sidecar=sc, params=p)
+        sim = cache[key]
+        measured = calib.measured(regime)
+        verdict = cal.transfer_verdict(sim, measured, interval=cal.measured_intervals(measured))
+        rows.append(
+            {
+                "site": site.name,
+                "measured_on": calib.measured_on(regime),
+                **{f"real_{k}": measured.get(k) for k in cal.METRICS},
+                **{f"sim_{k}": sim.get(k) for k in cal.METRICS},
+                "verdict": verdict,
+            }
+        )
+    verdicts = [r["verdict"] for r in rows]
+    fleet_v = "calibrated"
+    for v in _VERDICT_ORDER:
+        if v in verdicts:
+            fleet_v = v
+            break
+    return fleet_v, rows
+
+
+def run_fleet_report(config: FleetReportConfig, progress: bool = False) -> dict[str, Any]:
+    """Run every agent on ``config.seeds`` fleet episodes and score them (module doc).
+
+    Returns:
+        ``{"rows", "summary", "calibration", "calibration_verdict", "fleet", "elapsed_s",
+        "independent_units"}``: per agent-episode rows, the per-agent summary with the gate's
+        verdict, and the per-site calibration rows.
+    """
+    import pandas as pd
+
+    from agents.fleet import fleet_agent
+    from agents.registry import make_agents
+    from diloco_gym.eval.report import holm
+    from diloco_gym.eval.rollout import run_episode
+
+    started = time.perf_counter()
+    env = DiLoCoFleetEnv(fleet=config.fleet, **config.env)
+    agents = [fleet_agent(a) for a in make_agents(list(config.agents))]
+    seeds = [config.seed0 + i for i in range(config.seeds)]
+    indep = env.setup.independent_episodes
+    if indep is not None:
+        # trace sites: seed k replays tile k mod tiles; only seeds within one round of
+        # tiles are independent units
+        n_indep = len({s % indep for s in seeds})
+    else:
+        n_indep = len(seeds)
+    p = env.params
+    rows: list[dict] = []
+    counts = None
+    for i, seed in enumerate(seeds):
+        ep = env.build_episode(seed)
+        scorer = FleetScorer(ep, p, env.setup.sidecars)
+        for agent in agents:
+            res = run_episode(env, agent, seed, episode=ep)
+            m = int(res["merges"])
+            if counts is None or counts.shape[0] <= m or counts.shape[1] != ep.n_decisions:
+                counts = protocol.counts_for(ep.n_decisions, p, max(m, 80))
+            scored = protocol.score_episode(
+                scorer,  # type: ignore[arg-type]  # duck-typed: the fleet's summed scorer
+                res["merge_decisions"],
+                config.draws,
+                np.random.default_rng([seed, m, 7]),
+                counts,
+            )
+            dur_h = ep.trace.duration_s / 3600.0
+            rows.append(
+                {
+                    "agent": agent.name,
+                    "deployable": res["deployable"],
+                    "seed": seed,
+                    "syncs": m,
+                    "syncs_per_hour": m / dur_h,
+                    "bytes_per_hour": m * env.setup.plan.payload_bytes / dur_h,
+                    **scored,
+                    "worst_site": res["worst_site"],
+                    "worst_site_sync_excess_pct": res["worst_site_sync_excess_pct"],
+                    "no_sync_violation_pct": res["no_sync_violation_pct"],
+                    "requests": res["requests"],
+                    "excess_requests": res["sync_excess_requests"],
+                    "progress": res["progress"],
+                    "return": res["return"],
+                    **{
+                        f"site_{s['site']}_sync_excess_pct": s["sync_excess_pct"]
+                        for s in res["sites"]
+                    },
+                }
+            )
+        if progress:
+            print(f"fleet report: episode {i + 1}/{len(seeds)}", flush=True)
+    df = pd.DataFrame(rows)
+    verdict, calib_rows = fleet_calibration(env, config.calibration)
+    out = []
+    for name in [a.name for a in agents]:
+        sub = df[df["agent"] == name]
+        diff = (sub["sync_excess_pct"] - sub["matched_random_mean"]).to_numpy()
+        test = protocol.paired_test(diff, np.random.default_rng(0))
+        out.append(
+            {
+                "agent": name,
+                "deployable": bool(sub["deployable"].iloc[0]),
+                "units": len(sub),
+                "independent_units": n_indep,
+                "syncs_per_hour": float(sub["syncs_per_hour"].mean()),
+                "sync_excess_pct": float(sub["sync_excess_pct"].mean()),
+                "matched_random_mean": float(sub["matched_random_mean"].mean()),
+                "oracle_same_budget_pct": float(sub["oracle_same_budget_pct"].mean()),
+                "diff_pp": test["mean"],
+                "ci_low": test["ci_low"],
+                "ci_high": test["ci_high"],
+                "p_value": test["p_value"],
+                "worst_site_sync_excess_pct": float(sub["worst_site_sync_excess_pct"].mean()),
+                "progress": float(sub["progress"].mean()),
+                "no_sync_violation_pct": float(sub["no_sync_violation_pct"].mean()),
+            }
+        )
+    summary = pd.DataFrame(out)
+    deployable = summary["deployable"].to_numpy(bool)
+    summary["p_holm"] = np.nan
+    if deployable.any():
+        summary.loc[deployable, "p_holm"] = holm(summary.loc[deployable, "p_value"].to_numpy())
+    family = int(deployable.sum())
+    summary["verdict"] = [
+        protocol.gate_verdict(
+            verdict,
+            r["diff_pp"],
+            r["p_holm"] if r["deployable"] else r["p_value"],
+            config.alpha,
+            n_units=min(int(r["units"]), n_indep),
+            n_tests=family if r["deployable"] else 1,
+            no_sync_violation_pct=r["no_sync_violation_pct"],
+        )
+        for _, r in summary.iterrows()
+    ]
+    fl = env.fleet
+    return {
+        "rows": df,
+        "summary": summary,
+        "calibration": pd.DataFrame(calib_rows),
+        "calibration_verdict": verdict,
+        "independent_units": n_indep,
+        "fleet": {
+            "file": str(config.fleet),
+            "sites": env.setup.site_names,
+            "fragments": fl.fragments,
+            "bits": fl.bits,
+            "mode": fl.mode,
+            "sync_window_s": env.setup.plan.window_s,
+            "payload_bytes": env.setup.plan.payload_bytes,
+            "link_share": env.setup.plan.link_share,
+            "corridor_decisions": [p.h_min, p.h_max],
+            "progress_factor": env.setup.progress_factor,
+            "worst_site_weight": fl.worst_site_weight,
+        },
+        "config": {
+            "agents": list(config.agents),
+            "seeds": config.seeds,
+            "seed0": config.seed0,
+            "draws": config.draws,
+            "alpha": config.alpha,
+            "env": dict(config.env),
+        },
+        "elapsed_s": time.perf_counter() - started,
+    }
+
+
+def fleet_summary_table(summary) -> str:
+    """The per-agent summary as a Markdown table."""
+    cols = [
+        ("agent", "agent", "{}"),
+        ("syncs_per_hour", "syncs/h", "{:.1f}"),
+        ("sync_excess_pct", "sync-excess pp", "{:.3f}"),
+        ("matched_random_mean", "matched random pp", "{:.3f}"),
+        ("oracle_same_budget_pct", "oracle pp", "{:.3f}"),
+        ("diff_pp", "agent - random pp", "{:+.3f}"),
+        ("p_holm", "p (Holm)", "{:.4f}"),
+        ("worst_site_sync_excess_pct", "worst site pp", "{:.3f}"),
+        ("verdict", "verdict", "{}"),
+    ]
+    lines = [
+        "| " + " | ".join(c[1] for c in cols) + " |",
+        "|" + "|".join("---" for _ in cols) + "|",
+    ]
+    for _, r in summary.iterrows():
+        cells = []
+        for key, _, fmt in cols:
+            v = r[key]
+            if key == "p_holm" and not r["deployable"]:
+                cells.append("(non-deployable)")
+            elif isinstance(v, float) and not np.isfinite(v):
+                cells.append("n/a")
+            else:
+                cells.append(fmt.format(v))
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def write_fleet_report(
+    result: dict[str, Any], out: str | Path, force: bool = False, command: str = ""
+) -> Path:
+    """Write report.md, results.csv and report.json to ``out`` atomically (the report's
+    :func:`~diloco_gym.eval.report.write_output_dir`, so ``--force`` rules are the same)."""
+    from diloco_gym.eval.report import write_output_dir
+
+    def fill(tmp: Path) -> None:
+        result["rows"].to_csv(tmp / "results.csv", index=False)
+        payload = {
+            "command": command,
+            "fleet": result["fleet"],
+            "config": result["config"],
+            "calibration_verdict": result["calibration_verdict"],
+            "calibration": result["calibration"].to_dict(orient="records"),
+            "independent_units": result["independent_units"],
+            "summary": result["summary"].to_dict(orient="records"),
+            "elapsed_s": result["elapsed_s"],
+        }
+        (tmp / "report.json").write_text(json.dumps(payload, indent=2, default=str))
+        f = result["fleet"]
+        md = [
+            "# Fleet report",
+            "",
+            f"Command: `{command}`" if command else "",
+            "",
+            f"Fleet `{f['file']}`: sites {', '.join(f['sites'])}; F = {f['fragments']} "
+            f"fragments, {f['bits']}-bit payloads ({f['payload_bytes'] / 1e6:.0f} MB per "
+            f"sync), {f['mode']} mode, sync window {f['sync_window_s']:.2f} s, link share "
+            f"{f['link_share']:.3f}, fragment corridor {f['corridor_decisions']} decisions, "
+            f"progress factor {f['progress_factor']:.3f}.",
+            "",
+            f"Episodes: {result['config']['seeds']} (seeds {result['config']['seed0']}..), "
+            f"{result['independent_units']} independent; {result['config']['draws']} "
+            f"matched-random draws per episode. Calibration verdict of the fleet: "
+            f"**{result['calibration_verdict']}** (every site must transfer).",
+            "",
+            "Sync-excess: extra SLO-violating requests summed over sites, in percentage "
+            "points of all the fleet's requests, by exact replay (agent, matched random and "
+            "oracle alike); worst site: the largest site's own sync-excess (pp of its "
+            "requests); verdicts: paired sign-flip test over episodes, Holm-corrected over "
+            "the deployable agents.",
+            "",
+            fleet_summary_table(result["summary"]),
+            "",
+            "## Calibration per site",
+            "",
+        ]
+        for r in result["calibration"].to_dict(orient="records"):
+            md.append(f"- {r['site']}: {r['verdict']} (measured on {r['measured_on']})")
+        (tmp / "report.md").write_text("\n".join(md) + "\n")
+
+    return write_output_dir(out, force, fill)
+
+
+def with_env(config: FleetReportConfig, **env: Any) -> FleetReportConfig:
+    """``config`` with more ``EnvParams`` keywords (a merge budget, say)."""
+    return replace(config, env={**config.env, **env})

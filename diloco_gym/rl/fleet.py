@@ -1,0 +1,129 @@
+"""Train a budget-conditioned MaskablePPO scheduler on a fleet (``DiLoCoFleet-v0``).
+
+One policy for several fragment-sync budgets: one training env per budget (each
+``Monitor(TrainSeedWrapper(BudgetFeatures(DiLoCoFleetEnv(fleet, merge_budget=M))))``),
+episode seeds drawn from the training range (:mod:`diloco_gym.eval.seed_ranges`), so the
+protocol's test seeds (below 900,000) are held out. The model is saved as ``model.zip``
+with a ``meta.json`` (algorithm, fleet file, budgets, hyperparameters, seeds, versions,
+observation transform and size) that :func:`agents.learned.load_learned_agent` reads.
+
+    python -m diloco_gym.rl.fleet --fleet docs/examples/fleet.toml --budgets 32 48 64 \
+        --timesteps 60000 --seed 0 --out agents/reference/fleet-budget
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from diloco_gym.eval.seed_ranges import TRAIN_SEED_HIGH, TRAIN_SEED_LOW
+
+__all__ = ["train_fleet_agent", "main", "HYPERPARAMETERS"]
+
+#: MaskablePPO settings (as the single-host budget agents').
+HYPERPARAMETERS: dict[str, Any] = {
+    "n_steps": 512,
+    "batch_size": 256,
+    "n_epochs": 5,
+    "learning_rate": 3e-4,
+    "gamma": 0.995,
+    "gae_lambda": 0.95,
+    "ent_coef": 0.001,
+    "clip_range": 0.2,
+    "policy_kwargs": {"net_arch": [64, 64]},
+}
+
+
+def _make_env(fleet: str, budget: int, seed: int, excess_weight: float):
+    from stable_baselines3.common.monitor import Monitor
+
+    from diloco_gym.envs.fleet import DiLoCoFleetEnv
+    from diloco_gym.rl.train import TrainSeedWrapper
+    from diloco_gym.rl.wrappers import BudgetFeatures
+
+    env = DiLoCoFleetEnv(fleet=fleet, merge_budget=budget, excess_weight=excess_weight)
+    return Monitor(TrainSeedWrapper(BudgetFeatures(env), TRAIN_SEED_LOW, TRAIN_SEED_HIGH, seed))
+
+
+def train_fleet_agent(
+    fleet: str,
+    budgets: list[int],
+    timesteps: int,
+    seed: int,
+    out: str | Path,
+    excess_weight: float = 0.05,
+    command: str = "",
+) -> Path:
+    """Train and save ``model.zip`` and ``meta.json`` in ``out``; returns the model path."""
+    import torch
+    from sb3_contrib import MaskablePPO
+    from stable_baselines3.common.vec_env import DummyVecEnv
+
+    from diloco_gym.rl.train import _versions
+
+    if not budgets or any(b < 1 for b in budgets):
+        raise ValueError(f"budgets must be integers >= 1, got {budgets}")
+    torch.set_num_threads(1)
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    fns = [
+        (lambda b=b, i=i: _make_env(fleet, b, seed * 1000 + i, excess_weight))
+        for i, b in enumerate(budgets)
+    ]
+    vec = DummyVecEnv(fns)
+    model = MaskablePPO("MlpPolicy", vec, seed=seed, verbose=0, device="cpu", **HYPERPARAMETERS)
+    started = time.perf_counter()
+    model.learn(total_timesteps=timesteps)
+    elapsed = time.perf_counter() - started
+    model.save(out / "model.zip")
+    base = vec.envs[0].unwrapped
+    meta = {
+        "algo": "maskable-ppo",
+        "name": "fleet-budget",
+        "fleet": str(fleet),
+        "budgets": list(budgets),
+        "timesteps": int(model.num_timesteps),
+        "timesteps_requested": int(timesteps),
+        "seed": seed,
+        "n_envs": len(budgets),
+        "env_kwargs": {"excess_weight": excess_weight},
+        "hyperparameters": HYPERPARAMETERS,
+        "seed_ranges": {"train_episode_seeds": [TRAIN_SEED_LOW, TRAIN_SEED_HIGH]},
+        "observation": {
+            "transform": "budget",
+            "base_size": int(base.observation_space.shape[0]),
+            "features": [f[0] for f in base.obs_features],
+        },
+        "train_seconds": elapsed,
+        "command": command,
+        "versions": _versions(),
+    }
+    (out / "meta.json").write_text(json.dumps(meta, indent=2))
+    return out / "model.zip"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(
+        prog="python -m diloco_gym.rl.fleet", description=__doc__.splitlines()[0]
+    )
+    ap.add_argument("--fleet", required=True, help="fleet configuration TOML")
+    ap.add_argument("--budgets", type=int, nargs="+", required=True, help="fragment syncs/episode")
+    ap.add_argument("--timesteps", type=int, default=60000)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--excess-weight", type=float, default=0.05)
+    ap.add_argument("--out", required=True)
+    a = ap.parse_args(argv)
+    command = "python -m diloco_gym.rl.fleet " + " ".join(sys.argv[1:] if argv is None else argv)
+    path = train_fleet_agent(
+        a.fleet, a.budgets, a.timesteps, a.seed, a.out, a.excess_weight, command=command
+    )
+    print(f"saved {path}")
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    raise SystemExit(main())

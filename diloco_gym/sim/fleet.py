@@ -1,0 +1,464 @@
+"""The fleet model: N sites, payload-timed syncs, Streaming DiLoCo fragments, quantised
+payloads (no Gymnasium here; :mod:`diloco_gym.envs.fleet` is the environment).
+
+Sources of the formulas (docs/fleet.md states them with their defaults):
+
+* DiLoCo (Douillard et al., arXiv 2311.08105): an outer sync all-reduces the whole model.
+* Streaming DiLoCo (Douillard et al., arXiv 2501.18512): the model is split into ``F``
+  fragments synchronised one at a time, staggered, optionally overlapped with ``tau``
+  inner steps, with low-bit payloads.
+* OpenDiLoCo (arXiv 2407.07852, fp16 all-reduce) and INTELLECT-1 (arXiv 2412.01152,
+  int8 all-reduce across continents): the sync time follows from payload and bandwidth.
+* Ring all-reduce, alpha-beta model (Thakur, Rabenseifner and Gropp, "Optimization of
+  collective communication operations in MPICH", IJHPCA 2005): each of ``N`` participants
+  sends and receives ``2 (N - 1) / N`` times the payload in ``2 (N - 1)`` steps, so
+  ``T = 2 (N - 1) / N * payload / B_slowest + 2 (N - 1) * alpha``.
+
+Everything here is plain arithmetic on the configuration; what a sync costs a site's
+serving is the sidecar model (:mod:`diloco_gym.sim.sidecar`) with the slowdown given by
+:func:`sync_slowdown`.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+
+from diloco_gym.sim.sidecar import SidecarParams
+
+__all__ = [
+    "SiteConfig",
+    "FleetParams",
+    "BITS",
+    "MODES",
+    "payload_bytes",
+    "ring_allreduce_seconds",
+    "fragment_corridor",
+    "sync_plan",
+    "SyncPlan",
+    "progress_factor",
+    "load_fleet_toml",
+    "fleet_from_dict",
+    "FleetConfigError",
+]
+
+#: Payload precisions a sync may use (bits per parameter).
+BITS = (32, 16, 8, 4)
+#: How a fragment is sent: ``full`` (whole link, short window) or ``streamed`` (a share of
+#: the link over an overlap window of ``overlap_steps`` inner steps).
+MODES = ("full", "streamed")
+
+
+class FleetConfigError(ValueError):
+    """A fleet configuration (TOML file or dict) with a bad table, key or value."""
+
+
+@dataclass(frozen=True)
+class SiteConfig:
+    """One site of the fleet.
+
+    Attributes:
+        name: label (tables, observation feature names).
+        regime: synthetic regime name (its own seed per episode; see the env).
+        trace: path of a real trace file (instead of ``regime``); replayed at ``start_s``
+            (``None``: a window drawn per episode seed) and rescaled to ``target_rate_rps``
+            (``None``: as recorded).
+        start_s / target_rate_rps: see ``trace``.
+        target_utilization: instead of ``target_rate_rps``, the rate that brings the
+            trace's offered work to this share of the site's serving capacity
+            (:func:`~diloco_gym.sim.regimes.replay_rate_scale`).
+        sidecar: overrides of :class:`~diloco_gym.sim.sidecar.SidecarParams` for this site's
+            serving (default: the regime's sidecar).
+        link_gbps: the site's link to the fleet, Gbit/s.
+        latency_ms: one-way latency of that link, ms.
+    """
+
+    name: str = "site"
+    regime: str | None = "bursty"
+    trace: str | None = None
+    start_s: float | None = None
+    target_rate_rps: float | None = None
+    target_utilization: float | None = None
+    sidecar: tuple[tuple[str, float], ...] = ()
+    link_gbps: float = 10.0
+    latency_ms: float = 50.0
+
+    def __post_init__(self) -> None:
+        if (self.regime is None) == (self.trace is None):
+            raise FleetConfigError(f"site {self.name!r}: give exactly one of 'regime' and 'trace'")
+        if not (math.isfinite(self.link_gbps) and self.link_gbps > 0):
+            raise FleetConfigError(
+                f"site {self.name!r}: link_gbps must be a finite number > 0, got {self.link_gbps!r}"
+            )
+        if not (math.isfinite(self.latency_ms) and self.latency_ms >= 0):
+            raise FleetConfigError(
+                f"site {self.name!r}: latency_ms must be a finite number >= 0, "
+                f"got {self.latency_ms!r}"
+            )
+        if self.target_rate_rps is not None and not self.target_rate_rps > 0:
+            raise FleetConfigError(
+                f"site {self.name!r}: target_rate_rps must be > 0, got {self.target_rate_rps!r}"
+            )
+        if self.target_utilization is not None and not self.target_utilization > 0:
+            raise FleetConfigError(
+                f"site {self.name!r}: target_utilization must be > 0, "
+                f"got {self.target_utilization!r}"
+            )
+        if self.target_rate_rps is not None and self.target_utilization is not None:
+            raise FleetConfigError(
+                f"site {self.name!r}: give target_rate_rps or target_utilization, not both"
+            )
+        if self.trace is None and (
+            self.start_s is not None
+            or self.target_rate_rps is not None
+            or self.target_utilization is not None
+        ):
+            raise FleetConfigError(
+                f"site {self.name!r}: start_s, target_rate_rps and target_utilization "
+                f"apply to a trace site only"
+            )
+        if self.start_s is not None and not self.start_s >= 0:
+            raise FleetConfigError(f"site {self.name!r}: start_s must be >= 0")
+        valid = {f.name for f in fields(SidecarParams)}
+        for key, _ in self.sidecar:
+            if key not in valid:
+                raise FleetConfigError(
+                    f"site {self.name!r}: unknown sidecar key {key!r}; valid: {sorted(valid)}"
+                )
+
+    def sidecar_params(self, default: SidecarParams) -> SidecarParams:
+        """``default`` with this site's overrides."""
+        try:
+            return replace(default, **dict(self.sidecar))
+        except ValueError as exc:
+            raise FleetConfigError(f"site {self.name!r}: {exc}") from None
+
+
+def _default_sites() -> tuple[SiteConfig, ...]:
+    return tuple(SiteConfig(name=f"site{i}") for i in range(4))
+
+
+@dataclass(frozen=True)
+class FleetParams:
+    """The fleet and its syncs (defaults and sources in docs/fleet.md).
+
+    Attributes:
+        sites: the sites (default: 4 independent bursty sites, 10 Gbit/s, 50 ms).
+        model_params: parameters of the model that is synchronised (default 1.1e9, the
+            OpenDiLoCo 1.1B model).
+        bits: payload precision, one of :data:`BITS`.
+        fragments: ``F``, Streaming DiLoCo fragments, synchronised round-robin.
+        merge_seconds: the full-model (32-bit, one fragment) sync window given directly
+            instead of the payload-timed one (the paper's single host: 8 s). A fragment's
+            window is then ``fixed_s + (merge_seconds - fixed_s) * bits / 32 / F``.
+        fixed_s: host time of every sync that does not depend on its size (launch,
+            barrier); default 0.5 s.
+        overhead_s: host time of a full-model sync next to the collective (merging the
+            outer gradient into host memory, checkpoint I/O), scaled by the fragment's share
+            ``1 / F``; default 1.5 s.
+        mode: ``full`` or ``streamed`` (:data:`MODES`).
+        overlap_steps: ``tau``, the inner steps a streamed fragment is spread over.
+        host_share: share of a sync's serving slowdown that does not depend on the link
+            share (host memory, merge compute), in [0, 1].
+        share_exponent: ``gamma`` of the link-share term (> 0).
+        quant_penalty: learner-progress surrogate: a sync at ``b`` bits is credited
+            ``1 - quant_penalty * log2(32 / b)`` of its progress.
+        worst_site_weight: ``lambda`` of the worst-site term of the cost (0: plain sum).
+    """
+
+    sites: tuple[SiteConfig, ...] = field(default_factory=_default_sites)
+    model_params: float = 1.1e9
+    bits: int = 32
+    fragments: int = 1
+    merge_seconds: float | None = None
+    fixed_s: float = 0.5
+    overhead_s: float = 1.5
+    mode: str = "full"
+    overlap_steps: int = 32
+    host_share: float = 0.25
+    share_exponent: float = 1.0
+    quant_penalty: float = 0.01
+    worst_site_weight: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not self.sites:
+            raise FleetConfigError("a fleet needs at least one site")
+        names = [s.name for s in self.sites]
+        if len(set(names)) != len(names):
+            raise FleetConfigError(f"site names must be unique, got {names}")
+        if self.bits not in BITS:
+            raise FleetConfigError(f"bits must be one of {BITS}, got {self.bits!r}")
+        if self.mode not in MODES:
+            raise FleetConfigError(f"mode must be one of {MODES}, got {self.mode!r}")
+        _int_at_least("fragments", self.fragments, 1)
+        _int_at_least("overlap_steps", self.overlap_steps, 1)
+        _positive("model_params", self.model_params)
+        _nonneg("overhead_s", self.overhead_s)
+        _nonneg("fixed_s", self.fixed_s)
+        _nonneg("quant_penalty", self.quant_penalty)
+        _nonneg("worst_site_weight", self.worst_site_weight)
+        _positive("share_exponent", self.share_exponent)
+        if not 0.0 <= self.host_share <= 1.0:
+            raise FleetConfigError(f"host_share must be in [0, 1], got {self.host_share!r}")
+        if self.merge_seconds is not None:
+            _positive("merge_seconds", self.merge_seconds)
+            if self.merge_seconds < self.fixed_s:
+                raise FleetConfigError(
+                    f"merge_seconds ({self.merge_seconds}) must be >= fixed_s ({self.fixed_s})"
+                )
+        if self.quant_penalty * math.log2(32 / 4) >= 1.0:
+            raise FleetConfigError(
+                f"quant_penalty ({self.quant_penalty}) would credit no progress at 4 bits; "
+                f"it must be < {1 / math.log2(8):.4f}"
+            )
+
+    @property
+    def n_sites(self) -> int:
+        return len(self.sites)
+
+
+def _int_at_least(name: str, v: Any, lo: int) -> None:
+    if not isinstance(v, int) or isinstance(v, bool) or v < lo:
+        raise FleetConfigError(f"{name} must be an integer >= {lo}, got {v!r}")
+
+
+def _positive(name: str, v: Any) -> None:
+    if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v) or v <= 0:
+        raise FleetConfigError(f"{name} must be a finite number > 0, got {v!r}")
+
+
+def _nonneg(name: str, v: Any) -> None:
+    if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v) or v < 0:
+        raise FleetConfigError(f"{name} must be a finite number >= 0, got {v!r}")
+
+
+def payload_bytes(model_params: float, bits: int, fragments: int = 1) -> float:
+    """Bytes all-reduced by one sync: ``model_params * bits / 8 / fragments``."""
+    return model_params * bits / 8.0 / fragments
+
+
+def ring_allreduce_seconds(payload: float, n: int, slowest_gbps: float, latency_s: float) -> float:
+    """Ring all-reduce time of ``payload`` bytes over ``n`` participants (alpha-beta model,
+    Thakur et al. 2005): ``2 (n-1)/n * payload * 8 / (slowest_gbps * 1e9) + 2 (n-1) *
+    latency_s``; 0 for one participant (nothing crosses a link)."""
+    if n <= 1:
+        return 0.0
+    return 2.0 * (n - 1) / n * payload * 8.0 / (slowest_gbps * 1e9) + 2.0 * (n - 1) * latency_s
+
+
+def fragment_corridor(h_min: int, h_max: int, fragments: int) -> tuple[int, int]:
+    """The corridor on consecutive fragment syncs, in decisions:
+    ``[ceil(h_min / F), floor(h_max / F)]``.
+
+    Round-robin over ``F`` fragments makes a fragment's own gap the sum of ``F``
+    consecutive gaps, so it lies in ``[F * ceil(h_min/F), F * floor(h_max/F)]``, inside
+    ``[h_min, h_max]``: no fragment syncs too early, none starves.
+
+    Raises:
+        FleetConfigError: the rounded corridor is empty.
+    """
+    lo = -(-h_min // fragments)
+    hi = h_max // fragments
+    if lo < 1 or hi < lo:
+        raise FleetConfigError(
+            f"fragments={fragments}: the corridor [{h_min}, {h_max}] decisions leaves "
+            f"consecutive fragment syncs the empty gap range [{lo}, {hi}]"
+        )
+    return lo, hi
+
+
+@dataclass(frozen=True)
+class SyncPlan:
+    """What one fragment sync is: its window (s), the link share it uses, the collective
+    time, the payload (bytes) and each site's serving slowdown during the window."""
+
+    window_s: float
+    link_share: float
+    collective_s: float
+    payload_bytes: float
+    slowdowns: tuple[float, ...]
+
+
+def sync_slowdown(base: float, share: float, host_share: float, exponent: float) -> float:
+    """Serving slowdown of a sync that uses ``share`` of the link (in (0, 1]):
+    ``base * (host_share + (1 - host_share) * share ** exponent)``; exactly ``base`` at
+    full share."""
+    if share >= 1.0:
+        return base
+    return base * (host_share + (1.0 - host_share) * share**exponent)
+
+
+def sync_plan(fleet: FleetParams, sidecars: list[SidecarParams], step_seconds: float) -> SyncPlan:
+    """The fragment sync of ``fleet``: its window, link share, and per-site slowdown.
+
+    Full mode: the window is ``fixed_s + overhead_s / F + T`` where ``T`` is the ring
+    all-reduce time of one fragment's payload (:func:`ring_allreduce_seconds` over the
+    sites, slowest link, largest latency), or with ``merge_seconds`` given ``fixed_s +
+    (merge_seconds - fixed_s) * bits / 32 / F`` (exactly ``merge_seconds`` at 32 bits and
+    F = 1); link share 1. Streamed mode: the collective is spread over ``overlap_steps``
+    inner steps, window ``max(full window, overlap_steps * step_seconds)``, link share
+    ``T / (window - host time)``. Each site's slowdown is :func:`sync_slowdown` of its sidecar's
+    ``sync_slowdown`` at that share.
+    """
+    f = fleet
+    payload = payload_bytes(f.model_params, f.bits, f.fragments)
+    if f.merge_seconds is not None:
+        if f.bits == 32 and f.fragments == 1:
+            full = float(f.merge_seconds)
+        else:
+            full = f.fixed_s + (f.merge_seconds - f.fixed_s) * f.bits / 32.0 / f.fragments
+        host = f.fixed_s
+        coll = full - host
+    else:
+        slowest = min(s.link_gbps for s in f.sites)
+        lat = max(s.latency_ms for s in f.sites) / 1000.0
+        coll = ring_allreduce_seconds(payload, f.n_sites, slowest, lat)
+        host = f.fixed_s + f.overhead_s / f.fragments
+        full = host + coll
+    if f.mode == "full" or coll <= 0.0:
+        window, share = full, 1.0
+    else:
+        window = max(full, f.overlap_steps * step_seconds)
+        share = min(1.0, coll / max(window - host, 1e-12))
+    slow = tuple(
+        sync_slowdown(sc.sync_slowdown, share, f.host_share, f.share_exponent) for sc in sidecars
+    )
+    if window <= 0:
+        raise FleetConfigError(
+            "the sync window is 0 s (one site, no host time): give merge_seconds or fixed_s > 0"
+        )
+    return SyncPlan(window, share, coll, payload, slow)
+
+
+def progress_factor(bits: int, quant_penalty: float) -> float:
+    """Share of a sync's learner progress credited at ``bits`` (surrogate, tunable):
+    ``1 - quant_penalty * log2(32 / bits)``; exactly 1 at 32 bits."""
+    if bits == 32:
+        return 1.0
+    return 1.0 - quant_penalty * math.log2(32 / bits)
+
+
+# ----------------------------------------------------------------------------- TOML
+_FLEET_KEYS = {f.name for f in fields(FleetParams)} - {"sites"}
+_SITE_KEYS = {f.name for f in fields(SiteConfig)}
+_INT_KEYS = {"bits", "fragments", "overlap_steps"}
+_SITE_NUMBERS = ("start_s", "target_rate_rps", "target_utilization", "link_gbps", "latency_ms")
+_STR_KEYS = {"mode"}
+
+
+def _number(where: str, key: str, v: Any, integer: bool = False) -> Any:
+    if integer:
+        if not isinstance(v, int) or isinstance(v, bool):
+            raise FleetConfigError(f"{where}: key {key!r} must be an integer, got {v!r}")
+        return v
+    if not isinstance(v, (int, float)) or isinstance(v, bool):
+        raise FleetConfigError(f"{where}: key {key!r} must be a number, got {v!r}")
+    return float(v)
+
+
+def fleet_from_dict(
+    data: dict[str, Any], where: str = "fleet", base_dir: Path | None = None
+) -> tuple[FleetParams, dict[str, Any]]:
+    """A :class:`FleetParams` from a parsed configuration (the TOML layout of
+    docs/fleet.md): a ``[fleet]`` table, ``[[site]]`` tables, and an optional ``[env]``
+    table of :class:`~diloco_gym.envs.core.EnvParams` keywords, returned as the second
+    element. ``where`` names the source in errors; relative trace paths resolve against
+    ``base_dir``."""
+    unknown = set(data) - {"fleet", "site", "env"}
+    if unknown:
+        raise FleetConfigError(
+            f"{where}: unknown table(s) {sorted(unknown)}; expected [fleet], [[site]], [env]"
+        )
+    ft = data.get("fleet", {})
+    if not isinstance(ft, dict):
+        raise FleetConfigError(f"{where}: [fleet] must be a table")
+    bad = set(ft) - _FLEET_KEYS
+    if bad:
+        raise FleetConfigError(
+            f"{where}: [fleet] has unknown key(s) {sorted(bad)}; valid: {sorted(_FLEET_KEYS)}"
+        )
+    kw: dict[str, Any] = {}
+    for k, v in ft.items():
+        if k in _STR_KEYS:
+            if not isinstance(v, str):
+                raise FleetConfigError(f"{where}: [fleet] key {k!r} must be a string, got {v!r}")
+            kw[k] = v
+        else:
+            kw[k] = _number(f"{where}: [fleet]", k, v, integer=k in _INT_KEYS)
+    sites_raw = data.get("site")
+    if sites_raw is not None:
+        if not isinstance(sites_raw, list) or not sites_raw:
+            raise FleetConfigError(f"{where}: [[site]] must be a non-empty array of tables")
+        sites = []
+        for i, st in enumerate(sites_raw):
+            w = f"{where}: [[site]] #{i + 1}"
+            if not isinstance(st, dict):
+                raise FleetConfigError(f"{w} must be a table")
+            bad = set(st) - _SITE_KEYS
+            if bad:
+                raise FleetConfigError(
+                    f"{w} has unknown key(s) {sorted(bad)}; valid: {sorted(_SITE_KEYS)}"
+                )
+            skw: dict[str, Any] = {"name": st.get("name", f"site{i}")}
+            if not isinstance(skw["name"], str) or not skw["name"]:
+                raise FleetConfigError(f"{w}: key 'name' must be a non-empty string")
+            if "trace" in st:
+                if not isinstance(st["trace"], str):
+                    raise FleetConfigError(f"{w}: key 'trace' must be a path string")
+                # ``${VAR}`` in the path is expanded (e.g. a directory of downloaded traces)
+                path = Path(os.path.expandvars(st["trace"]))
+                if not path.is_absolute() and base_dir is not None:
+                    path = base_dir / path
+                skw["trace"] = str(path)
+                skw["regime"] = st.get("regime")
+            elif "regime" in st:
+                skw["regime"] = st["regime"]
+            if skw.get("regime") is not None and not isinstance(skw["regime"], str):
+                raise FleetConfigError(f"{w}: key 'regime' must be a regime name string")
+            for k in _SITE_NUMBERS:
+                if k in st:
+                    skw[k] = _number(w, k, st[k])
+            if "sidecar" in st:
+                sc = st["sidecar"]
+                if not isinstance(sc, dict):
+                    raise FleetConfigError(f"{w}: key 'sidecar' must be a table")
+                skw["sidecar"] = tuple(
+                    (str(k), _number(f"{w} sidecar", k, v)) for k, v in sorted(sc.items())
+                )
+            try:
+                sites.append(SiteConfig(**skw))
+            except FleetConfigError as exc:
+                raise FleetConfigError(f"{w}: {exc}") from None
+        kw["sites"] = tuple(sites)
+    env = data.get("env", {})
+    if not isinstance(env, dict):
+        raise FleetConfigError(f"{where}: [env] must be a table")
+    try:
+        return FleetParams(**kw), dict(env)
+    except FleetConfigError as exc:
+        raise FleetConfigError(f"{where}: [fleet]: {exc}") from None
+
+
+def load_fleet_toml(path: str | Path) -> tuple[FleetParams, dict[str, Any]]:
+    """Read a fleet configuration TOML file (:func:`fleet_from_dict`); every error is one
+    line naming the file and the table/key."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise FleetConfigError(f"{p}: fleet configuration file not found") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise FleetConfigError(f"{p}: cannot read the fleet configuration ({exc})") from None
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # pragma: no cover - Python 3.10: the same parser as the package tomli
+        import tomli as tomllib
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise FleetConfigError(f"{p}: not valid TOML ({exc})") from None
+    return fleet_from_dict(data, where=str(p), base_dir=p.parent)

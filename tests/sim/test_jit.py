@@ -1,0 +1,98 @@
+"""The compiled kernel's machine code is cached on disk, also when the package directory is
+read-only (an install into a system site-packages): numba then uses its per-user cache
+directory, and a second process loads the cached code instead of compiling it."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+PROBE = """
+import json, sys
+import gymnasium as gym
+import numpy as np
+import diloco_gym
+from diloco_gym.sim import jit
+env = gym.make("DiLoCoSync-v0")
+obs, _ = env.reset(seed=3)
+for a in [0, 1] * 20:
+    obs, *_ = env.step(a)
+assert diloco_gym.__file__.startswith(sys.argv[1]), diloco_gym.__file__
+# Compiled in this process, or loaded from the on-disk cache:
+stats = {name: getattr(jit, name).stats for name in ("observe_rows", "isolated_cost_one")}
+print(json.dumps({k: [v.cache_hits.total(), v.cache_misses.total()] for k, v in stats.items()}
+                 | {"obs": obs.tolist()}))
+"""
+
+
+def _make_read_only(path: Path) -> None:
+    for root, dirs, files in os.walk(path):
+        for name in dirs + files:
+            p = Path(root, name)
+            p.chmod(p.stat().st_mode & ~(stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH))
+    path.chmod(path.stat().st_mode & ~(stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH))
+
+
+def _run(pkg_parent: Path, cache_home: Path) -> dict:
+    import json
+
+    env = {k: v for k, v in os.environ.items() if k not in ("NUMBA_CACHE_DIR", "PYTHONPATH")}
+    env["PYTHONPATH"] = str(pkg_parent)
+    env["XDG_CACHE_HOME"] = str(cache_home)  # numba's per-user cache lives under it
+    env["HOME"] = str(cache_home)
+    out = subprocess.run(
+        [sys.executable, "-c", PROBE, str(pkg_parent)],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=pkg_parent,
+        timeout=600,
+        check=False,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(os.geteuid() == 0, reason="root ignores file permissions")
+def test_read_only_package_compiles_once_into_the_user_cache(tmp_path):
+    _read_only_case(tmp_path)
+
+
+@pytest.mark.slow
+def test_read_only_package_uses_the_user_cache(tmp_path):
+    """As root (CI runs as root, and root may write anywhere) the read-only install is
+    simulated by pointing numba's in-tree cache at an unwritable place: the package copy's
+    ``__pycache__`` is a file, so nothing can be written beside the sources."""
+    _read_only_case(tmp_path, block_pycache=True)
+
+
+def _read_only_case(tmp_path: Path, block_pycache: bool = False) -> None:
+    site = tmp_path / "site"
+    shutil.copytree(
+        ROOT / "diloco_gym", site / "diloco_gym", ignore=shutil.ignore_patterns("__pycache__")
+    )
+    if block_pycache:
+        for d in (site / "diloco_gym").rglob("*"):
+            if d.is_dir():
+                (d / "__pycache__").write_text("not a directory\n")
+        (site / "diloco_gym" / "__pycache__").write_text("not a directory\n")
+    _make_read_only(site)
+    cache_home = tmp_path / "home"
+    cache_home.mkdir()
+    first = _run(site, cache_home)
+    second = _run(site, cache_home)
+    assert first["obs"] == second["obs"]
+    for name in ("observe_rows", "isolated_cost_one"):
+        hits, misses = second[name]
+        assert hits >= 1 and misses == 0, (name, second[name])  # loaded, not compiled
+    assert not list((site / "diloco_gym").rglob("*.nbi"))  # nothing beside the sources
+    assert list(cache_home.rglob("*.nbi"))  # numba's per-user cache holds the code
