@@ -59,7 +59,9 @@ def exit_status(exc: BaseException) -> tuple[int, str]:
         return 130, "interrupted"
     if isinstance(exc, CLIError):
         return exc.exit_code, str(exc)
-    if isinstance(exc, (TraceFormatError, CalibrationError)):
+    from diloco_gym.sim.learner_calibration import LearnerCalibrationError
+
+    if isinstance(exc, (TraceFormatError, CalibrationError, LearnerCalibrationError)):
         return 1, str(exc)
     if isinstance(exc, ModuleNotFoundError) and exc.name == "pyarrow":  # the parquet extra
         return 1, str(exc)
@@ -341,6 +343,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     regimes = args.regimes or list(REGIMES)
     for r in regimes:
         _check_regime(r)
+    _check_learner_calibration(args.learner_calibration)
     try:
         config = ReportConfig(
             regimes=regimes,
@@ -349,6 +352,7 @@ def cmd_report(args: argparse.Namespace) -> int:
             seed0=args.seed0,
             draws=args.draws,
             calibration=args.calibration,
+            learner_calibration=args.learner_calibration,
             **_replay_options(args),
         )
     except ValueError as exc:
@@ -426,6 +430,7 @@ def cmd_frontier(args: argparse.Namespace) -> int:
             "frontier replays disjoint windows only (independent units): drop "
             "--stride-s or set it to --window-s"
         )
+    _check_learner_calibration(args.learner_calibration)
     try:
         config = fr.FrontierConfig(
             regimes=regimes,
@@ -436,6 +441,7 @@ def cmd_frontier(args: argparse.Namespace) -> int:
             seed0=args.seed0,
             draws=args.draws,
             calibration=args.calibration,
+            learner_calibration=args.learner_calibration,
             **_replay_options(args, stride=False),
         )
     except ValueError as exc:
@@ -586,6 +592,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     _add_tune_command(sub, fmt)
     _add_train_command(sub, command)
     _add_calibrate_command(sub, command)
+    _add_calibrate_learners_command(sub)
     return parser
 
 
@@ -603,6 +610,27 @@ def _add_calibration_arg(p: argparse.ArgumentParser) -> None:
     """``--calibration``, the real-sidecar measurements (report, frontier)."""
     p.add_argument(
         "--calibration", help="real-sidecar calibration JSON (default: the shipped reference)"
+    )
+
+
+def _check_learner_calibration(path: str | None) -> None:
+    """A bad ``--learner-calibration`` file is a data error, before any episode runs."""
+    if path is not None:
+        from diloco_gym.sim.learner_calibration import load_learner_calibration
+
+        try:
+            load_learner_calibration(path)
+        except ValueError as exc:
+            raise DataError(str(exc)) from None
+
+
+def _add_learner_calibration_arg(p: argparse.ArgumentParser) -> None:
+    """``--learner-calibration``, the learner model fitted to real DiLoCo runs (report,
+    frontier)."""
+    p.add_argument(
+        "--learner-calibration",
+        help="learner calibration JSON (diloco-gym calibrate-learners): adds each schedule's "
+        "model-quality price (predicted loss, cost vs fixed H at the same merges)",
     )
 
 
@@ -647,6 +675,7 @@ def _add_report_command(sub: Any, fmt: type[argparse.HelpFormatter]) -> None:
         "--agent", action="append", help="an extra agent (name or trained model .zip); repeatable"
     )
     _add_calibration_arg(p)
+    _add_learner_calibration_arg(p)
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     _add_backend_args(p)
     _add_trace_args(p)
@@ -708,6 +737,7 @@ def _add_frontier_command(sub: Any, fmt: type[argparse.HelpFormatter]) -> None:
         help="an extra agent (name or trained model .zip) for both lists; repeatable",
     )
     _add_calibration_arg(p)
+    _add_learner_calibration_arg(p)
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     _add_trace_args(p)
     p.set_defaults(func=cmd_frontier)
@@ -814,6 +844,19 @@ def _add_calibrate_command(sub: Any, command: str | None) -> None:
         except ImportError as exc:
             msg = str(exc)
             p.set_defaults(func=lambda _a: _unavailable("calibrate", msg))
+
+
+def _add_calibrate_learners_command(sub: Any) -> None:
+    """The ``calibrate-learners`` command (real DiLoCo runs; torch only when it runs)."""
+    from diloco_gym.lm.cli import add_calibrate_learners_arguments, run_calibrate_learners_command
+
+    p = sub.add_parser(
+        "calibrate-learners",
+        help="train a tiny LM with DiLoCo under many schedules and fit the learner model",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    add_calibrate_learners_arguments(p)
+    p.set_defaults(func=run_calibrate_learners_command)
 
 
 def _unavailable(what: str, why: str) -> int:
