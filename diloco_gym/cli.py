@@ -60,7 +60,9 @@ def exit_status(exc: BaseException) -> tuple[int, str]:
         return 130, "interrupted"
     if isinstance(exc, CLIError):
         return exc.exit_code, str(exc)
-    if isinstance(exc, (TraceFormatError, CalibrationError)):
+    from diloco_gym.sim.learner_calibration import LearnerCalibrationError
+
+    if isinstance(exc, (TraceFormatError, CalibrationError, LearnerCalibrationError)):
         return 1, str(exc)
     if isinstance(exc, ModuleNotFoundError) and exc.name == "pyarrow":  # the parquet extra
         return 1, str(exc)
@@ -459,6 +461,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     regimes = args.regimes or list(REGIMES)
     for r in regimes:
         _check_regime(r)
+    _check_learner_calibration(args.learner_calibration)
     try:
         config = ReportConfig(
             regimes=regimes,
@@ -468,6 +471,7 @@ def cmd_report(args: argparse.Namespace) -> int:
             draws=args.draws,
             calibration=args.calibration,
             in_process_agents=args.in_process_agents,
+            learner_calibration=args.learner_calibration,
             **_replay_options(args),
         )
     except ValueError as exc:
@@ -550,6 +554,7 @@ def cmd_frontier(args: argparse.Namespace) -> int:
             "frontier replays disjoint windows only (independent units): drop "
             "--stride-s or set it to --window-s"
         )
+    _check_learner_calibration(args.learner_calibration)
     try:
         config = fr.FrontierConfig(
             regimes=regimes,
@@ -561,6 +566,7 @@ def cmd_frontier(args: argparse.Namespace) -> int:
             draws=args.draws,
             calibration=args.calibration,
             in_process_agents=args.in_process_agents,
+            learner_calibration=args.learner_calibration,
             **_replay_options(args, stride=False),
         )
     except ValueError as exc:
@@ -713,6 +719,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     _add_tune_command(sub, fmt)
     _add_train_command(sub, command)
     _add_calibrate_command(sub, command)
+    _add_calibrate_learners_command(sub)
     return parser
 
 
@@ -767,6 +774,27 @@ def _add_fleet_arg(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _check_learner_calibration(path: str | None) -> None:
+    """A bad ``--learner-calibration`` file is a data error, before any episode runs."""
+    if path is not None:
+        from diloco_gym.sim.learner_calibration import load_learner_calibration
+
+        try:
+            load_learner_calibration(path)
+        except ValueError as exc:
+            raise DataError(str(exc)) from None
+
+
+def _add_learner_calibration_arg(p: argparse.ArgumentParser) -> None:
+    """``--learner-calibration``, the learner model fitted to real DiLoCo runs (report,
+    frontier)."""
+    p.add_argument(
+        "--learner-calibration",
+        help="learner calibration JSON (diloco-gym calibrate-learners): adds each schedule's "
+        "model-quality price (predicted loss, cost vs fixed H at the same merges)",
+    )
+
+
 def _add_run_command(sub: Any, fmt: type[argparse.HelpFormatter]) -> None:
     """The ``run`` command's options."""
     p = sub.add_parser(
@@ -811,6 +839,7 @@ def _add_report_command(sub: Any, fmt: type[argparse.HelpFormatter]) -> None:
         "--agent", action="append", help="an extra agent (name or trained model .zip); repeatable"
     )
     _add_calibration_arg(p)
+    _add_learner_calibration_arg(p)
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     _add_backend_args(p)
     _add_trace_args(p)
@@ -875,6 +904,7 @@ def _add_frontier_command(sub: Any, fmt: type[argparse.HelpFormatter]) -> None:
         help="an extra agent (name or trained model .zip) for both lists; repeatable",
     )
     _add_calibration_arg(p)
+    _add_learner_calibration_arg(p)
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     _add_trace_args(p)
     _add_trust_arg(p)
@@ -984,6 +1014,19 @@ def _add_calibrate_command(sub: Any, command: str | None) -> None:
         except ImportError as exc:
             msg = str(exc)
             p.set_defaults(func=lambda _a: _unavailable("calibrate", msg))
+
+
+def _add_calibrate_learners_command(sub: Any) -> None:
+    """The ``calibrate-learners`` command (real DiLoCo runs; torch only when it runs)."""
+    from diloco_gym.lm.cli import add_calibrate_learners_arguments, run_calibrate_learners_command
+
+    p = sub.add_parser(
+        "calibrate-learners",
+        help="train a tiny LM with DiLoCo under many schedules and fit the learner model",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    add_calibrate_learners_arguments(p)
+    p.set_defaults(func=run_calibrate_learners_command)
 
 
 def _unavailable(what: str, why: str) -> int:

@@ -16,6 +16,7 @@ import numpy as np
 from diloco_gym.envs import core, kernel
 from diloco_gym.envs.core import OBS_DIM, OBS_HIGH, OBS_INDEX, OBS_LOW, EnvParams, Episode
 from diloco_gym.sim import learners as lrn
+from diloco_gym.sim.learner_calibration import learner_params, load_learner_calibration
 from diloco_gym.sim.regimes import REGIMES, get_regime
 from diloco_gym.sim.sidecar import SidecarParams
 from diloco_gym.sim.traces import Trace
@@ -80,6 +81,11 @@ def configure(
     """Resolve the arguments an env shares (``owner`` names it in errors): ``EnvParams``
     field keywords over ``params``, the regime's generator and default sidecar, and the
     nominal request rate of the reward scale (fixed for every episode of the env)."""
+    # learner_calibration=FILE|dict|LearnerCalibration: the loss curve and drift of the
+    # learner model fitted to real DiLoCo runs (diloco_gym/sim/learner_calibration.py).
+    calibration = overrides.pop("learner_calibration", None)
+    if calibration is not None:
+        learners = learner_params(load_learner_calibration(calibration), learners)
     unknown = set(overrides) - _ENV_FIELDS
     if unknown:
         raise TypeError(
@@ -173,6 +179,9 @@ class DiLoCoSyncEnv(gym.Env[Observation, Action]):
     ``non-periodic``), a generator (callable ``rng -> Trace``, e.g. ``ReplayRegime``) or a
     fixed ``Trace``. ``params``/``sidecar``/``learners``: parameter dataclasses; any
     ``EnvParams`` field may also be passed as a keyword (``merge_budget=8``).
+    ``learner_calibration``: a learner calibration file (``diloco-gym calibrate-learners``),
+    its parsed document or a ``LearnerCalibration``; the learner model (and the
+    ``progress`` reward) then uses the loss curve and drift fitted to real DiLoCo runs.
     ``render_mode``: ``"ansi"`` or ``"rgb_array"``.
 
     ## Version History

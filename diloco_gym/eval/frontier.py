@@ -57,6 +57,7 @@ from diloco_gym.envs.env import DiLoCoSyncEnv
 from diloco_gym.eval import calibration as cal
 from diloco_gym.eval import protocol
 from diloco_gym.eval.rollout import run_episode
+from diloco_gym.scale.cells import quality_columns
 from diloco_gym.sim.regimes import REGIMES
 from diloco_gym.sim.schedules import budget_range, sample_uniform
 
@@ -142,6 +143,8 @@ class FrontierConfig:
     #: run deployable agents in this process (``--in-process-agents``); default: sealed
     #: each in its own worker process (:mod:`diloco_gym.eval.sealed`).
     in_process_agents: bool = False
+    #: learner calibration file: every point also gets its model-quality price.
+    learner_calibration: str | None = None
 
     @property
     def trace_sidecar(self) -> str:
@@ -149,6 +152,10 @@ class FrontierConfig:
         return self.sidecar or "sync-heavy"
 
     def __post_init__(self) -> None:
+        if self.learner_calibration is not None:
+            from diloco_gym.sim.learner_calibration import load_learner_calibration
+
+            load_learner_calibration(self.learner_calibration)  # a bad file fails here
         if self.trace is None:
             for name in ("sidecar", "rate_scale", "target_utilization"):
                 if getattr(self, name) is not None:
@@ -433,6 +440,7 @@ def run_frontier(config: FrontierConfig, progress: bool = True) -> dict[str, Any
                         "no_sync_violation_pct": res["no_sync_violation_pct"],
                         "duration_s": ep.trace.duration_s,
                         "n_decisions": ep.n_decisions,
+                        **quality_columns(config.learner_calibration, res),
                         "unit": "seed" if config.trace is None else "window",
                         # in the replayed (rate-scaled) trace's clock
                         "window_start_replayed_s": getattr(gen, "start_s", np.nan)
@@ -570,6 +578,9 @@ def _agent_table(
                 "no_sync_violation_pct": g["no_sync_violation_pct"].mean(),
             }
         )
+        if "quality_cost" in g:  # a learner calibration was given
+            out[-1]["pred_loss"] = g["pred_loss"].mean()
+            out[-1]["quality_cost"] = g["quality_cost"].mean()
     res = pd.DataFrame(out)
     if res.empty:
         return res
@@ -932,8 +943,36 @@ def render_markdown(result: dict[str, Any], figures: dict[str, str], command: st
                     f"{_fmt(r.gap_captured)} [{_fmt(r.gap_ci_low)}, "
                     f"{_fmt(r.gap_ci_high)}] | {_fmt_p(r.p_holm)} | {r.verdict} |"
                 )
+        lines += _quality_lines(result["rows"], regime)
         lines.append("")
     return "\n".join(lines)
+
+
+def _quality_lines(rows: pd.DataFrame, regime: str) -> list[str]:
+    """The two-sided trade-off per agent and budget (with a learner calibration): SLO
+    damage (sync-excess) next to the model-quality price."""
+    g = rows[rows["regime"] == regime] if "quality_cost" in rows else rows.iloc[:0]
+    if g.empty:
+        return []
+    lines = [
+        "",
+        "### Model quality (learner calibration)",
+        "",
+        "Predicted validation loss (nats/byte) after each episode's merges, and the quality "
+        "cost: its excess over fixed H with the same number of merges over the same span.",
+        "",
+        "| agent | budget merges/h | merges/h | sync-excess % | predicted loss | quality cost |",
+        "|---|---|---|---|---|---|",
+    ]
+    keys = ["agent", "mode", "budget_per_hour"]
+    for (agent, mode, per_hour), a in g.groupby(keys, sort=False, dropna=False):
+        budget = "free" if mode == "free" else f"{per_hour:g}"
+        lines.append(
+            f"| {agent} | {budget} | {a['merges_per_hour'].mean():.1f} | "
+            f"{_fmt(a['sync_excess_pct'].mean())} | {a['pred_loss'].mean():.4f} | "
+            f"{a['quality_cost'].mean():+.5f} |"
+        )
+    return lines
 
 
 def _scoring_sentence(rows: pd.DataFrame, regime: str) -> str:

@@ -117,8 +117,15 @@ class ReportConfig:
     alpha: float = protocol.ALPHA
     saturation_pct: float = protocol.SATURATION_PCT
     in_process_agents: bool = False
+    #: learner calibration file: adds the model-quality price (predicted validation loss of
+    #: each schedule, and its excess over fixed H with as many merges) next to sync-excess.
+    learner_calibration: str | None = None
 
     def __post_init__(self) -> None:
+        if self.learner_calibration is not None:
+            from diloco_gym.sim.learner_calibration import load_learner_calibration
+
+            load_learner_calibration(self.learner_calibration)  # a bad file fails here
         if not self.agents:
             from agents.registry import HEURISTICS
 
@@ -521,6 +528,9 @@ def summarise(
                 "calibration": calib_verdicts[cast(str, regime)],  # groupby keys are Hashable
             }
         )
+        if "quality_cost" in g:  # a learner calibration was given
+            out[-1]["pred_loss"] = g["pred_loss"].mean()
+            out[-1]["quality_cost"] = g["quality_cost"].mean()
     df_out = pd.DataFrame(out)
     # Holm-Bonferroni across the agents of each regime: a report tests many agents at once,
     # and an uncorrected 5 % gate would hand some tied agent a 'verdict' by chance.
@@ -1064,6 +1074,8 @@ def render_markdown(result: dict[str, Any], figures: list[str], command: str = "
                 f"{r['diff_pp_all_units']:+.2f} |"
                 for _, r in g.sort_values("sync_excess_pct").iterrows()
             ]
+        if "quality_cost" in g:
+            lines += _quality_table(g)
         fig = f"fig_{regime.replace(':', '_')}.png"
         if fig in figures:
             lines += ["", f"![{regime}]({fig})"]
@@ -1116,6 +1128,26 @@ def render_markdown(result: dict[str, Any], figures: list[str], command: str = "
         "",
     ]
     return "\n".join(lines)
+
+
+def _quality_table(g: pd.DataFrame) -> list[str]:
+    """The two-sided trade-off of a regime's agents: SLO damage (sync-excess) next to the
+    model-quality price from the learner calibration."""
+    lines = [
+        "",
+        "Model quality (learner calibration): predicted validation loss (nats/byte) after "
+        "the episode's merges, and the quality cost, its excess over fixed H with the same "
+        "number of merges over the same span.",
+        "",
+        "| agent | merges/h | sync-excess % | predicted loss | quality cost |",
+        "|---|---|---|---|---|",
+    ]
+    for _, r in g.sort_values("sync_excess_pct").iterrows():
+        lines.append(
+            f"| {r['agent']} | {r['merges_per_hour']:.1f} | {r['sync_excess_pct']:.2f} | "
+            f"{r['pred_loss']:.4f} | {r['quality_cost']:+.5f} |"
+        )
+    return lines
 
 
 def _units_sentence(result: dict[str, Any]) -> str:

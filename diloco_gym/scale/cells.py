@@ -19,6 +19,7 @@ agents once.
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -63,7 +64,40 @@ def cell_config(config):
         trace=absolute(config.trace),
         calibration=absolute(config.calibration),
         agents=agents,
+        **(
+            {"learner_calibration": absolute(config.learner_calibration)}
+            if getattr(config, "learner_calibration", None)
+            else {}
+        ),
     )
+
+
+@functools.lru_cache(maxsize=4)
+def _learner_calibration_file(path: str) -> Any:
+    """A learner calibration file, read once per worker process."""
+    from diloco_gym.sim.learner_calibration import load_learner_calibration
+
+    return load_learner_calibration(path)
+
+
+def quality_columns(learner_calibration: Any, res: dict[str, Any]) -> dict[str, float]:
+    """The model-quality price of an episode's schedule (``pred_loss``, ``quality_cost``;
+    :mod:`diloco_gym.sim.learner_calibration`), or nothing without a learner calibration."""
+    if not learner_calibration:
+        return {}
+    from diloco_gym.sim.learner_calibration import (
+        env_schedule_loss,
+        load_learner_calibration,
+        quality_cost,
+    )
+
+    lc = (
+        _learner_calibration_file(learner_calibration)
+        if isinstance(learner_calibration, str)
+        else load_learner_calibration(learner_calibration)
+    )
+    times = res["merge_times_s"]
+    return {"pred_loss": env_schedule_loss(times, lc), "quality_cost": quality_cost(times, lc)}
 
 
 def regime_plan(
@@ -211,6 +245,7 @@ def _unit_cell(config, regime: str, units: list, index: int, agents: list) -> di
                 "excess_requests": res["sync_excess_requests"],
                 "return": res["return"],
                 "duration_s": ep.trace.duration_s,
+                **quality_columns(getattr(config, "learner_calibration", None), res),
             }
         )
         rows[-1].update(unit.fields)

@@ -15,7 +15,9 @@ Model (tokens ``T``, seconds ``s``):
       staleness_s  = g
 
 * Local models drift apart as the gap grows, so a merge only keeps a fraction of the
-  work: ``efficiency(g) = 1 / (1 + g / drift_s)``. The merge adds
+  work: ``efficiency(g) = 1 / (1 + g / drift_s)``. With ``merge_overhead_s > 0`` (fitted
+  by a learner calibration, :mod:`diloco_gym.sim.learner_calibration`) very short gaps
+  lose work too: ``efficiency(g) = 1 / (1 + g / drift_s + merge_overhead_s / g)``. The merge adds
   ``efficiency(g) * sum_k tau_k`` effective tokens to the global model and resets the
   reports. The global loss decrease at a merge is the optional training-progress reward.
 
@@ -43,6 +45,7 @@ class LearnerParams:
         loss_floor / loss_scale / loss_exponent / tokens_scale: the loss power law.
         drift_s: gap (seconds) at which half of the local work is lost to drift.
         initial_tokens: global tokens at the start of an episode.
+        merge_overhead_s: the short-gap loss of a merge (seconds; 0: none, the default).
     """
 
     num_learners: int = 8
@@ -54,6 +57,7 @@ class LearnerParams:
     tokens_scale: float = 2.0e7
     drift_s: float = 120.0
     initial_tokens: float = 0.0
+    merge_overhead_s: float = 0.0
 
     def __post_init__(self) -> None:
         for f in fields(self):  # a type check first, so that a string gives a clear error
@@ -74,7 +78,7 @@ class LearnerParams:
             v = getattr(self, name)
             if not (np.isfinite(v) and v > 0):
                 raise ValueError(f"LearnerParams.{name} must be > 0, got {v!r}")
-        for name in ("throughput_sigma", "loss_floor", "initial_tokens"):
+        for name in ("throughput_sigma", "loss_floor", "initial_tokens", "merge_overhead_s"):
             v = getattr(self, name)
             if not (np.isfinite(v) and v >= 0):
                 raise ValueError(f"LearnerParams.{name} must be >= 0, got {v!r}")
@@ -118,7 +122,10 @@ def reports(gap_s, global_tokens, throughputs: np.ndarray, p: LearnerParams):
 def merge_gain(gap_s, global_tokens, throughputs: np.ndarray, p: LearnerParams):
     """``(effective_tokens, loss_decrease)`` of a merge after ``gap_s`` seconds."""
     gap = np.asarray(gap_s, dtype=np.float64)
-    eff = 1.0 / (1.0 + gap / p.drift_s)
+    if p.merge_overhead_s:  # gaps of a merge are > 0
+        eff = 1.0 / (1.0 + gap / p.drift_s + p.merge_overhead_s / gap)
+    else:
+        eff = 1.0 / (1.0 + gap / p.drift_s)
     added = eff * gap * np.sum(throughputs, axis=-1)
     return added, loss(global_tokens, p) - loss(np.asarray(global_tokens) + added, p)
 
@@ -137,7 +144,10 @@ def merge_gain_scalar(
         ``(effective_tokens, loss_decrease, loss_after)``; ``loss_after`` is
         ``loss(global_tokens + effective_tokens)``.
     """
-    eff = 1.0 / (1.0 + gap_s / p.drift_s)
+    if p.merge_overhead_s:
+        eff = 1.0 / (1.0 + gap_s / p.drift_s + p.merge_overhead_s / gap_s)
+    else:
+        eff = 1.0 / (1.0 + gap_s / p.drift_s)
     added = eff * gap_s * throughput_sum
     before, after = loss(np.array([global_tokens, global_tokens + added]), p).tolist()
     return added, before - after, after

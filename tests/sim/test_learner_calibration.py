@@ -1,0 +1,134 @@
+"""The calibrated learner surrogate: its file (schema, duplicate keys, BOM), its agreement
+with the env's learner model, the env mapping and the quality price."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from diloco_gym.envs.env import DiLoCoSyncEnv
+from diloco_gym.sim import learners as lrn
+from diloco_gym.sim.learner_calibration import (
+    LearnerCalibration,
+    LearnerCalibrationError,
+    env_schedule_loss,
+    learner_params,
+    load_learner_calibration,
+    predict_final_loss,
+    predict_losses,
+    quality_cost,
+)
+
+CAL = LearnerCalibration(
+    loss_floor=1.5,
+    loss_scale=4.0,
+    loss_exponent=0.6,
+    work_scale_steps=6.0,
+    drift_steps=12.0,
+    merge_overhead_steps=0.5,
+    fragment_penalty=0.2,
+    quant_efficiency={16: 1.0, 8: 0.97, 4: 0.8},
+)
+
+
+def _doc(**params):
+    p = CAL.to_dict() | params
+    return {
+        "format": "diloco-gym-learner-calibration/1",
+        "params": p,
+        "env_mapping": {"env_steps_per_inner_step": 32, "step_seconds": 0.14},
+    }
+
+
+def test_round_trip_through_a_file_with_bom(tmp_path):
+    f = tmp_path / "cal.json"
+    f.write_text(json.dumps(_doc()), encoding="utf-8-sig")
+    cal = load_learner_calibration(f)
+    assert cal == CAL
+    assert load_learner_calibration(_doc()) == CAL
+    assert load_learner_calibration(CAL) is CAL
+
+
+@pytest.mark.parametrize(
+    ("text", "match"),
+    [
+        ('{"format": "x", "format": "y"}', "duplicate key 'format'"),
+        ("{not json", "not valid JSON"),
+        (json.dumps(_doc(drift_steps=-1.0)), "field params.drift_steps"),
+        (json.dumps(_doc(quant_efficiency={"3": 0.5})), "field params.quant_efficiency"),
+        (json.dumps({"params": {}}), "'format' is a required property"),
+        (json.dumps(_doc()).replace("1.5", "NaN", 1), "NaN is not a number"),
+    ],
+)
+def test_bad_files_name_the_file_and_the_field(tmp_path, text, match):
+    f = tmp_path / "bad.json"
+    f.write_text(text, encoding="utf-8")
+    with pytest.raises(LearnerCalibrationError, match=match) as info:
+        load_learner_calibration(f)
+    assert str(f) in str(info.value)
+
+
+def test_missing_file_is_a_clear_error(tmp_path):
+    with pytest.raises(LearnerCalibrationError, match="cannot read"):
+        load_learner_calibration(tmp_path / "nope.json")
+
+
+def test_f1_full_precision_is_the_env_learner_model():
+    """The surrogate at F = 1, 32 bits, equals the env's merge_gain chain mapped to seconds."""
+    base = lrn.LearnerParams(num_learners=4, throughput_tokens_per_s=1000.0)
+    lp = learner_params(CAL, base)
+    gaps_inner = np.array([4.0, 9.0, 16.0, 5.0, 7.0])
+    sec = CAL.env_steps_per_inner_step * CAL.step_seconds
+    tokens = 0.0
+    rate = np.full(4, 1000.0)
+    for g in gaps_inner:
+        added, _ = lrn.merge_gain(g * sec, tokens, rate, lp)
+        tokens += float(added)
+    env_loss = float(lrn.loss(tokens, lp))
+    assert predict_final_loss(np.cumsum(gaps_inner), CAL) == pytest.approx(env_loss, rel=1e-12)
+    assert env_schedule_loss(np.cumsum(gaps_inner) * sec, CAL) == pytest.approx(env_loss)
+
+
+def test_fragments_and_bits_cost_work():
+    s = [4, 8, 12, 16, 20, 24, 28, 32]
+    full = predict_final_loss(s, CAL)
+    assert predict_final_loss(s, CAL, fragments=2) > full
+    assert predict_final_loss(s, CAL, bits=4) > predict_final_loss(s, CAL, bits=8) > full
+    # F fragments: merge m syncs fragment m mod F with the gap since that fragment's sync
+    f2 = predict_losses([4, 8, 12], replace(CAL, fragment_penalty=0.0), fragments=2)
+    w = np.cumsum([0.5 * g / (1 + g / 12.0 + 0.5 / g) for g in (4, 8, 8)])
+    np.testing.assert_allclose(f2, 1.5 + 4.0 * (1 + w / 6.0) ** -0.6)
+    with pytest.raises(ValueError, match="bits=2"):
+        predict_final_loss(s, CAL, bits=2)
+
+
+def test_quality_cost_is_zero_for_even_and_positive_for_irregular():
+    even = [20.0, 40.0, 60.0, 80.0]
+    assert quality_cost(even, CAL) == pytest.approx(0.0, abs=1e-12)
+    assert quality_cost([10.0, 20.0, 70.0, 80.0], CAL) > 0
+    assert quality_cost([], CAL) == 0.0
+
+
+def test_env_uses_the_calibrated_learner_model():
+    env = DiLoCoSyncEnv(regime="bursty", learner_calibration=_doc())
+    assert env.learner_params.drift_s == pytest.approx(CAL.drift_s)
+    assert env.learner_params.loss_floor == CAL.loss_floor
+    default = DiLoCoSyncEnv(regime="bursty")
+    progress = []
+    for e in (env, default):
+        e.reset(seed=0)
+        total = 0.0
+        while True:
+            _, _, term, trunc, info = e.step(1)
+            total += info["reward_terms"]["progress"]
+            if term or trunc:
+                break
+        progress.append(total)
+    # the summed loss decrease of the episode is the calibrated curve's, not the default's
+    assert progress[0] != pytest.approx(progress[1])
+    assert 0 < progress[0] < CAL.loss_scale
+    with pytest.raises(LearnerCalibrationError, match="field params.drift_steps"):
+        DiLoCoSyncEnv(regime="bursty", learner_calibration=_doc(drift_steps="x"))
