@@ -75,7 +75,12 @@ def register_envs() -> None:
             entry_point="diloco_gym.envs.env:DiLoCoSyncEnv",
             vector_entry_point="diloco_gym.envs.vector:DiLoCoSyncVectorEnv",
             kwargs=kwargs,
-            disable_env_checker=False,
+            # gym.make returns the env itself, so that env.action_masks() (MaskablePPO's
+            # protocol) needs no get_wrapper_attr: the env enforces reset-before-step
+            # itself, and the test suite runs Gymnasium's and SB3's env checkers on it.
+            # gym.make(id, disable_env_checker=False) adds the passive checker back.
+            order_enforce=False,
+            disable_env_checker=True,
         )
     if "DiLoCoFleet-v0" not in gym.registry:
         gym.register(

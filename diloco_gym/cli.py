@@ -312,7 +312,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise DataError(msg) from None
     print(
         f"agent {agent.name}{'' if is_deployable(agent) else ' (non-deployable)'} on "
-        f"{label}, {len(units)} episodes"
+        f"{label}, {_count(len(units), 'episode')}"
     )
     header = (
         f"{'seed':>5} {'merges/h':>8} {'sync-excess %':>13} {'p95 ms':>8} "
@@ -474,6 +474,7 @@ def cmd_report(args: argparse.Namespace) -> int:
             learner_calibration=args.learner_calibration,
             **_replay_options(args),
         )
+        config.require_choice()
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     try:
@@ -599,10 +600,13 @@ def cmd_frontier(args: argparse.Namespace) -> int:
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
-    from diloco_gym.scale.sweep import load_sweep, run_sweep
+    from diloco_gym.scale.sweep import SweepDataError, load_sweep, run_sweep
 
     _check_backend(args)
-    spec = load_sweep(args.config)  # a bad file (a ValueError) fails before any cell
+    try:
+        spec = load_sweep(args.config)  # a bad file (a ValueError) fails before any cell
+    except SweepDataError as exc:  # a missing or malformed trace or calibration: data
+        raise DataError(str(exc)) from None
     out = args.out or f"sweep-{spec.name}"
     try:
         res = run_sweep(
@@ -617,18 +621,30 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         )
     except FileExistsError as exc:  # another sweep writes there now
         raise UsageError(str(exc)) from None
+    except SweepDataError as exc:  # a point that cannot be planned on its data
+        raise DataError(str(exc)) from None
     except KeyboardInterrupt:
         raise Interrupted(
             f"interrupted; the finished cells are stored in {out}/ (rerun to resume)"
         ) from None
     state = "complete" if res["complete"] else "incomplete (rerun to continue)"
     print(
-        f"sweep {spec.name}: {len(spec.points)} point(s), {res['cells']} cells: "
+        f"sweep {spec.name}: {_count(len(spec.points), 'point')}, {res['cells']} cells: "
         f"{res['run']} run now, {res['skipped']} stored before, {res['failed']} failed; "
         f"{state}"
     )
     print(f"results in {out}/ (results.csv, results.parquet, summary.csv, summary.md, errors.csv)")
+    if res["failed"]:
+        raise DataError(
+            f"sweep {spec.name}: {_count(res['failed'], 'cell')} failed: "
+            f"{res['failure_summary']} (all in {out}/errors.csv; --retry-failed runs them again)"
+        )
     return 0
+
+
+def _count(n: int, noun: str) -> str:
+    """``1 cell``, ``2 cells``."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
@@ -648,9 +664,15 @@ def cmd_tune(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         raise Interrupted("interrupted; no best model saved") from None
     print(
-        f"tune {spec['name']}: {res['trials']} trial(s), {res['errored']} errored; best "
+        f"tune {spec['name']}: {_count(res['trials'], 'trial')}, {res['errored']} errored; best "
         f"validation sync-excess {res['metric']:.3f} % with {res['config']}"
     )
+    if res.get("all_tied"):
+        print(
+            f"note: all {res['trials'] - res['errored']} finished trials scored the same "
+            f"({res['metric']:.5f} %), so the search could not tell the configurations apart "
+            f"(for example, every model learned never to merge); the saved one is the first"
+        )
     print(f"best model: {res['best_dir']}/ (use: diloco-gym report --agent {res['best_dir']})")
     return 0
 
@@ -698,6 +720,23 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see: {self.prog} --help)\n")
 
 
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Appends ``(default: X)`` only where it informs: not when the help already states the
+    default, not for a required option, a ``None`` default or an on/off flag."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        if (
+            "default" in text
+            or action.required
+            or action.default is None
+            or action.default is argparse.SUPPRESS
+            or isinstance(action.default, bool)
+        ):
+            return text
+        return super()._get_help_string(action)
+
+
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """The ``diloco-gym`` parser. ``train`` and ``calibrate`` take their options from modules
     that import stable-baselines3 and torch (seconds): given the ``command`` being run, the
@@ -711,7 +750,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
-    fmt = argparse.ArgumentDefaultsHelpFormatter
+    fmt = _HelpFormatter
     _add_run_command(sub, fmt)
     _add_report_command(sub, fmt)
     _add_frontier_command(sub, fmt)

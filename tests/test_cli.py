@@ -440,7 +440,8 @@ def test_help_shows_defaults_and_explains_seed0(capsys):
         main(["run", "--help"])
     text = " ".join(capsys.readouterr().out.split())
     assert "(default: 20)" in text and "(default: bursty)" in text
-    assert "(default: auto)" in text
+    # stated once, in the help's own words (not again as "(default: auto)")
+    assert text.count("(default: auto") == 1 and "(default: auto, by extension" in text
     with pytest.raises(SystemExit):
         main(["report", "--help"])
     text = " ".join(capsys.readouterr().out.split())
@@ -646,3 +647,33 @@ def test_report_fleet_writes_a_report(tmp_path, capsys):
     assert data["fleet"]["sites"] == ["eu", "us", "asia", "small"]
     assert data["summary"][0]["verdict"] == "inconclusive (too few episodes)"
     assert (out / "results.csv").is_file() and (out / "report.md").is_file()
+
+
+@pytest.mark.parametrize("command", ["run", "report", "frontier", "sweep", "tune"])
+def test_help_states_each_default_once_and_no_false_ones(command):
+    import argparse
+
+    from diloco_gym.cli import build_parser
+
+    parser = build_parser(command)
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    text = " ".join(sub.choices[command].format_help().split())  # one line, no wrapping
+    assert "(default: None)" not in text and "(default: False)" not in text
+    for action in sub.choices[command]._actions:
+        if action.help and action.required:
+            assert "default" not in (action.help or ""), action.dest
+    helps = [" ".join((a.help or "").split()) for a in sub.choices[command]._actions]
+    assert all(h.count("default") <= 1 for h in helps)
+    # a real default is still shown once
+    if command == "report":
+        assert text.count("report directory (default: report)") == 1
+
+
+def test_report_refuses_a_window_in_which_no_agent_can_choose(tmp_path, capsys):
+    """traces/bursty.csv in 60 s windows: shorter than H_max (71.7 s) plus the margin, so
+    no merge is ever required and fixed-512, the oracle and matched random all never merge."""
+    trace = str(Path(__file__).resolve().parents[1] / "traces" / "bursty.csv")
+    argv = ["report", "--trace", trace, "--format", "native", "--out", str(tmp_path / "r")]
+    line = _fails([*argv, "--window-s", "60"], capsys, 2)
+    assert "no agent has a choice" in line and "at least 92.8 s" in line
+    assert not (tmp_path / "r").exists()

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
+
+import pytest
 
 from diloco_gym.envs.core import OBS_FEATURES
 
@@ -34,3 +37,51 @@ def test_ci_runs_the_readme_test_command():
         at = found + 1 + len(step)
     assert blocks[0].strip().startswith("python -m pip install .")
     assert "diloco-gym report" in blocks[0]
+
+
+#: Files the snippets name, stood in for by the repository's small fixtures.
+SNIPPET_FILES = {
+    "my_sidecar.json": "tests/fixtures/live_cpu_calibration.json",
+    "AzureLLMInferenceTrace_code.csv": "tests/fixtures/azure_small.csv",
+}
+
+
+def _python_snippets() -> list[tuple[str, int, str]]:
+    """Every ```python block of the README and docs/*.md: (file, line, code). The TorchRL
+    and RLlib training examples are run (with a tiny budget) by tests/rl/test_libraries.py."""
+    found = []
+    for path in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        text = path.read_text()
+        for m in re.finditer(r"```python\n(.+?)```", text, flags=re.S):
+            code = m.group(1)
+            if "ClipPPOLoss" in code or "PPOConfig" in code:
+                continue
+            found.append((path.name, text[: m.start()].count("\n") + 1, code))
+    return found
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name, line, code", _python_snippets(), ids=lambda v: str(v)[:30])
+def test_every_python_snippet_runs_on_its_own(name, line, code, tmp_path):
+    """Each snippet in a fresh interpreter (nothing imported for it), in a directory that
+    holds the files it names."""
+    import shutil
+    import subprocess
+    import sys
+
+    for wanted, fixture in SNIPPET_FILES.items():
+        if wanted in code:
+            shutil.copy(ROOT / fixture, tmp_path / wanted)
+    for folder in ("traces",):
+        if f"{folder}/" in code:
+            shutil.copytree(ROOT / folder, tmp_path / folder)
+    env = dict(os.environ, PYTHONPATH=str(ROOT), MPLBACKEND="Agg")
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, f"{name}:{line}: {done.stderr[-1500:]}"

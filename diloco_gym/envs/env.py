@@ -17,11 +17,18 @@ from diloco_gym.envs import core, kernel
 from diloco_gym.envs.core import OBS_DIM, OBS_HIGH, OBS_INDEX, OBS_LOW, EnvParams, Episode
 from diloco_gym.sim import learners as lrn
 from diloco_gym.sim.learner_calibration import learner_params, load_learner_calibration
-from diloco_gym.sim.regimes import REGIMES, get_regime
+from diloco_gym.sim.regimes import REGIMES, SyntheticRegime, get_regime
 from diloco_gym.sim.sidecar import SidecarParams
 from diloco_gym.sim.traces import Trace
 
-__all__ = ["DiLoCoSyncEnv", "EnvConfig", "configure", "make_generator"]
+__all__ = [
+    "DiLoCoSyncEnv",
+    "EnvConfig",
+    "check_action",
+    "check_actions",
+    "configure",
+    "make_generator",
+]
 
 #: The ``gym.Env`` type parameters: an observation is a float32 vector of ``OBS_DIM`` features;
 #: an action is ``0`` (defer) or ``1`` (merge), a Python or NumPy integer (``Discrete(2)``
@@ -39,9 +46,15 @@ def make_generator(regime) -> tuple[Callable[[np.random.Generator], Trace], Side
     Returns:
         ``(generator, default sidecar parameters, name)``.
     """
+    if isinstance(regime, str) and regime not in REGIMES and _looks_like_path(regime):
+        from diloco_gym.sim.loaders import load_trace
+
+        regime = load_trace(regime)  # a trace file by path: a JSON-serialisable env spec
     if isinstance(regime, str):
         gen = get_regime(regime)
         return gen, gen.sidecar, gen.name
+    if isinstance(regime, dict):  # a SyntheticRegime as EnvSpec.to_json/from_json gives it
+        regime = _from_dict(SyntheticRegime, regime, "regime")
     if isinstance(regime, Trace):
         from diloco_gym.sim.regimes import ReplayRegime
 
@@ -54,9 +67,38 @@ def make_generator(regime) -> tuple[Callable[[np.random.Generator], Trace], Side
             getattr(regime, "name", type(regime).__name__),
         )
     raise TypeError(
-        f"regime must be a regime name ({', '.join(REGIMES)}), a generator "
-        f"(callable rng -> Trace) or a Trace; got {type(regime).__name__}"
+        f"regime must be a regime name ({', '.join(REGIMES)}), a trace file path, a "
+        f"generator (callable rng -> Trace) or a Trace; got {type(regime).__name__}"
     )
+
+
+def _looks_like_path(text: str) -> bool:
+    return any(sep in text for sep in ("/", "\\")) or "." in text
+
+
+def _from_dict(cls: type, value: dict[str, Any], what: str) -> Any:
+    """Rebuild a parameter dataclass from the dict that ``EnvSpec.to_json`` (through
+    ``dataclasses.asdict``) and ``EnvSpec.from_json`` turn it into."""
+    names = {f.name for f in fields(cls)}
+    unknown = sorted(set(value) - names)
+    if unknown:
+        raise TypeError(
+            f"{what}: a dict given for {cls.__name__} has unknown field(s) {unknown}; "
+            f"valid fields: {sorted(names)}"
+        )
+    kwargs = dict(value)
+    if cls is SyntheticRegime and isinstance(kwargs.get("sidecar"), dict):
+        kwargs["sidecar"] = _from_dict(SidecarParams, kwargs["sidecar"], f"{what}.sidecar")
+    return cls(**kwargs)
+
+
+def _params(cls: type, value: Any, what: str) -> Any:
+    """``None``, an instance of ``cls``, or its dict form (a spec read back from JSON)."""
+    if value is None or isinstance(value, cls):
+        return value
+    if isinstance(value, dict):
+        return _from_dict(cls, value, what)
+    raise TypeError(f"{what} must be a {cls.__name__} or None, got {type(value).__name__}")
 
 
 class EnvConfig(NamedTuple):
@@ -84,14 +126,21 @@ def configure(
     # learner_calibration=FILE|dict|LearnerCalibration: the loss curve and drift of the
     # learner model fitted to real DiLoCo runs (diloco_gym/sim/learner_calibration.py).
     calibration = overrides.pop("learner_calibration", None)
+    unknown = [name for name in overrides if name not in _ENV_FIELDS]
+    if unknown:
+        # Python's own wording for an unknown keyword, which wrappers such as TorchRL's
+        # GymEnv recognise (they retry without an optional argument like ``frameskip``).
+        more = f" (and {', '.join(map(repr, unknown[1:]))})" if len(unknown) > 1 else ""
+        raise TypeError(
+            f"{owner}.__init__() got an unexpected keyword argument {unknown[0]!r}{more}; "
+            f"valid keyword arguments are {owner}'s named parameters and the EnvParams "
+            f"fields: {sorted(_ENV_FIELDS)}"
+        )
+    params = _params(EnvParams, params, "params")
+    sidecar = _params(SidecarParams, sidecar, "sidecar")
+    learners = _params(lrn.LearnerParams, learners, "learners")
     if calibration is not None:
         learners = learner_params(load_learner_calibration(calibration), learners)
-    unknown = set(overrides) - _ENV_FIELDS
-    if unknown:
-        raise TypeError(
-            f"unknown {owner} argument(s) {sorted(unknown)}; valid "
-            f"EnvParams fields: {sorted(_ENV_FIELDS)}"
-        )
     p = replace(params or EnvParams(), **overrides)
     generator, default_sidecar, name = make_generator(regime)
     core.check_env_sizes(p, generator)  # before any episode is allocated
@@ -103,6 +152,45 @@ def configure(
         sidecar or default_sidecar,
         learners or lrn.LearnerParams(),
     )
+
+
+def _space_error(what: str, value: Any, space: gym.Space) -> str:
+    shown = np.array2string(value, threshold=8) if isinstance(value, np.ndarray) else repr(value)
+    kind = type(value).__name__
+    if isinstance(value, np.ndarray):
+        kind += f" of dtype {value.dtype}, shape {value.shape}"
+        if value.shape != space.shape:
+            kind += f", expected shape {space.shape}"
+    return (
+        f"{what} {shown} ({kind}) is not in the action space {space}; "
+        f"use 0 (defer) or 1 (merge) as Python or NumPy integers"
+    )
+
+
+def check_action(action: Any, space: gym.Space) -> bool:
+    """Whether ``action`` asks for a merge; exactly what ``space.contains`` accepts (an int,
+    a bool, an integer NumPy scalar or 0-d array of value 0 or 1), else ``ValueError``
+    naming the value and the space."""
+    if (type(action) is int or type(action) is np.int64) and (action == 0 or action == 1):
+        return action == 1  # the common fast path
+    if not space.contains(action):
+        raise ValueError(_space_error("action", action, space))
+    return bool(action == 1)
+
+
+def check_actions(actions: Any, space: gym.Space) -> np.ndarray:
+    """Which envs ask for a merge (bool array); exactly what ``space.contains`` accepts (an
+    array or sequence of the batch's shape whose integer or bool dtype casts safely to
+    ``int64``, values 0 or 1), else ``ValueError`` naming the value and the space."""
+    a = actions
+    if not (
+        type(a) is np.ndarray
+        and a.dtype == np.int64
+        and a.shape == space.shape
+        and (a.size == 0 or (a.min() >= 0 and a.max() <= 1))
+    ) and not space.contains(a):
+        raise ValueError(_space_error("actions", a, space))
+    return np.asarray(a) == 1
 
 
 class DiLoCoSyncEnv(gym.Env[Observation, Action]):
@@ -332,12 +420,7 @@ class DiLoCoSyncEnv(gym.Env[Observation, Action]):
         d = st.d.item(0)
         if d >= n:
             raise RuntimeError("step() called after the episode ended; call reset()")
-        if type(action) is int or isinstance(action, np.integer):  # the common fast path
-            want = action == 1
-            if not want and action != 0:
-                raise ValueError(f"action must be 0 (defer) or 1 (merge), got {action!r}")
-        else:
-            want = bool(kernel.check_actions(action, ()))
+        want = check_action(action, self.action_space)
         can_merge, can_defer = self._options(d)
         merge, overridden = kernel.resolve(want, can_merge, can_defer)
         merge, overridden = bool(merge), bool(overridden)
@@ -477,6 +560,8 @@ class DiLoCoSyncEnv(gym.Env[Observation, Action]):
             "action_overridden": overridden,
             "merges": len(self._merges),
             "excess_requests_so_far": st.excess_requests.item(0),
+            # Gymnasium's convention (as Taxi): int8, so action_space.sample(mask) takes it.
+            "action_mask": self.action_masks().astype(np.int8),
         }
 
     def episode_summary(self) -> dict[str, Any]:

@@ -140,7 +140,7 @@ def plot_timeline_panels(
         ax.text(
             tr.duration_s * 1.005,
             y,
-            f"{len(merges)} merges, +{excess:.1f} pp",
+            f"{len(merges)} merge{'' if len(merges) == 1 else 's'}, +{excess:.1f} pp",
             va="center",
             fontsize=7,
         )

@@ -23,7 +23,7 @@ from gymnasium.vector.utils import batch_space
 from diloco_gym.envs import core, kernel
 from diloco_gym.envs.bank import BUILD_CHUNK, BuildSpec, EpisodeBank, build_rows, pool_row
 from diloco_gym.envs.core import OBS_DIM, OBS_HIGH, OBS_LOW, EnvParams
-from diloco_gym.envs.env import configure
+from diloco_gym.envs.env import check_actions, configure
 from diloco_gym.sim import learners as lrn
 from diloco_gym.sim.sidecar import SidecarParams
 
@@ -244,6 +244,7 @@ class DiLoCoSyncVectorEnv(gym.vector.VectorEnv[np.ndarray, np.ndarray, np.ndarra
         self._started = True
         self._observe()
         info = {"episode_seed": self.episode_seeds, "_episode_seed": self._all.copy()}
+        self._add_mask(info)
         return self._obs.copy(), info
 
     def step(
@@ -252,7 +253,7 @@ class DiLoCoSyncVectorEnv(gym.vector.VectorEnv[np.ndarray, np.ndarray, np.ndarra
         """Step every env once; see the class docstring for autoreset and info."""
         self._require_started()
         b = self.num_envs
-        want = kernel.check_actions(actions, (b,))
+        want = check_actions(actions, self.action_space)
         pending = self._autoreset.copy()  # NEXT_STEP: these envs restart instead of stepping
         restart = np.flatnonzero(pending)
         active = ~pending if restart.size else self._all.copy()
@@ -314,7 +315,14 @@ class DiLoCoSyncVectorEnv(gym.vector.VectorEnv[np.ndarray, np.ndarray, np.ndarra
                 self._observe()
                 info["episode_seed"] = self.episode_seeds
                 info["_episode_seed"] = truncated
+        self._add_mask(info)
         return self._obs.copy(), rewards, terminated, truncated, info
+
+    def _add_mask(self, info: dict[str, Any]) -> None:
+        """``info["action_mask"]``: every env's feasible actions for its next step, int8
+        ``(num_envs, 2)`` as the single env's (Gymnasium's convention, as Taxi)."""
+        info["action_mask"] = self.action_masks().astype(np.int8)
+        info["_action_mask"] = self._all.copy()
 
     def close_extras(self, **kwargs: Any) -> None:
         """Nothing to release (no subprocesses)."""

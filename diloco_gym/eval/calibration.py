@@ -24,6 +24,7 @@ import json
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
+from functools import lru_cache
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -156,22 +157,6 @@ _JSON_TYPES = {
 }
 
 
-def _json_type_ok(value: Any, kind: str) -> bool:
-    if kind == "object":
-        return isinstance(value, dict)
-    if kind == "array":
-        return isinstance(value, list)
-    if kind == "string":
-        return isinstance(value, str)
-    if kind == "boolean":
-        return isinstance(value, bool)
-    if kind == "null":
-        return value is None
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return False
-    return kind == "number" or (kind == "integer" and float(value).is_integer())
-
-
 def _shown(value: Any) -> str:
     """A value as JSON writes it (``"false"`` stays quoted), shortened."""
     try:
@@ -185,90 +170,127 @@ def _join(prefix: str, key: str) -> str:
     return f"{prefix}.{key}" if prefix else key
 
 
-def validate_schema(value: Any, schema: dict, where: str, field: str = "") -> None:
-    """Validate ``value`` against a JSON Schema (the subset the calibration schema uses).
+def _field(prefix: str, path: Iterable[Any]) -> str:
+    out = prefix
+    for part in path:
+        out = f"{out}[{part}]" if isinstance(part, int) else _join(out, str(part))
+    return out
 
-    Supported keywords: ``type``, ``properties``, ``required``, ``additionalProperties``
-    (boolean or schema), ``propertyNames`` (with ``enum``), ``enum``, ``minimum``,
-    ``maximum``, ``exclusiveMinimum``, ``minLength``, ``items``, ``minItems``,
-    ``maxItems``. Numbers must also be
-    finite (JSON has no NaN; Python's reader accepts it).
+
+def _non_finite(value: Any, field: str) -> str | None:
+    """The dotted field of the first non-finite number (JSON has none; Python's reader
+    accepts NaN and Infinity, and JSON Schema's range keywords let NaN through)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return field
+    if isinstance(value, dict):
+        for key, item in value.items():
+            bad = _non_finite(item, _join(field, str(key)))
+            if bad is not None:
+                return bad
+    if isinstance(value, list):
+        for i, item in enumerate(value):
+            bad = _non_finite(item, f"{field}[{i}]")
+            if bad is not None:
+                return bad
+    return None
+
+
+@lru_cache(maxsize=8)
+def _validator(schema_text: str):
+    from jsonschema import Draft202012Validator
+
+    schema = json.loads(schema_text)
+    Draft202012Validator.check_schema(schema)  # the shipped schema is itself valid
+    return Draft202012Validator(schema)
+
+
+def validate_schema(value: Any, schema: dict, where: str, field: str = "") -> None:
+    """Validate ``value`` against a JSON Schema (draft 2020-12, every keyword, with the
+    ``jsonschema`` library), and require finite numbers.
 
     Raises:
-        CalibrationFileError: at the first violation, naming the dotted field.
+        CalibrationFileError: one line naming the dotted field of the first violation
+            (in document order) and what is wrong.
     """
-    kinds = schema.get("type")
-    if kinds is not None:
-        kinds = [kinds] if isinstance(kinds, str) else list(kinds)
-        if not any(_json_type_ok(value, k) for k in kinds):
-            wanted = " or ".join(_JSON_TYPES[k] for k in kinds)
-            raise CalibrationFileError(
-                where, f"must be {wanted}, got {_shown(value)}", field or None
-            )
-    if "enum" in schema and value not in schema["enum"]:
-        raise CalibrationFileError(
+    bad = _non_finite(value, field)
+    if bad is not None:
+        shown = _shown(_lookup(value, bad, field))
+        raise CalibrationFileError(where, f"{shown} is not a finite number", bad or None)
+    validator = _validator(json.dumps(schema))  # key order kept: messages list fields in it
+    errors = list(validator.iter_errors(value))
+    if not errors:
+        return
+    # The shallowest field first; at one field, a wrong type before what the value breaks.
+    error = min(
+        errors,
+        key=lambda e: (
+            len(e.absolute_path),
+            [str(p) for p in e.absolute_path],
+            e.validator != "type",
+        ),
+    )
+    raise _schema_error(error, where, _field(field, error.absolute_path))
+
+
+def _lookup(value: Any, dotted: str, prefix: str) -> Any:
+    """The value at a dotted field from :func:`_non_finite` (for the message)."""
+    import re
+
+    rest = dotted[len(prefix) :].lstrip(".")
+    for name, index in re.findall(r"([^.\[\]]+)|\[(\d+)\]", rest):
+        value = value[int(index)] if index else value[name]
+    return value
+
+
+def _schema_error(error: Any, where: str, field: str) -> CalibrationFileError:
+    """One jsonschema error in this module's wording."""
+    kind, sch, value = error.validator, error.schema, error.instance
+    if "propertyNames" in error.schema_path:
+        names = sch.get("enum", [])
+        return CalibrationFileError(
+            where, f"unknown key {value!r}; valid keys: {', '.join(names)}", field or None
+        )
+    if kind == "type":
+        kinds = [sch["type"]] if isinstance(sch["type"], str) else list(sch["type"])
+        wanted = " or ".join(_JSON_TYPES.get(k, k) for k in kinds)
+        return CalibrationFileError(where, f"must be {wanted}, got {_shown(value)}", field or None)
+    if kind == "enum":
+        return CalibrationFileError(
             where,
-            f"{_shown(value)} is not one of {', '.join(map(str, schema['enum']))}",
+            f"{_shown(value)} is not one of {', '.join(map(str, sch['enum']))}",
             field or None,
         )
-    if isinstance(value, int | float) and not isinstance(value, bool):
-        if not math.isfinite(value):
-            raise CalibrationFileError(
-                where, f"{_shown(value)} is not a finite number", field or None
-            )
-        low, high = schema.get("minimum"), schema.get("maximum")
-        open_low = schema.get("exclusiveMinimum")
-        if (
-            (low is not None and value < low)
-            or (high is not None and value > high)
-            or (open_low is not None and value <= open_low)
-        ):
-            lo_text = f"({open_low}" if open_low is not None else f"[{low}"
-            hi_text = f"{high}]" if high is not None else "inf)"
-            raise CalibrationFileError(
-                where,
-                f"{_shown(value)} is outside the documented range {lo_text}, {hi_text}",
-                field or None,
-            )
-    if isinstance(value, str) and len(value) < schema.get("minLength", 0):
-        raise CalibrationFileError(where, "must not be empty", field or None)
-    if isinstance(value, list) and not schema.get("minItems", 0) <= len(value) <= schema.get(
-        "maxItems", math.inf
-    ):
-        raise CalibrationFileError(
+    if kind in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"):
+        low, high, open_low = sch.get("minimum"), sch.get("maximum"), sch.get("exclusiveMinimum")
+        lo_text = f"({open_low}" if open_low is not None else f"[{low}"
+        hi_text = f"{high}]" if high is not None else "inf)"
+        return CalibrationFileError(
+            where, f"{_shown(value)} is outside the documented range {lo_text}, {hi_text}",
+            field or None,
+        )  # fmt: skip
+    if kind == "minLength" and isinstance(value, str) and not value:
+        return CalibrationFileError(where, "must not be empty", field or None)
+    if kind in ("minItems", "maxItems"):
+        return CalibrationFileError(
             where,
-            f"must have {schema.get('minItems', 0)} to "
-            f"{schema.get('maxItems', 'any number of')} items, got "
-            f"{len(value)}",
+            f"must have {sch.get('minItems', 0)} to {sch.get('maxItems', 'any number of')} "
+            f"items, got {len(value)}",
             field or None,
         )
-    if isinstance(value, list) and "items" in schema:
-        for i, item in enumerate(value):
-            validate_schema(item, schema["items"], where, f"{field}[{i}]")
-    if isinstance(value, dict):
-        for key in schema.get("required", ()):
-            if key not in value:
-                raise CalibrationFileError(where, "required field is missing", _join(field, key))
-        names = schema.get("propertyNames", {}).get("enum")
-        props = schema.get("properties", {})
-        extra = schema.get("additionalProperties", True)
-        for key, item in value.items():
-            if names is not None and key not in names:
-                raise CalibrationFileError(
-                    where, f"unknown key {key!r}; valid keys: {', '.join(names)}", field or None
-                )
-            if key in props:
-                validate_schema(item, props[key], where, _join(field, key))
-            elif extra is False:
-                raise CalibrationFileError(
-                    where,
-                    f"{field or 'the file'} has unknown field {key!r}; valid fields: "
-                    f"{', '.join(props)}",
-                    _join(field, key),
-                    field_in_reason=True,
-                )
-            elif isinstance(extra, dict):
-                validate_schema(item, extra, where, _join(field, key))
+    if kind == "required":
+        missing = next(k for k in error.validator_value if k not in value)
+        return CalibrationFileError(where, "required field is missing", _join(field, missing))
+    if kind == "additionalProperties" and error.validator_value is False:
+        props = sch.get("properties", {})
+        key = next(k for k in value if k not in props)
+        return CalibrationFileError(
+            where,
+            f"{field or 'the file'} has unknown field {key!r}; valid fields: {', '.join(props)}",
+            _join(field, key),
+            field_in_reason=True,
+        )
+    # Any other keyword of the schema: jsonschema's own message, on one line.
+    return CalibrationFileError(where, " ".join(error.message.split()), field or None)
 
 
 def _check_chains(regimes: dict, where: str, owned: Iterable[str]) -> None:

@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import sys
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -229,13 +228,9 @@ def _episode_budget(per_hour: float, duration_s: float, n: int, params) -> int:
 
 
 def _progress(total: int, enabled: bool):
-    if not enabled:
-        return None
-    try:
-        from tqdm import tqdm
-    except ImportError:  # pragma: no cover - tqdm is a dependency
-        return None
-    return tqdm(total=total, unit="episode", desc="frontier", file=sys.stderr)
+    from diloco_gym.scale.backends import progress_bar
+
+    return progress_bar(total, enabled, "frontier episodes", "episode")
 
 
 #: One env per merge budget (``None``: the free-budget env) of a unit.

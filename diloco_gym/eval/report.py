@@ -137,7 +137,7 @@ class ReportConfig:
         from diloco_gym.eval.seed_ranges import check_test_seeds
 
         check_test_seeds(
-            self.seed0, self.seeds if self.trace is None else 1, "report seeds (--seed0, --seeds)"
+            self.seed0, self.seeds if self.trace is None else 1, "test seeds (--seed0, --seeds)"
         )
         if not 0 < self.alpha < 1:
             raise ValueError(f"alpha must be in (0, 1), got {self.alpha}")
@@ -176,6 +176,25 @@ class ReportConfig:
                     f"window_s (--window-s) {self.window_s:g} s is too short: an "
                     f"episode needs at least {min_s:.1f} s"
                 )
+
+    def require_choice(self) -> None:
+        """Refuse trace windows too short for H_max to be reached (``ValueError`` naming the
+        minimum): in such a window no merge is ever required, every agent that minimises
+        the excess never merges, matched random then draws the same empty schedule, and the
+        comparison says nothing. ``run`` (one agent's table) allows them."""
+        if self.trace is None:
+            return
+        p = core.EnvParams()
+        sidecar = REGIMES[self.trace_sidecar].sidecar
+        margin_s = p.merge_steps * p.step_seconds + sidecar.tail_s
+        min_s = margin_s + (p.h_max + 1) * p.decision_seconds
+        if self.window_s < min_s:
+            raise ValueError(
+                f"window_s (--window-s) {self.window_s:g} s is shorter than an episode that "
+                f"reaches H_max ({p.h_max_steps} steps, {p.h_max * p.decision_seconds:g} s, "
+                f"plus a {margin_s:.1f} s margin): no merge is ever required, so no agent has "
+                f"a choice to be judged on; use a window of at least {min_s:.1f} s"
+            )
 
     @property
     def trace_sidecar(self) -> str:
@@ -1171,11 +1190,18 @@ def _units_sentence(result: dict[str, Any]) -> str:
     return (
         f"{load['windows']} window{plural} of {load['window_s']:g} s every "
         f"{load['stride_s']:g} s ({kind}) of the {load['trace_duration_s']:.0f} s trace "
-        f"replayed {load['rate_scale']:.3g}x faster ({load['replayed_duration_s']:.0f} s, "
+        f"replayed {_speed(load['rate_scale'])} ({load['replayed_duration_s']:.0f} s, "
         f"{load['mean_rate_rps']:.2f} req/s, utilization {load['utilization']:.2f}); one "
         f"episode per window, window i seeded {cfg['seed0']} + i for the added pressure "
         f"series."
     )
+
+
+def _speed(scale: float) -> str:
+    """``at its own rate``, ``2x faster``, ``0.5x as fast``."""
+    if scale == 1:
+        return "at its own rate"
+    return f"{scale:.3g}x faster" if scale > 1 else f"at {scale:.3g}x its rate"
 
 
 def _verdict_notes(g: pd.DataFrame, cfg: dict, load: dict) -> list[str]:

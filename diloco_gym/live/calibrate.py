@@ -645,7 +645,7 @@ def _document(run: _Run, complete: bool, cfg: CalibrationConfig, intervals: bool
         f"high pressure = in-flight proxy >= {cfg.high_pressure}; sync active = sent "
         f"inside a recorded merge window."
     )
-    return {
+    document = {
         "source": source,
         "regimes": regimes,
         "complete": bool(complete),
@@ -661,6 +661,73 @@ def _document(run: _Run, complete: bool, cfg: CalibrationConfig, intervals: bool
         "merges": run.merges,
         "records": _records_columns(records),
     }
+    document["uncertain"] = uncertain_reasons(document)
+    return document
+
+
+#: A control phase whose p95 is more than this many times the probe's p95 at a load at
+#: least as high says that the host was busier during the replay than during the probe.
+CONTROL_VS_PROBE_LIMIT = 3.0
+
+
+def uncertain_reasons(document: dict) -> list[str]:
+    """Why a live calibration's numbers may not hold, one sentence each (empty: none seen):
+
+    * the capacity probe was unstable: a step at or below the accepted capacity failed (the
+      capacity was accepted on a retry, so it, and the replay rate drawn from it, may be
+      overstated);
+    * the control phase's p95 is more than :data:`CONTROL_VS_PROBE_LIMIT` times the probe's
+      p95 at the lowest sustainable probed rate at or above the replay's rate (the host was
+      busier during the replay than during the probe);
+    * the fit contradicts the measurement: the measured p95 sync ratio is below 1 (requests
+      were faster while merges ran) but the fitted ``sync_slowdown`` slows service during
+      merges.
+    """
+    out: list[str] = []
+    cap = document.get("capacity") or {}
+    steps = (cap.get("probe") or {}).get("steps") or []
+    best = cap.get("capacity_rps")
+    if isinstance(best, float | int) and math.isfinite(best):
+        failed = sorted(
+            {s["offered_rps"] for s in steps if not s["sustainable"] and s["offered_rps"] <= best}
+        )
+        if failed:
+            out.append(
+                f"unstable capacity probe: the step at {', '.join(_fmt(r) for r in failed)} "
+                f"req/s failed, yet {_fmt(best)} req/s was accepted on a retry, so the "
+                f"capacity and the replay rate drawn from it may be overstated"
+            )
+    m = document.get("measured") or {}
+    control_ms, rate = m.get("p95_control_ms"), cap.get("rate_rps")
+    if isinstance(control_ms, float | int) and math.isfinite(control_ms) and rate:
+        above = [
+            s for s in steps if s["sustainable"] and s.get("p95_s") and s["offered_rps"] >= rate
+        ]
+        if above:
+            ref = min(above, key=lambda s: s["offered_rps"])
+            factor = control_ms / 1000 / ref["p95_s"]
+            if factor > CONTROL_VS_PROBE_LIMIT:
+                out.append(
+                    f"control p95 {_fmt(control_ms / 1000)} s is {factor:.1f}x the probe's "
+                    f"{_fmt(ref['p95_s'])} s at {_fmt(ref['offered_rps'])} req/s (a load at "
+                    f"least the replay's {_fmt(rate)} req/s): the host was busier during the "
+                    f"replay than during the probe"
+                )
+    ratio = m.get("p95_sync_ratio")
+    slowdown = (document.get("fitted_sidecar") or {}).get("sync_slowdown")
+    if (
+        isinstance(ratio, float | int)
+        and math.isfinite(ratio)
+        and ratio < 1
+        and isinstance(slowdown, float | int)
+        and slowdown > 0
+    ):
+        out.append(
+            f"the fit contradicts the measurement: the measured p95 sync ratio is "
+            f"{_fmt(ratio)} (< 1: requests were faster while merges ran) but the fitted "
+            f"sync_slowdown {_fmt(slowdown)} slows service during merges"
+        )
+    return out
 
 
 def _mark_out_of_range(fitted: dict, fit: dict, entry: dict, metadata: dict) -> None:
@@ -1290,6 +1357,7 @@ def _summary_lines(document: dict) -> list[str]:
             + f"; {kinds}); they are left out of the measurements"
         )
     lines += [f"fit note: {note}" for note in document["fit"].get("notes", [])]
+    lines += [f"UNCERTAIN: {why}" for why in document.get("uncertain") or []]
     if "error" in document["fit"]:
         lines.append(f"fit note: {document['fit']['error']}")
     return lines

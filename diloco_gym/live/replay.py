@@ -259,10 +259,11 @@ def post_completion(
 
 
 class CpuSampler:
-    """Host CPU utilisation in [0, 1] from ``/proc/stat``, sampled in a background thread.
+    """Host CPU utilisation in [0, 1], sampled in a background thread with psutil (every
+    platform psutil supports; it comes with the ``live`` extra).
 
-    On systems without ``/proc/stat`` the value is the 1-minute load average divided by the
-    number of CPUs (capped at 1), and ``None`` when neither is available.
+    Without psutil the value is the 1-minute load average divided by the number of CPUs
+    (capped at 1), and ``None`` where that is not available either.
 
     Args:
         interval_s: sampling period.
@@ -274,33 +275,24 @@ class CpuSampler:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="cpu-sampler", daemon=True)
 
-    @staticmethod
-    def _read() -> tuple[float, float] | None:
-        try:
-            with open("/proc/stat") as handle:
-                fields = handle.readline().split()[1:]
-        except OSError:
-            return None
-        values = [float(v) for v in fields]
-        idle = values[3] + (values[4] if len(values) > 4 else 0.0)  # idle + iowait
-        return sum(values), idle
-
     def _run(self) -> None:
         import os
 
-        prev = self._read()
+        try:
+            import psutil
+
+            have_psutil = True
+            psutil.cpu_percent(interval=None)  # the first call starts the measurement
+        except ImportError:
+            have_psutil = False
         while not self._stop.wait(self.interval_s):
-            cur = self._read()
-            if cur is None or prev is None:
-                try:
-                    self.value = min(1.0, os.getloadavg()[0] / (os.cpu_count() or 1))
-                except OSError:
-                    self.value = None
+            if have_psutil:  # utilisation of all CPUs since the previous call
+                self.value = float(min(1.0, max(0.0, psutil.cpu_percent(interval=None) / 100)))
                 continue
-            total, idle = cur[0] - prev[0], cur[1] - prev[1]
-            if total > 0:
-                self.value = float(min(1.0, max(0.0, 1.0 - idle / total)))
-            prev = cur
+            try:
+                self.value = min(1.0, os.getloadavg()[0] / (os.cpu_count() or 1))
+            except OSError:
+                self.value = None
 
     def start(self) -> CpuSampler:
         self._thread.start()

@@ -1513,6 +1513,16 @@ def write_validation_curve(run_dir: str | Path) -> tuple[Path, Path] | None:
     ax.set_ylabel("validation sync-excess % (mean)")
     ax.set_title(f"{meta.get('algo')} on {meta.get('regime')}, seed {meta.get('seed')}")
     ax.grid(alpha=0.3)
+    if len(allr) == 1:  # one evaluation: a dot, not a curve; say so on the figure
+        ax.text(
+            0.5,
+            0.92,
+            f"one evaluation only (at {allr[0]['timesteps']} timesteps): no curve; "
+            "lower eval_freq or train longer",
+            transform=ax.transAxes,
+            ha="center",
+            fontsize=8,
+        )
     if envs:
         ax2 = fig.add_subplot(1, 2, 2)
         for e in envs:

@@ -12,8 +12,8 @@ Backends:
         started with the ``spawn`` method (the same behaviour on Linux, macOS and Windows;
         no state forked from the parent).
     ``ray``: Ray tasks, on a running cluster (``ray_address``: ``"auto"`` or
-        ``"ray://host:10001"`` / ``"host:6379"``) or on a local instance started with
-        ``ray.init(num_cpus=jobs)``. Ray is the optional extra ``diloco-gym[ray]``.
+        ``"ray://host:10001"`` / ``"host:6379"``) or on a new local instance started with
+        ``ray.init(address="local", num_cpus=jobs)``. Ray is the optional extra ``diloco-gym[ray]``.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ __all__ = [
     "require_ray",
     "run_cells",
     "init_ray",
+    "progress_bar",
 ]
 
 #: The backends :func:`run_cells` knows.
@@ -96,7 +97,10 @@ def init_ray(jobs: int | None = None, address: str | None = None):
             ray.init(address=address, **kwargs)
         else:
             env = {"env_vars": {"PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}}
-            ray.init(num_cpus=jobs or default_jobs(), runtime_env=env, **kwargs)
+            # "local" starts a new instance: without it Ray attaches to the cluster that
+            # RAY_ADDRESS or its current-cluster file in the temporary directory names (left
+            # behind by any earlier `ray start`), and then refuses num_cpus.
+            ray.init(address="local", num_cpus=jobs or default_jobs(), runtime_env=env, **kwargs)
     return ray
 
 
@@ -109,14 +113,36 @@ def _call(fn: Callable[[Any], Any], arg: Any, capture: bool) -> Any:
         return CellError(type(exc).__name__, " ".join(str(exc).split()))
 
 
-def _progress(total: int, enabled: bool, desc: str):
+class _LineProgress:
+    """Progress for a log: one line per finished item (``desc: 3/10 cells done``), flushed,
+    instead of a bar's carriage-return redraws."""
+
+    def __init__(self, total: int, desc: str, unit: str, stream: Any) -> None:
+        self.total, self.desc, self.unit, self.stream, self.n = total, desc, unit, stream, 0
+
+    def update(self, n: int = 1) -> None:
+        self.n += n
+        units = self.unit if self.total == 1 else f"{self.unit}s"
+        print(f"{self.desc}: {self.n}/{self.total} {units} done", file=self.stream, flush=True)
+
+    def close(self) -> None:
+        pass
+
+
+def progress_bar(total: int, enabled: bool, desc: str, unit: str = "cell"):
+    """The progress display every command uses (``None`` when not ``enabled``): a tqdm bar
+    on a terminal, one line per finished item when stderr is a file or a pipe (a log)."""
     if not enabled:
         return None
-    try:
-        from tqdm import tqdm
-    except ImportError:  # pragma: no cover - tqdm is a dependency
-        return None
-    return tqdm(total=total, unit="cell", desc=desc, file=sys.stderr)
+    if not (hasattr(sys.stderr, "isatty") and sys.stderr.isatty()):
+        return _LineProgress(total, desc, unit, sys.stderr)
+    from tqdm import tqdm
+
+    return tqdm(total=total, unit=unit, desc=desc, file=sys.stderr, disable=None)
+
+
+def _progress(total: int, enabled: bool, desc: str):
+    return progress_bar(total, enabled, desc, "cell")
 
 
 def run_cells(

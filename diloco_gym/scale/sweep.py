@@ -83,6 +83,11 @@ class SweepFileError(ValueError):
     """A malformed sweep file (the message names the file and the key)."""
 
 
+class SweepDataError(SweepFileError):
+    """A file a sweep point names (trace, calibration) is missing or malformed, or a point
+    cannot be planned on its data (a trace too short for its window): a data error."""
+
+
 @dataclass
 class SweepPoint:
     """One combination of the grid's axes.
@@ -243,12 +248,31 @@ def _point(path: Path, index: int, params: dict[str, Any], fixed: dict[str, Any]
     try:
         EnvParams(**env)
         config = cell_config(ReportConfig(**kwargs))
+        config.require_choice()
     except (TypeError, ValueError) as exc:
         raise SweepFileError(f"{where}: {' '.join(str(exc).split())}") from None
     if config.trace is not None and not Path(config.trace).is_file():
-        raise SweepFileError(f"{where}: trace file {config.trace} does not exist")
+        raise SweepDataError(f"{where}: trace file {config.trace} does not exist")
+    if config.calibration is not None:
+        _check_calibration(where, config.calibration)
     report_regime = f"replay:{Path(config.trace).stem}" if config.trace is not None else regime
     return SweepPoint(index, params, config, env, report_regime)
+
+
+def _check_calibration(where: str, path: str) -> None:
+    """A calibration file must exist and be valid before any cell runs (read once)."""
+    from diloco_gym.eval.calibration import load_calibration
+
+    if path in _CHECKED_CALIBRATIONS:
+        return
+    try:
+        load_calibration(path)
+    except (ValueError, OSError) as exc:
+        raise SweepDataError(f"{where}: {' '.join(str(exc).split())}") from None
+    _CHECKED_CALIBRATIONS.add(path)
+
+
+_CHECKED_CALIBRATIONS: set[str] = set()
 
 
 def _describe(params: dict) -> str:
@@ -339,11 +363,13 @@ def run_sweep(
         max_cells: stop after this many cells finish (rerun to continue).
 
     Returns:
-        ``{"cells", "run", "skipped", "failed", "complete", "out"}``: cells in the grid,
-        cells run now, cells skipped (stored by an earlier run), failed cells stored,
-        whether every cell is stored, and the directory.
+        ``{"cells", "run", "skipped", "failed", "complete", "out", "failure_summary"}``:
+        cells in the grid, cells run now, cells skipped (stored by an earlier run), failed
+        cells stored, whether every cell is stored, the directory, and the failed cells'
+        distinct errors in one line.
 
     Raises:
+        SweepDataError: a point cannot be planned (nothing runs then).
         FileExistsError: another process is running a sweep into ``out`` now (its lock file
             ``.OUT.lock``, :mod:`diloco_gym.eval.outlock`, is held).
     """
@@ -370,7 +396,7 @@ def _run_sweep(
     """:func:`run_sweep` with the output's lock held."""
     out.mkdir(parents=True, exist_ok=True)
     store = _Store(out / "cells.jsonl")
-    plan, cells = _plan_cells(spec, store)
+    plan, cells = _plan_cells(spec)
     todo = [
         k for k in cells if k not in store.records or (retry_failed and not store.records[k]["ok"])
     ]
@@ -384,6 +410,7 @@ def _run_sweep(
     )
     complete = all(k in store.records for _, c, ks in plan for k in [c, *ks] if k)
     return {
+        "failure_summary": _failure_summary(plan, store),
         "cells": len(cells),
         "run": new,
         "skipped": len(cells) - len(todo),
@@ -393,32 +420,44 @@ def _run_sweep(
     }
 
 
+def _failure_summary(plan: list, store: _Store, shown: int = 3) -> str:
+    """The distinct errors of the failed cells, most frequent first, each with its count and
+    the points it hit: one line."""
+    by_error: dict[str, list[int]] = {}
+    for pt, c, ks in plan:
+        for k in [c, *ks]:
+            rec = store.records.get(k) if k else None
+            if rec is not None and not rec["ok"]:
+                by_error.setdefault(rec["error"], []).append(pt.index)
+    ranked = sorted(by_error.items(), key=lambda kv: (-len(kv[1]), kv[0]))
+    parts = [
+        f"{len(points)}x {error} (point(s) {', '.join(map(str, sorted(set(points))))})"
+        for error, points in ranked[:shown]
+    ]
+    if len(ranked) > shown:
+        parts.append(f"and {len(ranked) - shown} other error(s)")
+    return "; ".join(parts)
+
+
 def _plan_cells(
-    spec: SweepSpec, store: _Store
+    spec: SweepSpec,
 ) -> tuple[list[tuple[SweepPoint, str | None, list[str]]], dict[str, ReportCell]]:
     """Each point's cells, keyed by fingerprint: ``(plan, cells)``, the plan one ``(point,
-    calibration key, unit keys)`` per point. A point that cannot be planned is stored as a
-    failed cell (once) so that the rest of the grid runs."""
+    calibration key, unit keys)`` per point. Every point is planned before any cell runs;
+    points that cannot be planned (a trace too short for its window...) raise one
+    :class:`SweepDataError` naming each of them."""
     from diloco_gym.scale.cells import ReportCell, regime_plan
 
     plan: list[tuple[SweepPoint, str | None, list[str]]] = []
     cells: dict[str, ReportCell] = {}
+    bad: list[str] = []
     for pt in spec.points:
         env = tuple(sorted(pt.env.items()))
         try:
             units = regime_plan(pt.config, pt.regime, env=pt.env)[0]
         except (ValueError, KeyError, OSError) as exc:
-            # The point cannot be planned (a trace too short for its window...).
-            key = "plan/" + _fingerprint(asdict(pt.config), pt.regime, env)
-            if key not in store.records:
-                store.add(
-                    {
-                        "key": key,
-                        "ok": False,
-                        "error": f"{type(exc).__name__}: {' '.join(str(exc).split())}",
-                    }
-                )
-            plan.append((pt, None, [key]))
+            text = " ".join(str(exc.args[0] if isinstance(exc, KeyError) else exc).split())
+            bad.append(f"point {pt.index} ({_describe(pt.params)}): {text}")
             continue
         cal_cfg = {k: v for k, v in asdict(pt.config).items() if k not in _NOT_CALIBRATION}
         cal_key = "cal/" + _fingerprint(cal_cfg, pt.regime, env)
@@ -429,6 +468,11 @@ def _plan_cells(
             cells.setdefault(key, ReportCell(pt.config, pt.regime, i, env))
             keys.append(key)
         plan.append((pt, cal_key, keys))
+    if bad:
+        raise SweepDataError(
+            f"{spec.path}: {len(bad)} of {len(spec.points)} point(s) cannot run, nothing was "
+            f"run: {'; '.join(bad)}"
+        )
     return plan, cells
 
 

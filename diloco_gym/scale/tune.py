@@ -299,7 +299,8 @@ def run_tune(
     """Run the search; save the best model as the run directory ``out/best``.
 
     Returns:
-        ``{"best_dir", "config", "metric", "trials", "errored"}``.
+        ``{"best_dir", "config", "metric", "trials", "errored", "all_tied"}`` (``all_tied``:
+        every finished trial scored the same, so the choice of the best is arbitrary).
 
     Raises:
         ModuleNotFoundError: Ray (with Tune) is not installed (the ``ray`` extra).
@@ -345,7 +346,17 @@ def run_tune(
         "metric": float(best.metrics[METRIC]),
         "trials": len(grid),
         "errored": errored,
+        "all_tied": _all_tied(grid),
     }
+
+
+def _all_tied(grid: list[Any]) -> bool:
+    """Whether two or more trials finished and all scored exactly the same validation metric
+    (the search then chose nothing: for example every model learned never to merge)."""
+    scores = [
+        r.metrics[METRIC] for r in grid if r.error is None and r.metrics and METRIC in r.metrics
+    ]
+    return len(scores) >= 2 and len(set(scores)) == 1
 
 
 def _make_tuner(spec: TuneSpec, out: Path, progress: bool) -> Any:

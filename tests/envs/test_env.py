@@ -80,7 +80,11 @@ def _assert_same_rollout(a, b):
         np.testing.assert_array_equal(oa, ob)
     assert a.actions == b.actions
     assert a.rewards == b.rewards
-    assert a.infos == b.infos  # includes the final exact-replay episode summary
+    # includes the final exact-replay episode summary; action_mask is an array
+    masks = [[i["action_mask"] for i in x.infos] for x in (a, b)]
+    np.testing.assert_array_equal(masks[0], masks[1])
+    rest = [[{k: v for k, v in i.items() if k != "action_mask"} for i in x.infos] for x in (a, b)]
+    assert rest[0] == rest[1]
 
 
 @pytest.mark.parametrize("regime", REGIME_NAMES)
@@ -529,26 +533,110 @@ def test_bad_regime_and_render_mode():
         DiLoCoSyncEnv("steady")
     with pytest.raises(TypeError, match="regime must be"):
         DiLoCoSyncEnv(42)
+    with pytest.raises(TypeError, match="params must be a EnvParams"):
+        DiLoCoSyncEnv("bursty", params=3)
     with pytest.raises(ValueError, match="render_mode"):
         DiLoCoSyncEnv("bursty", render_mode="human")
 
 
-@pytest.mark.parametrize("action", [2, -1, "x", [0, 1], 0.5, np.array([[1]]), None])
-def test_invalid_actions_raise(action):
+#: Candidate actions: what Discrete(2).contains accepts (ints, bools, integer NumPy scalars
+#: and 0-d arrays of value 0 or 1) and what it refuses (floats, 1-element arrays, unsigned
+#: 64-bit, out of range, other types).
+ACTION_CANDIDATES = [
+    0, 1, True, False, np.int64(1), np.int8(0), np.uint8(1), np.array(0), np.array(1, np.int32),
+    2, -1, 1.0, 0.0, np.float32(1), np.array([1]), np.array([[1]]), np.uint64(1), "1", None,
+    [0, 1], 0.5, np.bool_(True),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("action", ACTION_CANDIDATES, ids=repr)
+def test_actions_are_accepted_exactly_as_the_action_space_contains_them(action):
     env = DiLoCoSyncEnv("bursty")
     env.reset(seed=0)
     before = env.decision
-    with pytest.raises(ValueError, match="action must be 0"):
+    if env.action_space.contains(action):
         env.step(action)
-    assert env.decision == before  # nothing happened
+        assert env.decision > before
+    else:
+        with pytest.raises(ValueError, match=r"is not in the action space Discrete\(2\)") as e:
+            env.step(action)
+        assert repr(action) in str(e.value) or str(action) in str(e.value)  # names the value
+        assert env.decision == before  # nothing happened
 
 
-@pytest.mark.parametrize("action", [0, 1, np.int64(1), np.array(0), 1.0, True])
-def test_valid_action_forms_are_accepted(action):
+def test_float_bool_and_one_element_array_are_refused():
+    """The three forms the env used to take silently (1.0, np.array([1]), np.bool_)."""
     env = DiLoCoSyncEnv("bursty")
     env.reset(seed=0)
-    env.step(action)
-    assert env.decision > 0
+    for action in (1.0, np.array([1]), np.bool_(True)):
+        with pytest.raises(ValueError, match="not in the action space"):
+            env.step(action)
+
+
+def test_info_action_mask_on_every_step_is_the_feasible_actions():
+    env = gym.make("DiLoCoSync-v0", skip_forced=False, merge_budget=10)
+    obs, info = env.reset(seed=3)
+    env.action_space.seed(0)
+    steps = seen_forced = 0
+    truncated = False
+    while not truncated:
+        mask = info["action_mask"]
+        assert mask.dtype == np.int8 and mask.shape == (2,)
+        np.testing.assert_array_equal(mask, env.action_masks().astype(np.int8))
+        seen_forced += int(mask.sum() == 1)
+        action = env.action_space.sample(mask=mask)  # Gymnasium's masked sampling takes it
+        obs, _, _, truncated, info = env.step(action)
+        assert not info["action_overridden"]  # a masked sample is always feasible
+        steps += 1
+    assert seen_forced > 0 and steps > 100  # the mask did forbid something
+
+
+def test_gym_make_gives_action_masks_without_get_wrapper_attr():
+    env = gym.make("DiLoCoSync-Bursty-v0")
+    env.reset(seed=0)
+    np.testing.assert_array_equal(env.action_masks(), env.unwrapped.action_masks())
+    with pytest.raises(RuntimeError, match="reset"):  # the env enforces the order itself
+        gym.make("DiLoCoSync-v0").step(0)
+    assert isinstance(gym.make("DiLoCoSync-v0", disable_env_checker=False), gym.Wrapper)
+
+
+def test_unknown_constructor_argument_uses_pythons_wording_for_torchrl():
+    """TorchRL's GymEnv passes frameskip and retries without it only on this wording."""
+    with pytest.raises(TypeError) as info:
+        DiLoCoSyncEnv("bursty", frameskip=4, other=1)
+    msg = str(info.value)
+    assert "__init__() got an unexpected keyword argument 'frameskip'" in msg
+    assert "'other'" in msg and "merge_budget" in msg
+
+
+def test_spec_json_round_trip_with_objects_and_a_trace_path(tmp_path):
+    from gymnasium.envs.registration import EnvSpec
+
+    from diloco_gym.sim.loaders import load_trace
+
+    regime = replace(get_regime("bursty"), name="mine", busy_rate_rps=20.0)
+    made = [
+        gym.make("DiLoCoSync-v0", regime=regime, params=EnvParams(merge_budget=10)),
+        gym.make("DiLoCoSync-v0", regime="traces/bursty.csv", learners=None),
+    ]
+    for env in made:
+        again = gym.make(EnvSpec.from_json(env.spec.to_json()))
+        assert again.unwrapped.regime_name == env.unwrapped.regime_name
+        assert again.unwrapped.params == env.unwrapped.params
+        a, b = env.reset(seed=5)[0], again.reset(seed=5)[0]
+        np.testing.assert_array_equal(a, b)
+        truncated = False
+        while not truncated:
+            ra, rb = env.step(1), again.step(1)
+            assert ra[1] == rb[1]
+            truncated = ra[3]
+    # An in-memory Trace goes through gym.make(spec) but not through JSON.
+    env = gym.make("DiLoCoSync-v0", regime=load_trace("traces/bursty.csv"))
+    np.testing.assert_array_equal(env.reset(seed=1)[0], gym.make(env.spec).reset(seed=1)[0])
+    with pytest.raises(TypeError, match="not JSON serializable"):
+        env.spec.to_json()
+    with pytest.raises(TypeError, match="unknown field.*'colour'"):
+        DiLoCoSyncEnv({"name": "x", "quiet_rate_rps": 1.0, "busy_rate_rps": 2.0, "colour": 1})
 
 
 def test_using_the_env_before_reset_or_after_the_end_raises(rollout):
@@ -578,6 +666,7 @@ def test_pickle_round_trip_continues_identically():
         np.testing.assert_array_equal(env.action_masks(), clone.action_masks())
         out_a, out_b = env.step(a), clone.step(a)
         np.testing.assert_array_equal(out_a[0], out_b[0])
+        np.testing.assert_array_equal(out_a[4].pop("action_mask"), out_b[4].pop("action_mask"))
         assert out_a[1:] == out_b[1:]
         if out_a[3]:
             break

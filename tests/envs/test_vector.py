@@ -79,6 +79,8 @@ def lockstep(
                 assert vinfo["action_overridden"][i] == info["action_overridden"]
                 assert vinfo["sync_excess"][i] == info["reward_terms"]["sync_excess"]
                 assert vinfo["progress"][i] == info["reward_terms"]["progress"]
+                if not (trunc and autoreset_mode is AutoresetMode.SAME_STEP):  # not restarted
+                    np.testing.assert_array_equal(vinfo["action_mask"][i], info["action_mask"])
                 counts["merges"] += int(info["merged"])
                 counts["overridden"] += int(info["action_overridden"])
                 if trunc:
@@ -241,7 +243,7 @@ def test_make_vec_passes_env_kwargs():
     )
     assert env.num_envs == 2 and env.params.merge_budget == 8 and not env.params.skip_forced
     assert env.episode_pool == 2
-    with pytest.raises(TypeError, match="unknown"):
+    with pytest.raises(TypeError, match="got an unexpected keyword argument 'merge_budjet'"):
         DiLoCoSyncVectorEnv(2, merge_budjet=8)
 
 
@@ -650,3 +652,51 @@ def test_batched_episode_core_equals_one_at_a_time():
             np.testing.assert_array_equal(getattr(c, name)[k], getattr(one, name), name)
         off += t.num_requests
     assert off == c.req_bin.size
+
+
+@pytest.mark.parametrize(
+    "actions",
+    [
+        [0, 1, 1],
+        (1, 0, 0),
+        np.array([1, 0, 1]),
+        np.array([True, False, True]),
+        np.array([1, 0, 1], dtype=np.int8),
+        np.array([1, 0, 1], dtype=np.uint32),
+        np.array([1.0, 0.0, 1.0]),
+        [1.0, 0, 1],
+        [2, 0, 0],
+        [-1, 0, 0],
+        np.array([1, 0]),
+        np.array([[1, 0, 1]]),
+        np.array([1, 0, 1], dtype=np.uint64),
+        "101",
+        None,
+    ],
+    ids=repr,
+)
+def test_actions_are_accepted_exactly_as_the_action_space_contains_them(actions):
+    env = DiLoCoSyncVectorEnv(3)
+    env.reset(seed=0)
+    before = env.decisions
+    if env.action_space.contains(actions):
+        env.step(actions)
+        assert (env.decisions > before).all()
+    else:
+        with pytest.raises(ValueError, match=r"not in the action space MultiDiscrete\(\[2 2 2\]\)"):
+            env.step(actions)
+        np.testing.assert_array_equal(env.decisions, before)
+
+
+def test_info_action_mask_on_reset_and_every_step():
+    env = DiLoCoSyncVectorEnv(3, skip_forced=False, autoreset_mode=AutoresetMode.SAME_STEP)
+    _, info = env.reset(seed=1)
+    forced = 0
+    for _ in range(300):
+        mask = info["action_mask"]
+        assert mask.dtype == np.int8 and mask.shape == (3, 2) and info["_action_mask"].all()
+        np.testing.assert_array_equal(mask, env.action_masks())
+        forced += int((mask.sum(axis=1) == 1).sum())
+        _, _, _, _, info = env.step(np.array([env.single_action_space.sample(m) for m in mask]))
+        assert not info["action_overridden"].any()
+    assert forced > 0

@@ -248,3 +248,40 @@ def test_report_announces_an_incomplete_calibration(tmp_path, capsys):
     assert main([*base, "--out", str(tmp_path / "ok")]) == 0
     assert "incomplete" not in capsys.readouterr().err
     assert json.loads((tmp_path / "ok" / "report.json").read_text())["calibration_complete"] is True
+
+
+def test_schema_validation_is_full_json_schema_with_one_line_errors():
+    """The schema is checked with the jsonschema library (draft 2020-12): keywords a
+    hand-written subset would skip (pattern, const, multipleOf, anyOf) are enforced too,
+    and every error stays one line naming the field."""
+    from jsonschema import Draft202012Validator
+
+    from diloco_gym.eval.calibration import (
+        CalibrationFileError,
+        calibration_schema,
+        validate_schema,
+    )
+
+    Draft202012Validator.check_schema(calibration_schema())  # the shipped schema is valid
+    schema = {
+        "type": "object",
+        "properties": {
+            "host": {"type": "string", "pattern": "^[a-z]+$"},
+            "version": {"const": 2},
+            "step": {"type": "number", "multipleOf": 0.5},
+            "mode": {"anyOf": [{"type": "integer"}, {"enum": ["auto"]}]},
+        },
+    }
+    validate_schema({"host": "abc", "version": 2, "step": 1.5, "mode": "auto"}, schema, "f.json")
+    for doc, field in (
+        ({"host": "ABC"}, "host"),
+        ({"version": 3}, "version"),
+        ({"step": 0.3}, "step"),
+        ({"mode": "manual"}, "mode"),
+    ):
+        with pytest.raises(CalibrationFileError) as err:
+            validate_schema(doc, schema, "f.json")
+        assert err.value.field == field and "\n" not in str(err.value)
+        assert str(err.value).startswith(f"f.json: field '{field}': ")
+    with pytest.raises(CalibrationFileError, match="field 'a.b': NaN is not a finite number"):
+        validate_schema({"a": {"b": float("nan")}}, {"type": "object"}, "f.json")

@@ -474,3 +474,13 @@ def test_report_seeds_never_reach_validation_or_training_seeds(tmp_path):
             ]
         )
     assert exc.value.code == 2
+
+
+def test_wording_of_load_and_seed_messages():
+    from diloco_gym.eval.report import ReportConfig, _speed
+
+    assert _speed(1.0) == "at its own rate"
+    assert _speed(2.0) == "2x faster" and _speed(0.5) == "at 0.5x its rate"
+    with pytest.raises(ValueError, match=r"^test seeds \(--seed0, --seeds\) 900000\.\.") as e:
+        ReportConfig(seed0=900000, seeds=2)
+    assert "report" not in str(e.value)  # run and report share the check

@@ -13,6 +13,7 @@ import json
 import re
 import threading
 import time
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -710,3 +711,53 @@ def test_the_document_records_no_machine_paths():
     assert endpoint["model"] == "llama-1" and "command" not in endpoint
     assert endpoint["url"] == "http://127.0.0.1:5000" and endpoint["model_config"]
     assert doc["metadata"]["merges"] == {"backend": "gloo", "checkpoint": True}
+
+
+def test_uncertain_run_is_marked_with_each_reason_and_printed():
+    """The busy-host run: the probe accepted 16.83 req/s on a retry after a failed step at
+    that rate, the control p95 was 4.4 s (0.41 s in the probe at that load), and the
+    measured p95 sync ratio 0.836 < 1 while the fitted sync_slowdown was 0.854."""
+    from diloco_gym.eval.calibration import validate_calibration
+    from diloco_gym.live.calibrate import _summary_lines, uncertain_reasons
+
+    steps = [
+        {"offered_rps": 8.4, "sustainable": True, "p95_s": 0.30},
+        {"offered_rps": 16.83, "sustainable": False, "p95_s": None},
+        {"offered_rps": 16.83, "sustainable": True, "p95_s": 0.41},
+        {"offered_rps": 33.7, "sustainable": False, "p95_s": None},
+    ]
+    doc = {
+        "capacity": {"capacity_rps": 16.83, "rate_rps": 9.09, "probe": {"steps": steps}},
+        "measured": {"p95_control_ms": 4400.0, "p95_sync_ratio": 0.836},
+        "fitted_sidecar": {"sync_slowdown": 0.854},
+    }
+    reasons = uncertain_reasons(doc)
+    assert len(reasons) == 3
+    assert "unstable capacity probe: the step at 16.830 req/s failed" in reasons[0]
+    assert "control p95 4.400 s is 10.7x the probe's 0.410 s at 16.830 req/s" in reasons[1]
+    assert "measured p95 sync ratio is 0.836" in reasons[2] and "0.854" in reasons[2]
+    # A clean run has none.
+    clean = {
+        "capacity": {"capacity_rps": 16.83, "rate_rps": 9.09, "probe": {"steps": steps[2:]}},
+        "measured": {"p95_control_ms": 600.0, "p95_sync_ratio": 1.4},
+        "fitted_sidecar": {"sync_slowdown": 0.854},
+    }
+    assert uncertain_reasons(clean) == []
+    # Printed on the terminal with the summary, and allowed by the file's schema.
+    full = {
+        "measured": {"p95_sync_ratio": 0.836, "p95_high_low": 1.0, "pressure_latency_corr": 0.1},
+        "fitted_sidecar": {"sync_slowdown": 0.854},
+        "fit": {"notes": []},
+        "uncertain": reasons,
+    }
+    lines = _summary_lines(full)
+    assert [ln for ln in lines if ln.startswith("UNCERTAIN: ")] == [
+        f"UNCERTAIN: {r}" for r in reasons
+    ]
+    ref = json.loads(
+        (
+            Path(__file__).resolve().parents[2] / "tests/fixtures/live_cpu_calibration.json"
+        ).read_text()
+    )
+    ref["uncertain"] = reasons
+    validate_calibration(ref, "cal.json")

@@ -335,3 +335,27 @@ def test_budget_flags_are_checked_like_the_file(budgets, message, tmp_path, caps
     code, err = _exit(argv, capsys)
     assert code == 2 and message in err and err.startswith("diloco-gym: command line:")
     assert not (tmp_path / "o").exists()
+
+
+def test_validation_figure_with_one_evaluation_says_so(tmp_path, monkeypatch):
+    import json
+
+    from matplotlib.axes import Axes
+
+    from diloco_gym.rl.train import write_validation_curve
+
+    said: list[str] = []
+    real_text = Axes.text
+    monkeypatch.setattr(
+        Axes,
+        "text",
+        lambda self, x, y, s, *a, **k: said.append(s) or real_text(self, x, y, s, *a, **k),
+    )
+    ev = {"timesteps": 2048, "sync_excess_pct": 1.5, "merges": 9}
+    for n in (1, 2):
+        said.clear()
+        meta = {"algo": "ppo", "regime": "bursty", "seed": 0, "evaluations": [ev] * n}
+        (tmp_path / "meta.json").write_text(json.dumps(meta))
+        _, png = write_validation_curve(tmp_path)
+        assert png.stat().st_size > 0
+        assert any("one evaluation only (at 2048 timesteps)" in s for s in said) == (n == 1)

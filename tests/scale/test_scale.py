@@ -4,6 +4,8 @@ back in order, a raising cell is reported (or recorded), and a missing Ray names
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -403,3 +405,47 @@ def test_tune_without_ray_names_the_extra(monkeypatch, tmp_path, capsys):
     assert ex.value.code == 2
     assert 'pip install "diloco-gym[ray]"' in capsys.readouterr().err
     assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.slow
+def test_local_ray_starts_its_own_instance_whatever_cluster_is_advertised(tmp_path):
+    """Without an address the backend starts a new local instance: an address that Ray would
+    otherwise pick up (RAY_ADDRESS here; its current-cluster file after an unclean
+    ``ray start``) names no running cluster and must not be attached to."""
+    if not HAVE_RAY:
+        pytest.skip("Ray is not installed (the diloco-gym[ray] extra)")
+    root = Path(__file__).resolve().parents[2]
+    code = (
+        "from diloco_gym.scale.backends import init_ray\n"
+        "ray = init_ray(jobs=1)\n"
+        "print('cpus', ray.cluster_resources()['CPU'])\n"
+        "ray.shutdown()\n"
+    )
+    env = dict(os.environ, RAY_ADDRESS="127.0.0.1:9", PYTHONPATH=str(root))
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True,
+        timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "cpus 1.0" in done.stdout
+
+
+def test_progress_off_a_terminal_is_one_line_per_finished_cell(capsys):
+    """In a log (stderr not a terminal) no bar redraws: one flushed line per cell."""
+    out = run_cells(_square_slow_first, list(range(3)), progress=True, desc="demo")
+    assert out == [0, 1, 4]
+    err = capsys.readouterr().err
+    assert err.splitlines() == [f"demo: {i}/3 cells done" for i in (1, 2, 3)]
+    assert "\r" not in err
+
+
+def test_progress_on_a_terminal_is_a_tqdm_bar(monkeypatch):
+    from tqdm import tqdm
+
+    from diloco_gym.scale.backends import progress_bar
+
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True, raising=False)
+    bar = progress_bar(4, True, "demo", "episode")
+    assert isinstance(bar, tqdm) and bar.desc == "demo"
+    bar.close()
+    assert progress_bar(4, False, "demo") is None

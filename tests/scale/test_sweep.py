@@ -17,7 +17,7 @@ import pandas as pd
 import pytest
 
 from diloco_gym.cli import main
-from diloco_gym.scale.sweep import SweepFileError, load_sweep, run_sweep
+from diloco_gym.scale.sweep import SweepDataError, SweepFileError, load_sweep, run_sweep
 from diloco_gym.sim.loaders import save_native
 from diloco_gym.sim.regimes import REGIMES
 from diloco_gym.sim.traces import Trace
@@ -219,3 +219,79 @@ def test_yaml_sweep_equals_toml(tmp_path):
     assert [(p.params, p.env, p.config) for p in got.points] == [
         (p.params, p.env, p.config) for p in toml.points
     ]
+
+
+def test_missing_or_bad_calibration_fails_before_any_cell_with_exit_1(tmp_path, capsys):
+    (tmp_path / "bad.json").write_text("{not json")
+    for name, match in (("missing.json", "missing.json"), ("bad.json", "bad.json")):
+        cfg = _write(
+            tmp_path,
+            f'regime = "bursty"\nagents = ["fixed-512"]\nseeds = 2\ndraws = 10\n'
+            f'[grid]\ncalibration = ["reference", "{name}"]\n',
+        )
+        with pytest.raises(SweepDataError, match=f"point 1 \\(calibration={name}\\).*{match}"):
+            load_sweep(cfg)
+        out = tmp_path / f"o-{name}"
+        with pytest.raises(SystemExit) as exc:
+            main(["sweep", str(cfg), "--out", str(out), "--no-progress"])
+        err = capsys.readouterr().err
+        assert exc.value.code == 1 and name in err and err.count("\n") == 1
+        assert not (out / "cells.jsonl").exists()  # nothing ran
+
+
+def test_a_point_that_cannot_be_planned_stops_the_sweep_before_any_cell(tmp_path):
+    gen = replace(REGIMES["bursty"], duration_s=700.0)
+    tr = gen(np.random.default_rng(1))
+    save_native(Trace(tr.arrival_s, tr.prompt_tokens, tr.output_tokens, 700.0), tmp_path / "t.csv")
+    cfg = _write(
+        tmp_path,
+        'trace = "t.csv"\nagents = ["fixed-512"]\ndraws = 10\n[grid]\nwindow_s = [300, 900]\n',
+    )
+    with pytest.raises(
+        SweepDataError, match=r"1 of 2 point\(s\) cannot run.*point 1 \(window_s=900\)"
+    ):
+        run_sweep(load_sweep(cfg), tmp_path / "o", progress=False)
+    assert (
+        not (tmp_path / "o" / "cells.jsonl").exists()
+        or not (tmp_path / "o" / "cells.jsonl").read_text()
+    )
+
+
+def test_cli_sweep_with_failed_cells_exits_1_with_a_summary(tmp_path, capsys):
+    cfg = _write(
+        tmp_path,
+        'regime = "bursty"\nagents = ["fixed-512"]\nseeds = 2\ndraws = 10\n'
+        "[grid]\nmerge_budget = [8, 100000]\n",
+    )
+    with pytest.raises(SystemExit) as exc:
+        main(["sweep", str(cfg), "--out", str(tmp_path / "o"), "--no-progress"])
+    out, err = capsys.readouterr()
+    assert exc.value.code == 1
+    assert "2 failed; complete" in out  # the counts line still comes first
+    assert "2 cells failed: 2x ValueError: merge_budget=100000 is infeasible" in err
+    assert "(point(s) 1)" in err and "errors.csv" in err and err.count("\n") == 1
+
+
+@pytest.mark.slow
+def test_the_docs_sweep_example_is_valid_as_written_and_runs(tmp_path):
+    """docs/scale-out.md's example: every point loads and plans as written (from the
+    repository root, where its paths resolve); a copy with fewer seeds and draws runs."""
+    import re
+
+    text = (ROOT / "docs" / "scale-out.md").read_text()
+    block = re.search(r"## Sweeps.*?```toml\n(.+?)```", text, flags=re.S)
+    assert block is not None
+    example = block.group(1)
+    # Its relative path is relative to the sweep file, which it expects in the repository
+    # root; the copy in tmp_path names the same file absolutely.
+    assert '"diloco_gym/data/calibration_reference.json"' in example
+    example = example.replace('"diloco_gym/', f'"{ROOT.as_posix()}/diloco_gym/')
+    spec = load_sweep(_write(tmp_path, example))
+    assert len(spec.points) == 24
+    small = re.sub(r"(?m)^seeds = \d+", "seeds = 2", example)
+    small = re.sub(r"(?m)^draws = \d+", "draws = 10", small)
+    small = re.sub(r"(?m)^merge_budget = .*$", "merge_budget = [8]", small)
+    small = re.sub(r"(?m)^rate_scale = .*$", "rate_scale = [1.0]", small)
+    small = re.sub(r"(?m)^agents = .*$", 'agents = ["fixed-512", "wa-diloco"]', small)
+    cfg = _write(tmp_path, small, name="small.toml")
+    assert main(["sweep", str(cfg), "--out", str(tmp_path / "o"), "--no-progress"]) == 0

@@ -156,3 +156,31 @@ def test_every_trial_failed_names_the_first_error():
     with pytest.raises(RuntimeError) as info:
         _best_result(grid)
     assert str(info.value) == "every tune trial failed (2 errored): Traceback ValueError: bad lr"
+
+
+def test_trials_that_all_score_the_same_are_reported_as_tied(monkeypatch, tmp_path, capsys):
+    from types import SimpleNamespace
+
+    from diloco_gym.cli import main
+    from diloco_gym.scale import tune
+
+    def trial(score, error=None):
+        return SimpleNamespace(error=error, metrics={} if error else {tune.METRIC: score})
+
+    assert tune._all_tied([trial(9.72337), trial(9.72337)])
+    assert tune._all_tied([trial(9.72337), trial(9.72337), trial(0, error="boom")])
+    assert not tune._all_tied([trial(9.72337), trial(9.7)])
+    assert not tune._all_tied([trial(9.72337)])  # one trial: nothing to tell apart
+
+    cfg = tmp_path / "t.toml"
+    cfg.write_text(
+        '[train]\nregime = "bursty"\ntimesteps = 1000\n[search]\nlearning_rate = [1e-3, 3e-4]\n'
+    )
+    res = {"trials": 2, "errored": 0, "metric": 9.72337, "config": {}, "best_dir": tmp_path}
+    for tied in (True, False):
+        monkeypatch.setattr(tune, "run_tune", lambda *a, tied=tied, **k: {**res, "all_tied": tied})
+        monkeypatch.setattr(tune, "load_tune", lambda path: {"name": "t"})
+        assert main(["tune", str(cfg), "--no-progress"]) == 0
+        out = capsys.readouterr().out
+        assert ("all 2 finished trials scored the same (9.72337 %)" in out) is tied
+        assert "tune t: 2 trials, 0 errored" in out
