@@ -37,6 +37,14 @@ def add_calibrate_learners_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=_int_at_least(1), default=1, help="torch threads")
     p.add_argument("--d-model", type=_int_at_least(8), default=128, help="model width")
     p.add_argument("--layers", type=_int_at_least(1), default=4, help="transformer blocks")
+    p.add_argument("--outer-lr", type=float, default=0.7, help="outer SGD learning rate")
+    p.add_argument(
+        "--outer-momentum",
+        type=float,
+        default=0.5,
+        help="outer Nesterov momentum (0.9 in Douillard et al.; 0.5 measured better at this "
+        "scale, docs/learners.md)",
+    )
     p.add_argument(
         "--resume",
         action="store_true",
@@ -68,6 +76,8 @@ def run_calibrate_learners_command(args: argparse.Namespace) -> int:
         config["total_steps"] = args.total_steps
     config["num_learners"] = args.learners if not args.tiny else config["num_learners"]
     config["threads"] = args.threads
+    config["outer_lr"] = args.outer_lr
+    config["outer_momentum"] = args.outer_momentum
     if not args.tiny:
         config["d_model"] = args.d_model
         config["n_layers"] = args.layers
