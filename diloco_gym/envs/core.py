@@ -399,17 +399,20 @@ REWARD_NOMINAL_REQUESTS = 1000.0
 MAX_SEED = 2**63 - 1
 
 
-def check_env_sizes(params: EnvParams, generator, num_envs: int = 1) -> None:
+def check_env_sizes(
+    params: EnvParams, generator, num_envs: int = 1, what: str = "num_envs"
+) -> None:
     """Refuse, before anything is allocated, an env whose episodes would be too large:
     decisions per episode (``DILOCO_GYM_MAX_DECISIONS``), envs (``DILOCO_GYM_MAX_ENVS``)
     and envs x decisions (``DILOCO_GYM_MAX_BATCH_DECISIONS``); see
     :mod:`diloco_gym.sim.limits`. ``generator`` is asked for its ``duration_s`` (the
-    episode window); one without it is not checked here.
+    episode window); one without it is not checked here. ``what`` names ``num_envs`` in
+    the message (a vector env's ``episode_pool`` is checked the same way).
 
     Raises:
         diloco_gym.sim.limits.LimitError: a size above its limit.
     """
-    check_limit("ENVS", num_envs, "num_envs")
+    check_limit("ENVS", num_envs, what)
     duration = getattr(generator, "duration_s", None)
     if not isinstance(duration, (int, float, np.integer, np.floating)):
         return
@@ -421,7 +424,7 @@ def check_env_sizes(params: EnvParams, generator, num_envs: int = 1) -> None:
     check_limit(
         "BATCH_DECISIONS",
         n * num_envs,
-        f"{num_envs:,} envs x {int(n):,} decisions per episode",
+        f"{what} {num_envs:,} x {int(n):,} decisions per episode",
     )
 
 

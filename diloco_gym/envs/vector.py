@@ -138,6 +138,8 @@ class DiLoCoSyncVectorEnv(gym.vector.VectorEnv[np.ndarray, np.ndarray, np.ndarra
             or episode_pool < 1
         ):
             raise ValueError(f"episode_pool must be None or an int >= 1, got {episode_pool!r}")
+        if episode_pool is not None:
+            core.check_env_sizes(cfg.params, cfg.generator, int(episode_pool), "episode_pool")
         try:
             mode = AutoresetMode(autoreset_mode)
         except ValueError:

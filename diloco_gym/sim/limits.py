@@ -20,7 +20,7 @@ __all__ = ["LIMITS", "LimitError", "check_limit", "limit", "limit_env_var"]
 
 #: ``name: (default, what it bounds)``; the environment variable is ``DILOCO_GYM_MAX_<NAME>``.
 LIMITS: dict[str, tuple[int, str]] = {
-    "WINDOWS": (10_000, "trace windows per replay (one episode each)"),
+    "WINDOWS": (2_000, "trace windows per replay (one episode each)"),
     "DECISIONS": (2**20, "decisions per episode (about 13.6 days at 1.12 s per decision)"),
     "BATCH_DECISIONS": (2**23, "envs x decisions per episode of a vector env"),
     "ENVS": (65_536, "envs of one vector env"),

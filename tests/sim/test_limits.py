@@ -57,16 +57,16 @@ def _native(path: Path, duration: str, rows: str = "1,10,10\n") -> Path:
 
 def test_check_limit_names_value_limit_and_variable(monkeypatch):
     monkeypatch.delenv("DILOCO_GYM_MAX_WINDOWS", raising=False)
-    limits.check_limit("WINDOWS", 10_000, "windows")  # at the limit: fine
+    limits.check_limit("WINDOWS", 2_000, "windows")  # at the limit: fine
     with pytest.raises(limits.LimitError) as err:
-        limits.check_limit("WINDOWS", 10_001, "the trace's windows")
+        limits.check_limit("WINDOWS", 2_001, "the trace's windows")
     msg = str(err.value)
-    assert "the trace's windows: 10,001" in msg and "10,000" in msg
+    assert "the trace's windows: 2,001" in msg and "2,000" in msg
     assert "DILOCO_GYM_MAX_WINDOWS" in msg and "\n" not in msg
     with pytest.raises(limits.LimitError):
         limits.check_limit("WINDOWS", float("nan"), "windows")
-    monkeypatch.setenv("DILOCO_GYM_MAX_WINDOWS", "20000")
-    limits.check_limit("WINDOWS", 10_001, "windows")  # raised by the variable
+    monkeypatch.setenv("DILOCO_GYM_MAX_WINDOWS", "5000")
+    limits.check_limit("WINDOWS", 2_001, "windows")  # raised by the variable
     monkeypatch.setenv("DILOCO_GYM_MAX_WINDOWS", "lots")
     with pytest.raises(limits.LimitError, match="DILOCO_GYM_MAX_WINDOWS must be a positive"):
         limits.limit("WINDOWS")
@@ -244,6 +244,7 @@ _API_CASES = textwrap.dedent(
         "options_type": lambda: DiLoCoSyncEnv().reset(seed=0, options="x"),
         "options_key": lambda: DiLoCoSyncEnv().reset(seed=0, options={"merge_budget": 5}),
         "voptions": lambda: DiLoCoSyncVectorEnv(num_envs=2).reset(options={"episode": 1}),
+        "pool": lambda: DiLoCoSyncVectorEnv(num_envs=2, episode_pool=10**9),
     }
     out = {}
     for name, case in cases.items():
@@ -274,6 +275,7 @@ def test_env_api_refuses_sizes_under_a_memory_cap(tmp_path):
         "options_type": ("ValueError", "options must be a dict or None, got str"),
         "options_key": ("ValueError", "unknown option(s) 'merge_budget'"),
         "voptions": ("ValueError", "unknown option(s) 'episode'"),
+        "pool": ("LimitError", "episode_pool: 1,000,000,000 is above"),
     }
     for name, (kind, text) in expect.items():
         assert out[name].startswith(kind + ":") and text in out[name], (name, out[name])
