@@ -67,7 +67,7 @@ def _refuse(path: Path, what: str) -> UnsafeModelError:
 def _policy_class(path: Path, entry: Any) -> tuple[type, str, bool]:
     if not isinstance(entry, dict):
         raise _refuse(path, "the archive's policy_class is not a recorded class")
-    module = entry.get("__module__")
+    module = str(entry.get("__module__"))
     names = {
         m.group(1)
         for v in entry.values()
@@ -75,7 +75,9 @@ def _policy_class(path: Path, entry: Any) -> tuple[type, str, bool]:
         for m in [_INIT_REPR.search(v)]
         if m
     }
-    key = next(((module, n) for n in names if (module, n) in KNOWN_POLICIES), None)
+    key: tuple[str, str] | None = next(
+        ((module, n) for n in names if (module, n) in KNOWN_POLICIES), None
+    )
     if key is None:
         raise _refuse(path, f"unknown policy class {module}.{'/'.join(sorted(names)) or '?'}")
     import importlib
@@ -111,7 +113,7 @@ def _spaces(path: Path, data: dict) -> tuple[Any, Any]:
         dtype = np.dtype(str(obs["dtype"]))
         low = _floats(obs["low"], shape, dtype)
         high = _floats(obs["high"], shape, dtype)
-        obs_space = gym.spaces.Box(low=low, high=high, shape=shape, dtype=dtype)  # type: ignore[arg-type]
+        obs_space = gym.spaces.Box(low=low, high=high, shape=shape, dtype=dtype)
     except (KeyError, ValueError, TypeError) as exc:
         raise _refuse(path, f"the observation space is not a plain Box ({exc})") from None
     try:

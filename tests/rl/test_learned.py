@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 import zipfile
 from pathlib import Path
 
@@ -569,7 +570,11 @@ def test_a_missing_rl_extra_is_named_not_blamed_on_the_file(monkeypatch) -> None
         raise ImportError(f"No module named 'stable_baselines3' ({algo})")
 
     monkeypatch.setattr(learned, "_model_class", no_rl)
-    with pytest.raises(
-        ValueError, match=r"needs the 'rl' extra \(pip install 'diloco-gym\[rl\]'\)"
-    ):
-        learned.load_learned_agent(str(learned.reference_model_path()))
+    # The safe loader imports the policy classes itself: hide them too.
+    for mod in ("stable_baselines3.common.policies", "sb3_contrib.common.maskable.policies"):
+        monkeypatch.setitem(sys.modules, mod, None)
+    for trust in (False, True):
+        with pytest.raises(
+            ValueError, match=r"needs the 'rl' extra \(pip install 'diloco-gym\[rl\]'\)"
+        ):
+            learned.load_learned_agent(str(learned.reference_model_path()), trust=trust)
