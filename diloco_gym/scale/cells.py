@@ -260,4 +260,5 @@ def _unit_cell(config, regime: str, units: list, index: int, agents: list) -> di
                     "sidecar": sc,
                 }
             timeline["schedules"][agent.name] = res["merge_decisions"]
+    env.episode = None  # streamed: a finished unit's env holds no episode (the timeline its own)
     return {"rows": rows, "timeline": timeline}

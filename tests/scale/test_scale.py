@@ -383,7 +383,7 @@ def test_sweep_on_ray_equals_serial(tmp_path, local_ray):
     cfg = tmp_path / "s.toml"
     cfg.write_text(
         'agents = ["fixed-512"]\nseeds = 2\ndraws = 20\n[grid]\n'
-        'regime = ["sync-heavy"]\nmerge_budget = [8, 100000]\n'
+        'regime = ["sync-heavy"]\nmerge_budget = [8, 1000]\n'
     )
     outs = {}
     for backend in ("serial", "ray"):
