@@ -962,11 +962,13 @@ def print_extra(r: dict) -> None:
     """The floor row, the vector row against it, and the training row (when measured)."""
     f = r["floor"]
     v = r["default_vector"]
+    floor_eps = 1000.0 / f["episode_ms"]
     print(
         f"FLOOR (bursty episode: requests + no-merge replay only): {f['episode_ms']:.2f} ms per "
-        f"episode, {f['us_per_decision']:.2f} us per decision ({f['decisions_per_s']:,.0f}/s); "
-        f"default vector env x{v['num_envs']} at {v['diloco_steps_per_s']:,.0f} decisions/s "
-        f"is {f['decisions_per_s'] / v['diloco_steps_per_s']:.2f}x below the floor"
+        f"episode ({floor_eps:,.0f} episodes/s, {f['us_per_decision']:.2f} us per decision of "
+        f"{f['decisions_per_episode']}); default vector env x{v['num_envs']} at "
+        f"{v['diloco_episodes_per_s']:,.1f} episodes/s is "
+        f"{floor_eps / v['diloco_episodes_per_s']:.2f}x slower than the floor"
     )
     t = r.get("training")
     if t and "skipped" not in t:

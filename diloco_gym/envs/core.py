@@ -454,13 +454,11 @@ def _ewma(x: np.ndarray, alpha: float) -> np.ndarray:
     ``1 - (1 - alpha)**d`` so that early values are averages of what was seen, not
     shrunk towards zero.
     """
-    # Imported here, not at module level: scipy.signal costs about 0.5-1 s to import (most
-    # of ``import diloco_gym``), so only code that builds an episode pays it. An exact
-    # pure-Python recursion would be bit-identical but ~65 ns per sample, slowing an
-    # episode build by about a third.
-    from scipy.signal import lfilter
+    # The compiled first-order filter, bit-identical to scipy.signal.lfilter([alpha],
+    # [1.0, alpha - 1.0], x, axis=-1) (and no scipy.signal import in an episode build).
+    from diloco_gym.sim import iir1
 
-    e = lfilter([alpha], [1.0, alpha - 1.0], x, axis=-1)
+    e = iir1(alpha, alpha - 1.0, x)
     out = np.zeros_like(e)
     np.divide(e[..., 1:], _ewma_norm(alpha, x.shape[-1])[1:], out=out[..., 1:])
     return out

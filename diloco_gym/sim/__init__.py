@@ -17,3 +17,16 @@ def compiled():
 
         _JIT = module
     return _JIT
+
+
+def iir1(b0: float, a1: float, x):
+    """``y[n] = b0 * x[n] - a1 * y[n - 1]`` from ``y[-1] = 0`` along the last axis of ``x``
+    (float64): the compiled :func:`diloco_gym.sim.jit.iir1_rows`, bit-identical to
+    ``scipy.signal.lfilter([b0], [1, a1], x, axis=-1)``."""
+    import numpy as np
+
+    x = np.asarray(x, dtype=np.float64)
+    rows = np.ascontiguousarray(x.reshape(-1, x.shape[-1]) if x.ndim else x.reshape(1, 1))
+    out = np.empty_like(rows)
+    compiled().iir1_rows(float(b0), float(a1), rows, out)
+    return out.reshape(x.shape)

@@ -334,3 +334,22 @@ def observe_rows(
         else:
             row[16] = 0.0 if budget == 0 else 1.0
     return 0
+
+
+# ------------------------------------------------------------------ causal filters
+@njit(cache=True)
+def iir1_rows(b0, a1, x, out):  # pragma: no cover - compiled
+    """The first-order IIR filter ``y[n] = b0 * x[n] - a1 * y[n - 1]`` (``y[-1] = 0``) of
+    each row of ``x`` into ``out``: ``scipy.signal.lfilter([b0], [1, a1], x, axis=-1)``
+    with the same operations in the same order as scipy's direct form II transposed loop
+    (``y = z + b0 * x``; ``z = x * 0.0 - y * a1``), so the values are bit-identical to it
+    (checked in ``tests/sim/test_jit.py``). Used for the AR(1) pressure series and the
+    rate EWMAs of an episode build."""
+    for r in range(x.shape[0]):
+        z = 0.0
+        for n in range(x.shape[1]):
+            xn = x[r, n]
+            yn = z + b0 * xn
+            z = xn * 0.0 - yn * a1
+            out[r, n] = yn
+    return 0

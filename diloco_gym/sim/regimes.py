@@ -51,7 +51,6 @@ __all__ = [
 ]
 
 SLICE_S = 0.1
-_AR_B = np.array([1.0])
 #: Bits of a request's uniform used by each token quantile (2**14 quantiles per table).
 _TOKEN_BITS = 14
 
@@ -107,14 +106,13 @@ def _poisson_arrivals(rng: np.random.Generator, lam: np.ndarray, edges: np.ndarr
 def _ar1(noise: np.ndarray, rho: float) -> np.ndarray:
     """``x[i] = rho * x[i - 1] + noise[i]`` from ``x[0] = noise[0]``, along the last axis.
 
-    Evaluated as the first-order IIR filter ``scipy.signal.lfilter([1], [1, -rho])``: scipy
-    computes exactly this expression per sample, so the series is bit-identical to the loop.
-    scipy.signal is imported here, not at module level, because it costs about 0.5-1 s to
-    import (most of ``import diloco_gym``); only code that draws an episode pays it.
+    The compiled first-order IIR filter (:func:`diloco_gym.sim.iir1`, bit-identical to
+    ``scipy.signal.lfilter([1], [1, -rho])``, which computes exactly this expression per
+    sample).
     """
-    from scipy.signal import lfilter
+    from diloco_gym.sim import iir1
 
-    return lfilter(_AR_B, [1.0, -rho], noise, axis=-1)
+    return iir1(1.0, -rho, noise)
 
 
 def _pressure_series(

@@ -632,7 +632,6 @@ class IsolatedMergeCost:
         thr_in, thr_tail = _thresholds(q)
         self._row = (q.s[0], q.d[0], q.ptr[0], q.rbin[0], q.base[0], q.m0[0], thr_in[0])
         self._thr_tail = thr_tail[0]
-        self._buf = np.empty(max(self.horizon, 1))
 
     def cost_at(self, start: int) -> float:
         """Extra violated requests of a merge starting at bin ``start``."""
@@ -658,7 +657,7 @@ class IsolatedMergeCost:
                 1.0 + p.sync_slowdown,
                 p.slo_s,
                 float(p.slots),
-                self._buf,
+                np.empty(self.horizon),  # per call: an episode may be costed from threads
             )  # fmt: skip
         )
 

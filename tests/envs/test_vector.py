@@ -510,6 +510,7 @@ def test_benchmark_quick_runs():
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "benchmark" in proc.stdout and "ratio" in proc.stdout
     assert "fresh-episode ceiling" in proc.stdout
+    assert "FLOOR (bursty episode" in proc.stdout  # the compiled kernel's floor row
 
 
 def test_benchmark_draws_floor_makes_exactly_the_episodes_draws():

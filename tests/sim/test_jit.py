@@ -11,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -96,3 +97,20 @@ def _read_only_case(tmp_path: Path, block_pycache: bool = False) -> None:
         assert hits >= 1 and misses == 0, (name, second[name])  # loaded, not compiled
     assert not list((site / "diloco_gym").rglob("*.nbi"))  # nothing beside the sources
     assert list(cache_home.rglob("*.nbi"))  # numba's per-user cache holds the code
+
+
+def test_compiled_first_order_filter_equals_scipy_lfilter_bit_for_bit():
+    """``sim.iir1`` (the AR(1) pressure series and the rate EWMAs) gives
+    ``scipy.signal.lfilter([b0], [1, a1], x, axis=-1)`` exactly, zeros and signs included."""
+    from scipy.signal import lfilter
+
+    from diloco_gym.sim import iir1
+
+    rng = np.random.default_rng(0)
+    for _ in range(50):
+        x = rng.standard_normal((3, 517)) * rng.choice([1e-3, 1.0, 1e3])
+        x[:, rng.integers(0, 517, 20)] = 0.0
+        for b0, a1 in ((1.0, -0.95), (0.5, -0.5), (0.02, -0.98), (1.0, -rng.random())):
+            want = lfilter([b0], [1.0, a1], x, axis=-1)
+            assert iir1(b0, a1, x).tobytes() == want.tobytes()
+            assert iir1(b0, a1, x[0]).tobytes() == want[0].tobytes()
