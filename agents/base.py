@@ -102,10 +102,10 @@ class Agent:
     ) -> tuple[np.ndarray, Any]:
         """SB3-compatible prediction; the corridor itself is enforced by the env."""
         obs = np.asarray(observation, dtype=np.float32)
-        if obs.shape[-1:] != (len(OBS_INDEX),):
+        size = getattr(self, "obs_size", None) or len(OBS_INDEX)  # a fleet model's is wider
+        if obs.shape[-1:] != (size,):
             raise ValueError(
-                f"{self.name}: expected observations with {len(OBS_INDEX)} "
-                f"features, got shape {obs.shape}"
+                f"{self.name}: expected observations with {size} features, got shape {obs.shape}"
             )
         single = obs.ndim == 1
         actions = np.asarray(self.act(obs[None] if single else obs), dtype=np.int64)

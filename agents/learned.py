@@ -197,6 +197,8 @@ class LearnedAgent(Agent):
         # a fleet model records its (wider) observation's size
         base = obs_meta.get("base_size") if isinstance(obs_meta, dict) else None
         want = augmented_size(obs_transform, base)  # raises for an unknown transform
+        #: the env observation's length (predict() checks it): 17, or a fleet's
+        self.obs_size = int(base) if base else None
         space = getattr(model, "observation_space", None)
         shape = getattr(space, "shape", None)
         if shape is not None and tuple(shape) != (want,):

@@ -613,6 +613,7 @@ def test_budget_aware_agents_are_refused_where_no_budget_is_given(argv, tmp_path
 FLEET_EXAMPLE = Path(__file__).resolve().parents[1] / "docs" / "examples" / "fleet.toml"
 
 
+@pytest.mark.slow
 def test_run_fleet_table(capsys):
     assert (
         main(["run", "--agent", "pressure-gate", "--fleet", str(FLEET_EXAMPLE), "--seeds", "1"])

@@ -1,6 +1,8 @@
 """Train a budget-conditioned MaskablePPO scheduler on a fleet (``DiLoCoFleet-v0``).
 
-One policy for several fragment-sync budgets: one training env per budget (each
+One policy for several fragment-sync budgets, warm-started by imitating the budget-aware
+online forecaster on the fleet (behaviour cloning) and then trained with MaskablePPO: one
+training env per budget (each
 ``Monitor(TrainSeedWrapper(BudgetFeatures(DiLoCoFleetEnv(fleet, merge_budget=M))))``),
 episode seeds drawn from the training range (:mod:`diloco_gym.eval.seed_ranges`), so the
 protocol's test seeds (below 900,000) are held out. The model is saved as ``model.zip``
@@ -17,6 +19,7 @@ import argparse
 import json
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +52,75 @@ def _make_env(fleet: str, budget: int, seed: int, excess_weight: float):
     return Monitor(TrainSeedWrapper(BudgetFeatures(env), TRAIN_SEED_LOW, TRAIN_SEED_HIGH, seed))
 
 
+def clone_teacher(
+    model: Any,
+    vec: Any,
+    teacher: str,
+    episodes: int,
+    epochs: int,
+    seed: int,
+    learning_rate: float = 1e-3,
+    batch_size: int = 256,
+) -> dict[str, Any]:
+    """Warm start: fit ``model``'s policy to a deployable teacher's actions (behaviour
+    cloning, cross-entropy, Adam) on ``episodes`` training-range episodes of every env of
+    ``vec``; the teacher is the registry heuristic through its fleet view
+    (:func:`agents.fleet.fleet_agent`), so it reads the fleet observation as on any fleet."""
+    import numpy as np
+    import torch
+
+    from agents.fleet import fleet_agent
+    from agents.registry import make_agent
+    from diloco_gym.eval.rollout import attach_agent
+
+    rng = np.random.default_rng([seed, 77])
+    xs: list[np.ndarray] = []
+    ys: list[int] = []
+    for wrapped in vec.envs:
+        env = wrapped.env.env  # Monitor(TrainSeedWrapper(BudgetFeatures(fleet env)))
+        base = env.unwrapped
+        n_raw = base.observation_space.shape[0]
+        agent = fleet_agent(make_agent(teacher))
+        for _ in range(episodes):
+            ep_seed = int(rng.integers(TRAIN_SEED_LOW, TRAIN_SEED_HIGH))
+            obs, _ = env.reset(seed=ep_seed)
+            ctx = attach_agent(env, agent, ep_seed)
+            done = False
+            while not done:
+                ctx._set_mask(base.action_masks())
+                a, _ = agent.predict(np.asarray(obs)[:n_raw])
+                xs.append(np.asarray(obs, dtype=np.float32))
+                ys.append(int(a))
+                obs, _, terminated, truncated, _ = env.step(int(a))
+                done = bool(terminated or truncated)
+    x = torch.as_tensor(np.stack(xs))
+    y = torch.as_tensor(np.array(ys, dtype=np.int64))
+    policy = model.policy
+    opt = torch.optim.Adam(policy.parameters(), lr=learning_rate)
+    gen = torch.Generator().manual_seed(int(seed))
+    policy.set_training_mode(True)
+    loss = torch.tensor(0.0)
+    for _ in range(epochs):
+        perm = torch.randperm(len(x), generator=gen)
+        for i in range(0, len(x), batch_size):
+            idx = perm[i : i + batch_size]
+            loss = -policy.get_distribution(x[idx]).log_prob(y[idx]).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    policy.set_training_mode(False)
+    with torch.no_grad():
+        pred = policy.get_distribution(x).distribution.probs.argmax(dim=1)
+    return {
+        "teacher": teacher,
+        "episodes_per_env": int(episodes),
+        "samples": len(ys),
+        "epochs": int(epochs),
+        "train_accuracy": float((pred == y).float().mean()),
+        "final_loss": float(loss.detach()),
+    }
+
+
 def train_fleet_agent(
     fleet: str,
     budgets: list[int],
@@ -57,6 +129,9 @@ def train_fleet_agent(
     out: str | Path,
     excess_weight: float = 0.05,
     command: str = "",
+    teacher: str | None = "online-forecast-budget",
+    bc_episodes: int = 4,
+    bc_epochs: int = 10,
 ) -> Path:
     """Train and save ``model.zip`` and ``meta.json`` in ``out``; returns the model path."""
     import torch
@@ -70,17 +145,21 @@ def train_fleet_agent(
     torch.set_num_threads(1)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    fns = [
-        (lambda b=b, i=i: _make_env(fleet, b, seed * 1000 + i, excess_weight))
-        for i, b in enumerate(budgets)
-    ]
-    vec = DummyVecEnv(fns)
+
+    def env_fn(b: int, i: int) -> Callable[[], Any]:
+        return lambda: _make_env(fleet, b, seed * 1000 + i, excess_weight)
+
+    vec = DummyVecEnv([env_fn(b, i) for i, b in enumerate(budgets)])
     model = MaskablePPO("MlpPolicy", vec, seed=seed, verbose=0, device="cpu", **HYPERPARAMETERS)
     started = time.perf_counter()
-    model.learn(total_timesteps=timesteps)
+    bc = None
+    if teacher is not None and bc_episodes > 0:
+        bc = clone_teacher(model, vec, teacher, bc_episodes, bc_epochs, seed)
+    if timesteps > 0:
+        model.learn(total_timesteps=timesteps)
     elapsed = time.perf_counter() - started
     model.save(out / "model.zip")
-    base = vec.envs[0].unwrapped
+    base: Any = vec.envs[0].unwrapped  # the DiLoCoFleetEnv
     meta = {
         "algo": "maskable-ppo",
         "name": "fleet-budget",
@@ -98,6 +177,7 @@ def train_fleet_agent(
             "base_size": int(base.observation_space.shape[0]),
             "features": [f[0] for f in base.obs_features],
         },
+        "behaviour_cloning": bc,
         "train_seconds": elapsed,
         "command": command,
         "versions": _versions(),
@@ -116,10 +196,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--excess-weight", type=float, default=0.05)
     ap.add_argument("--out", required=True)
+    ap.add_argument("--teacher", default="online-forecast-budget", help="warm-start teacher")
+    ap.add_argument("--bc-episodes", type=int, default=4, help="teacher episodes per budget")
     a = ap.parse_args(argv)
     command = "python -m diloco_gym.rl.fleet " + " ".join(sys.argv[1:] if argv is None else argv)
     path = train_fleet_agent(
-        a.fleet, a.budgets, a.timesteps, a.seed, a.out, a.excess_weight, command=command
+        a.fleet,
+        a.budgets,
+        a.timesteps,
+        a.seed,
+        a.out,
+        a.excess_weight,
+        command=command,
+        teacher=a.teacher,
+        bc_episodes=a.bc_episodes,
     )
     print(f"saved {path}")
     return 0

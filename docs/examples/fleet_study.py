@@ -47,6 +47,7 @@ def _run(fleet_file: Path, agents: list[str], seeds: int, draws: int) -> dict:
     s = res["summary"]
     dep = s[s["deployable"]]
     best = dep.loc[dep["diff_pp"].idxmin()]
+    res["fleet"]["file"] = fleet_file.name  # no machine-specific path in the results
     return {
         "fleet": res["fleet"],
         "calibration_verdict": res["calibration_verdict"],
@@ -117,6 +118,29 @@ def q3(tmp: Path, seeds: int, draws: int) -> dict:
     return out
 
 
+def q5(seeds: int, draws: int) -> dict:
+    """The shipped fleet agent (agents/reference/fleet-budget) against the budget-aware
+    heuristics on the example fleet, held-out seeds, at each of its training budgets."""
+    model = HERE.parents[1] / "agents" / "reference" / "fleet-budget"
+    out = {}
+    for budget in (48, 64, 96):
+        res = run_fleet_report(
+            FleetReportConfig(
+                fleet=str(HERE / "fleet.toml"),
+                agents=[*BUDGET_AGENTS, str(model)],
+                seeds=seeds,
+                draws=draws,
+                env={"merge_budget": budget},
+            )
+        )
+        out[str(budget)] = {
+            "calibration_verdict": res["calibration_verdict"],
+            "agents": res["summary"].to_dict(orient="records"),
+        }
+        print("q5", budget, flush=True)
+    return out
+
+
 def q4(seeds: int, draws: int) -> dict | None:
     real = os.environ.get("DILOCO_GYM_REAL_TRACES")
     if not real or not Path(real).is_dir():
@@ -180,6 +204,8 @@ def main() -> None:
             results["q3"] = q3(tmp, a.seeds, a.draws)
             _figure(results["q3"], "bits", "payload bits", out / "fleet_bits.png",
                     f"4 sites, F=1, {FULL_SYNCS} syncs / 600 s")  # fmt: skip
+        if "q5" in a.only:
+            results["q5"] = q5(a.seeds, a.draws)
         if "q4" in a.only:
             r4 = q4(min(a.seeds, 6), a.draws)
             if r4 is not None:
