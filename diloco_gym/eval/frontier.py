@@ -968,7 +968,7 @@ def _quality_lines(rows: pd.DataFrame, regime: str) -> list[str]:
         lines.append(
             f"| {agent} | {budget} | {a['merges_per_hour'].mean():.1f} | "
             f"{_fmt(a['sync_excess_pct'].mean())} | {a['pred_loss'].mean():.4f} | "
-            f"{a['quality_cost'].mean():+.5f} |"
+            f"{a['quality_cost'].mean():+.2e} |"
         )
     return lines
 

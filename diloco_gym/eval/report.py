@@ -1167,7 +1167,7 @@ def _quality_table(g: pd.DataFrame) -> list[str]:
     for _, r in g.sort_values("sync_excess_pct").iterrows():
         lines.append(
             f"| {r['agent']} | {r['merges_per_hour']:.1f} | {r['sync_excess_pct']:.2f} | "
-            f"{r['pred_loss']:.4f} | {r['quality_cost']:+.5f} |"
+            f"{r['pred_loss']:.4f} | {r['quality_cost']:+.2e} |"
         )
     return lines
 

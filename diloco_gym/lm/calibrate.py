@@ -279,6 +279,7 @@ def calibrate_learners(
             "cpu_count": os.cpu_count(),
             "wall_seconds": round(time.perf_counter() - t0, 1),
             "cpu_seconds": round(time.process_time() - c0, 1),
+            "runs_seconds": round(sum(r["seconds"] for r in runs), 1),
             "bootstrap_draws": bootstrap,
         },
     }

@@ -31,7 +31,10 @@ def add_calibrate_learners_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--force", action="store_true", help="replace an existing --out file")
     p.add_argument("--seeds", type=_int_at_least(2), default=3, help="seeds per schedule")
     p.add_argument(
-        "--total-steps", type=_int_at_least(2), default=64, help="inner steps per learner"
+        "--total-steps",
+        type=_int_at_least(2),
+        default=None,
+        help="inner steps per learner (default 64; 16 with --tiny)",
     )
     p.add_argument("--learners", type=_int_at_least(1), default=4, help="K, DiLoCo learners")
     p.add_argument("--threads", type=_int_at_least(1), default=1, help="torch threads")
@@ -72,8 +75,10 @@ def run_calibrate_learners_command(args: argparse.Namespace) -> int:
     if not out.parent.is_dir():
         raise UsageError(f"--out {out}: directory {out.parent} does not exist")
     config = dict(TINY) if args.tiny else {}
-    if not args.tiny or "--total-steps" in sys.argv:
+    if args.total_steps is not None:
         config["total_steps"] = args.total_steps
+    elif not args.tiny:
+        config["total_steps"] = 64
     config["num_learners"] = args.learners if not args.tiny else config["num_learners"]
     config["threads"] = args.threads
     config["outer_lr"] = args.outer_lr

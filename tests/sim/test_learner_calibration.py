@@ -132,3 +132,19 @@ def test_env_uses_the_calibrated_learner_model():
     assert 0 < progress[0] < CAL.loss_scale
     with pytest.raises(LearnerCalibrationError, match="field params.drift_steps"):
         DiLoCoSyncEnv(regime="bursty", learner_calibration=_doc(drift_steps="x"))
+
+
+def test_shipped_reference_calibration_loads_and_records_how_it_was_made():
+    from importlib import resources
+
+    path = resources.files("diloco_gym").joinpath("data/learner_calibration_reference.json")
+    cal = load_learner_calibration(str(path))
+    doc = cal.document
+    assert doc["meta"]["command"].startswith("diloco-gym calibrate-learners")
+    assert doc["meta"]["seeds"] >= 3 and doc["validation"]["schedules"] >= 5
+    assert {r["role"] for r in doc["runs"]} == {"fit", "heldout"}
+    for name in ("drift_steps", "merge_overhead_steps", "fragment_penalty", "loss_exponent"):
+        lo, hi = doc["intervals"][name]
+        assert np.isfinite([lo, hi]).all() and lo <= hi, name
+    env = DiLoCoSyncEnv(regime="bursty", learner_calibration=str(path))
+    assert env.learner_params.drift_s == pytest.approx(cal.drift_s)
