@@ -359,6 +359,9 @@ def _run_fleet(args: argparse.Namespace) -> int:
     from diloco_gym.eval.rollout import is_deployable, run_episode
     from diloco_gym.sim.fleet import FleetConfigError
 
+    if args.trace:
+        raise UsageError("--fleet replaces --trace (the sites are in FILE)")
+    _no_fleet_options(args)
     _check_free_agent(args.agent)
     agent = fleet_agent(_load_agent(args.agent))
     try:
@@ -387,6 +390,27 @@ def _run_fleet(args: argparse.Namespace) -> int:
         )
     print("(sync-excess: pp of all the fleet's requests; per site: pp of the site's requests)")
     return 0
+
+
+def _no_fleet_options(args: argparse.Namespace) -> None:
+    """Options a fleet run does not use are a usage error, not silently dropped."""
+    unused = {
+        "--backend": getattr(args, "backend", "serial") != "serial",
+        "--jobs": getattr(args, "jobs", None) is not None,
+        "--ray-address": getattr(args, "ray_address", None) is not None,
+        "--stride-s": getattr(args, "stride_s", None) is not None,
+        "--sidecar": getattr(args, "sidecar", None) is not None,
+        "--rate-scale": getattr(args, "rate_scale", None) is not None,
+        "--target-utilization": getattr(args, "target_utilization", None) is not None,
+        "--format": getattr(args, "trace_format", "auto") != "auto",
+        "--window-s": getattr(args, "window_s", 600.0) != 600.0,
+    }
+    given = [k for k, v in unused.items() if v]
+    if given:
+        raise UsageError(
+            f"{', '.join(given)} not used with --fleet (a fleet runs serially; its sites, "
+            f"windows and loads are set in the fleet file)"
+        )
 
 
 def _report_fleet(args: argparse.Namespace, agents: list[str]) -> int:
@@ -457,6 +481,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     if getattr(args, "fleet", None):
         if args.regimes or args.trace:
             raise UsageError("--fleet replaces --regimes and --trace (the sites are in FILE)")
+        _no_fleet_options(args)
         return _report_fleet(args, agents)
     regimes = args.regimes or list(REGIMES)
     for r in regimes:

@@ -633,6 +633,16 @@ def test_fleet_file_errors_are_one_line(tmp_path, capsys):
     bad.write_text("[fleet]\nbits = 12\n")
     msg = _fails(["run", "--agent", "pressure-gate", "--fleet", str(bad)], capsys, 1)
     assert str(bad) in msg and "bits must be one of" in msg
+    assert "--jobs not used with --fleet" in _fails(
+        ["report", "--fleet", str(FLEET_EXAMPLE), "--jobs", "2", "--out", str(tmp_path / "j")],
+        capsys,
+        2,
+    )
+    assert "--rate-scale not used with --fleet" in _fails(
+        ["run", "--agent", "pressure-gate", "--fleet", str(FLEET_EXAMPLE), "--rate-scale", "2"],
+        capsys,
+        2,
+    )
     assert "--fleet replaces --regimes" in _fails(
         ["report", "--fleet", str(FLEET_EXAMPLE), "--regimes", "bursty", "--out",
          str(tmp_path / "r")], capsys, 2,
