@@ -15,6 +15,7 @@ import numpy as np
 
 from diloco_gym.envs import core, kernel
 from diloco_gym.envs.core import OBS_DIM, OBS_HIGH, OBS_INDEX, OBS_LOW, EnvParams, Episode
+from diloco_gym.sim import compiled
 from diloco_gym.sim import learners as lrn
 from diloco_gym.sim.learner_calibration import learner_params, load_learner_calibration
 from diloco_gym.sim.regimes import REGIMES, SyntheticRegime, get_regime
@@ -313,6 +314,7 @@ class DiLoCoSyncEnv(gym.Env[Observation, Action]):
         self._exo: np.ndarray = np.zeros((1, 1, 7), dtype=np.float32)  # the episode's, 1 slot
         self._obs_out = np.zeros((1, OBS_DIM), dtype=np.float32)
         self._obs_consts = kernel.observe_consts(self.params, self.learner_params)
+        self._obs_args: tuple = ()  # kernel.observe_args, set by reset()
 
     # ----------------------------------------------------------------- public views
     @property
@@ -396,6 +398,9 @@ class DiLoCoSyncEnv(gym.Env[Observation, Action]):
         self._costs.clear()
         self._owed = False
         self._exo = ep.exo[None]
+        self._obs_args = kernel.observe_args(
+            self._state, self._batch, self._exo, self._obs_consts, self._obs_out
+        )
         kernel.reset_rows(
             self._state,
             batch,
@@ -535,17 +540,10 @@ class DiLoCoSyncEnv(gym.Env[Observation, Action]):
         return excess, progress
 
     def _obs(self) -> np.ndarray:
-        """The observation now: the kernel's (compiled) observation of this batch of one."""
-        out = kernel.observe(
-            self._state,
-            self._batch,
-            self._exo,
-            self.params,
-            self.learner_params,
-            self._obs_out,
-            self._obs_consts,
-        )
-        return out[0].copy()
+        """The observation now: the kernel's compiled observation of this batch of one
+        (:func:`kernel.observe`, its arguments kept from the reset)."""
+        compiled().observe_rows(*self._obs_args)
+        return self._obs_out[0].copy()
 
     def _step_info(self, merged: bool, overridden: bool) -> dict[str, Any]:
         assert self.episode is not None  # called only after reset()

@@ -58,6 +58,7 @@ __all__ = [
     "step",
     "observe",
     "observe_consts",
+    "observe_args",
     "action_masks",
     "max_merges",
 ]
@@ -527,13 +528,19 @@ def observe(
     observation (``d == n``) repeats the last decision's. ``consts``:
     :func:`observe_consts` of ``params`` and ``lp``, when the caller keeps them.
     """
-    jit = compiled()
     c = observe_consts(params, lp) if consts is None else consts
-    jit.observe_rows(
-        state.d, state.last, batch.n, state.n_merges, state.m_left, batch.slot, state.tokens,
-        batch.thr, batch.max_merges, exo, *c, out,
-    )  # fmt: skip
+    compiled().observe_rows(*observe_args(state, batch, exo, c, out))
     return out
+
+
+def observe_args(state: EnvState, batch: EpisodeBatch, exo: np.ndarray, consts: tuple, out):
+    """The arguments of the compiled observation (:func:`observe`), as a tuple: the state's
+    and the batch's arrays are updated in place, so a caller that steps one episode keeps
+    the tuple until its next reset and calls ``jit.observe_rows(*args)`` directly."""
+    return (
+        state.d, state.last, batch.n, state.n_merges, state.m_left, batch.slot, state.tokens,
+        batch.thr, batch.max_merges, exo, *consts, out,
+    )  # fmt: skip
 
 
 def action_masks(
