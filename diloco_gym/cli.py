@@ -364,6 +364,10 @@ def _run_fleet(args: argparse.Namespace) -> int:
     _no_fleet_options(args)
     _check_free_agent(args.agent)
     agent = fleet_agent(_load_agent(args.agent))
+    if not args.in_process_agents:
+        from diloco_gym.eval.sealed import seal_agents
+
+        agent = seal_agents([agent])[0]
     try:
         env = DiLoCoFleetEnv(fleet=args.fleet)
     except (FleetConfigError, ValueError) as exc:
@@ -437,6 +441,7 @@ def _report_fleet(args: argparse.Namespace, agents: list[str]) -> int:
             seed0=args.seed0,
             draws=args.draws,
             calibration=args.calibration,
+            in_process_agents=args.in_process_agents,
         )
     except ValueError as exc:
         raise UsageError(str(exc)) from None

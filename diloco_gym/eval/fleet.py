@@ -49,7 +49,8 @@ class FleetScorer:
 
     Exposes what :func:`~diloco_gym.eval.protocol.score_episode` reads from a scorer:
     ``episode`` (``n_decisions``), ``params``, ``sidecar``, ``cost`` (the fleet's additive
-    cost per decision, the oracle's), ``iso_excess`` (the sum of the sites' exact isolated
+    cost per decision, the oracle's), ``pct`` (pp per request), ``episode_proven``,
+    ``iso_excess`` (the sum of the sites' exact isolated
     excess, requests) and :meth:`score`.
     """
 
@@ -63,6 +64,7 @@ class FleetScorer:
         self.n_requests = np.array([e.n_requests for e in episode.sites], dtype=np.float64)
         self.total = float(max(1.0, self.n_requests.sum()))
         self.cost = np.asarray(episode.merge_cost, dtype=np.float64)
+        self.pct = episode.pct_per_request  # pp of the fleet's requests per request
         iso = np.zeros(episode.n_decisions)
         for s in self.sites:
             iso += s.iso_excess
@@ -100,6 +102,9 @@ class FleetReportConfig:
     calibration: str | None = None
     alpha: float = protocol.ALPHA
     env: dict[str, Any] = field(default_factory=dict)
+    #: run deployable agents in this process (``--in-process-agents``); default: sealed,
+    #: each in its own worker process (:mod:`diloco_gym.eval.sealed`).
+    in_process_agents: bool = False
 
     def __post_init__(self) -> None:
         if self.seeds < 2:
@@ -173,15 +178,25 @@ def run_fleet_report(config: FleetReportConfig, progress: bool = False) -> dict[
 
     started = time.perf_counter()
     env = DiLoCoFleetEnv(fleet=config.fleet, **config.env)
-    agents = [fleet_agent(a) for a in make_agents(list(config.agents))]
+    from diloco_gym.eval.sealed import IN_PROCESS, SEALED, seal_agents
+
+    agents = seal_agents(
+        [fleet_agent(a) for a in make_agents(list(config.agents))],
+        in_process=config.in_process_agents,
+    )
     seeds = [config.seed0 + i for i in range(config.seeds)]
     indep = env.setup.independent_episodes
     if indep is not None:
         # trace sites: seed k replays tile k mod tiles; only seeds within one round of
-        # tiles are independent units
-        n_indep = len({s % indep for s in seeds})
+        # tiles are independent units, and only those (the first seed of each tile) carry
+        # the test and the verdict: a repeated tile is the same data again
+        first: dict[int, int] = {}
+        for s in seeds:
+            first.setdefault(s % indep, s)
+        verdict_seeds = set(first.values())
     else:
-        n_indep = len(seeds)
+        verdict_seeds = set(seeds)
+    n_indep = len(verdict_seeds)
     p = env.params
     rows: list[dict] = []
     counts = None
@@ -230,7 +245,8 @@ def run_fleet_report(config: FleetReportConfig, progress: bool = False) -> dict[
     out = []
     for name in [a.name for a in agents]:
         sub = df[df["agent"] == name]
-        diff = (sub["sync_excess_pct"] - sub["matched_random_mean"]).to_numpy()
+        indep_rows = sub[sub["seed"].isin(verdict_seeds)]
+        diff = (indep_rows["sync_excess_pct"] - indep_rows["matched_random_mean"]).to_numpy()
         test = protocol.paired_test(diff, np.random.default_rng(0))
         out.append(
             {
@@ -238,6 +254,7 @@ def run_fleet_report(config: FleetReportConfig, progress: bool = False) -> dict[
                 "deployable": bool(sub["deployable"].iloc[0]),
                 "units": len(sub),
                 "independent_units": n_indep,
+                "nonzero_units": test["nonzero"],
                 "syncs_per_hour": float(sub["syncs_per_hour"].mean()),
                 "sync_excess_pct": float(sub["sync_excess_pct"].mean()),
                 "matched_random_mean": float(sub["matched_random_mean"].mean()),
@@ -264,13 +281,18 @@ def run_fleet_report(config: FleetReportConfig, progress: bool = False) -> dict[
             r["p_holm"] if r["deployable"] else r["p_value"],
             config.alpha,
             n_units=min(int(r["units"]), n_indep),
+            n_nonzero=int(r["nonzero_units"]),
             n_tests=family if r["deployable"] else 1,
             no_sync_violation_pct=r["no_sync_violation_pct"],
         )
         for _, r in summary.iterrows()
     ]
     fl = env.fleet
+    for a in agents:  # sealed agents' worker processes end with the report
+        if callable(getattr(a, "close", None)):
+            a.close()
     return {
+        "agent_sealing": SEALED if not config.in_process_agents else IN_PROCESS,
         "rows": df,
         "summary": summary,
         "calibration": pd.DataFrame(calib_rows),
@@ -350,6 +372,7 @@ def write_fleet_report(
             "independent_units": result["independent_units"],
             "summary": result["summary"].to_dict(orient="records"),
             "elapsed_s": result["elapsed_s"],
+            "agent_sealing": result["agent_sealing"],
         }
         (tmp / "report.json").write_text(json.dumps(payload, indent=2, default=str))
         f = result["fleet"]
@@ -366,7 +389,8 @@ def write_fleet_report(
             "",
             f"Episodes: {result['config']['seeds']} (seeds {result['config']['seed0']}..), "
             f"{result['independent_units']} independent; {result['config']['draws']} "
-            f"matched-random draws per episode. Calibration verdict of the fleet: "
+            f"matched-random draws per episode. Agents: {result['agent_sealing']}. "
+            f"Calibration verdict of the fleet: "
             f"**{result['calibration_verdict']}** (every site must transfer).",
             "",
             "Sync-excess: extra SLO-violating requests summed over sites, in percentage "

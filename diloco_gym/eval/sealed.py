@@ -6,7 +6,8 @@ caller's frames (``sys._getframe``) to the env, the episode's trace, its merge c
 seed. :class:`SealedAgent` runs the agent in a separate worker process started with the
 ``spawn`` method (a fresh interpreter: none of the parent's objects are copied into it)
 that holds the agent and nothing else of the evaluation. The parent sends it, per episode,
-the public parameters (:class:`~diloco_gym.envs.core.EnvParams`) and the regime's name,
+the public parameters (:class:`~diloco_gym.envs.core.EnvParams`), the regime's name and
+the observation's feature names (a fleet's per-site table),
 and per decision one observation and the current action mask; it answers with the action.
 The env, the episode, the trace, the merge costs, the seed, the step infos and the scoring
 stay in the parent, and so does every non-deployable agent (the oracle).
@@ -63,8 +64,8 @@ def _serve(conn: Any, blob: bytes) -> None:
                 )
                 conn.send(("ok", np.asarray(action).reshape(-1)))
             elif msg[0] == "attach":
-                _, params, regime, mask = msg
-                ctx = AgentContext(params=params, regime=regime)
+                _, params, regime, features, mask = msg
+                ctx = AgentContext(params=params, regime=regime, features=features)
                 ctx._set_mask(mask)
                 state = None
                 if callable(getattr(agent, "attach", None)):
@@ -129,9 +130,11 @@ class SealedAgent:
         return value
 
     def attach(self, context: Any) -> None:
-        """Send the public parameters, the regime's name and the mask to the worker."""
+        """Send the public parameters, the regime's name, the observation's feature names
+        (a fleet's per-site table) and the mask to the worker."""
         self._ctx = context
-        self._call(("attach", context.params, context.regime, context.action_mask()))
+        features = getattr(context, "features", None)
+        self._call(("attach", context.params, context.regime, features, context.action_mask()))
 
     def predict(self, observation, state=None, episode_start=None, deterministic=True):
         """The worker's action for one observation (the context's current mask with it)."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from agents.fleet import FleetOracleView, FleetView, aggregate_obs, fleet_agent
@@ -145,3 +146,17 @@ def test_fleet_report_verdicts_and_determinism():
 def test_report_config_errors():
     with pytest.raises(ValueError, match="seeds must be >= 2"):
         FleetReportConfig(fleet=str(EXAMPLE), agents=["pressure-gate"], seeds=1)
+
+
+@pytest.mark.slow
+def test_fleet_report_seals_deployable_agents_and_the_opt_out_gives_the_same_rows():
+    """A fleet report runs deployable agents sealed in their own process (as the single-host
+    report does; the fleet view's feature names travel with the public context) and says
+    so; in-process evaluation gives the same rows."""
+    kw = dict(fleet=str(EXAMPLE), agents=["pressure-gate", "online-forecast"], seeds=2, draws=20)
+    sealed = run_fleet_report(FleetReportConfig(**kw))
+    inproc = run_fleet_report(FleetReportConfig(**kw, in_process_agents=True))
+    assert sealed["agent_sealing"].startswith("sealed")
+    assert inproc["agent_sealing"].startswith("in-process")
+    pd.testing.assert_frame_equal(sealed["rows"], inproc["rows"])
+    assert "nonzero_units" in sealed["summary"].columns
