@@ -51,6 +51,49 @@ def _plain(x: Any) -> Any:
     return x if x is None or isinstance(x, str) else repr(x)
 
 
+#: Step-info keys added after 0.4.0 (Gymnasium's ``info["action_mask"]`` convention; it is
+#: checked against ``action_masks()`` by the env tests), left out of the 0.4.0 fingerprint.
+NEW_INFO_KEYS = ("action_mask", "_action_mask")
+
+#: results.csv columns of 0.4.0's default report (0.5.0 adds ``verdict_unit``), and the
+#: oracle labels 0.5.0 renamed (the same schedules and numbers: the default report's episodes
+#: are below the enumeration limit or proven additive, or the local search finds no better
+#: schedule than the additive optimum).
+REPORT_COLUMNS_0_4_0 = (
+    "regime,agent,deployable,seed,merges,merges_per_hour,sync_excess_pct,additive_excess_pct,"
+    "matched_random_mean,matched_random_p05,matched_random_p95,matched_random_additive_mean,"
+    "oracle_same_budget_pct,oracle_additive_pct,oracle_schedule,scoring,replayed_schedules,"
+    "additive_exact_gap_pp,no_sync_violation_pct,violation_pct,p95_ms,requests,excess_requests,"
+    "return,duration_s,unit,window_start_s,window_end_s,independent,independent_units"
+).split(",")
+ORACLE_LABELS_0_5_0 = {
+    "upper bound (best exact schedule found: exact local search from the additive optimum)": (
+        "upper bound (exact replay of the additive optimum)"
+    ),
+}
+
+
+def _info_0_4_0(info: dict) -> dict:
+    return {k: v for k, v in info.items() if k not in NEW_INFO_KEYS}
+
+
+def report_fingerprint(csv_bytes: bytes) -> str:
+    """SHA-256 of a results.csv restricted to 0.4.0's columns, in 0.4.0's order, with the
+    renamed oracle labels mapped back; the cells' text is compared as written (exact). On a
+    0.4.0 results.csv it equals the file's own SHA-256 (the rewrite is byte-identical)."""
+    import csv
+    import io
+
+    rows = list(csv.DictReader(io.StringIO(csv_bytes.decode())))
+    out = io.StringIO()
+    w = csv.writer(out, lineterminator="\n")
+    w.writerow(REPORT_COLUMNS_0_4_0)
+    for r in rows:
+        r["oracle_schedule"] = ORACLE_LABELS_0_5_0.get(r["oracle_schedule"], r["oracle_schedule"])
+        w.writerow([r[c] for c in REPORT_COLUMNS_0_4_0])
+    return hashlib.sha256(out.getvalue().encode()).hexdigest()
+
+
 def single_episode(regime: str, skip_forced: bool, budget: int | None, seed: int) -> dict:
     from diloco_gym.envs.env import DiLoCoSyncEnv
 
@@ -66,7 +109,7 @@ def single_episode(regime: str, skip_forced: bool, budget: int | None, seed: int
         all_obs.append(obs)
         rewards.append(r)
         summary = info.pop("episode_summary", None)
-        infos.append(info)
+        infos.append(_info_0_4_0(info))
         if term or trunc:
             break
     return {
@@ -97,7 +140,7 @@ def vector_run(mode: str, pool: int | None) -> dict:
         h_obs.append(obs)
         h_rew.append(r)
         h_flags.append(np.stack([term, trunc]))
-        h_info.append(_plain(info))
+        h_info.append(_plain(_info_0_4_0(info)))
     return {
         "obs": digest(np.stack(h_obs)),
         "rewards": digest(np.stack(h_rew)),

@@ -8,6 +8,10 @@ fresh episodes and ``episode_pool=4``), and the default report's ``results.csv``
 comparison is exact (SHA-256 of the raw bytes; floats in the summaries by ``repr``): no
 tolerance is needed, because the compiled rules do the same floating-point operations in
 the same order as the NumPy ones.
+
+Outputs added since 0.4.0 are left out of the fingerprints, and only those: the step infos'
+``action_mask`` (Gymnasium's convention), results.csv's ``verdict_unit`` column and the
+renamed label of the oracle's upper bound (``compiled_refs.report_fingerprint``).
 """
 
 from __future__ import annotations
@@ -20,7 +24,9 @@ from compiled_refs import (
     CASES,
     REF_PATH,
     REGIMES,
+    REPORT_COLUMNS_0_4_0,
     SEEDS,
+    report_fingerprint,
     single_episode,
     vector_run,
 )
@@ -62,5 +68,16 @@ def test_default_report_results_equal_the_recorded_0_4_0_ones(tmp_path):
 
     out = tmp_path / "rep"
     assert main(["report", "--out", str(out), "--force"]) == 0
-    got = hashlib.sha256((out / "results.csv").read_bytes()).hexdigest()
+    got = report_fingerprint((out / "results.csv").read_bytes())
     assert got == REFS["report_results_csv"], "results.csv differs from 0.4.0's"
+
+
+def test_report_fingerprint_of_a_0_4_0_file_is_its_own_hash():
+    """The normalisation cannot hide a change: on 0.4.0's own results.csv layout it is the
+    identity (a row with a different number would change the hash)."""
+    header = ",".join(REPORT_COLUMNS_0_4_0)
+    row = ",".join(str(i) for i in range(len(REPORT_COLUMNS_0_4_0)))
+    data = f"{header}\n{row}\n".encode()
+    assert report_fingerprint(data) == hashlib.sha256(data).hexdigest()
+    changed = data.replace(b",3,", b",4,", 1)
+    assert report_fingerprint(changed) != report_fingerprint(data)
