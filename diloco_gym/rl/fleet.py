@@ -67,58 +67,22 @@ def clone_teacher(
     ``vec``; the teacher is the registry heuristic through its fleet view
     (:func:`agents.fleet.fleet_agent`), so it reads the fleet observation as on any fleet."""
     import numpy as np
-    import torch
 
     from agents.fleet import fleet_agent
     from agents.registry import make_agent
-    from diloco_gym.eval.rollout import attach_agent
+    from diloco_gym.rl.train import fit_to_actions, teacher_samples
 
     rng = np.random.default_rng([seed, 77])
     xs: list[np.ndarray] = []
     ys: list[int] = []
     for wrapped in vec.envs:
         env = wrapped.env.env  # Monitor(TrainSeedWrapper(BudgetFeatures(fleet env)))
-        base = env.unwrapped
-        n_raw = base.observation_space.shape[0]
+        n_raw = env.unwrapped.observation_space.shape[0]
         agent = fleet_agent(make_agent(teacher))
-        for _ in range(episodes):
-            ep_seed = int(rng.integers(TRAIN_SEED_LOW, TRAIN_SEED_HIGH))
-            obs, _ = env.reset(seed=ep_seed)
-            ctx = attach_agent(env, agent, ep_seed)
-            done = False
-            while not done:
-                ctx._set_mask(base.action_masks())
-                a, _ = agent.predict(np.asarray(obs)[:n_raw])
-                xs.append(np.asarray(obs, dtype=np.float32))
-                ys.append(int(a))
-                obs, _, terminated, truncated, _ = env.step(int(a))
-                done = bool(terminated or truncated)
-    x = torch.as_tensor(np.stack(xs))
-    y = torch.as_tensor(np.array(ys, dtype=np.int64))
-    policy = model.policy
-    opt = torch.optim.Adam(policy.parameters(), lr=learning_rate)
-    gen = torch.Generator().manual_seed(int(seed))
-    policy.set_training_mode(True)
-    loss = torch.tensor(0.0)
-    for _ in range(epochs):
-        perm = torch.randperm(len(x), generator=gen)
-        for i in range(0, len(x), batch_size):
-            idx = perm[i : i + batch_size]
-            loss = -policy.get_distribution(x[idx]).log_prob(y[idx]).mean()
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-    policy.set_training_mode(False)
-    with torch.no_grad():
-        pred = policy.get_distribution(x).distribution.probs.argmax(dim=1)
-    return {
-        "teacher": teacher,
-        "episodes_per_env": int(episodes),
-        "samples": len(ys),
-        "epochs": int(epochs),
-        "train_accuracy": float((pred == y).float().mean()),
-        "final_loss": float(loss.detach()),
-    }
+        teacher_samples(env, agent, episodes, rng, n_raw, xs, ys)
+    return {"teacher": teacher, "episodes_per_env": int(episodes), "samples": len(ys)} | (
+        fit_to_actions(model, xs, ys, epochs, seed, learning_rate, batch_size)
+    )
 
 
 def train_fleet_agent(

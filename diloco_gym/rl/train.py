@@ -695,10 +695,7 @@ def behaviour_clone(
         ``{"teacher", "episodes_per_env", "samples", "merge_share", "epochs",
         "train_accuracy", "merge_recall", "final_loss"}``.
     """
-    import torch
-
     from agents.registry import make_agent
-    from diloco_gym.eval.rollout import attach_agent
     from diloco_gym.rl.wrappers import BudgetFeatures
 
     rng = np.random.default_rng([seed, 77])
@@ -714,18 +711,58 @@ def behaviour_clone(
         agent = make_agent(teacher)
         if not getattr(agent, "deployable", True):
             raise ValueError(f"behaviour cloning needs a deployable teacher, not {teacher!r}")
-        for _ in range(episodes):
-            ep_seed = int(rng.integers(TRAIN_SEED_LOW, TRAIN_SEED_HIGH))
-            obs, _ = env.reset(seed=ep_seed)
-            ctx = attach_agent(env, agent, ep_seed)
-            done = False
-            while not done:
-                ctx._set_mask(env.unwrapped.action_masks())  # type: ignore[attr-defined]
-                a, _ = agent.predict(np.asarray(obs)[:n_raw])
-                xs.append(np.asarray(obs, dtype=np.float32))
-                ys.append(int(a))
-                obs, _, terminated, truncated, _ = env.step(int(a))
-                done = bool(terminated or truncated)
+        teacher_samples(env, agent, episodes, rng, n_raw, xs, ys)
+    return {"teacher": teacher, "episodes_per_env": int(episodes), "samples": len(ys)} | (
+        fit_to_actions(model, xs, ys, epochs, seed, learning_rate, batch_size)
+    )
+
+
+def teacher_samples(
+    env: gym.Env,
+    agent: Any,
+    episodes: int,
+    rng: np.random.Generator,
+    n_raw: int,
+    xs: list[np.ndarray],
+    ys: list[int],
+) -> None:
+    """Append to ``xs``/``ys`` the observations and actions of ``agent`` on ``episodes``
+    episodes of ``env`` (seeds from the training range, drawn from ``rng``); the teacher
+    reads the first ``n_raw`` features (the env's own), the policy the whole observation."""
+    from diloco_gym.eval.rollout import attach_agent
+
+    base = env.unwrapped
+    for _ in range(episodes):
+        ep_seed = int(rng.integers(TRAIN_SEED_LOW, TRAIN_SEED_HIGH))
+        obs, _ = env.reset(seed=ep_seed)
+        ctx = attach_agent(env, agent, ep_seed)
+        done = False
+        while not done:
+            ctx._set_mask(base.action_masks())  # type: ignore[attr-defined]
+            a, _ = agent.predict(np.asarray(obs)[:n_raw])
+            xs.append(np.asarray(obs, dtype=np.float32))
+            ys.append(int(a))
+            obs, _, terminated, truncated, _ = env.step(int(a))
+            done = bool(terminated or truncated)
+
+
+def fit_to_actions(
+    model: Any,
+    xs: list[np.ndarray],
+    ys: list[int],
+    epochs: int,
+    seed: int,
+    learning_rate: float,
+    batch_size: int,
+) -> dict[str, Any]:
+    """Fit ``model``'s policy to the actions ``ys`` at ``xs`` (cross-entropy, Adam, ``epochs``
+    passes in a torch-generator order seeded with ``seed``).
+
+    Returns:
+        ``{"merge_share", "epochs", "train_accuracy", "merge_recall", "final_loss"}``.
+    """
+    import torch
+
     x = torch.as_tensor(np.stack(xs))
     y = torch.as_tensor(np.array(ys, dtype=np.int64))
     policy = model.policy
@@ -746,9 +783,6 @@ def behaviour_clone(
         pred = policy.get_distribution(x).distribution.probs.argmax(dim=1)
     merges = y == 1
     return {
-        "teacher": teacher,
-        "episodes_per_env": int(episodes),
-        "samples": len(ys),
         "merge_share": float(merges.float().mean()),
         "epochs": int(epochs),
         "train_accuracy": float((pred == y).float().mean()),
