@@ -319,7 +319,10 @@ def test_refused_endpoint_gives_clear_error_and_incomplete_file(tmp_path):
     assert info.value.path == str(partial) and not out.exists()
     doc = json.loads(partial.read_text())
     assert doc["complete"] is False and "connection refused" in doc["error"]
-    assert load_calibration(partial).complete is False  # a valid file, no regime measured
+    # a valid file that measured nothing: loadable only when explicitly allowed
+    assert load_calibration(partial, allow_empty=True).complete is False
+    with pytest.raises(ValueError, match="measured nothing"):
+        load_calibration(partial)
     _assert_no_children()
 
 
