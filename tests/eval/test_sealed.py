@@ -27,6 +27,16 @@ def _seed() -> int:
     return 987_000 + 654
 
 
+def _instance_dict(o) -> dict:
+    """``o.__dict__`` when it is a dict (some compiled objects expose another mapping, or a
+    property that raises)."""
+    try:
+        d = getattr(o, "__dict__", None)
+    except Exception:  # noqa: BLE001 - a hostile agent tolerates any object
+        return {}
+    return d if isinstance(d, dict) else {}
+
+
 class GcSpy(Agent):
     """Deployable in name only: looks through every object of its process and every frame
     above it for the env, the episode, the trace's future arrivals and the seed, and writes
@@ -51,7 +61,7 @@ class GcSpy(Agent):
             held = [
                 *(o.values() if isinstance(o, dict) else ()),
                 *(o if isinstance(o, list | tuple) else ()),
-                *(getattr(o, "__dict__", {}) or {}).values(),
+                *(_instance_dict(o).values()),
                 *(
                     getattr(o, f.name, None)
                     for f in (dataclasses.fields(o) if dataclasses.is_dataclass(o) else ())
