@@ -261,14 +261,14 @@ def test_cli_sweep_with_failed_cells_exits_1_with_a_summary(tmp_path, capsys):
     cfg = _write(
         tmp_path,
         'regime = "bursty"\nagents = ["fixed-512"]\nseeds = 2\ndraws = 10\n'
-        "[grid]\nmerge_budget = [8, 100000]\n",
+        "[grid]\nmerge_budget = [8, 1000]\n",
     )
     with pytest.raises(SystemExit) as exc:
         main(["sweep", str(cfg), "--out", str(tmp_path / "o"), "--no-progress"])
     out, err = capsys.readouterr()
     assert exc.value.code == 1
     assert "2 failed; complete" in out  # the counts line still comes first
-    assert "2 cells failed: 2x ValueError: merge_budget=100000 is infeasible" in err
+    assert "2 cells failed: 2x ValueError: merge_budget=1000 is infeasible" in err
     assert "(point(s) 1)" in err and "errors.csv" in err and err.count("\n") == 1
 
 
