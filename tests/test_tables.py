@@ -51,6 +51,7 @@ def test_the_three_parsers_use_models_that_refuse_unknown_keys() -> None:
         config._ConfigFile,
         sweep._Settings,
         tune._TuneSettings,
+        tune._Distribution,
     ):
         assert issubclass(model, BaseModel)
         assert model.model_config.get("extra") == "forbid", model

@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from pydantic import ValidationInfo, field_validator
+from pydantic import ValidationInfo, field_validator, model_validator
 
 from diloco_gym.tables import Table, TableError, validate_table
 
@@ -199,6 +199,33 @@ def _check_space(path: Path, space: dict, algo: str) -> None:
             raise TuneFileError(f"{path}: [space]: {name} is an empty choice")
 
 
+class _Distribution(Table):
+    """One ``{kind = [...]}`` entry of ``[space]``: exactly one kind, with valid arguments
+    (``[low, high]`` with ``low < high``, ``0 < low`` for ``loguniform``; a non-empty list
+    for ``choice``)."""
+
+    uniform: list | None = None
+    loguniform: list | None = None
+    choice: list | None = None
+    randint: list | None = None
+
+    @model_validator(mode="after")
+    def _one_valid_kind(self) -> _Distribution:
+        (kind,) = self.model_fields_set  # exactly one: checked before validation
+        args = getattr(self, kind)
+        if not args or (
+            kind != "choice"
+            and (
+                len(args) != 2
+                or not all(isinstance(a, (int, float)) and not isinstance(a, bool) for a in args)
+                or not args[0] < args[1]
+                or (kind == "loguniform" and args[0] <= 0)
+            )
+        ):
+            raise ValueError("bad arguments")
+        return self
+
+
 def _check_distribution(path: Path, name: str, dist: dict) -> None:
     """One ``{kind = [...]}`` distribution: a known kind with valid arguments."""
     if len(dist) != 1 or next(iter(dist)) not in _DISTRIBUTIONS:
@@ -207,20 +234,15 @@ def _check_distribution(path: Path, name: str, dist: dict) -> None:
             f"{{{' | '.join(_DISTRIBUTIONS)} = [...]}}, a list "
             f"(a choice) or a value; got {dist!r}"
         )
-    kind, args = next(iter(dist.items()))
-    if (
-        not isinstance(args, list)
-        or not args
-        or (
-            kind != "choice"
-            and (len(args) != 2 or not args[0] < args[1] or (kind == "loguniform" and args[0] <= 0))
-        )
-    ):
+    try:
+        validate_table(_Distribution, dist)
+    except TableError:
+        kind, args = next(iter(dist.items()))
         raise TuneFileError(
             f"{path}: [space]: {name} = {{{kind} = {args!r}}}: "
             f"give [low, high] with 0 < low < high for loguniform, "
             f"low < high otherwise, a non-empty list for choice"
-        )
+        ) from None
 
 
 def _search_space(space: dict) -> dict:
