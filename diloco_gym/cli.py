@@ -586,6 +586,7 @@ def cmd_frontier(args: argparse.Namespace) -> int:
             "--stride-s or set it to --window-s"
         )
     _check_learner_calibration(args.learner_calibration)
+    _check_backend(args)
     try:
         config = fr.FrontierConfig(
             regimes=regimes,
@@ -606,7 +607,13 @@ def cmd_frontier(args: argparse.Namespace) -> int:
     from diloco_gym.sim.traces import TraceFormatError
 
     try:
-        result = fr.run_frontier(config, progress=not args.no_progress)
+        result = fr.run_frontier(
+            config,
+            progress=not args.no_progress,
+            backend=args.backend,
+            jobs=args.jobs,
+            ray_address=args.ray_address,
+        )
         out = fr.write_frontier(result, args.out, force=args.force, command=command)
     except FileExistsError as exc:
         raise UsageError(str(exc)) from None
@@ -978,6 +985,7 @@ def _add_frontier_command(sub: Any, fmt: type[argparse.HelpFormatter]) -> None:
     _add_trace_args(p)
     _add_trust_arg(p)
     _add_sealing_arg(p)
+    _add_backend_args(p)
     p.set_defaults(func=cmd_frontier)
 
 

@@ -227,12 +227,6 @@ def _episode_budget(per_hour: float, duration_s: float, n: int, params) -> int:
     return m
 
 
-def _progress(total: int, enabled: bool):
-    from diloco_gym.scale.backends import progress_bar
-
-    return progress_bar(total, enabled, "frontier episodes", "episode")
-
-
 #: One env per merge budget (``None``: the free-budget env) of a unit.
 _Envs = dict[int | None, DiLoCoSyncEnv]
 
@@ -304,39 +298,15 @@ def _score(
     )
 
 
-def run_frontier(config: FrontierConfig, progress: bool = True) -> dict[str, Any]:
-    """Run the free-budget points, the budget grid and the curves; compute the statistics.
+#: One unit of a frontier plan: (label, calibration key, fitted sidecar, units (seed,
+#: generator), envs shared by the units or None).
+_PlanEntry = tuple[str, str, Any, list[tuple[int, Any]], "_Envs | None"]
 
-    Returns:
-        ``{"rows", "curves", "budgets", "pairwise", "dominance", "free", "calibration",
-        "config", "elapsed_s"}``: ``rows`` one row per regime x agent x mode x budget x
-        seed (mode ``free`` or ``budget``; ``held`` is ``free``, ``budget-aware`` or
-        ``mask``), ``curves`` the matched-random mean and the oracle per regime x feasible
-        budget x seed, and the tables of :func:`budget_stats`, :func:`pairwise_stats`,
-        :func:`dominance` and the free points' summary.
-    """
-    from agents.registry import is_budget_aware, make_agents
 
-    started = time.perf_counter()
-    from diloco_gym.eval.sealed import seal_agents
-
-    free_agents = make_agents(config.free_agents) if config.free_agents else []
-    budget_agents = make_agents(config.budget_agents) if config.budget_agents else []
-    free_agents = seal_agents(free_agents, config.in_process_agents)
-    budget_agents = seal_agents(budget_agents, config.in_process_agents)
-    aware_free = [a.name for a in free_agents if is_budget_aware(a)]
-    if aware_free:
-        raise ValueError(
-            f"budget-aware agent(s) {aware_free} need a merge budget: give them "
-            f"as budget agents (run at every budget of the grid), not free ones"
-        )
-    calib = cal.load_calibration(config.calibration)
+def _plan(config: FrontierConfig, calib) -> list[_PlanEntry]:
+    """The regimes (or the trace replay) of a frontier and their units, in run order."""
     seeds = list(range(config.seed0, config.seed0 + config.seeds))
-    rows: list[dict] = []
-    curves: list[dict] = []
-    calib_verdicts: dict[str, str] = {}
-    # (label, calibration key, fitted sidecar, units (seed, generator), shared envs or None)
-    plan: list[tuple[str, str, Any, list[tuple[int, Any]], _Envs | None]] = []
+    plan: list[_PlanEntry] = []
     if config.trace is None:
         for regime in config.regimes:
             fitted = calib.sidecar_for(regime)
@@ -353,10 +323,226 @@ def run_frontier(config: FrontierConfig, progress: bool = True) -> dict[str, Any
         plan.append(
             (label, key, fitted, [(config.seed0 + i, t) for i, t in enumerate(tiles)], None)
         )
-    units_total = sum(len(u) for _, _, _, u, _ in plan)
-    per_unit = len(free_agents) + len(budget_agents) * len(config.budgets_per_hour)
-    bar = _progress(units_total * per_unit, progress)
-    for regime, calib_key, fitted, units, shared_envs in plan:
+    return plan
+
+
+def _shipped(config: FrontierConfig) -> FrontierConfig:
+    """``config`` with its trace, calibration and model paths absolute, for workers whose
+    working directory may differ from this process's (a cell carries names, paths and
+    parameters, never episodes)."""
+    from agents.registry import AGENTS
+
+    def absolute(p: str | None) -> str | None:
+        return None if p is None else str(Path(p).expanduser().resolve())
+
+    def agents(names: list[str]) -> list[str]:
+        return [a if a in AGENTS else str(absolute(a)) for a in names]
+
+    return replace(
+        config,
+        trace=absolute(config.trace),
+        calibration=absolute(config.calibration),
+        learner_calibration=absolute(config.learner_calibration),
+        budget_agents=agents(config.budget_agents),
+        free_agents=agents(config.free_agents),
+    )
+
+
+@dataclass(frozen=True)
+class FrontierCell:
+    """One unit of a frontier (regime ``regime`` of the plan, its unit ``unit``) with every
+    agent at every budget, and the unit's curves: what a backend runs."""
+
+    config: FrontierConfig
+    regime: int
+    unit: int
+
+
+def _frontier_state(config: FrontierConfig) -> tuple[Any, list[_PlanEntry], list, list]:
+    """This process's calibration, plan and (sealed) agents of ``config``, built once."""
+    from agents.registry import make_agents
+    from diloco_gym.eval.sealed import seal_agents
+    from diloco_gym.scale.cells import _cached
+
+    calib = _cached(
+        "frontier-calibration", config, None, lambda: cal.load_calibration(config.calibration)
+    )
+    plan = _cached("frontier-plan", config, None, lambda: _plan(config, calib))
+    free_agents, budget_agents = _cached(
+        "frontier-agents",
+        config,
+        None,
+        lambda: tuple(
+            seal_agents(make_agents(names) if names else [], config.in_process_agents)
+            for names in (config.free_agents, config.budget_agents)
+        ),
+    )
+    return calib, plan, free_agents, budget_agents
+
+
+def run_frontier_cell(cell: FrontierCell) -> dict[str, list[dict]]:
+    """Run one unit of a frontier (module-level: workers import it by name).
+
+    Returns:
+        ``{"rows": [...], "curves": [...]}``: the unit's rows (free agents, then budget
+        agents per budget) and its curve points, in the serial order.
+    """
+    from agents.registry import is_budget_aware
+    from diloco_gym.scale.cells import _cached
+
+    config = cell.config
+    _calib, plan, free_agents, budget_agents = _frontier_state(config)
+    regime, calib_key, fitted, units, shared_envs = plan[cell.regime]
+    # The scorer cache of the regime (reused across its units in this process).
+    cache: dict[str, Any] = _cached("frontier-scorers", config, regime, dict)
+    rows: list[dict] = []
+    curves: list[dict] = []
+    seed, gen = units[cell.unit]
+    envs: _Envs = (
+        shared_envs
+        if shared_envs is not None
+        else {None: DiLoCoSyncEnv(regime=gen, sidecar=fitted or REGIMES[calib_key].sidecar)}
+    )
+    env = envs[None]
+    # Built once, directly (no env reset): every agent runs on it and the curves
+    # and the scoring read it.
+    ep0 = core.episode_from_seed(
+        env.generator,
+        seed,
+        env.params,
+        env.sidecar,
+        env.learner_params,
+        rate_rps=env.reward_rate_rps,
+    )
+    budgets = {
+        b: _episode_budget(b, ep0.trace.duration_s, ep0.n_decisions, env.params)
+        for b in config.budgets_per_hour
+    }
+    if len(set(budgets.values())) != len(budgets):
+        raise ValueError(
+            f"budgets {config.budgets_per_hour} merges/h round to the "
+            f"same merges per episode ({list(budgets.values())}); give "
+            f"distinct budgets"
+        )
+    for m in budgets.values():
+        if m not in envs:
+            envs[m] = DiLoCoSyncEnv(regime=gen, sidecar=env.sidecar, merge_budget=m)
+    benvs = envs
+    runs = [(agent, env, "free", np.nan, np.nan) for agent in free_agents]
+    runs += [
+        (agent, benvs[m], "budget", per_hour, m)
+        for per_hour, m in budgets.items()
+        for agent in budget_agents
+    ]
+    for agent, e, mode, per_hour, m_budget in runs:
+        res = run_episode(e, agent, seed, episode=_same_episode(ep0, e))
+        if mode == "budget" and int(res["merges"]) != m_budget:
+            # The env's mask guarantees it; checked, never assumed.
+            raise RuntimeError(
+                f"{agent.name} made {res['merges']} merges with "
+                f"merge_budget={m_budget} (seed {seed})"
+            )
+        ep = _episode(e)
+        scored = _score(cache, ep, e, res["merge_decisions"], seed, config.draws)
+        held = "free" if mode == "free" else "budget-aware" if is_budget_aware(agent) else "mask"
+        rows.append(
+            {
+                "regime": regime,
+                "agent": agent.name,
+                "mode": mode,
+                "held": held,
+                "deployable": res["deployable"],
+                "budget_per_hour": per_hour,
+                "budget": m_budget,
+                "seed": seed,
+                "merges": int(res["merges"]),
+                "merges_per_hour": int(res["merges"]) * 3600.0 / ep.trace.duration_s,
+                **scored,
+                "no_sync_violation_pct": res["no_sync_violation_pct"],
+                "duration_s": ep.trace.duration_s,
+                "n_decisions": ep.n_decisions,
+                **quality_columns(config.learner_calibration, res),
+                "unit": "seed" if config.trace is None else "window",
+                # in the replayed (rate-scaled) trace's clock
+                "window_start_replayed_s": getattr(gen, "start_s", np.nan)
+                if config.trace is not None
+                else np.nan,
+            }
+        )
+    # The curves: random placement and the oracle at every feasible budget, drawn
+    # exactly as score_episode draws them (same rng, same counts), so the curve at M
+    # is every budget-held agent's matched random at M.
+    ep = ep0
+    scorer, counts = _scorer(cache, ep, env)
+    lo, hi = budget_range(ep.n_decisions, env.params.h_min, env.params.h_max)
+    for m in range(max(lo, 1), hi + 1):
+        env_sched = sample_uniform(
+            ep.n_decisions,
+            env.params.h_min,
+            env.params.h_max,
+            m,
+            config.draws,
+            np.random.default_rng([seed, m, 7]),
+            counts=counts,
+        )
+        mr = scorer.score(env_sched).exact_pct
+        orc = protocol.oracle_score(ep, m, env.params, env.sidecar, scorer=scorer)
+        curves.append(
+            {
+                "regime": regime,
+                "seed": seed,
+                "budget": m,
+                "budget_per_hour": m * 3600.0 / ep.trace.duration_s,
+                "matched_random_mean": float(mr.mean()),
+                "oracle_pct": orc["exact_pct"],
+                "oracle_exact_optimum": bool(orc["exact_optimum"]),
+            }
+        )
+    return {"rows": rows, "curves": curves}
+
+
+def run_frontier(
+    config: FrontierConfig,
+    progress: bool = True,
+    backend: str = "serial",
+    jobs: int | None = None,
+    ray_address: str | None = None,
+) -> dict[str, Any]:
+    """Run the free-budget points, the budget grid and the curves; compute the statistics.
+
+    The units (one cell each: every agent at every budget, and the unit's curves) run on
+    ``backend`` (``serial``, ``processes`` or ``ray``; see
+    :func:`diloco_gym.scale.run_cells`) with ``jobs`` workers; the results are put back in
+    the serial order, so everything but ``elapsed_s`` is the same on every backend.
+
+    Returns:
+        ``{"rows", "curves", "budgets", "pairwise", "dominance", "free", "calibration",
+        "config", "elapsed_s"}``: ``rows`` one row per regime x agent x mode x budget x
+        seed (mode ``free`` or ``budget``; ``held`` is ``free``, ``budget-aware`` or
+        ``mask``), ``curves`` the matched-random mean and the oracle per regime x feasible
+        budget x seed, and the tables of :func:`budget_stats`, :func:`pairwise_stats`,
+        :func:`dominance` and the free points' summary.
+    """
+    from agents.registry import is_budget_aware, make_agents
+    from diloco_gym.scale.backends import run_cells
+    from diloco_gym.scale.cells import _cached
+
+    started = time.perf_counter()
+    free_agents = make_agents(config.free_agents) if config.free_agents else []
+    if config.budget_agents:
+        make_agents(config.budget_agents)  # unique names; the same agent twice is refused
+    aware_free = [a.name for a in free_agents if is_budget_aware(a)]
+    if aware_free:
+        raise ValueError(
+            f"budget-aware agent(s) {aware_free} need a merge budget: give them "
+            f"as budget agents (run at every budget of the grid), not free ones"
+        )
+    calib = _cached(
+        "frontier-calibration", config, None, lambda: cal.load_calibration(config.calibration)
+    )
+    plan = _cached("frontier-plan", config, None, lambda: _plan(config, calib))
+    calib_verdicts: dict[str, str] = {}
+    for regime, calib_key, fitted, _units, _envs in plan:
         sim, _ = cal.simulate_as_measured(
             calib_key, config.calibration, fitted, range(config.seed0, config.seed0 + 8)
         )
@@ -364,118 +550,21 @@ def run_frontier(config: FrontierConfig, progress: bool = True) -> dict[str, Any
         calib_verdicts[regime] = cal.transfer_verdict(
             sim, measured, interval=cal.measured_intervals(measured)
         )
-        cache: dict[str, Any] = {}
-        for seed, gen in units:
-            envs = (
-                shared_envs
-                if shared_envs is not None
-                else {None: DiLoCoSyncEnv(regime=gen, sidecar=fitted or REGIMES[calib_key].sidecar)}
-            )
-            env = envs[None]
-            # Built once, directly (no env reset): every agent runs on it and the curves
-            # and the scoring read it.
-            ep0 = core.episode_from_seed(
-                env.generator,
-                seed,
-                env.params,
-                env.sidecar,
-                env.learner_params,
-                rate_rps=env.reward_rate_rps,
-            )
-            budgets = {
-                b: _episode_budget(b, ep0.trace.duration_s, ep0.n_decisions, env.params)
-                for b in config.budgets_per_hour
-            }
-            if len(set(budgets.values())) != len(budgets):
-                raise ValueError(
-                    f"budgets {config.budgets_per_hour} merges/h round to the "
-                    f"same merges per episode ({list(budgets.values())}); give "
-                    f"distinct budgets"
-                )
-            for m in budgets.values():
-                if m not in envs:
-                    envs[m] = DiLoCoSyncEnv(regime=gen, sidecar=env.sidecar, merge_budget=m)
-            benvs = envs
-            runs = [(agent, env, "free", np.nan, np.nan) for agent in free_agents]
-            runs += [
-                (agent, benvs[m], "budget", per_hour, m)
-                for per_hour, m in budgets.items()
-                for agent in budget_agents
-            ]
-            for agent, e, mode, per_hour, m_budget in runs:
-                res = run_episode(e, agent, seed, episode=_same_episode(ep0, e))
-                if mode == "budget" and int(res["merges"]) != m_budget:
-                    # The env's mask guarantees it; checked, never assumed.
-                    raise RuntimeError(
-                        f"{agent.name} made {res['merges']} merges with "
-                        f"merge_budget={m_budget} (seed {seed})"
-                    )
-                ep = _episode(e)
-                scored = _score(cache, ep, e, res["merge_decisions"], seed, config.draws)
-                held = (
-                    "free"
-                    if mode == "free"
-                    else "budget-aware"
-                    if is_budget_aware(agent)
-                    else "mask"
-                )
-                rows.append(
-                    {
-                        "regime": regime,
-                        "agent": agent.name,
-                        "mode": mode,
-                        "held": held,
-                        "deployable": res["deployable"],
-                        "budget_per_hour": per_hour,
-                        "budget": m_budget,
-                        "seed": seed,
-                        "merges": int(res["merges"]),
-                        "merges_per_hour": int(res["merges"]) * 3600.0 / ep.trace.duration_s,
-                        **scored,
-                        "no_sync_violation_pct": res["no_sync_violation_pct"],
-                        "duration_s": ep.trace.duration_s,
-                        "n_decisions": ep.n_decisions,
-                        **quality_columns(config.learner_calibration, res),
-                        "unit": "seed" if config.trace is None else "window",
-                        # in the replayed (rate-scaled) trace's clock
-                        "window_start_replayed_s": getattr(gen, "start_s", np.nan)
-                        if config.trace is not None
-                        else np.nan,
-                    }
-                )
-                if bar is not None:
-                    bar.update(1)
-            # The curves: random placement and the oracle at every feasible budget, drawn
-            # exactly as score_episode draws them (same rng, same counts), so the curve at M
-            # is every budget-held agent's matched random at M.
-            ep = ep0
-            scorer, counts = _scorer(cache, ep, env)
-            lo, hi = budget_range(ep.n_decisions, env.params.h_min, env.params.h_max)
-            for m in range(max(lo, 1), hi + 1):
-                env_sched = sample_uniform(
-                    ep.n_decisions,
-                    env.params.h_min,
-                    env.params.h_max,
-                    m,
-                    config.draws,
-                    np.random.default_rng([seed, m, 7]),
-                    counts=counts,
-                )
-                mr = scorer.score(env_sched).exact_pct
-                orc = protocol.oracle_score(ep, m, env.params, env.sidecar, scorer=scorer)
-                curves.append(
-                    {
-                        "regime": regime,
-                        "seed": seed,
-                        "budget": m,
-                        "budget_per_hour": m * 3600.0 / ep.trace.duration_s,
-                        "matched_random_mean": float(mr.mean()),
-                        "oracle_pct": orc["exact_pct"],
-                        "oracle_exact_optimum": bool(orc["exact_optimum"]),
-                    }
-                )
-    if bar is not None:
-        bar.close()
+    shipped = _shipped(config)
+    cells = [
+        FrontierCell(shipped, r, u) for r, entry in enumerate(plan) for u in range(len(entry[3]))
+    ]
+    done = run_cells(
+        run_frontier_cell,
+        cells,
+        backend=backend,
+        jobs=jobs,
+        ray_address=ray_address,
+        progress=progress,
+        desc="frontier",
+    )
+    rows = [row for res in done for row in res["rows"]]
+    curves = [point for res in done for point in res["curves"]]
     df = pd.DataFrame(rows)
     cv = pd.DataFrame(curves)
     budget_df = budget_stats(df[df["mode"] == "budget"], calib_verdicts, config.alpha)

@@ -1,13 +1,16 @@
 """Open-loop replay of a trace against an OpenAI-compatible completions endpoint.
 
 Requests are sent at the trace's arrival times whatever happens to earlier requests
-(*open loop*, as real users do): a dispatcher thread sleeps until each arrival and starts
-a thread for the request, so a slow server never delays later sends (unless more than
-``max_outstanding`` requests are outstanding; the actual ``send_s`` then trails the
-``scheduled_s`` of the trace, and both are recorded).
+(*open loop*, as real users do): an event loop sleeps until each arrival and starts the
+request as a task on an async HTTP client (httpx, pooled connections), so a slow server
+never delays later sends (unless more than ``max_outstanding`` requests are outstanding;
+the actual ``send_s`` then trails the ``scheduled_s`` of the trace, and both are recorded).
+Without httpx (or with ``client="threads"``) each request runs in its own thread over a
+fresh ``http.client`` connection instead; at hundreds of requests per second that client
+falls behind the trace (``benchmarks/replay_send_lag.py`` measures both).
 
 Each request is a ``POST /v1/completions`` with ``model``, ``prompt`` and ``max_tokens``
-over a fresh ``http.client`` connection with a per-request socket timeout. A
+with a per-request timeout. A
 :class:`RequestRecord` keeps the send time, latency, status, error, the client's in-flight
 count at the send and the state of the merge flag at the send (read under the same lock as
 the send time, so the flag agrees exactly with the recorded merge windows).
@@ -15,6 +18,8 @@ the send time, so the flag agrees exactly with the recorded merge windows).
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import http.client
 import json
 import math
@@ -24,6 +29,7 @@ import time
 import urllib.parse
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 import numpy as np
 
@@ -236,11 +242,20 @@ def post_completion(
     body is not a completion (see :func:`check_completion`) has the error ``"invalid
     response: ..."`` and counts as a failed request.
     """
-    body = {"model": model, "prompt": prompt, "max_tokens": int(max_tokens), "temperature": 0}
+    body = _completion_body(model, prompt, max_tokens)
     try:
         status, data = _request(endpoint, "POST", "/v1/completions", body, timeout_s)
     except (OSError, http.client.HTTPException) as exc:
         return 0, None, _describe_error(exc)
+    return _completion_outcome(status, data, max_tokens)
+
+
+def _completion_body(model: str, prompt: str, max_tokens: int) -> dict:
+    return {"model": model, "prompt": prompt, "max_tokens": int(max_tokens), "temperature": 0}
+
+
+def _completion_outcome(status: int, data: bytes, max_tokens: int) -> tuple[int, dict | None, str]:
+    """(status, parsed body or None, error text) of one completion answer."""
     try:
         parsed = json.loads(data) if data else None
     except (ValueError, RecursionError):  # not JSON, not UTF-8, or absurdly nested
@@ -256,6 +271,22 @@ def post_completion(
     if why:
         return status, parsed if isinstance(parsed, dict) else None, f"invalid response: {why}"
     return status, parsed, ""
+
+
+def _describe_httpx_error(exc: BaseException) -> str:
+    """The same wording as :func:`_describe_error` for the async client's errors."""
+    import httpx
+
+    if isinstance(exc, httpx.TimeoutException):
+        return "timed out"
+    cause: BaseException | None = exc
+    while cause is not None:  # httpx wraps the socket error
+        if isinstance(cause, ConnectionRefusedError):
+            return "connection refused"
+        cause = cause.__cause__ or cause.__context__
+    if isinstance(exc, httpx.ConnectError) and "refused" in str(exc).lower():
+        return "connection refused"
+    return f"{type(exc).__name__}: {exc}"
 
 
 class CpuSampler:
@@ -370,16 +401,46 @@ class _SharedState:
     inflight: int = 0
 
 
+#: The load generator's clients: ``"async"`` (one event loop, httpx) and ``"threads"`` (one
+#: thread per request over ``http.client``, kept for comparison).
+CLIENTS = ("async", "threads")
+
+
+class _Phase:
+    """The handle of a phase dispatched on the event loop (``join`` / ``is_alive`` as a
+    thread's)."""
+
+    def __init__(self, future: concurrent.futures.Future) -> None:
+        self._future = future
+
+    def join(self, timeout: float | None = None) -> None:
+        try:
+            self._future.result(timeout)
+        except concurrent.futures.TimeoutError:
+            pass
+
+    def is_alive(self) -> bool:
+        return not self._future.done()
+
+
 class OpenLoopReplayer:
     """Send a trace's requests at their arrival times and record the outcomes.
+
+    With ``client="async"`` (the default) one event loop in a background thread sleeps
+    until each arrival and starts the request as a task on an ``httpx.AsyncClient`` (pooled
+    keep-alive connections), as vLLM's serving benchmark does: a send costs microseconds,
+    so send times follow the trace at hundreds of requests per second.
+    ``client="threads"`` starts one thread per request over ``http.client`` instead (no
+    httpx needed); at high rates thread start-up and the interpreter lock delay the sends.
 
     Args:
         endpoint: the parsed endpoint.
         model: model id sent in every request.
-        timeout_s: per-request socket timeout.
+        timeout_s: per-request timeout.
         clock: the run clock (seconds); must be monotonic.
-        max_outstanding: size of the sending thread pool.
+        max_outstanding: most requests outstanding at once (beyond, sends wait).
         cpu: optional CPU sampler read at each send.
+        client: ``"async"`` or ``"threads"``.
     """
 
     def __init__(
@@ -390,21 +451,37 @@ class OpenLoopReplayer:
         clock: Callable[[], float],
         max_outstanding: int = 256,
         cpu: CpuSampler | None = None,
+        client: str = "async",
     ) -> None:
+        if client not in CLIENTS:
+            raise ValueError(f"client {client!r} is unknown; valid: {', '.join(CLIENTS)}")
+        if client == "async":
+            try:
+                import httpx  # noqa: F401
+            except ImportError:
+                client = "threads"  # without the live extra: the stdlib client
         self.endpoint = endpoint
         self.model = model
         self.timeout_s = timeout_s
         self.clock = clock
         self.cpu = cpu
+        self.client = client
+        self.max_outstanding = max_outstanding
         self.state = _SharedState()
         self.records: list[RequestRecord] = []
         # Daemon threads (not a pool) so that requests abandoned at a stop never hold up
         # interpreter exit; the semaphore bounds how many are outstanding at once.
         self._slots = threading.Semaphore(max_outstanding)
         self._stop = threading.Event()
-        self._dispatcher: threading.Thread | None = None
+        self._dispatcher: threading.Thread | _Phase | None = None
         self._pending = 0
         self._pending_cv = threading.Condition()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop_thread: threading.Thread | None = None
+        self._http: Any = None
+        self._aslots: asyncio.Semaphore | None = None
+        self._tasks: set[asyncio.Task] = set()
+        self._http_errors: tuple[type[BaseException], ...] = (OSError,)
 
     # ---- merge flag (called by the coordinator) ----
     def set_merge(self, merge_id: int) -> float:
@@ -428,12 +505,12 @@ class OpenLoopReplayer:
         prompt_tokens: np.ndarray,
         output_tokens: np.ndarray,
         repeat: int = 0,
-    ) -> threading.Thread:
+    ) -> threading.Thread | _Phase:
         """Start sending ``trace`` with arrival ``a`` at clock time ``origin_s + a``
         (records are labelled ``phase`` and ``repeat``).
 
         Returns:
-            The dispatcher thread (join it, or call :meth:`wait_sent`).
+            The dispatcher (``join`` it, or call :meth:`wait_sent`).
         """
         records = [
             RequestRecord(i, phase, float(origin_s + a), int(p), int(o), repeat=repeat)
@@ -442,12 +519,89 @@ class OpenLoopReplayer:
             )
         ]
         self.records.extend(records)
+        if self.client == "async":
+            loop = self._event_loop()
+            # Import httpx and open the client now, not at the first send.
+            asyncio.run_coroutine_threadsafe(self._open_client(), loop).result()
+            phase_handle = _Phase(
+                asyncio.run_coroutine_threadsafe(self._dispatch_async(records), loop)
+            )
+            self._dispatcher = phase_handle
+            return phase_handle
         thread = threading.Thread(
             target=self._dispatch, args=(records,), name=f"dispatch-{phase}", daemon=True
         )
         self._dispatcher = thread
         thread.start()
         return thread
+
+    def _event_loop(self) -> asyncio.AbstractEventLoop:
+        """The replayer's event loop, running in a daemon thread (started once)."""
+        if self._loop is None:
+            loop = asyncio.new_event_loop()
+            self._loop = loop
+            self._loop_thread = threading.Thread(
+                target=loop.run_forever, name="replay-loop", daemon=True
+            )
+            self._loop_thread.start()
+        return self._loop
+
+    async def _open_client(self) -> None:
+        """The pooled async client and the outstanding-request bound (once, on the loop)."""
+        import httpx
+
+        if self._http is None:
+            limits = httpx.Limits(
+                max_connections=self.max_outstanding,
+                max_keepalive_connections=self.max_outstanding,
+            )
+            self._http = httpx.AsyncClient(
+                base_url=f"http://{self.endpoint.host}:{self.endpoint.port}",
+                limits=limits,
+                timeout=self.timeout_s,
+            )
+            self._aslots = asyncio.Semaphore(self.max_outstanding)
+            self._http_errors = (httpx.HTTPError, OSError)
+
+    async def _dispatch_async(self, records: list[RequestRecord]) -> None:
+        assert self._aslots is not None
+        for rec in records:
+            while True:
+                delay = rec.scheduled_s - self.clock()
+                if delay <= 0 or self._stop.is_set():
+                    break
+                await asyncio.sleep(min(delay, 0.05))
+            if self._stop.is_set():
+                return
+            await self._aslots.acquire()
+            if self._stop.is_set():
+                self._aslots.release()
+                return
+            with self._pending_cv:
+                self._pending += 1
+            task = asyncio.get_running_loop().create_task(self._send_async(rec))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _send_async(self, rec: RequestRecord) -> None:
+        try:
+            prompt = self._begin(rec)
+            body = _completion_body(self.model, prompt, rec.output_tokens)
+            start = time.monotonic()
+            try:
+                response = await self._http.post(self.endpoint.path("/v1/completions"), json=body)
+                outcome = _completion_outcome(
+                    response.status_code, response.content, rec.output_tokens
+                )
+            except self._http_errors as exc:
+                outcome = (0, None, _describe_httpx_error(exc))
+            self._finish(rec, *outcome, time.monotonic() - start)
+        finally:
+            assert self._aslots is not None
+            self._aslots.release()
+            with self._pending_cv:
+                self._pending -= 1
+                self._pending_cv.notify_all()
 
     def _dispatch(self, records: list[RequestRecord]) -> None:
         for rec in records:
@@ -469,39 +623,48 @@ class OpenLoopReplayer:
                 target=self._send, args=(rec,), name=f"request-{rec.index}", daemon=True
             ).start()
 
+    def _begin(self, rec: RequestRecord) -> str:
+        """Record the send (time, merge flag, in-flight count, CPU); return the prompt."""
+        prompt = make_prompt(rec.prompt_tokens, rec.index)
+        cpu = self.cpu.value if self.cpu is not None else None
+        with self.state.lock:
+            rec.send_s = self.clock()
+            rec.merge_id = self.state.merge_id
+            rec.merge_active = rec.merge_id >= 0
+            rec.inflight = self.state.inflight
+            rec.error = "in flight"
+            rec.cpu_util = float("nan") if cpu is None else cpu
+            self.state.inflight += 1
+        return prompt
+
+    def _finish(
+        self, rec: RequestRecord, status: int, body: dict | None, error: str, elapsed: float
+    ) -> None:
+        """Record the answer (only a validated completion's fields are read)."""
+        usage = (body or {}).get("usage") if not error else None
+        extra = (body or {}).get("x_sidecar") if not error else None
+        usage = usage if isinstance(usage, dict) else {}
+        extra = extra if isinstance(extra, dict) else {}
+        with self.state.lock:  # snapshots read records under this lock
+            self.state.inflight -= 1
+            rec.status, rec.error = status, error
+            if not error:
+                rec.latency_s = elapsed
+                if isinstance(usage.get("completion_tokens"), int):
+                    rec.output_tokens = usage["completion_tokens"]
+                if isinstance(usage.get("prompt_tokens"), int):
+                    rec.prompt_tokens = usage["prompt_tokens"]
+                if isinstance(extra.get("inflight_at_arrival"), int):
+                    rec.server_inflight = extra["inflight_at_arrival"]
+
     def _send(self, rec: RequestRecord) -> None:
         try:
-            prompt = make_prompt(rec.prompt_tokens, rec.index)
-            cpu = self.cpu.value if self.cpu is not None else None
-            with self.state.lock:
-                rec.send_s = self.clock()
-                rec.merge_id = self.state.merge_id
-                rec.merge_active = rec.merge_id >= 0
-                rec.inflight = self.state.inflight
-                rec.error = "in flight"
-                rec.cpu_util = float("nan") if cpu is None else cpu
-                self.state.inflight += 1
+            prompt = self._begin(rec)
             start = time.monotonic()
             status, body, error = post_completion(
                 self.endpoint, self.model, prompt, rec.output_tokens, self.timeout_s
             )
-            elapsed = time.monotonic() - start
-            # Only a validated completion's fields are read (check_completion).
-            usage = (body or {}).get("usage") if not error else None
-            extra = (body or {}).get("x_sidecar") if not error else None
-            usage = usage if isinstance(usage, dict) else {}
-            extra = extra if isinstance(extra, dict) else {}
-            with self.state.lock:  # snapshots read records under this lock
-                self.state.inflight -= 1
-                rec.status, rec.error = status, error
-                if not error:
-                    rec.latency_s = elapsed
-                    if isinstance(usage.get("completion_tokens"), int):
-                        rec.output_tokens = usage["completion_tokens"]
-                    if isinstance(usage.get("prompt_tokens"), int):
-                        rec.prompt_tokens = usage["prompt_tokens"]
-                    if isinstance(extra.get("inflight_at_arrival"), int):
-                        rec.server_inflight = extra["inflight_at_arrival"]
+            self._finish(rec, status, body, error, time.monotonic() - start)
         finally:
             self._slots.release()
             with self._pending_cv:
@@ -562,11 +725,22 @@ class OpenLoopReplayer:
     def close(self, wait_s: float = 0.0) -> None:
         """Stop dispatching; give outstanding requests ``wait_s`` seconds, then abandon them.
 
-        Abandoned requests finish (or time out) in daemon threads; snapshots taken before
-        they finish show them as ``in flight``.
+        Abandoned requests finish (or time out) in the background; snapshots taken before
+        they finish show them as ``in flight``. The event loop closes its client and stops
+        once they have.
         """
         self._stop.set()
         if self._dispatcher is not None:
             self._dispatcher.join(timeout=2.0)
         if wait_s > 0:
             self.drain(wait_s)
+        if self._loop is not None and self._loop.is_running():
+            asyncio.run_coroutine_threadsafe(self._shut_down(), self._loop)
+
+    async def _shut_down(self) -> None:
+        """Let abandoned requests finish (at most their timeout), close the client, stop."""
+        if self._tasks:
+            await asyncio.wait(set(self._tasks), timeout=self.timeout_s + 1.0)
+        if self._http is not None:
+            await self._http.aclose()
+        asyncio.get_running_loop().stop()

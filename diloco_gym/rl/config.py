@@ -37,7 +37,9 @@ the merges the corridor allows in an episode. With budgets, the training envs ar
 per (regime, budget) (``n_envs`` cycles through them) and the policy sees the budget
 features of :mod:`diloco_gym.rl.wrappers` (``observation = "budget"``, the default then).
 
-Every error is one line naming the file, the table and the key.
+Each table is a declarative model (:mod:`diloco_gym.tables`, pydantic): unknown keys are
+refused and types are strict. Every error is one line naming the file, the table and the
+key.
 """
 
 from __future__ import annotations
@@ -47,10 +49,13 @@ import inspect
 import sys
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
+
+from pydantic import PositiveInt, create_model, field_validator, model_validator
 
 from diloco_gym.envs.core import EnvParams
 from diloco_gym.sim.regimes import REGIMES
+from diloco_gym.tables import Table, TableError, validate_table
 
 __all__ = [
     "ConfigError",
@@ -71,42 +76,142 @@ class ConfigError(ValueError):
     """A training config file (or its combination with flags) is invalid."""
 
 
-#: ``[train]`` keys and their types.
-TRAIN_KEYS: dict[str, type | tuple[type, ...]] = {
-    "algo": str,
-    "timesteps": int,
-    "seed": int,
-    "n_envs": int,
-    "vec_env": str,
-    "eval_episodes": int,
-    "eval_freq": int,
-    "checkpoint_freq": int,
-    "bc_teacher": str,
-    "bc_episodes": int,
-    "bc_epochs": int,
+def _positive_budgets(value: list) -> list:
+    if not value:
+        raise ValueError("give at least one budget")
+    for v in value:
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
+            raise ValueError(f"budgets must be positive numbers, got {v!r}")
+    if len({float(v) for v in value}) != len(value):
+        raise ValueError(f"each budget once, got {value}")
+    return value
+
+
+class _TrainTable(Table):
+    """The ``[train]`` table (``None``: not given, the default applies)."""
+
+    algo: str | None = None
+    timesteps: int | None = None
+    seed: int | None = None
+    n_envs: int | None = None
+    vec_env: str | None = None
+    eval_episodes: int | None = None
+    eval_freq: int | None = None
+    checkpoint_freq: int | None = None
+    bc_teacher: str | None = None
+    bc_episodes: int | None = None
+    bc_epochs: int | None = None
+
+
+class _EnvKeys(Table):
+    """The ``[env]`` keys other than :class:`EnvParams` fields."""
+
+    regime: str | None = None
+    regimes: list | None = None
+    trace: str | None = None
+    trace_format: str | None = None
+    trace_span_s: list | None = None
+    window_s: float | None = None
+    rate_scale: float | None = None
+    target_utilization: float | None = None
+    sidecar: str | None = None
+    calibration: str | None = None
+    budgets_per_hour: list | None = None
+    budgets_per_10min: list | None = None
+    observation: str | None = None
+    # Not a key: the budget is given per hour or per 10 minutes (refused with a hint).
+    merge_budget: Any = None
+
+    @field_validator("merge_budget")
+    @classmethod
+    def _no_merge_budget(cls, value: Any) -> Any:
+        raise ValueError(
+            "give budgets_per_hour or budgets_per_10min (converted to merges per episode)"
+        )
+
+    @field_validator("regimes")
+    @classmethod
+    def _regime_names(cls, value: list) -> list:
+        if not value or not all(isinstance(r, str) for r in value):
+            raise ValueError("must be a non-empty list of names")
+        return value
+
+    @field_validator("budgets_per_hour", "budgets_per_10min")
+    @classmethod
+    def _budgets(cls, value: list) -> list:
+        return _positive_budgets(value)
+
+    @field_validator("trace_span_s")
+    @classmethod
+    def _span(cls, span: list) -> list:
+        if (
+            len(span) != 2
+            or not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in span)
+            or not 0 <= span[0] < span[1]
+        ):
+            raise ValueError(f"must be [start, end] seconds with 0 <= start < end, got {span!r}")
+        return span
+
+    @model_validator(mode="after")
+    def _exclusive(self) -> _EnvKeys:
+        given = self.model_fields_set
+        if {"regime", "regimes"} <= given:
+            raise ValueError("give regime or regimes, not both")
+        if {"budgets_per_hour", "budgets_per_10min"} <= given:
+            raise ValueError("give budgets_per_hour or budgets_per_10min, not both")
+        return self
+
+
+def _param_type(default: Any) -> Any:
+    if isinstance(default, bool):
+        return bool
+    return int if isinstance(default, int) else float
+
+
+#: The ``[env]`` table's :class:`EnvParams` fields (all but the budget) and their types.
+_PARAM_TYPES: dict[str, Any] = {
+    f.name: (_param_type(f.default) | None, None)
+    for f in fields(EnvParams)
+    if f.name != "merge_budget"
 }
+#: The ``[env]`` table: its own keys and every :class:`EnvParams` field but the budget.
+_EnvTable = create_model("_EnvTable", __base__=_EnvKeys, **_PARAM_TYPES)
+
+
+class _PolicyKwargs(Table):
+    """``[algo] policy_kwargs``: the entries a config may give (activations by name)."""
+
+    net_arch: list[PositiveInt] | None = None
+    activation_fn: Literal["tanh", "relu", "elu", "leaky_relu"] | None = None
+    ortho_init: bool | None = None
+    share_features_extractor: bool | None = None
+
+    @field_validator("net_arch")
+    @classmethod
+    def _non_empty(cls, value: list) -> list:
+        if not value:
+            raise ValueError("must be a list of positive integers")
+        return value
+
+
+class _ConfigFile(Table):
+    """A config file: three optional tables."""
+
+    train: dict = {}
+    env: dict = {}
+    algo: dict = {}
+
+
+#: ``[train]`` keys and their types.
+TRAIN_KEYS: dict[str, Any] = {k: f.annotation for k, f in _TrainTable.model_fields.items()}
 #: ``[env]`` keys other than :class:`EnvParams` fields, and their types.
-ENV_KEYS: dict[str, type | tuple[type, ...]] = {
-    "regime": str,
-    "regimes": list,
-    "trace": str,
-    "trace_format": str,
-    "trace_span_s": list,
-    "window_s": (int, float),
-    "rate_scale": (int, float),
-    "target_utilization": (int, float),
-    "sidecar": str,
-    "calibration": str,
-    "budgets_per_hour": list,
-    "budgets_per_10min": list,
-    "observation": str,
+ENV_KEYS: dict[str, Any] = {
+    k: f.annotation for k, f in _EnvKeys.model_fields.items() if k != "merge_budget"
 }
 #: EnvParams fields a config may set (the budget comes from the budget lists).
 _PARAM_FIELDS = {f.name: f for f in fields(EnvParams) if f.name != "merge_budget"}
 #: Keyword arguments of an SB3 algorithm that ``train`` sets itself.
 _RESERVED_ALGO_KEYS = {"policy", "env", "seed", "device", "verbose", "tensorboard_log"}
-#: ``policy_kwargs`` entries a config may give (activation functions by name).
-_POLICY_KWARGS = {"net_arch", "activation_fn", "ortho_init", "share_features_extractor"}
 _ACTIVATIONS = ("tanh", "relu", "elu", "leaky_relu")
 
 
@@ -164,17 +269,19 @@ def _where(path: str, table: str, key: str) -> str:
     return f"{path}: [{table}] {key}"
 
 
-def _check_type(path: str, table: str, key: str, value: Any, want) -> None:
-    wants = want if isinstance(want, tuple) else (want,)
-    ok = isinstance(value, wants) and not (isinstance(value, bool) and bool not in wants)
-    if not ok:
-        label = {"int": "an integer", "float": "a number", "str": "a string", "list": "a list"}
-        names = (
-            "a number"
-            if set(wants) == {int, float}
-            else " or ".join(label.get(w.__name__, w.__name__) for w in wants)
-        )
-        raise ConfigError(f"{_where(path, table, key)} must be {names}, got {value!r}")
+def _table(path: str, table: str, model: Any, data: dict[str, Any], valid: str) -> Any:
+    """``data`` validated by ``model``; the first error as one line naming the file, the
+    table and the key."""
+    try:
+        return validate_table(model, data)
+    except TableError as err:
+        if err.key is None:
+            raise ConfigError(f"{path}: [{table}] {err.message}") from None
+        key = err.key.split(".")[0]
+        if err.kind == "unknown":
+            raise ConfigError(f"{_where(path, table, key)}: unknown key; valid: {valid}") from None
+        sep = " " if err.message.startswith("must be") else ": "
+        raise ConfigError(f"{_where(path, table, key)}{sep}{err.message}") from None
 
 
 def load_config_file(path: str | Path) -> tuple[dict[str, Any], dict[str, str]]:
@@ -230,30 +337,34 @@ def validate_hyperparameters(algo: str, hp: dict[str, Any], where: str = "[algo]
                 f"valid: {', '.join(sorted(valid))}"
             )
         if key == "policy_kwargs":
-            if not isinstance(value, dict):
-                raise ConfigError(f"{where} policy_kwargs must be a table, got {value!r}")
-            for k, v in value.items():
-                if k not in _POLICY_KWARGS:
-                    raise ConfigError(
-                        f"{where} policy_kwargs.{k}: not supported; valid: "
-                        f"{', '.join(sorted(_POLICY_KWARGS))}"
-                    )
-                if k == "activation_fn" and v not in _ACTIVATIONS:
-                    raise ConfigError(
-                        f"{where} policy_kwargs.activation_fn: {v!r}; "
-                        f"valid: {', '.join(_ACTIVATIONS)}"
-                    )
-                if k == "net_arch" and not (
-                    isinstance(v, list)
-                    and v
-                    and all(isinstance(x, int) and not isinstance(x, bool) and x > 0 for x in v)
-                ):
-                    raise ConfigError(
-                        f"{where} policy_kwargs.net_arch must be a list of positive "
-                        f"integers, got {v!r}"
-                    )
+            _check_policy_kwargs(where, value)
         elif isinstance(value, (dict, list)):
             raise ConfigError(f"{where} {key}: expected a number, string or boolean, got {value!r}")
+
+
+def _check_policy_kwargs(where: str, value: Any) -> None:
+    if not isinstance(value, dict):
+        raise ConfigError(f"{where} policy_kwargs must be a table, got {value!r}")
+    try:
+        validate_table(_PolicyKwargs, value)
+    except TableError as err:
+        key = (err.key or "").split(".")[0]
+        if err.kind == "unknown":
+            raise ConfigError(
+                f"{where} policy_kwargs.{key}: not supported; valid: "
+                f"{', '.join(sorted(_PolicyKwargs.model_fields))}"
+            ) from None
+        if key == "activation_fn":
+            raise ConfigError(
+                f"{where} policy_kwargs.activation_fn: {value[key]!r}; "
+                f"valid: {', '.join(_ACTIVATIONS)}"
+            ) from None
+        if key == "net_arch":
+            raise ConfigError(
+                f"{where} policy_kwargs.net_arch must be a list of positive "
+                f"integers, got {value[key]!r}"
+            ) from None
+        raise ConfigError(f"{where} policy_kwargs.{key} {err.message}") from None
 
 
 def policy_kwargs_for_sb3(hp: dict[str, Any]) -> dict[str, Any]:
@@ -268,62 +379,19 @@ def policy_kwargs_for_sb3(hp: dict[str, Any]) -> dict[str, Any]:
     return {**hp, "policy_kwargs": {**pk, "activation_fn": names[pk["activation_fn"]]}}
 
 
-def _number_list(path: str, key: str, value: list) -> list[float]:
-    if not value:
-        raise ConfigError(f"{_where(path, 'env', key)}: give at least one budget")
-    out = []
-    for v in value:
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
-            raise ConfigError(
-                f"{_where(path, 'env', key)}: budgets must be positive numbers, got {v!r}"
-            )
-        out.append(float(v))
-    if len(set(out)) != len(out):
-        raise ConfigError(f"{_where(path, 'env', key)}: each budget once, got {value}")
-    return out
-
-
 def _parse_env(path: str, env: dict[str, Any], cfg: TrainConfig) -> None:
-    for key, value in env.items():
-        if key in ENV_KEYS:
-            _check_type(path, "env", key, value, ENV_KEYS[key])
-        elif key in _PARAM_FIELDS:
-            default = _PARAM_FIELDS[key].default
-            want: Any = (
-                bool
-                if isinstance(default, bool)
-                else int
-                if isinstance(default, int)
-                else (int, float)
-            )
-            _check_type(path, "env", key, value, want)
-            cfg.env_params[key] = value
-        elif key == "merge_budget":
-            raise ConfigError(
-                f"{_where(path, 'env', key)}: give budgets_per_hour or budgets_per_10min "
-                f"(converted to merges per episode)"
-            )
-        else:
-            raise ConfigError(
-                f"{_where(path, 'env', key)}: unknown key; valid: "
-                f"{', '.join(sorted(set(ENV_KEYS) | set(_PARAM_FIELDS)))}"
-            )
-    if "regime" in env and "regimes" in env:
-        raise ConfigError(f"{path}: [env] give regime or regimes, not both")
+    valid = ", ".join(sorted(set(ENV_KEYS) | set(_PARAM_FIELDS)))
+    _table(path, "env", _EnvTable, env, valid)
+    # The file's own values (validated above): an integer weight stays an integer.
+    cfg.env_params.update({k: v for k, v in env.items() if k in _PARAM_FIELDS})
     if "regime" in env:
         cfg.regimes = [env["regime"]]
     if "regimes" in env:
-        regs = env["regimes"]
-        if not regs or not all(isinstance(r, str) for r in regs):
-            raise ConfigError(f"{_where(path, 'env', 'regimes')} must be a non-empty list of names")
-        cfg.regimes = list(regs)
-    if "budgets_per_hour" in env and "budgets_per_10min" in env:
-        raise ConfigError(f"{path}: [env] give budgets_per_hour or budgets_per_10min, not both")
+        cfg.regimes = list(env["regimes"])
     if "budgets_per_hour" in env:
-        cfg.budgets_per_hour = _number_list(path, "budgets_per_hour", env["budgets_per_hour"])
+        cfg.budgets_per_hour = [float(b) for b in env["budgets_per_hour"]]
     if "budgets_per_10min" in env:
-        per_10 = _number_list(path, "budgets_per_10min", env["budgets_per_10min"])
-        cfg.budgets_per_hour = [6.0 * b for b in per_10]
+        cfg.budgets_per_hour = [6.0 * float(b) for b in env["budgets_per_10min"]]
     for key in ("trace", "trace_format", "sidecar", "calibration", "observation"):
         if key in env:
             setattr(cfg, key, env[key])
@@ -331,17 +399,7 @@ def _parse_env(path: str, env: dict[str, Any], cfg: TrainConfig) -> None:
         if key in env:
             setattr(cfg, key, float(env[key]))
     if "trace_span_s" in env:
-        span = env["trace_span_s"]
-        if (
-            len(span) != 2
-            or not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in span)
-            or not 0 <= span[0] < span[1]
-        ):
-            raise ConfigError(
-                f"{_where(path, 'env', 'trace_span_s')} must be [start, end] seconds with "
-                f"0 <= start < end, got {span!r}"
-            )
-        cfg.trace_span_s = [float(span[0]), float(span[1])]
+        cfg.trace_span_s = [float(x) for x in env["trace_span_s"]]
 
 
 def parse_config(data: dict[str, Any], path: str = "<config>") -> TrainConfig:
@@ -352,17 +410,18 @@ def parse_config(data: dict[str, Any], path: str = "<config>") -> TrainConfig:
             naming ``path``, the table and the key).
     """
     cfg = TrainConfig()
-    for table in data:
-        if table not in ("train", "env", "algo"):
-            raise ConfigError(f"{path}: unknown table [{table}]; valid: [train], [env], [algo]")
-        if not isinstance(data[table], dict):
-            raise ConfigError(f"{path}: {table} must be a table ([{table}])")
-    for key, value in data.get("train", {}).items():
-        if key not in TRAIN_KEYS:
+    try:
+        validate_table(_ConfigFile, data)
+    except TableError as err:
+        table = (err.key or "").split(".")[0]
+        if err.kind == "unknown":
             raise ConfigError(
-                f"{_where(path, 'train', key)}: unknown key; valid: {', '.join(TRAIN_KEYS)}"
-            )
-        _check_type(path, "train", key, value, TRAIN_KEYS[key])
+                f"{path}: unknown table [{table}]; valid: [train], [env], [algo]"
+            ) from None
+        raise ConfigError(f"{path}: {table} must be a table ([{table}])") from None
+    train = data.get("train", {})
+    _table(path, "train", _TrainTable, train, ", ".join(TRAIN_KEYS))
+    for key, value in train.items():
         setattr(cfg, key, value)
     _parse_env(path, data.get("env", {}), cfg)
     cfg.hyperparameters = dict(data.get("algo", {}))

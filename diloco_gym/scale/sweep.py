@@ -51,6 +51,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
+from pydantic import ConfigDict
+
+from diloco_gym.tables import Table, TableError, validate_table
 
 if TYPE_CHECKING:
     from diloco_gym.scale.cells import ReportCell
@@ -162,8 +165,69 @@ def _env_field(path: Path, key: str) -> str:
     return name
 
 
+class _Settings(Table):
+    """A sweep point's settings (the top level's fixed values, or one value of a grid axis;
+    ``env.NAME`` keys are checked against :class:`EnvParams`). Values are checked further,
+    per point, by the report's configuration."""
+
+    regime: str | None = None
+    trace: str | None = None
+    trace_format: str | None = None
+    window_s: float | None = None
+    stride_s: float | None = None
+    sidecar: str | None = None
+    rate_scale: float | None = None
+    target_utilization: float | None = None
+    calibration: str | None = None
+    agents: list[str] | str | None = None
+    seeds: int | None = None
+    seed0: int | None = None
+    draws: int | None = None
+    alpha: float | None = None
+    saturation_pct: float | None = None
+    merge_budget: int | None = None
+
+
+class _SweepFile(Table):
+    """A sweep file's structure: its name, the ``[grid]`` axes and the ``[env]`` table."""
+
+    model_config = ConfigDict(extra="allow")
+
+    name: str | None = None
+    grid: dict[str, Any] = {}
+    env: dict[str, Any] = {}
+
+
+_VALID_KEYS = f"{', '.join(_REPORT_KEYS)}, merge_budget, env.NAME"
+
+
+def _check_settings(path: Path, settings: dict[str, Any], what: str) -> None:
+    """One line naming the file and the key for an unknown key or a value of the wrong
+    type (``what``: ``"key"`` at the top level, ``"grid axis"`` under ``[grid]``)."""
+    try:
+        validate_table(_Settings, {k: v for k, v in settings.items() if not k.startswith("env.")})
+    except TableError as err:
+        key = (err.key or "").split(".")[0]
+        if err.kind == "unknown":
+            valid = "valid keys" if what == "key" else "valid axes"
+            raise SweepFileError(
+                f"{path}: unknown {what} {key!r}; {valid}: {_VALID_KEYS}"
+            ) from None
+        if key == "agents":
+            raise SweepFileError(
+                f"{path}: {what} agents must be a name or a list of names, got {settings[key]!r}"
+            ) from None
+        raise SweepFileError(f"{path}: {what} {key!r} {err.message}") from None
+    for key in settings:
+        if key.startswith("env."):
+            _env_field(path, key)
+
+
 def load_sweep(path: str | Path) -> SweepSpec:
     """Read and check a sweep file; every point's configuration is validated here.
+
+    The file's structure and each setting's type are declarative models (pydantic), so a
+    wrong type is refused before any point is built.
 
     Raises:
         SweepFileError: (a ``ValueError``) a missing or malformed file, an unknown key, an
@@ -171,28 +235,26 @@ def load_sweep(path: str | Path) -> SweepSpec:
     """
     path = Path(path)
     data = _read(path)
-    name = str(data.pop("name", path.stem))
-    grid = data.pop("grid", {})
-    env_fixed = data.pop("env", {})
-    if not isinstance(grid, dict) or not isinstance(env_fixed, dict):
-        raise SweepFileError(f"{path}: [grid] and [env] must be tables")
-    fixed: dict[str, Any] = {}
-    for key, value in [*data.items(), *((f"env.{k}", v) for k, v in env_fixed.items())]:
-        if key not in _REPORT_KEYS and key != "merge_budget" and not key.startswith("env."):
-            raise SweepFileError(
-                f"{path}: unknown key {key!r}; valid keys: "
-                f"{', '.join(_REPORT_KEYS)}, merge_budget, env.NAME"
-            )
-        fixed[key] = value
+    try:
+        top = validate_table(_SweepFile, data)
+    except TableError as err:
+        if (err.key or "").split(".")[0] == "name":
+            raise SweepFileError(f"{path}: name {err.message}") from None
+        raise SweepFileError(f"{path}: [grid] and [env] must be tables") from None
+    name = path.stem if top.name is None else top.name
+    grid = top.grid
+    fixed: dict[str, Any] = {
+        **(top.model_extra or {}),
+        **{f"env.{k}": v for k, v in top.env.items()},
+    }
+    _check_settings(path, fixed, "key")
     axes: dict[str, list] = {}
     for key, values in grid.items():
-        if key not in _REPORT_KEYS and key != "merge_budget" and not key.startswith("env."):
-            raise SweepFileError(
-                f"{path}: unknown grid axis {key!r}; valid axes: "
-                f"{', '.join(_REPORT_KEYS)}, merge_budget, env.NAME"
-            )
+        _check_settings(path, {key: None}, "grid axis")
         if not isinstance(values, list) or not values:
             raise SweepFileError(f"{path}: grid axis {key!r} must be a non-empty list")
+        for value in values:
+            _check_settings(path, {key: value}, "grid axis")
         axes[key] = values
     if "regime" in {**fixed, **axes} and "trace" in {**fixed, **axes}:
         raise SweepFileError(f"{path}: give regime or trace, not both")

@@ -46,6 +46,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from pydantic import ValidationInfo, field_validator, model_validator
+
+from diloco_gym.tables import Table, TableError, validate_table
 
 __all__ = ["TuneSpec", "load_tune", "run_tune", "tune_trial"]
 
@@ -120,44 +123,61 @@ def load_tune(path: str | Path) -> TuneSpec:
     return spec
 
 
+class _TuneSettings(Table):
+    """A tune file's fixed settings, with their defaults (``name``: the file's stem)."""
+
+    name: str | None = None
+    algo: str = "ppo"
+    regime: str = "bursty"
+    timesteps: int = 100_000
+    eval_every: int = 10_000
+    grace_timesteps: int = 20_000
+    reduction_factor: int = 3
+    num_samples: int = 8
+    train_seeds: int = 2
+    validation_episodes: int = 10
+    n_envs: int = 4
+    vec_env: str = "native"
+    seed: int = 0
+
+    @field_validator(*_AT_LEAST_ONE)
+    @classmethod
+    def _at_least_one(cls, value: int, info: ValidationInfo) -> int:
+        if value < 1:
+            raise ValueError(f"{info.field_name} must be >= 1, got {value}")
+        return value
+
+    @field_validator("reduction_factor")
+    @classmethod
+    def _at_least_two(cls, value: int) -> int:
+        if value < 2:
+            raise ValueError(f"reduction_factor must be >= 2, got {value}")
+        return value
+
+
 def _fixed_settings(path: Path, data: dict) -> TuneSpec:
     """The file's fixed settings over the defaults, each checked (type, name, bound)."""
     from diloco_gym.rl.train import ALGOS, VEC_ENVS
     from diloco_gym.sim.regimes import REGIMES
 
-    spec = TuneSpec(
-        name=path.stem,
-        algo="ppo",
-        regime="bursty",
-        timesteps=100_000,
-        eval_every=10_000,
-        grace_timesteps=20_000,
-        reduction_factor=3,
-        num_samples=8,
-        train_seeds=2,
-        validation_episodes=10,
-        n_envs=4,
-        vec_env="native",
-        seed=0,
-    )
-    for key, value in data.items():
-        if key not in _FIXED:
+    try:
+        settings = validate_table(_TuneSettings, data)
+    except TableError as err:
+        if err.kind == "unknown":
             raise TuneFileError(
-                f"{path}: unknown key {key!r}; valid keys: {', '.join(_FIXED)}, [env], [space]"
-            )
-        if not isinstance(value, _FIXED[key]) or isinstance(value, bool):
-            raise TuneFileError(f"{path}: {key} must be {_FIXED[key].__name__}, got {value!r}")
-        spec[key] = value
+                f"{path}: unknown key {err.key!r}; valid keys: {', '.join(_FIXED)}, [env], [space]"
+            ) from None
+        if err.kind == "type":
+            raise TuneFileError(
+                f"{path}: {err.key} must be {_FIXED[str(err.key)].__name__}, got {err.value!r}"
+            ) from None
+        raise TuneFileError(f"{path}: {err.message}") from None
+    spec = TuneSpec(settings.model_dump())
+    if spec["name"] is None:
+        spec["name"] = path.stem
     for key, valid in (("algo", ALGOS), ("regime", REGIMES), ("vec_env", VEC_ENVS)):
         if spec[key] not in valid:
             raise TuneFileError(f"{path}: unknown {key} {spec[key]!r}; valid: {', '.join(valid)}")
-    for key in _AT_LEAST_ONE:
-        if spec[key] < 1:
-            raise TuneFileError(f"{path}: {key} must be >= 1, got {spec[key]}")
-    if spec["reduction_factor"] < 2:
-        raise TuneFileError(
-            f"{path}: reduction_factor must be >= 2, got {spec['reduction_factor']}"
-        )
     return spec
 
 
@@ -179,6 +199,33 @@ def _check_space(path: Path, space: dict, algo: str) -> None:
             raise TuneFileError(f"{path}: [space]: {name} is an empty choice")
 
 
+class _Distribution(Table):
+    """One ``{kind = [...]}`` entry of ``[space]``: exactly one kind, with valid arguments
+    (``[low, high]`` with ``low < high``, ``0 < low`` for ``loguniform``; a non-empty list
+    for ``choice``)."""
+
+    uniform: list | None = None
+    loguniform: list | None = None
+    choice: list | None = None
+    randint: list | None = None
+
+    @model_validator(mode="after")
+    def _one_valid_kind(self) -> _Distribution:
+        (kind,) = self.model_fields_set  # exactly one: checked before validation
+        args = getattr(self, kind)
+        if not args or (
+            kind != "choice"
+            and (
+                len(args) != 2
+                or not all(isinstance(a, (int, float)) and not isinstance(a, bool) for a in args)
+                or not args[0] < args[1]
+                or (kind == "loguniform" and args[0] <= 0)
+            )
+        ):
+            raise ValueError("bad arguments")
+        return self
+
+
 def _check_distribution(path: Path, name: str, dist: dict) -> None:
     """One ``{kind = [...]}`` distribution: a known kind with valid arguments."""
     if len(dist) != 1 or next(iter(dist)) not in _DISTRIBUTIONS:
@@ -187,20 +234,15 @@ def _check_distribution(path: Path, name: str, dist: dict) -> None:
             f"{{{' | '.join(_DISTRIBUTIONS)} = [...]}}, a list "
             f"(a choice) or a value; got {dist!r}"
         )
-    kind, args = next(iter(dist.items()))
-    if (
-        not isinstance(args, list)
-        or not args
-        or (
-            kind != "choice"
-            and (len(args) != 2 or not args[0] < args[1] or (kind == "loguniform" and args[0] <= 0))
-        )
-    ):
+    try:
+        validate_table(_Distribution, dist)
+    except TableError:
+        kind, args = next(iter(dist.items()))
         raise TuneFileError(
             f"{path}: [space]: {name} = {{{kind} = {args!r}}}: "
             f"give [low, high] with 0 < low < high for loguniform, "
             f"low < high otherwise, a non-empty list for choice"
-        )
+        ) from None
 
 
 def _search_space(space: dict) -> dict:

@@ -184,6 +184,12 @@ def test_trace_grid_with_windows_and_loads(tmp_path):
         ("seeds = 3\n", "no regime or trace"),
         ("regime = [\n", "not valid TOML"),
         ('trace = "missing.csv"\n', "missing.csv does not exist"),
+        # Types are checked by the file's declarative model before any point is built.
+        ('regime = "bursty"\nseeds = "3"\n', "key 'seeds' must be an integer, got '3'"),
+        ('regime = "bursty"\n[grid]\nwindow_s = [600, "x"]\n', "grid axis 'window_s' must be"),
+        ('regime = "bursty"\nagents = [1]\n', "agents must be a name or a list of names"),
+        ('name = 3\nregime = "bursty"\n', "name must be a string, got 3"),
+        ('grid = 3\nregime = "bursty"\n', "\\[grid\\] and \\[env\\] must be tables"),
     ],
 )
 def test_bad_sweep_file(tmp_path, text, match):

@@ -104,6 +104,10 @@ def test_defaults_of_a_minimal_tune_file(tmp_path):
         ("[space]\ngamma = { choice = [] }\n", "gamma = {choice = []}: give [low, high]"),
         ("[space]\ngamma = { uniform = 1 }\n", "gamma = {uniform = 1}: give [low, high]"),
         (
+            '[space]\ngamma = { uniform = [0, "a"] }\n',
+            "gamma = {uniform = [0, 'a']}: give [low, high]",
+        ),
+        (
             "[space]\ngamma = { uniform = [0, 1], choice = [1] }\n",
             "[space]: gamma must be one of {uniform | loguniform | choice | randint = [...]}",
         ),
