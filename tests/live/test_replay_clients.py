@@ -1,5 +1,5 @@
-"""The open-loop load generator's two clients: the async one (httpx, the default) and the
-threaded one (a thread per request over http.client) record the same outcomes, and the
+"""The open-loop load generator's two clients: the async one (httpx) and the
+threaded one (a thread per request over http.client, the default) record the same outcomes, and the
 async one follows a 200 req/s trace against the built-in engine.
 
 The send-lag target (p99 <= 5 ms at 200 req/s) is a property of the machine as much as of
