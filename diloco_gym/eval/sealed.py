@@ -123,8 +123,19 @@ class SealedAgent:
         self._finalizer = weakref.finalize(self, _stop, self._proc, self._conn)
 
     def _call(self, msg: tuple) -> Any:
-        self._conn.send(msg)
-        kind, value = self._conn.recv()
+        try:
+            self._conn.send(msg)
+            kind, value = self._conn.recv()
+        except (EOFError, ConnectionError, BrokenPipeError) as exc:
+            code = self._proc.exitcode
+            raise RuntimeError(
+                f"sealed agent {self.name}: its worker process ended "
+                f"({'exit code ' + str(code) if code is not None else type(exc).__name__}). "
+                "Workers start a fresh interpreter that imports the calling script as a "
+                "module: a script that runs the protocol needs an "
+                "`if __name__ == '__main__':` guard and must be a file (not standard input); "
+                "or evaluate in-process (in_process_agents=True, --in-process-agents)"
+            ) from None
         if kind == "error":
             raise RuntimeError(f"sealed agent {self.name}: {value}")
         return value

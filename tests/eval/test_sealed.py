@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import gc
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -181,3 +182,30 @@ def test_an_agent_error_in_the_worker_is_one_clear_error():
             run_episode(DiLoCoSyncEnv("bursty"), s, 0)
     finally:
         s.close()
+
+
+@pytest.mark.slow
+def test_a_script_without_a_main_guard_gets_a_clear_error(tmp_path):
+    """The worker imports the calling script afresh (spawn); a script with no main guard
+    makes it fail at start: the parent names the cause and the opt-out, not a bare
+    ConnectionResetError."""
+    import subprocess
+
+    root = Path(__file__).resolve().parents[2]
+    script = tmp_path / "noguard.py"
+    script.write_text(
+        "import numpy as np\n"
+        "from agents.base import AgentContext\n"
+        "from agents.registry import make_agent\n"
+        "from diloco_gym.envs.core import EnvParams\n"
+        "from diloco_gym.eval.sealed import SealedAgent\n"
+        "a = SealedAgent(make_agent('online-forecast'))\n"
+        "a.attach(AgentContext(params=EnvParams(), regime='bursty'))\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    r = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert r.returncode != 0
+    assert "if __name__ == '__main__':" in r.stderr, r.stderr[-2000:]
+    assert "in_process_agents=True" in r.stderr
