@@ -525,7 +525,7 @@ def run_frontier(
     """
     from agents.registry import is_budget_aware, make_agents
     from diloco_gym.scale.backends import run_cells
-    from diloco_gym.scale.cells import _cached
+    from diloco_gym.scale.cells import _cached, release_cached
 
     started = time.perf_counter()
     free_agents = make_agents(config.free_agents) if config.free_agents else []
@@ -554,15 +554,18 @@ def run_frontier(
     cells = [
         FrontierCell(shipped, r, u) for r, entry in enumerate(plan) for u in range(len(entry[3]))
     ]
-    done = run_cells(
-        run_frontier_cell,
-        cells,
-        backend=backend,
-        jobs=jobs,
-        ray_address=ray_address,
-        progress=progress,
-        desc="frontier",
-    )
+    try:
+        done = run_cells(
+            run_frontier_cell,
+            cells,
+            backend=backend,
+            jobs=jobs,
+            ray_address=ray_address,
+            progress=progress,
+            desc="frontier",
+        )
+    finally:
+        release_cached()  # this process's sealed agents' workers end with the run
     rows = [row for res in done for row in res["rows"]]
     curves = [point for res in done for point in res["curves"]]
     df = pd.DataFrame(rows)

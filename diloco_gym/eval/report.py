@@ -357,7 +357,13 @@ def run_protocol(
     """
     from agents.registry import make_agents
     from diloco_gym.scale.backends import run_cells
-    from diloco_gym.scale.cells import ReportCell, cell_config, regime_plan, run_report_cell
+    from diloco_gym.scale.cells import (
+        ReportCell,
+        cell_config,
+        regime_plan,
+        release_cached,
+        run_report_cell,
+    )
 
     make_agents(config.agents)  # unique names; the same agent twice is refused
     calib = cal.load_calibration(config.calibration)
@@ -379,15 +385,18 @@ def run_protocol(
     # the workers busy to the end.
     cells = [ReportCell(shipped, regime, None) for regime in regimes]
     cells += [ReportCell(shipped, regime, i) for regime, *_, n in plan for i in range(n)]
-    done = run_cells(
-        run_report_cell,
-        cells,
-        backend=backend,
-        jobs=jobs,
-        ray_address=ray_address,
-        progress=progress,
-        desc="report",
-    )
+    try:
+        done = run_cells(
+            run_report_cell,
+            cells,
+            backend=backend,
+            jobs=jobs,
+            ray_address=ray_address,
+            progress=progress,
+            desc="report",
+        )
+    finally:
+        release_cached()  # this process's sealed agents' workers end with the run
     by_cell = {(c.regime, c.unit): r for c, r in zip(cells, done, strict=True)}
     for regime, measured_key, fitted, n_units in plan:
         measured = calib.measured(measured_key)

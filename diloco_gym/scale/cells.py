@@ -147,6 +147,24 @@ def _cached(kind: str, config, regime: str | None, build, env: tuple = ()):
     return _CACHE[key]
 
 
+def release_cached() -> None:
+    """Empty this process's cache, stopping the worker processes of the sealed agents it
+    holds (a report or frontier run through the Python API leaves none running after it
+    returns; a process-pool worker's sealed agents end with the worker)."""
+    from diloco_gym.eval.sealed import SealedAgent
+
+    def close(value: Any) -> None:
+        if isinstance(value, SealedAgent):
+            value.close()
+        elif isinstance(value, list | tuple):
+            for v in value:
+                close(v)
+
+    for value in _CACHE.values():
+        close(value)
+    _CACHE.clear()
+
+
 def run_report_cell(cell: ReportCell) -> dict[str, Any]:
     """Run one cell (module-level: workers import it by name).
 

@@ -59,16 +59,19 @@ class GcSpy(Agent):
                 found.add(name)
             # Arrays are not tracked by the collector: reach them through the containers
             # and instance dicts (which are) that hold them.
-            held = [
-                *(o.values() if isinstance(o, dict) else ()),
-                *(o if isinstance(o, list | tuple) else ()),
-                *(_instance_dict(o).values()),
-                *(
-                    getattr(o, f.name, None)
-                    for f in (dataclasses.fields(o) if dataclasses.is_dataclass(o) else ())
-                    if not isinstance(o, type)
-                ),
-            ]
+            try:  # some objects raise on any look (absl's flags before parsing, ...)
+                held = [
+                    *(o.values() if isinstance(o, dict) else ()),
+                    *(o if isinstance(o, list | tuple) else ()),
+                    *(_instance_dict(o).values()),
+                    *(
+                        getattr(o, f.name, None)
+                        for f in (dataclasses.fields(o) if dataclasses.is_dataclass(o) else ())
+                        if not isinstance(o, type)
+                    ),
+                ]
+            except Exception:  # noqa: BLE001 - a hostile agent tolerates any object
+                continue
             ints.update(v for v in held if type(v) is int)
             if isinstance(o, dict):
                 ints.update(k for k in o if type(k) is int)
@@ -209,3 +212,19 @@ def test_a_script_without_a_main_guard_gets_a_clear_error(tmp_path):
     assert r.returncode != 0
     assert "if __name__ == '__main__':" in r.stderr, r.stderr[-2000:]
     assert "in_process_agents=True" in r.stderr
+
+
+@pytest.mark.slow
+def test_a_report_leaves_no_sealed_worker_running(tmp_path):
+    """A report run from Python stops its sealed agents' worker processes when it returns
+    (they were cached for the run; later code must not find them running)."""
+    import multiprocessing as mp
+
+    from diloco_gym.eval.report import ReportConfig, run_protocol
+
+    before = set(mp.active_children())
+    config = ReportConfig(regimes=["bursty"], agents=["fixed-512", "wa-diloco"], seeds=2, draws=10)
+    result = run_protocol(config, progress=False)
+    assert result["agent_sealing"].startswith("sealed")
+    left = [p for p in mp.active_children() if p not in before and p.is_alive()]
+    assert not left, left
