@@ -41,7 +41,7 @@ from typing import Any
 
 import numpy as np
 
-from agents.base import Agent, AgentContext
+from diloco_gym.agents.base import Agent, AgentContext
 from diloco_gym.envs.core import (
     EXO_SLICE,
     LEARNER_SLICE,
@@ -203,10 +203,10 @@ def fleet_agent(agent: Agent) -> Agent:
     """``agent`` ready for a fleet env: a heuristic through its :class:`FleetView` (or
     :class:`FleetOracleView`); a learned agent (which reads the fleet observation it was
     trained on) as it is."""
-    from agents.heuristics import OfflineCalibratedOracle
+    from diloco_gym.agents.heuristics import OfflineCalibratedOracle
 
     if isinstance(agent, OfflineCalibratedOracle):
         return FleetOracleView(agent)
-    if type(agent).__module__ == "agents.heuristics":
+    if type(agent).__module__ == "diloco_gym.agents.heuristics":
         return FleetView(agent)
     return agent

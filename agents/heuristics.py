@@ -7,7 +7,8 @@ is safe: calibrated DiLoCo scheduling for shared AI infrastructure"; "the refere
 public implementation (GitHub ``maincodeMax/workload-aware-diloco``).
 
 Every agent here is deployable (it reads observations and the public parameters of its
-:class:`~agents.base.AgentContext`) except :class:`OfflineCalibratedOracle`, which declares
+:class:`~diloco_gym.agents.base.AgentContext`) except :class:`OfflineCalibratedOracle`, which
+declares
 ``deployable = False`` and receives the episode through ``attach_episode``.
 """
 
@@ -19,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from agents.base import Agent, AgentContext, obs_feature
+from diloco_gym.agents.base import Agent, AgentContext, obs_feature
 from diloco_gym.envs.core import EnvParams, unsquash_rate
 from diloco_gym.sim.schedules import optimal_schedule
 

@@ -2,15 +2,15 @@
 
 A model trained with ``diloco-gym train`` is a ``model.zip``; ``meta.json`` next to it (when
 present) names the algorithm and the regime. :func:`load_learned_agent` loads it, and the
-registry (``agents.registry.make_agent``) calls it for any ``.zip`` path, so a learned
+registry (``diloco_gym.agents.registry.make_agent``) calls it for any ``.zip`` path, so a learned
 agent runs wherever a heuristic does: ``diloco-gym run --agent PATH`` and
 ``diloco-gym report --agent PATH``. The shipped reference agent is package data, loaded by
 the registry name ``reference-ppo`` from any directory (:func:`reference_model_path`).
 
 A learned agent is deployable: its policy maps observations to actions (a MaskablePPO
-model also reads the action mask of its :class:`~agents.base.AgentContext`).
+model also reads the action mask of its :class:`~diloco_gym.agents.base.AgentContext`).
 
-Model files are loaded without unpickling anything (:mod:`agents.safe_model`: the
+Model files are loaded without unpickling anything (:mod:`diloco_gym.agents.safe_model`: the
 archive's JSON and tensor-only weights, a policy rebuilt from known classes); a file that
 needs more is refused. Only with ``trust=True`` (the CLI's ``--trust-model-file``, which
 sets :data:`TRUST_ENV` so that worker processes inherit it) does stable-baselines3's own
@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from agents.base import Agent, AgentContext
+from diloco_gym.agents.base import Agent, AgentContext
 
 __all__ = [
     "LearnedAgent",
@@ -83,7 +83,7 @@ def reference_model_path(name: str = "reference-ppo") -> Path:
         FileNotFoundError: the package was installed without its data files.
     """
     parts = REFERENCE_AGENTS[name]
-    res = importlib.resources.files("agents").joinpath("reference")
+    res = importlib.resources.files("diloco_gym.agents").joinpath("reference")
     for part in parts:
         res = res.joinpath(part)
     if not res.is_file():
@@ -98,7 +98,7 @@ def reference_meta(name: str) -> dict | None:
     """The ``meta.json`` beside a shipped model (read as package data, so it is found
     from a zipped install too), or ``None``."""
     parts = REFERENCE_AGENTS[name]
-    res = importlib.resources.files("agents").joinpath("reference")
+    res = importlib.resources.files("diloco_gym.agents").joinpath("reference")
     for part in parts[:-1]:
         res = res.joinpath(part)
     meta = res.joinpath("meta.json")
@@ -280,12 +280,12 @@ def load_learned_agent(
             or DQN zip), or a directory holding ``model.zip``. ``meta.json`` beside the
             model, when present, gives the algorithm; otherwise it is read from the zip (or
             PPO, MaskablePPO, DQN are tried in turn). The agent is named
-            ``{algo}:{file stem}`` (``ppo:model``); ``agents.registry.make_agents`` adds
+            ``{algo}:{file stem}`` (``ppo:model``); ``diloco_gym.agents.registry.make_agents`` adds
             parent folders when two agents of a run would share a name.
         meta: the training metadata to use instead of the ``meta.json`` beside the model.
         trust: load with stable-baselines3's own loader, which unpickles parts of the file
             (``None``: only when :data:`TRUST_ENV` is ``1``). Otherwise the file is read
-            without unpickling (:func:`agents.safe_model.load_policy_safely`) and refused
+            without unpickling (:func:`diloco_gym.agents.safe_model.load_policy_safely`) and refused
             when that cannot rebuild it.
 
     Raises:
@@ -311,7 +311,7 @@ def load_learned_agent(
         except (OSError, ValueError):
             meta = {}
     if not (trust_model_files() if trust is None else trust):
-        from agents.safe_model import load_policy_safely
+        from diloco_gym.agents.safe_model import load_policy_safely
 
         try:
             safe = load_policy_safely(p)

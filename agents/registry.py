@@ -11,8 +11,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import cast
 
-from agents.base import Agent
-from agents.heuristics import (
+from diloco_gym.agents.base import Agent
+from diloco_gym.agents.heuristics import (
     CalibratedWA,
     FixedBudget,
     FixedInterval,
@@ -40,7 +40,7 @@ __all__ = [
 
 def _reference(name: str) -> Callable[[], Agent]:
     def load() -> Agent:
-        from agents.learned import load_reference_agent
+        from diloco_gym.agents.learned import load_reference_agent
 
         return load_reference_agent(name)
 
@@ -111,7 +111,7 @@ def is_budget_aware_spec(spec: str) -> bool:
         return False
     meta: object = None
     if spec in LEARNED:
-        from agents.learned import reference_meta
+        from diloco_gym.agents.learned import reference_meta
 
         meta = reference_meta(spec)
     else:
@@ -130,7 +130,7 @@ def is_budget_aware_spec(spec: str) -> bool:
 def _model_file(spec: str) -> Path | None:
     """The model file an agent argument stands for (resolved), or ``None`` for a heuristic."""
     if spec in LEARNED:
-        from agents.learned import reference_model_path
+        from diloco_gym.agents.learned import reference_model_path
 
         return reference_model_path(spec).resolve()
     if spec in AGENTS:
@@ -151,7 +151,7 @@ def make_agent(name: str) -> Agent:
         agent.name = name
         return agent
     if name.endswith(".zip") or Path(name).exists():
-        from agents.learned import load_learned_agent
+        from diloco_gym.agents.learned import load_learned_agent
 
         return load_learned_agent(name)
     raise ValueError(
@@ -184,7 +184,7 @@ def make_agents(specs: list[str]) -> list[Agent]:
     agents = [make_agent(spec) for spec in specs]
     from_path = [i for i, spec in enumerate(specs) if spec not in AGENTS]
     if from_path:
-        from agents.learned import learned_name
+        from diloco_gym.agents.learned import learned_name
 
         parts = dict.fromkeys(from_path, 1)
         # Every spec in from_path (not a heuristic) has a model file.

@@ -15,7 +15,7 @@ actor-critic policy of PPO, MaskablePPO's maskable one, DQN's Q-network policy) 
 recorded constructor arguments, and its weights must match it exactly. Anything else (an
 unknown policy class, a space other than a ``Box`` / ``Discrete``, a constructor argument
 outside :data:`_KWARGS`, weights that are not plain tensors) is refused with an error that
-names the file and what was refused. ``--trust-model-file`` (``agents.learned``) switches
+names the file and what was refused. ``--trust-model-file`` (``diloco_gym.agents.learned``) switches
 back to SB3's normal loader for files the user trusts.
 """
 
@@ -170,7 +170,7 @@ def _policy_kwargs(path: Path, entry: Any) -> dict[str, Any]:
 
 class SafePolicyModel:
     """A rebuilt SB3 policy with the ``predict`` / ``observation_space`` that
-    :class:`agents.learned.LearnedAgent` uses (the same call SB3's ``PPO.predict``,
+    :class:`diloco_gym.agents.learned.LearnedAgent` uses (the same call SB3's ``PPO.predict``,
     ``MaskablePPO.predict`` and deterministic ``DQN.predict`` make on their policy)."""
 
     def __init__(self, policy: Any, algo: str) -> None:

@@ -213,7 +213,7 @@ def _check_regime(name: str) -> str:
 
 
 def _check_agent(name: str) -> str:
-    from agents.registry import AGENTS
+    from diloco_gym.agents.registry import AGENTS
 
     if name not in AGENTS and not name.endswith(".zip") and not Path(name).exists():
         raise UsageError(
@@ -226,7 +226,7 @@ def _check_agent(name: str) -> str:
 def _check_free_agent(name: str) -> str:
     """A known agent that can run without a merge budget (``run`` and ``report`` give
     none): budget-aware agents are a usage error, found before anything runs."""
-    from agents.registry import is_budget_aware_spec
+    from diloco_gym.agents.registry import is_budget_aware_spec
 
     _check_agent(name)
     if is_budget_aware_spec(name):
@@ -238,7 +238,7 @@ def _check_free_agent(name: str) -> str:
 
 
 def _load_agent(name: str):
-    from agents.registry import make_agents
+    from diloco_gym.agents.registry import make_agents
 
     _check_agent(name)
     try:
@@ -354,7 +354,7 @@ def _fleet_env_error(exc: Exception) -> CLIError:
 def _run_fleet(args: argparse.Namespace) -> int:
     """``run --fleet FILE``: one agent on fleet episodes, per-seed table with each site's
     sync-excess (:mod:`diloco_gym.envs.fleet`)."""
-    from agents.fleet import fleet_agent
+    from diloco_gym.agents.fleet import fleet_agent
     from diloco_gym.envs.fleet import DiLoCoFleetEnv
     from diloco_gym.eval.rollout import is_deployable, run_episode
     from diloco_gym.sim.fleet import FleetConfigError
@@ -464,7 +464,7 @@ def _report_fleet(args: argparse.Namespace, agents: list[str]) -> int:
 
 def cmd_report(args: argparse.Namespace) -> int:
     started = time.perf_counter()
-    from agents.registry import HEURISTICS
+    from diloco_gym.agents.registry import HEURISTICS
     from diloco_gym.eval import calibration as cal
     from diloco_gym.eval.report import ReportConfig, prepare_out_dir, run_protocol, write_report
     from diloco_gym.sim.traces import TraceFormatError
@@ -567,13 +567,13 @@ def cmd_frontier(args: argparse.Namespace) -> int:
     for r in regimes:
         _check_regime(r)
     extra = list(args.agent or [])
-    from agents.registry import HEURISTICS
+    from diloco_gym.agents.registry import HEURISTICS
 
     # --agent adds to both lists (the defaults too); an agent already listed stays once.
     budget_agents = list(
         dict.fromkeys(list(args.budget_agents or fr.DEFAULT_BUDGET_AGENTS) + extra)
     )
-    from agents.registry import is_budget_aware_spec
+    from diloco_gym.agents.registry import is_budget_aware_spec
 
     # A budget-aware --agent (it needs a merge budget) runs on the grid only.
     extra_free = [a for a in extra if not is_budget_aware_spec(a)]
@@ -1137,7 +1137,7 @@ def main(argv: list[str] | None = None) -> int:
             warnings.showwarning = _show_warning  # restored when the command ends
             if not getattr(args, "trust_model_file", False):
                 return int(args.func(args) or 0)
-            from agents.learned import TRUST_ENV
+            from diloco_gym.agents.learned import TRUST_ENV
 
             before = os.environ.get(TRUST_ENV)
             os.environ[TRUST_ENV] = "1"  # worker processes inherit it

@@ -10,15 +10,15 @@ import numpy as np
 import pytest
 
 import diloco_gym
-from agents.base import Agent, AgentContext
-from agents.heuristics import (
+from diloco_gym.agents.base import Agent, AgentContext
+from diloco_gym.agents.heuristics import (
     FixedInterval,
     OfflineCalibratedOracle,
     OnlineForecastWA,
     RandomDeferral,
     WADiLoCo,
 )
-from agents.registry import (
+from diloco_gym.agents.registry import (
     AGENTS,
     BUDGETED,
     HEURISTICS,

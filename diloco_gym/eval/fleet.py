@@ -171,8 +171,8 @@ def run_fleet_report(config: FleetReportConfig, progress: bool = False) -> dict[
     """
     import pandas as pd
 
-    from agents.fleet import fleet_agent
-    from agents.registry import make_agents
+    from diloco_gym.agents.fleet import fleet_agent
+    from diloco_gym.agents.registry import make_agents
     from diloco_gym.eval.report import holm
     from diloco_gym.eval.rollout import run_episode
 

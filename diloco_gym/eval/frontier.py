@@ -10,7 +10,7 @@ matched-random envelope at the agent's own number of merges. This module compare
 * **Budget grid.** At each budget of a grid (merges per hour; ``M`` merges per episode)
   the *budget-held* agents run with the env's ``merge_budget=M``: the action mask keeps
   the schedule feasible with exactly ``M`` merges. Agents that read ``budget_left`` and
-  steer by it are **budget-aware** (``agents.heuristics.OnlineForecastBudget``,
+  steer by it are **budget-aware** (``diloco_gym.agents.heuristics.OnlineForecastBudget``,
   ``FixedBudget``); any other agent run so is only **budget-held by the mask** (its own
   rule decides, and the mask forces or forbids merges to keep the budget).
 * **Curves.** At every feasible budget of the episode the matched-random mean (random
@@ -175,7 +175,7 @@ class FrontierConfig:
                 if v is not None and not (np.isfinite(v) and v > 0):
                     raise ValueError(f"{name} must be a positive number, got {v}")
         if not self.free_agents:
-            from agents.registry import HEURISTICS
+            from diloco_gym.agents.registry import HEURISTICS
 
             self.free_agents = list(HEURISTICS)
         if not self.regimes:
@@ -330,7 +330,7 @@ def _shipped(config: FrontierConfig) -> FrontierConfig:
     """``config`` with its trace, calibration and model paths absolute, for workers whose
     working directory may differ from this process's (a cell carries names, paths and
     parameters, never episodes)."""
-    from agents.registry import AGENTS
+    from diloco_gym.agents.registry import AGENTS
 
     def absolute(p: str | None) -> str | None:
         return None if p is None else str(Path(p).expanduser().resolve())
@@ -360,7 +360,7 @@ class FrontierCell:
 
 def _frontier_state(config: FrontierConfig) -> tuple[Any, list[_PlanEntry], list, list]:
     """This process's calibration, plan and (sealed) agents of ``config``, built once."""
-    from agents.registry import make_agents
+    from diloco_gym.agents.registry import make_agents
     from diloco_gym.eval.sealed import seal_agents
     from diloco_gym.scale.cells import _cached
 
@@ -387,7 +387,7 @@ def run_frontier_cell(cell: FrontierCell) -> dict[str, list[dict]]:
         ``{"rows": [...], "curves": [...]}``: the unit's rows (free agents, then budget
         agents per budget) and its curve points, in the serial order.
     """
-    from agents.registry import is_budget_aware
+    from diloco_gym.agents.registry import is_budget_aware
     from diloco_gym.scale.cells import _cached
 
     config = cell.config
@@ -523,7 +523,7 @@ def run_frontier(
         budget x seed, and the tables of :func:`budget_stats`, :func:`pairwise_stats`,
         :func:`dominance` and the free points' summary.
     """
-    from agents.registry import is_budget_aware, make_agents
+    from diloco_gym.agents.registry import is_budget_aware, make_agents
     from diloco_gym.scale.backends import run_cells
     from diloco_gym.scale.cells import _cached, release_cached
 

@@ -127,7 +127,7 @@ class ReportConfig:
 
             load_learner_calibration(self.learner_calibration)  # a bad file fails here
         if not self.agents:
-            from agents.registry import HEURISTICS
+            from diloco_gym.agents.registry import HEURISTICS
 
             self.agents = list(HEURISTICS)
         if self.seeds < 2:
@@ -355,7 +355,7 @@ def run_protocol(
     the results are put back in the serial order, so everything but ``elapsed_s`` is the
     same for every backend and number of workers.
     """
-    from agents.registry import make_agents
+    from diloco_gym.agents.registry import make_agents
     from diloco_gym.scale.backends import run_cells
     from diloco_gym.scale.cells import (
         ReportCell,

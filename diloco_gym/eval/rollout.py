@@ -1,7 +1,8 @@
 """Run an agent through episodes of the environment, handing it only what it may know.
 
 :func:`attach_agent` is the one place that decides what an agent receives after a reset
-(see :mod:`agents.base`): every agent an :class:`~agents.base.AgentContext` (public
+(see :mod:`diloco_gym.agents.base`): every agent an
+:class:`~diloco_gym.agents.base.AgentContext` (public
 parameters and the action mask, no env, trace, costs or seed); only an agent with
 ``deployable = False`` also the unwrapped env and the episode seed.
 :func:`run_episode` and :class:`AttachAgentWrapper` both go through it.
@@ -32,14 +33,14 @@ def attach_agent(env: Any, agent: Any, episode_seed: int) -> Any:
     """Hand ``agent`` what it may know about the episode ``env`` was just reset to.
 
     Returns:
-        The episode's :class:`~agents.base.AgentContext`; the caller refreshes its action
+        The episode's :class:`~diloco_gym.agents.base.AgentContext`; the caller refreshes its action
         mask (``context._set_mask(env.unwrapped.action_masks())``) before each decision.
 
     Raises:
         ValueError: a deployable agent that defines ``attach_episode`` (it asks for the
             episode, which only non-deployable agents get).
     """
-    from agents.base import Agent, AgentContext
+    from diloco_gym.agents.base import Agent, AgentContext
 
     base = env.unwrapped
     table = getattr(base, "obs_features", None)  # the fleet env's wider observation

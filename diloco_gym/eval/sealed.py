@@ -41,7 +41,7 @@ def _serve(conn: Any, blob: bytes) -> None:
     """The worker: build the agent, then answer attach / act requests until closed."""
     import sys
 
-    from agents.base import AgentContext
+    from diloco_gym.agents.base import AgentContext
 
     agent = pickle.loads(blob)
     del blob

@@ -75,7 +75,7 @@ def agent_gaps(
 ) -> list[int]:
     """The gaps of ``agent``'s merges in one env episode, in inner steps (rounded and kept
     inside ``[lo, hi]``)."""
-    from agents.registry import make_agent
+    from diloco_gym.agents.registry import make_agent
     from diloco_gym.envs.env import DiLoCoSyncEnv
     from diloco_gym.eval.rollout import run_episode
 

@@ -494,7 +494,7 @@ def check_config(cfg: TrainConfig, path: str = "<config>") -> None:
         raise ConfigError(f"{path}: [env] {exc}") from None
     validate_hyperparameters(cfg.algo, cfg.hyperparameters, where=f"{path}: [algo]")
     if cfg.bc_teacher is not None:
-        from agents.registry import AGENTS
+        from diloco_gym.agents.registry import AGENTS
 
         if cfg.bc_teacher not in AGENTS:
             raise ConfigError(

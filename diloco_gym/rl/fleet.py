@@ -7,7 +7,7 @@ training env per budget (each
 episode seeds drawn from the training range (:mod:`diloco_gym.eval.seed_ranges`), so the
 protocol's test seeds (below 900,000) are held out. The model is saved as ``model.zip``
 with a ``meta.json`` (algorithm, fleet file, budgets, hyperparameters, seeds, versions,
-observation transform and size) that :func:`agents.learned.load_learned_agent` reads.
+observation transform and size) that :func:`diloco_gym.agents.learned.load_learned_agent` reads.
 
     python -m diloco_gym.rl.fleet --fleet docs/examples/fleet.toml --budgets 32 48 64 \
         --timesteps 60000 --seed 0 --out agents/reference/fleet-budget
@@ -65,11 +65,12 @@ def clone_teacher(
     """Warm start: fit ``model``'s policy to a deployable teacher's actions (behaviour
     cloning, cross-entropy, Adam) on ``episodes`` training-range episodes of every env of
     ``vec``; the teacher is the registry heuristic through its fleet view
-    (:func:`agents.fleet.fleet_agent`), so it reads the fleet observation as on any fleet."""
+    (:func:`diloco_gym.agents.fleet.fleet_agent`), so it reads the fleet observation as on
+    any fleet."""
     import numpy as np
 
-    from agents.fleet import fleet_agent
-    from agents.registry import make_agent
+    from diloco_gym.agents.fleet import fleet_agent
+    from diloco_gym.agents.registry import make_agent
     from diloco_gym.rl.train import fit_to_actions, teacher_samples
 
     rng = np.random.default_rng([seed, 77])

@@ -417,7 +417,7 @@ class HeldOutEvalCallback(BaseCallback):
 
     def evaluate(self) -> dict[str, Any]:
         """Run the validation episodes now; returns the mean metrics."""
-        from agents.learned import LearnedAgent
+        from diloco_gym.agents.learned import LearnedAgent
 
         agent = LearnedAgent(self.model, name="eval", obs_transform=self.obs_transform)
         res: list[dict[str, Any]] = []
@@ -695,7 +695,7 @@ def behaviour_clone(
         ``{"teacher", "episodes_per_env", "samples", "merge_share", "epochs",
         "train_accuracy", "merge_recall", "final_loss"}``.
     """
-    from agents.registry import make_agent
+    from diloco_gym.agents.registry import make_agent
     from diloco_gym.rl.wrappers import BudgetFeatures
 
     rng = np.random.default_rng([seed, 77])
@@ -1310,8 +1310,8 @@ def validation_comparison(
         policy chose, over all episodes, the rest being forced) and
         ``"same_schedules_as_fixed_512"`` (episodes whose merges equal fixed-512's).
     """
-    from agents.learned import load_learned_agent
-    from agents.registry import make_agent
+    from diloco_gym.agents.learned import load_learned_agent
+    from diloco_gym.agents.registry import make_agent
     from diloco_gym.eval import protocol
 
     env = DiLoCoSyncEnv(regime=regime, **(env_kwargs or {}))

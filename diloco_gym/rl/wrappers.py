@@ -4,7 +4,7 @@ A policy trained across merge budgets must know its budget. The env's observatio
 carries ``budget_left`` (merges left / ``merge_budget``), which says nothing about how large
 the budget is or how the merges left compare with the time left. :func:`budget_features`
 adds three features, computed from the observation and the env's *public* merge budget
-only (the same information :class:`agents.heuristics.BudgetPace` reads), so a deployed
+only (the same information :class:`diloco_gym.agents.heuristics.BudgetPace` reads), so a deployed
 scheduler can compute them as well:
 
 =====  ================  ===================================================================
@@ -20,8 +20,8 @@ scheduler can compute them as well:
 =====  ================  ===================================================================
 
 :class:`BudgetFeatures` is the Gymnasium wrapper used in training; the loaded agent
-(:class:`agents.learned.LearnedAgent`) applies :func:`budget_features` itself, from its
-:class:`~agents.base.AgentContext`, so training and deployment compute the same numbers.
+(:class:`diloco_gym.agents.learned.LearnedAgent`) applies :func:`budget_features` itself, from its
+:class:`~diloco_gym.agents.base.AgentContext`, so training and deployment compute the same numbers.
 """
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ def budget_features(obs: np.ndarray, params: EnvParams) -> np.ndarray:
     Raises:
         ValueError: ``params`` has no merge budget.
     """
-    from agents.heuristics import BudgetPace  # the one decoder of the budget state
+    from diloco_gym.agents.heuristics import BudgetPace  # the one decoder of the budget state
 
     pace = BudgetPace(params)
     s = pace.read(np.asarray(obs))

@@ -56,7 +56,7 @@ def cell_config(config):
     def absolute(p: str | None) -> str | None:
         return None if p is None else str(Path(p).expanduser().resolve())
 
-    from agents.registry import AGENTS
+    from diloco_gym.agents.registry import AGENTS
 
     agents = [a if a in AGENTS else absolute(a) for a in config.agents]
     return replace(
@@ -186,7 +186,7 @@ def run_report_cell(cell: ReportCell) -> dict[str, Any]:
     )
     if cell.unit is None:
         return _calibration_cell(config, measured_key, fitted, units)
-    from agents.registry import make_agents
+    from diloco_gym.agents.registry import make_agents
     from diloco_gym.eval.sealed import seal_agents
 
     agents = _cached(

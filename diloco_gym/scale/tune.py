@@ -262,7 +262,7 @@ def _search_space(space: dict) -> dict:
 
 def _validate(model, env, seeds: list[int]) -> float:
     """Mean exact-replay sync-excess % of ``model`` over the validation ``seeds``."""
-    from agents.learned import LearnedAgent
+    from diloco_gym.agents.learned import LearnedAgent
     from diloco_gym.eval.rollout import run_episode
 
     agent = LearnedAgent(model, name="tune")

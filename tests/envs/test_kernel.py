@@ -140,7 +140,7 @@ def test_reset_refuses_a_foreign_episode():
 
 
 def test_run_episode_on_a_prebuilt_episode_equals_a_fresh_one():
-    from agents.registry import make_agent
+    from diloco_gym.agents.registry import make_agent
 
     env = DiLoCoSyncEnv(regime="bursty")
     ep = core.episode_from_seed(

@@ -8,8 +8,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from agents.fleet import FleetOracleView, FleetView, aggregate_obs, fleet_agent
-from agents.heuristics import OfflineCalibratedOracle, OnlineForecastWA, PressureGate
+from diloco_gym.agents.fleet import FleetOracleView, FleetView, aggregate_obs, fleet_agent
+from diloco_gym.agents.heuristics import OfflineCalibratedOracle, OnlineForecastWA, PressureGate
 from diloco_gym.envs.core import OBS_DIM, OBS_INDEX, squash_rate, unsquash_rate
 from diloco_gym.envs.fleet import DiLoCoFleetEnv
 from diloco_gym.eval import protocol

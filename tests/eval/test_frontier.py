@@ -9,8 +9,8 @@ import pandas as pd
 import pytest
 
 import diloco_gym
-from agents.heuristics import BudgetPace, FixedBudget, OnlineForecastBudget
-from agents.registry import BUDGETED, is_budget_aware, make_agent
+from diloco_gym.agents.heuristics import BudgetPace, FixedBudget, OnlineForecastBudget
+from diloco_gym.agents.registry import BUDGETED, is_budget_aware, make_agent
 from diloco_gym.cli import main
 from diloco_gym.eval import frontier as fr
 from diloco_gym.eval import protocol
@@ -413,7 +413,7 @@ def test_cli_end_to_end(tmp_path, capsys):
 def test_cli_extra_agent_joins_both_default_lists(tmp_path):
     """--agent adds to the default free agents and budget agents, not instead of them."""
     pytest.importorskip("stable_baselines3")
-    from agents.registry import HEURISTICS
+    from diloco_gym.agents.registry import HEURISTICS
 
     out = tmp_path / "fr"
     assert (

@@ -613,7 +613,7 @@ def test_high_load_report_diff_equals_the_all_exact_computation(tmp_path):
     columns (hence agent minus control) equal an independent all-exact recomputation:
     the env's own replay for the agent, whole-episode replays for every draw and the
     oracle's schedule."""
-    from agents.registry import make_agent
+    from diloco_gym.agents.registry import make_agent
     from diloco_gym.eval.report import _trace_units
     from diloco_gym.eval.rollout import run_episode
     from diloco_gym.sim.loaders import save_native

@@ -14,8 +14,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from agents.base import Agent
 from diloco_gym import DiLoCoSyncEnv
+from diloco_gym.agents.base import Agent
 from diloco_gym.eval.rollout import run_episode
 from diloco_gym.eval.sealed import SealedAgent, seal_agents
 
@@ -141,7 +141,7 @@ def test_a_gc_and_frame_walking_agent_finds_nothing_when_sealed(tmp_path):
 
 
 def test_sealed_agents_act_exactly_as_in_process():
-    from agents.registry import make_agents
+    from diloco_gym.agents.registry import make_agents
 
     names = ["online-forecast", "wa-diloco", "fixed-budget"]
     env = DiLoCoSyncEnv("bursty", merge_budget=10)
@@ -160,7 +160,7 @@ def test_sealed_agents_act_exactly_as_in_process():
 
 
 def test_the_oracle_is_never_sealed_and_errors_name_the_agent():
-    from agents.registry import make_agents
+    from diloco_gym.agents.registry import make_agents
 
     oracle, fixed = make_agents(["offline-oracle", "fixed-512"])
     out = seal_agents([oracle, fixed])
@@ -198,8 +198,8 @@ def test_a_script_without_a_main_guard_gets_a_clear_error(tmp_path):
     script = tmp_path / "noguard.py"
     script.write_text(
         "import numpy as np\n"
-        "from agents.base import AgentContext\n"
-        "from agents.registry import make_agent\n"
+        "from diloco_gym.agents.base import AgentContext\n"
+        "from diloco_gym.agents.registry import make_agent\n"
         "from diloco_gym.envs.core import EnvParams\n"
         "from diloco_gym.eval.sealed import SealedAgent\n"
         "a = SealedAgent(make_agent('online-forecast'))\n"

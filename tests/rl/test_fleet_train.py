@@ -9,8 +9,8 @@ import pytest
 
 pytest.importorskip("sb3_contrib")
 
-from agents.fleet import fleet_agent  # noqa: E402
-from agents.registry import make_agents  # noqa: E402
+from diloco_gym.agents.fleet import fleet_agent  # noqa: E402
+from diloco_gym.agents.registry import make_agents  # noqa: E402
 from diloco_gym.envs.fleet import DiLoCoFleetEnv  # noqa: E402
 from diloco_gym.eval.rollout import run_episode  # noqa: E402
 from diloco_gym.rl.fleet import train_fleet_agent  # noqa: E402

@@ -12,13 +12,13 @@ import pytest
 
 pytest.importorskip("stable_baselines3")
 
-from agents.learned import (  # noqa: E402
+from diloco_gym.agents.learned import (  # noqa: E402
     REFERENCE_MODEL,
     LearnedAgent,
     load_learned_agent,
     reference_model_path,
 )
-from agents.registry import make_agent, make_agents  # noqa: E402
+from diloco_gym.agents.registry import make_agent, make_agents  # noqa: E402
 from diloco_gym.cli import main  # noqa: E402
 from diloco_gym.envs.env import DiLoCoSyncEnv  # noqa: E402
 from diloco_gym.eval.rollout import run_episode  # noqa: E402
@@ -275,7 +275,7 @@ def test_reference_agent_works_from_any_directory(tmp_path: Path) -> None:
 
     root = Path(__file__).resolve().parents[2]
     code = (
-        "from agents.registry import make_agent\n"
+        "from diloco_gym.agents.registry import make_agent\n"
         "from diloco_gym.envs.env import DiLoCoSyncEnv\n"
         "from diloco_gym.eval.rollout import run_episode\n"
         "a = make_agent('reference-ppo')\n"
@@ -329,11 +329,11 @@ def test_reference_agent_is_package_data() -> None:
         )
     )
     layers = {f"diloco_gym.{layer}" for layer in ("sim", "envs", "eval", "rl", "live", "scale")}
-    assert {"agents", "agents.reference", "diloco_gym"} | layers <= found
+    assert {"diloco_gym", "diloco_gym.agents", "diloco_gym.agents.reference"} | layers <= found
     shipped = {
         f
-        for pattern in conf["package-data"]["agents.reference"]
-        for f in (root / "agents" / "reference").glob(pattern)
+        for pattern in conf["package-data"]["diloco_gym.agents"]
+        for f in (root / "agents").glob(pattern)
     }
     for name in ("model.zip", "meta.json", "README.md"):
         assert root / "agents" / "reference" / name in shipped
@@ -509,7 +509,7 @@ class _Never:
 
 
 def test_a_policy_that_never_merges_is_flagged() -> None:
-    from agents.registry import make_agent
+    from diloco_gym.agents.registry import make_agent
 
     seeds = [tr.VALIDATION_SEED0, tr.VALIDATION_SEED0 + 1]
     never = tr.validation_comparison(_Never(), "bursty", seeds, draws=20)
@@ -540,7 +540,7 @@ def test_budget_reference_agents_ship_with_config_command_and_curve(name, folder
     root = Path(__file__).resolve().parents[2]
     ref = root / "agents" / "reference"
     conf = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]
-    shipped = {f for p in conf["package-data"]["agents.reference"] for f in ref.glob(p)}
+    shipped = {f for p in conf["package-data"]["diloco_gym.agents"] for f in ref.parent.glob(p)}
     files = ("model.zip", "meta.json", "config.toml", "validation.csv", "validation.png")
     for f in files:
         assert ref / folder / f in shipped, f
@@ -549,7 +549,7 @@ def test_budget_reference_agents_ship_with_config_command_and_curve(name, folder
     assert meta["command"].startswith(f"diloco-gym train --config agents/reference/{folder}/")
     assert meta["status"] == "complete" and meta["algo"] == "maskable-ppo"
     assert f"`{name}`" in (ref / "README.md").read_text()
-    from agents.registry import is_budget_aware_spec
+    from diloco_gym.agents.registry import is_budget_aware_spec
 
     assert is_budget_aware_spec(name)  # frontier --agent runs it on the grid only
     agent = make_agent(name)
@@ -564,7 +564,7 @@ def test_budget_reference_agents_ship_with_config_command_and_curve(name, folder
 def test_a_missing_rl_extra_is_named_not_blamed_on_the_file(monkeypatch) -> None:
     """Without stable-baselines3 (no 'rl' extra) the shipped model is a valid file: the
     error names the missing extra, not the model."""
-    import agents.learned as learned
+    import diloco_gym.agents.learned as learned
 
     def no_rl(algo: str):
         raise ImportError(f"No module named 'stable_baselines3' ({algo})")

@@ -16,13 +16,13 @@ import pytest
 pytest.importorskip("stable_baselines3")
 pytest.importorskip("sb3_contrib")
 
-from agents.learned import (  # noqa: E402
+from diloco_gym.agents.learned import (  # noqa: E402
     REFERENCE_AGENTS,
     _model_class,
     load_learned_agent,
     reference_model_path,
 )
-from agents.safe_model import UnsafeModelError, load_policy_safely  # noqa: E402
+from diloco_gym.agents.safe_model import UnsafeModelError, load_policy_safely  # noqa: E402
 
 pytestmark = pytest.mark.slow  # loads torch and SB3 models
 

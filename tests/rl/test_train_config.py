@@ -11,8 +11,8 @@ import pytest
 
 pytest.importorskip("sb3_contrib")
 
-from agents.heuristics import BudgetPace  # noqa: E402
-from agents.learned import LearnedAgent, load_learned_agent  # noqa: E402
+from diloco_gym.agents.heuristics import BudgetPace  # noqa: E402
+from diloco_gym.agents.learned import LearnedAgent, load_learned_agent  # noqa: E402
 from diloco_gym.cli import main  # noqa: E402
 from diloco_gym.envs.env import DiLoCoSyncEnv  # noqa: E402
 from diloco_gym.eval.rollout import run_episode  # noqa: E402
@@ -258,7 +258,7 @@ def test_frontier_runs_a_budget_conditioned_agent_on_the_grid_only(tiny_run, tmp
     marked budget-aware, with exactly the budget's merges."""
     import pandas as pd
 
-    from agents.registry import is_budget_aware_spec
+    from diloco_gym.agents.registry import is_budget_aware_spec
 
     model = str(tiny_run / "model.zip")
     assert is_budget_aware_spec(model) and is_budget_aware_spec(str(tiny_run))

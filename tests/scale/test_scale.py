@@ -306,7 +306,7 @@ n_epochs = 1
 def test_tiny_tune_saves_a_model_report_accepts(tmp_path, local_ray):
     pytest.importorskip("stable_baselines3")
     pytest.importorskip("ray.tune")
-    from agents.registry import make_agents
+    from diloco_gym.agents.registry import make_agents
     from diloco_gym.envs.env import DiLoCoSyncEnv
     from diloco_gym.eval.rollout import run_episode
     from diloco_gym.rl import train as tr
