@@ -9,6 +9,8 @@
 :mod:`~diloco_gym.rl.algos` (the algorithm table) and :mod:`~diloco_gym.rl.config`
 (config files). :mod:`~diloco_gym.rl.wrappers` gives a policy its budget features,
 :mod:`~diloco_gym.rl.sb3` adapts the native vector env, :mod:`~diloco_gym.rl.fleet` trains
-the fleet agent, and :mod:`~diloco_gym.rl.train` keeps 0.5.0's names. Importing this
+the fleet agent, :mod:`~diloco_gym.rl.seeds` trains and judges a configuration across
+training seeds (:mod:`~diloco_gym.rl.aggregate`: the aggregate measures), and
+:mod:`~diloco_gym.rl.train` keeps 0.5.0's names. Importing this
 package does not import Stable-Baselines3 or torch; its modules do.
 """

@@ -195,8 +195,11 @@ def run_layout(cfg: Any) -> tuple[list[Any] | None, str, int]:
     return specs, vec_env, n_envs
 
 
-def run_train_command(args: argparse.Namespace) -> int:
+def run_train_command(args: argparse.Namespace, argv: list[str] | None = None) -> int:
     """Run ``diloco-gym train`` with parsed ``args``; returns the exit status.
+
+    ``argv`` is the command line to record in meta.json (``diloco-gym`` and these
+    arguments; default ``sys.argv[1:]``).
 
     After training it prints the final model's validation result: next to fixed-512 and
     its matched random (warning when the policy never chooses to merge), or, for a
@@ -216,7 +219,8 @@ def run_train_command(args: argparse.Namespace) -> int:
     record.update(n_envs=n_envs, vec_env=vec_env)
     if cfg.source is not None:
         record["file"] = cfg.source
-    command = "diloco-gym " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    given = sys.argv[1:] if argv is None else argv
+    command = "diloco-gym " + " ".join(shlex.quote(a) for a in given)
     path_model = train(
         cfg.algo,
         regime=cfg.label,
