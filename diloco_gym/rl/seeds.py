@@ -52,6 +52,7 @@ __all__ = [
     "evaluate_runs",
     "evaluate_fleet_runs",
     "summarize",
+    "family_claims",
     "main",
 ]
 
@@ -487,6 +488,95 @@ def render_markdown(summary: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+# ------------------------------------------------------------------------------ claims
+def family_claims(eval_dir: Path, runs: Sequence[str]) -> Any:
+    """The shipped-agent comparison of ``diloco-gym frontier`` recomputed on a family: the
+    evaluation's heuristics plus the learned ``runs`` (``NAME-sSEED``), as if only they had
+    been run. Per regime x budget and learned run: its sync-excess, the best heuristic
+    (lowest mean sync-excess), the paired difference with its 95 % CI, raw p and Holm p
+    across the family's agent pairs at that budget, and the difference to matched random
+    with Holm across the family's agents. Each test's p-value depends only on its own pair
+    (fixed generators), so these equal a frontier run of that family on the same seeds.
+    """
+    import pandas as pd
+
+    from diloco_gym.eval.report import holm
+
+    eval_dir = Path(eval_dir)
+    record = json.loads((eval_dir / "agents.json").read_text())
+    by_run = {f"{r['config']}-s{r['seed']}": r["agent"] for r in record["learned"]}
+    unknown = [r for r in runs if r not in by_run]
+    if unknown:
+        raise ValueError(f"{eval_dir}: no evaluated run {unknown[0]!r}; have {sorted(by_run)}")
+    learned = [by_run[r] for r in runs]
+    family = set(record["heuristics"]) | set(learned)
+    budgets = pd.read_csv(eval_dir / "budgets.csv")
+    budgets = budgets[budgets["agent"].isin(family)].copy()
+    pairs = pd.read_csv(eval_dir / "pairwise.csv")
+    pairs = pairs[pairs["agent_a"].isin(family) & pairs["agent_b"].isin(family)].copy()
+    keys = ["regime", "budget_per_hour"]
+    for frame, col in ((budgets, "p_value"), (pairs, "p_value")):
+        frame["p_family_holm"] = frame.groupby(keys)[col].transform(lambda p: holm(p.to_numpy()))
+    rows = []
+    for (regime, per_hour), g in budgets.groupby(keys, sort=False):
+        heur = g[g["agent"].isin(record["heuristics"])]
+        best = heur.loc[heur["sync_excess_pct"].idxmin()]
+        for run, agent in zip(runs, learned, strict=True):
+            a = g[g["agent"] == agent].iloc[0]
+            rows.append(
+                {
+                    "regime": regime,
+                    "budget_per_hour": per_hour,
+                    "run": run,
+                    "sync_excess_pct": a["sync_excess_pct"],
+                    "gap_captured": a["gap_captured"],
+                    "gap_ci": [a["gap_ci_low"], a["gap_ci_high"]],
+                    "vs_random_pp": a["diff_pp"],
+                    "vs_random_holm": a["p_family_holm"],
+                    "best_heuristic": best["agent"],
+                    "best_heuristic_pct": best["sync_excess_pct"],
+                    **_pair(pairs, regime, per_hour, agent, best["agent"]),
+                }
+            )
+    return pd.DataFrame(rows)
+
+
+def _pair(pairs: Any, regime: str, per_hour: float, a: str, b: str) -> dict[str, Any]:
+    """``a - b`` from the pairwise table (whichever order it holds them in)."""
+    at = pairs[(pairs["regime"] == regime) & (pairs["budget_per_hour"] == per_hour)]
+    row = at[(at["agent_a"] == a) & (at["agent_b"] == b)]
+    sign = 1.0
+    if row.empty:
+        row, sign = at[(at["agent_a"] == b) & (at["agent_b"] == a)], -1.0
+    r = row.iloc[0]
+    lo, hi = sorted((sign * r["diff_ci_low"], sign * r["diff_ci_high"]))
+    return {
+        "vs_best_pp": sign * r["diff_pp"],
+        "vs_best_ci": [lo, hi],
+        "vs_best_p": r["p_value"],
+        "vs_best_holm": r["p_family_holm"],
+    }
+
+
+def render_claims(table: Any) -> str:
+    """:func:`family_claims` as a Markdown table."""
+    lines = [
+        "| regime | merges/h | run | agent % | gap [95 % CI] | agent - matched random, pp "
+        "(Holm p) | best heuristic % | agent - best heuristic, pp [95 % CI] (p, Holm p) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for _, r in table.iterrows():
+        lines.append(
+            f"| {r['regime']} | {r['budget_per_hour']:g} | {r['run']} | "
+            f"{r['sync_excess_pct']:.2f} | {r['gap_captured']:.2f} [{r['gap_ci'][0]:.2f}, "
+            f"{r['gap_ci'][1]:.2f}] | {r['vs_random_pp']:+.2f} ({r['vs_random_holm']:.2g}) | "
+            f"{r['best_heuristic']} {r['best_heuristic_pct']:.2f} | {r['vs_best_pp']:+.2f} "
+            f"[{r['vs_best_ci'][0]:+.2f}, {r['vs_best_ci'][1]:+.2f}] ({r['vs_best_p']:.2g}, "
+            f"{r['vs_best_holm']:.2g}) |"
+        )
+    return "\n".join(lines) + "\n"
+
+
 # ------------------------------------------------------------------------ command line
 def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
@@ -518,6 +608,10 @@ def _parser() -> argparse.ArgumentParser:
     ef.add_argument("--name", required=True)
     ef.add_argument("--fleet", required=True, help="the fleet file the models trained on")
     ef.add_argument("--budgets", type=int, nargs="+", required=True, help="syncs per episode")
+    c = sub.add_parser("claims", help="a family's comparison on an evaluation's seeds")
+    c.add_argument("--eval", required=True, help="an evaluation folder")
+    c.add_argument("--runs", nargs="+", required=True, help="learned runs, NAME-sSEED")
+    c.add_argument("--out", required=True, help="Markdown file to write")
     s = sub.add_parser("summarize", help="aggregate measures and learning curves")
     s.add_argument("--evals", nargs="+", required=True, help="evaluation folders")
     s.add_argument("--runs", required=True)
@@ -541,6 +635,10 @@ def _run_step(a: argparse.Namespace) -> None:
             Path(a.runs), a.name, a.seeds, Path(a.out), a.fleet, a.budgets, a.heuristics,
             a.test_seeds, a.seed0, a.draws,
         )  # fmt: skip
+    elif a.step == "claims":
+        table = family_claims(Path(a.eval), a.runs)
+        Path(a.out).write_text(render_claims(table))
+        print(render_claims(table), end="")
     else:
         summarize(a.evals, Path(a.runs), a.curves, a.seeds, Path(a.out))
 

@@ -71,6 +71,34 @@ def test_a_tiny_study_trains_judges_and_aggregates(tmp_path: Path, capsys) -> No
     assert (out / "learning_curves.png").stat().st_size > 1000
     assert "| tiny | 2000-2002 | 2 |" in (out / "summary.md").read_text()
 
+    # a family's comparison equals a frontier run of that family on the same seeds
+    assert seeds.main(["claims", "--eval", str(ev), "--runs", "tiny-s1",
+                       "--out", str(tmp_path / "claims.md")]) == 0  # fmt: skip
+    table = seeds.family_claims(ev, ["tiny-s1"])
+    from diloco_gym.eval.frontier import FrontierConfig, run_frontier
+
+    alone = run_frontier(
+        FrontierConfig(
+            regimes=["bursty"], budgets_per_hour=[60, 96],
+            budget_agents=[record["learned"][1]["path"], "online-forecast-budget", "fixed-budget"],
+            free_agents=["fixed-512"], seeds=3, seed0=2000, draws=20, in_process_agents=True,
+        ),
+        progress=False,
+    )  # fmt: skip
+    agent = alone["budgets"]["agent"].iloc[0]
+    for _, r in table.iterrows():
+        at = alone["budgets"][alone["budgets"].budget_per_hour == r["budget_per_hour"]]
+        mine = at[at.agent == agent].iloc[0]
+        assert r["vs_random_holm"] == pytest.approx(mine["p_holm"])
+        assert r["sync_excess_pct"] == pytest.approx(mine["sync_excess_pct"])
+        pw = alone["pairwise"]
+        pw = pw[(pw.budget_per_hour == r["budget_per_hour"])
+                & pw.agent_a.isin([agent, r["best_heuristic"]])
+                & pw.agent_b.isin([agent, r["best_heuristic"]])]  # fmt: skip
+        assert r["vs_best_holm"] == pytest.approx(pw["p_holm"].item())
+        assert abs(r["vs_best_pp"]) == pytest.approx(abs(pw["diff_pp"].item()))
+    assert "| bursty | 60 | tiny-s1 |" in (tmp_path / "claims.md").read_text()
+
 
 def test_the_study_sets_seed_and_out_itself(tmp_path: Path, capsys) -> None:
     argv = ["train", "--name", "x", "--seeds", "0", "--out", str(tmp_path), "--", "--seed", "3"]
