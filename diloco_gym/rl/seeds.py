@@ -455,14 +455,15 @@ def render_markdown(summary: dict[str, Any]) -> str:
     """The summary as Markdown tables: one line per configuration and test block, then
     one line per task."""
     lines = [
-        "| configuration | test seeds | runs | gap captured IQM [95 % CI] "
+        "| configuration | regimes | test seeds | runs | gap captured IQM [95 % CI] "
         "| P(improvement) over the best heuristic [95 % CI] |",
-        "|---|---|---|---|---|",
+        "|---|---|---|---|---|---|",
     ]
     for r in summary["results"]:
         a, b = r["test_seeds"]
         lines.append(
-            f"| {r['config']} | {a}-{b} | {len(r['seeds'])} | {r['gap_iqm']:.2f} "
+            f"| {r['config']} | {', '.join(r['regimes'])} | {a}-{b} | {len(r['seeds'])} "
+            f"| {r['gap_iqm']:.2f} "
             f"[{r['gap_iqm_ci'][0]:.2f}, {r['gap_iqm_ci'][1]:.2f}] | "
             f"{r['probability_of_improvement']:.2f} [{r['probability_of_improvement_ci'][0]:.2f}, "
             f"{r['probability_of_improvement_ci'][1]:.2f}] |"

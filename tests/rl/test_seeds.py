@@ -69,7 +69,7 @@ def test_a_tiny_study_trains_judges_and_aggregates(tmp_path: Path, capsys) -> No
     lo, hi = res["gap_iqm_ci"]
     assert lo <= res["gap_iqm"] <= hi
     assert (out / "learning_curves.png").stat().st_size > 1000
-    assert "| tiny | 2000-2002 | 2 |" in (out / "summary.md").read_text()
+    assert "| tiny | bursty | 2000-2002 | 2 |" in (out / "summary.md").read_text()
 
     # a family's comparison equals a frontier run of that family on the same seeds
     assert seeds.main(["claims", "--eval", str(ev), "--runs", "tiny-s1",
