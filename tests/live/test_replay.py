@@ -1,16 +1,9 @@
-"""The open-loop load generator's two clients: the async one (httpx) and the
-threaded one (a thread per request over http.client, the default) record the same outcomes, and the
-async one follows a 200 req/s trace against the built-in engine.
-
-The send-lag target (p99 <= 5 ms at 200 req/s) is a property of the machine as much as of
-the client: on a loaded 2-core host neither client meets it (benchmarks/README.md has the
-numbers), so that assertion runs where ``DILOCO_GYM_SEND_LAG_CHECK=1`` says the machine is
-quiet; everywhere else the test still replays the trace and checks every request was sent
-and answered.
-"""
+"""The open-loop load generator (:mod:`diloco_gym.live.replay`): the completion check, garbage
+answers, the CPU sampler, and its two clients against a local server."""
 
 from __future__ import annotations
 
+import builtins
 import json
 import os
 import socket
@@ -23,10 +16,91 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-pytest.importorskip("httpx")
+from diloco_gym.live.replay import (
+    CLIENTS,
+    CpuSampler,
+    Endpoint,
+    OpenLoopReplayer,
+    check_completion,
+    post_completion,
+    probe_endpoint,
+)
+from diloco_gym.sim.traces import Trace
 
-from diloco_gym.live.replay import CLIENTS, Endpoint, OpenLoopReplayer  # noqa: E402
-from diloco_gym.sim.traces import Trace  # noqa: E402
+from .helpers import (
+    GARBAGE_BODIES,
+)
+
+
+def test_check_completion():
+    good = {"choices": [{"text": "a b"}], "usage": {"completion_tokens": 2}}
+    assert check_completion(good, 2) == ""
+    assert check_completion({"choices": [{"text": ""}]}, 4) == ""  # usage not reported
+    bad = [
+        ([], "JSON list instead of an object"),
+        ({}, "no 'choices' list"),
+        ({"choices": []}, "no 'choices' list"),
+        ({"choices": [1]}, "no 'text' string"),
+        ({"choices": [{"text": 3}]}, "no 'text' string"),
+        ({**good, "usage": [2]}, "'usage' is not an object"),
+        ({**good, "usage": {"completion_tokens": 3}}, "expected an integer in [0, 2]"),
+        ({**good, "usage": {"completion_tokens": "2"}}, 'is "2"'),
+        ({**good, "usage": {"completion_tokens": -1}}, "in [0, 2]"),
+    ]
+    for body, fragment in bad:
+        assert fragment in check_completion(body, 2), body
+
+
+def test_garbage_answers_never_raise(stub):
+    """Whatever an endpoint answers with HTTP 200, a completion is either valid or an
+    "invalid response" failure, and a model list is either ids or a stated reason."""
+    url = stub("raw")
+    server = stub.servers[-1][0]
+    ep = Endpoint.parse(url)
+    for body in GARBAGE_BODIES:
+        server.body = body
+        status, _, error = post_completion(ep, "m", "a b", 4, 5.0)
+        assert status == 200 and error.startswith("invalid response: "), (body[:20], error)
+        assert "\ufffd" not in error
+        info = probe_endpoint(url)
+        assert info["models"] == [] and info["models_error"], body[:20]
+
+
+def _sample(sampler: CpuSampler, wait_s: float = 1.0) -> float | None:
+    sampler.start()
+    deadline = time.monotonic() + wait_s
+    while sampler.value is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    sampler.stop()
+    return sampler.value
+
+
+def test_sampler_reads_psutil(monkeypatch):
+    psutil = pytest.importorskip("psutil")
+    calls = []
+
+    def fake(interval=None):
+        calls.append(interval)
+        return 37.5
+
+    monkeypatch.setattr(psutil, "cpu_percent", fake)
+    assert _sample(CpuSampler(interval_s=0.02)) == pytest.approx(0.375)
+    assert calls and all(c is None for c in calls)  # never blocks the sampling thread
+
+
+def test_sampler_without_psutil_uses_the_load_average(monkeypatch):
+    real_import = builtins.__import__
+
+    def no_psutil(name, *args, **kwargs):
+        if name == "psutil":
+            raise ImportError("no psutil")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_psutil)
+    monkeypatch.setattr("os.getloadavg", lambda: (0.5, 0.0, 0.0))
+    monkeypatch.setattr("os.cpu_count", lambda: 2)
+    assert _sample(CpuSampler(interval_s=0.02)) == pytest.approx(0.25)
+
 
 ROOT = Path(__file__).resolve().parents[2]
 
