@@ -123,6 +123,11 @@ class CalibrationConfig:
             merge_seconds)``).
         overload_timeout_fraction: stop the run when more than this fraction of a phase's
             answered requests timed out (after at least 3 timeouts).
+        link_shares: the sync intensities measured: link shares in (0, 1], one of them 1.
+            With more than one, every repeat adds a sync phase per share below 1 whose
+            merges all-reduce at that share of the unthrottled rate, and the interference
+            function of the fleet model is fitted (:mod:`diloco_gym.live.intensity`).
+        interference_resamples: bootstrap resamples of that fit's intervals.
     """
 
     seed: int = 0
@@ -160,6 +165,8 @@ class CalibrationConfig:
     overload_inflight: int | None = None
     overload_grace_s: float | None = None
     overload_timeout_fraction: float = 0.2
+    link_shares: tuple[float, ...] = (1.0,)
+    interference_resamples: int = 200
 
     def __post_init__(self) -> None:
         for name in ("timeout_s", "merge_seconds", "pressure_norm_inflight", "progress_every_s"):
@@ -229,6 +236,17 @@ class CalibrationConfig:
             )
         if not self.engine_start_timeout_s > 0:
             raise ValueError("CalibrationConfig.engine_start_timeout_s must be > 0")
+        _check_link_shares(self.link_shares)
+        if not isinstance(self.interference_resamples, int) or self.interference_resamples < 0:
+            raise ValueError(
+                f"CalibrationConfig.interference_resamples must be an int >= 0, got "
+                f"{self.interference_resamples!r}"
+            )
+
+    @property
+    def shares_below_one(self) -> tuple[float, ...]:
+        """The link shares below 1, largest first (their sync phases are ``sync@U``)."""
+        return tuple(sorted((u for u in self.link_shares if u < 1.0), reverse=True))
 
     def resolved(self, builtin: bool) -> CalibrationConfig:
         """The config with its ``None`` defaults filled for the built-in sidecar or not."""
@@ -246,3 +264,19 @@ def default_engine_threads(merge: MergeConfig, cpus: int | None = None) -> int:
         cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
         cpus = cpus or os.cpu_count() or 1
     return max(1, cpus - merge.workers * merge.torch_threads)
+
+
+def _check_link_shares(shares: object) -> None:
+    """``link_shares`` is a tuple of distinct numbers in (0, 1] that holds 1."""
+    if not isinstance(shares, tuple) or not shares:
+        raise ValueError(f"CalibrationConfig.link_shares must be a non-empty tuple, got {shares!r}")
+    for u in shares:
+        if isinstance(u, bool) or not isinstance(u, int | float) or not 0.0 < u <= 1.0:
+            raise ValueError(f"CalibrationConfig.link_shares must lie in (0, 1], got {u!r}")
+    if len(set(shares)) != len(shares):
+        raise ValueError(f"CalibrationConfig.link_shares has a share twice: {list(shares)}")
+    if 1.0 not in shares:
+        raise ValueError(
+            f"CalibrationConfig.link_shares must include 1 (the full-rate sync phase the "
+            f"calibration's own entry measures), got {list(shares)}"
+        )

@@ -28,6 +28,7 @@ from diloco_gym.live.fit import (
     measured_effect_sizes,
 )
 from diloco_gym.live.plan import (
+    level_name,
     phase_key,
 )
 from diloco_gym.live.replay import (
@@ -62,20 +63,26 @@ def finite(x: Any) -> Any:
     return x
 
 
-def run_data(records: list[RequestRecord], run: RunState) -> RunData:
-    keys = {(p["name"], p["repeat"]): p for p in run.phases.values()}
+def run_data(records: list[RequestRecord], run: RunState, level: str = "sync") -> RunData:
+    """The successful requests of the sync phases labelled ``level`` (relabelled ``sync``:
+    ``sync@U`` for a phase at link share ``U``) and of the control phases, with the merge
+    windows of those sync phases; the default is the full-rate run."""
+    keys = {
+        (p["name"], p["repeat"]): p for p in run.phases.values() if p["name"] in (level, "control")
+    }
     ok = [r for r in records if r.ok and (r.phase, r.repeat) in keys]
     origin = {key: p["origin_s"] for key, p in keys.items()}
     windows: dict[int, list[tuple[float, float]]] = {}
     for m in run.merges:
         k = m.get("repeat", 0)
-        if m.get("end_s") is not None and ("sync", k) in origin:
-            o = origin[("sync", k)]
+        # A full-rate merge's entry has no phase (as in files before link shares).
+        if m.get("phase", "sync") == level and m.get("end_s") is not None and (level, k) in origin:
+            o = origin[(level, k)]
             windows.setdefault(k, []).append((m["start_s"] - o, m["end_s"] - o))
-    first = keys.get(("sync", 0), {})
+    first = keys.get((level, 0), {})
     control: dict = next((p for (name, _), p in keys.items() if name == "control"), {})
     return RunData(
-        phase=np.array([r.phase for r in ok], dtype=object),
+        phase=np.array(["sync" if r.phase == level else r.phase for r in ok], dtype=object),
         offset_s=np.array([r.send_s - origin[(r.phase, r.repeat)] for r in ok], dtype=np.float64),
         latency_s=np.array([r.latency_s for r in ok], dtype=np.float64),
         prompt_tokens=np.array([r.prompt_tokens for r in ok], dtype=np.int64),
@@ -171,8 +178,50 @@ def build_document(
         "merges": run.merges,
         "records": _records_columns(records),
     }
+    if cfg.shares_below_one and counts["ok"]:
+        document = _with_interference(document, records, run, cfg, intervals)
     document["uncertain"] = uncertain_reasons(document)
     return document
+
+
+def _with_interference(
+    document: dict, records: list[RequestRecord], run: RunState, cfg: CalibrationConfig,
+    intervals: bool,
+) -> dict:  # fmt: skip
+    """``document`` with the ``interference`` block (after ``fit``): the slowdown at every
+    link share and the fitted interference function (:mod:`diloco_gym.live.intensity`)."""
+    from diloco_gym.live.intensity import interference_block
+
+    try:
+        params = SidecarParams(**document["fitted_sidecar"])
+    except (TypeError, ValueError) as exc:  # no fit (a degenerate partial run)
+        block: dict = {"error": f"no fitted sidecar to refit per link share ({exc})"}
+    else:
+        shares = (1.0, *cfg.shares_below_one)
+        levels = {u: run_data(records, run, level_name(u)) for u in shares}
+        achieved = {u: _achieved_share(run.merges, level_name(u)) for u in shares}
+        resamples = cfg.interference_resamples if intervals else 0
+        block = interference_block(
+            levels, params, achieved, resamples, cfg.seed, cfg.pressure_norm_inflight,
+            cfg.high_pressure, cfg.bootstrap_resamples if intervals else 0,
+        )  # fmt: skip
+    out: dict = {}
+    for key, value in document.items():
+        out[key] = value
+        if key == "fit":
+            out["interference"] = block
+    return out
+
+
+def _achieved_share(merges: list[dict], level: str) -> float | None:
+    """The mean share of its windows that the all-reduces of ``level``'s merges occupied
+    (``None`` at the full rate, whose merges do not report it)."""
+    values = [
+        m["achieved_share"]
+        for m in merges
+        if m.get("phase") == level and m.get("achieved_share") is not None
+    ]
+    return float(np.mean(values)) if values else None
 
 
 #: A control phase whose p95 is more than this many times the probe's p95 at a load at
@@ -415,6 +464,7 @@ def summary_lines(document: dict) -> list[str]:
             + (f", within the {100 * limit:.0f} % limit" if limit is not None else "")
             + f"; {kinds}); they are left out of the measurements"
         )
+    lines += _interference_lines(document.get("interference"))
     lines += [f"fit note: {note}" for note in document["fit"].get("notes", [])]
     lines += [f"UNCERTAIN: {why}" for why in document.get("uncertain") or []]
     if "error" in document["fit"]:
@@ -424,3 +474,37 @@ def summary_lines(document: dict) -> list[str]:
 
 def _fmt(x: Any) -> str:
     return f"{x:.3f}" if isinstance(x, (int, float)) and math.isfinite(x) else "n/a"
+
+
+def _interference_lines(block: dict | None) -> list[str]:
+    """The console lines of the ``interference`` block (none without one)."""
+    if not block:
+        return []
+    if "error" in block:
+        return [f"interference: {block['error']}"]
+
+    def ci(bounds: list | None) -> str:
+        return f" [{_fmt(bounds[0])}, {_fmt(bounds[1])}]" if bounds else ""
+
+    gamma = (
+        f"{_fmt(block['share_exponent'])}{ci(block['share_exponent_interval'])}"
+        if block["share_exponent_fitted"]
+        else f"{_fmt(block['share_exponent'])} (kept: one share below 1)"
+    )
+    lines = [
+        f"interference: host_share {_fmt(block['host_share'])}{ci(block['host_share_interval'])}"
+        f", share_exponent {gamma}"
+    ]
+    for row in block["levels"]:
+        lines.append(
+            f"  link share {row['link_share']:g}"
+            + (
+                f" (achieved {_fmt(row['achieved_share'])})"
+                if row["achieved_share"] is not None
+                else ""
+            )
+            + f": p95 sync ratio {_fmt(row['p95_sync_ratio'])}{ci(row['p95_sync_ratio_ci'])}, "
+            f"sync_slowdown {_fmt(row['sync_slowdown'])}{ci(row['sync_slowdown_interval'])}"
+        )
+    lines += [f"interference note: {note}" for note in block.get("notes", [])]
+    return lines

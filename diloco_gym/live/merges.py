@@ -98,8 +98,8 @@ class MergeReport:
         checkpoint_s: rank 0's time writing and syncing the checkpoint.
         checkpoint_bytes: size of the checkpoint file.
         worker_s: per-rank time from receiving the command to reporting done.
-        link_share: of a throttled merge, the share of rank 0's all-reduce loop spent in
-            all-reduces (the achieved link share; ``None`` at full rate).
+        achieved_share: of a throttled merge, the share of rank 0's all-reduce loop spent
+            in all-reduces (the link share achieved; ``None`` at the full rate).
     """
 
     merge_id: int
@@ -109,7 +109,7 @@ class MergeReport:
     checkpoint_s: float = 0.0
     checkpoint_bytes: int = 0
     worker_s: list[float] = field(default_factory=list)
-    link_share: float | None = None
+    achieved_share: float | None = None
 
 
 def free_port() -> int:
@@ -419,7 +419,7 @@ class MergeCluster:
             window_s: how long the all-reduce loop runs (at least one round).
             link_share: in (0, 1]: the share of the window the transfers occupy (each
                 round followed by a pause, see :func:`_allreduce_loop`); 1 sends at the
-                full rate. The report then gives the share achieved (``link_share``).
+                full rate. The report then gives the share achieved (``achieved_share``).
             timeout_s: give up (and raise) after this long; default: window plus the
                 collective timeout.
 
@@ -457,7 +457,7 @@ class MergeCluster:
             [float(s["worker_s"]) for s in stats],
             # Only a throttled merge reports its share: a full-rate merge's report is as it
             # was before shares existed.
-            link_share=(
+            achieved_share=(
                 None
                 if link_share == 1.0
                 else float(stats[0]["busy_s"]) / max(float(stats[0]["allreduce_s"]), 1e-9)

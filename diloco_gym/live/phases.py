@@ -28,6 +28,7 @@ from diloco_gym.live.errors import (
 )
 from diloco_gym.live.merges import MergeCluster, MergeReport
 from diloco_gym.live.plan import (
+    level_share,
     phase_key,
 )
 from diloco_gym.live.state import RunState, TraceWindow
@@ -85,8 +86,7 @@ def phase_plans(run: RunState) -> list[PhasePlan]:
         if name == "control":
             plans.append(PhasePlan(name, repeat))
         else:
-            share = float(name.partition("@")[2] or 1.0)
-            plans.append(PhasePlan(name, repeat, tuple(run.plan), share))
+            plans.append(PhasePlan(name, repeat, tuple(run.plan), level_share(name)))
     return plans
 
 

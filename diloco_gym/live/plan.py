@@ -23,6 +23,8 @@ __all__ = [
     "token_arrays",
     "phase_order",
     "phase_key",
+    "level_name",
+    "level_share",
 ]
 
 
@@ -166,12 +168,20 @@ def token_arrays(win: Trace, cfg: CalibrationConfig) -> tuple[np.ndarray, np.nda
 
 def phase_order(cfg: CalibrationConfig) -> list[tuple[str, int]]:
     """The run's phases ``(name, repeat)``: ``repeats`` pairs of a sync and a control phase,
-    each pair in an order drawn from the seed (sync phases only without a control)."""
+    each pair in an order drawn from the seed (sync phases only without a control).
+
+    With link shares below 1 (``cfg.link_shares``), each repeat also has a sync phase
+    ``sync@U`` per share ``U``, and the repeat's phases are in an order drawn from the seed
+    (a permutation), so that drift of the host does not line up with the intensity.
+    """
     rng = np.random.default_rng([cfg.seed, 13])
+    extra = [level_name(u) for u in cfg.shares_below_one]
     order: list[tuple[str, int]] = []
     for k in range(cfg.repeats):
         names = ["sync", "control"] if cfg.control else ["sync"]
-        if cfg.control and rng.random() < 0.5:
+        if extra:
+            names = [(names + extra)[i] for i in rng.permutation(len(names) + len(extra))]
+        elif cfg.control and rng.random() < 0.5:
             names.reverse()
         order += [(name, k) for name in names]
     return order
@@ -181,3 +191,13 @@ def phase_key(name: str, repeat: int) -> str:
     """Key of a phase in the file's ``metadata.phases`` (``sync`` and ``control`` for the
     first repeat, as in files without repeats; ``sync-2`` ... after it)."""
     return name if repeat == 0 else f"{name}-{repeat + 1}"
+
+
+def level_name(share: float) -> str:
+    """The label of a sync phase at link share ``share``: ``sync`` at 1, else ``sync@U``."""
+    return "sync" if share == 1.0 else f"sync@{share:g}"
+
+
+def level_share(name: str) -> float:
+    """The link share of a sync phase label (:func:`level_name` read back)."""
+    return float(name.partition("@")[2] or 1.0)

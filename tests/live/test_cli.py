@@ -50,7 +50,7 @@ def test_every_calibrate_option_reaches_the_run(tmp_path, monkeypatch):
     argv += ["--probe-step-seconds", "6", "--repeats", "2", "--overload-inflight", "40"]
     argv += ["--overload-timeouts", "0.3", "--start", "7", "--merge-mb", "4", "--workers", "3"]
     argv += ["--backend", "gloo", "--merge-seconds", "5", "--gap-seconds", "2", "9"]
-    argv += ["--no-control", "--timeout", "11", "--label", "ordinary"]
+    argv += ["--no-control", "--timeout", "11", "--label", "ordinary", "--link-shares", "1", "0.5"]
     argv += ["--max-failure-rate", "0.25", "--seed", "17", "--out", str(tmp_path / "o.json")]
     assert run_calibrate_command(parser.parse_args(argv)) == 0
     cfg = seen["config"]
@@ -68,6 +68,7 @@ def test_every_calibrate_option_reaches_the_run(tmp_path, monkeypatch):
         7.0, 4.0, 3, "gloo"
     )  # fmt: skip
     assert (cfg.merge_seconds, cfg.gap_seconds, cfg.control) == (5.0, (2.0, 9.0), False)
+    assert cfg.link_shares == (1.0, 0.5)
     assert (cfg.timeout_s, cfg.label, cfg.max_error_fraction, cfg.seed) == (
         11.0, "ordinary", 0.25, 17
     )  # fmt: skip
@@ -82,6 +83,7 @@ def test_every_calibrate_option_reaches_the_run(tmp_path, monkeypatch):
     defaults = parser.parse_args(["--no-probe"])
     assert run_calibrate_command(defaults) == 0
     assert seen["config"].probe is None and seen["source"] == "sync-heavy"
+    assert seen["config"].link_shares == (1.0,)
 
 
 @pytest.mark.parametrize(
@@ -91,6 +93,7 @@ def test_every_calibrate_option_reaches_the_run(tmp_path, monkeypatch):
         (["--engine-model-config", '{"bogus": 1}'], "bogus"),
         (["--target-utilization", "1.5"], "target_utilization must be in (0, 1]"),
         (["--engine-threads", "0"], "CalibrationConfig.engine_threads must be None or an int >= 1"),
+        (["--link-shares", "0.5"], "CalibrationConfig.link_shares must include 1"),
     ],
 )
 def test_bad_calibrate_options_are_usage_errors(tmp_path, monkeypatch, capsys, argv, fragment):

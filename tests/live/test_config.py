@@ -64,3 +64,24 @@ def test_engine_threads_are_the_cores_the_merge_workers_leave():
     assert default_engine_threads(MergeConfig(workers=3, torch_threads=2), cpus=16) == 10
     assert default_engine_threads(MergeConfig(workers=4), cpus=2) == 1
     assert default_engine_threads(MergeConfig(workers=1)) >= 1  # this host's CPUs
+
+
+@pytest.mark.parametrize(
+    ("shares", "message"),
+    [
+        ((0.5,), "must include 1"),
+        ((1.0, 0.0), r"must lie in \(0, 1\], got 0.0"),
+        ((1.0, 1.2), r"must lie in \(0, 1\], got 1.2"),
+        ((1.0, 0.5, 0.5), "has a share twice"),
+        ((), "non-empty tuple"),
+        ([1.0, 0.5], "non-empty tuple"),
+    ],
+)
+def test_bad_link_shares_are_refused(shares, message):
+    with pytest.raises(ValueError, match=message):
+        CalibrationConfig(link_shares=shares)
+
+
+def test_the_shares_below_one_come_largest_first():
+    assert CalibrationConfig(link_shares=(0.25, 1.0, 0.5)).shares_below_one == (0.5, 0.25)
+    assert CalibrationConfig().shares_below_one == ()

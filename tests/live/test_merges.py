@@ -43,10 +43,10 @@ def test_full_and_throttled_merges_and_a_dead_worker():
         full = cluster.merge(1.0)
         assert full.allreduce_s >= 1.0 and full.allreduces >= 2
         assert full.bytes_per_allreduce == 2 * 2**20 and full.checkpoint_bytes >= 2 * 2**20
-        assert full.link_share is None  # a full-rate report is as before shares existed
+        assert full.achieved_share is None  # a full-rate report is as before shares existed
         slow = cluster.merge(1.0, link_share=0.25)
         assert slow.allreduce_s >= 1.0
-        assert slow.link_share is not None and 0.1 <= slow.link_share <= 0.45, slow
+        assert slow.achieved_share is not None and 0.1 <= slow.achieved_share <= 0.45, slow
         assert slow.allreduces < full.allreduces
         with pytest.raises(ValueError, match=r"link_share must be in \(0, 1\], got 0"):
             cluster.merge(1.0, link_share=0)

@@ -189,7 +189,7 @@ def test_one_phase_function_runs_a_sync_and_a_control_phase():
         def merge(self, window_s, link_share=1.0):
             calls.append(("merge", window_s, link_share))
             return MergeReport(
-                len(calls), allreduces=2, link_share=None if link_share == 1 else 0.3
+                len(calls), allreduces=2, achieved_share=None if link_share == 1 else 0.3
             )
 
     run = RunState(t0=time.monotonic(), started_utc="now")
@@ -211,7 +211,7 @@ def test_one_phase_function_runs_a_sync_and_a_control_phase():
     run_phase(run, PhasePlan("control", 0), None, None, win, 0.1, cfg, lines.append)
     assert calls == [("phase", "sync@0.5", 0), ("merge", 0.1, 0.5), ("phase", "control", 0)]
     (entry,) = run.merges
-    assert (entry["phase"], entry["link_share"], entry["allreduces"]) == ("sync@0.5", 0.3, 2)
+    assert (entry["phase"], entry["link_share"], entry["achieved_share"]) == ("sync@0.5", 0.5, 0.3)
     assert set(run.phases) == {"sync@0.5", "control"}
     assert all("end_s" in p for p in run.phases.values())
     assert lines[0] == "sync phase at link share 0.5 1/1: 0.1 s, 1 requests, 1 merges"

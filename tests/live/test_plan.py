@@ -6,7 +6,7 @@ from diloco_gym.live.calibrate import (
     CalibrationConfig,
     plan_merges,
 )
-from diloco_gym.live.plan import phase_order
+from diloco_gym.live.plan import level_name, level_share, phase_order
 
 
 def test_plan_merges_fits_the_phase():
@@ -31,3 +31,19 @@ def test_phase_order_is_seeded_and_pairs_sync_with_control():
         "sync",
         "sync",
     ]
+
+
+def test_phase_order_with_link_shares_permutes_every_phase_of_a_repeat():
+    """With shares below 1 each repeat holds a control, a full-rate and one sync phase per
+    share, in a seeded permutation; without them the order is the plain pairs' order."""
+    cfg = CalibrationConfig(seed=5, repeats=4, link_shares=(1.0, 0.5, 0.25))
+    order = phase_order(cfg)
+    assert order == phase_order(cfg)  # seeded
+    for k in range(4):
+        names = [n for n, rep in order if rep == k]
+        assert sorted(names) == ["control", "sync", "sync@0.25", "sync@0.5"]
+    assert len({tuple(n for n, rep in order if rep == k) for k in range(4)}) > 1
+    plain = phase_order(CalibrationConfig(seed=5, repeats=4))
+    assert all(n in ("sync", "control") for n, _ in plain) and len(plain) == 8
+    assert level_name(1.0) == "sync" and level_name(0.25) == "sync@0.25"
+    assert level_share("sync@0.25") == 0.25 and level_share("sync") == 1.0

@@ -31,6 +31,16 @@ from .helpers import (
     GARBAGE_BODIES,
 )
 
+try:
+    import aiohttp  # noqa: F401
+
+    HAVE_AIOHTTP = True
+except ImportError:  # without the live extra the async client falls back to the threads
+    HAVE_AIOHTTP = False
+needs_aiohttp = pytest.mark.skipif(
+    not HAVE_AIOHTTP, reason='needs aiohttp: pip install "diloco-gym[live]"'
+)
+
 
 def test_check_completion():
     good = {"choices": [{"text": "a b"}], "usage": {"completion_tokens": 2}}
@@ -170,6 +180,7 @@ def _replay(url: str, client: str, trace: Trace, timeout_s: float) -> list:
         rep.close()
 
 
+@needs_aiohttp
 def test_both_clients_record_the_same_outcomes(endpoint) -> None:
     trace = _trace([1, 2, 3, 1, 3, 1], rate_rps=20.0)
     seen = {}
@@ -191,6 +202,7 @@ def test_both_clients_record_the_same_outcomes(endpoint) -> None:
     ]
 
 
+@needs_aiohttp
 def test_a_refused_endpoint_reads_the_same_on_both_clients() -> None:
     with socket.socket() as s:  # a port nobody listens on
         s.bind(("127.0.0.1", 0))
@@ -207,8 +219,16 @@ def test_an_unknown_client_is_refused() -> None:
         )
 
 
+@needs_aiohttp
 @pytest.mark.slow
 def test_async_client_follows_a_200_rps_trace_against_the_built_in_engine() -> None:
+    """Both clients send and get answered all 600 requests of a 200 req/s trace against
+    the built-in engine, and the async one is open loop: its sends do not queue up behind
+    the trace (the former httpx client trailed by 3-10 s at p99 on this kind of host: its
+    CPU cost per request exceeded what a busy host gave the process, so the lag grew
+    through the run). The median send lag stays within 5 ms and the p99 within 250 ms on
+    any host; with ``DILOCO_GYM_SEND_LAG_CHECK=1`` (a quiet machine) the p99 must be
+    within 5 ms. The floor row says how late this machine wakes a bare sleeper."""
     pytest.importorskip("torch")
     sys.path.insert(0, str(ROOT / "benchmarks"))
     try:
@@ -216,11 +236,13 @@ def test_async_client_follows_a_200_rps_trace_against_the_built_in_engine() -> N
     finally:
         sys.path.remove(str(ROOT / "benchmarks"))
     rows = bench.run(rate_rps=200.0, duration_s=3.0, repeats=1)
-    by_client = {r["client"]: r for r in rows}
-    for row in rows:
-        assert row["sent"] == row["requests"] == 600, row
-        assert row["ok"] == 600, row
     print(json.dumps(rows, indent=1))
+    by_client = {r["client"]: r for r in rows}
+    assert set(by_client) == {"floor", *CLIENTS}
+    for client in CLIENTS:
+        row = by_client[client]
+        assert row["sent"] == row["requests"] == row["ok"] == 600, row
+    lag = by_client["async"]
+    assert lag["lag_p50_ms"] <= 5.0 and lag["lag_p99_ms"] <= 250.0, lag
     if os.environ.get("DILOCO_GYM_SEND_LAG_CHECK") == "1":
-        assert by_client["async"]["lag_p99_ms"] <= 5.0, by_client["async"]
-        assert by_client["threads"]["lag_p99_ms"] > 5.0, by_client["threads"]
+        assert lag["lag_p99_ms"] <= 5.0, (lag, by_client["floor"])
