@@ -462,46 +462,7 @@ def fleet_from_dict(
             raise FleetConfigError(f"{where}: [[site]] must be a non-empty array of tables")
         sites = []
         for i, st in enumerate(sites_raw):
-            w = f"{where}: [[site]] #{i + 1}"
-            if not isinstance(st, dict):
-                raise FleetConfigError(f"{w} must be a table")
-            bad = set(st) - _SITE_KEYS
-            if bad:
-                raise FleetConfigError(
-                    f"{w} has unknown key(s) {sorted(bad)}; valid: {sorted(_SITE_KEYS)}"
-                )
-            skw: dict[str, Any] = {"name": st.get("name", f"site{i}")}
-            if not isinstance(skw["name"], str) or not skw["name"]:
-                raise FleetConfigError(f"{w}: key 'name' must be a non-empty string")
-            for key in _SITE_PATHS:
-                if key in st:
-                    if not isinstance(st[key], str):
-                        raise FleetConfigError(f"{w}: key {key!r} must be a path string")
-                    # ``${VAR}`` in a path is expanded (e.g. a directory of downloaded traces)
-                    path = Path(os.path.expandvars(st[key]))
-                    if not path.is_absolute() and base_dir is not None:
-                        path = base_dir / path
-                    skw[key] = str(path)
-            if "trace" in st:
-                skw["regime"] = st.get("regime")
-            elif "regime" in st:
-                skw["regime"] = st["regime"]
-            if skw.get("regime") is not None and not isinstance(skw["regime"], str):
-                raise FleetConfigError(f"{w}: key 'regime' must be a regime name string")
-            for k in _SITE_NUMBERS:
-                if k in st:
-                    skw[k] = _number(w, k, st[k])
-            if "sidecar" in st:
-                sc = st["sidecar"]
-                if not isinstance(sc, dict):
-                    raise FleetConfigError(f"{w}: key 'sidecar' must be a table")
-                skw["sidecar"] = tuple(
-                    (str(k), _number(f"{w} sidecar", k, v)) for k, v in sorted(sc.items())
-                )
-            try:
-                sites.append(SiteConfig(**skw))
-            except FleetConfigError as exc:
-                raise FleetConfigError(f"{w}: {exc}") from None
+            sites.append(_site_from_table(st, f"{where}: [[site]] #{i + 1}", i, base_dir))
         kw["sites"] = tuple(sites)
     env = data.get("env", {})
     if not isinstance(env, dict):
@@ -510,6 +471,47 @@ def fleet_from_dict(
         return FleetParams(**kw), dict(env)
     except FleetConfigError as exc:
         raise FleetConfigError(f"{where}: [fleet]: {exc}") from None
+
+
+def _site_from_table(st: Any, w: str, i: int, base_dir: Path | None) -> SiteConfig:
+    """One ``[[site]]`` table (``w`` names it in errors; ``i`` its position)."""
+    if not isinstance(st, dict):
+        raise FleetConfigError(f"{w} must be a table")
+    bad = set(st) - _SITE_KEYS
+    if bad:
+        raise FleetConfigError(f"{w} has unknown key(s) {sorted(bad)}; valid: {sorted(_SITE_KEYS)}")
+    skw: dict[str, Any] = {"name": st.get("name", f"site{i}")}
+    if not isinstance(skw["name"], str) or not skw["name"]:
+        raise FleetConfigError(f"{w}: key 'name' must be a non-empty string")
+    for key in _SITE_PATHS:
+        if key in st:
+            if not isinstance(st[key], str):
+                raise FleetConfigError(f"{w}: key {key!r} must be a path string")
+            # ``${VAR}`` in a path is expanded (e.g. a directory of downloaded traces)
+            path = Path(os.path.expandvars(st[key]))
+            if not path.is_absolute() and base_dir is not None:
+                path = base_dir / path
+            skw[key] = str(path)
+    if "trace" in st:
+        skw["regime"] = st.get("regime")
+    elif "regime" in st:
+        skw["regime"] = st["regime"]
+    if skw.get("regime") is not None and not isinstance(skw["regime"], str):
+        raise FleetConfigError(f"{w}: key 'regime' must be a regime name string")
+    for k in _SITE_NUMBERS:
+        if k in st:
+            skw[k] = _number(w, k, st[k])
+    if "sidecar" in st:
+        sc = st["sidecar"]
+        if not isinstance(sc, dict):
+            raise FleetConfigError(f"{w}: key 'sidecar' must be a table")
+        skw["sidecar"] = tuple(
+            (str(k), _number(f"{w} sidecar", k, v)) for k, v in sorted(sc.items())
+        )
+    try:
+        return SiteConfig(**skw)
+    except FleetConfigError as exc:
+        raise FleetConfigError(f"{w}: {exc}") from None
 
 
 def load_fleet_toml(path: str | Path) -> tuple[FleetParams, dict[str, Any]]:
