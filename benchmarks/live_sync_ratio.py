@@ -8,10 +8,15 @@ window of the sync-heavy regime replayed at ``--target-utilization`` of the prob
 capacity. Prints the capacity, the effect sizes with their bootstrap intervals over repeats,
 and the fitted ``sync_slowdown``.
 
+With ``--link-shares 1 0.5 0.25`` every repeat adds a sync phase per share below 1 (its
+merges all-reduce at that share of the full rate) and the fleet model's interference
+function is fitted (:mod:`diloco_gym.live.intensity`); its block is printed too.
+
 Usage::
 
     python benchmarks/live_sync_ratio.py                       # ~5 min on 2 cores
     python benchmarks/live_sync_ratio.py --target-utilization 0.6 --out cal.json
+    python benchmarks/live_sync_ratio.py --link-shares 1 0.5 0.25 --duration 20
 """
 
 from __future__ import annotations
@@ -48,6 +53,9 @@ def main() -> int:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--merge-seconds", type=float, default=4.0)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--link-shares", type=float, nargs="+", default=[1.0], help="sync intensities (1 only)"
+    )
     parser.add_argument("--out", help="calibration file (default: a temporary file)")
     parser.add_argument("--quiet", action="store_true", help="no progress lines")
     args = parser.parse_args()
@@ -66,6 +74,7 @@ def main() -> int:
         target_utilization=args.target_utilization,
         repeats=args.repeats,
         probe=ProbeConfig(step_s=args.probe_step_seconds),
+        link_shares=tuple(args.link_shares),
     )
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(args.out) if args.out else Path(tmp) / "calibration_live.json"
@@ -138,6 +147,12 @@ def main() -> int:
         f"fitted decode ms/token  {f(fit.get('decode_ms_per_token'))}, ttft ms "
         f"{f(fit.get('ttft_ms'))}, slots {f(fit.get('slots'))}"
     )
+    if "interference" in doc:
+        from diloco_gym.live.document import summary_lines
+
+        print(
+            "\n".join(ln for ln in summary_lines(doc) if "interference" in ln or "link share" in ln)
+        )
     return 0 if result.complete else 1
 
 

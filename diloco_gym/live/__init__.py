@@ -10,11 +10,21 @@ to (docs/calibration.md). This subpackage measures them on the machine at hand:
   behind ``http.server`` on 127.0.0.1, one thread per request, no batching);
 * :mod:`~diloco_gym.live.probe`: the warm-up and the capacity probe;
 * :mod:`~diloco_gym.live.merges`: real merges, ``torch.distributed`` all-reduces across
-  local worker processes plus a checkpoint write;
-* :mod:`~diloco_gym.live.replay`: open-loop replay of a trace window over HTTP;
+  local worker processes plus a checkpoint write, at the full rate or throttled to a link
+  share;
+* :mod:`~diloco_gym.live.replay`: open-loop replay of a trace window over HTTP (threads or
+  an aiohttp event loop);
 * :mod:`~diloco_gym.live.fit`: the measured effect sizes and the sidecar-model fit;
-* :mod:`~diloco_gym.live.calibrate`: :func:`run_calibration`, which ties them together
-  and writes a file :func:`diloco_gym.eval.calibration.load_calibration` reads;
+* :mod:`~diloco_gym.live.intensity`: the slowdown at several link shares and the fit of the
+  fleet model's interference function;
+* :mod:`~diloco_gym.live.calibrate`: :func:`run_calibration`, the steps of a run in order,
+  with one module per role: :mod:`~diloco_gym.live.config` (the configuration),
+  :mod:`~diloco_gym.live.plan` (what is replayed and when), :mod:`~diloco_gym.live.state`
+  (the run's state), :mod:`~diloco_gym.live.resources` (what it starts and releases),
+  :mod:`~diloco_gym.live.rate` (warm-up, probe and rate), :mod:`~diloco_gym.live.phases`
+  (the measured phases and their guards), :mod:`~diloco_gym.live.document` (the
+  calibration file's content) and :mod:`~diloco_gym.live.output` (atomic and partial
+  writes); the file is what :func:`diloco_gym.eval.calibration.load_calibration` reads;
 * :mod:`~diloco_gym.live.cli`: the ``diloco-gym calibrate`` command.
 
 torch is needed only when a run starts (``pip install diloco-gym[rl]``); the built-in

@@ -224,6 +224,17 @@ def _add_merge_arguments(parser: argparse.ArgumentParser) -> None:
         help="skip the no-sync control phase (halves the run; the per-token "
         "costs are then fitted on the sync phase's inactive requests)",
     )
+    parser.add_argument(
+        "--link-shares",
+        type=float,
+        nargs="+",
+        default=[1.0],
+        metavar="U",
+        help="sync intensities to measure: link shares in (0, 1], one of them 1; with a share "
+        "below 1 every repeat adds a sync phase whose merges all-reduce at that share of the "
+        "full rate, and the fleet model's interference function (host_share, "
+        "share_exponent) is fitted with bootstrap intervals (default: 1 only)",
+    )
 
 
 def _add_output_arguments(parser: argparse.ArgumentParser) -> None:
@@ -346,6 +357,7 @@ def _config_from_args(args: argparse.Namespace) -> CalibrationConfig:
         repeats=args.repeats,
         overload_inflight=args.overload_inflight,
         overload_timeout_fraction=args.overload_timeouts,
+        link_shares=tuple(args.link_shares),
     )
 
 

@@ -49,6 +49,8 @@ __all__ = [
     "bootstrap_intervals",
     "INTERVAL_METRICS",
     "fit_sidecar_live",
+    "fit_sync_slowdown",
+    "SlowdownFit",
     "LiveFit",
 ]
 
@@ -434,14 +436,42 @@ def fit_sidecar_live(
     """
     base = base or SidecarParams()
     notes: list[str] = []
-    sigma_interval: list[float] | None = None
-    params = base
     fit_phase = "control" if data.mask("control").sum() >= 3 else "sync"
     if fit_phase == "sync":
         notes.append(
             "fewer than 3 control-phase requests: service costs fitted on the "
             "sync phase's inactive requests"
         )
+    params, service = _fit_costs(data, base, fit_phase, min_idle_requests, notes)
+    params, sim_control = _fit_slots(data, params, fit_phase, bin_s, iters, notes)
+    slowdown = fit_sync_slowdown(
+        data, measured.get("p95_sync_ratio", float("nan")), params, bin_s, iters,
+        sync_ratio_interval, notes,
+    )  # fmt: skip
+    params = replace(params, sync_slowdown=slowdown.sync_slowdown)
+    mean_base = (
+        float(np.mean(base_latency_s(data.prompt_tokens, data.output_tokens, params)))
+        if data.latency_s.size
+        else 0.0
+    )
+    if mean_base > 0:
+        params = replace(params, serving_capacity_rps=round(params.slots / mean_base, 4))
+    return LiveFit(
+        params,
+        service,
+        sim_control,
+        slowdown.sim_ratio,
+        slowdown.floor_ratio,
+        notes,
+        slowdown.interval,
+    )
+
+
+def _fit_costs(
+    data: RunData, params: SidecarParams, fit_phase: str, min_idle_requests: int, notes: list[str]
+) -> tuple[SidecarParams, dict]:
+    """Step 1: the per-request and per-token costs, on requests outside merge windows
+    (those that found the server idle when there are enough of them)."""
     pool = data.mask(fit_phase) & ~data.sync_active
     idle = pool & (data.inflight == 0)
     use = idle if idle.sum() >= min_idle_requests else pool
@@ -458,84 +488,115 @@ def fit_sidecar_live(
         )
     else:
         notes.append("too few requests to fit the per-token costs: base values kept")
+    return params, service
 
-    sim_control = float("nan")
+
+def _fit_slots(
+    data: RunData,
+    params: SidecarParams,
+    fit_phase: str,
+    bin_s: float,
+    iters: int,
+    notes: list[str],
+) -> tuple[SidecarParams, float]:
+    """Step 2: ``slots`` so that the simulated control replay has the measured control
+    p95; returns the parameters and the simulated p95 (ms, NaN without a control)."""
     target_control = percentile(data.latency_s[data.mask(fit_phase) & ~data.sync_active], 95)
-    if fit_phase == "control" and np.isfinite(target_control):
-
-        def control_p95(slots: float) -> float:
-            lat, _ = simulate_phase(
-                data, "control", replace(params, slots=slots), bin_s, with_merges=False
-            )
-            return percentile(lat, 95)
-
-        lo_slots, hi_slots = 0.25, 256.0
-        if control_p95(hi_slots) >= target_control:
-            slots = hi_slots
-            notes.append("control p95 is at the no-queueing floor: slots set to the maximum")
-        elif control_p95(lo_slots) <= target_control:
-            slots = lo_slots
-        else:
-            slots = _bisect(
-                control_p95,
-                target_control,
-                lo_slots,
-                hi_slots,
-                increasing=False,
-                iters=iters,
-                log=True,
-            )
-        params = replace(params, slots=round(slots, 4))
-        sim_control = control_p95(params.slots) * 1000.0
-    else:
+    if fit_phase != "control" or not np.isfinite(target_control):
         notes.append("no control phase: slots kept at the base value")
+        return params, float("nan")
 
-    target_ratio = measured.get("p95_sync_ratio", float("nan"))
-    sim_ratio = floor_ratio = float("nan")
-    if data.mask("sync").sum() >= 3 and np.isfinite(target_ratio):
+    def control_p95(slots: float) -> float:
+        lat, _ = simulate_phase(
+            data, "control", replace(params, slots=slots), bin_s, with_merges=False
+        )
+        return percentile(lat, 95)
 
-        def sync_ratio(sigma: float) -> float:
-            lat, act = simulate_phase(data, "sync", replace(params, sync_slowdown=sigma), bin_s)
-            r = _ratio(lat, act)
-            return r if np.isfinite(r) else 1.0
-
-        floor_ratio = sync_ratio(0.0)
-
-        def solve(target: float) -> float:
-            if target <= floor_ratio:
-                return 0.0
-            hi = 1.0
-            while sync_ratio(hi) < target and hi < 64.0:
-                hi *= 2.0
-            return _bisect(sync_ratio, target, 0.0, hi, increasing=True, iters=iters)
-
-        sigma = solve(target_ratio)
-        if target_ratio <= floor_ratio:
-            notes.append(
-                f"measured p95 sync ratio {target_ratio:.3f} is at or below the "
-                f"model's ratio with no slowdown ({floor_ratio:.3f}, from the mix of "
-                f"request sizes and queueing alone): sync_slowdown = 0"
-            )
-        if sync_ratio_interval is not None and all(np.isfinite(sync_ratio_interval)):
-            lo, hi_end = sorted(float(v) for v in sync_ratio_interval)
-            sigma_interval = [round(solve(lo), 4), round(solve(hi_end), 4)]
-        params = replace(params, sync_slowdown=round(sigma, 4))
-        sim_ratio = sync_ratio(params.sync_slowdown)
-        if sim_ratio < target_ratio * 0.95:
-            notes.append(
-                f"the model cannot reproduce the measured p95 sync ratio "
-                f"{target_ratio:.3f} on this window (it reaches {sim_ratio:.3f} at "
-                f"sync_slowdown {params.sync_slowdown:g}): too few merge-active "
-                f"requests, or a ratio that is not a slowdown; do not use this fit"
-            )
+    lo_slots, hi_slots = 0.25, 256.0
+    if control_p95(hi_slots) >= target_control:
+        slots = hi_slots
+        notes.append("control p95 is at the no-queueing floor: slots set to the maximum")
+    elif control_p95(lo_slots) <= target_control:
+        slots = lo_slots
     else:
-        notes.append("p95 sync ratio undefined: sync_slowdown kept at the base value")
+        slots = _bisect(
+            control_p95, target_control, lo_slots, hi_slots, increasing=False, iters=iters, log=True
+        )
+    params = replace(params, slots=round(slots, 4))
+    return params, control_p95(params.slots) * 1000.0
 
-    mean_base = (
-        float(np.mean(base_latency_s(data.prompt_tokens, data.output_tokens, params)))
-        if data.latency_s.size
-        else 0.0
-    )
-    if mean_base > 0:
-        params = replace(params, serving_capacity_rps=round(params.slots / mean_base, 4))
-    return LiveFit(params, service, sim_control, sim_ratio, floor_ratio, notes, sigma_interval)
+
+@dataclass(frozen=True)
+class SlowdownFit:
+    """Step 3 of the fit: the ``sync_slowdown`` that reproduces a measured p95 sync ratio.
+
+    Attributes:
+        sync_slowdown: the fitted value (rounded to 4 decimals; the base value when the
+            ratio is undefined).
+        sim_ratio: the simulated ratio at that value (NaN when not fitted).
+        floor_ratio: the simulated ratio with no slowdown (NaN when not fitted).
+        interval: the values fitted to the two ends of the ratio's interval, if given.
+    """
+
+    sync_slowdown: float
+    sim_ratio: float
+    floor_ratio: float
+    interval: list[float] | None = None
+
+
+def fit_sync_slowdown(
+    data: RunData,
+    target_ratio: float,
+    params: SidecarParams,
+    bin_s: float = 0.05,
+    iters: int = 30,
+    ratio_interval: tuple[float, float] | list[float] | None = None,
+    notes: list[str] | None = None,
+) -> SlowdownFit:
+    """Step 3: bisection on ``sync_slowdown`` so that the simulated sync replay of ``data``
+    (its recorded merge windows, each repeat on its own) has ``target_ratio``.
+
+    ``params`` supplies every other parameter (the fitted costs and slots). A target at or
+    below the model's ratio with no slowdown fits as 0. What could not be fitted is
+    appended to ``notes``.
+    """
+    notes = [] if notes is None else notes
+    if not (data.mask("sync").sum() >= 3 and np.isfinite(target_ratio)):
+        notes.append("p95 sync ratio undefined: sync_slowdown kept at the base value")
+        return SlowdownFit(params.sync_slowdown, float("nan"), float("nan"))
+
+    def sync_ratio(sigma: float) -> float:
+        lat, act = simulate_phase(data, "sync", replace(params, sync_slowdown=sigma), bin_s)
+        r = _ratio(lat, act)
+        return r if np.isfinite(r) else 1.0
+
+    floor_ratio = sync_ratio(0.0)
+
+    def solve(target: float) -> float:
+        if target <= floor_ratio:
+            return 0.0
+        hi = 1.0
+        while sync_ratio(hi) < target and hi < 64.0:
+            hi *= 2.0
+        return _bisect(sync_ratio, target, 0.0, hi, increasing=True, iters=iters)
+
+    sigma = round(solve(target_ratio), 4)
+    if target_ratio <= floor_ratio:
+        notes.append(
+            f"measured p95 sync ratio {target_ratio:.3f} is at or below the "
+            f"model's ratio with no slowdown ({floor_ratio:.3f}, from the mix of "
+            f"request sizes and queueing alone): sync_slowdown = 0"
+        )
+    interval = None
+    if ratio_interval is not None and all(np.isfinite(ratio_interval)):
+        lo, hi_end = sorted(float(v) for v in ratio_interval)
+        interval = [round(solve(lo), 4), round(solve(hi_end), 4)]
+    sim_ratio = sync_ratio(sigma)
+    if sim_ratio < target_ratio * 0.95:
+        notes.append(
+            f"the model cannot reproduce the measured p95 sync ratio "
+            f"{target_ratio:.3f} on this window (it reaches {sim_ratio:.3f} at "
+            f"sync_slowdown {sigma:g}): too few merge-active "
+            f"requests, or a ratio that is not a slowdown; do not use this fit"
+        )
+    return SlowdownFit(sigma, sim_ratio, floor_ratio, interval)

@@ -98,6 +98,8 @@ class MergeReport:
         checkpoint_s: rank 0's time writing and syncing the checkpoint.
         checkpoint_bytes: size of the checkpoint file.
         worker_s: per-rank time from receiving the command to reporting done.
+        achieved_share: of a throttled merge, the share of rank 0's all-reduce loop spent
+            in all-reduces (the link share achieved; ``None`` at the full rate).
     """
 
     merge_id: int
@@ -107,6 +109,7 @@ class MergeReport:
     checkpoint_s: float = 0.0
     checkpoint_bytes: int = 0
     worker_s: list[float] = field(default_factory=list)
+    achieved_share: float | None = None
 
 
 def free_port() -> int:
@@ -161,89 +164,125 @@ def _worker_main(
         os.environ.setdefault("GLOO_SOCKET_IFNAME", iface)
         os.environ.setdefault("NCCL_SOCKET_IFNAME", iface)
     try:
-        from datetime import timedelta
-
-        import torch
-        import torch.distributed as dist
-
-        torch.set_num_threads(cfg.torch_threads)
-        device = torch.device(f"cuda:{rank}") if backend == "nccl" else torch.device("cpu")
-        if backend == "nccl":
-            torch.cuda.set_device(device)
-        dist.init_process_group(
-            backend,
-            init_method=f"tcp://127.0.0.1:{port}",
-            rank=rank,
-            world_size=world,
-            timeout=timedelta(seconds=cfg.collective_timeout_s),
-        )
-        gen = torch.Generator().manual_seed(1000 + rank)
-        buf = torch.randn(cfg.numel, generator=gen).to(device)
-        flag = torch.ones(1, device=device)
-        dist.all_reduce(flag)  # first collective sets up the connections
+        group = _join_group(rank, world, port, cfg, backend)
         conn.send(("ready", rank, os.getpid(), backend))
     except BaseException:
-        try:
-            conn.send(("error", rank, traceback.format_exc()))
-        except (OSError, ValueError):  # the coordinator is gone (killed): exit quietly
-            pass
+        _report_error(conn, rank)
         return
-    parent = os.getppid()
     try:
-        while True:
-            if not conn.poll(0.5):
-                if os.getppid() != parent:  # orphaned: the coordinator is gone
-                    break
-                continue
-            message = conn.recv()
-            if message[0] == "stop":
-                break
-            if message[0] != "merge":
-                continue
-            _, merge_id, window_s = message
-            t0 = time.monotonic()
-            deadline = t0 + window_s
-            rounds = 0
-            while True:
-                dist.all_reduce(buf)
-                buf.div_(world)
-                rounds += 1
-                flag.fill_(1.0 if time.monotonic() < deadline else 0.0)
-                dist.all_reduce(flag, op=dist.ReduceOp.MIN)
-                if flag.item() == 0.0:
-                    break
-            t1 = time.monotonic()
-            size = 0
-            if rank == 0 and cfg.checkpoint:
-                size = _fsync_save(buf.cpu(), os.path.join(ckpt_dir, "global_model.pt"))
-            t2 = time.monotonic()
-            conn.send(
-                (
-                    "done",
-                    rank,
-                    merge_id,
-                    {
-                        "allreduces": rounds,
-                        "bytes": buf.numel() * buf.element_size(),
-                        "allreduce_s": t1 - t0,
-                        "checkpoint_s": t2 - t1,
-                        "checkpoint_bytes": size,
-                        "worker_s": t2 - t0,
-                    },
-                )
-            )
+        _serve(conn, group, rank, cfg, ckpt_dir)
     except (EOFError, OSError):
         pass  # the coordinator closed the pipe: exit quietly
     except BaseException:
-        try:
-            conn.send(("error", rank, traceback.format_exc()))
-        except (OSError, ValueError):
-            pass
+        _report_error(conn, rank)
     finally:
         try:
-            dist.destroy_process_group()
+            group.dist.destroy_process_group()
         except Exception:  # the group may already be broken by a dead peer
             pass
+
+
+def _report_error(conn: Any, rank: int) -> None:
+    """Send the current exception's traceback to the coordinator, if it still listens."""
+    try:
+        conn.send(("error", rank, traceback.format_exc()))
+    except (OSError, ValueError):  # the coordinator is gone (killed): exit quietly
+        pass
+
+
+@dataclass
+class _Group:
+    """A worker's side of the process group: the module, its tensors and the world."""
+
+    dist: Any
+    buf: Any  # the pseudo-gradient
+    flag: Any  # the one-element stop vote
+    world: int
+
+
+def _join_group(rank: int, world: int, port: int, cfg: MergeConfig, backend: str) -> _Group:
+    """Join the process group and run a first collective (it sets up the connections)."""
+    from datetime import timedelta
+
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(cfg.torch_threads)
+    device = torch.device(f"cuda:{rank}") if backend == "nccl" else torch.device("cpu")
+    if backend == "nccl":
+        torch.cuda.set_device(device)
+    dist.init_process_group(
+        backend,
+        init_method=f"tcp://127.0.0.1:{port}",
+        rank=rank,
+        world_size=world,
+        timeout=timedelta(seconds=cfg.collective_timeout_s),
+    )
+    gen = torch.Generator().manual_seed(1000 + rank)
+    group = _Group(dist, torch.randn(cfg.numel, generator=gen).to(device), None, world)
+    group.flag = torch.ones(1, device=device)
+    dist.all_reduce(group.flag)
+    return group
+
+
+def _serve(conn: Any, group: _Group, rank: int, cfg: MergeConfig, ckpt_dir: str) -> None:
+    """Serve merge commands until ``stop``, a closed pipe, or the coordinator's death."""
+    parent = os.getppid()
+    while True:
+        if not conn.poll(0.5):
+            if os.getppid() != parent:  # orphaned: the coordinator is gone
+                return
+            continue
+        message = conn.recv()
+        if message[0] == "stop":
+            return
+        if message[0] != "merge":
+            continue
+        _, merge_id, window_s, link_share = message
+        t0 = time.monotonic()
+        rounds, busy_s = _allreduce_loop(group, t0 + window_s, link_share)
+        t1 = time.monotonic()
+        size = 0
+        if rank == 0 and cfg.checkpoint:
+            size = _fsync_save(group.buf.cpu(), os.path.join(ckpt_dir, "global_model.pt"))
+        t2 = time.monotonic()
+        stats = {
+            "allreduces": rounds,
+            "bytes": group.buf.numel() * group.buf.element_size(),
+            "allreduce_s": t1 - t0,
+            "checkpoint_s": t2 - t1,
+            "checkpoint_bytes": size,
+            "worker_s": t2 - t0,
+            "busy_s": busy_s,
+        }
+        conn.send(("done", rank, merge_id, stats))
+
+
+def _allreduce_loop(group: _Group, deadline: float, link_share: float) -> tuple[int, float]:
+    """All-reduce the pseudo-gradient (mean over the world) until ``deadline``; returns the
+    rounds and the seconds spent in them.
+
+    At ``link_share`` < 1 each round is followed by an idle pause ``(1 / share - 1)`` times
+    as long as the round, so that the transfers occupy that share of the window: the
+    merge sends at that fraction of the unthrottled rate (a rate-limited sync). The ranks
+    agree on when to stop through a one-element ``MIN`` all-reduce, so none is left
+    waiting in a collective.
+    """
+    dist, buf, flag = group.dist, group.buf, group.flag
+    rounds, busy_s = 0, 0.0
+    while True:
+        start = time.monotonic()
+        dist.all_reduce(buf)
+        buf.div_(group.world)
+        rounds += 1
+        took = time.monotonic() - start
+        busy_s += took
+        if link_share < 1.0:
+            time.sleep(max(0.0, min(took * (1.0 / link_share - 1.0), deadline - time.monotonic())))
+        flag.fill_(1.0 if time.monotonic() < deadline else 0.0)
+        dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+        if flag.item() == 0.0:
+            return rounds, busy_s
 
 
 class MergeCluster:
@@ -371,11 +410,16 @@ class MergeCluster:
         detail = f"\n{trace.rstrip()}" if what == "start-up" else ""
         raise MergeWorkerError(f"merge worker rank {rank} failed during {what}: {last}{detail}")
 
-    def merge(self, window_s: float, timeout_s: float | None = None) -> MergeReport:
+    def merge(
+        self, window_s: float, timeout_s: float | None = None, link_share: float = 1.0
+    ) -> MergeReport:
         """Run one merge: all-reduce for ``window_s`` seconds, then the checkpoint.
 
         Args:
             window_s: how long the all-reduce loop runs (at least one round).
+            link_share: in (0, 1]: the share of the window the transfers occupy (each
+                round followed by a pause, see :func:`_allreduce_loop`); 1 sends at the
+                full rate. The report then gives the share achieved (``achieved_share``).
             timeout_s: give up (and raise) after this long; default: window plus the
                 collective timeout.
 
@@ -385,11 +429,13 @@ class MergeCluster:
         """
         if not self._procs:
             raise MergeWorkerError("the merge cluster is not started")
+        if not (isinstance(link_share, int | float) and 0.0 < link_share <= 1.0):
+            raise ValueError(f"link_share must be in (0, 1], got {link_share!r}")
         merge_id = self._next_id
         self._next_id += 1
         for rank, conn in enumerate(self._conns):
             try:
-                conn.send(("merge", merge_id, float(window_s)))
+                conn.send(("merge", merge_id, float(window_s), float(link_share)))
             except (OSError, ValueError) as exc:
                 raise MergeWorkerError(f"merge worker rank {rank} is gone ({exc})") from None
         timeout = timeout_s if timeout_s is not None else (window_s + self.cfg.collective_timeout_s)
@@ -409,6 +455,13 @@ class MergeCluster:
             float(stats[0]["checkpoint_s"]),
             int(stats[0]["checkpoint_bytes"]),
             [float(s["worker_s"]) for s in stats],
+            # Only a throttled merge reports its share: a full-rate merge's report is as it
+            # was before shares existed.
+            achieved_share=(
+                None
+                if link_share == 1.0
+                else float(stats[0]["busy_s"]) / max(float(stats[0]["allreduce_s"]), 1e-9)
+            ),
         )
 
     def kill_worker(self, rank: int) -> None:

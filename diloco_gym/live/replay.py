@@ -6,10 +6,12 @@ than ``max_outstanding`` requests are outstanding; the actual ``send_s`` then tr
 ``scheduled_s`` of the trace, and both are recorded). Two clients: ``client="threads"``
 (the default) runs each request in its own thread over a fresh ``http.client``
 connection; ``client="async"`` runs one event loop that starts each request as a task on an
-async HTTP client (httpx, pooled connections). ``benchmarks/replay_send_lag.py`` measures
-how far each trails the trace: on a loaded 2-core host at 200 req/s httpx spent about
-2.5 ms of CPU per request and trailed more than the threads, so the threads stay the
-default until the async client is shown to keep up on a quiet or larger host.
+aiohttp session (pooled connections, as vLLM's serving benchmark does). Both build each
+request's body before its arrival, so the timed path holds no prompt building.
+``benchmarks/replay_send_lag.py`` measures how far each trails the trace and how late the
+machine wakes a bare sleeper (the floor under both); on a loaded 2-core host at 200 req/s
+both stay near that floor and the threads cost a little less CPU per request, so they stay
+the default (docs/calibration.md has the numbers).
 
 Each request is a ``POST /v1/completions`` with ``model``, ``prompt`` and ``max_tokens``
 with a per-request timeout. A
@@ -98,9 +100,24 @@ def _request(
     endpoint: Endpoint, method: str, route: str, body: dict | None, timeout_s: float
 ) -> tuple[int, bytes]:
     """One HTTP exchange on a fresh connection; return (status, body bytes)."""
+    payload = None if body is None else json.dumps(body).encode("utf-8")
+    return _exchange(endpoint, method, route, payload, timeout_s)
+
+
+#: Headers of a completion request sent by the async client (the body is JSON bytes).
+_JSON_HEADERS = {"Content-Type": "application/json"}
+
+
+def _post(endpoint: Endpoint, route: str, payload: bytes, timeout_s: float) -> tuple[int, bytes]:
+    """``POST`` a ready JSON body on a fresh connection; return (status, body bytes)."""
+    return _exchange(endpoint, "POST", route, payload, timeout_s)
+
+
+def _exchange(
+    endpoint: Endpoint, method: str, route: str, payload: bytes | None, timeout_s: float
+) -> tuple[int, bytes]:
     conn = http.client.HTTPConnection(endpoint.host, endpoint.port, timeout=timeout_s)
     try:
-        payload = None if body is None else json.dumps(body).encode("utf-8")
         headers = {"Connection": "close"}
         if payload is not None:
             headers["Content-Type"] = "application/json"
@@ -275,19 +292,15 @@ def _completion_outcome(status: int, data: bytes, max_tokens: int) -> tuple[int,
     return status, parsed, ""
 
 
-def _describe_httpx_error(exc: BaseException) -> str:
+def _describe_async_error(exc: BaseException) -> str:
     """The same wording as :func:`_describe_error` for the async client's errors."""
-    import httpx
-
-    if isinstance(exc, httpx.TimeoutException):
+    if isinstance(exc, asyncio.TimeoutError | TimeoutError):
         return "timed out"
     cause: BaseException | None = exc
-    while cause is not None:  # httpx wraps the socket error
+    while cause is not None:  # aiohttp wraps the socket error
         if isinstance(cause, ConnectionRefusedError):
             return "connection refused"
-        cause = cause.__cause__ or cause.__context__
-    if isinstance(exc, httpx.ConnectError) and "refused" in str(exc).lower():
-        return "connection refused"
+        cause = getattr(cause, "os_error", None) or cause.__cause__ or cause.__context__
     return f"{type(exc).__name__}: {exc}"
 
 
@@ -403,8 +416,8 @@ class _SharedState:
     inflight: int = 0
 
 
-#: The load generator's clients: ``"async"`` (one event loop, httpx) and ``"threads"`` (one
-#: thread per request over ``http.client``, kept for comparison).
+#: The load generator's clients: ``"async"`` (one event loop, aiohttp) and ``"threads"``
+#: (one thread per request over ``http.client``, the default).
 CLIENTS = ("async", "threads")
 
 
@@ -418,11 +431,15 @@ class _Phase:
     def join(self, timeout: float | None = None) -> None:
         try:
             self._future.result(timeout)
-        except concurrent.futures.TimeoutError:
+        except (concurrent.futures.TimeoutError, concurrent.futures.CancelledError):
             pass
 
     def is_alive(self) -> bool:
         return not self._future.done()
+
+    def cancel(self) -> None:
+        """Stop the dispatcher (it may be asleep until its next arrival)."""
+        self._future.cancel()
 
 
 class OpenLoopReplayer:
@@ -430,9 +447,9 @@ class OpenLoopReplayer:
 
     With ``client="threads"`` (the default) each request runs in its own thread over
     ``http.client``. With ``client="async"`` one event loop in a background thread sleeps
-    until each arrival and starts the request as a task on an ``httpx.AsyncClient``
-    (pooled keep-alive connections), as vLLM's serving benchmark does; it needs httpx (the
-    ``live`` extra) and falls back to the threads without it. Which keeps closer to the
+    until each arrival and starts the request as a task on an ``aiohttp.ClientSession``
+    (pooled keep-alive connections), as vLLM's serving benchmark does; it needs aiohttp
+    (the ``live`` extra) and falls back to the threads without it. Which keeps closer to the
     trace depends on the host (module docstring).
 
     Args:
@@ -459,7 +476,7 @@ class OpenLoopReplayer:
             raise ValueError(f"client {client!r} is unknown; valid: {', '.join(CLIENTS)}")
         if client == "async":
             try:
-                import httpx  # noqa: F401
+                import aiohttp  # noqa: F401
             except ImportError:
                 client = "threads"  # without the live extra: the stdlib client
         self.endpoint = endpoint
@@ -523,7 +540,7 @@ class OpenLoopReplayer:
         self.records.extend(records)
         if self.client == "async":
             loop = self._event_loop()
-            # Import httpx and open the client now, not at the first send.
+            # Import aiohttp and open the session now, not at the first send.
             asyncio.run_coroutine_threadsafe(self._open_client(), loop).result()
             phase_handle = _Phase(
                 asyncio.run_coroutine_threadsafe(self._dispatch_async(records), loop)
@@ -549,54 +566,62 @@ class OpenLoopReplayer:
         return self._loop
 
     async def _open_client(self) -> None:
-        """The pooled async client and the outstanding-request bound (once, on the loop)."""
-        import httpx
+        """The pooled async session and the outstanding-request bound (once, on the loop).
+
+        One connector of ``max_outstanding`` connections (no per-host limit below it), so
+        the pool never queues a send that the outstanding bound allows.
+        """
+        import aiohttp
 
         if self._http is None:
-            limits = httpx.Limits(
-                max_connections=self.max_outstanding,
-                max_keepalive_connections=self.max_outstanding,
-            )
-            self._http = httpx.AsyncClient(
-                base_url=f"http://{self.endpoint.host}:{self.endpoint.port}",
-                limits=limits,
-                timeout=self.timeout_s,
+            connector = aiohttp.TCPConnector(limit=self.max_outstanding, limit_per_host=0)
+            self._http = aiohttp.ClientSession(
+                f"http://{self.endpoint.host}:{self.endpoint.port}",
+                connector=connector,
+                timeout=aiohttp.ClientTimeout(total=self.timeout_s),
+                skip_auto_headers=("User-Agent",),
             )
             self._aslots = asyncio.Semaphore(self.max_outstanding)
-            self._http_errors = (httpx.HTTPError, OSError)
+            self._http_errors = (aiohttp.ClientError, asyncio.TimeoutError, OSError)
+
+    def _payload(self, rec: RequestRecord) -> bytes:
+        """The request body of ``rec`` (built before its send time, off the timed path)."""
+        prompt = make_prompt(rec.prompt_tokens, rec.index)
+        return json.dumps(_completion_body(self.model, prompt, rec.output_tokens)).encode()
 
     async def _dispatch_async(self, records: list[RequestRecord]) -> None:
         assert self._aslots is not None
+        loop = asyncio.get_running_loop()
         for rec in records:
-            while True:
-                delay = rec.scheduled_s - self.clock()
-                if delay <= 0 or self._stop.is_set():
-                    break
-                await asyncio.sleep(min(delay, 0.05))
+            payload = self._payload(rec)
+            delay = rec.scheduled_s - self.clock()
+            if delay > 0:
+                # One timer to the arrival (a stop cancels the task and so this sleep).
+                await asyncio.sleep(delay)
             if self._stop.is_set():
                 return
+            # Returns at once (no yield) while fewer than max_outstanding are outstanding.
             await self._aslots.acquire()
-            if self._stop.is_set():
-                self._aslots.release()
-                return
             with self._pending_cv:
                 self._pending += 1
-            task = asyncio.get_running_loop().create_task(self._send_async(rec))
+            task = loop.create_task(self._send_async(rec, payload))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
 
-    async def _send_async(self, rec: RequestRecord) -> None:
+    async def _send_async(self, rec: RequestRecord, payload: bytes) -> None:
         try:
-            prompt = self._begin(rec)
-            body = _completion_body(self.model, prompt, rec.output_tokens)
+            self._begin(rec)
             start = time.monotonic()
             try:
-                response = await self._http.post(self.endpoint.path("/v1/completions"), json=body)
-                outcome = _completion_outcome(
-                    response.status_code, response.content, rec.output_tokens
-                )
+                async with self._http.post(
+                    self.endpoint.path("/v1/completions"),
+                    data=payload,
+                    headers=_JSON_HEADERS,
+                ) as response:
+                    data = await response.read()
+                outcome = _completion_outcome(response.status, data, rec.output_tokens)
             except self._http_errors as exc:
-                outcome = (0, None, _describe_httpx_error(exc))
+                outcome = (0, None, _describe_async_error(exc))
             self._finish(rec, *outcome, time.monotonic() - start)
         finally:
             assert self._aslots is not None
@@ -607,6 +632,7 @@ class OpenLoopReplayer:
 
     def _dispatch(self, records: list[RequestRecord]) -> None:
         for rec in records:
+            payload = self._payload(rec)
             while True:
                 delay = rec.scheduled_s - self.clock()
                 if delay <= 0:
@@ -622,12 +648,11 @@ class OpenLoopReplayer:
             with self._pending_cv:
                 self._pending += 1
             threading.Thread(
-                target=self._send, args=(rec,), name=f"request-{rec.index}", daemon=True
+                target=self._send, args=(rec, payload), name=f"request-{rec.index}", daemon=True
             ).start()
 
-    def _begin(self, rec: RequestRecord) -> str:
-        """Record the send (time, merge flag, in-flight count, CPU); return the prompt."""
-        prompt = make_prompt(rec.prompt_tokens, rec.index)
+    def _begin(self, rec: RequestRecord) -> None:
+        """Record the send (time, merge flag, in-flight count, CPU)."""
         cpu = self.cpu.value if self.cpu is not None else None
         with self.state.lock:
             rec.send_s = self.clock()
@@ -637,7 +662,6 @@ class OpenLoopReplayer:
             rec.error = "in flight"
             rec.cpu_util = float("nan") if cpu is None else cpu
             self.state.inflight += 1
-        return prompt
 
     def _finish(
         self, rec: RequestRecord, status: int, body: dict | None, error: str, elapsed: float
@@ -659,14 +683,16 @@ class OpenLoopReplayer:
                 if isinstance(extra.get("inflight_at_arrival"), int):
                     rec.server_inflight = extra["inflight_at_arrival"]
 
-    def _send(self, rec: RequestRecord) -> None:
+    def _send(self, rec: RequestRecord, payload: bytes) -> None:
         try:
-            prompt = self._begin(rec)
+            self._begin(rec)
             start = time.monotonic()
-            status, body, error = post_completion(
-                self.endpoint, self.model, prompt, rec.output_tokens, self.timeout_s
-            )
-            self._finish(rec, status, body, error, time.monotonic() - start)
+            try:
+                status, data = _post(self.endpoint, "/v1/completions", payload, self.timeout_s)
+                outcome = _completion_outcome(status, data, rec.output_tokens)
+            except (OSError, http.client.HTTPException) as exc:
+                outcome = (0, None, _describe_error(exc))
+            self._finish(rec, *outcome, time.monotonic() - start)
         finally:
             self._slots.release()
             with self._pending_cv:
@@ -732,6 +758,8 @@ class OpenLoopReplayer:
         once they have.
         """
         self._stop.set()
+        if isinstance(self._dispatcher, _Phase):
+            self._dispatcher.cancel()
         if self._dispatcher is not None:
             self._dispatcher.join(timeout=2.0)
         if wait_s > 0:
@@ -744,5 +772,5 @@ class OpenLoopReplayer:
         if self._tasks:
             await asyncio.wait(set(self._tasks), timeout=self.timeout_s + 1.0)
         if self._http is not None:
-            await self._http.aclose()
+            await self._http.close()
         asyncio.get_running_loop().stop()

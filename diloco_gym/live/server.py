@@ -115,26 +115,12 @@ def _build_model(cfg: SidecarModelConfig):
             self.register_buffer("kernel", kernel, persistent=False)
             self.register_buffer("carry_pow", powers * cfg.decay, persistent=False)
 
-        def _scan(self, u: torch.Tensor) -> torch.Tensor:
-            """States ``s_t = decay * s_{t-1} + u_t`` (``s_{-1} = 0``) for ``u`` of (T, d)."""
-            t_len, d = u.shape
-            n_chunks = -(-t_len // _SCAN_CHUNK)
-            pad = n_chunks * _SCAN_CHUNK - t_len
-            if pad:
-                u = torch.cat([u, u.new_zeros(pad, d)])
-            chunks = torch.matmul(self.kernel, u.view(n_chunks, _SCAN_CHUNK, d))
-            carry = u.new_zeros(d)
-            for c in range(n_chunks):  # at most max_prompt_tokens / 32 iterations
-                chunks[c] += self.carry_pow[:, None] * carry
-                carry = chunks[c, -1]
-            return chunks.view(-1, d)[:t_len]
-
         def prefill(self, ids: list[int]) -> tuple[torch.Tensor, list[torch.Tensor]]:
             """Run the prompt; return the last position's logits and the layer states."""
             x = self.embed(torch.tensor(ids, dtype=torch.long))
             states = []
             for norm, up, down in zip(self.norms, self.up, self.down, strict=True):
-                s = self._scan(norm(x))
+                s = _scan(self.kernel, self.carry_pow, norm(x))
                 states.append(s[-1].clone())
                 x = x + down(torch.nn.functional.gelu(up(s)))
             return self.head(self.final(x[-1])), states
@@ -156,16 +142,7 @@ def _build_model(cfg: SidecarModelConfig):
             ``cancelled`` is polled before every step; when it returns True the
             generation stops with :class:`GenerationCancelled`.
             """
-            logits, states = self.prefill(ids if ids else [0])
-            out: list[int] = []
-            for _ in range(max_tokens):
-                if cancelled is not None and cancelled():
-                    raise GenerationCancelled("the server is shutting down")
-                token = int(torch.argmax(logits))
-                out.append(token)
-                if len(out) < max_tokens:
-                    logits = self.step(token, states)
-            return out
+            return _greedy_decode(self, ids, max_tokens, cancelled)
 
     with _fork_rng_seeded(cfg.seed):
         model = _TinyLM()
@@ -173,6 +150,43 @@ def _build_model(cfg: SidecarModelConfig):
     for param in model.parameters():
         param.requires_grad_(False)
     return model
+
+
+def _scan(kernel: Any, carry_pow: Any, u: Any) -> Any:
+    """States ``s_t = decay * s_{t-1} + u_t`` (``s_{-1} = 0``) for ``u`` of (T, d), in
+    chunks of :data:`_SCAN_CHUNK`: ``kernel`` is the intra-chunk part, ``carry_pow`` carries
+    the previous chunk's last state in."""
+    import torch
+
+    t_len, d = u.shape
+    n_chunks = -(-t_len // _SCAN_CHUNK)
+    pad = n_chunks * _SCAN_CHUNK - t_len
+    if pad:
+        u = torch.cat([u, u.new_zeros(pad, d)])
+    chunks = torch.matmul(kernel, u.view(n_chunks, _SCAN_CHUNK, d))
+    carry = u.new_zeros(d)
+    for c in range(n_chunks):  # at most max_prompt_tokens / 32 iterations
+        chunks[c] += carry_pow[:, None] * carry
+        carry = chunks[c, -1]
+    return chunks.view(-1, d)[:t_len]
+
+
+def _greedy_decode(
+    model: Any, ids: list[int], max_tokens: int, cancelled: Callable[[], bool] | None
+) -> list[int]:
+    """Greedy decoding of exactly ``max_tokens`` tokens after ``ids`` (see ``generate``)."""
+    import torch
+
+    logits, states = model.prefill(ids if ids else [0])
+    out: list[int] = []
+    for _ in range(max_tokens):
+        if cancelled is not None and cancelled():
+            raise GenerationCancelled("the server is shutting down")
+        token = int(torch.argmax(logits))
+        out.append(token)
+        if len(out) < max_tokens:
+            logits = model.step(token, states)
+    return out
 
 
 class _fork_rng_seeded:

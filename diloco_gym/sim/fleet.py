@@ -21,6 +21,7 @@ serving is the sidecar model (:mod:`diloco_gym.sim.sidecar`) with the slowdown g
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import sys
@@ -44,6 +45,7 @@ __all__ = [
     "load_fleet_toml",
     "fleet_from_dict",
     "FleetConfigError",
+    "site_calibration",
 ]
 
 #: Payload precisions a sync may use (bits per parameter).
@@ -75,6 +77,11 @@ class SiteConfig:
             serving (default: the regime's sidecar).
         link_gbps: the site's link to the fleet, Gbit/s.
         latency_ms: one-way latency of that link, ms.
+        calibration: a live calibration file (``diloco-gym calibrate``): its
+            ``fitted_sidecar`` is this site's sidecar (before the ``sidecar`` overrides) and
+            the interference function its ``interference`` block fitted
+            (``calibrate --link-shares``) replaces the fleet's ``host_share`` and
+            ``share_exponent`` for this site (:func:`site_calibration`).
     """
 
     name: str = "site"
@@ -86,6 +93,7 @@ class SiteConfig:
     sidecar: tuple[tuple[str, float], ...] = ()
     link_gbps: float = 10.0
     latency_ms: float = 50.0
+    calibration: str | None = None
 
     def __post_init__(self) -> None:
         if (self.regime is None) == (self.trace is None):
@@ -131,11 +139,22 @@ class SiteConfig:
                 )
 
     def sidecar_params(self, default: SidecarParams) -> SidecarParams:
-        """``default`` with this site's overrides."""
+        """``default`` (the calibration file's fitted sidecar, if any) with this site's
+        overrides."""
+        fitted = site_calibration(self.calibration)[0] if self.calibration else {}
         try:
-            return replace(default, **dict(self.sidecar))
+            return replace(default, **{**fitted, **dict(self.sidecar)})
         except ValueError as exc:
             raise FleetConfigError(f"site {self.name!r}: {exc}") from None
+
+    def interference(self, fleet: FleetParams) -> tuple[float, float]:
+        """``(host_share, share_exponent)`` of this site's syncs: its calibration file's
+        fitted function, else the fleet's."""
+        if self.calibration:
+            _, host_share, exponent = site_calibration(self.calibration)
+            if host_share is not None and exponent is not None:
+                return host_share, exponent
+        return fleet.host_share, fleet.share_exponent
 
 
 def _default_sites() -> tuple[SiteConfig, ...]:
@@ -302,7 +321,8 @@ def sync_plan(fleet: FleetParams, sidecars: list[SidecarParams], step_seconds: f
     F = 1); link share 1. Streamed mode: the collective is spread over ``overlap_steps``
     inner steps, window ``max(full window, overlap_steps * step_seconds)``, link share
     ``T / (window - host time)``. Each site's slowdown is :func:`sync_slowdown` of its sidecar's
-    ``sync_slowdown`` at that share.
+    ``sync_slowdown`` at that share, with the site's interference function
+    (:meth:`SiteConfig.interference`).
     """
     f = fleet
     payload = payload_bytes(f.model_params, f.bits, f.fragments)
@@ -325,7 +345,8 @@ def sync_plan(fleet: FleetParams, sidecars: list[SidecarParams], step_seconds: f
         window = max(full, f.overlap_steps * step_seconds)
         share = min(1.0, coll / max(window - host, 1e-12))
     slow = tuple(
-        sync_slowdown(sc.sync_slowdown, share, f.host_share, f.share_exponent) for sc in sidecars
+        sync_slowdown(sc.sync_slowdown, share, *site.interference(f))
+        for site, sc in zip(f.sites, sidecars, strict=True)
     )
     if window <= 0:
         raise FleetConfigError(
@@ -342,10 +363,56 @@ def progress_factor(bits: int, quant_penalty: float) -> float:
     return 1.0 - quant_penalty * math.log2(32 / bits)
 
 
+@functools.lru_cache(maxsize=64)
+def site_calibration(path: str) -> tuple[dict[str, float], float | None, float | None]:
+    """What a fleet site takes from a live calibration file: ``(fitted_sidecar,
+    host_share, share_exponent)``; the last two are ``None`` when the file has no
+    ``interference`` block (a run at the full link share only).
+
+    The file is checked against the calibration schema
+    (``diloco_gym/data/calibration.schema.json``, with ``jsonschema``).
+
+    Raises:
+        FleetConfigError: one line naming the file: unreadable, not JSON, against the
+            schema, or an interference function the run could not determine.
+    """
+    import json
+    from importlib import resources
+
+    import jsonschema
+
+    try:
+        doc = json.loads(Path(path).read_text(encoding="utf-8-sig"))
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise FleetConfigError(f"{path}: cannot read the calibration file ({exc})") from None
+    schema = json.loads(
+        resources.files("diloco_gym").joinpath("data/calibration.schema.json").read_text()
+    )
+    error = jsonschema.exceptions.best_match(
+        jsonschema.Draft202012Validator(schema).iter_errors(doc)
+    )
+    if error is not None:
+        field_ = ".".join(str(p) for p in error.absolute_path) or "(top level)"
+        raise FleetConfigError(f"{path}: field {field_}: {error.message}")
+    fitted = {k: float(v) for k, v in (doc.get("fitted_sidecar") or {}).items()}
+    block = doc.get("interference")
+    if block is None:
+        return fitted, None, None
+    h, gamma = block.get("host_share"), block.get("share_exponent")
+    if h is None or gamma is None:
+        why = "; ".join(block.get("notes") or []) or block.get("error", "no value")
+        raise FleetConfigError(
+            f"{path}: the interference function is undetermined ({why}); measure at link "
+            f"shares where merges slow serving, or drop the file's interference block"
+        )
+    return fitted, float(h), float(gamma)
+
+
 # ----------------------------------------------------------------------------- TOML
 _FLEET_KEYS = {f.name for f in fields(FleetParams)} - {"sites"}
 _SITE_KEYS = {f.name for f in fields(SiteConfig)}
 _INT_KEYS = {"bits", "fragments", "overlap_steps"}
+_SITE_PATHS = ("trace", "calibration")
 _SITE_NUMBERS = ("start_s", "target_rate_rps", "target_utilization", "link_gbps", "latency_ms")
 _STR_KEYS = {"mode"}
 
@@ -395,44 +462,7 @@ def fleet_from_dict(
             raise FleetConfigError(f"{where}: [[site]] must be a non-empty array of tables")
         sites = []
         for i, st in enumerate(sites_raw):
-            w = f"{where}: [[site]] #{i + 1}"
-            if not isinstance(st, dict):
-                raise FleetConfigError(f"{w} must be a table")
-            bad = set(st) - _SITE_KEYS
-            if bad:
-                raise FleetConfigError(
-                    f"{w} has unknown key(s) {sorted(bad)}; valid: {sorted(_SITE_KEYS)}"
-                )
-            skw: dict[str, Any] = {"name": st.get("name", f"site{i}")}
-            if not isinstance(skw["name"], str) or not skw["name"]:
-                raise FleetConfigError(f"{w}: key 'name' must be a non-empty string")
-            if "trace" in st:
-                if not isinstance(st["trace"], str):
-                    raise FleetConfigError(f"{w}: key 'trace' must be a path string")
-                # ``${VAR}`` in the path is expanded (e.g. a directory of downloaded traces)
-                path = Path(os.path.expandvars(st["trace"]))
-                if not path.is_absolute() and base_dir is not None:
-                    path = base_dir / path
-                skw["trace"] = str(path)
-                skw["regime"] = st.get("regime")
-            elif "regime" in st:
-                skw["regime"] = st["regime"]
-            if skw.get("regime") is not None and not isinstance(skw["regime"], str):
-                raise FleetConfigError(f"{w}: key 'regime' must be a regime name string")
-            for k in _SITE_NUMBERS:
-                if k in st:
-                    skw[k] = _number(w, k, st[k])
-            if "sidecar" in st:
-                sc = st["sidecar"]
-                if not isinstance(sc, dict):
-                    raise FleetConfigError(f"{w}: key 'sidecar' must be a table")
-                skw["sidecar"] = tuple(
-                    (str(k), _number(f"{w} sidecar", k, v)) for k, v in sorted(sc.items())
-                )
-            try:
-                sites.append(SiteConfig(**skw))
-            except FleetConfigError as exc:
-                raise FleetConfigError(f"{w}: {exc}") from None
+            sites.append(_site_from_table(st, f"{where}: [[site]] #{i + 1}", i, base_dir))
         kw["sites"] = tuple(sites)
     env = data.get("env", {})
     if not isinstance(env, dict):
@@ -441,6 +471,47 @@ def fleet_from_dict(
         return FleetParams(**kw), dict(env)
     except FleetConfigError as exc:
         raise FleetConfigError(f"{where}: [fleet]: {exc}") from None
+
+
+def _site_from_table(st: Any, w: str, i: int, base_dir: Path | None) -> SiteConfig:
+    """One ``[[site]]`` table (``w`` names it in errors; ``i`` its position)."""
+    if not isinstance(st, dict):
+        raise FleetConfigError(f"{w} must be a table")
+    bad = set(st) - _SITE_KEYS
+    if bad:
+        raise FleetConfigError(f"{w} has unknown key(s) {sorted(bad)}; valid: {sorted(_SITE_KEYS)}")
+    skw: dict[str, Any] = {"name": st.get("name", f"site{i}")}
+    if not isinstance(skw["name"], str) or not skw["name"]:
+        raise FleetConfigError(f"{w}: key 'name' must be a non-empty string")
+    for key in _SITE_PATHS:
+        if key in st:
+            if not isinstance(st[key], str):
+                raise FleetConfigError(f"{w}: key {key!r} must be a path string")
+            # ``${VAR}`` in a path is expanded (e.g. a directory of downloaded traces)
+            path = Path(os.path.expandvars(st[key]))
+            if not path.is_absolute() and base_dir is not None:
+                path = base_dir / path
+            skw[key] = str(path)
+    if "trace" in st:
+        skw["regime"] = st.get("regime")
+    elif "regime" in st:
+        skw["regime"] = st["regime"]
+    if skw.get("regime") is not None and not isinstance(skw["regime"], str):
+        raise FleetConfigError(f"{w}: key 'regime' must be a regime name string")
+    for k in _SITE_NUMBERS:
+        if k in st:
+            skw[k] = _number(w, k, st[k])
+    if "sidecar" in st:
+        sc = st["sidecar"]
+        if not isinstance(sc, dict):
+            raise FleetConfigError(f"{w}: key 'sidecar' must be a table")
+        skw["sidecar"] = tuple(
+            (str(k), _number(f"{w} sidecar", k, v)) for k, v in sorted(sc.items())
+        )
+    try:
+        return SiteConfig(**skw)
+    except FleetConfigError as exc:
+        raise FleetConfigError(f"{w}: {exc}") from None
 
 
 def load_fleet_toml(path: str | Path) -> tuple[FleetParams, dict[str, Any]]:

@@ -1,23 +1,155 @@
-"""``start_engine`` around a stand-in server process: no model is built and nothing needs
-the ``live`` extra. What is pinned: the command line and environment the server gets, the
-errors of a server that exits or never becomes healthy, and that on every failure
-(Ctrl-C included) the process group is gone and the temporary directory removed."""
+"""The built-in engine (:mod:`diloco_gym.live.engine`): KV settings, the model configuration,
+the model build, and ``start_engine`` around a stand-in server process (no model built, no
+``live`` extra needed) and, with the extra, around the real one."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from diloco_gym.live import engine as engine_mod
 from diloco_gym.live import replay as replay_mod
-from diloco_gym.live.engine import EngineModelConfig, kv_settings, start_engine
-from diloco_gym.live.errors import CalibrationError, EndpointUnavailableError
+from diloco_gym.live.engine import (
+    EngineModelConfig,
+    build_model,
+    engine_available,
+    kv_settings,
+    start_engine,
+)
+from diloco_gym.live.errors import (
+    CalibrationError,
+    EndpointUnavailableError,
+)
+from diloco_gym.live.merges import free_port
+from diloco_gym.live.replay import (
+    Endpoint,
+    make_prompt,
+    post_completion,
+)
+
+needs_live = pytest.mark.skipif(
+    not engine_available(), reason='needs the live extra: pip install "diloco-gym[live]"'
+)
+
+
+@pytest.mark.parametrize(
+    ("prompt", "output", "concurrent"),
+    [(1, 1, 1), (256, 128, 32), (700, 104, 8), (1529, 256, 16), (4000, 1000, 4)],
+)
+def test_kv_settings_admit_the_longest_request(prompt, output, concurrent):
+    kv = kv_settings(prompt, output, concurrent)
+    assert kv.admits(prompt, output)  # the longest request alone
+    assert kv.admits(prompt, output, concurrent)  # and max_concurrent of them at once
+    assert kv.max_batch_tokens >= prompt  # its prefill fits one batch: it cannot starve
+    assert kv.max_batch_tokens % kv.block_size == 0
+    assert kv.blocks_for(prompt, output) <= 64 or kv.block_size == 256
+    # every smaller request is admitted too
+    rng = np.random.default_rng(0)
+    for p, o in zip(rng.integers(1, prompt + 1, 50), rng.integers(1, output + 1, 50), strict=True):
+        assert kv.admits(int(p), int(o), concurrent)
+    flags = kv.flags()
+    assert flags[flags.index("--cb-num-blocks") + 1] == str(kv.num_blocks)
+
+
+def test_kv_settings_for_short_requests_do_not_admit_longer_ones():
+    """The check can fail: settings sized for 256-token prompts reject a 1,529-token one
+    (the prompt that starved the engine in the failed 40 s run)."""
+    kv = kv_settings(256, 64, 8)
+    assert not kv.admits(1529, 64)
+    assert not kv.admits(256, 64, concurrent=9 * 8)
+    with pytest.raises(ValueError, match="longest_prompt"):
+        kv_settings(0, 10)
+
+
+def test_engine_model_config_from_json(tmp_path):
+    cfg = EngineModelConfig.from_json(
+        '{"hidden_size": 64, "num_attention_heads": 2, "num_key_value_heads": 2}'
+    )
+    assert cfg.hidden_size == 64 and cfg.vocab_size == 4096
+    path = tmp_path / "m.json"
+    path.write_text('{"num_hidden_layers": 1}')
+    assert EngineModelConfig.from_json(f"@{path}").num_hidden_layers == 1
+    for text, fragment in [
+        ("[1]", "expected a JSON object"),
+        ("{", "not valid JSON"),
+        ('{"layers": 3}', "unknown key(s) layers"),
+        ('{"hidden_size": 100, "num_attention_heads": 3}', "multiple"),
+        ('{"vocab_size": 50}', "vocab_size must be >= 1000"),
+        (f"@{tmp_path}/missing.json", "cannot read"),
+    ]:
+        with pytest.raises(ValueError, match="--engine-model-config") as info:
+            EngineModelConfig.from_json(text)
+        assert fragment in str(info.value)
+
+
+_TINY = EngineModelConfig(
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=1,
+    num_attention_heads=2,
+    num_key_value_heads=2,
+    max_position_embeddings=512,
+)
+
+
+@pytest.mark.slow
+@needs_live
+def test_build_model_is_deterministic(tmp_path):
+    def digest(directory: Path) -> str:
+        return hashlib.sha256((directory / "model.safetensors").read_bytes()).hexdigest()
+
+    a = build_model(_TINY, tmp_path / "a")
+    b = build_model(_TINY, tmp_path / "b")
+    c = build_model(EngineModelConfig(**{**_TINY.__dict__, "seed": 1}), tmp_path / "c")
+    assert digest(a) == digest(b) != digest(c)
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(a)
+    assert len(tok(make_prompt(40, 3), add_special_tokens=False)["input_ids"]) == 40
+
+
+@pytest.mark.slow
+@needs_live
+def test_engine_starts_answers_and_stops(tmp_path):
+    """transformers serve --continuous-batching on a tiny model: answers completions of the
+    requested length (concurrently), then stops with its whole process group."""
+    t0 = time.monotonic()
+    kv = kv_settings(64, 16, max_concurrent=4)
+    engine = start_engine(kv, _TINY, start_timeout_s=60)
+    try:
+        assert engine.is_alive() and engine.url.startswith("http://127.0.0.1:")
+        assert engine.describe()["kv"]["num_blocks"] == kv.num_blocks
+        ep = Endpoint.parse(engine.url)
+        results: list = []
+
+        def ask(i: int) -> None:
+            results.append(post_completion(ep, engine.model, make_prompt(64, i), 16, 30.0))
+
+        threads = [threading.Thread(target=ask, args=(i,)) for i in range(3)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(40)
+        assert len(results) == 3
+        for status, body, err in results:
+            assert (status, err) == (200, ""), err
+            assert body["usage"]["completion_tokens"] == 16  # no early end of sequence
+            assert body["usage"]["prompt_tokens"] == 64  # one token per word
+    finally:
+        engine.stop()
+    assert not engine.is_alive()
+    with pytest.raises(ProcessLookupError):
+        os.killpg(engine.pid, 0)  # nothing of its process group is left
+    assert time.monotonic() - t0 < 60
 
 
 def _gone(pid: int, timeout_s: float = 5.0) -> bool:
@@ -159,7 +291,6 @@ def test_request_longer_than_the_model_is_refused_before_anything_starts(fake_en
 
 def test_unhealthy_is_an_endpoint_error():
     """The start-up loop relies on this: a port nobody serves is EndpointUnavailableError."""
-    from diloco_gym.live.merges import free_port
 
     with pytest.raises(EndpointUnavailableError):
         replay_mod.wait_until_healthy(f"http://127.0.0.1:{free_port()}", timeout_s=0.2)
