@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from diloco_gym.agents.base import Agent, AgentContext, obs_feature
+from diloco_gym.envs.budget_features import BudgetPace
 from diloco_gym.envs.core import EnvParams, unsquash_rate
 from diloco_gym.sim.schedules import optimal_schedule
 
@@ -309,52 +310,6 @@ class OfflineCalibratedOracle(Agent):
 
 
 # ----------------------------------------------------------------------------- budget-aware
-class BudgetPace:
-    """What a budget-aware agent reads from an observation: where it stands on its budget.
-
-    Everything comes from the observation and the public ``params.merge_budget`` (the env's
-    exact merge budget ``M``), so it is deployable and stateless (batches of observations
-    from different episodes are fine):
-
-    * merges left ``m_left = rint(budget_left * M)`` and merges so far ``k = M - m_left``;
-    * the episode's decisions ``n``: from the ``merges`` feature (``k * H_min / n``) once a
-      merge happened, else from the gap and ``time_left`` (before the first merge the gap
-      is the decision index ``d`` and ``time_left = (n - d) / n``, so ``n = d / (1 -
-      time_left)``). A deployed scheduler knows its window; the observation carries it;
-    * the decision ``d = n - rint(time_left * n)``, the gap ``g`` in decisions and the last
-      merge ``d - g``.
-
-    Args:
-        params: the env's public parameters; ``merge_budget`` must be set.
-    """
-
-    def __init__(self, params: EnvParams) -> None:
-        if params.merge_budget is None or params.merge_budget < 1:
-            raise ValueError(
-                "a budget-aware agent needs the env's merge budget: run it with "
-                "merge_budget=M >= 1 (DiLoCoSyncEnv(..., merge_budget=M); "
-                "`diloco-gym frontier` does this at every budget)"
-            )
-        self.params = params
-        self.budget = int(params.merge_budget)
-
-    def read(self, obs: np.ndarray) -> dict[str, np.ndarray]:
-        """``{"m_left", "merges", "n", "d", "gap", "last"}`` per observation row (decisions)."""
-        h_min, h_max = self.params.h_min, self.params.h_max  # in decisions
-        m_left = np.rint(obs_feature(obs, "budget_left").astype(np.float64) * self.budget)
-        k = self.budget - m_left
-        gap = np.rint(obs_feature(obs, "gap").astype(np.float64) * h_max)
-        tl = obs_feature(obs, "time_left").astype(np.float64)
-        mf = obs_feature(obs, "merges").astype(np.float64)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            n_from_merges = k * h_min / mf
-            n_from_gap = gap / (1.0 - tl)
-        n = np.where((k > 0) & (mf > 0) & (mf < 1), n_from_merges, n_from_gap)
-        n = np.rint(np.where(np.isfinite(n) & (n >= 1), n, gap + 1))
-        d = n - np.rint(tl * n)
-        return {"m_left": m_left, "merges": k, "n": n, "d": d, "gap": gap, "last": d - gap}
-
-
 class FixedBudget(Agent):
     """Fixed-H at the budget's interval: ``H = n / M`` decisions (episode decisions over
     the merge budget), i.e. ``a = 1[gap >= n / M]``.

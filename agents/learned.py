@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from diloco_gym.agents.base import Agent, AgentContext
+from diloco_gym.envs.budget_features import augment_observation, augmented_size
 
 __all__ = [
     "LearnedAgent",
@@ -159,7 +160,7 @@ class LearnedAgent(Agent):
     corridor for every agent anyway).
 
     A model trained with an observation transform (``meta.json``'s ``observation``, e.g.
-    the budget features of :mod:`diloco_gym.rl.wrappers`) gets the same features here,
+    the budget features of :mod:`diloco_gym.envs.budget_features`) gets the same features here,
     computed from the observation and the context's public parameters; such a
     ``"budget"`` model is **budget-aware**: it needs the
     env's ``merge_budget``, as the budget-aware heuristics do, and ``diloco-gym frontier``
@@ -183,8 +184,6 @@ class LearnedAgent(Agent):
         path: Path | None = None,
         obs_transform: str | None = None,
     ) -> None:
-        from diloco_gym.rl.wrappers import augmented_size
-
         self.model = model
         self.name = name
         self.meta = dict(meta or {})
@@ -223,8 +222,6 @@ class LearnedAgent(Agent):
         self._context = context
 
     def act(self, obs: np.ndarray) -> np.ndarray:
-        from diloco_gym.rl.wrappers import augment_observation
-
         kwargs: dict[str, Any] = {}
         if self._maskable and self._context is not None and len(obs) == 1:
             kwargs["action_masks"] = self._context.action_mask()[None]
@@ -293,23 +290,8 @@ def load_learned_agent(
         ValueError: the file is not a valid stable-baselines3 model (the message names
             the file and the loader's first complaint).
     """
-    p = Path(path)
-    if p.is_dir():
-        p = p / "model.zip"
-    if not p.is_file():
-        raise FileNotFoundError(f"learned agent: model file not found: {p}")
-    if not zipfile.is_zipfile(p):
-        raise ValueError(
-            f"learned agent: {p} is not a valid model file (not a zip archive "
-            f"written by stable-baselines3)"
-        )
-    meta = dict(meta) if meta is not None else {}
-    meta_path = p.with_name("meta.json")
-    if not meta and p.name == "model.zip" and meta_path.is_file():
-        try:
-            meta = json.loads(meta_path.read_text())
-        except (OSError, ValueError):
-            meta = {}
+    p = _model_file(Path(path))
+    meta = _meta_for(p, meta)
     if not (trust_model_files() if trust is None else trust):
         from diloco_gym.agents.safe_model import load_policy_safely
 
@@ -320,21 +302,49 @@ def load_learned_agent(
                 f"learned agent {p}: loading a trained model needs the 'rl' extra "
                 f"(pip install 'diloco-gym[rl]'): {exc}"
             ) from None
-        obs = meta.get("observation")
-        transform = obs.get("transform") if isinstance(obs, dict) else None
+        return _as_agent(safe, safe.algo, p, meta)
+    model, loaded = _load_trusted(p, meta)
+    return _as_agent(model, loaded, p, meta)
+
+
+def _model_file(p: Path) -> Path:
+    """The model file ``p`` names (``model.zip`` in a directory), checked to be a zip."""
+    if p.is_dir():
+        p = p / "model.zip"
+    if not p.is_file():
+        raise FileNotFoundError(f"learned agent: model file not found: {p}")
+    if not zipfile.is_zipfile(p):
+        raise ValueError(
+            f"learned agent: {p} is not a valid model file (not a zip archive "
+            f"written by stable-baselines3)"
+        )
+    return p
+
+
+def _meta_for(p: Path, meta: dict | None) -> dict:
+    """``meta`` as given (when not empty), else the ``meta.json`` beside a ``model.zip``
+    (``{}``: none or unreadable; the metadata names the algorithm and the observation
+    transform)."""
+    if meta:
+        return dict(meta)
+    meta_path = p.with_name("meta.json")
+    if p.name == "model.zip" and meta_path.is_file():
         try:
-            return LearnedAgent(
-                safe, name=learned_name(safe.algo, p), meta=meta, path=p, obs_transform=transform
-            )
-        except ValueError as exc:
-            raise ValueError(f"learned agent: {p}: {exc}") from None
+            data = json.loads(meta_path.read_text())
+        except (OSError, ValueError):
+            return {}
+        return data if isinstance(data, dict) else {}
+    return {}
+
+
+def _load_trusted(p: Path, meta: dict) -> tuple[Any, str]:
+    """``(model, algo)`` by stable-baselines3's own (unpickling) loader: the algorithm of
+    ``meta`` or the zip first, then the others."""
     algo = meta.get("algo") if meta.get("algo") in _CLASSES else _sniff_algo(p)
     order = [algo] if algo else []
     order += [a for a in _CLASSES if a not in order]
     errors = []
     missing = []
-    model = None
-    loaded = "learned"
     for a in order:
         try:
             cls = _model_class(a)
@@ -342,25 +352,26 @@ def load_learned_agent(
             missing.append(f"{a}: {exc}")
             continue
         try:
-            model = cls.load(p, device="cpu")
-            loaded = a
-            break
+            return cls.load(p, device="cpu"), a
         except Exception as exc:  # noqa: BLE001 - SB3 raises many kinds on bad files
             errors.append(f"{a}: {_load_error(exc)}")
-    if model is None and not errors:  # no RL library could even be imported
+    if not errors:  # no RL library could even be imported
         raise ValueError(
             f"learned agent {p}: loading a trained model needs the 'rl' extra "
             f"(pip install 'diloco-gym[rl]'): {'; '.join(missing)[:300]}"
         )
-    if model is None:
-        raise ValueError(
-            f"learned agent: {p} is not a valid model file ({'; '.join(errors + missing)[:500]})"
-        )
+    raise ValueError(
+        f"learned agent: {p} is not a valid model file ({'; '.join(errors + missing)[:500]})"
+    )
+
+
+def _as_agent(model: Any, algo: str, p: Path, meta: dict) -> LearnedAgent:
+    """The agent of a loaded model, with the observation transform ``meta`` records."""
     obs = meta.get("observation")
     transform = obs.get("transform") if isinstance(obs, dict) else None
     try:
         return LearnedAgent(
-            model, name=learned_name(loaded, p), meta=meta, path=p, obs_transform=transform
+            model, name=learned_name(algo, p), meta=meta, path=p, obs_transform=transform
         )
     except ValueError as exc:
         raise ValueError(f"learned agent: {p}: {exc}") from None

@@ -1,4 +1,16 @@
-"""Reinforcement learning: the Stable-Baselines3 vector adapter (:mod:`~diloco_gym.rl.sb3`)
-and the ``diloco-gym train`` command (:mod:`~diloco_gym.rl.train`). Importing this package
-does not import Stable-Baselines3 or torch; its modules do.
+"""Reinforcement learning on the envs with Stable-Baselines3.
+
+``diloco-gym train`` is :mod:`~diloco_gym.rl.command` (the command line) over
+:mod:`~diloco_gym.rl.trainer` (a run in named steps), which uses
+:mod:`~diloco_gym.rl.train_envs` (the one builder of training envs, training seeds only),
+:mod:`~diloco_gym.rl.run_dir` (run directories, checkpoints, atomic writes),
+:mod:`~diloco_gym.rl.validation` (held-out validation, model selection, curves),
+:mod:`~diloco_gym.rl.imitation` (the behaviour-cloning warm start),
+:mod:`~diloco_gym.rl.algos` (the algorithm table) and :mod:`~diloco_gym.rl.config`
+(config files). :mod:`~diloco_gym.rl.wrappers` gives a policy its budget features,
+:mod:`~diloco_gym.rl.sb3` adapts the native vector env, :mod:`~diloco_gym.rl.fleet` trains
+the fleet agent, :mod:`~diloco_gym.rl.seeds` trains and judges a configuration across
+training seeds (:mod:`~diloco_gym.rl.aggregate`: the aggregate measures), and
+:mod:`~diloco_gym.rl.train` keeps 0.5.0's names. Importing this
+package does not import Stable-Baselines3 or torch; its modules do.
 """

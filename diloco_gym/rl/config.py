@@ -45,7 +45,6 @@ key.
 from __future__ import annotations
 
 import hashlib
-import inspect
 import sys
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -53,7 +52,9 @@ from typing import Any, Literal
 
 from pydantic import PositiveInt, create_model, field_validator, model_validator
 
+from diloco_gym.envs.budget_features import OBS_TRANSFORMS
 from diloco_gym.envs.core import EnvParams
+from diloco_gym.rl.algos import ALGOS, RESERVED_ALGO_KEYS, VEC_ENVS, algo_kwargs
 from diloco_gym.sim.regimes import REGIMES
 from diloco_gym.tables import Table, TableError, validate_table
 
@@ -210,8 +211,6 @@ ENV_KEYS: dict[str, Any] = {
 }
 #: EnvParams fields a config may set (the budget comes from the budget lists).
 _PARAM_FIELDS = {f.name: f for f in fields(EnvParams) if f.name != "merge_budget"}
-#: Keyword arguments of an SB3 algorithm that ``train`` sets itself.
-_RESERVED_ALGO_KEYS = {"policy", "env", "seed", "device", "verbose", "tensorboard_log"}
 _ACTIVATIONS = ("tanh", "relu", "elu", "leaky_relu")
 
 
@@ -313,13 +312,6 @@ def load_config_file(path: str | Path) -> tuple[dict[str, Any], dict[str, str]]:
     return data, {"path": str(p), "sha256": hashlib.sha256(raw).hexdigest(), "text": text}
 
 
-def _algo_kwargs(algo: str) -> set[str]:
-    from diloco_gym.rl.train import _algo_class
-
-    params = inspect.signature(_algo_class(algo).__init__).parameters
-    return {n for n in params if n not in ("self", "_init_setup_model")} - _RESERVED_ALGO_KEYS
-
-
 def validate_hyperparameters(algo: str, hp: dict[str, Any], where: str = "[algo]") -> None:
     """Check an ``[algo]`` table against the SB3 class's keyword arguments.
 
@@ -327,9 +319,9 @@ def validate_hyperparameters(algo: str, hp: dict[str, Any], where: str = "[algo]
         ConfigError: an unknown or reserved key, a value of the wrong kind, or a bad
             ``policy_kwargs`` entry (the message names ``where`` and the key).
     """
-    valid = _algo_kwargs(algo)
+    valid = algo_kwargs(algo)
     for key, value in hp.items():
-        if key in _RESERVED_ALGO_KEYS:
+        if key in RESERVED_ALGO_KEYS:
             raise ConfigError(f"{where} {key}: set by train itself, not a hyperparameter")
         if key not in valid:
             raise ConfigError(
@@ -429,19 +421,29 @@ def parse_config(data: dict[str, Any], path: str = "<config>") -> TrainConfig:
 
 
 def check_config(cfg: TrainConfig, path: str = "<config>") -> None:
-    """Check a resolved configuration (after flags) as a whole.
+    """Check a resolved configuration (after flags) as a whole; with budgets and no
+    ``observation``, sets ``observation = "budget"``.
 
     Raises:
         ConfigError: an invalid value or combination, naming ``path`` and the key.
     """
-    from diloco_gym.rl.train import ALGOS, VEC_ENVS
-    from diloco_gym.rl.wrappers import OBS_TRANSFORMS
+    _check_run_keys(cfg, path)
+    _check_env_keys(cfg, path)
+    _check_observation(cfg, path)
+    try:
+        EnvParams(**cfg.env_params)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"{path}: [env] {exc}") from None
+    validate_hyperparameters(cfg.algo, cfg.hyperparameters, where=f"{path}: [algo]")
+    _check_teacher(cfg, path)
 
+
+def _check_run_keys(cfg: TrainConfig, path: str) -> None:
+    """The run's algorithm, counts and vector env."""
     if cfg.algo not in ALGOS:
         raise ConfigError(f"{path}: algo {cfg.algo!r} is unknown; valid: {', '.join(ALGOS)}")
-    for key in ("timesteps",):
-        if getattr(cfg, key) < 1:
-            raise ConfigError(f"{path}: {key} must be >= 1, got {getattr(cfg, key)}")
+    if cfg.timesteps < 1:
+        raise ConfigError(f"{path}: timesteps must be >= 1, got {cfg.timesteps}")
     if cfg.n_envs is not None and cfg.n_envs < 1:
         raise ConfigError(f"{path}: n_envs must be >= 1, got {cfg.n_envs}")
     for key in ("eval_episodes", "eval_freq", "checkpoint_freq"):
@@ -451,6 +453,10 @@ def check_config(cfg: TrainConfig, path: str = "<config>") -> None:
         raise ConfigError(
             f"{path}: vec_env {cfg.vec_env!r} is unknown; valid: {', '.join(VEC_ENVS)}"
         )
+
+
+def _check_env_keys(cfg: TrainConfig, path: str) -> None:
+    """The regimes, or the trace and its replay options."""
     if cfg.trace is None:
         bad = [r for r in cfg.regimes if r not in REGIMES]
         if bad:
@@ -473,6 +479,11 @@ def check_config(cfg: TrainConfig, path: str = "<config>") -> None:
         v = getattr(cfg, key)
         if v is not None and not v > 0:
             raise ConfigError(f"{path}: {key} must be a positive number, got {v}")
+
+
+def _check_observation(cfg: TrainConfig, path: str) -> None:
+    """The observation transform and the budgets it needs (the default with budgets is
+    ``"budget"``)."""
     if cfg.observation is None and cfg.budgets_per_hour is not None:
         cfg.observation = "budget"
     if cfg.observation not in OBS_TRANSFORMS:
@@ -488,11 +499,10 @@ def check_config(cfg: TrainConfig, path: str = "<config>") -> None:
         raise ConfigError(
             f'{path}: vec_env "native" runs one budget; with budgets use "dummy" or "subproc"'
         )
-    try:
-        EnvParams(**cfg.env_params)
-    except (TypeError, ValueError) as exc:
-        raise ConfigError(f"{path}: [env] {exc}") from None
-    validate_hyperparameters(cfg.algo, cfg.hyperparameters, where=f"{path}: [algo]")
+
+
+def _check_teacher(cfg: TrainConfig, path: str) -> None:
+    """The behaviour-cloning teacher: a deployable registry agent, for a budget run."""
     if cfg.bc_teacher is not None:
         from diloco_gym.agents.registry import AGENTS
 

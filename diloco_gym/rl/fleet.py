@@ -19,13 +19,13 @@ import argparse
 import json
 import sys
 import time
-from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from diloco_gym.eval.seed_ranges import TRAIN_SEED_HIGH, TRAIN_SEED_LOW
 
-__all__ = ["train_fleet_agent", "main", "HYPERPARAMETERS"]
+__all__ = ["FleetEnvSpec", "train_fleet_agent", "main", "HYPERPARAMETERS"]
 
 #: MaskablePPO settings (as the single-host budget agents').
 HYPERPARAMETERS: dict[str, Any] = {
@@ -41,15 +41,22 @@ HYPERPARAMETERS: dict[str, Any] = {
 }
 
 
-def _make_env(fleet: str, budget: int, seed: int, excess_weight: float):
-    from stable_baselines3.common.monitor import Monitor
+@dataclass(frozen=True)
+class FleetEnvSpec:
+    """One kind of fleet training env: the fleet file and a fragment-sync budget (a
+    :class:`~diloco_gym.rl.train_envs.TrainEnvKind` for
+    :func:`~diloco_gym.rl.train_envs.make_vec_env`)."""
 
-    from diloco_gym.envs.fleet import DiLoCoFleetEnv
-    from diloco_gym.rl.train import TrainSeedWrapper
-    from diloco_gym.rl.wrappers import BudgetFeatures
+    fleet: str
+    merge_budget: int
 
-    env = DiLoCoFleetEnv(fleet=fleet, merge_budget=budget, excess_weight=excess_weight)
-    return Monitor(TrainSeedWrapper(BudgetFeatures(env), TRAIN_SEED_LOW, TRAIN_SEED_HIGH, seed))
+    def make(self, env_params: dict[str, Any] | None = None) -> Any:
+        """A fresh ``DiLoCoFleetEnv`` with this budget and the ``env_params`` overrides."""
+        from diloco_gym.envs.fleet import DiLoCoFleetEnv
+
+        return DiLoCoFleetEnv(
+            fleet=self.fleet, merge_budget=self.merge_budget, **dict(env_params or {})
+        )
 
 
 def clone_teacher(
@@ -71,7 +78,7 @@ def clone_teacher(
 
     from diloco_gym.agents.fleet import fleet_agent
     from diloco_gym.agents.registry import make_agent
-    from diloco_gym.rl.train import fit_to_actions, teacher_samples
+    from diloco_gym.rl.imitation import fit_to_actions, teacher_samples
 
     rng = np.random.default_rng([seed, 77])
     xs: list[np.ndarray] = []
@@ -101,9 +108,9 @@ def train_fleet_agent(
     """Train and save ``model.zip`` and ``meta.json`` in ``out``; returns the model path."""
     import torch
     from sb3_contrib import MaskablePPO
-    from stable_baselines3.common.vec_env import DummyVecEnv
 
-    from diloco_gym.rl.train import _versions
+    from diloco_gym.rl.algos import library_versions
+    from diloco_gym.rl.train_envs import make_vec_env
 
     if not budgets or any(b < 1 for b in budgets):
         raise ValueError(f"budgets must be integers >= 1, got {budgets}")
@@ -111,10 +118,10 @@ def train_fleet_agent(
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
 
-    def env_fn(b: int, i: int) -> Callable[[], Any]:
-        return lambda: _make_env(fleet, b, seed * 1000 + i, excess_weight)
-
-    vec = DummyVecEnv([env_fn(b, i) for i, b in enumerate(budgets)])
+    specs = [FleetEnvSpec(str(fleet), int(b)) for b in budgets]
+    # env i's episode seeds start from seed * 1000 + i (the shipped model's rule)
+    params = {"excess_weight": excess_weight}
+    vec = make_vec_env("dummy", specs, seed * 1000, len(specs), params, "budget")
     model = MaskablePPO("MlpPolicy", vec, seed=seed, verbose=0, device="cpu", **HYPERPARAMETERS)
     started = time.perf_counter()
     bc = None
@@ -145,7 +152,7 @@ def train_fleet_agent(
         "behaviour_cloning": bc,
         "train_seconds": elapsed,
         "command": command,
-        "versions": _versions(),
+        "versions": library_versions(),
     }
     (out / "meta.json").write_text(json.dumps(meta, indent=2))
     return out / "model.zip"

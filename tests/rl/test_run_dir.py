@@ -1,6 +1,5 @@
-"""Training runs survive early kills and torn files: a run killed before its first
-checkpoint resumes as a fresh start (and the refusal says --force is safe); checkpoints are
-written atomically and verified on load, a damaged latest one falls back to the previous."""
+"""Tests of :mod:`diloco_gym.rl.run_dir`: a run killed at any point can be resumed or
+replaced, torn model files are found, checkpoints are written atomically."""
 
 from __future__ import annotations
 
@@ -16,36 +15,26 @@ import pytest
 
 pytest.importorskip("stable_baselines3")
 
+from rl_helpers import (  # noqa: E402
+    SMALL,
+)
+
 from diloco_gym import cli  # noqa: E402
-from diloco_gym.rl import train as tr  # noqa: E402
+from diloco_gym.envs.env import DiLoCoSyncEnv  # noqa: E402
+from diloco_gym.rl import run_dir  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
-SMALL = [
-    "--timesteps",
-    "256",
-    "--n-envs",
-    "1",
-    "--eval-episodes",
-    "1",
-    "--eval-freq",
-    "0",
-    "--checkpoint-freq",
-    "128",
-    "--no-progress",
-]
 
 
 def _started_run(out: Path) -> None:
     """What a run killed before its first checkpoint leaves: the start meta.json (and tb/)."""
     out.mkdir(parents=True)
-    tr._write_start_meta(out, "ppo", "bursty", 0, "diloco-gym train")
+    run_dir.write_start_meta(out, "ppo", "bursty", 0, "diloco-gym train")
     (out / "tb").mkdir()
 
 
 def _model_file(path: Path) -> Path:
     from stable_baselines3 import PPO
-
-    from diloco_gym.envs.env import DiLoCoSyncEnv
 
     PPO("MlpPolicy", DiLoCoSyncEnv("bursty"), n_steps=64, device="cpu").save(path)
     return path
@@ -55,26 +44,26 @@ def test_a_run_killed_before_its_first_checkpoint(tmp_path):
     out = tmp_path / "run"
     _started_run(out)
     with pytest.raises(FileExistsError) as err:
-        tr.check_run_dir(out, "ppo", "bursty")
+        run_dir.check_run_dir(out, "ppo", "bursty")
     msg = str(err.value)
     assert "stopped before its first checkpoint" in msg and "--force is safe" in msg
     assert "--resume starts it afresh" in msg
-    assert tr.check_run_dir(out, "ppo", "bursty", resume=True) is None  # a fresh start
+    assert run_dir.check_run_dir(out, "ppo", "bursty", resume=True) is None  # a fresh start
     # a run that completed but lost its files is not silently restarted
     meta = json.loads((out / "meta.json").read_text())
     (out / "meta.json").write_text(json.dumps(dict(meta, status="complete")))
     with pytest.raises(FileNotFoundError, match="--force replaces the run"):
-        tr.check_run_dir(out, "ppo", "bursty", resume=True)
+        run_dir.check_run_dir(out, "ppo", "bursty", resume=True)
 
 
 def test_model_file_problem_finds_torn_files(tmp_path):
     good = _model_file(tmp_path / "good.zip")
-    assert tr.model_file_problem(good) is None
+    assert run_dir.model_file_problem(good) is None
     data = good.read_bytes()
     torn = tmp_path / "torn.zip"
     torn.write_bytes(data[: len(data) // 2])
-    assert tr.model_file_problem(torn) is not None  # detected, whichever way it is torn
-    assert tr.model_file_problem(tmp_path / "missing.zip") is not None
+    assert run_dir.model_file_problem(torn) is not None  # detected, whichever way it is torn
+    assert run_dir.model_file_problem(tmp_path / "missing.zip") is not None
 
 
 def test_a_damaged_latest_checkpoint_falls_back_to_the_previous(tmp_path, capsys):
@@ -86,13 +75,13 @@ def test_a_damaged_latest_checkpoint_falls_back_to_the_previous(tmp_path, capsys
     data = older.read_bytes()
     latest = ckpts / "rl_model_256_steps.zip"
     latest.write_bytes(data[:1000])  # truncated by a kill while it was written
-    assert tr.check_run_dir(out, "ppo", "bursty", resume=True) == older
+    assert run_dir.check_run_dir(out, "ppo", "bursty", resume=True) == older
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "rl_model_256_steps.zip is damaged" in err[0]
     assert "continuing from rl_model_128_steps.zip" in err[0]
     older.write_bytes(data[:1000])
     with pytest.raises(FileNotFoundError, match="no intact checkpoint"):
-        tr.check_run_dir(out, "ppo", "bursty", resume=True)
+        run_dir.check_run_dir(out, "ppo", "bursty", resume=True)
 
 
 def test_checkpoints_are_written_atomically(tmp_path, monkeypatch):
@@ -105,9 +94,9 @@ def test_checkpoints_are_written_atomically(tmp_path, monkeypatch):
         raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
-        tr._save_atomic(dies, path)
+        run_dir.save_atomic(dies, path)
     assert not path.exists() and list(tmp_path.iterdir()) == []
-    tr._save_atomic(lambda p: Path(p).write_bytes(b"complete"), path)
+    run_dir.save_atomic(lambda p: Path(p).write_bytes(b"complete"), path)
     assert path.read_bytes() == b"complete" and [p.name for p in tmp_path.iterdir()] == [path.name]
 
 
@@ -129,11 +118,11 @@ def test_resume_after_a_kill_before_the_first_checkpoint(tmp_path, capsys):
         time.sleep(0.2)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
-    assert (out / "meta.json").is_file() and not tr._has_saved_model(out)
+    assert (out / "meta.json").is_file() and not run_dir._has_saved_model(out)
     with pytest.raises(SystemExit) as exc:
         cli.main(["train", "--out", str(out), *SMALL])
     assert exc.value.code == 2 and "--force is safe" in capsys.readouterr().err
     assert cli.main(["train", "--out", str(out), "--resume", *SMALL]) == 0
     meta = json.loads((out / "meta.json").read_text())
     assert meta["status"] == "complete" and meta["timesteps"] >= 256
-    assert tr.model_file_problem(out / "model.zip") is None
+    assert run_dir.model_file_problem(out / "model.zip") is None

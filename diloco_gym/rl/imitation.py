@@ -1,0 +1,139 @@
+"""Behaviour cloning: the imitation warm start of a budget-conditioned run.
+
+A deployable teacher (a registry agent, e.g. ``online-forecast-budget``) plays
+training-range episodes; the policy is fitted to its actions by cross-entropy before
+reinforcement learning continues from there. The single-host runs
+(:func:`behaviour_clone`) and the fleet runs (:mod:`diloco_gym.rl.fleet`) share
+:func:`teacher_samples` and :func:`fit_to_actions`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+
+from diloco_gym.envs.core import OBS_INDEX
+from diloco_gym.eval.rollout import attach_agent
+from diloco_gym.eval.seed_ranges import TRAIN_SEED_HIGH, TRAIN_SEED_LOW
+
+__all__ = ["behaviour_clone", "teacher_samples", "fit_to_actions"]
+
+
+def behaviour_clone(
+    model: Any,
+    specs: list[Any],
+    teacher: str,
+    episodes: int,
+    epochs: int,
+    seed: int,
+    env_params: dict[str, Any] | None = None,
+    obs_transform: str | None = None,
+    learning_rate: float = 1e-3,
+    batch_size: int = 256,
+) -> dict[str, Any]:
+    """Warm-start ``model``'s policy by imitating a teacher agent (behaviour cloning).
+
+    The teacher (a deployable registry agent, e.g. ``online-forecast-budget``) plays
+    ``episodes`` episodes of every env kind, with episode seeds from the training range
+    ``[TRAIN_SEED_LOW, TRAIN_SEED_HIGH)`` drawn from a generator seeded with ``seed``; the
+    policy is then fitted to its actions by cross-entropy (``epochs`` passes, Adam, torch
+    generator seeded with ``seed``). Reinforcement learning continues from there. The
+    teacher sees what any agent sees (observations, masks, public parameters); the policy
+    sees the transformed observations it is trained on.
+
+    Returns:
+        ``{"teacher", "episodes_per_env", "samples", "merge_share", "epochs",
+        "train_accuracy", "merge_recall", "final_loss"}``.
+    """
+    from diloco_gym.agents.registry import make_agent
+    from diloco_gym.rl.wrappers import BudgetFeatures
+
+    rng = np.random.default_rng([seed, 77])
+    xs: list[np.ndarray] = []
+    ys: list[int] = []
+    n_raw = len(OBS_INDEX)  # the teacher reads the env's own features
+    for spec in specs:
+        env: gym.Env = spec.make(env_params)
+        if obs_transform is not None:
+            env = BudgetFeatures(env)
+        agent = make_agent(teacher)
+        if not getattr(agent, "deployable", True):
+            raise ValueError(f"behaviour cloning needs a deployable teacher, not {teacher!r}")
+        teacher_samples(env, agent, episodes, rng, n_raw, xs, ys)
+    return {"teacher": teacher, "episodes_per_env": int(episodes), "samples": len(ys)} | (
+        fit_to_actions(model, xs, ys, epochs, seed, learning_rate, batch_size)
+    )
+
+
+def teacher_samples(
+    env: gym.Env,
+    agent: Any,
+    episodes: int,
+    rng: np.random.Generator,
+    n_raw: int,
+    xs: list[np.ndarray],
+    ys: list[int],
+) -> None:
+    """Append to ``xs``/``ys`` the observations and actions of ``agent`` on ``episodes``
+    episodes of ``env`` (seeds from the training range, drawn from ``rng``); the teacher
+    reads the first ``n_raw`` features (the env's own), the policy the whole observation."""
+    base = env.unwrapped
+    for _ in range(episodes):
+        ep_seed = int(rng.integers(TRAIN_SEED_LOW, TRAIN_SEED_HIGH))
+        obs, _ = env.reset(seed=ep_seed)
+        ctx = attach_agent(env, agent, ep_seed)
+        done = False
+        while not done:
+            ctx._set_mask(base.action_masks())  # type: ignore[attr-defined]
+            a, _ = agent.predict(np.asarray(obs)[:n_raw])
+            xs.append(np.asarray(obs, dtype=np.float32))
+            ys.append(int(a))
+            obs, _, terminated, truncated, _ = env.step(int(a))
+            done = bool(terminated or truncated)
+
+
+def fit_to_actions(
+    model: Any,
+    xs: list[np.ndarray],
+    ys: list[int],
+    epochs: int,
+    seed: int,
+    learning_rate: float,
+    batch_size: int,
+) -> dict[str, Any]:
+    """Fit ``model``'s policy to the actions ``ys`` at ``xs`` (cross-entropy, Adam, ``epochs``
+    passes in a torch-generator order seeded with ``seed``).
+
+    Returns:
+        ``{"merge_share", "epochs", "train_accuracy", "merge_recall", "final_loss"}``.
+    """
+    import torch
+
+    x = torch.as_tensor(np.stack(xs))
+    y = torch.as_tensor(np.array(ys, dtype=np.int64))
+    policy = model.policy
+    opt = torch.optim.Adam(policy.parameters(), lr=learning_rate)
+    gen = torch.Generator().manual_seed(int(seed))
+    loss = torch.tensor(0.0)
+    policy.set_training_mode(True)
+    for _ in range(epochs):
+        perm = torch.randperm(len(x), generator=gen)
+        for i in range(0, len(x), batch_size):
+            idx = perm[i : i + batch_size]
+            loss = -policy.get_distribution(x[idx]).log_prob(y[idx]).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    policy.set_training_mode(False)
+    with torch.no_grad():
+        pred = policy.get_distribution(x).distribution.probs.argmax(dim=1)
+    merges = y == 1
+    return {
+        "merge_share": float(merges.float().mean()),
+        "epochs": int(epochs),
+        "train_accuracy": float((pred == y).float().mean()),
+        "merge_recall": float((pred[merges] == 1).float().mean()) if merges.any() else None,
+        "final_loss": float(loss.detach()),
+    }

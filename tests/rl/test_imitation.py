@@ -1,0 +1,26 @@
+"""Tests of :mod:`diloco_gym.rl.imitation`: the behaviour-cloning warm start."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("sb3_contrib")
+
+
+@pytest.mark.slow
+def test_behaviour_cloning_imitates_the_teacher() -> None:
+    """Enough cloning makes the policy act as the teacher on most decisions of its own
+    training episodes (a fit that cannot pass by chance: merges are rare)."""
+    from sb3_contrib import MaskablePPO
+    from stable_baselines3.common.vec_env import DummyVecEnv
+
+    from diloco_gym.rl.config import EnvSpec
+    from diloco_gym.rl.imitation import behaviour_clone
+    from diloco_gym.rl.wrappers import BudgetFeatures
+
+    spec = EnvSpec("bursty", "bursty", None, 12, 72.0)
+    venv = DummyVecEnv([lambda: BudgetFeatures(spec.make())])
+    model = MaskablePPO("MlpPolicy", venv, seed=0, device="cpu", n_steps=64, batch_size=64)
+    rec = behaviour_clone(model, [spec], "online-forecast-budget", 8, 80, 0, None, "budget")
+    assert rec["train_accuracy"] > 0.9 and rec["merge_recall"] > 0.5
+    assert rec["train_accuracy"] > 1 - rec["merge_share"]  # better than "never merge"

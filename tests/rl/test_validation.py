@@ -1,0 +1,78 @@
+"""Tests of :mod:`diloco_gym.rl.validation`: the validation curve a run writes, the
+comparison ``train`` prints, validation seeds held out."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("sb3_contrib")
+
+from diloco_gym.agents.registry import make_agent  # noqa: E402
+from diloco_gym.eval.seed_ranges import VALIDATION_SEED0  # noqa: E402
+from diloco_gym.rl import validation  # noqa: E402
+
+
+def test_the_run_writes_its_validation_curve(tiny_run: Path) -> None:
+    import csv
+
+    rows = list(csv.DictReader((tiny_run / "validation.csv").open()))
+    assert (tiny_run / "validation.png").stat().st_size > 1000
+    meta = json.loads((tiny_run / "meta.json").read_text())
+    assert len(rows) == 3 * len(meta["evaluations"])  # "all" + two budgets per evaluation
+    for r in rows:
+        if r["env"] == "all":
+            continue
+        mr, orc, agent = (
+            float(r[k]) for k in ("matched_random_pct", "oracle_pct", "sync_excess_pct")
+        )
+        assert float(r["gap_captured"]) == pytest.approx((mr - agent) / (mr - orc))
+
+
+def test_validation_figure_with_one_evaluation_says_so(tmp_path, monkeypatch):
+    import json
+
+    from matplotlib.axes import Axes
+
+    from diloco_gym.rl.validation import write_validation_curve
+
+    said: list[str] = []
+    real_text = Axes.text
+    monkeypatch.setattr(
+        Axes,
+        "text",
+        lambda self, x, y, s, *a, **k: said.append(s) or real_text(self, x, y, s, *a, **k),
+    )
+    ev = {"timesteps": 2048, "sync_excess_pct": 1.5, "merges": 9}
+    for n in (1, 2):
+        said.clear()
+        meta = {"algo": "ppo", "regime": "bursty", "seed": 0, "evaluations": [ev] * n}
+        (tmp_path / "meta.json").write_text(json.dumps(meta))
+        _, png = write_validation_curve(tmp_path)
+        assert png.stat().st_size > 0
+        assert any("one evaluation only (at 2048 timesteps)" in s for s in said) == (n == 1)
+
+
+class _Never:
+    name = "never"
+
+    def predict(self, obs, **kwargs):
+        return np.array([0]), None
+
+
+def test_a_policy_that_never_merges_is_flagged() -> None:
+
+    seeds = [VALIDATION_SEED0, VALIDATION_SEED0 + 1]
+    never = validation.validation_comparison(_Never(), "bursty", seeds, draws=20)
+    assert never["chosen_merges"] == 0
+    assert never["agent"]["merges_per_hour"] > 0  # the forced merges
+    assert never["same_schedules_as_fixed_512"] == 2
+    assert never["agent"]["sync_excess_pct"] == pytest.approx(never["fixed-512"]["sync_excess_pct"])
+    _, warnings = validation.format_comparison(never)
+    assert len(warnings) == 1 and "never chose to merge" in warnings[0]
+    busy = validation.validation_comparison(make_agent("fixed-256"), "bursty", seeds, draws=20)
+    assert busy["chosen_merges"] > 0 and busy["same_schedules_as_fixed_512"] == 0
+    assert validation.format_comparison(busy)[1] == []
