@@ -17,13 +17,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
 from functools import cached_property, lru_cache
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from diloco_gym.sim import compiled
 from diloco_gym.sim import learners as lrn
 from diloco_gym.sim.limits import check_limit
+from diloco_gym.sim.regimes import SyntheticRegime
 from diloco_gym.sim.schedules import budget_range, completion_counts
 from diloco_gym.sim.sidecar import (
     IsolatedMergeCost,
@@ -793,6 +794,39 @@ def _episode(
     )
 
 
+def episode_draws(
+    generator: Any, seed: int, learner_params: lrn.LearnerParams, as_trace: bool = True
+) -> tuple:
+    """The draws of the episode of ``seed``, in their fixed order.
+
+    One generator, ``np.random.default_rng(seed)``, draws first the trace
+    (``generator(rng)``) and then the learner throughputs
+    (``learner_params.draw_throughputs``). Every episode of either env comes from here, so
+    the single and the vector env give the same episode for the same seed.
+
+    Returns:
+        ``(trace, throughputs)``; with ``as_trace=False`` the trace's arrays instead,
+        ``(arrivals, prompt, output, network, checkpoint, duration_s, name, throughputs)``
+        (a :class:`~diloco_gym.sim.regimes.SyntheticRegime` then skips building the
+        :class:`~diloco_gym.sim.traces.Trace`: the same draws, fewer copies).
+    """
+    rng = np.random.default_rng(seed)
+    gen = generator
+    if as_trace:
+        trace = gen(rng)
+        return trace, learner_params.draw_throughputs(rng)
+    if isinstance(gen, SyntheticRegime) and type(gen).__call__ is SyntheticRegime.__call__:
+        arrivals, token_index, net, ckpt = gen.draw(rng)
+        prompt, output = gen.tokens(token_index, np.float64)
+        duration, name = gen.duration_s, gen.name
+    else:
+        tr = gen(rng)
+        arrivals, prompt, output = tr.arrival_s, tr.prompt_tokens, tr.output_tokens
+        net, ckpt, duration, name = tr.network, tr.checkpoint, tr.duration_s, tr.name
+    thr = learner_params.draw_throughputs(rng)
+    return arrivals, prompt, output, net, ckpt, duration, name, thr
+
+
 def episode_from_seed(
     generator,
     seed: int,
@@ -803,13 +837,11 @@ def episode_from_seed(
 ) -> Episode:
     """The episode of ``seed``: its trace and learner throughputs from one generator.
 
-    The draws come from :func:`diloco_gym.envs.kernel.episode_draws` (the trace, then the
+    The draws come from :func:`episode_draws` (the trace, then the
     learner throughputs, from ``np.random.default_rng(seed)``), as the vector env's, so the
     single and the vector env give the same episode for the same seed. ``rate_rps``: the
     reward scale's nominal rate (default: the generator's, :func:`nominal_rate_rps`).
     """
-    from diloco_gym.envs.kernel import episode_draws
-
     if rate_rps is None:
         rate_rps = nominal_rate_rps(generator, params)
     trace, throughputs = episode_draws(generator, seed, learner_params)

@@ -34,10 +34,9 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from diloco_gym.envs import core
-from diloco_gym.envs.core import EXO_SLICE, LEARNER_SLICE, OBS_INDEX, EnvParams
+from diloco_gym.envs.core import EXO_SLICE, LEARNER_SLICE, OBS_INDEX, EnvParams, episode_draws
 from diloco_gym.sim import compiled
 from diloco_gym.sim import learners as lrn
-from diloco_gym.sim.regimes import SyntheticRegime
 
 __all__ = [
     "EnvState",
@@ -67,39 +66,6 @@ __all__ = [
 assert (OBS_INDEX["gap"], OBS_INDEX["corridor_open"], OBS_INDEX["merges"]) == (0, 1, 14)
 assert (OBS_INDEX["time_left"], OBS_INDEX["budget_left"]) == (15, 16)
 assert LEARNER_SLICE == slice(2, 7) and EXO_SLICE == slice(7, 14)
-
-
-def episode_draws(
-    generator: Any, seed: int, learner_params: lrn.LearnerParams, as_trace: bool = True
-) -> tuple:
-    """The draws of the episode of ``seed``, in their fixed order.
-
-    One generator, ``np.random.default_rng(seed)``, draws first the trace
-    (``generator(rng)``) and then the learner throughputs
-    (``learner_params.draw_throughputs``). Every episode of either env comes from here, so
-    the single and the vector env give the same episode for the same seed.
-
-    Returns:
-        ``(trace, throughputs)``; with ``as_trace=False`` the trace's arrays instead,
-        ``(arrivals, prompt, output, network, checkpoint, duration_s, name, throughputs)``
-        (a :class:`~diloco_gym.sim.regimes.SyntheticRegime` then skips building the
-        :class:`~diloco_gym.sim.traces.Trace`: the same draws, fewer copies).
-    """
-    rng = np.random.default_rng(seed)
-    gen = generator
-    if as_trace:
-        trace = gen(rng)
-        return trace, learner_params.draw_throughputs(rng)
-    if isinstance(gen, SyntheticRegime) and type(gen).__call__ is SyntheticRegime.__call__:
-        arrivals, token_index, net, ckpt = gen.draw(rng)
-        prompt, output = gen.tokens(token_index, np.float64)
-        duration, name = gen.duration_s, gen.name
-    else:
-        tr = gen(rng)
-        arrivals, prompt, output = tr.arrival_s, tr.prompt_tokens, tr.output_tokens
-        net, ckpt, duration, name = tr.network, tr.checkpoint, tr.duration_s, tr.name
-    thr = learner_params.draw_throughputs(rng)
-    return arrivals, prompt, output, net, ckpt, duration, name, thr
 
 
 class EnvState(NamedTuple):
