@@ -28,8 +28,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from diloco_gym.backends import default_jobs  # noqa: E402
 from diloco_gym.eval.report import ReportConfig, run_protocol  # noqa: E402
-from diloco_gym.scale.backends import default_jobs  # noqa: E402
 
 WORKLOADS = {
     "default report": {},
@@ -67,7 +67,7 @@ def bench(workloads: dict, with_ray: bool) -> list[dict]:
     if with_ray:
         import ray
 
-        from diloco_gym.scale.backends import init_ray
+        from diloco_gym.backends import init_ray
 
         t0 = time.perf_counter()
         init_ray(jobs=2)

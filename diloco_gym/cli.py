@@ -198,7 +198,7 @@ def _check_backend(args: argparse.Namespace) -> None:
     if args.ray_address and args.backend != "ray":
         raise UsageError(f"--ray-address needs --backend ray (got --backend {args.backend})")
     if args.backend == "ray":
-        from diloco_gym.scale.backends import RAY_EXTRA_HINT
+        from diloco_gym.backends import RAY_EXTRA_HINT
 
         try:
             import ray  # noqa: F401
@@ -276,7 +276,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         from diloco_gym.eval.sealed import seal_agents
 
         agent = seal_agents([agent])[0]
-    from diloco_gym.eval.report import ReportConfig, _synthetic_units, _trace_units
+    from diloco_gym.eval.report import ReportConfig
+    from diloco_gym.eval.units import synthetic_units, trace_units
 
     # The same units as the report: seeds of a regime at the chosen load, or the trace's
     # tiled windows (one episode per window; --seeds is then unused).
@@ -293,7 +294,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise UsageError(str(exc)) from None
     try:
         if args.trace:
-            units, _ = _trace_units(config, REGIMES[config.trace_sidecar].sidecar)
+            units, _ = trace_units(config, REGIMES[config.trace_sidecar].sidecar)
             label = (
                 f"{units[0].env.regime_name} ({len(units)} disjoint window"
                 f"{'' if len(units) == 1 else 's'} of {args.window_s:g} s)"
@@ -302,7 +303,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                 f"{args.window_s:g} s: not independent)"
             )
         else:
-            units, _ = _synthetic_units(config, args.regime, None)
+            units, _ = synthetic_units(config, args.regime, None)
             units = units[: args.seeds]
             label = args.regime
     except ValueError as exc:  # the data: a trace too short for a window

@@ -55,8 +55,9 @@ from diloco_gym.envs import core
 from diloco_gym.envs.env import DiLoCoSyncEnv
 from diloco_gym.eval import calibration as cal
 from diloco_gym.eval import protocol
+from diloco_gym.eval.cells import quality_columns
 from diloco_gym.eval.rollout import run_episode
-from diloco_gym.scale.cells import quality_columns
+from diloco_gym.eval.units import episode_budget
 from diloco_gym.sim.regimes import REGIMES
 from diloco_gym.sim.schedules import budget_range, sample_uniform
 
@@ -213,20 +214,6 @@ class FrontierConfig:
                 raise ValueError(f"{name}: each agent once, got {lst}")
 
 
-def _episode_budget(per_hour: float, duration_s: float, n: int, params) -> int:
-    """Merges per episode for ``per_hour`` (rounded), checked against the feasible range."""
-    m = int(round(per_hour * duration_s / 3600.0))
-    lo, hi = budget_range(n, params.h_min, params.h_max)
-    if not lo <= m <= hi:
-        to_h = 3600.0 / duration_s
-        raise ValueError(
-            f"budget {per_hour:g} merges/h is {m} merges in a {duration_s:g} s "
-            f"episode, outside the feasible {lo}..{hi} "
-            f"({lo * to_h:g}..{hi * to_h:g} merges/h)"
-        )
-    return m
-
-
 #: One env per merge budget (``None``: the free-budget env) of a unit.
 _Envs = dict[int | None, DiLoCoSyncEnv]
 
@@ -361,14 +348,14 @@ class FrontierCell:
 def _frontier_state(config: FrontierConfig) -> tuple[Any, list[_PlanEntry], list, list]:
     """This process's calibration, plan and (sealed) agents of ``config``, built once."""
     from diloco_gym.agents.registry import make_agents
+    from diloco_gym.eval.cells import cached
     from diloco_gym.eval.sealed import seal_agents
-    from diloco_gym.scale.cells import _cached
 
-    calib = _cached(
+    calib = cached(
         "frontier-calibration", config, None, lambda: cal.load_calibration(config.calibration)
     )
-    plan = _cached("frontier-plan", config, None, lambda: _plan(config, calib))
-    free_agents, budget_agents = _cached(
+    plan = cached("frontier-plan", config, None, lambda: _plan(config, calib))
+    free_agents, budget_agents = cached(
         "frontier-agents",
         config,
         None,
@@ -388,13 +375,13 @@ def run_frontier_cell(cell: FrontierCell) -> dict[str, list[dict]]:
         agents per budget) and its curve points, in the serial order.
     """
     from diloco_gym.agents.registry import is_budget_aware
-    from diloco_gym.scale.cells import _cached
+    from diloco_gym.eval.cells import cached
 
     config = cell.config
     _calib, plan, free_agents, budget_agents = _frontier_state(config)
     regime, calib_key, fitted, units, shared_envs = plan[cell.regime]
     # The scorer cache of the regime (reused across its units in this process).
-    cache: dict[str, Any] = _cached("frontier-scorers", config, regime, dict)
+    cache: dict[str, Any] = cached("frontier-scorers", config, regime, dict)
     rows: list[dict] = []
     curves: list[dict] = []
     seed, gen = units[cell.unit]
@@ -415,7 +402,7 @@ def run_frontier_cell(cell: FrontierCell) -> dict[str, list[dict]]:
         rate_rps=env.reward_rate_rps,
     )
     budgets = {
-        b: _episode_budget(b, ep0.trace.duration_s, ep0.n_decisions, env.params)
+        b: episode_budget(b, ep0.trace.duration_s, ep0.n_decisions, env.params)
         for b in config.budgets_per_hour
     }
     if len(set(budgets.values())) != len(budgets):
@@ -524,8 +511,8 @@ def run_frontier(
         :func:`dominance` and the free points' summary.
     """
     from diloco_gym.agents.registry import is_budget_aware, make_agents
-    from diloco_gym.scale.backends import run_cells
-    from diloco_gym.scale.cells import _cached, release_cached
+    from diloco_gym.backends import run_cells
+    from diloco_gym.eval.cells import cached, release_cached
 
     started = time.perf_counter()
     free_agents = make_agents(config.free_agents) if config.free_agents else []
@@ -537,10 +524,10 @@ def run_frontier(
             f"budget-aware agent(s) {aware_free} need a merge budget: give them "
             f"as budget agents (run at every budget of the grid), not free ones"
         )
-    calib = _cached(
+    calib = cached(
         "frontier-calibration", config, None, lambda: cal.load_calibration(config.calibration)
     )
-    plan = _cached("frontier-plan", config, None, lambda: _plan(config, calib))
+    plan = cached("frontier-plan", config, None, lambda: _plan(config, calib))
     calib_verdicts: dict[str, str] = {}
     for regime, calib_key, fitted, _units, _envs in plan:
         sim, _ = cal.simulate_as_measured(

@@ -33,12 +33,12 @@ from diloco_gym.sim.schedules import (
 )
 from diloco_gym.sim.sidecar import (
     SidecarParams,
-    _padded,
     cost_horizon,
     cost_queue,
     merge_violations,
     merged_backlog,
     no_merge_queue,
+    padded,
     replay,
 )
 
@@ -174,7 +174,7 @@ class EpisodeScorer:
             p.step_seconds,
             size,
         )
-        self._prefmin = _padded(prefmin, size)
+        self._prefmin = padded(prefmin, size)
         self._d = self._q.d[0]
         self._base_bl = self._q.s[0] - self._prefmin  # the no-merge backlog (as replay's)
         horizon = cost_horizon(sc, p.step_seconds, self.w)

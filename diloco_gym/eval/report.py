@@ -17,7 +17,6 @@ import numpy as np
 import pandas as pd
 
 from diloco_gym.envs import core
-from diloco_gym.envs.env import DiLoCoSyncEnv
 from diloco_gym.eval import calibration as cal
 from diloco_gym.eval import protocol
 from diloco_gym.eval.outlock import (
@@ -27,7 +26,6 @@ from diloco_gym.eval.outlock import (
     remove_stale_lock,
 )
 from diloco_gym.sim.regimes import REGIMES
-from diloco_gym.sim.sidecar import SidecarParams
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -207,135 +205,6 @@ class ReportConfig:
         return self.stride_s is not None and self.stride_s < self.window_s - 1e-9
 
 
-@dataclass
-class _Unit:
-    """One statistical unit (episode): a seed of a synthetic regime or a trace window.
-
-    ``env`` is where agents act; the episode itself is built by :meth:`episode`, directly
-    from the env's generator and parameters (no env reset), once for every agent and the
-    scoring.
-    """
-
-    env: DiLoCoSyncEnv
-    seed: int
-    fields: dict
-
-    def episode(self) -> core.Episode:
-        """The unit's episode (:func:`core.episode_from_seed` with the env's parameters)."""
-        env = self.env
-        return core.episode_from_seed(
-            env.generator,
-            self.seed,
-            env.params,
-            env.sidecar,
-            env.learner_params,
-            rate_rps=env.reward_rate_rps,
-        )
-
-
-def _synthetic_units(
-    config: ReportConfig, regime: str, fitted: SidecarParams | None
-) -> tuple[list[_Unit], dict]:
-    """Seeds of a synthetic regime at the configured load, and the load's description."""
-    base = REGIMES[regime]
-    gen = base.with_load(fitted, config.rate_scale, config.target_utilization)
-    env = DiLoCoSyncEnv(regime=gen, sidecar=fitted)
-    fields = {
-        "unit": "seed",
-        "window_start_s": np.nan,
-        "window_end_s": np.nan,
-        "independent": True,
-        "independent_units": config.seeds,
-        "verdict_unit": True,
-    }
-    units = [_Unit(env, seed, fields) for seed in range(config.seed0, config.seed0 + config.seeds)]
-    load = {
-        "rate_scale": gen.mean_rate_rps / base.mean_rate_rps,
-        "mean_rate_rps": gen.mean_rate_rps,
-        "capacity_rps": gen.capacity_rps(env.sidecar),
-        "utilization": gen.utilization(env.sidecar),
-        "idle_violation_pct": gen.idle_violation_pct(env.sidecar),
-    }
-    return units, load
-
-
-def _trace_units(config: ReportConfig, sidecar: SidecarParams) -> tuple[list[_Unit], dict]:
-    """The trace's tiled windows at the configured load (one env and seed per window)."""
-    from diloco_gym.sim.limits import LimitError
-    from diloco_gym.sim.loaders import load_trace
-    from diloco_gym.sim.regimes import (
-        ReplayRegime,
-        replay_rate_scale,
-        trace_idle_violation_pct,
-        trace_utilization,
-    )
-    from diloco_gym.sim.traces import TraceFormatError, scale_rate
-
-    assert config.trace is not None  # called only for a trace report
-    try:
-        tr = load_trace(config.trace, config.trace_format)
-    except MemoryError:
-        raise TraceFormatError(config.trace, "out of memory while loading the trace") from None
-    scale = replay_rate_scale(tr, sidecar, config.rate_scale, config.target_utilization)
-    replayed = tr if scale == 1.0 else scale_rate(tr, tr.mean_rate_rps * scale)
-    try:
-        tiles = ReplayRegime(
-            replayed, duration_s=config.window_s, sidecar=sidecar, name=tr.name
-        ).tiles(config.stride_s)
-    except LimitError as exc:
-        raise LimitError(f"{config.trace}: {exc}") from None
-    except ValueError as exc:
-        min_s = core.min_episode_seconds(core.EnvParams(), sidecar)
-        raise ValueError(
-            f"{config.trace}: {exc} (the trace lasts {tr.duration_s:.0f} s, "
-            f"{replayed.duration_s:.0f} s at rate scale {scale:.3g}: too short "
-            f"for the window; an episode needs at least {min_s:.1f} s)"
-        ) from None
-    independent = not config.overlapping
-    # Overlapping windows share requests: only a disjoint subset of them are independent
-    # units. The test and the verdict use the windows picked greedily from the start (each
-    # starts at or after the previous one's end); the others are descriptive only.
-    picked, last_end = [], -np.inf
-    for tile in tiles:
-        assert tile.start_s is not None  # tiles() fixes every window's start
-        picked.append(tile.start_s >= last_end - 1e-9)
-        if picked[-1]:
-            last_end = tile.start_s + config.window_s
-    disjoint = int(sum(picked))
-    units = []
-    from diloco_gym.eval.seed_ranges import check_test_seeds
-
-    check_test_seeds(config.seed0, len(tiles), "window seeds (--seed0 + window index)")
-    for i, tile in enumerate(tiles):
-        # Window times in the file's own clock: a trace replayed ``scale`` times faster
-        # compresses time by ``scale``.
-        assert tile.start_s is not None  # tiles() fixes every window's start
-        fields = {
-            "unit": "window",
-            "window_start_s": tile.start_s * scale,
-            "window_end_s": (tile.start_s + config.window_s) * scale,
-            "independent": independent,
-            "independent_units": disjoint,
-            "verdict_unit": bool(picked[i]),
-        }
-        units.append(_Unit(DiLoCoSyncEnv(regime=tile, sidecar=sidecar), config.seed0 + i, fields))
-    util = trace_utilization(replayed, sidecar)
-    load = {
-        "rate_scale": scale,
-        "mean_rate_rps": replayed.mean_rate_rps,
-        "capacity_rps": replayed.mean_rate_rps / util if util > 0 else np.inf,
-        "utilization": util,
-        "idle_violation_pct": trace_idle_violation_pct(replayed, sidecar),
-        "trace_duration_s": tr.duration_s,
-        "replayed_duration_s": replayed.duration_s,
-        "windows": len(units),
-        "window_s": config.window_s,
-        "stride_s": config.stride_s or config.window_s,
-        "independent": independent,
-    }
-    return units, load
-
-
 def run_protocol(
     config: ReportConfig,
     progress: bool = True,
@@ -349,15 +218,15 @@ def run_protocol(
     replayed trace (windows tile the trace, disjoint unless ``config.stride_s`` is shorter
     than the window). ``rows`` records each unit's kind, window and independence.
 
-    The work is split into cells (:mod:`diloco_gym.scale.cells`: one per unit with all the
+    The work is split into cells (:mod:`diloco_gym.eval.cells`: one per unit with all the
     agents, and one calibration cell per regime) run on ``backend`` (``serial``,
     ``processes`` or ``ray``; see :func:`diloco_gym.scale.run_cells`) with ``jobs`` workers;
     the results are put back in the serial order, so everything but ``elapsed_s`` is the
     same for every backend and number of workers.
     """
     from diloco_gym.agents.registry import make_agents
-    from diloco_gym.scale.backends import run_cells
-    from diloco_gym.scale.cells import (
+    from diloco_gym.backends import run_cells
+    from diloco_gym.eval.cells import (
         ReportCell,
         cell_config,
         regime_plan,
@@ -459,28 +328,6 @@ def sealing_mode(in_process: bool) -> str:
     from diloco_gym.eval.sealed import IN_PROCESS, SEALED
 
     return IN_PROCESS if in_process else SEALED
-
-
-def _trace_effect_sizes(units: list[_Unit]) -> dict:
-    """Effect sizes of a fixed-256 schedule on the replayed windows, pooled (information:
-    the calibration verdict is the sidecar's, not the trace's)."""
-    from diloco_gym.sim.sidecar import ReplayResult, effect_sizes
-
-    lat, act, prs = [], [], []
-    for unit in units:
-        env = unit.env
-        ep = unit.episode()
-        merges = cal.fixed_schedule(
-            ep.n_decisions, 256 // env.params.decision_interval, env.params.h_min, env.params.h_max
-        )
-        res = core.replay_schedule(ep, merges, env.params, env.sidecar)
-        lat.append(res.latency_s)
-        act.append(res.sync_active)
-        prs.append(res.pressure)
-    pooled = ReplayResult(
-        np.concatenate(lat), np.zeros(0, bool), np.concatenate(act), np.concatenate(prs)
-    )
-    return effect_sizes(pooled, units[0].env.sidecar.high_pressure)
 
 
 def summarise(

@@ -594,8 +594,8 @@ def build_env_specs(cfg: TrainConfig, path: str = "<config>") -> list[EnvSpec]:
             same merges per episode, or an unreadable trace or calibration.
     """
     from diloco_gym.eval import calibration as cal
-    from diloco_gym.eval.frontier import _episode_budget
     from diloco_gym.eval.seed_ranges import TRAIN_SEED_LOW
+    from diloco_gym.eval.units import episode_budget
 
     bases: list[tuple[str, Any, Any]] = []
     if cfg.trace is not None:
@@ -622,7 +622,7 @@ def build_env_specs(cfg: TrainConfig, path: str = "<config>") -> list[EnvSpec]:
         seen: dict[int, float] = {}
         for b in cfg.budgets_per_hour:
             try:
-                m = _episode_budget(b, ep.trace.duration_s, ep.n_decisions, probe.params)
+                m = episode_budget(b, ep.trace.duration_s, ep.n_decisions, probe.params)
             except ValueError as exc:
                 raise ConfigError(f"{path}: [env] budgets: {exc}") from None
             if m in seen:

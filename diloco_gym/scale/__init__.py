@@ -4,6 +4,6 @@ Ray is optional (``pip install "diloco-gym[ray]"``); nothing here imports it unt
 ``ray`` backend is asked for. See docs/scale-out.md.
 """
 
-from diloco_gym.scale.backends import BACKENDS, CellError, default_jobs, require_ray, run_cells
+from diloco_gym.backends import BACKENDS, CellError, default_jobs, require_ray, run_cells
 
 __all__ = ["BACKENDS", "CellError", "default_jobs", "require_ray", "run_cells"]

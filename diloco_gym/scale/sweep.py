@@ -25,7 +25,7 @@ Keys (top level or grid axes): ``regime``, ``trace``, ``trace_format``, ``window
 ``saturation_pct``, ``merge_budget`` and ``env.NAME``. Relative paths are relative to the
 sweep file.
 
-Each point is split into the report's cells (:mod:`diloco_gym.scale.cells`). A cell's
+Each point is split into the report's cells (:mod:`diloco_gym.eval.cells`). A cell's
 record is appended to ``OUT/cells.jsonl`` (and flushed to disk) the moment it finishes, keyed
 by a fingerprint of everything it depends on: a rerun skips every stored cell, so an
 interrupted sweep loses at most the cells that were running, and a changed grid reuses the
@@ -56,7 +56,7 @@ from pydantic import ConfigDict
 from diloco_gym.tables import Table, TableError, validate_table
 
 if TYPE_CHECKING:
-    from diloco_gym.scale.cells import ReportCell
+    from diloco_gym.eval.cells import ReportCell
 
 __all__ = ["SweepSpec", "SweepPoint", "load_sweep", "run_sweep", "run_sweep_cell"]
 
@@ -120,7 +120,8 @@ class SweepSpec:
     points: list[SweepPoint]
 
 
-def _read(path: Path) -> dict:
+def read_settings_file(path: Path) -> dict:
+    """The table of a TOML, JSON or YAML settings file (a sweep file; tune files too)."""
     if not path.is_file():
         raise SweepFileError(f"{path}: no such sweep file")
     if path.suffix.lower() in (".yaml", ".yml"):
@@ -234,7 +235,7 @@ def load_sweep(path: str | Path) -> SweepSpec:
             empty axis, or a point whose settings are invalid (named by its parameters).
     """
     path = Path(path)
-    data = _read(path)
+    data = read_settings_file(path)
     try:
         top = validate_table(_SweepFile, data)
     except TableError as err:
@@ -279,8 +280,8 @@ def _point(path: Path, index: int, params: dict[str, Any], fixed: dict[str, Any]
     """Point ``index`` of the grid (its axes' values ``params`` over the ``fixed``
     settings), its configuration checked; errors name the point by its parameters."""
     from diloco_gym.envs.core import EnvParams
+    from diloco_gym.eval.cells import cell_config
     from diloco_gym.eval.report import ReportConfig
-    from diloco_gym.scale.cells import cell_config
     from diloco_gym.sim.regimes import REGIMES
 
     settings = {**fixed, **params}
@@ -349,7 +350,7 @@ def _fingerprint(*parts: Any) -> str:
 def run_sweep_cell(cell) -> dict[str, Any]:
     """One sweep cell (a report cell with the point's env overrides); module-level so that
     workers import it by name."""
-    from diloco_gym.scale.cells import run_report_cell
+    from diloco_gym.eval.cells import run_report_cell
 
     return run_report_cell(cell)
 
@@ -508,7 +509,7 @@ def _plan_cells(
     calibration key, unit keys)`` per point. Every point is planned before any cell runs;
     points that cannot be planned (a trace too short for its window...) raise one
     :class:`SweepDataError` naming each of them."""
-    from diloco_gym.scale.cells import ReportCell, regime_plan
+    from diloco_gym.eval.cells import ReportCell, regime_plan
 
     plan: list[tuple[SweepPoint, str | None, list[str]]] = []
     cells: dict[str, ReportCell] = {}
@@ -550,7 +551,7 @@ def _run_todo(
 ) -> int:
     """Run the ``todo`` cells on the backend, storing each the moment it finishes (its
     error too); stops after ``max_cells``. Returns how many were stored."""
-    from diloco_gym.scale.backends import CellError, run_cells
+    from diloco_gym.backends import CellError, run_cells
 
     new = 0
 

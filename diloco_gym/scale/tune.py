@@ -98,11 +98,11 @@ def load_tune(path: str | Path) -> TuneSpec:
     """
     from diloco_gym.envs.core import EnvParams
     from diloco_gym.rl import train  # noqa: F401 - without stable-baselines3, fail first
-    from diloco_gym.scale.sweep import SweepFileError, _read
+    from diloco_gym.scale.sweep import SweepFileError, read_settings_file
 
     path = Path(path)
     try:
-        data = _read(path)
+        data = read_settings_file(path)
     except SweepFileError as exc:
         raise TuneFileError(str(exc).replace("sweep file", "tune file")) from None
     space = data.pop("space", {})
@@ -183,9 +183,9 @@ def _fixed_settings(path: Path, data: dict) -> TuneSpec:
 
 def _check_space(path: Path, space: dict, algo: str) -> None:
     """Every hyperparameter of ``space`` is one of ``algo``'s, with a valid distribution."""
-    from diloco_gym.rl.train import _algo_class
+    from diloco_gym.rl.algos import algo_class
 
-    accepted = set(inspect.signature(_algo_class(algo).__init__).parameters)
+    accepted = set(inspect.signature(algo_class(algo).__init__).parameters)
     accepted -= {"self", "policy", "env", "seed", "device", "verbose", "tensorboard_log"}
     for name, dist in space.items():
         if name not in accepted:
@@ -279,6 +279,7 @@ def tune_trial(config: dict) -> None:
 
     from diloco_gym.envs.env import DiLoCoSyncEnv
     from diloco_gym.rl import train as tr
+    from diloco_gym.rl.algos import algo_class
 
     fixed = config["_fixed"]
     hp = {k: v for k, v in config.items() if k != "_fixed"}
@@ -287,7 +288,7 @@ def tune_trial(config: dict) -> None:
     # Selection on validation seeds only: never a report seed, never a training seed.
     assert all(tr.VALIDATION_SEED0 <= s < tr.HELD_OUT_SEED_HIGH for s in val_seeds)
     torch.set_num_threads(1)
-    cls = tr._algo_class(algo)
+    cls = algo_class(algo)
     models, envs = [], []
     for seed in range(fixed["train_seeds"]):
         set_random_seed(seed)
@@ -348,7 +349,7 @@ def run_tune(
         ModuleNotFoundError: Ray (with Tune) is not installed (the ``ray`` extra).
         RuntimeError: every trial failed.
     """
-    from diloco_gym.scale.backends import init_ray, require_ray
+    from diloco_gym.backends import init_ray, require_ray
 
     require_ray()
     try:
@@ -356,7 +357,7 @@ def run_tune(
         from ray.tune.schedulers import ASHAScheduler  # noqa: F401
         from ray.tune.search.basic_variant import BasicVariantGenerator  # noqa: F401
     except ImportError:
-        from diloco_gym.scale.backends import RAY_EXTRA_HINT
+        from diloco_gym.backends import RAY_EXTRA_HINT
 
         raise ModuleNotFoundError(RAY_EXTRA_HINT.replace("Ray is", "Ray Tune is")) from None
     from diloco_gym.rl import train  # noqa: F401 - without stable-baselines3, fail first

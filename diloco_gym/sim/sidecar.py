@@ -256,7 +256,7 @@ _COST_BLOCK = 4096
 _PAIR_CHUNK = 1 << 18
 
 
-def _padded(x: np.ndarray, size: int) -> np.ndarray:
+def padded(x: np.ndarray, size: int) -> np.ndarray:
     """``x`` extended to ``size`` along its last axis by repeating its last value (index
     clipping, as a copy)."""
     n = x.shape[-1]
@@ -387,8 +387,8 @@ def cost_queue(
         thr_in = violation_threshold(slow * (1.0 + p.sync_slowdown), base, p)
         thr_tail = violation_threshold(slow, base, p)
     return CostQueue(
-        _padded(s, width),
-        _padded(lost_capacity(m0, p, bin_s), width),
+        padded(s, width),
+        padded(lost_capacity(m0, p, bin_s), width),
         ptr,
         rbin,
         base,
@@ -587,7 +587,7 @@ def merge_costs(
     q = cost_queue(
         base_s, req_bin, violated0, m0[None, :], s[None, :], p, bin_s, size, thresholds=True
     )
-    prefmin = _padded(prefmin, size)
+    prefmin = padded(prefmin, size)
     per_start = max(1.0, req_bin.size * h / max(1, pressure_bin.size))  # pairs, roughly
     block = max(1, min(_COST_BLOCK, int(_PAIR_CHUNK / per_start)))
     out = np.empty(n_c)
@@ -627,7 +627,7 @@ class IsolatedMergeCost:
         self.queue = cost_queue(
             base_s, req_bin, violated0, m0[None, :], s[None, :], p, bin_s, size, thresholds=True
         )
-        self.prefmin = _padded(prefmin, size)
+        self.prefmin = padded(prefmin, size)
         q = self.queue
         thr_in, thr_tail = _thresholds(q)
         self._row = (q.s[0], q.d[0], q.ptr[0], q.rbin[0], q.base[0], q.m0[0], thr_in[0])

@@ -261,7 +261,7 @@ def _queue(ep: core.Episode, p: EnvParams):
         p.step_seconds,
         size,
     )
-    return q, m0, s, sc._padded(prefmin, size)
+    return q, m0, s, sc.padded(prefmin, size)
 
 
 def test_queue_rows_are_independent_queues():

@@ -69,7 +69,7 @@ def test_frontier_identical_on_ray(serial, tmp_path) -> None:
     pytest.importorskip("ray")
     import ray
 
-    from diloco_gym.scale.backends import init_ray
+    from diloco_gym.backends import init_ray
 
     started = not ray.is_initialized()
     init_ray(jobs=2)

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from diloco_gym.backends import RAY_EXTRA_HINT, CellError, require_ray, run_cells
 from diloco_gym.cli import main
 from diloco_gym.eval.report import ReportConfig, run_protocol, write_report
-from diloco_gym.scale.backends import RAY_EXTRA_HINT, CellError, require_ray, run_cells
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -33,7 +33,7 @@ def local_ray():
         pytest.skip("Ray is not installed (the diloco-gym[ray] extra)")
     import ray
 
-    from diloco_gym.scale.backends import init_ray
+    from diloco_gym.backends import init_ray
 
     started = not ray.is_initialized()
     init_ray(jobs=2)
@@ -416,7 +416,7 @@ def test_local_ray_starts_its_own_instance_whatever_cluster_is_advertised(tmp_pa
         pytest.skip("Ray is not installed (the diloco-gym[ray] extra)")
     root = Path(__file__).resolve().parents[2]
     code = (
-        "from diloco_gym.scale.backends import init_ray\n"
+        "from diloco_gym.backends import init_ray\n"
         "ray = init_ray(jobs=1)\n"
         "print('cpus', ray.cluster_resources()['CPU'])\n"
         "ray.shutdown()\n"
@@ -442,7 +442,7 @@ def test_progress_off_a_terminal_is_one_line_per_finished_cell(capsys):
 def test_progress_on_a_terminal_is_a_tqdm_bar(monkeypatch):
     from tqdm import tqdm
 
-    from diloco_gym.scale.backends import progress_bar
+    from diloco_gym.backends import progress_bar
 
     monkeypatch.setattr(sys.stderr, "isatty", lambda: True, raising=False)
     bar = progress_bar(4, True, "demo", "episode")
