@@ -553,9 +553,116 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+#: The agents of ``frontier --fleet`` when none are named: they keep to a merge budget.
+FLEET_FRONTIER_AGENTS = ("online-forecast-budget", "fixed-budget")
+
+
+def _fleet_budgets(args: argparse.Namespace) -> list[int]:
+    """``--budgets`` (merges per hour) as fragment syncs per episode of the fleet's episode
+    length (rounded; distinct), read from the fleet's first test episode."""
+    from diloco_gym.envs.fleet import DiLoCoFleetEnv
+    from diloco_gym.sim.fleet import FleetConfigError
+
+    try:
+        env = DiLoCoFleetEnv(fleet=args.fleet)
+        env.reset(seed=args.seed0)
+    except (FleetConfigError, ValueError, OSError) as exc:
+        raise _fleet_env_error(exc) from None
+    episode = env.episode
+    assert episode is not None  # reset above
+    duration_s = float(episode.trace.duration_s)
+    budgets = sorted({int(round(b * duration_s / 3600.0)) for b in args.budgets})
+    if budgets[0] < 1:
+        raise UsageError(
+            f"--budgets {min(args.budgets):g} merges/h is below one sync in the fleet's "
+            f"{duration_s:g} s episode"
+        )
+    return budgets
+
+
+def _frontier_fleet(args: argparse.Namespace) -> int:
+    """``frontier --fleet FILE``: the budget frontier on a fleet
+    (:mod:`diloco_gym.eval.fleet_frontier`)."""
+    from diloco_gym.eval.fleet import FleetReportConfig
+    from diloco_gym.eval.fleet_frontier import (
+        FleetFrontierConfig,
+        frontier_table,
+        run_fleet_frontier,
+        write_fleet_frontier,
+    )
+    from diloco_gym.eval.report import prepare_out_dir
+    from diloco_gym.sim.fleet import FleetConfigError
+
+    started = time.perf_counter()
+    if args.regimes or args.trace:
+        raise UsageError("--fleet replaces --regimes and --trace (the sites are in FILE)")
+    if args.free_agents or args.learner_calibration:
+        raise UsageError(
+            "--free-agents and --learner-calibration are not used with --fleet (every "
+            "agent runs at each budget)"
+        )
+    _no_fleet_options(args)
+    agents = list(
+        dict.fromkeys([*(args.budget_agents or FLEET_FRONTIER_AGENTS), *(args.agent or [])])
+    )
+    for a in agents:
+        _check_agent(a)
+    try:
+        prepare_out_dir(args.out, args.force)
+    except (FileExistsError, IsADirectoryError, NotADirectoryError, PermissionError) as exc:
+        raise UsageError(str(exc)) from None
+    budgets = _fleet_budgets(args)
+    try:
+        report = FleetReportConfig(
+            fleet=args.fleet,
+            agents=agents,
+            seeds=args.seeds,
+            seed0=args.seed0,
+            draws=args.draws,
+            calibration=args.calibration,
+            in_process_agents=args.in_process_agents,
+        )
+        config = FleetFrontierConfig(report=report, budgets=budgets)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    command = "diloco-gym " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    try:
+        result = run_fleet_frontier(config, progress=not args.no_progress)
+        out = write_fleet_frontier(result, args.out, force=args.force, command=command)
+    except (FleetConfigError, ValueError, KeyError) as exc:
+        msg = str(exc.args[0]) if isinstance(exc, KeyError) and exc.args else str(exc)
+        raise DataError(msg) from None
+    except KeyboardInterrupt:
+        raise Interrupted(f"interrupted; no frontier written ({args.out} left as it was)") from None
+    print(frontier_table(result["frontier"]))
+    print(
+        f"\nfleet frontier written to {out}/ (frontier.md, frontier.csv, frontier.json) in "
+        f"{time.perf_counter() - started:.1f} s"
+    )
+    return 0
+
+
+def _frontier_agents(args: argparse.Namespace) -> tuple[list[str], list[str]]:
+    """The frontier's budget agents and free agents, each checked: ``--agent`` adds to both
+    lists (the defaults too; an agent already listed stays once), a budget-aware ``--agent``
+    (it needs a merge budget) to the budget grid only."""
+    from diloco_gym.agents.registry import HEURISTICS, is_budget_aware_spec
+    from diloco_gym.eval.frontier import DEFAULT_BUDGET_AGENTS
+
+    extra = list(args.agent or [])
+    budget_agents = list(dict.fromkeys(list(args.budget_agents or DEFAULT_BUDGET_AGENTS) + extra))
+    extra_free = [a for a in extra if not is_budget_aware_spec(a)]
+    free_agents = list(dict.fromkeys(list(args.free_agents or HEURISTICS) + extra_free))
+    for a in budget_agents + free_agents:
+        _check_agent(a)
+    return budget_agents, free_agents
+
+
 def cmd_frontier(args: argparse.Namespace) -> int:
     """``diloco-gym frontier``: sync-excess against merge rate, agents compared at equal
     budgets (:mod:`diloco_gym.eval.frontier`)."""
+    if getattr(args, "fleet", None):
+        return _frontier_fleet(args)
     started = time.perf_counter()
     from diloco_gym.eval import frontier as fr
     from diloco_gym.eval.report import prepare_out_dir
@@ -567,20 +674,7 @@ def cmd_frontier(args: argparse.Namespace) -> int:
     regimes = args.regimes or list(fr.FrontierConfig().regimes)
     for r in regimes:
         _check_regime(r)
-    extra = list(args.agent or [])
-    from diloco_gym.agents.registry import HEURISTICS
-
-    # --agent adds to both lists (the defaults too); an agent already listed stays once.
-    budget_agents = list(
-        dict.fromkeys(list(args.budget_agents or fr.DEFAULT_BUDGET_AGENTS) + extra)
-    )
-    from diloco_gym.agents.registry import is_budget_aware_spec
-
-    # A budget-aware --agent (it needs a merge budget) runs on the grid only.
-    extra_free = [a for a in extra if not is_budget_aware_spec(a)]
-    free_agents = list(dict.fromkeys(list(args.free_agents or HEURISTICS) + extra_free))
-    for a in budget_agents + free_agents:
-        _check_agent(a)
+    budget_agents, free_agents = _frontier_agents(args)
     if args.stride_s is not None and abs(args.stride_s - args.window_s) > 1e-9:
         raise UsageError(
             "frontier replays disjoint windows only (independent units): drop "
@@ -842,7 +936,7 @@ def _add_sealing_arg(p: argparse.ArgumentParser) -> None:
 
 
 def _add_fleet_arg(p: argparse.ArgumentParser) -> None:
-    """``--fleet``, a DiLoCoFleet-v0 configuration (run, report)."""
+    """``--fleet``, a DiLoCoFleet-v0 configuration (run, report, frontier)."""
     p.add_argument(
         "--fleet",
         metavar="FILE",
@@ -987,6 +1081,7 @@ def _add_frontier_command(sub: Any, fmt: type[argparse.HelpFormatter]) -> None:
     _add_trust_arg(p)
     _add_sealing_arg(p)
     _add_backend_args(p)
+    _add_fleet_arg(p)
     p.set_defaults(func=cmd_frontier)
 
 

@@ -650,6 +650,38 @@ def test_fleet_file_errors_are_one_line(tmp_path, capsys):
 
 
 @pytest.mark.slow
+def test_frontier_fleet_runs_each_budget_at_matched_syncs(tmp_path, capsys):
+    """``frontier --fleet``: budgets in merges/h become syncs per 600 s episode; matched
+    random runs at the agent's syncs; the same command gives the same frontier.csv."""
+    args = ["frontier", "--fleet", str(FLEET_EXAMPLE), "--budgets", "300", "400", "--seeds", "2",
+            "--draws", "20", "--budget-agents", "fixed-budget", "--agent", "pressure-gate",
+            "--in-process-agents", "--no-progress"]  # fmt: skip
+    assert main([*args, "--out", str(tmp_path / "a")]) == 0
+    out = capsys.readouterr().out
+    assert "fleet frontier written to" in out and "| 50 | fixed-budget |" in out
+    f = pd.read_csv(tmp_path / "a" / "frontier.csv")
+    assert sorted(set(f["budget"])) == [50, 67]  # 300 and 400 merges/h x 600 s, rounded
+    assert set(f["agent"]) == {"fixed-budget", "pressure-gate"}
+    assert main([*args, "--out", str(tmp_path / "b")]) == 0
+    one = (tmp_path / "a" / "frontier.csv").read_bytes()
+    assert one == (tmp_path / "b" / "frontier.csv").read_bytes()
+
+
+def test_frontier_fleet_errors(tmp_path, capsys):
+    base = ["frontier", "--fleet", str(FLEET_EXAMPLE), "--out", str(tmp_path / "o")]
+    assert "--fleet replaces --regimes" in _fails([*base, "--regimes", "bursty"], capsys, 2)
+    assert "--free-agents and --learner-calibration are not used with --fleet" in _fails(
+        [*base, "--free-agents", "pressure-gate"], capsys, 2
+    )
+    assert "below one sync" in _fails([*base, "--budgets", "1"], capsys, 2)
+    assert "fleet configuration file not found" in _fails(
+        ["frontier", "--fleet", str(tmp_path / "no.toml"), "--out", str(tmp_path / "n")],
+        capsys,
+        1,
+    )
+
+
+@pytest.mark.slow
 def test_report_fleet_writes_a_report(tmp_path, capsys):
     out = tmp_path / "fleet-report"
     args = ["report", "--fleet", str(FLEET_EXAMPLE), "--agents", "pressure-gate", "--seeds", "2"]

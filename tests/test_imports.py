@@ -191,10 +191,14 @@ assert before == after == "svg", (before, after)
 
 #: Which layers each layer's modules may import (README "Layout"): sim -> envs -> agents ->
 #: eval -> rl/live/lm -> scale -> cli. ``sim`` is the simulated world with no Gymnasium;
-#: ``errors`` and ``tables`` are leaf modules any layer may use. A key is a sub-package of
-#: ``diloco_gym`` (or a top-level module's name); its own modules may always import each other.
-_BASE = {"errors", "tables"}
+#: ``errors``, ``tables`` and ``backends`` (the executors) are leaf modules any layer may use;
+#: they import nothing of the project. A key is a sub-package of ``diloco_gym`` (or a
+#: top-level module's name); its own modules may always import each other.
+_BASE = {"errors", "tables", "backends"}
 LAYER_RULES = {
+    "errors": {"errors"},
+    "tables": {"tables"},
+    "backends": {"backends"},
     "sim": {"sim"} | _BASE,
     "envs": {"sim", "envs"} | _BASE,
     "agents": {"sim", "envs", "agents"} | _BASE,
@@ -224,6 +228,9 @@ def _imported_diloco_modules(path: Path) -> set[str]:
 
 
 def _layer_files(layer: str) -> list[Path]:
+    module = ROOT / "diloco_gym" / f"{layer}.py"
+    if module.is_file():
+        return [module]
     folder = ROOT / "agents" if layer == "agents" else ROOT / "diloco_gym" / layer
     return sorted(folder.rglob("*.py"))
 
@@ -260,3 +267,115 @@ def test_sim_layer_does_not_import_gymnasium() -> None:
                 else []
             )
             assert not any(n.split(".")[0] == "gymnasium" for n in names), path
+
+
+def _package_modules() -> dict[str, Path]:
+    """Every module of the package by dotted name (the agents from the top-level folder)."""
+    found = {}
+    for path in sorted((ROOT / "diloco_gym").rglob("*.py")) + sorted(
+        (ROOT / "agents").glob("*.py")
+    ):
+        if path.is_relative_to(ROOT / "agents"):
+            parts = ["diloco_gym", "agents", *path.relative_to(ROOT / "agents").parts]
+        else:
+            parts = list(path.relative_to(ROOT).parts)
+        parts[-1] = parts[-1][:-3]
+        if parts[-1] == "__init__":
+            parts.pop()
+        found[".".join(parts)] = path
+    return found
+
+
+def _import_edges(name: str, path: Path, modules: dict) -> list[tuple[str, str | None]]:
+    """``(module, imported name or None)`` for every project import of one module, any
+    scope, relative imports resolved; ``from pkg import mod`` counts as importing ``mod``."""
+    import ast
+
+    package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+    edges: list[tuple[str, str | None]] = []
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            edges += [(a.name, None) for a in node.names if a.name in modules]
+        elif isinstance(node, ast.ImportFrom):
+            mod = node.module or ""
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                mod = ".".join(base + ([mod] if mod else []))
+            if mod not in modules:
+                continue
+            for alias in node.names:
+                sub = f"{mod}.{alias.name}"
+                edges.append((sub, None) if sub in modules else (mod, alias.name))
+    return [(m, n) for m, n in edges if m != name]
+
+
+def test_no_private_name_is_imported_from_another_module() -> None:
+    """A leading underscore means "this module's own": no module imports one from another."""
+    modules = _package_modules()
+    bad = [
+        f"{name} imports {mod}.{imported}"
+        for name, path in modules.items()
+        for mod, imported in _import_edges(name, path, modules)
+        if imported is not None and imported.startswith("_") and not imported.startswith("__")
+    ]
+    assert not bad, "private names imported across modules:\n" + "\n".join(sorted(bad))
+
+
+def test_the_import_graph_has_no_circle() -> None:
+    """No two modules import each other, directly or through others (function-local imports
+    included: a circle closed inside a function is still a circle). A package's
+    ``__init__`` re-exporting its own modules is not a circle of its modules."""
+    modules = _package_modules()
+    graph = {
+        name: {
+            mod
+            for mod, _ in _import_edges(name, path, modules)
+            if not (path.name == "__init__.py" and mod.startswith(name + "."))
+            and not name.startswith(mod + ".")  # a module importing its own package
+        }
+        for name, path in modules.items()
+    }
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    circles: list[list[str]] = []
+
+    def visit(v: str) -> None:  # Tarjan's strongly connected components
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                circles.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    assert not circles, "import circles:\n" + "\n".join(" <-> ".join(c) for c in circles)
+
+
+def test_the_circle_check_can_fail(tmp_path, monkeypatch) -> None:
+    """The two graph checks see a circle and a private import when there is one."""
+    pkg = tmp_path / "diloco_gym"
+    (pkg / "sim").mkdir(parents=True)
+    (tmp_path / "agents").mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "sim" / "__init__.py").write_text("")
+    (pkg / "sim" / "a.py").write_text("def f():\n    from diloco_gym.sim.b import _g\n")
+    (pkg / "sim" / "b.py").write_text("from . import a\n")
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
+    with pytest.raises(AssertionError, match="diloco_gym.sim.a <-> diloco_gym.sim.b"):
+        test_the_import_graph_has_no_circle()
+    with pytest.raises(AssertionError, match="diloco_gym.sim.a imports diloco_gym.sim.b._g"):
+        test_no_private_name_is_imported_from_another_module()

@@ -614,8 +614,8 @@ def test_high_load_report_diff_equals_the_all_exact_computation(tmp_path):
     the env's own replay for the agent, whole-episode replays for every draw and the
     oracle's schedule."""
     from diloco_gym.agents.registry import make_agent
-    from diloco_gym.eval.report import _trace_units
     from diloco_gym.eval.rollout import run_episode
+    from diloco_gym.eval.units import trace_units
     from diloco_gym.sim.loaders import save_native
     from diloco_gym.sim.regimes import REGIMES
 
@@ -634,7 +634,7 @@ def test_high_load_report_diff_equals_the_all_exact_computation(tmp_path):
     assert rows["additive_exact_gap_pp"].max() > 0.5  # additive scoring would be biased
     assert (rows["scoring"] == protocol.SCORING_EXACT).all()
     assert (rows["oracle_schedule"] == protocol.ORACLE_BOUND).all()
-    units, _ = _trace_units(config, REGIMES[config.trace_sidecar].sidecar)
+    units, _ = trace_units(config, REGIMES[config.trace_sidecar].sidecar)
     envs = {u.seed: u.env for u in units}  # one episode per window
     improved: list[float] = []
     for _, r in rows.iterrows():
