@@ -571,13 +571,18 @@ def _fleet_budgets(args: argparse.Namespace) -> list[int]:
     episode = env.episode
     assert episode is not None  # reset above
     duration_s = float(episode.trace.duration_s)
-    budgets = sorted({int(round(b * duration_s / 3600.0)) for b in args.budgets})
-    if budgets[0] < 1:
+    from diloco_gym.sim.schedules import budget_range
+
+    lo, hi = budget_range(episode.n_decisions, env.params.h_min, env.params.h_max)
+    per_episode = {b: int(round(b * duration_s / 3600.0)) for b in args.budgets}
+    bad = [f"{b:g}/h ({m} syncs)" for b, m in per_episode.items() if not lo <= m <= hi]
+    if bad:
+        to_h = 3600.0 / duration_s
         raise UsageError(
-            f"--budgets {min(args.budgets):g} merges/h is below one sync in the fleet's "
-            f"{duration_s:g} s episode"
+            f"--budgets {', '.join(bad)} outside what the fleet's {duration_s:g} s episode "
+            f"allows: {lo}..{hi} syncs per episode ({lo * to_h:g}..{hi * to_h:g} syncs/h)"
         )
-    return budgets
+    return sorted(set(per_episode.values()))
 
 
 def _frontier_fleet(args: argparse.Namespace) -> int:

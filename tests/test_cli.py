@@ -673,7 +673,9 @@ def test_frontier_fleet_errors(tmp_path, capsys):
     assert "--free-agents and --learner-calibration are not used with --fleet" in _fails(
         [*base, "--free-agents", "pressure-gate"], capsys, 2
     )
-    assert "below one sync" in _fails([*base, "--budgets", "1"], capsys, 2)
+    msg = _fails([*base, "--budgets", "1", "300"], capsys, 2)  # the default grid is too low
+    assert "--budgets 1/h (0 syncs) outside" in msg and "32..130 syncs per episode" in msg
+    assert "300/h" not in msg
     assert "fleet configuration file not found" in _fails(
         ["frontier", "--fleet", str(tmp_path / "no.toml"), "--out", str(tmp_path / "n")],
         capsys,
