@@ -418,6 +418,22 @@ def _no_fleet_options(args: argparse.Namespace) -> None:
         )
 
 
+def _fleet_job(args: argparse.Namespace, run: Any, write: Any, what: str) -> tuple[Any, Any]:
+    """Run a fleet job and write its directory (``write(result, command)``): a bad fleet
+    file or value is a data error; Ctrl-C leaves ``--out`` as it was."""
+    from diloco_gym.sim.fleet import FleetConfigError
+
+    command = "diloco-gym " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    try:
+        result = run()
+        return result, write(result, command)
+    except (FleetConfigError, ValueError, KeyError) as exc:
+        msg = str(exc.args[0]) if isinstance(exc, KeyError) and exc.args else str(exc)
+        raise DataError(msg) from None
+    except KeyboardInterrupt:
+        raise Interrupted(f"interrupted; no {what} written ({args.out} left as it was)") from None
+
+
 def _report_fleet(args: argparse.Namespace, agents: list[str]) -> int:
     """``report --fleet FILE``: the protocol on a fleet (:mod:`diloco_gym.eval.fleet`)."""
     from diloco_gym.eval.fleet import (
@@ -427,7 +443,6 @@ def _report_fleet(args: argparse.Namespace, agents: list[str]) -> int:
         write_fleet_report,
     )
     from diloco_gym.eval.report import prepare_out_dir
-    from diloco_gym.sim.fleet import FleetConfigError
 
     started = time.perf_counter()
     try:
@@ -446,15 +461,12 @@ def _report_fleet(args: argparse.Namespace, agents: list[str]) -> int:
         )
     except ValueError as exc:
         raise UsageError(str(exc)) from None
-    command = "diloco-gym " + " ".join(shlex.quote(a) for a in sys.argv[1:])
-    try:
-        result = run_fleet_report(config, progress=not args.no_progress)
-        out = write_fleet_report(result, args.out, force=args.force, command=command)
-    except (FleetConfigError, ValueError, KeyError) as exc:
-        msg = str(exc.args[0]) if isinstance(exc, KeyError) and exc.args else str(exc)
-        raise DataError(msg) from None
-    except KeyboardInterrupt:
-        raise Interrupted(f"interrupted; no report written ({args.out} left as it was)") from None
+    result, out = _fleet_job(
+        args,
+        lambda: run_fleet_report(config, progress=not args.no_progress),
+        lambda res, cmd: write_fleet_report(res, args.out, force=args.force, command=cmd),
+        "report",
+    )
     print(fleet_summary_table(result["summary"]))
     print(
         f"\nfleet report written to {out}/ (report.md, results.csv, report.json) in "
@@ -596,7 +608,6 @@ def _frontier_fleet(args: argparse.Namespace) -> int:
         write_fleet_frontier,
     )
     from diloco_gym.eval.report import prepare_out_dir
-    from diloco_gym.sim.fleet import FleetConfigError
 
     started = time.perf_counter()
     if args.regimes or args.trace:
@@ -630,15 +641,12 @@ def _frontier_fleet(args: argparse.Namespace) -> int:
         config = FleetFrontierConfig(report=report, budgets=budgets)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
-    command = "diloco-gym " + " ".join(shlex.quote(a) for a in sys.argv[1:])
-    try:
-        result = run_fleet_frontier(config, progress=not args.no_progress)
-        out = write_fleet_frontier(result, args.out, force=args.force, command=command)
-    except (FleetConfigError, ValueError, KeyError) as exc:
-        msg = str(exc.args[0]) if isinstance(exc, KeyError) and exc.args else str(exc)
-        raise DataError(msg) from None
-    except KeyboardInterrupt:
-        raise Interrupted(f"interrupted; no frontier written ({args.out} left as it was)") from None
+    result, out = _fleet_job(
+        args,
+        lambda: run_fleet_frontier(config, progress=not args.no_progress),
+        lambda res, cmd: write_fleet_frontier(res, args.out, force=args.force, command=cmd),
+        "frontier",
+    )
     print(frontier_table(result["frontier"]))
     print(
         f"\nfleet frontier written to {out}/ (frontier.md, frontier.csv, frontier.json) in "
