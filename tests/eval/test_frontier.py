@@ -16,6 +16,7 @@ from diloco_gym.eval import frontier as fr
 from diloco_gym.eval import protocol
 from diloco_gym.eval.report import MARKER
 from diloco_gym.eval.rollout import attach_agent, run_episode
+from diloco_gym.eval.summary import holm as fr_holm
 from diloco_gym.sim import schedules
 
 
@@ -324,6 +325,29 @@ def test_budget_stats_by_hand():
     assert set(b4["verdict"]) == {"inconclusive (too few episodes)"}
 
 
+def test_budget_stats_holm_across_settings():
+    """One Holm family per budget by default; --holm-across-settings makes it every
+    regime x budget x agent row, and p_holm_all_settings is that correction either way."""
+    rng = np.random.default_rng(5)
+    values = {
+        (agent, b): np.full(10, 9.0) + rng.normal(0.0, 0.6, 10)
+        for agent in ("A", "B")
+        for b in (48.0, 96.0)
+    }
+    per = fr.budget_stats(_rows(values), {"r": "calibrated"}, 0.05)
+    allf = fr.budget_stats(_rows(values), {"r": "calibrated"}, 0.05, across_settings=True)
+    assert set(per["holm_family"]) == {2} and set(allf["holm_family"]) == {4}
+    expect_all = fr_holm(per["p_value"].to_numpy())
+    assert per["p_holm_all_settings"].to_numpy() == pytest.approx(expect_all)
+    assert allf["p_holm"].to_numpy() == pytest.approx(expect_all)
+    for b in (48.0, 96.0):
+        g = per[per["budget_per_hour"] == b]
+        assert g["p_holm"].to_numpy() == pytest.approx(fr_holm(g["p_value"].to_numpy()))
+    assert (allf["p_holm"] >= per["p_holm"] - 1e-12).all()
+    assert (allf["p_holm"] > per["p_holm"] + 1e-9).any()
+    assert fr.holm_scope({"holm_across_settings": True}).startswith("every regime x budget")
+
+
 # ----------------------------------------------------------------- figure and CLI
 def test_cli_end_to_end(tmp_path, capsys):
     out = tmp_path / "fr"
@@ -374,7 +398,14 @@ def test_cli_end_to_end(tmp_path, capsys):
         main(argv)
     assert exc.value.code == 2
     assert "--force" in capsys.readouterr().err
-    assert main(argv + ["--force"]) == 0
+    assert payload["holm_family"] == fr.holm_scope({})
+    assert {b["holm_family"] for b in payload["budgets"]} == {2}
+    # --holm-across-settings: one family over both budgets' agents, named in both files
+    assert main(argv + ["--force", "--holm-across-settings"]) == 0
+    payload = json.loads((out / "frontier.json").read_text())
+    assert payload["holm_family"] == fr.holm_scope({"holm_across_settings": True})
+    assert {b["holm_family"] for b in payload["budgets"]} == {4}
+    assert "Holm across every regime x budget x agent" in (out / "frontier.md").read_text()
     # A directory of other files is never replaced.
     other = tmp_path / "mine"
     other.mkdir()
