@@ -658,7 +658,7 @@ def cmd_frontier(args: argparse.Namespace) -> int:
     for regime in config.regimes:
         d = result["dominance"]
         d = d[d["regime"] == regime] if not d.empty else d
-        print(f"{regime}: not dominated: {', '.join(fr._undominated(d)) if not d.empty else '-'}")
+        print(f"{regime}: not dominated: {', '.join(fr.undominated(d)) if not d.empty else '-'}")
     print(
         f"\nfrontier written to {out}/ (frontier.md, frontier.csv, curves.csv, frontier.json, "
         f"figures) in {time.perf_counter() - started:.1f} s"

@@ -86,6 +86,35 @@ def holm_scope(config: dict[str, Any]) -> str:
     return "the agents at that budget (`p_holm_all_settings` in frontier.json: across all)"
 
 
+def _reachable(g: pd.DataFrame) -> dict[str, float]:
+    """The rate-clairvoyant reference of a group of rows (:mod:`diloco_gym.eval.clairvoyant`)
+    and the share of the random-to-reference gap the agent captures, with its bootstrap CI
+    (NaN where the reference is undefined: a replayed trace)."""
+    nan = float("nan")
+    if "rate_clairvoyant_pct" not in g or not np.isfinite(g["rate_clairvoyant_pct"]).all():
+        return {k: nan for k in _REACHABLE}
+    reach = gap_captured(
+        g["sync_excess_pct"].to_numpy(),
+        g["matched_random_mean"].to_numpy(),
+        g["rate_clairvoyant_pct"].to_numpy(),
+        np.random.default_rng(3),
+    )
+    return {
+        "rate_clairvoyant_pct": float(g["rate_clairvoyant_pct"].mean()),
+        "gap_captured_reachable": reach["gap"],
+        "reachable_ci_low": reach["ci_low"],
+        "reachable_ci_high": reach["ci_high"],
+    }
+
+
+_REACHABLE = (
+    "rate_clairvoyant_pct",
+    "gap_captured_reachable",
+    "reachable_ci_low",
+    "reachable_ci_high",
+)
+
+
 def _agent_table(
     df: pd.DataFrame,
     keys: list[str],
@@ -127,6 +156,7 @@ def _agent_table(
                 "gap_captured": gap["gap"],
                 "gap_ci_low": gap["ci_low"],
                 "gap_ci_high": gap["ci_high"],
+                **_reachable(g),
                 "no_sync_violation_pct": g["no_sync_violation_pct"].mean(),
             }
         )

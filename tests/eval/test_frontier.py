@@ -293,7 +293,7 @@ def test_dominance_on_a_hand_made_table():
     assert rel[("B", "C")] == "no dominance (order changes across budgets)"
     assert rel[("A", "C")] == "dominates"  # equal at 60 (no higher), lower at 96
     assert rel[("B", "D")] == "no dominance (no significant difference)"
-    assert fr._undominated(dom) == ["A"]
+    assert fr.undominated(dom) == ["A"]
     # The same table on 4 seeds: no test can reach 0.05 after Holm over 6 pairs.
     few = rows[rows["seed"] < 4]
     dom4 = fr.dominance(pd.DataFrame(), fr.pairwise_stats(few, 0.05), 0.05)
@@ -521,6 +521,10 @@ def test_cli_trace_windows_are_the_units(long_trace, tmp_path, capsys):
     assert set(rows.loc[rows["mode"] == "budget", "merges"]) == {4, 6}
     assert "6 disjoint windows of 300 s" in (out / "frontier.md").read_text()
     assert (out / "frontier_replay_long.png").is_file()
+    # A replayed trace has no rate function apart from its arrivals: no rate-clairvoyant
+    # reference (NaN), and frontier.md leaves its rows out.
+    assert rows["rate_clairvoyant_pct"].isna().all()
+    assert "rate-clairvoyant" not in (out / "frontier.md").read_text()
     # Overlapping windows are refused (not independent); one window is too few.
     with pytest.raises(SystemExit) as exc:
         main([*base, "--window-s", "300", "--stride-s", "150", "--out", str(tmp_path / "a")])
