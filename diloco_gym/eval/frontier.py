@@ -69,6 +69,7 @@ from diloco_gym.eval.frontier_stats import (
 )
 from diloco_gym.eval.rollout import run_episode
 from diloco_gym.eval.units import episode_budget
+from diloco_gym.io import json_default
 from diloco_gym.sim.regimes import REGIMES
 from diloco_gym.sim.schedules import budget_range, sample_uniform
 
@@ -610,14 +611,6 @@ def _save_png(fig, path: Path) -> None:
     fig.savefig(path, dpi=90)
 
 
-def _json_default(x: Any) -> Any:
-    if isinstance(x, (np.floating, np.integer, np.bool_)):
-        return x.item()
-    if isinstance(x, np.ndarray):
-        return x.tolist()
-    return str(x)
-
-
 def write_frontier(
     result: dict[str, Any], out: str | Path, force: bool = False, command: str = ""
 ) -> Path:
@@ -654,7 +647,7 @@ def write_frontier(
             "free": result["free"].to_dict(orient="records"),
             "holm_family": holm_scope(result["config"]),
         }
-        (tmp / "frontier.json").write_text(json.dumps(payload, indent=2, default=_json_default))
+        (tmp / "frontier.json").write_text(json.dumps(payload, indent=2, default=json_default))
         (tmp / "frontier.md").write_text(render_markdown(result, figures, command))
 
     return report.write_output_dir(out, force, fill)

@@ -11,16 +11,19 @@ import pandas as pd
 
 from diloco_gym.eval import protocol
 from diloco_gym.eval.frontier_stats import DOMINANCE_VERDICTS, holm_scope
+from diloco_gym.text import finite, fmt
 
 __all__ = ["render_markdown", "frontier_figure", "undominated"]
 
 
 def _fmt(x: float, nd: int = 2) -> str:
-    return "-" if x is None or not np.isfinite(x) else f"{x:.{nd}f}"
+    return fmt(x, nd, missing="-")
 
 
 def _fmt_p(p: float) -> str:
-    if not np.isfinite(p):
+    """A p-value in frontier.md: two significant digits (the report's tables use three
+    decimals, :func:`diloco_gym.text.fmt_p`)."""
+    if not finite(p):
         return "-"
     return f"{p:.2g}" if p >= 1e-3 else f"{p:.1e}"
 

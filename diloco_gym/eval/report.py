@@ -32,7 +32,10 @@ from diloco_gym.eval.summary import (
     scoring_summary,
     summarise,
 )
+from diloco_gym.io import json_default
 from diloco_gym.sim.regimes import REGIMES
+from diloco_gym.text import fmt as _fmt
+from diloco_gym.text import fmt_p as _fmt_p
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -611,26 +614,10 @@ def write_report(
             "agent_sealing": result.get("agent_sealing"),
             "holm_family": holm_family(result["config"]),
         }
-        (tmp / "report.json").write_text(json.dumps(payload, indent=2, default=_json_default))
+        (tmp / "report.json").write_text(json.dumps(payload, indent=2, default=json_default))
         (tmp / "report.md").write_text(render_markdown(result, figures, command))
 
     return write_output_dir(out, force, fill)
-
-
-def _json_default(x: Any) -> Any:
-    if isinstance(x, (np.floating, np.integer)):
-        return x.item()
-    if isinstance(x, np.ndarray):
-        return x.tolist()
-    return str(x)
-
-
-def _fmt(x: float, nd: int = 2) -> str:
-    return "n/a" if x is None or not np.isfinite(x) else f"{x:.{nd}f}"
-
-
-def _fmt_p(p: float) -> str:
-    return "n/a" if not np.isfinite(p) else ("<0.001" if p < 0.001 else f"{p:.3f}")
 
 
 #: Console summary columns: (summary column, heading, formatter).
