@@ -649,7 +649,7 @@ def _frontier_fleet(args: argparse.Namespace) -> int:
     )
     print(frontier_table(result["frontier"]))
     print(
-        f"\nfleet frontier written to {out}/ (frontier.md, frontier.csv, frontier.json) in "
+        f"\nfleet frontier written to {out}/ (frontier.md, .csv, .json, .png) in "
         f"{time.perf_counter() - started:.1f} s"
     )
     return 0
