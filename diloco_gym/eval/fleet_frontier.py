@@ -136,7 +136,12 @@ def fleet_frontier_figure(result: dict[str, Any]):
     colors = ["tab:blue", "tab:green", "tab:red", "tab:purple", "tab:brown", "tab:pink"]
     for i, (agent, g) in enumerate(f.groupby("agent", sort=False)):
         g = g.sort_values("budget")
-        style = {"marker": "o", "ms": 4, "lw": 1.6, "color": colors[i % len(colors)]}
+        style: dict[str, Any] = {
+            "marker": "o",
+            "ms": 4,
+            "lw": 1.6,
+            "color": colors[i % len(colors)],
+        }
         ax.plot(g["syncs_per_hour"], g["sync_excess_pct"], label=agent, **style)
         worst.plot(g["syncs_per_hour"], g["worst_site_sync_excess_pct"], label=agent, **style)
     n = result["config"]["seeds"]
