@@ -1102,7 +1102,7 @@ def _add_sweep_command(sub: Any, fmt: type[argparse.HelpFormatter]) -> None:
     """The ``sweep`` command's options."""
     p = sub.add_parser(
         "sweep",
-        help="a grid of protocol runs (regimes/traces, loads, "
+        help="a grid of protocol runs (regimes/traces or fleets, loads, "
         "calibrations, merge budgets, env parameters, agents), resumable",
         formatter_class=fmt,
     )

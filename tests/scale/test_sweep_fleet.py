@@ -125,6 +125,9 @@ def test_fleet_axis_and_fleet_params_in_env(tmp_path):
     assert [p.params["fleet"] for p in spec.points[::2]] == ["fleet.toml", "b.toml"]
     assert spec.points[1].env == {"bits": 4}
     assert spec.points[3].config.fleet == str((tmp_path / "b.toml").resolve())
+    # the report's calibration file is a fleet key ("reference": the shipped one)
+    cal = _sweep_dir(tmp_path, 'fleet = "fleet.toml"\n[grid]\ncalibration = ["reference"]\n')
+    assert load_sweep(cal).points[0].config.calibration is None
 
 
 @pytest.mark.parametrize(
@@ -151,6 +154,9 @@ def test_bad_fleet_sweep_file(tmp_path, text, match):
 def test_missing_or_malformed_fleet_file_is_a_data_error(tmp_path, capsys):
     cfg = _sweep_dir(tmp_path, '[grid]\nfleet = ["fleet.toml", "none.toml"]\n')
     with pytest.raises(SweepDataError, match="point 1 \\(fleet=none.toml\\).*none.toml"):
+        load_sweep(cfg)
+    cfg = _sweep_dir(tmp_path, 'fleet = "fleet.toml"\ncalibration = "missing.json"\n')
+    with pytest.raises(SweepDataError, match="point 0 .*missing.json"):
         load_sweep(cfg)
     (tmp_path / "bad.toml").write_text("[fleet]\nspeed = 3\n")
     cfg = _sweep_dir(tmp_path, 'fleet = "bad.toml"\n')
