@@ -132,7 +132,7 @@ def fleet_frontier_figure(result: dict[str, Any]):
         ("matched_random_mean", "tab:orange", "matched random (same syncs)"),
         ("oracle_same_budget_pct", "black", "oracle (exact DP, non-deployable)"),
     ):
-        ax.plot(x, per_budget[col], "-", color=color, lw=2.5, alpha=0.7, label=label)
+        ax.plot(x, per_budget[col], "-s", ms=4, color=color, lw=2.5, alpha=0.7, label=label)
     colors = ["tab:blue", "tab:green", "tab:red", "tab:purple", "tab:brown", "tab:pink"]
     for i, (agent, g) in enumerate(f.groupby("agent", sort=False)):
         g = g.sort_values("budget")
