@@ -12,11 +12,11 @@ edited fleet file runs again.
 
 Keys of a fleet sweep: ``fleet``, ``agents``, ``seeds``, ``seed0``, ``draws``, ``alpha``,
 ``calibration`` (the file the fleet's calibration verdict is judged against, as ``report
---fleet --calibration``), ``merge_budget`` (fragment syncs per episode) and ``env.NAME``
-(an ``EnvParams`` field, or a ``FleetParams`` field such as ``env.bits`` or
-``env.fragments``, overriding the fleet file). The single-host keys (:data:`NOT_WITH_FLEET`)
-are refused: a fleet's sites set their own traffic, traces, windows and sidecars in the
-fleet file.
+--fleet --calibration``), ``in_process_agents``, ``merge_budget`` (fragment syncs per
+episode) and ``env.NAME`` (an ``EnvParams`` field, or a ``FleetParams`` field such as
+``env.bits`` or ``env.fragments``, overriding the fleet file). The single-host keys
+(:data:`NOT_WITH_FLEET`) are refused: a fleet's sites set their own traffic, traces,
+windows and sidecars in the fleet file.
 """
 
 from __future__ import annotations
@@ -48,7 +48,17 @@ __all__ = [
 ]
 
 #: The settings a fleet point reads (``env.NAME`` besides).
-FLEET_KEYS = ("fleet", "agents", "seeds", "seed0", "draws", "alpha", "calibration", "merge_budget")
+FLEET_KEYS = (
+    "fleet",
+    "agents",
+    "seeds",
+    "seed0",
+    "draws",
+    "alpha",
+    "calibration",
+    "in_process_agents",
+    "merge_budget",
+)
 #: Single-host settings that have no meaning for a fleet (its file sets them per site).
 NOT_WITH_FLEET = (
     "regime",

@@ -22,7 +22,8 @@ is one *point*, a complete protocol run::
 Keys (top level or grid axes): ``regime``, ``trace``, ``trace_format``, ``window_s``,
 ``stride_s``, ``sidecar``, ``rate_scale``, ``target_utilization``, ``calibration``
 (``"reference"``: the shipped one), ``agents``, ``seeds``, ``seed0``, ``draws``, ``alpha``,
-``saturation_pct``, ``merge_budget`` and ``env.NAME``. Relative paths are relative to the
+``saturation_pct``, ``in_process_agents`` (``true``: agents run in the evaluating process,
+not sealed), ``merge_budget`` and ``env.NAME``. Relative paths are relative to the
 sweep file.
 
 A fleet sweep sets ``fleet = "FILE"`` (top level, or a grid axis ``fleet = ["a.toml",
@@ -84,6 +85,7 @@ _REPORT_KEYS = (
     "draws",
     "alpha",
     "saturation_pct",
+    "in_process_agents",
 )
 _PATH_KEYS = ("trace", "calibration")
 #: Fields a calibration cell does not depend on (cells that differ only in them share one).
@@ -198,6 +200,7 @@ class _Settings(Table):
     draws: int | None = None
     alpha: float | None = None
     saturation_pct: float | None = None
+    in_process_agents: bool | None = None
     merge_budget: int | None = None
     fleet: str | None = None
 

@@ -125,6 +125,9 @@ def test_fleet_axis_and_fleet_params_in_env(tmp_path):
     assert [p.params["fleet"] for p in spec.points[::2]] == ["fleet.toml", "b.toml"]
     assert spec.points[1].env == {"bits": 4}
     assert spec.points[3].config.fleet == str((tmp_path / "b.toml").resolve())
+    assert not spec.points[0].config.in_process_agents  # sealed, as report --fleet
+    opt_out = _sweep_dir(tmp_path, 'fleet = "fleet.toml"\nin_process_agents = true\n')
+    assert load_sweep(opt_out).points[0].config.in_process_agents
     # the report's calibration file is a fleet key ("reference": the shipped one)
     cal = _sweep_dir(tmp_path, 'fleet = "fleet.toml"\n[grid]\ncalibration = ["reference"]\n')
     assert load_sweep(cal).points[0].config.calibration is None
