@@ -207,6 +207,8 @@ LAYER_RULES = {
     "live": {"sim", "envs", "agents", "eval", "live"} | _BASE,
     "lm": {"sim", "envs", "agents", "eval", "lm"} | _BASE,
     "scale": {"sim", "envs", "agents", "eval", "rl", "scale"} | _BASE,
+    # the command line's shared parts: any layer below the command line itself
+    "commands": {"sim", "envs", "agents", "eval", "rl", "live", "lm", "scale", "commands"} | _BASE,
 }
 
 

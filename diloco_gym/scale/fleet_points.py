@@ -210,7 +210,7 @@ def fleet_point_outputs(
 def holm_over_points(summary: pd.DataFrame) -> list[float]:
     """Holm's adjustment over the deployable agents of every point (NaN for the others,
     whose p-values are not in any family)."""
-    from diloco_gym.eval.report import holm
+    from diloco_gym.eval.summary import holm
 
     deployable = summary["deployable"].astype(bool).to_numpy()
     out = [math.nan] * len(summary)

@@ -89,7 +89,10 @@ _REPORT_KEYS = (
 )
 _PATH_KEYS = ("trace", "calibration")
 #: Fields a calibration cell does not depend on (cells that differ only in them share one).
-_NOT_CALIBRATION = ("agents", "seeds", "draws", "alpha", "saturation_pct")
+#: Options of the summary statistics only: no cell depends on them (kept out of the
+#: fingerprints, so stored cells stay valid).
+_NOT_CELL = ("holm_across_settings",)
+_NOT_CALIBRATION = ("agents", "seeds", "draws", "alpha", "saturation_pct", *_NOT_CELL)
 
 
 class SweepFileError(ValueError):
@@ -587,7 +590,8 @@ def _plan_cells(
         cells.setdefault(cal_key, ReportCell(pt.config, pt.regime, None, env))
         keys = []
         for i in range(len(units)):
-            key = "unit/" + _fingerprint(asdict(pt.config), pt.regime, env, i)
+            unit_cfg = {k: v for k, v in asdict(pt.config).items() if k not in _NOT_CELL}
+            key = "unit/" + _fingerprint(unit_cfg, pt.regime, env, i)
             cells.setdefault(key, ReportCell(pt.config, pt.regime, i, env))
             keys.append(key)
         plan.append((pt, cal_key, keys))
@@ -677,7 +681,7 @@ def _write_outputs(spec: SweepSpec, plan: list, store: _Store, out: Path) -> Non
     if not summary.empty:
         # A sweep compares settings: besides the Holm family of one point (its agents),
         # a correction across every agent of every point.
-        from diloco_gym.eval.report import holm
+        from diloco_gym.eval.summary import holm
 
         summary["p_holm_all_points"] = (
             fleet_points.holm_over_points(summary)
@@ -714,7 +718,7 @@ def _report_outputs(
     """A single-host point's rows and summary from its stored cells (errors and notes on
     missing cells appended)."""
     from diloco_gym.eval import calibration as cal
-    from diloco_gym.eval.report import summarise
+    from diloco_gym.eval.summary import summarise
 
     rows: list[dict] = []
     missing = 0
