@@ -570,7 +570,7 @@ def _frontier_fleet(args: argparse.Namespace) -> int:
     )
     print(frontier_table(result["frontier"]))
     print(
-        f"\nfleet frontier written to {out}/ (frontier.md, frontier.csv, frontier.json) in "
+        f"\nfleet frontier written to {out}/ (frontier.md, .csv, .json, .png) in "
         f"{time.perf_counter() - started:.1f} s"
     )
     return 0
@@ -959,7 +959,7 @@ def _add_sweep_command(sub: Any, fmt: type[argparse.HelpFormatter]) -> None:
     """The ``sweep`` command's options."""
     p = sub.add_parser(
         "sweep",
-        help="a grid of protocol runs (regimes/traces, loads, "
+        help="a grid of protocol runs (regimes/traces or fleets, loads, "
         "calibrations, merge budgets, env parameters, agents), resumable",
         formatter_class=fmt,
     )

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -39,6 +40,8 @@ __all__ = [
     "fleet_calibration",
     "run_fleet_report",
     "write_fleet_report",
+    "write_fleet_dir",
+    "FleetFiles",
     "fleet_summary_table",
 ]
 
@@ -354,61 +357,97 @@ def fleet_summary_table(summary) -> str:
     return "\n".join(lines)
 
 
-def write_fleet_report(
-    result: dict[str, Any], out: str | Path, force: bool = False, command: str = ""
+def write_fleet_dir(
+    result: dict[str, Any],
+    out: str | Path,
+    force: bool,
+    command: str,
+    files: FleetFiles,
 ) -> Path:
-    """Write report.md, results.csv and report.json to ``out`` atomically (the report's
-    :func:`~diloco_gym.eval.report.write_output_dir`, so ``--force`` rules are the same)."""
+    """The one writer of the fleet's output directories (the report's and the frontier's):
+    ``files.table`` as ``files.csv``; ``files.json`` with the command, the fleet, the
+    configuration, the calibration verdict and ``files.extra``; ``files.md`` (a title, the
+    command, ``files.body``); and whatever ``files.more(tmp)`` adds (a figure). Atomic,
+    with the report's :func:`~diloco_gym.eval.report.write_output_dir` rules (``force``,
+    marker, lock)."""
     from diloco_gym.eval.report import write_output_dir
 
     def fill(tmp: Path) -> None:
-        result["rows"].to_csv(tmp / "results.csv", index=False)
+        files.table.to_csv(tmp / files.csv, index=False)
         payload = {
             "command": command,
             "fleet": result["fleet"],
             "config": result["config"],
             "calibration_verdict": result["calibration_verdict"],
-            "calibration": result["calibration"].to_dict(orient="records"),
-            "independent_units": result["independent_units"],
-            "summary": result["summary"].to_dict(orient="records"),
-            "elapsed_s": result["elapsed_s"],
-            "agent_sealing": result["agent_sealing"],
+            **files.extra,
         }
-        (tmp / "report.json").write_text(json.dumps(payload, indent=2, default=str))
-        f = result["fleet"]
-        md = [
-            "# Fleet report",
-            "",
-            f"Command: `{command}`" if command else "",
-            "",
-            f"Fleet `{f['file']}`: sites {', '.join(f['sites'])}; F = {f['fragments']} "
-            f"fragments, {f['bits']}-bit payloads ({f['payload_bytes'] / 1e6:.0f} MB per "
-            f"sync), {f['mode']} mode, sync window {f['sync_window_s']:.2f} s, link share "
-            f"{f['link_share']:.3f}, fragment corridor {f['corridor_decisions']} decisions, "
-            f"progress factor {f['progress_factor']:.3f}.",
-            "",
-            f"Episodes: {result['config']['seeds']} (seeds {result['config']['seed0']}..), "
-            f"{result['independent_units']} independent; {result['config']['draws']} "
-            f"matched-random draws per episode. Agents: {result['agent_sealing']}. "
-            f"Calibration verdict of the fleet: "
-            f"**{result['calibration_verdict']}** (every site must transfer).",
-            "",
-            "Sync-excess: extra SLO-violating requests summed over sites, in percentage "
-            "points of all the fleet's requests, by exact replay (agent, matched random and "
-            "oracle alike); worst site: the largest site's own sync-excess (pp of its "
-            "requests); verdicts: paired sign-flip test over episodes, Holm-corrected over "
-            "the deployable agents.",
-            "",
-            fleet_summary_table(result["summary"]),
-            "",
-            "## Calibration per site",
-            "",
-        ]
-        for r in result["calibration"].to_dict(orient="records"):
-            md.append(f"- {r['site']}: {r['verdict']} (measured on {r['measured_on']})")
-        (tmp / "report.md").write_text("\n".join(md) + "\n")
+        (tmp / files.json).write_text(json.dumps(payload, indent=2, default=str))
+        if files.more is not None:
+            files.more(tmp)
+        md = [f"# {files.title}", "", f"Command: `{command}`" if command else "", "", *files.body]
+        (tmp / files.md).write_text("\n".join(md) + "\n")
 
     return write_output_dir(out, force, fill)
+
+
+@dataclass
+class FleetFiles:
+    """What :func:`write_fleet_dir` writes: file names, the table, the JSON's further keys,
+    the Markdown's title and body lines, and an optional extra writer (``more(tmp)``)."""
+
+    csv: str
+    table: Any
+    json: str
+    extra: dict[str, Any]
+    md: str
+    title: str
+    body: list[str]
+    more: Callable[[Path], None] | None = None
+
+
+def write_fleet_report(
+    result: dict[str, Any], out: str | Path, force: bool = False, command: str = ""
+) -> Path:
+    """Write report.md, results.csv and report.json to ``out`` atomically
+    (:func:`write_fleet_dir`, so ``--force`` rules are the report's)."""
+    f = result["fleet"]
+    body = [
+        f"Fleet `{f['file']}`: sites {', '.join(f['sites'])}; F = {f['fragments']} "
+        f"fragments, {f['bits']}-bit payloads ({f['payload_bytes'] / 1e6:.0f} MB per "
+        f"sync), {f['mode']} mode, sync window {f['sync_window_s']:.2f} s, link share "
+        f"{f['link_share']:.3f}, fragment corridor {f['corridor_decisions']} decisions, "
+        f"progress factor {f['progress_factor']:.3f}.",
+        "",
+        f"Episodes: {result['config']['seeds']} (seeds {result['config']['seed0']}..), "
+        f"{result['independent_units']} independent; {result['config']['draws']} "
+        f"matched-random draws per episode. Agents: {result['agent_sealing']}. "
+        f"Calibration verdict of the fleet: "
+        f"**{result['calibration_verdict']}** (every site must transfer).",
+        "",
+        "Sync-excess: extra SLO-violating requests summed over sites, in percentage "
+        "points of all the fleet's requests, by exact replay (agent, matched random and "
+        "oracle alike); worst site: the largest site's own sync-excess (pp of its "
+        "requests); verdicts: paired sign-flip test over episodes, Holm-corrected over "
+        "the deployable agents.",
+        "",
+        fleet_summary_table(result["summary"]),
+        "",
+        "## Calibration per site",
+        "",
+    ]
+    for r in result["calibration"].to_dict(orient="records"):
+        body.append(f"- {r['site']}: {r['verdict']} (measured on {r['measured_on']})")
+    extra = {
+        "calibration": result["calibration"].to_dict(orient="records"),
+        "independent_units": result["independent_units"],
+        "summary": result["summary"].to_dict(orient="records"),
+        "elapsed_s": result["elapsed_s"],
+        "agent_sealing": result["agent_sealing"],
+    }
+    files = FleetFiles(
+        "results.csv", result["rows"], "report.json", extra, "report.md", "Fleet report", body
+    )
+    return write_fleet_dir(result, out, force, command, files)
 
 
 def with_env(config: FleetReportConfig, **env: Any) -> FleetReportConfig:

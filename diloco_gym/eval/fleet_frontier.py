@@ -10,14 +10,19 @@ the deployable agents, per budget). Deployable agents run sealed as in the fleet
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from diloco_gym.eval.fleet import FleetReportConfig, run_fleet_report, with_env
+from diloco_gym.eval.fleet import (
+    FleetFiles,
+    FleetReportConfig,
+    run_fleet_report,
+    with_env,
+    write_fleet_dir,
+)
 
 _COLUMNS = [
     "budget",
@@ -85,7 +90,11 @@ def run_fleet_frontier(config: FleetFrontierConfig, progress: bool = False) -> d
         "rows": pd.concat(rows, ignore_index=True),
         "fleet": first["fleet"],
         "calibration_verdict": first["calibration_verdict"],
-        "config": {**first["config"], "budgets": sorted(config.budgets)},
+        "config": {
+            **first["config"],
+            "env": dict(config.report.env),  # without the first budget's merge_budget
+            "budgets": sorted(config.budgets),
+        },
     }
 
 
@@ -106,35 +115,80 @@ def frontier_table(frontier) -> str:
     return "\n".join(lines)
 
 
+def fleet_frontier_figure(result: dict[str, Any]):
+    """The fleet frontier (a matplotlib ``Figure``, drawn without pyplot): left, the fleet's
+    sync-excess against the budget in syncs per hour, one line per agent, matched random
+    and the oracle at the same budget; right, each agent's worst-site sync-excess."""
+    from matplotlib.figure import Figure
+
+    f = result["frontier"]
+    per_budget = f.groupby("budget")[
+        ["syncs_per_hour", "matched_random_mean", "oracle_same_budget_pct"]
+    ].mean()
+    fig = Figure(figsize=(11.0, 4.8))
+    ax, worst = fig.add_subplot(1, 2, 1), fig.add_subplot(1, 2, 2)
+    x = per_budget["syncs_per_hour"]
+    for col, color, label in (
+        ("matched_random_mean", "tab:orange", "matched random (same syncs)"),
+        ("oracle_same_budget_pct", "black", "oracle (exact DP, non-deployable)"),
+    ):
+        ax.plot(x, per_budget[col], "-s", ms=4, color=color, lw=2.5, alpha=0.7, label=label)
+    colors = ["tab:blue", "tab:green", "tab:red", "tab:purple", "tab:brown", "tab:pink"]
+    for i, (agent, g) in enumerate(f.groupby("agent", sort=False)):
+        g = g.sort_values("budget")
+        style: dict[str, Any] = {
+            "marker": "o",
+            "ms": 4,
+            "lw": 1.6,
+            "color": colors[i % len(colors)],
+        }
+        ax.plot(g["syncs_per_hour"], g["sync_excess_pct"], label=agent, **style)
+        worst.plot(g["syncs_per_hour"], g["worst_site_sync_excess_pct"], label=agent, **style)
+    n = result["config"]["seeds"]
+    ax.set_title(f"fleet sync-excess ({n} episodes per budget)", fontsize=10)
+    ax.set_ylabel("sync-excess (pp of the fleet's requests)")
+    worst.set_title("worst site's own sync-excess", fontsize=10)
+    worst.set_ylabel("sync-excess (pp of the site's requests)")
+    for a in (ax, worst):
+        a.set_xlabel("budget (syncs per hour)")
+        a.legend(fontsize=7, loc="upper left")
+        a.grid(color="0.9", lw=0.6)
+    fig.suptitle(f"Fleet frontier: {result['fleet']['file']}", fontsize=11)
+    fig.tight_layout()
+    return fig
+
+
+def _save_figure(fig, path: Path) -> None:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    FigureCanvasAgg(fig)
+    fig.savefig(path, dpi=90)
+
+
 def write_fleet_frontier(
     result: dict[str, Any], out: str | Path, force: bool = False, command: str = ""
 ) -> Path:
-    """Write frontier.csv, frontier.json and frontier.md to ``out`` atomically (the
-    report's :func:`~diloco_gym.eval.report.write_output_dir`: same ``--force`` rules)."""
-    from diloco_gym.eval.report import write_output_dir
-
-    def fill(tmp: Path) -> None:
-        result["frontier"].to_csv(tmp / "frontier.csv", index=False)
-        payload = {
-            "command": command,
-            "fleet": result["fleet"],
-            "config": result["config"],
-            "calibration_verdict": result["calibration_verdict"],
-            "frontier": result["frontier"].to_dict(orient="records"),
-        }
-        (tmp / "frontier.json").write_text(json.dumps(payload, indent=2, default=str))
-        md = [
-            "# Fleet budget frontier",
-            "",
-            f"Command: `{command}`" if command else "",
-            "",
-            f"Fleet `{result['fleet']['file']}`, budgets (merges per episode) "
-            f"{result['config']['budgets']}, {result['config']['seeds']} episodes from seed "
-            f"{result['config']['seed0']}; calibration verdict "
-            f"**{result['calibration_verdict']}**.",
-            "",
-            frontier_table(result["frontier"]),
-        ]
-        (tmp / "frontier.md").write_text("\n".join(md) + "\n")
-
-    return write_output_dir(out, force, fill)
+    """Write frontier.csv, frontier.json, frontier.md and frontier.png
+    (:func:`fleet_frontier_figure`) to ``out`` atomically
+    (:func:`~diloco_gym.eval.fleet.write_fleet_dir`: the report's ``--force`` rules)."""
+    body = [
+        f"Fleet `{result['fleet']['file']}`, budgets (merges per episode) "
+        f"{result['config']['budgets']}, {result['config']['seeds']} episodes from seed "
+        f"{result['config']['seed0']}; calibration verdict "
+        f"**{result['calibration_verdict']}**.",
+        "",
+        frontier_table(result["frontier"]),
+        "",
+        "![fleet frontier](frontier.png)",
+    ]
+    files = FleetFiles(
+        "frontier.csv",
+        result["frontier"],
+        "frontier.json",
+        {"frontier": result["frontier"].to_dict(orient="records")},
+        "frontier.md",
+        "Fleet budget frontier",
+        body,
+        more=lambda tmp: _save_figure(fleet_frontier_figure(result), tmp / "frontier.png"),
+    )
+    return write_fleet_dir(result, out, force, command, files)

@@ -22,8 +22,16 @@ is one *point*, a complete protocol run::
 Keys (top level or grid axes): ``regime``, ``trace``, ``trace_format``, ``window_s``,
 ``stride_s``, ``sidecar``, ``rate_scale``, ``target_utilization``, ``calibration``
 (``"reference"``: the shipped one), ``agents``, ``seeds``, ``seed0``, ``draws``, ``alpha``,
-``saturation_pct``, ``merge_budget`` and ``env.NAME``. Relative paths are relative to the
+``saturation_pct``, ``in_process_agents`` (``true``: agents run in the evaluating process,
+not sealed), ``merge_budget`` and ``env.NAME``. Relative paths are relative to the
 sweep file.
+
+A fleet sweep sets ``fleet = "FILE"`` (top level, or a grid axis ``fleet = ["a.toml",
+"b.toml"]``): each point then runs the fleet protocol of ``report --fleet`` (one cell per
+point; keys and rules in :mod:`diloco_gym.scale.fleet_points`), the single-host keys
+(``regime``, ``trace``, ``sidecar``...) are an error naming the key, ``env.NAME`` may also
+name a ``FleetParams`` field (``env.bits``), and the summary carries each agent's
+worst-site sync-excess (``worst_site_sync_excess_pct``) and the fleet's calibration verdict.
 
 Each point is split into the report's cells (:mod:`diloco_gym.eval.cells`). A cell's
 record is appended to ``OUT/cells.jsonl`` (and flushed to disk) the moment it finishes, keyed
@@ -53,10 +61,11 @@ import pandas as pd
 from pydantic import ConfigDict
 
 from diloco_gym.io import json_strict, save_atomic, write_text_atomic
+from diloco_gym.scale import fleet_points
 from diloco_gym.tables import Table, TableError, validate_table
 
 if TYPE_CHECKING:
-    from diloco_gym.eval.cells import ReportCell
+    pass
 
 __all__ = ["SweepSpec", "SweepPoint", "load_sweep", "run_sweep", "run_sweep_cell"]
 
@@ -76,6 +85,7 @@ _REPORT_KEYS = (
     "draws",
     "alpha",
     "saturation_pct",
+    "in_process_agents",
 )
 _PATH_KEYS = ("trace", "calibration")
 #: Fields a calibration cell does not depend on (cells that differ only in them share one).
@@ -121,6 +131,8 @@ class SweepSpec:
     path: Path
     axes: dict[str, list]
     points: list[SweepPoint]
+    #: every point runs the fleet protocol (``fleet`` is set).
+    fleet: bool = False
 
 
 def read_settings_file(path: Path) -> dict:
@@ -156,11 +168,13 @@ def read_settings_file(path: Path) -> dict:
     return data
 
 
-def _env_field(path: Path, key: str) -> str:
+def _env_field(path: Path, key: str, fleet: bool = False) -> str:
     from diloco_gym.envs.core import EnvParams
 
     name = key[4:] if key.startswith("env.") else key
     valid = {f.name for f in fields(EnvParams)}
+    if fleet and fleet_points.fleet_env_field(name):
+        return name
     if name not in valid:
         raise SweepFileError(
             f"{path}: unknown env parameter {name!r} (key {key!r}); valid: "
@@ -189,7 +203,9 @@ class _Settings(Table):
     draws: int | None = None
     alpha: float | None = None
     saturation_pct: float | None = None
+    in_process_agents: bool | None = None
     merge_budget: int | None = None
+    fleet: str | None = None
 
 
 class _SweepFile(Table):
@@ -202,10 +218,10 @@ class _SweepFile(Table):
     env: dict[str, Any] = {}
 
 
-_VALID_KEYS = f"{', '.join(_REPORT_KEYS)}, merge_budget, env.NAME"
+_VALID_KEYS = f"{', '.join(_REPORT_KEYS)}, merge_budget, fleet, env.NAME"
 
 
-def _check_settings(path: Path, settings: dict[str, Any], what: str) -> None:
+def _check_settings(path: Path, settings: dict[str, Any], what: str, fleet: bool = False) -> None:
     """One line naming the file and the key for an unknown key or a value of the wrong
     type (``what``: ``"key"`` at the top level, ``"grid axis"`` under ``[grid]``)."""
     try:
@@ -224,7 +240,13 @@ def _check_settings(path: Path, settings: dict[str, Any], what: str) -> None:
         raise SweepFileError(f"{path}: {what} {key!r} {err.message}") from None
     for key in settings:
         if key.startswith("env."):
-            _env_field(path, key)
+            _env_field(path, key, fleet)
+        elif fleet and key in fleet_points.NOT_WITH_FLEET:
+            raise SweepFileError(
+                f"{path}: {what} {key!r} is not used with fleet (a fleet's sites set their "
+                f"traffic, traces and sidecars in the fleet file); keys of a fleet sweep: "
+                f"{', '.join(fleet_points.FLEET_KEYS)}, env.NAME"
+            )
 
 
 def load_sweep(path: str | Path) -> SweepSpec:
@@ -251,15 +273,20 @@ def load_sweep(path: str | Path) -> SweepSpec:
         **(top.model_extra or {}),
         **{f"env.{k}": v for k, v in top.env.items()},
     }
-    _check_settings(path, fixed, "key")
+    fleet = "fleet" in fixed or "fleet" in grid
+    _check_settings(path, fixed, "key", fleet)
     axes: dict[str, list] = {}
     for key, values in grid.items():
-        _check_settings(path, {key: None}, "grid axis")
+        _check_settings(path, {key: None}, "grid axis", fleet)
         if not isinstance(values, list) or not values:
             raise SweepFileError(f"{path}: grid axis {key!r} must be a non-empty list")
         for value in values:
-            _check_settings(path, {key: value}, "grid axis")
+            _check_settings(path, {key: value}, "grid axis", fleet)
         axes[key] = values
+    if fleet:
+        combos = enumerate(itertools.product(*axes.values()))
+        points = [_fleet_point(path, i, dict(zip(axes, c, strict=True)), fixed) for i, c in combos]
+        return SweepSpec(name, path, axes, points, fleet=True)
     if "regime" in {**fixed, **axes} and "trace" in {**fixed, **axes}:
         raise SweepFileError(f"{path}: give regime or trace, not both")
     if (
@@ -325,6 +352,32 @@ def _point(path: Path, index: int, params: dict[str, Any], fixed: dict[str, Any]
     return SweepPoint(index, params, config, env, report_regime)
 
 
+def _fleet_point(
+    path: Path, index: int, params: dict[str, Any], fixed: dict[str, Any]
+) -> SweepPoint:
+    """Point ``index`` of a fleet sweep (:mod:`diloco_gym.scale.fleet_points`); a missing
+    or malformed fleet file is a :class:`SweepDataError`, a bad value a
+    :class:`SweepFileError`, each naming the point."""
+    from diloco_gym.sim.fleet import FleetConfigError
+
+    settings = {**fixed, **params}
+    where = f"{path}: point {index} ({_describe(params)})"
+    env = {
+        _env_field(path, k, fleet=True): v
+        for k, v in settings.items()
+        if k == "merge_budget" or k.startswith("env.")
+    }
+    try:
+        config = fleet_points.fleet_point_config(settings, path.parent, env)
+    except (FileNotFoundError, FleetConfigError) as exc:
+        raise SweepDataError(f"{where}: {' '.join(str(exc).split())}") from None
+    except (TypeError, ValueError) as exc:
+        raise SweepFileError(f"{where}: {' '.join(str(exc).split())}") from None
+    if config.calibration is not None:
+        _check_calibration(where, config.calibration)
+    return SweepPoint(index, params, config, env, f"fleet:{Path(config.fleet).stem}")
+
+
 def _check_calibration(where: str, path: str) -> None:
     """A calibration file must exist and be valid before any cell runs (read once)."""
     from diloco_gym.eval.calibration import load_calibration
@@ -355,6 +408,8 @@ def run_sweep_cell(cell) -> dict[str, Any]:
     workers import it by name."""
     from diloco_gym.eval.cells import run_report_cell
 
+    if isinstance(cell, fleet_points.FleetCell):
+        return fleet_points.run_fleet_cell(cell)
     return run_report_cell(cell)
 
 
@@ -495,7 +550,7 @@ def _failure_summary(plan: list, store: _Store, shown: int = 3) -> str:
 
 def _plan_cells(
     spec: SweepSpec,
-) -> tuple[list[tuple[SweepPoint, str | None, list[str]]], dict[str, ReportCell]]:
+) -> tuple[list[tuple[SweepPoint, str | None, list[str]]], dict[str, Any]]:
     """Each point's cells, keyed by fingerprint: ``(plan, cells)``, the plan one ``(point,
     calibration key, unit keys)`` per point. Every point is planned before any cell runs;
     points that cannot be planned (a trace too short for its window...) raise one
@@ -503,9 +558,14 @@ def _plan_cells(
     from diloco_gym.eval.cells import ReportCell, regime_plan
 
     plan: list[tuple[SweepPoint, str | None, list[str]]] = []
-    cells: dict[str, ReportCell] = {}
+    cells: dict[str, Any] = {}
     bad: list[str] = []
     for pt in spec.points:
+        if spec.fleet:  # one cell: the fleet report of the point
+            key = fleet_points.fleet_cell_key(pt.config)
+            cells.setdefault(key, fleet_points.FleetCell(pt.config))
+            plan.append((pt, None, [key]))
+            continue
         env = tuple(sorted(pt.env.items()))
         try:
             units = regime_plan(pt.config, pt.regime, env=pt.env)[0]
@@ -532,7 +592,7 @@ def _plan_cells(
 
 
 def _run_todo(
-    cells: dict[str, ReportCell],
+    cells: dict[str, Any],
     todo: list[str],
     store: _Store,
     max_cells: int | None,
@@ -557,7 +617,7 @@ def _run_todo(
                 {
                     "key": key,
                     "ok": True,
-                    "result": res if key.startswith("cal/") else {"rows": res["rows"]},
+                    "result": {"rows": res["rows"]} if key.startswith("unit/") else res,
                 }
             )
         new += 1
@@ -586,9 +646,6 @@ def _cell_value(v: Any) -> Any:
 
 
 def _write_outputs(spec: SweepSpec, plan: list, store: _Store, out: Path) -> None:
-    from diloco_gym.eval import calibration as cal
-    from diloco_gym.eval.summary import summarise
-
     tables: list[pd.DataFrame] = []
     summaries: list[pd.DataFrame] = []
     errors: list[dict] = []
@@ -599,41 +656,14 @@ def _write_outputs(spec: SweepSpec, plan: list, store: _Store, out: Path) -> Non
             "point": pt.index,
             **{f"grid.{k}": _cell_value(v) for k, v in pt.params.items()},
         }
-        rows: list[dict] = []
-        missing = 0
-        names = ["calibration", *(f"unit {i}" for i in range(len(keys)))] if cal_key else ["plan"]
-        for key, name in zip([cal_key, *keys] if cal_key else keys, names, strict=True):
-            rec = store.records.get(key)
-            if rec is None:
-                missing += 1
-            elif not rec["ok"]:
-                errors.append({**lead, "cell": name, "error": rec["error"]})
-            elif key.startswith("unit/"):
-                rows.extend(rec["result"]["rows"])
-        if missing:
-            notes.append(
-                f"point {pt.index} ({_describe(pt.params)}): {missing} cell(s) not run yet"
-            )
-        if not rows:
-            continue
-        df = pd.DataFrame(rows)
-        tables.append(pd.concat([pd.DataFrame([lead] * len(df)), df], axis=1))
-        rec = store.records.get(cal_key) if cal_key else None
-        if rec is None or not rec["ok"] or df["seed"].nunique() < 2:
-            why = (
-                "fewer than 2 units"
-                if rec is not None and rec["ok"]
-                else "its calibration cell is missing or failed"
-            )
-            notes.append(f"point {pt.index} ({_describe(pt.params)}): no summary ({why})")
-            continue
-        calib = cal.load_calibration(pt.config.calibration)
-        measured_key = pt.regime if pt.config.trace is None else pt.config.trace_sidecar
-        sim = {k: (math.nan if v is None else v) for k, v in rec["result"]["sim"].items()}
-        measured = calib.measured(measured_key)
-        verdict = cal.transfer_verdict(sim, measured, interval=cal.measured_intervals(measured))
-        summ = summarise(df, {pt.regime: verdict}, pt.config.alpha, pt.config.saturation_pct)
-        summaries.append(pd.concat([pd.DataFrame([lead] * len(summ)), summ], axis=1))
+        if spec.fleet:
+            where = f"point {pt.index} ({_describe(pt.params)})"
+            rec = store.records.get(keys[0])
+            table, summ = fleet_points.fleet_point_outputs(rec, lead, where, errors, notes)
+        else:
+            table, summ = _report_outputs(pt, cal_key, keys, store, lead, errors, notes)
+        tables += [table] if table is not None else []
+        summaries += [summ] if summ is not None else []
     results = pd.concat(tables, ignore_index=True) if tables else pd.DataFrame()
     summary = pd.concat(summaries, ignore_index=True) if summaries else pd.DataFrame()
     if not summary.empty:
@@ -641,7 +671,11 @@ def _write_outputs(spec: SweepSpec, plan: list, store: _Store, out: Path) -> Non
         # a correction across every agent of every point.
         from diloco_gym.eval.summary import holm
 
-        summary["p_holm_all_points"] = holm(summary["p_value"].to_numpy())
+        summary["p_holm_all_points"] = (
+            fleet_points.holm_over_points(summary)
+            if spec.fleet
+            else holm(summary["p_value"].to_numpy())
+        )
     write_text_atomic(out / "results.csv", results.to_csv(index=False))
     write_text_atomic(out / "summary.csv", summary.to_csv(index=False))
     error_cols = ["sweep", "point", *(f"grid.{k}" for k in spec.axes), "cell", "error"]
@@ -654,49 +688,56 @@ def _write_outputs(spec: SweepSpec, plan: list, store: _Store, out: Path) -> Non
         save_atomic(lambda tmp: results.to_parquet(tmp, index=False), out / "results.parquet")
     except ImportError:  # pragma: no cover - pyarrow is a dependency
         pass
-    write_text_atomic(out / "summary.md", _markdown(spec, summary, errors, notes))
+    from diloco_gym.scale.sweep_markdown import sweep_markdown
+
+    text = sweep_markdown(spec.name, spec.path.name, len(spec.points), list(spec.axes), spec.fleet)
+    write_text_atomic(out / "summary.md", text(summary, errors, notes))
 
 
-def _markdown(spec: SweepSpec, summary: pd.DataFrame, errors: list[dict], notes: list[str]) -> str:
-    lines = [
-        f"# Sweep {spec.name}",
-        "",
-        f"Sweep file: `{spec.path.name}`; "
-        f"{len(spec.points)} point(s) over {', '.join(spec.axes) or 'no axis'}.",
-        "",
-    ]
-    if not summary.empty:
-        cols = [
-            "point",
-            *(f"grid.{k}" for k in spec.axes),
-            "agent",
-            "units",
-            "nonzero_units",
-            "sync_excess_pct",
-            "matched_random_pct",
-            "diff_pp",
-            "p_holm",
-            "p_holm_all_points",
-            "verdict",
-        ]
-        lines += [
-            "p_holm is Holm-adjusted across the agents of one point (the family the verdict "
-            "uses); p_holm_all_points across every agent of every point of this sweep (use "
-            "it when comparing settings). nonzero_units: units whose difference is not "
-            "exactly zero (only they carry evidence).",
-            "",
-        ]
-        lines += ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-        for _, r in summary.iterrows():
-            lines.append(
-                "| "
-                + " | ".join(f"{r[c]:.3g}" if isinstance(r[c], float) else str(r[c]) for c in cols)
-                + " |"
-            )
-        lines.append("")
-    if errors:
-        lines += [f"## Failed cells ({len(errors)})", ""]
-        lines += [f"- point {e['point']}, {e['cell']}: {e['error']}" for e in errors] + [""]
-    if notes:
-        lines += ["## Incomplete", ""] + [f"- {n}" for n in notes] + [""]
-    return "\n".join(lines)
+def _report_outputs(
+    pt: SweepPoint,
+    cal_key: str | None,
+    keys: list[str],
+    store: _Store,
+    lead: dict,
+    errors: list[dict],
+    notes: list[str],
+) -> tuple[pd.DataFrame | None, pd.DataFrame | None]:
+    """A single-host point's rows and summary from its stored cells (errors and notes on
+    missing cells appended)."""
+    from diloco_gym.eval import calibration as cal
+    from diloco_gym.eval.summary import summarise
+
+    rows: list[dict] = []
+    missing = 0
+    names = ["calibration", *(f"unit {i}" for i in range(len(keys)))] if cal_key else ["plan"]
+    for key, name in zip([cal_key, *keys] if cal_key else keys, names, strict=True):
+        rec = store.records.get(key)
+        if rec is None:
+            missing += 1
+        elif not rec["ok"]:
+            errors.append({**lead, "cell": name, "error": rec["error"]})
+        elif key.startswith("unit/"):
+            rows.extend(rec["result"]["rows"])
+    if missing:
+        notes.append(f"point {pt.index} ({_describe(pt.params)}): {missing} cell(s) not run yet")
+    if not rows:
+        return None, None
+    df = pd.DataFrame(rows)
+    table = pd.concat([pd.DataFrame([lead] * len(df)), df], axis=1)
+    rec = store.records.get(cal_key) if cal_key else None
+    if rec is None or not rec["ok"] or df["seed"].nunique() < 2:
+        why = (
+            "fewer than 2 units"
+            if rec is not None and rec["ok"]
+            else "its calibration cell is missing or failed"
+        )
+        notes.append(f"point {pt.index} ({_describe(pt.params)}): no summary ({why})")
+        return table, None
+    calib = cal.load_calibration(pt.config.calibration)
+    measured_key = pt.regime if pt.config.trace is None else pt.config.trace_sidecar
+    sim = {k: (math.nan if v is None else v) for k, v in rec["result"]["sim"].items()}
+    measured = calib.measured(measured_key)
+    verdict = cal.transfer_verdict(sim, measured, interval=cal.measured_intervals(measured))
+    summ = summarise(df, {pt.regime: verdict}, pt.config.alpha, pt.config.saturation_pct)
+    return table, pd.concat([pd.DataFrame([lead] * len(summ)), summ], axis=1)

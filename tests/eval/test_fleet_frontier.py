@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -34,8 +35,16 @@ def test_fleet_frontier_outputs_matched_syncs_and_determinism(tmp_path):
     assert (f["oracle_same_budget_pct"] <= f["matched_random_mean"] + 1e-9).all()
     write_fleet_frontier(a, tmp_path / "one")
     write_fleet_frontier(run_fleet_frontier(_config()), tmp_path / "two")
-    for name in ("frontier.csv", "frontier.json", "frontier.md"):
+    for name in ("frontier.csv", "frontier.json", "frontier.md", "frontier.png"):
         assert (tmp_path / "one" / name).is_file()
+    png = (tmp_path / "one" / "frontier.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and png[12:16] == b"IHDR"
+    # two panels side by side: 11 x 4.8 inches at 90 dpi
+    assert (int.from_bytes(png[16:20], "big"), int.from_bytes(png[20:24], "big")) == (990, 432)
+    assert "![fleet frontier](frontier.png)" in (tmp_path / "one" / "frontier.md").read_text()
+    # the configuration records the report's env, not the first budget's merge_budget
+    saved = json.loads((tmp_path / "one" / "frontier.json").read_text())
+    assert saved["config"]["env"] == {} and saved["config"]["budgets"] == [40, 60]
     one = (tmp_path / "one" / "frontier.csv").read_bytes()
     assert one == (tmp_path / "two" / "frontier.csv").read_bytes()
     with pytest.raises(FileExistsError):

@@ -199,6 +199,17 @@ def test_bad_sweep_file(tmp_path, text, match):
     assert str(cfg) in str(exc.value) and "\n" not in str(exc.value)
 
 
+def test_in_process_agents_is_a_sweep_key(tmp_path):
+    """``in_process_agents = true`` opts a sweep's points out of sealing (README); the
+    default runs them sealed, as the report does."""
+    base = 'regime = "bursty"\nagents = ["fixed-512"]\nseeds = 2\n'
+    assert not load_sweep(_write(tmp_path, base)).points[0].config.in_process_agents
+    spec = load_sweep(_write(tmp_path, base + "in_process_agents = true\n"))
+    assert spec.points[0].config.in_process_agents
+    with pytest.raises(SweepFileError, match="key 'in_process_agents' must be"):
+        load_sweep(_write(tmp_path, base + 'in_process_agents = "yes"\n'))
+
+
 def test_cli_sweep(tmp_path, capsys):
     cfg = _write(
         tmp_path,
