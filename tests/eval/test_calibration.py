@@ -1,4 +1,9 @@
-"""Calibration files: one schema (data/calibration.schema.json), errors that name the field."""
+"""Calibration files: one schema (data/calibration.schema.json), errors that name the field.
+
+Modules under test (diloco_gym/eval/calibration/): schema.py and files.py here,
+consistency.py here and in test_calibration_strict.py, transfer.py in
+test_calibration_targets.py.
+"""
 
 from __future__ import annotations
 

@@ -7,6 +7,7 @@ from collections import Counter
 
 import numpy as np
 import pytest
+from protocol_helpers import high_load_regime
 from scipy import stats
 
 import diloco_gym
@@ -433,179 +434,6 @@ def test_gate_inconclusive_overrides_a_pseudo_replicated_p():
 
 
 # --------------------------------------------------------------------------- exact scoring
-def _steady_env(rate: float, duration: float = 80.0):
-    """A short steady trace at ``rate`` req/s on the sync-heavy sidecar, corridor 8..16
-    decisions with 8 s merges: few enough schedules to enumerate them all."""
-    import dataclasses
-
-    from diloco_gym.sim.regimes import REGIMES
-
-    reg = dataclasses.replace(REGIMES["sync-heavy"], quiet_rate_rps=rate, busy_rate_rps=rate)
-    full = reg(np.random.default_rng(0))
-    keep = full.arrival_s < duration
-    tr = Trace(
-        full.arrival_s[keep],
-        full.prompt_tokens[keep],
-        full.output_tokens[keep],
-        duration,
-        network=full.network[: int(duration)],
-        checkpoint=full.checkpoint[: int(duration)],
-    )
-    params = core.EnvParams(h_min_steps=64, h_max_steps=128, merge_seconds=8.0)
-    env = diloco_gym.DiLoCoSyncEnv(regime=tr, params=params, sidecar=REGIMES["sync-heavy"].sidecar)
-    env.reset(seed=0)
-    return env
-
-
-def _high_load_regime(busy: float = 24.0):
-    """Bursty load with bursts well above the sidecar's capacity (merge backlogs outlive
-    H_min, so merges interact)."""
-    import dataclasses
-
-    from diloco_gym.sim.regimes import REGIMES
-
-    return dataclasses.replace(REGIMES["bursty"], busy_rate_rps=busy)
-
-
-@pytest.mark.parametrize("busy", [17.0, 24.0])
-def test_episode_scorer_equals_the_full_replay(busy):
-    """The windowed exact replay equals replaying the whole episode, at the default load
-    (where it is proven additive) and with 24 req/s bursts (where merges interact)."""
-    env = diloco_gym.DiLoCoSyncEnv(regime=_high_load_regime(busy))
-    gaps, replayed = [], 0
-    for seed in (0, 1):
-        env.reset(seed=seed)
-        ep, p, sc = env.episode, env.params, env.sidecar
-        scorer = protocol.EpisodeScorer(ep, p, sc)
-        for m in (8, 16, 30):
-            sch = schedules.sample_uniform(
-                ep.n_decisions, p.h_min, p.h_max, m, 150, np.random.default_rng([seed, m])
-            )
-            got = scorer.score(sch)
-            np.testing.assert_allclose(
-                got.exact_pct, protocol.replay_full(ep, sch, p, sc), rtol=0, atol=1e-9
-            )
-            ref = core.schedule_summary(ep, sch[0].tolist(), p, sc)["sync_excess_pct"]
-            assert got.exact_pct[0] == pytest.approx(ref, abs=1e-9)
-            np.testing.assert_allclose(
-                got.additive_pct, ep.merge_cost[sch].sum(axis=1) * ep.pct_per_request
-            )
-            gaps.append(np.abs(got.exact_pct - got.additive_pct).max())
-            replayed += int(got.replayed.sum())
-            if scorer.episode_proven:
-                assert not got.replayed.any()
-                np.testing.assert_array_equal(got.exact_pct, got.additive_pct)
-    if busy == 17.0:
-        assert max(gaps) == 0.0 and replayed == 0
-    else:  # the interacting path was exercised and additive scoring would be wrong
-        assert replayed > 100 and max(gaps) > 1.0
-
-
-@pytest.mark.parametrize("rate, proven", [(10.0, True), (16.0, False)])
-def test_oracle_is_the_exact_optimum_only_when_the_episode_is_proven(rate, proven):
-    env = _steady_env(rate)
-    ep, p, sc = env.episode, env.params, env.sidecar
-    scorer = protocol.EpisodeScorer(ep, p, sc)
-    assert scorer.episode_proven is proven
-    for m in (3, 6):
-        every = np.array(schedules.brute_force_schedules(ep.n_decisions, p.h_min, p.h_max, m))
-        exact = protocol.replay_full(ep, every, p, sc)
-        got = scorer.score(every)
-        np.testing.assert_allclose(got.exact_pct, exact, rtol=0, atol=1e-9)
-        orc = protocol.oracle_score(ep, m, p, sc, scorer=scorer)
-        # Proven additive: the additive optimum is exact; otherwise the instance is small
-        # enough that every feasible schedule is scored: exact too.
-        assert orc["exact_optimum"]
-        assert orc["status"] == (protocol.ORACLE_EXACT if proven else protocol.ORACLE_ENUMERATED)
-        assert orc["exact_pct"] == pytest.approx(exact.min(), abs=1e-9)
-        if proven:
-            np.testing.assert_array_equal(got.exact_pct, got.additive_pct)
-        else:
-            assert np.abs(got.exact_pct - got.additive_pct).max() > 0
-            # The additive optimum's own replay is only an upper bound on the optimum.
-            assert orc["additive_optimum_pct"] >= exact.min() - 1e-9
-
-
-def _hot_instance(rate: float, seed: int, duration: float = 80.0):
-    """:func:`_steady_env`'s short enumerable episode with its own arrivals."""
-    import dataclasses
-
-    from diloco_gym.sim.regimes import REGIMES
-
-    reg = dataclasses.replace(REGIMES["sync-heavy"], quiet_rate_rps=rate, busy_rate_rps=rate)
-    full = reg(np.random.default_rng(seed))
-    keep = full.arrival_s < duration
-    tr = Trace(
-        full.arrival_s[keep],
-        full.prompt_tokens[keep],
-        full.output_tokens[keep],
-        duration,
-        network=full.network[: int(duration)],
-        checkpoint=full.checkpoint[: int(duration)],
-    )
-    params = core.EnvParams(h_min_steps=64, h_max_steps=128, merge_seconds=8.0)
-    env = diloco_gym.DiLoCoSyncEnv(regime=tr, params=params, sidecar=REGIMES["sync-heavy"].sidecar)
-    env.reset(seed=seed)
-    return env
-
-
-@pytest.mark.slow
-def test_oracle_is_the_exact_optimum_on_enumerable_high_load_instances():
-    """Generated high-load instances (steady 16-20 req/s over capacity, merges interact):
-    the oracle equals the brute-force exact optimum in >= 95 % of them with a mean excess
-    <= 0.02 pp, where the exact replay of the additive optimum (the oracle before) does
-    not come close; every oracle schedule is feasible and scored as reported."""
-    opt, orc, add, forced = [], [], [], []
-    for rate in (16.0, 20.0):
-        for seed in range(3):
-            env = _hot_instance(rate, seed)
-            ep, p, sc = env.episode, env.params, env.sidecar
-            scorer = protocol.EpisodeScorer(ep, p, sc)
-            assert not scorer.episode_proven
-            for m in (3, 5):
-                every = np.array(
-                    schedules.brute_force_schedules(ep.n_decisions, p.h_min, p.h_max, m)
-                )
-                ex = protocol.replay_full(ep, every, p, sc)  # independent whole replays
-                o = protocol.oracle_score(ep, m, p, sc, scorer=scorer)
-                assert schedules.is_feasible(o["schedule"], ep.n_decisions, p.h_min, p.h_max)
-                assert o["exact_pct"] == pytest.approx(
-                    protocol.replay_full(ep, o["schedule"][None, :], p, sc)[0], abs=1e-9
-                )
-                assert o["status"] == protocol.ORACLE_ENUMERATED and o["exact_optimum"]
-                ls = protocol.oracle_score(ep, m, p, sc, scorer=scorer, enumerate_max=0)
-                assert ls["status"] == protocol.ORACLE_BOUND and not ls["exact_optimum"]
-                assert ls["exact_pct"] <= ls["additive_optimum_pct"] + 1e-12
-                opt.append(ex.min())
-                orc.append(o["exact_pct"])
-                add.append(o["additive_optimum_pct"])
-                forced.append(ls["exact_pct"])
-    opt, orc, add, forced = map(np.asarray, (opt, orc, add, forced))
-    assert np.mean(orc <= opt + 1e-9) >= 0.95 and np.mean(orc - opt) <= 0.02
-    # The test can fail: the replayed additive optimum is far from the optimum here.
-    assert np.mean(add <= opt + 1e-9) < 0.95 and np.mean(add - opt) > 0.02
-    # Without enumeration the local search alone is no worse than the additive optimum.
-    assert np.all(forced <= add + 1e-12) and np.mean(forced - opt) < np.mean(add - opt)
-
-
-def test_enumerate_schedules_equals_the_brute_force():
-    for n, lo, hi, m in ((40, 4, 9, 5), (71, 8, 16, 4), (30, 3, 7, 6)):
-        got = protocol.enumerate_schedules(n, lo, hi, m, cap=10**6)
-        want = schedules.brute_force_schedules(n, lo, hi, m)
-        assert got is not None and sorted(map(tuple, got.tolist())) == sorted(want)
-    assert protocol.enumerate_schedules(517, 16, 64, 12, cap=1000) is None
-
-
-def test_scorer_is_reused_only_for_the_same_episode():
-    env = diloco_gym.DiLoCoSyncEnv(regime="bursty")
-    env.reset(seed=3)
-    scorer = protocol.EpisodeScorer(env.episode, env.params, env.sidecar)
-    env.reset(seed=3)
-    assert scorer.matches(env.episode)
-    env.reset(seed=4)
-    assert not scorer.matches(env.episode)
-    with pytest.raises(ValueError, match="decisions must be in"):
-        scorer.score(np.array([[env.episode.n_decisions]]))
 
 
 def test_high_load_report_diff_equals_the_all_exact_computation(tmp_path):
@@ -619,7 +447,7 @@ def test_high_load_report_diff_equals_the_all_exact_computation(tmp_path):
     from diloco_gym.sim.loaders import save_native
     from diloco_gym.sim.regimes import REGIMES
 
-    tr = _high_load_regime(24.0)(np.random.default_rng(11))
+    tr = high_load_regime(24.0)(np.random.default_rng(11))
     path = tmp_path / "hot.csv"
     save_native(Trace(tr.arrival_s, tr.prompt_tokens, tr.output_tokens, tr.duration_s), path)
     config = ReportConfig(
@@ -677,34 +505,6 @@ def test_high_load_report_diff_equals_the_all_exact_computation(tmp_path):
     assert "upper bound" in md
 
 
-def test_episode_scorer_bounded_memory_paths_agree(monkeypatch):
-    """An hour-long high-load episode, scored with the default grid and with a grid so
-    small that every replay is split into blocks: both equal the whole-episode replay."""
-    import dataclasses
-
-    env = diloco_gym.DiLoCoSyncEnv(
-        regime=dataclasses.replace(_high_load_regime(24.0), duration_s=3600.0)
-    )
-    env.reset(seed=1)
-    ep, p, sc = env.episode, env.params, env.sidecar
-    m = ep.n_decisions // 40
-    sch = schedules.sample_uniform(
-        ep.n_decisions, p.h_min, p.h_max, m, 40, np.random.default_rng(0)
-    )
-    full = protocol.replay_full(ep, sch, p, sc)
-    big = protocol.EpisodeScorer(ep, p, sc)
-    got = big.score(sch)
-    np.testing.assert_allclose(got.exact_pct, full, rtol=0, atol=1e-9)
-    assert got.replayed.any() and not big.episode_proven
-    from diloco_gym.eval import scorer as scorer_module
-
-    monkeypatch.setattr(scorer_module, "_GRID_MAX", 3000)
-    small = protocol.EpisodeScorer(ep, p, sc)
-    np.testing.assert_array_equal(small.drain_bins, big.drain_bins)
-    np.testing.assert_array_equal(small.iso_excess, big.iso_excess)
-    np.testing.assert_array_equal(small.score(sch).exact_pct, got.exact_pct)
-
-
 def test_an_uncertain_calibration_makes_no_claim():
     """A live calibration whose interval straddles the transfer verdict supports no claim,
     whatever the data (it is not treated as calibrated)."""
@@ -720,23 +520,3 @@ def test_an_uncertain_calibration_makes_no_claim():
     interval = cal.measured_intervals(measured)
     assert cal.transfer_verdict(sim, measured, interval=interval) == "uncertain"
     assert cal.transfer_verdict(sim, measured) == "calibrated"
-
-
-def test_the_oracle_and_scorer_names_stay_importable_from_the_protocol():
-    """The oracle lives in eval/oracle.py and the exact scorer in eval/scorer.py; the
-    protocol re-exports them, so the old import paths give the same objects."""
-    from diloco_gym.eval import oracle, scorer
-
-    for name in (
-        "oracle_score",
-        "oracle_excess",
-        "enumerate_schedules",
-        "exact_local_search",
-        "ORACLE_ENUMERATE_MAX",
-        "ORACLE_EXACT",
-        "ORACLE_ENUMERATED",
-        "ORACLE_BOUND",
-    ):
-        assert getattr(protocol, name) is getattr(oracle, name), name
-    assert protocol.EpisodeScorer is scorer.EpisodeScorer
-    assert protocol.Scores is scorer.Scores
