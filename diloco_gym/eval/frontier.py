@@ -503,6 +503,7 @@ def _unit_curves(
                 "matched_random_mean": float(mr.mean()),
                 "oracle_pct": orc["exact_pct"],
                 "oracle_exact_optimum": bool(orc["exact_optimum"]),
+                "oracle_lower_bound_pct": float(orc["lower_bound_pct"]),
                 "rate_clairvoyant_pct": rc,
             }
         )

@@ -128,9 +128,12 @@ def oracle_score(
         :attr:`EpisodeScorer.episode_proven`, so the additive optimum is the exact one),
         :data:`ORACLE_ENUMERATED` when every feasible schedule was scored, and
         :data:`ORACLE_BOUND` when the schedule is a local optimum of the exact replay,
-        whose sync-excess is an upper bound on the exact optimum (no certified lower
-        bound is computed); ``exact_optimum`` is False only then.
-        ``additive_optimum_pct`` is the exact replay of the additive optimum itself.
+        whose sync-excess is an upper bound on the exact optimum; ``exact_optimum`` is
+        False only then. ``lower_bound_pct`` is a certified lower bound on the exact
+        optimum (:func:`diloco_gym.eval.lower_bound.lower_bound_pct`) when the status is
+        :data:`ORACLE_BOUND`, else the optimum itself: the optimum lies in
+        ``[lower_bound_pct, exact_pct]``. ``additive_optimum_pct`` is the exact replay of
+        the additive optimum itself.
     """
     scorer = scorer or EpisodeScorer(episode, params, sidecar)
     # Agents of a unit with the same number of merges share the oracle (one search).
@@ -164,6 +167,9 @@ def oracle_score(
     out = {
         "schedule": best,
         "exact_pct": best_v,
+        "lower_bound_pct": _certified_lower(scorer, merges, best_v)
+        if status == ORACLE_BOUND
+        else best_v,
         "additive_pct": float(scorer.cost[best].sum() * scorer.pct),
         "exact_optimum": status != ORACLE_BOUND,
         "status": status,
@@ -172,6 +178,25 @@ def oracle_score(
     }
     cache[key] = {**out, "schedule": best.copy()}
     return out
+
+
+def _certified_lower(scorer: EpisodeScorer, merges: int, best_v: float) -> float:
+    """The certified lower bound of :mod:`diloco_gym.eval.lower_bound` for this episode and
+    budget (its per-decision credits computed once per scorer), checked against the best
+    exact schedule found: a bound above a scored schedule would disprove the proof."""
+    from diloco_gym.eval.lower_bound import lower_bound_pct, pair_credits
+
+    credits = scorer.__dict__.get("_pair_credits")
+    if credits is None:
+        credits = pair_credits(scorer.episode, scorer.params, scorer.sidecar)
+        scorer.__dict__["_pair_credits"] = credits
+    lower = lower_bound_pct(scorer.episode, merges, scorer.params, scorer.sidecar, credits=credits)
+    if lower > best_v + 1e-9:
+        raise RuntimeError(
+            f"the certified lower bound {lower:.6f} pp is above a scored schedule's "
+            f"{best_v:.6f} pp at {merges} merges: the bound's monotonicity premise fails"
+        )
+    return lower
 
 
 def oracle_excess(

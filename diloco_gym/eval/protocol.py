@@ -207,7 +207,9 @@ def score_episode(
         agent), ``matched_random_mean`` / ``_p05`` / ``_p95`` and
         ``matched_random_additive_mean``, ``oracle_same_budget_pct`` (exact replay) and
         ``oracle_additive_pct``, ``oracle_schedule`` (:data:`ORACLE_EXACT` when the episode
-        is proven additive, else :data:`ORACLE_BOUND`), ``scoring``
+        is proven additive, else :data:`ORACLE_BOUND`), ``oracle_lower_bound_pct`` (a
+        certified lower bound on the exact optimum at that budget, the optimum itself where
+        it is known), ``scoring``
         (:data:`SCORING_PROVEN` when every scored schedule's merges each started from the
         no-merge queue and their exact excess equals their isolated cost, else
         :data:`SCORING_EXACT`), ``replayed_schedules`` (how many needed a windowed replay)
@@ -234,6 +236,7 @@ def score_episode(
         "oracle_same_budget_pct": float(o.exact_pct[0]),
         "oracle_additive_pct": float(o.additive_pct[0]),
         "oracle_schedule": orc["status"],
+        "oracle_lower_bound_pct": float(orc["lower_bound_pct"]),
         "scoring": SCORING_PROVEN if proven else SCORING_EXACT,
         "replayed_schedules": replayed,
         "additive_exact_gap_pp": float(gaps.max()),

@@ -27,6 +27,66 @@ __all__ = [
 ]
 
 
+def _summary_row(
+    regime: Any, agent: Any, g_all: pd.DataFrame, calib_verdicts: dict[str, str]
+) -> dict[str, Any]:
+    """One regime x agent's summary row, before the gate (:func:`summarise`)."""
+    # Overlapping windows: the test, its p-value and every summary number below come
+    # from the disjoint subset only; the other windows add descriptive means.
+    g = g_all[g_all["verdict_unit"].astype(bool)] if "verdict_unit" in g_all else g_all
+    diff = (g["sync_excess_pct"] - g["matched_random_mean"]).to_numpy()
+    diff_all = (g_all["sync_excess_pct"] - g_all["matched_random_mean"]).to_numpy()
+    test = protocol.paired_test(diff, np.random.default_rng(0))
+    agent_m = g["sync_excess_pct"].mean()
+    mr = g["matched_random_mean"].mean()
+    orc = g["oracle_same_budget_pct"].mean()
+    gap = mr - orc
+    req_per_10min = (g["requests"] * 600.0 / g["duration_s"]).mean()
+    row = {
+        "regime": regime,
+        "agent": agent,
+        "episodes": len(g),
+        "deployable": bool(g["deployable"].all()) if "deployable" in g else True,
+        "unit": g["unit"].iloc[0] if "unit" in g else "seed",
+        "units": len(g),
+        "independent": bool(g["independent"].all()) if "independent" in g else True,
+        "independent_units": (
+            int(g["independent_units"].iloc[0]) if "independent_units" in g else len(g)
+        ),
+        "nonzero_units": test["nonzero"],
+        "units_all": len(g_all),
+        "diff_pp_all_units": float(diff_all.mean()),
+        "merges": g["merges"].mean(),
+        "merges_per_hour": g["merges_per_hour"].mean(),
+        "sync_excess_pct": agent_m,
+        "excess_per_merge_pp": float((g["sync_excess_pct"] / g["merges"].clip(lower=1)).mean()),
+        "matched_random_pct": mr,
+        "matched_random_p05": g["matched_random_p05"].mean(),
+        "matched_random_p95": g["matched_random_p95"].mean(),
+        "oracle_same_budget_pct": orc,
+        "oracle_lower_bound_pct": (
+            g["oracle_lower_bound_pct"].mean() if "oracle_lower_bound_pct" in g else np.nan
+        ),
+        "diff_pp": test["mean"],
+        "diff_ci_low": test["ci_low"],
+        "diff_ci_high": test["ci_high"],
+        "p_value": test["p_value"],
+        "min_p": test["min_p"],
+        "diff_requests_per_10min": test["mean"] / 100.0 * req_per_10min,
+        "gap_captured": float((mr - agent_m) / gap) if gap > 1e-9 else float("nan"),
+        "no_sync_violation_pct": g["no_sync_violation_pct"].mean(),
+        "p95_ms": g["p95_ms"].mean(),
+        "additive_exact_gap_pp": g["additive_exact_gap_pp"].max(),
+        "scoring": _scoring_label(g),
+        "oracle_schedule": _oracle_label(g),
+        "calibration": calib_verdicts[cast(str, regime)],  # groupby keys are Hashable
+    }
+    if "quality_cost" in g:  # a learner calibration was given
+        row["pred_loss"] = g["pred_loss"].mean()
+        row["quality_cost"] = g["quality_cost"].mean()
+    return row
+
+
 def summarise(
     df: pd.DataFrame,
     calib_verdicts: dict[str, str],
@@ -49,62 +109,10 @@ def summarise(
     ``saturated`` whether the regime's mean no-merge violation rate is above
     ``saturation_pct``. The verdict follows :func:`diloco_gym.eval.protocol.gate_verdict`.
     """
-    out = []
-    for (regime, agent), g_all in df.groupby(["regime", "agent"], sort=False):
-        # Overlapping windows: the test, its p-value and every summary number below come
-        # from the disjoint subset only; the other windows add descriptive means.
-        g = g_all[g_all["verdict_unit"].astype(bool)] if "verdict_unit" in g_all else g_all
-        diff = (g["sync_excess_pct"] - g["matched_random_mean"]).to_numpy()
-        diff_all = (g_all["sync_excess_pct"] - g_all["matched_random_mean"]).to_numpy()
-        test = protocol.paired_test(diff, np.random.default_rng(0))
-        agent_m = g["sync_excess_pct"].mean()
-        mr = g["matched_random_mean"].mean()
-        orc = g["oracle_same_budget_pct"].mean()
-        gap = mr - orc
-        req_per_10min = (g["requests"] * 600.0 / g["duration_s"]).mean()
-        out.append(
-            {
-                "regime": regime,
-                "agent": agent,
-                "episodes": len(g),
-                "deployable": bool(g["deployable"].all()) if "deployable" in g else True,
-                "unit": g["unit"].iloc[0] if "unit" in g else "seed",
-                "units": len(g),
-                "independent": bool(g["independent"].all()) if "independent" in g else True,
-                "independent_units": (
-                    int(g["independent_units"].iloc[0]) if "independent_units" in g else len(g)
-                ),
-                "nonzero_units": test["nonzero"],
-                "units_all": len(g_all),
-                "diff_pp_all_units": float(diff_all.mean()),
-                "merges": g["merges"].mean(),
-                "merges_per_hour": g["merges_per_hour"].mean(),
-                "sync_excess_pct": agent_m,
-                "excess_per_merge_pp": float(
-                    (g["sync_excess_pct"] / g["merges"].clip(lower=1)).mean()
-                ),
-                "matched_random_pct": mr,
-                "matched_random_p05": g["matched_random_p05"].mean(),
-                "matched_random_p95": g["matched_random_p95"].mean(),
-                "oracle_same_budget_pct": orc,
-                "diff_pp": test["mean"],
-                "diff_ci_low": test["ci_low"],
-                "diff_ci_high": test["ci_high"],
-                "p_value": test["p_value"],
-                "min_p": test["min_p"],
-                "diff_requests_per_10min": test["mean"] / 100.0 * req_per_10min,
-                "gap_captured": float((mr - agent_m) / gap) if gap > 1e-9 else float("nan"),
-                "no_sync_violation_pct": g["no_sync_violation_pct"].mean(),
-                "p95_ms": g["p95_ms"].mean(),
-                "additive_exact_gap_pp": g["additive_exact_gap_pp"].max(),
-                "scoring": _scoring_label(g),
-                "oracle_schedule": _oracle_label(g),
-                "calibration": calib_verdicts[cast(str, regime)],  # groupby keys are Hashable
-            }
-        )
-        if "quality_cost" in g:  # a learner calibration was given
-            out[-1]["pred_loss"] = g["pred_loss"].mean()
-            out[-1]["quality_cost"] = g["quality_cost"].mean()
+    out = [
+        _summary_row(regime, agent, g_all, calib_verdicts)
+        for (regime, agent), g_all in df.groupby(["regime", "agent"], sort=False)
+    ]
     return apply_gate(pd.DataFrame(out), calib_verdicts, alpha, saturation_pct, across_settings)
 
 
@@ -177,10 +185,14 @@ def apply_gate(
 
 def scoring_summary(rows: pd.DataFrame) -> dict[str, Any]:
     """How the report was scored, for report.md / report.json: the method, how many
-    agent-episodes were proven additive, in how many the oracle is an upper bound, and the
-    largest additive-exact gap over every scored schedule."""
+    agent-episodes were proven additive, in how many the oracle is an upper bound (and, for
+    those, the largest distance to its certified lower bound), and the largest
+    additive-exact gap over every scored schedule."""
     n = len(rows)
+    known = n and "oracle_lower_bound_pct" in rows
+    bracket = rows["oracle_same_budget_pct"] - rows["oracle_lower_bound_pct"] if known else []
     return {
+        "oracle_certified_gap_pp_max": float(np.max(bracket)) if known else 0.0,
         "method": "exact replay for agent, matched-random draws and oracle alike",
         "agent_episodes": n,
         "proven_additive": int((rows["scoring"] == protocol.SCORING_PROVEN).sum()) if n else 0,

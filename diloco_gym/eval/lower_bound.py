@@ -1,0 +1,118 @@
+"""A certified lower bound on the exact optimum of an episode at a budget, for episodes
+where the oracle cannot score every schedule.
+
+Why it holds. A merge only ever slows the sidecar: the slowdown per bin grows with the merge
+mask, the Lindley backlog is monotone in the work it is fed, and a request's latency grows
+with both, so a request violated under a schedule ``S`` is violated under every schedule
+that contains ``S`` (and violated without merges stays violated). With ``V_d`` the requests
+that one merge at decision ``d`` alone adds to the no-merge violations, every schedule
+``S = (s_1 < ... < s_M)`` therefore has
+
+    exact(S) = |violated(S) minus violated(no merge)| >= |union over k of V_{s_k}|
+             >= sum over k of |V_{s_k} restricted to the requests arriving in A_k|
+
+for any disjoint sets of requests ``A_k``. Here ``A_k`` is the requests arriving between
+decision ``s_k`` and decision ``s_{k+1}`` (before ``s_2`` for the first merge, to the end
+for the last), so each term depends only on a merge and the next one: the least total over
+every feasible schedule with ``M`` merges is an exact dynamic programme over consecutive
+pairs (the corridor as in :func:`~diloco_gym.sim.schedules.optimal_schedule`), and it is a
+lower bound on every schedule's exact sync-excess, the optimum's included. Where merges do
+not interact, ``V`` of a merge lies before the next merge and the bound is the additive
+optimum, which is then exact.
+
+The sets ``V_d`` come from one whole-episode replay per decision
+(:func:`~diloco_gym.sim.sidecar.replay`, the replay the protocol's exact scorer is checked
+against), in blocks that bound memory.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from diloco_gym.envs import core
+from diloco_gym.sim.sidecar import SidecarParams, replay
+
+__all__ = ["pair_credits", "lower_bound_pct"]
+
+#: Decisions replayed at once (rows of one replay; bounds memory on long episodes).
+_BLOCK = 64
+
+
+def pair_credits(
+    episode: core.Episode, params: core.EnvParams, sidecar: SidecarParams
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per decision ``d``, the requests its merge alone adds to the violations, counted by
+    the decision interval they arrive in.
+
+    Returns:
+        ``(before, window, tail)``: ``before[d]`` counts those arriving before decision
+        ``d``; ``window[d, w]`` those arriving in decisions ``d .. d' - 1`` for the next
+        merge at ``d' = d + h_min + w`` (``w`` in ``0 .. h_max - h_min``; ``d'`` past the
+        end counts to the end); ``tail[d]`` those arriving from ``d`` on. ``before[d] +
+        tail[d]`` is the merge's isolated excess in requests.
+    """
+    n = episode.n_decisions
+    n_bins = episode.pressure_bin.size
+    width = params.h_max - params.h_min + 1
+    dec = np.minimum(episode.req_bin // params.decision_interval, n - 1)
+    base = np.asarray(episode.baseline.violated, dtype=bool)
+    before = np.zeros(n, dtype=np.int64)
+    window = np.zeros((n, width), dtype=np.int64)
+    tail = np.zeros(n, dtype=np.int64)
+    for lo in range(0, n, _BLOCK):
+        rows = np.arange(lo, min(n, lo + _BLOCK))
+        mask = core.sync_mask(rows[:, None], n_bins, params)
+        res = replay(
+            episode.base_s,
+            episode.req_bin,
+            episode.pressure_bin,
+            mask,
+            sidecar,
+            params.step_seconds,
+        )
+        added = np.asarray(res.violated, dtype=bool) & ~base[None, :]
+        r, j = np.nonzero(added)
+        counts = np.bincount(r * n + dec[j], minlength=rows.size * n).reshape(rows.size, n)
+        cum = np.zeros((rows.size, n + 1), dtype=np.int64)
+        np.cumsum(counts, axis=1, out=cum[:, 1:])
+        at = cum[np.arange(rows.size), rows]  # arrivals before each row's own decision
+        before[rows] = at
+        tail[rows] = cum[:, n] - at
+        nxt = np.minimum(rows[:, None] + params.h_min + np.arange(width)[None, :], n)
+        window[rows] = np.take_along_axis(cum, nxt, axis=1) - at[:, None]
+    return before, window, tail
+
+
+def lower_bound_pct(
+    episode: core.Episode,
+    merges: int,
+    params: core.EnvParams,
+    sidecar: SidecarParams,
+    credits: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None,
+) -> float:
+    """The certified lower bound (pp) on the exact sync-excess of every feasible schedule
+    with exactly ``merges`` merges (see the module docstring).
+
+    Raises:
+        ValueError: when no feasible schedule has ``merges`` merges.
+    """
+    n, lo_h, hi_h = episode.n_decisions, params.h_min, params.h_max
+    if merges == 0:
+        return 0.0
+    before, window, tail = (
+        credits if credits is not None else pair_credits(episode, params, sidecar)
+    )
+    width = hi_h - lo_h + 1
+    d = np.arange(n)
+    nxt = d[:, None] + lo_h + np.arange(width)[None, :]  # (n, width) candidate next merges
+    valid = nxt < n
+    edge = window.astype(np.float64)
+    g = np.where(d >= n - hi_h, tail, np.inf).astype(np.float64)  # the last merge at d
+    for _ in range(merges - 1):
+        nxt_g = np.where(valid, g[np.minimum(nxt, n - 1)], np.inf)
+        g = (edge + nxt_g).min(axis=1)
+    first = d[(d >= lo_h) & (d <= hi_h)]
+    total = (before[first] + g[first]).min() if first.size else np.inf
+    if not np.isfinite(total):
+        raise ValueError(f"no feasible schedule has {merges} merges in {n} decisions")
+    return float(total * episode.pct_per_request)
