@@ -15,6 +15,7 @@ import numpy as np
 
 from diloco_gym.envs import core, kernel
 from diloco_gym.envs.core import OBS_DIM, OBS_HIGH, OBS_INDEX, OBS_LOW, EnvParams, Episode
+from diloco_gym.envs.reward import ExactCredit
 from diloco_gym.sim import compiled
 from diloco_gym.sim import learners as lrn
 from diloco_gym.sim.learner_calibration import learner_params, load_learner_calibration
@@ -309,6 +310,7 @@ class DiLoCoSyncEnv(gym.Env[Observation, Action]):
         self._merges: list[int] = []  # the schedule so far (recorded by _cost)
         self._costs: list[float] = []
         self._owed = False
+        self._exact: ExactCredit | None = None  # reward_mode="exact"'s credit
         self._n = 0
         self._budget: core.BudgetTables | None = None
         self._exo: np.ndarray = np.zeros((1, 1, 7), dtype=np.float32)  # the episode's, 1 slot
@@ -397,6 +399,7 @@ class DiLoCoSyncEnv(gym.Env[Observation, Action]):
         self._merges.clear()
         self._costs.clear()
         self._owed = False
+        self._exact = ExactCredit(ep, p, self.sidecar) if p.reward_mode == "exact" else None
         self._exo = ep.exo[None]
         self._obs_args = kernel.observe_args(
             self._state, self._batch, self._exo, self._obs_consts, self._obs_out
@@ -442,8 +445,10 @@ class DiLoCoSyncEnv(gym.Env[Observation, Action]):
             ex2, pr2 = self._advance_forced()
             excess += ex2
             progress += pr2
-        reward = float(kernel.reward(excess, progress, self.params))
         truncated = st.d.item(0) >= n
+        if self._exact is not None:  # the marginal exact costs due now, not the isolated ones
+            excess = self._exact.due(st.d.item(0), truncated) * self.episode.reward_per_request
+        reward = float(kernel.reward(excess, progress, self.params))
         info = self._step_info(merge, overridden)
         info["reward_terms"] = {"sync_excess": -excess, "progress": progress}
         if truncated:
@@ -494,6 +499,8 @@ class DiLoCoSyncEnv(gym.Env[Observation, Action]):
             cost = self.episode.merge_cost_at(x)
             self._merges.append(x)
             self._costs.append(cost)
+            if self._exact is not None:
+                self._exact.add(x)
             return cost
         return np.array([self._cost(idx, x) for x in d.tolist()])
 
@@ -570,6 +577,8 @@ class DiLoCoSyncEnv(gym.Env[Observation, Action]):
         out["merge_decisions"] = list(self._merges)
         out["merge_times_s"] = [d * self.params.decision_seconds for d in self._merges]
         out["merge_costs_requests"] = list(self._costs)
+        if self._exact is not None:
+            out["merge_marginal_requests"] = list(self._exact.marginals)
         out["progress"] = self._state.progress_sum.item(0)
         out["regime"] = self.regime_name
         out["episode_seed"] = self.episode.seed
