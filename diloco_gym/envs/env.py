@@ -15,7 +15,7 @@ import numpy as np
 
 from diloco_gym.envs import core, kernel
 from diloco_gym.envs.core import OBS_DIM, OBS_HIGH, OBS_INDEX, OBS_LOW, EnvParams, Episode
-from diloco_gym.envs.reward import ExactCredit
+from diloco_gym.envs.reward import ExactCredit, require_additive
 from diloco_gym.sim import compiled
 from diloco_gym.sim import learners as lrn
 from diloco_gym.sim.learner_calibration import learner_params, load_learner_calibration
@@ -144,6 +144,8 @@ def configure(
     if calibration is not None:
         learners = learner_params(load_learner_calibration(calibration), learners)
     p = replace(params or EnvParams(), **overrides)
+    if owner != "DiLoCoSyncEnv":  # the exact credit is the single env's (envs/reward.py)
+        require_additive(p, owner)
     generator, default_sidecar, name = make_generator(regime)
     core.check_env_sizes(p, generator)  # before any episode is allocated
     return EnvConfig(

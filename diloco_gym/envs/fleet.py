@@ -24,6 +24,7 @@ import numpy as np
 from diloco_gym.envs import core
 from diloco_gym.envs.core import OBS_FEATURES, EnvParams, Episode
 from diloco_gym.envs.env import DiLoCoSyncEnv
+from diloco_gym.envs.reward import require_additive
 from diloco_gym.sim import fleet as fl
 from diloco_gym.sim import learners as lrn
 from diloco_gym.sim.regimes import ReplayRegime, get_regime, replay_rate_scale
@@ -97,6 +98,7 @@ class FleetSetup:
     the sync's slowdown) and nominal rates, the sync plan and the kernel parameters."""
 
     def __init__(self, fleet: fl.FleetParams, params: EnvParams) -> None:
+        require_additive(params, "DiLoCoFleetEnv")
         self.fleet = fleet
         gens: list[Any] = []
         #: trace sites: ``site -> (start_s, tiles)``; episode seed ``k`` replays the disjoint

@@ -30,6 +30,7 @@ __all__ = [
     "ExactCredit",
     "check_reward_mode",
     "nominal_rate_rps",
+    "require_additive",
     "reward_per_request",
 ]
 
@@ -48,6 +49,17 @@ def check_reward_mode(mode: Any) -> str:
             f"got {mode!r}"
         )
     return mode
+
+
+def require_additive(params: Any, owner: str) -> None:
+    """Refuse ``reward_mode="exact"`` in an env (``owner``) that credits merges only at
+    launch (the vector and the fleet env), rather than silently paying the additive reward."""
+    if params.reward_mode != "additive":
+        raise ValueError(
+            f"{owner} supports reward_mode='additive' only, got reward_mode="
+            f"{params.reward_mode!r}; the exact reward (each merge's marginal exact cost) is "
+            f"DiLoCoSyncEnv's (gym.make('DiLoCoSync-v0', reward_mode='exact'))"
+        )
 
 
 def nominal_rate_rps(generator, params: Any = None) -> float:
