@@ -98,7 +98,6 @@ class FleetSetup:
     the sync's slowdown) and nominal rates, the sync plan and the kernel parameters."""
 
     def __init__(self, fleet: fl.FleetParams, params: EnvParams) -> None:
-        require_additive(params, "DiLoCoFleetEnv")
         self.fleet = fleet
         gens: list[Any] = []
         #: trace sites: ``site -> (start_s, tiles)``; episode seed ``k`` replays the disjoint
@@ -357,6 +356,7 @@ class DiLoCoFleetEnv(DiLoCoSyncEnv):
         if fleet_kw:
             fleet = replace(fleet, **fleet_kw)
         base = replace(params or EnvParams(), **env_kw)
+        require_additive(base, "DiLoCoFleetEnv")  # its reward is the sites' isolated costs
         setup = FleetSetup(fleet, base)
         self.fleet = fleet
         self.setup = setup
