@@ -166,8 +166,10 @@ class ExactCredit:
         #: the previous merge: (start bin, entering offset, entering minimum, tail, drain bin)
         self._last: tuple[int, float, float, float, int] | None = None
         self._due: list[tuple[int, float]] = []  # (ready bin, marginal requests), unpaid
-        #: each merge's marginal exact cost (requests), in launch order.
+        #: each merge's marginal exact cost (requests), in launch order, and the bin from
+        #: which it is due (after its ``ready`` bin, see above).
         self.marginals: list[float] = []
+        self.ready_bins: list[int] = []
         #: the requests credited by :meth:`due` so far.
         self.credited = 0.0
 
@@ -205,6 +207,7 @@ class ExactCredit:
         self._last = (st, off0, min0, float(tail[0]), drain)
         self._due.append((max(ready, drain), marginal))
         self.marginals.append(marginal)
+        self.ready_bins.append(max(ready, drain))
         return marginal
 
     def due(self, decision: int, final: bool = False) -> float:
