@@ -237,13 +237,30 @@ class DiLoCoSyncEnv(gym.Env[Observation, Action]):
       request count, which depends on the future.
     * ``progress``: the global loss decrease of those merges (learner surrogate).
 
-    The only look-ahead in a reward is a merge's own cost window: ``c`` counts the requests
-    arriving during the merge (``merge_seconds``) or within ``sidecar.tail_s`` after it that
-    the merge (its slowdown and the backlog it leaves) pushes over the SLO. Two traces equal
-    up to time ``t`` give equal rewards for every step whose merges' cost windows end by
-    ``t`` (tested).
+    That is ``reward_mode="additive"`` (the default). With ``reward_mode="exact"``,
+    ``sync_excess`` = ``-scale * c`` where ``c`` is instead the sum of the *marginal exact*
+    costs due at this step (:class:`diloco_gym.envs.reward.ExactCredit`): merge ``j``'s is
+    the exact replay's extra violations of the schedule up to ``j`` minus those of the
+    schedule up to ``j - 1`` (so a merge that lands in an earlier merge's backlog pays for
+    the interaction); it is due once both schedules' backlogs have drained (bin ``r``), and
+    paid with the first observation at a decision ``d'`` with ``r < d' *
+    decision_interval``. So the reward returned with the observation at ``d'`` counts only
+    requests that arrived before ``t_(d')`` minus one training step: no look-ahead, except
+    on the episode's last step, which also pays every credit not yet due (requests up to
+    the trace's end). An episode's ``sync_excess`` terms sum to ``-scale *
+    E``, ``E`` the exact replay's sync-excess in requests, as the protocol's scorer
+    (:class:`diloco_gym.eval.protocol.EpisodeScorer`) counts it (tested to 1e-9 at 1.41x
+    bursty load, where merges interact); ``episode_summary["merge_marginal_requests"]``
+    lists the credits. Only this env has the exact credit: the vector and the fleet env
+    refuse ``reward_mode="exact"``.
 
-    Exact relation to the episode's sync-excess: over an episode the ``sync_excess`` terms
+    The only look-ahead in an additive reward is a merge's own cost window: ``c`` counts
+    the requests arriving during the merge (``merge_seconds``) or within ``sidecar.tail_s``
+    after it that the merge (its slowdown and the backlog it leaves) pushes over the SLO.
+    Two traces equal up to time ``t`` give equal rewards for every step whose merges' cost
+    windows end by ``t`` (tested).
+
+    Exact relation to the episode's sync-excess (additive mode): the ``sync_excess`` terms
     sum to ``-scale * A`` where ``A`` = ``episode_summary["additive_excess_requests"]``, the
     sum of the merges' isolated costs, and ``additive_excess_pct`` = ``A * 100 / requests``;
     so ``sum(sync_excess terms) = -10 * additive_excess_pct * requests / (nominal_rate_rps *
