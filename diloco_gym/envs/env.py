@@ -234,7 +234,10 @@ class DiLoCoSyncEnv(gym.Env[Observation, Action]):
       (``EnvParams.reward_rate_rps``, or the regime's:
       :func:`diloco_gym.envs.core.nominal_rate_rps`;
       bursty 8 req/s, so 4,800 nominal requests per 600 s window), never the episode's own
-      request count, which depends on the future.
+      request count, which depends on the future. For a replayed trace without a
+      ``target_rate_rps`` the regime's rate is the mean rate of the whole loaded trace: one
+      constant for every window, but computed from the whole file (later windows
+      included), not from a window's past; ``reward_rate_rps`` declares a causal one.
     * ``progress``: the global loss decrease of those merges (learner surrogate).
 
     That is ``reward_mode="additive"`` (the default). With ``reward_mode="exact"``,
