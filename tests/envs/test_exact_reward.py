@@ -162,3 +162,11 @@ def test_envs_without_the_exact_credit_refuse_it():
     with pytest.raises(ValueError, match="DiLoCoFleetEnv supports reward_mode='additive'"):
         DiLoCoFleetEnv(reward_mode="exact")
     DiLoCoSyncVectorEnv(num_envs=2, reward_mode="additive").close()  # the default still works
+
+
+def test_a_training_config_passes_reward_mode_as_a_string():
+    from diloco_gym.rl.config import ConfigError, parse_config
+
+    assert parse_config({"env": {"reward_mode": "exact"}}).env_params == {"reward_mode": "exact"}
+    with pytest.raises(ConfigError, match="reward_mode must be a string, got 1"):
+        parse_config({"env": {"reward_mode": 1}})
