@@ -170,3 +170,18 @@ def test_a_training_config_passes_reward_mode_as_a_string():
     assert parse_config({"env": {"reward_mode": "exact"}}).env_params == {"reward_mode": "exact"}
     with pytest.raises(ConfigError, match="reward_mode must be a string, got 1"):
         parse_config({"env": {"reward_mode": 1}})
+
+
+def test_check_env_passes_in_exact_mode_without_any_warning():
+    import warnings
+
+    from gymnasium.utils.env_checker import check_env as gym_check_env
+    from stable_baselines3.common.env_checker import check_env as sb3_check_env
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        env = gym.make("DiLoCoSync-v0", reward_mode="exact", merge_budget=20)
+        gym_check_env(env.unwrapped)
+        sb3_check_env(env.unwrapped, warn=True)
+        env.close()
+    assert [f"{w.category.__name__}: {w.message}" for w in caught] == []
