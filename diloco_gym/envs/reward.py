@@ -18,6 +18,7 @@ import numpy as np
 from diloco_gym.sim.regimes import ReplayRegime, SyntheticRegime
 from diloco_gym.sim.sidecar import (
     SidecarParams,
+    cost_horizon,
     cost_queue,
     merge_window,
     no_merge_queue,
@@ -147,6 +148,7 @@ class ExactCredit:
         self.interval = p.decision_interval
         self.w = p.merge_steps
         self.n_bins = n_bins = episode.pressure_bin.size
+        self._horizon = cost_horizon(sc, p.step_seconds, self.w)
         m0, s, prefmin = episode.queue or no_merge_queue(
             episode.base_s, episode.req_bin, episode.pressure_bin, sc, p.step_seconds
         )
@@ -186,6 +188,18 @@ class ExactCredit:
             want_state,
         )
 
+    def _tail(self, st: int, off0: float, min0: float):
+        """The merge at bin ``st`` followed to its drain or the episode's end: over its
+        cost window first, then over windows 4x longer until it has drained (the drain is
+        the first bin where the backlogs meet, so a longer window finds the same one)."""
+        length = self._horizon + 1
+        while True:
+            length = min(length, self.n_bins - st)
+            out = self._window(st, off0, min0, length, False)
+            if out[0][0][0] or length == self.n_bins - st:
+                return out
+            length *= 4
+
     def add(self, d: int) -> float:
         """A merge launched at decision ``d`` (after every earlier one): its marginal
         exact cost (requests), queued until it is due."""
@@ -201,7 +215,7 @@ class ExactCredit:
             if not drained[0]:  # the earlier backlog is still there: carry its state
                 off0, min0 = float(off1[0]), float(run1[0])
             marginal = float(seg[0]) - tail0
-        (drained, t_drain), tail = self._window(st, off0, min0, self.n_bins - st, False)
+        (drained, t_drain), tail = self._tail(st, off0, min0)
         drain = st + int(t_drain[0]) if drained[0] else self.n_bins
         marginal += float(tail[0])
         self._last = (st, off0, min0, float(tail[0]), drain)
