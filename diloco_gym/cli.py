@@ -23,13 +23,14 @@ from typing import Any, NoReturn
 
 import numpy as np
 
+from diloco_gym.commands import options
 from diloco_gym.errors import CLIError, DataError, Interrupted, UsageError
 from diloco_gym.sim.regimes import REGIMES
 
 __all__ = ["main", "CLIError", "UsageError", "DataError", "Interrupted", "CLIExit", "exit_status"]
 
 #: Trace formats of ``--format`` (kept in step with :data:`diloco_gym.sim.loaders.FORMATS`).
-TRACE_FORMATS: tuple[str, ...] = ("auto", "native", "azure", "mooncake", "burstgpt")
+TRACE_FORMATS = options.TRACE_FORMATS
 
 
 class CLIExit(SystemExit):
@@ -101,96 +102,6 @@ _PYTHON_SHOWWARNING = warnings.showwarning
 
 def _one_line(msg: str) -> str:
     return " ".join(part.strip() for part in str(msg).splitlines() if part.strip())
-
-
-def _positive_int(minimum: int):
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-        if value < minimum:
-            raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {value}")
-        return value
-
-    parse.__name__ = f"integer >= {minimum}"
-    return parse
-
-
-def _add_trace_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--trace", metavar="FILE", help="replay this trace file instead of a synthetic regime"
-    )
-    p.add_argument(
-        "--format",
-        default="auto",
-        dest="trace_format",
-        choices=TRACE_FORMATS,
-        help="trace format (default: auto, by extension and header)",
-    )
-    p.add_argument(
-        "--window-s",
-        type=float,
-        default=600.0,
-        help="with --trace: seconds per replayed window; each window is one episode (default 600)",
-    )
-    p.add_argument(
-        "--stride-s",
-        type=float,
-        default=None,
-        help="with --trace: seconds between window starts (default: the window, "
-        "so windows are disjoint and independent; a shorter stride overlaps "
-        "them and the report flags the episodes as not independent)",
-    )
-    p.add_argument(
-        "--sidecar",
-        default=None,
-        metavar="REGIME",
-        help="with --trace: the regime whose sidecar and calibration the replay "
-        "uses (default sync-heavy; --calibration replaces it with the file's "
-        "fitted sidecar when the file measured that regime)",
-    )
-    load = p.add_mutually_exclusive_group()
-    load.add_argument(
-        "--rate-scale",
-        type=float,
-        default=None,
-        metavar="X",
-        help="multiply the offered load: a regime's request rates, or replay a "
-        "trace X times faster (every request kept, the trace X times "
-        "shorter)",
-    )
-    load.add_argument(
-        "--target-utilization",
-        type=float,
-        default=None,
-        metavar="U",
-        help="instead of --rate-scale: replay at mean offered work / sidecar "
-        "capacity = U (capacity = slots / mean service time of the "
-        "replayed token mix)",
-    )
-
-
-def _add_backend_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--backend",
-        choices=("serial", "processes", "ray"),
-        default="serial",
-        help="where the cells run: this process, a local process pool, or Ray "
-        "(the extra diloco-gym[ray]); results are identical on every backend",
-    )
-    p.add_argument(
-        "--jobs",
-        type=_positive_int(1),
-        default=None,
-        help="workers for processes / a local Ray instance (default: the CPUs available)",
-    )
-    p.add_argument(
-        "--ray-address",
-        default=None,
-        help="Ray cluster to connect to ('auto': the one `ray start` runs here; "
-        "default: start a local instance); needs --backend ray",
-    )
 
 
 def _check_backend(args: argparse.Namespace) -> None:
@@ -409,6 +320,7 @@ def _no_fleet_options(args: argparse.Namespace) -> None:
         "--target-utilization": getattr(args, "target_utilization", None) is not None,
         "--format": getattr(args, "trace_format", "auto") != "auto",
         "--window-s": getattr(args, "window_s", 600.0) != 600.0,
+        "--holm-across-settings": bool(getattr(args, "holm_across_settings", False)),
     }
     given = [k for k, v in unused.items() if v]
     if given:
@@ -475,18 +387,11 @@ def _report_fleet(args: argparse.Namespace, agents: list[str]) -> int:
     return 0
 
 
-def cmd_report(args: argparse.Namespace) -> int:
-    started = time.perf_counter()
+def _report_agents(args: argparse.Namespace) -> list[str]:
+    """The report's agents (``--agents`` or every heuristic, then each ``--agent``), each
+    checked and given once."""
     from diloco_gym.agents.registry import HEURISTICS
-    from diloco_gym.eval import calibration as cal
-    from diloco_gym.eval.report import ReportConfig, prepare_out_dir, run_protocol, write_report
-    from diloco_gym.sim.traces import TraceFormatError
 
-    _check_backend(args)
-    try:
-        prepare_out_dir(args.out, args.force)
-    except (FileExistsError, IsADirectoryError, NotADirectoryError, PermissionError) as exc:
-        raise UsageError(str(exc)) from None
     agents = list(HEURISTICS) if not args.agents else list(args.agents)
     agents += list(args.agent or [])
     for a in agents:
@@ -496,6 +401,21 @@ def cmd_report(args: argparse.Namespace) -> int:
         raise UsageError(
             f"agent(s) {', '.join(map(repr, twice))} given more than once; give each agent once"
         )
+    return agents
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    started = time.perf_counter()
+    from diloco_gym.eval import calibration as cal
+    from diloco_gym.eval.report import ReportConfig, prepare_out_dir, run_protocol, write_report
+    from diloco_gym.sim.traces import TraceFormatError
+
+    _check_backend(args)
+    try:
+        prepare_out_dir(args.out, args.force)
+    except (FileExistsError, IsADirectoryError, NotADirectoryError, PermissionError) as exc:
+        raise UsageError(str(exc)) from None
+    agents = _report_agents(args)
     if getattr(args, "fleet", None):
         if args.regimes or args.trace:
             raise UsageError("--fleet replaces --regimes and --trace (the sites are in FILE)")
@@ -515,6 +435,7 @@ def cmd_report(args: argparse.Namespace) -> int:
             calibration=args.calibration,
             in_process_agents=args.in_process_agents,
             learner_calibration=args.learner_calibration,
+            holm_across_settings=args.holm_across_settings,
             **_replay_options(args),
         )
         config.require_choice()
@@ -707,6 +628,7 @@ def cmd_frontier(args: argparse.Namespace) -> int:
             calibration=args.calibration,
             in_process_agents=args.in_process_agents,
             learner_calibration=args.learner_calibration,
+            holm_across_settings=args.holm_across_settings,
             **_replay_options(args, stride=False),
         )
     except ValueError as exc:
@@ -736,7 +658,7 @@ def cmd_frontier(args: argparse.Namespace) -> int:
     for regime in config.regimes:
         d = result["dominance"]
         d = d[d["regime"] == regime] if not d.empty else d
-        print(f"{regime}: not dominated: {', '.join(fr._undominated(d)) if not d.empty else '-'}")
+        print(f"{regime}: not dominated: {', '.join(fr.undominated(d)) if not d.empty else '-'}")
     print(
         f"\nfrontier written to {out}/ (frontier.md, frontier.csv, curves.csv, frontier.json, "
         f"figures) in {time.perf_counter() - started:.1f} s"
@@ -843,15 +765,6 @@ def cmd_train(args: argparse.Namespace) -> int:
     return run_train_command(args)
 
 
-_SEED0_HELP = (
-    "first episode seed: the episodes use seeds SEED0 .. SEED0+SEEDS-1, and "
-    "the same seed always gives the same trace (default %(default)s). Seeds below "
-    "1,000,000 are never used in training (train draws its episode seeds from "
-    "[10^6, 2^30)), so the default seeds test a trained agent on traces it never "
-    "saw; another SEED0 gives an independent replication"
-)
-
-
 def _version() -> str:
     import diloco_gym
 
@@ -907,57 +820,6 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     return parser
 
 
-def _add_seed0_arg(p: argparse.ArgumentParser) -> None:
-    """``--seed0``, the first episode seed (run, report, frontier)."""
-    p.add_argument(
-        "--seed0",
-        type=_positive_int(0),
-        default=0,
-        help=_SEED0_HELP.replace(" (default %(default)s)", ""),
-    )
-
-
-def _add_calibration_arg(p: argparse.ArgumentParser) -> None:
-    """``--calibration``, the real-sidecar measurements (report, frontier)."""
-    p.add_argument(
-        "--calibration", help="real-sidecar calibration JSON (default: the shipped reference)"
-    )
-
-
-def _add_trust_arg(p: argparse.ArgumentParser) -> None:
-    """``--trust-model-file``: allow stable-baselines3's own (unpickling) model loader."""
-    p.add_argument(
-        "--trust-model-file",
-        action="store_true",
-        help="load model .zip files with stable-baselines3's own loader, which unpickles "
-        "parts of the file (runs code in it): only for files you trust. By default a "
-        "model is rebuilt from the zip's JSON and tensor-only weights, and refused when "
-        "that is not possible",
-    )
-
-
-def _add_sealing_arg(p: argparse.ArgumentParser) -> None:
-    """``--in-process-agents``: the opt-out from sealed deployable agents."""
-    p.add_argument(
-        "--in-process-agents",
-        action="store_true",
-        help="run deployable agents in the evaluating process instead of each in its own "
-        "worker process that receives only observations, action masks and public "
-        "parameters; faster, but nothing then stops an agent's code from reaching the "
-        "env, the trace or the seed (the report says so in its header)",
-    )
-
-
-def _add_fleet_arg(p: argparse.ArgumentParser) -> None:
-    """``--fleet``, a DiLoCoFleet-v0 configuration (run, report, frontier)."""
-    p.add_argument(
-        "--fleet",
-        metavar="FILE",
-        help="run on a fleet of sites (DiLoCoFleet-v0) configured by this TOML file "
-        "(docs/fleet.md; example: docs/examples/fleet.toml)",
-    )
-
-
 def _check_learner_calibration(path: str | None) -> None:
     """A bad ``--learner-calibration`` file is a data error, before any episode runs."""
     if path is not None:
@@ -969,16 +831,6 @@ def _check_learner_calibration(path: str | None) -> None:
             raise DataError(str(exc)) from None
 
 
-def _add_learner_calibration_arg(p: argparse.ArgumentParser) -> None:
-    """``--learner-calibration``, the learner model fitted to real DiLoCo runs (report,
-    frontier)."""
-    p.add_argument(
-        "--learner-calibration",
-        help="learner calibration JSON (diloco-gym calibrate-learners): adds each schedule's "
-        "model-quality price (predicted loss, cost vs fixed H at the same merges)",
-    )
-
-
 def _add_run_command(sub: Any, fmt: type[argparse.HelpFormatter]) -> None:
     """The ``run`` command's options."""
     p = sub.add_parser(
@@ -986,12 +838,12 @@ def _add_run_command(sub: Any, fmt: type[argparse.HelpFormatter]) -> None:
     )
     p.add_argument("--agent", required=True, help="agent name or trained model .zip")
     p.add_argument("--regime", default="bursty", help=f"one of {', '.join(REGIMES)}")
-    p.add_argument("--seeds", type=_positive_int(1), default=20, help="number of episodes")
-    _add_seed0_arg(p)
-    _add_trace_args(p)
-    _add_trust_arg(p)
-    _add_sealing_arg(p)
-    _add_fleet_arg(p)
+    p.add_argument("--seeds", type=options.positive_int(1), default=20, help="number of episodes")
+    options.add_seed0_arg(p)
+    options.add_trace_args(p)
+    options.add_trust_arg(p)
+    options.add_sealing_arg(p)
+    options.add_fleet_arg(p)
     p.set_defaults(func=cmd_run)
 
 
@@ -1009,27 +861,31 @@ def _add_report_command(sub: Any, fmt: type[argparse.HelpFormatter]) -> None:
     )
     p.add_argument(
         "--seeds",
-        type=_positive_int(2),
+        type=options.positive_int(2),
         default=20,
         help="episodes per regime (>= 2 for the paired test)",
     )
-    _add_seed0_arg(p)
+    options.add_seed0_arg(p)
     p.add_argument(
-        "--draws", type=_positive_int(1), default=1000, help="matched-random draws per episode"
+        "--draws",
+        type=options.positive_int(1),
+        default=1000,
+        help="matched-random draws per episode",
     )
     p.add_argument("--regimes", nargs="+", help="subset of regimes (default: all)")
     p.add_argument("--agents", nargs="+", help="heuristic agents (default: all)")
     p.add_argument(
         "--agent", action="append", help="an extra agent (name or trained model .zip); repeatable"
     )
-    _add_calibration_arg(p)
-    _add_learner_calibration_arg(p)
+    options.add_calibration_arg(p)
+    options.add_learner_calibration_arg(p)
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    _add_backend_args(p)
-    _add_trace_args(p)
-    _add_trust_arg(p)
-    _add_sealing_arg(p)
-    _add_fleet_arg(p)
+    options.add_backend_args(p)
+    options.add_trace_args(p)
+    options.add_trust_arg(p)
+    options.add_sealing_arg(p)
+    options.add_holm_arg(p, "regime x agent of the report")
+    options.add_fleet_arg(p)
     p.set_defaults(func=cmd_report)
 
 
@@ -1059,14 +915,14 @@ def _add_frontier_command(sub: Any, fmt: type[argparse.HelpFormatter]) -> None:
     )
     p.add_argument(
         "--seeds",
-        type=_positive_int(2),
+        type=options.positive_int(2),
         default=20,
         help="episodes per regime (>= 2 for the paired tests)",
     )
-    _add_seed0_arg(p)
+    options.add_seed0_arg(p)
     p.add_argument(
         "--draws",
-        type=_positive_int(1),
+        type=options.positive_int(1),
         default=1000,
         help="matched-random draws per episode and budget",
     )
@@ -1087,14 +943,15 @@ def _add_frontier_command(sub: Any, fmt: type[argparse.HelpFormatter]) -> None:
         action="append",
         help="an extra agent (name or trained model .zip) for both lists; repeatable",
     )
-    _add_calibration_arg(p)
-    _add_learner_calibration_arg(p)
+    options.add_calibration_arg(p)
+    options.add_learner_calibration_arg(p)
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    _add_trace_args(p)
-    _add_trust_arg(p)
-    _add_sealing_arg(p)
-    _add_backend_args(p)
-    _add_fleet_arg(p)
+    options.add_trace_args(p)
+    options.add_trust_arg(p)
+    options.add_sealing_arg(p)
+    options.add_backend_args(p)
+    options.add_holm_arg(p, "regime x budget x agent of the frontier")
+    options.add_fleet_arg(p)
     p.set_defaults(func=cmd_frontier)
 
 
@@ -1122,13 +979,13 @@ def _add_sweep_command(sub: Any, fmt: type[argparse.HelpFormatter]) -> None:
     )
     p.add_argument(
         "--max-cells",
-        type=_positive_int(1),
+        type=options.positive_int(1),
         default=None,
         help="stop after this many cells (rerun to continue)",
     )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    _add_backend_args(p)
-    _add_trust_arg(p)
+    options.add_backend_args(p)
+    options.add_trust_arg(p)
     p.set_defaults(func=cmd_sweep)
 
 
@@ -1159,7 +1016,7 @@ def _add_tune_command(sub: Any, fmt: type[argparse.HelpFormatter]) -> None:
     )
     p.add_argument(
         "--jobs",
-        type=_positive_int(1),
+        type=options.positive_int(1),
         default=None,
         help="CPUs of a local Ray instance (default: the CPUs available)",
     )

@@ -18,6 +18,7 @@ import diloco_gym
 from diloco_gym import cli
 from diloco_gym.cli import main
 from diloco_gym.eval import report as rep
+from diloco_gym.eval import summary
 from diloco_gym.sim.loaders import FORMATS, save_native
 from diloco_gym.sim.traces import Trace
 
@@ -186,6 +187,7 @@ def test_a_killed_run_leaves_only_leftovers_the_next_run_cleans(tmp_path):
     script = f"""
 import os, sys
 from diloco_gym.eval import report as rep
+from diloco_gym.eval import summary
 cfg = rep.ReportConfig(regimes=["bursty"], agents=["fixed-512"], seeds=2, draws=10)
 res = rep.run_protocol(cfg, progress=False)
 rep.write_report(res, {str(out)!r})
@@ -561,6 +563,29 @@ def test_report_json_and_files_of_a_cli_report(tmp_path):
     data = json.loads((out / "report.json").read_text())
     assert data["summary"][0]["merges_per_hour"] == pytest.approx(48.0)
     assert "merges_per_hour" in pd.read_csv(out / "results.csv").columns
+
+
+def test_report_holm_across_settings(tmp_path, capsys):
+    """--holm-across-settings: one Holm family over every regime x agent, named in
+    report.json and report.md; without it one family per regime, and the all-settings p
+    beside it."""
+    quick = ["--seeds", "2", "--agents", "fixed-512", "wa-diloco", "--draws", "20"]
+    args = [*quick, "--regimes", "bursty", "sync-heavy", "--no-progress"]
+    per, allf = tmp_path / "per", tmp_path / "all"
+    assert main(["report", "--out", str(per), *args]) == 0
+    assert main(["report", "--out", str(allf), *args, "--holm-across-settings"]) == 0
+    jp, ja = (json.loads((d / "report.json").read_text()) for d in (per, allf))
+    assert jp["holm_family"] == summary.HOLM_PER_SETTING
+    assert ja["holm_family"] == summary.HOLM_ACROSS_SETTINGS
+    assert {r["holm_family"] for r in jp["summary"]} == {2}
+    assert {r["holm_family"] for r in ja["summary"]} == {4}
+    p_all = [r["p_holm_all_settings"] for r in jp["summary"]]
+    assert [r["p_holm"] for r in ja["summary"]] == pytest.approx(p_all)
+    assert "--holm-across-settings makes the verdicts use it" in (per / "report.md").read_text()
+    assert summary.HOLM_ACROSS_SETTINGS in (allf / "report.md").read_text()
+    fleet = ["report", "--fleet", str(FLEET_EXAMPLE), "--out", str(tmp_path / "f")]
+    msg = _fails([*fleet, "--holm-across-settings"], capsys, 2)
+    assert "--holm-across-settings not used with --fleet" in msg
 
 
 def test_the_same_agent_twice_is_a_usage_error(tmp_path, capsys):

@@ -191,14 +191,17 @@ assert before == after == "svg", (before, after)
 
 #: Which layers each layer's modules may import (README "Layout"): sim -> envs -> agents ->
 #: eval -> rl/live/lm -> scale -> cli. ``sim`` is the simulated world with no Gymnasium;
-#: ``errors``, ``tables`` and ``backends`` (the executors) are leaf modules any layer may use;
+#: ``errors``, ``tables``, ``backends`` (the executors), ``io`` (atomic writes, JSON of numpy
+#: values, a free port) and ``text`` (numbers as text) are leaf modules any layer may use;
 #: they import nothing of the project. A key is a sub-package of ``diloco_gym`` (or a
 #: top-level module's name); its own modules may always import each other.
-_BASE = {"errors", "tables", "backends"}
+_BASE = {"errors", "tables", "backends", "io", "text"}
 LAYER_RULES = {
     "errors": {"errors"},
     "tables": {"tables"},
     "backends": {"backends"},
+    "io": {"io"},
+    "text": {"text"},
     "sim": {"sim"} | _BASE,
     "envs": {"sim", "envs"} | _BASE,
     "agents": {"sim", "envs", "agents"} | _BASE,
@@ -207,6 +210,8 @@ LAYER_RULES = {
     "live": {"sim", "envs", "agents", "eval", "live"} | _BASE,
     "lm": {"sim", "envs", "agents", "eval", "lm"} | _BASE,
     "scale": {"sim", "envs", "agents", "eval", "rl", "scale"} | _BASE,
+    # the command line's shared parts: any layer below the command line itself
+    "commands": {"sim", "envs", "agents", "eval", "rl", "live", "lm", "scale", "commands"} | _BASE,
 }
 
 

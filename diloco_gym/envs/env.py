@@ -252,7 +252,7 @@ class DiLoCoSyncEnv(gym.Env[Observation, Action]):
     on the episode's last step, which also pays every credit not yet due (requests up to
     the trace's end). An episode's ``sync_excess`` terms sum to ``-scale *
     E``, ``E`` the exact replay's sync-excess in requests, as the protocol's scorer
-    (:class:`diloco_gym.eval.protocol.EpisodeScorer`) counts it (tested to 1e-9 at 1.41x
+    (:class:`diloco_gym.eval.scorer.EpisodeScorer`) counts it (tested to 1e-9 at 1.41x
     bursty load, where merges interact); ``episode_summary["merge_marginal_requests"]``
     lists the credits. Only this env has the exact credit: the vector and the fleet env
     refuse ``reward_mode="exact"``.

@@ -173,8 +173,8 @@ def run_fleet_report(config: FleetReportConfig, progress: bool = False) -> dict[
 
     from diloco_gym.agents.fleet import fleet_agent
     from diloco_gym.agents.registry import make_agents
-    from diloco_gym.eval.report import holm
     from diloco_gym.eval.rollout import run_episode
+    from diloco_gym.eval.summary import holm
 
     started = time.perf_counter()
     env = DiLoCoFleetEnv(fleet=config.fleet, **config.env)

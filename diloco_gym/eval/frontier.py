@@ -41,7 +41,6 @@ Statistics per regime and budget (unit: the seed; seeds are independent traces):
 
 from __future__ import annotations
 
-import itertools
 import json
 import time
 from dataclasses import asdict, dataclass, field, replace
@@ -56,8 +55,21 @@ from diloco_gym.envs.env import DiLoCoSyncEnv
 from diloco_gym.eval import calibration as cal
 from diloco_gym.eval import protocol
 from diloco_gym.eval.cells import quality_columns
+from diloco_gym.eval.clairvoyant import expected_cost_pp, rate_clairvoyant_schedule
+from diloco_gym.eval.frontier_render import frontier_figure, render_markdown, undominated
+from diloco_gym.eval.frontier_stats import (
+    DOMINANCE_VERDICTS,
+    N_BOOT,
+    budget_stats,
+    dominance,
+    free_stats,
+    gap_captured,
+    holm_scope,
+    pairwise_stats,
+)
 from diloco_gym.eval.rollout import run_episode
 from diloco_gym.eval.units import episode_budget
+from diloco_gym.io import json_default
 from diloco_gym.sim.regimes import REGIMES
 from diloco_gym.sim.schedules import budget_range, sample_uniform
 
@@ -74,9 +86,14 @@ __all__ = [
     "DEFAULT_BUDGETS_PER_HOUR",
     "DEFAULT_BUDGET_AGENTS",
     "DOMINANCE_VERDICTS",
+    # statistics, from diloco_gym.eval.frontier_stats
+    "free_stats",
+    "holm_scope",
+    "N_BOOT",
+    "undominated",
 ]
 
-#: The issue's grid: 8, 10, 12, 16 and 24 merges per 10 min (8 is about the fewest the
+#: The default grid: 8, 10, 12, 16 and 24 merges per 10 min (8 is about the fewest the
 #: corridor allows in a 600 s episode; there placement has little freedom).
 DEFAULT_BUDGETS_PER_HOUR = (48.0, 60.0, 72.0, 96.0, 144.0)
 #: Agents run at every budget of the grid: the budget-aware heuristics, and the deployable
@@ -89,16 +106,6 @@ DEFAULT_BUDGET_AGENTS = (
     "wa-diloco",
     "pressure-gate",
 )
-#: The relations :func:`dominance` gives a pair of agents.
-DOMINANCE_VERDICTS = (
-    "dominates",
-    "is dominated by",
-    "no dominance (order changes across budgets)",
-    "no dominance (no significant difference)",
-    "inconclusive (too few episodes)",
-)
-#: Bootstrap resamples of the gap-captured CI.
-N_BOOT = 5000
 
 
 @dataclass
@@ -143,6 +150,9 @@ class FrontierConfig:
     #: run deployable agents in this process (``--in-process-agents``); default: sealed
     #: each in its own worker process (:mod:`diloco_gym.eval.sealed`).
     in_process_agents: bool = False
+    #: one Holm family over every regime x budget (``--holm-across-settings``) instead of
+    #: one per regime x budget.
+    holm_across_settings: bool = False
     #: learner calibration file: every point also gets its model-quality price.
     learner_calibration: str | None = None
 
@@ -383,7 +393,6 @@ def run_frontier_cell(cell: FrontierCell) -> dict[str, list[dict]]:
     # The scorer cache of the regime (reused across its units in this process).
     cache: dict[str, Any] = cached("frontier-scorers", config, regime, dict)
     rows: list[dict] = []
-    curves: list[dict] = []
     seed, gen = units[cell.unit]
     envs: _Envs = (
         shared_envs
@@ -456,24 +465,35 @@ def run_frontier_cell(cell: FrontierCell) -> dict[str, list[dict]]:
                 else np.nan,
             }
         )
-    # The curves: random placement and the oracle at every feasible budget, drawn
-    # exactly as score_episode draws them (same rng, same counts), so the curve at M
-    # is every budget-held agent's matched random at M.
-    ep = ep0
+    curves = _unit_curves(cache, ep0, env, seed, regime, config.draws)
+    # The rate-clairvoyant reference at each row's own number of merges.
+    reference = {c["budget"]: c["rate_clairvoyant_pct"] for c in curves}
+    for row in rows:
+        row["rate_clairvoyant_pct"] = reference.get(row["merges"], np.nan)
+    return {"rows": rows, "curves": curves}
+
+
+def _unit_curves(
+    cache: dict[str, Any], ep: core.Episode, env: DiLoCoSyncEnv, seed: int, regime: str, draws: int
+) -> list[dict]:
+    """One unit's curves: random placement, the oracle and the rate-clairvoyant reference
+    (:mod:`diloco_gym.eval.clairvoyant`; NaN on a replayed trace) at every feasible budget.
+    Random placement is drawn exactly as score_episode draws it (same rng, same counts), so
+    the curve at M is every budget-held agent's matched random at M."""
     scorer, counts = _scorer(cache, ep, env)
-    lo, hi = budget_range(ep.n_decisions, env.params.h_min, env.params.h_max)
+    p = env.params
+    expected = expected_cost_pp(env, seed)
+    lo, hi = budget_range(ep.n_decisions, p.h_min, p.h_max)
+    curves = []
     for m in range(max(lo, 1), hi + 1):
-        env_sched = sample_uniform(
-            ep.n_decisions,
-            env.params.h_min,
-            env.params.h_max,
-            m,
-            config.draws,
-            np.random.default_rng([seed, m, 7]),
-            counts=counts,
-        )
+        rng = np.random.default_rng([seed, m, 7])
+        env_sched = sample_uniform(ep.n_decisions, p.h_min, p.h_max, m, draws, rng, counts=counts)
         mr = scorer.score(env_sched).exact_pct
-        orc = protocol.oracle_score(ep, m, env.params, env.sidecar, scorer=scorer)
+        orc = protocol.oracle_score(ep, m, p, env.sidecar, scorer=scorer)
+        rc = np.nan
+        if expected is not None:
+            rc_sched = rate_clairvoyant_schedule(expected, p.h_min, p.h_max, m)
+            rc = float(scorer.score(rc_sched[None, :]).exact_pct[0])
         curves.append(
             {
                 "regime": regime,
@@ -483,9 +503,10 @@ def run_frontier_cell(cell: FrontierCell) -> dict[str, list[dict]]:
                 "matched_random_mean": float(mr.mean()),
                 "oracle_pct": orc["exact_pct"],
                 "oracle_exact_optimum": bool(orc["exact_optimum"]),
+                "rate_clairvoyant_pct": rc,
             }
         )
-    return {"rows": rows, "curves": curves}
+    return curves
 
 
 def run_frontier(
@@ -557,639 +578,30 @@ def run_frontier(
     curves = [point for res in done for point in res["curves"]]
     df = pd.DataFrame(rows)
     cv = pd.DataFrame(curves)
-    budget_df = budget_stats(df[df["mode"] == "budget"], calib_verdicts, config.alpha)
-    pair_df = pairwise_stats(df[df["mode"] == "budget"], config.alpha)
-    dom_df = dominance(budget_df, pair_df, config.alpha)
-    free_df = free_stats(df[df["mode"] == "free"], calib_verdicts, config.alpha)
     return {
         "rows": df,
         "curves": cv,
-        "budgets": budget_df,
-        "pairwise": pair_df,
-        "dominance": dom_df,
-        "free": free_df,
+        **_tables(df, calib_verdicts, config),
         "calibration": calib_verdicts,
         "config": asdict(config),
         "elapsed_s": time.perf_counter() - started,
     }
 
 
-# ----------------------------------------------------------------------------- statistics
-def gap_captured(
-    agent: np.ndarray,
-    random: np.ndarray,
-    oracle: np.ndarray,
-    rng: np.random.Generator,
-    n_boot: int = N_BOOT,
-) -> dict[str, float]:
-    """Share of the random-to-oracle gap an agent captures, with a bootstrap CI over units.
-
-    ``gap = (mean(random) - mean(agent)) / (mean(random) - mean(oracle))``: 0 is random
-    placement, 1 the oracle. The CI resamples the paired units (rows) with replacement and
-    takes the 2.5th and 97.5th percentiles of the resampled ratio; resamples whose oracle is
-    no better than random are left out. Undefined (NaN) when the oracle is no better than
-    random on the units given.
-    """
-    a, r, o = (np.asarray(x, dtype=np.float64) for x in (agent, random, oracle))
-    if not (a.shape == r.shape == o.shape) or a.ndim != 1 or a.size == 0:
-        raise ValueError(
-            f"gap_captured needs three equal-length 1-D arrays, got shapes "
-            f"{a.shape}, {r.shape}, {o.shape}"
-        )
-    den = r.mean() - o.mean()
-    if not den > 1e-9:
-        return {"gap": float("nan"), "ci_low": float("nan"), "ci_high": float("nan")}
-    idx = rng.integers(0, a.size, size=(n_boot, a.size))
-    num_b = r[idx].mean(axis=1) - a[idx].mean(axis=1)
-    den_b = r[idx].mean(axis=1) - o[idx].mean(axis=1)
-    ok = den_b > 1e-9
-    ratio = num_b[ok] / den_b[ok]
-    lo, hi = np.percentile(ratio, [2.5, 97.5]) if ratio.size else (np.nan, np.nan)
-    return {"gap": float((r.mean() - a.mean()) / den), "ci_low": float(lo), "ci_high": float(hi)}
-
-
-def _holm(p: np.ndarray) -> np.ndarray:
-    from diloco_gym.eval.report import holm
-
-    return holm(p) if np.size(p) else np.asarray(p, dtype=np.float64)
-
-
-def _agent_table(
-    df: pd.DataFrame, keys: list[str], calib_verdicts: dict[str, str], alpha: float
-) -> pd.DataFrame:
-    """Per ``keys`` group of agents: means, paired test vs matched random, gap captured;
-    Holm across the agents of each group (``keys`` minus ``agent``)."""
-    out = []
-    for key, g in df.groupby(keys, sort=False):
-        g = g.sort_values("seed")
-        diff = (g["sync_excess_pct"] - g["matched_random_mean"]).to_numpy()
-        test = protocol.paired_test(diff, np.random.default_rng(0))
-        gap = gap_captured(
-            g["sync_excess_pct"].to_numpy(),
-            g["matched_random_mean"].to_numpy(),
-            g["oracle_same_budget_pct"].to_numpy(),
-            np.random.default_rng(1),
-        )
-        out.append(
-            {
-                **dict(zip(keys, key if isinstance(key, tuple) else (key,), strict=True)),
-                "held": g["held"].iloc[0],
-                "deployable": bool(g["deployable"].all()),
-                "units": len(g),
-                "merges": g["merges"].mean(),
-                "merges_per_hour": g["merges_per_hour"].mean(),
-                "sync_excess_pct": g["sync_excess_pct"].mean(),
-                "matched_random_pct": g["matched_random_mean"].mean(),
-                "oracle_pct": g["oracle_same_budget_pct"].mean(),
-                "diff_pp": test["mean"],
-                "diff_ci_low": test["ci_low"],
-                "diff_ci_high": test["ci_high"],
-                "p_value": test["p_value"],
-                "nonzero_units": test["nonzero"],
-                "gap_captured": gap["gap"],
-                "gap_ci_low": gap["ci_low"],
-                "gap_ci_high": gap["ci_high"],
-                "no_sync_violation_pct": g["no_sync_violation_pct"].mean(),
-            }
-        )
-        if "quality_cost" in g:  # a learner calibration was given
-            out[-1]["pred_loss"] = g["pred_loss"].mean()
-            out[-1]["quality_cost"] = g["quality_cost"].mean()
-    res = pd.DataFrame(out)
-    if res.empty:
-        return res
-    family_keys = [k for k in keys if k != "agent"]
-    res["p_holm"] = np.nan
-    res["holm_family"] = 0
-    res["verdict"] = ""
-    for _, idx in res.groupby(
-        family_keys if len(family_keys) > 1 else family_keys[0], sort=False
-    ).groups.items():
-        k = len(idx)
-        res.loc[idx, "p_holm"] = _holm(res.loc[idx, "p_value"].to_numpy())
-        res.loc[idx, "holm_family"] = k
-        no_sync = res.loc[idx, "no_sync_violation_pct"].mean()
-        for i in idx:
-            r = res.loc[i]
-            res.loc[i, "verdict"] = protocol.gate_verdict(
-                calib_verdicts[r["regime"]],
-                r["diff_pp"],
-                r["p_holm"],
-                alpha,
-                n_units=int(r["units"]),
-                n_nonzero=int(r["nonzero_units"]),
-                n_tests=k,
-                no_sync_violation_pct=no_sync,
-            )
-    return res
-
-
-def budget_stats(
-    rows: pd.DataFrame, calib_verdicts: dict[str, str], alpha: float = protocol.ALPHA
-) -> pd.DataFrame:
-    """One row per regime x budget x budget-held agent: sync-excess, matched random, oracle,
-    the paired test against matched random (Holm across the agents at that budget), the
-    verdict and the gap captured with its bootstrap CI."""
-    if rows.empty:
-        return pd.DataFrame()
-    return _agent_table(
-        rows, ["regime", "budget_per_hour", "budget", "agent"], calib_verdicts, alpha
-    )
-
-
-def free_stats(
-    rows: pd.DataFrame, calib_verdicts: dict[str, str], alpha: float = protocol.ALPHA
-) -> pd.DataFrame:
-    """The free-budget points: one row per regime x agent at its own merges per hour
-    (Holm across the free agents of a regime), as the report computes them."""
-    if rows.empty:
-        return pd.DataFrame()
-    return _agent_table(rows, ["regime", "agent"], calib_verdicts, alpha)
-
-
-def pairwise_stats(rows: pd.DataFrame, alpha: float = protocol.ALPHA) -> pd.DataFrame:
-    """Every pair of budget-held agents at every regime x budget: paired test of
-    ``A - B`` sync-excess over the seeds both ran, Holm across the pairs at that budget.
-
-    ``best_p_holm`` is the smallest Holm-adjusted p the units could give (the family size
-    times :func:`~diloco_gym.eval.protocol.min_achievable_p`); when it is not below ``alpha``
-    no difference at that budget can be significant.
-    """
-    out = []
-    if rows.empty:
-        return pd.DataFrame()
-    for (regime, per_hour, m), g in rows.groupby(
-        ["regime", "budget_per_hour", "budget"], sort=False
-    ):
-        wide = g.pivot_table(index="seed", columns="agent", values="sync_excess_pct", sort=False)
-        names = list(dict.fromkeys(g["agent"]))
-        block = []
-        for a, b in itertools.combinations(names, 2):
-            both = wide[[a, b]].dropna()
-            diff = (both[a] - both[b]).to_numpy()
-            test = protocol.paired_test(diff, np.random.default_rng(2))
-            block.append(
-                {
-                    "regime": regime,
-                    "budget_per_hour": per_hour,
-                    "budget": m,
-                    "agent_a": a,
-                    "agent_b": b,
-                    "units": len(diff),
-                    "mean_a": float(both[a].mean()),
-                    "mean_b": float(both[b].mean()),
-                    "diff_pp": test["mean"],
-                    "diff_ci_low": test["ci_low"],
-                    "diff_ci_high": test["ci_high"],
-                    "p_value": test["p_value"],
-                    "min_p": test["min_p"],
-                }
-            )
-        if block:
-            p_holm = _holm(np.array([r["p_value"] for r in block]))
-            for r, ph in zip(block, p_holm, strict=True):
-                r["p_holm"] = float(ph)
-                r["holm_family"] = len(block)
-                r["best_p_holm"] = min(1.0, len(block) * r["min_p"])
-                r["significant"] = bool(np.isfinite(ph) and ph < alpha)
-            out.extend(block)
-    return pd.DataFrame(out)
-
-
-def dominance(
-    budgets: pd.DataFrame, pairwise: pd.DataFrame, alpha: float = protocol.ALPHA
-) -> pd.DataFrame:
-    """The dominance relation between budget-held agents, per regime.
-
-    A dominates B when at every budget both ran A's mean sync-excess is no higher than B's
-    and at least one of those differences is significant (pairwise Holm-adjusted
-    p < ``alpha``). Otherwise: ``no dominance (order changes across budgets)`` when some
-    difference is significant but the other agent is lower at another budget,
-    ``no dominance (no significant difference)`` when no difference at any budget is
-    significant (enough units to find one), and ``inconclusive (too few episodes)`` when no
-    pairwise test at any budget could reach ``alpha`` with the units given (then a missing
-    significance says nothing, and it is never called a tie).
-
-    Args:
-        budgets: :func:`budget_stats` (unused beyond the agents' order; kept for callers
-            that pass both tables).
-        pairwise: :func:`pairwise_stats`.
-
-    Returns:
-        One row per regime x ordered pair ``(agent_a, agent_b)`` (each unordered pair once,
-        in the order of the input): ``relation`` (one of :data:`DOMINANCE_VERDICTS`, read
-        "agent_a RELATION agent_b"), ``budgets`` compared, ``significant_budgets`` (where
-        the pairwise difference is significant) and ``a_lower_at`` / ``b_lower_at``.
-    """
-    out = []
-    if pairwise.empty:
-        return pd.DataFrame(
-            columns=[
-                "regime",
-                "agent_a",
-                "agent_b",
-                "relation",
-                "budgets",
-                "significant_budgets",
-                "a_lower_at",
-                "b_lower_at",
-            ]
-        )
-    for (regime, a, b), g in pairwise.groupby(["regime", "agent_a", "agent_b"], sort=False):
-        d = g["mean_a"].to_numpy() - g["mean_b"].to_numpy()
-        sig = g["significant"].to_numpy(bool)
-        bud = g["budget_per_hour"].to_numpy()
-        reachable = bool((g["best_p_holm"] < alpha).any())
-        a_le = bool(np.all(d <= 0))
-        b_le = bool(np.all(d >= 0))
-        if a_le and (sig & (d < 0)).any():
-            rel = "dominates"
-        elif b_le and (sig & (d > 0)).any():
-            rel = "is dominated by"
-        elif not reachable:
-            rel = "inconclusive (too few episodes)"
-        elif sig.any():
-            rel = "no dominance (order changes across budgets)"
-        else:
-            rel = "no dominance (no significant difference)"
-        out.append(
-            {
-                "regime": regime,
-                "agent_a": a,
-                "agent_b": b,
-                "relation": rel,
-                "budgets": len(g),
-                "significant_budgets": [float(x) for x in bud[sig]],
-                "a_lower_at": [float(x) for x in bud[d < 0]],
-                "b_lower_at": [float(x) for x in bud[d > 0]],
-            }
-        )
-    return pd.DataFrame(out)
-
-
 # ----------------------------------------------------------------------------- output
-def _fmt(x: float, nd: int = 2) -> str:
-    return "-" if x is None or not np.isfinite(x) else f"{x:.{nd}f}"
-
-
-def _fmt_p(p: float) -> str:
-    if not np.isfinite(p):
-        return "-"
-    return f"{p:.2g}" if p >= 1e-3 else f"{p:.1e}"
-
-
-_SHORT = {
-    "placement gain": "gain",
-    "tied with matched random": "tie",
-    "worse than matched random": "worse",
-    "inconclusive (too few episodes)": "inconcl.",
-    "no claim (saturated)": "no claim",
-    "no claim (uncalibrated)": "no claim",
-    "no claim (no SLO effect)": "no claim",
-}
-
-
-def render_markdown(result: dict[str, Any], figures: dict[str, str], command: str = "") -> str:
-    """frontier.md: per regime the figure, the leaderboard (gap captured per budget with its
-    CI and verdict), sync-excess per budget, the dominance relation and the free points."""
-    cfg = result["config"]
-    b, fr, dom = result["budgets"], result["free"], result["dominance"]
-    lines = ["# Frontier: sync-excess against merge rate", ""]
-    if command:
-        lines += [f"Command: `{command}`", ""]
-    if cfg.get("trace"):
-        n_units = int(result["rows"]["seed"].nunique()) if len(result["rows"]) else 0
-        units = (
-            f"{n_units} disjoint windows of {cfg['window_s']:g} s of {cfg['trace']} "
-            f"(independent units; {cfg.get('sidecar') or 'sync-heavy'} sidecar),"
-        )
-    else:
-        units = (
-            f"{cfg['seeds']} seeds per regime ({cfg['seed0']}..{cfg['seed0'] + cfg['seeds'] - 1}),"
-        )
-    lines += [
-        f"{units} {cfg['draws']} matched-random draws per episode and budget, alpha "
-        f"{cfg['alpha']}; wall time {result['elapsed_s']:.1f} s.",
-        "",
-        "Deployable agents: "
-        + (
-            "in-process (--in-process-agents: not sealed; an agent's code could reach the episode)."
-            if cfg.get("in_process_agents")
-            else "sealed, each in its own process with observations, action masks and "
-            "public parameters only; the oracle runs in the evaluating process."
-        ),
-        "",
-        "Every number is the exact replay (`protocol.EpisodeScorer`) of the agent's, the "
-        "matched-random draws' and the oracle's schedules. **Gap captured** = (matched random"
-        " - agent) / (matched random - oracle) at the same budget (0 = random placement, 1 = "
-        "the oracle), 95 % bootstrap CI over units (seeds or windows); the oracle is the "
-        "best exact schedule known at that budget (the exact optimum where merges cannot "
-        "interact or every schedule was scored, else an exact local search from the "
-        "additive optimum: an upper bound). Verdict against "
-        "matched random: paired sign-flip test, Holm across the agents at that budget. Held: "
-        "`budget-aware` agents steer by `budget_left`; `mask` agents follow their own rule "
-        "and the env's budget mask forces or forbids merges to keep exactly the budget. A "
-        "dominates B: at every budget A's sync-excess is no higher, at least one difference "
-        "significant (pairwise Holm across the pairs at a budget).",
-        "",
-    ]
-    for regime in cfg["regimes"]:
-        lines += [f"## {regime}", ""]
-        lines += [
-            f"Calibration: {result['calibration'].get(regime, '-')}. "
-            + _scoring_sentence(result["rows"], regime),
-            "",
-        ]
-        if regime in figures:
-            lines += [f"![frontier {regime}]({figures[regime]})", ""]
-        g = b[b["regime"] == regime] if not b.empty else b
-        if not g.empty:
-            per_hours = sorted(g["budget_per_hour"].unique())
-            head = "| agent | held | " + " | ".join(f"{x:g}/h" for x in per_hours) + " |"
-            lines += [
-                "### Leaderboard: gap captured [95 % CI] (verdict vs matched random)",
-                "",
-                head,
-                "|---|---|" + "---|" * len(per_hours),
-            ]
-            order = (
-                g.groupby("agent", sort=False)["gap_captured"]
-                .mean()
-                .sort_values(ascending=False)
-                .index
-            )
-            for agent in order:
-                ga = g[g["agent"] == agent].set_index("budget_per_hour")
-                cells = []
-                for x in per_hours:
-                    if x not in ga.index:
-                        cells.append("-")
-                        continue
-                    r = ga.loc[x]
-                    short = _SHORT.get(r["verdict"], r["verdict"])
-                    cells.append(
-                        f"{_fmt(r['gap_captured'])} [{_fmt(r['gap_ci_low'])}, "
-                        f"{_fmt(r['gap_ci_high'])}] ({short})"
-                    )
-                lines.append(f"| {agent} | {ga['held'].iloc[0]} | " + " | ".join(cells) + " |")
-            lines += [
-                "",
-                "### Sync-excess % per budget (agent mean over units)",
-                "",
-                "| agent | " + " | ".join(f"{x:g}/h" for x in per_hours) + " |",
-                "|---|" + "---|" * len(per_hours),
-            ]
-            for agent in order:
-                ga = g[g["agent"] == agent].set_index("budget_per_hour")
-                lines.append(
-                    f"| {agent} | "
-                    + " | ".join(
-                        _fmt(ga.loc[x, "sync_excess_pct"]) if x in ga.index else "-"
-                        for x in per_hours
-                    )
-                    + " |"
-                )
-            first = g.drop_duplicates("budget_per_hour").set_index("budget_per_hour")
-            lines.append(
-                "| *matched random* | "
-                + " | ".join(_fmt(first.loc[x, "matched_random_pct"]) for x in per_hours)
-                + " |"
-            )
-            lines.append(
-                "| *oracle (non-deployable)* | "
-                + " | ".join(_fmt(first.loc[x, "oracle_pct"]) for x in per_hours)
-                + " |"
-            )
-            lines.append(
-                "| *merges per episode* | "
-                + " | ".join(f"{int(first.loc[x, 'budget'])}" for x in per_hours)
-                + " |"
-            )
-            lines += ["", "Diff vs matched random (pp) and Holm p per budget:", ""]
-            lines += [
-                "| agent | " + " | ".join(f"{x:g}/h" for x in per_hours) + " |",
-                "|---|" + "---|" * len(per_hours),
-            ]
-            for agent in order:
-                ga = g[g["agent"] == agent].set_index("budget_per_hour")
-                lines.append(
-                    f"| {agent} | "
-                    + " | ".join(
-                        f"{ga.loc[x, 'diff_pp']:+.2f} (p {_fmt_p(ga.loc[x, 'p_holm'])})"
-                        if x in ga.index
-                        else "-"
-                        for x in per_hours
-                    )
-                    + " |"
-                )
-        d = dom[dom["regime"] == regime] if not dom.empty else dom
-        if not d.empty:
-            lines += ["", "### Dominance", ""]
-            for rel in DOMINANCE_VERDICTS:
-                dd = d[d["relation"] == rel]
-                if dd.empty:
-                    continue
-                if rel in ("dominates", "is dominated by"):
-                    pairs = [
-                        (r.agent_a, r.agent_b) if rel == "dominates" else (r.agent_b, r.agent_a)
-                        for r in dd.itertuples()
-                    ]
-                    lines += [f"* **{w}** dominates {lo_}" for w, lo_ in pairs]
-                else:
-                    lines.append(
-                        f"* {rel}: "
-                        + "; ".join(f"{r.agent_a} vs {r.agent_b}" for r in dd.itertuples())
-                    )
-            winners = _undominated(d)
-            lines += ["", f"Not dominated by any budget-held agent: {', '.join(winners)}."]
-        f = fr[fr["regime"] == regime] if not fr.empty else fr
-        if not f.empty:
-            lines += [
-                "",
-                "### Free-budget points (each agent at its own merges/h)",
-                "",
-                "| agent | merges/h | sync-excess % | matched random % | oracle % | "
-                "gap captured [CI] | Holm p | verdict |",
-                "|---|---|---|---|---|---|---|---|",
-            ]
-            for r in f.sort_values("merges_per_hour").itertuples():
-                name = r.agent + ("" if r.deployable else " (non-deployable)")
-                lines.append(
-                    f"| {name} | {r.merges_per_hour:.1f} | {_fmt(r.sync_excess_pct)} "
-                    f"| {_fmt(r.matched_random_pct)} | {_fmt(r.oracle_pct)} | "
-                    f"{_fmt(r.gap_captured)} [{_fmt(r.gap_ci_low)}, "
-                    f"{_fmt(r.gap_ci_high)}] | {_fmt_p(r.p_holm)} | {r.verdict} |"
-                )
-        lines += _quality_lines(result["rows"], regime)
-        lines.append("")
-    return "\n".join(lines)
-
-
-def _quality_lines(rows: pd.DataFrame, regime: str) -> list[str]:
-    """The two-sided trade-off per agent and budget (with a learner calibration): SLO
-    damage (sync-excess) next to the model-quality price."""
-    g = rows[rows["regime"] == regime] if "quality_cost" in rows else rows.iloc[:0]
-    if g.empty:
-        return []
-    lines = [
-        "",
-        "### Model quality (learner calibration)",
-        "",
-        "Predicted validation loss (nats/byte) after each episode's merges, and the quality "
-        "cost: its excess over fixed H with the same number of merges over the same span.",
-        "",
-        "| agent | budget merges/h | merges/h | sync-excess % | predicted loss | quality cost |",
-        "|---|---|---|---|---|---|",
-    ]
-    keys = ["agent", "mode", "budget_per_hour"]
-    for (agent, mode, per_hour), a in g.groupby(keys, sort=False, dropna=False):
-        budget = "free" if mode == "free" else f"{per_hour:g}"
-        lines.append(
-            f"| {agent} | {budget} | {a['merges_per_hour'].mean():.1f} | "
-            f"{_fmt(a['sync_excess_pct'].mean())} | {a['pred_loss'].mean():.4f} | "
-            f"{a['quality_cost'].mean():+.2e} |"
-        )
-    return lines
-
-
-def _scoring_sentence(rows: pd.DataFrame, regime: str) -> str:
-    """How a regime's rows were scored: where the oracle is the exact optimum, and the
-    largest additive-exact gap (every number itself is the exact replay)."""
-    g = rows[rows["regime"] == regime]
-    if g.empty:
-        return ""
-    bound = int((g["oracle_schedule"] != protocol.ORACLE_EXACT).sum())
-    oracle = (
-        "the oracle is the exact optimum in every agent-episode"
-        if bound == 0
-        else f"the oracle is an upper bound on the exact optimum (exact replay of the "
-        f"additive optimum) in {bound} of {len(g)} agent-episodes"
-    )
-    return (
-        f"Scoring: exact replay; {oracle}; largest additive-exact gap "
-        f"{g['additive_exact_gap_pp'].max():.3g} pp."
-    )
-
-
-def _undominated(d: pd.DataFrame) -> list[str]:
-    """Agents of one regime's dominance table that no other agent dominates."""
-    agents = list(dict.fromkeys(list(d["agent_a"]) + list(d["agent_b"])))
-    losers = set(d.loc[d["relation"] == "dominates", "agent_b"]) | set(
-        d.loc[d["relation"] == "is dominated by", "agent_a"]
-    )
-    return [a for a in agents if a not in losers]
-
-
-def frontier_figure(result: dict[str, Any], regime: str):
-    """The frontier of one regime (a matplotlib ``Figure``, drawn without pyplot):
-    sync-excess against merges per hour; matched random's and the oracle's curves over
-    every feasible budget, each budget-held agent's curve over the grid (solid:
-    budget-aware, dashed: held by the mask), and every free agent's point."""
-    from matplotlib.figure import Figure
-
-    cv = result["curves"]
-    c = (
-        cv[cv["regime"] == regime]
-        .groupby("budget_per_hour")[["matched_random_mean", "oracle_pct"]]
-        .mean()
-    )
-    fig = Figure(figsize=(9.5, 5.6))
-    ax = fig.add_subplot(1, 1, 1)
-    ax.plot(
-        c.index,
-        c["matched_random_mean"],
-        "-",
-        color="tab:orange",
-        lw=2.5,
-        alpha=0.7,
-        label="matched random (random placement)",
-    )
-    ax.plot(
-        c.index,
-        c["oracle_pct"],
-        "-",
-        color="black",
-        lw=2.5,
-        alpha=0.7,
-        label="oracle (exact DP, non-deployable)",
-    )
-    b = result["budgets"]
-    colors = iter(
-        [
-            "tab:blue",
-            "tab:green",
-            "tab:red",
-            "tab:purple",
-            "tab:brown",
-            "tab:pink",
-            "tab:olive",
-            "tab:cyan",
-            "tab:gray",
-        ]
-        * 4
-    )
-    if not b.empty:
-        for agent, g in b[b["regime"] == regime].groupby("agent", sort=False):
-            g = g.sort_values("budget_per_hour")
-            aware = g["held"].iloc[0] == "budget-aware"
-            ax.plot(
-                g["budget_per_hour"],
-                g["sync_excess_pct"],
-                "-" if aware else "--",
-                marker="o",
-                ms=4,
-                color=next(colors),
-                lw=1.6,
-                label=f"{agent} @ budget ({'budget-aware' if aware else 'held by mask'})",
-            )
-    fr = result["free"]
-    if not fr.empty:
-        f = fr[fr["regime"] == regime]
-        ax.scatter(
-            f["merges_per_hour"],
-            f["sync_excess_pct"],
-            marker="D",
-            s=30,
-            color="0.2",
-            zorder=5,
-            label="free-budget agents (own merges/h)",
-        )
-        # Labels in a column to the right of the curves, each at its point's height where
-        # it can be, pushed apart just enough not to overprint (in the points' order, so
-        # the leader lines do not cross each other much).
-        order = f.sort_values("sync_excess_pct", ascending=False)
-        y_lo, y_hi = ax.get_ylim()
-        step = (y_hi - y_lo) * 0.05
-        ty = order["sync_excess_pct"].to_numpy(dtype=float).copy()
-        for i in range(1, ty.size):
-            ty[i] = min(ty[i], ty[i - 1] - step)
-        if ty.size and ty[-1] < y_lo + step:
-            ty += y_lo + step - ty[-1]
-        x_hi = max(float(c.index.max()), float(f["merges_per_hour"].max()))
-        for r, y_text in zip(order.itertuples(), ty, strict=True):
-            name = r.agent + ("" if r.deployable else " (non-dep.)")
-            ax.annotate(
-                name,
-                (r.merges_per_hour, r.sync_excess_pct),
-                xytext=(x_hi * 1.04, y_text),
-                textcoords="data",
-                fontsize=7,
-                va="center",
-                arrowprops={"arrowstyle": "-", "lw": 0.5, "color": "0.6"},
-            )
-        ax.set_ylim(y_lo, max(y_hi, float(ty.max()) + step) if ty.size else y_hi)
-        x_lo = min(float(c.index.min()), float(f["merges_per_hour"].min()))
-        ax.set_xlim(x_lo * 0.9, x_hi * 1.35)
-    for x in sorted(set(b["budget_per_hour"])) if not b.empty else []:
-        ax.axvline(x, color="0.85", lw=0.8, zorder=0)
-    ax.set_xlabel("merges per hour (budget)")
-    ax.set_ylabel("sync-excess (pp of requests)")
-    n_units = int(cv.loc[cv["regime"] == regime, "seed"].nunique())
-    kind = "windows" if result["config"].get("trace") else "seeds"
-    ax.set_title(f"{regime}: frontier of sync-excess against merge rate ({n_units} {kind})")
-    ax.legend(fontsize=7, loc="upper left")
-    fig.tight_layout()
-    return fig
+def _tables(
+    df: pd.DataFrame, calib_verdicts: dict[str, str], config: FrontierConfig
+) -> dict[str, pd.DataFrame]:
+    """The frontier's statistics tables (:mod:`diloco_gym.eval.frontier_stats`)."""
+    across = config.holm_across_settings
+    budget_df = budget_stats(df[df["mode"] == "budget"], calib_verdicts, config.alpha, across)
+    pair_df = pairwise_stats(df[df["mode"] == "budget"], config.alpha)
+    return {
+        "budgets": budget_df,
+        "pairwise": pair_df,
+        "dominance": dominance(budget_df, pair_df, config.alpha),
+        "free": free_stats(df[df["mode"] == "free"], calib_verdicts, config.alpha, across),
+    }
 
 
 def _save_png(fig, path: Path) -> None:
@@ -1197,14 +609,6 @@ def _save_png(fig, path: Path) -> None:
 
     FigureCanvasAgg(fig)
     fig.savefig(path, dpi=90)
-
-
-def _json_default(x: Any) -> Any:
-    if isinstance(x, (np.floating, np.integer, np.bool_)):
-        return x.item()
-    if isinstance(x, np.ndarray):
-        return x.tolist()
-    return str(x)
 
 
 def write_frontier(
@@ -1241,8 +645,9 @@ def write_frontier(
             "pairwise": result["pairwise"].to_dict(orient="records"),
             "dominance": result["dominance"].to_dict(orient="records"),
             "free": result["free"].to_dict(orient="records"),
+            "holm_family": holm_scope(result["config"]),
         }
-        (tmp / "frontier.json").write_text(json.dumps(payload, indent=2, default=_json_default))
+        (tmp / "frontier.json").write_text(json.dumps(payload, indent=2, default=json_default))
         (tmp / "frontier.md").write_text(render_markdown(result, figures, command))
 
     return report.write_output_dir(out, force, fill)

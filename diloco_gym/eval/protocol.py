@@ -13,33 +13,39 @@ For each regime and agent, over N episodes (seeds):
 4. **Gate**: a paired test over episodes of the agent's sync-excess against its envelope
    mean (exact sign-flip test for up to 20 episodes, a 100,000-flip Monte Carlo test
    above), a bootstrap CI of the mean difference, and the verdict.
+
+The exact scorer is :mod:`diloco_gym.eval.scorer` and the offline oracle
+:mod:`diloco_gym.eval.oracle`; this module re-exports their public names
+(``protocol.EpisodeScorer``, ``protocol.oracle_score`` keep working).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, NamedTuple, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import gymnasium as gym
 import numpy as np
 
 from diloco_gym.envs import core
 from diloco_gym.envs.env import Action, Observation
+from diloco_gym.eval.oracle import (
+    ORACLE_BOUND,
+    ORACLE_ENUMERATE_MAX,
+    ORACLE_ENUMERATED,
+    ORACLE_EXACT,
+    enumerate_schedules,
+    exact_local_search,
+    oracle_excess,
+    oracle_score,
+)
+from diloco_gym.eval.scorer import EpisodeScorer, Scores
 from diloco_gym.sim.schedules import (
     CompletionTable,
     completion_table,
-    optimal_schedule,
     sample_uniform,
 )
-from diloco_gym.sim.sidecar import (
-    SidecarParams,
-    cost_horizon,
-    cost_queue,
-    merge_window,
-    no_merge_queue,
-    padded,
-    replay,
-)
+from diloco_gym.sim.sidecar import SidecarParams, replay
 
 if TYPE_CHECKING:
     from diloco_gym.envs.env import DiLoCoSyncEnv
@@ -63,6 +69,12 @@ __all__ = [
     "VERDICTS",
     "SATURATION_PCT",
     "N_FLIP",
+    "ORACLE_BOUND",
+    "ORACLE_ENUMERATE_MAX",
+    "ORACLE_ENUMERATED",
+    "ORACLE_EXACT",
+    "enumerate_schedules",
+    "exact_local_search",
 ]
 
 ALPHA = 0.05
@@ -93,226 +105,6 @@ VERDICTS = (
     "no claim (calibration uncertain)",
     "no claim (no SLO effect)",
 )
-
-
-#: Largest replay grid (windows x bins) the scorer holds at once (~16 MiB per array).
-_GRID_MAX = 1 << 21
-
-
-class Scores(NamedTuple):
-    """Sync-excess of a batch of schedules on one episode.
-
-    Attributes:
-        exact_pct: the exact replay's sync-excess (pp), one per schedule.
-        additive_pct: the sum of the merges' isolated costs (``episode.merge_cost``), pp.
-        replayed: the schedule had a merge that started before the previous merge's backlog
-            had drained (or whose own backlog outlived its isolated cost window), so it was
-            replayed through the queue over those windows.
-    """
-
-    exact_pct: np.ndarray
-    additive_pct: np.ndarray
-    replayed: np.ndarray
-
-
-class EpisodeScorer:
-    """Exact sync-excess of many schedules on one episode, computed only where merges act.
-
-    A merge changes the queue only from its start until its backlog re-joins the no-merge
-    backlog (the *drain* point: the first bin after its window where the two backlogs are
-    equal, which, with a real slowdown, is where the queue with the merge empties). Before
-    the first merge and after a drain the replay equals the no-merge replay, so a
-    schedule's exact sync-excess is a sum over its merges of the extra violations between
-    each merge's start and its drain (or the next merge's start, whichever is first; the
-    queue state is then carried into the next merge's window).
-
-    Per decision the scorer precomputes, for a merge started from the no-merge state, its
-    drain bin and its exact extra violations up to the drain (``iso_excess``; the same
-    arithmetic as :class:`~diloco_gym.sim.sidecar.IsolatedMergeCost`). A merge of a schedule
-    that starts from the no-merge state and drains before the next merge contributes
-    exactly ``iso_excess``; any other merge is replayed over its window from the carried
-    state. Nothing is assumed: the additive cost (``episode.merge_cost``) is compared with
-    the exact sum per schedule.
-
-    Violations are decided as in the isolated cost (backlog against the request's
-    threshold), so the scorer is bitwise consistent with ``episode.merge_cost``; a
-    whole-episode replay (:func:`replay_full`, the env's episode summary) decides them
-    from the latency and rounds differently, so the two can differ by a request whose
-    latency is within rounding (~1e-15 s) of the SLO (measured: one request in each of 2 of
-    the default report's 800 agent-episodes).
-
-    ``episode_proven``: every decision's isolated merge drains within ``H_min`` and its
-    exact excess equals its isolated cost, so *every* feasible schedule of the episode has
-    exact == additive sync-excess (each merge starts from the no-merge state); then the
-    additive optimum is the exact optimum.
-    """
-
-    def __init__(
-        self, episode: core.Episode, params: core.EnvParams, sidecar: SidecarParams
-    ) -> None:
-        p, sc = params, sidecar
-        self.episode, self.params, self.sidecar = episode, params, sidecar
-        self.interval = p.decision_interval
-        self.w = p.merge_steps
-        self.n_bins = n_bins = episode.pressure_bin.size
-        self.pct = episode.pct_per_request
-        self.cost = np.asarray(episode.merge_cost, dtype=np.float64)
-        m0, s, prefmin = episode.queue or no_merge_queue(
-            episode.base_s, episode.req_bin, episode.pressure_bin, sc, p.step_seconds
-        )
-        # Windows of one block share a length (the longest), so one starting near the end
-        # reads up to n_bins past it (padding: index clipping; masked out after its length).
-        size = 2 * (n_bins + 1) + self.w
-        self._q = cost_queue(
-            episode.base_s,
-            episode.req_bin,
-            episode.baseline.violated,
-            m0[None, :],
-            s[None, :],
-            sc,
-            p.step_seconds,
-            size,
-        )
-        self._prefmin = padded(prefmin, size)
-        self._base_bl = self._q.s[0] - self._prefmin  # the no-merge backlog (as replay's)
-        horizon = cost_horizon(sc, p.step_seconds, self.w)
-        starts = np.arange(episode.n_decisions, dtype=np.int64) * self.interval
-        # Each decision's isolated merge, followed over its cost window (+1 bin) first, and
-        # those still perturbing the queue then over windows 4x longer each round, up to
-        # the episode's end (bounded memory on long traces; one round on the shipped ones).
-        length = np.minimum(horizon + 1, n_bins - starts)
-        (drained, t_drain), excess = self._windows(
-            starts, np.zeros(starts.size), self._prefmin[starts], length
-        )
-        span = 4 * (horizon + 1)
-        while True:
-            todo = np.flatnonzero(~drained & (length < n_bins - starts))
-            if todo.size == 0:
-                break
-            length[todo] = np.minimum(span, n_bins - starts[todo])
-            (d2, t2), e2 = self._windows(
-                starts[todo], np.zeros(todo.size), self._prefmin[starts[todo]], length[todo]
-            )
-            drained[todo], t_drain[todo], excess[todo] = d2, t2, e2
-            span *= 4
-        drain = (drained, t_drain)
-        #: Bins from a merge's start to its drain (or to the episode's end), per decision.
-        self.drain_bins = drain[1]
-        #: Extra violated requests of an isolated merge at each decision, exact.
-        self.iso_excess = excess
-        h_min_bins = p.h_min * self.interval
-        self.episode_proven = bool(
-            np.all(self.drain_bins <= h_min_bins) and np.array_equal(self.iso_excess, self.cost)
-        )
-
-    def matches(self, episode: core.Episode) -> bool:
-        """Whether ``episode`` has this scorer's replay inputs (an episode rebuilt from the
-        same seed does), so the scorer can be reused for it."""
-        e = self.episode
-        return episode is e or (
-            episode.n_decisions == e.n_decisions
-            and np.array_equal(episode.base_s, e.base_s)
-            and np.array_equal(episode.req_bin, e.req_bin)
-            and np.array_equal(episode.pressure_bin, e.pressure_bin)
-        )
-
-    def _windows(
-        self,
-        st: np.ndarray,
-        off0: np.ndarray,
-        min0: np.ndarray,
-        length: np.ndarray,
-        want_state: bool = False,
-    ):
-        """:meth:`_windows_block` over blocks of rows of at most ``_GRID_MAX`` grid cells."""
-        r = st.size
-        per = max(1, _GRID_MAX // max(1, int(length.max()) if r else 1))
-        if r <= per:
-            return self._windows_block(st, off0, min0, length, want_state)
-        parts = [
-            self._windows_block(
-                st[i : i + per],
-                off0[i : i + per],
-                min0[i : i + per],
-                length[i : i + per],
-                want_state,
-            )
-            for i in range(0, r, per)
-        ]
-        drained = np.concatenate([q[0][0] for q in parts])
-        t_drain = np.concatenate([q[0][1] for q in parts])
-        excess = np.concatenate([q[1] for q in parts])
-        if not want_state:
-            return (drained, t_drain), excess
-        return (
-            (drained, t_drain),
-            excess,
-            (np.concatenate([q[2][0] for q in parts]), np.concatenate([q[2][1] for q in parts])),
-        )
-
-    def _windows_block(
-        self,
-        st: np.ndarray,
-        off0: np.ndarray,
-        min0: np.ndarray,
-        length: np.ndarray,
-        want_state: bool = False,
-    ):
-        """Replay windows ``[st, st + length)`` each holding one merge at ``st``, entering
-        with running-sum offset ``off0`` and running minimum ``min0`` (the no-merge state:
-        0 and ``prefmin[st]``).
-
-        Returns ``((drained, t_drain), excess[, (offset, run)])``: whether and where (bins
-        from ``st``; ``length`` when not) the backlog re-joined the no-merge backlog, the
-        extra violations before that, and the state to carry into the next window.
-        """
-        return merge_window(
-            self._q, self._base_bl, st, off0, min0, length, self.w, self.sidecar, want_state
-        )
-
-    def score(self, schedules: np.ndarray) -> Scores:
-        """Exact and additive sync-excess (pp) of ``(K, M)`` schedules (decision indices)."""
-        sch = np.asarray(schedules, dtype=np.int64)
-        if sch.ndim != 2:
-            raise ValueError(f"schedules must be a (K, M) array, got shape {sch.shape}")
-        k, m = sch.shape
-        if m == 0:
-            return Scores(np.zeros(k), np.zeros(k), np.zeros(k, bool))
-        if sch.min() < 0 or sch.max() >= self.episode.n_decisions:
-            raise ValueError(
-                f"schedule decisions must be in 0..{self.episode.n_decisions - 1}"
-                f", got {int(sch.min())}..{int(sch.max())}"
-            )
-        additive = self.cost[sch].sum(axis=1) * self.pct
-        if self.episode_proven:
-            return Scores(self.iso_excess[sch].sum(axis=1) * self.pct, additive, np.zeros(k, bool))
-        total = np.zeros(k)
-        replayed = np.zeros(k, bool)
-        carried = np.zeros(k, bool)
-        c_off = np.zeros(k)
-        c_run = np.zeros(k)
-        starts = sch * self.interval
-        for j in range(m):
-            st = starts[:, j]
-            nxt = starts[:, j + 1] if j + 1 < m else np.full(k, self.n_bins)
-            iso = ~carried & (st + self.drain_bins[sch[:, j]] <= nxt)
-            total[iso] += self.iso_excess[sch[iso, j]]
-            rows = np.flatnonzero(~iso)
-            carried[iso] = False
-            if rows.size == 0:
-                continue
-            replayed[rows] = True
-            st_r = st[rows]
-            was = carried[rows]
-            off0 = np.where(was, c_off[rows], 0.0)
-            min0 = np.where(was, c_run[rows], self._prefmin[st_r])
-            (drained, _), exc, (off1, run1) = self._windows(
-                st_r, off0, min0, nxt[rows] - st_r, want_state=True
-            )
-            total[rows] += exc
-            carried[rows] = ~drained
-            c_off[rows], c_run[rows] = off1, run1
-        return Scores(total * self.pct, additive, replayed)
 
 
 def replay_many(
@@ -393,177 +185,9 @@ def envelope(
     return episode.merge_cost[sch].sum(axis=1) * episode.pct_per_request
 
 
-def _feasible_rows(sch: np.ndarray, n: int, h_min: int, h_max: int) -> np.ndarray:
-    """Which rows of ``(K, M)`` schedules are feasible (:func:`schedules.is_feasible`)."""
-    d = np.concatenate([np.zeros((sch.shape[0], 1), np.int64), sch], axis=1)
-    gaps = np.diff(d, axis=1)
-    return (
-        np.all((gaps >= h_min) & (gaps <= h_max), axis=1)
-        & (sch[:, -1] <= n - 1)
-        & ((n - 1) - sch[:, -1] < h_max)
-    )
-
-
-def _neighbours(s: np.ndarray, n: int, h_min: int, h_max: int) -> np.ndarray:
-    """Feasible schedules one move from ``s``: one merge moved anywhere between its
-    neighbours, or every merge from the j-th on shifted by the same number of decisions."""
-    m = s.size
-    out = []
-    for j in range(m):
-        prev = s[j - 1] if j else 0
-        pos = np.arange(prev + h_min, min(prev + h_max, n - 1) + 1)
-        pos = pos[pos != s[j]]
-        c = np.repeat(s[None, :], pos.size, axis=0)
-        c[:, j] = pos
-        out.append(c)
-        delta = np.arange(-h_max, h_max + 1)
-        delta = delta[delta != 0]
-        c = np.repeat(s[None, :], delta.size, axis=0)
-        c[:, j:] += delta[:, None]
-        out.append(c)
-    cand = np.concatenate(out)
-    cand = cand[(cand.min(axis=1) >= 0) & (cand.max(axis=1) < n)]
-    return cand[_feasible_rows(cand, n, h_min, h_max)]
-
-
-#: Largest number of feasible schedules the oracle scores one by one (exact optimum).
-ORACLE_ENUMERATE_MAX = 250_000
-
-
-def enumerate_schedules(n: int, h_min: int, h_max: int, m: int, cap: int) -> np.ndarray | None:
-    """Every feasible schedule with exactly ``m`` merges as an ``(K, m)`` array, or ``None``
-    when there are more than ``cap`` (partial schedules are extended merge by merge, keeping
-    only those that can still end feasibly)."""
-    cur = np.zeros((1, 0), dtype=np.int64)
-    last = np.zeros(1, dtype=np.int64)
-    offs = np.arange(h_min, h_max + 1, dtype=np.int64)
-    for k in range(m):
-        left = m - k - 1  # merges still to place after this one
-        nxt = last[:, None] + offs[None, :]
-        ok = (nxt + left * h_min <= n - 1) & (nxt + left * h_max >= n - h_max)
-        r, c = np.nonzero(ok)
-        if r.size > cap:
-            return None
-        last = nxt[r, c]
-        cur = np.concatenate([cur[r], last[:, None]], axis=1)
-    return cur
-
-
-def exact_local_search(
-    scorer: EpisodeScorer, start: np.ndarray, max_rounds: int = 200
-) -> tuple[np.ndarray, float, int]:
-    """Best-improvement local search on the exact replay from ``start``.
-
-    Every round scores all of the schedule's neighbours (:func:`_neighbours`: single merge
-    moves and suffix shifts) by the exact replay (:meth:`EpisodeScorer.score`, batched) and
-    moves to the best one while it lowers the exact sync-excess by more than 1e-12 pp.
-
-    Returns:
-        ``(schedule, exact_pct, rounds)``: a local optimum of the exact replay under these
-        moves (no neighbour is better), not proven globally optimal.
-    """
-    p = scorer.params
-    n = scorer.episode.n_decisions
-    best = np.asarray(start, dtype=np.int64).copy()
-    best_v = float(scorer.score(best[None, :]).exact_pct[0])
-    rounds = 0
-    while best.size and rounds < max_rounds:
-        cand = _neighbours(best, n, p.h_min, p.h_max)
-        if cand.size == 0:
-            break
-        v = scorer.score(cand).exact_pct
-        i = int(np.argmin(v))
-        if not v[i] < best_v - 1e-12:
-            break
-        best, best_v = cand[i].copy(), float(v[i])
-        rounds += 1
-    return best, best_v, rounds
-
-
-def oracle_score(
-    episode: core.Episode,
-    merges: int,
-    params: core.EnvParams,
-    sidecar: SidecarParams,
-    scorer: EpisodeScorer | None = None,
-    enumerate_max: int = ORACLE_ENUMERATE_MAX,
-) -> dict:
-    """The offline oracle at exactly ``merges`` merges: the exact optimum of the additive
-    cost (dynamic programme), replayed exactly; where merges can interact, the exact
-    optimum by scoring every feasible schedule when there are at most ``enumerate_max``
-    of them, else an exact local search (:func:`exact_local_search`) from it.
-
-    Returns:
-        ``{"schedule", "exact_pct", "additive_pct", "exact_optimum", "status",
-        "additive_optimum_pct", "search_rounds"}``: the best exact schedule found and its
-        exact and additive sync-excess. ``status`` is :data:`ORACLE_EXACT` when the episode
-        is proven additive (every schedule's exact sync-excess equals its additive one,
-        :attr:`EpisodeScorer.episode_proven`, so the additive optimum is the exact one),
-        :data:`ORACLE_ENUMERATED` when every feasible schedule was scored, and
-        :data:`ORACLE_BOUND` when the schedule is a local optimum of the exact replay,
-        whose sync-excess is an upper bound on the exact optimum (no certified lower
-        bound is computed); ``exact_optimum`` is False only then.
-        ``additive_optimum_pct`` is the exact replay of the additive optimum itself.
-    """
-    scorer = scorer or EpisodeScorer(episode, params, sidecar)
-    # Agents of a unit with the same number of merges share the oracle (one search).
-    cache = scorer.__dict__.setdefault("_oracle_cache", {})
-    key = (int(merges), int(enumerate_max))
-    if key in cache:
-        return {**cache[key], "schedule": cache[key]["schedule"].copy()}
-    sched, _ = optimal_schedule(scorer.cost, params.h_min, params.h_max, merges)
-    sc = scorer.score(sched[None, :])
-    base = float(sc.exact_pct[0])
-    rounds = 0
-    best, best_v = sched, base
-    status = ORACLE_EXACT
-    if not scorer.episode_proven and sched.size:
-        every = enumerate_schedules(
-            scorer.episode.n_decisions,
-            params.h_min,
-            params.h_max,
-            merges,
-            enumerate_max,
-        )
-        if every is not None:
-            v = scorer.score(every).exact_pct
-            i = int(np.argmin(v))
-            if v[i] < best_v:
-                best, best_v = every[i].copy(), float(v[i])
-            status = ORACLE_ENUMERATED
-        else:
-            best, best_v, rounds = exact_local_search(scorer, sched)
-            status = ORACLE_BOUND
-    out = {
-        "schedule": best,
-        "exact_pct": best_v,
-        "additive_pct": float(scorer.cost[best].sum() * scorer.pct),
-        "exact_optimum": status != ORACLE_BOUND,
-        "status": status,
-        "additive_optimum_pct": base,
-        "search_rounds": rounds,
-    }
-    cache[key] = {**out, "schedule": best.copy()}
-    return out
-
-
-def oracle_excess(
-    episode: core.Episode, merges: int, params: core.EnvParams, sidecar: SidecarParams
-) -> tuple[float, np.ndarray]:
-    """Exact sync-excess (pp) of the offline oracle's schedule at exactly ``merges`` merges
-    (see :func:`oracle_score`)."""
-    o = oracle_score(episode, merges, params, sidecar)
-    return o["exact_pct"], o["schedule"]
-
-
 #: Per-row scoring labels (results.csv ``scoring`` / ``oracle_schedule``).
 SCORING_PROVEN = "additive (proven equal)"
 SCORING_EXACT = "exact"
-ORACLE_EXACT = "exact optimum"
-ORACLE_ENUMERATED = "exact optimum (every feasible schedule scored)"
-ORACLE_BOUND = (
-    "upper bound (best exact schedule found: exact local search from the additive optimum)"
-)
 
 
 def score_episode(

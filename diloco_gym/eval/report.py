@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
@@ -25,12 +25,27 @@ from diloco_gym.eval.outlock import (
     release_out_lock,
     remove_stale_lock,
 )
+from diloco_gym.eval.summary import (
+    apply_gate,
+    holm,
+    holm_family,
+    scoring_summary,
+    summarise,
+)
+from diloco_gym.io import json_default
 from diloco_gym.sim.regimes import REGIMES
+from diloco_gym.text import fmt as _fmt
+from diloco_gym.text import fmt_p as _fmt_p
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
 __all__ = [
+    # the summary statistics live in diloco_gym.eval.summary; re-exported here
+    "summarise",
+    "apply_gate",
+    "holm",
+    "scoring_summary",
     "ReportConfig",
     "run_protocol",
     "write_report",
@@ -115,6 +130,9 @@ class ReportConfig:
     alpha: float = protocol.ALPHA
     saturation_pct: float = protocol.SATURATION_PCT
     in_process_agents: bool = False
+    #: Holm-correct across every regime (setting) of the report instead of within each
+    #: (``--holm-across-settings``): the verdicts then hold for the whole comparison.
+    holm_across_settings: bool = False
     #: learner calibration file: adds the model-quality price (predicted validation loss of
     #: each schedule, and its excess over fixed H with as many merges) next to sync-excess.
     learner_calibration: str | None = None
@@ -268,37 +286,8 @@ def run_protocol(
         release_cached()  # this process's sealed agents' workers end with the run
     by_cell = {(c.regime, c.unit): r for c, r in zip(cells, done, strict=True)}
     for regime, measured_key, fitted, n_units in plan:
-        measured = calib.measured(measured_key)
         got = by_cell[(regime, None)]
-        sim, trace_sim, u_cal = got["sim"], got["trace_sim"], got["u_cal"]
-        verdict = cal.transfer_verdict(sim, measured, interval=cal.measured_intervals(measured))
-        on = calib.measured_on(measured_key)
-        load = loads[regime]
-        calib_rows.append(
-            {
-                "regime": regime,
-                "measured_on": on
-                + (
-                    ""
-                    if on in calib.user_regimes or calib.path.startswith("diloco_gym/")
-                    else " (reference)"
-                ),
-                "sidecar": ("fitted (calibration file)" if fitted else f"{measured_key} default"),
-                **{f"real_{k}": measured.get(k) for k in cal.METRICS},
-                **{f"sim_{k}": v for k, v in sim.items()},
-                **{f"trace_sim_{k}": trace_sim.get(k) for k in cal.METRICS},
-                "capacity_rps": load["capacity_rps"],
-                "utilization": load["utilization"],
-                "rate_scale": load["rate_scale"],
-                "idle_violation_pct": load["idle_violation_pct"],
-                "calibration_utilization": (
-                    u_cal
-                    if u_cal is not None
-                    else REGIMES[measured_key].with_load(fitted).utilization(fitted)
-                ),
-                "verdict": verdict,
-            }
-        )
+        calib_rows.append(_calibration_row(calib, regime, measured_key, fitted, got, loads[regime]))
         for i in range(n_units):
             got = by_cell[(regime, i)]
             rows.extend(got["rows"])
@@ -306,7 +295,11 @@ def run_protocol(
                 timelines.setdefault(regime, got["timeline"])
     df = pd.DataFrame(rows)
     summary = summarise(
-        df, {r["regime"]: r["verdict"] for r in calib_rows}, config.alpha, config.saturation_pct
+        df,
+        {r["regime"]: r["verdict"] for r in calib_rows},
+        config.alpha,
+        config.saturation_pct,
+        across_settings=config.holm_across_settings,
     )
     return {
         "rows": df,
@@ -323,142 +316,41 @@ def run_protocol(
     }
 
 
+def _calibration_row(
+    calib: Any, regime: str, measured_key: str, fitted: Any, got: dict, load: dict
+) -> dict[str, Any]:
+    """One regime's effect-size transfer row: the real measurements beside the simulated
+    ones (``got``: the regime's calibration cell), its load and the transfer verdict."""
+    measured = calib.measured(measured_key)
+    sim, trace_sim, u_cal = got["sim"], got["trace_sim"], got["u_cal"]
+    verdict = cal.transfer_verdict(sim, measured, interval=cal.measured_intervals(measured))
+    on = calib.measured_on(measured_key)
+    own = on in calib.user_regimes or calib.path.startswith("diloco_gym/")
+    return {
+        "regime": regime,
+        "measured_on": on + ("" if own else " (reference)"),
+        "sidecar": ("fitted (calibration file)" if fitted else f"{measured_key} default"),
+        **{f"real_{k}": measured.get(k) for k in cal.METRICS},
+        **{f"sim_{k}": v for k, v in sim.items()},
+        **{f"trace_sim_{k}": trace_sim.get(k) for k in cal.METRICS},
+        "capacity_rps": load["capacity_rps"],
+        "utilization": load["utilization"],
+        "rate_scale": load["rate_scale"],
+        "idle_violation_pct": load["idle_violation_pct"],
+        "calibration_utilization": (
+            u_cal
+            if u_cal is not None
+            else REGIMES[measured_key].with_load(fitted).utilization(fitted)
+        ),
+        "verdict": verdict,
+    }
+
+
 def sealing_mode(in_process: bool) -> str:
     """How deployable agents ran (report.json ``agent_sealing``, the report's header)."""
     from diloco_gym.eval.sealed import IN_PROCESS, SEALED
 
     return IN_PROCESS if in_process else SEALED
-
-
-def summarise(
-    df: pd.DataFrame,
-    calib_verdicts: dict[str, str],
-    alpha: float,
-    saturation_pct: float = protocol.SATURATION_PCT,
-) -> pd.DataFrame:
-    """One row per regime x agent: means, CI, paired test, gap share, verdict.
-
-    ``units`` is the number of independent paired units (episodes: seeds, or disjoint
-    trace windows) behind the test and every summary number; ``independent`` is False for
-    overlapping windows, whose test then runs on the disjoint subset picked greedily
-    from the first window (``independent_units`` of them; ``units_all`` counts every
-    window, and ``diff_pp_all_units`` is their mean difference, descriptive only: never a
-    p-value or a verdict). ``nonzero_units`` counts the units whose difference is not
-    zero (only they can carry evidence in a sign-flip test), ``best_p_holm`` is the
-    smallest Holm-adjusted p they could give across the regime's agents, ``units_needed``
-    the fewest non-zero units for which it is below ``alpha``, and
-    ``saturated`` whether the regime's mean no-merge violation rate is above
-    ``saturation_pct``. The verdict follows :func:`diloco_gym.eval.protocol.gate_verdict`.
-    """
-    out = []
-    for (regime, agent), g_all in df.groupby(["regime", "agent"], sort=False):
-        # Overlapping windows: the test, its p-value and every summary number below come
-        # from the disjoint subset only; the other windows add descriptive means.
-        g = g_all[g_all["verdict_unit"].astype(bool)] if "verdict_unit" in g_all else g_all
-        diff = (g["sync_excess_pct"] - g["matched_random_mean"]).to_numpy()
-        diff_all = (g_all["sync_excess_pct"] - g_all["matched_random_mean"]).to_numpy()
-        test = protocol.paired_test(diff, np.random.default_rng(0))
-        agent_m = g["sync_excess_pct"].mean()
-        mr = g["matched_random_mean"].mean()
-        orc = g["oracle_same_budget_pct"].mean()
-        gap = mr - orc
-        req_per_10min = (g["requests"] * 600.0 / g["duration_s"]).mean()
-        out.append(
-            {
-                "regime": regime,
-                "agent": agent,
-                "episodes": len(g),
-                "deployable": bool(g["deployable"].all()) if "deployable" in g else True,
-                "unit": g["unit"].iloc[0] if "unit" in g else "seed",
-                "units": len(g),
-                "independent": bool(g["independent"].all()) if "independent" in g else True,
-                "independent_units": (
-                    int(g["independent_units"].iloc[0]) if "independent_units" in g else len(g)
-                ),
-                "nonzero_units": test["nonzero"],
-                "units_all": len(g_all),
-                "diff_pp_all_units": float(diff_all.mean()),
-                "merges": g["merges"].mean(),
-                "merges_per_hour": g["merges_per_hour"].mean(),
-                "sync_excess_pct": agent_m,
-                "excess_per_merge_pp": float(
-                    (g["sync_excess_pct"] / g["merges"].clip(lower=1)).mean()
-                ),
-                "matched_random_pct": mr,
-                "matched_random_p05": g["matched_random_p05"].mean(),
-                "matched_random_p95": g["matched_random_p95"].mean(),
-                "oracle_same_budget_pct": orc,
-                "diff_pp": test["mean"],
-                "diff_ci_low": test["ci_low"],
-                "diff_ci_high": test["ci_high"],
-                "p_value": test["p_value"],
-                "min_p": test["min_p"],
-                "diff_requests_per_10min": test["mean"] / 100.0 * req_per_10min,
-                "gap_captured": float((mr - agent_m) / gap) if gap > 1e-9 else float("nan"),
-                "no_sync_violation_pct": g["no_sync_violation_pct"].mean(),
-                "p95_ms": g["p95_ms"].mean(),
-                "additive_exact_gap_pp": g["additive_exact_gap_pp"].max(),
-                "scoring": _scoring_label(g),
-                "oracle_schedule": _oracle_label(g),
-                "calibration": calib_verdicts[cast(str, regime)],  # groupby keys are Hashable
-            }
-        )
-        if "quality_cost" in g:  # a learner calibration was given
-            out[-1]["pred_loss"] = g["pred_loss"].mean()
-            out[-1]["quality_cost"] = g["quality_cost"].mean()
-    df_out = pd.DataFrame(out)
-    # Holm-Bonferroni across the agents of each regime: a report tests many agents at once,
-    # and an uncorrected 5 % gate would hand some tied agent a 'verdict' by chance.
-    df_out["p_holm"] = np.nan
-    df_out["holm_family"] = 0
-    df_out["best_p_holm"] = np.nan
-    df_out["units_needed"] = 0
-    df_out["saturated"] = False
-    for _regime, idx in df_out.groupby("regime", sort=False).groups.items():
-        family = len(idx)
-        df_out.loc[idx, "p_holm"] = holm(df_out.loc[idx, "p_value"].to_numpy())
-        df_out.loc[idx, "holm_family"] = family
-        # Only the units with a non-zero difference can carry evidence (protocol.nonzero_units).
-        n_ev = df_out.loc[idx, "nonzero_units"]
-        df_out.loc[idx, "best_p_holm"] = np.minimum(
-            1.0, family * np.array([protocol.min_achievable_p(int(n)) for n in n_ev])
-        )
-        df_out.loc[idx, "units_needed"] = protocol.units_needed(alpha, family)
-        # Every agent of a regime replays the same units: one no-merge rate per regime.
-        no_sync = df_out.loc[idx, "no_sync_violation_pct"].mean()
-        df_out.loc[idx, "saturated"] = bool(no_sync > saturation_pct)
-        df_out.loc[idx, "no_sync_violation_pct_regime"] = no_sync
-    df_out["verdict"] = [
-        protocol.gate_verdict(
-            calib_verdicts[r["regime"]],
-            r["diff_pp"],
-            r["p_holm"],
-            alpha,
-            n_units=int(r["units"]),
-            n_nonzero=int(r["nonzero_units"]),
-            n_tests=int(r["holm_family"]),
-            no_sync_violation_pct=r["no_sync_violation_pct_regime"],
-            saturation_pct=saturation_pct,
-        )
-        for _, r in df_out.iterrows()
-    ]
-    return df_out.drop(columns="no_sync_violation_pct_regime")
-
-
-def scoring_summary(rows: pd.DataFrame) -> dict[str, Any]:
-    """How the report was scored, for report.md / report.json: the method, how many
-    agent-episodes were proven additive, in how many the oracle is an upper bound, and the
-    largest additive-exact gap over every scored schedule."""
-    n = len(rows)
-    return {
-        "method": "exact replay for agent, matched-random draws and oracle alike",
-        "agent_episodes": n,
-        "proven_additive": int((rows["scoring"] == protocol.SCORING_PROVEN).sum()) if n else 0,
-        "oracle_upper_bound": (
-            int((rows["oracle_schedule"] == protocol.ORACLE_BOUND).sum()) if n else 0
-        ),
-        "largest_additive_exact_gap_pp": float(rows["additive_exact_gap_pp"].max()) if n else 0.0,
-    }
 
 
 def _regime_scoring(result: dict[str, Any], regime: str) -> str:
@@ -476,37 +368,6 @@ def _regime_scoring(result: dict[str, Any], regime: str) -> str:
         f"{n} agent-episodes; largest additive-exact gap "
         f"{sc['largest_additive_exact_gap_pp']:.3g} pp; oracle: {oracle}."
     )
-
-
-def _scoring_label(g: pd.DataFrame) -> str:
-    """How a summary row's episodes were scored (every number is the exact replay)."""
-    proven = int((g["scoring"] == protocol.SCORING_PROVEN).sum())
-    if proven == len(g):
-        return protocol.SCORING_PROVEN
-    if proven == 0:
-        return protocol.SCORING_EXACT
-    return f"{protocol.SCORING_EXACT} ({proven} of {len(g)} episodes proven additive)"
-
-
-def _oracle_label(g: pd.DataFrame) -> str:
-    """Whether a summary row's oracle is the exact optimum in every episode."""
-    bound = int((g["oracle_schedule"] == protocol.ORACLE_BOUND).sum())
-    if bound == 0:
-        return protocol.ORACLE_EXACT
-    return f"upper bound (best exact schedule found) in {bound} of {len(g)} episodes"
-
-
-def holm(p: np.ndarray) -> np.ndarray:
-    """Holm-Bonferroni adjusted p-values (family-wise error control)."""
-    p = np.asarray(p, dtype=np.float64)
-    order = np.argsort(p)
-    m = p.size
-    adj = np.empty(m)
-    running = 0.0
-    for rank, i in enumerate(order):
-        running = max(running, min(1.0, (m - rank) * p[i]))
-        adj[i] = running
-    return adj
 
 
 # ----------------------------------------------------------------------------- output
@@ -751,27 +612,12 @@ def write_report(
             "loads": result.get("loads", {}),
             "scoring": result.get("scoring") or scoring_summary(result["rows"]),
             "agent_sealing": result.get("agent_sealing"),
+            "holm_family": holm_family(result["config"]),
         }
-        (tmp / "report.json").write_text(json.dumps(payload, indent=2, default=_json_default))
+        (tmp / "report.json").write_text(json.dumps(payload, indent=2, default=json_default))
         (tmp / "report.md").write_text(render_markdown(result, figures, command))
 
     return write_output_dir(out, force, fill)
-
-
-def _json_default(x: Any) -> Any:
-    if isinstance(x, (np.floating, np.integer)):
-        return x.item()
-    if isinstance(x, np.ndarray):
-        return x.tolist()
-    return str(x)
-
-
-def _fmt(x: float, nd: int = 2) -> str:
-    return "n/a" if x is None or not np.isfinite(x) else f"{x:.{nd}f}"
-
-
-def _fmt_p(p: float) -> str:
-    return "n/a" if not np.isfinite(p) else ("<0.001" if p < 0.001 else f"{p:.3f}")
 
 
 #: Console summary columns: (summary column, heading, formatter).
@@ -787,6 +633,20 @@ _CONSOLE_COLUMNS: list[tuple[str, str, Any]] = [
     ("p_holm", "p (Holm)", _fmt_p),
     ("verdict", "verdict", str),
 ]
+
+
+def _holm_note(result: dict[str, Any]) -> str:
+    """What the Holm family leaves out, for report.md's reading guide."""
+    if result["config"].get("holm_across_settings"):
+        return ""
+    n_regimes = result["summary"]["regime"].nunique() if len(result["summary"]) else 0
+    if n_regimes < 2:
+        return ", not several reports or settings"
+    return (
+        f"; this report compares {n_regimes} regimes: report.json's "
+        "p_holm_all_settings corrects across all of them, and --holm-across-settings makes "
+        "the verdicts use it"
+    )
 
 
 def console_summary(summary: pd.DataFrame) -> str:
@@ -851,8 +711,8 @@ def render_markdown(result: dict[str, Any], figures: list[str], command: str = "
         "schedules drawn uniformly among all feasible schedules with the agent's own "
         "number of merges in each episode. Diff = agent minus matched random (paired "
         "over episodes; exact sign-flip test; 95 % bootstrap CI; the verdict uses p "
-        "Holm-adjusted across the agents of a regime: the Holm family is one regime's "
-        "agents in this report, not several reports or settings). n (non-zero) = "
+        f"Holm-adjusted across {holm_family(result['config'])}"
+        f"{_holm_note(result)}). n (non-zero) = "
         "independent units in the test (those whose difference is not exactly zero; "
         "only they can carry evidence). Gap captured = "
         "(matched random - agent) / (matched random - oracle at the same budget).",

@@ -14,6 +14,7 @@ import os
 import platform
 import socket
 from dataclasses import asdict, fields
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -36,6 +37,7 @@ from diloco_gym.live.replay import (
 )
 from diloco_gym.live.state import RunState
 from diloco_gym.sim.sidecar import SidecarParams
+from diloco_gym.text import fmt
 
 __all__ = [
     "build_document",
@@ -472,8 +474,8 @@ def summary_lines(document: dict) -> list[str]:
     return lines
 
 
-def _fmt(x: Any) -> str:
-    return f"{x:.3f}" if isinstance(x, (int, float)) and math.isfinite(x) else "n/a"
+#: Three decimals, ``n/a`` for a missing or non-finite value (the console lines' numbers).
+_fmt = partial(fmt, nd=3)
 
 
 def _interference_lines(block: dict | None) -> list[str]:

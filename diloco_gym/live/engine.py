@@ -35,6 +35,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from diloco_gym.io import free_port
 from diloco_gym.live.errors import CalibrationError
 
 __all__ = [
@@ -324,14 +325,6 @@ def _serve_command() -> list[str]:
     ]
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @dataclass
 class EngineProcess:
     """A running ``transformers serve`` subprocess (use :func:`start_engine`).
@@ -517,7 +510,7 @@ def _launch_engine(kv: KVSettings, cfg: EngineModelConfig, threads: int | None) 
     try:
         model_dir = build_model(cfg, Path(tmpdir) / f"llama-{cfg.fingerprint()}")
         parameters = json.loads((model_dir / "diloco_gym_engine.json").read_text())["parameters"]
-        port = _free_port()
+        port = free_port()
         command = _serve_arguments(model_dir, kv, cfg, port)
         log_path = str(Path(tmpdir) / "serve.log")
         log = open(log_path, "w")  # noqa: SIM115 - closed by EngineProcess.stop

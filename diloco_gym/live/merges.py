@@ -34,6 +34,7 @@ from multiprocessing.connection import Connection
 from multiprocessing.connection import wait as wait_ready
 from typing import Any, cast
 
+from diloco_gym.io import free_port, save_atomic
 from diloco_gym.live.errors import MergeWorkerError
 
 __all__ = [
@@ -112,13 +113,6 @@ class MergeReport:
     achieved_share: float | None = None
 
 
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def loopback_interface() -> str | None:
     """Name of the loopback network interface (``lo`` / ``lo0``), if it can be found."""
     try:
@@ -145,12 +139,7 @@ def _fsync_save(tensor: Any, path: str) -> int:
     """``torch.save`` to ``path`` atomically (temp file, fsync, rename); return its size."""
     import torch
 
-    tmp = path + ".tmp"
-    with open(tmp, "wb") as handle:
-        torch.save(tensor, handle)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
+    save_atomic(lambda tmp: torch.save(tensor, tmp), path)
     return os.path.getsize(path)
 
 

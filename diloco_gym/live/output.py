@@ -11,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from diloco_gym.io import write_text_atomic
 from diloco_gym.live.config import (
     CalibrationConfig,
 )
@@ -72,13 +73,7 @@ def partial_path(out: str | os.PathLike[str]) -> Path:
 
 def write_atomic(path: Path, document: dict) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    text = json.dumps(finite(document), indent=1, allow_nan=False)
-    with open(tmp, "w") as handle:
-        handle.write(text + "\n")
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
+    write_text_atomic(path, json.dumps(finite(document), indent=1, allow_nan=False) + "\n")
 
 
 def save_partial(

@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from diloco_gym.io import write_text_atomic
 from diloco_gym.sim.learner_calibration import load_learner_calibration
 
 __all__ = ["TINY", "design", "calibrate_learners", "agent_gaps"]
@@ -285,9 +286,7 @@ def calibrate_learners(
     }
     load_learner_calibration(doc)  # the document must pass its own schema
     path = Path(out)
-    tmp = path.with_name(f".{path.name}.partial-{os.getpid()}")
-    tmp.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
+    write_text_atomic(path, json.dumps(doc, indent=1) + "\n")
     say(f"wrote {path}")
     return doc
 

@@ -9,13 +9,13 @@ A run writes :data:`RUN_ARTEFACTS` in its directory; ``meta.json`` is written fi
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import sys
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from diloco_gym.io import save_atomic
 
 __all__ = [
     "RUN_ARTEFACTS",
@@ -78,20 +78,6 @@ def model_file_problem(path: Path) -> str | None:
     except (OSError, zipfile.BadZipFile, EOFError, ValueError) as exc:
         return f"not a readable zip archive ({exc})"
     return None
-
-
-def save_atomic(save: Callable[[str], None], path: Path) -> None:
-    """Write a file with ``save(tmp)`` beside ``path`` and rename it into place, so that a
-    kill leaves either the old state or the complete file, never a torn one."""
-    tmp = path.with_name(f".{path.stem}.partial-{os.getpid()}{path.suffix}")
-    try:
-        save(str(tmp))
-        with open(tmp, "rb") as handle:
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
 
 
 def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:

@@ -501,7 +501,7 @@ def family_claims(eval_dir: Path, runs: Sequence[str]) -> Any:
     """
     import pandas as pd
 
-    from diloco_gym.eval.report import holm
+    from diloco_gym.eval.summary import holm
 
     eval_dir = Path(eval_dir)
     record = json.loads((eval_dir / "agents.json").read_text())

@@ -49,10 +49,10 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
 import pandas as pd
 from pydantic import ConfigDict
 
+from diloco_gym.io import json_strict, save_atomic, write_text_atomic
 from diloco_gym.tables import Table, TableError, validate_table
 
 if TYPE_CHECKING:
@@ -79,7 +79,10 @@ _REPORT_KEYS = (
 )
 _PATH_KEYS = ("trace", "calibration")
 #: Fields a calibration cell does not depend on (cells that differ only in them share one).
-_NOT_CALIBRATION = ("agents", "seeds", "draws", "alpha", "saturation_pct")
+#: Options of the summary statistics only: no cell depends on them (kept out of the
+#: fingerprints, so stored cells stay valid).
+_NOT_CELL = ("holm_across_settings",)
+_NOT_CALIBRATION = ("agents", "seeds", "draws", "alpha", "saturation_pct", *_NOT_CELL)
 
 
 class SweepFileError(ValueError):
@@ -355,18 +358,6 @@ def run_sweep_cell(cell) -> dict[str, Any]:
     return run_report_cell(cell)
 
 
-def _json_default(o: Any) -> Any:
-    if isinstance(o, np.bool_):
-        return bool(o)
-    if isinstance(o, np.integer):
-        return int(o)
-    if isinstance(o, np.floating):
-        return float(o)
-    if isinstance(o, np.ndarray):
-        return o.tolist()
-    raise TypeError(f"cannot store {type(o).__name__} in a sweep record")
-
-
 class _Store:
     """The append-only record of finished cells (``cells.jsonl``)."""
 
@@ -393,7 +384,7 @@ class _Store:
                 f.truncate(good)
 
     def add(self, rec: dict) -> None:
-        line = json.dumps(rec, default=_json_default) + "\n"
+        line = json.dumps(rec, default=json_strict) + "\n"
         with open(self.path, "a") as f:
             f.write(line)
             f.flush()
@@ -527,7 +518,8 @@ def _plan_cells(
         cells.setdefault(cal_key, ReportCell(pt.config, pt.regime, None, env))
         keys = []
         for i in range(len(units)):
-            key = "unit/" + _fingerprint(asdict(pt.config), pt.regime, env, i)
+            unit_cfg = {k: v for k, v in asdict(pt.config).items() if k not in _NOT_CELL}
+            key = "unit/" + _fingerprint(unit_cfg, pt.regime, env, i)
             cells.setdefault(key, ReportCell(pt.config, pt.regime, i, env))
             keys.append(key)
         plan.append((pt, cal_key, keys))
@@ -595,7 +587,7 @@ def _cell_value(v: Any) -> Any:
 
 def _write_outputs(spec: SweepSpec, plan: list, store: _Store, out: Path) -> None:
     from diloco_gym.eval import calibration as cal
-    from diloco_gym.eval.report import summarise
+    from diloco_gym.eval.summary import summarise
 
     tables: list[pd.DataFrame] = []
     summaries: list[pd.DataFrame] = []
@@ -647,28 +639,22 @@ def _write_outputs(spec: SweepSpec, plan: list, store: _Store, out: Path) -> Non
     if not summary.empty:
         # A sweep compares settings: besides the Holm family of one point (its agents),
         # a correction across every agent of every point.
-        from diloco_gym.eval.report import holm
+        from diloco_gym.eval.summary import holm
 
         summary["p_holm_all_points"] = holm(summary["p_value"].to_numpy())
-    _atomic(out / "results.csv", results.to_csv(index=False))
-    _atomic(out / "summary.csv", summary.to_csv(index=False))
+    write_text_atomic(out / "results.csv", results.to_csv(index=False))
+    write_text_atomic(out / "summary.csv", summary.to_csv(index=False))
     error_cols = ["sweep", "point", *(f"grid.{k}" for k in spec.axes), "cell", "error"]
-    _atomic(out / "errors.csv", pd.DataFrame(errors, columns=error_cols).to_csv(index=False))
+    write_text_atomic(
+        out / "errors.csv", pd.DataFrame(errors, columns=error_cols).to_csv(index=False)
+    )
     try:
         import pyarrow  # noqa: F401
 
-        tmp = out / ".results.parquet.tmp"
-        results.to_parquet(tmp, index=False)
-        os.replace(tmp, out / "results.parquet")
+        save_atomic(lambda tmp: results.to_parquet(tmp, index=False), out / "results.parquet")
     except ImportError:  # pragma: no cover - pyarrow is a dependency
         pass
-    _atomic(out / "summary.md", _markdown(spec, summary, errors, notes))
-
-
-def _atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    write_text_atomic(out / "summary.md", _markdown(spec, summary, errors, notes))
 
 
 def _markdown(spec: SweepSpec, summary: pd.DataFrame, errors: list[dict], notes: list[str]) -> str:

@@ -336,8 +336,13 @@ class SyntheticRegime:
             lift[order] = lift.copy()
         return lift.reshape(shape)
 
-    def draw(self, rng: np.random.Generator):
+    def draw(self, rng: np.random.Generator, rate_rng: np.random.Generator | None = None):
         """The raw draws of one trace: ``(arrival_s, token_index, network, checkpoint)``.
+
+        ``rate_rng``: draw the rate function (the burst timing) from this generator instead
+        of ``rng``, and everything else from ``rng``; the rate-clairvoyant reference uses it
+        to redraw an episode's arrivals under that episode's own bursts. By default one
+        generator draws all, the rate function first.
 
         ``token_index`` holds one 28-bit integer per request: its top 14 bits pick the
         prompt quantile and the low 14 bits the output quantile (:meth:`tokens`). Calling
@@ -345,7 +350,7 @@ class SyntheticRegime:
         env uses them directly.
         """
         edges, t, widths = _slice_grid(self.duration_s)
-        lam = self.rate_rps(t, rng, _sorted=True) * widths
+        lam = self.rate_rps(t, rng if rate_rng is None else rate_rng, _sorted=True) * widths
         arrivals = _poisson_arrivals(rng, lam, edges)
         # One uniform per request; random() has 53 random bits, so its top 14 and next 14
         # bits are two independent quantile indices.

@@ -12,7 +12,7 @@ import pytest
 from diloco_gym import REGIMES, DiLoCoSyncEnv, EnvParams, Trace
 from diloco_gym.envs.fleet import DiLoCoFleetEnv
 from diloco_gym.envs.vector import DiLoCoSyncVectorEnv
-from diloco_gym.eval.protocol import EpisodeScorer
+from diloco_gym.eval.scorer import EpisodeScorer
 
 #: bursty at 1.41x its load: bursts near capacity, merges' backlogs spill into the next.
 HIGH = REGIMES["bursty"].with_load(rate_scale=1.41)

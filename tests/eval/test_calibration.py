@@ -285,3 +285,32 @@ def test_schema_validation_is_full_json_schema_with_one_line_errors():
         assert str(err.value).startswith(f"f.json: field '{field}': ")
     with pytest.raises(CalibrationFileError, match="field 'a.b': NaN is not a finite number"):
         validate_schema({"a": {"b": float("nan")}}, {"type": "object"}, "f.json")
+
+
+def test_each_consistency_check_family_refuses_its_own_contradiction() -> None:
+    """``check_consistency`` is one check per documented family; each refuses its case
+    alone, naming the field, and the old import path gives the same function."""
+    from diloco_gym.eval import calibration
+    from diloco_gym.eval.calibration import consistency as cc
+
+    assert calibration.check_consistency is cc.check_consistency
+    cases = [
+        (cc.check_completeness, ({"complete": True, "error": "boom"}, "f"), "error"),
+        (cc.check_ratios, ({"p95_sync_ratio": 0.2}, "f", "regimes.x"), "regimes.x.p95_sync_ratio"),
+        (
+            cc.check_ratios,
+            ({"p95_sync_ratio": 1.5, "p95_sync_ratio_ci": [1.6, 1.4]}, "f", "regimes.x"),
+            "regimes.x.p95_sync_ratio_ci",
+        ),
+        (cc.check_schedule, ([{"start_s": 5, "length_s": 1}, {"start_s": 1, "length_s": 1}], "f"),
+         "schedule[1].start_s"),
+        (cc.check_trace_load, ({"metadata": {"trace": {"rate_rps": -1}}}, "f"),
+         "metadata.trace.rate_rps"),
+    ]  # fmt: skip
+    for check, args, field in cases:
+        with pytest.raises(CalibrationFileError) as info:
+            check(*args)
+        assert info.value.field == field, (check.__name__, info.value)
+    cc.check_completeness({"complete": False, "error": "boom"}, "f")  # a partial run may
+    cc.check_schedule(None, "f")
+    cc.check_trace_load({"metadata": {"trace": {"rate_rps": 3.0}}}, "f")

@@ -16,6 +16,7 @@ from diloco_gym.eval import frontier as fr
 from diloco_gym.eval import protocol
 from diloco_gym.eval.report import MARKER
 from diloco_gym.eval.rollout import attach_agent, run_episode
+from diloco_gym.eval.summary import holm as fr_holm
 from diloco_gym.sim import schedules
 
 
@@ -292,7 +293,7 @@ def test_dominance_on_a_hand_made_table():
     assert rel[("B", "C")] == "no dominance (order changes across budgets)"
     assert rel[("A", "C")] == "dominates"  # equal at 60 (no higher), lower at 96
     assert rel[("B", "D")] == "no dominance (no significant difference)"
-    assert fr._undominated(dom) == ["A"]
+    assert fr.undominated(dom) == ["A"]
     # The same table on 4 seeds: no test can reach 0.05 after Holm over 6 pairs.
     few = rows[rows["seed"] < 4]
     dom4 = fr.dominance(pd.DataFrame(), fr.pairwise_stats(few, 0.05), 0.05)
@@ -322,6 +323,29 @@ def test_budget_stats_by_hand():
     assert bn[bn["agent"] == "B"].iloc[0]["verdict"] == "tied with matched random"
     b4 = fr.budget_stats(_rows(values).query("seed < 5"), {"r": "calibrated"}, 0.05)
     assert set(b4["verdict"]) == {"inconclusive (too few episodes)"}
+
+
+def test_budget_stats_holm_across_settings():
+    """One Holm family per budget by default; --holm-across-settings makes it every
+    regime x budget x agent row, and p_holm_all_settings is that correction either way."""
+    rng = np.random.default_rng(5)
+    values = {
+        (agent, b): np.full(10, 9.0) + rng.normal(0.0, 0.6, 10)
+        for agent in ("A", "B")
+        for b in (48.0, 96.0)
+    }
+    per = fr.budget_stats(_rows(values), {"r": "calibrated"}, 0.05)
+    allf = fr.budget_stats(_rows(values), {"r": "calibrated"}, 0.05, across_settings=True)
+    assert set(per["holm_family"]) == {2} and set(allf["holm_family"]) == {4}
+    expect_all = fr_holm(per["p_value"].to_numpy())
+    assert per["p_holm_all_settings"].to_numpy() == pytest.approx(expect_all)
+    assert allf["p_holm"].to_numpy() == pytest.approx(expect_all)
+    for b in (48.0, 96.0):
+        g = per[per["budget_per_hour"] == b]
+        assert g["p_holm"].to_numpy() == pytest.approx(fr_holm(g["p_value"].to_numpy()))
+    assert (allf["p_holm"] >= per["p_holm"] - 1e-12).all()
+    assert (allf["p_holm"] > per["p_holm"] + 1e-9).any()
+    assert fr.holm_scope({"holm_across_settings": True}).startswith("every regime x budget")
 
 
 # ----------------------------------------------------------------- figure and CLI
@@ -374,7 +398,14 @@ def test_cli_end_to_end(tmp_path, capsys):
         main(argv)
     assert exc.value.code == 2
     assert "--force" in capsys.readouterr().err
-    assert main(argv + ["--force"]) == 0
+    assert payload["holm_family"] == fr.holm_scope({})
+    assert {b["holm_family"] for b in payload["budgets"]} == {2}
+    # --holm-across-settings: one family over both budgets' agents, named in both files
+    assert main(argv + ["--force", "--holm-across-settings"]) == 0
+    payload = json.loads((out / "frontier.json").read_text())
+    assert payload["holm_family"] == fr.holm_scope({"holm_across_settings": True})
+    assert {b["holm_family"] for b in payload["budgets"]} == {4}
+    assert "Holm across every regime x budget x agent" in (out / "frontier.md").read_text()
     # A directory of other files is never replaced.
     other = tmp_path / "mine"
     other.mkdir()
@@ -490,6 +521,10 @@ def test_cli_trace_windows_are_the_units(long_trace, tmp_path, capsys):
     assert set(rows.loc[rows["mode"] == "budget", "merges"]) == {4, 6}
     assert "6 disjoint windows of 300 s" in (out / "frontier.md").read_text()
     assert (out / "frontier_replay_long.png").is_file()
+    # A replayed trace has no rate function apart from its arrivals: no rate-clairvoyant
+    # reference (NaN), and frontier.md leaves its rows out.
+    assert rows["rate_clairvoyant_pct"].isna().all()
+    assert "rate-clairvoyant" not in (out / "frontier.md").read_text()
     # Overlapping windows are refused (not independent); one window is too few.
     with pytest.raises(SystemExit) as exc:
         main([*base, "--window-s", "300", "--stride-s", "150", "--out", str(tmp_path / "a")])

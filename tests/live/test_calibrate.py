@@ -289,7 +289,7 @@ def test_live_run_calibration_file(live_run):
         assert fit["sim_p95_sync_ratio"] == pytest.approx(m["p95_sync_ratio"], rel=0.02)
     else:  # the model cannot go lower: no slowdown
         assert params.sync_slowdown == 0.0
-    assert not list(out.parent.glob(".*.tmp")), "temporary file left behind"
+    assert not list(out.parent.glob(".*.partial-*")), "temporary file left behind"
 
 
 @pytest.mark.slow

@@ -1,4 +1,14 @@
-"""Tests for diloco_gym.sim.loaders (and the windowing helpers of diloco_gym.sim.traces)."""
+"""Tests for the package diloco_gym.sim.loaders (and the windowing helpers of
+diloco_gym.sim.traces), through its public names.
+
+Where each module's behaviour is tested (test name prefixes): ``native`` (native.py:
+``test_native_*``, ``test_save_native_*``), ``azure`` (azure.py: ``test_azure_*``, the leap
+second in test_loader_strictness.py), ``mooncake`` (mooncake.py: ``test_mooncake_*``,
+``test_real_mooncake_*``), ``burstgpt`` (burstgpt.py: ``test_burstgpt_*``), format
+detection and dispatch (``__init__.py``: ``test_detect_format*``, ``test_*_format*``), the
+shared checks (checks.py, csv_table.py: ``test_empty_file``, ``test_missing_file``,
+``test_unreadable_paths``, ``test_token_bound_*``, the mutated-file property tests).
+"""
 
 from __future__ import annotations
 
@@ -1134,3 +1144,20 @@ def test_mutated_parquet_files_load_or_raise_trace_format_error(
     path = tmp_path / "mutant.parquet"
     path.write_bytes(data.draw(_mutated(_native_parquet_bytes())))
     _load_or_format_error(path, "native")
+
+
+def test_every_public_name_is_importable_from_the_package_and_its_module() -> None:
+    """The package re-exports each format's reader from that format's module (the old
+    single-module import paths keep working)."""
+    from diloco_gym.sim import loaders
+    from diloco_gym.sim.loaders import azure, burstgpt, checks, mooncake, native
+
+    assert loaders.load_native is native.load_native
+    assert loaders.save_native is native.save_native
+    assert loaders.load_azure is azure.load_azure
+    assert loaders.load_mooncake is mooncake.load_mooncake
+    assert loaders.load_burstgpt is burstgpt.load_burstgpt
+    assert loaders.max_tokens_bound is checks.max_tokens_bound
+    assert loaders.TraceFilterWarning is checks.TraceFilterWarning
+    for name in loaders.__all__:
+        assert hasattr(loaders, name), name

@@ -1,0 +1,194 @@
+"""Options shared by several ``diloco-gym`` commands: one definition each, so every command
+spells, checks and documents an option the same way."""
+
+from __future__ import annotations
+
+import argparse
+
+__all__ = [
+    "SEED0_HELP",
+    "positive_int",
+    "add_trace_args",
+    "add_backend_args",
+    "add_seed0_arg",
+    "add_calibration_arg",
+    "add_trust_arg",
+    "add_sealing_arg",
+    "add_holm_arg",
+    "add_fleet_arg",
+    "add_learner_calibration_arg",
+]
+
+#: Trace formats of ``--format`` (kept in step with :data:`diloco_gym.sim.loaders.FORMATS`).
+TRACE_FORMATS: tuple[str, ...] = ("auto", "native", "azure", "mooncake", "burstgpt")
+
+SEED0_HELP = (
+    "first episode seed: the episodes use seeds SEED0 .. SEED0+SEEDS-1, and "
+    "the same seed always gives the same trace (default %(default)s). Seeds below "
+    "1,000,000 are never used in training (train draws its episode seeds from "
+    "[10^6, 2^30)), so the default seeds test a trained agent on traces it never "
+    "saw; another SEED0 gives an independent replication"
+)
+
+
+def positive_int(minimum: int):
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {value}")
+        return value
+
+    parse.__name__ = f"integer >= {minimum}"
+    return parse
+
+
+def add_trace_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--trace", metavar="FILE", help="replay this trace file instead of a synthetic regime"
+    )
+    p.add_argument(
+        "--format",
+        default="auto",
+        dest="trace_format",
+        choices=TRACE_FORMATS,
+        help="trace format (default: auto, by extension and header)",
+    )
+    p.add_argument(
+        "--window-s",
+        type=float,
+        default=600.0,
+        help="with --trace: seconds per replayed window; each window is one episode (default 600)",
+    )
+    p.add_argument(
+        "--stride-s",
+        type=float,
+        default=None,
+        help="with --trace: seconds between window starts (default: the window, "
+        "so windows are disjoint and independent; a shorter stride overlaps "
+        "them and the report flags the episodes as not independent)",
+    )
+    p.add_argument(
+        "--sidecar",
+        default=None,
+        metavar="REGIME",
+        help="with --trace: the regime whose sidecar and calibration the replay "
+        "uses (default sync-heavy; --calibration replaces it with the file's "
+        "fitted sidecar when the file measured that regime)",
+    )
+    load = p.add_mutually_exclusive_group()
+    load.add_argument(
+        "--rate-scale",
+        type=float,
+        default=None,
+        metavar="X",
+        help="multiply the offered load: a regime's request rates, or replay a "
+        "trace X times faster (every request kept, the trace X times "
+        "shorter)",
+    )
+    load.add_argument(
+        "--target-utilization",
+        type=float,
+        default=None,
+        metavar="U",
+        help="instead of --rate-scale: replay at mean offered work / sidecar "
+        "capacity = U (capacity = slots / mean service time of the "
+        "replayed token mix)",
+    )
+
+
+def add_backend_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--backend",
+        choices=("serial", "processes", "ray"),
+        default="serial",
+        help="where the cells run: this process, a local process pool, or Ray "
+        "(the extra diloco-gym[ray]); results are identical on every backend",
+    )
+    p.add_argument(
+        "--jobs",
+        type=positive_int(1),
+        default=None,
+        help="workers for processes / a local Ray instance (default: the CPUs available)",
+    )
+    p.add_argument(
+        "--ray-address",
+        default=None,
+        help="Ray cluster to connect to ('auto': the one `ray start` runs here; "
+        "default: start a local instance); needs --backend ray",
+    )
+
+
+def add_seed0_arg(p: argparse.ArgumentParser) -> None:
+    """``--seed0``, the first episode seed (run, report, frontier)."""
+    p.add_argument(
+        "--seed0",
+        type=positive_int(0),
+        default=0,
+        help=SEED0_HELP.replace(" (default %(default)s)", ""),
+    )
+
+
+def add_calibration_arg(p: argparse.ArgumentParser) -> None:
+    """``--calibration``, the real-sidecar measurements (report, frontier)."""
+    p.add_argument(
+        "--calibration", help="real-sidecar calibration JSON (default: the shipped reference)"
+    )
+
+
+def add_trust_arg(p: argparse.ArgumentParser) -> None:
+    """``--trust-model-file``: allow stable-baselines3's own (unpickling) model loader."""
+    p.add_argument(
+        "--trust-model-file",
+        action="store_true",
+        help="load model .zip files with stable-baselines3's own loader, which unpickles "
+        "parts of the file (runs code in it): only for files you trust. By default a "
+        "model is rebuilt from the zip's JSON and tensor-only weights, and refused when "
+        "that is not possible",
+    )
+
+
+def add_sealing_arg(p: argparse.ArgumentParser) -> None:
+    """``--in-process-agents``: the opt-out from sealed deployable agents."""
+    p.add_argument(
+        "--in-process-agents",
+        action="store_true",
+        help="run deployable agents in the evaluating process instead of each in its own "
+        "worker process that receives only observations, action masks and public "
+        "parameters; faster, but nothing then stops an agent's code from reaching the "
+        "env, the trace or the seed (the report says so in its header)",
+    )
+
+
+def add_holm_arg(p: argparse.ArgumentParser, settings: str) -> None:
+    """``--holm-across-settings``: one Holm family over every setting compared (report,
+    frontier)."""
+    p.add_argument(
+        "--holm-across-settings",
+        action="store_true",
+        help=f"Holm-correct across every {settings} at once and give the verdicts from that "
+        "stricter correction (default: one family per setting; the all-settings p is "
+        "reported either way)",
+    )
+
+
+def add_fleet_arg(p: argparse.ArgumentParser) -> None:
+    """``--fleet``, a DiLoCoFleet-v0 configuration (run, report, frontier)."""
+    p.add_argument(
+        "--fleet",
+        metavar="FILE",
+        help="run on a fleet of sites (DiLoCoFleet-v0) configured by this TOML file "
+        "(docs/fleet.md; example: docs/examples/fleet.toml)",
+    )
+
+
+def add_learner_calibration_arg(p: argparse.ArgumentParser) -> None:
+    """``--learner-calibration``, the learner model fitted to real DiLoCo runs (report,
+    frontier)."""
+    p.add_argument(
+        "--learner-calibration",
+        help="learner calibration JSON (diloco-gym calibrate-learners): adds each schedule's "
+        "model-quality price (predicted loss, cost vs fixed H at the same merges)",
+    )

@@ -1,0 +1,183 @@
+"""The offline oracle at a fixed merge budget: the additive optimum (a dynamic programme,
+:func:`~diloco_gym.sim.schedules.optimal_schedule`) replayed exactly, then, where merges can
+interact, the exact optimum by enumerating every feasible schedule, or an exact local search
+when there are too many (:func:`oracle_score`)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from diloco_gym.envs import core
+from diloco_gym.eval.scorer import EpisodeScorer
+from diloco_gym.sim.schedules import optimal_schedule
+from diloco_gym.sim.sidecar import SidecarParams
+
+#: Oracle labels (results.csv ``oracle_schedule``).
+ORACLE_EXACT = "exact optimum"
+ORACLE_ENUMERATED = "exact optimum (every feasible schedule scored)"
+ORACLE_BOUND = (
+    "upper bound (best exact schedule found: exact local search from the additive optimum)"
+)
+
+
+def _feasible_rows(sch: np.ndarray, n: int, h_min: int, h_max: int) -> np.ndarray:
+    """Which rows of ``(K, M)`` schedules are feasible (:func:`schedules.is_feasible`)."""
+    d = np.concatenate([np.zeros((sch.shape[0], 1), np.int64), sch], axis=1)
+    gaps = np.diff(d, axis=1)
+    return (
+        np.all((gaps >= h_min) & (gaps <= h_max), axis=1)
+        & (sch[:, -1] <= n - 1)
+        & ((n - 1) - sch[:, -1] < h_max)
+    )
+
+
+def _neighbours(s: np.ndarray, n: int, h_min: int, h_max: int) -> np.ndarray:
+    """Feasible schedules one move from ``s``: one merge moved anywhere between its
+    neighbours, or every merge from the j-th on shifted by the same number of decisions."""
+    m = s.size
+    out = []
+    for j in range(m):
+        prev = s[j - 1] if j else 0
+        pos = np.arange(prev + h_min, min(prev + h_max, n - 1) + 1)
+        pos = pos[pos != s[j]]
+        c = np.repeat(s[None, :], pos.size, axis=0)
+        c[:, j] = pos
+        out.append(c)
+        delta = np.arange(-h_max, h_max + 1)
+        delta = delta[delta != 0]
+        c = np.repeat(s[None, :], delta.size, axis=0)
+        c[:, j:] += delta[:, None]
+        out.append(c)
+    cand = np.concatenate(out)
+    cand = cand[(cand.min(axis=1) >= 0) & (cand.max(axis=1) < n)]
+    return cand[_feasible_rows(cand, n, h_min, h_max)]
+
+
+#: Largest number of feasible schedules the oracle scores one by one (exact optimum).
+ORACLE_ENUMERATE_MAX = 250_000
+
+
+def enumerate_schedules(n: int, h_min: int, h_max: int, m: int, cap: int) -> np.ndarray | None:
+    """Every feasible schedule with exactly ``m`` merges as an ``(K, m)`` array, or ``None``
+    when there are more than ``cap`` (partial schedules are extended merge by merge, keeping
+    only those that can still end feasibly)."""
+    cur = np.zeros((1, 0), dtype=np.int64)
+    last = np.zeros(1, dtype=np.int64)
+    offs = np.arange(h_min, h_max + 1, dtype=np.int64)
+    for k in range(m):
+        left = m - k - 1  # merges still to place after this one
+        nxt = last[:, None] + offs[None, :]
+        ok = (nxt + left * h_min <= n - 1) & (nxt + left * h_max >= n - h_max)
+        r, c = np.nonzero(ok)
+        if r.size > cap:
+            return None
+        last = nxt[r, c]
+        cur = np.concatenate([cur[r], last[:, None]], axis=1)
+    return cur
+
+
+def exact_local_search(
+    scorer: EpisodeScorer, start: np.ndarray, max_rounds: int = 200
+) -> tuple[np.ndarray, float, int]:
+    """Best-improvement local search on the exact replay from ``start``.
+
+    Every round scores all of the schedule's neighbours (:func:`_neighbours`: single merge
+    moves and suffix shifts) by the exact replay (:meth:`EpisodeScorer.score`, batched) and
+    moves to the best one while it lowers the exact sync-excess by more than 1e-12 pp.
+
+    Returns:
+        ``(schedule, exact_pct, rounds)``: a local optimum of the exact replay under these
+        moves (no neighbour is better), not proven globally optimal.
+    """
+    p = scorer.params
+    n = scorer.episode.n_decisions
+    best = np.asarray(start, dtype=np.int64).copy()
+    best_v = float(scorer.score(best[None, :]).exact_pct[0])
+    rounds = 0
+    while best.size and rounds < max_rounds:
+        cand = _neighbours(best, n, p.h_min, p.h_max)
+        if cand.size == 0:
+            break
+        v = scorer.score(cand).exact_pct
+        i = int(np.argmin(v))
+        if not v[i] < best_v - 1e-12:
+            break
+        best, best_v = cand[i].copy(), float(v[i])
+        rounds += 1
+    return best, best_v, rounds
+
+
+def oracle_score(
+    episode: core.Episode,
+    merges: int,
+    params: core.EnvParams,
+    sidecar: SidecarParams,
+    scorer: EpisodeScorer | None = None,
+    enumerate_max: int = ORACLE_ENUMERATE_MAX,
+) -> dict:
+    """The offline oracle at exactly ``merges`` merges: the exact optimum of the additive
+    cost (dynamic programme), replayed exactly; where merges can interact, the exact
+    optimum by scoring every feasible schedule when there are at most ``enumerate_max``
+    of them, else an exact local search (:func:`exact_local_search`) from it.
+
+    Returns:
+        ``{"schedule", "exact_pct", "additive_pct", "exact_optimum", "status",
+        "additive_optimum_pct", "search_rounds"}``: the best exact schedule found and its
+        exact and additive sync-excess. ``status`` is :data:`ORACLE_EXACT` when the episode
+        is proven additive (every schedule's exact sync-excess equals its additive one,
+        :attr:`EpisodeScorer.episode_proven`, so the additive optimum is the exact one),
+        :data:`ORACLE_ENUMERATED` when every feasible schedule was scored, and
+        :data:`ORACLE_BOUND` when the schedule is a local optimum of the exact replay,
+        whose sync-excess is an upper bound on the exact optimum (no certified lower
+        bound is computed); ``exact_optimum`` is False only then.
+        ``additive_optimum_pct`` is the exact replay of the additive optimum itself.
+    """
+    scorer = scorer or EpisodeScorer(episode, params, sidecar)
+    # Agents of a unit with the same number of merges share the oracle (one search).
+    cache = scorer.__dict__.setdefault("_oracle_cache", {})
+    key = (int(merges), int(enumerate_max))
+    if key in cache:
+        return {**cache[key], "schedule": cache[key]["schedule"].copy()}
+    sched, _ = optimal_schedule(scorer.cost, params.h_min, params.h_max, merges)
+    sc = scorer.score(sched[None, :])
+    base = float(sc.exact_pct[0])
+    rounds = 0
+    best, best_v = sched, base
+    status = ORACLE_EXACT
+    if not scorer.episode_proven and sched.size:
+        every = enumerate_schedules(
+            scorer.episode.n_decisions,
+            params.h_min,
+            params.h_max,
+            merges,
+            enumerate_max,
+        )
+        if every is not None:
+            v = scorer.score(every).exact_pct
+            i = int(np.argmin(v))
+            if v[i] < best_v:
+                best, best_v = every[i].copy(), float(v[i])
+            status = ORACLE_ENUMERATED
+        else:
+            best, best_v, rounds = exact_local_search(scorer, sched)
+            status = ORACLE_BOUND
+    out = {
+        "schedule": best,
+        "exact_pct": best_v,
+        "additive_pct": float(scorer.cost[best].sum() * scorer.pct),
+        "exact_optimum": status != ORACLE_BOUND,
+        "status": status,
+        "additive_optimum_pct": base,
+        "search_rounds": rounds,
+    }
+    cache[key] = {**out, "schedule": best.copy()}
+    return out
+
+
+def oracle_excess(
+    episode: core.Episode, merges: int, params: core.EnvParams, sidecar: SidecarParams
+) -> tuple[float, np.ndarray]:
+    """Exact sync-excess (pp) of the offline oracle's schedule at exactly ``merges`` merges
+    (see :func:`oracle_score`)."""
+    o = oracle_score(episode, merges, params, sidecar)
+    return o["exact_pct"], o["schedule"]

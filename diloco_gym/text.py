@@ -1,0 +1,29 @@
+"""Numbers as text for the tables and console lines of reports and calibration summaries (a
+leaf: it imports nothing of the project)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+__all__ = ["finite", "fmt", "fmt_p"]
+
+
+def finite(x: Any) -> bool:
+    """Whether ``x`` is a finite number (``None``, NaN, infinities and text are not)."""
+    try:
+        return x is not None and math.isfinite(x)
+    except (TypeError, ValueError, OverflowError):
+        return False
+
+
+def fmt(x: Any, nd: int = 2, missing: str = "n/a") -> str:
+    """``x`` with ``nd`` decimals, or ``missing`` when it is not a finite number."""
+    return f"{x:.{nd}f}" if finite(x) else missing
+
+
+def fmt_p(p: float) -> str:
+    """A p-value: three decimals, ``<0.001`` below that, ``n/a`` when not finite."""
+    if not finite(p):
+        return "n/a"
+    return "<0.001" if p < 0.001 else f"{p:.3f}"
