@@ -185,3 +185,17 @@ def test_check_env_passes_in_exact_mode_without_any_warning():
         sb3_check_env(env.unwrapped, warn=True)
         env.close()
     assert [f"{w.category.__name__}: {w.message}" for w in caught] == []
+
+
+def test_exact_credit_is_the_isolated_cost_where_merges_do_not_interact(rollout):
+    """At the regime's own load each merge drains before the next and within its cost
+    window: its marginal exact cost is then its isolated cost, merge for merge."""
+    env = DiLoCoSyncEnv("bursty", reward_mode="exact")
+    checked = 0
+    for seed in range(3):
+        r = rollout(env, "always-merge", seed=seed)
+        if _scorer_excess(env)[2]:
+            continue  # the scorer found an interaction: nothing to compare merge by merge
+        assert r.summary["merge_marginal_requests"] == r.summary["merge_costs_requests"]
+        checked += sum(r.summary["merge_costs_requests"]) > 0  # merges that cost something
+    assert checked >= 2
