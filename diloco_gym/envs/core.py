@@ -21,6 +21,12 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from diloco_gym.envs.reward import (
+    REWARD_NOMINAL_REQUESTS,
+    check_reward_mode,
+    nominal_rate_rps,
+    reward_per_request,
+)
 from diloco_gym.sim import compiled
 from diloco_gym.sim import learners as lrn
 from diloco_gym.sim.limits import check_limit
@@ -85,6 +91,9 @@ class EnvParams:
         reward_rate_rps: the nominal request rate of the reward scale; ``None`` (default)
             takes the regime's (:func:`nominal_rate_rps`). Set it to compare rewards across
             replays of different traces on one scale.
+        reward_mode: ``"additive"`` (default): each merge's isolated cost, credited at
+            launch; ``"exact"``: its marginal cost in the exact replay, credited once its
+            backlog has drained (:class:`diloco_gym.envs.reward.ExactCredit`).
     """
 
     step_seconds: float = 0.14
@@ -103,10 +112,14 @@ class EnvParams:
     tokens_clip: float = 1.0e6
     staleness_clip_s: float = 1800.0
     reward_rate_rps: float | None = None
+    reward_mode: str = "additive"
 
     def __post_init__(self) -> None:
         for f in fields(self):
             v = getattr(self, f.name)
+            if f.name == "reward_mode":
+                check_reward_mode(v)
+                continue
             if f.name == "reward_rate_rps":
                 if v is not None and (
                     not isinstance(v, (int, float, np.integer, np.floating))
@@ -393,9 +406,6 @@ def decision_costs(
     )
 
 
-#: The reward counts extra SLO-violating requests per this many nominal requests.
-REWARD_NOMINAL_REQUESTS = 1000.0
-
 #: Largest episode seed: seeds are stored as int64 (Gymnasium wants them non-negative).
 MAX_SEED = 2**63 - 1
 
@@ -455,60 +465,6 @@ def check_reset_options(options, allowed: tuple[str, ...], owner: str) -> dict:
             f"{valid} (environment parameters such as merge_budget are set when the env is made)"
         )
     return options
-
-
-def nominal_rate_rps(generator, params: EnvParams | None = None) -> float:
-    """The request rate that fixes the reward scale, known before any episode starts.
-
-    In order: ``params.reward_rate_rps`` when set; a ``nominal_rate_rps`` attribute of the
-    generator; for a :class:`~diloco_gym.sim.regimes.SyntheticRegime` the long-run mean of its
-    rate function, ``quiet + (busy - quiet) * min(1, (burst_s + ramp_s / 2) /
-    burst_period_s)`` (bursty: 8 req/s, non-periodic: 8.1, steady regimes: their rate); for a
-    :class:`~diloco_gym.sim.regimes.ReplayRegime` its ``target_rate_rps`` when set, otherwise
-    the mean rate of the whole loaded source trace (a constant of the regime, the same for
-    every window drawn from it; when the regime is one fixed trace, that trace's own mean
-    rate; pass ``reward_rate_rps`` to put several traces on one scale).
-
-    Raises:
-        ValueError: a generator of another kind without a ``nominal_rate_rps`` attribute
-            and no ``params.reward_rate_rps``.
-    """
-    from diloco_gym.sim.regimes import ReplayRegime, SyntheticRegime
-
-    if params is not None and params.reward_rate_rps is not None:
-        return float(params.reward_rate_rps)
-    declared = getattr(generator, "nominal_rate_rps", None)
-    if declared is not None:
-        rate = float(declared)
-    elif isinstance(generator, SyntheticRegime):
-        g = generator
-        rate = g.quiet_rate_rps
-        if g.burst_period_s > 0 and g.busy_rate_rps > g.quiet_rate_rps:
-            duty = min(1.0, (g.burst_s + 0.5 * g.ramp_s) / g.burst_period_s)
-            rate += (g.busy_rate_rps - g.quiet_rate_rps) * duty
-    elif isinstance(generator, ReplayRegime):
-        rate = (
-            generator.target_rate_rps
-            if generator.target_rate_rps is not None
-            else generator.trace.mean_rate_rps
-        )
-    else:
-        raise ValueError(
-            f"cannot fix a reward scale for the generator "
-            f"{getattr(generator, 'name', type(generator).__name__)!r}: give it a "
-            f"nominal_rate_rps attribute (requests/s) or pass reward_rate_rps"
-        )
-    if not (np.isfinite(rate) and rate > 0):
-        raise ValueError(f"nominal request rate of the reward scale must be > 0, got {rate!r}")
-    return float(rate)
-
-
-def reward_per_request(rate_rps: float, duration_s: float) -> float:
-    """Reward units per extra violating request: ``REWARD_NOMINAL_REQUESTS / (rate_rps *
-    duration_s)``, i.e. the reward counts violating requests per 1,000 nominal requests of
-    the window (``rate_rps`` from :func:`nominal_rate_rps`, ``duration_s`` the window
-    length; both fixed before the episode starts)."""
-    return REWARD_NOMINAL_REQUESTS / (float(rate_rps) * float(duration_s))
 
 
 def _ewma(x: np.ndarray, alpha: float) -> np.ndarray:

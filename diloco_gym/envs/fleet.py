@@ -24,6 +24,7 @@ import numpy as np
 from diloco_gym.envs import core
 from diloco_gym.envs.core import OBS_FEATURES, EnvParams, Episode
 from diloco_gym.envs.env import DiLoCoSyncEnv
+from diloco_gym.envs.reward import require_additive
 from diloco_gym.sim import fleet as fl
 from diloco_gym.sim import learners as lrn
 from diloco_gym.sim.regimes import ReplayRegime, get_regime, replay_rate_scale
@@ -355,6 +356,7 @@ class DiLoCoFleetEnv(DiLoCoSyncEnv):
         if fleet_kw:
             fleet = replace(fleet, **fleet_kw)
         base = replace(params or EnvParams(), **env_kw)
+        require_additive(base, "DiLoCoFleetEnv")  # its reward is the sites' isolated costs
         setup = FleetSetup(fleet, base)
         self.fleet = fleet
         self.setup = setup

@@ -12,8 +12,7 @@ from diloco_gym.sim.sidecar import (
     SidecarParams,
     cost_horizon,
     cost_queue,
-    merge_violations,
-    merged_backlog,
+    merge_window,
     no_merge_queue,
     padded,
 )
@@ -97,7 +96,6 @@ class EpisodeScorer:
             size,
         )
         self._prefmin = padded(prefmin, size)
-        self._d = self._q.d[0]
         self._base_bl = self._q.s[0] - self._prefmin  # the no-merge backlog (as replay's)
         horizon = cost_horizon(sc, p.step_seconds, self.w)
         starts = np.arange(episode.n_decisions, dtype=np.int64) * self.interval
@@ -190,26 +188,9 @@ class EpisodeScorer:
         from ``st``; ``length`` when not) the backlog re-joined the no-merge backlog, the
         extra violations before that, and the state to carry into the next window.
         """
-        r = st.size
-        t_max = int(length.max()) if r else 0
-        t = np.arange(t_max)
-        rows = np.zeros(r, dtype=np.int64)
-        # The queue with the merge (one rule: sidecar.merged_backlog), offset-major (t, r).
-        last = np.maximum(length - 1, 0)
-        bl, run_last = merged_backlog(
-            self._q, rows, st, min0, self.w, t_max, off0, ends=last if want_state else None
+        return merge_window(
+            self._q, self._base_bl, st, off0, min0, length, self.w, self.sidecar, want_state
         )
-        inside = t[:, None] < length
-        eq = (bl == self._base_bl[t[:, None] + st]) & (t[:, None] >= self.w) & inside
-        drained = eq.any(axis=0)
-        t_drain = np.where(drained, eq.argmax(axis=0), length)
-        # Requests (not violated without merges) between the start and the drain.
-        excess = merge_violations(self._q, rows, st, bl, self.w, self.sidecar, t_drain)
-        if not want_state:
-            return (drained, t_drain), excess
-        end = st + self.w
-        state = (off0 + (self._d[end] - self._d[st]), run_last)
-        return (drained, t_drain), excess, state
 
     def score(self, schedules: np.ndarray) -> Scores:
         """Exact and additive sync-excess (pp) of ``(K, M)`` schedules (decision indices)."""

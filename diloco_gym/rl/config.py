@@ -166,6 +166,8 @@ class _EnvKeys(Table):
 def _param_type(default: Any) -> Any:
     if isinstance(default, bool):
         return bool
+    if isinstance(default, str):  # reward_mode (EnvParams checks the value)
+        return str
     return int if isinstance(default, int) else float
 
 

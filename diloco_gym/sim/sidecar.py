@@ -55,6 +55,7 @@ __all__ = [
     "isolated_merge_costs",
     "merged_backlog",
     "merge_violations",
+    "merge_window",
     "merge_costs",
     "violation_threshold",
     "effect_sizes",
@@ -500,6 +501,53 @@ def merge_violations(
         out,
     )
     return out
+
+
+def merge_window(
+    q: CostQueue,
+    base_backlog: np.ndarray,
+    starts: np.ndarray,
+    off0: np.ndarray,
+    min0: np.ndarray,
+    lengths: np.ndarray,
+    merge_bins: int,
+    p: SidecarParams,
+    want_state: bool = False,
+):
+    """Follow one merge per window ``[start, start + length)`` of a one-row queue ``q``,
+    entering with running-sum offset ``off0`` and running minimum ``min0`` (the no-merge
+    state: 0 and ``prefmin[start]``; or the state an earlier merge left).
+
+    The merge's *drain* is the first bin after its window where its backlog equals the
+    no-merge backlog ``base_backlog`` (the queue has emptied: from there on the replay is
+    the no-merge one). This is the one rule of the exact replay's per-merge accounting:
+    the protocol's scorer and the env's exact reward both count through it.
+
+    Returns:
+        ``((drained, t_drain), excess[, (offset, run)])``: whether and where (bins from
+        the start; ``length`` when not) the backlog drained, the extra violations
+        (:func:`merge_violations`) before that, and the state to carry into a window that
+        starts at ``start + length``.
+    """
+    r = starts.size
+    t_max = int(lengths.max()) if r else 0
+    t = np.arange(t_max)
+    rows = np.zeros(r, dtype=np.int64)
+    last = np.maximum(lengths - 1, 0)
+    bl, run_last = merged_backlog(
+        q, rows, starts, min0, merge_bins, t_max, off0, ends=last if want_state else None
+    )
+    inside = t[:, None] < lengths
+    eq = (bl == base_backlog[t[:, None] + starts]) & (t[:, None] >= merge_bins) & inside
+    drained = eq.any(axis=0)
+    t_drain = np.where(drained, eq.argmax(axis=0), lengths)
+    # Requests (not violated without merges) between the start and the drain.
+    excess = merge_violations(q, rows, starts, bl, merge_bins, p, t_drain)
+    if not want_state:
+        return (drained, t_drain), excess
+    end = starts + merge_bins
+    state = (off0 + (q.d[0][end] - q.d[0][starts]), run_last)
+    return (drained, t_drain), excess, state
 
 
 def isolated_merge_costs(
