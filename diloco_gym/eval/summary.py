@@ -189,10 +189,14 @@ def scoring_summary(rows: pd.DataFrame) -> dict[str, Any]:
     those, the largest distance to its certified lower bound), and the largest
     additive-exact gap over every scored schedule."""
     n = len(rows)
-    known = n and "oracle_lower_bound_pct" in rows
-    bracket = rows["oracle_same_budget_pct"] - rows["oracle_lower_bound_pct"] if known else []
+    known = bool(n) and "oracle_lower_bound_pct" in rows
+    bracket = (
+        float((rows["oracle_same_budget_pct"] - rows["oracle_lower_bound_pct"]).max())
+        if known
+        else 0.0
+    )
     return {
-        "oracle_certified_gap_pp_max": float(np.max(bracket)) if known else 0.0,
+        "oracle_certified_gap_pp_max": bracket,
         "method": "exact replay for agent, matched-random draws and oracle alike",
         "agent_episodes": n,
         "proven_additive": int((rows["scoring"] == protocol.SCORING_PROVEN).sum()) if n else 0,
