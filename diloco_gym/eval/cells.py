@@ -220,7 +220,7 @@ def _calibration_cell(config, measured_key: str, fitted, units: list) -> dict[st
 
 def _unit_cell(config, regime: str, units: list, index: int, agents: list) -> dict[str, Any]:
     from diloco_gym.eval import protocol
-    from diloco_gym.eval.rollout import run_episode
+    from diloco_gym.eval.rollout import env_copies, run_episodes
 
     unit = units[index]
     env, seed = unit.env, unit.seed
@@ -229,8 +229,9 @@ def _unit_cell(config, regime: str, units: list, index: int, agents: list) -> di
     timeline = None
     counts = scorer = None
     ep = unit.episode()  # built once, through the kernel: every agent runs on it
-    for agent in agents:
-        res = run_episode(env, agent, seed, episode=ep)
+    envs = env_copies(env, len(agents))  # the agents step in lockstep, one env each
+    results = run_episodes([(e, a, seed, ep) for e, a in zip(envs, agents, strict=True)])
+    for agent, res in zip(agents, results, strict=True):
         m = int(res["merges"])
         if counts is None or counts.shape[0] <= m or counts.shape[1] != ep.n_decisions:
             counts = protocol.counts_for(ep.n_decisions, p, max(m, 40))
@@ -278,5 +279,6 @@ def _unit_cell(config, regime: str, units: list, index: int, agents: list) -> di
                     "sidecar": sc,
                 }
             timeline["schedules"][agent.name] = res["merge_decisions"]
-    env.episode = None  # streamed: a finished unit's env holds no episode (the timeline its own)
+    for e in envs:  # streamed: a finished unit's envs hold no episode (the timeline its own)
+        e.episode = None
     return {"rows": rows, "timeline": timeline}
