@@ -160,6 +160,11 @@ class _Run:
         self.steps = 0
         self.done = False
 
+    def attach(self) -> None:
+        """Attach the agent at its first decision (nothing has happened since the reset)."""
+        if self.ctx is None:
+            self.ctx = attach_agent(self.env, self.agent, self.info["episode_seed"])
+
     def time(self) -> float:
         """When in the episode the run's next decision is (seconds)."""
         return float(self.base.decision) * float(self.base.params.decision_seconds)
@@ -186,35 +191,51 @@ class _Run:
 
 
 def _lockstep(runs: list[tuple[Any, Any, int, Any]]) -> list[dict[str, Any]]:
-    """Runs with distinct envs and agents, stepped together in decision order."""
-    from diloco_gym.eval.sealed import SealedAgent, act_together
+    """Runs with distinct envs and agents, stepped together: the sealed agents of each
+    worker in decision order, one message per round, every worker's message in flight at
+    once; the agents run here are stepped while the workers think."""
+    from diloco_gym.eval.sealed import Exchange, worker_key
 
     live = [_Run(*r) for r in runs]
-    active = list(live)
-    while active:
+    groups: dict[int | None, list[_Run]] = {}
+    for r in live:
+        groups.setdefault(worker_key(r.agent), []).append(r)
+    local = groups.pop(None, [])
+    ex = Exchange()
+
+    def post(group: list[_Run]) -> None:
+        active = [r for r in group if not r.done]
+        if not active:
+            return
         if len(active) == 1:
             now = active
         else:
             first = min(r.time() for r in active)
             now = [r for r in active if r.time() == first]
         for r in now:
-            if r.ctx is None:  # attached at its first decision, as right after the reset
-                r.ctx = attach_agent(r.env, r.agent, r.info["episode_seed"])
-        sealed = [r for r in now if isinstance(r.agent, SealedAgent)]
-        answers = act_together(
-            [(r.agent, np.array(r.obs, dtype=np.float32), np.array([r.start])) for r in sealed]
+            r.attach()
+        ex.post(
+            [(r.agent, np.array(r.obs, dtype=np.float32), np.array([r.start])) for r in now], now
         )
-        actions = {id(r): a for r, a in zip(sealed, answers, strict=True)}
-        for r in now:
-            if id(r) not in actions:
-                actions[id(r)], r.state = r.agent.predict(
-                    np.array(r.obs, dtype=np.float32),
-                    state=r.state,
-                    episode_start=np.array([r.start]),
-                    deterministic=True,
-                )
-            r.step(actions[id(r)])
-        active = [r for r in active if not r.done]
+
+    for group in groups.values():
+        post(group)
+    while ex.pending() or local:
+        for now, actions in ex.collect(timeout=0 if local else None):
+            for r, action in zip(now, actions, strict=True):
+                r.step(action)
+            post(groups[worker_key(now[0].agent)])
+        if local:  # one decision of an agent run here
+            r = local[0]
+            r.attach()
+            action, r.state = r.agent.predict(
+                np.array(r.obs, dtype=np.float32),
+                state=r.state,
+                episode_start=np.array([r.start]),
+                deterministic=True,
+            )
+            r.step(action)
+            local = [r for r in local if not r.done]
     return [r.result() for r in live]
 
 

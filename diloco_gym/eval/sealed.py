@@ -32,71 +32,87 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import pickle
+import select
+import struct
 import weakref
 from typing import Any
 
 import numpy as np
 
-__all__ = ["SealedAgent", "seal_agents", "act_together", "SEALED", "IN_PROCESS"]
+__all__ = [
+    "SealedAgent",
+    "seal_agents",
+    "act_together",
+    "Exchange",
+    "worker_key",
+    "SEALED",
+    "IN_PROCESS",
+]
 
 #: report.json / report.md values of the agent-sealing mode.
 SEALED = "sealed (deployable agents in their own process)"
 IN_PROCESS = "in-process (--in-process-agents: not sealed)"
 
 
-# Act messages and their answers travel as raw arrays behind a small pickled header (a
-# round of a report is a few observations: pickling each array costs more than the pipe).
-# Pickled messages start with the pickle protocol byte 0x80, packed ones with b"A".
+# Act messages and their answers travel as raw bytes (a round of a report is one to a few
+# observations: pickling each small array costs more than the pipe). Pickled messages
+# start with the pickle protocol byte 0x80, packed ones with b"A". An act message:
+# b"A", (n, observation size, mask size) as uint32, the slots (int32), the episode-start
+# flags (uint8), the observations (float32), the masks (bool); an answer: b"A", then the
+# n actions as int64. Anything else (other shapes or dtypes, no mask) is pickled.
 _PACKED = b"A"
-
-
-def _pack(header: tuple, arrays: list[np.ndarray]) -> bytes:
-    head = pickle.dumps(header, protocol=pickle.HIGHEST_PROTOCOL)
-    return b"".join(
-        [_PACKED, len(head).to_bytes(4, "little"), head, *(a.tobytes() for a in arrays)]
-    )
-
-
-def _unpack(buf: bytes) -> tuple[tuple, memoryview]:
-    size = int.from_bytes(buf[1:5], "little")
-    return pickle.loads(buf[5 : 5 + size]), memoryview(buf)[5 + size :]
+_HEAD = struct.Struct("<III")
 
 
 def _pack_items(items: list[tuple]) -> bytes | None:
-    """``(slot, obs, mask, start)`` items as one packed message, or None when their
-    observations or masks differ in shape (or a mask is missing): then pickled."""
+    """``(slot, obs, mask, start)`` items as one packed message, or None (then pickled)."""
     obs0, mask0 = items[0][1], items[0][2]
-    if mask0 is None or any(
-        it[2] is None or it[1].shape != obs0.shape or it[2].shape != mask0.shape for it in items
-    ):
+    if mask0 is None or obs0.ndim != 1 or mask0.ndim != 1:
         return None
-    slots = tuple(it[0] for it in items)
-    starts = tuple(it[3] for it in items)
-    obs = np.stack([it[1] for it in items]).astype(np.float32, copy=False)
-    masks = np.stack([it[2] for it in items]).astype(bool, copy=False)
-    return _pack((slots, starts, obs0.shape, mask0.shape), [obs, masks])
+    for _, obs, mask, _ in items:
+        if (
+            mask is None
+            or obs.dtype != np.float32
+            or mask.dtype != np.bool_
+            or obs.shape != obs0.shape
+            or mask.shape != mask0.shape
+        ):
+            return None
+    n = len(items)
+    return b"".join(
+        [
+            _PACKED,
+            _HEAD.pack(n, obs0.size, mask0.size),
+            struct.pack(f"<{n}i", *(it[0] for it in items)),
+            bytes(bool(it[3]) for it in items),
+            *(it[1].tobytes() for it in items),
+            *(it[2].tobytes() for it in items),
+        ]
+    )
 
 
 def _unpack_items(buf: bytes) -> list[tuple]:
-    (slots, starts, obs_shape, mask_shape), data = _unpack(buf)
-    n = len(slots)
-    n_obs = n * int(np.prod(obs_shape, dtype=np.int64))
-    obs = np.frombuffer(data, np.float32, n_obs).reshape(n, *obs_shape).copy()
-    masks = np.frombuffer(data, bool, offset=4 * n_obs).reshape(n, *mask_shape).copy()
-    return [(slots[i], obs[i], masks[i], starts[i]) for i in range(n)]
+    n, n_obs, n_mask = _HEAD.unpack_from(buf, 1)
+    at = 1 + _HEAD.size
+    slots = struct.unpack_from(f"<{n}i", buf, at)
+    at += 4 * n
+    starts = buf[at : at + n]
+    at += n
+    obs = np.frombuffer(buf, np.float32, n * n_obs, at).reshape(n, n_obs).copy()
+    at += 4 * n * n_obs
+    masks = np.frombuffer(buf, np.bool_, n * n_mask, at).reshape(n, n_mask).copy()
+    return [(slots[i], obs[i], masks[i], bool(starts[i])) for i in range(n)]
 
 
 def _pack_actions(actions: list[np.ndarray]) -> bytes | None:
-    a0 = actions[0]
-    if any(a.dtype != a0.dtype or a.shape != a0.shape for a in actions) or a0.dtype.hasobject:
+    if any(a.dtype != np.int64 or a.shape != (1,) for a in actions):
         return None
-    return _pack((a0.dtype.str, a0.shape, len(actions)), [np.stack(actions)])
+    return _PACKED + b"".join(a.tobytes() for a in actions)
 
 
 def _unpack_actions(buf: bytes) -> list[np.ndarray]:
-    (dtype, shape, n), data = _unpack(buf)
-    block = np.frombuffer(data, np.dtype(dtype)).reshape(n, *shape).copy()
-    return list(block)
+    block = np.frombuffer(buf, np.int64, offset=1).copy()
+    return [block[i : i + 1] for i in range(block.size)]
 
 
 def _attach(agents: list, ctxs: list, states: list, slot: int, msg: tuple) -> None:
@@ -297,6 +313,75 @@ class SealedAgent:
         self._worker.finalizer()
 
 
+def worker_key(agent: Any) -> int | None:
+    """The worker that answers for ``agent`` (agents with one key share a process and an
+    :class:`Exchange` message); ``None`` for an agent that is not sealed."""
+    return id(agent._worker) if isinstance(agent, SealedAgent) else None
+
+
+class Exchange:
+    """Act messages in flight to several workers at once: :meth:`post` one message per
+    worker (the agents of one worker, each at most once), :meth:`collect` the answers as
+    they arrive, each with the ``tags`` it was posted with."""
+
+    def __init__(self) -> None:
+        self._out: dict[int, tuple[_Worker, list[int], list]] = {}  # by file descriptor
+        self._poll = select.poll()
+
+    def post(self, requests: list[tuple[SealedAgent, Any, Any]], tags: list) -> None:
+        """Send ``(agent, observation, episode_start)`` requests, all of one worker.
+
+        Raises:
+            ValueError: the agents have different workers, one is asked twice, or their
+                worker has not answered the previous message yet.
+        """
+        w = requests[0][0]._worker
+        items = [agent._item(obs, start) for agent, obs, start in requests]
+        slots = [it[0] for it in items]
+        if any(agent._worker is not w for agent, _, _ in requests):
+            raise ValueError("one Exchange.post is for the agents of one worker")
+        if len(set(slots)) != len(slots):
+            name = next(a.name for a, _, _ in requests if slots.count(a._slot) > 1)
+            raise ValueError(f"sealed agent {name} asked twice in one message")
+        fd = w.conn.fileno()
+        if fd in self._out:
+            raise ValueError(f"sealed agent {requests[0][0].name}: its worker is still busy")
+        w.send(("act", items), slots)
+        self._out[fd] = (w, slots, list(tags))
+        self._poll.register(fd, select.POLLIN)
+
+    def pending(self) -> bool:
+        """Whether a posted message is still unanswered."""
+        return bool(self._out)
+
+    def collect(self, timeout: float | None = None) -> list[tuple[list, list[np.ndarray]]]:
+        """The answers that arrived within ``timeout`` seconds (``None``: wait for one),
+        ``(tags, actions)`` each. After a worker's error every other answer is read
+        (the workers stay usable) before it is raised."""
+        if not self._out:
+            return []
+        events = self._poll.poll(None if timeout is None else int(timeout * 1000))
+        out = []
+        for fd, _event in events:  # an answer, or a closed pipe (read: the error names it)
+            self._poll.unregister(fd)
+            w, slots, tags = self._out.pop(fd)
+            try:
+                out.append((tags, w.receive(slots)))
+            except RuntimeError:
+                self._drain()
+                raise
+        return out
+
+    def _drain(self) -> None:
+        for fd, (w, slots, _) in self._out.items():
+            self._poll.unregister(fd)
+            try:
+                w.receive(slots)
+            except RuntimeError:
+                pass
+        self._out.clear()
+
+
 def act_together(requests: list[tuple[SealedAgent, Any, Any]]) -> list[np.ndarray]:
     """The actions of several sealed agents, ``(agent, observation, episode_start)`` each,
     in request order: one message per worker, all sent before any answer is read.
@@ -304,27 +389,17 @@ def act_together(requests: list[tuple[SealedAgent, Any, Any]]) -> list[np.ndarra
     Raises:
         ValueError: an agent is asked twice (it follows one episode at a time).
     """
-    by_worker: dict[int, tuple[_Worker, list, list]] = {}
-    for i, (agent, obs, start) in enumerate(requests):
-        w = agent._worker
-        entry = by_worker.setdefault(id(w), (w, [], []))
-        item = agent._item(obs, start)
-        if any(it[0] == item[0] for it in entry[1]):
-            raise ValueError(f"sealed agent {agent.name} asked twice in one act_together call")
-        entry[1].append(item)
-        entry[2].append(i)
-    for w, items, _ in by_worker.values():
-        w.send(("act", items), [it[0] for it in items])
+    by_worker: dict[int, list[int]] = {}
+    for i, (agent, _, _) in enumerate(requests):
+        by_worker.setdefault(id(agent._worker), []).append(i)
+    ex = Exchange()
+    for where in by_worker.values():
+        ex.post([requests[i] for i in where], where)
     out: list[Any] = [None] * len(requests)
-    failed: RuntimeError | None = None
-    for w, items, where in by_worker.values():  # every answer read, even after an error
-        try:
-            for i, action in zip(where, w.receive([it[0] for it in items]), strict=True):
+    while ex.pending():
+        for where, actions in ex.collect():
+            for i, action in zip(where, actions, strict=True):
                 out[i] = action
-        except RuntimeError as exc:
-            failed = failed or exc
-    if failed is not None:
-        raise failed
     return out
 
 
@@ -337,15 +412,25 @@ def _check_deployable(agent: Any) -> None:
         raise ValueError(f"{_name(agent)!r} is not deployable: not sealed")
 
 
-def seal_agents(agents: list, in_process: bool = False) -> list:
-    """Each deployable agent of ``agents`` wrapped in a :class:`SealedAgent`, all of them in
-    one worker process (the non-deployable ones, the oracle, unchanged);
-    ``in_process=True`` returns ``agents``."""
+def seal_agents(agents: list, in_process: bool = False, workers: int | None = 1) -> list:
+    """Each deployable agent of ``agents`` wrapped in a :class:`SealedAgent` (the
+    non-deployable ones, the oracle, unchanged); ``in_process=True`` returns ``agents``.
+
+    ``workers``: how many worker processes share the deployable agents (in turn: agent
+    ``i`` in worker ``i % workers``); ``None``: one per agent. One (the default) was the
+    fastest on a shared 2-core machine: every message wakes a process, and one worker
+    answers all the agents asked at a decision in one message."""
     if in_process:
         return list(agents)
     deployable = [a for a in agents if bool(getattr(a, "deployable", True))]
-    if not deployable:
-        return list(agents)
-    worker = _Worker([pickle.dumps(a) for a in deployable], [_name(a) for a in deployable])
-    slots = {id(a): i for i, a in enumerate(deployable)}
-    return [SealedAgent._in(a, worker, slots[id(a)]) if id(a) in slots else a for a in agents]
+    n = len(deployable) if workers is None else max(1, min(int(workers), len(deployable)))
+    slots: dict[int, tuple[int, int]] = {}
+    groups: list[list[Any]] = [[] for _ in range(n)]
+    for i, a in enumerate(deployable):
+        slots[id(a)] = (i % n, len(groups[i % n]))
+        groups[i % n].append(a)
+    procs = [_Worker([pickle.dumps(a) for a in g], [_name(a) for a in g]) for g in groups if g]
+    return [
+        SealedAgent._in(a, procs[slots[id(a)][0]], slots[id(a)][1]) if id(a) in slots else a
+        for a in agents
+    ]

@@ -14,7 +14,7 @@ from diloco_gym import DiLoCoSyncEnv
 from diloco_gym.agents.base import Agent
 from diloco_gym.envs.core import OBS_INDEX, episode_from_seed
 from diloco_gym.eval.rollout import env_copies, run_episode, run_episodes
-from diloco_gym.eval.sealed import SealedAgent, act_together, seal_agents
+from diloco_gym.eval.sealed import SealedAgent, act_together, seal_agents, worker_key
 
 pytestmark = pytest.mark.slow  # starts worker processes
 
@@ -70,13 +70,15 @@ def test_lockstep_keeps_decision_order_in_a_shared_worker(tmp_path):
     assert out.exists() and "rec-2" in out.read_text()
 
 
-def test_lockstep_sealed_gives_the_in_process_results():
+@pytest.mark.parametrize("workers", [1, 3])
+def test_lockstep_sealed_gives_the_in_process_results(workers):
     from diloco_gym.agents.registry import HEURISTICS, make_agents
 
     env = DiLoCoSyncEnv("bursty")
     plain = make_agents(HEURISTICS)
-    sealed = seal_agents(make_agents(HEURISTICS))
+    sealed = seal_agents(make_agents(HEURISTICS), workers=workers)
     assert sum(isinstance(s, SealedAgent) for s in sealed) == len(HEURISTICS) - 1  # the oracle
+    assert len({worker_key(s) for s in sealed} - {None}) == workers
     envs = env_copies(env, len(plain))
     try:
         for seed in (0, 1):
@@ -88,7 +90,9 @@ def test_lockstep_sealed_gives_the_in_process_results():
                 for key in ("merge_decisions", "return", "steps", "violation_pct"):
                     assert r1[key] == r2[key] == r3[key], key
     finally:
-        sealed[0].close()
+        for s in sealed:
+            if isinstance(s, SealedAgent):
+                s.close()
 
 
 def test_runs_sharing_an_agent_or_an_env_run_in_waves_in_order():
