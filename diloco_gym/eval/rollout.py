@@ -92,7 +92,9 @@ def run_episode(env: Any, agent: Any, seed: int, episode: Any = None) -> dict[st
     return run_episodes([(env, agent, seed, episode)])[0]
 
 
-def run_episodes(runs: list[tuple[Any, Any, int, Any]]) -> list[dict[str, Any]]:
+def run_episodes(
+    runs: list[tuple[Any, Any, int, Any]], copies: bool = False
+) -> list[dict[str, Any]]:
     """Several episodes, ``(env, agent, seed, episode)`` each as :func:`run_episode`'s
     arguments, with the results :func:`run_episode` gives each, in ``runs`` order.
 
@@ -103,7 +105,13 @@ def run_episodes(runs: list[tuple[Any, Any, int, Any]]) -> list[dict[str, Any]]:
     are asked about. A run whose env or agent is already in use waits for a later wave, and
     an env without a ``decision`` clock (the fleet env) runs alone.
     Every agent sees exactly what :func:`run_episode` shows it, so results are the same.
+
+    ``copies=True``: runs that share an env run on copies of it (:func:`env_copies`; the
+    first on the env itself), so that only runs sharing an agent wait for another wave;
+    the copies hold no episode afterwards.
     """
+    if copies:
+        runs = _on_copies(runs)
     results: list[Any] = [None] * len(runs)
     pending = list(range(len(runs)))
     while pending:
@@ -144,6 +152,18 @@ def env_copies(env: Any, n: int) -> list[Any]:
         finally:
             env.episode = held
     return [env, *have[: n - 1]]
+
+
+def _on_copies(runs: list[tuple[Any, Any, int, Any]]) -> list[tuple[Any, Any, int, Any]]:
+    uses: dict[int, list[int]] = {}
+    for i, run in enumerate(runs):
+        uses.setdefault(id(run[0]), []).append(i)
+    out = list(runs)
+    for where in uses.values():
+        envs = env_copies(runs[where[0]][0], len(where))
+        for i, e in zip(where, envs, strict=True):
+            out[i] = (e, *runs[i][1:])
+    return out
 
 
 class _Run:
