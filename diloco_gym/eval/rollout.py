@@ -5,7 +5,8 @@
 :class:`~diloco_gym.agents.base.AgentContext` (public
 parameters and the action mask, no env, trace, costs or seed); only an agent with
 ``deployable = False`` also the unwrapped env and the episode seed.
-:func:`run_episode` and :class:`AttachAgentWrapper` both go through it.
+:func:`run_episode`, :func:`run_episodes` (several episodes stepped in lockstep, the
+report's and frontier's agents of a unit) and :class:`AttachAgentWrapper` go through it.
 """
 
 from __future__ import annotations
@@ -110,6 +111,7 @@ def run_episodes(
     first on the env itself), so that only runs sharing an agent wait for another wave;
     the copies hold no episode afterwards.
     """
+    given = runs
     if copies:
         runs = _on_copies(runs)
     results: list[Any] = [None] * len(runs)
@@ -132,6 +134,9 @@ def run_episodes(
         for i, res in zip(wave, _lockstep([runs[i] for i in wave]), strict=True):
             results[i] = res
         pending = rest
+    for run, was in zip(runs, given, strict=True):
+        if run[0] is not was[0]:  # a copy: streamed, it keeps no episode
+            run[0].episode = None
     return results
 
 

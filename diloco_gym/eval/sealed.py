@@ -7,22 +7,22 @@ seed. :class:`SealedAgent` runs the agent in a separate worker process started w
 ``spawn`` method (a fresh interpreter: none of the parent's objects are copied into it)
 that holds agents and nothing else of the evaluation. The parent sends it, per episode,
 the public parameters (:class:`~diloco_gym.envs.core.EnvParams`), the regime's name and
-the observation's feature names (a fleet's per-site table), with the episode's first
-observation; and per decision one observation and the current action mask; it answers
-with the action. The env, the episode, the trace, the merge costs, the seed, the step
-infos and the scoring stay in the parent, and so does every non-deployable agent (the
-oracle).
+the observation's feature names (a fleet's per-site table), and per decision one
+observation and the current action mask; it answers with the action. The env, the
+episode, the trace, the merge costs, the seed, the step infos and the scoring stay in the
+parent, and so does every non-deployable agent (the oracle).
 
 Each agent object is pickled into the worker as constructed (before any episode).
-:func:`seal_agents` puts all the deployable agents of one call into **one** worker (one
-interpreter to start instead of one per agent), and :func:`act_together` asks several of
-them in one message: :func:`diloco_gym.eval.rollout.run_episodes` steps the agents of a
-unit in lockstep and pays one pipe round trip per decision of the episode instead of one
-per decision of every agent (measured in ``benchmarks/sealed_overhead.py``). Agents that
-share a worker can see each other's objects; the runner only ever sends them observations
-of one decision at a time, in decision order, so an agent asked at decision ``d`` finds in
-its process nothing later than ``d`` (and never the env, the trace or the seed). The
-worker serves every episode of a process (report and frontier cells reuse it).
+:func:`seal_agents` puts the deployable agents of one call into one worker by default
+(``workers=``: more), and :class:`Exchange` asks several agents of a worker in one message
+and several workers at once: :func:`diloco_gym.eval.rollout.run_episodes` steps the
+agents of a unit in lockstep, so a report pays one pipe round trip per decision of the
+episode at which any agent is asked, instead of one per decision of every agent
+(``benchmarks/sealed_overhead.py``). Agents that share a worker can see each other's
+objects; the runner asks them in decision order, one decision per message, so an agent
+asked at decision ``d`` finds in its process no observation later than ``d`` (and never
+the env, the trace or the seed). A worker serves every episode of a process (report and
+frontier cells reuse it).
 
 In-process evaluation remains available as an explicit opt-out
 (``--in-process-agents``); reports state which mode they ran in.

@@ -145,3 +145,16 @@ def test_a_batch_names_the_failing_agent_and_keeps_each_action_dtype():
             act_together([(sealed[0], obs, [True]), (sealed[0], obs, [True])])
     finally:
         sealed[0].close()
+
+
+def test_copies_let_runs_on_one_env_step_together_and_keep_no_episode():
+    from diloco_gym.agents.registry import make_agents
+
+    env = DiLoCoSyncEnv("bursty", merge_budget=12)
+    agents = make_agents(["fixed-budget", "online-forecast-budget", "wa-diloco"])
+    want = [run_episode(env, a, 4) for a in agents]
+    got = run_episodes([(env, a, 4, None) for a in agents], copies=True)
+    assert [g["merge_decisions"] for g in got] == [w["merge_decisions"] for w in want]
+    assert all(g["merges"] == 12 for g in got)
+    copies = env_copies(env, 3)
+    assert env.episode is not None and all(c.episode is None for c in copies[1:])
