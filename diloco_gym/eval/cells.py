@@ -184,11 +184,11 @@ def run_report_cell(cell: ReportCell) -> dict[str, Any]:
         lambda: regime_plan(config, cell.regime, calib, dict(cell.env)),
         cell.env,
     )
-    if cell.unit is None:
-        return _calibration_cell(config, measured_key, fitted, units)
     from diloco_gym.agents.registry import make_agents
     from diloco_gym.eval.sealed import seal_agents
 
+    # Built (the sealed agents' worker started) at a process's first cell, so the worker
+    # starts while a calibration cell runs.
     agents = cached(
         "agents",
         config,
@@ -197,6 +197,8 @@ def run_report_cell(cell: ReportCell) -> dict[str, Any]:
             make_agents(config.agents), getattr(config, "in_process_agents", False)
         ),
     )
+    if cell.unit is None:
+        return _calibration_cell(config, measured_key, fitted, units)
     return _unit_cell(config, cell.regime, units, cell.unit, agents)
 
 

@@ -235,8 +235,9 @@ def _lockstep(runs: list[tuple[Any, Any, int, Any]]) -> list[dict[str, Any]]:
         if len(active) == 1:
             now = active
         else:
-            first = min(r.time() for r in active)
-            now = [r for r in active if r.time() == first]
+            times = [r.time() for r in active]
+            first = min(times)
+            now = [r for r, t in zip(active, times, strict=True) if t == first]
         for r in now:
             r.attach()
         ex.post(
