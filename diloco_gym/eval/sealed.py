@@ -34,6 +34,7 @@ import multiprocessing as mp
 import pickle
 import select
 import struct
+import time
 import weakref
 from typing import Any
 
@@ -152,7 +153,36 @@ class _AgentError(Exception):
         self.slot, self.text = slot, text
 
 
-def _serve(conn: Any, blobs: list[bytes]) -> None:
+#: Longest busy wait (seconds) for the other side's next message before sleeping on it.
+SPIN_S = 5e-4
+
+
+class _Spin:
+    """Busy-wait briefly for a message before sleeping on it: waking a sleeping process
+    costs tens of microseconds here, about a lockstep round's work. The window adapts:
+    doubled (up to ``cap``) after a wait it caught, halved after one it missed, so that on
+    a loaded machine, where the other side is often not running, it falls to (almost)
+    nothing; every 64th wait tries the whole window again."""
+
+    def __init__(self, cap: float) -> None:
+        self.cap = self.window = max(0.0, cap)
+        self.n = 0
+
+    def wait(self, ready: Any) -> None:
+        """Return once ``ready()`` is true or the window has passed."""
+        self.n += 1
+        window = self.cap if self.n % 64 == 0 else self.window
+        if window <= 0.0:
+            return
+        end = time.perf_counter() + window
+        while time.perf_counter() < end:
+            if ready():
+                self.window = min(self.cap, max(self.window, 1e-6) * 2)
+                return
+        self.window /= 2
+
+
+def _serve(conn: Any, blobs: list[bytes], spin_s: float = 0.0) -> None:
     """The worker: build the agents, then answer act requests until closed."""
     import sys
 
@@ -162,8 +192,10 @@ def _serve(conn: Any, blobs: list[bytes]) -> None:
         sys.modules["torch"].set_num_threads(1)
     ctxs: list = [None] * len(agents)
     states: list = [None] * len(agents)
+    spin = _Spin(spin_s)
     while True:
         try:
+            spin.wait(lambda: conn.poll(0))
             buf = conn.recv_bytes()
         except EOFError:
             return
@@ -211,7 +243,7 @@ class _Worker:
         self.names = names
         ctx = mp.get_context("spawn")
         self.conn, child = ctx.Pipe()
-        self.proc = ctx.Process(target=_serve, args=(child, blobs), daemon=True)
+        self.proc = ctx.Process(target=_serve, args=(child, blobs, SPIN_S), daemon=True)
         self.proc.start()
         child.close()
         self.finalizer = weakref.finalize(self, _stop, self.proc, self.conn)
@@ -327,6 +359,7 @@ class Exchange:
     def __init__(self) -> None:
         self._out: dict[int, tuple[_Worker, list[int], list]] = {}  # by file descriptor
         self._poll = select.poll()
+        self._spin = _Spin(SPIN_S)
 
     def post(self, requests: list[tuple[SealedAgent, Any, Any]], tags: list) -> None:
         """Send ``(agent, observation, episode_start)`` requests, all of one worker.
@@ -360,7 +393,11 @@ class Exchange:
         (the workers stay usable) before it is raised."""
         if not self._out:
             return []
-        events = self._poll.poll(None if timeout is None else int(timeout * 1000))
+        events = self._poll.poll(0)
+        if not events and timeout != 0:
+            if timeout is None:
+                self._spin.wait(lambda: bool(self._poll.poll(0)))
+            events = self._poll.poll(None if timeout is None else int(timeout * 1000))
         out = []
         for fd, _event in events:  # an answer, or a closed pipe (read: the error names it)
             self._poll.unregister(fd)

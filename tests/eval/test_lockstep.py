@@ -158,3 +158,16 @@ def test_copies_let_runs_on_one_env_step_together_and_keep_no_episode():
     assert all(g["merges"] == 12 for g in got)
     copies = env_copies(env, 3)
     assert env.episode is not None and all(c.episode is None for c in copies[1:])
+
+
+def test_the_busy_wait_window_shrinks_on_misses_and_grows_back_on_hits():
+    from diloco_gym.eval import sealed
+
+    spin = sealed._Spin(1e-3)
+    for _ in range(5):
+        spin.wait(lambda: False)  # the other side never answers within the window
+    assert spin.window == pytest.approx(1e-3 / 32)
+    spin.wait(lambda: True)
+    assert spin.window == pytest.approx(1e-3 / 16)
+    off = sealed._Spin(0.0)
+    off.wait(lambda: pytest.fail("a zero window must not poll"))
