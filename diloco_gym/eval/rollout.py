@@ -247,10 +247,10 @@ def _lockstep(runs: list[tuple[Any, Any, int, Any]]) -> list[dict[str, Any]]:
     for group in groups.values():
         post(group)
     while ex.pending() or local:
-        for now, actions in ex.collect(timeout=0 if local else None):
-            for r, action in zip(now, actions, strict=True):
-                r.step(action)
-            post(groups[worker_key(now[0].agent)])
+        for r, action in ex.collect(timeout=0 if local else None):
+            r.step(action)
+            if not ex.busy(r.agent):  # the worker's whole round is answered
+                post(groups[worker_key(r.agent)])
         if local:  # one decision of an agent run here
             r = local[0]
             r.attach()

@@ -131,9 +131,10 @@ def _attach(agents: list, ctxs: list, states: list, slot: int, msg: tuple) -> No
         raise _AgentError(slot, f"{type(exc).__name__}: {exc}") from None
 
 
-def _answer(agents: list, ctxs: list, states: list, items: list) -> list:
-    """The worker's actions for one message of ``(slot, obs, mask, start)`` items."""
-    actions = []
+def _answer(conn: Any, agents: list, ctxs: list, states: list, items: list) -> None:
+    """The worker's actions for one message of ``(slot, obs, mask, start)`` items, each
+    sent as soon as it is decided (the parent steps that env while the next is decided);
+    an agent's error is sent instead of its action and ends the message."""
     for slot, obs, mask, start in items:
         try:
             if ctxs[slot] is not None:
@@ -143,8 +144,12 @@ def _answer(agents: list, ctxs: list, states: list, items: list) -> list:
             )
         except Exception as exc:  # noqa: BLE001 - reported to the parent, one line
             raise _AgentError(slot, f"{type(exc).__name__}: {exc}") from None
-        actions.append(np.asarray(action).reshape(-1))
-    return actions
+        answer = [np.asarray(action).reshape(-1)]
+        packed = _pack_actions(answer)
+        if packed is None:
+            conn.send(("ok", answer))
+        else:
+            conn.send_bytes(packed)
 
 
 class _AgentError(Exception):
@@ -201,16 +206,11 @@ def _serve(conn: Any, blobs: list[bytes], spin_s: float = 0.0) -> None:
             return
         try:
             if buf[:1] == _PACKED:
-                actions = _answer(agents, ctxs, states, _unpack_items(buf))
-                packed = _pack_actions(actions)
-                if packed is None:
-                    conn.send(("ok", actions))
-                else:
-                    conn.send_bytes(packed)
+                _answer(conn, agents, ctxs, states, _unpack_items(buf))
                 continue
             msg = pickle.loads(buf)
             if msg[0] == "act":
-                conn.send(("ok", _answer(agents, ctxs, states, msg[1])))
+                _answer(conn, agents, ctxs, states, msg[1])
             elif msg[0] == "attach":
                 _attach(agents, ctxs, states, msg[1], msg[2:])
                 conn.send(("ok", None))
@@ -353,11 +353,13 @@ def worker_key(agent: Any) -> int | None:
 
 class Exchange:
     """Act messages in flight to several workers at once: :meth:`post` one message per
-    worker (the agents of one worker, each at most once), :meth:`collect` the answers as
-    they arrive, each with the ``tags`` it was posted with."""
+    worker (the agents of one worker, each at most once), :meth:`collect` the actions as
+    they arrive (a worker answers each agent of a message as soon as it has decided), each
+    with its tag from :meth:`post`."""
 
     def __init__(self) -> None:
-        self._out: dict[int, tuple[_Worker, list[int], list]] = {}  # by file descriptor
+        # by file descriptor: the worker, the message's slots and tags, actions read
+        self._out: dict[int, list[Any]] = {}
         self._poll = select.poll()
         self._spin = _Spin(SPIN_S)
 
@@ -376,21 +378,25 @@ class Exchange:
         if len(set(slots)) != len(slots):
             name = next(a.name for a, _, _ in requests if slots.count(a._slot) > 1)
             raise ValueError(f"sealed agent {name} asked twice in one message")
-        fd = w.conn.fileno()
-        if fd in self._out:
+        if self.busy(requests[0][0]):
             raise ValueError(f"sealed agent {requests[0][0].name}: its worker is still busy")
         w.send(("act", items), slots)
-        self._out[fd] = (w, slots, list(tags))
+        fd = w.conn.fileno()
+        self._out[fd] = [w, slots, list(tags), 0]
         self._poll.register(fd, select.POLLIN)
 
+    def busy(self, agent: SealedAgent) -> bool:
+        """Whether ``agent``'s worker has not answered all of its last message yet."""
+        return agent._worker.conn.fileno() in self._out
+
     def pending(self) -> bool:
-        """Whether a posted message is still unanswered."""
+        """Whether a posted message is still not wholly answered."""
         return bool(self._out)
 
-    def collect(self, timeout: float | None = None) -> list[tuple[list, list[np.ndarray]]]:
-        """The answers that arrived within ``timeout`` seconds (``None``: wait for one),
-        ``(tags, actions)`` each. After a worker's error every other answer is read
-        (the workers stay usable) before it is raised."""
+    def collect(self, timeout: float | None = None) -> list[tuple[Any, np.ndarray]]:
+        """The actions that arrived within ``timeout`` seconds (``None``: wait for one),
+        ``(tag, action)`` each. After a worker's error every other answer is read (the
+        workers stay usable) before it is raised."""
         if not self._out:
             return []
         events = self._poll.poll(0)
@@ -400,23 +406,37 @@ class Exchange:
             events = self._poll.poll(None if timeout is None else int(timeout * 1000))
         out = []
         for fd, _event in events:  # an answer, or a closed pipe (read: the error names it)
-            self._poll.unregister(fd)
-            w, slots, tags = self._out.pop(fd)
             try:
-                out.append((tags, w.receive(slots)))
+                out.append(self._read(fd))
             except RuntimeError:
                 self._drain()
                 raise
         return out
 
+    def _read(self, fd: int) -> tuple[Any, np.ndarray]:
+        entry = self._out[fd]
+        w, slots, tags, got = entry
+        try:
+            (action,) = w.receive(slots[got : got + 1])
+        except RuntimeError:
+            self._done(fd)
+            raise
+        entry[3] = got + 1
+        if got + 1 == len(slots):
+            self._done(fd)
+        return tags[got], action
+
+    def _done(self, fd: int) -> None:
+        self._poll.unregister(fd)
+        del self._out[fd]
+
     def _drain(self) -> None:
-        for fd, (w, slots, _) in self._out.items():
-            self._poll.unregister(fd)
-            try:
-                w.receive(slots)
-            except RuntimeError:
-                pass
-        self._out.clear()
+        for fd in list(self._out):
+            while fd in self._out:
+                try:
+                    self._read(fd)
+                except RuntimeError:
+                    pass
 
 
 def act_together(requests: list[tuple[SealedAgent, Any, Any]]) -> list[np.ndarray]:
@@ -434,9 +454,8 @@ def act_together(requests: list[tuple[SealedAgent, Any, Any]]) -> list[np.ndarra
         ex.post([requests[i] for i in where], where)
     out: list[Any] = [None] * len(requests)
     while ex.pending():
-        for where, actions in ex.collect():
-            for i, action in zip(where, actions, strict=True):
-                out[i] = action
+        for i, action in ex.collect():
+            out[i] = action
     return out
 
 
