@@ -141,7 +141,7 @@ class FrontierConfig:
     rate_scale: float | None = None
     target_utilization: float | None = None
     #: run deployable agents in this process (``--in-process-agents``); default: sealed
-    #: each in its own worker process (:mod:`diloco_gym.eval.sealed`).
+    #: in a worker process apart from the env (:mod:`diloco_gym.eval.sealed`).
     in_process_agents: bool = False
     #: learner calibration file: every point also gets its model-quality price.
     learner_calibration: str | None = None
@@ -869,7 +869,7 @@ def render_markdown(result: dict[str, Any], figures: dict[str, str], command: st
         + (
             "in-process (--in-process-agents: not sealed; an agent's code could reach the episode)."
             if cfg.get("in_process_agents")
-            else "sealed, each in its own process with observations, action masks and "
+            else "sealed, in a worker process with observations, action masks and "
             "public parameters only; the oracle runs in the evaluating process."
         ),
         "",
