@@ -184,11 +184,11 @@ def run_report_cell(cell: ReportCell) -> dict[str, Any]:
         lambda: regime_plan(config, cell.regime, calib, dict(cell.env)),
         cell.env,
     )
-    if cell.unit is None:
-        return _calibration_cell(config, measured_key, fitted, units)
     from diloco_gym.agents.registry import make_agents
     from diloco_gym.eval.sealed import seal_agents
 
+    # Built (the sealed agents' worker started) at a process's first cell, so the worker
+    # starts while a calibration cell runs.
     agents = cached(
         "agents",
         config,
@@ -197,6 +197,8 @@ def run_report_cell(cell: ReportCell) -> dict[str, Any]:
             make_agents(config.agents), getattr(config, "in_process_agents", False)
         ),
     )
+    if cell.unit is None:
+        return _calibration_cell(config, measured_key, fitted, units)
     return _unit_cell(config, cell.regime, units, cell.unit, agents)
 
 
@@ -220,7 +222,7 @@ def _calibration_cell(config, measured_key: str, fitted, units: list) -> dict[st
 
 def _unit_cell(config, regime: str, units: list, index: int, agents: list) -> dict[str, Any]:
     from diloco_gym.eval import protocol
-    from diloco_gym.eval.rollout import run_episode
+    from diloco_gym.eval.rollout import env_copies, run_episodes
 
     unit = units[index]
     env, seed = unit.env, unit.seed
@@ -229,8 +231,9 @@ def _unit_cell(config, regime: str, units: list, index: int, agents: list) -> di
     timeline = None
     counts = scorer = None
     ep = unit.episode()  # built once, through the kernel: every agent runs on it
-    for agent in agents:
-        res = run_episode(env, agent, seed, episode=ep)
+    envs = env_copies(env, len(agents))  # the agents step in lockstep, one env each
+    results = run_episodes([(e, a, seed, ep) for e, a in zip(envs, agents, strict=True)])
+    for agent, res in zip(agents, results, strict=True):
         m = int(res["merges"])
         if counts is None or counts.shape[0] <= m or counts.shape[1] != ep.n_decisions:
             counts = protocol.counts_for(ep.n_decisions, p, max(m, 40))
@@ -278,5 +281,6 @@ def _unit_cell(config, regime: str, units: list, index: int, agents: list) -> di
                     "sidecar": sc,
                 }
             timeline["schedules"][agent.name] = res["merge_decisions"]
-    env.episode = None  # streamed: a finished unit's env holds no episode (the timeline its own)
+    for e in envs:  # streamed: a finished unit's envs hold no episode (the timeline its own)
+        e.episode = None
     return {"rows": rows, "timeline": timeline}

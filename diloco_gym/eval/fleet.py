@@ -106,7 +106,7 @@ class FleetReportConfig:
     alpha: float = protocol.ALPHA
     env: dict[str, Any] = field(default_factory=dict)
     #: run deployable agents in this process (``--in-process-agents``); default: sealed,
-    #: each in its own worker process (:mod:`diloco_gym.eval.sealed`).
+    #: in a worker process apart from the env (:mod:`diloco_gym.eval.sealed`).
     in_process_agents: bool = False
 
     def __post_init__(self) -> None:

@@ -67,7 +67,7 @@ from diloco_gym.eval.frontier_stats import (
     holm_scope,
     pairwise_stats,
 )
-from diloco_gym.eval.rollout import run_episode
+from diloco_gym.eval.rollout import run_episodes
 from diloco_gym.eval.units import episode_budget
 from diloco_gym.io import json_default
 from diloco_gym.sim.regimes import REGIMES
@@ -148,7 +148,7 @@ class FrontierConfig:
     rate_scale: float | None = None
     target_utilization: float | None = None
     #: run deployable agents in this process (``--in-process-agents``); default: sealed
-    #: each in its own worker process (:mod:`diloco_gym.eval.sealed`).
+    #: in a worker process apart from the env (:mod:`diloco_gym.eval.sealed`).
     in_process_agents: bool = False
     #: one Holm family over every regime x budget (``--holm-across-settings``) instead of
     #: one per regime x budget.
@@ -226,12 +226,6 @@ class FrontierConfig:
 
 #: One env per merge budget (``None``: the free-budget env) of a unit.
 _Envs = dict[int | None, DiLoCoSyncEnv]
-
-
-def _episode(env: DiLoCoSyncEnv) -> core.Episode:
-    """The episode ``env`` was last reset to (it has one after every reset)."""
-    assert env.episode is not None
-    return env.episode
 
 
 def _same_episode(ep: core.Episode, env: DiLoCoSyncEnv) -> core.Episode:
@@ -416,29 +410,29 @@ def run_frontier_cell(cell: FrontierCell) -> dict[str, list[dict]]:
     }
     if len(set(budgets.values())) != len(budgets):
         raise ValueError(
-            f"budgets {config.budgets_per_hour} merges/h round to the "
-            f"same merges per episode ({list(budgets.values())}); give "
-            f"distinct budgets"
+            f"budgets {config.budgets_per_hour} merges/h round to the same merges per "
+            f"episode ({list(budgets.values())}); give distinct budgets"
         )
     for m in budgets.values():
         if m not in envs:
             envs[m] = DiLoCoSyncEnv(regime=gen, sidecar=env.sidecar, merge_budget=m)
-    benvs = envs
     runs = [(agent, env, "free", np.nan, np.nan) for agent in free_agents]
     runs += [
-        (agent, benvs[m], "budget", per_hour, m)
+        (agent, envs[m], "budget", per_hour, m)
         for per_hour, m in budgets.items()
         for agent in budget_agents
     ]
-    for agent, e, mode, per_hour, m_budget in runs:
-        res = run_episode(e, agent, seed, episode=_same_episode(ep0, e))
+    jobs = [(r[1], r[0], seed, _same_episode(ep0, r[1])) for r in runs]  # lockstep, on copies
+    results = run_episodes(jobs, copies=True)
+    for (agent, e, mode, per_hour, m_budget), (*_, ep), res in zip(
+        runs, jobs, results, strict=True
+    ):
         if mode == "budget" and int(res["merges"]) != m_budget:
             # The env's mask guarantees it; checked, never assumed.
             raise RuntimeError(
                 f"{agent.name} made {res['merges']} merges with "
                 f"merge_budget={m_budget} (seed {seed})"
             )
-        ep = _episode(e)
         scored = _score(cache, ep, e, res["merge_decisions"], seed, config.draws)
         held = "free" if mode == "free" else "budget-aware" if is_budget_aware(agent) else "mask"
         rows.append(

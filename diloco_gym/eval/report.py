@@ -110,7 +110,7 @@ class ReportConfig:
         saturation_pct: no-merge violation % above which a replay gets
             ``no claim (saturated)`` (:data:`diloco_gym.eval.protocol.SATURATION_PCT`).
         in_process_agents: run deployable agents in the evaluating process (the opt-out
-            ``--in-process-agents``); by default each runs sealed in its own process
+            ``--in-process-agents``); by default they run sealed in a worker process
             (:mod:`diloco_gym.eval.sealed`).
     """
 

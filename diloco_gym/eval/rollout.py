@@ -5,11 +5,14 @@
 :class:`~diloco_gym.agents.base.AgentContext` (public
 parameters and the action mask, no env, trace, costs or seed); only an agent with
 ``deployable = False`` also the unwrapped env and the episode seed.
-:func:`run_episode` and :class:`AttachAgentWrapper` both go through it.
+:func:`run_episode`, :func:`run_episodes` (several episodes stepped in lockstep, the
+report's and frontier's agents of a unit) and :class:`AttachAgentWrapper` go through it.
 """
 
 from __future__ import annotations
 
+import copy
+import weakref
 from typing import TYPE_CHECKING, Any, cast
 
 import gymnasium as gym
@@ -20,7 +23,14 @@ from diloco_gym.envs.env import Action, Observation
 if TYPE_CHECKING:
     from diloco_gym.envs.env import DiLoCoSyncEnv
 
-__all__ = ["run_episode", "attach_agent", "is_deployable", "AttachAgentWrapper"]
+__all__ = [
+    "run_episode",
+    "run_episodes",
+    "env_copies",
+    "attach_agent",
+    "is_deployable",
+    "AttachAgentWrapper",
+]
 
 
 def is_deployable(agent: Any) -> bool:
@@ -80,32 +90,179 @@ def run_episode(env: Any, agent: Any, seed: int, episode: Any = None) -> dict[st
         The final ``info["episode_summary"]`` replay summary, plus ``"return"`` (sum of
         rewards), ``"steps"`` (agent decisions) and ``"deployable"``.
     """
-    obs, info = env.reset(seed=seed, options=None if episode is None else {"episode": episode})
-    ctx = attach_agent(env, agent, info["episode_seed"])
-    base = env.unwrapped
-    total = 0.0
-    steps = 0
-    state = None
-    start = True
-    while True:
-        action, state = agent.predict(
-            np.array(obs, dtype=np.float32),
-            state=state,
-            episode_start=np.array([start]),
-            deterministic=True,
-        )
-        start = False
-        obs, reward, terminated, truncated, info = env.step(int(np.asarray(action).reshape(-1)[0]))
-        total += reward
-        steps += 1
-        if terminated or truncated:
-            break
-        ctx._set_mask(base.action_masks())
-    out = dict(info["episode_summary"])
-    out["return"] = total
-    out["steps"] = steps
-    out["deployable"] = is_deployable(agent)
+    return run_episodes([(env, agent, seed, episode)])[0]
+
+
+def run_episodes(
+    runs: list[tuple[Any, Any, int, Any]], copies: bool = False
+) -> list[dict[str, Any]]:
+    """Several episodes, ``(env, agent, seed, episode)`` each as :func:`run_episode`'s
+    arguments, with the results :func:`run_episode` gives each, in ``runs`` order.
+
+    Runs that share no env and no agent step in lockstep, in decision order: each round
+    asks every run whose next decision is the earliest one pending (by its time in the
+    episode), so sealed agents (:mod:`diloco_gym.eval.sealed`) sharing a worker are asked
+    in one message per round and never hold an observation later than the decision they
+    are asked about. A run whose env or agent is already in use waits for a later wave, and
+    an env without a ``decision`` clock (the fleet env) runs alone.
+    Every agent sees exactly what :func:`run_episode` shows it, so results are the same.
+
+    ``copies=True``: runs that share an env run on copies of it (:func:`env_copies`; the
+    first on the env itself), so that only runs sharing an agent wait for another wave;
+    the copies hold no episode afterwards.
+    """
+    given = runs
+    if copies:
+        runs = _on_copies(runs)
+    results: list[Any] = [None] * len(runs)
+    pending = list(range(len(runs)))
+    while pending:
+        wave: list[int] = []
+        rest: list[int] = []
+        busy: set[int] = set()
+        solo = False  # an env without a decision clock (the fleet env) runs alone
+        for i in pending:
+            env, agent = runs[i][0], runs[i][1]
+            keys = {id(agent), id(env), id(env.unwrapped)}
+            alone = not hasattr(env.unwrapped, "decision")
+            if solo or keys & busy or (alone and wave):
+                rest.append(i)
+            else:
+                busy |= keys
+                solo = alone
+                wave.append(i)
+        for i, res in zip(wave, _lockstep([runs[i] for i in wave]), strict=True):
+            results[i] = res
+        pending = rest
+    for run, was in zip(runs, given, strict=True):
+        if run[0] is not was[0]:  # a copy: streamed, it keeps no episode
+            run[0].episode = None
+    return results
+
+
+_COPIES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def env_copies(env: Any, n: int) -> list[Any]:
+    """``env`` and ``n - 1`` copies of it (same parameters, generator and sidecar), for
+    :func:`run_episodes` to run ``n`` agents on one episode at once. The copies are made
+    once per env (while it holds no episode) and reused; each reset starts afresh."""
+    have = _COPIES.get(env)
+    if have is None:
+        _COPIES[env] = have = []
+    while len(have) < n - 1:
+        held, env.episode = env.episode, None  # a copy never carries an episode
+        try:
+            have.append(copy.deepcopy(env))
+        finally:
+            env.episode = held
+    return [env, *have[: n - 1]]
+
+
+def _on_copies(runs: list[tuple[Any, Any, int, Any]]) -> list[tuple[Any, Any, int, Any]]:
+    uses: dict[int, list[int]] = {}
+    for i, run in enumerate(runs):
+        uses.setdefault(id(run[0]), []).append(i)
+    out = list(runs)
+    for where in uses.values():
+        envs = env_copies(runs[where[0]][0], len(where))
+        for i, e in zip(where, envs, strict=True):
+            out[i] = (e, *runs[i][1:])
     return out
+
+
+class _Run:
+    """One episode in progress: its env, agent, last observation and running totals."""
+
+    def __init__(self, env: Any, agent: Any, seed: int, episode: Any) -> None:
+        self.env, self.agent, self.base = env, agent, env.unwrapped
+        opts = None if episode is None else {"episode": episode}
+        self.obs, self.info = env.reset(seed=seed, options=opts)
+        self.ctx: Any = None
+        self.state: Any = None
+        self.start = True
+        self.total = 0.0
+        self.steps = 0
+        self.done = False
+
+    def attach(self) -> None:
+        """Attach the agent at its first decision (nothing has happened since the reset)."""
+        if self.ctx is None:
+            self.ctx = attach_agent(self.env, self.agent, self.info["episode_seed"])
+
+    def time(self) -> float:
+        """When in the episode the run's next decision is (seconds)."""
+        return float(self.base.decision) * float(self.base.params.decision_seconds)
+
+    def step(self, action: Any) -> None:
+        self.start = False
+        obs, reward, terminated, truncated, info = self.env.step(
+            int(np.asarray(action).reshape(-1)[0])
+        )
+        self.obs, self.info = obs, info
+        self.total += reward
+        self.steps += 1
+        if terminated or truncated:
+            self.done = True
+        else:
+            self.ctx._set_mask(self.base.action_masks())
+
+    def result(self) -> dict[str, Any]:
+        out = dict(self.info["episode_summary"])
+        out["return"] = self.total
+        out["steps"] = self.steps
+        out["deployable"] = is_deployable(self.agent)
+        return out
+
+
+def _lockstep(runs: list[tuple[Any, Any, int, Any]]) -> list[dict[str, Any]]:
+    """Runs with distinct envs and agents, stepped together: the sealed agents of each
+    worker in decision order, one message per round, every worker's message in flight at
+    once; the agents run here are stepped while the workers think."""
+    from diloco_gym.eval.sealed import Exchange, worker_key
+
+    live = [_Run(*r) for r in runs]
+    groups: dict[int | None, list[_Run]] = {}
+    for r in live:
+        groups.setdefault(worker_key(r.agent), []).append(r)
+    local = groups.pop(None, [])
+    ex = Exchange()
+
+    def post(group: list[_Run]) -> None:
+        active = [r for r in group if not r.done]
+        if not active:
+            return
+        if len(active) == 1:
+            now = active
+        else:
+            times = [r.time() for r in active]
+            first = min(times)
+            now = [r for r, t in zip(active, times, strict=True) if t == first]
+        for r in now:
+            r.attach()
+        ex.post(
+            [(r.agent, np.array(r.obs, dtype=np.float32), np.array([r.start])) for r in now], now
+        )
+
+    for group in groups.values():
+        post(group)
+    while ex.pending() or local:
+        for r, action in ex.collect(timeout=0 if local else None):
+            r.step(action)
+            if not ex.busy(r.agent):  # the worker's whole round is answered
+                post(groups[worker_key(r.agent)])
+        if local:  # one decision of an agent run here
+            r = local[0]
+            r.attach()
+            action, r.state = r.agent.predict(
+                np.array(r.obs, dtype=np.float32),
+                state=r.state,
+                episode_start=np.array([r.start]),
+                deterministic=True,
+            )
+            r.step(action)
+            local = [r for r in local if not r.done]
+    return [r.result() for r in live]
 
 
 class AttachAgentWrapper(gym.Wrapper[Observation, Action, Observation, Action]):
