@@ -380,12 +380,14 @@ def fresh_floor_runner(episodes: int):
     return run
 
 
-def bench_floor(episodes: int, repeats: int) -> dict:
-    """The floor of a fresh episode: generating its requests (``SyntheticRegime.draw``: the
-    random draws, arrival times by time rescaling, token counts) and replaying them without
-    merges (service times, the Lindley queue, latencies and SLO violations), nothing else
-    (no features, no merge costs, no agent), per decision of the default bursty episode.
-    Bursty has no pressure slowdown, so the pressure series do not enter the replay."""
+def bench_floor(episodes: int, repeats: int, batch: int = 16) -> dict:
+    """The floor of a fresh episode: generating its requests (``SyntheticRegime.draw_raw``:
+    the random draws, then ``from_raw``: the compiled arrival times by time rescaling and
+    token counts, ``batch`` episodes per call, as the vector env builds them) and replaying
+    them without merges (service times, the compiled Lindley queue, latencies and SLO
+    violations), nothing else (no features, no merge costs, no agent), per decision of the
+    default bursty episode. Bursty has no pressure slowdown, so the pressure series do not
+    enter the replay."""
     from diloco_gym.sim.sidecar import base_latency_s, replay
 
     reg = regimes.get_regime("bursty")
@@ -398,14 +400,18 @@ def bench_floor(episodes: int, repeats: int) -> dict:
 
     def run() -> float:
         t0 = time.perf_counter()
-        for seed in range(episodes):
-            rng = np.random.default_rng(seed)
-            arrivals, token_index, _, _ = reg.draw(rng)
-            lp.draw_throughputs(rng)
-            prompt, output = reg.tokens(token_index, np.float64)
+        for lo in range(0, episodes, batch):
+            raws = []
+            for seed in range(lo, min(episodes, lo + batch)):
+                rng = np.random.default_rng(seed)
+                raws.append(reg.draw_raw(rng))
+                lp.draw_throughputs(rng)
+            arrivals, prompt, output, counts, _ = reg.from_raw(raws, np.float64)
             base = base_latency_s(prompt, output, sc)
-            req_bin = np.minimum((arrivals / p.step_seconds).astype(np.int64), n_bins - 1)
-            replay(base, req_bin, zeros, None, sc, p.step_seconds).violated.sum()
+            ends = np.cumsum(counts)
+            for a, b in zip((ends - counts).tolist(), ends.tolist(), strict=True):
+                req_bin = np.minimum((arrivals[a:b] / p.step_seconds).astype(np.int64), n_bins - 1)
+                replay(base[a:b], req_bin, zeros, None, sc, p.step_seconds).violated.sum()
         return time.perf_counter() - t0
 
     run()
@@ -417,7 +423,8 @@ def bench_floor(episodes: int, repeats: int) -> dict:
         "episode_ms": dt * 1000.0 / episodes,
         "us_per_decision": per_dec * 1e6,
         "decisions_per_s": 1.0 / per_dec,
-        "note": "bursty: draws + tokens + no-merge replay per episode; best of repeats",
+        "note": "bursty: draws + compiled arrivals/tokens (16 per call) + no-merge replay "
+        "per episode; best of repeats",
     }
 
 
@@ -642,12 +649,9 @@ def bench_profile(episodes: int, num_envs: int = 1024, steps: int = 517) -> dict
             ep.baseline.violated,
         )
         t3 = time.perf_counter()
-        draws = reg.draw(np.random.default_rng(seed))
-        prompt, output = reg.tokens(draws[1], np.float64)
+        arrivals, prompt, output, net, ckpt = reg.draw(np.random.default_rng(seed), np.float64)
         t4 = time.perf_counter()
-        core.episode_core(
-            draws[0], prompt, output, draws[2], draws[3], reg.duration_s, params, reg.sidecar
-        )
+        core.episode_core(arrivals, prompt, output, net, ckpt, reg.duration_s, params, reg.sidecar)
         t5 = time.perf_counter()
         venv._build_fresh(np.array([0]), [seed])
         t6 = time.perf_counter()

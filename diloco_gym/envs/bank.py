@@ -20,7 +20,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from diloco_gym.envs import core
-from diloco_gym.envs.core import EXO_SLICE, EnvParams
+from diloco_gym.envs.core import EXO_SLICE, EnvParams, episode_draws_batch
 from diloco_gym.envs.kernel import episode_draws, max_merges
 from diloco_gym.sim import learners as lrn
 from diloco_gym.sim.sidecar import (
@@ -63,10 +63,7 @@ def build_rows(spec: BuildSpec, seeds: list[int]) -> list[dict[str, Any]]:
     out = []
     for lo in range(0, len(seeds), BUILD_CHUNK):
         chunk = list(range(lo, min(len(seeds), lo + BUILD_CHUNK)))
-        draws = [
-            episode_draws(spec.generator, seeds[k], spec.learner_params, as_trace=False)
-            for k in chunk
-        ]
+        draws = episode_draws_batch(spec.generator, [seeds[k] for k in chunk], spec.learner_params)
         if (
             len({d[5] for d in draws}) == 1
             and len({d[3] is None or d[4] is None for d in draws}) == 1
