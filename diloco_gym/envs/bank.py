@@ -27,7 +27,7 @@ from diloco_gym.sim.sidecar import (
     CostQueue,
     SidecarParams,
     cost_horizon,
-    cost_queue,
+    cost_queue_into,
     isolated_merge_costs,
 )
 
@@ -91,24 +91,12 @@ def _rows(spec: BuildSpec, seeds: list[int], draws: list) -> dict[str, Any]:
     )
     assert c.counts is not None  # episode_core_batch fills it
     n, di = c.n, p.decision_interval
-    n_bins = c.pressure_bin.shape[1]
-    q = cost_queue(
-        c.base_s,
-        c.req_bin,
-        c.violated,
-        c.m0,
-        c.s,
-        sc,
-        p.step_seconds,
-        n_bins + 1 + spec.horizon,
-        counts=c.counts,
-        m0_bins=di,  # the pressure, hence m0, is constant over a decision
-    )
     return {
         "seeds": np.asarray(seeds, dtype=np.int64),
         "n": n,
         "exo": c.exo,
-        "queue": q,
+        "core": c,  # the bank builds its cost queue rows from it (EpisodeBank.write_rows)
+        "size": c.pressure_bin.shape[1] + 1 + spec.horizon,
         "prefmin": c.prefmin[:, : n * di : di],
         "counts": c.counts,
         "pct": 100.0 / np.maximum(1, c.counts),
@@ -233,17 +221,24 @@ class EpisodeBank:
         )
 
     def write_rows(self, slots: np.ndarray, rows: dict[str, Any]) -> None:
-        """Copy the episodes of ``rows`` (:func:`build_rows`) into ``slots``."""
-        q: CostQueue = rows["queue"]
-        n, size, n_slots = rows["n"], q.s.shape[1], q.m0.shape[1]
+        """Copy the episodes of ``rows`` (:func:`build_rows`) into ``slots``, their cost
+        queue rows built in place (:func:`sidecar.cost_queue_into`)."""
+        c: core.EpisodeCore = rows["core"]
+        p, di = self.params, self.params.decision_interval
+        n, size = rows["n"], rows["size"]
         self._grow("exo", n)[slots, :n] = rows["exo"]
         for key in ("s", "d", "ptr"):
-            self._grow(key, size)[slots, :size] = getattr(q, key)
+            self._grow(key, size)
         self._grow("prefmin", n)[slots, :n] = rows["prefmin"]
-        self._grow("m0", n_slots)[slots, :n_slots] = q.m0
-        width = q.base.shape[1]
-        self._grow("base", width, 0.25)[slots, :width] = q.base
-        self._grow("rbin", width, 0.25)[slots, :width] = q.rbin
+        self._grow("m0", -(-c.m0.shape[1] // di))
+        width = int(rows["counts"].max()) if rows["counts"].size else 0
+        self._grow("base", width, 0.25)
+        self._grow("rbin", width, 0.25)
+        q = self.queue()
+        cost_queue_into(
+            q, slots, c.base_s, c.req_bin, c.violated, c.m0, c.s, self.sidecar,
+            p.step_seconds, size, rows["counts"],
+        )  # fmt: skip
         self._set_scalars(slots, n, rows["pct"], rows["thr"], rows["seeds"], rows["scale"])
 
     def store_pool(self, slot: int, ep: dict[str, Any]) -> None:

@@ -621,8 +621,8 @@ def episode_core_rows(
 
 @njit(cache=True)
 def cost_queue_rows(
-    base_s, req_bin, violated, offsets, m0, s, cap_s, lost_frac, m0_bins, s_out, d_out, ptr,
-    rbin, base, m0_kept,
+    base_s, req_bin, violated, offsets, m0, s, cap_s, lost_frac, m0_bins, out_rows, width, w,
+    s_out, d_out, ptr, rbin, base, m0_kept,
 ):  # pragma: no cover - compiled  # fmt: skip
     """The cost queue rows of episodes ``e`` (requests ``offsets[e]:offsets[e + 1]`` of the
     concatenated per-request arrays, any order): the running sum ``s[e]`` and the
@@ -631,41 +631,45 @@ def cost_queue_rows(
     ``s_out``'s width by repeating their last value; the request pointer per bin
     ``ptr``; the requests' bins and service times in bin order (stable: a counting
     sort), ``-inf`` for one already violated without a merge; and ``m0`` every
-    ``m0_bins`` bins. ``base`` comes filled with ``-inf`` and ``rbin`` with 0 (their
-    padding)."""
+    ``m0_bins`` bins. Episode ``e`` goes to row ``out_rows[e]`` of the outputs (a bank's
+    arrays, wider than needed: ``s``, ``d`` and ``ptr`` are written over ``width`` bins,
+    the requests over ``w`` positions, padded with ``-inf`` and 0)."""
     n_bins = m0.shape[1]
-    width = s_out.shape[1]
     seen = np.empty(n_bins, dtype=np.int64)
     for e in range(offsets.size - 1):
         lo = offsets[e]
         hi = offsets[e + 1]
+        o = out_rows[e]
         for k in range(n_bins):
             seen[k] = 0
         for i in range(lo, hi):
             seen[req_bin[i]] += 1
-        ptr[e, 0] = 0
+        ptr[o, 0] = 0
         run = 0
         for k in range(n_bins):
             run += seen[k]
-            ptr[e, k + 1] = run
-            seen[k] = ptr[e, k]  # next free position of bin k
+            ptr[o, k + 1] = run
+            seen[k] = ptr[o, k]  # next free position of bin k
         for k in range(n_bins + 1, width):
-            ptr[e, k] = hi - lo
+            ptr[o, k] = hi - lo
         for i in range(lo, hi):
             k = req_bin[i]
             j = seen[k]
             seen[k] += 1
-            rbin[e, j] = k
-            base[e, j] = -np.inf if violated[i] else base_s[i]
+            rbin[o, j] = k
+            base[o, j] = -np.inf if violated[i] else base_s[i]
+        for j in range(hi - lo, w):
+            rbin[o, j] = 0
+            base[o, j] = -np.inf
         for k in range(width):
-            s_out[e, k] = s[e, min(k, n_bins)]
+            s_out[o, k] = s[e, min(k, n_bins)]
         acc = 0.0
-        d_out[e, 0] = 0.0
+        d_out[o, 0] = 0.0
         for k in range(n_bins):
             acc += cap_s / m0[e, k] * lost_frac
-            d_out[e, k + 1] = acc
+            d_out[o, k + 1] = acc
         for k in range(n_bins + 1, width):
-            d_out[e, k] = acc
-        for g in range(m0_kept.shape[1]):
-            m0_kept[e, g] = m0[e, g * m0_bins]
+            d_out[o, k] = acc
+        for g in range(-(-n_bins // m0_bins)):
+            m0_kept[o, g] = m0[e, g * m0_bins]
     return 0

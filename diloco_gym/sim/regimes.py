@@ -385,8 +385,9 @@ class SyntheticRegime:
             edges,
             float(np.nextafter(edges[-1], 0.0)),
             joined(2),
-            _token_table(self.prompt_median, self.prompt_sigma, 32768.0, dtype),
-            _token_table(self.output_median, self.output_sigma, 4096.0, dtype),
+            # uint16 holds every count (1..32768) exactly and keeps the tables in cache
+            _token_table(self.prompt_median, self.prompt_sigma, 32768.0, np.uint16),
+            _token_table(self.output_median, self.output_sigma, 4096.0, np.uint16),
             _TOKEN_BITS,
             noise,
             stacked(4),

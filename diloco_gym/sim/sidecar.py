@@ -51,6 +51,7 @@ __all__ = [
     "slowdown",
     "replay",
     "cost_queue",
+    "cost_queue_into",
     "cost_horizon",
     "isolated_merge_costs",
     "merged_backlog",
@@ -348,8 +349,6 @@ def cost_queue(
     if counts is None:
         counts = np.array([req_bin.size], dtype=np.int64)
     width = max(int(size), n_bins + 1)
-    offsets = np.zeros(b + 1, dtype=np.int64)
-    np.cumsum(counts, out=offsets[1:])
     w = int(counts.max()) if counts.size else 0
     q = CostQueue(
         np.empty((b, width)),
@@ -360,6 +359,35 @@ def cost_queue(
         np.empty((b, -(-n_bins // m0_bins))),
         m0_bins,
     )
+    cost_queue_into(q, np.arange(b), base_s, req_bin, violated0, m0, s, p, bin_s, width, counts)
+    if thresholds:
+        slow = np.take_along_axis(q.m0, q.rbin // m0_bins, axis=1)
+        q = q._replace(
+            thr_in=violation_threshold(slow * (1.0 + p.sync_slowdown), q.base, p),
+            thr_tail=violation_threshold(slow, q.base, p),
+        )
+    return q
+
+
+def cost_queue_into(
+    q: CostQueue,
+    rows: np.ndarray,
+    base_s: np.ndarray,
+    req_bin: np.ndarray,
+    violated0: np.ndarray,
+    m0: np.ndarray,
+    s: np.ndarray,
+    p: SidecarParams,
+    bin_s: float,
+    width: int,
+    counts: np.ndarray,
+) -> None:
+    """:func:`cost_queue` of ``B`` episodes written into rows ``rows`` of an existing
+    :class:`CostQueue` ``q`` (the vector env's bank: arrays at least ``width`` bins and
+    ``counts.max()`` requests wide), in one compiled call
+    (:func:`diloco_gym.sim.jit.cost_queue_rows`)."""
+    offsets = np.zeros(counts.size + 1, dtype=np.int64)
+    np.cumsum(counts, out=offsets[1:])
     compiled().cost_queue_rows(
         np.ascontiguousarray(base_s, dtype=np.float64),
         np.ascontiguousarray(req_bin, dtype=np.int64),
@@ -369,7 +397,10 @@ def cost_queue(
         np.ascontiguousarray(s, dtype=np.float64),
         p.slots * bin_s,
         p.sync_slowdown / (1.0 + p.sync_slowdown),
-        int(m0_bins),
+        int(q.m0_bins),
+        np.ascontiguousarray(rows, dtype=np.int64),
+        int(width),
+        int(counts.max()) if counts.size else 0,
         q.s,
         q.d,
         q.ptr,
@@ -377,13 +408,6 @@ def cost_queue(
         q.base,
         q.m0,
     )
-    if thresholds:
-        slow = np.take_along_axis(q.m0, q.rbin // m0_bins, axis=1)
-        q = q._replace(
-            thr_in=violation_threshold(slow * (1.0 + p.sync_slowdown), q.base, p),
-            thr_tail=violation_threshold(slow, q.base, p),
-        )
-    return q
 
 
 def merged_backlog(
