@@ -205,11 +205,19 @@ def bench_vector_default(num_envs: int, steps: int, rounds: int) -> dict:
 
     rates: dict[str, list[float]] = {"diloco": [], "cartpole": []}
     eps: dict[str, list[float]] = {"diloco": [], "cartpole": []}
+    # The floor, timed in the same rounds (a tree without the compiled generation, such
+    # as an A/B's older side, has none).
+    floor = floor_runner(32) if hasattr(regimes.SyntheticRegime, "draw_raw") else None
+    if floor is not None:
+        floor()
+    floor_eps: list[float] = []
     for _ in range(rounds):
         for k in envs:
             dt, e = run(k)
             rates[k].append(steps * num_envs / dt)
             eps[k].append(e / dt)
+        floor_eps.append(1000.0 / floor() if floor is not None else float("nan"))
+    vs_floor = np.array(floor_eps) / np.array(eps["diloco"])
     for env in envs.values():
         env.close()
     ratios = np.array(rates["diloco"]) / np.array(rates["cartpole"])
@@ -224,6 +232,10 @@ def bench_vector_default(num_envs: int, steps: int, rounds: int) -> dict:
         "ratio": float(np.median(ratios)),
         "ratio_min": float(ratios.min()),
         "ratio_max": float(ratios.max()),
+        "floor_episodes_per_s": float(np.median(floor_eps)),
+        "vs_floor": float(np.median(vs_floor)),
+        "vs_floor_min": float(vs_floor.min()),
+        "vs_floor_max": float(vs_floor.max()),
         "note": "default make_vec (skip_forced=True, fresh episodes), random actions, "
         "NEXT_STEP autoreset; median of paired rounds",
     }
@@ -380,21 +392,21 @@ def fresh_floor_runner(episodes: int):
     return run
 
 
-def bench_floor(episodes: int, repeats: int, batch: int = 16) -> dict:
-    """The floor of a fresh episode: generating its requests (``SyntheticRegime.draw_raw``:
-    the random draws, then ``from_raw``: the compiled arrival times by time rescaling and
-    token counts, ``batch`` episodes per call, as the vector env builds them) and replaying
-    them without merges (service times, the compiled Lindley queue, latencies and SLO
-    violations), nothing else (no features, no merge costs, no agent), per decision of the
-    default bursty episode. Bursty has no pressure slowdown, so the pressure series do not
-    enter the replay."""
+def floor_runner(episodes: int, batch: int = 16):
+    """A function timing the floor of ``episodes`` fresh bursty episodes (seeds 0, 1, ...)
+    and returning milliseconds per episode: generating each episode's requests
+    (``SyntheticRegime.draw_raw``: the random draws; then ``from_raw``: the compiled
+    arrival times by time rescaling and token counts, ``batch`` episodes per call, as the
+    vector env builds them) and replaying them without merges (service times, the compiled
+    Lindley queue, latencies and SLO violations), nothing else (no features, no merge
+    costs, no agent). Bursty has no pressure slowdown, so the pressure series do not enter
+    the replay."""
     from diloco_gym.sim.sidecar import base_latency_s, replay
 
     reg = regimes.get_regime("bursty")
     p = core.EnvParams()
     sc = reg.sidecar
     n_bins = int(np.ceil(reg.duration_s / p.step_seconds - 1e-9))
-    n_dec = p.n_decisions(reg.duration_s)
     zeros = np.zeros(n_bins)
     lp = lrn.LearnerParams()
 
@@ -412,17 +424,25 @@ def bench_floor(episodes: int, repeats: int, batch: int = 16) -> dict:
             for a, b in zip((ends - counts).tolist(), ends.tolist(), strict=True):
                 req_bin = np.minimum((arrivals[a:b] / p.step_seconds).astype(np.int64), n_bins - 1)
                 replay(base[a:b], req_bin, zeros, None, sc, p.step_seconds).violated.sum()
-        return time.perf_counter() - t0
+        return (time.perf_counter() - t0) * 1000.0 / episodes
 
+    return run
+
+
+def bench_floor(episodes: int, repeats: int) -> dict:
+    """The floor of a fresh episode (:func:`floor_runner`), per decision of the default
+    bursty episode; best of ``repeats``."""
+    reg = regimes.get_regime("bursty")
+    n_dec = core.EnvParams().n_decisions(reg.duration_s)
+    run = floor_runner(episodes)
     run()
-    dt = min(run() for _ in range(repeats))
-    per_dec = dt / (episodes * n_dec)
+    ms = min(run() for _ in range(repeats))
     return {
         "episodes": episodes,
         "decisions_per_episode": n_dec,
-        "episode_ms": dt * 1000.0 / episodes,
-        "us_per_decision": per_dec * 1e6,
-        "decisions_per_s": 1.0 / per_dec,
+        "episode_ms": ms,
+        "us_per_decision": ms * 1000.0 / n_dec,
+        "decisions_per_s": n_dec * 1000.0 / ms,
         "note": "bursty: draws + compiled arrivals/tokens (16 per call) + no-merge replay "
         "per episode; best of repeats",
     }
@@ -511,7 +531,8 @@ def bench_ab(rev: str, rounds: int) -> dict:
         res[name] = {
             row: {
                 key: float(np.median([r[row][key] for r in rs]))
-                for key in ("diloco_steps_per_s", "cartpole_steps_per_s", "ratio")
+                for key in ("diloco_steps_per_s", "cartpole_steps_per_s", "ratio", "vs_floor")
+                if key in rs[0][row]
             }
             for row in ("default_single", "default_vector")
         }
@@ -974,6 +995,11 @@ def print_extra(r: dict) -> None:
         f"{v['diloco_episodes_per_s']:,.1f} episodes/s is "
         f"{floor_eps / v['diloco_episodes_per_s']:.2f}x slower than the floor"
     )
+    print(
+        f"FLOOR timed in the vector rounds: {v['floor_episodes_per_s']:,.0f} episodes/s; the "
+        f"vector env is {v['vs_floor']:.2f}x slower (rounds {v['vs_floor_min']:.2f}-"
+        f"{v['vs_floor_max']:.2f}; target within 1.5x)"
+    )
     t = r.get("training")
     if t and "skipped" not in t:
         for name in ("ppo", "maskable_ppo"):
@@ -1062,6 +1088,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(
                     f"A/B {name:>14} {row}: {d['diloco_steps_per_s']:,.0f} decisions/s, "
                     f"CartPole {d['cartpole_steps_per_s']:,.0f} steps/s, ratio {d['ratio']:.3f}"
+                    + (f", {d['vs_floor']:.2f}x the floor's time" if "vs_floor" in d else "")
                 )
         if args.json:
             args.json.write_text(json.dumps(ab, indent=2, default=float))

@@ -63,6 +63,9 @@ def build_rows(spec: BuildSpec, seeds: list[int]) -> list[dict[str, Any]]:
     out = []
     for lo in range(0, len(seeds), BUILD_CHUNK):
         chunk = list(range(lo, min(len(seeds), lo + BUILD_CHUNK)))
+        if core.is_synthetic(spec.generator):  # one duration: the draws stay concatenated
+            out.append(_synthetic_rows(spec, [seeds[k] for k in chunk]))
+            continue
         draws = episode_draws_batch(spec.generator, [seeds[k] for k in chunk], spec.learner_params)
         if (
             len({d[5] for d in draws}) == 1
@@ -72,6 +75,19 @@ def build_rows(spec: BuildSpec, seeds: list[int]) -> list[dict[str, Any]]:
         else:
             out.extend(_rows(spec, [seeds[k]], [d]) for k, d in zip(chunk, draws, strict=True))
     return out
+
+
+def _synthetic_rows(spec: BuildSpec, seeds: list[int]) -> dict[str, Any]:
+    """:func:`_rows` of a synthetic regime's episodes, the requests never split per episode."""
+    gen, p = spec.generator, spec.params
+    arrivals, prompt, output, counts, pressure, thr = core.synthetic_draws(
+        gen, seeds, spec.learner_params
+    )
+    c = core.episode_core_batch(
+        arrivals, prompt, output, pressure[:, 0], pressure[:, 1], gen.duration_s, p,
+        spec.sidecar, gen.name, counts=counts,
+    )  # fmt: skip
+    return _bank_row(spec, seeds, c, thr, gen.duration_s)
 
 
 def _rows(spec: BuildSpec, seeds: list[int], draws: list) -> dict[str, Any]:
@@ -89,8 +105,13 @@ def _rows(spec: BuildSpec, seeds: list[int], draws: list) -> dict[str, Any]:
         sc,
         draws[0][6],
     )
+    return _bank_row(spec, seeds, c, np.stack([d[7] for d in draws]), draws[0][5])
+
+
+def _bank_row(spec: BuildSpec, seeds: list[int], c: core.EpisodeCore, thr, duration_s):
+    """The bank rows of the episodes of :class:`core.EpisodeCore` ``c``."""
     assert c.counts is not None  # episode_core_batch fills it
-    n, di = c.n, p.decision_interval
+    n, di = c.n, spec.params.decision_interval
     return {
         "seeds": np.asarray(seeds, dtype=np.int64),
         "n": n,
@@ -100,8 +121,8 @@ def _rows(spec: BuildSpec, seeds: list[int], draws: list) -> dict[str, Any]:
         "prefmin": c.prefmin[:, : n * di : di],
         "counts": c.counts,
         "pct": 100.0 / np.maximum(1, c.counts),
-        "scale": core.reward_per_request(spec.rate_rps, draws[0][5]),
-        "thr": np.stack([d[7] for d in draws]),
+        "scale": core.reward_per_request(spec.rate_rps, duration_s),
+        "thr": thr,
     }
 
 

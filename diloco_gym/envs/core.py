@@ -41,6 +41,7 @@ __all__ = [
     "build_episode",
     "episode_from_seed",
     "episode_draws_batch",
+    "synthetic_draws",
     "OBS_FEATURES",
     "OBS_DIM",
     "REWARD_NOMINAL_REQUESTS",
@@ -625,16 +626,19 @@ def episode_core_batch(
     params: EnvParams,
     sidecar: SidecarParams,
     name: str = "trace",
+    counts: np.ndarray | None = None,
 ) -> EpisodeCore:
     """:func:`episode_core` of several traces of the same duration at once.
 
     Every operation is elementwise, or runs along the time axis of each episode separately
     (filters, cumulative sums and minima, ``bincount`` over episode-major indices), so each
     episode's arrays are bit for bit those of a batch of one. ``network`` and ``checkpoint``
-    are ``(B, samples)`` arrays or ``None`` (zero pressure).
+    are ``(B, samples)`` arrays or ``None`` (zero pressure). With ``counts`` (requests per
+    trace), ``arrivals``, ``prompts`` and ``outputs`` are the traces' arrays concatenated.
     """
     n = episode_length(duration_s, params, sidecar, name)
-    b = len(arrivals)
+    flat = counts is not None
+    b = len(counts) if counts is not None else len(arrivals)
     dec_s = params.decision_seconds
     n_slots = params.n_decisions(duration_s)
     di = params.decision_interval
@@ -649,12 +653,14 @@ def episode_core_batch(
         (t_dec / PRESSURE_DT_S).astype(np.int64),
         int(np.ceil(duration_s / PRESSURE_DT_S - 1e-9)) - 1,
     )
-    counts = np.fromiter((a.size for a in arrivals), dtype=np.int64, count=b)
+    if counts is None:
+        counts = np.fromiter((a.size for a in arrivals), dtype=np.int64, count=b)
     offsets = np.zeros(b + 1, dtype=np.int64)
     np.cumsum(counts, out=offsets[1:])
 
-    def joined(xs: list[np.ndarray]) -> np.ndarray:
-        return np.ascontiguousarray(xs[0] if b == 1 else np.concatenate(xs), dtype=np.float64)
+    def joined(xs) -> np.ndarray:
+        x = xs if flat else xs[0] if b == 1 else np.concatenate(xs)
+        return np.ascontiguousarray(x, dtype=np.float64)
 
     def pressure(x: np.ndarray | None) -> np.ndarray:
         return np.zeros((b, 0)) if x is None else np.ascontiguousarray(x, dtype=np.float64)
@@ -771,12 +777,24 @@ def episode_draws(
     return episode_draws_batch(generator, [seed], learner_params)[0]
 
 
-def _synthetic(generator: Any) -> bool:
+def is_synthetic(generator: Any) -> bool:
     """Whether ``generator`` draws its traces as :class:`SyntheticRegime` does."""
-    return (
-        isinstance(generator, SyntheticRegime)
-        and type(generator).__call__ is SyntheticRegime.__call__
-    )
+    cls = SyntheticRegime
+    return isinstance(generator, cls) and type(generator).__call__ is cls.__call__
+
+
+def synthetic_draws(
+    generator: SyntheticRegime, seeds: list[int], learner_params: lrn.LearnerParams
+) -> tuple:
+    """The episodes of ``seeds`` of a synthetic regime as its traces' arrays concatenated:
+    ``(arrivals, prompt, output, counts, pressure, throughputs)`` (``SyntheticRegime.draw_raw``
+    and the learner throughputs from each seed's generator, then one ``from_raw``)."""
+    raws, thrs = [], []
+    for seed in seeds:
+        rng = np.random.default_rng(seed)
+        raws.append(generator.draw_raw(rng))
+        thrs.append(learner_params.draw_throughputs(rng))
+    return generator.from_raw(raws, np.float64) + (np.stack(thrs),)
 
 
 def episode_draws_batch(
@@ -786,7 +804,7 @@ def episode_draws_batch(
     for a :class:`~diloco_gym.sim.regimes.SyntheticRegime` the traces' arrays made from
     them in one compiled call (``SyntheticRegime.from_raw``; no
     :class:`~diloco_gym.sim.traces.Trace` is built)."""
-    if not _synthetic(generator):
+    if not is_synthetic(generator):
         out = []
         for seed in seeds:
             rng = np.random.default_rng(seed)
@@ -797,14 +815,10 @@ def episode_draws_batch(
                 + (tr.duration_s, tr.name, thr)
             )
         return out
-    raws, thrs = [], []
-    for seed in seeds:
-        rng = np.random.default_rng(seed)
-        raws.append(generator.draw_raw(rng))
-        thrs.append(learner_params.draw_throughputs(rng))
-    arrivals, prompt, output, counts, pressure = generator.from_raw(raws, np.float64)
-    ends = np.cumsum(counts)
-    gen = generator
+    arrivals, prompt, output, counts, pressure, thrs = synthetic_draws(
+        generator, seeds, learner_params
+    )
+    ends, gen = np.cumsum(counts), generator
     return [
         (arrivals[lo:hi], prompt[lo:hi], output[lo:hi], pressure[e, 0], pressure[e, 1])
         + (gen.duration_s, gen.name, thrs[e])

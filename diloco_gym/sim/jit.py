@@ -186,6 +186,8 @@ def _count(
     hi = ptr[a + length]
     pre = thr_in.size > 0
     hits = 0
+    last = np.nan
+    q = 0.0
     for i in range(lo, hi):
         j = rbin[i] - a
         if pre:
@@ -194,7 +196,10 @@ def _count(
             slow = m0[rbin[i] // m0_bins]
             if j < w:
                 slow = slow * sigma1
-            thr = (slo_s / slow - base[i]) * slots
+            if slow != last:  # the slowdown changes every few bins: divide once per value
+                last = slow
+                q = slo_s / slow
+            thr = (q - base[i]) * slots
         if bl[j] > thr:
             hits += 1
     return hits
@@ -608,8 +613,13 @@ def episode_core_rows(
             req_bin[i] = k
             flat_bin[i] = e * n_bins + k
             work[k] += base_s[i]
+        prev = np.nan
+        cap = 0.0
         for k in range(n_bins):
-            x[0, k] = work[k] - cap_s / m0[e, k]
+            if m0[e, k] != prev:  # the slowdown is constant over a decision: divide once
+                prev = m0[e, k]
+                cap = cap_s / prev
+            x[0, k] = work[k] - cap
         lindley_rows(x, s[e : e + 1], prefmin[e : e + 1])
         for i in range(lo, hi):
             k = req_bin[i]
@@ -665,8 +675,13 @@ def cost_queue_rows(
             s_out[o, k] = s[e, min(k, n_bins)]
         acc = 0.0
         d_out[o, 0] = 0.0
+        prev = np.nan
+        lost = 0.0
         for k in range(n_bins):
-            acc += cap_s / m0[e, k] * lost_frac
+            if m0[e, k] != prev:  # the same slowdown, the same lost capacity: divide once
+                prev = m0[e, k]
+                lost = cap_s / prev * lost_frac
+            acc += lost
             d_out[o, k + 1] = acc
         for k in range(n_bins + 1, width):
             d_out[o, k] = acc
