@@ -1088,7 +1088,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(
                     f"A/B {name:>14} {row}: {d['diloco_steps_per_s']:,.0f} decisions/s, "
                     f"CartPole {d['cartpole_steps_per_s']:,.0f} steps/s, ratio {d['ratio']:.3f}"
-                    + (f", {d['vs_floor']:.2f}x the floor's time" if "vs_floor" in d else "")
+                    + (f", {vf:.2f}x the floor's time" if (vf := d.get("vs_floor", 0)) > 0 else "")
                 )
         if args.json:
             args.json.write_text(json.dumps(ab, indent=2, default=float))
