@@ -194,13 +194,17 @@ def bench_vector_default(num_envs: int, steps: int, rounds: int) -> dict:
         for t in range(2 * steps):  # warm-up: episode lengths vary, so ends spread out
             env.step(tables[k][t % 256])
 
+    cpu: list[float] = []  # the DiLoCo rounds' CPU seconds (this thread's)
+
     def run(k: str) -> tuple[float, int]:
         env, table = envs[k], tables[k]
         episodes = 0
-        t0 = time.perf_counter()
+        c0, t0 = time.thread_time(), time.perf_counter()
         for t in range(steps):
             _, _, terminated, truncated, _ = env.step(table[t % 256])
             episodes += int(np.count_nonzero(terminated | truncated))
+        if k == "diloco":
+            cpu.append(time.thread_time() - c0)
         return time.perf_counter() - t0, episodes
 
     rates: dict[str, list[float]] = {"diloco": [], "cartpole": []}
@@ -211,13 +215,22 @@ def bench_vector_default(num_envs: int, steps: int, rounds: int) -> dict:
     if floor is not None:
         floor()
     floor_eps: list[float] = []
+    floor_cpu_ms: list[float] = []  # CPU ms per floor episode (robust to a shared machine)
+    ended: list[int] = []  # episodes the DiLoCo rounds ended
     for _ in range(rounds):
         for k in envs:
             dt, e = run(k)
             rates[k].append(steps * num_envs / dt)
             eps[k].append(e / dt)
+            if k == "diloco":
+                ended.append(e)
+        c0 = time.thread_time()
         floor_eps.append(1000.0 / floor() if floor is not None else float("nan"))
+        floor_cpu_ms.append((time.thread_time() - c0) * 1000.0 / 32)
     vs_floor = np.array(floor_eps) / np.array(eps["diloco"])
+    # CPU ms per DiLoCo episode over CPU ms per floor episode, round by round
+    diloco_cpu_ms = np.array(cpu) * 1000.0 / np.maximum(1, np.array(ended))
+    vs_floor_cpu = diloco_cpu_ms / np.array(floor_cpu_ms)
     for env in envs.values():
         env.close()
     ratios = np.array(rates["diloco"]) / np.array(rates["cartpole"])
@@ -236,6 +249,9 @@ def bench_vector_default(num_envs: int, steps: int, rounds: int) -> dict:
         "vs_floor": float(np.median(vs_floor)),
         "vs_floor_min": float(vs_floor.min()),
         "vs_floor_max": float(vs_floor.max()),
+        "diloco_cpu_ms_per_episode": float(np.median(diloco_cpu_ms)),
+        "floor_cpu_ms_per_episode": float(np.median(floor_cpu_ms)),
+        "vs_floor_cpu": float(np.median(vs_floor_cpu)),
         "note": "default make_vec (skip_forced=True, fresh episodes), random actions, "
         "NEXT_STEP autoreset; median of paired rounds",
     }
@@ -998,7 +1014,9 @@ def print_extra(r: dict) -> None:
     print(
         f"FLOOR timed in the vector rounds: {v['floor_episodes_per_s']:,.0f} episodes/s; the "
         f"vector env is {v['vs_floor']:.2f}x slower (rounds {v['vs_floor_min']:.2f}-"
-        f"{v['vs_floor_max']:.2f}; target within 1.5x)"
+        f"{v['vs_floor_max']:.2f}; target within 1.5x); in CPU time "
+        f"{v['diloco_cpu_ms_per_episode']:.3f} vs {v['floor_cpu_ms_per_episode']:.3f} ms per "
+        f"episode: {v['vs_floor_cpu']:.2f}x"
     )
     t = r.get("training")
     if t and "skipped" not in t:
