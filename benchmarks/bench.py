@@ -365,7 +365,7 @@ def _draw_sizes(reg, lp: lrn.LearnerParams, seed: int) -> tuple:
     lp.draw_throughputs(rng)
     _, centres, widths = regimes._slice_grid(reg.duration_s)
     lam = reg.rate_rps(centres, np.random.default_rng(seed), _sorted=True) * widths
-    total = float(np.cumsum(lam)[-1])  # as regimes._poisson_arrivals
+    total = float(np.cumsum(lam)[-1])  # as regimes.SyntheticRegime.draw_raw (jit.slice_counts)
     batch = regimes._exponential_batch(total)
     n_p = int(np.ceil(reg.duration_s / PRESSURE_DT_S - 1e-9))
     sizes = (batch, arrivals.size, n_p)

@@ -83,7 +83,7 @@ def _slice_grid(duration_s: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 def _exponential_batch(total: float) -> int:
     """Unit-rate exponentials drawn at once for ``total`` expected arrivals: enough to pass
-    ``total`` with probability ~1 - 1e-9 (:func:`_poisson_arrivals` draws more if not)."""
+    ``total`` with probability ~1 - 1e-9 (:func:`_unit_points` draws more if not)."""
     return int(total + 6.0 * np.sqrt(total)) + 16
 
 
