@@ -194,22 +194,43 @@ def bench_vector_default(num_envs: int, steps: int, rounds: int) -> dict:
         for t in range(2 * steps):  # warm-up: episode lengths vary, so ends spread out
             env.step(tables[k][t % 256])
 
+    cpu: list[float] = []  # the DiLoCo rounds' CPU seconds (this thread's)
+
     def run(k: str) -> tuple[float, int]:
         env, table = envs[k], tables[k]
         episodes = 0
-        t0 = time.perf_counter()
+        c0, t0 = time.thread_time(), time.perf_counter()
         for t in range(steps):
             _, _, terminated, truncated, _ = env.step(table[t % 256])
             episodes += int(np.count_nonzero(terminated | truncated))
+        if k == "diloco":
+            cpu.append(time.thread_time() - c0)
         return time.perf_counter() - t0, episodes
 
     rates: dict[str, list[float]] = {"diloco": [], "cartpole": []}
     eps: dict[str, list[float]] = {"diloco": [], "cartpole": []}
+    # The floor, timed in the same rounds (a tree without the compiled generation, such
+    # as an A/B's older side, has none).
+    floor = floor_runner(32) if hasattr(regimes.SyntheticRegime, "draw_raw") else None
+    if floor is not None:
+        floor()
+    floor_eps: list[float] = []
+    floor_cpu_ms: list[float] = []  # CPU ms per floor episode (robust to a shared machine)
+    ended: list[int] = []  # episodes the DiLoCo rounds ended
     for _ in range(rounds):
         for k in envs:
             dt, e = run(k)
             rates[k].append(steps * num_envs / dt)
             eps[k].append(e / dt)
+            if k == "diloco":
+                ended.append(e)
+        c0 = time.thread_time()
+        floor_eps.append(1000.0 / floor() if floor is not None else float("nan"))
+        floor_cpu_ms.append((time.thread_time() - c0) * 1000.0 / 32)
+    vs_floor = np.array(floor_eps) / np.array(eps["diloco"])
+    # CPU ms per DiLoCo episode over CPU ms per floor episode, round by round
+    diloco_cpu_ms = np.array(cpu) * 1000.0 / np.maximum(1, np.array(ended))
+    vs_floor_cpu = diloco_cpu_ms / np.array(floor_cpu_ms)
     for env in envs.values():
         env.close()
     ratios = np.array(rates["diloco"]) / np.array(rates["cartpole"])
@@ -224,6 +245,13 @@ def bench_vector_default(num_envs: int, steps: int, rounds: int) -> dict:
         "ratio": float(np.median(ratios)),
         "ratio_min": float(ratios.min()),
         "ratio_max": float(ratios.max()),
+        "floor_episodes_per_s": float(np.median(floor_eps)),
+        "vs_floor": float(np.median(vs_floor)),
+        "vs_floor_min": float(vs_floor.min()),
+        "vs_floor_max": float(vs_floor.max()),
+        "diloco_cpu_ms_per_episode": float(np.median(diloco_cpu_ms)),
+        "floor_cpu_ms_per_episode": float(np.median(floor_cpu_ms)),
+        "vs_floor_cpu": float(np.median(vs_floor_cpu)),
         "note": "default make_vec (skip_forced=True, fresh episodes), random actions, "
         "NEXT_STEP autoreset; median of paired rounds",
     }
@@ -337,7 +365,7 @@ def _draw_sizes(reg, lp: lrn.LearnerParams, seed: int) -> tuple:
     lp.draw_throughputs(rng)
     _, centres, widths = regimes._slice_grid(reg.duration_s)
     lam = reg.rate_rps(centres, np.random.default_rng(seed), _sorted=True) * widths
-    total = float(np.cumsum(lam)[-1])  # as regimes._poisson_arrivals
+    total = float(np.cumsum(lam)[-1])  # as regimes.SyntheticRegime.draw_raw (jit.slice_counts)
     batch = regimes._exponential_batch(total)
     n_p = int(np.ceil(reg.duration_s / PRESSURE_DT_S - 1e-9))
     sizes = (batch, arrivals.size, n_p)
@@ -380,44 +408,59 @@ def fresh_floor_runner(episodes: int):
     return run
 
 
-def bench_floor(episodes: int, repeats: int) -> dict:
-    """The floor of a fresh episode: generating its requests (``SyntheticRegime.draw``: the
-    random draws, arrival times by time rescaling, token counts) and replaying them without
-    merges (service times, the Lindley queue, latencies and SLO violations), nothing else
-    (no features, no merge costs, no agent), per decision of the default bursty episode.
-    Bursty has no pressure slowdown, so the pressure series do not enter the replay."""
+def floor_runner(episodes: int, batch: int = 16):
+    """A function timing the floor of ``episodes`` fresh bursty episodes (seeds 0, 1, ...)
+    and returning milliseconds per episode: generating each episode's requests
+    (``SyntheticRegime.draw_raw``: the random draws; then ``from_raw``: the compiled
+    arrival times by time rescaling and token counts, ``batch`` episodes per call, as the
+    vector env builds them) and replaying them without merges (service times, the compiled
+    Lindley queue, latencies and SLO violations), nothing else (no features, no merge
+    costs, no agent). Bursty has no pressure slowdown, so the pressure series do not enter
+    the replay."""
     from diloco_gym.sim.sidecar import base_latency_s, replay
 
     reg = regimes.get_regime("bursty")
     p = core.EnvParams()
     sc = reg.sidecar
     n_bins = int(np.ceil(reg.duration_s / p.step_seconds - 1e-9))
-    n_dec = p.n_decisions(reg.duration_s)
     zeros = np.zeros(n_bins)
     lp = lrn.LearnerParams()
 
     def run() -> float:
         t0 = time.perf_counter()
-        for seed in range(episodes):
-            rng = np.random.default_rng(seed)
-            arrivals, token_index, _, _ = reg.draw(rng)
-            lp.draw_throughputs(rng)
-            prompt, output = reg.tokens(token_index, np.float64)
+        for lo in range(0, episodes, batch):
+            raws = []
+            for seed in range(lo, min(episodes, lo + batch)):
+                rng = np.random.default_rng(seed)
+                raws.append(reg.draw_raw(rng))
+                lp.draw_throughputs(rng)
+            arrivals, prompt, output, counts, _ = reg.from_raw(raws, np.float64)
             base = base_latency_s(prompt, output, sc)
-            req_bin = np.minimum((arrivals / p.step_seconds).astype(np.int64), n_bins - 1)
-            replay(base, req_bin, zeros, None, sc, p.step_seconds).violated.sum()
-        return time.perf_counter() - t0
+            ends = np.cumsum(counts)
+            for a, b in zip((ends - counts).tolist(), ends.tolist(), strict=True):
+                req_bin = np.minimum((arrivals[a:b] / p.step_seconds).astype(np.int64), n_bins - 1)
+                replay(base[a:b], req_bin, zeros, None, sc, p.step_seconds).violated.sum()
+        return (time.perf_counter() - t0) * 1000.0 / episodes
 
+    return run
+
+
+def bench_floor(episodes: int, repeats: int) -> dict:
+    """The floor of a fresh episode (:func:`floor_runner`), per decision of the default
+    bursty episode; best of ``repeats``."""
+    reg = regimes.get_regime("bursty")
+    n_dec = core.EnvParams().n_decisions(reg.duration_s)
+    run = floor_runner(episodes)
     run()
-    dt = min(run() for _ in range(repeats))
-    per_dec = dt / (episodes * n_dec)
+    ms = min(run() for _ in range(repeats))
     return {
         "episodes": episodes,
         "decisions_per_episode": n_dec,
-        "episode_ms": dt * 1000.0 / episodes,
-        "us_per_decision": per_dec * 1e6,
-        "decisions_per_s": 1.0 / per_dec,
-        "note": "bursty: draws + tokens + no-merge replay per episode; best of repeats",
+        "episode_ms": ms,
+        "us_per_decision": ms * 1000.0 / n_dec,
+        "decisions_per_s": n_dec * 1000.0 / ms,
+        "note": "bursty: draws + compiled arrivals/tokens (16 per call) + no-merge replay "
+        "per episode; best of repeats",
     }
 
 
@@ -504,7 +547,8 @@ def bench_ab(rev: str, rounds: int) -> dict:
         res[name] = {
             row: {
                 key: float(np.median([r[row][key] for r in rs]))
-                for key in ("diloco_steps_per_s", "cartpole_steps_per_s", "ratio")
+                for key in ("diloco_steps_per_s", "cartpole_steps_per_s", "ratio", "vs_floor")
+                if key in rs[0][row]
             }
             for row in ("default_single", "default_vector")
         }
@@ -642,12 +686,9 @@ def bench_profile(episodes: int, num_envs: int = 1024, steps: int = 517) -> dict
             ep.baseline.violated,
         )
         t3 = time.perf_counter()
-        draws = reg.draw(np.random.default_rng(seed))
-        prompt, output = reg.tokens(draws[1], np.float64)
+        arrivals, prompt, output, net, ckpt = reg.draw(np.random.default_rng(seed), np.float64)
         t4 = time.perf_counter()
-        core.episode_core(
-            draws[0], prompt, output, draws[2], draws[3], reg.duration_s, params, reg.sidecar
-        )
+        core.episode_core(arrivals, prompt, output, net, ckpt, reg.duration_s, params, reg.sidecar)
         t5 = time.perf_counter()
         venv._build_fresh(np.array([0]), [seed])
         t6 = time.perf_counter()
@@ -970,6 +1011,13 @@ def print_extra(r: dict) -> None:
         f"{v['diloco_episodes_per_s']:,.1f} episodes/s is "
         f"{floor_eps / v['diloco_episodes_per_s']:.2f}x slower than the floor"
     )
+    print(
+        f"FLOOR timed in the vector rounds: {v['floor_episodes_per_s']:,.0f} episodes/s; the "
+        f"vector env is {v['vs_floor']:.2f}x slower (rounds {v['vs_floor_min']:.2f}-"
+        f"{v['vs_floor_max']:.2f}; target within 1.5x); in CPU time "
+        f"{v['diloco_cpu_ms_per_episode']:.3f} vs {v['floor_cpu_ms_per_episode']:.3f} ms per "
+        f"episode: {v['vs_floor_cpu']:.2f}x"
+    )
     t = r.get("training")
     if t and "skipped" not in t:
         for name in ("ppo", "maskable_ppo"):
@@ -1058,6 +1106,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(
                     f"A/B {name:>14} {row}: {d['diloco_steps_per_s']:,.0f} decisions/s, "
                     f"CartPole {d['cartpole_steps_per_s']:,.0f} steps/s, ratio {d['ratio']:.3f}"
+                    + (f", {vf:.2f}x the floor's time" if (vf := d.get("vs_floor", 0)) > 0 else "")
                 )
         if args.json:
             args.json.write_text(json.dumps(ab, indent=2, default=float))

@@ -20,14 +20,14 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from diloco_gym.envs import core
-from diloco_gym.envs.core import EXO_SLICE, EnvParams
+from diloco_gym.envs.core import EXO_SLICE, EnvParams, episode_draws_batch
 from diloco_gym.envs.kernel import episode_draws, max_merges
 from diloco_gym.sim import learners as lrn
 from diloco_gym.sim.sidecar import (
     CostQueue,
     SidecarParams,
     cost_horizon,
-    cost_queue,
+    cost_queue_into,
     isolated_merge_costs,
 )
 
@@ -63,10 +63,10 @@ def build_rows(spec: BuildSpec, seeds: list[int]) -> list[dict[str, Any]]:
     out = []
     for lo in range(0, len(seeds), BUILD_CHUNK):
         chunk = list(range(lo, min(len(seeds), lo + BUILD_CHUNK)))
-        draws = [
-            episode_draws(spec.generator, seeds[k], spec.learner_params, as_trace=False)
-            for k in chunk
-        ]
+        if core.is_synthetic(spec.generator):  # one duration: the draws stay concatenated
+            out.append(_synthetic_rows(spec, [seeds[k] for k in chunk]))
+            continue
+        draws = episode_draws_batch(spec.generator, [seeds[k] for k in chunk], spec.learner_params)
         if (
             len({d[5] for d in draws}) == 1
             and len({d[3] is None or d[4] is None for d in draws}) == 1
@@ -75,6 +75,19 @@ def build_rows(spec: BuildSpec, seeds: list[int]) -> list[dict[str, Any]]:
         else:
             out.extend(_rows(spec, [seeds[k]], [d]) for k, d in zip(chunk, draws, strict=True))
     return out
+
+
+def _synthetic_rows(spec: BuildSpec, seeds: list[int]) -> dict[str, Any]:
+    """:func:`_rows` of a synthetic regime's episodes, the requests never split per episode."""
+    gen, p = spec.generator, spec.params
+    arrivals, prompt, output, counts, pressure, thr = core.synthetic_draws(
+        gen, seeds, spec.learner_params
+    )
+    c = core.episode_core_batch(
+        arrivals, prompt, output, pressure[:, 0], pressure[:, 1], gen.duration_s, p,
+        spec.sidecar, gen.name, counts=counts,
+    )  # fmt: skip
+    return _bank_row(spec, seeds, c, thr, gen.duration_s)
 
 
 def _rows(spec: BuildSpec, seeds: list[int], draws: list) -> dict[str, Any]:
@@ -92,31 +105,24 @@ def _rows(spec: BuildSpec, seeds: list[int], draws: list) -> dict[str, Any]:
         sc,
         draws[0][6],
     )
+    return _bank_row(spec, seeds, c, np.stack([d[7] for d in draws]), draws[0][5])
+
+
+def _bank_row(spec: BuildSpec, seeds: list[int], c: core.EpisodeCore, thr, duration_s):
+    """The bank rows of the episodes of :class:`core.EpisodeCore` ``c``."""
     assert c.counts is not None  # episode_core_batch fills it
-    n, di = c.n, p.decision_interval
-    n_bins = c.pressure_bin.shape[1]
-    q = cost_queue(
-        c.base_s,
-        c.req_bin,
-        c.violated,
-        c.m0,
-        c.s,
-        sc,
-        p.step_seconds,
-        n_bins + 1 + spec.horizon,
-        counts=c.counts,
-        m0_bins=di,  # the pressure, hence m0, is constant over a decision
-    )
+    n, di = c.n, spec.params.decision_interval
     return {
         "seeds": np.asarray(seeds, dtype=np.int64),
         "n": n,
         "exo": c.exo,
-        "queue": q,
+        "core": c,  # the bank builds its cost queue rows from it (EpisodeBank.write_rows)
+        "size": c.pressure_bin.shape[1] + 1 + spec.horizon,
         "prefmin": c.prefmin[:, : n * di : di],
         "counts": c.counts,
         "pct": 100.0 / np.maximum(1, c.counts),
-        "scale": core.reward_per_request(spec.rate_rps, draws[0][5]),
-        "thr": np.stack([d[7] for d in draws]),
+        "scale": core.reward_per_request(spec.rate_rps, duration_s),
+        "thr": thr,
     }
 
 
@@ -236,17 +242,24 @@ class EpisodeBank:
         )
 
     def write_rows(self, slots: np.ndarray, rows: dict[str, Any]) -> None:
-        """Copy the episodes of ``rows`` (:func:`build_rows`) into ``slots``."""
-        q: CostQueue = rows["queue"]
-        n, size, n_slots = rows["n"], q.s.shape[1], q.m0.shape[1]
+        """Copy the episodes of ``rows`` (:func:`build_rows`) into ``slots``, their cost
+        queue rows built in place (:func:`sidecar.cost_queue_into`)."""
+        c: core.EpisodeCore = rows["core"]
+        p, di = self.params, self.params.decision_interval
+        n, size = rows["n"], rows["size"]
         self._grow("exo", n)[slots, :n] = rows["exo"]
         for key in ("s", "d", "ptr"):
-            self._grow(key, size)[slots, :size] = getattr(q, key)
+            self._grow(key, size)
         self._grow("prefmin", n)[slots, :n] = rows["prefmin"]
-        self._grow("m0", n_slots)[slots, :n_slots] = q.m0
-        width = q.base.shape[1]
-        self._grow("base", width, 0.25)[slots, :width] = q.base
-        self._grow("rbin", width, 0.25)[slots, :width] = q.rbin
+        self._grow("m0", -(-c.m0.shape[1] // di))
+        width = int(rows["counts"].max()) if rows["counts"].size else 0
+        self._grow("base", width, 0.25)
+        self._grow("rbin", width, 0.25)
+        q = self.queue()
+        cost_queue_into(
+            q, slots, c.base_s, c.req_bin, c.violated, c.m0, c.s, self.sidecar,
+            p.step_seconds, size, rows["counts"],
+        )  # fmt: skip
         self._set_scalars(slots, n, rows["pct"], rows["thr"], rows["seeds"], rows["scale"])
 
     def store_pool(self, slot: int, ep: dict[str, Any]) -> None:

@@ -36,11 +36,8 @@ from diloco_gym.sim.sidecar import (
     IsolatedMergeCost,
     ReplayResult,
     SidecarParams,
-    base_latency_s,
     merge_costs,
-    queue,
     replay,
-    slowdown,
 )
 from diloco_gym.sim.traces import PRESSURE_DT_S, Trace
 
@@ -49,6 +46,8 @@ __all__ = [
     "Episode",
     "build_episode",
     "episode_from_seed",
+    "episode_draws_batch",
+    "synthetic_draws",
     "OBS_FEATURES",
     "OBS_DIM",
     "REWARD_NOMINAL_REQUESTS",
@@ -467,24 +466,6 @@ def check_reset_options(options, allowed: tuple[str, ...], owner: str) -> dict:
     return options
 
 
-def _ewma(x: np.ndarray, alpha: float) -> np.ndarray:
-    """Bias-corrected EWMA of ``x[1:]`` (``x[0]`` is the empty past), causal, along the
-    last axis.
-
-    ``e_d = alpha * x_d + (1 - alpha) * e_{d-1}`` from ``e_0 = 0``, divided by
-    ``1 - (1 - alpha)**d`` so that early values are averages of what was seen, not
-    shrunk towards zero.
-    """
-    # The compiled first-order filter, bit-identical to scipy.signal.lfilter([alpha],
-    # [1.0, alpha - 1.0], x, axis=-1) (and no scipy.signal import in an episode build).
-    from diloco_gym.sim import iir1
-
-    e = iir1(alpha, alpha - 1.0, x)
-    out = np.zeros_like(e)
-    np.divide(e[..., 1:], _ewma_norm(alpha, x.shape[-1])[1:], out=out[..., 1:])
-    return out
-
-
 @lru_cache(maxsize=64)
 def _ewma_norm(alpha: float, n: int) -> np.ndarray:
     """``1 - (1 - alpha)**d`` for ``d < n`` (the same for every episode of a length)."""
@@ -601,16 +582,19 @@ def episode_core_batch(
     params: EnvParams,
     sidecar: SidecarParams,
     name: str = "trace",
+    counts: np.ndarray | None = None,
 ) -> EpisodeCore:
     """:func:`episode_core` of several traces of the same duration at once.
 
     Every operation is elementwise, or runs along the time axis of each episode separately
     (filters, cumulative sums and minima, ``bincount`` over episode-major indices), so each
     episode's arrays are bit for bit those of a batch of one. ``network`` and ``checkpoint``
-    are ``(B, samples)`` arrays or ``None`` (zero pressure).
+    are ``(B, samples)`` arrays or ``None`` (zero pressure). With ``counts`` (requests per
+    trace), ``arrivals``, ``prompts`` and ``outputs`` are the traces' arrays concatenated.
     """
     n = episode_length(duration_s, params, sidecar, name)
-    b = len(arrivals)
+    flat = counts is not None
+    b = len(counts) if counts is not None else len(arrivals)
     dec_s = params.decision_seconds
     n_slots = params.n_decisions(duration_s)
     di = params.decision_interval
@@ -621,69 +605,46 @@ def episode_core_batch(
     # (floor(arrival / dec_s) could round an arrival at a decision time into the interval
     # before it: a look-ahead).
     t_dec = np.arange(n_slots) * dec_s
-    before = np.empty((b, n_slots), dtype=np.int64)
-    for e, arr in enumerate(arrivals):
-        before[e] = np.searchsorted(arr, t_dec, side="left")
-    rate_now = np.empty((b, n_slots))
-    rate_now[:, 0] = 0.0
-    np.divide(np.diff(before, axis=1), dec_s, out=rate_now[:, 1:])
-    forecast = _ewma(rate_now, params.forecast_alpha)
-    baseline = _ewma(rate_now, params.baseline_alpha)
     p_idx = np.minimum(
         (t_dec / PRESSURE_DT_S).astype(np.int64),
         int(np.ceil(duration_s / PRESSURE_DT_S - 1e-9)) - 1,
     )
-    net = network[:, p_idx] if network is not None else np.zeros((b, n_slots))
-    ckpt = checkpoint[:, p_idx] if checkpoint is not None else np.zeros((b, n_slots))
-    serving = np.minimum(1.0, forecast / sidecar.serving_capacity_rps)
-    norm = params.rate_norm_rps
-    exo = np.empty((b, n, 7), dtype=np.float32)
-    for k, col in enumerate(
-        (
-            net,
-            serving,
-            ckpt,
-            squash_rate(rate_now, norm),
-            squash_rate(forecast, norm),
-            squash_rate(baseline, norm),
-            np.clip((forecast - baseline) / norm, -1.0, 1.0),
-        )
-    ):
-        exo[:, :, k] = col[:, :n]
+    if counts is None:
+        counts = np.fromiter((a.size for a in arrivals), dtype=np.int64, count=b)
+    offsets = np.zeros(b + 1, dtype=np.int64)
+    np.cumsum(counts, out=offsets[1:])
 
-    pressure_dec = np.maximum(np.maximum(net, serving), ckpt)
-    pressure_bin = np.repeat(pressure_dec, di, axis=1)
-    counts = np.fromiter((a.size for a in arrivals), dtype=np.int64, count=b)
-    if b == 1:
-        arrival_s, prompt, output = arrivals[0], prompts[0], outputs[0]
-    else:
-        arrival_s, prompt = np.concatenate(arrivals), np.concatenate(prompts)
-        output = np.concatenate(outputs)
-    base_s = base_latency_s(prompt, output, sidecar)
-    req_bin = np.minimum((arrival_s / params.step_seconds).astype(np.int64), n_bins - 1)
-    flat_bin = req_bin if b == 1 else np.repeat(np.arange(b) * n_bins, counts) + req_bin
-    # The no-merge replay (sidecar.replay with sync_bin=None: the same arithmetic, with the
-    # work of every episode from one bincount over episode-major bins).
-    m0 = slowdown(pressure_bin, None, sidecar)
-    work = np.bincount(flat_bin, weights=base_s, minlength=b * n_bins).reshape(b, n_bins)
-    s, prefmin = queue(work, m0, sidecar, params.step_seconds)
-    backlog = s[:, :-1] - prefmin[:, :-1]
-    latency = (base_s + backlog.reshape(-1)[flat_bin] / sidecar.slots) * m0.reshape(-1)[flat_bin]
+    def joined(xs) -> np.ndarray:
+        x = xs if flat else xs[0] if b == 1 else np.concatenate(xs)
+        return np.ascontiguousarray(x, dtype=np.float64)
+
+    def pressure(x: np.ndarray | None) -> np.ndarray:
+        return np.zeros((b, 0)) if x is None else np.ascontiguousarray(x, dtype=np.float64)
+
+    m = int(offsets[-1])
+    exo = np.empty((b, n, 7), dtype=np.float32)
+    per_bin = [np.empty((b, n_bins)) for _ in range(2)] + [np.empty((b, n_bins + 1)) for _ in "sp"]
+    per_req = [np.empty(m), np.empty(m, dtype=np.int64), np.empty(m, dtype=np.int64)]
+    latency, violated = np.empty(m), np.empty(m, dtype=bool)
+    pressure_dec = np.empty((b, n_slots))
+    sc, fa, fb = sidecar, params.forecast_alpha, params.baseline_alpha
+    # One compiled call for the whole batch: features, the no-merge queue and its replay
+    # (sidecar.replay with sync_bin=None: the same arithmetic), episode by episode.
+    compiled().episode_core_rows(
+        joined(arrivals), joined(prompts), joined(outputs), offsets, pressure(network),
+        pressure(checkpoint), p_idx, t_dec, dec_s, di, fa, fb, _ewma_norm(fa, n_slots),
+        _ewma_norm(fb, n_slots), float(sc.serving_capacity_rps), float(params.rate_norm_rps),
+        float(sc.ttft_ms), float(sc.prefill_ms_per_token), float(sc.decode_ms_per_token),
+        float(sc.pressure_gain), params.step_seconds, sc.slots * params.step_seconds,
+        float(sc.slots), float(sc.slo_s), exo, pressure_dec, *per_bin, *per_req, latency,
+        violated,
+    )  # fmt: skip
+    pressure_bin, m0, s, prefmin = per_bin
+    base_s, req_bin, flat_bin = per_req
     return EpisodeCore(
-        n,
-        exo,
-        pressure_dec,
-        base_s,
-        req_bin,
-        pressure_bin,
-        m0,
-        s,
-        prefmin,
-        latency,
-        latency > sidecar.slo_s,
-        counts,
-        flat_bin,
-    )
+        n, exo, pressure_dec, base_s, req_bin, pressure_bin, m0, s, prefmin, latency, violated,
+        counts, flat_bin,
+    )  # fmt: skip
 
 
 def build_episode(
@@ -763,24 +724,62 @@ def episode_draws(
     Returns:
         ``(trace, throughputs)``; with ``as_trace=False`` the trace's arrays instead,
         ``(arrivals, prompt, output, network, checkpoint, duration_s, name, throughputs)``
-        (a :class:`~diloco_gym.sim.regimes.SyntheticRegime` then skips building the
-        :class:`~diloco_gym.sim.traces.Trace`: the same draws, fewer copies).
+        (:func:`episode_draws_batch` of one seed).
     """
-    rng = np.random.default_rng(seed)
-    gen = generator
     if as_trace:
-        trace = gen(rng)
+        rng = np.random.default_rng(seed)
+        trace = generator(rng)
         return trace, learner_params.draw_throughputs(rng)
-    if isinstance(gen, SyntheticRegime) and type(gen).__call__ is SyntheticRegime.__call__:
-        arrivals, token_index, net, ckpt = gen.draw(rng)
-        prompt, output = gen.tokens(token_index, np.float64)
-        duration, name = gen.duration_s, gen.name
-    else:
-        tr = gen(rng)
-        arrivals, prompt, output = tr.arrival_s, tr.prompt_tokens, tr.output_tokens
-        net, ckpt, duration, name = tr.network, tr.checkpoint, tr.duration_s, tr.name
-    thr = learner_params.draw_throughputs(rng)
-    return arrivals, prompt, output, net, ckpt, duration, name, thr
+    return episode_draws_batch(generator, [seed], learner_params)[0]
+
+
+def is_synthetic(generator: Any) -> bool:
+    """Whether ``generator`` draws its traces as :class:`SyntheticRegime` does."""
+    cls = SyntheticRegime
+    return isinstance(generator, cls) and type(generator).__call__ is cls.__call__
+
+
+def synthetic_draws(
+    generator: SyntheticRegime, seeds: list[int], learner_params: lrn.LearnerParams
+) -> tuple:
+    """The episodes of ``seeds`` of a synthetic regime as its traces' arrays concatenated:
+    ``(arrivals, prompt, output, counts, pressure, throughputs)`` (``SyntheticRegime.draw_raw``
+    and the learner throughputs from each seed's generator, then one ``from_raw``)."""
+    raws, thrs = [], []
+    for seed in seeds:
+        rng = np.random.default_rng(seed)
+        raws.append(generator.draw_raw(rng))
+        thrs.append(learner_params.draw_throughputs(rng))
+    return generator.from_raw(raws, np.float64) + (np.stack(thrs),)
+
+
+def episode_draws_batch(
+    generator: Any, seeds: list[int], learner_params: lrn.LearnerParams
+) -> list[tuple]:
+    """:func:`episode_draws` (``as_trace=False``) of each of ``seeds``: the same draws, and
+    for a :class:`~diloco_gym.sim.regimes.SyntheticRegime` the traces' arrays made from
+    them in one compiled call (``SyntheticRegime.from_raw``; no
+    :class:`~diloco_gym.sim.traces.Trace` is built)."""
+    if not is_synthetic(generator):
+        out = []
+        for seed in seeds:
+            rng = np.random.default_rng(seed)
+            tr = generator(rng)
+            thr = learner_params.draw_throughputs(rng)
+            out.append(
+                (tr.arrival_s, tr.prompt_tokens, tr.output_tokens, tr.network, tr.checkpoint)
+                + (tr.duration_s, tr.name, thr)
+            )
+        return out
+    arrivals, prompt, output, counts, pressure, thrs = synthetic_draws(
+        generator, seeds, learner_params
+    )
+    ends, gen = np.cumsum(counts), generator
+    return [
+        (arrivals[lo:hi], prompt[lo:hi], output[lo:hi], pressure[e, 0], pressure[e, 1])
+        + (gen.duration_s, gen.name, thrs[e])
+        for e, (lo, hi) in enumerate(zip((ends - counts).tolist(), ends.tolist(), strict=True))
+    ]
 
 
 def episode_from_seed(

@@ -56,8 +56,7 @@ class SameRate:
     def __call__(self, rng: np.random.Generator) -> Trace:
         gen = self.regime
         rate_rng = np.random.default_rng(self.rate_seed)  # as episode_draws starts it
-        arrivals, token_index, network, checkpoint = gen.draw(rng, rate_rng=rate_rng)
-        prompt, output = gen.tokens(token_index)
+        arrivals, prompt, output, network, checkpoint = gen.draw(rng, rate_rng=rate_rng)
         return Trace(
             arrivals,
             prompt,

@@ -186,6 +186,8 @@ def _count(
     hi = ptr[a + length]
     pre = thr_in.size > 0
     hits = 0
+    last = np.nan
+    q = 0.0
     for i in range(lo, hi):
         j = rbin[i] - a
         if pre:
@@ -194,7 +196,10 @@ def _count(
             slow = m0[rbin[i] // m0_bins]
             if j < w:
                 slow = slow * sigma1
-            thr = (slo_s / slow - base[i]) * slots
+            if slow != last:  # the slowdown changes every few bins: divide once per value
+                last = slow
+                q = slo_s / slow
+            thr = (q - base[i]) * slots
         if bl[j] > thr:
             hits += 1
     return hits
@@ -352,4 +357,334 @@ def iir1_rows(b0, a1, x, out):  # pragma: no cover - compiled
             yn = z + b0 * xn
             z = xn * 0.0 - yn * a1
             out[r, n] = yn
+    return 0
+
+
+# ------------------------------------------------------------------ synthetic traces
+@njit(cache=True)
+def lift_sorted(t, onsets, ramp, burst, out):  # pragma: no cover - compiled
+    """The burst level at the sorted times ``t`` into ``out``: the largest over bursts of 1
+    on the plateau ``[onset, onset + burst)`` and, when ``ramp`` is not 0, the ramp
+    ``(t - (onset - ramp)) / ramp`` on ``[onset - ramp, onset)``; 0 elsewhere."""
+    for i in range(t.size):
+        out[i] = 0.0
+    for k in range(onsets.size):
+        onset = onsets[k]
+        lo = onset - ramp
+        r0 = np.searchsorted(t, lo)
+        p0 = np.searchsorted(t, onset)
+        p1 = np.searchsorted(t, onset + burst)
+        for i in range(p0, p1):
+            out[i] = 1.0
+        if ramp != 0.0:
+            for i in range(r0, p0):
+                v = (t[i] - lo) / ramp
+                if out[i] < v:
+                    out[i] = v
+    return 0
+
+
+@njit(cache=True)
+def slice_counts(
+    t, widths, onsets, bursts, quiet, lift_rps, ramp, burst, cum
+):  # pragma: no cover - compiled
+    """The cumulative expected arrivals of a window's rate slices into ``cum`` (``cum[0] =
+    0``; slice ``k`` has rate ``quiet``, plus ``lift_rps`` times the burst level at its
+    centre ``t[k]`` when ``bursts``, over ``widths[k]`` seconds); returns the total."""
+    lift = np.empty(t.size)
+    if bursts:
+        lift_sorted(t, onsets, ramp, burst, lift)
+    cum[0] = 0.0
+    run = 0.0
+    for k in range(t.size):
+        rate = quiet + lift_rps * lift[k] if bursts else quiet
+        run += rate * widths[k]
+        cum[k + 1] = run
+    return run
+
+
+@njit(cache=True)
+def _interp_sorted(x, xp, fp, cap, out):  # pragma: no cover - compiled
+    """``np.minimum(np.interp(x, xp, fp), cap)`` for ascending ``x`` (NumPy's interpolation
+    arithmetic: the slope of the segment times the offset from its left end, plus its left
+    value; the end values outside ``xp``)."""
+    n = xp.size
+    j = 0
+    for i in range(x.size):
+        v = x[i]
+        while j < n and xp[j] <= v:
+            j += 1
+        j0 = j - 1  # xp[j0] <= v < xp[j0 + 1]
+        if j0 < 0:
+            y = fp[0]
+        elif j0 >= n - 1 or xp[j0] == v:
+            y = fp[min(j0, n - 1)]
+        else:
+            slope = (fp[j0 + 1] - fp[j0]) / (xp[j0 + 1] - xp[j0])
+            y = slope * (v - xp[j0]) + fp[j0]
+            if np.isnan(y):
+                y = slope * (v - xp[j0 + 1]) + fp[j0 + 1]
+                if np.isnan(y) and fp[j0] == fp[j0 + 1]:
+                    y = fp[j0]
+        out[i] = y if y <= cap else cap
+    return 0
+
+
+@njit(cache=True)
+def _pressure_row(
+    noise, scale, scale0, rho, mean, spike_u, spike_p, length, level, out
+):  # pragma: no cover - compiled
+    """One pressure series into ``out``: the AR(1) filter (:func:`iir1_rows`' operations,
+    ``b0 = 1``, ``a1 = -rho``) of ``noise * scale`` (its first sample also times
+    ``scale0``) plus ``mean``, raised to ``level`` for ``length`` samples from every
+    sample whose ``spike_u`` is below ``spike_p``, clipped to ``[0, 1]``."""
+    n = noise.size
+    a1 = -rho
+    z = 0.0
+    for i in range(n):
+        xn = noise[i] * scale
+        if i == 0:
+            xn = xn * scale0
+        yn = z + 1.0 * xn
+        z = xn * 0.0 - yn * a1
+        out[i] = yn + mean
+    for i in range(n):
+        if spike_u[i] < spike_p:
+            for j in range(i, min(i + length, n)):
+                if out[j] < level:
+                    out[j] = level
+    for i in range(n):
+        out[i] = _clip01(out[i])
+    return 0
+
+
+@njit(cache=True)
+def synthetic_rows(
+    points, offsets, cum, edges, cap, token_u, prompt_table, output_table, token_bits,
+    noise, spike_u, scale, scale0, rho, means, spike_p, length, level, arrivals, prompt,
+    output, pressure,
+):  # pragma: no cover - compiled  # fmt: skip
+    """Synthetic traces ``e`` from their random draws: the arrival times of the unit-rate
+    points ``points[offsets[e]:offsets[e + 1]]`` mapped through the cumulative expected
+    count ``cum[e]`` (time rescaling, :func:`_interp_sorted` onto ``edges``, below
+    ``cap``), each request's tokens from its uniform (the top and the low ``token_bits``
+    bits of ``token_u * 2**(2 * token_bits)`` index the two quantile tables), and the two
+    pressure series of ``noise[e]`` (:func:`_pressure_row`, row ``r`` around
+    ``means[r]``). Per-request outputs are the episodes' requests concatenated."""
+    full = float(1 << (2 * token_bits))
+    low = (1 << token_bits) - 1
+    for e in range(offsets.size - 1):
+        lo = offsets[e]
+        hi = offsets[e + 1]
+        _interp_sorted(points[lo:hi], cum[e], edges, cap, arrivals[lo:hi])
+        for i in range(lo, hi):
+            idx = np.int64(token_u[i] * full)
+            prompt[i] = prompt_table[idx >> token_bits]
+            output[i] = output_table[idx & low]
+        for r in range(2):
+            _pressure_row(
+                noise[e, r], scale, scale0, rho, means[r], spike_u[e, r], spike_p, length,
+                level, pressure[e, r],
+            )  # fmt: skip
+    return 0
+
+
+# ------------------------------------------------------------------ episode builds
+@njit(cache=True)
+def lindley_rows(x, s, prefmin):  # pragma: no cover - compiled
+    """The no-merge queue's running sums of rows ``x`` (work minus capacity per bin):
+    ``s[r, 0] = 0``, ``s[r, k + 1] = s[r, k] + x[r, k]`` and its running minimum
+    ``prefmin`` (what ``np.cumsum`` and ``np.minimum.accumulate`` give)."""
+    for r in range(x.shape[0]):
+        run = 0.0
+        low = 0.0
+        s[r, 0] = 0.0
+        prefmin[r, 0] = 0.0
+        for k in range(x.shape[1]):
+            run += x[r, k]
+            if run < low:
+                low = run
+            s[r, k + 1] = run
+            prefmin[r, k + 1] = low
+    return 0
+
+
+@njit(cache=True)
+def _ewma_into(x, alpha, norm, out):  # pragma: no cover - compiled
+    """The bias-corrected EWMA of ``x`` (the first-order filter of :func:`iir1_rows` with
+    ``b0 = alpha``, ``a1 = alpha - 1``, divided by ``norm``; ``out[0] = 0``)."""
+    b0 = alpha
+    a1 = alpha - 1.0
+    z = 0.0
+    for i in range(x.size):
+        xn = x[i]
+        yn = z + b0 * xn
+        z = xn * 0.0 - yn * a1
+        out[i] = yn / norm[i] if i > 0 else 0.0
+    return 0
+
+
+@njit(cache=True)
+def _clip(v, lo, hi):  # pragma: no cover - compiled
+    """``np.clip(v, lo, hi)`` as NumPy computes it (see :func:`_clip01`)."""
+    v = v if v > lo else lo
+    return v if v < hi else hi
+
+
+@njit(cache=True)
+def _exo_row(
+    arr, t_dec, dec_s, fa, fb, norm_f, norm_b, net, ckpt, capacity, rate_norm, exo, pdec
+):  # pragma: no cover - compiled
+    """One episode's exogenous features (``exo``, float32, the first ``exo.shape[0]``
+    decisions) and fleet pressure per decision (``pdec``) from its sorted arrivals: the
+    request rate of the interval before each decision, its EWMAs (forecast ``fa``,
+    baseline ``fb``), the serving pressure, the squashed rates and the trend."""
+    m = t_dec.size
+    rate = np.empty(m)
+    prev = 0
+    j = 0
+    for d in range(m):
+        while j < arr.size and arr[j] < t_dec[d]:
+            j += 1
+        rate[d] = 0.0 if d == 0 else (j - prev) / dec_s
+        prev = j
+    fc = np.empty(m)
+    bl = np.empty(m)
+    _ewma_into(rate, fa, norm_f, fc)
+    _ewma_into(rate, fb, norm_b, bl)
+    n = exo.shape[0]
+    for d in range(m):
+        serving = min(1.0, fc[d] / capacity)
+        hi = net[d] if net[d] >= serving else serving
+        pdec[d] = hi if hi >= ckpt[d] else ckpt[d]
+        if d < n:
+            row = exo[d]
+            row[0] = net[d]
+            row[1] = serving
+            row[2] = ckpt[d]
+            row[3] = rate[d] / (rate[d] + rate_norm)
+            row[4] = fc[d] / (fc[d] + rate_norm)
+            row[5] = bl[d] / (bl[d] + rate_norm)
+            row[6] = _clip((fc[d] - bl[d]) / rate_norm, -1.0, 1.0)
+    return 0
+
+
+@njit(cache=True)
+def episode_core_rows(
+    arrivals, prompt, output, offsets, network, checkpoint, p_idx, t_dec, dec_s, di, fa, fb,
+    norm_f, norm_b, capacity, rate_norm, ttft_ms, prefill_ms, decode_ms, gain, step_s, cap_s,
+    slots, slo_s, exo, pdec, pbin, m0, s, prefmin, base_s, req_bin, flat_bin, latency,
+    violated,
+):  # pragma: no cover - compiled  # fmt: skip
+    """The agent-independent arrays of episodes ``e`` (requests
+    ``offsets[e]:offsets[e + 1]`` of the concatenated per-request arrays, sorted arrivals;
+    ``network``/``checkpoint`` ``(B, samples)`` pressure, read at ``p_idx`` per decision,
+    or ``(B, 0)`` for none): the exogenous features (:func:`_exo_row`), the pressure and
+    no-merge slowdown per bin, each request's service time and bin, the no-merge queue
+    (:func:`lindley_rows`; ``cap_s`` = ``slots * step_s``) and its latencies and SLO
+    violations (``latency > slo_s``), as ``diloco_gym.envs.core.episode_core_batch``
+    documents them."""
+    b = offsets.size - 1
+    m = t_dec.size
+    n_bins = pbin.shape[1]
+    net = np.zeros(m)
+    ckpt = np.zeros(m)
+    work = np.zeros(n_bins)
+    x = np.empty((1, n_bins))
+    for e in range(b):
+        lo = offsets[e]
+        hi = offsets[e + 1]
+        if network.shape[1] > 0:
+            for d in range(m):
+                net[d] = network[e, p_idx[d]]
+                ckpt[d] = checkpoint[e, p_idx[d]]
+        _exo_row(
+            arrivals[lo:hi], t_dec, dec_s, fa, fb, norm_f, norm_b, net, ckpt, capacity,
+            rate_norm, exo[e], pdec[e],
+        )  # fmt: skip
+        for k in range(n_bins):
+            p = pdec[e, k // di]
+            pbin[e, k] = p
+            m0[e, k] = 1.0 + gain * (p * p)
+            work[k] = 0.0
+        for i in range(lo, hi):
+            base_s[i] = (ttft_ms + prefill_ms * prompt[i] + decode_ms * output[i]) / 1000.0
+            k = min(np.int64(arrivals[i] / step_s), n_bins - 1)
+            req_bin[i] = k
+            flat_bin[i] = e * n_bins + k
+            work[k] += base_s[i]
+        prev = np.nan
+        cap = 0.0
+        for k in range(n_bins):
+            if m0[e, k] != prev:  # the slowdown is constant over a decision: divide once
+                prev = m0[e, k]
+                cap = cap_s / prev
+            x[0, k] = work[k] - cap
+        lindley_rows(x, s[e : e + 1], prefmin[e : e + 1])
+        for i in range(lo, hi):
+            k = req_bin[i]
+            lat = (base_s[i] + (s[e, k] - prefmin[e, k]) / slots) * m0[e, k]
+            latency[i] = lat
+            violated[i] = lat > slo_s
+    return 0
+
+
+@njit(cache=True)
+def cost_queue_rows(
+    base_s, req_bin, violated, offsets, m0, s, cap_s, lost_frac, m0_bins, out_rows, width, w,
+    s_out, d_out, ptr, rbin, base, m0_kept,
+):  # pragma: no cover - compiled  # fmt: skip
+    """The cost queue rows of episodes ``e`` (requests ``offsets[e]:offsets[e + 1]`` of the
+    concatenated per-request arrays, any order): the running sum ``s[e]`` and the
+    cumulative lost capacity (``cap_s / m0 * lost_frac`` per bin: ``cap_s = slots *
+    bin_s``, ``lost_frac = sync_slowdown / (1 + sync_slowdown)``), both padded to
+    ``s_out``'s width by repeating their last value; the request pointer per bin
+    ``ptr``; the requests' bins and service times in bin order (stable: a counting
+    sort), ``-inf`` for one already violated without a merge; and ``m0`` every
+    ``m0_bins`` bins. Episode ``e`` goes to row ``out_rows[e]`` of the outputs (a bank's
+    arrays, wider than needed: ``s``, ``d`` and ``ptr`` are written over ``width`` bins,
+    the requests over ``w`` positions, padded with ``-inf`` and 0)."""
+    n_bins = m0.shape[1]
+    seen = np.empty(n_bins, dtype=np.int64)
+    for e in range(offsets.size - 1):
+        lo = offsets[e]
+        hi = offsets[e + 1]
+        o = out_rows[e]
+        for k in range(n_bins):
+            seen[k] = 0
+        for i in range(lo, hi):
+            seen[req_bin[i]] += 1
+        ptr[o, 0] = 0
+        run = 0
+        for k in range(n_bins):
+            run += seen[k]
+            ptr[o, k + 1] = run
+            seen[k] = ptr[o, k]  # next free position of bin k
+        for k in range(n_bins + 1, width):
+            ptr[o, k] = hi - lo
+        for i in range(lo, hi):
+            k = req_bin[i]
+            j = seen[k]
+            seen[k] += 1
+            rbin[o, j] = k
+            base[o, j] = -np.inf if violated[i] else base_s[i]
+        for j in range(hi - lo, w):
+            rbin[o, j] = 0
+            base[o, j] = -np.inf
+        for k in range(width):
+            s_out[o, k] = s[e, min(k, n_bins)]
+        acc = 0.0
+        d_out[o, 0] = 0.0
+        prev = np.nan
+        lost = 0.0
+        for k in range(n_bins):
+            if m0[e, k] != prev:  # the same slowdown, the same lost capacity: divide once
+                prev = m0[e, k]
+                lost = cap_s / prev * lost_frac
+            acc += lost
+            d_out[o, k + 1] = acc
+        for k in range(n_bins + 1, width):
+            d_out[o, k] = acc
+        for g in range(-(-n_bins // m0_bins)):
+            m0_kept[o, g] = m0[e, g * m0_bins]
     return 0

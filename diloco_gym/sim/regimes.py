@@ -36,6 +36,7 @@ from functools import lru_cache
 
 import numpy as np
 
+from diloco_gym.sim import compiled
 from diloco_gym.sim.sidecar import SidecarParams, base_latency_s
 from diloco_gym.sim.traces import PRESSURE_DT_S, Trace, random_window, scale_rate, tile_starts
 
@@ -82,25 +83,21 @@ def _slice_grid(duration_s: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 def _exponential_batch(total: float) -> int:
     """Unit-rate exponentials drawn at once for ``total`` expected arrivals: enough to pass
-    ``total`` with probability ~1 - 1e-9 (:func:`_poisson_arrivals` draws more if not)."""
+    ``total`` with probability ~1 - 1e-9 (:func:`_unit_points` draws more if not)."""
     return int(total + 6.0 * np.sqrt(total)) + 16
 
 
-def _poisson_arrivals(rng: np.random.Generator, lam: np.ndarray, edges: np.ndarray) -> np.ndarray:
-    """Sorted arrival times of a Poisson process with ``lam[k]`` expected arrivals on
-    ``[edges[k], edges[k + 1])`` (time rescaling; see the module docstring)."""
-    cum = np.empty(lam.size + 1)
-    cum[0] = 0.0
-    np.cumsum(lam, out=cum[1:])
-    total = float(cum[-1])
+def _unit_points(rng: np.random.Generator, total: float) -> np.ndarray:
+    """The points below ``total`` of a unit-rate Poisson process (cumulative sums of
+    standard exponentials, drawn in batches until they pass ``total``): the arrivals of
+    the rescaled time (see the module docstring)."""
     if total <= 0.0:
         return np.zeros(0)
     batch = _exponential_batch(total)
     x = np.cumsum(rng.standard_exponential(batch))
     while x[-1] < total:  # keep drawing until the unit-rate points pass the total
         x = np.concatenate([x, x[-1] + np.cumsum(rng.standard_exponential(batch))])
-    x = x[: np.searchsorted(x, total)]
-    return np.minimum(np.interp(x, cum, edges), np.nextafter(edges[-1], 0.0))
+    return x[: np.searchsorted(x, total)]
 
 
 def _ar1(noise: np.ndarray, rho: float) -> np.ndarray:
@@ -135,23 +132,6 @@ def _pressure_series(
     for t in onsets:
         series[t : t + length] = np.maximum(series[t : t + length], spike_level)
     return np.clip(series, 0.0, 1.0)
-
-
-def _pressure_pair(rng: np.random.Generator, n: int, gen: SyntheticRegime) -> np.ndarray:
-    """Network and checkpoint pressure of ``gen`` (rows 0 and 1): two independent
-    :func:`_pressure_series` processes, drawn and filtered together."""
-    rho = 0.97
-    sd = gen.pressure_sd
-    noise = rng.standard_normal((2, n))
-    noise *= sd * np.sqrt(1 - rho**2)
-    noise[:, 0] *= 1.0 / np.sqrt(1 - rho**2)  # x[0] ~ N(0, sd): the stationary law
-    x = _ar1(noise, rho)
-    series = x + np.array([[gen.network_mean], [gen.checkpoint_mean]])
-    length = max(1, int(round(gen.spike_s / PRESSURE_DT_S)))
-    for row, t in zip(*np.nonzero(rng.random((2, n)) < gen.spike_rate_per_s), strict=True):
-        span = series[row, t : t + length]
-        np.maximum(span, gen.spike_level, out=span)
-    return np.clip(series, 0.0, 1.0, out=series)
 
 
 @dataclass(frozen=True)
@@ -290,20 +270,28 @@ class SyntheticRegime:
             busy_rate_rps=self.busy_rate_rps * factor,
         )
 
+    @property
+    def has_bursts(self) -> bool:
+        """Whether the rate ever leaves ``quiet_rate_rps`` (a burst period and a busy rate)."""
+        return self.burst_period_s > 0 and self.busy_rate_rps != self.quiet_rate_rps
+
+    def _onsets(self, rng: np.random.Generator) -> np.ndarray:
+        """Burst onsets of one window (the rate function's draws from ``rng``)."""
+        if self.periodic:
+            phase = rng.uniform(0.0, self.burst_period_s)
+            first = phase - self.burst_period_s
+            return np.arange(first, self.duration_s, self.burst_period_s)
+        gaps = rng.uniform(0.5, 1.5, int(self.duration_s / self.burst_period_s * 2) + 4)
+        return np.cumsum(gaps * self.burst_period_s) - rng.uniform(0, self.burst_period_s)
+
     def rate_rps(
         self, t: np.ndarray, rng: np.random.Generator, _sorted: bool = False
     ) -> np.ndarray:
         """The rate function at times ``t`` (draws burst timing from ``rng``)."""
         rate = np.full(np.shape(t), self.quiet_rate_rps)
-        if self.burst_period_s <= 0 or self.busy_rate_rps == self.quiet_rate_rps:
+        if not self.has_bursts:
             return rate
-        if self.periodic:
-            phase = rng.uniform(0.0, self.burst_period_s)
-            first = phase - self.burst_period_s
-            onsets = np.arange(first, self.duration_s, self.burst_period_s)
-        else:
-            gaps = rng.uniform(0.5, 1.5, int(self.duration_s / self.burst_period_s * 2) + 4)
-            onsets = np.cumsum(gaps * self.burst_period_s) - rng.uniform(0, self.burst_period_s)
+        onsets = self._onsets(rng)
         return rate + (self.busy_rate_rps - self.quiet_rate_rps) * self._lift(
             np.asarray(t, dtype=np.float64), onsets, _sorted
         )
@@ -311,10 +299,8 @@ class SyntheticRegime:
     def _lift(self, t: np.ndarray, onsets: np.ndarray, is_sorted: bool = False) -> np.ndarray:
         """Burst level in [0, 1] at ``t``: the largest over bursts of a ramp from 0 to 1 on
         ``[onset - ramp_s, onset)`` (none without a ramp) and 1 on the plateau
-        ``[onset, onset + burst_s)``.
-
-        Each burst touches only its own span of the sorted times: its plateau is set to 1
-        and its ramp raised to the ramp's level there.
+        ``[onset, onset + burst_s)`` (the compiled :func:`diloco_gym.sim.jit.lift_sorted`
+        on the sorted times).
         """
         shape = t.shape
         t = t.reshape(-1)
@@ -322,52 +308,127 @@ class SyntheticRegime:
         if not is_sorted and t.size > 1 and not bool(np.all(t[1:] >= t[:-1])):
             order = np.argsort(t, kind="stable")
             t = t[order]
-        lift = np.zeros(t.size)
-        ramp = self.ramp_s
-        bounds = np.searchsorted(t, np.stack([onsets - ramp, onsets, onsets + self.burst_s]))
-        for k, onset in enumerate(onsets.tolist()):
-            r0, p0, p1 = bounds[:, k].tolist()
-            if p0 < p1:
-                lift[p0:p1] = 1.0
-            if ramp and r0 < p0:
-                span = lift[r0:p0]
-                np.maximum(span, (t[r0:p0] - (onset - ramp)) / ramp, out=span)
+        lift = np.empty(t.size)
+        compiled().lift_sorted(
+            np.ascontiguousarray(t, dtype=np.float64),
+            np.ascontiguousarray(onsets, dtype=np.float64),
+            float(self.ramp_s),
+            float(self.burst_s),
+            lift,
+        )
         if order is not None:
             lift[order] = lift.copy()
         return lift.reshape(shape)
 
-    def draw(self, rng: np.random.Generator, rate_rng: np.random.Generator | None = None):
-        """The raw draws of one trace: ``(arrival_s, token_index, network, checkpoint)``.
+    def draw_raw(
+        self, rng: np.random.Generator, rate_rng: np.random.Generator | None = None
+    ) -> tuple:
+        """The random numbers of one trace, in the generator's fixed order: the burst
+        timing, the unit-rate Poisson points, one uniform per request (its two token
+        quantiles), the pressure noise and the pressure spikes' uniforms.
 
-        ``rate_rng``: draw the rate function (the burst timing) from this generator instead
-        of ``rng``, and everything else from ``rng``; the rate-clairvoyant reference uses it
-        to redraw an episode's arrivals under that episode's own bursts. By default one
-        generator draws all, the rate function first.
+        ``rate_rng``: draw the burst timing (the rate function) from this generator
+        instead, and everything else from ``rng``; the rate-clairvoyant reference
+        (:mod:`diloco_gym.eval.clairvoyant`) redraws an episode's arrivals under that
+        episode's own bursts with it. By default one generator draws all, bursts first.
 
-        ``token_index`` holds one 28-bit integer per request: its top 14 bits pick the
-        prompt quantile and the low 14 bits the output quantile (:meth:`tokens`). Calling
-        the generator wraps exactly these draws into a validated :class:`Trace`; the vector
-        env uses them directly.
+        Returns ``(cum, points, token_u, noise, spike_u)`` (``cum``: the cumulative
+        expected arrivals of the rate slices); :meth:`from_raw` turns a batch of them into
+        traces' arrays.
         """
         edges, t, widths = _slice_grid(self.duration_s)
-        lam = self.rate_rps(t, rng if rate_rng is None else rate_rng, _sorted=True) * widths
-        arrivals = _poisson_arrivals(rng, lam, edges)
-        # One uniform per request; random() has 53 random bits, so its top 14 and next 14
-        # bits are two independent quantile indices.
-        token_index = (rng.random(arrivals.size) * float(1 << (2 * _TOKEN_BITS))).astype(np.int64)
+        bursts = self.has_bursts
+        onsets = self._onsets(rng if rate_rng is None else rate_rng) if bursts else np.zeros(0)
+        cum = np.empty(t.size + 1)
+        total = compiled().slice_counts(
+            t,
+            widths,
+            np.ascontiguousarray(onsets, dtype=np.float64),
+            bursts,
+            float(self.quiet_rate_rps),
+            float(self.busy_rate_rps - self.quiet_rate_rps),
+            float(self.ramp_s),
+            float(self.burst_s),
+            cum,
+        )
+        points = _unit_points(rng, float(total))
+        token_u = rng.random(points.size)
         n_p = int(np.ceil(self.duration_s / PRESSURE_DT_S - 1e-9))
-        pressure = _pressure_pair(rng, n_p, self)
-        return arrivals, token_index, pressure[0], pressure[1]
+        noise = rng.standard_normal((2, n_p))
+        spike_u = rng.random((2, n_p))
+        return cum, points, token_u, noise, spike_u
 
-    def tokens(self, token_index: np.ndarray, dtype=np.int64) -> tuple[np.ndarray, np.ndarray]:
-        """Prompt and output tokens of :meth:`draw`'s ``token_index`` (as ``dtype``)."""
-        prompt = _token_table(self.prompt_median, self.prompt_sigma, 32768.0, dtype)
-        output = _token_table(self.output_median, self.output_sigma, 4096.0, dtype)
-        return (prompt[token_index >> _TOKEN_BITS], output[token_index & ((1 << _TOKEN_BITS) - 1)])
+    def from_raw(self, raws: list[tuple], dtype=np.int64) -> tuple:
+        """The arrays of the traces of :meth:`draw_raw`'s draws, all in one compiled call
+        (:func:`diloco_gym.sim.jit.synthetic_rows`).
+
+        Returns ``(arrival_s, prompt, output, counts, pressure)``: the traces' requests
+        concatenated (tokens as ``dtype``), ``counts`` per trace, and ``pressure``
+        ``(B, 2, samples)``, network then checkpoint pressure per second.
+        """
+        b = len(raws)
+        counts = np.fromiter((r[1].size for r in raws), dtype=np.int64, count=b)
+        offsets = np.zeros(b + 1, dtype=np.int64)
+        np.cumsum(counts, out=offsets[1:])
+
+        def stacked(k: int) -> np.ndarray:
+            return raws[0][k][None] if b == 1 else np.stack([r[k] for r in raws])
+
+        def joined(k: int) -> np.ndarray:
+            return raws[0][k] if b == 1 else np.concatenate([r[k] for r in raws])
+
+        edges = _slice_grid(self.duration_s)[0]
+        m = int(offsets[-1])
+        arrivals = np.empty(m)
+        prompt = np.empty(m, dtype=dtype)
+        output = np.empty(m, dtype=dtype)
+        noise = stacked(3)
+        pressure = np.empty(noise.shape)
+        rho = 0.97  # about 30 s memory
+        compiled().synthetic_rows(
+            joined(1),
+            offsets,
+            stacked(0),
+            edges,
+            float(np.nextafter(edges[-1], 0.0)),
+            joined(2),
+            # uint16 holds every count (1..32768) exactly and keeps the tables in cache
+            _token_table(self.prompt_median, self.prompt_sigma, 32768.0, np.uint16),
+            _token_table(self.output_median, self.output_sigma, 4096.0, np.uint16),
+            _TOKEN_BITS,
+            noise,
+            stacked(4),
+            float(self.pressure_sd * np.sqrt(1 - rho**2)),
+            float(1.0 / np.sqrt(1 - rho**2)),  # x[0] ~ N(0, sd): the stationary law
+            rho,
+            np.array([self.network_mean, self.checkpoint_mean], dtype=np.float64),
+            float(self.spike_rate_per_s),
+            max(1, int(round(self.spike_s / PRESSURE_DT_S))),
+            float(self.spike_level),
+            arrivals,
+            prompt,
+            output,
+            pressure,
+        )
+        return arrivals, prompt, output, counts, pressure
+
+    def draw(
+        self,
+        rng: np.random.Generator,
+        dtype=np.int64,
+        rate_rng: np.random.Generator | None = None,
+    ):
+        """One trace's arrays: ``(arrival_s, prompt_tokens, output_tokens, network,
+        checkpoint)`` (tokens as ``dtype``): :meth:`draw_raw` (``rate_rng`` as there) and
+        :meth:`from_raw` on a batch of one. Calling the generator wraps exactly these into
+        a validated :class:`Trace`; the vector env builds many at once.
+        """
+        raw = self.draw_raw(rng, rate_rng)
+        arrivals, prompt, output, _, pressure = self.from_raw([raw], dtype)
+        return arrivals, prompt, output, pressure[0, 0], pressure[0, 1]
 
     def __call__(self, rng: np.random.Generator) -> Trace:
-        arrivals, token_index, network, checkpoint = self.draw(rng)
-        prompt, output = self.tokens(token_index)
+        arrivals, prompt, output, network, checkpoint = self.draw(rng)
         return Trace(
             arrivals,
             prompt,

@@ -51,6 +51,7 @@ __all__ = [
     "slowdown",
     "replay",
     "cost_queue",
+    "cost_queue_into",
     "cost_horizon",
     "isolated_merge_costs",
     "merged_backlog",
@@ -157,10 +158,12 @@ def queue(
         ``(S, prefmin)``, each ``(..., bins + 1)``.
     """
     x = work - p.slots * bin_s / m
-    s = np.empty(x.shape[:-1] + (x.shape[-1] + 1,))
-    s[..., 0] = 0.0
-    np.cumsum(x, axis=-1, out=s[..., 1:])
-    return s, np.minimum.accumulate(s, axis=-1)
+    rows = np.ascontiguousarray(x.reshape(-1, x.shape[-1]), dtype=np.float64)
+    s = np.empty((rows.shape[0], rows.shape[1] + 1))
+    prefmin = np.empty_like(s)
+    compiled().lindley_rows(rows, s, prefmin)  # sequential sums and minima, as cumsum's
+    shape = x.shape[:-1] + (x.shape[-1] + 1,)
+    return s.reshape(shape), prefmin.reshape(shape)
 
 
 def no_merge_queue(
@@ -269,15 +272,6 @@ def padded(x: np.ndarray, size: int) -> np.ndarray:
     return out
 
 
-def lost_capacity(m0: np.ndarray, p: SidecarParams, bin_s: float) -> np.ndarray:
-    """``D_k = sum_{j<k} (cap_j - cap_j / (1 + sigma))``: the cumulative nominal work a merge
-    removes from the capacity (``m0`` the no-merge slowdown per bin), length ``bins + 1``."""
-    lost = p.slots * bin_s / m0 * (p.sync_slowdown / (1.0 + p.sync_slowdown))
-    d = np.zeros(m0.shape[:-1] + (m0.shape[-1] + 1,))  # along the last axis (batches too)
-    np.cumsum(lost, axis=-1, out=d[..., 1:])
-    return d
-
-
 def violation_threshold(slow: np.ndarray, base_s: np.ndarray, p: SidecarParams) -> np.ndarray:
     """Backlog (work-seconds) above which a request violates its SLO under slowdown ``slow``:
     ``(base + B / slots) * m > slo``  <=>  ``B > (slo / m - base) * slots`` (``+inf`` for a
@@ -301,8 +295,9 @@ class CostQueue(NamedTuple):
         s: ``(R, L)`` running sum ``S`` of the no-merge queue (:func:`queue`), padded past
             the episode's end by repeating its last value (index clipping), so a cost
             horizon from any start fits.
-        d: ``(R, L)`` cumulative capacity a merge removes (:func:`lost_capacity`), padded
-            alike.
+        d: ``(R, L)`` cumulative capacity a merge removes (``D_k``, the sum over bins
+            ``j < k`` of ``cap_j * sync_slowdown / (1 + sync_slowdown)``;
+            :func:`diloco_gym.sim.jit.cost_queue_rows`), padded alike.
         ptr: ``(R, L)`` int: ``ptr[r, k]`` = number of row ``r``'s requests in bins ``< k``.
         rbin: ``(R, W)`` int: each row's request bins, in bin order (``W`` >= its count).
         base: ``(R, W)`` their nominal service time, ``-inf`` for a request already over its
@@ -355,48 +350,64 @@ def cost_queue(
     if counts is None:
         counts = np.array([req_bin.size], dtype=np.int64)
     width = max(int(size), n_bins + 1)
-    flat_bin = req_bin if b == 1 else np.repeat(np.arange(b) * n_bins, counts) + req_bin
-    ptr = np.empty((b, width), dtype=np.int32)
-    ptr[:, 0] = 0
-    np.cumsum(
-        np.bincount(flat_bin, minlength=b * n_bins).reshape(b, n_bins),
-        axis=1,
-        out=ptr[:, 1 : n_bins + 1],
-    )
-    ptr[:, n_bins + 1 :] = counts[:, None]
-    base = np.where(np.asarray(violated0).astype(bool), -np.inf, base_s)
-    rbin = req_bin.astype(np.int32)
-    if flat_bin.size > 1 and not bool(np.all(flat_bin[1:] >= flat_bin[:-1])):
-        order = np.argsort(flat_bin, kind="stable")  # sorted arrivals (a trace's) skip this
-        base, rbin = base[order], rbin[order]
-    if b == 1:
-        base, rbin = base[None, :], rbin[None, :]
-    else:
-        w = int(counts.max()) if counts.size else 0
-        pos = np.arange(rbin.size) + np.repeat(
-            np.arange(b) * w - (np.cumsum(counts) - counts), counts
-        )
-        base_rows = np.full((b, w), -np.inf)
-        rbin_rows = np.zeros((b, w), dtype=np.int32)
-        base_rows.reshape(-1)[pos] = base
-        rbin_rows.reshape(-1)[pos] = rbin
-        base, rbin = base_rows, rbin_rows
-    m0_kept = m0 if m0_bins == 1 else m0[:, ::m0_bins]
-    thr_in = thr_tail = None
-    if thresholds:
-        slow = np.take_along_axis(m0_kept, rbin // m0_bins, axis=1)
-        thr_in = violation_threshold(slow * (1.0 + p.sync_slowdown), base, p)
-        thr_tail = violation_threshold(slow, base, p)
-    return CostQueue(
-        padded(s, width),
-        padded(lost_capacity(m0, p, bin_s), width),
-        ptr,
-        rbin,
-        base,
-        m0_kept,
+    w = int(counts.max()) if counts.size else 0
+    q = CostQueue(
+        np.empty((b, width)),
+        np.empty((b, width)),
+        np.empty((b, width), dtype=np.int32),
+        np.zeros((b, w), dtype=np.int32),
+        np.full((b, w), -np.inf),
+        np.empty((b, -(-n_bins // m0_bins))),
         m0_bins,
-        thr_in,
-        thr_tail,
+    )
+    cost_queue_into(q, np.arange(b), base_s, req_bin, violated0, m0, s, p, bin_s, width, counts)
+    if thresholds:
+        slow = np.take_along_axis(q.m0, q.rbin // m0_bins, axis=1)
+        q = q._replace(
+            thr_in=violation_threshold(slow * (1.0 + p.sync_slowdown), q.base, p),
+            thr_tail=violation_threshold(slow, q.base, p),
+        )
+    return q
+
+
+def cost_queue_into(
+    q: CostQueue,
+    rows: np.ndarray,
+    base_s: np.ndarray,
+    req_bin: np.ndarray,
+    violated0: np.ndarray,
+    m0: np.ndarray,
+    s: np.ndarray,
+    p: SidecarParams,
+    bin_s: float,
+    width: int,
+    counts: np.ndarray,
+) -> None:
+    """:func:`cost_queue` of ``B`` episodes written into rows ``rows`` of an existing
+    :class:`CostQueue` ``q`` (the vector env's bank: arrays at least ``width`` bins and
+    ``counts.max()`` requests wide), in one compiled call
+    (:func:`diloco_gym.sim.jit.cost_queue_rows`)."""
+    offsets = np.zeros(counts.size + 1, dtype=np.int64)
+    np.cumsum(counts, out=offsets[1:])
+    compiled().cost_queue_rows(
+        np.ascontiguousarray(base_s, dtype=np.float64),
+        np.ascontiguousarray(req_bin, dtype=np.int64),
+        np.ascontiguousarray(violated0, dtype=bool),
+        offsets,
+        np.ascontiguousarray(m0, dtype=np.float64),
+        np.ascontiguousarray(s, dtype=np.float64),
+        p.slots * bin_s,
+        p.sync_slowdown / (1.0 + p.sync_slowdown),
+        int(q.m0_bins),
+        np.ascontiguousarray(rows, dtype=np.int64),
+        int(width),
+        int(counts.max()) if counts.size else 0,
+        q.s,
+        q.d,
+        q.ptr,
+        q.rbin,
+        q.base,
+        q.m0,
     )
 
 
