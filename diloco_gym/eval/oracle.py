@@ -183,9 +183,12 @@ def oracle_score(
 def _certified_lower(scorer: EpisodeScorer, merges: int, best_v: float) -> float:
     """The certified lower bound of :mod:`diloco_gym.eval.lower_bound` for this episode and
     budget (its per-decision credits computed once per scorer), checked against the best
-    exact schedule found: a bound above a scored schedule would disprove the proof."""
+    exact schedule found: a bound above a scored schedule would disprove the proof. NaN for
+    a fleet's episode (its sites' bound is not computed)."""
     from diloco_gym.eval.lower_bound import lower_bound_pct, pair_credits
 
+    if not isinstance(scorer.episode, core.Episode):
+        return float("nan")  # a fleet's episode: no certified bound is computed for it
     credits = scorer.__dict__.get("_pair_credits")
     if credits is None:
         credits = pair_credits(scorer.episode, scorer.params, scorer.sidecar)

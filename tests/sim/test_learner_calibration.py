@@ -134,12 +134,18 @@ def test_env_uses_the_calibrated_learner_model():
         DiLoCoSyncEnv(regime="bursty", learner_calibration=_doc(drift_steps="x"))
 
 
-def test_shipped_reference_calibration_loads_and_records_how_it_was_made():
+@pytest.mark.parametrize("name", ["reference", "default"])
+def test_shipped_calibrations_load_and_record_how_they_were_made(name):
     from importlib import resources
 
-    path = resources.files("diloco_gym").joinpath("data/learner_calibration_reference.json")
+    path = resources.files("diloco_gym").joinpath(f"data/learner_calibration_{name}.json")
     cal = load_learner_calibration(str(path))
     doc = cal.document
+    if name == "default":  # made by the default configuration of calibrate-learners
+        trainer = doc["meta"]["trainer"]
+        assert (trainer["d_model"], trainer["n_layers"], trainer["total_steps"]) == (128, 4, 64)
+        assert trainer["num_learners"] == 4 and doc["meta"]["parameters"] == 834_304
+        assert "/" not in doc["meta"]["command"]  # no machine path recorded
     assert doc["meta"]["command"].startswith("diloco-gym calibrate-learners")
     assert doc["meta"]["seeds"] >= 3 and doc["validation"]["schedules"] >= 5
     assert {r["role"] for r in doc["runs"]} == {"fit", "heldout"}
