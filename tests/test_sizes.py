@@ -87,3 +87,32 @@ def test_the_size_check_can_fail(tmp_path: Path) -> None:
         "### Size exceptions\n\n- `a.py` (900 lines): a reason.\n## Next\n- `b.py` (1 lines): x.\n"
     )
     assert exceptions(text) == {"a.py": 900}
+
+
+def test_the_complexity_gate_is_on_and_can_fail(tmp_path):
+    """ruff's complexity gate (C901, PLR0915) runs on the package with the project's
+    thresholds: a function over them fails the lint, so the long functions stay split."""
+    import shutil
+    import subprocess
+    import sys
+
+    ruff = shutil.which("ruff") or str(Path(sys.executable).with_name("ruff"))
+    if not Path(ruff).exists():
+        import pytest
+
+        pytest.skip("ruff is not installed (the dev extra)")
+    branches = "\n".join(f"    if x == {i}:\n        return {i}" for i in range(20))
+    statements = "\n".join(f"    y{i} = {i}" for i in range(60))
+    src = f"def branchy(x):\n{branches}\n    return -1\n\n\n"
+    src += f"def long(x):\n{statements}\n    return x\n"
+    bad = tmp_path / "diloco_gym" / "bad.py"
+    bad.parent.mkdir()
+    bad.write_text(src)
+    run = subprocess.run(
+        [ruff, "check", "--no-cache", "--config", str(ROOT / "pyproject.toml"), str(bad)],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    )
+    assert run.returncode == 1, run.stdout + run.stderr
+    assert "C901" in run.stdout and "PLR0915" in run.stdout

@@ -113,7 +113,7 @@ class EnvParams:
     reward_rate_rps: float | None = None
     reward_mode: str = "additive"
 
-    def __post_init__(self) -> None:
+    def __post_init__(self) -> None:  # noqa: C901 - one check per parameter, in sequence
         for f in fields(self):
             v = getattr(self, f.name)
             if f.name == "reward_mode":

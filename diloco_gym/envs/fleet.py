@@ -97,7 +97,7 @@ class FleetSetup:
     """A fleet resolved against the env parameters: per-site generators, sidecars (with
     the sync's slowdown) and nominal rates, the sync plan and the kernel parameters."""
 
-    def __init__(self, fleet: fl.FleetParams, params: EnvParams) -> None:
+    def __init__(self, fleet: fl.FleetParams, params: EnvParams) -> None:  # noqa: PLR0915 - the fleet env's argument checks and derived tables
         self.fleet = fleet
         gens: list[Any] = []
         #: trace sites: ``site -> (start_s, tiles)``; episode seed ``k`` replays the disjoint

@@ -164,7 +164,7 @@ def fleet_calibration(env: DiLoCoFleetEnv, calibration: str | None) -> tuple[str
     return fleet_v, rows
 
 
-def run_fleet_report(config: FleetReportConfig, progress: bool = False) -> dict[str, Any]:
+def run_fleet_report(config: FleetReportConfig, progress: bool = False) -> dict[str, Any]:  # noqa: PLR0915 - the fleet protocol's steps
     """Run every agent on ``config.seeds`` fleet episodes and score them (module doc).
 
     Returns:

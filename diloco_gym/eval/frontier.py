@@ -161,7 +161,7 @@ class FrontierConfig:
         """The regime whose sidecar a trace replay uses (default sync-heavy)."""
         return self.sidecar or "sync-heavy"
 
-    def __post_init__(self) -> None:
+    def __post_init__(self) -> None:  # noqa: C901 - one check per option, in sequence
         if self.learner_calibration is not None:
             from diloco_gym.sim.learner_calibration import load_learner_calibration
 

@@ -39,7 +39,7 @@ _SHORT = {
 }
 
 
-def render_markdown(result: dict[str, Any], figures: dict[str, str], command: str = "") -> str:
+def render_markdown(result: dict[str, Any], figures: dict[str, str], command: str = "") -> str:  # noqa: C901, PLR0915 - the document, section after section
     """frontier.md: per regime the figure, the leaderboard (gap captured per budget with its
     CI and verdict), sync-excess per budget, the dominance relation and the free points."""
     cfg = result["config"]

@@ -137,7 +137,7 @@ class ReportConfig:
     #: each schedule, and its excess over fixed H with as many merges) next to sync-excess.
     learner_calibration: str | None = None
 
-    def __post_init__(self) -> None:
+    def __post_init__(self) -> None:  # noqa: C901 - one check per option, in sequence
         if self.learner_calibration is not None:
             from diloco_gym.sim.learner_calibration import load_learner_calibration
 

@@ -168,7 +168,7 @@ class CalibrationConfig:
     link_shares: tuple[float, ...] = (1.0,)
     interference_resamples: int = 200
 
-    def __post_init__(self) -> None:
+    def __post_init__(self) -> None:  # noqa: C901 - one check per option, in sequence
         for name in ("timeout_s", "merge_seconds", "pressure_norm_inflight", "progress_every_s"):
             v = getattr(self, name)
             if not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):

@@ -145,7 +145,7 @@ def design(
     return out
 
 
-def calibrate_learners(
+def calibrate_learners(  # noqa: PLR0915 - the learner calibration's steps
     *,
     out: str | Path,
     seeds: int = 3,

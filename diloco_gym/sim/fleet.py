@@ -473,7 +473,7 @@ def fleet_from_dict(
         raise FleetConfigError(f"{where}: [fleet]: {exc}") from None
 
 
-def _site_from_table(st: Any, w: str, i: int, base_dir: Path | None) -> SiteConfig:
+def _site_from_table(st: Any, w: str, i: int, base_dir: Path | None) -> SiteConfig:  # noqa: C901 - one check per site key, in sequence
     """One ``[[site]]`` table (``w`` names it in errors; ``i`` its position)."""
     if not isinstance(st, dict):
         raise FleetConfigError(f"{w} must be a table")
