@@ -46,6 +46,21 @@ def _score(env: DiLoCoSyncEnv, act, seeds) -> tuple[np.ndarray, float]:
     return np.array(out), merged / max(1, free)
 
 
+def _clone(model, mode: str, args) -> None:
+    """Behaviour cloning of ``--bc-teacher`` before training (the project's imitation step);
+    the teacher's episodes come from the training seed range, the same for both modes."""
+    from diloco_gym.agents.registry import make_agent
+    from diloco_gym.rl.imitation import fit_to_actions, teacher_samples
+
+    env = _env(mode, args)
+    xs: list = []
+    ys: list = []
+    rng = np.random.default_rng([args.seed, 77])
+    n_raw = env.observation_space.shape[0]
+    teacher_samples(env, make_agent(args.bc_teacher), args.bc_episodes, rng, n_raw, xs, ys)
+    fit_to_actions(model, xs, ys, args.bc_epochs, args.seed, 1e-3, 256)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rate-scale", type=float, default=1.41)
@@ -53,6 +68,14 @@ def main() -> None:
     ap.add_argument("--timesteps", type=int, default=30_000)
     ap.add_argument("--eval", type=int, default=30, help="held-out episodes")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument(
+        "--bc-teacher",
+        default=None,
+        help="warm-start each policy by behaviour cloning this deployable agent first "
+        "(e.g. online-forecast-budget), the same samples for both reward modes",
+    )
+    ap.add_argument("--bc-episodes", type=int, default=40, help="teacher episodes")
+    ap.add_argument("--bc-epochs", type=int, default=10)
     args = ap.parse_args()
     held_out = np.arange(100_000, 100_000 + args.eval)
     rng = np.random.default_rng(args.seed)
@@ -75,6 +98,8 @@ def main() -> None:
         model = MaskablePPO(
             "MlpPolicy", venv, seed=args.seed, n_steps=512, batch_size=256, verbose=0, device="cpu"
         )
+        if args.bc_teacher:
+            _clone(model, mode, args)
         model.learn(args.timesteps)
         env = _env("additive", args)  # scored by the exact replay whatever the reward mode
         pol = lambda o, m, model=model: int(  # noqa: E731
