@@ -492,7 +492,8 @@ FLEET_FRONTIER_AGENTS = ("online-forecast-budget", "fixed-budget")
 
 def _fleet_budgets(args: argparse.Namespace) -> list[int]:
     """``--budgets`` (merges per hour) as fragment syncs per episode of the fleet's episode
-    length (rounded; distinct), read from the fleet's first test episode."""
+    length (rounded; distinct), read from the fleet's first test episode; without
+    ``--budgets``, five budgets evenly inside the episode's feasible range."""
     from diloco_gym.envs.fleet import DiLoCoFleetEnv
     from diloco_gym.sim.fleet import FleetConfigError
 
@@ -507,6 +508,8 @@ def _fleet_budgets(args: argparse.Namespace) -> list[int]:
     from diloco_gym.sim.schedules import budget_range
 
     lo, hi = budget_range(episode.n_decisions, env.params.h_min, env.params.h_max)
+    if args.budgets is None:  # five budgets inside the fleet's own feasible range
+        return sorted({int(round(m)) for m in np.linspace(lo, hi, 7)[1:-1]})
     per_episode = {b: int(round(b * duration_s / 3600.0)) for b in args.budgets}
     bad = [f"{b:g}/h ({m} syncs)" for b, m in per_episode.items() if not lo <= m <= hi]
     if bad:
@@ -619,7 +622,7 @@ def cmd_frontier(args: argparse.Namespace) -> int:
     try:
         config = fr.FrontierConfig(
             regimes=regimes,
-            budgets_per_hour=list(args.budgets),
+            budgets_per_hour=list(args.budgets or fr.DEFAULT_BUDGETS_PER_HOUR),
             budget_agents=budget_agents,
             free_agents=free_agents,
             seeds=args.seeds,
@@ -909,9 +912,10 @@ def _add_frontier_command(sub: Any, fmt: type[argparse.HelpFormatter]) -> None:
         nargs="+",
         type=float,
         metavar="MERGES_PER_HOUR",
-        default=[48.0, 60.0, 72.0, 96.0, 144.0],
-        help="the budget grid in merges per hour (a 600 s episode holds 8..32 "
-        "merges: 48..192 merges/h)",
+        default=None,
+        help="the budget grid in merges per hour (default 48 60 72 96 144: a 600 s episode "
+        "holds 8..32 merges, 48..192 merges/h; with --fleet: five budgets spread over the "
+        "fleet episode's feasible range)",
     )
     p.add_argument(
         "--seeds",

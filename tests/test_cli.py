@@ -692,6 +692,21 @@ def test_frontier_fleet_runs_each_budget_at_matched_syncs(tmp_path, capsys):
     assert one == (tmp_path / "b" / "frontier.csv").read_bytes()
 
 
+def test_frontier_fleet_default_budgets_lie_in_the_fleets_range():
+    """Without --budgets a fleet frontier spreads five budgets over the fleet episode's own
+    feasible range (the single-host grid does not fit a fleet's episode)."""
+    from diloco_gym.cli import _fleet_budgets, build_parser
+
+    args = build_parser("frontier").parse_args(["frontier", "--fleet", str(FLEET_EXAMPLE)])
+    assert args.budgets is None
+    got = _fleet_budgets(args)
+    assert got == [48, 65, 81, 97, 114]  # np.linspace(32, 130, 7)[1:-1], rounded
+    explicit = build_parser("frontier").parse_args(
+        ["frontier", "--fleet", str(FLEET_EXAMPLE), "--budgets", "300", "600"]
+    )
+    assert _fleet_budgets(explicit) == [50, 100]
+
+
 def test_frontier_fleet_errors(tmp_path, capsys):
     base = ["frontier", "--fleet", str(FLEET_EXAMPLE), "--out", str(tmp_path / "o")]
     assert "--fleet replaces --regimes" in _fails([*base, "--regimes", "bursty"], capsys, 2)
