@@ -26,6 +26,7 @@ import numpy as np
 from diloco_gym.commands import options
 from diloco_gym.errors import CLIError, DataError, Interrupted, UsageError
 from diloco_gym.sim.regimes import REGIMES
+from diloco_gym.text import count
 
 __all__ = ["main", "CLIError", "UsageError", "DataError", "Interrupted", "CLIExit", "exit_status"]
 
@@ -224,7 +225,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise DataError(msg) from None
     print(
         f"agent {agent.name}{'' if is_deployable(agent) else ' (non-deployable)'} on "
-        f"{label}, {_count(len(units), 'episode')}"
+        f"{label}, {count(len(units), 'episode')}"
     )
     header = (
         f"{'seed':>5} {'merges/h':>8} {'sync-excess %':>13} {'p95 ms':>8} "
@@ -491,11 +492,11 @@ FLEET_FRONTIER_AGENTS = ("online-forecast-budget", "fixed-budget")
 
 
 def _fleet_budgets(args: argparse.Namespace) -> list[int]:
-    """``--budgets`` (merges per hour) as fragment syncs per episode of the fleet's episode
-    length (rounded; distinct), read from the fleet's first test episode; without
-    ``--budgets``, five budgets evenly inside the episode's feasible range."""
+    """``--budgets`` (merges per hour) as fragment syncs per episode of the fleet's first
+    test episode (rounded; distinct); by default five inside its feasible range."""
     from diloco_gym.envs.fleet import DiLoCoFleetEnv
     from diloco_gym.sim.fleet import FleetConfigError
+    from diloco_gym.sim.schedules import budget_range
 
     try:
         env = DiLoCoFleetEnv(fleet=args.fleet)
@@ -505,18 +506,16 @@ def _fleet_budgets(args: argparse.Namespace) -> list[int]:
     episode = env.episode
     assert episode is not None  # reset above
     duration_s = float(episode.trace.duration_s)
-    from diloco_gym.sim.schedules import budget_range
-
     lo, hi = budget_range(episode.n_decisions, env.params.h_min, env.params.h_max)
     if args.budgets is None:  # five budgets inside the fleet's own feasible range
         return sorted({int(round(m)) for m in np.linspace(lo, hi, 7)[1:-1]})
     per_episode = {b: int(round(b * duration_s / 3600.0)) for b in args.budgets}
     bad = [f"{b:g}/h ({m} syncs)" for b, m in per_episode.items() if not lo <= m <= hi]
     if bad:
-        to_h = 3600.0 / duration_s
+        h = 3600.0 / duration_s
         raise UsageError(
             f"--budgets {', '.join(bad)} outside what the fleet's {duration_s:g} s episode "
-            f"allows: {lo}..{hi} syncs per episode ({lo * to_h:g}..{hi * to_h:g} syncs/h)"
+            f"allows: {lo}..{hi} syncs per episode ({lo * h:g}..{hi * h:g} syncs/h)"
         )
     return sorted(set(per_episode.values()))
 
@@ -699,22 +698,17 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         ) from None
     state = "complete" if res["complete"] else "incomplete (rerun to continue)"
     print(
-        f"sweep {spec.name}: {_count(len(spec.points), 'point')}, {res['cells']} cells: "
+        f"sweep {spec.name}: {count(len(spec.points), 'point')}, {res['cells']} cells: "
         f"{res['run']} run now, {res['skipped']} stored before, {res['failed']} failed; "
         f"{state}"
     )
     print(f"results in {out}/ (results.csv, results.parquet, summary.csv, summary.md, errors.csv)")
     if res["failed"]:
         raise DataError(
-            f"sweep {spec.name}: {_count(res['failed'], 'cell')} failed: "
+            f"sweep {spec.name}: {count(res['failed'], 'cell')} failed: "
             f"{res['failure_summary']} (all in {out}/errors.csv; --retry-failed runs them again)"
         )
     return 0
-
-
-def _count(n: int, noun: str) -> str:
-    """``1 cell``, ``2 cells``."""
-    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
@@ -734,7 +728,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         raise Interrupted("interrupted; no best model saved") from None
     print(
-        f"tune {spec['name']}: {_count(res['trials'], 'trial')}, {res['errored']} errored; best "
+        f"tune {spec['name']}: {count(res['trials'], 'trial')}, {res['errored']} errored; best "
         f"validation sync-excess {res['metric']:.3f} % with {res['config']}"
     )
     if res.get("all_tied"):
@@ -913,9 +907,8 @@ def _add_frontier_command(sub: Any, fmt: type[argparse.HelpFormatter]) -> None:
         type=float,
         metavar="MERGES_PER_HOUR",
         default=None,
-        help="the budget grid in merges per hour (default 48 60 72 96 144: a 600 s episode "
-        "holds 8..32 merges, 48..192 merges/h; with --fleet: five budgets spread over the "
-        "fleet episode's feasible range)",
+        help="the budget grid in merges per hour (default 48 60 72 96 144, a 600 s episode "
+        "holds 48..192/h; with --fleet: five inside the fleet episode's feasible range)",
     )
     p.add_argument(
         "--seeds",

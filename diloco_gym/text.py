@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-__all__ = ["finite", "fmt", "fmt_p"]
+__all__ = ["count", "finite", "fmt", "fmt_p"]
 
 
 def finite(x: Any) -> bool:
@@ -27,3 +27,8 @@ def fmt_p(p: float) -> str:
     if not finite(p):
         return "n/a"
     return "<0.001" if p < 0.001 else f"{p:.3f}"
+
+
+def count(n: int, noun: str) -> str:
+    """``1 cell``, ``2 cells``: a count with its noun, plural when not one."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"

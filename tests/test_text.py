@@ -24,3 +24,9 @@ def test_fmt_p_three_decimals_a_floor_and_missing() -> None:
     assert fmt_p(0.001) == "0.001"
     assert fmt_p(0.000999) == "<0.001"
     assert fmt_p(math.nan) == "n/a"
+
+
+def test_count_says_the_noun_in_the_plural_unless_one():
+    from diloco_gym.text import count
+
+    assert [count(n, "cell") for n in (0, 1, 2)] == ["0 cells", "1 cell", "2 cells"]
