@@ -19,10 +19,8 @@ from diloco_gym.sim.regimes import ReplayRegime, SyntheticRegime
 from diloco_gym.sim.sidecar import (
     SidecarParams,
     cost_horizon,
-    cost_queue,
+    episode_cost_queue,
     merge_window,
-    no_merge_queue,
-    padded,
 )
 
 __all__ = [
@@ -148,24 +146,18 @@ class ExactCredit:
         self.sidecar = sc
         self.interval = p.decision_interval
         self.w = p.merge_steps
-        self.n_bins = n_bins = episode.pressure_bin.size
+        self.n_bins = episode.pressure_bin.size
         self._horizon = cost_horizon(sc, p.step_seconds, self.w)
-        m0, s, prefmin = episode.queue or no_merge_queue(
-            episode.base_s, episode.req_bin, episode.pressure_bin, sc, p.step_seconds
-        )
-        size = 2 * (n_bins + 1) + self.w  # as the protocol's scorer holds it
-        self._q = cost_queue(
+        self._q, self._prefmin, self._base_bl = episode_cost_queue(  # as the scorer's
             episode.base_s,
             episode.req_bin,
+            episode.pressure_bin,
             episode.baseline.violated,
-            m0[None, :],
-            s[None, :],
+            episode.queue,
             sc,
             p.step_seconds,
-            size,
+            self.w,
         )
-        self._prefmin = padded(prefmin, size)
-        self._base_bl = self._q.s[0] - self._prefmin
         #: the previous merge: (start bin, entering offset, entering minimum, tail, drain bin)
         self._last: tuple[int, float, float, float, int] | None = None
         self._due: list[tuple[int, float]] = []  # (ready bin, marginal requests), unpaid

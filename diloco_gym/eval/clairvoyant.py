@@ -54,19 +54,8 @@ class SameRate:
     rate_seed: int
 
     def __call__(self, rng: np.random.Generator) -> Trace:
-        gen = self.regime
-        rate_rng = np.random.default_rng(self.rate_seed)  # as episode_draws starts it
-        arrivals, prompt, output, network, checkpoint = gen.draw(rng, rate_rng=rate_rng)
-        return Trace(
-            arrivals,
-            prompt,
-            output,
-            gen.duration_s,
-            network=network,
-            checkpoint=checkpoint,
-            name=gen.name,
-            meta={"regime": gen.name},
-        )
+        # the burst timing from a generator started as episode_draws starts the episode's
+        return self.regime(rng, rate_rng=np.random.default_rng(self.rate_seed))
 
 
 def draw_seed(seed: int, j: int) -> int:

@@ -11,10 +11,8 @@ from diloco_gym.envs import core
 from diloco_gym.sim.sidecar import (
     SidecarParams,
     cost_horizon,
-    cost_queue,
+    episode_cost_queue,
     merge_window,
-    no_merge_queue,
-    padded,
 )
 
 #: Largest replay grid (windows x bins) the scorer holds at once (~16 MiB per array).
@@ -79,24 +77,16 @@ class EpisodeScorer:
         self.n_bins = n_bins = episode.pressure_bin.size
         self.pct = episode.pct_per_request
         self.cost = np.asarray(episode.merge_cost, dtype=np.float64)
-        m0, s, prefmin = episode.queue or no_merge_queue(
-            episode.base_s, episode.req_bin, episode.pressure_bin, sc, p.step_seconds
-        )
-        # Windows of one block share a length (the longest), so one starting near the end
-        # reads up to n_bins past it (padding: index clipping; masked out after its length).
-        size = 2 * (n_bins + 1) + self.w
-        self._q = cost_queue(
+        self._q, self._prefmin, self._base_bl = episode_cost_queue(
             episode.base_s,
             episode.req_bin,
+            episode.pressure_bin,
             episode.baseline.violated,
-            m0[None, :],
-            s[None, :],
+            episode.queue,
             sc,
             p.step_seconds,
-            size,
+            self.w,
         )
-        self._prefmin = padded(prefmin, size)
-        self._base_bl = self._q.s[0] - self._prefmin  # the no-merge backlog (as replay's)
         horizon = cost_horizon(sc, p.step_seconds, self.w)
         starts = np.arange(episode.n_decisions, dtype=np.int64) * self.interval
         # Each decision's isolated merge, followed over its cost window (+1 bin) first, and

@@ -427,8 +427,11 @@ class SyntheticRegime:
         arrivals, prompt, output, _, pressure = self.from_raw([raw], dtype)
         return arrivals, prompt, output, pressure[0, 0], pressure[0, 1]
 
-    def __call__(self, rng: np.random.Generator) -> Trace:
-        arrivals, prompt, output, network, checkpoint = self.draw(rng)
+    def __call__(
+        self, rng: np.random.Generator, rate_rng: np.random.Generator | None = None
+    ) -> Trace:
+        """One trace (``rate_rng`` as in :meth:`draw_raw`)."""
+        arrivals, prompt, output, network, checkpoint = self.draw(rng, rate_rng=rate_rng)
         return Trace(
             arrivals,
             prompt,

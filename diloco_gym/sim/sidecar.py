@@ -52,6 +52,7 @@ __all__ = [
     "replay",
     "cost_queue",
     "cost_queue_into",
+    "episode_cost_queue",
     "cost_horizon",
     "isolated_merge_costs",
     "merged_backlog",
@@ -368,6 +369,34 @@ def cost_queue(
             thr_tail=violation_threshold(slow, q.base, p),
         )
     return q
+
+
+def episode_cost_queue(
+    base_s: np.ndarray,
+    req_bin: np.ndarray,
+    pressure_bin: np.ndarray,
+    violated0: np.ndarray,
+    no_merge: tuple[np.ndarray, np.ndarray, np.ndarray] | None,
+    p: SidecarParams,
+    bin_s: float,
+    merge_bins: int,
+) -> tuple[CostQueue, np.ndarray, np.ndarray]:
+    """One episode's whole-episode :class:`CostQueue`, as the exact replay reads it.
+
+    ``no_merge`` is the episode's ``(m0, S, prefmin)`` (:func:`no_merge_queue`; computed
+    when ``None``). The queue holds ``2 * (bins + 1) + merge_bins`` bins: windows of one
+    block share a length (the longest), so one starting near the end reads up to ``bins``
+    past it (padding: index clipping; masked out after its length).
+
+    Returns:
+        ``(q, prefmin, backlog)``: the queue, the no-merge running minimum padded to its
+        size, and the no-merge backlog ``q.s[0] - prefmin`` (as :func:`replay`'s).
+    """
+    m0, s, prefmin = no_merge or no_merge_queue(base_s, req_bin, pressure_bin, p, bin_s)
+    size = 2 * (pressure_bin.size + 1) + merge_bins
+    q = cost_queue(base_s, req_bin, violated0, m0[None, :], s[None, :], p, bin_s, size)
+    pm = padded(prefmin, size)
+    return q, pm, q.s[0] - pm
 
 
 def cost_queue_into(
