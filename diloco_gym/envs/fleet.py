@@ -384,6 +384,8 @@ class DiLoCoFleetEnv(DiLoCoSyncEnv):
         self._h_full = p.h_max * fleet.fragments  # a fragment's own H_max (decisions)
         self._site_rows = np.zeros((1, 0), dtype=np.float32)
         self._site_rows_of: FleetEpisode | None = None
+        # The kernel credits a sync's learner progress times the precision surrogate.
+        self._batch.credit[:] = setup.progress_factor
 
     # ------------------------------------------------------------------ episode
     def _episode_of_seed(self, episode_seed: int) -> FleetEpisode:
@@ -417,16 +419,6 @@ class DiLoCoFleetEnv(DiLoCoSyncEnv):
     def build_episode(self, seed: int) -> FleetEpisode:
         """The fleet episode of ``seed`` (to run several agents on one build)."""
         return self._episode_of_seed(int(seed))
-
-    # ------------------------------------------------------------------ merges
-    def _apply(self) -> tuple[float, float]:
-        ex, gain = super()._apply()
-        f = self.setup.progress_factor
-        if f != 1.0:
-            credited = gain * f
-            self._state.progress_sum[0] += credited - gain
-            gain = credited
-        return ex, gain
 
     # ------------------------------------------------------------------ observation
     def _new_episode_tables(self) -> None:

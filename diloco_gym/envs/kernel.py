@@ -101,7 +101,8 @@ class EpisodeBatch(NamedTuple):
     step gathers nothing): ``slot`` in the bank, ``n`` decisions, ``pct`` (percentage points
     per violated request), ``scale`` (reward units per violated request), ``max_merges``,
     ``thr`` ``(B, K)`` and ``thr_k`` ``(K, B)`` learner throughputs and ``thr_sum`` their
-    sum, ``seed``."""
+    sum, ``seed``, and ``credit``: the share of a merge's learner progress credited (1 in
+    the single-host envs; the fleet's precision surrogate, set by the env, before a merge)."""
 
     slot: np.ndarray
     n: np.ndarray
@@ -112,6 +113,7 @@ class EpisodeBatch(NamedTuple):
     thr_k: np.ndarray
     thr_sum: np.ndarray
     seed: np.ndarray
+    credit: np.ndarray
 
 
 def new_state(b: int) -> EnvState:
@@ -133,6 +135,7 @@ def new_batch(b: int, k: int) -> EpisodeBatch:
         np.zeros((k, b)),
         np.zeros(b),
         np.zeros(b, dtype=np.int64),
+        np.ones(b),
     )
 
 
@@ -328,6 +331,7 @@ def apply_merges(
         )
     else:
         added, gain = lrn.merge_gain(gap_s, state.tokens[idx], batch.thr[idx], lp)
+    gain = gain * batch.credit[idx]  # x 1.0 (exact) but in a fleet with quantised syncs
     state.tokens[idx] += added
     c = cost(idx, d)
     state.last[idx] = d

@@ -793,6 +793,58 @@ def test_sync_mask_rejects_a_start_past_the_end_as_before():
         core.sync_mask([10_000], 100, p)
 
 
+@pytest.mark.parametrize("merges", [[], [0], [3, 20, 40], [0, 535]])
+def test_sync_mask_with_uniform_widths_and_levels_is_the_plain_mask(merges):
+    p = EnvParams()
+    n_bins = 536 * p.decision_interval
+    w = [p.merge_steps] * len(merges)
+    np.testing.assert_array_equal(
+        core.sync_mask(merges, n_bins, p, widths=w, levels=[1.0] * len(merges)),
+        core.sync_mask(merges, n_bins, p),
+    )
+
+
+def test_sync_mask_per_merge_widths_and_levels():
+    p = EnvParams()
+    di = p.decision_interval
+    mask = core.sync_mask([1, 4], 8 * di, p, widths=[2, 5], levels=[0.5, 2.0])
+    want = np.zeros(8 * di)
+    want[di : di + 2] = 0.5
+    want[4 * di : 4 * di + 5] = 2.0
+    np.testing.assert_array_equal(mask, want)
+    # overlapping windows: the larger level holds; a window past the end is cut
+    mask = core.sync_mask([0, 0], 3, p, widths=[2, 5], levels=[3.0, 1.0])
+    np.testing.assert_array_equal(mask, [3.0, 3.0, 1.0])
+    with pytest.raises(ValueError, match="one value per merge"):
+        core.sync_mask([1, 2], 100, p, widths=[2])
+    with pytest.raises(ValueError, match="widths >= 1"):
+        core.sync_mask([1], 100, p, widths=[0])
+
+
+def test_replay_with_per_sync_episodes_equal_to_the_env_is_the_plain_replay():
+    """A per-sync episode list that repeats the episode's own window and slowdown replays
+    bit for bit as the plain replay (the mask carries the slowdown, the sidecar 1)."""
+    env = DiLoCoSyncEnv()
+    env.reset(seed=3)
+    ep = env.episode
+    merges = [20, 90, 200]
+    a = core.schedule_summary(ep, merges, env.params, env.sidecar)
+    b = core.schedule_summary(ep, merges, env.params, env.sidecar, per_sync=[ep] * 3)
+    assert a == b
+    # a shorter, milder sync costs less
+    mild = replace(
+        ep,
+        params=replace(env.params, merge_seconds=2.0),
+        sidecar=replace(env.sidecar, sync_slowdown=env.sidecar.sync_slowdown / 4),
+    )
+    c = core.schedule_summary(ep, merges, env.params, env.sidecar, per_sync=[mild] * 3)
+    assert c["sync_excess_requests"] <= a["sync_excess_requests"]
+    assert c["sync_active_frac"] < a["sync_active_frac"]
+    assert c["additive_excess_requests"] == sum(mild.merge_cost_at(d) for d in merges)
+    with pytest.raises(ValueError, match="per_sync has 1 episodes for 3 merges"):
+        core.schedule_summary(ep, merges, env.params, env.sidecar, per_sync=[ep])
+
+
 @pytest.mark.parametrize("k", [1, 3, 7, 8, 9, 16, 23, 200, 300])
 def test_sum_over_learners_is_numpys_sum_bit_for_bit(k):
     """The compiled sum over learners (``sim.jit.sum_first_axis``) adds in numpy's pairwise
