@@ -450,7 +450,7 @@ class DiLoCoSyncEnv(gym.Env[Observation, Action]):
         d = st.d.item(0)
         if d >= n:
             raise RuntimeError("step() called after the episode ended; call reset()")
-        want = check_action(action, self.action_space)
+        want = self._want(action)
         can_merge, can_defer = self._options(d)
         merge, overridden = kernel.resolve(want, can_merge, can_defer)
         merge, overridden = bool(merge), bool(overridden)
@@ -511,6 +511,17 @@ class DiLoCoSyncEnv(gym.Env[Observation, Action]):
         if self.episode is None:
             raise RuntimeError("call reset() before using the environment")
 
+    def _want(self, action: Any) -> bool:
+        """Whether ``action`` asks to merge (checked against the action space; the fleet
+        env's precision action reads its second component here)."""
+        return check_action(action, self.action_space)
+
+    def _merge_cost_at(self, d: int) -> float:
+        """The isolated cost of a merge at decision ``d`` (the fleet env's: at the chosen
+        precision)."""
+        assert self.episode is not None  # called only after reset()
+        return self.episode.merge_cost_at(d)
+
     def _cost(self, idx: Any, d: Any) -> Any:
         """The kernel's cost callback (called once per merge launched; ``d`` an array of
         decisions, or one decision): the episode's lazy, memoised isolated costs. The
@@ -518,7 +529,7 @@ class DiLoCoSyncEnv(gym.Env[Observation, Action]):
         assert self.episode is not None  # called only after reset()
         if np.ndim(d) == 0:
             x = int(d)
-            cost = self.episode.merge_cost_at(x)
+            cost = self._merge_cost_at(x)
             self._merges.append(x)
             self._costs.append(cost)
             if self._exact is not None:

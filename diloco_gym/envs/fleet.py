@@ -36,6 +36,7 @@ __all__ = [
     "FleetSetup",
     "fleet_setup",
     "fleet_obs_features",
+    "require_fixed_precision",
     "site_seed",
 ]
 
@@ -43,6 +44,19 @@ _EXO_NAMES = tuple(f[0] for f in OBS_FEATURES[core.EXO_SLICE])
 _N_EXO = len(_EXO_NAMES)
 _FLEET_FIELDS = {f.name for f in fields(fl.FleetParams)}
 _ENV_FIELDS = {f.name for f in fields(EnvParams)}
+
+
+def require_fixed_precision(fleet: fl.FleetParams, what: str) -> None:
+    """Refuse a fleet with the per-sync precision action where ``what`` (a protocol step)
+    launches every sync at one precision: its heuristic agents, matched-random control and
+    oracle choose only when to sync, so their scores would not be comparable."""
+    if fleet.bits_options is not None:
+        raise fl.FleetConfigError(
+            f"{what} scores fixed-precision fleets only, and this fleet sets bits_options "
+            f"{list(fleet.bits_options)} (the per-sync precision action): its agents, "
+            f"matched-random control and oracle launch every sync at one precision. Remove "
+            f"bits_options to score the fleet at bits={fleet.bits}"
+        )
 
 
 def site_seed(episode_seed: int, site: int) -> int:
@@ -97,7 +111,7 @@ class FleetSetup:
     """A fleet resolved against the env parameters: per-site generators, sidecars (with
     the sync's slowdown) and nominal rates, the sync plan and the kernel parameters."""
 
-    def __init__(self, fleet: fl.FleetParams, params: EnvParams) -> None:  # noqa: PLR0915 - the fleet env's argument checks and derived tables
+    def __init__(self, fleet: fl.FleetParams, params: EnvParams) -> None:
         self.fleet = fleet
         gens: list[Any] = []
         #: trace sites: ``site -> (start_s, tiles)``; episode seed ``k`` replays the disjoint
@@ -106,37 +120,7 @@ class FleetSetup:
         base_sidecars: list[SidecarParams] = []
         for s in fleet.sites:
             if s.trace is not None:
-                try:
-                    trace = _load_trace(str(s.trace))
-                except (OSError, ValueError) as exc:
-                    raise fl.FleetConfigError(f"site {s.name!r}: {exc}") from None
-                pressure = get_regime(s.regime) if s.regime is not None else None
-                sidecar0 = s.sidecar_params(SidecarParams())
-                rate = s.target_rate_rps
-                if s.target_utilization is not None:
-                    scale = replay_rate_scale(
-                        trace, sidecar0, target_utilization=s.target_utilization
-                    )
-                    rate = trace.mean_rate_rps * scale
-                gen: Any = ReplayRegime(
-                    trace,
-                    duration_s=600.0,
-                    start_s=s.start_s if s.start_s is not None else 0.0,
-                    target_rate_rps=rate,
-                    pressure_from=pressure,
-                    name=s.name,
-                )
-                length = trace.duration_s * (
-                    1.0 if rate is None else trace.mean_rate_rps / float(rate)
-                )
-                start = 0.0 if s.start_s is None else float(s.start_s)
-                n_tiles = int((length - start) // 600.0)
-                if n_tiles < 1:
-                    raise fl.FleetConfigError(
-                        f"site {s.name!r}: start_s={start} leaves less than a 600 s window "
-                        f"in {s.trace} ({length:.0f} s at the site's rate)"
-                    )
-                self.tiles[len(gens)] = (start, n_tiles)
+                gen: Any = self._trace_site(s, len(gens))
             else:
                 assert s.regime is not None
                 try:
@@ -156,20 +140,23 @@ class FleetSetup:
             sc if sc.sync_slowdown == m else replace(sc, sync_slowdown=m)
             for sc, m in zip(base_sidecars, self.plan.slowdowns, strict=True)
         ]
+        self._option_tables(fleet, base_sidecars, params.step_seconds)
         lo, hi = fl.fragment_corridor(params.h_min, params.h_max, fleet.fragments)
         iv = params.decision_interval
+        window = max(pl.window_s for pl in self.option_plans)
         try:
             self.params = replace(
-                params,
-                h_min_steps=lo * iv,
-                h_max_steps=hi * iv,
-                merge_seconds=self.plan.window_s,
+                params, h_min_steps=lo * iv, h_max_steps=hi * iv, merge_seconds=window
             )
         except ValueError as exc:
             raise fl.FleetConfigError(
-                f"the fragment sync ({self.plan.window_s:.2f} s) does not fit the fragment "
+                f"the fragment sync ({window:.2f} s) does not fit the fragment "
                 f"corridor [{lo}, {hi}] decisions ({exc})"
             ) from None
+        #: per precision option: the kernel parameters with that sync's window.
+        self.option_params = [
+            replace(self.params, merge_seconds=pl.window_s) for pl in self.option_plans
+        ]
         kp = self.params
         self.rates = [core.nominal_rate_rps(g, replace(kp, reward_rate_rps=None)) for g in gens]
         if params.reward_rate_rps is not None:
@@ -188,6 +175,60 @@ class FleetSetup:
             self.regime_name = str(getattr(gens[0], "name", fleet.sites[0].name))
         else:
             self.regime_name = "fleet[" + ",".join(self.site_names) + "]"
+
+    def _trace_site(self, s: fl.SiteConfig, index: int) -> ReplayRegime:
+        """Site ``index``'s replay of its trace (its rate, start and disjoint tiles)."""
+        try:
+            trace = _load_trace(str(s.trace))
+        except (OSError, ValueError) as exc:
+            raise fl.FleetConfigError(f"site {s.name!r}: {exc}") from None
+        pressure = get_regime(s.regime) if s.regime is not None else None
+        sidecar0 = s.sidecar_params(SidecarParams())
+        rate = s.target_rate_rps
+        if s.target_utilization is not None:
+            scale = replay_rate_scale(trace, sidecar0, target_utilization=s.target_utilization)
+            rate = trace.mean_rate_rps * scale
+        gen = ReplayRegime(
+            trace,
+            duration_s=600.0,
+            start_s=s.start_s if s.start_s is not None else 0.0,
+            target_rate_rps=rate,
+            pressure_from=pressure,
+            name=s.name,
+        )
+        length = trace.duration_s * (1.0 if rate is None else trace.mean_rate_rps / float(rate))
+        start = 0.0 if s.start_s is None else float(s.start_s)
+        n_tiles = int((length - start) // 600.0)
+        if n_tiles < 1:
+            raise fl.FleetConfigError(
+                f"site {s.name!r}: start_s={start} leaves less than a 600 s window "
+                f"in {s.trace} ({length:.0f} s at the site's rate)"
+            )
+        self.tiles[index] = (start, n_tiles)
+        return gen
+
+    def _option_tables(
+        self, fleet: fl.FleetParams, base_sidecars: list[SidecarParams], step_s: float
+    ) -> None:
+        """The precision options' sync plans, sidecars and progress credits (one option,
+        ``bits``, without ``bits_options``)."""
+        #: the precisions an action chooses from (``(bits,)`` without the precision action).
+        self.option_bits = fleet.bits_options or (fleet.bits,)
+        self.default_option = self.option_bits.index(fleet.bits)
+        self.option_plans = [
+            self.plan
+            if b == fleet.bits
+            else fl.sync_plan(replace(fleet, bits=b), base_sidecars, step_s)
+            for b in self.option_bits
+        ]
+        self.option_sidecars = [
+            [
+                sc if sc.sync_slowdown == m else replace(sc, sync_slowdown=m)
+                for sc, m in zip(base_sidecars, pl.slowdowns, strict=True)
+            ]
+            for pl in self.option_plans
+        ]
+        self.option_factors = [fl.progress_factor(b, fleet.quant_penalty) for b in self.option_bits]
 
     def generator_for(self, site: int, episode_seed: int) -> Any:
         """Site ``site``'s generator for the episode of ``episode_seed``: a synthetic
@@ -243,18 +284,19 @@ class FleetEpisode:
         self.n_requests = sum(e.n_requests for e in sites)
         self.pct_per_request = 100.0 / max(1, self.n_requests)
         self._lam = setup.fleet.worst_site_weight
-        self._memo: dict[int, float] = {}
+        self._memo: dict[tuple[int, int], float] = {}
 
     @cached_property
     def site_costs(self) -> np.ndarray:
         """``(N_sites, n_decisions)`` isolated cost (requests) per site and decision."""
-        return np.stack([np.asarray(e.merge_cost, dtype=np.float64) for e in self.sites])
+        sites = self.option_sites[self.setup.default_option]
+        return np.stack([np.asarray(e.merge_cost, dtype=np.float64) for e in sites])
 
     @cached_property
     def merge_cost(self) -> np.ndarray:
         """``(n_decisions,)`` cost of a fragment sync at each decision (see the class)."""
         if len(self.sites) == 1 and not self._lam:
-            return self.sites[0].merge_cost
+            return self.option_sites[self.setup.default_option][0].merge_cost
         c = self.site_costs
         total = np.zeros(self.n_decisions)
         for row in c:
@@ -265,18 +307,36 @@ class FleetEpisode:
         total.setflags(write=False)
         return total
 
-    def merge_cost_at(self, d: int) -> float:
-        if len(self.sites) == 1 and not self._lam:
-            return self.sites[0].merge_cost_at(d)
-        if d not in self._memo:
-            cs = [e.merge_cost_at(d) for e in self.sites]
+    @cached_property
+    def option_sites(self) -> list[list[Episode]]:
+        """Per precision option (:attr:`FleetSetup.option_bits`), every site's episode
+        with that option's sync window and slowdown (the same requests and decisions; the
+        episode's own sites without the precision action)."""
+        s = self.setup
+        if s.fleet.bits_options is None:
+            return [self.sites]
+        return [
+            [replace(e, params=kp, sidecar=sc) for e, sc in zip(self.sites, scs, strict=True)]
+            for kp, scs in zip(s.option_params, s.option_sidecars, strict=True)
+        ]
+
+    def merge_cost_at(self, d: int, option: int | None = None) -> float:
+        """The cost of a sync at decision ``d`` at precision option ``option`` (``None``:
+        ``bits``, the only option without the precision action)."""
+        k = self.setup.default_option if option is None else int(option)
+        sites = self.option_sites[k]
+        if len(sites) == 1 and not self._lam:
+            return sites[0].merge_cost_at(d)
+        key = (k, d)
+        if key not in self._memo:
+            cs = [e.merge_cost_at(d) for e in sites]
             total = 0.0
             for c in cs:
                 total += c
             if self._lam:
                 total += self._lam * max(c * w for c, w in zip(cs, self.setup.norm, strict=True))
-            self._memo[d] = total
-        return self._memo[d]
+            self._memo[key] = total
+        return self._memo[key]
 
 
 class DiLoCoFleetEnv(DiLoCoSyncEnv):
@@ -296,7 +356,9 @@ class DiLoCoFleetEnv(DiLoCoSyncEnv):
     ``Discrete(2)``: ``0`` defer, ``1`` launch the next fragment sync; the corridor on
     consecutive fragment syncs is ``[ceil(H_min/F), floor(H_max/F)]`` decisions, which keeps
     every fragment's own gap within ``[H_min, H_max]``; ``action_masks()`` as in
-    ``DiLoCoSync-v0``.
+    ``DiLoCoSync-v0``. With ``bits_options`` (off by default): ``MultiDiscrete([2, K])``,
+    ``[launch, k]`` syncs (or a forced sync in that step runs) at ``bits_options[k]`` bits,
+    with that precision's window, cost and progress credit (docs/fleet.md).
 
     ## Observation Space
 
@@ -384,10 +446,68 @@ class DiLoCoFleetEnv(DiLoCoSyncEnv):
         self._h_full = p.h_max * fleet.fragments  # a fragment's own H_max (decisions)
         self._site_rows = np.zeros((1, 0), dtype=np.float32)
         self._site_rows_of: FleetEpisode | None = None
+        self._init_precision()
+
+    def _init_precision(self) -> None:
+        s = self.setup
         # The kernel credits a sync's learner progress times the precision surrogate.
-        self._batch.credit[:] = setup.progress_factor
+        self._batch.credit[:] = s.progress_factor
+        #: the precision option of the next sync (index into ``setup.option_bits``).
+        self._option = s.default_option
+        self._sync_options: list[int] = []  # each sync's option, beside ``_merges``
+        if self.fleet.bits_options is not None:
+            # the precision action widens the base env's Discrete(2) space
+            space: Any = gym.spaces.MultiDiscrete([2, len(self.fleet.bits_options)])
+            self.action_space = space
 
     # ------------------------------------------------------------------ episode
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[np.ndarray, dict[str, Any]]:
+        """As ``DiLoCoSync-v0``'s; syncs forced before the first action use ``bits``."""
+        self._choose(self.setup.default_option)
+        self._sync_options = []
+        return super().reset(seed=seed, options=options)
+
+    def _choose(self, option: int) -> None:
+        self._option = option
+        self._batch.credit[:] = self.setup.option_factors[option]
+
+    def _want(self, action: Any) -> bool:
+        """``Discrete(2)``: as ``DiLoCoSync-v0``. With ``bits_options``: ``[launch, k]``,
+        the sync (asked, or forced in this step) at precision ``bits_options[k]``."""
+        if self.fleet.bits_options is None:
+            return super()._want(action)
+        if not self.action_space.contains(np.asarray(action)):
+            raise ValueError(
+                f"action {action!r} is not in {self.action_space}: expected [launch (0 or 1), "
+                f"precision index 0..{len(self.fleet.bits_options) - 1}] "
+                f"(bits_options={self.fleet.bits_options})"
+            )
+        a = np.asarray(action)
+        self._choose(int(a[1]))
+        return bool(a[0] == 1)
+
+    def _merge_cost_at(self, d: int) -> float:
+        assert isinstance(self.episode, FleetEpisode)  # called only after reset()
+        self._sync_options.append(self._option)
+        return self.episode.merge_cost_at(d, self._option)
+
+    def action_masks(self) -> np.ndarray:
+        """``[defer, launch]``; with ``bits_options`` followed by one ``True`` per
+        precision (MaskablePPO's flat mask of a ``MultiDiscrete`` space)."""
+        base = super().action_masks()
+        if self.fleet.bits_options is None:
+            return base
+        return np.concatenate([base, np.ones(len(self.fleet.bits_options), dtype=bool)])
+
+    def _step_info(self, merged: bool, overridden: bool) -> dict[str, Any]:
+        info = super()._step_info(merged, overridden)
+        if self.fleet.bits_options is not None:  # per component, as MultiDiscrete.sample wants
+            m = info["action_mask"]
+            info["action_mask"] = (m[:2], m[2:])
+        return info
+
     def _episode_of_seed(self, episode_seed: int) -> FleetEpisode:
         s = self.setup
         sites = []
@@ -474,9 +594,16 @@ class DiLoCoFleetEnv(DiLoCoSyncEnv):
         assert isinstance(ep, FleetEpisode)
         s = self.setup
         merges = self._merges
+        opts = self._sync_options
         per = [
-            core.schedule_summary(e, merges, self.params, sc)
-            for e, sc in zip(ep.sites, s.sidecars, strict=True)
+            core.schedule_summary(
+                e,
+                merges,
+                self.params,
+                sc,
+                None if self.fleet.bits_options is None else [ep.option_sites[k][i] for k in opts],
+            )
+            for i, (e, sc) in enumerate(zip(ep.sites, s.sidecars, strict=True))
         ]
         if len(per) == 1:
             out = dict(per[0])
@@ -523,6 +650,8 @@ class DiLoCoFleetEnv(DiLoCoSyncEnv):
         out["payload_bytes"] = plan.payload_bytes
         out["link_share"] = plan.link_share
         out["progress_factor"] = s.progress_factor
+        out["sync_bits"] = [s.option_bits[k] for k in opts]
+        out["sync_windows_s"] = [s.option_plans[k].window_s for k in opts]
         out["merge_decisions"] = list(merges)
         out["merge_times_s"] = [d * self.params.decision_seconds for d in merges]
         out["merge_costs_requests"] = list(self._costs)

@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from diloco_gym.envs.fleet import DiLoCoFleetEnv, FleetEpisode
+from diloco_gym.envs.fleet import DiLoCoFleetEnv, FleetEpisode, require_fixed_precision
 from diloco_gym.eval import protocol
 from diloco_gym.eval.protocol import EpisodeScorer, Scores
 
@@ -164,6 +164,14 @@ def fleet_calibration(env: DiLoCoFleetEnv, calibration: str | None) -> tuple[str
     return fleet_v, rows
 
 
+def protocol_env(config: FleetReportConfig, what: str) -> DiLoCoFleetEnv:
+    """The fleet env of ``config`` for a protocol step ``what``: refused (an error naming
+    ``what``) when the fleet has the per-sync precision action."""
+    env = DiLoCoFleetEnv(fleet=config.fleet, **config.env)
+    require_fixed_precision(env.fleet, what)
+    return env
+
+
 def run_fleet_report(config: FleetReportConfig, progress: bool = False) -> dict[str, Any]:  # noqa: PLR0915 - the fleet protocol's steps
     """Run every agent on ``config.seeds`` fleet episodes and score them (module doc).
 
@@ -180,7 +188,7 @@ def run_fleet_report(config: FleetReportConfig, progress: bool = False) -> dict[
     from diloco_gym.eval.summary import holm
 
     started = time.perf_counter()
-    env = DiLoCoFleetEnv(fleet=config.fleet, **config.env)
+    env = protocol_env(config, "the fleet report")
     from diloco_gym.eval.sealed import IN_PROCESS, SEALED, seal_agents
 
     agents = seal_agents(

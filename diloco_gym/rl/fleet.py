@@ -109,11 +109,14 @@ def train_fleet_agent(
     import torch
     from sb3_contrib import MaskablePPO
 
+    from diloco_gym.envs.fleet import require_fixed_precision
     from diloco_gym.rl.algos import library_versions
     from diloco_gym.rl.train_envs import make_vec_env
 
     if not budgets or any(b < 1 for b in budgets):
         raise ValueError(f"budgets must be integers >= 1, got {budgets}")
+    first = FleetEnvSpec(str(fleet), int(budgets[0])).make()
+    require_fixed_precision(first.fleet, "fleet training")
     torch.set_num_threads(1)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)

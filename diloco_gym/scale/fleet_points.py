@@ -119,8 +119,7 @@ def fleet_point_config(
         TypeError, ValueError: a bad setting or env value.
     """
     from diloco_gym.agents.registry import AGENTS, HEURISTICS
-    from diloco_gym.envs.fleet import DiLoCoFleetEnv
-    from diloco_gym.eval.fleet import FleetReportConfig
+    from diloco_gym.eval.fleet import FleetReportConfig, protocol_env
 
     def resolve(value: Any) -> str:
         p = Path(str(value)).expanduser()
@@ -136,7 +135,7 @@ def fleet_point_config(
     agents = [agents] if isinstance(agents, str) else list(agents)
     kwargs["agents"] = [a if a in AGENTS else str(Path(a).expanduser().resolve()) for a in agents]
     config = FleetReportConfig(**kwargs, env=dict(env))
-    DiLoCoFleetEnv(fleet=config.fleet, **config.env)
+    protocol_env(config, "a fleet sweep point")
     return config
 
 

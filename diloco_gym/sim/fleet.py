@@ -187,6 +187,10 @@ class FleetParams:
         quant_penalty: learner-progress surrogate: a sync at ``b`` bits is credited
             ``1 - quant_penalty * log2(32 / b)`` of its progress.
         worst_site_weight: ``lambda`` of the worst-site term of the cost (0: plain sum).
+        bits_options: ``None`` (the default: every sync at ``bits``) or the precisions the
+            agent chooses from at each sync (``MultiDiscrete([2, len(bits_options)])``
+            actions, docs/fleet.md); ``bits`` must be one of them (the precision of syncs
+            forced before the agent's first action).
     """
 
     sites: tuple[SiteConfig, ...] = field(default_factory=_default_sites)
@@ -202,6 +206,7 @@ class FleetParams:
     share_exponent: float = 1.0
     quant_penalty: float = 0.01
     worst_site_weight: float = 0.0
+    bits_options: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         if not self.sites:
@@ -229,6 +234,9 @@ class FleetParams:
                 raise FleetConfigError(
                     f"merge_seconds ({self.merge_seconds}) must be >= fixed_s ({self.fixed_s})"
                 )
+        if isinstance(self.bits_options, list):  # a keyword or TOML list: stored as a tuple
+            object.__setattr__(self, "bits_options", tuple(self.bits_options))
+        _check_bits_options(self.bits_options, self.bits)
         if self.quant_penalty * math.log2(32 / 4) >= 1.0:
             raise FleetConfigError(
                 f"quant_penalty ({self.quant_penalty}) would credit no progress at 4 bits; "
@@ -238,6 +246,22 @@ class FleetParams:
     @property
     def n_sites(self) -> int:
         return len(self.sites)
+
+
+def _check_bits_options(options: Any, bits: int) -> None:
+    if options is None:
+        return
+    if not isinstance(options, tuple) or not options:
+        raise FleetConfigError(
+            f"bits_options must be None or a non-empty list of precisions, got {options!r}"
+        )
+    for b in options:
+        if b not in BITS or isinstance(b, bool):
+            raise FleetConfigError(f"bits_options: each must be one of {BITS}, got {b!r}")
+    if len(set(options)) != len(options):
+        raise FleetConfigError(f"bits_options must not repeat a precision, got {options!r}")
+    if bits not in options:
+        raise FleetConfigError(f"bits ({bits}) must be one of bits_options {options!r}")
 
 
 def _int_at_least(name: str, v: Any, lo: int) -> None:
@@ -454,6 +478,12 @@ def fleet_from_dict(
             if not isinstance(v, str):
                 raise FleetConfigError(f"{where}: [fleet] key {k!r} must be a string, got {v!r}")
             kw[k] = v
+        elif k == "bits_options":
+            if not isinstance(v, list):
+                raise FleetConfigError(
+                    f"{where}: [fleet] key 'bits_options' must be a list of integers, got {v!r}"
+                )
+            kw[k] = tuple(_number(f"{where}: [fleet]", k, b, integer=True) for b in v)
         else:
             kw[k] = _number(f"{where}: [fleet]", k, v, integer=k in _INT_KEYS)
     sites_raw = data.get("site")
