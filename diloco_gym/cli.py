@@ -18,12 +18,12 @@ import sys
 import time
 import warnings
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any, NoReturn
 
 import numpy as np
 
-from diloco_gym.commands import options
+from diloco_gym.commands import checks, options
+from diloco_gym.commands.extras import missing_extra
 from diloco_gym.errors import CLIError, DataError, Interrupted, UsageError
 from diloco_gym.sim.regimes import REGIMES
 from diloco_gym.text import count
@@ -110,53 +110,10 @@ def _check_backend(args: argparse.Namespace) -> None:
     if args.ray_address and args.backend != "ray":
         raise UsageError(f"--ray-address needs --backend ray (got --backend {args.backend})")
     if args.backend == "ray":
-        from diloco_gym.backends import RAY_EXTRA_HINT
-
         try:
             import ray  # noqa: F401
-        except ImportError:
-            raise UsageError(RAY_EXTRA_HINT) from None
-
-
-def _check_regime(name: str) -> str:
-    if name not in REGIMES:
-        raise UsageError(f"unknown regime {name!r}; valid regimes: {', '.join(REGIMES)}")
-    return name
-
-
-def _check_agent(name: str) -> str:
-    from diloco_gym.agents.registry import AGENTS
-
-    if name not in AGENTS and not name.endswith(".zip") and not Path(name).exists():
-        raise UsageError(
-            f"unknown agent {name!r}; valid agents: {', '.join(AGENTS)} "
-            f"(or a path to a trained model .zip)"
-        )
-    return name
-
-
-def _check_free_agent(name: str) -> str:
-    """A known agent that can run without a merge budget (``run`` and ``report`` give
-    none): budget-aware agents are a usage error, found before anything runs."""
-    from diloco_gym.agents.registry import is_budget_aware_spec
-
-    _check_agent(name)
-    if is_budget_aware_spec(name):
-        raise UsageError(
-            f"{name} steers by a merge budget and runs only with one; compare it at "
-            f"every budget of a grid with `diloco-gym frontier --budget-agents {name}`"
-        )
-    return name
-
-
-def _load_agent(name: str):
-    from diloco_gym.agents.registry import make_agents
-
-    _check_agent(name)
-    try:
-        return make_agents([name])[0]
-    except (ValueError, OSError) as exc:  # a missing or corrupt model file
-        raise DataError(str(exc)) from None
+        except ImportError as exc:
+            raise missing_extra(f"--backend ray of {args.command}", ["ray"], exc) from None
 
 
 def _replay_options(args: argparse.Namespace, stride: bool = True) -> dict[str, Any]:
@@ -181,9 +138,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     if getattr(args, "fleet", None):
         return _run_fleet(args)
     if not args.trace:
-        _check_regime(args.regime)
-    _check_free_agent(args.agent)
-    agent = _load_agent(args.agent)
+        checks.check_regime(args.regime)
+    checks.check_free_agent(args.agent)
+    agent = checks.load_agent(args.agent)
     if not args.in_process_agents:
         from diloco_gym.eval.sealed import seal_agents
 
@@ -275,8 +232,8 @@ def _run_fleet(args: argparse.Namespace) -> int:
     if args.trace:
         raise UsageError("--fleet replaces --trace (the sites are in FILE)")
     _no_fleet_options(args)
-    _check_free_agent(args.agent)
-    agent = fleet_agent(_load_agent(args.agent))
+    checks.check_free_agent(args.agent)
+    agent = fleet_agent(checks.load_agent(args.agent))
     if not args.in_process_agents:
         from diloco_gym.eval.sealed import seal_agents
 
@@ -396,7 +353,7 @@ def _report_agents(args: argparse.Namespace) -> list[str]:
     agents = list(HEURISTICS) if not args.agents else list(args.agents)
     agents += list(args.agent or [])
     for a in agents:
-        _check_free_agent(a)
+        checks.check_free_agent(a)
     twice = sorted({a for a in agents if agents.count(a) > 1})
     if twice:
         raise UsageError(
@@ -424,8 +381,8 @@ def cmd_report(args: argparse.Namespace) -> int:
         return _report_fleet(args, agents)
     regimes = args.regimes or list(REGIMES)
     for r in regimes:
-        _check_regime(r)
-    _check_learner_calibration(args.learner_calibration)
+        checks.check_regime(r)
+    checks.check_learner_calibration(args.learner_calibration)
     try:
         config = ReportConfig(
             regimes=regimes,
@@ -545,7 +502,7 @@ def _frontier_fleet(args: argparse.Namespace) -> int:
         dict.fromkeys([*(args.budget_agents or FLEET_FRONTIER_AGENTS), *(args.agent or [])])
     )
     for a in agents:
-        _check_agent(a)
+        checks.check_agent(a)
     try:
         prepare_out_dir(args.out, args.force)
     except (FileExistsError, IsADirectoryError, NotADirectoryError, PermissionError) as exc:
@@ -590,7 +547,7 @@ def _frontier_agents(args: argparse.Namespace) -> tuple[list[str], list[str]]:
     extra_free = [a for a in extra if not is_budget_aware_spec(a)]
     free_agents = list(dict.fromkeys(list(args.free_agents or HEURISTICS) + extra_free))
     for a in budget_agents + free_agents:
-        _check_agent(a)
+        checks.check_agent(a)
     return budget_agents, free_agents
 
 
@@ -609,14 +566,14 @@ def cmd_frontier(args: argparse.Namespace) -> int:
         raise UsageError(str(exc)) from None
     regimes = args.regimes or list(fr.FrontierConfig().regimes)
     for r in regimes:
-        _check_regime(r)
+        checks.check_regime(r)
     budget_agents, free_agents = _frontier_agents(args)
     if args.stride_s is not None and abs(args.stride_s - args.window_s) > 1e-9:
         raise UsageError(
             "frontier replays disjoint windows only (independent units): drop "
             "--stride-s or set it to --window-s"
         )
-    _check_learner_calibration(args.learner_calibration)
+    checks.check_learner_calibration(args.learner_calibration)
     _check_backend(args)
     try:
         config = fr.FrontierConfig(
@@ -716,9 +673,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     try:
         from diloco_gym.scale.tune import load_tune, run_tune
     except ImportError as exc:
-        raise UsageError(
-            f"tune needs the 'rl' and 'ray' extras (pip install 'diloco-gym[rl,ray]'): {exc}"
-        ) from None
+        raise missing_extra("tune", ["rl", "ray"], exc) from None
     spec = load_tune(args.config)
     out = args.out or f"tune-{spec['name']}"
     try:
@@ -756,9 +711,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     try:
         from diloco_gym.rl.train import run_train_command
     except ImportError as exc:
-        raise UsageError(
-            f"training needs the 'rl' extra (pip install 'diloco-gym[rl]'): {exc}"
-        ) from None
+        raise missing_extra("train", ["rl"], exc) from None
     return run_train_command(args)
 
 
@@ -776,8 +729,9 @@ class _Parser(argparse.ArgumentParser):
 
 
 class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
-    """Appends ``(default: X)`` only where it informs: not when the help already states the
-    default, not for a required option, a ``None`` default or an on/off flag."""
+    """The one place a default is printed, for every command: appends ``(default: X)`` only
+    where it informs: not when the help already states the default (so no option shows it
+    twice), not for a required option, a ``None`` or suppressed default or an on/off flag."""
 
     def _get_help_string(self, action: argparse.Action) -> str | None:
         text = action.help or ""
@@ -811,21 +765,10 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     _add_frontier_command(sub, fmt)
     _add_sweep_command(sub, fmt)
     _add_tune_command(sub, fmt)
-    _add_train_command(sub, command)
-    _add_calibrate_command(sub, command)
-    _add_calibrate_learners_command(sub)
+    _add_train_command(sub, command, fmt)
+    _add_calibrate_command(sub, command, fmt)
+    _add_calibrate_learners_command(sub, fmt)
     return parser
-
-
-def _check_learner_calibration(path: str | None) -> None:
-    """A bad ``--learner-calibration`` file is a data error, before any episode runs."""
-    if path is not None:
-        from diloco_gym.sim.learner_calibration import load_learner_calibration
-
-        try:
-            load_learner_calibration(path)
-        except ValueError as exc:
-            raise DataError(str(exc)) from None
 
 
 def _add_run_command(sub: Any, fmt: type[argparse.HelpFormatter]) -> None:
@@ -1026,9 +969,11 @@ def _add_tune_command(sub: Any, fmt: type[argparse.HelpFormatter]) -> None:
     p.set_defaults(func=cmd_tune)
 
 
-def _add_train_command(sub: Any, command: str | None) -> None:
+def _add_train_command(sub: Any, command: str | None, fmt: type[argparse.HelpFormatter]) -> None:
     """The ``train`` command's options."""
-    p = sub.add_parser("train", help="train an RL scheduler with stable-baselines3")
+    p = sub.add_parser(
+        "train", help="train an RL scheduler with stable-baselines3", formatter_class=fmt
+    )
     p.set_defaults(func=cmd_train)
     add_train_arguments: Callable[[argparse.ArgumentParser], None] | None = None
     if command in (None, "train"):
@@ -1042,9 +987,15 @@ def _add_train_command(sub: Any, command: str | None) -> None:
         p.add_argument("rest", nargs=argparse.REMAINDER)
 
 
-def _add_calibrate_command(sub: Any, command: str | None) -> None:
+def _add_calibrate_command(
+    sub: Any, command: str | None, fmt: type[argparse.HelpFormatter]
+) -> None:
     """The ``calibrate`` command's options."""
-    p = sub.add_parser("calibrate", help="measure real merge interference on a serving endpoint")
+    p = sub.add_parser(
+        "calibrate",
+        help="measure real merge interference on a serving endpoint",
+        formatter_class=fmt,
+    )
     if command in (None, "calibrate"):
         try:
             from diloco_gym.live.cli import add_calibrate_arguments, run_calibrate_command
@@ -1052,26 +1003,25 @@ def _add_calibrate_command(sub: Any, command: str | None) -> None:
             add_calibrate_arguments(p)
             p.set_defaults(func=run_calibrate_command)
         except ImportError as exc:
-            msg = str(exc)
-            p.set_defaults(func=lambda _a: _unavailable("calibrate", msg))
+            error = missing_extra("calibrate", ["live"], exc)
+
+            def unavailable(_args: argparse.Namespace) -> int:
+                raise error
+
+            p.set_defaults(func=unavailable)
 
 
-def _add_calibrate_learners_command(sub: Any) -> None:
+def _add_calibrate_learners_command(sub: Any, fmt: type[argparse.HelpFormatter]) -> None:
     """The ``calibrate-learners`` command (real DiLoCo runs; torch only when it runs)."""
     from diloco_gym.lm.cli import add_calibrate_learners_arguments, run_calibrate_learners_command
 
     p = sub.add_parser(
         "calibrate-learners",
         help="train a tiny LM with DiLoCo under many schedules and fit the learner model",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=fmt,
     )
     add_calibrate_learners_arguments(p)
     p.set_defaults(func=run_calibrate_learners_command)
-
-
-def _unavailable(what: str, why: str) -> int:
-    print(f"diloco-gym {what} is unavailable: {why}", file=sys.stderr)
-    return 2
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -1091,9 +1041,7 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 import diloco_gym.rl.train  # noqa: F401
             except ImportError as exc:  # the rl extra is missing: say so before argparse
-                return _unavailable(
-                    "train", f"it needs the 'rl' extra (pip install 'diloco-gym[rl]'): {exc}"
-                )
+                raise missing_extra("train", ["rl"], exc) from None
         parser = build_parser(argv[0] if argv and not argv[0].startswith("-") else "")
         args = parser.parse_args(argv)
         with warnings.catch_warnings():
