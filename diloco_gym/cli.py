@@ -22,7 +22,7 @@ from typing import Any, NoReturn
 
 import numpy as np
 
-from diloco_gym.commands import checks, options
+from diloco_gym.commands import checks, options, sweep, tune
 from diloco_gym.commands.extras import missing_extra
 from diloco_gym.errors import CLIError, DataError, Interrupted, UsageError
 from diloco_gym.sim.regimes import REGIMES
@@ -32,6 +32,12 @@ __all__ = ["main", "CLIError", "UsageError", "DataError", "Interrupted", "CLIExi
 
 #: Trace formats of ``--format`` (kept in step with :data:`diloco_gym.sim.loaders.FORMATS`).
 TRACE_FORMATS = options.TRACE_FORMATS
+
+
+#: The commands with a module of their own under :mod:`diloco_gym.commands`, in ``--help``'s
+#: order: each module has ``HELP`` (its line in ``diloco-gym --help``),
+#: ``add_arguments(parser)`` and ``run(args) -> int``.
+COMMANDS = (("sweep", sweep), ("tune", tune))
 
 
 class CLIExit(SystemExit):
@@ -103,17 +109,6 @@ _PYTHON_SHOWWARNING = warnings.showwarning
 
 def _one_line(msg: str) -> str:
     return " ".join(part.strip() for part in str(msg).splitlines() if part.strip())
-
-
-def _check_backend(args: argparse.Namespace) -> None:
-    """Refuse backend options that cannot apply, and a missing Ray, before any work."""
-    if args.ray_address and args.backend != "ray":
-        raise UsageError(f"--ray-address needs --backend ray (got --backend {args.backend})")
-    if args.backend == "ray":
-        try:
-            import ray  # noqa: F401
-        except ImportError as exc:
-            raise missing_extra(f"--backend ray of {args.command}", ["ray"], exc) from None
 
 
 def _replay_options(args: argparse.Namespace, stride: bool = True) -> dict[str, Any]:
@@ -368,7 +363,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     from diloco_gym.eval.report import ReportConfig, prepare_out_dir, run_protocol, write_report
     from diloco_gym.sim.traces import TraceFormatError
 
-    _check_backend(args)
+    checks.check_backend(args)
     try:
         prepare_out_dir(args.out, args.force)
     except (FileExistsError, IsADirectoryError, NotADirectoryError, PermissionError) as exc:
@@ -574,7 +569,7 @@ def cmd_frontier(args: argparse.Namespace) -> int:
             "--stride-s or set it to --window-s"
         )
     checks.check_learner_calibration(args.learner_calibration)
-    _check_backend(args)
+    checks.check_backend(args)
     try:
         config = fr.FrontierConfig(
             regimes=regimes,
@@ -622,77 +617,6 @@ def cmd_frontier(args: argparse.Namespace) -> int:
         f"\nfrontier written to {out}/ (frontier.md, frontier.csv, curves.csv, frontier.json, "
         f"figures) in {time.perf_counter() - started:.1f} s"
     )
-    return 0
-
-
-def cmd_sweep(args: argparse.Namespace) -> int:
-    from diloco_gym.scale.sweep import SweepDataError, load_sweep, run_sweep
-
-    _check_backend(args)
-    try:
-        spec = load_sweep(args.config)  # a bad file (a ValueError) fails before any cell
-    except SweepDataError as exc:  # a missing or malformed trace or calibration: data
-        raise DataError(str(exc)) from None
-    out = args.out or f"sweep-{spec.name}"
-    try:
-        res = run_sweep(
-            spec,
-            out,
-            backend=args.backend,
-            jobs=args.jobs,
-            ray_address=args.ray_address,
-            progress=not args.no_progress,
-            retry_failed=args.retry_failed,
-            max_cells=args.max_cells,
-        )
-    except FileExistsError as exc:  # another sweep writes there now
-        raise UsageError(str(exc)) from None
-    except SweepDataError as exc:  # a point that cannot be planned on its data
-        raise DataError(str(exc)) from None
-    except KeyboardInterrupt:
-        raise Interrupted(
-            f"interrupted; the finished cells are stored in {out}/ (rerun to resume)"
-        ) from None
-    state = "complete" if res["complete"] else "incomplete (rerun to continue)"
-    print(
-        f"sweep {spec.name}: {count(len(spec.points), 'point')}, {res['cells']} cells: "
-        f"{res['run']} run now, {res['skipped']} stored before, {res['failed']} failed; "
-        f"{state}"
-    )
-    print(f"results in {out}/ (results.csv, results.parquet, summary.csv, summary.md, errors.csv)")
-    if res["failed"]:
-        raise DataError(
-            f"sweep {spec.name}: {count(res['failed'], 'cell')} failed: "
-            f"{res['failure_summary']} (all in {out}/errors.csv; --retry-failed runs them again)"
-        )
-    return 0
-
-
-def cmd_tune(args: argparse.Namespace) -> int:
-    _check_backend(args)
-    try:
-        from diloco_gym.scale.tune import load_tune, run_tune
-    except ImportError as exc:
-        raise missing_extra("tune", ["rl", "ray"], exc) from None
-    spec = load_tune(args.config)
-    out = args.out or f"tune-{spec['name']}"
-    try:
-        res = run_tune(
-            spec, out, jobs=args.jobs, ray_address=args.ray_address, progress=not args.no_progress
-        )
-    except KeyboardInterrupt:
-        raise Interrupted("interrupted; no best model saved") from None
-    print(
-        f"tune {spec['name']}: {count(res['trials'], 'trial')}, {res['errored']} errored; best "
-        f"validation sync-excess {res['metric']:.3f} % with {res['config']}"
-    )
-    if res.get("all_tied"):
-        print(
-            f"note: all {res['trials'] - res['errored']} finished trials scored the same "
-            f"({res['metric']:.5f} %), so the search could not tell the configurations apart "
-            f"(for example, every model learned never to merge); the saved one is the first"
-        )
-    print(f"best model: {res['best_dir']}/ (use: diloco-gym report --agent {res['best_dir']})")
     return 0
 
 
@@ -763,8 +687,10 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     _add_run_command(sub, fmt)
     _add_report_command(sub, fmt)
     _add_frontier_command(sub, fmt)
-    _add_sweep_command(sub, fmt)
-    _add_tune_command(sub, fmt)
+    for name, module in COMMANDS:
+        p = sub.add_parser(name, help=module.HELP, formatter_class=fmt)
+        module.add_arguments(p)
+        p.set_defaults(func=module.run)
     _add_train_command(sub, command, fmt)
     _add_calibrate_command(sub, command, fmt)
     _add_calibrate_learners_command(sub, fmt)
@@ -893,80 +819,6 @@ def _add_frontier_command(sub: Any, fmt: type[argparse.HelpFormatter]) -> None:
     options.add_holm_arg(p, "regime x budget x agent of the frontier")
     options.add_fleet_arg(p)
     p.set_defaults(func=cmd_frontier)
-
-
-def _add_sweep_command(sub: Any, fmt: type[argparse.HelpFormatter]) -> None:
-    """The ``sweep`` command's options."""
-    p = sub.add_parser(
-        "sweep",
-        help="a grid of protocol runs (regimes/traces or fleets, loads, "
-        "calibrations, merge budgets, env parameters, agents), resumable",
-        formatter_class=fmt,
-    )
-    p.add_argument(
-        "config",
-        help="sweep file (TOML; YAML with PyYAML): fixed settings and "
-        "a [grid] of axes (see docs/scale-out.md)",
-    )
-    p.add_argument(
-        "--out",
-        default=None,
-        help="sweep directory (default: sweep-NAME); cells already stored there "
-        "are skipped, so rerunning resumes an interrupted sweep",
-    )
-    p.add_argument(
-        "--retry-failed", action="store_true", help="run the cells stored with an error again"
-    )
-    p.add_argument(
-        "--max-cells",
-        type=options.positive_int(1),
-        default=None,
-        help="stop after this many cells (rerun to continue)",
-    )
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    options.add_backend_args(p)
-    options.add_trust_arg(p)
-    p.set_defaults(func=cmd_sweep)
-
-
-def _add_tune_command(sub: Any, fmt: type[argparse.HelpFormatter]) -> None:
-    """The ``tune`` command's options."""
-    p = sub.add_parser(
-        "tune",
-        help="Ray Tune (ASHA) search over SB3 hyperparameters, "
-        "selected on validation seeds; the best model as a run directory",
-        formatter_class=fmt,
-    )
-    p.add_argument(
-        "config",
-        help="tune file (TOML; YAML with PyYAML): the training setup "
-        "and a [space] of hyperparameters (see docs/scale-out.md)",
-    )
-    p.add_argument(
-        "--out",
-        default=None,
-        help="output directory (default: tune-NAME): best/ (model.zip, "
-        "meta.json: give it to report --agent), trials.json, ray_results/",
-    )
-    p.add_argument(
-        "--backend",
-        choices=("ray",),
-        default="ray",
-        help="Ray Tune (the extra diloco-gym[ray]); the only backend of tune",
-    )
-    p.add_argument(
-        "--jobs",
-        type=options.positive_int(1),
-        default=None,
-        help="CPUs of a local Ray instance (default: the CPUs available)",
-    )
-    p.add_argument(
-        "--ray-address",
-        default=None,
-        help="Ray cluster to connect to ('auto': the one `ray start` runs here)",
-    )
-    p.add_argument("--no-progress", action="store_true", help="quiet Tune output")
-    p.set_defaults(func=cmd_tune)
 
 
 def _add_train_command(sub: Any, command: str | None, fmt: type[argparse.HelpFormatter]) -> None:

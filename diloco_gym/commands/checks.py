@@ -5,18 +5,32 @@ error."""
 
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 
+from diloco_gym.commands.extras import missing_extra
 from diloco_gym.errors import DataError, UsageError
 from diloco_gym.sim.regimes import REGIMES
 
 __all__ = [
+    "check_backend",
     "check_regime",
     "check_agent",
     "check_free_agent",
     "load_agent",
     "check_learner_calibration",
 ]
+
+
+def check_backend(args: argparse.Namespace) -> None:
+    """Refuse backend options that cannot apply, and a missing Ray, before any work."""
+    if args.ray_address and args.backend != "ray":
+        raise UsageError(f"--ray-address needs --backend ray (got --backend {args.backend})")
+    if args.backend == "ray":
+        try:
+            import ray  # noqa: F401
+        except ImportError as exc:
+            raise missing_extra(f"--backend ray of {args.command}", ["ray"], exc) from None
 
 
 def check_regime(name: str) -> str:
