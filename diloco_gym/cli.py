@@ -22,7 +22,7 @@ from typing import Any, NoReturn
 
 import numpy as np
 
-from diloco_gym.commands import checks, options, sweep, tune
+from diloco_gym.commands import calibrate_learners, checks, options, sweep, tune
 from diloco_gym.commands.extras import missing_extra
 from diloco_gym.errors import CLIError, DataError, Interrupted, UsageError
 from diloco_gym.sim.regimes import REGIMES
@@ -37,7 +37,7 @@ TRACE_FORMATS = options.TRACE_FORMATS
 #: The commands with a module of their own under :mod:`diloco_gym.commands`, in ``--help``'s
 #: order: each module has ``HELP`` (its line in ``diloco-gym --help``),
 #: ``add_arguments(parser)`` and ``run(args) -> int``.
-COMMANDS = (("sweep", sweep), ("tune", tune))
+COMMANDS = (("sweep", sweep), ("tune", tune), ("calibrate-learners", calibrate_learners))
 
 
 class CLIExit(SystemExit):
@@ -670,6 +670,14 @@ class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
         return super()._get_help_string(action)
 
 
+def _add_commands(sub: Any, fmt: type[argparse.HelpFormatter], table: Any) -> None:
+    """Register each (name, module) of ``table`` as a sub-command."""
+    for name, module in table:
+        p = sub.add_parser(name, help=module.HELP, formatter_class=fmt)
+        module.add_arguments(p)
+        p.set_defaults(func=module.run)
+
+
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """The ``diloco-gym`` parser. ``train`` and ``calibrate`` take their options from modules
     that import stable-baselines3 and torch (seconds): given the ``command`` being run, the
@@ -687,13 +695,10 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     _add_run_command(sub, fmt)
     _add_report_command(sub, fmt)
     _add_frontier_command(sub, fmt)
-    for name, module in COMMANDS:
-        p = sub.add_parser(name, help=module.HELP, formatter_class=fmt)
-        module.add_arguments(p)
-        p.set_defaults(func=module.run)
+    _add_commands(sub, fmt, COMMANDS[:2])
     _add_train_command(sub, command, fmt)
     _add_calibrate_command(sub, command, fmt)
-    _add_calibrate_learners_command(sub, fmt)
+    _add_commands(sub, fmt, COMMANDS[2:])
     return parser
 
 
@@ -861,19 +866,6 @@ def _add_calibrate_command(
                 raise error
 
             p.set_defaults(func=unavailable)
-
-
-def _add_calibrate_learners_command(sub: Any, fmt: type[argparse.HelpFormatter]) -> None:
-    """The ``calibrate-learners`` command (real DiLoCo runs; torch only when it runs)."""
-    from diloco_gym.lm.cli import add_calibrate_learners_arguments, run_calibrate_learners_command
-
-    p = sub.add_parser(
-        "calibrate-learners",
-        help="train a tiny LM with DiLoCo under many schedules and fit the learner model",
-        formatter_class=fmt,
-    )
-    add_calibrate_learners_arguments(p)
-    p.set_defaults(func=run_calibrate_learners_command)
 
 
 def main(argv: list[str] | None = None) -> int:
