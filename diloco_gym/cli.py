@@ -18,12 +18,12 @@ import sys
 import time
 import warnings
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any, NoReturn
 
 import numpy as np
 
-from diloco_gym.commands import options
+from diloco_gym.commands import calibrate_learners, checks, options, sweep, tune
+from diloco_gym.commands.extras import missing_extra
 from diloco_gym.errors import CLIError, DataError, Interrupted, UsageError
 from diloco_gym.sim.regimes import REGIMES
 from diloco_gym.text import count
@@ -32,6 +32,12 @@ __all__ = ["main", "CLIError", "UsageError", "DataError", "Interrupted", "CLIExi
 
 #: Trace formats of ``--format`` (kept in step with :data:`diloco_gym.sim.loaders.FORMATS`).
 TRACE_FORMATS = options.TRACE_FORMATS
+
+
+#: The commands with a module of their own under :mod:`diloco_gym.commands`, in ``--help``'s
+#: order: each module has ``HELP`` (its line in ``diloco-gym --help``),
+#: ``add_arguments(parser)`` and ``run(args) -> int``.
+COMMANDS = (("sweep", sweep), ("tune", tune), ("calibrate-learners", calibrate_learners))
 
 
 class CLIExit(SystemExit):
@@ -105,60 +111,6 @@ def _one_line(msg: str) -> str:
     return " ".join(part.strip() for part in str(msg).splitlines() if part.strip())
 
 
-def _check_backend(args: argparse.Namespace) -> None:
-    """Refuse backend options that cannot apply, and a missing Ray, before any work."""
-    if args.ray_address and args.backend != "ray":
-        raise UsageError(f"--ray-address needs --backend ray (got --backend {args.backend})")
-    if args.backend == "ray":
-        from diloco_gym.backends import RAY_EXTRA_HINT
-
-        try:
-            import ray  # noqa: F401
-        except ImportError:
-            raise UsageError(RAY_EXTRA_HINT) from None
-
-
-def _check_regime(name: str) -> str:
-    if name not in REGIMES:
-        raise UsageError(f"unknown regime {name!r}; valid regimes: {', '.join(REGIMES)}")
-    return name
-
-
-def _check_agent(name: str) -> str:
-    from diloco_gym.agents.registry import AGENTS
-
-    if name not in AGENTS and not name.endswith(".zip") and not Path(name).exists():
-        raise UsageError(
-            f"unknown agent {name!r}; valid agents: {', '.join(AGENTS)} "
-            f"(or a path to a trained model .zip)"
-        )
-    return name
-
-
-def _check_free_agent(name: str) -> str:
-    """A known agent that can run without a merge budget (``run`` and ``report`` give
-    none): budget-aware agents are a usage error, found before anything runs."""
-    from diloco_gym.agents.registry import is_budget_aware_spec
-
-    _check_agent(name)
-    if is_budget_aware_spec(name):
-        raise UsageError(
-            f"{name} steers by a merge budget and runs only with one; compare it at "
-            f"every budget of a grid with `diloco-gym frontier --budget-agents {name}`"
-        )
-    return name
-
-
-def _load_agent(name: str):
-    from diloco_gym.agents.registry import make_agents
-
-    _check_agent(name)
-    try:
-        return make_agents([name])[0]
-    except (ValueError, OSError) as exc:  # a missing or corrupt model file
-        raise DataError(str(exc)) from None
-
-
 def _replay_options(args: argparse.Namespace, stride: bool = True) -> dict[str, Any]:
     """The trace, window and load options a protocol config takes from the command line
     (``stride``: the config has ``stride_s``; the frontier replays disjoint windows only)."""
@@ -181,9 +133,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     if getattr(args, "fleet", None):
         return _run_fleet(args)
     if not args.trace:
-        _check_regime(args.regime)
-    _check_free_agent(args.agent)
-    agent = _load_agent(args.agent)
+        checks.check_regime(args.regime)
+    checks.check_free_agent(args.agent)
+    agent = checks.load_agent(args.agent)
     if not args.in_process_agents:
         from diloco_gym.eval.sealed import seal_agents
 
@@ -275,8 +227,8 @@ def _run_fleet(args: argparse.Namespace) -> int:
     if args.trace:
         raise UsageError("--fleet replaces --trace (the sites are in FILE)")
     _no_fleet_options(args)
-    _check_free_agent(args.agent)
-    agent = fleet_agent(_load_agent(args.agent))
+    checks.check_free_agent(args.agent)
+    agent = fleet_agent(checks.load_agent(args.agent))
     if not args.in_process_agents:
         from diloco_gym.eval.sealed import seal_agents
 
@@ -396,7 +348,7 @@ def _report_agents(args: argparse.Namespace) -> list[str]:
     agents = list(HEURISTICS) if not args.agents else list(args.agents)
     agents += list(args.agent or [])
     for a in agents:
-        _check_free_agent(a)
+        checks.check_free_agent(a)
     twice = sorted({a for a in agents if agents.count(a) > 1})
     if twice:
         raise UsageError(
@@ -411,7 +363,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     from diloco_gym.eval.report import ReportConfig, prepare_out_dir, run_protocol, write_report
     from diloco_gym.sim.traces import TraceFormatError
 
-    _check_backend(args)
+    checks.check_backend(args)
     try:
         prepare_out_dir(args.out, args.force)
     except (FileExistsError, IsADirectoryError, NotADirectoryError, PermissionError) as exc:
@@ -424,8 +376,8 @@ def cmd_report(args: argparse.Namespace) -> int:
         return _report_fleet(args, agents)
     regimes = args.regimes or list(REGIMES)
     for r in regimes:
-        _check_regime(r)
-    _check_learner_calibration(args.learner_calibration)
+        checks.check_regime(r)
+    checks.check_learner_calibration(args.learner_calibration)
     try:
         config = ReportConfig(
             regimes=regimes,
@@ -545,7 +497,7 @@ def _frontier_fleet(args: argparse.Namespace) -> int:
         dict.fromkeys([*(args.budget_agents or FLEET_FRONTIER_AGENTS), *(args.agent or [])])
     )
     for a in agents:
-        _check_agent(a)
+        checks.check_agent(a)
     try:
         prepare_out_dir(args.out, args.force)
     except (FileExistsError, IsADirectoryError, NotADirectoryError, PermissionError) as exc:
@@ -590,7 +542,7 @@ def _frontier_agents(args: argparse.Namespace) -> tuple[list[str], list[str]]:
     extra_free = [a for a in extra if not is_budget_aware_spec(a)]
     free_agents = list(dict.fromkeys(list(args.free_agents or HEURISTICS) + extra_free))
     for a in budget_agents + free_agents:
-        _check_agent(a)
+        checks.check_agent(a)
     return budget_agents, free_agents
 
 
@@ -609,15 +561,15 @@ def cmd_frontier(args: argparse.Namespace) -> int:
         raise UsageError(str(exc)) from None
     regimes = args.regimes or list(fr.FrontierConfig().regimes)
     for r in regimes:
-        _check_regime(r)
+        checks.check_regime(r)
     budget_agents, free_agents = _frontier_agents(args)
     if args.stride_s is not None and abs(args.stride_s - args.window_s) > 1e-9:
         raise UsageError(
             "frontier replays disjoint windows only (independent units): drop "
             "--stride-s or set it to --window-s"
         )
-    _check_learner_calibration(args.learner_calibration)
-    _check_backend(args)
+    checks.check_learner_calibration(args.learner_calibration)
+    checks.check_backend(args)
     try:
         config = fr.FrontierConfig(
             regimes=regimes,
@@ -668,79 +620,6 @@ def cmd_frontier(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_sweep(args: argparse.Namespace) -> int:
-    from diloco_gym.scale.sweep import SweepDataError, load_sweep, run_sweep
-
-    _check_backend(args)
-    try:
-        spec = load_sweep(args.config)  # a bad file (a ValueError) fails before any cell
-    except SweepDataError as exc:  # a missing or malformed trace or calibration: data
-        raise DataError(str(exc)) from None
-    out = args.out or f"sweep-{spec.name}"
-    try:
-        res = run_sweep(
-            spec,
-            out,
-            backend=args.backend,
-            jobs=args.jobs,
-            ray_address=args.ray_address,
-            progress=not args.no_progress,
-            retry_failed=args.retry_failed,
-            max_cells=args.max_cells,
-        )
-    except FileExistsError as exc:  # another sweep writes there now
-        raise UsageError(str(exc)) from None
-    except SweepDataError as exc:  # a point that cannot be planned on its data
-        raise DataError(str(exc)) from None
-    except KeyboardInterrupt:
-        raise Interrupted(
-            f"interrupted; the finished cells are stored in {out}/ (rerun to resume)"
-        ) from None
-    state = "complete" if res["complete"] else "incomplete (rerun to continue)"
-    print(
-        f"sweep {spec.name}: {count(len(spec.points), 'point')}, {res['cells']} cells: "
-        f"{res['run']} run now, {res['skipped']} stored before, {res['failed']} failed; "
-        f"{state}"
-    )
-    print(f"results in {out}/ (results.csv, results.parquet, summary.csv, summary.md, errors.csv)")
-    if res["failed"]:
-        raise DataError(
-            f"sweep {spec.name}: {count(res['failed'], 'cell')} failed: "
-            f"{res['failure_summary']} (all in {out}/errors.csv; --retry-failed runs them again)"
-        )
-    return 0
-
-
-def cmd_tune(args: argparse.Namespace) -> int:
-    _check_backend(args)
-    try:
-        from diloco_gym.scale.tune import load_tune, run_tune
-    except ImportError as exc:
-        raise UsageError(
-            f"tune needs the 'rl' and 'ray' extras (pip install 'diloco-gym[rl,ray]'): {exc}"
-        ) from None
-    spec = load_tune(args.config)
-    out = args.out or f"tune-{spec['name']}"
-    try:
-        res = run_tune(
-            spec, out, jobs=args.jobs, ray_address=args.ray_address, progress=not args.no_progress
-        )
-    except KeyboardInterrupt:
-        raise Interrupted("interrupted; no best model saved") from None
-    print(
-        f"tune {spec['name']}: {count(res['trials'], 'trial')}, {res['errored']} errored; best "
-        f"validation sync-excess {res['metric']:.3f} % with {res['config']}"
-    )
-    if res.get("all_tied"):
-        print(
-            f"note: all {res['trials'] - res['errored']} finished trials scored the same "
-            f"({res['metric']:.5f} %), so the search could not tell the configurations apart "
-            f"(for example, every model learned never to merge); the saved one is the first"
-        )
-    print(f"best model: {res['best_dir']}/ (use: diloco-gym report --agent {res['best_dir']})")
-    return 0
-
-
 def _close_progress_bars() -> None:
     """Close open tqdm bars now, so that their last redraw (at garbage collection) does not
     land after the one-line message."""
@@ -756,9 +635,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     try:
         from diloco_gym.rl.train import run_train_command
     except ImportError as exc:
-        raise UsageError(
-            f"training needs the 'rl' extra (pip install 'diloco-gym[rl]'): {exc}"
-        ) from None
+        raise missing_extra("train", ["rl"], exc) from None
     return run_train_command(args)
 
 
@@ -776,8 +653,9 @@ class _Parser(argparse.ArgumentParser):
 
 
 class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
-    """Appends ``(default: X)`` only where it informs: not when the help already states the
-    default, not for a required option, a ``None`` default or an on/off flag."""
+    """The one place a default is printed, for every command: appends ``(default: X)`` only
+    where it informs: not when the help already states the default (so no option shows it
+    twice), not for a required option, a ``None`` or suppressed default or an on/off flag."""
 
     def _get_help_string(self, action: argparse.Action) -> str | None:
         text = action.help or ""
@@ -790,6 +668,14 @@ class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
         ):
             return text
         return super()._get_help_string(action)
+
+
+def _add_commands(sub: Any, fmt: type[argparse.HelpFormatter], table: Any) -> None:
+    """Register each (name, module) of ``table`` as a sub-command."""
+    for name, module in table:
+        p = sub.add_parser(name, help=module.HELP, formatter_class=fmt)
+        module.add_arguments(p)
+        p.set_defaults(func=module.run)
 
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
@@ -809,23 +695,11 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     _add_run_command(sub, fmt)
     _add_report_command(sub, fmt)
     _add_frontier_command(sub, fmt)
-    _add_sweep_command(sub, fmt)
-    _add_tune_command(sub, fmt)
-    _add_train_command(sub, command)
-    _add_calibrate_command(sub, command)
-    _add_calibrate_learners_command(sub)
+    _add_commands(sub, fmt, COMMANDS[:2])
+    _add_train_command(sub, command, fmt)
+    _add_calibrate_command(sub, command, fmt)
+    _add_commands(sub, fmt, COMMANDS[2:])
     return parser
-
-
-def _check_learner_calibration(path: str | None) -> None:
-    """A bad ``--learner-calibration`` file is a data error, before any episode runs."""
-    if path is not None:
-        from diloco_gym.sim.learner_calibration import load_learner_calibration
-
-        try:
-            load_learner_calibration(path)
-        except ValueError as exc:
-            raise DataError(str(exc)) from None
 
 
 def _add_run_command(sub: Any, fmt: type[argparse.HelpFormatter]) -> None:
@@ -952,83 +826,11 @@ def _add_frontier_command(sub: Any, fmt: type[argparse.HelpFormatter]) -> None:
     p.set_defaults(func=cmd_frontier)
 
 
-def _add_sweep_command(sub: Any, fmt: type[argparse.HelpFormatter]) -> None:
-    """The ``sweep`` command's options."""
-    p = sub.add_parser(
-        "sweep",
-        help="a grid of protocol runs (regimes/traces or fleets, loads, "
-        "calibrations, merge budgets, env parameters, agents), resumable",
-        formatter_class=fmt,
-    )
-    p.add_argument(
-        "config",
-        help="sweep file (TOML; YAML with PyYAML): fixed settings and "
-        "a [grid] of axes (see docs/scale-out.md)",
-    )
-    p.add_argument(
-        "--out",
-        default=None,
-        help="sweep directory (default: sweep-NAME); cells already stored there "
-        "are skipped, so rerunning resumes an interrupted sweep",
-    )
-    p.add_argument(
-        "--retry-failed", action="store_true", help="run the cells stored with an error again"
-    )
-    p.add_argument(
-        "--max-cells",
-        type=options.positive_int(1),
-        default=None,
-        help="stop after this many cells (rerun to continue)",
-    )
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    options.add_backend_args(p)
-    options.add_trust_arg(p)
-    p.set_defaults(func=cmd_sweep)
-
-
-def _add_tune_command(sub: Any, fmt: type[argparse.HelpFormatter]) -> None:
-    """The ``tune`` command's options."""
-    p = sub.add_parser(
-        "tune",
-        help="Ray Tune (ASHA) search over SB3 hyperparameters, "
-        "selected on validation seeds; the best model as a run directory",
-        formatter_class=fmt,
-    )
-    p.add_argument(
-        "config",
-        help="tune file (TOML; YAML with PyYAML): the training setup "
-        "and a [space] of hyperparameters (see docs/scale-out.md)",
-    )
-    p.add_argument(
-        "--out",
-        default=None,
-        help="output directory (default: tune-NAME): best/ (model.zip, "
-        "meta.json: give it to report --agent), trials.json, ray_results/",
-    )
-    p.add_argument(
-        "--backend",
-        choices=("ray",),
-        default="ray",
-        help="Ray Tune (the extra diloco-gym[ray]); the only backend of tune",
-    )
-    p.add_argument(
-        "--jobs",
-        type=options.positive_int(1),
-        default=None,
-        help="CPUs of a local Ray instance (default: the CPUs available)",
-    )
-    p.add_argument(
-        "--ray-address",
-        default=None,
-        help="Ray cluster to connect to ('auto': the one `ray start` runs here)",
-    )
-    p.add_argument("--no-progress", action="store_true", help="quiet Tune output")
-    p.set_defaults(func=cmd_tune)
-
-
-def _add_train_command(sub: Any, command: str | None) -> None:
+def _add_train_command(sub: Any, command: str | None, fmt: type[argparse.HelpFormatter]) -> None:
     """The ``train`` command's options."""
-    p = sub.add_parser("train", help="train an RL scheduler with stable-baselines3")
+    p = sub.add_parser(
+        "train", help="train an RL scheduler with stable-baselines3", formatter_class=fmt
+    )
     p.set_defaults(func=cmd_train)
     add_train_arguments: Callable[[argparse.ArgumentParser], None] | None = None
     if command in (None, "train"):
@@ -1042,9 +844,15 @@ def _add_train_command(sub: Any, command: str | None) -> None:
         p.add_argument("rest", nargs=argparse.REMAINDER)
 
 
-def _add_calibrate_command(sub: Any, command: str | None) -> None:
+def _add_calibrate_command(
+    sub: Any, command: str | None, fmt: type[argparse.HelpFormatter]
+) -> None:
     """The ``calibrate`` command's options."""
-    p = sub.add_parser("calibrate", help="measure real merge interference on a serving endpoint")
+    p = sub.add_parser(
+        "calibrate",
+        help="measure real merge interference on a serving endpoint",
+        formatter_class=fmt,
+    )
     if command in (None, "calibrate"):
         try:
             from diloco_gym.live.cli import add_calibrate_arguments, run_calibrate_command
@@ -1052,26 +860,12 @@ def _add_calibrate_command(sub: Any, command: str | None) -> None:
             add_calibrate_arguments(p)
             p.set_defaults(func=run_calibrate_command)
         except ImportError as exc:
-            msg = str(exc)
-            p.set_defaults(func=lambda _a: _unavailable("calibrate", msg))
+            error = missing_extra("calibrate", ["live"], exc)
 
+            def unavailable(_args: argparse.Namespace) -> int:
+                raise error
 
-def _add_calibrate_learners_command(sub: Any) -> None:
-    """The ``calibrate-learners`` command (real DiLoCo runs; torch only when it runs)."""
-    from diloco_gym.lm.cli import add_calibrate_learners_arguments, run_calibrate_learners_command
-
-    p = sub.add_parser(
-        "calibrate-learners",
-        help="train a tiny LM with DiLoCo under many schedules and fit the learner model",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-    )
-    add_calibrate_learners_arguments(p)
-    p.set_defaults(func=run_calibrate_learners_command)
-
-
-def _unavailable(what: str, why: str) -> int:
-    print(f"diloco-gym {what} is unavailable: {why}", file=sys.stderr)
-    return 2
+            p.set_defaults(func=unavailable)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -1091,9 +885,7 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 import diloco_gym.rl.train  # noqa: F401
             except ImportError as exc:  # the rl extra is missing: say so before argparse
-                return _unavailable(
-                    "train", f"it needs the 'rl' extra (pip install 'diloco-gym[rl]'): {exc}"
-                )
+                raise missing_extra("train", ["rl"], exc) from None
         parser = build_parser(argv[0] if argv and not argv[0].startswith("-") else "")
         args = parser.parse_args(argv)
         with warnings.catch_warnings():

@@ -1,0 +1,85 @@
+"""Checks several ``diloco-gym`` commands make of their options before any work: a known
+regime, a known agent (or a model file), one that runs without a merge budget, a loadable
+agent and a readable learner calibration; each failure is the command line's usage or data
+error."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from diloco_gym.commands.extras import missing_extra
+from diloco_gym.errors import DataError, UsageError
+from diloco_gym.sim.regimes import REGIMES
+
+__all__ = [
+    "check_backend",
+    "check_regime",
+    "check_agent",
+    "check_free_agent",
+    "load_agent",
+    "check_learner_calibration",
+]
+
+
+def check_backend(args: argparse.Namespace) -> None:
+    """Refuse backend options that cannot apply, and a missing Ray, before any work."""
+    if args.ray_address and args.backend != "ray":
+        raise UsageError(f"--ray-address needs --backend ray (got --backend {args.backend})")
+    if args.backend == "ray":
+        try:
+            import ray  # noqa: F401
+        except ImportError as exc:
+            raise missing_extra(f"--backend ray of {args.command}", ["ray"], exc) from None
+
+
+def check_regime(name: str) -> str:
+    if name not in REGIMES:
+        raise UsageError(f"unknown regime {name!r}; valid regimes: {', '.join(REGIMES)}")
+    return name
+
+
+def check_agent(name: str) -> str:
+    from diloco_gym.agents.registry import AGENTS
+
+    if name not in AGENTS and not name.endswith(".zip") and not Path(name).exists():
+        raise UsageError(
+            f"unknown agent {name!r}; valid agents: {', '.join(AGENTS)} "
+            f"(or a path to a trained model .zip)"
+        )
+    return name
+
+
+def check_free_agent(name: str) -> str:
+    """A known agent that can run without a merge budget (``run`` and ``report`` give
+    none): budget-aware agents are a usage error, found before anything runs."""
+    from diloco_gym.agents.registry import is_budget_aware_spec
+
+    check_agent(name)
+    if is_budget_aware_spec(name):
+        raise UsageError(
+            f"{name} steers by a merge budget and runs only with one; compare it at "
+            f"every budget of a grid with `diloco-gym frontier --budget-agents {name}`"
+        )
+    return name
+
+
+def load_agent(name: str):
+    from diloco_gym.agents.registry import make_agents
+
+    check_agent(name)
+    try:
+        return make_agents([name])[0]
+    except (ValueError, OSError) as exc:  # a missing or corrupt model file
+        raise DataError(str(exc)) from None
+
+
+def check_learner_calibration(path: str | None) -> None:
+    """A bad ``--learner-calibration`` file is a data error, before any episode runs."""
+    if path is not None:
+        from diloco_gym.sim.learner_calibration import load_learner_calibration
+
+        try:
+            load_learner_calibration(path)
+        except ValueError as exc:
+            raise DataError(str(exc)) from None
