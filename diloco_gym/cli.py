@@ -220,9 +220,8 @@ def _run_fleet(args: argparse.Namespace) -> int:
     """``run --fleet FILE``: one agent on fleet episodes, per-seed table with each site's
     sync-excess (:mod:`diloco_gym.envs.fleet`)."""
     from diloco_gym.agents.fleet import fleet_agent
-    from diloco_gym.envs.fleet import DiLoCoFleetEnv
+    from diloco_gym.envs.fleet import DiLoCoFleetEnv, require_fixed_precision
     from diloco_gym.eval.rollout import is_deployable, run_episode
-    from diloco_gym.sim.fleet import FleetConfigError
 
     if args.trace:
         raise UsageError("--fleet replaces --trace (the sites are in FILE)")
@@ -235,7 +234,8 @@ def _run_fleet(args: argparse.Namespace) -> int:
         agent = seal_agents([agent])[0]
     try:
         env = DiLoCoFleetEnv(fleet=args.fleet)
-    except (FleetConfigError, ValueError) as exc:
+        require_fixed_precision(env.fleet, "run --fleet")
+    except ValueError as exc:  # a FleetConfigError too
         raise _fleet_env_error(exc) from None
     names = env.setup.site_names
     print(
@@ -446,14 +446,14 @@ FLEET_FRONTIER_AGENTS = ("online-forecast-budget", "fixed-budget")
 def _fleet_budgets(args: argparse.Namespace) -> list[int]:
     """``--budgets`` (merges per hour) as fragment syncs per episode of the fleet's first
     test episode (rounded; distinct); by default five inside its feasible range."""
-    from diloco_gym.envs.fleet import DiLoCoFleetEnv
-    from diloco_gym.sim.fleet import FleetConfigError
+    from diloco_gym.envs.fleet import DiLoCoFleetEnv, require_fixed_precision
     from diloco_gym.sim.schedules import budget_range
 
     try:
         env = DiLoCoFleetEnv(fleet=args.fleet)
+        require_fixed_precision(env.fleet, "frontier --fleet")
         env.reset(seed=args.seed0)
-    except (FleetConfigError, ValueError, OSError) as exc:
+    except (ValueError, OSError) as exc:  # a FleetConfigError too
         raise _fleet_env_error(exc) from None
     episode = env.episode
     assert episode is not None  # reset above

@@ -658,6 +658,15 @@ def test_fleet_file_errors_are_one_line(tmp_path, capsys):
     bad.write_text("[fleet]\nbits = 12\n")
     msg = _fails(["run", "--agent", "pressure-gate", "--fleet", str(bad)], capsys, 1)
     assert str(bad) in msg and "bits must be one of" in msg
+    prec = tmp_path / "prec.toml"
+    prec.write_text('[fleet]\nbits_options = [4, 32]\n[[site]]\nname = "bursty"\n')
+    for argv, what in (
+        (["run", "--agent", "pressure-gate", "--fleet", str(prec)], "run --fleet"),
+        (["frontier", "--fleet", str(prec), "--out", str(tmp_path / "fr")], "frontier --fleet"),
+        (["report", "--fleet", str(prec), "--out", str(tmp_path / "rp")], "fleet report"),
+    ):
+        msg = _fails(argv, capsys, 1)
+        assert what in msg and "scores fixed-precision fleets only" in msg, msg
     assert "--jobs not used with --fleet" in _fails(
         ["report", "--fleet", str(FLEET_EXAMPLE), "--jobs", "2", "--out", str(tmp_path / "j")],
         capsys,
