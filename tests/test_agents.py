@@ -481,5 +481,7 @@ def test_cli_train_without_the_rl_extra(monkeypatch, capsys):
     import sys
 
     monkeypatch.setitem(sys.modules, "diloco_gym.rl.train", None)  # as if SB3 were missing
-    assert main(["train", "--algo", "ppo", "--timesteps", "10", "--out", "x"]) == 2
+    with pytest.raises(SystemExit) as exc:
+        main(["train", "--algo", "ppo", "--timesteps", "10", "--out", "x"])
+    assert exc.value.code == 2
     assert "needs the 'rl' extra" in capsys.readouterr().err
