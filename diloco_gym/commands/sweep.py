@@ -64,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
             retry_failed=args.retry_failed,
             max_cells=args.max_cells,
         )
-    except FileExistsError as exc:  # another sweep writes there now
+    except FileExistsError as exc:  # another sweep writes there now, or OUT is not a sweep's
         raise UsageError(str(exc)) from None
     except SweepDataError as exc:  # a point that cannot be planned on its data
         raise DataError(str(exc)) from None

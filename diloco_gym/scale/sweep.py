@@ -465,7 +465,8 @@ def run_sweep(
 
     Args:
         spec: from :func:`load_sweep`.
-        out: the sweep's directory (created; the stored cells of an earlier run are kept).
+        out: the sweep's directory (created; the stored cells of an earlier run are kept;
+            a non-empty directory without them is refused).
         backend, jobs, ray_address: see :func:`diloco_gym.scale.run_cells`.
         progress: a cells done / total bar.
         retry_failed: run cells stored with an error again.
@@ -480,7 +481,8 @@ def run_sweep(
     Raises:
         SweepDataError: a point cannot be planned (nothing runs then).
         FileExistsError: another process is running a sweep into ``out`` now (its lock file
-            ``.OUT.lock``, :mod:`diloco_gym.eval.outlock`, is held).
+            ``.OUT.lock``, :mod:`diloco_gym.eval.outlock`, is held), or ``out`` is a file or a
+            non-empty directory that is not a sweep's (:func:`check_sweep_dir`).
     """
     from diloco_gym.eval.outlock import lock_out_dir, release_out_lock
 
@@ -490,6 +492,35 @@ def run_sweep(
         return _run_sweep(spec, out, backend, jobs, ray_address, progress, retry_failed, max_cells)
     finally:
         release_out_lock(out)
+
+
+#: The record of finished cells: a directory holding it is a sweep's (and is resumed).
+CELLS_FILE = "cells.jsonl"
+
+
+def check_sweep_dir(out: Path) -> None:
+    """A sweep writes into a missing or empty directory, or resumes one holding its
+    :data:`CELLS_FILE`; it never writes its results among someone else's files (a
+    ``results.csv`` or ``summary.md`` of the user's would be overwritten).
+
+    Raises:
+        FileExistsError: ``out`` is a file, or a non-empty directory that is not a sweep's
+            (the message names it and a few of its entries).
+    """
+    if not out.exists():
+        return
+    if not out.is_dir():
+        raise FileExistsError(f"sweep output {out} exists and is not a directory")
+    entries = sorted(p.name for p in out.iterdir())
+    if entries and CELLS_FILE not in entries:
+        shown = ", ".join(entries[:5]) + (
+            f" and {len(entries) - 5} more" if len(entries) > 5 else ""
+        )
+        raise FileExistsError(
+            f"sweep output {out} is not empty and holds no {CELLS_FILE}, so it is not a "
+            f"sweep's directory ({shown}); choose another --out or empty it (a sweep "
+            "resumes only its own directory)"
+        )
 
 
 def _run_sweep(
@@ -503,8 +534,9 @@ def _run_sweep(
     max_cells: int | None,
 ) -> dict[str, Any]:
     """:func:`run_sweep` with the output's lock held."""
+    check_sweep_dir(out)
     out.mkdir(parents=True, exist_ok=True)
-    store = _Store(out / "cells.jsonl")
+    store = _Store(out / CELLS_FILE)
     plan, cells = _plan_cells(spec)
     todo = [
         k for k in cells if k not in store.records or (retry_failed and not store.records[k]["ok"])

@@ -312,3 +312,28 @@ def test_the_docs_sweep_example_is_valid_as_written_and_runs(tmp_path):
     small = re.sub(r"(?m)^agents = .*$", 'agents = ["fixed-512", "wa-diloco"]', small)
     cfg = _write(tmp_path, small, name="small.toml")
     assert main(["sweep", str(cfg), "--out", str(tmp_path / "o"), "--no-progress"]) == 0
+
+
+def test_a_sweep_never_writes_among_someone_elses_files(tmp_path, capsys):
+    """A non-empty directory without the sweep's cells.jsonl is refused before any cell
+    runs (its files untouched); a file as OUT too; a sweep's own directory resumes."""
+    cfg = _write(tmp_path, 'regime = "bursty"\nagents = ["fixed-512"]\nseeds = 2\ndraws = 2\n')
+    notes = tmp_path / "mine"
+    notes.mkdir()
+    (notes / "results.csv").write_text("my numbers\n")
+    with pytest.raises(FileExistsError, match=r"not empty and holds no cells\.jsonl.*results\.csv"):
+        run_sweep(load_sweep(cfg), notes, progress=False)
+    assert [p.name for p in notes.iterdir()] == ["results.csv"]
+    assert (notes / "results.csv").read_text() == "my numbers\n"
+    with pytest.raises(SystemExit) as exc:
+        main(["sweep", str(cfg), "--out", str(notes), "--no-progress"])
+    assert exc.value.code == 2 and "is not a sweep's directory" in capsys.readouterr().err
+    with pytest.raises(FileExistsError, match="not a directory"):
+        run_sweep(load_sweep(cfg), cfg, progress=False)
+    out = tmp_path / "out"
+    out.mkdir()  # an empty directory is fine
+    first = run_sweep(load_sweep(cfg), out, progress=False)
+    assert first["complete"] and first["run"] == first["cells"] > 0
+    (out / "my-notes.txt").write_text("kept\n")  # a sweep's directory with notes resumes
+    assert run_sweep(load_sweep(cfg), out, progress=False)["run"] == 0
+    assert (out / "my-notes.txt").read_text() == "kept\n"
