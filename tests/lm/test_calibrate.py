@@ -1,22 +1,37 @@
-"""``calibrate-learners`` end to end at the tiny configuration: the file it writes passes
-its schema, the env loads it, and a resumed calibration reuses the logged runs."""
+"""The learner calibration (``diloco_gym/lm/calibrate.py``): the designed schedules, and
+end to end at the tiny configuration: the file it writes passes its schema, the env loads
+it, and a resumed calibration reuses the logged runs."""
 
 from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 
-pytest.importorskip("torch")
+from diloco_gym.envs.env import DiLoCoSyncEnv
+from diloco_gym.lm.calibrate import TINY, calibrate_learners, design
+from diloco_gym.sim.learner_calibration import load_learner_calibration
 
-from diloco_gym.cli import main  # noqa: E402
-from diloco_gym.envs.env import DiLoCoSyncEnv  # noqa: E402
-from diloco_gym.lm.calibrate import TINY, calibrate_learners  # noqa: E402
-from diloco_gym.sim.learner_calibration import load_learner_calibration  # noqa: E402
+
+def test_design_is_in_the_corridor_and_splits_fit_from_heldout():
+    plan = design(48, 4, 16, agent_schedules={"a": [5, 9, 16, 4]})
+    names = [p["name"] for p in plan]
+    assert len(set(names)) == len(names)
+    assert {p["role"] for p in plan} == {"fit", "heldout"}
+    for p in plan:
+        gaps = np.diff([0, *p["schedule"]])
+        assert p["schedule"][-1] <= 48
+        if p["name"].startswith("random"):
+            assert gaps.min() >= 4 and gaps.max() <= 16 and p["schedule"][-1] == 48
+    assert any(p["fragments"] > 1 for p in plan if p["role"] == "fit")
+    assert {p["bits"] for p in plan if p["role"] == "fit"} == {32, 16, 8, 4}
+    assert design(48, 4, 16) == design(48, 4, 16)  # deterministic
 
 
 @pytest.mark.slow
 def test_tiny_calibration_writes_a_file_the_env_loads(tmp_path):
+    pytest.importorskip("torch")
     out = tmp_path / "lc.json"
     lines: list[str] = []
     doc = calibrate_learners(
@@ -58,16 +73,3 @@ def test_tiny_calibration_writes_a_file_the_env_loads(tmp_path):
     )
     assert len(log.read_text().splitlines()) == n
     assert again["params"] == doc["params"]
-
-
-def test_cli_refuses_to_overwrite_and_bad_values(tmp_path, capsys):
-    out = tmp_path / "lc.json"
-    out.write_text("{}")
-    with pytest.raises(SystemExit) as info:
-        main(["calibrate-learners", "--tiny", "--out", str(out)])
-    assert info.value.code == 2
-    assert "exists; pass --force" in capsys.readouterr().err
-    with pytest.raises(SystemExit) as info:
-        main(["calibrate-learners", "--seeds", "1", "--out", str(tmp_path / "x.json")])
-    assert info.value.code == 2
-    assert "--seeds" in capsys.readouterr().err
