@@ -172,8 +172,14 @@ def protocol_env(config: FleetReportConfig, what: str) -> DiLoCoFleetEnv:
     return env
 
 
-def run_fleet_report(config: FleetReportConfig, progress: bool = False) -> dict[str, Any]:  # noqa: PLR0915 - the fleet protocol's steps
+def run_fleet_report(config: FleetReportConfig, progress: bool = False) -> dict[str, Any]:
     """Run every agent on ``config.seeds`` fleet episodes and score them (module doc).
+
+    The steps: the protocol's env (:func:`protocol_env`, which refuses a fleet with the
+    per-sync precision action), the sealed agents, the independent units, one scored row
+    per agent and episode (:func:`_unit_rows`), the calibration verdict
+    (:func:`fleet_calibration`), the per-agent summary (:func:`_agent_summary`) and its
+    verdicts (:func:`_gate`).
 
     Returns:
         ``{"rows", "summary", "calibration", "calibration_verdict", "fleet", "elapsed_s",
@@ -182,34 +188,77 @@ def run_fleet_report(config: FleetReportConfig, progress: bool = False) -> dict[
     """
     import pandas as pd
 
-    from diloco_gym.agents.fleet import fleet_agent
-    from diloco_gym.agents.registry import make_agents
-    from diloco_gym.eval.rollout import run_episode
-    from diloco_gym.eval.summary import holm
+    from diloco_gym.eval.sealed import IN_PROCESS, SEALED
 
     started = time.perf_counter()
     env = protocol_env(config, "the fleet report")
-    from diloco_gym.eval.sealed import IN_PROCESS, SEALED, seal_agents
+    agents = _report_agents(config)
+    seeds = [config.seed0 + i for i in range(config.seeds)]
+    verdict_seeds = _verdict_seeds(seeds, env.setup.independent_episodes)
+    n_indep = len(verdict_seeds)
+    df = pd.DataFrame(_unit_rows(env, agents, seeds, config.draws, progress))
+    verdict, calib_rows = fleet_calibration(env, config.calibration)
+    summary = _agent_summary(df, [a.name for a in agents], verdict_seeds, n_indep)
+    _gate(summary, verdict, config.alpha, n_indep)
+    for a in agents:  # sealed agents' worker processes end with the report
+        if callable(getattr(a, "close", None)):
+            a.close()
+    return {
+        "agent_sealing": SEALED if not config.in_process_agents else IN_PROCESS,
+        "rows": df,
+        "summary": summary,
+        "calibration": pd.DataFrame(calib_rows),
+        "calibration_verdict": verdict,
+        "independent_units": n_indep,
+        "fleet": _fleet_record(config, env),
+        "config": {
+            "agents": list(config.agents),
+            "seeds": config.seeds,
+            "seed0": config.seed0,
+            "draws": config.draws,
+            "alpha": config.alpha,
+            "env": dict(config.env),
+        },
+        "elapsed_s": time.perf_counter() - started,
+    }
 
-    agents = seal_agents(
+
+def _report_agents(config: FleetReportConfig) -> list[Any]:
+    """``config``'s agents as fleet agents, sealed in a worker process unless
+    ``config.in_process_agents`` (:func:`~diloco_gym.eval.sealed.seal_agents`)."""
+    from diloco_gym.agents.fleet import fleet_agent
+    from diloco_gym.agents.registry import make_agents
+    from diloco_gym.eval.sealed import seal_agents
+
+    return seal_agents(
         [fleet_agent(a) for a in make_agents(list(config.agents))],
         in_process=config.in_process_agents,
     )
-    seeds = [config.seed0 + i for i in range(config.seeds)]
-    indep = env.setup.independent_episodes
-    if indep is not None:
-        # trace sites: seed k replays tile k mod tiles; only seeds within one round of
-        # tiles are independent units, and only those (the first seed of each tile) carry
-        # the test and the verdict: a repeated tile is the same data again
-        first: dict[int, int] = {}
-        for s in seeds:
-            first.setdefault(s % indep, s)
-        verdict_seeds = set(first.values())
-    else:
-        verdict_seeds = set(seeds)
-    n_indep = len(verdict_seeds)
+
+
+def _verdict_seeds(seeds: list[int], independent_episodes: int | None) -> set[int]:
+    """The seeds that are independent units and carry the test and the verdict: every seed
+    of synthetic sites (``independent_episodes`` is None); with trace sites, seed ``k``
+    replays tile ``k mod independent_episodes``, so only the first seed of each tile (a
+    repeated tile is the same data again)."""
+    if independent_episodes is None:
+        return set(seeds)
+    first: dict[int, int] = {}
+    for s in seeds:
+        first.setdefault(s % independent_episodes, s)
+    return set(first.values())
+
+
+def _unit_rows(
+    env: DiLoCoFleetEnv, agents: list[Any], seeds: list[int], draws: int, progress: bool
+) -> list[dict[str, Any]]:
+    """One row per episode and agent: the agent's run on the episode, scored with
+    ``draws`` matched-random schedules and the oracle (:func:`protocol.score_episode` on
+    the episode's :class:`FleetScorer`)."""
+    from diloco_gym.eval.rollout import run_episode
+
     p = env.params
-    rows: list[dict] = []
+    rows: list[dict[str, Any]] = []
     counts = None
     for i, seed in enumerate(seeds):
         ep = env.build_episode(seed)
@@ -222,39 +271,53 @@ def run_fleet_report(config: FleetReportConfig, progress: bool = False) -> dict[
             scored = protocol.score_episode(
                 scorer,  # type: ignore[arg-type]  # duck-typed: the fleet's summed scorer
                 res["merge_decisions"],
-                config.draws,
+                draws,
                 np.random.default_rng([seed, m, 7]),
                 counts,
             )
-            dur_h = ep.trace.duration_s / 3600.0
-            rows.append(
-                {
-                    "agent": agent.name,
-                    "deployable": res["deployable"],
-                    "seed": seed,
-                    "syncs": m,
-                    "syncs_per_hour": m / dur_h,
-                    "bytes_per_hour": m * env.setup.plan.payload_bytes / dur_h,
-                    **scored,
-                    "worst_site": res["worst_site"],
-                    "worst_site_sync_excess_pct": res["worst_site_sync_excess_pct"],
-                    "no_sync_violation_pct": res["no_sync_violation_pct"],
-                    "requests": res["requests"],
-                    "excess_requests": res["sync_excess_requests"],
-                    "progress": res["progress"],
-                    "return": res["return"],
-                    **{
-                        f"site_{s['site']}_sync_excess_pct": s["sync_excess_pct"]
-                        for s in res["sites"]
-                    },
-                }
-            )
+            rows.append(_unit_row(env, ep, agent.name, seed, res, scored))
         if progress:
             print(f"fleet report: episode {i + 1}/{len(seeds)}", flush=True)
-    df = pd.DataFrame(rows)
-    verdict, calib_rows = fleet_calibration(env, config.calibration)
+    return rows
+
+
+def _unit_row(
+    env: DiLoCoFleetEnv,
+    ep: FleetEpisode,
+    agent: str,
+    seed: int,
+    res: dict[str, Any],
+    scored: dict[str, Any],
+) -> dict[str, Any]:
+    """The results.csv row of ``agent``'s run ``res`` on episode ``ep`` and its scores."""
+    m = int(res["merges"])
+    dur_h = ep.trace.duration_s / 3600.0
+    return {
+        "agent": agent,
+        "deployable": res["deployable"],
+        "seed": seed,
+        "syncs": m,
+        "syncs_per_hour": m / dur_h,
+        "bytes_per_hour": m * env.setup.plan.payload_bytes / dur_h,
+        **scored,
+        "worst_site": res["worst_site"],
+        "worst_site_sync_excess_pct": res["worst_site_sync_excess_pct"],
+        "no_sync_violation_pct": res["no_sync_violation_pct"],
+        "requests": res["requests"],
+        "excess_requests": res["sync_excess_requests"],
+        "progress": res["progress"],
+        "return": res["return"],
+        **{f"site_{s['site']}_sync_excess_pct": s["sync_excess_pct"] for s in res["sites"]},
+    }
+
+
+def _agent_summary(df: Any, names: list[str], verdict_seeds: set[int], n_indep: int) -> Any:
+    """The per-agent summary of the rows ``df``: means over episodes and the paired
+    sign-flip test of agent minus matched random over the independent units."""
+    import pandas as pd
+
     out = []
-    for name in [a.name for a in agents]:
+    for name in names:
         sub = df[df["agent"] == name]
         indep_rows = sub[sub["seed"].isin(verdict_seeds)]
         diff = (indep_rows["sync_excess_pct"] - indep_rows["matched_random_mean"]).to_numpy()
@@ -279,7 +342,14 @@ def run_fleet_report(config: FleetReportConfig, progress: bool = False) -> dict[
                 "no_sync_violation_pct": float(sub["no_sync_violation_pct"].mean()),
             }
         )
-    summary = pd.DataFrame(out)
+    return pd.DataFrame(out)
+
+
+def _gate(summary: Any, calibration_verdict: str, alpha: float, n_indep: int) -> None:
+    """Add ``p_holm`` (Holm over the deployable agents) and ``verdict``
+    (:func:`protocol.gate_verdict`) to ``summary``, in place."""
+    from diloco_gym.eval.summary import holm
+
     deployable = summary["deployable"].to_numpy(bool)
     summary["p_holm"] = np.nan
     if deployable.any():
@@ -287,10 +357,10 @@ def run_fleet_report(config: FleetReportConfig, progress: bool = False) -> dict[
     family = int(deployable.sum())
     summary["verdict"] = [
         protocol.gate_verdict(
-            verdict,
+            calibration_verdict,
             r["diff_pp"],
             r["p_holm"] if r["deployable"] else r["p_value"],
-            config.alpha,
+            alpha,
             n_units=min(int(r["units"]), n_indep),
             n_nonzero=int(r["nonzero_units"]),
             n_tests=family if r["deployable"] else 1,
@@ -298,39 +368,24 @@ def run_fleet_report(config: FleetReportConfig, progress: bool = False) -> dict[
         )
         for _, r in summary.iterrows()
     ]
+
+
+def _fleet_record(config: FleetReportConfig, env: DiLoCoFleetEnv) -> dict[str, Any]:
+    """The report's description of the fleet: file, sites, payload, window, corridor."""
     fl = env.fleet
-    for a in agents:  # sealed agents' worker processes end with the report
-        if callable(getattr(a, "close", None)):
-            a.close()
+    p = env.params
     return {
-        "agent_sealing": SEALED if not config.in_process_agents else IN_PROCESS,
-        "rows": df,
-        "summary": summary,
-        "calibration": pd.DataFrame(calib_rows),
-        "calibration_verdict": verdict,
-        "independent_units": n_indep,
-        "fleet": {
-            "file": str(config.fleet),
-            "sites": env.setup.site_names,
-            "fragments": fl.fragments,
-            "bits": fl.bits,
-            "mode": fl.mode,
-            "sync_window_s": env.setup.plan.window_s,
-            "payload_bytes": env.setup.plan.payload_bytes,
-            "link_share": env.setup.plan.link_share,
-            "corridor_decisions": [p.h_min, p.h_max],
-            "progress_factor": env.setup.progress_factor,
-            "worst_site_weight": fl.worst_site_weight,
-        },
-        "config": {
-            "agents": list(config.agents),
-            "seeds": config.seeds,
-            "seed0": config.seed0,
-            "draws": config.draws,
-            "alpha": config.alpha,
-            "env": dict(config.env),
-        },
-        "elapsed_s": time.perf_counter() - started,
+        "file": str(config.fleet),
+        "sites": env.setup.site_names,
+        "fragments": fl.fragments,
+        "bits": fl.bits,
+        "mode": fl.mode,
+        "sync_window_s": env.setup.plan.window_s,
+        "payload_bytes": env.setup.plan.payload_bytes,
+        "link_share": env.setup.plan.link_share,
+        "corridor_decisions": [p.h_min, p.h_max],
+        "progress_factor": env.setup.progress_factor,
+        "worst_site_weight": fl.worst_site_weight,
     }
 
 

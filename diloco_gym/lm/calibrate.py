@@ -145,7 +145,7 @@ def design(
     return out
 
 
-def calibrate_learners(  # noqa: PLR0915 - the learner calibration's steps
+def calibrate_learners(
     *,
     out: str | Path,
     seeds: int = 3,
@@ -165,16 +165,58 @@ def calibrate_learners(  # noqa: PLR0915 - the learner calibration's steps
     configuration); with ``resume`` the runs found there for the same configuration are
     reused instead of trained again (a killed calibration continues; a finished one is
     refitted). Returns the calibration document (what ``out`` holds).
+
+    The steps: the env's corridor in inner steps (:func:`_corridor`), the design
+    (:func:`design`, with the gaps of :func:`agent_gaps`), the logged runs to reuse
+    (:func:`_logged_runs`), the runs (:func:`_run_design`), the fit and its held-out
+    validation (:func:`_fit`), and the document (:func:`_document`), which must pass its
+    own schema before it is written.
     """
-    from diloco_gym.envs.core import EnvParams
     from diloco_gym.lm.data import load_corpus
-    from diloco_gym.lm.fit import bootstrap_intervals, fit_surrogate, validate
-    from diloco_gym.lm.trainer import TinyLM, TrainConfig, run_diloco
+    from diloco_gym.lm.trainer import TinyLM, TrainConfig
 
     say = progress or (lambda s: None)
     if seeds < 2:
         raise ValueError(f"seeds must be >= 2 (intervals resample seeds), got {seeds}")
     cfg = TrainConfig(**(config or {}))
+    lo, hi, env_mapping = _corridor(env_steps_per_inner_step)
+    corpus = load_corpus(corpus_dir, max_bytes=max_bytes)
+    gaps = {a: agent_gaps(a, "bursty", 0, env_steps_per_inner_step, lo, hi) for a in agents}
+    plan = design(cfg.total_steps, lo, hi, agent_schedules=gaps)
+    say(
+        f"calibrate-learners: {len(plan)} schedules x {seeds} seeds = {len(plan) * seeds} "
+        f"runs of {cfg.total_steps} inner steps x {cfg.num_learners} learners "
+        f"({sum(p.numel() for p in TinyLM(cfg).parameters())} parameters)"
+    )
+    started = (time.perf_counter(), time.process_time())
+    log = Path(f"{out}.runs.jsonl")
+    done = _logged_runs(log, asdict(cfg), resume, say)
+    runs = _run_design(corpus, cfg, plan, seeds, done, log, say, started[0])
+    fit = _fit(runs, env_mapping, bootstrap, say)
+    doc = _document(
+        fit,
+        runs,
+        cfg,
+        corpus,
+        env_mapping=env_mapping,
+        command=command,
+        seeds=seeds,
+        corridor=(lo, hi),
+        bootstrap=bootstrap,
+        started=started,
+    )
+    load_learner_calibration(doc)  # the document must pass its own schema
+    path = Path(out)
+    write_text_atomic(path, json.dumps(doc, indent=1) + "\n")
+    say(f"wrote {path}")
+    return doc
+
+
+def _corridor(env_steps_per_inner_step: float) -> tuple[int, int, dict[str, float]]:
+    """The env's corridor ``[H_min, H_max]`` in inner steps, ``(lo, hi)`` (at least one
+    step apart), and the env mapping the calibration file records."""
+    from diloco_gym.envs.core import EnvParams
+
     ep = EnvParams()
     lo = max(1, round(ep.h_min_steps / env_steps_per_inner_step))
     hi = max(lo + 1, round(ep.h_max_steps / env_steps_per_inner_step))
@@ -182,18 +224,15 @@ def calibrate_learners(  # noqa: PLR0915 - the learner calibration's steps
         "env_steps_per_inner_step": float(env_steps_per_inner_step),
         "step_seconds": float(ep.step_seconds),
     }
-    corpus = load_corpus(corpus_dir, max_bytes=max_bytes)
-    gaps = {a: agent_gaps(a, "bursty", 0, env_steps_per_inner_step, lo, hi) for a in agents}
-    plan = design(cfg.total_steps, lo, hi, agent_schedules=gaps)
-    n_runs = len(plan) * seeds
-    say(
-        f"calibrate-learners: {len(plan)} schedules x {seeds} seeds = {n_runs} runs of "
-        f"{cfg.total_steps} inner steps x {cfg.num_learners} learners "
-        f"({sum(p.numel() for p in TinyLM(cfg).parameters())} parameters)"
-    )
-    t0, c0 = time.perf_counter(), time.process_time()
-    runs: list[dict[str, Any]] = []
-    log = Path(f"{out}.runs.jsonl")
+    return lo, hi, env_mapping
+
+
+def _logged_runs(
+    log: Path, trainer: dict[str, Any], resume: bool, say: Callable[[str], None]
+) -> dict[tuple, dict[str, Any]]:
+    """The runs of ``log`` made with the trainer configuration ``trainer``, by ``(name,
+    seed, schedule)``, when ``resume``; otherwise none, and a previous log is removed.
+    A line that is not JSON is a ``ValueError`` naming it."""
     done: dict[tuple, dict[str, Any]] = {}
     if resume and log.exists():
         for n, line in enumerate(log.read_text(encoding="utf-8").splitlines(), 1):
@@ -201,11 +240,31 @@ def calibrate_learners(  # noqa: PLR0915 - the learner calibration's steps
                 rec = json.loads(line)
             except json.JSONDecodeError:
                 raise ValueError(f"{log}: line {n} is not valid JSON") from None
-            if rec.get("trainer") == asdict(cfg):
+            if rec.get("trainer") == trainer:
                 done[(rec["name"], rec["seed"], tuple(rec["schedule"]))] = rec
         say(f"resume: {len(done)} runs of this configuration found in {log}")
     elif log.exists():
         log.unlink()
+    return done
+
+
+def _run_design(
+    corpus: Any,
+    cfg: Any,
+    plan: list[dict[str, Any]],
+    seeds: int,
+    done: dict[tuple, dict[str, Any]],
+    log: Path,
+    say: Callable[[str], None],
+    t0: float,
+) -> list[dict[str, Any]]:
+    """Every schedule of ``plan`` with every seed: a logged run of ``done`` is reused, any
+    other is trained (:func:`~diloco_gym.lm.trainer.run_diloco`) and appended to ``log``
+    with the trainer configuration. Progress (time since ``t0``) goes to ``say``."""
+    from diloco_gym.lm.trainer import run_diloco
+
+    n_runs = len(plan) * seeds
+    runs: list[dict[str, Any]] = []
     i = 0
     for seed in range(seeds):
         for item in plan:
@@ -239,6 +298,20 @@ def calibrate_learners(  # noqa: PLR0915 - the learner calibration's steps
                 f"{r.final_loss:.4f} ({r.seconds:.1f} s; {elapsed / 60:.1f} min so far, "
                 f"~{elapsed / i * (n_runs - i) / 60:.1f} min left)"
             )
+    return runs
+
+
+def _fit(
+    runs: list[dict[str, Any]],
+    env_mapping: dict[str, float],
+    bootstrap: int,
+    say: Callable[[str], None],
+) -> tuple[Any, dict[str, Any], dict[str, Any]]:
+    """The surrogate fitted to the fit runs, its bootstrap intervals over seeds
+    (``bootstrap`` draws) and its validation on the held-out runs (with the fit's rms
+    residual): ``(calibration, intervals, validation)``."""
+    from diloco_gym.lm.fit import bootstrap_intervals, fit_surrogate, validate
+
     fit_runs = [r for r in runs if r["role"] == "fit"]
     held = [r for r in runs if r["role"] == "heldout"]
     cal, rms = fit_surrogate(fit_runs, env_mapping)
@@ -250,9 +323,31 @@ def calibrate_learners(  # noqa: PLR0915 - the learner calibration's steps
         f"held-out: Spearman rho {val['spearman_rho']}, MAE {val['mae']:.4f} over "
         f"{val['schedules']} schedules"
     )
+    return cal, intervals, val
+
+
+def _document(
+    fit: tuple[Any, dict[str, Any], dict[str, Any]],
+    runs: list[dict[str, Any]],
+    cfg: Any,
+    corpus: Any,
+    *,
+    env_mapping: dict[str, float],
+    command: str,
+    seeds: int,
+    corridor: tuple[int, int],
+    bootstrap: int,
+    started: tuple[float, float],
+) -> dict[str, Any]:
+    """The calibration document: the fitted parameters, intervals, env mapping,
+    validation, every run, and what produced them (trainer, corpus, versions, machine,
+    wall and CPU time since ``started``, a ``(perf_counter, process_time)`` pair)."""
     import torch
 
-    doc = {
+    from diloco_gym.lm.trainer import TinyLM
+
+    cal, intervals, val = fit
+    return {
         "format": "diloco-gym-learner-calibration/1",
         "params": cal.to_dict(),
         "intervals": intervals,
@@ -264,7 +359,7 @@ def calibrate_learners(  # noqa: PLR0915 - the learner calibration's steps
             "trainer": asdict(cfg),
             "parameters": sum(p.numel() for p in TinyLM(cfg).parameters()),
             "seeds": seeds,
-            "corridor_inner_steps": [lo, hi],
+            "corridor_inner_steps": list(corridor),
             "quantiser": "per-tensor uniform min-max, nearest rounding, full-precision mean",
             "corpus": {
                 "source": "Python standard library *.py files (byte level)",
@@ -278,17 +373,12 @@ def calibrate_learners(  # noqa: PLR0915 - the learner calibration's steps
             "torch": torch.__version__,
             "platform": platform.platform(),
             "cpu_count": os.cpu_count(),
-            "wall_seconds": round(time.perf_counter() - t0, 1),
-            "cpu_seconds": round(time.process_time() - c0, 1),
+            "wall_seconds": round(time.perf_counter() - started[0], 1),
+            "cpu_seconds": round(time.process_time() - started[1], 1),
             "runs_seconds": round(sum(r["seconds"] for r in runs), 1),
             "bootstrap_draws": bootstrap,
         },
     }
-    load_learner_calibration(doc)  # the document must pass its own schema
-    path = Path(out)
-    write_text_atomic(path, json.dumps(doc, indent=1) + "\n")
-    say(f"wrote {path}")
-    return doc
 
 
 def _stderr(line: str) -> None:

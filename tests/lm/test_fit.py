@@ -40,21 +40,6 @@ def _runs(noise: float, seeds: int = 4) -> list[dict]:
     return out
 
 
-def test_design_is_in_the_corridor_and_splits_fit_from_heldout():
-    plan = design(48, 4, 16, agent_schedules={"a": [5, 9, 16, 4]})
-    names = [p["name"] for p in plan]
-    assert len(set(names)) == len(names)
-    assert {p["role"] for p in plan} == {"fit", "heldout"}
-    for p in plan:
-        gaps = np.diff([0, *p["schedule"]])
-        assert p["schedule"][-1] <= 48
-        if p["name"].startswith("random"):
-            assert gaps.min() >= 4 and gaps.max() <= 16 and p["schedule"][-1] == 48
-    assert any(p["fragments"] > 1 for p in plan if p["role"] == "fit")
-    assert {p["bits"] for p in plan if p["role"] == "fit"} == {32, 16, 8, 4}
-    assert design(48, 4, 16) == design(48, 4, 16)  # deterministic
-
-
 def test_fit_recovers_known_parameters():
     runs = [r for r in _runs(noise=0.0, seeds=1) if r["role"] == "fit"]
     cal, rms = fit_surrogate(runs, ENV)
