@@ -1,18 +1,18 @@
-"""Scale-out backends: the report is byte-identical on serial, processes and Ray, cells come
-back in order, a raising cell is reported (or recorded), and a missing Ray names the extra."""
+"""Scale-out runs end to end: the report (synthetic and trace) is byte-identical on serial,
+processes and Ray, a missing Ray names the extra (API and CLI), ``train --vec-env`` gives the
+same model per vec env, a tiny Ray Tune search saves a model the report accepts, and a sweep on
+Ray equals the serial one. The backends' own behaviour: tests/test_backends.py; tune files:
+tests/scale/test_tune.py."""
 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
-from diloco_gym.backends import RAY_EXTRA_HINT, CellError, require_ray, run_cells
+from diloco_gym.backends import RAY_EXTRA_HINT, require_ray
 from diloco_gym.cli import main
 from diloco_gym.eval.report import ReportConfig, run_protocol, write_report
 
@@ -40,18 +40,6 @@ def local_ray():
     yield ray
     if started:
         ray.shutdown()
-
-
-def _square_slow_first(x: int) -> int:
-    # Early cells finish last: the order of the results must not follow finishing order.
-    time.sleep(0.05 * (3 - x) if x < 3 else 0)
-    return x * x
-
-
-def _fail_on_two(x: int) -> int:
-    if x == 2:
-        raise ValueError(f"cell {x} is broken\non two lines")
-    return x
 
 
 def _report_files(config: ReportConfig, out: Path, **backend) -> tuple[bytes, dict]:
@@ -105,43 +93,6 @@ def test_trace_report_identical_on_processes(tmp_path):
     pooled = _report_files(config, tmp_path / "p", backend="processes", jobs=2)
     assert pooled == serial
     assert serial[1]["figures"], "the trace report draws its timeline figure"
-
-
-def test_cells_come_back_in_order(local_ray):
-    for backend in ("serial", "processes", "ray"):
-        seen = []
-        out = run_cells(
-            _square_slow_first,
-            list(range(6)),
-            backend=backend,
-            jobs=2,
-            on_result=lambda i, r, seen=seen: seen.append(i),
-        )
-        assert out == [x * x for x in range(6)], backend
-        assert sorted(seen) == list(range(6)), backend
-
-
-@pytest.mark.parametrize("backend", ["serial", "processes", "ray"])
-def test_raising_cell(backend, request):
-    if backend == "ray":
-        request.getfixturevalue("local_ray")
-    # Recorded, the others complete.
-    out = run_cells(_fail_on_two, list(range(5)), backend=backend, jobs=2, capture_errors=True)
-    assert out[:2] == [0, 1] and out[3:] == [3, 4]
-    assert isinstance(out[2], CellError)
-    assert str(out[2]) == "ValueError: cell 2 is broken on two lines"
-    # Not captured: the cell's own exception type reaches the caller on every backend.
-    with pytest.raises(ValueError, match="cell 2 is broken"):
-        run_cells(_fail_on_two, list(range(5)), backend=backend, jobs=2)
-
-
-def test_bad_backend_arguments():
-    with pytest.raises(ValueError, match="unknown backend 'spark'"):
-        run_cells(abs, [1], backend="spark")
-    with pytest.raises(ValueError, match="jobs must be >= 1"):
-        run_cells(abs, [1], backend="processes", jobs=0)
-    with pytest.raises(ValueError, match="needs backend 'ray'"):
-        run_cells(abs, [1], backend="processes", ray_address="auto")
 
 
 def test_missing_ray_names_the_extra(monkeypatch, tmp_path, capsys):
@@ -353,29 +304,6 @@ def test_tiny_tune_saves_a_model_report_accepts(tmp_path, local_ray):
     )
 
 
-@pytest.mark.parametrize(
-    "text, match",
-    [
-        ("algo = 'ppo'\n", r"\[space\] must be a table"),
-        ("bogus = 1\n[space]\ngamma = 0.99\n", "unknown key 'bogus'"),
-        ("[space]\nnot_a_param = [1, 2]\n", "'not_a_param' is not a ppo hyperparameter"),
-        ("[space]\ngamma = { normal = [0, 1] }\n", "gamma must be one of"),
-        ("[space]\nlearning_rate = { loguniform = [0, 1] }\n", "0 < low < high"),
-        ("timesteps = 0\n[space]\ngamma = 0.99\n", "timesteps must be >= 1"),
-        ("regime = 'nope'\n[space]\ngamma = 0.99\n", "unknown regime 'nope'"),
-    ],
-)
-def test_bad_tune_file(tmp_path, text, match):
-    pytest.importorskip("stable_baselines3")
-    from diloco_gym.scale.tune import TuneFileError, load_tune
-
-    cfg = tmp_path / "t.toml"
-    cfg.write_text(text)
-    with pytest.raises(TuneFileError, match=match) as exc:
-        load_tune(cfg)
-    assert str(cfg) in str(exc.value)
-
-
 def test_sweep_on_ray_equals_serial(tmp_path, local_ray):
     """A sweep with a failing point, on Ray and serially: the same files."""
     from diloco_gym.scale.sweep import load_sweep, run_sweep
@@ -405,47 +333,3 @@ def test_tune_without_ray_names_the_extra(monkeypatch, tmp_path, capsys):
     assert ex.value.code == 2
     assert 'pip install "diloco-gym[ray]"' in capsys.readouterr().err
     assert not (tmp_path / "o").exists()
-
-
-@pytest.mark.slow
-def test_local_ray_starts_its_own_instance_whatever_cluster_is_advertised(tmp_path):
-    """Without an address the backend starts a new local instance: an address that Ray would
-    otherwise pick up (RAY_ADDRESS here; its current-cluster file after an unclean
-    ``ray start``) names no running cluster and must not be attached to."""
-    if not HAVE_RAY:
-        pytest.skip("Ray is not installed (the diloco-gym[ray] extra)")
-    root = Path(__file__).resolve().parents[2]
-    code = (
-        "from diloco_gym.backends import init_ray\n"
-        "ray = init_ray(jobs=1)\n"
-        "print('cpus', ray.cluster_resources()['CPU'])\n"
-        "ray.shutdown()\n"
-    )
-    env = dict(os.environ, RAY_ADDRESS="127.0.0.1:9", PYTHONPATH=str(root))
-    done = subprocess.run(
-        [sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True,
-        timeout=300,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert "cpus 1.0" in done.stdout
-
-
-def test_progress_off_a_terminal_is_one_line_per_finished_cell(capsys):
-    """In a log (stderr not a terminal) no bar redraws: one flushed line per cell."""
-    out = run_cells(_square_slow_first, list(range(3)), progress=True, desc="demo")
-    assert out == [0, 1, 4]
-    err = capsys.readouterr().err
-    assert err.splitlines() == [f"demo: {i}/3 cells done" for i in (1, 2, 3)]
-    assert "\r" not in err
-
-
-def test_progress_on_a_terminal_is_a_tqdm_bar(monkeypatch):
-    from tqdm import tqdm
-
-    from diloco_gym.backends import progress_bar
-
-    monkeypatch.setattr(sys.stderr, "isatty", lambda: True, raising=False)
-    bar = progress_bar(4, True, "demo", "episode")
-    assert isinstance(bar, tqdm) and bar.desc == "demo"
-    bar.close()
-    assert progress_bar(4, False, "demo") is None

@@ -377,19 +377,6 @@ def test_with_load_keeps_utilization_on_a_smaller_sidecar():
         reg.with_load(rate_scale=0.0)
 
 
-def test_tile_starts():
-    from diloco_gym.sim.traces import tile_starts
-
-    assert tile_starts(3502.0, 600.0) == [0.0, 600.0, 1200.0, 1800.0, 2400.0]
-    assert tile_starts(1200.0, 600.0) == [0.0, 600.0]  # an exact fit keeps the last window
-    assert tile_starts(1500.0, 600.0, 300.0) == [0.0, 300.0, 600.0, 900.0]
-    assert tile_starts(3000.0, 600.0, 1000.0) == [0.0, 1000.0, 2000.0]
-    with pytest.raises(ValueError, match="holds no window of 600.0 s"):
-        tile_starts(599.0, 600.0)
-    with pytest.raises(ValueError, match="stride_s must be a positive"):
-        tile_starts(1000.0, 100.0, -1.0)
-
-
 def test_replay_tiles_are_disjoint_and_cover_the_trace():
     tr = _trace("bursty", 2)
     tiles = ReplayRegime(tr, duration_s=150.0).tiles()

@@ -1,6 +1,7 @@
-"""Tune files: what a valid one parses to, and one clear error per kind of mistake (the
-file and the key named). Needs stable-baselines3 (the algorithms' hyperparameters), not
-Ray."""
+"""diloco_gym/scale/tune.py: tune files (what a valid one parses to, one clear error per kind of
+mistake, the file and the key named), the search space, and how the best trial is chosen. The
+end-to-end search on Ray: tests/scale/test_scale.py. Needs stable-baselines3 (the algorithms'
+hyperparameters), not Ray (except the search-space test)."""
 
 from __future__ import annotations
 
@@ -132,6 +133,29 @@ def test_missing_and_malformed_tune_files(tmp_path):
         load_tune(path)
 
 
+@pytest.mark.parametrize(
+    "text, match",
+    [
+        ("algo = 'ppo'\n", r"\[space\] must be a table"),
+        ("bogus = 1\n[space]\ngamma = 0.99\n", "unknown key 'bogus'"),
+        ("[space]\nnot_a_param = [1, 2]\n", "'not_a_param' is not a ppo hyperparameter"),
+        ("[space]\ngamma = { normal = [0, 1] }\n", "gamma must be one of"),
+        ("[space]\nlearning_rate = { loguniform = [0, 1] }\n", "0 < low < high"),
+        ("timesteps = 0\n[space]\ngamma = 0.99\n", "timesteps must be >= 1"),
+        ("regime = 'nope'\n[space]\ngamma = 0.99\n", "unknown regime 'nope'"),
+    ],
+)
+def test_bad_tune_file(tmp_path, text, match):
+    pytest.importorskip("stable_baselines3")
+    from diloco_gym.scale.tune import TuneFileError, load_tune
+
+    cfg = tmp_path / "t.toml"
+    cfg.write_text(text)
+    with pytest.raises(TuneFileError, match=match) as exc:
+        load_tune(cfg)
+    assert str(cfg) in str(exc.value)
+
+
 # --------------------------------------------------------------------------- results
 
 
@@ -188,3 +212,57 @@ def test_trials_that_all_score_the_same_are_reported_as_tied(monkeypatch, tmp_pa
         out = capsys.readouterr().out
         assert ("all 2 finished trials scored the same (9.72337 %)" in out) is tied
         assert "tune t: 2 trials, 0 errored" in out
+
+
+# --------------------------------------------------------------------------- search space
+
+
+@pytest.mark.parametrize(
+    "dist",
+    [
+        "{ uniform = [true, 2] }",  # a bool is not a bound
+        "{ loguniform = [-1e-3, 1e-2] }",
+        "{ randint = [3, 3] }",
+        "{ uniform = [2, 1] }",
+        "{ uniform = [0, 1, 2] }",
+    ],
+)
+def test_bad_distribution_arguments_name_the_hyperparameter(tmp_path, dist):
+    path = tmp_path / "bad.toml"
+    path.write_text(f"[space]\nlearning_rate = {dist}\n")
+    with pytest.raises(TuneFileError) as info:
+        load_tune(path)
+    assert str(info.value).startswith(f"{path}: [space]: learning_rate = {{")
+    assert "give [low, high]" in str(info.value)
+
+
+def test_search_space_maps_each_entry_to_its_tune_domain():
+    pytest.importorskip("ray.tune")
+    from ray.tune.search import sample
+
+    from diloco_gym.scale.tune import _search_space
+
+    out = _search_space(
+        {
+            "lr": {"loguniform": [1e-5, 1e-3]},
+            "gamma": {"uniform": [0.9, 0.99]},
+            "batch": {"choice": [32, 64]},
+            "freq": {"randint": [1, 8]},
+            "frac": [0.1, 0.2],
+            "buffer": 10000,
+        }
+    )
+    assert isinstance(out["lr"], sample.Float) and (out["lr"].lower, out["lr"].upper) == (
+        1e-5,
+        1e-3,
+    )
+    assert isinstance(out["lr"].get_sampler(), sample.LogUniform)
+    assert isinstance(out["gamma"].get_sampler(), sample.Uniform)
+    assert (out["gamma"].lower, out["gamma"].upper) == (0.9, 0.99)
+    assert isinstance(out["batch"], sample.Categorical) and out["batch"].categories == [32, 64]
+    assert isinstance(out["freq"], sample.Integer) and (out["freq"].lower, out["freq"].upper) == (
+        1,
+        8,
+    )
+    assert isinstance(out["frac"], sample.Categorical) and out["frac"].categories == [0.1, 0.2]
+    assert out["buffer"] == 10000  # a scalar stays fixed
