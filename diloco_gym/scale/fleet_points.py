@@ -133,7 +133,7 @@ def fleet_point_config(
     kwargs["calibration"] = None if cal in (None, "reference", "none") else resolve(cal)
     agents = kwargs.get("agents", list(HEURISTICS))  # report --fleet's default
     agents = [agents] if isinstance(agents, str) else list(agents)
-    kwargs["agents"] = [a if a in AGENTS else str(Path(a).expanduser().resolve()) for a in agents]
+    kwargs["agents"] = [a if a in AGENTS else resolve(a) for a in agents]  # a model's run
     config = FleetReportConfig(**kwargs, env=dict(env))
     protocol_env(config, "a fleet sweep point")
     return config

@@ -23,8 +23,8 @@ Keys (top level or grid axes): ``regime``, ``trace``, ``trace_format``, ``window
 ``stride_s``, ``sidecar``, ``rate_scale``, ``target_utilization``, ``calibration``
 (``"reference"``: the shipped one), ``agents``, ``seeds``, ``seed0``, ``draws``, ``alpha``,
 ``saturation_pct``, ``in_process_agents`` (``true``: agents run in the evaluating process,
-not sealed), ``merge_budget`` and ``env.NAME``. Relative paths are relative to the
-sweep file.
+not sealed), ``merge_budget`` and ``env.NAME``. Relative paths (trace, calibration, fleet
+file, a learned agent's run directory) are relative to the sweep file.
 
 A fleet sweep sets ``fleet = "FILE"`` (top level, or a grid axis ``fleet = ["a.toml",
 "b.toml"]``): each point then runs the fleet protocol of ``report --fleet`` (one cell per
@@ -93,6 +93,17 @@ _PATH_KEYS = ("trace", "calibration")
 #: fingerprints, so stored cells stay valid).
 _NOT_CELL = ("holm_across_settings",)
 _NOT_CALIBRATION = ("agents", "seeds", "draws", "alpha", "saturation_pct", *_NOT_CELL)
+
+
+def _agent_path(agent: object, base: Path) -> object:
+    """A relative model path of a sweep file, relative to the file's folder (like its trace
+    and calibration); agent names and other values are left to the config's checks."""
+    from diloco_gym.agents.registry import AGENTS
+
+    if not isinstance(agent, str) or agent in AGENTS:
+        return agent
+    p = Path(agent).expanduser()
+    return str(p if p.is_absolute() else base / p)
 
 
 class SweepFileError(ValueError):
@@ -338,6 +349,8 @@ def _point(path: Path, index: int, params: dict[str, Any], fixed: dict[str, Any]
         kwargs["regimes"] = [regime]
     if isinstance(kwargs.get("agents"), str):
         kwargs["agents"] = [kwargs["agents"]]
+    if isinstance(kwargs.get("agents"), list):  # a learned agent's run directory: a path
+        kwargs["agents"] = [_agent_path(a, path.parent) for a in kwargs["agents"]]
     try:
         EnvParams(**env)
         config = cell_config(ReportConfig(**kwargs))

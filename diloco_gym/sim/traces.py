@@ -155,14 +155,18 @@ def validate_trace(trace: Trace, path: str = "<array>") -> None:
     """Raise :class:`TraceFormatError` if ``trace`` breaks an invariant."""
     if not (np.isfinite(trace.duration_s) and trace.duration_s > 0):
         raise TraceFormatError(path, f"duration_s must be positive, got {trace.duration_s}")
+    if trace.arrival_s.ndim != 1:  # first: the other columns' shapes are checked against it
+        raise TraceFormatError(
+            path,
+            f"arrival_s must be one-dimensional, got shape {trace.arrival_s.shape}",
+            field="arrival_s",
+        )
     n = trace.arrival_s.size
     for name in ("prompt_tokens", "output_tokens"):
         if getattr(trace, name).shape != (n,):
             raise TraceFormatError(
                 path, f"{name} has shape {getattr(trace, name).shape}, expected ({n},)", field=name
             )
-    if trace.arrival_s.ndim != 1:
-        raise TraceFormatError(path, "arrival_s must be one-dimensional", field="arrival_s")
     bad = ~np.isfinite(trace.arrival_s)
     if bad.any():
         raise TraceFormatError(

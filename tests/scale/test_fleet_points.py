@@ -73,8 +73,10 @@ def test_point_config_resolves_paths_against_the_sweep_file(fleet_file, tmp_path
     config = fp.fleet_point_config(settings, fleet_file.parent, {"merge_budget": 4})
     assert config.fleet == str(fleet_file.resolve())
     assert config.calibration == str((fleet_file.parent / "cal.json").resolve())
-    # Model paths are the command line's: relative to the working directory.
-    assert config.agents == ["fixed-512", str(tmp_path / "runs" / "model")]
+    # A model's run directory too is relative to the sweep file, not to the working
+    # directory (tmp_path here).
+    assert config.agents == ["fixed-512", str((fleet_file.parent / "runs" / "model").resolve())]
+    assert fleet_file.parent.resolve() != tmp_path.resolve()
     assert (config.seeds, config.seed0, config.env) == (3, 7, {"merge_budget": 4})
 
 

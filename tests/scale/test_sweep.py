@@ -337,3 +337,17 @@ def test_a_sweep_never_writes_among_someone_elses_files(tmp_path, capsys):
     (out / "my-notes.txt").write_text("kept\n")  # a sweep's directory with notes resumes
     assert run_sweep(load_sweep(cfg), out, progress=False)["run"] == 0
     assert (out / "my-notes.txt").read_text() == "kept\n"
+
+
+def test_a_model_path_is_relative_to_the_sweep_file(tmp_path, monkeypatch):
+    """Like its trace and calibration, a sweep file's learned-agent run directory is
+    relative to the file's folder, not to the working directory; names stay names."""
+    (tmp_path / "sweeps").mkdir()
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    cfg = _write(
+        tmp_path / "sweeps",
+        'agents = ["fixed-512", "runs/m", "/abs/run"]\nseeds = 2\n[grid]\nregime = ["bursty"]\n',
+    )
+    agents = load_sweep(cfg).points[0].config.agents
+    assert agents == ["fixed-512", str((tmp_path / "sweeps" / "runs" / "m").resolve()), "/abs/run"]

@@ -188,6 +188,10 @@ def test_token_arrays_of_the_wrong_length_are_refused():
         Trace([0.0, 1.0], [1, 1], [1], 2.0)
     with pytest.raises(TraceFormatError, match="one-dimensional"):
         Trace([[0.0, 1.0]], [1, 1], [1, 1], 2.0)
+    # A 2-D arrival column is named as such, not as a token column of the "wrong" length.
+    with pytest.raises(TraceFormatError, match=r"arrival_s.*got shape \(1, 1\)") as exc:
+        Trace([[0.0]], [[1]], [[1]], 2.0)
+    assert exc.value.field == "arrival_s"
 
 
 def test_pressure_series_of_the_wrong_length_or_range_are_refused():
