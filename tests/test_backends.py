@@ -58,6 +58,7 @@ def _fail_on_two(x: int) -> int:
     return x
 
 
+@pytest.mark.slow
 def test_cells_come_back_in_order(local_ray):
     for backend in ("serial", "processes", "ray"):
         seen = []
@@ -72,6 +73,7 @@ def test_cells_come_back_in_order(local_ray):
         assert sorted(seen) == list(range(6)), backend
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", ["serial", "processes", "ray"])
 def test_raising_cell(backend, request):
     if backend == "ray":

@@ -66,6 +66,7 @@ def test_import_loads_no_scipy_pyarrow_matplotlib_or_pandas():
     assert _loaded_after(code, ("importlib.metadata",)) == ["importlib.metadata"]
 
 
+@pytest.mark.slow
 def test_building_and_stepping_envs_loads_no_report_or_parquet_modules():
     """The single and the vector env, built, reset and stepped, load none of pyarrow,
     matplotlib, pandas, tqdm or scipy.signal (the AR(1) and EWMA filters of an episode build
@@ -170,6 +171,7 @@ def test_parquet_round_trip_with_pyarrow(parquet_file):
     assert trace.arrival_s.tolist() == [0.5, 1.0, 2.0]
 
 
+@pytest.mark.slow
 def test_report_keeps_the_callers_matplotlib_backend(tmp_path):
     """Writing a report (figures included) neither switches the calling process's backend
     nor goes through pyplot."""
@@ -314,6 +316,7 @@ def _import_edges(name: str, path: Path, modules: dict) -> list[tuple[str, str |
     return [(m, n) for m, n in edges if m != name]
 
 
+@pytest.mark.slow
 def test_no_private_name_is_imported_from_another_module() -> None:
     """A leading underscore means "this module's own": no module imports one from another."""
     modules = _package_modules()

@@ -227,6 +227,7 @@ def test_fitted_sidecar_in_range_loads(tmp_path):
     assert cal.sidecar_for("ordinary") is None
 
 
+@pytest.mark.slow
 def test_report_announces_an_incomplete_calibration(tmp_path, capsys):
     """An incomplete calibration is said on the terminal and recorded in report.json."""
     from diloco_gym.cli import main

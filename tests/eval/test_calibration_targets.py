@@ -303,6 +303,7 @@ def test_a_live_file_is_judged_with_the_merges_it_was_measured_with(tmp_path):
     assert ref == simulated_effect_sizes("sync-heavy", seeds=seeds)
 
 
+@pytest.mark.slow
 def test_a_measured_cpu_calibration_replays_at_the_intended_load():
     """A calibration measured on this project's CPU host (transformers serve, one-thread
     engine, 2 gloo workers, target utilization 0.6; per-request records left out) gives a

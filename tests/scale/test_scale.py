@@ -65,6 +65,7 @@ def serial_report(tmp_path_factory):
     return _report_files(ReportConfig(**SMALL), out)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("jobs", [1, 2])
 def test_report_identical_on_processes(serial_report, tmp_path, jobs):
     csv, payload = _report_files(
@@ -75,12 +76,14 @@ def test_report_identical_on_processes(serial_report, tmp_path, jobs):
     assert b"random-deferral" in csv and len(csv.splitlines()) == 1 + 2 * 3 * 3
 
 
+@pytest.mark.slow
 def test_report_identical_on_ray(serial_report, tmp_path, local_ray):
     csv, payload = _report_files(ReportConfig(**SMALL), tmp_path / "r", backend="ray")
     assert csv == serial_report[0]
     assert payload == serial_report[1]
 
 
+@pytest.mark.slow
 def test_trace_report_identical_on_processes(tmp_path):
     """Trace windows (units rebuilt from the file by each worker) and their timeline."""
     config = ReportConfig(
@@ -140,6 +143,7 @@ def test_cli_ray_address_needs_ray_backend(tmp_path, capsys):
     assert "--ray-address needs --backend ray" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_cli_report_processes(tmp_path, capsys):
     """The report command with --backend processes --jobs 2 writes the serial report."""
     args = [
@@ -201,6 +205,7 @@ def test_train_same_seed_same_model_per_vec_env(tmp_path, kind):
     assert not _same(first, _train_tiny(tmp_path / "c", kind, seed=6))
 
 
+@pytest.mark.slow
 def test_train_subproc_equals_dummy(tmp_path):
     """The same envs one per process or one after another: the same model."""
     assert _same(_train_tiny(tmp_path / "s", "subproc"), _train_tiny(tmp_path / "d", "dummy"))
@@ -254,6 +259,7 @@ n_epochs = 1
 """
 
 
+@pytest.mark.slow
 def test_tiny_tune_saves_a_model_report_accepts(tmp_path, local_ray):
     pytest.importorskip("stable_baselines3")
     pytest.importorskip("ray.tune")
@@ -304,6 +310,7 @@ def test_tiny_tune_saves_a_model_report_accepts(tmp_path, local_ray):
     )
 
 
+@pytest.mark.slow
 def test_sweep_on_ray_equals_serial(tmp_path, local_ray):
     """A sweep with a failing point, on Ray and serially: the same files."""
     from diloco_gym.scale.sweep import load_sweep, run_sweep

@@ -63,6 +63,7 @@ def uninterrupted(tmp_path_factory) -> dict[str, bytes]:
     return got
 
 
+@pytest.mark.slow
 def test_stopped_and_resumed_equals_uninterrupted(tmp_path, uninterrupted):
     spec = load_sweep(_write(tmp_path, SPEC))
     first = run_sweep(
@@ -78,6 +79,7 @@ def test_stopped_and_resumed_equals_uninterrupted(tmp_path, uninterrupted):
     assert _outputs(tmp_path / "out") == uninterrupted
 
 
+@pytest.mark.slow
 def test_killed_sweep_resumes(tmp_path, uninterrupted):
     """SIGKILL mid-sweep (a half-written last record included): the rerun runs only what
     is missing and writes the uninterrupted sweep's files."""
@@ -116,6 +118,7 @@ def test_killed_sweep_resumes(tmp_path, uninterrupted):
     assert _outputs(out) == uninterrupted
 
 
+@pytest.mark.slow
 def test_raising_cell_is_recorded_and_the_rest_completes(tmp_path):
     spec = load_sweep(_write(tmp_path, SPEC.replace("[8, 16]", "[8, 1000]")))
     out = tmp_path / "out"
@@ -136,6 +139,7 @@ def test_raising_cell_is_recorded_and_the_rest_completes(tmp_path):
     assert run_sweep(spec, out, progress=False, retry_failed=True)["run"] == 6
 
 
+@pytest.mark.slow
 def test_trace_grid_with_windows_and_loads(tmp_path):
     """A grid over a trace's window and its target utilisation (paths relative to the
     sweep file)."""

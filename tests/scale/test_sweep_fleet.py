@@ -90,6 +90,7 @@ def test_rerun_skips_stored_fleet_cells_and_writes_the_same_bytes(whole):
     assert _outputs(tmp / "out") == first
 
 
+@pytest.mark.slow
 def test_stopped_fleet_sweep_resumes_on_processes(tmp_path, whole):
     _, first = whole
     spec = load_sweep(_sweep_dir(tmp_path))
@@ -102,6 +103,7 @@ def test_stopped_fleet_sweep_resumes_on_processes(tmp_path, whole):
     assert _outputs(out) == first
 
 
+@pytest.mark.slow
 def test_an_edited_fleet_file_runs_its_points_again(tmp_path):
     cfg = _sweep_dir(tmp_path, SPEC.replace("[40, 60]", "[40]"))
     out = tmp_path / "out"

@@ -322,6 +322,7 @@ def test_carriage_return_in_first_line_is_a_format_error(
     derandomize=True,
     suppress_health_check=[HealthCheck.function_scoped_fixture],
 )
+@pytest.mark.slow
 @given(data=st.data())
 def test_mutated_files_load_or_raise_trace_format_error(
     tmp_path: Path, fmt: str, data: st.DataObject
