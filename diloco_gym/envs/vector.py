@@ -20,10 +20,17 @@ from gymnasium.utils import seeding
 from gymnasium.vector import AutoresetMode
 from gymnasium.vector.utils import batch_space
 
-from diloco_gym.envs import core, kernel
+from diloco_gym.envs import kernel
 from diloco_gym.envs.bank import BUILD_CHUNK, BuildSpec, EpisodeBank, build_rows, pool_row
-from diloco_gym.envs.core import OBS_DIM, OBS_HIGH, OBS_LOW, EnvParams
-from diloco_gym.envs.env import check_actions, configure
+from diloco_gym.envs.env import (
+    check_actions,
+    check_env_sizes,
+    check_reset_options,
+    check_seed,
+    configure,
+)
+from diloco_gym.envs.observation import OBS_DIM, OBS_HIGH, OBS_LOW
+from diloco_gym.envs.params import EnvParams
 from diloco_gym.sim import learners as lrn
 from diloco_gym.sim.sidecar import SidecarParams
 
@@ -131,7 +138,7 @@ class DiLoCoSyncVectorEnv(gym.vector.VectorEnv[np.ndarray, np.ndarray, np.ndarra
         ):
             raise ValueError(f"num_envs must be an int >= 1, got {num_envs!r}")
         cfg = configure("DiLoCoSyncVectorEnv", regime, params, sidecar, learners, overrides)
-        core.check_env_sizes(cfg.params, cfg.generator, int(num_envs))
+        check_env_sizes(cfg.params, cfg.generator, int(num_envs))
         if episode_pool is not None and (
             not isinstance(episode_pool, (int, np.integer))
             or isinstance(episode_pool, bool)
@@ -139,7 +146,7 @@ class DiLoCoSyncVectorEnv(gym.vector.VectorEnv[np.ndarray, np.ndarray, np.ndarra
         ):
             raise ValueError(f"episode_pool must be None or an int >= 1, got {episode_pool!r}")
         if episode_pool is not None:
-            core.check_env_sizes(cfg.params, cfg.generator, int(episode_pool), "episode_pool")
+            check_env_sizes(cfg.params, cfg.generator, int(episode_pool), "episode_pool")
         try:
             mode = AutoresetMode(autoreset_mode)
         except ValueError:
@@ -154,7 +161,7 @@ class DiLoCoSyncVectorEnv(gym.vector.VectorEnv[np.ndarray, np.ndarray, np.ndarra
                 "DiLoCoSyncVectorEnv does not render; render one episode with DiLoCoSyncEnv"
             )
         self.params, self.generator, self.regime_name = cfg.params, cfg.generator, cfg.regime_name
-        # The single env's reward scale (core.nominal_rate_rps), fixed for every episode.
+        # The single env's reward scale (reward.nominal_rate_rps), fixed for every episode.
         self.reward_rate_rps = cfg.reward_rate_rps
         self.sidecar, self.learner_params = cfg.sidecar, cfg.learner_params
         self.episode_pool = None if episode_pool is None else int(episode_pool)
@@ -228,11 +235,11 @@ class DiLoCoSyncVectorEnv(gym.vector.VectorEnv[np.ndarray, np.ndarray, np.ndarra
         """Start a new episode in every env (``options``: none are defined; ``None`` or
         ``{}``, anything else is an error)."""
         b = self.num_envs
-        core.check_reset_options(options, (), "DiLoCoSyncVectorEnv")
+        check_reset_options(options, (), "DiLoCoSyncVectorEnv")
         seeds = self._seed_list(seed)
         for s in seeds:
             if s is not None:
-                core.check_seed(s, "seed (+ env index)")
+                check_seed(s, "seed (+ env index)")
         if seed is not None:
             first = next((s for s in seeds if s is not None), None)
             self._np_random, self._np_random_seed = seeding.np_random(first)

@@ -130,7 +130,7 @@ def test_reset_refuses_a_foreign_episode():
     ep = core.episode_from_seed(
         env.generator, 3, env.params, env.sidecar, env.learner_params, env.reward_rate_rps
     )
-    with pytest.raises(ValueError, match="must be a diloco_gym.envs.core.Episode"):
+    with pytest.raises(ValueError, match="must be a diloco_gym.envs.episode.Episode"):
         env.reset(seed=3, options={"episode": "not an episode"})
     with pytest.raises(ValueError, match="episode of seed 3, not of seed 4"):
         env.reset(seed=4, options={"episode": ep})
