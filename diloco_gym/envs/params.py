@@ -34,8 +34,9 @@ class EnvParams:
         merge_budget: if set, every episode has exactly this many merges; the action mask
             keeps the schedule feasible.
         excess_weight: weight of the sync-excess term (reward unit: extra SLO-violating
-            requests per :data:`REWARD_NOMINAL_REQUESTS` nominal requests of the regime, a
-            scale fixed before the episode starts; see :func:`reward_per_request`).
+            requests per :data:`~diloco_gym.envs.reward.REWARD_NOMINAL_REQUESTS` nominal
+            requests of the regime, a scale fixed before the episode starts; see
+            :func:`~diloco_gym.envs.reward.reward_per_request`).
         progress_weight: weight of the training-progress term (global loss decrease).
         forecast_alpha: EWMA weight of the one-step request-rate forecast, per decision.
         baseline_alpha: EWMA weight of the slow request-rate baseline, per decision.
@@ -43,8 +44,8 @@ class EnvParams:
         loss_clip / tokens_clip / staleness_clip_s: normalisers of the learner features
             (the WA-DiLoCo score's ``clip(x, c)`` constants).
         reward_rate_rps: the nominal request rate of the reward scale; ``None`` (default)
-            takes the regime's (:func:`nominal_rate_rps`). Set it to compare rewards across
-            replays of different traces on one scale.
+            takes the regime's (:func:`~diloco_gym.envs.reward.nominal_rate_rps`). Set it to
+            compare rewards across replays of different traces on one scale.
         reward_mode: ``"additive"`` (default): each merge's isolated cost, credited at
             launch; ``"exact"``: its marginal cost in the exact replay, credited once its
             backlog has drained (:class:`diloco_gym.envs.reward.ExactCredit`).
