@@ -7,10 +7,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from diloco_gym.envs import core, kernel
+from diloco_gym.envs import kernel
 from diloco_gym.envs.bank import BuildSpec, EpisodeBank, build_rows
-from diloco_gym.envs.core import OBS_DIM, EnvParams
 from diloco_gym.envs.env import DiLoCoSyncEnv, make_generator
+from diloco_gym.envs.episode import Episode, episode_from_seed
+from diloco_gym.envs.observation import OBS_DIM
+from diloco_gym.envs.params import EnvParams
+from diloco_gym.envs.reward import nominal_rate_rps
+from diloco_gym.envs.schedule import sync_mask
 from diloco_gym.envs.vector import DiLoCoSyncVectorEnv
 from diloco_gym.eval.rollout import run_episode
 from diloco_gym.sim import learners as lrn
@@ -29,7 +33,7 @@ def _kernel_rollout(seed: int, actions: list[int], **overrides):
         sidecar,
         lp,
         sc.cost_horizon(sidecar, params.step_seconds, params.merge_steps),
-        core.nominal_rate_rps(gen, params),
+        nominal_rate_rps(gen, params),
     )
     bank = EpisodeBank(1, params, sidecar, lp.num_learners)
     (rows,) = build_rows(spec, [seed])
@@ -107,7 +111,7 @@ def test_both_envs_step_through_the_kernel_functions(monkeypatch):
 
 def test_reset_with_a_prebuilt_episode_equals_a_plain_reset():
     env = DiLoCoSyncEnv(regime="non-periodic")
-    ep = core.episode_from_seed(
+    ep = episode_from_seed(
         env.generator, 7, env.params, env.sidecar, env.learner_params, env.reward_rate_rps
     )
     actions = (np.random.default_rng(0).random(300) < 0.3).astype(int)
@@ -127,7 +131,7 @@ def test_reset_with_a_prebuilt_episode_equals_a_plain_reset():
 
 def test_reset_refuses_a_foreign_episode():
     env = DiLoCoSyncEnv()
-    ep = core.episode_from_seed(
+    ep = episode_from_seed(
         env.generator, 3, env.params, env.sidecar, env.learner_params, env.reward_rate_rps
     )
     with pytest.raises(ValueError, match="must be a diloco_gym.envs.episode.Episode"):
@@ -143,7 +147,7 @@ def test_run_episode_on_a_prebuilt_episode_equals_a_fresh_one():
     from diloco_gym.agents.registry import make_agent
 
     env = DiLoCoSyncEnv(regime="bursty")
-    ep = core.episode_from_seed(
+    ep = episode_from_seed(
         env.generator, 2, env.params, env.sidecar, env.learner_params, env.reward_rate_rps
     )
     for name in ("wa-diloco", "offline-oracle"):
@@ -189,9 +193,9 @@ def test_resolve_is_the_same_rule_on_scalars_and_arrays():
 
 
 # --------------------------------------------------------------------------- sidecar paths
-def _episode(regime: str = "bursty", seed: int = 0) -> core.Episode:
+def _episode(regime: str = "bursty", seed: int = 0) -> Episode:
     reg = get_regime(regime)
-    return core.episode_from_seed(reg, seed, EnvParams(), reg.sidecar, lrn.LearnerParams())
+    return episode_from_seed(reg, seed, EnvParams(), reg.sidecar, lrn.LearnerParams())
 
 
 def test_batched_replay_equals_one_schedule_at_a_time():
@@ -199,11 +203,11 @@ def test_batched_replay_equals_one_schedule_at_a_time():
     p = EnvParams()
     rng = np.random.default_rng(0)
     sch = np.sort(rng.choice(ep.n_decisions, (5, 9), replace=False), axis=1)
-    mask = core.sync_mask(sch, ep.pressure_bin.size, p)
+    mask = sync_mask(sch, ep.pressure_bin.size, p)
     both = sc.replay(ep.base_s, ep.req_bin, ep.pressure_bin, mask, ep.sidecar, p.step_seconds)
     assert both.latency_s.shape == (5, ep.req_bin.size)
     for k in range(5):
-        np.testing.assert_array_equal(mask[k], core.sync_mask(sch[k], ep.pressure_bin.size, p))
+        np.testing.assert_array_equal(mask[k], sync_mask(sch[k], ep.pressure_bin.size, p))
         one = sc.replay(ep.base_s, ep.req_bin, ep.pressure_bin, mask[k], ep.sidecar, p.step_seconds)
         np.testing.assert_array_equal(both.latency_s[k], one.latency_s)
         np.testing.assert_array_equal(both.violated[k], one.violated)
@@ -245,7 +249,7 @@ def test_merge_cost_paths_agree():
     np.testing.assert_array_equal(one, every[::7])
 
 
-def _queue(ep: core.Episode, p: EnvParams):
+def _queue(ep: Episode, p: EnvParams):
     m0, s, prefmin = sc.no_merge_queue(
         ep.base_s, ep.req_bin, ep.pressure_bin, ep.sidecar, p.step_seconds
     )
