@@ -1,6 +1,7 @@
 """The simulation kernel: both envs are it (a direct kernel rollout reproduces the single env
-and env 0 of the vector env exactly), its input checks, and the one-rule paths of the
-sidecar that the envs, the protocol and the report share."""
+and env 0 of the vector env exactly), its input checks, its rules on scalars and arrays
+alike (options, budget tables), the seed's draws, and the one-rule paths of the sidecar
+that the envs, the protocol and the report share."""
 
 from __future__ import annotations
 
@@ -283,3 +284,51 @@ def test_queue_rows_are_independent_queues():
     for k in range(200):
         assert backlog[k] == pytest.approx(b, abs=1e-9)
         b = max(0.0, b + work[0, k] - p.slots * 0.14 / m[0, k])
+
+
+@pytest.mark.parametrize("budget", [None, 9])
+def test_options_at_is_the_same_rule_on_scalars_and_arrays(budget):
+    """The single env asks ``options_at`` one decision at a time on Python ints, the vector
+    env on arrays of rows: the same answer elementwise, and the corridor without a budget."""
+    p = EnvParams(merge_budget=budget)
+    n = 300
+    tables = None if budget is None else kernel.BudgetTables(n, p.h_min, p.h_max, budget)
+    rng = np.random.default_rng(5)
+    last = rng.integers(0, n - p.h_max, 200)
+    d = last + rng.integers(0, p.h_max + 1, 200)
+    m_left = rng.integers(0, 4, 200) if budget is not None else np.zeros(200, dtype=np.int64)
+    can_merge, can_defer = kernel.options_at(d, last, m_left, p, n, tables)
+    for i in range(200):
+        one = kernel.options_at(int(d[i]), int(last[i]), int(m_left[i]), p, n, tables)
+        assert (bool(one[0]), bool(one[1])) == (can_merge[i], can_defer[i])
+    if budget is None:
+        np.testing.assert_array_equal(can_merge, d - last >= p.h_min)
+        np.testing.assert_array_equal(can_defer, d - last < p.h_max)
+
+
+def test_budget_tables_refuse_an_infeasible_budget_with_the_feasible_range():
+    with pytest.raises(ValueError, match=r"merge_budget=100 is infeasible .* feasible budgets"):
+        kernel.BudgetTables(300, 16, 64, 100)
+    t = kernel.BudgetTables(300, 16, 64, 9)
+    assert t.reach.shape == (10, 300) and t.prefix.shape == (10, 301)
+    np.testing.assert_array_equal(t.prefix[:, -1], t.reach.sum(axis=1))
+
+
+@pytest.mark.parametrize("synthetic", [True, False])
+def test_batch_draws_are_each_seeds_draws(synthetic):
+    """``episode_draws_batch`` gives each seed the arrays of its ``episode_draws`` (a
+    synthetic regime's from one compiled call, any other generator's one trace at a time)."""
+    reg = get_regime("bursty")
+    gen = reg if synthetic else (lambda rng: reg(rng))
+    assert kernel.is_synthetic(gen) is synthetic
+    lp = lrn.LearnerParams()
+    batch = kernel.episode_draws_batch(gen, [4, 9], lp)
+    for seed, got in zip([4, 9], batch, strict=True):
+        trace, thr = kernel.episode_draws(gen, seed, lp)
+        want = (trace.arrival_s, trace.prompt_tokens, trace.output_tokens, trace.network)
+        for g, w in zip(got[:4], want, strict=True):
+            np.testing.assert_array_equal(g, w)
+        assert got[5] == trace.duration_s and got[6] == trace.name
+        np.testing.assert_array_equal(got[7], thr)
+        single = kernel.episode_draws(gen, seed, lp, as_trace=False)
+        np.testing.assert_array_equal(single[0], got[0])
