@@ -9,7 +9,7 @@ when launched) or every decision's cost (pool episodes, costed once and reused).
 
 Episodes are built by :func:`build_rows` from seeds: the draws of each episode come from
 :func:`diloco_gym.envs.kernel.episode_draws` (the fixed draw order the single env uses
-too), and :func:`diloco_gym.envs.core.episode_core_batch` computes up to
+too), and :func:`diloco_gym.envs.episode.episode_core_batch` computes up to
 :data:`BUILD_CHUNK` of them in array passes, bit-identical per episode.
 """
 
@@ -19,9 +19,17 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from diloco_gym.envs import core
-from diloco_gym.envs.core import EXO_SLICE, EnvParams, episode_draws_batch
-from diloco_gym.envs.kernel import episode_draws, max_merges
+from diloco_gym.envs.episode import EpisodeCore, decision_costs, episode_core, episode_core_batch
+from diloco_gym.envs.kernel import (
+    episode_draws,
+    episode_draws_batch,
+    is_synthetic,
+    max_merges,
+    synthetic_draws,
+)
+from diloco_gym.envs.observation import EXO_SLICE
+from diloco_gym.envs.params import EnvParams
+from diloco_gym.envs.reward import reward_per_request
 from diloco_gym.sim import learners as lrn
 from diloco_gym.sim.sidecar import (
     CostQueue,
@@ -42,7 +50,7 @@ class BuildSpec(NamedTuple):
     sidecar: SidecarParams
     learner_params: lrn.LearnerParams
     horizon: int  # bins a merge's cost is followed for (sidecar.cost_horizon)
-    rate_rps: float  # nominal rate of the reward scale (core.nominal_rate_rps)
+    rate_rps: float  # nominal rate of the reward scale (reward.nominal_rate_rps)
 
 
 #: Episodes built together at most: bounds the temporaries of a reset wave and keeps them in
@@ -55,7 +63,7 @@ def build_rows(spec: BuildSpec, seeds: list[int]) -> list[dict[str, Any]]:
     arrays with a leading episode axis).
 
     The draws are made one episode at a time (each from its own seeded generator, as the
-    single env), then :func:`core.episode_core_batch` and :func:`sidecar.cost_queue` run over
+    single env), then :func:`episode.episode_core_batch` and :func:`sidecar.cost_queue` run over
     up to :data:`BUILD_CHUNK` episodes in array passes (bit-identical per episode; tested).
     Traces of different durations, or with and without pressure series, go one by one.
     A pure function of its arguments.
@@ -63,7 +71,7 @@ def build_rows(spec: BuildSpec, seeds: list[int]) -> list[dict[str, Any]]:
     out = []
     for lo in range(0, len(seeds), BUILD_CHUNK):
         chunk = list(range(lo, min(len(seeds), lo + BUILD_CHUNK)))
-        if core.is_synthetic(spec.generator):  # one duration: the draws stay concatenated
+        if is_synthetic(spec.generator):  # one duration: the draws stay concatenated
             out.append(_synthetic_rows(spec, [seeds[k] for k in chunk]))
             continue
         draws = episode_draws_batch(spec.generator, [seeds[k] for k in chunk], spec.learner_params)
@@ -80,10 +88,10 @@ def build_rows(spec: BuildSpec, seeds: list[int]) -> list[dict[str, Any]]:
 def _synthetic_rows(spec: BuildSpec, seeds: list[int]) -> dict[str, Any]:
     """:func:`_rows` of a synthetic regime's episodes, the requests never split per episode."""
     gen, p = spec.generator, spec.params
-    arrivals, prompt, output, counts, pressure, thr = core.synthetic_draws(
+    arrivals, prompt, output, counts, pressure, thr = synthetic_draws(
         gen, seeds, spec.learner_params
     )
-    c = core.episode_core_batch(
+    c = episode_core_batch(
         arrivals, prompt, output, pressure[:, 0], pressure[:, 1], gen.duration_s, p,
         spec.sidecar, gen.name, counts=counts,
     )  # fmt: skip
@@ -94,7 +102,7 @@ def _rows(spec: BuildSpec, seeds: list[int], draws: list) -> dict[str, Any]:
     """Bank rows of same-duration ``draws``: the episode arrays and the cost queue."""
     p, sc = spec.params, spec.sidecar
     has_p = draws[0][3] is not None and draws[0][4] is not None
-    c = core.episode_core_batch(
+    c = episode_core_batch(
         [d[0] for d in draws],
         [d[1] for d in draws],
         [d[2] for d in draws],
@@ -108,8 +116,8 @@ def _rows(spec: BuildSpec, seeds: list[int], draws: list) -> dict[str, Any]:
     return _bank_row(spec, seeds, c, np.stack([d[7] for d in draws]), draws[0][5])
 
 
-def _bank_row(spec: BuildSpec, seeds: list[int], c: core.EpisodeCore, thr, duration_s):
-    """The bank rows of the episodes of :class:`core.EpisodeCore` ``c``."""
+def _bank_row(spec: BuildSpec, seeds: list[int], c: EpisodeCore, thr, duration_s):
+    """The bank rows of the episodes of :class:`episode.EpisodeCore` ``c``."""
     assert c.counts is not None  # episode_core_batch fills it
     n, di = c.n, spec.params.decision_interval
     return {
@@ -121,7 +129,7 @@ def _bank_row(spec: BuildSpec, seeds: list[int], c: core.EpisodeCore, thr, durat
         "prefmin": c.prefmin[:, : n * di : di],
         "counts": c.counts,
         "pct": 100.0 / np.maximum(1, c.counts),
-        "scale": core.reward_per_request(spec.rate_rps, duration_s),
+        "scale": reward_per_request(spec.rate_rps, duration_s),
         "thr": thr,
     }
 
@@ -134,8 +142,8 @@ def pool_row(spec: BuildSpec, seed: int) -> dict[str, Any]:
     arrivals, prompt, output, net, ckpt, duration, name, thr = episode_draws(
         spec.generator, seed, spec.learner_params, as_trace=False
     )
-    c = core.episode_core(arrivals, prompt, output, net, ckpt, duration, p, sc, name)
-    cost = core.decision_costs(c.base_s, c.req_bin, c.pressure_bin, c.violated, c.n, p, sc)
+    c = episode_core(arrivals, prompt, output, net, ckpt, duration, p, sc, name)
+    cost = decision_costs(c.base_s, c.req_bin, c.pressure_bin, c.violated, c.n, p, sc)
     return {
         "n": c.n,
         "exo": c.exo,
@@ -143,7 +151,7 @@ def pool_row(spec: BuildSpec, seed: int) -> dict[str, Any]:
         "thr": thr,
         "pct": 100.0 / max(1, c.req_bin.size),
         "cost": cost,
-        "scale": core.reward_per_request(spec.rate_rps, duration),
+        "scale": reward_per_request(spec.rate_rps, duration),
     }
 
 
@@ -244,7 +252,7 @@ class EpisodeBank:
     def write_rows(self, slots: np.ndarray, rows: dict[str, Any]) -> None:
         """Copy the episodes of ``rows`` (:func:`build_rows`) into ``slots``, their cost
         queue rows built in place (:func:`sidecar.cost_queue_into`)."""
-        c: core.EpisodeCore = rows["core"]
+        c: EpisodeCore = rows["core"]
         p, di = self.params, self.params.decision_interval
         n, size = rows["n"], rows["size"]
         self._grow("exo", n)[slots, :n] = rows["exo"]

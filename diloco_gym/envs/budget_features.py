@@ -28,7 +28,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from diloco_gym.envs.core import OBS_INDEX, EnvParams
+from diloco_gym.envs.observation import OBS_INDEX
+from diloco_gym.envs.params import EnvParams
 
 __all__ = [
     "BUDGET_FEATURES",

@@ -13,12 +13,16 @@ from typing import Any, NamedTuple, TypeAlias
 import gymnasium as gym
 import numpy as np
 
-from diloco_gym.envs import core, kernel
-from diloco_gym.envs.core import OBS_DIM, OBS_HIGH, OBS_INDEX, OBS_LOW, EnvParams, Episode
-from diloco_gym.envs.reward import ExactCredit, require_additive
+from diloco_gym.envs import kernel
+from diloco_gym.envs.episode import Episode, episode_from_seed
+from diloco_gym.envs.observation import OBS_DIM, OBS_HIGH, OBS_INDEX, OBS_LOW, unsquash_rate
+from diloco_gym.envs.params import EnvParams
+from diloco_gym.envs.reward import ExactCredit, nominal_rate_rps, require_additive
+from diloco_gym.envs.schedule import schedule_summary
 from diloco_gym.sim import compiled
 from diloco_gym.sim import learners as lrn
 from diloco_gym.sim.learner_calibration import learner_params, load_learner_calibration
+from diloco_gym.sim.limits import check_limit
 from diloco_gym.sim.regimes import REGIMES, SyntheticRegime, get_regime
 from diloco_gym.sim.sidecar import SidecarParams
 from diloco_gym.sim.traces import Trace
@@ -28,8 +32,12 @@ __all__ = [
     "EnvConfig",
     "check_action",
     "check_actions",
+    "check_env_sizes",
+    "check_reset_options",
+    "check_seed",
     "configure",
     "make_generator",
+    "MAX_SEED",
 ]
 
 #: The ``gym.Env`` type parameters: an observation is a float32 vector of ``OBS_DIM`` features;
@@ -147,12 +155,12 @@ def configure(
     if owner != "DiLoCoSyncEnv":  # the exact credit is the single env's (envs/reward.py)
         require_additive(p, owner)
     generator, default_sidecar, name = make_generator(regime)
-    core.check_env_sizes(p, generator)  # before any episode is allocated
+    check_env_sizes(p, generator)  # before any episode is allocated
     return EnvConfig(
         p,
         generator,
         name,
-        core.nominal_rate_rps(generator, p),
+        nominal_rate_rps(generator, p),
         sidecar or default_sidecar,
         learners or lrn.LearnerParams(),
     )
@@ -197,6 +205,67 @@ def check_actions(actions: Any, space: gym.Space) -> np.ndarray:
     return np.asarray(a) == 1
 
 
+#: Largest episode seed: seeds are stored as int64 (Gymnasium wants them non-negative).
+MAX_SEED = 2**63 - 1
+
+
+def check_env_sizes(
+    params: EnvParams, generator, num_envs: int = 1, what: str = "num_envs"
+) -> None:
+    """Refuse, before anything is allocated, an env whose episodes would be too large:
+    decisions per episode (``DILOCO_GYM_MAX_DECISIONS``), envs (``DILOCO_GYM_MAX_ENVS``)
+    and envs x decisions (``DILOCO_GYM_MAX_BATCH_DECISIONS``); see
+    :mod:`diloco_gym.sim.limits`. ``generator`` is asked for its ``duration_s`` (the
+    episode window); one without it is not checked here. ``what`` names ``num_envs`` in
+    the message (a vector env's ``episode_pool`` is checked the same way).
+
+    Raises:
+        diloco_gym.sim.limits.LimitError: a size above its limit.
+    """
+    check_limit("ENVS", num_envs, what)
+    duration = getattr(generator, "duration_s", None)
+    if not isinstance(duration, (int, float, np.integer, np.floating)):
+        return
+    duration = float(duration)
+    if not np.isfinite(duration):
+        raise ValueError(f"the regime's episode window duration_s must be finite, got {duration}")
+    n = duration / params.decision_seconds
+    check_limit("DECISIONS", n, f"an episode window of {duration:g} s, in decisions")
+    check_limit(
+        "BATCH_DECISIONS",
+        n * num_envs,
+        f"{what} {num_envs:,} x {int(n):,} decisions per episode",
+    )
+
+
+def check_seed(seed, what: str = "seed") -> int:
+    """``seed`` as an int in ``[0, MAX_SEED]``, or a ``ValueError`` naming ``what``."""
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
+        raise ValueError(f"{what} must be an int, got {type(seed).__name__} {seed!r:.60}")
+    if not 0 <= int(seed) <= MAX_SEED:
+        raise ValueError(f"{what} must be an int in [0, 2**63 - 1], got {int(seed)}")
+    return int(seed)
+
+
+def check_reset_options(options, allowed: tuple[str, ...], owner: str) -> dict:
+    """``options`` of ``reset`` as a dict (``{}`` for ``None``); anything but a dict, or a
+    key not in ``allowed``, is a ``ValueError`` (an option is never silently ignored)."""
+    if options is None:
+        return {}
+    if not isinstance(options, dict):
+        raise ValueError(
+            f"{owner}.reset options must be a dict or None, got {type(options).__name__}"
+        )
+    unknown = sorted(str(k) for k in options if k not in allowed)
+    if unknown:
+        valid = ", ".join(repr(k) for k in allowed) or "none"
+        raise ValueError(
+            f"{owner}.reset: unknown option(s) {', '.join(map(repr, unknown))}; valid options: "
+            f"{valid} (environment parameters such as merge_budget are set when the env is made)"
+        )
+    return options
+
+
 class DiLoCoSyncEnv(gym.Env[Observation, Action]):
     """## Description
 
@@ -217,8 +286,8 @@ class DiLoCoSyncEnv(gym.Env[Observation, Action]):
 
     ## Observation Space
 
-    ``Box(17,)`` float32; see ``diloco_gym.envs.core.OBS_FEATURES`` (name, unit, range, meaning)
-    and the README's table. Every feature is computed from the past only.
+    ``Box(17,)`` float32; see ``diloco_gym.envs.observation.OBS_FEATURES`` (name, unit,
+    range, meaning) and the README's table. Every feature is computed from the past only.
 
     ## Rewards
 
@@ -228,11 +297,11 @@ class DiLoCoSyncEnv(gym.Env[Observation, Action]):
     * ``sync_excess`` = ``-c * scale`` where ``c`` is the extra SLO-violating requests of
       the merges launched in this step, each evaluated in isolation against the no-merge
       replay and credited when it is launched, and ``scale`` =
-      ``core.reward_per_request(nominal_rate_rps, duration_s)`` =
+      ``reward.reward_per_request(nominal_rate_rps, duration_s)`` =
       ``1000 / (nominal_rate_rps * duration_s)``: violating requests per 1,000 *nominal*
       requests of the window. ``nominal_rate_rps`` is fixed before the episode starts
       (``EnvParams.reward_rate_rps``, or the regime's:
-      :func:`diloco_gym.envs.core.nominal_rate_rps`;
+      :func:`diloco_gym.envs.reward.nominal_rate_rps`;
       bursty 8 req/s, so 4,800 nominal requests per 600 s window), never the episode's own
       request count, which depends on the future. For a replayed trace without a
       ``target_rate_rps`` the regime's rate is the mean rate of the whole loaded trace: one
@@ -334,7 +403,7 @@ class DiLoCoSyncEnv(gym.Env[Observation, Action]):
         self._owed = False
         self._exact: ExactCredit | None = None  # reward_mode="exact"'s credit
         self._n = 0
-        self._budget: core.BudgetTables | None = None
+        self._budget: kernel.BudgetTables | None = None
         self._exo: np.ndarray = np.zeros((1, 1, 7), dtype=np.float32)  # the episode's, 1 slot
         self._obs_out = np.zeros((1, OBS_DIM), dtype=np.float32)
         self._obs_consts = kernel.observe_consts(self.params, self.learner_params)
@@ -387,12 +456,12 @@ class DiLoCoSyncEnv(gym.Env[Observation, Action]):
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
     ) -> tuple[Observation, dict[str, Any]]:
         """Start an episode: the one of ``seed`` (drawn from the env's generator when
-        ``None``), or ``options["episode"]``, an :class:`~diloco_gym.envs.core.Episode`
-        built with this env's parameters (:func:`~diloco_gym.envs.core.episode_from_seed`),
+        ``None``), or ``options["episode"]``, an :class:`~diloco_gym.envs.episode.Episode`
+        built with this env's parameters (:func:`~diloco_gym.envs.episode.episode_from_seed`),
         to run an agent on an episode built once for several uses."""
         if seed is not None:
-            core.check_seed(seed)
-        given = core.check_reset_options(options, ("episode",), "DiLoCoSyncEnv").get("episode")
+            check_seed(seed)
+        given = check_reset_options(options, ("episode",), "DiLoCoSyncEnv").get("episode")
         super().reset(seed=seed)
         if given is not None:
             self.episode = self._check_episode(given, seed)
@@ -482,7 +551,7 @@ class DiLoCoSyncEnv(gym.Env[Observation, Action]):
         """A given episode must be an :class:`Episode` built with this env's parameters."""
         if not isinstance(episode, Episode):
             raise ValueError(
-                f"options['episode'] must be a diloco_gym.envs.core.Episode, "
+                f"options['episode'] must be a diloco_gym.envs.episode.Episode, "
                 f"got {type(episode).__name__}"
             )
         if episode.params != self.params or episode.sidecar != self.sidecar:
@@ -498,7 +567,7 @@ class DiLoCoSyncEnv(gym.Env[Observation, Action]):
     def _episode_of_seed(self, episode_seed: int) -> Any:
         """The episode of ``episode_seed`` with this env's parameters (the fleet env
         builds its sites' episodes here)."""
-        return core.episode_from_seed(
+        return episode_from_seed(
             self.generator,
             episode_seed,
             self.params,
@@ -539,7 +608,7 @@ class DiLoCoSyncEnv(gym.Env[Observation, Action]):
 
     def _options(self, d: int):
         st = self._state
-        return core.options(
+        return kernel.options_at(
             d, st.last.item(0), st.m_left.item(0), self.params, self._n, self._budget
         )
 
@@ -552,7 +621,7 @@ class DiLoCoSyncEnv(gym.Env[Observation, Action]):
 
     def _advance_forced(self) -> tuple[float, float]:
         """:func:`kernel.advance_forced` on this one row, as a scalar loop over the same
-        rules (:func:`core.options`, :func:`kernel.apply_merges`,
+        rules (:func:`kernel.options_at`, :func:`kernel.apply_merges`,
         :func:`kernel.forced_deferral_end`): single-option decisions until the agent has a
         real choice or the episode ends. Returns the merges' reward terms."""
         assert self.episode is not None  # called only after reset()
@@ -606,7 +675,7 @@ class DiLoCoSyncEnv(gym.Env[Observation, Action]):
         """Exact replay of the schedule so far (the sidecar model, all merges together)."""
         self._require_episode()
         assert self.episode is not None  # for mypy: _require_episode() raised otherwise
-        out = core.schedule_summary(self.episode, self._merges, self.params, self.sidecar)
+        out = schedule_summary(self.episode, self._merges, self.params, self.sidecar)
         out["merge_decisions"] = list(self._merges)
         out["merge_times_s"] = [d * self.params.decision_seconds for d in self._merges]
         out["merge_costs_requests"] = list(self._costs)
@@ -630,7 +699,7 @@ class DiLoCoSyncEnv(gym.Env[Observation, Action]):
             d = st.d.item(0)
             gap = (min(d, ep.n_decisions) - st.last.item(0)) * self.params.decision_interval
             obs = self._obs()
-            rate = core.unsquash_rate(obs[_G["rate_now"]], self.params.rate_norm_rps)
+            rate = unsquash_rate(obs[_G["rate_now"]], self.params.rate_norm_rps)
             return (
                 f"t={d * self.params.decision_seconds:7.1f}s gap={gap:4d} steps "
                 f"merges={len(self._merges):3d} rate={rate:5.1f} rps "

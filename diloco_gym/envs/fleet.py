@@ -2,7 +2,7 @@
 
 The fleet env is the single env (:class:`~diloco_gym.envs.env.DiLoCoSyncEnv`, the kernel
 on a batch of one) with a fleet episode: every site's episode is built by the same
-:func:`~diloco_gym.envs.core.episode_from_seed` with the fleet's kernel parameters (the
+:func:`~diloco_gym.envs.episode.episode_from_seed` with the fleet's kernel parameters (the
 fragment corridor, the payload-timed sync window) and the site's sidecar (slowed down as
 the sync's link share says, :func:`~diloco_gym.sim.fleet.sync_plan`); a sync's cost is the
 sum of the sites' isolated costs. No rule of the dynamics is written here: the corridor,
@@ -21,10 +21,12 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from diloco_gym.envs import core
-from diloco_gym.envs.core import OBS_FEATURES, EnvParams, Episode
 from diloco_gym.envs.env import DiLoCoSyncEnv
-from diloco_gym.envs.reward import require_additive
+from diloco_gym.envs.episode import Episode, episode_from_seed
+from diloco_gym.envs.observation import EXO_SLICE, OBS_DIM, OBS_FEATURES
+from diloco_gym.envs.params import EnvParams
+from diloco_gym.envs.reward import nominal_rate_rps, require_additive, reward_per_request
+from diloco_gym.envs.schedule import schedule_summary
 from diloco_gym.sim import fleet as fl
 from diloco_gym.sim import learners as lrn
 from diloco_gym.sim.regimes import ReplayRegime, get_regime, replay_rate_scale
@@ -40,7 +42,7 @@ __all__ = [
     "site_seed",
 ]
 
-_EXO_NAMES = tuple(f[0] for f in OBS_FEATURES[core.EXO_SLICE])
+_EXO_NAMES = tuple(f[0] for f in OBS_FEATURES[EXO_SLICE])
 _N_EXO = len(_EXO_NAMES)
 _FLEET_FIELDS = {f.name for f in fields(fl.FleetParams)}
 _ENV_FIELDS = {f.name for f in fields(EnvParams)}
@@ -82,7 +84,7 @@ def fleet_obs_features(
             out.append((f"{first}.{name}", unit, lo, hi, f"site {first}: {meaning}"))
         else:
             out.append((name, unit, lo, hi, meaning))
-    exo = OBS_FEATURES[core.EXO_SLICE]
+    exo = OBS_FEATURES[EXO_SLICE]
     for s in site_names[1:]:
         for name, unit, lo, hi, meaning in exo:
             out.append((f"{s}.{name}", unit, lo, hi, f"site {s}: {meaning}"))
@@ -158,7 +160,7 @@ class FleetSetup:
             replace(self.params, merge_seconds=pl.window_s) for pl in self.option_plans
         ]
         kp = self.params
-        self.rates = [core.nominal_rate_rps(g, replace(kp, reward_rate_rps=None)) for g in gens]
+        self.rates = [nominal_rate_rps(g, replace(kp, reward_rate_rps=None)) for g in gens]
         if params.reward_rate_rps is not None:
             self.rate_total = float(params.reward_rate_rps)
         else:
@@ -256,7 +258,7 @@ def fleet_setup(fleet: fl.FleetParams, params: EnvParams) -> FleetSetup:
 
 class FleetEpisode:
     """The agent-independent data of one fleet episode: one
-    :class:`~diloco_gym.envs.core.Episode` per site (same decisions), and what the env
+    :class:`~diloco_gym.envs.episode.Episode` per site (same decisions), and what the env
     reads from an episode (``n_decisions``, ``exo`` of the first site, the learner
     ``throughputs`` of the first site's stream, reward scale, costs).
 
@@ -280,7 +282,7 @@ class FleetEpisode:
         self.params = setup.params
         self.sidecar = e0.sidecar
         self.seed = seed
-        self.reward_per_request = core.reward_per_request(setup.rate_total, e0.trace.duration_s)
+        self.reward_per_request = reward_per_request(setup.rate_total, e0.trace.duration_s)
         self.n_requests = sum(e.n_requests for e in sites)
         self.pct_per_request = 100.0 / max(1, self.n_requests)
         self._lam = setup.fleet.worst_site_weight
@@ -440,8 +442,8 @@ class DiLoCoFleetEnv(DiLoCoSyncEnv):
         low = np.array([f[2] for f in self.obs_features], dtype=np.float32)
         high = np.array([f[3] for f in self.obs_features], dtype=np.float32)
         self.observation_space = gym.spaces.Box(low, high, dtype=np.float32)
-        self._n_base = core.OBS_DIM
-        self._frag0 = core.OBS_DIM + _N_EXO * (fleet.n_sites - 1)
+        self._n_base = OBS_DIM
+        self._frag0 = OBS_DIM + _N_EXO * (fleet.n_sites - 1)
         p = self.params
         self._h_full = p.h_max * fleet.fragments  # a fragment's own H_max (decisions)
         self._site_rows = np.zeros((1, 0), dtype=np.float32)
@@ -513,7 +515,7 @@ class DiLoCoFleetEnv(DiLoCoSyncEnv):
         sites = []
         for i, sc in enumerate(s.sidecars):
             sites.append(
-                core.episode_from_seed(
+                episode_from_seed(
                     s.generator_for(i, episode_seed),
                     site_seed(episode_seed, i),
                     s.params,
@@ -596,7 +598,7 @@ class DiLoCoFleetEnv(DiLoCoSyncEnv):
         merges = self._merges
         opts = self._sync_options
         per = [
-            core.schedule_summary(
+            schedule_summary(
                 e,
                 merges,
                 self.params,

@@ -3,14 +3,19 @@
 Everything an environment does between two observations is written here once, over arrays
 with a leading batch axis:
 
-* :func:`episode_draws`: the draws of an episode from its seed, in their fixed order.
+* :func:`episode_draws`: the draws of an episode from its seed, in their fixed order
+  (:func:`episode_draws_batch` for many seeds; the episode is then built from them,
+  :mod:`diloco_gym.envs.episode`).
 * :class:`EnvState`: the agent-dependent state (decision, last merge, merges, budget left,
   global tokens, reward terms owed) of every episode in the batch;
   :class:`EpisodeBatch`: the per-episode constants the steps read (length, reward scale,
   learner throughputs, seed and the slot of the episode's arrays in the bank,
   :class:`~diloco_gym.envs.bank.EpisodeBank`).
-* :func:`reset_rows` (the start of an episode), :func:`options` (corridor and budget
-  masks), :func:`check_actions` (input validation), :func:`resolve` (the action taken),
+* :func:`options_at` (corridor and budget masks at a decision, on scalars or arrays) and
+  :class:`BudgetTables` (the feasibility tables of an exact merge budget; :class:`Budgets`
+  caches them per episode length).
+* :func:`reset_rows` (the start of an episode), :func:`options` (:func:`options_at` of
+  rows of the state), :func:`check_actions` (input validation), :func:`resolve` (the action taken),
   :func:`apply_merges` (a merge: its cost, training gain and state change),
   :func:`advance_forced` (decisions with a single feasible action), :func:`reward`,
   :func:`step` (one decision of every live episode) and :func:`observe` (the observation, the
@@ -21,7 +26,7 @@ thousands of episodes; a copy per step would cost more than the step) and return
 per-row results. :class:`~diloco_gym.envs.vector.DiLoCoSyncVectorEnv` is this kernel with
 Gymnasium's vector API around it. :class:`~diloco_gym.envs.env.DiLoCoSyncEnv` is a batch of
 one: it calls the same rule functions (:func:`resolve`, :func:`forced_deferral_end`,
-:func:`reward`, :func:`check_actions`, :func:`max_merges`, :func:`core.options`) on Python
+:func:`reward`, :func:`check_actions`, :func:`max_merges`, :func:`options_at`) on Python
 scalars, and computes its observation with the same compiled :func:`observe`, so no rule has a
 second copy; ``tests/envs/test_vector.py`` checks both against each other step for step
 and ``tests/envs/test_kernel.py`` both against a direct kernel rollout.
@@ -33,21 +38,28 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from diloco_gym.envs import core
-from diloco_gym.envs.core import EXO_SLICE, LEARNER_SLICE, OBS_INDEX, EnvParams, episode_draws
+from diloco_gym.envs.observation import EXO_SLICE, LEARNER_SLICE, OBS_INDEX
+from diloco_gym.envs.params import EnvParams
 from diloco_gym.sim import compiled
 from diloco_gym.sim import learners as lrn
+from diloco_gym.sim.regimes import SyntheticRegime
+from diloco_gym.sim.schedules import budget_range, completion_counts
 
 __all__ = [
     "EnvState",
     "EpisodeBatch",
     "Budgets",
+    "BudgetTables",
     "episode_draws",
+    "episode_draws_batch",
+    "synthetic_draws",
+    "is_synthetic",
     "new_state",
     "new_batch",
     "load_episodes",
     "reset_rows",
     "options",
+    "options_at",
     "check_actions",
     "resolve",
     "apply_merges",
@@ -66,6 +78,77 @@ __all__ = [
 assert (OBS_INDEX["gap"], OBS_INDEX["corridor_open"], OBS_INDEX["merges"]) == (0, 1, 14)
 assert (OBS_INDEX["time_left"], OBS_INDEX["budget_left"]) == (15, 16)
 assert LEARNER_SLICE == slice(2, 7) and EXO_SLICE == slice(7, 14)
+
+
+def episode_draws(
+    generator: Any, seed: int, learner_params: lrn.LearnerParams, as_trace: bool = True
+) -> tuple:
+    """The draws of the episode of ``seed``, in their fixed order.
+
+    One generator, ``np.random.default_rng(seed)``, draws first the trace
+    (``generator(rng)``) and then the learner throughputs
+    (``learner_params.draw_throughputs``). Every episode of either env comes from here, so
+    the single and the vector env give the same episode for the same seed.
+
+    Returns:
+        ``(trace, throughputs)``; with ``as_trace=False`` the trace's arrays instead,
+        ``(arrivals, prompt, output, network, checkpoint, duration_s, name, throughputs)``
+        (:func:`episode_draws_batch` of one seed).
+    """
+    if as_trace:
+        rng = np.random.default_rng(seed)
+        trace = generator(rng)
+        return trace, learner_params.draw_throughputs(rng)
+    return episode_draws_batch(generator, [seed], learner_params)[0]
+
+
+def is_synthetic(generator: Any) -> bool:
+    """Whether ``generator`` draws its traces as :class:`SyntheticRegime` does."""
+    cls = SyntheticRegime
+    return isinstance(generator, cls) and type(generator).__call__ is cls.__call__
+
+
+def synthetic_draws(
+    generator: SyntheticRegime, seeds: list[int], learner_params: lrn.LearnerParams
+) -> tuple:
+    """The episodes of ``seeds`` of a synthetic regime as its traces' arrays concatenated:
+    ``(arrivals, prompt, output, counts, pressure, throughputs)`` (``SyntheticRegime.draw_raw``
+    and the learner throughputs from each seed's generator, then one ``from_raw``)."""
+    raws, thrs = [], []
+    for seed in seeds:
+        rng = np.random.default_rng(seed)
+        raws.append(generator.draw_raw(rng))
+        thrs.append(learner_params.draw_throughputs(rng))
+    return generator.from_raw(raws, np.float64) + (np.stack(thrs),)
+
+
+def episode_draws_batch(
+    generator: Any, seeds: list[int], learner_params: lrn.LearnerParams
+) -> list[tuple]:
+    """:func:`episode_draws` (``as_trace=False``) of each of ``seeds``: the same draws, and
+    for a :class:`~diloco_gym.sim.regimes.SyntheticRegime` the traces' arrays made from
+    them in one compiled call (``SyntheticRegime.from_raw``; no
+    :class:`~diloco_gym.sim.traces.Trace` is built)."""
+    if not is_synthetic(generator):
+        out = []
+        for seed in seeds:
+            rng = np.random.default_rng(seed)
+            tr = generator(rng)
+            thr = learner_params.draw_throughputs(rng)
+            out.append(
+                (tr.arrival_s, tr.prompt_tokens, tr.output_tokens, tr.network, tr.checkpoint)
+                + (tr.duration_s, tr.name, thr)
+            )
+        return out
+    arrivals, prompt, output, counts, pressure, thrs = synthetic_draws(
+        generator, seeds, learner_params
+    )
+    ends, gen = np.cumsum(counts), generator
+    return [
+        (arrivals[lo:hi], prompt[lo:hi], output[lo:hi], pressure[e, 0], pressure[e, 1])
+        + (gen.duration_s, gen.name, thrs[e])
+        for e, (lo, hi) in enumerate(zip((ends - counts).tolist(), ends.tolist(), strict=True))
+    ]
 
 
 class EnvState(NamedTuple):
@@ -158,26 +241,73 @@ def load_episodes(batch: EpisodeBatch, bank: Any, idx: np.ndarray) -> None:
     batch.seed[idx] = bank.seed[slot]
 
 
+class BudgetTables:
+    """Feasibility tables for an exact merge budget (shared by every episode of length N).
+
+    ``reach[m, d]``: after a merge at ``d`` with ``m`` merges still to place, a feasible
+    completion exists. ``prefix[m, x]``: how many ``d < x`` have ``reach[m, d]``.
+    """
+
+    def __init__(self, n: int, h_min: int, h_max: int, budget: int) -> None:
+        lo, hi = budget_range(n, h_min, h_max)  # closed form: refuse before allocating
+        f = completion_counts(n, h_min, h_max, budget) if lo <= budget <= hi else None
+        if f is None or f[budget, 0] <= 0:
+            raise ValueError(
+                f"merge_budget={budget} is infeasible for an episode of {n} "
+                f"decisions (H_min={h_min}, H_max={h_max} decisions); feasible "
+                f"budgets: {lo}..{hi}"
+            )
+        self.n, self.h_min, self.h_max, self.budget = n, h_min, h_max, budget
+        self.reach = f > 0
+        self.prefix = np.zeros((budget + 1, n + 1), dtype=np.int64)
+        np.cumsum(self.reach, axis=1, out=self.prefix[:, 1:])
+
+
+def options_at(d, last, m_left, params: EnvParams, n: int, budget: BudgetTables | None):
+    """``(can_merge, can_defer)`` at decision ``d`` (scalars or arrays alike).
+
+    Without a budget: merge iff ``gap >= H_min``; defer iff ``gap < H_max``. With a budget,
+    additionally a merge must leave a feasible completion and a deferral must leave a
+    feasible next merge (or, with no merges left, the tail must already be safe).
+    """
+    gap = d - last
+    can_merge = gap >= params.h_min
+    can_defer = gap < params.h_max
+    if budget is None:
+        return can_merge, can_defer
+    m1 = np.maximum(m_left - 1, 0)
+    dd = np.minimum(d, n - 1)
+    can_merge = can_merge & (m_left > 0) & budget.reach[m1, dd]
+    lo = np.maximum(d + 1, last + params.h_min)
+    hi = np.minimum(last + params.h_max, n - 1)
+    lo_c = np.minimum(lo, n)
+    hi_c = np.clip(hi + 1, 0, n)
+    later = (budget.prefix[m1, np.maximum(hi_c, lo_c)] - budget.prefix[m1, lo_c]) > 0
+    tail_safe = budget.reach[0, np.minimum(last, n - 1)]
+    can_defer = can_defer & np.where(m_left > 0, later, tail_safe)
+    return can_merge, can_defer
+
+
 class Budgets:
     """Feasibility tables of an exact merge budget, per episode length (cached)."""
 
     def __init__(self, params: EnvParams) -> None:
         self.params = params
-        self._tables: dict[int, core.BudgetTables] = {}
+        self._tables: dict[int, BudgetTables] = {}
         self._next: dict[int, np.ndarray] = {}
 
-    def tables(self, n: int) -> core.BudgetTables:
-        """:class:`core.BudgetTables` of an ``n``-decision episode (an infeasible budget
+    def tables(self, n: int) -> BudgetTables:
+        """:class:`BudgetTables` of an ``n``-decision episode (an infeasible budget
         raises here)."""
         if n not in self._tables:
             p = self.params
             assert p.merge_budget is not None  # called only with a merge budget
-            self._tables[n] = core.BudgetTables(n, p.h_min, p.h_max, p.merge_budget)
+            self._tables[n] = BudgetTables(n, p.h_min, p.h_max, p.merge_budget)
         return self._tables[n]
 
     def next_reach(self, n: int) -> np.ndarray:
         """``nxt[m, x]``: the first decision ``>= x`` after which ``m`` more merges can be
-        placed feasibly (``reach[m]`` of :class:`core.BudgetTables`), or ``n`` if none."""
+        placed feasibly (``reach[m]`` of :class:`BudgetTables`), or ``n`` if none."""
         if n not in self._next:
             reach = self.tables(n).reach
             pos = np.where(reach, np.arange(n), n)
@@ -240,23 +370,23 @@ def options(
     params: EnvParams,
     budgets: Budgets,
 ):
-    """``(can_merge, can_defer)`` of rows ``idx`` (``None``: all): :func:`core.options`,
+    """``(can_merge, can_defer)`` of rows ``idx`` (``None``: all): :func:`options_at`,
     grouped by episode length when there is a budget."""
     sl = slice(None) if idx is None else idx
     d, last, m_left = state.d[sl], state.last[sl], state.m_left[sl]
     p = params
     if p.merge_budget is None:
-        return core.options(d, last, m_left, p, 0, None)
+        return options_at(d, last, m_left, p, 0, None)
     n = batch.n[sl]
     lengths = np.unique(n)
     if lengths.size == 1:
         n0 = int(lengths[0])
-        return core.options(d, last, m_left, p, n0, budgets.tables(n0))
+        return options_at(d, last, m_left, p, n0, budgets.tables(n0))
     can_merge = np.empty(d.shape, dtype=bool)
     can_defer = np.empty(d.shape, dtype=bool)
     for n0 in lengths:
         sel = n == n0
-        can_merge[sel], can_defer[sel] = core.options(
+        can_merge[sel], can_defer[sel] = options_at(
             d[sel], last[sel], m_left[sel], p, int(n0), budgets.tables(int(n0))
         )
     return can_merge, can_defer

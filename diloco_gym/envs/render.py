@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from diloco_gym.envs.core import EnvParams, Episode, replay_schedule
+from diloco_gym.envs.episode import Episode
+from diloco_gym.envs.params import EnvParams
+from diloco_gym.envs.schedule import replay_schedule
 from diloco_gym.sim.sidecar import SidecarParams
 
 #: One colour per schedule in the timelines, in order.

@@ -20,16 +20,59 @@ from gymnasium.utils import seeding
 from gymnasium.vector import AutoresetMode
 from gymnasium.vector.utils import batch_space
 
-from diloco_gym.envs import core, kernel
+from diloco_gym.envs import kernel
 from diloco_gym.envs.bank import BUILD_CHUNK, BuildSpec, EpisodeBank, build_rows, pool_row
-from diloco_gym.envs.core import OBS_DIM, OBS_HIGH, OBS_LOW, EnvParams
-from diloco_gym.envs.env import check_actions, configure
+from diloco_gym.envs.env import (
+    check_actions,
+    check_env_sizes,
+    check_reset_options,
+    check_seed,
+    configure,
+)
+from diloco_gym.envs.observation import OBS_DIM, OBS_HIGH, OBS_LOW
+from diloco_gym.envs.params import EnvParams
 from diloco_gym.sim import learners as lrn
 from diloco_gym.sim.sidecar import SidecarParams
 
 __all__ = ["DiLoCoSyncVectorEnv", "build_rows", "BUILD_CHUNK"]
 
 _SEED_HIGH = 2**31 - 1  # the single env draws episode seeds with integers(0, 2**31 - 1)
+
+
+def _check_num_envs(num_envs: Any) -> int:
+    """``num_envs`` as an int, or a ``ValueError`` unless it is an int >= 1."""
+    if not isinstance(num_envs, (int, np.integer)) or isinstance(num_envs, bool) or num_envs < 1:
+        raise ValueError(f"num_envs must be an int >= 1, got {num_envs!r}")
+    return int(num_envs)
+
+
+def _check_episode_pool(episode_pool: Any, params: EnvParams, generator: Any) -> int | None:
+    """``episode_pool`` as ``None`` or an int, or a ``ValueError`` unless it is ``None`` or an
+    int >= 1; a pool too large for the size limits is refused here (:func:`check_env_sizes`)."""
+    if episode_pool is None:
+        return None
+    if (
+        not isinstance(episode_pool, (int, np.integer))
+        or isinstance(episode_pool, bool)
+        or episode_pool < 1
+    ):
+        raise ValueError(f"episode_pool must be None or an int >= 1, got {episode_pool!r}")
+    check_env_sizes(params, generator, int(episode_pool), "episode_pool")
+    return int(episode_pool)
+
+
+def _check_autoreset_mode(autoreset_mode: Any) -> AutoresetMode:
+    """``autoreset_mode`` as an :class:`AutoresetMode`, ``NEXT_STEP`` or ``SAME_STEP``, or a
+    ``ValueError``."""
+    try:
+        mode = AutoresetMode(autoreset_mode)
+    except ValueError:
+        mode = None
+    if mode not in (AutoresetMode.NEXT_STEP, AutoresetMode.SAME_STEP):
+        raise ValueError(
+            f"autoreset_mode must be AutoresetMode.NEXT_STEP or SAME_STEP, got {autoreset_mode!r}"
+        )
+    return mode
 
 
 class DiLoCoSyncVectorEnv(gym.vector.VectorEnv[np.ndarray, np.ndarray, np.ndarray]):
@@ -124,52 +167,38 @@ class DiLoCoSyncVectorEnv(gym.vector.VectorEnv[np.ndarray, np.ndarray, np.ndarra
         render_mode: str | None = None,
         **overrides: Any,
     ) -> None:
-        if (
-            not isinstance(num_envs, (int, np.integer))
-            or isinstance(num_envs, bool)
-            or num_envs < 1
-        ):
-            raise ValueError(f"num_envs must be an int >= 1, got {num_envs!r}")
+        b = _check_num_envs(num_envs)
         cfg = configure("DiLoCoSyncVectorEnv", regime, params, sidecar, learners, overrides)
-        core.check_env_sizes(cfg.params, cfg.generator, int(num_envs))
-        if episode_pool is not None and (
-            not isinstance(episode_pool, (int, np.integer))
-            or isinstance(episode_pool, bool)
-            or episode_pool < 1
-        ):
-            raise ValueError(f"episode_pool must be None or an int >= 1, got {episode_pool!r}")
-        if episode_pool is not None:
-            core.check_env_sizes(cfg.params, cfg.generator, int(episode_pool), "episode_pool")
-        try:
-            mode = AutoresetMode(autoreset_mode)
-        except ValueError:
-            mode = None
-        if mode not in (AutoresetMode.NEXT_STEP, AutoresetMode.SAME_STEP):
-            raise ValueError(
-                f"autoreset_mode must be AutoresetMode.NEXT_STEP or SAME_STEP, got "
-                f"{autoreset_mode!r}"
-            )
+        check_env_sizes(cfg.params, cfg.generator, b)
+        pool = _check_episode_pool(episode_pool, cfg.params, cfg.generator)
+        mode = _check_autoreset_mode(autoreset_mode)
         if render_mode is not None:
             raise ValueError(
                 "DiLoCoSyncVectorEnv does not render; render one episode with DiLoCoSyncEnv"
             )
         self.params, self.generator, self.regime_name = cfg.params, cfg.generator, cfg.regime_name
-        # The single env's reward scale (core.nominal_rate_rps), fixed for every episode.
+        # The single env's reward scale (reward.nominal_rate_rps), fixed for every episode.
         self.reward_rate_rps = cfg.reward_rate_rps
         self.sidecar, self.learner_params = cfg.sidecar, cfg.learner_params
-        self.episode_pool = None if episode_pool is None else int(episode_pool)
+        self.episode_pool = pool
         self.autoreset_mode = mode
         self.metadata = dict(type(self).metadata, autoreset_mode=mode)
         self.render_mode = None
+        self._init_spaces(b)
+        self._init_buffers(b)
 
-        self.num_envs = b = int(num_envs)
+    def _init_spaces(self, b: int) -> None:
+        """``num_envs`` and the single and batched spaces of ``b`` envs."""
+        self.num_envs = b
         self.single_observation_space = gym.spaces.Box(OBS_LOW, OBS_HIGH, dtype=np.float32)
         self.single_action_space = gym.spaces.Discrete(2)
         self.observation_space = batch_space(self.single_observation_space, b)
         self.action_space = batch_space(self.single_action_space, b)
 
-        # The kernel's state and episode constants, one row per env, and the episode bank
-        # (fresh episodes in slot i of env i; a pool holds K episodes and envs point into it).
+    def _init_buffers(self, b: int) -> None:
+        """The kernel's state and episode constants, one row per env, and the episode bank
+        (fresh episodes in slot i of env i; a pool holds K episodes and envs point into it),
+        with the step's buffers and the per-env generators (set by the first reset)."""
         k = self.learner_params.num_learners
         self._state = kernel.new_state(b)
         self._batch = kernel.new_batch(b, k)
@@ -228,11 +257,11 @@ class DiLoCoSyncVectorEnv(gym.vector.VectorEnv[np.ndarray, np.ndarray, np.ndarra
         """Start a new episode in every env (``options``: none are defined; ``None`` or
         ``{}``, anything else is an error)."""
         b = self.num_envs
-        core.check_reset_options(options, (), "DiLoCoSyncVectorEnv")
+        check_reset_options(options, (), "DiLoCoSyncVectorEnv")
         seeds = self._seed_list(seed)
         for s in seeds:
             if s is not None:
-                core.check_seed(s, "seed (+ env index)")
+                check_seed(s, "seed (+ env index)")
         if seed is not None:
             first = next((s for s in seeds if s is not None), None)
             self._np_random, self._np_random_seed = seeding.np_random(first)

@@ -456,7 +456,7 @@ def fleet_from_dict(
 ) -> tuple[FleetParams, dict[str, Any]]:
     """A :class:`FleetParams` from a parsed configuration (the TOML layout of
     docs/fleet.md): a ``[fleet]`` table, ``[[site]]`` tables, and an optional ``[env]``
-    table of :class:`~diloco_gym.envs.core.EnvParams` keywords, returned as the second
+    table of :class:`~diloco_gym.envs.params.EnvParams` keywords, returned as the second
     element. ``where`` names the source in errors; relative trace paths resolve against
     ``base_dir``."""
     unknown = set(data) - {"fleet", "site", "env"}

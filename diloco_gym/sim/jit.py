@@ -2,7 +2,7 @@
 as plain loops and compiled with numba (``@njit(cache=True)``, one thread).
 
 Every function here is the single implementation of its rule; the NumPy-facing wrappers
-(:mod:`diloco_gym.sim.sidecar`, :mod:`diloco_gym.envs.core`, :mod:`diloco_gym.envs.kernel`)
+(:mod:`diloco_gym.sim.sidecar`, :mod:`diloco_gym.envs.episode`, :mod:`diloco_gym.envs.kernel`)
 only prepare arguments. The loops do the same IEEE operations in the same order as the
 NumPy kernel of diloco-gym 0.4.0 did (elementwise arithmetic, sequential running sums and
 minima, NumPy's pairwise order for sums over learners, the C library's ``pow``), so their
@@ -309,7 +309,7 @@ def observe_rows(
     staleness_clip_s, out,
 ):  # pragma: no cover - compiled  # fmt: skip
     """The observation of rows ``b`` into ``out[b]`` (float32, the order of
-    ``core.OBS_FEATURES``): gap and corridor, the learner block (:func:`learner_block`), the
+    ``observation.OBS_FEATURES``): gap and corridor, the learner block (:func:`learner_block`), the
     exogenous block of the episode in bank slot ``slot[b]`` at decision ``min(d, n - 1)``,
     merges so far over ``max_merges``, the fraction of decisions left and the merge budget
     left (``budget`` < 0: no budget, the feature is 1; 0: it is 0). The terminal
@@ -582,7 +582,7 @@ def episode_core_rows(
     or ``(B, 0)`` for none): the exogenous features (:func:`_exo_row`), the pressure and
     no-merge slowdown per bin, each request's service time and bin, the no-merge queue
     (:func:`lindley_rows`; ``cap_s`` = ``slots * step_s``) and its latencies and SLO
-    violations (``latency > slo_s``), as ``diloco_gym.envs.core.episode_core_batch``
+    violations (``latency > slo_s``), as ``diloco_gym.envs.episode.episode_core_batch``
     documents them."""
     b = offsets.size - 1
     m = t_dec.size

@@ -705,7 +705,7 @@ class IsolatedMergeCost:
         queue: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None,
     ) -> None:
         """``queue``: optionally ``(m0, S, prefmin)`` of the no-merge queue, unpadded, as
-        :func:`diloco_gym.envs.core.episode_core` computed them (:func:`no_merge_queue`), so
+        :func:`diloco_gym.envs.episode.episode_core` computed them (:func:`no_merge_queue`), so
         that they are not computed twice."""
         self.p, self.bin_s = p, bin_s
         self.merge_bins = int(merge_bins)

@@ -13,8 +13,8 @@ from diloco_gym.envs.budget_features import (
     augmented_size,
     budget_features,
 )
-from diloco_gym.envs.core import OBS_INDEX
 from diloco_gym.envs.env import DiLoCoSyncEnv
+from diloco_gym.envs.observation import OBS_INDEX
 
 
 def test_budget_features_match_the_episode_state_at_every_decision() -> None:

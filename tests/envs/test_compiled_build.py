@@ -5,7 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from diloco_gym.envs import core
+from diloco_gym.envs.episode import episode_core, episode_core_batch
+from diloco_gym.envs.kernel import synthetic_draws
+from diloco_gym.envs.params import EnvParams
 from diloco_gym.sim import learners as lrn
 from diloco_gym.sim import regimes
 from diloco_gym.sim.sidecar import cost_queue, cost_queue_into
@@ -34,11 +36,9 @@ def test_from_raw_batch_equals_each_draw(name: str) -> None:
 
 def test_episode_core_batch_flat_and_cost_queue_into_match_batches_of_one() -> None:
     reg = regimes.get_regime("bursty")
-    params, sc = core.EnvParams(), reg.sidecar
-    a, p, o, counts, pr, _ = core.synthetic_draws(reg, [0, 1, 2], lrn.LearnerParams())
-    c = core.episode_core_batch(
-        a, p, o, pr[:, 0], pr[:, 1], reg.duration_s, params, sc, counts=counts
-    )
+    params, sc = EnvParams(), reg.sidecar
+    a, p, o, counts, pr, _ = synthetic_draws(reg, [0, 1, 2], lrn.LearnerParams())
+    c = episode_core_batch(a, p, o, pr[:, 0], pr[:, 1], reg.duration_s, params, sc, counts=counts)
     size = c.pressure_bin.shape[1] + 40
     rows = np.array([2, 0, 1])  # episode e into row rows[e]
     q = cost_queue(
@@ -54,7 +54,7 @@ def test_episode_core_batch_flat_and_cost_queue_into_match_batches_of_one() -> N
     ends = np.cumsum(counts)
     for e in range(3):
         lo, hi = ends[e] - counts[e], ends[e]
-        one = core.episode_core(
+        one = episode_core(
             a[lo:hi], p[lo:hi], o[lo:hi], pr[e, 0], pr[e, 1], reg.duration_s, params, sc
         )
         np.testing.assert_array_equal(c.exo[e], one.exo)

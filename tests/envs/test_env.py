@@ -15,7 +15,9 @@ from stable_baselines3.common.env_checker import check_env as sb3_check_env
 
 import diloco_gym
 from diloco_gym import REGIMES, DiLoCoSyncEnv, EnvParams, Trace, get_regime
-from diloco_gym.envs import core
+from diloco_gym.envs.observation import OBS_INDEX
+from diloco_gym.envs.reward import nominal_rate_rps, reward_per_request
+from diloco_gym.envs.schedule import replay_schedule, schedule_summary
 from diloco_gym.sim.schedules import budget_range, is_feasible
 
 REGIME_NAMES = list(REGIMES)
@@ -233,7 +235,7 @@ def test_corridor_holds_for_every_policy(regime, policy, rollout):
         # With skip_forced the agent is only asked when both actions are feasible.
         assert all(mask.all() for mask in r.masks)
         assert not any(i["action_overridden"] for i in r.infos)
-        assert all(obs[core.OBS_INDEX["corridor_open"]] == 1.0 for obs in r.observations[:-1])
+        assert all(obs[OBS_INDEX["corridor_open"]] == 1.0 for obs in r.observations[:-1])
         if policy == "always-merge":
             assert merges == list(range(p.h_min, n, p.h_min))
         if policy == "never-merge":
@@ -274,8 +276,8 @@ def test_merge_budget_is_met_exactly(budget, skip_forced, rollout):
         assert r.summary["merges"] == budget
         _check_corridor(env, r.summary["merge_decisions"])
         assert not any(i["action_overridden"] for i in r.infos)
-        assert r.observations[-1][core.OBS_INDEX["budget_left"]] == 0.0
-        assert r.observations[0][core.OBS_INDEX["budget_left"]] == 1.0
+        assert r.observations[-1][OBS_INDEX["budget_left"]] == 0.0
+        assert r.observations[0][OBS_INDEX["budget_left"]] == 1.0
     # Unmasked random actions get overridden where needed and still meet the budget.
     r = rollout(env, "random", seed=9, policy_seed=9)
     assert r.summary["merges"] == budget
@@ -301,7 +303,7 @@ def test_no_sync_schedule_has_zero_excess(regime):
     env = DiLoCoSyncEnv(regime)
     env.reset(seed=5)
     ep, p, sc = env.episode, env.params, env.sidecar
-    s = core.schedule_summary(ep, [], p, sc)
+    s = schedule_summary(ep, [], p, sc)
     assert s["merges"] == 0
     assert s["sync_excess_pct"] == 0.0
     assert s["sync_excess_requests"] == 0
@@ -309,7 +311,7 @@ def test_no_sync_schedule_has_zero_excess(regime):
     assert s["violation_pct"] == s["no_sync_violation_pct"] == ep.baseline.violation_pct
     assert s["sync_active_frac"] == 0.0
     # An all-zero merge mask is the same replay as "no merges".
-    zero = core.replay_schedule(ep, [], p, sc)
+    zero = replay_schedule(ep, [], p, sc)
     np.testing.assert_array_equal(zero.latency_s, ep.baseline.latency_s)
 
 
@@ -321,9 +323,9 @@ def test_final_summary_is_the_exact_replay_minus_the_no_sync_load_match(regime, 
     assert s["sync_excess_pct"] == pytest.approx(
         s["violation_pct"] - s["no_sync_violation_pct"], abs=1e-12
     )
-    no_sync = core.schedule_summary(env.episode, [], env.params, env.sidecar)
+    no_sync = schedule_summary(env.episode, [], env.params, env.sidecar)
     assert s["no_sync_violation_pct"] == no_sync["violation_pct"]
-    exact = core.replay_schedule(env.episode, s["merge_decisions"], env.params, env.sidecar)
+    exact = replay_schedule(env.episode, s["merge_decisions"], env.params, env.sidecar)
     assert s["violation_pct"] == exact.violation_pct
     assert s["requests"] == env.episode.n_requests
     # Merges only slow the sidecar: every request violated without merges still is.
@@ -345,7 +347,7 @@ def _additive_pct_from_rewards(r, env) -> float:
     """The documented exact relation, solved for the sync-excess: the ``sync_excess`` terms
     sum to ``-scale * A`` (``A`` the merges' isolated costs in requests, ``scale =
     1000 / (nominal_rate * duration)``), and ``additive_excess_pct = A * 100 / requests``."""
-    scale = core.reward_per_request(env.reward_rate_rps, env.episode.trace.duration_s)
+    scale = reward_per_request(env.reward_rate_rps, env.episode.trace.duration_s)
     return -r.excess_terms.sum() / scale * 100.0 / env.episode.n_requests
 
 
@@ -395,10 +397,8 @@ def test_reward_scale_is_fixed_before_the_episode():
     assert rewards == [-c * (1000.0 / 4800.0) for c in costs]
     # Replays: the target rate, else the whole source trace's rate; an override wins.
     src = REGIMES["sync-heavy"](np.random.default_rng(0))
-    assert (
-        core.nominal_rate_rps(diloco_gym.ReplayRegime(src, duration_s=300.0)) == src.mean_rate_rps
-    )
-    assert core.nominal_rate_rps(diloco_gym.ReplayRegime(src, 300.0, target_rate_rps=3.0)) == 3.0
+    assert nominal_rate_rps(diloco_gym.ReplayRegime(src, duration_s=300.0)) == src.mean_rate_rps
+    assert nominal_rate_rps(diloco_gym.ReplayRegime(src, 300.0, target_rate_rps=3.0)) == 3.0
     assert DiLoCoSyncEnv(src, reward_rate_rps=2.5).reward_rate_rps == 2.5
 
 
@@ -470,7 +470,7 @@ def test_single_merge_cost_is_the_exact_one_merge_excess(regime):
     ep, p, sc = env.episode, env.params, env.sidecar
     assert ep.merge_cost.sum() > 0
     for d in range(0, ep.n_decisions, 3):
-        s = core.schedule_summary(ep, [d], p, sc)
+        s = schedule_summary(ep, [d], p, sc)
         assert s["sync_excess_requests"] == ep.merge_cost[d], f"decision {d}"
 
 
@@ -489,39 +489,6 @@ def test_reward_is_the_weighted_sum_of_its_named_terms(rollout):
 
 
 # --------------------------------------------------------------------------- bad input
-@pytest.mark.parametrize(
-    "field, value",
-    [
-        ("step_seconds", -0.1),
-        ("step_seconds", 0.0),
-        ("step_seconds", "fast"),
-        ("step_seconds", float("nan")),
-        ("h_min_steps", 100),
-        ("h_min_steps", 128.0),
-        ("h_max_steps", True),
-        ("decision_interval", 0),
-        ("merge_budget", -1),
-        ("merge_budget", 8.0),
-        ("skip_forced", "yes"),
-        ("excess_weight", -1.0),
-        ("forecast_alpha", 0.0),
-        ("baseline_alpha", 1.5),
-        ("merge_seconds", 100.0),
-        ("rate_norm_rps", 0.0),
-    ],
-)
-def test_bad_env_params_name_the_field(field, value):
-    with pytest.raises(ValueError, match=field):
-        EnvParams(**{field: value})
-    with pytest.raises(ValueError, match=field):
-        DiLoCoSyncEnv("bursty", **{field: value})
-
-
-def test_h_min_above_h_max_is_rejected():
-    with pytest.raises(ValueError, match="h_min_steps.*h_max_steps"):
-        EnvParams(h_min_steps=256, h_max_steps=128)
-
-
 def test_unknown_env_argument_lists_the_valid_fields():
     with pytest.raises(TypeError, match="merge_budjet") as info:
         DiLoCoSyncEnv("bursty", merge_budjet=8)
@@ -765,86 +732,6 @@ def test_scalar_merge_gain_is_bitwise_the_batched_one():
         assert after == lrn.loss(np.array([tok[i] + added_v[i]]), lp)[0]
 
 
-def _sync_mask_add_at(merges, n_bins, params):
-    """The former ``sync_mask`` (a +1/-1 difference array and a cumulative sum)."""
-    mask = np.zeros(n_bins + params.merge_steps)
-    starts = np.asarray(merges, dtype=np.int64) * params.decision_interval
-    if starts.size:
-        delta = np.zeros(mask.size + 1)
-        np.add.at(delta, starts, 1.0)
-        np.add.at(delta, starts + params.merge_steps, -1.0)
-        mask = np.cumsum(delta)[:-1]
-    return np.minimum(mask[:n_bins], 1.0)
-
-
-@pytest.mark.parametrize("merges", [[], [0], [3, 20, 40], [5, 6], [0, 535], [535], [-1, 10]])
-def test_sync_mask_equals_the_difference_array(merges):
-    """Overlapping windows, windows running past the end and negative indices alike."""
-    p = EnvParams()
-    n_bins = 536 * p.decision_interval
-    np.testing.assert_array_equal(
-        core.sync_mask(merges, n_bins, p), _sync_mask_add_at(merges, n_bins, p)
-    )
-
-
-def test_sync_mask_rejects_a_start_past_the_end_as_before():
-    p = EnvParams()
-    with pytest.raises(IndexError):
-        core.sync_mask([10_000], 100, p)
-
-
-@pytest.mark.parametrize("merges", [[], [0], [3, 20, 40], [0, 535]])
-def test_sync_mask_with_uniform_widths_and_levels_is_the_plain_mask(merges):
-    p = EnvParams()
-    n_bins = 536 * p.decision_interval
-    w = [p.merge_steps] * len(merges)
-    np.testing.assert_array_equal(
-        core.sync_mask(merges, n_bins, p, widths=w, levels=[1.0] * len(merges)),
-        core.sync_mask(merges, n_bins, p),
-    )
-
-
-def test_sync_mask_per_merge_widths_and_levels():
-    p = EnvParams()
-    di = p.decision_interval
-    mask = core.sync_mask([1, 4], 8 * di, p, widths=[2, 5], levels=[0.5, 2.0])
-    want = np.zeros(8 * di)
-    want[di : di + 2] = 0.5
-    want[4 * di : 4 * di + 5] = 2.0
-    np.testing.assert_array_equal(mask, want)
-    # overlapping windows: the larger level holds; a window past the end is cut
-    mask = core.sync_mask([0, 0], 3, p, widths=[2, 5], levels=[3.0, 1.0])
-    np.testing.assert_array_equal(mask, [3.0, 3.0, 1.0])
-    with pytest.raises(ValueError, match="one value per merge"):
-        core.sync_mask([1, 2], 100, p, widths=[2])
-    with pytest.raises(ValueError, match="widths >= 1"):
-        core.sync_mask([1], 100, p, widths=[0])
-
-
-def test_replay_with_per_sync_episodes_equal_to_the_env_is_the_plain_replay():
-    """A per-sync episode list that repeats the episode's own window and slowdown replays
-    bit for bit as the plain replay (the mask carries the slowdown, the sidecar 1)."""
-    env = DiLoCoSyncEnv()
-    env.reset(seed=3)
-    ep = env.episode
-    merges = [20, 90, 200]
-    a = core.schedule_summary(ep, merges, env.params, env.sidecar)
-    b = core.schedule_summary(ep, merges, env.params, env.sidecar, per_sync=[ep] * 3)
-    assert a == b
-    # a shorter, milder sync costs less
-    mild = replace(
-        ep,
-        params=replace(env.params, merge_seconds=2.0),
-        sidecar=replace(env.sidecar, sync_slowdown=env.sidecar.sync_slowdown / 4),
-    )
-    c = core.schedule_summary(ep, merges, env.params, env.sidecar, per_sync=[mild] * 3)
-    assert c["sync_excess_requests"] <= a["sync_excess_requests"]
-    assert c["sync_active_frac"] < a["sync_active_frac"]
-    assert c["additive_excess_requests"] == sum(mild.merge_cost_at(d) for d in merges)
-    with pytest.raises(ValueError, match="per_sync has 1 episodes for 3 merges"):
-        core.schedule_summary(ep, merges, env.params, env.sidecar, per_sync=[ep])
-
-
 @pytest.mark.parametrize("k", [1, 3, 7, 8, 9, 16, 23, 200, 300])
 def test_sum_over_learners_is_numpys_sum_bit_for_bit(k):
     """The compiled sum over learners (``sim.jit.sum_first_axis``) adds in numpy's pairwise
@@ -854,31 +741,3 @@ def test_sum_over_learners_is_numpys_sum_bit_for_bit(k):
     x = np.random.default_rng(k).lognormal(0.0, 3.0, (65, k))
     got = np.array([jit.sum_first_axis(row) for row in x])
     assert got.tobytes() == x.sum(-1).tobytes()
-
-
-def test_compiled_learner_block_equals_the_loss_function():
-    """The compiled learner block (``core.learner_features_k``) gives the values of
-    ``learners.loss`` and numpy's clip/sum arithmetic, bit for bit, for every gap."""
-    from diloco_gym.sim import learners as lrn
-
-    p, lp = EnvParams(), lrn.LearnerParams()
-    rng = np.random.default_rng(3)
-    thr = np.sort(rng.uniform(5e3, 2e4, lp.num_learners))
-    gaps_s = np.arange(p.h_max + 1) * p.decision_seconds
-    tau_k = thr[:, None] * gaps_s
-    for tok in (0.0, 1.5e5, 3.3e7):
-        delta = lrn.loss(tok, lp) - lrn.loss(tok + tau_k, lp)
-        clipped = np.clip(delta / p.loss_clip, 0.0, 1.0)
-        tk = np.clip(tau_k / p.tokens_clip, 0.0, 1.0)
-        want = np.stack(
-            [
-                np.ascontiguousarray(clipped.T).sum(-1) / lp.num_learners,
-                clipped[0],
-                np.ascontiguousarray(tk.T).sum(-1) / lp.num_learners,
-                tk[0],
-                np.clip(gaps_s / p.staleness_clip_s, 0.0, 1.0),
-            ],
-            axis=-1,
-        ).astype(np.float32)
-        got = core.learner_features_k(gaps_s, np.float64(tok), thr[:, None], p, lp)
-        assert got.tobytes() == want.tobytes()

@@ -216,7 +216,7 @@ def test_observation_is_causal():
         assert np.all(np.isfinite(e.exo[:d]))
     # exo rows are computed from arrivals strictly before each decision: truncating the
     # site traces after ``cut`` leaves the first d rows unchanged
-    from diloco_gym.envs import core
+    from diloco_gym.envs.episode import build_episode
     from diloco_gym.sim.traces import window
 
     for e in ep.sites:
@@ -226,7 +226,7 @@ def test_observation_is_causal():
             tr.arrival_s[keep], tr.prompt_tokens[keep], tr.output_tokens[keep], tr.duration_s,
             network=tr.network, checkpoint=tr.checkpoint, name=tr.name,
         )  # fmt: skip
-        e2 = core.build_episode(
+        e2 = build_episode(
             short, env.params, e.sidecar, env.learner_params, np.random.default_rng(0)
         )
         assert np.array_equal(e2.exo[:d], e.exo[:d])

@@ -1,16 +1,21 @@
 """The simulation kernel: both envs are it (a direct kernel rollout reproduces the single env
-and env 0 of the vector env exactly), its input checks, and the one-rule paths of the
-sidecar that the envs, the protocol and the report share."""
+and env 0 of the vector env exactly), its input checks, its rules on scalars and arrays
+alike (options, budget tables), the seed's draws, and the one-rule paths of the sidecar
+that the envs, the protocol and the report share."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from diloco_gym.envs import core, kernel
+from diloco_gym.envs import kernel
 from diloco_gym.envs.bank import BuildSpec, EpisodeBank, build_rows
-from diloco_gym.envs.core import OBS_DIM, EnvParams
 from diloco_gym.envs.env import DiLoCoSyncEnv, make_generator
+from diloco_gym.envs.episode import Episode, episode_from_seed
+from diloco_gym.envs.observation import OBS_DIM
+from diloco_gym.envs.params import EnvParams
+from diloco_gym.envs.reward import nominal_rate_rps
+from diloco_gym.envs.schedule import sync_mask
 from diloco_gym.envs.vector import DiLoCoSyncVectorEnv
 from diloco_gym.eval.rollout import run_episode
 from diloco_gym.sim import learners as lrn
@@ -29,7 +34,7 @@ def _kernel_rollout(seed: int, actions: list[int], **overrides):
         sidecar,
         lp,
         sc.cost_horizon(sidecar, params.step_seconds, params.merge_steps),
-        core.nominal_rate_rps(gen, params),
+        nominal_rate_rps(gen, params),
     )
     bank = EpisodeBank(1, params, sidecar, lp.num_learners)
     (rows,) = build_rows(spec, [seed])
@@ -107,7 +112,7 @@ def test_both_envs_step_through_the_kernel_functions(monkeypatch):
 
 def test_reset_with_a_prebuilt_episode_equals_a_plain_reset():
     env = DiLoCoSyncEnv(regime="non-periodic")
-    ep = core.episode_from_seed(
+    ep = episode_from_seed(
         env.generator, 7, env.params, env.sidecar, env.learner_params, env.reward_rate_rps
     )
     actions = (np.random.default_rng(0).random(300) < 0.3).astype(int)
@@ -127,10 +132,10 @@ def test_reset_with_a_prebuilt_episode_equals_a_plain_reset():
 
 def test_reset_refuses_a_foreign_episode():
     env = DiLoCoSyncEnv()
-    ep = core.episode_from_seed(
+    ep = episode_from_seed(
         env.generator, 3, env.params, env.sidecar, env.learner_params, env.reward_rate_rps
     )
-    with pytest.raises(ValueError, match="must be a diloco_gym.envs.core.Episode"):
+    with pytest.raises(ValueError, match="must be a diloco_gym.envs.episode.Episode"):
         env.reset(seed=3, options={"episode": "not an episode"})
     with pytest.raises(ValueError, match="episode of seed 3, not of seed 4"):
         env.reset(seed=4, options={"episode": ep})
@@ -143,7 +148,7 @@ def test_run_episode_on_a_prebuilt_episode_equals_a_fresh_one():
     from diloco_gym.agents.registry import make_agent
 
     env = DiLoCoSyncEnv(regime="bursty")
-    ep = core.episode_from_seed(
+    ep = episode_from_seed(
         env.generator, 2, env.params, env.sidecar, env.learner_params, env.reward_rate_rps
     )
     for name in ("wa-diloco", "offline-oracle"):
@@ -189,9 +194,9 @@ def test_resolve_is_the_same_rule_on_scalars_and_arrays():
 
 
 # --------------------------------------------------------------------------- sidecar paths
-def _episode(regime: str = "bursty", seed: int = 0) -> core.Episode:
+def _episode(regime: str = "bursty", seed: int = 0) -> Episode:
     reg = get_regime(regime)
-    return core.episode_from_seed(reg, seed, EnvParams(), reg.sidecar, lrn.LearnerParams())
+    return episode_from_seed(reg, seed, EnvParams(), reg.sidecar, lrn.LearnerParams())
 
 
 def test_batched_replay_equals_one_schedule_at_a_time():
@@ -199,11 +204,11 @@ def test_batched_replay_equals_one_schedule_at_a_time():
     p = EnvParams()
     rng = np.random.default_rng(0)
     sch = np.sort(rng.choice(ep.n_decisions, (5, 9), replace=False), axis=1)
-    mask = core.sync_mask(sch, ep.pressure_bin.size, p)
+    mask = sync_mask(sch, ep.pressure_bin.size, p)
     both = sc.replay(ep.base_s, ep.req_bin, ep.pressure_bin, mask, ep.sidecar, p.step_seconds)
     assert both.latency_s.shape == (5, ep.req_bin.size)
     for k in range(5):
-        np.testing.assert_array_equal(mask[k], core.sync_mask(sch[k], ep.pressure_bin.size, p))
+        np.testing.assert_array_equal(mask[k], sync_mask(sch[k], ep.pressure_bin.size, p))
         one = sc.replay(ep.base_s, ep.req_bin, ep.pressure_bin, mask[k], ep.sidecar, p.step_seconds)
         np.testing.assert_array_equal(both.latency_s[k], one.latency_s)
         np.testing.assert_array_equal(both.violated[k], one.violated)
@@ -245,7 +250,7 @@ def test_merge_cost_paths_agree():
     np.testing.assert_array_equal(one, every[::7])
 
 
-def _queue(ep: core.Episode, p: EnvParams):
+def _queue(ep: Episode, p: EnvParams):
     m0, s, prefmin = sc.no_merge_queue(
         ep.base_s, ep.req_bin, ep.pressure_bin, ep.sidecar, p.step_seconds
     )
@@ -279,3 +284,51 @@ def test_queue_rows_are_independent_queues():
     for k in range(200):
         assert backlog[k] == pytest.approx(b, abs=1e-9)
         b = max(0.0, b + work[0, k] - p.slots * 0.14 / m[0, k])
+
+
+@pytest.mark.parametrize("budget", [None, 9])
+def test_options_at_is_the_same_rule_on_scalars_and_arrays(budget):
+    """The single env asks ``options_at`` one decision at a time on Python ints, the vector
+    env on arrays of rows: the same answer elementwise, and the corridor without a budget."""
+    p = EnvParams(merge_budget=budget)
+    n = 300
+    tables = None if budget is None else kernel.BudgetTables(n, p.h_min, p.h_max, budget)
+    rng = np.random.default_rng(5)
+    last = rng.integers(0, n - p.h_max, 200)
+    d = last + rng.integers(0, p.h_max + 1, 200)
+    m_left = rng.integers(0, 4, 200) if budget is not None else np.zeros(200, dtype=np.int64)
+    can_merge, can_defer = kernel.options_at(d, last, m_left, p, n, tables)
+    for i in range(200):
+        one = kernel.options_at(int(d[i]), int(last[i]), int(m_left[i]), p, n, tables)
+        assert (bool(one[0]), bool(one[1])) == (can_merge[i], can_defer[i])
+    if budget is None:
+        np.testing.assert_array_equal(can_merge, d - last >= p.h_min)
+        np.testing.assert_array_equal(can_defer, d - last < p.h_max)
+
+
+def test_budget_tables_refuse_an_infeasible_budget_with_the_feasible_range():
+    with pytest.raises(ValueError, match=r"merge_budget=100 is infeasible .* feasible budgets"):
+        kernel.BudgetTables(300, 16, 64, 100)
+    t = kernel.BudgetTables(300, 16, 64, 9)
+    assert t.reach.shape == (10, 300) and t.prefix.shape == (10, 301)
+    np.testing.assert_array_equal(t.prefix[:, -1], t.reach.sum(axis=1))
+
+
+@pytest.mark.parametrize("synthetic", [True, False])
+def test_batch_draws_are_each_seeds_draws(synthetic):
+    """``episode_draws_batch`` gives each seed the arrays of its ``episode_draws`` (a
+    synthetic regime's from one compiled call, any other generator's one trace at a time)."""
+    reg = get_regime("bursty")
+    gen = reg if synthetic else (lambda rng: reg(rng))
+    assert kernel.is_synthetic(gen) is synthetic
+    lp = lrn.LearnerParams()
+    batch = kernel.episode_draws_batch(gen, [4, 9], lp)
+    for seed, got in zip([4, 9], batch, strict=True):
+        trace, thr = kernel.episode_draws(gen, seed, lp)
+        want = (trace.arrival_s, trace.prompt_tokens, trace.output_tokens, trace.network)
+        for g, w in zip(got[:4], want, strict=True):
+            np.testing.assert_array_equal(g, w)
+        assert got[5] == trace.duration_s and got[6] == trace.name
+        np.testing.assert_array_equal(got[7], thr)
+        single = kernel.episode_draws(gen, seed, lp, as_trace=False)
+        np.testing.assert_array_equal(single[0], got[0])

@@ -15,8 +15,9 @@ from gymnasium.vector import AutoresetMode
 
 import diloco_gym  # noqa: F401  (registers the ids)
 from diloco_gym import ENV_IDS
-from diloco_gym.envs import core
 from diloco_gym.envs.env import DiLoCoSyncEnv
+from diloco_gym.envs.episode import build_episode
+from diloco_gym.envs.params import EnvParams
 from diloco_gym.envs.vector import DiLoCoSyncVectorEnv
 from diloco_gym.sim import learners as lrn
 from diloco_gym.sim import regimes
@@ -395,9 +396,9 @@ def _merge_costs_reference(base_s, req_bin, pressure_bin, p, bin_s, starts, merg
 
 def test_merge_costs_matches_slow_replay():
     reg = regimes.get_regime("bursty")
-    params = core.EnvParams()
+    params = EnvParams()
     tr = reg(np.random.default_rng(4))
-    ep = core.build_episode(tr, params, reg.sidecar, lrn.LearnerParams(), np.random.default_rng(4))
+    ep = build_episode(tr, params, reg.sidecar, lrn.LearnerParams(), np.random.default_rng(4))
     starts = np.arange(0, ep.n_decisions, 7) * params.decision_interval
     fast = sc.merge_costs(
         ep.base_s,
@@ -428,8 +429,8 @@ def test_merge_costs_matches_slow_replay():
 
 def test_merge_costs_blocks_chunks_and_unsorted_requests(monkeypatch):
     reg = regimes.get_regime("sync-heavy")
-    params = core.EnvParams()
-    ep = core.build_episode(
+    params = EnvParams()
+    ep = build_episode(
         reg(np.random.default_rng(1)),
         params,
         reg.sidecar,
@@ -618,41 +619,6 @@ def test_matches_single_env_with_mixed_episode_lengths():
     the same step are built one by one, still exactly as the single env builds them."""
     counts = lockstep(6, 2, 200, _random_actions(6, 5), regime=_TwoLengths())
     assert counts["episodes_ended"] >= 6
-
-
-def test_batched_episode_core_equals_one_at_a_time():
-    reg = regimes.get_regime("non-periodic")
-    params = core.EnvParams()
-    traces = [reg(np.random.default_rng(s)) for s in range(4)]
-    c = core.episode_core_batch(
-        [t.arrival_s for t in traces],
-        [t.prompt_tokens for t in traces],
-        [t.output_tokens for t in traces],
-        np.stack([t.network for t in traces]),
-        np.stack([t.checkpoint for t in traces]),
-        reg.duration_s,
-        params,
-        reg.sidecar,
-    )
-    off = 0
-    for e, t in enumerate(traces):
-        one = core.episode_core(
-            t.arrival_s,
-            t.prompt_tokens,
-            t.output_tokens,
-            t.network,
-            t.checkpoint,
-            t.duration_s,
-            params,
-            reg.sidecar,
-        )
-        for name in ("exo", "pressure_dec", "pressure_bin", "m0", "s", "prefmin"):
-            np.testing.assert_array_equal(getattr(c, name)[e], getattr(one, name), name)
-        k = slice(off, off + t.num_requests)
-        for name in ("base_s", "req_bin", "latency", "violated"):
-            np.testing.assert_array_equal(getattr(c, name)[k], getattr(one, name), name)
-        off += t.num_requests
-    assert off == c.req_bin.size
 
 
 @pytest.mark.parametrize(

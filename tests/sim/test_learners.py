@@ -5,8 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from diloco_gym import EnvParams, LearnerParams
-from diloco_gym.envs import core
+from diloco_gym import LearnerParams
 from diloco_gym.sim import learners as lrn
 
 P = LearnerParams()
@@ -79,26 +78,6 @@ def test_throughputs_are_seeded_sorted_and_log_normal():
     assert np.std(np.log(many)) == pytest.approx(P.throughput_sigma, rel=0.05)
     same = LearnerParams(throughput_sigma=0.0).draw_throughputs(np.random.default_rng(2))
     np.testing.assert_array_equal(same, P.throughput_tokens_per_s)
-
-
-def test_learner_table_features():
-    params = EnvParams()
-    thr = P.draw_throughputs(np.random.default_rng(0))
-    table = core.learner_table(1e6, thr, params, P)
-    assert table.shape == (params.h_max + 1, 5) and table.dtype == np.float32
-    loss_mean, loss_min, tok_mean, tok_min, stale = table.T
-    assert np.all(loss_min <= loss_mean + 1e-7) and np.all(tok_min <= tok_mean + 1e-7)
-    for col in table.T:
-        assert np.all(np.diff(col) >= 0)  # every report grows with the gap
-        assert col[0] == 0.0 and np.all((col >= 0) & (col <= 1))
-    gap_s = params.h_max * params.decision_seconds
-    assert stale[-1] == pytest.approx(gap_s / params.staleness_clip_s)
-    assert tok_min[-1] == pytest.approx(min(1.0, thr[0] * gap_s / params.tokens_clip), rel=1e-6)
-    # The batched table is the stack of single ones.
-    batch = core.learner_table(np.array([1e6, 0.0]), np.stack([thr, thr * 2]), params, P)
-    assert batch.shape == (2, params.h_max + 1, 5)
-    np.testing.assert_array_equal(batch[0], table)
-    np.testing.assert_array_equal(batch[1], core.learner_table(0.0, thr * 2, params, P))
 
 
 @pytest.mark.parametrize(
