@@ -12,7 +12,7 @@ called by :func:`diloco_gym.eval.rollout.run_episode` after every ``env.reset``)
 the agent's goodwill:
 
 * Every agent gets :meth:`Agent.attach` with an :class:`AgentContext`: the env's public
-  parameters (:class:`~diloco_gym.envs.core.EnvParams`, a frozen dataclass), the regime's name
+  parameters (:class:`~diloco_gym.envs.params.EnvParams`, a frozen dataclass), the regime's name
   and the current action mask, copied in by the runner before every decision. It holds no
   reference to the env, the trace, the merge costs or the episode seed. Together with the
   observations (computed from the past only) this is what a deployed scheduler knows.
@@ -35,7 +35,8 @@ from typing import Any
 
 import numpy as np
 
-from diloco_gym.envs.core import OBS_INDEX, EnvParams
+from diloco_gym.envs.observation import OBS_INDEX
+from diloco_gym.envs.params import EnvParams
 
 __all__ = ["Agent", "AgentContext", "obs_feature"]
 

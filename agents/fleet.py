@@ -42,7 +42,7 @@ from typing import Any
 import numpy as np
 
 from diloco_gym.agents.base import Agent, AgentContext
-from diloco_gym.envs.core import (
+from diloco_gym.envs.observation import (
     EXO_SLICE,
     LEARNER_SLICE,
     OBS_DIM,

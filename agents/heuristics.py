@@ -22,7 +22,8 @@ import numpy as np
 
 from diloco_gym.agents.base import Agent, AgentContext, obs_feature
 from diloco_gym.envs.budget_features import BudgetPace
-from diloco_gym.envs.core import EnvParams, unsquash_rate
+from diloco_gym.envs.observation import unsquash_rate
+from diloco_gym.envs.params import EnvParams
 from diloco_gym.sim.schedules import optimal_schedule
 
 __all__ = [

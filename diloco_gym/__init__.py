@@ -8,8 +8,9 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from diloco_gym.envs.core import OBS_FEATURES, EnvParams
 from diloco_gym.envs.env import DiLoCoSyncEnv
+from diloco_gym.envs.observation import OBS_FEATURES
+from diloco_gym.envs.params import EnvParams
 from diloco_gym.sim.learners import LearnerParams
 from diloco_gym.sim.regimes import REGIMES, ReplayRegime, SyntheticRegime, get_regime
 from diloco_gym.sim.sidecar import SidecarParams

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from diloco_gym.envs.core import OBS_FEATURES
+from diloco_gym.envs.observation import OBS_FEATURES
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()

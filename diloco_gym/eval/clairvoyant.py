@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from diloco_gym.envs import core
+from diloco_gym.envs.episode import episode_from_seed
 from diloco_gym.sim.regimes import SyntheticRegime
 from diloco_gym.sim.schedules import optimal_schedule
 from diloco_gym.sim.traces import Trace
@@ -75,7 +75,7 @@ def expected_cost_pp(env: Any, seed: int, draws: int = DEFAULT_DRAWS) -> np.ndar
         raise ValueError(f"draws must be >= 1, got {draws}")
     total: np.ndarray | None = None
     for j in range(draws):
-        ep = core.episode_from_seed(
+        ep = episode_from_seed(
             SameRate(gen, int(seed)),
             draw_seed(seed, j),
             env.params,

@@ -29,7 +29,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from diloco_gym.envs import core
+from diloco_gym.envs.episode import Episode
+from diloco_gym.envs.params import EnvParams
+from diloco_gym.envs.schedule import sync_mask
 from diloco_gym.sim.sidecar import SidecarParams, replay
 
 __all__ = ["pair_credits", "lower_bound_pct"]
@@ -39,7 +41,7 @@ _BLOCK = 64
 
 
 def pair_credits(
-    episode: core.Episode, params: core.EnvParams, sidecar: SidecarParams
+    episode: Episode, params: EnvParams, sidecar: SidecarParams
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per decision ``d``, the requests its merge alone adds to the violations, counted by
     the decision interval they arrive in.
@@ -61,7 +63,7 @@ def pair_credits(
     tail = np.zeros(n, dtype=np.int64)
     for lo in range(0, n, _BLOCK):
         rows = np.arange(lo, min(n, lo + _BLOCK))
-        mask = core.sync_mask(rows[:, None], n_bins, params)
+        mask = sync_mask(rows[:, None], n_bins, params)
         res = replay(
             episode.base_s,
             episode.req_bin,
@@ -84,9 +86,9 @@ def pair_credits(
 
 
 def lower_bound_pct(
-    episode: core.Episode,
+    episode: Episode,
     merges: int,
-    params: core.EnvParams,
+    params: EnvParams,
     sidecar: SidecarParams,
     credits: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None,
 ) -> float:

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from diloco_gym.envs import core
+from diloco_gym.envs.episode import Episode
+from diloco_gym.envs.params import EnvParams
 from diloco_gym.eval.scorer import EpisodeScorer
 from diloco_gym.sim.schedules import optimal_schedule
 from diloco_gym.sim.sidecar import SidecarParams
@@ -108,9 +109,9 @@ def exact_local_search(
 
 
 def oracle_score(
-    episode: core.Episode,
+    episode: Episode,
     merges: int,
-    params: core.EnvParams,
+    params: EnvParams,
     sidecar: SidecarParams,
     scorer: EpisodeScorer | None = None,
     enumerate_max: int = ORACLE_ENUMERATE_MAX,
@@ -187,7 +188,7 @@ def _certified_lower(scorer: EpisodeScorer, merges: int, best_v: float) -> float
     a fleet's episode (its sites' bound is not computed)."""
     from diloco_gym.eval.lower_bound import lower_bound_pct, pair_credits
 
-    if not isinstance(scorer.episode, core.Episode):
+    if not isinstance(scorer.episode, Episode):
         return float("nan")  # a fleet's episode: no certified bound is computed for it
     credits = scorer.__dict__.get("_pair_credits")
     if credits is None:
@@ -203,7 +204,7 @@ def _certified_lower(scorer: EpisodeScorer, merges: int, best_v: float) -> float
 
 
 def oracle_excess(
-    episode: core.Episode, merges: int, params: core.EnvParams, sidecar: SidecarParams
+    episode: Episode, merges: int, params: EnvParams, sidecar: SidecarParams
 ) -> tuple[float, np.ndarray]:
     """Exact sync-excess (pp) of the offline oracle's schedule at exactly ``merges`` merges
     (see :func:`oracle_score`)."""

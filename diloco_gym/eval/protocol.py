@@ -27,8 +27,10 @@ from typing import TYPE_CHECKING, Any, cast
 import gymnasium as gym
 import numpy as np
 
-from diloco_gym.envs import core
 from diloco_gym.envs.env import Action, Observation
+from diloco_gym.envs.episode import Episode
+from diloco_gym.envs.params import EnvParams
+from diloco_gym.envs.schedule import sync_mask
 from diloco_gym.eval.oracle import (
     ORACLE_BOUND,
     ORACLE_ENUMERATE_MAX,
@@ -108,9 +110,9 @@ VERDICTS = (
 
 
 def replay_many(
-    episode: core.Episode,
+    episode: Episode,
     schedules: np.ndarray,
-    params: core.EnvParams,
+    params: EnvParams,
     sidecar: SidecarParams,
     scorer: EpisodeScorer | None = None,
 ) -> np.ndarray:
@@ -128,9 +130,9 @@ def replay_many(
 
 
 def replay_full(
-    episode: core.Episode,
+    episode: Episode,
     schedules: np.ndarray,
-    params: core.EnvParams,
+    params: EnvParams,
     sidecar: SidecarParams,
     chunk: int = 256,
 ) -> np.ndarray:
@@ -145,7 +147,7 @@ def replay_full(
         out[:] = 0.0
         return out
     for lo in range(0, k, chunk):
-        mask = core.sync_mask(schedules[lo : lo + chunk], n_bins, params)
+        mask = sync_mask(schedules[lo : lo + chunk], n_bins, params)
         res = replay(
             episode.base_s,
             episode.req_bin,
@@ -159,11 +161,11 @@ def replay_full(
 
 
 def envelope(
-    episode: core.Episode,
+    episode: Episode,
     merges: int,
     draws: int,
     rng: np.random.Generator,
-    params: core.EnvParams,
+    params: EnvParams,
     sidecar: SidecarParams,
     counts: CompletionTable | None = None,
     exact: bool = True,
@@ -490,7 +492,7 @@ class MatchedRandomDeferral(gym.Wrapper[Observation, Action, Observation, Action
         return obs, reward, terminated, truncated, info
 
 
-def counts_for(n: int, params: core.EnvParams, m_max: int) -> CompletionTable:
+def counts_for(n: int, params: EnvParams, m_max: int) -> CompletionTable:
     """Completion counts (log space) shared by all draws of an episode length (cache them
     per N)."""
     return completion_table(n, params.h_min, params.h_max, m_max)

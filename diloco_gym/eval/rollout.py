@@ -78,7 +78,7 @@ def run_episode(env: Any, agent: Any, seed: int, episode: Any = None) -> dict[st
     """One episode of ``agent`` on ``env`` with episode seed ``seed``.
 
     ``episode``: the episode of ``seed`` already built with the env's parameters
-    (:func:`diloco_gym.envs.core.episode_from_seed`), to run several agents on one build
+    (:func:`diloco_gym.envs.episode.episode_from_seed`), to run several agents on one build
     (the env's ``reset(options={"episode": ...})``); ``None`` builds it.
 
     After the reset the agent is attached (:func:`attach_agent`); then ``agent.predict``

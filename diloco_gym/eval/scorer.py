@@ -7,7 +7,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from diloco_gym.envs import core
+from diloco_gym.envs.episode import Episode
+from diloco_gym.envs.params import EnvParams
 from diloco_gym.sim.sidecar import (
     SidecarParams,
     cost_horizon,
@@ -67,9 +68,7 @@ class EpisodeScorer:
     additive optimum is the exact optimum.
     """
 
-    def __init__(
-        self, episode: core.Episode, params: core.EnvParams, sidecar: SidecarParams
-    ) -> None:
+    def __init__(self, episode: Episode, params: EnvParams, sidecar: SidecarParams) -> None:
         p, sc = params, sidecar
         self.episode, self.params, self.sidecar = episode, params, sidecar
         self.interval = p.decision_interval
@@ -117,7 +116,7 @@ class EpisodeScorer:
             np.all(self.drain_bins <= h_min_bins) and np.array_equal(self.iso_excess, self.cost)
         )
 
-    def matches(self, episode: core.Episode) -> bool:
+    def matches(self, episode: Episode) -> bool:
         """Whether ``episode`` has this scorer's replay inputs (an episode rebuilt from the
         same seed does), so the scorer can be reused for it."""
         e = self.episode

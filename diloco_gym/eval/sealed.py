@@ -6,7 +6,7 @@ caller's frames (``sys._getframe``) to the env, the episode's trace, its merge c
 seed. :class:`SealedAgent` runs the agent in a separate worker process started with the
 ``spawn`` method (a fresh interpreter: none of the parent's objects are copied into it)
 that holds agents and nothing else of the evaluation. The parent sends it, per episode,
-the public parameters (:class:`~diloco_gym.envs.core.EnvParams`), the regime's name and
+the public parameters (:class:`~diloco_gym.envs.params.EnvParams`), the regime's name and
 the observation's feature names (a fleet's per-site table), and per decision one
 observation and the current action mask; it answers with the action. The env, the
 episode, the trace, the merge costs, the seed, the step infos and the scoring stay in the

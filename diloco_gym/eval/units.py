@@ -14,8 +14,10 @@ from typing import Protocol
 
 import numpy as np
 
-from diloco_gym.envs import core
 from diloco_gym.envs.env import DiLoCoSyncEnv
+from diloco_gym.envs.episode import Episode, episode_from_seed, min_episode_seconds
+from diloco_gym.envs.params import EnvParams
+from diloco_gym.envs.schedule import replay_schedule
 from diloco_gym.eval import calibration as cal
 from diloco_gym.sim.regimes import REGIMES
 from diloco_gym.sim.schedules import budget_range
@@ -52,10 +54,11 @@ class Unit:
     seed: int
     fields: dict
 
-    def episode(self) -> core.Episode:
-        """The unit's episode (:func:`core.episode_from_seed` with the env's parameters)."""
+    def episode(self) -> Episode:
+        """The unit's episode (:func:`~diloco_gym.envs.episode.episode_from_seed` with the
+        env's parameters)."""
         env = self.env
-        return core.episode_from_seed(
+        return episode_from_seed(
             env.generator,
             self.seed,
             env.params,
@@ -117,7 +120,7 @@ def trace_units(config: UnitOptions, sidecar: SidecarParams) -> tuple[list[Unit]
     except LimitError as exc:
         raise LimitError(f"{config.trace}: {exc}") from None
     except ValueError as exc:
-        min_s = core.min_episode_seconds(core.EnvParams(), sidecar)
+        min_s = min_episode_seconds(EnvParams(), sidecar)
         raise ValueError(
             f"{config.trace}: {exc} (the trace lasts {tr.duration_s:.0f} s, "
             f"{replayed.duration_s:.0f} s at rate scale {scale:.3g}: too short "
@@ -180,7 +183,7 @@ def trace_effect_sizes(units: list[Unit]) -> dict:
         merges = cal.fixed_schedule(
             ep.n_decisions, 256 // env.params.decision_interval, env.params.h_min, env.params.h_max
         )
-        res = core.replay_schedule(ep, merges, env.params, env.sidecar)
+        res = replay_schedule(ep, merges, env.params, env.sidecar)
         lat.append(res.latency_s)
         act.append(res.sync_active)
         prs.append(res.pressure)

@@ -215,7 +215,7 @@ def calibrate_learners(
 def _corridor(env_steps_per_inner_step: float) -> tuple[int, int, dict[str, float]]:
     """The env's corridor ``[H_min, H_max]`` in inner steps, ``(lo, hi)`` (at least one
     step apart), and the env mapping the calibration file records."""
-    from diloco_gym.envs.core import EnvParams
+    from diloco_gym.envs.params import EnvParams
 
     ep = EnvParams()
     lo = max(1, round(ep.h_min_steps / env_steps_per_inner_step))

@@ -14,7 +14,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from diloco_gym.envs.core import OBS_INDEX
+from diloco_gym.envs.observation import OBS_INDEX
 from diloco_gym.eval.rollout import attach_agent
 from diloco_gym.eval.seed_ranges import TRAIN_SEED_HIGH, TRAIN_SEED_LOW
 

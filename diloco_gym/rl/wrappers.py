@@ -22,7 +22,8 @@ from diloco_gym.envs.budget_features import (
     augmented_size,
     budget_features,
 )
-from diloco_gym.envs.core import OBS_INDEX, EnvParams
+from diloco_gym.envs.observation import OBS_INDEX
+from diloco_gym.envs.params import EnvParams
 
 __all__ = [
     "BUDGET_FEATURES",

@@ -98,7 +98,7 @@ class FleetCell:
 def fleet_env_field(name: str) -> bool:
     """Whether ``name`` may follow ``env.`` in a fleet sweep: an ``EnvParams`` field or a
     ``FleetParams`` field other than ``sites`` (the sites are the fleet file's)."""
-    from diloco_gym.envs.core import EnvParams
+    from diloco_gym.envs.params import EnvParams
     from diloco_gym.sim.fleet import FleetParams
 
     valid = {f.name for f in fields(EnvParams)} | {f.name for f in fields(FleetParams)}

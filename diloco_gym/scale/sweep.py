@@ -180,7 +180,7 @@ def read_settings_file(path: Path) -> dict:
 
 
 def _env_field(path: Path, key: str, fleet: bool = False) -> str:
-    from diloco_gym.envs.core import EnvParams
+    from diloco_gym.envs.params import EnvParams
 
     name = key[4:] if key.startswith("env.") else key
     valid = {f.name for f in fields(EnvParams)}
@@ -320,7 +320,7 @@ def load_sweep(path: str | Path) -> SweepSpec:
 def _point(path: Path, index: int, params: dict[str, Any], fixed: dict[str, Any]) -> SweepPoint:
     """Point ``index`` of the grid (its axes' values ``params`` over the ``fixed``
     settings), its configuration checked; errors name the point by its parameters."""
-    from diloco_gym.envs.core import EnvParams
+    from diloco_gym.envs.params import EnvParams
     from diloco_gym.eval.cells import cell_config
     from diloco_gym.eval.report import ReportConfig
     from diloco_gym.sim.regimes import REGIMES

@@ -96,7 +96,7 @@ def load_tune(path: str | Path) -> TuneSpec:
         TuneFileError: (a ``ValueError``) a missing or malformed file, an unknown key or
             hyperparameter, a bad distribution, or an invalid setting.
     """
-    from diloco_gym.envs.core import EnvParams
+    from diloco_gym.envs.params import EnvParams
     from diloco_gym.rl import train  # noqa: F401 - without stable-baselines3, fail first
     from diloco_gym.scale.sweep import SweepFileError, read_settings_file
 

@@ -22,7 +22,7 @@ from diloco_gym.agents.registry import (
     is_budget_aware_spec,
     make_agent,
 )
-from diloco_gym.envs import core
+from diloco_gym.envs.observation import OBS_DIM, OBS_INDEX
 from diloco_gym.eval.rollout import attach_agent, run_episode
 from diloco_gym.sim import schedules
 from diloco_gym.sim.traces import Trace
@@ -62,8 +62,8 @@ def test_agents_are_deterministic(name):
 
 
 def test_wa_score_matches_formula():
-    obs = np.zeros(core.OBS_DIM, dtype=np.float32)
-    ix = core.OBS_INDEX
+    obs = np.zeros(OBS_DIM, dtype=np.float32)
+    ix = OBS_INDEX
     obs[ix["loss_progress_mean"]] = 0.8
     obs[ix["tokens_mean"]] = 0.6
     obs[ix["loss_progress_min"]] = 0.2
@@ -91,8 +91,8 @@ def test_unanimity_uses_the_slowest_learner():
     rep = env.unwrapped.learner_reports()
     p = env.params
     clip_loss = np.clip(rep["loss_delta"] / p.loss_clip, 0, 1)
-    assert obs[core.OBS_INDEX["loss_progress_min"]] == pytest.approx(clip_loss.min(), rel=1e-5)
-    assert obs[core.OBS_INDEX["loss_progress_mean"]] == pytest.approx(clip_loss.mean(), rel=1e-5)
+    assert obs[OBS_INDEX["loss_progress_min"]] == pytest.approx(clip_loss.min(), rel=1e-5)
+    assert obs[OBS_INDEX["loss_progress_mean"]] == pytest.approx(clip_loss.mean(), rel=1e-5)
 
 
 def test_fixed_interval_merges_every_h():
@@ -103,7 +103,7 @@ def test_fixed_interval_merges_every_h():
 
 
 def test_batched_predict_shapes():
-    obs = np.random.default_rng(0).random((7, core.OBS_DIM)).astype(np.float32)
+    obs = np.random.default_rng(0).random((7, OBS_DIM)).astype(np.float32)
     for name in HEURISTICS:
         if name == "offline-oracle":
             continue
@@ -117,7 +117,7 @@ def test_oracle_without_the_episode_says_why_and_names_the_wrapper():
     with pytest.raises(
         RuntimeError, match="non-deployable.*future merge costs.*AttachAgentWrapper"
     ):
-        OfflineCalibratedOracle().predict(np.zeros(core.OBS_DIM, dtype=np.float32))
+        OfflineCalibratedOracle().predict(np.zeros(OBS_DIM, dtype=np.float32))
 
 
 def test_random_deferral_draws_depend_only_on_what_it_sees():
@@ -131,7 +131,7 @@ def test_random_deferral_draws_depend_only_on_what_it_sees():
     assert run_episode(env, agent, 5)["merge_decisions"] == first
     assert run_episode(env, RandomDeferral(), 5)["merge_decisions"] == first
     assert run_episode(env, RandomDeferral(seed=1), 5)["merge_decisions"] != first
-    obs = np.random.default_rng(0).random((4000, core.OBS_DIM)).astype(np.float32)
+    obs = np.random.default_rng(0).random((4000, OBS_DIM)).astype(np.float32)
     agent.attach(None)
     u = agent.uniforms(obs)
     assert 0.0 <= u.min() and u.max() < 1.0 and abs(u.mean() - 0.5) < 0.02
@@ -142,9 +142,9 @@ def test_random_deferral_coins_do_not_depend_on_later_observations():
     """After the first observation the coins are a stream: changing every later
     observation changes no draw (a per-observation hash would redraw them all)."""
     rng = np.random.default_rng(1)
-    obs = rng.random((50, core.OBS_DIM)).astype(np.float32)
+    obs = rng.random((50, OBS_DIM)).astype(np.float32)
     other = obs.copy()
-    other[1:] = rng.random((49, core.OBS_DIM)).astype(np.float32)
+    other[1:] = rng.random((49, OBS_DIM)).astype(np.float32)
     a, b = RandomDeferral(), RandomDeferral()
     a.attach(None)
     b.attach(None)

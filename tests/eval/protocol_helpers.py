@@ -8,7 +8,7 @@ import dataclasses
 import numpy as np
 
 import diloco_gym
-from diloco_gym.envs import core
+from diloco_gym.envs.params import EnvParams
 from diloco_gym.sim.traces import Trace
 
 
@@ -43,7 +43,7 @@ def hot_instance(rate: float, seed: int, duration: float = 80.0):
         network=full.network[: int(duration)],
         checkpoint=full.checkpoint[: int(duration)],
     )
-    params = core.EnvParams(h_min_steps=64, h_max_steps=128, merge_seconds=8.0)
+    params = EnvParams(h_min_steps=64, h_max_steps=128, merge_seconds=8.0)
     env = diloco_gym.DiLoCoSyncEnv(regime=tr, params=params, sidecar=REGIMES["sync-heavy"].sidecar)
     env.reset(seed=seed)
     return env

@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from diloco_gym.envs import core
 from diloco_gym.envs.env import DiLoCoSyncEnv
+from diloco_gym.envs.episode import episode_from_seed
 from diloco_gym.eval import clairvoyant as cv
 from diloco_gym.eval import frontier as fr
 from diloco_gym.eval import protocol
@@ -49,7 +49,7 @@ def test_expected_cost_is_the_mean_of_the_redraws_and_undefined_on_a_trace(tmp_p
     e2 = cv.expected_cost_pp(env, 3, draws=2)
     costs = []
     for j in range(2):
-        ep = core.episode_from_seed(
+        ep = episode_from_seed(
             cv.SameRate(env.generator, 3),
             cv.draw_seed(3, j),
             env.params,
@@ -72,7 +72,7 @@ def test_the_reference_lies_between_the_oracle_and_random_placement_on_bursts():
     p = env.params
     out = []
     for seed in range(4):
-        ep = core.episode_from_seed(
+        ep = episode_from_seed(
             env.generator, seed, p, env.sidecar, env.learner_params, rate_rps=env.reward_rate_rps
         )
         scorer = protocol.EpisodeScorer(ep, p, env.sidecar)

@@ -10,8 +10,8 @@ import pytest
 
 from diloco_gym.agents.fleet import FleetOracleView, FleetView, aggregate_obs, fleet_agent
 from diloco_gym.agents.heuristics import OfflineCalibratedOracle, OnlineForecastWA, PressureGate
-from diloco_gym.envs.core import OBS_DIM, OBS_INDEX, squash_rate, unsquash_rate
 from diloco_gym.envs.fleet import DiLoCoFleetEnv
+from diloco_gym.envs.observation import OBS_DIM, OBS_INDEX, squash_rate, unsquash_rate
 from diloco_gym.eval import protocol
 from diloco_gym.eval.fleet import FleetReportConfig, FleetScorer, run_fleet_report
 from diloco_gym.eval.rollout import run_episode

@@ -12,7 +12,8 @@ import pytest
 
 from diloco_gym import DiLoCoSyncEnv
 from diloco_gym.agents.base import Agent
-from diloco_gym.envs.core import OBS_INDEX, episode_from_seed
+from diloco_gym.envs.episode import episode_from_seed
+from diloco_gym.envs.observation import OBS_INDEX
 from diloco_gym.eval.rollout import env_copies, run_episode, run_episodes
 from diloco_gym.eval.sealed import SealedAgent, act_together, seal_agents, worker_key
 

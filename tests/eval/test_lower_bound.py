@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from protocol_helpers import hot_instance
 
-from diloco_gym.envs import core
+from diloco_gym.envs.schedule import sync_mask
 from diloco_gym.eval import protocol
 from diloco_gym.eval.lower_bound import lower_bound_pct, pair_credits
 from diloco_gym.eval.oracle import ORACLE_BOUND, oracle_score
@@ -24,7 +24,7 @@ def _credit(ep, p, sc, sched: np.ndarray) -> int:
     dec = np.minimum(ep.req_bin // p.decision_interval, ep.n_decisions - 1)
     total = 0
     for k, d in enumerate(sched):
-        mask = core.sync_mask(np.array([[d]]), ep.pressure_bin.size, p)
+        mask = sync_mask(np.array([[d]]), ep.pressure_bin.size, p)
         res = replay(ep.base_s, ep.req_bin, ep.pressure_bin, mask, sc, p.step_seconds)
         added = res.violated[0] & ~base
         lo = 0 if k == 0 else d

@@ -12,7 +12,8 @@ from scipy import stats
 
 import diloco_gym
 from diloco_gym.cli import main
-from diloco_gym.envs import core
+from diloco_gym.envs.params import EnvParams
+from diloco_gym.envs.schedule import schedule_summary
 from diloco_gym.eval import protocol
 from diloco_gym.eval.report import ReportConfig, holm, run_protocol, write_report
 from diloco_gym.sim import schedules
@@ -32,7 +33,7 @@ def _small_env(**kw):
         network=full.network[:30],
         checkpoint=full.checkpoint[:30],
     )
-    params = core.EnvParams(h_min_steps=16, h_max_steps=32, merge_seconds=2.0, **kw)
+    params = EnvParams(h_min_steps=16, h_max_steps=32, merge_seconds=2.0, **kw)
     return diloco_gym.DiLoCoSyncEnv(regime=tr, params=params)
 
 
@@ -87,7 +88,7 @@ def test_envelope_draws_have_exact_budget_and_match_exact_replay():
     assert all(schedules.is_feasible(s, ep.n_decisions, p.h_min, p.h_max) for s in sch)
     exact = protocol.replay_many(ep, sch, p, sc)
     for i in range(5):
-        ref = core.schedule_summary(ep, sch[i].tolist(), p, sc)["sync_excess_pct"]
+        ref = schedule_summary(ep, sch[i].tolist(), p, sc)["sync_excess_pct"]
         assert exact[i] == pytest.approx(ref, abs=1e-9)
     additive = ep.merge_cost[sch].sum(axis=1) * ep.pct_per_request
     assert np.abs(additive - exact).max() < 0.05  # measured: 0 on this episode

@@ -14,7 +14,7 @@ import diloco_gym
 from diloco_gym.agents.base import Agent, AgentContext
 from diloco_gym.agents.heuristics import OfflineCalibratedOracle, WADiLoCo
 from diloco_gym.agents.registry import make_agent
-from diloco_gym.envs import core
+from diloco_gym.envs.episode import Episode
 from diloco_gym.eval.rollout import AttachAgentWrapper, attach_agent, run_episode
 from diloco_gym.sim.sidecar import ReplayResult
 from diloco_gym.sim.traces import Trace
@@ -54,7 +54,7 @@ def test_evaluate_policy_accepts_heuristic_agents():
 
 
 # --------------------------------------------------------------------------- deployability
-_FORBIDDEN = (gym.Env, gym.Wrapper, core.Episode, Trace, ReplayResult)
+_FORBIDDEN = (gym.Env, gym.Wrapper, Episode, Trace, ReplayResult)
 
 
 _SKIP = (type, types.ModuleType, types.BuiltinFunctionType, types.CodeType)

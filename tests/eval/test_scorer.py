@@ -10,7 +10,7 @@ import pytest
 from protocol_helpers import high_load_regime
 
 import diloco_gym
-from diloco_gym.envs import core
+from diloco_gym.envs.schedule import schedule_summary
 from diloco_gym.eval import protocol
 from diloco_gym.eval.scorer import EpisodeScorer
 from diloco_gym.sim import schedules
@@ -34,7 +34,7 @@ def test_episode_scorer_equals_the_full_replay(busy):
             np.testing.assert_allclose(
                 got.exact_pct, protocol.replay_full(ep, sch, p, sc), rtol=0, atol=1e-9
             )
-            ref = core.schedule_summary(ep, sch[0].tolist(), p, sc)["sync_excess_pct"]
+            ref = schedule_summary(ep, sch[0].tolist(), p, sc)["sync_excess_pct"]
             assert got.exact_pct[0] == pytest.approx(ref, abs=1e-9)
             np.testing.assert_allclose(
                 got.additive_pct, ep.merge_cost[sch].sum(axis=1) * ep.pct_per_request

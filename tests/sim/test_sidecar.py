@@ -317,13 +317,14 @@ def test_sidecar_params_accept_ints_and_derive_slo_seconds():
 @pytest.mark.parametrize("regime", ["bursty", "sync-heavy", "pressure-heavy", "non-periodic"])
 def test_one_merge_cost_equals_the_batched_costs(regime):
     """The lazy per-merge path (what the env uses) equals the batched costs bit for bit."""
-    from diloco_gym.envs import core
+    from diloco_gym.envs.episode import episode_from_seed
+    from diloco_gym.envs.params import EnvParams
     from diloco_gym.sim.learners import LearnerParams
     from diloco_gym.sim.regimes import get_regime
 
     gen = get_regime(regime)
     for seed in range(4):
-        ep = core.episode_from_seed(gen, seed, core.EnvParams(), gen.sidecar, LearnerParams())
+        ep = episode_from_seed(gen, seed, EnvParams(), gen.sidecar, LearnerParams())
         lazy = [ep.merge_cost_at(d) for d in range(ep.n_decisions)]  # before the full array
         assert "merge_cost" not in ep.__dict__
         assert np.array_equal(np.array(lazy), ep.merge_cost)
@@ -348,15 +349,16 @@ def test_summary_percentiles_equal_one_call_each():
 def test_isolated_cost_from_the_episode_queue_equals_its_own():
     """``IsolatedMergeCost(queue=...)`` with the episode's no-merge queue (as the episode
     builder computed it) costs every decision exactly as the one computing its own queue."""
-    from diloco_gym.envs import core
+    from diloco_gym.envs.episode import episode_from_seed
+    from diloco_gym.envs.params import EnvParams
     from diloco_gym.sim.learners import LearnerParams
     from diloco_gym.sim.regimes import get_regime
     from diloco_gym.sim.sidecar import IsolatedMergeCost
 
-    p = core.EnvParams()
+    p = EnvParams()
     for name, seed in (("bursty", 0), ("sync-heavy", 3), ("non-periodic", 5)):
         reg = get_regime(name)
-        ep = core.episode_from_seed(reg, seed, p, reg.sidecar, LearnerParams())
+        ep = episode_from_seed(reg, seed, p, reg.sidecar, LearnerParams())
         assert ep.queue is not None
         args = (
             ep.base_s,

@@ -7,7 +7,8 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
-from diloco_gym.envs import core
+from diloco_gym.envs.episode import min_episode_seconds
+from diloco_gym.envs.params import EnvParams
 from diloco_gym.eval.calibration.consistency import check_consistency
 from diloco_gym.eval.calibration.schema import (
     CalibrationFileError,
@@ -142,7 +143,7 @@ def _read_calibration(path: str | Path | None) -> Calibration:
         except ValueError as exc:  # defensive: the schema's ranges are stricter
             raise CalibrationFileError(where, str(exc), "fitted_sidecar") from exc
         shortest = min(float(getattr(r, "duration_s", 600.0)) for r in REGIMES.values())
-        min_s = core.min_episode_seconds(core.EnvParams(), fitted)
+        min_s = min_episode_seconds(EnvParams(), fitted)
         if min_s > shortest:
             raise CalibrationFileError(
                 where,

@@ -9,7 +9,9 @@ from pathlib import Path
 
 import numpy as np
 
-from diloco_gym.envs import core
+from diloco_gym.envs.episode import build_episode
+from diloco_gym.envs.params import EnvParams
+from diloco_gym.envs.schedule import replay_schedule
 from diloco_gym.eval.calibration.files import load_calibration
 from diloco_gym.eval.calibration.schema import METRICS, read_json_file
 from diloco_gym.sim.learners import LearnerParams
@@ -133,7 +135,7 @@ def simulated_effect_sizes(
     regime: str,
     seeds=range(8),
     sidecar: SidecarParams | None = None,
-    params: core.EnvParams | None = None,
+    params: EnvParams | None = None,
     calibrated_on: bool = True,
     utilization: float | None = None,
     merge_seconds: float | None = None,
@@ -155,7 +157,7 @@ def simulated_effect_sizes(
     both, with merges every ``merge_every_s`` rounded to whole decisions (the schedule of
     the measurement, not an agent's, so the training corridor does not apply).
     """
-    params = params or core.EnvParams()
+    params = params or EnvParams()
     if merge_seconds is not None:
         params = replace(params, merge_seconds=merge_seconds)
     reg = get_regime(regime)
@@ -165,7 +167,7 @@ def simulated_effect_sizes(
     lat, act, prs = [], [], []
     for seed in seeds:
         rng = np.random.default_rng(seed)
-        ep = core.build_episode(trace_regime(rng), params, sidecar, LearnerParams(), rng, seed)
+        ep = build_episode(trace_regime(rng), params, sidecar, LearnerParams(), rng, seed)
         if merge_every_s is not None:
             every = max(1, round(merge_every_s / params.decision_seconds))
             merges = list(range(every, ep.n_decisions, every))
@@ -173,7 +175,7 @@ def simulated_effect_sizes(
             merges = fixed_schedule(
                 ep.n_decisions, 256 // params.decision_interval, params.h_min, params.h_max
             )
-        res = core.replay_schedule(ep, merges, params, sidecar)
+        res = replay_schedule(ep, merges, params, sidecar)
         lat.append(res.latency_s)
         act.append(res.sync_active)
         prs.append(res.pressure)
