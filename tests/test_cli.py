@@ -15,11 +15,11 @@ import pandas as pd
 import pytest
 
 import diloco_gym
-from diloco_gym import cli
 from diloco_gym.cli import main
+from diloco_gym.commands import run as run_command
 from diloco_gym.eval import report as rep
 from diloco_gym.eval import summary
-from diloco_gym.sim.loaders import FORMATS, save_native
+from diloco_gym.sim.loaders import save_native
 from diloco_gym.sim.traces import Trace
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -310,53 +310,11 @@ def test_run_trace_errors_are_one_line(tmp_path, capsys):
     assert not (tmp_path / "r").exists()
 
 
-def test_format_is_a_choice_list(tmp_path, capsys):
-    assert cli.TRACE_FORMATS == ("auto", *FORMATS)
-    with pytest.raises(SystemExit) as exc:
-        main(["run", "--agent", "fixed-512", "--trace", "x.csv", "--format", "csvx"])
-    assert exc.value.code == 2
-    assert "invalid choice: 'csvx'" in capsys.readouterr().err
-
-
-@pytest.mark.parametrize(
-    "argv",
-    [
-        ["run", "--agent", "fixed-512", "--seeds", "0"],
-        ["run", "--agent", "fixed-512", "--seeds", "-3"],
-        ["run", "--agent", "fixed-512", "--seed0", "-1"],
-        ["report", "--seeds", "1", "--out", "never"],
-        ["report", "--draws", "0", "--out", "never"],
-    ],
-)
-def test_bad_counts_are_usage_errors(argv, capsys):
-    with pytest.raises(SystemExit) as exc:
-        main(argv)
-    assert exc.value.code == 2
-    err = capsys.readouterr().err
-    assert "must be >=" in err and "Traceback" not in err and "nan" not in err
-    assert len(err.strip().splitlines()) == 1, err
-
-
-def test_data_and_usage_errors_of_report(tmp_path, capsys):
-    bad_cal = tmp_path / "cal.json"
-    bad_cal.write_text("{not json")
-    assert "cal.json" in _fails(
-        ["report", "--out", str(tmp_path / "r"), "--calibration", str(bad_cal), *QUICK], capsys, 1
-    )
-    assert "valid agents" in _fails(
-        ["report", "--out", str(tmp_path / "r"), "--agents", "nope"], capsys, 2
-    )
-    junk = tmp_path / "junk.zip"
-    junk.write_bytes(b"junk")
-    assert "junk.zip" in _fails(["run", "--agent", str(junk), "--seeds", "1"], capsys, 1)
-    assert not (tmp_path / "r").exists()
-
-
 def test_unexpected_errors_are_one_line_too(monkeypatch, capsys):
     def broken(args):
         raise TypeError("something internal")
 
-    monkeypatch.setattr(cli, "cmd_run", broken)
+    monkeypatch.setattr(run_command, "run", broken)
     line = _fails(["run", "--agent", "fixed-512"], capsys, 1)
     assert "internal error: TypeError: something internal" in line
     monkeypatch.setenv("DILOCO_GYM_TRACEBACK", "1")
@@ -588,52 +546,6 @@ def test_report_holm_across_settings(tmp_path, capsys):
     assert "--holm-across-settings not used with --fleet" in msg
 
 
-def test_the_same_agent_twice_is_a_usage_error(tmp_path, capsys):
-    line = _fails(
-        [
-            "report",
-            "--out",
-            str(tmp_path / "r"),
-            "--seeds",
-            "2",
-            "--regimes",
-            "bursty",
-            "--agents",
-            "fixed-512",
-            "wa-diloco",
-            "fixed-512",
-            "--no-progress",
-        ],
-        capsys,
-        2,
-    )
-    assert "'fixed-512' given more than once" in line
-    assert not (tmp_path / "r").exists()
-
-
-@pytest.mark.parametrize(
-    "argv",
-    [
-        ["run", "--agent", "reference-budget-bursty", "--seeds", "2"],
-        ["run", "--agent", "fixed-budget"],
-        ["report", "--agents", "online-forecast-budget", "--out", "OUT"],
-        ["report", "--agent", "reference-budget-mixed", "--out", "OUT"],
-    ],
-)
-def test_budget_aware_agents_are_refused_where_no_budget_is_given(argv, tmp_path, capsys):
-    """run and report give no merge budget: a budget-aware agent there is a usage error
-    (exit 2, one line naming the frontier) before anything is printed or written."""
-    out = tmp_path / "rep"
-    with pytest.raises(SystemExit) as exc:
-        main([str(out) if a == "OUT" else a for a in argv])
-    captured = capsys.readouterr()
-    assert exc.value.code == 2
-    assert captured.out == ""
-    assert "runs only with one" in captured.err and "diloco-gym frontier" in captured.err
-    assert len(captured.err.strip().splitlines()) == 1
-    assert not out.exists()
-
-
 # ------------------------------------------------------------------ fleet
 FLEET_EXAMPLE = Path(__file__).resolve().parents[1] / "docs" / "examples" / "fleet.toml"
 
@@ -701,37 +613,6 @@ def test_frontier_fleet_runs_each_budget_at_matched_syncs(tmp_path, capsys):
     assert one == (tmp_path / "b" / "frontier.csv").read_bytes()
 
 
-def test_frontier_fleet_default_budgets_lie_in_the_fleets_range():
-    """Without --budgets a fleet frontier spreads five budgets over the fleet episode's own
-    feasible range (the single-host grid does not fit a fleet's episode)."""
-    from diloco_gym.cli import _fleet_budgets, build_parser
-
-    args = build_parser("frontier").parse_args(["frontier", "--fleet", str(FLEET_EXAMPLE)])
-    assert args.budgets is None
-    got = _fleet_budgets(args)
-    assert got == [48, 65, 81, 97, 114]  # np.linspace(32, 130, 7)[1:-1], rounded
-    explicit = build_parser("frontier").parse_args(
-        ["frontier", "--fleet", str(FLEET_EXAMPLE), "--budgets", "300", "600"]
-    )
-    assert _fleet_budgets(explicit) == [50, 100]
-
-
-def test_frontier_fleet_errors(tmp_path, capsys):
-    base = ["frontier", "--fleet", str(FLEET_EXAMPLE), "--out", str(tmp_path / "o")]
-    assert "--fleet replaces --regimes" in _fails([*base, "--regimes", "bursty"], capsys, 2)
-    assert "--free-agents and --learner-calibration are not used with --fleet" in _fails(
-        [*base, "--free-agents", "pressure-gate"], capsys, 2
-    )
-    msg = _fails([*base, "--budgets", "1", "300"], capsys, 2)  # the default grid is too low
-    assert "--budgets 1/h (0 syncs) outside" in msg and "32..130 syncs per episode" in msg
-    assert "300/h" not in msg
-    assert "fleet configuration file not found" in _fails(
-        ["frontier", "--fleet", str(tmp_path / "no.toml"), "--out", str(tmp_path / "n")],
-        capsys,
-        1,
-    )
-
-
 @pytest.mark.slow
 def test_report_fleet_writes_a_report(tmp_path, capsys):
     out = tmp_path / "fleet-report"
@@ -761,13 +642,3 @@ def test_help_states_each_default_once_and_no_false_ones(command):
     # a real default is still shown once
     if command == "report":
         assert text.count("report directory (default: report)") == 1
-
-
-def test_report_refuses_a_window_in_which_no_agent_can_choose(tmp_path, capsys):
-    """traces/bursty.csv in 60 s windows: shorter than H_max (71.7 s) plus the margin, so
-    no merge is ever required and fixed-512, the oracle and matched random all never merge."""
-    trace = str(Path(__file__).resolve().parents[1] / "traces" / "bursty.csv")
-    argv = ["report", "--trace", trace, "--format", "native", "--out", str(tmp_path / "r")]
-    line = _fails([*argv, "--window-s", "60"], capsys, 2)
-    assert "no agent has a choice" in line and "at least 92.8 s" in line
-    assert not (tmp_path / "r").exists()

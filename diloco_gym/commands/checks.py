@@ -1,7 +1,7 @@
 """Checks several ``diloco-gym`` commands make of their options before any work: a known
 regime, a known agent (or a model file), one that runs without a merge budget, a loadable
-agent and a readable learner calibration; each failure is the command line's usage or data
-error."""
+agent, a readable learner calibration, an output directory it may write and no option a fleet
+run does not use; each failure is the command line's usage or data error."""
 
 from __future__ import annotations
 
@@ -19,6 +19,8 @@ __all__ = [
     "check_free_agent",
     "load_agent",
     "check_learner_calibration",
+    "check_out_dir",
+    "check_no_fleet_options",
 ]
 
 
@@ -83,3 +85,36 @@ def check_learner_calibration(path: str | None) -> None:
             load_learner_calibration(path)
         except ValueError as exc:
             raise DataError(str(exc)) from None
+
+
+def check_out_dir(out: str, force: bool) -> None:
+    """``--out``/``--force``: a directory the command may write (new, empty, or with
+    ``--force`` a previous report's); any other is a usage error, before any work."""
+    from diloco_gym.eval.report import prepare_out_dir
+
+    try:
+        prepare_out_dir(out, force)
+    except (FileExistsError, IsADirectoryError, NotADirectoryError, PermissionError) as exc:
+        raise UsageError(str(exc)) from None
+
+
+def check_no_fleet_options(args: argparse.Namespace) -> None:
+    """Options a fleet run does not use are a usage error, not silently dropped."""
+    unused = {
+        "--backend": getattr(args, "backend", "serial") != "serial",
+        "--jobs": getattr(args, "jobs", None) is not None,
+        "--ray-address": getattr(args, "ray_address", None) is not None,
+        "--stride-s": getattr(args, "stride_s", None) is not None,
+        "--sidecar": getattr(args, "sidecar", None) is not None,
+        "--rate-scale": getattr(args, "rate_scale", None) is not None,
+        "--target-utilization": getattr(args, "target_utilization", None) is not None,
+        "--format": getattr(args, "trace_format", "auto") != "auto",
+        "--window-s": getattr(args, "window_s", 600.0) != 600.0,
+        "--holm-across-settings": bool(getattr(args, "holm_across_settings", False)),
+    }
+    given = [k for k, v in unused.items() if v]
+    if given:
+        raise UsageError(
+            f"{', '.join(given)} not used with --fleet (a fleet runs serially; its sites, "
+            f"windows and loads are set in the fleet file)"
+        )

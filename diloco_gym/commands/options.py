@@ -4,6 +4,7 @@ spells, checks and documents an option the same way."""
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 __all__ = [
     "SEED0_HELP",
@@ -17,6 +18,7 @@ __all__ = [
     "add_holm_arg",
     "add_fleet_arg",
     "add_learner_calibration_arg",
+    "replay_options",
 ]
 
 #: Trace formats of ``--format`` (kept in step with :data:`diloco_gym.sim.loaders.FORMATS`).
@@ -192,3 +194,20 @@ def add_learner_calibration_arg(p: argparse.ArgumentParser) -> None:
         help="learner calibration JSON (diloco-gym calibrate-learners): adds each schedule's "
         "model-quality price (predicted loss, cost vs fixed H at the same merges)",
     )
+
+
+def replay_options(args: argparse.Namespace, stride: bool = True) -> dict[str, Any]:
+    """The trace, window and load options (:func:`add_trace_args`) a protocol config takes
+    from the command line (``stride``: the config has ``stride_s``; the frontier replays
+    disjoint windows only)."""
+    opts: dict[str, Any] = {
+        "trace": args.trace,
+        "trace_format": args.trace_format,
+        "window_s": args.window_s,
+        "sidecar": args.sidecar,
+        "rate_scale": args.rate_scale,
+        "target_utilization": args.target_utilization,
+    }
+    if stride:
+        opts["stride_s"] = args.stride_s
+    return opts

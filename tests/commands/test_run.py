@@ -1,0 +1,115 @@
+"""The ``run`` command (:mod:`diloco_gym.commands.run`): each mode's option checks (regime,
+trace, fleet) fail with one line and their exit status before any episode runs; the units
+and their label."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from diloco_gym.cli import build_parser
+from diloco_gym.commands import options
+from diloco_gym.commands import run as run_cmd
+from diloco_gym.errors import DataError
+from diloco_gym.sim.loaders import FORMATS, save_native
+from diloco_gym.sim.traces import Trace
+
+FLEET_EXAMPLE = Path(__file__).resolve().parents[2] / "docs" / "examples" / "fleet.toml"
+
+TRACE = str(Path(__file__).resolve().parents[2] / "traces" / "bursty.csv")
+RUN = ["run", "--agent", "fixed-512", "--in-process-agents"]
+
+
+def _args(argv: list[str]):
+    return build_parser("run").parse_args(argv)
+
+
+def test_format_is_a_choice_list(fails):
+    assert options.TRACE_FORMATS == ("auto", *FORMATS)
+    line = fails([*RUN, "--trace", "x.csv", "--format", "csvx"], 2)
+    assert "invalid choice: 'csvx'" in line
+
+
+@pytest.mark.parametrize(
+    ("extra", "wanted"),
+    [
+        (["--seeds", "0"], "argument --seeds: must be >= 1, got 0"),
+        (["--seeds", "-3"], "argument --seeds: must be >= 1, got -3"),
+        (["--seed0", "-1"], "argument --seed0: must be >= 0, got -1"),
+        (["--seeds", "two"], "argument --seeds: not an integer: 'two'"),
+        (["--rate-scale", "2", "--target-utilization", "0.5"], "not allowed with argument"),
+    ],
+)
+def test_bad_option_values_are_argparse_usage_errors(extra, wanted, fails):
+    line = fails([*RUN, *extra], 2)
+    assert line.startswith("diloco-gym run: error: ") and wanted in line
+    assert line.endswith("(see: diloco-gym run --help)")
+
+
+def test_regime_mode_checks(fails):
+    assert "unknown regime 'nope'; valid regimes: " in fails([*RUN, "--regime", "nope"], 2)
+    line = fails(["run", "--agent", "nope"], 2)
+    assert "unknown agent 'nope'" in line and "a path to a trained model .zip" in line
+    assert fails([*RUN, "--window-s", "-5"], 2) == (
+        "diloco-gym: window_s must be a positive number of seconds, got -5.0"
+    )
+    assert fails([*RUN, "--rate-scale", "-1"], 2) == (
+        "diloco-gym: rate_scale must be a positive number, got -1.0"
+    )
+
+
+@pytest.mark.parametrize("agent", ["fixed-budget", "reference-budget-bursty"])
+def test_budget_aware_agents_are_refused(agent, fails):
+    """run gives no merge budget: a budget-aware agent is a usage error naming the frontier."""
+    line = fails(["run", "--agent", agent, "--seeds", "2"], 2)
+    assert "runs only with one" in line and f"frontier --budget-agents {agent}" in line
+
+
+def test_a_corrupt_model_file_is_a_data_error(tmp_path, fails):
+    junk = tmp_path / "junk.zip"
+    junk.write_bytes(b"junk")
+    assert "junk.zip" in fails(["run", "--agent", str(junk), "--seeds", "1"], 1)
+
+
+def test_trace_mode_checks(tmp_path, fails):
+    assert "missing.csv: cannot read" in fails([*RUN, "--trace", str(tmp_path / "missing.csv")], 1)
+    line = fails([*RUN, "--trace", TRACE, "--window-s", "10"], 2)
+    assert "10 s is too short: an episode needs at least 39.0 s" in line
+
+
+def test_a_trace_too_short_for_a_window_is_a_data_error_naming_the_file(tmp_path):
+    n = 30
+    short = tmp_path / "short.csv"
+    save_native(Trace(np.linspace(0.0, 29.7, n), np.full(n, 100), np.full(n, 10), 30.0), short)
+    args = _args([*RUN, "--trace", str(short)])
+    with pytest.raises(DataError, match="too short") as exc:
+        run_cmd._units(args, run_cmd._config(args))
+    assert exc.value.exit_code == 1 and str(short) in str(exc.value)
+
+
+def test_units_and_their_labels():
+    args = _args([*RUN, "--seeds", "1"])
+    units, label = run_cmd._units(args, run_cmd._config(args))
+    assert len(units) == 1 and label == "bursty"  # --seeds 1 (the config holds 2)
+    args = _args([*RUN, "--trace", TRACE, "--format", "native", "--window-s", "100"])
+    units, label = run_cmd._units(args, run_cmd._config(args))
+    assert label == f"bursty ({len(units)} disjoint windows of 100 s)"
+    args = _args([*RUN, "--trace", TRACE, "--format", "native", "--window-s", "100",
+                  "--stride-s", "50"])  # fmt: skip
+    _, label = run_cmd._units(args, run_cmd._config(args))
+    assert "overlapping windows of 100 s: not independent" in label
+
+
+def test_fleet_mode_checks(tmp_path, fails):
+    fleet = ["run", "--agent", "pressure-gate", "--in-process-agents", "--fleet"]
+    line = fails([*fleet, str(FLEET_EXAMPLE), "--trace", "x.csv"], 2)
+    assert line == "diloco-gym: --fleet replaces --trace (the sites are in FILE)"
+    line = fails([*fleet, str(FLEET_EXAMPLE), "--window-s", "60", "--format", "native"], 2)
+    assert line.startswith("diloco-gym: --format, --window-s not used with --fleet (")
+    assert "--rate-scale not used" in fails([*fleet, str(FLEET_EXAMPLE), "--rate-scale", "2"], 2)
+    assert "fleet configuration file not found" in fails([*fleet, str(tmp_path / "no.toml")], 1)
+    prec = tmp_path / "prec.toml"
+    prec.write_text('[fleet]\nbits_options = [4, 32]\n[[site]]\nname = "bursty"\n')
+    assert "run --fleet scores fixed-precision fleets only" in fails([*fleet, str(prec)], 1)
