@@ -51,3 +51,13 @@ def test_main_names_the_missing_extra_before_parsing(monkeypatch, capsys):
         main(["train", "--bogus"])
     assert exc.value.code == 2
     assert "train needs the 'rl' extra" in capsys.readouterr().err
+
+
+def test_cli_train_without_the_rl_extra(monkeypatch, capsys):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "diloco_gym.rl.train", None)  # as if SB3 were missing
+    with pytest.raises(SystemExit) as exc:
+        main(["train", "--algo", "ppo", "--timesteps", "10", "--out", "x"])
+    assert exc.value.code == 2
+    assert "needs the 'rl' extra" in capsys.readouterr().err
