@@ -119,6 +119,7 @@ def test_force_refuses_a_non_empty_directory_without_the_marker(tmp_path, capsys
     assert (out / "results.csv").read_text() == "not a report"
 
 
+@pytest.mark.slow
 def test_force_replaces_a_marked_report_and_an_unmarked_old_one(tmp_path, capsys):
     out = tmp_path / "r"
     assert main(["report", "--out", str(out), *QUICK]) == 0
@@ -157,6 +158,7 @@ def test_interrupted_replacement_keeps_the_old_report(tmp_path, small_result, mo
     assert sorted(p.name for p in tmp_path.iterdir()) == ["r"]
 
 
+@pytest.mark.slow
 def test_new_report_is_complete_before_the_old_one_moves(tmp_path, small_result, monkeypatch):
     out = tmp_path / "r"
     rep.write_report(small_result, out)
@@ -235,6 +237,7 @@ def test_next_run_removes_leftovers_and_writes_the_report(tmp_path, small_result
 
 
 # ------------------------------------------------------------------ one error path
+@pytest.mark.slow
 def test_run_trace_errors_are_one_line(tmp_path, capsys):
     missing = tmp_path / "missing.csv"
     assert "missing.csv" in _fails(
@@ -373,6 +376,7 @@ def test_sigint_to_a_running_report_process(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == []
 
 
+@pytest.mark.slow
 def test_entry_point_prints_no_traceback(tmp_path):
     res = _cli(["run", "--agent", "fixed-512", "--trace", "nope.csv"], tmp_path)
     assert res.returncode == 1
@@ -523,6 +527,7 @@ def test_report_json_and_files_of_a_cli_report(tmp_path):
     assert "merges_per_hour" in pd.read_csv(out / "results.csv").columns
 
 
+@pytest.mark.slow
 def test_report_holm_across_settings(tmp_path, capsys):
     """--holm-across-settings: one Holm family over every regime x agent, named in
     report.json and report.md; without it one family per regime, and the all-settings p

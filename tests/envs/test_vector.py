@@ -324,6 +324,7 @@ def test_action_masks_batched():
 
 
 # --------------------------------------------------------------------------- SB3 adapter
+@pytest.mark.slow
 def test_sb3_adapter_ppo_smoke():
     pytest.importorskip("stable_baselines3")
     from stable_baselines3 import PPO

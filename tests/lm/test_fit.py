@@ -40,6 +40,7 @@ def _runs(noise: float, seeds: int = 4) -> list[dict]:
     return out
 
 
+@pytest.mark.slow
 def test_fit_recovers_known_parameters():
     runs = [r for r in _runs(noise=0.0, seeds=1) if r["role"] == "fit"]
     cal, rms = fit_surrogate(runs, ENV)

@@ -33,6 +33,7 @@ def _toy(global_vals, local_vals):
     return g, loc, opt
 
 
+@pytest.mark.slow
 def test_outer_step_equals_hand_computed_nesterov():
     g, loc, opt = _toy(
         [[1.0, 2.0, 3.0], [0.5, -0.5]],
