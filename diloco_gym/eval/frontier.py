@@ -67,6 +67,7 @@ from diloco_gym.eval.frontier_stats import (
     holm_scope,
     pairwise_stats,
 )
+from diloco_gym.eval.output_dir import write_output_dir
 from diloco_gym.eval.rollout import run_episodes
 from diloco_gym.eval.units import episode_budget
 from diloco_gym.io import json_default
@@ -378,7 +379,6 @@ def run_frontier_cell(cell: FrontierCell) -> dict[str, list[dict]]:
         ``{"rows": [...], "curves": [...]}``: the unit's rows (free agents, then budget
         agents per budget) and its curve points, in the serial order.
     """
-    from diloco_gym.agents.registry import is_budget_aware
     from diloco_gym.eval.cells import cached
 
     config = cell.config
@@ -386,7 +386,6 @@ def run_frontier_cell(cell: FrontierCell) -> dict[str, list[dict]]:
     regime, calib_key, fitted, units, shared_envs = plan[cell.regime]
     # The scorer cache of the regime (reused across its units in this process).
     cache: dict[str, Any] = cached("frontier-scorers", config, regime, dict)
-    rows: list[dict] = []
     seed, gen = units[cell.unit]
     envs: _Envs = (
         shared_envs
@@ -404,19 +403,11 @@ def run_frontier_cell(cell: FrontierCell) -> dict[str, list[dict]]:
         env.learner_params,
         rate_rps=env.reward_rate_rps,
     )
-    budgets = {
-        b: episode_budget(b, ep0.trace.duration_s, ep0.n_decisions, env.params)
-        for b in config.budgets_per_hour
-    }
-    if len(set(budgets.values())) != len(budgets):
-        raise ValueError(
-            f"budgets {config.budgets_per_hour} merges/h round to the same merges per "
-            f"episode ({list(budgets.values())}); give distinct budgets"
-        )
+    budgets = _unit_budgets(config, ep0, env)
     for m in budgets.values():
         if m not in envs:
             envs[m] = DiLoCoSyncEnv(regime=gen, sidecar=env.sidecar, merge_budget=m)
-    runs = [(agent, env, "free", np.nan, np.nan) for agent in free_agents]
+    runs: list[_Run] = [(agent, env, "free", np.nan, np.nan) for agent in free_agents]
     runs += [
         (agent, envs[m], "budget", per_hour, m)
         for per_hour, m in budgets.items()
@@ -424,47 +415,80 @@ def run_frontier_cell(cell: FrontierCell) -> dict[str, list[dict]]:
     ]
     jobs = [(r[1], r[0], seed, _same_episode(ep0, r[1])) for r in runs]  # lockstep, on copies
     results = run_episodes(jobs, copies=True)
-    for (agent, e, mode, per_hour, m_budget), (*_, ep), res in zip(
-        runs, jobs, results, strict=True
-    ):
-        if mode == "budget" and int(res["merges"]) != m_budget:
-            # The env's mask guarantees it; checked, never assumed.
-            raise RuntimeError(
-                f"{agent.name} made {res['merges']} merges with "
-                f"merge_budget={m_budget} (seed {seed})"
-            )
-        scored = _score(cache, ep, e, res["merge_decisions"], seed, config.draws)
-        held = "free" if mode == "free" else "budget-aware" if is_budget_aware(agent) else "mask"
-        rows.append(
-            {
-                "regime": regime,
-                "agent": agent.name,
-                "mode": mode,
-                "held": held,
-                "deployable": res["deployable"],
-                "budget_per_hour": per_hour,
-                "budget": m_budget,
-                "seed": seed,
-                "merges": int(res["merges"]),
-                "merges_per_hour": int(res["merges"]) * 3600.0 / ep.trace.duration_s,
-                **scored,
-                "no_sync_violation_pct": res["no_sync_violation_pct"],
-                "duration_s": ep.trace.duration_s,
-                "n_decisions": ep.n_decisions,
-                **quality_columns(config.learner_calibration, res),
-                "unit": "seed" if config.trace is None else "window",
-                # in the replayed (rate-scaled) trace's clock
-                "window_start_replayed_s": getattr(gen, "start_s", np.nan)
-                if config.trace is not None
-                else np.nan,
-            }
-        )
+    rows = [
+        _row(cache, config, regime, gen, seed, run, ep, res)
+        for run, (*_, ep), res in zip(runs, jobs, results, strict=True)
+    ]
     curves = _unit_curves(cache, ep0, env, seed, regime, config.draws)
     # The rate-clairvoyant reference at each row's own number of merges.
     reference = {c["budget"]: c["rate_clairvoyant_pct"] for c in curves}
     for row in rows:
         row["rate_clairvoyant_pct"] = reference.get(row["merges"], np.nan)
     return {"rows": rows, "curves": curves}
+
+
+#: One agent run of a unit: (agent, env, mode ``free`` or ``budget``, budget per hour,
+#: merges per episode; NaN for a free run).
+_Run = tuple[Any, DiLoCoSyncEnv, str, float, float]
+
+
+def _unit_budgets(config: FrontierConfig, ep: core.Episode, env: DiLoCoSyncEnv) -> dict[float, int]:
+    """The grid's budgets in merges per episode of ``ep``, by merges per hour (distinct)."""
+    budgets = {
+        b: episode_budget(b, ep.trace.duration_s, ep.n_decisions, env.params)
+        for b in config.budgets_per_hour
+    }
+    if len(set(budgets.values())) != len(budgets):
+        raise ValueError(
+            f"budgets {config.budgets_per_hour} merges/h round to the same merges per "
+            f"episode ({list(budgets.values())}); give distinct budgets"
+        )
+    return budgets
+
+
+def _row(
+    cache: dict[str, Any],
+    config: FrontierConfig,
+    regime: str,
+    gen: Any,
+    seed: int,
+    run: _Run,
+    ep: core.Episode,
+    res: dict[str, Any],
+) -> dict[str, Any]:
+    """One agent run's row: its merges scored against matched random and the oracle."""
+    from diloco_gym.agents.registry import is_budget_aware
+
+    agent, e, mode, per_hour, m_budget = run
+    if mode == "budget" and int(res["merges"]) != m_budget:
+        # The env's mask guarantees it; checked, never assumed.
+        raise RuntimeError(
+            f"{agent.name} made {res['merges']} merges with merge_budget={m_budget} (seed {seed})"
+        )
+    scored = _score(cache, ep, e, res["merge_decisions"], seed, config.draws)
+    held = "free" if mode == "free" else "budget-aware" if is_budget_aware(agent) else "mask"
+    return {
+        "regime": regime,
+        "agent": agent.name,
+        "mode": mode,
+        "held": held,
+        "deployable": res["deployable"],
+        "budget_per_hour": per_hour,
+        "budget": m_budget,
+        "seed": seed,
+        "merges": int(res["merges"]),
+        "merges_per_hour": int(res["merges"]) * 3600.0 / ep.trace.duration_s,
+        **scored,
+        "no_sync_violation_pct": res["no_sync_violation_pct"],
+        "duration_s": ep.trace.duration_s,
+        "n_decisions": ep.n_decisions,
+        **quality_columns(config.learner_calibration, res),
+        "unit": "seed" if config.trace is None else "window",
+        # in the replayed (rate-scaled) trace's clock
+        "window_start_replayed_s": getattr(gen, "start_s", np.nan)
+        if config.trace is not None
+        else np.nan,
+    }
 
 
 def _unit_curves(
@@ -612,15 +636,14 @@ def write_frontier(
     """Write frontier.csv, curves.csv, frontier.md, frontier.json and one figure per regime.
 
     The output directory follows the report's safety rules: it is checked by
-    :func:`diloco_gym.eval.report.prepare_out_dir` (``force`` replaces only a directory holding
-    the report marker, never the current, home or root directory), carries the report's
-    marker file, and is written completely beside ``out`` before it replaces ``out``
-    (:func:`diloco_gym.eval.report.write_output_dir`).
+    :func:`diloco_gym.eval.output_dir.prepare_out_dir` (``force`` replaces only a directory
+    holding the report marker, never the current, home or root directory), carries the
+    report's marker file, and is written completely beside ``out`` before it replaces
+    ``out`` (:func:`diloco_gym.eval.output_dir.write_output_dir`).
 
     Raises:
-        FileExistsError: see :func:`diloco_gym.eval.report.prepare_out_dir`.
+        FileExistsError: see :func:`diloco_gym.eval.output_dir.prepare_out_dir`.
     """
-    from diloco_gym.eval import report
 
     def fill(tmp: Path) -> None:
         result["rows"].to_csv(tmp / "frontier.csv", index=False)
@@ -645,4 +668,4 @@ def write_frontier(
         (tmp / "frontier.json").write_text(json.dumps(payload, indent=2, default=json_default))
         (tmp / "frontier.md").write_text(render_markdown(result, figures, command))
 
-    return report.write_output_dir(out, force, fill)
+    return write_output_dir(out, force, fill)
