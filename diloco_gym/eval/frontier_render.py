@@ -53,7 +53,7 @@ def render_markdown(result: dict[str, Any], figures: dict[str, str], command: st
 
 
 def _units(result: dict[str, Any]) -> str:
-    """What the units are: seeds, or a trace's windows."""
+    """What the units are (seeds or a trace's windows), and the load when one was set."""
     cfg = result["config"]
     if cfg.get("trace"):
         n_units = int(result["rows"]["seed"].nunique()) if len(result["rows"]) else 0
@@ -65,6 +65,10 @@ def _units(result: dict[str, Any]) -> str:
         units = (
             f"{cfg['seeds']} seeds per regime ({cfg['seed0']}..{cfg['seed0'] + cfg['seeds'] - 1}),"
         )
+    if cfg.get("rate_scale") is not None:
+        units += f" offered load x{cfg['rate_scale']:g} (--rate-scale),"
+    elif cfg.get("target_utilization") is not None:
+        units += f" at utilization {cfg['target_utilization']:g} (--target-utilization),"
     return units
 
 

@@ -27,6 +27,7 @@ from diloco_gym.eval.output_dir import (
     prepare_out_dir,
     write_output_dir,
 )
+from diloco_gym.eval.replay_options import ReplayOptions
 from diloco_gym.eval.report_figures import write_figures
 from diloco_gym.eval.report_render import PAPER, console_summary, render_markdown, sealing_mode
 from diloco_gym.eval.summary import (
@@ -62,118 +63,35 @@ __all__ = [
 ]
 
 
-@dataclass
-class ReportConfig:
-    """What a report runs.
+@dataclass(frozen=True, kw_only=True)
+class ReportConfig(ReplayOptions):
+    """What a report runs: the shared replay options (:class:`ReplayOptions`: regimes,
+    seeds, draws, trace, load, ...) and the report's own.
 
     Attributes:
-        regimes: regime names (with ``trace``: ignored; the report's regime is
-            ``replay:<file stem>``).
-        agents: agent names or model paths.
-        seeds: episodes per synthetic regime (seeds ``seed0 .. seed0 + seeds - 1``); with
-            ``trace`` the episodes are the trace's windows instead and ``seeds`` is unused.
-        seed0: first episode seed (with ``trace``: window ``i`` uses seed ``seed0 + i`` for
-            the pressure series added to it).
-        draws: matched-random draws per episode (K).
-        calibration: calibration file (``None``: the shipped reference measurements).
-        trace / trace_format: replay a trace file instead of the synthetic regimes.
-        window_s: length of each replayed window of ``trace`` (one episode each).
-        stride_s: distance between window starts (``None``: ``window_s``, disjoint windows,
-            independent units). A shorter stride overlaps the windows; the report and
-            results then say the units are not independent.
-        sidecar: with ``trace``: the regime whose sidecar (and calibration) the replay uses;
-            ``calibration`` replaces it with the file's fitted sidecar when the file measured
-            that regime.
-        rate_scale: multiply the offered load (a synthetic regime's rates; a trace is
-            replayed this many times faster, every request kept).
-        target_utilization: instead of ``rate_scale``: the mean offered work over the
-            sidecar's capacity to replay at (see :mod:`diloco_gym.sim.regimes`).
-        alpha: significance level of the gate.
+        regimes: regime names, by default every regime (with ``trace``: ignored; the
+            report's regime is ``replay:<file stem>``).
+        agents: agent names or model paths (default: every heuristic).
+        stride_s: distance between the starts of a trace's windows (``None``:
+            ``window_s``, disjoint windows, independent units). A shorter stride overlaps
+            the windows; the report and results then say the units are not independent.
         saturation_pct: no-merge violation % above which a replay gets
             ``no claim (saturated)`` (:data:`diloco_gym.eval.protocol.SATURATION_PCT`).
-        in_process_agents: run deployable agents in the evaluating process (the opt-out
-            ``--in-process-agents``); by default they run sealed in a worker process
-            (:mod:`diloco_gym.eval.sealed`).
     """
 
-    regimes: list[str] = field(default_factory=lambda: list(REGIMES))
     agents: list[str] = field(default_factory=list)
-    seeds: int = 20
-    seed0: int = 0
-    draws: int = 1000
-    calibration: str | None = None
-    trace: str | None = None
-    trace_format: str = "auto"
-    window_s: float = 600.0
     stride_s: float | None = None
-    sidecar: str | None = None
-    rate_scale: float | None = None
-    target_utilization: float | None = None
-    alpha: float = protocol.ALPHA
     saturation_pct: float = protocol.SATURATION_PCT
-    in_process_agents: bool = False
-    #: Holm-correct across every regime (setting) of the report instead of within each
-    #: (``--holm-across-settings``): the verdicts then hold for the whole comparison.
-    holm_across_settings: bool = False
-    #: learner calibration file: adds the model-quality price (predicted validation loss of
-    #: each schedule, and its excess over fixed H with as many merges) next to sync-excess.
-    learner_calibration: str | None = None
 
-    def __post_init__(self) -> None:  # noqa: C901 - one check per option, in sequence
-        if self.learner_calibration is not None:
-            from diloco_gym.sim.learner_calibration import load_learner_calibration
-
-            load_learner_calibration(self.learner_calibration)  # a bad file fails here
+    def __post_init__(self) -> None:
+        super().__post_init__()
         if not self.agents:
             from diloco_gym.agents.registry import HEURISTICS
 
-            self.agents = list(HEURISTICS)
-        if self.seeds < 2:
-            raise ValueError(f"seeds must be >= 2 for a paired test, got {self.seeds}")
-        if self.draws < 1:
-            raise ValueError(f"draws must be >= 1, got {self.draws}")
-        from diloco_gym.eval.seed_ranges import check_test_seeds
-
-        check_test_seeds(
-            self.seed0, self.seeds if self.trace is None else 1, "test seeds (--seed0, --seeds)"
-        )
-        if not 0 < self.alpha < 1:
-            raise ValueError(f"alpha must be in (0, 1), got {self.alpha}")
-        if self.rate_scale is not None and self.target_utilization is not None:
-            raise ValueError(
-                "give rate_scale (--rate-scale) or target_utilization "
-                "(--target-utilization), not both"
-            )
-        for name in ("rate_scale", "target_utilization"):
-            v = getattr(self, name)
-            if v is not None and not (np.isfinite(v) and v > 0):
-                raise ValueError(f"{name} must be a positive number, got {v}")
-        for name in ("window_s", "stride_s"):
-            v = getattr(self, name)
-            if v is not None and not (np.isfinite(v) and v > 0):
-                raise ValueError(f"{name} must be a positive number of seconds, got {v}")
-        if self.trace is None:
-            unknown = [r for r in self.regimes if r not in REGIMES]
-            if unknown:
-                raise ValueError(
-                    f"unknown regime(s) {unknown}; valid regimes: {', '.join(REGIMES)}"
-                )
-            if self.sidecar is not None:
-                raise ValueError(
-                    "sidecar (--sidecar) chooses the sidecar of a --trace "
-                    "replay; synthetic regimes use their own (or --calibration)"
-                )
-        elif self.sidecar is not None and self.sidecar not in REGIMES:
-            raise ValueError(
-                f"unknown sidecar regime {self.sidecar!r}; valid regimes: {', '.join(REGIMES)}"
-            )
-        else:
-            min_s = core.min_episode_seconds(core.EnvParams(), REGIMES[self.trace_sidecar].sidecar)
-            if self.window_s < min_s:
-                raise ValueError(
-                    f"window_s (--window-s) {self.window_s:g} s is too short: an "
-                    f"episode needs at least {min_s:.1f} s"
-                )
+            object.__setattr__(self, "agents", list(HEURISTICS))
+        v = self.stride_s
+        if v is not None and not (np.isfinite(v) and v > 0):
+            raise ValueError(f"stride_s must be a positive number of seconds, got {v}")
 
     def require_choice(self) -> None:
         """Refuse trace windows too short for H_max to be reached (``ValueError`` naming the
@@ -193,11 +111,6 @@ class ReportConfig:
                 f"plus a {margin_s:.1f} s margin): no merge is ever required, so no agent has "
                 f"a choice to be judged on; use a window of at least {min_s:.1f} s"
             )
-
-    @property
-    def trace_sidecar(self) -> str:
-        """The regime whose sidecar a trace replay uses (default sync-heavy)."""
-        return self.sidecar or "sync-heavy"
 
     @property
     def overlapping(self) -> bool:
