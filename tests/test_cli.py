@@ -18,7 +18,7 @@ import diloco_gym
 from diloco_gym.cli import main
 from diloco_gym.commands import run as run_command
 from diloco_gym.eval import report as rep
-from diloco_gym.eval import summary
+from diloco_gym.eval import report_figures, summary
 from diloco_gym.sim.loaders import save_native
 from diloco_gym.sim.traces import Trace
 
@@ -151,7 +151,7 @@ def test_interrupted_replacement_keeps_the_old_report(tmp_path, small_result, mo
     def boom(*a, **k):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(rep, "_figures", boom)
+    monkeypatch.setattr(rep, "write_figures", boom)
     with pytest.raises(KeyboardInterrupt):
         rep.write_report(small_result, out, force=True)
     assert (out / "report.md").read_text() == "old report"
@@ -176,7 +176,7 @@ def test_new_report_is_complete_before_the_old_one_moves(tmp_path, small_result,
         seen.append((src.name, dst.name))
         real_replace(src, dst)
 
-    monkeypatch.setattr(rep.os, "replace", spy)
+    monkeypatch.setattr(os, "replace", spy)
     rep.write_report(small_result, out, force=True)
     assert [d for _, d in seen] == [f".r.old-{os.getpid()}", "r"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["r"]
@@ -198,7 +198,7 @@ def dying(src, dst):
     real(src, dst)
     if ".old-" in str(dst):
         os._exit(9)
-rep.os.replace = dying
+os.replace = dying
 rep.write_report(res, {str(out)!r}, force=True)
 """
     env = dict(os.environ, PYTHONPATH=str(ROOT))
@@ -465,15 +465,15 @@ def test_no_claim_panels_carry_words_not_zero_bars(small_result, monkeypatch, tm
         drawn[name + ":bars"] = sum(len(ax.patches) for ax in fig.axes)
         names.append(name)
 
-    monkeypatch.setattr(rep, "_save", keep)
-    rep._figures(result, tmp_path)
+    monkeypatch.setattr(report_figures, "_save", keep)
+    report_figures.write_figures(result, tmp_path)
     assert "no claim: no SLO effect" in drawn["fig_ordinary.png"]
     assert drawn["fig_ordinary.png:bars"] == 0
     assert "no claim: no SLO effect" not in drawn["fig_bursty.png"]
     assert drawn["fig_bursty.png:bars"] > 0
     verdict_only = small_result["summary"].assign(verdict="no claim (no SLO effect)")
-    assert rep._no_claim_reason(verdict_only) is not None
-    assert rep._no_claim_reason(small_result["summary"]) is None
+    assert report_figures._no_claim_reason(verdict_only) is not None
+    assert report_figures._no_claim_reason(small_result["summary"]) is None
 
 
 def test_scatter_labels_do_not_overprint():
@@ -489,7 +489,7 @@ def test_scatter_labels_do_not_overprint():
     ax.scatter(x, y)
     ax.set_xlim(0, 200)
     ax.set_ylim(0, 25)
-    rep._annotate_points(fig, ax, x, y, names)
+    report_figures._annotate_points(fig, ax, x, y, names)
     fig.canvas.draw()
     renderer = fig.canvas.get_renderer()
     boxes = [t.get_window_extent(renderer) for t in ax.texts]

@@ -431,9 +431,9 @@ def write_fleet_dir(
     ``files.table`` as ``files.csv``; ``files.json`` with the command, the fleet, the
     configuration, the calibration verdict and ``files.extra``; ``files.md`` (a title, the
     command, ``files.body``); and whatever ``files.more(tmp)`` adds (a figure). Atomic,
-    with the report's :func:`~diloco_gym.eval.report.write_output_dir` rules (``force``,
+    with the report's :func:`~diloco_gym.eval.output_dir.write_output_dir` rules (``force``,
     marker, lock)."""
-    from diloco_gym.eval.report import write_output_dir
+    from diloco_gym.eval.output_dir import write_output_dir
 
     def fill(tmp: Path) -> None:
         files.table.to_csv(tmp / files.csv, index=False)

@@ -67,6 +67,8 @@ from diloco_gym.eval.frontier_stats import (
     holm_scope,
     pairwise_stats,
 )
+from diloco_gym.eval.output_dir import write_output_dir
+from diloco_gym.eval.replay_options import ReplayOptions
 from diloco_gym.eval.rollout import run_episodes
 from diloco_gym.eval.units import episode_budget
 from diloco_gym.io import json_default
@@ -108,120 +110,58 @@ DEFAULT_BUDGET_AGENTS = (
 )
 
 
-@dataclass
-class FrontierConfig:
-    """What a frontier run computes.
+@dataclass(frozen=True, kw_only=True)
+class FrontierConfig(ReplayOptions):
+    """What a frontier run computes: the shared replay options (:class:`ReplayOptions`:
+    regimes, seeds, draws, trace, load, ...) and the frontier's own.
 
     Attributes:
-        regimes: synthetic regime names.
+        regimes: synthetic regime names (default: bursty, non-periodic, sync-heavy); with
+            ``trace``: set to the replay's, ``replay:<file stem>``.
         budgets_per_hour: the budget grid, merges per hour (converted to merges per
             episode by the episode's length and rounded; each must be feasible).
         budget_agents: agents run with ``merge_budget=M`` at every budget of the grid.
-        free_agents: agents run as they are (points at their own merges per hour).
-        seeds / seed0: episodes ``seed0 .. seed0 + seeds - 1`` per regime (the units).
-        draws: matched-random draws per episode and budget.
-        alpha: significance level (Holm-adjusted tests).
-        calibration: calibration file (``None``: the shipped reference measurements); a
-            live file's fitted sidecar drives the regimes it measured, as in the report.
-        trace / trace_format: replay a trace file instead of the synthetic regimes; its
-            disjoint windows of ``window_s`` are the units (window ``i`` uses seed
-            ``seed0 + i`` for the pressure series added to it) and ``seeds`` is unused.
-        sidecar: with ``trace``: the regime whose sidecar (and calibration) the replay uses
-            (default sync-heavy).
-        rate_scale / target_utilization: with ``trace``: replay it faster (every request
-            kept), or at this mean offered work over the sidecar's capacity.
+        free_agents: agents run as they are (points at their own merges per hour; default:
+            every heuristic).
+
+    With ``trace`` the units are the trace's disjoint windows of ``window_s``.
     """
 
     regimes: list[str] = field(default_factory=lambda: ["bursty", "non-periodic", "sync-heavy"])
     budgets_per_hour: list[float] = field(default_factory=lambda: list(DEFAULT_BUDGETS_PER_HOUR))
     budget_agents: list[str] = field(default_factory=lambda: list(DEFAULT_BUDGET_AGENTS))
     free_agents: list[str] = field(default_factory=list)
-    seeds: int = 20
-    seed0: int = 0
-    draws: int = 1000
-    alpha: float = protocol.ALPHA
-    calibration: str | None = None
-    trace: str | None = None
-    trace_format: str = "auto"
-    window_s: float = 600.0
-    sidecar: str | None = None
-    rate_scale: float | None = None
-    target_utilization: float | None = None
-    #: run deployable agents in this process (``--in-process-agents``); default: sealed
-    #: in a worker process apart from the env (:mod:`diloco_gym.eval.sealed`).
-    in_process_agents: bool = False
-    #: one Holm family over every regime x budget (``--holm-across-settings``) instead of
-    #: one per regime x budget.
-    holm_across_settings: bool = False
-    #: learner calibration file: every point also gets its model-quality price.
-    learner_calibration: str | None = None
 
-    @property
-    def trace_sidecar(self) -> str:
-        """The regime whose sidecar a trace replay uses (default sync-heavy)."""
-        return self.sidecar or "sync-heavy"
-
-    def __post_init__(self) -> None:  # noqa: C901 - one check per option, in sequence
-        if self.learner_calibration is not None:
-            from diloco_gym.sim.learner_calibration import load_learner_calibration
-
-            load_learner_calibration(self.learner_calibration)  # a bad file fails here
-        if self.trace is None:
-            for name in ("sidecar", "rate_scale", "target_utilization"):
-                if getattr(self, name) is not None:
-                    raise ValueError(
-                        f"{name} applies to a trace replay (trace=...); synthetic "
-                        f"regimes use their own sidecar and load"
-                    )
-        else:
-            self.regimes = [f"replay:{Path(self.trace).stem}"]
-            if self.sidecar is not None and self.sidecar not in REGIMES:
-                raise ValueError(
-                    f"unknown sidecar regime {self.sidecar!r}; valid regimes: {', '.join(REGIMES)}"
-                )
-            if self.rate_scale is not None and self.target_utilization is not None:
-                raise ValueError("give rate_scale or target_utilization, not both")
-            for name in ("rate_scale", "target_utilization", "window_s"):
-                v = getattr(self, name)
-                if v is not None and not (np.isfinite(v) and v > 0):
-                    raise ValueError(f"{name} must be a positive number, got {v}")
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.trace is not None:
+            object.__setattr__(self, "regimes", [f"replay:{Path(self.trace).stem}"])
         if not self.free_agents:
             from diloco_gym.agents.registry import HEURISTICS
 
-            self.free_agents = list(HEURISTICS)
-        if not self.regimes:
-            raise ValueError("regimes: give at least one regime")
-        unknown = [r for r in self.regimes if r not in REGIMES and self.trace is None]
-        if unknown:
-            raise ValueError(f"unknown regime(s) {unknown}; valid regimes: {', '.join(REGIMES)}")
-        if len(set(self.regimes)) != len(self.regimes):
-            raise ValueError(f"regimes: each regime once, got {self.regimes}")
-        if self.seeds < 2:
-            raise ValueError(f"seeds must be >= 2 for a paired test, got {self.seeds}")
-        from diloco_gym.eval.seed_ranges import check_test_seeds
-
-        check_test_seeds(self.seed0, self.seeds, "frontier seeds (--seed0, --seeds)")
-        if self.draws < 1:
-            raise ValueError(f"draws must be >= 1, got {self.draws}")
-        if not 0 < self.alpha < 1:
-            raise ValueError(f"alpha must be in (0, 1), got {self.alpha}")
-        if not self.budgets_per_hour:
-            raise ValueError("budgets: give at least one budget (merges per hour)")
-        for b in self.budgets_per_hour:
-            if not (np.isfinite(b) and b > 0):
-                raise ValueError(f"budgets must be positive numbers of merges per hour, got {b}")
-        self.budgets_per_hour = sorted(float(b) for b in self.budgets_per_hour)
-        twice = sorted({b for b in self.budgets_per_hour if self.budgets_per_hour.count(b) > 1})
-        if twice:
-            raise ValueError(
-                f"budgets given more than once: {', '.join(f'{b:g}' for b in twice)} "
-                f"merges/h; give each budget once"
-            )
+            object.__setattr__(self, "free_agents", list(HEURISTICS))
+        self._check_budgets()
         if not self.budget_agents and not self.free_agents:
             raise ValueError("give at least one agent")
         for name, lst in (("budget_agents", self.budget_agents), ("free_agents", self.free_agents)):
             if len(set(lst)) != len(lst):
                 raise ValueError(f"{name}: each agent once, got {lst}")
+
+    def _check_budgets(self) -> None:
+        """The budget grid: positive, each once; kept sorted."""
+        if not self.budgets_per_hour:
+            raise ValueError("budgets: give at least one budget (merges per hour)")
+        for b in self.budgets_per_hour:
+            if not (np.isfinite(b) and b > 0):
+                raise ValueError(f"budgets must be positive numbers of merges per hour, got {b}")
+        budgets = sorted(float(b) for b in self.budgets_per_hour)
+        object.__setattr__(self, "budgets_per_hour", budgets)
+        twice = sorted({b for b in budgets if budgets.count(b) > 1})
+        if twice:
+            raise ValueError(
+                f"budgets given more than once: {', '.join(f'{b:g}' for b in twice)} "
+                f"merges/h; give each budget once"
+            )
 
 
 #: One env per merge budget (``None``: the free-budget env) of a unit.
@@ -262,6 +202,9 @@ def _trace_tiles(config: FrontierConfig, sidecar) -> list:
             f"{config.trace}: {len(tiles)} window(s) of {config.window_s:g} s; "
             f"the paired tests need at least 2 (use a shorter --window-s)"
         )
+    from diloco_gym.eval.seed_ranges import check_test_seeds
+
+    check_test_seeds(config.seed0, len(tiles), "window seeds (--seed0 + window index)")
     return tiles
 
 
@@ -301,7 +244,7 @@ def _plan(config: FrontierConfig, calib) -> list[_PlanEntry]:
     if config.trace is None:
         for regime in config.regimes:
             fitted = calib.sidecar_for(regime)
-            gen = REGIMES[regime].with_load(fitted)
+            gen = REGIMES[regime].with_load(fitted, config.rate_scale, config.target_utilization)
             # One env per budget, reused across seeds (a synthetic regime's seeds are its
             # units).
             envs: _Envs = {None: DiLoCoSyncEnv(regime=gen, sidecar=fitted)}
@@ -378,7 +321,6 @@ def run_frontier_cell(cell: FrontierCell) -> dict[str, list[dict]]:
         ``{"rows": [...], "curves": [...]}``: the unit's rows (free agents, then budget
         agents per budget) and its curve points, in the serial order.
     """
-    from diloco_gym.agents.registry import is_budget_aware
     from diloco_gym.eval.cells import cached
 
     config = cell.config
@@ -386,7 +328,6 @@ def run_frontier_cell(cell: FrontierCell) -> dict[str, list[dict]]:
     regime, calib_key, fitted, units, shared_envs = plan[cell.regime]
     # The scorer cache of the regime (reused across its units in this process).
     cache: dict[str, Any] = cached("frontier-scorers", config, regime, dict)
-    rows: list[dict] = []
     seed, gen = units[cell.unit]
     envs: _Envs = (
         shared_envs
@@ -404,19 +345,11 @@ def run_frontier_cell(cell: FrontierCell) -> dict[str, list[dict]]:
         env.learner_params,
         rate_rps=env.reward_rate_rps,
     )
-    budgets = {
-        b: episode_budget(b, ep0.trace.duration_s, ep0.n_decisions, env.params)
-        for b in config.budgets_per_hour
-    }
-    if len(set(budgets.values())) != len(budgets):
-        raise ValueError(
-            f"budgets {config.budgets_per_hour} merges/h round to the same merges per "
-            f"episode ({list(budgets.values())}); give distinct budgets"
-        )
+    budgets = _unit_budgets(config, ep0, env)
     for m in budgets.values():
         if m not in envs:
             envs[m] = DiLoCoSyncEnv(regime=gen, sidecar=env.sidecar, merge_budget=m)
-    runs = [(agent, env, "free", np.nan, np.nan) for agent in free_agents]
+    runs: list[_Run] = [(agent, env, "free", np.nan, np.nan) for agent in free_agents]
     runs += [
         (agent, envs[m], "budget", per_hour, m)
         for per_hour, m in budgets.items()
@@ -424,47 +357,80 @@ def run_frontier_cell(cell: FrontierCell) -> dict[str, list[dict]]:
     ]
     jobs = [(r[1], r[0], seed, _same_episode(ep0, r[1])) for r in runs]  # lockstep, on copies
     results = run_episodes(jobs, copies=True)
-    for (agent, e, mode, per_hour, m_budget), (*_, ep), res in zip(
-        runs, jobs, results, strict=True
-    ):
-        if mode == "budget" and int(res["merges"]) != m_budget:
-            # The env's mask guarantees it; checked, never assumed.
-            raise RuntimeError(
-                f"{agent.name} made {res['merges']} merges with "
-                f"merge_budget={m_budget} (seed {seed})"
-            )
-        scored = _score(cache, ep, e, res["merge_decisions"], seed, config.draws)
-        held = "free" if mode == "free" else "budget-aware" if is_budget_aware(agent) else "mask"
-        rows.append(
-            {
-                "regime": regime,
-                "agent": agent.name,
-                "mode": mode,
-                "held": held,
-                "deployable": res["deployable"],
-                "budget_per_hour": per_hour,
-                "budget": m_budget,
-                "seed": seed,
-                "merges": int(res["merges"]),
-                "merges_per_hour": int(res["merges"]) * 3600.0 / ep.trace.duration_s,
-                **scored,
-                "no_sync_violation_pct": res["no_sync_violation_pct"],
-                "duration_s": ep.trace.duration_s,
-                "n_decisions": ep.n_decisions,
-                **quality_columns(config.learner_calibration, res),
-                "unit": "seed" if config.trace is None else "window",
-                # in the replayed (rate-scaled) trace's clock
-                "window_start_replayed_s": getattr(gen, "start_s", np.nan)
-                if config.trace is not None
-                else np.nan,
-            }
-        )
+    rows = [
+        _row(cache, config, regime, gen, seed, run, ep, res)
+        for run, (*_, ep), res in zip(runs, jobs, results, strict=True)
+    ]
     curves = _unit_curves(cache, ep0, env, seed, regime, config.draws)
     # The rate-clairvoyant reference at each row's own number of merges.
     reference = {c["budget"]: c["rate_clairvoyant_pct"] for c in curves}
     for row in rows:
         row["rate_clairvoyant_pct"] = reference.get(row["merges"], np.nan)
     return {"rows": rows, "curves": curves}
+
+
+#: One agent run of a unit: (agent, env, mode ``free`` or ``budget``, budget per hour,
+#: merges per episode; NaN for a free run).
+_Run = tuple[Any, DiLoCoSyncEnv, str, float, float]
+
+
+def _unit_budgets(config: FrontierConfig, ep: core.Episode, env: DiLoCoSyncEnv) -> dict[float, int]:
+    """The grid's budgets in merges per episode of ``ep``, by merges per hour (distinct)."""
+    budgets = {
+        b: episode_budget(b, ep.trace.duration_s, ep.n_decisions, env.params)
+        for b in config.budgets_per_hour
+    }
+    if len(set(budgets.values())) != len(budgets):
+        raise ValueError(
+            f"budgets {config.budgets_per_hour} merges/h round to the same merges per "
+            f"episode ({list(budgets.values())}); give distinct budgets"
+        )
+    return budgets
+
+
+def _row(
+    cache: dict[str, Any],
+    config: FrontierConfig,
+    regime: str,
+    gen: Any,
+    seed: int,
+    run: _Run,
+    ep: core.Episode,
+    res: dict[str, Any],
+) -> dict[str, Any]:
+    """One agent run's row: its merges scored against matched random and the oracle."""
+    from diloco_gym.agents.registry import is_budget_aware
+
+    agent, e, mode, per_hour, m_budget = run
+    if mode == "budget" and int(res["merges"]) != m_budget:
+        # The env's mask guarantees it; checked, never assumed.
+        raise RuntimeError(
+            f"{agent.name} made {res['merges']} merges with merge_budget={m_budget} (seed {seed})"
+        )
+    scored = _score(cache, ep, e, res["merge_decisions"], seed, config.draws)
+    held = "free" if mode == "free" else "budget-aware" if is_budget_aware(agent) else "mask"
+    return {
+        "regime": regime,
+        "agent": agent.name,
+        "mode": mode,
+        "held": held,
+        "deployable": res["deployable"],
+        "budget_per_hour": per_hour,
+        "budget": m_budget,
+        "seed": seed,
+        "merges": int(res["merges"]),
+        "merges_per_hour": int(res["merges"]) * 3600.0 / ep.trace.duration_s,
+        **scored,
+        "no_sync_violation_pct": res["no_sync_violation_pct"],
+        "duration_s": ep.trace.duration_s,
+        "n_decisions": ep.n_decisions,
+        **quality_columns(config.learner_calibration, res),
+        "unit": "seed" if config.trace is None else "window",
+        # in the replayed (rate-scaled) trace's clock
+        "window_start_replayed_s": getattr(gen, "start_s", np.nan)
+        if config.trace is not None
+        else np.nan,
+    }
 
 
 def _unit_curves(
@@ -612,15 +578,14 @@ def write_frontier(
     """Write frontier.csv, curves.csv, frontier.md, frontier.json and one figure per regime.
 
     The output directory follows the report's safety rules: it is checked by
-    :func:`diloco_gym.eval.report.prepare_out_dir` (``force`` replaces only a directory holding
-    the report marker, never the current, home or root directory), carries the report's
-    marker file, and is written completely beside ``out`` before it replaces ``out``
-    (:func:`diloco_gym.eval.report.write_output_dir`).
+    :func:`diloco_gym.eval.output_dir.prepare_out_dir` (``force`` replaces only a directory
+    holding the report marker, never the current, home or root directory), carries the
+    report's marker file, and is written completely beside ``out`` before it replaces
+    ``out`` (:func:`diloco_gym.eval.output_dir.write_output_dir`).
 
     Raises:
-        FileExistsError: see :func:`diloco_gym.eval.report.prepare_out_dir`.
+        FileExistsError: see :func:`diloco_gym.eval.output_dir.prepare_out_dir`.
     """
-    from diloco_gym.eval import report
 
     def fill(tmp: Path) -> None:
         result["rows"].to_csv(tmp / "frontier.csv", index=False)
@@ -645,4 +610,4 @@ def write_frontier(
         (tmp / "frontier.json").write_text(json.dumps(payload, indent=2, default=json_default))
         (tmp / "frontier.md").write_text(render_markdown(result, figures, command))
 
-    return report.write_output_dir(out, force, fill)
+    return write_output_dir(out, force, fill)

@@ -4,6 +4,7 @@ result."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -39,14 +40,21 @@ _SHORT = {
 }
 
 
-def render_markdown(result: dict[str, Any], figures: dict[str, str], command: str = "") -> str:  # noqa: C901, PLR0915 - the document, section after section
+def render_markdown(result: dict[str, Any], figures: dict[str, str], command: str = "") -> str:
     """frontier.md: per regime the figure, the leaderboard (gap captured per budget with its
     CI and verdict), sync-excess per budget, the dominance relation and the free points."""
-    cfg = result["config"]
-    b, fr, dom = result["budgets"], result["free"], result["dominance"]
     lines = ["# Frontier: sync-excess against merge rate", ""]
     if command:
         lines += [f"Command: `{command}`", ""]
+    lines += _header(result)
+    for regime in result["config"]["regimes"]:
+        lines += _regime_section(result, regime, figures)
+    return "\n".join(lines)
+
+
+def _units(result: dict[str, Any]) -> str:
+    """What the units are (seeds or a trace's windows), and the load when one was set."""
+    cfg = result["config"]
     if cfg.get("trace"):
         n_units = int(result["rows"]["seed"].nunique()) if len(result["rows"]) else 0
         units = (
@@ -57,8 +65,18 @@ def render_markdown(result: dict[str, Any], figures: dict[str, str], command: st
         units = (
             f"{cfg['seeds']} seeds per regime ({cfg['seed0']}..{cfg['seed0'] + cfg['seeds'] - 1}),"
         )
-    lines += [
-        f"{units} {cfg['draws']} matched-random draws per episode and budget, alpha "
+    if cfg.get("rate_scale") is not None:
+        units += f" offered load x{cfg['rate_scale']:g} (--rate-scale),"
+    elif cfg.get("target_utilization") is not None:
+        units += f" at utilization {cfg['target_utilization']:g} (--target-utilization),"
+    return units
+
+
+def _header(result: dict[str, Any]) -> list[str]:
+    """The units, draws and alpha; how deployable agents ran; what the numbers mean."""
+    cfg = result["config"]
+    lines = [
+        f"{_units(result)} {cfg['draws']} matched-random draws per episode and budget, alpha "
         f"{cfg['alpha']}; wall time {result['elapsed_s']:.1f} s.",
         "",
         "Deployable agents: "
@@ -83,121 +101,141 @@ def render_markdown(result: dict[str, Any], figures: dict[str, str], command: st
         "significant (pairwise Holm across the pairs at a budget).",
         "",
     ]
-    for regime in cfg["regimes"]:
-        lines += [f"## {regime}", ""]
-        lines += [
-            f"Calibration: {result['calibration'].get(regime, '-')}. "
-            + _scoring_sentence(result["rows"], regime),
-            "",
-        ]
-        if regime in figures:
-            lines += [f"![frontier {regime}]({figures[regime]})", ""]
-        g = b[b["regime"] == regime] if not b.empty else b
-        if not g.empty:
-            per_hours = sorted(g["budget_per_hour"].unique())
-            head = "| agent | held | " + " | ".join(f"{x:g}/h" for x in per_hours) + " |"
-            lines += [
-                "### Leaderboard: gap captured [95 % CI] (verdict vs matched random)",
-                "",
-                head,
-                "|---|---|" + "---|" * len(per_hours),
-            ]
-            order = (
-                g.groupby("agent", sort=False)["gap_captured"]
-                .mean()
-                .sort_values(ascending=False)
-                .index
+    return lines
+
+
+def _regime_section(result: dict[str, Any], regime: str, figures: dict[str, str]) -> list[str]:
+    """One regime: calibration and scoring, the figure, the per-budget tables, dominance,
+    the free points and the model-quality price."""
+    b, fr, dom = result["budgets"], result["free"], result["dominance"]
+    lines = [
+        f"## {regime}",
+        "",
+        f"Calibration: {result['calibration'].get(regime, '-')}. "
+        + _scoring_sentence(result["rows"], regime),
+        "",
+    ]
+    if regime in figures:
+        lines += [f"![frontier {regime}]({figures[regime]})", ""]
+    g = b[b["regime"] == regime] if not b.empty else b
+    if not g.empty:
+        lines += _budget_tables(g)
+    d = dom[dom["regime"] == regime] if not dom.empty else dom
+    if not d.empty:
+        lines += _dominance_lines(d)
+    f = fr[fr["regime"] == regime] if not fr.empty else fr
+    if not f.empty:
+        lines += _free_table(f)
+    lines += _quality_lines(result["rows"], regime)
+    lines.append("")
+    return lines
+
+
+def _budget_tables(g: pd.DataFrame) -> list[str]:
+    """A regime's budget-held agents per budget: the leaderboard (gap captured), their
+    sync-excess with the reference rows, and the difference from matched random."""
+    per_hours = sorted(g["budget_per_hour"].unique())
+    order = list(
+        g.groupby("agent", sort=False)["gap_captured"].mean().sort_values(ascending=False).index
+    )
+    lines = _leaderboard(g, order, per_hours)
+    lines += ["", "### Sync-excess % per budget (agent mean over units)", ""]
+    lines += _per_budget_table(g, order, per_hours, lambda r: _fmt(r["sync_excess_pct"]))
+    lines += _reference_rows(g, order, per_hours)
+    lines += ["", "Diff vs matched random (pp) and Holm p per budget:", ""]
+    lines += _per_budget_table(
+        g, order, per_hours, lambda r: f"{r['diff_pp']:+.2f} (p {_fmt_p(r['p_holm'])})"
+    )
+    return lines
+
+
+def _per_budget_table(
+    g: pd.DataFrame, order: list, per_hours: list, cell: Callable[[pd.Series], str]
+) -> list[str]:
+    """One row per agent, one column per budget, each cell ``cell(row)`` (``-``: the agent
+    has no row at that budget)."""
+    lines = [
+        "| agent | " + " | ".join(f"{x:g}/h" for x in per_hours) + " |",
+        "|---|" + "---|" * len(per_hours),
+    ]
+    for agent in order:
+        ga = g[g["agent"] == agent].set_index("budget_per_hour")
+        lines.append(
+            f"| {agent} | "
+            + " | ".join(cell(ga.loc[x]) if x in ga.index else "-" for x in per_hours)
+            + " |"
+        )
+    return lines
+
+
+def _leaderboard(g: pd.DataFrame, order: list, per_hours: list) -> list[str]:
+    """Gap captured per agent and budget, with its CI and the verdict against matched
+    random, best agent first."""
+    head = "| agent | held | " + " | ".join(f"{x:g}/h" for x in per_hours) + " |"
+    lines = [
+        "### Leaderboard: gap captured [95 % CI] (verdict vs matched random)",
+        "",
+        head,
+        "|---|---|" + "---|" * len(per_hours),
+    ]
+    for agent in order:
+        ga = g[g["agent"] == agent].set_index("budget_per_hour")
+        cells = []
+        for x in per_hours:
+            if x not in ga.index:
+                cells.append("-")
+                continue
+            r = ga.loc[x]
+            short = _SHORT.get(r["verdict"], r["verdict"])
+            cells.append(
+                f"{_fmt(r['gap_captured'])} [{_fmt(r['gap_ci_low'])}, "
+                f"{_fmt(r['gap_ci_high'])}] ({short})"
             )
-            for agent in order:
-                ga = g[g["agent"] == agent].set_index("budget_per_hour")
-                cells = []
-                for x in per_hours:
-                    if x not in ga.index:
-                        cells.append("-")
-                        continue
-                    r = ga.loc[x]
-                    short = _SHORT.get(r["verdict"], r["verdict"])
-                    cells.append(
-                        f"{_fmt(r['gap_captured'])} [{_fmt(r['gap_ci_low'])}, "
-                        f"{_fmt(r['gap_ci_high'])}] ({short})"
-                    )
-                lines.append(f"| {agent} | {ga['held'].iloc[0]} | " + " | ".join(cells) + " |")
-            lines += [
-                "",
-                "### Sync-excess % per budget (agent mean over units)",
-                "",
-                "| agent | " + " | ".join(f"{x:g}/h" for x in per_hours) + " |",
-                "|---|" + "---|" * len(per_hours),
+        lines.append(f"| {agent} | {ga['held'].iloc[0]} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def _dominance_lines(d: pd.DataFrame) -> list[str]:
+    """A regime's dominance relation, relation by relation, and the undominated agents."""
+    lines = ["", "### Dominance", ""]
+    for rel in DOMINANCE_VERDICTS:
+        dd = d[d["relation"] == rel]
+        if dd.empty:
+            continue
+        if rel in ("dominates", "is dominated by"):
+            pairs = [
+                (r.agent_a, r.agent_b) if rel == "dominates" else (r.agent_b, r.agent_a)
+                for r in dd.itertuples()
             ]
-            for agent in order:
-                ga = g[g["agent"] == agent].set_index("budget_per_hour")
-                lines.append(
-                    f"| {agent} | "
-                    + " | ".join(
-                        _fmt(ga.loc[x, "sync_excess_pct"]) if x in ga.index else "-"
-                        for x in per_hours
-                    )
-                    + " |"
-                )
-            lines += _reference_rows(g, order, per_hours)
-            lines += ["", "Diff vs matched random (pp) and Holm p per budget:", ""]
-            lines += [
-                "| agent | " + " | ".join(f"{x:g}/h" for x in per_hours) + " |",
-                "|---|" + "---|" * len(per_hours),
-            ]
-            for agent in order:
-                ga = g[g["agent"] == agent].set_index("budget_per_hour")
-                lines.append(
-                    f"| {agent} | "
-                    + " | ".join(
-                        f"{ga.loc[x, 'diff_pp']:+.2f} (p {_fmt_p(ga.loc[x, 'p_holm'])})"
-                        if x in ga.index
-                        else "-"
-                        for x in per_hours
-                    )
-                    + " |"
-                )
-        d = dom[dom["regime"] == regime] if not dom.empty else dom
-        if not d.empty:
-            lines += ["", "### Dominance", ""]
-            for rel in DOMINANCE_VERDICTS:
-                dd = d[d["relation"] == rel]
-                if dd.empty:
-                    continue
-                if rel in ("dominates", "is dominated by"):
-                    pairs = [
-                        (r.agent_a, r.agent_b) if rel == "dominates" else (r.agent_b, r.agent_a)
-                        for r in dd.itertuples()
-                    ]
-                    lines += [f"* **{w}** dominates {lo_}" for w, lo_ in pairs]
-                else:
-                    lines.append(
-                        f"* {rel}: "
-                        + "; ".join(f"{r.agent_a} vs {r.agent_b}" for r in dd.itertuples())
-                    )
-            winners = undominated(d)
-            lines += ["", f"Not dominated by any budget-held agent: {', '.join(winners)}."]
-        f = fr[fr["regime"] == regime] if not fr.empty else fr
-        if not f.empty:
-            lines += [
-                "",
-                "### Free-budget points (each agent at its own merges/h)",
-                "",
-                "| agent | merges/h | sync-excess % | matched random % | oracle % | "
-                "gap captured [CI] | Holm p | verdict |",
-                "|---|---|---|---|---|---|---|---|",
-            ]
-            for r in f.sort_values("merges_per_hour").itertuples():
-                name = r.agent + ("" if r.deployable else " (non-deployable)")
-                lines.append(
-                    f"| {name} | {r.merges_per_hour:.1f} | {_fmt(r.sync_excess_pct)} "
-                    f"| {_fmt(r.matched_random_pct)} | {_fmt(r.oracle_pct)} | "
-                    f"{_fmt(r.gap_captured)} [{_fmt(r.gap_ci_low)}, "
-                    f"{_fmt(r.gap_ci_high)}] | {_fmt_p(r.p_holm)} | {r.verdict} |"
-                )
-        lines += _quality_lines(result["rows"], regime)
-        lines.append("")
-    return "\n".join(lines)
+            lines += [f"* **{w}** dominates {lo_}" for w, lo_ in pairs]
+        else:
+            lines.append(
+                f"* {rel}: " + "; ".join(f"{r.agent_a} vs {r.agent_b}" for r in dd.itertuples())
+            )
+    winners = undominated(d)
+    lines += ["", f"Not dominated by any budget-held agent: {', '.join(winners)}."]
+    return lines
+
+
+def _free_table(f: pd.DataFrame) -> list[str]:
+    """The free-budget points of a regime, by merge rate."""
+    lines = [
+        "",
+        "### Free-budget points (each agent at its own merges/h)",
+        "",
+        "| agent | merges/h | sync-excess % | matched random % | oracle % | "
+        "gap captured [CI] | Holm p | verdict |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in f.sort_values("merges_per_hour").itertuples():
+        name = r.agent + ("" if r.deployable else " (non-deployable)")
+        lines.append(
+            f"| {name} | {r.merges_per_hour:.1f} | {_fmt(r.sync_excess_pct)} "
+            f"| {_fmt(r.matched_random_pct)} | {_fmt(r.oracle_pct)} | "
+            f"{_fmt(r.gap_captured)} [{_fmt(r.gap_ci_low)}, "
+            f"{_fmt(r.gap_ci_high)}] | {_fmt_p(r.p_holm)} | {r.verdict} |"
+        )
+    return lines
 
 
 def _reference_rows(g: pd.DataFrame, order: list, per_hours: list) -> list[str]:
@@ -332,72 +370,11 @@ def frontier_figure(result: dict[str, Any], regime: str):
     ax = fig.add_subplot(1, 1, 1)
     c = _reference_curves(ax, cv[cv["regime"] == regime])
     b = result["budgets"]
-    colors = iter(
-        [
-            "tab:blue",
-            "tab:green",
-            "tab:red",
-            "tab:purple",
-            "tab:brown",
-            "tab:pink",
-            "tab:olive",
-            "tab:cyan",
-            "tab:gray",
-        ]
-        * 4
-    )
     if not b.empty:
-        for agent, g in b[b["regime"] == regime].groupby("agent", sort=False):
-            g = g.sort_values("budget_per_hour")
-            aware = g["held"].iloc[0] == "budget-aware"
-            ax.plot(
-                g["budget_per_hour"],
-                g["sync_excess_pct"],
-                "-" if aware else "--",
-                marker="o",
-                ms=4,
-                color=next(colors),
-                lw=1.6,
-                label=f"{agent} @ budget ({'budget-aware' if aware else 'held by mask'})",
-            )
+        _budget_curves(ax, b[b["regime"] == regime])
     fr = result["free"]
     if not fr.empty:
-        f = fr[fr["regime"] == regime]
-        ax.scatter(
-            f["merges_per_hour"],
-            f["sync_excess_pct"],
-            marker="D",
-            s=30,
-            color="0.2",
-            zorder=5,
-            label="free-budget agents (own merges/h)",
-        )
-        # Labels in a column to the right of the curves, each at its point's height where
-        # it can be, pushed apart just enough not to overprint (in the points' order, so
-        # the leader lines do not cross each other much).
-        order = f.sort_values("sync_excess_pct", ascending=False)
-        y_lo, y_hi = ax.get_ylim()
-        step = (y_hi - y_lo) * 0.05
-        ty = order["sync_excess_pct"].to_numpy(dtype=float).copy()
-        for i in range(1, ty.size):
-            ty[i] = min(ty[i], ty[i - 1] - step)
-        if ty.size and ty[-1] < y_lo + step:
-            ty += y_lo + step - ty[-1]
-        x_hi = max(float(c.index.max()), float(f["merges_per_hour"].max()))
-        for r, y_text in zip(order.itertuples(), ty, strict=True):
-            name = r.agent + ("" if r.deployable else " (non-dep.)")
-            ax.annotate(
-                name,
-                (r.merges_per_hour, r.sync_excess_pct),
-                xytext=(x_hi * 1.04, y_text),
-                textcoords="data",
-                fontsize=7,
-                va="center",
-                arrowprops={"arrowstyle": "-", "lw": 0.5, "color": "0.6"},
-            )
-        ax.set_ylim(y_lo, max(y_hi, float(ty.max()) + step) if ty.size else y_hi)
-        x_lo = min(float(c.index.min()), float(f["merges_per_hour"].min()))
-        ax.set_xlim(x_lo * 0.9, x_hi * 1.35)
+        _free_points(ax, fr[fr["regime"] == regime], c)
     for x in sorted(set(b["budget_per_hour"])) if not b.empty else []:
         ax.axvline(x, color="0.85", lw=0.8, zorder=0)
     ax.set_xlabel("merges per hour (budget)")
@@ -408,3 +385,77 @@ def frontier_figure(result: dict[str, Any], regime: str):
     ax.legend(fontsize=7, loc="upper left")
     fig.tight_layout()
     return fig
+
+
+#: The budget-held agents' colours, in order.
+_COLORS = [
+    "tab:blue",
+    "tab:green",
+    "tab:red",
+    "tab:purple",
+    "tab:brown",
+    "tab:pink",
+    "tab:olive",
+    "tab:cyan",
+    "tab:gray",
+]
+
+
+def _budget_curves(ax: Any, b: pd.DataFrame) -> None:
+    """Each budget-held agent's sync-excess over the grid (solid: budget-aware, dashed:
+    held by the mask)."""
+    colors = iter(_COLORS * 4)
+    for agent, g in b.groupby("agent", sort=False):
+        g = g.sort_values("budget_per_hour")
+        aware = g["held"].iloc[0] == "budget-aware"
+        ax.plot(
+            g["budget_per_hour"],
+            g["sync_excess_pct"],
+            "-" if aware else "--",
+            marker="o",
+            ms=4,
+            color=next(colors),
+            lw=1.6,
+            label=f"{agent} @ budget ({'budget-aware' if aware else 'held by mask'})",
+        )
+
+
+def _free_points(ax: Any, f: pd.DataFrame, c: pd.DataFrame) -> None:
+    """The free agents' points, labelled in a column to the right of the curves (``c``:
+    the reference curves' means per budget, which set the x range).
+
+    Each label sits at its point's height where it can, pushed apart just enough not to
+    overprint (in the points' order, so the leader lines do not cross each other much).
+    """
+    ax.scatter(
+        f["merges_per_hour"],
+        f["sync_excess_pct"],
+        marker="D",
+        s=30,
+        color="0.2",
+        zorder=5,
+        label="free-budget agents (own merges/h)",
+    )
+    order = f.sort_values("sync_excess_pct", ascending=False)
+    y_lo, y_hi = ax.get_ylim()
+    step = (y_hi - y_lo) * 0.05
+    ty = order["sync_excess_pct"].to_numpy(dtype=float).copy()
+    for i in range(1, ty.size):
+        ty[i] = min(ty[i], ty[i - 1] - step)
+    if ty.size and ty[-1] < y_lo + step:
+        ty += y_lo + step - ty[-1]
+    x_hi = max(float(c.index.max()), float(f["merges_per_hour"].max()))
+    for r, y_text in zip(order.itertuples(), ty, strict=True):
+        name = r.agent + ("" if r.deployable else " (non-dep.)")
+        ax.annotate(
+            name,
+            (r.merges_per_hour, r.sync_excess_pct),
+            xytext=(x_hi * 1.04, y_text),
+            textcoords="data",
+            fontsize=7,
+            va="center",
+            arrowprops={"arrowstyle": "-", "lw": 0.5, "color": "0.6"},
+        )
+    ax.set_ylim(y_lo, max(y_hi, float(ty.max()) + step) if ty.size else y_hi)
+    x_lo = min(float(c.index.min()), float(f["merges_per_hour"].min()))
+    ax.set_xlim(x_lo * 0.9, x_hi * 1.35)

@@ -26,17 +26,24 @@ from diloco_gym.sim.sidecar import SidecarParams
 
 class UnitOptions(Protocol):
     """The settings the units are built from (:class:`~diloco_gym.eval.report.ReportConfig`
-    has them all)."""
+    has them all; read-only: the configs are frozen)."""
 
-    seeds: int
-    seed0: int
-    rate_scale: float | None
-    target_utilization: float | None
-    trace: str | None
-    trace_format: str
-    window_s: float
-    stride_s: float | None
-
+    @property
+    def seeds(self) -> int: ...
+    @property
+    def seed0(self) -> int: ...
+    @property
+    def rate_scale(self) -> float | None: ...
+    @property
+    def target_utilization(self) -> float | None: ...
+    @property
+    def trace(self) -> str | None: ...
+    @property
+    def trace_format(self) -> str: ...
+    @property
+    def window_s(self) -> float: ...
+    @property
+    def stride_s(self) -> float | None: ...
     @property
     def overlapping(self) -> bool: ...
 

@@ -218,7 +218,7 @@ def test_interrupted_report_leaves_no_files(reduced_report, tmp_path, monkeypatc
     def boom(*a, **k):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(rep, "_figures", boom)
+    monkeypatch.setattr(rep, "write_figures", boom)
     out = tmp_path / "rep"
     with pytest.raises(KeyboardInterrupt):
         write_report(reduced_report, out)

@@ -477,7 +477,7 @@ def test_report_seeds_never_reach_validation_or_training_seeds(tmp_path):
 
 
 def test_wording_of_load_and_seed_messages():
-    from diloco_gym.eval.report import ReportConfig, _speed
+    from diloco_gym.eval.report_render import _speed
 
     assert _speed(1.0) == "at its own rate"
     assert _speed(2.0) == "2x faster" and _speed(0.5) == "at 0.5x its rate"

@@ -1,0 +1,174 @@
+"""Output directories (:mod:`diloco_gym.eval.output_dir`): ``--force`` replaces only what a
+report wrote, the new directory is complete before it replaces the old one, a killed run's
+leftovers are cleaned, and a symbolic link is kept (report, frontier and the fleet protocol
+share these rules)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from diloco_gym.eval import outlock, report
+from diloco_gym.eval import output_dir as od
+
+
+def _fill(text: str):
+    def fill(tmp: Path) -> None:
+        (tmp / "report.md").write_text(text)
+        (tmp / "results.csv").write_text("a\n1\n")
+
+    return fill
+
+
+def _dead_pid() -> int:
+    p = subprocess.Popen([sys.executable, "-c", "pass"])
+    p.wait()
+    return p.pid
+
+
+def test_the_report_module_re_exports_the_output_directory_rules():
+    for name in ("MARKER", "is_report_dir", "clean_leftovers", "prepare_out_dir"):
+        assert getattr(report, name) is getattr(od, name)
+    assert report.write_output_dir is od.write_output_dir
+
+
+def test_marker_lists_the_files_written(tmp_path):
+    out = tmp_path / "r"
+    od.write_output_dir(out, False, _fill("one"))
+    marker = (out / od.MARKER).read_text()
+    assert marker.splitlines()[-2:] == ["report.md", "results.csv"]
+    assert od.is_report_dir(out)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["r"]  # no lock file left
+
+
+def test_force_refuses_a_report_dir_holding_user_files_and_names_them(tmp_path):
+    out = tmp_path / "r"
+    od.write_output_dir(out, False, _fill("one"))
+    (out / "my_notes.md").write_text("mine")
+    (out / "mydata").mkdir()
+    (out / "mydata" / "x.bin").write_bytes(b"1")
+    with pytest.raises(FileExistsError) as err:
+        od.write_output_dir(out, True, _fill("two"))
+    msg = str(err.value)
+    assert "'my_notes.md'" in msg and "'mydata/'" in msg and "no report wrote" in msg
+    assert (out / "my_notes.md").read_text() == "mine"
+    assert (out / "mydata" / "x.bin").read_bytes() == b"1"
+    assert (out / "report.md").read_text() == "one"
+    # the user moves them out: the report is replaced
+    (out / "my_notes.md").unlink()
+    (out / "mydata" / "x.bin").unlink()
+    (out / "mydata").mkdir(exist_ok=True)
+    (out / "mydata").rmdir()
+    od.write_output_dir(out, True, _fill("two"))
+    assert (out / "report.md").read_text() == "two"
+
+
+def test_an_old_marker_without_a_list_accepts_only_report_files(tmp_path):
+    out = tmp_path / "r"
+    out.mkdir()
+    (out / od.MARKER).write_text(od._MARKER_TEXT)  # the marker of 0.4.0: no file list
+    (out / "report.md").write_text("old")
+    (out / "fig_bursty.png").write_bytes(b"png")
+    assert od.is_report_dir(out)
+    (out / "thesis.tex").write_text("precious")
+    assert not od.is_report_dir(out)
+    with pytest.raises(FileExistsError, match="'thesis.tex'"):
+        od.prepare_out_dir(out, True)
+    outlock.release_out_locks()
+
+
+def test_a_symlinked_output_keeps_the_link_and_replaces_its_target(tmp_path):
+    target = tmp_path / "real"
+    od.write_output_dir(target, False, _fill("one"))
+    link = tmp_path / "link_rep"
+    link.symlink_to(target)
+    od.write_output_dir(link, True, _fill("two"))
+    assert link.is_symlink() and Path(os.readlink(link)) == target
+    assert (target / "report.md").read_text() == "two"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["link_rep", "real"]  # nothing stray
+
+
+def test_an_interrupted_fill_keeps_the_old_output_and_leaves_nothing_beside_it(tmp_path):
+    out = tmp_path / "r"
+    od.write_output_dir(out, False, _fill("old"))
+
+    def boom(tmp: Path) -> None:
+        (tmp / "report.md").write_text("half")
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        od.write_output_dir(out, True, boom)
+    assert (out / "report.md").read_text() == "old"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["r"]
+
+
+def test_prepare_refuses_what_force_may_not_replace(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(FileExistsError, match="the current directory"):
+        od.prepare_out_dir(tmp_path, True)
+    a_file = tmp_path / "results.csv"
+    a_file.write_text("x")
+    with pytest.raises(FileExistsError, match="not a directory"):
+        od.prepare_out_dir(a_file, True)
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "thesis.tex").write_text("precious")
+    with pytest.raises(
+        FileExistsError, match=r"no diloco-gym report marker \(\.diloco-gym-report\)"
+    ):
+        od.prepare_out_dir(data, True)
+    outlock.release_out_locks()
+    assert (data / "thesis.tex").read_text() == "precious"
+
+
+def test_prepare_accepts_a_new_or_empty_directory_and_needs_force_for_a_report(tmp_path):
+    assert od.prepare_out_dir(tmp_path / "new", False) == tmp_path / "new"
+    outlock.release_out_locks()
+    (tmp_path / "empty").mkdir()
+    od.prepare_out_dir(tmp_path / "empty", False)
+    outlock.release_out_locks()
+    od.write_output_dir(tmp_path / "r", False, _fill("one"))
+    with pytest.raises(FileExistsError, match="pass --force"):
+        od.prepare_out_dir(tmp_path / "r", False)
+    outlock.release_out_locks()
+    od.prepare_out_dir(tmp_path / "r", True)
+    outlock.release_out_locks()
+
+
+def test_is_report_dir(tmp_path):
+    assert not od.is_report_dir(tmp_path / "missing")
+    od.write_output_dir(tmp_path / "r", False, _fill("one"))
+    assert od.is_report_dir(tmp_path / "r")
+    (tmp_path / "r" / "sub").mkdir()
+    assert not od.is_report_dir(tmp_path / "r")  # a report writes plain files only
+    unmarked = tmp_path / "u"
+    unmarked.mkdir()
+    (unmarked / "notes.txt").write_text("x")
+    assert not od.is_report_dir(unmarked)
+
+
+def test_clean_leftovers_removes_only_dead_runs_marked_or_empty_siblings(tmp_path):
+    out = tmp_path / "r"
+    dead = _dead_pid()
+    marked = tmp_path / f".r.partial-{dead}"
+    marked.mkdir()
+    (marked / od.MARKER).write_text("diloco-gym report directory")
+    empty = tmp_path / f".r.old-{dead}"
+    empty.mkdir()
+    foreign = tmp_path / f".r.old-{dead + 1}"  # no marker, not empty: someone else's
+    foreign.mkdir()
+    (foreign / "mine.txt").write_text("keep")
+    live = tmp_path / f".r.partial-{os.getppid()}"  # a running process is writing there
+    live.mkdir()
+    (live / od.MARKER).write_text("diloco-gym report directory")
+    other = tmp_path / f".s.partial-{dead}"  # another output's leftover
+    other.mkdir()
+    removed = od.clean_leftovers(out)
+    assert sorted(p.name for p in removed) == sorted([marked.name, empty.name])
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        [foreign.name, live.name, other.name]
+    )
