@@ -60,7 +60,9 @@ import numpy as np
 sys.path.insert(0, os.environ.get("DILOCO_GYM_BENCH_SRC") or str(Path(__file__).parents[1]))
 
 import diloco_gym  # noqa: E402  (registers the ids)
-from diloco_gym.envs import core  # noqa: E402
+from diloco_gym.envs import env as env_module  # noqa: E402
+from diloco_gym.envs import episode as episode_module  # noqa: E402
+from diloco_gym.envs.params import EnvParams  # noqa: E402
 from diloco_gym.sim import learners as lrn  # noqa: E402
 from diloco_gym.sim import regimes, schedules
 from diloco_gym.sim.sidecar import merge_costs  # noqa: E402
@@ -420,7 +422,7 @@ def floor_runner(episodes: int, batch: int = 16):
     from diloco_gym.sim.sidecar import base_latency_s, replay
 
     reg = regimes.get_regime("bursty")
-    p = core.EnvParams()
+    p = EnvParams()
     sc = reg.sidecar
     n_bins = int(np.ceil(reg.duration_s / p.step_seconds - 1e-9))
     zeros = np.zeros(n_bins)
@@ -449,7 +451,7 @@ def bench_floor(episodes: int, repeats: int) -> dict:
     """The floor of a fresh episode (:func:`floor_runner`), per decision of the default
     bursty episode; best of ``repeats``."""
     reg = regimes.get_regime("bursty")
-    n_dec = core.EnvParams().n_decisions(reg.duration_s)
+    n_dec = EnvParams().n_decisions(reg.duration_s)
     run = floor_runner(episodes)
     run()
     ms = min(run() for _ in range(repeats))
@@ -558,9 +560,9 @@ def bench_ab(rev: str, rounds: int) -> dict:
 # ----------------------------------------------------------------------------- protocol parts
 def bench_envelope(draws: int, repeats: int) -> dict:
     reg = regimes.get_regime("bursty")
-    params = core.EnvParams()
+    params = EnvParams()
     t0 = time.perf_counter()
-    ep = core.episode_from_seed(reg, 0, params, reg.sidecar, lrn.LearnerParams())
+    ep = episode_module.episode_from_seed(reg, 0, params, reg.sidecar, lrn.LearnerParams())
     build = time.perf_counter() - t0
     m = 8  # the reference's budget for a 600 s episode
 
@@ -575,7 +577,7 @@ def bench_envelope(draws: int, repeats: int) -> dict:
 
 def bench_oracle(duration_s: float, repeats: int) -> dict:
     reg = replace(regimes.get_regime("bursty"), duration_s=duration_s)
-    params = core.EnvParams()
+    params = EnvParams()
     lp = lrn.LearnerParams()
     res: dict = {"duration_s": duration_s}
     best_total = float("inf")
@@ -584,7 +586,7 @@ def bench_oracle(duration_s: float, repeats: int) -> dict:
         rng = np.random.default_rng(0)
         trace = reg(rng)
         t1 = time.perf_counter()
-        ep = core.build_episode(trace, params, reg.sidecar, lp, rng, seed=0)
+        ep = episode_module.build_episode(trace, params, reg.sidecar, lp, rng, seed=0)
         cost = ep.merge_cost  # computed on first use: timed with the episode
         t2 = time.perf_counter()
         merges, total = schedules.optimal_schedule(cost, params.h_min, params.h_max)
@@ -663,7 +665,7 @@ def bench_profile(episodes: int, num_envs: int = 1024, steps: int = 517) -> dict
     from diloco_gym.envs.vector import DiLoCoSyncVectorEnv
 
     reg = regimes.get_regime("bursty")
-    params = replace(core.EnvParams(), skip_forced=False)
+    params = replace(EnvParams(), skip_forced=False)
     lp = lrn.LearnerParams()
     venv = DiLoCoSyncVectorEnv(num_envs, regime="bursty", params=params)
     t = dict.fromkeys(("trace", "build", "costs", "draw", "core", "bank_row"), 0.0)
@@ -672,7 +674,7 @@ def bench_profile(episodes: int, num_envs: int = 1024, steps: int = 517) -> dict
         rng = np.random.default_rng(seed)
         trace = reg(rng)
         t1 = time.perf_counter()
-        ep = core.build_episode(trace, params, reg.sidecar, lp, rng, seed=seed)
+        ep = episode_module.build_episode(trace, params, reg.sidecar, lp, rng, seed=seed)
         t2 = time.perf_counter()
         starts = np.arange(ep.n_decisions, dtype=np.int64) * params.decision_interval
         merge_costs(
@@ -688,7 +690,9 @@ def bench_profile(episodes: int, num_envs: int = 1024, steps: int = 517) -> dict
         t3 = time.perf_counter()
         arrivals, prompt, output, net, ckpt = reg.draw(np.random.default_rng(seed), np.float64)
         t4 = time.perf_counter()
-        core.episode_core(arrivals, prompt, output, net, ckpt, reg.duration_s, params, reg.sidecar)
+        episode_module.episode_core(
+            arrivals, prompt, output, net, ckpt, reg.duration_s, params, reg.sidecar
+        )
         t5 = time.perf_counter()
         venv._build_fresh(np.array([0]), [seed])
         t6 = time.perf_counter()
@@ -767,7 +771,7 @@ def bench_profile_default(steps: int, num_envs: int, vector_steps: int) -> dict:
     """Where the default configuration's time goes (milliseconds), random actions.
 
     Single env (``gym.make("DiLoCoSync-v0")``), per episode: the reset (of which the
-    episode build, ``core.episode_from_seed``: trace draws and the agent-independent
+    episode build, ``episode_from_seed``: trace draws and the agent-independent
     arrays), the merges (``_apply``: the merge's cost, training gain and learner-feature
     refresh), the final exact replay (``episode_summary``) and the rest of the steps
     (Gymnasium's wrappers, corridor logic, observation, info). Vector env at ``num_envs``
@@ -778,7 +782,7 @@ def bench_profile_default(steps: int, num_envs: int, vector_steps: int) -> dict:
     u = env.unwrapped
     spent = dict.fromkeys(("_apply", "episode_summary", "reset", "build"), 0.0)
     _timed_methods(u, ("_apply", "episode_summary"), spent)
-    build = core.episode_from_seed
+    build = env_module.episode_from_seed
 
     def timed_build(*args, **kwargs):
         t0 = time.perf_counter()
@@ -789,7 +793,7 @@ def bench_profile_default(steps: int, num_envs: int, vector_steps: int) -> dict:
 
     actions = np.random.default_rng(2).integers(0, 2, steps).tolist()
     env.reset(seed=0)
-    core.episode_from_seed = timed_build  # the env calls it through the module
+    env_module.episode_from_seed = timed_build  # the name the env's reset calls
     try:
         episodes = 0
         t0 = time.perf_counter()
@@ -801,7 +805,7 @@ def bench_profile_default(steps: int, num_envs: int, vector_steps: int) -> dict:
                 episodes += 1
         total = time.perf_counter() - t0
     finally:
-        core.episode_from_seed = build
+        env_module.episode_from_seed = build
     env.close()
     k = 1000.0 / max(1, episodes)
     out = {

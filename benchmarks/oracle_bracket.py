@@ -15,8 +15,8 @@ import time
 
 import numpy as np
 
-from diloco_gym.envs import core
 from diloco_gym.envs.env import DiLoCoSyncEnv
+from diloco_gym.envs.episode import episode_from_seed
 from diloco_gym.eval.oracle import ORACLE_BOUND, oracle_score
 from diloco_gym.eval.scorer import EpisodeScorer
 from diloco_gym.sim.regimes import REGIMES
@@ -35,7 +35,7 @@ def main() -> None:
     rows = []
     started = time.perf_counter()
     for seed in range(args.seeds):
-        ep = core.episode_from_seed(
+        ep = episode_from_seed(
             env.generator, seed, p, env.sidecar, env.learner_params, rate_rps=env.reward_rate_rps
         )
         scorer = EpisodeScorer(ep, p, env.sidecar)

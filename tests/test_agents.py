@@ -6,7 +6,8 @@ import pytest
 
 
 def test_report_marks_non_deployable_agents():
-    from diloco_gym.eval.report import ReportConfig, render_markdown, run_protocol
+    from diloco_gym.eval.report import ReportConfig, run_protocol
+    from diloco_gym.eval.report_render import render_markdown
 
     res = run_protocol(
         ReportConfig(regimes=["bursty"], agents=["fixed-512", "offline-oracle"], seeds=2, draws=20),

@@ -90,7 +90,7 @@ def check_learner_calibration(path: str | None) -> None:
 def check_out_dir(out: str, force: bool) -> None:
     """``--out``/``--force``: a directory the command may write (new, empty, or with
     ``--force`` a previous report's); any other is a usage error, before any work."""
-    from diloco_gym.eval.report import prepare_out_dir
+    from diloco_gym.eval.output_dir import prepare_out_dir
 
     try:
         prepare_out_dir(out, force)

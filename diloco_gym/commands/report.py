@@ -61,7 +61,8 @@ def run(args: argparse.Namespace) -> int:
     """Run the protocol the options describe, write the report directory and print the
     summary."""
     started = time.perf_counter()
-    from diloco_gym.eval.report import ReportConfig, console_summary, run_protocol, write_report
+    from diloco_gym.eval.report import ReportConfig, run_protocol, write_report
+    from diloco_gym.eval.report_render import console_summary
     from diloco_gym.sim.traces import TraceFormatError
 
     checks.check_backend(args)

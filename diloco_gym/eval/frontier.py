@@ -50,8 +50,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from diloco_gym.envs import core
 from diloco_gym.envs.env import DiLoCoSyncEnv
+from diloco_gym.envs.episode import Episode, episode_from_seed
 from diloco_gym.eval import calibration as cal
 from diloco_gym.eval import protocol
 from diloco_gym.eval.cells import quality_columns
@@ -168,7 +168,7 @@ class FrontierConfig(ReplayOptions):
 _Envs = dict[int | None, DiLoCoSyncEnv]
 
 
-def _same_episode(ep: core.Episode, env: DiLoCoSyncEnv) -> core.Episode:
+def _same_episode(ep: Episode, env: DiLoCoSyncEnv) -> Episode:
     """``ep`` for an env that differs from the one it was built for only by its merge
     budget (a budget is not used to build an episode, only to mask the actions)."""
     if ep.params == env.params:
@@ -337,7 +337,7 @@ def run_frontier_cell(cell: FrontierCell) -> dict[str, list[dict]]:
     env = envs[None]
     # Built once, directly (no env reset): every agent runs on it and the curves
     # and the scoring read it.
-    ep0 = core.episode_from_seed(
+    ep0 = episode_from_seed(
         env.generator,
         seed,
         env.params,
@@ -374,7 +374,7 @@ def run_frontier_cell(cell: FrontierCell) -> dict[str, list[dict]]:
 _Run = tuple[Any, DiLoCoSyncEnv, str, float, float]
 
 
-def _unit_budgets(config: FrontierConfig, ep: core.Episode, env: DiLoCoSyncEnv) -> dict[float, int]:
+def _unit_budgets(config: FrontierConfig, ep: Episode, env: DiLoCoSyncEnv) -> dict[float, int]:
     """The grid's budgets in merges per episode of ``ep``, by merges per hour (distinct)."""
     budgets = {
         b: episode_budget(b, ep.trace.duration_s, ep.n_decisions, env.params)
@@ -395,7 +395,7 @@ def _row(
     gen: Any,
     seed: int,
     run: _Run,
-    ep: core.Episode,
+    ep: Episode,
     res: dict[str, Any],
 ) -> dict[str, Any]:
     """One agent run's row: its merges scored against matched random and the oracle."""
@@ -434,7 +434,7 @@ def _row(
 
 
 def _unit_curves(
-    cache: dict[str, Any], ep: core.Episode, env: DiLoCoSyncEnv, seed: int, regime: str, draws: int
+    cache: dict[str, Any], ep: Episode, env: DiLoCoSyncEnv, seed: int, regime: str, draws: int
 ) -> list[dict]:
     """One unit's curves: random placement, the oracle and the rate-clairvoyant reference
     (:mod:`diloco_gym.eval.clairvoyant`; NaN on a replayed trace) at every feasible budget.

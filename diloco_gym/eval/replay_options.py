@@ -134,7 +134,8 @@ class ReplayOptions:
 
     def _check_trace(self) -> None:
         """A trace replay: a known sidecar regime, a window long enough for an episode."""
-        from diloco_gym.envs import core
+        from diloco_gym.envs.episode import min_episode_seconds
+        from diloco_gym.envs.params import EnvParams
         from diloco_gym.sim.loaders import FORMATS
 
         if self.trace_format != "auto" and self.trace_format not in FORMATS:
@@ -146,7 +147,7 @@ class ReplayOptions:
             raise ValueError(
                 f"unknown sidecar regime {self.sidecar!r}; valid regimes: {', '.join(REGIMES)}"
             )
-        min_s = core.min_episode_seconds(core.EnvParams(), REGIMES[self.trace_sidecar].sidecar)
+        min_s = min_episode_seconds(EnvParams(), REGIMES[self.trace_sidecar].sidecar)
         if self.window_s < min_s:
             raise ValueError(
                 f"window_s (--window-s) {self.window_s:g} s is too short: an "

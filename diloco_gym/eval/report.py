@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from diloco_gym.envs import core
+from diloco_gym.envs.params import EnvParams
 from diloco_gym.eval import calibration as cal
 from diloco_gym.eval import protocol
 from diloco_gym.eval.output_dir import (
@@ -100,7 +100,7 @@ class ReportConfig(ReplayOptions):
         comparison says nothing. ``run`` (one agent's table) allows them."""
         if self.trace is None:
             return
-        p = core.EnvParams()
+        p = EnvParams()
         sidecar = REGIMES[self.trace_sidecar].sidecar
         margin_s = p.merge_steps * p.step_seconds + sidecar.tail_s
         min_s = margin_s + (p.h_max + 1) * p.decision_seconds

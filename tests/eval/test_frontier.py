@@ -14,7 +14,7 @@ from diloco_gym.agents.registry import BUDGETED, is_budget_aware, make_agent
 from diloco_gym.cli import main
 from diloco_gym.eval import frontier as fr
 from diloco_gym.eval import protocol
-from diloco_gym.eval.report import MARKER
+from diloco_gym.eval.output_dir import MARKER
 from diloco_gym.eval.rollout import attach_agent, run_episode
 from diloco_gym.eval.summary import holm as fr_holm
 from diloco_gym.sim import schedules

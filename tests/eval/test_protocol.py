@@ -15,7 +15,8 @@ from diloco_gym.cli import main
 from diloco_gym.envs.params import EnvParams
 from diloco_gym.envs.schedule import schedule_summary
 from diloco_gym.eval import protocol
-from diloco_gym.eval.report import ReportConfig, holm, run_protocol, write_report
+from diloco_gym.eval.report import ReportConfig, run_protocol, write_report
+from diloco_gym.eval.summary import holm
 from diloco_gym.sim import schedules
 from diloco_gym.sim.traces import Trace
 

@@ -200,7 +200,7 @@ def test_a_script_without_a_main_guard_gets_a_clear_error(tmp_path):
         "import numpy as np\n"
         "from diloco_gym.agents.base import AgentContext\n"
         "from diloco_gym.agents.registry import make_agent\n"
-        "from diloco_gym.envs.core import EnvParams\n"
+        "from diloco_gym.envs.params import EnvParams\n"
         "from diloco_gym.eval.sealed import SealedAgent\n"
         "a = SealedAgent(make_agent('online-forecast'))\n"
         "a.attach(AgentContext(params=EnvParams(), regime='bursty'))\n"
