@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from diloco_gym.io import save_atomic
+from diloco_gym.io import owned_entries, save_atomic
 
 __all__ = [
     "RUN_ARTEFACTS",
@@ -172,7 +172,7 @@ def check_run_dir(
         raise FileExistsError(f"{out} exists and is not a directory")
     if resume:
         return _resume_from(out, algo, regime)
-    if not (out.is_dir() and any(out.iterdir())):
+    if not owned_entries(out, "meta.json", "a diloco-gym training run", "choose another --out"):
         return None
     _refuse_unless_forced(out, force)
     for name in RUN_ARTEFACTS if apply else ():
@@ -224,13 +224,9 @@ def _resume_from(out: Path, algo: str, regime: str) -> Path | None:
 
 
 def _refuse_unless_forced(out: Path, force: bool) -> None:
-    """A non-empty ``out`` is used only when it holds a run and ``force`` replaces it."""
+    """A non-empty ``out`` holding a run (:func:`~diloco_gym.io.owned_entries` checked
+    its ``meta.json``) is used only when ``force`` replaces it."""
     meta_path = out / "meta.json"
-    if not meta_path.is_file():
-        raise FileExistsError(
-            f"{out} is not empty and is not a diloco-gym training run (no "
-            f"meta.json); choose another --out"
-        )
     if force:
         return
     meta = read_meta(meta_path)

@@ -60,7 +60,7 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 from pydantic import ConfigDict
 
-from diloco_gym.io import json_strict, save_atomic, write_text_atomic
+from diloco_gym.io import json_strict, owned_entries, save_atomic, write_text_atomic
 from diloco_gym.scale import fleet_points
 from diloco_gym.tables import Table, TableError, validate_table
 
@@ -514,26 +514,19 @@ CELLS_FILE = "cells.jsonl"
 def check_sweep_dir(out: Path) -> None:
     """A sweep writes into a missing or empty directory, or resumes one holding its
     :data:`CELLS_FILE`; it never writes its results among someone else's files (a
-    ``results.csv`` or ``summary.md`` of the user's would be overwritten).
+    ``results.csv`` or ``summary.md`` of the user's would be overwritten):
+    :func:`diloco_gym.io.owned_entries`.
 
     Raises:
         FileExistsError: ``out`` is a file, or a non-empty directory that is not a sweep's
             (the message names it and a few of its entries).
     """
-    if not out.exists():
-        return
-    if not out.is_dir():
-        raise FileExistsError(f"sweep output {out} exists and is not a directory")
-    entries = sorted(p.name for p in out.iterdir())
-    if entries and CELLS_FILE not in entries:
-        shown = ", ".join(entries[:5]) + (
-            f" and {len(entries) - 5} more" if len(entries) > 5 else ""
-        )
-        raise FileExistsError(
-            f"sweep output {out} is not empty and holds no {CELLS_FILE}, so it is not a "
-            f"sweep's directory ({shown}); choose another --out or empty it (a sweep "
-            "resumes only its own directory)"
-        )
+    owned_entries(
+        out,
+        CELLS_FILE,
+        "a sweep's directory",
+        "choose another --out or empty it (a sweep resumes only its own directory)",
+    )
 
 
 def _run_sweep(

@@ -325,7 +325,9 @@ def test_a_sweep_never_writes_among_someone_elses_files(tmp_path, capsys):
     notes = tmp_path / "mine"
     notes.mkdir()
     (notes / "results.csv").write_text("my numbers\n")
-    with pytest.raises(FileExistsError, match=r"not empty and holds no cells\.jsonl.*results\.csv"):
+    with pytest.raises(
+        FileExistsError, match=r"not a sweep.s directory.*results\.csv.*no cells\.jsonl"
+    ):
         run_sweep(load_sweep(cfg), notes, progress=False)
     assert [p.name for p in notes.iterdir()] == ["results.csv"]
     assert (notes / "results.csv").read_text() == "my numbers\n"
