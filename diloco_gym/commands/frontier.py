@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from diloco_gym.commands import checks, options
-from diloco_gym.commands.jobs import command_line, fleet_env_error, fleet_job
+from diloco_gym.commands.jobs import command_line, fleet_env_error, fleet_job, fleet_report_config
 from diloco_gym.errors import DataError, Interrupted, UsageError
 
 __all__ = ["HELP", "FLEET_FRONTIER_AGENTS", "add_arguments", "run", "fleet_budgets"]
@@ -182,7 +182,6 @@ def _frontier_agents(args: argparse.Namespace) -> tuple[list[str], list[str]]:
 def _frontier_fleet(args: argparse.Namespace) -> int:
     """``frontier --fleet FILE``: the budget frontier on a fleet
     (:mod:`diloco_gym.eval.fleet_frontier`)."""
-    from diloco_gym.eval.fleet import FleetReportConfig
     from diloco_gym.eval.fleet_frontier import (
         FleetFrontierConfig,
         frontier_table,
@@ -206,16 +205,8 @@ def _frontier_fleet(args: argparse.Namespace) -> int:
         checks.check_agent(a)
     checks.check_out_dir(args.out, args.force)
     budgets = fleet_budgets(args)
+    report = fleet_report_config(args, agents)
     try:
-        report = FleetReportConfig(
-            fleet=args.fleet,
-            agents=agents,
-            seeds=args.seeds,
-            seed0=args.seed0,
-            draws=args.draws,
-            calibration=args.calibration,
-            in_process_agents=args.in_process_agents,
-        )
         config = FleetFrontierConfig(report=report, budgets=budgets)
     except ValueError as exc:
         raise UsageError(str(exc)) from None

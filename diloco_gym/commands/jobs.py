@@ -10,9 +10,9 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from diloco_gym.errors import CLIError, DataError, Interrupted
+from diloco_gym.errors import CLIError, DataError, Interrupted, UsageError
 
-__all__ = ["command_line", "fleet_env_error", "fleet_job"]
+__all__ = ["command_line", "fleet_env_error", "fleet_job", "fleet_report_config"]
 
 
 def command_line() -> str:
@@ -44,3 +44,22 @@ def fleet_job(
         raise DataError(msg) from None
     except KeyboardInterrupt:
         raise Interrupted(f"interrupted; no {what} written ({args.out} left as it was)") from None
+
+
+def fleet_report_config(args: argparse.Namespace, agents: list[str]) -> Any:
+    """The fleet protocol's configuration from ``report --fleet`` / ``frontier --fleet``
+    options (a bad value is a usage error)."""
+    from diloco_gym.eval.fleet import FleetReportConfig
+
+    try:
+        return FleetReportConfig(
+            fleet=args.fleet,
+            agents=agents,
+            seeds=args.seeds,
+            seed0=args.seed0,
+            draws=args.draws,
+            calibration=args.calibration,
+            in_process_agents=args.in_process_agents,
+        )
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None

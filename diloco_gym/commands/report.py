@@ -9,7 +9,7 @@ import sys
 import time
 
 from diloco_gym.commands import checks, options
-from diloco_gym.commands.jobs import command_line, fleet_job
+from diloco_gym.commands.jobs import command_line, fleet_job, fleet_report_config
 from diloco_gym.errors import DataError, Interrupted, UsageError
 from diloco_gym.sim.regimes import REGIMES
 
@@ -164,7 +164,6 @@ def _report_agents(args: argparse.Namespace) -> list[str]:
 def _report_fleet(args: argparse.Namespace, agents: list[str]) -> int:
     """``report --fleet FILE``: the protocol on a fleet (:mod:`diloco_gym.eval.fleet`)."""
     from diloco_gym.eval.fleet import (
-        FleetReportConfig,
         fleet_summary_table,
         run_fleet_report,
         write_fleet_report,
@@ -172,18 +171,7 @@ def _report_fleet(args: argparse.Namespace, agents: list[str]) -> int:
 
     started = time.perf_counter()
     checks.check_out_dir(args.out, args.force)
-    try:
-        config = FleetReportConfig(
-            fleet=args.fleet,
-            agents=agents,
-            seeds=args.seeds,
-            seed0=args.seed0,
-            draws=args.draws,
-            calibration=args.calibration,
-            in_process_agents=args.in_process_agents,
-        )
-    except ValueError as exc:
-        raise UsageError(str(exc)) from None
+    config = fleet_report_config(args, agents)
     result, out = fleet_job(
         args,
         lambda: run_fleet_report(config, progress=not args.no_progress),
