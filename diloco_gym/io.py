@@ -6,10 +6,10 @@
   replaces a file atomically; :func:`os.replace` does the same on Windows);
 * :func:`json_default` / :func:`json_strict`: ``json.dumps(default=...)`` for numpy scalars
   and arrays;
-* :func:`free_port`: a free TCP port on the loopback interface;
-* :func:`owned_entries`: the rule every command that writes a directory (a report, a
-  frontier, a sweep, a training run) applies first: it writes only into a new or empty
-  directory or one that its own marker file says is its own.
+* :func:`free_port`: a free TCP port on the loopback interface.
+
+The rules for output directories (whose a directory is, ``--force``, the atomic swap) are in
+:mod:`diloco_gym.eval.output_dir`.
 """
 
 from __future__ import annotations
@@ -26,7 +26,6 @@ __all__ = [
     "free_port",
     "json_default",
     "json_strict",
-    "owned_entries",
     "save_atomic",
     "write_text_atomic",
 ]
@@ -90,41 +89,3 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
-
-
-def owned_entries(out: str | os.PathLike[str], marker: str, what: str, hint: str) -> list[str]:
-    """The entries of an output directory that a command may write into.
-
-    A command writing a directory never writes among someone else's files: ``out`` must be
-    missing, empty, or hold ``marker`` (the file by which the command recognises a directory
-    it wrote: a report's marker, a sweep's ``cells.jsonl``, a training run's ``meta.json``).
-    What the command then does with its own directory (replace it with ``--force``, resume
-    it) is its own rule.
-
-    Args:
-        marker: the file name that marks the command's own directory.
-        what: the directory's kind in messages ("a diloco-gym report", "a sweep's
-            directory").
-        hint: what to do instead, appended to the message ("choose another --out").
-
-    Returns:
-        ``out``'s entry names, sorted (empty: a new or empty directory).
-
-    Raises:
-        FileExistsError: ``out`` is not a directory, or is a non-empty directory without
-            ``marker`` (the message names ``out``, a few of its entries and the marker).
-    """
-    out = Path(out)
-    if not out.exists() and not out.is_symlink():
-        return []
-    if not out.is_dir():
-        raise FileExistsError(f"{out} exists and is not a directory; {hint}")
-    entries = sorted(p.name for p in out.iterdir())
-    if entries and not (out / marker).is_file():
-        shown = ", ".join(repr(n) for n in entries[:5])
-        more = f" and {len(entries) - 5} more" if len(entries) > 5 else ""
-        raise FileExistsError(
-            f"{out} is not {what}: it holds {len(entries)} entr"
-            f"{'y' if len(entries) == 1 else 'ies'} ({shown}{more}) but no {marker}; {hint}"
-        )
-    return entries

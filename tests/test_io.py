@@ -1,5 +1,4 @@
-"""The leaf diloco_gym.io: atomic writes, JSON of numpy values, a free loopback port, the
-rule for writing into a directory."""
+"""The leaf diloco_gym.io: atomic writes, JSON of numpy values, a free loopback port."""
 
 from __future__ import annotations
 
@@ -52,29 +51,3 @@ def test_free_port_can_be_bound() -> None:
     assert 0 < port < 65536
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", port))
-
-
-def test_owned_entries_refuses_someone_elses_directory(tmp_path: Path) -> None:
-    hint = "choose another --out"
-    assert io.owned_entries(tmp_path / "new", "cells.jsonl", "a sweep's directory", hint) == []
-    assert io.owned_entries(tmp_path, "cells.jsonl", "a sweep's directory", hint) == []
-    (tmp_path / "b.txt").write_text("mine")
-    (tmp_path / "a.csv").write_text("mine")
-    with pytest.raises(FileExistsError) as exc:
-        io.owned_entries(tmp_path, "cells.jsonl", "a sweep's directory", hint)
-    msg = str(exc.value)
-    assert f"{tmp_path} is not a sweep's directory: it holds 2 entries ('a.csv', 'b.txt')" in msg
-    assert msg.endswith("but no cells.jsonl; choose another --out")
-    for i in range(5):
-        (tmp_path / f"x{i}").write_text("")
-    with pytest.raises(FileExistsError, match=r"'b.txt', 'x0', 'x1', 'x2' and 2 more\)"):
-        io.owned_entries(tmp_path, "cells.jsonl", "a sweep's directory", hint)
-    (tmp_path / "cells.jsonl").mkdir()  # a directory of the marker's name is no marker
-    with pytest.raises(FileExistsError, match="no cells.jsonl"):
-        io.owned_entries(tmp_path, "cells.jsonl", "a sweep's directory", hint)
-    (tmp_path / "cells.jsonl").rmdir()
-    (tmp_path / "cells.jsonl").write_text("")
-    assert io.owned_entries(tmp_path, "cells.jsonl", "x", hint)[0] == "a.csv"
-    with pytest.raises(FileExistsError, match="a.csv exists and is not a directory; choose"):
-        io.owned_entries(tmp_path / "a.csv", "cells.jsonl", "x", hint)
-    assert sorted(p.name for p in tmp_path.iterdir())[:2] == ["a.csv", "b.txt"]  # untouched

@@ -4,7 +4,8 @@ matched-random control and the statistics (:mod:`~diloco_gym.eval.protocol`), th
 (:mod:`~diloco_gym.eval.units`) and cells (:mod:`~diloco_gym.eval.cells`), the report
 (:mod:`~diloco_gym.eval.report`, its documents :mod:`~diloco_gym.eval.report_render` and
 figures :mod:`~diloco_gym.eval.report_figures`) and the frontier leaderboard (single host and
-fleet), the options they share (:mod:`~diloco_gym.eval.replay_options`), their output
-directories (:mod:`~diloco_gym.eval.output_dir`), and calibration files
+fleet), the options they share (:mod:`~diloco_gym.eval.replay_options`), output
+directories (:mod:`~diloco_gym.eval.output_dir`: the rules of every command that writes
+one), and calibration files
 (:mod:`~diloco_gym.eval.calibration`).
 """

@@ -1,6 +1,10 @@
-"""Output directories of the report, the frontier and the fleet protocol: the marker that
-says a directory is one, the checks before ``--force`` replaces it, and the atomic write
-(a complete sibling renamed into place; a killed run's leftovers are cleaned next time)."""
+"""Output directories: the one rule every command that writes a directory applies first
+(:func:`owned_entries`: a new or empty directory, or one its marker file says is the
+command's own; never a directory of someone else's files), used by the report, the
+frontier, the fleet protocol, sweeps and training runs; and the report-like directories'
+own rules: the marker that says a directory is one, the checks before ``--force`` replaces
+it, and the atomic write (a complete sibling renamed into place; a killed run's leftovers
+are cleaned next time). Single files are written with :func:`diloco_gym.io.save_atomic`."""
 
 from __future__ import annotations
 
@@ -19,6 +23,7 @@ from diloco_gym.eval.outlock import (
 
 __all__ = [
     "MARKER",
+    "owned_entries",
     "is_report_dir",
     "clean_leftovers",
     "prepare_out_dir",
@@ -39,6 +44,62 @@ _REPORT_FILE = re.compile(
 )
 #: Sibling directories of a report being written (``partial``) or replaced (``old``).
 _LEFTOVER = re.compile(r"^\.(?P<name>.+)\.(?P<kind>partial|old)-(?P<pid>\d+)$")
+
+
+def owned_entries(
+    out: str | os.PathLike[str],
+    marker: str,
+    what: str,
+    hint: str,
+    *,
+    marker_label: str | None = None,
+    recognise: Callable[[list[str]], bool] | None = None,
+) -> list[str]:
+    """The entries of an output directory that a command may write into.
+
+    A command writing a directory never writes among someone else's files: ``out`` must be
+    missing, empty, or hold the file ``marker`` (by which the command recognises a directory
+    it wrote: a report's :data:`MARKER`, a sweep's ``cells.jsonl``, a training run's
+    ``meta.json``), or be recognised by ``recognise`` (a directory of an older release,
+    written before the marker). What the command then does with its own directory (replace
+    it with ``--force``, resume it) is its own rule.
+
+    Args:
+        what: the directory's kind in messages ("a diloco-gym report").
+        hint: what to do instead, appended to the message ("choose another --out").
+        marker_label: the marker as messages name it (default: its file name).
+        recognise: ``entries -> bool``, whether an unmarked directory is the command's own.
+
+    Returns:
+        ``out``'s entry names, sorted (empty: a new or empty directory).
+
+    Raises:
+        FileExistsError: ``out`` is not a directory, or is a non-empty directory that is not
+            the command's (the message names ``out``, a few of its entries and the marker).
+    """
+    out = Path(out)
+    if not out.exists() and not out.is_symlink():
+        return []
+    if not out.is_dir():
+        raise FileExistsError(f"{out} exists and is not a directory; {hint}")
+    entries = sorted(p.name for p in out.iterdir())
+    ours = (out / marker).is_file() or (recognise is not None and recognise(entries))
+    if entries and not ours:
+        shown = ", ".join(repr(n) for n in entries[:5])
+        more = f" and {len(entries) - 5} more" if len(entries) > 5 else ""
+        raise FileExistsError(
+            f"{out} is not {what}: it holds {len(entries)} entr"
+            f"{'y' if len(entries) == 1 else 'ies'} ({shown}{more}) but no "
+            f"{marker_label or marker}; {hint}"
+        )
+    return entries
+
+
+def _old_report(entries: list[str]) -> bool:
+    """An unmarked directory written by a release before the marker: a report's or a
+    frontier's documents."""
+    names = set(entries)
+    return {"report.md", "results.csv"} <= names or "frontier.md" in names
 
 
 def is_report_dir(path: str | Path) -> bool:
@@ -79,11 +140,8 @@ def _foreign_entries(path: Path) -> list[str] | None:
     out = [
         p.name + ("/" if p.is_dir() and not p.is_symlink() else "") for p in entries if foreign(p)
     ]
-    if not marked:
-        names = {p.name for p in entries}
-        is_old_report = {"report.md", "results.csv"} <= names or "frontier.md" in names
-        if out or not is_old_report:
-            return None
+    if not marked and not _old_report([p.name for p in entries]):
+        return None
     return out
 
 
@@ -164,16 +222,20 @@ def prepare_out_dir(out: str | Path, force: bool) -> Path:
             )
     lock_out_dir(out)  # one writer at a time: a second process is refused here
     clean_leftovers(full)
-    if not out.exists() or not any(out.iterdir()):
-        return out
-    foreign = _foreign_entries(out)
-    if foreign is None:
-        entries = sorted(p.name for p in out.iterdir())
-        raise FileExistsError(
-            f"refusing to replace {out}: it holds {len(entries)} file(s) (e.g. "
-            f"{entries[0]!r}) but no diloco-gym report marker ({MARKER}); "
-            f"--force replaces only a previous report. Choose another --out"
+    try:
+        entries = owned_entries(
+            out,
+            MARKER,
+            "a diloco-gym report",
+            "--force replaces only a previous report; choose another --out",
+            marker_label=f"diloco-gym report marker ({MARKER})",
+            recognise=_old_report,
         )
+    except FileExistsError as exc:
+        raise FileExistsError(f"refusing to replace {out}: {exc}") from None
+    if not entries:
+        return out
+    foreign = _foreign_entries(out) or []
     if foreign:
         shown = ", ".join(repr(n) for n in foreign[:5]) + (" ..." if len(foreign) > 5 else "")
         raise FileExistsError(

@@ -15,7 +15,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from diloco_gym.io import owned_entries, save_atomic
+from diloco_gym.eval.output_dir import owned_entries
+from diloco_gym.io import save_atomic
 
 __all__ = [
     "RUN_ARTEFACTS",
@@ -224,7 +225,7 @@ def _resume_from(out: Path, algo: str, regime: str) -> Path | None:
 
 
 def _refuse_unless_forced(out: Path, force: bool) -> None:
-    """A non-empty ``out`` holding a run (:func:`~diloco_gym.io.owned_entries` checked
+    """A non-empty ``out`` holding a run (:func:`~diloco_gym.eval.output_dir.owned_entries` checked
     its ``meta.json``) is used only when ``force`` replaces it."""
     meta_path = out / "meta.json"
     if force:

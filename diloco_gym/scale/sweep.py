@@ -60,7 +60,7 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 from pydantic import ConfigDict
 
-from diloco_gym.io import json_strict, owned_entries, save_atomic, write_text_atomic
+from diloco_gym.io import json_strict, save_atomic, write_text_atomic
 from diloco_gym.scale import fleet_points
 from diloco_gym.tables import Table, TableError, validate_table
 
@@ -515,12 +515,14 @@ def check_sweep_dir(out: Path) -> None:
     """A sweep writes into a missing or empty directory, or resumes one holding its
     :data:`CELLS_FILE`; it never writes its results among someone else's files (a
     ``results.csv`` or ``summary.md`` of the user's would be overwritten):
-    :func:`diloco_gym.io.owned_entries`.
+    :func:`diloco_gym.eval.output_dir.owned_entries`.
 
     Raises:
         FileExistsError: ``out`` is a file, or a non-empty directory that is not a sweep's
             (the message names it and a few of its entries).
     """
+    from diloco_gym.eval.output_dir import owned_entries
+
     owned_entries(
         out,
         CELLS_FILE,

@@ -172,3 +172,57 @@ def test_clean_leftovers_removes_only_dead_runs_marked_or_empty_siblings(tmp_pat
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
         [foreign.name, live.name, other.name]
     )
+
+
+def test_owned_entries_refuses_someone_elses_directory(tmp_path) -> None:
+    hint = "choose another --out"
+    assert od.owned_entries(tmp_path / "new", "cells.jsonl", "a sweep's directory", hint) == []
+    assert od.owned_entries(tmp_path, "cells.jsonl", "a sweep's directory", hint) == []
+    (tmp_path / "b.txt").write_text("mine")
+    (tmp_path / "a.csv").write_text("mine")
+    with pytest.raises(FileExistsError) as exc:
+        od.owned_entries(tmp_path, "cells.jsonl", "a sweep's directory", hint)
+    msg = str(exc.value)
+    assert f"{tmp_path} is not a sweep's directory: it holds 2 entries ('a.csv', 'b.txt')" in msg
+    assert msg.endswith("but no cells.jsonl; choose another --out")
+    for i in range(5):
+        (tmp_path / f"x{i}").write_text("")
+    with pytest.raises(FileExistsError, match=r"'b.txt', 'x0', 'x1', 'x2' and 2 more\)"):
+        od.owned_entries(tmp_path, "cells.jsonl", "a sweep's directory", hint)
+    (tmp_path / "cells.jsonl").mkdir()  # a directory of the marker's name is no marker
+    with pytest.raises(FileExistsError, match="no cells.jsonl"):
+        od.owned_entries(tmp_path, "cells.jsonl", "a sweep's directory", hint)
+    (tmp_path / "cells.jsonl").rmdir()
+    (tmp_path / "cells.jsonl").write_text("")
+    assert od.owned_entries(tmp_path, "cells.jsonl", "x", hint)[0] == "a.csv"
+    with pytest.raises(FileExistsError, match="a.csv exists and is not a directory; choose"):
+        od.owned_entries(tmp_path / "a.csv", "cells.jsonl", "x", hint)
+    assert sorted(p.name for p in tmp_path.iterdir())[:2] == ["a.csv", "b.txt"]  # untouched
+
+
+def test_owned_entries_recognises_an_unmarked_directory_only_when_asked(tmp_path) -> None:
+    (tmp_path / "report.md").write_text("old")
+    (tmp_path / "results.csv").write_text("old")
+    with pytest.raises(FileExistsError, match=r"but no diloco-gym report marker; pick"):
+        od.owned_entries(
+            tmp_path, od.MARKER, "a report", "pick", marker_label="diloco-gym report marker"
+        )
+    assert od.owned_entries(
+        tmp_path, od.MARKER, "a report", "pick", recognise=lambda e: "report.md" in e
+    ) == ["report.md", "results.csv"]
+
+
+def test_an_unmarked_old_report_with_user_files_names_them(tmp_path, monkeypatch) -> None:
+    """A report of a release before the marker is replaced by --force only when it holds
+    nothing else; the refusal names the entries no report wrote."""
+    monkeypatch.chdir(tmp_path)
+    old = tmp_path / "old"
+    old.mkdir()
+    for name in ("report.md", "results.csv", "notes.txt"):
+        (old / name).write_text("x")
+    try:
+        with pytest.raises(FileExistsError, match=r"besides a previous report .*'notes.txt'"):
+            od.prepare_out_dir(old, True)
+    finally:
+        outlock.release_out_locks()
+    assert (old / "notes.txt").read_text() == "x"
