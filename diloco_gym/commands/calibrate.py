@@ -30,6 +30,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     """Run the live calibration the options describe."""
     try:
+        import torch  # noqa: F401 - the engine and the merges need it (the live extra's)
+
         from diloco_gym.live.cli import run_calibrate_command
     except ImportError as exc:
         raise missing_extra("calibrate", ["live"], exc) from None

@@ -21,6 +21,8 @@ import sys
 from types import FrameType
 from typing import TYPE_CHECKING
 
+from diloco_gym.errors import DataError, UsageError
+
 if TYPE_CHECKING:
     from diloco_gym.live.calibrate import CalibrationConfig
 
@@ -271,12 +273,15 @@ def _add_output_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_calibrate_command(args: argparse.Namespace) -> int:
-    """Run ``diloco-gym calibrate`` with parsed ``args``; return the exit code."""
-    try:
-        import torch  # noqa: F401 - fail early with an installation hint
-    except ImportError:
-        print("error: calibrate needs torch: pip install 'diloco-gym[rl]'", file=sys.stderr)
-        return 1
+    """Run ``diloco-gym calibrate`` with parsed ``args``; return the exit code (0: a
+    complete run; 1: an incomplete one, its partial file written; 130 / 143: Ctrl-C /
+    SIGTERM).
+
+    Raises:
+        UsageError: a bad option value, regime or trace file (before anything runs).
+        DataError: the run failed (an unreachable endpoint, a failed phase): the partial
+            measurements are saved beside ``--out``.
+    """
     from diloco_gym.live.calibrate import check_source, run_calibration
     from diloco_gym.live.errors import CalibrationError, CalibrationTerminated
     from diloco_gym.sim.traces import TraceFormatError
@@ -284,8 +289,7 @@ def run_calibrate_command(args: argparse.Namespace) -> int:
     try:
         cfg = _config_from_args(args)
     except ValueError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        raise UsageError(str(exc)) from None
     source = args.trace if args.trace else (args.regime or DEFAULT_REGIME)
     from diloco_gym.sim.regimes import REGIMES
 
@@ -293,8 +297,7 @@ def run_calibrate_command(args: argparse.Namespace) -> int:
         try:  # a usage error before the engine, the endpoint or the merges are touched
             check_source(source)
         except ValueError as exc:
-            print(f"error: {exc}", file=sys.stderr)
-            return 2
+            raise UsageError(str(exc)) from None
     # The run itself says "partial measurements saved to ..." (once); the lines below only
     # name the outcome.
     try:
@@ -306,20 +309,18 @@ def run_calibrate_command(args: argparse.Namespace) -> int:
         terminated = isinstance(exc, CalibrationTerminated)
         saved = getattr(exc, "path", None)
         print(
-            f"{'terminated (SIGTERM)' if terminated else 'interrupted (Ctrl-C)'}"
+            f"diloco-gym: {'terminated (SIGTERM)' if terminated else 'interrupted (Ctrl-C)'}"
             + ("" if saved else ": no measurement saved"),
             file=sys.stderr,
         )
         return 143 if terminated else 130
     except CalibrationError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
+        raise DataError(str(exc)) from None
     except (ValueError, TraceFormatError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        raise UsageError(str(exc)) from None
     why = getattr(result, "out_of_range", None)  # a stand-in result may not have it
     if why:
-        print(f"warning: {why}", file=sys.stderr)
+        print(f"diloco-gym: warning: {why}", file=sys.stderr)
     return 0 if result.complete else 1
 
 

@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from diloco_gym.errors import DataError
 from diloco_gym.eval.calibration import (
     load_calibration,
     validate_calibration,
@@ -485,11 +486,12 @@ def test_models_route_errors_are_reported(tmp_path, stub, capsys, mode, fragment
     out = tmp_path / "m.json"
     parser = add_calibrate_arguments(argparse.ArgumentParser())
     args = parser.parse_args(["--endpoint", stub(mode), "--duration", "3", "--out", str(out)])
-    assert run_calibrate_command(args) == 1
-    captured = capsys.readouterr()
+    with pytest.raises(DataError) as exc:
+        run_calibrate_command(args)
+    msg, captured = str(exc.value), capsys.readouterr()
     for fragment in fragments:
-        assert fragment in captured.err, captured.err
-    assert "pass --model" in captured.err and "lists no model" not in captured.err
+        assert fragment in msg, msg
+    assert "pass --model" in msg and "lists no model" not in msg
     assert (captured.out + captured.err).count("partial measurements saved") == 1
     assert not out.exists() and partial_path(out).exists()
     assert_no_children()

@@ -15,6 +15,8 @@ from types import SimpleNamespace
 
 import pytest
 
+from diloco_gym.cli import main
+from diloco_gym.errors import DataError, UsageError
 from diloco_gym.live import calibrate as calibrate_mod
 from diloco_gym.live.calibrate import (
     partial_path,
@@ -73,12 +75,10 @@ def test_every_calibrate_option_reaches_the_run(tmp_path, monkeypatch):
         11.0, "ordinary", 0.25, 17
     )  # fmt: skip
     seen.clear()
-    assert (
+    with pytest.raises(UsageError):
         run_calibrate_command(
             parser.parse_args(["--no-probe", "--trace", str(tmp_path / "no.csv")])
         )
-        == 2
-    )
     assert seen == {}  # a missing trace file is a usage error before the run
     defaults = parser.parse_args(["--no-probe"])
     assert run_calibrate_command(defaults) == 0
@@ -105,9 +105,16 @@ def test_bad_calibrate_options_are_usage_errors(tmp_path, monkeypatch, capsys, a
     monkeypatch.setattr(calibrate_mod, "run_calibration", lambda *a, **k: pytest.fail("ran"))
     parser = add_calibrate_arguments(argparse.ArgumentParser())
     args = parser.parse_args([*argv, "--out", str(tmp_path / "o.json")])
-    assert run_calibrate_command(args) == 2
+    with pytest.raises(UsageError) as exc:
+        run_calibrate_command(args)
+    assert exc.value.exit_code == 2 and fragment in str(exc.value)
+    assert len(str(exc.value).splitlines()) == 1 and capsys.readouterr().err == ""
+    # Through the command line: one line, the project's prefix, exit 2.
+    with pytest.raises(SystemExit) as stop:
+        main(["calibrate", *argv, "--out", str(tmp_path / "o.json")])
     err = capsys.readouterr().err
-    assert err.startswith("error: ") and fragment in err and len(err.strip().splitlines()) == 1
+    assert stop.value.code == 2 and err.startswith("diloco-gym: ") and fragment in err
+    assert len(err.strip().splitlines()) == 1
 
 
 def test_cli_refused_endpoint(tmp_path, capsys):
@@ -116,16 +123,17 @@ def test_cli_refused_endpoint(tmp_path, capsys):
     args = parser.parse_args(
         ["--endpoint", f"http://127.0.0.1:{free_port()}", "--duration", "5", "--out", str(out)]
     )
-    assert run_calibrate_command(args) == 1
+    with pytest.raises(DataError, match="cannot reach the serving endpoint") as exc:
+        run_calibrate_command(args)
+    assert exc.value.exit_code == 1
     captured = capsys.readouterr()
-    assert "cannot reach the serving endpoint" in captured.err
     both = captured.out + captured.err
     assert both.count("partial measurements saved") == 1, both  # said once, not twice
     assert not out.exists()
     assert json.loads((tmp_path / "cli.partial.json").read_text())["complete"] is False
     bad = parser.parse_args(["--regime", "no-such-regime", "--out", str(out)])
-    assert run_calibrate_command(bad) == 2
-    assert "neither a regime" in capsys.readouterr().err
+    with pytest.raises(UsageError, match="neither a regime"):
+        run_calibrate_command(bad)
 
 
 def _children_of(pid: int) -> set[int]:
@@ -224,7 +232,7 @@ def test_sigterm_is_handled_like_ctrl_c(tmp_path, stub, engine):
     stdout = "".join(lines) + rest
     assert proc.returncode == 143, (stdout, err)
     assert "Traceback" not in err and "BrokenPipeError" not in err, err
-    assert err.strip() == "terminated (SIGTERM)"
+    assert err.strip() == "diloco-gym: terminated (SIGTERM)"
     assert stdout.count("partial measurements saved") == 1
     assert not out.exists()
     doc = json.loads(partial_path(out).read_text())
