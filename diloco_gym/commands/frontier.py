@@ -111,13 +111,7 @@ def run(args: argparse.Namespace) -> int:
             budgets_per_hour=list(args.budgets or fr.DEFAULT_BUDGETS_PER_HOUR),
             budget_agents=budget_agents,
             free_agents=free_agents,
-            seeds=args.seeds,
-            seed0=args.seed0,
-            draws=args.draws,
-            calibration=args.calibration,
-            in_process_agents=args.in_process_agents,
-            learner_calibration=args.learner_calibration,
-            holm_across_settings=args.holm_across_settings,
+            **options.protocol_options(args),
             **options.replay_options(args, stride=False),
         )
     except ValueError as exc:

@@ -10,6 +10,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from diloco_gym.commands import options
 from diloco_gym.errors import CLIError, DataError, Interrupted, UsageError
 
 __all__ = ["command_line", "fleet_env_error", "fleet_job", "fleet_report_config"]
@@ -53,13 +54,7 @@ def fleet_report_config(args: argparse.Namespace, agents: list[str]) -> Any:
 
     try:
         return FleetReportConfig(
-            fleet=args.fleet,
-            agents=agents,
-            seeds=args.seeds,
-            seed0=args.seed0,
-            draws=args.draws,
-            calibration=args.calibration,
-            in_process_agents=args.in_process_agents,
+            fleet=args.fleet, agents=agents, **options.protocol_options(args, settings=False)
         )
     except ValueError as exc:
         raise UsageError(str(exc)) from None

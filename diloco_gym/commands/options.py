@@ -211,3 +211,20 @@ def replay_options(args: argparse.Namespace, stride: bool = True) -> dict[str, A
     if stride:
         opts["stride_s"] = args.stride_s
     return opts
+
+
+def protocol_options(args: argparse.Namespace, settings: bool = True) -> dict[str, Any]:
+    """The units, draws, calibration and sealing options every protocol command (``report``,
+    ``frontier``, with or without ``--fleet``) hands its config; with ``settings``, also the
+    learner calibration and the Holm family (the single-host protocol's)."""
+    opts: dict[str, Any] = {
+        "seeds": args.seeds,
+        "seed0": args.seed0,
+        "draws": args.draws,
+        "calibration": args.calibration,
+        "in_process_agents": args.in_process_agents,
+    }
+    if settings:
+        opts["learner_calibration"] = args.learner_calibration
+        opts["holm_across_settings"] = args.holm_across_settings
+    return opts

@@ -81,13 +81,7 @@ def run(args: argparse.Namespace) -> int:
         config = ReportConfig(
             regimes=regimes,
             agents=agents,
-            seeds=args.seeds,
-            seed0=args.seed0,
-            draws=args.draws,
-            calibration=args.calibration,
-            in_process_agents=args.in_process_agents,
-            learner_calibration=args.learner_calibration,
-            holm_across_settings=args.holm_across_settings,
+            **options.protocol_options(args),
             **options.replay_options(args),
         )
         config.require_choice()
