@@ -58,7 +58,7 @@ class BuildSpec(NamedTuple):
 BUILD_CHUNK = 32
 
 
-def build_rows(spec: BuildSpec, seeds: list[int]) -> list[dict[str, Any]]:
+def build_rows(spec: BuildSpec, seeds: list[int], parallel: bool = False) -> list[dict[str, Any]]:
     """The bank rows of the episodes of ``seeds``, in order, as a list of batches (dicts of
     arrays with a leading episode axis).
 
@@ -66,26 +66,27 @@ def build_rows(spec: BuildSpec, seeds: list[int]) -> list[dict[str, Any]]:
     single env), then :func:`episode.episode_core_batch` and :func:`sidecar.cost_queue` run over
     up to :data:`BUILD_CHUNK` episodes in array passes (bit-identical per episode; tested).
     Traces of different durations, or with and without pressure series, go one by one.
-    A pure function of its arguments.
+    A pure function of its arguments (``parallel``: the compiled builds' parallel variants,
+    the same result).
     """
     out = []
     for lo in range(0, len(seeds), BUILD_CHUNK):
         chunk = list(range(lo, min(len(seeds), lo + BUILD_CHUNK)))
         if is_synthetic(spec.generator):  # one duration: the draws stay concatenated
-            out.append(_synthetic_rows(spec, [seeds[k] for k in chunk]))
+            out.append(_synthetic_rows(spec, [seeds[k] for k in chunk], parallel))
             continue
         draws = episode_draws_batch(spec.generator, [seeds[k] for k in chunk], spec.learner_params)
         if (
             len({d[5] for d in draws}) == 1
             and len({d[3] is None or d[4] is None for d in draws}) == 1
         ):
-            out.append(_rows(spec, [seeds[k] for k in chunk], draws))
+            out.append(_rows(spec, [seeds[k] for k in chunk], draws, parallel))
         else:
             out.extend(_rows(spec, [seeds[k]], [d]) for k, d in zip(chunk, draws, strict=True))
     return out
 
 
-def _synthetic_rows(spec: BuildSpec, seeds: list[int]) -> dict[str, Any]:
+def _synthetic_rows(spec: BuildSpec, seeds: list[int], parallel: bool) -> dict[str, Any]:
     """:func:`_rows` of a synthetic regime's episodes, the requests never split per episode."""
     gen, p = spec.generator, spec.params
     arrivals, prompt, output, counts, pressure, thr = synthetic_draws(
@@ -93,12 +94,12 @@ def _synthetic_rows(spec: BuildSpec, seeds: list[int]) -> dict[str, Any]:
     )
     c = episode_core_batch(
         arrivals, prompt, output, pressure[:, 0], pressure[:, 1], gen.duration_s, p,
-        spec.sidecar, gen.name, counts=counts,
+        spec.sidecar, gen.name, counts=counts, parallel=parallel,
     )  # fmt: skip
     return _bank_row(spec, seeds, c, thr, gen.duration_s)
 
 
-def _rows(spec: BuildSpec, seeds: list[int], draws: list) -> dict[str, Any]:
+def _rows(spec: BuildSpec, seeds: list[int], draws: list, parallel: bool = False) -> dict[str, Any]:
     """Bank rows of same-duration ``draws``: the episode arrays and the cost queue."""
     p, sc = spec.params, spec.sidecar
     has_p = draws[0][3] is not None and draws[0][4] is not None
@@ -112,6 +113,7 @@ def _rows(spec: BuildSpec, seeds: list[int], draws: list) -> dict[str, Any]:
         p,
         sc,
         draws[0][6],
+        parallel=parallel,
     )
     return _bank_row(spec, seeds, c, np.stack([d[7] for d in draws]), draws[0][5])
 
@@ -233,9 +235,12 @@ class EpisodeBank:
             self.s, self.d, self.ptr, self.rbin, self.base, self.m0, self.params.decision_interval
         )
 
-    def merge_costs(self, slot: np.ndarray, d: np.ndarray, pooled: bool) -> np.ndarray:
+    def merge_costs(
+        self, slot: np.ndarray, d: np.ndarray, pooled: bool, parallel: bool = False
+    ) -> np.ndarray:
         """Isolated cost of a merge at decision ``d[k]`` of the episode in ``slot[k]``: a pool's
-        precomputed table, else :func:`sidecar.isolated_merge_costs` on the bank's rows."""
+        precomputed table, else :func:`sidecar.isolated_merge_costs` on the bank's rows
+        (``parallel``: its parallel variant, the same result)."""
         if pooled:
             return self.cost[slot, d]
         p = self.params
@@ -247,11 +252,13 @@ class EpisodeBank:
             p.merge_steps,
             self.sidecar,
             p.step_seconds,
+            parallel,
         )
 
-    def write_rows(self, slots: np.ndarray, rows: dict[str, Any]) -> None:
+    def write_rows(self, slots: np.ndarray, rows: dict[str, Any], parallel: bool = False) -> None:
         """Copy the episodes of ``rows`` (:func:`build_rows`) into ``slots``, their cost
-        queue rows built in place (:func:`sidecar.cost_queue_into`)."""
+        queue rows built in place (:func:`sidecar.cost_queue_into`; ``parallel``: its
+        parallel variant, the same result)."""
         c: EpisodeCore = rows["core"]
         p, di = self.params, self.params.decision_interval
         n, size = rows["n"], rows["size"]
@@ -266,7 +273,7 @@ class EpisodeBank:
         q = self.queue()
         cost_queue_into(
             q, slots, c.base_s, c.req_bin, c.violated, c.m0, c.s, self.sidecar,
-            p.step_seconds, size, rows["counts"],
+            p.step_seconds, size, rows["counts"], parallel,
         )  # fmt: skip
         self._set_scalars(slots, n, rows["pct"], rows["thr"], rows["seeds"], rows["scale"])
 

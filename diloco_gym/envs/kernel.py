@@ -620,16 +620,23 @@ def observe(
     lp: lrn.LearnerParams,
     out: np.ndarray,
     consts: tuple | None = None,
+    parallel: bool = False,
 ) -> np.ndarray:
     """The observation of every row into ``out`` ``(B, OBS_DIM)`` float32: the compiled
-    rule :func:`diloco_gym.sim.jit.observe_rows` (both envs call it).
+    rule :func:`diloco_gym.sim.jit.observe_rows` (both envs call it; ``parallel``: its
+    parallel variant when :func:`diloco_gym.sim.jit.parallel_ok`, the same result).
 
     ``exo``: the bank's exogenous features, ``(slots, decisions, 7)``; the terminal
     observation (``d == n``) repeats the last decision's. ``consts``:
     :func:`observe_consts` of ``params`` and ``lp``, when the caller keeps them.
     """
     c = observe_consts(params, lp) if consts is None else consts
-    compiled().observe_rows(*observe_args(state, batch, exo, c, out))
+    jit = compiled()
+    args = observe_args(state, batch, exo, c, out)
+    if parallel and jit.parallel_ok(out.shape[0], 256):
+        jit.observe_rows_par(*args, jit.blocks(out.shape[0]))
+    else:
+        jit.observe_rows(*args)
     return out
 
 

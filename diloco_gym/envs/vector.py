@@ -149,8 +149,14 @@ class DiLoCoSyncVectorEnv(gym.vector.VectorEnv[np.ndarray, np.ndarray, np.ndarra
 
     ``num_envs``; ``regime``, ``params``, ``sidecar``, ``learners`` and ``EnvParams`` field
     keywords exactly as :class:`~diloco_gym.envs.env.DiLoCoSyncEnv`; ``episode_pool`` (``None`` or
-    ``K >= 1``); ``autoreset_mode`` (``NEXT_STEP`` or ``SAME_STEP``). No rendering: render
-    one episode with the single env.
+    ``K >= 1``); ``autoreset_mode`` (``NEXT_STEP`` or ``SAME_STEP``); ``parallel`` (default
+    ``False``): the compiled per-row work of a large batch (episode builds, merge costs, the
+    observation) runs on numba's threads, one contiguous block of rows each, when called
+    from the main thread (``NUMBA_NUM_THREADS`` sets how many; the results are the same
+    with and without). It pays only on idle cores: every parallel region waits for its
+    slowest thread, so on a machine whose cores are busy (other processes, or the learner's
+    own torch threads) a step gets several times slower; ``benchmarks/README.md`` has the
+    measurements. No rendering: render one episode with the single env.
     """
 
     metadata = {"render_modes": [], "autoreset_mode": AutoresetMode.NEXT_STEP}
@@ -165,6 +171,7 @@ class DiLoCoSyncVectorEnv(gym.vector.VectorEnv[np.ndarray, np.ndarray, np.ndarra
         episode_pool: int | None = None,
         autoreset_mode: AutoresetMode | str = AutoresetMode.NEXT_STEP,
         render_mode: str | None = None,
+        parallel: bool = False,
         **overrides: Any,
     ) -> None:
         b = _check_num_envs(num_envs)
@@ -176,6 +183,9 @@ class DiLoCoSyncVectorEnv(gym.vector.VectorEnv[np.ndarray, np.ndarray, np.ndarra
             raise ValueError(
                 "DiLoCoSyncVectorEnv does not render; render one episode with DiLoCoSyncEnv"
             )
+        if not isinstance(parallel, bool):
+            raise ValueError(f"parallel must be True or False, got {parallel!r}")
+        self.parallel = parallel
         self.params, self.generator, self.regime_name = cfg.params, cfg.generator, cfg.regime_name
         # The single env's reward scale (reward.nominal_rate_rps), fixed for every episode.
         self.reward_rate_rps = cfg.reward_rate_rps
@@ -393,9 +403,9 @@ class DiLoCoSyncVectorEnv(gym.vector.VectorEnv[np.ndarray, np.ndarray, np.ndarra
     def _build_fresh(self, slots: np.ndarray, seeds: list[int]) -> None:
         """Build the fresh episodes of ``seeds`` into bank ``slots`` (:func:`build_rows`)."""
         done = 0
-        for rows in build_rows(self._spec, seeds):
+        for rows in build_rows(self._spec, seeds, self.parallel):
             k = rows["counts"].size
-            self.bank.write_rows(slots[done : done + k], rows)
+            self.bank.write_rows(slots[done : done + k], rows, self.parallel)
             done += k
         self._check_budget(slots)
 
@@ -406,7 +416,9 @@ class DiLoCoSyncVectorEnv(gym.vector.VectorEnv[np.ndarray, np.ndarray, np.ndarra
 
     def _merge_costs(self, idx: np.ndarray, d: np.ndarray) -> np.ndarray:
         """Isolated cost of a merge at decision ``d[k]`` of env ``idx[k]`` (the bank's)."""
-        return self.bank.merge_costs(self._batch.slot[idx], d, self.episode_pool is not None)
+        return self.bank.merge_costs(
+            self._batch.slot[idx], d, self.episode_pool is not None, self.parallel
+        )
 
     def _reset_pool(self, seed, seeds: list[int | None]) -> None:
         k = self.episode_pool
@@ -470,4 +482,5 @@ class DiLoCoSyncVectorEnv(gym.vector.VectorEnv[np.ndarray, np.ndarray, np.ndarra
             self.learner_params,
             self._obs,
             self._obs_consts,
+            self.parallel,
         )

@@ -17,8 +17,10 @@ first loads the machine code instead of compiling it.
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
-from numba import njit
+from numba import get_num_threads, njit, prange
 
 __all__ = [
     "sum_first_axis",
@@ -29,6 +31,39 @@ __all__ = [
     "learner_block",
     "loss_one",
 ]
+
+
+# ------------------------------------------------------------------ parallel blocks
+# The parallel variants (``*_par``) split their rows into one contiguous block per thread and
+# run the serial rule on each block: every row is computed alone, in the same operations, so
+# their results are bit-identical to the serial functions'. Only the main thread enters them
+# (numba's default threading layer must not be entered from two threads at once):
+# :func:`parallel_ok`.
+
+
+def parallel_ok(items: int, at_least: int) -> bool:
+    """Whether a batch of ``items`` rows should take a parallel variant: at least
+    ``at_least`` of them (below that, starting the threads costs more than it saves), more
+    than one numba thread (``NUMBA_NUM_THREADS=1`` turns the variants off) and the calling
+    thread is the main thread."""
+    return (
+        items >= at_least
+        and get_num_threads() > 1
+        and threading.current_thread() is threading.main_thread()
+    )
+
+
+def blocks(items: int) -> int:
+    """The ``blocks`` argument of a parallel variant for ``items`` rows: one per numba
+    thread, at most one per row (passed in, not read inside: a compiled function that
+    reads the thread count cannot be cached)."""
+    return max(1, min(int(items), get_num_threads()))
+
+
+@njit(cache=True)
+def _lo(c, nc, m):  # pragma: no cover - compiled
+    """The first row of block ``c`` of ``nc`` over ``m`` rows (block ``nc`` ends at ``m``)."""
+    return (c * m) // nc
 
 
 # ------------------------------------------------------------------ sums over learners
@@ -238,20 +273,49 @@ def isolated_cost_one(
 
 
 @njit(cache=True)
-def isolated_costs(
+def _isolated_range(
     s, d, ptr, rbin, base, m0, m0_bins, thr_in, thr_tail, rows, starts, min0, w, h, sigma1,
-    slo_s, slots, out,
+    slo_s, slots, out, k0, k1,
 ):  # pragma: no cover - compiled  # fmt: skip
-    """:func:`isolated_cost_one` of merges ``k`` (row ``rows[k]``, start ``starts[k]``)."""
+    """:func:`isolated_cost_one` of merges ``k0 <= k < k1`` (row ``rows[k]``, start
+    ``starts[k]``) into ``out[k]``, with a scratch buffer of its own."""
     buf = np.empty(max(h, 1))
     pre = thr_in.shape[1] > 0
-    for k in range(starts.size):
+    for k in range(k0, k1):
         r = rows[k]
         ti = thr_in[r] if pre else thr_in[0]
         tt = thr_tail[r] if pre else thr_tail[0]
         out[k] = isolated_cost_one(
             s[r], d[r], ptr[r], rbin[r], base[r], m0[r], m0_bins, ti, tt, starts[k], min0[k],
             w, h, sigma1, slo_s, slots, buf,
+        )  # fmt: skip
+    return 0
+
+
+@njit(cache=True)
+def isolated_costs(
+    s, d, ptr, rbin, base, m0, m0_bins, thr_in, thr_tail, rows, starts, min0, w, h, sigma1,
+    slo_s, slots, out,
+):  # pragma: no cover - compiled  # fmt: skip
+    """:func:`isolated_cost_one` of merges ``k`` (row ``rows[k]``, start ``starts[k]``)."""
+    return _isolated_range(
+        s, d, ptr, rbin, base, m0, m0_bins, thr_in, thr_tail, rows, starts, min0, w, h,
+        sigma1, slo_s, slots, out, 0, starts.size,
+    )  # fmt: skip
+
+
+@njit(cache=True, parallel=True)
+def isolated_costs_par(
+    s, d, ptr, rbin, base, m0, m0_bins, thr_in, thr_tail, rows, starts, min0, w, h, sigma1,
+    slo_s, slots, out, nc,
+):  # pragma: no cover - compiled  # fmt: skip
+    """:func:`isolated_costs` with the merges split into one contiguous block per thread
+    (each merge's cost is computed alone, so the result is the same)."""
+    m = starts.size
+    for c in prange(nc):
+        _isolated_range(
+            s, d, ptr, rbin, base, m0, m0_bins, thr_in, thr_tail, rows, starts, min0, w, h,
+            sigma1, slo_s, slots, out, _lo(c, nc, m), _lo(c + 1, nc, m),
         )  # fmt: skip
     return 0
 
@@ -303,12 +367,12 @@ def learner_block(
 
 # ------------------------------------------------------------------ the observation
 @njit(cache=True)
-def observe_rows(
+def _observe_range(
     d, last, n, n_merges, m_left, slot, tokens, thr, max_merges, exo, h_min, h_max,
     decision_seconds, budget, floor, scale, tokens_scale, exponent, loss_clip, tokens_clip,
-    staleness_clip_s, out,
+    staleness_clip_s, out, b0, b1,
 ):  # pragma: no cover - compiled  # fmt: skip
-    """The observation of rows ``b`` into ``out[b]`` (float32, the order of
+    """The observation of rows ``b0 <= b < b1`` into ``out[b]`` (float32, the order of
     ``observation.OBS_FEATURES``): gap and corridor, the learner block (:func:`learner_block`), the
     exogenous block of the episode in bank slot ``slot[b]`` at decision ``min(d, n - 1)``,
     merges so far over ``max_merges``, the fraction of decisions left and the merge budget
@@ -316,7 +380,7 @@ def observe_rows(
     observation (``d == n``) repeats the last decision's exogenous features."""
     gaps = np.empty(1)
     tok = np.empty(1)
-    for b in range(d.size):
+    for b in range(b0, b1):
         nb = n[b]
         dc = min(d[b], nb)
         gap = dc - last[b]
@@ -338,6 +402,37 @@ def observe_rows(
             row[16] = m_left[b] / budget
         else:
             row[16] = 0.0 if budget == 0 else 1.0
+    return 0
+
+
+@njit(cache=True)
+def observe_rows(
+    d, last, n, n_merges, m_left, slot, tokens, thr, max_merges, exo, h_min, h_max,
+    decision_seconds, budget, floor, scale, tokens_scale, exponent, loss_clip, tokens_clip,
+    staleness_clip_s, out,
+):  # pragma: no cover - compiled  # fmt: skip
+    """The observation of rows ``b`` into ``out[b]`` (:func:`_observe_range` of all rows)."""
+    return _observe_range(
+        d, last, n, n_merges, m_left, slot, tokens, thr, max_merges, exo, h_min, h_max,
+        decision_seconds, budget, floor, scale, tokens_scale, exponent, loss_clip, tokens_clip,
+        staleness_clip_s, out, 0, d.size,
+    )  # fmt: skip
+
+
+@njit(cache=True, parallel=True)
+def observe_rows_par(
+    d, last, n, n_merges, m_left, slot, tokens, thr, max_merges, exo, h_min, h_max,
+    decision_seconds, budget, floor, scale, tokens_scale, exponent, loss_clip, tokens_clip,
+    staleness_clip_s, out, nc,
+):  # pragma: no cover - compiled  # fmt: skip
+    """:func:`observe_rows`, one block of rows per thread."""
+    m = d.size
+    for c in prange(nc):
+        _observe_range(
+            d, last, n, n_merges, m_left, slot, tokens, thr, max_merges, exo, h_min, h_max,
+            decision_seconds, budget, floor, scale, tokens_scale, exponent, loss_clip,
+            tokens_clip, staleness_clip_s, out, _lo(c, nc, m), _lo(c + 1, nc, m),
+        )  # fmt: skip
     return 0
 
 
@@ -570,13 +665,13 @@ def _exo_row(
 
 
 @njit(cache=True)
-def episode_core_rows(
+def _episode_core_range(
     arrivals, prompt, output, offsets, network, checkpoint, p_idx, t_dec, dec_s, di, fa, fb,
     norm_f, norm_b, capacity, rate_norm, ttft_ms, prefill_ms, decode_ms, gain, step_s, cap_s,
     slots, slo_s, exo, pdec, pbin, m0, s, prefmin, base_s, req_bin, flat_bin, latency,
-    violated,
+    violated, e0, e1,
 ):  # pragma: no cover - compiled  # fmt: skip
-    """The agent-independent arrays of episodes ``e`` (requests
+    """The agent-independent arrays of episodes ``e0 <= e < e1`` (requests
     ``offsets[e]:offsets[e + 1]`` of the concatenated per-request arrays, sorted arrivals;
     ``network``/``checkpoint`` ``(B, samples)`` pressure, read at ``p_idx`` per decision,
     or ``(B, 0)`` for none): the exogenous features (:func:`_exo_row`), the pressure and
@@ -584,14 +679,13 @@ def episode_core_rows(
     (:func:`lindley_rows`; ``cap_s`` = ``slots * step_s``) and its latencies and SLO
     violations (``latency > slo_s``), as ``diloco_gym.envs.episode.episode_core_batch``
     documents them."""
-    b = offsets.size - 1
     m = t_dec.size
     n_bins = pbin.shape[1]
     net = np.zeros(m)
     ckpt = np.zeros(m)
     work = np.zeros(n_bins)
     x = np.empty((1, n_bins))
-    for e in range(b):
+    for e in range(e0, e1):
         lo = offsets[e]
         hi = offsets[e + 1]
         if network.shape[1] > 0:
@@ -630,15 +724,50 @@ def episode_core_rows(
 
 
 @njit(cache=True)
-def cost_queue_rows(
-    base_s, req_bin, violated, offsets, m0, s, cap_s, lost_frac, m0_bins, out_rows, width, w,
-    s_out, d_out, ptr, rbin, base, m0_kept,
+def episode_core_rows(
+    arrivals, prompt, output, offsets, network, checkpoint, p_idx, t_dec, dec_s, di, fa, fb,
+    norm_f, norm_b, capacity, rate_norm, ttft_ms, prefill_ms, decode_ms, gain, step_s, cap_s,
+    slots, slo_s, exo, pdec, pbin, m0, s, prefmin, base_s, req_bin, flat_bin, latency,
+    violated,
 ):  # pragma: no cover - compiled  # fmt: skip
-    """The cost queue rows of episodes ``e`` (requests ``offsets[e]:offsets[e + 1]`` of the
-    concatenated per-request arrays, any order): the running sum ``s[e]`` and the
-    cumulative lost capacity (``cap_s / m0 * lost_frac`` per bin: ``cap_s = slots *
-    bin_s``, ``lost_frac = sync_slowdown / (1 + sync_slowdown)``), both padded to
-    ``s_out``'s width by repeating their last value; the request pointer per bin
+    """:func:`_episode_core_range` of every episode."""
+    return _episode_core_range(
+        arrivals, prompt, output, offsets, network, checkpoint, p_idx, t_dec, dec_s, di, fa,
+        fb, norm_f, norm_b, capacity, rate_norm, ttft_ms, prefill_ms, decode_ms, gain, step_s,
+        cap_s, slots, slo_s, exo, pdec, pbin, m0, s, prefmin, base_s, req_bin, flat_bin,
+        latency, violated, 0, offsets.size - 1,
+    )  # fmt: skip
+
+
+@njit(cache=True, parallel=True)
+def episode_core_rows_par(
+    arrivals, prompt, output, offsets, network, checkpoint, p_idx, t_dec, dec_s, di, fa, fb,
+    norm_f, norm_b, capacity, rate_norm, ttft_ms, prefill_ms, decode_ms, gain, step_s, cap_s,
+    slots, slo_s, exo, pdec, pbin, m0, s, prefmin, base_s, req_bin, flat_bin, latency,
+    violated, nc,
+):  # pragma: no cover - compiled  # fmt: skip
+    """:func:`episode_core_rows`, one block of episodes per thread."""
+    b = offsets.size - 1
+    for c in prange(nc):
+        _episode_core_range(
+            arrivals, prompt, output, offsets, network, checkpoint, p_idx, t_dec, dec_s, di,
+            fa, fb, norm_f, norm_b, capacity, rate_norm, ttft_ms, prefill_ms, decode_ms, gain,
+            step_s, cap_s, slots, slo_s, exo, pdec, pbin, m0, s, prefmin, base_s, req_bin,
+            flat_bin, latency, violated, _lo(c, nc, b), _lo(c + 1, nc, b),
+        )  # fmt: skip
+    return 0
+
+
+@njit(cache=True)
+def _cost_queue_range(
+    base_s, req_bin, violated, offsets, m0, s, cap_s, lost_frac, m0_bins, out_rows, width, w,
+    s_out, d_out, ptr, rbin, base, m0_kept, e0, e1,
+):  # pragma: no cover - compiled  # fmt: skip
+    """The cost queue rows of episodes ``e0 <= e < e1`` (requests
+    ``offsets[e]:offsets[e + 1]`` of the concatenated per-request arrays, any order): the
+    running sum ``s[e]`` and the cumulative lost capacity (``cap_s / m0 * lost_frac`` per
+    bin: ``cap_s = slots * bin_s``, ``lost_frac = sync_slowdown / (1 + sync_slowdown)``),
+    both padded to ``s_out``'s width by repeating their last value; the request pointer per bin
     ``ptr``; the requests' bins and service times in bin order (stable: a counting
     sort), ``-inf`` for one already violated without a merge; and ``m0`` every
     ``m0_bins`` bins. Episode ``e`` goes to row ``out_rows[e]`` of the outputs (a bank's
@@ -646,7 +775,7 @@ def cost_queue_rows(
     the requests over ``w`` positions, padded with ``-inf`` and 0)."""
     n_bins = m0.shape[1]
     seen = np.empty(n_bins, dtype=np.int64)
-    for e in range(offsets.size - 1):
+    for e in range(e0, e1):
         lo = offsets[e]
         hi = offsets[e + 1]
         o = out_rows[e]
@@ -687,4 +816,31 @@ def cost_queue_rows(
             d_out[o, k] = acc
         for g in range(-(-n_bins // m0_bins)):
             m0_kept[o, g] = m0[e, g * m0_bins]
+    return 0
+
+
+@njit(cache=True)
+def cost_queue_rows(
+    base_s, req_bin, violated, offsets, m0, s, cap_s, lost_frac, m0_bins, out_rows, width, w,
+    s_out, d_out, ptr, rbin, base, m0_kept,
+):  # pragma: no cover - compiled  # fmt: skip
+    """:func:`_cost_queue_range` of every episode."""
+    return _cost_queue_range(
+        base_s, req_bin, violated, offsets, m0, s, cap_s, lost_frac, m0_bins, out_rows, width,
+        w, s_out, d_out, ptr, rbin, base, m0_kept, 0, offsets.size - 1,
+    )  # fmt: skip
+
+
+@njit(cache=True, parallel=True)
+def cost_queue_rows_par(
+    base_s, req_bin, violated, offsets, m0, s, cap_s, lost_frac, m0_bins, out_rows, width, w,
+    s_out, d_out, ptr, rbin, base, m0_kept, nc,
+):  # pragma: no cover - compiled  # fmt: skip
+    """:func:`cost_queue_rows`, one block of episodes per thread (``out_rows`` distinct)."""
+    b = offsets.size - 1
+    for c in prange(nc):
+        _cost_queue_range(
+            base_s, req_bin, violated, offsets, m0, s, cap_s, lost_frac, m0_bins, out_rows,
+            width, w, s_out, d_out, ptr, rbin, base, m0_kept, _lo(c, nc, b), _lo(c + 1, nc, b),
+        )  # fmt: skip
     return 0

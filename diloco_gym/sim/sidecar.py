@@ -411,14 +411,17 @@ def cost_queue_into(
     bin_s: float,
     width: int,
     counts: np.ndarray,
+    parallel: bool = False,
 ) -> None:
     """:func:`cost_queue` of ``B`` episodes written into rows ``rows`` of an existing
     :class:`CostQueue` ``q`` (the vector env's bank: arrays at least ``width`` bins and
     ``counts.max()`` requests wide), in one compiled call
-    (:func:`diloco_gym.sim.jit.cost_queue_rows`)."""
+    (:func:`diloco_gym.sim.jit.cost_queue_rows`; ``parallel``: its parallel variant when
+    :func:`diloco_gym.sim.jit.parallel_ok`, the same result)."""
     offsets = np.zeros(counts.size + 1, dtype=np.int64)
     np.cumsum(counts, out=offsets[1:])
-    compiled().cost_queue_rows(
+    jit = compiled()
+    args = (
         np.ascontiguousarray(base_s, dtype=np.float64),
         np.ascontiguousarray(req_bin, dtype=np.int64),
         np.ascontiguousarray(violated0, dtype=bool),
@@ -438,6 +441,10 @@ def cost_queue_into(
         q.base,
         q.m0,
     )
+    if parallel and jit.parallel_ok(counts.size, 2):
+        jit.cost_queue_rows_par(*args, jit.blocks(counts.size))
+    else:
+        jit.cost_queue_rows(*args)
 
 
 def merged_backlog(
@@ -598,6 +605,7 @@ def isolated_merge_costs(
     merge_bins: int,
     p: SidecarParams,
     bin_s: float,
+    parallel: bool = False,
 ) -> np.ndarray:
     """The isolated cost of merges: extra SLO violations (requests) of a merge starting at
     bin ``starts[k]`` of row ``rows[k]``, alone against the no-merge replay.
@@ -611,12 +619,14 @@ def isolated_merge_costs(
 
     Args:
         min0: ``prefmin`` of each row's no-merge queue at each start.
+        parallel: the compiled rule's parallel variant when
+            :func:`diloco_gym.sim.jit.parallel_ok` (the same result).
     """
     jit = compiled()
     m = starts.size
     thr_in, thr_tail = _thresholds(q)
     out = np.empty(m)
-    jit.isolated_costs(
+    args = (
         q.s,
         q.d,
         q.ptr,
@@ -636,6 +646,10 @@ def isolated_merge_costs(
         float(p.slots),
         out,
     )
+    if parallel and jit.parallel_ok(m, 64):
+        jit.isolated_costs_par(*args, jit.blocks(m))
+    else:
+        jit.isolated_costs(*args)
     return out
 
 

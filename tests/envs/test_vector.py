@@ -264,6 +264,9 @@ def test_spaces_and_metadata():
         DiLoCoSyncVectorEnv(0)
     with pytest.raises(ValueError, match="episode_pool"):
         DiLoCoSyncVectorEnv(2, episode_pool=0)
+    assert DiLoCoSyncVectorEnv(2).parallel is False  # the default: serial
+    with pytest.raises(ValueError, match="parallel must be True or False, got 'yes'"):
+        DiLoCoSyncVectorEnv(2, parallel="yes")
 
 
 def test_bad_use_is_reported():

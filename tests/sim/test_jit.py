@@ -114,3 +114,85 @@ def test_compiled_first_order_filter_equals_scipy_lfilter_bit_for_bit():
             want = lfilter([b0], [1.0, a1], x, axis=-1)
             assert iir1(b0, a1, x).tobytes() == want.tobytes()
             assert iir1(b0, a1, x[0]).tobytes() == want[0].tobytes()
+
+
+# ------------------------------------------------------------------ parallel variants
+def test_parallel_ok_needs_a_large_batch_threads_and_the_main_thread(monkeypatch):
+    import threading
+
+    from diloco_gym.sim import jit
+
+    monkeypatch.setattr(jit, "get_num_threads", lambda: 2)
+    assert jit.parallel_ok(64, 64)
+    assert not jit.parallel_ok(63, 64)
+    seen = []
+    t = threading.Thread(target=lambda: seen.append(jit.parallel_ok(64, 64)))
+    t.start()
+    t.join()
+    assert seen == [False]  # numba's workqueue layer must not be entered from two threads
+    monkeypatch.setattr(jit, "get_num_threads", lambda: 1)
+    assert not jit.parallel_ok(10_000, 1)
+
+
+def test_blocks_cover_the_rows_once_in_order():
+    from diloco_gym.sim import jit
+
+    for m in (1, 2, 3, 7, 64, 1000):
+        nc = jit.blocks(m)
+        assert 1 <= nc <= m
+        for n_blocks in range(1, min(m, 5) + 1):
+            bounds = [jit._lo(c, n_blocks, m) for c in range(n_blocks + 1)]
+            assert bounds[0] == 0 and bounds[-1] == m
+            assert all(a <= b for a, b in zip(bounds, bounds[1:], strict=False))
+
+
+def test_parallel_variants_equal_the_serial_rules_bit_for_bit():
+    """The vector env with ``parallel=True`` (every parallel variant: episode builds, cost
+    queue rows, merge costs, observation) against ``parallel=False``, 1,024 envs: the
+    same observations, rewards, terminations and infos at every step."""
+    import gymnasium as gym
+
+    import diloco_gym  # noqa: F401  (registers the ids)
+    from diloco_gym.sim import jit
+
+    calls = dict.fromkeys(
+        ("isolated_costs", "observe_rows", "episode_core_rows", "cost_queue_rows"), 0
+    )
+    originals = {name: getattr(jit, name + "_par") for name in calls}
+
+    def counting(name):
+        def call(*args):
+            calls[name] += 1
+            return originals[name](*args)
+
+        return call
+
+    runs = []
+    for parallel in (False, True):
+        venv = gym.make_vec(
+            "DiLoCoSync-v0", num_envs=1024, vectorization_mode="vector_entry_point",
+            parallel=parallel,
+        )  # fmt: skip
+        for name in calls:
+            setattr(jit, name + "_par", counting(name))
+        try:
+            table = np.random.default_rng(3).integers(0, 2, (90, 1024))
+            out = [venv.reset(seed=11)[0]]
+            for t in range(90):  # episodes end and restart from step ~60 on
+                obs, rew, term, trunc, info = venv.step(table[t])
+                out += [obs, rew, term, trunc, info.get("merged"), info.get("episode_seed")]
+        finally:
+            for name in calls:
+                setattr(jit, name + "_par", originals[name])
+        venv.close()
+        runs.append(out)
+        if not parallel:
+            assert not any(calls.values()), calls
+    if jit.get_num_threads() > 1:  # the parallel run did take every parallel variant
+        assert all(n > 0 for n in calls.values()), calls
+    assert np.count_nonzero(np.concatenate(runs[1][4::6])) > 0  # some episodes ended (truncated)
+    for a, b in zip(*runs, strict=True):
+        if a is None:
+            assert b is None
+        else:
+            np.testing.assert_array_equal(a, b)
