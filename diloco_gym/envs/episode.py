@@ -18,7 +18,7 @@ import numpy as np
 from diloco_gym.envs.kernel import episode_draws
 from diloco_gym.envs.params import EnvParams
 from diloco_gym.envs.reward import nominal_rate_rps, reward_per_request
-from diloco_gym.sim import compiled
+from diloco_gym.sim import compiled_rows
 from diloco_gym.sim import learners as lrn
 from diloco_gym.sim.sidecar import (
     IsolatedMergeCost,
@@ -283,8 +283,7 @@ def episode_core_batch(
     episode's arrays are bit for bit those of a batch of one. ``network`` and ``checkpoint``
     are ``(B, samples)`` arrays or ``None`` (zero pressure). With ``counts`` (requests per
     trace), ``arrivals``, ``prompts`` and ``outputs`` are the traces' arrays concatenated.
-    ``parallel``: the compiled rule's parallel variant when
-    :func:`diloco_gym.sim.jit.parallel_ok` (the same result).
+    ``parallel``: the compiled rule's parallel variant where it pays (the same result).
     """
     n = episode_length(duration_s, params, sidecar, name)
     flat = counts is not None
@@ -324,7 +323,7 @@ def episode_core_batch(
     sc, fa, fb = sidecar, params.forecast_alpha, params.baseline_alpha
     # One compiled call for the whole batch: features, the no-merge queue and its replay
     # (sidecar.replay with sync_bin=None: the same arithmetic), episode by episode.
-    args = (
+    compiled_rows("episode_core_rows", parallel, b, 2)(
         joined(arrivals), joined(prompts), joined(outputs), offsets, pressure(network),
         pressure(checkpoint), p_idx, t_dec, dec_s, di, fa, fb, _ewma_norm(fa, n_slots),
         _ewma_norm(fb, n_slots), float(sc.serving_capacity_rps), float(params.rate_norm_rps),
@@ -333,11 +332,6 @@ def episode_core_batch(
         float(sc.slots), float(sc.slo_s), exo, pressure_dec, *per_bin, *per_req, latency,
         violated,
     )  # fmt: skip
-    jit = compiled()
-    if parallel and jit.parallel_ok(b, 2):
-        jit.episode_core_rows_par(*args, jit.blocks(b))
-    else:
-        jit.episode_core_rows(*args)
     pressure_bin, m0, s, prefmin = per_bin
     base_s, req_bin, flat_bin = per_req
     return EpisodeCore(

@@ -40,7 +40,7 @@ import numpy as np
 
 from diloco_gym.envs.observation import EXO_SLICE, LEARNER_SLICE, OBS_INDEX
 from diloco_gym.envs.params import EnvParams
-from diloco_gym.sim import compiled
+from diloco_gym.sim import compiled_rows
 from diloco_gym.sim import learners as lrn
 from diloco_gym.sim.regimes import SyntheticRegime
 from diloco_gym.sim.schedules import budget_range, completion_counts
@@ -624,19 +624,15 @@ def observe(
 ) -> np.ndarray:
     """The observation of every row into ``out`` ``(B, OBS_DIM)`` float32: the compiled
     rule :func:`diloco_gym.sim.jit.observe_rows` (both envs call it; ``parallel``: its
-    parallel variant when :func:`diloco_gym.sim.jit.parallel_ok`, the same result).
+    parallel variant when :func:`diloco_gym.sim.jit_parallel.parallel_ok`, the same result).
 
     ``exo``: the bank's exogenous features, ``(slots, decisions, 7)``; the terminal
     observation (``d == n``) repeats the last decision's. ``consts``:
     :func:`observe_consts` of ``params`` and ``lp``, when the caller keeps them.
     """
     c = observe_consts(params, lp) if consts is None else consts
-    jit = compiled()
-    args = observe_args(state, batch, exo, c, out)
-    if parallel and jit.parallel_ok(out.shape[0], 256):
-        jit.observe_rows_par(*args, jit.blocks(out.shape[0]))
-    else:
-        jit.observe_rows(*args)
+    rule = compiled_rows("observe_rows", parallel, out.shape[0], 256)
+    rule(*observe_args(state, batch, exo, c, out))
     return out
 
 

@@ -19,6 +19,21 @@ def compiled():
     return _JIT
 
 
+def compiled_rows(name: str, parallel: bool, items: int, at_least: int):
+    """The compiled per-row rule ``name`` of :mod:`diloco_gym.sim.jit`, or, when
+    ``parallel`` is asked for and pays for a batch of ``items`` rows
+    (:func:`diloco_gym.sim.jit_parallel.parallel_ok` with ``at_least``), its parallel
+    variant of :mod:`diloco_gym.sim.jit_parallel` with the block count bound: either way a
+    function of the serial rule's arguments, with the same result."""
+    if parallel:
+        from diloco_gym.sim import jit_parallel as par
+
+        if par.parallel_ok(items, at_least):
+            rule, nc = getattr(par, name), par.blocks(items)
+            return lambda *args: rule(*args, nc)
+    return getattr(compiled(), name)
+
+
 def iir1(b0: float, a1: float, x):
     """``y[n] = b0 * x[n] - a1 * y[n - 1]`` from ``y[-1] = 0`` along the last axis of ``x``
     (float64): the compiled :func:`diloco_gym.sim.jit.iir1_rows`, bit-identical to

@@ -17,10 +17,8 @@ first loads the machine code instead of compiling it.
 
 from __future__ import annotations
 
-import threading
-
 import numpy as np
-from numba import get_num_threads, njit, prange
+from numba import njit
 
 __all__ = [
     "sum_first_axis",
@@ -31,39 +29,6 @@ __all__ = [
     "learner_block",
     "loss_one",
 ]
-
-
-# ------------------------------------------------------------------ parallel blocks
-# The parallel variants (``*_par``) split their rows into one contiguous block per thread and
-# run the serial rule on each block: every row is computed alone, in the same operations, so
-# their results are bit-identical to the serial functions'. Only the main thread enters them
-# (numba's default threading layer must not be entered from two threads at once):
-# :func:`parallel_ok`.
-
-
-def parallel_ok(items: int, at_least: int) -> bool:
-    """Whether a batch of ``items`` rows should take a parallel variant: at least
-    ``at_least`` of them (below that, starting the threads costs more than it saves), more
-    than one numba thread (``NUMBA_NUM_THREADS=1`` turns the variants off) and the calling
-    thread is the main thread."""
-    return (
-        items >= at_least
-        and get_num_threads() > 1
-        and threading.current_thread() is threading.main_thread()
-    )
-
-
-def blocks(items: int) -> int:
-    """The ``blocks`` argument of a parallel variant for ``items`` rows: one per numba
-    thread, at most one per row (passed in, not read inside: a compiled function that
-    reads the thread count cannot be cached)."""
-    return max(1, min(int(items), get_num_threads()))
-
-
-@njit(cache=True)
-def _lo(c, nc, m):  # pragma: no cover - compiled
-    """The first row of block ``c`` of ``nc`` over ``m`` rows (block ``nc`` ends at ``m``)."""
-    return (c * m) // nc
 
 
 # ------------------------------------------------------------------ sums over learners
@@ -273,7 +238,7 @@ def isolated_cost_one(
 
 
 @njit(cache=True)
-def _isolated_range(
+def isolated_range(
     s, d, ptr, rbin, base, m0, m0_bins, thr_in, thr_tail, rows, starts, min0, w, h, sigma1,
     slo_s, slots, out, k0, k1,
 ):  # pragma: no cover - compiled  # fmt: skip
@@ -298,26 +263,10 @@ def isolated_costs(
     slo_s, slots, out,
 ):  # pragma: no cover - compiled  # fmt: skip
     """:func:`isolated_cost_one` of merges ``k`` (row ``rows[k]``, start ``starts[k]``)."""
-    return _isolated_range(
+    return isolated_range(
         s, d, ptr, rbin, base, m0, m0_bins, thr_in, thr_tail, rows, starts, min0, w, h,
         sigma1, slo_s, slots, out, 0, starts.size,
     )  # fmt: skip
-
-
-@njit(cache=True, parallel=True)
-def isolated_costs_par(
-    s, d, ptr, rbin, base, m0, m0_bins, thr_in, thr_tail, rows, starts, min0, w, h, sigma1,
-    slo_s, slots, out, nc,
-):  # pragma: no cover - compiled  # fmt: skip
-    """:func:`isolated_costs` with the merges split into one contiguous block per thread
-    (each merge's cost is computed alone, so the result is the same)."""
-    m = starts.size
-    for c in prange(nc):
-        _isolated_range(
-            s, d, ptr, rbin, base, m0, m0_bins, thr_in, thr_tail, rows, starts, min0, w, h,
-            sigma1, slo_s, slots, out, _lo(c, nc, m), _lo(c + 1, nc, m),
-        )  # fmt: skip
-    return 0
 
 
 # ------------------------------------------------------------------ the learners
@@ -367,7 +316,7 @@ def learner_block(
 
 # ------------------------------------------------------------------ the observation
 @njit(cache=True)
-def _observe_range(
+def observe_range(
     d, last, n, n_merges, m_left, slot, tokens, thr, max_merges, exo, h_min, h_max,
     decision_seconds, budget, floor, scale, tokens_scale, exponent, loss_clip, tokens_clip,
     staleness_clip_s, out, b0, b1,
@@ -411,29 +360,12 @@ def observe_rows(
     decision_seconds, budget, floor, scale, tokens_scale, exponent, loss_clip, tokens_clip,
     staleness_clip_s, out,
 ):  # pragma: no cover - compiled  # fmt: skip
-    """The observation of rows ``b`` into ``out[b]`` (:func:`_observe_range` of all rows)."""
-    return _observe_range(
+    """The observation of rows ``b`` into ``out[b]`` (:func:`observe_range` of all rows)."""
+    return observe_range(
         d, last, n, n_merges, m_left, slot, tokens, thr, max_merges, exo, h_min, h_max,
         decision_seconds, budget, floor, scale, tokens_scale, exponent, loss_clip, tokens_clip,
         staleness_clip_s, out, 0, d.size,
     )  # fmt: skip
-
-
-@njit(cache=True, parallel=True)
-def observe_rows_par(
-    d, last, n, n_merges, m_left, slot, tokens, thr, max_merges, exo, h_min, h_max,
-    decision_seconds, budget, floor, scale, tokens_scale, exponent, loss_clip, tokens_clip,
-    staleness_clip_s, out, nc,
-):  # pragma: no cover - compiled  # fmt: skip
-    """:func:`observe_rows`, one block of rows per thread."""
-    m = d.size
-    for c in prange(nc):
-        _observe_range(
-            d, last, n, n_merges, m_left, slot, tokens, thr, max_merges, exo, h_min, h_max,
-            decision_seconds, budget, floor, scale, tokens_scale, exponent, loss_clip,
-            tokens_clip, staleness_clip_s, out, _lo(c, nc, m), _lo(c + 1, nc, m),
-        )  # fmt: skip
-    return 0
 
 
 # ------------------------------------------------------------------ causal filters
@@ -665,7 +597,7 @@ def _exo_row(
 
 
 @njit(cache=True)
-def _episode_core_range(
+def episode_core_range(
     arrivals, prompt, output, offsets, network, checkpoint, p_idx, t_dec, dec_s, di, fa, fb,
     norm_f, norm_b, capacity, rate_norm, ttft_ms, prefill_ms, decode_ms, gain, step_s, cap_s,
     slots, slo_s, exo, pdec, pbin, m0, s, prefmin, base_s, req_bin, flat_bin, latency,
@@ -730,8 +662,8 @@ def episode_core_rows(
     slots, slo_s, exo, pdec, pbin, m0, s, prefmin, base_s, req_bin, flat_bin, latency,
     violated,
 ):  # pragma: no cover - compiled  # fmt: skip
-    """:func:`_episode_core_range` of every episode."""
-    return _episode_core_range(
+    """:func:`episode_core_range` of every episode."""
+    return episode_core_range(
         arrivals, prompt, output, offsets, network, checkpoint, p_idx, t_dec, dec_s, di, fa,
         fb, norm_f, norm_b, capacity, rate_norm, ttft_ms, prefill_ms, decode_ms, gain, step_s,
         cap_s, slots, slo_s, exo, pdec, pbin, m0, s, prefmin, base_s, req_bin, flat_bin,
@@ -739,27 +671,8 @@ def episode_core_rows(
     )  # fmt: skip
 
 
-@njit(cache=True, parallel=True)
-def episode_core_rows_par(
-    arrivals, prompt, output, offsets, network, checkpoint, p_idx, t_dec, dec_s, di, fa, fb,
-    norm_f, norm_b, capacity, rate_norm, ttft_ms, prefill_ms, decode_ms, gain, step_s, cap_s,
-    slots, slo_s, exo, pdec, pbin, m0, s, prefmin, base_s, req_bin, flat_bin, latency,
-    violated, nc,
-):  # pragma: no cover - compiled  # fmt: skip
-    """:func:`episode_core_rows`, one block of episodes per thread."""
-    b = offsets.size - 1
-    for c in prange(nc):
-        _episode_core_range(
-            arrivals, prompt, output, offsets, network, checkpoint, p_idx, t_dec, dec_s, di,
-            fa, fb, norm_f, norm_b, capacity, rate_norm, ttft_ms, prefill_ms, decode_ms, gain,
-            step_s, cap_s, slots, slo_s, exo, pdec, pbin, m0, s, prefmin, base_s, req_bin,
-            flat_bin, latency, violated, _lo(c, nc, b), _lo(c + 1, nc, b),
-        )  # fmt: skip
-    return 0
-
-
 @njit(cache=True)
-def _cost_queue_range(
+def cost_queue_range(
     base_s, req_bin, violated, offsets, m0, s, cap_s, lost_frac, m0_bins, out_rows, width, w,
     s_out, d_out, ptr, rbin, base, m0_kept, e0, e1,
 ):  # pragma: no cover - compiled  # fmt: skip
@@ -824,23 +737,8 @@ def cost_queue_rows(
     base_s, req_bin, violated, offsets, m0, s, cap_s, lost_frac, m0_bins, out_rows, width, w,
     s_out, d_out, ptr, rbin, base, m0_kept,
 ):  # pragma: no cover - compiled  # fmt: skip
-    """:func:`_cost_queue_range` of every episode."""
-    return _cost_queue_range(
+    """:func:`cost_queue_range` of every episode."""
+    return cost_queue_range(
         base_s, req_bin, violated, offsets, m0, s, cap_s, lost_frac, m0_bins, out_rows, width,
         w, s_out, d_out, ptr, rbin, base, m0_kept, 0, offsets.size - 1,
     )  # fmt: skip
-
-
-@njit(cache=True, parallel=True)
-def cost_queue_rows_par(
-    base_s, req_bin, violated, offsets, m0, s, cap_s, lost_frac, m0_bins, out_rows, width, w,
-    s_out, d_out, ptr, rbin, base, m0_kept, nc,
-):  # pragma: no cover - compiled  # fmt: skip
-    """:func:`cost_queue_rows`, one block of episodes per thread (``out_rows`` distinct)."""
-    b = offsets.size - 1
-    for c in prange(nc):
-        _cost_queue_range(
-            base_s, req_bin, violated, offsets, m0, s, cap_s, lost_frac, m0_bins, out_rows,
-            width, w, s_out, d_out, ptr, rbin, base, m0_kept, _lo(c, nc, b), _lo(c + 1, nc, b),
-        )  # fmt: skip
-    return 0

@@ -38,7 +38,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from diloco_gym.sim import compiled
+from diloco_gym.sim import compiled, compiled_rows
 
 __all__ = [
     "CostQueue",
@@ -417,11 +417,10 @@ def cost_queue_into(
     :class:`CostQueue` ``q`` (the vector env's bank: arrays at least ``width`` bins and
     ``counts.max()`` requests wide), in one compiled call
     (:func:`diloco_gym.sim.jit.cost_queue_rows`; ``parallel``: its parallel variant when
-    :func:`diloco_gym.sim.jit.parallel_ok`, the same result)."""
+    :func:`diloco_gym.sim.jit_parallel.parallel_ok`, the same result)."""
     offsets = np.zeros(counts.size + 1, dtype=np.int64)
     np.cumsum(counts, out=offsets[1:])
-    jit = compiled()
-    args = (
+    compiled_rows("cost_queue_rows", parallel, counts.size, 2)(
         np.ascontiguousarray(base_s, dtype=np.float64),
         np.ascontiguousarray(req_bin, dtype=np.int64),
         np.ascontiguousarray(violated0, dtype=bool),
@@ -441,10 +440,6 @@ def cost_queue_into(
         q.base,
         q.m0,
     )
-    if parallel and jit.parallel_ok(counts.size, 2):
-        jit.cost_queue_rows_par(*args, jit.blocks(counts.size))
-    else:
-        jit.cost_queue_rows(*args)
 
 
 def merged_backlog(
@@ -620,13 +615,12 @@ def isolated_merge_costs(
     Args:
         min0: ``prefmin`` of each row's no-merge queue at each start.
         parallel: the compiled rule's parallel variant when
-            :func:`diloco_gym.sim.jit.parallel_ok` (the same result).
+            :func:`diloco_gym.sim.jit_parallel.parallel_ok` (the same result).
     """
-    jit = compiled()
     m = starts.size
     thr_in, thr_tail = _thresholds(q)
     out = np.empty(m)
-    args = (
+    compiled_rows("isolated_costs", parallel, m, 64)(
         q.s,
         q.d,
         q.ptr,
@@ -646,10 +640,6 @@ def isolated_merge_costs(
         float(p.slots),
         out,
     )
-    if parallel and jit.parallel_ok(m, 64):
-        jit.isolated_costs_par(*args, jit.blocks(m))
-    else:
-        jit.isolated_costs(*args)
     return out
 
 
