@@ -179,14 +179,16 @@ def bench_single_default(steps: int, rounds: int, env_id: str = "DiLoCoSync-v0")
     }
 
 
-def bench_vector_default(num_envs: int, steps: int, rounds: int) -> dict:
+def bench_vector_default(num_envs: int, steps: int, rounds: int, **env_kwargs) -> dict:
     """The default configuration's native vector env (``gym.make_vec("DiLoCoSync-v0",
     num_envs, vectorization_mode="vector_entry_point")``: ``skip_forced=True``, fresh
     episodes, NEXT_STEP autoreset) against CartPole's, random actions, in paired rounds of
-    ``steps`` vector steps each (after a warm-up that spreads the episode ends)."""
+    ``steps`` vector steps each (after a warm-up that spreads the episode ends).
+    ``env_kwargs``: a non-default configuration of the DiLoCo env instead (e.g.
+    ``parallel=True``; its CPU-time ratio counts the calling thread only)."""
     kw = {"num_envs": num_envs, "vectorization_mode": "vector_entry_point"}
     envs = {
-        "diloco": gym.make_vec("DiLoCoSync-v0", **kw),
+        "diloco": gym.make_vec("DiLoCoSync-v0", **kw, **env_kwargs),
         "cartpole": gym.make_vec("CartPole-v1", **kw),
     }
     tables = {}
@@ -255,7 +257,8 @@ def bench_vector_default(num_envs: int, steps: int, rounds: int) -> dict:
         "floor_cpu_ms_per_episode": float(np.median(floor_cpu_ms)),
         "vs_floor_cpu": float(np.median(vs_floor_cpu)),
         "note": "default make_vec (skip_forced=True, fresh episodes), random actions, "
-        "NEXT_STEP autoreset; median of paired rounds",
+        "NEXT_STEP autoreset; median of paired rounds"
+        + (f"; NON-DEFAULT {env_kwargs}" if env_kwargs else ""),
     }
 
 
@@ -1050,6 +1053,13 @@ def print_default(r: dict) -> None:
             f"{d['cartpole_steps_per_s']:,.0f} steps/s; ratio {d['ratio']:.3f} "
             f"(rounds {d['ratio_min']:.3f}-{d['ratio_max']:.3f})"
         )
+    d = r["vector_parallel"]
+    print(
+        f"NON-DEFAULT vector env x{d['num_envs']}, parallel=True ({numba_threads()} numba "
+        f"threads): {d['diloco_steps_per_s']:,.0f} decisions/s, ratio {d['ratio']:.3f} "
+        f"(rounds {d['ratio_min']:.3f}-{d['ratio_max']:.3f}); {d['vs_floor']:.2f}x the "
+        f"floor's time (rounds {d['vs_floor_min']:.2f}-{d['vs_floor_max']:.2f}, wall time)"
+    )
     pd = r["profile_default"]
     print(
         f"DEFAULT single env, one episode: {pd['episode_ms']:.2f} ms = reset "
@@ -1062,6 +1072,13 @@ def print_default(r: dict) -> None:
         f"episodes) + merge costs {pd['vector_merge_costs_ms']:.2f} + observation "
         f"{pd['vector_observe_ms']:.2f} + other {pd['vector_other_ms']:.2f}"
     )
+
+
+def numba_threads() -> int:
+    """numba's thread count (what ``parallel=True`` splits rows over)."""
+    import numba
+
+    return int(numba.get_num_threads())
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -1135,6 +1152,9 @@ def main(argv: list[str] | None = None) -> int:
     }
     results["default_single"] = bench_single_default(2_000 if q else 10_000, 3 if q else 11)
     results["default_vector"] = bench_vector_default(num_envs, 20 if q else 100, 1 if q else 5)
+    results["vector_parallel"] = bench_vector_default(
+        num_envs, 20 if q else 100, 1 if q else 5, parallel=True
+    )
     results["default_fleet"] = bench_single_default(
         500 if q else 3_000, 3 if q else 5, env_id="DiLoCoFleet-v0"
     )
