@@ -146,17 +146,32 @@ _COPIES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 def env_copies(env: Any, n: int) -> list[Any]:
     """``env`` and ``n - 1`` copies of it (same parameters, generator and sidecar), for
     :func:`run_episodes` to run ``n`` agents on one episode at once. The copies are made
-    once per env (while it holds no episode) and reused; each reset starts afresh."""
+    once per env (while it holds no episode) and reused; each reset starts afresh. They
+    share the env's immutable parts (:func:`_shared`) instead of copying them."""
     have = _COPIES.get(env)
     if have is None:
         _COPIES[env] = have = []
     while len(have) < n - 1:
         held, env.episode = env.episode, None  # a copy never carries an episode
         try:
-            have.append(copy.deepcopy(env))
+            have.append(copy.deepcopy(env, _shared(env)))
         finally:
             env.episode = held
     return [env, *have[: n - 1]]
+
+
+def _shared(env: Any) -> dict[int, Any]:
+    """A deep copy's memo that keeps the env's frozen dataclasses (its traffic generators,
+    parameters and sidecar, also in a list or tuple such as a fleet's sites) as they are:
+    they never change, and a trace window's generator holds the whole trace (every window
+    of a day-long trace would otherwise carry copies of all of it)."""
+    memo: dict[int, Any] = {}
+    for value in vars(env.unwrapped).values():
+        for v in value if isinstance(value, list | tuple) else (value,):
+            params = getattr(type(v), "__dataclass_params__", None)
+            if params is not None and params.frozen:
+                memo[id(v)] = v
+    return memo
 
 
 def _on_copies(runs: list[tuple[Any, Any, int, Any]]) -> list[tuple[Any, Any, int, Any]]:

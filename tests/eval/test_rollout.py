@@ -196,3 +196,24 @@ def test_only_non_deployable_agents_receive_the_episode():
     sneaky.deployable = True
     with pytest.raises(ValueError, match="attach_episode"):
         run_episode(env, sneaky, 0)
+
+
+def test_env_copies_share_the_generator_and_its_trace():
+    """A trace window's generator holds the whole trace: copies of its env share it (and
+    the parameters) instead of carrying a copy each, and still run their own state."""
+    from diloco_gym.envs.env import DiLoCoSyncEnv
+    from diloco_gym.eval.rollout import env_copies, run_episodes
+
+    src = diloco_gym.REGIMES["bursty"](np.random.default_rng(0))
+    tiles = diloco_gym.ReplayRegime(src, duration_s=300.0).tiles()
+    env = DiLoCoSyncEnv(regime=tiles[1])
+    copies = env_copies(env, 3)
+    for c in copies[1:]:
+        assert c.generator is env.generator
+        assert c.generator.trace.arrival_s is src.arrival_s
+        assert c.params is env.params and c.sidecar is env.sidecar
+        assert c._state is not env._state
+    agents = [make_agent("fixed-256"), make_agent("wa-diloco"), make_agent("fixed-512")]
+    got = run_episodes([(e, a, 5, None) for e, a in zip(copies, agents, strict=True)])
+    want = [run_episode(DiLoCoSyncEnv(regime=tiles[1]), a, 5) for a in agents]
+    assert [g["merge_decisions"] for g in got] == [w["merge_decisions"] for w in want]
