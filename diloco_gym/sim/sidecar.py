@@ -38,7 +38,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from diloco_gym.sim import compiled
+from diloco_gym.sim import compiled, percentiles
 
 __all__ = [
     "CostQueue",
@@ -181,6 +181,10 @@ def no_merge_queue(
     return m0, s, prefmin
 
 
+#: The latency percentiles of :meth:`ReplayResult.summary`.
+_SUMMARY_Q = (50, 95, 99)
+
+
 @dataclass(frozen=True)
 class ReplayResult:
     """Per-request outcome of one replay.
@@ -205,8 +209,7 @@ class ReplayResult:
         """Violation %, latency percentiles (ms) and sync-active fraction."""
         lat_ms = self.latency_s * 1000.0
         n = lat_ms.size
-        # One partition for the three (each value as percentile(lat_ms, q) alone).
-        p50, p95, p99 = np.percentile(lat_ms, [50, 95, 99]).tolist() if n else [float("nan")] * 3
+        p50, p95, p99 = percentiles(lat_ms, _SUMMARY_Q)  # one selection for the three
         return {
             "requests": int(n),
             "violated": int(self.violated.sum()),
@@ -220,7 +223,7 @@ class ReplayResult:
 
 def percentile(x: np.ndarray, q: float) -> float:
     """Linear-interpolation percentile (the reference's convention); NaN when empty."""
-    return float(np.percentile(x, q)) if np.size(x) else float("nan")
+    return percentiles(x, (q,))[0]
 
 
 def replay(
