@@ -599,7 +599,7 @@ class DiLoCoSyncEnv(gym.Env[Observation, Action]):
         decisions, or one decision): the episode's lazy, memoised isolated costs. The
         single env records its schedule here."""
         assert self.episode is not None  # called only after reset()
-        if np.ndim(d) == 0:
+        if isinstance(d, int) or np.ndim(d) == 0:
             x = int(d)
             cost = self._merge_cost_at(x)
             self._merges.append(x)

@@ -453,7 +453,7 @@ def apply_merges(
         ``(excess, gain)`` per merge (scalars for one row): the reward's sync-excess term
         (cost times the episode's reward scale) and the global loss decrease.
     """
-    if np.ndim(idx) == 0:  # one row: its scalar form
+    if isinstance(idx, int) or np.ndim(idx) == 0:  # one row: its scalar form
         return _apply_one(state, batch, int(idx), params, lp, cost)
     d = state.d[idx]
     gap_s = (d - state.last[idx]) * params.decision_seconds
