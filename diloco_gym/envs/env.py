@@ -184,7 +184,7 @@ def check_action(action: Any, space: gym.Space) -> bool:
     a bool, an integer NumPy scalar or 0-d array of value 0 or 1), else ``ValueError``
     naming the value and the space."""
     if (type(action) is int or type(action) is np.int64) and (action == 0 or action == 1):
-        return action == 1  # the common fast path
+        return bool(action == 1)  # the common fast path (a Python bool, as below)
     if not space.contains(action):
         raise ValueError(_space_error("action", action, space))
     return bool(action == 1)
