@@ -160,6 +160,9 @@ def test_compiled_percentiles_edge_cases():
     assert all(np.isnan(percentiles(np.zeros(0), q)))
     x2 = np.random.default_rng(0).random((3, 50))
     assert _bits(percentiles(x2, q)) == _bits(np.percentile(x2, q))
+    x2.setflags(write=False)  # a read-only sample (an episode's arrays are)
+    assert _bits(percentiles(x2[1], q)) == _bits(np.percentile(x2[1], q))
+    assert _bits(percentiles(x2[:, 3], q)) == _bits(np.percentile(x2[:, 3], q))  # strided
     for bad in ([101], [-1], [50, float("nan")]):
         with pytest.raises(ValueError, match="range"):
             percentiles(np.ones(3), bad)
