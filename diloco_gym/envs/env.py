@@ -184,7 +184,7 @@ def check_action(action: Any, space: gym.Space) -> bool:
     a bool, an integer NumPy scalar or 0-d array of value 0 or 1), else ``ValueError``
     naming the value and the space."""
     if (type(action) is int or type(action) is np.int64) and (action == 0 or action == 1):
-        return action == 1  # the common fast path
+        return bool(action == 1)  # the common fast path (a Python bool, as below)
     if not space.contains(action):
         raise ValueError(_space_error("action", action, space))
     return bool(action == 1)
@@ -404,6 +404,8 @@ class DiLoCoSyncEnv(gym.Env[Observation, Action]):
         self._exact: ExactCredit | None = None  # reward_mode="exact"'s credit
         self._n = 0
         self._budget: kernel.BudgetTables | None = None
+        self._opt_key: tuple | None = None  # (d, last, m_left) of _opt_val (_options)
+        self._opt_val: tuple = ()
         self._exo: np.ndarray = np.zeros((1, 1, 7), dtype=np.float32)  # the episode's, 1 slot
         self._obs_out = np.zeros((1, OBS_DIM), dtype=np.float32)
         self._obs_consts = kernel.observe_consts(self.params, self.learner_params)
@@ -487,6 +489,7 @@ class DiLoCoSyncEnv(gym.Env[Observation, Action]):
         # Episode constants of the scalar rules (an infeasible budget fails here).
         self._n = n
         self._budget = self._budgets.tables(n) if p.merge_budget is not None else None
+        self._opt_key = None  # a new episode's options (its length and budget tables)
         self._merges.clear()
         self._costs.clear()
         self._owed = False
@@ -596,7 +599,7 @@ class DiLoCoSyncEnv(gym.Env[Observation, Action]):
         decisions, or one decision): the episode's lazy, memoised isolated costs. The
         single env records its schedule here."""
         assert self.episode is not None  # called only after reset()
-        if np.ndim(d) == 0:
+        if isinstance(d, int) or np.ndim(d) == 0:
             x = int(d)
             cost = self._merge_cost_at(x)
             self._merges.append(x)
@@ -607,10 +610,15 @@ class DiLoCoSyncEnv(gym.Env[Observation, Action]):
         return np.array([self._cost(idx, x) for x in d.tolist()])
 
     def _options(self, d: int):
+        """:func:`kernel.options_at` at decision ``d`` in the current state, kept for the
+        state it was computed in (a step, its forced decisions and its mask ask the same
+        state several times)."""
         st = self._state
-        return kernel.options_at(
-            d, st.last.item(0), st.m_left.item(0), self.params, self._n, self._budget
-        )
+        key = (d, st.last.item(0), st.m_left.item(0))
+        if key != self._opt_key:
+            self._opt_val = kernel.options_at(d, key[1], key[2], self.params, self._n, self._budget)
+            self._opt_key = key
+        return self._opt_val
 
     def _apply(self) -> tuple[float, float]:
         """Merge now (the kernel's merge on this batch of one); returns the reward terms."""

@@ -447,20 +447,17 @@ def apply_merges(
 ) -> tuple[Any, Any]:
     """Merge now in rows ``idx`` (an index array, or one row's index): the learners' gain,
     the merge's isolated cost (``cost(idx, d)``), and the state after it. The same
-    arithmetic runs on arrays and, for one row, on NumPy scalars (the single env).
+    arithmetic runs on arrays and, for one row, on Python scalars (the single env).
 
     Returns:
         ``(excess, gain)`` per merge (scalars for one row): the reward's sync-excess term
         (cost times the episode's reward scale) and the global loss decrease.
     """
+    if isinstance(idx, int) or np.ndim(idx) == 0:  # one row: its scalar form
+        return _apply_one(state, batch, int(idx), params, lp, cost)
     d = state.d[idx]
     gap_s = (d - state.last[idx]) * params.decision_seconds
-    if np.ndim(d) == 0:  # one row: lrn.merge_gain's scalar form (bit for bit the same)
-        added, gain, _ = lrn.merge_gain_scalar(
-            float(gap_s), float(state.tokens[idx]), float(batch.thr_sum[idx]), lp
-        )
-    else:
-        added, gain = lrn.merge_gain(gap_s, state.tokens[idx], batch.thr[idx], lp)
+    added, gain = lrn.merge_gain(gap_s, state.tokens[idx], batch.thr[idx], lp)
     gain = gain * batch.credit[idx]  # x 1.0 (exact) but in a fleet with quantised syncs
     state.tokens[idx] += added
     c = cost(idx, d)
@@ -471,6 +468,27 @@ def apply_merges(
     state.excess_requests[idx] += c
     state.progress_sum[idx] += gain
     return c * batch.scale[idx], gain
+
+
+def _apply_one(state: EnvState, batch: EpisodeBatch, i: int, params: EnvParams, lp, cost):
+    """:func:`apply_merges` of row ``i`` alone, on the row's values as Python scalars (the
+    single env): the same operations in the same order (IEEE arithmetic on Python floats
+    and ints equals NumPy's on float64 and int64) and ``lrn.merge_gain``'s scalar form, so
+    the state and the terms are bit for bit the same; ``cost(i, d)`` gets ``d`` as an
+    ``int``."""
+    d = state.d.item(i)
+    gap_s = (d - state.last.item(i)) * params.decision_seconds
+    added, gain, _ = lrn.merge_gain_scalar(gap_s, state.tokens.item(i), batch.thr_sum.item(i), lp)
+    gain = gain * batch.credit.item(i)  # x 1.0 (exact) but in a fleet with quantised syncs
+    state.tokens[i] = state.tokens.item(i) + added
+    c = float(cost(i, d))
+    state.last[i] = d
+    state.m_left[i] = state.m_left.item(i) - 1
+    state.n_merges[i] = state.n_merges.item(i) + 1
+    state.excess_sum[i] = state.excess_sum.item(i) + c * batch.pct.item(i)
+    state.excess_requests[i] = state.excess_requests.item(i) + c
+    state.progress_sum[i] = state.progress_sum.item(i) + gain
+    return c * batch.scale.item(i), gain
 
 
 def forced_deferral_end(d, last, n, m_left, params: EnvParams, budgets: Budgets | None):
@@ -484,6 +502,8 @@ def forced_deferral_end(d, last, n, m_left, params: EnvParams, budgets: Budgets 
     """
     p = params
     below = d - last < p.h_min
+    if isinstance(d, int) and p.merge_budget is None:  # one row's Python ints (as below)
+        return min(n, last + p.h_min) if below else d + 1
     end = np.where(below, np.minimum(n, last + p.h_min), d + 1)
     if p.merge_budget is None:
         return end

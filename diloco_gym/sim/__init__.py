@@ -5,6 +5,8 @@ Nothing here knows about Gymnasium; the environments in :mod:`diloco_gym.envs` a
 evaluation in :mod:`diloco_gym.eval` are built on these modules.
 """
 
+from functools import lru_cache
+
 _JIT = None
 
 
@@ -45,3 +47,35 @@ def iir1(b0: float, a1: float, x):
     out = np.empty_like(rows)
     compiled().iir1_rows(float(b0), float(a1), rows, out)
     return out.reshape(x.shape)
+
+
+def percentiles(x, q) -> list[float]:
+    """Linear-interpolation percentiles ``q`` (a sequence, each in [0, 100]) of all the values
+    of ``x`` as Python floats: the compiled :func:`diloco_gym.sim.jit_stats.percentiles_linear`,
+    each value bit-identical to ``float(np.percentile(x, q_j))`` for float64 ``x``; NaN for
+    every ``q`` when ``x`` is empty."""
+    import numpy as np
+
+    qf = _fractions(tuple(q))
+    a = np.ascontiguousarray(x, dtype=np.float64)
+    if a.ndim != 1:
+        a = a.reshape(-1)
+    if not a.size:
+        return [float("nan")] * qf.size
+    from diloco_gym.sim.jit_stats import percentiles_linear
+
+    out = np.empty(qf.size)
+    percentiles_linear(a, qf, out)
+    return out.tolist()
+
+
+@lru_cache(maxsize=64)
+def _fractions(q: tuple):
+    """``q / 100`` as NumPy divides it (read-only); ``ValueError`` outside [0, 100]."""
+    import numpy as np
+
+    qf = np.true_divide(np.asarray(q, dtype=np.float64).reshape(-1), 100)
+    if not bool(np.all((qf >= 0.0) & (qf <= 1.0))):
+        raise ValueError("Percentiles must be in the range [0, 100]")
+    qf.setflags(write=False)
+    return qf

@@ -167,12 +167,13 @@ def validate_trace(trace: Trace, path: str = "<array>") -> None:
             raise TraceFormatError(
                 path, f"{name} has shape {getattr(trace, name).shape}, expected ({n},)", field=name
             )
-    bad = ~np.isfinite(trace.arrival_s)
-    if bad.any():
+    if not np.isfinite(trace.arrival_s).all():
+        bad = ~np.isfinite(trace.arrival_s)
         raise TraceFormatError(
             path, "arrival time is not finite", row=int(np.argmax(bad)) + 1, field="arrival_s"
         )
-    if n and np.any(np.diff(trace.arrival_s) < 0):
+    # finite values: a difference is negative exactly when the later value is smaller
+    if n and (trace.arrival_s[1:] < trace.arrival_s[:-1]).any():
         row = int(np.argmax(np.diff(trace.arrival_s) < 0)) + 2
         raise TraceFormatError(path, "arrivals are not sorted", row=row, field="arrival_s")
     if n and (trace.arrival_s[0] < 0 or trace.arrival_s[-1] >= trace.duration_s):
@@ -181,8 +182,8 @@ def validate_trace(trace: Trace, path: str = "<array>") -> None:
             path, f"arrival outside the window [0, {trace.duration_s})", row=row, field="arrival_s"
         )
     for name in ("prompt_tokens", "output_tokens"):
-        neg = getattr(trace, name) < 0
-        if neg.any():
+        if n and getattr(trace, name).min() < 0:
+            neg = getattr(trace, name) < 0
             raise TraceFormatError(
                 path, "negative token count", row=int(np.argmax(neg)) + 1, field=name
             )
@@ -196,7 +197,7 @@ def validate_trace(trace: Trace, path: str = "<array>") -> None:
                 f"{name} has {series.shape} samples, expected ({trace.num_pressure_samples},)",
                 field=name,
             )
-        if not np.all((series >= 0) & (series <= 1)):
+        if series.size and not (series.min() >= 0 and series.max() <= 1):  # NaN: False
             raise TraceFormatError(path, "pressure outside [0, 1] or NaN", field=name)
 
 

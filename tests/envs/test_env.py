@@ -729,3 +729,32 @@ def test_sum_over_learners_is_numpys_sum_bit_for_bit(k):
     x = np.random.default_rng(k).lognormal(0.0, 3.0, (65, k))
     got = np.array([jit.sum_first_axis(row) for row in x])
     assert got.tobytes() == x.sum(-1).tobytes()
+
+
+@pytest.mark.parametrize("budget", [None, 10])
+def test_action_masks_follow_the_state_they_are_asked_in(budget):
+    """The options kept between a step's questions are those of the current state: the
+    mask equals the batch rule's after every step and reset, and after the state changes
+    under it."""
+    from diloco_gym.envs import kernel
+
+    env = DiLoCoSyncEnv("bursty", merge_budget=budget)
+    rng = np.random.default_rng(2)
+    env.reset(seed=0)
+
+    def batch_rule():
+        return kernel.action_masks(env._state, env._batch, env.params, env._budgets)[0]
+
+    for i in range(400):
+        _, _, _, truncated, info = env.step(int(rng.integers(0, 2)))
+        np.testing.assert_array_equal(env.action_masks(), batch_rule())
+        np.testing.assert_array_equal(info["action_mask"], batch_rule().astype(np.int8))
+        if truncated:
+            env.reset(seed=i)
+            np.testing.assert_array_equal(env.action_masks(), batch_rule())
+    env.reset(seed=1)
+    st = env._state
+    before = env.action_masks()
+    st.last[0] = st.d[0]  # as if a merge had just happened: deferring only
+    np.testing.assert_array_equal(env.action_masks(), batch_rule())
+    assert not np.array_equal(before, env.action_masks())

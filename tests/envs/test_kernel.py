@@ -332,3 +332,67 @@ def test_batch_draws_are_each_seeds_draws(synthetic):
         np.testing.assert_array_equal(got[7], thr)
         single = kernel.episode_draws(gen, seed, lp, as_trace=False)
         np.testing.assert_array_equal(single[0], got[0])
+
+
+def _random_rows(b: int, k: int, seed: int):
+    """A state and batch of ``b`` rows with random values (merges allowed in each)."""
+    rng = np.random.default_rng(seed)
+    state, batch = kernel.new_state(b), kernel.new_batch(b, k)
+    state.last[:] = rng.integers(0, 200, b)
+    state.d[:] = state.last + rng.integers(1, 70, b)
+    state.m_left[:] = rng.integers(1, 9, b)
+    state.n_merges[:] = rng.integers(0, 9, b)
+    for a in (state.tokens, state.excess_sum, state.excess_requests, state.progress_sum):
+        a[:] = rng.random(b) * rng.choice([1.0, 1e6, 1e9])
+    batch.thr[:] = np.sort(rng.lognormal(8.0, 0.5, (b, k)), axis=1)
+    batch.thr_sum[:] = batch.thr.sum(axis=1)
+    batch.pct[:] = rng.random(b) * 0.05
+    batch.scale[:] = rng.random(b)
+    batch.credit[:] = rng.choice([1.0, 0.8, 0.3], b)
+    return state, batch
+
+
+def test_apply_merges_on_one_row_equals_the_array_rule_bit_for_bit():
+    """The single env's one-row merge (Python scalars) leaves every state array and gives
+    the terms bit for bit as the batch rule on arrays of rows, with the same costs."""
+    p, lp = EnvParams(), lrn.LearnerParams()
+    costs = np.random.default_rng(1).random(64) * 5.0
+    state, batch = _random_rows(64, lp.num_learners, 3)
+    one_state, one_batch = _random_rows(64, lp.num_learners, 3)
+    seen = []
+
+    def cost(idx, d):
+        return costs[idx]
+
+    def cost_one(i, d):
+        seen.append((type(d), d))
+        return float(costs[i])
+
+    ex, gain = kernel.apply_merges(state, batch, np.arange(64), p, lp, cost)
+    for i in range(64):
+        d = one_state.d.item(i)
+        e1, g1 = kernel.apply_merges(one_state, one_batch, i, p, lp, cost_one)
+        assert seen[-1] == (int, d)
+        assert (np.float64(e1).tobytes(), np.float64(g1).tobytes()) == (
+            ex[i].tobytes(),
+            gain[i].tobytes(),
+        )
+    for a, b in zip(state, one_state, strict=True):
+        assert a.tobytes() == b.tobytes()
+
+
+@pytest.mark.parametrize("budget", [None, 9])
+def test_forced_deferral_end_is_the_same_rule_on_scalars_and_arrays(budget):
+    """The single env's Python ints and the vector env's arrays give the same ends."""
+    p = EnvParams(merge_budget=budget)
+    n = 300
+    budgets = kernel.Budgets(p) if budget is not None else None
+    rng = np.random.default_rng(8)
+    last = rng.integers(0, n - p.h_max, 200)
+    d = last + rng.integers(0, p.h_max, 200)
+    m_left = rng.integers(0, 4, 200) if budget is not None else np.zeros(200, dtype=np.int64)
+    n_ = np.full(200, n)
+    end = kernel.forced_deferral_end(d, last, n_, m_left, p, budgets)
+    for i in range(200):
+        one = kernel.forced_deferral_end(int(d[i]), int(last[i]), n, int(m_left[i]), p, budgets)
+        assert int(one) == end[i]

@@ -115,3 +115,19 @@ def test_summary_of_merges_counts_them_and_adds_their_isolated_costs():
     assert s["additive_excess_pct"] == s["additive_excess_requests"] * ep.pct_per_request
     base = ep.baseline.summary()
     assert s["sync_excess_requests"] == s["violated"] - base["violated"]
+
+
+def test_summary_takes_the_no_merge_terms_from_the_baseline_summary():
+    """The no-sync terms (read from the baseline's violations, without its latency
+    percentiles) are exactly the baseline summary's, with the same types."""
+    env = DiLoCoSyncEnv("bursty")
+    for seed in (0, 3):
+        env.reset(seed=seed)
+        ep = env.episode
+        base = ep.baseline.summary()
+        s = schedule_summary(ep, [10, 200], env.params, env.sidecar)
+        assert type(s["no_sync_violation_pct"]) is float
+        assert s["no_sync_violation_pct"] == base["violation_pct"]
+        assert s["sync_excess_pct"] == s["violation_pct"] - base["violation_pct"]
+        assert type(s["sync_excess_requests"]) is int
+        assert s["sync_excess_requests"] == s["violated"] - base["violated"]

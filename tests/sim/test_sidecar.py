@@ -395,3 +395,19 @@ def test_isolated_cost_sorts_requests_given_out_of_order():
     expected = merge_costs(base_s, req_bin, pressure, p, 0.14, starts, 57, v0.astype(float))
     one = IsolatedMergeCost(base_s, req_bin, pressure, p, 0.14, 57, v0)
     np.testing.assert_array_equal([one.cost_at(s) for s in starts], expected)
+
+
+def test_summary_fractions_equal_numpy_means():
+    """The summary's violation % and sync-active fraction (counts over sizes) are exactly
+    ``100 * mask.mean()`` and ``mask.mean()``, for one replay and for K at once."""
+    rng = np.random.default_rng(11)
+    for shape in ((1,), (3,), (4801,), (3, 997), (2, 0)):
+        lat = rng.lognormal(-1.0, 0.8, shape)
+        v, a = rng.random(shape) < rng.random(), rng.random(shape) < 0.3
+        res = ReplayResult(lat, v, a, rng.random(shape))
+        s = res.summary()
+        n = v.size
+        assert res.violation_pct == (100.0 * float(v.mean()) if n else 0.0)
+        assert s["violation_pct"] == res.violation_pct and s["violated"] == int(v.sum())
+        assert s["sync_active_frac"] == (float(a.mean()) if n else 0.0)
+        assert type(s["sync_active_frac"]) is float and type(s["violation_pct"]) is float
