@@ -73,7 +73,7 @@ from diloco_gym.eval.rollout import run_episodes
 from diloco_gym.eval.units import episode_budget
 from diloco_gym.io import json_default
 from diloco_gym.sim.regimes import REGIMES
-from diloco_gym.sim.schedules import budget_range, sample_uniform
+from diloco_gym.sim.schedules import budget_range
 
 __all__ = [
     "FrontierConfig",
@@ -220,15 +220,38 @@ def _scorer(cache: dict[str, Any], ep, env: DiLoCoSyncEnv):
     return cache["scorer"], cache["counts"]
 
 
+#: A unit's matched-random controls by number of merges (drawn and scored once per unit).
+_Controls = dict[int, protocol.Control]
+
+
+def _control(
+    controls: _Controls, scorer, counts, seed: int, m: int, draws: int
+) -> protocol.Control:
+    """The unit's matched-random control at ``m`` merges: the draws depend on (seed, m)
+    only, so every agent with ``m`` merges and the curve at ``m`` share one, drawn and
+    scored once."""
+    if m not in controls:
+        rng = np.random.default_rng([seed, m, 7])
+        controls[m] = protocol.matched_control(scorer, m, draws, rng, counts)
+    return controls[m]
+
+
 def _score(
-    cache: dict[str, Any], ep, env: DiLoCoSyncEnv, merges, seed: int, draws: int
+    cache: dict[str, Any],
+    controls: _Controls,
+    ep,
+    env: DiLoCoSyncEnv,
+    merges,
+    seed: int,
+    draws: int,
 ) -> dict[str, Any]:
     """Agent, matched random and oracle of one episode by the same exact replay; the draws
     depend on (seed, merges) only, as in the report."""
     scorer, counts = _scorer(cache, ep, env)
     m = len(merges)
+    control = _control(controls, scorer, counts, seed, m, draws)
     return protocol.score_episode(
-        scorer, merges, draws, np.random.default_rng([seed, m, 7]), counts
+        scorer, merges, draws, np.random.default_rng([seed, m, 7]), counts, control=control
     )
 
 
@@ -292,26 +315,41 @@ class FrontierCell:
     unit: int
 
 
-def _frontier_state(config: FrontierConfig) -> tuple[Any, list[_PlanEntry], list, list]:
-    """This process's calibration, plan and (sealed) agents of ``config``, built once."""
-    from diloco_gym.agents.registry import make_agents
+def _frontier_state(
+    config: FrontierConfig,
+) -> tuple[Any, list[_PlanEntry], list, list[list]]:
+    """This process's calibration, plan and (sealed) agents of ``config``, built once.
+
+    The budget agents are built once per budget of the grid (``budget_agents[i]`` runs at
+    the ``i``-th budget): an agent follows one episode at a time, so with one object per
+    budget every run of a unit steps in one lockstep wave (one pipe round trip per
+    decision of the episode, not one per decision and budget). Agents start afresh at
+    every episode (a unit's results do not depend on which process or agent object ran
+    it), so the copies change no result."""
     from diloco_gym.eval.cells import cached
-    from diloco_gym.eval.sealed import seal_agents
 
     calib = cached(
         "frontier-calibration", config, None, lambda: cal.load_calibration(config.calibration)
     )
     plan = cached("frontier-plan", config, None, lambda: _plan(config, calib))
     free_agents, budget_agents = cached(
-        "frontier-agents",
-        config,
-        None,
-        lambda: tuple(
-            seal_agents(make_agents(names) if names else [], config.in_process_agents)
-            for names in (config.free_agents, config.budget_agents)
-        ),
+        "frontier-agents", config, None, lambda: _frontier_agents(config)
     )
     return calib, plan, free_agents, budget_agents
+
+
+def _frontier_agents(config: FrontierConfig) -> tuple[list, list[list]]:
+    """The free agents and one list of budget agents per budget of the grid, sealed (the
+    free agents in one worker, every budget's agents in another) unless in-process."""
+    from diloco_gym.agents.registry import make_agents
+    from diloco_gym.eval.sealed import seal_agents
+
+    inproc = config.in_process_agents
+    free = seal_agents(make_agents(config.free_agents) if config.free_agents else [], inproc)
+    k, n_budgets = len(config.budget_agents), len(config.budgets_per_hour)
+    built = [a for _ in range(n_budgets) for a in make_agents(config.budget_agents)] if k else []
+    held = seal_agents(built, inproc)
+    return free, [held[i * k : (i + 1) * k] for i in range(n_budgets)]
 
 
 def run_frontier_cell(cell: FrontierCell) -> dict[str, list[dict]]:
@@ -352,16 +390,17 @@ def run_frontier_cell(cell: FrontierCell) -> dict[str, list[dict]]:
     runs: list[_Run] = [(agent, env, "free", np.nan, np.nan) for agent in free_agents]
     runs += [
         (agent, envs[m], "budget", per_hour, m)
-        for per_hour, m in budgets.items()
-        for agent in budget_agents
+        for (per_hour, m), agents in zip(budgets.items(), budget_agents, strict=True)
+        for agent in agents
     ]
     jobs = [(r[1], r[0], seed, _same_episode(ep0, r[1])) for r in runs]  # lockstep, on copies
     results = run_episodes(jobs, copies=True)
+    controls: _Controls = {}  # the unit's matched random per budget, shared by rows and curves
     rows = [
-        _row(cache, config, regime, gen, seed, run, ep, res)
+        _row(cache, controls, config, regime, gen, seed, run, ep, res)
         for run, (*_, ep), res in zip(runs, jobs, results, strict=True)
     ]
-    curves = _unit_curves(cache, ep0, env, seed, regime, config.draws)
+    curves = _unit_curves(cache, controls, ep0, env, seed, regime, config.draws)
     # The rate-clairvoyant reference at each row's own number of merges.
     reference = {c["budget"]: c["rate_clairvoyant_pct"] for c in curves}
     for row in rows:
@@ -390,6 +429,7 @@ def _unit_budgets(config: FrontierConfig, ep: Episode, env: DiLoCoSyncEnv) -> di
 
 def _row(
     cache: dict[str, Any],
+    controls: _Controls,
     config: FrontierConfig,
     regime: str,
     gen: Any,
@@ -407,7 +447,7 @@ def _row(
         raise RuntimeError(
             f"{agent.name} made {res['merges']} merges with merge_budget={m_budget} (seed {seed})"
         )
-    scored = _score(cache, ep, e, res["merge_decisions"], seed, config.draws)
+    scored = _score(cache, controls, ep, e, res["merge_decisions"], seed, config.draws)
     held = "free" if mode == "free" else "budget-aware" if is_budget_aware(agent) else "mask"
     return {
         "regime": regime,
@@ -434,21 +474,26 @@ def _row(
 
 
 def _unit_curves(
-    cache: dict[str, Any], ep: Episode, env: DiLoCoSyncEnv, seed: int, regime: str, draws: int
+    cache: dict[str, Any],
+    controls: _Controls,
+    ep: Episode,
+    env: DiLoCoSyncEnv,
+    seed: int,
+    regime: str,
+    draws: int,
 ) -> list[dict]:
     """One unit's curves: random placement, the oracle and the rate-clairvoyant reference
     (:mod:`diloco_gym.eval.clairvoyant`; NaN on a replayed trace) at every feasible budget.
-    Random placement is drawn exactly as score_episode draws it (same rng, same counts), so
-    the curve at M is every budget-held agent's matched random at M."""
+    Random placement is the unit's control at M (:func:`_control`: drawn as score_episode
+    draws it, same rng, same counts, once per unit), so the curve at M is every budget-held
+    agent's matched random at M."""
     scorer, counts = _scorer(cache, ep, env)
     p = env.params
     expected = expected_cost_pp(env, seed)
     lo, hi = budget_range(ep.n_decisions, p.h_min, p.h_max)
     curves = []
     for m in range(max(lo, 1), hi + 1):
-        rng = np.random.default_rng([seed, m, 7])
-        env_sched = sample_uniform(ep.n_decisions, p.h_min, p.h_max, m, draws, rng, counts=counts)
-        mr = scorer.score(env_sched).exact_pct
+        mr = _control(controls, scorer, counts, seed, m, draws).scores.exact_pct
         orc = protocol.oracle_score(ep, m, p, env.sidecar, scorer=scorer)
         rc = np.nan
         if expected is not None:

@@ -61,7 +61,10 @@ ORACLE_ENUMERATE_MAX = 250_000
 def enumerate_schedules(n: int, h_min: int, h_max: int, m: int, cap: int) -> np.ndarray | None:
     """Every feasible schedule with exactly ``m`` merges as an ``(K, m)`` array, or ``None``
     when there are more than ``cap`` (partial schedules are extended merge by merge, keeping
-    only those that can still end feasibly)."""
+    only those that can still end feasibly; their number is counted first, so a budget with
+    too many is refused without building any)."""
+    if _too_many(n, h_min, h_max, m, cap):
+        return None
     cur = np.zeros((1, 0), dtype=np.int64)
     last = np.zeros(1, dtype=np.int64)
     offs = np.arange(h_min, h_max + 1, dtype=np.int64)
@@ -75,6 +78,27 @@ def enumerate_schedules(n: int, h_min: int, h_max: int, m: int, cap: int) -> np.
         last = nxt[r, c]
         cur = np.concatenate([cur[r], last[:, None]], axis=1)
     return cur
+
+
+def _too_many(n: int, h_min: int, h_max: int, m: int, cap: int) -> bool:
+    """Whether :func:`enumerate_schedules` would hold more than ``cap`` partial schedules
+    after some merge. After the ``k``-th merge it holds the prefixes that end at a decision
+    from which the remaining merges can still end feasibly; ``kept[x]`` counts those ending
+    at ``x`` (the kept prefixes of one merge fewer, extended by a gap in ``[h_min,
+    h_max]``, then those that cannot end feasibly dropped), in integers: every count is at
+    most ``(h_max - h_min + 1) * cap`` until one exceeds ``cap``."""
+    x = np.arange(n, dtype=np.int64)
+    kept = np.zeros(n, dtype=np.int64)
+    kept[0] = 1
+    for k in range(m):
+        left = m - k - 1
+        total = np.concatenate([[0], np.cumsum(kept)])
+        # kept[x] <- the sum of kept[x - g] over the gaps g in [h_min, h_max]
+        kept = total[np.clip(x - h_min + 1, 0, n)] - total[np.clip(x - h_max, 0, n)]
+        kept[~((x + left * h_min <= n - 1) & (x + left * h_max >= n - h_max))] = 0
+        if int(kept.sum()) > cap:
+            return True
+    return False
 
 
 def exact_local_search(

@@ -22,7 +22,7 @@ The exact scorer is :mod:`diloco_gym.eval.scorer` and the offline oracle
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, NamedTuple, cast
 
 import gymnasium as gym
 import numpy as np
@@ -54,6 +54,8 @@ if TYPE_CHECKING:
 
 __all__ = [
     "MatchedRandomDeferral",
+    "Control",
+    "matched_control",
     "EpisodeScorer",
     "Scores",
     "envelope",
@@ -192,12 +194,37 @@ SCORING_PROVEN = "additive (proven equal)"
 SCORING_EXACT = "exact"
 
 
+class Control(NamedTuple):
+    """The matched-random control of one episode and budget: the drawn schedules and
+    their scores (:func:`matched_control`)."""
+
+    schedules: np.ndarray
+    scores: Scores
+
+
+def matched_control(
+    scorer: EpisodeScorer,
+    merges: int,
+    draws: int,
+    rng: np.random.Generator,
+    counts: CompletionTable | None = None,
+) -> Control:
+    """``draws`` schedules drawn uniformly among the episode's feasible schedules with
+    exactly ``merges`` merges, scored by ``scorer``: what :func:`score_episode` draws for
+    an agent with ``merges`` merges from the same ``rng`` (so a caller scoring several
+    agents at one budget can draw and score the control once and pass it to each)."""
+    ep, p = scorer.episode, scorer.params
+    sch = sample_uniform(ep.n_decisions, p.h_min, p.h_max, merges, draws, rng, counts=counts)
+    return Control(sch, scorer.score(sch))
+
+
 def score_episode(
     scorer: EpisodeScorer,
     agent_schedule,
     draws: int,
     rng: np.random.Generator,
     counts: CompletionTable | None = None,
+    control: Control | None = None,
 ) -> dict[str, Any]:
     """Agent, matched-random control and oracle of one episode, all by the same exact replay.
 
@@ -216,12 +243,22 @@ def score_episode(
         no-merge queue and their exact excess equals their isolated cost, else
         :data:`SCORING_EXACT`), ``replayed_schedules`` (how many needed a windowed replay)
         and ``additive_exact_gap_pp`` (the largest |exact - additive| over all of them).
+
+    ``control``: the control already drawn and scored (:func:`matched_control` with this
+    scorer, the agent's number of merges, ``draws`` and the same ``rng`` and ``counts``);
+    ``rng`` is then not drawn from.
     """
     ep, p = scorer.episode, scorer.params
     agent = np.asarray(agent_schedule, dtype=np.int64).reshape(1, -1)
     m = agent.shape[1]
-    sch = sample_uniform(ep.n_decisions, p.h_min, p.h_max, m, draws, rng, counts=counts)
-    a, c = scorer.score(agent), scorer.score(sch)
+    if control is None:
+        control = matched_control(scorer, m, draws, rng, counts)
+    elif control.schedules.shape != (draws, m):
+        raise ValueError(
+            f"control: {draws} schedules of {m} merges needed, got shape {control.schedules.shape}"
+        )
+    sch, c = control
+    a = scorer.score(agent)
     orc = oracle_score(ep, m, p, scorer.sidecar, scorer=scorer)
     o = scorer.score(orc["schedule"][None, :])
     gaps = np.abs(np.concatenate([x.exact_pct - x.additive_pct for x in (a, c, o)]))
@@ -318,9 +355,7 @@ def paired_test(
     if n <= EXACT_MAX_N:
         p = _exact_sign_flip_p(diff, obs)
     else:
-        signs = rng.choice([-1.0, 1.0], size=(n_flip, n))
-        stats = np.abs(signs @ diff) / n
-        p = float((np.sum(stats >= obs - 1e-12) + 1) / (n_flip + 1))
+        p = float((_monte_carlo_hits(diff, obs, rng, n_flip) + 1) / (n_flip + 1))
     boot = diff[rng.integers(0, n, size=(n_boot, n))].mean(axis=1)
     lo, hi = np.percentile(boot, [2.5, 97.5])
     k = nonzero_units(diff)
@@ -333,6 +368,25 @@ def paired_test(
         "min_p": min_achievable_p(k, n_flip),
         "nonzero": k,
     }
+
+
+#: Sign patterns of the Monte Carlo test drawn and summed per block (bounded memory).
+_FLIP_BLOCK = 4096
+
+
+def _monte_carlo_hits(diff: np.ndarray, obs: float, rng: np.random.Generator, n_flip: int) -> int:
+    """How many of ``n_flip`` random sign patterns (``rng.choice([-1, 1])`` per unit, row
+    by row) give ``|mean|`` at least ``obs`` (less ``1e-12``). Drawn in blocks of
+    :data:`_FLIP_BLOCK` rows: consecutive draws continue one stream, so the patterns, each
+    pattern's sum and ``rng``'s state after are those of one ``(n_flip, n)`` draw, without
+    holding ``n_flip * n`` signs at once."""
+    n = diff.size
+    hits = 0
+    for start in range(0, n_flip, _FLIP_BLOCK):
+        rows = min(_FLIP_BLOCK, n_flip - start)
+        signs = rng.choice([-1.0, 1.0], size=(rows, n))
+        hits += int(np.sum(np.abs(signs @ diff) / n >= obs - 1e-12))
+    return hits
 
 
 def _sign_sums(x: np.ndarray) -> np.ndarray:

@@ -13,15 +13,12 @@ from __future__ import annotations
 
 import copy
 import weakref
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, cast
 
 import gymnasium as gym
 import numpy as np
 
-from diloco_gym.envs.env import Action, Observation
-
-if TYPE_CHECKING:
-    from diloco_gym.envs.env import DiLoCoSyncEnv
+from diloco_gym.envs.env import Action, DiLoCoSyncEnv, Observation
 
 __all__ = [
     "run_episode",
@@ -193,6 +190,9 @@ class _Run:
         self.env, self.agent, self.base = env, agent, env.unwrapped
         opts = None if episode is None else {"episode": episode}
         self.obs, self.info = env.reset(seed=seed, options=opts)
+        # The single env itself (no wrapper, no subclass): its step info's action_mask is
+        # its action_masks() after the step.
+        self.info_mask = env is self.base and type(self.base) is DiLoCoSyncEnv
         self.ctx: Any = None
         self.state: Any = None
         self.start = True
@@ -219,6 +219,10 @@ class _Run:
         self.steps += 1
         if terminated or truncated:
             self.done = True
+        elif self.info_mask:
+            # The step's info holds the mask of the next decision (action_masks() of the
+            # state the step left), as int8: the same mask, not computed twice.
+            self.ctx._set_mask(info["action_mask"])
         else:
             self.ctx._set_mask(self.base.action_masks())
 

@@ -533,3 +533,52 @@ def test_cli_trace_windows_are_the_units(long_trace, tmp_path, capsys):
         main([*base, "--window-s", "1000", "--out", str(tmp_path / "b")])
     assert exc.value.code == 1
     assert "1 window(s) of 1000 s" in capsys.readouterr().err
+
+
+def test_budget_agents_are_one_object_per_budget(monkeypatch):
+    """Each budget of the grid has its own budget agents (same names, distinct objects),
+    so every run of a unit steps in one lockstep wave; sealed, the free agents share one
+    worker and every budget's agents another. The rows are those of the in-process run."""
+    from diloco_gym.eval import rollout
+    from diloco_gym.eval.cells import release_cached
+    from diloco_gym.eval.sealed import SealedAgent, worker_key
+
+    kw = {
+        "regimes": ["bursty"],
+        "budgets_per_hour": [60.0, 96.0],
+        "seeds": 2,
+        "draws": 20,
+        "budget_agents": ["online-forecast-budget", "wa-diloco"],
+        "free_agents": ["fixed-512"],
+    }
+    inproc = fr.FrontierConfig(**kw, in_process_agents=True)
+    free, per_budget = fr._frontier_agents(inproc)
+    assert [a.name for a in free] == ["fixed-512"]
+    assert [[a.name for a in agents] for agents in per_budget] == [
+        ["online-forecast-budget", "wa-diloco"]
+    ] * 2
+    assert len({id(a) for agents in per_budget for a in agents}) == 4
+    sealed_cfg = fr.FrontierConfig(**kw)
+    free, per_budget = fr._frontier_agents(sealed_cfg)
+    try:
+        held = [a for agents in per_budget for a in agents]
+        assert all(isinstance(a, SealedAgent) for a in [*free, *held])
+        assert len({worker_key(a) for a in held}) == 1
+        assert worker_key(free[0]) != worker_key(held[0])
+    finally:
+        for a in [*free, *held]:
+            a.close()
+    waves: list[int] = []
+    lockstep = rollout._lockstep
+    monkeypatch.setattr(
+        rollout, "_lockstep", lambda runs: waves.append(len(runs)) or lockstep(runs)
+    )
+    try:
+        sealed = fr.run_frontier(sealed_cfg, progress=False)
+    finally:
+        release_cached()
+    assert waves == [1 + 2 * 2] * 2  # per unit: every run in one wave
+    in_process = fr.run_frontier(inproc, progress=False)
+    cols = [c for c in sealed["rows"].columns if c != "elapsed_s"]
+    pd.testing.assert_frame_equal(sealed["rows"][cols], in_process["rows"][cols])
+    pd.testing.assert_frame_equal(sealed["curves"], in_process["curves"])

@@ -91,6 +91,43 @@ def test_enumerate_schedules_equals_the_brute_force():
     assert enumerate_schedules(517, 16, 64, 12, cap=1000) is None
 
 
+def _extend_every_prefix(n, h_min, h_max, m, cap):
+    """The enumeration merge by merge with its check after each merge, and no count first;
+    also the most prefixes it held after one merge."""
+    cur = np.zeros((1, 0), dtype=np.int64)
+    last = np.zeros(1, dtype=np.int64)
+    offs = np.arange(h_min, h_max + 1, dtype=np.int64)
+    held = 0
+    for k in range(m):
+        left = m - k - 1
+        nxt = last[:, None] + offs[None, :]
+        r, c = np.nonzero((nxt + left * h_min <= n - 1) & (nxt + left * h_max >= n - h_max))
+        held = max(held, r.size)
+        if r.size > cap:
+            return None, held
+        last = nxt[r, c]
+        cur = np.concatenate([cur[r], last[:, None]], axis=1)
+    return cur, held
+
+
+@pytest.mark.parametrize("n, h_min, h_max", [(40, 4, 9), (71, 8, 16), (60, 1, 4), (517, 16, 64)])
+def test_a_budget_with_too_many_schedules_is_refused_before_any_is_built(n, h_min, h_max):
+    """The count first: the same schedules, in the same order, or None, at every cap, and
+    exactly at the most prefixes the enumeration holds (that cap passes, one less fails)."""
+    lo, hi = schedules.budget_range(n, h_min, h_max)
+    for m in range(0, hi + 2):
+        for cap in (10**5, 10**3, 1):
+            want, _ = _extend_every_prefix(n, h_min, h_max, m, cap)
+            got = enumerate_schedules(n, h_min, h_max, m, cap)
+            assert (got is None) == (want is None), (m, cap)
+            if want is not None:
+                assert got.dtype == want.dtype and np.array_equal(got, want), (m, cap)
+        every, held = _extend_every_prefix(n, h_min, h_max, m, 10**5)
+        if every is not None and held > 0:
+            assert enumerate_schedules(n, h_min, h_max, m, held) is not None
+            assert enumerate_schedules(n, h_min, h_max, m, held - 1) is None
+
+
 def test_the_oracle_and_scorer_names_stay_importable_from_the_protocol():
     """The oracle lives in eval/oracle.py and the exact scorer in eval/scorer.py; the
     protocol re-exports them, so the old import paths give the same objects."""

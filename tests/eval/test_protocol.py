@@ -522,3 +522,45 @@ def test_an_uncertain_calibration_makes_no_claim():
     interval = cal.measured_intervals(measured)
     assert cal.transfer_verdict(sim, measured, interval=interval) == "uncertain"
     assert cal.transfer_verdict(sim, measured) == "calibrated"
+
+
+@pytest.mark.parametrize("n_flip", [1, 4095, 4096, 10_001])
+def test_monte_carlo_blocks_draw_what_one_draw_gives(n_flip):
+    """The Monte Carlo test's sign patterns drawn block by block: the same count as one
+    ``(n_flip, n)`` draw, and the generator left in the same state (the bootstrap after it
+    draws the same resamples)."""
+    for n, seed in ((21, 0), (37, 1), (100, 2)):
+        diff = np.random.default_rng(seed).normal(0.1, 1.0, n)
+        obs = abs(diff.mean())
+        one, blocks = np.random.default_rng([seed, 9]), np.random.default_rng([seed, 9])
+        signs = one.choice([-1.0, 1.0], size=(n_flip, n))
+        want = int(np.sum(np.abs(signs @ diff) / n >= obs - 1e-12))
+        assert protocol._monte_carlo_hits(diff, obs, blocks, n_flip) == want
+        assert one.bit_generator.state == blocks.bit_generator.state
+    r = protocol.paired_test(diff, np.random.default_rng(4), n_flip=5000)
+    signs = np.random.default_rng(4).choice([-1.0, 1.0], size=(5000, 100))
+    hits = np.sum(np.abs(signs @ diff) / 100 >= abs(diff.mean()) - 1e-12)
+    assert r["p_value"] == float((hits + 1) / 5001)
+
+
+def test_score_episode_with_a_shared_control_is_the_same():
+    """A control drawn once (matched_control) and passed to score_episode gives exactly
+    what score_episode draws itself from the same generator; a control of another shape
+    is refused."""
+    env = diloco_gym.DiLoCoSyncEnv(regime="sync-heavy")
+    env.reset(seed=5)
+    ep, p = env.episode, env.params
+    scorer = protocol.EpisodeScorer(ep, p, env.sidecar)
+    counts = protocol.counts_for(ep.n_decisions, p, 40)
+    agent = schedules.sample_uniform(
+        ep.n_decisions, p.h_min, p.h_max, 11, 1, np.random.default_rng(8)
+    )[0]
+    alone = protocol.score_episode(scorer, agent, 60, np.random.default_rng([5, 11, 7]), counts)
+    control = protocol.matched_control(scorer, 11, 60, np.random.default_rng([5, 11, 7]), counts)
+    assert control.schedules.shape == (60, 11)
+    unused = np.random.default_rng(0)
+    shared = protocol.score_episode(scorer, agent, 60, unused, counts, control=control)
+    assert shared == alone
+    assert unused.bit_generator.state == np.random.default_rng(0).bit_generator.state
+    with pytest.raises(ValueError, match="60 schedules of 10 merges"):
+        protocol.score_episode(scorer, agent[:10], 60, unused, counts, control=control)

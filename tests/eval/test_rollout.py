@@ -217,3 +217,42 @@ def test_env_copies_share_the_generator_and_its_trace():
     got = run_episodes([(e, a, 5, None) for e, a in zip(copies, agents, strict=True)])
     want = [run_episode(DiLoCoSyncEnv(regime=tiles[1]), a, 5) for a in agents]
     assert [g["merge_decisions"] for g in got] == [w["merge_decisions"] for w in want]
+
+
+class _MaskRecorder(Agent):
+    """Merges whenever allowed, and records the mask it was shown at each decision."""
+
+    name = "mask-recorder"
+
+    def __init__(self) -> None:
+        self.masks: list[list[bool]] = []
+        self.ctx: AgentContext | None = None
+
+    def attach(self, context: AgentContext) -> None:
+        self.ctx = context
+
+    def act(self, obs):
+        assert self.ctx is not None
+        mask = self.ctx.action_mask()
+        self.masks.append(mask.tolist())
+        return np.full(obs.shape[0], int(mask[1]), dtype=np.int64)
+
+
+@pytest.mark.parametrize("budget", [None, 10])
+def test_the_mask_from_the_step_info_is_the_envs_mask(budget):
+    """On the plain env the runner hands the agent the step info's mask; through a wrapper
+    it asks the env: the agent sees the same masks, and each is the env's action_masks().
+    (Forced decisions asked too, so that the masks are not all [True, True].)"""
+    plain, wrapped = _MaskRecorder(), _MaskRecorder()
+    kw = {"merge_budget": budget, "skip_forced": False}
+    env = diloco_gym.DiLoCoSyncEnv(regime="bursty", **kw)
+    res = run_episode(env, plain, 3)
+    ref = run_episode(gym.Wrapper(diloco_gym.DiLoCoSyncEnv(regime="bursty", **kw)), wrapped, 3)
+    assert plain.masks == wrapped.masks and len(plain.masks) == res["steps"]
+    assert res["merge_decisions"] == ref["merge_decisions"]
+    assert any(m != [True, True] for m in plain.masks)
+    # Replayed by hand: each decision's mask is action_masks() before that step.
+    env.reset(seed=3)
+    for i, mask in enumerate(plain.masks):
+        assert env.action_masks().tolist() == mask, i
+        env.step(int(mask[1]))
