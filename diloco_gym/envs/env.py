@@ -15,6 +15,7 @@ import numpy as np
 
 from diloco_gym.envs import kernel
 from diloco_gym.envs.episode import Episode, episode_from_seed
+from diloco_gym.envs.fused import FusedStep
 from diloco_gym.envs.observation import OBS_DIM, OBS_HIGH, OBS_INDEX, OBS_LOW, unsquash_rate
 from diloco_gym.envs.params import EnvParams
 from diloco_gym.envs.reward import ExactCredit, nominal_rate_rps, require_additive
@@ -410,6 +411,18 @@ class DiLoCoSyncEnv(gym.Env[Observation, Action]):
         self._obs_out = np.zeros((1, OBS_DIM), dtype=np.float32)
         self._obs_consts = kernel.observe_consts(self.params, self.learner_params)
         self._obs_args: tuple = ()  # kernel.observe_args, set by reset()
+        # One compiled call per decision (envs/fused.py), unless a subclass costs its merges
+        # its own way (the fleet env: per precision); that one steps through the kernel's
+        # functions on this row.
+        self._fused: FusedStep | None = None
+        if type(self)._merge_cost_at is DiLoCoSyncEnv._merge_cost_at:
+            self._fused = FusedStep(
+                self._state, self._batch, self.params, self.learner_params, self.sidecar,
+                self._budgets, self._obs_out, record=True,
+            )  # fmt: skip
+        self._base_obs = type(self)._obs is DiLoCoSyncEnv._obs
+        self._row0 = np.zeros(1, dtype=np.int64)
+        self._want0 = np.zeros(1, dtype=np.bool_)
 
     # ----------------------------------------------------------------- public views
     @property
@@ -498,16 +511,16 @@ class DiLoCoSyncEnv(gym.Env[Observation, Action]):
         self._obs_args = kernel.observe_args(
             self._state, self._batch, self._exo, self._obs_consts, self._obs_out
         )
+        if self._fused is not None:
+            self._fused.begin(n, ep.cost_source, ep.cost_memo, self._exo)
+            advance = self._advance_fused
+        else:
+            advance = lambda _row: self._advance_forced()  # noqa: E731
         kernel.reset_rows(
-            self._state,
-            batch,
-            0,
-            p,
-            self.learner_params,
-            self._budgets,
-            self._cost,
-            advance=lambda _row: self._advance_forced(),
-        )
+            self._state, batch, 0, p, self.learner_params, self._budgets, self._cost,
+            advance=advance,
+        )  # fmt: skip
+        self._record_schedule()
         self._owed = bool(self._state.pend_excess[0] or self._state.pend_progress[0])
         info: dict[str, Any] = {"episode_seed": episode_seed}
         info["reward_terms"] = {"sync_excess": 0.0, "progress": 0.0}  # paid on the first step
@@ -523,6 +536,8 @@ class DiLoCoSyncEnv(gym.Env[Observation, Action]):
         if d >= n:
             raise RuntimeError("step() called after the episode ended; call reset()")
         want = self._want(action)
+        if self._fused is not None:
+            return self._step_fused(want)
         can_merge, can_defer = self._options(d)
         merge, overridden = kernel.resolve(want, can_merge, can_defer)
         merge, overridden = bool(merge), bool(overridden)
@@ -550,6 +565,51 @@ class DiLoCoSyncEnv(gym.Env[Observation, Action]):
         return self._obs(), reward, False, truncated, info
 
     # ----------------------------------------------------------------- internals
+    def _step_fused(self, want: bool) -> tuple[Observation, float, bool, bool, dict[str, Any]]:
+        """:meth:`step` as one compiled call (:class:`~diloco_gym.envs.fused.FusedStep`: the
+        kernel's rules in :mod:`diloco_gym.sim.jit_step`), then the schedule, the exact
+        credit and the info in Python."""
+        f, ep = self._fused, self.episode
+        assert f is not None and ep is not None  # called by step() on the fused path
+        self._want0[0] = want
+        if f.step(self._row0, self._want0) >= 0:  # cannot happen with validated budgets
+            raise RuntimeError(f"no feasible action at decision {self._state.d.item(0)} (row 0)")
+        merged, overridden, truncated, can_defer, can_merge, _ = f.oi[0].tolist()
+        excess, progress, reward = f.of[0].tolist()
+        self._owed = False
+        if self._state.n_merges.item(0) != len(self._merges):
+            self._record_schedule()
+        truncated = bool(truncated)
+        if self._exact is not None:  # the marginal exact costs due now, not the isolated ones
+            excess = self._exact.due(self._state.d.item(0), truncated) * ep.reward_per_request
+            reward = float(kernel.reward(excess, progress, self.params))
+        info = self._step_info(bool(merged), bool(overridden), (can_defer, can_merge))
+        info["reward_terms"] = {"sync_excess": -excess, "progress": progress}
+        if truncated:
+            info["episode_summary"] = self.episode_summary()
+        obs = self._obs_out[0].copy() if self._base_obs else self._obs()
+        return obs, reward, False, truncated, info
+
+    def _advance_fused(self, _row: Any) -> tuple[float, float]:
+        """A reset's forced decisions, compiled (the terms owed to the first step)."""
+        assert self._fused is not None  # the fused path's reset
+        if self._fused.advance(self._row0) >= 0:  # cannot happen with validated budgets
+            raise RuntimeError(f"no feasible action at decision {self._state.d.item(0)} (row 0)")
+        return self._state.pend_excess.item(0), self._state.pend_progress.item(0)
+
+    def _record_schedule(self) -> None:
+        """The merges the compiled step recorded since the last call, into the schedule (and
+        the exact credit's), in order."""
+        f = self._fused
+        if f is None:
+            return
+        k, m = len(self._merges), self._state.n_merges.item(0)
+        for x, c in zip(f.sched_d[0, k:m].tolist(), f.sched_c[0, k:m].tolist(), strict=True):
+            self._merges.append(x)
+            self._costs.append(c)
+            if self._exact is not None:
+                self._exact.add(x)
+
     def _check_episode(self, episode: Any, seed: int | None) -> Episode:
         """A given episode must be an :class:`Episode` built with this env's parameters."""
         if not isinstance(episode, Episode):
@@ -662,10 +722,17 @@ class DiLoCoSyncEnv(gym.Env[Observation, Action]):
         compiled().observe_rows(*self._obs_args)
         return self._obs_out[0].copy()
 
-    def _step_info(self, merged: bool, overridden: bool) -> dict[str, Any]:
+    def _step_info(
+        self, merged: bool, overridden: bool, mask: tuple[int, int] | None = None
+    ) -> dict[str, Any]:
+        """The step's info; ``mask``: ``(can_defer, can_merge)`` now, when known."""
         assert self.episode is not None  # called only after reset()
         st = self._state
         d = st.d.item(0)
+        if mask is None:
+            action_mask = self.action_masks().astype(np.int8)
+        else:
+            action_mask = np.array(mask, dtype=np.int8)
         return {
             "decision": d,
             "time_s": d * self.params.decision_seconds,
@@ -676,7 +743,7 @@ class DiLoCoSyncEnv(gym.Env[Observation, Action]):
             "merges": len(self._merges),
             "excess_requests_so_far": st.excess_requests.item(0),
             # Gymnasium's convention (as Taxi): int8, so action_space.sample(mask) takes it.
-            "action_mask": self.action_masks().astype(np.int8),
+            "action_mask": action_mask,
         }
 
     def episode_summary(self) -> dict[str, Any]:

@@ -112,15 +112,34 @@ class Episode:
             queue=self.queue,
         )
 
+    @cached_property
+    def cost_memo(self) -> np.ndarray:
+        """``(1, N)`` the isolated costs of merges at each decision computed so far (NaN: not
+        yet; the full ``merge_cost`` when it was computed first). :meth:`merge_cost_at` and
+        the compiled step (:mod:`diloco_gym.sim.jit_step`) fill it, so a cost is computed once
+        per episode, also for several agents run on it and for the summary."""
+        full = self.__dict__.get("merge_cost")
+        if full is not None:
+            return np.array(full, dtype=np.float64)[None]
+        return np.full((1, self.n_decisions), np.nan)
+
+    @cached_property
+    def cost_source(self) -> tuple:
+        """The cost queue of this episode as the compiled step reads it, a bank of one slot:
+        ``(s, d, ptr, rbin, base, m0, thr_in, thr_tail, prefmin, m0_bins)`` (``prefmin`` per
+        decision; :meth:`~diloco_gym.sim.sidecar.IsolatedMergeCost.rows`)."""
+        return self._one_cost.rows(self.params.decision_interval, self.n_decisions)
+
     def merge_cost_at(self, d: int) -> float:
         """The cost of a merge at decision ``d`` (equal to ``merge_cost[d]``)."""
         full = self.__dict__.get("merge_cost")
         if full is not None:
             return float(full[d])
-        memo = self.__dict__.setdefault("_cost_memo", {})  # the summary asks again at the end
-        if d not in memo:
-            memo[d] = self._one_cost.cost_at(d * self.params.decision_interval)
-        return memo[d]
+        memo = self.cost_memo[0]  # the summary asks again at the end
+        c = memo[d]
+        if c != c:
+            c = memo[d] = self._one_cost.cost_at(d * self.params.decision_interval)
+        return float(c)
 
     @property
     def n_requests(self) -> int:

@@ -503,8 +503,10 @@ class DiLoCoFleetEnv(DiLoCoSyncEnv):
             return base
         return np.concatenate([base, np.ones(len(self.fleet.bits_options), dtype=bool)])
 
-    def _step_info(self, merged: bool, overridden: bool) -> dict[str, Any]:
-        info = super()._step_info(merged, overridden)
+    def _step_info(
+        self, merged: bool, overridden: bool, mask: tuple[int, int] | None = None
+    ) -> dict[str, Any]:
+        info = super()._step_info(merged, overridden, mask)
         if self.fleet.bits_options is not None:  # per component, as MultiDiscrete.sample wants
             m = info["action_mask"]
             info["action_mask"] = (m[:2], m[2:])

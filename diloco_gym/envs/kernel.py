@@ -44,6 +44,7 @@ from diloco_gym.sim import compiled_rows
 from diloco_gym.sim import learners as lrn
 from diloco_gym.sim.regimes import SyntheticRegime
 from diloco_gym.sim.schedules import budget_range, completion_counts
+from diloco_gym.sim.sidecar import cost_horizon
 
 __all__ = [
     "EnvState",
@@ -56,6 +57,10 @@ __all__ = [
     "is_synthetic",
     "new_state",
     "new_batch",
+    "state_arrays",
+    "batch_arrays",
+    "step_params",
+    "budget_arrays",
     "load_episodes",
     "reset_rows",
     "options",
@@ -178,6 +183,14 @@ class EnvState(NamedTuple):
     pend_excess: np.ndarray
     pend_progress: np.ndarray
 
+    def __reduce__(self):
+        # Copies and pickles keep the fields views of the two arrays (new_state), which the
+        # compiled step holds: the arrays travel once, the views are taken again.
+        ints, floats = self.d.base, self.tokens.base
+        if _rows_of(ints, self[:4]) and _rows_of(floats, self[4:]):
+            return _state_of, (ints, floats)
+        return EnvState, tuple(self)
+
 
 class EpisodeBatch(NamedTuple):
     """The constants of each row's current episode (copied from the bank at its start, so a
@@ -198,28 +211,70 @@ class EpisodeBatch(NamedTuple):
     seed: np.ndarray
     credit: np.ndarray
 
+    def __reduce__(self):
+        # As EnvState's: the scalar fields stay views of their two arrays (new_batch).
+        ints, floats = self.n.base, self.pct.base
+        fields_i = (self.n, self.slot, self.seed)
+        fields_f = (self.pct, self.scale, self.max_merges, self.thr_sum, self.credit)
+        if _rows_of(ints, fields_i) and _rows_of(floats, fields_f):
+            return _batch_of, (ints, floats, self.thr, self.thr_k)
+        return EpisodeBatch, tuple(self)
+
+
+def _rows_of(base: Any, views: tuple) -> bool:
+    """Whether ``views`` are the rows of ``base``, in order."""
+    return (
+        isinstance(base, np.ndarray)
+        and base.ndim == 2
+        and base.shape[0] == len(views)
+        and all(v.base is base and np.shares_memory(v, base[k]) for k, v in enumerate(views))
+    )
+
+
+def _state_of(ints: np.ndarray, floats: np.ndarray) -> EnvState:
+    return EnvState(*ints, *floats)
+
+
+def _batch_of(ints, floats, thr, thr_k) -> EpisodeBatch:
+    n, slot, seed = ints
+    pct, scale, max_merges, thr_sum, credit = floats
+    return EpisodeBatch(slot, n, pct, scale, max_merges, thr, thr_k, thr_sum, seed, credit)
+
 
 def new_state(b: int) -> EnvState:
-    """An all-zero state of ``b`` rows (:func:`reset_rows` starts their episodes)."""
-    i = lambda: np.zeros(b, dtype=np.int64)  # noqa: E731
-    f = lambda: np.zeros(b)  # noqa: E731
-    return EnvState(i(), i(), i(), i(), f(), f(), f(), f(), f(), f())
+    """An all-zero state of ``b`` rows (:func:`reset_rows` starts their episodes). Its fields
+    are the rows of two arrays, ``(4, b)`` int64 and ``(6, b)`` float64
+    (:func:`state_arrays`), in the compiled step's order
+    (:data:`diloco_gym.sim.jit_step.STATE_INT`, ``STATE_FLOAT``)."""
+    return _state_of(np.zeros((4, b), dtype=np.int64), np.zeros((6, b)))
+
+
+def state_arrays(state: EnvState) -> tuple[np.ndarray, np.ndarray]:
+    """The two arrays whose rows are ``state``'s fields (:func:`new_state`)."""
+    ints, floats = state.d.base, state.tokens.base
+    assert ints is not None and ints.shape[0] == 4 and floats is not None
+    return ints, floats
 
 
 def new_batch(b: int, k: int) -> EpisodeBatch:
-    """An empty episode batch of ``b`` rows and ``k`` learners (slot ``i`` for row ``i``)."""
-    return EpisodeBatch(
-        np.arange(b, dtype=np.int64),
-        np.ones(b, dtype=np.int64),
-        np.zeros(b),
-        np.zeros(b),
-        np.ones(b),
-        np.zeros((b, k)),
-        np.zeros((k, b)),
-        np.zeros(b),
-        np.zeros(b, dtype=np.int64),
-        np.ones(b),
-    )
+    """An empty episode batch of ``b`` rows and ``k`` learners (slot ``i`` for row ``i``). Its
+    scalar fields are the rows of a ``(3, b)`` int64 and a ``(5, b)`` float64 array
+    (:func:`batch_arrays`; :data:`diloco_gym.sim.jit_step.BATCH_INT`, ``BATCH_FLOAT``)."""
+    ints = np.zeros((3, b), dtype=np.int64)
+    floats = np.zeros((5, b))
+    batch = _batch_of(ints, floats, np.zeros((b, k)), np.zeros((k, b)))
+    batch.slot[:] = np.arange(b)
+    batch.n[:] = 1
+    batch.max_merges[:] = 1.0
+    batch.credit[:] = 1.0
+    return batch
+
+
+def batch_arrays(batch: EpisodeBatch) -> tuple[np.ndarray, np.ndarray]:
+    """The two arrays whose rows are ``batch``'s scalar fields (:func:`new_batch`)."""
+    ints, floats = batch.n.base, batch.pct.base
+    assert ints is not None and ints.shape[0] == 3 and floats is not None
+    return ints, floats
 
 
 def max_merges(n, params: EnvParams):
@@ -261,6 +316,46 @@ class BudgetTables:
         self.reach = f > 0
         self.prefix = np.zeros((budget + 1, n + 1), dtype=np.int64)
         np.cumsum(self.reach, axis=1, out=self.prefix[:, 1:])
+
+
+def step_params(params: EnvParams, lp: lrn.LearnerParams, sidecar: Any, m0_bins: int) -> tuple:
+    """The compiled step's parameters (:mod:`diloco_gym.sim.jit_step`): an int64 array in
+    the order of ``INT_PARAMS`` and a float64 array in the order of ``FLOAT_PARAMS``.
+    ``m0_bins``: the bins per entry of the cost queue's no-merge slowdown (1 for one
+    episode's queue, ``decision_interval`` for the episode bank's)."""
+    p = params
+    w = int(p.merge_steps)
+    ints = np.array(
+        [
+            p.h_min, p.h_max, -1 if p.merge_budget is None else p.merge_budget,
+            int(p.skip_forced), p.decision_interval, w, cost_horizon(sidecar, p.step_seconds, w),
+            int(m0_bins),
+        ],
+        dtype=np.int64,
+    )  # fmt: skip
+    floats = np.array(
+        [
+            p.decision_seconds, lp.drift_s, lp.merge_overhead_s, lp.loss_floor, lp.loss_scale,
+            lp.tokens_scale, lp.loss_exponent, p.loss_clip, p.tokens_clip, p.staleness_clip_s,
+            p.excess_weight, p.progress_weight, 1.0 + sidecar.sync_slowdown, sidecar.slo_s,
+            float(sidecar.slots),
+        ],
+        dtype=np.float64,
+    )  # fmt: skip
+    return ints, floats
+
+
+_NO_TABLE = np.zeros((1, 1), dtype=np.int64)
+_NO_REACH = np.zeros((1, 1), dtype=np.bool_)
+
+
+def budget_arrays(budgets: Budgets, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(reach, prefix, next_reach)`` of an ``n``-decision episode's budget tables for the
+    compiled step (placeholders without a merge budget)."""
+    if budgets.params.merge_budget is None:
+        return _NO_REACH, _NO_TABLE, _NO_TABLE
+    t = budgets.tables(n)
+    return t.reach, t.prefix, budgets.next_reach(n)
 
 
 def options_at(d, last, m_left, params: EnvParams, n: int, budget: BudgetTables | None):

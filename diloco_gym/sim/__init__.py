@@ -21,6 +21,20 @@ def compiled():
     return _JIT
 
 
+_STEP = None
+
+
+def compiled_step():
+    """The compiled decision step, :mod:`diloco_gym.sim.jit_step` (imported on first use, as
+    :func:`compiled`)."""
+    global _STEP
+    if _STEP is None:
+        from diloco_gym.sim import jit_step as module
+
+        _STEP = module
+    return _STEP
+
+
 def compiled_rows(name: str, parallel: bool, items: int, at_least: int):
     """The compiled per-row rule ``name`` of :mod:`diloco_gym.sim.jit`, or, when
     ``parallel`` is asked for and pays for a batch of ``items`` rows

@@ -708,7 +708,9 @@ def merge_costs(
 class IsolatedMergeCost:
     """The isolated cost of one merge at a time (:func:`isolated_merge_costs` on a batch of
     one): the no-merge queue is prepared once (``O(bins)``), then a merge costs
-    ``O(horizon)``. ``cost_at(s)`` equals ``merge_costs(...)`` at start ``s``."""
+    ``O(horizon)``. ``cost_at(s)`` equals ``merge_costs(...)`` at start ``s``. The requests'
+    thresholds are computed in the count, not beforehand: an episode costs a few dozen
+    merges, fewer requests than a precomputation over all of them reads."""
 
     def __init__(
         self,
@@ -729,32 +731,32 @@ class IsolatedMergeCost:
         self.horizon = cost_horizon(p, bin_s, self.merge_bins)
         size = pressure_bin.size + 1 + self.horizon  # past the end: S[n_bins], as there
         m0, s, prefmin = queue or no_merge_queue(base_s, req_bin, pressure_bin, p, bin_s)
-        self.queue = cost_queue(
-            base_s, req_bin, violated0, m0[None, :], s[None, :], p, bin_s, size, thresholds=True
-        )
+        self.queue = cost_queue(base_s, req_bin, violated0, m0[None, :], s[None, :], p, bin_s, size)
         self.prefmin = padded(prefmin, size)
+
+    def rows(self, decision_bins: int, n: int) -> tuple:
+        """The queue as a one-row bank for the compiled step
+        (:func:`diloco_gym.sim.jit_step.merge_row`): ``(s, d, ptr, rbin, base, m0, thr_in,
+        thr_tail, prefmin)``, each ``(1, ...)``, ``prefmin`` at the first bin of each of the
+        ``n`` decisions of ``decision_bins`` bins, then the queue's ``m0_bins``."""
         q = self.queue
-        thr_in, thr_tail = _thresholds(q)
-        self._row = (q.s[0], q.d[0], q.ptr[0], q.rbin[0], q.base[0], q.m0[0], thr_in[0])
-        self._thr_tail = thr_tail[0]
+        pre = np.ascontiguousarray(self.prefmin[: n * decision_bins : decision_bins])[None]
+        return (q.s, q.d, q.ptr, q.rbin, q.base, q.m0, _NO_THR, _NO_THR, pre, int(q.m0_bins))
 
     def cost_at(self, start: int) -> float:
         """Extra violated requests of a merge starting at bin ``start``."""
-        jit = compiled()
-        s0 = int(start)
-        s, d, ptr, rbin, base, m0, thr_in = self._row
-        q, p = self.queue, self.p
+        s0, q, p = int(start), self.queue, self.p
         return float(
-            jit.isolated_cost_one(
-                s,
-                d,
-                ptr,
-                rbin,
-                base,
-                m0,
+            compiled().isolated_cost_one(
+                q.s[0],
+                q.d[0],
+                q.ptr[0],
+                q.rbin[0],
+                q.base[0],
+                q.m0[0],
                 q.m0_bins,
-                thr_in,
-                self._thr_tail,
+                _NO_THR[0],
+                _NO_THR[0],
                 s0,
                 self.prefmin[s0],
                 self.merge_bins,

@@ -18,6 +18,7 @@ from diloco_gym.envs.reward import nominal_rate_rps
 from diloco_gym.envs.schedule import sync_mask
 from diloco_gym.envs.vector import DiLoCoSyncVectorEnv
 from diloco_gym.eval.rollout import run_episode
+from diloco_gym.sim import compiled_step
 from diloco_gym.sim import learners as lrn
 from diloco_gym.sim import sidecar as sc
 from diloco_gym.sim.regimes import get_regime
@@ -88,26 +89,48 @@ def test_single_env_and_vector_env0_equal_a_direct_kernel_rollout(overrides):
         assert trunc == vtrunc[0] == (t == len(k_rew) - 1)
 
 
-def test_both_envs_step_through_the_kernel_functions(monkeypatch):
-    """The envs hold no dynamics of their own: a merge, a forced deferral, an episode
-    start and the action taken in either env go through the kernel's functions."""
+def _count_calls(monkeypatch, module, names) -> dict[str, int]:
     calls: dict[str, int] = {}
-    names = ("apply_merges", "forced_deferral_end", "reset_rows", "resolve")
     for name in names:
-        real = getattr(kernel, name)
+        real = getattr(module, name)
 
         def counted(*args, _real=real, _name=name, **kwargs):
             calls[_name] = calls.get(_name, 0) + 1
             return _real(*args, **kwargs)
 
-        monkeypatch.setattr(kernel, name, counted)
-    for make in (lambda: DiLoCoSyncEnv(), lambda: DiLoCoSyncVectorEnv(2)):
+        monkeypatch.setattr(module, name, counted)
+    return calls
+
+
+def test_both_envs_step_through_the_kernel_functions(monkeypatch):
+    """The envs hold no dynamics of their own: a merge, a forced deferral, an episode
+    start and the action taken go through the kernel's functions (the vector env, and the
+    single env's path for subclasses with their own merge cost) or through the compiled
+    step (the single env: one ``step_rows`` per decision, ``reset_advance`` per reset)."""
+    names = ("apply_merges", "forced_deferral_end", "reset_rows", "resolve")
+    calls = _count_calls(monkeypatch, kernel, names)
+    step_calls = _count_calls(monkeypatch, compiled_step(), ("step_rows", "reset_advance"))
+
+    class OwnCost(DiLoCoSyncEnv):
+        def _merge_cost_at(self, d: int) -> float:
+            return super()._merge_cost_at(d)
+
+    for make in (lambda: DiLoCoSyncVectorEnv(2), OwnCost):
         calls.clear()
         env = make()
         env.reset(seed=0)
         for _ in range(20):  # merges (each followed by forced deferrals), no episode end
             env.step(1 if isinstance(env, DiLoCoSyncEnv) else np.array([1, 1]))
         assert set(calls) == set(names), calls
+    assert not step_calls
+    calls.clear()
+    env = DiLoCoSyncEnv()
+    env.reset(seed=0)
+    for _ in range(20):
+        env.step(1)
+    assert calls == {"reset_rows": 1}, calls
+    assert step_calls == {"reset_advance": 1, "step_rows": 20}, step_calls
+    assert len(env.merges) >= 5  # the agent's merges, recorded by the compiled step
 
 
 def test_reset_with_a_prebuilt_episode_equals_a_plain_reset():

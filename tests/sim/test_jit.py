@@ -21,14 +21,14 @@ import json, sys
 import gymnasium as gym
 import numpy as np
 import diloco_gym
-from diloco_gym.sim import jit
+from diloco_gym.sim import jit, jit_step
 env = gym.make("DiLoCoSync-v0")
 obs, _ = env.reset(seed=3)
 for a in [0, 1] * 20:
     obs, *_ = env.step(a)
 assert diloco_gym.__file__.startswith(sys.argv[1]), diloco_gym.__file__
 # Compiled in this process, or loaded from the on-disk cache:
-stats = {name: getattr(jit, name).stats for name in ("observe_rows", "isolated_cost_one")}
+stats = {"observe_rows": jit.observe_rows.stats, "step_rows": jit_step.step_rows.stats}
 print(json.dumps({k: [v.cache_hits.total(), v.cache_misses.total()] for k, v in stats.items()}
                  | {"obs": obs.tolist()}))
 """
@@ -92,7 +92,7 @@ def _read_only_case(tmp_path: Path, block_pycache: bool = False) -> None:
     first = _run(site, cache_home)
     second = _run(site, cache_home)
     assert first["obs"] == second["obs"]
-    for name in ("observe_rows", "isolated_cost_one"):
+    for name in ("observe_rows", "step_rows"):
         hits, misses = second[name]
         assert hits >= 1 and misses == 0, (name, second[name])  # loaded, not compiled
     assert not list((site / "diloco_gym").rglob("*.nbi"))  # nothing beside the sources

@@ -1,0 +1,87 @@
+"""The compiled step's arguments for an env's episodes (:mod:`diloco_gym.sim.jit_step`).
+
+An env holds its state and episode constants as :class:`~diloco_gym.envs.kernel.EnvState` and
+:class:`~diloco_gym.envs.kernel.EpisodeBatch`, whose fields are rows of small 2D arrays; the
+compiled step reads those arrays, the episode's cost queue (a bank of one slot for the single
+env, :attr:`diloco_gym.envs.episode.Episode.cost_source`), the budget tables and the outputs.
+:class:`FusedStep` builds that argument tuple once per episode, so a decision is one
+compiled call on prepared arguments.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from diloco_gym.envs import kernel
+from diloco_gym.envs.params import EnvParams
+from diloco_gym.sim import compiled_step
+from diloco_gym.sim import learners as lrn
+
+__all__ = ["FusedStep"]
+
+
+class FusedStep:
+    """The compiled step of rows of one env's state (:func:`~diloco_gym.sim.jit_step.step_rows`).
+
+    ``begin`` sets the episode's cost queue, cost memo, budget tables and exogenous
+    features; ``step`` runs one decision of the given rows and writes ``oi``/``of`` (the
+    per-row outputs, :data:`~diloco_gym.sim.jit_step.STEP_OUT_INT` and ``STEP_OUT_FLOAT``)
+    and the observation ``obs``; ``advance`` applies a reset's forced decisions. The
+    schedule of each row is recorded in ``sched_d``/``sched_c`` (its merges' decisions and
+    isolated costs, in order) when ``record`` is set.
+    """
+
+    def __init__(
+        self,
+        state: kernel.EnvState,
+        batch: kernel.EpisodeBatch,
+        params: EnvParams,
+        lp: lrn.LearnerParams,
+        sidecar: Any,
+        budgets: kernel.Budgets,
+        obs: np.ndarray,
+        record: bool,
+    ) -> None:
+        b = state.d.size
+        self.params, self.lp, self.sidecar, self.budgets = params, lp, sidecar, budgets
+        self.state, self.batch, self.obs, self.record = state, batch, obs, record
+        self._ist, self._fst = kernel.state_arrays(state)
+        self._bi, self._bf = kernel.batch_arrays(batch)
+        self.oi = np.zeros((b, 6), dtype=np.int64)
+        self.of = np.zeros((b, 3))
+        self.sched_d = np.zeros((b, 0), dtype=np.int64)
+        self.sched_c = np.zeros((b, 0))
+        self._m0_bins = -1
+        self._ip = self._fp = np.zeros(0)
+        self._args: tuple = ()
+        self._head: tuple = ()
+
+    def begin(self, n: int, source: tuple, memo: np.ndarray, exo: np.ndarray) -> None:
+        """Prepare the rows' episodes of ``n`` decisions: ``source`` their cost queue
+        (:attr:`~diloco_gym.envs.episode.Episode.cost_source`), ``memo`` its cost memo
+        ``(slots, n)``, ``exo`` the exogenous features ``(slots, n, 7)``."""
+        *queue, m0_bins = source
+        if m0_bins != self._m0_bins:
+            self._ip, self._fp = kernel.step_params(self.params, self.lp, self.sidecar, m0_bins)
+            self._m0_bins = m0_bins
+        if self.record and self.sched_d.shape[1] < n + 1:
+            b = self.state.d.size
+            self.sched_d = np.zeros((b, n + 1), dtype=np.int64)
+            self.sched_c = np.zeros((b, n + 1))
+        reach, prefix, nxt = kernel.budget_arrays(self.budgets, n)
+        self._head = (self._ist, self._fst, self._bi, self._bf)
+        tail = (self._ip, self._fp, reach, prefix, nxt, *queue, memo, self.sched_d, self.sched_c)
+        self._args = (*self._head, self.batch.thr, *tail, self.oi, self.of, exo, self.obs)
+        self._adv = (*self._head, *tail)
+
+    def step(self, rows: np.ndarray, want: np.ndarray) -> int:
+        """One decision of ``rows`` (``want``: bool, per row of ``rows``) and the observation;
+        returns the first row that had no feasible action, or -1."""
+        return compiled_step().step_rows(rows, want, *self._args)
+
+    def advance(self, rows: np.ndarray) -> int:
+        """A reset's forced decisions in ``rows`` (their terms owed: ``pend_excess``,
+        ``pend_progress``); returns the first row that had no feasible action, or -1."""
+        return compiled_step().reset_advance(rows, *self._adv)
