@@ -235,12 +235,10 @@ class EpisodeBank:
             self.s, self.d, self.ptr, self.rbin, self.base, self.m0, self.params.decision_interval
         )
 
-    def merge_costs(
-        self, slot: np.ndarray, d: np.ndarray, pooled: bool, parallel: bool = False
-    ) -> np.ndarray:
+    def merge_costs(self, slot: np.ndarray, d: np.ndarray, pooled: bool) -> np.ndarray:
         """Isolated cost of a merge at decision ``d[k]`` of the episode in ``slot[k]``: a pool's
-        precomputed table, else :func:`sidecar.isolated_merge_costs` on the bank's rows
-        (``parallel``: its parallel variant, the same result)."""
+        precomputed table, else :func:`sidecar.isolated_merge_costs` on the bank's rows (the
+        compiled step computes the same costs itself, :mod:`diloco_gym.sim.jit_step`)."""
         if pooled:
             return self.cost[slot, d]
         p = self.params
@@ -252,7 +250,6 @@ class EpisodeBank:
             p.merge_steps,
             self.sidecar,
             p.step_seconds,
-            parallel,
         )
 
     def write_rows(self, slots: np.ndarray, rows: dict[str, Any], parallel: bool = False) -> None:

@@ -19,7 +19,10 @@ from diloco_gym.envs.params import EnvParams
 from diloco_gym.sim import compiled_step
 from diloco_gym.sim import learners as lrn
 
-__all__ = ["FusedStep"]
+__all__ = ["FusedStep", "NO_THRESHOLDS"]
+
+#: a cost queue's thresholds when they are computed in the count (no columns).
+NO_THRESHOLDS = np.empty((1, 0))
 
 
 class FusedStep:
@@ -30,7 +33,8 @@ class FusedStep:
     per-row outputs, :data:`~diloco_gym.sim.jit_step.STEP_OUT_INT` and ``STEP_OUT_FLOAT``)
     and the observation ``obs``; ``advance`` applies a reset's forced decisions. The
     schedule of each row is recorded in ``sched_d``/``sched_c`` (its merges' decisions and
-    isolated costs, in order) when ``record`` is set.
+    isolated costs, in order) when ``record`` is set. ``parallel``: the step's parallel
+    variant for large batches (:mod:`diloco_gym.sim.jit_parallel`).
     """
 
     def __init__(
@@ -43,10 +47,12 @@ class FusedStep:
         budgets: kernel.Budgets,
         obs: np.ndarray,
         record: bool,
+        parallel: bool = False,
     ) -> None:
         b = state.d.size
         self.params, self.lp, self.sidecar, self.budgets = params, lp, sidecar, budgets
         self.state, self.batch, self.obs, self.record = state, batch, obs, record
+        self.parallel = parallel
         self._ist, self._fst = kernel.state_arrays(state)
         self._bi, self._bf = kernel.batch_arrays(batch)
         self.oi = np.zeros((b, 6), dtype=np.int64)
@@ -76,9 +82,22 @@ class FusedStep:
         self._args = (*self._head, self.batch.thr, *tail, self.oi, self.of, exo, self.obs)
         self._adv = (*self._head, *tail)
 
+    def masks(self, rows: np.ndarray, out: np.ndarray) -> None:
+        """``out[i] = [can_defer, can_merge]`` of each row ``i`` in ``rows`` (bool ``(B, 2)``)."""
+        ip, reach, prefix = self._adv[4], self._adv[6], self._adv[7]
+        compiled_step().masks_rows(rows, self._ist, self._bi, ip, reach, prefix, out)
+
     def step(self, rows: np.ndarray, want: np.ndarray) -> int:
         """One decision of ``rows`` (``want``: bool, per row of ``rows``) and the observation;
-        returns the first row that had no feasible action, or -1."""
+        returns the first row that had no feasible action, or -1 (``parallel``: the rows in
+        one block per numba thread when :func:`~diloco_gym.sim.jit_parallel.parallel_ok`,
+        the same result)."""
+        if self.parallel:
+            from diloco_gym.sim import jit_parallel as par
+
+            if par.parallel_ok(rows.size, 256):
+                rule: Any = par.step_rows  # a numba dispatcher: its arguments are the rule's
+                return rule(rows, want, *self._args, par.blocks(rows.size))
         return compiled_step().step_rows(rows, want, *self._args)
 
     def advance(self, rows: np.ndarray) -> int:

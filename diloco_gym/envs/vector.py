@@ -29,6 +29,7 @@ from diloco_gym.envs.env import (
     check_seed,
     configure,
 )
+from diloco_gym.envs.fused import NO_THRESHOLDS, FusedStep
 from diloco_gym.envs.observation import OBS_DIM, OBS_HIGH, OBS_LOW
 from diloco_gym.envs.params import EnvParams
 from diloco_gym.sim import learners as lrn
@@ -229,6 +230,15 @@ class DiLoCoSyncVectorEnv(gym.vector.VectorEnv[np.ndarray, np.ndarray, np.ndarra
         self._obs = np.zeros((b, OBS_DIM), dtype=np.float32)
         self._obs_consts: tuple | None = None  # kernel.observe_consts, on the first observe
         self._env_rngs: list[np.random.Generator | None] = [None] * b
+        # The compiled step of the rows (envs/fused.py); the observation is taken after the
+        # restarts, by _observe.
+        self._fused = FusedStep(
+            self._state, self._batch, self.params, self.learner_params, self.sidecar,
+            self._budgets, np.zeros((0, OBS_DIM), dtype=np.float32), record=False,
+            parallel=self.parallel,
+        )  # fmt: skip
+        self._rows_all = np.arange(b, dtype=np.int64)
+        self._masks = np.ones((b, 2), dtype=bool)
         self._pool_base: int | None = None
         self._pool_next = 0
         self._started = False
@@ -255,7 +265,10 @@ class DiLoCoSyncVectorEnv(gym.vector.VectorEnv[np.ndarray, np.ndarray, np.ndarra
         An env whose episode has ended (it restarts on the next step) allows both.
         """
         self._require_started()
-        return kernel.action_masks(self._state, self._batch, self.params, self._budgets)
+        out = self._masks
+        for _n, sub in self._prepare(self._rows_all):
+            self._fused.masks(sub, out)
+        return out.copy()
 
     # ----------------------------------------------------------------- gym API
     def reset(
@@ -298,19 +311,19 @@ class DiLoCoSyncVectorEnv(gym.vector.VectorEnv[np.ndarray, np.ndarray, np.ndarra
         pending = self._autoreset.copy()  # NEXT_STEP: these envs restart instead of stepping
         restart = np.flatnonzero(pending)
         active = ~pending if restart.size else self._all.copy()
-        out = kernel.step(
-            self._state,
-            self._batch,
-            want,
-            active if restart.size else None,
-            self.params,
-            self.learner_params,
-            self._budgets,
-            self._merge_costs,
-        )
-        merge, overridden = out["merged"], out["overridden"]
-        excess, progress = out["excess"], out["progress"]
-        rewards, truncated = out["reward"], out["truncated"]
+        f = self._fused
+        rows = np.flatnonzero(active) if restart.size else self._rows_all
+        if restart.size:  # the restarting rows: no merge, reward 0
+            f.oi[:] = 0
+            f.of[:] = 0.0
+        for _n, sub in self._prepare(rows):
+            bad = f.step(sub, want[sub])
+            if bad >= 0:  # cannot happen with validated budgets
+                raise RuntimeError(
+                    f"no feasible action at decision {self._state.d[bad]} (row {bad})"
+                )
+        merge, overridden, truncated = f.oi[:, 0] == 1, f.oi[:, 1] == 1, f.oi[:, 2] == 1
+        excess, progress, rewards = f.of[:, 0].copy(), f.of[:, 1].copy(), f.of[:, 2].copy()
         terminated = np.zeros(b, dtype=bool)
 
         info: dict[str, Any] = {
@@ -414,11 +427,35 @@ class DiLoCoSyncVectorEnv(gym.vector.VectorEnv[np.ndarray, np.ndarray, np.ndarra
             for n in np.unique(self.bank.n[slots]):
                 self._budgets.tables(int(n))  # an infeasible budget fails here
 
+    def _prepare(self, rows: np.ndarray):
+        """``(n, rows of that length)`` groups of ``rows`` with the compiled step prepared for
+        them (the bank's arrays, whose size can change at a restart, and the budget tables
+        of episodes of ``n`` decisions; one group of all rows without a budget)."""
+        q, bank = self.bank.queue(), self.bank
+        source = (q.s, q.d, q.ptr, q.rbin, q.base, q.m0, NO_THRESHOLDS, NO_THRESHOLDS)
+        source += (bank.prefmin, q.m0_bins)
+        if self.params.merge_budget is None:
+            self._fused.begin(0, source, bank.cost, bank.exo)
+            yield 0, rows
+            return
+        n = self._batch.n[rows]
+        for n0 in np.unique(n).tolist():
+            self._fused.begin(n0, source, bank.cost, bank.exo)
+            yield n0, rows[n == n0]
+
+    def _advance_rows(self, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """A restart's forced decisions in rows ``idx``, compiled (their owed terms)."""
+        for _n, sub in self._prepare(np.asarray(idx, dtype=np.int64)):
+            bad = self._fused.advance(sub)
+            if bad >= 0:  # cannot happen with validated budgets
+                raise RuntimeError(
+                    f"no feasible action at decision {self._state.d[bad]} (row {bad})"
+                )
+        return self._state.pend_excess[idx], self._state.pend_progress[idx]
+
     def _merge_costs(self, idx: np.ndarray, d: np.ndarray) -> np.ndarray:
         """Isolated cost of a merge at decision ``d[k]`` of env ``idx[k]`` (the bank's)."""
-        return self.bank.merge_costs(
-            self._batch.slot[idx], d, self.episode_pool is not None, self.parallel
-        )
+        return self.bank.merge_costs(self._batch.slot[idx], d, self.episode_pool is not None)
 
     def _reset_pool(self, seed, seeds: list[int | None]) -> None:
         k = self.episode_pool
@@ -461,14 +498,9 @@ class DiLoCoSyncVectorEnv(gym.vector.VectorEnv[np.ndarray, np.ndarray, np.ndarra
         kernel.load_episodes(self._batch, self.bank, idx)
         self._autoreset[idx] = False
         kernel.reset_rows(
-            self._state,
-            self._batch,
-            idx,
-            self.params,
-            self.learner_params,
-            self._budgets,
-            self._merge_costs,
-        )
+            self._state, self._batch, idx, self.params, self.learner_params, self._budgets,
+            self._merge_costs, advance=self._advance_rows,
+        )  # fmt: skip
 
     def _observe(self) -> None:
         """Fill ``self._obs`` (:func:`kernel.observe`)."""

@@ -17,22 +17,23 @@ from __future__ import annotations
 
 import threading
 
+import numpy as np
 from numba import get_num_threads, njit, prange
 
 from diloco_gym.sim.jit import (
     cost_queue_range,
     episode_core_range,
-    isolated_range,
     observe_range,
 )
+from diloco_gym.sim.jit_step import observe_all, step_range
 
 __all__ = [
     "parallel_ok",
     "blocks",
-    "isolated_costs",
     "observe_rows",
     "episode_core_rows",
     "cost_queue_rows",
+    "step_rows",
 ]
 
 
@@ -58,21 +59,6 @@ def blocks(items: int) -> int:
 def _lo(c, nc, m):  # pragma: no cover - compiled
     """The first row of block ``c`` of ``nc`` over ``m`` rows (block ``nc`` starts at ``m``)."""
     return (c * m) // nc
-
-
-@njit(cache=True, parallel=True)
-def isolated_costs(
-    s, d, ptr, rbin, base, m0, m0_bins, thr_in, thr_tail, rows, starts, min0, w, h, sigma1,
-    slo_s, slots, out, nc,
-):  # pragma: no cover - compiled  # fmt: skip
-    """:func:`diloco_gym.sim.jit.isolated_costs`, one block of merges per thread."""
-    m = starts.size
-    for c in prange(nc):
-        isolated_range(
-            s, d, ptr, rbin, base, m0, m0_bins, thr_in, thr_tail, rows, starts, min0, w, h,
-            sigma1, slo_s, slots, out, _lo(c, nc, m), _lo(c + 1, nc, m),
-        )  # fmt: skip
-    return 0
 
 
 @njit(cache=True, parallel=True)
@@ -125,3 +111,26 @@ def cost_queue_rows(
             width, w, s_out, d_out, ptr, rbin, base, m0_kept, _lo(c, nc, b), _lo(c + 1, nc, b),
         )  # fmt: skip
     return 0
+
+
+@njit(cache=True, parallel=True)
+def step_rows(
+    rows, want, ist, fst, bi, bf, thr, ip, fp, reach, prefix, nxt, qs, qd, qptr, qrbin, qbase,
+    qm0, thr_in, thr_tail, prefmin, memo, sched_d, sched_c, oi, of, exo, obs, nc,
+):  # pragma: no cover - compiled  # fmt: skip
+    """:func:`diloco_gym.sim.jit_step.step_rows`, one block of rows per thread (a row's step
+    reads and writes only its own columns; a shared cost memo is only read: an episode pool's
+    full table), then the observation."""
+    m = rows.size
+    bad = np.full(nc, -1)
+    for c in prange(nc):
+        bad[c] = step_range(
+            rows, want, ist, fst, bi, bf, ip, fp, reach, prefix, nxt, qs, qd, qptr, qrbin,
+            qbase, qm0, thr_in, thr_tail, prefmin, memo, sched_d, sched_c, oi, of,
+            _lo(c, nc, m), _lo(c + 1, nc, m),
+        )  # fmt: skip
+    observe_all(ist, fst, bi, bf, thr, ip, fp, exo, obs)
+    for c in range(nc):
+        if bad[c] >= 0:
+            return bad[c]
+    return -1

@@ -13,6 +13,7 @@ The rules (written once here, in the order the kernel documents them,
 * :func:`step_row`: one decision (the action taken, the merge, the owed terms, the advance,
   the reward and the mask of the next decision);
 * :func:`step_rows`: :func:`step_row` of many rows, then their observations;
+* :func:`masks_rows`: the feasible actions of rows;
 * :func:`reset_advance`: a reset's advance and its owed terms.
 
 A row's state and constants are columns of small 2D arrays (see :data:`STATE_INT` and
@@ -49,7 +50,10 @@ __all__ = [
     "merge_row",
     "advance_row",
     "step_row",
+    "step_range",
+    "observe_all",
     "step_rows",
+    "masks_rows",
     "reset_advance",
 ]
 
@@ -134,15 +138,17 @@ def merge_row(
     memo, sched_d, sched_c, buf,
 ):  # pragma: no cover - compiled  # fmt: skip
     """Merge now in row ``i``: its isolated cost (``memo[slot, d]``, computed from the slot's
-    cost queue when NaN and kept), the learners' gain, and the state after it; the merge is
-    recorded in ``sched_d``/``sched_c`` when they have columns. Returns ``(excess term,
+    cost queue when NaN and kept; a memo without columns: always computed), the learners'
+    gain, and the state after it; the merge is recorded in ``sched_d``/``sched_c`` when they
+    have columns. Returns ``(excess term,
     gain)``: the cost times the reward scale, and the loss decrease times the credit."""
     d = ist[0, i]
     slot = bi[1, i]
     added, gain = gain_one((d - ist[1, i]) * fp[0], fst[0, i], bf[3, i], fp)
     gain = gain * bf[4, i]
     fst[0, i] = fst[0, i] + added
-    c = memo[slot, d]
+    memo_ok = memo.shape[1] > 0
+    c = memo[slot, d] if memo_ok else np.nan
     if c != c:
         a = d * ip[4]
         pre = thr_in.shape[1] > 0
@@ -152,7 +158,8 @@ def merge_row(
             qs[slot], qd[slot], qptr[slot], qrbin[slot], qbase[slot], qm0[slot], ip[7], ti, tt,
             a, prefmin[slot, d], ip[5], ip[6], fp[12], fp[13], fp[14], buf,
         )  # fmt: skip
-        memo[slot, d] = c
+        if memo_ok:
+            memo[slot, d] = c
     k = ist[3, i]
     if sched_d.shape[1] > 0:
         sched_d[i, k] = d
@@ -256,17 +263,15 @@ def step_row(
 
 
 @njit(cache=True)
-def step_rows(
-    rows, want, ist, fst, bi, bf, thr, ip, fp, reach, prefix, nxt, qs, qd, qptr, qrbin, qbase,
-    qm0, thr_in, thr_tail, prefmin, memo, sched_d, sched_c, oi, of, exo, obs,
+def step_range(
+    rows, want, ist, fst, bi, bf, ip, fp, reach, prefix, nxt, qs, qd, qptr, qrbin, qbase, qm0,
+    thr_in, thr_tail, prefmin, memo, sched_d, sched_c, oi, of, k0, k1,
 ):  # pragma: no cover - compiled  # fmt: skip
-    """:func:`step_row` of each row in ``rows`` (``want[k]`` for ``rows[k]``), then, when
-    ``obs`` has rows, the observation of every row into it
-    (:func:`diloco_gym.sim.jit.observe_range`). Returns the first row whose step had no
-    feasible action, or -1."""
+    """:func:`step_row` of rows ``rows[k]`` for ``k0 <= k < k1`` (``want[k]``), with a scratch
+    buffer of its own. Returns the first of them whose step had no feasible action, or -1."""
     buf = np.empty(max(ip[6], 1))
     bad = -1
-    for k in range(rows.size):
+    for k in range(k0, k1):
         i = rows[k]
         step_row(
             i, want[k], ist, fst, bi, bf, ip, fp, reach, prefix, nxt, qs, qd, qptr, qrbin,
@@ -274,13 +279,56 @@ def step_rows(
         )  # fmt: skip
         if oi[i, 5] and bad < 0:
             bad = i
-    if obs.shape[0] == 0:
-        return bad
-    observe_range(
-        ist[0], ist[1], bi[0], ist[3], ist[2], bi[1], fst[0], thr, bf[2], exo, ip[0], ip[1],
-        fp[0], ip[2], fp[3], fp[4], fp[5], fp[6], fp[7], fp[8], fp[9], obs, 0, obs.shape[0],
-    )  # fmt: skip
     return bad
+
+
+@njit(cache=True)
+def observe_all(ist, fst, bi, bf, thr, ip, fp, exo, obs):  # pragma: no cover - compiled
+    """The observation of every row into ``obs`` (:func:`diloco_gym.sim.jit.observe_range`
+    on the state's and the batch's arrays) when ``obs`` has rows."""
+    if obs.shape[0] > 0:
+        observe_range(
+            ist[0], ist[1], bi[0], ist[3], ist[2], bi[1], fst[0], thr, bf[2], exo, ip[0],
+            ip[1], fp[0], ip[2], fp[3], fp[4], fp[5], fp[6], fp[7], fp[8], fp[9], obs, 0,
+            obs.shape[0],
+        )  # fmt: skip
+    return 0
+
+
+@njit(cache=True)
+def step_rows(
+    rows, want, ist, fst, bi, bf, thr, ip, fp, reach, prefix, nxt, qs, qd, qptr, qrbin, qbase,
+    qm0, thr_in, thr_tail, prefmin, memo, sched_d, sched_c, oi, of, exo, obs,
+):  # pragma: no cover - compiled  # fmt: skip
+    """:func:`step_row` of each row in ``rows`` (``want[k]`` for ``rows[k]``), then, when
+    ``obs`` has rows, the observation of every row into it (:func:`observe_all`). Returns
+    the first row whose step had no feasible action, or -1."""
+    bad = step_range(
+        rows, want, ist, fst, bi, bf, ip, fp, reach, prefix, nxt, qs, qd, qptr, qrbin, qbase,
+        qm0, thr_in, thr_tail, prefmin, memo, sched_d, sched_c, oi, of, 0, rows.size,
+    )  # fmt: skip
+    observe_all(ist, fst, bi, bf, thr, ip, fp, exo, obs)
+    return bad
+
+
+@njit(cache=True)
+def masks_rows(rows, ist, bi, ip, reach, prefix, out):  # pragma: no cover - compiled
+    """``out[i] = (can_defer, can_merge)`` of each row ``i`` in ``rows`` (:func:`options_one`);
+    a row whose episode has ended allows both."""
+    for k in range(rows.size):
+        i = rows[k]
+        n = bi[0, i]
+        d = ist[0, i]
+        if d >= n:
+            out[i, 0] = True
+            out[i, 1] = True
+            continue
+        can_merge, can_defer = options_one(
+            d, ist[1, i], ist[2, i], n, ip[0], ip[1], ip[2], reach, prefix
+        )
+        out[i, 0] = can_defer
+        out[i, 1] = can_merge
+    return 0
 
 
 @njit(cache=True)

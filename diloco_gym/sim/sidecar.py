@@ -613,7 +613,6 @@ def isolated_merge_costs(
     merge_bins: int,
     p: SidecarParams,
     bin_s: float,
-    parallel: bool = False,
 ) -> np.ndarray:
     """The isolated cost of merges: extra SLO violations (requests) of a merge starting at
     bin ``starts[k]`` of row ``rows[k]``, alone against the no-merge replay.
@@ -627,13 +626,11 @@ def isolated_merge_costs(
 
     Args:
         min0: ``prefmin`` of each row's no-merge queue at each start.
-        parallel: the compiled rule's parallel variant when
-            :func:`diloco_gym.sim.jit_parallel.parallel_ok` (the same result).
     """
     m = starts.size
     thr_in, thr_tail = _thresholds(q)
     out = np.empty(m)
-    compiled_rows("isolated_costs", parallel, m, 64)(
+    compiled().isolated_costs(
         q.s,
         q.d,
         q.ptr,

@@ -11,7 +11,7 @@ import numpy as np
 import diloco_gym  # noqa: F401  (registers the ids)
 from diloco_gym.sim import compiled_rows, jit, jit_parallel
 
-RULES = ("isolated_costs", "observe_rows", "episode_core_rows", "cost_queue_rows")
+RULES = ("step_rows", "observe_rows", "episode_core_rows", "cost_queue_rows")
 
 
 def test_parallel_ok_needs_a_large_batch_threads_and_the_main_thread(monkeypatch):
@@ -72,7 +72,7 @@ def _run(parallel: bool, calls: dict) -> list:
 
 def test_parallel_variants_equal_the_serial_rules_bit_for_bit():
     """The vector env with ``parallel=True`` (every parallel variant: episode builds, cost
-    queue rows, merge costs, observation) against ``parallel=False``, 1,024 envs: the
+    queue rows, the steps, observation) against ``parallel=False``, 1,024 envs: the
     same observations, rewards, terminations and infos at every step."""
     calls = dict.fromkeys(RULES, 0)
     serial = _run(False, calls)
