@@ -719,18 +719,9 @@ def bench_profile(episodes: int, num_envs: int = 1024, steps: int = 517) -> dict
     out["vector_batched_row_ms"] = (time.perf_counter() - t0) * 1000.0 / slots.size
 
     # A fresh-episode vector step, split by timing the env's own methods in place.
-    spent = {"_restart": 0.0, "_merge_costs": 0.0, "_observe": 0.0}
-    for name in spent:
-        method = getattr(venv, name)
-
-        def timed(*args, _m=method, _n=name):
-            t0 = time.perf_counter()
-            try:
-                return _m(*args)
-            finally:
-                spent[_n] += time.perf_counter() - t0
-
-        setattr(venv, name, timed)
+    spent = {"_restart": 0.0, "step": 0.0, "_observe": 0.0}
+    _timed_methods(venv, ("_restart", "_observe"), spent)
+    _timed_methods(venv._fused, ("step",), spent)  # the compiled step of all rows
     venv.reset(seed=0)
     desync(venv, steps // 2)
     for key in spent:
@@ -745,7 +736,7 @@ def bench_profile(episodes: int, num_envs: int = 1024, steps: int = 517) -> dict
         {
             "step_ms": total * k,
             "step_restart_ms": spent["_restart"] * k,
-            "step_merge_costs_ms": spent["_merge_costs"] * k,
+            "step_compiled_ms": spent["step"] * k,
             "step_observe_ms": spent["_observe"] * k,
             "step_other_ms": (total - sum(spent.values())) * k,
             "step_num_envs": num_envs,
@@ -775,16 +766,18 @@ def bench_profile_default(steps: int, num_envs: int, vector_steps: int) -> dict:
 
     Single env (``gym.make("DiLoCoSync-v0")``), per episode: the reset (of which the
     episode build, ``episode_from_seed``: trace draws and the agent-independent
-    arrays), the merges (``_apply``: the merge's cost, training gain and learner-feature
-    refresh), the final exact replay (``episode_summary``) and the rest of the steps
-    (Gymnasium's wrappers, corridor logic, observation, info). Vector env at ``num_envs``
-    (fresh episodes), per vector step: restarts (building the new episodes), merge costs,
-    observation, the rest.
+    arrays), the compiled steps (``FusedStep.step``: options, merges with their costs and
+    gains, forced decisions, reward, mask and observation), the final exact replay
+    (``episode_summary``) and the rest of the steps (Gymnasium's wrappers, action checks,
+    the info, the schedule). Vector env at ``num_envs`` (fresh episodes), per vector step:
+    restarts (building the new episodes), the compiled step of all rows, observation, the
+    rest.
     """
     env = gym.make("DiLoCoSync-v0")
     u = env.unwrapped
-    spent = dict.fromkeys(("_apply", "episode_summary", "reset", "build"), 0.0)
-    _timed_methods(u, ("_apply", "episode_summary"), spent)
+    spent = dict.fromkeys(("step", "episode_summary", "reset", "build"), 0.0)
+    _timed_methods(u, ("episode_summary",), spent)
+    _timed_methods(u._fused, ("step",), spent)
     build = env_module.episode_from_seed
 
     def timed_build(*args, **kwargs):
@@ -817,9 +810,9 @@ def bench_profile_default(steps: int, num_envs: int, vector_steps: int) -> dict:
         "episode_ms": total * k,
         "reset_ms": spent["reset"] * k,
         "build_ms": spent["build"] * k,
-        "merges_ms": spent["_apply"] * k,
+        "compiled_step_ms": spent["step"] * k,
         "summary_ms": spent["episode_summary"] * k,
-        "steps_other_ms": (total - spent["reset"] - spent["_apply"] - spent["episode_summary"]) * k,
+        "steps_other_ms": (total - spent["reset"] - spent["step"] - spent["episode_summary"]) * k,
     }
 
     venv = gym.make_vec("DiLoCoSync-v0", num_envs=num_envs, vectorization_mode="vector_entry_point")
@@ -828,8 +821,9 @@ def bench_profile_default(steps: int, num_envs: int, vector_steps: int) -> dict:
     table = np.random.default_rng(3).integers(0, 2, (64, num_envs))
     for t in range(vector_steps):  # warm-up: the episode ends spread out
         venv.step(table[t % 64])
-    vspent = dict.fromkeys(("_restart", "_merge_costs", "_observe"), 0.0)
-    _timed_methods(vu, tuple(vspent), vspent)
+    vspent = dict.fromkeys(("_restart", "step", "_observe"), 0.0)
+    _timed_methods(vu, ("_restart", "_observe"), vspent)
+    _timed_methods(vu._fused, ("step",), vspent)
     ended = 0
     t0 = time.perf_counter()
     for t in range(vector_steps):
@@ -843,7 +837,7 @@ def bench_profile_default(steps: int, num_envs: int, vector_steps: int) -> dict:
             "vector_num_envs": num_envs,
             "vector_step_ms": vtotal * k,
             "vector_restart_ms": vspent["_restart"] * k,
-            "vector_merge_costs_ms": vspent["_merge_costs"] * k,
+            "vector_compiled_step_ms": vspent["step"] * k,
             "vector_observe_ms": vspent["_observe"] * k,
             "vector_other_ms": (vtotal - sum(vspent.values())) * k,
             "vector_episodes_per_step": ended / vector_steps,
@@ -906,15 +900,15 @@ def print_table(r: dict) -> None:
             "DEFAULT single env: one episode, split",
             f"{pd['episode_ms']:.2f} ms",
             f"{pd['decisions_per_episode']:.0f} decisions: reset {pd['reset_ms']:.2f} (episode "
-            f"build {pd['build_ms']:.2f}) + merges {pd['merges_ms']:.2f} + final replay "
-            f"{pd['summary_ms']:.2f} + other step work {pd['steps_other_ms']:.2f} ms",
+            f"build {pd['build_ms']:.2f}) + compiled steps {pd['compiled_step_ms']:.2f} + final "
+            f"replay {pd['summary_ms']:.2f} + other step work {pd['steps_other_ms']:.2f} ms",
             "",
         ),
         (
             f"DEFAULT vector x{pd['vector_num_envs']}: one step, split",
             f"{pd['vector_step_ms']:.2f} ms",
             f"restarts {pd['vector_restart_ms']:.2f} ({pd['vector_episodes_per_step']:.1f} "
-            f"episodes built) + merge costs {pd['vector_merge_costs_ms']:.2f} + observation "
+            f"episodes built) + compiled step {pd['vector_compiled_step_ms']:.2f} + observation "
             f"{pd['vector_observe_ms']:.2f} + other {pd['vector_other_ms']:.2f} ms",
             "",
         ),
@@ -990,7 +984,7 @@ def print_table(r: dict) -> None:
         (
             f"vector step x{p['step_num_envs']}, skip_forced=False, fresh episodes",
             f"{p['step_ms']:.2f} ms",
-            f"restarts {p['step_restart_ms']:.2f} + merge costs {p['step_merge_costs_ms']:.2f} "
+            f"restarts {p['step_restart_ms']:.2f} + compiled step {p['step_compiled_ms']:.2f} "
             f"+ observation {p['step_observe_ms']:.2f} + other {p['step_other_ms']:.2f} ms",
             "",
         ),
@@ -1063,13 +1057,14 @@ def print_default(r: dict) -> None:
     pd = r["profile_default"]
     print(
         f"DEFAULT single env, one episode: {pd['episode_ms']:.2f} ms = reset "
-        f"{pd['reset_ms']:.2f} (build {pd['build_ms']:.2f}) + merges {pd['merges_ms']:.2f} + "
-        f"final replay {pd['summary_ms']:.2f} + other {pd['steps_other_ms']:.2f}"
+        f"{pd['reset_ms']:.2f} (build {pd['build_ms']:.2f}) + compiled steps "
+        f"{pd['compiled_step_ms']:.2f} + final replay {pd['summary_ms']:.2f} + other "
+        f"{pd['steps_other_ms']:.2f}"
     )
     print(
         f"DEFAULT vector x{pd['vector_num_envs']}, one step: {pd['vector_step_ms']:.2f} ms = "
         f"restarts {pd['vector_restart_ms']:.2f} ({pd['vector_episodes_per_step']:.1f} "
-        f"episodes) + merge costs {pd['vector_merge_costs_ms']:.2f} + observation "
+        f"episodes) + compiled step {pd['vector_compiled_step_ms']:.2f} + observation "
         f"{pd['vector_observe_ms']:.2f} + other {pd['vector_other_ms']:.2f}"
     )
 

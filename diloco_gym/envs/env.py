@@ -15,7 +15,7 @@ import numpy as np
 
 from diloco_gym.envs import kernel
 from diloco_gym.envs.episode import Episode, episode_from_seed
-from diloco_gym.envs.fused import FusedStep
+from diloco_gym.envs.fused import NO_COST_QUEUE, FusedStep
 from diloco_gym.envs.observation import OBS_DIM, OBS_HIGH, OBS_INDEX, OBS_LOW, unsquash_rate
 from diloco_gym.envs.params import EnvParams
 from diloco_gym.envs.reward import ExactCredit, nominal_rate_rps, require_additive
@@ -26,6 +26,7 @@ from diloco_gym.sim.learner_calibration import learner_params, load_learner_cali
 from diloco_gym.sim.limits import check_limit
 from diloco_gym.sim.regimes import REGIMES, SyntheticRegime, get_regime
 from diloco_gym.sim.sidecar import SidecarParams
+from diloco_gym.sim.step_layout import NEED_COST
 from diloco_gym.sim.traces import Trace
 
 __all__ = [
@@ -399,28 +400,25 @@ class DiLoCoSyncEnv(gym.Env[Observation, Action]):
         self._state = kernel.new_state(1)
         self._batch = kernel.new_batch(1, self.learner_params.num_learners)
         self._budgets = kernel.Budgets(self.params)
-        self._merges: list[int] = []  # the schedule so far (recorded by _cost)
+        self._merges: list[int] = []  # the schedule so far (recorded by the compiled step)
         self._costs: list[float] = []
-        self._owed = False
         self._exact: ExactCredit | None = None  # reward_mode="exact"'s credit
-        self._n = 0
-        self._budget: kernel.BudgetTables | None = None
-        self._opt_key: tuple | None = None  # (d, last, m_left) of _opt_val (_options)
-        self._opt_val: tuple = ()
         self._exo: np.ndarray = np.zeros((1, 1, 7), dtype=np.float32)  # the episode's, 1 slot
         self._obs_out = np.zeros((1, OBS_DIM), dtype=np.float32)
         self._obs_consts = kernel.observe_consts(self.params, self.learner_params)
         self._obs_args: tuple = ()  # kernel.observe_args, set by reset()
-        # One compiled call per decision (envs/fused.py), unless a subclass costs its merges
-        # its own way (the fleet env: per precision); that one steps through the kernel's
-        # functions on this row.
-        self._fused: FusedStep | None = None
-        if type(self)._merge_cost_at is DiLoCoSyncEnv._merge_cost_at:
-            self._fused = FusedStep(
-                self._state, self._batch, self.params, self.learner_params, self.sidecar,
-                self._budgets, self._obs_out, record=True,
-            )  # fmt: skip
+        # One compiled call per decision (envs/fused.py). A merge's cost comes from the
+        # episode's cost queue inside it, unless a subclass costs merges its own way (the
+        # fleet env: per precision); the step then stops at the merge and asks it.
+        self._fused = FusedStep(
+            self._state, self._batch, self.params, self.learner_params, self.sidecar,
+            self._budgets, self._obs_out, record=True,
+        )  # fmt: skip
+        self._own_cost = type(self)._merge_cost_at is not DiLoCoSyncEnv._merge_cost_at
+        self._memo = np.zeros((1, 0))  # the cost memo of the compiled step, set by reset()
+        self._mask_out = np.ones((1, 2), dtype=bool)
         self._base_obs = type(self)._obs is DiLoCoSyncEnv._obs
+        self._base_masks = type(self).action_masks is DiLoCoSyncEnv.action_masks
         self._row0 = np.zeros(1, dtype=np.int64)
         self._want0 = np.zeros(1, dtype=np.bool_)
 
@@ -460,11 +458,8 @@ class DiLoCoSyncEnv(gym.Env[Observation, Action]):
         """Feasible actions now, ``[defer, merge]`` (sb3-contrib MaskablePPO protocol)."""
         self._require_episode()
         assert self.episode is not None  # for mypy: _require_episode() raised otherwise
-        d = self._state.d.item(0)
-        if d >= self.episode.n_decisions:
-            return np.array([True, True])
-        can_merge, can_defer = self._options(d)
-        return np.array([bool(can_defer), bool(can_merge)])
+        self._fused.masks(self._row0, self._mask_out)
+        return self._mask_out[0].copy()
 
     # ----------------------------------------------------------------- gym API
     def reset(
@@ -499,29 +494,25 @@ class DiLoCoSyncEnv(gym.Env[Observation, Action]):
         batch.thr_k[:, 0] = ep.throughputs
         batch.thr_sum[0] = np.sum(ep.throughputs, axis=-1)
         batch.seed[0] = -1 if ep.seed is None else ep.seed
-        # Episode constants of the scalar rules (an infeasible budget fails here).
-        self._n = n
-        self._budget = self._budgets.tables(n) if p.merge_budget is not None else None
-        self._opt_key = None  # a new episode's options (its length and budget tables)
+        if p.merge_budget is not None:
+            self._budgets.tables(n)  # an infeasible budget fails here
         self._merges.clear()
         self._costs.clear()
-        self._owed = False
         self._exact = ExactCredit(ep, p, self.sidecar) if p.reward_mode == "exact" else None
         self._exo = ep.exo[None]
         self._obs_args = kernel.observe_args(
             self._state, self._batch, self._exo, self._obs_consts, self._obs_out
         )
-        if self._fused is not None:
-            self._fused.begin(n, ep.cost_source, ep.cost_memo, self._exo)
-            advance = self._advance_fused
+        if self._own_cost:
+            self._memo = np.full((1, n), np.nan)
+            self._fused.begin(n, NO_COST_QUEUE, self._memo, self._exo)
         else:
-            advance = lambda _row: self._advance_forced()  # noqa: E731
+            self._memo = ep.cost_memo
+            self._fused.begin(n, ep.cost_source, self._memo, self._exo)
         kernel.reset_rows(
-            self._state, batch, 0, p, self.learner_params, self._budgets, self._cost,
-            advance=advance,
+            self._state, batch, 0, p, self.learner_params, self._advance_fused,
         )  # fmt: skip
         self._record_schedule()
-        self._owed = bool(self._state.pend_excess[0] or self._state.pend_progress[0])
         info: dict[str, Any] = {"episode_seed": episode_seed}
         info["reward_terms"] = {"sync_excess": 0.0, "progress": 0.0}  # paid on the first step
         info.update(self._step_info(False, False))
@@ -536,33 +527,7 @@ class DiLoCoSyncEnv(gym.Env[Observation, Action]):
         if d >= n:
             raise RuntimeError("step() called after the episode ended; call reset()")
         want = self._want(action)
-        if self._fused is not None:
-            return self._step_fused(want)
-        can_merge, can_defer = self._options(d)
-        merge, overridden = kernel.resolve(want, can_merge, can_defer)
-        merge, overridden = bool(merge), bool(overridden)
-        excess = progress = 0.0
-        if merge:
-            excess, progress = self._apply()
-        if self._owed:  # merges forced before the first choice: their terms, paid now
-            excess += st.pend_excess.item(0)
-            progress += st.pend_progress.item(0)
-            st.pend_excess[0] = st.pend_progress[0] = 0.0
-            self._owed = False
-        st.d[0] = d + 1
-        if self.params.skip_forced:
-            ex2, pr2 = self._advance_forced()
-            excess += ex2
-            progress += pr2
-        truncated = st.d.item(0) >= n
-        if self._exact is not None:  # the marginal exact costs due now, not the isolated ones
-            excess = self._exact.due(st.d.item(0), truncated) * self.episode.reward_per_request
-        reward = float(kernel.reward(excess, progress, self.params))
-        info = self._step_info(merge, overridden)
-        info["reward_terms"] = {"sync_excess": -excess, "progress": progress}
-        if truncated:
-            info["episode_summary"] = self.episode_summary()
-        return self._obs(), reward, False, truncated, info
+        return self._step_fused(want)
 
     # ----------------------------------------------------------------- internals
     def _step_fused(self, want: bool) -> tuple[Observation, float, bool, bool, dict[str, Any]]:
@@ -570,19 +535,24 @@ class DiLoCoSyncEnv(gym.Env[Observation, Action]):
         kernel's rules in :mod:`diloco_gym.sim.jit_step`), then the schedule, the exact
         credit and the info in Python."""
         f, ep = self._fused, self.episode
-        assert f is not None and ep is not None  # called by step() on the fused path
+        assert ep is not None  # called by step()
         self._want0[0] = want
-        if f.step(self._row0, self._want0) >= 0:  # cannot happen with validated budgets
-            raise RuntimeError(f"no feasible action at decision {self._state.d.item(0)} (row 0)")
-        merged, overridden, truncated, can_defer, can_merge, _ = f.oi[0].tolist()
-        excess, progress, reward = f.of[0].tolist()
-        self._owed = False
+        while True:
+            if f.step(self._row0, self._want0) >= 0:  # cannot happen with validated budgets
+                raise RuntimeError(
+                    f"no feasible action at decision {self._state.d.item(0)} (row 0)"
+                )
+            merged, overridden, truncated, can_defer, can_merge, status, _, d = f.oi[0].tolist()
+            if status != NEED_COST:
+                break
+            self._memo[0, d] = self._merge_cost_at(d)  # a subclass's own cost, then resume
+        excess, progress, reward = f.of[0, :3].tolist()
         if self._state.n_merges.item(0) != len(self._merges):
             self._record_schedule()
         truncated = bool(truncated)
         if self._exact is not None:  # the marginal exact costs due now, not the isolated ones
             excess = self._exact.due(self._state.d.item(0), truncated) * ep.reward_per_request
-            reward = float(kernel.reward(excess, progress, self.params))
+            reward = f.reward(excess, progress)
         info = self._step_info(bool(merged), bool(overridden), (can_defer, can_merge))
         info["reward_terms"] = {"sync_excess": -excess, "progress": progress}
         if truncated:
@@ -592,17 +562,19 @@ class DiLoCoSyncEnv(gym.Env[Observation, Action]):
 
     def _advance_fused(self, _row: Any) -> tuple[float, float]:
         """A reset's forced decisions, compiled (the terms owed to the first step)."""
-        assert self._fused is not None  # the fused path's reset
-        if self._fused.advance(self._row0) >= 0:  # cannot happen with validated budgets
-            raise RuntimeError(f"no feasible action at decision {self._state.d.item(0)} (row 0)")
+        while (code := self._fused.advance(self._row0)) != -1:
+            if code >= 0:  # cannot happen with validated budgets
+                raise RuntimeError(
+                    f"no feasible action at decision {self._state.d.item(0)} (row 0)"
+                )
+            d = self._state.d.item(0)
+            self._memo[0, d] = self._merge_cost_at(d)  # a subclass's own cost, then resume
         return self._state.pend_excess.item(0), self._state.pend_progress.item(0)
 
     def _record_schedule(self) -> None:
         """The merges the compiled step recorded since the last call, into the schedule (and
         the exact credit's), in order."""
         f = self._fused
-        if f is None:
-            return
         k, m = len(self._merges), self._state.n_merges.item(0)
         for x, c in zip(f.sched_d[0, k:m].tolist(), f.sched_c[0, k:m].tolist(), strict=True):
             self._merges.append(x)
@@ -654,68 +626,6 @@ class DiLoCoSyncEnv(gym.Env[Observation, Action]):
         assert self.episode is not None  # called only after reset()
         return self.episode.merge_cost_at(d)
 
-    def _cost(self, idx: Any, d: Any) -> Any:
-        """The kernel's cost callback (called once per merge launched; ``d`` an array of
-        decisions, or one decision): the episode's lazy, memoised isolated costs. The
-        single env records its schedule here."""
-        assert self.episode is not None  # called only after reset()
-        if isinstance(d, int) or np.ndim(d) == 0:
-            x = int(d)
-            cost = self._merge_cost_at(x)
-            self._merges.append(x)
-            self._costs.append(cost)
-            if self._exact is not None:
-                self._exact.add(x)
-            return cost
-        return np.array([self._cost(idx, x) for x in d.tolist()])
-
-    def _options(self, d: int):
-        """:func:`kernel.options_at` at decision ``d`` in the current state, kept for the
-        state it was computed in (a step, its forced decisions and its mask ask the same
-        state several times)."""
-        st = self._state
-        key = (d, st.last.item(0), st.m_left.item(0))
-        if key != self._opt_key:
-            self._opt_val = kernel.options_at(d, key[1], key[2], self.params, self._n, self._budget)
-            self._opt_key = key
-        return self._opt_val
-
-    def _apply(self) -> tuple[float, float]:
-        """Merge now (the kernel's merge on this batch of one); returns the reward terms."""
-        ex, gain = kernel.apply_merges(
-            self._state, self._batch, 0, self.params, self.learner_params, self._cost
-        )
-        return float(ex), float(gain)
-
-    def _advance_forced(self) -> tuple[float, float]:
-        """:func:`kernel.advance_forced` on this one row, as a scalar loop over the same
-        rules (:func:`kernel.options_at`, :func:`kernel.apply_merges`,
-        :func:`kernel.forced_deferral_end`): single-option decisions until the agent has a
-        real choice or the episode ends. Returns the merges' reward terms."""
-        assert self.episode is not None  # called only after reset()
-        st, p = self._state, self.params
-        n = self.episode.n_decisions
-        excess = progress = 0.0
-        d = st.d.item(0)
-        while d < n:
-            can_merge, can_defer = self._options(d)
-            if can_merge and can_defer:
-                break
-            if not can_merge and not can_defer:  # cannot happen with validated budgets
-                raise RuntimeError(f"no feasible action at decision {d} (row 0)")
-            if can_merge:
-                e, g = self._apply()
-                excess += e
-                progress += g
-                d += 1
-            else:
-                budgets = self._budgets if p.merge_budget is not None else None
-                d = int(
-                    kernel.forced_deferral_end(d, st.last.item(0), n, st.m_left.item(0), p, budgets)
-                )
-            st.d[0] = d
-        return excess, progress
-
     def _obs(self) -> np.ndarray:
         """The observation now: the kernel's compiled observation of this batch of one
         (:func:`kernel.observe`, its arguments kept from the reset)."""
@@ -729,7 +639,7 @@ class DiLoCoSyncEnv(gym.Env[Observation, Action]):
         assert self.episode is not None  # called only after reset()
         st = self._state
         d = st.d.item(0)
-        if mask is None:
+        if mask is None or not self._base_masks:  # a subclass's masks may have more entries
             action_mask = self.action_masks().astype(np.int8)
         else:
             action_mask = np.array(mask, dtype=np.int8)

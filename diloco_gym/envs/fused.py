@@ -18,11 +18,19 @@ from diloco_gym.envs import kernel
 from diloco_gym.envs.params import EnvParams
 from diloco_gym.sim import compiled_step
 from diloco_gym.sim import learners as lrn
+from diloco_gym.sim.step_layout import STEP_OUT_FLOAT, STEP_OUT_INT
 
-__all__ = ["FusedStep", "NO_THRESHOLDS"]
+__all__ = ["FusedStep", "NO_THRESHOLDS", "NO_COST_QUEUE"]
 
 #: a cost queue's thresholds when they are computed in the count (no columns).
 NO_THRESHOLDS = np.empty((1, 0))
+#: no cost queue (in the layout of ``Episode.cost_source``): an env that costs merges its own
+#: way; the step stops at a merge whose cost is not in the memo and asks it.
+NO_COST_QUEUE = (
+    np.zeros((1, 0)), np.zeros((1, 0)), np.zeros((1, 0), dtype=np.int32),
+    np.zeros((1, 0), dtype=np.int32), np.zeros((1, 0)), np.zeros((1, 0)), NO_THRESHOLDS,
+    NO_THRESHOLDS, np.zeros((1, 0)), 1,
+)  # fmt: skip
 
 
 class FusedStep:
@@ -55,8 +63,8 @@ class FusedStep:
         self.parallel = parallel
         self._ist, self._fst = kernel.state_arrays(state)
         self._bi, self._bf = kernel.batch_arrays(batch)
-        self.oi = np.zeros((b, 6), dtype=np.int64)
-        self.of = np.zeros((b, 3))
+        self.oi = np.zeros((b, len(STEP_OUT_INT)), dtype=np.int64)
+        self.of = np.zeros((b, len(STEP_OUT_FLOAT)))
         self.sched_d = np.zeros((b, 0), dtype=np.int64)
         self.sched_c = np.zeros((b, 0))
         self._m0_bins = -1
@@ -81,6 +89,10 @@ class FusedStep:
         tail = (self._ip, self._fp, reach, prefix, nxt, *queue, memo, self.sched_d, self.sched_c)
         self._args = (*self._head, self.batch.thr, *tail, self.oi, self.of, exo, self.obs)
         self._adv = (*self._head, *tail)
+
+    def reward(self, excess: float, progress: float) -> float:
+        """The reward of the terms paid (the compiled step's rule)."""
+        return float(compiled_step().reward_one(excess, progress, self._fp))
 
     def masks(self, rows: np.ndarray, out: np.ndarray) -> None:
         """``out[i] = [can_defer, can_merge]`` of each row ``i`` in ``rows`` (bool ``(B, 2)``)."""

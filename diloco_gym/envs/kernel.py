@@ -1,7 +1,10 @@
-"""The simulation kernel: the merge-scheduling dynamics over an explicit batch of episodes.
+"""The simulation kernel: the merge-scheduling state over an explicit batch of episodes.
 
-Everything an environment does between two observations is written here once, over arrays
-with a leading batch axis:
+The rules of a decision (the corridor and budget masks, the action taken, a merge's cost,
+gain and state change, the forced decisions, the reward) are written once, compiled, in
+:mod:`diloco_gym.sim.jit_step`; both envs call them through
+:class:`~diloco_gym.envs.fused.FusedStep`. This module holds what they act on and what
+prepares them:
 
 * :func:`episode_draws`: the draws of an episode from its seed, in their fixed order
   (:func:`episode_draws_batch` for many seeds; the episode is then built from them,
@@ -10,26 +13,20 @@ with a leading batch axis:
   global tokens, reward terms owed) of every episode in the batch;
   :class:`EpisodeBatch`: the per-episode constants the steps read (length, reward scale,
   learner throughputs, seed and the slot of the episode's arrays in the bank,
-  :class:`~diloco_gym.envs.bank.EpisodeBank`).
-* :func:`options_at` (corridor and budget masks at a decision, on scalars or arrays) and
-  :class:`BudgetTables` (the feasibility tables of an exact merge budget; :class:`Budgets`
-  caches them per episode length).
-* :func:`reset_rows` (the start of an episode), :func:`options` (:func:`options_at` of
-  rows of the state), :func:`check_actions` (input validation), :func:`resolve` (the action taken),
-  :func:`apply_merges` (a merge: its cost, training gain and state change),
-  :func:`advance_forced` (decisions with a single feasible action), :func:`reward`,
-  :func:`step` (one decision of every live episode) and :func:`observe` (the observation, the
-  compiled :func:`diloco_gym.sim.jit.observe_rows`).
+  :class:`~diloco_gym.envs.bank.EpisodeBank`). Their fields are rows of small 2D arrays
+  (:func:`state_arrays`, :func:`batch_arrays`), which the compiled step reads.
+* :class:`BudgetTables` (the feasibility tables of an exact merge budget; :class:`Budgets`
+  caches them per episode length; :func:`budget_arrays` for the compiled step),
+  :func:`options_at` (the masks at a decision, on scalars or arrays: the compiled rule).
+* :func:`step_params` (the compiled step's parameters), :func:`reset_rows` (the start of an
+  episode), :func:`check_actions` (input validation) and :func:`observe` (the observation,
+  the compiled :func:`diloco_gym.sim.jit.observe_rows`).
 
-Functions update the state arrays of the rows they are given in place (the batch can be
-thousands of episodes; a copy per step would cost more than the step) and return the
-per-row results. :class:`~diloco_gym.envs.vector.DiLoCoSyncVectorEnv` is this kernel with
-Gymnasium's vector API around it. :class:`~diloco_gym.envs.env.DiLoCoSyncEnv` is a batch of
-one: it calls the same rule functions (:func:`resolve`, :func:`forced_deferral_end`,
-:func:`reward`, :func:`check_actions`, :func:`max_merges`, :func:`options_at`) on Python
-scalars, and computes its observation with the same compiled :func:`observe`, so no rule has a
-second copy; ``tests/envs/test_vector.py`` checks both against each other step for step
-and ``tests/envs/test_kernel.py`` both against a direct kernel rollout.
+:class:`~diloco_gym.envs.vector.DiLoCoSyncVectorEnv` is this kernel with Gymnasium's vector
+API around it; :class:`~diloco_gym.envs.env.DiLoCoSyncEnv` is a batch of one.
+``tests/envs/test_kernel.py`` checks both against a rollout of the rules written as NumPy
+over the batch axis (``tests/envs/kernel_reference.py``, the form they had before they were
+compiled), ``tests/envs/test_vector.py`` both envs against each other step for step.
 """
 
 from __future__ import annotations
@@ -40,7 +37,7 @@ import numpy as np
 
 from diloco_gym.envs.observation import EXO_SLICE, LEARNER_SLICE, OBS_INDEX
 from diloco_gym.envs.params import EnvParams
-from diloco_gym.sim import compiled_rows
+from diloco_gym.sim import compiled_rows, compiled_step
 from diloco_gym.sim import learners as lrn
 from diloco_gym.sim.regimes import SyntheticRegime
 from diloco_gym.sim.schedules import budget_range, completion_counts
@@ -63,19 +60,11 @@ __all__ = [
     "budget_arrays",
     "load_episodes",
     "reset_rows",
-    "options",
     "options_at",
     "check_actions",
-    "resolve",
-    "apply_merges",
-    "advance_forced",
-    "forced_deferral_end",
-    "reward",
-    "step",
     "observe",
     "observe_consts",
     "observe_args",
-    "action_masks",
     "max_merges",
 ]
 
@@ -245,7 +234,7 @@ def new_state(b: int) -> EnvState:
     """An all-zero state of ``b`` rows (:func:`reset_rows` starts their episodes). Its fields
     are the rows of two arrays, ``(4, b)`` int64 and ``(6, b)`` float64
     (:func:`state_arrays`), in the compiled step's order
-    (:data:`diloco_gym.sim.jit_step.STATE_INT`, ``STATE_FLOAT``)."""
+    (:data:`diloco_gym.sim.step_layout.STATE_INT`, ``STATE_FLOAT``)."""
     return _state_of(np.zeros((4, b), dtype=np.int64), np.zeros((6, b)))
 
 
@@ -259,7 +248,7 @@ def state_arrays(state: EnvState) -> tuple[np.ndarray, np.ndarray]:
 def new_batch(b: int, k: int) -> EpisodeBatch:
     """An empty episode batch of ``b`` rows and ``k`` learners (slot ``i`` for row ``i``). Its
     scalar fields are the rows of a ``(3, b)`` int64 and a ``(5, b)`` float64 array
-    (:func:`batch_arrays`; :data:`diloco_gym.sim.jit_step.BATCH_INT`, ``BATCH_FLOAT``)."""
+    (:func:`batch_arrays`; :data:`diloco_gym.sim.step_layout.BATCH_INT`, ``BATCH_FLOAT``)."""
     ints = np.zeros((3, b), dtype=np.int64)
     floats = np.zeros((5, b))
     batch = _batch_of(ints, floats, np.zeros((b, k)), np.zeros((k, b)))
@@ -320,7 +309,8 @@ class BudgetTables:
 
 def step_params(params: EnvParams, lp: lrn.LearnerParams, sidecar: Any, m0_bins: int) -> tuple:
     """The compiled step's parameters (:mod:`diloco_gym.sim.jit_step`): an int64 array in
-    the order of ``INT_PARAMS`` and a float64 array in the order of ``FLOAT_PARAMS``.
+    the order of :data:`~diloco_gym.sim.step_layout.INT_PARAMS` and a float64 array in the
+    order of ``FLOAT_PARAMS``.
     ``m0_bins``: the bins per entry of the cost queue's no-merge slowdown (1 for one
     episode's queue, ``decision_interval`` for the episode bank's)."""
     p = params
@@ -359,28 +349,26 @@ def budget_arrays(budgets: Budgets, n: int) -> tuple[np.ndarray, np.ndarray, np.
 
 
 def options_at(d, last, m_left, params: EnvParams, n: int, budget: BudgetTables | None):
-    """``(can_merge, can_defer)`` at decision ``d`` (scalars or arrays alike).
+    """``(can_merge, can_defer)`` at decision ``d`` (scalars or arrays alike, elementwise):
+    the compiled rule :func:`diloco_gym.sim.jit_step.options_one`.
 
     Without a budget: merge iff ``gap >= H_min``; defer iff ``gap < H_max``. With a budget,
-    additionally a merge must leave a feasible completion and a deferral must leave a
-    feasible next merge (or, with no merges left, the tail must already be safe).
+    additionally a merge must leave a feasible completion and a deferral a feasible next
+    merge (or, with no merges left, the tail must already be safe).
     """
-    gap = d - last
-    can_merge = gap >= params.h_min
-    can_defer = gap < params.h_max
-    if budget is None:
-        return can_merge, can_defer
-    m1 = np.maximum(m_left - 1, 0)
-    dd = np.minimum(d, n - 1)
-    can_merge = can_merge & (m_left > 0) & budget.reach[m1, dd]
-    lo = np.maximum(d + 1, last + params.h_min)
-    hi = np.minimum(last + params.h_max, n - 1)
-    lo_c = np.minimum(lo, n)
-    hi_c = np.clip(hi + 1, 0, n)
-    later = (budget.prefix[m1, np.maximum(hi_c, lo_c)] - budget.prefix[m1, lo_c]) > 0
-    tail_safe = budget.reach[0, np.minimum(last, n - 1)]
-    can_defer = can_defer & np.where(m_left > 0, later, tail_safe)
-    return can_merge, can_defer
+    arrays = np.broadcast_arrays(*(np.asarray(x, dtype=np.int64) for x in (d, last, m_left)))
+    flat = [np.ascontiguousarray(a).ravel() for a in arrays]
+    can_merge = np.empty(flat[0].size, dtype=bool)
+    can_defer = np.empty(flat[0].size, dtype=bool)
+    reach, prefix = (_NO_REACH, _NO_TABLE) if budget is None else (budget.reach, budget.prefix)
+    b = -1 if params.merge_budget is None or budget is None else params.merge_budget
+    compiled_step().options_many(
+        *flat, n, params.h_min, params.h_max, b, reach, prefix, can_merge, can_defer
+    )
+    shape = arrays[0].shape
+    if not shape:
+        return bool(can_merge[0]), bool(can_defer[0])
+    return can_merge.reshape(shape), can_defer.reshape(shape)
 
 
 class Budgets:
@@ -418,17 +406,15 @@ def reset_rows(
     idx: np.ndarray | int,
     params: EnvParams,
     lp: lrn.LearnerParams,
-    budgets: Budgets,
-    cost,
-    advance=None,
+    advance,
 ) -> None:
     """Start the episodes of rows ``idx`` (their constants already in ``batch``).
 
     The episode starts just after a merge (gap 0). With ``skip_forced``, merges forced
     before the agent's first real choice (possible only with a tight merge budget) are
     applied now and their reward terms owed to the first step (a reset returns no reward).
-    ``advance(idx) -> (excess, progress)`` applies them (default :func:`advance_forced`;
-    the single env passes its one-row loop over the same rules).
+    ``advance(idx) -> (excess, progress)`` applies them (the envs' compiled advance,
+    :meth:`~diloco_gym.envs.fused.FusedStep.advance`).
 
     Raises:
         ValueError: the merge budget leaves the agent no decision (every merge is forced).
@@ -444,11 +430,7 @@ def reset_rows(
     state.pend_excess[idx] = 0.0
     state.pend_progress[idx] = 0.0
     if params.skip_forced:
-        if advance is None:
-            ex, pr = advance_forced(state, batch, np.asarray(idx), params, lp, budgets, cost)
-            ex, pr = ex[idx], pr[idx]
-        else:
-            ex, pr = advance(idx)
+        ex, pr = advance(idx)
         state.pend_excess[idx] = ex
         state.pend_progress[idx] = pr
         if np.any(state.d[idx] >= batch.n[idx]):
@@ -456,35 +438,6 @@ def reset_rows(
                 f"merge_budget={params.merge_budget} leaves the agent no decision "
                 f"in this episode (every merge is forced)"
             )
-
-
-def options(
-    state: EnvState,
-    batch: EpisodeBatch,
-    idx: np.ndarray | None,
-    params: EnvParams,
-    budgets: Budgets,
-):
-    """``(can_merge, can_defer)`` of rows ``idx`` (``None``: all): :func:`options_at`,
-    grouped by episode length when there is a budget."""
-    sl = slice(None) if idx is None else idx
-    d, last, m_left = state.d[sl], state.last[sl], state.m_left[sl]
-    p = params
-    if p.merge_budget is None:
-        return options_at(d, last, m_left, p, 0, None)
-    n = batch.n[sl]
-    lengths = np.unique(n)
-    if lengths.size == 1:
-        n0 = int(lengths[0])
-        return options_at(d, last, m_left, p, n0, budgets.tables(n0))
-    can_merge = np.empty(d.shape, dtype=bool)
-    can_defer = np.empty(d.shape, dtype=bool)
-    for n0 in lengths:
-        sel = n == n0
-        can_merge[sel], can_defer[sel] = options_at(
-            d[sel], last[sel], m_left[sel], p, int(n0), budgets.tables(int(n0))
-        )
-    return can_merge, can_defer
 
 
 def check_actions(actions: Any, shape: tuple[int, ...]) -> np.ndarray:
@@ -515,205 +468,6 @@ def check_actions(actions: Any, shape: tuple[int, ...]) -> np.ndarray:
         bad = a[(a != 0) & (a != 1)][0].item()
         raise ValueError(f"actions must be 0 (defer) or 1 (merge), got {bad!r}")
     return a == 1
-
-
-def resolve(want, can_merge, can_defer):
-    """``(merge, overridden)``: the action taken and whether it differs from the one asked.
-
-    A merge happens when asked and allowed, or when deferring is not allowed; elementwise
-    on arrays and on Python/NumPy booleans alike.
-    """
-    merge = (want & can_merge) | (can_defer ^ True)
-    return merge, merge != want
-
-
-def reward(excess, progress, params: EnvParams):
-    """``-excess_weight * excess + progress_weight * progress`` (both terms as paid)."""
-    return -params.excess_weight * excess + params.progress_weight * progress
-
-
-def apply_merges(
-    state: EnvState,
-    batch: EpisodeBatch,
-    idx: np.ndarray | int,
-    params: EnvParams,
-    lp: lrn.LearnerParams,
-    cost,
-) -> tuple[Any, Any]:
-    """Merge now in rows ``idx`` (an index array, or one row's index): the learners' gain,
-    the merge's isolated cost (``cost(idx, d)``), and the state after it. The same
-    arithmetic runs on arrays and, for one row, on Python scalars (the single env).
-
-    Returns:
-        ``(excess, gain)`` per merge (scalars for one row): the reward's sync-excess term
-        (cost times the episode's reward scale) and the global loss decrease.
-    """
-    if isinstance(idx, int) or np.ndim(idx) == 0:  # one row: its scalar form
-        return _apply_one(state, batch, int(idx), params, lp, cost)
-    d = state.d[idx]
-    gap_s = (d - state.last[idx]) * params.decision_seconds
-    added, gain = lrn.merge_gain(gap_s, state.tokens[idx], batch.thr[idx], lp)
-    gain = gain * batch.credit[idx]  # x 1.0 (exact) but in a fleet with quantised syncs
-    state.tokens[idx] += added
-    c = cost(idx, d)
-    state.last[idx] = d
-    state.m_left[idx] -= 1
-    state.n_merges[idx] += 1
-    state.excess_sum[idx] += c * batch.pct[idx]  # additive sync-excess %, for the summary
-    state.excess_requests[idx] += c
-    state.progress_sum[idx] += gain
-    return c * batch.scale[idx], gain
-
-
-def _apply_one(state: EnvState, batch: EpisodeBatch, i: int, params: EnvParams, lp, cost):
-    """:func:`apply_merges` of row ``i`` alone, on the row's values as Python scalars (the
-    single env): the same operations in the same order (IEEE arithmetic on Python floats
-    and ints equals NumPy's on float64 and int64) and ``lrn.merge_gain``'s scalar form, so
-    the state and the terms are bit for bit the same; ``cost(i, d)`` gets ``d`` as an
-    ``int``."""
-    d = state.d.item(i)
-    gap_s = (d - state.last.item(i)) * params.decision_seconds
-    added, gain, _ = lrn.merge_gain_scalar(gap_s, state.tokens.item(i), batch.thr_sum.item(i), lp)
-    gain = gain * batch.credit.item(i)  # x 1.0 (exact) but in a fleet with quantised syncs
-    state.tokens[i] = state.tokens.item(i) + added
-    c = float(cost(i, d))
-    state.last[i] = d
-    state.m_left[i] = state.m_left.item(i) - 1
-    state.n_merges[i] = state.n_merges.item(i) + 1
-    state.excess_sum[i] = state.excess_sum.item(i) + c * batch.pct.item(i)
-    state.excess_requests[i] = state.excess_requests.item(i) + c
-    state.progress_sum[i] = state.progress_sum.item(i) + gain
-    return c * batch.scale.item(i), gain
-
-
-def forced_deferral_end(d, last, n, m_left, params: EnvParams, budgets: Budgets | None):
-    """First decision after a forced deferral at ``d`` at which the options can differ (or
-    the episode's end ``n``); elementwise.
-
-    Below ``H_min`` the options cannot change until ``H_min``; with a budget, deferrals stay
-    forced until the next decision from which the remaining merges can still be placed (to
-    the end, with none left). Jumping over the run gives the same state as stepping through
-    it: nothing happens on the way.
-    """
-    p = params
-    below = d - last < p.h_min
-    if isinstance(d, int) and p.merge_budget is None:  # one row's Python ints (as below)
-        return min(n, last + p.h_min) if below else d + 1
-    end = np.where(below, np.minimum(n, last + p.h_min), d + 1)
-    if p.merge_budget is None:
-        return end
-    if np.all(below):
-        return end
-    assert budgets is not None  # with a merge budget
-    end = np.array(end, dtype=np.int64)  # writable, also for scalar inputs
-    d_, n_, m_, b_ = (np.asarray(x) for x in (d, n, m_left, below))
-    for n0 in np.unique(n_[~b_]):
-        sel = ~b_ & (n_ == n0)
-        nxt = budgets.next_reach(int(n0))
-        m1 = np.maximum(m_[sel] - 1, 0)
-        # No merge left: the tail is already safe (deferral is allowed), so every remaining
-        # decision is a forced deferral. Otherwise: the next decision from which the
-        # remaining merges can be completed.
-        end[sel] = np.where(m_[sel] > 0, nxt[m1, np.minimum(d_[sel] + 1, n0)], n0)
-    return end
-
-
-def advance_forced(
-    state: EnvState,
-    batch: EpisodeBatch,
-    idx: np.ndarray | None,
-    params: EnvParams,
-    lp: lrn.LearnerParams,
-    budgets: Budgets,
-    cost,
-) -> tuple[np.ndarray, np.ndarray]:
-    """Apply single-option decisions in rows ``idx`` (``None``: all) until each has a real
-    choice or its episode ends; returns the merges' excess and progress per row."""
-    b = state.d.size
-    ex = np.zeros(b)
-    pr = np.zeros(b)
-    n_all = batch.n
-    todo = np.flatnonzero(state.d < n_all) if idx is None else idx[state.d[idx] < n_all[idx]]
-    while todo.size:
-        can_merge, can_defer = options(state, batch, todo, params, budgets)
-        forced = ~(can_merge & can_defer)
-        todo, can_merge, can_defer = todo[forced], can_merge[forced], can_defer[forced]
-        if not todo.size:
-            break
-        stuck = ~(can_merge | can_defer)
-        if stuck.any():  # cannot happen with validated budgets
-            i = int(todo[stuck][0])
-            raise RuntimeError(f"no feasible action at decision {state.d[i]} (row {i})")
-        d_next = state.d[todo] + 1
-        defer = np.flatnonzero(~can_merge)
-        if defer.size:
-            r = todo[defer]
-            d_next[defer] = forced_deferral_end(
-                state.d[r], state.last[r], n_all[r], state.m_left[r], params, budgets
-            )
-        merged = todo[can_merge]
-        if merged.size:
-            e, g = apply_merges(state, batch, merged, params, lp, cost)
-            ex[merged] += e
-            pr[merged] += g
-        state.d[todo] = d_next
-        todo = todo[d_next < n_all[todo]]
-    return ex, pr
-
-
-def step(
-    state: EnvState,
-    batch: EpisodeBatch,
-    want: np.ndarray,
-    active: np.ndarray | None,
-    params: EnvParams,
-    lp: lrn.LearnerParams,
-    budgets: Budgets,
-    cost,
-) -> dict[str, np.ndarray]:
-    """One decision of every row (``active``: only those; ``None``: all).
-
-    Returns:
-        ``merged``, ``overridden``, ``excess`` (the sync-excess term, >= 0), ``progress``,
-        ``reward`` and ``truncated`` arrays over rows (inactive rows: no merge, reward 0).
-    """
-    b = state.d.size
-    can_merge, can_defer = options(state, batch, None, params, budgets)
-    merge, overridden = resolve(want, can_merge, can_defer)
-    if active is not None:
-        merge &= active
-        overridden &= active
-    excess = np.zeros(b)
-    progress = np.zeros(b)
-    idx = np.flatnonzero(merge)
-    if idx.size:
-        excess[idx], progress[idx] = apply_merges(state, batch, idx, params, lp, cost)
-    live = np.ones(b, dtype=bool) if active is None else active
-    excess += state.pend_excess * live
-    progress += state.pend_progress * live
-    state.pend_excess[live] = 0.0
-    state.pend_progress[live] = 0.0
-    state.d[:] += live
-    if params.skip_forced:
-        ex2, pr2 = advance_forced(
-            state, batch, None if active is None else np.flatnonzero(active), params, lp,
-            budgets, cost,
-        )  # fmt: skip
-        excess += ex2
-        progress += pr2
-    rewards = reward(excess, progress, params)
-    truncated = state.d >= batch.n
-    if active is not None:
-        truncated &= active
-        rewards[~active] = 0.0
-    return {
-        "merged": merge,
-        "overridden": overridden,
-        "excess": excess,
-        "progress": progress,
-        "reward": rewards,
-        "truncated": truncated,
-    }
 
 
 def observe_consts(params: EnvParams, lp: lrn.LearnerParams) -> tuple:
@@ -759,17 +513,3 @@ def observe_args(state: EnvState, batch: EpisodeBatch, exo: np.ndarray, consts: 
         state.d, state.last, batch.n, state.n_merges, state.m_left, batch.slot, state.tokens,
         batch.thr, batch.max_merges, exo, *consts, out,
     )  # fmt: skip
-
-
-def action_masks(
-    state: EnvState, batch: EpisodeBatch, params: EnvParams, budgets: Budgets
-) -> np.ndarray:
-    """Feasible actions of every row, ``(B, 2)`` bool ``[defer, merge]``; a row whose
-    episode has ended allows both."""
-    out = np.ones((state.d.size, 2), dtype=bool)
-    live = np.flatnonzero(state.d < batch.n)
-    if live.size:
-        can_merge, can_defer = options(state, batch, live, params, budgets)
-        out[live, 0] = can_defer
-        out[live, 1] = can_merge
-    return out

@@ -498,8 +498,7 @@ class DiLoCoSyncVectorEnv(gym.vector.VectorEnv[np.ndarray, np.ndarray, np.ndarra
         kernel.load_episodes(self._batch, self.bank, idx)
         self._autoreset[idx] = False
         kernel.reset_rows(
-            self._state, self._batch, idx, self.params, self.learner_params, self._budgets,
-            self._merge_costs, advance=self._advance_rows,
+            self._state, self._batch, idx, self.params, self.learner_params, self._advance_rows,
         )  # fmt: skip
 
     def _observe(self) -> None:

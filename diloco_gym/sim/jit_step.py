@@ -16,11 +16,12 @@ The rules (written once here, in the order the kernel documents them,
 * :func:`masks_rows`: the feasible actions of rows;
 * :func:`reset_advance`: a reset's advance and its owed terms.
 
-A row's state and constants are columns of small 2D arrays (see :data:`STATE_INT` and
-friends); the env keeps them as :class:`diloco_gym.envs.kernel.EnvState` and
+A row's state and constants are columns of small 2D arrays (their rows are named in
+:mod:`diloco_gym.sim.step_layout`); the env keeps them as
+:class:`diloco_gym.envs.kernel.EnvState` and
 :class:`~diloco_gym.envs.kernel.EpisodeBatch`, whose fields are views of these arrays, so
 NumPy code and the compiled step read and write the same memory. The step takes the
-parameters as two arrays, :data:`INT_PARAMS` and :data:`FLOAT_PARAMS`, built by
+parameters as two arrays, ``INT_PARAMS`` and ``FLOAT_PARAMS``, built by
 :func:`diloco_gym.envs.kernel.step_params`.
 
 The arithmetic is the kernel's, operation for operation (IEEE arithmetic in the same order,
@@ -34,50 +35,25 @@ import numpy as np
 from numba import njit
 
 from diloco_gym.sim.jit import isolated_cost_one, loss_one, observe_range
+from diloco_gym.sim.step_layout import NEED_COST
 
 __all__ = [
-    "STATE_INT",
-    "STATE_FLOAT",
-    "BATCH_INT",
-    "BATCH_FLOAT",
-    "INT_PARAMS",
-    "FLOAT_PARAMS",
-    "STEP_OUT_INT",
-    "STEP_OUT_FLOAT",
     "options_one",
+    "cost_of",
+    "reward_one",
     "forced_end_one",
     "gain_one",
+    "gain_many",
     "merge_row",
     "advance_row",
     "step_row",
     "step_range",
     "observe_all",
     "step_rows",
+    "options_many",
     "masks_rows",
     "reset_advance",
 ]
-
-#: rows of the state's int64 array and float64 array (one column per episode).
-STATE_INT = ("d", "last", "m_left", "n_merges")
-STATE_FLOAT = (
-    "tokens", "excess_sum", "excess_requests", "progress_sum", "pend_excess", "pend_progress",
-)  # fmt: skip
-#: rows of the episode constants' int64 and float64 arrays.
-BATCH_INT = ("n", "slot", "seed")
-BATCH_FLOAT = ("pct", "scale", "max_merges", "thr_sum", "credit")
-#: the step's integer and float parameters, in their array order.
-INT_PARAMS = (
-    "h_min", "h_max", "budget", "skip_forced", "decision_interval", "merge_bins", "horizon",
-    "m0_bins",
-)  # fmt: skip
-FLOAT_PARAMS = (
-    "decision_seconds", "drift_s", "merge_overhead_s", "loss_floor", "loss_scale",
-    "tokens_scale", "loss_exponent", "loss_clip", "tokens_clip", "staleness_clip_s",
-    "excess_weight", "progress_weight", "sigma1", "slo_s", "slots",
-)  # fmt: skip
-#: per-row outputs of a step: ints and floats.
-STEP_OUT_INT = ("merged", "overridden", "truncated", "can_defer", "can_merge", "error")
-STEP_OUT_FLOAT = ("excess", "progress", "reward")
 
 
 @njit(cache=True)
@@ -133,33 +109,50 @@ def gain_one(gap_s, tokens, thr_sum, fp):  # pragma: no cover - compiled
 
 
 @njit(cache=True)
-def merge_row(
-    i, ist, fst, bi, bf, ip, fp, qs, qd, qptr, qrbin, qbase, qm0, thr_in, thr_tail, prefmin,
-    memo, sched_d, sched_c, buf,
+def gain_many(gap_s, tokens, thr_sum, fp, added, decrease):  # pragma: no cover - compiled
+    """:func:`gain_one` of each ``(gap_s[k], tokens[k], thr_sum[k])`` into ``added[k]``,
+    ``decrease[k]``."""
+    for k in range(gap_s.size):
+        added[k], decrease[k] = gain_one(gap_s[k], tokens[k], thr_sum[k], fp)
+    return 0
+
+
+@njit(cache=True)
+def cost_of(
+    i, ist, bi, ip, fp, qs, qd, qptr, qrbin, qbase, qm0, thr_in, thr_tail, prefmin, memo, buf
 ):  # pragma: no cover - compiled  # fmt: skip
-    """Merge now in row ``i``: its isolated cost (``memo[slot, d]``, computed from the slot's
-    cost queue when NaN and kept; a memo without columns: always computed), the learners'
-    gain, and the state after it; the merge is recorded in ``sched_d``/``sched_c`` when they
-    have columns. Returns ``(excess term,
-    gain)``: the cost times the reward scale, and the loss decrease times the credit."""
+    """The isolated cost of a merge now in row ``i``: ``memo[slot, d]``, else computed from the
+    slot's cost queue and kept in the memo (a memo without columns: always computed), or NaN
+    when the memo has none and there is no queue (``qs`` without columns: the env computes
+    that cost itself and steps again, ``NEED_COST``)."""
     d = ist[0, i]
     slot = bi[1, i]
+    memo_ok = memo.shape[1] > 0
+    c = memo[slot, d] if memo_ok else np.nan
+    if c == c or qs.shape[1] == 0:
+        return c
+    pre = thr_in.shape[1] > 0
+    ti = thr_in[slot] if pre else thr_in[0]
+    tt = thr_tail[slot] if pre else thr_tail[0]
+    c = isolated_cost_one(
+        qs[slot], qd[slot], qptr[slot], qrbin[slot], qbase[slot], qm0[slot], ip[7], ti, tt,
+        d * ip[4], prefmin[slot, d], ip[5], ip[6], fp[12], fp[13], fp[14], buf,
+    )  # fmt: skip
+    if memo_ok:
+        memo[slot, d] = c
+    return c
+
+
+@njit(cache=True)
+def merge_row(i, c, ist, fst, bf, fp, sched_d, sched_c):  # pragma: no cover - compiled
+    """Merge now in row ``i`` at isolated cost ``c``: the learners' gain and the state after
+    it; the merge is recorded in ``sched_d``/``sched_c`` when they have columns. Returns
+    ``(excess term, gain)``: the cost times the reward scale, and the loss decrease times
+    the credit."""
+    d = ist[0, i]
     added, gain = gain_one((d - ist[1, i]) * fp[0], fst[0, i], bf[3, i], fp)
     gain = gain * bf[4, i]
     fst[0, i] = fst[0, i] + added
-    memo_ok = memo.shape[1] > 0
-    c = memo[slot, d] if memo_ok else np.nan
-    if c != c:
-        a = d * ip[4]
-        pre = thr_in.shape[1] > 0
-        ti = thr_in[slot] if pre else thr_in[0]
-        tt = thr_tail[slot] if pre else thr_tail[0]
-        c = isolated_cost_one(
-            qs[slot], qd[slot], qptr[slot], qrbin[slot], qbase[slot], qm0[slot], ip[7], ti, tt,
-            a, prefmin[slot, d], ip[5], ip[6], fp[12], fp[13], fp[14], buf,
-        )  # fmt: skip
-        if memo_ok:
-            memo[slot, d] = c
     k = ist[3, i]
     if sched_d.shape[1] > 0:
         sched_d[i, k] = d
@@ -176,13 +169,12 @@ def merge_row(
 @njit(cache=True)
 def advance_row(
     i, ist, fst, bi, bf, ip, fp, reach, prefix, nxt, qs, qd, qptr, qrbin, qbase, qm0, thr_in,
-    thr_tail, prefmin, memo, sched_d, sched_c, buf,
+    thr_tail, prefmin, memo, sched_d, sched_c, buf, ex, pr,
 ):  # pragma: no cover - compiled  # fmt: skip
     """Apply the single-option decisions of row ``i`` until it has a real choice or its
-    episode ends. Returns ``(excess, progress, error)``: the merges' terms, and 1 when a
-    decision had no feasible action (impossible with a validated budget)."""
-    ex = 0.0
-    pr = 0.0
+    episode ends, adding the merges' terms to ``ex`` and ``pr``. Returns ``(ex, pr, status)``:
+    0 done; 1 a decision had no feasible action (impossible with a validated budget);
+    ``NEED_COST`` a merge's cost is unknown (the row stops before that merge)."""
     n = bi[0, i]
     d = ist[0, i]
     while d < n:
@@ -194,10 +186,13 @@ def advance_row(
         if not can_merge and not can_defer:
             return ex, pr, 1
         if can_merge:
-            e, g = merge_row(
-                i, ist, fst, bi, bf, ip, fp, qs, qd, qptr, qrbin, qbase, qm0, thr_in, thr_tail,
-                prefmin, memo, sched_d, sched_c, buf,
+            c = cost_of(
+                i, ist, bi, ip, fp, qs, qd, qptr, qrbin, qbase, qm0, thr_in, thr_tail, prefmin,
+                memo, buf,
             )  # fmt: skip
+            if c != c:
+                return ex, pr, NEED_COST
+            e, g = merge_row(i, c, ist, fst, bf, fp, sched_d, sched_c)
             ex += e
             pr += g
             d += 1
@@ -216,36 +211,58 @@ def step_row(
     merge when asked and allowed or when deferring is not allowed), its merge, the terms
     owed since the reset, the next decision, the forced decisions after it
     (``skip_forced``), the reward and the mask at the next decision, into ``oi[i]``
-    (:data:`STEP_OUT_INT`) and ``of[i]`` (:data:`STEP_OUT_FLOAT`)."""
+    (:data:`~diloco_gym.sim.step_layout.STEP_OUT_INT`) and ``of[i]`` (``STEP_OUT_FLOAT``).
+
+    A merge whose cost is unknown (:func:`cost_of`) stops the step before it with status
+    ``NEED_COST`` and its decision in ``oi[i, 7]``; once the env has put the cost in the
+    memo, the same call resumes the step where it stopped (``oi[i, 6]``: in the forced
+    decisions, with the terms so far in ``of[i, 3:7]``)."""
     n = bi[0, i]
-    d = ist[0, i]
-    can_merge, can_defer = options_one(
-        d, ist[1, i], ist[2, i], n, ip[0], ip[1], ip[2], reach, prefix
-    )
-    merge = (want and can_merge) or not can_defer
-    ex = 0.0
-    pr = 0.0
-    if merge:
-        ex, pr = merge_row(
-            i, ist, fst, bi, bf, ip, fp, qs, qd, qptr, qrbin, qbase, qm0, thr_in, thr_tail,
-            prefmin, memo, sched_d, sched_c, buf,
-        )  # fmt: skip
-    ex += fst[4, i]
-    pr += fst[5, i]
-    fst[4, i] = 0.0
-    fst[5, i] = 0.0
-    ist[0, i] = d + 1
+    if oi[i, 6] == 0:
+        d = ist[0, i]
+        can_merge, can_defer = options_one(
+            d, ist[1, i], ist[2, i], n, ip[0], ip[1], ip[2], reach, prefix
+        )
+        merge = (want and can_merge) or not can_defer
+        ex = 0.0
+        pr = 0.0
+        if merge:
+            c = cost_of(
+                i, ist, bi, ip, fp, qs, qd, qptr, qrbin, qbase, qm0, thr_in, thr_tail, prefmin,
+                memo, buf,
+            )  # fmt: skip
+            if c != c:
+                oi[i, 5] = NEED_COST
+                oi[i, 7] = d
+                return
+            ex, pr = merge_row(i, c, ist, fst, bf, fp, sched_d, sched_c)
+        ex += fst[4, i]
+        pr += fst[5, i]
+        fst[4, i] = 0.0
+        fst[5, i] = 0.0
+        ist[0, i] = d + 1
+        oi[i, 0] = merge
+        oi[i, 1] = merge != want
+        e2 = 0.0
+        p2 = 0.0
+    else:
+        ex, pr, e2, p2 = of[i, 3], of[i, 4], of[i, 5], of[i, 6]
     err = 0
     if ip[3]:
         e2, p2, err = advance_row(
             i, ist, fst, bi, bf, ip, fp, reach, prefix, nxt, qs, qd, qptr, qrbin, qbase, qm0,
-            thr_in, thr_tail, prefmin, memo, sched_d, sched_c, buf,
+            thr_in, thr_tail, prefmin, memo, sched_d, sched_c, buf, e2, p2,
         )  # fmt: skip
+        if err == NEED_COST:
+            oi[i, 5] = NEED_COST
+            oi[i, 6] = 1
+            oi[i, 7] = ist[0, i]
+            of[i, 3], of[i, 4], of[i, 5], of[i, 6] = ex, pr, e2, p2
+            return
         ex += e2
         pr += p2
+    oi[i, 6] = 0
     d = ist[0, i]
-    oi[i, 0] = merge
-    oi[i, 1] = merge != want
     oi[i, 2] = d >= n
     if d < n:
         can_merge, can_defer = options_one(
@@ -259,7 +276,13 @@ def step_row(
     oi[i, 5] = err
     of[i, 0] = ex
     of[i, 1] = pr
-    of[i, 2] = -fp[10] * ex + fp[11] * pr
+    of[i, 2] = reward_one(ex, pr, fp)
+
+
+@njit(cache=True)
+def reward_one(ex, pr, fp):  # pragma: no cover - compiled
+    """``-excess_weight * ex + progress_weight * pr``: the reward of the terms paid."""
+    return -fp[10] * ex + fp[11] * pr
 
 
 @njit(cache=True)
@@ -277,7 +300,7 @@ def step_range(
             i, want[k], ist, fst, bi, bf, ip, fp, reach, prefix, nxt, qs, qd, qptr, qrbin,
             qbase, qm0, thr_in, thr_tail, prefmin, memo, sched_d, sched_c, buf, oi, of,
         )  # fmt: skip
-        if oi[i, 5] and bad < 0:
+        if oi[i, 5] == 1 and bad < 0:
             bad = i
     return bad
 
@@ -312,6 +335,19 @@ def step_rows(
 
 
 @njit(cache=True)
+def options_many(
+    d, last, m_left, n, h_min, h_max, budget, reach, prefix, can_merge, can_defer
+):  # pragma: no cover - compiled
+    """:func:`options_one` of each ``(d[k], last[k], m_left[k])`` into ``can_merge[k]``,
+    ``can_defer[k]`` (one episode length ``n``)."""
+    for k in range(d.size):
+        can_merge[k], can_defer[k] = options_one(
+            d[k], last[k], m_left[k], n, h_min, h_max, budget, reach, prefix
+        )
+    return 0
+
+
+@njit(cache=True)
 def masks_rows(rows, ist, bi, ip, reach, prefix, out):  # pragma: no cover - compiled
     """``out[i] = (can_defer, can_merge)`` of each row ``i`` in ``rows`` (:func:`options_one`);
     a row whose episode has ended allows both."""
@@ -337,18 +373,23 @@ def reset_advance(
     thr_in, thr_tail, prefmin, memo, sched_d, sched_c,
 ):  # pragma: no cover - compiled  # fmt: skip
     """The forced decisions at the start of the episodes of ``rows`` (:func:`advance_row`),
-    their terms owed to the first step (``pend_excess``, ``pend_progress``). Returns the first
-    row where a decision had no feasible action, or -1."""
+    their terms owed to the first step (``pend_excess``, ``pend_progress``, which hold the
+    terms so far: 0 at a reset). Returns -1 when done; the first row where a decision had no
+    feasible action; or ``-2 - row`` when a merge's cost is unknown (``NEED_COST``; the
+    row stops before that merge, and the same call resumes it once the cost is in the
+    memo)."""
     buf = np.empty(max(ip[6], 1))
     bad = -1
+    status = 0
     for k in range(rows.size):
         i = rows[k]
         ex, pr, err = advance_row(
             i, ist, fst, bi, bf, ip, fp, reach, prefix, nxt, qs, qd, qptr, qrbin, qbase, qm0,
-            thr_in, thr_tail, prefmin, memo, sched_d, sched_c, buf,
+            thr_in, thr_tail, prefmin, memo, sched_d, sched_c, buf, fst[4, i], fst[5, i],
         )  # fmt: skip
         fst[4, i] = ex
         fst[5, i] = pr
         if err and bad < 0:
             bad = i
-    return bad
+            status = err
+    return bad if status == 1 or bad < 0 else -2 - bad

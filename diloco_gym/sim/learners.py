@@ -31,7 +31,7 @@ from dataclasses import dataclass, fields
 
 import numpy as np
 
-__all__ = ["LearnerParams", "loss", "reports", "merge_gain", "merge_gain_scalar"]
+__all__ = ["LearnerParams", "loss", "reports", "merge_gain"]
 
 
 @dataclass(frozen=True)
@@ -120,34 +120,25 @@ def reports(gap_s, global_tokens, throughputs: np.ndarray, p: LearnerParams):
 
 
 def merge_gain(gap_s, global_tokens, throughputs: np.ndarray, p: LearnerParams):
-    """``(effective_tokens, loss_decrease)`` of a merge after ``gap_s`` seconds."""
-    gap = np.asarray(gap_s, dtype=np.float64)
-    if p.merge_overhead_s:  # gaps of a merge are > 0
-        eff = 1.0 / (1.0 + gap / p.drift_s + p.merge_overhead_s / gap)
-    else:
-        eff = 1.0 / (1.0 + gap / p.drift_s)
-    added = eff * gap * np.sum(throughputs, axis=-1)
-    return added, loss(global_tokens, p) - loss(np.asarray(global_tokens) + added, p)
+    """``(effective_tokens, loss_decrease)`` of a merge after ``gap_s`` seconds (scalars or
+    arrays, broadcast; ``throughputs`` ``(K,)`` or ``(..., K)``): the compiled rule the envs
+    step with, :func:`diloco_gym.sim.jit_step.gain_one`. The learners' tokens since the last
+    merge, discounted for drift (``1 / (1 + gap / drift_s [+ merge_overhead_s / gap])``),
+    join the global model, and the loss power law falls accordingly."""
+    from diloco_gym.sim import compiled_step
 
-
-def merge_gain_scalar(
-    gap_s: float, global_tokens: float, throughput_sum: float, p: LearnerParams
-) -> tuple[float, float, float]:
-    """:func:`merge_gain` of one merge, for the single env's hot path.
-
-    ``throughput_sum`` is ``np.sum(throughputs)`` (constant over an episode). The same
-    operations in the same order as :func:`merge_gain` (IEEE arithmetic on Python floats
-    equals numpy's on float64), and both losses from one ``np.power`` call, the ufunc
-    :func:`loss` uses, so the values are bit for bit the vector env's.
-
-    Returns:
-        ``(effective_tokens, loss_decrease, loss_after)``; ``loss_after`` is
-        ``loss(global_tokens + effective_tokens)``.
-    """
-    if p.merge_overhead_s:
-        eff = 1.0 / (1.0 + gap_s / p.drift_s + p.merge_overhead_s / gap_s)
-    else:
-        eff = 1.0 / (1.0 + gap_s / p.drift_s)
-    added = eff * gap_s * throughput_sum
-    before, after = loss(np.array([global_tokens, global_tokens + added]), p).tolist()
-    return added, before - after, after
+    gap, tok, thr_sum = np.broadcast_arrays(
+        np.asarray(gap_s, dtype=np.float64),
+        np.asarray(global_tokens, dtype=np.float64),
+        np.sum(np.asarray(throughputs, dtype=np.float64), axis=-1),
+    )
+    fp = np.array(
+        [0.0, p.drift_s, p.merge_overhead_s, p.loss_floor, p.loss_scale, p.tokens_scale]
+        + [p.loss_exponent]
+    )  # the first entries of the step's float parameters (sim.step_layout.FLOAT_PARAMS)
+    added, decrease = np.empty(gap.size), np.empty(gap.size)
+    flat = (np.ascontiguousarray(x).ravel() for x in (gap, tok, thr_sum))
+    compiled_step().gain_many(*flat, fp, added, decrease)
+    if not gap.shape:
+        return float(added[0]), float(decrease[0])
+    return added.reshape(gap.shape), decrease.reshape(gap.shape)

@@ -1,5 +1,7 @@
-"""The single env's compiled step (envs/fused.py) against its step through the kernel's
-functions, for every observation, reward, info and summary."""
+"""The single env's compiled step (envs/fused.py): with the merge costs computed inside it
+against a subclass that costs merges itself (the step stops at each merge and asks), for
+every observation, reward, info and summary; copies mid-episode. The step against the
+kernel's reference rollout: tests/envs/test_kernel.py."""
 
 from __future__ import annotations
 
@@ -25,9 +27,14 @@ def _rollout(env: DiLoCoSyncEnv, seed: int, steps: int) -> list:
     return out
 
 
-def _kernel_path(env: DiLoCoSyncEnv) -> DiLoCoSyncEnv:
-    env._fused = None  # the step through the kernel's functions (as a subclass gets)
-    return env
+class AskedCost(DiLoCoSyncEnv):
+    """The same costs, computed by the env when the compiled step asks for them."""
+
+    asked = 0
+
+    def _merge_cost_at(self, d: int) -> float:
+        AskedCost.asked += 1
+        return super()._merge_cost_at(d)
 
 
 @pytest.mark.parametrize(
@@ -41,27 +48,32 @@ def _kernel_path(env: DiLoCoSyncEnv) -> DiLoCoSyncEnv:
         {"regime": "pressure-heavy", "progress_weight": 2.0},
     ],
 )
-def test_compiled_step_equals_the_kernel_path(cfg):
-    fused = DiLoCoSyncEnv(**cfg)
-    assert fused._fused is not None
-    ref = _kernel_path(DiLoCoSyncEnv(**cfg))
-    a, b = _rollout(fused, 4, 700), _rollout(ref, 4, 700)
+def test_costs_inside_the_step_equal_costs_asked_by_the_step(cfg):
+    AskedCost.asked = 0
+    inline, asked = DiLoCoSyncEnv(**cfg), AskedCost(**cfg)
+    assert not inline._own_cost and asked._own_cost
+    a, b = _rollout(inline, 4, 700), _rollout(asked, 4, 700)
+    assert AskedCost.asked >= 20
     assert len(a) == len(b)
     for k, (x, y) in enumerate(zip(a, b, strict=True)):
         assert x == y, k
 
 
-def test_a_subclass_with_its_own_merge_cost_takes_the_kernel_path():
-    class OwnCost(DiLoCoSyncEnv):
+def test_a_subclass_cost_is_the_one_paid():
+    class Doubled(DiLoCoSyncEnv):
         def _merge_cost_at(self, d: int) -> float:
             return 2.0 * super()._merge_cost_at(d)
 
-    env = OwnCost()
-    assert env._fused is None
-    env.reset(seed=0)
+    env, ref = Doubled(), DiLoCoSyncEnv()
+    for e in (env, ref):
+        e.reset(seed=0)
     for _ in range(20):
-        env.step(1)
-    assert env.episode_summary()["merge_costs_requests"][0] >= 0.0
+        _, r, _, _, info = env.step(1)
+        _, r_ref, _, _, info_ref = ref.step(1)
+        assert info["reward_terms"]["sync_excess"] == 2.0 * info_ref["reward_terms"]["sync_excess"]
+    got, want = env.episode_summary(), ref.episode_summary()
+    assert got["merge_costs_requests"] == [2.0 * c for c in want["merge_costs_requests"]]
+    assert got["merge_decisions"] == want["merge_decisions"]
 
 
 @pytest.mark.parametrize("how", ["deepcopy", "pickle"])

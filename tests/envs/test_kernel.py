@@ -5,6 +5,7 @@ that the envs, the protocol and the report share."""
 
 from __future__ import annotations
 
+import kernel_reference as ref
 import numpy as np
 import pytest
 
@@ -48,17 +49,17 @@ def _kernel_rollout(seed: int, actions: list[int], **overrides):
         return bank.merge_costs(batch.slot[idx], d, pooled=False)
 
     kernel.load_episodes(batch, bank, row)
-    kernel.reset_rows(state, batch, row, params, lp, budgets, cost)
+    ref.reset_rows(state, batch, row, params, lp, budgets, cost)
     out = np.zeros((1, OBS_DIM), dtype=np.float32)
     obs = [kernel.observe(state, batch, bank.exo, params, lp, out)[0].copy()]
-    rewards, masks = [], [kernel.action_masks(state, batch, params, budgets)[0].copy()]
+    rewards, masks = [], [ref.action_masks(state, batch, params, budgets)[0].copy()]
     for a in actions:
-        res = kernel.step(state, batch, np.array([a == 1]), None, params, lp, budgets, cost)
+        res = ref.step(state, batch, np.array([a == 1]), None, params, lp, budgets, cost)
         obs.append(kernel.observe(state, batch, bank.exo, params, lp, out)[0].copy())
         rewards.append(float(res["reward"][0]))
         if res["truncated"][0]:
             break
-        masks.append(kernel.action_masks(state, batch, params, budgets)[0].copy())
+        masks.append(ref.action_masks(state, batch, params, budgets)[0].copy())
     return obs, rewards, masks
 
 
@@ -104,34 +105,33 @@ def _count_calls(monkeypatch, module, names) -> dict[str, int]:
 
 def test_both_envs_step_through_the_compiled_step(monkeypatch):
     """The envs hold no dynamics of their own: a decision is one compiled ``step_rows`` call
-    (the vector env: one per step for all rows), an episode start ``kernel.reset_rows`` and
-    ``reset_advance``; only a single env whose subclass costs merges its own way steps
-    through the kernel's functions."""
-    names = ("apply_merges", "forced_deferral_end", "reset_rows", "resolve")
-    calls = _count_calls(monkeypatch, kernel, names)
+    (the vector env: one per step for all rows; a subclass that costs merges itself: one
+    more per merge, resumed once the cost is known), an episode start ``kernel.reset_rows``
+    and ``reset_advance``."""
     step_calls = _count_calls(monkeypatch, compiled_step(), ("step_rows", "reset_advance"))
+    resets = _count_calls(monkeypatch, kernel, ("reset_rows",))
 
     class OwnCost(DiLoCoSyncEnv):
+        asked = 0
+
         def _merge_cost_at(self, d: int) -> float:
+            OwnCost.asked += 1
             return super()._merge_cost_at(d)
 
-    env = OwnCost()
-    env.reset(seed=0)
-    for _ in range(20):  # merges (each followed by forced deferrals), no episode end
-        env.step(1)
-    assert set(calls) == set(names), calls
-    assert not step_calls
-    for make, action in ((DiLoCoSyncEnv, 1), (lambda: DiLoCoSyncVectorEnv(2), np.array([1, 1]))):
-        calls.clear()
+    cases = ((DiLoCoSyncEnv, 1), (lambda: DiLoCoSyncVectorEnv(2), np.array([1, 1])))
+    for make, action in (*cases, (OwnCost, 1)):
         step_calls.clear()
+        resets.clear()
         env = make()
         env.reset(seed=0)
-        for _ in range(20):
+        for _ in range(20):  # merges (each followed by forced deferrals), no episode end
             env.step(action)
-        assert calls == {"reset_rows": 1}, calls
-        assert step_calls == {"reset_advance": 1, "step_rows": 20}, step_calls
-        merges = env.merges if isinstance(env, DiLoCoSyncEnv) else env.merge_counts[0]
-        assert len(merges) >= 5 if isinstance(env, DiLoCoSyncEnv) else merges >= 5
+        assert resets == {"reset_rows": 1}, resets
+        asked = OwnCost.asked if make is OwnCost else 0
+        assert step_calls == {"reset_advance": 1, "step_rows": 20 + asked}, step_calls
+        merges = len(env.merges) if isinstance(env, DiLoCoSyncEnv) else env.merge_counts[0]
+        assert merges >= 5
+    assert OwnCost.asked >= 5
 
 
 def test_reset_with_a_prebuilt_episode_equals_a_plain_reset():
@@ -210,9 +210,9 @@ def test_check_actions_accepts_the_action_forms():
 def test_resolve_is_the_same_rule_on_scalars_and_arrays():
     cases = [(w, m, d) for w in (False, True) for m in (False, True) for d in (False, True)]
     want, can_merge, can_defer = (np.array(c) for c in zip(*cases, strict=True))
-    merge, over = kernel.resolve(want, can_merge, can_defer)
+    merge, over = ref.resolve(want, can_merge, can_defer)
     for i, (w, m, d) in enumerate(cases):
-        one = kernel.resolve(w, m, d)
+        one = ref.resolve(w, m, d)
         assert (bool(one[0]), bool(one[1])) == (merge[i], over[i])
         assert bool(one[0]) == ((w and m) or not d)
 
@@ -376,31 +376,25 @@ def _random_rows(b: int, k: int, seed: int):
     return state, batch
 
 
-def test_apply_merges_on_one_row_equals_the_array_rule_bit_for_bit():
-    """The single env's one-row merge (Python scalars) leaves every state array and gives
-    the terms bit for bit as the batch rule on arrays of rows, with the same costs."""
+def test_compiled_merge_equals_the_array_rule_bit_for_bit():
+    """The compiled merge of one row (``jit_step.merge_row``) leaves every state array and
+    gives the terms bit for bit as the NumPy rule on arrays of rows, with the same costs
+    (random states, tokens over nine orders of magnitude, fleet credits)."""
     p, lp = EnvParams(), lrn.LearnerParams()
     costs = np.random.default_rng(1).random(64) * 5.0
     state, batch = _random_rows(64, lp.num_learners, 3)
     one_state, one_batch = _random_rows(64, lp.num_learners, 3)
-    seen = []
-
-    def cost(idx, d):
-        return costs[idx]
-
-    def cost_one(i, d):
-        seen.append((type(d), d))
-        return float(costs[i])
-
-    ex, gain = kernel.apply_merges(state, batch, np.arange(64), p, lp, cost)
+    ex, gain = ref.apply_merges(state, batch, np.arange(64), p, lp, lambda idx, d: costs[idx])
+    ist, fst = kernel.state_arrays(one_state)
+    _, bf = kernel.batch_arrays(one_batch)
+    _, fp = kernel.step_params(p, lp, sc.SidecarParams(), 1)
+    sched_d, sched_c = np.zeros((64, 20), dtype=np.int64), np.zeros((64, 20))
+    k0 = one_state.n_merges.copy()
+    jit = compiled_step()
     for i in range(64):
-        d = one_state.d.item(i)
-        e1, g1 = kernel.apply_merges(one_state, one_batch, i, p, lp, cost_one)
-        assert seen[-1] == (int, d)
-        assert (np.float64(e1).tobytes(), np.float64(g1).tobytes()) == (
-            ex[i].tobytes(),
-            gain[i].tobytes(),
-        )
+        e1, g1 = jit.merge_row(i, costs[i], ist, fst, bf, fp, sched_d, sched_c)
+        assert (e1, g1) == (ex[i], gain[i]), i
+        assert (sched_d[i, k0[i]], sched_c[i, k0[i]]) == (state.d[i], costs[i])
     for a, b in zip(state, one_state, strict=True):
         assert a.tobytes() == b.tobytes()
 
@@ -416,7 +410,39 @@ def test_forced_deferral_end_is_the_same_rule_on_scalars_and_arrays(budget):
     d = last + rng.integers(0, p.h_max, 200)
     m_left = rng.integers(0, 4, 200) if budget is not None else np.zeros(200, dtype=np.int64)
     n_ = np.full(200, n)
-    end = kernel.forced_deferral_end(d, last, n_, m_left, p, budgets)
+    end = ref.forced_deferral_end(d, last, n_, m_left, p, budgets)
     for i in range(200):
-        one = kernel.forced_deferral_end(int(d[i]), int(last[i]), n, int(m_left[i]), p, budgets)
+        one = ref.forced_deferral_end(int(d[i]), int(last[i]), n, int(m_left[i]), p, budgets)
         assert int(one) == end[i]
+
+
+N_COMPILED = 517
+
+
+def _states(rng, n: int, budget: int | None, size: int = 4000):
+    last = rng.integers(0, n, size)
+    d = np.minimum(last + rng.integers(0, 80, size), n - 1)
+    m_left = rng.integers(0, (budget or 0) + 1, size) if budget else np.zeros(size, np.int64)
+    return d, last, m_left
+
+
+@pytest.mark.parametrize("budget", [None, 8, 12, 32])
+def test_options_and_forced_end_equal_the_kernel_rules(budget):
+    p = EnvParams(merge_budget=budget)
+    budgets = kernel.Budgets(p)
+    tables = budgets.tables(N_COMPILED) if budget else None
+    reach, prefix, nxt = kernel.budget_arrays(budgets, N_COMPILED)
+    b = -1 if budget is None else budget
+    jit = compiled_step()
+    d, last, m_left = _states(np.random.default_rng(budget or 0), N_COMPILED, budget)
+    cm, cd = ref.options_at(d, last, m_left, p, N_COMPILED, tables)
+    end = ref.forced_deferral_end(
+        d, last, np.full(d.size, N_COMPILED), m_left, p, budgets if budget else None
+    )
+    for k in range(d.size):
+        args = (int(d[k]), int(last[k]), int(m_left[k]))
+        got = jit.options_one(*args, N_COMPILED, p.h_min, p.h_max, b, reach, prefix)
+        assert got == (bool(cm[k]), bool(cd[k])), (k, args)
+        if not cm[k] or budget is None:  # forced deferrals only
+            e = jit.forced_end_one(args[0], args[1], N_COMPILED, args[2], p.h_min, b, nxt)
+            assert e == end[k], (k, args)
