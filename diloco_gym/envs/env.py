@@ -400,8 +400,7 @@ class DiLoCoSyncEnv(gym.Env[Observation, Action]):
         self._state = kernel.new_state(1)
         self._batch = kernel.new_batch(1, self.learner_params.num_learners)
         self._budgets = kernel.Budgets(self.params)
-        self._merges: list[int] = []  # the schedule so far (recorded by the compiled step)
-        self._costs: list[float] = []
+        self._exact_seen = 0  # merges of the schedule handed to the exact credit so far
         self._exact: ExactCredit | None = None  # reward_mode="exact"'s credit
         self._exo: np.ndarray = np.zeros((1, 1, 7), dtype=np.float32)  # the episode's, 1 slot
         self._obs_out = np.zeros((1, OBS_DIM), dtype=np.float32)
@@ -421,6 +420,7 @@ class DiLoCoSyncEnv(gym.Env[Observation, Action]):
         self._base_masks = type(self).action_masks is DiLoCoSyncEnv.action_masks
         self._row0 = np.zeros(1, dtype=np.int64)
         self._want0 = np.zeros(1, dtype=np.bool_)
+        self._step_now: Callable[[], int] = lambda: -1  # FusedStep.bound_step, set by reset()
 
     # ----------------------------------------------------------------- public views
     @property
@@ -496,8 +496,7 @@ class DiLoCoSyncEnv(gym.Env[Observation, Action]):
         batch.seed[0] = -1 if ep.seed is None else ep.seed
         if p.merge_budget is not None:
             self._budgets.tables(n)  # an infeasible budget fails here
-        self._merges.clear()
-        self._costs.clear()
+        self._exact_seen = 0
         self._exact = ExactCredit(ep, p, self.sidecar) if p.reward_mode == "exact" else None
         self._exo = ep.exo[None]
         self._obs_args = kernel.observe_args(
@@ -509,6 +508,7 @@ class DiLoCoSyncEnv(gym.Env[Observation, Action]):
         else:
             self._memo = ep.cost_memo
             self._fused.begin(n, ep.cost_source, self._memo, self._exo)
+        self._step_now = self._fused.bound_step(self._row0, self._want0)
         kernel.reset_rows(
             self._state, batch, 0, p, self.learner_params, self._advance_fused,
         )  # fmt: skip
@@ -526,19 +526,12 @@ class DiLoCoSyncEnv(gym.Env[Observation, Action]):
         d = st.d.item(0)
         if d >= n:
             raise RuntimeError("step() called after the episode ended; call reset()")
-        want = self._want(action)
-        return self._step_fused(want)
-
-    # ----------------------------------------------------------------- internals
-    def _step_fused(self, want: bool) -> tuple[Observation, float, bool, bool, dict[str, Any]]:
-        """:meth:`step` as one compiled call (:class:`~diloco_gym.envs.fused.FusedStep`: the
-        kernel's rules in :mod:`diloco_gym.sim.jit_step`), then the schedule, the exact
-        credit and the info in Python."""
+        # One compiled call (FusedStep: the rules in sim/jit_step.py), then the schedule, the
+        # exact credit and the info in Python.
+        self._want0[0] = self._want(action)
         f, ep = self._fused, self.episode
-        assert ep is not None  # called by step()
-        self._want0[0] = want
         while True:
-            if f.step(self._row0, self._want0) >= 0:  # cannot happen with validated budgets
+            if self._step_now() >= 0:  # cannot happen with validated budgets
                 raise RuntimeError(
                     f"no feasible action at decision {self._state.d.item(0)} (row 0)"
                 )
@@ -547,7 +540,7 @@ class DiLoCoSyncEnv(gym.Env[Observation, Action]):
                 break
             self._memo[0, d] = self._merge_cost_at(d)  # a subclass's own cost, then resume
         excess, progress, reward = f.of[0, :3].tolist()
-        if self._state.n_merges.item(0) != len(self._merges):
+        if self._exact is not None and self._state.n_merges.item(0) != self._exact_seen:
             self._record_schedule()
         truncated = bool(truncated)
         if self._exact is not None:  # the marginal exact costs due now, not the isolated ones
@@ -572,15 +565,25 @@ class DiLoCoSyncEnv(gym.Env[Observation, Action]):
         return self._state.pend_excess.item(0), self._state.pend_progress.item(0)
 
     def _record_schedule(self) -> None:
-        """The merges the compiled step recorded since the last call, into the schedule (and
-        the exact credit's), in order."""
-        f = self._fused
-        k, m = len(self._merges), self._state.n_merges.item(0)
-        for x, c in zip(f.sched_d[0, k:m].tolist(), f.sched_c[0, k:m].tolist(), strict=True):
-            self._merges.append(x)
-            self._costs.append(c)
-            if self._exact is not None:
-                self._exact.add(x)
+        """The merges the compiled step recorded since the last call, into the exact credit's
+        schedule, in order."""
+        if self._exact is None:
+            return
+        k, m = self._exact_seen, self._state.n_merges.item(0)
+        for x in self._fused.sched_d[0, k:m].tolist():
+            self._exact.add(x)
+        self._exact_seen = m
+
+    @property
+    def _merges(self) -> list[int]:
+        """The schedule so far: the decisions of its merges, as the compiled step recorded
+        them (the state holds their count)."""
+        return self._fused.sched_d[0, : self._state.n_merges.item(0)].tolist()
+
+    @property
+    def _costs(self) -> list[float]:
+        """The isolated costs of the schedule's merges, as the compiled step recorded them."""
+        return self._fused.sched_c[0, : self._state.n_merges.item(0)].tolist()
 
     def _check_episode(self, episode: Any, seed: int | None) -> Episode:
         """A given episode must be an :class:`Episode` built with this env's parameters."""
@@ -650,7 +653,7 @@ class DiLoCoSyncEnv(gym.Env[Observation, Action]):
             * self.params.decision_interval,
             "merged": merged,
             "action_overridden": overridden,
-            "merges": len(self._merges),
+            "merges": st.n_merges.item(0),
             "excess_requests_so_far": st.excess_requests.item(0),
             # Gymnasium's convention (as Taxi): int8, so action_space.sample(mask) takes it.
             "action_mask": action_mask,

@@ -10,6 +10,8 @@ compiled call on prepared arguments.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -98,6 +100,12 @@ class FusedStep:
         """``out[i] = [can_defer, can_merge]`` of each row ``i`` in ``rows`` (bool ``(B, 2)``)."""
         ip, reach, prefix = self._adv[4], self._adv[6], self._adv[7]
         compiled_step().masks_rows(rows, self._ist, self._bi, ip, reach, prefix, out)
+
+    def bound_step(self, rows: np.ndarray, want: np.ndarray) -> Callable[[], int]:
+        """:meth:`step` of ``rows`` with the wants in ``want`` (read at each call) as a call
+        without arguments, until the next :meth:`begin` (the single env's hot path: no
+        argument tuple is built per decision). Serial only."""
+        return partial(compiled_step().step_rows, rows, want, *self._args)
 
     def step(self, rows: np.ndarray, want: np.ndarray) -> int:
         """One decision of ``rows`` (``want``: bool, per row of ``rows``) and the observation;
