@@ -226,6 +226,9 @@ class EpisodeBank:
     def __setattr__(self, name: str, value: Any) -> None:
         if name in self.FIELDS:
             self._store["_bank_" + name] = value
+            # a new array: whoever keeps views or argument tuples of the bank's arrays
+            # (the vector env's compiled step) rebuilds them when ``version`` moves
+            object.__setattr__(self, "version", self.__dict__.get("version", 0) + 1)
         else:
             object.__setattr__(self, name, value)
 

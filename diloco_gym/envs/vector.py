@@ -238,6 +238,8 @@ class DiLoCoSyncVectorEnv(gym.vector.VectorEnv[np.ndarray, np.ndarray, np.ndarra
             parallel=self.parallel,
         )  # fmt: skip
         self._rows_all = np.arange(b, dtype=np.int64)
+        self._prepared: tuple[int, int | None] = (-1, None)  # (bank version, n) of _fused
+        self._source: tuple = ()
         self._masks = np.ones((b, 2), dtype=bool)
         self._pool_base: int | None = None
         self._pool_next = 0
@@ -429,19 +431,28 @@ class DiLoCoSyncVectorEnv(gym.vector.VectorEnv[np.ndarray, np.ndarray, np.ndarra
 
     def _prepare(self, rows: np.ndarray):
         """``(n, rows of that length)`` groups of ``rows`` with the compiled step prepared for
-        them (the bank's arrays, whose size can change at a restart, and the budget tables
+        them (the bank's arrays, rebuilt when the bank replaced one, and the budget tables
         of episodes of ``n`` decisions; one group of all rows without a budget)."""
-        q, bank = self.bank.queue(), self.bank
-        source = (q.s, q.d, q.ptr, q.rbin, q.base, q.m0, NO_THRESHOLDS, NO_THRESHOLDS)
-        source += (bank.prefmin, q.m0_bins)
+        bank = self.bank
+        if bank.version != self._prepared[0]:
+            q = bank.queue()
+            source = (q.s, q.d, q.ptr, q.rbin, q.base, q.m0, NO_THRESHOLDS, NO_THRESHOLDS)
+            self._source = (*source, bank.prefmin, q.m0_bins)
+            self._prepared = (bank.version, None)
         if self.params.merge_budget is None:
-            self._fused.begin(0, source, bank.cost, bank.exo)
+            self._begin(0)
             yield 0, rows
             return
         n = self._batch.n[rows]
         for n0 in np.unique(n).tolist():
-            self._fused.begin(n0, source, bank.cost, bank.exo)
+            self._begin(n0)
             yield n0, rows[n == n0]
+
+    def _begin(self, n: int) -> None:
+        """The compiled step prepared for episodes of ``n`` decisions, unless it already is."""
+        if self._prepared[1] != n:
+            self._fused.begin(n, self._source, self.bank.cost, self.bank.exo)
+            self._prepared = (self._prepared[0], n)
 
     def _advance_rows(self, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """A restart's forced decisions in rows ``idx``, compiled (their owed terms)."""
