@@ -663,10 +663,11 @@ class DiLoCoSyncEnv(gym.Env[Observation, Action]):
         """Exact replay of the schedule so far (the sidecar model, all merges together)."""
         self._require_episode()
         assert self.episode is not None  # for mypy: _require_episode() raised otherwise
-        out = schedule_summary(self.episode, self._merges, self.params, self.sidecar)
-        out["merge_decisions"] = list(self._merges)
-        out["merge_times_s"] = [d * self.params.decision_seconds for d in self._merges]
-        out["merge_costs_requests"] = list(self._costs)
+        merges, costs = self._merges, self._costs
+        out = schedule_summary(self.episode, merges, self.params, self.sidecar, costs=costs)
+        out["merge_decisions"] = list(merges)
+        out["merge_times_s"] = [d * self.params.decision_seconds for d in merges]
+        out["merge_costs_requests"] = costs
         if self._exact is not None:
             out["merge_marginal_requests"] = list(self._exact.marginals)
         out["progress"] = self._state.progress_sum.item(0)

@@ -93,11 +93,17 @@ def replay_schedule(
 
 
 def schedule_summary(
-    episode: Episode, merges, params: EnvParams, sidecar: SidecarParams, per_sync=None
+    episode: Episode,
+    merges,
+    params: EnvParams,
+    sidecar: SidecarParams,
+    per_sync=None,
+    costs=None,
 ) -> dict:
     """Replay summary of a realised schedule, with its exact and additive sync-excess
     (``per_sync``: as :func:`replay_schedule`; each merge's additive cost is then its own
-    episode's)."""
+    episode's). ``costs``: the merges' isolated costs when the caller has them (an env's
+    record of its schedule), else asked from the episode."""
     res = replay_schedule(episode, merges, params, sidecar, per_sync)
     out = res.summary()
     base = episode.baseline  # its violations only (as its summary counts them)
@@ -106,8 +112,10 @@ def schedule_summary(
     out["no_sync_violation_pct"] = base_pct
     out["sync_excess_pct"] = out["violation_pct"] - base_pct
     out["sync_excess_requests"] = out["violated"] - int(base.violated.sum())
-    eps = [episode] * len(merges) if per_sync is None else per_sync
-    additive = sum(e.merge_cost_at(int(d)) for e, d in zip(eps, merges, strict=True))
+    if costs is None:
+        eps = [episode] * len(merges) if per_sync is None else per_sync
+        costs = [e.merge_cost_at(int(d)) for e, d in zip(eps, merges, strict=True)]
+    additive = sum(costs)
     out["additive_excess_requests"] = float(additive)
     out["additive_excess_pct"] = float(additive * episode.pct_per_request)
     return out
