@@ -7,8 +7,8 @@ The rules (written once here, in the order the kernel documents them,
 * :func:`options_one`: the corridor and the exact merge budget's masks at a decision;
 * :func:`forced_end_one`: where a run of forced deferrals ends;
 * :func:`gain_one`: a merge's effective tokens and global loss decrease (the learner model);
-* :func:`merge_row`: a merge (its isolated cost, memoised per decision, its gain and the state
-  after it, and the schedule recorded);
+* :func:`cost_of` and :func:`merge_row`: a merge's isolated cost (memoised per decision) and
+  its gain, the state after it and the schedule recorded (:func:`merge_now`: both);
 * :func:`advance_row`: the single-option decisions after a step or a reset;
 * :func:`step_row`: one decision (the action taken, the merge, the owed terms, the advance,
   the reward and the mask of the next decision);
@@ -45,6 +45,7 @@ __all__ = [
     "gain_one",
     "gain_many",
     "merge_row",
+    "merge_now",
     "advance_row",
     "step_row",
     "step_range",
@@ -167,6 +168,23 @@ def merge_row(i, c, ist, fst, bf, fp, sched_d, sched_c):  # pragma: no cover - c
 
 
 @njit(cache=True)
+def merge_now(
+    i, ist, fst, bi, bf, ip, fp, qs, qd, qptr, qrbin, qbase, qm0, thr_in, thr_tail, prefmin,
+    memo, sched_d, sched_c, buf,
+):  # pragma: no cover - compiled  # fmt: skip
+    """A merge now in row ``i`` (:func:`cost_of`, then :func:`merge_row`) when its cost is
+    known: ``(True, excess term, gain)``; ``(False, 0, 0)`` and nothing changed when not."""
+    c = cost_of(
+        i, ist, bi, ip, fp, qs, qd, qptr, qrbin, qbase, qm0, thr_in, thr_tail, prefmin, memo,
+        buf,
+    )  # fmt: skip
+    if c != c:
+        return False, 0.0, 0.0
+    e, g = merge_row(i, c, ist, fst, bf, fp, sched_d, sched_c)
+    return True, e, g
+
+
+@njit(cache=True)
 def advance_row(
     i, ist, fst, bi, bf, ip, fp, reach, prefix, nxt, qs, qd, qptr, qrbin, qbase, qm0, thr_in,
     thr_tail, prefmin, memo, sched_d, sched_c, buf, ex, pr,
@@ -186,13 +204,12 @@ def advance_row(
         if not can_merge and not can_defer:
             return ex, pr, 1
         if can_merge:
-            c = cost_of(
-                i, ist, bi, ip, fp, qs, qd, qptr, qrbin, qbase, qm0, thr_in, thr_tail, prefmin,
-                memo, buf,
+            done, e, g = merge_now(
+                i, ist, fst, bi, bf, ip, fp, qs, qd, qptr, qrbin, qbase, qm0, thr_in, thr_tail,
+                prefmin, memo, sched_d, sched_c, buf,
             )  # fmt: skip
-            if c != c:
+            if not done:
                 return ex, pr, NEED_COST
-            e, g = merge_row(i, c, ist, fst, bf, fp, sched_d, sched_c)
             ex += e
             pr += g
             d += 1
@@ -227,15 +244,14 @@ def step_row(
         ex = 0.0
         pr = 0.0
         if merge:
-            c = cost_of(
-                i, ist, bi, ip, fp, qs, qd, qptr, qrbin, qbase, qm0, thr_in, thr_tail, prefmin,
-                memo, buf,
+            done, ex, pr = merge_now(
+                i, ist, fst, bi, bf, ip, fp, qs, qd, qptr, qrbin, qbase, qm0, thr_in, thr_tail,
+                prefmin, memo, sched_d, sched_c, buf,
             )  # fmt: skip
-            if c != c:
+            if not done:
                 oi[i, 5] = NEED_COST
                 oi[i, 7] = d
                 return
-            ex, pr = merge_row(i, c, ist, fst, bf, fp, sched_d, sched_c)
         ex += fst[4, i]
         pr += fst[5, i]
         fst[4, i] = 0.0
