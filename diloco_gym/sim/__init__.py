@@ -21,6 +21,20 @@ def compiled():
     return _JIT
 
 
+_JIT_EVAL = None
+
+
+def compiled_eval():
+    """The evaluation's compiled loops, :mod:`diloco_gym.sim.jit_eval` (imported on first
+    use, as :func:`compiled`)."""
+    global _JIT_EVAL
+    if _JIT_EVAL is None:
+        from diloco_gym.sim import jit_eval as module
+
+        _JIT_EVAL = module
+    return _JIT_EVAL
+
+
 def compiled_rows(name: str, parallel: bool, items: int, at_least: int):
     """The compiled per-row rule ``name`` of :mod:`diloco_gym.sim.jit`, or, when
     ``parallel`` is asked for and pays for a batch of ``items`` rows

@@ -1,0 +1,207 @@
+"""The compiled loops of the evaluation: the exact scorer's per-schedule replay, compiled
+with numba (``cache=True``, one thread) as :mod:`diloco_gym.sim.jit`; imported on first
+use (:func:`diloco_gym.sim.compiled_eval`).
+
+It replaces NumPy code whose cost was bookkeeping, not arithmetic: the scorer
+(:class:`diloco_gym.eval.scorer.EpisodeScorer`) followed every interacting merge of a batch
+of schedules over a grid as long as the batch's longest window, merge by merge, even where
+the merge's backlog re-joined the no-merge one after a few bins. Here each schedule is
+followed on its own and each window stops at its drain. The arithmetic is that of
+:func:`diloco_gym.sim.sidecar.merge_window` (the backlog of ``jit.merged_backlog_rows``,
+the drain test, the violation count of ``jit.merge_violations_rows``), operation for
+operation, so the scores are bit-identical (``tests/sim/test_jit_eval.py`` compares them).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+__all__ = ["window_rows", "score_rows"]
+
+
+@njit(cache=True)
+def _window(
+    s, d, base_bl, ptr, rbin, base, m0, m0_bins, thr_in, thr_tail, a, w, length, off0, min0,
+    sigma1, slo_s, slots, buf, res,
+):  # pragma: no cover - compiled  # fmt: skip
+    """Follow one merge at bin ``a`` over at most ``length`` bins, entering with running-sum
+    offset ``off0`` and running minimum ``min0``, until its drain (the first bin from ``w``
+    on where its backlog equals the no-merge backlog ``base_bl``).
+
+    ``res`` gets ``[drained, t_drain, excess, run]``: whether and where (``length`` when
+    not) it drained, the requests in ``[a, a + t_drain)`` its backlog pushes over their
+    threshold, and the running minimum at offset ``length - 1`` (only when it did not
+    drain: the loop stops at the drain). ``buf`` (at least ``length``) holds the backlog.
+    """
+    da = d[a]
+    dw = d[a + w] if length > w else 0.0
+    run = min0
+    t_drain = length
+    drained = 0.0
+    for j in range(length):
+        if j < w:
+            g = s[a + j] + d[a + j]
+        else:
+            g = s[a + j] + dw
+        g -= da
+        g += off0
+        if g < run:
+            run = g
+        b = g - run
+        buf[j] = b
+        if j >= w and b == base_bl[a + j]:
+            drained = 1.0
+            t_drain = j
+            break
+    lo = ptr[a]
+    hi = ptr[a + t_drain]
+    pre = thr_in.size > 0
+    hits = 0
+    last = np.nan
+    q = 0.0
+    for i in range(lo, hi):
+        j = rbin[i] - a
+        if pre:
+            thr = thr_in[i] if j < w else thr_tail[i]
+        else:
+            slow = m0[rbin[i] // m0_bins]
+            if j < w:
+                slow = slow * sigma1
+            if slow != last:
+                last = slow
+                q = slo_s / slow
+            thr = (q - base[i]) * slots
+        if buf[j] > thr:
+            hits += 1
+    res[0] = drained
+    res[1] = t_drain
+    res[2] = hits
+    res[3] = run
+
+
+@njit(cache=True)
+def window_rows(
+    s, d, base_bl, ptr, rbin, base, m0, m0_bins, thr_in, thr_tail, starts, off0, min0,
+    lengths, w, sigma1, slo_s, slots, drained, t_drain, excess,
+):  # pragma: no cover - compiled  # fmt: skip
+    """:func:`_window` of merge ``k`` (start ``starts[k]``, ``lengths[k]`` bins) into
+    ``drained[k]``, ``t_drain[k]`` and ``excess[k]``: what
+    :func:`diloco_gym.sim.sidecar.merge_window` returns without the state."""
+    n = starts.size
+    top = 1
+    for k in range(n):
+        if lengths[k] > top:
+            top = lengths[k]
+    buf = np.empty(top)
+    res = np.empty(4)
+    for k in range(n):
+        _window(
+            s, d, base_bl, ptr, rbin, base, m0, m0_bins, thr_in, thr_tail, starts[k], w,
+            lengths[k], off0[k], min0[k], sigma1, slo_s, slots, buf, res,
+        )  # fmt: skip
+        drained[k] = res[0] > 0.0
+        t_drain[k] = np.int64(res[1])
+        excess[k] = res[2]
+    return 0
+
+
+@njit(cache=True)
+def _follow(
+    row, j0, state, rec, interval, n_bins, drain_bins, iso_excess, s, d, base_bl, prefmin,
+    ptr, rbin, base, m0, m0_bins, thr_in, thr_tail, w, sigma1, slo_s, slots, buf, res,
+):  # pragma: no cover - compiled  # fmt: skip
+    """Merges ``j0..`` of the schedule ``row`` from ``state`` (``[total, replayed,
+    carried, offset, running minimum]`` before merge ``j0``), left in ``state`` after the
+    last; ``rec`` (empty, or one row per merge) gets the state before each merge.
+
+    A merge that starts from the no-merge state and drains before the next merge's start
+    adds its isolated excess ``iso_excess``; any other is replayed (:func:`_window`) from
+    the state carried from the previous merge (or the no-merge state) up to the next
+    merge's start (the episode's end after the last), and carries its state on while it
+    has not drained. The sums are taken in merge order, as the NumPy loop takes them."""
+    m = row.size
+    keep = rec.shape[0] > 0
+    tot = state[0]
+    rep = state[1] > 0.0
+    carried = state[2] > 0.0
+    c_off = state[3]
+    c_run = state[4]
+    for j in range(j0, m):
+        if keep:
+            rec[j, 0] = tot
+            rec[j, 1] = 1.0 if rep else 0.0
+            rec[j, 2] = 1.0 if carried else 0.0
+            rec[j, 3] = c_off
+            rec[j, 4] = c_run
+        dec = row[j]
+        st = dec * interval
+        nxt = row[j + 1] * interval if j + 1 < m else n_bins
+        if not carried and st + drain_bins[dec] <= nxt:
+            tot += iso_excess[dec]
+            continue
+        rep = True
+        off0 = c_off if carried else 0.0
+        min0 = c_run if carried else prefmin[st]
+        _window(
+            s, d, base_bl, ptr, rbin, base, m0, m0_bins, thr_in, thr_tail, st, w, nxt - st,
+            off0, min0, sigma1, slo_s, slots, buf, res,
+        )  # fmt: skip
+        tot += res[2]
+        carried = not (res[0] > 0.0)
+        c_off = off0 + (d[st + w] - d[st])
+        c_run = res[3]
+    state[0] = tot
+    state[1] = 1.0 if rep else 0.0
+    state[2] = 1.0 if carried else 0.0
+    state[3] = c_off
+    state[4] = c_run
+
+
+@njit(cache=True)
+def score_rows(
+    sch, ref, interval, n_bins, drain_bins, iso_excess, s, d, base_bl, prefmin, ptr, rbin,
+    base, m0, m0_bins, thr_in, thr_tail, w, sigma1, slo_s, slots, total, replayed,
+):  # pragma: no cover - compiled  # fmt: skip
+    """The exact extra violations (requests) of each schedule ``sch[r]`` (decision indices,
+    strictly increasing) into ``total[r]``, and whether one of its merges was replayed
+    into ``replayed[r]``: :meth:`EpisodeScorer.score`'s merge-by-merge rule
+    (:func:`_follow`), a schedule at a time.
+
+    ``ref`` (empty, or a schedule of as many merges): a schedule the rows share prefixes
+    with (a local search's neighbours of its incumbent). It is followed once, keeping the
+    state before each merge; a row whose first ``p`` merges are ``ref``'s starts from the
+    state before merge ``p - 1`` (whose window, up to merge ``p``, is the first that can
+    differ), which is the state it would reach itself: the same operations on the same
+    values up to there."""
+    k, m = sch.shape
+    buf = np.empty(max(n_bins, 1))
+    res = np.empty(4)
+    state = np.zeros(5)
+    use_ref = ref.size == m and m > 0
+    rec = np.zeros((m if use_ref else 0, 5))
+    if use_ref:
+        _follow(
+            ref, 0, state, rec, interval, n_bins, drain_bins, iso_excess, s, d, base_bl,
+            prefmin, ptr, rbin, base, m0, m0_bins, thr_in, thr_tail, w, sigma1, slo_s, slots,
+            buf, res,
+        )  # fmt: skip
+    none = np.zeros((0, 5))
+    for r in range(k):
+        row = sch[r]
+        j0 = 0
+        if use_ref:
+            p = 0
+            while p < m and row[p] == ref[p]:
+                p += 1
+            j0 = max(p - 1, 0)
+        for c in range(5):
+            state[c] = rec[j0, c] if use_ref else 0.0
+        _follow(
+            row, j0, state, none, interval, n_bins, drain_bins, iso_excess, s, d, base_bl,
+            prefmin, ptr, rbin, base, m0, m0_bins, thr_in, thr_tail, w, sigma1, slo_s, slots,
+            buf, res,
+        )  # fmt: skip
+        total[r] = state[0]
+        replayed[r] = state[1] > 0.0
+    return 0
