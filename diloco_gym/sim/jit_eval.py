@@ -1,15 +1,25 @@
-"""The compiled loops of the evaluation: the exact scorer's per-schedule replay, compiled
-with numba (``cache=True``, one thread) as :mod:`diloco_gym.sim.jit`; imported on first
-use (:func:`diloco_gym.sim.compiled_eval`).
+"""The compiled loops of the evaluation: the exact scorer's per-schedule replay and the
+matched-random sampler's draws, compiled with numba (``cache=True``, one thread) as
+:mod:`diloco_gym.sim.jit`; imported on first use (:func:`diloco_gym.sim.compiled_eval`).
 
-It replaces NumPy code whose cost was bookkeeping, not arithmetic: the scorer
-(:class:`diloco_gym.eval.scorer.EpisodeScorer`) followed every interacting merge of a batch
-of schedules over a grid as long as the batch's longest window, merge by merge, even where
-the merge's backlog re-joined the no-merge one after a few bins. Here each schedule is
-followed on its own and each window stops at its drain. The arithmetic is that of
-:func:`diloco_gym.sim.sidecar.merge_window` (the backlog of ``jit.merged_backlog_rows``,
-the drain test, the violation count of ``jit.merge_violations_rows``), operation for
-operation, so the scores are bit-identical (``tests/sim/test_jit_eval.py`` compares them).
+They replace NumPy code whose cost was bookkeeping, not arithmetic:
+
+* The scorer (:class:`diloco_gym.eval.scorer.EpisodeScorer`) followed every interacting
+  merge of a batch of schedules over a grid as long as the batch's longest window, merge by
+  merge, even where the merge's backlog re-joined the no-merge one after a few bins. Here
+  each schedule is followed on its own and each window stops at its drain. The arithmetic
+  is that of :func:`diloco_gym.sim.sidecar.merge_window` (the backlog of
+  ``jit.merged_backlog_rows``, the drain test, the violation count of
+  ``jit.merge_violations_rows``), operation for operation, so the scores are bit-identical
+  (``tests/sim/test_jit_eval.py`` compares them).
+* The sampler (:func:`diloco_gym.sim.schedules.sample_uniform`) rebuilt the weights of
+  the next merge for every merge of every draw and budget, and gathered and compared each
+  draw's cumulative row with its uniform in NumPy, once per merge. Here only the
+  comparison is compiled: the weights, their exponentials and cumulative sums stay
+  NumPy's (computed once per completion table for every position,
+  :meth:`~diloco_gym.sim.schedules.CompletionTable.cumulative_weights`: the same values
+  elementwise, hence the same picks), and the uniforms are drawn by the caller from the
+  same generator in the same order.
 """
 
 from __future__ import annotations
@@ -17,7 +27,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-__all__ = ["window_rows", "score_rows"]
+__all__ = ["window_rows", "score_rows", "pick_rows", "sample_rows"]
 
 
 @njit(cache=True)
@@ -204,4 +214,50 @@ def score_rows(
         )  # fmt: skip
         total[r] = state[0]
         replayed[r] = state[1] > 0.0
+    return 0
+
+
+@njit(cache=True)
+def pick_rows(cw, cur, c_lo, u, h_min, out):  # pragma: no cover - compiled
+    """One merge of every draw: ``u[i]`` (a uniform in [0, 1)) scaled by the total of the
+    cumulative weights row ``cw[cur[i] - c_lo]``, then the number of entries of that row
+    at or below it (the first index whose cumulative weight exceeds it), capped at the
+    last index; ``cur[i]`` moves on by ``h_min`` plus that index and is written to
+    ``out[i]``."""
+    width = cw.shape[1]
+    for i in range(cur.size):
+        row = cur[i] - c_lo
+        x = u[i] * cw[row, width - 1]
+        pick = 0
+        for c in range(width):
+            if cw[row, c] <= x:
+                pick += 1
+        if pick > width - 1:
+            pick = width - 1
+        cur[i] = cur[i] + h_min + pick
+        out[i] = cur[i]
+    return 0
+
+
+@njit(cache=True)
+def sample_rows(table, u, m, h_min, out):  # pragma: no cover - compiled
+    """``out[i]``: draw ``i`` of ``m`` merges from the cumulative weights ``table``
+    (:meth:`diloco_gym.sim.schedules.CompletionTable.cumulative_weights`), merge ``j``
+    picked by the uniform ``u[j, i]`` as :func:`pick_rows` picks it from the row of the
+    previous merge with ``m - j`` merges left."""
+    k = u.shape[1]
+    width = table.shape[2]
+    for i in range(k):
+        cur = 0
+        for j in range(m):
+            row = table[m - j, cur]
+            x = u[j, i] * row[width - 1]
+            pick = 0
+            for c in range(width):
+                if row[c] <= x:
+                    pick += 1
+            if pick > width - 1:
+                pick = width - 1
+            cur = cur + h_min + pick
+            out[i, j] = cur
     return 0

@@ -150,3 +150,54 @@ def test_compiled_windows_equal_merge_window(busy):
     np.testing.assert_array_equal(drained, ref_d)
     np.testing.assert_array_equal(t_drain, ref_t)
     assert excess.tobytes() == ref_e.tobytes()
+
+
+def _sample_reference(n, h_min, h_max, m, k, rng, counts=None) -> np.ndarray:
+    """The NumPy draw loop the compiled picks replaced (gather each draw's cumulative
+    weights, compare with its uniform)."""
+    f = counts if counts is not None else schedules.completion_table(n, h_min, h_max, max(m, 0))
+    out = np.empty((k, m), dtype=np.int64)
+    if k == 0:
+        return out
+    cur = np.zeros(k, dtype=np.int64)
+    width = h_max - h_min + 1
+    for j in range(m):
+        c_lo = int(cur.min())
+        cw = np.cumsum(f.window_weights(m - j, c_lo, int(cur.max())), axis=1)[cur - c_lo]
+        u = rng.random(k) * cw[:, -1]
+        pick = np.minimum((cw <= u[:, None]).sum(axis=1), width - 1)
+        cur = cur + h_min + pick
+        out[:, j] = cur
+    return out
+
+
+def test_compiled_sampler_reproduces_the_numpy_draws_and_stream():
+    """``sample_uniform`` draws the same schedules as the NumPy loop from the same
+    generator, and leaves the generator in the same state: random corridors and budgets,
+    the budgets' extremes, one-wide corridors, one draw, no draws, no merges."""
+    rng = np.random.default_rng(0)
+    cases = [(535, 16, 64, m, 1000) for m in (8, 9, 14, 33)]
+    cases += [(5, 1, 1, 4, 7), (10, 3, 3, 3, 5), (8, 2, 9, 0, 3), (40, 2, 9, 5, 0)]
+    cases += [(60, 4, 12, 6, 1), (2000, 8, 40, 120, 50)]
+    for _ in range(30):
+        h_min = int(rng.integers(1, 12))
+        h_max = h_min + int(rng.integers(0, 30))
+        n = int(rng.integers(1, 400))
+        lo, hi = schedules.budget_range(n, h_min, h_max)
+        if lo <= hi:
+            cases.append(
+                (n, h_min, h_max, int(rng.integers(lo, hi + 1)), int(rng.integers(1, 200)))
+            )
+    for n, h_min, h_max, m, k in cases:
+        lo, hi = schedules.budget_range(n, h_min, h_max)
+        assert lo <= m <= hi, (n, h_min, h_max, m)
+        counts = schedules.completion_table(n, h_min, h_max, max(m + 3, 0))
+        for table in (None, counts):
+            a, b = np.random.default_rng([n, m, 7]), np.random.default_rng([n, m, 7])
+            got = schedules.sample_uniform(n, h_min, h_max, m, k, a, counts=table)
+            ref = _sample_reference(n, h_min, h_max, m, k, b, counts=table)
+            np.testing.assert_array_equal(got, ref)
+            assert a.bit_generator.state == b.bit_generator.state
+            assert got.shape == (k, m)
+            for row in got[:5]:
+                assert schedules.is_feasible(row, n, h_min, h_max)
