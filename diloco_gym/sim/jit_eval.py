@@ -20,6 +20,12 @@ They replace NumPy code whose cost was bookkeeping, not arithmetic:
   :meth:`~diloco_gym.sim.schedules.CompletionTable.cumulative_weights`: the same values
   elementwise, hence the same picks), and the uniforms are drawn by the caller from the
   same generator in the same order.
+* The certified lower bound's credits (:func:`diloco_gym.eval.lower_bound.pair_credits`)
+  replayed the whole episode once per decision with that decision's merge, building each
+  replay's masks, latencies and violation flags as arrays. Here each replay runs in one
+  loop with the same arithmetic as :func:`diloco_gym.sim.sidecar.replay`, starting from
+  the no-merge queue at the merge's start (the sums before it are the same), and counts
+  the violations it adds by decision directly.
 """
 
 from __future__ import annotations
@@ -27,7 +33,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-__all__ = ["window_rows", "score_rows", "pick_rows", "sample_rows"]
+__all__ = ["window_rows", "score_rows", "pick_rows", "sample_rows", "credit_counts"]
 
 
 @njit(cache=True)
@@ -260,4 +266,64 @@ def sample_rows(table, u, m, h_min, out):  # pragma: no cover - compiled
                 pick = width - 1
             cur = cur + h_min + pick
             out[i, j] = cur
+    return 0
+
+
+@njit(cache=True)
+def credit_counts(
+    decisions, interval, w, n, work, m0, cap, sigma1, base_s, req_bin, slots, slo_s,
+    violated0, out,
+):  # pragma: no cover - compiled  # fmt: skip
+    """``out[r, c]``: the requests arriving in decision ``c`` that one merge at decision
+    ``decisions[r]`` alone pushes over their SLO (violated with it, not in
+    ``violated0``): the whole-episode replay of :func:`diloco_gym.sim.sidecar.replay` with
+    that merge's mask, operation for operation.
+
+    The queue's running sum and minimum are those of ``jit.lindley_rows`` over ``work -
+    cap / m`` per bin (``m`` the no-merge slowdown ``m0``, times ``sigma1`` inside the
+    merge's window, times 1.0 outside it as the mask's product gives), and a request's
+    latency is ``(base + backlog / slots) * m`` of its bin. Before the merge's start the
+    sums are those of the no-merge queue (computed once); requests there are decided from
+    them as the replay decides them."""
+    n_bins = work.size
+    n_req = base_s.size
+    s0 = np.empty(n_bins + 1)
+    p0 = np.empty(n_bins + 1)
+    run = 0.0
+    low = 0.0
+    s0[0] = 0.0
+    p0[0] = 0.0
+    for k in range(n_bins):
+        run += work[k] - cap / (m0[k] * 1.0)
+        if run < low:
+            low = run
+        s0[k + 1] = run
+        p0[k + 1] = low
+    backlog = np.empty(n_bins)
+    mult = np.empty(n_bins)
+    for r in range(decisions.size):
+        for c in range(n):
+            out[r, c] = 0
+        a = min(decisions[r] * interval, n_bins)
+        e = min(a + w, n_bins)
+        run = s0[a]
+        low = p0[a]
+        for k in range(a, n_bins):
+            mk = m0[k] * sigma1 if k < e else m0[k] * 1.0
+            backlog[k] = run - low
+            mult[k] = mk
+            run += work[k] - cap / mk
+            if run < low:
+                low = run
+        for j in range(n_req):
+            k = req_bin[j]
+            if k < a:
+                mk = m0[k] * 1.0
+                bl = s0[k] - p0[k]
+            else:
+                mk = mult[k]
+                bl = backlog[k]
+            if (base_s[j] + bl / slots) * mk > slo_s and not violated0[j]:
+                c = min(k // interval, n - 1)
+                out[r, c] += 1
     return 0

@@ -201,3 +201,48 @@ def test_compiled_sampler_reproduces_the_numpy_draws_and_stream():
             assert got.shape == (k, m)
             for row in got[:5]:
                 assert schedules.is_feasible(row, n, h_min, h_max)
+
+
+def _credits_reference(ep, p, sc) -> np.ndarray:
+    """The added violations by decision of one whole-episode replay per decision's merge
+    (:func:`replay` with its mask): what ``credit_counts`` counts."""
+    from diloco_gym.envs.schedule import sync_mask
+    from diloco_gym.sim.sidecar import replay
+
+    n, n_bins = ep.n_decisions, ep.pressure_bin.size
+    dec = np.minimum(ep.req_bin // p.decision_interval, n - 1)
+    base = np.asarray(ep.baseline.violated, dtype=bool)
+    mask = sync_mask(np.arange(n)[:, None], n_bins, p)
+    res = replay(ep.base_s, ep.req_bin, ep.pressure_bin, mask, sc, p.step_seconds)
+    r, j = np.nonzero(np.asarray(res.violated, dtype=bool) & ~base[None, :])
+    return np.bincount(r * n + dec[j], minlength=n * n).reshape(n, n)
+
+
+@pytest.mark.parametrize("busy", [17.0, 24.0, 40.0])
+def test_compiled_credit_counts_equal_the_whole_episode_replays(busy):
+    """``credit_counts`` counts, per decision's merge and arrival decision, exactly the
+    violations the whole-episode replay with that merge adds; ``pair_credits`` built on it
+    keeps its identities (before + tail is each merge's added violations)."""
+    from diloco_gym.eval.lower_bound import pair_credits
+    from diloco_gym.sim import compiled_eval
+    from diloco_gym.sim.sidecar import slowdown
+
+    ep, p, sc = _episode(busy, 5, duration_s=300.0)
+    n, n_bins = ep.n_decisions, ep.pressure_bin.size
+    assert ep.pressure_bin.dtype == np.float64 and ep.base_s.dtype == np.float64
+    ref = _credits_reference(ep, p, sc)
+    base_s = np.ascontiguousarray(ep.base_s)
+    req_bin = np.ascontiguousarray(ep.req_bin, dtype=np.int64)
+    got = np.full((n, n), -1, dtype=np.int64)
+    compiled_eval().credit_counts(
+        np.arange(n), p.decision_interval, p.merge_steps, n,
+        np.bincount(req_bin, weights=base_s, minlength=n_bins),
+        slowdown(ep.pressure_bin, None, sc), sc.slots * p.step_seconds,
+        1.0 + sc.sync_slowdown, base_s, req_bin, sc.slots, sc.slo_s,
+        np.asarray(ep.baseline.violated, dtype=bool), got,
+    )  # fmt: skip
+    np.testing.assert_array_equal(got, ref)
+    before, window, tail = pair_credits(ep, p, sc)
+    np.testing.assert_array_equal(before + tail, ref.sum(axis=1))
+    if busy > 17.0:
+        assert ref.sum() > 0
