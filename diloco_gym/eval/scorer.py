@@ -212,7 +212,8 @@ class EpisodeScorer:
 
         ``around``: a schedule of ``M`` merges that the rows share first merges with (a
         local search's incumbent): each row's replay then starts where it first differs
-        from it, from the state ``around`` reaches there (the same scores, less work)."""
+        from it, from the state ``around`` reaches there (the same scores, less work;
+        ignored unless it is one strictly increasing schedule of ``M`` merges)."""
         sch = np.asarray(schedules, dtype=np.int64)
         if sch.ndim != 2:
             raise ValueError(f"schedules must be a (K, M) array, got shape {sch.shape}")

@@ -285,6 +285,10 @@ def sample_uniform(
     the ratios are exact to float precision at any episode length), so every schedule has
     probability ``1 / F[m, 0]``.
 
+    The picks are compiled (:mod:`diloco_gym.sim.jit_eval`); with ``counts`` given the
+    draws read its :meth:`CompletionTable.cumulative_weights` (built once per table, when
+    small enough), else the weights of each merge's range, with the same result.
+
     Args:
         counts: a :func:`completion_table` for this ``n`` and corridor with at least ``m``
             rows beyond the first (built when ``None``).
@@ -305,7 +309,8 @@ def sample_uniform(
     from diloco_gym.sim import compiled_eval
 
     jit = compiled_eval()
-    table = f.cumulative_weights() if m else None
+    # A table passed in is shared by many draws: its cumulative weights pay for themselves.
+    table = f.cumulative_weights() if m and counts is not None else None
     if table is not None:
         # All the uniforms at once: row j holds what the j-th of m draws of k would give.
         jit.sample_rows(table, rng.random((m, k)), m, h_min, out)
