@@ -55,32 +55,46 @@ def _window(
     run = min0
     t_drain = length
     drained = 0.0
-    for j in range(length):
-        if j < w:
-            g = s[a + j] + d[a + j]
-        else:
-            g = s[a + j] + dw
+    inner = min(w, length)
+    # Inside the merge's window (no drain there), then after it up to the drain: two
+    # loops, the same operations in the same order as one with the branch.
+    for j in range(inner):
+        g = s[a + j] + d[a + j]
+        g -= da
+        g += off0
+        if g < run:
+            run = g
+        buf[j] = g - run
+    for j in range(inner, length):
+        g = s[a + j] + dw
         g -= da
         g += off0
         if g < run:
             run = g
         b = g - run
         buf[j] = b
-        if j >= w and b == base_bl[a + j]:
+        if b == base_bl[a + j]:
             drained = 1.0
             t_drain = j
             break
     lo = ptr[a]
     hi = ptr[a + t_drain]
-    pre = thr_in.size > 0
     hits = 0
-    last = np.nan
-    q = 0.0
-    for i in range(lo, hi):
-        j = rbin[i] - a
-        if pre:
-            thr = thr_in[i] if j < w else thr_tail[i]
-        else:
+    if thr_in.size > 0:
+        # Requests arrive in bin order (``ptr`` counts them by bin): those inside the
+        # window first, then those after it.
+        mid = ptr[a + min(w, t_drain)]
+        for i in range(lo, mid):
+            if buf[rbin[i] - a] > thr_in[i]:
+                hits += 1
+        for i in range(mid, hi):
+            if buf[rbin[i] - a] > thr_tail[i]:
+                hits += 1
+    else:
+        last = np.nan
+        q = 0.0
+        for i in range(lo, hi):
+            j = rbin[i] - a
             slow = m0[rbin[i] // m0_bins]
             if j < w:
                 slow = slow * sigma1
@@ -88,8 +102,8 @@ def _window(
                 last = slow
                 q = slo_s / slow
             thr = (q - base[i]) * slots
-        if buf[j] > thr:
-            hits += 1
+            if buf[j] > thr:
+                hits += 1
     res[0] = drained
     res[1] = t_drain
     res[2] = hits

@@ -58,6 +58,24 @@ def test_compiled_scores_equal_the_grid_rule(busy):
         assert replayed > 0
 
 
+def test_compiled_scores_without_precomputed_thresholds():
+    """The windows' other path (thresholds from the slowdown per request, as the isolated
+    cost computes them, when none are precomputed) gives the same scores."""
+    ep, p, sc = _episode(40.0, 1)
+    scorer = EpisodeScorer(ep, p, sc)
+    sch = schedules.sample_uniform(
+        ep.n_decisions, p.h_min, p.h_max, 12, 80, np.random.default_rng(2)
+    )
+    with_thr = scorer._score_compiled(sch)
+    scorer._thresholds = (np.empty(0), np.empty(0))
+    without = scorer._score_compiled(sch)
+    ref_total, ref_rep = scorer._score_grid(sch)
+    for total, rep in (with_thr, without):
+        assert total.tobytes() == ref_total.tobytes()
+        np.testing.assert_array_equal(rep, ref_rep)
+    assert ref_rep.any()
+
+
 def test_compiled_scores_on_a_long_episode_and_single_merges():
     """An hour at high load (windows far longer than a merge's cost horizon) and one-merge
     schedules at every decision: the compiled scores equal the grid rule's."""
