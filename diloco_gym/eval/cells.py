@@ -230,6 +230,9 @@ def _unit_cell(config, regime: str, units: list, index: int, agents: list) -> di
     rows: list[dict] = []
     timeline = None
     counts = scorer = None
+    # The matched-random control by (merges, table): its draws depend on (seed, merges)
+    # and the completion table only, so agents with equal merges share one, scored once.
+    controls: dict[tuple[int, int], protocol.Control] = {}
     ep = unit.episode()  # built once, through the kernel: every agent runs on it
     envs = env_copies(env, len(agents))  # the agents step in lockstep, one env each
     results = run_episodes([(e, a, seed, ep) for e, a in zip(envs, agents, strict=True)])
@@ -241,13 +244,18 @@ def _unit_cell(config, regime: str, units: list, index: int, agents: list) -> di
         # reused across agents). Draws depend on (episode, budget) only: the same report
         # for any agent order, and equal budgets share an envelope.
         if scorer is None or not scorer.matches(ep):
-            scorer = protocol.EpisodeScorer(ep, p, sc)
+            scorer, controls = protocol.EpisodeScorer(ep, p, sc), {}
+        key = (m, counts.m_max)
+        if key not in controls:
+            rng = np.random.default_rng([seed, m, 7])
+            controls[key] = protocol.matched_control(scorer, m, config.draws, rng, counts)
         scored = protocol.score_episode(
             scorer,
             res["merge_decisions"],
             config.draws,
             np.random.default_rng([seed, m, 7]),
             counts,
+            control=controls[key],
         )
         dur_min = ep.trace.duration_s / 60.0
         rows.append(

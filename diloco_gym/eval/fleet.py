@@ -76,11 +76,13 @@ class FleetScorer:
             np.array_equal(self.iso_excess, self.cost)
         )
 
-    def site_scores(self, schedules: np.ndarray) -> list[Scores]:
-        return [s.score(schedules) for s in self.sites]
+    def site_scores(self, schedules: np.ndarray, around: np.ndarray | None = None) -> list[Scores]:
+        return [s.score(schedules, around=around) for s in self.sites]
 
-    def score(self, schedules: np.ndarray) -> Scores:
-        per = self.site_scores(schedules)
+    def score(self, schedules: np.ndarray, around: np.ndarray | None = None) -> Scores:
+        """As :meth:`EpisodeScorer.score` (``around``: the rows' shared incumbent), each
+        site's scores weighted by its requests."""
+        per = self.site_scores(schedules, around)
         if len(per) == 1:
             return per[0]
         exact = np.zeros(len(per[0].exact_pct))

@@ -22,7 +22,9 @@ optimum, which is then exact.
 
 The sets ``V_d`` come from one whole-episode replay per decision
 (:func:`~diloco_gym.sim.sidecar.replay`, the replay the protocol's exact scorer is checked
-against), in blocks that bound memory.
+against), in blocks that bound memory; each is run in compiled code
+(:func:`diloco_gym.sim.jit_eval.credit_counts`, that replay's arithmetic operation for
+operation) and counted by decision there.
 """
 
 from __future__ import annotations
@@ -31,8 +33,8 @@ import numpy as np
 
 from diloco_gym.envs.episode import Episode
 from diloco_gym.envs.params import EnvParams
-from diloco_gym.envs.schedule import sync_mask
-from diloco_gym.sim.sidecar import SidecarParams, replay
+from diloco_gym.sim import compiled_eval
+from diloco_gym.sim.sidecar import SidecarParams, slowdown
 
 __all__ = ["pair_credits", "lower_bound_pct"]
 
@@ -56,27 +58,26 @@ def pair_credits(
     n = episode.n_decisions
     n_bins = episode.pressure_bin.size
     width = params.h_max - params.h_min + 1
-    dec = np.minimum(episode.req_bin // params.decision_interval, n - 1)
     base = np.asarray(episode.baseline.violated, dtype=bool)
     before = np.zeros(n, dtype=np.int64)
     window = np.zeros((n, width), dtype=np.int64)
     tail = np.zeros(n, dtype=np.int64)
+    # The replay's inputs that do not depend on the merge (as replay() computes them).
+    base_s = np.ascontiguousarray(episode.base_s, dtype=np.float64)
+    req_bin = np.ascontiguousarray(episode.req_bin, dtype=np.int64)
+    work = np.bincount(req_bin, weights=base_s, minlength=n_bins).astype(np.float64)
+    m0 = np.ascontiguousarray(slowdown(episode.pressure_bin, None, sidecar), dtype=np.float64)
+    counts = np.empty((min(n, _BLOCK), n), dtype=np.int64)
     for lo in range(0, n, _BLOCK):
         rows = np.arange(lo, min(n, lo + _BLOCK))
-        mask = sync_mask(rows[:, None], n_bins, params)
-        res = replay(
-            episode.base_s,
-            episode.req_bin,
-            episode.pressure_bin,
-            mask,
-            sidecar,
-            params.step_seconds,
-        )
-        added = np.asarray(res.violated, dtype=bool) & ~base[None, :]
-        r, j = np.nonzero(added)
-        counts = np.bincount(r * n + dec[j], minlength=rows.size * n).reshape(rows.size, n)
+        compiled_eval().credit_counts(
+            rows, int(params.decision_interval), int(params.merge_steps), n, work, m0,
+            sidecar.slots * params.step_seconds, 1.0 + sidecar.sync_slowdown, base_s,
+            req_bin, sidecar.slots, sidecar.slo_s, base, counts,
+        )  # fmt: skip
+        counts_r = counts[: rows.size]
         cum = np.zeros((rows.size, n + 1), dtype=np.int64)
-        np.cumsum(counts, axis=1, out=cum[:, 1:])
+        np.cumsum(counts_r, axis=1, out=cum[:, 1:])
         at = cum[np.arange(rows.size), rows]  # arrivals before each row's own decision
         before[rows] = at
         tail[rows] = cum[:, n] - at

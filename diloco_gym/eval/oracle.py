@@ -123,7 +123,7 @@ def exact_local_search(
         cand = _neighbours(best, n, p.h_min, p.h_max)
         if cand.size == 0:
             break
-        v = scorer.score(cand).exact_pct
+        v = scorer.score(cand, around=best).exact_pct  # neighbours share best's first merges
         i = int(np.argmin(v))
         if not v[i] < best_v - 1e-12:
             break

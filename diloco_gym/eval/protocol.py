@@ -21,6 +21,7 @@ The exact scorer is :mod:`diloco_gym.eval.scorer` and the offline oracle
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple, cast
 
@@ -548,5 +549,11 @@ class MatchedRandomDeferral(gym.Wrapper[Observation, Action, Observation, Action
 
 def counts_for(n: int, params: EnvParams, m_max: int) -> CompletionTable:
     """Completion counts (log space) shared by all draws of an episode length (cache them
-    per N)."""
-    return completion_table(n, params.h_min, params.h_max, m_max)
+    per N). The last few tables are kept for the process: every unit of a report or a
+    frontier with episodes of one length asks for the same one (tables are only read)."""
+    return _counts(int(n), int(params.h_min), int(params.h_max), int(m_max))
+
+
+@functools.lru_cache(maxsize=4)
+def _counts(n: int, h_min: int, h_max: int, m_max: int) -> CompletionTable:
+    return completion_table(n, h_min, h_max, m_max)

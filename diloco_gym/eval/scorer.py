@@ -9,12 +9,17 @@ import numpy as np
 
 from diloco_gym.envs.episode import Episode
 from diloco_gym.envs.params import EnvParams
+from diloco_gym.sim import compiled_eval
 from diloco_gym.sim.sidecar import (
     SidecarParams,
     cost_horizon,
     episode_cost_queue,
     merge_window,
+    violation_threshold,
 )
+
+#: No reference schedule to resume from (:meth:`EpisodeScorer.score`'s ``around``).
+_NO_REF = np.empty(0, dtype=np.int64)
 
 #: Largest replay grid (windows x bins) the scorer holds at once (~16 MiB per array).
 _GRID_MAX = 1 << 21
@@ -86,24 +91,26 @@ class EpisodeScorer:
             p.step_seconds,
             self.w,
         )
+        q = self._q
+        slow = q.m0[0][q.rbin[0] // q.m0_bins]
+        self._thresholds = (
+            violation_threshold(slow * (1.0 + sc.sync_slowdown), q.base[0], sc),
+            violation_threshold(slow, q.base[0], sc),
+        )
         horizon = cost_horizon(sc, p.step_seconds, self.w)
         starts = np.arange(episode.n_decisions, dtype=np.int64) * self.interval
         # Each decision's isolated merge, followed over its cost window (+1 bin) first, and
         # those still perturbing the queue then over windows 4x longer each round, up to
         # the episode's end (bounded memory on long traces; one round on the shipped ones).
         length = np.minimum(horizon + 1, n_bins - starts)
-        (drained, t_drain), excess = self._windows(
-            starts, np.zeros(starts.size), self._prefmin[starts], length
-        )
+        drained, t_drain, excess = self._isolated(starts, length)
         span = 4 * (horizon + 1)
         while True:
             todo = np.flatnonzero(~drained & (length < n_bins - starts))
             if todo.size == 0:
                 break
             length[todo] = np.minimum(span, n_bins - starts[todo])
-            (d2, t2), e2 = self._windows(
-                starts[todo], np.zeros(todo.size), self._prefmin[starts[todo]], length[todo]
-            )
+            d2, t2, e2 = self._isolated(starts[todo], length[todo])
             drained[todo], t_drain[todo], excess[todo] = d2, t2, e2
             span *= 4
         drain = (drained, t_drain)
@@ -126,6 +133,25 @@ class EpisodeScorer:
             and np.array_equal(episode.req_bin, e.req_bin)
             and np.array_equal(episode.pressure_bin, e.pressure_bin)
         )
+
+    def _isolated(
+        self, starts: np.ndarray, length: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(drained, t_drain, excess)`` of a merge at each of ``starts`` from the
+        no-merge state, followed over ``length`` bins or to its drain: what
+        :meth:`_windows` gives without the state, in compiled code
+        (:func:`diloco_gym.sim.jit_eval.window_rows`)."""
+        n = starts.size
+        drained = np.empty(n, dtype=np.bool_)
+        t_drain = np.empty(n, dtype=np.int64)
+        excess = np.empty(n)
+        st = np.ascontiguousarray(starts, dtype=np.int64)
+        compiled_eval().window_rows(
+            *self._queue_args(), st, np.zeros(n), np.ascontiguousarray(self._prefmin[st]),
+            np.ascontiguousarray(length, dtype=np.int64), int(self.w), *self._slo_args(),
+            drained, t_drain, excess,
+        )  # fmt: skip
+        return drained, t_drain, excess
 
     def _windows(
         self,
@@ -181,8 +207,13 @@ class EpisodeScorer:
             self._q, self._base_bl, st, off0, min0, length, self.w, self.sidecar, want_state
         )
 
-    def score(self, schedules: np.ndarray) -> Scores:
-        """Exact and additive sync-excess (pp) of ``(K, M)`` schedules (decision indices)."""
+    def score(self, schedules: np.ndarray, around: np.ndarray | None = None) -> Scores:
+        """Exact and additive sync-excess (pp) of ``(K, M)`` schedules (decision indices).
+
+        ``around``: a schedule of ``M`` merges that the rows share first merges with (a
+        local search's incumbent): each row's replay then starts where it first differs
+        from it, from the state ``around`` reaches there (the same scores, less work;
+        ignored unless it is one strictly increasing schedule of ``M`` merges)."""
         sch = np.asarray(schedules, dtype=np.int64)
         if sch.ndim != 2:
             raise ValueError(f"schedules must be a (K, M) array, got shape {sch.shape}")
@@ -197,6 +228,58 @@ class EpisodeScorer:
         additive = self.cost[sch].sum(axis=1) * self.pct
         if self.episode_proven:
             return Scores(self.iso_excess[sch].sum(axis=1) * self.pct, additive, np.zeros(k, bool))
+        if m == 1 or bool(np.all(sch[:, 1:] > sch[:, :-1])):
+            ref = _NO_REF if around is None else np.asarray(around, dtype=np.int64).ravel()
+            if ref.size != m or (m > 1 and not bool(np.all(ref[1:] > ref[:-1]))):
+                ref = _NO_REF
+            total, replayed = self._score_compiled(sch, ref)
+            return Scores(total * self.pct, additive, replayed)
+        total, replayed = self._score_grid(sch)
+        return Scores(total * self.pct, additive, replayed)
+
+    def _queue_args(self) -> tuple:
+        """The episode's queue as the compiled windows read it: one row, with each
+        request's SLO thresholds inside and after a merge window precomputed once
+        (:func:`~diloco_gym.sim.sidecar.violation_threshold`, the arithmetic the loop
+        would do per request and window: the same values)."""
+        q = self._q
+        thr_in, thr_tail = self._thresholds
+        return (
+            q.s[0], q.d[0], self._base_bl, q.ptr[0], q.rbin[0], q.base[0], q.m0[0],
+            int(q.m0_bins), thr_in, thr_tail,
+        )  # fmt: skip
+
+    def _slo_args(self) -> tuple[float, float, float]:
+        sc = self.sidecar
+        return 1.0 + sc.sync_slowdown, sc.slo_s, float(sc.slots)
+
+    def _score_compiled(
+        self, sch: np.ndarray, ref: np.ndarray | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Extra violations (requests) and the replayed flags of strictly increasing
+        schedules, a schedule at a time in compiled code
+        (:func:`diloco_gym.sim.jit_eval.score_rows`: the rule of :meth:`_score_grid`,
+        each window followed only up to its drain; rows resumed from ``ref``'s states
+        where they share its first merges)."""
+        k = sch.shape[0]
+        total = np.empty(k)
+        replayed = np.empty(k, dtype=np.bool_)
+        s, d, base_bl, ptr, rbin, base, m0, m0_bins, thr_in, thr_tail = self._queue_args()
+        compiled_eval().score_rows(
+            np.ascontiguousarray(sch), _NO_REF if ref is None else np.ascontiguousarray(ref),
+            int(self.interval), int(self.n_bins),
+            self.drain_bins, self.iso_excess, s, d, base_bl, self._prefmin, ptr, rbin,
+            base, m0, m0_bins, thr_in, thr_tail, int(self.w), *self._slo_args(), total,
+            replayed,
+        )  # fmt: skip
+        return total, replayed
+
+    def _score_grid(self, sch: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Extra violations (requests) and the replayed flags of any ``(K, M)``
+        schedules, merge by merge over NumPy grids of the batch's windows
+        (:meth:`_windows`): the reference rule, used where a schedule repeats or reorders
+        a decision."""
+        k, m = sch.shape
         total = np.zeros(k)
         replayed = np.zeros(k, bool)
         carried = np.zeros(k, bool)
@@ -223,4 +306,4 @@ class EpisodeScorer:
             total[rows] += exc
             carried[rows] = ~drained
             c_off[rows], c_run[rows] = off1, run1
-        return Scores(total * self.pct, additive, replayed)
+        return total, replayed

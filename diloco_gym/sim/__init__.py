@@ -5,34 +5,36 @@ Nothing here knows about Gymnasium; the environments in :mod:`diloco_gym.envs` a
 evaluation in :mod:`diloco_gym.eval` are built on these modules.
 """
 
+import importlib
 from functools import lru_cache
+from types import ModuleType
 
-_JIT = None
+_COMPILED: dict[str, ModuleType] = {}
+
+
+def _compiled_module(name: str) -> ModuleType:
+    """``diloco_gym.sim.<name>``, imported on first use: the compiled modules import numba,
+    which ``import diloco_gym`` must not pay for."""
+    module = _COMPILED.get(name)
+    if module is None:
+        module = _COMPILED[name] = importlib.import_module(f"diloco_gym.sim.{name}")
+    return module
 
 
 def compiled():
-    """The compiled rules, :mod:`diloco_gym.sim.jit` (imported on first use: it imports
-    numba, which ``import diloco_gym`` must not pay for)."""
-    global _JIT
-    if _JIT is None:
-        from diloco_gym.sim import jit as module
-
-        _JIT = module
-    return _JIT
-
-
-_STEP = None
+    """The compiled rules, :mod:`diloco_gym.sim.jit` (imported on first use)."""
+    return _compiled_module("jit")
 
 
 def compiled_step():
-    """The compiled decision step, :mod:`diloco_gym.sim.jit_step` (imported on first use, as
-    :func:`compiled`)."""
-    global _STEP
-    if _STEP is None:
-        from diloco_gym.sim import jit_step as module
+    """The compiled decision step, :mod:`diloco_gym.sim.jit_step` (imported on first use)."""
+    return _compiled_module("jit_step")
 
-        _STEP = module
-    return _STEP
+
+def compiled_eval():
+    """The evaluation's compiled loops, :mod:`diloco_gym.sim.jit_eval` (imported on first
+    use)."""
+    return _compiled_module("jit_eval")
 
 
 def compiled_rows(name: str, parallel: bool, items: int, at_least: int):

@@ -77,6 +77,12 @@ def _log_window_sum(x: np.ndarray, width: int, count: int) -> np.ndarray:
     return np.logaddexp(suf[blk, off], head)
 
 
+#: Largest :meth:`CompletionTable.cumulative_weights` table kept (entries; 32 MiB): an
+#: episode of a few hundred decisions (a 600 s window) fits many times over, a day-long
+#: trace's does not and is sampled range by range.
+CUMULATIVE_MAX = 1 << 22
+
+
 class CompletionTable:
     """``log F[m, d]`` for ``m = 0..m_max`` over an episode of ``n`` decisions.
 
@@ -151,6 +157,27 @@ class CompletionTable:
         top = vals.max(axis=1, keepdims=True)
         with np.errstate(invalid="ignore"):
             return np.exp(vals - top)
+
+    def cumulative_weights(self) -> np.ndarray | None:
+        """Every row of :meth:`window_weights` summed cumulatively along the window, for
+        every number of merges left and every previous merge: ``(m_max + 1, n, width)``,
+        entry ``[m_left, c]`` the cumulative sum of ``window_weights(m_left, c, c)[0]``
+        (row 0 unused), or ``None`` when that would exceed :data:`CUMULATIVE_MAX` entries.
+
+        Built once per table (then kept): every draw of every budget reads it. Each row is
+        computed as :meth:`window_weights` computes it for any range that holds it (the
+        same values, elementwise), so a draw reading it picks what one reading the weights
+        of its own range picks."""
+        width = self.h_max - self.h_min + 1
+        if (self.m_max + 1) * self.n * width > CUMULATIVE_MAX:
+            return None
+        cw = self.__dict__.get("_cumulative")
+        if cw is None:
+            cw = np.full((self.m_max + 1, self.n, width), np.nan)
+            for m_left in range(1, self.m_max + 1):
+                cw[m_left] = np.cumsum(self.window_weights(m_left, 0, self.n - 1), axis=1)
+            self.__dict__["_cumulative"] = cw
+        return cw
 
     def next_weights(self, m_left: int, cur: np.ndarray) -> np.ndarray:
         """:meth:`window_weights` for each previous merge in ``cur``, ``(len(cur), width)``
@@ -258,6 +285,10 @@ def sample_uniform(
     the ratios are exact to float precision at any episode length), so every schedule has
     probability ``1 / F[m, 0]``.
 
+    The picks are compiled (:mod:`diloco_gym.sim.jit_eval`); with ``counts`` given the
+    draws read its :meth:`CompletionTable.cumulative_weights` (built once per table, when
+    small enough), else the weights of each merge's range, with the same result.
+
     Args:
         counts: a :func:`completion_table` for this ``n`` and corridor with at least ``m``
             rows beyond the first (built when ``None``).
@@ -275,17 +306,25 @@ def sample_uniform(
     out = np.empty((k, m), dtype=np.int64)
     if k == 0:
         return out
+    from diloco_gym.sim import compiled_eval
+
+    jit = compiled_eval()
+    # A table passed in is shared by many draws: its cumulative weights pay for themselves.
+    table = f.cumulative_weights() if m and counts is not None else None
+    if table is not None:
+        # All the uniforms at once: row j holds what the j-th of m draws of k would give.
+        jit.sample_rows(table, rng.random((m, k)), m, h_min, out)
+        return out
     cur = np.zeros(k, dtype=np.int64)
-    width = h_max - h_min + 1
+    col = np.empty(k, dtype=np.int64)
     for j in range(m):
         # The kernel depends on the previous merge only: weights once per distinct position.
         c_lo = int(cur.min())
-        cw = np.cumsum(f.window_weights(m - j, c_lo, int(cur.max())), axis=1)[cur - c_lo]
-        u = rng.random(k) * cw[:, -1]
-        pick = (cw <= u[:, None]).sum(axis=1)  # first index with cw > u
-        pick = np.minimum(pick, width - 1)
-        cur = cur + h_min + pick
-        out[:, j] = cur
+        cw = np.cumsum(f.window_weights(m - j, c_lo, int(cur.max())), axis=1)
+        # Each draw's pick: the first index of its row of cw above u * the row's total
+        # (at most the last one), compiled (the same comparisons as in NumPy).
+        jit.pick_rows(cw, cur, c_lo, rng.random(k), h_min, col)
+        out[:, j] = col
     return out
 
 

@@ -189,3 +189,31 @@ def test_a_calibration_cell_gives_the_simulated_effect_sizes():
     assert all(np.isnan(v) for v in res["trace_sim"].values())  # no trace: nothing replayed
     assert set(res["sim"]) >= set(res["trace_sim"])  # every calibration metric simulated
     assert all(np.isfinite(v) for v in res["sim"].values())
+
+
+def test_agents_with_equal_merges_share_one_matched_control(monkeypatch):
+    """A unit's agents with the same number of merges share one matched-random control
+    (drawn and scored once), and the rows are those of each agent drawing its own."""
+    from diloco_gym.eval import protocol
+
+    agents = ["fixed-512", "wa-diloco", "calibrated-wa"]  # 8, 9 and 8 merges in this unit
+    config = cell_config(ReportConfig(regimes=["sync-heavy"], **{**SMALL, "agents": agents}))
+    cell = ReportCell(config, "sync-heavy", 1)
+    calls: list[int] = []
+    real_control, real_score = protocol.matched_control, protocol.score_episode
+
+    def counted(scorer, merges, *args, **kwargs):
+        calls.append(merges)
+        return real_control(scorer, merges, *args, **kwargs)
+
+    monkeypatch.setattr(protocol, "matched_control", counted)
+    shared = run_report_cell(cell)
+    merges = [r["merges"] for r in shared["rows"]]
+    assert len(set(merges)) < len(merges)  # the case at hand
+    assert sorted(calls) == sorted(set(merges))
+    monkeypatch.setattr(
+        protocol, "score_episode", lambda *a, control=None, **k: real_score(*a, **k)
+    )
+    cells.release_cached()
+    own = run_report_cell(cell)
+    assert _rows_json(shared) == _rows_json(own)

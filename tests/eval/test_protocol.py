@@ -564,3 +564,18 @@ def test_score_episode_with_a_shared_control_is_the_same():
     assert unused.bit_generator.state == np.random.default_rng(0).bit_generator.state
     with pytest.raises(ValueError, match="60 schedules of 10 merges"):
         protocol.score_episode(scorer, agent[:10], 60, unused, counts, control=control)
+
+
+def test_counts_for_keeps_the_tables_it_built():
+    """``counts_for`` gives the same table object for the same length, corridor and rows
+    (every unit of a run reads one), equal to a freshly built one; another key, another."""
+    p = EnvParams()
+    a = protocol.counts_for(535, p, 40)
+    assert protocol.counts_for(535, p, 40) is a
+    assert protocol.counts_for(535, p, 41) is not a
+    fresh = schedules.completion_table(535, p.h_min, p.h_max, 40)
+    assert (a.n, a.h_min, a.h_max, a.m_max) == (fresh.n, fresh.h_min, fresh.h_max, fresh.m_max)
+    np.testing.assert_array_equal(a.lo, fresh.lo)
+    np.testing.assert_array_equal(a.hi, fresh.hi)
+    for got, want in zip(a.rows, fresh.rows, strict=True):
+        assert got.tobytes() == want.tobytes()
