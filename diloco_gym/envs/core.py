@@ -15,8 +15,7 @@ from their new homes:
   :func:`episode_from_seed`.
 * :mod:`diloco_gym.envs.kernel`: :func:`episode_draws`, :func:`episode_draws_batch`,
   :func:`synthetic_draws`, :func:`is_synthetic`, :class:`BudgetTables`, and ``options``
-  as :func:`~diloco_gym.envs.kernel.options_at` (``kernel.options`` is its form over rows of
-  the kernel's state).
+  as :func:`~diloco_gym.envs.kernel.options_at` (the compiled rule on scalars or arrays).
 * :mod:`diloco_gym.envs.schedule`: :func:`sync_mask`, :func:`replay_schedule`,
   :func:`schedule_summary`.
 * :mod:`diloco_gym.envs.env`: ``MAX_SEED``, :func:`check_seed`,
