@@ -46,6 +46,7 @@ __all__ = [
     "EngineProcess",
     "start_engine",
     "engine_available",
+    "group_running",
     "LIVE_EXTRA_HINT",
 ]
 
@@ -388,21 +389,15 @@ class EngineProcess:
         proc = self._process
         if proc.poll() is None:
             for sig, wait_s in ((signal.SIGTERM, timeout_s), (signal.SIGKILL, 5.0)):
-                try:
-                    os.killpg(proc.pid, sig)
-                except (ProcessLookupError, PermissionError):
-                    pass
+                _signal_group(proc.pid, sig)
                 try:
                     proc.wait(wait_s)
                     break
                 except subprocess.TimeoutExpired:
                     continue
-        else:
-            # The server is gone; clear stragglers of its group (workers it forked).
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
+        # The server is gone; clear stragglers of its group (workers it forked that
+        # outlived it or ignore SIGTERM).
+        _clear_group(proc.pid)
         if self._log is not None:
             self._log.close()
             self._log = None
@@ -415,6 +410,49 @@ class EngineProcess:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    """Send ``sig`` to process group ``pgid``; a group already gone is not an error."""
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def group_running(pgid: int) -> bool:
+    """Whether a process of group ``pgid`` still runs. A zombie does not count: it has
+    exited and only waits for its parent (``init`` for orphans) to reap it. Reads ``/proc``
+    where there is one; elsewhere any process of the group counts."""
+    proc_dir = Path("/proc")
+    if not (proc_dir / "self" / "stat").exists():
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
+    for stat in proc_dir.glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:  # the process ended while we looked
+            continue
+        fields = text[text.rindex(")") + 2 :].split()
+        if int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
+            return True
+    return False
+
+
+def _clear_group(pgid: int, timeout_s: float = 5.0) -> None:
+    """SIGKILL whatever of group ``pgid`` still runs and wait (up to ``timeout_s``) until
+    none of it does."""
+    deadline = time.monotonic() + timeout_s
+    while group_running(pgid):
+        _signal_group(pgid, signal.SIGKILL)
+        if time.monotonic() > deadline:
+            break
+        time.sleep(0.02)
 
 
 def _version(module: str) -> str:
@@ -536,9 +574,11 @@ def _launch_engine(kv: KVSettings, cfg: EngineModelConfig, threads: int | None) 
             threads,
         )
     except BaseException:
-        if proc is not None and proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        if proc is not None:
+            if proc.poll() is None:
+                _signal_group(proc.pid, signal.SIGKILL)
+                proc.wait()
+            _clear_group(proc.pid)
         if log is not None:
             log.close()
         shutil.rmtree(tmpdir, ignore_errors=True)

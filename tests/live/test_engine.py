@@ -147,21 +147,19 @@ def test_engine_starts_answers_and_stops(tmp_path):
     finally:
         engine.stop()
     assert not engine.is_alive()
-    with pytest.raises(ProcessLookupError):
-        os.killpg(engine.pid, 0)  # nothing of its process group is left
+    assert _gone(engine.pid, timeout_s=0.0)  # nothing of its process group still runs
     assert time.monotonic() - t0 < 60
 
 
 def _gone(pid: int, timeout_s: float = 5.0) -> bool:
-    """Whether process group ``pid`` has no process left (waiting up to ``timeout_s``)."""
+    """Whether process group ``pid`` has no running process left (waiting up to
+    ``timeout_s``); zombies waiting for ``init`` to reap them do not count."""
     deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            os.killpg(pid, 0)
-        except ProcessLookupError:
-            return True
+    while engine_mod.group_running(pid):
+        if time.monotonic() >= deadline:
+            return False
         time.sleep(0.05)
-    return False
+    return True
 
 
 @pytest.fixture
@@ -170,6 +168,7 @@ def fake_engine(tmp_path, monkeypatch):
     server fills (its pid, argv and environment) and the temporary directories made."""
     state: dict = {"mode": "hang", "tmpdirs": []}
     report = tmp_path / "server.json"
+    child = tmp_path / "child.pid"
 
     def build(cfg: EngineModelConfig, directory: Path) -> Path:
         directory.mkdir(parents=True)
@@ -183,6 +182,12 @@ def fake_engine(tmp_path, monkeypatch):
         "if 'MODE' == 'exit':\n"
         "    print('bad flag --continuous-batching', flush=True)\n"
         "    sys.exit(3)\n"
+        "if 'MODE' == 'fork' and os.fork() == 0:\n"
+        "    import signal\n"
+        "    signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+        f"    open({str(child)!r}, 'w').write(str(os.getpid()))\n"
+        "    time.sleep(60)\n"
+        "    sys.exit(0)\n"
         "time.sleep(60)\n"
     )
 
@@ -200,6 +205,7 @@ def fake_engine(tmp_path, monkeypatch):
     monkeypatch.setattr(engine_mod, "_serve_command", command)
     monkeypatch.setattr(engine_mod.tempfile, "mkdtemp", mkdtemp)
     state["report"] = lambda: json.loads(report.read_text())
+    state["child"] = lambda: int(child.read_text())
     return state
 
 
@@ -231,6 +237,27 @@ def test_engine_command_line_and_environment(fake_engine, monkeypatch):
     finally:
         engine.stop()
     assert _gone(engine.pid) and not Path(fake_engine["tmpdirs"][0]).exists()
+
+
+def test_stop_clears_a_worker_that_outlives_the_server(fake_engine, monkeypatch):
+    """A worker the server forked that ignores SIGTERM (the server itself exits on it) is
+    killed too: stop does not return while any process of the group still runs."""
+    fake_engine["mode"] = "fork"
+    monkeypatch.setattr(replay_mod, "wait_until_healthy", lambda url, timeout_s: None)
+    engine = start_engine(kv_settings(64, 16, 4), EngineModelConfig(), start_timeout_s=5.0)
+    try:
+        deadline, worker = time.monotonic() + 10, -1
+        while time.monotonic() < deadline:  # the worker writes its pid once it ignores TERM
+            try:
+                worker = fake_engine["child"]()
+                break
+            except (OSError, ValueError):
+                time.sleep(0.05)
+        assert os.getpgid(worker) == engine.pid
+    finally:
+        engine.stop(timeout_s=5.0)
+    assert not engine.is_alive()
+    assert _gone(engine.pid, timeout_s=0.0)
 
 
 def test_engine_that_exits_during_start_up(fake_engine):
