@@ -181,6 +181,11 @@ def _space_error(what: str, value: Any, space: gym.Space) -> str:
     )
 
 
+#: the info's ``action_mask`` for ``(can_defer, can_merge)``, at ``2 * can_defer + can_merge``
+#: (copied for each step: a caller may write to its own)
+_MASKS = tuple(np.array((a, b), dtype=np.int8) for a in (0, 1) for b in (0, 1))
+
+
 def check_action(action: Any, space: gym.Space) -> bool:
     """Whether ``action`` asks for a merge; exactly what ``space.contains`` accepts (an int,
     a bool, an integer NumPy scalar or 0-d array of value 0 or 1), else ``ValueError``
@@ -398,6 +403,7 @@ class DiLoCoSyncEnv(gym.Env[Observation, Action]):
         self.episode: Episode | None = None
         # The kernel's state and episode constants, a batch of one (envs/kernel.py).
         self._state = kernel.new_state(1)
+        self._state_ints = kernel.state_arrays(self._state)[0]  # (4, 1): its int fields
         self._batch = kernel.new_batch(1, self.learner_params.num_learners)
         self._budgets = kernel.Budgets(self.params)
         self._exact_seen = 0  # merges of the schedule handed to the exact credit so far
@@ -639,22 +645,22 @@ class DiLoCoSyncEnv(gym.Env[Observation, Action]):
         self, merged: bool, overridden: bool, mask: tuple[int, int] | None = None
     ) -> dict[str, Any]:
         """The step's info; ``mask``: ``(can_defer, can_merge)`` now, when known."""
-        assert self.episode is not None  # called only after reset()
-        st = self._state
-        d = st.d.item(0)
+        ep = self.episode
+        assert ep is not None  # called only after reset()
+        d, last, _, merges = self._state_ints.ravel().tolist()  # step_layout.STATE_INT
         if mask is None or not self._base_masks:  # a subclass's masks may have more entries
             action_mask = self.action_masks().astype(np.int8)
         else:
-            action_mask = np.array(mask, dtype=np.int8)
+            action_mask = _MASKS[2 * mask[0] + mask[1]].copy()
+        p = self.params
         return {
             "decision": d,
-            "time_s": d * self.params.decision_seconds,
-            "gap_steps": (min(d, self.episode.n_decisions) - st.last.item(0))
-            * self.params.decision_interval,
+            "time_s": d * p.decision_seconds,
+            "gap_steps": (min(d, ep.n_decisions) - last) * p.decision_interval,
             "merged": merged,
             "action_overridden": overridden,
-            "merges": st.n_merges.item(0),
-            "excess_requests_so_far": st.excess_requests.item(0),
+            "merges": merges,
+            "excess_requests_so_far": self._state.excess_requests.item(0),
             # Gymnasium's convention (as Taxi): int8, so action_space.sample(mask) takes it.
             "action_mask": action_mask,
         }

@@ -11,14 +11,13 @@ compiled call on prepared arguments.
 from __future__ import annotations
 
 from collections.abc import Callable
-from functools import partial
 from typing import Any
 
 import numpy as np
 
 from diloco_gym.envs import kernel
 from diloco_gym.envs.params import EnvParams
-from diloco_gym.sim import compiled_step
+from diloco_gym.sim import bound_call, compiled_step
 from diloco_gym.sim import learners as lrn
 from diloco_gym.sim.step_layout import STEP_OUT_FLOAT, STEP_OUT_INT
 
@@ -105,7 +104,7 @@ class FusedStep:
         """:meth:`step` of ``rows`` with the wants in ``want`` (read at each call) as a call
         without arguments, until the next :meth:`begin` (the single env's hot path: no
         argument tuple is built per decision). Serial only."""
-        return partial(compiled_step().step_rows, rows, want, *self._args)
+        return bound_call(compiled_step().step_rows, (rows, want, *self._args))
 
     def step(self, rows: np.ndarray, want: np.ndarray) -> int:
         """One decision of ``rows`` (``want``: bool, per row of ``rows``) and the observation;

@@ -114,3 +114,46 @@ def test_compiled_first_order_filter_equals_scipy_lfilter_bit_for_bit():
             want = lfilter([b0], [1.0, a1], x, axis=-1)
             assert iir1(b0, a1, x).tobytes() == want.tobytes()
             assert iir1(b0, a1, x[0]).tobytes() == want[0].tobytes()
+
+
+# --------------------------------------------------------------------------- bound_call
+def test_bound_call_calls_each_argument_types_own_overload():
+    """``bound_call`` binds the compiled overload of exactly its arguments' types (dtype,
+    dimensions, layout, writeability): each gives what the dispatcher gives, and copies and
+    pickles bind again."""
+    import copy
+    import pickle
+
+    import numba
+
+    from diloco_gym.sim import bound_call
+
+    @numba.njit(cache=False)
+    def add_one(x, out):
+        for i in range(x.size):
+            out[i] = x[i] + 1
+        return x.size
+
+    read_only = np.arange(4.0)
+    read_only.setflags(write=False)
+    cases = [
+        np.arange(4, dtype=np.int64),
+        np.arange(4.0),
+        np.arange(8.0)[::2],  # not contiguous
+        read_only,
+        np.arange(4, dtype=np.int32),
+    ]
+    entries = set()
+    for x in cases:
+        out = np.zeros(4)
+        call = bound_call(add_one, (x, out))
+        assert call.func is not add_one  # the entry point, not the dispatcher
+        entries.add(call.func)
+        assert call() == 4 and out.tolist() == (x + 1).tolist()
+        for twin in (copy.deepcopy(call), pickle.loads(pickle.dumps(call))):
+            twin_out = twin.args[1]
+            twin_out[:] = 0.0
+            assert twin() == 4 and twin_out.tolist() == (x + 1).tolist()
+            assert out.tolist() == (x + 1).tolist()  # the copy wrote its own output
+    assert len(entries) == len(cases)  # one overload per argument types
+    assert bound_call(add_one, (cases[1], np.zeros(4))).func in entries  # found again
