@@ -537,6 +537,33 @@ def lindley_rows(x, s, prefmin):  # pragma: no cover - compiled
 
 
 @njit(cache=True)
+def replay_rows(
+    work, m, cap, base_s, req_bin, sync, slots, slo_s, latency, violated, active
+):  # pragma: no cover - compiled  # fmt: skip
+    """One replay per row of ``m`` (``(K, bins)``: each schedule's slowdown per bin): the
+    queue of :func:`lindley_rows` over ``work - cap / m`` (``cap``: slots times the bin
+    width), each request's latency ``(base + backlog / slots) * m`` of its bin, whether it
+    exceeds ``slo_s``, and (where ``sync`` has rows, ``(K, bins)``) whether its bin's merge
+    mask is nonzero; into the ``(K, requests)`` outputs."""
+    n_bins = work.size
+    x = np.empty((1, n_bins))
+    s = np.empty((1, n_bins + 1))
+    prefmin = np.empty((1, n_bins + 1))
+    with_sync = sync.shape[0] > 0
+    for r in range(m.shape[0]):
+        for k in range(n_bins):
+            x[0, k] = work[k] - cap / m[r, k]
+        lindley_rows(x, s, prefmin)
+        for j in range(base_s.size):
+            k = req_bin[j]
+            lat = (base_s[j] + (s[0, k] - prefmin[0, k]) / slots) * m[r, k]
+            latency[r, j] = lat
+            violated[r, j] = lat > slo_s
+            active[r, j] = with_sync and sync[r, k] != 0.0
+    return 0
+
+
+@njit(cache=True)
 def _ewma_into(x, alpha, norm, out):  # pragma: no cover - compiled
     """The bias-corrected EWMA of ``x`` (the first-order filter of :func:`iir1_rows` with
     ``b0 = alpha``, ``a1 = alpha - 1``, divided by ``norm``; ``out[0] = 0``)."""

@@ -236,13 +236,9 @@ def percentile(x: np.ndarray, q: float) -> float:
 
 
 def replay(
-    base_s: np.ndarray,
-    req_bin: np.ndarray,
-    pressure_bin: np.ndarray,
-    sync_bin: np.ndarray | None,
-    p: SidecarParams,
-    bin_s: float,
-) -> ReplayResult:
+    base_s: np.ndarray, req_bin: np.ndarray, pressure_bin: np.ndarray,
+    sync_bin: np.ndarray | None, p: SidecarParams, bin_s: float,
+) -> ReplayResult:  # fmt: skip
     """Replay requests through the queue with the given merge mask.
 
     Args:
@@ -257,15 +253,25 @@ def replay(
     """
     m = slowdown(pressure_bin, sync_bin, p)
     work = np.bincount(req_bin, weights=base_s, minlength=pressure_bin.size)
-    s, prefmin = queue(work, m, p, bin_s)
-    backlog = s[..., :-1] - prefmin[..., :-1]
-    # np.take: the same gathers as backlog[..., req_bin] (faster on one row)
-    latency = (base_s + np.take(backlog, req_bin, axis=-1) / p.slots) * np.take(m, req_bin, axis=-1)
-    if sync_bin is None:
-        active = np.zeros(req_bin.size, bool)
-    else:
-        active = np.take(sync_bin, req_bin, axis=-1).astype(bool)
-    return ReplayResult(latency, latency > p.slo_s, active, np.take(pressure_bin, req_bin))
+    if work.size != m.shape[-1]:
+        raise ValueError(f"req_bin reaches bin {work.size - 1} of {m.shape[-1]} bins")
+    # compiled, per schedule: queue()'s sums, then each request's (base + backlog / slots)
+    # * m of its bin, its SLO flag and its merge flag (jit.replay_rows)
+    rows = np.ascontiguousarray(m.reshape(-1, m.shape[-1]), dtype=np.float64)
+    latency = np.empty((rows.shape[0], req_bin.size))
+    violated, active = np.empty(latency.shape, bool), np.empty(latency.shape, bool)
+    sync = np.zeros((0, 0))  # no merges: no row
+    if sync_bin is not None:
+        sync = sync_bin if sync_bin.shape == m.shape else np.broadcast_to(sync_bin, m.shape)
+        sync = np.ascontiguousarray(sync.reshape(rows.shape), dtype=np.float64)
+    compiled().replay_rows(
+        work, rows, p.slots * bin_s, np.ascontiguousarray(base_s, dtype=np.float64),
+        np.ascontiguousarray(req_bin), sync, float(p.slots), float(p.slo_s),
+        latency, violated, active,
+    )  # fmt: skip
+    out = m.shape[:-1] + (req_bin.size,)
+    take = np.take(pressure_bin, req_bin)
+    return ReplayResult(latency.reshape(out), violated.reshape(out), active.reshape(out), take)
 
 
 #: Candidates per block in :func:`merge_costs` (bounds memory on day-long traces).
