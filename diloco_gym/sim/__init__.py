@@ -37,6 +37,12 @@ def compiled_eval():
     return _compiled_module("jit_eval")
 
 
+def compiled_checks():
+    """The compiled checks of a trace's arrays, :mod:`diloco_gym.sim.jit_checks` (imported
+    on first use)."""
+    return _compiled_module("jit_checks")
+
+
 def compiled_rows(name: str, parallel: bool, items: int, at_least: int):
     """The compiled per-row rule ``name`` of :mod:`diloco_gym.sim.jit`, or, when
     ``parallel`` is asked for and pays for a batch of ``items`` rows

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from diloco_gym.sim import compiled_checks
 from diloco_gym.sim.limits import check_limit
 
 __all__ = ["Trace", "TraceFormatError", "window", "scale_rate", "validate_trace", "tile_starts"]
@@ -167,22 +168,11 @@ def validate_trace(trace: Trace, path: str = "<array>") -> None:
             raise TraceFormatError(
                 path, f"{name} has shape {getattr(trace, name).shape}, expected ({n},)", field=name
             )
-    if not np.isfinite(trace.arrival_s).all():
-        bad = ~np.isfinite(trace.arrival_s)
-        raise TraceFormatError(
-            path, "arrival time is not finite", row=int(np.argmax(bad)) + 1, field="arrival_s"
-        )
-    # finite values: a difference is negative exactly when the later value is smaller
-    if n and (trace.arrival_s[1:] < trace.arrival_s[:-1]).any():
-        row = int(np.argmax(np.diff(trace.arrival_s) < 0)) + 2
-        raise TraceFormatError(path, "arrivals are not sorted", row=row, field="arrival_s")
-    if n and (trace.arrival_s[0] < 0 or trace.arrival_s[-1] >= trace.duration_s):
-        row = 1 if trace.arrival_s[0] < 0 else n
-        raise TraceFormatError(
-            path, f"arrival outside the window [0, {trace.duration_s})", row=row, field="arrival_s"
-        )
+    checks = compiled_checks()
+    if not checks.arrivals_ok(trace.arrival_s, float(trace.duration_s)):
+        _arrival_error(trace, path)
     for name in ("prompt_tokens", "output_tokens"):
-        if n and getattr(trace, name).min() < 0:
+        if not checks.nonnegative(getattr(trace, name)):
             neg = getattr(trace, name) < 0
             raise TraceFormatError(
                 path, "negative token count", row=int(np.argmax(neg)) + 1, field=name
@@ -197,8 +187,28 @@ def validate_trace(trace: Trace, path: str = "<array>") -> None:
                 f"{name} has {series.shape} samples, expected ({trace.num_pressure_samples},)",
                 field=name,
             )
-        if series.size and not (series.min() >= 0 and series.max() <= 1):  # NaN: False
+        if not checks.in_unit_interval(series):
             raise TraceFormatError(path, "pressure outside [0, 1] or NaN", field=name)
+
+
+def _arrival_error(trace: Trace, path: str) -> None:
+    """Raise the :class:`TraceFormatError` naming the first broken invariant of
+    ``trace.arrival_s`` (one of them is broken: :func:`~diloco_gym.sim.jit_checks.arrivals_ok`
+    said so)."""
+    n = trace.arrival_s.size
+    if not np.isfinite(trace.arrival_s).all():
+        bad = ~np.isfinite(trace.arrival_s)
+        raise TraceFormatError(
+            path, "arrival time is not finite", row=int(np.argmax(bad)) + 1, field="arrival_s"
+        )
+    # finite values: a difference is negative exactly when the later value is smaller
+    if (trace.arrival_s[1:] < trace.arrival_s[:-1]).any():
+        row = int(np.argmax(np.diff(trace.arrival_s) < 0)) + 2
+        raise TraceFormatError(path, "arrivals are not sorted", row=row, field="arrival_s")
+    row = 1 if trace.arrival_s[0] < 0 else n
+    raise TraceFormatError(
+        path, f"arrival outside the window [0, {trace.duration_s})", row=row, field="arrival_s"
+    )
 
 
 def window(trace: Trace, start_s: float, duration_s: float) -> Trace:
