@@ -1104,7 +1104,8 @@ def main(argv: list[str] | None = None) -> int:
         "--ab",
         metavar="REV",
         help="only the headline rows of git revision REV's code and this checkout's, "
-        "alternating subprocesses (e.g. --ab c1f0745, diloco-gym 0.4.0)",
+        "alternating subprocesses (e.g. --ab b9cd9ba; REV's package needs "
+        "diloco_gym.envs.episode, which this benchmark imports: 0.4.0's c1f0745 lacks it)",
     )
     ap.add_argument("--ab-rounds", type=int, default=3, help="subprocesses per side (3)")
     ap.add_argument("--ab-child", type=Path, help=argparse.SUPPRESS)
