@@ -285,6 +285,14 @@ def loss_one(tokens, floor, scale, tokens_scale, exponent):  # pragma: no cover 
 
 
 @njit(cache=True)
+def loss_rows(tokens, floor, scale, tokens_scale, exponent, out):  # pragma: no cover
+    """:func:`loss_one` of each value of ``tokens`` (1-D) into ``out``."""
+    for i in range(tokens.size):
+        out[i] = loss_one(tokens[i], floor, scale, tokens_scale, exponent)
+    return 0
+
+
+@njit(cache=True)
 def learner_block(
     gaps_s, tokens, thr, floor, scale, tokens_scale, exponent, loss_clip, tokens_clip,
     staleness_clip_s, out,

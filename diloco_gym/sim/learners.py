@@ -92,13 +92,17 @@ class LearnerParams:
 
 
 def loss(tokens, p: LearnerParams):
-    """Global loss after ``tokens`` training tokens."""
-    # np.power, not ``**``: on a numpy scalar ``**`` takes the C library's pow, which can
-    # differ in the last bit from the ufunc used on arrays; the ufunc gives every shape
-    # (the single env's scalars, the vector env's batches) the same values.
-    return p.loss_floor + p.loss_scale * np.power(
-        1.0 + np.asarray(tokens) / p.tokens_scale, -p.loss_exponent
-    )
+    """Global loss after ``tokens`` training tokens (a scalar or an array of any shape): the
+    compiled power law the envs' step and observation use
+    (:func:`diloco_gym.sim.jit.loss_one`, the C library's ``pow``), value by value."""
+    from diloco_gym.sim import compiled
+
+    t = np.asarray(tokens, dtype=np.float64)
+    flat = np.ascontiguousarray(t).reshape(-1)
+    out = np.empty(flat.size)
+    args = (float(p.loss_floor), float(p.loss_scale), float(p.tokens_scale))
+    compiled().loss_rows(flat, *args, float(p.loss_exponent), out)
+    return out.reshape(t.shape)[()]
 
 
 def reports(gap_s, global_tokens, throughputs: np.ndarray, p: LearnerParams):

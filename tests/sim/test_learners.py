@@ -106,3 +106,24 @@ def test_bad_learner_params_name_the_field(field, value):
 def test_learner_params_accept_numpy_numbers():
     p = LearnerParams(num_learners=np.int64(3), drift_s=np.float32(60.0))
     assert p.draw_throughputs(np.random.default_rng(0)).shape == (3,)
+
+
+def test_loss_is_the_compiled_power_law_with_the_c_librarys_pow():
+    """``learners.loss`` gives, value for value and shape for shape, ``floor + scale * (1 +
+    T / tokens_scale) ** -exponent`` with the C library's ``pow`` (``math.pow``): the law the
+    envs' compiled step and observation use, so ``env.learner_reports`` agrees with them bit
+    for bit on every CPU (NumPy's vectorised ``power`` may differ in the last bit)."""
+    import math
+
+    rng = np.random.default_rng(5)
+    tokens = rng.random((3, 4, 5)) * 1e10
+
+    def want(t):
+        return P.loss_floor + P.loss_scale * math.pow(1.0 + t / P.tokens_scale, -P.loss_exponent)
+
+    got = lrn.loss(tokens, P)
+    assert got.shape == tokens.shape
+    assert got.tolist() == np.vectorize(want)(tokens).tolist()
+    scalar = lrn.loss(1.5e9, P)
+    assert np.ndim(scalar) == 0 and float(scalar) == want(1.5e9)
+    assert lrn.loss(np.zeros(0), P).shape == (0,)
