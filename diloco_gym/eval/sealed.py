@@ -165,9 +165,10 @@ SPIN_S = 5e-4
 class _Spin:
     """Busy-wait briefly for a message before sleeping on it: waking a sleeping process
     costs tens of microseconds here, about a lockstep round's work. The window adapts:
-    doubled (up to ``cap``) after a wait it caught, halved after one it missed, so that on
-    a loaded machine, where the other side is often not running, it falls to (almost)
-    nothing; every 64th wait tries the whole window again."""
+    doubled (up to ``cap``, and to at least twice the wait caught) after a wait it caught,
+    halved after one it missed, so that on a loaded machine, where the other side is often
+    not running, it falls to (almost) nothing; every 64th wait tries the whole window
+    again, and a catch there restores it."""
 
     def __init__(self, cap: float) -> None:
         self.cap = self.window = max(0.0, cap)
@@ -179,10 +180,13 @@ class _Spin:
         window = self.cap if self.n % 64 == 0 else self.window
         if window <= 0.0:
             return
-        end = time.perf_counter() + window
-        while time.perf_counter() < end:
+        start = time.perf_counter()
+        end = start + window
+        while (now := time.perf_counter()) < end:
             if ready():
-                self.window = min(self.cap, max(self.window, 1e-6) * 2)
+                # at least twice the wait just caught: a collapsed window that catches the
+                # every-64th full try is back at once (doubling from nothing never was)
+                self.window = min(self.cap, max(self.window * 2, 2 * (now - start)))
                 return
         self.window /= 2
 

@@ -172,3 +172,20 @@ def test_the_busy_wait_window_shrinks_on_misses_and_grows_back_on_hits():
     assert spin.window == pytest.approx(1e-3 / 16)
     off = sealed._Spin(0.0)
     off.wait(lambda: pytest.fail("a zero window must not poll"))
+
+
+def test_a_collapsed_busy_wait_window_recovers_when_the_full_try_catches():
+    # A window halved to nothing (a stretch of missed waits) must come back once the
+    # other side answers quickly again: the every-64th full try that catches a 2 ms wait
+    # sets the window to at least twice that wait, not to twice nothing.
+    import time
+
+    from diloco_gym.eval import sealed
+
+    spin = sealed._Spin(0.05)
+    spin.window = 1e-15
+    spin.n = 63  # the next wait is the 64th: the whole window
+    t0 = time.perf_counter()
+    spin.wait(lambda: time.perf_counter() - t0 >= 0.002)
+    assert spin.window >= 0.0039  # twice the wait as its own clock read it (old rule: 2e-6)
+    assert spin.window <= 0.05
