@@ -202,9 +202,11 @@ def _serve(conn: Any, blobs: list[bytes], spin_s: float = 0.0) -> None:
     ctxs: list = [None] * len(agents)
     states: list = [None] * len(agents)
     spin = _Spin(spin_s)
+    ready = select.poll()  # one poll object: conn.poll(0) builds a selector at every call
+    ready.register(conn.fileno(), select.POLLIN)
     while True:
         try:
-            spin.wait(lambda: conn.poll(0))
+            spin.wait(lambda: bool(ready.poll(0)))
             buf = conn.recv_bytes()
         except EOFError:
             return
@@ -334,7 +336,7 @@ class SealedAgent:
         self._worker.call((*msg, context.action_mask()), self._slot)
 
     def _item(self, observation: Any, episode_start: Any) -> tuple:
-        obs = np.array(observation, dtype=np.float32)
+        obs = np.asarray(observation, dtype=np.float32)  # sent at once: bytes, no copy kept
         mask = None if self._ctx is None else self._ctx.action_mask()
         start = episode_start is not None and bool(np.asarray(episode_start).reshape(-1)[0])
         return (self._slot, obs, mask, start)
