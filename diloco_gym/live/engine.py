@@ -574,11 +574,9 @@ def _launch_engine(kv: KVSettings, cfg: EngineModelConfig, threads: int | None) 
             threads,
         )
     except BaseException:
-        if proc is not None:
-            if proc.poll() is None:
-                _signal_group(proc.pid, signal.SIGKILL)
-                proc.wait()
+        if proc is not None:  # the server and all it forked, then reap the server
             _clear_group(proc.pid)
+            proc.wait()
         if log is not None:
             log.close()
         shutil.rmtree(tmpdir, ignore_errors=True)
