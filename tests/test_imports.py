@@ -69,8 +69,9 @@ def test_import_loads_no_scipy_pyarrow_matplotlib_or_pandas():
 @pytest.mark.slow
 def test_building_and_stepping_envs_loads_no_report_or_parquet_modules():
     """The single and the vector env, built, reset and stepped, load none of pyarrow,
-    matplotlib, pandas, tqdm or scipy.signal (the AR(1) and EWMA filters of an episode build
-    are compiled, ``sim.iir1``)."""
+    matplotlib, pandas, tqdm, scipy.signal (the AR(1) and EWMA filters of an episode build
+    are compiled, ``sim.iir1``) or scipy.special (the token tables' normal quantiles ship
+    with the package, ``regimes.normal_quantiles``)."""
     code = """
 import gymnasium as gym
 import numpy as np
@@ -86,7 +87,7 @@ for _ in range(20):
 for regime in diloco_gym.REGIMES:
     gym.make(diloco_gym.ENV_IDS[regime]).reset(seed=1)
 """
-    assert _loaded_after(code, NOT_FOR_THE_ENV + ("scipy.signal",)) == []
+    assert _loaded_after(code, NOT_FOR_THE_ENV + ("scipy.signal", "scipy.special")) == []
 
 
 def test_loaders_import_and_read_csv_without_pyarrow(tmp_path):

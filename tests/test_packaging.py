@@ -48,4 +48,5 @@ def test_the_wheel_installs_no_top_level_agents_package(tmp_path) -> None:
     assert "diloco_gym/agents/reference/model.zip" in names
     assert "diloco_gym/agents/reference/budget-bursty/model.zip" in names
     assert "diloco_gym/data/calibration_reference.json" in names
+    assert "diloco_gym/data/normal_quantiles_14.npy" in names  # the token tables' grid
     assert not [n for n in names if n.startswith("agents/")]

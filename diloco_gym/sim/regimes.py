@@ -56,14 +56,46 @@ SLICE_S = 0.1
 _TOKEN_BITS = 14
 
 
+#: The package file of :func:`normal_quantiles`.
+NORMAL_QUANTILES_RESOURCE = f"data/normal_quantiles_{_TOKEN_BITS}.npy"
+
+
+@lru_cache(maxsize=1)
+def normal_quantiles() -> np.ndarray:
+    """The ``2**_TOKEN_BITS`` equiprobable standard-normal quantiles, at the probabilities
+    ``(k + 1/2) / 2**_TOKEN_BITS`` (``|z| < 4.01``), read-only.
+
+    They ship with the package (``data/normal_quantiles_14.npy``, written once with
+    ``scipy.special.ndtri`` of those probabilities; a test checks every value against it), so
+    that a fresh process's first episode does not load ``scipy.special`` (about 0.1 s) and
+    the token tables stay the same whichever scipy is installed."""
+    from importlib import resources
+
+    path = resources.files("diloco_gym").joinpath(NORMAL_QUANTILES_RESOURCE)
+    k = 1 << _TOKEN_BITS
+    try:
+        with path.open("rb") as fh:
+            z = np.load(fh, allow_pickle=False)
+    except (OSError, ValueError) as e:
+        raise ValueError(
+            f"cannot read diloco_gym/{NORMAL_QUANTILES_RESOURCE} ({e}): the installed package "
+            "is damaged; reinstall diloco-gym"
+        ) from e
+    if not isinstance(z, np.ndarray) or z.dtype != np.float64 or z.shape != (k,):
+        got = f"{z.dtype} {z.shape}" if isinstance(z, np.ndarray) else type(z).__name__
+        raise ValueError(
+            f"diloco_gym/{NORMAL_QUANTILES_RESOURCE} holds {got}, expected float64 ({k},): "
+            "the installed package is damaged; reinstall diloco-gym"
+        )
+    z.setflags(write=False)
+    return z
+
+
 @lru_cache(maxsize=64)
 def _token_table(median: float, sigma: float, upper: float, dtype=np.int64) -> np.ndarray:
     """Log-normal token counts at the ``2**_TOKEN_BITS`` equiprobable normal quantiles
-    ``(k + 1/2) / 2**_TOKEN_BITS`` (so |z| <= 3.8), rounded and clipped to ``[1, upper]``."""
-    from scipy.special import ndtri  # imported on first use, as in _ar1: scipy is slow to load
-
-    k = 1 << _TOKEN_BITS
-    z = ndtri((np.arange(k) + 0.5) / k)
+    (:func:`normal_quantiles`), rounded and clipped to ``[1, upper]``."""
+    z = normal_quantiles()
     table = np.clip(np.rint(median * np.exp(sigma * z)), 1, upper).astype(dtype)
     table.setflags(write=False)
     return table

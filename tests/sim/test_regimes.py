@@ -320,6 +320,43 @@ def test_tokens_are_log_normal_and_independent():
     assert np.all(np.abs(hist / hist.mean() - 1) < 0.1)
 
 
+def test_the_shipped_normal_quantiles_are_scipys_ndtri_bit_for_bit():
+    """The token tables' quantile grid ships as data; it must be exactly what
+    ``scipy.special.ndtri`` gives at ``(k + 1/2) / 2**14`` (every value, every bit)."""
+    from scipy.special import ndtri
+
+    from diloco_gym.sim.regimes import normal_quantiles
+
+    k = 1 << 14
+    z = normal_quantiles()
+    assert z.dtype == np.float64 and z.shape == (k,)
+    assert z.tobytes() == ndtri((np.arange(k) + 0.5) / k).tobytes()
+    assert not z.flags.writeable
+    assert normal_quantiles() is z  # read once per process
+
+
+@pytest.mark.parametrize("content", [b"not an array", "array"])
+def test_a_damaged_normal_quantiles_file_is_named(tmp_path, monkeypatch, content):
+    from importlib import resources
+
+    from diloco_gym.sim import regimes
+
+    path = tmp_path / "data" / "normal_quantiles_14.npy"
+    path.parent.mkdir()
+    if content == "array":
+        np.save(path, np.zeros(7))
+    else:
+        path.write_bytes(content)
+    monkeypatch.setattr(resources, "files", lambda package: tmp_path)
+    regimes.normal_quantiles.cache_clear()
+    try:
+        match = "normal_quantiles_14.npy.*damaged; reinstall diloco-gym"
+        with pytest.raises(ValueError, match=match):
+            regimes.normal_quantiles()
+    finally:
+        regimes.normal_quantiles.cache_clear()
+
+
 # --------------------------------------------------------------------------- load
 def test_regime_capacity_and_utilization():
     reg = REGIMES["sync-heavy"]
