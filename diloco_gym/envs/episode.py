@@ -99,6 +99,12 @@ class Episode:
         return cost
 
     @cached_property
+    def baseline_violated(self) -> int:
+        """Requests over their SLO in the no-merge replay (every summary of the episode
+        subtracts them)."""
+        return int(np.count_nonzero(self.baseline.violated))
+
+    @cached_property
     def _one_cost(self) -> IsolatedMergeCost:
         p = self.params
         return IsolatedMergeCost(

@@ -11,7 +11,8 @@ import numpy as np
 
 from diloco_gym.envs.episode import Episode
 from diloco_gym.envs.params import EnvParams
-from diloco_gym.sim.sidecar import ReplayResult, SidecarParams, replay
+from diloco_gym.sim import compiled_stats, quantile_fractions
+from diloco_gym.sim.sidecar import SUMMARY_Q, ReplayResult, SidecarParams, pct_of, replay
 
 __all__ = ["sync_mask", "replay_schedule", "schedule_summary"]
 
@@ -104,14 +105,15 @@ def schedule_summary(
     (``per_sync``: as :func:`replay_schedule`; each merge's additive cost is then its own
     episode's). ``costs``: the merges' isolated costs when the caller has them (an env's
     record of its schedule), else asked from the episode."""
-    res = replay_schedule(episode, merges, params, sidecar, per_sync)
-    out = res.summary()
-    base = episode.baseline  # its violations only (as its summary counts them)
-    base_pct = base.violation_pct
+    out = _fused_summary(episode, merges, params, sidecar) if per_sync is None else None
+    if out is None:
+        out = replay_schedule(episode, merges, params, sidecar, per_sync).summary()
+    base_violated = episode.baseline_violated  # its violations only (as its summary counts)
+    base_pct = pct_of(base_violated, episode.baseline.violated.size)
     out["merges"] = int(len(merges))
     out["no_sync_violation_pct"] = base_pct
     out["sync_excess_pct"] = out["violation_pct"] - base_pct
-    out["sync_excess_requests"] = out["violated"] - int(base.violated.sum())
+    out["sync_excess_requests"] = out["violated"] - base_violated
     if costs is None:
         eps = [episode] * len(merges) if per_sync is None else per_sync
         costs = [e.merge_cost_at(int(d)) for e, d in zip(eps, merges, strict=True)]
@@ -119,3 +121,47 @@ def schedule_summary(
     out["additive_excess_requests"] = float(additive)
     out["additive_excess_pct"] = float(additive * episode.pct_per_request)
     return out
+
+
+def _fused_summary(episode: Episode, merges, params: EnvParams, sidecar: SidecarParams):
+    """``replay_schedule(...).summary()`` of one schedule in one compiled call
+    (:func:`diloco_gym.sim.jit_stats.replay_summary_one`, bit-identical), or ``None`` for
+    a schedule it does not take (not a flat list of merge decisions inside the episode's
+    bins), which the array form then replays (and refuses as it does)."""
+    n_bins = episode.pressure_bin.size
+    starts = np.asarray(merges, dtype=np.int64)
+    if starts.ndim != 1:
+        return None
+    starts = starts * params.decision_interval
+    if starts.size and (starts.min() < 0 or starts.max() > n_bins):
+        return None
+    out = np.empty(2 + len(SUMMARY_Q))
+    req_bin = episode.req_bin
+    if req_bin.size and req_bin.max() >= n_bins:
+        return None  # the array form names the bin it cannot replay
+    compiled_stats().replay_summary_one(
+        np.ascontiguousarray(episode.base_s, dtype=np.float64),
+        np.ascontiguousarray(req_bin, dtype=np.int64),
+        np.ascontiguousarray(episode.pressure_bin, dtype=np.float64),
+        starts,
+        int(params.merge_steps),
+        float(sidecar.pressure_gain),
+        float(sidecar.sync_slowdown),
+        float(sidecar.slots * params.step_seconds),
+        float(sidecar.slots),
+        float(sidecar.slo_s),
+        quantile_fractions(SUMMARY_Q),
+        out,
+    )
+    n = int(req_bin.size)
+    violated, active = int(out[0]), int(out[1])
+    p50, p95, p99 = out[2:].tolist()
+    return {
+        "requests": n,
+        "violated": violated,
+        "violation_pct": pct_of(violated, n),
+        "p50_ms": p50,
+        "p95_ms": p95,
+        "p99_ms": p99,
+        "sync_active_frac": active / n if n else 0.0,
+    }

@@ -37,6 +37,12 @@ def compiled_eval():
     return _compiled_module("jit_eval")
 
 
+def compiled_stats():
+    """The compiled order statistics and replay summary, :mod:`diloco_gym.sim.jit_stats`
+    (imported on first use)."""
+    return _compiled_module("jit_stats")
+
+
 def compiled_checks():
     """The compiled checks of a trace's arrays, :mod:`diloco_gym.sim.jit_checks` (imported
     on first use)."""
@@ -125,7 +131,7 @@ def percentiles(x, q) -> list[float]:
     every ``q`` when ``x`` is empty."""
     import numpy as np
 
-    qf = _fractions(tuple(q))
+    qf = quantile_fractions(tuple(q))
     a = np.ascontiguousarray(x, dtype=np.float64)
     if a.ndim != 1:
         a = a.reshape(-1)
@@ -139,7 +145,7 @@ def percentiles(x, q) -> list[float]:
 
 
 @lru_cache(maxsize=64)
-def _fractions(q: tuple):
+def quantile_fractions(q: tuple):
     """``q / 100`` as NumPy divides it (read-only); ``ValueError`` outside [0, 100]."""
     import numpy as np
 

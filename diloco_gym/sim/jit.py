@@ -632,6 +632,13 @@ def _exo_row(
 
 
 @njit(cache=True)
+def slowdown_one(p, gain):  # pragma: no cover - compiled
+    """A bin's no-merge slowdown at pressure ``p``, ``1 + gain * p**2`` (the rule of
+    :func:`diloco_gym.sim.sidecar.slowdown`, the same operations)."""
+    return 1.0 + gain * (p * p)
+
+
+@njit(cache=True)
 def episode_core_range(
     arrivals, prompt, output, offsets, network, checkpoint, p_idx, t_dec, dec_s, di, fa, fb,
     norm_f, norm_b, capacity, rate_norm, ttft_ms, prefill_ms, decode_ms, gain, step_s, cap_s,
@@ -666,7 +673,7 @@ def episode_core_range(
         for k in range(n_bins):
             p = pdec[e, k // di]
             pbin[e, k] = p
-            m0[e, k] = 1.0 + gain * (p * p)
+            m0[e, k] = slowdown_one(p, gain)
             work[k] = 0.0
         for i in range(lo, hi):
             base_s[i] = (ttft_ms + prefill_ms * prompt[i] + decode_ms * output[i]) / 1000.0

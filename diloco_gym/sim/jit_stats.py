@@ -1,14 +1,17 @@
 """The compiled order statistics: linear-interpolation percentiles bit-identical to
 NumPy's default ``np.percentile`` from selections instead of a full partition (the
-episode summary's latency percentiles). Compiled with numba (``cache=True``) as
-:mod:`diloco_gym.sim.jit`; imported on first use."""
+episode summary's latency percentiles), and a schedule's exact replay with its summary
+statistics in one call (:func:`replay_summary_one`, an env's episode summary). Compiled
+with numba (``cache=True``) as :mod:`diloco_gym.sim.jit`; imported on first use."""
 
 from __future__ import annotations
 
 import numpy as np
 from numba import njit
 
-__all__ = ["percentiles_linear"]
+from diloco_gym.sim.jit import replay_rows, slowdown_one
+
+__all__ = ["percentiles_linear", "replay_summary_one"]
 
 
 @njit(cache=True)
@@ -87,4 +90,49 @@ def percentiles_linear(x, q, out):  # pragma: no cover - compiled
             out[j] = hi_v - diff * (1.0 - gamma)
         else:
             out[j] = lo_v + diff * gamma
+    return 0
+
+
+@njit(cache=True)
+def replay_summary_one(
+    base_s, req_bin, pressure_bin, starts, w, gain, sync_slowdown, cap, slots, slo_s, q, out
+):  # pragma: no cover - compiled  # fmt: skip
+    """The exact replay of one schedule and its summary statistics, in one pass: the merge
+    windows of the merges starting at bins ``starts`` (``w`` bins each, cut at the last
+    bin), the slowdown per bin (``(1 + gain * P**2) * (1 + sync_slowdown * mask)``), the
+    work per bin (``np.bincount`` of ``base_s`` by ``req_bin``: summed in request order),
+    the queue and latencies of :func:`diloco_gym.sim.jit.replay_rows`, then into ``out``
+    the violated and the merge-active request counts and the linear-interpolation
+    percentiles ``q`` (fractions) of the latencies in milliseconds
+    (:func:`percentiles_linear` of ``latency * 1000``; NaN without requests). The same
+    operations in the same order as ``diloco_gym.envs.schedule.replay_schedule`` and
+    ``ReplayResult.summary``, so every value is bit-identical to theirs."""
+    n_bins = pressure_bin.size
+    sync = np.zeros((1, n_bins))
+    for k in range(starts.size):
+        for j in range(starts[k], min(starts[k] + w, n_bins)):
+            sync[0, j] = 1.0
+    m = np.empty((1, n_bins))
+    work = np.zeros(n_bins)
+    for k in range(n_bins):
+        m[0, k] = slowdown_one(pressure_bin[k], gain) * (1.0 + sync_slowdown * sync[0, k])
+    for i in range(req_bin.size):
+        work[req_bin[i]] += base_s[i]
+    n = req_bin.size
+    latency = np.empty((1, n))
+    violated = np.empty((1, n), dtype=np.bool_)
+    active = np.empty((1, n), dtype=np.bool_)
+    replay_rows(work, m, cap, base_s, req_bin, sync, slots, slo_s, latency, violated, active)
+    hits = 0
+    busy = 0
+    for i in range(n):
+        hits += violated[0, i]
+        busy += active[0, i]
+        latency[0, i] = latency[0, i] * 1000.0
+    out[0] = hits
+    out[1] = busy
+    if n == 0:
+        out[2:] = np.nan
+    else:
+        percentiles_linear(latency[0], q, out[2:])
     return 0

@@ -50,6 +50,7 @@ __all__ = [
     "no_merge_queue",
     "slowdown",
     "replay",
+    "pct_of",
     "cost_queue",
     "cost_queue_into",
     "episode_cost_queue",
@@ -181,8 +182,7 @@ def no_merge_queue(
     return m0, s, prefmin
 
 
-#: The latency percentiles of :meth:`ReplayResult.summary`.
-_SUMMARY_Q = (50, 95, 99)
+SUMMARY_Q = (50, 95, 99)  #: the latency percentiles of a replay's (an episode's) summary
 
 
 @dataclass(frozen=True)
@@ -203,19 +203,19 @@ class ReplayResult:
 
     @property
     def violation_pct(self) -> float:
-        return _pct(int(np.count_nonzero(self.violated)), self.violated.size)
+        return pct_of(int(np.count_nonzero(self.violated)), self.violated.size)
 
     def summary(self) -> dict:
         """Violation %, latency percentiles (ms) and sync-active fraction."""
         lat_ms = self.latency_s * 1000.0
         n = lat_ms.size
-        p50, p95, p99 = percentiles(lat_ms, _SUMMARY_Q)  # one selection for the three
+        p50, p95, p99 = percentiles(lat_ms, SUMMARY_Q)  # one selection for the three
         violated = int(np.count_nonzero(self.violated))
         active = self.sync_active
         return {
             "requests": int(n),
             "violated": violated,
-            "violation_pct": _pct(violated, self.violated.size),
+            "violation_pct": pct_of(violated, self.violated.size),
             "p50_ms": p50,
             "p95_ms": p95,
             "p99_ms": p99,
@@ -223,10 +223,10 @@ class ReplayResult:
         }
 
 
-def _pct(count: int, n: int) -> float:
+def pct_of(count: int, n: int) -> float:
     """``100 * mean`` of a boolean mask with ``count`` of its ``n`` values set (0 when
-    empty): ``count / n`` is the mean NumPy computes (its sum of 0/1 is exact, then one
-    division)."""
+    empty), a replay's violation percentage: ``count / n`` is the mean NumPy computes (its
+    sum of 0/1 is exact, then one division)."""
     return 100.0 * (count / n) if n else 0.0
 
 

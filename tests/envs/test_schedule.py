@@ -131,3 +131,39 @@ def test_summary_takes_the_no_merge_terms_from_the_baseline_summary():
         assert s["sync_excess_pct"] == s["violation_pct"] - base["violation_pct"]
         assert type(s["sync_excess_requests"]) is int
         assert s["sync_excess_requests"] == s["violated"] - base["violated"]
+
+
+@pytest.mark.parametrize("regime", ["bursty", "pressure-heavy", "sync-heavy"])
+@pytest.mark.parametrize(
+    "merges", [[], [0], [3, 20, 40], [5, 6], [7, 7], [0, 100, 535], [535], [3, 21, 39, 57]]
+)
+def test_the_one_call_summary_is_the_replay_summary_bit_for_bit(regime, merges):
+    """The compiled one-call summary (``jit_stats.replay_summary_one``) gives exactly the
+    values of the array replay's summary: counts, percentages and the three latency
+    percentiles (compared with ``==``, not a tolerance), overlapping windows and merges at
+    both ends included."""
+    from diloco_gym.envs.schedule import _fused_summary
+
+    env = DiLoCoSyncEnv(regime)
+    env.reset(seed=11)
+    ep = env.episode
+    merges = [m for m in merges if m < ep.n_decisions]
+    fused = _fused_summary(ep, merges, env.params, env.sidecar)
+    want = replay_schedule(ep, merges, env.params, env.sidecar).summary()
+    assert fused is not None
+    assert fused == want
+    assert [type(v) for v in fused.values()] == [type(v) for v in want.values()]
+
+
+def test_the_one_call_summary_leaves_what_it_does_not_take_to_the_array_replay():
+    """A schedule outside the episode (a negative or too late merge, a batch of schedules)
+    is not taken by the one-call summary; the summary then replays it as before."""
+    from diloco_gym.envs.schedule import _fused_summary
+
+    env = DiLoCoSyncEnv("bursty")
+    env.reset(seed=0)
+    ep = env.episode
+    for merges in ([-1, 10], [10_000], [[1, 20]]):
+        assert _fused_summary(ep, merges, env.params, env.sidecar) is None
+    with pytest.raises(IndexError):
+        schedule_summary(ep, [10_000], env.params, env.sidecar)
