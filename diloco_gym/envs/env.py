@@ -424,6 +424,8 @@ class DiLoCoSyncEnv(gym.Env[Observation, Action]):
         self._mask_out = np.ones((1, 2), dtype=bool)
         self._base_obs = type(self)._obs is DiLoCoSyncEnv._obs
         self._base_masks = type(self).action_masks is DiLoCoSyncEnv.action_masks
+        self._base_want = type(self)._want is DiLoCoSyncEnv._want
+        self._state_floats = kernel.state_arrays(self._state)[1]  # (6, 1): its float fields
         self._row0 = np.zeros(1, dtype=np.int64)
         self._want0 = np.zeros(1, dtype=np.bool_)
         self._step_now: Callable[[], int] = lambda: -1  # FusedStep.bound_step, set by reset()
@@ -525,17 +527,18 @@ class DiLoCoSyncEnv(gym.Env[Observation, Action]):
         return self._obs(), info
 
     def step(self, action: Any) -> tuple[Observation, float, bool, bool, dict[str, Any]]:
-        self._require_episode()
-        assert self.episode is not None  # for mypy: _require_episode() raised otherwise
-        st = self._state
-        n = self.episode.n_decisions
-        d = st.d.item(0)
-        if d >= n:
+        ep = self.episode
+        if ep is None:
+            raise RuntimeError("call reset() before using the environment")
+        if self._state_ints.item(0) >= ep.n_decisions:  # the decision, row 0 of the ints
             raise RuntimeError("step() called after the episode ended; call reset()")
         # One compiled call (FusedStep: the rules in sim/jit_step.py), then the schedule, the
         # exact credit and the info in Python.
-        self._want0[0] = self._want(action)
-        f, ep = self._fused, self.episode
+        if self._base_want:
+            self._want0[0] = check_action(action, self.action_space)
+        else:
+            self._want0[0] = self._want(action)
+        f = self._fused
         while True:
             if self._step_now() >= 0:  # cannot happen with validated budgets
                 raise RuntimeError(
@@ -653,14 +656,16 @@ class DiLoCoSyncEnv(gym.Env[Observation, Action]):
         else:
             action_mask = _MASKS[2 * mask[0] + mask[1]].copy()
         p = self.params
+        n = ep.n_decisions
         return {
             "decision": d,
             "time_s": d * p.decision_seconds,
-            "gap_steps": (min(d, ep.n_decisions) - last) * p.decision_interval,
+            "gap_steps": ((d if d < n else n) - last) * p.decision_interval,
             "merged": merged,
             "action_overridden": overridden,
             "merges": merges,
-            "excess_requests_so_far": self._state.excess_requests.item(0),
+            # step_layout.STATE_FLOAT: excess_requests is row 2
+            "excess_requests_so_far": self._state_floats.item(2),
             # Gymnasium's convention (as Taxi): int8, so action_space.sample(mask) takes it.
             "action_mask": action_mask,
         }
