@@ -38,12 +38,27 @@ import numpy as np
 from diloco_gym.envs.observation import OBS_INDEX
 from diloco_gym.envs.params import EnvParams
 
-__all__ = ["Agent", "AgentContext", "obs_feature"]
+__all__ = ["Agent", "AgentContext", "obs_feature", "one_or_batch", "as_actions"]
 
 
 def obs_feature(obs: np.ndarray, name: str) -> np.ndarray:
-    """Column ``name`` of an observation or a batch of observations."""
-    return np.asarray(obs)[..., OBS_INDEX[name]]
+    """Column ``name`` of a batch of observations (an array), or of one observation (a
+    NumPy scalar of the observation's dtype: arithmetic on it is NumPy's scalar arithmetic,
+    the same IEEE operations as on an array, without an array's per-operation cost)."""
+    obs = np.asarray(obs)
+    return obs[OBS_INDEX[name]] if obs.ndim == 1 else obs[..., OBS_INDEX[name]]
+
+
+def one_or_batch(obs: np.ndarray) -> np.ndarray:
+    """A batch of one observation as that observation (1-D), else the batch: a rule written
+    with :func:`obs_feature` and ufuncs then computes one decision on NumPy scalars, bit
+    for bit as on the batch (:func:`as_actions` turns its result back into a batch)."""
+    return obs[0] if obs.ndim == 2 and obs.shape[0] == 1 else obs
+
+
+def as_actions(decision: Any) -> np.ndarray:
+    """A rule's decision (a boolean array, or one NumPy boolean) as int64 actions, a batch."""
+    return np.asarray(decision).astype(np.int64).reshape(-1)
 
 
 @dataclass(frozen=True)

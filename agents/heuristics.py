@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from diloco_gym.agents.base import Agent, AgentContext, obs_feature
+from diloco_gym.agents.base import Agent, AgentContext, as_actions, obs_feature, one_or_batch
 from diloco_gym.envs.budget_features import BudgetPace
 from diloco_gym.envs.observation import unsquash_rate
 from diloco_gym.envs.params import EnvParams
@@ -77,7 +77,7 @@ class FixedInterval(Agent):
         self.params = context.params
 
     def act(self, obs: np.ndarray) -> np.ndarray:
-        return (_gap_steps(obs, self.params) >= self.interval_steps).astype(np.int64)
+        return as_actions(_gap_steps(one_or_batch(obs), self.params) >= self.interval_steps)
 
 
 class PressureGate(Agent):
@@ -150,6 +150,10 @@ class WAWeights:
     cost: float = 0.0
 
 
+#: the paper's weights (the online forecaster's progress term)
+_PAPER_WEIGHTS = WAWeights()
+
+
 class WADiLoCo(Agent):
     """Workload-aware DiLoCo: merge when ``score > threshold`` (default 0), with
 
@@ -208,7 +212,7 @@ class WADiLoCo(Agent):
         return progress - pressure
 
     def act(self, obs: np.ndarray) -> np.ndarray:
-        return (self.score(obs) > self.threshold).astype(np.int64)
+        return as_actions(self.score(one_or_batch(obs)) > self.threshold)
 
 
 class CalibratedWA(WADiLoCo):
@@ -255,7 +259,8 @@ class OnlineForecastWA(Agent):
         self.rate_norm_rps = context.params.rate_norm_rps
 
     def act(self, obs: np.ndarray) -> np.ndarray:
-        w = WAWeights()
+        obs = one_or_batch(obs)
+        w = _PAPER_WEIGHTS
         progress = w.loss * obs_feature(obs, "loss_progress_mean") + w.tokens * obs_feature(
             obs, "tokens_mean"
         )
@@ -264,7 +269,7 @@ class OnlineForecastWA(Agent):
         b = unsquash_rate(obs_feature(obs, "rate_baseline"), self.rate_norm_rps)
         quiet = np.maximum(f, r) <= self.quiet_ratio * b
         calm = obs_feature(obs, "rate_trend") <= self.max_trend
-        return ((progress >= self.min_progress) & quiet & calm).astype(np.int64)
+        return as_actions((progress >= self.min_progress) & quiet & calm)
 
 
 class OfflineCalibratedOracle(Agent):
