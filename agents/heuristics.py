@@ -343,9 +343,9 @@ class FixedBudget(Agent):
                 f"{self.name} is budget-aware: attach it to an env with a merge "
                 f"budget first (diloco_gym.eval.rollout.run_episode does)"
             )
-        s = self._pace.read(obs)
+        s = self._pace.read(one_or_batch(obs))
         interval = s["n"] / self._pace.budget
-        return ((s["gap"] >= interval) & (s["m_left"] > 0)).astype(np.int64)
+        return as_actions((s["gap"] >= interval) & (s["m_left"] > 0))
 
 
 class OnlineForecastBudget(OnlineForecastWA):
@@ -417,6 +417,7 @@ class OnlineForecastBudget(OnlineForecastWA):
         return np.where(s["m_left"] > 0, s["gap"] / due, 0.0)
 
     def act(self, obs: np.ndarray) -> np.ndarray:
+        obs = one_or_batch(obs)
         u = self.urgency(obs)
         f = unsquash_rate(obs_feature(obs, "rate_forecast"), self.rate_norm_rps)
         r = unsquash_rate(obs_feature(obs, "rate_now"), self.rate_norm_rps)
@@ -424,4 +425,4 @@ class OnlineForecastBudget(OnlineForecastWA):
         quiet = np.maximum(f, r) <= self.quiet_ratio * u * b
         calm = obs_feature(obs, "rate_trend") <= self.max_trend
         go = (u >= self.min_urgency) & ((quiet & calm) | (u >= self.max_urgency))
-        return go.astype(np.int64)
+        return as_actions(go)

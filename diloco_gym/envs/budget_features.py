@@ -48,7 +48,10 @@ OBS_TRANSFORMS = (None, "budget")
 
 
 def _column(obs: np.ndarray, name: str) -> np.ndarray:
-    return np.asarray(obs)[..., OBS_INDEX[name]]
+    """Column ``name`` of a batch (an array), or of one observation (a NumPy scalar: the
+    same arithmetic, without an array's per-operation cost)."""
+    obs = np.asarray(obs)
+    return obs[OBS_INDEX[name]] if obs.ndim == 1 else obs[..., OBS_INDEX[name]]
 
 
 class BudgetPace:
@@ -81,7 +84,8 @@ class BudgetPace:
         self.budget = int(params.merge_budget)
 
     def read(self, obs: np.ndarray) -> dict[str, np.ndarray]:
-        """``{"m_left", "merges", "n", "d", "gap", "last"}`` per observation row (decisions)."""
+        """``{"m_left", "merges", "n", "d", "gap", "last"}`` per observation row (decisions);
+        of one 1-D observation, NumPy scalars (or 0-d arrays)."""
         h_min, h_max = self.params.h_min, self.params.h_max  # in decisions
         m_left = np.rint(_column(obs, "budget_left").astype(np.float64) * self.budget)
         k = self.budget - m_left
