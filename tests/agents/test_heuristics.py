@@ -23,6 +23,7 @@ from diloco_gym.agents.registry import (
     make_agent,
 )
 from diloco_gym.envs.observation import OBS_DIM, OBS_INDEX
+from diloco_gym.envs.params import EnvParams
 from diloco_gym.eval.rollout import attach_agent, run_episode
 from diloco_gym.sim import schedules
 from diloco_gym.sim.traces import Trace
@@ -217,3 +218,53 @@ def test_bursty_ordering_over_20_seeds():
         mean[name] = np.mean([run_episode(env, agent, s)["sync_excess_pct"] for s in range(20)])
     assert mean["offline-oracle"] < mean["online-forecast"] < mean["fixed-256"]
     assert mean["fixed-256"] > mean["fixed-512"]
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["fixed-256", "fixed-512", "pressure-gate", "wa-diloco", "calibrated-wa", "online-forecast",
+     "fixed-budget", "online-forecast-budget"],
+)  # fmt: skip
+def test_one_observation_decides_as_a_batch_does(name):
+    """An agent asked about one observation (a runner's decision: NumPy scalar arithmetic)
+    decides exactly as on a batch holding it (array arithmetic): random observations,
+    round values on the features' edges, zero time left and NaNs included."""
+    from diloco_gym.agents.base import AgentContext
+    from diloco_gym.agents.registry import make_agent
+
+    rng = np.random.default_rng(5)
+    obs = rng.random((3000, 17)).astype(np.float32)
+    obs[1000:2000] = np.round(obs[1000:2000] * 8) / 8
+    obs[2000:2050, 15] = 0.0
+    obs[rng.integers(2050, 3000, 200), rng.integers(0, 17, 200)] = np.nan
+    agent = make_agent(name)
+    agent.attach(AgentContext(EnvParams(merge_budget=12), "bursty"))
+    batch = agent.act(obs)
+    one = np.concatenate([agent.act(obs[i : i + 1]) for i in range(len(obs))])
+    single = np.array([agent.predict(o)[0] for o in obs])
+    assert one.dtype == np.int64 and one.shape == (len(obs),)
+    np.testing.assert_array_equal(one, batch)
+    np.testing.assert_array_equal(single, batch)
+    assert 0 < batch.sum() < len(obs)  # both decisions occur: the check can fail
+
+
+def test_one_observation_scores_bit_for_bit_as_a_batch():
+    """The scores themselves, not only the decisions: a WA score and the budget state of
+    one observation equal the batch's values bit for bit (the observation's float32
+    arithmetic for the score, float64 for the budget state)."""
+    from diloco_gym.agents.heuristics import CalibratedWA
+    from diloco_gym.envs.budget_features import BudgetPace
+
+    obs = np.random.default_rng(6).random((500, 17)).astype(np.float32)
+    for agent in (WADiLoCo(), CalibratedWA()):
+        batch = agent.score(obs)
+        one = np.array([agent.score(o) for o in obs])
+        assert batch.dtype == one.dtype == np.float32
+        np.testing.assert_array_equal(one, batch)
+    pace = BudgetPace(EnvParams(merge_budget=12))
+    batch = pace.read(obs)
+    for i in (0, 17, 499):
+        one = pace.read(obs[i])
+        for key, values in batch.items():
+            assert np.asarray(one[key]).dtype == values.dtype == np.float64
+            assert one[key] == values[i] or (np.isnan(one[key]) and np.isnan(values[i]))
