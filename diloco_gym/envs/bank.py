@@ -19,7 +19,14 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from diloco_gym.envs.episode import EpisodeCore, decision_costs, episode_core, episode_core_batch
+from diloco_gym.envs.episode import (
+    EpisodeCore,
+    core_setup,
+    decision_costs,
+    episode_core,
+    episode_core_batch,
+    pressure_rows,
+)
 from diloco_gym.envs.kernel import (
     episode_draws,
     episode_draws_batch,
@@ -30,6 +37,7 @@ from diloco_gym.envs.kernel import (
 from diloco_gym.envs.observation import EXO_SLICE
 from diloco_gym.envs.params import EnvParams
 from diloco_gym.envs.reward import reward_per_request
+from diloco_gym.sim import compiled
 from diloco_gym.sim import learners as lrn
 from diloco_gym.sim.sidecar import (
     CostQueue,
@@ -276,6 +284,85 @@ class EpisodeBank:
             p.step_seconds, size, rows["counts"], parallel,
         )  # fmt: skip
         self._set_scalars(slots, n, rows["pct"], rows["thr"], rows["seeds"], rows["scale"])
+
+    def build(
+        self, spec: BuildSpec, slots: np.ndarray, seeds: list[int], parallel: bool = False
+    ) -> None:
+        """Build the fresh episodes of ``seeds`` into bank ``slots``: the same rows as
+        :func:`build_rows` then :meth:`write_rows`. Serially (``parallel`` False) each batch
+        of up to :data:`BUILD_CHUNK` same-duration episodes goes from its draws straight
+        into the bank in one compiled call (:func:`diloco_gym.sim.jit_build.bank_rows`),
+        without the single env's per-request arrays; ``parallel`` takes the two-pass form,
+        whose compiled stages have parallel variants."""
+        slots = np.asarray(slots, dtype=np.int64)
+        if parallel:
+            done = 0
+            for rows in build_rows(spec, seeds, parallel):
+                k = rows["counts"].size
+                self.write_rows(slots[done : done + k], rows, parallel)
+                done += k
+            return
+        gen, lp = spec.generator, spec.learner_params
+        for lo in range(0, len(seeds), BUILD_CHUNK):
+            part, at = seeds[lo : lo + BUILD_CHUNK], slots[lo : lo + BUILD_CHUNK]
+            if is_synthetic(gen):  # one duration: the draws stay concatenated
+                arrivals, prompt, output, counts, pressure, thr = synthetic_draws(gen, part, lp)
+                self._write_draws(
+                    spec, at, part, (arrivals, prompt, output, counts),
+                    (pressure[:, 0], pressure[:, 1]), gen.duration_s, gen.name, thr,
+                )  # fmt: skip
+                continue
+            draws = episode_draws_batch(gen, part, lp)
+            same = len({d[5] for d in draws}) == 1
+            kinds = {d[3] is None or d[4] is None for d in draws}
+            groups = [draws] if same and len(kinds) == 1 else None
+            for k, group in enumerate(groups or [[d] for d in draws]):
+                sl = at if groups else at[k : k + 1]
+                sd = part if groups else part[k : k + 1]
+                flat = [np.concatenate([d[j] for d in group]) for j in range(3)]
+                counts = np.array([d[0].size for d in group], dtype=np.int64)
+                press = (None, None) if group[0][3] is None or group[0][4] is None else (
+                    np.stack([d[3] for d in group]), np.stack([d[4] for d in group])
+                )  # fmt: skip
+                self._write_draws(
+                    spec, sl, sd, (*flat, counts), press, group[0][5], group[0][6],
+                    np.stack([d[7] for d in group]),
+                )  # fmt: skip
+
+    def _write_draws(
+        self, spec: BuildSpec, slots, seeds, requests, pressure, duration_s, name, thr
+    ) -> None:
+        """One compiled call from a batch's trace arrays (``requests``: arrivals, prompt and
+        output tokens concatenated, and the count per episode; ``pressure``: network and
+        checkpoint ``(B, samples)``, or ``None``) to its bank rows in ``slots``."""
+        arrivals, prompt, output, counts = requests
+        p, sc = self.params, self.sidecar
+        setup = core_setup(duration_s, p, sc, name)
+        n, di = setup.n, p.decision_interval
+        size = setup.n_bins + 1 + spec.horizon
+        for key in ("s", "d", "ptr"):
+            self._grow(key, size)
+        self._grow("exo", n)
+        self._grow("prefmin", n)
+        self._grow("m0", -(-setup.n_bins // di))
+        width = int(counts.max()) if counts.size else 0
+        self._grow("base", width, 0.25)
+        self._grow("rbin", width, 0.25)
+        offsets = np.zeros(counts.size + 1, dtype=np.int64)
+        np.cumsum(counts, out=offsets[1:])
+        b = counts.size
+        compiled().bank_rows(
+            np.ascontiguousarray(arrivals, dtype=np.float64),
+            np.ascontiguousarray(prompt, dtype=np.float64),
+            np.ascontiguousarray(output, dtype=np.float64),
+            offsets, pressure_rows(pressure[0], b), pressure_rows(pressure[1], b), *setup.args,
+            sc.sync_slowdown / (1.0 + sc.sync_slowdown), n, setup.n_bins,
+            np.ascontiguousarray(slots, dtype=np.int64), size, width, self.exo, self.s, self.d,
+            self.ptr, self.rbin, self.base, self.m0, self.prefmin,
+        )  # fmt: skip
+        pct = 100.0 / np.maximum(1, counts)
+        scale = reward_per_request(spec.rate_rps, duration_s)
+        self._set_scalars(slots, n, pct, thr, np.asarray(seeds, dtype=np.int64), scale)
 
     def store_pool(self, slot: int, ep: dict[str, Any]) -> None:
         """Copy a pool episode (:func:`pool_row`) into ``slot``."""

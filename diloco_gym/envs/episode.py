@@ -36,6 +36,9 @@ __all__ = [
     "episode_length",
     "episode_core",
     "episode_core_batch",
+    "CoreSetup",
+    "core_setup",
+    "pressure_rows",
     "build_episode",
     "episode_from_seed",
 ]
@@ -288,6 +291,55 @@ def episode_core(
     )
 
 
+class CoreSetup(NamedTuple):
+    """What every episode of a trace duration shares in its compiled build: ``n`` decisions,
+    ``n_slots`` decision intervals covering the trace, ``n_bins`` step bins, and ``args``,
+    the build's per-duration arguments after the pressure arrays (the decision times and
+    their pressure samples, the EWMA constants, the sidecar's service and queue constants:
+    :func:`diloco_gym.sim.jit_build.episode_core_range`'s ``p_idx`` .. ``slo_s``)."""
+
+    n: int
+    n_slots: int
+    n_bins: int
+    args: tuple
+
+
+def core_setup(
+    duration_s: float, params: EnvParams, sidecar: SidecarParams, name: str = "trace"
+) -> CoreSetup:
+    """The :class:`CoreSetup` of episodes of ``duration_s`` seconds (``ValueError`` naming
+    the trace ``name`` when too short, :func:`episode_length`)."""
+    n = episode_length(duration_s, params, sidecar, name)
+    dec_s = params.decision_seconds
+    n_slots = params.n_decisions(duration_s)
+    di = params.decision_interval
+    # Decision d is at t_dec[d]; interval d is [t_dec[d], t_dec[d + 1]), and the rate seen at
+    # decision d is the count of interval d-1: arrivals strictly before t_dec[d] and at or
+    # after t_dec[d - 1]. Counting against t_dec itself keeps that boundary exact
+    # (floor(arrival / dec_s) could round an arrival at a decision time into the interval
+    # before it: a look-ahead).
+    t_dec = np.arange(n_slots) * dec_s
+    p_idx = np.minimum(
+        (t_dec / PRESSURE_DT_S).astype(np.int64),
+        int(np.ceil(duration_s / PRESSURE_DT_S - 1e-9)) - 1,
+    )
+    sc, fa, fb = sidecar, params.forecast_alpha, params.baseline_alpha
+    args = (
+        p_idx, t_dec, dec_s, di, fa, fb, _ewma_norm(fa, n_slots), _ewma_norm(fb, n_slots),
+        float(sc.serving_capacity_rps), float(params.rate_norm_rps), float(sc.ttft_ms),
+        float(sc.prefill_ms_per_token), float(sc.decode_ms_per_token),
+        float(sc.pressure_gain), params.step_seconds, sc.slots * params.step_seconds,
+        float(sc.slots), float(sc.slo_s),
+    )  # fmt: skip
+    return CoreSetup(n, n_slots, n_slots * di, args)
+
+
+def pressure_rows(x: np.ndarray | None, b: int) -> np.ndarray:
+    """A batch's ``(b, samples)`` pressure series as the compiled builds read them
+    (``(b, 0)`` for none: zero pressure)."""
+    return np.zeros((b, 0)) if x is None else np.ascontiguousarray(x, dtype=np.float64)
+
+
 def episode_core_batch(
     arrivals: list[np.ndarray],
     prompts: list[np.ndarray],
@@ -310,23 +362,10 @@ def episode_core_batch(
     trace), ``arrivals``, ``prompts`` and ``outputs`` are the traces' arrays concatenated.
     ``parallel``: the compiled rule's parallel variant where it pays (the same result).
     """
-    n = episode_length(duration_s, params, sidecar, name)
+    setup = core_setup(duration_s, params, sidecar, name)
+    n, n_slots, n_bins = setup.n, setup.n_slots, setup.n_bins
     flat = counts is not None
     b = len(counts) if counts is not None else len(arrivals)
-    dec_s = params.decision_seconds
-    n_slots = params.n_decisions(duration_s)
-    di = params.decision_interval
-    n_bins = n_slots * di
-    # Decision d is at t_dec[d]; interval d is [t_dec[d], t_dec[d + 1]), and the rate seen at
-    # decision d is the count of interval d-1: arrivals strictly before t_dec[d] and at or
-    # after t_dec[d - 1]. Counting against t_dec itself keeps that boundary exact
-    # (floor(arrival / dec_s) could round an arrival at a decision time into the interval
-    # before it: a look-ahead).
-    t_dec = np.arange(n_slots) * dec_s
-    p_idx = np.minimum(
-        (t_dec / PRESSURE_DT_S).astype(np.int64),
-        int(np.ceil(duration_s / PRESSURE_DT_S - 1e-9)) - 1,
-    )
     if counts is None:
         counts = np.fromiter((a.size for a in arrivals), dtype=np.int64, count=b)
     offsets = np.zeros(b + 1, dtype=np.int64)
@@ -336,26 +375,18 @@ def episode_core_batch(
         x = xs if flat else xs[0] if b == 1 else np.concatenate(xs)
         return np.ascontiguousarray(x, dtype=np.float64)
 
-    def pressure(x: np.ndarray | None) -> np.ndarray:
-        return np.zeros((b, 0)) if x is None else np.ascontiguousarray(x, dtype=np.float64)
-
     m = int(offsets[-1])
     exo = np.empty((b, n, 7), dtype=np.float32)
     per_bin = [np.empty((b, n_bins)) for _ in range(2)] + [np.empty((b, n_bins + 1)) for _ in "sp"]
     per_req = [np.empty(m), np.empty(m, dtype=np.int64), np.empty(m, dtype=np.int64)]
     latency, violated = np.empty(m), np.empty(m, dtype=bool)
     pressure_dec = np.empty((b, n_slots))
-    sc, fa, fb = sidecar, params.forecast_alpha, params.baseline_alpha
     # One compiled call for the whole batch: features, the no-merge queue and its replay
     # (sidecar.replay with sync_bin=None: the same arithmetic), episode by episode.
     compiled_rows("episode_core_rows", parallel, b, 2)(
-        joined(arrivals), joined(prompts), joined(outputs), offsets, pressure(network),
-        pressure(checkpoint), p_idx, t_dec, dec_s, di, fa, fb, _ewma_norm(fa, n_slots),
-        _ewma_norm(fb, n_slots), float(sc.serving_capacity_rps), float(params.rate_norm_rps),
-        float(sc.ttft_ms), float(sc.prefill_ms_per_token), float(sc.decode_ms_per_token),
-        float(sc.pressure_gain), params.step_seconds, sc.slots * params.step_seconds,
-        float(sc.slots), float(sc.slo_s), exo, pressure_dec, *per_bin, *per_req, latency,
-        violated,
+        joined(arrivals), joined(prompts), joined(outputs), offsets,
+        pressure_rows(network, b), pressure_rows(checkpoint, b), *setup.args, exo,
+        pressure_dec, *per_bin, *per_req, latency, violated,
     )  # fmt: skip
     pressure_bin, m0, s, prefmin = per_bin
     base_s, req_bin, flat_bin = per_req

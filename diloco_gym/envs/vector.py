@@ -417,11 +417,7 @@ class DiLoCoSyncVectorEnv(gym.vector.VectorEnv[np.ndarray, np.ndarray, np.ndarra
 
     def _build_fresh(self, slots: np.ndarray, seeds: list[int]) -> None:
         """Build the fresh episodes of ``seeds`` into bank ``slots`` (:func:`build_rows`)."""
-        done = 0
-        for rows in build_rows(self._spec, seeds, self.parallel):
-            k = rows["counts"].size
-            self.bank.write_rows(slots[done : done + k], rows, self.parallel)
-            done += k
+        self.bank.build(self._spec, slots, seeds, self.parallel)
         self._check_budget(slots)
 
     def _check_budget(self, slots: np.ndarray) -> None:

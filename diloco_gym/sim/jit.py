@@ -20,6 +20,19 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+# The episode builds' rules live in jit_build (this module's size); they are part of the
+# compiled rules' namespace, which callers reach through ``compiled()``.
+from diloco_gym.sim.jit_build import (  # noqa: F401
+    bank_rows,
+    cost_queue_range,
+    cost_queue_rows,
+    episode_core_range,
+    episode_core_rows,
+    lindley_rows,
+    replay_rows,
+    slowdown_one,
+)
+
 __all__ = [
     "sum_first_axis",
     "merged_backlog_rows",
@@ -293,32 +306,44 @@ def loss_rows(tokens, floor, scale, tokens_scale, exponent, out):  # pragma: no 
 
 
 @njit(cache=True)
+def learner_row(
+    gap, tok, thr, floor, scale, tokens_scale, exponent, loss_clip, tokens_clip,
+    staleness_clip_s, lp, tk, out,
+):  # pragma: no cover - compiled  # fmt: skip
+    """The learner block of one observation: after ``gap`` seconds since the last merge with
+    ``tok`` tokens in the global model and learner throughputs ``thr`` (ascending), mean and
+    minimum clipped loss progress, mean and minimum clipped tokens, and clipped staleness,
+    into ``out[:5]`` (float32); ``lp``, ``tk``: scratch of ``thr.size``."""
+    k = thr.size
+    now = loss_one(tok, floor, scale, tokens_scale, exponent)
+    for i in range(k):
+        tau = thr[i] * gap
+        x = ((tau + tok) / tokens_scale + 1.0) ** (-exponent)
+        x = x * scale + floor
+        lp[i] = _clip01((now - x) / loss_clip)
+        tk[i] = _clip01(tau / tokens_clip)
+    out[0] = _pairwise(lp, 0, k) / k
+    out[1] = lp[0]
+    out[2] = _pairwise(tk, 0, k) / k
+    out[3] = tk[0]
+    out[4] = _clip01(gap / staleness_clip_s)
+
+
+@njit(cache=True)
 def learner_block(
     gaps_s, tokens, thr, floor, scale, tokens_scale, exponent, loss_clip, tokens_clip,
     staleness_clip_s, out,
 ):  # pragma: no cover - compiled  # fmt: skip
-    """The learner block of the observation of rows ``b``: after ``gaps_s[b]`` seconds
-    since the last merge with ``tokens[b]`` in the global model and learner throughputs
-    ``thr[b]`` (ascending), mean and minimum clipped loss progress, mean and minimum
-    clipped tokens, and clipped staleness, into ``out[b, :5]`` (float32)."""
+    """:func:`learner_row` of rows ``b`` (``gaps_s[b]``, ``tokens[b]``, ``thr[b]``) into
+    ``out[b, :5]``."""
     k = thr.shape[1]
     lp = np.empty(k)
     tk = np.empty(k)
     for b in range(gaps_s.size):
-        gap = gaps_s[b]
-        tok = tokens[b]
-        now = loss_one(tok, floor, scale, tokens_scale, exponent)
-        for i in range(k):
-            tau = thr[b, i] * gap
-            x = ((tau + tok) / tokens_scale + 1.0) ** (-exponent)
-            x = x * scale + floor
-            lp[i] = _clip01((now - x) / loss_clip)
-            tk[i] = _clip01(tau / tokens_clip)
-        out[b, 0] = _pairwise(lp, 0, k) / k
-        out[b, 1] = lp[0]
-        out[b, 2] = _pairwise(tk, 0, k) / k
-        out[b, 3] = tk[0]
-        out[b, 4] = _clip01(gap / staleness_clip_s)
+        learner_row(
+            gaps_s[b], tokens[b], thr[b], floor, scale, tokens_scale, exponent, loss_clip,
+            tokens_clip, staleness_clip_s, lp, tk, out[b],
+        )  # fmt: skip
     return 0
 
 
@@ -335,8 +360,8 @@ def observe_range(
     merges so far over ``max_merges``, the fraction of decisions left and the merge budget
     left (``budget`` < 0: no budget, the feature is 1; 0: it is 0). The terminal
     observation (``d == n``) repeats the last decision's exogenous features."""
-    gaps = np.empty(1)
-    tok = np.empty(1)
+    lp = np.empty(thr.shape[1])
+    tk = np.empty(thr.shape[1])
     for b in range(b0, b1):
         nb = n[b]
         dc = min(d[b], nb)
@@ -344,11 +369,10 @@ def observe_range(
         row = out[b]
         row[0] = min(1.0, gap / h_max)
         row[1] = 1.0 if gap >= h_min else 0.0
-        gaps[0] = min(gap, h_max) * decision_seconds
-        tok[0] = tokens[b]
-        learner_block(
-            gaps, tok, thr[b : b + 1], floor, scale, tokens_scale, exponent, loss_clip,
-            tokens_clip, staleness_clip_s, out[b : b + 1, 2:7],
+        learner_row(
+            min(gap, h_max) * decision_seconds, tokens[b], thr[b], floor, scale,
+            tokens_scale, exponent, loss_clip, tokens_clip, staleness_clip_s, lp, tk,
+            row[2:7],
         )  # fmt: skip
         e = exo[slot[b], min(d[b], nb - 1)]
         for j in range(7):
@@ -522,265 +546,3 @@ def synthetic_rows(
                 level, pressure[e, r],
             )  # fmt: skip
     return 0
-
-
-# ------------------------------------------------------------------ episode builds
-@njit(cache=True)
-def lindley_rows(x, s, prefmin):  # pragma: no cover - compiled
-    """The no-merge queue's running sums of rows ``x`` (work minus capacity per bin):
-    ``s[r, 0] = 0``, ``s[r, k + 1] = s[r, k] + x[r, k]`` and its running minimum
-    ``prefmin`` (what ``np.cumsum`` and ``np.minimum.accumulate`` give)."""
-    for r in range(x.shape[0]):
-        run = 0.0
-        low = 0.0
-        s[r, 0] = 0.0
-        prefmin[r, 0] = 0.0
-        for k in range(x.shape[1]):
-            run += x[r, k]
-            if run < low:
-                low = run
-            s[r, k + 1] = run
-            prefmin[r, k + 1] = low
-    return 0
-
-
-@njit(cache=True)
-def replay_rows(
-    work, m, cap, base_s, req_bin, sync, slots, slo_s, latency, violated, active
-):  # pragma: no cover - compiled  # fmt: skip
-    """One replay per row of ``m`` (``(K, bins)``: each schedule's slowdown per bin): the
-    queue of :func:`lindley_rows` over ``work - cap / m`` (``cap``: slots times the bin
-    width), each request's latency ``(base + backlog / slots) * m`` of its bin, whether it
-    exceeds ``slo_s``, and (where ``sync`` has rows, ``(K, bins)``) whether its bin's merge
-    mask is nonzero; into the ``(K, requests)`` outputs."""
-    n_bins = work.size
-    x = np.empty((1, n_bins))
-    s = np.empty((1, n_bins + 1))
-    prefmin = np.empty((1, n_bins + 1))
-    with_sync = sync.shape[0] > 0
-    for r in range(m.shape[0]):
-        for k in range(n_bins):
-            x[0, k] = work[k] - cap / m[r, k]
-        lindley_rows(x, s, prefmin)
-        for j in range(base_s.size):
-            k = req_bin[j]
-            lat = (base_s[j] + (s[0, k] - prefmin[0, k]) / slots) * m[r, k]
-            latency[r, j] = lat
-            violated[r, j] = lat > slo_s
-            active[r, j] = with_sync and sync[r, k] != 0.0
-    return 0
-
-
-@njit(cache=True)
-def _ewma_into(x, alpha, norm, out):  # pragma: no cover - compiled
-    """The bias-corrected EWMA of ``x`` (the first-order filter of :func:`iir1_rows` with
-    ``b0 = alpha``, ``a1 = alpha - 1``, divided by ``norm``; ``out[0] = 0``)."""
-    b0 = alpha
-    a1 = alpha - 1.0
-    z = 0.0
-    for i in range(x.size):
-        xn = x[i]
-        yn = z + b0 * xn
-        z = xn * 0.0 - yn * a1
-        out[i] = yn / norm[i] if i > 0 else 0.0
-    return 0
-
-
-@njit(cache=True)
-def _clip(v, lo, hi):  # pragma: no cover - compiled
-    """``np.clip(v, lo, hi)`` as NumPy computes it (see :func:`_clip01`)."""
-    v = v if v > lo else lo
-    return v if v < hi else hi
-
-
-@njit(cache=True)
-def _exo_row(
-    arr, t_dec, dec_s, fa, fb, norm_f, norm_b, net, ckpt, capacity, rate_norm, exo, pdec
-):  # pragma: no cover - compiled
-    """One episode's exogenous features (``exo``, float32, the first ``exo.shape[0]``
-    decisions) and fleet pressure per decision (``pdec``) from its sorted arrivals: the
-    request rate of the interval before each decision, its EWMAs (forecast ``fa``,
-    baseline ``fb``), the serving pressure, the squashed rates and the trend."""
-    m = t_dec.size
-    rate = np.empty(m)
-    prev = 0
-    j = 0
-    for d in range(m):
-        while j < arr.size and arr[j] < t_dec[d]:
-            j += 1
-        rate[d] = 0.0 if d == 0 else (j - prev) / dec_s
-        prev = j
-    fc = np.empty(m)
-    bl = np.empty(m)
-    _ewma_into(rate, fa, norm_f, fc)
-    _ewma_into(rate, fb, norm_b, bl)
-    n = exo.shape[0]
-    for d in range(m):
-        serving = min(1.0, fc[d] / capacity)
-        hi = net[d] if net[d] >= serving else serving
-        pdec[d] = hi if hi >= ckpt[d] else ckpt[d]
-        if d < n:
-            row = exo[d]
-            row[0] = net[d]
-            row[1] = serving
-            row[2] = ckpt[d]
-            row[3] = rate[d] / (rate[d] + rate_norm)
-            row[4] = fc[d] / (fc[d] + rate_norm)
-            row[5] = bl[d] / (bl[d] + rate_norm)
-            row[6] = _clip((fc[d] - bl[d]) / rate_norm, -1.0, 1.0)
-    return 0
-
-
-@njit(cache=True)
-def slowdown_one(p, gain):  # pragma: no cover - compiled
-    """A bin's no-merge slowdown at pressure ``p``, ``1 + gain * p**2`` (the rule of
-    :func:`diloco_gym.sim.sidecar.slowdown`, the same operations)."""
-    return 1.0 + gain * (p * p)
-
-
-@njit(cache=True)
-def episode_core_range(
-    arrivals, prompt, output, offsets, network, checkpoint, p_idx, t_dec, dec_s, di, fa, fb,
-    norm_f, norm_b, capacity, rate_norm, ttft_ms, prefill_ms, decode_ms, gain, step_s, cap_s,
-    slots, slo_s, exo, pdec, pbin, m0, s, prefmin, base_s, req_bin, flat_bin, latency,
-    violated, e0, e1,
-):  # pragma: no cover - compiled  # fmt: skip
-    """The agent-independent arrays of episodes ``e0 <= e < e1`` (requests
-    ``offsets[e]:offsets[e + 1]`` of the concatenated per-request arrays, sorted arrivals;
-    ``network``/``checkpoint`` ``(B, samples)`` pressure, read at ``p_idx`` per decision,
-    or ``(B, 0)`` for none): the exogenous features (:func:`_exo_row`), the pressure and
-    no-merge slowdown per bin, each request's service time and bin, the no-merge queue
-    (:func:`lindley_rows`; ``cap_s`` = ``slots * step_s``) and its latencies and SLO
-    violations (``latency > slo_s``), as ``diloco_gym.envs.episode.episode_core_batch``
-    documents them."""
-    m = t_dec.size
-    n_bins = pbin.shape[1]
-    net = np.zeros(m)
-    ckpt = np.zeros(m)
-    work = np.zeros(n_bins)
-    x = np.empty((1, n_bins))
-    for e in range(e0, e1):
-        lo = offsets[e]
-        hi = offsets[e + 1]
-        if network.shape[1] > 0:
-            for d in range(m):
-                net[d] = network[e, p_idx[d]]
-                ckpt[d] = checkpoint[e, p_idx[d]]
-        _exo_row(
-            arrivals[lo:hi], t_dec, dec_s, fa, fb, norm_f, norm_b, net, ckpt, capacity,
-            rate_norm, exo[e], pdec[e],
-        )  # fmt: skip
-        for k in range(n_bins):
-            p = pdec[e, k // di]
-            pbin[e, k] = p
-            m0[e, k] = slowdown_one(p, gain)
-            work[k] = 0.0
-        for i in range(lo, hi):
-            base_s[i] = (ttft_ms + prefill_ms * prompt[i] + decode_ms * output[i]) / 1000.0
-            k = min(np.int64(arrivals[i] / step_s), n_bins - 1)
-            req_bin[i] = k
-            flat_bin[i] = e * n_bins + k
-            work[k] += base_s[i]
-        prev = np.nan
-        cap = 0.0
-        for k in range(n_bins):
-            if m0[e, k] != prev:  # the slowdown is constant over a decision: divide once
-                prev = m0[e, k]
-                cap = cap_s / prev
-            x[0, k] = work[k] - cap
-        lindley_rows(x, s[e : e + 1], prefmin[e : e + 1])
-        for i in range(lo, hi):
-            k = req_bin[i]
-            lat = (base_s[i] + (s[e, k] - prefmin[e, k]) / slots) * m0[e, k]
-            latency[i] = lat
-            violated[i] = lat > slo_s
-    return 0
-
-
-@njit(cache=True)
-def episode_core_rows(
-    arrivals, prompt, output, offsets, network, checkpoint, p_idx, t_dec, dec_s, di, fa, fb,
-    norm_f, norm_b, capacity, rate_norm, ttft_ms, prefill_ms, decode_ms, gain, step_s, cap_s,
-    slots, slo_s, exo, pdec, pbin, m0, s, prefmin, base_s, req_bin, flat_bin, latency,
-    violated,
-):  # pragma: no cover - compiled  # fmt: skip
-    """:func:`episode_core_range` of every episode."""
-    return episode_core_range(
-        arrivals, prompt, output, offsets, network, checkpoint, p_idx, t_dec, dec_s, di, fa,
-        fb, norm_f, norm_b, capacity, rate_norm, ttft_ms, prefill_ms, decode_ms, gain, step_s,
-        cap_s, slots, slo_s, exo, pdec, pbin, m0, s, prefmin, base_s, req_bin, flat_bin,
-        latency, violated, 0, offsets.size - 1,
-    )  # fmt: skip
-
-
-@njit(cache=True)
-def cost_queue_range(
-    base_s, req_bin, violated, offsets, m0, s, cap_s, lost_frac, m0_bins, out_rows, width, w,
-    s_out, d_out, ptr, rbin, base, m0_kept, e0, e1,
-):  # pragma: no cover - compiled  # fmt: skip
-    """The cost queue rows of episodes ``e0 <= e < e1`` (requests
-    ``offsets[e]:offsets[e + 1]`` of the concatenated per-request arrays, any order): the
-    running sum ``s[e]`` and the cumulative lost capacity (``cap_s / m0 * lost_frac`` per
-    bin: ``cap_s = slots * bin_s``, ``lost_frac = sync_slowdown / (1 + sync_slowdown)``),
-    both padded to ``s_out``'s width by repeating their last value; the request pointer per bin
-    ``ptr``; the requests' bins and service times in bin order (stable: a counting
-    sort), ``-inf`` for one already violated without a merge; and ``m0`` every
-    ``m0_bins`` bins. Episode ``e`` goes to row ``out_rows[e]`` of the outputs (a bank's
-    arrays, wider than needed: ``s``, ``d`` and ``ptr`` are written over ``width`` bins,
-    the requests over ``w`` positions, padded with ``-inf`` and 0)."""
-    n_bins = m0.shape[1]
-    seen = np.empty(n_bins, dtype=np.int64)
-    for e in range(e0, e1):
-        lo = offsets[e]
-        hi = offsets[e + 1]
-        o = out_rows[e]
-        for k in range(n_bins):
-            seen[k] = 0
-        for i in range(lo, hi):
-            seen[req_bin[i]] += 1
-        ptr[o, 0] = 0
-        run = 0
-        for k in range(n_bins):
-            run += seen[k]
-            ptr[o, k + 1] = run
-            seen[k] = ptr[o, k]  # next free position of bin k
-        for k in range(n_bins + 1, width):
-            ptr[o, k] = hi - lo
-        for i in range(lo, hi):
-            k = req_bin[i]
-            j = seen[k]
-            seen[k] += 1
-            rbin[o, j] = k
-            base[o, j] = -np.inf if violated[i] else base_s[i]
-        for j in range(hi - lo, w):
-            rbin[o, j] = 0
-            base[o, j] = -np.inf
-        for k in range(width):
-            s_out[o, k] = s[e, min(k, n_bins)]
-        acc = 0.0
-        d_out[o, 0] = 0.0
-        prev = np.nan
-        lost = 0.0
-        for k in range(n_bins):
-            if m0[e, k] != prev:  # the same slowdown, the same lost capacity: divide once
-                prev = m0[e, k]
-                lost = cap_s / prev * lost_frac
-            acc += lost
-            d_out[o, k + 1] = acc
-        for k in range(n_bins + 1, width):
-            d_out[o, k] = acc
-        for g in range(-(-n_bins // m0_bins)):
-            m0_kept[o, g] = m0[e, g * m0_bins]
-    return 0
-
-
-@njit(cache=True)
-def cost_queue_rows(
-    base_s, req_bin, violated, offsets, m0, s, cap_s, lost_frac, m0_bins, out_rows, width, w,
-    s_out, d_out, ptr, rbin, base, m0_kept,
-):  # pragma: no cover - compiled  # fmt: skip
-    """:func:`cost_queue_range` of every episode."""
-    return cost_queue_range(
-        base_s, req_bin, violated, offsets, m0, s, cap_s, lost_frac, m0_bins, out_rows, width,
-        w, s_out, d_out, ptr, rbin, base, m0_kept, 0, offsets.size - 1,
-    )  # fmt: skip

@@ -302,6 +302,31 @@ def reward_one(ex, pr, fp):  # pragma: no cover - compiled
 
 
 @njit(cache=True)
+def touch_merge_rows(
+    rows, want, ist, bi, ip, qs, qd, qptr, qrbin, qbase, k0, k1
+):  # pragma: no cover - compiled  # fmt: skip
+    """Read the first value of each cost-queue row a merge asked for in rows ``rows[k]``
+    (``k0 <= k < k1``, ``want[k]``) would read, all rows first: the loads are independent,
+    so their cache misses overlap, where the merges one by one would wait for each in turn
+    (a software prefetch; nothing is written). Returns their sum, which the caller
+    compares with a value it never has, so that the loads are kept."""
+    acc = 0.0
+    if qs.shape[1] == 0:
+        return acc
+    for k in range(k0, k1):
+        if want[k]:
+            i = rows[k]
+            slot = bi[1, i]
+            a = ist[0, i] * ip[4]
+            if ist[0, i] < bi[0, i] and a < qs.shape[1]:
+                acc += qs[slot, a] + qd[slot, a]
+                lo = qptr[slot, a]
+                if lo < qbase.shape[1]:
+                    acc += qbase[slot, lo] + qrbin[slot, lo]
+    return acc
+
+
+@njit(cache=True)
 def step_range(
     rows, want, ist, fst, bi, bf, ip, fp, reach, prefix, nxt, qs, qd, qptr, qrbin, qbase, qm0,
     thr_in, thr_tail, prefmin, memo, sched_d, sched_c, oi, of, k0, k1,
@@ -309,6 +334,11 @@ def step_range(
     """:func:`step_row` of rows ``rows[k]`` for ``k0 <= k < k1`` (``want[k]``), with a scratch
     buffer of its own. Returns the first of them whose step had no feasible action, or -1."""
     buf = np.empty(max(ip[6], 1))
+    if (
+        k1 - k0 > 1
+        and touch_merge_rows(rows, want, ist, bi, ip, qs, qd, qptr, qrbin, qbase, k0, k1) == 1e300
+    ):
+        buf[0] = 0.0  # never: the touches' sum only keeps their loads from being dropped
     bad = -1
     for k in range(k0, k1):
         i = rows[k]
