@@ -207,6 +207,8 @@ class EpisodeBank:
         attributes (what ``benchmarks/bench.py`` reads to size the bank)."""
         object.__setattr__(self, "_store", {} if store is None else store)
         self.params, self.sidecar = params, sidecar
+        # the synthetic draws' batch arrays, reused by every build (SyntheticRegime.from_raw)
+        self._scratch: dict[str, np.ndarray] = {}
         self.horizon = cost_horizon(sidecar, params.step_seconds, params.merge_steps)
         self.n = np.zeros(slots, dtype=np.int64)
         self.exo = np.zeros((slots, 0, EXO_SLICE.stop - EXO_SLICE.start), dtype=np.float32)
@@ -306,7 +308,9 @@ class EpisodeBank:
         for lo in range(0, len(seeds), BUILD_CHUNK):
             part, at = seeds[lo : lo + BUILD_CHUNK], slots[lo : lo + BUILD_CHUNK]
             if is_synthetic(gen):  # one duration: the draws stay concatenated
-                arrivals, prompt, output, counts, pressure, thr = synthetic_draws(gen, part, lp)
+                arrivals, prompt, output, counts, pressure, thr = synthetic_draws(
+                    gen, part, lp, self._scratch
+                )
                 self._write_draws(
                     spec, at, part, (arrivals, prompt, output, counts),
                     (pressure[:, 0], pressure[:, 1]), gen.duration_s, gen.name, thr,

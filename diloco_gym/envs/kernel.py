@@ -103,17 +103,21 @@ def is_synthetic(generator: Any) -> bool:
 
 
 def synthetic_draws(
-    generator: SyntheticRegime, seeds: list[int], learner_params: lrn.LearnerParams
+    generator: SyntheticRegime,
+    seeds: list[int],
+    learner_params: lrn.LearnerParams,
+    scratch: dict | None = None,
 ) -> tuple:
     """The episodes of ``seeds`` of a synthetic regime as its traces' arrays concatenated:
     ``(arrivals, prompt, output, counts, pressure, throughputs)`` (``SyntheticRegime.draw_raw``
-    and the learner throughputs from each seed's generator, then one ``from_raw``)."""
+    and the learner throughputs from each seed's generator, then one ``from_raw``, with
+    its ``scratch``)."""
     raws, thrs = [], []
     for seed in seeds:
         rng = np.random.default_rng(seed)
         raws.append(generator.draw_raw(rng))
         thrs.append(learner_params.draw_throughputs(rng))
-    return generator.from_raw(raws, np.float64) + (np.stack(thrs),)
+    return generator.from_raw(raws, np.float64, scratch) + (np.stack(thrs),)
 
 
 def episode_draws_batch(

@@ -390,9 +390,14 @@ class SyntheticRegime:
         spike_u = rng.random((2, n_p))
         return cum, points, token_u, noise, spike_u
 
-    def from_raw(self, raws: list[tuple], dtype=np.int64) -> tuple:
+    def from_raw(self, raws: list[tuple], dtype=np.int64, scratch: dict | None = None) -> tuple:
         """The arrays of the traces of :meth:`draw_raw`'s draws, all in one compiled call
         (:func:`diloco_gym.sim.jit.synthetic_rows`).
+
+        ``scratch``: a dict of arrays this method keeps and reuses between calls for the
+        batch's joined draws and its outputs (the vector env's restarts: no fresh memory per
+        batch, which the allocator would otherwise take from the system and fault in anew);
+        the outputs are then views into it, valid until the next call with it.
 
         Returns ``(arrival_s, prompt, output, counts, pressure)``: the traces' requests
         concatenated (tokens as ``dtype``), ``counts`` per trace, and ``pressure``
@@ -403,19 +408,33 @@ class SyntheticRegime:
         offsets = np.zeros(b + 1, dtype=np.int64)
         np.cumsum(counts, out=offsets[1:])
 
+        def buffer(name: str, shape: tuple, kind=np.float64) -> np.ndarray:
+            if scratch is None:
+                return np.empty(shape, dtype=kind)
+            size = int(np.prod(shape))
+            have = scratch.get(name)
+            if have is None or have.size < size or have.dtype != kind:
+                have = scratch[name] = np.empty(max(size, int(size * 1.25)), dtype=kind)
+            return have[:size].reshape(shape)
+
         def stacked(k: int) -> np.ndarray:
-            return raws[0][k][None] if b == 1 else np.stack([r[k] for r in raws])
+            if b == 1:
+                return raws[0][k][None]
+            first = raws[0][k]
+            return np.stack([r[k] for r in raws], out=buffer(f"raw{k}", (b, *first.shape)))
 
         def joined(k: int) -> np.ndarray:
-            return raws[0][k] if b == 1 else np.concatenate([r[k] for r in raws])
+            if b == 1:
+                return raws[0][k]
+            return np.concatenate([r[k] for r in raws], out=buffer(f"raw{k}", (int(offsets[-1]),)))
 
         edges = _slice_grid(self.duration_s)[0]
         m = int(offsets[-1])
-        arrivals = np.empty(m)
-        prompt = np.empty(m, dtype=dtype)
-        output = np.empty(m, dtype=dtype)
+        arrivals = buffer("arrivals", (m,))
+        prompt = buffer("prompt", (m,), dtype)
+        output = buffer("output", (m,), dtype)
         noise = stacked(3)
-        pressure = np.empty(noise.shape)
+        pressure = buffer("pressure", noise.shape)
         rho = 0.97  # about 30 s memory
         compiled().synthetic_rows(
             joined(1),

@@ -456,3 +456,21 @@ def test_idle_violation_pct_is_exact_over_the_token_tables():
     # A 10 s SLO: no request is over it on an idle sidecar; a 0.1 s SLO: every one is.
     assert reg.idle_violation_pct(replace(reg.sidecar, slo_ms=10_000.0)) == 0.0
     assert reg.idle_violation_pct(replace(reg.sidecar, slo_ms=100.0)) == 100.0
+
+
+def test_from_raw_with_scratch_gives_the_same_arrays_and_reuses_its_memory():
+    """``from_raw(..., scratch)``: the arrays of a batch without scratch, bit for bit, for
+    batches of several sizes; the second call of a batch no larger than the first writes
+    into the same memory (nothing new is allocated for it)."""
+    reg = get_regime("pressure-heavy")
+    raws = [reg.draw_raw(np.random.default_rng(s)) for s in range(6)]
+    scratch: dict = {}
+    for batch in (raws[:4], raws[1:3], raws[:6]):
+        want = reg.from_raw(batch, np.float64)
+        got = reg.from_raw(batch, np.float64, scratch)
+        for a, b in zip(want, got, strict=True):
+            np.testing.assert_array_equal(a, b)
+    first = reg.from_raw(raws[:5], np.float64, scratch)[0]
+    again = reg.from_raw(raws[1:4], np.float64, scratch)[0]
+    assert np.shares_memory(first, again)
+    assert {"arrivals", "prompt", "output", "pressure", "raw1", "raw2"} <= set(scratch)
