@@ -19,6 +19,7 @@ __all__ = [
     "replay_rows",
     "slowdown_one",
     "exo_row",
+    "episode_exo",
     "requests_into",
     "no_merge_queue_into",
     "latency_one",
@@ -139,6 +140,25 @@ def exo_row(
 
 
 @njit(cache=True)
+def episode_exo(
+    arr, network, checkpoint, e, p_idx, t_dec, dec_s, fa, fb, norm_f, norm_b, capacity,
+    rate_norm, net, ckpt, exo, pdec,
+):  # pragma: no cover - compiled  # fmt: skip
+    """Episode ``e``'s exogenous features and pressure per decision (:func:`exo_row` of its
+    sorted arrivals ``arr``), its network and checkpoint pressure read at ``p_idx`` per
+    decision into the scratch ``net``/``ckpt`` (left at zero when ``network`` has no
+    columns: no pressure)."""
+    if network.shape[1] > 0:
+        for d in range(t_dec.size):
+            net[d] = network[e, p_idx[d]]
+            ckpt[d] = checkpoint[e, p_idx[d]]
+    exo_row(
+        arr, t_dec, dec_s, fa, fb, norm_f, norm_b, net, ckpt, capacity, rate_norm, exo, pdec
+    )  # fmt: skip
+    return 0
+
+
+@njit(cache=True)
 def slowdown_one(p, gain):  # pragma: no cover - compiled
     """A bin's no-merge slowdown at pressure ``p``, ``1 + gain * p**2`` (the rule of
     :func:`diloco_gym.sim.sidecar.slowdown`, the same operations)."""
@@ -210,13 +230,9 @@ def episode_core_range(
     for e in range(e0, e1):
         lo = offsets[e]
         hi = offsets[e + 1]
-        if network.shape[1] > 0:
-            for d in range(m):
-                net[d] = network[e, p_idx[d]]
-                ckpt[d] = checkpoint[e, p_idx[d]]
-        exo_row(
-            arrivals[lo:hi], t_dec, dec_s, fa, fb, norm_f, norm_b, net, ckpt, capacity,
-            rate_norm, exo[e], pdec[e],
+        episode_exo(
+            arrivals[lo:hi], network, checkpoint, e, p_idx, t_dec, dec_s, fa, fb, norm_f,
+            norm_b, capacity, rate_norm, net, ckpt, exo[e], pdec[e],
         )  # fmt: skip
         for k in range(n_bins):
             p = pdec[e, k // di]
@@ -381,13 +397,9 @@ def bank_rows(
         lo = offsets[e]
         hi = offsets[e + 1]
         o = out_rows[e]
-        if network.shape[1] > 0:
-            for d in range(m):
-                net[d] = network[e, p_idx[d]]
-                ckpt[d] = checkpoint[e, p_idx[d]]
-        exo_row(
-            arrivals[lo:hi], t_dec, dec_s, fa, fb, norm_f, norm_b, net, ckpt, capacity,
-            rate_norm, exo[o, :n], pdec,
+        episode_exo(
+            arrivals[lo:hi], network, checkpoint, e, p_idx, t_dec, dec_s, fa, fb, norm_f,
+            norm_b, capacity, rate_norm, net, ckpt, exo[o, :n], pdec,
         )  # fmt: skip
         for k in range(n_bins):
             m0[k] = slowdown_one(pdec[k // di], gain)
