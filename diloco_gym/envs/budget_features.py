@@ -26,6 +26,9 @@ budget is or how the merges left compare with the time left; :func:`budget_featu
 
 from __future__ import annotations
 
+import math
+from typing import Any
+
 import numpy as np
 
 from diloco_gym.envs.observation import OBS_INDEX
@@ -45,6 +48,10 @@ BUDGET_FEATURES = ("budget_rate", "pace_left", "urgency")
 #: Observation transforms a training run can record in its metadata (``None``: the env's
 #: 17 features as they are; ``"budget"``: plus :data:`BUDGET_FEATURES`).
 OBS_TRANSFORMS = (None, "budget")
+
+
+#: the observation's features the budget state is read from (:meth:`BudgetPace._read_one`)
+_BUDGET_COLUMNS = ("budget_left", "gap", "time_left", "merges")
 
 
 def _column(obs: np.ndarray, name: str) -> np.ndarray:
@@ -85,7 +92,11 @@ class BudgetPace:
 
     def read(self, obs: np.ndarray) -> dict[str, np.ndarray]:
         """``{"m_left", "merges", "n", "d", "gap", "last"}`` per observation row (decisions);
-        of one 1-D observation, NumPy scalars (or 0-d arrays)."""
+        of one 1-D observation, floats (the same float64 operations, on Python floats)."""
+        if np.ndim(obs) == 1:
+            one = self._read_one(obs)
+            if one is not None:
+                return one
         h_min, h_max = self.params.h_min, self.params.h_max  # in decisions
         m_left = np.rint(_column(obs, "budget_left").astype(np.float64) * self.budget)
         k = self.budget - m_left
@@ -98,6 +109,28 @@ class BudgetPace:
         n = np.where((k > 0) & (mf > 0) & (mf < 1), n_from_merges, n_from_gap)
         n = np.rint(np.where(np.isfinite(n) & (n >= 1), n, gap + 1))
         d = n - np.rint(tl * n)
+        return {"m_left": m_left, "merges": k, "n": n, "d": d, "gap": gap, "last": d - gap}
+
+    def _read_one(self, obs: np.ndarray) -> dict[str, Any] | None:
+        """:meth:`read` of one observation on Python floats (IEEE float64, as NumPy's
+        float64 arrays; ``round`` rounds half to even, as ``np.rint``), or ``None`` when a
+        feature is not finite (the array form then reads it, with NumPy's NaN and inf)."""
+        b = self.budget
+        h_min, h_max = self.params.h_min, self.params.h_max
+        bl, g, tl, mf = (float(obs[OBS_INDEX[k]]) for k in _BUDGET_COLUMNS)
+        if not all(math.isfinite(v) for v in (bl, g, tl, mf)):
+            return None
+        m_left = float(round(bl * b))
+        k = b - m_left
+        gap = float(round(g * h_max))
+        if k > 0 and 0 < mf < 1:
+            n = k * h_min / mf
+        elif tl != 1.0:
+            n = gap / (1.0 - tl)
+        else:
+            n = math.nan  # gap / 0: inf or NaN, never a length
+        n = float(round(n if math.isfinite(n) and n >= 1 else gap + 1))
+        d = n - float(round(tl * n))
         return {"m_left": m_left, "merges": k, "n": n, "d": d, "gap": gap, "last": d - gap}
 
 

@@ -262,8 +262,13 @@ def test_one_observation_scores_bit_for_bit_as_a_batch():
         assert batch.dtype == one.dtype == np.float32
         np.testing.assert_array_equal(one, batch)
     pace = BudgetPace(EnvParams(merge_budget=12))
+    obs[1, OBS_INDEX["time_left"]] = 1.0  # n from the gap divides by zero: the gap + 1
+    obs[2, OBS_INDEX["merges"]] = 0.0
+    obs[3, OBS_INDEX["budget_left"]] = 1.0  # no merge yet: n from the gap
+    obs[4, OBS_INDEX["gap"]] = np.nan  # not finite: read as the array form reads it
+    obs[5, OBS_INDEX["time_left"]] = np.inf
     batch = pace.read(obs)
-    for i in (0, 17, 499):
+    for i in (0, 1, 2, 3, 4, 5, 17, 499):
         one = pace.read(obs[i])
         for key, values in batch.items():
             assert np.asarray(one[key]).dtype == values.dtype == np.float64
