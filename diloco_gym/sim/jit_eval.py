@@ -26,6 +26,10 @@ They replace NumPy code whose cost was bookkeeping, not arithmetic:
   loop with the same arithmetic as :func:`diloco_gym.sim.sidecar.replay`, starting from
   the no-merge queue at the merge's start (the sums before it are the same), and counts
   the violations it adds by decision directly.
+* The offline oracle's dynamic programme (:func:`diloco_gym.sim.schedules.optimal_schedule`)
+  took each decision's best continuation as a minimum over a strided sliding window, in
+  blocks of ``h_min`` decisions (NumPy); here one backward loop takes the same minima (the
+  windows read only later decisions, already final), so the values are the same.
 """
 
 from __future__ import annotations
@@ -33,7 +37,15 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-__all__ = ["window_rows", "score_rows", "pick_rows", "sample_rows", "credit_counts"]
+__all__ = [
+    "window_rows",
+    "score_rows",
+    "pick_rows",
+    "sample_rows",
+    "credit_counts",
+    "free_budget_values",
+    "budget_values",
+]
 
 
 @njit(cache=True)
@@ -340,4 +352,48 @@ def credit_counts(
             if (base_s[j] + bl / slots) * mk > slo_s and not violated0[j]:
                 c = min(k // interval, n - 1)
                 out[r, c] += 1
+    return 0
+
+
+@njit(cache=True)
+def _window_min(x, lo, hi):  # pragma: no cover - compiled
+    """The least of ``x[lo:hi]`` (``inf`` when empty), as ``ndarray.min`` gives it (no NaN)."""
+    best = np.inf
+    for i in range(lo, hi):
+        if x[i] < best:
+            best = x[i]
+    return best
+
+
+@njit(cache=True)
+def free_budget_values(cost, h_min, h_max, tail_from, g, val):  # pragma: no cover
+    """The free-budget optimum's values: ``g[d]``, the least cost of finishing after a merge
+    at decision ``d`` (``min(0, best)`` from ``tail_from`` on, where stopping is allowed,
+    else ``best``, the least ``val`` over ``d + h_min .. d + h_max``), and ``val[d] =
+    cost[d] + g[d]`` (``val`` is ``inf`` past the episode, ``n + h_max + 1`` long)."""
+    n = cost.size
+    for d in range(n - 1, -1, -1):
+        best = _window_min(val, d + h_min, d + h_max + 1)
+        gb = (0.0 if 0.0 <= best else best) if d >= tail_from else best
+        g[d] = gb
+        val[d] = cost[d] + gb
+    return 0
+
+
+@njit(cache=True)
+def budget_values(cost, h_min, h_max, tail_from, g, ext):  # pragma: no cover - compiled
+    """The exact-budget optimum's values ``g[j, d]``: the least cost of placing ``j`` more
+    merges after a merge at ``d`` and finishing (``g[0]``: 0 from ``tail_from`` on, else
+    ``inf``), the least of ``cost[d'] + g[j - 1, d']`` over ``d' = d + h_min .. d + h_max``
+    (``ext``: scratch of ``n + h_max + 1``, ``inf`` past the episode)."""
+    n = cost.size
+    for d in range(n):
+        g[0, d] = 0.0 if d >= tail_from else np.inf
+    for i in range(n, ext.size):
+        ext[i] = np.inf
+    for j in range(1, g.shape[0]):
+        for d in range(n):
+            ext[d] = cost[d] + g[j - 1, d]
+        for d in range(n):
+            g[j, d] = _window_min(ext, d + h_min, d + h_max + 1)
     return 0

@@ -336,8 +336,9 @@ def optimal_schedule(
     ``g[d]`` is the least cost of finishing the episode after a merge at ``d``:
     ``g[d] = min(0 if d >= n - h_max else inf, min_{d' in [d+h_min, d+h_max]} cost[d'] + g[d'])``
     (with an exact budget, ``g`` gains a merges-left index). The free-budget recursion runs
-    backwards in blocks of ``h_min`` decisions, each block depending only on later ones,
-    so the work is ``O(n * (h_max - h_min))`` in vectorised numpy.
+    backwards, each decision depending only on later ones, so the work is ``O(n * (h_max -
+    h_min))`` (compiled, :func:`diloco_gym.sim.jit_eval.free_budget_values` and
+    :func:`~diloco_gym.sim.jit_eval.budget_values`).
 
     Args:
         cost: cost of a merge at each decision, shape ``(n,)``.
@@ -353,21 +354,15 @@ def optimal_schedule(
     _check(n, h_min, h_max)
     if np.any(~np.isfinite(cost)):
         raise ValueError("cost must be finite")
+    from diloco_gym.sim import compiled_eval
+
     tail_ok = np.arange(n) >= n - h_max
-    width = h_max - h_min + 1
 
     if m is None:
         g = np.full(n, np.inf)
         val = np.full(n + h_max + 1, np.inf)  # val[d] = cost[d] + g[d], inf-padded
-        win = np.lib.stride_tricks.sliding_window_view(val[h_min:], width)
-        d_hi = n
-        while d_hi > 0:
-            d_lo = max(0, d_hi - h_min)
-            best = win[d_lo:d_hi].min(axis=1)
-            gb = np.where(tail_ok[d_lo:d_hi], np.minimum(0.0, best), best)
-            g[d_lo:d_hi] = gb
-            val[d_lo:d_hi] = cost[d_lo:d_hi] + gb
-            d_hi = d_lo
+        # backwards: each decision's best continuation reads later decisions only (compiled)
+        compiled_eval().free_budget_values(cost, h_min, h_max, n - h_max, g, val)
         if not np.isfinite(g[0]):
             raise ValueError(f"no feasible schedule in {n} decisions")
         merges = []
@@ -390,12 +385,7 @@ def optimal_schedule(
             f"use m=None (free budget) or a shorter trace"
         )
     g = np.empty((m + 1, n))
-    g[0] = np.where(tail_ok, 0.0, np.inf)
-    ext = np.full(n + h_max + 1, np.inf)
-    win = np.lib.stride_tricks.sliding_window_view(ext[h_min:], width)
-    for j in range(1, m + 1):
-        ext[:n] = cost + g[j - 1]
-        g[j] = win[:n].min(axis=1)
+    compiled_eval().budget_values(cost, h_min, h_max, n - h_max, g, np.empty(n + h_max + 1))
     if not np.isfinite(g[m, 0]):
         lo, hi = budget_range(n, h_min, h_max)
         raise ValueError(

@@ -264,3 +264,55 @@ def test_compiled_credit_counts_equal_the_whole_episode_replays(busy):
     np.testing.assert_array_equal(before + tail, ref.sum(axis=1))
     if busy > 17.0:
         assert ref.sum() > 0
+
+
+def _values_numpy(cost, h_min, h_max, m=None):
+    """The oracle's DP values as the NumPy form computed them before they were compiled
+    (strided sliding-window minima; free budget in blocks of ``h_min`` decisions)."""
+    n = cost.size
+    tail_ok = np.arange(n) >= n - h_max
+    width = h_max - h_min + 1
+    if m is None:
+        g = np.full(n, np.inf)
+        val = np.full(n + h_max + 1, np.inf)
+        win = np.lib.stride_tricks.sliding_window_view(val[h_min:], width)
+        d_hi = n
+        while d_hi > 0:
+            d_lo = max(0, d_hi - h_min)
+            best = win[d_lo:d_hi].min(axis=1)
+            gb = np.where(tail_ok[d_lo:d_hi], np.minimum(0.0, best), best)
+            g[d_lo:d_hi] = gb
+            val[d_lo:d_hi] = cost[d_lo:d_hi] + gb
+            d_hi = d_lo
+        return g, val
+    g = np.empty((m + 1, n))
+    g[0] = np.where(tail_ok, 0.0, np.inf)
+    ext = np.full(n + h_max + 1, np.inf)
+    win = np.lib.stride_tricks.sliding_window_view(ext[h_min:], width)
+    for j in range(1, m + 1):
+        ext[:n] = cost + g[j - 1]
+        g[j] = win[:n].min(axis=1)
+    return g, None
+
+
+def test_the_oracle_dp_values_are_the_numpy_forms_bit_for_bit():
+    """``free_budget_values`` and ``budget_values`` give the sliding-window minima of the
+    NumPy form exactly, on costs full of ties and on continuous ones, across corridors."""
+    from diloco_gym.sim import jit_eval
+
+    rng = np.random.default_rng(9)
+    for trial in range(200):
+        n = int(rng.integers(30, 600))
+        h_min = int(rng.integers(1, 20))
+        h_max = h_min + int(rng.integers(0, 50))
+        cost = rng.integers(0, 4, n).astype(float) if trial % 2 else rng.random(n) * 50
+        g = np.full(n, np.inf)
+        val = np.full(n + h_max + 1, np.inf)
+        jit_eval.free_budget_values(cost, h_min, h_max, n - h_max, g, val)
+        g_ref, val_ref = _values_numpy(cost, h_min, h_max)
+        np.testing.assert_array_equal(g, g_ref)
+        np.testing.assert_array_equal(val, val_ref)
+        m = int(rng.integers(1, 12))
+        gm = np.empty((m + 1, n))
+        jit_eval.budget_values(cost, h_min, h_max, n - h_max, gm, np.empty(n + h_max + 1))
+        np.testing.assert_array_equal(gm, _values_numpy(cost, h_min, h_max, m)[0])
