@@ -35,18 +35,15 @@ from typing import Any
 
 import numpy as np
 
-from diloco_gym.envs.observation import OBS_INDEX
+from diloco_gym.envs.observation import OBS_INDEX, obs_column
 from diloco_gym.envs.params import EnvParams
 
 __all__ = ["Agent", "AgentContext", "obs_feature", "one_or_batch", "as_actions"]
 
 
-def obs_feature(obs: np.ndarray, name: str) -> np.ndarray:
-    """Column ``name`` of a batch of observations (an array), or of one observation (a
-    NumPy scalar of the observation's dtype: arithmetic on it is NumPy's scalar arithmetic,
-    the same IEEE operations as on an array, without an array's per-operation cost)."""
-    obs = np.asarray(obs)
-    return obs[OBS_INDEX[name]] if obs.ndim == 1 else obs[..., OBS_INDEX[name]]
+#: Column ``name`` of a batch of observations (an array), or of one observation (a NumPy
+#: scalar: :func:`diloco_gym.envs.observation.obs_column`).
+obs_feature = obs_column
 
 
 def one_or_batch(obs: np.ndarray) -> np.ndarray:

@@ -84,14 +84,19 @@ def build_rows(spec: BuildSpec, seeds: list[int], parallel: bool = False) -> lis
             out.append(_synthetic_rows(spec, [seeds[k] for k in chunk], parallel))
             continue
         draws = episode_draws_batch(spec.generator, [seeds[k] for k in chunk], spec.learner_params)
-        if (
-            len({d[5] for d in draws}) == 1
-            and len({d[3] is None or d[4] is None for d in draws}) == 1
-        ):
+        if _one_batch(draws):
             out.append(_rows(spec, [seeds[k] for k in chunk], draws, parallel))
         else:
             out.extend(_rows(spec, [seeds[k]], [d]) for k, d in zip(chunk, draws, strict=True))
     return out
+
+
+def _one_batch(draws: list[tuple]) -> bool:
+    """Whether traces' draws (:func:`episode_draws_batch`) build as one batch: one duration,
+    and all with pressure series or all without (else they are built one by one)."""
+    return (
+        len({d[5] for d in draws}) == 1 and len({d[3] is None or d[4] is None for d in draws}) == 1
+    )
 
 
 def _synthetic_rows(spec: BuildSpec, seeds: list[int], parallel: bool) -> dict[str, Any]:
@@ -270,16 +275,11 @@ class EpisodeBank:
         queue rows built in place (:func:`sidecar.cost_queue_into`; ``parallel``: its
         parallel variant, the same result)."""
         c: EpisodeCore = rows["core"]
-        p, di = self.params, self.params.decision_interval
+        p = self.params
         n, size = rows["n"], rows["size"]
-        self._grow("exo", n)[slots, :n] = rows["exo"]
-        for key in ("s", "d", "ptr"):
-            self._grow(key, size)
-        self._grow("prefmin", n)[slots, :n] = rows["prefmin"]
-        self._grow("m0", -(-c.m0.shape[1] // di))
-        width = int(rows["counts"].max()) if rows["counts"].size else 0
-        self._grow("base", width, 0.25)
-        self._grow("rbin", width, 0.25)
+        self._grow_for(n, size, c.m0.shape[1], rows["counts"])
+        self.exo[slots, :n] = rows["exo"]
+        self.prefmin[slots, :n] = rows["prefmin"]
         q = self.queue()
         cost_queue_into(
             q, slots, c.base_s, c.req_bin, c.violated, c.m0, c.s, self.sidecar,
@@ -317,12 +317,12 @@ class EpisodeBank:
                 )  # fmt: skip
                 continue
             draws = episode_draws_batch(gen, part, lp)
-            same = len({d[5] for d in draws}) == 1
-            kinds = {d[3] is None or d[4] is None for d in draws}
-            groups = [draws] if same and len(kinds) == 1 else None
-            for k, group in enumerate(groups or [[d] for d in draws]):
-                sl = at if groups else at[k : k + 1]
-                sd = part if groups else part[k : k + 1]
+            batches = (
+                [(at, part, draws)]
+                if _one_batch(draws)
+                else [(at[k : k + 1], part[k : k + 1], [d]) for k, d in enumerate(draws)]
+            )
+            for sl, sd, group in batches:
                 flat = [np.concatenate([d[j] for d in group]) for j in range(3)]
                 counts = np.array([d[0].size for d in group], dtype=np.int64)
                 press = (None, None) if group[0][3] is None or group[0][4] is None else (
@@ -342,16 +342,9 @@ class EpisodeBank:
         arrivals, prompt, output, counts = requests
         p, sc = self.params, self.sidecar
         setup = core_setup(duration_s, p, sc, name)
-        n, di = setup.n, p.decision_interval
+        n = setup.n
         size = setup.n_bins + 1 + spec.horizon
-        for key in ("s", "d", "ptr"):
-            self._grow(key, size)
-        self._grow("exo", n)
-        self._grow("prefmin", n)
-        self._grow("m0", -(-setup.n_bins // di))
-        width = int(counts.max()) if counts.size else 0
-        self._grow("base", width, 0.25)
-        self._grow("rbin", width, 0.25)
+        width = self._grow_for(n, size, setup.n_bins, counts)
         offsets = np.zeros(counts.size + 1, dtype=np.int64)
         np.cumsum(counts, out=offsets[1:])
         b = counts.size
@@ -374,6 +367,19 @@ class EpisodeBank:
         self._grow("exo", n)[slot, :n] = ep["exo"]
         self._grow("cost", n)[slot, :n] = ep["cost"]
         self._set_scalars(slot, n, ep["pct"], ep["thr"], ep["seed"], ep["scale"])
+
+    def _grow_for(self, n: int, size: int, n_bins: int, counts: np.ndarray) -> int:
+        """Every per-slot array wide enough for episodes of ``n`` decisions and ``n_bins``
+        bins, cost queues of ``size`` bins and ``counts`` requests (returns the longest)."""
+        for key in ("s", "d", "ptr"):
+            self._grow(key, size)
+        self._grow("exo", n)
+        self._grow("prefmin", n)
+        self._grow("m0", -(-n_bins // self.params.decision_interval))
+        width = int(counts.max()) if counts.size else 0
+        self._grow("base", width, 0.25)
+        self._grow("rbin", width, 0.25)
+        return width
 
     def _grow(self, name: str, width: int, headroom: float = 0.0) -> np.ndarray:
         """Array ``name`` with at least ``width`` columns (kept contents), allocated

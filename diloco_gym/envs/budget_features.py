@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from diloco_gym.envs.observation import OBS_INDEX
+from diloco_gym.envs.observation import OBS_INDEX, obs_column
 from diloco_gym.envs.params import EnvParams
 
 __all__ = [
@@ -52,13 +52,6 @@ OBS_TRANSFORMS = (None, "budget")
 
 #: the observation's features the budget state is read from (:meth:`BudgetPace._read_one`)
 _BUDGET_COLUMNS = ("budget_left", "gap", "time_left", "merges")
-
-
-def _column(obs: np.ndarray, name: str) -> np.ndarray:
-    """Column ``name`` of a batch (an array), or of one observation (a NumPy scalar: the
-    same arithmetic, without an array's per-operation cost)."""
-    obs = np.asarray(obs)
-    return obs[OBS_INDEX[name]] if obs.ndim == 1 else obs[..., OBS_INDEX[name]]
 
 
 class BudgetPace:
@@ -98,11 +91,11 @@ class BudgetPace:
             if one is not None:
                 return one
         h_min, h_max = self.params.h_min, self.params.h_max  # in decisions
-        m_left = np.rint(_column(obs, "budget_left").astype(np.float64) * self.budget)
+        m_left = np.rint(obs_column(obs, "budget_left").astype(np.float64) * self.budget)
         k = self.budget - m_left
-        gap = np.rint(_column(obs, "gap").astype(np.float64) * h_max)
-        tl = _column(obs, "time_left").astype(np.float64)
-        mf = _column(obs, "merges").astype(np.float64)
+        gap = np.rint(obs_column(obs, "gap").astype(np.float64) * h_max)
+        tl = obs_column(obs, "time_left").astype(np.float64)
+        mf = obs_column(obs, "merges").astype(np.float64)
         with np.errstate(divide="ignore", invalid="ignore"):
             n_from_merges = k * h_min / mf
             n_from_gap = gap / (1.0 - tl)

@@ -24,6 +24,7 @@ __all__ = [
     "LEARNER_SLICE",
     "squash_rate",
     "unsquash_rate",
+    "obs_column",
     "learner_features",
     "learner_features_k",
     "learner_table",
@@ -98,6 +99,14 @@ OBS_LOW = np.array([f[2] for f in OBS_FEATURES], dtype=np.float32)
 OBS_HIGH = np.array([f[3] for f in OBS_FEATURES], dtype=np.float32)
 EXO_SLICE = slice(OBS_INDEX["network"], OBS_INDEX["rate_trend"] + 1)
 LEARNER_SLICE = slice(OBS_INDEX["loss_progress_mean"], OBS_INDEX["staleness"] + 1)
+
+
+def obs_column(obs, name: str):
+    """Feature ``name`` of a batch of observations (an array), or of one observation (a
+    NumPy scalar of the observation's dtype: arithmetic on it is NumPy's scalar arithmetic,
+    the same IEEE operations as on an array, without an array's per-operation cost)."""
+    obs = np.asarray(obs)
+    return obs[OBS_INDEX[name]] if obs.ndim == 1 else obs[..., OBS_INDEX[name]]
 
 
 def squash_rate(rate_rps, norm_rps: float):

@@ -416,7 +416,7 @@ class DiLoCoSyncVectorEnv(gym.vector.VectorEnv[np.ndarray, np.ndarray, np.ndarra
         return int(rng.integers(0, _SEED_HIGH))
 
     def _build_fresh(self, slots: np.ndarray, seeds: list[int]) -> None:
-        """Build the fresh episodes of ``seeds`` into bank ``slots`` (:func:`build_rows`)."""
+        """Build the fresh episodes of ``seeds`` into bank ``slots`` (``EpisodeBank.build``)."""
         self.bank.build(self._spec, slots, seeds, self.parallel)
         self._check_budget(slots)
 
