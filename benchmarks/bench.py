@@ -62,12 +62,17 @@ sys.path.insert(0, os.environ.get("DILOCO_GYM_BENCH_SRC") or str(Path(__file__).
 
 import diloco_gym  # noqa: E402  (registers the ids)
 from diloco_gym.envs import env as env_module  # noqa: E402
-from diloco_gym.envs import episode as episode_module  # noqa: E402
-from diloco_gym.envs.params import EnvParams  # noqa: E402
 from diloco_gym.sim import learners as lrn  # noqa: E402
 from diloco_gym.sim import regimes, schedules
 from diloco_gym.sim.sidecar import merge_costs  # noqa: E402
 from diloco_gym.sim.traces import PRESSURE_DT_S  # noqa: E402
+
+try:  # this tree's modules; 0.4.0's code (an A/B's older side) had them in envs.core
+    from diloco_gym.envs import episode as episode_module
+    from diloco_gym.envs.params import EnvParams
+except ImportError:
+    from diloco_gym.envs import core as episode_module  # type: ignore[no-redef]
+    from diloco_gym.envs.core import EnvParams  # type: ignore[no-redef]
 
 SRC = sys.path[0]
 
@@ -560,17 +565,41 @@ def bench_ab(rev: str, rounds: int) -> dict:
             env = dict(os.environ, DILOCO_GYM_BENCH_SRC=src)
             subprocess.run([sys.executable, __file__, "--ab-child", str(out)], env=env, check=True)
             runs[name].append(json.loads(out.read_text()))
-    res = {}
-    for name, rs in runs.items():
-        res[name] = {
+    return {"rev": rev, "rounds": rounds, "results": ab_summary(runs)}
+
+
+_AB_KEYS = (
+    "diloco_steps_per_s",
+    "cartpole_steps_per_s",
+    "ratio",
+    "vs_floor",
+    "diloco_episodes_per_s",
+    "floor_episodes_per_s",
+)
+
+
+def ab_summary(runs: dict[str, list[dict]]) -> dict:
+    """The medians of each side's A/B runs (``runs``: side -> the children's results, one
+    side named ``"this checkout"``). A tree without the compiled generation (0.4.0's) has no
+    floor of its own: its vector env is also put against this checkout's floor
+    (``vs_checkout_floor``), the machine's limit timed in that side's rounds."""
+    res = {
+        name: {
             row: {
                 key: float(np.median([r[row][key] for r in rs]))
-                for key in ("diloco_steps_per_s", "cartpole_steps_per_s", "ratio", "vs_floor")
+                for key in _AB_KEYS
                 if key in rs[0][row]
             }
             for row in ("default_single", "default_vector")
         }
-    return {"rev": rev, "rounds": rounds, "results": res}
+        for name, rs in runs.items()
+    }
+    here_floor = res["this checkout"]["default_vector"].get("floor_episodes_per_s", np.nan)
+    for rows in res.values():
+        v = rows["default_vector"]
+        if not v.get("vs_floor", np.nan) > 0 and v.get("diloco_episodes_per_s", 0) > 0:
+            v["vs_checkout_floor"] = float(here_floor / v["diloco_episodes_per_s"])
+    return res
 
 
 # ----------------------------------------------------------------------------- protocol parts
@@ -1152,6 +1181,11 @@ def main(argv: list[str] | None = None) -> int:
                     f"A/B {name:>14} {row}: {d['diloco_steps_per_s']:,.0f} decisions/s, "
                     f"CartPole {d['cartpole_steps_per_s']:,.0f} steps/s, ratio {d['ratio']:.3f}"
                     + (f", {vf:.2f}x the floor's time" if (vf := d.get("vs_floor", 0)) > 0 else "")
+                    + (
+                        f", {vc:.2f}x this checkout's floor's time (no floor of its own)"
+                        if (vc := d.get("vs_checkout_floor", 0)) > 0
+                        else ""
+                    )
                 )
         if args.json:
             args.json.write_text(json.dumps(ab, indent=2, default=float))

@@ -520,6 +520,36 @@ def test_benchmark_quick_runs():
     assert "FLOOR (bursty episode" in proc.stdout  # the compiled kernel's floor row
 
 
+def test_benchmark_ab_puts_a_side_without_a_floor_against_this_checkouts():
+    """An A/B side whose tree has no compiled floor (0.4.0's) gets its vector env against
+    this checkout's floor; a side with a floor of its own keeps only its own ratio."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import bench
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+
+    def run(eps: float, floor: float) -> dict:
+        single = {"diloco_steps_per_s": 1.0, "cartpole_steps_per_s": 2.0, "ratio": 0.5}
+        vector = {
+            **single,
+            "diloco_episodes_per_s": eps,
+            "floor_episodes_per_s": floor,
+            "vs_floor": floor / eps,
+        }
+        return {"default_single": single, "default_vector": vector}
+
+    runs = {
+        "old": [run(100.0, float("nan")), run(200.0, float("nan")), run(300.0, float("nan"))],
+        "this checkout": [run(1000.0, 1500.0), run(1000.0, 1700.0), run(1000.0, 1600.0)],
+    }
+    res = bench.ab_summary(runs)
+    assert res["old"]["default_vector"]["vs_checkout_floor"] == 1600.0 / 200.0
+    assert res["this checkout"]["default_vector"]["vs_floor"] == 1.6
+    assert "vs_checkout_floor" not in res["this checkout"]["default_vector"]
+    assert res["old"]["default_single"]["ratio"] == 0.5
+
+
 def test_benchmark_draws_floor_makes_exactly_the_episodes_draws():
     """The fresh-episode floor times only the generator calls of an episode; they must be
     exactly the calls the single env makes (same generator state afterwards), or the floor
