@@ -12,6 +12,8 @@ around whole calls (no profiler, so the parts cost what they cost in a normal ru
 * scoring: the matched-random controls, the exact replays of the agents' schedules and
   the oracle (``eval.protocol.matched_control``, ``score_episode``, ``oracle_score``);
 * the calibration check (``eval.cells._calibration_cell``: the simulated effect sizes);
+* the statistics (the report's ``summarise``, the frontier's tables of tests);
+* the frontier's episode builds and its rate-clairvoyant reference curve;
 * the figures (``write_figures`` / ``frontier_figure`` and saving them);
 * everything else in the command (plans, episode builds, statistics, tables, files);
 * the start-up: importing the CLI and its modules before the command runs.
@@ -35,9 +37,20 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from diloco_gym import cli  # noqa: E402
 from diloco_gym.eval import cells, protocol, report_figures, rollout  # noqa: E402
 from diloco_gym.eval import frontier as frontier_mod  # noqa: E402
+from diloco_gym.eval import report as report_mod  # noqa: E402
 
 T_IMPORTED = time.perf_counter()
 
+#: The parts timed, in the order printed.
+PARTS = (
+    "agents' episodes",
+    "scoring",
+    "calibration check",
+    "statistics",
+    "episode builds",
+    "rate-clairvoyant reference",
+    "figures",
+)
 SPENT: dict[str, float] = defaultdict(float)
 CALLS: dict[str, int] = defaultdict(int)
 _DEPTH = [0]
@@ -74,7 +87,15 @@ def _patch() -> None:
     for name in ("matched_control", "score_episode", "oracle_score"):
         setattr(protocol, name, _timed("scoring", getattr(protocol, name)))
     cells._calibration_cell = _timed("calibration check", cells._calibration_cell)
-    report_figures.write_figures = _timed("figures", report_figures.write_figures)
+    figures = _timed("figures", report_figures.write_figures)
+    report_figures.write_figures = report_mod.write_figures = figures
+    report_mod.summarise = _timed("statistics", report_mod.summarise)
+    frontier_mod._tables = _timed("statistics", frontier_mod._tables)
+    frontier_mod.episode_from_seed = _timed("episode builds", frontier_mod.episode_from_seed)
+    for name in ("expected_cost_pp", "rate_clairvoyant_schedule"):
+        setattr(
+            frontier_mod, name, _timed("rate-clairvoyant reference", getattr(frontier_mod, name))
+        )
     frontier_mod.frontier_figure = _timed("figures", frontier_mod.frontier_figure)
     frontier_mod._save_png = _timed("figures", frontier_mod._save_png)
 
@@ -92,7 +113,7 @@ def main(argv: list[str]) -> int:
     startup = T_IMPORTED - T_START
     print(f"\n{command[0]} {' '.join(rest)}: {total + startup:.2f} s in this process")
     print(f"  start-up (importing the CLI and its modules)  {startup:6.2f} s")
-    for part in ("agents' episodes", "scoring", "calibration check", "figures"):
+    for part in PARTS:
         print(f"  {part:<45} {SPENT[part]:6.2f} s")
     print(f"  {'everything else':<45} {total - sum(SPENT.values()):6.2f} s")
     n = CALLS["decisions"]
