@@ -4,7 +4,8 @@
     python benchmarks/time_split.py --in-process-agents   # the same, agents in this process
     python benchmarks/time_split.py frontier --seeds 10   # the frontier (any of its options)
 
-Runs the command in this process exactly as the CLI does and times, with wall clocks
+Runs the command in this process exactly as the CLI does (the serial backend: cells run
+elsewhere would escape the timers, so ``--backend`` is refused) and times, with wall clocks
 around whole calls (no profiler, so the parts cost what they cost in a normal run):
 
 * the agents' episodes: every env step and every agent decision of the units, with the
@@ -105,6 +106,10 @@ def main(argv: list[str]) -> int:
 
     command = argv[:1] if argv[:1] in (["report"], ["frontier"]) else ["report"]
     rest = argv[1:] if argv[:1] == command else argv
+    if any(a == "--backend" or a.startswith("--backend=") for a in rest):
+        # the timers wrap this process's functions: cells run elsewhere would go uncounted
+        print("time_split.py: times this process only; run it without --backend", file=sys.stderr)
+        return 2
     out = Path(tempfile.mkdtemp(prefix="diloco-split-")) / "out"
     _patch()
     t0 = time.perf_counter()

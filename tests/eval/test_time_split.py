@@ -44,3 +44,13 @@ def test_a_small_report_splits_into_parts_that_add_up():
     assert decisions > 2 * 8 * 10  # two episodes of eight agents, tens of decisions each
     rest = float(re.search(r"everything but the episodes: ([\d.]+) s", out).group(1))
     assert rest == pytest.approx(total - parts["agents' episodes"], abs=0.02)
+
+
+def test_a_backend_that_runs_cells_elsewhere_is_refused():
+    """Cells in other processes would escape the timers: the split says so and stops."""
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "time_split.py"), "--backend", "processes"],
+        capture_output=True, text=True, timeout=120, cwd=ROOT,
+    )  # fmt: skip
+    assert proc.returncode == 2
+    assert "without --backend" in proc.stderr
