@@ -24,6 +24,25 @@ __all__ = [
 ]
 
 
+def check_sandbox(args: argparse.Namespace) -> None:
+    """``--require-sandbox``: refuse a run whose sealed agents would get less than the full
+    sandbox, before anything is computed."""
+    if not getattr(args, "require_sandbox", False):
+        return
+    if getattr(args, "in_process_agents", False):
+        raise UsageError("--require-sandbox and --in-process-agents exclude each other")
+    from diloco_gym.eval.sealed import require_sandbox, sandbox_status
+
+    status = sandbox_status()
+    if status["level"] != "full":
+        raise DataError(
+            f"--require-sandbox: this machine gives sealed agents the {status['level']} "
+            f"sandbox level (missing: {', '.join(status['missing'])}; platform "
+            f"{status['platform']}); full needs Linux with Landlock and namespaces"
+        )
+    require_sandbox(True)
+
+
 def check_backend(args: argparse.Namespace) -> None:
     """Refuse backend options that cannot apply, and a missing Ray, before any work."""
     if args.ray_address and args.backend != "ray":

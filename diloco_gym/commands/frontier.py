@@ -88,6 +88,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     """Run the frontier the options describe, write its directory and print each regime's
     agents that no other dominates."""
+    checks.check_sandbox(args)
     if getattr(args, "fleet", None):
         return _frontier_fleet(args)
     started = time.perf_counter()

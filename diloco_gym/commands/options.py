@@ -162,6 +162,13 @@ def add_sealing_arg(p: argparse.ArgumentParser) -> None:
         "parameters; faster, but nothing then stops an agent's code from reaching the "
         "env, the trace or the seed (the report says so in its header)",
     )
+    p.add_argument(
+        "--require-sandbox",
+        action="store_true",
+        help="refuse to run unless sealed agents get the full kernel sandbox (Linux: "
+        "Landlock, user and network namespaces, the evaluator not dumpable); without it a "
+        "machine that lacks a mechanism runs at a lower level, which the report states",
+    )
 
 
 def add_holm_arg(p: argparse.ArgumentParser, settings: str) -> None:

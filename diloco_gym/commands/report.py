@@ -65,6 +65,7 @@ def run(args: argparse.Namespace) -> int:
     from diloco_gym.eval.report_render import console_summary
     from diloco_gym.sim.traces import TraceFormatError
 
+    checks.check_sandbox(args)
     checks.check_backend(args)
     checks.check_out_dir(args.out, args.force)
     agents = _report_agents(args)

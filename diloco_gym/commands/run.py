@@ -35,6 +35,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     """Run the agent on the regime's seeds, the trace's windows or the fleet's episodes and
     print one row per episode."""
+    checks.check_sandbox(args)
     if getattr(args, "fleet", None):
         return _run_fleet(args)
     if not args.trace:

@@ -33,6 +33,7 @@ import numpy as np
 from diloco_gym.envs.fleet import DiLoCoFleetEnv, FleetEpisode, require_fixed_precision
 from diloco_gym.eval import protocol
 from diloco_gym.eval.protocol import EpisodeScorer, Scores
+from diloco_gym.eval.report_render import sandbox_record, sandbox_sentence
 
 __all__ = [
     "FleetScorer",
@@ -207,6 +208,7 @@ def run_fleet_report(config: FleetReportConfig, progress: bool = False) -> dict[
             a.close()
     return {
         "agent_sealing": SEALED if not config.in_process_agents else IN_PROCESS,
+        "agent_sandbox": sandbox_record(config.in_process_agents),
         "rows": df,
         "summary": summary,
         "calibration": pd.DataFrame(calib_rows),
@@ -485,7 +487,8 @@ def write_fleet_report(
         "",
         f"Episodes: {result['config']['seeds']} (seeds {result['config']['seed0']}..), "
         f"{result['independent_units']} independent; {result['config']['draws']} "
-        f"matched-random draws per episode. Agents: {result['agent_sealing']}. "
+        f"matched-random draws per episode. Agents: {result['agent_sealing']}."
+        f"{sandbox_sentence(result.get('agent_sandbox'))} "
         f"Calibration verdict of the fleet: "
         f"**{result['calibration_verdict']}** (every site must transfer).",
         "",
@@ -508,6 +511,7 @@ def write_fleet_report(
         "summary": result["summary"].to_dict(orient="records"),
         "elapsed_s": result["elapsed_s"],
         "agent_sealing": result["agent_sealing"],
+        "agent_sandbox": result.get("agent_sandbox"),
     }
     files = FleetFiles(
         "results.csv", result["rows"], "report.json", extra, "report.md", "Fleet report", body

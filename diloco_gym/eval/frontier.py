@@ -69,6 +69,7 @@ from diloco_gym.eval.frontier_stats import (
 )
 from diloco_gym.eval.output_dir import write_output_dir
 from diloco_gym.eval.replay_options import ReplayOptions
+from diloco_gym.eval.report_render import sandbox_record
 from diloco_gym.eval.rollout import run_episodes
 from diloco_gym.eval.units import episode_budget
 from diloco_gym.io import json_default
@@ -590,6 +591,7 @@ def run_frontier(
         **_tables(df, calib_verdicts, config),
         "calibration": calib_verdicts,
         "config": asdict(config),
+        "agent_sandbox": sandbox_record(config.in_process_agents),
         "elapsed_s": time.perf_counter() - started,
     }
 
@@ -651,6 +653,7 @@ def write_frontier(
             "dominance": result["dominance"].to_dict(orient="records"),
             "free": result["free"].to_dict(orient="records"),
             "holm_family": holm_scope(result["config"]),
+            "agent_sandbox": result.get("agent_sandbox"),
         }
         (tmp / "frontier.json").write_text(json.dumps(payload, indent=2, default=json_default))
         (tmp / "frontier.md").write_text(render_markdown(result, figures, command))

@@ -12,6 +12,7 @@ import pandas as pd
 
 from diloco_gym.eval import protocol
 from diloco_gym.eval.frontier_stats import DOMINANCE_VERDICTS, holm_scope
+from diloco_gym.eval.report_render import sandbox_sentence
 from diloco_gym.text import finite, fmt
 
 __all__ = ["render_markdown", "frontier_figure", "undominated"]
@@ -85,6 +86,7 @@ def _header(result: dict[str, Any]) -> list[str]:
             if cfg.get("in_process_agents")
             else "sealed, each in its own process with observations, action masks and "
             "public parameters only; the oracle runs in the evaluating process."
+            + sandbox_sentence(result.get("agent_sandbox"))
         ),
         "",
         "Every number is the exact replay (`protocol.EpisodeScorer`) of the agent's, the "

@@ -29,7 +29,13 @@ from diloco_gym.eval.output_dir import (
 )
 from diloco_gym.eval.replay_options import ReplayOptions
 from diloco_gym.eval.report_figures import write_figures
-from diloco_gym.eval.report_render import PAPER, console_summary, render_markdown, sealing_mode
+from diloco_gym.eval.report_render import (
+    PAPER,
+    console_summary,
+    render_markdown,
+    sandbox_record,
+    sealing_mode,
+)
 from diloco_gym.eval.summary import (
     apply_gate,
     holm,
@@ -170,6 +176,7 @@ def run_protocol(
         "timelines": timelines,
         "scoring": scoring_summary(df),
         "agent_sealing": sealing_mode(config.in_process_agents),
+        "agent_sandbox": sandbox_record(config.in_process_agents),
         "elapsed_s": time.perf_counter() - started,
     }
 
@@ -289,6 +296,7 @@ def write_report(
             "loads": result.get("loads", {}),
             "scoring": result.get("scoring") or scoring_summary(result["rows"]),
             "agent_sealing": result.get("agent_sealing"),
+            "agent_sandbox": result.get("agent_sandbox"),
             "holm_family": holm_family(result["config"]),
         }
         (tmp / "report.json").write_text(json.dumps(payload, indent=2, default=json_default))

@@ -12,7 +12,14 @@ from diloco_gym.eval.summary import holm_family, scoring_summary
 from diloco_gym.text import fmt as _fmt
 from diloco_gym.text import fmt_p as _fmt_p
 
-__all__ = ["render_markdown", "console_summary", "sealing_mode", "PAPER"]
+__all__ = [
+    "render_markdown",
+    "console_summary",
+    "sealing_mode",
+    "sandbox_record",
+    "sandbox_sentence",
+    "PAPER",
+]
 
 #: The paper's / reference's sync-excess % per regime and policy (docs/paper.md).
 PAPER: dict[str, dict[str, float]] = {
@@ -41,6 +48,26 @@ def sealing_mode(in_process: bool) -> str:
     from diloco_gym.eval.sealed import IN_PROCESS, SEALED
 
     return IN_PROCESS if in_process else SEALED
+
+
+def sandbox_record(in_process: bool) -> dict[str, Any]:
+    """The sealing level deployable agents ran at (report.json ``agent_sandbox``):
+    ``{"level", "mechanisms", "missing", "platform"}``; level ``none`` in-process."""
+    if in_process:
+        return {"level": "none", "mechanisms": [], "missing": [], "platform": ""}
+    from diloco_gym.eval.sealed import sandbox_status
+
+    return sandbox_status()
+
+
+def sandbox_sentence(record: dict[str, Any] | None) -> str:
+    """One sentence on the sandbox level for a report's header ('' when unknown)."""
+    if not record or record.get("level") in (None, "none"):
+        return ""
+    level, mech = record["level"], ", ".join(record.get("mechanisms", [])) or "none"
+    missing = ", ".join(record.get("missing", []))
+    text = f" Sandbox level: **{level}** (kernel mechanisms: {mech})"
+    return text + (f"; not enforced here: {missing}." if missing else ".")
 
 
 def _regime_scoring(result: dict[str, Any], regime: str) -> str:
@@ -139,6 +166,7 @@ def _header(result: dict[str, Any]) -> list[str]:
         f"gate at p < {cfg['alpha']}. Ran in {result['elapsed_s']:.1f} s.",
         "",
         f"Deployable agents: {result.get('agent_sealing', sealing_mode(False))}."
+        + sandbox_sentence(result.get("agent_sandbox"))
         + (
             " **They ran in the evaluating process, where an agent's code can reach the "
             "env, the episode's trace, its merge costs and its seed: nothing enforces "

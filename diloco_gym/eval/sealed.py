@@ -1,44 +1,68 @@
-"""Deployable agents sealed in their own process.
+"""Deployable agents sealed in a sandboxed process of their own.
 
 A deployable agent may use observations, action masks and the env's public parameters
 only. In-process, nothing stops an agent's code from walking ``gc.get_objects()`` or the
-caller's frames (``sys._getframe``) to the env, the episode's trace, its merge costs or its
-seed. :class:`SealedAgent` runs the agent in a separate worker process started with the
-``spawn`` method (a fresh interpreter: none of the parent's objects are copied into it)
-that holds agents and nothing else of the evaluation. The parent sends it, per episode,
-the public parameters (:class:`~diloco_gym.envs.params.EnvParams`), the regime's name and
-the observation's feature names (a fleet's per-site table), and per decision one
-observation and the current action mask; it answers with the action. The env, the
-episode, the trace, the merge costs, the seed, the step infos and the scoring stay in the
-parent, and so does every non-deployable agent (the oracle).
+caller's frames to the env, the episode's trace, its merge costs or its seed; and a
+separate process alone still lets it read the evaluator's command line, environment and
+memory through ``/proc``, open the trace file, or answer with a pickle that runs code in
+the evaluator. :class:`SealedAgent` closes all of these:
 
-Each agent object is pickled into the worker as constructed (before any episode).
+* **A fresh interpreter** (``subprocess``, not a fork: none of the parent's objects are
+  copied), started with a scrubbed environment (no variable of the parent's but the few
+  an interpreter needs), a private empty working directory and no file descriptor but
+  its one socket to the parent. It needs no ``if __name__ == "__main__":`` guard in the
+  calling script.
+* **The kernel's sandbox** (:mod:`diloco_gym.eval.sandbox`: Landlock, namespaces, no
+  privileges), entered *before* any agent code runs: the agents travel to it as bytes
+  (``cloudpickle``: an agent whose module lies outside the installed packages, a user's
+  script or ``--agent file.py:Name``, travels with its code) and are loaded inside it.
+* **A fixed answer format.** The parent reads from a worker only bounded binary frames
+  (an action as 64-bit integers; an error as at most 2,000 bytes of text) and never
+  deserialises anything else; a frame of any other shape or size ends the worker and the
+  run with an error naming the agent. The parent's own messages to the worker (public
+  parameters, observations, masks) are pickled or packed: the worker trusts its parent.
+
+The env, the episode, the trace, the merge costs, the seed, the step infos and the
+scoring stay in the parent, and so does every non-deployable agent (the oracle).
+
 :func:`seal_agents` puts the deployable agents of one call into one worker by default
 (``workers=``: more), and :class:`Exchange` asks several agents of a worker in one message
 and several workers at once: :func:`diloco_gym.eval.rollout.run_episodes` steps the
-agents of a unit in lockstep, so a report pays one pipe round trip per decision of the
-episode at which any agent is asked, instead of one per decision of every agent
-(``benchmarks/sealed_overhead.py``). Agents that share a worker can see each other's
+agents of a unit in lockstep, so a report pays one socket round trip per decision of the
+episode at which any agent is asked. Agents that share a worker can see each other's
 objects; the runner asks them in decision order, one decision per message, so an agent
-asked at decision ``d`` finds in its process no observation later than ``d`` (and never
-the env, the trace or the seed). A worker serves every episode of a process (report and
-frontier cells reuse it).
+asked at decision ``d`` finds in its process no observation later than ``d``. A worker
+serves every episode of a process (report and frontier cells reuse it). Each answer must
+come within ``DILOCO_GYM_MAX_AGENT_SECONDS`` (default 600 s), or the worker is stopped.
 
-In-process evaluation remains available as an explicit opt-out
-(``--in-process-agents``); reports state which mode they ran in.
+:func:`sandbox_status` says which sealing level this machine gives (``full``, ``partial``
+or ``process``, with the mechanisms); reports record it, and :func:`require_sandbox`
+(``--require-sandbox``) makes every worker that gets less than ``full`` an error.
+In-process evaluation remains available as an explicit opt-out (``--in-process-agents``);
+reports state which mode they ran in.
 """
 
 from __future__ import annotations
 
-import multiprocessing as mp
+import os
 import pickle
 import select
+import shutil
+import socket
 import struct
+import subprocess
+import sys
+import tempfile
+import threading
 import time
 import weakref
+from collections import deque
+from multiprocessing.connection import Connection
 from typing import Any
 
 import numpy as np
+
+from diloco_gym.eval import sandbox
 
 __all__ = [
     "SealedAgent",
@@ -46,23 +70,36 @@ __all__ = [
     "act_together",
     "Exchange",
     "worker_key",
+    "sandbox_status",
+    "require_sandbox",
+    "SandboxError",
     "SEALED",
     "IN_PROCESS",
 ]
 
 #: report.json / report.md values of the agent-sealing mode.
-SEALED = "sealed (deployable agents in their own process)"
+SEALED = "sealed (deployable agents in a sandboxed process of their own)"
 IN_PROCESS = "in-process (--in-process-agents: not sealed)"
 
 
-# Act messages and their answers travel as raw bytes (a round of a report is one to a few
-# observations: pickling each small array costs more than the pipe). Pickled messages
-# start with the pickle protocol byte 0x80, packed ones with b"A". An act message:
+class SandboxError(RuntimeError):
+    """A sealed worker got less than the required sealing level (:func:`require_sandbox`)."""
+
+
+# Act messages travel as raw bytes (a round of a report is one to a few observations:
+# pickling each small array costs more than the socket). Parent -> worker: pickled
+# messages (they start with the pickle protocol byte 0x80) or a packed act message:
 # b"A", (n, observation size, mask size) as uint32, the slots (int32), the episode-start
-# flags (uint8), the observations (float32), the masks (bool); an answer: b"A", then the
-# n actions as int64. Anything else (other shapes or dtypes, no mask) is pickled.
-_PACKED = b"A"
+# flags (uint8), the observations (float32), the masks (bool). Worker -> parent, the only
+# frames the parent accepts (anything else ends the worker):
+_PACKED = b"A"  # an action: b"A" + int64 little-endian values (1 .. _MAX_ACTION of them)
+_ERROR = b"E"  # an agent's error: b"E" + slot (int32) + UTF-8 text (<= _MAX_TEXT bytes)
+_OK = b"K"  # an attach (or the agents' load) went through
+_HELLO = b"H"  # the sandbox is closed: b"H" + the mechanisms' mask (uint32)
 _HEAD = struct.Struct("<III")
+_MAX_ACTION = 4096
+_MAX_TEXT = 2000
+_MAX_FRAME = 1 + 8 * _MAX_ACTION
 
 
 def _pack_items(items: list[tuple]) -> bytes | None:
@@ -105,15 +142,28 @@ def _unpack_items(buf: bytes) -> list[tuple]:
     return [(slots[i], obs[i], masks[i], bool(starts[i])) for i in range(n)]
 
 
-def _pack_actions(actions: list[np.ndarray]) -> bytes | None:
-    if any(a.dtype != np.int64 or a.shape != (1,) for a in actions):
-        return None
-    return _PACKED + b"".join(a.tobytes() for a in actions)
+# --- the worker's side --------------------------------------------------------------
 
 
-def _unpack_actions(buf: bytes) -> list[np.ndarray]:
-    block = np.frombuffer(buf, np.int64, offset=1).copy()
-    return [block[i : i + 1] for i in range(block.size)]
+class _AgentError(Exception):
+    def __init__(self, slot: int, text: str) -> None:
+        super().__init__(text)
+        self.slot, self.text = slot, text
+
+
+def _error_frame(slot: int, text: str) -> bytes:
+    return _ERROR + struct.pack("<i", slot) + text.encode("utf-8", "replace")[:_MAX_TEXT]
+
+
+def _action_frame(slot: int, action: Any) -> bytes:
+    """An agent's action as a frame: integers only (what the envs' action spaces hold)."""
+    a = np.asarray(action).reshape(-1)
+    if a.size < 1 or a.size > _MAX_ACTION:
+        raise _AgentError(slot, f"an action of {a.size} values (1 to {_MAX_ACTION} allowed)")
+    if a.dtype.kind not in "biu":
+        if a.dtype.kind != "f" or not np.all(np.isfinite(a)) or np.any(a != np.round(a)):
+            raise _AgentError(slot, f"a non-integer action {a[:4].tolist()}")
+    return _PACKED + a.astype("<i8").tobytes()
 
 
 def _attach(agents: list, ctxs: list, states: list, slot: int, msg: tuple) -> None:
@@ -144,31 +194,79 @@ def _answer(conn: Any, agents: list, ctxs: list, states: list, items: list) -> N
             )
         except Exception as exc:  # noqa: BLE001 - reported to the parent, one line
             raise _AgentError(slot, f"{type(exc).__name__}: {exc}") from None
-        answer = [np.asarray(action).reshape(-1)]
-        packed = _pack_actions(answer)
-        if packed is None:
-            conn.send(("ok", answer))
-        else:
-            conn.send_bytes(packed)
+        conn.send_bytes(_action_frame(slot, action))
 
 
-class _AgentError(Exception):
-    def __init__(self, slot: int, text: str) -> None:
-        super().__init__(text)
-        self.slot, self.text = slot, text
+def _load_agents(blobs: list[bytes]) -> list:
+    """The agents from their bytes, inside the sandbox (their code may run while loading)."""
+    agents = []
+    for slot, blob in enumerate(blobs):
+        try:
+            agents.append(pickle.loads(blob))
+        except Exception as exc:  # noqa: BLE001 - reported to the parent, one line
+            raise _AgentError(slot, f"could not be loaded: {type(exc).__name__}: {exc}") from None
+    return agents
 
 
-#: Longest busy wait (seconds) for the other side's next message before sleeping on it.
-SPIN_S = 5e-4
+def _worker_main(fd: int) -> None:
+    """A sealed worker: confine itself as the parent's plan says, report what took effect,
+    load the agents, then answer until the parent closes the socket."""
+    conn = Connection(fd)
+    try:
+        the_plan = pickle.loads(conn.recv_bytes())
+        conn.send_bytes(_HELLO + struct.pack("<I", sandbox.enter(the_plan)))
+        blobs = pickle.loads(conn.recv_bytes())
+        if "torch" in sys.modules:  # pragma: no cover - one thread: a policy step is tiny
+            sys.modules["torch"].set_num_threads(1)
+        try:
+            agents = _load_agents(blobs)
+        except _AgentError as exc:
+            conn.send_bytes(_error_frame(exc.slot, exc.text))
+            return
+        del blobs
+        conn.send_bytes(_OK)
+        _serve(conn, agents)
+    except (EOFError, BrokenPipeError, ConnectionError, OSError):
+        return  # the parent is gone
+
+
+def _serve(conn: Any, agents: list) -> None:
+    """Answer act and attach messages until closed."""
+    ctxs: list = [None] * len(agents)
+    states: list = [None] * len(agents)
+    while True:
+        buf = conn.recv_bytes()
+        try:
+            if buf[:1] == _PACKED:
+                _answer(conn, agents, ctxs, states, _unpack_items(buf))
+                continue
+            msg = pickle.loads(buf)
+            if msg[0] == "act":
+                _answer(conn, agents, ctxs, states, msg[1])
+            elif msg[0] == "attach":
+                _attach(agents, ctxs, states, msg[1], msg[2:])
+                conn.send_bytes(_OK)
+            elif msg[0] == "close":
+                return
+        except _AgentError as exc:
+            conn.send_bytes(_error_frame(exc.slot, exc.text))
+
+
+# --- the parent's side --------------------------------------------------------------
+
+
+#: Longest busy wait (seconds) for a worker's answer before sleeping on it.
+SPIN_S = 0.0
 
 
 class _Spin:
     """Busy-wait briefly for a message before sleeping on it: waking a sleeping process
-    costs tens of microseconds here, about a lockstep round's work. The window adapts:
-    doubled (up to ``cap``, and to at least twice the wait caught) after a wait it caught,
-    halved after one it missed, so that on a loaded machine, where the other side is often
-    not running, it falls to (almost) nothing; every 64th wait tries the whole window
-    again, and a catch there restores it."""
+    costs tens of microseconds. The window adapts: doubled (up to ``cap``, and to at least
+    twice the wait caught) after a wait it caught, halved after one it missed, so that on
+    a loaded machine, where the other side is often not running, it falls to (almost)
+    nothing; every 64th wait tries the whole window again. ``cap`` 0 (the default,
+    :data:`SPIN_S`) never spins: a spinning process takes a core that a loaded machine
+    gives to the other side."""
 
     def __init__(self, cap: float) -> None:
         self.cap = self.window = max(0.0, cap)
@@ -184,75 +282,214 @@ class _Spin:
         end = start + window
         while (now := time.perf_counter()) < end:
             if ready():
-                # at least twice the wait just caught: a collapsed window that catches the
-                # every-64th full try is back at once (doubling from nothing never was)
                 self.window = min(self.cap, max(self.window * 2, 2 * (now - start)))
                 return
         self.window /= 2
 
 
-def _serve(conn: Any, blobs: list[bytes], spin_s: float = 0.0) -> None:
-    """The worker: build the agents, then answer act requests until closed."""
-    import sys
+_REQUIRED = False
+_UNDUMPABLE: bool | None = None
+_STATUS: dict[str, Any] | None = None
 
-    agents = [pickle.loads(b) for b in blobs]
-    del blobs
-    if "torch" in sys.modules:  # one thread per worker: a policy step is tiny
-        sys.modules["torch"].set_num_threads(1)
-    ctxs: list = [None] * len(agents)
-    states: list = [None] * len(agents)
-    spin = _Spin(spin_s)
-    ready = select.poll()  # one poll object: conn.poll(0) builds a selector at every call
-    ready.register(conn.fileno(), select.POLLIN)
-    while True:
+
+def require_sandbox(required: bool = True) -> None:
+    """Make a sealed worker that gets less than the ``full`` sealing level an error
+    (:class:`SandboxError`) in this process (``--require-sandbox``)."""
+    global _REQUIRED
+    _REQUIRED = bool(required)
+
+
+def _evaluator_undumpable() -> bool:
+    global _UNDUMPABLE
+    if _UNDUMPABLE is None:
+        _UNDUMPABLE = sandbox.make_evaluator_undumpable()
+    return _UNDUMPABLE
+
+
+def sandbox_status() -> dict[str, Any]:
+    """This machine's sealing level, as a worker reports it (one probe per process,
+    cached): ``{"level": "full" | "partial" | "process", "mechanisms": [...],
+    "missing": [...], "platform": ...}``."""
+    global _STATUS
+    if _STATUS is None:
+        w = _Worker([], [])
+        _STATUS = dict(w.status)
+        w.finalizer()
+    return dict(_STATUS)
+
+
+#: The parent's environment variables a worker keeps (locale; numerical libraries'
+#: settings, which can change results on some processors).
+_KEEP_ENV = (
+    *("LANG", "LC_ALL", "LC_CTYPE"),
+    *("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE", "NUMBA_CACHE_DIR"),
+)
+#: The worker's program: import this module, then serve on the socket named by argv[1].
+_BOOT = "import sys; from diloco_gym.eval import sealed; sealed._worker_main(int(sys.argv[1]))"
+
+
+def _worker_env(private: str) -> dict[str, str]:
+    """The worker's environment: none of the parent's variables but those an interpreter
+    needs to find its code and run as the parent does (numerical libraries' settings)."""
+    keep = (
+        "LANG",
+        "LC_ALL",
+        "LC_CTYPE",
+        "OPENBLAS_CORETYPE",
+        "OPENBLAS_L2_SIZE",
+        "NUMBA_CACHE_DIR",
+    )
+    env = {k: os.environ[k] for k in keep if k in os.environ}
+    main_dir = os.path.dirname(os.path.abspath(getattr(sys.modules["__main__"], "__file__", "")))
+    cwd = os.getcwd()
+    path = [p for p in sys.path if p and os.path.isabs(p) and p not in (cwd, main_dir)]
+    env.update(
+        PATH=os.defpath,
+        PYTHONPATH=os.pathsep.join(path),
+        PYTHONDONTWRITEBYTECODE="1",
+        TMPDIR=private,
+        HOME=private,
+        OMP_NUM_THREADS="1",
+        MKL_NUM_THREADS="1",
+        OPENBLAS_NUM_THREADS="1",
+    )
+    return env
+
+
+def _outside_roots(roots: list[str]) -> list[Any]:
+    """The loaded modules whose files lie outside ``roots`` (the paths a worker may read):
+    their code must travel with the agents, by value."""
+    out = []
+    for name, mod in list(sys.modules.items()):
+        f = getattr(mod, "__file__", None)
+        if not f or name == "__main__" or name.startswith("diloco_gym"):
+            continue
+        real = os.path.realpath(f)
+        if not any(real == r or real.startswith(r.rstrip(os.sep) + os.sep) for r in roots):
+            out.append(mod)
+    return out
+
+
+def _dumps(agents: list, roots: list[str]) -> list[bytes]:
+    """Each agent as bytes the worker loads inside its sandbox: ``cloudpickle``, with the
+    code of modules the worker cannot read (a user's script or file) by value."""
+    import cloudpickle
+
+    mods = _outside_roots(roots)
+    for m in mods:
+        cloudpickle.register_pickle_by_value(m)
+    try:
+        return [cloudpickle.dumps(a, protocol=pickle.HIGHEST_PROTOCOL) for a in agents]
+    finally:
+        for m in mods:
+            cloudpickle.unregister_pickle_by_value(m)
+
+
+def _clean(text: str) -> str:
+    """A worker's error text as one printable line."""
+    return "".join(c if c.isprintable() else " " for c in text)[:_MAX_TEXT]
+
+
+def _drain(pipe: Any, tail: deque) -> None:
+    """Copy a worker's output to this process's standard error, keeping its last lines
+    (for the error when the worker ends)."""
+    for raw in iter(pipe.readline, b""):
+        line = raw.decode("utf-8", "replace")
+        tail.append(line.rstrip("\n")[:500])
         try:
-            spin.wait(lambda: bool(ready.poll(0)))
-            buf = conn.recv_bytes()
-        except EOFError:
-            return
-        try:
-            if buf[:1] == _PACKED:
-                _answer(conn, agents, ctxs, states, _unpack_items(buf))
-                continue
-            msg = pickle.loads(buf)
-            if msg[0] == "act":
-                _answer(conn, agents, ctxs, states, msg[1])
-            elif msg[0] == "attach":
-                _attach(agents, ctxs, states, msg[1], msg[2:])
-                conn.send(("ok", None))
-            elif msg[0] == "close":
-                return
-        except (BrokenPipeError, EOFError, OSError):
-            return  # the parent is gone
-        except _AgentError as exc:
-            try:
-                conn.send(("error", (exc.slot, exc.text)))
-            except (BrokenPipeError, OSError):
-                return
+            sys.stderr.write(line)
+        except (OSError, ValueError):
+            pass
 
 
-def _stop(proc: Any, conn: Any) -> None:
+def _stop(proc: Any, conn: Any, private: str) -> None:
     try:
         conn.send(("close",))
-        conn.close()
-    except (OSError, BrokenPipeError):
+    except (OSError, ValueError):
         pass
-    proc.join(timeout=5)
-    if proc.is_alive():
+    try:
+        conn.close()
+    except OSError:
+        pass
+    try:
+        proc.wait(timeout=5)
+    except subprocess.TimeoutExpired:
         proc.kill()
+        proc.wait()
+    shutil.rmtree(private, ignore_errors=True)
 
 
 class _Worker:
-    """One spawn worker process holding the agents pickled in ``blobs`` (slot = index)."""
+    """One sandboxed worker process holding the agents ``agents`` (slot = index)."""
 
-    def __init__(self, blobs: list[bytes], names: list[str]) -> None:
+    def __init__(self, agents: list, names: list[str]) -> None:
         self.names = names
-        ctx = mp.get_context("spawn")
-        self.conn, child = ctx.Pipe()
-        self.proc = ctx.Process(target=_serve, args=(child, blobs, SPIN_S), daemon=True)
-        self.proc.start()
-        child.close()
-        self.finalizer = weakref.finalize(self, _stop, self.proc, self.conn)
+        undumpable = _evaluator_undumpable()
+        private = tempfile.mkdtemp(prefix="diloco-gym-agent-")
+        os.chmod(private, 0o777)  # a root worker may drop to nobody
+        the_plan = sandbox.plan(private)
+        blobs = _dumps(agents, the_plan["read"])
+        ours, theirs = socket.socketpair()
+        self.conn = Connection(ours.detach())
+        self.fd = self.conn.fileno()
+        fd = theirs.fileno()
+        self.proc = subprocess.Popen(
+            [sys.executable, "-B", "-c", _BOOT, str(fd)],
+            pass_fds=(fd,),
+            env=_worker_env(private),
+            cwd=private,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+        )
+        theirs.close()
+        self.finalizer = weakref.finalize(self, _stop, self.proc, self.conn, private)
+        self.tail: deque = deque(maxlen=20)
+        threading.Thread(target=_drain, args=(self.proc.stdout, self.tail), daemon=True).start()
+        self.conn.send_bytes(pickle.dumps(the_plan))
+        kind, mask = self._frame(list(range(len(names))), expect=_HELLO)
+        mask |= sandbox.Mechanism.EVALUATOR_UNDUMPABLE if undumpable else 0
+        self.status = sandbox.describe(mask)
+        if _REQUIRED and self.status["level"] != sandbox.FULL:
+            self.finalizer()
+            raise SandboxError(
+                f"sealed agents: this machine gives the {self.status['level']} sealing level "
+                f"(missing: {', '.join(self.status['missing'])}), and --require-sandbox asks "
+                "for full (Linux with Landlock, user and network namespaces)"
+            )
+        self.conn.send_bytes(pickle.dumps(blobs))
+        self._frame(list(range(len(names))), expect=_OK)
+
+    def _frame(self, slots: list[int], expect: bytes | None = None) -> tuple[bytes, Any]:
+        """The next frame from the worker, checked: ``(kind, value)``; an agent's error
+        frame raises it; anything malformed stops the worker and raises."""
+        try:
+            if not self.conn.poll(_answer_limit()):
+                raise self._fail(slots, _late(_answer_limit()))
+            buf = self.conn.recv_bytes(_MAX_FRAME)
+        except (EOFError, ConnectionError, BrokenPipeError) as exc:
+            raise self._ended(slots, exc) from None
+        except OSError as exc:  # a length header above _MAX_FRAME ("bad message length")
+            raise self._fail(slots, f"an answer over {_MAX_FRAME} bytes ({exc})") from None
+        kind, body = buf[:1], buf[1:]
+        if kind == _ERROR and len(body) >= 4:
+            slot = struct.unpack_from("<i", body)[0]
+            if 0 <= slot < len(self.names):
+                text = _clean(body[4:].decode("utf-8", "replace"))
+                raise RuntimeError(f"sealed agent {self.names[slot]}: {text}")
+        elif kind == _PACKED and body and len(body) % 8 == 0 and expect in (None, _PACKED):
+            return kind, np.frombuffer(body, "<i8").astype(np.int64)
+        elif kind == _OK and not body and expect in (None, _OK):
+            return kind, None
+        elif kind == _HELLO and len(body) == 4 and expect == _HELLO:
+            return kind, struct.unpack("<I", body)[0]
+        raise self._fail(slots, f"a malformed answer ({len(buf)} bytes starting {buf[:8]!r})")
+
+    def _fail(self, slots: list[int], what: str) -> RuntimeError:
+        """Stop a worker that broke the answer format or took too long."""
+        self.finalizer()
+        who = ", ".join(dict.fromkeys(self.names[i] for i in slots)) or "worker"
+        return RuntimeError(f"sealed agent {who}: {what}; its worker was stopped")
 
     def call(self, msg: tuple, slot: int) -> Any:
         """Send one message about the agent in ``slot`` and return the answer."""
@@ -263,36 +500,35 @@ class _Worker:
         packed = _pack_items(msg[1]) if msg[0] == "act" else None
         try:
             if packed is None:
-                self.conn.send(msg)
+                self.conn.send_bytes(pickle.dumps(msg, pickle.HIGHEST_PROTOCOL))
             else:
                 self.conn.send_bytes(packed)
-        except (EOFError, ConnectionError, BrokenPipeError) as exc:
+        except (EOFError, ConnectionError, BrokenPipeError, OSError) as exc:
             raise self._ended(slots, exc) from None
 
     def receive(self, slots: list[int]) -> Any:
-        try:
-            buf = self.conn.recv_bytes()
-        except (EOFError, ConnectionError, BrokenPipeError) as exc:
-            raise self._ended(slots, exc) from None
-        if buf[:1] == _PACKED:
-            return _unpack_actions(buf)
-        kind, value = pickle.loads(buf)
-        if kind == "error":
-            slot, text = value
-            raise RuntimeError(f"sealed agent {self.names[slot]}: {text}")
-        return value
+        kind, value = self._frame(slots)
+        return [value] if kind == _PACKED else value
 
     def _ended(self, slots: list[int], exc: BaseException) -> RuntimeError:
-        code = self.proc.exitcode
-        who = ", ".join(dict.fromkeys(self.names[i] for i in slots))
+        code = self.proc.poll()
+        who = ", ".join(dict.fromkeys(self.names[i] for i in slots)) or "worker"
+        last = " | ".join(line for line in self.tail if line.strip())[-600:]
         return RuntimeError(
             f"sealed agent {who}: its worker process ended "
-            f"({'exit code ' + str(code) if code is not None else type(exc).__name__}). "
-            "Workers start a fresh interpreter that imports the calling script as a "
-            "module: a script that runs the protocol needs an "
-            "`if __name__ == '__main__':` guard and must be a file (not standard input); "
-            "or evaluate in-process (in_process_agents=True, --in-process-agents)"
+            f"({'exit code ' + str(code) if code is not None else type(exc).__name__})"
+            + (f"; its last output: {last}" if last else "")
         )
+
+
+def _late(wait: float) -> str:
+    return f"no answer within {wait:.0f} s (set DILOCO_GYM_MAX_AGENT_SECONDS to wait longer)"
+
+
+def _answer_limit() -> float:
+    from diloco_gym.sim.limits import limit
+
+    return float(limit("AGENT_SECONDS"))
 
 
 class SealedAgent:
@@ -312,7 +548,7 @@ class SealedAgent:
 
     def __init__(self, agent: Any) -> None:
         _check_deployable(agent)
-        self._bind(agent, _Worker([pickle.dumps(agent)], [_name(agent)]), 0)
+        self._bind(agent, _Worker([agent], [_name(agent)]), 0)
 
     @classmethod
     def _in(cls, agent: Any, worker: _Worker, slot: int) -> SealedAgent:
@@ -387,13 +623,13 @@ class Exchange:
         if self.busy(requests[0][0]):
             raise ValueError(f"sealed agent {requests[0][0].name}: its worker is still busy")
         w.send(("act", items), slots)
-        fd = w.conn.fileno()
+        fd = w.fd
         self._out[fd] = [w, slots, list(tags), 0]
         self._poll.register(fd, select.POLLIN)
 
     def busy(self, agent: SealedAgent) -> bool:
         """Whether ``agent``'s worker has not answered all of its last message yet."""
-        return agent._worker.conn.fileno() in self._out
+        return agent._worker.fd in self._out
 
     def pending(self) -> bool:
         """Whether a posted message is still not wholly answered."""
@@ -409,7 +645,16 @@ class Exchange:
         if not events and timeout != 0:
             if timeout is None:
                 self._spin.wait(lambda: bool(self._poll.poll(0)))
-            events = self._poll.poll(None if timeout is None else int(timeout * 1000))
+            wait = _answer_limit() if timeout is None else timeout
+            events = self._poll.poll(int(wait * 1000))
+            if not events and timeout is None:  # every worker silent past the limit
+                entries = list(self._out.values())
+                for fd in list(self._out):
+                    self._done(fd)
+                for other in entries[1:]:
+                    other[0].finalizer()
+                w, slots = entries[0][:2]
+                raise w._fail(slots, _late(wait))
         out = []
         for fd, _event in events:  # an answer, or a closed pipe (read: the error names it)
             try:
@@ -491,7 +736,7 @@ def seal_agents(agents: list, in_process: bool = False, workers: int | None = 1)
     for i, a in enumerate(deployable):
         slots[id(a)] = (i % n, len(groups[i % n]))
         groups[i % n].append(a)
-    procs = [_Worker([pickle.dumps(a) for a in g], [_name(a) for a in g]) for g in groups if g]
+    procs = [_Worker(g, [_name(a) for a in g]) for g in groups if g]
     return [
         SealedAgent._in(a, procs[slots[id(a)][0]], slots[id(a)][1]) if id(a) in slots else a
         for a in agents

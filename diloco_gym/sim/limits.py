@@ -28,6 +28,7 @@ LIMITS: dict[str, tuple[int, str]] = {
     "H_MAX_DECISIONS": (2**20, "decisions of the merge corridor's upper bound H_max"),
     "TRACE_BYTES": (2**31, "bytes of one trace file"),
     "CALIBRATION_BYTES": (2**26, "bytes of one calibration file"),
+    "AGENT_SECONDS": (600, "seconds a sealed agent's worker may take to answer one message"),
 }
 
 

@@ -38,20 +38,33 @@ def _instance_dict(o) -> dict:
     return d if isinstance(d, dict) else {}
 
 
+def _digest(value) -> str:
+    """A short hash of an int or of an array's first 2,000 values (as float64): the spy
+    carries the hashes of what it looks for, never the values."""
+    import hashlib
+
+    raw = (
+        str(value).encode()
+        if type(value) is int
+        else np.asarray(value, dtype=np.float64).ravel()[:2000].tobytes()
+    )
+    return hashlib.sha256(raw).hexdigest()[:16]
+
+
 class GcSpy(Agent):
     """Deployable in name only: looks through every object of its process and every frame
-    above it for the env, the episode, the trace's future arrivals and the seed, and writes
-    what it found to ``out`` at each attach (its own file; nothing else leaves the worker)."""
+    above it for the env, the episode, the trace's future arrivals and the seed (known to
+    it by their hashes only), and reports what it found by raising an error at its 101st
+    decision (the one channel a sealed worker has besides its actions)."""
 
     name = "gc-spy"
 
-    def __init__(self, out: str) -> None:
-        self.out = out
+    def __init__(self, targets: dict[str, str]) -> None:
+        self.targets = targets
 
-    def _search(self) -> dict:
+    def _search(self) -> set[str]:
         found: set[str] = set()
-        ints: set[int] = set()
-        arrays: list[list[float]] = []
+        digests: set[str] = set()
         suspects = ("DiLoCoSyncEnv", "Episode", "Trace", "ReplayResult", "EpisodeScorer", "Env")
         for o in gc.get_objects():
             name = type(o).__name__
@@ -72,11 +85,11 @@ class GcSpy(Agent):
                 ]
             except Exception:  # noqa: BLE001 - a hostile agent tolerates any object
                 continue
-            ints.update(v for v in held if type(v) is int)
+            digests.update(_digest(v) for v in held if type(v) is int and v > 1000)
             if isinstance(o, dict):
-                ints.update(k for k in o if type(k) is int)
-            arrays.extend(
-                v.ravel()[:2000].tolist()
+                digests.update(_digest(k) for k in o if type(k) is int and k > 1000)
+            digests.update(
+                _digest(v)
                 for v in held
                 if isinstance(v, np.ndarray) and v.dtype.kind in "fiu" and v.size >= 50
             )
@@ -85,59 +98,50 @@ class GcSpy(Agent):
             for v in f.f_locals.values():
                 if type(v).__name__ in suspects:
                     found.add(type(v).__name__)
-                if type(v) is int:
-                    ints.add(v)
+                if type(v) is int and v > 1000:
+                    digests.add(_digest(v))
             f = f.f_back
-        return {
-            "found": sorted(found),
-            "ints": sorted(i for i in ints if i > 1000),
-            "arrays": arrays,
-        }
+        found.update(label for label, h in self.targets.items() if h in digests)
+        return found
 
     def attach(self, context) -> None:
         self.calls = 0
-        Path(self.out).write_text(json.dumps(self._search()))
+        self.found = self._search()
 
     def act(self, obs: np.ndarray) -> np.ndarray:
         self.calls += 1
         if self.calls == 100:  # again mid-episode (lazily computed data exists by then)
-            first = json.loads(Path(self.out).read_text())
-            now = self._search()
-            merged = {
-                "found": sorted(set(first["found"]) | set(now["found"])),
-                "ints": sorted(set(first["ints"]) | set(now["ints"])),
-                "arrays": first["arrays"] + now["arrays"],
-            }
-            Path(self.out).write_text(json.dumps(merged))
+            self.found |= self._search()
+        if self.calls == 101:
+            raise LookupError("spy-report " + json.dumps(sorted(self.found)))
         return np.zeros(len(obs), dtype=np.int64)
 
 
-def _array_seen(report: dict, arr: np.ndarray) -> bool:
-    c = np.asarray(arr, dtype=float).ravel()[:2000]
-    return any(
-        len(a) == c.size and np.array_equal(np.asarray(a, dtype=float), c) for a in report["arrays"]
-    )
+def _spy_report(exc: BaseException) -> list[str]:
+    text = str(exc)
+    assert "spy-report " in text, text
+    return json.loads(text.split("spy-report ", 1)[1])
 
 
-def test_a_gc_and_frame_walking_agent_finds_nothing_when_sealed(tmp_path):
+def test_a_gc_and_frame_walking_agent_finds_nothing_when_sealed():
     env = DiLoCoSyncEnv("bursty")
-    out = tmp_path / "sealed.json"
-    sealed = SealedAgent(GcSpy(str(out)))
+    env.reset(seed=_seed())
+    targets = {
+        "seed": _digest(_seed()),
+        "arrivals": _digest(env.unwrapped.episode.trace.arrival_s),
+    }
+    sealed = SealedAgent(GcSpy(targets))
     try:
-        res = run_episode(env, sealed, _seed())
+        with pytest.raises(RuntimeError, match="sealed agent gc-spy: LookupError") as got:
+            run_episode(env, sealed, _seed())
     finally:
         sealed.close()
-    assert res["steps"] > 100 and res["deployable"]
-    seen = json.loads(out.read_text())
-    assert seen["found"] == [] and _seed() not in seen["ints"]
-    assert not _array_seen(seen, env.unwrapped.episode.trace.arrival_s)
+    assert _spy_report(got.value) == []
     # The same agent in-process reaches all of it: the search works.
-    out2 = tmp_path / "inproc.json"
-    run_episode(env, GcSpy(str(out2)), _seed())
-    seen2 = json.loads(out2.read_text())
-    assert "DiLoCoSyncEnv" in seen2["found"] and "Episode" in seen2["found"]
-    assert _seed() in seen2["ints"]
-    assert _array_seen(seen2, env.unwrapped.episode.trace.arrival_s)
+    with pytest.raises(LookupError) as got2:
+        run_episode(env, GcSpy(targets), _seed())
+    seen = _spy_report(got2.value)
+    assert {"DiLoCoSyncEnv", "Episode", "seed", "arrivals"} <= set(seen), seen
 
 
 def test_sealed_agents_act_exactly_as_in_process():
@@ -188,43 +192,50 @@ def test_an_agent_error_in_the_worker_is_one_clear_error():
 
 
 @pytest.mark.slow
-def test_a_script_without_a_main_guard_gets_a_clear_error(tmp_path):
-    """The worker imports the calling script afresh (spawn); a script with no main guard
-    makes it fail at start: the parent names the cause and the opt-out, not a bare
-    ConnectionResetError."""
+def test_a_script_without_a_main_guard_and_stdin_work(tmp_path):
+    """The worker is a fresh interpreter that never imports the calling script: a script
+    without an ``if __name__ == '__main__':`` guard, and a program read from standard
+    input, seal an agent defined in themselves (its code travels with it)."""
     import subprocess
 
     root = Path(__file__).resolve().parents[2]
-    script = tmp_path / "noguard.py"
-    script.write_text(
+    program = (
         "import numpy as np\n"
-        "from diloco_gym.agents.base import AgentContext\n"
-        "from diloco_gym.agents.registry import make_agent\n"
-        "from diloco_gym.envs.params import EnvParams\n"
+        "from diloco_gym import DiLoCoSyncEnv\n"
+        "from diloco_gym.agents.base import Agent\n"
+        "from diloco_gym.eval.rollout import run_episode\n"
         "from diloco_gym.eval.sealed import SealedAgent\n"
-        "a = SealedAgent(make_agent('online-forecast'))\n"
-        "a.attach(AgentContext(params=EnvParams(), regime='bursty'))\n"
+        "class Mine(Agent):\n"
+        "    name = 'mine'\n"
+        "    def act(self, obs):\n"
+        "        return np.ones(len(obs), dtype=np.int64)\n"
+        "a = SealedAgent(Mine())\n"
+        "r = run_episode(DiLoCoSyncEnv('bursty'), a, 3)\n"
+        "print('merges', len(r['merge_decisions']) > 0, r['deployable'])\n"
     )
+    script = tmp_path / "noguard.py"
+    script.write_text(program)
     env = {**os.environ, "PYTHONPATH": str(root)}
-    r = subprocess.run(
-        [sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=120
-    )
-    assert r.returncode != 0
-    assert "if __name__ == '__main__':" in r.stderr, r.stderr[-2000:]
-    assert "in_process_agents=True" in r.stderr
+    for cmd, stdin in (([sys.executable, str(script)], None), ([sys.executable, "-"], program)):
+        r = subprocess.run(
+            cmd, input=stdin, capture_output=True, text=True, env=env, timeout=300, cwd=tmp_path
+        )
+        assert r.returncode == 0, r.stderr[-2000:]
+        assert "merges True True" in r.stdout
 
 
 @pytest.mark.slow
 def test_a_report_leaves_no_sealed_worker_running(tmp_path):
     """A report run from Python stops its sealed agents' worker processes when it returns
     (they were cached for the run; later code must not find them running)."""
-    import multiprocessing as mp
+    import psutil
 
     from diloco_gym.eval.report import ReportConfig, run_protocol
 
-    before = set(mp.active_children())
+    me = psutil.Process()
+    before = {p.pid for p in me.children(recursive=True)}
     config = ReportConfig(regimes=["bursty"], agents=["fixed-512", "wa-diloco"], seeds=2, draws=10)
     result = run_protocol(config, progress=False)
     assert result["agent_sealing"].startswith("sealed")
-    left = [p for p in mp.active_children() if p not in before and p.is_alive()]
+    left = [p for p in me.children(recursive=True) if p.pid not in before and p.is_running()]
     assert not left, left
