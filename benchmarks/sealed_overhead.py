@@ -1,34 +1,51 @@
-"""Wall time of the report with deployable agents sealed in their own processes, as a ratio
-to the same report with ``--in-process-agents``, both run in this process (alternating, so
-that a change in the machine's load hits both).
+"""What sealing deployable agents costs a report: wall time and CPU time (this process and
+its worker processes together) of the report with agents sealed in their sandboxed
+workers, as ratios to the same report with ``--in-process-agents``, both run in this
+process, alternating, so that a change in the machine's load hits both.
 
 Usage::
 
     python benchmarks/sealed_overhead.py                      # the default report (minutes)
     python benchmarks/sealed_overhead.py --seeds 5 --draws 200 --repeats 1
+    python benchmarks/sealed_overhead.py --load 6             # with 6 busy processes beside
 
-Every row states its configuration. The sealed run starts one worker process for the
-deployable agents (``spawn``: a fresh interpreter); the agents of a unit step in lockstep,
-one message per decision of the episode that any of them is asked (``diloco_gym.eval.
-rollout.run_episodes``); the oracle and the scoring are the same in both modes. The ratio
-is given per pair (in-process run, then sealed run, back to back) and as the ratio of the
-best times.
+``--load N`` starts ``N`` processes that spin on the CPU for the whole measurement (a
+loaded machine: on 2 cores, load about N); ``--load 0`` (the default) measures a quiet one.
+The target is a CPU-time ratio of at most 1.5 at both loads: a sealed worker must not buy
+its speed with a core that a loaded machine lacks (it blocks on its socket; it does not
+spin). Every row states its configuration.
 """
 
 from __future__ import annotations
 
 import argparse
+import multiprocessing as mp
+import os
+import resource
 import time
 
 from diloco_gym.eval.report import ReportConfig, run_protocol
 
 
-def _once(seeds: int, draws: int, regimes: list[str] | None, in_process: bool) -> float:
+def _cpu() -> float:
+    """CPU seconds of this process and of its children that have ended (sealed workers
+    end with each report, so a report's workers are counted once it has returned)."""
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+def _spin(stop) -> None:  # a busy neighbour
+    while not stop.is_set():
+        pass
+
+
+def _once(seeds: int, draws: int, regimes: list[str] | None, in_process: bool) -> tuple:
     kw = {"regimes": regimes} if regimes else {}
     cfg = ReportConfig(seeds=seeds, draws=draws, in_process_agents=in_process, **kw)
-    t = time.perf_counter()
+    c, t = _cpu(), time.perf_counter()
     run_protocol(cfg, progress=False)
-    return time.perf_counter() - t
+    return time.perf_counter() - t, _cpu() - c
 
 
 def main() -> None:
@@ -37,22 +54,41 @@ def main() -> None:
     ap.add_argument("--draws", type=int, default=1000)
     ap.add_argument("--regimes", nargs="+", default=None)
     ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--load", type=int, default=0, help="busy processes beside (default 0)")
     a = ap.parse_args()
+    stop = mp.get_context("fork").Event()
+    spinners = [mp.get_context("fork").Process(target=_spin, args=(stop,)) for _ in range(a.load)]
+    for p in spinners:
+        p.start()
+    try:
+        inproc, sealed = [], []
+        for _ in range(a.repeats):
+            inproc.append(_once(a.seeds, a.draws, a.regimes, True))
+            sealed.append(_once(a.seeds, a.draws, a.regimes, False))
+    finally:
+        stop.set()
+        for p in spinners:
+            p.join()
     conf = (
         f"report: regimes {' '.join(a.regimes) if a.regimes else 'all'}, {a.seeds} seeds, "
-        f"{a.draws} draws, default agents, serial backend"
+        f"{a.draws} draws, default agents, serial backend, {os.cpu_count()} cores, "
+        f"{a.load} busy processes beside"
     )
-    inproc, sealed = [], []
-    for _ in range(a.repeats):
-        inproc.append(_once(a.seeds, a.draws, a.regimes, True))
-        sealed.append(_once(a.seeds, a.draws, a.regimes, False))
-    best_i, best_s = min(inproc), min(sealed)
-    pairs = ", ".join(f"{s / i:.2f}" for i, s in zip(inproc, sealed, strict=True))
-    print("| configuration | in-process s | sealed s | sealed / in-process (best) | per pair |")
+    best_i = (min(w for w, _ in inproc), min(c for _, c in inproc))
+    best_s = (min(w for w, _ in sealed), min(c for _, c in sealed))
+    print(
+        "| configuration | in-process wall / CPU s | sealed wall / CPU s "
+        "| sealed / in-process wall | sealed / in-process CPU |"
+    )
     print("|---|---|---|---|---|")
-    print(f"| {conf} | {best_i:.1f} | {best_s:.1f} | {best_s / best_i:.2f} | {pairs} |")
-    runs = ", ".join(f"{i:.1f} / {s:.1f}" for i, s in zip(inproc, sealed, strict=True))
-    print(f"(best of {a.repeats}; pairs in-process / sealed s: {runs})")
+    print(
+        f"| {conf} | {best_i[0]:.1f} / {best_i[1]:.1f} | {best_s[0]:.1f} / {best_s[1]:.1f} "
+        f"| {best_s[0] / best_i[0]:.2f} | {best_s[1] / best_i[1]:.2f} |"
+    )
+    pairs = ", ".join(
+        f"{i[0]:.1f}/{i[1]:.1f} vs {s[0]:.1f}/{s[1]:.1f}" for i, s in zip(inproc, sealed, strict=True)
+    )
+    print(f"(best of {a.repeats}; pairs in-process vs sealed, wall/CPU s: {pairs})")
 
 
 if __name__ == "__main__":

@@ -54,7 +54,6 @@ import subprocess
 import sys
 import tempfile
 import threading
-import time
 import weakref
 from collections import deque
 from multiprocessing.connection import Connection
@@ -93,6 +92,7 @@ class SandboxError(RuntimeError):
 # flags (uint8), the observations (float32), the masks (bool). Worker -> parent, the only
 # frames the parent accepts (anything else ends the worker):
 _PACKED = b"A"  # an action: b"A" + int64 little-endian values (1 .. _MAX_ACTION of them)
+_FLOAT = b"F"  # an action of floats: b"F" + float64 little-endian values (likewise)
 _ERROR = b"E"  # an agent's error: b"E" + slot (int32) + UTF-8 text (<= _MAX_TEXT bytes)
 _OK = b"K"  # an attach (or the agents' load) went through
 _HELLO = b"H"  # the sandbox is closed: b"H" + the mechanisms' mask (uint32)
@@ -156,14 +156,16 @@ def _error_frame(slot: int, text: str) -> bytes:
 
 
 def _action_frame(slot: int, action: Any) -> bytes:
-    """An agent's action as a frame: integers only (what the envs' action spaces hold)."""
+    """An agent's action as a frame: integers as int64, floats as float64 (the env reads
+    either as it would in-process); anything else is the agent's error."""
     a = np.asarray(action).reshape(-1)
     if a.size < 1 or a.size > _MAX_ACTION:
         raise _AgentError(slot, f"an action of {a.size} values (1 to {_MAX_ACTION} allowed)")
-    if a.dtype.kind not in "biu":
-        if a.dtype.kind != "f" or not np.all(np.isfinite(a)) or np.any(a != np.round(a)):
-            raise _AgentError(slot, f"a non-integer action {a[:4].tolist()}")
-    return _PACKED + a.astype("<i8").tobytes()
+    if a.dtype.kind in "biu":
+        return _PACKED + a.astype("<i8").tobytes()
+    if a.dtype.kind == "f":
+        return _FLOAT + a.astype("<f8").tobytes()
+    raise _AgentError(slot, f"an action of dtype {a.dtype} (integers or floats expected)")
 
 
 def _attach(agents: list, ctxs: list, states: list, slot: int, msg: tuple) -> None:
@@ -197,15 +199,15 @@ def _answer(conn: Any, agents: list, ctxs: list, states: list, items: list) -> N
         conn.send_bytes(_action_frame(slot, action))
 
 
-def _load_agents(blobs: list[bytes]) -> list:
-    """The agents from their bytes, inside the sandbox (their code may run while loading)."""
-    agents = []
-    for slot, blob in enumerate(blobs):
-        try:
-            agents.append(pickle.loads(blob))
-        except Exception as exc:  # noqa: BLE001 - reported to the parent, one line
-            raise _AgentError(slot, f"could not be loaded: {type(exc).__name__}: {exc}") from None
-    return agents
+def _load_agents(blob: bytes) -> list:
+    """The agents from their bytes, inside the sandbox (their code may run while loading).
+    One pickle holds them all, so that agents of one module share its globals, as they
+    would in one process."""
+    try:
+        agents = pickle.loads(blob)
+    except Exception as exc:  # noqa: BLE001 - reported to the parent, one line
+        raise _AgentError(-1, f"could not be loaded: {type(exc).__name__}: {exc}") from None
+    return list(agents)
 
 
 def _worker_main(fd: int) -> None:
@@ -215,15 +217,13 @@ def _worker_main(fd: int) -> None:
     try:
         the_plan = pickle.loads(conn.recv_bytes())
         conn.send_bytes(_HELLO + struct.pack("<I", sandbox.enter(the_plan)))
-        blobs = pickle.loads(conn.recv_bytes())
-        if "torch" in sys.modules:  # pragma: no cover - one thread: a policy step is tiny
-            sys.modules["torch"].set_num_threads(1)
         try:
-            agents = _load_agents(blobs)
+            agents = _load_agents(conn.recv_bytes())
         except _AgentError as exc:
             conn.send_bytes(_error_frame(exc.slot, exc.text))
             return
-        del blobs
+        if "torch" in sys.modules:  # pragma: no cover - one thread: a policy step is tiny
+            sys.modules["torch"].set_num_threads(1)
         conn.send_bytes(_OK)
         _serve(conn, agents)
     except (EOFError, BrokenPipeError, ConnectionError, OSError):
@@ -253,38 +253,6 @@ def _serve(conn: Any, agents: list) -> None:
 
 
 # --- the parent's side --------------------------------------------------------------
-
-
-#: Longest busy wait (seconds) for a worker's answer before sleeping on it.
-SPIN_S = 0.0
-
-
-class _Spin:
-    """Busy-wait briefly for a message before sleeping on it: waking a sleeping process
-    costs tens of microseconds. The window adapts: doubled (up to ``cap``, and to at least
-    twice the wait caught) after a wait it caught, halved after one it missed, so that on
-    a loaded machine, where the other side is often not running, it falls to (almost)
-    nothing; every 64th wait tries the whole window again. ``cap`` 0 (the default,
-    :data:`SPIN_S`) never spins: a spinning process takes a core that a loaded machine
-    gives to the other side."""
-
-    def __init__(self, cap: float) -> None:
-        self.cap = self.window = max(0.0, cap)
-        self.n = 0
-
-    def wait(self, ready: Any) -> None:
-        """Return once ``ready()`` is true or the window has passed."""
-        self.n += 1
-        window = self.cap if self.n % 64 == 0 else self.window
-        if window <= 0.0:
-            return
-        start = time.perf_counter()
-        end = start + window
-        while (now := time.perf_counter()) < end:
-            if ready():
-                self.window = min(self.cap, max(self.window * 2, 2 * (now - start)))
-                return
-        self.window /= 2
 
 
 _REQUIRED = False
@@ -370,8 +338,8 @@ def _outside_roots(roots: list[str]) -> list[Any]:
     return out
 
 
-def _dumps(agents: list, roots: list[str]) -> list[bytes]:
-    """Each agent as bytes the worker loads inside its sandbox: ``cloudpickle``, with the
+def _dumps(agents: list, roots: list[str]) -> bytes:
+    """The agents as bytes the worker loads inside its sandbox: ``cloudpickle``, with the
     code of modules the worker cannot read (a user's script or file) by value."""
     import cloudpickle
 
@@ -379,7 +347,7 @@ def _dumps(agents: list, roots: list[str]) -> list[bytes]:
     for m in mods:
         cloudpickle.register_pickle_by_value(m)
     try:
-        return [cloudpickle.dumps(a, protocol=pickle.HIGHEST_PROTOCOL) for a in agents]
+        return cloudpickle.dumps(list(agents), protocol=pickle.HIGHEST_PROTOCOL)
     finally:
         for m in mods:
             cloudpickle.unregister_pickle_by_value(m)
@@ -428,7 +396,7 @@ class _Worker:
         private = tempfile.mkdtemp(prefix="diloco-gym-agent-")
         os.chmod(private, 0o777)  # a root worker may drop to nobody
         the_plan = sandbox.plan(private)
-        blobs = _dumps(agents, the_plan["read"])
+        blob = _dumps(agents, the_plan["read"])
         ours, theirs = socket.socketpair()
         self.conn = Connection(ours.detach())
         self.fd = self.conn.fileno()
@@ -457,7 +425,7 @@ class _Worker:
                 f"(missing: {', '.join(self.status['missing'])}), and --require-sandbox asks "
                 "for full (Linux with Landlock, user and network namespaces)"
             )
-        self.conn.send_bytes(pickle.dumps(blobs))
+        self.conn.send_bytes(blob)
         self._frame(list(range(len(names))), expect=_OK)
 
     def _frame(self, slots: list[int], expect: bytes | None = None) -> tuple[bytes, Any]:
@@ -474,11 +442,14 @@ class _Worker:
         kind, body = buf[:1], buf[1:]
         if kind == _ERROR and len(body) >= 4:
             slot = struct.unpack_from("<i", body)[0]
-            if 0 <= slot < len(self.names):
+            if -1 <= slot < len(self.names):
                 text = _clean(body[4:].decode("utf-8", "replace"))
-                raise RuntimeError(f"sealed agent {self.names[slot]}: {text}")
-        elif kind == _PACKED and body and len(body) % 8 == 0 and expect in (None, _PACKED):
-            return kind, np.frombuffer(body, "<i8").astype(np.int64)
+                who = self.names[slot] if slot >= 0 else ", ".join(self.names) or "worker"
+                raise RuntimeError(f"sealed agent {who}: {text}")
+        elif kind in (_PACKED, _FLOAT) and body and len(body) % 8 == 0 and expect is None:
+            return _PACKED, np.frombuffer(body, "<i8" if kind == _PACKED else "<f8").astype(
+                np.int64 if kind == _PACKED else np.float64
+            )
         elif kind == _OK and not body and expect in (None, _OK):
             return kind, None
         elif kind == _HELLO and len(body) == 4 and expect == _HELLO:
@@ -603,7 +574,6 @@ class Exchange:
         # by file descriptor: the worker, the message's slots and tags, actions read
         self._out: dict[int, list[Any]] = {}
         self._poll = select.poll()
-        self._spin = _Spin(SPIN_S)
 
     def post(self, requests: list[tuple[SealedAgent, Any, Any]], tags: list) -> None:
         """Send ``(agent, observation, episode_start)`` requests, all of one worker.
@@ -643,8 +613,6 @@ class Exchange:
             return []
         events = self._poll.poll(0)
         if not events and timeout != 0:
-            if timeout is None:
-                self._spin.wait(lambda: bool(self._poll.poll(0)))
             wait = _answer_limit() if timeout is None else timeout
             events = self._poll.poll(int(wait * 1000))
             if not events and timeout is None:  # every worker silent past the limit
