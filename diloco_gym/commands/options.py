@@ -15,6 +15,7 @@ __all__ = [
     "add_calibration_arg",
     "add_trust_arg",
     "add_sealing_arg",
+    "add_require_sandbox_arg",
     "add_holm_arg",
     "add_fleet_arg",
     "add_learner_calibration_arg",
@@ -162,6 +163,11 @@ def add_sealing_arg(p: argparse.ArgumentParser) -> None:
         "parameters; faster, but nothing then stops an agent's code from reaching the "
         "env, the trace or the seed (the report says so in its header)",
     )
+    add_require_sandbox_arg(p)
+
+
+def add_require_sandbox_arg(p: argparse.ArgumentParser) -> None:
+    """``--require-sandbox``: refuse to run below the full sealing level."""
     p.add_argument(
         "--require-sandbox",
         action="store_true",

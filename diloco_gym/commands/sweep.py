@@ -42,12 +42,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     options.add_backend_args(p)
     options.add_trust_arg(p)
+    options.add_require_sandbox_arg(p)
 
 
 def run(args: argparse.Namespace) -> int:
     from diloco_gym.scale.sweep import SweepDataError, load_sweep, run_sweep
 
     checks.check_backend(args)
+    checks.check_sandbox(args)
     try:
         spec = load_sweep(args.config)  # a bad file (a ValueError) fails before any cell
     except SweepDataError as exc:  # a missing or malformed trace or calibration: data
