@@ -72,7 +72,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--agent",
         action="append",
-        help="an extra agent (name or trained model .zip) for both lists; repeatable",
+        help="an extra agent for both lists: a name, a trained model .zip, or your own "
+        "scheduler as module:attr or path/to/file.py:attr (docs/your-scheduler.md); "
+        "repeatable",
     )
     options.add_calibration_arg(p)
     options.add_learner_calibration_arg(p)
