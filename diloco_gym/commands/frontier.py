@@ -167,6 +167,8 @@ def _frontier_agents(args: argparse.Namespace) -> tuple[list[str], list[str]]:
     from diloco_gym.eval.frontier import DEFAULT_BUDGET_AGENTS
 
     extra = list(args.agent or [])
+    for a in extra:  # loaded (your own code) and checked before asking it for its budget
+        checks.check_agent(a)
     budget_agents = list(dict.fromkeys(list(args.budget_agents or DEFAULT_BUDGET_AGENTS) + extra))
     extra_free = [a for a in extra if not is_budget_aware_spec(a)]
     free_agents = list(dict.fromkeys(list(args.free_agents or HEURISTICS) + extra_free))
