@@ -130,22 +130,11 @@ def evaluate(
             guard while a sealed agent's worker imports it.
     """
     _check_not_bootstrapping(in_process)
-    from diloco_gym.agents.registry import is_budget_aware, make_agents
-    from diloco_gym.agents.user import as_agent, register_object, unregister_object
+    from diloco_gym.agents.user import unregister_object
     from diloco_gym.eval.report import ReportConfig, run_protocol
     from diloco_gym.sim.regimes import REGIMES
 
-    registered = None
-    if isinstance(agent, str):
-        spec = agent
-    else:
-        if backend != "serial":
-            raise ValueError(
-                f"an agent object runs with backend='serial' (cells in other processes "
-                f"cannot reach it; got backend={backend!r}): give it as 'module:attr' or "
-                f"'path/to/file.py:attr' to use other backends"
-            )
-        spec = registered = register_object(as_agent(agent))
+    spec, registered = _agent_spec(agent, backend)
     try:
         config = ReportConfig(
             regimes=list(regimes) if regimes is not None else list(REGIMES),
@@ -157,15 +146,39 @@ def evaluate(
             **options,
         )
         config.require_choice()
-        made = make_agents([spec])[0]
-        if is_budget_aware(made):
-            raise ValueError(
-                f"{made.name} steers by a merge budget and runs only with one; compare it "
-                f"at every budget of a grid with `diloco-gym frontier --budget-agents`"
-            )
-        name = made.name
+        name = _free_agent_name(spec)
         result = run_protocol(config, progress=progress, backend=backend, jobs=jobs)
     finally:
-        if registered is not None:
-            unregister_object(registered)
+        if registered:
+            unregister_object(spec)
     return Evaluation(agent=name, result=result)
+
+
+def _agent_spec(agent: Any, backend: str) -> tuple[str, bool]:
+    """The agent argument the report's configuration names ``agent`` by, and whether it is
+    an object registered in this process for the run (:func:`register_object`)."""
+    from diloco_gym.agents.user import as_agent, register_object
+
+    if isinstance(agent, str):
+        return agent, False
+    if backend != "serial":
+        raise ValueError(
+            f"an agent object runs with backend='serial' (cells in other processes "
+            f"cannot reach it; got backend={backend!r}): give it as 'module:attr' or "
+            f"'path/to/file.py:attr' to use other backends"
+        )
+    return register_object(as_agent(agent)), True
+
+
+def _free_agent_name(spec: str) -> str:
+    """The name of the agent ``spec`` builds; a budget-aware agent is refused (a report
+    gives no merge budget)."""
+    from diloco_gym.agents.registry import is_budget_aware, make_agents
+
+    made = make_agents([spec])[0]
+    if is_budget_aware(made):
+        raise ValueError(
+            f"{made.name} steers by a merge budget and runs only with one; compare it "
+            f"at every budget of a grid with `diloco-gym frontier --budget-agents`"
+        )
+    return made.name

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 from stable_baselines3.common.callbacks import BaseCallback
 
-from diloco_gym.wrappers import SCORE_KEY
+from diloco_gym.eval.matched_score import SCORE_KEY
 
 __all__ = ["MatchedRandomCallback", "LOGGED_FIELDS"]
 
