@@ -142,16 +142,18 @@ def _is_user(spec: str) -> bool:
     return spec not in AGENTS and is_user_spec(spec) and not Path(spec).exists()
 
 
-def shipped_spec(spec: str) -> str:
+def shipped_spec(spec: str, base: Path | None = None) -> str:
     """An agent argument as a process in another working directory reads it: registry
-    names and ``module:attr`` unchanged, model and agent-file paths absolute."""
+    names and ``module:attr`` unchanged, model and agent-file paths absolute (a relative
+    one taken relative to ``base``, default the current directory)."""
     if spec in AGENTS:
         return spec
     if _is_user(spec):
         from diloco_gym.agents.user import shipped_user_spec
 
-        return shipped_user_spec(spec)
-    return str(Path(spec).expanduser().resolve())
+        return shipped_user_spec(spec, base)
+    p = Path(spec).expanduser()
+    return str((p if base is None or p.is_absolute() else base / p).resolve())
 
 
 def _model_file(spec: str) -> Path | None:

@@ -99,13 +99,17 @@ def is_user_spec(spec: str) -> bool:
     return bool(where) and bool(attr) and (_is_file(where) or bool(_MODULE_NAME.match(where)))
 
 
-def shipped_user_spec(spec: str) -> str:
+def shipped_user_spec(spec: str, base: Path | None = None) -> str:
     """``spec`` as a process in another working directory reads it: a file's path made
-    absolute (``module:attr`` and registered objects unchanged)."""
+    absolute, a relative one taken relative to ``base`` (default the current directory);
+    ``module:attr`` and registered objects unchanged."""
     parts = _split(spec)
     if spec.startswith(OBJECT_PREFIX) or parts is None or not _is_file(parts[0]):
         return spec
-    return f"{Path(parts[0]).expanduser().resolve()}:{parts[1]}"
+    path = Path(parts[0]).expanduser()
+    if base is not None and not path.is_absolute():
+        path = base / path
+    return f"{path.resolve()}:{parts[1]}"
 
 
 def register_object(agent: Any) -> str:

@@ -228,3 +228,14 @@ def test_a_file_agent_unpickles_where_its_file_cannot_be_imported(agent_file, tm
     )
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.split() == ["my-gate", "1", "Gate"]
+
+
+def test_sweep_files_name_agent_files_relative_to_their_folder(tmp_path):
+    """A sweep file's ``agents = ["my_sched.py:Gate"]`` is the file beside it, as its model
+    paths are; ``module:attr`` and names are left as they are."""
+    from diloco_gym.scale.sweep import _agent_path
+
+    assert _agent_path("my_sched.py:Gate", tmp_path) == f"{tmp_path.resolve()}/my_sched.py:Gate"
+    assert _agent_path("pkg.mod:Gate", tmp_path) == "pkg.mod:Gate"
+    assert _agent_path("fixed-512", tmp_path) == "fixed-512"
+    assert _agent_path("runs/model.zip", tmp_path) == str((tmp_path / "runs/model.zip").resolve())
