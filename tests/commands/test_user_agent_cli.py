@@ -139,3 +139,11 @@ def test_report_refuses_a_budget_aware_file_agent(tmp_path, fails):
     path.write_text(PROBE + "\n\nclass Budgeted(Probe):\n    budget_aware = True\n")
     line = fails(["report", "--out", str(tmp_path / "o"), "--agent", f"{path}:Budgeted"], 2)
     assert "runs only with one" in line and "diloco-gym frontier" in line
+
+
+@pytest.mark.slow
+def test_run_takes_a_file_agent(probe, tmp_path, capsys):
+    from diloco_gym.cli import main
+
+    assert main(["run", "--agent", f"{probe}:Probe", "--seeds", "2", "--in-process-agents"]) == 0
+    assert "total" in capsys.readouterr().out
