@@ -147,6 +147,7 @@ def evaluate(
         )
         config.require_choice()
         name = _free_agent_name(spec)
+        _refuse_budget_aware(alongside)
         result = run_protocol(config, progress=progress, backend=backend, jobs=jobs)
     finally:
         if registered:
@@ -182,3 +183,15 @@ def _free_agent_name(spec: str) -> str:
             f"at every budget of a grid with `diloco-gym frontier --budget-agents`"
         )
     return made.name
+
+
+def _refuse_budget_aware(specs: Sequence[str]) -> None:
+    """Agents that need a merge budget cannot run in a report (``alongside``)."""
+    from diloco_gym.agents.registry import is_budget_aware_spec
+
+    needs = [a for a in specs if is_budget_aware_spec(a)]
+    if needs:
+        raise ValueError(
+            f"{', '.join(needs)} steer(s) by a merge budget and run(s) only with one; compare "
+            f"them at every budget of a grid with `diloco-gym frontier --budget-agents`"
+        )

@@ -89,6 +89,8 @@ def test_an_object_cannot_run_in_other_processes_cells():
 def test_bad_agents_are_refused_before_any_episode(tmp_path):
     with pytest.raises(ValueError, match="steers by a merge budget"):
         diloco_gym.evaluate("fixed-budget", **TINY)
+    with pytest.raises(ValueError, match="fixed-budget steer"):
+        diloco_gym.evaluate(Gate(), alongside=["fixed-512", "fixed-budget"], **TINY)
     with pytest.raises(AgentSpecError, match="has no predict"):
         diloco_gym.evaluate(42, **TINY)
     with pytest.raises(AgentSpecError, match="file nope.py not found"):
