@@ -1,8 +1,10 @@
 """Agents by name, for the CLI and the protocol.
 
-An agent argument is a registry name (:data:`AGENTS`) or the path of a trained model
-(``.zip``, or a directory holding ``model.zip``). :func:`make_agents` builds the agents of
-one run and gives each a unique name; the same agent given twice is refused.
+An agent argument is a registry name (:data:`AGENTS`), the path of a trained model
+(``.zip``, or a directory holding ``model.zip``), or your own scheduler's code,
+``module:attr`` or ``path/to/file.py:attr`` (:mod:`diloco_gym.agents.user`).
+:func:`make_agents` builds the agents of one run and gives each a unique name; the same
+agent given twice is refused.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ __all__ = [
     "agent_names",
     "is_budget_aware",
     "is_budget_aware_spec",
+    "shipped_spec",
 ]
 
 
@@ -109,6 +112,10 @@ def is_budget_aware_spec(spec: str) -> bool:
         return True
     if spec in _HEURISTIC_AGENTS:
         return False
+    if _is_user(spec):  # your own code: its object says (loading it, as the run will)
+        from diloco_gym.agents.user import load_user_agent
+
+        return is_budget_aware(load_user_agent(spec))
     meta: object = None
     if spec in LEARNED:
         from diloco_gym.agents.learned import reference_meta
@@ -127,36 +134,68 @@ def is_budget_aware_spec(spec: str) -> bool:
     return isinstance(obs, dict) and obs.get("transform") == "budget"
 
 
+def _is_user(spec: str) -> bool:
+    """Whether an agent argument names your own code (``module:attr``, ``file.py:attr``)
+    rather than a registry name or an existing model path."""
+    from diloco_gym.agents.user import is_user_spec
+
+    return spec not in AGENTS and is_user_spec(spec) and not Path(spec).exists()
+
+
+def shipped_spec(spec: str, base: Path | None = None) -> str:
+    """An agent argument as a process in another working directory reads it: registry
+    names and ``module:attr`` unchanged, model and agent-file paths absolute (a relative
+    one taken relative to ``base``, default the current directory)."""
+    if spec in AGENTS:
+        return spec
+    if _is_user(spec):
+        from diloco_gym.agents.user import shipped_user_spec
+
+        return shipped_user_spec(spec, base)
+    p = Path(spec).expanduser()
+    return str((p if base is None or p.is_absolute() else base / p).resolve())
+
+
 def _model_file(spec: str) -> Path | None:
-    """The model file an agent argument stands for (resolved), or ``None`` for a heuristic."""
+    """The model file an agent argument stands for (resolved), or ``None`` for a heuristic
+    or your own code."""
     if spec in LEARNED:
         from diloco_gym.agents.learned import reference_model_path
 
         return reference_model_path(spec).resolve()
-    if spec in AGENTS:
+    if spec in AGENTS or _is_user(spec):
         return None
     p = Path(spec)
     return (p / "model.zip" if p.is_dir() else p).resolve()
 
 
 def make_agent(name: str) -> Agent:
-    """The agent called ``name``, or a learned agent loaded from a model file path.
+    """The agent called ``name``, a learned agent loaded from a model file path, or your
+    own scheduler named by ``module:attr`` or ``path/to/file.py:attr``
+    (:func:`diloco_gym.agents.user.load_user_agent`).
 
     Raises:
-        ValueError: for an unknown name (listing the valid ones).
+        ValueError: for an unknown name (listing the valid ones); an
+            :class:`~diloco_gym.agents.user.AgentSpecError` for code that cannot be made
+            an agent.
         FileNotFoundError: a model path that does not exist.
     """
     if name in AGENTS:
         agent = AGENTS[name]()
         agent.name = name
         return agent
+    if _is_user(name):
+        from diloco_gym.agents.user import load_user_agent
+
+        return cast(Agent, load_user_agent(name))
     if name.endswith(".zip") or Path(name).exists():
         from diloco_gym.agents.learned import load_learned_agent
 
         return load_learned_agent(name)
     raise ValueError(
         f"unknown agent {name!r}; valid agents: {', '.join(AGENTS)} "
-        f"(or a path to a trained model .zip)"
+        f"(or a path to a trained model .zip, or your own code as module:attr or "
+        f"path/to/file.py:attr)"
     )
 
 
@@ -176,13 +215,13 @@ def make_agents(specs: list[str]) -> list[Agent]:
     seen: dict[object, str] = {}
     for spec in specs:
         path = _model_file(spec)
-        key = ("file", path) if path is not None else ("name", spec)
+        key = ("file", path) if path is not None else ("name", shipped_spec(spec))
         if key in seen:
             same = "" if seen[key] == spec else f" (the same model as {seen[key]!r})"
             raise ValueError(f"agent {spec!r} is given twice{same}; give each agent once")
         seen[key] = spec
     agents = [make_agent(spec) for spec in specs]
-    from_path = [i for i, spec in enumerate(specs) if spec not in AGENTS]
+    from_path = [i for i, spec in enumerate(specs) if spec not in AGENTS and not _is_user(spec)]
     if from_path:
         from diloco_gym.agents.learned import learned_name
 

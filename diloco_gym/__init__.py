@@ -7,6 +7,7 @@ any regime through ``regime=``) and one id per regime, e.g. ``DiLoCoSync-Bursty-
 from __future__ import annotations
 
 from functools import lru_cache
+from typing import Any
 
 from diloco_gym.envs.env import DiLoCoSyncEnv
 from diloco_gym.envs.observation import OBS_FEATURES
@@ -28,11 +29,17 @@ def _package_version() -> str:
         return "0+unknown"
 
 
-def __getattr__(name: str) -> str:
+def __getattr__(name: str) -> Any:
     """``__version__``, looked up on first access: importlib.metadata takes 10-20 ms to
-    import, which every process importing the package (each spawned worker) would pay."""
+    import, which every process importing the package (each spawned worker) would pay.
+    ``evaluate`` and ``Evaluation`` (:mod:`diloco_gym.api`) likewise: the protocol loads
+    pandas and scipy, which the env never needs."""
     if name == "__version__":
         return _package_version()
+    if name in ("evaluate", "Evaluation"):
+        from diloco_gym import api
+
+        return getattr(api, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
@@ -50,6 +57,8 @@ __all__ = [
     "OBS_FEATURES",
     "ENV_IDS",
     "register_envs",
+    "evaluate",
+    "Evaluation",
 ]
 
 

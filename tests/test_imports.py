@@ -213,6 +213,9 @@ LAYER_RULES = {
     "live": {"sim", "envs", "agents", "eval", "live"} | _BASE,
     "lm": {"sim", "envs", "agents", "eval", "lm"} | _BASE,
     "scale": {"sim", "envs", "agents", "eval", "rl", "scale"} | _BASE,
+    # the Python API (diloco_gym.evaluate) and the public wrappers: the protocol's own code
+    "api": {"sim", "envs", "agents", "eval", "api"} | _BASE,
+    "wrappers": {"sim", "envs", "eval", "wrappers"} | _BASE,
     # the command line's shared parts: any layer below the command line itself
     "commands": {"sim", "envs", "agents", "eval", "rl", "live", "lm", "scale", "commands"} | _BASE,
 }

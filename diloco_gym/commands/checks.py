@@ -61,14 +61,26 @@ def check_regime(name: str) -> str:
 
 
 def check_agent(name: str) -> str:
+    """A registry name, a model path, or your own code (``module:attr``,
+    ``path/to/file.py:attr``), which is loaded here so that a missing file, a failed import,
+    a missing attribute or an object without ``predict`` is a one-line data error before
+    any episode runs."""
     from diloco_gym.agents.registry import AGENTS
+    from diloco_gym.agents.user import AgentSpecError, is_user_spec, load_user_agent
 
-    if name not in AGENTS and not name.endswith(".zip") and not Path(name).exists():
-        raise UsageError(
-            f"unknown agent {name!r}; valid agents: {', '.join(AGENTS)} "
-            f"(or a path to a trained model .zip)"
-        )
-    return name
+    if name in AGENTS or name.endswith(".zip") or Path(name).exists():
+        return name
+    if is_user_spec(name):
+        try:
+            load_user_agent(name)
+        except AgentSpecError as exc:
+            raise DataError(str(exc)) from None
+        return name
+    raise UsageError(
+        f"unknown agent {name!r}; valid agents: {', '.join(AGENTS)} "
+        f"(or a path to a trained model .zip, or your own code as module:attr or "
+        f"path/to/file.py:attr)"
+    )
 
 
 def check_free_agent(name: str) -> str:

@@ -72,7 +72,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--agent",
         action="append",
-        help="an extra agent (name or trained model .zip) for both lists; repeatable",
+        help="an extra agent for both lists: a name, a trained model .zip, or your own "
+        "scheduler as module:attr or path/to/file.py:attr (docs/your-scheduler.md); "
+        "repeatable",
     )
     options.add_calibration_arg(p)
     options.add_learner_calibration_arg(p)
@@ -166,6 +168,8 @@ def _frontier_agents(args: argparse.Namespace) -> tuple[list[str], list[str]]:
     from diloco_gym.eval.frontier import DEFAULT_BUDGET_AGENTS
 
     extra = list(args.agent or [])
+    for a in extra:  # loaded (your own code) and checked before asking it for its budget
+        checks.check_agent(a)
     budget_agents = list(dict.fromkeys(list(args.budget_agents or DEFAULT_BUDGET_AGENTS) + extra))
     extra_free = [a for a in extra if not is_budget_aware_spec(a)]
     free_agents = list(dict.fromkeys(list(args.free_agents or HEURISTICS) + extra_free))

@@ -44,7 +44,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--regimes", nargs="+", help="subset of regimes (default: all)")
     p.add_argument("--agents", nargs="+", help="heuristic agents (default: all)")
     p.add_argument(
-        "--agent", action="append", help="an extra agent (name or trained model .zip); repeatable"
+        "--agent",
+        action="append",
+        help="an extra agent: a name, a trained model .zip, or your own scheduler as "
+        "module:attr or path/to/file.py:attr (an object with predict, a class, a factory or "
+        "a function f(obs) -> action; docs/your-scheduler.md); repeatable",
     )
     options.add_calibration_arg(p)
     options.add_learner_calibration_arg(p)

@@ -22,7 +22,12 @@ HELP = "run one agent on a regime or a trace, per-seed table"
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The ``run`` command's options."""
-    p.add_argument("--agent", required=True, help="agent name or trained model .zip")
+    p.add_argument(
+        "--agent",
+        required=True,
+        help="agent name, trained model .zip, or your own scheduler as module:attr or "
+        "path/to/file.py:attr (docs/your-scheduler.md)",
+    )
     p.add_argument("--regime", default="bursty", help=f"one of {', '.join(REGIMES)}")
     p.add_argument("--seeds", type=options.positive_int(1), default=20, help="number of episodes")
     options.add_seed0_arg(p)

@@ -56,9 +56,9 @@ def cell_config(config):
     def absolute(p: str | None) -> str | None:
         return None if p is None else str(Path(p).expanduser().resolve())
 
-    from diloco_gym.agents.registry import AGENTS
+    from diloco_gym.agents.registry import shipped_spec
 
-    agents = [a if a in AGENTS else absolute(a) for a in config.agents]
+    agents = [shipped_spec(a) for a in config.agents]
     return replace(
         config,
         trace=absolute(config.trace),
@@ -247,8 +247,7 @@ def _unit_cell(config, regime: str, units: list, index: int, agents: list) -> di
             scorer, controls = protocol.EpisodeScorer(ep, p, sc), {}
         key = (m, counts.m_max)
         if key not in controls:
-            rng = np.random.default_rng([seed, m, 7])
-            controls[key] = protocol.matched_control(scorer, m, config.draws, rng, counts)
+            controls[key] = protocol.episode_control(scorer, m, config.draws, seed, counts)
         scored = protocol.score_episode(
             scorer,
             res["merge_decisions"],

@@ -232,8 +232,7 @@ def _control(
     only, so every agent with ``m`` merges and the curve at ``m`` share one, drawn and
     scored once."""
     if m not in controls:
-        rng = np.random.default_rng([seed, m, 7])
-        controls[m] = protocol.matched_control(scorer, m, draws, rng, counts)
+        controls[m] = protocol.episode_control(scorer, m, draws, seed, counts)
     return controls[m]
 
 
@@ -288,13 +287,13 @@ def _shipped(config: FrontierConfig) -> FrontierConfig:
     """``config`` with its trace, calibration and model paths absolute, for workers whose
     working directory may differ from this process's (a cell carries names, paths and
     parameters, never episodes)."""
-    from diloco_gym.agents.registry import AGENTS
+    from diloco_gym.agents.registry import shipped_spec
 
     def absolute(p: str | None) -> str | None:
         return None if p is None else str(Path(p).expanduser().resolve())
 
     def agents(names: list[str]) -> list[str]:
-        return [a if a in AGENTS else str(absolute(a)) for a in names]
+        return [shipped_spec(a) for a in names]
 
     return replace(
         config,

@@ -57,6 +57,9 @@ __all__ = [
     "MatchedRandomDeferral",
     "Control",
     "matched_control",
+    "episode_control",
+    "control_figures",
+    "CONTROL_STREAM",
     "EpisodeScorer",
     "Scores",
     "envelope",
@@ -219,6 +222,37 @@ def matched_control(
     return Control(sch, scorer.score(sch))
 
 
+#: The last element of a matched-random control's seed, ``[episode seed, merges, 7]``.
+CONTROL_STREAM = 7
+
+
+def episode_control(
+    scorer: EpisodeScorer,
+    merges: int,
+    draws: int,
+    seed: int,
+    counts: CompletionTable | None = None,
+) -> Control:
+    """The protocol's matched-random control of the episode of seed ``seed`` at ``merges``
+    merges: :func:`matched_control` with the generator seeded ``[seed, merges, 7]``, so the
+    draws depend on (episode, merges) only: the report, the frontier and
+    :class:`diloco_gym.wrappers.MatchedRandomScore` draw the same schedules for an agent
+    with ``merges`` merges in that episode."""
+    rng = np.random.default_rng([int(seed), int(merges), CONTROL_STREAM])
+    return matched_control(scorer, merges, draws, rng, counts)
+
+
+def control_figures(scores: Scores) -> dict[str, float]:
+    """A matched-random control's columns in the report (results.csv): the mean of its
+    exact sync-excess, its 5 % and 95 % percentiles and its additive mean (pp)."""
+    return {
+        "matched_random_mean": float(scores.exact_pct.mean()),
+        "matched_random_p05": float(np.percentile(scores.exact_pct, 5)),
+        "matched_random_p95": float(np.percentile(scores.exact_pct, 95)),
+        "matched_random_additive_mean": float(scores.additive_pct.mean()),
+    }
+
+
 def score_episode(
     scorer: EpisodeScorer,
     agent_schedule,
@@ -269,10 +303,7 @@ def score_episode(
     return {
         "sync_excess_pct": float(a.exact_pct[0]),
         "additive_excess_pct": float(a.additive_pct[0]),
-        "matched_random_mean": float(c.exact_pct.mean()),
-        "matched_random_p05": float(np.percentile(c.exact_pct, 5)),
-        "matched_random_p95": float(np.percentile(c.exact_pct, 95)),
-        "matched_random_additive_mean": float(c.additive_pct.mean()),
+        **control_figures(c),
         "oracle_same_budget_pct": float(o.exact_pct[0]),
         "oracle_additive_pct": float(o.additive_pct[0]),
         "oracle_schedule": orc["status"],

@@ -11,6 +11,8 @@
 :mod:`~diloco_gym.rl.sb3` adapts the native vector env, :mod:`~diloco_gym.rl.fleet` trains
 the fleet agent, :mod:`~diloco_gym.rl.seeds` trains and judges a configuration across
 training seeds (:mod:`~diloco_gym.rl.aggregate`: the aggregate measures), and
-:mod:`~diloco_gym.rl.train` keeps 0.5.0's names. Importing this
+:mod:`~diloco_gym.rl.train` keeps 0.5.0's names; :mod:`~diloco_gym.rl.callbacks` logs each
+episode's score against matched random (:class:`diloco_gym.wrappers.MatchedRandomScore`)
+to a run's TensorBoard. Importing this
 package does not import Stable-Baselines3 or torch; its modules do.
 """

@@ -118,7 +118,7 @@ def fleet_point_config(
         FleetConfigError: a malformed fleet file (a ``ValueError``).
         TypeError, ValueError: a bad setting or env value.
     """
-    from diloco_gym.agents.registry import AGENTS, HEURISTICS
+    from diloco_gym.agents.registry import HEURISTICS, shipped_spec
     from diloco_gym.eval.fleet import FleetReportConfig, protocol_env
 
     def resolve(value: Any) -> str:
@@ -133,7 +133,7 @@ def fleet_point_config(
     kwargs["calibration"] = None if cal in (None, "reference", "none") else resolve(cal)
     agents = kwargs.get("agents", list(HEURISTICS))  # report --fleet's default
     agents = [agents] if isinstance(agents, str) else list(agents)
-    kwargs["agents"] = [a if a in AGENTS else resolve(a) for a in agents]  # a model's run
+    kwargs["agents"] = [shipped_spec(str(a), base) for a in agents]  # a model run, a file
     config = FleetReportConfig(**kwargs, env=dict(env))
     protocol_env(config, "a fleet sweep point")
     return config

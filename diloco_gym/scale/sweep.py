@@ -96,14 +96,14 @@ _NOT_CALIBRATION = ("agents", "seeds", "draws", "alpha", "saturation_pct", *_NOT
 
 
 def _agent_path(agent: object, base: Path) -> object:
-    """A relative model path of a sweep file, relative to the file's folder (like its trace
-    and calibration); agent names and other values are left to the config's checks."""
-    from diloco_gym.agents.registry import AGENTS
+    """A relative model or agent-file path of a sweep file (``model.zip``,
+    ``my_sched.py:Name``), relative to the file's folder (like its trace and calibration);
+    agent names, ``module:attr`` and other values are left to the config's checks."""
+    from diloco_gym.agents.registry import AGENTS, shipped_spec
 
     if not isinstance(agent, str) or agent in AGENTS:
         return agent
-    p = Path(agent).expanduser()
-    return str(p if p.is_absolute() else base / p)
+    return shipped_spec(agent, base)
 
 
 class SweepFileError(ValueError):
