@@ -68,15 +68,16 @@ class Evaluation:
         return console_summary(summary[summary["agent"] == self.agent])
 
 
-def _check_not_bootstrapping(in_process: bool) -> None:
-    """Refuse to start sealed agents from a spawned worker that is importing the calling
-    script (the script has no ``if __name__ == "__main__":`` guard): the worker would run
-    the evaluation again instead of serving the agent."""
-    if not in_process and getattr(mp.current_process(), "_inheriting", False):
+def _check_not_bootstrapping() -> None:
+    """Refuse to start an evaluation from a spawned process-pool worker that is importing
+    the calling script (``backend="processes"`` and no ``if __name__ == "__main__":``
+    guard): the worker would run the evaluation again instead of its cells. Sealed agents'
+    own workers never import the calling script."""
+    if getattr(mp.current_process(), "_inheriting", False):
         raise RuntimeError(
             "diloco_gym.evaluate() was called while a worker process imported the calling "
-            "script: sealed agents run in worker processes that import it, so put the call "
-            "under `if __name__ == '__main__':` (or pass in_process=True)"
+            "script: a process pool's workers import it, so put the call "
+            "under `if __name__ == '__main__':`"
         )
 
 
@@ -127,9 +128,9 @@ def evaluate(
         ValueError: a bad option, an unknown agent, or code that cannot be made an agent
             (:class:`~diloco_gym.agents.user.AgentSpecError`).
         RuntimeError: called from a script without an ``if __name__ == "__main__":``
-            guard while a sealed agent's worker imports it.
+            guard while a process pool's worker imports it.
     """
-    _check_not_bootstrapping(in_process)
+    _check_not_bootstrapping()
     from diloco_gym.agents.user import unregister_object
     from diloco_gym.eval.report import ReportConfig, run_protocol
     from diloco_gym.sim.regimes import REGIMES
