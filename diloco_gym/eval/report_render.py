@@ -166,7 +166,6 @@ def _header(result: dict[str, Any]) -> list[str]:
         f"gate at p < {cfg['alpha']}. Ran in {result['elapsed_s']:.1f} s.",
         "",
         f"Deployable agents: {result.get('agent_sealing', sealing_mode(False))}."
-        + sandbox_sentence(result.get("agent_sandbox"))
         + (
             " **They ran in the evaluating process, where an agent's code can reach the "
             "env, the episode's trace, its merge costs and its seed: nothing enforces "
@@ -175,7 +174,8 @@ def _header(result: dict[str, Any]) -> list[str]:
             else " Each ran in a worker process that held no env, trace, episode or "
             "seed and received only observations, action masks and the public "
             "parameters; the oracle ran in the evaluating process."
-        ),
+        )
+        + sandbox_sentence(result.get("agent_sandbox")),
         "",
     ]
     if cfg.get("trace") and not bool(result["summary"]["independent"].all()):
