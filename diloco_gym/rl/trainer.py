@@ -39,7 +39,13 @@ from diloco_gym.rl.algos import (
 )
 from diloco_gym.rl.config import policy_kwargs_for_sb3
 from diloco_gym.rl.imitation import behaviour_clone
-from diloco_gym.rl.run_dir import check_run_dir, save_atomic, write_start_meta
+from diloco_gym.rl.run_dir import (
+    check_run_dir,
+    model_file_problem,
+    read_meta,
+    save_atomic,
+    write_start_meta,
+)
 from diloco_gym.rl.train_envs import make_vec_env, regime_spec, train_episode_seeds
 from diloco_gym.rl.validation import HeldOutEvalCallback, eval_envs
 from diloco_gym.sim.regimes import REGIMES
@@ -173,7 +179,9 @@ def train(
     The arguments are those of :class:`TrainRequest` (documented there), plus:
     ``resume`` (continue the run in ``out``: same algorithm and regime, checked against its
     ``meta.json``, from its latest checkpoint, else its ``model.zip``, up to ``timesteps``
-    in total), ``force`` (replace an existing run in ``out``; see
+    in total; a run killed after its last checkpoint gets its final evaluation, model.zip
+    and meta.json; a complete run that already has ``timesteps`` is left as it is, with a
+    line that says so), ``force`` (replace an existing run in ``out``; see
     :func:`~diloco_gym.rl.run_dir.check_run_dir`), ``progress_bar`` (SB3's, needs tqdm and
     rich) and ``verbose`` (SB3 verbosity, 0 silent).
 
@@ -211,6 +219,8 @@ def train(
 def _run(req: TrainRequest, resume: bool, force: bool, progress_bar: bool, verbose: int) -> Path:
     """The steps of :func:`train`, in the order that fixes its random streams."""
     start = _prepare_out(req, resume, force, verbose)
+    if start is not None and _already_complete(req):
+        return req.out / "model.zip"
     started = _seed_everything(req.seed)
     venv = make_vec_env(
         req.vec_env, req.specs, req.seed, req.n_envs, req.env_kwargs, req.obs_transform
@@ -225,7 +235,9 @@ def _run(req: TrainRequest, resume: bool, force: bool, progress_bar: bool, verbo
         _learn(req, model, remaining, start is None, evaluator, progress_bar)
     final_eval = None
     if evaluator is not None:
-        if evaluator.model is None:  # learn() did not run (resumed at the target)
+        # learn() did not run (resumed from a checkpoint at the target): SB3 sets the
+        # callback's model only in learn()
+        if getattr(evaluator, "model", None) is None:
             evaluator.init_callback(model)
         final_eval = evaluator.evaluate()
     model_path = req.out / "model.zip"
@@ -246,6 +258,23 @@ def _prepare_out(req: TrainRequest, resume: bool, force: bool, verbose: int) -> 
             print(f"nothing saved in {req.out} before it stopped: starting the run afresh")
         write_start_meta(req.out, req.algo, req.regime, req.seed, req.command)
     return start
+
+
+def _already_complete(req: TrainRequest) -> bool:
+    """Whether ``--resume`` found a completed run that already has ``req.timesteps``: its
+    ``meta.json`` says ``complete`` and its ``model.zip`` is intact. Then nothing is
+    trained or rewritten (every output is already there) and a line says so."""
+    if model_file_problem(req.out / "model.zip") is not None:
+        return False
+    meta = read_meta(req.out / "meta.json")
+    done = meta.get("timesteps")
+    if meta.get("status") != "complete" or not isinstance(done, int) or done < req.timesteps:
+        return False
+    print(
+        f"{req.out} is a complete run of {done} timesteps (--timesteps {req.timesteps}): "
+        f"nothing to train; pass a larger --timesteps to continue it"
+    )
+    return True
 
 
 def _seed_everything(seed: int) -> float:
