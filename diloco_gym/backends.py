@@ -104,7 +104,22 @@ def init_ray(jobs: int | None = None, address: str | None = None):
     return ray
 
 
-def _call(fn: Callable[[Any], Any], arg: Any, capture: bool) -> Any:
+def _trusted_here() -> bool:
+    """Whether this process loads model files with ``--trust-model-file``
+    (:func:`diloco_gym.agents.learned.trusting_model_files`; never set unless imported)."""
+    learned = sys.modules.get("diloco_gym.agents.learned")
+    return bool(learned is not None and learned.model_files_trusted())
+
+
+def _call(fn: Callable[[Any], Any], arg: Any, capture: bool, trust: bool = False) -> Any:
+    """``fn(arg)`` (a :class:`CellError` for its exception with ``capture``). ``trust``:
+    the parent's ``--trust-model-file``, passed to a worker process explicitly (a spawned
+    worker does not share the parent's setting)."""
+    if trust:
+        from diloco_gym.agents.learned import trusting_model_files
+
+        with trusting_model_files():
+            return _call(fn, arg, capture)
     if not capture:
         return fn(arg)
     try:
@@ -217,7 +232,8 @@ def _run_processes(fn, cells, jobs, capture, done) -> None:
     workers = min(jobs, len(cells))
     pool = ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn"))
     try:
-        pending = {pool.submit(_call, fn, cell, capture): i for i, cell in enumerate(cells)}
+        trust = _trusted_here()
+        pending = {pool.submit(_call, fn, cell, capture, trust): i for i, cell in enumerate(cells)}
         while pending:
             finished, _ = wait(pending, return_when=FIRST_COMPLETED)
             for fut in finished:
@@ -231,7 +247,8 @@ def _run_ray(fn, cells, jobs, address, capture, done) -> None:
     ray = init_ray(jobs, address)
     remote = ray.remote(_call).options(num_cpus=1, max_retries=0)
     fn_ref = ray.put(fn)
-    pending = {remote.remote(fn_ref, cell, capture): i for i, cell in enumerate(cells)}
+    trust = _trusted_here()
+    pending = {remote.remote(fn_ref, cell, capture, trust): i for i, cell in enumerate(cells)}
     try:
         while pending:
             ready, _ = ray.wait(list(pending), num_returns=1)

@@ -6,7 +6,10 @@ from __future__ import annotations
 import base64
 import io
 import json
+import os
 import pickle
+import subprocess
+import sys
 import zipfile
 from pathlib import Path
 
@@ -25,6 +28,8 @@ from diloco_gym.agents.learned import (  # noqa: E402
 from diloco_gym.agents.safe_model import UnsafeModelError, load_policy_safely  # noqa: E402
 
 pytestmark = pytest.mark.slow  # loads torch and SB3 models
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 class _Payload:
@@ -165,3 +170,34 @@ def test_a_fresh_model_with_a_named_activation_loads_safely(tmp_path, algo):
     x = np.random.default_rng(1).uniform(0, 1, (2000, *model.observation_space.shape))
     x = x.astype(np.float32)
     assert np.array_equal(safe.predict(x)[0], model.predict(x, deterministic=True)[0])
+
+
+def _cli(args: list[str], env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "diloco_gym.cli", *args],
+        env=env,
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def test_the_environment_variable_does_not_switch_trust_on(tmp_path):
+    """``DILOCO_GYM_TRUST_MODEL_FILES=1`` without ``--trust-model-file``: a crafted model
+    that the safe loader refuses is refused, and its payload never runs."""
+    src = reference_model_path("reference-ppo")
+    canary = tmp_path / "canary.txt"
+    data = _poisoned_data(src, canary)
+    data["policy_class"]["__module__"] = "evil.policies"  # the safe loader refuses it
+    bad = tmp_path / "model.zip"
+    _rewrite(src, bad, data=data)
+    env = dict(os.environ, PYTHONPATH=str(ROOT), DILOCO_GYM_TRUST_MODEL_FILES="1")
+    args = ["run", "--agent", str(bad), "--seeds", "1", "--in-process-agents"]
+    res = _cli(args, env, tmp_path)
+    assert res.returncode == 1 and not canary.exists(), res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1 and "unknown policy class evil" in res.stderr
+    # The test can fail: the flag runs the payload, and says which file it trusted.
+    res = _cli([*args, "--trust-model-file"], env, tmp_path)
+    assert canary.read_text() == "ran"
+    assert f"diloco-gym: warning: --trust-model-file: loading {bad} with" in res.stderr
