@@ -368,9 +368,14 @@ def _meta_for(p: Path, meta: dict | None) -> dict:
         return dict(meta)
     meta_path = p.with_name("meta.json")
     if p.name == "model.zip" and meta_path.is_file():
+        from diloco_gym.agents.safe_model import ModelLimitError, read_meta_bytes
+
         try:
-            data = json.loads(meta_path.read_text())
-        except (OSError, ValueError):
+            # within META_BYTES and JSON_DEPTH (a ModelLimitError names the file)
+            data = json.loads(read_meta_bytes(meta_path).decode("utf-8-sig"))
+        except ModelLimitError:
+            raise
+        except (OSError, ValueError):  # unreadable or not JSON: no metadata
             return {}
         return data if isinstance(data, dict) else {}
     return {}
@@ -379,6 +384,9 @@ def _meta_for(p: Path, meta: dict | None) -> dict:
 def _load_trusted(p: Path, meta: dict) -> tuple[Any, str]:
     """``(model, algo)`` by stable-baselines3's own (unpickling) loader: the algorithm of
     ``meta`` or the zip first, then the others."""
+    from diloco_gym.agents.safe_model import preflight_trusted
+
+    preflight_trusted(p)  # the size limits hold for a trusted file too
     warn_trusted_load(p)
     algo = meta.get("algo") if meta.get("algo") in _CLASSES else _sniff_algo(p)
     order = [algo] if algo else []

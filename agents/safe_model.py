@@ -31,11 +31,40 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["UnsafeModelError", "SafePolicyModel", "load_policy_safely", "KNOWN_POLICIES"]
+from diloco_gym.sim.limits import LimitError
+
+__all__ = [
+    "UnsafeModelError",
+    "ModelLimitError",
+    "SafePolicyModel",
+    "load_policy_safely",
+    "read_model_archive",
+    "check_model_archive",
+    "read_meta_bytes",
+    "policy_parameter_count",
+    "KNOWN_POLICIES",
+]
 
 
 class UnsafeModelError(ValueError):
-    """A model archive that the safe loader cannot rebuild without running its pickles."""
+    """A model archive that the safe loader cannot rebuild without running its pickles.
+    ``path`` is the file and ``what`` the reason (``None`` when raised with a message
+    only)."""
+
+    path: Path | None = None
+    what: str | None = None
+
+
+class ModelLimitError(UnsafeModelError, LimitError):
+    """A model file, one of its members or its policy is above a size limit
+    (:data:`diloco_gym.sim.limits.LIMITS`: ``MODEL_BYTES``, ``MODEL_PARAMS``, ``META_BYTES``,
+    ``JSON_DEPTH``); the message names the file and the field."""
+
+    def __init__(self, path: Path, field: str, message: str) -> None:
+        super().__init__(message)
+        self.path = path
+        self.what = message
+        self.field = field
 
 
 #: (module, class) of the policy -> (algorithm name, whether it takes ``use_sde``).
@@ -56,12 +85,14 @@ _UNSAFE_GLOBAL = re.compile(r"Unsupported global: GLOBAL ([\w.]+)")
 
 
 def _refuse(path: Path, what: str) -> UnsafeModelError:
-    return UnsafeModelError(
+    exc = UnsafeModelError(
         f"learned agent: {path} is not a valid model file for the safe loader: {what} (it "
         f"rebuilds only known SB3 policies from the archive's JSON and tensor weights; "
         f"--trust-model-file uses stable-baselines3's own loader, which runs the pickles "
         f"inside the file)"
     )
+    exc.path, exc.what = path, what
+    return exc
 
 
 def _policy_class(path: Path, entry: Any) -> tuple[type, str, bool]:
@@ -190,52 +221,268 @@ def load_policy_safely(path: str | Path) -> SafePolicyModel:
     Raises:
         UnsafeModelError: the archive holds something the safe loader will not rebuild
             (the message names the file and what).
+        ModelLimitError: the file, a member or the policy is above its size limit.
     """
     p = Path(path)
-    try:
-        with zipfile.ZipFile(p) as zf:
-            names = set(zf.namelist())
-            if "data" not in names or "policy.pth" not in names:
-                raise _refuse(p, "the archive has no 'data' and 'policy.pth' entries")
-            raw_data = zf.read("data")
-            raw_weights = zf.read("policy.pth")
-    except zipfile.BadZipFile as exc:
-        raise _refuse(p, f"not a zip archive ({exc})") from None
-    try:
-        data = json.loads(raw_data.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError) as exc:
-        raise _refuse(p, f"its 'data' entry is not JSON ({exc})") from None
-    if not isinstance(data, dict):
-        raise _refuse(p, "its 'data' entry is not a JSON object")
-    cls, algo, takes_sde = _policy_class(p, data.get("policy_class"))
-    obs_space, act_space = _spaces(p, data)
-    kwargs = _policy_kwargs(p, data.get("policy_kwargs"))
-    if takes_sde:
-        if data.get("use_sde", False) is not False:
-            raise _refuse(p, "state-dependent exploration (use_sde) is not supported")
-        kwargs["use_sde"] = False
-    import torch
-
-    try:
-        state = torch.load(io.BytesIO(raw_weights), map_location="cpu", weights_only=True)
-    except Exception as exc:  # noqa: BLE001 - the safe unpickler raises several kinds
-        m = _UNSAFE_GLOBAL.search(str(exc))
-        what = f" ({m.group(1)})" if m else ""
-        raise _refuse(
-            p,
-            f"policy.pth holds a Python object{what} that the safe loader refuses; a model "
-            f"file should hold tensors only",
-        ) from None
-    if not isinstance(state, dict) or not all(
-        isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in state.items()
-    ):
-        raise _refuse(p, "policy.pth is not a mapping of parameter names to tensors")
+    members = read_model_archive(p, ("data", "policy.pth"))
+    data = _data_json(p, members["data"])
+    cls, algo, obs_space, act_space, kwargs = _policy_parts(p, data)
+    state = _tensors(p, members["policy.pth"], "policy.pth")
     lr = float(data["learning_rate"]) if isinstance(data.get("learning_rate"), int | float) else 0.0
     try:
         policy = cls(obs_space, act_space, lambda _: lr, **kwargs)
         policy.load_state_dict(state, strict=True)
     except (RuntimeError, TypeError, ValueError) as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise _refuse(p, f"the weights do not fit the recorded policy ({first[:200]})") from None
+        raise _refuse(p, f"the weights do not fit the recorded policy ({_first(exc)})") from None
     policy.set_training_mode(False)
     return SafePolicyModel(policy, algo)
+
+
+def _first(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return (text.splitlines()[0] if text else type(exc).__name__)[:200]
+
+
+def _limit(path: Path, name: str, value: float, field: str) -> None:
+    """:func:`~diloco_gym.sim.limits.check_limit` as a :class:`ModelLimitError` naming the
+    file and the field."""
+    from diloco_gym.sim.limits import LimitError, check_limit
+
+    try:
+        check_limit(name, value, f"{path}: {field}")
+    except LimitError as exc:
+        raise ModelLimitError(path, field, str(exc)) from None
+
+
+def read_model_archive(
+    path: Path, required: tuple[str, ...], optional: tuple[str, ...] = ()
+) -> dict[str, bytes]:
+    """The ``required`` (and present ``optional``) members of a model zip, read within
+    ``MODEL_BYTES`` (:mod:`diloco_gym.sim.limits`): the file's size, every member's declared
+    uncompressed size and their total are checked before any member is read, and each is
+    read with a reader that stops past the bytes left, so a header that understates a
+    member's size cannot get past the limit either.
+
+    Raises:
+        UnsafeModelError: not a zip, a required member missing, a corrupt member.
+        ModelLimitError: a size above ``MODEL_BYTES`` (naming the file and the member).
+    """
+    import zlib
+
+    from diloco_gym.sim.limits import limit
+
+    check_model_archive(path)
+    left = limit("MODEL_BYTES")
+    out: dict[str, bytes] = {}
+    try:
+        with zipfile.ZipFile(path) as zf:
+            infos = {info.filename: info for info in zf.infolist()}
+            missing = [n for n in required if n not in infos]
+            if missing:
+                raise _refuse(path, f"the archive has no {' and '.join(map(repr, missing))} entry")
+            for name in [*required, *(n for n in optional if n in infos)]:
+                with zf.open(infos[name]) as member:
+                    raw = member.read(left + 1)
+                if len(raw) > left:
+                    raise ModelLimitError(
+                        path,
+                        name,
+                        f"{path}: {name} decompresses to more than its declared size, past the "
+                        f"limit of {limit('MODEL_BYTES'):,} bytes of the model's members",
+                    )
+                left -= len(raw)
+                out[name] = raw
+    except (zipfile.BadZipFile, zlib.error, EOFError, NotImplementedError) as exc:
+        raise _refuse(path, f"not a readable zip archive ({_first(exc)})") from None
+    except OSError as exc:
+        raise _refuse(path, f"cannot read it ({exc.strerror or _first(exc)})") from None
+    return out
+
+
+def check_model_archive(path: Path) -> None:
+    """Check a model zip's size and its members' declared uncompressed sizes (each and in
+    total) against ``MODEL_BYTES`` without reading any member (see
+    :func:`read_model_archive`)."""
+    try:
+        size = path.stat().st_size
+    except OSError as exc:
+        raise _refuse(path, f"cannot read it ({exc.strerror or _first(exc)})") from None
+    _limit(path, "MODEL_BYTES", size, "file size in bytes")
+    try:
+        with zipfile.ZipFile(path) as zf:
+            infos = zf.infolist()
+    except (zipfile.BadZipFile, EOFError, OSError) as exc:
+        raise _refuse(path, f"not a readable zip archive ({_first(exc)})") from None
+    for info in infos:
+        _limit(path, "MODEL_BYTES", info.file_size, f"{info.filename[:80]} (uncompressed bytes)")
+    _limit(path, "MODEL_BYTES", sum(i.file_size for i in infos), "its members (uncompressed bytes)")
+
+
+_JSON_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"', re.S)
+
+
+def json_depth(raw: bytes) -> int:
+    """How deeply the arrays and objects of a JSON text nest (brackets inside strings do
+    not count), found without parsing it."""
+    bare = np.frombuffer(_JSON_STRING.sub(b'""', raw), dtype=np.uint8)
+    step = np.zeros(bare.shape, dtype=np.int64)
+    step[(bare == ord("[")) | (bare == ord("{"))] = 1
+    step[(bare == ord("]")) | (bare == ord("}"))] = -1
+    return int(np.cumsum(step).max(initial=0))
+
+
+def check_json_depth(path: Path, raw: bytes, field: str) -> None:
+    """Refuse JSON nested deeper than ``JSON_DEPTH`` before it is parsed."""
+    _limit(path, "JSON_DEPTH", json_depth(raw), f"{field} (JSON nesting levels)")
+
+
+def read_meta_bytes(path: Path) -> bytes:
+    """A ``meta.json`` (beside a model, or of a training run) read within ``META_BYTES``
+    and checked for ``JSON_DEPTH``.
+
+    Raises:
+        ModelLimitError: too large or too deeply nested (naming the file).
+        OSError: it cannot be read.
+    """
+    from diloco_gym.sim.limits import limit
+
+    _limit(path, "META_BYTES", path.stat().st_size, "file size in bytes")
+    with open(path, "rb") as handle:
+        raw = handle.read(limit("META_BYTES") + 1)  # a file growing meanwhile stops here
+    _limit(path, "META_BYTES", len(raw), "file size in bytes")
+    check_json_depth(path, raw, "meta.json")
+    return raw
+
+
+def _data_json(p: Path, raw: bytes) -> dict[str, Any]:
+    """The archive's ``data`` entry as a JSON object (its pickles are never decoded)."""
+    check_json_depth(p, raw, "data")
+    try:
+        data = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        raise _refuse(p, f"its 'data' entry is not JSON ({_first(exc)})") from None
+    if not isinstance(data, dict):
+        raise _refuse(p, "its 'data' entry is not a JSON object")
+    return data
+
+
+def _tensors(p: Path, raw: bytes, member: str) -> dict[str, Any]:
+    """``torch.load(weights_only=True)`` of a weights member: a mapping of names to tensors
+    (an optimizer's state also holds numbers and lists)."""
+    import torch
+
+    try:
+        state = torch.load(io.BytesIO(raw), map_location="cpu", weights_only=True)
+    except Exception as exc:  # noqa: BLE001 - the safe unpickler raises several kinds
+        m = _UNSAFE_GLOBAL.search(str(exc))
+        what = f" ({m.group(1)})" if m else ""
+        raise _refuse(
+            p,
+            f"{member} holds a Python object{what} that the safe loader refuses; a model "
+            f"file should hold tensors only",
+        ) from None
+    if member == "policy.pth" and not (
+        isinstance(state, dict)
+        and all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in state.items())
+    ):
+        raise _refuse(p, "policy.pth is not a mapping of parameter names to tensors")
+    if not isinstance(state, dict):
+        raise _refuse(p, f"{member} is not a mapping")
+    return state
+
+
+def _policy_parts(p: Path, data: dict[str, Any]) -> tuple[type, str, Any, Any, dict[str, Any]]:
+    """``(policy class, algorithm, observation space, action space, constructor
+    arguments)`` of the archive's JSON, its parameter count checked against
+    ``MODEL_PARAMS`` before any space or layer is built."""
+    cls, algo, takes_sde = _policy_class(p, data.get("policy_class"))
+    kwargs = _policy_kwargs(p, data.get("policy_kwargs"))
+    obs_shape, n_actions = _space_sizes(p, data)
+    count = policy_parameter_count(algo, int(np.prod(obs_shape)), n_actions, kwargs.get("net_arch"))
+    arch = kwargs.get("net_arch")
+    _limit(p, "MODEL_PARAMS", count, f"policy_kwargs.net_arch {arch} (parameters)")
+    obs_space, act_space = _spaces(p, data)
+    if takes_sde:
+        if data.get("use_sde", False) is not False:
+            raise _refuse(p, "state-dependent exploration (use_sde) is not supported")
+        kwargs["use_sde"] = False
+    return cls, algo, obs_space, act_space, kwargs
+
+
+def _space_sizes(p: Path, data: dict[str, Any]) -> tuple[tuple[int, ...], int]:
+    """The observation shape and the number of actions, read as plain numbers (nothing of
+    their size is allocated)."""
+    obs, act = data.get("observation_space"), data.get("action_space")
+    try:
+        if not (isinstance(obs, dict) and "spaces.box.Box" in str(obs.get(":type:"))):
+            raise ValueError("not a Box")
+        raw = obs["_shape"]
+        shape = tuple(int(x) for x in (json.loads(raw) if isinstance(raw, str) else raw))
+        if not 1 <= len(shape) <= 8 or min(shape) < 1:
+            raise ValueError(f"_shape {shape}")
+    except (KeyError, ValueError, TypeError) as exc:
+        raise _refuse(p, f"the observation space is not a plain Box ({exc})") from None
+    try:
+        if not (isinstance(act, dict) and "spaces.discrete.Discrete" in str(act.get(":type:"))):
+            raise ValueError("not a Discrete")
+        n = int(act["n"])
+        if n < 1:
+            raise ValueError(f"n = {n}")
+    except (KeyError, ValueError, TypeError) as exc:
+        raise _refuse(p, f"the action space is not a plain Discrete ({exc})") from None
+    _limit(p, "MODEL_PARAMS", float(np.prod([float(x) for x in shape])), "observation_space._shape")
+    _limit(p, "MODEL_PARAMS", n, "action_space.n")
+    return shape, n
+
+
+def _mlp(size: int, arch: list[int]) -> tuple[int, int]:
+    """``(parameters, output size)`` of SB3's MLP of linear layers ``arch`` on ``size``."""
+    count = 0
+    for width in arch:
+        count += size * width + width
+        size = width
+    return count, size
+
+
+def policy_parameter_count(algo: str, obs_size: int, n_actions: int, net_arch: Any) -> int:
+    """The parameters (weights and biases) of the SB3 policy :data:`KNOWN_POLICIES` builds
+    for ``algo`` on a flat observation of ``obs_size`` and ``n_actions`` discrete actions,
+    from ``net_arch`` alone (``None``: SB3's default 64 x 64), so that a huge policy is
+    refused before it is built.
+
+    Actor-critic (``ppo``, ``maskable-ppo``): the policy and value MLPs (a list is both; a
+    dict gives ``pi`` and ``vf``), the action head and the value head. ``dqn``: the
+    Q-network (MLP and a head of ``n_actions``) and its target copy.
+    """
+    if algo == "dqn":
+        arch = net_arch if isinstance(net_arch, list) else [64, 64]
+        body, last = _mlp(obs_size, arch)
+        return 2 * (body + last * n_actions + n_actions)
+    if net_arch is None:
+        pi, vf = [64, 64], [64, 64]
+    elif isinstance(net_arch, dict):
+        pi, vf = list(net_arch.get("pi", [])), list(net_arch.get("vf", []))
+    else:
+        pi, vf = list(net_arch), list(net_arch)
+    pi_count, pi_last = _mlp(obs_size, pi)
+    vf_count, vf_last = _mlp(obs_size, vf)
+    return pi_count + pi_last * n_actions + n_actions + vf_count + vf_last + 1
+
+
+def preflight_trusted(path: Path) -> None:
+    """The size checks of the safe loader for a file about to be loaded by
+    stable-baselines3's own loader (``--trust-model-file``): the archive's sizes
+    (:func:`check_model_archive`) and, where the JSON records them plainly, the policy's
+    parameter count; what only the pickles hold is left to that loader.
+
+    Raises:
+        ModelLimitError: a size above its limit.
+    """
+    try:
+        members = read_model_archive(path, ("data",))
+        data = _data_json(path, members["data"])
+        _policy_parts(path, data)
+    except ModelLimitError:
+        raise
+    except (UnsafeModelError, ImportError):  # that loader's own error will tell
+        return
