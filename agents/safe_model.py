@@ -38,6 +38,7 @@ __all__ = [
     "ModelLimitError",
     "SafePolicyModel",
     "load_policy_safely",
+    "load_model_safely",
     "read_model_archive",
     "check_model_archive",
     "read_meta_bytes",
@@ -486,3 +487,215 @@ def preflight_trusted(path: Path) -> None:
         raise
     except (UnsafeModelError, ImportError):  # that loader's own error will tell
         return
+
+
+#: Algorithm arguments the caller sets itself, never taken from a checkpoint.
+_OWN_ARGS = frozenset(
+    {"policy", "env", "device", "seed", "verbose", "tensorboard_log", "policy_kwargs"}
+    | {"_init_setup_model", "stats_window_size"}
+)
+#: Arguments that size memory or the work per update: a checkpoint must agree with the run.
+_SIZING_ARGS = ("n_steps", "batch_size", "n_epochs", "buffer_size", "gradient_steps")
+#: Modules of the default buffer classes (recorded as pickles; the default is rebuilt).
+_BUFFER_MODULES = ("stable_baselines3.common.buffers", "sb3_contrib.common.maskable.buffers")
+#: Training counters restored from plain integers.
+_COUNTERS = ("num_timesteps", "_n_updates", "_episode_num", "_n_calls")
+_CONSTANT_SCHEDULE = re.compile(r"^ConstantSchedule\(val=([-+0-9.eE]+)\)$")
+
+
+def _serialized(value: Any) -> bool:
+    return isinstance(value, dict) and ":serialized:" in value
+
+
+def _constant(p: Path, name: str, value: Any) -> float | None:
+    """A clipping range recorded as SB3's constant schedule (its printed form)."""
+    if value is None or (isinstance(value, int | float) and not isinstance(value, bool)):
+        return value
+    text = str(value.get("value_schedule", "")) if isinstance(value, dict) else ""
+    m = _CONSTANT_SCHEDULE.match(text)
+    if m is None:
+        raise _refuse(p, f"{name} is not a constant the safe loader can read")
+    return float(m.group(1))
+
+
+def _algo_kwargs(
+    p: Path, cls: type, data: dict[str, Any], run_hp: dict[str, Any]
+) -> dict[str, Any]:
+    """The algorithm's constructor arguments recorded in the checkpoint's JSON as plain
+    numbers (what stable-baselines3's loader restores), less those the caller sets; the
+    arguments that size memory or work must equal the run's (``run_hp``, else the class's
+    default). ``train_freq``, recorded only as a pickle, is the run's."""
+    import inspect
+
+    params = inspect.signature(cls.__init__).parameters  # type: ignore[misc]
+    out: dict[str, Any] = {}
+    for name, param in params.items():
+        if name == "self" or name in _OWN_ARGS or name not in data:
+            continue
+        value = data[name]
+        if name in ("rollout_buffer_class", "replay_buffer_class"):
+            if value is None or (
+                isinstance(value, dict) and value.get("__module__") in _BUFFER_MODULES
+            ):
+                continue  # the default class, which the algorithm builds itself
+            raise _refuse(p, f"{name} is not the default buffer class")
+        if name in ("rollout_buffer_kwargs", "replay_buffer_kwargs"):
+            if value in (None, {}):
+                continue
+            raise _refuse(p, f"{name} is not empty")
+        if name == "train_freq":
+            if "train_freq" in run_hp:
+                out[name] = run_hp["train_freq"]
+            continue
+        if name in ("clip_range", "clip_range_vf"):
+            value = _constant(p, name, value)
+        elif _serialized(value):
+            raise _refuse(p, f"{name} is recorded only as a pickle")
+        elif not (value is None or isinstance(value, bool | int | float)):
+            raise _refuse(p, f"{name} {str(value)[:60]!r} is not a plain number")
+        if name in _SIZING_ARGS:
+            want = run_hp.get(name, param.default)
+            if value != want:
+                raise _refuse(
+                    p,
+                    f"{name} {value} is not the run's {want} (a run resumes with its own settings)",
+                )
+        out[name] = value
+    return out
+
+
+def load_model_safely(
+    path: str | Path,
+    algo: str,
+    env: Any,
+    hyperparameters: dict[str, Any],
+    *,
+    seed: int,
+    tensorboard_log: str | None = None,
+    verbose: int = 0,
+) -> Any:
+    """Rebuild a checkpoint of ``diloco-gym train`` (an SB3 ``PPO``, ``MaskablePPO`` or
+    ``DQN`` zip) as a model that training can continue, without unpickling anything.
+
+    From the archive it reads, within the size limits of :func:`read_model_archive` and
+    ``MODEL_PARAMS``: the policy class (one of :data:`KNOWN_POLICIES`, which must be
+    ``algo``'s), the spaces (which must be ``env``'s) and the policy's constructor
+    arguments from the ``data`` JSON; the algorithm's hyperparameters from the JSON's
+    plain numbers (the clipping ranges from their printed constant schedules;
+    ``train_freq``, recorded only as a pickle, from ``hyperparameters``; the arguments that
+    size memory or work, such as ``n_steps`` and ``buffer_size``, must equal
+    ``hyperparameters``); the policy weights ``policy.pth`` and the optimizer state
+    ``policy.optimizer.pth`` with ``torch.load(weights_only=True)``; and the training
+    counters (``num_timesteps``, updates, episodes) from plain integers. The new model is
+    seeded with ``seed``; its observation buffers and episode statistics start empty (the
+    env is reset when training continues), as after SB3's own load with a new env.
+
+    Raises:
+        UnsafeModelError: something cannot be restored from JSON and tensors (the message
+            names the file and what, and says to pass ``--trust-model-file``).
+        ModelLimitError: the file, a member or the policy is above its size limit.
+    """
+    p = Path(path)
+    try:
+        return _load_model(p, algo, env, hyperparameters, seed, tensorboard_log, verbose)
+    except ModelLimitError:
+        raise
+    except UnsafeModelError as exc:
+        raise UnsafeModelError(
+            f"--resume: {p} cannot be restored without unpickling: {exc.what}; pass "
+            f"--trust-model-file to load it with stable-baselines3's own loader, which runs "
+            f"any code the file holds, if you trust it"
+        ) from None
+
+
+def _load_model(
+    p: Path,
+    algo: str,
+    env: Any,
+    run_hp: dict[str, Any],
+    seed: int,
+    tensorboard_log: str | None,
+    verbose: int,
+) -> Any:
+    from diloco_gym.agents.learned import _model_class
+
+    members = read_model_archive(
+        p, ("data", "policy.pth", "policy.optimizer.pth"), ("pytorch_variables.pth",)
+    )
+    data = _data_json(p, members["data"])
+    policy_cls, policy_algo, obs_space, act_space, policy_kwargs = _policy_parts(p, data)
+    if policy_algo != algo:
+        raise _refuse(p, f"it holds a {policy_algo} policy, not a {algo} one")
+    if obs_space != env.observation_space or act_space != env.action_space:
+        raise _refuse(p, "its observation and action spaces are not the run's env's")
+    cls = _model_class(algo)
+    if cls.policy_aliases.get("MlpPolicy") is not policy_cls:
+        raise _refuse(p, f"its policy is not {algo}'s MlpPolicy")
+    policy_kwargs.pop("use_sde", None)  # the algorithm's own argument (checked False)
+    kwargs = _algo_kwargs(p, cls, data, run_hp)
+    state = _tensors(p, members["policy.pth"], "policy.pth")
+    optimizer = _tensors(p, members["policy.optimizer.pth"], "policy.optimizer.pth")
+    if "pytorch_variables.pth" in members and _tensors(
+        p, members["pytorch_variables.pth"], "pytorch_variables.pth"
+    ):
+        raise _refuse(p, "pytorch_variables.pth holds variables the safe loader does not restore")
+    counters: dict[str, int] = {}
+    for name in _COUNTERS:
+        value = data.get(name)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**62:
+            raise _refuse(p, f"{name} {str(value)[:40]!r} is not a count")
+        counters[name] = value
+    try:
+        model = cls(
+            "MlpPolicy",
+            env,
+            seed=seed,
+            device="cpu",
+            verbose=verbose,
+            tensorboard_log=tensorboard_log,
+            policy_kwargs=policy_kwargs,
+            **kwargs,
+        )
+    except (AssertionError, TypeError, ValueError) as exc:
+        raise _refuse(p, f"its hyperparameters do not build a model ({_first(exc)})") from None
+    try:
+        model.policy.load_state_dict(state, strict=True)
+    except (RuntimeError, TypeError, ValueError) as exc:
+        raise _refuse(p, f"the weights do not fit the recorded policy ({_first(exc)})") from None
+    try:
+        model.policy.optimizer.load_state_dict(optimizer)
+    except (KeyError, IndexError, RuntimeError, TypeError, ValueError) as exc:
+        raise _refuse(
+            p, f"policy.optimizer.pth does not fit the policy's optimizer ({_first(exc)})"
+        ) from None
+    _check_optimizer(p, model.policy.optimizer)
+    for name, value in counters.items():
+        if hasattr(model, name):
+            setattr(model, name, value)
+    rate = data.get("exploration_rate")  # DQN's epsilon, until its next step recomputes it
+    if hasattr(model, "exploration_rate") and isinstance(rate, int | float) and 0 <= rate <= 1:
+        model.exploration_rate = float(rate)
+    return model
+
+
+def _check_optimizer(p: Path, optimizer: Any) -> None:
+    """The loaded optimizer state fits its parameters: per-parameter tensors of their
+    shapes, and settings that are plain numbers."""
+    import torch
+
+    for group in optimizer.param_groups:
+        for key, value in group.items():
+            if key == "params":
+                continue
+            values = value if isinstance(value, tuple | list) else (value,)
+            if not all(v is None or isinstance(v, bool | int | float | str) for v in values):
+                raise _refuse(p, f"policy.optimizer.pth's {key} is not a plain setting")
+        for param in group["params"]:
+            for key, value in optimizer.state.get(param, {}).items():
+                if isinstance(value, torch.Tensor) and value.dim() > 0:
+                    if value.shape != param.shape:
+                        raise _refuse(
+                            p, f"policy.optimizer.pth's {key} does not fit the policy's weights"
+                        )

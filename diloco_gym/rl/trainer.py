@@ -21,6 +21,7 @@ env parameters, command line, library versions, evaluation history), ``best_mode
 from __future__ import annotations
 
 import json
+import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -173,6 +174,7 @@ def train(
     bc_teacher: str | None = None,
     bc_episodes: int = 20,
     bc_epochs: int = 5,
+    trust_model_file: bool = False,
 ) -> Path:
     """Train an RL scheduler and save ``out/model.zip`` and ``out/meta.json``.
 
@@ -183,7 +185,11 @@ def train(
     and meta.json; a complete run that already has ``timesteps`` is left as it is, with a
     line that says so), ``force`` (replace an existing run in ``out``; see
     :func:`~diloco_gym.rl.run_dir.check_run_dir`), ``progress_bar`` (SB3's, needs tqdm and
-    rich) and ``verbose`` (SB3 verbosity, 0 silent).
+    rich), ``verbose`` (SB3 verbosity, 0 silent) and ``trust_model_file`` (``--resume`` loads
+    the checkpoint, and a DQN run's replay buffer, with stable-baselines3's own loader, which
+    unpickles them, with a warning naming each file; otherwise the checkpoint is rebuilt from
+    its JSON and tensors by :func:`~diloco_gym.agents.safe_model.load_model_safely`, or
+    refused, and a replay buffer file is left unread).
 
     Returns:
         The path of the saved ``model.zip``.
@@ -213,10 +219,12 @@ def train(
         bc_episodes=bc_episodes,
         bc_epochs=bc_epochs,
     )
-    return _run(req, resume=resume, force=force, progress_bar=progress_bar, verbose=verbose)
+    return _run(req, resume, force, progress_bar, verbose, trust_model_file)
 
 
-def _run(req: TrainRequest, resume: bool, force: bool, progress_bar: bool, verbose: int) -> Path:
+def _run(
+    req: TrainRequest, resume: bool, force: bool, progress_bar: bool, verbose: int, trust: bool
+) -> Path:
     """The steps of :func:`train`, in the order that fixes its random streams."""
     start = _prepare_out(req, resume, force, verbose)
     if start is not None and _already_complete(req):
@@ -227,7 +235,7 @@ def _run(req: TrainRequest, resume: bool, force: bool, progress_bar: bool, verbo
     )
     hp = default_hyperparameters(req.algo, req.n_envs, req.timesteps)
     hp.update(req.hyperparameters or {})
-    model = _build_model(req.algo, venv, hp, req.seed, req.out, start, verbose)
+    model = _build_model(req.algo, venv, hp, req.seed, req.out, start, verbose, trust)
     remaining = max(0, int(req.timesteps) - int(model.num_timesteps))
     bc_record = _warm_start(req, model, start, verbose)
     evaluator = _evaluator(req, model, bc_record is not None, verbose)
@@ -353,9 +361,18 @@ def _learn(
 
 
 def _build_model(
-    algo: str, vec_env, hp: dict[str, Any], seed: int, out: Path, ckpt: Path | None, verbose: int
+    algo: str,
+    vec_env,
+    hp: dict[str, Any],
+    seed: int,
+    out: Path,
+    ckpt: Path | None,
+    verbose: int,
+    trust: bool = False,
 ):
-    """A new model, or the one of ``ckpt`` continued with fresh reproducible streams."""
+    """A new model, or the one of ``ckpt`` continued with fresh reproducible streams:
+    rebuilt without unpickling, or with ``trust`` (``--trust-model-file``) by
+    stable-baselines3's own loader, warning with the file's name."""
     cls = algo_class(algo)
     if ckpt is None:
         return cls(
@@ -367,14 +384,35 @@ def _build_model(
             tensorboard_log=str(out / "tb"),
             **policy_kwargs_for_sb3(hp),
         )
-    model = cls.load(ckpt, env=vec_env, device="cpu", tensorboard_log=str(out / "tb"))
     buffer = ckpt.with_name(
         ckpt.name.replace("_steps.zip", "_steps.pkl").replace(
             "rl_model_", "rl_model_replay_buffer_"
         )
     )
-    if algo == "dqn" and ckpt.parent.name == "checkpoints" and buffer.exists():
-        model.load_replay_buffer(buffer)
+    has_buffer = algo == "dqn" and ckpt.parent.name == "checkpoints" and buffer.exists()
+    if trust:
+        from diloco_gym.agents.learned import warn_trusted_load
+        from diloco_gym.agents.safe_model import preflight_trusted
+
+        preflight_trusted(ckpt)  # the size limits hold for a trusted file too
+        warn_trusted_load(ckpt)
+        model = cls.load(ckpt, env=vec_env, device="cpu", tensorboard_log=str(out / "tb"))
+        if has_buffer:
+            warn_trusted_load(buffer)
+            model.load_replay_buffer(buffer)
+    else:
+        from diloco_gym.agents.safe_model import load_model_safely
+
+        model = load_model_safely(
+            ckpt, algo, vec_env, hp, seed=seed, tensorboard_log=str(out / "tb"), verbose=verbose
+        )
+        if has_buffer:
+            print(
+                f"diloco-gym: warning: {buffer} is not loaded (a replay buffer file is a "
+                f"pickle, read only with --trust-model-file): the run continues with an empty "
+                f"replay buffer",
+                file=sys.stderr,
+            )
     # fresh, reproducible streams for the continuation
     model.set_random_seed(seed + int(model.num_timesteps))
     vec_env.seed(seed + int(model.num_timesteps))
