@@ -172,3 +172,24 @@ def test_the_safe_rebuild_refuses_what_does_not_fit_the_run(tmp_path: Path) -> N
     with pytest.raises(UnsafeModelError, match=r"bad\.zip .*policy\.optimizer\.pth"):
         load_model_safely(bad, "ppo", venv, hp, seed=1)
     assert run_dir.model_file_problem(path) is None
+
+
+def test_a_dqn_replay_buffer_is_read_only_with_the_flag(tmp_path: Path, capsys) -> None:
+    """A replay buffer file is a pickle: ``--resume`` leaves it unread (saying so) and the
+    run continues with an empty buffer; its payload never runs."""
+    from rl_helpers import SMALL
+
+    out = tmp_path / "run"
+    assert main(["train", "--algo", "dqn", "--out", str(out), *SMALL]) == 0
+    buffer = out / "checkpoints" / "rl_model_replay_buffer_256_steps.pkl"
+    assert buffer.is_file()
+    canary = tmp_path / "canary.txt"
+    buffer.write_bytes(pickle.dumps(_Payload(canary)))
+    capsys.readouterr()
+    args = ["train", "--algo", "dqn", "--out", str(out), *SMALL, "--resume"]
+    args[args.index("256")] = "384"
+    assert main(args) == 0
+    assert not canary.exists()
+    assert f"{buffer} is not loaded (a replay buffer file is a pickle" in capsys.readouterr().err
+    meta = json.loads((out / "meta.json").read_text())
+    assert meta["status"] == "complete" and meta["timesteps"] >= 384
