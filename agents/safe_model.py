@@ -17,6 +17,17 @@ unknown policy class, a space other than a ``Box`` / ``Discrete``, a constructor
 outside :data:`_KWARGS`, weights that are not plain tensors) is refused with an error that
 names the file and what was refused. ``--trust-model-file`` (``diloco_gym.agents.learned``) switches
 back to SB3's normal loader for files the user trusts.
+
+Sizes are checked before anything of that size is read or built
+(:mod:`diloco_gym.sim.limits`): the file and its members' declared uncompressed sizes
+against ``MODEL_BYTES`` (members are read with a bounded reader), the policy's parameter
+count (:func:`policy_parameter_count`, from ``net_arch`` and the spaces) against
+``MODEL_PARAMS``, a ``meta.json`` against ``META_BYTES`` and JSON nesting against
+``JSON_DEPTH``; a :class:`ModelLimitError` names the file and the field.
+
+:func:`load_model_safely` rebuilds a training checkpoint the same way, as a model that
+``diloco-gym train --resume`` continues (the hyperparameters from the JSON's plain numbers,
+the optimizer state as tensors, the timestep counters).
 """
 
 from __future__ import annotations
