@@ -14,7 +14,8 @@ Model files are loaded without unpickling anything (:mod:`diloco_gym.agents.safe
 archive's JSON and tensor-only weights, a policy rebuilt from known classes); a file that
 needs more is refused. Only with ``trust=True``, or inside :func:`trusting_model_files`
 (which the CLI's ``--trust-model-file`` opens around the command, and which the process
-backend of :mod:`diloco_gym.backends` reopens in its workers, told by an argument), does
+and Ray backends of :mod:`diloco_gym.backends` reopen in their workers, told by an
+argument: :func:`~diloco_gym.backends.register_worker_setting`), does
 stable-baselines3's own loader run, which unpickles parts of the zip's ``data`` entry: use it
 only for files you trust. Each such load warns (:class:`TrustedModelFileWarning`), naming
 the file. No environment variable switches it on.
@@ -35,6 +36,8 @@ from typing import Any
 import numpy as np
 
 from diloco_gym.agents.base import Agent, AgentContext
+from diloco_gym.agents.safe_model import ALGORITHM_CLASSES, algorithm_class
+from diloco_gym.backends import register_worker_setting
 from diloco_gym.envs.budget_features import augment_observation, augmented_size
 
 __all__ = [
@@ -77,6 +80,10 @@ def trusting_model_files(trust: bool = True) -> Iterator[None]:
 def model_files_trusted() -> bool:
     """Whether this process is inside :func:`trusting_model_files` (``--trust-model-file``)."""
     return _trusted
+
+
+# The process and Ray backends pass the setting to their workers as an argument.
+register_worker_setting(model_files_trusted, trusting_model_files)
 
 
 def warn_trusted_load(path: Path | str) -> None:
@@ -156,18 +163,11 @@ def load_reference_agent(name: str) -> LearnedAgent:
 
 
 #: Algorithm name (as in meta.json) -> (module, class).
-_CLASSES = {
-    "ppo": ("stable_baselines3", "PPO"),
-    "maskable-ppo": ("sb3_contrib", "MaskablePPO"),
-    "dqn": ("stable_baselines3", "DQN"),
-}
+_CLASSES = ALGORITHM_CLASSES
 
 
 def _model_class(algo: str):
-    import importlib
-
-    module, name = _CLASSES[algo]
-    return getattr(importlib.import_module(module), name)
+    return algorithm_class(algo)
 
 
 def _sniff_algo(path: Path) -> str | None:

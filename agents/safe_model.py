@@ -55,6 +55,8 @@ __all__ = [
     "read_meta_bytes",
     "policy_parameter_count",
     "KNOWN_POLICIES",
+    "ALGORITHM_CLASSES",
+    "algorithm_class",
 ]
 
 
@@ -77,6 +79,26 @@ class ModelLimitError(UnsafeModelError, LimitError):
         self.path = path
         self.what = message
         self.field = field
+
+
+#: Algorithm name (as in meta.json) -> (module, class) of the SB3 algorithm.
+ALGORITHM_CLASSES: dict[str, tuple[str, str]] = {
+    "ppo": ("stable_baselines3", "PPO"),
+    "maskable-ppo": ("sb3_contrib", "MaskablePPO"),
+    "dqn": ("stable_baselines3", "DQN"),
+}
+
+
+def algorithm_class(algo: str) -> Any:
+    """The stable-baselines3 (or sb3-contrib) class of ``algo`` (:data:`ALGORITHM_CLASSES`).
+
+    Raises:
+        ImportError: the ``rl`` extra is missing.
+    """
+    import importlib
+
+    module, name = ALGORITHM_CLASSES[algo]
+    return getattr(importlib.import_module(module), name)
 
 
 #: (module, class) of the policy -> (algorithm name, whether it takes ``use_sde``).
@@ -628,8 +650,6 @@ def _load_model(
     tensorboard_log: str | None,
     verbose: int,
 ) -> Any:
-    from diloco_gym.agents.learned import _model_class
-
     members = read_model_archive(
         p, ("data", "policy.pth", "policy.optimizer.pth"), ("pytorch_variables.pth",)
     )
@@ -639,7 +659,7 @@ def _load_model(
         raise _refuse(p, f"it holds a {policy_algo} policy, not a {algo} one")
     if obs_space != env.observation_space or act_space != env.action_space:
         raise _refuse(p, "its observation and action spaces are not the run's env's")
-    cls = _model_class(algo)
+    cls = algorithm_class(algo)
     if cls.policy_aliases.get("MlpPolicy") is not policy_cls:
         raise _refuse(p, f"its policy is not {algo}'s MlpPolicy")
     policy_kwargs.pop("use_sde", None)  # the algorithm's own argument (checked False)
