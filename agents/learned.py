@@ -12,10 +12,13 @@ model also reads the action mask of its :class:`~diloco_gym.agents.base.AgentCon
 
 Model files are loaded without unpickling anything (:mod:`diloco_gym.agents.safe_model`: the
 archive's JSON and tensor-only weights, a policy rebuilt from known classes); a file that
-needs more is refused. Only with ``trust=True`` (the CLI's ``--trust-model-file``, which
-sets :data:`TRUST_ENV` so that worker processes inherit it) does stable-baselines3's own
-loader run, which unpickles parts of the zip's ``data`` entry: use it only for files you
-trust.
+needs more is refused. Only with ``trust=True``, or inside :func:`trusting_model_files`
+(which the CLI's ``--trust-model-file`` opens around the command, and which the process
+and Ray backends of :mod:`diloco_gym.backends` reopen in their workers, told by an
+argument: :func:`~diloco_gym.backends.register_worker_setting`), does
+stable-baselines3's own loader run, which unpickles parts of the zip's ``data`` entry: use it
+only for files you trust. Each such load warns (:class:`TrustedModelFileWarning`), naming
+the file. No environment variable switches it on.
 """
 
 from __future__ import annotations
@@ -23,15 +26,18 @@ from __future__ import annotations
 import contextlib
 import importlib.resources
 import json
-import os
 import re
+import warnings
 import zipfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from diloco_gym.agents.base import Agent, AgentContext
+from diloco_gym.agents.safe_model import ALGORITHM_CLASSES, algorithm_class
+from diloco_gym.backends import register_worker_setting
 from diloco_gym.envs.budget_features import augment_observation, augmented_size
 
 __all__ = [
@@ -42,16 +48,54 @@ __all__ = [
     "reference_model_path",
     "reference_meta",
     "load_reference_agent",
+    "TrustedModelFileWarning",
+    "trusting_model_files",
+    "model_files_trusted",
 ]
 
-#: Environment variable that allows stable-baselines3's own (unpickling) loader for model
-#: files: ``1`` (set by ``--trust-model-file``; inherited by report and sweep workers).
-TRUST_ENV = "DILOCO_GYM_TRUST_MODEL_FILES"
+
+class TrustedModelFileWarning(UserWarning):
+    """A model file was loaded with stable-baselines3's own loader, which unpickles (runs
+    code from) the file: issued for every such load, naming the file."""
 
 
-def trust_model_files() -> bool:
-    """Whether model files may be loaded with stable-baselines3's unpickling loader."""
-    return os.environ.get(TRUST_ENV, "") == "1"
+_trusted = False  # set only inside trusting_model_files()
+
+
+@contextlib.contextmanager
+def trusting_model_files(trust: bool = True) -> Iterator[None]:
+    """Within the block, :func:`load_learned_agent` (and so the registry) loads model files
+    with stable-baselines3's own, unpickling loader when ``trust`` (the CLI's
+    ``--trust-model-file``); the previous setting is restored after it. It is this process's
+    setting only: worker processes are told it explicitly (:mod:`diloco_gym.backends`)."""
+    global _trusted
+    before = _trusted
+    _trusted = bool(trust)
+    try:
+        yield
+    finally:
+        _trusted = before
+
+
+def model_files_trusted() -> bool:
+    """Whether this process is inside :func:`trusting_model_files` (``--trust-model-file``)."""
+    return _trusted
+
+
+# The process and Ray backends pass the setting to their workers as an argument.
+register_worker_setting(model_files_trusted, trusting_model_files)
+
+
+def warn_trusted_load(path: Path | str) -> None:
+    """Warn, every time, that ``path`` is being loaded by an unpickling loader."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("always", TrustedModelFileWarning)
+        warnings.warn(
+            f"--trust-model-file: loading {path} with stable-baselines3's own loader, which "
+            f"unpickles it (runs any code the file holds)",
+            TrustedModelFileWarning,
+            stacklevel=3,
+        )
 
 
 #: The shipped reference agent (PPO on the bursty regime), see agents/reference/README.md.
@@ -119,18 +163,11 @@ def load_reference_agent(name: str) -> LearnedAgent:
 
 
 #: Algorithm name (as in meta.json) -> (module, class).
-_CLASSES = {
-    "ppo": ("stable_baselines3", "PPO"),
-    "maskable-ppo": ("sb3_contrib", "MaskablePPO"),
-    "dqn": ("stable_baselines3", "DQN"),
-}
+_CLASSES = ALGORITHM_CLASSES
 
 
 def _model_class(algo: str):
-    import importlib
-
-    module, name = _CLASSES[algo]
-    return getattr(importlib.import_module(module), name)
+    return algorithm_class(algo)
 
 
 def _sniff_algo(path: Path) -> str | None:
@@ -280,10 +317,12 @@ def load_learned_agent(
             ``{algo}:{file stem}`` (``ppo:model``); ``diloco_gym.agents.registry.make_agents`` adds
             parent folders when two agents of a run would share a name.
         meta: the training metadata to use instead of the ``meta.json`` beside the model.
-        trust: load with stable-baselines3's own loader, which unpickles parts of the file
-            (``None``: only when :data:`TRUST_ENV` is ``1``). Otherwise the file is read
-            without unpickling (:func:`diloco_gym.agents.safe_model.load_policy_safely`) and refused
-            when that cannot rebuild it.
+        trust: load with stable-baselines3's own loader, which unpickles parts of the file,
+            with a :class:`TrustedModelFileWarning` naming it (``None``: only inside
+            :func:`trusting_model_files`, the CLI's ``--trust-model-file``). Otherwise the
+            file is read without unpickling
+            (:func:`diloco_gym.agents.safe_model.load_policy_safely`) and refused when that
+            cannot rebuild it.
 
     Raises:
         FileNotFoundError: the file does not exist.
@@ -292,7 +331,7 @@ def load_learned_agent(
     """
     p = _model_file(Path(path))
     meta = _meta_for(p, meta)
-    if not (trust_model_files() if trust is None else trust):
+    if not (model_files_trusted() if trust is None else trust):
         from diloco_gym.agents.safe_model import load_policy_safely
 
         try:
@@ -329,9 +368,14 @@ def _meta_for(p: Path, meta: dict | None) -> dict:
         return dict(meta)
     meta_path = p.with_name("meta.json")
     if p.name == "model.zip" and meta_path.is_file():
+        from diloco_gym.agents.safe_model import ModelLimitError, read_meta_bytes
+
         try:
-            data = json.loads(meta_path.read_text())
-        except (OSError, ValueError):
+            # within META_BYTES and JSON_DEPTH (a ModelLimitError names the file)
+            data = json.loads(read_meta_bytes(meta_path).decode("utf-8-sig"))
+        except ModelLimitError:
+            raise
+        except (OSError, ValueError):  # unreadable or not JSON: no metadata
             return {}
         return data if isinstance(data, dict) else {}
     return {}
@@ -340,6 +384,10 @@ def _meta_for(p: Path, meta: dict | None) -> dict:
 def _load_trusted(p: Path, meta: dict) -> tuple[Any, str]:
     """``(model, algo)`` by stable-baselines3's own (unpickling) loader: the algorithm of
     ``meta`` or the zip first, then the others."""
+    from diloco_gym.agents.safe_model import preflight_trusted
+
+    preflight_trusted(p)  # the size limits hold for a trusted file too
+    warn_trusted_load(p)
     algo = meta.get("algo") if meta.get("algo") in _CLASSES else _sniff_algo(p)
     order = [algo] if algo else []
     order += [a for a in _CLASSES if a not in order]

@@ -18,6 +18,7 @@ Backends:
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from collections.abc import Callable, Sequence
@@ -33,6 +34,7 @@ __all__ = [
     "run_cells",
     "init_ray",
     "progress_bar",
+    "register_worker_setting",
 ]
 
 #: The backends :func:`run_cells` knows.
@@ -104,7 +106,40 @@ def init_ray(jobs: int | None = None, address: str | None = None):
     return ray
 
 
-def _call(fn: Callable[[Any], Any], arg: Any, capture: bool) -> Any:
+#: Settings of this process that a worker must share, as ``(capture, enter)`` pairs:
+#: ``capture()`` gives the setting's (picklable) value here, ``enter(value)`` is a context
+#: manager that sets it in the worker. Registered by the module that owns the setting (the
+#: model-file trust of ``--trust-model-file``, :mod:`diloco_gym.agents.learned`).
+_WORKER_SETTINGS: list[tuple[Callable[[], Any], Callable[[Any], Any]]] = []
+
+
+def register_worker_setting(capture: Callable[[], Any], enter: Callable[[Any], Any]) -> None:
+    """Pass a per-process setting to the workers of the ``processes`` and ``ray`` backends
+    explicitly, as an argument of each cell (a spawned worker shares nothing of its
+    parent's state, and the environment is not used for it). ``capture`` and ``enter``
+    must be module-level functions (they are pickled by name)."""
+    if (capture, enter) not in _WORKER_SETTINGS:
+        _WORKER_SETTINGS.append((capture, enter))
+
+
+def _settings() -> list[tuple[Callable[[Any], Any], Any]]:
+    """The registered settings' values in this process, with their ``enter``."""
+    return [(enter, capture()) for capture, enter in _WORKER_SETTINGS]
+
+
+def _call(
+    fn: Callable[[Any], Any],
+    arg: Any,
+    capture: bool,
+    settings: Sequence[tuple[Callable[[Any], Any], Any]] = (),
+) -> Any:
+    """``fn(arg)`` (a :class:`CellError` for its exception with ``capture``), inside the
+    parent's ``settings`` (:func:`register_worker_setting`)."""
+    if settings:
+        with contextlib.ExitStack() as stack:
+            for enter, value in settings:
+                stack.enter_context(enter(value))
+            return _call(fn, arg, capture)
     if not capture:
         return fn(arg)
     try:
@@ -217,7 +252,10 @@ def _run_processes(fn, cells, jobs, capture, done) -> None:
     workers = min(jobs, len(cells))
     pool = ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn"))
     try:
-        pending = {pool.submit(_call, fn, cell, capture): i for i, cell in enumerate(cells)}
+        settings = _settings()
+        pending = {
+            pool.submit(_call, fn, cell, capture, settings): i for i, cell in enumerate(cells)
+        }
         while pending:
             finished, _ = wait(pending, return_when=FIRST_COMPLETED)
             for fut in finished:
@@ -231,7 +269,8 @@ def _run_ray(fn, cells, jobs, address, capture, done) -> None:
     ray = init_ray(jobs, address)
     remote = ray.remote(_call).options(num_cpus=1, max_retries=0)
     fn_ref = ray.put(fn)
-    pending = {remote.remote(fn_ref, cell, capture): i for i, cell in enumerate(cells)}
+    settings = _settings()
+    pending = {remote.remote(fn_ref, cell, capture, settings): i for i, cell in enumerate(cells)}
     try:
         while pending:
             ready, _ = ray.wait(list(pending), num_returns=1)

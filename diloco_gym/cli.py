@@ -108,7 +108,11 @@ def _show_warning(message, category, filename, lineno, file=None, line=None) -> 
     ``diloco-gym: warning: ...``; other warnings keep Python's format."""
     from diloco_gym.sim.loaders import TraceFilterWarning
 
-    if issubclass(category, TraceFilterWarning):
+    trusted = sys.modules.get("diloco_gym.agents.learned")
+    one_line: tuple[type[Warning], ...] = (TraceFilterWarning,)
+    if trusted is not None:
+        one_line += (trusted.TrustedModelFileWarning,)
+    if issubclass(category, one_line):
         print(f"diloco-gym: warning: {_one_line(str(message))}", file=file or sys.stderr)
         return
     _PYTHON_SHOWWARNING(message, category, filename, lineno, file, line)
@@ -214,17 +218,11 @@ def main(argv: list[str] | None = None) -> int:
             warnings.showwarning = _show_warning  # restored when the command ends
             if not getattr(args, "trust_model_file", False):
                 return int(args.func(args) or 0)
-            from diloco_gym.agents.learned import TRUST_ENV
+            from diloco_gym.agents.learned import trusting_model_files
 
-            before = os.environ.get(TRUST_ENV)
-            os.environ[TRUST_ENV] = "1"  # worker processes inherit it
-            try:
+            # this process only; diloco_gym.backends tells its workers by an argument
+            with trusting_model_files():
                 return int(args.func(args) or 0)
-            finally:
-                if before is None:
-                    os.environ.pop(TRUST_ENV, None)
-                else:
-                    os.environ[TRUST_ENV] = before
     except SystemExit:
         raise
     except BaseException as exc:  # noqa: B036 - Ctrl-C included: one line, no traceback

@@ -251,3 +251,22 @@ def test_init_ray_reuses_an_initialised_instance(local_ray):
 
     assert init_ray(jobs=1) is local_ray and local_ray.is_initialized()
     assert local_ray.cluster_resources()["CPU"] == 2.0
+
+
+def _trusts_model_files(_: int) -> bool:
+    from diloco_gym.agents.learned import model_files_trusted
+
+    return model_files_trusted()
+
+
+def test_process_workers_are_told_the_trust_setting_explicitly(monkeypatch):
+    """``--trust-model-file`` reaches spawned workers as an argument; the environment
+    variable that once carried it switches nothing on."""
+    from diloco_gym.agents.learned import trusting_model_files
+
+    monkeypatch.setenv("DILOCO_GYM_TRUST_MODEL_FILES", "1")
+    assert run_cells(_trusts_model_files, [0, 1], backend="processes", jobs=2) == [False] * 2
+    with trusting_model_files():
+        assert run_cells(_trusts_model_files, [0, 1], backend="processes", jobs=2) == [True] * 2
+        assert run_cells(_trusts_model_files, [0], backend="serial") == [True]
+    assert run_cells(_trusts_model_files, [0], backend="serial") == [False]

@@ -121,6 +121,14 @@ def _add_run_arguments(parser: argparse.ArgumentParser) -> None:
         "meta.json) from its latest checkpoint",
     )
     parser.add_argument(
+        "--trust-model-file",
+        action="store_true",
+        help="with --resume: load the checkpoint (and a DQN run's replay buffer) with "
+        "stable-baselines3's own loader, which unpickles it (runs code in it): only for "
+        "files you trust. By default a checkpoint is rebuilt from its JSON and tensor-only "
+        "weights, or refused",
+    )
+    parser.add_argument(
         "--force",
         action="store_true",
         help="replace the training run in OUT (removes its model, meta, "
@@ -221,7 +229,28 @@ def run_train_command(args: argparse.Namespace, argv: list[str] | None = None) -
         record["file"] = cfg.source
     given = sys.argv[1:] if argv is None else argv
     command = "diloco-gym " + " ".join(shlex.quote(a) for a in given)
-    path_model = train(
+    from diloco_gym.agents.safe_model import UnsafeModelError
+    from diloco_gym.errors import DataError
+
+    try:
+        path_model = _train(args, cfg, specs, vec_env, n_envs, record, command)
+    except UnsafeModelError as exc:  # a checkpoint refused (or above a limit) on --resume
+        raise DataError(str(exc)) from None
+    _print_validation(path_model, cfg, specs is not None)
+    return 0
+
+
+def _train(
+    args: argparse.Namespace,
+    cfg: TrainConfig,
+    specs: list[Any] | None,
+    vec_env: str,
+    n_envs: int,
+    record: dict[str, Any],
+    command: str,
+) -> Path:
+    """:func:`~diloco_gym.rl.trainer.train` with the resolved configuration."""
+    return train(
         cfg.algo,
         regime=cfg.label,
         timesteps=cfg.timesteps,
@@ -245,9 +274,8 @@ def run_train_command(args: argparse.Namespace, argv: list[str] | None = None) -
         bc_teacher=cfg.bc_teacher,
         bc_episodes=cfg.bc_episodes,
         bc_epochs=cfg.bc_epochs,
+        trust_model_file=getattr(args, "trust_model_file", False),
     )
-    _print_validation(path_model, cfg, specs is not None)
-    return 0
 
 
 def _print_validation(path_model: Path, cfg: TrainConfig, budgeted: bool) -> None:

@@ -68,6 +68,12 @@ def model_file_problem(path: Path) -> str | None:
     """
     import zipfile
 
+    from diloco_gym.agents.safe_model import UnsafeModelError, check_model_archive
+
+    try:
+        check_model_archive(path)  # sizes within MODEL_BYTES before any member is read
+    except UnsafeModelError as exc:
+        return exc.what or str(exc)
     try:
         with zipfile.ZipFile(path) as archive:
             names = set(archive.namelist())
@@ -93,16 +99,22 @@ def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 
 def read_meta(path: Path) -> dict[str, Any]:
     """A run's ``meta.json``, read strictly (UTF-8 with or without a byte-order mark, a key
-    given twice is an error).
+    given twice is an error) and within ``META_BYTES`` and ``JSON_DEPTH``
+    (:mod:`diloco_gym.sim.limits`).
 
     Raises:
-        ValueError: unreadable, not JSON, or not a JSON object (one line naming the file).
+        ValueError: unreadable, too large or deep, not JSON, or not a JSON object (one line
+            naming the file).
     """
+    from diloco_gym.agents.safe_model import ModelLimitError, read_meta_bytes
+
     try:
         meta = json.loads(
-            path.read_text(encoding="utf-8-sig"), object_pairs_hook=_no_duplicate_keys
+            read_meta_bytes(path).decode("utf-8-sig"), object_pairs_hook=_no_duplicate_keys
         )
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
+    except ModelLimitError:
+        raise
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as exc:
         raise ValueError(f"{path}: cannot read the run's metadata: {exc}") from None
     if not isinstance(meta, dict):
         raise ValueError(f"{path}: the run's metadata is not a JSON object")

@@ -21,6 +21,7 @@ env parameters, command line, library versions, evaluation history), ``best_mode
 from __future__ import annotations
 
 import json
+import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -39,7 +40,13 @@ from diloco_gym.rl.algos import (
 )
 from diloco_gym.rl.config import policy_kwargs_for_sb3
 from diloco_gym.rl.imitation import behaviour_clone
-from diloco_gym.rl.run_dir import check_run_dir, save_atomic, write_start_meta
+from diloco_gym.rl.run_dir import (
+    check_run_dir,
+    model_file_problem,
+    read_meta,
+    save_atomic,
+    write_start_meta,
+)
 from diloco_gym.rl.train_envs import make_vec_env, regime_spec, train_episode_seeds
 from diloco_gym.rl.validation import HeldOutEvalCallback, eval_envs
 from diloco_gym.sim.regimes import REGIMES
@@ -167,15 +174,22 @@ def train(
     bc_teacher: str | None = None,
     bc_episodes: int = 20,
     bc_epochs: int = 5,
+    trust_model_file: bool = False,
 ) -> Path:
     """Train an RL scheduler and save ``out/model.zip`` and ``out/meta.json``.
 
     The arguments are those of :class:`TrainRequest` (documented there), plus:
     ``resume`` (continue the run in ``out``: same algorithm and regime, checked against its
     ``meta.json``, from its latest checkpoint, else its ``model.zip``, up to ``timesteps``
-    in total), ``force`` (replace an existing run in ``out``; see
+    in total; a run killed after its last checkpoint gets its final evaluation, model.zip
+    and meta.json; a complete run that already has ``timesteps`` is left as it is, with a
+    line that says so), ``force`` (replace an existing run in ``out``; see
     :func:`~diloco_gym.rl.run_dir.check_run_dir`), ``progress_bar`` (SB3's, needs tqdm and
-    rich) and ``verbose`` (SB3 verbosity, 0 silent).
+    rich), ``verbose`` (SB3 verbosity, 0 silent) and ``trust_model_file`` (``--resume`` loads
+    the checkpoint, and a DQN run's replay buffer, with stable-baselines3's own loader, which
+    unpickles them, with a warning naming each file; otherwise the checkpoint is rebuilt from
+    its JSON and tensors by :func:`~diloco_gym.agents.safe_model.load_model_safely`, or
+    refused, and a replay buffer file is left unread).
 
     Returns:
         The path of the saved ``model.zip``.
@@ -205,19 +219,23 @@ def train(
         bc_episodes=bc_episodes,
         bc_epochs=bc_epochs,
     )
-    return _run(req, resume=resume, force=force, progress_bar=progress_bar, verbose=verbose)
+    return _run(req, resume, force, progress_bar, verbose, trust_model_file)
 
 
-def _run(req: TrainRequest, resume: bool, force: bool, progress_bar: bool, verbose: int) -> Path:
+def _run(
+    req: TrainRequest, resume: bool, force: bool, progress_bar: bool, verbose: int, trust: bool
+) -> Path:
     """The steps of :func:`train`, in the order that fixes its random streams."""
     start = _prepare_out(req, resume, force, verbose)
+    if start is not None and _already_complete(req):
+        return req.out / "model.zip"
     started = _seed_everything(req.seed)
     venv = make_vec_env(
         req.vec_env, req.specs, req.seed, req.n_envs, req.env_kwargs, req.obs_transform
     )
     hp = default_hyperparameters(req.algo, req.n_envs, req.timesteps)
     hp.update(req.hyperparameters or {})
-    model = _build_model(req.algo, venv, hp, req.seed, req.out, start, verbose)
+    model = _build_model(req.algo, venv, hp, req.seed, req.out, start, verbose, trust)
     remaining = max(0, int(req.timesteps) - int(model.num_timesteps))
     bc_record = _warm_start(req, model, start, verbose)
     evaluator = _evaluator(req, model, bc_record is not None, verbose)
@@ -225,7 +243,9 @@ def _run(req: TrainRequest, resume: bool, force: bool, progress_bar: bool, verbo
         _learn(req, model, remaining, start is None, evaluator, progress_bar)
     final_eval = None
     if evaluator is not None:
-        if evaluator.model is None:  # learn() did not run (resumed at the target)
+        # learn() did not run (resumed from a checkpoint at the target): SB3 sets the
+        # callback's model only in learn()
+        if getattr(evaluator, "model", None) is None:
             evaluator.init_callback(model)
         final_eval = evaluator.evaluate()
     model_path = req.out / "model.zip"
@@ -246,6 +266,23 @@ def _prepare_out(req: TrainRequest, resume: bool, force: bool, verbose: int) -> 
             print(f"nothing saved in {req.out} before it stopped: starting the run afresh")
         write_start_meta(req.out, req.algo, req.regime, req.seed, req.command)
     return start
+
+
+def _already_complete(req: TrainRequest) -> bool:
+    """Whether ``--resume`` found a completed run that already has ``req.timesteps``: its
+    ``meta.json`` says ``complete`` and its ``model.zip`` is intact. Then nothing is
+    trained or rewritten (every output is already there) and a line says so."""
+    if model_file_problem(req.out / "model.zip") is not None:
+        return False
+    meta = read_meta(req.out / "meta.json")
+    done = meta.get("timesteps")
+    if meta.get("status") != "complete" or not isinstance(done, int) or done < req.timesteps:
+        return False
+    print(
+        f"{req.out} is a complete run of {done} timesteps (--timesteps {req.timesteps}): "
+        f"nothing to train; pass a larger --timesteps to continue it"
+    )
+    return True
 
 
 def _seed_everything(seed: int) -> float:
@@ -324,9 +361,18 @@ def _learn(
 
 
 def _build_model(
-    algo: str, vec_env, hp: dict[str, Any], seed: int, out: Path, ckpt: Path | None, verbose: int
+    algo: str,
+    vec_env,
+    hp: dict[str, Any],
+    seed: int,
+    out: Path,
+    ckpt: Path | None,
+    verbose: int,
+    trust: bool = False,
 ):
-    """A new model, or the one of ``ckpt`` continued with fresh reproducible streams."""
+    """A new model, or the one of ``ckpt`` continued with fresh reproducible streams:
+    rebuilt without unpickling, or with ``trust`` (``--trust-model-file``) by
+    stable-baselines3's own loader, warning with the file's name."""
     cls = algo_class(algo)
     if ckpt is None:
         return cls(
@@ -338,14 +384,35 @@ def _build_model(
             tensorboard_log=str(out / "tb"),
             **policy_kwargs_for_sb3(hp),
         )
-    model = cls.load(ckpt, env=vec_env, device="cpu", tensorboard_log=str(out / "tb"))
     buffer = ckpt.with_name(
         ckpt.name.replace("_steps.zip", "_steps.pkl").replace(
             "rl_model_", "rl_model_replay_buffer_"
         )
     )
-    if algo == "dqn" and ckpt.parent.name == "checkpoints" and buffer.exists():
-        model.load_replay_buffer(buffer)
+    has_buffer = algo == "dqn" and ckpt.parent.name == "checkpoints" and buffer.exists()
+    if trust:
+        from diloco_gym.agents.learned import warn_trusted_load
+        from diloco_gym.agents.safe_model import preflight_trusted
+
+        preflight_trusted(ckpt)  # the size limits hold for a trusted file too
+        warn_trusted_load(ckpt)
+        model = cls.load(ckpt, env=vec_env, device="cpu", tensorboard_log=str(out / "tb"))
+        if has_buffer:
+            warn_trusted_load(buffer)
+            model.load_replay_buffer(buffer)
+    else:
+        from diloco_gym.agents.safe_model import load_model_safely
+
+        model = load_model_safely(
+            ckpt, algo, vec_env, hp, seed=seed, tensorboard_log=str(out / "tb"), verbose=verbose
+        )
+        if has_buffer:
+            print(
+                f"diloco-gym: warning: {buffer} is not loaded (a replay buffer file is a "
+                f"pickle, read only with --trust-model-file): the run continues with an empty "
+                f"replay buffer",
+                file=sys.stderr,
+            )
     # fresh, reproducible streams for the continuation
     model.set_random_seed(seed + int(model.num_timesteps))
     vec_env.seed(seed + int(model.num_timesteps))

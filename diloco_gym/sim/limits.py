@@ -10,6 +10,17 @@ with an environment variable, ``DILOCO_GYM_MAX_<NAME>`` (see :data:`LIMITS`).
 The defaults are far above anything the package needs for its own protocol (600 s
 episodes of 536 decisions, a few hundred windows of a week-long trace, 1,024 vector envs)
 and far below what would exhaust a laptop.
+
+Model files (``model.zip``, a training run's checkpoints) are checked before anything in them
+is read (:mod:`diloco_gym.agents.safe_model`): the file's size and every member's declared
+uncompressed size, each and in total, against ``MODEL_BYTES`` (256 MiB; the members are then
+read with a reader that stops at the limit, so a header that understates a member's size
+cannot get past it), and the policy's parameter count, computed from the recorded
+``net_arch`` and the spaces before the policy is built, against ``MODEL_PARAMS`` (16.8
+million; the shipped models have under 20,000). The ``meta.json`` beside a model or in a run
+directory is read only up to ``META_BYTES`` (16 MiB), and JSON nested deeper than
+``JSON_DEPTH`` levels (a model's ``data`` entry, a ``meta.json``) is refused before it is
+parsed.
 """
 
 from __future__ import annotations
@@ -29,6 +40,10 @@ LIMITS: dict[str, tuple[int, str]] = {
     "TRACE_BYTES": (2**31, "bytes of one trace file"),
     "CALIBRATION_BYTES": (2**26, "bytes of one calibration file"),
     "AGENT_SECONDS": (600, "seconds a sealed agent's worker may take to answer one message"),
+    "MODEL_BYTES": (2**28, "bytes of one model file, and of its members uncompressed"),
+    "MODEL_PARAMS": (2**24, "parameters (weights and biases) of one model's policy"),
+    "META_BYTES": (2**24, "bytes of one meta.json beside a model or in a run"),
+    "JSON_DEPTH": (64, "nesting levels of a model's JSON (its data entry, its meta.json)"),
 }
 
 

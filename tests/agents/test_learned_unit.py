@@ -18,13 +18,13 @@ from diloco_gym.agents import learned
 from diloco_gym.agents.base import AgentContext
 from diloco_gym.agents.learned import (
     REFERENCE_AGENTS,
-    TRUST_ENV,
     LearnedAgent,
+    TrustedModelFileWarning,
     learned_name,
     load_learned_agent,
     reference_meta,
     reference_model_path,
-    trust_model_files,
+    trusting_model_files,
 )
 from diloco_gym.envs.budget_features import BUDGET_FEATURES
 from diloco_gym.envs.observation import OBS_DIM, OBS_INDEX
@@ -200,13 +200,34 @@ def test_load_errors_are_one_line_without_unsafe_advice():
     assert learned._load_error(KeyError()) == "KeyError: "
 
 
-def test_trust_follows_the_environment_variable(monkeypatch):
-    monkeypatch.delenv(TRUST_ENV, raising=False)
-    assert trust_model_files() is False
-    monkeypatch.setenv(TRUST_ENV, "1")
-    assert trust_model_files() is True
-    monkeypatch.setenv(TRUST_ENV, "yes")
-    assert trust_model_files() is False
+def test_trust_comes_from_the_flag_or_the_argument_never_the_environment(tmp_path, monkeypatch):
+    """``DILOCO_GYM_TRUST_MODEL_FILES=1`` once switched the unpickling loader on by itself;
+    now only ``trust=True`` or :func:`trusting_model_files` (``--trust-model-file``) do,
+    and every such load warns, naming the file."""
+    path = _zip(tmp_path / "model.zip", {"data": "{}"})
+    used: list[str] = []
+
+    class _Loads:
+        @staticmethod
+        def load(p, device):
+            used.append(str(p))
+            return _Model()
+
+    monkeypatch.setattr(learned, "_model_class", lambda algo: _Loads)
+    monkeypatch.setenv("DILOCO_GYM_TRUST_MODEL_FILES", "1")
+    with pytest.raises(ValueError, match="not a valid model file for the safe loader"):
+        load_learned_agent(path)
+    assert used == [] and not learned.model_files_trusted()
+    for _ in range(2):  # every load warns, not only the first
+        with pytest.warns(TrustedModelFileWarning, match=f"loading {path} with stable"):
+            load_learned_agent(path, trust=True)
+    with trusting_model_files():
+        assert learned.model_files_trusted()
+        with pytest.warns(TrustedModelFileWarning, match=str(path)):
+            load_learned_agent(path)
+        with trusting_model_files(False), pytest.raises(ValueError, match="safe loader"):
+            load_learned_agent(path)
+    assert not learned.model_files_trusted() and used == [str(path)] * 3
 
 
 def test_reference_models_are_package_files_with_their_metadata():

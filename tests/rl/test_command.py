@@ -272,3 +272,38 @@ def test_meta_records_the_resolved_config_and_the_file(tiny_run: Path, tmp_path)
     assert set(per_env) == {"bursty@10", "bursty@16"}
     for row in per_env.values():
         assert row["oracle_pct"] < row["matched_random_pct"]
+
+
+def test_resume_after_a_kill_after_the_last_checkpoint_writes_every_output(
+    ppo_run: Path, tmp_path: Path, capsys
+) -> None:
+    """A run killed after it saved its last checkpoint (at the target) but before
+    model.zip and the final meta.json: ``--resume`` finishes it without training."""
+    out = copy_run(ppo_run, tmp_path / "run")
+    for name in ("model.zip", "best_model.zip", "validation.csv", "validation.png"):
+        (out / name).unlink(missing_ok=True)
+    run_dir.write_start_meta(out, "ppo", "bursty", 3, "diloco-gym train")
+    capsys.readouterr()
+    args = ["train", "--algo", "ppo", "--seed", "3", "--out", str(out), *TINY, "--resume"]
+    assert main(args) == 0
+    assert run_dir.model_file_problem(out / "model.zip") is None
+    assert (out / "validation.csv").is_file()
+    meta = json.loads((out / "meta.json").read_text())
+    assert meta["status"] == "complete" and meta["timesteps"] == 1024
+    assert meta["resumed_from"].endswith("rl_model_1024_steps.zip")
+    assert meta["final_validation"]["merges"] >= 1
+
+
+def test_resume_of_a_complete_run_says_so_and_keeps_its_files(
+    ppo_run: Path, tmp_path: Path, capsys
+) -> None:
+    out = copy_run(ppo_run, tmp_path / "run")
+    model = (out / "model.zip").read_bytes()
+    capsys.readouterr()
+    args = ["train", "--algo", "ppo", "--seed", "3", "--out", str(out), *TINY, "--resume"]
+    assert main(args) == 0
+    printed = capsys.readouterr().out
+    assert "complete run of 1024 timesteps" in printed and "nothing to train" in printed
+    assert (out / "model.zip").read_bytes() == model
+    meta = json.loads((out / "meta.json").read_text())
+    assert meta["status"] == "complete" and meta["resumed_from"] is None

@@ -126,3 +126,23 @@ def test_resume_after_a_kill_before_the_first_checkpoint(tmp_path, capsys):
     meta = json.loads((out / "meta.json").read_text())
     assert meta["status"] == "complete" and meta["timesteps"] >= 256
     assert run_dir.model_file_problem(out / "model.zip") is None
+
+
+def test_a_runs_meta_json_is_bounded_in_size_and_depth(tmp_path):
+    out = tmp_path / "run"
+    _started_run(out)
+    meta = out / "meta.json"
+    meta.write_text(json.dumps({"algo": "ppo", "regime": "bursty", "x": "y" * (17 * 2**20)}))
+    with pytest.raises(ValueError, match=r"meta\.json: file size in bytes: .*META_BYTES"):
+        run_dir.check_run_dir(out, "ppo", "bursty", resume=True)
+    meta.write_text("[" * 50_000 + "]" * 50_000)
+    with pytest.raises(ValueError, match=r"meta\.json: meta\.json \(JSON nesting levels\)"):
+        run_dir.read_meta(meta)
+
+
+def test_a_checkpoint_whose_members_declare_too_many_bytes_is_damaged(tmp_path, monkeypatch):
+    good = _model_file(tmp_path / "good.zip")
+    assert run_dir.model_file_problem(good) is None
+    monkeypatch.setenv("DILOCO_GYM_MAX_MODEL_BYTES", "4096")
+    problem = run_dir.model_file_problem(good)
+    assert problem is not None and "above the limit of 4,096" in problem
