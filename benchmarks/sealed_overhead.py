@@ -86,7 +86,8 @@ def main() -> None:
         f"| {best_s[0] / best_i[0]:.2f} | {best_s[1] / best_i[1]:.2f} |"
     )
     pairs = ", ".join(
-        f"{i[0]:.1f}/{i[1]:.1f} vs {s[0]:.1f}/{s[1]:.1f}" for i, s in zip(inproc, sealed, strict=True)
+        f"{i[0]:.1f}/{i[1]:.1f} vs {s[0]:.1f}/{s[1]:.1f}"
+        for i, s in zip(inproc, sealed, strict=True)
     )
     print(f"(best of {a.repeats}; pairs in-process vs sealed, wall/CPU s: {pairs})")
 
