@@ -39,11 +39,15 @@ APP_NAME = "diloco-gym"
 def default_cache_dir() -> str:
     """The per-user directory of the compiled code of this version of the package,
     ``user_cache_dir("diloco-gym") / <version> / "numba"`` (not created here)."""
+    from importlib.metadata import PackageNotFoundError, version
+
     from platformdirs import user_cache_dir
 
-    from diloco_gym import _package_version
-
-    return os.path.join(user_cache_dir(APP_NAME, appauthor=False), _package_version(), "numba")
+    try:  # the installed distribution's version, as ``diloco_gym.__version__`` gives it
+        release = version("diloco-gym")
+    except PackageNotFoundError:  # a source tree on sys.path that was never installed
+        release = "0+unknown"
+    return os.path.join(user_cache_dir(APP_NAME, appauthor=False), release, "numba")
 
 
 def _writable(path: str) -> bool:
