@@ -50,3 +50,72 @@ def test_the_reward_formula_is_the_same_everywhere_and_is_the_codes():
         if terminated or truncated:
             break
     assert seen_cost  # a merge cost something, so the sign was checked
+
+
+# --------------------------------------------------------------- report.md's oracle note
+def _rows(oracle: list[float], lower: list[float], kinds: list[str]):
+    import pandas as pd
+
+    from diloco_gym.eval import protocol
+
+    n = len(oracle)
+    return pd.DataFrame(
+        {
+            "regime": ["bursty"] * n,
+            "oracle_same_budget_pct": oracle,
+            "oracle_lower_bound_pct": lower,
+            "oracle_schedule": kinds,
+            "scoring": [protocol.SCORING_PROVEN] * n,
+            "additive_exact_gap_pp": [0.0] * n,
+        }
+    )
+
+
+def test_the_oracle_note_says_what_the_certified_bounds_prove():
+    """report.md's note on the oracle follows the rows: a local-search oracle that its
+    certified lower bound meets is optimal (never "no certified lower bound"), and one it
+    does not meet is bracketed by the largest gap."""
+    from diloco_gym.eval import protocol
+    from diloco_gym.eval.report_render import _oracle_note, _regime_scoring
+    from diloco_gym.eval.summary import scoring_summary
+
+    bound, exact = protocol.ORACLE_BOUND, protocol.ORACLE_EXACT
+    met = _rows([1.0, 2.0, 3.0], [1.0, 2.0 - 1e-12, 3.0], [bound, bound, exact])
+    note = _oracle_note(scoring_summary(met))
+    assert "no certified" not in note
+    assert "(2 of 3 agent-episodes)" in note
+    assert "meets the local search's value in all 2, so every oracle here is optimal" in note
+    assert "oracle: exact optimum in every episode." in _regime_scoring({"rows": met}, "bursty")
+
+    open_ = _rows([1.0, 2.5, 3.0, 4.0], [1.0, 2.0, 3.0, float("nan")], [bound] * 3 + [exact])
+    note = _oracle_note(scoring_summary(open_))
+    assert "meets the local search's value in 2 of 3 (those oracles are optimal)" in note
+    assert "in the other 1 the exact optimum lies between the bound and the oracle" in note
+    assert "at most 0.5 pp apart" in note
+    assert "oracle: upper bound in 1 of 4 agent-episodes." in _regime_scoring(
+        {"rows": open_}, "bursty"
+    )
+
+    none = _rows([1.0], [1.0], [exact])
+    assert "no episode needed it here" in _oracle_note(scoring_summary(none))
+
+
+def test_the_frontier_labels_the_local_search_oracle_as_such():
+    """frontier.md's scoring sentence: the local-search oracle is never called the "exact
+    replay of the additive optimum"; one its certified lower bound meets is the exact
+    optimum; an enumerated oracle is exact; an open one is an upper bound with its gap."""
+    from diloco_gym.eval import protocol
+    from diloco_gym.eval.frontier_render import _scoring_sentence
+    from diloco_gym.eval.oracle import ORACLE_ENUMERATED
+
+    bound, exact = protocol.ORACLE_BOUND, protocol.ORACLE_EXACT
+    met = _rows([1.0, 2.0, 3.0], [1.0, 2.0, 3.0], [bound, ORACLE_ENUMERATED, exact])
+    text = _scoring_sentence(met, "bursty")
+    assert "exact replay of the additive optimum" not in text
+    assert "the oracle is the exact optimum in every agent-episode (in 1 the best" in text
+    assert "proven optimal by the certified lower bound" in text
+    open_ = _rows([1.0, 2.25, 3.0], [1.0, 2.0, 3.0], [bound, bound, exact])
+    text = _scoring_sentence(open_, "bursty")
+    assert "exact replay of the additive optimum" not in text
+    assert "(the best schedule of an exact local search from the additive optimum)" in text
+    assert "in 1 of 3 agent-episodes, at most 0.25 pp above the certified lower bound" in text
