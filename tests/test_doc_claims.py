@@ -119,3 +119,18 @@ def test_the_frontier_labels_the_local_search_oracle_as_such():
     assert "exact replay of the additive optimum" not in text
     assert "(the best schedule of an exact local search from the additive optimum)" in text
     assert "in 1 of 3 agent-episodes, at most 0.25 pp above the certified lower bound" in text
+
+
+def test_every_trace_file_the_readme_names_says_where_it_comes_from():
+    """A trace file named in the README's commands is shipped (traces/, tests/fixtures/) or
+    the README says where to get it (the Azure trace: Azure/AzurePublicDataset)."""
+    readme = (ROOT / "README.md").read_text()
+    named = set(re.findall(r"--trace ([\w./-]+\.\w+)", readme))
+    assert named  # the scan sees the commands
+    sources = {"AzureLLMInferenceTrace_code.csv": "github.com/Azure/AzurePublicDataset"}
+    for name in named:
+        if (ROOT / name).is_file():
+            continue
+        assert name in sources, f"README.md names the trace {name} without saying where it is"
+        at = readme.index(f"`{name}` is ")
+        assert sources[name] in readme[at : at + 400], name

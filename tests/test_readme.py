@@ -47,17 +47,12 @@ SNIPPET_FILES = {
 
 
 def _python_snippets() -> list[tuple[str, int, str]]:
-    """Every ```python block of the README and docs/*.md: (file, line, code). The TorchRL
-    and RLlib training examples are run (with a tiny budget) by tests/rl/test_libraries.py."""
-    found = []
-    for path in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
-        text = path.read_text()
-        for m in re.finditer(r"```python\n(.+?)```", text, flags=re.S):
-            code = m.group(1)
-            if "ClipPPOLoss" in code or "PPOConfig" in code:
-                continue
-            found.append((path.name, text[: m.start()].count("\n") + 1, code))
-    return found
+    """Every ```python block of the README and docs/*.md that has no block comment before it
+    (tests/test_doc_blocks.py): (file, line, code). The TorchRL and RLlib training examples
+    say ``run-by: tests/rl/test_libraries.py``, which runs them with a tiny budget."""
+    from test_doc_blocks import doc_blocks  # tests/ is on sys.path (pytest's rootdir)
+
+    return [(b.page, b.line, b.code) for b in doc_blocks() if b.lang == "python" and not b.kind]
 
 
 @pytest.mark.slow
