@@ -149,14 +149,18 @@ def _call(
 
 
 class _LineProgress:
-    """Progress for a log: one line per finished item (``desc: 3/10 cells done``), flushed,
-    instead of a bar's carriage-return redraws."""
+    """Progress for a log: a few flushed summary lines (``desc: 27/105 cells done``), at
+    each quarter of the total (every item when there are at most :data:`LOG_LINES`),
+    instead of a bar's carriage-return redraws or a line per item."""
 
     def __init__(self, total: int, desc: str, unit: str, stream: Any) -> None:
         self.total, self.desc, self.unit, self.stream, self.n = total, desc, unit, stream, 0
+        self._marks = {-(-total * k // LOG_LINES) for k in range(1, LOG_LINES + 1)}
 
     def update(self, n: int = 1) -> None:
-        self.n += n
+        before, self.n = self.n, self.n + n
+        if not any(before < mark <= self.n for mark in self._marks):
+            return
         units = self.unit if self.total == 1 else f"{self.unit}s"
         print(f"{self.desc}: {self.n}/{self.total} {units} done", file=self.stream, flush=True)
 
@@ -164,9 +168,14 @@ class _LineProgress:
         pass
 
 
+#: Progress lines a run writes at most when stderr is not a terminal (a log, a pipe).
+LOG_LINES = 4
+
+
 def progress_bar(total: int, enabled: bool, desc: str, unit: str = "cell"):
     """The progress display every command uses (``None`` when not ``enabled``): a tqdm bar
-    on a terminal, one line per finished item when stderr is a file or a pipe (a log)."""
+    on a terminal, at most :data:`LOG_LINES` summary lines when stderr is a file or a pipe
+    (a log)."""
     if not enabled:
         return None
     if not (hasattr(sys.stderr, "isatty") and sys.stderr.isatty()):

@@ -120,13 +120,33 @@ def test_local_ray_starts_its_own_instance_whatever_cluster_is_advertised(tmp_pa
     assert "cpus 1.0" in done.stdout
 
 
-def test_progress_off_a_terminal_is_one_line_per_finished_cell(capsys):
-    """In a log (stderr not a terminal) no bar redraws: one flushed line per cell."""
+def test_progress_off_a_terminal_is_one_line_per_finished_cell_when_few(capsys):
+    """In a log (stderr not a terminal) no bar redraws: with at most four cells, one
+    flushed line per cell."""
     out = run_cells(_square_slow_first, list(range(3)), progress=True, desc="demo")
     assert out == [0, 1, 4]
     err = capsys.readouterr().err
     assert err.splitlines() == [f"demo: {i}/3 cells done" for i in (1, 2, 3)]
     assert "\r" not in err
+
+
+def test_progress_off_a_terminal_is_a_few_summary_lines(capsys):
+    """A report's 105 cells write four lines to a log, at each quarter, not 105."""
+    from diloco_gym.backends import progress_bar
+
+    bar = progress_bar(105, True, "report")
+    for _ in range(105):
+        bar.update(1)
+    bar.close()
+    lines = capsys.readouterr().err.splitlines()
+    assert lines == [f"report: {i}/105 cells done" for i in (27, 53, 79, 105)]
+    bar = progress_bar(10, True, "sweep", "episode")
+    bar.update(6)  # a batch crossing two quarters: one line
+    bar.update(4)
+    assert capsys.readouterr().err.splitlines() == [
+        "sweep: 6/10 episodes done",
+        "sweep: 10/10 episodes done",
+    ]
 
 
 def test_progress_on_a_terminal_is_a_tqdm_bar(monkeypatch):

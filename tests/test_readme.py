@@ -23,20 +23,52 @@ def test_observation_table_matches_the_code():
         assert (unit, float(lo), float(hi)) == (f[1], f[2], f[3])
 
 
-def test_ci_runs_the_readme_test_command():
-    blocks = re.findall(r"```bash\n(.+?)\n```", README, flags=re.S)
-    test_cmd = blocks[1].strip()
-    assert "pytest" in test_cmd
-    # CI runs the command's steps in its order, with the lint, format and type checks
-    # between the install and the tests.
+def test_ci_runs_the_readme_quickstart_as_written():
+    """.ci/run reads the README's two quickstart commands and its first Python snippet with
+    .ci/readme_block.py (which gives exactly the README's blocks) and runs them in the
+    README's order: command 1, command 2's install, the snippet from outside the checkout,
+    then (after the checks) command 2's tests, with pytest's exit 5 reported."""
+    import subprocess
+    import sys
+
+    from test_doc_blocks import doc_blocks  # tests/ is on sys.path (pytest's rootdir)
+
+    blocks = doc_blocks()
+    want = {b.arg: b.code.strip() for b in blocks if b.kind == "quickstart"}
+    want["python"] = next(b.code.strip() for b in blocks if b.lang == "python")
+    for name, code in want.items():
+        got = subprocess.run(
+            [sys.executable, str(ROOT / ".ci" / "readme_block.py"), name],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+        assert got == code, name
     ci = (ROOT / ".ci" / "run").read_text()
+    steps = [
+        "install_run=$(python3 .ci/readme_block.py install-run)",
+        "test_command=$(python3 .ci/readme_block.py test)",
+        "snippet=$(python3 .ci/readme_block.py python)",
+        "rm -rf .venv-ci",
+        'eval "$install_run"',
+        'eval "$test_install"',
+        '(cd "$outside" && python -c "$snippet")',
+        "ruff check .",
+        "ruff format --check .",
+        "mypy diloco_gym",
+        "mkdocs build --strict",
+        'eval "$test_run" || status=$?',
+        'if [ "$status" -eq 5 ]; then',
+    ]
     at = 0
-    for step in (part.strip() for part in test_cmd.split("&&")):
-        found = ci.find(f"\n{step}", at)
+    for step in steps:
+        found = ci.find(step, at)
         assert found >= 0, f".ci/run does not run {step!r} (after the previous step)"
-        at = found + 1 + len(step)
-    assert blocks[0].strip().startswith("python -m pip install .")
-    assert "diloco-gym report" in blocks[0]
+        at = found + len(step)
+    assert want["install-run"].startswith("python -m pip install . && diloco-gym report")
+    extras = re.search(r'pip install -e "\.\[([a-z,]+)\]"', want["test"])
+    assert extras and "docs" not in extras.group(1).split(",")
+    assert 'python -m pip install -e ".[docs]"' in ci  # CI adds the docs extra
 
 
 #: Files the snippets name, stood in for by the repository's small fixtures.
@@ -47,21 +79,12 @@ SNIPPET_FILES = {
 
 
 def _python_snippets() -> list[tuple[str, int, str]]:
-    """Every ```python block of the README and docs/*.md: (file, line, code). The TorchRL
-    and RLlib training examples are run (with a tiny budget) by tests/rl/test_libraries.py,
-    and docs/your-scheduler.md's blocks, which import the scheduler file its first block is,
-    beside that file with tiny settings by tests/test_docs_your_scheduler.py."""
-    found = []
-    for path in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
-        if path.name == "your-scheduler.md":
-            continue
-        text = path.read_text()
-        for m in re.finditer(r"```python\n(.+?)```", text, flags=re.S):
-            code = m.group(1)
-            if "ClipPPOLoss" in code or "PPOConfig" in code:
-                continue
-            found.append((path.name, text[: m.start()].count("\n") + 1, code))
-    return found
+    """Every ```python block of the README and docs/*.md that has no block comment before it
+    (tests/test_doc_blocks.py): (file, line, code). The TorchRL and RLlib training examples
+    say ``run-by: tests/rl/test_libraries.py``, which runs them with a tiny budget."""
+    from test_doc_blocks import doc_blocks  # tests/ is on sys.path (pytest's rootdir)
+
+    return [(b.page, b.line, b.code) for b in doc_blocks() if b.lang == "python" and not b.kind]
 
 
 @pytest.mark.slow

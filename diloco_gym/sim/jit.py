@@ -9,16 +9,16 @@ minima, NumPy's pairwise order for sums over learners, the C library's ``pow``),
 results are bit-identical to it (``tests/envs/test_compiled_equivalence.py``).
 
 This module imports numba, so the package imports it lazily (on the first episode, not on
-``import diloco_gym``). Compiled code is cached on disk (numba's ``cache=True``): in the
-package's ``__pycache__`` when that is writable, else in numba's per-user cache directory
-(``NUMBA_CACHE_DIR`` overrides both), so a read-only install works and a process after the
-first loads the machine code instead of compiling it.
+``import diloco_gym``). Compiled code is cached on disk (``cache=True`` through
+:func:`diloco_gym.sim.jit_cache.njit`) in a per-user cache directory keyed by the package
+version, never beside the installed sources (``NUMBA_CACHE_DIR`` overrides it), so a
+read-only install works and a process after the first loads the machine code instead of
+compiling it.
 """
 
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
 
 # The episode builds' rules live in jit_build (this module's size); they are part of the
 # compiled rules' namespace, which callers reach through ``compiled()``.
@@ -32,6 +32,7 @@ from diloco_gym.sim.jit_build import (  # noqa: F401
     replay_rows,
     slowdown_one,
 )
+from diloco_gym.sim.jit_cache import njit
 
 __all__ = [
     "sum_first_axis",

@@ -12,7 +12,8 @@ merge's lost capacity (:func:`lost_capacity_into`).
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+
+from diloco_gym.sim.jit_cache import njit
 
 __all__ = [
     "lindley_rows",

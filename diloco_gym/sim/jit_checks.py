@@ -7,7 +7,8 @@ finds and names the first violation with its NumPy checks. Compiled with numba
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+
+from diloco_gym.sim.jit_cache import njit
 
 __all__ = ["arrivals_ok", "nonnegative", "in_unit_interval"]
 

@@ -35,7 +35,8 @@ They replace NumPy code whose cost was bookkeeping, not arithmetic:
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+
+from diloco_gym.sim.jit_cache import njit
 
 __all__ = [
     "window_rows",

@@ -18,13 +18,14 @@ from __future__ import annotations
 import threading
 
 import numpy as np
-from numba import get_num_threads, njit, prange
+from numba import get_num_threads, prange
 
 from diloco_gym.sim.jit import (
     cost_queue_range,
     episode_core_range,
     observe_range,
 )
+from diloco_gym.sim.jit_cache import njit
 from diloco_gym.sim.jit_step import observe_all, step_range
 
 __all__ = [

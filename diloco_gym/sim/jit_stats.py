@@ -7,9 +7,9 @@ with numba (``cache=True``) as :mod:`diloco_gym.sim.jit`; imported on first use.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
 
 from diloco_gym.sim.jit import replay_rows, slowdown_one
+from diloco_gym.sim.jit_cache import njit
 
 __all__ = ["percentiles_linear", "replay_summary_one"]
 

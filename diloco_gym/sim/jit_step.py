@@ -32,9 +32,9 @@ the C library's ``pow``), so a compiled step is bit-identical to the step of dil
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
 
 from diloco_gym.sim.jit import isolated_cost_one, loss_one, observe_range
+from diloco_gym.sim.jit_cache import njit
 from diloco_gym.sim.step_layout import NEED_COST
 
 __all__ = [

@@ -234,7 +234,7 @@ def test_the_figure_draws_the_references_the_held_agents_and_the_free_points(res
     assert labels == [
         "matched random (random placement)",
         "rate-clairvoyant (knows the bursts, not arrivals)",
-        "oracle (exact DP, non-deployable)",
+        "oracle (best exact schedule, non-deployable)",
         "A @ budget (budget-aware)",
         "B @ budget (held by mask)",
     ]

@@ -48,6 +48,7 @@ from diloco_gym.sim.traces import Trace
 from .helpers import (
     Stubs,
     assert_no_children,
+    check_measured,
     fast_config,
     masked,
     records_of,
@@ -272,7 +273,7 @@ def test_live_run_flags_match_merge_windows(live_run):
 @pytest.mark.slow
 def test_live_run_calibration_file(live_run):
     result, out, _, _ = live_run
-    cal = load_calibration(out)
+    cal = check_measured(load_calibration, out)
     entry = cal.measured("sync-heavy")
     assert entry["p95_sync_ratio"] > 0 and entry["p95_high_low"] > 0
     doc = json.loads(out.read_text())
@@ -526,7 +527,7 @@ def test_complete_run_writes_the_target_and_removes_a_stale_partial(tmp_path, st
     cfg = fast_config(merge=MergeConfig(workers=1, merge_mb=1), control=False)
     result = run_calibration(stub(), "sync-heavy", 3.0, out, config=cfg, progress=None)
     assert result.complete and result.path == str(out)
-    assert load_calibration(out).complete is True
+    assert check_measured(load_calibration, out).complete is True
     assert not partial_path(out).exists()
     assert_no_children()
 
@@ -574,4 +575,4 @@ def test_probed_run_with_repeats_records_capacity_and_intervals(tmp_path, queue_
         lo, hi = entry["p95_sync_ratio_ci"]
         assert lo <= hi
     validate_calibration(doc, str(out))
-    assert load_calibration(out).complete
+    assert check_measured(load_calibration, out).complete

@@ -192,3 +192,34 @@ def test_schema_accepts_intervals_and_capacity_and_rejects_bad_ones(tmp_path):
         validate_calibration(bad, "f.json")
     # the shipped reference file (without the new fields) still loads
     assert load_calibration().regimes
+
+
+def test_a_spoiled_live_measurement_skips_with_the_reason_and_nothing_else_does(tmp_path):
+    """The live tests' ``check_measured``: a p95 ratio that the consistency check calls
+    implausible (a loaded machine's short run) is a skip that quotes the check; any other
+    refusal of the file still fails."""
+    import copy
+
+    from diloco_gym.eval.calibration import CalibrationFileError, load_calibration
+
+    from .helpers import check_measured
+
+    cfg = CalibrationConfig(bootstrap_resamples=20)
+    doc = finite(build_document(synthetic_document_run(False), True, cfg))
+
+    def written(d: dict) -> Path:
+        path = tmp_path / f"cal{len(list(tmp_path.iterdir()))}.json"
+        path.write_text(json.dumps(d))
+        return path
+
+    assert check_measured(load_calibration, written(doc)).complete is True
+    spoiled = copy.deepcopy(doc)
+    entry = next(iter(spoiled["regimes"].values()))
+    entry["p95_sync_ratio"] = 0.3
+    entry.pop("p95_sync_ratio_ci", None)
+    with pytest.raises(pytest.skip.Exception, match="invalid on this machine.*implausible"):
+        check_measured(load_calibration, written(spoiled))
+    broken = copy.deepcopy(doc)
+    broken["complete"], broken["error"] = True, "the server died"
+    with pytest.raises(CalibrationFileError, match="complete: true"):
+        check_measured(load_calibration, written(broken))

@@ -89,7 +89,9 @@ def test_torchrl_ppo_example_runs(tmp_path):
 
 @pytest.mark.slow
 def test_rllib_ppo_example_runs_on_remote_env_runners(tmp_path):
-    pytest.importorskip("ray.rllib", reason="RLlib is not installed (the ray extra)")
+    pytest.importorskip(
+        "ray.rllib", reason="RLlib is not installed (the rllib extra: pip install -e '.[rllib]')"
+    )
     code = _doc_block("PPOConfig")
     for old, new in (
         ("iterations = 20", "iterations = 1"),

@@ -1,6 +1,8 @@
-"""The compiled kernel's machine code is cached on disk, also when the package directory is
-read-only (an install into a system site-packages): numba then uses its per-user cache
-directory, and a second process loads the cached code instead of compiling it."""
+"""The compiled kernel's machine code is cached on disk in a per-user cache directory keyed by
+the package version (``diloco_gym.sim.jit_cache``), never beside the package's sources
+(numba's default when they are writable, which left files in site-packages that a later
+editable install turned into a namespace package); also when the package directory is
+read-only, and a second process loads the cached code instead of compiling it."""
 
 from __future__ import annotations
 
@@ -30,7 +32,7 @@ assert diloco_gym.__file__.startswith(sys.argv[1]), diloco_gym.__file__
 # Compiled in this process, or loaded from the on-disk cache:
 stats = {"observe_rows": jit.observe_rows.stats, "step_rows": jit_step.step_rows.stats}
 print(json.dumps({k: [v.cache_hits.total(), v.cache_misses.total()] for k, v in stats.items()}
-                 | {"obs": obs.tolist()}))
+                 | {"obs": obs.tolist(), "version": diloco_gym.__version__}))
 """
 
 
@@ -47,7 +49,7 @@ def _run(pkg_parent: Path, cache_home: Path) -> dict:
 
     env = {k: v for k, v in os.environ.items() if k not in ("NUMBA_CACHE_DIR", "PYTHONPATH")}
     env["PYTHONPATH"] = str(pkg_parent)
-    env["XDG_CACHE_HOME"] = str(cache_home)  # numba's per-user cache lives under it
+    env["XDG_CACHE_HOME"] = str(cache_home)  # the per-user cache directory lives under it
     env["HOME"] = str(cache_home)
     out = subprocess.run(
         [sys.executable, "-c", PROBE, str(pkg_parent)],
@@ -96,7 +98,7 @@ def _read_only_case(tmp_path: Path, block_pycache: bool = False) -> None:
         hits, misses = second[name]
         assert hits >= 1 and misses == 0, (name, second[name])  # loaded, not compiled
     assert not list((site / "diloco_gym").rglob("*.nbi"))  # nothing beside the sources
-    assert list(cache_home.rglob("*.nbi"))  # numba's per-user cache holds the code
+    assert list((cache_home / "diloco-gym" / first["version"] / "numba").rglob("*.nbi"))
 
 
 def test_compiled_first_order_filter_equals_scipy_lfilter_bit_for_bit():
