@@ -93,7 +93,7 @@ def exit_status(exc: BaseException) -> tuple[int, str]:
     if isinstance(exc, MemoryError):
         return 1, (
             "out of memory; an input implies more than this machine holds (see the "
-            "README's failure handling for the size limits)"
+            "docs/limits.md for the size limits)"
         )
     if isinstance(exc, ValueError):
         return 2, str(exc)
