@@ -98,10 +98,14 @@ def read_meta(path: Path) -> dict[str, Any]:
     Raises:
         ValueError: unreadable, not JSON, or not a JSON object (one line naming the file).
     """
-    try:
-        meta = json.loads(
-            path.read_text(encoding="utf-8-sig"), object_pairs_hook=_no_duplicate_keys
-        )
+    from diloco_gym import parsing
+    from diloco_gym.sim.limits import LimitError
+
+    try:  # at most DILOCO_GYM_MAX_SETTINGS_BYTES, DILOCO_GYM_MAX_NESTING levels deep
+        text = parsing.read_text(path, encoding="utf-8-sig", what="metadata size in bytes")
+        meta = parsing.parse_json(text, str(path), object_pairs_hook=_no_duplicate_keys)
+    except LimitError:
+        raise
     except (OSError, UnicodeDecodeError, ValueError) as exc:
         raise ValueError(f"{path}: cannot read the run's metadata: {exc}") from None
     if not isinstance(meta, dict):

@@ -1,7 +1,9 @@
 """Size limits: what a file or a parameter may make the package allocate.
 
 Every size an input implies (trace windows, decisions per episode, envs times episode
-size, the merge corridor, a merge budget, a trace file's bytes) is checked against a limit
+size, the merge corridor, a merge budget, a trace or settings file's bytes, a file's nesting
+depth, a YAML file's values with its aliases expanded, a sweep's grid points, a fleet's
+sites) is checked against a limit
 *before* anything of that size is allocated, so that a 60-byte file or one option never
 exhausts the machine. A value over its limit raises :class:`LimitError` (a ``ValueError``)
 with one line naming the value, the limit and how to raise it: each limit can be changed
@@ -9,7 +11,11 @@ with an environment variable, ``DILOCO_GYM_MAX_<NAME>`` (see :data:`LIMITS`).
 
 The defaults are far above anything the package needs for its own protocol (600 s
 episodes of 536 decisions, a few hundred windows of a week-long trace, 1,024 vector envs)
-and far below what would exhaust a laptop.
+and far below what would exhaust a laptop. docs/limits.md lists them all (generated from
+:data:`LIMITS`).
+
+Parsing a file within these limits (its size, its nesting depth, a YAML file's aliases) is
+:mod:`diloco_gym.parsing`, which every settings and calibration loader calls.
 """
 
 from __future__ import annotations
@@ -28,6 +34,14 @@ LIMITS: dict[str, tuple[int, str]] = {
     "H_MAX_DECISIONS": (2**20, "decisions of the merge corridor's upper bound H_max"),
     "TRACE_BYTES": (2**31, "bytes of one trace file"),
     "CALIBRATION_BYTES": (2**26, "bytes of one calibration file"),
+    "SETTINGS_BYTES": (2**24, "bytes of one settings file (sweep, tune, train config, fleet)"),
+    "NESTING": (
+        100,
+        "levels of nested tables and lists in a settings, calibration or metadata file",
+    ),
+    "YAML_NODES": (100_000, "values of one YAML settings file, each alias expanded"),
+    "GRID_POINTS": (10_000, "points of a sweep's grid (the product of its axes' lengths)"),
+    "FLEET_SITES": (256, "sites of one fleet (about 2 MB of memory each)"),
 }
 
 
