@@ -142,7 +142,7 @@ class EngineModelConfig:
             ValueError: not JSON, not an object, an unknown key, or a bad value (one line,
                 naming ``where``).
         """
-        from diloco_gym import parsing
+        from diloco_gym.sim import parsing
         from diloco_gym.sim.limits import LimitError
 
         if text.startswith("@"):

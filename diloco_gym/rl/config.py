@@ -297,7 +297,7 @@ def load_config_file(path: str | Path) -> tuple[dict[str, Any], dict[str, str]]:
     else:  # pragma: no cover - Python 3.10: the same parser as the package tomli
         import tomli as tomllib
 
-    from diloco_gym import parsing
+    from diloco_gym.sim import parsing
     from diloco_gym.sim.limits import LimitError
 
     p = Path(path)

@@ -98,7 +98,7 @@ def read_meta(path: Path) -> dict[str, Any]:
     Raises:
         ValueError: unreadable, not JSON, or not a JSON object (one line naming the file).
     """
-    from diloco_gym import parsing
+    from diloco_gym.sim import parsing
     from diloco_gym.sim.limits import LimitError
 
     try:  # at most DILOCO_GYM_MAX_SETTINGS_BYTES, DILOCO_GYM_MAX_NESTING levels deep

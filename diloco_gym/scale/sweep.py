@@ -149,11 +149,11 @@ class SweepSpec:
 def read_settings_file(path: Path) -> dict:
     """The table of a TOML, JSON or YAML settings file (a sweep file; tune files too).
 
-    The file is read and parsed within the size limits (:mod:`diloco_gym.parsing`): at
+    The file is read and parsed within the size limits (:mod:`diloco_gym.sim.parsing`): at
     most ``DILOCO_GYM_MAX_SETTINGS_BYTES`` bytes, ``DILOCO_GYM_MAX_NESTING`` levels deep,
     and, for YAML, ``DILOCO_GYM_MAX_YAML_NODES`` values with its aliases expanded.
     """
-    from diloco_gym import parsing
+    from diloco_gym.sim import parsing
     from diloco_gym.sim.limits import LimitError
 
     if not path.is_file():

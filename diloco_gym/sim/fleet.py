@@ -416,7 +416,7 @@ def site_calibration(path: str) -> tuple[dict[str, float], float | None, float |
 
     import jsonschema
 
-    from diloco_gym import parsing
+    from diloco_gym.sim import parsing
 
     try:
         text = parsing.read_text(
@@ -569,7 +569,7 @@ def _site_from_table(st: Any, w: str, i: int, base_dir: Path | None) -> SiteConf
 def load_fleet_toml(path: str | Path) -> tuple[FleetParams, dict[str, Any]]:
     """Read a fleet configuration TOML file (:func:`fleet_from_dict`); every error is one
     line naming the file and the table/key."""
-    from diloco_gym import parsing
+    from diloco_gym.sim import parsing
 
     p = Path(path)
     try:

@@ -274,7 +274,7 @@ def load_learner_calibration(
     if isinstance(source, Mapping):
         doc: Any = dict(source)
     else:
-        from diloco_gym import parsing
+        from diloco_gym.sim import parsing
         from diloco_gym.sim.limits import LimitError
 
         where = str(source)

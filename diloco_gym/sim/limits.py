@@ -15,14 +15,14 @@ and far below what would exhaust a laptop. docs/limits.md lists them all (genera
 :data:`LIMITS`).
 
 Parsing a file within these limits (its size, its nesting depth, a YAML file's aliases) is
-:mod:`diloco_gym.parsing`, which every settings and calibration loader calls.
+:mod:`diloco_gym.sim.parsing`, which every settings and calibration loader calls.
 """
 
 from __future__ import annotations
 
 import os
 
-__all__ = ["LIMITS", "LimitError", "check_limit", "limit", "limit_env_var"]
+__all__ = ["LIMITS", "LimitError", "check_limit", "limit", "limit_env_var", "markdown_table"]
 
 #: ``name: (default, what it bounds)``; the environment variable is ``DILOCO_GYM_MAX_<NAME>``.
 LIMITS: dict[str, tuple[int, str]] = {
@@ -34,7 +34,10 @@ LIMITS: dict[str, tuple[int, str]] = {
     "H_MAX_DECISIONS": (2**20, "decisions of the merge corridor's upper bound H_max"),
     "TRACE_BYTES": (2**31, "bytes of one trace file"),
     "CALIBRATION_BYTES": (2**26, "bytes of one calibration file"),
-    "SETTINGS_BYTES": (2**24, "bytes of one settings file (sweep, tune, train config, fleet)"),
+    "SETTINGS_BYTES": (
+        2**24,
+        "bytes of one settings or metadata file (sweep, tune, train config, fleet, meta.json)",
+    ),
     "NESTING": (
         100,
         "levels of nested tables and lists in a settings, calibration or metadata file",
@@ -88,3 +91,25 @@ def check_limit(name: str, value: float, what: str) -> None:
             f"{what}: {shown} is above the limit of {bound:,} {LIMITS[name][1]} "
             f"(set {limit_env_var(name)} to raise it)"
         )
+
+
+def _shown(name: str, value: int) -> str:
+    """A default as the table shows it: the number, and a byte count in KiB/MiB/GiB."""
+    text = f"{value:,}"
+    if name.endswith("_BYTES"):
+        for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+            if value >= size and value % size == 0:
+                return f"{text} ({value // size} {unit})"
+    return text
+
+
+def markdown_table() -> str:
+    """Every limit of :data:`LIMITS` as a Markdown table (name, default, variable, what it
+    bounds): the table of docs/limits.md (a test keeps the page equal to it)."""
+    rows = [
+        "| limit | default | environment variable | what it bounds |",
+        "|---|---|---|---|",
+    ]
+    for name, (default, what) in LIMITS.items():
+        rows.append(f"| `{name}` | {_shown(name, default)} | `{limit_env_var(name)}` | {what} |")
+    return "\n".join(rows) + "\n"

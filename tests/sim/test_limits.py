@@ -405,3 +405,13 @@ def test_small_traces_load_without_reserving_the_size_limit():
     )
     assert out.returncode == 0, out.stderr[-2000:]
     assert [line.split()[0] for line in out.stdout.splitlines()] == args[1::2]
+
+
+def test_docs_limits_page_is_the_registry():
+    """docs/limits.md holds the table generated from LIMITS (every limit, its default, its
+    variable and what it bounds), verbatim."""
+    page = (ROOT / "docs" / "limits.md").read_text()
+    assert limits.markdown_table() in page
+    for name, (default, what) in limits.LIMITS.items():
+        row = next(line for line in page.splitlines() if line.startswith(f"| `{name}` |"))
+        assert f"{default:,}" in row and limits.limit_env_var(name) in row and what in row

@@ -298,12 +298,12 @@ def read_json_file(path: str | Path, what: str = "calibration file") -> Any:
 
 def parse_json(text: str, where: str) -> Any:
     """A calibration document, no key given twice, at most ``DILOCO_GYM_MAX_NESTING`` levels
-    deep (:func:`diloco_gym.parsing.parse_json`).
+    deep (:func:`diloco_gym.sim.parsing.parse_json`).
 
     Raises:
         CalibrationFileError: not valid JSON, or nested too deeply (naming ``where``).
     """
-    from diloco_gym import parsing
+    from diloco_gym.sim import parsing
     from diloco_gym.sim.limits import LimitError
 
     try:

@@ -1,5 +1,5 @@
 """Settings, calibration and metadata files are parsed within the limits: size, nesting depth
-and YAML aliases (diloco_gym/parsing.py), with one line naming the file.
+and YAML aliases (diloco_gym/sim/parsing.py), with one line naming the file.
 
 Each file kind is given 100,000 nested brackets (which ended in a ``RecursionError`` naming
 no file) and a nesting of 150 levels, which parses but is above ``DILOCO_GYM_MAX_NESTING``
@@ -20,10 +20,10 @@ from pathlib import Path
 
 import pytest
 
-from diloco_gym import parsing
+from diloco_gym.sim import parsing
 from diloco_gym.sim.limits import LimitError
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 #: Address-space cap of the command-line subprocesses (imports take about 1.5 GB of it).
 CAP_BYTES = 3 * 2**30
 
