@@ -309,8 +309,8 @@ def test_out_of_memory_while_loading_names_the_file(tmp_path, monkeypatch):
 
 
 _LOAD_UNDER_A_CAP = """
-import os, resource, sys
-from diloco_gym.sim.loaders import load_native
+import os, resource, sys, warnings
+from diloco_gym.sim.loaders import load_trace
 
 def vm_size():
     with open("/proc/self/status") as status:
@@ -319,37 +319,57 @@ def vm_size():
                 return int(line.split()[1]) * 1024
     raise SystemExit("no VmSize")
 
-load_native(sys.argv[2])  # imports, numba's compiled checks, pandas' parser: not counted
-cap = vm_size() + int(float(sys.argv[3]) * os.path.getsize(sys.argv[1]))
+warnings.simplefilter("ignore")
+path, tiny, fmt, times = sys.argv[1:]
+load_trace(tiny, fmt)  # imports, numba's compiled checks, pandas' parser: not counted
+cap = vm_size() + int(float(times) * os.path.getsize(path))
 resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
-trace = load_native(sys.argv[1])
+trace = load_trace(path, fmt)
 print("loaded", trace.num_requests)
 """
 
 
-@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="needs Linux /proc")
-def test_a_native_csv_loads_within_a_few_times_its_size(tmp_path):
-    """A native CSV loads with address space for 8 times its size above what the process
-    had (the typed columns are 24 bytes a request, about 1.4 times this file). The loader
-    that held every field as a Python string grew by about 64 times the file and failed
-    here (a ``MemoryError``, or ``std::bad_alloc`` aborting the process)."""
-    n = 600_000
+def _csv_trace(fmt: str, n: int) -> tuple[str, str]:
+    """A seeded trace of ``n`` requests in CSV format ``fmt`` (its text), and a one-row file
+    of the same format."""
     rng = np.random.default_rng(3)
     arrival = np.round(np.cumsum(rng.exponential(0.05, n)), 6)
-    tokens = rng.integers(1, 4096, (n, 2))
-    body = "".join(
-        f"{a!r},{p},{o}\n" for a, (p, o) in zip(arrival.tolist(), tokens.tolist(), strict=True)
-    )
-    path = tmp_path / "big.csv"
-    path.write_text(
-        f"# duration_s={float(np.ceil(arrival[-1] + 1))}\n"
-        f"arrival_s,prompt_tokens,output_tokens\n{body}"
-    )
-    tiny = _native(tmp_path / "tiny.csv", "10")
+    tokens = rng.integers(1, 4096, (n, 2)).tolist()
+    rows = zip(arrival.tolist(), tokens, strict=True)
+    if fmt == "native":
+        head = f"# duration_s={float(np.ceil(arrival[-1] + 1))}\n"
+        head += "arrival_s,prompt_tokens,output_tokens\n"
+        return head + "".join(f"{a!r},{p},{o}\n" for a, (p, o) in rows), head + "0.5,1,1\n"
+    if fmt == "azure":
+        head = "TIMESTAMP,ContextTokens,GeneratedTokens\n"
+        stamps = np.datetime64("2023-11-16T18:17:03") + (arrival * 1e6).astype("timedelta64[us]")
+        text = "".join(
+            f"{str(t).replace('T', ' ')},{p},{o}\n"
+            for t, (p, o) in zip(stamps, tokens, strict=True)
+        )
+        return head + text, head + "2023-11-16 18:17:03.5,1,1\n"
+    head = "Timestamp,Model,Request tokens,Response tokens\n"
+    text = "".join(f"{a!r},ChatGPT,{p},{o}\n" for a, (p, o) in rows)
+    return head + text, head + "0.5,ChatGPT,1,1\n"
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="needs Linux /proc")
+@pytest.mark.parametrize("fmt", ["native", "azure", "burstgpt"])
+def test_a_csv_trace_loads_within_a_few_times_its_size(tmp_path, fmt):
+    """A CSV trace of 10-20 MB loads with address space for 8 times its size above what the
+    process had (the typed columns are 24 bytes a request, 0.7-1.4 times these files). The
+    loaders that held every field of the file as a Python string needed about 64 times a
+    native file and failed here (a ``MemoryError``, or ``std::bad_alloc`` aborting the
+    process)."""
+    n = 600_000
+    text, one_row = _csv_trace(fmt, n)
+    path, tiny = tmp_path / "big.csv", tmp_path / "tiny.csv"
+    path.write_text(text)
+    tiny.write_text(one_row)
     assert path.stat().st_size > 10_000_000
     env = dict(os.environ, PYTHONPATH=str(ROOT), OPENBLAS_NUM_THREADS="1")
     out = subprocess.run(
-        [sys.executable, "-c", _LOAD_UNDER_A_CAP, str(path), str(tiny), "8"],
+        [sys.executable, "-c", _LOAD_UNDER_A_CAP, str(path), str(tiny), fmt, "8"],
         env=env,
         capture_output=True,
         text=True,

@@ -1,10 +1,11 @@
 """CSV reading shared by the CSV formats (native, Azure, BurstGPT): the wanted columns as raw
 strings, parsed to numbers with errors that explain the bad row.
 
-:func:`read_csv` reads a whole text at once (the Azure and BurstGPT formats);
-:func:`read_csv_chunks` reads a file in chunks of :data:`CHUNK_ROWS` rows (the native
-format), so that the raw strings of only one chunk are alive at a time and the memory a
-load needs is the typed columns plus a fixed amount, not a multiple of the file.
+:func:`scan_csv` checks a file (a regular file within the size limit, all UTF-8) in blocks;
+:func:`read_csv_chunks` then reads it in chunks of :data:`CHUNK_ROWS` rows, so that the raw
+strings of only one chunk are alive at a time and the memory a load needs is the typed
+columns plus a fixed amount, not a multiple of the file (it was about 20 times the file when
+every field of the whole file was held as a string).
 """
 
 from __future__ import annotations
@@ -34,39 +35,31 @@ _BLANK = b" \t\n\r\x0b\x0c\x1c\x1d\x1e\x1f"
 
 @dataclass
 class CsvTable:
-    """Raw string columns of a CSV file, with what is needed to explain bad rows.
+    """Raw string columns of a chunk of a CSV file, with what is needed to explain bad rows.
 
     Attributes:
         path: the file, for messages.
-        text: the whole file text (``None`` for a chunk of :func:`read_csv_chunks`, whose
-            lines ``line_of`` reads back from the file).
-        header_line: 0-based line index of the header in ``text``.
+        header_line: 0-based line index of the header in the file (after a BOM).
         ncols: number of header fields.
         raw: the wanted columns as object arrays of ``str``.
-        rows: number of data rows.
-        first_row: data rows before this table's first (``0`` unless a chunk); every row
-            an error names counts from the file's first data row.
-        line_of: for a chunk, the raw text of a 0-based line of the file (after the BOM).
+        rows: number of data rows of this chunk.
+        first_row: data rows of the file before this chunk's first; every row an error
+            names counts from the file's first data row.
+        line_of: the raw text of a 0-based line of the file (after the BOM), read back from
+            the file to explain an error.
     """
 
     path: str
-    text: str | None
     header_line: int
     ncols: int
     raw: dict[str, np.ndarray]
     rows: int
+    line_of: Callable[[int], str] = field(repr=False)
     first_row: int = 0
-    line_of: Callable[[int], str] | None = field(default=None, repr=False)
-    _lines: list[str] | None = field(default=None, repr=False)
 
     def line(self, row: int) -> str:
         """The raw text of 1-based data ``row`` of the file (used only to explain an error)."""
-        if self.text is None:
-            assert self.line_of is not None
-            return self.line_of(self.header_line + row).rstrip("\r")
-        if self._lines is None:
-            self._lines = self.text.split("\n")
-        return self._lines[self.header_line + row].rstrip("\r")
+        return self.line_of(self.header_line + row).rstrip("\r")
 
     def empty_reason(self, row: int) -> str:
         """Explain why data ``row`` has an empty value: blank, short or just empty."""
@@ -124,38 +117,6 @@ def csv_fields(line: str) -> list[str]:
         return line.split(",")
 
 
-def read_csv(path: str, text: str, columns: tuple[str, ...], *, header_line: int = 0) -> CsvTable:
-    """Read the CSV in ``text`` (header at line ``header_line``) as string columns.
-
-    Trailing blank lines are ignored; blank lines elsewhere become rows of empty values
-    (so they are reported, not skipped, and row numbers match the file).
-
-    Raises:
-        TraceFormatError: empty file, no data rows, missing column, too many fields.
-    """
-    parts = text.split("\n", header_line)
-    body = parts[header_line].rstrip() if len(parts) > header_line else ""
-    if not body:
-        raise TraceFormatError(path, "empty file" if not text.strip() else "no header line")
-    try:
-        frame = pd.read_csv(
-            io.StringIO(body + "\n"),
-            dtype=str,
-            keep_default_na=False,
-            skip_blank_lines=False,
-            engine="c",
-        )
-    except pd.errors.EmptyDataError as exc:
-        raise TraceFormatError(path, "empty file") from exc
-    except pd.errors.ParserError as exc:
-        raise _malformed(path, exc) from exc
-    names = _check_columns(path, body.split("\n", 1)[0].rstrip("\r"), frame, columns)
-    if len(frame) == 0:
-        raise TraceFormatError(path, "no data rows")
-    raw = {column: frame[column].to_numpy(dtype=object) for column in columns}
-    return CsvTable(path, text, header_line, len(names), raw, len(frame))
-
-
 def _malformed(path: str, exc: pd.errors.ParserError) -> TraceFormatError:
     """pandas' tokenizer error as a :class:`TraceFormatError` naming the data row."""
     message = str(exc)
@@ -209,7 +170,7 @@ class CsvFile:
         path: the file.
         start: offset of the text (3 after a UTF-8 byte-order mark, else 0).
         end: offset just after the last byte that is not blank (trailing blank lines and
-            spaces are ignored, as :func:`read_csv` ignores them).
+            spaces are ignored).
     """
 
     path: str
@@ -334,10 +295,11 @@ def read_csv_chunks(
     """Read the CSV of ``source`` whose header line begins at byte ``body`` (line
     ``header_line``) as string columns, ``chunk_rows`` data rows at a time.
 
-    The same rules and messages as :func:`read_csv`; each chunk is a :class:`CsvTable` whose
-    ``first_row`` says where it starts, so that every row an error names counts from the
-    file's first data row. At least one chunk, of at least one row, is yielded.
-    ``chunk_rows`` defaults to :data:`CHUNK_ROWS`.
+    Trailing blank lines are ignored; blank lines elsewhere become rows of empty values (so
+    they are reported, not skipped, and row numbers match the file). Each chunk is a
+    :class:`CsvTable` whose ``first_row`` says where it starts, so that every row an error
+    names counts from the file's first data row. At least one chunk, of at least one row,
+    is yielded. ``chunk_rows`` defaults to :data:`CHUNK_ROWS`.
 
     Raises:
         TraceFormatError: empty file, no data rows, missing column, too many fields.
@@ -384,13 +346,12 @@ def read_csv_chunks(
                 del frame
                 yield CsvTable(
                     path,
-                    None,
                     header_line,
                     len(names),
                     raw,
                     len(raw[columns[0]]),
-                    first_row=first_row,
                     line_of=source.line_of,
+                    first_row=first_row,
                 )
                 first_row += len(raw[columns[0]])
     if not names:
