@@ -29,6 +29,8 @@ from diloco_gym.sim.traces import TraceFormatError
 CHUNK_ROWS = 65_536
 #: Bytes read at a time when scanning a file (UTF-8 check, end of data, one line).
 _BLOCK = 1 << 20
+#: The most of one line read back for a header or a message (a longer line is cut).
+_LINE_BYTES = 1 << 24
 #: What ``str.rstrip()`` strips among single bytes (trailing blank lines are ignored).
 _BLANK = b" \t\n\r\x0b\x0c\x1c\x1d\x1e\x1f"
 
@@ -178,11 +180,11 @@ class CsvFile:
     end: int
 
     def line_at(self, offset: int) -> tuple[str, int]:
-        """The line that begins at byte ``offset`` (without its ``\\n``) and the offset of
-        the next line."""
+        """The line that begins at byte ``offset`` (without its ``\\n``; its first
+        :data:`_LINE_BYTES` bytes) and the offset of the next line."""
         with open(self.path, "rb") as handle:
             handle.seek(offset)
-            data = handle.readline()
+            data = handle.readline(_LINE_BYTES)
         return data.decode("utf-8", errors="replace").removesuffix("\n"), offset + len(data)
 
     def line_of(self, index: int) -> str:
