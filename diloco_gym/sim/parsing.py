@@ -25,6 +25,7 @@ first used).
 from __future__ import annotations
 
 import os
+import re
 import stat
 import sys
 from typing import Any
@@ -139,11 +140,33 @@ def parse_toml(text: str, where: str) -> dict[str, Any]:
         import tomllib
     else:  # pragma: no cover - Python 3.10: the same parser as the package tomli
         import tomli as tomllib
+    _check_dotted_keys(text, where)
     try:
         data = tomllib.loads(text)
     except RecursionError:
         raise _too_deep(where) from None
     return check_nesting(data, where)
+
+
+#: One part of a TOML key: bare, or a quoted string on one line.
+_TOML_KEY_PART = r"""(?:[A-Za-z0-9_-]+|"(?:[^"\\\n]|\\.)*"|'[^'\n]*')"""
+#: A run of dotted key parts (``a.b."c"``), matched whole: each character is scanned once.
+_TOML_DOTTED = re.compile(_TOML_KEY_PART + r"(?:[ \t]*\.[ \t]*" + _TOML_KEY_PART + ")*")
+
+
+def _check_dotted_keys(text: str, where: str) -> None:
+    """Refuse a dotted key of more parts than ``DILOCO_GYM_MAX_NESTING`` before ``tomllib``
+    sees it: ``a.a.a... = 1`` costs the parser memory quadratic in its parts (a 200 KB line
+    of 100,000 parts would take about 40 GB). Only a line with more dots than the limit is
+    scanned, in one pass; a quoted value's dots are not counted."""
+    bound = limit("NESTING")
+    for line in text.split("\n"):
+        if line.count(".") <= bound:
+            continue
+        for match in _TOML_DOTTED.finditer(line):
+            if match.group().count(".") > bound:
+                parts = len(re.findall(_TOML_KEY_PART, match.group()))
+                check_limit("NESTING", parts, f"{where}: nesting depth (a dotted key's parts)")
 
 
 def parse_yaml(text: str, where: str) -> Any:

@@ -295,6 +295,18 @@ def test_cli_ten_thousand_fleet_sites_are_refused(tmp_path):
     _one_line(out, 1, str(path), "10,000 is above the limit of 256", "DILOCO_GYM_MAX_FLEET_SITES")
 
 
+def test_cli_long_dotted_toml_key_is_refused_before_parsing(tmp_path):
+    """A 200 KB line ``a.a.a... = 1`` of 100,000 parts: tomllib's memory is quadratic in a
+    dotted key's parts (10,000 parts took 430 MB), so it is counted before the parser runs;
+    a quoted value's dots and a list of floats are not keys."""
+    path = tmp_path / "dotted.toml"
+    path.write_text('regime = "bursty"\n' + ".".join(["a"] * 100_000) + " = 1\n")
+    out = _cli(["sweep", str(path), "--out", str(tmp_path / "out"), "--no-progress"], tmp_path)
+    _one_line(out, 2, str(path), "a dotted key's parts): 100,000 is above the limit of 100")
+    fine = 'name = "' + "a." * 500 + '"\nx = [' + ", ".join(["1.5"] * 500) + "]\n"
+    assert parsing.parse_toml(fine, "f.toml")["x"][-1] == 1.5
+
+
 def test_cli_out_of_memory_is_one_line_without_imports(tmp_path):
     """A command that fills memory ends in one line: the error handler imports nothing
     (it imported the live stack's errors, and tqdm, while out of memory, and failed with a
