@@ -172,7 +172,8 @@ def _check_dotted_keys(text: str, where: str) -> None:
 def parse_yaml(text: str, where: str) -> Any:
     """``yaml.safe_load(text)`` within the nesting limit and the YAML node limit.
 
-    The composed node graph is checked before any value is constructed: its values with
+    The nodes are counted as they are composed (at most ``DILOCO_GYM_MAX_YAML_NODES``), and
+    the composed node graph is checked before any value is constructed: its values with
     every alias expanded (counted without expanding them) at most
     ``DILOCO_GYM_MAX_YAML_NODES``, its depth at most ``DILOCO_GYM_MAX_NESTING``, and no
     alias inside its own anchor.
@@ -207,6 +208,15 @@ def _yaml_loader_class() -> Any:
 
         class LimitedSafeLoader(yaml.SafeLoader):
             where = "<yaml>"
+            composed = 0
+
+            def compose_node(self, parent: Any, index: Any) -> Any:
+                # each node is counted as it is composed (an alias as one): a long flat list
+                # of small values would otherwise build its nodes (hundreds of bytes each)
+                # before the graph is checked
+                self.composed += 1
+                check_limit("YAML_NODES", self.composed, f"{self.where}: YAML values read")
+                return super().compose_node(parent, index)
 
             def compose_document(self) -> Any:
                 node = super().compose_document()

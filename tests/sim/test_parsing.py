@@ -307,6 +307,15 @@ def test_cli_long_dotted_toml_key_is_refused_before_parsing(tmp_path):
     assert parsing.parse_toml(fine, "f.toml")["x"][-1] == 1.5
 
 
+def test_cli_long_yaml_list_is_refused_as_it_is_composed(tmp_path):
+    """A YAML sweep of 4 M one-digit values (8 MB) built its nodes first (2.7 GB, 74 s):
+    they are counted as they are composed."""
+    path = tmp_path / "long.yaml"
+    path.write_text("regime: bursty\ngrid:\n  seeds: [" + ",".join(["2"] * 4_000_000) + "]\n")
+    out = _cli(["sweep", str(path), "--out", str(tmp_path / "out"), "--no-progress"], tmp_path)
+    _one_line(out, 2, str(path), "YAML values read: 100,001 is above the limit of 100,000")
+
+
 def test_cli_out_of_memory_is_one_line_without_imports(tmp_path):
     """A command that fills memory ends in one line: the error handler imports nothing
     (it imported the live stack's errors, and tqdm, while out of memory, and failed with a
