@@ -62,25 +62,43 @@ class CLIExit(SystemExit):
         return self.message
 
 
+#: The message for a ``MemoryError``: made when this module is imported, since nothing may
+#: be allocated or imported while the machine is out of memory.
+_OUT_OF_MEMORY = (
+    "out of memory; an input implies more than this machine holds (see docs/limits.md for "
+    "the size limits and the variables that set them)"
+)
+
+
+def _loaded_class(module: str, name: str) -> type | tuple[()]:
+    """Class ``name`` of ``module`` if that module is imported, else ``()`` (which nothing
+    is an instance of): an exception of a module never imported cannot have been raised,
+    so the error handler imports nothing (an import could fail out of memory, or pull in
+    the live stack's torch)."""
+    loaded = sys.modules.get(module)
+    found = getattr(loaded, name, None) if loaded is not None else None
+    return found if isinstance(found, type) else ()
+
+
 def exit_status(exc: BaseException) -> tuple[int, str]:
     """The exit status and the one-line message for an exception a command raised.
 
     The order matters: ``TraceFormatError`` is a ``ValueError`` (data, 1) and a bare
-    ``ValueError`` is a parameter that failed validation (usage, 2).
+    ``ValueError`` is a parameter that failed validation (usage, 2). A ``MemoryError`` is
+    answered first, with a message made in advance; no module is imported here.
     """
-    from diloco_gym.sim.traces import TraceFormatError
-
-    try:
-        from diloco_gym.live.errors import CalibrationError
-    except ImportError:  # pragma: no cover - part of the package
-        CalibrationError = ()  # type: ignore[assignment,misc]  # noqa: N806
+    if isinstance(exc, MemoryError):
+        return 1, _OUT_OF_MEMORY
     if isinstance(exc, KeyboardInterrupt):
         return 130, "interrupted"
     if isinstance(exc, CLIError):
         return exc.exit_code, str(exc)
-    from diloco_gym.sim.learner_calibration import LearnerCalibrationError
-
-    if isinstance(exc, (TraceFormatError, CalibrationError, LearnerCalibrationError)):
+    data_errors = (
+        _loaded_class("diloco_gym.sim.traces", "TraceFormatError"),
+        _loaded_class("diloco_gym.live.errors", "CalibrationError"),
+        _loaded_class("diloco_gym.sim.learner_calibration", "LearnerCalibrationError"),
+    )
+    if any(isinstance(exc, kind) for kind in data_errors):
         return 1, str(exc)
     if isinstance(exc, ModuleNotFoundError) and exc.name == "pyarrow":  # the parquet extra
         return 1, str(exc)
@@ -90,11 +108,6 @@ def exit_status(exc: BaseException) -> tuple[int, str]:
         return 1, str(exc)
     if isinstance(exc, KeyError):
         return 1, str(exc.args[0]) if exc.args else repr(exc)
-    if isinstance(exc, MemoryError):
-        return 1, (
-            "out of memory; an input implies more than this machine holds (see the "
-            "docs/limits.md for the size limits)"
-        )
     if isinstance(exc, ValueError):
         return 2, str(exc)
     return 1, (
@@ -127,11 +140,9 @@ def _one_line(msg: str) -> str:
 
 def _close_progress_bars() -> None:
     """Close open tqdm bars now, so that their last redraw (at garbage collection) does not
-    land after the one-line message."""
-    try:
-        from tqdm import tqdm
-    except ImportError:  # pragma: no cover - tqdm is a dependency
-        return
+    land after the one-line message (tqdm is not imported if no command did)."""
+    loaded = sys.modules.get("tqdm")
+    tqdm = getattr(loaded, "tqdm", None)
     for bar in list(getattr(tqdm, "_instances", ())):
         bar.close()
 
@@ -228,6 +239,10 @@ def main(argv: list[str] | None = None) -> int:
     except BaseException as exc:  # noqa: B036 - Ctrl-C included: one line, no traceback
         if os.environ.get("DILOCO_GYM_TRACEBACK") and not isinstance(exc, KeyboardInterrupt):
             raise
+        if isinstance(exc, MemoryError):
+            # let the frames that filled memory go before anything else is done
+            exc.__traceback__ = None
+            exc.__context__ = None
         code, msg = exit_status(exc)
         msg = _one_line(msg)
         _close_progress_bars()

@@ -142,13 +142,22 @@ class EngineModelConfig:
             ValueError: not JSON, not an object, an unknown key, or a bad value (one line,
                 naming ``where``).
         """
+        from diloco_gym.sim import parsing
+        from diloco_gym.sim.limits import LimitError
+
         if text.startswith("@"):
             try:
-                text = Path(text[1:]).read_text()
+                text = parsing.read_text(text[1:])  # at most DILOCO_GYM_MAX_SETTINGS_BYTES
+            except LimitError as exc:
+                raise ValueError(f"{where}: {exc}") from None
             except OSError as exc:
                 raise ValueError(f"{where}: cannot read {text[1:]}: {exc.strerror}") from None
+            except UnicodeDecodeError as exc:
+                raise ValueError(f"{where}: cannot read {text[1:]}: {exc}") from None
         try:
-            data = json.loads(text)
+            data = parsing.parse_json(text, where)  # at most DILOCO_GYM_MAX_NESTING deep
+        except LimitError:
+            raise
         except ValueError as exc:
             raise ValueError(f"{where}: not valid JSON ({exc})") from None
         if not isinstance(data, dict):

@@ -297,20 +297,27 @@ def load_config_file(path: str | Path) -> tuple[dict[str, Any], dict[str, str]]:
     else:  # pragma: no cover - Python 3.10: the same parser as the package tomli
         import tomli as tomllib
 
+    from diloco_gym.sim import parsing
+    from diloco_gym.sim.limits import LimitError
+
     p = Path(path)
     try:
-        raw = p.read_bytes()
+        text = parsing.read_text(p)  # at most DILOCO_GYM_MAX_SETTINGS_BYTES
     except FileNotFoundError:
         raise ConfigError(f"{p}: config file not found") from None
+    except LimitError as exc:
+        raise ConfigError(str(exc)) from None
     except OSError as exc:
         raise ConfigError(f"{p}: cannot read the config file: {exc.strerror}") from None
-    try:
-        text = raw.decode("utf-8")
-        data = tomllib.loads(text)
     except UnicodeDecodeError:
         raise ConfigError(f"{p}: the config file is not UTF-8 text") from None
+    try:
+        data = parsing.parse_toml(text, str(p))  # at most DILOCO_GYM_MAX_NESTING deep
+    except LimitError as exc:
+        raise ConfigError(str(exc)) from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{p}: not valid TOML: {exc}") from None
+    raw = text.encode("utf-8")
     return data, {"path": str(p), "sha256": hashlib.sha256(raw).hexdigest(), "text": text}
 
 

@@ -69,8 +69,11 @@ def _complete(run: Path) -> bool:
     meta = run / "meta.json"
     if not (run / "model.zip").is_file() or not meta.is_file():
         return False
-    try:
-        return json.loads(meta.read_text()).get("status", "complete") == "complete"
+    from diloco_gym.sim import parsing
+
+    try:  # within DILOCO_GYM_MAX_SETTINGS_BYTES and DILOCO_GYM_MAX_NESTING
+        doc = parsing.parse_json(parsing.read_text(meta), str(meta))
+        return isinstance(doc, dict) and doc.get("status", "complete") == "complete"
     except ValueError:
         return False
 
@@ -390,11 +393,14 @@ def learning_curves(runs: Path, names: Sequence[str], seeds: Sequence[int], path
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
+    from diloco_gym.sim import parsing
+
     data: dict[str, Any] = {}
     for name in names:
         curves = []
         for seed in seeds:
-            meta = json.loads((run_dir(runs, name, seed) / "meta.json").read_text())
+            path = run_dir(runs, name, seed) / "meta.json"
+            meta = parsing.parse_json(parsing.read_text(path), str(path))
             curves.append((seed, *_curve(meta)))
         data[name] = curves
     drawn = [n for n in names if any(c[1] for c in data[n])]

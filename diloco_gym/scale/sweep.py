@@ -147,9 +147,23 @@ class SweepSpec:
 
 
 def read_settings_file(path: Path) -> dict:
-    """The table of a TOML, JSON or YAML settings file (a sweep file; tune files too)."""
+    """The table of a TOML, JSON or YAML settings file (a sweep file; tune files too).
+
+    The file is read and parsed within the size limits (:mod:`diloco_gym.sim.parsing`): at
+    most ``DILOCO_GYM_MAX_SETTINGS_BYTES`` bytes, ``DILOCO_GYM_MAX_NESTING`` levels deep,
+    and, for YAML, ``DILOCO_GYM_MAX_YAML_NODES`` values with its aliases expanded.
+    """
+    from diloco_gym.sim import parsing
+    from diloco_gym.sim.limits import LimitError
+
     if not path.is_file():
         raise SweepFileError(f"{path}: no such sweep file")
+    try:
+        text = parsing.read_text(path)
+    except LimitError as exc:
+        raise SweepFileError(str(exc)) from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SweepFileError(f"{path}: cannot read: {exc}") from None
     if path.suffix.lower() in (".yaml", ".yml"):
         try:
             import yaml
@@ -159,7 +173,9 @@ def read_settings_file(path: Path) -> dict:
                 f"or write the sweep as TOML"
             ) from None
         try:
-            data = yaml.safe_load(path.read_text())
+            data = parsing.parse_yaml(text, str(path))
+        except LimitError as exc:
+            raise SweepFileError(str(exc)) from None
         except yaml.YAMLError as exc:
             raise SweepFileError(f"{path}: not valid YAML: {' '.join(str(exc).split())}") from None
     else:
@@ -169,7 +185,9 @@ def read_settings_file(path: Path) -> dict:
             import tomli as tomllib
 
         try:
-            data = tomllib.loads(path.read_text())
+            data = parsing.parse_toml(text, str(path))
+        except LimitError as exc:
+            raise SweepFileError(str(exc)) from None
         except tomllib.TOMLDecodeError as exc:
             raise SweepFileError(f"{path}: not valid TOML: {exc}") from None
     if not isinstance(data, dict):
@@ -291,9 +309,11 @@ def load_sweep(path: str | Path) -> SweepSpec:
         _check_settings(path, {key: None}, "grid axis", fleet)
         if not isinstance(values, list) or not values:
             raise SweepFileError(f"{path}: grid axis {key!r} must be a non-empty list")
+        axes[key] = values
+    _check_grid_points(path, axes)
+    for key, values in axes.items():
         for value in values:
             _check_settings(path, {key: value}, "grid axis", fleet)
-        axes[key] = values
     if fleet:
         combos = enumerate(itertools.product(*axes.values()))
         points = [_fleet_point(path, i, dict(zip(axes, c, strict=True)), fixed) for i, c in combos]
@@ -315,6 +335,20 @@ def load_sweep(path: str | Path) -> SweepSpec:
         for index, combo in enumerate(itertools.product(*axes.values()))
     ]
     return SweepSpec(name, path, axes, points)
+
+
+def _check_grid_points(path: Path, axes: dict[str, list]) -> None:
+    """The grid's points (the product of its axes' lengths, counted before any point is
+    built) must be within ``DILOCO_GYM_MAX_GRID_POINTS``."""
+    from diloco_gym.sim.limits import LimitError, check_limit
+
+    sizes = [f"{len(values):,} {key}" for key, values in axes.items()]
+    shown = " x ".join(sizes) if len(sizes) <= 6 else f"{len(sizes)} axes"
+    points = math.prod(len(values) for values in axes.values())
+    try:
+        check_limit("GRID_POINTS", points, f"{path}: grid points ({shown or 'no axes'})")
+    except LimitError as exc:
+        raise SweepFileError(str(exc)) from None
 
 
 def _point(path: Path, index: int, params: dict[str, Any], fixed: dict[str, Any]) -> SweepPoint:

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
+from diloco_gym.sim.limits import LimitError, check_limit
 from diloco_gym.sim.sidecar import SidecarParams
 
 __all__ = [
@@ -211,6 +212,7 @@ class FleetParams:
     def __post_init__(self) -> None:
         if not self.sites:
             raise FleetConfigError("a fleet needs at least one site")
+        _check_sites(len(self.sites), "sites")
         names = [s.name for s in self.sites]
         if len(set(names)) != len(names):
             raise FleetConfigError(f"site names must be unique, got {names}")
@@ -379,6 +381,15 @@ def sync_plan(fleet: FleetParams, sidecars: list[SidecarParams], step_seconds: f
     return SyncPlan(window, share, coll, payload, slow)
 
 
+def _check_sites(count: int, what: str) -> None:
+    """A fleet's sites must be within ``DILOCO_GYM_MAX_FLEET_SITES`` (each site holds its
+    own episode, about 2 MB): checked before any site is built."""
+    try:
+        check_limit("FLEET_SITES", count, what)
+    except LimitError as exc:
+        raise FleetConfigError(str(exc)) from None
+
+
 def progress_factor(bits: int, quant_penalty: float) -> float:
     """Share of a sync's learner progress credited at ``bits`` (surrogate, tunable):
     ``1 - quant_penalty * log2(32 / bits)``; exactly 1 at 32 bits."""
@@ -405,8 +416,18 @@ def site_calibration(path: str) -> tuple[dict[str, float], float | None, float |
 
     import jsonschema
 
+    from diloco_gym.sim import parsing
+
     try:
-        doc = json.loads(Path(path).read_text(encoding="utf-8-sig"))
+        text = parsing.read_text(
+            path,
+            limit_name="CALIBRATION_BYTES",
+            encoding="utf-8-sig",
+            what="calibration file size in bytes",
+        )
+        doc = parsing.parse_json(text, str(path))
+    except LimitError as exc:
+        raise FleetConfigError(str(exc)) from None
     except (OSError, UnicodeDecodeError, ValueError) as exc:
         raise FleetConfigError(f"{path}: cannot read the calibration file ({exc})") from None
     schema = json.loads(
@@ -490,6 +511,7 @@ def fleet_from_dict(
     if sites_raw is not None:
         if not isinstance(sites_raw, list) or not sites_raw:
             raise FleetConfigError(f"{where}: [[site]] must be a non-empty array of tables")
+        _check_sites(len(sites_raw), f"{where}: [[site]] tables")
         sites = []
         for i, st in enumerate(sites_raw):
             sites.append(_site_from_table(st, f"{where}: [[site]] #{i + 1}", i, base_dir))
@@ -547,11 +569,15 @@ def _site_from_table(st: Any, w: str, i: int, base_dir: Path | None) -> SiteConf
 def load_fleet_toml(path: str | Path) -> tuple[FleetParams, dict[str, Any]]:
     """Read a fleet configuration TOML file (:func:`fleet_from_dict`); every error is one
     line naming the file and the table/key."""
+    from diloco_gym.sim import parsing
+
     p = Path(path)
     try:
-        text = p.read_text(encoding="utf-8")
+        text = parsing.read_text(p)
     except FileNotFoundError:
         raise FleetConfigError(f"{p}: fleet configuration file not found") from None
+    except LimitError as exc:
+        raise FleetConfigError(str(exc)) from None
     except (OSError, UnicodeDecodeError) as exc:
         raise FleetConfigError(f"{p}: cannot read the fleet configuration ({exc})") from None
     if sys.version_info >= (3, 11):
@@ -559,7 +585,9 @@ def load_fleet_toml(path: str | Path) -> tuple[FleetParams, dict[str, Any]]:
     else:  # pragma: no cover - Python 3.10: the same parser as the package tomli
         import tomli as tomllib
     try:
-        data = tomllib.loads(text)
+        data = parsing.parse_toml(text, str(p))
+    except LimitError as exc:
+        raise FleetConfigError(str(exc)) from None
     except tomllib.TOMLDecodeError as exc:
         raise FleetConfigError(f"{p}: not valid TOML ({exc})") from None
     return fleet_from_dict(data, where=str(p), base_dir=p.parent)

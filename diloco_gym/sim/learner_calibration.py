@@ -274,15 +274,24 @@ def load_learner_calibration(
     if isinstance(source, Mapping):
         doc: Any = dict(source)
     else:
+        from diloco_gym.sim import parsing
+        from diloco_gym.sim.limits import LimitError
+
         where = str(source)
-        try:
-            text = Path(source).read_text(encoding="utf-8-sig")
+        try:  # at most DILOCO_GYM_MAX_CALIBRATION_BYTES, DILOCO_GYM_MAX_NESTING levels deep
+            text = parsing.read_text(
+                source,
+                limit_name="CALIBRATION_BYTES",
+                encoding="utf-8-sig",
+                what="learner calibration size in bytes",
+            )
+            doc = parsing.parse_json(
+                text, where, object_pairs_hook=_no_duplicates, parse_constant=_reject_constant
+            )
+        except LimitError as exc:
+            raise LearnerCalibrationError(str(exc)) from None
         except (OSError, UnicodeDecodeError) as exc:
             raise LearnerCalibrationError(f"{where}: cannot read: {exc}") from None
-        try:
-            doc = json.loads(
-                text, object_pairs_hook=_no_duplicates, parse_constant=_reject_constant
-            )
         except LearnerCalibrationError as exc:
             raise LearnerCalibrationError(f"{where}: {exc}") from None
         except json.JSONDecodeError as exc:

@@ -1,7 +1,9 @@
 """Size limits: what a file or a parameter may make the package allocate.
 
 Every size an input implies (trace windows, decisions per episode, envs times episode
-size, the merge corridor, a merge budget, a trace file's bytes) is checked against a limit
+size, the merge corridor, a merge budget, a trace or settings file's bytes, a file's nesting
+depth, a YAML file's values with its aliases expanded, a sweep's grid points, a fleet's
+sites) is checked against a limit
 *before* anything of that size is allocated, so that a 60-byte file or one option never
 exhausts the machine. A value over its limit raises :class:`LimitError` (a ``ValueError``)
 with one line naming the value, the limit and how to raise it: each limit can be changed
@@ -20,14 +22,17 @@ cannot get past it), and the policy's parameter count, computed from the recorde
 million; the shipped models have under 20,000). The ``meta.json`` beside a model or in a run
 directory is read only up to ``META_BYTES`` (16 MiB), and JSON nested deeper than
 ``JSON_DEPTH`` levels (a model's ``data`` entry, a ``meta.json``) is refused before it is
-parsed.
+parsed. docs/limits.md lists every limit (generated from :data:`LIMITS`).
+
+Parsing a file within these limits (its size, its nesting depth, a YAML file's aliases) is
+:mod:`diloco_gym.sim.parsing`, which every settings and calibration loader calls.
 """
 
 from __future__ import annotations
 
 import os
 
-__all__ = ["LIMITS", "LimitError", "check_limit", "limit", "limit_env_var"]
+__all__ = ["LIMITS", "LimitError", "check_limit", "limit", "limit_env_var", "markdown_table"]
 
 #: ``name: (default, what it bounds)``; the environment variable is ``DILOCO_GYM_MAX_<NAME>``.
 LIMITS: dict[str, tuple[int, str]] = {
@@ -44,6 +49,17 @@ LIMITS: dict[str, tuple[int, str]] = {
     "MODEL_PARAMS": (2**24, "parameters (weights and biases) of one model's policy"),
     "META_BYTES": (2**24, "bytes of one meta.json beside a model or in a run"),
     "JSON_DEPTH": (64, "nesting levels of a model's JSON (its data entry, its meta.json)"),
+    "SETTINGS_BYTES": (
+        2**24,
+        "bytes of one settings or metadata file (sweep, tune, train config, fleet, meta.json)",
+    ),
+    "NESTING": (
+        100,
+        "levels of nested tables and lists in a settings, calibration or metadata file",
+    ),
+    "YAML_NODES": (100_000, "values of one YAML settings file, each alias expanded"),
+    "GRID_POINTS": (10_000, "points of a sweep's grid (the product of its axes' lengths)"),
+    "FLEET_SITES": (256, "sites of one fleet (about 2 MB of memory each)"),
 }
 
 
@@ -90,3 +106,25 @@ def check_limit(name: str, value: float, what: str) -> None:
             f"{what}: {shown} is above the limit of {bound:,} {LIMITS[name][1]} "
             f"(set {limit_env_var(name)} to raise it)"
         )
+
+
+def _shown(name: str, value: int) -> str:
+    """A default as the table shows it: the number, and a byte count in KiB/MiB/GiB."""
+    text = f"{value:,}"
+    if name.endswith("_BYTES"):
+        for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+            if value >= size and value % size == 0:
+                return f"{text} ({value // size} {unit})"
+    return text
+
+
+def markdown_table() -> str:
+    """Every limit of :data:`LIMITS` as a Markdown table (name, default, variable, what it
+    bounds): the table of docs/limits.md (a test keeps the page equal to it)."""
+    rows = [
+        "| limit | default | environment variable | what it bounds |",
+        "|---|---|---|---|",
+    ]
+    for name, (default, what) in LIMITS.items():
+        rows.append(f"| `{name}` | {_shown(name, default)} | `{limit_env_var(name)}` | {what} |")
+    return "\n".join(rows) + "\n"

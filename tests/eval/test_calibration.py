@@ -138,7 +138,7 @@ BAD = [
     ("empty-source", _with(source=""), "source", "must not be empty"),
     ("top-level-list", [1, 2], None, "must be an object"),
     ("missing-source", {"regimes": {}}, "source", "required field is missing"),
-    ("deep-nesting", "[" * 100000 + "]" * 100000, None, "not valid JSON"),
+    ("deep-nesting", "[" * 100000 + "]" * 100000, None, "nested too deeply to parse"),
     (
         "huge-integer-literal",
         '{"source": "x", "regimes": {}, "complete": ' + "9" * 5000 + "}",

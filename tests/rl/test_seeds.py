@@ -119,3 +119,15 @@ def test_a_run_without_a_model_is_a_one_line_error(tmp_path: Path, capsys) -> No
     assert code == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "x-s0: no model to evaluate (no best_model.zip or model.zip)" in err[0]
+
+
+def test_a_deeply_nested_meta_json_is_not_a_complete_run(tmp_path):
+    """A run's ``meta.json`` of 100,000 nested brackets is read within the nesting limit: the
+    run is not complete (it was a ``RecursionError``)."""
+    from diloco_gym.rl.seeds import _complete
+
+    (tmp_path / "model.zip").write_bytes(b"")
+    (tmp_path / "meta.json").write_text('{"status": ' + "[" * 100_000 + "]" * 100_000 + "}")
+    assert _complete(tmp_path) is False
+    (tmp_path / "meta.json").write_text('{"status": "complete"}')
+    assert _complete(tmp_path) is True

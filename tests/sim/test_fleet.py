@@ -151,3 +151,18 @@ def test_shipped_examples_parse():
     real, _ = fl.load_fleet_toml(root / "fleet-real.toml")
     assert [s.name for s in real.sites] == ["azure-code", "azure-conv", "mooncake"]
     assert math.isfinite(real.model_params)
+
+
+def test_fleet_sites_are_counted_before_anything_is_built(monkeypatch):
+    """A fleet's sites are within DILOCO_GYM_MAX_FLEET_SITES, in FleetParams too (each site
+    holds its own episode, about 2 MB: 10,000 sites exhausted memory)."""
+    from diloco_gym.sim.fleet import FleetConfigError, FleetParams, SiteConfig, fleet_from_dict
+
+    monkeypatch.setenv("DILOCO_GYM_MAX_FLEET_SITES", "2")
+    sites = tuple(SiteConfig(name=f"s{i}", regime="bursty") for i in range(3))
+    with pytest.raises(FleetConfigError, match=r"sites: 3 is above the limit of 2 sites"):
+        FleetParams(sites=sites)
+    assert len(FleetParams(sites=sites[:2]).sites) == 2
+    tables = {"site": [{"name": f"s{i}", "regime": "bursty"} for i in range(3)]}
+    with pytest.raises(FleetConfigError, match=r"^f\.toml: \[\[site\]\] tables: 3 is above"):
+        fleet_from_dict(tables, where="f.toml")

@@ -15,6 +15,7 @@ import sys
 import textwrap
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from diloco_gym.sim import limits
@@ -282,10 +283,13 @@ def test_env_api_refuses_sizes_under_a_memory_cap(tmp_path):
         assert "MemoryError" not in out[name]
 
 
-def test_limits_are_documented_in_the_readme():
-    readme = (ROOT / "README.md").read_text()
+def test_limits_are_documented_and_the_readme_links_them():
+    """Every limit's variable is on docs/limits.md, which the README links (the README
+    itself stays short)."""
+    assert "(docs/limits.md)" in (ROOT / "README.md").read_text()
+    page = (ROOT / "docs" / "limits.md").read_text()
     for name in limits.LIMITS:
-        assert limits.limit_env_var(name) in readme, name
+        assert limits.limit_env_var(name) in page, name
 
 
 def test_out_of_memory_while_loading_names_the_file(tmp_path, monkeypatch):
@@ -305,3 +309,132 @@ def test_out_of_memory_while_loading_names_the_file(tmp_path, monkeypatch):
     assert err.value.code == 1
     assert str(err.value) == f"diloco-gym: {path}: out of memory while loading the trace"
     assert cli.exit_status(MemoryError())[0] == 1
+
+
+_LOAD_UNDER_A_CAP = """
+import os, resource, sys, warnings
+from diloco_gym.sim.loaders import load_trace
+
+def vm_size():
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmSize:"):
+                return int(line.split()[1]) * 1024
+    raise SystemExit("no VmSize")
+
+warnings.simplefilter("ignore")
+path, tiny, fmt, times = sys.argv[1:]
+load_trace(tiny, fmt)  # imports, numba's compiled checks, pandas' parser: not counted
+cap = vm_size() + int(float(times) * os.path.getsize(path))
+resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
+trace = load_trace(path, fmt)
+print("loaded", trace.num_requests)
+"""
+
+
+def _csv_trace(fmt: str, n: int) -> tuple[str, str]:
+    """A seeded trace of ``n`` requests in CSV format ``fmt`` (its text), and a one-row file
+    of the same format."""
+    rng = np.random.default_rng(3)
+    arrival = np.round(np.cumsum(rng.exponential(0.05, n)), 6)
+    tokens = rng.integers(1, 4096, (n, 2)).tolist()
+    rows = zip(arrival.tolist(), tokens, strict=True)
+    if fmt == "native":
+        head = f"# duration_s={float(np.ceil(arrival[-1] + 1))}\n"
+        head += "arrival_s,prompt_tokens,output_tokens\n"
+        return head + "".join(f"{a!r},{p},{o}\n" for a, (p, o) in rows), head + "0.5,1,1\n"
+    if fmt == "azure":
+        head = "TIMESTAMP,ContextTokens,GeneratedTokens\n"
+        stamps = np.datetime64("2023-11-16T18:17:03") + (arrival * 1e6).astype("timedelta64[us]")
+        text = "".join(
+            f"{str(t).replace('T', ' ')},{p},{o}\n"
+            for t, (p, o) in zip(stamps, tokens, strict=True)
+        )
+        return head + text, head + "2023-11-16 18:17:03.5,1,1\n"
+    head = "Timestamp,Model,Request tokens,Response tokens\n"
+    text = "".join(f"{a!r},ChatGPT,{p},{o}\n" for a, (p, o) in rows)
+    return head + text, head + "0.5,ChatGPT,1,1\n"
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="needs Linux /proc")
+@pytest.mark.parametrize("fmt", ["native", "azure", "burstgpt"])
+def test_a_csv_trace_loads_within_a_few_times_its_size(tmp_path, fmt):
+    """A CSV trace of 10-20 MB loads with address space for 8 times its size above what the
+    process had (the typed columns are 24 bytes a request, 0.7-1.4 times these files). The
+    loaders that held every field of the file as a Python string needed about 64 times a
+    native file and failed here (a ``MemoryError``, or ``std::bad_alloc`` aborting the
+    process)."""
+    n = 600_000
+    text, one_row = _csv_trace(fmt, n)
+    path, tiny = tmp_path / "big.csv", tmp_path / "tiny.csv"
+    path.write_text(text)
+    tiny.write_text(one_row)
+    assert path.stat().st_size > 10_000_000
+    env = dict(os.environ, PYTHONPATH=str(ROOT), OPENBLAS_NUM_THREADS="1")
+    out = subprocess.run(
+        [sys.executable, "-c", _LOAD_UNDER_A_CAP, str(path), str(tiny), fmt, "8"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert out.returncode == 0 and out.stdout.split() == ["loaded", str(n)], out.stderr[-2000:]
+
+
+_LOAD_ALL_UNDER_A_CAP = """
+import resource, sys
+from diloco_gym.sim.loaders import load_trace
+
+def vm_size():
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmSize:"):
+                return int(line.split()[1]) * 1024
+    raise SystemExit("no VmSize")
+
+pairs = list(zip(sys.argv[1::2], sys.argv[2::2]))
+for path, fmt in pairs:  # imports and first-use compilation: not counted
+    load_trace(path, fmt)
+cap = vm_size() + 2**28
+resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
+for path, fmt in pairs:
+    print(fmt, load_trace(path, fmt).num_requests)
+"""
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="needs Linux /proc")
+def test_small_traces_load_without_reserving_the_size_limit():
+    """A file of a few hundred bytes loads with 256 MiB of address space to spare: reading
+    it reserved ``DILOCO_GYM_MAX_TRACE_BYTES`` + 1 bytes (2 GiB) up front, since
+    ``read(n)`` allocates ``n`` before it reads."""
+    fixtures = ROOT / "tests" / "fixtures"
+    args = []
+    for name, fmt in [
+        ("azure_small.csv", "azure"),
+        ("burstgpt_small.csv", "burstgpt"),
+        ("mooncake_small.jsonl", "mooncake"),
+        ("native_small.csv", "native"),
+    ]:
+        args += [str(fixtures / name), fmt]
+    env = dict(os.environ, PYTHONPATH=str(ROOT), OPENBLAS_NUM_THREADS="1")
+    out = subprocess.run(
+        [sys.executable, "-W", "ignore", "-c", _LOAD_ALL_UNDER_A_CAP, *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert [line.split()[0] for line in out.stdout.splitlines()] == args[1::2]
+
+
+def test_docs_limits_page_is_the_registry():
+    """docs/limits.md holds the table generated from LIMITS (every limit, its default, its
+    variable and what it bounds), verbatim."""
+    page = (ROOT / "docs" / "limits.md").read_text()
+    assert limits.markdown_table() in page
+    for name, (default, what) in limits.LIMITS.items():
+        row = next(line for line in page.splitlines() if line.startswith(f"| `{name}` |"))
+        assert f"{default:,}" in row and limits.limit_env_var(name) in row and what in row

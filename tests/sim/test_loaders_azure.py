@@ -150,3 +150,35 @@ def test_real_azure_conv_loads_fast() -> None:
     start = time.perf_counter()
     load_azure(path)
     assert time.perf_counter() - start < 1.0
+
+
+AZURE_CHUNKED = [
+    *[AZURE_HEADER + case[1] for case in AZURE_BAD if case[1] is not None],
+    AZURE_HEADER + "".join(f"2023-11-16 18:17:0{i}.5,{i + 1},2\n" for i in range(6)),
+    AZURE_HEADER + "2023-11-16 18:17:01,1,1\n2023-11-16 18:17:03,1,1\n2023-11-16 18:17:02,1,1\n",
+    AZURE_HEADER + "2023-11-16 18:17:01,1,1\n2023-11-16 18:17:02,1,1\n\n2023-11-16 18:17:03,1,1\n",
+    AZURE_HEADER + "2023-11-16 18:17:01,1,1\n2023-11-16 18:17:02,1,1\n2023-11-16 18:17:03,1,x\n",
+]
+
+
+@pytest.mark.parametrize("text", AZURE_CHUNKED)
+def test_azure_in_chunks_loads_and_fails_as_in_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, text: str
+) -> None:
+    """Read one to three rows at a time, an Azure CSV gives the same trace (and
+    ``start_time``) or the same error, rows counted from the file's first data row."""
+    from diloco_gym.sim.loaders import csv_table
+
+    path = write(tmp_path, "t.csv", text)
+
+    def outcome() -> object:
+        try:
+            trace = load_azure(path)
+        except TraceFormatError as exc:
+            return str(exc)
+        return trace, trace.meta
+
+    whole = outcome()
+    for rows in (1, 2, 3):
+        monkeypatch.setattr(csv_table, "CHUNK_ROWS", rows)
+        assert outcome() == whole, rows

@@ -119,3 +119,38 @@ def test_burstgpt_missing_column(tmp_path: Path) -> None:
     with pytest.raises(TraceFormatError, match="missing column") as info:
         load_trace(path)
     assert_error(info, path, None, "Response tokens")
+
+
+BURST_CHUNKED = [
+    *[BURST_HEADER + case[1] for case in BURST_BAD],
+    BURST_HEADER
+    + "".join(f"{i}.5,1,1,ChatGPT,5,{i % 3},11,API log\n" for i in range(7)),  # failed rows
+    BURST_HEADER + "".join(f"{i},1,1,ChatGPT,5,0,5,API log\n" for i in range(4)),  # all failed
+    BURST_HEADER + "1,1,1,ChatGPT,5,6,11,API log\n3,1,1,ChatGPT,5,6,11,API log\n"
+    "2,1,1,ChatGPT,5,6,11,API log\n",  # unsorted across a boundary
+]
+
+
+@pytest.mark.parametrize("text", BURST_CHUNKED)
+def test_burstgpt_in_chunks_loads_and_fails_as_in_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, text: str
+) -> None:
+    """Read one to three rows at a time, a BurstGPT CSV gives the same trace, the same
+    count of failed requests left out (and warning), or the same error."""
+    from diloco_gym.sim.loaders import csv_table
+
+    path = write(tmp_path, "t.csv", text)
+
+    def outcome() -> object:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            try:
+                trace = load_burstgpt(path)
+            except TraceFormatError as exc:
+                return str(exc), [str(w.message) for w in caught]
+        return trace, trace.meta, [str(w.message) for w in caught]
+
+    whole = outcome()
+    for rows in (1, 2, 3):
+        monkeypatch.setattr(csv_table, "CHUNK_ROWS", rows)
+        assert outcome() == whole, rows

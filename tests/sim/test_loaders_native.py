@@ -257,3 +257,61 @@ def test_native_parquet_bad_input(tmp_path: Path) -> None:
     )
     with pytest.raises(TraceFormatError, match="no data rows"):
         load_native(path)
+
+
+CHUNKED = [
+    *[case[1] for case in NATIVE_BAD],
+    NATIVE_HEADER + "0,1,1\n1,1,1\n\n3,1,1\n",  # a blank line in the third chunk of one row
+    NATIVE_HEADER + "0,1,1\n1,1,1\n2,1\n",  # a truncated line, read back from the file
+    NATIVE_HEADER + "0,1,1\n2,1,1\n1.50,1,1\n3,1,1\n",  # unsorted across a chunk boundary
+    "\ufeff# duration_s=4\n" + NATIVE_HEADER + "0,1,1\n1,1,1\n2,1,1\n5,1,1\n",  # late, BOM
+    NATIVE_HEADER + "0,1,1\n1,1,1\n2,1,1\n3,1,1,\n",  # too many fields late in the file
+    NATIVE_HEADER + "0,1,1\n1,1,1\n2,1,1\n3,1,1\n\n\n  \n",  # trailing blank lines: fine
+    NATIVE_HEADER + "0,1,1\n1,1,1\n2,1,1\n3,1,-1\n",
+    NATIVE_HEADER + "0,1,1\r\n1,1,1\r\n2,1,1\r\n3,x,1\r\n",
+]
+
+
+@pytest.mark.parametrize("text", CHUNKED)
+def test_native_csv_in_chunks_loads_and_fails_as_in_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, text: str
+) -> None:
+    """Read one or two rows at a time, a native CSV gives the same trace or the same error
+    (file, row counted from the file's first data row, field and words) as in one chunk."""
+    from diloco_gym.sim.loaders import csv_table
+
+    path = write(tmp_path, "t.csv", text)
+
+    def outcome() -> object:
+        try:
+            trace = load_native(path)
+        except TraceFormatError as exc:
+            return str(exc)
+        return trace
+
+    whole = outcome()
+    for rows in (1, 2, 3):
+        monkeypatch.setattr(csv_table, "CHUNK_ROWS", rows)
+        assert outcome() == whole, rows
+
+
+def test_native_csv_not_utf8_far_into_the_file(tmp_path: Path) -> None:
+    """The UTF-8 check reads the file in blocks: a bad byte past the first block, or a
+    character cut by a block's end, is placed by its offset in the text (after a BOM)."""
+    from diloco_gym.sim.loaders import csv_table
+
+    head = "\ufeff" + NATIVE_HEADER
+    rows = "".join(f"{i},1,1\n" for i in range(300_000))
+    path = tmp_path / "t.csv"
+    offset = len((NATIVE_HEADER + rows).encode())
+    path.write_bytes(head.encode() + rows.encode() + b"9\xff,1,1\n")
+    with pytest.raises(TraceFormatError, match=rf"byte 0xff at offset {offset + 1}\)"):
+        load_native(path)
+    assert offset > 2 * csv_table._BLOCK  # past the first blocks
+    # "é" (two bytes) across the first block's end is UTF-8: the row is read and refused
+    text = "\ufeff" + NATIVE_HEADER + "0,1,1\n"
+    pad = csv_table._BLOCK - len(text.encode()) - 1
+    path.write_bytes(text.encode() + b" " * pad + "é,1,1\n".encode())
+    with pytest.raises(TraceFormatError, match="cannot parse 'é' as a number") as info:
+        load_native(path)
+    assert info.value.row == 2

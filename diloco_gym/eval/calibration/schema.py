@@ -277,8 +277,11 @@ def read_json_file(path: str | Path, what: str = "calibration file") -> Any:
         if not stat.S_ISREG(info.st_mode):
             raise CalibrationFileError(where, f"cannot read {what}: not a regular file")
         limits.check_limit("CALIBRATION_BYTES", info.st_size, f"{what} size in bytes")
-        with open(path, "rb") as handle:
-            raw = handle.read(limits.limit("CALIBRATION_BYTES") + 1)
+        with open(path, "rb") as handle:  # read(n) reserves n bytes: the size found, + 1
+            raw = handle.read(info.st_size + 1)
+            if len(raw) > info.st_size:  # it grew meanwhile: at most up to the limit
+                raw += handle.read(max(0, limits.limit("CALIBRATION_BYTES") + 1 - len(raw)))
+        limits.check_limit("CALIBRATION_BYTES", len(raw), f"{what} size in bytes")
         text = raw.decode("utf-8-sig")
     except limits.LimitError as exc:
         raise CalibrationFileError(where, str(exc)) from None
@@ -294,7 +297,18 @@ def read_json_file(path: str | Path, what: str = "calibration file") -> Any:
 
 
 def parse_json(text: str, where: str) -> Any:
+    """A calibration document, no key given twice, at most ``DILOCO_GYM_MAX_NESTING`` levels
+    deep (:func:`diloco_gym.sim.parsing.parse_json`).
+
+    Raises:
+        CalibrationFileError: not valid JSON, or nested too deeply (naming ``where``).
+    """
+    from diloco_gym.sim import parsing
+    from diloco_gym.sim.limits import LimitError
+
     try:
-        return json.loads(text, object_pairs_hook=_no_duplicates)
-    except (ValueError, RecursionError) as exc:  # also deep nesting, 5000-digit integers
+        return parsing.parse_json(text, where, object_pairs_hook=_no_duplicates)
+    except LimitError as exc:
+        raise CalibrationFileError(where, str(exc).removeprefix(f"{where}: ")) from None
+    except (ValueError, RecursionError) as exc:  # also 5000-digit integers
         raise CalibrationFileError(where, f"not valid JSON: {str(exc)[:200]}") from None

@@ -11,10 +11,9 @@ from diloco_gym.sim.loaders.checks import (
     default_duration,
     make_trace,
     max_tokens_bound,
-    read_text,
     short,
 )
-from diloco_gym.sim.loaders.csv_table import CsvTable, read_csv
+from diloco_gym.sim.loaders.csv_table import CsvTable, read_csv_chunks, scan_csv
 from diloco_gym.sim.traces import Trace, TraceFormatError
 
 _AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
@@ -35,6 +34,9 @@ def load_azure(path: StrPath, *, max_tokens: int | None = None) -> Trace:
         path: the CSV file.
         max_tokens: plausibility bound on token counts (see :func:`max_tokens_bound`).
 
+    The file is read in chunks (:func:`~diloco_gym.sim.loaders.csv_table.read_csv_chunks`),
+    so a load needs the typed columns and a fixed amount, not a multiple of the file.
+
     Returns:
         The trace, with ``meta["start_time"]`` holding the first raw timestamp.
 
@@ -42,13 +44,37 @@ def load_azure(path: StrPath, *, max_tokens: int | None = None) -> Trace:
         TraceFormatError: the file is missing, unreadable or malformed.
     """
     spath = str(path)
-    table = read_csv(spath, read_text(spath), _AZURE_COLUMNS)
-    micros = _timestamps_us(table, "TIMESTAMP")
-    check_sorted(spath, "TIMESTAMP", micros, raw=table.raw["TIMESTAMP"])
-    arrival = (micros - micros[0]) / 1e6
     limit = max_tokens_bound(max_tokens)
-    prompt = table.token_counts("ContextTokens", limit)
-    output = table.token_counts("GeneratedTokens", limit)
+    source = scan_csv(spath)
+    parts: dict[str, list[np.ndarray]] = {column: [] for column in _AZURE_COLUMNS}
+    rows = 0
+    start_time = ""
+    last: tuple[np.ndarray, np.ndarray] | None = None  # the previous chunk's last timestamp
+    for table in read_csv_chunks(source, _AZURE_COLUMNS, body=source.start):
+        raw = table.raw["TIMESTAMP"]
+        micros = _timestamps_us(table, "TIMESTAMP")
+        if last is None:
+            start_time = str(raw[0]).strip()
+        else:  # the order across the chunks' boundary
+            check_sorted(
+                spath,
+                "TIMESTAMP",
+                np.concatenate([last[0], micros[:1]]),
+                raw=np.concatenate([last[1], raw[:1]]),
+                first_row=table.first_row - 1,
+            )
+        check_sorted(spath, "TIMESTAMP", micros, raw=raw, first_row=table.first_row)
+        parts["TIMESTAMP"].append(micros)
+        parts["ContextTokens"].append(table.token_counts("ContextTokens", limit))
+        parts["GeneratedTokens"].append(table.token_counts("GeneratedTokens", limit))
+        last = (micros[-1:], raw[-1:])
+        rows += table.rows
+        del table, raw
+    micros = np.concatenate(parts.pop("TIMESTAMP"))
+    arrival = (micros - micros[0]) / 1e6
+    del micros
+    prompt = np.concatenate(parts.pop("ContextTokens"))
+    output = np.concatenate(parts.pop("GeneratedTokens"))
     return make_trace(
         spath,
         "azure",
@@ -56,8 +82,8 @@ def load_azure(path: StrPath, *, max_tokens: int | None = None) -> Trace:
         prompt,
         output,
         default_duration(spath, float(arrival[-1])),
-        table.rows,
-        start_time=str(table.raw["TIMESTAMP"][0]).strip(),
+        rows,
+        start_time=start_time,
     )
 
 
@@ -80,6 +106,7 @@ def _timestamps_us(table: CsvTable, column: str) -> np.ndarray:
     if bad.any():
         row = int(np.argmax(bad)) + 1
         value = str(raw[row - 1])
+        row += table.first_row
         reason = (
             table.empty_reason(row)
             if not value.strip()

@@ -15,9 +15,8 @@ from diloco_gym.sim.loaders.checks import (
     default_duration,
     make_trace,
     max_tokens_bound,
-    read_text,
 )
-from diloco_gym.sim.loaders.csv_table import read_csv
+from diloco_gym.sim.loaders.csv_table import read_csv_chunks, scan_csv
 from diloco_gym.sim.traces import Trace, TraceFormatError
 
 _BURSTGPT_COLUMNS = ("Timestamp", "Request tokens", "Response tokens")
@@ -32,7 +31,8 @@ def load_burstgpt(path: StrPath, *, max_tokens: int | None = None) -> Trace:
     request is *failed* iff ``Response tokens == 0``: failed rows are removed, counted
     in ``meta["filtered_failed"]`` and reported with a :class:`TraceFilterWarning`.
     Arrivals are seconds since the first kept request; the window ends at the last
-    arrival (plus 1e-6 s) rounded up to a whole second.
+    arrival (plus 1e-6 s) rounded up to a whole second. The file is read in chunks
+    (:func:`~diloco_gym.sim.loaders.csv_table.read_csv_chunks`).
 
     Args:
         path: the CSV file.
@@ -46,17 +46,37 @@ def load_burstgpt(path: StrPath, *, max_tokens: int | None = None) -> Trace:
             successful request.
     """
     spath = str(path)
-    table = read_csv(spath, read_text(spath), _BURSTGPT_COLUMNS)
     limit = max_tokens_bound(max_tokens)
-    stamps = check_floats(
-        spath, "Timestamp", table.numbers("Timestamp"), raw=table.raw["Timestamp"]
-    )
-    check_sorted(spath, "Timestamp", stamps, raw=table.raw["Timestamp"])
-    prompt = table.token_counts("Request tokens", limit)
-    output = table.token_counts("Response tokens", limit)
-    kept = output != 0
-    failed = int(table.rows - np.count_nonzero(kept))
-    if failed == table.rows:
+    source = scan_csv(spath)
+    parts: dict[str, list[np.ndarray]] = {column: [] for column in _BURSTGPT_COLUMNS}
+    rows = 0
+    last: tuple[np.ndarray, np.ndarray] | None = None  # the previous chunk's last timestamp
+    for table in read_csv_chunks(source, _BURSTGPT_COLUMNS, body=source.start):
+        raw = table.raw["Timestamp"]
+        stamps = check_floats(
+            spath, "Timestamp", table.numbers("Timestamp"), raw=raw, first_row=table.first_row
+        )
+        if last is not None:  # the order across the chunks' boundary
+            check_sorted(
+                spath,
+                "Timestamp",
+                np.concatenate([last[0], stamps[:1]]),
+                raw=np.concatenate([last[1], raw[:1]]),
+                first_row=table.first_row - 1,
+            )
+        check_sorted(spath, "Timestamp", stamps, raw=raw, first_row=table.first_row)
+        prompt = table.token_counts("Request tokens", limit)
+        output = table.token_counts("Response tokens", limit)
+        kept = output != 0  # every row is validated first; the failed ones are left out
+        parts["Timestamp"].append(stamps[kept])
+        parts["Request tokens"].append(prompt[kept])
+        parts["Response tokens"].append(output[kept])
+        last = (stamps[-1:], raw[-1:])
+        rows += table.rows
+        del table, raw
+    stamps = np.concatenate(parts.pop("Timestamp"))
+    failed = rows - int(stamps.size)
+    if failed == rows:
         raise TraceFormatError(
             spath,
             f"no successful request: all {failed} rows have 'Response tokens' == 0",
@@ -65,12 +85,15 @@ def load_burstgpt(path: StrPath, *, max_tokens: int | None = None) -> Trace:
     if failed:
         warnings.warn(
             f"{spath}: filtered {failed} failed request(s) ('Response tokens' == 0) "
-            f"out of {table.rows} rows",
+            f"out of {rows} rows",
             TraceFilterWarning,
             stacklevel=2,
         )
-    stamps, prompt, output = stamps[kept], prompt[kept], output[kept]
-    arrival = stamps - stamps[0]
+    first = float(stamps[0])
+    arrival = stamps - first
+    del stamps
+    prompt = np.concatenate(parts.pop("Request tokens"))
+    output = np.concatenate(parts.pop("Response tokens"))
     return make_trace(
         spath,
         "burstgpt",
@@ -78,7 +101,7 @@ def load_burstgpt(path: StrPath, *, max_tokens: int | None = None) -> Trace:
         prompt,
         output,
         default_duration(spath, float(arrival[-1])),
-        table.rows,
+        rows,
         filtered_failed=failed,
-        first_timestamp_s=float(stamps[0]),
+        first_timestamp_s=first,
     )

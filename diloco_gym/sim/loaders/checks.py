@@ -91,11 +91,15 @@ def check_file(path: str) -> int:
 
 def read_text(path: str) -> str:
     """The whole file as text (UTF-8, optional BOM), or a :class:`TraceFormatError`."""
-    check_file(path)
+    size = check_file(path)
     bound = _limits.limit("TRACE_BYTES")
     try:
         with open(path, "rb") as handle:
-            data = handle.read(bound + 1)  # bounded even if the file grows meanwhile
+            # read(n) reserves n bytes up front: ask for the size found (and one byte more,
+            # to see growth), then at most up to the limit if the file grew meanwhile
+            data = handle.read(size + 1)
+            if len(data) > size:
+                data += handle.read(bound + 1 - len(data))
         if len(data) > bound:
             raise TraceFormatError(
                 path,
@@ -152,11 +156,18 @@ def undecodable(exc: UnicodeDecodeError) -> str:
 
 
 def check_ints(
-    path: str, column: str, values: np.ndarray, limit: int, *, raw: np.ndarray | None = None
+    path: str,
+    column: str,
+    values: np.ndarray,
+    limit: int,
+    *,
+    raw: np.ndarray | None = None,
+    first_row: int = 0,
 ) -> np.ndarray:
     """Validate token counts: integers (or integral floats) in ``[0, limit]``; return int64.
 
-    ``raw`` holds the column's text as written, for messages.
+    ``raw`` holds the column's text as written, for messages; ``first_row`` is the number of
+    data rows before ``values[0]`` (a chunk of a longer file), added to the row named.
     """
     if values.dtype.kind in "iu":
         bad = (values < 0) | (values > limit)
@@ -164,7 +175,7 @@ def check_ints(
             row = int(np.argmax(bad))
             shown = as_written(values, raw, row)
             reason = f"negative token count {shown}" if values[row] < 0 else too_large(shown, limit)
-            raise TraceFormatError(path, reason, row=row + 1, field=column)
+            raise TraceFormatError(path, reason, row=first_row + row + 1, field=column)
         return values.astype(np.int64, copy=False)
     values = values.astype(np.float64)
     finite = np.isfinite(values)
@@ -182,7 +193,7 @@ def check_ints(
             reason = f"negative token count {shown}"
         else:
             reason = too_large(shown, limit)
-        raise TraceFormatError(path, reason, row=row + 1, field=column)
+        raise TraceFormatError(path, reason, row=first_row + row + 1, field=column)
     return values.astype(np.int64)
 
 
@@ -200,8 +211,10 @@ def check_floats(
     *,
     nonnegative: bool = False,
     raw: np.ndarray | None = None,
+    first_row: int = 0,
 ) -> np.ndarray:
-    """Validate finite (and optionally non-negative) floats; return float64."""
+    """Validate finite (and optionally non-negative) floats; return float64 (``first_row``:
+    as for :func:`check_ints`)."""
     values = values.astype(np.float64)
     bad = ~np.isfinite(values)
     if nonnegative:
@@ -214,12 +227,20 @@ def check_floats(
             if not np.isfinite(values[row])
             else f"negative value {shown}"
         )
-        raise TraceFormatError(path, reason, row=row + 1, field=column)
+        raise TraceFormatError(path, reason, row=first_row + row + 1, field=column)
     return values
 
 
-def check_sorted(path: str, column: str, values: np.ndarray, raw: np.ndarray | None = None) -> None:
-    """Raise at the first row whose value is smaller than the previous row's."""
+def check_sorted(
+    path: str,
+    column: str,
+    values: np.ndarray,
+    raw: np.ndarray | None = None,
+    *,
+    first_row: int = 0,
+) -> None:
+    """Raise at the first row whose value is smaller than the previous row's (``first_row``:
+    as for :func:`check_ints`)."""
     down = np.diff(values) < 0
     if down.any():
         row = int(np.argmax(down)) + 2  # 1-based index of the later element
@@ -227,7 +248,7 @@ def check_sorted(path: str, column: str, values: np.ndarray, raw: np.ndarray | N
             path,
             f"not sorted: {as_written(values, raw, row - 1)} comes after "
             f"{as_written(values, raw, row - 2)}",
-            row=row,
+            row=first_row + row,
             field=column,
         )
 
