@@ -192,7 +192,8 @@ assert before == after == "svg", (before, after)
     assert _loaded_after(code, ("matplotlib.pyplot",)) == []
 
 
-#: Which layers each layer's modules may import (CONTRIBUTING.md "Layout of the code"): sim -> envs -> agents ->
+#: Which layers each layer's modules may import (CONTRIBUTING.md, "Layout of the code"):
+#: sim -> envs -> agents ->
 #: eval -> rl/live/lm -> scale -> cli. ``sim`` is the simulated world with no Gymnasium;
 #: ``errors``, ``tables``, ``backends`` (the executors), ``io`` (atomic writes, JSON of numpy
 #: values, a free port) and ``text`` (numbers as text) are leaf modules any layer may use;
