@@ -265,10 +265,11 @@ def _lockstep(runs: list[tuple[Any, Any, int, Any]]) -> list[dict[str, Any]]:
     for group in groups.values():
         post(group)
     while ex.pending() or local:
-        for r, action in ex.collect(timeout=0 if local else None):
+        answered = ex.collect(timeout=0 if local else None)
+        for r, action in answered:  # a worker answers its whole round in one frame
             r.step(action)
-            if not ex.busy(r.agent):  # the worker's whole round is answered
-                post(groups[worker_key(r.agent)])
+        for key in dict.fromkeys(worker_key(r.agent) for r, _ in answered):
+            post(groups[key])
         if local:  # one decision of an agent run here
             r = local[0]
             r.attach()

@@ -91,8 +91,12 @@ class SandboxError(RuntimeError):
 # b"A", (n, observation size, mask size) as uint32, the slots (int32), the episode-start
 # flags (uint8), the observations (float32), the masks (bool). Worker -> parent, the only
 # frames the parent accepts (anything else ends the worker):
-_PACKED = b"A"  # an action: b"A" + int64 little-endian values (1 .. _MAX_ACTION of them)
-_FLOAT = b"F"  # an action of floats: b"F" + float64 little-endian values (likewise)
+_PACKED = b"A"  # (parent -> worker: a packed act message; in an answer: an int64 action)
+_FLOAT = b"F"  # in an answer: a float64 action
+# The actions of one act message, in its order: b"B", n (uint32), n kinds (b"A" or b"F"),
+# n value counts (uint16), then the values (8 bytes each, little-endian); at most
+# _MAX_ACTION values in all.
+_BATCH = b"B"
 _ERROR = b"E"  # an agent's error: b"E" + slot (int32) + UTF-8 text (<= _MAX_TEXT bytes)
 _OK = b"K"  # an attach (or the agents' load) went through
 _HELLO = b"H"  # the sandbox is closed: b"H" + the mechanisms' mask (uint32)
@@ -100,6 +104,7 @@ _HEAD = struct.Struct("<III")
 _MAX_ACTION = 4096
 _MAX_TEXT = 2000
 _MAX_FRAME = 1 + 8 * _MAX_ACTION
+_ONE = struct.pack("<H", 1)  # a count of one value
 
 
 def _pack_items(items: list[tuple]) -> bytes | None:
@@ -155,17 +160,58 @@ def _error_frame(slot: int, text: str) -> bytes:
     return _ERROR + struct.pack("<i", slot) + text.encode("utf-8", "replace")[:_MAX_TEXT]
 
 
-def _action_frame(slot: int, action: Any) -> bytes:
-    """An agent's action as a frame: integers as int64, floats as float64 (the env reads
-    either as it would in-process); anything else is the agent's error."""
+def _action_bytes(slot: int, action: Any) -> tuple[bytes, int, bytes]:
+    """An agent's action for a batch frame: ``(kind, count, values)``, integers as int64,
+    floats as float64 (the env reads either as it would in-process); anything else is the
+    agent's error."""
+    if type(action) is np.ndarray and action.dtype == np.int64 and action.size == 1:
+        return _PACKED, 1, action.astype("<i8").tobytes()
     a = np.asarray(action).reshape(-1)
     if a.size < 1 or a.size > _MAX_ACTION:
         raise _AgentError(slot, f"an action of {a.size} values (1 to {_MAX_ACTION} allowed)")
     if a.dtype.kind in "biu":
-        return _PACKED + a.astype("<i8").tobytes()
+        return _PACKED, a.size, a.astype("<i8").tobytes()
     if a.dtype.kind == "f":
-        return _FLOAT + a.astype("<f8").tobytes()
+        return _FLOAT, a.size, a.astype("<f8").tobytes()
     raise _AgentError(slot, f"an action of dtype {a.dtype} (integers or floats expected)")
+
+
+def _batch_frame(answers: list[tuple[bytes, int, bytes]], slot: int) -> bytes:
+    n = len(answers)
+    if sum(c for _, c, _ in answers) > _MAX_ACTION:
+        raise _AgentError(slot, f"actions of more than {_MAX_ACTION} values in one round")
+    return b"".join(
+        [
+            _BATCH,
+            struct.pack("<I", n),
+            b"".join(k for k, _, _ in answers),
+            struct.pack(f"<{n}H", *(c for _, c, _ in answers)),
+            *(v for _, _, v in answers),
+        ]
+    )
+
+
+def _parse_batch(body: bytes, n: int) -> list[np.ndarray] | None:
+    """The ``n`` actions of a batch frame's body, or None when it is malformed."""
+    if len(body) < 4 or struct.unpack_from("<I", body)[0] != n or n < 1:
+        return None
+    ints = len(body) == 4 + 11 * n and body[4 : 4 + n] == _PACKED * n
+    if ints and body[4 + n : 4 + 3 * n] == _ONE * n:  # the common case: n int64 actions
+        block = np.frombuffer(body, "<i8", n, 4 + 3 * n).astype(np.int64)
+        return [block[i : i + 1] for i in range(n)]
+    kinds, at = body[4 : 4 + n], 4 + n
+    if len(kinds) != n or any(k not in b"AF" for k in kinds) or len(body) < at + 2 * n:
+        return None
+    counts = struct.unpack_from(f"<{n}H", body, at)
+    at += 2 * n
+    if min(counts) < 1 or sum(counts) > _MAX_ACTION or len(body) != at + 8 * sum(counts):
+        return None
+    out = []
+    for k, c in zip(kinds, counts, strict=True):
+        wire, native = ("<i8", np.int64) if k == _PACKED[0] else ("<f8", np.float64)
+        out.append(np.frombuffer(body, wire, c, at).astype(native))
+        at += 8 * c
+    return out
 
 
 def _attach(agents: list, ctxs: list, states: list, slot: int, msg: tuple) -> None:
@@ -184,9 +230,10 @@ def _attach(agents: list, ctxs: list, states: list, slot: int, msg: tuple) -> No
 
 
 def _answer(conn: Any, agents: list, ctxs: list, states: list, items: list) -> None:
-    """The worker's actions for one message of ``(slot, obs, mask, start)`` items, each
-    sent as soon as it is decided (the parent steps that env while the next is decided);
-    an agent's error is sent instead of its action and ends the message."""
+    """The worker's actions for one message of ``(slot, obs, mask, start)`` items, sent
+    together in one frame once all are decided (one wake-up of the parent per round); an
+    agent's error is sent instead and ends the message."""
+    answers = []
     for slot, obs, mask, start in items:
         try:
             if ctxs[slot] is not None:
@@ -196,7 +243,8 @@ def _answer(conn: Any, agents: list, ctxs: list, states: list, items: list) -> N
             )
         except Exception as exc:  # noqa: BLE001 - reported to the parent, one line
             raise _AgentError(slot, f"{type(exc).__name__}: {exc}") from None
-        conn.send_bytes(_action_frame(slot, action))
+        answers.append(_action_bytes(slot, action))
+    conn.send_bytes(_batch_frame(answers, items[-1][0]))
 
 
 def _load_agents(blob: bytes) -> list:
@@ -400,6 +448,9 @@ class _Worker:
         ours, theirs = socket.socketpair()
         self.conn = Connection(ours.detach())
         self.fd = self.conn.fileno()
+        self.limit_s = _answer_limit()  # read once: a worker's answers share one limit
+        self._poller = select.poll()  # one poll object (conn.poll builds a selector a call)
+        self._poller.register(self.fd, select.POLLIN)
         fd = theirs.fileno()
         self.proc = subprocess.Popen(
             [sys.executable, "-B", "-c", _BOOT, str(fd)],
@@ -428,12 +479,15 @@ class _Worker:
         self.conn.send_bytes(blob)
         self._frame(list(range(len(names))), expect=_OK)
 
-    def _frame(self, slots: list[int], expect: bytes | None = None) -> tuple[bytes, Any]:
+    def _frame(
+        self, slots: list[int], expect: bytes | None = None, ready: bool = False
+    ) -> tuple[bytes, Any]:
         """The next frame from the worker, checked: ``(kind, value)``; an agent's error
-        frame raises it; anything malformed stops the worker and raises."""
+        frame raises it; anything malformed stops the worker and raises. ``ready``: the
+        caller's poll saw the socket readable (no wait, no time limit to apply)."""
         try:
-            if not self.conn.poll(_answer_limit()):
-                raise self._fail(slots, _late(_answer_limit()))
+            if not ready and not self._poller.poll(int(self.limit_s * 1000)):
+                raise self._fail(slots, _late(self.limit_s))
             buf = self.conn.recv_bytes(_MAX_FRAME)
         except (EOFError, ConnectionError, BrokenPipeError) as exc:
             raise self._ended(slots, exc) from None
@@ -446,10 +500,10 @@ class _Worker:
                 text = _clean(body[4:].decode("utf-8", "replace"))
                 who = self.names[slot] if slot >= 0 else ", ".join(self.names) or "worker"
                 raise RuntimeError(f"sealed agent {who}: {text}")
-        elif kind in (_PACKED, _FLOAT) and body and len(body) % 8 == 0 and expect is None:
-            return _PACKED, np.frombuffer(body, "<i8" if kind == _PACKED else "<f8").astype(
-                np.int64 if kind == _PACKED else np.float64
-            )
+        elif kind == _BATCH and expect is None:
+            actions = _parse_batch(body, len(slots))
+            if actions is not None:
+                return _BATCH, actions
         elif kind == _OK and not body and expect in (None, _OK):
             return kind, None
         elif kind == _HELLO and len(body) == 4 and expect == _HELLO:
@@ -477,9 +531,10 @@ class _Worker:
         except (EOFError, ConnectionError, BrokenPipeError, OSError) as exc:
             raise self._ended(slots, exc) from None
 
-    def receive(self, slots: list[int]) -> Any:
-        kind, value = self._frame(slots)
-        return [value] if kind == _PACKED else value
+    def receive(self, slots: list[int], ready: bool = False) -> Any:
+        """The answer to the message about ``slots``: their actions (an act message), or
+        None (an attach)."""
+        return self._frame(slots, ready=ready)[1]
 
     def _ended(self, slots: list[int], exc: BaseException) -> RuntimeError:
         code = self.proc.poll()
@@ -567,13 +622,14 @@ def worker_key(agent: Any) -> int | None:
 class Exchange:
     """Act messages in flight to several workers at once: :meth:`post` one message per
     worker (the agents of one worker, each at most once), :meth:`collect` the actions as
-    they arrive (a worker answers each agent of a message as soon as it has decided), each
-    with its tag from :meth:`post`."""
+    they arrive (a worker answers all the agents of a message in one frame), each with its
+    tag from :meth:`post`."""
 
     def __init__(self) -> None:
         # by file descriptor: the worker, the message's slots and tags, actions read
         self._out: dict[int, list[Any]] = {}
         self._poll = select.poll()
+        self._limit_s = _answer_limit()
 
     def post(self, requests: list[tuple[SealedAgent, Any, Any]], tags: list) -> None:
         """Send ``(agent, observation, episode_start)`` requests, all of one worker.
@@ -613,7 +669,7 @@ class Exchange:
             return []
         events = self._poll.poll(0)
         if not events and timeout != 0:
-            wait = _answer_limit() if timeout is None else timeout
+            wait = self._limit_s if timeout is None else timeout
             events = self._poll.poll(int(wait * 1000))
             if not events and timeout is None:  # every worker silent past the limit
                 entries = list(self._out.values())
@@ -626,24 +682,19 @@ class Exchange:
         out = []
         for fd, _event in events:  # an answer, or a closed pipe (read: the error names it)
             try:
-                out.append(self._read(fd))
+                out.extend(self._read(fd))
             except RuntimeError:
                 self._drain()
                 raise
         return out
 
-    def _read(self, fd: int) -> tuple[Any, np.ndarray]:
-        entry = self._out[fd]
-        w, slots, tags, got = entry
+    def _read(self, fd: int, ready: bool = True) -> list[tuple[Any, np.ndarray]]:
+        w, slots, tags, _ = self._out[fd]
         try:
-            (action,) = w.receive(slots[got : got + 1])
-        except RuntimeError:
+            actions = w.receive(slots, ready=ready)
+        finally:
             self._done(fd)
-            raise
-        entry[3] = got + 1
-        if got + 1 == len(slots):
-            self._done(fd)
-        return tags[got], action
+        return list(zip(tags, actions, strict=True))
 
     def _done(self, fd: int) -> None:
         self._poll.unregister(fd)
@@ -653,7 +704,7 @@ class Exchange:
         for fd in list(self._out):
             while fd in self._out:
                 try:
-                    self._read(fd)
+                    self._read(fd, ready=False)
                 except RuntimeError:
                     pass
 
