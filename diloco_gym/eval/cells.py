@@ -163,6 +163,7 @@ def release_cached() -> None:
     for value in _CACHE.values():
         close(value)
     _CACHE.clear()
+    _AHEAD.clear()
 
 
 def run_report_cell(cell: ReportCell) -> dict[str, Any]:
@@ -199,7 +200,70 @@ def run_report_cell(cell: ReportCell) -> dict[str, Any]:
     )
     if cell.unit is None:
         return _calibration_cell(config, measured_key, fitted, units)
-    return _unit_cell(config, cell.regime, units, cell.unit, agents)
+    ran = _batched_episodes(config, cell, units)
+    return _unit_cell(config, cell.regime, units, cell.unit, agents, ran)
+
+
+#: Units of a synthetic regime whose episodes run together (:func:`set_unit_batch`): the
+#: serial backend's report sets it, so that its sealed agents answer one message per
+#: decision time for several seeds at once instead of one per seed. 1 (the default, and on
+#: process pools and Ray, whose workers take cells one by one): each unit alone.
+_UNIT_BATCH = 1
+#: Episodes run ahead for the cells still to come: (report key, unit) -> (episode, results).
+_AHEAD: dict[tuple[str, int], tuple[Any, list]] = {}
+
+
+def set_unit_batch(n: int) -> None:
+    """Run the episodes of up to ``n`` units of a synthetic regime together in this
+    process's report cells (the serial backend). The results are those of each unit alone:
+    every agent has a copy of its own per unit, each attached to one episode, and the
+    copies of one worker are asked in decision order, all units at one decision time in
+    one message. The units are independent seeds, so an agent's copy finds in its worker no
+    observation of its own episode later than the decision it is asked about; a replayed
+    trace's windows (each the next one's past) always run one at a time."""
+    global _UNIT_BATCH
+    _UNIT_BATCH = max(1, int(n))
+    _AHEAD.clear()
+
+
+def _batched_episodes(config, cell: ReportCell, units: list) -> tuple[Any, list] | None:
+    """The episode of ``cell``'s unit and each agent's result on it, run together with the
+    next units' (whose results wait here for their cells); None when units run alone."""
+    if _UNIT_BATCH <= 1 or config.trace is not None or cell.unit is None:
+        return None
+    from diloco_gym.agents.registry import make_agents
+    from diloco_gym.eval.rollout import env_copies, run_episodes
+    from diloco_gym.eval.sealed import seal_agents
+
+    key = json.dumps([asdict(config), cell.regime, cell.env], sort_keys=True, default=str)
+    if (key, cell.unit) in _AHEAD:
+        return _AHEAD.pop((key, cell.unit))
+
+    def build() -> list[list]:  # one worker holds every copy
+        flat = [a for _ in range(_UNIT_BATCH) for a in make_agents(config.agents)]
+        sealed = seal_agents(flat, getattr(config, "in_process_agents", False))
+        n = len(sealed) // _UNIT_BATCH
+        return [sealed[k * n : (k + 1) * n] for k in range(_UNIT_BATCH)]
+
+    copies = cached("agent-copies", config, None, build)
+    batch = range(cell.unit, min(cell.unit + _UNIT_BATCH, len(units)))
+    used: dict[int, int] = {}  # env -> copies of it taken so far (units may share an env)
+    runs, episodes, envs = [], [], []
+    for k, u in enumerate(batch):
+        unit, agents = units[u], copies[k]
+        at = used.get(id(unit.env), 0)
+        mine = env_copies(unit.env, at + len(agents))[at:]
+        used[id(unit.env)] = at + len(agents)
+        episodes.append(unit.episode())
+        envs += mine
+        runs += [(e, a, unit.seed, episodes[-1]) for e, a in zip(mine, agents, strict=True)]
+    results = run_episodes(runs)
+    for e in envs:  # streamed: the envs hold no episode once the batch has run
+        e.episode = None
+    n = len(copies[0])
+    for k, u in enumerate(batch):
+        _AHEAD[(key, u)] = (episodes[k], results[k * n : (k + 1) * n])
+    return _AHEAD.pop((key, cell.unit))
 
 
 def _calibration_cell(config, measured_key: str, fitted, units: list) -> dict[str, Any]:
@@ -220,7 +284,9 @@ def _calibration_cell(config, measured_key: str, fitted, units: list) -> dict[st
     return {"sim": sim, "trace_sim": trace_sim, "u_cal": u_cal}
 
 
-def _unit_cell(config, regime: str, units: list, index: int, agents: list) -> dict[str, Any]:
+def _unit_cell(
+    config, regime: str, units: list, index: int, agents: list, ran: tuple | None = None
+) -> dict[str, Any]:
     from diloco_gym.eval import protocol
     from diloco_gym.eval.rollout import env_copies, run_episodes
 
@@ -233,9 +299,12 @@ def _unit_cell(config, regime: str, units: list, index: int, agents: list) -> di
     # The matched-random control by (merges, table): its draws depend on (seed, merges)
     # and the completion table only, so agents with equal merges share one, scored once.
     controls: dict[tuple[int, int], protocol.Control] = {}
-    ep = unit.episode()  # built once, through the kernel: every agent runs on it
-    envs = env_copies(env, len(agents))  # the agents step in lockstep, one env each
-    results = run_episodes([(e, a, seed, ep) for e, a in zip(envs, agents, strict=True)])
+    if ran is not None:  # run with the next units' (set_unit_batch)
+        (ep, results), envs = ran, []
+    else:
+        ep = unit.episode()  # built once, through the kernel: every agent runs on it
+        envs = env_copies(env, len(agents))  # the agents step in lockstep, one env each
+        results = run_episodes([(e, a, seed, ep) for e, a in zip(envs, agents, strict=True)])
     for agent, res in zip(agents, results, strict=True):
         m = int(res["merges"])
         if counts is None or counts.shape[0] <= m or counts.shape[1] != ep.n_decisions:

@@ -197,6 +197,12 @@ def _plan(config: ReportConfig, calib: Any) -> tuple[list[_PlanEntry], dict[str,
     return plan, loads
 
 
+#: Units of a synthetic regime whose episodes the serial backend runs together (the sealed
+#: agents then answer a message per decision time for all of them; memory: an env copy
+#: per agent and unit of the group).
+UNIT_BATCH = 10
+
+
 def _run_cells(
     config: ReportConfig, plan: list[_PlanEntry], **backend: Any
 ) -> dict[tuple[str, int | None], dict]:
@@ -204,16 +210,28 @@ def _run_cells(
     ``ray_address``); returns each cell's result by (regime, unit; ``None``: the regime's
     calibration cell)."""
     from diloco_gym.backends import run_cells
-    from diloco_gym.eval.cells import ReportCell, cell_config, release_cached, run_report_cell
+    from diloco_gym.eval.cells import (
+        ReportCell,
+        cell_config,
+        release_cached,
+        run_report_cell,
+        set_unit_batch,
+    )
 
     shipped = cell_config(config)
     # Calibration cells first: each is one of the longest, and starting them early keeps
     # the workers busy to the end.
     cells = [ReportCell(shipped, regime, None) for regime, *_ in plan]
     cells += [ReportCell(shipped, regime, i) for regime, *_, n in plan for i in range(n)]
+    # On the serial backend the units of a synthetic regime run their episodes in groups,
+    # so that the sealed agents answer all of a group's agents at a decision time in one
+    # message (the results are each unit's own; a pool's workers take cells one by one).
+    serial = backend.get("backend", "serial") == "serial"
+    set_unit_batch(UNIT_BATCH if serial else 1)
     try:
         done = run_cells(run_report_cell, cells, desc="report", **backend)
     finally:
+        set_unit_batch(1)
         release_cached()  # this process's sealed agents' workers end with the run
     return {(c.regime, c.unit): r for c, r in zip(cells, done, strict=True)}
 

@@ -217,3 +217,31 @@ def test_agents_with_equal_merges_share_one_matched_control(monkeypatch):
     cells.release_cached()
     own = run_report_cell(cell)
     assert _rows_json(shared) == _rows_json(own)
+
+
+@pytest.mark.slow
+def test_units_run_together_give_each_units_own_results_in_fewer_messages(monkeypatch):
+    """The serial backend runs a synthetic regime's units in groups (one message per
+    decision time for the whole group): every row equals the one-unit-at-a-time run's, and
+    the sealed agents are asked in several times fewer messages."""
+    import pandas as pd
+
+    from diloco_gym.eval import report, sealed
+    from diloco_gym.eval.report import ReportConfig, run_protocol
+
+    posts = {"n": 0}
+    original = sealed.Exchange.post
+
+    def counted(self, requests, tags):
+        posts["n"] += 1
+        return original(self, requests, tags)
+
+    monkeypatch.setattr(sealed.Exchange, "post", counted)
+    agents = ["fixed-512", "random-deferral", "online-forecast", "wa-diloco", "offline-oracle"]
+    config = ReportConfig(regimes=["bursty", "sync-heavy"], agents=agents, seeds=12, draws=50)
+    together = run_protocol(config, progress=False)["rows"]
+    grouped, posts["n"] = posts["n"], 0
+    monkeypatch.setattr(report, "UNIT_BATCH", 1)
+    alone = run_protocol(config, progress=False)["rows"]
+    pd.testing.assert_frame_equal(together, alone)
+    assert grouped * 4 < posts["n"], (grouped, posts["n"])
