@@ -104,11 +104,13 @@ def exit_status(exc: BaseException) -> tuple[int, str]:
 
 
 def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
-    """Show a trace loader's warning (rows deliberately left out) as one line,
-    ``diloco-gym: warning: ...``; other warnings keep Python's format."""
+    """Show a trace loader's warning (rows deliberately left out) and a sweep store's (a
+    line of ``cells.jsonl`` set aside) as one line, ``diloco-gym: warning: ...``; other
+    warnings keep Python's format."""
+    from diloco_gym.scale.sweep import SweepStoreWarning
     from diloco_gym.sim.loaders import TraceFilterWarning
 
-    if issubclass(category, TraceFilterWarning):
+    if issubclass(category, (TraceFilterWarning, SweepStoreWarning)):
         print(f"diloco-gym: warning: {_one_line(str(message))}", file=file or sys.stderr)
         return
     _PYTHON_SHOWWARNING(message, category, filename, lineno, file, line)
