@@ -116,6 +116,9 @@ class FleetReportConfig:
             raise ValueError(f"seeds must be >= 2 for the paired test, got {self.seeds}")
         if self.draws < 1:
             raise ValueError(f"draws must be >= 1, got {self.draws}")
+        from diloco_gym.sim.limits import check_limit
+
+        check_limit("DRAWS", self.draws, "draws (--draws)")
         if not self.agents:
             raise ValueError("a fleet report needs at least one agent")
 

@@ -116,6 +116,34 @@ def _agent_path(agent: object, base: Path) -> object:
     return str(p if p.is_absolute() else base / p)
 
 
+def name_problem(name: str) -> str | None:
+    """Why ``name`` (a sweep's or a tune's) cannot name its default output directory
+    (``sweep-NAME``, ``tune-NAME`` in the working directory), or ``None``: it must be a
+    plain file name, of at most 100 printable characters with no path separator, and not
+    ``.`` or ``..``; a ``../`` in it would write outside the working directory."""
+    if not name:
+        return "is empty"
+    if len(name) > 100:
+        return f"has {len(name)} characters (at most 100)"
+    if "/" in name or "\\" in name or name in (".", ".."):
+        return "is not a plain file name (no '/', no '\\', not '.' or '..')"
+    if not name.isprintable():
+        return "holds a control character"
+    return None
+
+
+def check_name(path: Path, name: str, error: type[ValueError]) -> str:
+    """``name`` (the file's ``name`` key or its stem), or ``error`` naming the file and the
+    key when it is not a plain file name (:func:`name_problem`)."""
+    why = name_problem(name)
+    if why is not None:
+        raise error(
+            f"{path}: name {name[:60]!r} {why}: it names the output directory (the default "
+            f"--out is the name with a prefix); use letters, digits, '-', '_' or '.'"
+        )
+    return name
+
+
 class SweepFileError(ValueError):
     """A malformed sweep file (the message names the file and the key)."""
 
@@ -288,7 +316,7 @@ def load_sweep(path: str | Path) -> SweepSpec:
         if (err.key or "").split(".")[0] == "name":
             raise SweepFileError(f"{path}: name {err.message}") from None
         raise SweepFileError(f"{path}: [grid] and [env] must be tables") from None
-    name = path.stem if top.name is None else top.name
+    name = check_name(path, path.stem if top.name is None else top.name, SweepFileError)
     grid = top.grid
     fixed: dict[str, Any] = {
         **(top.model_extra or {}),

@@ -173,8 +173,10 @@ def _fixed_settings(path: Path, data: dict) -> TuneSpec:
             ) from None
         raise TuneFileError(f"{path}: {err.message}") from None
     spec = TuneSpec(settings.model_dump())
-    if spec["name"] is None:
-        spec["name"] = path.stem
+    from diloco_gym.scale.sweep import check_name
+
+    name = path.stem if spec["name"] is None else spec["name"]
+    spec["name"] = check_name(path, name, TuneFileError)
     for key, valid in (("algo", ALGOS), ("regime", REGIMES), ("vec_env", VEC_ENVS)):
         if spec[key] not in valid:
             raise TuneFileError(f"{path}: unknown {key} {spec[key]!r}; valid: {', '.join(valid)}")

@@ -28,6 +28,7 @@ LIMITS: dict[str, tuple[int, str]] = {
     "H_MAX_DECISIONS": (2**20, "decisions of the merge corridor's upper bound H_max"),
     "TRACE_BYTES": (2**31, "bytes of one trace file"),
     "CALIBRATION_BYTES": (2**26, "bytes of one calibration file"),
+    "DRAWS": (100_000, "matched-random draws per episode (100 times the default 1,000)"),
 }
 
 
