@@ -400,16 +400,20 @@ def site_calibration(path: str) -> tuple[dict[str, float], float | None, float |
         FleetConfigError: one line naming the file: unreadable, not JSON, against the
             schema, or an interference function the run could not determine.
     """
-    from diloco_gym.eval.calibration.schema import (
-        CalibrationFileError,
-        calibration_schema,
-        read_json_file,
-        validate_schema,
-    )
+    import json
+    from importlib import resources
 
-    try:  # the calibration files' own reader: no NaN or Infinity, no duplicate keys
-        doc = read_json_file(path)
-        validate_schema(doc, calibration_schema(), str(path))
+    try:
+        doc = json.loads(Path(path).read_text(encoding="utf-8-sig"))
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise FleetConfigError(f"{path}: cannot read the calibration file ({exc})") from None
+    schema = json.loads(
+        resources.files("diloco_gym").joinpath("data/calibration.schema.json").read_text()
+    )
+    from diloco_gym.eval.calibration.schema import CalibrationFileError, validate_schema
+
+    try:  # as the report reads calibration files: finite numbers (no NaN), every keyword
+        validate_schema(doc, schema, str(path))
     except CalibrationFileError as exc:
         raise FleetConfigError(str(exc)) from None
     fitted = {k: float(v) for k, v in (doc.get("fitted_sidecar") or {}).items()}
