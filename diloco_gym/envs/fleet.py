@@ -401,6 +401,28 @@ class DiLoCoFleetEnv(DiLoCoSyncEnv):
         render_mode: str | None = None,
         **overrides: Any,
     ) -> None:
+        source = str(fleet) if isinstance(fleet, (str, Path)) else None
+        try:
+            self._build(fleet, params, learners, render_mode, overrides)
+        except ValueError as exc:
+            # A value of the file that fails only once the fleet is assembled (a sync
+            # that does not fit the corridor, sites of different decision counts): the
+            # message names the file, as its loader's do.
+            from diloco_gym.sim.traces import TraceFormatError
+
+            if source is None or isinstance(exc, TraceFormatError) or str(exc).startswith(source):
+                raise
+            raise fl.FleetConfigError(f"{source}: {' '.join(str(exc).split())}") from None
+
+    def _build(
+        self,
+        fleet: fl.FleetParams | str | Path | None,
+        params: EnvParams | None,
+        learners: lrn.LearnerParams | None,
+        render_mode: str | None,
+        overrides: dict[str, Any],
+    ) -> None:
+        """:meth:`__init__`'s work (its errors are named by the file there)."""
         env_kw: dict[str, Any] = {}
         if isinstance(fleet, (str, Path)):
             fleet, env_kw = fl.load_fleet_toml(fleet)

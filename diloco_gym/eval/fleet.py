@@ -33,6 +33,7 @@ import numpy as np
 from diloco_gym.envs.fleet import DiLoCoFleetEnv, FleetEpisode, require_fixed_precision
 from diloco_gym.eval import protocol
 from diloco_gym.eval.protocol import EpisodeScorer, Scores
+from diloco_gym.text import md_text
 
 __all__ = [
     "FleetScorer",
@@ -480,7 +481,8 @@ def write_fleet_report(
     (:func:`write_fleet_dir`, so ``--force`` rules are the report's)."""
     f = result["fleet"]
     body = [
-        f"Fleet `{f['file']}`: sites {', '.join(f['sites'])}; F = {f['fragments']} "
+        f"Fleet `{md_text(f['file'])}`: sites {', '.join(map(md_text, f['sites']))}; "
+        f"F = {f['fragments']} "
         f"fragments, {f['bits']}-bit payloads ({f['payload_bytes'] / 1e6:.0f} MB per "
         f"sync), {f['mode']} mode, sync window {f['sync_window_s']:.2f} s, link share "
         f"{f['link_share']:.3f}, fragment corridor {f['corridor_decisions']} decisions, "
@@ -504,7 +506,7 @@ def write_fleet_report(
         "",
     ]
     for r in result["calibration"].to_dict(orient="records"):
-        body.append(f"- {r['site']}: {r['verdict']} (measured on {r['measured_on']})")
+        body.append(f"- {md_text(r['site'])}: {r['verdict']} (measured on {r['measured_on']})")
     extra = {
         "calibration": result["calibration"].to_dict(orient="records"),
         "independent_units": result["independent_units"],

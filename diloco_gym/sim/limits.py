@@ -70,7 +70,13 @@ def check_limit(name: str, value: float, what: str) -> None:
     """
     bound = limit(name)
     if not value <= bound:  # also refuses NaN
-        shown = f"{int(value):,}" if value == value and abs(value) < 1e18 else f"{value:.3g}"
+        shown = (  # a 400-digit integer is shown by its digits (a float cannot hold it)
+            f"{int(value):,}"
+            if value == value and abs(value) < 1e18
+            else f"{value:.3g}"
+            if isinstance(value, float)
+            else f"{str(value)[:8]}... ({len(str(value))} digits)"
+        )
         raise LimitError(
             f"{what}: {shown} is above the limit of {bound:,} {LIMITS[name][1]} "
             f"(set {limit_env_var(name)} to raise it)"
