@@ -270,6 +270,10 @@ class FleetParams:
     bits_options: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
+        if not isinstance(self.sites, (tuple, list)) or not all(
+            isinstance(s, SiteConfig) for s in self.sites
+        ):
+            raise FleetConfigError(f"sites must be a tuple of SiteConfig, got {_short(self.sites)}")
         if not self.sites:
             raise FleetConfigError("a fleet needs at least one site")
         names = [s.name for s in self.sites]

@@ -29,6 +29,11 @@ LIMITS: dict[str, tuple[int, str]] = {
     "TRACE_BYTES": (2**31, "bytes of one trace file"),
     "CALIBRATION_BYTES": (2**26, "bytes of one calibration file"),
     "DRAWS": (100_000, "matched-random draws per episode (100 times the default 1,000)"),
+    "REQUESTS": (
+        2**22,
+        "requests per episode of a synthetic regime (its busiest rate x the episode window)",
+    ),
+    "MERGE_MB": (2**16, "MiB of a live calibration's merge tensor (each worker holds one)"),
 }
 
 
