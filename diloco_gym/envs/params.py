@@ -31,6 +31,9 @@ RANGES: dict[str, tuple[float, float, bool]] = {
     "tokens_clip": (0.0, 1e18, False),
     "staleness_clip_s": (0.0, 1e9, False),
     "reward_rate_rps": (0.0, 1e9, False),
+    # an EWMA weight below ~1e-16 makes its bias correction 1 - (1 - alpha)^n exactly 0
+    "forecast_alpha": (1e-6, 1.0, True),
+    "baseline_alpha": (1e-6, 1.0, True),
 }
 #: The largest step count (``h_min_steps``, ``h_max_steps``, ``decision_interval``): a
 #: 32-bit integer, as the compiled kernels hold them.

@@ -529,9 +529,10 @@ def check_config(cfg: TrainConfig, path: str = "<config>") -> None:
     _check_env_keys(cfg, path)
     _check_observation(cfg, path)
     try:
-        EnvParams(**cfg.env_params)
+        params = EnvParams(**cfg.env_params)
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"{path}: [env] {exc}") from None
+    _check_episode_fits(cfg, params, path)
     validate_hyperparameters(cfg.algo, cfg.hyperparameters, where=f"{path}: [algo]")
     _check_teacher(cfg, path)
 
@@ -590,6 +591,26 @@ def _check_env_keys(cfg: TrainConfig, path: str) -> None:
         v = getattr(cfg, key)
         if v is not None and not (_finite_number(v) and v > 0):
             raise ConfigError(f"{path}: {key} must be a finite positive number, got {v}")
+
+
+def _check_episode_fits(cfg: TrainConfig, params: EnvParams, path: str) -> None:
+    """The ``[env]`` corridor and step fit the episode window (a regime's, or
+    ``window_s`` of a trace): otherwise no episode could be built and training would fail
+    at its first reset, naming no file."""
+    from diloco_gym.envs.episode import min_episode_seconds
+
+    if cfg.trace is None:
+        windows = [(r, REGIMES[r].duration_s, REGIMES[r].sidecar) for r in cfg.regimes]
+    else:
+        windows = [("window_s", cfg.window_s, REGIMES[cfg.sidecar or "sync-heavy"].sidecar)]
+    for name, duration, sidecar in windows:
+        need = min_episode_seconds(params, sidecar)
+        if duration < need:
+            raise ConfigError(
+                f"{path}: [env] an episode with these EnvParams (step_seconds, h_min_steps, "
+                f"decision_interval, merge_seconds) needs at least {need:.1f} s, but "
+                f"{name}'s window is {duration:g} s"
+            )
 
 
 def _check_observation(cfg: TrainConfig, path: str) -> None:
@@ -732,8 +753,11 @@ def build_env_specs(cfg: TrainConfig, path: str = "<config>") -> list[EnvSpec]:
         if cfg.budgets_per_hour is None:
             specs.append(EnvSpec(label, regime, sidecar, None, None))
             continue
-        probe = EnvSpec(label, regime, sidecar, None, None).make(cfg.env_params)
-        probe.reset(seed=TRAIN_SEED_LOW)
+        try:  # an [env] value that fails only with an episode (a step too long for it)
+            probe = EnvSpec(label, regime, sidecar, None, None).make(cfg.env_params)
+            probe.reset(seed=TRAIN_SEED_LOW)
+        except ValueError as exc:
+            raise ConfigError(f"{path}: [env] {' '.join(str(exc).split())}") from None
         ep = probe.episode
         assert ep is not None
         seen: dict[int, float] = {}

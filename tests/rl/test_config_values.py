@@ -44,6 +44,9 @@ BAD = [
     (f'[env]\ntrace = "t.csv"\ntrace_span_s = [0, {BIG}]\n', "[env] trace_span_s must be"),
     ("[env]\nwindow_s = inf\n", "window_s must be a finite positive number"),
     ('[env]\ntrace_format = "azure"\n', "trace_format applies to a trace"),
+    # a step too long for the regime's window: failed at the first reset, no file named
+    ("[env]\nstep_seconds = 5.0\n", "[env] an episode with these EnvParams"),
+    ("[env]\nforecast_alpha = 1e-300\n", "EnvParams.forecast_alpha must be in [1e-06, 1]"),
     # [train]
     ("[train]\nseed = -1\n", "seed must be in [0, 4294967295], got -1"),
     (f"[train]\nseed = {BIG}\n", "seed must be in [0, 4294967295], got 1000"),
@@ -81,6 +84,8 @@ ENV_NUMBERS = [
     "tokens_clip",
     "staleness_clip_s",
     "reward_rate_rps",
+    "forecast_alpha",
+    "baseline_alpha",
 ]
 
 
@@ -93,6 +98,10 @@ def test_every_env_number_has_an_upper_bound(name) -> None:
     hi = getattr(params, "RANGES", {}).get(name, (0, 1e6, True))[1]
     with pytest.raises(ValueError, match=rf"EnvParams\.{name} must be in "):
         EnvParams(**{name: hi * 10})
+    if name in ("forecast_alpha", "baseline_alpha", "step_seconds"):
+        # a tiny EWMA weight divided by zero in the episode build; a tiny step overflowed
+        with pytest.raises(ValueError, match=rf"EnvParams\.{name} must be in "):
+            EnvParams(**{name: 1e-300})
     with pytest.raises(ValueError, match=rf"EnvParams\.{name} "):
         EnvParams(**{name: math.inf})
 

@@ -128,3 +128,11 @@ def test_a_tune_name_must_be_a_plain_file_name(tmp_path):
     path.write_text('name = "../up"\nalgo = "ppo"\nregime = "bursty"\n[space]\ngamma = 0.9\n')
     with pytest.raises(TuneFileError, match=r"name '\.\./up' is not a plain file name"):
         load_tune(path)
+
+
+def test_a_huge_seed0_is_refused_in_a_short_line(tmp_path):
+    path = _sweep(tmp_path, "seed0 = " + "1" + "0" * 400 + "\n")
+    with pytest.raises(SweepFileError) as exc:
+        load_sweep(path)
+    msg = str(exc.value)
+    assert msg.startswith(f"{path}: ") and "(401 digits)" in msg and len(msg) < 600
