@@ -556,6 +556,13 @@ def _check_run_keys(cfg: TrainConfig, path: str) -> None:
             )
     if cfg.n_envs is not None and cfg.n_envs < 1:
         raise ConfigError(f"{path}: n_envs must be >= 1, got {cfg.n_envs}")
+    if cfg.n_envs is not None:
+        from diloco_gym.sim.limits import LimitError, check_limit
+
+        try:  # each env holds its episode: the vector env's limit, before any is built
+            check_limit("ENVS", cfg.n_envs, "n_envs")
+        except LimitError as exc:
+            raise ConfigError(f"{path}: {exc}") from None
     for key in ("eval_episodes", "eval_freq", "checkpoint_freq"):
         if getattr(cfg, key) < 0:
             raise ConfigError(f"{path}: {key} must be >= 0, got {getattr(cfg, key)}")

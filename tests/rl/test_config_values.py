@@ -51,6 +51,7 @@ BAD = [
     ("[train]\nseed = -1\n", "seed must be in [0, 4294967295], got -1"),
     (f"[train]\nseed = {BIG}\n", "seed must be in [0, 4294967295], got 1000"),
     (f"[train]\ntimesteps = {BIG}\n", "timesteps must be at most 2**62"),
+    ("[train]\nn_envs = 100000\n", "n_envs: 100,000 is above the limit of 65,536"),
 ]
 
 

@@ -136,3 +136,39 @@ def test_a_huge_seed0_is_refused_in_a_short_line(tmp_path):
         load_sweep(path)
     msg = str(exc.value)
     assert msg.startswith(f"{path}: ") and "(401 digits)" in msg and len(msg) < 600
+
+
+@pytest.mark.parametrize(
+    ("space", "message"),
+    [
+        ("gamma = 2.0", "[space]: gamma must be a finite number in (0, 1], got 2.0"),
+        ("batch_size = 0", "[space]: batch_size must be an integer in [1, "),
+        ('learning_rate = "fast"', "[space]: learning_rate must be a finite number"),
+        ("gamma = { uniform = [0.9, 1.5] }", "[space]: gamma must be a finite number in (0, 1]"),
+        ("learning_rate = { loguniform = [1e-5, inf] }", "learning_rate must be a finite"),
+        ("batch_size = [32, 0]", "[space]: batch_size must be an integer in [1, "),
+        ("n_steps = { randint = [0, 8] }", "[space]: n_steps must be an integer in [1, "),
+    ],
+)
+def test_a_tune_space_value_obeys_trains_rules(tmp_path, space, message):
+    """A value of the search space reached SB3 as it was (``gamma = 2.0`` trained)."""
+    pytest.importorskip("stable_baselines3")
+    from diloco_gym.scale.tune import TuneFileError, load_tune
+
+    path = tmp_path / "t.toml"
+    path.write_text(f'algo = "ppo"\nregime = "bursty"\n[space]\n{space}\n')
+    with pytest.raises(TuneFileError) as exc:
+        load_tune(path)
+    assert str(exc.value).startswith(f"{path}: ") and message in str(exc.value)
+
+
+def test_a_valid_tune_space_is_accepted(tmp_path):
+    pytest.importorskip("stable_baselines3")
+    from diloco_gym.scale.tune import load_tune
+
+    path = tmp_path / "t.toml"
+    path.write_text(
+        'algo = "ppo"\nregime = "bursty"\n[space]\ngamma = { uniform = [0.9, 0.999] }\n'
+        "n_steps = { randint = [64, 513] }\nbatch_size = [32, 64]\nlearning_rate = 3e-4\n"
+    )
+    assert load_tune(path)["space"]["batch_size"] == [32, 64]
