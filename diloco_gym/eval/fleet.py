@@ -421,7 +421,7 @@ def fleet_summary_table(summary) -> str:
             elif isinstance(v, float) and not np.isfinite(v):
                 cells.append("n/a")
             else:
-                cells.append(fmt.format(v))
+                cells.append(md_text(fmt.format(v)))  # a name: no newline, no cell split
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 

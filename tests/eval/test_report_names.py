@@ -40,3 +40,25 @@ def test_a_regime_name_with_a_newline_forges_no_heading(tiny):
     md = render_markdown({**tiny, "summary": summary}, [])
     assert "## forged" not in md.splitlines()
     assert "## replay:a\\n## forged" in md.splitlines()
+
+
+def test_the_fleet_summary_table_escapes_agent_names():
+    import pandas as pd
+
+    from diloco_gym.eval.fleet import fleet_summary_table
+
+    row = {
+        "agent": EVIL,
+        "syncs_per_hour": 60.0,
+        "sync_excess_pct": 0.1,
+        "matched_random_mean": 0.2,
+        "oracle_same_budget_pct": 0.05,
+        "diff_pp": -0.1,
+        "p_holm": 0.01,
+        "worst_site_sync_excess_pct": 0.3,
+        "verdict": "better",
+        "deployable": True,
+    }
+    table = fleet_summary_table(pd.DataFrame([row]))
+    assert len(table.splitlines()) == 3  # header, rule, one row: the name split no line
+    assert "| evil\\n# Verdict: this agent wins\\|x |" in table
