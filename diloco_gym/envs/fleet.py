@@ -341,6 +341,21 @@ class FleetEpisode:
         return self._memo[key]
 
 
+def _check_env_table(env: dict[str, Any], where: str) -> None:
+    """A fleet file's ``[env]`` table: ``EnvParams`` fields with valid values (one line
+    naming the file and the key; an unknown key was a ``TypeError`` naming no file)."""
+    bad = sorted(set(env) - _ENV_FIELDS)
+    if bad:
+        raise fl.FleetConfigError(
+            f"{where}: [env] has unknown key(s) {bad}; valid: EnvParams fields "
+            f"{sorted(_ENV_FIELDS)}"
+        )
+    try:
+        EnvParams(**env)
+    except (TypeError, ValueError) as exc:
+        raise fl.FleetConfigError(f"{where}: [env] {' '.join(str(exc).split())}") from None
+
+
 class DiLoCoFleetEnv(DiLoCoSyncEnv):
     """## Description
 
@@ -425,7 +440,9 @@ class DiLoCoFleetEnv(DiLoCoSyncEnv):
         """:meth:`__init__`'s work (its errors are named by the file there)."""
         env_kw: dict[str, Any] = {}
         if isinstance(fleet, (str, Path)):
+            source = str(fleet)
             fleet, env_kw = fl.load_fleet_toml(fleet)
+            _check_env_table(env_kw, source)
         fleet_kw = {k: v for k, v in overrides.items() if k in _FLEET_FIELDS}
         env_kw.update({k: v for k, v in overrides.items() if k not in _FLEET_FIELDS})
         unknown = set(env_kw) - _ENV_FIELDS

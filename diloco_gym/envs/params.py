@@ -162,13 +162,7 @@ class EnvParams:
                 raise ValueError(
                     f"EnvParams.{name} must be in (0, 1], got {_show(getattr(self, name))}"
                 )
-        for name, (lo, hi, inclusive) in RANGES.items():
-            v = getattr(self, name)
-            if v is not None and not ((v >= lo if inclusive else v > lo) and v <= hi):
-                raise ValueError(
-                    f"EnvParams.{name} must be in {'[' if inclusive else '('}{lo:g}, {hi:g}], "
-                    f"got {_show(v)}"
-                )
+        self._check_ranges()
         if self.h_min_steps > self.h_max_steps:
             raise ValueError(
                 f"EnvParams: h_min_steps ({self.h_min_steps}) must not exceed "
@@ -189,6 +183,16 @@ class EnvParams:
                 f"{self.merge_steps} steps) must fit inside h_min_steps "
                 f"({self.h_min_steps}) so that merges never overlap"
             )
+
+    def _check_ranges(self) -> None:
+        """Each number within its :data:`RANGES` entry."""
+        for name, (lo, hi, inclusive) in RANGES.items():
+            v = getattr(self, name)
+            if v is not None and not ((v >= lo if inclusive else v > lo) and v <= hi):
+                raise ValueError(
+                    f"EnvParams.{name} must be in {'[' if inclusive else '('}{lo:g}, {hi:g}], "
+                    f"got {_show(v)}"
+                )
 
     @cached_property  # derived, never a second default; cached for the hot path
     def decision_seconds(self) -> float:

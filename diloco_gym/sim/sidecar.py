@@ -33,12 +33,13 @@ same replay with no merges (percentage points of requests).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import NamedTuple
 
 import numpy as np
 
 from diloco_gym.sim import compiled, compiled_rows, percentiles
+from diloco_gym.sim.sidecar_bounds import check_sidecar_fields
 
 __all__ = [
     "CostQueue",
@@ -64,31 +65,6 @@ __all__ = [
     "effect_sizes",
     "percentile",
 ]
-
-
-#: The largest value of each :class:`SidecarParams` field: the ranges of a live
-#: calibration's ``fitted_sidecar`` (``diloco_gym/data/calibration.schema.json``; a test
-#: keeps them equal), so that a fleet site's ``sidecar`` override, a calibration file and
-#: code get the same bounds (``tail_s = 1e308`` asked for an endless episode).
-SIDECAR_MAX: dict[str, float] = {
-    "ttft_ms": 600_000.0,
-    "prefill_ms_per_token": 1000.0,
-    "decode_ms_per_token": 10_000.0,
-    "slots": 100_000.0,
-    "sync_slowdown": 100.0,
-    "pressure_gain": 100.0,
-    "slo_ms": 3_600_000.0,
-    "serving_capacity_rps": 1_000_000.0,
-    "high_pressure": 1.0,
-    "tail_s": 3600.0,
-}
-
-
-def _finite(value: object) -> bool:
-    try:
-        return bool(np.isfinite(float(value)))  # type: ignore[arg-type]
-    except (OverflowError, TypeError, ValueError):
-        return False
 
 
 @dataclass(frozen=True)
@@ -123,24 +99,7 @@ class SidecarParams:
     tail_s: float = 12.0
 
     def __post_init__(self) -> None:
-        for f in fields(self):
-            value = getattr(self, f.name)
-            if not isinstance(value, (int, float)) or isinstance(value, bool) or not _finite(value):
-                shown = repr(value) if len(repr(value)) <= 40 else f"{repr(value)[:24]}..."
-                raise ValueError(f"SidecarParams.{f.name} must be a finite number, got {shown}")
-            if value < 0:
-                raise ValueError(f"SidecarParams.{f.name} must be >= 0, got {value!r}")
-            if value > SIDECAR_MAX[f.name]:
-                raise ValueError(
-                    f"SidecarParams.{f.name} must be at most {SIDECAR_MAX[f.name]:g}, got {value!r}"
-                )
-        for name in ("slots", "slo_ms", "serving_capacity_rps"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"SidecarParams.{name} must be > 0, got {getattr(self, name)!r}")
-        if not 0 < self.high_pressure <= 1:
-            raise ValueError(
-                f"SidecarParams.high_pressure must be in (0, 1], got {self.high_pressure!r}"
-            )
+        check_sidecar_fields(self)  # finite, >= 0, at most SIDECAR_MAX (sidecar_bounds.py)
 
     @property
     def slo_s(self) -> float:
