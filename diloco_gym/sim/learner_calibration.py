@@ -102,8 +102,9 @@ def _check_bound(name: str, v: Any) -> None:
     )
     if not ok:
         low = f"{'>=' if inclusive else '>'} {lo:g}"
+        shown = repr(v) if len(repr(v)) <= 40 else f"{repr(v)[:24]}... ({len(repr(v))} characters)"
         raise ValueError(
-            f"LearnerCalibration.{name} must be a finite number {low} and <= {hi:g}, got {v!r}"
+            f"LearnerCalibration.{name} must be a finite number {low} and <= {hi:g}, got {shown}"
         )
 
 
