@@ -22,7 +22,7 @@ import gymnasium as gym
 import numpy as np
 
 from diloco_gym.envs.env import DiLoCoSyncEnv
-from diloco_gym.envs.episode import Episode, episode_from_seed
+from diloco_gym.envs.episode import Episode, episode_from_seed, episode_length
 from diloco_gym.envs.observation import EXO_SLICE, OBS_DIM, OBS_FEATURES
 from diloco_gym.envs.params import EnvParams
 from diloco_gym.envs.reward import nominal_rate_rps, require_additive, reward_per_request
@@ -155,6 +155,7 @@ class FleetSetup:
                 f"the fragment sync ({window:.2f} s) does not fit the fragment "
                 f"corridor [{lo}, {hi}] decisions ({exc})"
             ) from None
+        self._check_decision_counts(fleet, float(durations.pop()))
         #: per precision option: the kernel parameters with that sync's window.
         self.option_params = [
             replace(self.params, merge_seconds=pl.window_s) for pl in self.option_plans
@@ -177,6 +178,20 @@ class FleetSetup:
             self.regime_name = str(getattr(gens[0], "name", fleet.sites[0].name))
         else:
             self.regime_name = "fleet[" + ",".join(self.site_names) + "]"
+
+    def _check_decision_counts(self, fleet: fl.FleetParams, duration_s: float) -> None:
+        """Every site's episode has the same decisions (its window less the margin its
+        sidecar's ``tail_s`` charges the last merge): checked here, not at the first reset."""
+        counts = {
+            s.name: episode_length(duration_s, self.params, sc, s.name)
+            for s, sc in zip(fleet.sites, self.sidecars, strict=True)
+        }
+        if len(set(counts.values())) != 1:
+            raise fl.FleetConfigError(
+                f"the sites' episodes would have different decision counts {counts} (a "
+                f"sidecar's tail_s sets how much of the window an episode uses); give the "
+                f"sites equal tail_s"
+            )
 
     def _trace_site(self, s: fl.SiteConfig, index: int) -> ReplayRegime:
         """Site ``index``'s replay of its trace (its rate, start and disjoint tiles)."""

@@ -118,3 +118,11 @@ def test_a_huge_integer_over_a_limit_is_shown_short():
 
     with pytest.raises(LimitError, match=r"10000000\.\.\. \(401 digits\) is above the limit"):
         check_limit("MERGE_BUDGET", int(BIG), "merge_budget")
+
+
+def test_sites_of_different_decision_counts_are_refused_when_built(tmp_path):
+    """A site's ``tail_s`` sets how much of the window its episode uses: unequal ones
+    failed at the first reset ("fleet sites have different decision counts"), naming no
+    file; now when the env is built."""
+    path = _fleet(tmp_path, SITES + "sidecar = { tail_s = 0.0 }\n")
+    _refused(path, "different decision counts", "'a': ", "'b': ", "tail_s")
