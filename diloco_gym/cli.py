@@ -117,12 +117,14 @@ def exit_status(exc: BaseException) -> tuple[int, str]:
 
 
 def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
-    """Show a trace loader's warning (rows deliberately left out) as one line,
-    ``diloco-gym: warning: ...``; other warnings keep Python's format."""
+    """Show a trace loader's warning (rows deliberately left out) and a sweep store's (a
+    line of ``cells.jsonl`` set aside) as one line, ``diloco-gym: warning: ...``; other
+    warnings keep Python's format."""
+    from diloco_gym.scale.sweep import SweepStoreWarning
     from diloco_gym.sim.loaders import TraceFilterWarning
 
     trusted = sys.modules.get("diloco_gym.agents.learned")
-    one_line: tuple[type[Warning], ...] = (TraceFilterWarning,)
+    one_line: tuple[type[Warning], ...] = (TraceFilterWarning, SweepStoreWarning)
     if trusted is not None:
         one_line += (trusted.TrustedModelFileWarning,)
     if issubclass(category, one_line):

@@ -63,9 +63,12 @@ def first_error(exc: ValidationError) -> TableError:
         return TableError(key, "unknown", "unknown key", value)
     if kind == "value_error":
         return TableError(key, "value", str(err["ctx"]["error"]), value)
+    shown = repr(value)
+    if len(shown) > 60:  # a 400-digit number or a long string: quoted short
+        shown = f"{shown[:40]}... ({len(shown)} characters)"
     if kind in _WANTED:
-        return TableError(key, "type", f"must be {_WANTED[kind]}, got {value!r}", value)
-    return TableError(key, "value", f"{err['msg']}, got {value!r}", value)
+        return TableError(key, "type", f"must be {_WANTED[kind]}, got {shown}", value)
+    return TableError(key, "value", f"{err['msg']}, got {shown}", value)
 
 
 def validate_table(model: type[BaseModel], data: Any) -> Any:

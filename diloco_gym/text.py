@@ -32,3 +32,11 @@ def fmt_p(p: float) -> str:
 def count(n: int, noun: str) -> str:
     """``1 cell``, ``2 cells``: a count with its noun, plural when not one."""
     return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
+def md_text(x: Any) -> str:
+    """``x`` as text for a Markdown line or table cell: a control character (a newline in
+    a name would start a line of its own) shown escaped (``\\n``) and ``|`` escaped (it
+    would split a table cell)."""
+    text = "".join(c if c.isprintable() else ascii(c)[1:-1] for c in str(x))
+    return text.replace("|", "\\|")

@@ -120,7 +120,7 @@ def test_force_refuses_a_non_empty_directory_without_the_marker(tmp_path, capsys
 
 
 @pytest.mark.slow
-def test_force_replaces_a_marked_report_and_an_unmarked_old_one(tmp_path, capsys):
+def test_force_replaces_a_marked_report_and_refuses_an_unmarked_old_one(tmp_path, capsys):
     out = tmp_path / "r"
     assert main(["report", "--out", str(out), *QUICK]) == 0
     assert (out / rep.MARKER).is_file()
@@ -128,10 +128,14 @@ def test_force_replaces_a_marked_report_and_an_unmarked_old_one(tmp_path, capsys
     (out / "report.md").write_text("old")
     assert main(["report", "--out", str(out), "--force", *QUICK]) == 0
     assert (out / "report.md").read_text().startswith("# diloco-gym")
-    # a report of an earlier version (no marker, only report files) is recognised too
+    # a report of an earlier version (no marker, only report-like files) is recognised,
+    # but not replaced: nothing tells its files from the user's, so --force deletes none
     (out / rep.MARKER).unlink()
     assert rep.is_report_dir(out)
-    assert main(["report", "--out", str(out), "--force", *QUICK]) == 0
+    before = sorted(p.name for p in out.iterdir())
+    msg = _fails(["report", "--out", str(out), "--force", *QUICK], capsys, 2)
+    assert f"refusing to replace {out}: it has no diloco-gym report marker" in msg
+    assert sorted(p.name for p in out.iterdir()) == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["r"]  # no stray siblings
 
 

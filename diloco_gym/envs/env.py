@@ -168,6 +168,17 @@ def configure(
     )
 
 
+class _RenderModes(list):
+    """The env's render modes (``metadata["render_modes"]``). For ``gym.make``: a
+    ``render_mode`` that is not a string counts as listed, so that Gymnasium hands it to the
+    env, whose check refuses it with a ``ValueError`` naming ``render_mode`` (Gymnasium
+    itself would call ``.endswith`` on it, an ``AttributeError``). Strings are looked up
+    as in a list."""
+
+    def __contains__(self, value: object) -> bool:
+        return not isinstance(value, str) or super().__contains__(value)
+
+
 def _space_error(what: str, value: Any, space: gym.Space) -> str:
     shown = np.array2string(value, threshold=8) if isinstance(value, np.ndarray) else repr(value)
     kind = type(value).__name__
@@ -220,8 +231,9 @@ def check_env_sizes(
     params: EnvParams, generator, num_envs: int = 1, what: str = "num_envs"
 ) -> None:
     """Refuse, before anything is allocated, an env whose episodes would be too large:
-    decisions per episode (``DILOCO_GYM_MAX_DECISIONS``), envs (``DILOCO_GYM_MAX_ENVS``)
-    and envs x decisions (``DILOCO_GYM_MAX_BATCH_DECISIONS``); see
+    decisions per episode (``DILOCO_GYM_MAX_DECISIONS``), envs (``DILOCO_GYM_MAX_ENVS``),
+    envs x decisions (``DILOCO_GYM_MAX_BATCH_DECISIONS``) and a synthetic regime's requests
+    per episode at its busiest rate (``DILOCO_GYM_MAX_REQUESTS``); see
     :mod:`diloco_gym.sim.limits`. ``generator`` is asked for its ``duration_s`` (the
     episode window); one without it is not checked here. ``what`` names ``num_envs`` in
     the message (a vector env's ``episode_pool`` is checked the same way).
@@ -238,6 +250,15 @@ def check_env_sizes(
         raise ValueError(f"the regime's episode window duration_s must be finite, got {duration}")
     n = duration / params.decision_seconds
     check_limit("DECISIONS", n, f"an episode window of {duration:g} s, in decisions")
+    rates = [getattr(generator, k, None) for k in ("quiet_rate_rps", "busy_rate_rps")]
+    if all(isinstance(r, (int, float)) for r in rates):  # a synthetic regime's load
+        peak = float(max(r for r in rates if r is not None))
+        check_limit(
+            "REQUESTS",
+            peak * duration,
+            f"requests per episode ({peak:.3g}/s at the busiest x {duration:g} s; "
+            f"--rate-scale or --target-utilization set the load)",
+        )
     check_limit(
         "BATCH_DECISIONS",
         n * num_envs,
@@ -377,7 +398,7 @@ class DiLoCoSyncEnv(gym.Env[Observation, Action]):
     * v0: initial version.
     """
 
-    metadata = {"render_modes": ["ansi", "rgb_array"], "render_fps": 4}
+    metadata = {"render_modes": _RenderModes(["ansi", "rgb_array"]), "render_fps": 4}
 
     def __init__(
         self,
@@ -393,7 +414,9 @@ class DiLoCoSyncEnv(gym.Env[Observation, Action]):
         #: nominal request rate of the reward scale, fixed for every episode of this env.
         self.reward_rate_rps = cfg.reward_rate_rps
         self.sidecar, self.learner_params = cfg.sidecar, cfg.learner_params
-        if render_mode is not None and render_mode not in self.metadata["render_modes"]:
+        if render_mode is not None and (
+            not isinstance(render_mode, str) or render_mode not in self.metadata["render_modes"]
+        ):
             raise ValueError(
                 f"render_mode must be one of {self.metadata['render_modes']}, got {render_mode!r}"
             )

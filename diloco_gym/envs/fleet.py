@@ -22,7 +22,7 @@ import gymnasium as gym
 import numpy as np
 
 from diloco_gym.envs.env import DiLoCoSyncEnv
-from diloco_gym.envs.episode import Episode, episode_from_seed
+from diloco_gym.envs.episode import Episode, episode_from_seed, episode_length
 from diloco_gym.envs.observation import EXO_SLICE, OBS_DIM, OBS_FEATURES
 from diloco_gym.envs.params import EnvParams
 from diloco_gym.envs.reward import nominal_rate_rps, require_additive, reward_per_request
@@ -155,6 +155,7 @@ class FleetSetup:
                 f"the fragment sync ({window:.2f} s) does not fit the fragment "
                 f"corridor [{lo}, {hi}] decisions ({exc})"
             ) from None
+        self._check_decision_counts(fleet, float(durations.pop()))
         #: per precision option: the kernel parameters with that sync's window.
         self.option_params = [
             replace(self.params, merge_seconds=pl.window_s) for pl in self.option_plans
@@ -177,6 +178,20 @@ class FleetSetup:
             self.regime_name = str(getattr(gens[0], "name", fleet.sites[0].name))
         else:
             self.regime_name = "fleet[" + ",".join(self.site_names) + "]"
+
+    def _check_decision_counts(self, fleet: fl.FleetParams, duration_s: float) -> None:
+        """Every site's episode has the same decisions (its window less the margin its
+        sidecar's ``tail_s`` charges the last merge): checked here, not at the first reset."""
+        counts = {
+            s.name: episode_length(duration_s, self.params, sc, s.name)
+            for s, sc in zip(fleet.sites, self.sidecars, strict=True)
+        }
+        if len(set(counts.values())) != 1:
+            raise fl.FleetConfigError(
+                f"the sites' episodes would have different decision counts {counts} (a "
+                f"sidecar's tail_s sets how much of the window an episode uses); give the "
+                f"sites equal tail_s"
+            )
 
     def _trace_site(self, s: fl.SiteConfig, index: int) -> ReplayRegime:
         """Site ``index``'s replay of its trace (its rate, start and disjoint tiles)."""
@@ -341,6 +356,21 @@ class FleetEpisode:
         return self._memo[key]
 
 
+def _check_env_table(env: dict[str, Any], where: str) -> None:
+    """A fleet file's ``[env]`` table: ``EnvParams`` fields with valid values (one line
+    naming the file and the key; an unknown key was a ``TypeError`` naming no file)."""
+    bad = sorted(set(env) - _ENV_FIELDS)
+    if bad:
+        raise fl.FleetConfigError(
+            f"{where}: [env] has unknown key(s) {bad}; valid: EnvParams fields "
+            f"{sorted(_ENV_FIELDS)}"
+        )
+    try:
+        EnvParams(**env)
+    except (TypeError, ValueError) as exc:
+        raise fl.FleetConfigError(f"{where}: [env] {' '.join(str(exc).split())}") from None
+
+
 class DiLoCoFleetEnv(DiLoCoSyncEnv):
     """## Description
 
@@ -401,9 +431,33 @@ class DiLoCoFleetEnv(DiLoCoSyncEnv):
         render_mode: str | None = None,
         **overrides: Any,
     ) -> None:
+        source = str(fleet) if isinstance(fleet, (str, Path)) else None
+        try:
+            self._build(fleet, params, learners, render_mode, overrides)
+        except ValueError as exc:
+            # A value of the file that fails only once the fleet is assembled (a sync
+            # that does not fit the corridor, sites of different decision counts): the
+            # message names the file, as its loader's do.
+            from diloco_gym.sim.traces import TraceFormatError
+
+            if source is None or isinstance(exc, TraceFormatError) or str(exc).startswith(source):
+                raise
+            raise fl.FleetConfigError(f"{source}: {' '.join(str(exc).split())}") from None
+
+    def _build(
+        self,
+        fleet: fl.FleetParams | str | Path | None,
+        params: EnvParams | None,
+        learners: lrn.LearnerParams | None,
+        render_mode: str | None,
+        overrides: dict[str, Any],
+    ) -> None:
+        """:meth:`__init__`'s work (its errors are named by the file there)."""
         env_kw: dict[str, Any] = {}
         if isinstance(fleet, (str, Path)):
+            source = str(fleet)
             fleet, env_kw = fl.load_fleet_toml(fleet)
+            _check_env_table(env_kw, source)
         fleet_kw = {k: v for k, v in overrides.items() if k in _FLEET_FIELDS}
         env_kw.update({k: v for k, v in overrides.items() if k not in _FLEET_FIELDS})
         unknown = set(env_kw) - _ENV_FIELDS

@@ -15,7 +15,43 @@ import numpy as np
 from diloco_gym.envs.reward import check_reward_mode
 from diloco_gym.sim.limits import check_limit
 
-__all__ = ["EnvParams"]
+__all__ = ["EnvParams", "RANGES", "MAX_STEPS"]
+
+#: The range of each number field, ``(low, high, low_inclusive)`` (``high`` included): far
+#: beyond any meaningful setting, so that a value such as ``excess_weight = 1e308`` (whose
+#: rewards overflow to ``-inf``) or a ``merge_seconds`` whose steps overflow an integer is
+#: refused with the field named instead of training or failing somewhere inside.
+RANGES: dict[str, tuple[float, float, bool]] = {
+    "step_seconds": (1e-6, 3600.0, True),
+    "merge_seconds": (0.0, 86_400.0, False),
+    "excess_weight": (0.0, 1e6, True),
+    "progress_weight": (0.0, 1e6, True),
+    "rate_norm_rps": (0.0, 1e9, False),
+    "loss_clip": (0.0, 1e6, False),
+    "tokens_clip": (0.0, 1e18, False),
+    "staleness_clip_s": (0.0, 1e9, False),
+    "reward_rate_rps": (0.0, 1e9, False),
+    # an EWMA weight below ~1e-16 makes its bias correction 1 - (1 - alpha)^n exactly 0
+    "forecast_alpha": (1e-6, 1.0, True),
+    "baseline_alpha": (1e-6, 1.0, True),
+}
+#: The largest step count (``h_min_steps``, ``h_max_steps``, ``decision_interval``): a
+#: 32-bit integer, as the compiled kernels hold them.
+MAX_STEPS = 2**31 - 1
+
+
+def _show(v: object) -> str:
+    """``repr(v)`` for a message, a huge value (a 400-digit integer) cut short."""
+    text = repr(v)
+    return text if len(text) <= 40 else f"{text[:24]}... ({len(text)} characters)"
+
+
+def _finite(v: object) -> bool:
+    """Whether ``v`` is a finite number (an integer too large for a float is not)."""
+    try:
+        return bool(np.isfinite(float(v)))  # type: ignore[arg-type]
+    except (OverflowError, TypeError, ValueError):
+        return False
 
 
 @dataclass(frozen=True)
@@ -79,11 +115,12 @@ class EnvParams:
                 if v is not None and (
                     not isinstance(v, (int, float, np.integer, np.floating))
                     or isinstance(v, bool)
-                    or not np.isfinite(v)
+                    or not _finite(v)
                     or v <= 0
                 ):
                     raise ValueError(
-                        f"EnvParams.reward_rate_rps must be None or a finite number > 0, got {v!r}"
+                        f"EnvParams.reward_rate_rps must be None or a finite number > 0, "
+                        f"got {_show(v)}"
                     )
                 continue
             if f.name == "merge_budget":
@@ -91,18 +128,22 @@ class EnvParams:
                     not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v < 0
                 ):
                     raise ValueError(
-                        f"EnvParams.merge_budget must be None or an int >= 0, got {v!r}"
+                        f"EnvParams.merge_budget must be None or an int >= 0, got {_show(v)}"
                     )
                 continue
             if f.name == "skip_forced":
                 if not isinstance(v, (bool, np.bool_)):
-                    raise ValueError(f"EnvParams.skip_forced must be a bool, got {v!r}")
+                    raise ValueError(f"EnvParams.skip_forced must be a bool, got {_show(v)}")
                 continue
             if f.type in ("int", int):
                 if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v < 1:
-                    raise ValueError(f"EnvParams.{f.name} must be an int >= 1, got {v!r}")
-            elif not isinstance(v, (int, float)) or isinstance(v, bool) or not np.isfinite(v):
-                raise ValueError(f"EnvParams.{f.name} must be a finite number, got {v!r}")
+                    raise ValueError(f"EnvParams.{f.name} must be an int >= 1, got {_show(v)}")
+                if v > MAX_STEPS:
+                    raise ValueError(
+                        f"EnvParams.{f.name} must be at most {MAX_STEPS:,} steps, got {_show(v)}"
+                    )
+            elif not isinstance(v, (int, float)) or isinstance(v, bool) or not _finite(v):
+                raise ValueError(f"EnvParams.{f.name} must be a finite number, got {_show(v)}")
         for name in (
             "step_seconds",
             "merge_seconds",
@@ -112,13 +153,16 @@ class EnvParams:
             "staleness_clip_s",
         ):
             if getattr(self, name) <= 0:
-                raise ValueError(f"EnvParams.{name} must be > 0, got {getattr(self, name)!r}")
+                raise ValueError(f"EnvParams.{name} must be > 0, got {_show(getattr(self, name))}")
         for name in ("excess_weight", "progress_weight"):
             if getattr(self, name) < 0:
-                raise ValueError(f"EnvParams.{name} must be >= 0, got {getattr(self, name)!r}")
+                raise ValueError(f"EnvParams.{name} must be >= 0, got {_show(getattr(self, name))}")
         for name in ("forecast_alpha", "baseline_alpha"):
             if not 0 < getattr(self, name) <= 1:
-                raise ValueError(f"EnvParams.{name} must be in (0, 1], got {getattr(self, name)!r}")
+                raise ValueError(
+                    f"EnvParams.{name} must be in (0, 1], got {_show(getattr(self, name))}"
+                )
+        self._check_ranges()
         if self.h_min_steps > self.h_max_steps:
             raise ValueError(
                 f"EnvParams: h_min_steps ({self.h_min_steps}) must not exceed "
@@ -139,6 +183,16 @@ class EnvParams:
                 f"{self.merge_steps} steps) must fit inside h_min_steps "
                 f"({self.h_min_steps}) so that merges never overlap"
             )
+
+    def _check_ranges(self) -> None:
+        """Each number within its :data:`RANGES` entry."""
+        for name, (lo, hi, inclusive) in RANGES.items():
+            v = getattr(self, name)
+            if v is not None and not ((v >= lo if inclusive else v > lo) and v <= hi):
+                raise ValueError(
+                    f"EnvParams.{name} must be in {'[' if inclusive else '('}{lo:g}, {hi:g}], "
+                    f"got {_show(v)}"
+                )
 
     @cached_property  # derived, never a second default; cached for the hot path
     def decision_seconds(self) -> float:

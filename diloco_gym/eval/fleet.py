@@ -34,6 +34,7 @@ from diloco_gym.envs.fleet import DiLoCoFleetEnv, FleetEpisode, require_fixed_pr
 from diloco_gym.eval import protocol
 from diloco_gym.eval.protocol import EpisodeScorer, Scores
 from diloco_gym.eval.report_render import sandbox_record, sandbox_sentence
+from diloco_gym.text import md_text
 
 __all__ = [
     "FleetScorer",
@@ -117,6 +118,9 @@ class FleetReportConfig:
             raise ValueError(f"seeds must be >= 2 for the paired test, got {self.seeds}")
         if self.draws < 1:
             raise ValueError(f"draws must be >= 1, got {self.draws}")
+        from diloco_gym.sim.limits import check_limit
+
+        check_limit("DRAWS", self.draws, "draws (--draws)")
         if not self.agents:
             raise ValueError("a fleet report needs at least one agent")
 
@@ -419,7 +423,7 @@ def fleet_summary_table(summary) -> str:
             elif isinstance(v, float) and not np.isfinite(v):
                 cells.append("n/a")
             else:
-                cells.append(fmt.format(v))
+                cells.append(md_text(fmt.format(v)))  # a name: no newline, no cell split
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -479,7 +483,8 @@ def write_fleet_report(
     (:func:`write_fleet_dir`, so ``--force`` rules are the report's)."""
     f = result["fleet"]
     body = [
-        f"Fleet `{f['file']}`: sites {', '.join(f['sites'])}; F = {f['fragments']} "
+        f"Fleet `{md_text(f['file'])}`: sites {', '.join(map(md_text, f['sites']))}; "
+        f"F = {f['fragments']} "
         f"fragments, {f['bits']}-bit payloads ({f['payload_bytes'] / 1e6:.0f} MB per "
         f"sync), {f['mode']} mode, sync window {f['sync_window_s']:.2f} s, link share "
         f"{f['link_share']:.3f}, fragment corridor {f['corridor_decisions']} decisions, "
@@ -504,7 +509,7 @@ def write_fleet_report(
         "",
     ]
     for r in result["calibration"].to_dict(orient="records"):
-        body.append(f"- {r['site']}: {r['verdict']} (measured on {r['measured_on']})")
+        body.append(f"- {md_text(r['site'])}: {r['verdict']} (measured on {r['measured_on']})")
     extra = {
         "calibration": result["calibration"].to_dict(orient="records"),
         "independent_units": result["independent_units"],

@@ -37,7 +37,8 @@ _MARKER_TEXT = "diloco-gym report directory: `diloco-gym report --force` may rep
 #: The marker's line before the names of the files the report wrote (one a line).
 _MARKER_FILES = "files written:\n"
 #: The files a report or a frontier writes (a directory of only these, from a version that
-#: wrote no marker or a marker without the file list, is also recognised as one).
+#: wrote no marker or a marker without the file list, is also recognised as one; without a
+#: marker, ``--force`` still refuses to replace it: see :func:`prepare_out_dir`).
 _REPORT_FILE = re.compile(
     r"^(report\.md|report\.json|results\.csv|(fig|timeline|frontier)_.+\.png"
     r"|frontier\.(md|csv|json)|curves\.csv)$"
@@ -192,10 +193,13 @@ def prepare_out_dir(out: str | Path, force: bool) -> Path:
     A missing or empty directory is fine. An existing report needs ``force``; ``force``
     never replaces the current directory, the home directory, a filesystem root, a
     directory that contains the current one, a directory that is not a diloco-gym
-    report (no :data:`MARKER`), or a report directory that also holds anything the report
-    did not write (the marker lists its files; the message names the others), so that no
-    user file can be lost. Takes the output's lock (:mod:`diloco_gym.eval.outlock`): a
-    second process writing the same directory is refused.
+    report, a report directory that also holds anything the report did not write (the
+    marker lists its files; the message names the others), or a directory without the
+    :data:`MARKER` even when its files look like a report's (one of a release before the
+    marker: nothing tells its files from a user's ``fig_mine.png``; the message names the
+    directory and its entries), so that no user file can be lost. Takes the output's lock
+    (:mod:`diloco_gym.eval.outlock`): a second process writing the same directory is
+    refused.
 
     Raises:
         FileExistsError: ``out`` exists and may not be replaced (the message says why).
@@ -242,6 +246,16 @@ def prepare_out_dir(out: str | Path, force: bool) -> Path:
             f"refusing to replace {out}: besides a previous report it holds {len(foreign)} "
             f"entr{'y' if len(foreign) == 1 else 'ies'} no report wrote ({shown}); "
             f"--force replaces only a report's own files: move them out or choose another --out"
+        )
+    if not (out / MARKER).is_file():
+        # A report of a release before the marker: nothing says which of these files a
+        # report wrote (a figure of the user's looks like one), so none is deleted.
+        shown = ", ".join(repr(n) for n in entries[:5]) + (" ..." if len(entries) > 5 else "")
+        raise FileExistsError(
+            f"refusing to replace {out}: it has no diloco-gym report marker ({MARKER}), so "
+            f"--force cannot tell the files a report wrote from yours ({len(entries)} "
+            f"entr{'y' if len(entries) == 1 else 'ies'}: {shown}); move or delete them "
+            f"yourself, or choose another --out"
         )
     if not force:
         raise FileExistsError(f"report directory {out} already exists; pass --force to replace it")

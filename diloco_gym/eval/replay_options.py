@@ -100,6 +100,9 @@ class ReplayOptions:
         )
         if self.draws < 1:
             raise ValueError(f"draws must be >= 1, got {self.draws}")
+        from diloco_gym.sim.limits import check_limit
+
+        check_limit("DRAWS", self.draws, "draws (--draws)")
         if not 0 < self.alpha < 1:
             raise ValueError(f"alpha must be in (0, 1), got {self.alpha}")
 

@@ -98,6 +98,11 @@ class ReportConfig(ReplayOptions):
         v = self.stride_s
         if v is not None and not (np.isfinite(v) and v > 0):
             raise ValueError(f"stride_s must be a positive number of seconds, got {v}")
+        v = self.saturation_pct
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= 100:
+            # NaN included: it compares false with every threshold and silently turned
+            # the saturation gate off
+            raise ValueError(f"saturation_pct must be a percentage in [0, 100], got {v!r}")
 
     def require_choice(self) -> None:
         """Refuse trace windows too short for H_max to be reached (``ValueError`` naming the

@@ -11,6 +11,7 @@ import pandas as pd
 from diloco_gym.eval.summary import holm_family, scoring_summary
 from diloco_gym.text import fmt as _fmt
 from diloco_gym.text import fmt_p as _fmt_p
+from diloco_gym.text import md_text
 
 __all__ = [
     "render_markdown",
@@ -241,7 +242,7 @@ def _transfer_section(result: dict[str, Any]) -> list[str]:
     ]
     for _, r in result["calibration"].iterrows():
         lines.append(
-            f"| {r['regime']} | {r['measured_on']} | {r['sidecar']} | "
+            f"| {md_text(r['regime'])} | {r['measured_on']} | {r['sidecar']} | "
             f"{_fmt(r['real_p95_high_low'], 3)} | "
             f"{_fmt(r['sim_p95_high_low'], 3)} | {_fmt(r['real_p95_sync_ratio'], 3)} | "
             f"{_fmt(r['sim_p95_sync_ratio'], 3)} | "
@@ -258,7 +259,7 @@ def _transfer_section(result: dict[str, Any]) -> list[str]:
     for r in trace_rows:
         lines += [
             "",
-            f"For information only (not the verdict): on {r['regime']}'s own windows "
+            f"For information only (not the verdict): on {md_text(r['regime'])}'s own windows "
             f"a fixed-256 schedule gives p95 high/low {_fmt(r['trace_sim_p95_high_low'], 3)}"
             f" and p95 sync ratio {_fmt(r['trace_sim_p95_sync_ratio'], 3)}; the trace's "
             f"token mix and load, not the sidecar, set these.",
@@ -275,7 +276,7 @@ def _regime_section(
     cfg = result["config"]
     lines = [
         "",
-        f"## {regime}",
+        f"## {md_text(regime)}",
         "",
         f"No-sync violation rate: {g['no_sync_violation_pct'].mean():.2f} %. "
         f"Calibration: {g['calibration'].iloc[0]}. {_regime_scoring(result, regime)}",
@@ -289,7 +290,7 @@ def _regime_section(
         lines += _quality_table(g)
     fig = f"fig_{regime.replace(':', '_')}.png"
     if fig in figures:
-        lines += ["", f"![{regime}]({fig})"]
+        lines += ["", f"![{md_text(regime)}]({fig})"]
     if regime in PAPER:
         lines += [
             "",
@@ -311,7 +312,7 @@ def _agent_table(g: pd.DataFrame) -> list[str]:
     ]
     for _, r in g.sort_values("sync_excess_pct").iterrows():
         lines.append(
-            f"| {r['agent']}{'' if r.get('deployable', True) else ' (non-deployable)'} | "
+            f"| {md_text(r['agent'])}{'' if r.get('deployable', True) else ' (non-deployable)'} | "
             f"{r['merges_per_hour']:.1f} | {r['sync_excess_pct']:.2f} | "
             f"{r['matched_random_pct']:.2f} [{r['matched_random_p05']:.2f}-"
             f"{r['matched_random_p95']:.2f}] | {r['oracle_same_budget_pct']:.2f} | "
@@ -334,7 +335,8 @@ def _descriptive_table(g: pd.DataFrame) -> list[str]:
         "|---|---|---|",
     ]
     lines += [
-        f"| {r['agent']} (descriptive) | {int(r['units_all'])} | {r['diff_pp_all_units']:+.2f} |"
+        f"| {md_text(r['agent'])} (descriptive) | {int(r['units_all'])} | "
+        f"{r['diff_pp_all_units']:+.2f} |"
         for _, r in g.sort_values("sync_excess_pct").iterrows()
     ]
     return lines
@@ -432,7 +434,7 @@ def _quality_table(g: pd.DataFrame) -> list[str]:
     ]
     for _, r in g.sort_values("sync_excess_pct").iterrows():
         lines.append(
-            f"| {r['agent']} | {r['merges_per_hour']:.1f} | {r['sync_excess_pct']:.2f} | "
+            f"| {md_text(r['agent'])} | {r['merges_per_hour']:.1f} | {r['sync_excess_pct']:.2f} | "
             f"{r['pred_loss']:.4f} | {r['quality_cost']:+.2e} |"
         )
     return lines
@@ -499,7 +501,7 @@ def _verdict_notes(g: pd.DataFrame, cfg: dict, load: dict) -> list[str]:
     for _, r in g[g["verdict"] == "inconclusive (too few episodes)"].iterrows():
         n, k = int(r["units"]), int(r["nonzero_units"])
         out.append(
-            f"**{r['agent']}: inconclusive (too few episodes)**: {n} independent "
+            f"**{md_text(r['agent'])}: inconclusive (too few episodes)**: {n} independent "
             f"{r['unit']}{'' if n == 1 else 's'}, {k} with a non-zero difference; the "
             f"best p an exact test on them can give, Holm-adjusted over "
             f"{int(r['holm_family'])} agents, is {_fmt_p(r['best_p_holm'])}, not below "

@@ -28,11 +28,15 @@ def check_test_seeds(seed0: int, n: int, what: str = "episode seeds") -> None:
         ValueError: naming the range, when any seed is negative or would be a validation
             or training seed.
     """
+
+    def short(x: int) -> str:  # a 400-digit seed, shown by its length
+        return str(x) if len(str(x)) <= 20 else f"{str(x)[:8]}... ({len(str(x))} digits)"
+
     if seed0 < 0:
-        raise ValueError(f"seed0 must be >= 0, got {seed0}")
+        raise ValueError(f"seed0 must be >= 0, got {short(seed0)}")
     if seed0 + n > VALIDATION_SEED0:
         raise ValueError(
-            f"{what} {seed0}..{seed0 + n - 1} reach {VALIDATION_SEED0}: seeds "
+            f"{what} {short(seed0)}..{short(seed0 + n - 1)} reach {VALIDATION_SEED0}: seeds "
             f"from {VALIDATION_SEED0} are validation seeds and from "
             f"{TRAIN_SEED_LOW} training seeds of learned agents; test seeds "
             f"stay below {VALIDATION_SEED0}"

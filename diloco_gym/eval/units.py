@@ -201,8 +201,15 @@ def trace_effect_sizes(units: list[Unit]) -> dict:
 
 
 def episode_budget(per_hour: float, duration_s: float, n: int, params) -> int:
-    """Merges per episode for ``per_hour`` (rounded), checked against the feasible range."""
-    m = int(round(per_hour * duration_s / 3600.0))
+    """Merges per episode for ``per_hour`` (rounded), checked against the feasible range
+    (a non-finite budget, or one whose merges overflow, is refused the same way)."""
+    exact = per_hour * duration_s / 3600.0
+    if not -(2.0**62) < exact < 2.0**62:  # NaN, infinities, 1e308: no integer count
+        raise ValueError(
+            f"budget {per_hour:g} merges/h is not a finite number of merges in a "
+            f"{duration_s:g} s episode"
+        )
+    m = int(round(exact))
     lo, hi = budget_range(n, params.h_min, params.h_max)
     if not lo <= m <= hi:
         to_h = 3600.0 / duration_s

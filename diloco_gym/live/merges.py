@@ -77,6 +77,10 @@ class MergeConfig:
             raise ValueError(f"MergeConfig.workers must be an int >= 1, got {self.workers!r}")
         if not self.merge_mb > 0:
             raise ValueError(f"MergeConfig.merge_mb must be > 0, got {self.merge_mb!r}")
+        from diloco_gym.sim.limits import check_limit
+
+        # the workers allocate it: 1e308 MiB reached them as a NaN element count
+        check_limit("MERGE_MB", self.merge_mb, "MergeConfig.merge_mb (--merge-mb)")
         if self.backend not in ("auto", "gloo", "nccl"):
             raise ValueError(
                 f"MergeConfig.backend must be auto, gloo or nccl, got {self.backend!r}"

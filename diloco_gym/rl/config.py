@@ -45,6 +45,7 @@ key.
 from __future__ import annotations
 
 import hashlib
+import math
 import sys
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -77,12 +78,43 @@ class ConfigError(ValueError):
     """A training config file (or its combination with flags) is invalid."""
 
 
+#: The training seed's range: what NumPy and SB3 seed their generators with.
+MAX_SEED = 2**32 - 1
+#: The largest count (timesteps, episodes, frequencies): an int64 with room to add.
+MAX_COUNT = 2**62
+
+
+def _short(v: Any) -> str:
+    """``repr(v)``, a huge value cut short."""
+    text = repr(v)
+    return text if len(text) <= 40 else f"{text[:24]}... ({len(text)} characters)"
+
+
+#: The largest budget a config may give, in merges per hour (one merge a second is 3,600;
+#: the corridor refuses far less): a bound that keeps the conversion to merges finite.
+MAX_BUDGET_PER_HOUR = 1e6
+
+
+def _finite_number(v: Any) -> bool:
+    """A real number (not a bool) that is finite as a float (a 400-digit integer is not)."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return False
+    try:
+        return math.isfinite(float(v))
+    except OverflowError:
+        return False
+
+
 def _positive_budgets(value: list) -> list:
     if not value:
         raise ValueError("give at least one budget")
     for v in value:
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
-            raise ValueError(f"budgets must be positive numbers, got {v!r}")
+        if not _finite_number(v) or not 0 < v <= MAX_BUDGET_PER_HOUR:
+            shown = repr(v) if len(repr(v)) < 40 else f"{repr(v)[:24]}..."
+            raise ValueError(
+                f"budgets must be positive numbers (finite, at most "
+                f"{MAX_BUDGET_PER_HOUR:g}), got {shown}"
+            )
     if len({float(v) for v in value}) != len(value):
         raise ValueError(f"each budget once, got {value}")
     return value
@@ -145,12 +177,10 @@ class _EnvKeys(Table):
     @field_validator("trace_span_s")
     @classmethod
     def _span(cls, span: list) -> list:
-        if (
-            len(span) != 2
-            or not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in span)
-            or not 0 <= span[0] < span[1]
-        ):
-            raise ValueError(f"must be [start, end] seconds with 0 <= start < end, got {span!r}")
+        if len(span) != 2 or not all(_finite_number(x) for x in span) or not 0 <= span[0] < span[1]:
+            raise ValueError(
+                f"must be [start, end] finite seconds with 0 <= start < end, got {_short(span)}"
+            )
         return span
 
     @model_validator(mode="after")
@@ -321,12 +351,74 @@ def load_config_file(path: str | Path) -> tuple[dict[str, Any], dict[str, str]]:
     return data, {"path": str(p), "sha256": hashlib.sha256(raw).hexdigest(), "text": text}
 
 
+#: The value rules of the SB3 hyperparameters a config file may set: ``("int", low,
+#: high)`` an integer in ``[low, high]``, ``("float", low, high, low_inclusive)`` a finite
+#: number in that range (``high`` included), ``("bool",)`` a boolean. A value SB3 would
+#: only assert on (``batch_size = 0``), or take and train with (``gamma = 2.0``), is a
+#: one-line error naming the file and the key instead. Keys not listed (the buffer and
+#: rollout classes) cannot be given in a file.
+HYPERPARAMETER_RULES: dict[str, tuple] = {
+    "learning_rate": ("float", 0.0, 10.0, False),
+    "gamma": ("float", 0.0, 1.0, False),
+    "gae_lambda": ("float", 0.0, 1.0, True),
+    "clip_range": ("float", 0.0, 100.0, False),
+    "clip_range_vf": ("float", 0.0, 1e6, False),
+    "ent_coef": ("float", 0.0, 1e3, True),
+    "vf_coef": ("float", 0.0, 1e3, True),
+    "max_grad_norm": ("float", 0.0, 1e6, False),
+    "target_kl": ("float", 0.0, 1e3, False),
+    "tau": ("float", 0.0, 1.0, False),
+    "exploration_fraction": ("float", 0.0, 1.0, True),
+    "exploration_initial_eps": ("float", 0.0, 1.0, True),
+    "exploration_final_eps": ("float", 0.0, 1.0, True),
+    "batch_size": ("int", 1, 2**31 - 1),
+    "n_steps": ("int", 1, 2**31 - 1),
+    "n_epochs": ("int", 1, 2**31 - 1),
+    "buffer_size": ("int", 1, 2**31 - 1),
+    "learning_starts": ("int", 0, 2**62),
+    "train_freq": ("int", 1, 2**31 - 1),
+    "gradient_steps": ("int", -1, 2**31 - 1),
+    "target_update_interval": ("int", 1, 2**62),
+    "sde_sample_freq": ("int", -1, 2**31 - 1),
+    "stats_window_size": ("int", 1, 2**31 - 1),
+    "normalize_advantage": ("bool",),
+    "use_sde": ("bool",),
+    "optimize_memory_usage": ("bool",),
+}
+
+
+def _hyperparameter_problem(key: str, value: Any) -> str | None:
+    """What is wrong with ``value`` for hyperparameter ``key`` (``None``: nothing), by
+    :data:`HYPERPARAMETER_RULES`."""
+    rule = HYPERPARAMETER_RULES.get(key)
+    if rule is None:
+        return "cannot be set in a config file (train chooses it)"
+    shown = repr(value) if len(repr(value)) <= 40 else f"{repr(value)[:24]}..."
+    if rule[0] == "bool":
+        return None if isinstance(value, bool) else f"must be true or false, got {shown}"
+    if rule[0] == "int":
+        lo, hi = rule[1], rule[2]
+        if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+            return f"must be an integer in [{lo}, {hi}], got {shown}"
+        if key == "gradient_steps" and value == 0:
+            return "must be an integer >= 1 or -1 (as many as environment steps), got 0"
+        return None
+    lo, hi, inclusive = rule[1], rule[2], rule[3]
+    if not _finite_number(value) or not (
+        (value >= lo if inclusive else value > lo) and value <= hi
+    ):
+        return f"must be a finite number in {'[' if inclusive else '('}{lo:g}, {hi:g}], got {shown}"
+    return None
+
+
 def validate_hyperparameters(algo: str, hp: dict[str, Any], where: str = "[algo]") -> None:
-    """Check an ``[algo]`` table against the SB3 class's keyword arguments.
+    """Check an ``[algo]`` table against the SB3 class's keyword arguments and the value
+    rules (:data:`HYPERPARAMETER_RULES`).
 
     Raises:
-        ConfigError: an unknown or reserved key, a value of the wrong kind, or a bad
-            ``policy_kwargs`` entry (the message names ``where`` and the key).
+        ConfigError: an unknown or reserved key, a value of the wrong kind or out of its
+            range, or a bad ``policy_kwargs`` entry (the message names ``where`` and the
+            key).
     """
     valid = algo_kwargs(algo)
     for key, value in hp.items():
@@ -339,8 +431,12 @@ def validate_hyperparameters(algo: str, hp: dict[str, Any], where: str = "[algo]
             )
         if key == "policy_kwargs":
             _check_policy_kwargs(where, value)
-        elif isinstance(value, (dict, list)):
+            continue
+        if isinstance(value, (dict, list)):
             raise ConfigError(f"{where} {key}: expected a number, string or boolean, got {value!r}")
+        why = _hyperparameter_problem(key, value)
+        if why is not None:
+            raise ConfigError(f"{where} {key} {why}")
 
 
 def _check_policy_kwargs(where: str, value: Any) -> None:
@@ -440,9 +536,10 @@ def check_config(cfg: TrainConfig, path: str = "<config>") -> None:
     _check_env_keys(cfg, path)
     _check_observation(cfg, path)
     try:
-        EnvParams(**cfg.env_params)
+        params = EnvParams(**cfg.env_params)
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"{path}: [env] {exc}") from None
+    _check_episode_fits(cfg, params, path)
     validate_hyperparameters(cfg.algo, cfg.hyperparameters, where=f"{path}: [algo]")
     _check_teacher(cfg, path)
 
@@ -453,8 +550,26 @@ def _check_run_keys(cfg: TrainConfig, path: str) -> None:
         raise ConfigError(f"{path}: algo {cfg.algo!r} is unknown; valid: {', '.join(ALGOS)}")
     if cfg.timesteps < 1:
         raise ConfigError(f"{path}: timesteps must be >= 1, got {cfg.timesteps}")
+    if not 0 <= cfg.seed <= MAX_SEED:
+        raise ConfigError(f"{path}: seed must be in [0, {MAX_SEED}], got {_short(cfg.seed)}")
+    for key in ("timesteps", "n_envs", "eval_episodes", "eval_freq", "checkpoint_freq"):
+        v = getattr(cfg, key)
+        if v is not None and v > MAX_COUNT:
+            raise ConfigError(f"{path}: {key} must be at most 2**62, got {_short(v)}")
+    for key in ("bc_episodes", "bc_epochs"):
+        if getattr(cfg, key) > MAX_COUNT:
+            raise ConfigError(
+                f"{path}: [train] {key} must be at most 2**62, got {_short(getattr(cfg, key))}"
+            )
     if cfg.n_envs is not None and cfg.n_envs < 1:
         raise ConfigError(f"{path}: n_envs must be >= 1, got {cfg.n_envs}")
+    if cfg.n_envs is not None:
+        from diloco_gym.sim.limits import LimitError, check_limit
+
+        try:  # each env holds its episode: the vector env's limit, before any is built
+            check_limit("ENVS", cfg.n_envs, "n_envs")
+        except LimitError as exc:
+            raise ConfigError(f"{path}: {exc}") from None
     for key in ("eval_episodes", "eval_freq", "checkpoint_freq"):
         if getattr(cfg, key) < 0:
             raise ConfigError(f"{path}: {key} must be >= 0, got {getattr(cfg, key)}")
@@ -477,6 +592,8 @@ def _check_env_keys(cfg: TrainConfig, path: str) -> None:
         for key in ("sidecar", "rate_scale", "target_utilization", "trace_span_s"):
             if getattr(cfg, key) is not None:
                 raise ConfigError(f"{path}: {key} applies to a trace (trace = ...)")
+        if cfg.trace_format != "auto":
+            raise ConfigError(f"{path}: trace_format applies to a trace (trace = ...)")
     else:
         if cfg.sidecar is not None and cfg.sidecar not in REGIMES:
             raise ConfigError(
@@ -486,13 +603,39 @@ def _check_env_keys(cfg: TrainConfig, path: str) -> None:
             raise ConfigError(f"{path}: give rate_scale or target_utilization, not both")
     for key in ("window_s", "rate_scale", "target_utilization"):
         v = getattr(cfg, key)
-        if v is not None and not v > 0:
-            raise ConfigError(f"{path}: {key} must be a positive number, got {v}")
+        if v is not None and not (_finite_number(v) and v > 0):
+            raise ConfigError(f"{path}: {key} must be a finite positive number, got {v}")
+
+
+def _check_episode_fits(cfg: TrainConfig, params: EnvParams, path: str) -> None:
+    """The ``[env]`` corridor and step fit the episode window (a regime's, or
+    ``window_s`` of a trace): otherwise no episode could be built and training would fail
+    at its first reset, naming no file."""
+    from diloco_gym.envs.episode import min_episode_seconds
+
+    if cfg.trace is None:
+        windows = [(r, REGIMES[r].duration_s, REGIMES[r].sidecar) for r in cfg.regimes]
+    else:
+        windows = [("window_s", cfg.window_s, REGIMES[cfg.sidecar or "sync-heavy"].sidecar)]
+    for name, duration, sidecar in windows:
+        need = min_episode_seconds(params, sidecar)
+        if duration < need:
+            raise ConfigError(
+                f"{path}: [env] an episode with these EnvParams (step_seconds, h_min_steps, "
+                f"decision_interval, merge_seconds) needs at least {need:.1f} s, but "
+                f"{name}'s window is {duration:g} s"
+            )
 
 
 def _check_observation(cfg: TrainConfig, path: str) -> None:
     """The observation transform and the budgets it needs (the default with budgets is
     ``"budget"``)."""
+    for b in cfg.budgets_per_hour or ():  # --budgets: the file's values are checked already
+        if not (_finite_number(b) and abs(b) <= MAX_BUDGET_PER_HOUR):
+            raise ConfigError(
+                f"{path}: budgets must be finite numbers of at most {MAX_BUDGET_PER_HOUR:g} "
+                f"merges per hour, got {_short(b)}"
+            )
     if cfg.observation is None and cfg.budgets_per_hour is not None:
         cfg.observation = "budget"
     if cfg.observation not in OBS_TRANSFORMS:
@@ -624,8 +767,11 @@ def build_env_specs(cfg: TrainConfig, path: str = "<config>") -> list[EnvSpec]:
         if cfg.budgets_per_hour is None:
             specs.append(EnvSpec(label, regime, sidecar, None, None))
             continue
-        probe = EnvSpec(label, regime, sidecar, None, None).make(cfg.env_params)
-        probe.reset(seed=TRAIN_SEED_LOW)
+        try:  # an [env] value that fails only with an episode (a step too long for it)
+            probe = EnvSpec(label, regime, sidecar, None, None).make(cfg.env_params)
+            probe.reset(seed=TRAIN_SEED_LOW)
+        except ValueError as exc:
+            raise ConfigError(f"{path}: [env] {' '.join(str(exc).split())}") from None
         ep = probe.episode
         assert ep is not None
         seen: dict[int, float] = {}

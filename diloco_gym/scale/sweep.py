@@ -38,11 +38,14 @@ record is appended to ``OUT/cells.jsonl`` (and flushed to disk) the moment it fi
 by a fingerprint of everything it depends on: a rerun skips every stored cell, so an
 interrupted sweep loses at most the cells that were running, and a changed grid reuses the
 cells it shares with the old one. A cell that raises is stored with its error and the sweep
-goes on (``retry_failed`` runs such cells again). Outputs, rewritten after every run from the
-stored records (so a resumed sweep writes exactly what an uninterrupted one does):
-``results.csv`` / ``results.parquet`` (one row per point x unit x agent, the point's
-parameters first as ``grid.AXIS`` columns), ``summary.csv`` (the report's summary
-statistics per point x agent), ``errors.csv`` and ``summary.md``.
+goes on (``retry_failed`` runs such cells again). A line of the store that is not a cell
+record (corrupted or edited) is moved to ``OUT/cells.rejected.jsonl`` with a warning naming
+the file and the line; every other stored cell is kept and that line's cell runs again.
+Outputs, rewritten after every run from the stored records (so a resumed sweep writes
+exactly what an uninterrupted one does): ``results.csv`` / ``results.parquet`` (one row
+per point x unit x agent, the point's parameters first as ``grid.AXIS`` columns),
+``summary.csv`` (the report's summary statistics per point x agent), ``errors.csv`` and
+``summary.md``.
 """
 
 from __future__ import annotations
@@ -51,7 +54,6 @@ import hashlib
 import itertools
 import json
 import math
-import os
 import sys
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
@@ -60,14 +62,23 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 from pydantic import ConfigDict
 
-from diloco_gym.io import json_strict, save_atomic, write_text_atomic
+from diloco_gym.io import save_atomic, write_text_atomic
 from diloco_gym.scale import fleet_points
+from diloco_gym.scale.store import REJECTED_FILE, SweepStoreWarning, _Store
 from diloco_gym.tables import Table, TableError, validate_table
 
 if TYPE_CHECKING:
     pass
 
-__all__ = ["SweepSpec", "SweepPoint", "load_sweep", "run_sweep", "run_sweep_cell"]
+__all__ = [
+    "SweepSpec",
+    "SweepPoint",
+    "SweepStoreWarning",
+    "REJECTED_FILE",
+    "load_sweep",
+    "run_sweep",
+    "run_sweep_cell",
+]
 
 _REPORT_KEYS = (
     "regime",
@@ -104,6 +115,34 @@ def _agent_path(agent: object, base: Path) -> object:
     if not isinstance(agent, str) or agent in AGENTS:
         return agent
     return shipped_spec(agent, base)
+
+
+def name_problem(name: str) -> str | None:
+    """Why ``name`` (a sweep's or a tune's) cannot name its default output directory
+    (``sweep-NAME``, ``tune-NAME`` in the working directory), or ``None``: it must be a
+    plain file name, of at most 100 printable characters with no path separator, and not
+    ``.`` or ``..``; a ``../`` in it would write outside the working directory."""
+    if not name:
+        return "is empty"
+    if len(name) > 100:
+        return f"has {len(name)} characters (at most 100)"
+    if "/" in name or "\\" in name or name in (".", ".."):
+        return "is not a plain file name (no '/', no '\\', not '.' or '..')"
+    if not name.isprintable():
+        return "holds a control character"
+    return None
+
+
+def check_name(path: Path, name: str, error: type[ValueError]) -> str:
+    """``name`` (the file's ``name`` key or its stem), or ``error`` naming the file and the
+    key when it is not a plain file name (:func:`name_problem`)."""
+    why = name_problem(name)
+    if why is not None:
+        raise error(
+            f"{path}: name {name[:60]!r} {why}: it names the output directory (the default "
+            f"--out is the name with a prefix); use letters, digits, '-', '_' or '.'"
+        )
+    return name
 
 
 class SweepFileError(ValueError):
@@ -296,7 +335,7 @@ def load_sweep(path: str | Path) -> SweepSpec:
         if (err.key or "").split(".")[0] == "name":
             raise SweepFileError(f"{path}: name {err.message}") from None
         raise SweepFileError(f"{path}: [grid] and [env] must be tables") from None
-    name = path.stem if top.name is None else top.name
+    name = check_name(path, path.stem if top.name is None else top.name, SweepFileError)
     grid = top.grid
     fixed: dict[str, Any] = {
         **(top.model_extra or {}),
@@ -458,40 +497,6 @@ def run_sweep_cell(cell) -> dict[str, Any]:
     if isinstance(cell, fleet_points.FleetCell):
         return fleet_points.run_fleet_cell(cell)
     return run_report_cell(cell)
-
-
-class _Store:
-    """The append-only record of finished cells (``cells.jsonl``)."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.records: dict[str, dict] = {}
-        if path.exists():
-            self._load()
-
-    def _load(self) -> None:
-        raw = self.path.read_bytes()
-        good = 0
-        for line in raw.splitlines(keepends=True):
-            if not line.endswith(b"\n"):
-                break  # the last line of a killed run, half written: dropped
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError:
-                break
-            self.records[rec["key"]] = rec
-            good += len(line)
-        if good < len(raw):
-            with open(self.path, "r+b") as f:
-                f.truncate(good)
-
-    def add(self, rec: dict) -> None:
-        line = json.dumps(rec, default=json_strict) + "\n"
-        with open(self.path, "a") as f:
-            f.write(line)
-            f.flush()
-            os.fsync(f.fileno())
-        self.records[rec["key"]] = rec
 
 
 class _Stop(Exception):

@@ -173,8 +173,10 @@ def _fixed_settings(path: Path, data: dict) -> TuneSpec:
             ) from None
         raise TuneFileError(f"{path}: {err.message}") from None
     spec = TuneSpec(settings.model_dump())
-    if spec["name"] is None:
-        spec["name"] = path.stem
+    from diloco_gym.scale.sweep import check_name
+
+    name = path.stem if spec["name"] is None else spec["name"]
+    spec["name"] = check_name(path, name, TuneFileError)
     for key, valid in (("algo", ALGOS), ("regime", REGIMES), ("vec_env", VEC_ENVS)):
         if spec[key] not in valid:
             raise TuneFileError(f"{path}: unknown {key} {spec[key]!r}; valid: {', '.join(valid)}")
@@ -197,6 +199,28 @@ def _check_space(path: Path, space: dict, algo: str) -> None:
             _check_distribution(path, name, dist)
         elif isinstance(dist, list) and not dist:
             raise TuneFileError(f"{path}: [space]: {name} is an empty choice")
+        _check_values(path, name, dist)
+
+
+def _check_values(path: Path, name: str, dist: Any) -> None:
+    """The values ``dist`` can give ``name`` (a fixed value, each choice, a range's ends)
+    obey ``train``'s hyperparameter rules (:data:`diloco_gym.rl.config.HYPERPARAMETER_RULES`:
+    ``gamma = 2.0`` or ``batch_size = 0`` would reach SB3)."""
+    from diloco_gym.rl.config import HYPERPARAMETER_RULES, _hyperparameter_problem
+
+    if name not in HYPERPARAMETER_RULES:
+        return
+    if isinstance(dist, dict):
+        kind, args = next(iter(dist.items()))
+        values = list(args)
+        if kind == "randint":  # [low, high): the largest value drawn is high - 1
+            values = [args[0], args[1] - 1]
+    else:
+        values = dist if isinstance(dist, list) else [dist]
+    for value in values:
+        why = _hyperparameter_problem(name, value)
+        if why is not None:
+            raise TuneFileError(f"{path}: [space]: {name} {why}")
 
 
 class _Distribution(Table):

@@ -97,6 +97,7 @@ class SiteConfig:
     calibration: str | None = None
 
     def __post_init__(self) -> None:
+        self._check_name_and_ranges()
         if (self.regime is None) == (self.trace is None):
             raise FleetConfigError(f"site {self.name!r}: give exactly one of 'regime' and 'trace'")
         if not (math.isfinite(self.link_gbps) and self.link_gbps > 0):
@@ -138,6 +139,29 @@ class SiteConfig:
                 raise FleetConfigError(
                     f"site {self.name!r}: unknown sidecar key {key!r}; valid: {sorted(valid)}"
                 )
+        try:  # each override's own range, before any regime's sidecar is chosen
+            replace(SidecarParams(), **dict(self.sidecar))
+        except ValueError as exc:
+            raise FleetConfigError(f"site {self.name!r}: sidecar: {exc}") from None
+
+    def _check_name_and_ranges(self) -> None:
+        """The name (printable, at most :data:`MAX_NAME` characters) and the numbers'
+        :data:`SITE_RANGES`."""
+        if not isinstance(self.name, str) or not self.name:
+            raise FleetConfigError(f"site name must be a non-empty string, got {self.name!r:.60}")
+        if len(self.name) > MAX_NAME or not self.name.isprintable():
+            # names go into report.md, tables and feature names: a newline would forge lines
+            raise FleetConfigError(
+                f"site name {self.name[:60]!r} must be at most {MAX_NAME} printable "
+                f"characters (no newline or other control character)"
+            )
+        for key, (lo, hi) in SITE_RANGES.items():
+            v = getattr(self, key)
+            if v is not None and not _in_range(v, lo, hi):
+                raise FleetConfigError(
+                    f"site {self.name!r}: {key} must be a finite number in [{lo:g}, {hi:g}], "
+                    f"got {_short(v)}"
+                )
 
     def sidecar_params(self, default: SidecarParams) -> SidecarParams:
         """``default`` (the calibration file's fitted sidecar, if any) with this site's
@@ -156,6 +180,43 @@ class SiteConfig:
             if host_share is not None and exponent is not None:
                 return host_share, exponent
         return fleet.host_share, fleet.share_exponent
+
+
+#: The longest site name (names label tables, report lines and observation features).
+MAX_NAME = 100
+#: Upper bounds of a site's numbers (``(low, high)``, both included; the lower bounds of
+#: :class:`SiteConfig` itself still apply): far beyond any real link or trace, so that a
+#: value like ``latency_ms = 1e308`` is refused with the key named.
+SITE_RANGES: dict[str, tuple[float, float]] = {
+    "link_gbps": (0.0, 1e6),
+    "latency_ms": (0.0, 1e6),
+    "start_s": (0.0, 1e9),
+    "target_rate_rps": (0.0, 1e6),
+    "target_utilization": (0.0, 100.0),
+}
+#: Upper bounds of the fleet's numbers (``(low, high)``, both included), as above.
+FLEET_RANGES: dict[str, tuple[float, float]] = {
+    "model_params": (0.0, 1e15),
+    "merge_seconds": (0.0, 86_400.0),
+    "fixed_s": (0.0, 86_400.0),
+    "overhead_s": (0.0, 86_400.0),
+    "share_exponent": (0.0, 100.0),
+    "quant_penalty": (0.0, 1.0),
+    "worst_site_weight": (0.0, 1e6),
+    "fragments": (1, 2**20),
+    "overlap_steps": (1, 2**31 - 1),
+}
+
+
+def _in_range(v: Any, lo: float, hi: float) -> bool:
+    """``v`` a real number (not a bool) in ``[lo, hi]`` (NaN is not; a huge integer is
+    compared exactly, never converted)."""
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and lo <= v <= hi
+
+
+def _short(v: Any) -> str:
+    text = repr(v)
+    return text if len(text) <= 40 else f"{text[:24]}... ({len(text)} characters)"
 
 
 def _default_sites() -> tuple[SiteConfig, ...]:
@@ -210,6 +271,10 @@ class FleetParams:
     bits_options: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
+        if not isinstance(self.sites, (tuple, list)) or not all(
+            isinstance(s, SiteConfig) for s in self.sites
+        ):
+            raise FleetConfigError(f"sites must be a tuple of SiteConfig, got {_short(self.sites)}")
         if not self.sites:
             raise FleetConfigError("a fleet needs at least one site")
         _check_sites(len(self.sites), "sites")
@@ -230,6 +295,12 @@ class FleetParams:
         _positive("share_exponent", self.share_exponent)
         if not 0.0 <= self.host_share <= 1.0:
             raise FleetConfigError(f"host_share must be in [0, 1], got {self.host_share!r}")
+        for key, (lo, hi) in FLEET_RANGES.items():
+            v = getattr(self, key)
+            if v is not None and not _in_range(v, lo, hi):
+                raise FleetConfigError(
+                    f"{key} must be a finite number in [{lo:g}, {hi:g}], got {_short(v)}"
+                )
         if self.merge_seconds is not None:
             _positive("merge_seconds", self.merge_seconds)
             if self.merge_seconds < self.fixed_s:
@@ -272,13 +343,13 @@ def _int_at_least(name: str, v: Any, lo: int) -> None:
 
 
 def _positive(name: str, v: Any) -> None:
-    if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v) or v <= 0:
-        raise FleetConfigError(f"{name} must be a finite number > 0, got {v!r}")
+    if not _in_range(v, 0.0, math.inf) or v == 0 or v == math.inf:
+        raise FleetConfigError(f"{name} must be a finite number > 0, got {_short(v)}")
 
 
 def _nonneg(name: str, v: Any) -> None:
-    if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v) or v < 0:
-        raise FleetConfigError(f"{name} must be a finite number >= 0, got {v!r}")
+    if not _in_range(v, 0.0, math.inf) or v == math.inf:
+        raise FleetConfigError(f"{name} must be a finite number >= 0, got {_short(v)}")
 
 
 def payload_bytes(model_params: float, bits: int, fragments: int = 1) -> float:
@@ -439,6 +510,9 @@ def site_calibration(path: str) -> tuple[dict[str, float], float | None, float |
     if error is not None:
         field_ = ".".join(str(p) for p in error.absolute_path) or "(top level)"
         raise FleetConfigError(f"{path}: field {field_}: {error.message}")
+    bad = _non_finite(doc, "")
+    if bad is not None:  # JSON has no NaN; Python's reader and the schema's ranges let it in
+        raise FleetConfigError(f"{path}: field {bad}: not a finite number")
     fitted = {k: float(v) for k, v in (doc.get("fitted_sidecar") or {}).items()}
     block = doc.get("interference")
     if block is None:
@@ -453,6 +527,19 @@ def site_calibration(path: str) -> tuple[dict[str, float], float | None, float |
     return fitted, float(h), float(gamma)
 
 
+def _non_finite(value: Any, field: str) -> str | None:
+    """The dotted field of the first non-finite number of a parsed JSON document."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return field or "(top level)"
+    if isinstance(value, (dict, list)):
+        items = value.items() if isinstance(value, dict) else enumerate(value)
+        for key, item in items:
+            bad = _non_finite(item, f"{field}.{key}" if field else str(key))
+            if bad is not None:
+                return bad
+    return None
+
+
 # ----------------------------------------------------------------------------- TOML
 _FLEET_KEYS = {f.name for f in fields(FleetParams)} - {"sites"}
 _SITE_KEYS = {f.name for f in fields(SiteConfig)}
@@ -465,11 +552,17 @@ _STR_KEYS = {"mode"}
 def _number(where: str, key: str, v: Any, integer: bool = False) -> Any:
     if integer:
         if not isinstance(v, int) or isinstance(v, bool):
-            raise FleetConfigError(f"{where}: key {key!r} must be an integer, got {v!r}")
+            raise FleetConfigError(f"{where}: key {key!r} must be an integer, got {_short(v)}")
         return v
     if not isinstance(v, (int, float)) or isinstance(v, bool):
-        raise FleetConfigError(f"{where}: key {key!r} must be a number, got {v!r}")
-    return float(v)
+        raise FleetConfigError(f"{where}: key {key!r} must be a number, got {_short(v)}")
+    try:
+        value = float(v)
+    except OverflowError:  # a 400-digit integer
+        value = math.inf
+    if not math.isfinite(value):
+        raise FleetConfigError(f"{where}: key {key!r} must be a finite number, got {_short(v)}")
+    return value
 
 
 def fleet_from_dict(

@@ -38,7 +38,6 @@ units (nats per byte).
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from importlib import resources
@@ -73,6 +72,40 @@ PARAMS = (
     "fragment_penalty",
 )
 QUANT_BITS = (16, 8, 4)
+#: The range of every number of a learner calibration, ``(low, high, low_inclusive)``: the
+#: JSON Schema states the same bounds (a test keeps them equal). The fit's own bounds
+#: (:mod:`diloco_gym.lm.fit`) lie inside; the upper bounds keep every prediction finite
+#: and of a plausible size (a loss of at most 200 nats per byte).
+BOUNDS: dict[str, tuple[float, float, bool]] = {
+    "loss_floor": (0.0, 100.0, True),
+    "loss_scale": (0.0, 100.0, False),
+    "loss_exponent": (0.0, 100.0, False),
+    "work_scale_steps": (0.0, 1e9, False),
+    "drift_steps": (0.0, 1e9, False),
+    "merge_overhead_steps": (0.0, 1e9, True),
+    "fragment_penalty": (0.0, 1000.0, True),
+    "quant_efficiency": (0.0, 10.0, False),
+    "env_steps_per_inner_step": (1e-6, 1e6, True),
+    "step_seconds": (1e-6, 3600.0, True),
+}
+
+
+def _check_bound(name: str, v: Any) -> None:
+    """``ValueError`` naming ``LearnerCalibration.<name>`` unless ``v`` is a finite number
+    in its :data:`BOUNDS` (a huge integer included: compared before any float conversion)."""
+    lo, hi, inclusive = BOUNDS[name.split("[")[0]]
+    ok = (
+        isinstance(v, (int, float, np.integer, np.floating))
+        and not isinstance(v, (bool, np.bool_))
+        and (v >= lo if inclusive else v > lo)
+        and v <= hi  # also refuses NaN
+    )
+    if not ok:
+        low = f"{'>=' if inclusive else '>'} {lo:g}"
+        shown = repr(v) if len(repr(v)) <= 40 else f"{repr(v)[:24]}... ({len(repr(v))} characters)"
+        raise ValueError(
+            f"LearnerCalibration.{name} must be a finite number {low} and <= {hi:g}, got {shown}"
+        )
 
 
 class LearnerCalibrationError(ValueError):
@@ -102,24 +135,15 @@ class LearnerCalibration:
     document: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:
-        for name in ("loss_scale", "loss_exponent", "work_scale_steps", "drift_steps"):
-            v = getattr(self, name)
-            if not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
-                raise ValueError(f"LearnerCalibration.{name} must be > 0, got {v!r}")
-        for name in ("loss_floor", "fragment_penalty", "merge_overhead_steps"):
-            v = getattr(self, name)
-            if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
-                raise ValueError(f"LearnerCalibration.{name} must be >= 0, got {v!r}")
+        for name in (*PARAMS, "env_steps_per_inner_step", "step_seconds"):
+            _check_bound(name, getattr(self, name))
         for b, q in self.quant_efficiency.items():
-            if b not in QUANT_BITS or not (math.isfinite(q) and q > 0):
+            if b not in QUANT_BITS:
                 raise ValueError(
                     f"LearnerCalibration.quant_efficiency[{b!r}] must be a bits value in "
-                    f"{QUANT_BITS} with an efficiency > 0, got {q!r}"
+                    f"{QUANT_BITS}, got {b!r}"
                 )
-        for name in ("env_steps_per_inner_step", "step_seconds"):
-            v = getattr(self, name)
-            if not (math.isfinite(v) and v > 0):
-                raise ValueError(f"LearnerCalibration.{name} must be > 0, got {v!r}")
+            _check_bound(f"quant_efficiency[{b!r}]", q)
 
     def efficiency(self, bits: int) -> float:
         """``q_bits``: 1 at 32 bits; ``ValueError`` for bits the calibration did not fit."""
@@ -320,5 +344,5 @@ def load_learner_calibration(
             step_seconds=env["step_seconds"],
             document=doc,
         )
-    except ValueError as exc:
+    except (ValueError, OverflowError) as exc:
         raise LearnerCalibrationError(f"{where}: {exc}") from None

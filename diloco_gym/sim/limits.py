@@ -60,6 +60,12 @@ LIMITS: dict[str, tuple[int, str]] = {
     "YAML_NODES": (100_000, "values of one YAML settings file, each alias expanded"),
     "GRID_POINTS": (10_000, "points of a sweep's grid (the product of its axes' lengths)"),
     "FLEET_SITES": (256, "sites of one fleet (about 2 MB of memory each)"),
+    "DRAWS": (100_000, "matched-random draws per episode (100 times the default 1,000)"),
+    "REQUESTS": (
+        2**22,
+        "requests per episode of a synthetic regime (its busiest rate x the episode window)",
+    ),
+    "MERGE_MB": (2**16, "MiB of a live calibration's merge tensor (each worker holds one)"),
 }
 
 
@@ -101,7 +107,13 @@ def check_limit(name: str, value: float, what: str) -> None:
     """
     bound = limit(name)
     if not value <= bound:  # also refuses NaN
-        shown = f"{int(value):,}" if value == value and abs(value) < 1e18 else f"{value:.3g}"
+        shown = (  # a 400-digit integer is shown by its digits (a float cannot hold it)
+            f"{int(value):,}"
+            if value == value and abs(value) < 1e18
+            else f"{value:.3g}"
+            if isinstance(value, float)
+            else f"{str(value)[:8]}... ({len(str(value))} digits)"
+        )
         raise LimitError(
             f"{what}: {shown} is above the limit of {bound:,} {LIMITS[name][1]} "
             f"(set {limit_env_var(name)} to raise it)"

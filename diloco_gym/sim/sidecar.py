@@ -33,12 +33,13 @@ same replay with no merges (percentage points of requests).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import NamedTuple
 
 import numpy as np
 
 from diloco_gym.sim import compiled, compiled_rows, percentiles
+from diloco_gym.sim.sidecar_bounds import check_sidecar_fields
 
 __all__ = [
     "CostQueue",
@@ -98,23 +99,7 @@ class SidecarParams:
     tail_s: float = 12.0
 
     def __post_init__(self) -> None:
-        for f in fields(self):
-            value = getattr(self, f.name)
-            if (
-                not isinstance(value, (int, float))
-                or isinstance(value, bool)
-                or not np.isfinite(value)
-            ):
-                raise ValueError(f"SidecarParams.{f.name} must be a finite number, got {value!r}")
-            if value < 0:
-                raise ValueError(f"SidecarParams.{f.name} must be >= 0, got {value!r}")
-        for name in ("slots", "slo_ms", "serving_capacity_rps"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"SidecarParams.{name} must be > 0, got {getattr(self, name)!r}")
-        if not 0 < self.high_pressure <= 1:
-            raise ValueError(
-                f"SidecarParams.high_pressure must be in (0, 1], got {self.high_pressure!r}"
-            )
+        check_sidecar_fields(self)  # finite, >= 0, at most SIDECAR_MAX (sidecar_bounds.py)
 
     @property
     def slo_s(self) -> float:

@@ -226,3 +226,32 @@ def test_an_unmarked_old_report_with_user_files_names_them(tmp_path, monkeypatch
     finally:
         outlock.release_out_locks()
     assert (old / "notes.txt").read_text() == "x"
+
+
+def test_force_never_deletes_the_files_of_an_unmarked_directory(tmp_path, monkeypatch) -> None:
+    """A directory of a release before the marker whose files all look like a report's: a
+    ``fig_*.png`` of the user's cannot be told from the report's figures, so ``--force``
+    refuses (one line naming the directory and its files) and deletes nothing."""
+    monkeypatch.chdir(tmp_path)
+    old = tmp_path / "old"
+    old.mkdir()
+    for name in ("report.md", "results.csv", "fig_mine.png"):
+        (old / name).write_text(f"the user's {name}")
+    try:
+        with pytest.raises(FileExistsError) as exc:
+            od.write_output_dir(old, True, _fill("new"))
+    finally:
+        outlock.release_out_locks()
+    msg = str(exc.value)
+    assert "\n" not in msg
+    assert msg.startswith(f"refusing to replace {old}: it has no diloco-gym report marker")
+    assert "'fig_mine.png'" in msg and "'report.md'" in msg and "'results.csv'" in msg
+    for name in ("report.md", "results.csv", "fig_mine.png"):
+        assert (old / name).read_text() == f"the user's {name}"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["old"]  # nothing written beside it
+    # without --force the refusal is the same (no hint to pass --force)
+    try:
+        with pytest.raises(FileExistsError, match="no diloco-gym report marker"):
+            od.prepare_out_dir(old, False)
+    finally:
+        outlock.release_out_locks()
