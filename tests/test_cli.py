@@ -370,6 +370,9 @@ def test_sigint_to_a_running_report_process(tmp_path):
         if "report:" in err or not ch:
             break
     assert "report:" in err, err
+    # the rest of the progress line sits in the text stream's buffer, which communicate()
+    # (reading the file descriptor itself) would skip
+    err += proc.stderr.readline()
     time.sleep(0.5)
     proc.send_signal(signal.SIGINT)
     out, rest = proc.communicate(timeout=60)

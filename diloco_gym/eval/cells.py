@@ -239,13 +239,17 @@ def _batched_episodes(config, cell: ReportCell, units: list) -> tuple[Any, list]
     if (key, cell.unit) in _AHEAD:
         return _AHEAD.pop((key, cell.unit))
 
-    def build() -> list[list]:  # one worker holds every copy
+    def build() -> list[list] | None:  # one worker holds every copy
         flat = [a for _ in range(_UNIT_BATCH) for a in make_agents(config.agents)]
+        if len({id(a) for a in flat}) < len(flat):  # an agent object given in Python
+            return None  # has no copies: its units run one at a time
         sealed = seal_agents(flat, getattr(config, "in_process_agents", False))
         n = len(sealed) // _UNIT_BATCH
         return [sealed[k * n : (k + 1) * n] for k in range(_UNIT_BATCH)]
 
     copies = cached("agent-copies", config, None, build)
+    if copies is None:
+        return None
     batch = range(cell.unit, min(cell.unit + _UNIT_BATCH, len(units)))
     used: dict[int, int] = {}  # env -> copies of it taken so far (units may share an env)
     runs, episodes, envs = [], [], []

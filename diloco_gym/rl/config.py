@@ -68,6 +68,7 @@ __all__ = [
     "check_config",
     "policy_kwargs_for_sb3",
     "validate_hyperparameters",
+    "hyperparameter_problem",
     "build_env_specs",
     "TRAIN_KEYS",
     "ENV_KEYS",
@@ -387,7 +388,7 @@ HYPERPARAMETER_RULES: dict[str, tuple] = {
 }
 
 
-def _hyperparameter_problem(key: str, value: Any) -> str | None:
+def hyperparameter_problem(key: str, value: Any) -> str | None:
     """What is wrong with ``value`` for hyperparameter ``key`` (``None``: nothing), by
     :data:`HYPERPARAMETER_RULES`."""
     rule = HYPERPARAMETER_RULES.get(key)
@@ -434,7 +435,7 @@ def validate_hyperparameters(algo: str, hp: dict[str, Any], where: str = "[algo]
             continue
         if isinstance(value, (dict, list)):
             raise ConfigError(f"{where} {key}: expected a number, string or boolean, got {value!r}")
-        why = _hyperparameter_problem(key, value)
+        why = hyperparameter_problem(key, value)
         if why is not None:
             raise ConfigError(f"{where} {key} {why}")
 

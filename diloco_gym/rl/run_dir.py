@@ -99,22 +99,22 @@ def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 
 def read_meta(path: Path) -> dict[str, Any]:
     """A run's ``meta.json``, read strictly (UTF-8 with or without a byte-order mark, a key
-    given twice is an error) and within ``META_BYTES`` and ``JSON_DEPTH``
-    (:mod:`diloco_gym.sim.limits`).
+    given twice is an error) and within the settings files' limits (``SETTINGS_BYTES``,
+    ``NESTING``: :mod:`diloco_gym.sim.limits`).
 
     Raises:
         ValueError: unreadable, too large or deep, not JSON, or not a JSON object (one line
             naming the file).
     """
-    from diloco_gym.agents.safe_model import ModelLimitError, read_meta_bytes
+    from diloco_gym.sim import parsing
+    from diloco_gym.sim.limits import LimitError
 
-    try:
-        meta = json.loads(
-            read_meta_bytes(path).decode("utf-8-sig"), object_pairs_hook=_no_duplicate_keys
-        )
-    except ModelLimitError:
+    try:  # at most DILOCO_GYM_MAX_SETTINGS_BYTES, DILOCO_GYM_MAX_NESTING levels deep
+        text = parsing.read_text(path, encoding="utf-8-sig", what="metadata size in bytes")
+        meta = parsing.parse_json(text, str(path), object_pairs_hook=_no_duplicate_keys)
+    except LimitError:
         raise
-    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as exc:
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
         raise ValueError(f"{path}: cannot read the run's metadata: {exc}") from None
     if not isinstance(meta, dict):
         raise ValueError(f"{path}: the run's metadata is not a JSON object")

@@ -399,8 +399,8 @@ def learning_curves(runs: Path, names: Sequence[str], seeds: Sequence[int], path
     for name in names:
         curves = []
         for seed in seeds:
-            path = run_dir(runs, name, seed) / "meta.json"
-            meta = parsing.parse_json(parsing.read_text(path), str(path))
+            meta_path = run_dir(runs, name, seed) / "meta.json"
+            meta = parsing.parse_json(parsing.read_text(meta_path), str(meta_path))
             curves.append((seed, *_curve(meta)))
         data[name] = curves
     drawn = [n for n in names if any(c[1] for c in data[n])]

@@ -18,7 +18,7 @@ from typing import Any
 
 from diloco_gym.io import json_strict, save_atomic
 
-__all__ = ["REJECTED_FILE", "SweepStoreWarning"]
+__all__ = ["REJECTED_FILE", "SweepStoreWarning", "CellStore"]
 
 
 class SweepStoreWarning(UserWarning):
@@ -65,7 +65,7 @@ def _record_problem(rec: Any) -> str | None:
     return None
 
 
-class _Store:
+class CellStore:
     """The append-only record of finished cells (``cells.jsonl``).
 
     Reading it keeps every valid record. A half-written last line (a killed run) is cut

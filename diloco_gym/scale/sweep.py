@@ -64,7 +64,7 @@ from pydantic import ConfigDict
 
 from diloco_gym.io import save_atomic, write_text_atomic
 from diloco_gym.scale import fleet_points
-from diloco_gym.scale.store import REJECTED_FILE, SweepStoreWarning, _Store
+from diloco_gym.scale.store import REJECTED_FILE, CellStore, SweepStoreWarning
 from diloco_gym.tables import Table, TableError, validate_table
 
 if TYPE_CHECKING:
@@ -583,7 +583,7 @@ def _run_sweep(
     """:func:`run_sweep` with the output's lock held."""
     check_sweep_dir(out)
     out.mkdir(parents=True, exist_ok=True)
-    store = _Store(out / CELLS_FILE)
+    store = CellStore(out / CELLS_FILE)
     plan, cells = _plan_cells(spec)
     todo = [
         k for k in cells if k not in store.records or (retry_failed and not store.records[k]["ok"])
@@ -608,7 +608,7 @@ def _run_sweep(
     }
 
 
-def _failure_summary(plan: list, store: _Store, shown: int = 3) -> str:
+def _failure_summary(plan: list, store: CellStore, shown: int = 3) -> str:
     """The distinct errors of the failed cells, most frequent first, each with its count and
     the points it hit: one line."""
     by_error: dict[str, list[int]] = {}
@@ -673,7 +673,7 @@ def _plan_cells(
 def _run_todo(
     cells: dict[str, Any],
     todo: list[str],
-    store: _Store,
+    store: CellStore,
     max_cells: int | None,
     backend: str,
     jobs: int | None,
@@ -724,7 +724,7 @@ def _cell_value(v: Any) -> Any:
     return " ".join(map(str, v)) if isinstance(v, list) else v
 
 
-def _write_outputs(spec: SweepSpec, plan: list, store: _Store, out: Path) -> None:
+def _write_outputs(spec: SweepSpec, plan: list, store: CellStore, out: Path) -> None:
     tables: list[pd.DataFrame] = []
     summaries: list[pd.DataFrame] = []
     errors: list[dict] = []
@@ -777,7 +777,7 @@ def _report_outputs(
     pt: SweepPoint,
     cal_key: str | None,
     keys: list[str],
-    store: _Store,
+    store: CellStore,
     lead: dict,
     errors: list[dict],
     notes: list[str],

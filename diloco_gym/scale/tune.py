@@ -206,7 +206,7 @@ def _check_values(path: Path, name: str, dist: Any) -> None:
     """The values ``dist`` can give ``name`` (a fixed value, each choice, a range's ends)
     obey ``train``'s hyperparameter rules (:data:`diloco_gym.rl.config.HYPERPARAMETER_RULES`:
     ``gamma = 2.0`` or ``batch_size = 0`` would reach SB3)."""
-    from diloco_gym.rl.config import HYPERPARAMETER_RULES, _hyperparameter_problem
+    from diloco_gym.rl.config import HYPERPARAMETER_RULES, hyperparameter_problem
 
     if name not in HYPERPARAMETER_RULES:
         return
@@ -218,7 +218,7 @@ def _check_values(path: Path, name: str, dist: Any) -> None:
     else:
         values = dist if isinstance(dist, list) else [dist]
     for value in values:
-        why = _hyperparameter_problem(name, value)
+        why = hyperparameter_problem(name, value)
         if why is not None:
             raise TuneFileError(f"{path}: [space]: {name} {why}")
 

@@ -19,8 +19,8 @@ uncompressed size, each and in total, against ``MODEL_BYTES`` (256 MiB; the memb
 read with a reader that stops at the limit, so a header that understates a member's size
 cannot get past it), and the policy's parameter count, computed from the recorded
 ``net_arch`` and the spaces before the policy is built, against ``MODEL_PARAMS`` (16.8
-million; the shipped models have under 20,000). The ``meta.json`` beside a model or in a run
-directory is read only up to ``META_BYTES`` (16 MiB), and JSON nested deeper than
+million; the shipped models have under 20,000). The ``meta.json`` beside a model is read only up to ``META_BYTES`` (16 MiB; a run
+directory's is a settings file: ``SETTINGS_BYTES``), and JSON nested deeper than
 ``JSON_DEPTH`` levels (a model's ``data`` entry, a ``meta.json``) is refused before it is
 parsed. docs/limits.md lists every limit (generated from :data:`LIMITS`).
 
@@ -47,7 +47,7 @@ LIMITS: dict[str, tuple[int, str]] = {
     "AGENT_SECONDS": (600, "seconds a sealed agent's worker may take to answer one message"),
     "MODEL_BYTES": (2**28, "bytes of one model file, and of its members uncompressed"),
     "MODEL_PARAMS": (2**24, "parameters (weights and biases) of one model's policy"),
-    "META_BYTES": (2**24, "bytes of one meta.json beside a model or in a run"),
+    "META_BYTES": (2**24, "bytes of one meta.json beside a model file"),
     "JSON_DEPTH": (64, "nesting levels of a model's JSON (its data entry, its meta.json)"),
     "SETTINGS_BYTES": (
         2**24,

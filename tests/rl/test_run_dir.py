@@ -133,10 +133,10 @@ def test_a_runs_meta_json_is_bounded_in_size_and_depth(tmp_path):
     _started_run(out)
     meta = out / "meta.json"
     meta.write_text(json.dumps({"algo": "ppo", "regime": "bursty", "x": "y" * (17 * 2**20)}))
-    with pytest.raises(ValueError, match=r"meta\.json: file size in bytes: .*META_BYTES"):
+    with pytest.raises(ValueError, match=r"meta\.json: .*SETTINGS_BYTES"):
         run_dir.check_run_dir(out, "ppo", "bursty", resume=True)
     meta.write_text("[" * 50_000 + "]" * 50_000)
-    with pytest.raises(ValueError, match=r"meta\.json: meta\.json \(JSON nesting levels\)"):
+    with pytest.raises(ValueError, match=r"meta\.json: .*nesting"):
         run_dir.read_meta(meta)
 
 

@@ -13,7 +13,7 @@ import pytest
 
 from diloco_gym.cli import main
 from diloco_gym.scale import sweep
-from diloco_gym.scale.sweep import _Store
+from diloco_gym.scale.sweep import CellStore
 
 REJECTED_FILE = "cells.rejected.jsonl"
 
@@ -26,10 +26,10 @@ def _lines(*recs: object) -> bytes:
     return b"".join((r if isinstance(r, bytes) else json.dumps(r).encode()) + b"\n" for r in recs)
 
 
-def _load(path: Path) -> tuple[_Store, list[str]]:
+def _load(path: Path) -> tuple[CellStore, list[str]]:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        store = _Store(path)
+        store = CellStore(path)
     kind = getattr(sweep, "SweepStoreWarning", Warning)  # Warning: the code before the fix
     return store, [str(w.message) for w in caught if issubclass(w.category, kind)]
 
