@@ -19,8 +19,9 @@ uncompressed size, each and in total, against ``MODEL_BYTES`` (256 MiB; the memb
 read with a reader that stops at the limit, so a header that understates a member's size
 cannot get past it), and the policy's parameter count, computed from the recorded
 ``net_arch`` and the spaces before the policy is built, against ``MODEL_PARAMS`` (16.8
-million; the shipped models have under 20,000). The ``meta.json`` beside a model is read only up to ``META_BYTES`` (16 MiB; a run
-directory's is a settings file: ``SETTINGS_BYTES``), and JSON nested deeper than
+million; the shipped models have under 20,000). The ``meta.json`` beside a model is read
+only up to ``META_BYTES`` (16 MiB; a run directory's is a settings file:
+``SETTINGS_BYTES``), and JSON nested deeper than
 ``JSON_DEPTH`` levels (a model's ``data`` entry, a ``meta.json``) is refused before it is
 parsed. docs/limits.md lists every limit (generated from :data:`LIMITS`).
 
