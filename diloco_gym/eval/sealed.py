@@ -323,9 +323,10 @@ def _evaluator_undumpable() -> bool:
 
 
 def sandbox_status() -> dict[str, Any]:
-    """This machine's sealing level, as a worker reports it (one probe per process,
-    cached): ``{"level": "full" | "partial" | "process", "mechanisms": [...],
-    "missing": [...], "platform": ...}``."""
+    """This machine's sealing level, as a worker reports it: the first worker this process
+    started, or a probe worker when none has started yet (cached either way):
+    ``{"level": "full" | "partial" | "process", "mechanisms": [...], "missing": [...],
+    "platform": ...}``."""
     global _STATUS
     if _STATUS is None:
         w = _Worker([], [])
@@ -469,6 +470,9 @@ class _Worker:
         kind, mask = self._frame(list(range(len(names))), expect=_HELLO)
         mask |= sandbox.Mechanism.EVALUATOR_UNDUMPABLE if undumpable else 0
         self.status = sandbox.describe(mask)
+        global _STATUS
+        if _STATUS is None:  # the machine's level, as sandbox_status() reports it
+            _STATUS = dict(self.status)
         if _REQUIRED and self.status["level"] != sandbox.FULL:
             self.finalizer()
             raise SandboxError(

@@ -297,6 +297,7 @@ def test_require_sandbox_refuses_a_lower_level(monkeypatch):
     from diloco_gym.agents.registry import make_agent
 
     monkeypatch.setattr(sealed, "_evaluator_undumpable", lambda: False)
+    monkeypatch.setattr(sealed, "_STATUS", None)  # this worker's level is not the machine's
     sealed.require_sandbox(True)
     try:
         with pytest.raises(SandboxError, match="missing: evaluator memory"):
