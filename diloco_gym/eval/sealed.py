@@ -103,7 +103,8 @@ _HELLO = b"H"  # the sandbox is closed: b"H" + the mechanisms' mask (uint32)
 _HEAD = struct.Struct("<III")
 _MAX_ACTION = 4096
 _MAX_TEXT = 2000
-_MAX_FRAME = 1 + 8 * _MAX_ACTION
+# the longest frame: a batch of _MAX_ACTION one-value actions (each a kind, a count, a value)
+_MAX_FRAME = 1 + 4 + (1 + 2 + 8) * _MAX_ACTION
 _ONE = struct.pack("<H", 1)  # a count of one value
 
 
