@@ -1,7 +1,8 @@
 """diloco-gym: when is it safe to run a DiLoCo outer merge on a shared serving host?
 
-Importing the package registers the Gymnasium ids ``DiLoCoSync-v0`` (bursty by default,
-any regime through ``regime=``) and one id per regime, e.g. ``DiLoCoSync-Bursty-v0``.
+Importing the package registers the Gymnasium ids ``DiLoCoSync-v1`` (bursty by default,
+any regime through ``regime=``) and one id per regime, e.g. ``DiLoCoSync-Bursty-v1``; the
+``-v0`` ids stay for one release and warn (docs/training.md says what changed).
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from typing import Any
 
 from diloco_gym.envs.env import DiLoCoSyncEnv
 from diloco_gym.envs.observation import OBS_FEATURES
-from diloco_gym.envs.params import EnvParams
+from diloco_gym.envs.params import V1_KWARGS, EnvParams
 from diloco_gym.sim.learners import LearnerParams
 from diloco_gym.sim.regimes import REGIMES, ReplayRegime, SyntheticRegime, get_regime
 from diloco_gym.sim.sidecar import SidecarParams
@@ -56,33 +57,41 @@ __all__ = [
     "ReplayRegime",
     "OBS_FEATURES",
     "ENV_IDS",
+    "ENV_IDS_V0",
+    "V1_KWARGS",
     "register_envs",
     "evaluate",
     "Evaluation",
 ]
 
 
-def _id_for(regime: str) -> str:
-    return "DiLoCoSync-" + "".join(part.capitalize() for part in regime.split("-")) + "-v0"
+def _id_for(regime: str, version: int = 1) -> str:
+    return "DiLoCoSync-" + "".join(part.capitalize() for part in regime.split("-")) + f"-v{version}"
 
 
-#: Registered id for each regime (plus the generic ``DiLoCoSync-v0``).
+#: Registered id for each regime, current version (plus the generic ``DiLoCoSync-v1``).
 ENV_IDS: dict[str, str] = {name: _id_for(name) for name in REGIMES}
+#: The deprecated ``-v0`` ids (kept for one release; making one warns).
+ENV_IDS_V0: dict[str, str] = {name: _id_for(name, 0) for name in REGIMES}
 
 
 def register_envs() -> None:
     """Register the environment ids with Gymnasium (idempotent; runs on import)."""
     import gymnasium as gym
 
-    entries: dict[str, dict[str, str]] = {"DiLoCoSync-v0": {}} | {
-        env_id: {"regime": name} for name, env_id in ENV_IDS.items()
+    entries: dict[str, tuple[str, dict[str, Any]]] = {
+        "DiLoCoSync-v1": ("DiLoCoSyncEnv", dict(V1_KWARGS)),
+        "DiLoCoSync-v0": ("make_v0", {}),
     }
-    for env_id, kwargs in entries.items():
+    for name in REGIMES:
+        entries[ENV_IDS[name]] = ("DiLoCoSyncEnv", {"regime": name, **V1_KWARGS})
+        entries[ENV_IDS_V0[name]] = ("make_v0", {"regime": name})
+    for env_id, (entry, kwargs) in entries.items():
         if env_id in gym.registry:
             continue
         gym.register(
             id=env_id,
-            entry_point="diloco_gym.envs.env:DiLoCoSyncEnv",
+            entry_point=f"diloco_gym.envs.env:{entry}",
             vector_entry_point="diloco_gym.envs.vector:DiLoCoSyncVectorEnv",
             kwargs=kwargs,
             # gym.make returns the env itself, so that env.action_masks() (MaskablePPO's

@@ -20,6 +20,7 @@ from diloco_gym.envs.observation import OBS_DIM, OBS_HIGH, OBS_INDEX, OBS_LOW, u
 from diloco_gym.envs.params import EnvParams
 from diloco_gym.envs.reward import ExactCredit, nominal_rate_rps, require_additive
 from diloco_gym.envs.schedule import schedule_summary
+from diloco_gym.envs.shaping import merge_debt, reference_merge_cost
 from diloco_gym.sim import compiled
 from diloco_gym.sim import learners as lrn
 from diloco_gym.sim.learner_calibration import learner_params, load_learner_calibration
@@ -41,6 +42,7 @@ __all__ = [
     "make_generator",
     "MAX_SEED",
     "INFO_KEYS",
+    "make_v0",
 ]
 
 #: The ``gym.Env`` type parameters: an observation is a float32 vector of ``OBS_DIM`` features;
@@ -464,6 +466,15 @@ class DiLoCoSyncEnv(gym.Env[Observation, Action]):
         self._budgets = kernel.Budgets(self.params)
         self._exact_seen = 0  # merges of the schedule handed to the exact credit so far
         self._exact: ExactCredit | None = None  # reward_mode="exact"'s credit
+        #: the merge debt's scale k (reward units of excess_weight = 1) when the reward is
+        #: shaped (EnvParams.reward_shaping; envs/shaping.py), else None
+        self.shaping_cost: float | None = None
+        if self.params.reward_shaping == "merge-debt":
+            self.shaping_cost = reference_merge_cost(
+                self.generator, self.params, self.sidecar, self.learner_params,
+                self.reward_rate_rps,
+            )  # fmt: skip
+        self._phi = 0.0  # the potential at the last observation
         self._exo: np.ndarray = np.zeros((1, 1, 7), dtype=np.float32)  # the episode's, 1 slot
         self._obs_out = np.zeros((1, OBS_DIM), dtype=np.float32)
         self._obs_consts = kernel.observe_consts(self.params, self.learner_params)
@@ -579,6 +590,9 @@ class DiLoCoSyncEnv(gym.Env[Observation, Action]):
         self._record_schedule()
         info: dict[str, Any] = {"episode_seed": episode_seed}
         info["reward_terms"] = {"sync_excess": 0.0, "progress": 0.0}  # paid on the first step
+        if self.shaping_cost is not None:
+            self._phi = self._potential()
+            info["reward_terms"]["shaping"] = 0.0
         info.update(self._step_info(False, False))
         return self._obs(), info
 
@@ -613,6 +627,12 @@ class DiLoCoSyncEnv(gym.Env[Observation, Action]):
             reward = f.reward(excess, progress)
         info = self._step_info(bool(merged), bool(overridden), (can_defer, can_merge))
         info["reward_terms"] = {"sync_excess": -excess, "progress": progress}
+        if self.shaping_cost is not None:  # F = gamma * phi(s') - phi(s), envs/shaping.py
+            phi = self._potential()
+            shaping = self.params.shaping_gamma * phi - self._phi
+            self._phi = phi
+            reward += self.params.excess_weight * shaping
+            info["reward_terms"]["shaping"] = shaping
         if truncated:
             info["episode_summary"] = self.episode_summary()
         obs = self._obs_out[0].copy() if self._base_obs else self._obs()
@@ -725,6 +745,13 @@ class DiLoCoSyncEnv(gym.Env[Observation, Action]):
             "action_mask": action_mask,
         }
 
+    def _potential(self) -> float:
+        """The merge debt now (:func:`~diloco_gym.envs.shaping.merge_debt`)."""
+        assert self.episode is not None and self.shaping_cost is not None
+        d, last, _, merges = self._state_ints.ravel().tolist()  # step_layout.STATE_INT
+        n = self.episode.n_decisions
+        return float(merge_debt(self.shaping_cost, d, last, merges, n, self.params))
+
     def _excess_so_far(self) -> float:
         """``info["excess_requests_so_far"]`` (:data:`INFO_KEYS`): the requests the reward's
         ``sync_excess`` terms have counted so far. Additive mode: the launched merges'
@@ -778,3 +805,21 @@ class DiLoCoSyncEnv(gym.Env[Observation, Action]):
         return timeline_rgb(
             self.episode, self._merges, self.params, self.sidecar, upto=self._state.d.item(0)
         )
+
+
+def make_v0(**kwargs: Any) -> DiLoCoSyncEnv:
+    """The entry point of the deprecated ``DiLoCoSync-v0`` ids: :class:`DiLoCoSyncEnv` with
+    ``EnvParams``' own defaults (no reward shaping, ``excess_weight = 1``), after a
+    ``FutureWarning``. Kept for one release."""
+    import warnings
+
+    warnings.warn(
+        "DiLoCoSync-v0 ids are deprecated and will be removed in the next release: use "
+        "DiLoCoSync-v1 (the same task and observation, with the merge-debt reward shaping "
+        "and a reward 10x smaller, on the scale of the sync-excess in percentage points), "
+        "on which Stable-Baselines3's PPO learns from scratch; see docs/training.md. "
+        "DiLoCoSyncEnv(...) itself is unchanged.",
+        FutureWarning,
+        stacklevel=3,
+    )
+    return DiLoCoSyncEnv(**kwargs)

@@ -27,6 +27,7 @@ from diloco_gym.envs.observation import EXO_SLICE, OBS_DIM, OBS_FEATURES
 from diloco_gym.envs.params import EnvParams
 from diloco_gym.envs.reward import nominal_rate_rps, require_additive, reward_per_request
 from diloco_gym.envs.schedule import schedule_summary
+from diloco_gym.envs.shaping import require_unshaped
 from diloco_gym.sim import fleet as fl
 from diloco_gym.sim import learners as lrn
 from diloco_gym.sim.regimes import ReplayRegime, get_regime, replay_rate_scale
@@ -475,6 +476,7 @@ class DiLoCoFleetEnv(DiLoCoSyncEnv):
             fleet = replace(fleet, **fleet_kw)
         base = replace(params or EnvParams(), **env_kw)
         require_additive(base, "DiLoCoFleetEnv")  # its reward is the sites' isolated costs
+        require_unshaped(base, "DiLoCoFleetEnv")
         setup = FleetSetup(fleet, base)
         self.fleet = fleet
         self.setup = setup

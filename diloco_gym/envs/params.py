@@ -12,10 +12,10 @@ from functools import cached_property
 
 import numpy as np
 
-from diloco_gym.envs.reward import check_reward_mode
+from diloco_gym.envs.reward import check_reward_mode, check_reward_shaping
 from diloco_gym.sim.limits import check_limit
 
-__all__ = ["EnvParams", "RANGES", "MAX_STEPS"]
+__all__ = ["EnvParams", "RANGES", "MAX_STEPS", "V1_KWARGS"]
 
 #: The range of each number field, ``(low, high, low_inclusive)`` (``high`` included): far
 #: beyond any meaningful setting, so that a value such as ``excess_weight = 1e308`` (whose
@@ -34,7 +34,15 @@ RANGES: dict[str, tuple[float, float, bool]] = {
     # an EWMA weight below ~1e-16 makes its bias correction 1 - (1 - alpha)^n exactly 0
     "forecast_alpha": (1e-6, 1.0, True),
     "baseline_alpha": (1e-6, 1.0, True),
+    "shaping_gamma": (0.0, 1.0, False),
+    "shaping_cost": (0.0, 1e9, True),
 }
+#: What ``DiLoCoSync-v1`` (and ``diloco-gym train`` by default) sets over the ``EnvParams``
+#: defaults, which are ``DiLoCoSync-v0``'s: the merge-debt reward shaping
+#: (:mod:`diloco_gym.envs.shaping`) and a reward on the scale of the sync-excess in
+#: percentage points of the episode's nominal requests (``excess_weight = 0.1``).
+V1_KWARGS: dict[str, object] = {"reward_shaping": "merge-debt", "excess_weight": 0.1}
+
 #: The largest step count (``h_min_steps``, ``h_max_steps``, ``decision_interval``): a
 #: 32-bit integer, as the compiled kernels hold them.
 MAX_STEPS = 2**31 - 1
@@ -85,6 +93,14 @@ class EnvParams:
         reward_mode: ``"additive"`` (default): each merge's isolated cost, credited at
             launch; ``"exact"``: its marginal cost in the exact replay, credited once its
             backlog has drained (:class:`diloco_gym.envs.reward.ExactCredit`).
+        reward_shaping: ``"none"`` (default) or ``"merge-debt"``: the potential-based
+            shaping of :mod:`diloco_gym.envs.shaping` (``DiLoCoSync-v1``'s default), added to
+            the ``sync_excess`` term and reported as ``reward_terms["shaping"]``.
+        shaping_gamma: the discount of the shaping term ``gamma * phi(s') - phi(s)``; set
+            it to the agent's discount (Stable-Baselines3's default 0.99).
+        shaping_cost: the merge debt's scale ``k`` (reward units); ``None`` (default)
+            measures it on the regime's history episodes
+            (:func:`~diloco_gym.envs.shaping.reference_merge_cost`).
     """
 
     step_seconds: float = 0.14
@@ -104,12 +120,20 @@ class EnvParams:
     staleness_clip_s: float = 1800.0
     reward_rate_rps: float | None = None
     reward_mode: str = "additive"
+    reward_shaping: str = "none"
+    shaping_gamma: float = 0.99
+    shaping_cost: float | None = None
 
     def __post_init__(self) -> None:  # noqa: C901 - one check per parameter, in sequence
         for f in fields(self):
             v = getattr(self, f.name)
             if f.name == "reward_mode":
                 check_reward_mode(v)
+                continue
+            if f.name == "reward_shaping":
+                check_reward_shaping(v)
+                continue
+            if f.name == "shaping_cost" and v is None:
                 continue
             if f.name == "reward_rate_rps":
                 if v is not None and (

@@ -26,6 +26,8 @@ from diloco_gym.sim.sidecar import (
 __all__ = [
     "REWARD_MODES",
     "REWARD_NOMINAL_REQUESTS",
+    "REWARD_SHAPINGS",
+    "check_reward_shaping",
     "ExactCredit",
     "check_reward_mode",
     "nominal_rate_rps",
@@ -48,6 +50,20 @@ def check_reward_mode(mode: Any) -> str:
             f"got {mode!r}"
         )
     return mode
+
+
+#: ``EnvParams.reward_shaping`` values (:mod:`diloco_gym.envs.shaping`).
+REWARD_SHAPINGS = ("none", "merge-debt")
+
+
+def check_reward_shaping(value: Any) -> str:
+    """``value`` if it is one of :data:`REWARD_SHAPINGS`, else ``ValueError`` naming it."""
+    if not isinstance(value, str) or value not in REWARD_SHAPINGS:
+        raise ValueError(
+            f"EnvParams.reward_shaping must be one of {', '.join(map(repr, REWARD_SHAPINGS))}, "
+            f"got {value!r}"
+        )
+    return value
 
 
 def require_additive(params: Any, owner: str) -> None:

@@ -32,6 +32,7 @@ from diloco_gym.envs.env import (
 from diloco_gym.envs.fused import NO_THRESHOLDS, FusedStep
 from diloco_gym.envs.observation import OBS_DIM, OBS_HIGH, OBS_LOW
 from diloco_gym.envs.params import EnvParams
+from diloco_gym.envs.shaping import merge_debt, reference_merge_cost
 from diloco_gym.sim import learners as lrn
 from diloco_gym.sim.sidecar import SidecarParams
 
@@ -197,6 +198,14 @@ class DiLoCoSyncVectorEnv(gym.vector.VectorEnv[np.ndarray, np.ndarray, np.ndarra
         self.render_mode = None
         self._init_spaces(b)
         self._init_buffers(b)
+        #: the merge debt's scale k when the reward is shaped (envs/shaping.py), else None
+        self.shaping_cost: float | None = None
+        if self.params.reward_shaping == "merge-debt":
+            self.shaping_cost = reference_merge_cost(
+                self.generator, self.params, self.sidecar, self.learner_params,
+                self.reward_rate_rps,
+            )  # fmt: skip
+        self._phi = np.zeros(b)  # each env's potential at its last observation
 
     def _init_spaces(self, b: int) -> None:
         """``num_envs`` and the single and batched spaces of ``b`` envs."""
@@ -327,6 +336,12 @@ class DiLoCoSyncVectorEnv(gym.vector.VectorEnv[np.ndarray, np.ndarray, np.ndarra
         merge, overridden, truncated = f.oi[:, 0] == 1, f.oi[:, 1] == 1, f.oi[:, 2] == 1
         excess, progress, rewards = f.of[:, 0].copy(), f.of[:, 1].copy(), f.of[:, 2].copy()
         terminated = np.zeros(b, dtype=bool)
+        shaping = None
+        if self.shaping_cost is not None:  # F = gamma * phi(s') - phi(s); restarting rows: 0
+            phi = self._potential()
+            shaping = np.where(active, self.params.shaping_gamma * phi - self._phi, 0.0)
+            self._phi = np.where(active, phi, self._phi)
+            rewards += self.params.excess_weight * shaping
 
         info: dict[str, Any] = {
             "merged": merge,
@@ -338,6 +353,8 @@ class DiLoCoSyncVectorEnv(gym.vector.VectorEnv[np.ndarray, np.ndarray, np.ndarra
             "progress": progress,
             "_progress": active,
         }
+        if shaping is not None:
+            info["shaping"], info["_shaping"] = shaping, active
         ended = np.flatnonzero(truncated)
         if ended.size:
             info["episode_end"] = {
@@ -507,6 +524,14 @@ class DiLoCoSyncVectorEnv(gym.vector.VectorEnv[np.ndarray, np.ndarray, np.ndarra
         kernel.reset_rows(
             self._state, self._batch, idx, self.params, self.learner_params, self._advance_rows,
         )  # fmt: skip
+        if self.shaping_cost is not None:
+            self._phi[idx] = self._potential()[idx]
+
+    def _potential(self) -> np.ndarray:
+        """Every env's merge debt now (:func:`~diloco_gym.envs.shaping.merge_debt`)."""
+        assert self.shaping_cost is not None
+        st = self._state
+        return merge_debt(self.shaping_cost, st.d, st.last, st.n_merges, self._batch.n, self.params)
 
     def _observe(self) -> None:
         """Fill ``self._obs`` (:func:`kernel.observe`)."""

@@ -21,11 +21,11 @@ from diloco_gym.envs.schedule import replay_schedule, schedule_summary
 from diloco_gym.sim.schedules import budget_range, is_feasible
 
 REGIME_NAMES = list(REGIMES)
-ALL_IDS = [*diloco_gym.ENV_IDS.values(), "DiLoCoSync-v0"]
+ALL_IDS = [*diloco_gym.ENV_IDS.values(), "DiLoCoSync-v1"]
 
 
 # --------------------------------------------------------------------------- API conformance
-@pytest.mark.parametrize("env_id", [*ALL_IDS, "diloco_gym:DiLoCoSync-v0"])
+@pytest.mark.parametrize("env_id", [*ALL_IDS, "diloco_gym:DiLoCoSync-v1"])
 def test_check_env_passes_without_any_warning(env_id):
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")  # record everything, filter nothing
@@ -47,7 +47,7 @@ def test_check_env_passes_without_any_warning(env_id):
 def test_check_env_passes_for_non_default_arguments(kwargs):
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        env = gym.make("DiLoCoSync-v0", **kwargs)
+        env = gym.make("DiLoCoSync-v1", **kwargs)
         gym_check_env(env.unwrapped)
         sb3_check_env(env.unwrapped, warn=True)
         env.close()
@@ -61,8 +61,32 @@ def test_registered_ids_use_their_regime():
         assert env.unwrapped.regime_name == name
         assert env.unwrapped.sidecar == REGIMES[name].sidecar
         env.close()
-    assert gym.make("DiLoCoSync-v0").unwrapped.regime_name == "bursty"
-    assert gym.make("DiLoCoSync-v0", regime="ordinary").unwrapped.regime_name == "ordinary"
+    assert gym.make("DiLoCoSync-v1").unwrapped.regime_name == "bursty"
+    assert gym.make("DiLoCoSync-v1", regime="ordinary").unwrapped.regime_name == "ordinary"
+    for name, env_id in diloco_gym.ENV_IDS.items():
+        assert env_id.endswith("-v1") and diloco_gym.ENV_IDS_V0[name] == env_id[:-1] + "0"
+
+
+@pytest.mark.parametrize("env_id", ["DiLoCoSync-v0", *diloco_gym.ENV_IDS_V0.values()])
+def test_v0_ids_warn_and_keep_the_v0_task_bit_for_bit(env_id, rollout):
+    """The deprecated ids warn once made and are DiLoCoSyncEnv with EnvParams' defaults:
+    the same rewards and observations as before; v1 differs only by its reward."""
+    with pytest.warns(FutureWarning, match="DiLoCoSync-v0 ids are deprecated"):
+        old = gym.make(env_id)
+    regime = old.unwrapped.regime_name
+    assert old.unwrapped.params == EnvParams()
+    v1 = gym.make(env_id[:-1] + "1")
+    assert v1.unwrapped.params == EnvParams(**diloco_gym.V1_KWARGS)
+    if regime != "bursty":
+        return
+    a = rollout(old.unwrapped, "random", seed=3, policy_seed=1)
+    b = rollout(DiLoCoSyncEnv(regime), "random", seed=3, policy_seed=1)
+    c = rollout(v1.unwrapped, "random", seed=3, policy_seed=1)
+    assert a.rewards == b.rewards and a.actions == b.actions == c.actions
+    for x, y, z in zip(a.observations, b.observations, c.observations, strict=True):
+        np.testing.assert_array_equal(x, y)
+        np.testing.assert_array_equal(x, z)
+    assert a.rewards != c.rewards
 
 
 def test_observations_stay_inside_the_space_over_whole_episodes(rollout):

@@ -45,6 +45,14 @@ BAD_VALUES = [
     ("reward_rate_rps", True),
     ("reward_mode", "bogus"),
     ("reward_mode", None),
+    ("reward_shaping", "potential"),
+    ("reward_shaping", None),
+    ("shaping_gamma", 0.0),
+    ("shaping_gamma", 1.01),
+    ("shaping_gamma", float("nan")),
+    ("shaping_cost", -1.0),
+    ("shaping_cost", "1"),
+    ("shaping_cost", float("inf")),
 ]
 
 

@@ -87,6 +87,8 @@ ENV_NUMBERS = [
     "reward_rate_rps",
     "forecast_alpha",
     "baseline_alpha",
+    "shaping_gamma",
+    "shaping_cost",
 ]
 
 
