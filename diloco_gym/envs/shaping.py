@@ -77,14 +77,7 @@ def reference_merge_cost(
     return total / max(count, 1)
 
 
-def merge_debt(
-    k: float,
-    d: np.ndarray,
-    last: np.ndarray,
-    merges: np.ndarray,
-    n: np.ndarray,
-    params: Any,
-) -> np.ndarray:
+def merge_debt(k: float, d: Any, last: Any, merges: Any, n: Any, params: Any) -> np.ndarray:
     """The potential ``phi = -k * gap / G`` (module docstring) of rows at decision ``d``
     (clipped to the episode's ``n`` decisions), last merge ``last`` and ``merges`` merges
     so far, with ``params.merge_budget`` (``None``: ``G = H_max``)."""
