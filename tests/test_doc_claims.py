@@ -35,8 +35,10 @@ def test_the_reward_formula_is_the_same_everywhere_and_is_the_codes():
 
     formulas = _reward_formulas()
     assert len(set(formulas.values())) == 1, formulas
-    assert formulas["docs/model.md"] == "excess_weight * sync_excess + progress_weight * progress"
-    env = gym.make("DiLoCoSync-v0", excess_weight=2.0, progress_weight=3.0)
+    assert formulas["docs/model.md"] == (
+        "excess_weight * (sync_excess + shaping) + progress_weight * progress"
+    )
+    env = gym.make("DiLoCoSync-v1", excess_weight=2.0, progress_weight=3.0)
     env.reset(seed=0)
     seen_cost = False
     for _ in range(200):
@@ -45,7 +47,7 @@ def test_the_reward_formula_is_the_same_everywhere_and_is_the_codes():
         terms = info["reward_terms"]
         assert terms["sync_excess"] <= 0.0
         seen_cost |= terms["sync_excess"] < 0.0
-        want = 2.0 * terms["sync_excess"] + 3.0 * terms["progress"]
+        want = 2.0 * (terms["sync_excess"] + terms["shaping"]) + 3.0 * terms["progress"]
         assert np.isclose(reward, want, rtol=1e-12, atol=1e-12), (reward, terms)
         if terminated or truncated:
             break

@@ -352,8 +352,10 @@ class DiLoCoSyncEnv(gym.Env[Observation, Action]):
 
     ## Rewards
 
-    ``reward = excess_weight * sync_excess + progress_weight * progress`` (both terms in
-    ``info["reward_terms"]``, ``sync_excess <= 0``):
+    ``reward = excess_weight * (sync_excess + shaping) + progress_weight * progress`` (the
+    terms in ``info["reward_terms"]``, ``sync_excess <= 0``; ``shaping`` only with
+    ``reward_shaping="merge-debt"``, ``DiLoCoSync-v1``'s default, else 0 and absent: the
+    merge debt of :mod:`diloco_gym.envs.shaping`, ``gamma * phi(s') - phi(s)``):
 
     * ``sync_excess`` = ``-c * scale`` where ``c`` is the extra SLO-violating requests of
       the merges launched in this step, each evaluated in isolation against the no-merge
@@ -430,7 +432,10 @@ class DiLoCoSyncEnv(gym.Env[Observation, Action]):
 
     ## Version History
 
-    * v0: initial version.
+    * v1: the merge-debt reward shaping and ``excess_weight = 0.1`` (the task, the
+      observation and the scoring are v0's); Stable-Baselines3's PPO learns it from
+      scratch (docs/training.md).
+    * v0: initial version (deprecated: its ids warn and stay for one release).
     """
 
     metadata = {"render_modes": _RenderModes(["ansi", "rgb_array"]), "render_fps": 4}
