@@ -12,7 +12,8 @@ from typing import Any
 
 from diloco_gym.envs.env import DiLoCoSyncEnv
 from diloco_gym.envs.observation import OBS_FEATURES
-from diloco_gym.envs.params import V1_KWARGS, EnvParams
+from diloco_gym.envs.params import EnvParams
+from diloco_gym.envs.versions import V1_KWARGS
 from diloco_gym.sim.learners import LearnerParams
 from diloco_gym.sim.regimes import REGIMES, ReplayRegime, SyntheticRegime, get_regime
 from diloco_gym.sim.sidecar import SidecarParams
@@ -80,18 +81,18 @@ def register_envs() -> None:
     import gymnasium as gym
 
     entries: dict[str, tuple[str, dict[str, Any]]] = {
-        "DiLoCoSync-v1": ("DiLoCoSyncEnv", dict(V1_KWARGS)),
-        "DiLoCoSync-v0": ("make_v0", {}),
+        "DiLoCoSync-v1": ("env:DiLoCoSyncEnv", dict(V1_KWARGS)),
+        "DiLoCoSync-v0": ("versions:make_v0", {}),
     }
     for name in REGIMES:
-        entries[ENV_IDS[name]] = ("DiLoCoSyncEnv", {"regime": name, **V1_KWARGS})
-        entries[ENV_IDS_V0[name]] = ("make_v0", {"regime": name})
+        entries[ENV_IDS[name]] = ("env:DiLoCoSyncEnv", {"regime": name, **V1_KWARGS})
+        entries[ENV_IDS_V0[name]] = ("versions:make_v0", {"regime": name})
     for env_id, (entry, kwargs) in entries.items():
         if env_id in gym.registry:
             continue
         gym.register(
             id=env_id,
-            entry_point=f"diloco_gym.envs.env:{entry}",
+            entry_point=f"diloco_gym.envs.{entry}",
             vector_entry_point="diloco_gym.envs.vector:DiLoCoSyncVectorEnv",
             kwargs=kwargs,
             # gym.make returns the env itself, so that env.action_masks() (MaskablePPO's

@@ -41,8 +41,6 @@ __all__ = [
     "configure",
     "make_generator",
     "MAX_SEED",
-    "INFO_KEYS",
-    "make_v0",
 ]
 
 #: The ``gym.Env`` type parameters: an observation is a float32 vector of ``OBS_DIM`` features;
@@ -226,36 +224,6 @@ def check_actions(actions: Any, space: gym.Space) -> np.ndarray:
     return np.asarray(a) == 1
 
 
-#: Every key of a ``DiLoCoSyncEnv`` step's (and reset's) ``info``: ``(causal, meaning)``.
-#: ``causal`` is ``"yes"`` when the value is computable from the past alone (requests that
-#: arrived before the decision it comes with), else it names what it looks ahead at. The test
-#: suite checks that every info has exactly these keys and that the ``"yes"`` ones agree on
-#: two traces equal up to a cut, in both reward modes.
-INFO_KEYS: dict[str, tuple[str, str]] = {
-    "episode_seed": ("yes", "the episode's seed (reset only)"),
-    "decision": ("yes", "the index of the current decision"),
-    "time_s": ("yes", "the current decision's time in the episode"),
-    "gap_steps": ("yes", "training steps since the last merge"),
-    "merged": ("yes", "whether this step launched a merge"),
-    "action_overridden": ("yes", "whether the chosen action was infeasible and replaced"),
-    "merges": ("yes", "merges launched so far"),
-    "action_mask": ("yes", "feasible actions now, int8 [defer, merge]"),
-    "excess_requests_so_far": (
-        "additive mode: no, each launched merge's own cost window (merge_seconds + tail_s "
-        "after launch), the additive reward's look-ahead; exact mode: yes",
-        "requests the sync_excess reward terms have counted so far",
-    ),
-    "reward_terms": (
-        "as the reward: additive mode looks ahead over each merge's own cost window; exact "
-        "mode is causal except on the episode's last step",
-        "the reward's terms, {'sync_excess', 'progress'}",
-    ),
-    "episode_summary": (
-        "no: the last step only, the whole episode's exact replay",
-        "the exact replay of the episode's schedule (last step only)",
-    ),
-}
-
 #: Largest episode seed: seeds are stored as int64 (Gymnasium wants them non-negative).
 MAX_SEED = 2**63 - 1
 
@@ -404,9 +372,10 @@ class DiLoCoSyncEnv(gym.Env[Observation, Action]):
     merge's backlog drains before the next merge starts (true on the shipped regimes up to
     rounding; the test suite bounds the gap). ``info["excess_requests_so_far"]`` is ``A`` so
     far (in exact mode: the exact credits paid so far, as causal as the exact reward;
-    :data:`INFO_KEYS` lists every info key and whether it is causal). The exact replay
-    is in the final ``info["episode_summary"]`` (not ``"episode"``, which Gymnasium's
-    ``RecordEpisodeStatistics`` and SB3's ``Monitor`` write).
+    :data:`~diloco_gym.envs.info.INFO_KEYS` lists every info key and whether it is
+    causal). The exact replay is in the final ``info["episode_summary"]`` (not
+    ``"episode"``, which Gymnasium's ``RecordEpisodeStatistics`` and SB3's ``Monitor``
+    write).
 
     ## Starting State
 
@@ -758,13 +727,13 @@ class DiLoCoSyncEnv(gym.Env[Observation, Action]):
         return float(merge_debt(self.shaping_cost, d, last, merges, n, self.params))
 
     def _excess_so_far(self) -> float:
-        """``info["excess_requests_so_far"]`` (:data:`INFO_KEYS`): the requests the reward's
-        ``sync_excess`` terms have counted so far. Additive mode: the launched merges'
-        isolated costs (the kernel's running sum, row 2 of ``step_layout.STATE_FLOAT``),
-        each with its own cost window, the additive reward's documented look-ahead. Exact
-        mode: the marginal exact costs paid so far, causal like the exact reward (the
-        isolated costs would leak what the exact reward withholds until the backlog
-        drains)."""
+        """``info["excess_requests_so_far"]`` (:data:`~diloco_gym.envs.info.INFO_KEYS`): the
+        requests the reward's ``sync_excess`` terms have counted so far. Additive mode: the
+        launched merges' isolated costs (the kernel's running sum, row 2 of
+        ``step_layout.STATE_FLOAT``), each with its own cost window, the additive reward's
+        documented look-ahead. Exact mode: the marginal exact costs paid so far, causal
+        like the exact reward (the isolated costs would leak what the exact reward
+        withholds until the backlog drains)."""
         if self._exact is not None:
             return self._exact.credited
         return self._state_floats.item(2)
@@ -810,21 +779,3 @@ class DiLoCoSyncEnv(gym.Env[Observation, Action]):
         return timeline_rgb(
             self.episode, self._merges, self.params, self.sidecar, upto=self._state.d.item(0)
         )
-
-
-def make_v0(**kwargs: Any) -> DiLoCoSyncEnv:
-    """The entry point of the deprecated ``DiLoCoSync-v0`` ids: :class:`DiLoCoSyncEnv` with
-    ``EnvParams``' own defaults (no reward shaping, ``excess_weight = 1``), after a
-    ``FutureWarning``. Kept for one release."""
-    import warnings
-
-    warnings.warn(
-        "DiLoCoSync-v0 ids are deprecated and will be removed in the next release: use "
-        "DiLoCoSync-v1 (the same task and observation, with the merge-debt reward shaping "
-        "and a reward 10x smaller, on the scale of the sync-excess in percentage points), "
-        "on which Stable-Baselines3's PPO learns from scratch; see docs/training.md. "
-        "DiLoCoSyncEnv(...) itself is unchanged.",
-        FutureWarning,
-        stacklevel=3,
-    )
-    return DiLoCoSyncEnv(**kwargs)

@@ -15,7 +15,7 @@ import numpy as np
 from diloco_gym.envs.reward import check_reward_mode, check_reward_shaping
 from diloco_gym.sim.limits import check_limit
 
-__all__ = ["EnvParams", "RANGES", "MAX_STEPS", "V1_KWARGS"]
+__all__ = ["EnvParams", "RANGES", "MAX_STEPS"]
 
 #: The range of each number field, ``(low, high, low_inclusive)`` (``high`` included): far
 #: beyond any meaningful setting, so that a value such as ``excess_weight = 1e308`` (whose
@@ -37,12 +37,6 @@ RANGES: dict[str, tuple[float, float, bool]] = {
     "shaping_gamma": (0.0, 1.0, False),
     "shaping_cost": (0.0, 1e9, True),
 }
-#: What ``DiLoCoSync-v1`` (and ``diloco-gym train`` by default) sets over the ``EnvParams``
-#: defaults, which are ``DiLoCoSync-v0``'s: the merge-debt reward shaping
-#: (:mod:`diloco_gym.envs.shaping`) and a reward on the scale of the sync-excess in
-#: percentage points of the episode's nominal requests (``excess_weight = 0.1``).
-V1_KWARGS: dict[str, object] = {"reward_shaping": "merge-debt", "excess_weight": 0.1}
-
 #: The largest step count (``h_min_steps``, ``h_max_steps``, ``decision_interval``): a
 #: 32-bit integer, as the compiled kernels hold them.
 MAX_STEPS = 2**31 - 1
@@ -60,6 +54,10 @@ def _finite(v: object) -> bool:
         return bool(np.isfinite(float(v)))  # type: ignore[arg-type]
     except (OverflowError, TypeError, ValueError):
         return False
+
+
+#: The fields whose value is one of a few names, and their checks.
+_CHOICES = {"reward_mode": check_reward_mode, "reward_shaping": check_reward_shaping}
 
 
 @dataclass(frozen=True)
@@ -127,11 +125,8 @@ class EnvParams:
     def __post_init__(self) -> None:  # noqa: C901 - one check per parameter, in sequence
         for f in fields(self):
             v = getattr(self, f.name)
-            if f.name == "reward_mode":
-                check_reward_mode(v)
-                continue
-            if f.name == "reward_shaping":
-                check_reward_shaping(v)
+            if f.name in _CHOICES:  # reward_mode, reward_shaping: one of their names
+                _CHOICES[f.name](v)
                 continue
             if f.name == "shaping_cost" and v is None:
                 continue

@@ -54,7 +54,8 @@ from typing import Any, Literal
 from pydantic import PositiveInt, create_model, field_validator, model_validator
 
 from diloco_gym.envs.budget_features import OBS_TRANSFORMS
-from diloco_gym.envs.params import V1_KWARGS, EnvParams
+from diloco_gym.envs.params import EnvParams
+from diloco_gym.envs.versions import V1_KWARGS
 from diloco_gym.rl.algos import ALGOS, RESERVED_ALGO_KEYS, VEC_ENVS, algo_kwargs
 from diloco_gym.sim.regimes import REGIMES
 from diloco_gym.tables import Table, TableError, validate_table

@@ -67,28 +67,6 @@ def test_registered_ids_use_their_regime():
         assert env_id.endswith("-v1") and diloco_gym.ENV_IDS_V0[name] == env_id[:-1] + "0"
 
 
-@pytest.mark.parametrize("env_id", ["DiLoCoSync-v0", *diloco_gym.ENV_IDS_V0.values()])
-def test_v0_ids_warn_and_keep_the_v0_task_bit_for_bit(env_id, rollout):
-    """The deprecated ids warn once made and are DiLoCoSyncEnv with EnvParams' defaults:
-    the same rewards and observations as before; v1 differs only by its reward."""
-    with pytest.warns(FutureWarning, match="DiLoCoSync-v0 ids are deprecated"):
-        old = gym.make(env_id)
-    regime = old.unwrapped.regime_name
-    assert old.unwrapped.params == EnvParams()
-    v1 = gym.make(env_id[:-1] + "1")
-    assert v1.unwrapped.params == EnvParams(**diloco_gym.V1_KWARGS)
-    if regime != "bursty":
-        return
-    a = rollout(old.unwrapped, "random", seed=3, policy_seed=1)
-    b = rollout(DiLoCoSyncEnv(regime), "random", seed=3, policy_seed=1)
-    c = rollout(v1.unwrapped, "random", seed=3, policy_seed=1)
-    assert a.rewards == b.rewards and a.actions == b.actions == c.actions
-    for x, y, z in zip(a.observations, b.observations, c.observations, strict=True):
-        np.testing.assert_array_equal(x, y)
-        np.testing.assert_array_equal(x, z)
-    assert a.rewards != c.rewards
-
-
 def test_observations_stay_inside_the_space_over_whole_episodes(rollout):
     for regime in REGIME_NAMES:
         env = DiLoCoSyncEnv(regime)
