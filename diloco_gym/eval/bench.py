@@ -287,6 +287,11 @@ def entrant_kinds(spec: str) -> set[str]:
 
 
 # ------------------------------------------------------------------------------ inputs
+def _checkout() -> Path:
+    """The folder above the package (a source checkout's root)."""
+    return Path(__file__).resolve().parents[2]
+
+
 def real_trace_path(setting: dict[str, Any], real_traces: str | None) -> tuple[Path | None, str]:
     """The real trace a trace setting names and ``""``, or ``None`` and why it is missing.
     Looked for in ``real_traces``, ``$DILOCO_GYM_REAL_TRACES``, then a ``shared/traces/real``
@@ -295,7 +300,7 @@ def real_trace_path(setting: dict[str, Any], real_traces: str | None) -> tuple[P
     Raises:
         BenchError: the file found is not the suite's (another hash).
     """
-    here = Path(__file__).resolve().parents[2]
+    here = _checkout()
     dirs = [real_traces, os.environ.get("DILOCO_GYM_REAL_TRACES")]
     dirs += [str(here.parent / "shared" / "traces" / "real"), str(here / "shared/traces/real")]
     for d in dirs:
@@ -333,7 +338,7 @@ def fleet_file() -> Path:
     """
     setting = next(s for s in SETTINGS if s["kind"] == "fleet")
     rel = setting["file"]
-    for base in (Path(__file__).resolve().parents[2], Path.cwd()):
+    for base in (_checkout(), Path.cwd()):
         p = base / rel
         if p.is_file():
             digest = _sha256(p)
