@@ -243,11 +243,13 @@ class Entrant:
     configuration, its training seeds, make one entrant; a heuristic is one run).
 
     An agent argument is what ``--agent`` takes: a registry name, a trained run directory
-    or model ``.zip``, or your own scheduler as ``module:attr`` / ``path/to/file.py:attr``.
+    or model ``.zip``, or your own scheduler as ``module:attr`` / ``path/to/file.py:attr``;
+    :func:`diloco_gym.rl.bench.run_bench` also takes objects as :func:`diloco_gym.evaluate`
+    does.
     """
 
     name: str
-    agents: tuple[str, ...]
+    agents: tuple[Any, ...]
     description: str = ""
 
     def __post_init__(self) -> None:

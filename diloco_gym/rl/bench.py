@@ -565,25 +565,27 @@ def validate_submission(
     real_traces: str | None = None,
     progress: bool = True,
 ) -> dict[str, Any]:
-    """Replay a submission's agents on its claimed tasks (those of ``tasks`` only, when
-    given) in its mode and compare each claimed score with the replay.
+    """Replay a submission's agents on its claimed tasks (those ``tasks`` select, when
+    given: task names or settings) in its mode and compare each claimed score with the replay.
 
     Returns:
         ``{"checked": number of scores compared, "tasks": [...], "doc": the replay's
         bench document}``.
 
     Raises:
-        BenchError: a bad file (see :func:`read_submission`), a ``tasks`` entry the file
-            claims nothing for, or the first claimed score that differs from the replay by
+        BenchError: a bad file (see :func:`read_submission`), ``tasks`` that select none
+            of the claimed tasks, or the first claimed score that differs from the replay by
             more than ``tolerance`` (one line: file, entrant, task, run, both numbers).
     """
     sub = read_submission(path)
     claimed = list(dict.fromkeys(t for e in sub["entrants"] for t in e["scores"]))
     if tasks:
         wanted = {t.name for t in select_tasks(tasks)}
-        missing = sorted(wanted - set(claimed))
-        if missing:
-            raise BenchError(f"{path}: no claimed score for task {missing[0]!r} (--tasks)")
+        if not wanted & set(claimed):
+            raise BenchError(
+                f"{path}: no claimed score for {', '.join(tasks)} (--tasks); the file claims "
+                f"{', '.join(claimed)}"
+            )
         claimed = [t for t in claimed if t in wanted]
     if sub["mode"] == "custom":
         mode = mode_for("quick", seeds=sub["custom"]["seeds"], draws=sub["custom"]["draws"])
