@@ -84,16 +84,18 @@ def gap(agent: float, random: float, oracle: float) -> float | None:
 
 
 def baseline_entrants() -> list[Entrant]:
-    """``--baselines``: every heuristic (the budget-aware ones first) and every registered
-    learned agent (when the ``rl`` extra is installed), one entrant each."""
+    """``--baselines``: every agent of the registry, one entrant each: the budget-aware
+    heuristics first, then the others, then the learned agents (when the ``rl`` extra is
+    installed). ``no-sync`` is left out (it never merges: no budget holds it). An agent
+    added to the registry joins by itself."""
     import importlib.util
 
-    from diloco_gym.agents.registry import BUDGETED, HEURISTICS, LEARNED
+    from diloco_gym.agents.registry import AGENTS, BUDGETED, LEARNED
 
-    names = list(BUDGETED) + list(HEURISTICS)
-    if importlib.util.find_spec("sb3_contrib") is not None:
-        names += list(LEARNED)
-    return [Entrant(n, (n,)) for n in names]
+    learned = importlib.util.find_spec("sb3_contrib") is not None
+    names = list(BUDGETED) + [n for n in AGENTS if n not in BUDGETED and n not in LEARNED]
+    names += [n for n in AGENTS if n in LEARNED and learned]
+    return [Entrant(n, (n,)) for n in names if n != "no-sync"]
 
 
 # ----------------------------------------------------------------------------- aggregate
@@ -504,20 +506,8 @@ def read_submission(path: str | Path) -> dict[str, Any]:
     Raises:
         BenchError: one line naming the file and the field.
     """
-    from diloco_gym.eval.calibration.schema import CalibrationFileError, validate_schema
-    from diloco_gym.sim import parsing
-
     where = str(path)
-    try:
-        doc = parsing.parse_json(parsing.read_text(path), where)
-    except json.JSONDecodeError as exc:
-        raise BenchError(f"{where}: not JSON ({exc.msg} at line {exc.lineno})") from None
-    except OSError as exc:
-        raise BenchError(f"{where}: cannot read it ({exc.strerror or exc})") from None
-    try:
-        validate_schema(doc, _schema("bench_submission"), where)
-    except CalibrationFileError as exc:
-        raise BenchError(str(exc)) from None
+    doc = _parsed(path)
 
     def bad(field: str, why: str) -> BenchError:
         return BenchError(f"{where}: field {field!r}: {why}")
@@ -541,19 +531,48 @@ def read_submission(path: str | Path) -> dict[str, Any]:
                 raise bad(field, f"unknown task; valid: {', '.join(sorted(known))}")
             if len(values) != len(e["agents"]):
                 raise bad(field, f"{len(values)} score(s) for {len(e['agents'])} agent(s)")
-        resolved = []
-        for j, spec in enumerate(e["agents"]):
-            full = _resolve(spec, base)
-            from diloco_gym.agents.registry import AGENTS
-            from diloco_gym.agents.user import is_user_spec
-
-            target = full.rpartition(":")[0] if is_user_spec(full) and ".py:" in full else full
-            is_path = full not in AGENTS and (not is_user_spec(full) or ".py:" in full)
-            if is_path and not Path(target).exists():
-                raise bad(f"entrants[{i}].agents[{j}]", f"{target} does not exist")
-            resolved.append(full)
-        e["agents"] = resolved
+        e["agents"] = [
+            _present(spec, base, bad, f"entrants[{i}].agents[{j}]")
+            for j, spec in enumerate(e["agents"])
+        ]
     return doc
+
+
+def _parsed(path: str | Path) -> Any:
+    """A submission's JSON within the settings-file limits, checked against its schema."""
+    from diloco_gym.eval.calibration.schema import CalibrationFileError, validate_schema
+    from diloco_gym.sim import parsing
+
+    where = str(path)
+    try:
+        doc = parsing.parse_json(parsing.read_text(path), where)
+    except json.JSONDecodeError as exc:
+        raise BenchError(f"{where}: not JSON ({exc.msg} at line {exc.lineno})") from None
+    except OSError as exc:
+        raise BenchError(f"{where}: cannot read it ({exc.strerror or exc})") from None
+    except UnicodeDecodeError:
+        raise BenchError(f"{where}: not UTF-8 text") from None
+    except ValueError as exc:  # a size or nesting limit (LimitError), naming the file
+        raise BenchError(str(exc)) from None
+    try:
+        validate_schema(doc, _schema("bench_submission"), where)
+    except CalibrationFileError as exc:
+        raise BenchError(str(exc)) from None
+    return doc
+
+
+def _present(spec: str, base: Path, bad: Any, field: str) -> str:
+    """An agent argument with its path relative to ``base``; a named file must exist."""
+    from diloco_gym.agents.registry import AGENTS
+    from diloco_gym.agents.user import is_user_spec
+
+    full = _resolve(spec, base)
+    code_file = is_user_spec(full) and ".py:" in full
+    target = full.rpartition(":")[0] if code_file else full
+    is_path = full not in AGENTS and (not is_user_spec(full) or code_file)
+    if is_path and not Path(target).exists():
+        raise bad(field, f"{target} does not exist")
+    return full
 
 
 def validate_submission(
