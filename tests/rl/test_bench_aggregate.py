@@ -234,3 +234,28 @@ def test_baselines_are_every_registered_agent_but_no_sync(monkeypatch):
     assert "causal-planner" in [e.name for e in rb.baseline_entrants()]
     pytest.importorskip("sb3_contrib")
     assert set(LEARNED) <= set(names)
+
+
+@pytest.mark.slow
+def test_the_validate_commands_of_docs_benchmark_md_run(tiny, tmp_path, monkeypatch, capsys):
+    """The ``--validate`` block of docs/benchmark.md, run on the tiny run's submission (the
+    agents sealed, as the command runs them)."""
+    import re
+
+    from diloco_gym.cli import main
+
+    page = (ROOT / "docs" / "benchmark.md").read_text()
+    blocks = re.findall(r"^```bash\n(.*?)^```", page, flags=re.S | re.M)
+    block = next(b for b in blocks if "--validate" in b)
+    _, out = tiny
+    (tmp_path / "submission.json").write_text((out / "submission.json").read_text())
+    monkeypatch.chdir(tmp_path)
+    commands = [ln for ln in block.splitlines() if ln.strip()]
+    assert len(commands) == 2
+    for command in commands:
+        argv = command.split()
+        assert argv[:2] == ["diloco-gym", "bench"]
+        assert main([*argv[1:], "--no-progress"]) == 0
+    printed = capsys.readouterr().out
+    assert "valid: 6 claimed score(s) on 2 task(s)" in printed
+    assert "valid: 3 claimed score(s) on 1 task(s) match the replay within 0.01" in printed
