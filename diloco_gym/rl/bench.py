@@ -219,7 +219,11 @@ def run_bench(
     finally:
         for spec in registered:
             unregister_object(spec)
-    return _document(record, the_mode, chosen, named, res, baseline)
+    from diloco_gym.eval.report_render import sandbox_record
+
+    doc = _document(record, the_mode, chosen, named, res, baseline)
+    doc["agent_sandbox"] = sandbox_record(in_process)
+    return doc
 
 
 def _document(
@@ -319,6 +323,17 @@ def _cell(values: list[float | None]) -> str:
     return f"{iqm(np.array(vals)):.2f} ({min(vals):.2f}..{max(vals):.2f})"
 
 
+def _sealing(record: dict[str, Any] | None) -> str:
+    """How the deployable agents ran, for bench.md's header."""
+    from diloco_gym.eval.report_render import sandbox_sentence
+
+    if not record:
+        return ""
+    if record.get("level") == "none":
+        return " Agents ran in the evaluating process (--in-process-agents), not sealed."
+    return " Deployable agents ran sealed." + sandbox_sentence(record)
+
+
 def render_markdown(doc: dict[str, Any]) -> str:
     """bench.md: the aggregate table, then one table per task."""
     ents = sorted(
@@ -334,7 +349,8 @@ def render_markdown(doc: dict[str, Any]) -> str:
         f"matched-random draws (fleet: {doc['counts']['fleet_seeds']} episodes, "
         f"{doc['counts']['fleet_draws']} draws), test seeds from {doc['counts']['test_seed0']}; "
         f"{doc['elapsed_s']:.1f} s."
-        + ("" if official else " Custom counts: not the suite's numbers."),
+        + ("" if official else " Custom counts: not the suite's numbers.")
+        + _sealing(doc.get("agent_sandbox")),
         "",
         "Score: gap captured, `(matched random - agent) / (matched random - oracle)` at the "
         "task's budget (0 = matched random, 1 = the oracle). Aggregate: IQM over tasks and "

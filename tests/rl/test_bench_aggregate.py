@@ -115,6 +115,7 @@ def test_a_tiny_run_writes_its_files_with_the_references(tiny):
     assert by["pair"]["aggregate"]["runs"] == 2 and on_disk["baseline"] == "ofb"
     md = (out / "bench.md").read_text()
     assert "## Aggregate" in md and "### bursty@72/h" in md and "reachable (rate-clairvoyant)" in md
+    assert on_disk["agent_sandbox"]["level"] == "none" and "(--in-process-agents), not sealed" in md
     assert (out / "bench.png").read_bytes()[:4] == b"\x89PNG"
 
 
