@@ -219,10 +219,12 @@ def run_bench(
     finally:
         for spec in registered:
             unregister_object(spec)
+    import diloco_gym
     from diloco_gym.eval.report_render import sandbox_record
 
     doc = _document(record, the_mode, chosen, named, res, baseline)
     doc["agent_sandbox"] = sandbox_record(in_process)
+    doc["package_version"] = diloco_gym.__version__
     return doc
 
 
@@ -344,7 +346,9 @@ def render_markdown(doc: dict[str, Any]) -> str:
     lines = [
         f"# {doc['suite']} ({doc['mode']} mode)",
         "",
-        f"Suite hash `{doc['suite_hash'][:16]}`; {len(doc['tasks'])} task(s); "
+        f"Suite hash `{doc['suite_hash'][:16]}`"
+        + (f", diloco-gym {doc['package_version']}" if doc.get("package_version") else "")
+        + f"; {len(doc['tasks'])} task(s); "
         f"{doc['counts']['seeds']} seeds per regime task, {doc['counts']['draws']} "
         f"matched-random draws (fleet: {doc['counts']['fleet_seeds']} episodes, "
         f"{doc['counts']['fleet_draws']} draws), test seeds from {doc['counts']['test_seed0']}; "

@@ -12,7 +12,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from diloco_gym.eval.bench import BenchError, BenchTask, Entrant, mode_for, suite_hash
+from diloco_gym.eval.bench import (
+    BenchError,
+    BenchTask,
+    Entrant,
+    mode_for,
+    suite_hash,
+    suite_tasks,
+)
 from diloco_gym.rl import bench as rb
 from diloco_gym.rl.aggregate import iqm, probability_of_improvement, stratified_bootstrap_ci
 
@@ -260,3 +267,18 @@ def test_the_validate_commands_of_docs_benchmark_md_run(tiny, tmp_path, monkeypa
     printed = capsys.readouterr().out
     assert "valid: 6 claimed score(s) on 2 task(s)" in printed
     assert "valid: 3 claimed score(s) on 1 task(s) match the replay within 0.01" in printed
+
+
+def test_the_baseline_table_of_docs_benchmark_md_is_the_committed_result():
+    """docs/benchmark.md's aggregate table is bench.md's, rendered from the committed
+    docs/bench_baselines.json (a full run of ``diloco-gym bench --baselines``), and that
+    file is a valid result of this suite."""
+    doc = json.loads((ROOT / "docs" / "bench_baselines.json").read_text())
+    rb._check_result(doc, "docs/bench_baselines.json")
+    assert doc["suite_hash"] == suite_hash() and doc["mode"] == "full" and not doc["skipped"]
+    table = rb.render_markdown(doc).split("## Aggregate")[1].split("## Tasks")[0].strip()
+    assert table in (ROOT / "docs" / "benchmark.md").read_text()
+    by = {e["name"]: e for e in doc["entrants"]}
+    assert set(by[rb.RANDOM]["scores"]) == {t.name for t in suite_tasks()}
+    assert all(v == [0.0] for v in by[rb.RANDOM]["scores"].values())
+    assert all(v == [1.0] for v in by[rb.ORACLE]["scores"].values())
