@@ -584,8 +584,10 @@ def _parsed(path: str | Path) -> Any:
 def _present(spec: str, base: Path, bad: Any, field: str) -> str:
     """An agent argument with its path relative to ``base``; a named file must exist."""
     from diloco_gym.agents.registry import AGENTS
-    from diloco_gym.agents.user import is_user_spec
+    from diloco_gym.agents.user import OBJECT_PREFIX, is_user_spec
 
+    if spec.startswith(OBJECT_PREFIX):
+        raise bad(field, f"{spec!r} was an object of one Python process; submit file.py:attr")
     full = _resolve(spec, base)
     code_file = is_user_spec(full) and ".py:" in full
     target = full.rpartition(":")[0] if code_file else full

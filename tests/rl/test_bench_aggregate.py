@@ -189,6 +189,7 @@ def _entrant(**change):
         (_entrant(scores={"bursty@72/h": ["0.5"]}), "'entrants[0].scores.bursty@72/h[0]'"),
         (_entrant(agents=["runs/nope-s0"]), "field 'entrants[0].agents[0]': "),
         (_entrant(agents=["mine.py:Agent"]), "mine.py does not exist"),
+        (_entrant(agents=["python-object:f-1"]), "an object of one Python process; submit"),
         (_sub(entrants=[_sub()["entrants"][0]] * 2), "field 'entrants[1].name': 'x' is taken"),
     ],
     ids=lambda v: None if isinstance(v, str) else "doc",
