@@ -526,7 +526,8 @@ def run_tasks(
         {spec: agent name}, "elapsed_s"}``.
 
     Raises:
-        BenchError: an entrant runs on none of the tasks.
+        BenchError: an entrant runs on none of the tasks; the fleet task's file missing or
+            changed (checked before any episode runs).
         ValueError: an unknown agent, or the same agent in two entrants.
     """
     from diloco_gym.agents.registry import make_agents
@@ -544,6 +545,8 @@ def run_tasks(
                 not_run.setdefault(e.name, {})[t.name] = f"runs on no {where} task"
         if len(not_run.get(e.name, {})) == len(tasks):
             raise BenchError(f"entrant {e.name}: runs on none of the selected tasks")
+    if any(t.kind == "fleet" for t in tasks):
+        fleet_file()  # found and unchanged, before any episode runs
     run_opts = {"progress": progress, "backend": backend, "jobs": jobs, "ray_address": ray_address}
     single = [t for t in tasks if t.kind != "fleet"]
     fleet = [t for t in tasks if t.kind == "fleet"]

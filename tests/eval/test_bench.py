@@ -98,6 +98,15 @@ def test_inputs_are_checked_by_their_hash(tmp_path, monkeypatch):
         f.write("# changed\n")
     with pytest.raises(bench.BenchError, match="fleet.toml: SHA-256 .*the fleet task's file was"):
         bench.fleet_file()
+    # a run is refused before any episode (the regime task first in the list)
+    monkeypatch.setattr(bench, "_single_host", lambda *a: pytest.fail("ran an episode"))
+    with pytest.raises(bench.BenchError, match="the fleet task's file was changed"):
+        bench.run_tasks(
+            [bench.Entrant("w", ("wa-diloco",))],
+            bench.select_tasks(["bursty@72/h", "fleet@64/ep"]),
+            bench.MODES["quick"],
+            progress=False,
+        )
 
 
 def test_which_tasks_an_agent_runs_on():
