@@ -212,6 +212,11 @@ def run_bench(
             raise BenchError("entrant names must be distinct")
         if {RANDOM, ORACLE, REACHABLE} & {e.name for e in named}:
             raise BenchError(f"{RANDOM!r}, {ORACLE!r} and {REACHABLE!r} are the references' names")
+        known = [e.name for e in named] + [RANDOM, ORACLE, REACHABLE]
+        if baseline is not None and baseline not in known:
+            raise BenchError(
+                f"baseline {baseline!r} is not an entrant; entrants: {', '.join(known)}"
+            )
         res = run_tasks(
             named, chosen, the_mode, in_process=in_process, real_traces=real_traces,
             progress=progress, backend=backend, jobs=jobs, ray_address=ray_address,

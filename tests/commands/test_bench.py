@@ -36,6 +36,8 @@ def test_usage_errors_are_one_line(out, fails):
     )
     line = fails(["bench", *out, "--validate", "x.json", "--agent", "wa-diloco"], 2)
     assert line.startswith("diloco-gym: --validate takes the entrants and the mode from")
+    line = fails(["bench", *out, "--agent", "wa-diloco", "--baseline", "wa"], 2)
+    assert line.startswith("diloco-gym: baseline 'wa' is not an entrant; entrants: wa-diloco,")
     assert "must be >= 2" in fails(["bench", *out, "--agent", "wa-diloco", "--seeds", "1"], 2)
 
 
