@@ -19,6 +19,7 @@ import warnings
 from typing import Any, NoReturn
 
 from diloco_gym.commands import (
+    bench,
     calibrate,
     calibrate_learners,
     frontier,
@@ -42,6 +43,7 @@ COMMANDS = (
     ("run", run),
     ("report", report),
     ("frontier", frontier),
+    ("bench", bench),
     ("sweep", sweep),
     ("tune", tune),
     ("train", train),

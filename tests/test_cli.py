@@ -636,7 +636,7 @@ def test_report_fleet_writes_a_report(tmp_path, capsys):
     assert (out / "results.csv").is_file() and (out / "report.md").is_file()
 
 
-@pytest.mark.parametrize("command", ["run", "report", "frontier", "sweep", "tune"])
+@pytest.mark.parametrize("command", ["run", "report", "frontier", "bench", "sweep", "tune"])
 def test_help_states_each_default_once_and_no_false_ones(command):
     import argparse
 
@@ -654,3 +654,27 @@ def test_help_states_each_default_once_and_no_false_ones(command):
     # a real default is still shown once
     if command == "report":
         assert text.count("report directory (default: report)") == 1
+
+
+@pytest.mark.slow
+def test_bench_writes_a_submission_that_validates(tmp_path, capsys):
+    """``diloco-gym bench`` on one task, then ``--validate`` of the submission it wrote: the
+    honest file passes; with one score changed, one line names the task and both numbers."""
+    out = tmp_path / "bench"
+    small = ["--tasks", "bursty@72/h", "--seeds", "2", "--draws", "10", "--no-progress"]
+    small += ["--in-process-agents"]  # sealing is the frontier's (tested there)
+    args = ["bench", "--agent", "wa-diloco", "--group", "pair", "fixed-budget", "pressure-gate"]
+    assert main([*args, *small, "--out", str(out)]) == 0
+    assert "| wa-diloco | 1 | 1 |" in capsys.readouterr().out
+    sub = out / "submission.json"
+    assert main(["bench", "--validate", str(sub), "--no-progress", "--in-process-agents"]) == 0
+    assert "valid: 3 claimed score(s) on 1 task(s)" in capsys.readouterr().out
+    doc = json.loads(sub.read_text())
+    doc["entrants"][0]["scores"]["bursty@72/h"] = [0.99]
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(doc))
+    line = _fails(
+        ["bench", "--validate", str(bad), "--no-progress", "--in-process-agents"], capsys, 1
+    )
+    assert line.startswith(f"diloco-gym: {bad}: entrant wa-diloco, task bursty@72/h, run 0 ")
+    assert "claimed gap captured 0.9900, the replay gives " in line
