@@ -1,0 +1,421 @@
+"""The causal planner: a budget-aware scheduler that infers the burst phase from the past
+arrivals and re-plans its remaining merges by an exact dynamic programme each decision.
+
+Method (docs/planner.md):
+
+1. **History** (:func:`fit_phase_model`). From episodes of *training* seeds of the same
+   regime (seeds ``>= 10**6``, never a test seed; drawn from the regime's generator, which
+   is only called, never read) the planner fits a renewal model of the bursts in the
+   observable the agent itself sees: the arrivals per decision interval (``rate_now``).
+   Bursts are found in each history episode as runs of its smoothed counts above the
+   midpoint of their quiet and busy levels; the phase ``s`` of a decision is the number of
+   decisions since the last burst onset. Fitted: the distribution of the decisions between
+   onsets (its hazard), the mean count ``mu[s]`` and the mean isolated merge cost
+   ``kappa[s]`` at each phase (the training episodes' own costs: history).
+2. **Phase inference** (causal). During an episode a hidden semi-Markov filter over ``s``
+   conditions on each observed count (a Poisson likelihood with mean ``mu[s]``); decisions
+   the env skips (a forced action) pass without an observation. Nothing else of the episode
+   is read: the observation at decision ``d`` carries only arrivals before ``d``.
+3. **Planning**. The expected merge cost at each remaining decision is ``sum_s p(s) kappa[s]``
+   under the filter's forecast; an exact dynamic programme places the merges left in the
+   corridor ``[H_min, H_max]`` with the env's end condition (the last merge less than
+   ``H_max`` decisions before the end), and the agent merges now iff the plan's first merge
+   is now. The env's budget mask keeps exactly ``M`` merges whatever the agent asks.
+
+What it never reads: the regime object's parameters (burst period, rates, ramp), the
+episode's trace, its merge costs or anything after the current decision. Without history
+(a replayed trace or an unknown regime name) it fits the same model to the episode's own
+past counts as they come in (:attr:`CausalPlanner.refit_every`), with a cost proxy that
+grows with the expected arrivals of a merge's window.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from functools import lru_cache
+from typing import Any
+
+import numpy as np
+
+from diloco_gym.agents.base import Agent, AgentContext
+from diloco_gym.envs.budget_features import BudgetPace
+from diloco_gym.envs.observation import OBS_INDEX, unsquash_rate
+from diloco_gym.envs.params import EnvParams
+
+__all__ = [
+    "CausalPlanner",
+    "PhaseModel",
+    "fit_phase_model",
+    "history_model",
+    "HISTORY_SEED0",
+]
+
+#: The first history seed: the training range's start (docs/training.md "Seeds").
+HISTORY_SEED0 = 10**6
+#: Half-width of the centred moving average used to find bursts in history counts.
+_SMOOTH = 2
+#: Shortest busy or quiet run (decisions) kept when finding bursts.
+_MIN_RUN = 4
+#: Busy levels below this multiple of the quiet level are no bursts (a steady regime).
+_MIN_CONTRAST = 1.5
+
+
+@dataclass(frozen=True)
+class PhaseModel:
+    """The burst model a :class:`CausalPlanner` plans with: plain NumPy arrays over the
+    phase ``s = 0 .. S - 1`` (decisions since the last burst onset).
+
+    Attributes:
+        hazard: probability that a burst starts at the next decision, given phase ``s``
+            (1 at the last phase).
+        prior: the phase distribution at an episode's start (the renewal process's
+            stationary one, proportional to ``P(interval > s)``).
+        mu: mean arrivals per decision interval at phase ``s``.
+        kappa: mean isolated merge cost (requests) of a merge at phase ``s``.
+        bursts: whether bursts were found (``False``: one phase, a steady load).
+    """
+
+    hazard: np.ndarray
+    prior: np.ndarray
+    mu: np.ndarray
+    kappa: np.ndarray
+    bursts: bool
+
+
+def _smooth(x: np.ndarray, half: int) -> np.ndarray:
+    """Centred moving average of width ``2 half + 1``, NaN-aware (NaN where no value)."""
+    ok = np.isfinite(x)
+    v = np.where(ok, x, 0.0)
+    k = np.ones(2 * half + 1)
+    num = np.convolve(v, k, mode="same")
+    den = np.convolve(ok.astype(float), k, mode="same")
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(den > 0, num / np.maximum(den, 1), np.nan)
+
+
+def _runs(flag: np.ndarray) -> list[tuple[int, int, bool]]:
+    """``(start, end, value)`` of the runs of a boolean array (end exclusive)."""
+    if flag.size == 0:
+        return []
+    edges = np.flatnonzero(np.diff(flag.astype(np.int8))) + 1
+    starts = np.concatenate([[0], edges])
+    ends = np.concatenate([edges, [flag.size]])
+    return [(int(a), int(b), bool(flag[a])) for a, b in zip(starts, ends, strict=True)]
+
+
+def _onsets(counts: np.ndarray, theta: float) -> np.ndarray:
+    """Burst onsets of one episode's counts: starts of busy runs (smoothed counts above
+    ``theta``) after short runs are merged into their neighbours."""
+    sm = _smooth(counts, _SMOOTH)
+    busy = np.where(np.isfinite(sm), sm > theta, False)
+    # Merge runs shorter than _MIN_RUN into the previous run (both directions of flicker).
+    for _ in range(2):
+        for a, b, v in _runs(busy):
+            if b - a < _MIN_RUN and a > 0:
+                busy[a:b] = not v
+    return np.array([a for a, _b, v in _runs(busy) if v and a > 0], dtype=np.int64)
+
+
+def _flat(counts: list[np.ndarray], costs: list[np.ndarray] | None) -> PhaseModel:
+    c = np.concatenate([x[np.isfinite(x)] for x in counts]) if counts else np.zeros(1)
+    mu = max(float(c.mean()) if c.size else 1.0, 0.05)
+    kap = float(np.nanmean(np.concatenate(costs))) if costs else mu
+    one = np.ones(1)
+    return PhaseModel(one, one.copy(), np.array([mu]), np.array([kap]), False)
+
+
+def _phase_sums(
+    counts: list[np.ndarray],
+    costs: list[np.ndarray] | None,
+    onsets: list[np.ndarray],
+    s_max: int,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Per-phase sums and numbers of the observed counts (and costs) after each episode's
+    first onset (before it the phase is unknown)."""
+    sum_c = np.zeros(s_max)
+    n_c = np.zeros(s_max)
+    sum_k = np.zeros(s_max)
+    n_k = np.zeros(s_max)
+    for i, (c, o) in enumerate(zip(counts, onsets, strict=True)):
+        if o.size == 0:
+            continue
+        t = np.arange(o[0], c.size)
+        ph = t - o[np.searchsorted(o, t, side="right") - 1]
+        ph = np.minimum(ph, s_max - 1)
+        ok = np.isfinite(c[t])
+        np.add.at(sum_c, ph[ok], c[t][ok])
+        np.add.at(n_c, ph[ok], 1.0)
+        if costs is not None:
+            k = np.asarray(costs[i], dtype=np.float64)[t]
+            okk = np.isfinite(k)
+            np.add.at(sum_k, ph[okk], k[okk])
+            np.add.at(n_k, ph[okk], 1.0)
+    return sum_c, n_c, sum_k, n_k
+
+
+def fit_phase_model(
+    counts: list[np.ndarray],
+    costs: list[np.ndarray] | None = None,
+    proxy_window: int = 12,
+) -> PhaseModel:
+    """Fit the burst model to episodes' arrivals per decision (``counts``: one array per
+    episode, NaN where a decision was not observed; decision 0 carries no past and is
+    ignored) and, when given, their isolated merge costs per decision.
+
+    Without costs (an episode's own past) ``kappa[s]`` is a proxy: the expected arrivals of
+    the ``proxy_window`` decisions from phase ``s`` on, under the fitted renewal chain, which
+    grows with the load a merge started at ``s`` overlaps.
+    """
+    counts = [np.asarray(c, dtype=np.float64).copy() for c in counts]
+    for c in counts:
+        if c.size:
+            c[0] = np.nan
+    smoothed = np.concatenate([_smooth(c, _SMOOTH) for c in counts]) if counts else np.zeros(0)
+    smoothed = smoothed[np.isfinite(smoothed)]
+    if smoothed.size < 20:
+        return _flat(counts, costs)
+    lo, hi = np.percentile(smoothed, [20.0, 90.0])
+    if hi < _MIN_CONTRAST * lo + 1.0:
+        return _flat(counts, costs)
+    theta = 0.5 * (lo + hi)
+    onsets = [_onsets(c, theta) for c in counts]
+    intervals = np.concatenate([np.diff(o) for o in onsets if o.size > 1] or [np.zeros(0)])
+    if intervals.size < 3:
+        return _flat(counts, costs)
+    s_max = int(np.max(intervals) * 1.25) + 2
+    # The interval distribution, lightly smoothed (detection jitter), with a floor.
+    pmf = np.bincount(intervals.astype(np.int64), minlength=s_max + 1)[: s_max + 1].astype(float)
+    pmf = np.convolve(pmf, [0.25, 0.5, 0.25], mode="same")
+    pmf[0] = 0.0
+    pmf[1:] += 1e-4 * pmf.sum() / s_max
+    pmf /= pmf.sum()
+    surv = 1.0 - np.cumsum(pmf)  # surv[s] = P(L > s)
+    surv = np.maximum(surv, 0.0)
+    # hazard[s]: from phase s the next decision is an onset, P(L = s + 1 | L > s).
+    hazard = np.ones(s_max)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        h = pmf[1 : s_max + 1] / np.where(surv[:s_max] > 0, surv[:s_max], np.inf)
+    hazard[:] = np.clip(np.nan_to_num(h, nan=1.0), 0.0, 1.0)
+    hazard[-1] = 1.0
+    prior = surv[:s_max].copy()
+    prior = prior / prior.sum() if prior.sum() > 0 else np.full(s_max, 1.0 / s_max)
+    sum_c, n_c, sum_k, n_k = _phase_sums(counts, costs, onsets, s_max)
+    quiet = float(np.mean(smoothed[smoothed <= theta])) if np.any(smoothed <= theta) else lo
+    mu = np.where(n_c >= 3, sum_c / np.maximum(n_c, 1), quiet)
+    mu = np.maximum(mu, 0.05)
+    if costs is not None:
+        base = float(np.nansum(sum_k) / max(n_k.sum(), 1.0))
+        kappa = np.where(n_k >= 3, sum_k / np.maximum(n_k, 1), base)
+    else:
+        kappa = _proxy_costs(hazard, mu, proxy_window)
+    return PhaseModel(hazard, prior, mu, kappa, True)
+
+
+def _proxy_costs(hazard: np.ndarray, mu: np.ndarray, window: int) -> np.ndarray:
+    """Expected arrivals over ``window`` decisions from each phase on (the renewal chain run
+    forward from a point mass at each phase), squared: a merge's overlap cost grows faster
+    than linearly with the load it meets."""
+    s_max = hazard.size
+    p = np.eye(s_max)
+    total = np.zeros(s_max)
+    for _ in range(window):
+        total += p @ mu
+        nxt = np.zeros_like(p)
+        nxt[:, 1:] = p[:, :-1] * (1.0 - hazard[:-1])
+        nxt[:, 0] = p @ hazard
+        p = nxt
+    return (total / window) ** 2
+
+
+def _episode_counts(exo_rate: np.ndarray, params: EnvParams) -> np.ndarray:
+    """Arrivals per decision interval from the ``rate_now`` feature (what the agent sees)."""
+    r = unsquash_rate(exo_rate.astype(np.float64), params.rate_norm_rps)
+    return np.rint(r * params.decision_seconds)
+
+
+def history_episodes(
+    generator: Any,
+    params: EnvParams,
+    sidecar: Any,
+    seeds: range,
+) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """The counts and isolated merge costs per decision of the episodes of ``seeds`` drawn
+    from ``generator`` (only called: its attributes are never read; the reward scale,
+    which the costs do not use, is fixed at 1 req/s rather than read from it).
+
+    Raises:
+        ValueError: a seed below the training range (:data:`HISTORY_SEED0`): history is
+            drawn from training seeds only.
+    """
+    from diloco_gym.envs.episode import episode_from_seed
+    from diloco_gym.sim import learners as lrn
+
+    if seeds.start < HISTORY_SEED0:
+        raise ValueError(
+            f"history seeds must be training seeds (>= {HISTORY_SEED0}), got {seeds.start}"
+        )
+    lp = lrn.LearnerParams()
+    counts, costs = [], []
+    col = OBS_INDEX["rate_now"] - OBS_INDEX["network"]
+    for seed in seeds:
+        ep = episode_from_seed(generator, seed, params, sidecar, lp, rate_rps=1.0)
+        counts.append(_episode_counts(ep.exo[:, col], params))
+        costs.append(np.asarray(ep.merge_cost, dtype=np.float64))
+    return counts, costs
+
+
+@lru_cache(maxsize=16)
+def _cached_history(regime: str, params: EnvParams, n: int, seed0: int) -> PhaseModel:
+    from diloco_gym.sim.regimes import get_regime
+
+    gen = get_regime(regime)
+    counts, costs = history_episodes(gen, params, gen.sidecar, range(seed0, seed0 + n))
+    return fit_phase_model(counts, costs)
+
+
+def history_model(
+    regime: str, params: EnvParams, n: int = 64, seed0: int = HISTORY_SEED0
+) -> PhaseModel | None:
+    """The burst model fitted to ``n`` training episodes of the named regime (cached per
+    process), or ``None`` when the name is not a synthetic regime (a replayed trace)."""
+    from diloco_gym.sim.regimes import REGIMES
+
+    if regime not in REGIMES:
+        return None
+    base = replace(params, merge_budget=None)
+    return _cached_history(regime, base, int(n), int(seed0))
+
+
+class CausalPlanner(Agent):
+    """Budget-aware causal planner (module docstring; docs/planner.md).
+
+    Args:
+        history: number of training episodes the burst model is fitted to (default 64).
+        model: a fitted :class:`PhaseModel` to use instead (e.g. fitted before sealing).
+        weight: the Poisson log-likelihood's weight in the filter (``< 1`` tempers it for
+            counts more dispersed than Poisson).
+        refit_every: without history, refit the model to the episode's own past counts
+            every this many observed decisions (from the first ``min_own`` on).
+        min_own: observed decisions needed before the episode's own past is used.
+
+    Deployable: it reads observations, the action mask's public parameters and the merge
+    budget; the regime's *name* selects which training history to draw.
+    """
+
+    name = "causal-planner"
+    budget_aware = True
+
+    def __init__(
+        self,
+        history: int = 64,
+        model: PhaseModel | None = None,
+        weight: float = 1.0,
+        refit_every: int = 25,
+        min_own: int = 100,
+    ) -> None:
+        if history < 0:
+            raise ValueError(f"history must be >= 0 episodes, got {history}")
+        if not 0.0 < weight <= 1.0:
+            raise ValueError(f"weight must be in (0, 1], got {weight}")
+        self.history = int(history)
+        self.model = model
+        self.weight = float(weight)
+        self.refit_every = int(refit_every)
+        self.min_own = int(min_own)
+        self._pace: BudgetPace | None = None
+        self._params: EnvParams | None = None
+        self._active: PhaseModel | None = None
+        self._own = False
+        self._p = np.zeros(1)
+        self._seen = -1
+        self._counts: list[float] = []
+        self._since_fit = 0
+
+    def attach(self, context: AgentContext) -> None:
+        """A new episode: pick the model (given, or the regime's history, or the episode's
+        own past) and start the filter at the model's prior."""
+        self._params = context.params
+        self._pace = BudgetPace(context.params)
+        model = self.model
+        if model is None and self.history > 0:
+            model = history_model(context.regime, context.params, self.history)
+        self._own = model is None
+        self._active = model if model is not None else _flat([], None)
+        self._start()
+
+    def _start(self) -> None:
+        assert self._active is not None
+        self._p = self._active.prior.astype(np.float64).copy()
+        self._seen = 0  # the filter stands at decision 0 (no observation there)
+        self._counts = []
+        self._since_fit = 0
+
+    def _refit_own(self) -> None:
+        """Without history: refit on the episode's own past counts (NaN where skipped),
+        then re-run the filter over them."""
+        counts = np.array(self._counts, dtype=np.float64)
+        if np.isfinite(counts).sum() < self.min_own:
+            return
+        model = fit_phase_model([counts])
+        if not model.bursts:
+            return
+        self._active = model
+        from diloco_gym.sim import compiled_plan
+
+        jit = compiled_plan()
+        p = model.prior.astype(np.float64).copy()
+        scratch = np.empty_like(p)
+        for d in range(1, counts.size):
+            jit.phase_predict(p, model.hazard, 1, scratch)
+            if np.isfinite(counts[d]):
+                jit.phase_update(p, model.mu, float(counts[d]), self.weight)
+        self._p = p
+
+    def act(self, obs: np.ndarray) -> np.ndarray:
+        if self._pace is None or self._active is None or self._params is None:
+            raise RuntimeError(
+                f"{self.name} is budget-aware: attach it to an env with a merge "
+                f"budget first (diloco_gym.eval.rollout.run_episode does)"
+            )
+        if len(obs) != 1:
+            raise ValueError(
+                f"{self.name} follows one episode at a time; got a batch of {len(obs)} observations"
+            )
+        return np.array([int(self._decide(obs[0]))], dtype=np.int64)
+
+    def _decide(self, o: np.ndarray) -> bool:
+        from diloco_gym.sim import compiled_plan
+
+        assert self._pace is not None and self._active is not None and self._params is not None
+        jit = compiled_plan()
+        s = self._pace.read(o)
+        d, n, gap, m_left = int(s["d"]), int(s["n"]), int(s["gap"]), int(s["m_left"])
+        model = self._active
+        count = float(_episode_counts(np.asarray(o[OBS_INDEX["rate_now"]]), self._params))
+        if d < self._seen:  # a new episode without attach (a plain predict loop)
+            self._start()
+        scratch = np.empty_like(self._p)
+        if d > self._seen:
+            jit.phase_predict(self._p, model.hazard, d - self._seen, scratch)
+            if d > 0:
+                jit.phase_update(self._p, model.mu, count, self.weight)
+        if self._own:
+            self._counts.extend([np.nan] * (d - len(self._counts)))
+            self._counts.append(count if d > 0 else np.nan)
+            self._since_fit += 1
+            if self._since_fit >= self.refit_every:
+                self._since_fit = 0
+                self._refit_own()
+                model = self._active
+        self._seen = d
+        if m_left <= 0:
+            return False
+        r = n - d
+        if r <= 0:
+            return True
+        h_min, h_max = self._params.h_min, self._params.h_max
+        cost = np.empty(r)
+        spare = np.empty_like(scratch)
+        jit.expected_costs(self._p, model.hazard, model.kappa, cost, scratch, spare)
+        first = jit.plan_first(cost, gap, h_min, h_max, m_left, np.empty(2 * (r + h_max + 1)))
+        return first == 0

@@ -1,0 +1,161 @@
+"""The causal planner's compiled loops (:class:`diloco_gym.agents.planner.CausalPlanner`),
+compiled with numba (``cache=True``, one thread) as :mod:`diloco_gym.sim.jit`; imported on
+first use (:func:`diloco_gym.sim.compiled_plan`).
+
+The planner runs a hidden semi-Markov filter over the burst phase (the state ``s``: decisions
+since the last burst onset) and, at every decision it is asked, an exact dynamic programme
+over its remaining budget. Both are loops over a few hundred states and decisions whose
+NumPy form would cost more in per-operation overhead than in arithmetic:
+
+* :func:`phase_predict`: ``k`` steps of the renewal chain (``s -> s + 1`` with probability
+  ``1 - hazard[s]``, ``s -> 0`` with probability ``hazard[s]``), in place;
+* :func:`phase_update`: Bayes' rule with a Poisson count (``log p(k | s) = k log mu[s] -
+  mu[s]``, the ``k!`` term cancels), tempered by ``weight``, in place;
+* :func:`expected_costs`: the expected merge cost ``sum_s p_j(s) kappa[s]`` at each of the
+  next decisions ``j`` (the chain run forward from the current posterior);
+* :func:`plan_first`: the exact budget DP on those costs; returns the offset of the plan's
+  first merge.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from diloco_gym.sim.jit_cache import njit
+
+__all__ = ["phase_predict", "phase_update", "expected_costs", "plan_first"]
+
+
+@njit(cache=True)
+def _step(p, hazard, out):  # pragma: no cover - compiled
+    """One step of the renewal chain from ``p`` into ``out`` (``out`` may not alias ``p``)."""
+    s_max = p.size
+    reset = 0.0
+    for s in range(s_max):
+        go = p[s] * hazard[s]
+        reset += go
+        if s + 1 < s_max:
+            out[s + 1] = p[s] - go
+    out[0] = reset
+
+
+@njit(cache=True)
+def phase_predict(p, hazard, k, scratch):  # pragma: no cover - compiled
+    """``k`` steps of the renewal chain applied to ``p`` in place (``scratch``: same size)."""
+    for _ in range(k):
+        _step(p, hazard, scratch)
+        for s in range(p.size):
+            p[s] = scratch[s]
+    return 0
+
+
+@njit(cache=True)
+def phase_update(p, mu, count, weight):  # pragma: no cover - compiled
+    """Condition ``p`` on a Poisson ``count`` with means ``mu`` (log-likelihood times
+    ``weight``), in place and normalised. Returns 0, or 1 when the count is impossible
+    under every state with mass (``p`` is then left as it was)."""
+    best = -np.inf
+    ll = np.empty(p.size)
+    for s in range(p.size):
+        if p[s] > 0.0:
+            v = weight * (count * np.log(mu[s]) - mu[s])
+            ll[s] = v
+            if v > best:
+                best = v
+        else:
+            ll[s] = -np.inf
+    if not np.isfinite(best):
+        return 1
+    total = 0.0
+    for s in range(p.size):
+        if p[s] > 0.0:
+            p[s] *= np.exp(ll[s] - best)
+            total += p[s]
+    for s in range(p.size):
+        p[s] /= total
+    return 0
+
+
+@njit(cache=True)
+def expected_costs(p, hazard, kappa, out, scratch_a, scratch_b):  # pragma: no cover
+    """``out[j] = sum_s p_j(s) kappa[s]`` for ``j = 0 .. out.size - 1``, with ``p_0 = p``
+    and ``p_(j+1)`` one chain step after ``p_j`` (``p`` is not changed)."""
+    cur = scratch_a
+    nxt = scratch_b
+    for s in range(p.size):
+        cur[s] = p[s]
+    for j in range(out.size):
+        e = 0.0
+        for s in range(p.size):
+            e += cur[s] * kappa[s]
+        out[j] = e
+        if j + 1 < out.size:
+            _step(cur, hazard, nxt)
+            cur, nxt = nxt, cur
+    return 0
+
+
+@njit(cache=True)
+def _window_min_deque(val, h_min, h_max, r, out, idx):  # pragma: no cover - compiled
+    """``out[i] = min(val[i + h_min .. i + h_max])`` (``inf`` when the window is past
+    ``r``) for ``i = -h_max .. r - 1`` stored at ``out[i + h_max]``, by a monotone deque."""
+    head = 0
+    tail = 0
+    nxt = r - 1  # the next value to push, going backwards
+    for i in range(r - 1, -h_max - 1, -1):
+        lo = i + h_min
+        hi = i + h_max
+        while nxt >= lo and nxt >= 0:
+            if nxt <= hi:
+                v = val[nxt]
+                while tail > head and val[idx[tail - 1]] >= v:
+                    tail -= 1
+                idx[tail] = nxt
+                tail += 1
+            nxt -= 1
+        while tail > head and idx[head] > hi:
+            head += 1
+        out[i + h_max] = val[idx[head]] if tail > head else np.inf
+    return 0
+
+
+@njit(cache=True)
+def plan_first(cost, gap, h_min, h_max, m_left, scratch):  # pragma: no cover - compiled
+    """The exact budget plan on ``cost`` (the expected cost of a merge at each decision from
+    now to the episode's end, ``r = cost.size`` decisions), after a merge ``gap`` decisions
+    ago with ``m_left`` merges to place: the offset from now of the plan's first merge, or
+    -1 when no feasible plan exists (or no merge is left).
+
+    Feasible plans are the env's: gaps in ``[h_min, h_max]`` between merges (from the last
+    one), and the last merge less than ``h_max`` decisions before the episode's last
+    decision. ``g[j, i]``: the least cost of ``j`` more merges after one at offset ``i``
+    (``i >= -h_max``); ties go to the earliest merge, as in
+    :func:`diloco_gym.sim.schedules.optimal_schedule`. ``scratch``: float64, at least
+    ``2 * (r + h_max + 1)`` (and an int64 deque is allocated here)."""
+    r = cost.size
+    if m_left <= 0 or r <= 0:
+        return -1
+    width = r + h_max
+    g = scratch[:width]  # g[i + h_max]: the value after a merge at offset i
+    val = scratch[width : width + r]
+    idx = np.empty(r + 1, dtype=np.int64)
+    # j = 0: done, if the tail after offset i is short enough: (r - 1) - i < h_max.
+    for i in range(-h_max, r):
+        g[i + h_max] = 0.0 if (r - 1) - i < h_max else np.inf
+    for _ in range(m_left):
+        for i in range(r):
+            val[i] = cost[i] + g[i + h_max]
+        _window_min_deque(val, h_min, h_max, r, g, idx)
+    # The first merge after the last one (offset -gap): the earliest least value.
+    lo = max(0, h_min - gap)
+    hi = min(r - 1, h_max - gap)
+    if hi < lo or not np.isfinite(g[-gap + h_max]):
+        return -1
+    # val holds cost + g_(m_left - 1) after the loop's last pass.
+    best = np.inf
+    arg = -1
+    for i in range(lo, hi + 1):
+        if val[i] < best:
+            best = val[i]
+            arg = i
+    return arg
