@@ -153,10 +153,28 @@ def _phase_sums(
     return sum_c, n_c, sum_k, n_k
 
 
+def _lead(counts: list[np.ndarray], onsets: list[np.ndarray], quiet: float, busy: float) -> int:
+    """Decisions before the detected onsets in which the mean count already exceeds the
+    quiet level by a tenth of the busy lift (a ramp), at most 30."""
+    span = 30
+    tot = np.zeros(span)
+    num = np.zeros(span)
+    for c, o in zip(counts, onsets, strict=True):
+        for a in o:
+            for j in range(1, span + 1):
+                if a - j >= 1 and np.isfinite(c[a - j]):
+                    tot[j - 1] += c[a - j]
+                    num[j - 1] += 1
+    profile = np.where(num > 0, tot / np.maximum(num, 1), quiet)
+    above = _smooth(profile, 1) > quiet + 0.1 * (busy - quiet)
+    return int(np.argmin(above)) if not above.all() else span
+
+
 def fit_phase_model(
     counts: list[np.ndarray],
     costs: list[np.ndarray] | None = None,
     proxy_window: int = 12,
+    lead: int | None = None,
 ) -> PhaseModel:
     """Fit the burst model to episodes' arrivals per decision (``counts``: one array per
     episode, NaN where a decision was not observed; decision 0 carries no past and is
@@ -165,6 +183,9 @@ def fit_phase_model(
     Without costs (an episode's own past) ``kappa[s]`` is a proxy: the expected arrivals of
     the ``proxy_window`` decisions from phase ``s`` on, under the fitted renewal chain, which
     grows with the load a merge started at ``s`` overlaps.
+
+    ``lead``: decisions by which the phase's origin precedes a detected onset; ``None``
+    measures it (:func:`_lead`: how long the mean count rises before the onsets).
     """
     counts = [np.asarray(c, dtype=np.float64).copy() for c in counts]
     for c in counts:
@@ -179,6 +200,13 @@ def fit_phase_model(
         return _flat(counts, costs)
     theta = 0.5 * (lo + hi)
     onsets = [_onsets(c, theta) for c in counts]
+    quiet = float(np.mean(smoothed[smoothed <= theta])) if np.any(smoothed <= theta) else lo
+    if lead is None:
+        lead = _lead(counts, onsets, quiet, hi)
+    if lead:
+        # The phase starts where the load starts to rise (a ramp), not where it is busy, so
+        # that the filter has states for "a burst is building up".
+        onsets = [o[o - lead >= 1] - lead for o in onsets]
     intervals = np.concatenate([np.diff(o) for o in onsets if o.size > 1] or [np.zeros(0)])
     if intervals.size < 3:
         return _flat(counts, costs)
@@ -200,7 +228,6 @@ def fit_phase_model(
     prior = surv[:s_max].copy()
     prior = prior / prior.sum() if prior.sum() > 0 else np.full(s_max, 1.0 / s_max)
     sum_c, n_c, sum_k, n_k = _phase_sums(counts, costs, onsets, s_max)
-    quiet = float(np.mean(smoothed[smoothed <= theta])) if np.any(smoothed <= theta) else lo
     mu = np.where(n_c >= 3, sum_c / np.maximum(n_c, 1), quiet)
     mu = np.maximum(mu, 0.05)
     if costs is not None:
@@ -265,16 +292,22 @@ def history_episodes(
 
 
 @lru_cache(maxsize=16)
-def _cached_history(regime: str, params: EnvParams, n: int, seed0: int) -> PhaseModel:
+def _cached_history(
+    regime: str, params: EnvParams, n: int, seed0: int, lead: int | None
+) -> PhaseModel:
     from diloco_gym.sim.regimes import get_regime
 
     gen = get_regime(regime)
     counts, costs = history_episodes(gen, params, gen.sidecar, range(seed0, seed0 + n))
-    return fit_phase_model(counts, costs)
+    return fit_phase_model(counts, costs, lead=lead)
 
 
 def history_model(
-    regime: str, params: EnvParams, n: int = 64, seed0: int = HISTORY_SEED0
+    regime: str,
+    params: EnvParams,
+    n: int = 64,
+    seed0: int = HISTORY_SEED0,
+    lead: int | None = None,
 ) -> PhaseModel | None:
     """The burst model fitted to ``n`` training episodes of the named regime (cached per
     process), or ``None`` when the name is not a synthetic regime (a replayed trace)."""
@@ -283,7 +316,7 @@ def history_model(
     if regime not in REGIMES:
         return None
     base = replace(params, merge_budget=None)
-    return _cached_history(regime, base, int(n), int(seed0))
+    return _cached_history(regime, base, int(n), int(seed0), lead)
 
 
 class CausalPlanner(Agent):
@@ -297,6 +330,8 @@ class CausalPlanner(Agent):
         refit_every: without history, refit the model to the episode's own past counts
             every this many observed decisions (from the first ``min_own`` on).
         min_own: observed decisions needed before the episode's own past is used.
+        lead: decisions by which a phase's origin precedes a detected burst onset
+            (``None``: measured from the history, :func:`fit_phase_model`).
 
     Deployable: it reads observations, the action mask's public parameters and the merge
     budget; the regime's *name* selects which training history to draw.
@@ -312,6 +347,7 @@ class CausalPlanner(Agent):
         weight: float = 1.0,
         refit_every: int = 25,
         min_own: int = 100,
+        lead: int | None = None,
     ) -> None:
         if history < 0:
             raise ValueError(f"history must be >= 0 episodes, got {history}")
@@ -322,6 +358,7 @@ class CausalPlanner(Agent):
         self.weight = float(weight)
         self.refit_every = int(refit_every)
         self.min_own = int(min_own)
+        self.lead = lead
         self._pace: BudgetPace | None = None
         self._params: EnvParams | None = None
         self._active: PhaseModel | None = None
@@ -338,7 +375,7 @@ class CausalPlanner(Agent):
         self._pace = BudgetPace(context.params)
         model = self.model
         if model is None and self.history > 0:
-            model = history_model(context.regime, context.params, self.history)
+            model = history_model(context.regime, context.params, self.history, lead=self.lead)
         self._own = model is None
         self._active = model if model is not None else _flat([], None)
         self._start()
@@ -356,7 +393,7 @@ class CausalPlanner(Agent):
         counts = np.array(self._counts, dtype=np.float64)
         if np.isfinite(counts).sum() < self.min_own:
             return
-        model = fit_phase_model([counts])
+        model = fit_phase_model([counts], lead=self.lead)
         if not model.bursts:
             return
         self._active = model
