@@ -107,7 +107,12 @@ def _onsets(counts: np.ndarray, theta: float) -> np.ndarray:
     """Burst onsets of one episode's counts: starts of busy runs (smoothed counts above
     ``theta``) after short runs are merged into their neighbours."""
     sm = _smooth(counts, _SMOOTH)
-    busy = np.where(np.isfinite(sm), sm > theta, False)
+    busy = sm > theta
+    # Where nothing was observed (decisions the env skipped), the last known state holds.
+    seen = np.isfinite(sm)
+    if not seen.all():
+        last = np.maximum.accumulate(np.where(seen, np.arange(sm.size), -1))
+        busy = np.where(last >= 0, busy[np.maximum(last, 0)], False)
     # Merge runs shorter than _MIN_RUN into the previous run (both directions of flicker).
     for _ in range(2):
         for a, b, v in _runs(busy):
@@ -175,6 +180,7 @@ def fit_phase_model(
     costs: list[np.ndarray] | None = None,
     proxy_window: int = 12,
     lead: int | None = None,
+    min_intervals: int = 3,
 ) -> PhaseModel:
     """Fit the burst model to episodes' arrivals per decision (``counts``: one array per
     episode, NaN where a decision was not observed; decision 0 carries no past and is
@@ -186,6 +192,8 @@ def fit_phase_model(
 
     ``lead``: decisions by which the phase's origin precedes a detected onset; ``None``
     measures it (:func:`_lead`: how long the mean count rises before the onsets).
+    ``min_intervals``: fewer intervals between onsets than this fit no bursts (a flat
+    model).
     """
     counts = [np.asarray(c, dtype=np.float64).copy() for c in counts]
     for c in counts:
@@ -208,7 +216,7 @@ def fit_phase_model(
         # that the filter has states for "a burst is building up".
         onsets = [o[o - lead >= 1] - lead for o in onsets]
     intervals = np.concatenate([np.diff(o) for o in onsets if o.size > 1] or [np.zeros(0)])
-    if intervals.size < 3:
+    if intervals.size < min_intervals:
         return _flat(counts, costs)
     s_max = int(np.max(intervals) * 1.25) + 2
     # The interval distribution, lightly smoothed (detection jitter), with a floor.
@@ -393,7 +401,7 @@ class CausalPlanner(Agent):
         counts = np.array(self._counts, dtype=np.float64)
         if np.isfinite(counts).sum() < self.min_own:
             return
-        model = fit_phase_model([counts], lead=self.lead)
+        model = fit_phase_model([counts], lead=self.lead, min_intervals=2)
         if not model.bursts:
             return
         self._active = model
@@ -431,7 +439,7 @@ class CausalPlanner(Agent):
         count = float(_episode_counts(np.asarray(o[OBS_INDEX["rate_now"]]), self._params))
         if d < self._seen:  # a new episode without attach (a plain predict loop)
             self._start()
-        scratch = np.empty_like(self._p)
+        scratch = np.empty(self._p.size)
         if d > self._seen:
             jit.phase_predict(self._p, model.hazard, d - self._seen, scratch)
             if d > 0:
@@ -452,7 +460,12 @@ class CausalPlanner(Agent):
             return True
         h_min, h_max = self._params.h_min, self._params.h_max
         cost = np.empty(r)
-        spare = np.empty_like(scratch)
-        jit.expected_costs(self._p, model.hazard, model.kappa, cost, scratch, spare)
-        first = jit.plan_first(cost, gap, h_min, h_max, m_left, np.empty(2 * (r + h_max + 1)))
+        # The model (and the filter's size) may have changed with a refit: fresh scratch.
+        size = self._p.size
+        if jit.expected_costs(
+            self._p, model.hazard, model.kappa, cost, np.empty(size), np.empty(size)
+        ):
+            raise RuntimeError(f"{self.name}: the phase model and the filter disagree in size")
+        pace = (n - (d - gap)) / (m_left + 1.0)  # the even-pace gap, for ties
+        first = jit.plan_first(cost, gap, h_min, h_max, m_left, pace, np.empty(2 * (r + h_max + 1)))
         return first == 0

@@ -41,7 +41,10 @@ def _step(p, hazard, out):  # pragma: no cover - compiled
 
 @njit(cache=True)
 def phase_predict(p, hazard, k, scratch):  # pragma: no cover - compiled
-    """``k`` steps of the renewal chain applied to ``p`` in place (``scratch``: same size)."""
+    """``k`` steps of the renewal chain applied to ``p`` in place (``scratch``: same size).
+    Returns 0, or -1 (nothing done) when an array is smaller than ``p``."""
+    if hazard.size < p.size or scratch.size < p.size:
+        return -1
     for _ in range(k):
         _step(p, hazard, scratch)
         for s in range(p.size):
@@ -53,7 +56,10 @@ def phase_predict(p, hazard, k, scratch):  # pragma: no cover - compiled
 def phase_update(p, mu, count, weight):  # pragma: no cover - compiled
     """Condition ``p`` on a Poisson ``count`` with means ``mu`` (log-likelihood times
     ``weight``), in place and normalised. Returns 0, or 1 when the count is impossible
-    under every state with mass (``p`` is then left as it was)."""
+    under every state with mass (``p`` is then left as it was), -1 when ``mu`` is smaller
+    than ``p``."""
+    if mu.size < p.size:
+        return -1
     best = -np.inf
     ll = np.empty(p.size)
     for s in range(p.size):
@@ -79,7 +85,11 @@ def phase_update(p, mu, count, weight):  # pragma: no cover - compiled
 @njit(cache=True)
 def expected_costs(p, hazard, kappa, out, scratch_a, scratch_b):  # pragma: no cover
     """``out[j] = sum_s p_j(s) kappa[s]`` for ``j = 0 .. out.size - 1``, with ``p_0 = p``
-    and ``p_(j+1)`` one chain step after ``p_j`` (``p`` is not changed)."""
+    and ``p_(j+1)`` one chain step after ``p_j`` (``p`` is not changed). Returns 0, or -1
+    (nothing done) when an array is smaller than ``p``."""
+    n = p.size
+    if hazard.size < n or kappa.size < n or scratch_a.size < n or scratch_b.size < n:
+        return -1
     cur = scratch_a
     nxt = scratch_b
     for s in range(p.size):
@@ -120,7 +130,7 @@ def _window_min_deque(val, h_min, h_max, r, out, idx):  # pragma: no cover - com
 
 
 @njit(cache=True)
-def plan_first(cost, gap, h_min, h_max, m_left, scratch):  # pragma: no cover - compiled
+def plan_first(cost, gap, h_min, h_max, m_left, pace, scratch):  # pragma: no cover - compiled
     """The exact budget plan on ``cost`` (the expected cost of a merge at each decision from
     now to the episode's end, ``r = cost.size`` decisions), after a merge ``gap`` decisions
     ago with ``m_left`` merges to place: the offset from now of the plan's first merge, or
@@ -129,11 +139,13 @@ def plan_first(cost, gap, h_min, h_max, m_left, scratch):  # pragma: no cover - 
     Feasible plans are the env's: gaps in ``[h_min, h_max]`` between merges (from the last
     one), and the last merge less than ``h_max`` decisions before the episode's last
     decision. ``g[j, i]``: the least cost of ``j`` more merges after one at offset ``i``
-    (``i >= -h_max``); ties go to the earliest merge, as in
-    :func:`diloco_gym.sim.schedules.optimal_schedule`. ``scratch``: float64, at least
+    (``i >= -h_max``). Ties (to ``1e-9`` of the costs' scale) go to the first merge whose
+    gap is nearest ``pace`` decisions (an even pace: a flat forecast then spreads the
+    merges instead of spending them at once), and with ``pace <= 0`` to the earliest merge,
+    as in :func:`diloco_gym.sim.schedules.optimal_schedule`. ``scratch``: float64, at least
     ``2 * (r + h_max + 1)`` (and an int64 deque is allocated here)."""
     r = cost.size
-    if m_left <= 0 or r <= 0:
+    if m_left <= 0 or r <= 0 or scratch.size < 2 * (r + h_max + 1) or gap < 0 or gap > h_max:
         return -1
     width = r + h_max
     g = scratch[:width]  # g[i + h_max]: the value after a merge at offset i
@@ -158,4 +170,14 @@ def plan_first(cost, gap, h_min, h_max, m_left, scratch):  # pragma: no cover - 
         if val[i] < best:
             best = val[i]
             arg = i
-    return arg
+    if pace <= 0.0 or arg < 0:
+        return arg
+    scale = 0.0
+    for i in range(r):
+        scale = max(scale, abs(cost[i]))
+    tol = 1e-9 * max(scale * m_left, 1e-300)
+    near = arg
+    for i in range(lo, hi + 1):
+        if val[i] <= best + tol and abs(i + gap - pace) < abs(near + gap - pace):
+            near = i
+    return near
