@@ -44,6 +44,9 @@ from diloco_gym.envs.params import EnvParams
 
 __all__ = [
     "CausalPlanner",
+    "phase_predict",
+    "phase_update",
+    "cost_forecast",
     "PhaseModel",
     "fit_phase_model",
     "history_model",
@@ -327,6 +330,46 @@ def history_model(
     return _cached_history(regime, base, int(n), int(seed0), lead)
 
 
+def phase_predict(p: np.ndarray, hazard: np.ndarray, k: int) -> np.ndarray:
+    """``k`` steps of the renewal chain from the phase distribution ``p``: from phase ``s``
+    a burst starts (phase 0) with probability ``hazard[s]``, else the phase grows by one."""
+    for _ in range(k):
+        go = p * hazard
+        nxt = np.empty_like(p)
+        nxt[0] = go.sum()
+        nxt[1:] = p[:-1] - go[:-1]
+        p = nxt
+    return p
+
+
+def phase_update(p: np.ndarray, mu: np.ndarray, count: float, weight: float) -> np.ndarray:
+    """``p`` conditioned on a Poisson ``count`` with mean ``mu[s]`` at phase ``s`` (the
+    log-likelihood ``count log mu - mu`` times ``weight``; ``count!`` cancels), normalised.
+    A count no phase with mass can explain leaves ``p`` as it was."""
+    ll = weight * (count * np.log(mu) - mu)
+    ll = np.where(p > 0, ll, -np.inf)
+    top = ll.max()
+    if not np.isfinite(top):
+        return p
+    post = p * np.exp(ll - top)
+    return post / post.sum()
+
+
+def cost_forecast(hazard: np.ndarray, kappa: np.ndarray, horizon: int) -> np.ndarray:
+    """``V[j] = T^j kappa`` for ``j < horizon`` (``T`` the renewal chain's transition
+    matrix), ``(horizon, S)``: the expected merge cost ``j`` decisions ahead of a phase
+    distribution ``p`` is ``V[j] @ p``, one matrix product for every decision left."""
+    out = np.empty((horizon, hazard.size))
+    v = np.asarray(kappa, dtype=np.float64)
+    stay = 1.0 - hazard
+    for j in range(horizon):
+        out[j] = v
+        nxt = hazard * v[0]
+        nxt[:-1] += stay[:-1] * v[1:]
+        v = nxt
+    return out
+
+
 class CausalPlanner(Agent):
     """Budget-aware causal planner (module docstring; docs/planner.md).
 
@@ -375,6 +418,7 @@ class CausalPlanner(Agent):
         self._seen = -1
         self._counts: list[float] = []
         self._since_fit = 0
+        self._forecast: np.ndarray | None = None
 
     def attach(self, context: AgentContext) -> None:
         """A new episode: pick the model (given, or the regime's history, or the episode's
@@ -385,7 +429,10 @@ class CausalPlanner(Agent):
         if model is None and self.history > 0:
             model = history_model(context.regime, context.params, self.history, lead=self.lead)
         self._own = model is None
-        self._active = model if model is not None else _flat([], None)
+        model = model if model is not None else _flat([], None)
+        if model is not self._active:  # the forecast matrix is the model's: kept with it
+            self._forecast = None
+        self._active = model
         self._start()
 
     def _start(self) -> None:
@@ -405,15 +452,12 @@ class CausalPlanner(Agent):
         if not model.bursts:
             return
         self._active = model
-        from diloco_gym.sim import compiled_plan
-
-        jit = compiled_plan()
+        self._forecast = None
         p = model.prior.astype(np.float64).copy()
-        scratch = np.empty_like(p)
         for d in range(1, counts.size):
-            jit.phase_predict(p, model.hazard, 1, scratch)
+            p = phase_predict(p, model.hazard, 1)
             if np.isfinite(counts[d]):
-                jit.phase_update(p, model.mu, float(counts[d]), self.weight)
+                p = phase_update(p, model.mu, float(counts[d]), self.weight)
         self._p = p
 
     def act(self, obs: np.ndarray) -> np.ndarray:
@@ -432,18 +476,16 @@ class CausalPlanner(Agent):
         from diloco_gym.sim import compiled_plan
 
         assert self._pace is not None and self._active is not None and self._params is not None
-        jit = compiled_plan()
         s = self._pace.read(o)
         d, n, gap, m_left = int(s["d"]), int(s["n"]), int(s["gap"]), int(s["m_left"])
-        model = self._active
         count = float(_episode_counts(np.asarray(o[OBS_INDEX["rate_now"]]), self._params))
         if d < self._seen:  # a new episode without attach (a plain predict loop)
             self._start()
-        scratch = np.empty(self._p.size)
+        model = self._active
         if d > self._seen:
-            jit.phase_predict(self._p, model.hazard, d - self._seen, scratch)
+            self._p = phase_predict(self._p, model.hazard, d - self._seen)
             if d > 0:
-                jit.phase_update(self._p, model.mu, count, self.weight)
+                self._p = phase_update(self._p, model.mu, count, self.weight)
         if self._own:
             self._counts.extend([np.nan] * (d - len(self._counts)))
             self._counts.append(count if d > 0 else np.nan)
@@ -458,14 +500,12 @@ class CausalPlanner(Agent):
         r = n - d
         if r <= 0:
             return True
+        if self._forecast is None or self._forecast.shape[0] < r:
+            self._forecast = cost_forecast(model.hazard, model.kappa, max(n, r))
+        cost = self._forecast[:r] @ self._p
         h_min, h_max = self._params.h_min, self._params.h_max
-        cost = np.empty(r)
-        # The model (and the filter's size) may have changed with a refit: fresh scratch.
-        size = self._p.size
-        if jit.expected_costs(
-            self._p, model.hazard, model.kappa, cost, np.empty(size), np.empty(size)
-        ):
-            raise RuntimeError(f"{self.name}: the phase model and the filter disagree in size")
         pace = (n - (d - gap)) / (m_left + 1.0)  # the even-pace gap, for ties
-        first = jit.plan_first(cost, gap, h_min, h_max, m_left, pace, np.empty(2 * (r + h_max + 1)))
+        first = compiled_plan().plan_first(
+            cost, gap, h_min, h_max, m_left, pace, np.empty(2 * (r + h_max + 1))
+        )
         return first == 0

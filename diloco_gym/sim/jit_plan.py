@@ -1,20 +1,15 @@
-"""The causal planner's compiled loops (:class:`diloco_gym.agents.planner.CausalPlanner`),
-compiled with numba (``cache=True``, one thread) as :mod:`diloco_gym.sim.jit`; imported on
-first use (:func:`diloco_gym.sim.compiled_plan`).
+"""The causal planner's compiled dynamic programme
+(:class:`diloco_gym.agents.planner.CausalPlanner`), compiled with numba (``cache=True``, one
+thread) as :mod:`diloco_gym.sim.jit`; imported on first use
+(:func:`diloco_gym.sim.compiled_plan`).
 
-The planner runs a hidden semi-Markov filter over the burst phase (the state ``s``: decisions
-since the last burst onset) and, at every decision it is asked, an exact dynamic programme
-over its remaining budget. Both are loops over a few hundred states and decisions whose
-NumPy form would cost more in per-operation overhead than in arithmetic:
-
-* :func:`phase_predict`: ``k`` steps of the renewal chain (``s -> s + 1`` with probability
-  ``1 - hazard[s]``, ``s -> 0`` with probability ``hazard[s]``), in place;
-* :func:`phase_update`: Bayes' rule with a Poisson count (``log p(k | s) = k log mu[s] -
-  mu[s]``, the ``k!`` term cancels), tempered by ``weight``, in place;
-* :func:`expected_costs`: the expected merge cost ``sum_s p_j(s) kappa[s]`` at each of the
-  next decisions ``j`` (the chain run forward from the current posterior);
-* :func:`plan_first`: the exact budget DP on those costs; returns the offset of the plan's
-  first merge.
+At every decision it is asked, the planner places its remaining merges on the expected cost
+of each remaining decision by an exact budget DP: ``m_left`` passes of a sliding-window
+minimum over the decisions left (:func:`plan_first`, a monotone deque per pass, so the work
+is ``O(m_left * decisions left)``). The phase filter and the cost forecast are NumPy
+(:mod:`diloco_gym.agents.planner`): a sealed agent's worker has no on-disk cache of
+compiled code, so each compiled function it calls is compiled again in every run, and
+this one is the only loop NumPy would run slowly.
 """
 
 from __future__ import annotations
@@ -23,86 +18,7 @@ import numpy as np
 
 from diloco_gym.sim.jit_cache import njit
 
-__all__ = ["phase_predict", "phase_update", "expected_costs", "plan_first"]
-
-
-@njit(cache=True)
-def _step(p, hazard, out):  # pragma: no cover - compiled
-    """One step of the renewal chain from ``p`` into ``out`` (``out`` may not alias ``p``)."""
-    s_max = p.size
-    reset = 0.0
-    for s in range(s_max):
-        go = p[s] * hazard[s]
-        reset += go
-        if s + 1 < s_max:
-            out[s + 1] = p[s] - go
-    out[0] = reset
-
-
-@njit(cache=True)
-def phase_predict(p, hazard, k, scratch):  # pragma: no cover - compiled
-    """``k`` steps of the renewal chain applied to ``p`` in place (``scratch``: same size).
-    Returns 0, or -1 (nothing done) when an array is smaller than ``p``."""
-    if hazard.size < p.size or scratch.size < p.size:
-        return -1
-    for _ in range(k):
-        _step(p, hazard, scratch)
-        for s in range(p.size):
-            p[s] = scratch[s]
-    return 0
-
-
-@njit(cache=True)
-def phase_update(p, mu, count, weight):  # pragma: no cover - compiled
-    """Condition ``p`` on a Poisson ``count`` with means ``mu`` (log-likelihood times
-    ``weight``), in place and normalised. Returns 0, or 1 when the count is impossible
-    under every state with mass (``p`` is then left as it was), -1 when ``mu`` is smaller
-    than ``p``."""
-    if mu.size < p.size:
-        return -1
-    best = -np.inf
-    ll = np.empty(p.size)
-    for s in range(p.size):
-        if p[s] > 0.0:
-            v = weight * (count * np.log(mu[s]) - mu[s])
-            ll[s] = v
-            if v > best:
-                best = v
-        else:
-            ll[s] = -np.inf
-    if not np.isfinite(best):
-        return 1
-    total = 0.0
-    for s in range(p.size):
-        if p[s] > 0.0:
-            p[s] *= np.exp(ll[s] - best)
-            total += p[s]
-    for s in range(p.size):
-        p[s] /= total
-    return 0
-
-
-@njit(cache=True)
-def expected_costs(p, hazard, kappa, out, scratch_a, scratch_b):  # pragma: no cover
-    """``out[j] = sum_s p_j(s) kappa[s]`` for ``j = 0 .. out.size - 1``, with ``p_0 = p``
-    and ``p_(j+1)`` one chain step after ``p_j`` (``p`` is not changed). Returns 0, or -1
-    (nothing done) when an array is smaller than ``p``."""
-    n = p.size
-    if hazard.size < n or kappa.size < n or scratch_a.size < n or scratch_b.size < n:
-        return -1
-    cur = scratch_a
-    nxt = scratch_b
-    for s in range(p.size):
-        cur[s] = p[s]
-    for j in range(out.size):
-        e = 0.0
-        for s in range(p.size):
-            e += cur[s] * kappa[s]
-        out[j] = e
-        if j + 1 < out.size:
-            _step(cur, hazard, nxt)
-            cur, nxt = nxt, cur
-    return 0
+__all__ = ["plan_first"]
 
 
 @njit(cache=True)

@@ -184,6 +184,40 @@ def test_fit_finds_the_bursts_of_the_history_and_none_in_a_steady_regime():
         pl.history_episodes(REGIMES["bursty"], params, REGIMES["bursty"].sidecar, range(5, 6))
 
 
+def _chain(hazard):
+    s = hazard.size
+    t = np.zeros((s, s))
+    for i in range(s):
+        t[i, 0] += hazard[i]
+        if i + 1 < s:
+            t[i, i + 1] += 1.0 - hazard[i]
+    return t
+
+
+def test_the_filter_and_the_forecast_are_the_chain_and_bayes_rule():
+    rng = np.random.default_rng(2)
+    s = 30
+    hazard = rng.random(s) * 0.3
+    hazard[-1] = 1.0
+    kappa = rng.random(s) * 100
+    p = rng.random(s)
+    p[4] = 0.0
+    p /= p.sum()
+    t = _chain(hazard)
+    v = pl.cost_forecast(hazard, kappa, 50)
+    want = [p @ np.linalg.matrix_power(t, j) @ kappa for j in range(50)]
+    np.testing.assert_allclose(v @ p, want, rtol=1e-12)
+    np.testing.assert_allclose(
+        pl.phase_predict(p, hazard, 7), p @ np.linalg.matrix_power(t, 7), rtol=1e-12
+    )
+    mu = rng.random(s) * 20 + 0.1
+    for count, weight in ((0, 1.0), (7, 1.0), (19, 0.5)):
+        lik = np.exp(weight * (count * np.log(mu) - mu))
+        np.testing.assert_allclose(
+            pl.phase_update(p, mu, float(count), weight), p * lik / np.sum(p * lik), rtol=1e-10
+        )
+
+
 def test_bad_arguments_are_refused():
     with pytest.raises(ValueError, match="history"):
         pl.CausalPlanner(history=-1)
