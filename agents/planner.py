@@ -370,6 +370,17 @@ def cost_forecast(hazard: np.ndarray, kappa: np.ndarray, horizon: int) -> np.nda
     return out
 
 
+def power_transform(kappa: np.ndarray, power: float) -> np.ndarray:
+    """``kappa ** power`` (``log kappa`` for ``power = 0``), costs floored at 1e-3."""
+    k = np.maximum(np.asarray(kappa, dtype=np.float64), 1e-3)
+    return np.log(k) if power == 0.0 else k**power
+
+
+def power_inverse(x: np.ndarray, power: float) -> np.ndarray:
+    """The inverse of :func:`power_transform`: ``E[kappa ** a] ** (1 / a)`` from its mean."""
+    return np.exp(x) if power == 0.0 else np.maximum(x, 1e-300) ** (1.0 / power)
+
+
 class CausalPlanner(Agent):
     """Budget-aware causal planner (module docstring; docs/planner.md).
 
@@ -399,6 +410,8 @@ class CausalPlanner(Agent):
         refit_every: int = 25,
         min_own: int = 100,
         lead: int | None = None,
+        power: float = -1.0,
+        early: float = 1.0,
     ) -> None:
         if history < 0:
             raise ValueError(f"history must be >= 0 episodes, got {history}")
@@ -410,6 +423,12 @@ class CausalPlanner(Agent):
         self.refit_every = int(refit_every)
         self.min_own = int(min_own)
         self.lead = lead
+        if not -4.0 <= power <= 1.0:
+            raise ValueError(f"power must be in [-4, 1], got {power}")
+        if not (np.isfinite(early) and early >= 0.0):
+            raise ValueError(f"early must be a number >= 0, got {early}")
+        self.power = float(power)
+        self.early = float(early)
         self._pace: BudgetPace | None = None
         self._params: EnvParams | None = None
         self._active: PhaseModel | None = None
@@ -501,11 +520,14 @@ class CausalPlanner(Agent):
         if r <= 0:
             return True
         if self._forecast is None or self._forecast.shape[0] < r:
-            self._forecast = cost_forecast(model.hazard, model.kappa, max(n, r))
-        cost = self._forecast[:r] @ self._p
+            self._forecast = cost_forecast(
+                model.hazard, power_transform(model.kappa, self.power), max(n, r)
+            )
+        cost = power_inverse(self._forecast[:r] @ self._p, self.power)
         h_min, h_max = self._params.h_min, self._params.h_max
         pace = (n - (d - gap)) / (m_left + 1.0)  # the even-pace gap, for ties
+        early = self.early * float(cost.mean()) / h_max
         first = compiled_plan().plan_first(
-            cost, gap, h_min, h_max, m_left, pace, np.empty(2 * (r + h_max + 1))
+            cost, gap, h_min, h_max, m_left, pace, early, np.empty(2 * (r + h_max + 1))
         )
         return first == 0

@@ -46,7 +46,7 @@ def _window_min_deque(val, h_min, h_max, r, out, idx):  # pragma: no cover - com
 
 
 @njit(cache=True)
-def plan_first(cost, gap, h_min, h_max, m_left, pace, scratch):  # pragma: no cover - compiled
+def plan_first(cost, gap, h_min, h_max, m_left, pace, early, scratch):  # pragma: no cover
     """The exact budget plan on ``cost`` (the expected cost of a merge at each decision from
     now to the episode's end, ``r = cost.size`` decisions), after a merge ``gap`` decisions
     ago with ``m_left`` merges to place: the offset from now of the plan's first merge, or
@@ -55,7 +55,9 @@ def plan_first(cost, gap, h_min, h_max, m_left, pace, scratch):  # pragma: no co
     Feasible plans are the env's: gaps in ``[h_min, h_max]`` between merges (from the last
     one), and the last merge less than ``h_max`` decisions before the episode's last
     decision. ``g[j, i]``: the least cost of ``j`` more merges after one at offset ``i``
-    (``i >= -h_max``). Ties (to ``1e-9`` of the costs' scale) go to the first merge whose
+    (``i >= -h_max``). The first merge's choice adds ``early`` per decision that its gap
+    falls short of ``pace`` (0: none; the planner's early-merge penalty, docs/planner.md).
+    Ties (to ``1e-9`` of the costs' scale) go to the first merge whose
     gap is nearest ``pace`` decisions (an even pace: a flat forecast then spreads the
     merges instead of spending them at once), and with ``pace <= 0`` to the earliest merge,
     as in :func:`diloco_gym.sim.schedules.optimal_schedule`. ``scratch``: float64, at least
@@ -83,8 +85,10 @@ def plan_first(cost, gap, h_min, h_max, m_left, pace, scratch):  # pragma: no co
     best = np.inf
     arg = -1
     for i in range(lo, hi + 1):
-        if val[i] < best:
-            best = val[i]
+        v = val[i] + early * max(0.0, pace - (i + gap))
+        val[i] = v
+        if v < best:
+            best = v
             arg = i
     if pace <= 0.0 or arg < 0:
         return arg

@@ -10,10 +10,10 @@ from diloco_gym.sim import compiled_plan
 from diloco_gym.sim.schedules import budget_range, is_feasible, optimal_schedule
 
 
-def _first(cost, gap, h_min, h_max, m, pace=0.0):
+def _first(cost, gap, h_min, h_max, m, pace=0.0, early=0.0):
     c = np.asarray(cost, dtype=np.float64)
     return compiled_plan().plan_first(
-        c, gap, h_min, h_max, m, pace, np.empty(2 * (c.size + h_max + 1))
+        c, gap, h_min, h_max, m, pace, early, np.empty(2 * (c.size + h_max + 1))
     )
 
 
@@ -70,13 +70,17 @@ def test_ties_go_to_the_even_pace():
     assert _first(cost, 0, 10, 40, 9) == 10
     assert _first(cost, 0, 10, 40, 9, pace=30.0) == 30
     assert _first(cost[20:], 20, 10, 40, 8, pace=30.0) == 10  # a gap of 30 from the last merge
-    # A real difference wins over the pace.
+    # A real difference wins over the pace ...
     cost[12] = 1.0
     assert _first(cost, 0, 10, 40, 9, pace=30.0) == 12
+    # ... unless the early-merge penalty (per decision short of the pace) outweighs it:
+    # 18 decisions early at 0.3 each cost 5.4 > the 4.0 saved, at 0.2 each 3.6 < 4.0.
+    assert _first(cost, 0, 10, 40, 9, pace=30.0, early=0.3) == 30
+    assert _first(cost, 0, 10, 40, 9, pace=30.0, early=0.2) == 12
 
 
 def test_undersized_scratch_or_a_gap_past_the_corridor_is_refused_not_overrun():
     jit = compiled_plan()
-    assert jit.plan_first(np.ones(50), 0, 2, 8, 7, 0.0, np.empty(10)) == -1
-    assert jit.plan_first(np.ones(50), 9, 2, 8, 7, 0.0, np.empty(200)) == -1
-    assert jit.plan_first(np.ones(50), 0, 2, 8, 7, 0.0, np.empty(200)) == 2
+    assert jit.plan_first(np.ones(50), 0, 2, 8, 7, 0.0, 0.0, np.empty(10)) == -1
+    assert jit.plan_first(np.ones(50), 9, 2, 8, 7, 0.0, 0.0, np.empty(200)) == -1
+    assert jit.plan_first(np.ones(50), 0, 2, 8, 7, 0.0, 0.0, np.empty(200)) == 2
