@@ -265,3 +265,20 @@ def test_sealed_planner_acts_exactly_as_in_process():
             assert len(r2["merge_decisions"]) == 12
     finally:
         sealed.close()
+
+
+def test_the_planner_teaches_by_imitation():
+    """As the training template's teacher: behaviour cloning's sampler plays it on
+    training-range episodes (a budget-features env, as a budget-conditioned run has), and
+    the samples are its decisions."""
+    from diloco_gym.rl.imitation import teacher_samples
+    from diloco_gym.rl.wrappers import BudgetFeatures
+
+    env = BudgetFeatures(DiLoCoSyncEnv("bursty", merge_budget=12))
+    xs: list[np.ndarray] = []
+    ys: list[int] = []
+    teacher_samples(env, pl.CausalPlanner(), 2, np.random.default_rng(0), 17, xs, ys)
+    assert len(xs) == len(ys) > 200 and xs[0].shape == (20,)
+    # The two episodes' 24 merges are nearly all the planner's own choices (the env skips
+    # the decisions whose action is forced, such as a merge at H_max).
+    assert 20 <= sum(ys) <= 24
