@@ -50,6 +50,7 @@ __all__ = [
     "PhaseModel",
     "fit_phase_model",
     "history_model",
+    "carried_histories",
     "HISTORY_SEED0",
 ]
 
@@ -59,6 +60,8 @@ HISTORY_SEED0 = 10**6
 _SMOOTH = 2
 #: Shortest busy or quiet run (decisions) kept when finding bursts.
 _MIN_RUN = 4
+#: The ``rate_now`` feature's index in an observation.
+_RATE_NOW = OBS_INDEX["rate_now"]
 #: Busy levels below this multiple of the quiet level are no bursts (a steady regime).
 _MIN_CONTRAST = 1.5
 
@@ -276,10 +279,11 @@ def history_episodes(
     params: EnvParams,
     sidecar: Any,
     seeds: range,
+    with_costs: bool = True,
 ) -> tuple[list[np.ndarray], list[np.ndarray]]:
-    """The counts and isolated merge costs per decision of the episodes of ``seeds`` drawn
-    from ``generator`` (only called: its attributes are never read; the reward scale,
-    which the costs do not use, is fixed at 1 req/s rather than read from it).
+    """The counts and (``with_costs``) isolated merge costs per decision of the episodes of
+    ``seeds`` drawn from ``generator`` (only called: its attributes are never read; the
+    reward scale, which the costs do not use, is fixed at 1 req/s rather than read from it).
 
     Raises:
         ValueError: a seed below the training range (:data:`HISTORY_SEED0`): history is
@@ -298,7 +302,8 @@ def history_episodes(
     for seed in seeds:
         ep = episode_from_seed(generator, seed, params, sidecar, lp, rate_rps=1.0)
         counts.append(_episode_counts(ep.exo[:, col], params))
-        costs.append(np.asarray(ep.merge_cost, dtype=np.float64))
+        if with_costs:
+            costs.append(np.asarray(ep.merge_cost, dtype=np.float64))
     return counts, costs
 
 
@@ -309,6 +314,12 @@ def _cached_history(
     from diloco_gym.sim.regimes import get_regime
 
     gen = get_regime(regime)
+    # A first look at a few episodes' counts: a steady regime (no bursts) needs no merge
+    # costs (its model is flat, one phase), which are most of the fitting's time.
+    probe = min(n, 8)
+    counts, _ = history_episodes(gen, params, gen.sidecar, range(seed0, seed0 + probe), False)
+    if not fit_phase_model(counts, None, lead=lead).bursts:
+        return _flat(counts, None)
     counts, costs = history_episodes(gen, params, gen.sidecar, range(seed0, seed0 + n))
     return fit_phase_model(counts, costs, lead=lead)
 
@@ -330,6 +341,23 @@ def history_model(
     return _cached_history(regime, base, int(n), int(seed0), lead)
 
 
+@lru_cache(maxsize=4)
+def carried_histories(
+    n: int = 64, lead: int | None = None
+) -> dict[tuple[str, EnvParams], PhaseModel]:
+    """The history model of every synthetic regime at the default parameters, by
+    ``(regime, params)`` (cached per process: fitted once, about 0.1 s per regime)."""
+    from diloco_gym.sim.regimes import REGIMES
+
+    params = EnvParams()
+    out: dict[tuple[str, EnvParams], PhaseModel] = {}
+    for name in REGIMES:
+        model = history_model(name, params, n, lead=lead)
+        if model is not None:
+            out[(name, params)] = model
+    return out
+
+
 def phase_predict(p: np.ndarray, hazard: np.ndarray, k: int) -> np.ndarray:
     """``k`` steps of the renewal chain from the phase distribution ``p``: from phase ``s``
     a burst starts (phase 0) with probability ``hazard[s]``, else the phase grows by one."""
@@ -347,11 +375,10 @@ def phase_update(p: np.ndarray, mu: np.ndarray, count: float, weight: float) -> 
     log-likelihood ``count log mu - mu`` times ``weight``; ``count!`` cancels), normalised.
     A count no phase with mass can explain leaves ``p`` as it was."""
     ll = weight * (count * np.log(mu) - mu)
-    ll = np.where(p > 0, ll, -np.inf)
-    top = ll.max()
+    top = ll[p > 0].max(initial=-np.inf)
     if not np.isfinite(top):
         return p
-    post = p * np.exp(ll - top)
+    post = p * np.exp(np.minimum(ll - top, 0.0))  # capped: a phase without mass stays 0
     return post / post.sum()
 
 
@@ -438,6 +465,8 @@ class CausalPlanner(Agent):
         self._counts: list[float] = []
         self._since_fit = 0
         self._forecast: np.ndarray | None = None
+        #: history models carried into a sealed worker (:meth:`__getstate__`)
+        self._carried: dict[tuple[str, EnvParams], PhaseModel] = {}
 
     def attach(self, context: AgentContext) -> None:
         """A new episode: pick the model (given, or the regime's history, or the episode's
@@ -446,13 +475,27 @@ class CausalPlanner(Agent):
         self._pace = BudgetPace(context.params)
         model = self.model
         if model is None and self.history > 0:
-            model = history_model(context.regime, context.params, self.history, lead=self.lead)
+            key = (context.regime, replace(context.params, merge_budget=None))
+            model = self._carried.get(key)
+            if model is None:
+                model = history_model(context.regime, context.params, self.history, lead=self.lead)
         self._own = model is None
         model = model if model is not None else _flat([], None)
         if model is not self._active:  # the forecast matrix is the model's: kept with it
             self._forecast = None
         self._active = model
         self._start()
+
+    def __getstate__(self) -> dict[str, Any]:
+        """The agent as it is pickled or copied, e.g. to be sealed: with the history models
+        of the synthetic regimes at the default parameters, fitted here, in the evaluator
+        (:func:`carried_histories`), so that a sealed worker need not build history
+        episodes (it has no on-disk cache of the simulator's compiled code, and compiling
+        it there costs seconds per run). A worker still fits other parameters itself."""
+        state = dict(self.__dict__)
+        if self.model is None and self.history > 0 and not self._carried:
+            state["_carried"] = carried_histories(self.history, self.lead)
+        return state
 
     def _start(self) -> None:
         assert self._active is not None
@@ -491,13 +534,21 @@ class CausalPlanner(Agent):
             )
         return np.array([int(self._decide(obs[0]))], dtype=np.int64)
 
+    def _count(self, x: float) -> float:
+        """:func:`_episode_counts` of one ``rate_now`` value, on Python floats (the same
+        float64 operations; ``round`` rounds half to even, as ``np.rint``)."""
+        assert self._params is not None
+        x = min(x, 1 - 1e-6)
+        r = self._params.rate_norm_rps * x / (1.0 - x)
+        return float(round(r * self._params.decision_seconds))
+
     def _decide(self, o: np.ndarray) -> bool:
         from diloco_gym.sim import compiled_plan
 
         assert self._pace is not None and self._active is not None and self._params is not None
         s = self._pace.read(o)
         d, n, gap, m_left = int(s["d"]), int(s["n"]), int(s["gap"]), int(s["m_left"])
-        count = float(_episode_counts(np.asarray(o[OBS_INDEX["rate_now"]]), self._params))
+        count = self._count(float(o[_RATE_NOW]))
         if d < self._seen:  # a new episode without attach (a plain predict loop)
             self._start()
         model = self._active

@@ -72,16 +72,18 @@ def plan_first(cost, gap, h_min, h_max, m_left, pace, early, scratch):  # pragma
     # j = 0: done, if the tail after offset i is short enough: (r - 1) - i < h_max.
     for i in range(-h_max, r):
         g[i + h_max] = 0.0 if (r - 1) - i < h_max else np.inf
-    for _ in range(m_left):
+    for _ in range(m_left - 1):
         for i in range(r):
             val[i] = cost[i] + g[i + h_max]
         _window_min_deque(val, h_min, h_max, r, g, idx)
-    # The first merge after the last one (offset -gap): the earliest least value.
+    # The first merge after the last one (offset -gap), on cost + g_(m_left - 1): the
+    # earliest least value (the window minimum of g_(m_left) itself is not needed).
     lo = max(0, h_min - gap)
     hi = min(r - 1, h_max - gap)
-    if hi < lo or not np.isfinite(g[-gap + h_max]):
+    if hi < lo:
         return -1
-    # val holds cost + g_(m_left - 1) after the loop's last pass.
+    for i in range(lo, hi + 1):
+        val[i] = cost[i] + g[i + h_max]
     best = np.inf
     arg = -1
     for i in range(lo, hi + 1):
@@ -90,7 +92,9 @@ def plan_first(cost, gap, h_min, h_max, m_left, pace, early, scratch):  # pragma
         if v < best:
             best = v
             arg = i
-    if pace <= 0.0 or arg < 0:
+    if arg < 0 or not np.isfinite(best):
+        return -1
+    if pace <= 0.0:
         return arg
     scale = 0.0
     for i in range(r):

@@ -282,3 +282,18 @@ def test_the_planner_teaches_by_imitation():
     # The two episodes' 24 merges are nearly all the planner's own choices (the env skips
     # the decisions whose action is forced, such as a merge at H_max).
     assert 20 <= sum(ys) <= 24
+
+
+def test_the_count_of_one_observation_is_the_history_s_count():
+    """The planner reads a decision's arrivals from ``rate_now`` on Python floats; the
+    history reads them from the episode's features with NumPy: the same numbers."""
+    env = DiLoCoSyncEnv("bursty", merge_budget=12)
+    agent = pl.CausalPlanner()
+    agent.attach(AgentContext(env.params, "bursty"))
+    obs, _ = env.reset(seed=3)
+    col = pl.OBS_INDEX["rate_now"] - pl.OBS_INDEX["network"]
+    feats = env.episode.exo[:, col]
+    want = pl._episode_counts(feats, env.params)
+    got = np.array([agent._count(float(x)) for x in feats])
+    np.testing.assert_array_equal(got, want)
+    assert want.max() > 20 and np.all(want == np.round(want))
