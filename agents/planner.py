@@ -16,11 +16,14 @@ Method (docs/planner.md):
    conditions on each observed count (a Poisson likelihood with mean ``mu[s]``); decisions
    the env skips (a forced action) pass without an observation. Nothing else of the episode
    is read: the observation at decision ``d`` carries only arrivals before ``d``.
-3. **Planning**. The expected merge cost at each remaining decision is ``sum_s p(s) kappa[s]``
-   under the filter's forecast; an exact dynamic programme places the merges left in the
-   corridor ``[H_min, H_max]`` with the env's end condition (the last merge less than
-   ``H_max`` decisions before the end), and the agent merges now iff the plan's first merge
-   is now. The env's budget mask keeps exactly ``M`` merges whatever the agent asks.
+3. **Planning**. The cost of a merge at each remaining decision is a power mean of
+   ``kappa[s]`` under the filter's forecast of the phase there, ``E[kappa^a]^(1/a)``
+   (default ``a = -1``; ``a = 1`` is the expected cost). An exact dynamic programme places
+   the merges left in the corridor ``[H_min, H_max]`` with the env's end condition (the
+   last merge less than ``H_max`` decisions before the end); its first merge pays an
+   early-merge penalty per decision short of the even pace (``early``). The agent merges
+   now iff the plan's first merge is now. The env's budget mask keeps exactly ``M`` merges
+   whatever the agent asks.
 
 What it never reads: the regime object's parameters (burst period, rates, ramp), the
 episode's trace, its merge costs or anything after the current decision. Without history
@@ -421,9 +424,15 @@ class CausalPlanner(Agent):
         min_own: observed decisions needed before the episode's own past is used.
         lead: decisions by which a phase's origin precedes a detected burst onset
             (``None``: measured from the history, :func:`fit_phase_model`).
+        power: the power mean of the phase costs a decision's forecast cost is
+            (:func:`power_transform`): 1 the expected cost, 0 the geometric mean, -1 (the
+            default) the harmonic mean, in [-4, 1].
+        early: the first merge's penalty per decision its gap falls short of the even pace,
+            in units of the mean forecast cost over ``H_max`` (default 1; 0: none).
 
-    Deployable: it reads observations, the action mask's public parameters and the merge
-    budget; the regime's *name* selects which training history to draw.
+    Deployable: it reads observations, the public parameters and the merge budget; the
+    regime's *name* selects which training history to draw. ``power``, ``early`` and
+    ``lead``'s measurement were chosen on seeds 500-519 (docs/planner.md).
     """
 
     name = "causal-planner"

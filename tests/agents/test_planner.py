@@ -297,3 +297,21 @@ def test_the_count_of_one_observation_is_the_history_s_count():
     got = np.array([agent._count(float(x)) for x in feats])
     np.testing.assert_array_equal(got, want)
     assert want.max() > 20 and np.all(want == np.round(want))
+
+
+def test_a_pickled_planner_carries_its_history_into_the_worker(monkeypatch):
+    """Sealing pickles the agent in the evaluator: the history models travel with it, so
+    the worker (no cache of the simulator's compiled code there) builds no episodes."""
+    import pickle
+
+    env = DiLoCoSyncEnv("bursty", merge_budget=12)
+    copy = pickle.loads(pickle.dumps(pl.CausalPlanner()))
+    assert ("bursty", dataclasses.replace(env.params, merge_budget=None)) in copy._carried
+
+    def no_history(*args, **kwargs):
+        raise AssertionError("the worker fitted the history itself")
+
+    monkeypatch.setattr(pl, "history_model", no_history)
+    res = run_episode(env, copy, 0)
+    assert len(res["merge_decisions"]) == 12 and copy._active is not None
+    assert copy._active.bursts
