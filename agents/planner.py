@@ -361,6 +361,14 @@ def carried_histories(
     return out
 
 
+def _plan_first() -> Any:
+    """The compiled budget DP (:func:`diloco_gym.sim.jit_plan.plan_first`), imported on
+    first use (it imports numba)."""
+    from diloco_gym.sim import compiled_plan
+
+    return compiled_plan().plan_first
+
+
 def phase_predict(p: np.ndarray, hazard: np.ndarray, k: int) -> np.ndarray:
     """``k`` steps of the renewal chain from the phase distribution ``p``: from phase ``s``
     a burst starts (phase 0) with probability ``hazard[s]``, else the phase grows by one."""
@@ -373,11 +381,18 @@ def phase_predict(p: np.ndarray, hazard: np.ndarray, k: int) -> np.ndarray:
     return p
 
 
-def phase_update(p: np.ndarray, mu: np.ndarray, count: float, weight: float) -> np.ndarray:
+def phase_update(
+    p: np.ndarray,
+    mu: np.ndarray,
+    count: float,
+    weight: float,
+    log_mu: np.ndarray | None = None,
+) -> np.ndarray:
     """``p`` conditioned on a Poisson ``count`` with mean ``mu[s]`` at phase ``s`` (the
     log-likelihood ``count log mu - mu`` times ``weight``; ``count!`` cancels), normalised.
-    A count no phase with mass can explain leaves ``p`` as it was."""
-    ll = weight * (count * np.log(mu) - mu)
+    A count no phase with mass can explain leaves ``p`` as it was. ``log_mu``: ``np.log(mu)``
+    when the caller keeps it."""
+    ll = weight * (count * (np.log(mu) if log_mu is None else log_mu) - mu)
     top = ll[p > 0].max(initial=-np.inf)
     if not np.isfinite(top):
         return p
@@ -474,6 +489,8 @@ class CausalPlanner(Agent):
         self._counts: list[float] = []
         self._since_fit = 0
         self._forecast: np.ndarray | None = None
+        self._log_mu: np.ndarray | None = None  # np.log of the active model's mu
+        self._scratch = np.empty(0)  # the DP's scratch, kept across decisions
         #: history models carried into a sealed worker (:meth:`__getstate__`)
         self._carried: dict[tuple[str, EnvParams], PhaseModel] = {}
 
@@ -492,6 +509,7 @@ class CausalPlanner(Agent):
         model = model if model is not None else _flat([], None)
         if model is not self._active:  # the forecast matrix is the model's: kept with it
             self._forecast = None
+            self._log_mu = None
         self._active = model
         self._start()
 
@@ -524,6 +542,7 @@ class CausalPlanner(Agent):
             return
         self._active = model
         self._forecast = None
+        self._log_mu = None
         p = model.prior.astype(np.float64).copy()
         for d in range(1, counts.size):
             p = phase_predict(p, model.hazard, 1)
@@ -552,8 +571,6 @@ class CausalPlanner(Agent):
         return float(round(r * self._params.decision_seconds))
 
     def _decide(self, o: np.ndarray) -> bool:
-        from diloco_gym.sim import compiled_plan
-
         assert self._pace is not None and self._active is not None and self._params is not None
         s = self._pace.read(o)
         d, n, gap, m_left = int(s["d"]), int(s["n"]), int(s["gap"]), int(s["m_left"])
@@ -564,7 +581,9 @@ class CausalPlanner(Agent):
         if d > self._seen:
             self._p = phase_predict(self._p, model.hazard, d - self._seen)
             if d > 0:
-                self._p = phase_update(self._p, model.mu, count, self.weight)
+                if self._log_mu is None or self._log_mu.size != model.mu.size:
+                    self._log_mu = np.log(model.mu)
+                self._p = phase_update(self._p, model.mu, count, self.weight, self._log_mu)
         if self._own:
             self._counts.extend([np.nan] * (d - len(self._counts)))
             self._counts.append(count if d > 0 else np.nan)
@@ -586,8 +605,9 @@ class CausalPlanner(Agent):
         cost = power_inverse(self._forecast[:r] @ self._p, self.power)
         h_min, h_max = self._params.h_min, self._params.h_max
         pace = (n - (d - gap)) / (m_left + 1.0)  # the even-pace gap, for ties
-        early = self.early * float(cost.mean()) / h_max
-        first = compiled_plan().plan_first(
-            cost, gap, h_min, h_max, m_left, pace, early, np.empty(2 * (r + h_max + 1))
-        )
+        early = self.early * (float(np.add.reduce(cost)) / r) / h_max  # the mean, as .mean()
+        need = 2 * (r + h_max + 1)
+        if self._scratch.size < need:
+            self._scratch = np.empty(need)
+        first = _plan_first()(cost, gap, h_min, h_max, m_left, pace, early, self._scratch)
         return first == 0
