@@ -169,6 +169,17 @@ def test_no_history_plans_from_the_episodes_own_past():
     assert agent._active is not None and agent._active.bursts  # refitted on its own past
 
 
+def test_a_replayed_trace_named_like_a_regime_gets_no_synthetic_history():
+    """A trace file named ``bursty`` is replayed, not drawn from the bursty regime: the
+    planner's context names it ``replay:bursty`` and it learns from the episode's past."""
+    trace = REGIMES["bursty"](np.random.default_rng(4))
+    assert trace.name == "bursty"
+    env = DiLoCoSyncEnv(trace, merge_budget=12)
+    agent = _Recording()
+    run_episode(env, agent, 0)
+    assert agent.context.regime == "replay:bursty" and agent._own
+
+
 def test_fit_finds_the_bursts_of_the_history_and_none_in_a_steady_regime():
     params = DiLoCoSyncEnv("bursty").params
     model = pl.history_model("bursty", params, n=16)
