@@ -65,7 +65,8 @@ class AgentContext:
     Attributes:
         params: the env's public parameters (corridor, decision interval, merge budget,
             feature scales, reward weights).
-        regime: the regime's name (a label; the trace itself is not here).
+        regime: the regime's name (a label; the trace itself is not here); a replayed
+            trace's is ``replay:<trace name>``.
         features: the names of the observation's features when they differ from the
             single env's (``DiLoCoFleet-v0``: per-site pressure blocks); ``None`` otherwise.
     """

@@ -26,6 +26,7 @@ from diloco_gym.agents.heuristics import (
     RandomDeferral,
     WADiLoCo,
 )
+from diloco_gym.agents.planner import CausalPlanner
 
 __all__ = [
     "AGENTS",
@@ -82,6 +83,7 @@ LEARNED: dict[str, Callable[[], Agent]] = {
 BUDGETED: dict[str, Callable[[], Agent]] = {
     "online-forecast-budget": OnlineForecastBudget,
     "fixed-budget": FixedBudget,
+    "causal-planner": CausalPlanner,
 }
 
 AGENTS: dict[str, Callable[[], Agent]] = {**_HEURISTIC_AGENTS, **BUDGETED, **LEARNED}

@@ -61,8 +61,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--budget-agents",
         nargs="+",
         help="agents run with merge_budget=M at every budget (default: "
-        "online-forecast-budget fixed-budget online-forecast calibrated-wa "
-        "wa-diloco pressure-gate)",
+        "causal-planner online-forecast-budget fixed-budget online-forecast "
+        "calibrated-wa wa-diloco pressure-gate)",
     )
     p.add_argument(
         "--free-agents",

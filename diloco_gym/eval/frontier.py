@@ -99,9 +99,11 @@ __all__ = [
 #: The default grid: 8, 10, 12, 16 and 24 merges per 10 min (8 is about the fewest the
 #: corridor allows in a 600 s episode; there placement has little freedom).
 DEFAULT_BUDGETS_PER_HOUR = (48.0, 60.0, 72.0, 96.0, 144.0)
-#: Agents run at every budget of the grid: the budget-aware heuristics, and the deployable
-#: heuristics that steer by the load (held to the budget by the env's mask).
+#: Agents run at every budget of the grid: the budget-aware agents (the causal planner and
+#: the budget-aware heuristics), and the deployable heuristics that steer by the load (held
+#: to the budget by the env's mask).
 DEFAULT_BUDGET_AGENTS = (
+    "causal-planner",
     "online-forecast-budget",
     "fixed-budget",
     "online-forecast",

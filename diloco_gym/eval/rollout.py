@@ -36,6 +36,16 @@ def is_deployable(agent: Any) -> bool:
     return bool(getattr(agent, "deployable", True))
 
 
+def _regime_label(base: Any) -> str:
+    """The regime's name as an agent sees it: ``replay:<name>`` for a replayed trace, so
+    that a trace named like a synthetic regime (``traces/bursty.csv`` is ``bursty``) is
+    never taken for that regime by an agent that draws the named regime's history."""
+    from diloco_gym.sim.regimes import ReplayRegime
+
+    name = str(base.regime_name)
+    return f"replay:{name}" if isinstance(getattr(base, "generator", None), ReplayRegime) else name
+
+
 def attach_agent(env: Any, agent: Any, episode_seed: int) -> Any:
     """Hand ``agent`` what it may know about the episode ``env`` was just reset to.
 
@@ -52,7 +62,7 @@ def attach_agent(env: Any, agent: Any, episode_seed: int) -> Any:
     base = env.unwrapped
     table = getattr(base, "obs_features", None)  # the fleet env's wider observation
     features = tuple(f[0] for f in table) if table is not None else None
-    ctx = AgentContext(params=base.params, regime=str(base.regime_name), features=features)
+    ctx = AgentContext(params=base.params, regime=_regime_label(base), features=features)
     ctx._set_mask(base.action_masks())
     deployable = is_deployable(agent)
     wants_episode = callable(getattr(agent, "attach_episode", None)) and (

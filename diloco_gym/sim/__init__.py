@@ -43,6 +43,12 @@ def compiled_stats():
     return _compiled_module("jit_stats")
 
 
+def compiled_plan():
+    """The causal planner's compiled filter and dynamic programme,
+    :mod:`diloco_gym.sim.jit_plan` (imported on first use)."""
+    return _compiled_module("jit_plan")
+
+
 def compiled_checks():
     """The compiled checks of a trace's arrays, :mod:`diloco_gym.sim.jit_checks` (imported
     on first use)."""
