@@ -285,13 +285,15 @@ def format_comparison(cmp: dict[str, Any]) -> tuple[list[str], list[str]]:
         warnings.append(
             f"warning: the policy never chose to merge in the {n} validation episodes: every "
             f"merge it made was forced at the H_max limit, so it schedules like fixed-512 "
-            f"({cmp['same_schedules_as_fixed_512']} of {n} episodes identical). Train longer "
-            f"(--timesteps) or check the reward."
+            f"({cmp['same_schedules_as_fixed_512']} of {n} episodes identical). Training "
+            f"longer rarely gets a policy off this plateau; the reward and hyperparameters "
+            f"that learn it from scratch are in docs/training.md, 'A default task that PPO "
+            f"learns' (e.g. --config benchmarks/configs/ppo-v1-sb3-defaults.toml)."
         )
     elif cmp["same_schedules_as_fixed_512"] == n:
         warnings.append(
             f"warning: the policy's merges equal fixed-512's in all {n} "
-            f"validation episodes. Train longer (--timesteps)."
+            f"validation episodes; see docs/training.md, 'A default task that PPO learns'."
         )
     return lines, warnings
 
