@@ -12,7 +12,8 @@ Usage (each run about 3.5 min of one core; results appended to ``--out`` as JSON
 
     python benchmarks/learnable.py --seed 0                                   # v1
     python benchmarks/learnable.py --seed 0 --kw '{"reward_shaping": "none"}'  # v1's scale only
-    python benchmarks/learnable.py --seed 0 --kw '{"reward_shaping": "none", "excess_weight": 1.0}'  # v0
+    python benchmarks/learnable.py --seed 0 \\
+        --kw '{"reward_shaping": "none", "excess_weight": 1.0}'              # v0
     python benchmarks/learnable.py --seed 0 --potential stopping \\
         --kw '{"reward_shaping": "none", "excess_weight": 1.0}'
 
@@ -45,7 +46,8 @@ class StoppingPotential(gym.Wrapper):
         super().__init__(env)
         u = env.unwrapped
         p = u.params
-        self.gamma, self.h_min, self.h_max, self.interval = gamma, p.h_min, p.h_max, p.decision_interval
+        self.gamma, self.h_min, self.h_max = gamma, p.h_min, p.h_max
+        self.interval = p.decision_interval
         costs = []
         for s in HISTORY_SEEDS:
             u.reset(seed=s)

@@ -10,8 +10,8 @@ from diloco_gym.envs.env import DiLoCoSyncEnv
 
 __all__ = ["V1_KWARGS", "make_v0"]
 
-#: What ``DiLoCoSync-v1`` (and ``diloco-gym train`` by default) sets over the ``EnvParams``
-#: defaults, which are ``DiLoCoSync-v0``'s: the merge-debt reward shaping
+#: What ``DiLoCoSync-v1`` sets over the ``EnvParams`` defaults, which are
+#: ``DiLoCoSync-v0``'s (and ``diloco-gym train``'s): the merge-debt reward shaping
 #: (:mod:`diloco_gym.envs.shaping`) and a reward on the scale of the sync-excess in
 #: percentage points of the episode's nominal requests (``excess_weight = 0.1``).
 V1_KWARGS: dict[str, object] = {"reward_shaping": "merge-debt", "excess_weight": 0.1}
@@ -31,3 +31,8 @@ def make_v0(**kwargs: Any) -> DiLoCoSyncEnv:
         stacklevel=3,
     )
     return DiLoCoSyncEnv(**kwargs)
+
+
+#: Gymnasium reads an entry point's ``metadata`` (its render modes) to wrap the env for
+#: modes such as ``"rgb_array_list"``: the v0 ids keep the env's.
+make_v0.metadata = DiLoCoSyncEnv.metadata  # type: ignore[attr-defined]

@@ -55,7 +55,6 @@ from pydantic import PositiveInt, create_model, field_validator, model_validator
 
 from diloco_gym.envs.budget_features import OBS_TRANSFORMS
 from diloco_gym.envs.params import EnvParams
-from diloco_gym.envs.versions import V1_KWARGS
 from diloco_gym.rl.algos import ALGOS, RESERVED_ALGO_KEYS, VEC_ENVS, algo_kwargs
 from diloco_gym.sim.regimes import REGIMES
 from diloco_gym.tables import Table, TableError, validate_table
@@ -279,7 +278,7 @@ class TrainConfig:
     calibration: str | None = None
     budgets_per_hour: list[float] | None = None
     observation: str | None = None
-    env_params: dict[str, Any] = field(default_factory=lambda: dict(V1_KWARGS))
+    env_params: dict[str, Any] = field(default_factory=dict)
     hyperparameters: dict[str, Any] = field(default_factory=dict)
     source: dict[str, str] | None = None
 

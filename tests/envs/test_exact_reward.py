@@ -167,7 +167,7 @@ def test_envs_without_the_exact_credit_refuse_it():
 def test_a_training_config_passes_reward_mode_as_a_string():
     from diloco_gym.rl.config import ConfigError, parse_config
 
-    assert parse_config({"env": {"reward_mode": "exact"}}).env_params == {"reward_mode": "exact"}
+    assert parse_config({"env": {"reward_mode": "exact"}}).env_params["reward_mode"] == "exact"
     with pytest.raises(ConfigError, match="reward_mode must be a string, got 1"):
         parse_config({"env": {"reward_mode": 1}})
 
@@ -180,7 +180,7 @@ def test_check_env_passes_in_exact_mode_without_any_warning():
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        env = gym.make("DiLoCoSync-v0", reward_mode="exact", merge_budget=20)
+        env = gym.make("DiLoCoSync-v1", reward_mode="exact", merge_budget=20)
         gym_check_env(env.unwrapped)
         sb3_check_env(env.unwrapped, warn=True)
         env.close()

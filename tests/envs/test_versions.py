@@ -34,9 +34,18 @@ def test_v0_ids_warn_and_keep_the_v0_task_bit_for_bit(env_id, rollout):
     assert a.rewards != c.rewards
 
 
-def test_v1_kwargs_are_the_packages_and_train_defaults_to_them():
-    from diloco_gym.rl.config import TrainConfig
+def test_v1_kwargs_are_the_packages_and_train_keeps_envparams_defaults():
+    """``train`` does not change a config's reward behind its back: its env defaults are
+    ``EnvParams``' (v0's reward); v1's reward is set in a config's ``[env]``."""
+    from diloco_gym.rl.config import TrainConfig, parse_config
 
     assert diloco_gym.V1_KWARGS is V1_KWARGS
-    assert TrainConfig().env_params == V1_KWARGS
-    assert TrainConfig().env_params is not V1_KWARGS  # a copy: a config cannot change it
+    assert TrainConfig().env_params == {}
+    cfg = parse_config({"env": dict(V1_KWARGS)}, "v1.toml")
+    assert EnvParams(**cfg.env_params) == gym.make("DiLoCoSync-v1").unwrapped.params
+
+
+def test_v0_ids_keep_gymnasiums_render_wrappers():
+    with pytest.warns(FutureWarning):
+        env = gym.make("DiLoCoSync-v0", render_mode="rgb_array_list")
+    assert env.unwrapped.render_mode == "rgb_array"

@@ -18,10 +18,9 @@ def test_parse_config_units_and_env_fields(tmp_path) -> None:
     data, source = load_config_file(write_config(tmp_path, TINY_CONFIG))
     cfg = parse_config(data, source["path"])
     assert cfg.budgets_per_hour == [60.0, 96.0]  # 10 and 16 per 10 min
-    # the file's values over DiLoCoSync-v1's (train's defaults)
-    assert cfg.env_params == {"reward_shaping": "merge-debt", "excess_weight": 1.0}
-    plain = parse_config({"env": {"reward_shaping": "none"}}, "x.toml")
-    assert plain.env_params == {"reward_shaping": "none", "excess_weight": 0.1}
+    assert cfg.env_params == {"excess_weight": 1.0}
+    v1 = parse_config({"env": {"reward_shaping": "merge-debt", "excess_weight": 0.1}}, "x.toml")
+    assert v1.env_params == {"reward_shaping": "merge-debt", "excess_weight": 0.1}
     assert cfg.hyperparameters["policy_kwargs"] == {"net_arch": [16, 16]}
     with pytest.raises(ConfigError, match=r"x\.toml: \[env\] loss_clip must be a number"):
         parse_config({"env": {"loss_clip": "big"}}, "x.toml")
