@@ -11,7 +11,7 @@ the file::
     eval_episodes = 10           # validation seeds 900000.. per (regime, budget)
     eval_freq = 20000
     checkpoint_freq = 0
-    bc_teacher = "causal-planner"   # optional warm start: imitate this agent first
+    bc_teacher = "online-forecast-budget"   # optional warm start: imitate this agent first
     bc_episodes = 20             # ... on this many training episodes per env kind
     bc_epochs = 5
 
