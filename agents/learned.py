@@ -108,12 +108,15 @@ _stack = contextlib.ExitStack()  # keeps an extracted copy alive for zipped inst
 
 #: Shipped learned agents: registry name -> model file under ``agents/reference`` (see
 #: agents/reference/README.md). The ``reference-budget-*`` agents are budget-conditioned
-#: MaskablePPO policies (they need a merge budget; ``diloco-gym frontier`` gives one).
+#: MaskablePPO policies (they need a merge budget; ``diloco-gym frontier`` gives one). The
+#: ``-v1`` agents were trained from scratch on ``DiLoCoSync-v1``'s reward.
 REFERENCE_AGENTS: dict[str, tuple[str, ...]] = {
     "reference-ppo": ("model.zip",),
     "reference-budget-bursty": ("budget-bursty", "model.zip"),
     "reference-budget-non-periodic": ("budget-non-periodic", "model.zip"),
     "reference-budget-mixed": ("budget-mixed", "model.zip"),
+    "reference-ppo-v1": ("ppo-v1", "model.zip"),
+    "reference-budget-bursty-v1": ("budget-bursty-v1", "model.zip"),
 }
 
 

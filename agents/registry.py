@@ -30,6 +30,7 @@ from diloco_gym.agents.planner import CausalPlanner
 
 __all__ = [
     "AGENTS",
+    "SINGLE_HOST_ONLY",
     "HEURISTICS",
     "LEARNED",
     "BUDGETED",
@@ -74,6 +75,8 @@ LEARNED: dict[str, Callable[[], Agent]] = {
         "reference-budget-bursty",
         "reference-budget-non-periodic",
         "reference-budget-mixed",
+        "reference-ppo-v1",
+        "reference-budget-bursty-v1",
     )
 }
 
@@ -91,6 +94,11 @@ AGENTS: dict[str, Callable[[], Agent]] = {**_HEURISTIC_AGENTS, **BUDGETED, **LEA
 #: The agents a report runs by default (no-sync is the load match, not a contender; the
 #: learned agents need the optional RL stack).
 HEURISTICS = [n for n in _HEURISTIC_AGENTS if n != "no-sync"]
+
+#: Heuristics that read only the single host's observation (17 features), so they cannot
+#: schedule a fleet, whose observation has a block per site: ``causal-planner`` fits its
+#: burst model to one host's arrivals.
+SINGLE_HOST_ONLY = frozenset({"causal-planner"})
 
 
 def agent_names() -> list[str]:

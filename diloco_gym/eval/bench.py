@@ -260,11 +260,11 @@ class Entrant:
 def entrant_kinds(spec: str) -> set[str]:
     """The task kinds an agent argument can run on: a model trained on a fleet (its
     ``meta.json`` names one) runs on fleet tasks only, any other model on single-host tasks
-    only; heuristics and your own code on both."""
-    from diloco_gym.agents.registry import AGENTS, LEARNED
+    only; heuristics (but those of ``SINGLE_HOST_ONLY``) and your own code on both."""
+    from diloco_gym.agents.registry import AGENTS, LEARNED, SINGLE_HOST_ONLY
 
     if spec in AGENTS and spec not in LEARNED:
-        return {"regime", "trace", "fleet"}
+        return {"regime", "trace"} if spec in SINGLE_HOST_ONLY else {"regime", "trace", "fleet"}
     from diloco_gym.agents.user import is_user_spec
 
     p = Path(spec)

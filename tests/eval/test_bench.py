@@ -113,6 +113,8 @@ def test_which_tasks_an_agent_runs_on():
     both = {"regime", "trace", "fleet"}
     assert bench.entrant_kinds("wa-diloco") == both
     assert bench.entrant_kinds("online-forecast-budget") == both
+    # the planner reads one host's observation: it would fail on a fleet's
+    assert bench.entrant_kinds("causal-planner") == {"regime", "trace"}
     assert bench.entrant_kinds("reference-budget-bursty") == {"regime", "trace"}
     fleet_model = str(ROOT / "agents" / "reference" / "fleet-budget")
     assert bench.entrant_kinds(fleet_model) == {"fleet"}

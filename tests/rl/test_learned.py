@@ -279,7 +279,24 @@ BUDGET_REFERENCES = [
     ("reference-budget-bursty", "budget-bursty"),
     ("reference-budget-non-periodic", "budget-non-periodic"),
     ("reference-budget-mixed", "budget-mixed"),
+    ("reference-budget-bursty-v1", "budget-bursty-v1"),
 ]
+
+
+@pytest.mark.parametrize(("name", "folder"), [("reference-ppo-v1", "ppo-v1"), *BUDGET_REFERENCES])
+def test_v1_reference_agents_were_trained_on_v1s_reward(name, folder) -> None:
+    """The ``-v1`` agents' recorded environment is DiLoCoSync-v1's reward; the others',
+    v0's (their configs train as they did)."""
+    from diloco_gym.envs.versions import V1_KWARGS
+
+    root = Path(__file__).resolve().parents[2]
+    meta = json.loads((root / "agents" / "reference" / folder / "meta.json").read_text())
+    env = meta["env_params"]
+    if name.endswith("-v1"):
+        assert {k: env[k] for k in V1_KWARGS} == V1_KWARGS
+        assert meta["command"].startswith(f"diloco-gym train --config agents/reference/{folder}/")
+    else:
+        assert env.get("reward_shaping", "none") == "none"
 
 
 @pytest.mark.parametrize(("name", "folder"), BUDGET_REFERENCES)
