@@ -51,7 +51,7 @@ from diloco_gym.rl.train_envs import make_vec_env, regime_spec, train_episode_se
 from diloco_gym.rl.validation import HeldOutEvalCallback, eval_envs
 from diloco_gym.sim.regimes import REGIMES
 
-__all__ = ["TrainRequest", "train"]
+__all__ = ["TrainRequest", "train", "shaping_discount_warning"]
 
 
 @dataclass(frozen=True)
@@ -150,6 +150,25 @@ class TrainRequest:
         return list(self.env_specs) if self.env_specs is not None else [regime_spec(self.regime)]
 
 
+def shaping_discount_warning(env_kwargs: dict[str, Any], hp: dict[str, Any]) -> str | None:
+    """A warning when the merge-debt shaping's discount is not the agent's: the shaping
+    ``gamma * phi(s') - phi(s)`` leaves the best policies unchanged only with the agent's
+    own ``gamma`` (envs/shaping.py). ``None`` when they agree or nothing is shaped."""
+    from diloco_gym.envs.params import EnvParams
+
+    if env_kwargs.get("reward_shaping", "none") == "none" or "gamma" not in hp:
+        return None
+    shaping = float(env_kwargs.get("shaping_gamma", EnvParams.shaping_gamma))
+    gamma = float(hp["gamma"])
+    if abs(shaping - gamma) <= 1e-12:
+        return None
+    return (
+        f"diloco-gym: warning: the merge-debt shaping's discount (shaping_gamma {shaping:g}) "
+        f"is not the agent's (gamma {gamma:g}), so the shaping may change which policies "
+        f"are best; set [env] shaping_gamma = {gamma:g}"
+    )
+
+
 def train(
     algo: str,
     regime: str = "bursty",
@@ -235,6 +254,8 @@ def _run(
     )
     hp = default_hyperparameters(req.algo, req.n_envs, req.timesteps)
     hp.update(req.hyperparameters or {})
+    if (note := shaping_discount_warning(req.env_kwargs, hp)) is not None:
+        print(note, file=sys.stderr)
     model = _build_model(req.algo, venv, hp, req.seed, req.out, start, verbose, trust)
     remaining = max(0, int(req.timesteps) - int(model.num_timesteps))
     bc_record = _warm_start(req, model, start, verbose)

@@ -77,3 +77,21 @@ def test_the_docs_config_example_parses_and_trains(tmp_path, monkeypatch) -> Non
     assert [s["merge_budget"] for s in meta["env_specs"]] == [2, 3]  # 120 s episodes
     assert meta["config"]["calibration"].endswith("calibration_reference.json")
     assert meta["timesteps"] >= 300
+
+
+def test_a_shaping_discount_other_than_the_agents_is_warned() -> None:
+    """train's own PPO defaults (gamma 0.995) with v1's reward (shaping_gamma 0.99): the
+    shaping is then not potential-based for the agent, and train says so (on v1 those
+    defaults gave policies that never merge, docs/training.md)."""
+    from diloco_gym.envs.versions import V1_KWARGS
+    from diloco_gym.rl.algos import default_hyperparameters
+    from diloco_gym.rl.trainer import shaping_discount_warning
+
+    hp = default_hyperparameters("ppo", 1, 1000)
+    note = shaping_discount_warning(dict(V1_KWARGS), hp)
+    assert note is not None and "shaping_gamma 0.99" in note and "gamma 0.995" in note
+    assert "set [env] shaping_gamma = 0.995" in note
+    assert shaping_discount_warning({**V1_KWARGS, "shaping_gamma": 0.995}, hp) is None
+    assert shaping_discount_warning({"reward_shaping": "none"}, hp) is None
+    assert shaping_discount_warning({}, hp) is None
+    assert shaping_discount_warning(dict(V1_KWARGS), {**hp, "gamma": 0.99}) is None
