@@ -20,7 +20,7 @@ from diloco_gym.envs.observation import OBS_DIM, OBS_HIGH, OBS_INDEX, OBS_LOW, u
 from diloco_gym.envs.params import EnvParams
 from diloco_gym.envs.reward import ExactCredit, nominal_rate_rps, require_additive
 from diloco_gym.envs.schedule import schedule_summary
-from diloco_gym.envs.shaping import merge_debt, reference_merge_cost
+from diloco_gym.envs.shaping import merge_debt_one, reference_merge_cost
 from diloco_gym.sim import compiled
 from diloco_gym.sim import learners as lrn
 from diloco_gym.sim.learner_calibration import learner_params, load_learner_calibration
@@ -724,7 +724,7 @@ class DiLoCoSyncEnv(gym.Env[Observation, Action]):
         assert self.episode is not None and self.shaping_cost is not None
         d, last, _, merges = self._state_ints.ravel().tolist()  # step_layout.STATE_INT
         n = self.episode.n_decisions
-        return float(merge_debt(self.shaping_cost, d, last, merges, n, self.params))
+        return merge_debt_one(self.shaping_cost, d, last, merges, n, self.params)
 
     def _excess_so_far(self) -> float:
         """``info["excess_requests_so_far"]`` (:data:`~diloco_gym.envs.info.INFO_KEYS`): the

@@ -42,14 +42,19 @@ REWARD_NOMINAL_REQUESTS = 1000.0
 REWARD_MODES = ("additive", "exact")
 
 
+def _check_choice(field: str, value: Any, choices: tuple[str, ...]) -> str:
+    """``value`` if it is one of ``choices``, else ``ValueError`` naming
+    ``EnvParams.<field>`` and the valid names."""
+    if not isinstance(value, str) or value not in choices:
+        raise ValueError(
+            f"EnvParams.{field} must be one of {', '.join(map(repr, choices))}, got {value!r}"
+        )
+    return value
+
+
 def check_reward_mode(mode: Any) -> str:
     """``mode`` if it is one of :data:`REWARD_MODES`, else ``ValueError`` naming it."""
-    if not isinstance(mode, str) or mode not in REWARD_MODES:
-        raise ValueError(
-            f"EnvParams.reward_mode must be one of {', '.join(map(repr, REWARD_MODES))}, "
-            f"got {mode!r}"
-        )
-    return mode
+    return _check_choice("reward_mode", mode, REWARD_MODES)
 
 
 #: ``EnvParams.reward_shaping`` values (:mod:`diloco_gym.envs.shaping`).
@@ -58,12 +63,7 @@ REWARD_SHAPINGS = ("none", "merge-debt")
 
 def check_reward_shaping(value: Any) -> str:
     """``value`` if it is one of :data:`REWARD_SHAPINGS`, else ``ValueError`` naming it."""
-    if not isinstance(value, str) or value not in REWARD_SHAPINGS:
-        raise ValueError(
-            f"EnvParams.reward_shaping must be one of {', '.join(map(repr, REWARD_SHAPINGS))}, "
-            f"got {value!r}"
-        )
-    return value
+    return _check_choice("reward_shaping", value, REWARD_SHAPINGS)
 
 
 def require_additive(params: Any, owner: str) -> None:

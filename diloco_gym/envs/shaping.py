@@ -45,6 +45,7 @@ __all__ = [
     "check_reward_shaping",
     "reference_merge_cost",
     "merge_debt",
+    "merge_debt_one",
     "require_unshaped",
 ]
 
@@ -88,6 +89,18 @@ def merge_debt(k: float, d: Any, last: Any, merges: Any, n: Any, params: Any) ->
     left = params.merge_budget - np.asarray(merges, dtype=np.float64)
     interval = (n - np.asarray(last, dtype=np.float64)) / (np.maximum(left, 0.0) + 1.0)
     return np.where(left > 0, -k * gap / np.maximum(interval, 1.0), 0.0)
+
+
+def merge_debt_one(k: float, d: int, last: int, merges: int, n: int, params: Any) -> float:
+    """:func:`merge_debt` of one env, in plain Python (the single env's step pays no NumPy
+    call for it)."""
+    gap = min(d, n) - last
+    if params.merge_budget is None:
+        return -k * gap / params.h_max
+    left = params.merge_budget - merges
+    if left <= 0:
+        return 0.0
+    return -k * gap / max((n - last) / (left + 1.0), 1.0)
 
 
 def require_unshaped(params: Any, owner: str) -> None:

@@ -11,7 +11,12 @@ import pytest
 import diloco_gym
 from diloco_gym import DiLoCoSyncEnv, EnvParams
 from diloco_gym.envs.episode import episode_from_seed
-from diloco_gym.envs.shaping import HISTORY_SEEDS, merge_debt, reference_merge_cost
+from diloco_gym.envs.shaping import (
+    HISTORY_SEEDS,
+    merge_debt,
+    merge_debt_one,
+    reference_merge_cost,
+)
 from diloco_gym.envs.vector import DiLoCoSyncVectorEnv
 from diloco_gym.sim.learners import LearnerParams
 from diloco_gym.sim.regimes import get_regime
@@ -136,3 +141,16 @@ def test_the_fleet_refuses_shaping():
 
     with pytest.raises(ValueError, match="does not shape its reward"):
         DiLoCoFleetEnv(reward_shaping="merge-debt")
+
+
+def test_the_single_envs_scalar_debt_is_the_array_one():
+    rng = np.random.default_rng(0)
+    for budget in (None, 6, 12):
+        params = EnvParams(merge_budget=budget)
+        for _ in range(200):
+            n = int(rng.integers(100, 600))
+            last = int(rng.integers(0, n))
+            d = int(rng.integers(last, n + 20))
+            merges = int(rng.integers(0, 14))
+            want = float(merge_debt(9.5, d, last, merges, n, params))
+            assert merge_debt_one(9.5, d, last, merges, n, params) == pytest.approx(want, abs=1e-12)
