@@ -4,6 +4,7 @@ when the command runs)."""
 from __future__ import annotations
 
 import argparse
+import math
 import shlex
 import sys
 from pathlib import Path
@@ -26,16 +27,61 @@ def _int_at_least(minimum: int):
     return parse
 
 
+def _positive_float(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number, got {text!r}") from None
+    if not (math.isfinite(v) and v > 0):
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text!r}")
+    return v
+
+
 def add_calibrate_learners_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default="learner_calibration.json", help="calibration file to write")
     p.add_argument("--force", action="store_true", help="replace an existing --out file")
-    p.add_argument("--seeds", type=_int_at_least(2), default=3, help="seeds per schedule")
+    p.add_argument(
+        "--seeds",
+        type=_int_at_least(3),
+        default=None,
+        help="seeds; every schedule runs with each (common random numbers; default 10, 3 "
+        "with --tiny)",
+    )
+    p.add_argument(
+        "--heldout-seeds",
+        type=_int_at_least(1),
+        default=None,
+        help="the last seeds, kept from the fit and used to validate it (default 30 %% of "
+        "--seeds, at least 1)",
+    )
     p.add_argument(
         "--total-steps",
         type=_int_at_least(2),
         default=None,
-        help="inner steps per learner (default 64; 16 with --tiny)",
+        help="inner steps per learner (default: the shortest multiple of 2 H_max that covers "
+        "one env episode, 160 at the default mapping; 16 with --tiny)",
     )
+    p.add_argument(
+        "--mapping",
+        type=_positive_float,
+        default=32.0,
+        help="env steps one inner step stands for (the corridor is [128, 512] env steps)",
+    )
+    p.add_argument(
+        "--mapping-check",
+        type=_positive_float,
+        default=None,
+        help="a second mapping at which the corridor's ends are also run, each covering one "
+        "episode there: how much the price depends on the mapping",
+    )
+    p.add_argument(
+        "--target-effect",
+        type=_positive_float,
+        default=None,
+        help="the relative loss change of fixed H_max against fixed H_min the design's "
+        "power is stated for (default 0.01: 1 %%)",
+    )
+    p.add_argument("--jobs", type=_int_at_least(1), default=1, help="trainings run at once")
     p.add_argument("--learners", type=_int_at_least(1), default=4, help="K, DiLoCo learners")
     p.add_argument("--threads", type=_int_at_least(1), default=1, help="torch threads")
     p.add_argument("--d-model", type=_int_at_least(8), default=128, help="model width")
@@ -65,7 +111,12 @@ def add_calibrate_learners_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run_calibrate_learners_command(args: argparse.Namespace) -> int:
-    from diloco_gym.lm.calibrate import TINY, calibrate_learners
+    from diloco_gym.lm.calibrate import (
+        DEFAULT_TARGET_EFFECT,
+        TINY,
+        calibrate_learners,
+        covering_steps,
+    )
 
     out = Path(args.out)
     if out.is_dir():
@@ -78,7 +129,14 @@ def run_calibrate_learners_command(args: argparse.Namespace) -> int:
     if args.total_steps is not None:
         config["total_steps"] = args.total_steps
     elif not args.tiny:
-        config["total_steps"] = 64
+        config["total_steps"] = covering_steps(args.mapping)
+    seeds = args.seeds or (3 if args.tiny else 10)
+    heldout = args.heldout_seeds or max(1, round(0.3 * seeds))
+    if seeds - heldout < 2:
+        raise UsageError(
+            f"--heldout-seeds {heldout} leaves {seeds - heldout} fit seed(s) of "
+            f"--seeds {seeds}; the fit needs at least 2"
+        )
     config["num_learners"] = args.learners if not args.tiny else config["num_learners"]
     config["threads"] = args.threads
     config["outer_lr"] = args.outer_lr
@@ -99,8 +157,13 @@ def run_calibrate_learners_command(args: argparse.Namespace) -> int:
 
     doc = calibrate_learners(
         out=out,
-        seeds=args.seeds,
+        seeds=seeds,
+        heldout_seeds=heldout,
         config=config,
+        env_steps_per_inner_step=args.mapping,
+        mapping_check=args.mapping_check,
+        target_effect=args.target_effect or DEFAULT_TARGET_EFFECT,
+        jobs=args.jobs,
         bootstrap=args.bootstrap,
         command=command,
         max_bytes=200_000 if args.tiny else 8_000_000,
@@ -108,8 +171,12 @@ def run_calibrate_learners_command(args: argparse.Namespace) -> int:
         resume=args.resume,
     )
     v = doc["validation"]
+    rho = (
+        "n/a" if v["spearman_rho"] is None else f"{v['spearman_rho']:.2f} (p {v['spearman_p']:.3g})"
+    )
     print(
         f"{out}: drift {doc['params']['drift_steps']:.2f} inner steps; held-out Spearman rho "
-        f"{v['spearman_rho']}, MAE {v['mae']:.4f} nats/byte over {v['schedules']} schedules"
+        f"{rho}, MAE {v['mae']:.4f} nats/byte over {v['schedules']} schedules; "
+        f"H_max vs H_min {doc['effects']['power']['verdict']}"
     )
     return 0

@@ -190,15 +190,42 @@ def bootstrap_intervals(
     return out
 
 
+def _mae_interval(
+    by_name: Mapping[str, Sequence[Mapping[str, Any]]], pred: np.ndarray, reps: int = 2000
+) -> list[float] | None:
+    """A 95 % bootstrap interval of the mean absolute error over the seeds (the seeds drawn
+    with replacement, each schedule's measured mean recomputed on the draw); ``None`` with
+    fewer than 2 seeds."""
+    seeds = sorted({int(r["seed"]) for rs in by_name.values() for r in rs})
+    if len(seeds) < 2:
+        return None
+    finals = {
+        name: {int(r["seed"]): float(r["merge_losses"][-1]) for r in rs}
+        for name, rs in by_name.items()
+    }
+    rng = np.random.default_rng(0)
+    maes = []
+    for _ in range(reps):
+        pick = rng.choice(seeds, size=len(seeds), replace=True)
+        meas = [np.mean([f[s] for s in pick if s in f] or [np.nan]) for f in finals.values()]
+        maes.append(np.nanmean(np.abs(pred - np.array(meas))))
+    lo, hi = np.percentile(maes, [2.5, 97.5])
+    return [float(lo), float(hi)]
+
+
 def validate(runs: Sequence[Mapping[str, Any]], cal: LearnerCalibration) -> dict[str, Any]:
     """The surrogate against held-out runs.
 
     Per schedule: the measured final loss (mean and standard deviation over seeds) and the
     predicted one. Overall: Spearman rho between predicted and mean measured final losses
-    across schedules and the mean absolute error; per seed (rho and MAE of that seed's
-    runs alone): their mean and standard deviation, the seeds' spread.
+    across schedules with its permutation p
+    (:func:`~diloco_gym.lm.power.spearman_permutation`), the mean absolute error with a
+    bootstrap interval over seeds; per seed (rho and MAE of that seed's runs alone): their
+    mean and standard deviation, the seeds' spread.
     """
     from scipy.stats import spearmanr
+
+    from diloco_gym.lm.power import spearman_permutation
 
     by_name: dict[str, list[Mapping[str, Any]]] = {}
     for r in runs:
@@ -222,10 +249,15 @@ def validate(runs: Sequence[Mapping[str, Any]], cal: LearnerCalibration) -> dict
         )
     pred = np.array([r["predicted"] for r in rows])
     meas = np.array([r["measured_mean"] for r in rows])
+    rho, p = (None, None)
+    if len(rows) > 2 and np.ptp(pred) > 0 and np.ptp(meas) > 0:
+        rho, p = spearman_permutation(pred, meas)
     out: dict[str, Any] = {
         "schedules": len(rows),
-        "spearman_rho": float(spearmanr(pred, meas)[0]) if len(rows) > 2 else None,
+        "spearman_rho": rho,
+        "spearman_p": p,
         "mae": float(np.mean(np.abs(pred - meas))),
+        "mae_interval": _mae_interval(by_name, pred),
         "rows": rows,
     }
     rhos, maes = [], []

@@ -22,7 +22,9 @@ def test_it_is_registered_with_its_help_line():
 
 def test_defaults():
     args = _args([])
-    assert args.out == "learner_calibration.json" and args.seeds == 3 and args.learners == 4
+    assert args.out == "learner_calibration.json" and args.seeds is None and args.learners == 4
+    assert args.heldout_seeds is None and args.jobs == 1 and args.mapping == 32.0
+    assert args.mapping_check is None and args.target_effect is None
     assert args.total_steps is None and args.d_model == 128 and args.layers == 4
     assert args.bootstrap == 100 and not (args.tiny or args.force or args.resume or args.quiet)
 
@@ -30,7 +32,12 @@ def test_defaults():
 @pytest.mark.parametrize(
     ("extra", "wanted"),
     [
-        (["--seeds", "1"], "argument --seeds: must be >= 2, got 1"),
+        (["--seeds", "2"], "argument --seeds: must be >= 3, got 2"),
+        (["--heldout-seeds", "0"], "argument --heldout-seeds: must be >= 1, got 0"),
+        (["--jobs", "0"], "argument --jobs: must be >= 1, got 0"),
+        (["--mapping", "0"], "argument --mapping: must be a finite number > 0, got '0'"),
+        (["--mapping-check", "nan"], "argument --mapping-check: must be a finite number > 0"),
+        (["--target-effect", "x"], "argument --target-effect: must be a number, got 'x'"),
         (["--total-steps", "1"], "argument --total-steps: must be >= 2, got 1"),
         (["--learners", "0"], "argument --learners: must be >= 1, got 0"),
         (["--threads", "0"], "argument --threads: must be >= 1, got 0"),
@@ -46,9 +53,9 @@ def test_bad_option_values_are_usage_errors(extra, wanted, fails):
     assert line.startswith("diloco-gym calibrate-learners: error: ") and wanted in line
 
 
-@pytest.mark.parametrize("flag", ["--seeds", "--total-steps"])
-def test_boundary_values_are_accepted(flag):
-    assert getattr(_args([flag, "2"]), flag[2:].replace("-", "_")) == 2
+@pytest.mark.parametrize(("flag", "low"), [("--seeds", 3), ("--total-steps", 2)])
+def test_boundary_values_are_accepted(flag, low):
+    assert getattr(_args([flag, str(low)]), flag[2:].replace("-", "_")) == low
     assert _args(["--d-model", "8", "--bootstrap", "10"]).d_model == 8
 
 

@@ -34,7 +34,13 @@ def captured(monkeypatch):
         seen.update(kw)
         return {
             "params": {"drift_steps": 12.345},
-            "validation": {"spearman_rho": 0.9, "mae": 0.01234, "schedules": 7},
+            "validation": {
+                "spearman_rho": 0.9,
+                "spearman_p": 0.0123,
+                "mae": 0.01234,
+                "schedules": 7,
+            },
+            "effects": {"power": {"verdict": "detected: +1.00 %"}},
         }
 
     monkeypatch.setattr(calibrate, "calibrate_learners", fake)
@@ -87,11 +93,12 @@ def test_tiny_keeps_the_tiny_model_and_caps_the_corpus(tmp_path, captured, capsy
     cfg = captured["config"]
     assert cfg == {**calibrate.TINY, "threads": 1, "outer_lr": 0.7, "outer_momentum": 0.5}
     assert captured["max_bytes"] == 200_000 and captured["seeds"] == 3
+    assert captured["heldout_seeds"] == 1 and captured["jobs"] == 1
     assert captured["out"] == out and captured["bootstrap"] == 100
     printed = capsys.readouterr()
     assert printed.out.strip() == (
-        f"{out}: drift 12.35 inner steps; held-out Spearman rho 0.9, MAE 0.0123 nats/byte "
-        "over 7 schedules"
+        f"{out}: drift 12.35 inner steps; held-out Spearman rho 0.90 (p 0.0123), MAE 0.0123 "
+        "nats/byte over 7 schedules; H_max vs H_min detected: +1.00 %"
     )
 
 
@@ -101,12 +108,43 @@ def test_full_size_takes_the_model_options(tmp_path, captured):
     )
     run_calibrate_learners_command(args)
     cfg = captured["config"]
-    assert cfg["total_steps"] == 64 and cfg["num_learners"] == 3
+    assert cfg["total_steps"] == 160 and cfg["num_learners"] == 3  # covers one episode
+    assert captured["seeds"] == 10 and captured["heldout_seeds"] == 3
+    assert captured["env_steps_per_inner_step"] == 32.0 and captured["mapping_check"] is None
+    assert captured["target_effect"] == calibrate.DEFAULT_TARGET_EFFECT
     assert cfg["d_model"] == 128 and cfg["n_layers"] == 2 and cfg["threads"] == 2
     assert captured["max_bytes"] == 8_000_000
     args = _args("--tiny", "--out", str(tmp_path / "b.json"), "--total-steps", "24")
     run_calibrate_learners_command(args)
     assert captured["config"]["total_steps"] == 24
+    args = _args(
+        "--out",
+        str(tmp_path / "c.json"),
+        "--mapping",
+        "16",
+        "--mapping-check",
+        "64",
+        "--seeds",
+        "6",
+        "--heldout-seeds",
+        "2",
+        "--jobs",
+        "2",
+        "--target-effect",
+        "0.02",
+    )
+    run_calibrate_learners_command(args)
+    assert captured["config"]["total_steps"] == 320  # one episode at 16 env steps a step
+    assert captured["env_steps_per_inner_step"] == 16.0 and captured["mapping_check"] == 64.0
+    assert (captured["seeds"], captured["heldout_seeds"], captured["jobs"]) == (6, 2, 2)
+    assert captured["target_effect"] == 0.02
+
+
+def test_too_few_fit_seeds_are_refused_before_any_run(tmp_path, captured):
+    args = _args("--out", str(tmp_path / "lc.json"), "--seeds", "4", "--heldout-seeds", "3")
+    with pytest.raises(UsageError, match="--heldout-seeds 3 leaves 1 fit seed"):
+        run_calibrate_learners_command(args)
+    assert captured == {}
 
 
 def test_the_command_line_is_recorded_and_progress_goes_to_stderr(
