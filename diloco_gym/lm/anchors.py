@@ -30,7 +30,7 @@ sentences and table rows each value was read from):
   for six model sizes from 35M to 1B parameters (Chinchilla-optimal tokens).
 
 Not here, because no number could be read: the H ablation of the DiLoCo scaling-law paper
-(Charles et al., arXiv 2503.09799, Section 5.1, Figure 9: H in 1-300, plotted only), the
+(Charles et al., arXiv 2503.09799, Section 5.1 / Appendix E.1: H in 1-300, plotted only), the
 per-H curves of Streaming DiLoCo's Figure 13, and OpenDiLoCo's (arXiv 2407.07852) runs at
 H = 50 / 500 (150M) and 125 / 500 (1.1B), whose values were found only in secondary
 summaries.
