@@ -10,6 +10,9 @@
   scipy only).
 * :mod:`diloco_gym.lm.calibrate`: ``diloco-gym calibrate-learners``, the designed set of
   runs, the fit, the held-out validation and the calibration file.
+* :mod:`diloco_gym.lm.anchors`: the published effects of the sync interval H on DiLoCo's
+  loss (as data, with their sources), ours measured and fitted beside them, and one figure
+  of all (numpy; matplotlib when drawing).
 
 The ``sim`` and ``envs`` layers never import this package; the calibrated surrogate they
 use lives in :mod:`diloco_gym.sim.learner_calibration`.
