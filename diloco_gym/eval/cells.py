@@ -314,6 +314,7 @@ def _unit_cell(
     unit = units[index]
     env, seed = unit.env, unit.seed
     p, sc = env.params, env.sidecar
+    lc = getattr(config, "learner_calibration", None)  # priced with its control when given
     rows: list[dict] = []
     timeline = None
     counts = scorer = None
@@ -363,12 +364,7 @@ def _unit_cell(
                 "excess_requests": res["sync_excess_requests"],
                 "return": res["return"],
                 "duration_s": ep.trace.duration_s,
-                **quality_columns(
-                    getattr(config, "learner_calibration", None),
-                    res,
-                    controls[key],
-                    p.decision_seconds,
-                ),
+                **quality_columns(lc, res, controls[key], p.decision_seconds),
             }
         )
         rows[-1].update(unit.fields)

@@ -215,14 +215,16 @@ def _stats_frame(budgets: Any, free: Any) -> pd.DataFrame:
 
 def _stats_points(s: pd.DataFrame) -> pd.DataFrame:
     """Summary rows with a ``budget_label`` (``72/h`` or ``free``), ordered by regime,
-    agent and budget (free last)."""
+    agent (the budget-held agents first, in their order, then the free ones) and budget
+    (free last)."""
     if s.empty:
         return s
     s = s.copy()
     bph = pd.to_numeric(s["budget_per_hour"], errors="coerce")
     s["budget_label"] = [f"{x:g}/h" if np.isfinite(x) else "free" for x in bph]
     s["_order"] = bph.fillna(np.inf)
-    agents = list(dict.fromkeys(s["agent"]))
+    free = bph.isna().to_numpy()
+    agents = list(dict.fromkeys([*s["agent"][~free], *s["agent"][free]]))
     s["_agent"] = [agents.index(a) for a in s["agent"]]
     s = s.sort_values(["regime", "_agent", "_order"], kind="stable")
     return s.drop(columns=["_order", "_agent"]).reset_index(drop=True)
