@@ -72,13 +72,13 @@ def control_pred_loss(schedules: np.ndarray, decision_seconds: float, learner_ca
             at ``d * decision_seconds``, as in an agent's ``merge_times_s``).
         learner_calibration: a :class:`~diloco_gym.sim.learner_calibration.LearnerCalibration`.
     """
-    from diloco_gym.sim.learner_calibration import env_schedule_loss
+    from diloco_gym.sim.learner_calibration import env_schedule_losses
 
     sch = np.asarray(schedules)
     if sch.ndim != 2 or sch.shape[0] == 0:
         raise ValueError(f"control schedules must be a non-empty (K, M) array, got {sch.shape}")
     times = sch.astype(np.float64) * float(decision_seconds)
-    return float(np.mean([env_schedule_loss(row, learner_calibration) for row in times]))
+    return float(env_schedule_losses(times, learner_calibration).mean())
 
 
 def control_quality_columns(
