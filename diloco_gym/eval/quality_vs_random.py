@@ -58,8 +58,20 @@ QUALITY_VERDICTS = (
 )
 #: The generator seed of the quality test's bootstrap (the sync-excess test's is 0).
 QUALITY_RNG = 4
-#: The per-unit columns the summaries and the figure read.
-ROW_COLUMNS = ("pred_loss", "control_pred_loss", "quality_vs_random")
+#: The per-unit columns (frontier.csv) the figure's points are recomputed from.
+ROW_COLUMNS = (
+    "regime",
+    "mode",
+    "budget_per_hour",
+    "agent",
+    "seed",
+    "merges_per_hour",
+    "sync_excess_pct",
+    "matched_random_mean",
+    "pred_loss",
+    "control_pred_loss",
+    "quality_vs_random",
+)
 
 
 def control_pred_loss(schedules: np.ndarray, decision_seconds: float, learner_calibration) -> float:
@@ -307,6 +319,10 @@ def quality_points(source: Any, alpha: float = protocol.ALPHA) -> pd.DataFrame:
                 f"{where}: field 'quality_vs_random': absent (run the frontier with "
                 "--learner-calibration)"
             )
+        if "seed" in src:  # per-unit rows
+            missing = [c for c in ROW_COLUMNS if c not in src]
+            if missing:
+                raise ValueError(f"{where}: field {missing[0]!r}: absent")
         stats = _rows_to_stats(src, alpha) if "seed" in src else src
     else:
         raise ValueError(f"{where}: a frontier result, frame or file path is needed")

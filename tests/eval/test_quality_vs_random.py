@@ -226,6 +226,10 @@ def test_rows_without_a_learner_calibration_name_the_file_and_field(tmp_path):
     pd.DataFrame({"regime": ["bursty"], "agent": ["a"], "seed": [0]}).to_csv(plain, index=False)
     with pytest.raises(ValueError, match=rf"{plain}: field 'quality_vs_random'"):
         qr.quality_points(plain)
+    partial = tmp_path / "partial.csv"
+    pd.DataFrame({"regime": ["bursty"], "seed": [0], "quality_vs_random": [0.1]}).to_csv(partial)
+    with pytest.raises(ValueError, match=rf"{partial}: field 'mode': absent"):
+        qr.quality_points(partial)
     with pytest.raises(ValueError, match="cannot read"):
         qr.quality_points(tmp_path / "absent.json")
 
