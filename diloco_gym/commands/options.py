@@ -205,7 +205,8 @@ def add_learner_calibration_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--learner-calibration",
         help="learner calibration JSON (diloco-gym calibrate-learners): adds each schedule's "
-        "model-quality price (predicted loss, cost vs fixed H at the same merges)",
+        "model-quality price (predicted loss, cost vs fixed H at the same merges, and vs "
+        "matched random at the same budget; the frontier also draws frontier_quality_REGIME.png)",
     )
 
 

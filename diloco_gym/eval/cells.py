@@ -80,9 +80,19 @@ def _learner_calibration_file(path: str) -> Any:
     return load_learner_calibration(path)
 
 
-def quality_columns(learner_calibration: Any, res: dict[str, Any]) -> dict[str, float]:
+def quality_columns(
+    learner_calibration: Any,
+    res: dict[str, Any],
+    control: Any = None,
+    decision_seconds: float | None = None,
+) -> dict[str, float]:
     """The model-quality price of an episode's schedule (``pred_loss``, ``quality_cost``;
-    :mod:`diloco_gym.sim.learner_calibration`), or nothing without a learner calibration."""
+    :mod:`diloco_gym.sim.learner_calibration`), or nothing without a learner calibration.
+
+    With the episode's matched-random ``control`` (a :class:`~diloco_gym.eval.protocol.Control`
+    at the agent's number of merges) and the env's ``decision_seconds``, also
+    ``control_pred_loss`` and ``quality_vs_random``
+    (:func:`diloco_gym.eval.quality_vs_random.control_quality_columns`)."""
     if not learner_calibration:
         return {}
     from diloco_gym.sim.learner_calibration import (
@@ -97,7 +107,14 @@ def quality_columns(learner_calibration: Any, res: dict[str, Any]) -> dict[str, 
         else load_learner_calibration(learner_calibration)
     )
     times = res["merge_times_s"]
-    return {"pred_loss": env_schedule_loss(times, lc), "quality_cost": quality_cost(times, lc)}
+    out = {"pred_loss": env_schedule_loss(times, lc), "quality_cost": quality_cost(times, lc)}
+    if control is not None:
+        from diloco_gym.eval.quality_vs_random import control_quality_columns
+
+        if decision_seconds is None:
+            raise ValueError("quality_columns: a control needs the env's decision_seconds")
+        out.update(control_quality_columns(lc, out["pred_loss"], control, decision_seconds))
+    return out
 
 
 def regime_plan(
@@ -297,6 +314,7 @@ def _unit_cell(
     unit = units[index]
     env, seed = unit.env, unit.seed
     p, sc = env.params, env.sidecar
+    lc = getattr(config, "learner_calibration", None)  # priced with its control when given
     rows: list[dict] = []
     timeline = None
     counts = scorer = None
@@ -346,7 +364,7 @@ def _unit_cell(
                 "excess_requests": res["sync_excess_requests"],
                 "return": res["return"],
                 "duration_s": ep.trace.duration_s,
-                **quality_columns(getattr(config, "learner_calibration", None), res),
+                **quality_columns(lc, res, controls[key], p.decision_seconds),
             }
         )
         rows[-1].update(unit.fields)

@@ -68,6 +68,7 @@ from diloco_gym.eval.frontier_stats import (
     pairwise_stats,
 )
 from diloco_gym.eval.output_dir import write_output_dir
+from diloco_gym.eval.quality_vs_random import write_quality_figures
 from diloco_gym.eval.replay_options import ReplayOptions
 from diloco_gym.eval.report_render import sandbox_record
 from diloco_gym.eval.rollout import run_episodes
@@ -466,7 +467,12 @@ def _row(
         "no_sync_violation_pct": res["no_sync_violation_pct"],
         "duration_s": ep.trace.duration_s,
         "n_decisions": ep.n_decisions,
-        **quality_columns(config.learner_calibration, res),
+        **quality_columns(
+            config.learner_calibration,
+            res,
+            controls[len(res["merge_decisions"])],  # the control scored above: same draws
+            e.params.decision_seconds,
+        ),
         "unit": "seed" if config.trace is None else "window",
         # in the replayed (rate-scaled) trace's clock
         "window_start_replayed_s": getattr(gen, "start_s", np.nan)
@@ -623,7 +629,9 @@ def _save_png(fig, path: Path) -> None:
 def write_frontier(
     result: dict[str, Any], out: str | Path, force: bool = False, command: str = ""
 ) -> Path:
-    """Write frontier.csv, curves.csv, frontier.md, frontier.json and one figure per regime.
+    """Write frontier.csv, curves.csv, frontier.md, frontier.json and one figure per regime
+    (with a learner calibration also the two-axis figure of each regime,
+    ``frontier_quality_<regime>.png``: :func:`~diloco_gym.eval.quality_vs_random.quality_figure`).
 
     The output directory follows the report's safety rules: it is checked by
     :func:`diloco_gym.eval.output_dir.prepare_out_dir` (``force`` replaces only a directory
@@ -643,12 +651,18 @@ def write_frontier(
             name = f"frontier_{regime.replace(':', '_')}.png"
             _save_png(frontier_figure(result, regime), tmp / name)
             figures[regime] = name
+        quality = (
+            write_quality_figures(result, tmp, dpi=90)
+            if "quality_vs_random" in result["rows"]
+            else {}
+        )
         payload = {
             "config": result["config"],
             "command": command,
             "elapsed_s": result["elapsed_s"],
             "calibration": result["calibration"],
             "figures": figures,
+            "quality_figures": quality,
             "budgets": result["budgets"].to_dict(orient="records"),
             "pairwise": result["pairwise"].to_dict(orient="records"),
             "dominance": result["dominance"].to_dict(orient="records"),
@@ -657,6 +671,6 @@ def write_frontier(
             "agent_sandbox": result.get("agent_sandbox"),
         }
         (tmp / "frontier.json").write_text(json.dumps(payload, indent=2, default=json_default))
-        (tmp / "frontier.md").write_text(render_markdown(result, figures, command))
+        (tmp / "frontier.md").write_text(render_markdown(result, figures, command, quality))
 
     return write_output_dir(out, force, fill)

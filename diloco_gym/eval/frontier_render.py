@@ -12,6 +12,7 @@ import pandas as pd
 
 from diloco_gym.eval import protocol
 from diloco_gym.eval.frontier_stats import DOMINANCE_VERDICTS, holm_scope
+from diloco_gym.eval.quality_vs_random import frontier_quality_lines
 from diloco_gym.eval.report_render import sandbox_sentence
 from diloco_gym.text import finite, fmt
 
@@ -41,15 +42,22 @@ _SHORT = {
 }
 
 
-def render_markdown(result: dict[str, Any], figures: dict[str, str], command: str = "") -> str:
+def render_markdown(
+    result: dict[str, Any],
+    figures: dict[str, str],
+    command: str = "",
+    quality_figures: dict[str, str] | None = None,
+) -> str:
     """frontier.md: per regime the figure, the leaderboard (gap captured per budget with its
-    CI and verdict), sync-excess per budget, the dominance relation and the free points."""
+    CI and verdict), sync-excess per budget, the dominance relation and the free points;
+    with a learner calibration the model-quality price, and the quality cost against
+    matched random with its figure (``quality_figures``: regime -> file name)."""
     lines = ["# Frontier: sync-excess against merge rate", ""]
     if command:
         lines += [f"Command: `{command}`", ""]
     lines += _header(result)
     for regime in result["config"]["regimes"]:
-        lines += _regime_section(result, regime, figures)
+        lines += _regime_section(result, regime, figures, quality_figures or {})
     return "\n".join(lines)
 
 
@@ -106,9 +114,12 @@ def _header(result: dict[str, Any]) -> list[str]:
     return lines
 
 
-def _regime_section(result: dict[str, Any], regime: str, figures: dict[str, str]) -> list[str]:
+def _regime_section(
+    result: dict[str, Any], regime: str, figures: dict[str, str], quality_figures: dict[str, str]
+) -> list[str]:
     """One regime: calibration and scoring, the figure, the per-budget tables, dominance,
-    the free points and the model-quality price."""
+    the free points and the model-quality price (against fixed H, and against matched
+    random with its figure)."""
     b, fr, dom = result["budgets"], result["free"], result["dominance"]
     lines = [
         f"## {regime}",
@@ -129,6 +140,7 @@ def _regime_section(result: dict[str, Any], regime: str, figures: dict[str, str]
     if not f.empty:
         lines += _free_table(f)
     lines += _quality_lines(result["rows"], regime)
+    lines += frontier_quality_lines(b, fr, regime, quality_figures.get(regime))
     lines.append("")
     return lines
 

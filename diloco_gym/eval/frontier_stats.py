@@ -16,6 +16,7 @@ import numpy as np
 import pandas as pd
 
 from diloco_gym.eval import protocol
+from diloco_gym.eval.quality_vs_random import quality_vs_random_stats
 
 __all__ = [
     "DOMINANCE_VERDICTS",
@@ -163,6 +164,8 @@ def _agent_table(
         if "quality_cost" in g:  # a learner calibration was given
             out[-1]["pred_loss"] = g["pred_loss"].mean()
             out[-1]["quality_cost"] = g["quality_cost"].mean()
+        if "quality_vs_random" in g:  # ... and the rows priced their matched-random control
+            out[-1].update(quality_vs_random_stats(g, alpha))
     res = pd.DataFrame(out)
     if res.empty:
         return res

@@ -50,7 +50,8 @@ class ReplayOptions:
         holm_across_settings: one Holm family over every setting of the run
             (``--holm-across-settings``) instead of one per setting.
         learner_calibration: learner calibration file: adds each schedule's model-quality
-            price (predicted loss, and its excess over fixed H with as many merges).
+            price (predicted loss, and its excess over fixed H with as many merges and over
+            the episode's matched-random control: :mod:`diloco_gym.eval.quality_vs_random`).
 
     Raises:
         ValueError: on construction, for a bad value; the message names the field.

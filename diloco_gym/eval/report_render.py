@@ -288,6 +288,10 @@ def _regime_section(
         lines += _descriptive_table(g)
     if "quality_cost" in g:
         lines += _quality_table(g)
+    if "quality_vs_random" in g:
+        from diloco_gym.eval.quality_vs_random import report_quality_lines
+
+        lines += report_quality_lines(g)
     fig = f"fig_{regime.replace(':', '_')}.png"
     if fig in figures:
         lines += ["", f"![{md_text(regime)}]({fig})"]

@@ -15,6 +15,7 @@ import numpy as np
 import pandas as pd
 
 from diloco_gym.eval import protocol
+from diloco_gym.eval.quality_vs_random import quality_vs_random_stats
 
 __all__ = [
     "summarise",
@@ -28,7 +29,11 @@ __all__ = [
 
 
 def _summary_row(
-    regime: Any, agent: Any, g_all: pd.DataFrame, calib_verdicts: dict[str, str]
+    regime: Any,
+    agent: Any,
+    g_all: pd.DataFrame,
+    calib_verdicts: dict[str, str],
+    alpha: float = protocol.ALPHA,
 ) -> dict[str, Any]:
     """One regime x agent's summary row, before the gate (:func:`summarise`)."""
     # Overlapping windows: the test, its p-value and every summary number below come
@@ -84,6 +89,8 @@ def _summary_row(
     if "quality_cost" in g:  # a learner calibration was given
         row["pred_loss"] = g["pred_loss"].mean()
         row["quality_cost"] = g["quality_cost"].mean()
+    if "quality_vs_random" in g:  # ... and the rows priced their matched-random control
+        row.update(quality_vs_random_stats(g, alpha))
     return row
 
 
@@ -110,7 +117,7 @@ def summarise(
     ``saturation_pct``. The verdict follows :func:`diloco_gym.eval.protocol.gate_verdict`.
     """
     out = [
-        _summary_row(regime, agent, g_all, calib_verdicts)
+        _summary_row(regime, agent, g_all, calib_verdicts, alpha)
         for (regime, agent), g_all in df.groupby(["regime", "agent"], sort=False)
     ]
     return apply_gate(pd.DataFrame(out), calib_verdicts, alpha, saturation_pct, across_settings)

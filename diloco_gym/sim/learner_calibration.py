@@ -58,6 +58,7 @@ __all__ = [
     "predict_final_loss",
     "learner_params",
     "env_schedule_loss",
+    "env_schedule_losses",
     "quality_cost",
 ]
 
@@ -248,6 +249,24 @@ def env_schedule_loss(
     if len(t) == 0:
         return float(cal.loss_floor + cal.loss_scale)
     return predict_final_loss(t / (cal.env_steps_per_inner_step * cal.step_seconds), cal)
+
+
+def env_schedule_losses(merge_times_s: np.ndarray, cal: LearnerCalibration) -> np.ndarray:
+    """:func:`env_schedule_loss` of many env schedules with one number of merges at once:
+    ``merge_times_s`` is ``(K, M)``, one schedule's merge start times (seconds) per row; the
+    result is ``(K,)`` (the surrogate of one fragment at 32 bits, as
+    :func:`env_schedule_loss`; equal to it up to the order of the sum). A matched-random
+    control's draws are priced so, without a Python loop per draw."""
+    t = np.asarray(merge_times_s, dtype=np.float64)
+    if t.ndim != 2:
+        raise ValueError(f"merge_times_s must be a (K, M) array, got shape {t.shape}")
+    if t.shape[1] == 0:
+        return np.full(t.shape[0], float(cal.loss_floor + cal.loss_scale))
+    gaps = np.diff(t / (cal.env_steps_per_inner_step * cal.step_seconds), axis=1, prepend=0.0)
+    if not np.all(gaps > 0):  # NaN too
+        raise ValueError("schedule must be strictly increasing and positive")
+    eff = 1.0 / (1.0 + gaps / cal.drift_steps + cal.merge_overhead_steps / gaps)
+    return np.asarray(_loss((gaps * eff).sum(axis=1), cal), dtype=np.float64)
 
 
 def quality_cost(merge_times_s: Sequence[float] | np.ndarray, cal: LearnerCalibration) -> float:

@@ -15,6 +15,7 @@ from diloco_gym.sim.learner_calibration import (
     LearnerCalibration,
     LearnerCalibrationError,
     env_schedule_loss,
+    env_schedule_losses,
     learner_params,
     load_learner_calibration,
     predict_final_loss,
@@ -110,6 +111,25 @@ def test_quality_cost_is_zero_for_even_and_positive_for_irregular():
     assert quality_cost(even, CAL) == pytest.approx(0.0, abs=1e-12)
     assert quality_cost([10.0, 20.0, 70.0, 80.0], CAL) > 0
     assert quality_cost([], CAL) == 0.0
+
+
+def test_env_schedule_losses_price_each_row_as_env_schedule_loss():
+    """The batched form (a matched-random control's draws) equals the one-schedule form row
+    by row, merge overhead included; no merge is the initial loss; a schedule that is not
+    strictly increasing and positive is refused as by the one-schedule form."""
+    rows = np.array([[20.0, 40.0, 60.0, 80.0], [10.0, 20.0, 70.0, 80.0], [1.0, 2.0, 3.0, 90.0]])
+    got = env_schedule_losses(rows, CAL)
+    want = [env_schedule_loss(r, CAL) for r in rows]
+    np.testing.assert_allclose(got, want, rtol=1e-13)
+    assert len(set(got.tolist())) == 3  # the rows' prices differ: the check can tell them apart
+    np.testing.assert_allclose(
+        env_schedule_losses(np.empty((2, 0)), CAL), env_schedule_loss([], CAL)
+    )
+    for bad in ([[0.0, 10.0]], [[10.0, 10.0]], [[10.0, np.nan]]):
+        with pytest.raises(ValueError, match="strictly increasing and positive"):
+            env_schedule_losses(np.array(bad), CAL)
+    with pytest.raises(ValueError, match=r"\(K, M\) array"):
+        env_schedule_losses(np.array([10.0, 20.0]), CAL)
 
 
 def test_env_uses_the_calibrated_learner_model():
