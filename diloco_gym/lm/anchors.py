@@ -66,6 +66,7 @@ __all__ = [
     "plot_h_effect",
     "relative_change",
     "surrogate_h_effect",
+    "env_default_h_effect",
 ]
 
 #: The metrics a series may report. ``perplexity_ratio``: the perplexity at each H divided
@@ -387,6 +388,48 @@ def surrogate_h_effect(
 
     def final(h: int) -> float:
         return predict_final_loss(np.arange(h, total_steps + 1, h, dtype=float), cal)
+
+    ref = final(reference_h)
+    out = []
+    for h in sorted(set(hs)):
+        c = final(h) / ref - 1.0
+        out.append((h / reference_h, c, c, c))
+    return out
+
+
+def env_default_h_effect(
+    hs: Sequence[int],
+    reference_h: int,
+    duration_s: float = 600.0,
+    learners: Any = None,
+    step_seconds: float = 0.14,
+) -> list[tuple[float, float, float, float]]:
+    """The env's own learner surrogate's H effect (:class:`~diloco_gym.sim.learners.
+    LearnerParams`, the defaults unless ``learners`` is given): fixed intervals of ``H`` env
+    steps over one episode of ``duration_s`` from the episode's initial tokens, the learners
+    at their median throughput; per H, ``(H / reference_h, change, change, change)`` with
+    ``change`` the global loss after the last merge relative to fixed ``reference_h``'s,
+    minus 1 (rows in the form :func:`plot_h_effect` takes). The merge rule is the env's
+    (:func:`~diloco_gym.sim.learners.merge_gain`)."""
+    from diloco_gym.sim import learners as lrn
+
+    p = learners if learners is not None else lrn.LearnerParams()
+    if not hs:
+        raise ValueError("env_default_h_effect: hs is empty")
+    for name, h in [(f"hs[{i}]", h) for i, h in enumerate(hs)] + [("reference_h", reference_h)]:
+        if not (isinstance(h, int) and not isinstance(h, bool) and h > 0):
+            raise ValueError(f"env_default_h_effect: {name} must be an int > 0, got {h!r}")
+    if not (_finite(duration_s) and duration_s > 0):
+        raise ValueError(f"env_default_h_effect: duration_s must be > 0, got {duration_s!r}")
+    throughputs = np.full(p.num_learners, float(p.throughput_tokens_per_s))
+
+    def final(h: int) -> float:
+        gap = h * step_seconds
+        tokens = float(p.initial_tokens)
+        for _ in range(int(duration_s // gap + 1e-9)):
+            added, _drop = lrn.merge_gain(gap, tokens, throughputs, p)
+            tokens += added
+        return float(lrn.loss(tokens, p))
 
     ref = final(reference_h)
     out = []

@@ -243,3 +243,35 @@ def test_surrogate_h_effect_is_the_surrogates_final_loss_ratio():
         surrogate_h_effect(cal, [4, 5], 4, 48)
     with pytest.raises(ValueError, match=r"hs\[0\] must be an int > 0, got 0"):
         surrogate_h_effect(cal, [0], 4, 48)
+
+
+def test_env_default_h_effect_by_hand():
+    from diloco_gym.lm.anchors import env_default_h_effect
+    from diloco_gym.sim.learners import LearnerParams
+
+    p = LearnerParams(
+        num_learners=2,
+        throughput_tokens_per_s=100.0,
+        loss_floor=1.0,
+        loss_scale=2.0,
+        loss_exponent=0.5,
+        tokens_scale=1000.0,
+        drift_s=10.0,
+    )
+
+    def by_hand(h: int) -> float:
+        gap, tokens = h * 0.5, 0.0
+        for _ in range(int(20.0 // gap)):
+            tokens += 2 * 100.0 * gap / (1 + gap / 10.0)
+        return 1.0 + 2.0 * (1 + tokens / 1000.0) ** -0.5
+
+    rows = env_default_h_effect([2, 4, 8], 2, duration_s=20.0, learners=p, step_seconds=0.5)
+    assert [r[0] for r in rows] == [1.0, 2.0, 4.0]
+    for (_, change, low, high), h in zip(rows, [2, 4, 8], strict=True):
+        assert change == pytest.approx(by_hand(h) / by_hand(2) - 1, rel=1e-9)
+        assert low == change == high
+    assert rows[2][1] > rows[1][1] > 0  # with drift, rarer merges end higher
+    with pytest.raises(ValueError, match="hs\\[0\\] must be an int > 0"):
+        env_default_h_effect([0], 2)
+    with pytest.raises(ValueError, match="hs is empty"):
+        env_default_h_effect([], 2)
