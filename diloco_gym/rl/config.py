@@ -21,7 +21,7 @@ the file::
     # budgets_per_10min = [8, 10, 12, 16, 24]  # merges per 10 minutes
     excess_weight = 1.0          # any EnvParams field (reward weights, corridor, ...)
     # calibration = "calib.json" # a calibration file: its fitted sidecar drives the env
-    # learner_calibration = "learners.json"  # a learner calibration: its learner model
+    # learner_calibration = "lc.json"  # its learner model (diloco_gym.rl.learner_config)
     # trace = "my.csv"; trace_format = "azure"; window_s = 600; rate_scale = 8.0
     # target_utilization = 0.6; sidecar = "sync-heavy"; trace_span_s = [0, 3600]
 
@@ -37,18 +37,6 @@ converted to the exact merges per episode the env takes (``merge_budget = M``,
 the merges the corridor allows in an episode. With budgets, the training envs are one copy
 per (regime, budget) (``n_envs`` cycles through them) and the policy sees the budget
 features of :mod:`diloco_gym.rl.wrappers` (``observation = "budget"``, the default then).
-
-**Learner calibration.** ``learner_calibration`` names a learner calibration file (from
-``diloco-gym calibrate-learners``; :mod:`diloco_gym.sim.learner_calibration`). Like
-``calibration`` and ``trace``, a relative path is taken from the working directory the
-command runs in. The file is read and checked with the rest of the config, before
-anything is trained; every training and validation env (each vector env kind) then uses its
-learner model (loss curve, drift, merge overhead): the learner observations and the
-``progress_weight`` reward. The run's ``meta.json`` records the absolute path in
-``env_kwargs`` (so ``DiLoCoSyncEnv(regime, **meta["env_kwargs"])`` rebuilds the env), the
-path as given and the file's SHA-256 in ``config``, and the learner model in
-``learner_params``. Judge such a policy with ``diloco-gym report/frontier
---learner-calibration`` and the same file.
 
 Each table is a declarative model (:mod:`diloco_gym.tables`, pydantic): unknown keys are
 refused and types are strict. Every error is one line naming the file, the table and the
@@ -68,6 +56,7 @@ from pydantic import PositiveInt, create_model, field_validator, model_validator
 
 from diloco_gym.envs.budget_features import OBS_TRANSFORMS
 from diloco_gym.envs.params import EnvParams
+from diloco_gym.rl import learner_config
 from diloco_gym.rl.algos import ALGOS, RESERVED_ALGO_KEYS, VEC_ENVS, algo_kwargs
 from diloco_gym.sim.regimes import REGIMES
 from diloco_gym.tables import Table, TableError, validate_table
@@ -305,35 +294,13 @@ class TrainConfig:
             return f"replay:{Path(self.trace).stem}"
         return "+".join(self.regimes)
 
-    def learner_calibration_path(self) -> str | None:
-        """``learner_calibration`` as an absolute path (relative to the working directory),
-        or ``None``."""
-        if self.learner_calibration is None:
-            return None
-        return str(Path(self.learner_calibration).expanduser().resolve())
-
-    def env_kwargs(self) -> dict[str, Any]:
-        """The ``DiLoCoSyncEnv`` keyword arguments of every training and validation env:
-        the ``EnvParams`` overrides, and ``learner_calibration`` (absolute) when given."""
-        kw = dict(self.env_params)
-        if self.learner_calibration is not None:
-            kw["learner_calibration"] = self.learner_calibration_path()
-        return kw
+    def env_kwargs(self) -> dict[str, Any]:  # every env's (diloco_gym.rl.learner_config)
+        return learner_config.train_env_kwargs(self.env_params, self.learner_calibration)
 
     def record(self) -> dict[str, Any]:
-        """The resolved configuration as JSON-ready data (for meta.json); with a learner
-        calibration, also its file's absolute path and SHA-256
-        (``learner_calibration_file``)."""
+        """The resolved configuration as JSON-ready data (for meta.json)."""
         out = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "source"}
-        out["label"] = self.label
-        path = self.learner_calibration_path()
-        if path is not None:
-            try:
-                digest: str | None = hashlib.sha256(Path(path).read_bytes()).hexdigest()
-            except OSError:  # checked by check_config; gone since: recorded as unknown
-                digest = None
-            out["learner_calibration_file"] = {"path": path, "sha256": digest}
-        return out
+        return out | {"label": self.label} | learner_config.record(self.learner_calibration)
 
 
 def _where(path: str, table: str, key: str) -> str:
@@ -529,14 +496,7 @@ def _parse_env(path: str, env: dict[str, Any], cfg: TrainConfig) -> None:
         cfg.budgets_per_hour = [float(b) for b in env["budgets_per_hour"]]
     if "budgets_per_10min" in env:
         cfg.budgets_per_hour = [6.0 * float(b) for b in env["budgets_per_10min"]]
-    for key in (
-        "trace",
-        "trace_format",
-        "sidecar",
-        "calibration",
-        "learner_calibration",
-        "observation",
-    ):
+    for key in ("trace", "trace_format", "sidecar", "calibration", "observation"):
         if key in env:
             setattr(cfg, key, env[key])
     for key in ("window_s", "rate_scale", "target_utilization"):
@@ -544,6 +504,7 @@ def _parse_env(path: str, env: dict[str, Any], cfg: TrainConfig) -> None:
             setattr(cfg, key, float(env[key]))
     if "trace_span_s" in env:
         cfg.trace_span_s = [float(x) for x in env["trace_span_s"]]
+    cfg.learner_calibration = env.get("learner_calibration", cfg.learner_calibration)
 
 
 def parse_config(data: dict[str, Any], path: str = "<config>") -> TrainConfig:
@@ -587,7 +548,8 @@ def check_config(cfg: TrainConfig, path: str = "<config>") -> None:
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"{path}: [env] {exc}") from None
     _check_episode_fits(cfg, params, path)
-    _check_learner_calibration(cfg, path)
+    if (problem := learner_config.problem(cfg.learner_calibration)) is not None:
+        raise ConfigError(f"{path}: [env] learner_calibration{problem}")
     validate_hyperparameters(cfg.algo, cfg.hyperparameters, where=f"{path}: [algo]")
     _check_teacher(cfg, path)
 
@@ -653,24 +615,6 @@ def _check_env_keys(cfg: TrainConfig, path: str) -> None:
         v = getattr(cfg, key)
         if v is not None and not (_finite_number(v) and v > 0):
             raise ConfigError(f"{path}: {key} must be a finite positive number, got {v}")
-
-
-def _check_learner_calibration(cfg: TrainConfig, path: str) -> None:
-    """The ``[env] learner_calibration`` file: read and checked (schema, bounds) now, so a
-    bad file is one line naming the config, the key and the file's field before any env
-    is built."""
-    if cfg.learner_calibration is None:
-        return
-    if not cfg.learner_calibration.strip():
-        raise ConfigError(f"{path}: [env] learner_calibration must name a file, got ''")
-    from diloco_gym.sim.learner_calibration import learner_params, load_learner_calibration
-
-    try:
-        learner_params(load_learner_calibration(cfg.learner_calibration))
-    except (OSError, ValueError) as exc:  # LearnerCalibrationError is a ValueError
-        raise ConfigError(
-            f"{path}: [env] learner_calibration: {' '.join(str(exc).split())}"
-        ) from None
 
 
 def _check_episode_fits(cfg: TrainConfig, params: EnvParams, path: str) -> None:
