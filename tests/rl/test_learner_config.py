@@ -63,7 +63,7 @@ def _env_learners(vec) -> list[LearnerParams]:
     native = getattr(getattr(vec, "venv", None), "venv", None)
     if native is not None and hasattr(native, "learner_params"):
         return [native.learner_params] * vec.num_envs
-    return [e.unwrapped.learner_params for e in vec.envs]
+    return list(vec.get_attr("learner_params"))  # from each env (a subprocess's too)
 
 
 def test_the_calibration_differs_from_the_default_learners():
@@ -73,14 +73,16 @@ def test_the_calibration_differs_from_the_default_learners():
 
 
 @pytest.mark.parametrize(
-    ("env", "kind"),
+    ("train", "env", "kind"),
     [
-        ("", "native"),  # one plain regime: the batched native vector env
-        ("budgets_per_hour = [60, 96]\n", "dummy"),  # env kinds with budgets
+        ("", "", "native"),  # one plain regime: the batched native vector env
+        ("", "budgets_per_hour = [60, 96]\n", "dummy"),  # env kinds with budgets
+        ('vec_env = "subproc"\nn_envs = 1\n', "", "subproc"),  # an env in another process
     ],
 )
-def test_every_training_and_validation_env_uses_the_learner_calibration(in_tmp, env, kind):
-    config = write_config(in_tmp, f'[env]\nlearner_calibration = "lc.json"\n{env}')
+def test_every_training_and_validation_env_uses_the_learner_calibration(in_tmp, train, env, kind):
+    text = f'[train]\n{train}[env]\nlearner_calibration = "lc.json"\n{env}'
+    config = write_config(in_tmp, text)
     cfg = _resolve(config)
     # relative to the working directory, as calibration and trace are
     assert cfg.learner_calibration == "lc.json"
