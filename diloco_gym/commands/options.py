@@ -204,9 +204,11 @@ def add_learner_calibration_arg(p: argparse.ArgumentParser) -> None:
     frontier)."""
     p.add_argument(
         "--learner-calibration",
-        help="learner calibration JSON (diloco-gym calibrate-learners): adds each schedule's "
-        "model-quality price (predicted loss, cost vs fixed H at the same merges, and vs "
-        "matched random at the same budget; the frontier also draws frontier_quality_REGIME.png)",
+        help="learner calibration JSON (diloco-gym calibrate-learners): the agents' envs use "
+        "its learner model (the learner observations a policy trained with it saw; the "
+        "sync-excess scores do not depend on it), and each schedule's model-quality price "
+        "is added (predicted loss, cost vs fixed H at the same merges, and vs matched random "
+        "at the same budget; the frontier also draws frontier_quality_REGIME.png)",
     )
 
 

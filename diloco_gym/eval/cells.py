@@ -145,7 +145,9 @@ def regime_plan(
         for unit in units:
             old = unit.env
             if id(old) not in rebuilt:
-                rebuilt[id(old)] = DiLoCoSyncEnv(regime=old.generator, sidecar=old.sidecar, **env)
+                rebuilt[id(old)] = DiLoCoSyncEnv(
+                    regime=old.generator, sidecar=old.sidecar, learners=old.learner_params, **env
+                )
             unit.env = rebuilt[id(old)]
     return units, load, measured_key, fitted
 

@@ -72,7 +72,7 @@ from diloco_gym.eval.quality_vs_random import write_quality_figures
 from diloco_gym.eval.replay_options import ReplayOptions
 from diloco_gym.eval.report_render import sandbox_record
 from diloco_gym.eval.rollout import run_episodes
-from diloco_gym.eval.units import episode_budget
+from diloco_gym.eval.units import episode_budget, unit_learners
 from diloco_gym.io import json_default
 from diloco_gym.sim.regimes import REGIMES
 from diloco_gym.sim.schedules import budget_range
@@ -273,7 +273,9 @@ def _plan(config: FrontierConfig, calib) -> list[_PlanEntry]:
             gen = REGIMES[regime].with_load(fitted, config.rate_scale, config.target_utilization)
             # One env per budget, reused across seeds (a synthetic regime's seeds are its
             # units).
-            envs: _Envs = {None: DiLoCoSyncEnv(regime=gen, sidecar=fitted)}
+            envs: _Envs = {
+                None: DiLoCoSyncEnv(regime=gen, sidecar=fitted, learners=unit_learners(config))
+            }
             plan.append((regime, regime, fitted, [(seed, gen) for seed in seeds], envs))
     else:
         key = config.trace_sidecar
@@ -373,7 +375,13 @@ def run_frontier_cell(cell: FrontierCell) -> dict[str, list[dict]]:
     envs: _Envs = (
         shared_envs
         if shared_envs is not None
-        else {None: DiLoCoSyncEnv(regime=gen, sidecar=fitted or REGIMES[calib_key].sidecar)}
+        else {
+            None: DiLoCoSyncEnv(
+                regime=gen,
+                sidecar=fitted or REGIMES[calib_key].sidecar,
+                learners=unit_learners(config),
+            )
+        }
     )
     env = envs[None]
     # Built once, directly (no env reset): every agent runs on it and the curves
@@ -389,7 +397,9 @@ def run_frontier_cell(cell: FrontierCell) -> dict[str, list[dict]]:
     budgets = _unit_budgets(config, ep0, env)
     for m in budgets.values():
         if m not in envs:
-            envs[m] = DiLoCoSyncEnv(regime=gen, sidecar=env.sidecar, merge_budget=m)
+            envs[m] = DiLoCoSyncEnv(
+                regime=gen, sidecar=env.sidecar, learners=env.learner_params, merge_budget=m
+            )
     runs: list[_Run] = [(agent, env, "free", np.nan, np.nan) for agent in free_agents]
     runs += [
         (agent, envs[m], "budget", per_hour, m)

@@ -49,9 +49,12 @@ class ReplayOptions:
             (:mod:`diloco_gym.eval.sealed`).
         holm_across_settings: one Holm family over every setting of the run
             (``--holm-across-settings``) instead of one per setting.
-        learner_calibration: learner calibration file: adds each schedule's model-quality
-            price (predicted loss, and its excess over fixed H with as many merges and over
-            the episode's matched-random control: :mod:`diloco_gym.eval.quality_vs_random`).
+        learner_calibration: learner calibration file: the units' envs use its learner
+            model (the learner observations and progress reward an agent sees), and each
+            schedule's model-quality price is added (predicted loss, and its excess over
+            fixed H with as many merges and over the episode's matched-random control:
+            :mod:`diloco_gym.eval.quality_vs_random`). The serving side, and so every
+            sync-excess score, does not depend on it.
 
     Raises:
         ValueError: on construction, for a bad value; the message names the field.

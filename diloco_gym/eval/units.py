@@ -5,10 +5,18 @@ env and a seed; its episode is built once for every agent and the scoring),
 :func:`synthetic_units` and :func:`trace_units` (the units of one report setting, with the
 load's description), :func:`trace_effect_sizes` (the calibration check on replayed windows)
 and :func:`episode_budget` (merges per episode for a budget in merges per hour).
+
+With a learner calibration (``config.learner_calibration``, ``--learner-calibration``) the
+units' envs use its learner model (:func:`unit_learners`): the learner observations and the
+optional progress reward an agent sees are those of the calibrated surrogate, as in a
+training run whose config names the same file. The serving side of an episode (its trace,
+the sidecar, the scoring) does not depend on the learners: the episode's requests are drawn
+before its learner throughputs, from the same seed.
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -19,6 +27,7 @@ from diloco_gym.envs.episode import Episode, episode_from_seed, min_episode_seco
 from diloco_gym.envs.params import EnvParams
 from diloco_gym.envs.schedule import replay_schedule
 from diloco_gym.eval import calibration as cal
+from diloco_gym.sim.learners import LearnerParams
 from diloco_gym.sim.regimes import REGIMES
 from diloco_gym.sim.schedules import budget_range
 from diloco_gym.sim.sidecar import SidecarParams
@@ -46,6 +55,24 @@ class UnitOptions(Protocol):
     def stride_s(self) -> float | None: ...
     @property
     def overlapping(self) -> bool: ...
+
+
+@functools.lru_cache(maxsize=4)
+def _calibrated_learners(path: str) -> LearnerParams:
+    from diloco_gym.sim.learner_calibration import learner_params, load_learner_calibration
+
+    return learner_params(load_learner_calibration(path))
+
+
+def unit_learners(config: object) -> LearnerParams | None:
+    """The learner model of the units' envs: the calibrated one of
+    ``config.learner_calibration`` (a file, read once per process), or ``None`` (the env's
+    default learners) without one. A config that has no such option (``diloco-gym run``'s)
+    counts as without one."""
+    path = getattr(config, "learner_calibration", None)
+    if not path:
+        return None
+    return _calibrated_learners(str(path))
 
 
 @dataclass
@@ -81,7 +108,7 @@ def synthetic_units(
     """Seeds of a synthetic regime at the configured load, and the load's description."""
     base = REGIMES[regime]
     gen = base.with_load(fitted, config.rate_scale, config.target_utilization)
-    env = DiLoCoSyncEnv(regime=gen, sidecar=fitted)
+    env = DiLoCoSyncEnv(regime=gen, sidecar=fitted, learners=unit_learners(config))
     fields = {
         "unit": "seed",
         "window_start_s": np.nan,
@@ -145,6 +172,7 @@ def trace_units(config: UnitOptions, sidecar: SidecarParams) -> tuple[list[Unit]
             last_end = tile.start_s + config.window_s
     disjoint = int(sum(picked))
     units = []
+    learners = unit_learners(config)
     from diloco_gym.eval.seed_ranges import check_test_seeds
 
     check_test_seeds(config.seed0, len(tiles), "window seeds (--seed0 + window index)")
@@ -160,7 +188,8 @@ def trace_units(config: UnitOptions, sidecar: SidecarParams) -> tuple[list[Unit]
             "independent_units": disjoint,
             "verdict_unit": bool(picked[i]),
         }
-        units.append(Unit(DiLoCoSyncEnv(regime=tile, sidecar=sidecar), config.seed0 + i, fields))
+        env = DiLoCoSyncEnv(regime=tile, sidecar=sidecar, learners=learners)
+        units.append(Unit(env, config.seed0 + i, fields))
     util = trace_utilization(replayed, sidecar)
     load = {
         "rate_scale": scale,

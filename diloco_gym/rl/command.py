@@ -262,7 +262,7 @@ def _train(
         checkpoint_freq=cfg.checkpoint_freq,
         resume=args.resume,
         progress_bar=not args.no_progress,
-        env_kwargs=cfg.env_params,
+        env_kwargs=cfg.env_kwargs(),
         hyperparameters=cfg.hyperparameters,
         verbose=args.verbose,
         command=command,
@@ -291,7 +291,7 @@ def _print_validation(path_model: Path, cfg: TrainConfig, budgeted: bool) -> Non
         return
     n_val = cfg.eval_episodes if cfg.eval_episodes > 0 else 10
     cmp = validation_comparison(
-        path_model, cfg.regimes[0], [VALIDATION_SEED0 + i for i in range(n_val)], cfg.env_params
+        path_model, cfg.regimes[0], [VALIDATION_SEED0 + i for i in range(n_val)], cfg.env_kwargs()
     )
     meta["validation_comparison"] = cmp
     meta_path.write_text(json.dumps(meta, indent=2, default=str) + "\n")

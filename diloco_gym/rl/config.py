@@ -21,6 +21,7 @@ the file::
     # budgets_per_10min = [8, 10, 12, 16, 24]  # merges per 10 minutes
     excess_weight = 1.0          # any EnvParams field (reward weights, corridor, ...)
     # calibration = "calib.json" # a calibration file: its fitted sidecar drives the env
+    # learner_calibration = "lc.json"  # its learner model (diloco_gym.rl.learner_config)
     # trace = "my.csv"; trace_format = "azure"; window_s = 600; rate_scale = 8.0
     # target_utilization = 0.6; sidecar = "sync-heavy"; trace_span_s = [0, 3600]
 
@@ -55,6 +56,7 @@ from pydantic import PositiveInt, create_model, field_validator, model_validator
 
 from diloco_gym.envs.budget_features import OBS_TRANSFORMS
 from diloco_gym.envs.params import EnvParams
+from diloco_gym.rl import learner_config
 from diloco_gym.rl.algos import ALGOS, RESERVED_ALGO_KEYS, VEC_ENVS, algo_kwargs
 from diloco_gym.sim.regimes import REGIMES
 from diloco_gym.tables import Table, TableError, validate_table
@@ -150,6 +152,7 @@ class _EnvKeys(Table):
     target_utilization: float | None = None
     sidecar: str | None = None
     calibration: str | None = None
+    learner_calibration: str | None = None
     budgets_per_hour: list | None = None
     budgets_per_10min: list | None = None
     observation: str | None = None
@@ -276,6 +279,7 @@ class TrainConfig:
     target_utilization: float | None = None
     sidecar: str | None = None
     calibration: str | None = None
+    learner_calibration: str | None = None
     budgets_per_hour: list[float] | None = None
     observation: str | None = None
     env_params: dict[str, Any] = field(default_factory=dict)
@@ -290,11 +294,13 @@ class TrainConfig:
             return f"replay:{Path(self.trace).stem}"
         return "+".join(self.regimes)
 
+    def env_kwargs(self) -> dict[str, Any]:  # every env's (diloco_gym.rl.learner_config)
+        return learner_config.train_env_kwargs(self.env_params, self.learner_calibration)
+
     def record(self) -> dict[str, Any]:
         """The resolved configuration as JSON-ready data (for meta.json)."""
         out = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "source"}
-        out["label"] = self.label
-        return out
+        return out | {"label": self.label} | learner_config.record(self.learner_calibration)
 
 
 def _where(path: str, table: str, key: str) -> str:
@@ -498,6 +504,7 @@ def _parse_env(path: str, env: dict[str, Any], cfg: TrainConfig) -> None:
             setattr(cfg, key, float(env[key]))
     if "trace_span_s" in env:
         cfg.trace_span_s = [float(x) for x in env["trace_span_s"]]
+    cfg.learner_calibration = env.get("learner_calibration", cfg.learner_calibration)
 
 
 def parse_config(data: dict[str, Any], path: str = "<config>") -> TrainConfig:
@@ -541,6 +548,8 @@ def check_config(cfg: TrainConfig, path: str = "<config>") -> None:
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"{path}: [env] {exc}") from None
     _check_episode_fits(cfg, params, path)
+    if (problem := learner_config.problem(cfg.learner_calibration)) is not None:
+        raise ConfigError(f"{path}: [env] learner_calibration{problem}")
     validate_hyperparameters(cfg.algo, cfg.hyperparameters, where=f"{path}: [algo]")
     _check_teacher(cfg, path)
 

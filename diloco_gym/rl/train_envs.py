@@ -172,7 +172,8 @@ def make_vec_env(
         seed: env ``i``'s episode-seed generator starts from ``seed + i`` (every kind), so
             every kind plays the same episodes.
         n_envs: environments.
-        env_params: ``EnvParams`` overrides for every env.
+        env_params: ``EnvParams`` overrides for every env (and ``learner_calibration``, a
+            learner calibration file: :mod:`diloco_gym.rl.learner_config`).
         obs_transform: ``"budget"``: append the budget features (every kind needs a merge
             budget).
 

@@ -76,7 +76,9 @@ class TrainRequest:
         eval_freq: evaluate every this many timesteps (summed over envs); ``0``: only at
             the end.
         checkpoint_freq: save a checkpoint every this many timesteps; ``0`` disables.
-        env_kwargs: extra ``DiLoCoSyncEnv`` keyword arguments (``EnvParams`` fields).
+        env_kwargs: extra ``DiLoCoSyncEnv`` keyword arguments (``EnvParams`` fields, and
+            ``learner_calibration``: a learner calibration file, best absolute, whose
+            learner model every training and validation env uses).
         hyperparameters: overrides of
             :func:`~diloco_gym.rl.algos.default_hyperparameters`.
         command: the command line to record in ``meta.json``.
@@ -500,9 +502,10 @@ def _final_meta(
     train_seeds = sorted(set(train_episode_seeds(venv)))
     assert all(TRAIN_SEED_LOW <= s < TRAIN_SEED_HIGH for s in train_seeds)
     if req.env_specs is None:
-        base_params = DiLoCoSyncEnv(regime=req.regime, **req.env_kwargs).params
+        base_env = DiLoCoSyncEnv(regime=req.regime, **req.env_kwargs)
     else:
-        base_params = req.env_specs[0].make(req.env_kwargs).params
+        base_env = req.env_specs[0].make(req.env_kwargs)
+    base_params = base_env.params
     meta = {
         "algo": req.algo,
         "regime": req.regime,
@@ -514,6 +517,10 @@ def _final_meta(
         "resumed_from": str(start) if start is not None else None,
         "env_kwargs": req.env_kwargs,
         "env_params": asdict(base_params),
+        # the learner model of every env (a learner calibration's, or the default)
+        "learner_params": (
+            asdict(base_env.learner_params) if hasattr(base_env, "learner_params") else None
+        ),
         "hyperparameters": dict(hp),
         "seed_ranges": {
             "train_episode_seeds": [TRAIN_SEED_LOW, TRAIN_SEED_HIGH],
