@@ -463,38 +463,10 @@ def _check_measured(
     return rows
 
 
-def plot_h_effect(
-    measured: Sequence[Sequence[float]],
-    path: str | os.PathLike[str],
-    *,
-    published: Iterable[Series] = PUBLISHED,
-    measured_label: str = "this project (measured)",
-    also: Sequence[tuple[str, Sequence[Sequence[float]]]] = (),
-) -> None:
-    """Draw the published H effects and ``measured`` on one figure and save it (PNG,
-    written atomically) to ``path``.
-
-    ``measured``: rows ``(h_relative_to_reference, relative_loss_change, ci_low, ci_high)``,
-    changes as fractions (as :func:`measured_h_effect` returns them). x: the sync interval
-    relative to each series' reference interval, log scale; y: the relative change in loss,
-    percent. Published points carry their rounding interval, measured ones their ``ci``.
-    ``also``: further ``(label, rows)`` lines of the same form (e.g.
-    :func:`surrogate_h_effect`), drawn dashed.
-    """
-    rows = _check_measured(measured)
-    extra = [(label, _check_measured(r, f"also[{i}]")) for i, (label, r) in enumerate(also)]
-    published = list(published)
+def _draw_published(ax: Any, published: list[Series]) -> None:
+    """The published series on ``ax``: one colour per label, rounding intervals as bars."""
     changes = relative_change(published)
     series = {s.key: s for s in published}
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
-
-    from diloco_gym.io import save_atomic
-
-    fig = Figure(figsize=(8.5, 5.2))
-    FigureCanvasAgg(fig)
-    ax = fig.add_subplot(1, 1, 1)
     colours: dict[str, Any] = {}
     cycle = iter(
         ["tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:brown", "tab:pink"]
@@ -519,6 +491,39 @@ def plot_h_effect(
             capsize=2,
             label=label if first else None,
         )
+
+
+def plot_h_effect(
+    measured: Sequence[Sequence[float]],
+    path: str | os.PathLike[str],
+    *,
+    published: Iterable[Series] = PUBLISHED,
+    measured_label: str = "this project (measured)",
+    also: Sequence[tuple[str, Sequence[Sequence[float]]]] = (),
+) -> None:
+    """Draw the published H effects and ``measured`` on one figure and save it (PNG,
+    written atomically) to ``path``.
+
+    ``measured``: rows ``(h_relative_to_reference, relative_loss_change, ci_low, ci_high)``,
+    changes as fractions (as :func:`measured_h_effect` returns them). x: the sync interval
+    relative to each series' reference interval, log scale; y: the relative change in loss,
+    percent. Published points carry their rounding interval, measured ones their ``ci``.
+    ``also``: further ``(label, rows)`` lines of the same form (e.g.
+    :func:`surrogate_h_effect`), drawn dashed.
+    """
+    rows = _check_measured(measured)
+    extra = [(label, _check_measured(r, f"also[{i}]")) for i, (label, r) in enumerate(also)]
+    published = list(published)
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+    from diloco_gym.io import save_atomic
+
+    fig = Figure(figsize=(8.5, 5.2))
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot(1, 1, 1)
+    _draw_published(ax, published)
     x = np.array([r[0] for r in rows])
     y = np.array([r[1] for r in rows]) * 100
     err = np.array([[r[1] - r[2] for r in rows], [r[3] - r[1] for r in rows]]) * 100
