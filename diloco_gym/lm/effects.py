@@ -78,12 +78,16 @@ def paired_differences(
     }
 
 
-def _fixed_plain(runs: Sequence[Mapping[str, Any]]) -> dict[int, str]:
-    """Fixed-interval schedules at full precision with one fragment: ``{H: name}``."""
+def _fixed_plain(runs: Sequence[Mapping[str, Any]], end: int | None = None) -> dict[int, str]:
+    """Fixed-interval schedules at full precision with one fragment, ``{H: name}``; with
+    ``end``, only those whose last merge is at that step (the same work merged: a fixed
+    interval that does not divide the budget stops earlier and is not comparable)."""
     out: dict[int, str] = {}
     for r in runs:
         s = r["schedule"]
         if r["role"] == "mapping" or r["fragments"] != 1 or r["bits"] != 32 or len(s) < 1:
+            continue
+        if end is not None and s[-1] != end:
             continue
         gaps = np.diff([0, *s])
         if np.all(gaps == gaps[0]):
@@ -133,11 +137,14 @@ def schedule_effects(
 ) -> dict[str, Any]:
     """The paired effects of a calibration's runs (see the module docstring):
     ``{"reference", "curve", "contrast", "power"}``; ``curve`` has one row per fixed
-    interval (``h`` in inner steps, with ``h_relative`` = ``h / H_min``)."""
+    interval that ends where fixed ``H_min`` does (``h`` in inner steps, with
+    ``h_relative`` = ``h / H_min``)."""
     lo, hi = corridor
     fixed = _fixed_plain(runs)
     if lo not in fixed or hi not in fixed:
         raise ValueError(f"the runs need fixed-{lo} and fixed-{hi} (the corridor's ends)")
+    ends = {r["schedule"][-1] for r in runs if r["name"] == fixed[lo]}
+    fixed = _fixed_plain(runs, end=max(ends))
     ref = fixed[lo]
     curve = []
     for h in sorted(fixed):

@@ -31,6 +31,7 @@ def _runs(effect_per_doubling: float, seeds: int = 8, noise: float = 0.01) -> li
             final = base + effect_per_doubling * np.log2(h / 4) + rng.normal(0, noise)
             out.append(_run(f"fixed-{h}", h, 160, s, final))
         out.append(_run("fixed-4-F2", 4, 160, s, base + 1.0, fragments=2))  # not a plain run
+        out.append(_run("fixed-6", 6, 160, s, base + 1.0))  # ends at 156: not comparable
         out.append(_run("map-fixed-8", 8, 320, s, base, role="mapping"))
         out.append(_run("map-fixed-32", 32, 320, s, base + 3 * effect_per_doubling, role="mapping"))
     return out
