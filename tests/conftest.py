@@ -98,3 +98,22 @@ def rollout():
 @pytest.fixture(scope="session")
 def policies():
     return POLICIES
+
+
+@pytest.fixture(scope="session")
+def write_learner_calibration(tmp_path_factory):
+    """``write(cal) -> path``: ``cal`` written as a learner calibration file (a new
+    temporary directory each call)."""
+    import json
+
+    def write(cal):
+        f = tmp_path_factory.mktemp("lc") / "learners.json"
+        doc = {
+            "format": "diloco-gym-learner-calibration/1",
+            "params": cal.to_dict(),
+            "env_mapping": {"env_steps_per_inner_step": 32, "step_seconds": 0.14},
+        }
+        f.write_text(json.dumps(doc), encoding="utf-8")
+        return f
+
+    return write

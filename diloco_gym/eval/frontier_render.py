@@ -12,7 +12,7 @@ import pandas as pd
 
 from diloco_gym.eval import protocol
 from diloco_gym.eval.frontier_stats import DOMINANCE_VERDICTS, holm_scope
-from diloco_gym.eval.quality_vs_random import frontier_quality_lines
+from diloco_gym.eval.quality_vs_random import AGENT_COLORS, frontier_quality_lines
 from diloco_gym.eval.report_render import sandbox_sentence
 from diloco_gym.text import finite, fmt
 
@@ -417,18 +417,8 @@ def frontier_figure(result: dict[str, Any], regime: str):
     return fig
 
 
-#: The budget-held agents' colours, in order.
-_COLORS = [
-    "tab:blue",
-    "tab:green",
-    "tab:red",
-    "tab:purple",
-    "tab:brown",
-    "tab:pink",
-    "tab:olive",
-    "tab:cyan",
-    "tab:gray",
-]
+#: The budget-held agents' colours, in order (the quality figure's, without its last).
+_COLORS = list(AGENT_COLORS[:-1])
 
 
 def _budget_curves(ax: Any, b: pd.DataFrame) -> None:

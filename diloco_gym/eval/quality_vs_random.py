@@ -333,8 +333,8 @@ def quality_points(source: Any, alpha: float = protocol.ALPHA) -> pd.DataFrame:
 
 
 # ----------------------------------------------------------------------------- figure
-#: The agents' colours, in order (as the frontier figure's).
-_COLORS = (
+#: The agents' colours, in order: the frontier figure's, then one more.
+AGENT_COLORS = (
     "tab:blue",
     "tab:green",
     "tab:red",
@@ -378,7 +378,7 @@ def quality_figure(source: Any, regime: str, alpha: float = protocol.ALPHA):
     ax.axhline(0.0, color="0.4", lw=0.9, zorder=1)
     ax.axvline(0.0, color="0.4", lw=0.9, zorder=1)
     for i, (agent, g) in enumerate(pts.groupby("agent", sort=False)):
-        color = _COLORS[i % len(_COLORS)]
+        color = AGENT_COLORS[i % len(AGENT_COLORS)]
         for free, h in g.groupby(g["budget_label"] == "free", sort=True):
             ax.errorbar(
                 h["diff_pp"],

@@ -360,6 +360,20 @@ def measured_h_effect(
     return out
 
 
+def _relative_rows(
+    final: Any, hs: Sequence[int], reference_h: int
+) -> list[tuple[float, float, float, float]]:
+    """``(H / reference_h, change, change, change)`` per H of ``hs`` (sorted, once each),
+    ``change = final(H) / final(reference_h) - 1``: a prediction's rows for
+    :func:`plot_h_effect` (a prediction has no interval)."""
+    ref = final(reference_h)
+    out = []
+    for h in sorted(set(hs)):
+        c = final(h) / ref - 1.0
+        out.append((h / reference_h, c, c, c))
+    return out
+
+
 def surrogate_h_effect(
     cal: LearnerCalibration,
     hs: Sequence[int],
@@ -389,12 +403,7 @@ def surrogate_h_effect(
     def final(h: int) -> float:
         return predict_final_loss(np.arange(h, total_steps + 1, h, dtype=float), cal)
 
-    ref = final(reference_h)
-    out = []
-    for h in sorted(set(hs)):
-        c = final(h) / ref - 1.0
-        out.append((h / reference_h, c, c, c))
-    return out
+    return _relative_rows(final, hs, reference_h)
 
 
 def env_default_h_effect(
@@ -431,12 +440,7 @@ def env_default_h_effect(
             tokens += added
         return float(lrn.loss(tokens, p))
 
-    ref = final(reference_h)
-    out = []
-    for h in sorted(set(hs)):
-        c = final(h) / ref - 1.0
-        out.append((h / reference_h, c, c, c))
-    return out
+    return _relative_rows(final, hs, reference_h)
 
 
 def _check_measured(

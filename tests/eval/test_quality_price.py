@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-
 import numpy as np
 import pytest
 
@@ -28,14 +26,8 @@ CAL = LearnerCalibration(
 
 
 @pytest.fixture(scope="module")
-def cal_file(tmp_path_factory):
-    f = tmp_path_factory.mktemp("lc") / "learners.json"
-    doc = {
-        "format": "diloco-gym-learner-calibration/1",
-        "params": CAL.to_dict(),
-        "env_mapping": {"env_steps_per_inner_step": 32, "step_seconds": 0.14},
-    }
-    f.write_text(json.dumps(doc), encoding="utf-8")
+def cal_file(write_learner_calibration):
+    f = write_learner_calibration(CAL)
     assert load_learner_calibration(f) == CAL
     return f
 
