@@ -121,11 +121,21 @@ def quality_verdict(test: Mapping[str, Any], alpha: float = protocol.ALPHA) -> s
 def quality_vs_random_stats(g: pd.DataFrame, alpha: float = protocol.ALPHA) -> dict[str, Any]:
     """A summary row's quality cost against matched random over its units (the rows of
     ``g``, in the order given): the mean control loss, the mean ``quality_vs_random`` with its
-    95 % bootstrap interval, the paired sign-flip test's p and verdict."""
+    95 % bootstrap interval, the paired sign-flip test's p and verdict, and 95 % bootstrap
+    intervals of the mean predicted loss and the mean sync-excess (the absolute trade-off's
+    error bars)."""
     test = protocol.paired_test(
         g["quality_vs_random"].to_numpy(dtype=np.float64), np.random.default_rng(QUALITY_RNG)
     )
+    loss, serve = (
+        protocol.paired_test(g[c].to_numpy(dtype=np.float64), np.random.default_rng(k))
+        for c, k in (("pred_loss", QUALITY_RNG + 1), ("sync_excess_pct", QUALITY_RNG + 2))
+    )
     return {
+        "pred_loss_ci_low": loss["ci_low"],
+        "pred_loss_ci_high": loss["ci_high"],
+        "sync_excess_ci_low": serve["ci_low"],
+        "sync_excess_ci_high": serve["ci_high"],
         "control_pred_loss": float(g["control_pred_loss"].mean()),
         "quality_vs_random": test["mean"],
         "quality_vs_random_ci_low": test["ci_low"],
@@ -142,6 +152,8 @@ def quality_vs_random_stats(g: pd.DataFrame, alpha: float = protocol.ALPHA) -> d
 _CI = {
     "diff_pp": ("diff_ci_low", "diff_ci_high"),
     "quality_vs_random": ("quality_vs_random_ci_low", "quality_vs_random_ci_high"),
+    "sync_excess_pct": ("sync_excess_ci_low", "sync_excess_ci_high"),
+    "pred_loss": ("pred_loss_ci_low", "pred_loss_ci_high"),
 }
 
 
@@ -258,6 +270,7 @@ def _rows_to_stats(rows: pd.DataFrame, alpha: float) -> pd.DataFrame:
                 **dict(zip(keys, key, strict=True)),
                 "units": len(g),
                 "merges_per_hour": float(g["merges_per_hour"].mean()),
+                "sync_excess_pct": float(g["sync_excess_pct"].mean()),
                 "diff_pp": serve["mean"],
                 "diff_ci_low": serve["ci_low"],
                 "diff_ci_high": serve["ci_high"],
@@ -284,7 +297,7 @@ def _load(source: Any) -> tuple[Any, str]:
         raise ValueError(f"{path}: cannot read a frontier's rows: {exc}") from None
 
 
-_NEEDED = ("regime", "agent", "units", *_CI, *_CI["diff_pp"], *_CI["quality_vs_random"])
+_NEEDED = ("regime", "agent", "units", *_CI, *(c for pair in _CI.values() for c in pair))
 
 
 def quality_points(source: Any, alpha: float = protocol.ALPHA) -> pd.DataFrame:
@@ -356,35 +369,17 @@ def _errors(pts: pd.DataFrame, col: str) -> np.ndarray:
     return np.nan_to_num(np.clip(np.vstack([lo, hi]), 0.0, None))
 
 
-def quality_figure(source: Any, regime: str, alpha: float = protocol.ALPHA):
-    """Serving cost against model-quality cost, both against matched random, for one
-    regime (a matplotlib ``Figure``, drawn without pyplot).
-
-    x: sync-excess minus matched random (pp of requests), y: predicted loss minus matched
-    random's (nats/byte); one marker per agent and budget (circle: a budget of the grid,
-    diamond: the agent's free point), 95 % interval error bars on both axes (over units)
-    and a zero line on each. ``source``: see :func:`quality_points`.
-    """
-    from matplotlib.figure import Figure
-
-    every = quality_points(source, alpha)
-    pts = every[every["regime"] == regime]
-    if pts.empty:
-        raise ValueError(
-            f"field 'regime': no point of {regime!r} (regimes: {sorted(set(every['regime']))})"
-        )
-    fig = Figure(figsize=(8.5, 5.6))
-    ax = fig.add_subplot(1, 1, 1)
-    ax.axhline(0.0, color="0.4", lw=0.9, zorder=1)
-    ax.axvline(0.0, color="0.4", lw=0.9, zorder=1)
+def _draw_points(ax: Any, pts: pd.DataFrame, x: str, y: str) -> None:
+    """One marker per agent and budget of ``pts`` at ``(x, y)`` (circle: a budget of the
+    grid, diamond: the agent's free point), with both columns' 95 % intervals as bars."""
     for i, (agent, g) in enumerate(pts.groupby("agent", sort=False)):
         color = AGENT_COLORS[i % len(AGENT_COLORS)]
         for free, h in g.groupby(g["budget_label"] == "free", sort=True):
             ax.errorbar(
-                h["diff_pp"],
-                h["quality_vs_random"],
-                xerr=_errors(h, "diff_pp"),
-                yerr=_errors(h, "quality_vs_random"),
+                h[x],
+                h[y],
+                xerr=_errors(h, x),
+                yerr=_errors(h, y),
                 fmt="D" if free else "o",
                 ms=5,
                 color=color,
@@ -396,18 +391,49 @@ def quality_figure(source: Any, regime: str, alpha: float = protocol.ALPHA):
         for r in g.itertuples():
             ax.annotate(
                 r.budget_label,
-                (r.diff_pp, r.quality_vs_random),
+                (getattr(r, x), getattr(r, y)),
                 xytext=(4, 4),
                 textcoords="offset points",
                 fontsize=6,
                 color=color,
             )
+
+
+def quality_figure(source: Any, regime: str, alpha: float = protocol.ALPHA):
+    """The serving-cost x model-quality trade-off of one regime (a matplotlib ``Figure``,
+    drawn without pyplot), in two panels with one marker per agent and budget (circle: a
+    budget of the grid, diamond: the agent's free point) and 95 % interval error bars on
+    both axes (over units).
+
+    Left, the trade-off itself: x the sync-excess (% of requests), y the predicted
+    validation loss after the episode's merges (nats/byte; lower is a better model).
+    Right, both against matched random at the same merges: x sync-excess minus matched
+    random (pp), y predicted loss minus matched random's (nats/byte), with a zero line on
+    each axis. ``source``: see :func:`quality_points`.
+    """
+    from matplotlib.figure import Figure
+
+    every = quality_points(source, alpha)
+    pts = every[every["regime"] == regime]
+    if pts.empty:
+        raise ValueError(
+            f"field 'regime': no point of {regime!r} (regimes: {sorted(set(every['regime']))})"
+        )
+    fig = Figure(figsize=(13.0, 5.6))
+    left, ax = fig.add_subplot(1, 2, 1), fig.add_subplot(1, 2, 2)
+    _draw_points(left, pts, "sync_excess_pct", "pred_loss")
+    left.set_xlabel("serving cost: sync-excess (% of requests)")
+    left.set_ylabel("model quality: predicted validation loss (nats/byte; lower is better)")
+    left.set_title(f"{regime}: the trade-off", fontsize=9)
+    ax.axhline(0.0, color="0.4", lw=0.9, zorder=1)
+    ax.axvline(0.0, color="0.4", lw=0.9, zorder=1)
+    _draw_points(ax, pts, "diff_pp", "quality_vs_random")
     ax.set_xlabel("serving cost: sync-excess minus matched random (pp of requests)")
     ax.set_ylabel("quality cost: predicted loss minus matched random's (nats/byte)")
     ax.ticklabel_format(axis="y", style="sci", scilimits=(-3, 3))
     units = int(pts["units"].max()) if "units" in pts else 0
     ax.set_title(
-        f"{regime}: serving and model-quality cost against matched random "
+        f"{regime}: both against matched random at the same merges "
         f"(95 % intervals over {units} units)",
         fontsize=9,
     )

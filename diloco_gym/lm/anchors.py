@@ -292,6 +292,31 @@ def relative_change(points: Iterable[Series] = PUBLISHED) -> dict[str, list[Chan
     return out
 
 
+def _fixed_final(i: int, run: Mapping[str, Any]) -> tuple[int, int, int, float] | None:
+    """``(H, last step, seed, final loss)`` of a plain fixed-H run (schedule ``[H, 2H,
+    ...]``, one fragment, full precision), ``None`` for any other; a malformed run is a
+    ``ValueError`` naming ``runs[i]`` and its field."""
+    sched = run.get("schedule")
+    if not isinstance(sched, list) or not sched:
+        raise ValueError(f"measured_h_effect: runs[{i}].schedule must be a non-empty list")
+    h = sched[0]
+    if not _positive(h):
+        raise ValueError(f"measured_h_effect: runs[{i}].schedule[0] must be > 0, got {h!r}")
+    fixed = sched == [h * (k + 1) for k in range(len(sched))]
+    if not fixed or run.get("fragments", 1) != 1 or run.get("bits", 32) != 32:
+        return None
+    losses = run.get("merge_losses")
+    if not isinstance(losses, list) or len(losses) != len(sched):
+        raise ValueError(f"measured_h_effect: runs[{i}].merge_losses must list one loss per merge")
+    loss = losses[-1]
+    if not (_finite(loss) and loss > 0):
+        raise ValueError(f"measured_h_effect: runs[{i}].merge_losses[-1] must be > 0")
+    s = run.get("seed")
+    if not isinstance(s, int):
+        raise ValueError(f"measured_h_effect: runs[{i}].seed must be an int, got {s!r}")
+    return h, sched[-1], s, float(loss)
+
+
 def measured_h_effect(
     runs: Sequence[Mapping[str, Any]],
     reference_h: int,
@@ -301,7 +326,9 @@ def measured_h_effect(
 ) -> list[tuple[float, float, float, float]]:
     """Our own H effect, from the runs of a learner calibration (its ``runs`` list; the
     run records of :mod:`diloco_gym.lm.fit`): the fixed-H runs (schedule ``[H, 2H, ...]``,
-    one fragment, full precision) that end at the same step as the reference's.
+    one fragment, full precision) that end at the same step as the reference's; a mapping
+    check's runs (role ``"mapping"``) are left out, and two fixed-H runs of one H at
+    different budgets are a ``ValueError``.
 
     Per H: ``(H / reference_h, change, low, high)``, where ``change`` is the mean over seeds
     of ``final_loss(H, seed) / final_loss(reference_h, seed) - 1`` (paired by seed, seeds
@@ -317,28 +344,16 @@ def measured_h_effect(
     final: dict[int, dict[int, float]] = {}
     end: dict[int, int] = {}
     for i, run in enumerate(runs):
-        sched = run.get("schedule")
-        if not isinstance(sched, list) or not sched:
-            raise ValueError(f"measured_h_effect: runs[{i}].schedule must be a non-empty list")
-        h = sched[0]
-        if not _positive(h):
-            raise ValueError(f"measured_h_effect: runs[{i}].schedule[0] must be > 0, got {h!r}")
-        fixed = sched == [h * (k + 1) for k in range(len(sched))]
-        if not fixed or run.get("fragments", 1) != 1 or run.get("bits", 32) != 32:
-            continue
-        losses = run.get("merge_losses")
-        if not isinstance(losses, list) or len(losses) != len(sched):
+        got = _fixed_final(i, run)
+        if got is None or run.get("role") == "mapping":
+            continue  # not a plain fixed-H run, or a mapping check's (another budget)
+        h, last, s, loss = got
+        if end.setdefault(h, last) != last:
             raise ValueError(
-                f"measured_h_effect: runs[{i}].merge_losses must list one loss per merge"
+                f"measured_h_effect: runs[{i}] is fixed H = {h} at a budget ending at step "
+                f"{last}, another fixed-{h} run ends at {end[h]}: give one budget's runs"
             )
-        loss = losses[-1]
-        if not (_finite(loss) and loss > 0):
-            raise ValueError(f"measured_h_effect: runs[{i}].merge_losses[-1] must be > 0")
-        s = run.get("seed")
-        if not isinstance(s, int):
-            raise ValueError(f"measured_h_effect: runs[{i}].seed must be an int, got {s!r}")
-        final.setdefault(h, {})[s] = float(loss)
-        end[h] = sched[-1]
+        final.setdefault(h, {})[s] = loss
     if reference_h not in final:
         raise ValueError(
             f"measured_h_effect: no fixed-H run at reference_h = {reference_h} "
@@ -467,6 +482,10 @@ def _check_measured(
     return rows
 
 
+#: The colours of ``plot_h_effect``'s extra lines, in order (repeated past the fifth).
+_EXTRA_COLOURS = ("0.35", "tab:olive", "tab:cyan", "tab:gray", "gold")
+
+
 def _draw_published(ax: Any, published: list[Series]) -> None:
     """The published series on ``ax``: one colour per label, rounding intervals as bars."""
     changes = relative_change(published)
@@ -544,7 +563,7 @@ def plot_h_effect(
         label=measured_label,
         zorder=5,
     )
-    for (label, extra_rows), colour in zip(extra, ("0.35", "tab:olive", "tab:cyan"), strict=False):
+    for (label, extra_rows), colour in zip(extra, _EXTRA_COLOURS * 2, strict=False):
         pts = sorted(extra_rows)
         ax.plot(
             [r[0] for r in pts],

@@ -133,7 +133,14 @@ def test_a_schedule_against_itself_costs_nothing_and_another_placement_does():
     ],
 )
 def test_the_verdict_is_inconclusive_when_the_units_cannot_reach_alpha(diff, verdict):
-    g = pd.DataFrame({"quality_vs_random": diff, "control_pred_loss": 2.0})
+    g = pd.DataFrame(
+        {
+            "quality_vs_random": diff,
+            "control_pred_loss": 2.0,
+            "pred_loss": 2.0 + np.asarray(diff),
+            "sync_excess_pct": 5.0,
+        }
+    )
     s = qr.quality_vs_random_stats(g)
     assert s["quality_vs_random_verdict"] == verdict
     assert s["quality_vs_random"] == pytest.approx(np.mean(diff))
@@ -204,7 +211,19 @@ def test_write_frontier_draws_the_two_axis_figure_and_lists_it(frontier_run, tmp
 
 def test_the_figure_has_both_error_bars_zero_lines_and_units(frontier_run):
     fig = qr.quality_figure(frontier_run, "bursty")
-    ax = fig.axes[0]
+    left, ax = fig.axes[:2]
+    # the trade-off itself: sync-excess against predicted loss, intervals on both axes
+    assert len(left.containers) == 2
+    assert all(c.has_xerr and c.has_yerr for c in left.containers)
+    assert "% of requests" in left.get_xlabel() and "predicted validation loss" in (
+        left.get_ylabel()
+    )
+    pts = qr.quality_points(frontier_run)
+    xs = sorted(float(x) for c in left.containers for x in c.lines[0].get_xdata())
+    assert xs == pytest.approx(sorted(pts["sync_excess_pct"]))
+    assert all(pts["pred_loss_ci_low"] <= pts["pred_loss"])
+    assert all(pts["pred_loss"] <= pts["pred_loss_ci_high"])
+    # both against matched random
     bars = ax.containers
     assert len(bars) == 2 and all(c.has_xerr and c.has_yerr for c in bars)
     lines = ax.get_lines()
