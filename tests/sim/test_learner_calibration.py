@@ -154,21 +154,36 @@ def test_env_uses_the_calibrated_learner_model():
         DiLoCoSyncEnv(regime="bursty", learner_calibration=_doc(drift_steps="x"))
 
 
-@pytest.mark.parametrize("name", ["reference", "default"])
-def test_shipped_calibrations_load_and_record_how_they_were_made(name):
+def test_the_shipped_calibration_loads_and_records_how_it_was_made():
     from importlib import resources
 
-    path = resources.files("diloco_gym").joinpath(f"data/learner_calibration_{name}.json")
+    from diloco_gym.lm.calibrate import check_disjoint
+
+    path = resources.files("diloco_gym").joinpath("data/learner_calibration_default.json")
     cal = load_learner_calibration(str(path))
     doc = cal.document
-    if name == "default":  # made by the default configuration of calibrate-learners
-        trainer = doc["meta"]["trainer"]
-        assert (trainer["d_model"], trainer["n_layers"], trainer["total_steps"]) == (128, 4, 64)
-        assert trainer["num_learners"] == 4 and doc["meta"]["parameters"] == 834_304
-        assert "/" not in doc["meta"]["command"]  # no machine path recorded
-    assert doc["meta"]["command"].startswith("diloco-gym calibrate-learners")
-    assert doc["meta"]["seeds"] >= 3 and doc["validation"]["schedules"] >= 5
-    assert {r["role"] for r in doc["runs"]} == {"fit", "heldout"}
+    # made by the default configuration of calibrate-learners: runs that cover an episode
+    trainer, meta = doc["meta"]["trainer"], doc["meta"]
+    assert (trainer["d_model"], trainer["n_layers"], trainer["total_steps"]) == (128, 4, 160)
+    assert trainer["num_learners"] == 4 and meta["parameters"] == 834_304
+    assert meta["covers_episode"] is True and meta["episode_inner_steps"] <= 160
+    assert "/" not in meta["command"]  # no machine path recorded
+    assert meta["command"].startswith("diloco-gym calibrate-learners")
+    assert meta["fit_seeds"] == list(range(7)) and meta["heldout_seeds"] == [7, 8, 9]
+    runs = doc["runs"]
+    assert {r["role"] for r in runs} == {"fit", "heldout", "mapping"}
+    # every schedule with every seed (common random numbers), held-out gaps never fitted
+    by_name: dict[str, set] = {}
+    for r in runs:
+        by_name.setdefault(r["name"], set()).add(r["seed"])
+    assert all(seeds == set(range(10)) for seeds in by_name.values())
+    check_disjoint([r for r in runs if r["seed"] == 0 and r["role"] != "mapping"])
+    v = doc["validation"]
+    assert v["seeds"] == [7, 8, 9] and v["schedules"] >= 5 and 0 < v["spearman_p"] <= 1
+    assert v["mae_interval"][0] <= v["mae"] <= v["mae_interval"][1]
+    effect = doc["effects"]
+    assert effect["contrast"]["n"] == 10 and effect["power"]["verdict"].startswith("detected")
+    assert len(effect["mapping_check"]) == 2
     for name in ("drift_steps", "merge_overhead_steps", "fragment_penalty", "loss_exponent"):
         lo, hi = doc["intervals"][name]
         assert np.isfinite([lo, hi]).all() and lo <= hi, name
