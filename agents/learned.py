@@ -45,6 +45,8 @@ __all__ = [
     "load_learned_agent",
     "REFERENCE_MODEL",
     "REFERENCE_AGENTS",
+    "LearnerMismatchWarning",
+    "trained_learners",
     "reference_model_path",
     "reference_meta",
     "load_reference_agent",
@@ -157,6 +159,32 @@ def reference_meta(name: str) -> dict | None:
     except ValueError as exc:
         raise ValueError(f"{name}: agents/reference meta.json is not valid JSON: {exc}") from None
     return data if isinstance(data, dict) else None
+
+
+class LearnerMismatchWarning(UserWarning):
+    """A learned agent is judged with other learners than it was trained with (its
+    learner observations differ from training's)."""
+
+
+def trained_learners(spec: str) -> str | None:
+    """The learners a learned agent was trained with, as its ``meta.json`` records them:
+    the SHA-256 of its learner calibration file, ``""`` for the env's default learners
+    (no file), or ``None`` when ``spec`` is not a learned model with metadata."""
+    if spec in REFERENCE_AGENTS:
+        meta = reference_meta(spec) or {}
+    else:
+        p = Path(spec)
+        if p.is_dir():
+            p = p / "model.zip"
+        if p.suffix != ".zip" or not p.is_file():
+            return None
+        meta = _meta_for(p, None)
+    if not meta:
+        return None
+    recorded = (meta.get("config") or {}).get("learner_calibration_file")
+    if isinstance(recorded, dict) and isinstance(recorded.get("sha256"), str):
+        return recorded["sha256"]
+    return ""
 
 
 def load_reference_agent(name: str) -> LearnedAgent:

@@ -128,7 +128,7 @@ def _show_warning(message, category, filename, lineno, file=None, line=None) -> 
     trusted = sys.modules.get("diloco_gym.agents.learned")
     one_line: tuple[type[Warning], ...] = (TraceFilterWarning, SweepStoreWarning)
     if trusted is not None:
-        one_line += (trusted.TrustedModelFileWarning,)
+        one_line += (trusted.TrustedModelFileWarning, trusted.LearnerMismatchWarning)
     if issubclass(category, one_line):
         print(f"diloco-gym: warning: {_one_line(str(message))}", file=file or sys.stderr)
         return

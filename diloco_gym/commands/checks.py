@@ -19,6 +19,7 @@ __all__ = [
     "check_free_agent",
     "load_agent",
     "check_learner_calibration",
+    "warn_learner_mismatch",
     "check_out_dir",
     "check_no_fleet_options",
 ]
@@ -148,4 +149,32 @@ def check_no_fleet_options(args: argparse.Namespace) -> None:
         raise UsageError(
             f"{', '.join(given)} not used with --fleet (a fleet runs serially; its sites, "
             f"windows and loads are set in the fleet file)"
+        )
+
+
+def warn_learner_mismatch(agents: list[str], learner_calibration: str | None) -> None:
+    """Warn (one line per agent, :class:`~diloco_gym.agents.learned.LearnerMismatchWarning`)
+    for each learned agent whose ``meta.json`` records other learners than the run judges
+    it with: a learner calibration file with another SHA-256, or none where the run has
+    one (and the other way round). Its learner observations then differ from training's."""
+    import hashlib
+    import warnings
+
+    from diloco_gym.agents.learned import LearnerMismatchWarning, trained_learners
+
+    judged = ""
+    if learner_calibration is not None:
+        judged = hashlib.sha256(Path(learner_calibration).read_bytes()).hexdigest()
+    for agent in agents:
+        trained = trained_learners(agent)
+        if trained is None or trained == judged:
+            continue
+        was = f"learner calibration sha256 {trained[:12]}" if trained else "the default learners"
+        now = f"{learner_calibration} (sha256 {judged[:12]})" if judged else "the default learners"
+        warnings.warn(
+            f"{agent} was trained with {was} and is judged with {now}: its learner "
+            "observations differ from training's (judge it with --learner-calibration and "
+            "the file it was trained with)",
+            LearnerMismatchWarning,
+            stacklevel=2,
         )

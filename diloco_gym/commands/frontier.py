@@ -107,6 +107,9 @@ def run(args: argparse.Namespace) -> int:
             "--stride-s or set it to --window-s"
         )
     checks.check_learner_calibration(args.learner_calibration)
+    checks.warn_learner_mismatch(
+        list(dict.fromkeys(budget_agents + free_agents)), args.learner_calibration
+    )
     checks.check_backend(args)
     try:
         config = fr.FrontierConfig(

@@ -82,6 +82,7 @@ def run(args: argparse.Namespace) -> int:
     for r in regimes:
         checks.check_regime(r)
     checks.check_learner_calibration(args.learner_calibration)
+    checks.warn_learner_mismatch(agents, args.learner_calibration)
     try:
         config = ReportConfig(
             regimes=regimes,

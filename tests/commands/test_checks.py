@@ -60,3 +60,64 @@ def test_replay_options_with_and_without_the_stride():
         "stride_s": None,
     }
     assert "stride_s" not in options.replay_options(args, stride=False)
+
+
+def _model(tmp_path, name, learners=None):
+    """A model directory as ``train`` leaves it: ``model.zip`` and ``meta.json`` recording
+    the learner calibration it was trained with (none: the default learners)."""
+    import json
+
+    d = tmp_path / name
+    d.mkdir()
+    (d / "model.zip").write_bytes(b"PK\x05\x06" + b"\0" * 18)  # an empty zip archive
+    config = {"algo": "ppo"}
+    if learners is not None:
+        config["learner_calibration_file"] = {"path": "x.json", "sha256": learners}
+    (d / "meta.json").write_text(json.dumps({"algo": "ppo", "config": config}))
+    return str(d)
+
+
+def test_a_learned_agent_judged_with_other_learners_is_warned_about(tmp_path):
+    import hashlib
+    import warnings
+
+    from diloco_gym.agents.learned import LearnerMismatchWarning, trained_learners
+
+    cal = tmp_path / "lc.json"
+    cal.write_text('{"any": 1}')
+    sha = hashlib.sha256(cal.read_bytes()).hexdigest()
+    same = _model(tmp_path, "same", learners=sha)
+    other = _model(tmp_path, "other", learners="0" * 64)
+    plain = _model(tmp_path, "plain")
+    assert trained_learners(same) == sha and trained_learners(plain) == ""
+    assert trained_learners("fixed-512") is None  # not a learned model
+    assert trained_learners("reference-ppo-v1") == ""  # shipped, default learners
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        checks.warn_learner_mismatch([same, other, plain, "fixed-512"], str(cal))
+    msgs = [str(w.message) for w in seen if w.category is LearnerMismatchWarning]
+    assert len(msgs) == 2
+    assert msgs[0].startswith(f"{other} was trained with learner calibration sha256 000000000000")
+    assert f"judged with {cal} (sha256 {sha[:12]})" in msgs[0]
+    assert msgs[1].startswith(f"{plain} was trained with the default learners")
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        checks.warn_learner_mismatch([same, plain], None)  # judged with the default learners
+    msgs = [str(w.message) for w in seen if w.category is LearnerMismatchWarning]
+    assert len(msgs) == 1 and msgs[0].startswith(f"{same} was trained with learner calibration")
+    assert "judged with the default learners" in msgs[0]
+
+
+def test_the_mismatch_warning_is_one_line_on_the_command_line(tmp_path, capsys, monkeypatch):
+    from diloco_gym import cli
+
+    model = _model(tmp_path, "m", learners="1" * 64)
+    monkeypatch.setattr(
+        "diloco_gym.eval.report.run_protocol",
+        lambda *a, **k: (_ for _ in ()).throw(KeyboardInterrupt()),
+    )
+    argv = ["report", "--regimes", "bursty", "--seeds", "2", "--agents", model]
+    with pytest.raises(cli.CLIExit):  # stopped before any episode by the stand-in
+        cli.main([*argv, "--out", str(tmp_path / "r")])
+    err = capsys.readouterr().err
+    assert f"diloco-gym: warning: {model} was trained with learner calibration" in err
