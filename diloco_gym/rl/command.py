@@ -175,6 +175,15 @@ def resolve_config(args: argparse.Namespace):
     return cfg
 
 
+def _learners_sha(learner_calibration: str | None) -> str:
+    """The SHA-256 of a config's learner calibration file (``""``: none, the default
+    learners), as ``meta.json`` records it."""
+    from diloco_gym.rl.learner_config import record
+
+    rec = record(learner_calibration).get("learner_calibration_file")
+    return (rec or {}).get("sha256") or ""
+
+
 def run_layout(cfg: Any) -> tuple[list[Any] | None, str, int]:
     """``(env_specs, vec_env, n_envs)`` of a resolved config: env kinds when the run has
     budgets, several regimes, a trace or a calibration file (``None``: the plain regime),
@@ -219,7 +228,13 @@ def run_train_command(args: argparse.Namespace, argv: list[str] | None = None) -
         cfg = resolve_config(args)
         specs, vec_env, n_envs = run_layout(cfg)
         check_run_dir(
-            args.out, cfg.algo, cfg.label, resume=args.resume, force=args.force, apply=False
+            args.out,
+            cfg.algo,
+            cfg.label,
+            resume=args.resume,
+            force=args.force,
+            apply=False,
+            learners=_learners_sha(cfg.learner_calibration) if args.resume else None,
         )
     except (OSError, ValueError) as exc:
         raise UsageError(str(exc)) from None

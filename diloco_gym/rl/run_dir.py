@@ -147,6 +147,7 @@ def check_run_dir(
     resume: bool = False,
     force: bool = False,
     apply: bool = True,
+    learners: str | None = None,
 ) -> Path | None:
     """Check the output directory of a training run before anything is written.
 
@@ -158,6 +159,9 @@ def check_run_dir(
 
     Args:
         apply: with ``force``, remove the previous run's files (``False``: only check).
+        learners: with ``resume``, the SHA-256 of the learner calibration the run goes on
+            with (``""``: the default learners; ``None``: not checked); the run's
+            ``meta.json`` must record the same (none recorded: the default learners).
 
     With ``resume``, the latest checkpoint is verified first (:func:`model_file_problem`);
     a damaged one (truncated by a kill, say) is skipped with a warning on stderr for the
@@ -172,8 +176,8 @@ def check_run_dir(
         FileExistsError: ``out`` holds a run (without ``resume`` / ``force``), is not a
             directory, or is a non-empty directory that is not a run.
         FileNotFoundError: ``resume`` and there is no run (or nothing to continue from).
-        ValueError: ``resume`` with another algorithm or regime than the run's, or both
-            ``resume`` and ``force``.
+        ValueError: ``resume`` with another algorithm, regime or learner calibration than
+            the run's, or both ``resume`` and ``force``.
     """
     out = Path(out)
     if resume and force:
@@ -184,7 +188,7 @@ def check_run_dir(
     if out.exists() and not out.is_dir():
         raise FileExistsError(f"{out} exists and is not a directory")
     if resume:
-        return _resume_from(out, algo, regime)
+        return _resume_from(out, algo, regime, learners)
     if not owned_entries(out, "meta.json", "a diloco-gym training run", "choose another --out"):
         return None
     _refuse_unless_forced(out, force)
@@ -197,7 +201,7 @@ def check_run_dir(
     return None
 
 
-def _resume_from(out: Path, algo: str, regime: str) -> Path | None:
+def _resume_from(out: Path, algo: str, regime: str, learners: str | None = None) -> Path | None:
     """The file ``--resume`` continues from (see :func:`check_run_dir`)."""
     meta_path = out / "meta.json"
     if not meta_path.is_file():
@@ -215,6 +219,7 @@ def _resume_from(out: Path, algo: str, regime: str) -> Path | None:
                 f"{want} (pass {flag} {meta.get(key)}, or --force to "
                 f"start over)"
             )
+    _check_learners(out, meta, learners)
     candidates = checkpoints_newest_first(out)
     if (out / "model.zip").is_file():
         candidates.append(out / "model.zip")
@@ -233,6 +238,27 @@ def _resume_from(out: Path, algo: str, regime: str) -> Path | None:
     raise FileNotFoundError(
         f"--resume: {out} has no intact checkpoint and no model.zip to continue from; "
         f"--force replaces the run (it removes only the run's own files)"
+    )
+
+
+def _check_learners(out: Path, meta: dict, learners: str | None) -> None:
+    """``ValueError`` when ``--resume`` would continue with other learners than the run
+    was trained with (``learners``: the new config's learner calibration SHA-256, ``""``
+    for the default learners, ``None``: not checked)."""
+    if learners is None:
+        return
+    recorded = (meta.get("config") or {}).get("learner_calibration_file")
+    was = recorded.get("sha256") if isinstance(recorded, dict) else ""
+    if was == learners:
+        return
+
+    def name(sha: str | None) -> str:
+        return f"the learner calibration with sha256 {sha[:12]}" if sha else "the default learners"
+
+    raise ValueError(
+        f"--resume: {out} was trained with {name(was)}; it cannot continue with "
+        f"{name(learners)} (give [env] learner_calibration the run's file, or --force to "
+        "start over)"
     )
 
 

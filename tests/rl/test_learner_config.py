@@ -136,7 +136,7 @@ def test_native_vector_env_with_a_calibration_matches_the_single_env(in_tmp):
     venv.close()
 
 
-def test_a_tiny_run_records_the_learner_calibration_in_meta(in_tmp):
+def test_a_tiny_run_records_the_learner_calibration_in_meta(in_tmp, capsys):
     config = write_config(
         in_tmp,
         "[train]\ntimesteps = 64\nn_envs = 1\neval_episodes = 1\neval_freq = 0\n"
@@ -156,6 +156,40 @@ def test_a_tiny_run_records_the_learner_calibration_in_meta(in_tmp):
     # the recorded settings rebuild the same env
     rebuilt = DiLoCoSyncEnv(regime=meta["regime"], **meta["env_kwargs"])
     assert rebuilt.learner_params == CALIBRATED
+    # --resume goes on only with the same learners
+    plain = write_config(
+        in_tmp,
+        "[train]\ntimesteps = 64\nn_envs = 1\neval_episodes = 1\neval_freq = 0\n"
+        "checkpoint_freq = 0\n[algo]\nn_steps = 64\nbatch_size = 32\nn_epochs = 1\n",
+        name="plain.toml",
+    )
+    capsys.readouterr()  # the first run's output
+    code, err = cli_exit_one_line(
+        ["train", "--config", str(plain), "--out", str(out), "--resume", "--no-progress"],
+        capsys,
+    )
+    assert code == 2
+    assert f"--resume: {out} was trained with the learner calibration with sha256 {sha[:12]}" in err
+    assert "cannot continue with the default learners" in err
+
+
+def test_resume_checks_the_learners_the_run_recorded(tmp_path):
+    from diloco_gym.rl.run_dir import check_run_dir
+
+    out = tmp_path / "run"
+    out.mkdir()
+    meta = {"algo": "ppo", "regime": "bursty", "status": "training"}
+    (out / "meta.json").write_text(json.dumps(meta))
+    # an older run records no learner calibration: the default learners
+    assert check_run_dir(out, "ppo", "bursty", resume=True, learners="") is None
+    with pytest.raises(ValueError, match="trained with the default learners; it cannot"):
+        check_run_dir(out, "ppo", "bursty", resume=True, learners="ab" * 32)
+    meta["config"] = {"learner_calibration_file": {"path": "x", "sha256": "ab" * 32}}
+    (out / "meta.json").write_text(json.dumps(meta))
+    assert check_run_dir(out, "ppo", "bursty", resume=True, learners="ab" * 32) is None
+    assert check_run_dir(out, "ppo", "bursty", resume=True) is None  # not checked
+    with pytest.raises(ValueError, match="continue with the default learners"):
+        check_run_dir(out, "ppo", "bursty", resume=True, learners="")
 
 
 @pytest.mark.parametrize(
