@@ -20,7 +20,7 @@ from diloco_gym.envs.observation import OBS_DIM, OBS_HIGH, OBS_INDEX, OBS_LOW, u
 from diloco_gym.envs.params import EnvParams
 from diloco_gym.envs.reward import ExactCredit, nominal_rate_rps, require_additive
 from diloco_gym.envs.schedule import schedule_summary
-from diloco_gym.envs.shaping import merge_debt_one, reference_merge_cost
+from diloco_gym.envs.shaping import merge_debt_one, shaping_scale
 from diloco_gym.sim import compiled
 from diloco_gym.sim import learners as lrn
 from diloco_gym.sim.learner_calibration import learner_params, load_learner_calibration
@@ -442,12 +442,9 @@ class DiLoCoSyncEnv(gym.Env[Observation, Action]):
         self._exact: ExactCredit | None = None  # reward_mode="exact"'s credit
         #: the merge debt's scale k (reward units of excess_weight = 1) when the reward is
         #: shaped (EnvParams.reward_shaping; envs/shaping.py), else None
-        self.shaping_cost: float | None = None
-        if self.params.reward_shaping == "merge-debt":
-            self.shaping_cost = reference_merge_cost(
-                self.generator, self.params, self.sidecar, self.learner_params,
-                self.reward_rate_rps,
-            )  # fmt: skip
+        self.shaping_cost: float | None = shaping_scale(
+            self.generator, self.params, self.sidecar, self.learner_params, self.reward_rate_rps
+        )
         self._phi = 0.0  # the potential at the last observation
         self._exo: np.ndarray = np.zeros((1, 1, 7), dtype=np.float32)  # the episode's, 1 slot
         self._obs_out = np.zeros((1, OBS_DIM), dtype=np.float32)

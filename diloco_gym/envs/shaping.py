@@ -44,6 +44,7 @@ __all__ = [
     "HISTORY_SEEDS",
     "check_reward_shaping",
     "reference_merge_cost",
+    "shaping_scale",
     "merge_debt",
     "merge_debt_one",
     "require_unshaped",
@@ -52,6 +53,17 @@ __all__ = [
 #: The episodes the reference merge cost is measured on: the first 16 training-range seeds
 #: (training episodes reset with seeds from 10**6 on; test seeds stay below 900000).
 HISTORY_SEEDS = tuple(range(10**6, 10**6 + 16))
+
+
+def shaping_scale(
+    generator, params: Any, sidecar: Any, learner_params: Any, rate_rps: float
+) -> float | None:
+    """The merge debt's scale ``k`` (:func:`reference_merge_cost`) when ``params`` shape the
+    reward (``reward_shaping = "merge-debt"``), else ``None``: what the single and the
+    vector env keep as ``shaping_cost``."""
+    if params.reward_shaping != "merge-debt":
+        return None
+    return reference_merge_cost(generator, params, sidecar, learner_params, rate_rps)
 
 
 def reference_merge_cost(

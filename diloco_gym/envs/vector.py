@@ -32,7 +32,7 @@ from diloco_gym.envs.env import (
 from diloco_gym.envs.fused import NO_THRESHOLDS, FusedStep
 from diloco_gym.envs.observation import OBS_DIM, OBS_HIGH, OBS_LOW
 from diloco_gym.envs.params import EnvParams
-from diloco_gym.envs.shaping import merge_debt, reference_merge_cost
+from diloco_gym.envs.shaping import merge_debt, shaping_scale
 from diloco_gym.sim import learners as lrn
 from diloco_gym.sim.sidecar import SidecarParams
 
@@ -199,12 +199,9 @@ class DiLoCoSyncVectorEnv(gym.vector.VectorEnv[np.ndarray, np.ndarray, np.ndarra
         self._init_spaces(b)
         self._init_buffers(b)
         #: the merge debt's scale k when the reward is shaped (envs/shaping.py), else None
-        self.shaping_cost: float | None = None
-        if self.params.reward_shaping == "merge-debt":
-            self.shaping_cost = reference_merge_cost(
-                self.generator, self.params, self.sidecar, self.learner_params,
-                self.reward_rate_rps,
-            )  # fmt: skip
+        self.shaping_cost: float | None = shaping_scale(
+            self.generator, self.params, self.sidecar, self.learner_params, self.reward_rate_rps
+        )
         self._phi = np.zeros(b)  # each env's potential at its last observation
 
     def _init_spaces(self, b: int) -> None:
