@@ -118,6 +118,7 @@ REFERENCE_AGENTS: dict[str, tuple[str, ...]] = {
     "reference-budget-non-periodic": ("budget-non-periodic", "model.zip"),
     "reference-budget-mixed": ("budget-mixed", "model.zip"),
     "reference-ppo-v1": ("ppo-v1", "model.zip"),
+    "reference-ppo-v2": ("ppo-v2", "model.zip"),
     "reference-budget-bursty-v1": ("budget-bursty-v1", "model.zip"),
 }
 

@@ -76,6 +76,7 @@ LEARNED: dict[str, Callable[[], Agent]] = {
         "reference-budget-non-periodic",
         "reference-budget-mixed",
         "reference-ppo-v1",
+        "reference-ppo-v2",
         "reference-budget-bursty-v1",
     )
 }

@@ -8,16 +8,16 @@ Usage::
 
 What it measures (``benchmarks/README.md`` has the numbers and the profile):
 
-* **headline, the default configuration** (what ``gym.make("DiLoCoSync-v1")`` gives:
+* **headline, the default configuration** (what ``gym.make("DiLoCoSync-v2")`` gives:
   ``skip_forced=True``, fresh episodes), uniformly random actions, in agent decisions
   (``step`` calls) per second and episodes per second:
   single env vs ``gym.make("CartPole-v1")``, and the native vector env at 1,024 envs vs
   CartPole's native vector env at 1,024 envs.
-* **single env**: ``gym.make("DiLoCoSync-v1", skip_forced=False)`` (one step per decision,
+* **single env**: ``gym.make("DiLoCoSync-v2", skip_forced=False)`` (one step per decision,
   517 decisions per 600 s episode) vs ``gym.make("CartPole-v1")``, both under uniformly
   random actions, resets included.
 * **vector env**: ``gym.make_vec(..., num_envs=N, vectorization_mode="vector_entry_point")``
-  for ``DiLoCoSync-v1`` (fresh episodes, and separately the opt-in ``episode_pool=N``)
+  for ``DiLoCoSync-v2`` (fresh episodes, and separately the opt-in ``episode_pool=N``)
   vs CartPole's native vector env, random actions, over whole episodes (with
   ``skip_forced=False`` every episode has the same length, so all envs reset together; the
   window covers whole episodes so that every env pays for its resets).
@@ -148,8 +148,8 @@ def _counting_runner(env, steps: int, seed: int):
     return run
 
 
-def bench_single_default(steps: int, rounds: int, env_id: str = "DiLoCoSync-v1") -> dict:
-    """The default configuration: ``gym.make(env_id)`` (``DiLoCoSync-v1``: ``skip_forced=True``,
+def bench_single_default(steps: int, rounds: int, env_id: str = "DiLoCoSync-v2") -> dict:
+    """The default configuration: ``gym.make(env_id)`` (``DiLoCoSync-v2``: ``skip_forced=True``,
     fresh episodes; ``DiLoCoFleet-v0``: its default fleet of 4 bursty sites, F=1, 32-bit)
     against ``gym.make("CartPole-v1")``, uniformly random actions, resets included, in
     paired rounds of ``steps`` agent decisions each; ratios are medians of the rounds'."""
@@ -186,7 +186,7 @@ def bench_single_default(steps: int, rounds: int, env_id: str = "DiLoCoSync-v1")
 
 
 def bench_vector_default(num_envs: int, steps: int, rounds: int, **env_kwargs) -> dict:
-    """The default configuration's native vector env (``gym.make_vec("DiLoCoSync-v1",
+    """The default configuration's native vector env (``gym.make_vec("DiLoCoSync-v2",
     num_envs, vectorization_mode="vector_entry_point")``: ``skip_forced=True``, fresh
     episodes, NEXT_STEP autoreset) against CartPole's, random actions, in paired rounds of
     ``steps`` vector steps each (after a warm-up that spreads the episode ends).
@@ -194,7 +194,7 @@ def bench_vector_default(num_envs: int, steps: int, rounds: int, **env_kwargs) -
     ``parallel=True``; its CPU-time ratio counts the calling thread only)."""
     kw = {"num_envs": num_envs, "vectorization_mode": "vector_entry_point"}
     envs = {
-        "diloco": gym.make_vec("DiLoCoSync-v1", **kw, **env_kwargs),
+        "diloco": gym.make_vec("DiLoCoSync-v2", **kw, **env_kwargs),
         "cartpole": gym.make_vec("CartPole-v1", **kw),
     }
     tables = {}
@@ -278,7 +278,7 @@ def bench_single(steps: int, rounds: int) -> dict:
     """Paired rounds: DiLoCo and CartPole stepped back to back, ``steps`` each per round;
     the ratio is the median of the per-round ratios (a slow phase of a shared machine then
     hits both sides of a pair instead of one side of the comparison)."""
-    dil_env, dil = _single_env_runner("DiLoCoSync-v1", steps, 0, skip_forced=False)
+    dil_env, dil = _single_env_runner("DiLoCoSync-v2", steps, 0, skip_forced=False)
     cart_env, cart = _single_env_runner("CartPole-v1", steps, 0)
     dil(), cart()  # warm-up
     d_rates, c_rates = [], []
@@ -323,13 +323,13 @@ def bench_vector(num_envs: int, episodes: int, repeats: int) -> dict:
     out: dict = {"num_envs": num_envs}
     kw = {"num_envs": num_envs, "vectorization_mode": "vector_entry_point"}
     t0 = time.perf_counter()
-    fresh = gym.make_vec("DiLoCoSync-v1", skip_forced=False, **kw)
+    fresh = gym.make_vec("DiLoCoSync-v2", skip_forced=False, **kw)
     fresh.reset(seed=0)
     out["fresh_first_reset_s"] = time.perf_counter() - t0
     n = int(fresh.unwrapped._bank_n[0])
     steps = episodes * n  # whole episodes: every env resets `episodes` times
     t0 = time.perf_counter()
-    pooled = gym.make_vec("DiLoCoSync-v1", skip_forced=False, episode_pool=num_envs, **kw)
+    pooled = gym.make_vec("DiLoCoSync-v2", skip_forced=False, episode_pool=num_envs, **kw)
     pooled.reset(seed=0)
     out["pool_build_s"] = time.perf_counter() - t0
     cart = gym.make_vec("CartPole-v1", **kw)
@@ -490,7 +490,7 @@ def bench_floor(episodes: int, repeats: int) -> dict:
 def bench_training(timesteps: int, n_envs: int, repeats: int) -> dict:
     """Training throughput: PPO and MaskablePPO (``n_steps=256``, batch 64, one epoch,
     ``MlpPolicy``, CPU) for ``timesteps`` steps on the native vector env (``SB3VecEnv``,
-    default ``DiLoCoSync-v1``) vs the same settings on CartPole (SB3's ``DummyVecEnv`` of
+    default ``DiLoCoSync-v2``) vs the same settings on CartPole (SB3's ``DummyVecEnv`` of
     ``n_envs`` CartPole-v1; MaskablePPO with all-true masks). Steps per second, best of
     ``repeats``; the ratio shows whether the environment is the bottleneck."""
     try:
@@ -655,7 +655,7 @@ def bench_oracle(duration_s: float, repeats: int) -> dict:
 def bench_memory(num_envs: int, total_steps: int, pool: bool) -> dict:
     """RSS before and after ``total_steps`` env steps (after one whole episode of warm-up)."""
     env = gym.make_vec(
-        "DiLoCoSync-v1",
+        "DiLoCoSync-v2",
         num_envs=num_envs,
         vectorization_mode="vector_entry_point",
         skip_forced=False,
@@ -806,7 +806,7 @@ def _timed_methods(obj, names, spent: dict) -> None:
 def bench_profile_default(steps: int, num_envs: int, vector_steps: int) -> dict:
     """Where the default configuration's time goes (milliseconds), random actions.
 
-    Single env (``gym.make("DiLoCoSync-v1")``), per episode: the reset (of which the
+    Single env (``gym.make("DiLoCoSync-v2")``), per episode: the reset (of which the
     episode build, ``episode_from_seed``: trace draws and the agent-independent
     arrays), the compiled steps (``FusedStep.step``: options, merges with their costs and
     gains, forced decisions, reward, mask and observation), the final exact replay
@@ -815,7 +815,7 @@ def bench_profile_default(steps: int, num_envs: int, vector_steps: int) -> dict:
     restarts (building the new episodes), the compiled step of all rows, observation, the
     rest.
     """
-    env = gym.make("DiLoCoSync-v1")
+    env = gym.make("DiLoCoSync-v2")
     u = env.unwrapped
     spent = dict.fromkeys(("step", "episode_summary", "reset", "build"), 0.0)
     _timed_methods(u, ("episode_summary",), spent)
@@ -871,7 +871,7 @@ def bench_profile_default(steps: int, num_envs: int, vector_steps: int) -> dict:
         "steps_other_ms": (total - spent["reset"] - spent["step"] - spent["episode_summary"]) * k,
     }
 
-    venv = gym.make_vec("DiLoCoSync-v1", num_envs=num_envs, vectorization_mode="vector_entry_point")
+    venv = gym.make_vec("DiLoCoSync-v2", num_envs=num_envs, vectorization_mode="vector_entry_point")
     vu = venv.unwrapped
     venv.reset(seed=0)
     table = np.random.default_rng(3).integers(0, 2, (64, num_envs))
@@ -925,7 +925,7 @@ def print_table(r: dict) -> None:
     pd = r["profile_default"]
     rows = [
         (
-            'DEFAULT single env: gym.make("DiLoCoSync-v1") (skip_forced=True, fresh episodes)',
+            'DEFAULT single env: gym.make("DiLoCoSync-v2") (skip_forced=True, fresh episodes)',
             f"{ds['diloco_steps_per_s']:,.0f} decisions/s, "
             f"{ds['diloco_episodes_per_s']:,.0f} episodes/s",
             f"ratio {ds['ratio']:.3f} to CartPole-v1 ({fmt_rate(ds['cartpole_steps_per_s'])}); "
@@ -969,7 +969,7 @@ def print_table(r: dict) -> None:
             "",
         ),
         (
-            "single env: DiLoCoSync-v1 skip_forced=False",
+            "single env: DiLoCoSync-v2 skip_forced=False",
             fmt_rate(s["diloco_steps_per_s"]),
             f"ratio {s['ratio']:.2f} to CartPole-v1 ({fmt_rate(s['cartpole_steps_per_s'])}); "
             f"median of {s['rounds']} paired rounds, range {s['ratio_min']:.2f}-"

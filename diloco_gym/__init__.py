@@ -1,8 +1,9 @@
 """diloco-gym: when is it safe to run a DiLoCo outer merge on a shared serving host?
 
-Importing the package registers the Gymnasium ids ``DiLoCoSync-v1`` (bursty by default,
-any regime through ``regime=``) and one id per regime, e.g. ``DiLoCoSync-Bursty-v1``; the
-``-v0`` ids stay for one release and warn (docs/training.md says what changed).
+Importing the package registers the Gymnasium ids ``DiLoCoSync-v2`` (bursty by default,
+any regime through ``regime=``) and one id per regime, e.g. ``DiLoCoSync-Bursty-v2``; the
+``-v0`` and ``-v1`` ids stay for one release and warn (``diloco_gym.envs.versions`` says
+what each version changed).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from typing import Any
 from diloco_gym.envs.env import DiLoCoSyncEnv
 from diloco_gym.envs.observation import OBS_FEATURES
 from diloco_gym.envs.params import EnvParams
-from diloco_gym.envs.versions import V1_KWARGS
+from diloco_gym.envs.versions import V1_KWARGS, V2_KWARGS
 from diloco_gym.sim.learners import LearnerParams
 from diloco_gym.sim.regimes import REGIMES, ReplayRegime, SyntheticRegime, get_regime
 from diloco_gym.sim.sidecar import SidecarParams
@@ -59,19 +60,23 @@ __all__ = [
     "OBS_FEATURES",
     "ENV_IDS",
     "ENV_IDS_V0",
+    "ENV_IDS_V1",
     "V1_KWARGS",
+    "V2_KWARGS",
     "register_envs",
     "evaluate",
     "Evaluation",
 ]
 
 
-def _id_for(regime: str, version: int = 1) -> str:
+def _id_for(regime: str, version: int = 2) -> str:
     return "DiLoCoSync-" + "".join(part.capitalize() for part in regime.split("-")) + f"-v{version}"
 
 
-#: Registered id for each regime, current version (plus the generic ``DiLoCoSync-v1``).
+#: Registered id for each regime, current version (plus the generic ``DiLoCoSync-v2``).
 ENV_IDS: dict[str, str] = {name: _id_for(name) for name in REGIMES}
+#: The deprecated ``-v1`` ids (kept for one release; making one warns).
+ENV_IDS_V1: dict[str, str] = {name: _id_for(name, 1) for name in REGIMES}
 #: The deprecated ``-v0`` ids (kept for one release; making one warns).
 ENV_IDS_V0: dict[str, str] = {name: _id_for(name, 0) for name in REGIMES}
 
@@ -81,11 +86,13 @@ def register_envs() -> None:
     import gymnasium as gym
 
     entries: dict[str, tuple[str, dict[str, Any]]] = {
-        "DiLoCoSync-v1": ("env:DiLoCoSyncEnv", dict(V1_KWARGS)),
+        "DiLoCoSync-v2": ("env:DiLoCoSyncEnv", dict(V2_KWARGS)),
+        "DiLoCoSync-v1": ("versions:make_v1", dict(V1_KWARGS)),
         "DiLoCoSync-v0": ("versions:make_v0", {}),
     }
     for name in REGIMES:
-        entries[ENV_IDS[name]] = ("env:DiLoCoSyncEnv", {"regime": name, **V1_KWARGS})
+        entries[ENV_IDS[name]] = ("env:DiLoCoSyncEnv", {"regime": name, **V2_KWARGS})
+        entries[ENV_IDS_V1[name]] = ("versions:make_v1", {"regime": name, **V1_KWARGS})
         entries[ENV_IDS_V0[name]] = ("versions:make_v0", {"regime": name})
     for env_id, (entry, kwargs) in entries.items():
         if env_id in gym.registry:

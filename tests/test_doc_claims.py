@@ -38,7 +38,7 @@ def test_the_reward_formula_is_the_same_everywhere_and_is_the_codes():
     assert formulas["docs/model.md"] == (
         "excess_weight * (sync_excess + shaping) + progress_weight * progress"
     )
-    env = gym.make("DiLoCoSync-v1", excess_weight=2.0, progress_weight=3.0)
+    env = gym.make("DiLoCoSync-v2", excess_weight=2.0, progress_weight=3.0)
     env.reset(seed=0)
     seen_cost = False
     for _ in range(200):

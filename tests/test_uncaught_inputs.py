@@ -17,15 +17,15 @@ from diloco_gym.cli import main
 @pytest.mark.parametrize("mode", [1.5, [1], b"ansi"])
 def test_gym_make_refuses_a_render_mode_that_is_not_a_string(mode):
     with pytest.raises(ValueError, match=r"render_mode must be one of \['ansi', 'rgb_array'\]"):
-        gym.make("DiLoCoSync-v1", render_mode=mode)
+        gym.make("DiLoCoSync-v2", render_mode=mode)
 
 
 def test_gym_make_keeps_gymnasiums_render_wrappers():
-    env = gym.make("DiLoCoSync-v1", render_mode="rgb_array_list")
+    env = gym.make("DiLoCoSync-v2", render_mode="rgb_array_list")
     assert env.unwrapped.render_mode == "rgb_array"
-    assert gym.make("DiLoCoSync-v1", render_mode="ansi").unwrapped.render_mode == "ansi"
+    assert gym.make("DiLoCoSync-v2", render_mode="ansi").unwrapped.render_mode == "ansi"
     with pytest.raises(ValueError, match="render_mode must be one of"):
-        gym.make("DiLoCoSync-v1", render_mode="nonsense")
+        gym.make("DiLoCoSync-v2", render_mode="nonsense")
 
 
 def test_a_fleet_with_sites_that_are_not_sites_is_refused():

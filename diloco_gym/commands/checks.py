@@ -161,20 +161,28 @@ def warn_learner_mismatch(agents: list[str], learner_calibration: str | None) ->
     import warnings
 
     from diloco_gym.agents.learned import LearnerMismatchWarning, trained_learners
+    from diloco_gym.sim.learner_calibration import shipped_path
 
-    judged = ""
-    if learner_calibration is not None:
-        judged = hashlib.sha256(Path(learner_calibration).read_bytes()).hexdigest()
+    def sha(path: str) -> str:
+        return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+    judged = "" if learner_calibration is None else sha(learner_calibration)
+    shipped = sha(shipped_path())
     for agent in agents:
         trained = trained_learners(agent)
         if trained is None or trained == judged:
             continue
         was = f"learner calibration sha256 {trained[:12]}" if trained else "the default learners"
         now = f"{learner_calibration} (sha256 {judged[:12]})" if judged else "the default learners"
+        if trained == shipped:
+            fix = "judge it with --learner-calibration shipped, DiLoCoSync-v2's learners"
+        elif trained:
+            fix = "judge it with --learner-calibration and the file it was trained with"
+        else:
+            fix = "judge it without --learner-calibration"
         warnings.warn(
             f"{agent} was trained with {was} and is judged with {now}: its learner "
-            "observations differ from training's (judge it with --learner-calibration and "
-            "the file it was trained with)",
+            f"observations differ from training's ({fix})",
             LearnerMismatchWarning,
             stacklevel=2,
         )

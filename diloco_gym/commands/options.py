@@ -199,12 +199,21 @@ def add_fleet_arg(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _learner_calibration_file(value: str) -> str:
+    """``--learner-calibration``'s value: a file, or ``shipped`` for the shipped one."""
+    from diloco_gym.sim.learner_calibration import resolve_path
+
+    return str(resolve_path(value))
+
+
 def add_learner_calibration_arg(p: argparse.ArgumentParser) -> None:
     """``--learner-calibration``, the learner model fitted to real DiLoCo runs (report,
     frontier)."""
     p.add_argument(
         "--learner-calibration",
-        help="learner calibration JSON (diloco-gym calibrate-learners): the agents' envs use "
+        type=_learner_calibration_file,
+        help="learner calibration JSON (diloco-gym calibrate-learners; 'shipped': the one "
+        "shipped with the package, DiLoCoSync-v2's learners): the agents' envs use "
         "its learner model (the learner observations a policy trained with it saw; the "
         "sync-excess scores do not depend on it), and each schedule's model-quality price "
         "is added (predicted loss, cost vs fixed H at the same merges, and vs matched random "

@@ -322,7 +322,7 @@ class DiLoCoSyncEnv(gym.Env[Observation, Action]):
 
     ``reward = excess_weight * (sync_excess + shaping) + progress_weight * progress`` (the
     terms in ``info["reward_terms"]``, ``sync_excess <= 0``; ``shaping`` only with
-    ``reward_shaping="merge-debt"``, ``DiLoCoSync-v1``'s default, else 0 and absent: the
+    ``reward_shaping="merge-debt"``, ``DiLoCoSync-v2``'s default, else 0 and absent: the
     merge debt of :mod:`diloco_gym.envs.shaping`, ``gamma * phi(s') - phi(s)``):
 
     * ``sync_excess`` = ``-c * scale`` where ``c`` is the extra SLO-violating requests of

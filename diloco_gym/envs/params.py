@@ -92,7 +92,7 @@ class EnvParams:
             launch; ``"exact"``: its marginal cost in the exact replay, credited once its
             backlog has drained (:class:`diloco_gym.envs.reward.ExactCredit`).
         reward_shaping: ``"none"`` (default) or ``"merge-debt"``: the potential-based
-            shaping of :mod:`diloco_gym.envs.shaping` (``DiLoCoSync-v1``'s default), added to
+            shaping of :mod:`diloco_gym.envs.shaping` (``DiLoCoSync-v1``'s and -v2's), added to
             the ``sync_excess`` term and reported as ``reward_terms["shaping"]``.
         shaping_gamma: the discount of the shaping term ``gamma * phi(s') - phi(s)``; set
             it to the agent's discount (Stable-Baselines3's default 0.99).

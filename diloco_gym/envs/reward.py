@@ -73,7 +73,7 @@ def require_additive(params: Any, owner: str) -> None:
         raise ValueError(
             f"{owner} supports reward_mode='additive' only, got reward_mode="
             f"{params.reward_mode!r}; the exact reward (each merge's marginal exact cost) is "
-            f"DiLoCoSyncEnv's (gym.make('DiLoCoSync-v1', reward_mode='exact'); to train on it, "
+            f"DiLoCoSyncEnv's (gym.make('DiLoCoSync-v2', reward_mode='exact'); to train on it, "
             f"batch single envs: vec_env 'dummy' or 'subproc')"
         )
 

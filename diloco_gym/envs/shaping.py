@@ -122,5 +122,5 @@ def require_unshaped(params: Any, owner: str) -> None:
         raise ValueError(
             f"{owner} does not shape its reward, got reward_shaping={params.reward_shaping!r}; "
             f"the merge-debt shaping is DiLoCoSyncEnv's and DiLoCoSyncVectorEnv's "
-            f"(gym.make('DiLoCoSync-v1'))"
+            f"(gym.make('DiLoCoSync-v2'))"
         )

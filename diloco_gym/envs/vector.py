@@ -84,7 +84,7 @@ class DiLoCoSyncVectorEnv(gym.vector.VectorEnv[np.ndarray, np.ndarray, np.ndarra
 
     The same environment as :class:`~diloco_gym.envs.env.DiLoCoSyncEnv` (see its docstring for
     the problem, observation features and reward), vectorised over a leading batch axis.
-    ``gym.make_vec("DiLoCoSync-v1", num_envs=1024, vectorization_mode="vector_entry_point")``
+    ``gym.make_vec("DiLoCoSync-v2", num_envs=1024, vectorization_mode="vector_entry_point")``
     builds one; every registered regime id works the same way.
 
     ## Spaces

@@ -44,6 +44,7 @@ from typing import Any
 import numpy as np
 
 from diloco_gym.rl.aggregate import iqm, probability_of_improvement, stratified_bootstrap_ci
+from diloco_gym.rl.learner_config import learner_calibration_path
 
 __all__ = [
     "run_dir",
@@ -177,12 +178,15 @@ def evaluate_runs(
     budgets_per_hour: Sequence[float] | None = None,
     jobs: int = 1,
     free: bool = False,
+    learner_calibration: str | None = None,
 ) -> Path:
     """Judge every run of ``names`` x ``seeds`` beside ``heuristics``: budget-conditioned
     models on the frontier's budget grid, or (``free``) models that choose their own merge
-    rate as free points (task ``REGIME@free``, each at its own merges per hour). Writes
-    ``out/budgets.csv`` (one row per regime x budget x agent) and ``out/agents.json``.
-    Returns ``out``."""
+    rate as free points (task ``REGIME@free``, each at its own merges per hour). With
+    ``learner_calibration`` (a file, or ``"shipped"``: ``DiLoCoSync-v2``'s learners) every
+    agent acts in envs with its learner model, as the frontier's ``--learner-calibration``.
+    Writes ``out/budgets.csv`` (one row per regime x budget x agent) and
+    ``out/agents.json``. Returns ``out``."""
     from diloco_gym.agents.registry import make_agents
     from diloco_gym.eval.frontier import DEFAULT_BUDGETS_PER_HOUR, FrontierConfig, run_frontier
 
@@ -200,6 +204,7 @@ def evaluate_runs(
         seed0=seed0,
         draws=draws,
         in_process_agents=True,  # the study's own models and the shipped heuristics
+        learner_calibration=learner_calibration_path(learner_calibration),
     )
     backend = "processes" if jobs > 1 else "serial"
     result = run_frontier(config, progress=False, backend=backend, jobs=jobs)
@@ -214,6 +219,7 @@ def evaluate_runs(
         "test_seeds": [seed0, seed0 + test_seeds - 1],
         "draws": draws,
         "select": select,
+        "learner_calibration": learner_calibration_path(learner_calibration),
         "elapsed_s": round(result["elapsed_s"], 1),
     }
     _write_agents(out, learned, agent_names[: len(learned)], extra)
@@ -612,6 +618,12 @@ def _parser() -> argparse.ArgumentParser:
     ev.add_argument("--budgets", type=float, nargs="+", default=None, metavar="PER_HOUR")
     ev.add_argument("--jobs", type=int, default=1)
     ev.add_argument("--free", action="store_true", help="free points (own merge rate)")
+    ev.add_argument(
+        "--learner-calibration",
+        default=None,
+        help="the envs' learner model: a learner calibration file, or 'shipped' "
+        "(DiLoCoSync-v2's); judge runs trained with one with the same",
+    )
     ef.add_argument("--name", required=True)
     ef.add_argument("--fleet", required=True, help="the fleet file the models trained on")
     ef.add_argument("--budgets", type=int, nargs="+", required=True, help="syncs per episode")
@@ -636,6 +648,7 @@ def _run_step(a: argparse.Namespace) -> None:
         evaluate_runs(
             Path(a.runs), a.names, a.seeds, Path(a.out), a.regimes, a.heuristics,
             a.test_seeds, a.seed0, a.draws, a.select, a.budgets, a.jobs, a.free,
+            a.learner_calibration,
         )  # fmt: skip
     elif a.step == "evaluate-fleet":
         evaluate_fleet_runs(

@@ -288,7 +288,7 @@ def format_comparison(cmp: dict[str, Any]) -> tuple[list[str], list[str]]:
             f"({cmp['same_schedules_as_fixed_512']} of {n} episodes identical). Training "
             f"longer rarely gets a policy off this plateau; the reward and hyperparameters "
             f"that learn it from scratch are in docs/training.md, 'A default task that PPO "
-            f"learns' (e.g. --config agents/reference/ppo-v1/config.toml)."
+            f"learns' (e.g. --config agents/reference/ppo-v2/config.toml)."
         )
     elif cmp["same_schedules_as_fixed_512"] == n:
         warnings.append(

@@ -52,6 +52,9 @@ __all__ = [
     "LearnerCalibration",
     "LearnerCalibrationError",
     "SCHEMA_RESOURCE",
+    "SHIPPED",
+    "shipped_path",
+    "resolve_path",
     "learner_calibration_schema",
     "load_learner_calibration",
     "predict_losses",
@@ -283,6 +286,23 @@ def quality_cost(merge_times_s: Sequence[float] | np.ndarray, cal: LearnerCalibr
     return env_schedule_loss(t, cal) - env_schedule_loss(even, cal)
 
 
+#: The name that stands for the learner calibration shipped with the package
+#: (``diloco_gym/data/learner_calibration_default.json``, the model ``DiLoCoSync-v2`` uses)
+#: wherever a learner calibration file is asked for.
+SHIPPED = "shipped"
+
+
+def shipped_path() -> str:
+    """The absolute path of the shipped learner calibration file."""
+    return str(resources.files("diloco_gym").joinpath("data/learner_calibration_default.json"))
+
+
+def resolve_path(source: str | Path) -> str | Path:
+    """``source`` with the name :data:`SHIPPED` replaced by :func:`shipped_path` (any other
+    value unchanged; a file of that name is reached as ``./shipped``)."""
+    return shipped_path() if isinstance(source, str) and source == SHIPPED else source
+
+
 def learner_calibration_schema() -> dict:
     """The JSON Schema of learner calibration files (shipped as package data)."""
     return json.loads(resources.files("diloco_gym").joinpath(SCHEMA_RESOURCE).read_text())
@@ -320,6 +340,7 @@ def load_learner_calibration(
         from diloco_gym.sim import parsing
         from diloco_gym.sim.limits import LimitError
 
+        source = resolve_path(source)
         where = str(source)
         try:  # at most DILOCO_GYM_MAX_CALIBRATION_BYTES, DILOCO_GYM_MAX_NESTING levels deep
             text = parsing.read_text(

@@ -4,6 +4,7 @@ options they pass on (:func:`diloco_gym.commands.options.replay_options`)."""
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 import pytest
 
@@ -92,6 +93,16 @@ def test_a_learned_agent_judged_with_other_learners_is_warned_about(tmp_path):
     assert trained_learners(same) == sha and trained_learners(plain) == ""
     assert trained_learners("fixed-512") is None  # not a learned model
     assert trained_learners("reference-ppo-v1") == ""  # shipped, default learners
+    from diloco_gym.sim.learner_calibration import shipped_path
+
+    shipped = hashlib.sha256(Path(shipped_path()).read_bytes()).hexdigest()
+    assert trained_learners("reference-ppo-v2") == shipped  # DiLoCoSync-v2's learners
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # judged with its own learners: no warning
+        checks.warn_learner_mismatch(["reference-ppo-v2"], shipped_path())
+    with pytest.warns(LearnerMismatchWarning, match="reference-ppo-v2 was trained with") as w:
+        checks.warn_learner_mismatch(["reference-ppo-v2"], None)
+    assert "(judge it with --learner-calibration shipped" in str(w[0].message)
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
         checks.warn_learner_mismatch([same, other, plain, "fixed-512"], str(cal))
@@ -100,6 +111,7 @@ def test_a_learned_agent_judged_with_other_learners_is_warned_about(tmp_path):
     assert msgs[0].startswith(f"{other} was trained with learner calibration sha256 000000000000")
     assert f"judged with {cal} (sha256 {sha[:12]})" in msgs[0]
     assert msgs[1].startswith(f"{plain} was trained with the default learners")
+    assert msgs[1].endswith("(judge it without --learner-calibration)")
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
         checks.warn_learner_mismatch([same, plain], None)  # judged with the default learners

@@ -21,11 +21,11 @@ from diloco_gym.envs.schedule import replay_schedule, schedule_summary
 from diloco_gym.sim.schedules import budget_range, is_feasible
 
 REGIME_NAMES = list(REGIMES)
-ALL_IDS = [*diloco_gym.ENV_IDS.values(), "DiLoCoSync-v1"]
+ALL_IDS = [*diloco_gym.ENV_IDS.values(), "DiLoCoSync-v2"]
 
 
 # --------------------------------------------------------------------------- API conformance
-@pytest.mark.parametrize("env_id", [*ALL_IDS, "diloco_gym:DiLoCoSync-v1"])
+@pytest.mark.parametrize("env_id", [*ALL_IDS, "diloco_gym:DiLoCoSync-v2"])
 def test_check_env_passes_without_any_warning(env_id):
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")  # record everything, filter nothing
@@ -47,7 +47,7 @@ def test_check_env_passes_without_any_warning(env_id):
 def test_check_env_passes_for_non_default_arguments(kwargs):
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        env = gym.make("DiLoCoSync-v1", **kwargs)
+        env = gym.make("DiLoCoSync-v2", **kwargs)
         gym_check_env(env.unwrapped)
         sb3_check_env(env.unwrapped, warn=True)
         env.close()
@@ -61,10 +61,11 @@ def test_registered_ids_use_their_regime():
         assert env.unwrapped.regime_name == name
         assert env.unwrapped.sidecar == REGIMES[name].sidecar
         env.close()
-    assert gym.make("DiLoCoSync-v1").unwrapped.regime_name == "bursty"
-    assert gym.make("DiLoCoSync-v1", regime="ordinary").unwrapped.regime_name == "ordinary"
+    assert gym.make("DiLoCoSync-v2").unwrapped.regime_name == "bursty"
+    assert gym.make("DiLoCoSync-v2", regime="ordinary").unwrapped.regime_name == "ordinary"
     for name, env_id in diloco_gym.ENV_IDS.items():
-        assert env_id.endswith("-v1") and diloco_gym.ENV_IDS_V0[name] == env_id[:-1] + "0"
+        assert env_id.endswith("-v2") and diloco_gym.ENV_IDS_V1[name] == env_id[:-1] + "1"
+        assert diloco_gym.ENV_IDS_V0[name] == env_id[:-1] + "0"
 
 
 def test_observations_stay_inside_the_space_over_whole_episodes(rollout):

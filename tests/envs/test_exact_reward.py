@@ -180,7 +180,7 @@ def test_check_env_passes_in_exact_mode_without_any_warning():
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        env = gym.make("DiLoCoSync-v1", reward_mode="exact", merge_budget=20)
+        env = gym.make("DiLoCoSync-v2", reward_mode="exact", merge_budget=20)
         gym_check_env(env.unwrapped)
         sb3_check_env(env.unwrapped, warn=True)
         env.close()

@@ -1,4 +1,4 @@
-"""The merge-debt reward shaping (``reward_shaping="merge-debt"``, DiLoCoSync-v1): its
+"""The merge-debt reward shaping (``reward_shaping="merge-debt"``, DiLoCoSync-v2): its
 potential, the relation of the shaped reward to the scored sync-excess, the vector env's
 equality with the single env, and the envs that refuse it."""
 
@@ -128,7 +128,7 @@ def test_vector_env_shapes_as_the_single_env(budget):
 
 
 def test_v1_id_is_shaped_and_learns_the_same_task():
-    env = gym.make("DiLoCoSync-v1")
+    env = gym.make("DiLoCoSync-v2")
     assert env.unwrapped.params.reward_shaping == "merge-debt"
     assert env.unwrapped.params.excess_weight == diloco_gym.V1_KWARGS["excess_weight"]
     assert env.observation_space == DiLoCoSyncEnv().observation_space

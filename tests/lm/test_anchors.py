@@ -285,3 +285,35 @@ def test_env_default_h_effect_by_hand():
         env_default_h_effect([0], 2)
     with pytest.raises(ValueError, match="hs is empty"):
         env_default_h_effect([], 2)
+
+
+def test_v2_learner_model_prices_the_corridor_as_published_and_measured():
+    """``DiLoCoSync-v2``'s learner model (the shipped calibration's) prices the corridor's
+    4-fold longer interval (512 against 128 env steps) inside the published 3- to 4-fold
+    changes of DiLoCo's outer optimiser (Nesterov, as in DiLoCo, and Streaming DiLoCo; plain
+    averaging left out) and inside the bootstrap interval of the shipped calibration's own
+    paired runs; v0/v1's learner model prices it above every published change."""
+    import gymnasium as gym
+
+    import diloco_gym  # noqa: F401  (registers the ids)
+    from diloco_gym.lm.anchors import env_default_h_effect, measured_h_effect, relative_change
+    from diloco_gym.sim.learner_calibration import shipped_path
+
+    published = [
+        c.change
+        for key, changes in relative_change().items()
+        if "sgd-1.0" not in key
+        for c in changes
+        if 3.0 <= c.h_relative <= 4.0
+    ]
+    assert len(published) >= 10
+    v2 = gym.make("DiLoCoSync-v2").unwrapped.learner_params
+    ratio, change, _, _ = env_default_h_effect([512], 128, learners=v2)[-1]
+    assert ratio == 4.0
+    assert min(published) <= change <= max(published)
+    doc = json.loads(Path(shipped_path()).read_text())
+    rows = {round(r[0], 6): r for r in measured_h_effect(doc["runs"], 4)}
+    _, measured, low, high = rows[4.0]
+    assert low <= change <= high and low > 0
+    _, legacy, _, _ = env_default_h_effect([512], 128)[-1]
+    assert legacy > max(published)

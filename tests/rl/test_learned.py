@@ -283,16 +283,34 @@ BUDGET_REFERENCES = [
 ]
 
 
-@pytest.mark.parametrize(("name", "folder"), [("reference-ppo-v1", "ppo-v1"), *BUDGET_REFERENCES])
+@pytest.mark.parametrize(
+    ("name", "folder"),
+    [("reference-ppo-v1", "ppo-v1"), ("reference-ppo-v2", "ppo-v2"), *BUDGET_REFERENCES],
+)
 def test_v1_reference_agents_were_trained_on_v1s_reward(name, folder) -> None:
-    """The ``-v1`` agents' recorded environment is DiLoCoSync-v1's reward; the others',
-    v0's (their configs train as they did)."""
+    """The ``-v1`` and ``-v2`` agents' recorded environment is DiLoCoSync-v1's reward; the
+    others', v0's (their configs train as they did). The ``-v2`` agent's learners are the
+    shipped calibration's, recorded by name (so its env rebuilds on any installation) and
+    by SHA-256; the others' are the default learners."""
+    import hashlib
+
     from diloco_gym.envs.versions import V1_KWARGS
+    from diloco_gym.sim.learner_calibration import shipped_path
 
     root = Path(__file__).resolve().parents[2]
     meta = json.loads((root / "agents" / "reference" / folder / "meta.json").read_text())
     env = meta["env_params"]
-    if name.endswith("-v1"):
+    recorded = meta["config"].get("learner_calibration_file")
+    if name.endswith("-v2"):
+        assert meta["env_kwargs"]["learner_calibration"] == "shipped"
+        sha = hashlib.sha256(Path(shipped_path()).read_bytes()).hexdigest()
+        assert recorded == {"path": "shipped", "sha256": sha}
+        assert DiLoCoSyncEnv("bursty", **meta["env_kwargs"]).learner_params == (
+            DiLoCoSyncEnv("bursty", learner_calibration="shipped").learner_params
+        )
+    else:
+        assert recorded is None
+    if name[-3:] in ("-v1", "-v2"):
         assert {k: env[k] for k in V1_KWARGS} == V1_KWARGS
         assert meta["command"].startswith(f"diloco-gym train --config agents/reference/{folder}/")
     else:

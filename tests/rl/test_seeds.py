@@ -42,6 +42,24 @@ def test_a_tiny_study_trains_judges_and_aggregates(tmp_path: Path, capsys) -> No
     record = json.loads((ev / "agents.json").read_text())
     assert [r["seed"] for r in record["learned"]] == [0, 1]
     assert record["test_seeds"] == [2000, 2002]
+    assert record["learner_calibration"] is None
+
+    # judged with DiLoCoSync-v2's learners: recorded, and each schedule carries its quality
+    ev2 = tmp_path / "eval-v2"
+    assert seeds.main([
+        "evaluate", "--runs", str(runs), "--names", "tiny", "--seeds", "0",
+        "--out", str(ev2), "--regimes", "bursty", "--heuristics", "fixed-budget",
+        "--test-seeds", "2", "--draws", "10", "--budgets", "60", "--learner-calibration",
+        "shipped",
+    ]) == 0  # fmt: skip
+    from diloco_gym.sim.learner_calibration import shipped_path
+
+    v2 = json.loads((ev2 / "agents.json").read_text())
+    assert v2["learner_calibration"] == str(Path(shipped_path()).resolve())
+    import pandas as pd
+
+    assert "pred_loss" in pd.read_csv(ev2 / "budgets.csv").columns
+    assert "pred_loss" not in pd.read_csv(ev / "budgets.csv").columns
     out = tmp_path / "summary"
     assert seeds.main([
         "summarize", "--evals", str(ev), "--runs", str(runs), "--curves", "tiny",
