@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import Any
 
 from diloco_gym.commands.extras import missing_extra
 from diloco_gym.errors import DataError, UsageError
@@ -17,6 +18,7 @@ __all__ = [
     "check_regime",
     "check_agent",
     "check_free_agent",
+    "fleet_merge_budget",
     "load_agent",
     "check_learner_calibration",
     "warn_learner_mismatch",
@@ -84,18 +86,36 @@ def check_agent(name: str) -> str:
     )
 
 
-def check_free_agent(name: str) -> str:
+def check_free_agent(name: str, fleet: str | None = None) -> str:
     """A known agent that can run without a merge budget (``run`` and ``report`` give
-    none): budget-aware agents are a usage error, found before anything runs."""
+    none; ``fleet``: the ``--fleet`` file, whose ``[env]`` has no ``merge_budget``):
+    budget-aware agents are a usage error, found before anything runs."""
     from diloco_gym.agents.registry import is_budget_aware_spec
 
     check_agent(name)
     if is_budget_aware_spec(name):
+        also = (
+            f", or set merge_budget in the [env] table of {fleet} to run it at that budget"
+            if fleet
+            else ""
+        )
         raise UsageError(
             f"{name} steers by a merge budget and runs only with one; compare it at "
-            f"every budget of a grid with `diloco-gym frontier --budget-agents {name}`"
+            f"every budget of a grid with `diloco-gym frontier --budget-agents {name}`{also}"
         )
     return name
+
+
+def fleet_merge_budget(path: str) -> Any:
+    """The ``merge_budget`` of a fleet file's ``[env]`` table (``None`` without one); a
+    file that does not load is a one-line data error naming it."""
+    from diloco_gym.sim.fleet import FleetConfigError, load_fleet_toml
+
+    try:
+        _, env = load_fleet_toml(path)
+    except FleetConfigError as exc:
+        raise DataError(str(exc)) from None
+    return env.get("merge_budget")
 
 
 def load_agent(name: str):

@@ -218,7 +218,7 @@ def _frontier_fleet(args: argparse.Namespace) -> int:
         lambda res, cmd: write_fleet_frontier(res, args.out, force=args.force, command=cmd),
         "frontier",
     )
-    print(frontier_table(result["frontier"]))
+    print(frontier_table(result["frontier"], result["fleet"]["worst_site_weight"]))
     print(
         f"\nfleet frontier written to {out}/ (frontier.md, .csv, .json, .png) in "
         f"{time.perf_counter() - started:.1f} s"

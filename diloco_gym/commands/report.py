@@ -146,13 +146,18 @@ def _check_calibration(path: str | None) -> None:
 
 def _report_agents(args: argparse.Namespace) -> list[str]:
     """The report's agents (``--agents`` or every heuristic, then each ``--agent``), each
-    checked and given once."""
+    checked and given once. Budget-aware agents are refused unless ``--fleet``'s file sets
+    a merge budget in its ``[env]``."""
     from diloco_gym.agents.registry import HEURISTICS
 
     agents = list(HEURISTICS) if not args.agents else list(args.agents)
     agents += list(args.agent or [])
+    fleet = getattr(args, "fleet", None)
+    budget = fleet is not None and checks.fleet_merge_budget(fleet) is not None
     for a in agents:
-        checks.check_free_agent(a)
+        # a fleet whose [env] sets merge_budget runs every episode at that budget, so a
+        # budget-aware agent runs there as it does on the frontier's grid
+        checks.check_agent(a) if budget else checks.check_free_agent(a, fleet=fleet)
     twice = sorted({a for a in agents if agents.count(a) > 1})
     if twice:
         raise UsageError(
@@ -178,7 +183,7 @@ def _report_fleet(args: argparse.Namespace, agents: list[str]) -> int:
         lambda res, cmd: write_fleet_report(res, args.out, force=args.force, command=cmd),
         "report",
     )
-    print(fleet_summary_table(result["summary"]))
+    print(fleet_summary_table(result["summary"], result["fleet"]["worst_site_weight"]))
     print(
         f"\nfleet report written to {out}/ (report.md, results.csv, report.json) in "
         f"{time.perf_counter() - started:.1f} s"

@@ -19,6 +19,8 @@ import numpy as np
 from diloco_gym.eval.fleet import (
     FleetFiles,
     FleetReportConfig,
+    oracle_label,
+    oracle_note,
     run_fleet_report,
     with_env,
     write_fleet_dir,
@@ -98,11 +100,12 @@ def run_fleet_frontier(config: FleetFrontierConfig, progress: bool = False) -> d
     }
 
 
-def frontier_table(frontier) -> str:
-    """The frontier as a Markdown table."""
+def frontier_table(frontier, worst_site_weight: float = 0.0) -> str:
+    """The frontier as a Markdown table (the oracle column labelled by
+    :func:`~diloco_gym.eval.fleet.oracle_label`; the gap is captured toward that oracle)."""
     head = (
-        "| budget | agent | syncs/h | agent pp | random pp | oracle pp | gap "
-        "| worst site pp | verdict |"
+        f"| budget | agent | syncs/h | agent pp | random pp | {oracle_label(worst_site_weight)} "
+        "| gap | worst site pp | verdict |"
     )
     lines = [head, "|" + "---|" * 9]
     for r in frontier.itertuples():
@@ -130,7 +133,12 @@ def fleet_frontier_figure(result: dict[str, Any]):
     x = per_budget["syncs_per_hour"]
     for col, color, label in (
         ("matched_random_mean", "tab:orange", "matched random (same syncs)"),
-        ("oracle_same_budget_pct", "black", "oracle (exact DP, non-deployable)"),
+        (
+            "oracle_same_budget_pct",
+            "black",
+            oracle_label(result["fleet"]["worst_site_weight"])[: -len(" pp")]
+            + " (exact DP, non-deployable)",
+        ),
     ):
         ax.plot(x, per_budget[col], "-s", ms=4, color=color, lw=2.5, alpha=0.7, label=label)
     colors = ["tab:blue", "tab:green", "tab:red", "tab:purple", "tab:brown", "tab:pink"]
@@ -175,9 +183,10 @@ def write_fleet_frontier(
         f"Fleet `{result['fleet']['file']}`, budgets (merges per episode) "
         f"{result['config']['budgets']}, {result['config']['seeds']} episodes from seed "
         f"{result['config']['seed0']}; calibration verdict "
-        f"**{result['calibration_verdict']}**.",
+        f"**{result['calibration_verdict']}**."
+        + (" " + oracle_note(result["fleet"]["worst_site_weight"])).rstrip(),
         "",
-        frontier_table(result["frontier"]),
+        frontier_table(result["frontier"], result["fleet"]["worst_site_weight"]),
         "",
         "![fleet frontier](frontier.png)",
     ]

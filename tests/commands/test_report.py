@@ -113,3 +113,35 @@ def test_the_agents_default_to_every_heuristic_then_each_agent():
     assert got == ["fixed-512", "wa-diloco"]
     with pytest.raises(UsageError, match="given more than once"):
         report._report_agents(_args(["--agents", "fixed-512", "--agent", "fixed-512"]))
+
+
+def test_a_fleet_with_a_merge_budget_runs_budget_aware_agents(tmp_path, fails):
+    """``report --fleet FILE`` refuses a budget-aware agent, naming the file and the key
+    that would let it run, unless FILE's ``[env]`` sets ``merge_budget``: then every
+    episode has that budget and the agent runs, as on the frontier's grid."""
+    text = FLEET_EXAMPLE.read_text()
+    assert "\nh_max_steps = 512\n" in text
+    budgeted = tmp_path / "fleet_budget.toml"
+    budgeted.write_text(
+        text.replace("\nh_max_steps = 512\n", "\nh_max_steps = 512\nmerge_budget = 40\n")
+    )
+    agents = ["--agents", "online-forecast-budget", "online-forecast"]
+    refused = tmp_path / "refused"
+    line = fails(["report", "--out", str(refused), "--fleet", str(FLEET_EXAMPLE), *agents], 2)
+    assert "online-forecast-budget steers by a merge budget" in line
+    assert f"or set merge_budget in the [env] table of {FLEET_EXAMPLE}" in line
+    assert not refused.exists()
+    assert report._report_agents(_args(["--fleet", str(budgeted), *agents])) == [
+        "online-forecast-budget",
+        "online-forecast",
+    ]
+    from diloco_gym.cli import main
+
+    done = tmp_path / "done"
+    argv = ["report", "--out", str(done), "--fleet", str(budgeted), *agents]
+    assert main([*argv, "--seeds", "2", "--draws", "10", "--no-progress"]) == 0
+    import pandas as pd
+
+    rows = pd.read_csv(done / "results.csv")
+    assert set(rows["agent"]) == {"online-forecast-budget", "online-forecast"}
+    assert (rows["syncs"] == 40).all()
