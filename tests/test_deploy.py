@@ -177,6 +177,18 @@ def test_controller_matches_the_registered_v2_env():
             assert_equivalent(env, "online-forecast", seed)
 
 
+def test_controller_runs_the_shipped_learned_agents_as_the_env():
+    """A learned policy (reference-ppo-v2) and a budget-conditioned MaskablePPO model (its
+    action mask and budget features from the controller's context) see and decide as in
+    the env."""
+    pytest.importorskip("stable_baselines3")
+    pytest.importorskip("sb3_contrib")
+    env = gym.make("DiLoCoSync-v2", regime="bursty")
+    assert len(assert_equivalent(env, "reference-ppo-v2", 0)["ran"]["merges"]) > 0
+    env = gym.make("DiLoCoSync-v2", regime="bursty", merge_budget=12)
+    assert len(assert_equivalent(env, "reference-budget-bursty", 1)["ran"]["merges"]) == 12
+
+
 def test_controller_surrogate_path_matches_the_env():
     """Telemetry without learner reports: the controller's surrogate, given the episode's
     throughputs (in another order), tracks the global tokens through the merges as the env
