@@ -214,6 +214,13 @@ class Controller:
             carries no learner reports: the surrogate then gives them (and tracks the global
             model's tokens through its merges), as the env does.
         regime: the label the agent's context carries (some agents key on it).
+
+    Attributes:
+        d: the next decision's index; ``done`` once it reaches ``decisions``.
+        last: the decision of the last merge (0 at the start: a run starts just after one).
+        n_merges: merges so far; ``m_left``: merges left of the budget (0 without one).
+        global_tokens: the surrogate's global tokens (moved only with
+            ``learner_throughputs``).
     """
 
     def __init__(

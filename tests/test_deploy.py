@@ -163,7 +163,8 @@ def test_controller_holds_the_merge_budget_as_the_env(regime, agent):
         out = assert_equivalent(env, agent, seed)
         decisions = out["decisions"]
         assert sum(x.merge for x in decisions) == 12
-        assert any(x.forced or x.not_allowed for x in decisions if x.gap >= 16)  # the budget's
+        # the budget's own mask: a merge refused or forced inside the corridor
+        assert any(x.forced or x.not_allowed for x in decisions if 16 <= x.gap < 64)
 
 
 def test_controller_matches_the_registered_v2_env():
@@ -208,6 +209,43 @@ def test_controller_asks_every_decision_without_skip_forced():
     assert any(x.overridden for x in decisions)
     assert all(x.merge for x in decisions if x.forced)
     assert not any(x.merge for x in decisions if x.not_allowed)
+
+
+class Recorder(SeededRandom):
+    """A seeded random agent that records what it is handed at each question: the
+    ``episode_start`` flag and its context's action mask."""
+
+    name = "recorder"
+
+    def __init__(self, seed: int) -> None:
+        super().__init__(seed)
+        self.seen: list[tuple[bool, tuple[bool, ...]]] = []
+        self.context: Any = None
+
+    def attach(self, context: Any) -> None:
+        self.context = context
+
+    def predict(self, observation, state=None, episode_start=None, deterministic=True):
+        mask = tuple(bool(x) for x in self.context.action_mask())
+        self.seen.append((bool(np.asarray(episode_start).reshape(-1)[0]), mask))
+        return super().predict(observation, state, episode_start, deterministic)
+
+
+@pytest.mark.parametrize("skip_forced", [True, False])
+def test_the_agent_gets_the_runners_episode_start_and_action_mask(skip_forced):
+    """What the evaluation runner hands an agent besides the observation (the episode-start
+    flag, the context's action mask, as MaskablePPO models read it) is what the controller
+    hands it, question by question."""
+    env = DiLoCoSyncEnv("bursty", skip_forced=skip_forced, merge_budget=10)
+    in_env = Recorder(3)
+    ran = run_env(env, in_env, 3)
+    stream, _ = telemetry_of(env, ran["merges"])
+    in_ctrl = Recorder(3)
+    run_controller(controller_for(env, in_ctrl), stream)
+    assert in_ctrl.seen == in_env.seen
+    assert [s for s, _ in in_env.seen].count(True) == 1 and in_env.seen[0][0]
+    if not skip_forced:
+        assert len({m for _, m in in_env.seen}) > 1  # masks other than [1, 1] were handed
 
 
 def test_the_first_decisions_rate_is_zero_and_the_ewmas_bias_corrected():
