@@ -217,6 +217,9 @@ LAYER_RULES = {
     # the Python API (diloco_gym.evaluate) and the public wrappers: the protocol's own code
     "api": {"sim", "envs", "agents", "eval", "api"} | _BASE,
     "wrappers": {"sim", "envs", "eval", "wrappers"} | _BASE,
+    # the deployable controller (an agent in a real deployment's loop): the env's rules
+    # and the agents, nothing of the evaluation
+    "deploy": {"sim", "envs", "agents", "deploy"} | _BASE,
     # the command line's shared parts: any layer below the command line itself
     "commands": {"sim", "envs", "agents", "eval", "rl", "live", "lm", "scale", "commands"} | _BASE,
 }
