@@ -277,3 +277,26 @@ def test_gymnasium_and_sb3_checkers_v1():
         check_env(gym.make("DiLoCoFleet-v1").unwrapped, skip_render_check=True)
         check_env(gym.make("DiLoCoFleet-v1", fleet=EXAMPLE).unwrapped, skip_render_check=True)
         sb3_check(gym.make("DiLoCoFleet-v1", fragments=4, bits=4, mode="streamed"))
+
+
+def test_each_sync_stalls_the_learners_for_its_own_precision_window():
+    env = DiLoCoFleetEnv(model_version=1, bits=32, bits_options=[8, 32])
+    plans = zip(env.setup.option_bits, env.setup.option_plans, strict=True)
+    stall = {b: p.stall_s for b, p in plans}
+    assert stall[8] < stall[32]  # a shorter payload, a shorter window and stall
+    env.reset(seed=2)
+    k = 0
+    while True:
+        *_, trunc, info = env.step([1, k % 2])
+        k += 1
+        if trunc:
+            break
+    s = info["episode_summary"]
+    assert set(s["sync_bits"]) == {8, 32}
+    dec = env.params.decision_seconds
+    gaps = np.diff([0, *s["merge_decisions"]]) * dec
+    before = [32, *s["sync_bits"][:-1]]  # the sync before each (the episode's first: bits)
+    compute = gaps - np.array([stall[b] for b in before])
+    thr = float(np.sum(env.episode.throughputs))
+    want = thr * _work(compute, env.learner_params.drift_s)
+    assert env._state.tokens.item(0) == pytest.approx(want, rel=1e-12)
