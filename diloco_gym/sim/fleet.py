@@ -306,7 +306,8 @@ class FleetParams:
             raise FleetConfigError(f"bits must be one of {BITS}, got {self.bits!r}")
         if self.mode not in MODES:
             raise FleetConfigError(f"mode must be one of {MODES}, got {self.mode!r}")
-        if self.model_version not in MODEL_VERSIONS or isinstance(self.model_version, bool):
+        mv = self.model_version
+        if not isinstance(mv, int) or isinstance(mv, bool) or mv not in MODEL_VERSIONS:
             raise FleetConfigError(
                 f"model_version must be one of {MODEL_VERSIONS}, got {_short(self.model_version)}"
             )

@@ -236,8 +236,9 @@ def test_bad_model_version_is_one_line_naming_file_and_key(tmp_path, value):
     with pytest.raises(fl.FleetConfigError, match="model_version") as info:
         fl.load_fleet_toml(f)
     assert str(f) in str(info.value) and "\n" not in str(info.value)
-    with pytest.raises(fl.FleetConfigError, match=r"model_version must be one of \(0, 1\)"):
-        fl.FleetParams(model_version=2)
+    for bad in (2, 1.0, True, "1"):
+        with pytest.raises(fl.FleetConfigError, match=r"model_version must be one of \(0, 1\)"):
+            fl.FleetParams(model_version=bad)
 
 
 # ----------------------------------------------------------------- special case, checkers
