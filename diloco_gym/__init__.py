@@ -3,7 +3,8 @@
 Importing the package registers the Gymnasium ids ``DiLoCoSync-v2`` (bursty by default,
 any regime through ``regime=``) and one id per regime, e.g. ``DiLoCoSync-Bursty-v2``; the
 ``-v0`` and ``-v1`` ids stay for one release and warn (``diloco_gym.envs.versions`` says
-what each version changed).
+what each version changed), and the fleet ids ``DiLoCoFleet-v1`` (and the deprecated
+``DiLoCoFleet-v0``, docs/fleet.md).
 """
 
 from __future__ import annotations
@@ -109,10 +110,20 @@ def register_envs() -> None:
             order_enforce=False,
             disable_env_checker=True,
         )
+    # The fleet: -v1 is the fleet model v1; the deprecated -v0 (kept for one release, it
+    # warns) the model v0. The id fixes the model: it overrides a fleet file's model_version.
+    if "DiLoCoFleet-v1" not in gym.registry:
+        gym.register(
+            id="DiLoCoFleet-v1",
+            entry_point="diloco_gym.envs.fleet:DiLoCoFleetEnv",
+            kwargs={"model_version": 1},
+            disable_env_checker=False,
+        )
     if "DiLoCoFleet-v0" not in gym.registry:
         gym.register(
             id="DiLoCoFleet-v0",
-            entry_point="diloco_gym.envs.fleet:DiLoCoFleetEnv",
+            entry_point="diloco_gym.envs.versions:make_fleet_v0",
+            kwargs={"model_version": 0},
             disable_env_checker=False,
         )
 

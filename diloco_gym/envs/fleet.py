@@ -1,4 +1,5 @@
-"""``DiLoCoFleet-v0``: when to run the next fragment sync of a DiLoCo fleet of sites.
+"""``DiLoCoFleet-v1`` (and the deprecated ``-v0``): when to run the next fragment sync of
+a DiLoCo fleet of sites.
 
 The fleet env is the single env (:class:`~diloco_gym.envs.env.DiLoCoSyncEnv`, the kernel
 on a batch of one) with a fleet episode: every site's episode is built by the same
@@ -421,7 +422,13 @@ class DiLoCoFleetEnv(DiLoCoSyncEnv):
 
     ## Version History
 
-    * v0: initial version.
+    * v1: the fleet model v1 (``model_version=1``, docs/fleet.md "What v1 changes"): each
+      site's slowdown at its own link share; a streamed sync's host part charged by its
+      work; a full-mode sync stalls the learners of a fleet of several sites; a fragment's
+      credit discounted by its own staleness; a ring hop's latency is the two sites' access
+      latencies. ``DiLoCoFleetEnv(...)`` keeps model v0 unless the fleet (or its file's
+      ``model_version = 1``, or the keyword) selects v1.
+    * v0: initial version (deprecated id, kept for one release).
     """
 
     def __init__(
@@ -547,9 +554,44 @@ class DiLoCoFleetEnv(DiLoCoSyncEnv):
         return bool(a[0] == 1)
 
     def _merge_cost_at(self, d: int) -> float:
+        # The compiled step asks every fleet sync's cost here, just before it merges (the
+        # fleet env's memo starts empty each episode): the sync's option and, in model v1,
+        # its learner credit are set now.
         assert isinstance(self.episode, FleetEpisode)  # called only after reset()
         self._sync_options.append(self._option)
+        if self.fleet.model_version >= 1:
+            self._set_learner_work(d)
         return self.episode.merge_cost_at(d, self._option)
+
+    def _set_learner_work(self, d: int) -> None:
+        """Model v1's learner credit of the fragment sync at decision ``d``
+        (:func:`~diloco_gym.sim.fleet.fragment_work_seconds`): the compute seconds since the
+        previous fragment sync, discounted for drift by this fragment's own staleness, both
+        without the seconds the learners stalled for earlier syncs
+        (:attr:`~diloco_gym.sim.fleet.SyncPlan.stall_s`: each sync stalls them for that
+        many seconds from its start). The kernel credits ``efficiency(g) * g * thr_sum``
+        with ``g`` the wall-clock gap since the previous sync; the learners' summed
+        throughput of this merge (``thr_sum`` of the batch) is scaled so that the product is
+        v1's credit. The syncs before the episode (:meth:`fragment_staleness`'s history)
+        count as syncs at ``bits``, stalls included."""
+        s = self.setup
+        f = self.fleet.fragments
+        merges = self._merges  # the syncs so far, without this one
+        stalls = [s.option_plans[k].stall_s for k in self._sync_options[:-1]]
+        if f == 1 and s.plan.stall_s == 0.0 and not any(stalls):
+            return  # v0's credit exactly (one site, or streamed syncs the overlap covers)
+        hist = [-(f - 1 - k) * self.params.h_max for k in range(f)] + merges
+        hist_stall = [s.plan.stall_s] * f + stalls
+        dec = self.params.decision_seconds
+        gap = (d - hist[-1]) * dec
+        compute_gap = gap - hist_stall[-1]
+        own = (d - hist[-f]) * dec - sum(hist_stall[-f:])
+        lp = self.learner_params
+        target = fl.fragment_work_seconds(compute_gap, own, lp.drift_s, lp.merge_overhead_s)
+        kernel_work = fl.fragment_work_seconds(gap, gap, lp.drift_s, lp.merge_overhead_s)
+        assert self.episode is not None
+        thr_sum = float(np.sum(self.episode.throughputs, axis=-1))
+        self._batch.thr_sum[0] = thr_sum * (target / kernel_work)
 
     def action_masks(self) -> np.ndarray:
         """``[defer, launch]``; with ``bits_options`` followed by one ``True`` per
@@ -709,6 +751,9 @@ class DiLoCoFleetEnv(DiLoCoSyncEnv):
         out["sync_window_s"] = plan.window_s
         out["payload_bytes"] = plan.payload_bytes
         out["link_share"] = plan.link_share
+        out["model_version"] = self.fleet.model_version
+        out["site_link_shares"] = list(plan.site_shares)
+        out["sync_stall_s"] = plan.stall_s
         out["progress_factor"] = s.progress_factor
         out["sync_bits"] = [s.option_bits[k] for k in opts]
         out["sync_windows_s"] = [s.option_plans[k].window_s for k in opts]

@@ -1,6 +1,8 @@
 """The env ids' versions: what ``DiLoCoSync-v1`` and ``DiLoCoSync-v2`` set over
 :class:`EnvParams`' and :class:`LearnerParams`' defaults (which are ``DiLoCoSync-v0``'s),
-and the deprecated ``-v0`` and ``-v1`` ids' entry points.
+and the deprecated ``-v0`` and ``-v1`` ids' entry points (and the deprecated
+``DiLoCoFleet-v0``'s: the fleet model v0, ``model_version=0``; ``DiLoCoFleet-v1`` is the
+fleet model v1, docs/fleet.md).
 
 * ``-v0``: ``DiLoCoSyncEnv``'s own defaults.
 * ``-v1``: v0 with the merge-debt reward shaping and a reward on the scale of the
@@ -19,7 +21,7 @@ from typing import Any
 from diloco_gym.envs.env import DiLoCoSyncEnv
 from diloco_gym.sim.learner_calibration import SHIPPED
 
-__all__ = ["V1_KWARGS", "V2_KWARGS", "make_v0", "make_v1"]
+__all__ = ["V1_KWARGS", "V2_KWARGS", "make_v0", "make_v1", "make_fleet_v0"]
 
 #: What ``DiLoCoSync-v1`` sets over the ``EnvParams`` defaults, which are
 #: ``DiLoCoSync-v0``'s (and ``diloco-gym train``'s): the merge-debt reward shaping
@@ -64,7 +66,27 @@ def make_v1(**kwargs: Any) -> DiLoCoSyncEnv:
     return DiLoCoSyncEnv(**kwargs)
 
 
+def make_fleet_v0(**kwargs: Any) -> Any:
+    """The entry point of the deprecated ``DiLoCoFleet-v0`` id: the fleet env with the
+    fleet model v0 (``model_version=0``, which the id passes), after a ``FutureWarning``.
+    Kept for one release."""
+    from diloco_gym.envs.fleet import DiLoCoFleetEnv
+
+    warnings.warn(
+        "DiLoCoFleet-v0 is deprecated and will be removed in the next release: use "
+        "DiLoCoFleet-v1 (the fleet model v1: each site's slowdown at its own link share, a "
+        "streamed sync's host part charged by its work, full-mode syncs stall the learners, "
+        "fragment credit by its own staleness, ring latency by its hops); see docs/fleet.md, "
+        "'What v1 changes'. DiLoCoFleetEnv(...) itself keeps model v0 unless "
+        "model_version=1 is given.",
+        FutureWarning,
+        stacklevel=3,
+    )
+    return DiLoCoFleetEnv(**kwargs)
+
+
 #: Gymnasium reads an entry point's ``metadata`` (its render modes) to wrap the env for
 #: modes such as ``"rgb_array_list"``: the deprecated ids keep the env's.
 make_v0.metadata = DiLoCoSyncEnv.metadata  # type: ignore[attr-defined]
 make_v1.metadata = DiLoCoSyncEnv.metadata  # type: ignore[attr-defined]
+make_fleet_v0.metadata = DiLoCoSyncEnv.metadata  # type: ignore[attr-defined]

@@ -39,10 +39,15 @@ __all__ = [
     "MODES",
     "payload_bytes",
     "ring_allreduce_seconds",
+    "ring_latency_seconds",
     "fragment_corridor",
     "sync_plan",
     "SyncPlan",
+    "sync_slowdown",
+    "streamed_slowdown",
     "progress_factor",
+    "fragment_work_seconds",
+    "MODEL_VERSIONS",
     "load_fleet_toml",
     "fleet_from_dict",
     "FleetConfigError",
@@ -54,6 +59,12 @@ BITS = (32, 16, 8, 4)
 #: How a fragment is sent: ``full`` (whole link, short window) or ``streamed`` (a share of
 #: the link over an overlap window of ``overlap_steps`` inner steps).
 MODES = ("full", "streamed")
+#: Versions of the fleet model (:attr:`FleetParams.model_version`): 0 is the model of
+#: ``DiLoCoFleet-v0``; 1 (``DiLoCoFleet-v1``) charges each site its own link share, charges
+#: a streamed sync's host part by its work, stalls the learners during a full-mode sync,
+#: discounts a fragment's credit by its own staleness and times the ring's latency by its
+#: hops (docs/fleet.md, "What v1 changes").
+MODEL_VERSIONS = (0, 1)
 
 
 class FleetConfigError(ValueError):
@@ -77,7 +88,11 @@ class SiteConfig:
         sidecar: overrides of :class:`~diloco_gym.sim.sidecar.SidecarParams` for this site's
             serving (default: the regime's sidecar).
         link_gbps: the site's link to the fleet, Gbit/s.
-        latency_ms: one-way latency of that link, ms.
+        latency_ms: the site's one-way access latency, ms: from the site to the network
+            that joins the sites. Model v1 (:attr:`FleetParams.model_version`) charges one
+            ring hop between sites ``i`` and ``j`` ``latency_i + latency_j``
+            (:func:`ring_latency_seconds`); model v0 charges every hop the largest site's
+            latency.
         calibration: a live calibration file (``diloco-gym calibrate``): its
             ``fitted_sidecar`` is this site's sidecar (before the ``sidecar`` overrides) and
             the interference function its ``interference`` block fitted
@@ -253,6 +268,11 @@ class FleetParams:
             agent chooses from at each sync (``MultiDiscrete([2, len(bits_options)])``
             actions, docs/fleet.md); ``bits`` must be one of them (the precision of syncs
             forced before the agent's first action).
+        model_version: the fleet model, one of :data:`MODEL_VERSIONS`: 0 (the default, so
+            that existing configurations reproduce; the ``DiLoCoFleet-v0`` id) or 1 (the
+            ``DiLoCoFleet-v1`` id, or ``model_version = 1`` in a fleet file): own link
+            shares, streamed host part by its work, the full-mode stall of the learners,
+            fragment credit by own staleness, ring latency by hops (docs/fleet.md).
     """
 
     sites: tuple[SiteConfig, ...] = field(default_factory=_default_sites)
@@ -269,6 +289,7 @@ class FleetParams:
     quant_penalty: float = 0.01
     worst_site_weight: float = 0.0
     bits_options: tuple[int, ...] | None = None
+    model_version: int = 0
 
     def __post_init__(self) -> None:
         if not isinstance(self.sites, (tuple, list)) or not all(
@@ -285,6 +306,11 @@ class FleetParams:
             raise FleetConfigError(f"bits must be one of {BITS}, got {self.bits!r}")
         if self.mode not in MODES:
             raise FleetConfigError(f"mode must be one of {MODES}, got {self.mode!r}")
+        mv = self.model_version
+        if not isinstance(mv, int) or isinstance(mv, bool) or mv not in MODEL_VERSIONS:
+            raise FleetConfigError(
+                f"model_version must be one of {MODEL_VERSIONS}, got {_short(self.model_version)}"
+            )
         _int_at_least("fragments", self.fragments, 1)
         _int_at_least("overlap_steps", self.overlap_steps, 1)
         _positive("model_params", self.model_params)
@@ -366,6 +392,26 @@ def ring_allreduce_seconds(payload: float, n: int, slowest_gbps: float, latency_
     return 2.0 * (n - 1) / n * payload * 8.0 / (slowest_gbps * 1e9) + 2.0 * (n - 1) * latency_s
 
 
+def ring_latency_seconds(latencies_ms: list[float] | tuple[float, ...], version: int = 1) -> float:
+    """The latency of one step of a ring all-reduce over sites of these access latencies
+    (ms, in the ring's order: the fleet's sites in their configured order), seconds.
+
+    Model v1: a hop from site ``i`` to site ``j`` costs ``latency_i + latency_j`` (each
+    latency is the site's access to the network). In each of the ring's ``2 (N - 1)``
+    steps every site sends to its neighbour at once, so a step lasts as long as its
+    slowest hop: the largest ``latency_i + latency_(i+1 mod N)`` around the ring (not the
+    sum of the hops, which are concurrent). Model v0: the largest site latency. 0 for one
+    site (nothing crosses a link).
+    """
+    lat = [float(x) / 1000.0 for x in latencies_ms]
+    n = len(lat)
+    if n <= 1:
+        return 0.0
+    if version == 0:
+        return max(lat)
+    return max(lat[i] + lat[(i + 1) % n] for i in range(n))
+
+
 def fragment_corridor(h_min: int, h_max: int, fragments: int) -> tuple[int, int]:
     """The corridor on consecutive fragment syncs, in decisions:
     ``[ceil(h_min / F), floor(h_max / F)]``.
@@ -389,14 +435,20 @@ def fragment_corridor(h_min: int, h_max: int, fragments: int) -> tuple[int, int]
 
 @dataclass(frozen=True)
 class SyncPlan:
-    """What one fragment sync is: its window (s), the link share it uses, the collective
-    time, the payload (bytes) and each site's serving slowdown during the window."""
+    """What one fragment sync is: its window (s), the link share it uses (the ring's, over
+    the slowest link), the collective time, the payload (bytes) and each site's serving
+    slowdown during the window; ``stall_s``: the seconds the learners wait for the sync
+    (model v1; 0 in v0); ``site_shares``: each site's own link share (model v1: the
+    ring's share times the slowest link's rate over the site's; v0: the ring's share at
+    every site)."""
 
     window_s: float
     link_share: float
     collective_s: float
     payload_bytes: float
     slowdowns: tuple[float, ...]
+    stall_s: float = 0.0
+    site_shares: tuple[float, ...] = ()
 
 
 def sync_slowdown(base: float, share: float, host_share: float, exponent: float) -> float:
@@ -408,21 +460,77 @@ def sync_slowdown(base: float, share: float, host_share: float, exponent: float)
     return base * (host_share + (1.0 - host_share) * share**exponent)
 
 
+def streamed_slowdown(
+    base: float,
+    share: float,
+    ratio: float,
+    host_s: float,
+    window_s: float,
+    host_share: float,
+    exponent: float,
+) -> float:
+    """Model v1's serving slowdown of a site during a sync window (one value for the
+    window, as the sidecar takes it): the time-average that gives the window's
+    slowdown-seconds exactly.
+
+    ``share`` is the ring's link share over the collective's part of the window
+    (``window_s - host_s``), ``ratio`` the slowest link's rate over this site's (the site's
+    own share is ``ratio * share``). The slowdown-seconds are
+
+        sync_slowdown(base, ratio) * host_s                       (the host's own work)
+        + base * host_share * collective_s                        (the host's part of the
+                                                                   collective, by its work)
+        + base * (1 - host_share) * (ratio * share) ** exponent * (window_s - host_s)
+                                                                  (the link's part, over
+                                                                   the collective's time)
+
+    with ``collective_s = share * (window_s - host_s)``, the collective's time at the full
+    rate. The host parts are charged for the work done, which stretching the collective
+    does not change; at ``exponent = 1`` the slowdown-seconds are those of sending the
+    fragment at the full rate, whatever the stretch. At ``share >= 1`` (the full rate) the
+    value is :func:`sync_slowdown` of the site's own share, ``ratio``, exactly (full mode).
+    """
+    full = sync_slowdown(base, ratio, host_share, exponent)
+    if share >= 1.0:
+        return full
+    link_s = window_s - host_s
+    coll = share * link_s
+    seconds = (
+        full * host_s
+        + base * host_share * coll
+        + base * (1.0 - host_share) * (ratio * share) ** exponent * link_s
+    )
+    return seconds / window_s
+
+
 def sync_plan(fleet: FleetParams, sidecars: list[SidecarParams], step_seconds: float) -> SyncPlan:
-    """The fragment sync of ``fleet``: its window, link share, and per-site slowdown.
+    """The fragment sync of ``fleet``: its window, link share, per-site slowdown and (model
+    v1) the learners' stall.
 
     Full mode: the window is ``fixed_s + overhead_s / F + T`` where ``T`` is the ring
     all-reduce time of one fragment's payload (:func:`ring_allreduce_seconds` over the
-    sites, slowest link, largest latency), or with ``merge_seconds`` given ``fixed_s +
-    (merge_seconds - fixed_s) * bits / 32 / F`` (exactly ``merge_seconds`` at 32 bits and
-    F = 1); link share 1. Streamed mode: the collective is spread over ``overlap_steps``
-    inner steps, window ``max(full window, overlap_steps * step_seconds)``, link share
-    ``T / (window - host time)``. Each site's slowdown is :func:`sync_slowdown` of its sidecar's
-    ``sync_slowdown`` at that share, with the site's interference function
+    sites, slowest link, the step latency of :func:`ring_latency_seconds`), or with
+    ``merge_seconds`` given ``fixed_s + (merge_seconds - fixed_s) * bits / 32 / F`` (exactly
+    ``merge_seconds`` at 32 bits and F = 1); link share 1. Streamed mode: the collective is
+    spread over ``overlap_steps`` inner steps, window ``max(full window, overlap_steps *
+    step_seconds)``, link share ``T / (window - host time)``.
+
+    Model v0: each site's slowdown is :func:`sync_slowdown` of its sidecar's
+    ``sync_slowdown`` at the ring's share, with the site's interference function
     (:meth:`SiteConfig.interference`).
+
+    Model v1: each site's own link share is the ring's share times ``slowest link / its
+    link`` (the ring runs at the slowest link's rate); its slowdown is
+    :func:`streamed_slowdown` (full mode: :func:`sync_slowdown` at its own share). With
+    more than one site, the learners stall for the window in full mode (a non-overlapped
+    outer sync blocks them), and in streamed mode for the part of the full-rate window the
+    overlap of ``overlap_steps`` inner steps does not cover (0 when it covers it). One site
+    has no collective between sites and never stalls (it is the single env's merge).
     """
     f = fleet
+    v1 = f.model_version >= 1
     payload = payload_bytes(f.model_params, f.bits, f.fragments)
+    slowest = min(s.link_gbps for s in f.sites)
     if f.merge_seconds is not None:
         if f.bits == 32 and f.fragments == 1:
             full = float(f.merge_seconds)
@@ -431,8 +539,7 @@ def sync_plan(fleet: FleetParams, sidecars: list[SidecarParams], step_seconds: f
         host = f.fixed_s
         coll = full - host
     else:
-        slowest = min(s.link_gbps for s in f.sites)
-        lat = max(s.latency_ms for s in f.sites) / 1000.0
+        lat = ring_latency_seconds([s.latency_ms for s in f.sites], f.model_version)
         coll = ring_allreduce_seconds(payload, f.n_sites, slowest, lat)
         host = f.fixed_s + f.overhead_s / f.fragments
         full = host + coll
@@ -441,15 +548,54 @@ def sync_plan(fleet: FleetParams, sidecars: list[SidecarParams], step_seconds: f
     else:
         window = max(full, f.overlap_steps * step_seconds)
         share = min(1.0, coll / max(window - host, 1e-12))
-    slow = tuple(
-        sync_slowdown(sc.sync_slowdown, share, *site.interference(f))
-        for site, sc in zip(f.sites, sidecars, strict=True)
-    )
     if window <= 0:
         raise FleetConfigError(
             "the sync window is 0 s (one site, no host time): give merge_seconds or fixed_s > 0"
         )
-    return SyncPlan(window, share, coll, payload, slow)
+    if not v1:
+        slow = tuple(
+            sync_slowdown(sc.sync_slowdown, share, *site.interference(f))
+            for site, sc in zip(f.sites, sidecars, strict=True)
+        )
+        return SyncPlan(window, share, coll, payload, slow, 0.0, (share,) * f.n_sites)
+    ratios = [slowest / s.link_gbps if f.n_sites > 1 else 1.0 for s in f.sites]
+    slow = tuple(
+        streamed_slowdown(sc.sync_slowdown, share, r, host, window, *site.interference(f))
+        for site, sc, r in zip(f.sites, sidecars, ratios, strict=True)
+    )
+    if f.n_sites == 1:
+        stall = 0.0
+    elif f.mode == "full":
+        stall = window
+    else:
+        stall = max(0.0, full - f.overlap_steps * step_seconds)
+    return SyncPlan(
+        window, share, coll, payload, slow, stall, tuple(min(1.0, share * r) for r in ratios)
+    )
+
+
+def fragment_work_seconds(
+    gap_s: float, own_s: float, drift_s: float, merge_overhead_s: float = 0.0
+) -> float:
+    """Model v1's learner work credited by a fragment sync, in seconds of the learners'
+    summed throughput: ``efficiency(own_s) * gap_s``, with the learner model's drift
+    efficiency ``1 / (1 + s / drift_s [+ merge_overhead_s / s])``
+    (:func:`~diloco_gym.sim.learners.merge_gain`).
+
+    ``gap_s``: the learners' compute seconds since the previous fragment sync (of any
+    fragment): the work this sync adds, one fragment's share of the work since this
+    fragment's own last sync. ``own_s``: the compute seconds since this fragment's own
+    last sync (its staleness), over which its local models drifted. Compute seconds
+    exclude the seconds the learners stalled (:attr:`SyncPlan.stall_s`). Model v0 credits
+    ``efficiency(gap) * gap`` with the wall-clock gap since the previous fragment sync.
+    0 when either is not positive (nothing was trained)."""
+    if gap_s <= 0.0 or own_s <= 0.0:
+        return 0.0
+    if merge_overhead_s != 0.0:
+        eff = 1.0 / (1.0 + own_s / drift_s + merge_overhead_s / own_s)
+    else:
+        eff = 1.0 / (1.0 + own_s / drift_s)
+    return eff * gap_s
 
 
 def _check_sites(count: int, what: str) -> None:
@@ -543,7 +689,7 @@ def _non_finite(value: Any, field: str) -> str | None:
 # ----------------------------------------------------------------------------- TOML
 _FLEET_KEYS = {f.name for f in fields(FleetParams)} - {"sites"}
 _SITE_KEYS = {f.name for f in fields(SiteConfig)}
-_INT_KEYS = {"bits", "fragments", "overlap_steps"}
+_INT_KEYS = {"bits", "fragments", "overlap_steps", "model_version"}
 _SITE_PATHS = ("trace", "calibration")
 _SITE_NUMBERS = ("start_s", "target_rate_rps", "target_utilization", "link_gbps", "latency_ms")
 _STR_KEYS = {"mode"}

@@ -3,6 +3,9 @@ fleets of its four questions; writes the tables (Markdown, JSON) and the figures
 
     python docs/examples/fleet_study.py --out docs [--seeds 20] [--draws 200] [--only q1 q2]
 
+``--model-version 1`` runs the questions' synthetic fleets on the fleet model v1
+(docs/fleet.md, "What v1 changes"); give it another ``--out`` so the v0 results stay.
+
 Question 4 needs the public traces (Azure LLM inference 2023 code/conv, Mooncake) in
 ``$DILOCO_GYM_REAL_TRACES``; it is skipped when they are absent.
 """
@@ -24,10 +27,14 @@ FREE_AGENTS = ["pressure-gate", "calibrated-wa", "online-forecast", "fixed-256"]
 BUDGET_AGENTS = ["online-forecast-budget", "fixed-budget"]
 #: full-model syncs per 600 s window in the equal-bytes and the quantisation studies
 FULL_SYNCS = 16
+#: the fleet model of the questions' fleets (``--model-version``; 0: the documented runs)
+MODEL_VERSION = 0
 
 
 def _toml(path: Path, n_sites: int, fleet: dict, env: dict | None = None) -> Path:
     lines = ["[fleet]"]
+    if MODEL_VERSION:
+        fleet = {**fleet, "model_version": MODEL_VERSION}
     for k, v in fleet.items():
         lines.append(f"{k} = {json.dumps(v)}")
     if env:
@@ -177,7 +184,10 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, default=20)
     ap.add_argument("--draws", type=int, default=200)
     ap.add_argument("--only", nargs="+", default=["q1", "q2", "q2s", "q3", "q4"])
+    ap.add_argument("--model-version", type=int, choices=(0, 1), default=0)
     a = ap.parse_args()
+    global MODEL_VERSION
+    MODEL_VERSION = a.model_version
     out = Path(a.out)
     path = out / "fleet_results.json"
     results = json.loads(path.read_text()) if path.is_file() else {}
@@ -211,6 +221,8 @@ def main() -> None:
             if r4 is not None:
                 results["q4"] = r4
     results["settings"] = {"seeds": a.seeds, "draws": a.draws, "full_syncs": FULL_SYNCS}
+    if a.model_version:
+        results["settings"]["model_version"] = a.model_version
     path.write_text(json.dumps(results, indent=1, default=str))
     print(f"wrote {path}")
 
