@@ -109,7 +109,8 @@ def check_free_agent(name: str, fleet: str | None = None) -> str:
 def fleet_merge_budget(path: str) -> Any:
     """The ``merge_budget`` of a fleet file's ``[env]`` table (``None`` without one); a
     file that does not load is a one-line data error naming it."""
-    from diloco_gym.sim.fleet import FleetConfigError, load_fleet_toml
+    from diloco_gym.sim.fleet import FleetConfigError
+    from diloco_gym.sim.fleet_toml import load_fleet_toml
 
     try:
         _, env = load_fleet_toml(path)

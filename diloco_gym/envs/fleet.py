@@ -30,6 +30,7 @@ from diloco_gym.envs.reward import nominal_rate_rps, require_additive, reward_pe
 from diloco_gym.envs.schedule import schedule_summary
 from diloco_gym.envs.shaping import require_unshaped
 from diloco_gym.sim import fleet as fl
+from diloco_gym.sim import fleet_toml
 from diloco_gym.sim import learners as lrn
 from diloco_gym.sim.regimes import ReplayRegime, get_regime, replay_rate_scale
 from diloco_gym.sim.sidecar import SidecarParams
@@ -464,7 +465,7 @@ class DiLoCoFleetEnv(DiLoCoSyncEnv):
         env_kw: dict[str, Any] = {}
         if isinstance(fleet, (str, Path)):
             source = str(fleet)
-            fleet, env_kw = fl.load_fleet_toml(fleet)
+            fleet, env_kw = fleet_toml.load_fleet_toml(fleet)
             _check_env_table(env_kw, source)
         fleet_kw = {k: v for k, v in overrides.items() if k in _FLEET_FIELDS}
         env_kw.update({k: v for k, v in overrides.items() if k not in _FLEET_FIELDS})

@@ -10,7 +10,8 @@ import pytest
 
 import diloco_gym  # noqa: F401  (registers the ids)
 from diloco_gym.envs.fleet import DiLoCoFleetEnv
-from diloco_gym.sim.fleet import FleetConfigError, FleetParams, fleet_from_dict, progress_factor
+from diloco_gym.sim.fleet import FleetConfigError, FleetParams, progress_factor
+from diloco_gym.sim.fleet_toml import fleet_from_dict
 
 
 def _run(env, seed, actions):

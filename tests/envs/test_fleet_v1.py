@@ -14,6 +14,7 @@ import pytest
 import diloco_gym  # noqa: F401  (registers the ids)
 from diloco_gym.envs.fleet import DiLoCoFleetEnv
 from diloco_gym.sim import fleet as fl
+from diloco_gym.sim import fleet_toml
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "docs" / "examples" / "fleet.toml"
 
@@ -234,7 +235,7 @@ def test_bad_model_version_is_one_line_naming_file_and_key(tmp_path, value):
     f = tmp_path / "f.toml"
     f.write_text(f"[fleet]\nmodel_version = {value}\n")
     with pytest.raises(fl.FleetConfigError, match="model_version") as info:
-        fl.load_fleet_toml(f)
+        fleet_toml.load_fleet_toml(f)
     assert str(f) in str(info.value) and "\n" not in str(info.value)
     for bad in (2, 1.0, True, "1"):
         with pytest.raises(fl.FleetConfigError, match=r"model_version must be one of \(0, 1\)"):

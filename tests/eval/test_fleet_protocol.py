@@ -101,7 +101,7 @@ def test_a_worst_site_weight_labels_the_oracle_that_no_longer_minimises_the_tota
 
     from diloco_gym.eval.fleet import fleet_summary_table, oracle_label, write_fleet_report
     from diloco_gym.eval.fleet_frontier import frontier_table
-    from diloco_gym.sim.fleet import load_fleet_toml
+    from diloco_gym.sim.fleet_toml import load_fleet_toml
 
     fl, env_kw = load_fleet_toml(EXAMPLE)
     totals = {}

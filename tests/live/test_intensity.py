@@ -22,6 +22,7 @@ from diloco_gym.live.plan import phase_key
 from diloco_gym.live.replay import RequestRecord
 from diloco_gym.live.state import RunState
 from diloco_gym.sim import fleet as fl
+from diloco_gym.sim import fleet_toml
 from diloco_gym.sim.sidecar import SidecarParams
 
 from .helpers import assert_no_children
@@ -197,7 +198,7 @@ def test_a_fleet_site_uses_the_fitted_interference_function(tmp_path):
     # From a TOML file: the path resolves against the file's folder.
     toml = tmp_path / "fleet.toml"
     toml.write_text('[[site]]\nname = "a"\ncalibration = "cal.json"\n')
-    loaded, _ = fl.load_fleet_toml(toml)
+    loaded, _ = fleet_toml.load_fleet_toml(toml)
     assert loaded.sites[0].calibration == str(path)
     assert loaded.sites[0].interference(loaded) == (0.6, 2.0)
 

@@ -7,6 +7,7 @@ import math
 import pytest
 
 from diloco_gym.sim import fleet as fl
+from diloco_gym.sim import fleet_toml
 from diloco_gym.sim.sidecar import SidecarParams
 
 
@@ -110,7 +111,7 @@ def test_toml_round_trip(tmp_path):
         '[[site]]\nname = "a"\nlink_gbps = 5\n[[site]]\nname = "b"\n'
         "sidecar = { slots = 8 }\n"
     )
-    fleet, env = fl.load_fleet_toml(p)
+    fleet, env = fleet_toml.load_fleet_toml(p)
     assert fleet.bits == 8 and fleet.fragments == 2 and env == {"merge_budget": 9}
     assert [s.name for s in fleet.sites] == ["a", "b"]
     assert fleet.sites[0].link_gbps == 5.0 and fleet.sites[1].sidecar == (("slots", 8.0),)
@@ -133,22 +134,22 @@ def test_toml_errors_name_file_table_key(tmp_path, text, msg):
     p = tmp_path / "bad.toml"
     p.write_text(text)
     with pytest.raises(fl.FleetConfigError, match=msg) as exc:
-        fl.load_fleet_toml(p)
+        fleet_toml.load_fleet_toml(p)
     assert str(p) in str(exc.value) and "\n" not in str(exc.value)
 
 
 def test_missing_file(tmp_path):
     with pytest.raises(fl.FleetConfigError, match="not found"):
-        fl.load_fleet_toml(tmp_path / "nope.toml")
+        fleet_toml.load_fleet_toml(tmp_path / "nope.toml")
 
 
 def test_shipped_examples_parse():
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[2] / "docs" / "examples"
-    fleet, env = fl.load_fleet_toml(root / "fleet.toml")
+    fleet, env = fleet_toml.load_fleet_toml(root / "fleet.toml")
     assert fleet.n_sites == 4 and fleet.bits == 8 and fleet.fragments == 4
-    real, _ = fl.load_fleet_toml(root / "fleet-real.toml")
+    real, _ = fleet_toml.load_fleet_toml(root / "fleet-real.toml")
     assert [s.name for s in real.sites] == ["azure-code", "azure-conv", "mooncake"]
     assert math.isfinite(real.model_params)
 
@@ -156,7 +157,8 @@ def test_shipped_examples_parse():
 def test_fleet_sites_are_counted_before_anything_is_built(monkeypatch):
     """A fleet's sites are within DILOCO_GYM_MAX_FLEET_SITES, in FleetParams too (each site
     holds its own episode, about 2 MB: 10,000 sites exhausted memory)."""
-    from diloco_gym.sim.fleet import FleetConfigError, FleetParams, SiteConfig, fleet_from_dict
+    from diloco_gym.sim.fleet import FleetConfigError, FleetParams, SiteConfig
+    from diloco_gym.sim.fleet_toml import fleet_from_dict
 
     monkeypatch.setenv("DILOCO_GYM_MAX_FLEET_SITES", "2")
     sites = tuple(SiteConfig(name=f"s{i}", regime="bursty") for i in range(3))

@@ -12,7 +12,8 @@ import pytest
 
 from diloco_gym.envs.fleet import DiLoCoFleetEnv
 from diloco_gym.sim import fleet as fl
-from diloco_gym.sim.fleet import FleetConfigError, load_fleet_toml
+from diloco_gym.sim.fleet import FleetConfigError
+from diloco_gym.sim.fleet_toml import load_fleet_toml
 
 BIG = "1" + "0" * 400
 SITES = '[[site]]\nname = "a"\nregime = "bursty"\n[[site]]\nname = "b"\nregime = "bursty"\n'

@@ -122,7 +122,8 @@ def test_read_text_refuses_past_the_limit_and_special_files(tmp_path, monkeypatc
 
 
 def _fleet(tmp_path: Path, text: str) -> Callable[[], object]:
-    from diloco_gym.sim.fleet import FleetConfigError, load_fleet_toml
+    from diloco_gym.sim.fleet import FleetConfigError
+    from diloco_gym.sim.fleet_toml import load_fleet_toml
 
     path = tmp_path / "fleet.toml"
     path.write_text(text)
