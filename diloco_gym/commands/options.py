@@ -190,12 +190,15 @@ def add_holm_arg(p: argparse.ArgumentParser, settings: str) -> None:
 
 
 def add_fleet_arg(p: argparse.ArgumentParser) -> None:
-    """``--fleet``, a DiLoCoFleet-v0 configuration (run, report, frontier)."""
+    """``--fleet``, a fleet configuration (run, report, frontier) on the fleet model its
+    ``[fleet]`` table's ``model_version`` names (0 by default)."""
     p.add_argument(
         "--fleet",
         metavar="FILE",
-        help="run on a fleet of sites (DiLoCoFleet-v0) configured by this TOML file "
-        "(docs/fleet.md; example: docs/examples/fleet.toml)",
+        help="run on a fleet of sites configured by this TOML file, on the fleet model its "
+        "[fleet] model_version names: 0 by default (DiLoCoFleet-v0's), 1 with "
+        "model_version = 1 (DiLoCoFleet-v1's) (docs/fleet.md; example: "
+        "docs/examples/fleet.toml)",
     )
 
 
