@@ -150,3 +150,47 @@ def test_run_judges_with_a_learner_calibration_and_warns_on_a_mismatch(capsys):
     assert "reference-ppo-v2 was trained with learner calibration sha256" in default.err
     assert "--learner-calibration shipped" in default.err
     assert default.out != with_v2.out  # the learner observations moved its merges
+
+
+def test_cli_run_marks_the_oracle_non_deployable(capsys):
+    assert main(["run", "--agent", "offline-oracle", "--regime", "bursty", "--seeds", "2"]) == 0
+    assert "agent offline-oracle (non-deployable) on bursty" in capsys.readouterr().out
+
+
+def test_cli_run_prints_per_seed_table(capsys):
+    assert main(["run", "--agent", "wa-diloco", "--regime", "bursty", "--seeds", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "sync-excess %" in out and "total" in out
+    assert len([ln for ln in out.splitlines() if ln.strip().startswith(("0 ", "1 "))]) == 2
+
+
+def test_cli_run_unknown_names(capsys):
+    with pytest.raises(SystemExit, match="valid agents"):
+        main(["run", "--agent", "nope", "--regime", "bursty", "--seeds", "1"])
+    with pytest.raises(SystemExit, match="valid regimes: ordinary"):
+        main(["run", "--agent", "fixed-256", "--regime", "burst", "--seeds", "1"])
+
+
+def test_cli_run_on_a_trace_file(tmp_path, capsys):
+    from diloco_gym.sim.loaders import save_native
+
+    tr = diloco_gym.get_regime("bursty")(np.random.default_rng(0))
+    path = tmp_path / "t.csv"
+    save_native(Trace(tr.arrival_s, tr.prompt_tokens, tr.output_tokens, tr.duration_s), path)
+    assert (
+        main(
+            [
+                "run",
+                "--agent",
+                "fixed-512",
+                "--trace",
+                str(path),
+                "--format",
+                "native",
+                "--seeds",
+                "2",
+            ]
+        )
+        == 0
+    )
+    assert "fixed-512 on t" in capsys.readouterr().out
