@@ -19,6 +19,7 @@ __all__ = [
     "check_agent",
     "check_free_agent",
     "fleet_merge_budget",
+    "check_run_agent",
     "load_agent",
     "check_learner_calibration",
     "warn_learner_mismatch",
@@ -106,6 +107,14 @@ def check_free_agent(name: str, fleet: str | None = None) -> str:
     return name
 
 
+def check_run_agent(name: str, fleet: str | None = None) -> str:
+    """:func:`check_free_agent`, except on a ``--fleet`` file whose ``[env]`` sets
+    ``merge_budget``: every episode there has that budget, so a budget-aware agent runs."""
+    if fleet is not None and fleet_merge_budget(fleet) is not None:
+        return check_agent(name)
+    return check_free_agent(name, fleet=fleet)
+
+
 def fleet_merge_budget(path: str) -> Any:
     """The ``merge_budget`` of a fleet file's ``[env]`` table (``None`` without one); a
     file that does not load is a one-line data error naming it."""
@@ -164,6 +173,7 @@ def check_no_fleet_options(args: argparse.Namespace) -> None:
         "--format": getattr(args, "trace_format", "auto") != "auto",
         "--window-s": getattr(args, "window_s", 600.0) != 600.0,
         "--holm-across-settings": bool(getattr(args, "holm_across_settings", False)),
+        "--learner-calibration": getattr(args, "learner_calibration", None) is not None,
     }
     given = [k for k, v in unused.items() if v]
     if given:

@@ -190,12 +190,15 @@ def add_holm_arg(p: argparse.ArgumentParser, settings: str) -> None:
 
 
 def add_fleet_arg(p: argparse.ArgumentParser) -> None:
-    """``--fleet``, a DiLoCoFleet-v0 configuration (run, report, frontier)."""
+    """``--fleet``, a fleet configuration (run, report, frontier) on the fleet model its
+    ``[fleet]`` table's ``model_version`` names (0 by default)."""
     p.add_argument(
         "--fleet",
         metavar="FILE",
-        help="run on a fleet of sites (DiLoCoFleet-v0) configured by this TOML file "
-        "(docs/fleet.md; example: docs/examples/fleet.toml)",
+        help="run on a fleet of sites configured by this TOML file, on the fleet model its "
+        "[fleet] model_version names: 0 by default (DiLoCoFleet-v0's), 1 with "
+        "model_version = 1 (DiLoCoFleet-v1's) (docs/fleet.md; example: "
+        "docs/examples/fleet.toml)",
     )
 
 
@@ -206,18 +209,24 @@ def _learner_calibration_file(value: str) -> str:
     return str(resolve_path(value))
 
 
-def add_learner_calibration_arg(p: argparse.ArgumentParser) -> None:
+def add_learner_calibration_arg(p: argparse.ArgumentParser, priced: bool = True) -> None:
     """``--learner-calibration``, the learner model fitted to real DiLoCo runs (report,
-    frontier)."""
+    frontier; ``run``, whose rows are not priced, with ``priced=False``)."""
+    envs = (
+        "learner calibration JSON (diloco-gym calibrate-learners; 'shipped': the one "
+        "shipped with the package, DiLoCoSync-v2's learners): the agents' envs use "
+        "its learner model (the learner observations a policy trained with it saw; the "
+        "sync-excess scores do not depend on it)"
+    )
+    price = (
+        ", and each schedule's model-quality price is added (predicted loss, cost vs fixed H "
+        "at the same merges, and vs matched random at the same budget; the frontier also "
+        "draws frontier_quality_REGIME.png)"
+    )
     p.add_argument(
         "--learner-calibration",
         type=_learner_calibration_file,
-        help="learner calibration JSON (diloco-gym calibrate-learners; 'shipped': the one "
-        "shipped with the package, DiLoCoSync-v2's learners): the agents' envs use "
-        "its learner model (the learner observations a policy trained with it saw; the "
-        "sync-excess scores do not depend on it), and each schedule's model-quality price "
-        "is added (predicted loss, cost vs fixed H at the same merges, and vs matched random "
-        "at the same budget; the frontier also draws frontier_quality_REGIME.png)",
+        help=envs + (price if priced else ""),
     )
 
 

@@ -152,12 +152,8 @@ def _report_agents(args: argparse.Namespace) -> list[str]:
 
     agents = list(HEURISTICS) if not args.agents else list(args.agents)
     agents += list(args.agent or [])
-    fleet = getattr(args, "fleet", None)
-    budget = fleet is not None and checks.fleet_merge_budget(fleet) is not None
     for a in agents:
-        # a fleet whose [env] sets merge_budget runs every episode at that budget, so a
-        # budget-aware agent runs there as it does on the frontier's grid
-        checks.check_agent(a) if budget else checks.check_free_agent(a, fleet=fleet)
+        checks.check_run_agent(a, getattr(args, "fleet", None))
     twice = sorted({a for a in agents if agents.count(a) > 1})
     if twice:
         raise UsageError(

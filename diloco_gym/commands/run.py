@@ -35,6 +35,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     options.add_trust_arg(p)
     options.add_sealing_arg(p)
     options.add_fleet_arg(p)
+    options.add_learner_calibration_arg(p, priced=False)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -46,6 +47,8 @@ def run(args: argparse.Namespace) -> int:
     if not args.trace:
         checks.check_regime(args.regime)
     checks.check_free_agent(args.agent)
+    checks.check_learner_calibration(args.learner_calibration)
+    checks.warn_learner_mismatch([args.agent], args.learner_calibration)
     agent = _sealed(args, checks.load_agent(args.agent))
     units, label = _units(args, _config(args))
     _print_episodes(agent, label, units)
@@ -72,6 +75,7 @@ def _config(args: argparse.Namespace) -> Any:
             agents=[args.agent],
             seeds=max(args.seeds, 2),
             seed0=args.seed0,
+            learner_calibration=args.learner_calibration,
             **options.replay_options(args),
         )
     except ValueError as exc:
@@ -163,7 +167,7 @@ def _run_fleet(args: argparse.Namespace) -> int:
     if args.trace:
         raise UsageError("--fleet replaces --trace (the sites are in FILE)")
     checks.check_no_fleet_options(args)
-    checks.check_free_agent(args.agent)
+    checks.check_run_agent(args.agent, args.fleet)
     agent = _sealed(args, fleet_agent(checks.load_agent(args.agent)))
     env = _fleet_env(args)
     _print_fleet_episodes(args, agent, env)

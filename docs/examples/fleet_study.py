@@ -3,8 +3,10 @@ fleets of its four questions; writes the tables (Markdown, JSON) and the figures
 
     python docs/examples/fleet_study.py --out docs [--seeds 20] [--draws 200] [--only q1 q2]
 
-``--model-version 1`` runs the questions' synthetic fleets on the fleet model v1
-(docs/fleet.md, "What v1 changes"); give it another ``--out`` so the v0 results stay.
+``--model-version 1`` runs the questions' fleets on the fleet model v1 (docs/fleet.md,
+"What v1 changes"); give it another ``--out`` so the v0 results stay.
+``--in-process-agents`` runs the deployable agents in this process instead of sealed in a
+worker process (for a machine where the sealed worker cannot start; the numbers are the same).
 
 Question 4 needs the public traces (Azure LLM inference 2023 code/conv, Mooncake) in
 ``$DILOCO_GYM_REAL_TRACES``; it is skipped when they are absent.
@@ -29,6 +31,8 @@ BUDGET_AGENTS = ["online-forecast-budget", "fixed-budget"]
 FULL_SYNCS = 16
 #: the fleet model of the questions' fleets (``--model-version``; 0: the documented runs)
 MODEL_VERSION = 0
+#: run the deployable agents in this process (``--in-process-agents``); default: sealed
+IN_PROCESS = False
 
 
 def _toml(path: Path, n_sites: int, fleet: dict, env: dict | None = None) -> Path:
@@ -49,7 +53,13 @@ def _toml(path: Path, n_sites: int, fleet: dict, env: dict | None = None) -> Pat
 
 def _run(fleet_file: Path, agents: list[str], seeds: int, draws: int) -> dict:
     res = run_fleet_report(
-        FleetReportConfig(fleet=str(fleet_file), agents=agents, seeds=seeds, draws=draws)
+        FleetReportConfig(
+            fleet=str(fleet_file),
+            agents=agents,
+            seeds=seeds,
+            draws=draws,
+            in_process_agents=IN_PROCESS,
+        )
     )
     s = res["summary"]
     dep = s[s["deployable"]]
@@ -138,6 +148,7 @@ def q5(seeds: int, draws: int) -> dict:
                 seeds=seeds,
                 draws=draws,
                 env={"merge_budget": budget},
+                in_process_agents=IN_PROCESS,
             )
         )
         out[str(budget)] = {
@@ -148,12 +159,19 @@ def q5(seeds: int, draws: int) -> dict:
     return out
 
 
-def q4(seeds: int, draws: int) -> dict | None:
+def q4(tmp: Path, seeds: int, draws: int) -> dict | None:
     real = os.environ.get("DILOCO_GYM_REAL_TRACES")
     if not real or not Path(real).is_dir():
         print("q4 skipped: set DILOCO_GYM_REAL_TRACES to the directory of the public traces")
         return None
-    return {"real": _run(HERE / "fleet-real.toml", FREE_AGENTS, seeds, draws)}
+    fleet_file = HERE / "fleet-real.toml"
+    if MODEL_VERSION:  # the shipped file with model_version set in its [fleet] table
+        text = fleet_file.read_text().replace(
+            "[fleet]\n", f"[fleet]\nmodel_version = {MODEL_VERSION}\n", 1
+        )
+        fleet_file = tmp / fleet_file.name
+        fleet_file.write_text(text)
+    return {"real": _run(fleet_file, FREE_AGENTS, seeds, draws)}
 
 
 def _figure(results: dict, key: str, xlabel: str, path: Path, title: str) -> None:
@@ -185,9 +203,11 @@ def main() -> None:
     ap.add_argument("--draws", type=int, default=200)
     ap.add_argument("--only", nargs="+", default=["q1", "q2", "q2s", "q3", "q4"])
     ap.add_argument("--model-version", type=int, choices=(0, 1), default=0)
+    ap.add_argument("--in-process-agents", action="store_true")
     a = ap.parse_args()
-    global MODEL_VERSION
+    global MODEL_VERSION, IN_PROCESS
     MODEL_VERSION = a.model_version
+    IN_PROCESS = a.in_process_agents
     out = Path(a.out)
     path = out / "fleet_results.json"
     results = json.loads(path.read_text()) if path.is_file() else {}
@@ -217,12 +237,14 @@ def main() -> None:
         if "q5" in a.only:
             results["q5"] = q5(a.seeds, a.draws)
         if "q4" in a.only:
-            r4 = q4(min(a.seeds, 6), a.draws)
+            r4 = q4(tmp, min(a.seeds, 6), a.draws)
             if r4 is not None:
                 results["q4"] = r4
     results["settings"] = {"seeds": a.seeds, "draws": a.draws, "full_syncs": FULL_SYNCS}
     if a.model_version:
         results["settings"]["model_version"] = a.model_version
+    if a.in_process_agents:
+        results["settings"]["in_process_agents"] = True
     path.write_text(json.dumps(results, indent=1, default=str))
     print(f"wrote {path}")
 

@@ -114,6 +114,16 @@ def test_flag_and_file_options_default_off():
     assert "across every regime at once" in holm.help
 
 
+def test_fleet_help_names_the_files_model_version():
+    """``--fleet``'s help says the file picks the fleet model (0 by default, 1 with
+    ``model_version = 1``), not that every fleet file runs DiLoCoFleet-v0."""
+    p = _parser(options.add_fleet_arg)
+    (fleet,) = [a for a in p._actions if a.dest == "fleet"]
+    assert "model_version = 1" in fleet.help and "DiLoCoFleet-v1" in fleet.help
+    assert "0 by default" in fleet.help
+    p.format_help()  # the help text formats (no stray % in it)
+
+
 def test_replay_options_with_and_without_the_stride():
     p = _parser(options.add_trace_args)
     args = p.parse_args(["--trace", "t.csv", "--stride-s", "100", "--target-utilization", "0.7"])

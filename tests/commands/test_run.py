@@ -114,47 +114,39 @@ def test_fleet_mode_checks(tmp_path, fails):
     prec = tmp_path / "prec.toml"
     prec.write_text('[fleet]\nbits_options = [4, 32]\n[[site]]\nname = "bursty"\n')
     assert "run --fleet scores fixed-precision fleets only" in fails([*fleet, str(prec)], 1)
+    line = fails([*fleet, str(FLEET_EXAMPLE), "--learner-calibration", "shipped"], 2)
+    assert line.startswith("diloco-gym: --learner-calibration not used with --fleet (")
 
 
-def test_cli_run_marks_the_oracle_non_deployable(capsys):
-    assert main(["run", "--agent", "offline-oracle", "--regime", "bursty", "--seeds", "2"]) == 0
-    assert "agent offline-oracle (non-deployable) on bursty" in capsys.readouterr().out
-
-
-def test_cli_run_prints_per_seed_table(capsys):
-    assert main(["run", "--agent", "wa-diloco", "--regime", "bursty", "--seeds", "2"]) == 0
-    out = capsys.readouterr().out
-    assert "sync-excess %" in out and "total" in out
-    assert len([ln for ln in out.splitlines() if ln.strip().startswith(("0 ", "1 "))]) == 2
-
-
-def test_cli_run_unknown_names(capsys):
-    with pytest.raises(SystemExit, match="valid agents"):
-        main(["run", "--agent", "nope", "--regime", "bursty", "--seeds", "1"])
-    with pytest.raises(SystemExit, match="valid regimes: ordinary"):
-        main(["run", "--agent", "fixed-256", "--regime", "burst", "--seeds", "1"])
-
-
-def test_cli_run_on_a_trace_file(tmp_path, capsys):
-    from diloco_gym.sim.loaders import save_native
-
-    tr = diloco_gym.get_regime("bursty")(np.random.default_rng(0))
-    path = tmp_path / "t.csv"
-    save_native(Trace(tr.arrival_s, tr.prompt_tokens, tr.output_tokens, tr.duration_s), path)
-    assert (
-        main(
-            [
-                "run",
-                "--agent",
-                "fixed-512",
-                "--trace",
-                str(path),
-                "--format",
-                "native",
-                "--seeds",
-                "2",
-            ]
-        )
-        == 0
+def test_a_fleet_with_a_merge_budget_runs_a_budget_aware_agent(tmp_path, fails, capsys):
+    """As ``report --fleet``: refused without the fleet file's ``[env] merge_budget`` (the
+    error names the file and the key), run at that budget with it."""
+    argv = ["run", "--agent", "online-forecast-budget", "--in-process-agents", "--seeds", "2"]
+    line = fails([*argv, "--fleet", str(FLEET_EXAMPLE)], 2)
+    assert f"or set merge_budget in the [env] table of {FLEET_EXAMPLE}" in line
+    text = FLEET_EXAMPLE.read_text()
+    assert "\nh_max_steps = 512\n" in text
+    budgeted = tmp_path / "fleet.toml"
+    budgeted.write_text(
+        text.replace("\nh_max_steps = 512\n", "\nh_max_steps = 512\nmerge_budget = 40\n")
     )
-    assert "fixed-512 on t" in capsys.readouterr().out
+    assert main([*argv, "--fleet", str(budgeted)]) == 0
+    rows = [ln.split() for ln in capsys.readouterr().out.splitlines()]
+    per_seed = [r for r in rows if r[:1] in (["0"], ["1"])]
+    assert len(per_seed) == 2 and all(r[1] == "240.0" for r in per_seed)  # 40 per 600 s
+
+
+def test_run_judges_with_a_learner_calibration_and_warns_on_a_mismatch(capsys):
+    """``run --learner-calibration shipped`` gives the agent's envs v2's learners, so a
+    v2-trained agent acts as in training (no warning); without it the run warns, on
+    stderr, how to judge it with its learners."""
+    pytest.importorskip("stable_baselines3")
+    argv = ["run", "--agent", "reference-ppo-v2", "--in-process-agents", "--seeds", "2"]
+    assert main([*argv, "--learner-calibration", "shipped"]) == 0
+    with_v2 = capsys.readouterr()
+    assert "trained with" not in with_v2.err
+    assert main(argv) == 0
+    default = capsys.readouterr()
+    assert "reference-ppo-v2 was trained with learner calibration sha256" in default.err
+    assert "--learner-calibration shipped" in default.err
+    assert default.out != with_v2.out  # the learner observations moved its merges

@@ -1,13 +1,11 @@
-"""The fleet model's formulas and its configuration reader (diloco_gym/sim/fleet.py)."""
+"""The fleet model's formulas (diloco_gym/sim/fleet.py); its file reader is tested in
+test_fleet_toml.py."""
 
 from __future__ import annotations
-
-import math
 
 import pytest
 
 from diloco_gym.sim import fleet as fl
-from diloco_gym.sim import fleet_toml
 from diloco_gym.sim.sidecar import SidecarParams
 
 
@@ -102,56 +100,6 @@ def test_site_errors():
         fl.SiteConfig(sidecar=(("slot", 1.0),))
     with pytest.raises(fl.FleetConfigError, match="apply to a trace site only"):
         fl.SiteConfig(start_s=5.0)
-
-
-def test_toml_round_trip(tmp_path):
-    p = tmp_path / "f.toml"
-    p.write_text(
-        "[fleet]\nbits = 8\nfragments = 2\n[env]\nmerge_budget = 9\n"
-        '[[site]]\nname = "a"\nlink_gbps = 5\n[[site]]\nname = "b"\n'
-        "sidecar = { slots = 8 }\n"
-    )
-    fleet, env = fleet_toml.load_fleet_toml(p)
-    assert fleet.bits == 8 and fleet.fragments == 2 and env == {"merge_budget": 9}
-    assert [s.name for s in fleet.sites] == ["a", "b"]
-    assert fleet.sites[0].link_gbps == 5.0 and fleet.sites[1].sidecar == (("slots", 8.0),)
-
-
-@pytest.mark.parametrize(
-    "text, msg",
-    [
-        ("[fleet]\nbitz = 8\n", r"\[fleet\] has unknown key\(s\) \['bitz'\]"),
-        ("[fleet]\nbits = 'eight'\n", r"\[fleet\]: key 'bits' must be an integer"),
-        ("[fleet]\nbits = 12\n", "bits must be one of"),
-        ("[flet]\n", r"unknown table\(s\) \['flet'\]"),
-        ("[[site]]\nname = 'a'\nspeed = 3\n", r"\[\[site\]\] #1 has unknown key\(s\) \['speed'\]"),
-        ("[[site]]\nlink_gbps = 'fast'\n", r"#1: key 'link_gbps' must be a number"),
-        ("[[site]]\nname='a'\n[[site]]\nname='a'\n", "site names must be unique"),
-        ("[fleet\n", "not valid TOML"),
-    ],
-)
-def test_toml_errors_name_file_table_key(tmp_path, text, msg):
-    p = tmp_path / "bad.toml"
-    p.write_text(text)
-    with pytest.raises(fl.FleetConfigError, match=msg) as exc:
-        fleet_toml.load_fleet_toml(p)
-    assert str(p) in str(exc.value) and "\n" not in str(exc.value)
-
-
-def test_missing_file(tmp_path):
-    with pytest.raises(fl.FleetConfigError, match="not found"):
-        fleet_toml.load_fleet_toml(tmp_path / "nope.toml")
-
-
-def test_shipped_examples_parse():
-    from pathlib import Path
-
-    root = Path(__file__).resolve().parents[2] / "docs" / "examples"
-    fleet, env = fleet_toml.load_fleet_toml(root / "fleet.toml")
-    assert fleet.n_sites == 4 and fleet.bits == 8 and fleet.fragments == 4
-    real, _ = fleet_toml.load_fleet_toml(root / "fleet-real.toml")
-    assert [s.name for s in real.sites] == ["azure-code", "azure-conv", "mooncake"]
-    assert math.isfinite(real.model_params)
 
 
 def test_fleet_sites_are_counted_before_anything_is_built(monkeypatch):
