@@ -218,3 +218,23 @@ def test_gymnasium_and_sb3_checkers_with_the_cap():
         warnings.simplefilter("error", UserWarning)
         check_env(DiLoCoFleetEnv(_busy_fleet(CAP)), skip_render_check=True)
         sb3_check(DiLoCoFleetEnv(_busy_fleet(CAP, fragments=2)))
+
+
+def test_the_cap_with_the_precision_action():
+    """With ``bits_options`` the cap masks the launch component; actions sampled from
+    the info's mask are never overridden, and each option has its own settle lags."""
+    env = DiLoCoFleetEnv(_busy_fleet(CAP, fragments=2, bits_options=(4, 32), model_version=1))
+    env.action_space.seed(0)
+    _, info = env.reset(seed=0)
+    masked = 0
+    while True:
+        launch_mask = info["action_mask"][0]
+        masked += int(launch_mask[0] and not launch_mask[1])
+        action = env.action_space.sample(mask=info["action_mask"])
+        _, _, _, trunc, info = env.step(action)
+        assert not info["action_overridden"]
+        if trunc:
+            break
+    s = info["episode_summary"]
+    assert masked > 0 and s["cap_vetoed_launches"] == 0
+    assert env._cap.option_lags.shape == (2, 2)
