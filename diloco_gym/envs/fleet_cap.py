@@ -16,7 +16,8 @@ H_max`` the syncs the corridor will force after a launch at ``d`` even if the ag
 launches again (``n`` the episode's decisions, fixed before it starts), and ``cap_i =
 site_cap_pp / 100 * nominal_i`` (the site's nominal requests, its nominal rate times the
 window: fixed before the episode). Everything the rule reads is in the past: the mask, the
-``<site>.cap_used`` features and the cap's info keys are causal (tested). The price of
+``<site>.cap_used`` features, ``info["action_overridden"]`` and the masked / vetoed /
+overridden counts are causal (tested); the final summary's ``site_cap_used_pp`` is not. The price of
 causality: the cost of the sync being decided (and of the reserved ones) is a forecast, so
 a site can end above its cap when its syncs cost more than its largest settled one, and
 nothing is masked before a first sync has settled. A sync the corridor forces (gap
