@@ -22,8 +22,10 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
+from diloco_gym.envs import fleet_cap
 from diloco_gym.envs.env import DiLoCoSyncEnv
 from diloco_gym.envs.episode import Episode, episode_from_seed, episode_length
+from diloco_gym.envs.fleet_cap import fleet_obs_features
 from diloco_gym.envs.observation import EXO_SLICE, OBS_DIM, OBS_FEATURES
 from diloco_gym.envs.params import EnvParams
 from diloco_gym.envs.reward import nominal_rate_rps, require_additive, reward_per_request
@@ -71,38 +73,6 @@ def site_seed(episode_seed: int, site: int) -> int:
     if site == 0:
         return int(episode_seed)
     return int(np.random.SeedSequence([int(episode_seed), int(site)]).generate_state(1)[0])
-
-
-def fleet_obs_features(
-    site_names: list[str] | tuple[str, ...], fragments: int
-) -> tuple[tuple[str, str, float, float, str], ...]:
-    """The fleet's observation table: the single env's 17 features (its pressure block is
-    the first site's, named ``<site>.<feature>``), then one pressure block per further
-    site, then (``F > 1``) the staleness of every fragment in sync order (``fragment0`` is
-    the next to sync). One site and one fragment: exactly the single env's layout."""
-    out = []
-    first = site_names[0]
-    for name, unit, lo, hi, meaning in OBS_FEATURES:
-        if name in _EXO_NAMES:
-            out.append((f"{first}.{name}", unit, lo, hi, f"site {first}: {meaning}"))
-        else:
-            out.append((name, unit, lo, hi, meaning))
-    exo = OBS_FEATURES[EXO_SLICE]
-    for s in site_names[1:]:
-        for name, unit, lo, hi, meaning in exo:
-            out.append((f"{s}.{name}", unit, lo, hi, f"site {s}: {meaning}"))
-    if fragments > 1:
-        for j in range(fragments):
-            out.append(
-                (
-                    f"fragment{j}_staleness",
-                    "clip(decisions / H_max)",
-                    0.0,
-                    1.0,
-                    f"decisions since the fragment {j}-th in sync order (0: next) was synced",
-                )
-            )
-    return tuple(out)
 
 
 @lru_cache(maxsize=8)
@@ -501,7 +471,9 @@ class DiLoCoFleetEnv(DiLoCoSyncEnv):
         self.regime_name = setup.regime_name
         self.reward_rate_rps = setup.rate_total
         #: the observation table (name, unit, low, high, meaning).
-        self.obs_features = fleet_obs_features(setup.site_names, fleet.fragments)
+        self.obs_features = fleet_obs_features(
+            setup.site_names, fleet.fragments
+        ) + fleet_cap.cap_obs_features(setup.site_names, fleet.site_cap_pp)
         self.obs_index = {f[0]: i for i, f in enumerate(self.obs_features)}
         low = np.array([f[2] for f in self.obs_features], dtype=np.float32)
         high = np.array([f[3] for f in self.obs_features], dtype=np.float32)
@@ -512,7 +484,12 @@ class DiLoCoFleetEnv(DiLoCoSyncEnv):
         self._h_full = p.h_max * fleet.fragments  # a fragment's own H_max (decisions)
         self._site_rows = np.zeros((1, 0), dtype=np.float32)
         self._site_rows_of: FleetEpisode | None = None
+        self._cap = fleet_cap.cap_tracker(setup, self._n_decisions)  # None without a cap
         self._init_precision()
+
+    def _n_decisions(self) -> int:
+        assert self.episode is not None  # the cap asks only within an episode
+        return self.episode.n_decisions
 
     def _init_precision(self) -> None:
         s = self.setup
@@ -533,6 +510,8 @@ class DiLoCoFleetEnv(DiLoCoSyncEnv):
         """As ``DiLoCoSync-v0``'s; syncs forced before the first action use ``bits``."""
         self._choose(self.setup.default_option)
         self._sync_options = []
+        if self._cap is not None:
+            self._cap.reset()
         return super().reset(seed=seed, options=options)
 
     def _choose(self, option: int) -> None:
@@ -543,16 +522,19 @@ class DiLoCoFleetEnv(DiLoCoSyncEnv):
         """``Discrete(2)``: as ``DiLoCoSync-v0``. With ``bits_options``: ``[launch, k]``,
         the sync (asked, or forced in this step) at precision ``bits_options[k]``."""
         if self.fleet.bits_options is None:
-            return super()._want(action)
-        if not self.action_space.contains(np.asarray(action)):
+            want = super()._want(action)
+        elif not self.action_space.contains(np.asarray(action)):
             raise ValueError(
                 f"action {action!r} is not in {self.action_space}: expected [launch (0 or 1), "
                 f"precision index 0..{len(self.fleet.bits_options) - 1}] "
                 f"(bits_options={self.fleet.bits_options})"
             )
-        a = np.asarray(action)
-        self._choose(int(a[1]))
-        return bool(a[0] == 1)
+        else:
+            self._choose(int(np.asarray(action)[1]))
+            want = bool(np.asarray(action)[0] == 1)
+        if self._cap is None:
+            return want
+        return self._cap.want(want, self._state.d.item(0), super().action_masks())
 
     def _merge_cost_at(self, d: int) -> float:
         # The compiled step asks every fleet sync's cost here, just before it merges (the
@@ -560,6 +542,9 @@ class DiLoCoFleetEnv(DiLoCoSyncEnv):
         # its learner credit are set now.
         assert isinstance(self.episode, FleetEpisode)  # called only after reset()
         self._sync_options.append(self._option)
+        if self._cap is not None:
+            sites = self.episode.option_sites[self._option]
+            self._cap.record(d, self._option, [e.merge_cost_at(d) for e in sites])
         if self.fleet.model_version >= 1:
             self._set_learner_work(d)
         return self.episode.merge_cost_at(d, self._option)
@@ -598,6 +583,8 @@ class DiLoCoFleetEnv(DiLoCoSyncEnv):
         """``[defer, launch]``; with ``bits_options`` followed by one ``True`` per
         precision (MaskablePPO's flat mask of a ``MultiDiscrete`` space)."""
         base = super().action_masks()
+        if self._cap is not None:
+            base = self._cap.mask(base, self._state.d.item(0))
         if self.fleet.bits_options is None:
             return base
         return np.concatenate([base, np.ones(len(self.fleet.bits_options), dtype=bool)])
@@ -606,6 +593,9 @@ class DiLoCoFleetEnv(DiLoCoSyncEnv):
         self, merged: bool, overridden: bool, mask: tuple[int, int] | None = None
     ) -> dict[str, Any]:
         info = super()._step_info(merged, overridden, mask)
+        if self._cap is not None:
+            info["action_overridden"] = overridden or self._cap.last_vetoed
+            self._cap.last_vetoed = False
         if self.fleet.bits_options is not None:  # per component, as MultiDiscrete.sample wants
             m = info["action_mask"]
             info["action_mask"] = (m[:2], m[2:])
@@ -686,6 +676,8 @@ class DiLoCoFleetEnv(DiLoCoSyncEnv):
         if f > 1:
             st = self.fragment_staleness()
             obs[self._frag0 : self._frag0 + f] = np.minimum(1.0, st / self._h_full)
+        if self._cap is not None:
+            obs[len(obs) - len(self.setup.site_names) :] = self._cap.used(d)
         return obs
 
     # ------------------------------------------------------------------ summary
@@ -753,6 +745,8 @@ class DiLoCoFleetEnv(DiLoCoSyncEnv):
         out["payload_bytes"] = plan.payload_bytes
         out["link_share"] = plan.link_share
         out["model_version"] = self.fleet.model_version
+        if self._cap is not None:
+            out.update(self._cap.summary(s.site_names, fleet_cap.site_nominal_requests(s)))
         out["site_link_shares"] = list(plan.site_shares)
         out["sync_stall_s"] = plan.stall_s
         out["progress_factor"] = s.progress_factor

@@ -12,6 +12,8 @@ fleet episodes.
   :func:`~diloco_gym.eval.protocol.score_episode`).
 * **Oracle**: the dynamic programme over the summed additive cost at the agent's number of
   syncs, replayed exactly (:func:`~diloco_gym.eval.protocol.oracle_score`).
+* **Cap**: with ``site_cap_pp`` set, matched random respects the same per-site cap
+  (rejection-sampled) and the oracle is the uncapped bound (:mod:`diloco_gym.eval.fleet_cap`).
 * **Gate**: per agent, the paired sign-flip test of agent minus matched-random mean over
   episodes (independent units: distinct seeds of synthetic sites; disjoint windows of
   trace sites), Holm-corrected over the agents, and
@@ -31,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from diloco_gym.envs.fleet import DiLoCoFleetEnv, FleetEpisode, require_fixed_precision
-from diloco_gym.eval import protocol
+from diloco_gym.eval import fleet_cap, protocol
 from diloco_gym.eval.protocol import EpisodeScorer, Scores
 from diloco_gym.eval.report_render import sandbox_record, sandbox_sentence
 from diloco_gym.text import md_text
@@ -208,6 +210,10 @@ def run_fleet_report(config: FleetReportConfig, progress: bool = False) -> dict[
     df = pd.DataFrame(_unit_rows(env, agents, seeds, config.draws, progress))
     verdict, calib_rows = fleet_calibration(env, config.calibration)
     summary = _agent_summary(df, [a.name for a in agents], verdict_seeds, n_indep)
+    capped = env.fleet.site_cap_pp is not None
+    sites = env.setup.site_names
+    per_site = [fleet_cap.cap_summary(df[df["agent"] == a.name], sites, capped) for a in agents]
+    summary = pd.concat([summary, pd.DataFrame(per_site)], axis=1)
     _gate(summary, verdict, config.alpha, n_indep)
     for a in agents:  # sealed agents' worker processes end with the report
         if callable(getattr(a, "close", None)):
@@ -270,6 +276,7 @@ def _unit_rows(
     p = env.params
     rows: list[dict[str, Any]] = []
     counts = None
+    check = fleet_cap.cap_check(env)
     for i, seed in enumerate(seeds):
         ep = env.build_episode(seed)
         scorer = FleetScorer(ep, p, env.setup.sidecars)
@@ -278,14 +285,20 @@ def _unit_rows(
             m = int(res["merges"])
             if counts is None or counts.shape[0] <= m or counts.shape[1] != ep.n_decisions:
                 counts = protocol.counts_for(ep.n_decisions, p, max(m, 80))
+            rng = np.random.default_rng([seed, m, 7])
+            control, cap_cols = None, {}
+            if check is not None:  # matched random under the same cap
+                control, accepted = fleet_cap.capped_control(scorer, m, draws, rng, counts, check)
+                cap_cols = fleet_cap.cap_columns(res, accepted)
             scored = protocol.score_episode(
                 scorer,  # type: ignore[arg-type]  # duck-typed: the fleet's summed scorer
                 res["merge_decisions"],
                 draws,
-                np.random.default_rng([seed, m, 7]),
+                rng,
                 counts,
+                control,
             )
-            rows.append(_unit_row(env, ep, agent.name, seed, res, scored))
+            rows.append({**_unit_row(env, ep, agent.name, seed, res, scored), **cap_cols})
         if progress:
             print(f"fleet report: episode {i + 1}/{len(seeds)}", flush=True)
     return rows
@@ -396,17 +409,20 @@ def _fleet_record(config: FleetReportConfig, env: DiLoCoFleetEnv) -> dict[str, A
         "corridor_decisions": [p.h_min, p.h_max],
         "progress_factor": env.setup.progress_factor,
         "worst_site_weight": fl.worst_site_weight,
+        "site_cap_pp": fl.site_cap_pp,
     }
 
 
-def oracle_label(worst_site_weight: float) -> str:
+def oracle_label(worst_site_weight: float, capped: bool = False) -> str:
     """The oracle column's heading: ``oracle pp``, or with a worst-site weight ``lambda >
     0`` ``oracle (sum + lambda x worst site) pp``: the oracle then minimises the sum plus
     ``lambda`` times the worst site's cost, and a schedule of as many syncs may have a
-    lower total."""
+    lower total. ``capped`` (a per-site cap): ``uncapped`` is added, the oracle ignores the
+    cap."""
     if worst_site_weight == 0:
-        return "oracle pp"
-    return f"oracle (sum + {worst_site_weight:g} x worst site) pp"
+        return "oracle (uncapped) pp" if capped else "oracle pp"
+    label = f"oracle (sum + {worst_site_weight:g} x worst site"
+    return label + (", uncapped) pp" if capped else ") pp")
 
 
 def oracle_note(worst_site_weight: float) -> str:
@@ -421,7 +437,7 @@ def oracle_note(worst_site_weight: float) -> str:
     )
 
 
-def fleet_summary_table(summary, worst_site_weight: float = 0.0) -> str:
+def fleet_summary_table(summary, worst_site_weight: float = 0.0, capped: bool = False) -> str:
     """The per-agent summary as a Markdown table (the oracle column labelled by
     :func:`oracle_label`)."""
     cols = [
@@ -429,7 +445,7 @@ def fleet_summary_table(summary, worst_site_weight: float = 0.0) -> str:
         ("syncs_per_hour", "syncs/h", "{:.1f}"),
         ("sync_excess_pct", "sync-excess pp", "{:.3f}"),
         ("matched_random_mean", "matched random pp", "{:.3f}"),
-        ("oracle_same_budget_pct", oracle_label(worst_site_weight), "{:.3f}"),
+        ("oracle_same_budget_pct", oracle_label(worst_site_weight, capped), "{:.3f}"),
         ("diff_pp", "agent - random pp", "{:+.3f}"),
         ("p_holm", "p (Holm)", "{:.4f}"),
         ("worst_site_sync_excess_pct", "worst site pp", "{:.3f}"),
@@ -507,6 +523,7 @@ def write_fleet_report(
     """Write report.md, results.csv and report.json to ``out`` atomically
     (:func:`write_fleet_dir`, so ``--force`` rules are the report's)."""
     f = result["fleet"]
+    cap = f.get("site_cap_pp")
     body = [
         f"Fleet `{md_text(f['file'])}`: sites {', '.join(map(md_text, f['sites']))}; "
         f"F = {f['fragments']} "
@@ -526,9 +543,17 @@ def write_fleet_report(
         "points of all the fleet's requests, by exact replay (agent, matched random and "
         "oracle alike); worst site: the largest site's own sync-excess (pp of its "
         "requests); verdicts: paired sign-flip test over episodes, Holm-corrected over "
-        "the deployable agents." + (" " + oracle_note(f["worst_site_weight"])).rstrip(),
+        "the deployable agents."
+        + (" " + oracle_note(f["worst_site_weight"])).rstrip()
+        + (" " + fleet_cap.cap_note(cap)).rstrip(),
         "",
-        fleet_summary_table(result["summary"], f["worst_site_weight"]),
+        fleet_summary_table(result["summary"], f["worst_site_weight"], cap is not None),
+        "",
+        "## Sync-excess per site",
+        "",
+        "Each site's sync-excess in pp of its own requests (exact replay), mean over episodes.",
+        "",
+        fleet_cap.site_table(result["summary"], f["sites"], cap is not None),
         "",
         "## Calibration per site",
         "",

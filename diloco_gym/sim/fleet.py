@@ -214,6 +214,7 @@ FLEET_RANGES: dict[str, tuple[float, float]] = {
     "share_exponent": (0.0, 100.0),
     "quant_penalty": (0.0, 1.0),
     "worst_site_weight": (0.0, 1e6),
+    "site_cap_pp": (0.0, 100.0),
     "fragments": (1, 2**20),
     "overlap_steps": (1, 2**31 - 1),
 }
@@ -261,6 +262,10 @@ class FleetParams:
         quant_penalty: learner-progress surrogate: a sync at ``b`` bits is credited
             ``1 - quant_penalty * log2(32 / b)`` of its progress.
         worst_site_weight: ``lambda`` of the worst-site term of the cost (0: plain sum).
+        site_cap_pp: ``None`` (the default: no cap) or the per-site serving cap, in
+            percentage points of each site's own nominal requests: a sync is masked while
+            any site's settled sync-excess plus its forecast would pass the cap
+            (:mod:`diloco_gym.envs.fleet_cap`, docs/fleet.md "Guardrails").
         bits_options: ``None`` (the default: every sync at ``bits``) or the precisions the
             agent chooses from at each sync (``MultiDiscrete([2, len(bits_options)])``
             actions, docs/fleet.md); ``bits`` must be one of them (the precision of syncs
@@ -285,6 +290,7 @@ class FleetParams:
     share_exponent: float = 1.0
     quant_penalty: float = 0.01
     worst_site_weight: float = 0.0
+    site_cap_pp: float | None = None
     bits_options: tuple[int, ...] | None = None
     model_version: int = 0
 
@@ -315,6 +321,8 @@ class FleetParams:
         _nonneg("fixed_s", self.fixed_s)
         _nonneg("quant_penalty", self.quant_penalty)
         _nonneg("worst_site_weight", self.worst_site_weight)
+        if self.site_cap_pp is not None:
+            _positive("site_cap_pp", self.site_cap_pp)
         _positive("share_exponent", self.share_exponent)
         if not 0.0 <= self.host_share <= 1.0:
             raise FleetConfigError(f"host_share must be in [0, 1], got {self.host_share!r}")

@@ -62,6 +62,10 @@ LIMITS: dict[str, tuple[int, str]] = {
     "GRID_POINTS": (10_000, "points of a sweep's grid (the product of its axes' lengths)"),
     "FLEET_SITES": (256, "sites of one fleet (about 2 MB of memory each)"),
     "DRAWS": (100_000, "matched-random draws per episode (100 times the default 1,000)"),
+    "CAP_REJECTIONS": (
+        10_000,
+        "schedules drawn per matched-random draw kept under a fleet's per-site cap (rejection)",
+    ),
     "REQUESTS": (
         2**22,
         "requests per episode of a synthetic regime (its busiest rate x the episode window)",

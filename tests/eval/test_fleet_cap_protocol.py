@@ -1,0 +1,163 @@
+"""The fleet report under a per-site serving cap (diloco_gym/eval/fleet_cap.py): matched
+random respects the cap, the rejection bound is a one-line error, the report shows each
+site's excess and the cap's counters, the oracle is labelled uncapped."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from diloco_gym.envs import fleet_cap as env_cap
+from diloco_gym.envs.fleet import DiLoCoFleetEnv
+from diloco_gym.eval import fleet_cap, protocol
+from diloco_gym.eval.fleet import (
+    FleetReportConfig,
+    FleetScorer,
+    run_fleet_report,
+    write_fleet_report,
+)
+from diloco_gym.sim.fleet import FleetParams, SiteConfig
+from diloco_gym.sim.limits import LimitError
+
+CAP = 12.0
+FLEET_TOML = """[fleet]
+site_cap_pp = {cap}
+
+[[site]]
+name = "calm"
+regime = "ordinary"
+
+[[site]]
+name = "busy"
+regime = "bursty"
+"""
+
+
+def _capped_env(cap: float = CAP) -> DiLoCoFleetEnv:
+    sites = (SiteConfig(name="calm", regime="ordinary"), SiteConfig(name="busy", regime="bursty"))
+    return DiLoCoFleetEnv(FleetParams(sites=sites, site_cap_pp=cap))
+
+
+def _replay(env: DiLoCoFleetEnv, seed: int, schedule) -> dict:
+    """Run ``schedule`` through the env: launch exactly at its decisions."""
+    want = {int(d) for d in schedule}
+    env.reset(seed=seed)
+    while True:
+        _, _, _, trunc, info = env.step(int(env.decision in want))
+        if trunc:
+            return info["episode_summary"]
+
+
+def _always(env: DiLoCoFleetEnv, seed: int) -> dict:
+    env.reset(seed=seed)
+    while True:
+        _, _, _, trunc, info = env.step(1)
+        if trunc:
+            return info["episode_summary"]
+
+
+def test_matched_random_under_the_cap_never_breaks_it():
+    """Every kept schedule respects the cap's rule, and the env launches it as drawn (the
+    cap vetoes none of its syncs); the uncapped sampler would have broken the cap (the
+    acceptance is below 1), so the rejection does work."""
+    env = _capped_env()
+    seed = 4
+    s = _always(env, seed)
+    m = int(s["merges"])
+    ep = env.episode
+    scorer = FleetScorer(ep, env.params, env.setup.sidecars)
+    check = fleet_cap.cap_check(env)
+    assert check is not None
+    control, acceptance = fleet_cap.capped_control(
+        scorer, m, 60, np.random.default_rng([seed, m, 7]), None, check
+    )
+    assert control.schedules.shape == (60, m)
+    assert 0.0 < acceptance < 1.0
+    ok, forced = env_cap.schedules_respect_cap(
+        control.schedules, ep.site_costs, check.lags, check.caps, check.h_max
+    )
+    assert ok.all()
+    for row, n_forced in zip(control.schedules[:4], forced[:4], strict=True):
+        got = _replay(env, seed, row)
+        assert got["merge_decisions"] == row.tolist()
+        assert got["cap_vetoed_launches"] == 0
+        assert got["cap_overridden_syncs"] == n_forced
+    # the scores are the scorer's for those schedules
+    assert np.array_equal(control.scores.exact_pct, scorer.score(control.schedules).exact_pct)
+    out = protocol.score_episode(scorer, s["merge_decisions"], 60, None, None, control)
+    assert out["matched_random_mean"] == pytest.approx(float(control.scores.exact_pct.mean()))
+
+
+def test_the_rejection_bound_is_a_one_line_error(monkeypatch):
+    env = _capped_env(8.0)
+    s = _always(env, 1)
+    scorer = FleetScorer(env.episode, env.params, env.setup.sidecars)
+    check = fleet_cap.cap_check(env)
+    assert check is not None
+    monkeypatch.setenv("DILOCO_GYM_MAX_CAP_REJECTIONS", "1")
+    with pytest.raises(LimitError) as exc:
+        fleet_cap.capped_control(
+            scorer, int(s["merges"]), 200, np.random.default_rng(0), None, check
+        )
+    msg = str(exc.value)
+    assert "\n" not in msg
+    assert "site_cap_pp = 8" in msg and "DILOCO_GYM_MAX_CAP_REJECTIONS" in msg
+    assert f"seed {env.episode.seed}" in msg
+
+
+def test_no_cap_no_check():
+    assert fleet_cap.cap_check(DiLoCoFleetEnv()) is None
+
+
+def test_capped_report_shows_each_site_and_the_cap(tmp_path):
+    path = tmp_path / "capped.toml"
+    path.write_text(FLEET_TOML.format(cap=CAP))
+    cfg = FleetReportConfig(
+        fleet=str(path),
+        agents=["pressure-gate", "online-forecast"],
+        seeds=2,
+        draws=20,
+        in_process_agents=True,
+    )
+    result = run_fleet_report(cfg)
+    rows, summary = result["rows"], result["summary"]
+    for col in (
+        "cap_masked_decisions",
+        "cap_overridden_syncs",
+        "cap_vetoed_launches",
+        "matched_random_cap_acceptance",
+        "site_busy_cap_used_pp",
+        "site_calm_cap_used_pp",
+        "site_busy_sync_excess_pct",
+    ):
+        assert col in rows.columns, col
+    assert (rows["matched_random_cap_acceptance"] > 0).all()
+    for col in ("site_busy_sync_excess_pct", "site_calm_sync_excess_pct", "episodes_over_cap"):
+        assert col in summary.columns, col
+    busy = rows[rows["agent"] == "pressure-gate"]["site_busy_sync_excess_pct"].mean()
+    assert summary.set_index("agent").loc["pressure-gate", "site_busy_sync_excess_pct"] == (
+        pytest.approx(busy)
+    )
+    out = write_fleet_report(result, tmp_path / "out", command="test")
+    md = (out / "report.md").read_text()
+    assert "oracle (uncapped) pp" in md and "site_cap_pp = 12" in md
+    assert "## Sync-excess per site" in md and "forced syncs over cap" in md
+    doc = json.loads((out / "report.json").read_text())
+    assert doc["fleet"]["site_cap_pp"] == CAP
+    assert "site_busy_sync_excess_pct" in doc["summary"][0]
+
+
+def test_uncapped_report_has_the_per_site_table_and_no_cap_columns(tmp_path):
+    path = tmp_path / "free.toml"
+    path.write_text(FLEET_TOML.replace("site_cap_pp = {cap}\n", ""))
+    cfg = FleetReportConfig(
+        fleet=str(path), agents=["pressure-gate"], seeds=2, draws=10, in_process_agents=True
+    )
+    result = run_fleet_report(cfg)
+    assert not any(c.startswith("cap_") for c in result["rows"].columns)
+    assert "episodes_over_cap" not in result["summary"].columns
+    md = (write_fleet_report(result, tmp_path / "out") / "report.md").read_text()
+    assert "## Sync-excess per site" in md and "| oracle pp |" in md
+    assert "oracle (uncapped)" not in md and "site_cap_pp" not in md
