@@ -55,9 +55,14 @@ def _rollout(env, seed, policy_seed):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("env_kw", [{}, {"merge_budget": 20}])
-def test_special_case_is_the_single_env_bit_for_bit(env_kw):
+@pytest.mark.parametrize("fleet_id", ["DiLoCoFleet-v0", "DiLoCoFleet-v1"])
+def test_special_case_is_the_single_env_bit_for_bit(env_kw, fleet_id):
+    """A one-site fleet is the single env, under either fleet model (one site has no
+    collective: no link share, no stall, no ring latency)."""
     single = gym.make("DiLoCoSync-v0", **env_kw).unwrapped
-    fleet = gym.make("DiLoCoFleet-v0", fleet=_one_site(), **env_kw).unwrapped
+    fleet = gym.make(fleet_id, fleet=_one_site(), **env_kw).unwrapped
+    assert fleet.fleet.model_version == int(fleet_id[-1])
+    assert fleet.setup.plan.stall_s == 0.0
     assert fleet.observation_space == single.observation_space
     for seed in (0, 7, 123):
         a, sa = _rollout(single, seed, seed)

@@ -242,33 +242,7 @@ def test_bad_model_version_is_one_line_naming_file_and_key(tmp_path, value):
             fl.FleetParams(model_version=bad)
 
 
-# ----------------------------------------------------------------- special case, checkers
-def _rollout(env, seed, policy_seed):
-    rng = np.random.default_rng(policy_seed)
-    obs, info = env.reset(seed=seed)
-    out = [(obs.tobytes(), None, None)]
-    while True:
-        obs, r, term, trunc, info = env.step(int(rng.integers(2)))
-        out.append((obs.tobytes(), r, info["reward_terms"]))
-        if trunc:
-            return out, info["episode_summary"]
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("env_kw", [{}, {"merge_budget": 20}])
-def test_v1_special_case_is_the_single_env_bit_for_bit(env_kw):
-    one = fl.FleetParams(sites=(fl.SiteConfig(name="bursty"),), merge_seconds=8.0)
-    single = gym.make("DiLoCoSync-v0", **env_kw).unwrapped
-    fleet = gym.make("DiLoCoFleet-v1", fleet=one, **env_kw).unwrapped
-    assert fleet.fleet.model_version == 1 and fleet.setup.plan.stall_s == 0.0
-    for seed in (0, 7, 123):
-        a, sa = _rollout(single, seed, seed)
-        b, sb = _rollout(fleet, seed, seed)
-        assert a == b  # observations (bytes), rewards and reward terms, every step
-        for k, v in sa.items():
-            assert sb[k] == v or (v != v and sb[k] != sb[k]), k
-
-
+# ---------------------------------- checkers (the special case: test_fleet_env.py, both ids)
 @pytest.mark.slow
 def test_gymnasium_and_sb3_checkers_v1():
     from gymnasium.utils.env_checker import check_env
