@@ -7,23 +7,17 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from learner_cals import SHORT_DRIFT_OVERHEAD
 
 from diloco_gym.eval import cells
 from diloco_gym.eval import frontier as fr
 from diloco_gym.eval.cells import cell_config, regime_plan
 from diloco_gym.eval.report import ReportConfig, run_protocol
-from diloco_gym.sim.learner_calibration import LearnerCalibration, learner_params
+from diloco_gym.sim.learner_calibration import learner_params
 from diloco_gym.sim.learners import LearnerParams
 
 ROOT = Path(__file__).resolve().parents[2]
-CAL = LearnerCalibration(
-    loss_floor=1.5,
-    loss_scale=4.0,
-    loss_exponent=0.6,
-    work_scale_steps=6.0,
-    drift_steps=8.0,
-    merge_overhead_steps=0.5,
-)
+CAL = SHORT_DRIFT_OVERHEAD
 CALIBRATED = learner_params(CAL)
 
 

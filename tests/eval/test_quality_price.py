@@ -4,25 +4,18 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from learner_cals import SHORT_DRIFT
 
 from diloco_gym.cli import main
 from diloco_gym.eval import frontier as fr
 from diloco_gym.eval.report import ReportConfig, run_protocol, write_report
 from diloco_gym.sim.learner_calibration import (
-    LearnerCalibration,
     env_schedule_loss,
     load_learner_calibration,
     quality_cost,
 )
 
-CAL = LearnerCalibration(
-    loss_floor=1.5,
-    loss_scale=4.0,
-    loss_exponent=0.6,
-    work_scale_steps=6.0,
-    drift_steps=8.0,
-    quant_efficiency={8: 0.97},
-)
+CAL = SHORT_DRIFT
 
 
 @pytest.fixture(scope="module")

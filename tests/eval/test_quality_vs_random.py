@@ -9,27 +9,18 @@ import json
 import numpy as np
 import pandas as pd
 import pytest
+from learner_cals import SHORT_DRIFT
 
 from diloco_gym.eval import frontier as fr
 from diloco_gym.eval import protocol
 from diloco_gym.eval import quality_vs_random as qr
 from diloco_gym.eval.report import ReportConfig, run_protocol, write_report
 from diloco_gym.sim.learner_calibration import (
-    LearnerCalibration,
     env_schedule_loss,
     load_learner_calibration,
 )
 
-#: As tests/eval/test_quality_price.py's: a surrogate whose losses move with the placement
-#: (short drift), so agent and control differ well above rounding.
-CAL = LearnerCalibration(
-    loss_floor=1.5,
-    loss_scale=4.0,
-    loss_exponent=0.6,
-    work_scale_steps=6.0,
-    drift_steps=8.0,
-    quant_efficiency={8: 0.97},
-)
+CAL = SHORT_DRIFT
 DECISION_S = 1.12
 
 

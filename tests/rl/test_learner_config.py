@@ -13,6 +13,7 @@ import pytest
 
 pytest.importorskip("sb3_contrib")
 
+from learner_cals import SHORT_DRIFT_OVERHEAD  # noqa: E402
 from rl_helpers import cli_exit_one_line, write_config  # noqa: E402
 
 from diloco_gym.cli import main  # noqa: E402
@@ -21,18 +22,11 @@ from diloco_gym.rl.command import add_train_arguments, resolve_config, run_layou
 from diloco_gym.rl.config import ENV_KEYS, TRAIN_KEYS  # noqa: E402
 from diloco_gym.rl.train_envs import make_vec_env, regime_spec  # noqa: E402
 from diloco_gym.rl.validation import eval_envs  # noqa: E402
-from diloco_gym.sim.learner_calibration import LearnerCalibration, learner_params  # noqa: E402
+from diloco_gym.sim.learner_calibration import learner_params  # noqa: E402
 from diloco_gym.sim.learners import LearnerParams  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
-CAL = LearnerCalibration(
-    loss_floor=1.5,
-    loss_scale=4.0,
-    loss_exponent=0.6,
-    work_scale_steps=6.0,
-    drift_steps=8.0,
-    merge_overhead_steps=0.5,
-)
+CAL = SHORT_DRIFT_OVERHEAD
 CALIBRATED = learner_params(CAL)
 
 
