@@ -26,6 +26,10 @@ to (docs/calibration.md). This subpackage measures them on the machine at hand:
   calibration file's content) and :mod:`~diloco_gym.live.output` (atomic and partial
   writes); the file is what :func:`diloco_gym.eval.calibration.load_calibration` reads;
 * :mod:`~diloco_gym.live.cli`: the ``diloco-gym calibrate`` command.
+* :mod:`~diloco_gym.live.verdicts` and :mod:`~diloco_gym.live.verdict_stats`: the
+  simulator's side of a live verdict (a trace window's episode, the agent's and the
+  matched-random schedules, their planned merge windows and predicted excess) and the
+  statistics that compare the live agent-minus-random difference with the prediction.
 
 torch is needed only when a run starts (``pip install diloco-gym[rl]``); the built-in
 engine needs ``pip install "diloco-gym[live]"``.
