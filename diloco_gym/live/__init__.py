@@ -15,6 +15,9 @@ to (docs/calibration.md). This subpackage measures them on the machine at hand:
 * :mod:`~diloco_gym.live.replay`: open-loop replay of a trace window over HTTP (threads or
   an aiohttp event loop);
 * :mod:`~diloco_gym.live.fit`: the measured effect sizes and the sidecar-model fit;
+* :mod:`~diloco_gym.live.fidelity`: the fitted model against measurements on held-out
+  settings (measured and predicted latency percentiles and SLO violations, their errors
+  and bootstrap intervals over repeats, the Markdown section and the figure);
 * :mod:`~diloco_gym.live.intensity`: the slowdown at several link shares and the fit of the
   fleet model's interference function;
 * :mod:`~diloco_gym.live.calibrate`: :func:`run_calibration`, the steps of a run in order,

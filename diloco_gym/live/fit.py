@@ -39,13 +39,21 @@ from dataclasses import asdict, dataclass, replace
 
 import numpy as np
 
-from diloco_gym.sim.sidecar import SidecarParams, base_latency_s, percentile, replay
+from diloco_gym.sim.sidecar import (
+    ReplayResult,
+    SidecarParams,
+    base_latency_s,
+    percentile,
+    replay,
+)
 
 __all__ = [
     "RunData",
     "measured_effect_sizes",
     "fit_service_costs",
     "simulate_phase",
+    "replay_requests",
+    "sync_bins",
     "bootstrap_intervals",
     "INTERVAL_METRICS",
     "fit_sidecar_live",
@@ -317,8 +325,8 @@ def fit_service_costs(
     }
 
 
-def _sync_bins(windows_s: list[tuple[float, float]], n_bins: int, bin_s: float) -> np.ndarray:
-    """1 for every bin whose start lies inside a merge window."""
+def sync_bins(windows_s: list[tuple[float, float]], n_bins: int, bin_s: float) -> np.ndarray:
+    """The replay's merge mask: 1 for every bin whose start lies inside a merge window."""
     starts = np.arange(n_bins) * bin_s
     mask = np.zeros(n_bins)
     for lo, hi in windows_s:
@@ -326,10 +334,35 @@ def _sync_bins(windows_s: list[tuple[float, float]], n_bins: int, bin_s: float) 
     return mask
 
 
+def replay_requests(
+    offset_s: np.ndarray,
+    prompt_tokens: np.ndarray,
+    output_tokens: np.ndarray,
+    duration_s: float,
+    windows_s: list[tuple[float, float]] | None,
+    params: SidecarParams,
+    bin_s: float = 0.05,
+) -> ReplayResult:
+    """Replay one phase's sends through the sidecar model (no pressure).
+
+    Each request lands in bin ``floor(offset / bin_s)`` (negative offsets at 0); the
+    replay covers ``max(duration_s, last send)`` plus one bin, and ``windows_s`` (merge
+    windows relative to the phase's start; ``None``: no merges) become the merge mask of
+    :func:`sync_bins`. This is the binning of every live replay (:func:`simulate_phase`,
+    :mod:`diloco_gym.live.fidelity`).
+    """
+    offsets = np.maximum(np.asarray(offset_s, dtype=np.float64), 0.0)
+    n_bins = max(1, int(np.ceil(max(duration_s, float(offsets.max(initial=0.0))) / bin_s)) + 1)
+    req_bin = np.minimum((offsets / bin_s).astype(np.int64), n_bins - 1)
+    base = base_latency_s(prompt_tokens, output_tokens, params)
+    sync_bin = None if windows_s is None else sync_bins(windows_s, n_bins, bin_s)
+    return replay(base, req_bin, np.zeros(n_bins), sync_bin, params, bin_s)
+
+
 def simulate_phase(
     data: RunData, phase: str, params: SidecarParams, bin_s: float = 0.05, with_merges: bool = True
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Replay one phase's requests through the sidecar model.
+    """Replay one phase's requests through the sidecar model (:func:`replay_requests`).
 
     With repeated phases each repeat is replayed on its own (its own send times and merge
     windows) and the results are concatenated, repeat by repeat.
@@ -352,15 +385,12 @@ def simulate_phase(
     if data.windows_by_repeat is not None:
         data = replace(data, windows_s=data.windows_for(data.repeats()[0]))
     m = data.mask(phase)
-    offsets = np.maximum(data.offset_s[m], 0.0)
     duration = data.sync_duration_s if phase == "sync" else data.control_duration_s
-    n_bins = max(1, int(np.ceil(max(duration, float(offsets.max(initial=0.0))) / bin_s)) + 1)
-    req_bin = np.minimum((offsets / bin_s).astype(np.int64), n_bins - 1)
-    base = base_latency_s(data.prompt_tokens[m], data.output_tokens[m], params)
-    sync_bin = (
-        _sync_bins(data.windows_s, n_bins, bin_s) if with_merges and phase == "sync" else None
-    )
-    res = replay(base, req_bin, np.zeros(n_bins), sync_bin, params, bin_s)
+    windows = data.windows_s if with_merges and phase == "sync" else None
+    res = replay_requests(
+        data.offset_s[m], data.prompt_tokens[m], data.output_tokens[m], duration, windows,
+        params, bin_s,
+    )  # fmt: skip
     return res.latency_s, data.sync_active[m]
 
 

@@ -188,3 +188,25 @@ def test_fit_notes_a_ratio_the_model_cannot_reach():
     reachable = fit(5.0)
     assert reachable.sim_p95_sync_ratio == pytest.approx(47.55, rel=0.02)
     assert not any("cannot reproduce" in note for note in reachable.notes)
+
+
+def test_replay_requests_bins_sends_and_merge_windows_by_hand():
+    """The live replay's binning (:func:`replay_requests`, shared by the fit and the
+    fidelity check): on an idle server a request's latency is its nominal time, times
+    ``1 + sync_slowdown`` when its bin starts inside a merge window; no windows (``None``)
+    and an empty list replay alike."""
+    from diloco_gym.live.fit import replay_requests, sync_bins
+
+    p = SidecarParams(ttft_ms=100.0, prefill_ms_per_token=0.0, decode_ms_per_token=10.0,
+                      slots=8.0, sync_slowdown=1.0)  # fmt: skip
+    offsets = np.array([-0.5, 1.02, 2.0, 3.0])  # the first is clipped to bin 0
+    output = np.array([10, 10, 20, 10], np.int64)
+    prompt = np.zeros(4, np.int64)
+    assert sync_bins([(1.0, 1.1)], 4 * 20, 0.05).nonzero()[0].tolist() == [20, 21]
+    none = replay_requests(offsets, prompt, output, 4.0, None, p)
+    assert none.latency_s.tolist() == pytest.approx([0.2, 0.2, 0.3, 0.2])
+    empty = replay_requests(offsets, prompt, output, 4.0, [], p)
+    assert empty.latency_s.tolist() == none.latency_s.tolist()
+    merged = replay_requests(offsets, prompt, output, 4.0, [(1.0, 1.1), (2.9, 3.0)], p)
+    assert merged.latency_s.tolist() == pytest.approx([0.2, 0.4, 0.3, 0.2])
+    assert merged.sync_active.tolist() == [False, True, False, False]
