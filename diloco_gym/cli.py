@@ -28,6 +28,7 @@ from diloco_gym.commands import (
     sweep,
     train,
     tune,
+    validate,
 )
 from diloco_gym.commands.extras import missing_extra
 from diloco_gym.errors import CLIError, DataError, Interrupted, UsageError
@@ -49,6 +50,7 @@ COMMANDS = (
     ("train", train),
     ("calibrate", calibrate),
     ("calibrate-learners", calibrate_learners),
+    ("validate", validate),
 )
 
 

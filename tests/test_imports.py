@@ -211,7 +211,8 @@ LAYER_RULES = {
     "agents": {"sim", "envs", "agents"} | _BASE,
     "eval": {"sim", "envs", "agents", "eval"} | _BASE,
     "rl": {"sim", "envs", "agents", "eval", "rl"} | _BASE,
-    "live": {"sim", "envs", "agents", "eval", "live"} | _BASE,
+    # live also runs the deployable controller in the loop of a live replay (closed loop)
+    "live": {"sim", "envs", "agents", "eval", "deploy", "live"} | _BASE,
     "lm": {"sim", "envs", "agents", "eval", "lm"} | _BASE,
     "scale": {"sim", "envs", "agents", "eval", "rl", "scale"} | _BASE,
     # the Python API (diloco_gym.evaluate) and the public wrappers: the protocol's own code

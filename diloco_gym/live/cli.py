@@ -26,7 +26,12 @@ from diloco_gym.errors import DataError, UsageError
 if TYPE_CHECKING:
     from diloco_gym.live.calibrate import CalibrationConfig
 
-__all__ = ["add_calibrate_arguments", "run_calibrate_command"]
+__all__ = [
+    "add_calibrate_arguments",
+    "add_server_arguments",
+    "run_calibrate_command",
+    "sigterm_as_interrupt",
+]
 
 DEFAULT_REGIME = "sync-heavy"
 
@@ -45,7 +50,7 @@ def add_calibrate_arguments(parser: argparse.ArgumentParser) -> argparse.Argumen
     )
     # One helper per concern, in the order --help lists the options.
     _add_source_arguments(parser)
-    _add_server_arguments(parser)
+    add_server_arguments(parser)
     _add_load_arguments(parser)
     _add_phase_arguments(parser)
     _add_merge_arguments(parser)
@@ -70,7 +75,7 @@ def _add_source_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _add_server_arguments(parser: argparse.ArgumentParser) -> None:
+def add_server_arguments(parser: argparse.ArgumentParser) -> None:
     """The server: an external endpoint, or the engine started here, and the model."""
     parser.add_argument(
         "--endpoint",
@@ -301,7 +306,7 @@ def run_calibrate_command(args: argparse.Namespace) -> int:
     # The run itself says "partial measurements saved to ..." (once); the lines below only
     # name the outcome.
     try:
-        with _sigterm_as_interrupt():
+        with sigterm_as_interrupt():
             result = run_calibration(
                 args.endpoint, source, args.duration, args.out, trace_format=args.format, config=cfg
             )
@@ -362,7 +367,7 @@ def _config_from_args(args: argparse.Namespace) -> CalibrationConfig:
     )
 
 
-class _sigterm_as_interrupt:
+class sigterm_as_interrupt:
     """Raise :class:`CalibrationTerminated` in the main thread on SIGTERM, once.
 
     The run then saves its partial measurements and stops its child processes exactly as

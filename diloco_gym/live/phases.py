@@ -38,6 +38,9 @@ __all__ = [
     "PhasePlan",
     "phase_plans",
     "run_phase",
+    "run_merge",
+    "begin_phase",
+    "end_phase",
     "wait_until",
     "overload_limit",
     "check_overload",
@@ -72,8 +75,9 @@ class PhasePlan:
                 f"{requests} requests"
             )
         share = "" if self.link_share == 1.0 else f" at link share {self.link_share:g}"
+        what = "sync" if self.name.startswith("sync") else self.name
         return (
-            f"sync phase{share} {self.repeat + 1}/{repeats}: {duration_s:g} s, {requests} "
+            f"{what} phase{share} {self.repeat + 1}/{repeats}: {duration_s:g} s, {requests} "
             f"requests, {len(self.merges)} merges"
         )
 
@@ -105,18 +109,18 @@ def run_phase(
     replayer = run.replayer
     assert replayer is not None  # set before any phase starts
     say(plan.announcement(cfg.repeats, window.trace.num_requests, duration_s))
-    origin = _begin_phase(
+    origin = begin_phase(
         run, plan.name, plan.repeat, window.trace, window.prompt, window.output, duration_s
     )
     for j, (start, length) in enumerate(plan.merges):
         assert cluster is not None  # started before any phase
         wait_until(run, cfg, server, until=origin + start)
-        _merge(run, cluster, plan, j, origin, start, length, cfg, say)
+        run_merge(run, cluster, plan, j, origin, start, length, cfg, say)
     wait_until(run, cfg, server, until=origin + duration_s + 5.0, done=lambda: not replayer.sending)
-    _end_phase(run, plan.name, plan.repeat, server, cfg)
+    end_phase(run, plan.name, plan.repeat, server, cfg)
 
 
-def _merge(
+def run_merge(
     run: RunState,
     cluster: MergeCluster,
     plan: PhasePlan,
@@ -159,13 +163,14 @@ def _merge(
         if report is not None:
             entry.update({key: v for key, v in asdict(report).items() if v is not None})
     say(
-        f"merge {j + 1}/{len(plan.merges)}: {entry['start_s'] - origin:5.1f}-"
+        f"merge {j + 1}{f'/{len(plan.merges)}' if plan.merges else ''}: "
+        f"{entry['start_s'] - origin:5.1f}-"
         f"{entry['end_s'] - origin:5.1f} s, {report.allreduces} all-reduces, "
         f"checkpoint {report.checkpoint_s:.2f} s"
     )
 
 
-def _begin_phase(
+def begin_phase(
     run: RunState,
     name: str,
     repeat: int,
@@ -189,7 +194,7 @@ def _begin_phase(
     return origin
 
 
-def _end_phase(run: RunState, name: str, repeat: int, server: Any, cfg: CalibrationConfig) -> None:
+def end_phase(run: RunState, name: str, repeat: int, server: Any, cfg: CalibrationConfig) -> None:
     """Wait for the phase's outstanding requests, record its end, check the server."""
     replayer = run.replayer
     assert replayer is not None  # set before any phase starts
