@@ -245,9 +245,10 @@ def _add_window_arguments(parser: argparse.ArgumentParser) -> None:
     win.add_argument(
         "--utilization",
         type=float,
-        default=0.5,
+        default=0.3,
         metavar="U",
-        help="their mean load, a fraction of the capacity (default 0.5)",
+        help="their mean load, a fraction of the capacity (default 0.3: a bursty window "
+        "reaches about twice the mean)",
     )
     win.add_argument(
         "--windows",
