@@ -221,7 +221,9 @@ def wait_until(
     while run.clock() < until and not (done is not None and done()):
         check_server(server)
         check_overload(run, cfg)
-        time.sleep(0.1)
+        # at most 0.1 s, and no later than ``until``: a merge starts on time to the
+        # scheduler's wake-up, not to the check's period
+        time.sleep(min(0.1, max(0.0, until - run.clock())))
     check_overload(run, cfg)
 
 

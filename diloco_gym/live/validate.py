@@ -353,7 +353,11 @@ def _one_window(
     extra_random: list[dict] = []
     if loop is not None:
         loop_sched = ver.schedule_from_starts(loop.starts_s, p, we.n_decisions)
-        schedules.append(_schedule_row(we, "closed-loop", loop_sched, loop.phase, slo, base))
+        row = _schedule_row(we, "closed-loop", loop_sched, loop.phase, slo, base)
+        # how late each decision read its telemetry, after its nominal time (s)
+        late = loop.read_s - np.arange(loop.read_s.size) * p.decision_seconds
+        row["decision_lateness_s"] = {"median": float(np.median(late)), "max": float(late.max())}
+        schedules.append(row)
         m = int(loop_sched.sum())
         if m != n:  # its own matched random: same merge count as the closed loop
             for j, r in enumerate(ver.matched_random_schedules(we, m, vcfg.draws)):

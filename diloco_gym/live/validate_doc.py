@@ -120,7 +120,7 @@ def _fidelity_block(doc: dict) -> dict:
     cal = doc.get("calibration")
     if cal and cal.get("rows"):
         block["calibration"] = {
-            "name": f"{cal['source']} U={cal['utilization']:g} (calibration, in sample)",
+            "name": f"{cal['source']} U={cal['utilization']:g}",
             **cal,
         }
     return block
@@ -166,7 +166,7 @@ def markdown_page(doc: dict, figures: dict[str, str] | None = None) -> list[str]
             f"decode {fs['decode_ms_per_token']:.2f} ms/token, TTFT {fs['ttft_ms']:.1f} ms.",
         ]
     if doc.get("fidelity"):
-        lines += ["", "## Held-out settings", ""]
+        lines += [""]
         lines += fid.markdown_section(_fidelity_block(doc))
         if "fidelity" in figures:
             lines += ["", f"![predicted against measured]({figures['fidelity']})"]

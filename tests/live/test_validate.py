@@ -89,6 +89,8 @@ def _check_document(doc: dict, out) -> None:
             assert s["live_excess_pp"] == pytest.approx(
                 s["live_violation_pct"] - w["control_violation_pct"]
             )
+        loop = w["schedules"][2]  # read its telemetry at or after each decision's time
+        assert 0 <= loop["decision_lateness_s"]["median"] <= loop["decision_lateness_s"]["max"]
     summary = on_disk["verdicts"]["summary"]
     # Two windows can never reach p < 0.05: inconclusive, never "tied".
     assert summary["windows"] == 2
@@ -97,7 +99,7 @@ def _check_document(doc: dict, out) -> None:
     assert on_disk["verdicts"]["closed_loop"]["vs_replay"] is not None
     assert set(on_disk["timings_s"]) == {"calibration", "fidelity", "verdicts"}
     page = out.with_suffix(".md").read_text()
-    for heading in ("## Calibration", "## Held-out settings", "## Verdicts replayed live"):
+    for heading in ("## Calibration", "## Fidelity on held-out settings", "## Verdicts replayed"):
         assert heading in page
 
 
@@ -166,3 +168,17 @@ def test_the_simulated_window_is_the_live_one():
     params, sidecar = scaled_env(replace(SMOKE, time_scale=0.5), SidecarParams(pressure_gain=2.0))
     assert params.step_seconds == pytest.approx(0.07) and params.merge_steps == 57
     assert sidecar.pressure_gain == 0.0 and sidecar.tail_s == pytest.approx(6.0)
+
+
+def test_verdicts_alone_replay_no_closed_loop_and_no_fidelity(queue_server, tmp_path):
+    url = queue_server(slots=4, service_s=0.01)
+    out = tmp_path / "v.json"
+    vcfg = replace(SMOKE, modes=("verdicts",), windows=1)
+    doc = run_validation(url, vcfg, _config(), str(out), capacity_rps=40.0)
+    assert doc["fidelity"] is None and doc["verdicts"]["closed_loop"] is None
+    (w,) = doc["verdicts"]["windows"]
+    assert [s["kind"] for s in w["schedules"]] == ["agent", "random"]
+    assert sorted(w["order"]) == ["agent", "control", "random-1"]
+    assert set(doc["timings_s"]) == {"calibration", "verdicts"}
+    assert not out.with_name("v_fidelity.png").exists()
+    assert out.with_name("v_verdicts.png").is_file()
