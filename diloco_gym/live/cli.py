@@ -19,7 +19,7 @@ import argparse
 import signal
 import sys
 from types import FrameType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from diloco_gym.errors import DataError, UsageError
 
@@ -28,6 +28,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "add_calibrate_arguments",
+    "add_merge_worker_arguments",
     "add_server_arguments",
     "run_calibrate_command",
     "sigterm_as_interrupt",
@@ -194,8 +195,10 @@ def _add_phase_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _add_merge_arguments(parser: argparse.ArgumentParser) -> None:
-    """The merges: workers, tensor size, backend, schedule, control phase."""
+def add_merge_worker_arguments(parser: Any) -> None:
+    """The merge workers and the merge plan's timing: ``--merge-mb``, ``--workers``,
+    ``--backend``, ``--merge-seconds``, ``--gap-seconds`` (shared by ``calibrate`` and
+    ``validate``; ``parser`` may be an argument group)."""
     parser.add_argument(
         "--merge-mb",
         type=float,
@@ -225,6 +228,11 @@ def _add_merge_arguments(parser: argparse.ArgumentParser) -> None:
         metavar=("LO", "HI"),
         help="gap between merge windows, drawn uniformly (default 8 16)",
     )
+
+
+def _add_merge_arguments(parser: argparse.ArgumentParser) -> None:
+    """The merges: workers, tensor size, backend, schedule, control phase."""
+    add_merge_worker_arguments(parser)
     parser.add_argument(
         "--no-control",
         action="store_true",

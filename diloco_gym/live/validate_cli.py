@@ -14,7 +14,11 @@ import sys
 from typing import Any
 
 from diloco_gym.errors import DataError, UsageError
-from diloco_gym.live.cli import add_server_arguments, sigterm_as_interrupt
+from diloco_gym.live.cli import (
+    add_merge_worker_arguments,
+    add_server_arguments,
+    sigterm_as_interrupt,
+)
 
 __all__ = ["add_validate_arguments", "run_validate_command", "held_out_setting"]
 
@@ -283,36 +287,13 @@ def _add_window_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _add_run_arguments(parser: argparse.ArgumentParser) -> None:
     """The merges, the requests, the capacity, the seed and the output."""
-    run = parser.add_argument_group("merges and requests")
-    run.add_argument(
-        "--merge-mb",
-        type=float,
-        default=64.0,
-        metavar="MB",
-        help="all-reduced tensor, MiB (default 64)",
+    run = parser.add_argument_group(
+        "merges and requests",
+        "--merge-seconds and --gap-seconds shape the merge plans of the calibration and the "
+        "held-out settings; in the windows a merge lasts the env's 57 steps (7.98 s, times "
+        "--time-scale)",
     )
-    run.add_argument("--workers", type=int, default=2, help="merge worker processes (default 2)")
-    run.add_argument(
-        "--backend",
-        choices=("auto", "gloo", "nccl"),
-        default="auto",
-        help="torch.distributed backend (default: nccl with CUDA, else gloo)",
-    )
-    run.add_argument(
-        "--merge-seconds",
-        type=float,
-        default=8.0,
-        metavar="SECONDS",
-        help="merge length of the calibration and fidelity plans (default 8)",
-    )
-    run.add_argument(
-        "--gap-seconds",
-        type=float,
-        nargs=2,
-        default=(8.0, 16.0),
-        metavar=("LO", "HI"),
-        help="gaps of those plans (default 8 16)",
-    )
+    add_merge_worker_arguments(run)
     run.add_argument(
         "--capacity",
         type=float,
