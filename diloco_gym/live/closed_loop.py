@@ -36,7 +36,7 @@ from diloco_gym.live.phases import (
 from diloco_gym.live.session import LiveSession, PhaseRun
 from diloco_gym.live.state import TraceWindow
 
-__all__ = ["ClosedLoopRun", "replay_closed_loop", "sent_between"]
+__all__ = ["ClosedLoopRun", "replay_closed_loop"]
 
 
 @dataclass(frozen=True)
@@ -55,11 +55,6 @@ class ClosedLoopRun:
     def starts_s(self) -> list[float]:
         """The merges' decision times, from the window's origin."""
         return [start for start, _ in self.phase.planned]
-
-
-def sent_between(send_s: np.ndarray, lo: float, hi: float) -> int:
-    """Requests sent in ``[lo, hi)`` (run-clock seconds)."""
-    return int(np.count_nonzero((send_s >= lo) & (send_s < hi)))
 
 
 def replay_closed_loop(

@@ -158,13 +158,9 @@ def bare(trace: Trace) -> Trace:
 
 
 def violation_pct(run: PhaseRun, slo_s: float) -> float:
-    """Violation % of a live phase: requests over the SLO or failed, over all requests."""
-    a = phase_arrays(run)
-    n = a["ok"].size
-    if n == 0:
-        return float("nan")
-    over = ~a["ok"] | ~(a["latency_s"] <= slo_s)
-    return 100.0 * float(np.count_nonzero(over)) / n
+    """Violation % of a live phase: requests over the SLO or failed, over all requests
+    (the fidelity check's own count, :func:`~diloco_gym.live.fidelity.measured_metrics`)."""
+    return fid.measured_metrics(sample_of(run), slo_s)["violation_pct"]
 
 
 def sample_of(run: PhaseRun) -> fid.PhaseSample:

@@ -15,6 +15,8 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+from diloco_gym.io import write_text_atomic
+
 __all__ = [
     "SCHEMA_NAME",
     "load_schema",
@@ -66,12 +68,6 @@ def validate_document(document: dict, where: str = "document") -> None:
         raise ValueError(f"{where}: field {field}: {err.message.splitlines()[0][:200]}")
 
 
-def _atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-
-
 def write_outputs(document: dict, out: str | os.PathLike[str]) -> list[Path]:
     """Write the document (``out``, or ``NAME.partial.json`` beside it when incomplete),
     and for a complete one its Markdown page (``NAME.md``) and figures
@@ -84,14 +80,16 @@ def write_outputs(document: dict, out: str | os.PathLike[str]) -> list[Path]:
     doc = jsonable(document)
     if not doc.get("complete"):
         partial = path.with_name(path.stem + ".partial.json")
-        _atomic_write(partial, json.dumps(doc, indent=1, allow_nan=False) + "\n")
+        write_text_atomic(partial, json.dumps(doc, indent=1, allow_nan=False) + "\n")
         return [partial]
     validate_document(doc, str(path))
     written = [path]
-    _atomic_write(path, json.dumps(doc, indent=1, allow_nan=False) + "\n")
+    write_text_atomic(path, json.dumps(doc, indent=1, allow_nan=False) + "\n")
     figures = _figures(doc, path)
     md = path.with_suffix(".md")
-    _atomic_write(md, "\n".join(markdown_page(doc, {k: p.name for k, p in figures.items()})) + "\n")
+    write_text_atomic(
+        md, "\n".join(markdown_page(doc, {k: p.name for k, p in figures.items()})) + "\n"
+    )
     stale = path.with_name(path.stem + ".partial.json")
     if stale.exists():
         stale.unlink()

@@ -9,7 +9,7 @@ import numpy as np
 from diloco_gym.agents.registry import make_agent
 from diloco_gym.deploy import Controller
 from diloco_gym.envs.params import EnvParams
-from diloco_gym.live.closed_loop import replay_closed_loop, sent_between
+from diloco_gym.live.closed_loop import replay_closed_loop
 from diloco_gym.live.session import live_session
 from diloco_gym.sim.learners import LearnerParams
 
@@ -17,12 +17,6 @@ from .helpers import fast_config
 
 #: The env's clock 20x as fast: decisions every 56 ms, merges of 0.4 s, H_min 0.9 s.
 FAST = replace(EnvParams(), step_seconds=0.007, merge_seconds=0.4)
-
-
-def test_sent_between_counts_half_open_intervals():
-    send = np.array([0.0, 0.5, 1.0, np.nan, 1.5])
-    assert sent_between(send, 0.0, 1.0) == 2
-    assert sent_between(send, 1.0, 2.0) == 2
 
 
 def test_the_controller_decides_live_and_its_merges_run(queue_server, monkeypatch):
