@@ -83,8 +83,14 @@ class AgentContext:
         return self._mask.copy()
 
     def _set_mask(self, mask: np.ndarray) -> None:
-        """Runner only: copy in the mask of the decision about to be asked."""
-        self._mask[:] = np.asarray(mask, dtype=bool)
+        """Runner only: copy in the mask of the decision about to be asked (an env with a
+        wider action, such as a rounds fleet's per-site ``MultiBinary``, sets its own
+        length on the first call)."""
+        m = np.asarray(mask, dtype=bool)
+        if m.shape != self._mask.shape:
+            object.__setattr__(self, "_mask", m.copy())
+        else:
+            self._mask[:] = m
 
 
 class Agent:

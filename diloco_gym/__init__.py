@@ -115,7 +115,7 @@ def register_envs() -> None:
     if "DiLoCoFleet-v1" not in gym.registry:
         gym.register(
             id="DiLoCoFleet-v1",
-            entry_point="diloco_gym.envs.fleet:DiLoCoFleetEnv",
+            entry_point="diloco_gym.envs.fleet_rounds:make_fleet_env",
             kwargs={"model_version": 1},
             disable_env_checker=False,
         )

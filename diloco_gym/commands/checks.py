@@ -72,6 +72,9 @@ def check_agent(name: str) -> str:
     from diloco_gym.agents.registry import AGENTS
     from diloco_gym.agents.user import AgentSpecError, is_user_spec, load_user_agent
 
+    if name.endswith("+own") and len(name) > 4:  # a rounds fleet's own-forecast site rule
+        check_agent(name[:-4])
+        return name
     if name in AGENTS or name.endswith(".zip") or Path(name).exists():
         return name
     if is_user_spec(name):
@@ -94,7 +97,7 @@ def check_free_agent(name: str, fleet: str | None = None) -> str:
     from diloco_gym.agents.registry import is_budget_aware_spec
 
     check_agent(name)
-    if is_budget_aware_spec(name):
+    if is_budget_aware_spec(name.removesuffix("+own")):
         also = (
             f", or set merge_budget in the [env] table of {fleet} to run it at that budget"
             if fleet

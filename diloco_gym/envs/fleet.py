@@ -690,10 +690,11 @@ class DiLoCoFleetEnv(DiLoCoSyncEnv):
         s = self.setup
         merges = self._merges
         opts = self._sync_options
+        scheds = self._site_schedules()
         per = [
             schedule_summary(
                 e,
-                merges,
+                scheds[i],
                 self.params,
                 sc,
                 None if self.fleet.bits_options is None else [ep.option_sites[k][i] for k in opts],
@@ -759,6 +760,10 @@ class DiLoCoFleetEnv(DiLoCoSyncEnv):
         out["regime"] = self.regime_name
         out["episode_seed"] = ep.seed
         return out
+
+    def _site_schedules(self) -> list[list[int]]:
+        """Each site's sync decisions (one schedule for every site: all sync at once)."""
+        return [self._merges] * self.fleet.n_sites
 
     def render(self) -> str | np.ndarray | None:
         if self.render_mode == "rgb_array" and self.episode is not None:

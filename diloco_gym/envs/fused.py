@@ -81,6 +81,7 @@ class FusedStep:
         if m0_bins != self._m0_bins:
             self._ip, self._fp = kernel.step_params(self.params, self.lp, self.sidecar, m0_bins)
             self._m0_bins = m0_bins
+        self._ip[3] = int(self.params.skip_forced)  # set_skip_forced lasts one episode
         if self.record and self.sched_d.shape[1] < n + 1:
             b = self.state.d.size
             self.sched_d = np.zeros((b, n + 1), dtype=np.int64)
@@ -90,6 +91,11 @@ class FusedStep:
         tail = (self._ip, self._fp, reach, prefix, nxt, *queue, memo, self.sched_d, self.sched_c)
         self._args = (*self._head, self.batch.thr, *tail, self.oi, self.of, exo, self.obs)
         self._adv = (*self._head, *tail)
+
+    def set_skip_forced(self, on: bool) -> None:
+        """Turn ``skip_forced`` on or off for the following steps of this episode (the
+        per-site timing env asks at every decision while a round is open)."""
+        self._ip[3] = int(on)
 
     def reward(self, excess: float, progress: float) -> float:
         """The reward of the terms paid (the compiled step's rule)."""

@@ -178,7 +178,9 @@ def fleet_calibration(env: DiLoCoFleetEnv, calibration: str | None) -> tuple[str
 def protocol_env(config: FleetReportConfig, what: str) -> DiLoCoFleetEnv:
     """The fleet env of ``config`` for a protocol step ``what``: refused (an error naming
     ``what``) when the fleet has the per-sync precision action."""
-    env = DiLoCoFleetEnv(fleet=config.fleet, **config.env)
+    from diloco_gym.envs.fleet_rounds import make_fleet_env
+
+    env = make_fleet_env(fleet=config.fleet, **config.env)
     require_fixed_precision(env.fleet, what)
     return env
 
@@ -244,12 +246,23 @@ def _report_agents(config: FleetReportConfig) -> list[Any]:
     ``config.in_process_agents`` (:func:`~diloco_gym.eval.sealed.seal_agents`)."""
     from diloco_gym.agents.fleet import fleet_agent
     from diloco_gym.agents.registry import make_agents
+    from diloco_gym.envs.fleet_rounds import fleet_timing
     from diloco_gym.eval.sealed import seal_agents
 
-    return seal_agents(
-        [fleet_agent(a) for a in make_agents(list(config.agents))],
-        in_process=config.in_process_agents,
-    )
+    if fleet_timing(config.fleet, config.env.get("timing")) == "rounds":
+        from diloco_gym.agents.fleet_rounds import rounds_agent, split_rule
+
+        pairs = [split_rule(a) for a in config.agents]
+        # X and X+own are two agents of one registry name: made one by one
+        agents = [rounds_agent(fleet_agent(make_agents([nm])[0]), rule) for nm, rule in pairs]
+    else:
+        bad = [a for a in config.agents if a.endswith("+own")]
+        if bad:
+            raise ValueError(
+                f"agent(s) {bad}: the '+own' site rule needs a fleet with timing = 'rounds'"
+            )
+        agents = [fleet_agent(a) for a in make_agents(list(config.agents))]
+    return seal_agents(agents, in_process=config.in_process_agents)
 
 
 def _verdict_seeds(seeds: list[int], independent_episodes: int | None) -> set[int]:
@@ -286,6 +299,12 @@ def _unit_rows(
             if counts is None or counts.shape[0] <= m or counts.shape[1] != ep.n_decisions:
                 counts = protocol.counts_for(ep.n_decisions, p, max(m, 80))
             rng = np.random.default_rng([seed, m, 7])
+            if env.fleet.per_site_timing:  # per-site schedules (eval/fleet_rounds.py)
+                from diloco_gym.eval.fleet_rounds import score_rounds_episode
+
+                scored = score_rounds_episode(env, ep, res, draws, rng, counts)
+                rows.append(_unit_row(env, ep, agent.name, seed, res, scored))
+                continue
             control, cap_cols = None, {}
             if check is not None:  # matched random under the same cap
                 control, accepted = fleet_cap.capped_control(scorer, m, draws, rng, counts, check)

@@ -221,9 +221,12 @@ class _Run:
 
     def step(self, action: Any) -> None:
         self.start = False
-        obs, reward, terminated, truncated, info = self.env.step(
-            int(np.asarray(action).reshape(-1)[0])
-        )
+        space = self.base.action_space
+        if isinstance(space, gym.spaces.Discrete):
+            action = int(np.asarray(action).reshape(-1)[0])
+        else:  # a wider action (a rounds fleet's per-site MultiBinary): as the agent gave it
+            action = np.asarray(action).reshape(space.shape)
+        obs, reward, terminated, truncated, info = self.env.step(action)
         self.obs, self.info = obs, info
         self.total += reward
         self.steps += 1

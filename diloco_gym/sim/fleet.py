@@ -28,6 +28,7 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from diloco_gym.sim.limits import LimitError, check_limit
+from diloco_gym.sim.rounds import TIMINGS
 from diloco_gym.sim.sidecar import SidecarParams
 
 __all__ = [
@@ -94,6 +95,11 @@ class SiteConfig:
             the interference function its ``interference`` block fitted
             (``calibrate --link-shares``) replaces the fleet's ``host_share`` and
             ``share_exponent`` for this site (:func:`site_calibration`).
+        delay_max_s: per-site timing only (``timing = "rounds"``): the site is a
+            straggler, ready to contribute to each round only after a start delay drawn
+            uniformly up to this many seconds (:mod:`diloco_gym.sim.rounds`).
+        compute_speed: per-site timing only: the site's relative training speed, its
+            weight in the token-weighted merge (default 1: every site alike).
     """
 
     name: str = "site"
@@ -106,6 +112,8 @@ class SiteConfig:
     link_gbps: float = 10.0
     latency_ms: float = 50.0
     calibration: str | None = None
+    delay_max_s: float = 0.0
+    compute_speed: float = 1.0
 
     def __post_init__(self) -> None:
         self._check_name_and_ranges()
@@ -204,6 +212,8 @@ SITE_RANGES: dict[str, tuple[float, float]] = {
     "start_s": (0.0, 1e9),
     "target_rate_rps": (0.0, 1e6),
     "target_utilization": (0.0, 100.0),
+    "delay_max_s": (0.0, 86_400.0),
+    "compute_speed": (1e-6, 1e6),
 }
 #: Upper bounds of the fleet's numbers (``(low, high)``, both included), as above.
 FLEET_RANGES: dict[str, tuple[float, float]] = {
@@ -213,6 +223,7 @@ FLEET_RANGES: dict[str, tuple[float, float]] = {
     "overhead_s": (0.0, 86_400.0),
     "share_exponent": (0.0, 100.0),
     "quant_penalty": (0.0, 1.0),
+    "grace_s": (0.0, 86_400.0),
     "worst_site_weight": (0.0, 1e6),
     "site_cap_pp": (0.0, 100.0),
     "fragments": (1, 2**20),
@@ -275,6 +286,13 @@ class FleetParams:
             ``DiLoCoFleet-v1`` id, or ``model_version = 1`` in a fleet file): own link
             shares, streamed host part by its work, the full-mode stall of the learners,
             fragment credit by own staleness, ring latency by hops (docs/fleet.md).
+        timing: ``instant`` (the default: every site joins each sync at one instant) or
+            ``rounds`` (per-site timing, model v1 only: each sync is a round that every
+            site joins at its own decision within the rules below;
+            :mod:`diloco_gym.sim.rounds`, docs/fleet.md "Per-site timing").
+        grace_s: ``rounds`` only: the grace window after a round opens, seconds.
+        quorum: ``rounds`` only: how many sites must contribute before a round may close
+            (``None``: every site); the others are dropped from the round.
     """
 
     sites: tuple[SiteConfig, ...] = field(default_factory=_default_sites)
@@ -293,6 +311,9 @@ class FleetParams:
     site_cap_pp: float | None = None
     bits_options: tuple[int, ...] | None = None
     model_version: int = 0
+    timing: str = "instant"
+    grace_s: float = 0.0
+    quorum: int | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.sites, (tuple, list)) or not all(
@@ -341,6 +362,7 @@ class FleetParams:
         if isinstance(self.bits_options, list):  # a keyword or TOML list: stored as a tuple
             object.__setattr__(self, "bits_options", tuple(self.bits_options))
         _check_bits_options(self.bits_options, self.bits)
+        self._check_timing()
         if self.quant_penalty * math.log2(32 / 4) >= 1.0:
             raise FleetConfigError(
                 f"quant_penalty ({self.quant_penalty}) would credit no progress at 4 bits; "
@@ -350,6 +372,54 @@ class FleetParams:
     @property
     def n_sites(self) -> int:
         return len(self.sites)
+
+    @property
+    def per_site_timing(self) -> bool:
+        return self.timing == "rounds"
+
+    def _check_timing(self) -> None:
+        """``timing`` and the keys that only per-site timing reads (never silently unused)."""
+        if self.timing not in TIMINGS:
+            got = short_repr(self.timing)
+            raise FleetConfigError(f"timing must be one of {TIMINGS}, got {got}")
+        site_keys = [
+            (s.name, k)
+            for s in self.sites
+            for k, default in (("delay_max_s", 0.0), ("compute_speed", 1.0))
+            if getattr(s, k) != default
+        ]
+        if self.timing == "instant":
+            used = [k for k in ("grace_s", "quorum") if getattr(self, k) not in (0.0, None)]
+            used += [f"site {n!r} {k}" for n, k in site_keys]
+            if used:
+                raise FleetConfigError(
+                    f"{', '.join(used)} apply to per-site timing only; set timing = 'rounds'"
+                )
+            return
+        if self.model_version < 1:
+            raise FleetConfigError("timing = 'rounds' needs the fleet model v1 (model_version = 1)")
+        clash = [
+            k
+            for k, on in (
+                ("fragments > 1", self.fragments != 1),
+                ("bits_options", self.bits_options is not None),
+                ("site_cap_pp", self.site_cap_pp is not None),
+                ("worst_site_weight", self.worst_site_weight != 0.0),
+            )
+            if on
+        ]
+        if clash:
+            raise FleetConfigError(
+                f"timing = 'rounds' does not combine with {', '.join(clash)} yet"
+            )
+        q = self.quorum
+        if q is not None and (
+            not isinstance(q, int) or isinstance(q, bool) or not 1 <= q <= self.n_sites
+        ):
+            raise FleetConfigError(
+                f"quorum must be an integer in [1, {self.n_sites}] (the number of sites) or "
+                f"absent (every site), got {short_repr(q)}"
+            )
 
 
 def _check_bits_options(options: Any, bits: int) -> None:

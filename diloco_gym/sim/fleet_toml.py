@@ -25,10 +25,18 @@ __all__ = ["fleet_from_dict", "load_fleet_toml"]
 
 _FLEET_KEYS = {f.name for f in fields(FleetParams)} - {"sites"}
 _SITE_KEYS = {f.name for f in fields(SiteConfig)}
-_INT_KEYS = {"bits", "fragments", "overlap_steps", "model_version"}
+_INT_KEYS = {"bits", "fragments", "overlap_steps", "model_version", "quorum"}
 _SITE_PATHS = ("trace", "calibration")
-_SITE_NUMBERS = ("start_s", "target_rate_rps", "target_utilization", "link_gbps", "latency_ms")
-_STR_KEYS = {"mode"}
+_SITE_NUMBERS = (
+    "start_s",
+    "target_rate_rps",
+    "target_utilization",
+    "link_gbps",
+    "latency_ms",
+    "delay_max_s",
+    "compute_speed",
+)
+_STR_KEYS = {"mode", "timing"}
 
 
 def _number(where: str, key: str, v: Any, integer: bool = False) -> Any:

@@ -1,0 +1,358 @@
+"""A fleet whose sites contribute to each sync at their own time (``timing = "rounds"``).
+
+:class:`DiLoCoFleetRoundsEnv` is :class:`~diloco_gym.envs.fleet.DiLoCoFleetEnv` with the
+rules of :mod:`diloco_gym.sim.rounds`: a sync is a round that opens when the agent asks
+(or the corridor forces it) and that every site joins at a decision of its own, within a
+grace window, a quorum and the sites' start delays. ``gym.make("DiLoCoFleet-v1",
+timing="rounds", ...)`` (or ``timing = "rounds"`` in a fleet file's ``[fleet]`` table)
+makes it. docs/fleet.md "Per-site timing" states the model.
+
+How it rides on the fleet env: the compiled step sees a round's opening as its merge (the
+corridor, the budget, the learner credit and the progress term are the fleet env's). The
+merge's cost it charges is that of the sites contributing at the opening; a site
+contributing later is charged at its own decision, in that step's ``sync_excess`` term,
+and a site dropped from a round takes its share of the round's progress back when the
+round closes (the token-weighted merge). The episode summary replays every site with its
+own sync decisions.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+
+from diloco_gym.envs import kernel
+from diloco_gym.envs.fleet import DiLoCoFleetEnv, FleetEpisode
+from diloco_gym.sim import rounds as rd
+
+__all__ = ["DiLoCoFleetRoundsEnv", "rounds_obs_features"]
+
+
+def rounds_obs_features(site_names: list[str]) -> list[tuple[str, str, float, float, str]]:
+    """The round features appended to the fleet observation (name, unit, low, high,
+    meaning); all causal (the round's state after the decisions so far)."""
+    out = [
+        ("round_open", "flag", 0.0, 1.0, "1 while a round is open (some site still may join)"),
+        (
+            "round_age",
+            "fraction",
+            0.0,
+            1.0,
+            "decisions since the open round opened over the rounds' longest span (0: none)",
+        ),
+    ]
+    for name in site_names:
+        out.append((f"{name}.ready", "flag", 0.0, 1.0, "1 when the site may contribute now"))
+        out.append((f"{name}.sent", "flag", 0.0, 1.0, "1 when the site has joined the open round"))
+    return out
+
+
+class DiLoCoFleetRoundsEnv(DiLoCoFleetEnv):
+    """## Description
+
+    The fleet with per-site timing (:mod:`diloco_gym.sim.rounds`): each sync is a round;
+    each site joins it once, at its own decision, when it is ready, within the grace
+    window or when the quorum needs it.
+
+    ## Action Space
+
+    ``MultiBinary(N)``: ``a[s] = 1`` asks site ``s`` to contribute now. With no round open,
+    any ``1`` opens a round (where the corridor allows a sync) and the asked sites that are
+    ready contribute at once; a round the corridor forces opens whatever the action. In an
+    open round the asked ready sites contribute, and at the window's end the sites the
+    quorum still needs are forced (in site order). ``action_masks()``: MaskablePPO's flat
+    mask, ``[may send 0, may send 1]`` per site; ``info["action_mask"]`` is Gymnasium's
+    ``MultiBinary`` sample mask (``0``: must be 0, ``1``: must be 1, ``2``: free).
+
+    ## Observation Space
+
+    The fleet env's features, then :func:`rounds_obs_features`: ``round_open``,
+    ``round_age`` and, per site, ``<site>.ready`` and ``<site>.sent``. All causal.
+
+    ## Rewards
+
+    The fleet env's, with each site's cost charged in the step it contributes and a
+    dropped site's token share of the round's progress taken back when the round closes.
+
+    ## Special case
+
+    ``grace_s = 0``, every site in the quorum and no start delays: every site contributes
+    at the opening, and with the actions ``1`` for every site (launch) or ``0`` for every
+    site (defer) the env is ``DiLoCoFleet-v1`` bit for bit (tested).
+    """
+
+    def _build(self, fleet, params, learners, render_mode, overrides) -> None:  # noqa: ANN001
+        super()._build(fleet, params, learners, render_mode, overrides)
+        f = self.fleet
+        if not f.per_site_timing:
+            raise ValueError("DiLoCoFleetRoundsEnv needs timing = 'rounds' in the fleet")
+        p = self.params
+        self.rules = rd.round_rules(
+            f.grace_s,
+            f.quorum,
+            [s.delay_max_s for s in f.sites],
+            [s.compute_speed for s in f.sites],
+            p.decision_seconds,
+        )
+        window = -(-p.merge_steps // p.decision_interval)
+        rd.check_fits(self.rules, window, p.h_min)
+        n = f.n_sites
+        space: Any = gym.spaces.MultiBinary(n)  # widens the base env's Discrete(2)
+        self.action_space = space
+        self._n_fleet_obs = len(self.obs_features)
+        extra = rounds_obs_features(self.setup.site_names)
+        self.obs_features = tuple(self.obs_features) + tuple(extra)
+        self.obs_index = {x[0]: i for i, x in enumerate(self.obs_features)}
+        low = np.array([x[2] for x in self.obs_features], dtype=np.float32)
+        high = np.array([x[3] for x in self.obs_features], dtype=np.float32)
+        self.observation_space = gym.spaces.Box(low, high, dtype=np.float32)
+        self._clear_rounds()
+
+    def _clear_rounds(self) -> None:
+        n = self.fleet.n_sites
+        self._round: rd.RoundState | None = None
+        self._rounds: list[rd.RoundState] = []
+        self._sends: list[list[int]] = [[] for _ in range(n)]
+        self._send_costs: list[list[float]] = [[] for _ in range(n)]
+        self._later_requests = 0.0  # costs charged after the openings (requests)
+        self._dropped_progress = 0.0
+        self._delays: np.ndarray | None = None
+        self._action: np.ndarray | None = None
+        self._overridden = False
+        self._pending_lost = 0.0  # progress a round closed at reset took back (first step)
+        self._before: list[float] = []  # the progress before each round's opening step
+        self._step_before = 0.0
+
+    # ------------------------------------------------------------------ episode
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[np.ndarray, dict[str, Any]]:
+        """As the fleet env's (a round the corridor forces before the first action opens
+        with no site asked)."""
+        self._clear_rounds()
+        obs, info = super().reset(seed=seed, options=options)
+        if self._rounds:  # a round forced before the first action
+            self._pending_lost = self._settle()
+            obs = self._obs()
+        return obs, info
+
+    def step(self, action: Any) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
+        a = self._check_action(action)
+        ep = self.episode
+        if ep is None:
+            raise RuntimeError("call reset() before using the environment")
+        if self._state_ints.item(0) >= ep.n_decisions:
+            raise RuntimeError("step() called after the episode ended; call reset()")
+        d = self._state.d.item(0)
+        later = 0.0
+        self._overridden = False
+        rs = self._round
+        if rs is not None and not rs.closed:  # the open round's contributions at d
+            sends, self._overridden = rs.contribute(d, a)
+            later = self._record_sends(sends, d)
+            self._action = None
+            want = 0
+        else:
+            self._action = a
+            want = int(a.any())
+        self._keep_asking()
+        self._step_before = self._state.progress_sum.item(0)
+        obs, reward, term, trunc, info = super().step(want)
+        terms = info["reward_terms"]
+        scale = self.episode.reward_per_request  # type: ignore[union-attr]
+        if later:
+            self._later_requests += later
+            reward += self._fused.reward(later * scale, 0.0)
+            terms["sync_excess"] -= later * scale
+        lost = self._settle() + self._pending_lost
+        self._pending_lost = 0.0
+        if lost:
+            reward += self._fused.reward(0.0, -lost)
+            terms["progress"] -= lost
+        if later or lost or self._overridden:
+            info["action_overridden"] = bool(info["action_overridden"] or self._overridden)
+            info["excess_requests_so_far"] = self._excess_so_far()
+            obs = self._obs()
+            if trunc:
+                info["episode_summary"] = self.episode_summary()
+        return obs, reward, term, trunc, info
+
+    def _check_action(self, action: Any) -> np.ndarray:
+        a = np.asarray(action)
+        if (
+            a.shape != (self.fleet.n_sites,)
+            or a.dtype.kind not in "biuf"
+            or not np.all((a == 0) | (a == 1))
+        ):
+            raise ValueError(
+                f"action {action!r} is not in {self.action_space}: expected one 0 or 1 per "
+                f"site ({self.fleet.n_sites} sites: {', '.join(self.setup.site_names)})"
+            )
+        return a.astype(bool)
+
+    def _want(self, action: Any) -> bool:
+        return bool(action)  # step() passes the launch it derived from the action
+
+    def _merge_cost_at(self, d: int) -> float:
+        """A round opens at ``d``: the sites contributing at once, and their cost (the
+        compiled step charges it as the merge's)."""
+        ep = self.episode
+        assert ep is not None
+        if self._delays is None:
+            cap = int(kernel.max_merges(ep.n_decisions, self.params)) + 1
+            self._delays = rd.draw_delays(ep.seed, cap, self.rules)
+        k = len(self._rounds)
+        rs = rd.RoundState(self.rules, d, self._delays[k], ep.n_decisions - 1)
+        self._rounds.append(rs)
+        self._before.append(self._step_before)
+        self._round = rs
+        self._sync_options.append(self._option)
+        if self.fleet.model_version >= 1:
+            self._set_learner_work(d)
+        wanted = self._action if self._action is not None else np.zeros(rs.sent.size, bool)
+        sends, ov = rs.contribute(d, wanted)
+        self._overridden = self._overridden or (ov and bool(wanted.any()))
+        self._keep_asking()
+        return self._record_sends(sends, d)
+
+    def _keep_asking(self) -> None:
+        """While a round is open the compiled step stops at every decision (the sites may
+        contribute at any); otherwise it skips forced decisions as the fleet env does."""
+        rs = self._round
+        open_now = rs is not None and not rs.closed
+        self._fused.set_skip_forced(self.params.skip_forced and not open_now)
+
+    def _record_sends(self, sends: np.ndarray, d: int) -> float:
+        """Record the contributions at ``d``; their summed isolated cost (requests)."""
+        ep = self.episode
+        assert isinstance(ep, FleetEpisode)
+        total = 0.0
+        for s in np.flatnonzero(sends).tolist():
+            c = ep.sites[s].merge_cost_at(d)
+            self._sends[s].append(d)
+            self._send_costs[s].append(c)
+            total += c
+        return total
+
+    def _settle(self) -> float:
+        """When the open round has closed: the progress its dropped sites take back (and
+        the round is done)."""
+        rs = self._round
+        if rs is None or not rs.closed:
+            return 0.0
+        if self._state.n_merges.item(0) < len(self._rounds):
+            return 0.0  # the compiled step merges the round's opening at the next step
+        self._round = None
+        share = rd.token_share(self.rules, rs.sent)
+        if share >= 1.0:
+            return 0.0
+        lost = (self._state.progress_sum.item(0) - self._before[-1]) * (1.0 - share)
+        self._state.progress_sum[0] -= lost
+        self._dropped_progress += lost
+        return lost
+
+    def _excess_so_far(self) -> float:
+        return super()._excess_so_far() + self._later_requests
+
+    # ------------------------------------------------------------------ masks, obs
+    def action_masks(self) -> np.ndarray:
+        """``[may send 0, may send 1]`` per site (MaskablePPO's flat ``MultiBinary`` mask)."""
+        n = self.fleet.n_sites
+        out = np.ones((n, 2), dtype=bool)
+        rs = self._round
+        if rs is None or rs.closed:
+            out[:, 1] = bool(super().action_masks()[1])
+        else:
+            d = self._state.d.item(0)
+            out[:, 1] = rs.ready(d)
+            out[:, 0] = ~rs.must_send(d)
+        return out.ravel()
+
+    def _step_info(
+        self, merged: bool, overridden: bool, mask: tuple[int, int] | None = None
+    ) -> dict[str, Any]:
+        info = super()._step_info(merged, overridden, mask)
+        m = np.asarray(info["action_mask"], dtype=bool).reshape(-1, 2)
+        info["action_mask"] = np.where(m[:, 0] & m[:, 1], 2, m[:, 1].astype(int)).astype(np.int8)
+        return info
+
+    def _obs(self) -> np.ndarray:
+        base = super()._obs()
+        obs = base  # the fleet env's array already has the round features' slots
+        k = self._n_fleet_obs
+        obs[k:] = 0.0
+        rs = self._round
+        if rs is not None and not rs.closed:
+            d = self._state.d.item(0)
+            obs[k] = 1.0
+            obs[k + 1] = min(1.0, (d - rs.opening) / max(1, self.rules.span))
+            obs[k + 2 :: 2] = rs.ready(d)
+            obs[k + 3 :: 2] = rs.sent
+        return obs
+
+    # ------------------------------------------------------------------ summary
+    def _site_schedules(self) -> list[list[int]]:
+        return [list(x) for x in self._sends]
+
+    def episode_summary(self) -> dict[str, Any]:
+        """The fleet env's summary with each site replayed at its own sync decisions, and
+        the rounds: when each opened, which sites joined each and when, the sites dropped
+        and the token share merged."""
+        out = super().episode_summary()
+        names = self.setup.site_names
+        rounds = self._rounds
+        out["timing"] = "rounds"
+        out["round_openings"] = [r.opening for r in rounds]
+        out["round_sites"] = [np.flatnonzero(r.sent).tolist() for r in rounds]
+        out["site_sync_decisions"] = {n: list(x) for n, x in zip(names, self._sends, strict=True)}
+        out["site_sync_counts"] = {n: len(x) for n, x in zip(names, self._sends, strict=True)}
+        out["dropped_contributions"] = int(sum(int((~r.sent).sum()) for r in rounds if r.closed))
+        shares = [rd.token_share(self.rules, r.sent) for r in rounds]
+        out["token_share_mean"] = float(np.mean(shares)) if shares else 1.0
+        out["dropped_progress"] = self._dropped_progress
+        costs: list[float] = []
+        for r in rounds:
+            total = 0.0
+            for s in np.flatnonzero(r.sent).tolist():
+                total += self._send_costs[s][self._sends[s].index(int(r.send_d[s]))]
+            costs.append(total)
+        out["merge_costs_requests"] = costs
+        out["grace_decisions"] = self.rules.grace
+        out["quorum"] = self.rules.quorum
+        return out
+
+
+def make_fleet_env(**kwargs: Any) -> DiLoCoFleetEnv:
+    """The ``DiLoCoFleet-v1`` entry point: :class:`DiLoCoFleetRoundsEnv` when the fleet
+    (a :class:`~diloco_gym.sim.fleet.FleetParams`, a fleet file's ``[fleet]`` table, or
+    the ``timing`` keyword) asks for per-site timing, else
+    :class:`~diloco_gym.envs.fleet.DiLoCoFleetEnv`."""
+    if fleet_timing(kwargs.get("fleet"), kwargs.get("timing")) == "rounds":
+        return DiLoCoFleetRoundsEnv(**kwargs)
+    return DiLoCoFleetEnv(**kwargs)
+
+
+def fleet_timing(fleet: Any, timing: Any = None) -> Any:
+    """The timing a fleet env built from ``fleet`` (and a ``timing`` keyword) has; a file
+    that cannot be read answers ``instant`` (the env's constructor then names the error)."""
+    from pathlib import Path
+
+    from diloco_gym.sim import fleet as fl
+    from diloco_gym.sim import fleet_toml
+
+    if timing is not None:
+        return timing
+    if isinstance(fleet, fl.FleetParams):
+        return fleet.timing
+    if isinstance(fleet, (str, Path)):
+        try:
+            return fleet_toml.load_fleet_toml(fleet)[0].timing
+        except (OSError, ValueError):
+            return "instant"
+    return "instant"
+
+
+#: Gymnasium reads an entry point's ``metadata`` (render modes).
+make_fleet_env.metadata = DiLoCoFleetEnv.metadata  # type: ignore[attr-defined]

@@ -1,0 +1,193 @@
+"""The fleet with per-site timing (envs/fleet_rounds.py)."""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import numpy as np
+import pytest
+
+import diloco_gym  # noqa: F401  (registers the ids)
+from diloco_gym.envs.fleet import DiLoCoFleetEnv
+from diloco_gym.envs.fleet_rounds import DiLoCoFleetRoundsEnv, make_fleet_env
+from diloco_gym.sim import fleet as fl
+from diloco_gym.sim import rounds as rd
+
+LONG = {"h_min_steps": 256}  # room for a round of up to 18 s before the next may open
+
+
+def rounds_env(n=4, grace=0.0, quorum=None, delays=None, speeds=None, **kw):
+    sites = tuple(
+        fl.SiteConfig(
+            name=f"s{i}",
+            delay_max_s=0.0 if delays is None else delays[i],
+            compute_speed=1.0 if speeds is None else speeds[i],
+        )
+        for i in range(n)
+    )
+    f = fl.FleetParams(sites=sites, model_version=1, timing="rounds", grace_s=grace, quorum=quorum)
+    return gym.make("DiLoCoFleet-v1", fleet=f, **kw).unwrapped
+
+
+def rollout(env, policy, seed):
+    obs, info = env.reset(seed=seed)
+    steps = [(obs, 0.0, info)]
+    k = 0
+    while True:
+        obs, r, term, trunc, info = env.step(policy(k, obs, info))
+        steps.append((obs, r, info))
+        k += 1
+        if trunc:
+            return steps
+
+
+@pytest.mark.parametrize("n", [1, 4])
+def test_the_one_instant_special_case_is_the_fleet_env_bit_for_bit(n):
+    sites = tuple(fl.SiteConfig(name=f"s{i}") for i in range(n))
+    base = gym.make("DiLoCoFleet-v1", fleet=fl.FleetParams(sites=sites)).unwrapped
+    rnd = rounds_env(n)
+    assert type(base) is DiLoCoFleetEnv and type(rnd) is DiLoCoFleetRoundsEnv
+    for seed in (0, 7):
+        launch = np.random.default_rng(seed).random(2000) < 0.2
+        a = rollout(base, lambda k, o, i, go=launch: int(go[k]), seed)
+        b = rollout(rnd, lambda k, o, i, go=launch: np.full(n, int(go[k])), seed)
+        assert len(a) == len(b)
+        k = base.observation_space.shape[0]
+        for (oa, ra, ia), (ob, rb, ib) in zip(a, b, strict=True):
+            assert np.array_equal(oa, ob[:k]) and ra == rb
+            assert ia["reward_terms"] == ib["reward_terms"]
+            for key in ia:
+                if key not in ("action_mask", "episode_summary"):
+                    assert ia[key] == ib[key], key
+        sa, sb = a[-1][2]["episode_summary"], b[-1][2]["episode_summary"]
+        assert sa["merges"] > 3
+        for key in sa:
+            assert sa[key] == sb[key], key
+        assert sb["round_sites"] == [list(range(n))] * sa["merges"]
+
+
+def test_make_picks_the_env_by_timing(tmp_path):
+    p = tmp_path / "r.toml"
+    p.write_text(
+        '[fleet]\nmodel_version = 1\ntiming = "rounds"\ngrace_s = 4.5\n'
+        '[[site]]\nname = "a"\nregime = "bursty"\n[env]\nh_min_steps = 256\n'
+    )
+    assert type(gym.make("DiLoCoFleet-v1", fleet=str(p)).unwrapped) is DiLoCoFleetRoundsEnv
+    assert type(make_fleet_env(fleet=str(p))) is DiLoCoFleetRoundsEnv
+    assert type(gym.make("DiLoCoFleet-v1").unwrapped) is DiLoCoFleetEnv
+    env = gym.make("DiLoCoFleet-v1", timing="rounds", grace_s=4.5, **LONG).unwrapped
+    assert type(env) is DiLoCoFleetRoundsEnv and env.rules.grace == 4
+    with pytest.raises(ValueError, match="minimum gap of 16 decisions"):
+        gym.make("DiLoCoFleet-v1", timing="rounds", grace_s=18.0)
+
+
+def test_spaces_and_bad_actions():
+    env = rounds_env(3, grace=4.5, **LONG)
+    assert env.action_space == gym.spaces.MultiBinary(3)
+    names = [f[0] for f in env.obs_features]
+    assert names[-8:] == ["round_open", "round_age"] + [
+        f"s{i}.{x}" for i in range(3) for x in ("ready", "sent")
+    ]
+    env.reset(seed=0)
+    assert env.action_masks().shape == (6,)
+    for bad in (1, [1, 0], [0, 2, 1], "x"):
+        with pytest.raises(ValueError, match=r"not in MultiBinary\(3\): expected one 0 or 1"):
+            env.step(bad)
+
+
+def test_env_checkers_pass():
+    from gymnasium.utils.env_checker import check_env
+    from stable_baselines3.common.env_checker import check_env as sb3_check
+
+    env = rounds_env(2, grace=4.5, **LONG)
+    check_env(env, skip_render_check=True)
+    sb3_check(env)
+
+
+def test_a_late_site_is_charged_when_it_contributes():
+    env = rounds_env(4, grace=9.0, **LONG)
+
+    def one_site_first(k, obs, info):
+        if obs[env.obs_index["round_open"]] < 0.5:
+            return np.array([1, 0, 0, 0])
+        return np.zeros(4, dtype=int)  # the others wait for the window's end
+
+    steps = rollout(env, one_site_first, 3)
+    s = steps[-1][2]["episode_summary"]
+    scale = env.episode.reward_per_request
+    charged = -sum(i["reward_terms"]["sync_excess"] for _, _, i in steps) / scale
+    assert charged == pytest.approx(s["additive_excess_requests"], rel=1e-12)
+    assert steps[-1][2]["excess_requests_so_far"] == pytest.approx(charged, rel=1e-12)
+    g = env.rules.grace
+    for o, sites in zip(s["round_openings"], s["round_sites"], strict=True):
+        assert sites == [0, 1, 2, 3]
+        assert o in s["site_sync_decisions"]["s0"]
+        for name in ("s1", "s2", "s3"):
+            assert min(o + g, env.episode.n_decisions - 1) in s["site_sync_decisions"][name]
+    assert sum(s["merge_costs_requests"]) == pytest.approx(s["additive_excess_requests"])
+
+
+def test_dropped_sites_take_their_token_share_of_progress_back():
+    env = rounds_env(4, grace=4.5, quorum=2, speeds=[1.0, 1.0, 1.0, 5.0], **LONG)
+    full = rounds_env(4, grace=4.5, **LONG)
+
+    def two_sites(k, obs, info):
+        return np.array([1, 1, 0, 0])
+
+    s = rollout(env, two_sites, 4)[-1][2]["episode_summary"]
+    t = rollout(full, lambda k, o, i: np.ones(4, dtype=int), 4)[-1][2]["episode_summary"]
+    assert s["merges"] == t["merges"]
+    assert all(x == [0, 1] for x in s["round_sites"][:-1])
+    assert s["token_share_mean"] < 1.0
+    # Rounds at the same openings credit the same progress before the drop: 2 / 8 remain.
+    kept = [rd.token_share(env.rules, np.isin(np.arange(4), x)) for x in s["round_sites"]]
+    assert kept[0] == pytest.approx(0.25)
+    assert s["progress"] + s["dropped_progress"] == pytest.approx(t["progress"], rel=1e-9)
+    steps = rollout(env, two_sites, 4)
+    assert sum(i["reward_terms"]["progress"] for _, _, i in steps) == pytest.approx(s["progress"])
+
+
+def test_stragglers_join_when_ready_and_the_mask_is_honest():
+    env = rounds_env(3, grace=2.0, delays=[0.0, 0.0, 9.0], **LONG)
+    rng = np.random.default_rng(0)
+    obs, info = env.reset(seed=11)
+    while True:
+        a = env.action_space.sample(mask=info["action_mask"])
+        flat = env.action_masks().reshape(-1, 2)
+        assert all(flat[s, a[s]] for s in range(3))
+        obs, r, term, trunc, info = env.step(a)
+        assert not info["action_overridden"]  # an action drawn from the mask is taken
+        if trunc:
+            break
+        assert rng is not None
+    s = info["episode_summary"]
+    delays = rd.draw_delays(11, len(s["round_openings"]), env.rules)
+    assert delays[:, 2].max() > env.rules.grace  # some rounds waited for the straggler
+    for k, o in enumerate(s["round_openings"]):
+        assert s["round_sites"][k] == [0, 1, 2] or o + delays[k, 2] >= env.episode.n_decisions
+        sent = [d for d in s["site_sync_decisions"]["s2"] if o <= d < o + env.params.h_min]
+        assert all(d >= o + delays[k, 2] for d in sent)
+
+
+def test_round_features_follow_the_round():
+    env = rounds_env(2, grace=4.5, **LONG)
+    obs, info = env.reset(seed=2)
+    i = env.obs_index
+    while obs[i["round_open"]] < 0.5:
+        obs, *_ = env.step(np.array([1, 0]))
+    assert obs[i["s0.sent"]] == 1.0 and obs[i["s1.sent"]] == 0.0
+    assert obs[i["s0.ready"]] == 0.0 and obs[i["s1.ready"]] == 1.0
+    assert 0.0 < obs[i["round_age"]] <= 1.0
+    obs, *_ = env.step(np.array([0, 1]))
+    assert obs[i["round_open"]] == 0.0 and obs[i["round_age"]] == 0.0
+
+
+def test_same_seed_same_run():
+    env = rounds_env(3, grace=4.5, quorum=2, delays=[0.0, 3.0, 6.0], **LONG)
+
+    def pol(k, obs, info):
+        return np.array([k % 2, (k // 2) % 2, 1])
+
+    a = rollout(env, pol, 5)
+    b = rollout(env, pol, 5)
+    assert all(np.array_equal(x[0], y[0]) and x[1] == y[1] for x, y in zip(a, b, strict=True))
+    assert a[-1][2]["episode_summary"] == b[-1][2]["episode_summary"]

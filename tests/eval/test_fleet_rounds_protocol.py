@@ -1,0 +1,129 @@
+"""The protocol on a fleet with per-site timing (eval/fleet_rounds.py)."""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import numpy as np
+import pytest
+
+import diloco_gym  # noqa: F401
+from diloco_gym.eval import fleet_rounds as fr
+from diloco_gym.eval.fleet import FleetReportConfig, run_fleet_report
+from diloco_gym.sim import fleet as fl
+from diloco_gym.sim import rounds as rd
+from diloco_gym.sim.schedules import is_feasible, optimal_schedule
+
+LONG = {"h_min_steps": 256}
+
+
+def env_of(grace=9.0, quorum=None, delays=(0.0, 0.0, 0.0)):
+    sites = tuple(fl.SiteConfig(name=f"s{i}", delay_max_s=d) for i, d in enumerate(delays))
+    f = fl.FleetParams(sites=sites, model_version=1, timing="rounds", grace_s=grace, quorum=quorum)
+    return gym.make("DiLoCoFleet-v1", fleet=f, **LONG).unwrapped
+
+
+def run(env, seed, pol):
+    ep = env.build_episode(seed)
+    obs, info = env.reset(seed=seed, options={"episode": ep})
+    k = 0
+    while True:
+        obs, r, term, trunc, info = env.step(pol(k, obs))
+        k += 1
+        if trunc:
+            return ep, info["episode_summary"]
+
+
+def first_site_then_wait(env):
+    def pol(k, obs):
+        if obs[env.obs_index["round_open"]] < 0.5:
+            return np.array([1, 0, 0])
+        return np.array([0, k % 3 == 0, 0])
+
+    return pol
+
+
+def test_the_agent_is_scored_by_the_envs_own_replay():
+    env = env_of(delays=(0.0, 3.0, 6.0))
+    for seed in (0, 1):
+        ep, s = run(env, seed, first_site_then_wait(env))
+        sc = fr.score_rounds_episode(env, ep, s, 50, np.random.default_rng(0))
+        assert sc["sync_excess_pct"] == pytest.approx(s["sync_excess_pct"], abs=1e-9)
+        assert sc["additive_excess_pct"] == pytest.approx(s["additive_excess_pct"], abs=1e-9)
+        assert np.isnan(sc["oracle_lower_bound_pct"])
+
+
+def test_matched_random_keeps_each_rounds_sites_and_the_rules():
+    env = env_of(quorum=2, delays=(0.0, 3.0, 6.0))
+    ep, s = run(env, 3, first_site_then_wait(env))
+    n = ep.n_decisions
+    m = len(s["round_sites"])
+    delays = rd.draw_delays(ep.seed, m, env.rules)
+    rng = np.random.default_rng(1)
+    from diloco_gym.sim.schedules import sample_uniform
+
+    openings = sample_uniform(n, env.params.h_min, env.params.h_max, m, 30, rng)
+    rows, dropped = fr.control_sends(openings, s["round_sites"], env.rules, delays, n - 1, rng)
+    counts = {k: len(v) for k, v in s["site_sync_decisions"].items()}
+    for sched, row in zip(openings, rows, strict=True):
+        assert is_feasible(sched, n, env.params.h_min, env.params.h_max)
+        got = {f"s{i}": len(x) for i, x in enumerate(row)}
+        assert sum(got.values()) + 0 >= sum(counts.values()) - dropped
+        for site in range(3):
+            sends = sorted(row[site])
+            ks = [k for k in range(m) if site in s["round_sites"][k]]
+            assert len(sends) <= len(ks)
+            for d in sends:
+                k = max(j for j in range(m) if sched[j] <= d)
+                lo, hi = rd.send_range(int(sched[k]), int(delays[k, site]), env.rules.grace, n - 1)
+                assert lo <= d <= hi and site in s["round_sites"][k]
+    if dropped == 0:
+        assert all(len(x) == counts[f"s{i}"] for row in rows for i, x in enumerate(row))
+
+
+def test_the_oracle_beats_every_draw_additively_and_is_the_instant_dp_at_grace_0():
+    env = env_of(delays=(0.0, 3.0, 0.0))
+    ep, s = run(env, 4, first_site_then_wait(env))
+    m = len(s["round_sites"])
+    delays = rd.draw_delays(ep.seed, m, env.rules)
+    scorer = fr.RoundsScorer(ep, env.params, env.setup.sidecars)
+    orc = fr.rounds_oracle(scorer.costs, env.rules, delays, s["round_sites"], 32, 64)
+    n = ep.n_decisions
+    from diloco_gym.sim.schedules import sample_uniform
+
+    openings = sample_uniform(n, 32, 64, m, 200, np.random.default_rng(2))
+    rows, _ = fr.control_sends(openings, s["round_sites"], env.rules, delays, n - 1,
+                               np.random.default_rng(3))  # fmt: skip
+    o = scorer.score([orc]).additive_pct[0]
+    assert o <= scorer.score(rows).additive_pct.min() + 1e-12
+    agent_row = [s["site_sync_decisions"][f"s{i}"] for i in range(3)]
+    assert o <= scorer.score([agent_row]).additive_pct[0]
+    # With no grace and no delay every site syncs at the opening: the one-instant DP.
+    env0 = env_of(grace=0.0)
+    ep0, s0 = run(env0, 4, lambda k, obs: np.ones(3, dtype=int))
+    m0 = len(s0["round_sites"])
+    sc0 = fr.RoundsScorer(ep0, env0.params, env0.setup.sidecars)
+    orc0 = fr.rounds_oracle(sc0.costs, env0.rules, np.zeros((m0, 3), int), s0["round_sites"],
+                            32, 64)  # fmt: skip
+    sched, total = optimal_schedule(sc0.costs.sum(axis=0), 32, 64, m0)
+    assert orc0 == [list(map(int, sched))] * 3
+    assert sc0.costs.sum(axis=0)[sched].sum() == pytest.approx(total)
+
+
+def test_the_report_runs_rounds_fleets_and_refuses_the_own_rule_elsewhere(tmp_path):
+    res = run_fleet_report(
+        FleetReportConfig(
+            fleet="docs/examples/fleet-rounds.toml",
+            agents=["online-forecast", "online-forecast+own", "offline-oracle"],
+            seeds=3,
+            draws=20,
+        )
+    )
+    rows = res["rows"]
+    assert set(rows["agent"]) == {"online-forecast", "online-forecast+own", "offline-oracle"}
+    assert (rows["oracle_same_budget_pct"] <= rows["matched_random_mean"] + 1e-9).all()
+    assert "control_dropped" in rows
+    with pytest.raises(ValueError, match=r"'\+own' site rule needs a fleet with timing"):
+        run_fleet_report(
+            FleetReportConfig(fleet="docs/examples/fleet.toml", agents=["online-forecast+own"],
+                              seeds=2, draws=5)
+        )  # fmt: skip
