@@ -13,6 +13,8 @@ seeds and the oracle / matched-random ratio, and a figure.
     python benchmarks/fleet_rounds.py --seeds 100 --seed0 0 --out fleet_rounds_a.json
     python benchmarks/fleet_rounds.py --seeds 100 --seed0 1000 --out fleet_rounds_b.json
 
+    python benchmarks/fleet_rounds.py --plot fleet_rounds_a.json --fig docs/fleet_rounds.png
+
 Progress goes to stderr, one line per setting.
 """
 
@@ -60,7 +62,12 @@ def main() -> None:
     ap.add_argument("--seed0", type=int, default=0)
     ap.add_argument("--draws", type=int, default=200)
     ap.add_argument("--out", default="fleet_rounds.json")
+    ap.add_argument("--plot", help="draw the figure of this JSON file instead of running")
+    ap.add_argument("--fig", default="fleet_rounds.png")
     args = ap.parse_args()
+    if args.plot:
+        plot(json.loads(Path(args.plot).read_text()), args.fig)
+        return
     from diloco_gym.eval.fleet import FleetReportConfig, run_fleet_report
 
     rows = []
@@ -109,6 +116,45 @@ def main() -> None:
             indent=1,
         )
     )
+
+
+def plot(doc: dict, path: str) -> None:
+    """Oracle / matched random against N per timing (left), and against the stragglers'
+    largest delay at N = 4 (right), for the ``online-forecast`` rounds."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [r for r in doc["rows"] if r["agent"] == "online-forecast"]
+    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4))
+    inst = sorted((r["n"], r["oracle_over_random"]) for r in rows if r["timing"] == "instant")
+    a.plot(*zip(*inst), "k-o", label="one instant")
+    for g in (0.0, 4.5, 9.0, 18.0):
+        pts = sorted(
+            (r["n"], r["oracle_over_random"])
+            for r in rows
+            if r["timing"] == "rounds" and r["grace"] == g and r["delay"] == 0.0
+        )
+        a.plot(*zip(*pts), "--o" if g == 0.0 else "-o", label=f"rounds, grace {g:g} s")
+    a.set_xscale("log", base=2)
+    a.set_xlabel("sites N")
+    a.set_ylabel("oracle / matched random (sync-excess)")
+    a.set_title("Value of placement: lower is more")
+    a.legend(fontsize=8)
+    for g in (0.0, 9.0):
+        pts = sorted(
+            (r["delay"], r["oracle_over_random"])
+            for r in rows
+            if r["n"] == 4 and r["timing"] == "rounds" and r["grace"] == g
+        )
+        b.plot(*zip(*pts), "-o", label=f"grace {g:g} s")
+    b.set_xlabel("largest start delay of every site, s (N = 4)")
+    b.set_ylabel("oracle / matched random")
+    b.set_title("Stragglers")
+    b.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
 
 
 if __name__ == "__main__":

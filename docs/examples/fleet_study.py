@@ -135,17 +135,21 @@ def q3(tmp: Path, seeds: int, draws: int) -> dict:
     return out
 
 
-def q5(seeds: int, draws: int) -> dict:
-    """The shipped fleet agent (agents/reference/fleet-budget) against the budget-aware
-    heuristics on the example fleet, held-out seeds, at each of its training budgets."""
-    model = HERE.parents[1] / "agents" / "reference" / "fleet-budget"
+def q5(seeds: int, draws: int, seed0: int = 0) -> dict:
+    """The shipped fleet agent (agents/reference/fleet-budget, or fleet-budget-v1 on model
+    v1) against the budget-aware heuristics on the example fleet, held-out seeds from
+    ``seed0``, at each of its training budgets."""
+    v1 = MODEL_VERSION == 1
+    model = HERE.parents[1] / "agents" / "reference" / ("fleet-budget-v1" if v1 else "fleet-budget")
+    fleet = HERE / ("fleet-v1.toml" if v1 else "fleet.toml")
     out = {}
     for budget in (48, 64, 96):
         res = run_fleet_report(
             FleetReportConfig(
-                fleet=str(HERE / "fleet.toml"),
+                fleet=str(fleet),
                 agents=[*BUDGET_AGENTS, str(model)],
                 seeds=seeds,
+                seed0=seed0,
                 draws=draws,
                 env={"merge_budget": budget},
                 in_process_agents=IN_PROCESS,
@@ -204,6 +208,7 @@ def main() -> None:
     ap.add_argument("--only", nargs="+", default=["q1", "q2", "q2s", "q3", "q4"])
     ap.add_argument("--model-version", type=int, choices=(0, 1), default=0)
     ap.add_argument("--in-process-agents", action="store_true")
+    ap.add_argument("--seed0", type=int, default=0, help="first episode seed (q5 only)")
     a = ap.parse_args()
     global MODEL_VERSION, IN_PROCESS
     MODEL_VERSION = a.model_version
@@ -235,7 +240,7 @@ def main() -> None:
             _figure(results["q3"], "bits", "payload bits", out / "fleet_bits.png",
                     f"4 sites, F=1, {FULL_SYNCS} syncs / 600 s")  # fmt: skip
         if "q5" in a.only:
-            results["q5"] = q5(a.seeds, a.draws)
+            results["q5"] = q5(a.seeds, a.draws, a.seed0)
         if "q4" in a.only:
             r4 = q4(tmp, min(a.seeds, 6), a.draws)
             if r4 is not None:

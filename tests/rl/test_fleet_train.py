@@ -57,3 +57,16 @@ def test_fleet_model_refused_on_a_narrower_env():
     )
     with pytest.raises(ValueError):
         run_episode(env, agent, 0)
+
+
+def test_shipped_v1_fleet_agent_loads_on_model_v1_and_keeps_its_budget():
+    model = ROOT / "agents" / "reference" / "fleet-budget-v1" / "model.zip"
+    if not model.is_file():
+        pytest.skip("no shipped v1 fleet agent in this checkout")
+    meta = json.loads((model.parent / "meta.json").read_text())
+    assert meta["fleet"] == "docs/examples/fleet-v1.toml"
+    (agent,) = make_agents([str(model.parent)])
+    env = DiLoCoFleetEnv(fleet=str(ROOT / "docs" / "examples" / "fleet-v1.toml"), merge_budget=48)
+    assert env.fleet.model_version == 1
+    res = run_episode(env, agent, 0)
+    assert res["merges"] == 48 and res["model_version"] == 1
