@@ -30,21 +30,29 @@ from pathlib import Path
 AGENTS = ["online-forecast", "online-forecast+own"]
 
 
-def fleet_file(folder: Path, n: int, timing: str, grace: float, delay: float) -> str:
+def fleet_file(
+    folder: Path, n: int, timing: str, grace: float, delay: float, quorum: int | None = None
+) -> str:
     lines = ["[fleet]", "model_version = 1"]
     if timing == "rounds":
         lines += ['timing = "rounds"', f"grace_s = {grace}"]
+    if quorum is not None:
+        lines.append(f"quorum = {quorum}")
     for i in range(n):
         lines += ["", "[[site]]", f'name = "s{i}"', 'regime = "bursty"']
         if delay:
             lines.append(f"delay_max_s = {delay}")
     lines += ["", "[env]", "h_min_steps = 256", ""]
-    path = folder / f"n{n}_{timing}_g{grace}_d{delay}.toml"
+    path = folder / f"n{n}_{timing}_g{grace}_d{delay}_q{quorum}.toml"
     path.write_text("\n".join(lines))
     return str(path)
 
 
-def settings() -> list[dict]:
+def settings(which: str = "all") -> list[dict]:
+    if which == "quorum":  # N = 4, 9 s grace: every site, 3 or 2 of 4 must join each round
+        return [
+            {"n": 4, "timing": "rounds", "grace": 9.0, "delay": 0.0, "quorum": q} for q in (4, 3, 2)
+        ]
     out = []
     for n in (1, 2, 4, 8):
         out.append({"n": n, "timing": "instant", "grace": 0.0, "delay": 0.0})
@@ -63,6 +71,7 @@ def main() -> None:
     ap.add_argument("--draws", type=int, default=200)
     ap.add_argument("--out", default="fleet_rounds.json")
     ap.add_argument("--plot", help="draw the figure of this JSON file instead of running")
+    ap.add_argument("--only", choices=("all", "quorum"), default="all")
     ap.add_argument("--fig", default="fleet_rounds.png")
     args = ap.parse_args()
     if args.plot:
@@ -73,8 +82,10 @@ def main() -> None:
     rows = []
     started = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
-        for st in settings():
-            path = fleet_file(Path(tmp), st["n"], st["timing"], st["grace"], st["delay"])
+        for st in settings(args.only):
+            path = fleet_file(
+                Path(tmp), st["n"], st["timing"], st["grace"], st["delay"], st.get("quorum")
+            )
             agents = AGENTS if st["timing"] == "rounds" else AGENTS[:1]
             cfg = FleetReportConfig(
                 fleet=path,
@@ -107,6 +118,14 @@ def main() -> None:
                         "p_holm": float(summ["p_holm"]),
                         "verdict": str(summ["verdict"]),
                         "progress": float(g["progress"].mean()),
+                        "dropped_per_round": float(
+                            g["dropped_contributions"].mean() / g["syncs"].mean()
+                        )
+                        if "dropped_contributions" in g
+                        else 0.0,
+                        "token_share": float(g["token_share_mean"].mean())
+                        if "token_share_mean" in g
+                        else 1.0,
                     }
                 )
             print(f"{st} done ({time.perf_counter() - started:.0f} s)", file=sys.stderr, flush=True)
@@ -129,14 +148,14 @@ def plot(doc: dict, path: str) -> None:
     rows = [r for r in doc["rows"] if r["agent"] == "online-forecast"]
     fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4))
     inst = sorted((r["n"], r["oracle_over_random"]) for r in rows if r["timing"] == "instant")
-    a.plot(*zip(*inst), "k-o", label="one instant")
+    a.plot(*zip(*inst, strict=True), "k-o", label="one instant")
     for g in (0.0, 4.5, 9.0, 18.0):
         pts = sorted(
             (r["n"], r["oracle_over_random"])
             for r in rows
             if r["timing"] == "rounds" and r["grace"] == g and r["delay"] == 0.0
         )
-        a.plot(*zip(*pts), "--o" if g == 0.0 else "-o", label=f"rounds, grace {g:g} s")
+        a.plot(*zip(*pts, strict=True), "--o" if g == 0.0 else "-o", label=f"rounds, grace {g:g} s")
     a.set_xscale("log", base=2)
     a.set_xlabel("sites N")
     a.set_ylabel("oracle / matched random (sync-excess)")
@@ -148,7 +167,7 @@ def plot(doc: dict, path: str) -> None:
             for r in rows
             if r["n"] == 4 and r["timing"] == "rounds" and r["grace"] == g
         )
-        b.plot(*zip(*pts), "-o", label=f"grace {g:g} s")
+        b.plot(*zip(*pts, strict=True), "-o", label=f"grace {g:g} s")
     b.set_xlabel("largest start delay of every site, s (N = 4)")
     b.set_ylabel("oracle / matched random")
     b.set_title("Stragglers")

@@ -300,10 +300,11 @@ def _unit_rows(
                 counts = protocol.counts_for(ep.n_decisions, p, max(m, 80))
             rng = np.random.default_rng([seed, m, 7])
             if env.fleet.per_site_timing:  # per-site schedules (eval/fleet_rounds.py)
-                from diloco_gym.eval.fleet_rounds import score_rounds_episode
+                from diloco_gym.eval.fleet_rounds import rounds_columns, score_rounds_episode
 
                 scored = score_rounds_episode(env, ep, res, draws, rng, counts)
-                rows.append(_unit_row(env, ep, agent.name, seed, res, scored))
+                row = _unit_row(env, ep, agent.name, seed, res, scored)
+                rows.append({**row, **rounds_columns(res)})
                 continue
             control, cap_cols = None, {}
             if check is not None:  # matched random under the same cap

@@ -31,7 +31,13 @@ from diloco_gym.eval.scorer import EpisodeScorer
 from diloco_gym.sim import rounds as rd
 from diloco_gym.sim.schedules import sample_uniform
 
-__all__ = ["RoundsScorer", "control_sends", "rounds_oracle", "score_rounds_episode"]
+__all__ = [
+    "RoundsScorer",
+    "control_sends",
+    "rounds_oracle",
+    "score_rounds_episode",
+    "rounds_columns",
+]
 
 #: The oracle's status on a rounds fleet (the additive optimum over openings and per-site
 #: placement, replayed exactly; not certified).
@@ -219,4 +225,16 @@ def score_rounds_episode(
         "replayed_schedules": replayed,
         "additive_exact_gap_pp": float(gaps.max()),
         "control_dropped": int(dropped),
+    }
+
+
+def rounds_columns(summary: dict[str, Any]) -> dict[str, Any]:
+    """The results.csv columns of a rounds run (its episode summary): contributions
+    dropped, the mean token share merged, the progress the drops took back, and each
+    site's number of syncs."""
+    return {
+        "dropped_contributions": int(summary["dropped_contributions"]),
+        "token_share_mean": float(summary["token_share_mean"]),
+        "dropped_progress": float(summary["dropped_progress"]),
+        **{f"site_{k}_syncs": int(v) for k, v in summary["site_sync_counts"].items()},
     }
