@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from diloco_gym.envs.fleet import DiLoCoFleetEnv, FleetEpisode, require_fixed_precision
-from diloco_gym.eval import fleet_cap, protocol
+from diloco_gym.eval import fleet_cap, fleet_rounds, protocol
 from diloco_gym.eval.protocol import EpisodeScorer, Scores
 from diloco_gym.eval.report_render import sandbox_record, sandbox_sentence
 from diloco_gym.text import md_text
@@ -300,11 +300,9 @@ def _unit_rows(
                 counts = protocol.counts_for(ep.n_decisions, p, max(m, 80))
             rng = np.random.default_rng([seed, m, 7])
             if env.fleet.per_site_timing:  # per-site schedules (eval/fleet_rounds.py)
-                from diloco_gym.eval.fleet_rounds import rounds_columns, score_rounds_episode
-
-                scored = score_rounds_episode(env, ep, res, draws, rng, counts)
+                scored = fleet_rounds.score_rounds_episode(env, ep, res, draws, rng, counts)
                 row = _unit_row(env, ep, agent.name, seed, res, scored)
-                rows.append({**row, **rounds_columns(res)})
+                rows.append({**row, **fleet_rounds.rounds_columns(res)})
                 continue
             control, cap_cols = None, {}
             if check is not None:  # matched random under the same cap
@@ -430,6 +428,7 @@ def _fleet_record(config: FleetReportConfig, env: DiLoCoFleetEnv) -> dict[str, A
         "progress_factor": env.setup.progress_factor,
         "worst_site_weight": fl.worst_site_weight,
         "site_cap_pp": fl.site_cap_pp,
+        **fleet_rounds.rounds_record(env),
     }
 
 
@@ -575,6 +574,7 @@ def write_fleet_report(
         "",
         fleet_cap.site_table(result["summary"], f["sites"], cap is not None),
         "",
+        *fleet_rounds.rounds_markdown(f, result["rows"], list(result["summary"]["agent"])),
         "## Calibration per site",
         "",
     ]

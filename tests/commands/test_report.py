@@ -147,3 +147,30 @@ def test_a_fleet_with_a_merge_budget_runs_budget_aware_agents(tmp_path, fails):
     rows = pd.read_csv(done / "results.csv")
     assert set(rows["agent"]) == {"online-forecast-budget", "online-forecast"}
     assert (rows["syncs"] == 40).all()
+
+
+def test_a_rounds_fleet_report_runs_the_own_rule_and_says_its_timing(tmp_path, fails, capsys):
+    """``report --fleet`` on a per-site timing fleet: ``X+own`` names run agent X with the
+    own-forecast site rule; report.md has the rounds section and report.json the timing;
+    ``+own`` on a one-instant fleet and an unknown base agent are one-line errors."""
+    from diloco_gym.cli import main
+
+    rounds = ROOT / "docs" / "examples" / "fleet-rounds.toml"
+    done = tmp_path / "done"
+    argv = ["report", "--out", str(done), "--fleet", str(rounds), "--agents"]
+    argv += ["pressure-gate", "pressure-gate+own", "--seeds", "2", "--draws", "10"]
+    assert main([*argv, "--no-progress", "--in-process-agents"]) == 0
+    capsys.readouterr()
+    md = (done / "report.md").read_text()
+    assert "## Rounds" in md and "grace window 9 s (8 decisions), quorum 4 of 4" in md
+    assert "stragglers: d up to 4.5 s" in md
+    import json
+
+    rec = json.loads((done / "report.json").read_text())["fleet"]
+    assert rec["timing"] == "rounds" and rec["quorum"] == 4
+    line = fails(["report", "--out", str(tmp_path / "x"), "--fleet", str(FLEET_EXAMPLE),
+                  "--agents", "pressure-gate+own", "--seeds", "2"], 1)  # fmt: skip
+    assert "the '+own' site rule needs a fleet with timing = 'rounds'" in line
+    line = fails(["report", "--out", str(tmp_path / "y"), "--fleet", str(rounds),
+                  "--agents", "nobody+own"], 2)  # fmt: skip
+    assert "unknown agent 'nobody'" in line
