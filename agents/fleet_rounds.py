@@ -71,6 +71,7 @@ class RoundsView(Agent):
         self.budget_aware = bool(getattr(agent, "budget_aware", False))
         self._open = -1
         self._n_sites = 0
+        self.obs_size: int | None = None
 
     def attach(self, context: AgentContext) -> None:
         names = list(context.features or ())
@@ -80,6 +81,7 @@ class RoundsView(Agent):
                 f"observation has the round features)"
             )
         self._open = names.index("round_open")
+        self.obs_size = len(names)  # Agent.predict checks the observation's width
         self._n_sites = sum(1 for n in names if n.endswith(".network"))
         attach = getattr(self.agent, "attach", None)
         if callable(attach):
@@ -115,15 +117,6 @@ class RoundsView(Agent):
         if obs.ndim == 1:
             return self._act_one(obs)
         return np.stack([self._act_one(o) for o in obs])
-
-    def predict(
-        self,
-        observation: np.ndarray,
-        state: Any = None,
-        episode_start: Any = None,
-        deterministic: bool = True,
-    ) -> tuple[np.ndarray, Any]:
-        return self.act(observation), state
 
 
 class RoundsOracleView(RoundsView):

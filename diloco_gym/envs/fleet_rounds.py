@@ -11,9 +11,10 @@ How it rides on the fleet env: the compiled step sees a round's opening as its m
 corridor, the budget, the learner credit and the progress term are the fleet env's). The
 merge's cost it charges is that of the sites contributing at the opening; a site
 contributing later is charged at its own decision, in that step's ``sync_excess`` term,
-and a site dropped from a round takes its share of the round's progress back when the
-round closes (the token-weighted merge). The episode summary replays every site with its
-own sync decisions.
+and when a round with dropped sites closes, the global model keeps only the contributing
+sites' share of the round's tokens and the round's progress is recomputed on the loss
+curve (the token-weighted merge; the difference is taken back in that step). The episode
+summary replays every site with its own sync decisions.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import numpy as np
 
 from diloco_gym.envs import kernel
 from diloco_gym.envs.fleet import DiLoCoFleetEnv, FleetEpisode
+from diloco_gym.sim import learners as lrn
 from diloco_gym.sim import rounds as rd
 
 __all__ = ["DiLoCoFleetRoundsEnv", "rounds_obs_features"]
@@ -73,8 +75,8 @@ class DiLoCoFleetRoundsEnv(DiLoCoFleetEnv):
 
     ## Rewards
 
-    The fleet env's, with each site's cost charged in the step it contributes and a
-    dropped site's token share of the round's progress taken back when the round closes.
+    The fleet env's, with each site's cost charged in the step it contributes; when a round
+    with dropped sites closes, the progress of the tokens it did not merge is taken back.
 
     ## Special case
 
@@ -122,8 +124,9 @@ class DiLoCoFleetRoundsEnv(DiLoCoFleetEnv):
         self._action: np.ndarray | None = None
         self._overridden = False
         self._pending_lost = 0.0  # progress a round closed at reset took back (first step)
-        self._before: list[float] = []  # the progress before each round's opening step
-        self._step_before = 0.0
+        # the progress and the global model's tokens before each round's opening step
+        self._before: list[tuple[float, float]] = []
+        self._step_before = (0.0, 0.0)
 
     # ------------------------------------------------------------------ episode
     def reset(
@@ -158,7 +161,7 @@ class DiLoCoFleetRoundsEnv(DiLoCoFleetEnv):
             self._action = a
             want = int(a.any())
         self._keep_asking()
-        self._step_before = self._state.progress_sum.item(0)
+        self._step_before = (self._state.progress_sum.item(0), self._state.tokens.item(0))
         obs, reward, term, trunc, info = super().step(want)
         terms = info["reward_terms"]
         scale = self.episode.reward_per_request  # type: ignore[union-attr]
@@ -238,7 +241,10 @@ class DiLoCoFleetRoundsEnv(DiLoCoFleetEnv):
 
     def _settle(self) -> float:
         """When the open round has closed: the progress its dropped sites take back (and
-        the round is done)."""
+        the round is done). The round merged only the contributing sites' share of its
+        tokens: the global model's tokens become ``t0 + share x added`` and the round's
+        progress is what the loss curve gives for them (a dropped share's progress is not
+        linear in it: the power law)."""
         rs = self._round
         if rs is None or not rs.closed:
             return 0.0
@@ -248,7 +254,14 @@ class DiLoCoFleetRoundsEnv(DiLoCoFleetEnv):
         share = rd.token_share(self.rules, rs.sent)
         if share >= 1.0:
             return 0.0
-        lost = (self._state.progress_sum.item(0) - self._before[-1]) * (1.0 - share)
+        p0, t0 = self._before[-1]
+        t1 = self._state.tokens.item(0)
+        t_new = t0 + share * (t1 - t0)
+        l0, l1, l_new = lrn.loss(np.array([t0, t1, t_new]), self.learner_params)
+        credited = self._state.progress_sum.item(0) - p0
+        kept = credited * ((l0 - l_new) / (l0 - l1)) if l0 > l1 else credited * share
+        lost = credited - kept
+        self._state.tokens[0] = t_new
         self._state.progress_sum[0] -= lost
         self._dropped_progress += lost
         return lost

@@ -19,8 +19,8 @@ Each site then contributes its outer update once, at a decision of its own:
   as torchft drops a replica outside the quorum: its tokens of the round do not reach the
   merged model;
 * the merged update is **token-weighted**: site ``s`` trains ``compute_speed_s`` of the
-  fleet's tokens per second, so a round credits the fleet's progress times the
-  contributing sites' share of the tokens (:func:`token_share`).
+  fleet's tokens per second, so a round merges the contributing sites' share of the
+  fleet's tokens (:func:`token_share`).
 
 A contribution occupies the site for the fleet's sync window and slows its serving as a
 one-instant sync does (the same plan, the same per-site slowdown), so a site's cost of
