@@ -168,19 +168,30 @@ def _run_fleet(args: argparse.Namespace) -> int:
         raise UsageError("--fleet replaces --trace (the sites are in FILE)")
     checks.check_no_fleet_options(args)
     checks.check_run_agent(args.agent, args.fleet)
-    agent = _sealed(args, fleet_agent(checks.load_agent(args.agent)))
     env = _fleet_env(args)
-    _print_fleet_episodes(args, agent, env)
+    if env.fleet.per_site_timing:  # the agent opens the rounds, a site rule times each site
+        from diloco_gym.agents.fleet_rounds import rounds_agent, split_rule
+
+        base, rule = split_rule(args.agent)
+        agent = rounds_agent(fleet_agent(checks.load_agent(base)), rule)
+    elif args.agent.endswith("+own"):
+        raise UsageError(
+            f"--agent {args.agent}: the '+own' site rule needs a fleet with timing = 'rounds'"
+        )
+    else:
+        agent = fleet_agent(checks.load_agent(args.agent))
+    _print_fleet_episodes(args, _sealed(args, agent), env)
     return 0
 
 
 def _fleet_env(args: argparse.Namespace) -> Any:
     """The fleet env of ``--fleet``: a bad file, or one with the precision action, is a data
     error."""
-    from diloco_gym.envs.fleet import DiLoCoFleetEnv, require_fixed_precision
+    from diloco_gym.envs.fleet import require_fixed_precision
+    from diloco_gym.envs.fleet_rounds import make_fleet_env
 
     try:
-        env = DiLoCoFleetEnv(fleet=args.fleet)
+        env = make_fleet_env(fleet=args.fleet)
         require_fixed_precision(env.fleet, "run --fleet")
     except ValueError as exc:  # a FleetConfigError too
         raise fleet_env_error(exc) from None

@@ -455,6 +455,13 @@ class DiLoCoFleetEnv(DiLoCoSyncEnv):
         base = replace(params or EnvParams(), **env_kw)
         require_additive(base, "DiLoCoFleetEnv")  # its reward is the sites' isolated costs
         require_unshaped(base, "DiLoCoFleetEnv")
+        if fleet.per_site_timing and type(self) is DiLoCoFleetEnv:
+            raise ValueError(
+                "this fleet has timing = 'rounds' (per-site timing), which DiLoCoFleetEnv, "
+                "the one-instant fleet, does not run: make it with gym.make('DiLoCoFleet-v1', "
+                "...) or diloco_gym.envs.fleet_rounds.DiLoCoFleetRoundsEnv; the fleet "
+                "frontier, sweeps and the fleet trainer do not take it yet"
+            )
         setup = FleetSetup(fleet, base)
         self.fleet = fleet
         self.setup = setup

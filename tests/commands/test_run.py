@@ -194,3 +194,15 @@ def test_cli_run_on_a_trace_file(tmp_path, capsys):
         == 0
     )
     assert "fixed-512 on t" in capsys.readouterr().out
+
+
+def test_run_on_a_rounds_fleet_takes_the_own_rule(fails, capsys):
+    root = Path(diloco_gym.__file__).resolve().parents[1]
+    rounds = str(root / "docs" / "examples" / "fleet-rounds.toml")
+    argv = ["run", "--fleet", rounds, "--agent", "pressure-gate+own", "--seeds", "2"]
+    assert main([*argv, "--in-process-agents"]) == 0
+    out = capsys.readouterr().out
+    assert "agent pressure-gate+own on fleet" in out and "\n    1 " in out
+    instant = str(root / "docs" / "examples" / "fleet.toml")
+    line = fails(["run", "--fleet", instant, "--agent", "pressure-gate+own"], 2)
+    assert "the '+own' site rule needs a fleet with timing = 'rounds'" in line

@@ -203,3 +203,10 @@ def test_same_seed_same_run():
     b = rollout(env, pol, 5)
     assert all(np.array_equal(x[0], y[0]) and x[1] == y[1] for x, y in zip(a, b, strict=True))
     assert a[-1][2]["episode_summary"] == b[-1][2]["episode_summary"]
+
+
+def test_the_one_instant_env_refuses_a_rounds_fleet():
+    with pytest.raises(fl.FleetConfigError, match=r"fleet-rounds.toml: this fleet has timing"):
+        DiLoCoFleetEnv(fleet="docs/examples/fleet-rounds.toml")
+    with pytest.raises(ValueError, match="DiLoCoFleetEnv, the one-instant fleet, does not run"):
+        DiLoCoFleetEnv(timing="rounds", model_version=1, h_min_steps=256)
