@@ -210,3 +210,43 @@ def test_the_one_instant_env_refuses_a_rounds_fleet():
         DiLoCoFleetEnv(fleet="docs/examples/fleet-rounds.toml")
     with pytest.raises(ValueError, match="DiLoCoFleetEnv, the one-instant fleet, does not run"):
         DiLoCoFleetEnv(timing="rounds", model_version=1, h_min_steps=256)
+
+
+@pytest.mark.parametrize("case", range(6))
+def test_random_rules_and_actions_keep_the_books(case):
+    """Random rules (sites, grace, quorum, stragglers, speeds) and actions drawn from the
+    mask: the reward's terms add up to the summary's costs and progress, each round's
+    sites are the sites' own records, and no site syncs twice within H_min."""
+    rng = np.random.default_rng(case)
+    n = int(rng.integers(1, 5))
+    env = rounds_env(
+        n,
+        grace=float(rng.choice([0.0, 2.0, 4.5, 9.0])),
+        quorum=int(rng.integers(1, n + 1)),
+        delays=[float(rng.choice([0.0, 3.0, 6.0])) for _ in range(n)],
+        speeds=[float(rng.uniform(0.5, 2.0)) for _ in range(n)],
+        **LONG,
+    )
+    obs, info = env.reset(seed=case)
+    env.action_space.seed(case)
+    steps = []
+    while True:
+        obs, r, term, trunc, info = env.step(env.action_space.sample(mask=info["action_mask"]))
+        assert env.observation_space.contains(obs)
+        steps.append(info)
+        if trunc:
+            break
+    s = info["episode_summary"]
+    scale = env.episode.reward_per_request
+    excess = -sum(i["reward_terms"]["sync_excess"] for i in steps) / scale
+    assert excess == pytest.approx(s["additive_excess_requests"], rel=1e-9, abs=1e-9)
+    assert sum(i["reward_terms"]["progress"] for i in steps) == pytest.approx(s["progress"])
+    names = env.setup.site_names
+    for k, o in enumerate(s["round_openings"]):
+        nxt = s["round_openings"][k + 1] if k + 1 < len(s["round_openings"]) else 10**9
+        for i, name in enumerate(names):
+            mine = [d for d in s["site_sync_decisions"][name] if o <= d < nxt]
+            assert len(mine) == (1 if i in s["round_sites"][k] else 0)
+    for name in names:
+        gaps = np.diff(s["site_sync_decisions"][name])
+        assert (gaps >= env.params.h_min - env.rules.span).all()

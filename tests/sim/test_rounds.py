@@ -140,3 +140,45 @@ def test_fleet_file_reads_the_timing_keys(tmp_path):
     p.write_text("[fleet]\nmodel_version = 1\ntiming = 3\n")
     with pytest.raises(fl.FleetConfigError, match=r"f.toml: \[fleet\] key 'timing' must be a str"):
         load_fleet_toml(p)
+
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    n=st.integers(1, 5),
+    grace=st.integers(0, 6),
+    quorum_off=st.integers(0, 4),
+    delays=st.lists(st.integers(0, 8), min_size=5, max_size=5),
+    opening=st.integers(0, 30),
+    last=st.integers(0, 45),
+    wants=st.lists(st.lists(st.booleans(), min_size=5, max_size=5), min_size=20, max_size=20),
+)
+def test_round_rules_hold_for_any_action(n, grace, quorum_off, delays, opening, last, wants):
+    """Whatever the agent asks: each site joins at most once, only when ready and by its
+    deadline; the mask's forced sites are always sent; the round closes by its span (or
+    the episode's end) with the quorum met unless the episode ended first."""
+    q = max(1, n - quorum_off)
+    last = max(last, opening)
+    r = rd.RoundRules(grace, q, tuple(delays[:n]), tuple([1.0 / n] * n))
+    st_ = rd.RoundState(r, opening, np.array(delays[:n]), last)
+    d = opening
+    for w in wants:
+        must = st_.must_send(d)
+        sends, _ = st_.contribute(d, np.array(w[:n]))
+        assert not (must & ~sends).any()
+        if st_.closed or d >= last:
+            break
+        d += 1
+    else:
+        pytest.fail("a round stayed open past every decision of its span")
+    assert st_.closed
+    for s in np.flatnonzero(st_.sent):
+        lo, hi = rd.send_range(opening, delays[s], grace, last)
+        assert lo <= st_.send_d[s] <= hi
+    assert (st_.send_d[~st_.sent] == -1).all()
+    if d < last:
+        assert st_.sent.sum() >= q
+    assert d <= max(opening + r.span, opening) or d == last
