@@ -60,6 +60,7 @@ __all__ = [
     "bare",
     "run_validation",
     "ver_block",
+    "interval",
 ]
 
 MODES = ("fidelity", "verdicts", "closed-loop")
@@ -217,7 +218,7 @@ def calibrate_in_session(s: LiveSession, vcfg: ValidateConfig) -> tuple[SidecarP
         "repeats": vcfg.repeats,
         "merges": [list(m) for m in plan],
         "p95_sync_ratio": _num(measured.get("p95_sync_ratio")),
-        "p95_sync_ratio_ci": [_num(v) for v in boot["p95_sync_ratio"]],
+        "p95_sync_ratio_ci": interval(boot["p95_sync_ratio"]),
         "slo_ms": slo_ms,
         "slo_source": "--slo-ms" if vcfg.slo_ms else "the calibration's control-phase p99",
         "fitted_sidecar": asdict(params),
@@ -421,6 +422,12 @@ def ver_block(vcfg: ValidateConfig, rows: list[dict], closed: bool) -> dict:
 
 def _num(x: Any) -> float | None:
     return float(x) if x is not None and math.isfinite(float(x)) else None
+
+
+def interval(bounds: Any) -> list[float | None] | None:
+    """A bootstrap interval as JSON: ``None`` where the bootstrap gave none (fewer than two
+    repeats, or too few requests in a class: a short or loaded run), else ``[lo, hi]``."""
+    return None if bounds is None else [_num(v) for v in bounds]
 
 
 def run_validation(

@@ -182,3 +182,13 @@ def test_verdicts_alone_replay_no_closed_loop_and_no_fidelity(queue_server, tmp_
     assert set(doc["timings_s"]) == {"calibration", "verdicts"}
     assert not out.with_name("v_fidelity.png").exists()
     assert out.with_name("v_verdicts.png").is_file()
+
+
+def test_a_missing_bootstrap_interval_is_written_as_null():
+    """A short or loaded calibration run may leave the bootstrap without an interval
+    (fewer than two repeats, or an empty class): the document says null, not a crash."""
+    from diloco_gym.live.validate import interval
+
+    assert interval(None) is None
+    assert interval((0.5, float("inf"))) == [0.5, None]
+    assert interval([1.0, 2.0]) == [1.0, 2.0]
