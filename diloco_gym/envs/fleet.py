@@ -24,8 +24,9 @@ import numpy as np
 
 from diloco_gym.envs import fleet_cap
 from diloco_gym.envs.env import DiLoCoSyncEnv
-from diloco_gym.envs.episode import Episode, episode_from_seed, episode_length
+from diloco_gym.envs.episode import Episode, episode_length
 from diloco_gym.envs.fleet_cap import fleet_obs_features
+from diloco_gym.envs.fleet_sites import SiteCosts, build_sites, cost_groups, site_groups
 from diloco_gym.envs.observation import EXO_SLICE, OBS_DIM, OBS_FEATURES
 from diloco_gym.envs.params import EnvParams
 from diloco_gym.envs.reward import nominal_rate_rps, require_additive, reward_per_request
@@ -147,6 +148,10 @@ class FleetSetup:
         self.norm = [mean_rate / r for r in self.rates]
         self.progress_factor = fl.progress_factor(fleet.bits, fleet.quant_penalty)
         self.site_names = [s.name for s in fleet.sites]
+        #: the sites whose episodes one batch builds, and whose merges one call costs
+        #: (envs/fleet_sites.py)
+        self.groups = site_groups(gens, self.sidecars)
+        self.cost_groups = cost_groups(self.sidecars)
         if len(gens) == 1:
             self.regime_name = str(getattr(gens[0], "name", fleet.sites[0].name))
         else:
@@ -310,6 +315,22 @@ class FleetEpisode:
             for kp, scs in zip(s.option_params, s.option_sidecars, strict=True)
         ]
 
+    @cached_property
+    def _site_costs(self) -> list[SiteCosts]:
+        """The default option's sites, in groups costed together (envs/fleet_sites.py)."""
+        sites = self.option_sites[self.setup.default_option]
+        return [SiteCosts([sites[i] for i in g]) for g in self.setup.cost_groups if len(g) > 1]
+
+    def site_costs_at(self, d: int, option: int) -> list[float]:
+        """Each site's isolated cost (requests) of a sync at decision ``d`` at precision
+        option ``option`` (memoised in the site episodes)."""
+        sites = self.option_sites[option]
+        if option == self.setup.default_option:
+            for group in self._site_costs:
+                if group.episodes[0].cost_memo[0, d] != group.episodes[0].cost_memo[0, d]:
+                    group.fill(d)
+        return [e.merge_cost_at(d) for e in sites]
+
     def merge_cost_at(self, d: int, option: int | None = None) -> float:
         """The cost of a sync at decision ``d`` at precision option ``option`` (``None``:
         ``bits``, the only option without the precision action)."""
@@ -319,7 +340,7 @@ class FleetEpisode:
             return sites[0].merge_cost_at(d)
         key = (k, d)
         if key not in self._memo:
-            cs = [e.merge_cost_at(d) for e in sites]
+            cs = self.site_costs_at(d, k)
             total = 0.0
             for c in cs:
                 total += c
@@ -543,8 +564,7 @@ class DiLoCoFleetEnv(DiLoCoSyncEnv):
         assert isinstance(self.episode, FleetEpisode)  # called only after reset()
         self._sync_options.append(self._option)
         if self._cap is not None:
-            sites = self.episode.option_sites[self._option]
-            self._cap.record(d, self._option, [e.merge_cost_at(d) for e in sites])
+            self._cap.record(d, self._option, self.episode.site_costs_at(d, self._option))
         if self.fleet.model_version >= 1:
             self._set_learner_work(d)
         return self.episode.merge_cost_at(d, self._option)
@@ -602,19 +622,11 @@ class DiLoCoFleetEnv(DiLoCoSyncEnv):
         return info
 
     def _episode_of_seed(self, episode_seed: int) -> FleetEpisode:
+        """The sites' episodes (:func:`site_seed` each; a group of sites of one synthetic
+        regime in one batch, :func:`~diloco_gym.envs.fleet_sites.build_sites`)."""
         s = self.setup
-        sites = []
-        for i, sc in enumerate(s.sidecars):
-            sites.append(
-                episode_from_seed(
-                    s.generator_for(i, episode_seed),
-                    site_seed(episode_seed, i),
-                    s.params,
-                    sc,
-                    self.learner_params,
-                    rate_rps=s.rates[i],
-                )
-            )
+        seeds = [site_seed(episode_seed, i) for i in range(len(s.sidecars))]
+        sites = build_sites(s, episode_seed, seeds, self.learner_params)
         return FleetEpisode(s, sites, int(episode_seed))
 
     def _check_episode(self, episode: Any, seed: int | None) -> Any:
@@ -698,6 +710,7 @@ class DiLoCoFleetEnv(DiLoCoSyncEnv):
                 self.params,
                 sc,
                 None if self.fleet.bits_options is None else [ep.option_sites[k][i] for k in opts],
+                percentiles=len(ep.sites) == 1,  # a fleet's summary reads none of a site's
             )
             for i, (e, sc) in enumerate(zip(ep.sites, s.sidecars, strict=True))
         ]
