@@ -15,7 +15,7 @@ The model, its formulas and defaults: docs/fleet.md.
 from __future__ import annotations
 
 from dataclasses import fields, replace
-from functools import cached_property, lru_cache
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -24,12 +24,18 @@ import numpy as np
 
 from diloco_gym.envs import fleet_cap
 from diloco_gym.envs.env import DiLoCoSyncEnv
-from diloco_gym.envs.episode import Episode, episode_length
+from diloco_gym.envs.episode import episode_length
 from diloco_gym.envs.fleet_cap import fleet_obs_features
-from diloco_gym.envs.fleet_sites import SiteCosts, build_sites, cost_groups, site_groups
+from diloco_gym.envs.fleet_sites import (
+    FleetEpisode,
+    build_sites,
+    cost_groups,
+    site_groups,
+    site_seed,
+)
 from diloco_gym.envs.observation import EXO_SLICE, OBS_DIM, OBS_FEATURES
 from diloco_gym.envs.params import EnvParams
-from diloco_gym.envs.reward import nominal_rate_rps, require_additive, reward_per_request
+from diloco_gym.envs.reward import nominal_rate_rps, require_additive
 from diloco_gym.envs.schedule import schedule_summary
 from diloco_gym.envs.shaping import require_unshaped
 from diloco_gym.sim import fleet as fl
@@ -65,15 +71,6 @@ def require_fixed_precision(fleet: fl.FleetParams, what: str) -> None:
             f"matched-random control and oracle launch every sync at one precision. Remove "
             f"bits_options to score the fleet at bits={fleet.bits}"
         )
-
-
-def site_seed(episode_seed: int, site: int) -> int:
-    """The seed of site ``site``'s episode: the episode seed itself for site 0 (so a
-    one-site fleet is the single env), ``SeedSequence((episode_seed, site))`` otherwise
-    (independent streams; no site of one episode repeats a site of another seed)."""
-    if site == 0:
-        return int(episode_seed)
-    return int(np.random.SeedSequence([int(episode_seed), int(site)]).generate_state(1)[0])
 
 
 @lru_cache(maxsize=8)
@@ -249,107 +246,6 @@ def fleet_setup(fleet: fl.FleetParams, params: EnvParams) -> FleetSetup:
     return FleetSetup(fleet, params)
 
 
-class FleetEpisode:
-    """The agent-independent data of one fleet episode: one
-    :class:`~diloco_gym.envs.episode.Episode` per site (same decisions), and what the env
-    reads from an episode (``n_decisions``, ``exo`` of the first site, the learner
-    ``throughputs`` of the first site's stream, reward scale, costs).
-
-    ``merge_cost_at(d)``: the sum over sites of the isolated cost (requests) of a fragment
-    sync at ``d``, plus ``worst_site_weight`` times the largest site cost normalised to a
-    site of mean nominal rate (0 by default). Additive over syncs, so the exact oracle is
-    the dynamic programme over it.
-    """
-
-    def __init__(self, setup: FleetSetup, sites: list[Episode], seed: int | None) -> None:
-        self.setup = setup
-        self.sites = sites
-        e0 = sites[0]
-        ns = {e.n_decisions for e in sites}
-        if len(ns) != 1:
-            raise ValueError(f"fleet sites have different decision counts {sorted(ns)}")
-        self.n_decisions = e0.n_decisions
-        self.exo = e0.exo
-        self.throughputs = e0.throughputs
-        self.trace = e0.trace
-        self.params = setup.params
-        self.sidecar = e0.sidecar
-        self.seed = seed
-        self.reward_per_request = reward_per_request(setup.rate_total, e0.trace.duration_s)
-        self.n_requests = sum(e.n_requests for e in sites)
-        self.pct_per_request = 100.0 / max(1, self.n_requests)
-        self._lam = setup.fleet.worst_site_weight
-        self._memo: dict[tuple[int, int], float] = {}
-
-    @cached_property
-    def site_costs(self) -> np.ndarray:
-        """``(N_sites, n_decisions)`` isolated cost (requests) per site and decision."""
-        sites = self.option_sites[self.setup.default_option]
-        return np.stack([np.asarray(e.merge_cost, dtype=np.float64) for e in sites])
-
-    @cached_property
-    def merge_cost(self) -> np.ndarray:
-        """``(n_decisions,)`` cost of a fragment sync at each decision (see the class)."""
-        if len(self.sites) == 1 and not self._lam:
-            return self.option_sites[self.setup.default_option][0].merge_cost
-        c = self.site_costs
-        total = np.zeros(self.n_decisions)
-        for row in c:
-            total += row
-        if self._lam:
-            norm = np.asarray(self.setup.norm)[:, None]
-            total = total + self._lam * np.max(c * norm, axis=0)
-        total.setflags(write=False)
-        return total
-
-    @cached_property
-    def option_sites(self) -> list[list[Episode]]:
-        """Per precision option (:attr:`FleetSetup.option_bits`), every site's episode
-        with that option's sync window and slowdown (the same requests and decisions; the
-        episode's own sites without the precision action)."""
-        s = self.setup
-        if s.fleet.bits_options is None:
-            return [self.sites]
-        return [
-            [replace(e, params=kp, sidecar=sc) for e, sc in zip(self.sites, scs, strict=True)]
-            for kp, scs in zip(s.option_params, s.option_sidecars, strict=True)
-        ]
-
-    @cached_property
-    def _site_costs(self) -> list[SiteCosts]:
-        """The default option's sites, in groups costed together (envs/fleet_sites.py)."""
-        sites = self.option_sites[self.setup.default_option]
-        return [SiteCosts([sites[i] for i in g]) for g in self.setup.cost_groups if len(g) > 1]
-
-    def site_costs_at(self, d: int, option: int) -> list[float]:
-        """Each site's isolated cost (requests) of a sync at decision ``d`` at precision
-        option ``option`` (memoised in the site episodes)."""
-        sites = self.option_sites[option]
-        if option == self.setup.default_option:
-            for group in self._site_costs:
-                if group.episodes[0].cost_memo[0, d] != group.episodes[0].cost_memo[0, d]:
-                    group.fill(d)
-        return [e.merge_cost_at(d) for e in sites]
-
-    def merge_cost_at(self, d: int, option: int | None = None) -> float:
-        """The cost of a sync at decision ``d`` at precision option ``option`` (``None``:
-        ``bits``, the only option without the precision action)."""
-        k = self.setup.default_option if option is None else int(option)
-        sites = self.option_sites[k]
-        if len(sites) == 1 and not self._lam:
-            return sites[0].merge_cost_at(d)
-        key = (k, d)
-        if key not in self._memo:
-            cs = self.site_costs_at(d, k)
-            total = 0.0
-            for c in cs:
-                total += c
-            if self._lam:
-                total += self._lam * max(c * w for c, w in zip(cs, self.setup.norm, strict=True))
-            self._memo[key] = total
-        return self._memo[key]
-
-
 def _check_env_table(env: dict[str, Any], where: str) -> None:
     """A fleet file's ``[env]`` table: ``EnvParams`` fields with valid values (one line
     naming the file and the key; an unknown key was a ``TypeError`` naming no file)."""
@@ -507,6 +403,14 @@ class DiLoCoFleetEnv(DiLoCoSyncEnv):
         self._site_rows_of: FleetEpisode | None = None
         self._cap = fleet_cap.cap_tracker(setup, self._n_decisions)  # None without a cap
         self._init_precision()
+        self._own_obs = type(self)._obs is not DiLoCoFleetEnv._obs
+        # the step's (can_defer, can_merge) are the masks unless a cap, the precision
+        # action or a subclass's own masks change them
+        self._base_masks = (
+            type(self).action_masks is DiLoCoFleetEnv.action_masks
+            and self._cap is None
+            and fleet.bits_options is None
+        )
 
     def _n_decisions(self) -> int:
         assert self.episode is not None  # the cap asks only within an episode
@@ -624,10 +528,8 @@ class DiLoCoFleetEnv(DiLoCoSyncEnv):
     def _episode_of_seed(self, episode_seed: int) -> FleetEpisode:
         """The sites' episodes (:func:`site_seed` each; a group of sites of one synthetic
         regime in one batch, :func:`~diloco_gym.envs.fleet_sites.build_sites`)."""
-        s = self.setup
-        seeds = [site_seed(episode_seed, i) for i in range(len(s.sidecars))]
-        sites = build_sites(s, episode_seed, seeds, self.learner_params)
-        return FleetEpisode(s, sites, int(episode_seed))
+        sites, cores = build_sites(self.setup, episode_seed, self.learner_params)
+        return FleetEpisode(self.setup, sites, int(episode_seed), cores)
 
     def _check_episode(self, episode: Any, seed: int | None) -> Any:
         if not isinstance(episode, FleetEpisode) or episode.setup is not self.setup:
@@ -675,9 +577,19 @@ class DiLoCoFleetEnv(DiLoCoSyncEnv):
     def _obs(self) -> np.ndarray:
         """The single env's observation (the kernel's, with the first site's pressure
         block), then the further sites' blocks and the fragments' staleness."""
-        base = super()._obs()
+        return self._fleet_obs(super()._obs())
+
+    def _step_obs(self) -> np.ndarray:
+        # after a step the compiled step's observation is the kernel's (a subclass with an
+        # _obs of its own, such as the rounds env's, observes as it does)
+        if self._own_obs:
+            return self._obs()
+        return self._fleet_obs(self._obs_out[0])
+
+    def _fleet_obs(self, base: np.ndarray) -> np.ndarray:
+        """A new observation array: ``base`` (the kernel's), then the fleet's features."""
         if len(self.obs_features) == base.shape[0]:
-            return base
+            return base.copy()
         if self._site_rows_of is not self.episode:
             self._new_episode_tables()
         obs = np.empty(len(self.obs_features), dtype=np.float32)

@@ -1,24 +1,29 @@
-"""A fleet episode's site episodes, built together.
+"""A fleet episode and its site episodes, built and costed together.
 
-:func:`site_groups` groups a fleet's sites whose episodes one batch can build: sites of the
-same synthetic regime (:func:`~diloco_gym.envs.kernel.is_synthetic`) whose sidecars agree
-in everything the episode build reads (all but ``sync_slowdown``, which only the merge
-costs read). :func:`site_episodes` builds such a group's episodes for their seeds in one
-trace generation (:meth:`~diloco_gym.sim.regimes.SyntheticRegime.from_raw`) and one
-episode build (:func:`~diloco_gym.envs.episode.episode_core_batch`), each episode bit for
-bit the :func:`~diloco_gym.envs.episode.episode_from_seed` of its seed: the same draws from
-the same generator, in the same order, and batch operations that treat every episode as
-a batch of one (tested).
+:class:`FleetEpisode` is the agent-independent data of one fleet episode: one
+:class:`~diloco_gym.envs.episode.Episode` per site. :func:`build_sites` builds the sites'
+episodes: :func:`site_groups` groups the sites whose episodes one batch can build (sites of
+the same synthetic regime, :func:`~diloco_gym.envs.kernel.is_synthetic`, whose sidecars
+agree in everything the episode build reads: all but ``sync_slowdown``, which only the
+merge costs read), and :func:`site_episodes` builds such a group's episodes in one trace
+generation (:meth:`~diloco_gym.sim.regimes.SyntheticRegime.from_raw`) and one episode
+build (:func:`~diloco_gym.envs.episode.episode_core_batch`). :class:`SiteCosts` costs a
+sync at every site of a group of equal sidecars in one compiled call. Every episode and
+cost is bit for bit what :func:`~diloco_gym.envs.episode.episode_from_seed` and
+:meth:`~diloco_gym.envs.episode.Episode.merge_cost_at` give for the site alone: the same
+draws from the same generators in the same order, and batch operations that treat every
+row as a batch of one (tested).
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any
+from functools import cached_property
+from typing import Any, NamedTuple
 
 import numpy as np
 
-from diloco_gym.envs.episode import Episode, episode_core_batch, episode_from_seed
+from diloco_gym.envs.episode import Episode, EpisodeCore, episode_core_batch, episode_from_seed
 from diloco_gym.envs.fused import NO_THRESHOLDS
 from diloco_gym.envs.kernel import is_synthetic
 from diloco_gym.envs.params import EnvParams
@@ -35,7 +40,25 @@ from diloco_gym.sim.sidecar import (
 )
 from diloco_gym.sim.traces import Trace
 
-__all__ = ["SiteCosts", "build_sites", "cost_groups", "site_groups", "site_episodes"]
+__all__ = [
+    "FleetEpisode",
+    "GroupedCosts",
+    "SiteCosts",
+    "build_sites",
+    "cost_groups",
+    "site_groups",
+    "site_episodes",
+    "site_seed",
+]
+
+
+def site_seed(episode_seed: int, site: int) -> int:
+    """The seed of site ``site``'s episode: the episode seed itself for site 0 (so a
+    one-site fleet is the single env), ``SeedSequence((episode_seed, site))`` otherwise
+    (independent streams; no site of one episode repeats a site of another seed)."""
+    if site == 0:
+        return int(episode_seed)
+    return int(np.random.SeedSequence([int(episode_seed), int(site)]).generate_state(1)[0])
 
 
 def site_groups(generators: list[Any], sidecars: list[SidecarParams]) -> list[list[int]]:
@@ -52,17 +75,21 @@ def site_groups(generators: list[Any], sidecars: list[SidecarParams]) -> list[li
 
 
 def build_sites(
-    setup: Any, episode_seed: int, seeds: list[int], learner_params: lrn.LearnerParams
-) -> list[Episode]:
+    setup: Any, episode_seed: int, learner_params: lrn.LearnerParams
+) -> tuple[list[Episode], dict[tuple[int, ...], EpisodeCore]]:
     """The site episodes of a fleet episode (``setup``: its
-    :class:`~diloco_gym.envs.fleet.FleetSetup`; ``seeds``: each site's seed): each group of
+    :class:`~diloco_gym.envs.fleet.FleetSetup`; site ``i``'s seed
+    ``site_seed(episode_seed, i)``): each group of
     :attr:`FleetSetup.groups` of several sites by :func:`site_episodes`, a site alone by
-    :func:`~diloco_gym.envs.episode.episode_from_seed` (the same episodes either way)."""
+    :func:`~diloco_gym.envs.episode.episode_from_seed` (the same episodes either way); and
+    each group's batch build (for :class:`SiteCosts`), by its sites."""
     s = setup
+    seeds = [site_seed(episode_seed, i) for i in range(len(s.sidecars))]
     sites: list[Any] = [None] * len(seeds)
+    cores: dict[tuple[int, ...], EpisodeCore] = {}
     for group in s.groups:
         if len(group) > 1:
-            built = site_episodes(
+            built, cores[tuple(group)] = site_episodes(
                 s.generators[group[0]], [seeds[i] for i in group], s.params,
                 [s.sidecars[i] for i in group], learner_params, [s.rates[i] for i in group],
             )  # fmt: skip
@@ -80,7 +107,7 @@ def build_sites(
             ]
         for i, e in zip(group, built, strict=True):
             sites[i] = e
-    return sites
+    return sites, cores
 
 
 def site_episodes(
@@ -90,12 +117,13 @@ def site_episodes(
     sidecars: list[SidecarParams],
     learner_params: lrn.LearnerParams,
     rates: list[float],
-) -> list[Episode]:
+) -> tuple[list[Episode], EpisodeCore]:
     """The episodes of ``seeds`` of the synthetic regime ``generator``, one per seed, with
     ``sidecars[k]`` and reward rate ``rates[k]``: what
     ``episode_from_seed(generator, seeds[k], params, sidecars[k], learner_params,
     rate_rps=rates[k])`` returns, bit for bit. The sidecars must agree in all but
-    ``sync_slowdown`` (:func:`site_groups`)."""
+    ``sync_slowdown`` (:func:`site_groups`). Also returns the batch build (the episodes'
+    arrays joined)."""
     raws, thrs = [], []
     for seed in seeds:
         rng = np.random.default_rng(seed)  # as kernel.episode_draws: the trace, then learners
@@ -143,7 +171,38 @@ def site_episodes(
                 (c.m0[k], c.s[k], c.prefmin[k]),
             )  # fmt: skip
         )
-    return out
+    return out, c
+
+
+class _Joined(NamedTuple):
+    """What :class:`SiteCosts` reads of its episodes, joined (the fields of a batch
+    build's :class:`~diloco_gym.envs.episode.EpisodeCore` it reads)."""
+
+    base_s: np.ndarray
+    req_bin: np.ndarray
+    violated: np.ndarray
+    m0: np.ndarray
+    s: np.ndarray
+    prefmin: np.ndarray
+    counts: np.ndarray
+
+
+def _joined(episodes: list[Episode]) -> _Joined:
+    """``episodes``' arrays joined, as their batch build would hold them."""
+    e0 = episodes[0]
+    p, sc = e0.params, e0.sidecar
+    queues = [e.queue or no_merge_queue(e.base_s, e.req_bin, e.pressure_bin, sc,
+                                        p.step_seconds) for e in episodes]  # fmt: skip
+    m0, s, prefmin = (np.stack([q[k] for q in queues]) for k in range(3))
+    return _Joined(
+        np.concatenate([e.base_s for e in episodes]),
+        np.concatenate([e.req_bin for e in episodes]),
+        np.concatenate([e.baseline.violated for e in episodes]),
+        m0,
+        s,
+        prefmin,
+        np.array([e.base_s.size for e in episodes], dtype=np.int64),
+    )
 
 
 def cost_groups(sidecars: list[SidecarParams]) -> list[list[int]]:
@@ -164,7 +223,9 @@ class SiteCosts:
     :meth:`~diloco_gym.sim.sidecar.IsolatedMergeCost.cost_at` costs its episode: the same
     values, bit for bit)."""
 
-    def __init__(self, episodes: list[Episode]) -> None:
+    def __init__(self, episodes: list[Episode], core: EpisodeCore | None = None) -> None:
+        """``core``: the batch build of exactly these episodes, in order (its arrays are
+        theirs, joined: :func:`build_sites`), so that they are not joined again."""
         e0 = episodes[0]
         p, sc = e0.params, e0.sidecar
         self.episodes = episodes
@@ -172,21 +233,13 @@ class SiteCosts:
         self.merge_bins = int(p.merge_steps)
         self.horizon = cost_horizon(sc, p.step_seconds, self.merge_bins)
         size = e0.pressure_bin.size + 1 + self.horizon
-        queues = [e.queue or no_merge_queue(e.base_s, e.req_bin, e.pressure_bin, sc,
-                                            p.step_seconds) for e in episodes]  # fmt: skip
+        c: EpisodeCore | _Joined = _joined(episodes) if core is None else core
         self.queue = cost_queue(
-            np.concatenate([e.base_s for e in episodes]),
-            np.concatenate([e.req_bin for e in episodes]),
-            np.concatenate([e.baseline.violated for e in episodes]),
-            np.stack([q[0] for q in queues]),
-            np.stack([q[1] for q in queues]),
-            sc,
-            p.step_seconds,
-            size,
-            counts=np.array([e.base_s.size for e in episodes], dtype=np.int64),
-        )
+            c.base_s, c.req_bin, c.violated, c.m0, c.s, sc, p.step_seconds, size,
+            counts=c.counts,
+        )  # fmt: skip
         # per bin, the sites' no-merge minimum (a contiguous row for each start)
-        self.prefmin = np.ascontiguousarray(padded(np.stack([q[2] for q in queues]), size).T)
+        self.prefmin = np.ascontiguousarray(padded(c.prefmin, size).T)
         self.rows = np.arange(len(episodes), dtype=np.int64)
         self.consts = (1.0 + sc.sync_slowdown, sc.slo_s, float(sc.slots))
         self._starts = np.empty(len(episodes), dtype=np.int64)
@@ -205,3 +258,130 @@ class SiteCosts:
         )  # fmt: skip
         for e, c in zip(self.episodes, self._out.tolist(), strict=True):
             e.cost_memo[0, d] = c
+
+
+class GroupedCosts:
+    """A fleet episode's site episodes in groups of equal sidecars (:func:`cost_groups`),
+    each group of several sites costed by one :class:`SiteCosts` (``cores``: the batch
+    builds of :func:`build_sites`, by group)."""
+
+    def __init__(
+        self,
+        sites: list[Episode],
+        groups: list[list[int]],
+        cores: dict[tuple[int, ...], EpisodeCore],
+    ) -> None:
+        many = [g for g in groups if len(g) > 1]
+        self.groups = [SiteCosts([sites[i] for i in g], cores.get(tuple(g))) for g in many]
+
+    def fill(self, d: int) -> None:
+        """Each group's costs of a sync at decision ``d``, where not yet in the memos."""
+        for group in self.groups:
+            memo = group.episodes[0].cost_memo
+            if memo[0, d] != memo[0, d]:  # NaN: not costed yet
+                group.fill(d)
+
+
+class FleetEpisode:
+    """The agent-independent data of one fleet episode: one
+    :class:`~diloco_gym.envs.episode.Episode` per site (same decisions), and what the env
+    reads from an episode (``n_decisions``, ``exo`` of the first site, the learner
+    ``throughputs`` of the first site's stream, reward scale, costs).
+
+    ``merge_cost_at(d)``: the sum over sites of the isolated cost (requests) of a fragment
+    sync at ``d``, plus ``worst_site_weight`` times the largest site cost normalised to a
+    site of mean nominal rate (0 by default). Additive over syncs, so the exact oracle is
+    the dynamic programme over it.
+    """
+
+    def __init__(
+        self,
+        setup: Any,  # the fleet's envs.fleet.FleetSetup
+        sites: list[Episode],
+        seed: int | None,
+        cores: dict[tuple[int, ...], Any] | None = None,
+    ) -> None:
+        self.setup = setup
+        self.sites = sites
+        self._cores = cores or {}  # batch builds of groups of sites (envs/fleet_sites.py)
+        e0 = sites[0]
+        ns = {e.n_decisions for e in sites}
+        if len(ns) != 1:
+            raise ValueError(f"fleet sites have different decision counts {sorted(ns)}")
+        self.n_decisions = e0.n_decisions
+        self.exo = e0.exo
+        self.throughputs = e0.throughputs
+        self.trace = e0.trace
+        self.params = setup.params
+        self.sidecar = e0.sidecar
+        self.seed = seed
+        self.reward_per_request = reward_per_request(setup.rate_total, e0.trace.duration_s)
+        self.n_requests = sum(e.n_requests for e in sites)
+        self.pct_per_request = 100.0 / max(1, self.n_requests)
+        self._lam = setup.fleet.worst_site_weight
+        self._memo: dict[tuple[int, int], float] = {}
+
+    @cached_property
+    def site_costs(self) -> np.ndarray:
+        """``(N_sites, n_decisions)`` isolated cost (requests) per site and decision."""
+        sites = self.option_sites[self.setup.default_option]
+        return np.stack([np.asarray(e.merge_cost, dtype=np.float64) for e in sites])
+
+    @cached_property
+    def merge_cost(self) -> np.ndarray:
+        """``(n_decisions,)`` cost of a fragment sync at each decision (see the class)."""
+        if len(self.sites) == 1 and not self._lam:
+            return self.option_sites[self.setup.default_option][0].merge_cost
+        c = self.site_costs
+        total = np.zeros(self.n_decisions)
+        for row in c:
+            total += row
+        if self._lam:
+            norm = np.asarray(self.setup.norm)[:, None]
+            total = total + self._lam * np.max(c * norm, axis=0)
+        total.setflags(write=False)
+        return total
+
+    @cached_property
+    def option_sites(self) -> list[list[Episode]]:
+        """Per precision option (:attr:`FleetSetup.option_bits`), every site's episode
+        with that option's sync window and slowdown (the same requests and decisions; the
+        episode's own sites without the precision action)."""
+        s = self.setup
+        if s.fleet.bits_options is None:
+            return [self.sites]
+        return [
+            [replace(e, params=kp, sidecar=sc) for e, sc in zip(self.sites, scs, strict=True)]
+            for kp, scs in zip(s.option_params, s.option_sidecars, strict=True)
+        ]
+
+    @cached_property
+    def _grouped(self) -> GroupedCosts:
+        """The default option's sites, in groups costed together (envs/fleet_sites.py)."""
+        sites = self.option_sites[self.setup.default_option]
+        return GroupedCosts(sites, self.setup.cost_groups, self._cores)
+
+    def site_costs_at(self, d: int, option: int) -> list[float]:
+        """Each site's isolated cost (requests) of a sync at decision ``d`` at precision
+        option ``option`` (memoised in the site episodes)."""
+        if option == self.setup.default_option:
+            self._grouped.fill(d)
+        return [e.merge_cost_at(d) for e in self.option_sites[option]]
+
+    def merge_cost_at(self, d: int, option: int | None = None) -> float:
+        """The cost of a sync at decision ``d`` at precision option ``option`` (``None``:
+        ``bits``, the only option without the precision action)."""
+        k = self.setup.default_option if option is None else int(option)
+        sites = self.option_sites[k]
+        if len(sites) == 1 and not self._lam:
+            return sites[0].merge_cost_at(d)
+        key = (k, d)
+        if key not in self._memo:
+            cs = self.site_costs_at(d, k)
+            total = 0.0
+            for c in cs:
+                total += c
+            if self._lam:
+                total += self._lam * max(c * w for c, w in zip(cs, self.setup.norm, strict=True))
+            self._memo[key] = total
+        return self._memo[key]

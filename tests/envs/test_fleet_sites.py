@@ -47,7 +47,7 @@ def test_site_episodes_equal_the_episodes_built_alone():
     # a second sidecar with another sync slowdown: the build reads none of it
     sidecars = [s.sidecars[0], replace(s.sidecars[0], sync_slowdown=0.9), *s.sidecars[2:]]
     rates = [s.rates[0], 3.0, s.rates[2], s.rates[3]]
-    got = site_episodes(s.generators[0], seeds, s.params, sidecars, env.learner_params, rates)
+    got, _ = site_episodes(s.generators[0], seeds, s.params, sidecars, env.learner_params, rates)
     for k, e in enumerate(got):
         alone = episode_from_seed(
             s.generators[0], seeds[k], s.params, sidecars[k], env.learner_params, rate_rps=rates[k]
