@@ -28,7 +28,7 @@ from diloco_gym.envs.fused import NO_THRESHOLDS
 from diloco_gym.envs.kernel import is_synthetic
 from diloco_gym.envs.params import EnvParams
 from diloco_gym.envs.reward import reward_per_request
-from diloco_gym.sim import compiled
+from diloco_gym.sim import bound_call, compiled
 from diloco_gym.sim import learners as lrn
 from diloco_gym.sim.sidecar import (
     ReplayResult,
@@ -240,22 +240,29 @@ class SiteCosts:
         )  # fmt: skip
         # per bin, the sites' no-merge minimum (a contiguous row for each start)
         self.prefmin = np.ascontiguousarray(padded(c.prefmin, size).T)
-        self.rows = np.arange(len(episodes), dtype=np.int64)
-        self.consts = (1.0 + sc.sync_slowdown, sc.slo_s, float(sc.slots))
-        self._starts = np.empty(len(episodes), dtype=np.int64)
-        self._out = np.empty(len(episodes))
+        k = len(episodes)
+        self._starts = np.empty(k, dtype=np.int64)
+        self._min0 = np.empty(k)
+        self._out = np.empty(k)
+        q = self.queue
+        # one call on arguments bound once: a sync writes its start and minima in place
+        self._call = bound_call(
+            compiled().isolated_costs,
+            (
+                q.s, q.d, q.ptr, q.rbin, q.base, q.m0, int(q.m0_bins), NO_THRESHOLDS,
+                NO_THRESHOLDS, np.arange(k, dtype=np.int64), self._starts, self._min0,
+                self.merge_bins, self.horizon, 1.0 + sc.sync_slowdown, float(sc.slo_s),
+                float(sc.slots), self._out,
+            ),
+        )  # fmt: skip
 
     def fill(self, d: int) -> None:
         """Cost a sync at decision ``d`` at every site of the group, into each site
         episode's cost memo (:attr:`Episode.cost_memo`, where ``merge_cost_at`` finds it)."""
-        q = self.queue
         a = d * self.decision_bins
-        self._starts[:] = a
-        compiled().isolated_costs(
-            q.s, q.d, q.ptr, q.rbin, q.base, q.m0, int(q.m0_bins), NO_THRESHOLDS,
-            NO_THRESHOLDS, self.rows, self._starts, self.prefmin[a], self.merge_bins,
-            self.horizon, *self.consts, self._out,
-        )  # fmt: skip
+        self._starts.fill(a)
+        self._min0[:] = self.prefmin[a]
+        self._call()
         for e, c in zip(self.episodes, self._out.tolist(), strict=True):
             e.cost_memo[0, d] = c
 
