@@ -499,9 +499,8 @@ class DiLoCoFleetEnv(DiLoCoSyncEnv):
         lp = self.learner_params
         target = fl.fragment_work_seconds(compute_gap, own, lp.drift_s, lp.merge_overhead_s)
         kernel_work = fl.fragment_work_seconds(gap, gap, lp.drift_s, lp.merge_overhead_s)
-        assert self.episode is not None
-        thr_sum = float(np.sum(self.episode.throughputs, axis=-1))
-        self._batch.thr_sum[0] = thr_sum * (target / kernel_work)
+        assert isinstance(self.episode, FleetEpisode)
+        self._batch.thr_sum[0] = self.episode.throughput_sum * (target / kernel_work)
 
     def action_masks(self) -> np.ndarray:
         """``[defer, launch]``; with ``bits_options`` followed by one ``True`` per

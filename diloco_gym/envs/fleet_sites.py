@@ -329,6 +329,11 @@ class FleetEpisode:
         self._memo: dict[tuple[int, int], float] = {}
 
     @cached_property
+    def throughput_sum(self) -> float:
+        """The learners' summed throughput (model v1's learner credit scales it)."""
+        return float(np.sum(self.throughputs, axis=-1))
+
+    @cached_property
     def site_costs(self) -> np.ndarray:
         """``(N_sites, n_decisions)`` isolated cost (requests) per site and decision."""
         sites = self.option_sites[self.setup.default_option]

@@ -146,6 +146,39 @@ class DiLoCoFleetVectorEnv(SyncVectorEnv):
             )
         return super().step(a)
 
+    def _add_info(
+        self, vector_infos: dict[str, Any], env_info: dict[str, Any], env_num: int
+    ) -> dict[str, Any]:
+        """Gymnasium's ``VectorEnv._add_info`` (the same arrays, dtypes and ``_key`` masks),
+        without its per-key allocations: a key's array and mask are made once per step (its
+        first env), then written in place. ``final_obs`` goes to Gymnasium's."""
+        n = self.num_envs
+        for key, value in env_info.items():
+            if key == "final_obs":
+                super()._add_info(vector_infos, {key: value}, env_num)
+                continue
+            if isinstance(value, dict):  # its own infos, under its key, and its mask
+                sub = vector_infos.get(key)
+                if sub is None:
+                    sub = vector_infos[key] = {}
+                    vector_infos["_" + key] = np.zeros(n, dtype=np.bool_)
+                self._add_info(sub, value, env_num)
+                vector_infos["_" + key][env_num] = True
+                continue
+            array = vector_infos.get(key)
+            if array is None:
+                if type(value) in (int, float, bool) or issubclass(type(value), np.number):
+                    array = np.zeros(n, dtype=type(value))
+                elif isinstance(value, np.ndarray):
+                    array = np.zeros((n, *value.shape), dtype=value.dtype)
+                else:
+                    array = np.full(n, fill_value=None, dtype=object)
+                vector_infos[key] = array
+                vector_infos["_" + key] = np.zeros(n, dtype=np.bool_)
+            array[env_num] = value
+            vector_infos["_" + key][env_num] = True
+        return vector_infos
+
     def action_masks(self) -> np.ndarray:
         """Each env's ``action_masks()``, ``(num_envs, width)`` bool."""
         return np.stack([env.action_masks() for env in self.fleet_envs])

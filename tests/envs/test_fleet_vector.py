@@ -173,3 +173,35 @@ def test_bad_seeds_are_refused(seed, match):
     v = make_vec(2)
     with pytest.raises(ValueError, match=match):
         v.reset(seed=seed)
+
+
+def _same_info(a, b, where="info"):
+    assert a.keys() == b.keys(), where
+    for k in a:
+        x, y = a[k], b[k]
+        if isinstance(x, dict):
+            _same_info(x, y, f"{where}[{k}]")
+        else:
+            assert x.dtype == y.dtype and x.shape == y.shape, f"{where}[{k}]"
+            if x.dtype == object:
+                assert [repr(v) for v in x] == [repr(v) for v in y], f"{where}[{k}]"
+            else:
+                np.testing.assert_array_equal(x, y, err_msg=f"{where}[{k}]")
+
+
+@pytest.mark.parametrize("mode", [AutoresetMode.NEXT_STEP, AutoresetMode.SAME_STEP])
+def test_infos_are_gymnasiums_sync_vector_env_infos(mode):
+    k = 2
+    v = make_vec(k, autoreset_mode=mode)
+    stock = gym.vector.SyncVectorEnv(
+        [lambda: DiLoCoFleetEnv(model_version=1) for _ in range(k)], autoreset_mode=mode
+    )
+    _same_info(v.reset(seed=9)[1], stock.reset(seed=9)[1])
+    ends = 0
+    for a in np.random.default_rng(2).integers(0, 2, (130, k)):
+        got, want = v.step(a), stock.step(a)
+        np.testing.assert_array_equal(got[0], want[0])
+        np.testing.assert_array_equal(got[1], want[1])
+        _same_info(got[4], want[4])
+        ends += int(got[3].sum())
+    assert ends >= k  # the episode ends' infos (summaries, final observations) compared
