@@ -486,12 +486,14 @@ class DiLoCoFleetEnv(DiLoCoSyncEnv):
         count as syncs at ``bits``, stalls included."""
         s = self.setup
         f = self.fleet.fragments
-        merges = self._merges  # the syncs so far, without this one
-        stalls = [s.option_plans[k].stall_s for k in self._sync_options[:-1]]
-        if f == 1 and s.plan.stall_s == 0.0 and not any(stalls):
+        before = self._sync_options[:-1]  # the syncs so far, without this one
+        if f == 1 and s.plan.stall_s == 0.0 and not any(s.option_plans[k].stall_s for k in before):
             return  # v0's credit exactly (one site, or streamed syncs the overlap covers)
+        # the last f syncs (the history's last f entries are all that is read)
+        n = self._state.n_merges.item(0)
+        merges = self._fused.sched_d[0, max(0, n - f) : n].tolist()
         hist = [-(f - 1 - k) * self.params.h_max for k in range(f)] + merges
-        hist_stall = [s.plan.stall_s] * f + stalls
+        hist_stall = [s.plan.stall_s] * f + [s.option_plans[k].stall_s for k in before[-f:]]
         dec = self.params.decision_seconds
         gap = (d - hist[-1]) * dec
         compute_gap = gap - hist_stall[-1]

@@ -256,15 +256,18 @@ class SiteCosts:
             ),
         )  # fmt: skip
 
-    def fill(self, d: int) -> None:
+    def fill(self, d: int) -> list[float]:
         """Cost a sync at decision ``d`` at every site of the group, into each site
-        episode's cost memo (:attr:`Episode.cost_memo`, where ``merge_cost_at`` finds it)."""
+        episode's cost memo (:attr:`Episode.cost_memo`, where ``merge_cost_at`` finds it);
+        the costs, in the group's order."""
         a = d * self.decision_bins
         self._starts.fill(a)
         self._min0[:] = self.prefmin[a]
         self._call()
-        for e, c in zip(self.episodes, self._out.tolist(), strict=True):
+        out = self._out.tolist()
+        for e, c in zip(self.episodes, out, strict=True):
             e.cost_memo[0, d] = c
+        return out
 
 
 class GroupedCosts:
@@ -280,13 +283,18 @@ class GroupedCosts:
     ) -> None:
         many = [g for g in groups if len(g) > 1]
         self.groups = [SiteCosts([sites[i] for i in g], cores.get(tuple(g))) for g in many]
+        #: one group of every site, in order (the default fleet's four bursty sites)
+        self.whole = len(many) == 1 and len(many[0]) == len(sites)
 
-    def fill(self, d: int) -> None:
-        """Each group's costs of a sync at decision ``d``, where not yet in the memos."""
+    def fill(self, d: int) -> list[float] | None:
+        """Each group's costs of a sync at decision ``d``, where not yet in the memos; with
+        one group of every site, the sites' costs (``None`` when already costed)."""
+        out = None
         for group in self.groups:
             memo = group.episodes[0].cost_memo
             if memo[0, d] != memo[0, d]:  # NaN: not costed yet
-                group.fill(d)
+                out = group.fill(d)
+        return out if self.whole else None
 
 
 class FleetEpisode:
@@ -377,7 +385,9 @@ class FleetEpisode:
         """Each site's isolated cost (requests) of a sync at decision ``d`` at precision
         option ``option`` (memoised in the site episodes)."""
         if option == self.setup.default_option:
-            self._grouped.fill(d)
+            costs = self._grouped.fill(d)
+            if costs is not None:  # each is merge_cost_at(d) (equal to merge_cost[d])
+                return costs
         return [e.merge_cost_at(d) for e in self.option_sites[option]]
 
     def merge_cost_at(self, d: int, option: int | None = None) -> float:

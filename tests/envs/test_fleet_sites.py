@@ -94,3 +94,20 @@ def test_a_fleet_of_mixed_regimes_builds_as_before():
             rate_rps=s.rates[i],
         )  # fmt: skip
         _same(e, alone)
+
+
+def test_a_fleet_episodes_site_costs_are_each_sites_full_table():
+    env = DiLoCoFleetEnv()
+    for full_first in (False, True):
+        ep = env.build_episode(5)
+        alone = DiLoCoFleetEnv().build_episode(5)
+        if full_first:  # the oracle's table before any sync: the memos start from it
+            assert np.array_equal(ep.merge_cost, alone.merge_cost)
+        assert ep._grouped.whole
+        for d in (2, 30, 2, ep.n_decisions - 1):  # a decision asked twice too
+            want = [float(e.merge_cost[d]) for e in alone.sites]
+            assert ep.site_costs_at(d, 0) == want
+            total = 0.0
+            for c in want:
+                total += c
+            assert ep.merge_cost_at(d) == total
