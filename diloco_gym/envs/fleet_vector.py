@@ -85,9 +85,11 @@ class DiLoCoFleetVectorEnv(SyncVectorEnv):
 
     ``num_envs``, ``autoreset_mode``; every other keyword goes to
     :class:`~diloco_gym.envs.fleet.DiLoCoFleetEnv` (``fleet``, ``params``, ``learners``,
-    ``FleetParams`` and ``EnvParams`` fields). A fleet with ``timing = "rounds"`` is
-    refused (``ValueError``): step ``DiLoCoFleet-v1`` envs of such a fleet with
-    ``gym.make_vec(..., vectorization_mode="sync")``.
+    ``FleetParams`` and ``EnvParams`` fields). ``gym.make_vec("DiLoCoFleet-v1", ...)``
+    passes the id's ``model_version=1``, as ``gym.make`` does; made directly, the class
+    takes ``DiLoCoFleetEnv``'s defaults (model v0 unless the fleet selects v1). A fleet
+    with ``timing = "rounds"`` is refused (``ValueError``): step ``DiLoCoFleet-v1`` envs of
+    such a fleet with ``gym.make_vec(..., vectorization_mode="sync")``.
     """
 
     def __init__(
