@@ -205,3 +205,11 @@ def test_infos_are_gymnasiums_sync_vector_env_infos(mode):
         _same_info(got[4], want[4])
         ends += int(got[3].sum())
     assert ends >= k  # the episode ends' infos (summaries, final observations) compared
+
+
+def test_the_refusals_advice_works_for_a_rounds_fleet():
+    kw = {"timing": "rounds", "grace_s": 4.5, "h_min_steps": 256}
+    v = gym.make_vec("DiLoCoFleet-v1", num_envs=2, vectorization_mode="sync", **kw)
+    obs, _ = v.reset(seed=0)
+    _, reward, _, _, _ = v.step(np.ones((2, 4), dtype=np.int8))
+    assert obs.shape[0] == 2 and reward.shape == (2,)
