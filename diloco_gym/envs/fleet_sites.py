@@ -42,6 +42,7 @@ from diloco_gym.sim.traces import Trace
 
 __all__ = [
     "FleetEpisode",
+    "Joined",
     "GroupedCosts",
     "SiteCosts",
     "build_sites",
@@ -76,7 +77,7 @@ def site_groups(generators: list[Any], sidecars: list[SidecarParams]) -> list[li
 
 def build_sites(
     setup: Any, episode_seed: int, learner_params: lrn.LearnerParams
-) -> tuple[list[Episode], dict[tuple[int, ...], EpisodeCore]]:
+) -> tuple[list[Episode], dict[tuple[int, ...], Joined]]:
     """The site episodes of a fleet episode (``setup``: its
     :class:`~diloco_gym.envs.fleet.FleetSetup`; site ``i``'s seed
     ``site_seed(episode_seed, i)``): each group of
@@ -86,13 +87,17 @@ def build_sites(
     s = setup
     seeds = [site_seed(episode_seed, i) for i in range(len(s.sidecars))]
     sites: list[Any] = [None] * len(seeds)
-    cores: dict[tuple[int, ...], EpisodeCore] = {}
+    cores: dict[tuple[int, ...], Joined] = {}
     for group in s.groups:
         if len(group) > 1:
-            built, cores[tuple(group)] = site_episodes(
+            built, c = site_episodes(
                 s.generators[group[0]], [seeds[i] for i in group], s.params,
                 [s.sidecars[i] for i in group], learner_params, [s.rates[i] for i in group],
             )  # fmt: skip
+            # what SiteCosts reads (the episodes' own arrays, joined; none held twice)
+            assert c.counts is not None  # episode_core_batch of counted requests
+            cores[tuple(group)] = Joined(c.base_s, c.req_bin, c.violated, c.m0, c.s, c.prefmin,
+                                         c.counts)  # fmt: skip
         else:
             i = group[0]
             built = [
@@ -174,7 +179,7 @@ def site_episodes(
     return out, c
 
 
-class _Joined(NamedTuple):
+class Joined(NamedTuple):
     """What :class:`SiteCosts` reads of its episodes, joined (the fields of a batch
     build's :class:`~diloco_gym.envs.episode.EpisodeCore` it reads)."""
 
@@ -187,14 +192,14 @@ class _Joined(NamedTuple):
     counts: np.ndarray
 
 
-def _joined(episodes: list[Episode]) -> _Joined:
+def _joined(episodes: list[Episode]) -> Joined:
     """``episodes``' arrays joined, as their batch build would hold them."""
     e0 = episodes[0]
     p, sc = e0.params, e0.sidecar
     queues = [e.queue or no_merge_queue(e.base_s, e.req_bin, e.pressure_bin, sc,
                                         p.step_seconds) for e in episodes]  # fmt: skip
     m0, s, prefmin = (np.stack([q[k] for q in queues]) for k in range(3))
-    return _Joined(
+    return Joined(
         np.concatenate([e.base_s for e in episodes]),
         np.concatenate([e.req_bin for e in episodes]),
         np.concatenate([e.baseline.violated for e in episodes]),
@@ -223,7 +228,7 @@ class SiteCosts:
     :meth:`~diloco_gym.sim.sidecar.IsolatedMergeCost.cost_at` costs its episode: the same
     values, bit for bit)."""
 
-    def __init__(self, episodes: list[Episode], core: EpisodeCore | None = None) -> None:
+    def __init__(self, episodes: list[Episode], core: Joined | None = None) -> None:
         """``core``: the batch build of exactly these episodes, in order (its arrays are
         theirs, joined: :func:`build_sites`), so that they are not joined again."""
         e0 = episodes[0]
@@ -233,7 +238,7 @@ class SiteCosts:
         self.merge_bins = int(p.merge_steps)
         self.horizon = cost_horizon(sc, p.step_seconds, self.merge_bins)
         size = e0.pressure_bin.size + 1 + self.horizon
-        c: EpisodeCore | _Joined = _joined(episodes) if core is None else core
+        c = _joined(episodes) if core is None else core
         self.queue = cost_queue(
             c.base_s, c.req_bin, c.violated, c.m0, c.s, sc, p.step_seconds, size,
             counts=c.counts,
@@ -279,7 +284,7 @@ class GroupedCosts:
         self,
         sites: list[Episode],
         groups: list[list[int]],
-        cores: dict[tuple[int, ...], EpisodeCore],
+        cores: dict[tuple[int, ...], Joined],
     ) -> None:
         many = [g for g in groups if len(g) > 1]
         self.groups = [SiteCosts([sites[i] for i in g], cores.get(tuple(g))) for g in many]
