@@ -190,6 +190,57 @@ def bench_single_default(steps: int, rounds: int, env_id: str = "DiLoCoSync-v2")
     }
 
 
+def bench_fleet_vector(num_envs: int, steps: int, rounds: int) -> dict:
+    """The default fleet's vector env (``gym.make_vec("DiLoCoFleet-v1", num_envs,
+    vectorization_mode="vector_entry_point")``: ``num_envs`` fleet envs in one Gymnasium
+    ``SyncVectorEnv``, NEXT_STEP autoreset) against CartPole's native vector env of as many
+    envs, random actions, resets included, in paired rounds of ``steps`` vector steps;
+    rates in env steps (decisions) per second. ``None`` for a tree without it (an A/B's
+    older side)."""
+    kw = {"num_envs": num_envs, "vectorization_mode": "vector_entry_point"}
+    try:
+        fleet = gym.make_vec("DiLoCoFleet-v1", **kw)
+    except gym.error.Error:
+        return {"skipped": "this tree has no fleet vector env"}
+    envs = {"fleet": fleet, "cartpole": gym.make_vec("CartPole-v1", **kw)}
+    table = np.random.default_rng(1).integers(0, 2, (256, num_envs))
+    for env in envs.values():
+        env.reset(seed=0)
+        for t in range(steps):  # warm-up (spreads the episode ends)
+            env.step(table[t % 256])
+
+    def run(k: str) -> tuple[float, int]:
+        env, episodes = envs[k], 0
+        t0 = time.perf_counter()
+        for t in range(steps):
+            _, _, terminated, truncated, _ = env.step(table[t % 256])
+            episodes += int(np.count_nonzero(terminated | truncated))
+        return time.perf_counter() - t0, episodes
+
+    rates: dict[str, list[float]] = {"fleet": [], "cartpole": []}
+    eps: list[float] = []
+    for _ in range(rounds):
+        for k in envs:
+            dt, e = run(k)
+            rates[k].append(steps * num_envs / dt)
+            if k == "fleet":
+                eps.append(e / dt)
+    for env in envs.values():
+        env.close()
+    ratios = np.array(rates["fleet"]) / np.array(rates["cartpole"])
+    return {
+        "num_envs": num_envs,
+        "diloco_steps_per_s": float(np.median(rates["fleet"])),
+        "diloco_episodes_per_s": float(np.median(eps)),
+        "cartpole_steps_per_s": float(np.median(rates["cartpole"])),
+        "ratio": float(np.median(ratios)),
+        "ratio_min": float(ratios.min()),
+        "ratio_max": float(ratios.max()),
+        "rounds": rounds,
+        "steps": steps,
+    }
+
+
 def bench_vector_default(num_envs: int, steps: int, rounds: int, **env_kwargs) -> dict:
     """The default configuration's native vector env (``gym.make_vec("DiLoCoSync-v2",
     num_envs, vectorization_mode="vector_entry_point")``: ``skip_forced=True``, fresh
@@ -964,6 +1015,19 @@ def print_table(r: dict) -> None:
             )
             for key, fid in FLEET_ROWS
         ),
+        *(
+            (
+                (
+                    f'DEFAULT fleet vector env: gym.make_vec("DiLoCoFleet-v1", {fv["num_envs"]})',
+                    f"{fv['diloco_steps_per_s']:,.0f} decisions/s",
+                    f"ratio {fv['ratio']:.4f} to CartPole's vector env of as many envs; median "
+                    f"of {fv['rounds']} paired rounds",
+                    "(no target)",
+                ),
+            )
+            if "skipped" not in (fv := r["fleet_vector"])
+            else ()
+        ),
         (
             "DEFAULT single env: one episode, split",
             f"{pd['episode_ms']:.2f} ms",
@@ -1116,6 +1180,16 @@ def print_default(r: dict) -> None:
             f"{d['cartpole_steps_per_s']:,.0f} steps/s; ratio {d['ratio']:.3f} "
             f"(rounds {d['ratio_min']:.3f}-{d['ratio_max']:.3f})"
         )
+    d = r["fleet_vector"]
+    if "skipped" in d:
+        print(f"DEFAULT fleet vector env: skipped ({d['skipped']})")
+    else:
+        print(
+            f"DEFAULT fleet vector env (DiLoCoFleet-v1, 4 sites) x{d['num_envs']}: "
+            f"{d['diloco_steps_per_s']:,.0f} decisions/s, {d['diloco_episodes_per_s']:,.1f} "
+            f"episodes/s; CartPole vector x{d['num_envs']} {d['cartpole_steps_per_s']:,.0f} "
+            f"steps/s; ratio {d['ratio']:.3f} (rounds {d['ratio_min']:.3f}-{d['ratio_max']:.3f})"
+        )
     d = r["vector_parallel"]
     print(
         f"NON-DEFAULT vector env x{d['num_envs']}, parallel=True ({numba_threads()} numba "
@@ -1227,6 +1301,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     for key, fid in FLEET_ROWS:
         results[key] = bench_single_default(500 if q else 3_000, 3 if q else 5, env_id=fid)
+    results["fleet_vector"] = bench_fleet_vector(8, 50 if q else 400, 3 if q else 5)
     results["profile_default"] = bench_profile_default(
         2_000 if q else 20_000, num_envs, 80 if q else 100
     )

@@ -606,8 +606,13 @@ class DiLoCoSyncEnv(gym.Env[Observation, Action]):
             info["reward_terms"]["shaping"] = shaping
         if truncated:
             info["episode_summary"] = self.episode_summary()
-        obs = self._obs_out[0].copy() if self._base_obs else self._obs()
+        obs = self._obs_out[0].copy() if self._base_obs else self._step_obs()
         return obs, reward, False, truncated, info
+
+    def _step_obs(self) -> np.ndarray:
+        """A subclass's observation after a step (the compiled step has just written the
+        kernel's into ``_obs_out``, which a subclass may reuse): :meth:`_obs`."""
+        return self._obs()
 
     def _advance_fused(self, _row: Any) -> tuple[float, float]:
         """A reset's forced decisions, compiled (the terms owed to the first step)."""

@@ -15,7 +15,7 @@ The model, its formulas and defaults: docs/fleet.md.
 from __future__ import annotations
 
 from dataclasses import fields, replace
-from functools import cached_property, lru_cache
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -24,11 +24,18 @@ import numpy as np
 
 from diloco_gym.envs import fleet_cap
 from diloco_gym.envs.env import DiLoCoSyncEnv
-from diloco_gym.envs.episode import Episode, episode_from_seed, episode_length
+from diloco_gym.envs.episode import episode_length
 from diloco_gym.envs.fleet_cap import fleet_obs_features
+from diloco_gym.envs.fleet_sites import (
+    FleetEpisode,
+    build_sites,
+    cost_groups,
+    site_groups,
+    site_seed,
+)
 from diloco_gym.envs.observation import EXO_SLICE, OBS_DIM, OBS_FEATURES
 from diloco_gym.envs.params import EnvParams
-from diloco_gym.envs.reward import nominal_rate_rps, require_additive, reward_per_request
+from diloco_gym.envs.reward import nominal_rate_rps, require_additive
 from diloco_gym.envs.schedule import schedule_summary
 from diloco_gym.envs.shaping import require_unshaped
 from diloco_gym.sim import fleet as fl
@@ -64,15 +71,6 @@ def require_fixed_precision(fleet: fl.FleetParams, what: str) -> None:
             f"matched-random control and oracle launch every sync at one precision. Remove "
             f"bits_options to score the fleet at bits={fleet.bits}"
         )
-
-
-def site_seed(episode_seed: int, site: int) -> int:
-    """The seed of site ``site``'s episode: the episode seed itself for site 0 (so a
-    one-site fleet is the single env), ``SeedSequence((episode_seed, site))`` otherwise
-    (independent streams; no site of one episode repeats a site of another seed)."""
-    if site == 0:
-        return int(episode_seed)
-    return int(np.random.SeedSequence([int(episode_seed), int(site)]).generate_state(1)[0])
 
 
 @lru_cache(maxsize=8)
@@ -147,6 +145,10 @@ class FleetSetup:
         self.norm = [mean_rate / r for r in self.rates]
         self.progress_factor = fl.progress_factor(fleet.bits, fleet.quant_penalty)
         self.site_names = [s.name for s in fleet.sites]
+        #: the sites whose episodes one batch builds, and whose merges one call costs
+        #: (envs/fleet_sites.py)
+        self.groups = site_groups(gens, self.sidecars)
+        self.cost_groups = cost_groups(self.sidecars)
         if len(gens) == 1:
             self.regime_name = str(getattr(gens[0], "name", fleet.sites[0].name))
         else:
@@ -242,91 +244,6 @@ class FleetSetup:
 
 def fleet_setup(fleet: fl.FleetParams, params: EnvParams) -> FleetSetup:
     return FleetSetup(fleet, params)
-
-
-class FleetEpisode:
-    """The agent-independent data of one fleet episode: one
-    :class:`~diloco_gym.envs.episode.Episode` per site (same decisions), and what the env
-    reads from an episode (``n_decisions``, ``exo`` of the first site, the learner
-    ``throughputs`` of the first site's stream, reward scale, costs).
-
-    ``merge_cost_at(d)``: the sum over sites of the isolated cost (requests) of a fragment
-    sync at ``d``, plus ``worst_site_weight`` times the largest site cost normalised to a
-    site of mean nominal rate (0 by default). Additive over syncs, so the exact oracle is
-    the dynamic programme over it.
-    """
-
-    def __init__(self, setup: FleetSetup, sites: list[Episode], seed: int | None) -> None:
-        self.setup = setup
-        self.sites = sites
-        e0 = sites[0]
-        ns = {e.n_decisions for e in sites}
-        if len(ns) != 1:
-            raise ValueError(f"fleet sites have different decision counts {sorted(ns)}")
-        self.n_decisions = e0.n_decisions
-        self.exo = e0.exo
-        self.throughputs = e0.throughputs
-        self.trace = e0.trace
-        self.params = setup.params
-        self.sidecar = e0.sidecar
-        self.seed = seed
-        self.reward_per_request = reward_per_request(setup.rate_total, e0.trace.duration_s)
-        self.n_requests = sum(e.n_requests for e in sites)
-        self.pct_per_request = 100.0 / max(1, self.n_requests)
-        self._lam = setup.fleet.worst_site_weight
-        self._memo: dict[tuple[int, int], float] = {}
-
-    @cached_property
-    def site_costs(self) -> np.ndarray:
-        """``(N_sites, n_decisions)`` isolated cost (requests) per site and decision."""
-        sites = self.option_sites[self.setup.default_option]
-        return np.stack([np.asarray(e.merge_cost, dtype=np.float64) for e in sites])
-
-    @cached_property
-    def merge_cost(self) -> np.ndarray:
-        """``(n_decisions,)`` cost of a fragment sync at each decision (see the class)."""
-        if len(self.sites) == 1 and not self._lam:
-            return self.option_sites[self.setup.default_option][0].merge_cost
-        c = self.site_costs
-        total = np.zeros(self.n_decisions)
-        for row in c:
-            total += row
-        if self._lam:
-            norm = np.asarray(self.setup.norm)[:, None]
-            total = total + self._lam * np.max(c * norm, axis=0)
-        total.setflags(write=False)
-        return total
-
-    @cached_property
-    def option_sites(self) -> list[list[Episode]]:
-        """Per precision option (:attr:`FleetSetup.option_bits`), every site's episode
-        with that option's sync window and slowdown (the same requests and decisions; the
-        episode's own sites without the precision action)."""
-        s = self.setup
-        if s.fleet.bits_options is None:
-            return [self.sites]
-        return [
-            [replace(e, params=kp, sidecar=sc) for e, sc in zip(self.sites, scs, strict=True)]
-            for kp, scs in zip(s.option_params, s.option_sidecars, strict=True)
-        ]
-
-    def merge_cost_at(self, d: int, option: int | None = None) -> float:
-        """The cost of a sync at decision ``d`` at precision option ``option`` (``None``:
-        ``bits``, the only option without the precision action)."""
-        k = self.setup.default_option if option is None else int(option)
-        sites = self.option_sites[k]
-        if len(sites) == 1 and not self._lam:
-            return sites[0].merge_cost_at(d)
-        key = (k, d)
-        if key not in self._memo:
-            cs = [e.merge_cost_at(d) for e in sites]
-            total = 0.0
-            for c in cs:
-                total += c
-            if self._lam:
-                total += self._lam * max(c * w for c, w in zip(cs, self.setup.norm, strict=True))
-            self._memo[key] = total
-        return self._memo[key]
 
 
 def _check_env_table(env: dict[str, Any], where: str) -> None:
@@ -493,6 +410,14 @@ class DiLoCoFleetEnv(DiLoCoSyncEnv):
         self._site_rows_of: FleetEpisode | None = None
         self._cap = fleet_cap.cap_tracker(setup, self._n_decisions)  # None without a cap
         self._init_precision()
+        self._own_obs = type(self)._obs is not DiLoCoFleetEnv._obs
+        # the step's (can_defer, can_merge) are the masks unless a cap, the precision
+        # action or a subclass's own masks change them
+        self._base_masks = (
+            type(self).action_masks is DiLoCoFleetEnv.action_masks
+            and self._cap is None
+            and fleet.bits_options is None
+        )
 
     def _n_decisions(self) -> int:
         assert self.episode is not None  # the cap asks only within an episode
@@ -550,8 +475,7 @@ class DiLoCoFleetEnv(DiLoCoSyncEnv):
         assert isinstance(self.episode, FleetEpisode)  # called only after reset()
         self._sync_options.append(self._option)
         if self._cap is not None:
-            sites = self.episode.option_sites[self._option]
-            self._cap.record(d, self._option, [e.merge_cost_at(d) for e in sites])
+            self._cap.record(d, self._option, self.episode.site_costs_at(d, self._option))
         if self.fleet.model_version >= 1:
             self._set_learner_work(d)
         return self.episode.merge_cost_at(d, self._option)
@@ -569,12 +493,14 @@ class DiLoCoFleetEnv(DiLoCoSyncEnv):
         count as syncs at ``bits``, stalls included."""
         s = self.setup
         f = self.fleet.fragments
-        merges = self._merges  # the syncs so far, without this one
-        stalls = [s.option_plans[k].stall_s for k in self._sync_options[:-1]]
-        if f == 1 and s.plan.stall_s == 0.0 and not any(stalls):
+        before = self._sync_options[:-1]  # the syncs so far, without this one
+        if f == 1 and s.plan.stall_s == 0.0 and not any(s.option_plans[k].stall_s for k in before):
             return  # v0's credit exactly (one site, or streamed syncs the overlap covers)
+        # the last f syncs (the history's last f entries are all that is read)
+        n = self._state.n_merges.item(0)
+        merges = self._fused.sched_d[0, max(0, n - f) : n].tolist()
         hist = [-(f - 1 - k) * self.params.h_max for k in range(f)] + merges
-        hist_stall = [s.plan.stall_s] * f + stalls
+        hist_stall = [s.plan.stall_s] * f + [s.option_plans[k].stall_s for k in before[-f:]]
         dec = self.params.decision_seconds
         gap = (d - hist[-1]) * dec
         compute_gap = gap - hist_stall[-1]
@@ -582,9 +508,8 @@ class DiLoCoFleetEnv(DiLoCoSyncEnv):
         lp = self.learner_params
         target = fl.fragment_work_seconds(compute_gap, own, lp.drift_s, lp.merge_overhead_s)
         kernel_work = fl.fragment_work_seconds(gap, gap, lp.drift_s, lp.merge_overhead_s)
-        assert self.episode is not None
-        thr_sum = float(np.sum(self.episode.throughputs, axis=-1))
-        self._batch.thr_sum[0] = thr_sum * (target / kernel_work)
+        assert isinstance(self.episode, FleetEpisode)
+        self._batch.thr_sum[0] = self.episode.throughput_sum * (target / kernel_work)
 
     def action_masks(self) -> np.ndarray:
         """``[defer, launch]``; with ``bits_options`` followed by one ``True`` per
@@ -609,20 +534,10 @@ class DiLoCoFleetEnv(DiLoCoSyncEnv):
         return info
 
     def _episode_of_seed(self, episode_seed: int) -> FleetEpisode:
-        s = self.setup
-        sites = []
-        for i, sc in enumerate(s.sidecars):
-            sites.append(
-                episode_from_seed(
-                    s.generator_for(i, episode_seed),
-                    site_seed(episode_seed, i),
-                    s.params,
-                    sc,
-                    self.learner_params,
-                    rate_rps=s.rates[i],
-                )
-            )
-        return FleetEpisode(s, sites, int(episode_seed))
+        """The sites' episodes (:func:`site_seed` each; a group of sites of one synthetic
+        regime in one batch, :func:`~diloco_gym.envs.fleet_sites.build_sites`)."""
+        sites, cores = build_sites(self.setup, episode_seed, self.learner_params)
+        return FleetEpisode(self.setup, sites, int(episode_seed), cores)
 
     def _check_episode(self, episode: Any, seed: int | None) -> Any:
         if not isinstance(episode, FleetEpisode) or episode.setup is not self.setup:
@@ -670,9 +585,19 @@ class DiLoCoFleetEnv(DiLoCoSyncEnv):
     def _obs(self) -> np.ndarray:
         """The single env's observation (the kernel's, with the first site's pressure
         block), then the further sites' blocks and the fragments' staleness."""
-        base = super()._obs()
+        return self._fleet_obs(super()._obs())
+
+    def _step_obs(self) -> np.ndarray:
+        # after a step the compiled step's observation is the kernel's (a subclass with an
+        # _obs of its own, such as the rounds env's, observes as it does)
+        if self._own_obs:
+            return self._obs()
+        return self._fleet_obs(self._obs_out[0])
+
+    def _fleet_obs(self, base: np.ndarray) -> np.ndarray:
+        """A new observation array: ``base`` (the kernel's), then the fleet's features."""
         if len(self.obs_features) == base.shape[0]:
-            return base
+            return base.copy()
         if self._site_rows_of is not self.episode:
             self._new_episode_tables()
         obs = np.empty(len(self.obs_features), dtype=np.float32)
@@ -705,6 +630,7 @@ class DiLoCoFleetEnv(DiLoCoSyncEnv):
                 self.params,
                 sc,
                 None if self.fleet.bits_options is None else [ep.option_sites[k][i] for k in opts],
+                percentiles=len(ep.sites) == 1,  # a fleet's summary reads none of a site's
             )
             for i, (e, sc) in enumerate(zip(ep.sites, s.sidecars, strict=True))
         ]

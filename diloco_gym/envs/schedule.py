@@ -16,6 +16,8 @@ from diloco_gym.sim.sidecar import SUMMARY_Q, ReplayResult, SidecarParams, pct_o
 
 __all__ = ["sync_mask", "replay_schedule", "schedule_summary"]
 
+_NO_Q = np.empty(0)  # no percentiles (schedule_summary's percentiles=False)
+
 
 def sync_mask(merges, n_bins: int, params: EnvParams, widths=None, levels=None) -> np.ndarray:
     """Per-bin 0/1 mask of the merge windows of a schedule (decision indices).
@@ -100,12 +102,18 @@ def schedule_summary(
     sidecar: SidecarParams,
     per_sync=None,
     costs=None,
+    percentiles: bool = True,
 ) -> dict:
     """Replay summary of a realised schedule, with its exact and additive sync-excess
     (``per_sync``: as :func:`replay_schedule`; each merge's additive cost is then its own
     episode's). ``costs``: the merges' isolated costs when the caller has them (an env's
-    record of its schedule), else asked from the episode."""
-    out = _fused_summary(episode, merges, params, sidecar) if per_sync is None else None
+    record of its schedule), else asked from the episode. ``percentiles=False``: a caller
+    that reads no latency percentile (the fleet's per-site summaries) may get none
+    (``p50_ms`` .. ``p99_ms`` absent; the other values the same)."""
+    if per_sync is None:
+        out = _fused_summary(episode, merges, params, sidecar, percentiles)
+    else:
+        out = None
     if out is None:
         out = replay_schedule(episode, merges, params, sidecar, per_sync).summary()
     base_violated = episode.baseline_violated  # its violations only (as its summary counts)
@@ -123,7 +131,9 @@ def schedule_summary(
     return out
 
 
-def _fused_summary(episode: Episode, merges, params: EnvParams, sidecar: SidecarParams):
+def _fused_summary(
+    episode: Episode, merges, params: EnvParams, sidecar: SidecarParams, percentiles: bool = True
+):
     """``replay_schedule(...).summary()`` of one schedule in one compiled call
     (:func:`diloco_gym.sim.jit_stats.replay_summary_one`, bit-identical), or ``None`` for
     a schedule it does not take (not a flat list of merge decisions inside the episode's
@@ -135,7 +145,8 @@ def _fused_summary(episode: Episode, merges, params: EnvParams, sidecar: Sidecar
     starts = starts * params.decision_interval
     if starts.size and (starts.min() < 0 or starts.max() > n_bins):
         return None
-    out = np.empty(2 + len(SUMMARY_Q))
+    q = quantile_fractions(SUMMARY_Q) if percentiles else _NO_Q
+    out = np.empty(2 + q.size)
     req_bin = episode.req_bin
     if req_bin.size and req_bin.max() >= n_bins:
         return None  # the array form names the bin it cannot replay
@@ -150,18 +161,13 @@ def _fused_summary(episode: Episode, merges, params: EnvParams, sidecar: Sidecar
         float(sidecar.slots * params.step_seconds),
         float(sidecar.slots),
         float(sidecar.slo_s),
-        quantile_fractions(SUMMARY_Q),
+        q,
         out,
     )
     n = int(req_bin.size)
     violated, active = int(out[0]), int(out[1])
-    p50, p95, p99 = out[2:].tolist()
-    return {
-        "requests": n,
-        "violated": violated,
-        "violation_pct": pct_of(violated, n),
-        "p50_ms": p50,
-        "p95_ms": p95,
-        "p99_ms": p99,
-        "sync_active_frac": active / n if n else 0.0,
-    }
+    res: dict = {"requests": n, "violated": violated, "violation_pct": pct_of(violated, n)}
+    if percentiles:
+        res["p50_ms"], res["p95_ms"], res["p99_ms"] = out[2:].tolist()
+    res["sync_active_frac"] = active / n if n else 0.0
+    return res

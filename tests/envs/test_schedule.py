@@ -167,3 +167,16 @@ def test_the_one_call_summary_leaves_what_it_does_not_take_to_the_array_replay()
         assert _fused_summary(ep, merges, env.params, env.sidecar) is None
     with pytest.raises(IndexError):
         schedule_summary(ep, [10_000], env.params, env.sidecar)
+
+
+@pytest.mark.parametrize("merges", [[], [3, 20, 40], [5, 6]])
+def test_a_summary_without_percentiles_is_the_summary_less_them(merges):
+    """``percentiles=False`` (the fleet's per-site summaries): the same values, bit for bit,
+    without ``p50_ms``, ``p95_ms`` and ``p99_ms``."""
+    env = DiLoCoSyncEnv("bursty")
+    env.reset(seed=4)
+    full = schedule_summary(env.episode, merges, env.params, env.sidecar)
+    less = schedule_summary(env.episode, merges, env.params, env.sidecar, percentiles=False)
+    assert {"p50_ms", "p95_ms", "p99_ms"} <= full.keys()
+    assert less == {k: v for k, v in full.items() if k not in ("p50_ms", "p95_ms", "p99_ms")}
+    assert list(less) == [k for k in full if k in less]  # the same order

@@ -1,0 +1,414 @@
+"""A fleet episode and its site episodes, built and costed together.
+
+:class:`FleetEpisode` is the agent-independent data of one fleet episode: one
+:class:`~diloco_gym.envs.episode.Episode` per site. :func:`build_sites` builds the sites'
+episodes: :func:`site_groups` groups the sites whose episodes one batch can build (sites of
+the same synthetic regime, :func:`~diloco_gym.envs.kernel.is_synthetic`, whose sidecars
+agree in everything the episode build reads: all but ``sync_slowdown``, which only the
+merge costs read), and :func:`site_episodes` builds such a group's episodes in one trace
+generation (:meth:`~diloco_gym.sim.regimes.SyntheticRegime.from_raw`) and one episode
+build (:func:`~diloco_gym.envs.episode.episode_core_batch`). :class:`SiteCosts` costs a
+sync at every site of a group of equal sidecars in one compiled call. Every episode and
+cost is bit for bit what :func:`~diloco_gym.envs.episode.episode_from_seed` and
+:meth:`~diloco_gym.envs.episode.Episode.merge_cost_at` give for the site alone: the same
+draws from the same generators in the same order, and batch operations that treat every
+row as a batch of one (tested).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from functools import cached_property
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from diloco_gym.envs.episode import Episode, EpisodeCore, episode_core_batch, episode_from_seed
+from diloco_gym.envs.fused import NO_THRESHOLDS
+from diloco_gym.envs.kernel import is_synthetic
+from diloco_gym.envs.params import EnvParams
+from diloco_gym.envs.reward import reward_per_request
+from diloco_gym.sim import bound_call, compiled
+from diloco_gym.sim import learners as lrn
+from diloco_gym.sim.sidecar import (
+    ReplayResult,
+    SidecarParams,
+    cost_horizon,
+    cost_queue,
+    no_merge_queue,
+    padded,
+)
+from diloco_gym.sim.traces import Trace
+
+__all__ = [
+    "FleetEpisode",
+    "Joined",
+    "GroupedCosts",
+    "SiteCosts",
+    "build_sites",
+    "cost_groups",
+    "site_groups",
+    "site_episodes",
+    "site_seed",
+]
+
+
+def site_seed(episode_seed: int, site: int) -> int:
+    """The seed of site ``site``'s episode: the episode seed itself for site 0 (so a
+    one-site fleet is the single env), ``SeedSequence((episode_seed, site))`` otherwise
+    (independent streams; no site of one episode repeats a site of another seed)."""
+    if site == 0:
+        return int(episode_seed)
+    return int(np.random.SeedSequence([int(episode_seed), int(site)]).generate_state(1)[0])
+
+
+def site_groups(generators: list[Any], sidecars: list[SidecarParams]) -> list[list[int]]:
+    """The fleet's sites (indices, in order) in groups that :func:`site_episodes` builds
+    together; a site that shares with no other is a group of its own (built alone)."""
+    groups: dict[tuple, list[int]] = {}
+    for i, (gen, sc) in enumerate(zip(generators, sidecars, strict=True)):
+        if is_synthetic(gen):
+            key: tuple = (id(gen), replace(sc, sync_slowdown=0.0))
+        else:
+            key = ("alone", i)
+        groups.setdefault(key, []).append(i)
+    return list(groups.values())
+
+
+def build_sites(
+    setup: Any, episode_seed: int, learner_params: lrn.LearnerParams
+) -> tuple[list[Episode], dict[tuple[int, ...], Joined]]:
+    """The site episodes of a fleet episode (``setup``: its
+    :class:`~diloco_gym.envs.fleet.FleetSetup`; site ``i``'s seed
+    ``site_seed(episode_seed, i)``): each group of
+    :attr:`FleetSetup.groups` of several sites by :func:`site_episodes`, a site alone by
+    :func:`~diloco_gym.envs.episode.episode_from_seed` (the same episodes either way); and
+    each group's batch build (for :class:`SiteCosts`), by its sites."""
+    s = setup
+    seeds = [site_seed(episode_seed, i) for i in range(len(s.sidecars))]
+    sites: list[Any] = [None] * len(seeds)
+    cores: dict[tuple[int, ...], Joined] = {}
+    for group in s.groups:
+        if len(group) > 1:
+            built, c = site_episodes(
+                s.generators[group[0]], [seeds[i] for i in group], s.params,
+                [s.sidecars[i] for i in group], learner_params, [s.rates[i] for i in group],
+            )  # fmt: skip
+            # what SiteCosts reads (the episodes' own arrays, joined; none held twice)
+            assert c.counts is not None  # episode_core_batch of counted requests
+            cores[tuple(group)] = Joined(c.base_s, c.req_bin, c.violated, c.m0, c.s, c.prefmin,
+                                         c.counts)  # fmt: skip
+        else:
+            i = group[0]
+            built = [
+                episode_from_seed(
+                    s.generator_for(i, episode_seed),
+                    seeds[i],
+                    s.params,
+                    s.sidecars[i],
+                    learner_params,
+                    rate_rps=s.rates[i],
+                )  # fmt: skip
+            ]
+        for i, e in zip(group, built, strict=True):
+            sites[i] = e
+    return sites, cores
+
+
+def site_episodes(
+    generator: Any,
+    seeds: list[int],
+    params: EnvParams,
+    sidecars: list[SidecarParams],
+    learner_params: lrn.LearnerParams,
+    rates: list[float],
+) -> tuple[list[Episode], EpisodeCore]:
+    """The episodes of ``seeds`` of the synthetic regime ``generator``, one per seed, with
+    ``sidecars[k]`` and reward rate ``rates[k]``: what
+    ``episode_from_seed(generator, seeds[k], params, sidecars[k], learner_params,
+    rate_rps=rates[k])`` returns, bit for bit. The sidecars must agree in all but
+    ``sync_slowdown`` (:func:`site_groups`). Also returns the batch build (the episodes'
+    arrays joined)."""
+    raws, thrs = [], []
+    for seed in seeds:
+        rng = np.random.default_rng(seed)  # as kernel.episode_draws: the trace, then learners
+        raws.append(generator.draw_raw(rng))
+        thrs.append(learner_params.draw_throughputs(rng))
+    arrivals, prompt, output, counts, pressure = generator.from_raw(raws, np.int64)
+    duration = generator.duration_s
+    c = episode_core_batch(
+        arrivals, prompt, output, pressure[:, 0], pressure[:, 1], duration, params,
+        sidecars[0], generator.name, counts=counts,
+    )  # fmt: skip
+    offsets = np.zeros(len(seeds) + 1, dtype=np.int64)
+    np.cumsum(counts, out=offsets[1:])
+    out = []
+    for k, seed in enumerate(seeds):
+        a, b = int(offsets[k]), int(offsets[k + 1])
+        trace = Trace(
+            arrivals[a:b],
+            prompt[a:b],
+            output[a:b],
+            duration,
+            network=pressure[k, 0],
+            checkpoint=pressure[k, 1],
+            name=generator.name,
+            meta={"regime": generator.name},
+        )
+        req_bin = c.req_bin[a:b]
+        baseline = ReplayResult(
+            c.latency[a:b], c.violated[a:b], np.zeros(b - a, dtype=bool), c.pressure_bin[k][req_bin]
+        )
+        out.append(
+            Episode(
+                trace,
+                c.n,
+                c.exo[k],
+                thrs[k],
+                c.base_s[a:b],
+                req_bin,
+                c.pressure_bin[k],
+                baseline,
+                params,
+                sidecars[k],
+                seed,
+                reward_per_request(rates[k], duration),
+                (c.m0[k], c.s[k], c.prefmin[k]),
+            )  # fmt: skip
+        )
+    return out, c
+
+
+class Joined(NamedTuple):
+    """What :class:`SiteCosts` reads of its episodes, joined (the fields of a batch
+    build's :class:`~diloco_gym.envs.episode.EpisodeCore` it reads)."""
+
+    base_s: np.ndarray
+    req_bin: np.ndarray
+    violated: np.ndarray
+    m0: np.ndarray
+    s: np.ndarray
+    prefmin: np.ndarray
+    counts: np.ndarray
+
+
+def _joined(episodes: list[Episode]) -> Joined:
+    """``episodes``' arrays joined, as their batch build would hold them."""
+    e0 = episodes[0]
+    p, sc = e0.params, e0.sidecar
+    queues = [e.queue or no_merge_queue(e.base_s, e.req_bin, e.pressure_bin, sc,
+                                        p.step_seconds) for e in episodes]  # fmt: skip
+    m0, s, prefmin = (np.stack([q[k] for q in queues]) for k in range(3))
+    return Joined(
+        np.concatenate([e.base_s for e in episodes]),
+        np.concatenate([e.req_bin for e in episodes]),
+        np.concatenate([e.baseline.violated for e in episodes]),
+        m0,
+        s,
+        prefmin,
+        np.array([e.base_s.size for e in episodes], dtype=np.int64),
+    )
+
+
+def cost_groups(sidecars: list[SidecarParams]) -> list[list[int]]:
+    """The fleet's sites (indices, in order) in groups of equal sidecars, whose merges
+    :class:`SiteCosts` costs together (one group of one per site without an equal)."""
+    groups: dict[SidecarParams, list[int]] = {}
+    for i, sc in enumerate(sidecars):
+        groups.setdefault(sc, []).append(i)
+    return list(groups.values())
+
+
+class SiteCosts:
+    """The isolated merge costs of a group of a fleet episode's site episodes of equal
+    parameters and sidecar: their cost queues as the rows of one bank
+    (:func:`~diloco_gym.sim.sidecar.cost_queue` of the group, one compiled call), and a
+    sync's cost at every site of the group in one compiled call
+    (:func:`~diloco_gym.sim.jit.isolated_costs`, which costs each row as
+    :meth:`~diloco_gym.sim.sidecar.IsolatedMergeCost.cost_at` costs its episode: the same
+    values, bit for bit)."""
+
+    def __init__(self, episodes: list[Episode], core: Joined | None = None) -> None:
+        """``core``: the batch build of exactly these episodes, in order (its arrays are
+        theirs, joined: :func:`build_sites`), so that they are not joined again."""
+        e0 = episodes[0]
+        p, sc = e0.params, e0.sidecar
+        self.episodes = episodes
+        self.decision_bins = int(p.decision_interval)
+        self.merge_bins = int(p.merge_steps)
+        self.horizon = cost_horizon(sc, p.step_seconds, self.merge_bins)
+        size = e0.pressure_bin.size + 1 + self.horizon
+        c = _joined(episodes) if core is None else core
+        self.queue = cost_queue(
+            c.base_s, c.req_bin, c.violated, c.m0, c.s, sc, p.step_seconds, size,
+            counts=c.counts,
+        )  # fmt: skip
+        # per bin, the sites' no-merge minimum (a contiguous row for each start)
+        self.prefmin = np.ascontiguousarray(padded(c.prefmin, size).T)
+        k = len(episodes)
+        self._starts = np.empty(k, dtype=np.int64)
+        self._min0 = np.empty(k)
+        self._out = np.empty(k)
+        q = self.queue
+        # one call on arguments bound once: a sync writes its start and minima in place
+        self._call = bound_call(
+            compiled().isolated_costs,
+            (
+                q.s, q.d, q.ptr, q.rbin, q.base, q.m0, int(q.m0_bins), NO_THRESHOLDS,
+                NO_THRESHOLDS, np.arange(k, dtype=np.int64), self._starts, self._min0,
+                self.merge_bins, self.horizon, 1.0 + sc.sync_slowdown, float(sc.slo_s),
+                float(sc.slots), self._out,
+            ),
+        )  # fmt: skip
+
+    def fill(self, d: int) -> list[float]:
+        """Cost a sync at decision ``d`` at every site of the group, into each site
+        episode's cost memo (:attr:`Episode.cost_memo`, where ``merge_cost_at`` finds it);
+        the costs, in the group's order."""
+        a = d * self.decision_bins
+        self._starts.fill(a)
+        self._min0[:] = self.prefmin[a]
+        self._call()
+        out = self._out.tolist()
+        for e, c in zip(self.episodes, out, strict=True):
+            e.cost_memo[0, d] = c
+        return out
+
+
+class GroupedCosts:
+    """A fleet episode's site episodes in groups of equal sidecars (:func:`cost_groups`),
+    each group of several sites costed by one :class:`SiteCosts` (``cores``: the batch
+    builds of :func:`build_sites`, by group)."""
+
+    def __init__(
+        self,
+        sites: list[Episode],
+        groups: list[list[int]],
+        cores: dict[tuple[int, ...], Joined],
+    ) -> None:
+        many = [g for g in groups if len(g) > 1]
+        self.groups = [SiteCosts([sites[i] for i in g], cores.get(tuple(g))) for g in many]
+        #: one group of every site, in order (the default fleet's four bursty sites)
+        self.whole = len(many) == 1 and len(many[0]) == len(sites)
+
+    def fill(self, d: int) -> list[float] | None:
+        """Each group's costs of a sync at decision ``d``, where not yet in the memos; with
+        one group of every site, the sites' costs (``None`` when already costed)."""
+        out = None
+        for group in self.groups:
+            memo = group.episodes[0].cost_memo
+            if memo[0, d] != memo[0, d]:  # NaN: not costed yet
+                out = group.fill(d)
+        return out if self.whole else None
+
+
+class FleetEpisode:
+    """The agent-independent data of one fleet episode: one
+    :class:`~diloco_gym.envs.episode.Episode` per site (same decisions), and what the env
+    reads from an episode (``n_decisions``, ``exo`` of the first site, the learner
+    ``throughputs`` of the first site's stream, reward scale, costs).
+
+    ``merge_cost_at(d)``: the sum over sites of the isolated cost (requests) of a fragment
+    sync at ``d``, plus ``worst_site_weight`` times the largest site cost normalised to a
+    site of mean nominal rate (0 by default). Additive over syncs, so the exact oracle is
+    the dynamic programme over it.
+    """
+
+    def __init__(
+        self,
+        setup: Any,  # the fleet's envs.fleet.FleetSetup
+        sites: list[Episode],
+        seed: int | None,
+        cores: dict[tuple[int, ...], Any] | None = None,
+    ) -> None:
+        self.setup = setup
+        self.sites = sites
+        self._cores = cores or {}  # batch builds of groups of sites (envs/fleet_sites.py)
+        e0 = sites[0]
+        ns = {e.n_decisions for e in sites}
+        if len(ns) != 1:
+            raise ValueError(f"fleet sites have different decision counts {sorted(ns)}")
+        self.n_decisions = e0.n_decisions
+        self.exo = e0.exo
+        self.throughputs = e0.throughputs
+        self.trace = e0.trace
+        self.params = setup.params
+        self.sidecar = e0.sidecar
+        self.seed = seed
+        self.reward_per_request = reward_per_request(setup.rate_total, e0.trace.duration_s)
+        self.n_requests = sum(e.n_requests for e in sites)
+        self.pct_per_request = 100.0 / max(1, self.n_requests)
+        self._lam = setup.fleet.worst_site_weight
+        self._memo: dict[tuple[int, int], float] = {}
+
+    @cached_property
+    def throughput_sum(self) -> float:
+        """The learners' summed throughput (model v1's learner credit scales it)."""
+        return float(np.sum(self.throughputs, axis=-1))
+
+    @cached_property
+    def site_costs(self) -> np.ndarray:
+        """``(N_sites, n_decisions)`` isolated cost (requests) per site and decision."""
+        sites = self.option_sites[self.setup.default_option]
+        return np.stack([np.asarray(e.merge_cost, dtype=np.float64) for e in sites])
+
+    @cached_property
+    def merge_cost(self) -> np.ndarray:
+        """``(n_decisions,)`` cost of a fragment sync at each decision (see the class)."""
+        if len(self.sites) == 1 and not self._lam:
+            return self.option_sites[self.setup.default_option][0].merge_cost
+        c = self.site_costs
+        total = np.zeros(self.n_decisions)
+        for row in c:
+            total += row
+        if self._lam:
+            norm = np.asarray(self.setup.norm)[:, None]
+            total = total + self._lam * np.max(c * norm, axis=0)
+        total.setflags(write=False)
+        return total
+
+    @cached_property
+    def option_sites(self) -> list[list[Episode]]:
+        """Per precision option (:attr:`FleetSetup.option_bits`), every site's episode
+        with that option's sync window and slowdown (the same requests and decisions; the
+        episode's own sites without the precision action)."""
+        s = self.setup
+        if s.fleet.bits_options is None:
+            return [self.sites]
+        return [
+            [replace(e, params=kp, sidecar=sc) for e, sc in zip(self.sites, scs, strict=True)]
+            for kp, scs in zip(s.option_params, s.option_sidecars, strict=True)
+        ]
+
+    @cached_property
+    def _grouped(self) -> GroupedCosts:
+        """The default option's sites, in groups costed together (envs/fleet_sites.py)."""
+        sites = self.option_sites[self.setup.default_option]
+        return GroupedCosts(sites, self.setup.cost_groups, self._cores)
+
+    def site_costs_at(self, d: int, option: int) -> list[float]:
+        """Each site's isolated cost (requests) of a sync at decision ``d`` at precision
+        option ``option`` (memoised in the site episodes)."""
+        if option == self.setup.default_option:
+            costs = self._grouped.fill(d)
+            if costs is not None:  # each is merge_cost_at(d) (equal to merge_cost[d])
+                return costs
+        return [e.merge_cost_at(d) for e in self.option_sites[option]]
+
+    def merge_cost_at(self, d: int, option: int | None = None) -> float:
+        """The cost of a sync at decision ``d`` at precision option ``option`` (``None``:
+        ``bits``, the only option without the precision action)."""
+        k = self.setup.default_option if option is None else int(option)
+        sites = self.option_sites[k]
+        if len(sites) == 1 and not self._lam:
+            return sites[0].merge_cost_at(d)
+        key = (k, d)
+        if key not in self._memo:
+            cs = self.site_costs_at(d, k)
+            total = 0.0
+            for c in cs:
+                total += c
+            if self._lam:
+                total += self._lam * max(c * w for c, w in zip(cs, self.setup.norm, strict=True))
+            self._memo[key] = total
+        return self._memo[key]
