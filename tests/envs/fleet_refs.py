@@ -10,8 +10,10 @@ correction) may differ in their last bits between NumPy, numba and libm versions
 file records the versions it was made with, and the test skips (saying why) under others.
 
 ``python tests/envs/fleet_refs.py``, run from the repository root with ``PYTHONPATH`` at a
-checkout of the code before the speed work (commit ``5dcfec7``), rewrites the file. Never
-re-run it on newer code to make a failing test pass.
+checkout of the code before the speed work, rewrites the file. It was recorded at commit
+``5dcfec7`` and re-recorded at ``f679d2b`` (main just before the speed work was merged, whose
+per-site timing env had changed on purpose since: token-weighted drops; every other case
+kept its digest). Never re-run it on newer code to make a failing test pass.
 """
 
 from __future__ import annotations
