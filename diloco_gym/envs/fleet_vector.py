@@ -100,13 +100,14 @@ class DiLoCoFleetVectorEnv(SyncVectorEnv):
     ) -> None:
         n = _num_envs(num_envs)
         mode = _mode(autoreset_mode)
-        first = DiLoCoFleetEnv(**kwargs)
-        if first.fleet.per_site_timing:
+        from diloco_gym.envs.fleet_rounds import fleet_timing
+
+        if fleet_timing(kwargs.get("fleet"), kwargs.get("timing")) == "rounds":
             raise ValueError(
                 "DiLoCoFleetVectorEnv does not support fleets with timing = 'rounds' (per-site "
                 "timing); use gym.make_vec('DiLoCoFleet-v1', ..., vectorization_mode='sync')"
             )
-        envs = [first] + [DiLoCoFleetEnv(**kwargs) for _ in range(n - 1)]
+        envs = [DiLoCoFleetEnv(**kwargs) for _ in range(n)]
         super().__init__([partial(_given, e) for e in envs], copy=True, autoreset_mode=mode)
         self.fleet_envs: list[DiLoCoFleetEnv] = envs  #: the fleet envs, in order
 
