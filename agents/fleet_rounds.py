@@ -88,7 +88,8 @@ class RoundsView(Agent):
             attach(context)
 
     def _quiet(self, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Per site: whether its forecast is at or below its baseline, and their ratio."""
+        """Per site: whether its forecast is at or below its baseline, and by how much it
+        is above it (forecast minus baseline, on the squashed scale of the features)."""
         n = self._n_sites
         rest = obs[OBS_DIM : OBS_DIM + _N_EXO * (n - 1)].reshape(n - 1, _N_EXO)
         blocks = np.concatenate([obs[EXO_SLICE][None], rest])

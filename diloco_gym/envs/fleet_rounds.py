@@ -204,8 +204,7 @@ class DiLoCoFleetRoundsEnv(DiLoCoFleetEnv):
         ep = self.episode
         assert ep is not None
         if self._delays is None:
-            cap = int(kernel.max_merges(ep.n_decisions, self.params)) + 1
-            self._delays = rd.draw_delays(ep.seed, cap, self.rules)
+            self._delays = self.round_delays(ep)
         k = len(self._rounds)
         rs = rd.RoundState(self.rules, d, self._delays[k], ep.n_decisions - 1)
         self._rounds.append(rs)
@@ -219,6 +218,13 @@ class DiLoCoFleetRoundsEnv(DiLoCoFleetEnv):
         self._overridden = self._overridden or (ov and bool(wanted.any()))
         self._keep_asking()
         return self._record_sends(sends, d)
+
+    def round_delays(self, episode: Any) -> np.ndarray:
+        """The start delays (decisions) of every round the episode can hold, ``(rounds,
+        N)``: drawn from the episode's seed alone (:func:`~diloco_gym.sim.rounds.draw_delays`),
+        so the protocol's control and oracle see the delays the agent met."""
+        cap = int(kernel.max_merges(episode.n_decisions, self.params)) + 1
+        return rd.draw_delays(episode.seed, cap, self.rules)
 
     def _keep_asking(self) -> None:
         """While a round is open the compiled step stops at every decision (the sites may

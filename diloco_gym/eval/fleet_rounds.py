@@ -206,7 +206,7 @@ def score_rounds_episode(
     agent_row = [list(summary["site_sync_decisions"][nm]) for nm in names]
     round_sites = [list(x) for x in summary["round_sites"]]
     m = len(round_sites)
-    delays = rd.draw_delays(episode.seed, max(m, 1), rules)
+    delays = env.round_delays(episode)  # the delays the agent met
     openings = sample_uniform(n, p.h_min, p.h_max, m, draws, rng, counts)
     rows, dropped = control_sends(openings, round_sites, rules, delays, n - 1, rng)
     a = scorer.score([agent_row])

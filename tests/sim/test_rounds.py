@@ -182,3 +182,8 @@ def test_round_rules_hold_for_any_action(n, grace, quorum_off, delays, opening, 
     if d < last:
         assert st_.sent.sum() >= q
     assert d <= max(opening + r.span, opening) or d == last
+
+
+def test_fewer_rounds_draw_the_same_first_delays():
+    r = rules(delays=(0, 3, 7))
+    assert np.array_equal(rd.draw_delays(9, 5, r), rd.draw_delays(9, 40, r)[:5])
