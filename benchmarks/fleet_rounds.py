@@ -31,9 +31,17 @@ AGENTS = ["online-forecast", "online-forecast+own"]
 
 
 def fleet_file(
-    folder: Path, n: int, timing: str, grace: float, delay: float, quorum: int | None = None
+    folder: Path,
+    n: int,
+    timing: str,
+    grace: float,
+    delay: float,
+    quorum: int | None = None,
+    rho: float = 0.0,
 ) -> str:
     lines = ["[fleet]", "model_version = 1"]
+    if rho:
+        lines.append(f"traffic_correlation = {rho}")
     if timing == "rounds":
         lines += ['timing = "rounds"', f"grace_s = {grace}"]
     if quorum is not None:
@@ -43,12 +51,19 @@ def fleet_file(
         if delay:
             lines.append(f"delay_max_s = {delay}")
     lines += ["", "[env]", "h_min_steps = 256", ""]
-    path = folder / f"n{n}_{timing}_g{grace}_d{delay}_q{quorum}.toml"
+    path = folder / f"n{n}_{timing}_g{grace}_d{delay}_q{quorum}_r{rho}.toml"
     path.write_text("\n".join(lines))
     return str(path)
 
 
 def settings(which: str = "all") -> list[dict]:
+    if which == "correlation":  # sites whose traffic shares a common stream (rho)
+        return [
+            {"n": n, "timing": "rounds", "grace": g, "delay": 0.0, "rho": r}
+            for n in (4, 8)
+            for r in (0.0, 0.5, 1.0)
+            for g in (0.0, 18.0)
+        ]
     if which == "quorum":  # N = 4, 9 s grace: every site, 3 or 2 of 4 must join each round
         return [
             {"n": 4, "timing": "rounds", "grace": 9.0, "delay": 0.0, "quorum": q} for q in (4, 3, 2)
@@ -71,7 +86,7 @@ def main() -> None:
     ap.add_argument("--draws", type=int, default=200)
     ap.add_argument("--out", default="fleet_rounds.json")
     ap.add_argument("--plot", help="draw the figure of this JSON file instead of running")
-    ap.add_argument("--only", choices=("all", "quorum"), default="all")
+    ap.add_argument("--only", choices=("all", "quorum", "correlation"), default="all")
     ap.add_argument("--fig", default="fleet_rounds.png")
     args = ap.parse_args()
     if args.plot:
@@ -84,7 +99,13 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for st in settings(args.only):
             path = fleet_file(
-                Path(tmp), st["n"], st["timing"], st["grace"], st["delay"], st.get("quorum")
+                Path(tmp),
+                st["n"],
+                st["timing"],
+                st["grace"],
+                st["delay"],
+                st.get("quorum"),
+                st.get("rho", 0.0),
             )
             agents = AGENTS if st["timing"] == "rounds" else AGENTS[:1]
             cfg = FleetReportConfig(

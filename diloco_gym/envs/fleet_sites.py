@@ -50,6 +50,7 @@ __all__ = [
     "site_groups",
     "site_episodes",
     "site_seed",
+    "correlated_sites",
 ]
 
 
@@ -85,6 +86,8 @@ def build_sites(
     :func:`~diloco_gym.envs.episode.episode_from_seed` (the same episodes either way); and
     each group's batch build (for :class:`SiteCosts`), by its sites."""
     s = setup
+    if s.fleet.traffic_correlation > 0:
+        return correlated_sites(setup, episode_seed, learner_params), {}
     seeds = [site_seed(episode_seed, i) for i in range(len(s.sidecars))]
     sites: list[Any] = [None] * len(seeds)
     cores: dict[tuple[int, ...], Joined] = {}
@@ -113,6 +116,37 @@ def build_sites(
         for i, e in zip(group, built, strict=True):
             sites[i] = e
     return sites, cores
+
+
+def correlated_sites(
+    setup: Any, episode_seed: int, learner_params: lrn.LearnerParams
+) -> list[Episode]:
+    """The site episodes of a fleet with ``traffic_correlation > 0``
+    (:mod:`diloco_gym.sim.fleet_traffic`): each synthetic site's own trace (its
+    :func:`site_seed`'s first draw, as without correlation) mixed with the trace common to
+    its regime's sites; the learner throughputs are then drawn from the site's stream as
+    :func:`~diloco_gym.envs.episode.episode_from_seed` draws them."""
+    from diloco_gym.envs.episode import build_episode
+    from diloco_gym.sim import fleet_traffic as ft
+
+    s = setup
+    rho = float(s.fleet.traffic_correlation)
+    regimes: dict[str, int] = {}
+    out = []
+    for i, site in enumerate(s.fleet.sites):
+        seed = site_seed(episode_seed, i)
+        rng = np.random.default_rng(seed)
+        gen = s.generators[i]
+        own = gen(rng)
+        k = regimes.setdefault(str(site.regime), len(regimes))
+        common = gen(np.random.default_rng(ft.shared_seed(episode_seed, k)))
+        trace = ft.mixed_trace(
+            own, common, rho, np.random.default_rng(ft.mix_seed(episode_seed, i))
+        )
+        out.append(
+            build_episode(trace, s.params, s.sidecars[i], learner_params, rng, seed, s.rates[i])
+        )
+    return out
 
 
 def site_episodes(

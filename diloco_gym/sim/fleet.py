@@ -224,6 +224,7 @@ FLEET_RANGES: dict[str, tuple[float, float]] = {
     "share_exponent": (0.0, 100.0),
     "quant_penalty": (0.0, 1.0),
     "grace_s": (0.0, 86_400.0),
+    "traffic_correlation": (0.0, 1.0),
     "worst_site_weight": (0.0, 1e6),
     "site_cap_pp": (0.0, 100.0),
     "fragments": (1, 2**20),
@@ -293,6 +294,9 @@ class FleetParams:
         grace_s: ``rounds`` only: the grace window after a round opens, seconds.
         quorum: ``rounds`` only: how many sites must contribute before a round may close
             (``None``: every site); the others are dropped from the round.
+        traffic_correlation: ``rho`` in [0, 1] (default 0: independent sites): a share
+            ``rho`` of each synthetic site's requests comes from a trace common to the
+            fleet's sites of its regime (:mod:`diloco_gym.sim.fleet_traffic`).
     """
 
     sites: tuple[SiteConfig, ...] = field(default_factory=_default_sites)
@@ -314,6 +318,7 @@ class FleetParams:
     timing: str = "instant"
     grace_s: float = 0.0
     quorum: int | None = None
+    traffic_correlation: float = 0.0
 
     def __post_init__(self) -> None:
         if not isinstance(self.sites, (tuple, list)) or not all(
@@ -363,6 +368,7 @@ class FleetParams:
             object.__setattr__(self, "bits_options", tuple(self.bits_options))
         _check_bits_options(self.bits_options, self.bits)
         self._check_timing()
+        self._check_traffic()
         if self.quant_penalty * math.log2(32 / 4) >= 1.0:
             raise FleetConfigError(
                 f"quant_penalty ({self.quant_penalty}) would credit no progress at 4 bits; "
@@ -376,6 +382,15 @@ class FleetParams:
     @property
     def per_site_timing(self) -> bool:
         return self.timing == "rounds"
+
+    def _check_traffic(self) -> None:
+        """``traffic_correlation`` mixes synthetic traces only (never silently unused)."""
+        traced = [s.name for s in self.sites if s.trace is not None]
+        if self.traffic_correlation > 0 and traced:
+            raise FleetConfigError(
+                f"traffic_correlation applies to synthetic sites only; sites {traced} replay "
+                f"traces (offset them against each other with start_s instead)"
+            )
 
     def _check_timing(self) -> None:
         """``timing`` and the keys that only per-site timing reads (never silently unused)."""
