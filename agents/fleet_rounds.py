@@ -35,6 +35,7 @@ __all__ = [
     "SITE_RULES",
     "OWN_SUFFIX",
     "split_rule",
+    "check_site_rules",
 ]
 
 SITE_RULES = ("together", "own-forecast")
@@ -43,6 +44,15 @@ OWN_SUFFIX = "+own"
 _N_EXO = EXO_SLICE.stop - EXO_SLICE.start
 _FORECAST = OBS_INDEX["rate_forecast"] - EXO_SLICE.start
 _BASELINE = OBS_INDEX["rate_baseline"] - EXO_SLICE.start
+
+
+def check_site_rules(names: list[str], rounds: bool) -> None:
+    """``X+own`` names need a rounds fleet: a one-line ``ValueError`` naming them."""
+    own = [n for n in names if n.endswith(OWN_SUFFIX)]
+    if own and not rounds:
+        raise ValueError(
+            f"agent(s) {own}: the '+own' site rule needs a fleet with timing = 'rounds'"
+        )
 
 
 def split_rule(name: str) -> tuple[str, str]:

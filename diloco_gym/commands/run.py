@@ -169,15 +169,15 @@ def _run_fleet(args: argparse.Namespace) -> int:
     checks.check_no_fleet_options(args)
     checks.check_run_agent(args.agent, args.fleet)
     env = _fleet_env(args)
-    if env.fleet.per_site_timing:  # the agent opens the rounds, a site rule times each site
-        from diloco_gym.agents.fleet_rounds import rounds_agent, split_rule
+    from diloco_gym.agents.fleet_rounds import check_site_rules, rounds_agent, split_rule
 
+    try:
+        check_site_rules([args.agent], env.fleet.per_site_timing)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    if env.fleet.per_site_timing:  # the agent opens the rounds, a site rule times each site
         base, rule = split_rule(args.agent)
         agent = rounds_agent(fleet_agent(checks.load_agent(base)), rule)
-    elif args.agent.endswith("+own"):
-        raise UsageError(
-            f"--agent {args.agent}: the '+own' site rule needs a fleet with timing = 'rounds'"
-        )
     else:
         agent = fleet_agent(checks.load_agent(args.agent))
     _print_fleet_episodes(args, _sealed(args, agent), env)

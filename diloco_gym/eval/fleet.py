@@ -245,22 +245,18 @@ def _report_agents(config: FleetReportConfig) -> list[Any]:
     """``config``'s agents as fleet agents, sealed in a worker process unless
     ``config.in_process_agents`` (:func:`~diloco_gym.eval.sealed.seal_agents`)."""
     from diloco_gym.agents.fleet import fleet_agent
+    from diloco_gym.agents.fleet_rounds import check_site_rules, rounds_agent, split_rule
     from diloco_gym.agents.registry import make_agents
     from diloco_gym.envs.fleet_rounds import fleet_timing
     from diloco_gym.eval.sealed import seal_agents
 
-    if fleet_timing(config.fleet, config.env.get("timing")) == "rounds":
-        from diloco_gym.agents.fleet_rounds import rounds_agent, split_rule
-
+    rounds = fleet_timing(config.fleet, config.env.get("timing")) == "rounds"
+    check_site_rules(list(config.agents), rounds)
+    if rounds:
         pairs = [split_rule(a) for a in config.agents]
         # X and X+own are two agents of one registry name: made one by one
         agents = [rounds_agent(fleet_agent(make_agents([nm])[0]), rule) for nm, rule in pairs]
     else:
-        bad = [a for a in config.agents if a.endswith("+own")]
-        if bad:
-            raise ValueError(
-                f"agent(s) {bad}: the '+own' site rule needs a fleet with timing = 'rounds'"
-            )
         agents = [fleet_agent(a) for a in make_agents(list(config.agents))]
     return seal_agents(agents, in_process=config.in_process_agents)
 

@@ -47,14 +47,16 @@ __all__ = [
     "CONTROL_VS_PROBE_LIMIT",
     "summary_lines",
     "finite",
+    "finite_float",
 ]
 
 
 def finite(x: Any) -> Any:
-    """JSON-safe value: NaN and infinities become ``None``; numpy scalars become Python."""
+    """JSON-safe value: NaN and infinities become ``None``; numpy scalars become Python,
+    numpy arrays lists."""
     if isinstance(x, dict):
         return {k: finite(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
+    if isinstance(x, (list, tuple, np.ndarray)):
         return [finite(v) for v in x]
     if isinstance(x, (np.floating, float)):
         return float(x) if math.isfinite(x) else None
@@ -63,6 +65,15 @@ def finite(x: Any) -> Any:
     if isinstance(x, np.bool_):
         return bool(x)
     return x
+
+
+def finite_float(x: Any) -> float | None:
+    """``x`` as a finite float, or ``None`` (missing, not a number, NaN or infinite)."""
+    try:
+        v = float(x)
+    except (TypeError, ValueError):
+        return None
+    return v if math.isfinite(v) else None
 
 
 def run_data(records: list[RequestRecord], run: RunState, level: str = "sync") -> RunData:

@@ -40,7 +40,7 @@ from diloco_gym.live import fidelity as fid
 from diloco_gym.live import verdict_stats as vstats
 from diloco_gym.live import verdicts as ver
 from diloco_gym.live.closed_loop import replay_closed_loop
-from diloco_gym.live.document import run_data
+from diloco_gym.live.document import finite_float, run_data
 from diloco_gym.live.errors import CalibrationError
 from diloco_gym.live.fit import bootstrap_intervals, fit_sidecar_live, measured_effect_sizes
 from diloco_gym.live.plan import phase_order, plan_merges
@@ -217,7 +217,7 @@ def calibrate_in_session(s: LiveSession, vcfg: ValidateConfig) -> tuple[SidecarP
         "duration_s": vcfg.duration_s,
         "repeats": vcfg.repeats,
         "merges": [list(m) for m in plan],
-        "p95_sync_ratio": _num(measured.get("p95_sync_ratio")),
+        "p95_sync_ratio": finite_float(measured.get("p95_sync_ratio")),
         "p95_sync_ratio_ci": interval(boot["p95_sync_ratio"]),
         "slo_ms": slo_ms,
         "slo_source": "--slo-ms" if vcfg.slo_ms else "the calibration's control-phase p99",
@@ -420,14 +420,10 @@ def ver_block(vcfg: ValidateConfig, rows: list[dict], closed: bool) -> dict:
     return block
 
 
-def _num(x: Any) -> float | None:
-    return float(x) if x is not None and math.isfinite(float(x)) else None
-
-
 def interval(bounds: Any) -> list[float | None] | None:
     """A bootstrap interval as JSON: ``None`` where the bootstrap gave none (fewer than two
     repeats, or too few requests in a class: a short or loaded run), else ``[lo, hi]``."""
-    return None if bounds is None else [_num(v) for v in bounds]
+    return None if bounds is None else [finite_float(v) for v in bounds]
 
 
 def run_validation(

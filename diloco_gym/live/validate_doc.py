@@ -9,13 +9,13 @@ writes what it measured so far with ``"complete": false`` and the ``error``, to
 from __future__ import annotations
 
 import json
-import math
 import os
 from functools import cache
 from pathlib import Path
 from typing import Any
 
-from diloco_gym.io import write_text_atomic
+from diloco_gym.io import json_default, write_text_atomic
+from diloco_gym.live.document import finite
 
 __all__ = [
     "SCHEMA_NAME",
@@ -30,18 +30,10 @@ SCHEMA_NAME = "validate.schema.json"
 
 
 def jsonable(x: Any) -> Any:
-    """``x`` with numpy scalars and arrays as Python values and non-finite floats as None."""
-    if isinstance(x, dict):
-        return {str(k): jsonable(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [jsonable(v) for v in x]
-    if hasattr(x, "tolist") and not isinstance(x, (str, bytes)):
-        return jsonable(x.tolist())
-    if isinstance(x, bool) or x is None or isinstance(x, (int, str)):
-        return x
-    if isinstance(x, float):
-        return x if math.isfinite(x) else None
-    return str(x)
+    """``x`` with numpy scalars and arrays as Python values, non-finite floats as None
+    (:func:`~diloco_gym.live.document.finite`), keys as strings and any other value as its
+    ``str`` (:func:`~diloco_gym.io.json_default`)."""
+    return json.loads(json.dumps(finite(x), default=json_default, allow_nan=False))
 
 
 @cache

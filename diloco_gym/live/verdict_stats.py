@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from diloco_gym.eval.protocol import ALPHA, ZERO_TOL, gate_verdict, paired_test, units_needed
+from diloco_gym.live.document import finite, finite_float
 from diloco_gym.text import fmt, fmt_p, md_text
 
 __all__ = [
@@ -61,30 +62,6 @@ REPLAY_WORDS = (
     "closed loop tied with open-loop replay",
     INCONCLUSIVE,
 )
-
-
-def _num(x: Any) -> float | None:
-    """A finite float, or ``None``."""
-    try:
-        v = float(x)
-    except (TypeError, ValueError):
-        return None
-    return v if math.isfinite(v) else None
-
-
-def _clean(obj: Any) -> Any:
-    """``obj`` with numpy values as Python ones and non-finite floats as ``None``."""
-    if isinstance(obj, dict):
-        return {str(k): _clean(v) for k, v in obj.items()}
-    if isinstance(obj, list | tuple | np.ndarray):
-        return [_clean(v) for v in obj]
-    if isinstance(obj, bool | np.bool_):
-        return bool(obj)
-    if isinstance(obj, int | np.integer):
-        return int(obj)
-    if isinstance(obj, float | np.floating):
-        return _num(obj)
-    return obj
 
 
 def _vector(x: Any, what: str, k: int | None = None) -> np.ndarray:
@@ -124,8 +101,8 @@ def window_verdict(
     with matched random``). The gate of :func:`~diloco_gym.eval.protocol.gate_verdict`
     without its calibration and saturation stages."""
     alpha = _alpha(alpha)
-    mean = _num(test.get("mean"))
-    p = _num(test.get("p_value"))
+    mean = finite_float(test.get("mean"))
+    p = finite_float(test.get("p_value"))
     gate = gate_verdict(
         "calibrated",
         mean if mean is not None else 0.0,
@@ -180,7 +157,7 @@ def _spearman(x: np.ndarray, y: np.ndarray) -> tuple[float | None, float | None]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         res = spearmanr(x, y)
-    return _num(res[0]), _num(res[1])
+    return finite_float(res[0]), finite_float(res[1])
 
 
 def _rank_correlation(sim: np.ndarray, live: np.ndarray) -> dict[str, Any]:
@@ -263,7 +240,7 @@ def verdict_summary(
         ),
         "power": power_summary(live, alpha),
     }
-    return _clean(out)
+    return finite(out)
 
 
 def closed_loop_summary(
@@ -308,11 +285,15 @@ def closed_loop_summary(
         "vs_replay": vs_replay,
         "power": power_summary(vs_random, alpha),
     }
-    return _clean(out)
+    return finite(out)
 
 
 def _kind_values(schedules: list[dict], kind: str, key: str) -> list[float]:
-    return [v for s in schedules if s.get("kind") == kind and (v := _num(s.get(key))) is not None]
+    return [
+        v
+        for s in schedules
+        if s.get("kind") == kind and (v := finite_float(s.get(key))) is not None
+    ]
 
 
 def _mean(values: list[float]) -> float | None:
@@ -338,7 +319,7 @@ def _window_row(w: dict[str, Any], closed: bool) -> str:
 
 def _p(x: Any) -> str:
     """A p-value as text (:func:`~diloco_gym.text.fmt_p`), ``n/a`` when missing."""
-    v = _num(x)
+    v = finite_float(x)
     return "n/a" if v is None else fmt_p(v)
 
 
@@ -442,8 +423,8 @@ def plot_verdicts(block: dict[str, Any], path: str | Path) -> Path:
             for w in block.get("windows", [])
             for s in w.get("schedules", [])
             if s.get("kind") == kind
-            and (x := _num(s.get("sim_excess_pp"))) is not None
-            and (y := _num(s.get("live_excess_pp"))) is not None
+            and (x := finite_float(s.get("sim_excess_pp"))) is not None
+            and (y := finite_float(s.get("live_excess_pp"))) is not None
         ]
         everything += pts
         if pts:
@@ -475,7 +456,7 @@ def _draw_diffs(ax: Any, block: dict[str, Any]) -> None:
         d, h = _per_window(block, key)
         ax.errorbar(x + shift, d, yerr=h, fmt="o", c=color, capsize=3, label=name)
         t = summary.get(name) or {}
-        m, lo, hi = (_num(t.get(c)) for c in ("mean", "ci_low", "ci_high"))
+        m, lo, hi = (finite_float(t.get(c)) for c in ("mean", "ci_low", "ci_high"))
         if m is not None and lo is not None and hi is not None:
             err = [[m - lo], [hi - m]]
             ax.errorbar([k + 0.5 + shift], [m], yerr=err, fmt="s", c=color, capsize=4)
