@@ -40,6 +40,7 @@ from diloco_gym.text import md_text
 
 __all__ = [
     "FleetScorer",
+    "score_schedule",
     "FleetReportConfig",
     "fleet_calibration",
     "run_fleet_report",
@@ -300,22 +301,43 @@ def _unit_rows(
                 row = _unit_row(env, ep, agent.name, seed, res, scored)
                 rows.append({**row, **fleet_rounds.rounds_columns(res)})
                 continue
-            control, cap_cols = None, {}
-            if check is not None:  # matched random under the same cap
-                control, accepted = fleet_cap.capped_control(scorer, m, draws, rng, counts, check)
-                cap_cols = fleet_cap.cap_columns(res, accepted)
-            scored = protocol.score_episode(
-                scorer,  # type: ignore[arg-type]  # duck-typed: the fleet's summed scorer
-                res["merge_decisions"],
-                draws,
-                rng,
-                counts,
-                control,
+            scored, accepted = score_schedule(
+                env, scorer, res["merge_decisions"], draws, rng, counts, check
             )
+            cap_cols = {} if check is None else fleet_cap.cap_columns(res, accepted)
             rows.append({**_unit_row(env, ep, agent.name, seed, res, scored), **cap_cols})
         if progress:
             print(f"fleet report: episode {i + 1}/{len(seeds)}", flush=True)
     return rows
+
+
+def score_schedule(
+    env: DiLoCoFleetEnv,
+    scorer: FleetScorer,
+    schedule: Any,
+    draws: int,
+    rng: np.random.Generator,
+    counts: Any,
+    check: Any = None,
+) -> tuple[dict[str, Any], Any]:
+    """A one-instant schedule's scores on the episode of ``scorer``, as the report scores
+    an agent: exact sync-excess, ``draws`` matched-random schedules (under the fleet's site
+    cap when ``check``, :func:`~diloco_gym.eval.fleet_cap.cap_check`, is given) and the
+    oracle at the same number of syncs. Returns :func:`protocol.score_episode`'s dict and
+    the capped control's acceptance record (``None`` without a cap)."""
+    control, accepted = None, None
+    if check is not None:  # matched random under the same cap
+        m = len(schedule)
+        control, accepted = fleet_cap.capped_control(scorer, m, draws, rng, counts, check)
+    scored = protocol.score_episode(
+        scorer,  # type: ignore[arg-type]  # duck-typed: the fleet's summed scorer
+        schedule,
+        draws,
+        rng,
+        counts,
+        control,
+    )
+    return scored, accepted
 
 
 def _unit_row(

@@ -20,11 +20,11 @@ from diloco_gym.rl.algos import ALGOS, VEC_ENVS
 from diloco_gym.rl.config import (
     ConfigError,
     TrainConfig,
-    build_env_specs,
     check_config,
     load_config_file,
     parse_config,
 )
+from diloco_gym.rl.env_specs import build_env_specs
 from diloco_gym.rl.run_dir import check_run_dir, read_meta
 from diloco_gym.rl.trainer import train
 from diloco_gym.rl.validation import (
@@ -47,13 +47,20 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--config",
         default=None,
-        help="training config file (TOML): [train], [env] (regimes or trace, budgets, "
+        help="training config file (TOML): [train], [env] (regimes, trace or fleet, budgets, "
         "reward weights, any EnvParams field) and [algo] (hyperparameters); flags "
         "override it; see docs/training.md",
     )
     parser.add_argument("--algo", choices=ALGOS, default=None, help="RL algorithm (default ppo)")
     parser.add_argument(
         "--regime", default=None, help=f"one of {', '.join(REGIMES)} (default bursty)"
+    )
+    parser.add_argument(
+        "--fleet",
+        default=None,
+        metavar="FILE",
+        help="train on a fleet of sites (DiLoCoFleet-v1, its TOML file) instead of a regime; "
+        "--budgets then count fragment syncs per hour (docs/fleet.md)",
     )
     parser.add_argument(
         "--budgets",
@@ -166,8 +173,14 @@ def resolve_config(args: argparse.Namespace):
         value = getattr(args, key)
         if value is not None:
             setattr(cfg, key, value)
+    if args.regime is not None and getattr(args, "fleet", None) is not None:
+        raise ConfigError("command line: give --regime or --fleet, not both")
     if args.regime is not None:
         cfg.regimes = [args.regime]
+        cfg.trace = None
+        cfg.fleet = None
+    if getattr(args, "fleet", None) is not None:
+        cfg.fleet = args.fleet
         cfg.trace = None
     if args.budgets is not None:
         cfg.budgets_per_hour = [float(b) for b in args.budgets]
@@ -199,14 +212,15 @@ def run_layout(cfg: Any) -> tuple[list[Any] | None, str, int]:
         cfg.budgets_per_hour is not None
         or len(cfg.regimes) > 1
         or cfg.trace is not None
+        or cfg.fleet is not None
         or cfg.calibration is not None
     ):
         specs = build_env_specs(cfg, path)
     vec_env = cfg.vec_env or ("native" if specs is None else "dummy")
     if specs is not None and vec_env == "native":
         raise ConfigError(
-            f"{path}: vec_env native runs a single regime without budgets or "
-            f"calibration; use dummy or subproc"
+            f"{path}: vec_env native runs a single regime without budgets, "
+            f"calibration or fleet; use dummy or subproc"
         )
     n_envs = cfg.n_envs if cfg.n_envs is not None else (4 if specs is None else len(specs))
     return specs, vec_env, n_envs

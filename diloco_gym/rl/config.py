@@ -24,6 +24,7 @@ the file::
     # learner_calibration = "lc.json"  # its learner model (diloco_gym.rl.learner_config)
     # trace = "my.csv"; trace_format = "azure"; window_s = 600; rate_scale = 8.0
     # target_utilization = 0.6; sidecar = "sync-heavy"; trace_span_s = [0, 3600]
+    # fleet = "fleet.toml"       # or a fleet of sites (DiLoCoFleet-v1), instead of the above
 
     [algo]                       # hyperparameters, passed to the SB3 algorithm
     learning_rate = 3e-4
@@ -37,6 +38,12 @@ converted to the exact merges per episode the env takes (``merge_budget = M``,
 the merges the corridor allows in an episode. With budgets, the training envs are one copy
 per (regime, budget) (``n_envs`` cycles through them) and the policy sees the budget
 features of :mod:`diloco_gym.rl.wrappers` (``observation = "budget"``, the default then).
+
+**Fleets.** ``fleet = "FILE"`` (or ``--fleet FILE``) trains on a fleet of sites
+(``DiLoCoFleet-v1``, docs/fleet.md) instead of regimes or a trace: the fleet file sets the
+sites' traffic, traces and sidecars, so those keys are refused with it; ``[env]``'s
+``EnvParams`` fields override the fleet file's ``[env]`` table, and budgets count
+fragment syncs per fleet episode (:mod:`diloco_gym.rl.env_specs`).
 
 Each table is a declarative model (:mod:`diloco_gym.tables`, pydantic): unknown keys are
 refused and types are strict. Every error is one line naming the file, the table and the
@@ -64,14 +71,12 @@ from diloco_gym.tables import Table, TableError, validate_table
 __all__ = [
     "ConfigError",
     "TrainConfig",
-    "EnvSpec",
     "load_config_file",
     "parse_config",
     "check_config",
     "policy_kwargs_for_sb3",
     "validate_hyperparameters",
     "hyperparameter_problem",
-    "build_env_specs",
     "TRAIN_KEYS",
     "ENV_KEYS",
 ]
@@ -139,12 +144,29 @@ class _TrainTable(Table):
     bc_epochs: int | None = None
 
 
+#: ``[env]`` keys a fleet run does not take: its fleet file sets them per site.
+_NOT_WITH_FLEET = {
+    "regime",
+    "regimes",
+    "trace",
+    "trace_format",
+    "trace_span_s",
+    "window_s",
+    "rate_scale",
+    "target_utilization",
+    "sidecar",
+    "calibration",
+    "learner_calibration",
+}
+
+
 class _EnvKeys(Table):
     """The ``[env]`` keys other than :class:`EnvParams` fields."""
 
     regime: str | None = None
     regimes: list | None = None
     trace: str | None = None
+    fleet: str | None = None
     trace_format: str | None = None
     trace_span_s: list | None = None
     window_s: float | None = None
@@ -194,6 +216,12 @@ class _EnvKeys(Table):
             raise ValueError("give regime or regimes, not both")
         if {"budgets_per_hour", "budgets_per_10min"} <= given:
             raise ValueError("give budgets_per_hour or budgets_per_10min, not both")
+        clash = sorted(given & _NOT_WITH_FLEET) if "fleet" in given else []
+        if clash:
+            raise ValueError(
+                f"fleet replaces {', '.join(clash)} (a fleet file sets its sites' traffic, "
+                f"traces and sidecars)"
+            )
         return self
 
 
@@ -272,6 +300,7 @@ class TrainConfig:
     bc_epochs: int = 5
     regimes: list[str] = field(default_factory=lambda: ["bursty"])
     trace: str | None = None
+    fleet: str | None = None
     trace_format: str = "auto"
     trace_span_s: list[float] | None = None
     window_s: float = 600.0
@@ -289,7 +318,10 @@ class TrainConfig:
     @property
     def label(self) -> str:
         """The run's regime label: the regime, ``a+b`` for a mix, ``replay:STEM`` for a
-        trace (recorded as ``regime`` in meta.json, checked by ``--resume``)."""
+        trace, ``fleet:STEM`` for a fleet (recorded as ``regime`` in meta.json, checked by
+        ``--resume``)."""
+        if self.fleet is not None:
+            return f"fleet:{Path(self.fleet).stem}"
         if self.trace is not None:
             return f"replay:{Path(self.trace).stem}"
         return "+".join(self.regimes)
@@ -496,7 +528,7 @@ def _parse_env(path: str, env: dict[str, Any], cfg: TrainConfig) -> None:
         cfg.budgets_per_hour = [float(b) for b in env["budgets_per_hour"]]
     if "budgets_per_10min" in env:
         cfg.budgets_per_hour = [6.0 * float(b) for b in env["budgets_per_10min"]]
-    for key in ("trace", "trace_format", "sidecar", "calibration", "observation"):
+    for key in ("trace", "fleet", "trace_format", "sidecar", "calibration", "observation"):
         if key in env:
             setattr(cfg, key, env[key])
     for key in ("window_s", "rate_scale", "target_utilization"):
@@ -590,8 +622,10 @@ def _check_run_keys(cfg: TrainConfig, path: str) -> None:
 
 
 def _check_env_keys(cfg: TrainConfig, path: str) -> None:
-    """The regimes, or the trace and its replay options."""
-    if cfg.trace is None:
+    """The regimes, or the trace and its replay options, or the fleet."""
+    if cfg.fleet is not None:
+        _check_fleet_keys(cfg, path)
+    elif cfg.trace is None:
         bad = [r for r in cfg.regimes if r not in REGIMES]
         if bad:
             raise ConfigError(
@@ -617,12 +651,34 @@ def _check_env_keys(cfg: TrainConfig, path: str) -> None:
             raise ConfigError(f"{path}: {key} must be a finite positive number, got {v}")
 
 
+def _check_fleet_keys(cfg: TrainConfig, path: str) -> None:
+    """A fleet run: the fleet file exists; no regime, trace or calibration key (the fleet
+    file sets its sites), and no learner calibration (the fleet's learners are its own)."""
+    if cfg.trace is not None:
+        raise ConfigError(f"{path}: [env] give fleet or trace, not both")
+    given = [
+        k
+        for k in ("sidecar", "rate_scale", "target_utilization", "trace_span_s", "calibration")
+        if getattr(cfg, k) is not None
+    ]
+    if cfg.learner_calibration is not None:
+        given.append("learner_calibration")
+    if given:
+        raise ConfigError(
+            f"{path}: [env] fleet replaces {', '.join(given)} (a fleet file sets its sites)"
+        )
+    if not Path(cfg.fleet or "").is_file():
+        raise ConfigError(f"{path}: [env] fleet: no such file: {cfg.fleet}")
+
+
 def _check_episode_fits(cfg: TrainConfig, params: EnvParams, path: str) -> None:
     """The ``[env]`` corridor and step fit the episode window (a regime's, or
     ``window_s`` of a trace): otherwise no episode could be built and training would fail
     at its first reset, naming no file."""
     from diloco_gym.envs.episode import min_episode_seconds
 
+    if cfg.fleet is not None:  # the fleet env checks its own sites (env_specs probes it)
+        return
     if cfg.trace is None:
         windows = [(r, REGIMES[r].duration_s, REGIMES[r].sidecar) for r in cfg.regimes]
     else:
@@ -681,120 +737,3 @@ def _check_teacher(cfg: TrainConfig, path: str) -> None:
             raise ConfigError(f"{path}: [train] bc_teacher must be deployable, not the oracle")
     if cfg.bc_episodes < 1 or cfg.bc_epochs < 1:
         raise ConfigError(f"{path}: [train] bc_episodes and bc_epochs must be >= 1")
-
-
-@dataclass(frozen=True)
-class EnvSpec:
-    """One kind of training environment: a regime (or a trace replay) and a budget.
-
-    Attributes:
-        label: the regime's name (or ``replay:STEM``).
-        regime: what :class:`~diloco_gym.envs.env.DiLoCoSyncEnv` takes as ``regime``.
-        sidecar: the sidecar (``None``: the regime's own).
-        merge_budget: merges per episode (``None``: free budget).
-        budget_per_hour: the budget as given, merges per hour.
-    """
-
-    label: str
-    regime: Any
-    sidecar: Any
-    merge_budget: int | None
-    budget_per_hour: float | None
-
-    def make(self, env_params: dict[str, Any] | None = None):
-        """A fresh :class:`~diloco_gym.envs.env.DiLoCoSyncEnv` of this spec."""
-        from diloco_gym.envs.env import DiLoCoSyncEnv
-
-        kw = dict(env_params or {})
-        if self.merge_budget is not None:
-            kw["merge_budget"] = self.merge_budget
-        if self.sidecar is not None:
-            kw["sidecar"] = self.sidecar
-        return DiLoCoSyncEnv(regime=self.regime, **kw)
-
-    def record(self) -> dict[str, Any]:
-        return {
-            "label": self.label,
-            "merge_budget": self.merge_budget,
-            "budget_per_hour": self.budget_per_hour,
-        }
-
-
-def _trace_regime(cfg: TrainConfig, path: str):
-    from diloco_gym.eval import calibration as cal
-    from diloco_gym.sim.loaders import load_trace
-    from diloco_gym.sim.regimes import ReplayRegime, replay_rate_scale
-    from diloco_gym.sim.traces import scale_rate, window
-
-    assert cfg.trace is not None
-    key = cfg.sidecar or "sync-heavy"
-    fitted = cal.load_calibration(cfg.calibration).sidecar_for(key)
-    sidecar = fitted or REGIMES[key].sidecar
-    try:
-        tr = load_trace(cfg.trace, cfg.trace_format)
-        if cfg.trace_span_s is not None:
-            start, end = cfg.trace_span_s
-            tr = window(tr, start, min(end, tr.duration_s) - start)
-        scale = replay_rate_scale(tr, sidecar, cfg.rate_scale, cfg.target_utilization)
-    except (OSError, ValueError) as exc:
-        raise ConfigError(f"{path}: trace {cfg.trace}: {exc}") from None
-    replayed = tr if scale == 1.0 else scale_rate(tr, tr.mean_rate_rps * scale)
-    if replayed.duration_s < cfg.window_s:
-        raise ConfigError(
-            f"{path}: trace {cfg.trace} lasts {replayed.duration_s:.0f} s at rate scale "
-            f"{scale:.3g}, shorter than window_s = {cfg.window_s:g}"
-        )
-    return ReplayRegime(replayed, duration_s=cfg.window_s, sidecar=sidecar, name=tr.name), sidecar
-
-
-def build_env_specs(cfg: TrainConfig, path: str = "<config>") -> list[EnvSpec]:
-    """The training env kinds of ``cfg``: one per (regime, budget), budgets converted to
-    merges per episode with the frontier's rule and checked against the corridor.
-
-    Raises:
-        ConfigError: a budget outside the feasible range, two budgets that round to the
-            same merges per episode, or an unreadable trace or calibration.
-    """
-    from diloco_gym.eval import calibration as cal
-    from diloco_gym.eval.seed_ranges import TRAIN_SEED_LOW
-    from diloco_gym.eval.units import episode_budget
-
-    bases: list[tuple[str, Any, Any]] = []
-    if cfg.trace is not None:
-        regime, sidecar = _trace_regime(cfg, path)
-        bases.append((cfg.label, regime, sidecar))
-    else:
-        try:
-            calib = cal.load_calibration(cfg.calibration)
-        except (OSError, ValueError) as exc:
-            raise ConfigError(f"{path}: calibration: {exc}") from None
-        for name in cfg.regimes:
-            fitted = calib.sidecar_for(name)
-            regime = REGIMES[name].with_load(fitted) if fitted is not None else name
-            bases.append((name, regime, fitted))
-    specs: list[EnvSpec] = []
-    for label, regime, sidecar in bases:
-        if cfg.budgets_per_hour is None:
-            specs.append(EnvSpec(label, regime, sidecar, None, None))
-            continue
-        try:  # an [env] value that fails only with an episode (a step too long for it)
-            probe = EnvSpec(label, regime, sidecar, None, None).make(cfg.env_params)
-            probe.reset(seed=TRAIN_SEED_LOW)
-        except ValueError as exc:
-            raise ConfigError(f"{path}: [env] {' '.join(str(exc).split())}") from None
-        ep = probe.episode
-        assert ep is not None
-        seen: dict[int, float] = {}
-        for b in cfg.budgets_per_hour:
-            try:
-                m = episode_budget(b, ep.trace.duration_s, ep.n_decisions, probe.params)
-            except ValueError as exc:
-                raise ConfigError(f"{path}: [env] budgets: {exc}") from None
-            if m in seen:
-                raise ConfigError(
-                    f"{path}: [env] budgets {seen[m]:g} and {b:g} merges/h are both {m} "
-                    f"merges per {ep.trace.duration_s:g} s episode; give distinct budgets"
-                )
-            seen[m] = b
-            specs.append(EnvSpec(label, regime, sidecar, m, b))
-    return specs

@@ -2,9 +2,9 @@
 
 A deployable teacher (a registry agent, e.g. ``online-forecast-budget``) plays
 training-range episodes; the policy is fitted to its actions by cross-entropy before
-reinforcement learning continues from there. The single-host runs
-(:func:`behaviour_clone`) and the fleet runs (:mod:`diloco_gym.rl.fleet`) share
-:func:`teacher_samples` and :func:`fit_to_actions`.
+reinforcement learning continues from there (:func:`behaviour_clone`, on single-host and
+fleet envs alike: on a fleet the teacher reads the fleet observation through its fleet view,
+:func:`diloco_gym.agents.fleet.fleet_agent`).
 """
 
 from __future__ import annotations
@@ -47,21 +47,26 @@ def behaviour_clone(
         ``{"teacher", "episodes_per_env", "samples", "merge_share", "epochs",
         "train_accuracy", "merge_recall", "final_loss"}``.
     """
+    from diloco_gym.agents.fleet import fleet_agent
     from diloco_gym.agents.registry import make_agent
+    from diloco_gym.envs.fleet import DiLoCoFleetEnv
     from diloco_gym.rl.wrappers import BudgetFeatures
 
     rng = np.random.default_rng([seed, 77])
     xs: list[np.ndarray] = []
     ys: list[int] = []
-    n_raw = len(OBS_INDEX)  # the teacher reads the env's own features
     for spec in specs:
         env: gym.Env = spec.make(env_params)
+        fleet = isinstance(env, DiLoCoFleetEnv)
+        # the teacher reads the env's own features: a fleet's wider observation, through
+        # the heuristic's fleet view
+        n_raw = int(np.prod(env.observation_space.shape or ())) if fleet else len(OBS_INDEX)
         if obs_transform is not None:
             env = BudgetFeatures(env)
         agent = make_agent(teacher)
         if not getattr(agent, "deployable", True):
             raise ValueError(f"behaviour cloning needs a deployable teacher, not {teacher!r}")
-        teacher_samples(env, agent, episodes, rng, n_raw, xs, ys)
+        teacher_samples(env, fleet_agent(agent) if fleet else agent, episodes, rng, n_raw, xs, ys)
     return {"teacher": teacher, "episodes_per_env": int(episodes), "samples": len(ys)} | (
         fit_to_actions(model, xs, ys, epochs, seed, learning_rate, batch_size)
     )

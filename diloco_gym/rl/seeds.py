@@ -5,8 +5,8 @@ Three steps, each a subcommand of ``python -m diloco_gym.rl.seeds``:
 
 ``train``
     Runs one training command per seed into ``OUT/NAME-sSEED``: ``diloco-gym train`` with
-    the arguments after ``--`` and ``--seed SEED`` (or the fleet trainer,
-    :mod:`diloco_gym.rl.fleet`, with ``--fleet``). A complete run already there is kept (a
+    the arguments after ``--`` and ``--seed SEED`` (a fleet run gives ``--fleet FILE`` or a
+    config with ``fleet`` there, as any train run). A complete run already there is kept (a
     rerun with the same seed would give the same model), so an interrupted study
     continues.
 ``evaluate``
@@ -80,7 +80,7 @@ def _complete(run: Path) -> bool:
 
 
 def train_seeds(
-    name: str, seeds: Sequence[int], out: Path, train_args: Sequence[str], fleet: bool = False
+    name: str, seeds: Sequence[int], out: Path, train_args: Sequence[str]
 ) -> list[Path]:
     """Train ``name`` once per seed (``train_args`` plus ``--seed``); complete runs are kept.
 
@@ -99,18 +99,12 @@ def train_seeds(
             print(f"{run}: complete, kept", flush=True)
             continue
         argv = [*train_args, "--seed", str(seed), "--out", str(run)]
-        if fleet:
-            from diloco_gym.rl.fleet import main as fleet_main
+        from diloco_gym.rl.command import add_train_arguments, run_train_command
 
-            run.mkdir(parents=True, exist_ok=True)
-            code = fleet_main(argv)
-        else:
-            from diloco_gym.rl.command import add_train_arguments, run_train_command
-
-            parser = argparse.ArgumentParser(prog="diloco-gym train")
-            add_train_arguments(parser)
-            full = ["train", *argv, "--no-progress"] + (["--force"] if run.exists() else [])
-            code = run_train_command(parser.parse_args(full[1:]), argv=full)
+        parser = argparse.ArgumentParser(prog="diloco-gym train")
+        add_train_arguments(parser)
+        full = ["train", *argv, "--no-progress"] + (["--force"] if run.exists() else [])
+        code = run_train_command(parser.parse_args(full[1:]), argv=full)
         if code != 0:
             raise RuntimeError(f"{run}: training exited with status {code}")
     return runs
@@ -395,7 +389,7 @@ def _curve(meta: dict[str, Any]) -> tuple[list[int], list[float], str]:
 def learning_curves(runs: Path, names: Sequence[str], seeds: Sequence[int], path: Path) -> dict:
     """Draw every run's validation curve and the IQM across seeds (one panel per
     configuration) to ``path``; returns the curves' data (configurations without a
-    validation history, such as the fleet trainer's, are listed as such)."""
+    validation history, such as a run with --eval-episodes 0, are listed as such)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -600,7 +594,6 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--name", required=True, help="the configuration's name (run folders)")
     t.add_argument("--seeds", type=int, nargs="+", required=True)
     t.add_argument("--out", required=True, help="folder of the runs (OUT/NAME-sSEED)")
-    t.add_argument("--fleet", action="store_true", help="train with python -m diloco_gym.rl.fleet")
     t.add_argument("train_args", nargs=argparse.REMAINDER, help="-- then the train arguments")
     for step in ("evaluate", "evaluate-fleet"):
         e = sub.add_parser(step, help="judge the runs on test seeds beside the heuristics")
@@ -643,7 +636,7 @@ def _parser() -> argparse.ArgumentParser:
 def _run_step(a: argparse.Namespace) -> None:
     if a.step == "train":
         args = a.train_args[1:] if a.train_args[:1] == ["--"] else a.train_args
-        train_seeds(a.name, a.seeds, Path(a.out), args, fleet=a.fleet)
+        train_seeds(a.name, a.seeds, Path(a.out), args)
     elif a.step == "evaluate":
         evaluate_runs(
             Path(a.runs), a.names, a.seeds, Path(a.out), a.regimes, a.heuristics,

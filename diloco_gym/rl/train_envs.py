@@ -24,7 +24,7 @@ import numpy as np
 
 from diloco_gym.eval.seed_ranges import TRAIN_SEED_HIGH, TRAIN_SEED_LOW
 from diloco_gym.rl.algos import VEC_ENVS
-from diloco_gym.rl.config import EnvSpec
+from diloco_gym.rl.env_specs import EnvSpec
 
 __all__ = [
     "TrainEnvKind",

@@ -48,7 +48,7 @@ from diloco_gym.rl.run_dir import (
     write_start_meta,
 )
 from diloco_gym.rl.train_envs import make_vec_env, regime_spec, train_episode_seeds
-from diloco_gym.rl.validation import HeldOutEvalCallback, eval_envs
+from diloco_gym.rl.validation import HeldOutEvalCallback, eval_envs, is_fleet
 from diloco_gym.sim.regimes import REGIMES
 
 __all__ = ["TrainRequest", "train", "shaping_discount_warning"]
@@ -541,10 +541,19 @@ def _final_meta(
     }
     if req.env_specs is not None:
         meta["env_specs"] = [s.record() for s in req.env_specs]
+    observation: dict[str, Any] = {}
     if req.obs_transform is not None:
         from diloco_gym.envs.budget_features import BUDGET_FEATURES
 
-        meta["observation"] = {"transform": req.obs_transform, "features": list(BUDGET_FEATURES)}
+        observation = {"transform": req.obs_transform, "features": list(BUDGET_FEATURES)}
+    fleet_env: Any = base_env
+    if is_fleet(fleet_env):  # the loaded agent checks the fleet's wider observation
+        meta["fleet"] = req.env_specs[0].fleet if req.env_specs else None
+        observation = {"transform": req.obs_transform, **observation}
+        observation["base_size"] = int(fleet_env.observation_space.shape[0])
+        observation["base_features"] = [f[0] for f in fleet_env.obs_features]
+    if observation:
+        meta["observation"] = observation
     if req.config is not None:
         meta["config"] = req.config
     if bc_record is not None:

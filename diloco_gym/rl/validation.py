@@ -24,6 +24,7 @@ from diloco_gym.rl.run_dir import read_meta
 __all__ = [
     "HeldOutEvalCallback",
     "eval_envs",
+    "is_fleet",
     "validation_comparison",
     "format_comparison",
     "format_budget_validation",
@@ -109,11 +110,20 @@ class HeldOutEvalCallback(BaseCallback):
                 env.reset(seed=seed)
                 ep = env.episode
                 assert ep is not None
-                scorer = protocol.EpisodeScorer(ep, env.params, env.sidecar)
                 counts = protocol.counts_for(ep.n_decisions, env.params, max(len(sched), 1))
-                sc = protocol.score_episode(
-                    scorer, sched, self.draws, np.random.default_rng([seed, len(sched), 7]), counts
-                )
+                rng = np.random.default_rng([seed, len(sched), 7])
+                if is_fleet(env):  # the fleet report's scoring (site cap included)
+                    from diloco_gym.eval import fleet, fleet_cap
+
+                    fenv: Any = env
+                    fscorer = fleet.FleetScorer(fenv.episode, fenv.params, fenv.setup.sidecars)
+                    check = fleet_cap.cap_check(fenv)
+                    sc, _ = fleet.score_schedule(
+                        fenv, fscorer, sched, self.draws, rng, counts, check
+                    )
+                else:
+                    scorer = protocol.EpisodeScorer(ep, env.params, env.sidecar)
+                    sc = protocol.score_episode(scorer, sched, self.draws, rng, counts)
                 mr.append(sc["matched_random_mean"])
                 orc.append(sc["oracle_same_budget_pct"])
             self.references[label] = {
@@ -126,13 +136,19 @@ class HeldOutEvalCallback(BaseCallback):
         """Run the validation episodes now; returns the mean metrics."""
         from diloco_gym.agents.learned import LearnedAgent
 
-        agent = LearnedAgent(self.model, name="eval", obs_transform=self.obs_transform)
+        # the observation's length before the transform: a fleet's is wider than 17
+        base = int(np.prod(self.eval_env.observation_space.shape or (17,)))
+        agent = LearnedAgent(
+            self.model,
+            name="eval",
+            meta={"observation": {"transform": self.obs_transform, "base_size": base}},
+        )
         res: list[dict[str, Any]] = []
         per_env: dict[str, dict[str, float | None]] = {}
         for label, env in self.eval_envs.items():
             rows = [run_episode(env, agent, s) for s in self.seeds]
             res += rows
-            if len(self.eval_envs) > 1 or env.params.merge_budget is not None:
+            if len(self.eval_envs) > 1 or env.params.merge_budget is not None or is_fleet(env):
                 ref = self._reference(label, env, [r["merge_decisions"] for r in rows])
                 mean = float(np.mean([r["sync_excess_pct"] for r in rows]))
                 span = ref["matched_random_pct"] - ref["oracle_pct"]
@@ -163,6 +179,13 @@ class HeldOutEvalCallback(BaseCallback):
                 f"{row['merges']:.1f} merges, return {row['mean_reward']:.3f}"
             )
         return row
+
+
+def is_fleet(env: Any) -> bool:
+    """Whether ``env`` (unwrapped) is a fleet env (``DiLoCoFleet-v1``)."""
+    from diloco_gym.envs.fleet import DiLoCoFleetEnv
+
+    return isinstance(env, DiLoCoFleetEnv)
 
 
 def eval_envs(

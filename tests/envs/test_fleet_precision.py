@@ -142,7 +142,8 @@ def test_toml_key(tmp_path):
 
 def test_protocol_refuses_the_precision_action(tmp_path):
     from diloco_gym.eval.fleet import FleetReportConfig, run_fleet_report
-    from diloco_gym.rl.fleet import train_fleet_agent
+    from diloco_gym.rl.config import ConfigError, TrainConfig
+    from diloco_gym.rl.env_specs import build_env_specs
     from diloco_gym.scale.fleet_points import fleet_point_config
 
     p = tmp_path / "fleet.toml"
@@ -152,6 +153,5 @@ def test_protocol_refuses_the_precision_action(tmp_path):
         run_fleet_report(FleetReportConfig(fleet=str(p), agents=["random"], seeds=2))
     with pytest.raises(FleetConfigError, match="a fleet sweep point " + msg):
         fleet_point_config({"fleet": str(p)}, tmp_path, {})
-    with pytest.raises(FleetConfigError, match="fleet training " + msg):
-        train_fleet_agent(str(p), [8], timesteps=10, seed=0, out=tmp_path / "m")
-    assert not (tmp_path / "m").exists()  # refused before anything was written
+    with pytest.raises(ConfigError, match="fleet training " + msg):  # before any run starts
+        build_env_specs(TrainConfig(fleet=str(p), budgets_per_hour=[48.0]), "t.toml")

@@ -14,7 +14,7 @@ def test_behaviour_cloning_imitates_the_teacher() -> None:
     from sb3_contrib import MaskablePPO
     from stable_baselines3.common.vec_env import DummyVecEnv
 
-    from diloco_gym.rl.config import EnvSpec
+    from diloco_gym.rl.env_specs import EnvSpec
     from diloco_gym.rl.imitation import behaviour_clone
     from diloco_gym.rl.wrappers import BudgetFeatures
 

@@ -39,7 +39,7 @@ def test_one_builder_wraps_every_kind_the_same_way() -> None:
     its episode seeds are those of a TrainSeedWrapper seeded with seed + i."""
     from stable_baselines3.common.monitor import Monitor
 
-    from diloco_gym.rl.config import EnvSpec
+    from diloco_gym.rl.env_specs import EnvSpec
     from diloco_gym.rl.train_envs import make_vec_env
     from diloco_gym.rl.wrappers import BudgetFeatures
 
@@ -60,7 +60,7 @@ def test_one_builder_wraps_every_kind_the_same_way() -> None:
 
 
 def test_the_builder_refuses_what_it_cannot_build() -> None:
-    from diloco_gym.rl.config import EnvSpec
+    from diloco_gym.rl.env_specs import EnvSpec
     from diloco_gym.rl.train_envs import make_vec_env, regime_spec
 
     budget = EnvSpec("bursty", "bursty", None, 10, None)
@@ -79,7 +79,7 @@ def test_the_fleet_kind_goes_through_the_same_builder() -> None:
     env i's episode seeds starting from seed * 1000 + i (the shipped fleet model's rule)."""
     from pathlib import Path
 
-    from diloco_gym.rl.fleet import FleetEnvSpec
+    from diloco_gym.rl.env_specs import FleetEnvSpec
     from diloco_gym.rl.train_envs import make_vec_env
 
     fleet = str(Path(__file__).resolve().parents[2] / "docs" / "examples" / "fleet.toml")

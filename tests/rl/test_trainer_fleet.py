@@ -1,0 +1,186 @@
+"""The one trainer on a fleet: ``diloco-gym train --fleet FILE`` (or ``fleet`` in a config's
+``[env]``), the model it writes, and the protocol judging that model (the fleet report)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("sb3_contrib")
+
+from rl_helpers import cli_exit_one_line, write_config  # noqa: E402
+
+from diloco_gym.agents.fleet import fleet_agent  # noqa: E402
+from diloco_gym.agents.registry import make_agents  # noqa: E402
+from diloco_gym.cli import main  # noqa: E402
+from diloco_gym.envs.fleet import DiLoCoFleetEnv  # noqa: E402
+from diloco_gym.eval.rollout import run_episode  # noqa: E402
+from diloco_gym.sim.fleet import FleetParams, SiteConfig  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+#: A two-site fleet with two fragments (26 observation features).
+TWO_SITES = '[fleet]\nfragments = 2\n[[site]]\nname = "a"\n[[site]]\nname = "b"\n'
+#: A tiny fleet run: imitation warm start, two budgets, one validation episode.
+TINY_FLEET = """
+[train]
+algo = "maskable-ppo"
+timesteps = 256
+seed = 2
+eval_episodes = 2
+eval_freq = 0
+checkpoint_freq = 0
+bc_teacher = "online-forecast-budget"
+bc_episodes = 1
+bc_epochs = 1
+
+[env]
+fleet = "{fleet}"
+budgets_per_10min = [24, 32]
+excess_weight = 0.05
+
+[algo]
+n_steps = 128
+batch_size = 64
+n_epochs = 2
+policy_kwargs = {{ net_arch = [16, 16] }}
+"""
+
+
+@pytest.fixture(scope="module")
+def fleet_run(tmp_path_factory) -> Path:
+    d = tmp_path_factory.mktemp("fleet-train")
+    fleet = d / "f.toml"
+    fleet.write_text(TWO_SITES)
+    cfg = write_config(d, TINY_FLEET.format(fleet=fleet))
+    out = d / "run"
+    assert main(["train", "--config", str(cfg), "--out", str(out), "--no-progress"]) == 0
+    return out
+
+
+@pytest.mark.slow
+def test_train_on_a_fleet_writes_a_fleet_model(fleet_run: Path) -> None:
+    meta = json.loads((fleet_run / "meta.json").read_text())
+    assert meta["regime"] == "fleet:f" and meta["fleet"].endswith("f.toml")
+    assert [s["merge_budget"] for s in meta["env_specs"]] == [24, 32]
+    assert meta["observation"]["transform"] == "budget"
+    env = DiLoCoFleetEnv(fleet=meta["fleet"])
+    assert meta["observation"]["base_size"] == env.observation_space.shape[0] == 26
+    assert meta["observation"]["base_features"][:2] == ["gap", "corridor_open"]
+    assert meta["behaviour_cloning"]["samples"] > 0  # the teacher played through its fleet view
+    # validation beside the fleet report's matched random and oracle, per budget
+    per_env = meta["final_validation"]["per_env"]
+    assert set(per_env) == {"fleet:f@24", "fleet:f@32"}
+    for r in per_env.values():
+        assert r["oracle_pct"] <= r["matched_random_pct"]
+    assert (fleet_run / "validation.csv").is_file()
+
+
+@pytest.mark.slow
+def test_a_fleet_model_loads_keeps_its_budget_and_is_judged_by_the_fleet_report(
+    fleet_run: Path,
+) -> None:
+    from diloco_gym.eval.fleet import FleetReportConfig, run_fleet_report
+
+    fleet = str(fleet_run.parent / "f.toml")
+    (agent,) = make_agents([str(fleet_run / "model.zip")])
+    assert agent.budget_aware and fleet_agent(agent) is agent
+    res = run_episode(DiLoCoFleetEnv(fleet=fleet, merge_budget=32), agent, 3)
+    assert res["merges"] == 32  # the budget is kept exactly (the mask)
+    config = FleetReportConfig(
+        fleet=fleet,
+        agents=[str(fleet_run / "model.zip"), "online-forecast-budget"],
+        seeds=2,
+        draws=20,
+        env={"merge_budget": 24},
+        in_process_agents=True,
+    )
+    summary = run_fleet_report(config)["summary"]
+    assert len(summary) == 2 and set(summary["syncs_per_hour"]) == {24 * 6.0}
+
+
+def test_train_refuses_a_regime_and_a_fleet_together(tmp_path, capsys) -> None:
+    fleet = write_config(tmp_path, TWO_SITES, "f.toml")
+    argv = ["train", "--fleet", str(fleet), "--regime", "bursty", "--out", str(tmp_path / "o")]
+    code, err = cli_exit_one_line(argv, capsys)
+    assert code == 2 and "--regime or --fleet" in err
+
+
+def test_train_refuses_a_rounds_fleet_before_writing_anything(tmp_path, capsys) -> None:
+    fleet = write_config(
+        tmp_path,
+        '[fleet]\nmodel_version = 1\ntiming = "rounds"\ngrace_s = 9\n'
+        '[[site]]\nname = "a"\n[[site]]\nname = "b"\n',
+        "rounds.toml",
+    )
+    out = tmp_path / "o"
+    code, err = cli_exit_one_line(["train", "--fleet", str(fleet), "--out", str(out)], capsys)
+    assert code == 2 and "rounds" in err and str(fleet) in err
+    assert not out.exists()
+
+
+@pytest.mark.slow
+def test_the_shipped_v1_fleet_agent_is_its_config_run_bit_for_bit(tmp_path) -> None:
+    """``diloco-gym train --config agents/reference/fleet-budget-v1/config.toml`` gives the
+    shipped policy's weights exactly, with the library versions its meta.json records."""
+    import io
+    import zipfile
+
+    import torch
+
+    from diloco_gym.rl.algos import library_versions
+
+    ref = ROOT / "agents" / "reference" / "fleet-budget-v1"
+    meta = json.loads((ref / "meta.json").read_text())
+    now = library_versions()
+    keys = ("torch", "stable_baselines3", "sb3_contrib", "numpy", "gymnasium")
+    if any(meta["versions"].get(k) != now.get(k) for k in keys):
+        pytest.skip("other library versions than the shipped model's: no bit-for-bit check")
+    text = (ref / "config.toml").read_text().replace("eval_episodes = 10", "eval_episodes = 0")
+    cfg = write_config(tmp_path, text.replace('"docs/', f'"{ROOT}/docs/'))
+    out = tmp_path / "run"
+    assert main(["train", "--config", str(cfg), "--out", str(out), "--no-progress"]) == 0
+
+    def weights(path: Path) -> dict:
+        with zipfile.ZipFile(path) as z:
+            return torch.load(io.BytesIO(z.read("policy.pth")), weights_only=True)
+
+    got, shipped = weights(out / "model.zip"), weights(ref / "model.zip")
+    assert got.keys() == shipped.keys()
+    assert all(torch.equal(got[k], shipped[k]) for k in got)
+
+
+def test_shipped_fleet_agent_loads_and_keeps_its_budget():
+    model = ROOT / "agents" / "reference" / "fleet-budget" / "model.zip"
+    if not model.is_file():
+        pytest.skip("no shipped fleet agent in this checkout")
+    (agent,) = make_agents([str(model.parent)])
+    env = DiLoCoFleetEnv(fleet=str(ROOT / "docs" / "examples" / "fleet.toml"), merge_budget=64)
+    res = run_episode(env, agent, 0)
+    assert res["merges"] == 64
+
+
+def test_fleet_model_refused_on_a_narrower_env():
+    model = ROOT / "agents" / "reference" / "fleet-budget" / "model.zip"
+    if not model.is_file():
+        pytest.skip("no shipped fleet agent in this checkout")
+    (agent,) = make_agents([str(model.parent)])
+    env = DiLoCoFleetEnv(
+        fleet=FleetParams(sites=(SiteConfig(name="x"),), merge_seconds=8.0), merge_budget=8
+    )
+    with pytest.raises(ValueError):
+        run_episode(env, agent, 0)
+
+
+def test_shipped_v1_fleet_agent_loads_on_model_v1_and_keeps_its_budget():
+    model = ROOT / "agents" / "reference" / "fleet-budget-v1" / "model.zip"
+    if not model.is_file():
+        pytest.skip("no shipped v1 fleet agent in this checkout")
+    meta = json.loads((model.parent / "meta.json").read_text())
+    assert meta["fleet"] == "docs/examples/fleet-v1.toml"
+    (agent,) = make_agents([str(model.parent)])
+    env = DiLoCoFleetEnv(fleet=str(ROOT / "docs" / "examples" / "fleet-v1.toml"), merge_budget=48)
+    assert env.fleet.model_version == 1
+    res = run_episode(env, agent, 0)
+    assert res["merges"] == 48 and res["model_version"] == 1
