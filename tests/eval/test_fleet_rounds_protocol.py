@@ -127,3 +127,25 @@ def test_the_report_runs_rounds_fleets_and_refuses_the_own_rule_elsewhere(tmp_pa
             FleetReportConfig(fleet="docs/examples/fleet.toml", agents=["online-forecast+own"],
                               seeds=2, draws=5)
         )  # fmt: skip
+
+
+def test_the_rounds_summary_carries_the_rounds_columns_and_an_upper_bound_oracle():
+    """The per-agent summary of a rounds report has the rounds' columns (means of the
+    rows'), so the frontier and a sweep's summary carry them; its table heads the oracle
+    as an upper bound and its rows do not claim the single-host local search."""
+    from diloco_gym.eval.fleet import fleet_summary_table
+
+    res = run_fleet_report(
+        FleetReportConfig(fleet="docs/examples/fleet-rounds.toml",
+                          agents=["pressure-gate", "pressure-gate+own"], seeds=2, draws=10,
+                          in_process_agents=True)
+    )  # fmt: skip
+    summary, rows = res["summary"], res["rows"]
+    for agent, g in rows.groupby("agent"):
+        got = summary[summary["agent"] == agent].iloc[0]
+        for col in fr.ROUNDS_SUMMARY_COLUMNS:
+            assert got[col] == pytest.approx(g[col].mean())
+    assert fr.is_rounds(summary) and not fr.is_rounds(rows.drop(columns=["dropped_contributions"]))
+    assert "| oracle (upper bound) pp |" in fleet_summary_table(summary)
+    assert set(rows["oracle_schedule"]) == {fr.ORACLE_ROUNDS}
+    assert "local search" not in fr.ORACLE_ROUNDS and "upper bound" in fr.ORACLE_ROUNDS
