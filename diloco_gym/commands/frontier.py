@@ -42,7 +42,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="MERGES_PER_HOUR",
         default=None,
         help="the budget grid in merges per hour (default 48 60 72 96 144, a 600 s episode "
-        "holds 48..192/h; with --fleet: five inside the fleet episode's feasible range)",
+        "holds 48..192/h; with --fleet: five inside the fleet episode's feasible range; "
+        "on a fleet with timing = 'rounds' a budget counts rounds)",
     )
     p.add_argument(
         "--seeds",

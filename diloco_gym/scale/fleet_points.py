@@ -14,7 +14,10 @@ Keys of a fleet sweep: ``fleet``, ``agents``, ``seeds``, ``seed0``, ``draws``, `
 ``calibration`` (the file the fleet's calibration verdict is judged against, as ``report
 --fleet --calibration``), ``in_process_agents``, ``merge_budget`` (fragment syncs per
 episode) and ``env.NAME`` (an ``EnvParams`` field, or a ``FleetParams`` field such as
-``env.bits`` or ``env.fragments``, overriding the fleet file). The single-host keys
+``env.bits``, ``env.fragments``, ``env.grace_s`` or ``env.quorum``, overriding the fleet
+file). A fleet with per-site timing (``timing = "rounds"``) is scored as ``report --fleet``
+scores it; ``merge_budget`` then counts rounds and an agent named ``X+own`` runs ``X`` with
+the own-forecast site rule. The single-host keys
 (:data:`NOT_WITH_FLEET`) are refused: a fleet's sites set their own traffic, traces,
 windows and sidecars in the fleet file.
 """

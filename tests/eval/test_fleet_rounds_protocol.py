@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import gymnasium as gym
 import numpy as np
 import pytest
@@ -129,6 +131,9 @@ def test_the_report_runs_rounds_fleets_and_refuses_the_own_rule_elsewhere(tmp_pa
         )  # fmt: skip
 
 
+ROUNDS_EXAMPLE = Path(__file__).resolve().parents[2] / "docs" / "examples" / "fleet-rounds.toml"
+
+
 def test_the_rounds_summary_carries_the_rounds_columns_and_an_upper_bound_oracle():
     """The per-agent summary of a rounds report has the rounds' columns (means of the
     rows'), so the frontier and a sweep's summary carry them; its table heads the oracle
@@ -136,9 +141,8 @@ def test_the_rounds_summary_carries_the_rounds_columns_and_an_upper_bound_oracle
     from diloco_gym.eval.fleet import fleet_summary_table
 
     res = run_fleet_report(
-        FleetReportConfig(fleet="docs/examples/fleet-rounds.toml",
-                          agents=["pressure-gate", "pressure-gate+own"], seeds=2, draws=10,
-                          in_process_agents=True)
+        FleetReportConfig(fleet=str(ROUNDS_EXAMPLE),
+                          agents=["pressure-gate", "pressure-gate+own"], seeds=2, draws=10)
     )  # fmt: skip
     summary, rows = res["summary"], res["rows"]
     for agent, g in rows.groupby("agent"):
