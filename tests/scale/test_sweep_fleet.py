@@ -202,3 +202,5 @@ def test_a_rounds_fleet_sweep_runs_the_own_rule_over_quorum_and_grace(tmp_path):
     summary = pd.read_csv(tmp_path / "out" / "summary.csv")
     assert {"dropped_contributions", "token_share_mean", "dropped_progress"} <= set(summary)
     assert len(summary) == 4 and summary["token_share_mean"].between(0, 1).all()
+    md = (tmp_path / "out" / "summary.md").read_text()
+    assert "| token_share_mean | p_holm |" in md and "an upper bound with no certified" in md
