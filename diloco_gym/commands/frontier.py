@@ -42,7 +42,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="MERGES_PER_HOUR",
         default=None,
         help="the budget grid in merges per hour (default 48 60 72 96 144, a 600 s episode "
-        "holds 48..192/h; with --fleet: five inside the fleet episode's feasible range)",
+        "holds 48..192/h; with --fleet: five inside the fleet episode's feasible range; "
+        "on a fleet with timing = 'rounds' a budget counts rounds)",
     )
     p.add_argument(
         "--seeds",
@@ -228,12 +229,15 @@ def _frontier_fleet(args: argparse.Namespace) -> int:
 
 def fleet_budgets(args: argparse.Namespace) -> list[int]:
     """``--budgets`` (merges per hour) as fragment syncs per episode of the fleet's first
-    test episode (rounded; distinct); by default five inside its feasible range."""
-    from diloco_gym.envs.fleet import DiLoCoFleetEnv, require_fixed_precision
+    test episode (rounded; distinct); by default five inside its feasible range. On a fleet
+    with per-site timing a sync is a round (its opening rides the fleet env's merge, under
+    the same corridor and ``merge_budget``), so the budgets count rounds."""
+    from diloco_gym.envs.fleet import require_fixed_precision
+    from diloco_gym.envs.fleet_rounds import make_fleet_env
     from diloco_gym.sim.schedules import budget_range
 
     try:
-        env = DiLoCoFleetEnv(fleet=args.fleet)
+        env = make_fleet_env(fleet=args.fleet)
         require_fixed_precision(env.fleet, "frontier --fleet")
         env.reset(seed=args.seed0)
     except (ValueError, OSError) as exc:  # a FleetConfigError too

@@ -376,8 +376,8 @@ class DiLoCoFleetEnv(DiLoCoSyncEnv):
             raise ValueError(
                 "this fleet has timing = 'rounds' (per-site timing), which DiLoCoFleetEnv, "
                 "the one-instant fleet, does not run: make it with gym.make('DiLoCoFleet-v1', "
-                "...) or diloco_gym.envs.fleet_rounds.DiLoCoFleetRoundsEnv; the fleet "
-                "frontier, sweeps and the fleet trainer do not take it yet"
+                "...) or diloco_gym.envs.fleet_rounds.DiLoCoFleetRoundsEnv (make_fleet_env picks "
+                "the env by timing); the fleet trainer does not take it yet"
             )
         setup = FleetSetup(fleet, base)
         self.fleet = fleet

@@ -6,6 +6,13 @@ exactly that many syncs) every agent runs on the same fleet episodes as in
 number of syncs (the exact sampler under the fleet corridor), the oracle at the same budget,
 the gap captured, the worst site's excess, and the report's gate (non-zero units, Holm over
 the deployable agents, per budget). Deployable agents run sealed as in the fleet report.
+
+On a fleet with per-site timing (``timing = "rounds"``) a sync is a round: the budget counts
+rounds (a round's opening is the fleet env's merge, under the same corridor and budget),
+each budget is scored as the report scores rounds (:mod:`diloco_gym.eval.fleet_rounds`:
+matched random keeps each round's contributing sites, the oracle is the additive optimum,
+an upper bound with no certified lower bound, and is labelled so), and the frontier adds
+the rounds' columns (:data:`~diloco_gym.eval.fleet_rounds.ROUNDS_SUMMARY_COLUMNS`).
 """
 
 from __future__ import annotations
@@ -16,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from diloco_gym.eval import fleet_rounds
 from diloco_gym.eval.fleet import (
     FleetFiles,
     FleetReportConfig,
@@ -82,7 +90,7 @@ def run_fleet_frontier(config: FleetFrontierConfig, progress: bool = False) -> d
             gap_captured(r.sync_excess_pct, r.matched_random_mean, r.oracle_same_budget_pct)
             for r in s.itertuples()
         ]
-        parts.append(s[_COLUMNS])
+        parts.append(s[_COLUMNS + [c for c in fleet_rounds.ROUNDS_SUMMARY_COLUMNS if c in s]])
         r = res["rows"].copy()
         r.insert(0, "budget", b)
         rows.append(r)
@@ -102,20 +110,39 @@ def run_fleet_frontier(config: FleetFrontierConfig, progress: bool = False) -> d
 
 def frontier_table(frontier, worst_site_weight: float = 0.0) -> str:
     """The frontier as a Markdown table (the oracle column labelled by
-    :func:`~diloco_gym.eval.fleet.oracle_label`; the gap is captured toward that oracle)."""
+    :func:`~diloco_gym.eval.fleet.oracle_label`; the gap is captured toward that oracle).
+    A rounds fleet's frontier (:func:`~diloco_gym.eval.fleet_rounds.is_rounds`) labels the
+    oracle an upper bound and adds the contributions dropped per episode and the mean
+    token share merged."""
+    rounds = fleet_rounds.is_rounds(frontier)
     head = (
-        f"| budget | agent | syncs/h | agent pp | random pp | {oracle_label(worst_site_weight)} "
-        "| gap | worst site pp | verdict |"
+        f"| budget | agent | syncs/h | agent pp | random pp | "
+        f"{oracle_label(worst_site_weight, rounds=rounds)} | gap | worst site pp | "
+        + ("dropped per episode | token share | " if rounds else "")
+        + "verdict |"
     )
-    lines = [head, "|" + "---|" * 9]
+    lines = [head, "|" + "---|" * (11 if rounds else 9)]
     for r in frontier.itertuples():
+        more = f"{r.dropped_contributions:.2f} | {r.token_share_mean:.3f} | " if rounds else ""
         lines.append(
             f"| {r.budget} | {r.agent} | {r.syncs_per_hour:.1f} | {r.sync_excess_pct:.3f} | "
             f"{r.matched_random_mean:.3f} | {r.oracle_same_budget_pct:.3f} | "
             f"{'' if np.isnan(r.gap_captured) else f'{r.gap_captured:.2f}'} | "
-            f"{r.worst_site_sync_excess_pct:.3f} | {r.verdict} |"
+            f"{r.worst_site_sync_excess_pct:.3f} | {more}{r.verdict} |"
         )
     return "\n".join(lines)
+
+
+def _curve_labels(fleet: dict[str, Any]) -> tuple[str, str]:
+    """The figure's labels of matched random and the oracle (a rounds fleet's oracle is
+    the additive optimum, an upper bound: not an exact DP)."""
+    if fleet.get("timing") == "rounds":
+        return (
+            "matched random (same rounds and sites)",
+            "oracle (additive optimum, upper bound; non-deployable)",
+        )
+    oracle = oracle_label(fleet["worst_site_weight"])[: -len(" pp")]
+    return "matched random (same syncs)", oracle + " (exact DP, non-deployable)"
 
 
 def fleet_frontier_figure(result: dict[str, Any]):
@@ -131,14 +158,10 @@ def fleet_frontier_figure(result: dict[str, Any]):
     fig = Figure(figsize=(11.0, 4.8))
     ax, worst = fig.add_subplot(1, 2, 1), fig.add_subplot(1, 2, 2)
     x = per_budget["syncs_per_hour"]
+    random_label, oracle_curve = _curve_labels(result["fleet"])
     for col, color, label in (
-        ("matched_random_mean", "tab:orange", "matched random (same syncs)"),
-        (
-            "oracle_same_budget_pct",
-            "black",
-            oracle_label(result["fleet"]["worst_site_weight"])[: -len(" pp")]
-            + " (exact DP, non-deployable)",
-        ),
+        ("matched_random_mean", "tab:orange", random_label),
+        ("oracle_same_budget_pct", "black", oracle_curve),
     ):
         ax.plot(x, per_budget[col], "-s", ms=4, color=color, lw=2.5, alpha=0.7, label=label)
     colors = ["tab:blue", "tab:green", "tab:red", "tab:purple", "tab:brown", "tab:pink"]
@@ -179,14 +202,17 @@ def write_fleet_frontier(
     """Write frontier.csv, frontier.json, frontier.md and frontier.png
     (:func:`fleet_frontier_figure`) to ``out`` atomically
     (:func:`~diloco_gym.eval.fleet.write_fleet_dir`: the report's ``--force`` rules)."""
+    fleet = result["fleet"]
+    rounds = fleet.get("timing") == "rounds"
     body = [
-        f"Fleet `{result['fleet']['file']}`, budgets (merges per episode) "
+        f"Fleet `{fleet['file']}`, budgets ({'rounds' if rounds else 'merges'} per episode) "
         f"{result['config']['budgets']}, {result['config']['seeds']} episodes from seed "
         f"{result['config']['seed0']}; calibration verdict "
         f"**{result['calibration_verdict']}**."
-        + (" " + oracle_note(result["fleet"]["worst_site_weight"])).rstrip(),
+        + (" " + oracle_note(fleet["worst_site_weight"])).rstrip(),
         "",
-        frontier_table(result["frontier"], result["fleet"]["worst_site_weight"]),
+        *([fleet_rounds.rounds_paragraph(fleet), ""] if rounds else []),
+        frontier_table(result["frontier"], fleet["worst_site_weight"]),
         "",
         "![fleet frontier](frontier.png)",
     ]

@@ -39,11 +39,24 @@ __all__ = [
     "rounds_columns",
     "rounds_record",
     "rounds_markdown",
+    "rounds_paragraph",
+    "rounds_summary",
+    "is_rounds",
+    "ROUNDS_SUMMARY_COLUMNS",
+    "ORACLE_ROUNDS",
 ]
 
-#: The oracle's status on a rounds fleet (the additive optimum over openings and per-site
-#: placement, replayed exactly; not certified).
-ORACLE_ROUNDS = protocol.ORACLE_BOUND
+#: The oracle's status on a rounds fleet (``oracle_schedule`` of its rows): the additive
+#: optimum over openings and per-site placement, replayed exactly; no local search, not
+#: certified.
+ORACLE_ROUNDS = (
+    "upper bound (additive optimum over round openings and each site's placement, "
+    "replayed exactly; no certified lower bound)"
+)
+
+#: What a rounds summary adds per agent (the mean over its episodes of the rows' columns
+#: of :func:`rounds_columns`).
+ROUNDS_SUMMARY_COLUMNS = ("dropped_contributions", "token_share_mean", "dropped_progress")
 
 
 class RoundsScorer:
@@ -259,17 +272,28 @@ def rounds_record(env: Any) -> dict[str, Any]:
     }
 
 
-def rounds_markdown(record: dict[str, Any], rows: Any, agents: list[str]) -> list[str]:
-    """report.md's paragraph and table on the rounds (nothing without per-site timing)."""
+def rounds_summary(rows: Any) -> dict[str, float]:
+    """One agent's rounds summary (:data:`ROUNDS_SUMMARY_COLUMNS`: the means over its
+    ``rows``); ``{}`` for the rows of a one-instant fleet (no rounds columns)."""
+    if ROUNDS_SUMMARY_COLUMNS[0] not in rows:
+        return {}
+    return {c: float(rows[c].mean()) for c in ROUNDS_SUMMARY_COLUMNS}
+
+
+def is_rounds(frame: Any) -> bool:
+    """Whether a fleet summary (or frontier) ``frame`` is a rounds fleet's (it has the
+    columns of :func:`rounds_summary`)."""
+    return ROUNDS_SUMMARY_COLUMNS[0] in frame
+
+
+def rounds_paragraph(record: dict[str, Any]) -> str:
+    """The rounds' rules, matched random and oracle in a sentence or three (``record``:
+    :func:`rounds_record` of a rounds fleet)."""
     from diloco_gym.text import md_text
 
-    if record.get("timing") != "rounds":
-        return []
     n = len(record["site_delay_max_s"])
     slow = [f"{md_text(k)} up to {v:g} s" for k, v in record["site_delay_max_s"].items() if v]
-    out = [
-        "## Rounds",
-        "",
+    return (
         f"Per-site timing: each sync is a round that every site joins at its own decision; "
         f"grace window {record['grace_s']:g} s ({record['grace_decisions']} decisions), "
         f"quorum {record['quorum']} of {n}; "
@@ -277,7 +301,20 @@ def rounds_markdown(record: dict[str, Any], rows: Any, agents: list[str]) -> lis
         + " Matched random keeps each round's contributing sites and places each uniformly "
         "among the decisions the rules allowed it; the oracle is the additive optimum over "
         "round openings and each site's placement, replayed exactly (an upper bound on the "
-        "exact optimum: no certified lower bound).",
+        "exact optimum: no certified lower bound)."
+    )
+
+
+def rounds_markdown(record: dict[str, Any], rows: Any, agents: list[str]) -> list[str]:
+    """report.md's paragraph and table on the rounds (nothing without per-site timing)."""
+    from diloco_gym.text import md_text
+
+    if record.get("timing") != "rounds":
+        return []
+    out = [
+        "## Rounds",
+        "",
+        rounds_paragraph(record),
         "",
         "| agent | rounds | contributions dropped per episode | token share merged | progress |",
         "|---|---|---|---|---|",

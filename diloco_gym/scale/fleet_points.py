@@ -14,7 +14,10 @@ Keys of a fleet sweep: ``fleet``, ``agents``, ``seeds``, ``seed0``, ``draws``, `
 ``calibration`` (the file the fleet's calibration verdict is judged against, as ``report
 --fleet --calibration``), ``in_process_agents``, ``merge_budget`` (fragment syncs per
 episode) and ``env.NAME`` (an ``EnvParams`` field, or a ``FleetParams`` field such as
-``env.bits`` or ``env.fragments``, overriding the fleet file). The single-host keys
+``env.bits``, ``env.fragments``, ``env.grace_s`` or ``env.quorum``, overriding the fleet
+file). A fleet with per-site timing (``timing = "rounds"``) is scored as ``report --fleet``
+scores it; ``merge_budget`` then counts rounds and an agent named ``X+own`` runs ``X`` with
+the own-forecast site rule. The single-host keys
 (:data:`NOT_WITH_FLEET`) are refused: a fleet's sites set their own traffic, traces,
 windows and sidecars in the fleet file.
 """
@@ -118,7 +121,8 @@ def fleet_point_config(
         FleetConfigError: a malformed fleet file (a ``ValueError``).
         TypeError, ValueError: a bad setting or env value.
     """
-    from diloco_gym.agents.registry import HEURISTICS, shipped_spec
+    from diloco_gym.agents.fleet_rounds import check_site_rules
+    from diloco_gym.agents.registry import HEURISTICS
     from diloco_gym.eval.fleet import FleetReportConfig, protocol_env
 
     def resolve(value: Any) -> str:
@@ -133,10 +137,22 @@ def fleet_point_config(
     kwargs["calibration"] = None if cal in (None, "reference", "none") else resolve(cal)
     agents = kwargs.get("agents", list(HEURISTICS))  # report --fleet's default
     agents = [agents] if isinstance(agents, str) else list(agents)
-    kwargs["agents"] = [shipped_spec(str(a), base) for a in agents]  # a model run, a file
+    kwargs["agents"] = [_shipped(str(a), base) for a in agents]  # a model run, a file
     config = FleetReportConfig(**kwargs, env=dict(env))
-    protocol_env(config, "a fleet sweep point")
+    rounds = protocol_env(config, "a fleet sweep point").fleet.per_site_timing
+    check_site_rules(config.agents, rounds)  # '+own' needs timing = 'rounds'
     return config
+
+
+def _shipped(spec: str, base: Path) -> str:
+    """An agent of a fleet point as a worker reads it (a model run or an agent file made
+    absolute against ``base``), its ``+own`` site rule (a rounds fleet's) kept as the
+    suffix."""
+    from diloco_gym.agents.fleet_rounds import OWN_SUFFIX, split_rule
+    from diloco_gym.agents.registry import shipped_spec
+
+    name, rule = split_rule(spec)
+    return shipped_spec(name, base) + (OWN_SUFFIX if rule == "own-forecast" else "")
 
 
 def fleet_cell_key(config: FleetReportConfig) -> str:

@@ -25,10 +25,17 @@ REPORT_COLUMNS = [
     "p_holm_all_points",
     "verdict",
 ]
+#: The rounds columns summary.md shows for a sweep with rounds points.
+_ROUNDS_MD = ["dropped_contributions", "token_share_mean"]
 _FLEET_NOTE = (
     " Fleet points: sync-excess in pp of all the fleet's requests, matched random and the "
     "oracle at the agent's syncs; worst_site_sync_excess_pct: the worst site's own "
     "sync-excess (pp of its requests); p_holm over the deployable agents only."
+)
+_ROUNDS_NOTE = (
+    " Rounds points (per-site timing): a sync is a round, the oracle is the additive "
+    "optimum, an upper bound with no certified lower bound; dropped_contributions (per "
+    "episode) and token_share_mean are the rounds' means."
 )
 
 
@@ -39,6 +46,8 @@ def sweep_markdown(
     whether its points are fleet points): ``render(summary, errors, notes)`` -> the text."""
 
     def render(summary: pd.DataFrame, errors: list[dict], notes: list[str]) -> str:
+        from diloco_gym.eval.fleet_rounds import is_rounds
+
         lines = [
             f"# Sweep {name}",
             "",
@@ -47,13 +56,18 @@ def sweep_markdown(
         ]
         if not summary.empty:
             agent_cols = fleet_points.MARKDOWN_COLUMNS if fleet else REPORT_COLUMNS
+            rounds = fleet and is_rounds(summary)
+            if rounds:  # before p_holm: the rounds' drops and token share
+                at = agent_cols.index("p_holm")
+                agent_cols = [*agent_cols[:at], *_ROUNDS_MD, *agent_cols[at:]]
             cols = ["point", *(f"grid.{k}" for k in axes), *agent_cols]
             lines += [
                 "p_holm is Holm-adjusted across the agents of one point (the family the "
                 "verdict uses); p_holm_all_points across every agent of every point of this "
                 "sweep (use it when comparing settings). nonzero_units: units whose "
                 "difference is not exactly zero (only they carry evidence)."
-                + (_FLEET_NOTE if fleet else ""),
+                + (_FLEET_NOTE if fleet else "")
+                + (_ROUNDS_NOTE if rounds else ""),
                 "",
             ]
             lines += ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]

@@ -97,3 +97,40 @@ def test_fleet_mode_checks(tmp_path, out, fails):
     prec.write_text('[fleet]\nbits_options = [4, 32]\n[[site]]\nname = "bursty"\n')
     line = fails(["frontier", *out, "--fleet", str(prec)], 1)
     assert "frontier --fleet scores fixed-precision fleets only" in line
+
+
+ROUNDS_EXAMPLE = FLEET_EXAMPLE.with_name("fleet-rounds.toml")
+
+
+def test_a_rounds_fleets_budgets_count_rounds_in_its_range(out, fails):
+    """A per-site timing fleet's budgets come from its rounds env (the one-instant env
+    refuses it): its corridor [32, 64] over 518 decisions holds 8..16 rounds, which the
+    rounds env keeps exactly at both ends (tests/eval/test_fleet_frontier.py)."""
+    args = _args(["--fleet", str(ROUNDS_EXAMPLE)])
+    assert frontier.fleet_budgets(args) == [9, 11, 12, 13, 15]  # linspace(8, 16, 7)[1:-1]
+    explicit = _args(["--fleet", str(ROUNDS_EXAMPLE), "--budgets", "48", "90"])
+    assert frontier.fleet_budgets(explicit) == [8, 15]
+    line = fails(["frontier", *out, "--fleet", str(ROUNDS_EXAMPLE), "--budgets", "42"], 2)
+    assert "--budgets 42/h (7 syncs) outside" in line and "8..16 syncs per episode" in line
+
+
+def test_a_rounds_fleet_frontier_runs_the_own_rule_and_records_its_timing(tmp_path, fails, capsys):
+    """``frontier --fleet`` on a rounds fleet: a budget-aware ``X+own`` agent at every
+    budget, exactly that many rounds; frontier.json says the timing; ``+own`` on a
+    one-instant fleet is a one-line error."""
+    import json
+
+    from diloco_gym.cli import main
+
+    done = tmp_path / "done"
+    argv = ["frontier", "--out", str(done), "--fleet", str(ROUNDS_EXAMPLE), "--budgets", "54"]
+    argv += ["72", "--budget-agents", "fixed-budget+own", "--seeds", "2", "--draws", "10"]
+    assert main([*argv, "--no-progress", "--in-process-agents"]) == 0
+    assert "| oracle (upper bound) pp |" in capsys.readouterr().out
+    saved = json.loads((done / "frontier.json").read_text())
+    assert saved["fleet"]["timing"] == "rounds" and saved["config"]["budgets"] == [9, 12]
+    assert [r["agent"] for r in saved["frontier"]] == ["fixed-budget+own"] * 2
+    assert [r["syncs_per_hour"] for r in saved["frontier"]] == [54.0, 72.0]
+    line = fails(["frontier", "--out", str(tmp_path / "x"), "--fleet", str(FLEET_EXAMPLE),
+                  "--budgets", "300", "--budget-agents", "fixed-budget+own"], 1)  # fmt: skip
+    assert "the '+own' site rule needs a fleet with timing = 'rounds'" in line

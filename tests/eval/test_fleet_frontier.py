@@ -11,6 +11,8 @@ import pytest
 from diloco_gym.eval.fleet import FleetReportConfig
 from diloco_gym.eval.fleet_frontier import (
     FleetFrontierConfig,
+    fleet_frontier_figure,
+    frontier_table,
     gap_captured,
     run_fleet_frontier,
     write_fleet_frontier,
@@ -64,3 +66,46 @@ def test_fleet_frontier_config_errors():
 def test_gap_captured():
     assert gap_captured(agent=1.0, random=2.0, oracle=0.0) == 0.5
     assert math.isnan(gap_captured(agent=1.0, random=1.0, oracle=1.0))
+
+
+ROUNDS = EXAMPLE.with_name("fleet-rounds.toml")
+
+
+def _legend(fig) -> list[str]:
+    return [t.get_text() for ax in fig.axes for t in ax.get_legend().get_texts()]
+
+
+def test_a_rounds_fleet_frontier_counts_rounds_and_calls_its_oracle_an_upper_bound(tmp_path):
+    """On a per-site timing fleet each budget is that many rounds at both ends of the
+    feasible range 8..16 (the rounds env keeps the fleet env's merge budget), a
+    budget-aware agent and its ``+own`` form run at every budget, the frontier carries the
+    rounds' columns, and its table, page and figure call the oracle (the additive
+    optimum, no certified lower bound) an upper bound, never an exact DP."""
+    from diloco_gym.eval.fleet_rounds import ORACLE_ROUNDS, ROUNDS_SUMMARY_COLUMNS
+
+    agents = ["online-forecast-budget", "fixed-budget+own"]
+    report = FleetReportConfig(
+        fleet=str(ROUNDS), agents=agents, seeds=2, draws=20, in_process_agents=True
+    )
+    res = run_fleet_frontier(FleetFrontierConfig(report=report, budgets=[16, 8]))
+    rows, f = res["rows"], res["frontier"]
+    assert (rows["syncs"] == rows["budget"]).all() and set(rows["budget"]) == {8, 16}
+    assert (rows["oracle_schedule"] == ORACLE_ROUNDS).all() and "local search" not in ORACLE_ROUNDS
+    assert list(f["agent"]) == agents * 2
+    assert set(ROUNDS_SUMMARY_COLUMNS) <= set(f)
+    assert ((f["token_share_mean"] > 0) & (f["token_share_mean"] <= 1)).all()
+    table = frontier_table(f)
+    assert "| oracle (upper bound) pp |" in table and "| token share |" in table
+    assert "exact DP" not in " ".join(_legend(fleet_frontier_figure(res)))
+    assert any("upper bound" in t for t in _legend(fleet_frontier_figure(res)))
+    write_fleet_frontier(res, tmp_path / "r")
+    md = (tmp_path / "r" / "frontier.md").read_text()
+    assert "budgets (rounds per episode) [8, 16]" in md and "no certified lower bound" in md
+    saved = json.loads((tmp_path / "r" / "frontier.json").read_text())
+    assert saved["fleet"]["timing"] == "rounds" and saved["fleet"]["quorum"] == 4
+    assert {"dropped_contributions", "token_share_mean"} <= set(saved["frontier"][0])
+    # a one-instant fleet's frontier keeps its exact DP oracle and has no rounds columns
+    instant = run_fleet_frontier(_config())
+    assert "| oracle pp |" in frontier_table(instant["frontier"])
+    assert "token_share_mean" not in instant["frontier"]
+    assert "oracle (exact DP, non-deployable)" in _legend(fleet_frontier_figure(instant))

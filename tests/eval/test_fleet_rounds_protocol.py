@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import gymnasium as gym
 import numpy as np
 import pytest
@@ -127,3 +129,27 @@ def test_the_report_runs_rounds_fleets_and_refuses_the_own_rule_elsewhere(tmp_pa
             FleetReportConfig(fleet="docs/examples/fleet.toml", agents=["online-forecast+own"],
                               seeds=2, draws=5)
         )  # fmt: skip
+
+
+ROUNDS_EXAMPLE = Path(__file__).resolve().parents[2] / "docs" / "examples" / "fleet-rounds.toml"
+
+
+def test_the_rounds_summary_carries_the_rounds_columns_and_an_upper_bound_oracle():
+    """The per-agent summary of a rounds report has the rounds' columns (means of the
+    rows'), so the frontier and a sweep's summary carry them; its table heads the oracle
+    as an upper bound and its rows do not claim the single-host local search."""
+    from diloco_gym.eval.fleet import fleet_summary_table
+
+    res = run_fleet_report(
+        FleetReportConfig(fleet=str(ROUNDS_EXAMPLE),
+                          agents=["pressure-gate", "pressure-gate+own"], seeds=2, draws=10)
+    )  # fmt: skip
+    summary, rows = res["summary"], res["rows"]
+    for agent, g in rows.groupby("agent"):
+        got = summary[summary["agent"] == agent].iloc[0]
+        for col in fr.ROUNDS_SUMMARY_COLUMNS:
+            assert got[col] == pytest.approx(g[col].mean())
+    assert fr.is_rounds(summary) and not fr.is_rounds(rows.drop(columns=["dropped_contributions"]))
+    assert "| oracle (upper bound) pp |" in fleet_summary_table(summary)
+    assert set(rows["oracle_schedule"]) == {fr.ORACLE_ROUNDS}
+    assert "local search" not in fr.ORACLE_ROUNDS and "upper bound" in fr.ORACLE_ROUNDS

@@ -189,3 +189,26 @@ def test_holm_over_points_with_no_deployable_agent():
     summary = pd.DataFrame({"p_value": [0.01, 0.5], "deployable": [False, False]})
     assert all(math.isnan(p) for p in fp.holm_over_points(summary))
     assert fp.holm_over_points(pd.DataFrame({"p_value": [], "deployable": []})) == []
+
+
+ROUNDS = Path(__file__).resolve().parents[2] / "docs" / "examples" / "fleet-rounds.toml"
+
+
+def test_point_config_keeps_the_own_site_rule_of_a_rounds_fleet(fleet_file, tmp_path):
+    """``X+own`` on a rounds fleet stays ``X+own`` (a model run made absolute, its suffix
+    kept); on a one-instant fleet, or made one by ``env.timing``, it is refused when the
+    sweep loads."""
+    rounds = tmp_path / "sweeps" / "rounds.toml"
+    rounds.write_text(ROUNDS.read_text())
+    settings = {"fleet": "rounds.toml", "agents": ["fixed-budget+own", "runs/m+own", "x"]}
+    config = fp.fleet_point_config(settings, rounds.parent, {"merge_budget": 10})
+    assert config.agents == [
+        "fixed-budget+own",
+        str((rounds.parent / "runs" / "m").resolve()) + "+own",
+        str((rounds.parent / "x").resolve()),
+    ]
+    with pytest.raises(ValueError, match=r"'\+own' site rule needs a fleet with timing"):
+        fp.fleet_point_config({"fleet": "fleet.toml", "agents": ["fixed-512+own"]},
+                              fleet_file.parent, {})  # fmt: skip
+    own = {"fleet": "rounds.toml", "agents": ["pressure-gate+own"]}
+    assert fp.fleet_point_config(own, rounds.parent, {"quorum": 2}).env == {"quorum": 2}

@@ -182,3 +182,25 @@ def test_the_docs_fleet_sweep_example_loads_as_written():
     ]
     text = (ROOT / "docs" / "fleet.md").read_text()
     assert "docs/examples/fleet-sweep.toml" in text
+
+
+def test_a_rounds_fleet_sweep_runs_the_own_rule_over_quorum_and_grace(tmp_path):
+    """A sweep whose fleet has per-site timing: ``X+own`` agents and ``env.quorum`` /
+    ``env.grace_s`` axes run, every episode keeps the point's rounds budget, and the
+    summary carries the rounds' columns."""
+    shutil.copy(ROOT / "docs" / "examples" / "fleet-rounds.toml", tmp_path / "r.toml")
+    (tmp_path / "s.toml").write_text(
+        'fleet = "r.toml"\nagents = ["fixed-budget", "fixed-budget+own"]\nseeds = 2\n'
+        "draws = 10\nin_process_agents = true\nmerge_budget = 10\n"
+        '[grid]\n"env.quorum" = [2, 4]\n"env.grace_s" = [4.5]\n'
+    )
+    res = run_sweep(load_sweep(tmp_path / "s.toml"), tmp_path / "out", progress=False)
+    assert res["complete"] and res["failed"] == 0 and res["run"] == 2
+    rows = pd.read_csv(tmp_path / "out" / "results.csv")
+    assert (rows["syncs"] == 10).all()
+    assert set(rows["agent"]) == {"fixed-budget", "fixed-budget+own"}
+    summary = pd.read_csv(tmp_path / "out" / "summary.csv")
+    assert {"dropped_contributions", "token_share_mean", "dropped_progress"} <= set(summary)
+    assert len(summary) == 4 and summary["token_share_mean"].between(0, 1).all()
+    md = (tmp_path / "out" / "summary.md").read_text()
+    assert "| token_share_mean | p_holm |" in md and "an upper bound with no certified" in md
