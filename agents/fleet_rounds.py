@@ -36,6 +36,7 @@ __all__ = [
     "OWN_SUFFIX",
     "split_rule",
     "check_site_rules",
+    "check_per_site",
 ]
 
 SITE_RULES = ("together", "own-forecast")
@@ -52,6 +53,17 @@ def check_site_rules(names: list[str], rounds: bool) -> None:
     if own and not rounds:
         raise ValueError(
             f"agent(s) {own}: the '+own' site rule needs a fleet with timing = 'rounds'"
+        )
+
+
+def check_per_site(agents: list[Any], rounds: bool) -> None:
+    """An agent that chooses each site's contribution itself (``per_site``: a model trained
+    on a rounds fleet) needs a rounds fleet: a one-line ``ValueError`` naming it."""
+    per_site = [a.name for a in agents if getattr(a, "per_site", False)]
+    if per_site and not rounds:
+        raise ValueError(
+            f"agent(s) {per_site} were trained on a fleet with timing = 'rounds' (one action "
+            f"per site): run them on such a fleet"
         )
 
 
@@ -138,8 +150,17 @@ class RoundsOracleView(RoundsView):
         self.agent.attach_episode(env, episode_seed)
 
 
-def rounds_agent(agent: Any, rule: str = "together") -> RoundsView:
-    """``agent`` (a fleet agent) on a rounds fleet with the site ``rule``."""
+def rounds_agent(agent: Any, rule: str = "together") -> Any:
+    """``agent`` (a fleet agent) on a rounds fleet with the site ``rule``. An agent that
+    chooses each site's contribution itself (``per_site``: a model trained on a rounds
+    fleet) runs as it is, and a site rule other than ``together`` is refused for it."""
+    if getattr(agent, "per_site", False):
+        if rule != "together":
+            raise ValueError(
+                f"{agent.name} chooses each site's contribution itself: the '+own' site "
+                f"rule does not apply to it"
+            )
+        return agent
     if getattr(agent, "deployable", True):
         return RoundsView(agent, rule)
     return RoundsOracleView(agent, rule)

@@ -277,6 +277,8 @@ class LearnedAgent(Agent):
         self.obs_transform = obs_transform
         #: a budget-conditioned model steers by its merge budget (frontier: "budget-aware").
         self.budget_aware = obs_transform is not None
+        #: a model trained on a rounds fleet: one action per site (``MultiBinary``)
+        self.per_site = type(getattr(model, "action_space", None)).__name__ == "MultiBinary"
 
     def attach(self, context: AgentContext) -> None:
         """Remember the context (the action mask of maskable models; the public merge
@@ -287,6 +289,11 @@ class LearnedAgent(Agent):
             raise ValueError(
                 f"{self.name} is budget-conditioned: run it with a merge budget "
                 f"(merge_budget=M; `diloco-gym frontier` gives one at every budget)"
+            )
+        if self.per_site and "round_open" not in (context.features or ()):
+            raise ValueError(
+                f"{self.name} was trained on a fleet with timing = 'rounds' (one action per "
+                f"site): run it on such a fleet"
             )
         self._context = context
 
@@ -303,6 +310,8 @@ class LearnedAgent(Agent):
                 )
             x = augment_observation(x, self._context.params, self.obs_transform)
         actions, _ = self.model.predict(x, deterministic=True, **kwargs)
+        if self.per_site:  # one row of site actions per observation
+            return np.asarray(actions, dtype=np.int64).reshape(len(obs), -1)
         return np.asarray(actions, dtype=np.int64).reshape(len(obs))
 
 

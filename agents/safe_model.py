@@ -13,7 +13,8 @@ the moment it is loaded. :func:`load_policy_safely` reads only
 The policy is rebuilt from a short list of known classes (:data:`KNOWN_POLICIES`: the
 actor-critic policy of PPO, MaskablePPO's maskable one, DQN's Q-network policy) with the
 recorded constructor arguments, and its weights must match it exactly. Anything else (an
-unknown policy class, a space other than a ``Box`` / ``Discrete``, a constructor argument
+unknown policy class, a space other than a ``Box`` / ``Discrete`` / ``MultiBinary`` (one
+action per site: a model trained on a rounds fleet; PPO or MaskablePPO), a constructor argument
 outside :data:`_KWARGS`, weights that are not plain tensors) is refused with an error that
 names the file and what was refused. ``--trust-model-file`` (``diloco_gym.agents.learned``) switches
 back to SB3's normal loader for files the user trusts.
@@ -182,12 +183,33 @@ def _spaces(path: Path, data: dict) -> tuple[Any, Any]:
     except (KeyError, ValueError, TypeError) as exc:
         raise _refuse(path, f"the observation space is not a plain Box ({exc})") from None
     try:
-        if not (isinstance(act, dict) and "spaces.discrete.Discrete" in str(act.get(":type:"))):
-            raise ValueError("not a Discrete")
-        act_space = gym.spaces.Discrete(int(act["n"]), start=int(act.get("start", 0)))
+        n, binary = _action_size(act)
+        if binary:
+            act_space: Any = gym.spaces.MultiBinary(n)
+        else:
+            act_space = gym.spaces.Discrete(n, start=int(dict(act or {}).get("start", 0)))
     except (KeyError, ValueError, TypeError) as exc:
-        raise _refuse(path, f"the action space is not a plain Discrete ({exc})") from None
+        what = f"the action space is not a plain Discrete or MultiBinary ({exc})"
+        raise _refuse(path, what) from None
     return obs_space, act_space
+
+
+def _action_size(act: Any) -> tuple[int, bool]:
+    """``(n, binary)`` of a recorded action space: ``Discrete(n)``, or ``MultiBinary(n)``
+    with ``n`` a plain count (one action per site)."""
+    if not isinstance(act, dict):
+        raise ValueError("not a Discrete or a MultiBinary")
+    kind = str(act.get(":type:"))
+    binary = "spaces.multi_binary.MultiBinary" in kind
+    if not binary and "spaces.discrete.Discrete" not in kind:
+        raise ValueError("not a Discrete or a MultiBinary")
+    raw = act["n"]  # a Discrete's is written as a string ("2"), a MultiBinary's as an int
+    if isinstance(raw, bool) or not isinstance(raw, int | str):
+        raise ValueError(f"n = {str(raw)[:40]}")
+    n = int(raw)
+    if n < 1:
+        raise ValueError(f"n = {n}")
+    return n, binary
 
 
 def _policy_kwargs(path: Path, entry: Any) -> dict[str, Any]:
@@ -431,8 +453,12 @@ def _policy_parts(p: Path, data: dict[str, Any]) -> tuple[type, str, Any, Any, d
     ``MODEL_PARAMS`` before any space or layer is built."""
     cls, algo, takes_sde = _policy_class(p, data.get("policy_class"))
     kwargs = _policy_kwargs(p, data.get("policy_kwargs"))
-    obs_shape, n_actions = _space_sizes(p, data)
-    count = policy_parameter_count(algo, int(np.prod(obs_shape)), n_actions, kwargs.get("net_arch"))
+    obs_shape, n_actions, binary = _space_sizes(p, data)
+    if binary and algo == "dqn":
+        raise _refuse(p, "a MultiBinary action space is rebuilt for ppo and maskable-ppo only")
+    # the action head: one logit per site (PPO's Bernoulli), two (MaskablePPO's categorical)
+    heads = 2 * n_actions if binary and algo == "maskable-ppo" else n_actions
+    count = policy_parameter_count(algo, int(np.prod(obs_shape)), heads, kwargs.get("net_arch"))
     arch = kwargs.get("net_arch")
     _limit(p, "MODEL_PARAMS", count, f"policy_kwargs.net_arch {arch} (parameters)")
     obs_space, act_space = _spaces(p, data)
@@ -443,9 +469,10 @@ def _policy_parts(p: Path, data: dict[str, Any]) -> tuple[type, str, Any, Any, d
     return cls, algo, obs_space, act_space, kwargs
 
 
-def _space_sizes(p: Path, data: dict[str, Any]) -> tuple[tuple[int, ...], int]:
-    """The observation shape and the number of actions, read as plain numbers (nothing of
-    their size is allocated)."""
+def _space_sizes(p: Path, data: dict[str, Any]) -> tuple[tuple[int, ...], int, bool]:
+    """The observation shape, the number of actions (of sites for a ``MultiBinary``) and
+    whether the action space is a ``MultiBinary``, read as plain numbers (nothing of their
+    size is allocated)."""
     obs, act = data.get("observation_space"), data.get("action_space")
     try:
         if not (isinstance(obs, dict) and "spaces.box.Box" in str(obs.get(":type:"))):
@@ -457,16 +484,13 @@ def _space_sizes(p: Path, data: dict[str, Any]) -> tuple[tuple[int, ...], int]:
     except (KeyError, ValueError, TypeError) as exc:
         raise _refuse(p, f"the observation space is not a plain Box ({exc})") from None
     try:
-        if not (isinstance(act, dict) and "spaces.discrete.Discrete" in str(act.get(":type:"))):
-            raise ValueError("not a Discrete")
-        n = int(act["n"])
-        if n < 1:
-            raise ValueError(f"n = {n}")
+        n, binary = _action_size(act)
     except (KeyError, ValueError, TypeError) as exc:
-        raise _refuse(p, f"the action space is not a plain Discrete ({exc})") from None
+        what = f"the action space is not a plain Discrete or MultiBinary ({exc})"
+        raise _refuse(p, what) from None
     _limit(p, "MODEL_PARAMS", float(np.prod([float(x) for x in shape])), "observation_space._shape")
     _limit(p, "MODEL_PARAMS", n, "action_space.n")
-    return shape, n
+    return shape, n, binary
 
 
 def _mlp(size: int, arch: list[int]) -> tuple[int, int]:

@@ -169,7 +169,12 @@ def _run_fleet(args: argparse.Namespace) -> int:
     checks.check_no_fleet_options(args)
     checks.check_run_agent(args.agent, args.fleet)
     env = _fleet_env(args)
-    from diloco_gym.agents.fleet_rounds import check_site_rules, rounds_agent, split_rule
+    from diloco_gym.agents.fleet_rounds import (
+        check_per_site,
+        check_site_rules,
+        rounds_agent,
+        split_rule,
+    )
 
     try:
         check_site_rules([args.agent], env.fleet.per_site_timing)
@@ -179,7 +184,12 @@ def _run_fleet(args: argparse.Namespace) -> int:
         base, rule = split_rule(args.agent)
         agent = rounds_agent(fleet_agent(checks.load_agent(base)), rule)
     else:
-        agent = fleet_agent(checks.load_agent(args.agent))
+        loaded = checks.load_agent(args.agent)
+        try:
+            check_per_site([loaded], False)
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+        agent = fleet_agent(loaded)
     _print_fleet_episodes(args, _sealed(args, agent), env)
     return 0
 

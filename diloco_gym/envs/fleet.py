@@ -377,7 +377,7 @@ class DiLoCoFleetEnv(DiLoCoSyncEnv):
                 "this fleet has timing = 'rounds' (per-site timing), which DiLoCoFleetEnv, "
                 "the one-instant fleet, does not run: make it with gym.make('DiLoCoFleet-v1', "
                 "...) or diloco_gym.envs.fleet_rounds.DiLoCoFleetRoundsEnv (make_fleet_env picks "
-                "the env by timing); the fleet trainer does not take it yet"
+                "the env by timing)"
             )
         setup = FleetSetup(fleet, base)
         self.fleet = fleet

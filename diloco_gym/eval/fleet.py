@@ -246,7 +246,12 @@ def _report_agents(config: FleetReportConfig) -> list[Any]:
     """``config``'s agents as fleet agents, sealed in a worker process unless
     ``config.in_process_agents`` (:func:`~diloco_gym.eval.sealed.seal_agents`)."""
     from diloco_gym.agents.fleet import fleet_agent
-    from diloco_gym.agents.fleet_rounds import check_site_rules, rounds_agent, split_rule
+    from diloco_gym.agents.fleet_rounds import (
+        check_per_site,
+        check_site_rules,
+        rounds_agent,
+        split_rule,
+    )
     from diloco_gym.agents.registry import make_agents
     from diloco_gym.envs.fleet_rounds import fleet_timing
     from diloco_gym.eval.sealed import seal_agents
@@ -258,7 +263,9 @@ def _report_agents(config: FleetReportConfig) -> list[Any]:
         # X and X+own are two agents of one registry name: made one by one
         agents = [rounds_agent(fleet_agent(make_agents([nm])[0]), rule) for nm, rule in pairs]
     else:
-        agents = [fleet_agent(a) for a in make_agents(list(config.agents))]
+        made = make_agents(list(config.agents))
+        check_per_site(made, rounds)
+        agents = [fleet_agent(a) for a in made]
     return seal_agents(agents, in_process=config.in_process_agents)
 
 

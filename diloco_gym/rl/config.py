@@ -722,18 +722,25 @@ def _check_observation(cfg: TrainConfig, path: str) -> None:
 def _check_teacher(cfg: TrainConfig, path: str) -> None:
     """The behaviour-cloning teacher: a deployable registry agent, for a budget run."""
     if cfg.bc_teacher is not None:
+        from diloco_gym.agents.fleet_rounds import split_rule
         from diloco_gym.agents.registry import AGENTS
 
-        if cfg.bc_teacher not in AGENTS:
+        base, rule = split_rule(cfg.bc_teacher)
+        if rule != "together" and cfg.fleet is None:
+            raise ConfigError(
+                f"{path}: [train] bc_teacher {cfg.bc_teacher!r}: the '+own' site rule needs a "
+                f"fleet with timing = 'rounds'"
+            )
+        if base not in AGENTS:
             raise ConfigError(
                 f"{path}: [train] bc_teacher {cfg.bc_teacher!r} is not an agent; valid: "
                 f"{', '.join(AGENTS)}"
             )
-        if cfg.budgets_per_hour is None:
+        if cfg.budgets_per_hour is None and cfg.fleet is None:
             raise ConfigError(
-                f"{path}: [train] bc_teacher needs budgets (a budget-conditioned run)"
+                f"{path}: [train] bc_teacher needs budgets (a budget-conditioned run) or a fleet"
             )
-        if cfg.bc_teacher == "offline-oracle":
+        if base == "offline-oracle":
             raise ConfigError(f"{path}: [train] bc_teacher must be deployable, not the oracle")
     if cfg.bc_episodes < 1 or cfg.bc_epochs < 1:
         raise ConfigError(f"{path}: [train] bc_episodes and bc_epochs must be >= 1")

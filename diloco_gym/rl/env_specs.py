@@ -78,14 +78,16 @@ class FleetEnvSpec:
         return f"fleet:{Path(self.fleet).stem}"
 
     def make(self, env_params: dict[str, Any] | None = None) -> Any:
-        """A fresh :class:`~diloco_gym.envs.fleet.DiLoCoFleetEnv` of this fleet with this
-        budget and the ``env_params`` overrides of the fleet file's ``[env]`` table."""
-        from diloco_gym.envs.fleet import DiLoCoFleetEnv
+        """A fresh fleet env of this fleet with this budget and the ``env_params`` overrides
+        of the fleet file's ``[env]`` table: a
+        :class:`~diloco_gym.envs.fleet.DiLoCoFleetEnv`, or with per-site timing a
+        :class:`~diloco_gym.envs.fleet_rounds.DiLoCoFleetRoundsEnv`."""
+        from diloco_gym.envs.fleet_rounds import make_fleet_env
 
         kw = dict(env_params or {})
         if self.merge_budget is not None:
             kw["merge_budget"] = self.merge_budget
-        return DiLoCoFleetEnv(fleet=self.fleet, **kw)
+        return make_fleet_env(fleet=self.fleet, **kw)
 
     def record(self) -> dict[str, Any]:
         return {
@@ -169,13 +171,20 @@ def _fleet_specs(cfg: TrainConfig, path: str) -> list[Any]:
 
     assert cfg.fleet is not None
     where = f"fleet {cfg.fleet}: "
-    if fleet_timing(cfg.fleet) == "rounds":  # an unreadable file answers "instant"
-        raise ConfigError(
-            f"{path}: [env] {where}timing = 'rounds' (per-site timing, a MultiBinary action) "
-            f"is not trained by diloco-gym train yet; benchmarks/fleet_rounds_ppo.py trains "
-            f"MaskablePPO on it"
-        )
+    from diloco_gym.agents.fleet_rounds import split_rule
     from diloco_gym.envs.fleet import require_fixed_precision
+
+    rounds = fleet_timing(cfg.fleet) == "rounds"  # an unreadable file answers "instant"
+    if rounds and cfg.algo == "dqn":
+        raise ConfigError(
+            f"{path}: [env] {where}timing = 'rounds' gives one action per site (MultiBinary), "
+            f"which dqn does not take; use ppo or maskable-ppo"
+        )
+    if not rounds and cfg.bc_teacher is not None and split_rule(cfg.bc_teacher)[1] != "together":
+        raise ConfigError(
+            f"{path}: [train] bc_teacher {cfg.bc_teacher!r}: the '+own' site rule needs a "
+            f"fleet with timing = 'rounds'"
+        )
 
     spec = FleetEnvSpec(cfg.fleet, None)
     probe = _probe(spec, cfg, path, where)  # the fleet's sites and corridor fit its episode

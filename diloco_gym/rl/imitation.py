@@ -48,6 +48,7 @@ def behaviour_clone(
         "train_accuracy", "merge_recall", "final_loss"}``.
     """
     from diloco_gym.agents.fleet import fleet_agent
+    from diloco_gym.agents.fleet_rounds import rounds_agent, split_rule
     from diloco_gym.agents.registry import make_agent
     from diloco_gym.envs.fleet import DiLoCoFleetEnv
     from diloco_gym.rl.wrappers import BudgetFeatures
@@ -57,16 +58,22 @@ def behaviour_clone(
     ys: list[int] = []
     for spec in specs:
         env: gym.Env = spec.make(env_params)
-        fleet = isinstance(env, DiLoCoFleetEnv)
+        fleet_env = env if isinstance(env, DiLoCoFleetEnv) else None
+        fleet = fleet_env is not None
         # the teacher reads the env's own features: a fleet's wider observation, through
         # the heuristic's fleet view
         n_raw = int(np.prod(env.observation_space.shape or ())) if fleet else len(OBS_INDEX)
         if obs_transform is not None:
             env = BudgetFeatures(env)
-        agent = make_agent(teacher)
+        name, rule = split_rule(teacher)
+        agent = make_agent(name)
         if not getattr(agent, "deployable", True):
             raise ValueError(f"behaviour cloning needs a deployable teacher, not {teacher!r}")
-        teacher_samples(env, fleet_agent(agent) if fleet else agent, episodes, rng, n_raw, xs, ys)
+        if fleet:  # a rounds fleet's teacher opens the rounds; its site rule times each site
+            agent = fleet_agent(agent)
+            if fleet_env is not None and fleet_env.fleet.per_site_timing:
+                agent = rounds_agent(agent, rule)
+        teacher_samples(env, agent, episodes, rng, n_raw, xs, ys)
     return {"teacher": teacher, "episodes_per_env": int(episodes), "samples": len(ys)} | (
         fit_to_actions(model, xs, ys, epochs, seed, learning_rate, batch_size)
     )
@@ -79,11 +86,12 @@ def teacher_samples(
     rng: np.random.Generator,
     n_raw: int,
     xs: list[np.ndarray],
-    ys: list[int],
+    ys: list[Any],
 ) -> None:
     """Append to ``xs``/``ys`` the observations and actions of ``agent`` on ``episodes``
     episodes of ``env`` (seeds from the training range, drawn from ``rng``); the teacher
-    reads the first ``n_raw`` features (the env's own), the policy the whole observation."""
+    reads the first ``n_raw`` features (the env's own), the policy the whole observation.
+    An action is an ``int``, or an array of site actions on a rounds fleet."""
     base = env.unwrapped
     for _ in range(episodes):
         ep_seed = int(rng.integers(TRAIN_SEED_LOW, TRAIN_SEED_HIGH))
@@ -93,26 +101,31 @@ def teacher_samples(
         while not done:
             ctx._set_mask(base.action_masks())  # type: ignore[attr-defined]
             a, _ = agent.predict(np.asarray(obs)[:n_raw])
+            a = int(a) if np.ndim(a) == 0 else np.asarray(a, dtype=np.int64)
             xs.append(np.asarray(obs, dtype=np.float32))
-            ys.append(int(a))
-            obs, _, terminated, truncated, _ = env.step(int(a))
+            ys.append(a)
+            obs, _, terminated, truncated, _ = env.step(a)
             done = bool(terminated or truncated)
 
 
 def fit_to_actions(
     model: Any,
     xs: list[np.ndarray],
-    ys: list[int],
+    ys: list[Any],
     epochs: int,
     seed: int,
     learning_rate: float,
     batch_size: int,
 ) -> dict[str, Any]:
     """Fit ``model``'s policy to the actions ``ys`` at ``xs`` (cross-entropy, Adam, ``epochs``
-    passes in a torch-generator order seeded with ``seed``).
+    passes in a torch-generator order seeded with ``seed``). ``ys`` are actions ``0``/``1``,
+    or rows of site actions (a rounds fleet's ``MultiBinary``).
 
     Returns:
-        ``{"merge_share", "epochs", "train_accuracy", "merge_recall", "final_loss"}``.
+        ``{"merge_share", "epochs", "train_accuracy", "merge_recall", "final_loss"}``:
+        the share of ones among the actions (site actions counted one by one), the share
+        of samples whose most likely action is the teacher's (every site right), the share
+        of the teacher's ones the policy predicts, and the last batch's loss.
     """
     import torch
 
@@ -133,12 +146,13 @@ def fit_to_actions(
             opt.step()
     policy.set_training_mode(False)
     with torch.no_grad():
-        pred = policy.get_distribution(x).distribution.probs.argmax(dim=1)
+        pred = policy.get_distribution(x).mode()
     merges = y == 1
+    right = pred == y if y.ndim == 1 else (pred == y).all(dim=1)
     return {
         "merge_share": float(merges.float().mean()),
         "epochs": int(epochs),
-        "train_accuracy": float((pred == y).float().mean()),
+        "train_accuracy": float(right.float().mean()),
         "merge_recall": float((pred[merges] == 1).float().mean()) if merges.any() else None,
         "final_loss": float(loss.detach()),
     }

@@ -93,44 +93,62 @@ class HeldOutEvalCallback(BaseCallback):
         self.draws = int(draws)
         #: per env label: (matched-random mean, oracle) over the seeds, set at the first
         #: evaluation of a multi-env callback.
-        self.references: dict[str, dict[str, float]] = {}
+        self.references: dict[str, dict[str, Any]] = {}
 
     def _on_step(self) -> bool:
         if self.eval_freq > 0 and self.n_calls % self.eval_freq == 0:
             self.evaluate()
         return True
 
-    def _reference(self, label: str, env: DiLoCoSyncEnv, schedules: list) -> dict[str, float]:
-        """Matched random and oracle at the agent's budget on this env's seeds (once)."""
+    def _reference(self, label: str, env: Any, rows: list[dict]) -> dict[str, float]:
+        """Matched random and the oracle at the agent's number of merges (on a rounds fleet:
+        its rounds and their sites) on this env's seeds, by the report's scoring; computed
+        again only when what they match changes (a budget run's are fixed once)."""
+        if is_fleet(env) and env.fleet.per_site_timing:
+            key = tuple(tuple(map(tuple, r["round_sites"])) for r in rows)
+        else:
+            key = tuple(len(r["merge_decisions"]) for r in rows)
+        cached = self.references.get(label)
+        if cached is not None and cached.get("key") == key:
+            return cached
+        mr, orc, exact = [], [], []
+        for seed, r in zip(self.seeds, rows, strict=True):
+            sc = self._score(env, seed, r)
+            mr.append(sc["matched_random_mean"])
+            orc.append(sc["oracle_same_budget_pct"])
+            exact.append(sc["sync_excess_pct"])
+        self.references[label] = {
+            "key": key,
+            "matched_random_pct": float(np.mean(mr)),
+            "oracle_pct": float(np.mean(orc)),
+            "agent_pct": float(np.mean(exact)),
+        }
+        return self.references[label]
+
+    def _score(self, env: Any, seed: int, r: dict) -> dict[str, Any]:
+        """One validation episode's agent, matched random and oracle, scored as the report
+        scores them (a fleet's report, with its site cap or its rounds, on a fleet)."""
         from diloco_gym.eval import protocol
 
-        if label not in self.references:
-            mr, orc = [], []
-            for seed, sched in zip(self.seeds, schedules, strict=True):
-                env.reset(seed=seed)
-                ep = env.episode
-                assert ep is not None
-                counts = protocol.counts_for(ep.n_decisions, env.params, max(len(sched), 1))
-                rng = np.random.default_rng([seed, len(sched), 7])
-                if is_fleet(env):  # the fleet report's scoring (site cap included)
-                    from diloco_gym.eval import fleet, fleet_cap
+        env.reset(seed=seed)
+        ep = env.episode
+        assert ep is not None
+        sched = r["merge_decisions"]
+        counts = protocol.counts_for(ep.n_decisions, env.params, max(len(sched), 1))
+        rng = np.random.default_rng([seed, len(sched), 7])
+        if not is_fleet(env):
+            scorer = protocol.EpisodeScorer(ep, env.params, env.sidecar)
+            return protocol.score_episode(scorer, sched, self.draws, rng, counts)
+        from diloco_gym.eval import fleet, fleet_cap, fleet_rounds
 
-                    fenv: Any = env
-                    fscorer = fleet.FleetScorer(fenv.episode, fenv.params, fenv.setup.sidecars)
-                    check = fleet_cap.cap_check(fenv)
-                    sc, _ = fleet.score_schedule(
-                        fenv, fscorer, sched, self.draws, rng, counts, check
-                    )
-                else:
-                    scorer = protocol.EpisodeScorer(ep, env.params, env.sidecar)
-                    sc = protocol.score_episode(scorer, sched, self.draws, rng, counts)
-                mr.append(sc["matched_random_mean"])
-                orc.append(sc["oracle_same_budget_pct"])
-            self.references[label] = {
-                "matched_random_pct": float(np.mean(mr)),
-                "oracle_pct": float(np.mean(orc)),
-            }
-        return self.references[label]
+        if env.fleet.per_site_timing:
+            rng = np.random.default_rng([seed, len(r["round_sites"]), 7])
+            return fleet_rounds.score_rounds_episode(env, ep, r, self.draws, rng, counts)
+        scorer = fleet.FleetScorer(ep, env.params, env.setup.sidecars)
+        sc, _ = fleet.score_schedule(
+            env, scorer, sched, self.draws, rng, counts, fleet_cap.cap_check(env)
+        )
+        return sc
 
     def evaluate(self) -> dict[str, Any]:
         """Run the validation episodes now; returns the mean metrics."""
@@ -149,12 +167,20 @@ class HeldOutEvalCallback(BaseCallback):
             rows = [run_episode(env, agent, s) for s in self.seeds]
             res += rows
             if len(self.eval_envs) > 1 or env.params.merge_budget is not None or is_fleet(env):
-                ref = self._reference(label, env, [r["merge_decisions"] for r in rows])
-                mean = float(np.mean([r["sync_excess_pct"] for r in rows]))
+                ref = self._reference(label, env, rows)
+                # a rounds agent by the rounds scorer (each site replayed at its own decisions)
+                any_env: Any = env
+                rounds = is_fleet(env) and any_env.fleet.per_site_timing
+                mean = (
+                    ref["agent_pct"]
+                    if rounds
+                    else float(np.mean([r["sync_excess_pct"] for r in rows]))
+                )
                 span = ref["matched_random_pct"] - ref["oracle_pct"]
                 per_env[label] = {
                     "sync_excess_pct": mean,
-                    **ref,
+                    "matched_random_pct": ref["matched_random_pct"],
+                    "oracle_pct": ref["oracle_pct"],
                     "gap_captured": (ref["matched_random_pct"] - mean) / span if span > 0 else None,
                 }
         row: dict[str, Any] = {

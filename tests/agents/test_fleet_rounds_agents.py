@@ -72,3 +72,25 @@ def test_own_forecast_sites_wait_for_their_quiet_moments():
         set(sends) <= set(together["round_openings"])
         for sends in together["site_sync_decisions"].values()
     )
+
+
+class _PerSite:
+    """An agent that chooses each site's contribution itself (as a model trained on a
+    rounds fleet does)."""
+
+    name = "per-site"
+    per_site = True
+    deployable = True
+
+
+def test_a_per_site_agent_runs_as_it_is_and_takes_no_site_rule():
+    from diloco_gym.agents.fleet_rounds import check_per_site, rounds_agent
+
+    agent = _PerSite()
+    assert rounds_agent(agent) is agent  # not wrapped in a view that would open rounds
+    with pytest.raises(ValueError, match="per-site chooses each site's contribution itself"):
+        rounds_agent(agent, "own-forecast")
+    check_per_site([agent], rounds=True)
+    with pytest.raises(ValueError, match=r"\['per-site'\] were trained on a fleet with timing"):
+        check_per_site([agent], rounds=False)
+    check_per_site([object()], rounds=False)  # an agent without the flag is not one

@@ -316,3 +316,46 @@ def test_meta_json_beside_a_model_is_bounded_in_size_and_depth(tmp_path):
     line = _load_under_limit(model)
     assert line.startswith("ModelLimitError: ") and str(meta) in line, line
     assert "meta.json (JSON nesting levels): 100,000 is above" in line
+
+
+@pytest.mark.parametrize("algo", ["ppo", "maskable-ppo"])
+def test_a_per_site_model_of_a_rounds_fleet_loads_safely(tmp_path, algo):
+    """A model trained on a rounds fleet (``MultiBinary(N)``, one action per site) is
+    rebuilt from JSON and tensors, acts as SB3's loader does, and its parameter count is
+    the policy's (one logit per site for PPO, two for MaskablePPO)."""
+    import gymnasium as gym
+
+    import diloco_gym  # noqa: F401
+    from diloco_gym.agents.safe_model import policy_parameter_count
+
+    env = gym.make("DiLoCoFleet-v1", fleet="docs/examples/fleet-rounds.toml").unwrapped
+    model = _model_class(algo)("MlpPolicy", env, policy_kwargs={"net_arch": [16]}, seed=2)
+    path = tmp_path / "model.zip"
+    model.save(path)
+    safe = load_policy_safely(path)
+    assert safe.action_space == gym.spaces.MultiBinary(4)
+    x = np.random.default_rng(1).uniform(0, 1, (500, *model.observation_space.shape))
+    x = x.astype(np.float32)
+    got, want = safe.predict(x)[0], model.predict(x, deterministic=True)[0]
+    assert got.shape == (500, 4) and np.array_equal(got, want)
+    assert 0 < want.mean() < 1  # both actions occur: the comparison is not vacuous
+    heads = 8 if algo == "maskable-ppo" else 4
+    count = policy_parameter_count(algo, model.observation_space.shape[0], heads, [16])
+    assert count == sum(p.numel() for p in model.policy.parameters())
+
+
+def test_a_multibinary_action_space_with_a_bad_size_is_refused(tmp_path):
+    import gymnasium as gym
+
+    import diloco_gym  # noqa: F401
+
+    env = gym.make("DiLoCoFleet-v1", fleet="docs/examples/fleet-rounds.toml").unwrapped
+    src = tmp_path / "model.zip"
+    _model_class("ppo")("MlpPolicy", env, policy_kwargs={"net_arch": [8]}).save(src)
+    with zipfile.ZipFile(src) as z:
+        data = json.loads(z.read("data"))
+    bad = tmp_path / "bad.zip"
+    act = {**data["action_space"], "n": [2, 2]}
+    _rewrite(src, bad, data={**data, "action_space": act})
+    with pytest.raises(UnsafeModelError, match="not a plain Discrete or MultiBinary"):
+        load_policy_safely(bad)

@@ -82,14 +82,17 @@ def test_a_bad_fleet_file_is_a_config_error_naming_it(tmp_path: Path) -> None:
         build_env_specs(cfg, "t.toml")
 
 
-def test_a_rounds_fleet_is_refused_with_the_way_to_train_it(tmp_path: Path) -> None:
-    rounds = tmp_path / "r.toml"
-    rounds.write_text(
-        '[fleet]\nmodel_version = 1\ntiming = "rounds"\n'
-        '[[site]]\nname = "a"\n[[site]]\nname = "b"\n'
-    )
-    with pytest.raises(ConfigError, match="timing = 'rounds'.*fleet_rounds_ppo.py"):
-        build_env_specs(_cfg({"fleet": str(rounds)}), "t.toml")
+def test_a_rounds_fleet_gives_its_rounds_env_and_refuses_dqn() -> None:
+    from diloco_gym.envs.fleet_rounds import DiLoCoFleetRoundsEnv
+
+    rounds = str(ROOT / "docs" / "examples" / "fleet-rounds.toml")
+    (spec,) = build_env_specs(_cfg({"fleet": rounds}), "t.toml")
+    env = spec.make()
+    assert isinstance(env, DiLoCoFleetRoundsEnv) and env.action_space.n == 4
+    cfg = parse_config({"train": {"algo": "dqn"}, "env": {"fleet": rounds}}, "t.toml")
+    check_config(cfg, "t.toml")
+    with pytest.raises(ConfigError, match=r"^t.toml: \[env\] fleet .*MultiBinary.*dqn"):
+        build_env_specs(cfg, "t.toml")
 
 
 def test_a_regime_config_still_gives_regime_specs() -> None:

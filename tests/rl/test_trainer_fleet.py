@@ -107,17 +107,75 @@ def test_train_refuses_a_regime_and_a_fleet_together(tmp_path, capsys) -> None:
     assert code == 2 and "--regime or --fleet" in err
 
 
-def test_train_refuses_a_rounds_fleet_before_writing_anything(tmp_path, capsys) -> None:
-    fleet = write_config(
-        tmp_path,
-        '[fleet]\nmodel_version = 1\ntiming = "rounds"\ngrace_s = 9\n'
-        '[[site]]\nname = "a"\n[[site]]\nname = "b"\n',
-        "rounds.toml",
+#: A tiny run on the example rounds fleet: MaskablePPO on MultiBinary(4), warm-started by
+#: the own-forecast site rule.
+TINY_ROUNDS = TINY_FLEET.replace("budgets_per_10min = [24, 32]\n", "").replace(
+    '"online-forecast-budget"', '"online-forecast+own"'
+)
+
+
+@pytest.fixture(scope="module")
+def rounds_run(tmp_path_factory) -> Path:
+    d = tmp_path_factory.mktemp("rounds-train")
+    cfg = write_config(
+        d, TINY_ROUNDS.format(fleet=ROOT / "docs" / "examples" / "fleet-rounds.toml")
     )
-    out = tmp_path / "o"
-    code, err = cli_exit_one_line(["train", "--fleet", str(fleet), "--out", str(out)], capsys)
-    assert code == 2 and "rounds" in err and str(fleet) in err
-    assert not out.exists()
+    out = d / "run"
+    assert main(["train", "--config", str(cfg), "--out", str(out), "--no-progress"]) == 0
+    return out
+
+
+@pytest.mark.slow
+def test_train_on_a_rounds_fleet_learns_one_action_per_site(rounds_run: Path) -> None:
+    meta = json.loads((rounds_run / "meta.json").read_text())
+    assert meta["regime"] == "fleet:fleet-rounds" and meta["observation"]["transform"] is None
+    assert meta["observation"]["base_features"][-2:] == ["d.ready", "d.sent"]
+    assert meta["behaviour_cloning"]["teacher"] == "online-forecast+own"
+    assert meta["behaviour_cloning"]["samples"] > 0
+    (ref,) = meta["final_validation"]["per_env"].values()  # beside the rounds protocol's
+    assert ref["oracle_pct"] < ref["matched_random_pct"]
+    (agent,) = make_agents([str(rounds_run / "model.zip")])
+    assert agent.per_site and not agent.budget_aware
+
+
+@pytest.mark.slow
+def test_a_per_site_model_is_judged_on_a_rounds_fleet_and_refused_elsewhere(
+    rounds_run: Path,
+) -> None:
+    from diloco_gym.eval.fleet import FleetReportConfig, run_fleet_report
+
+    model = str(rounds_run / "model.zip")
+    rounds = str(ROOT / "docs" / "examples" / "fleet-rounds.toml")
+    config = FleetReportConfig(
+        fleet=rounds,
+        agents=[model, "online-forecast+own"],
+        seeds=2,
+        draws=20,
+        in_process_agents=True,
+    )
+    res = run_fleet_report(config)
+    assert len(res["summary"]) == 2 and (res["rows"]["site_d_syncs"] > 0).all()
+    one_instant = str(ROOT / "docs" / "examples" / "fleet-v1.toml")
+    with pytest.raises(ValueError, match="trained on a fleet with timing = 'rounds'"):
+        run_fleet_report(FleetReportConfig(fleet=one_instant, agents=[model], seeds=2))
+    with pytest.raises(ValueError, match="'\\+own' site rule does not apply"):
+        run_fleet_report(FleetReportConfig(fleet=rounds, agents=[model + "+own"], seeds=2))
+
+
+def test_train_refuses_dqn_and_site_rules_where_they_do_not_apply(tmp_path, capsys) -> None:
+    rounds = ROOT / "docs" / "examples" / "fleet-rounds.toml"
+    out = str(tmp_path / "o")
+    code, err = cli_exit_one_line(
+        ["train", "--fleet", str(rounds), "--algo", "dqn", "--out", out], capsys
+    )
+    assert code == 2 and "dqn does not take" in err
+    plain = write_config(tmp_path, TWO_SITES, "f.toml")
+    own = write_config(tmp_path, '[train]\nbc_teacher = "online-forecast+own"\n', "own.toml")
+    for extra in (["--fleet", str(plain)], ["--regime", "bursty"]):
+        argv = ["train", "--config", str(own), *extra, "--out", out]
+        code, err = cli_exit_one_line(argv, capsys)
+        assert code == 2 and "needs a fleet with timing = 'rounds'" in err
+    assert not Path(out).exists()
 
 
 @pytest.mark.slow

@@ -76,3 +76,38 @@ def test_a_policy_that_never_merges_is_flagged() -> None:
     busy = validation.validation_comparison(make_agent("fixed-256"), "bursty", seeds, draws=20)
     assert busy["chosen_merges"] > 0 and busy["same_schedules_as_fixed_512"] == 0
     assert validation.format_comparison(busy)[1] == []
+
+
+def test_the_reference_follows_the_agents_merges_and_is_the_reports_scoring() -> None:
+    """Matched random and the oracle beside a validation run are those of the agent's own
+    number of merges: kept while it holds, computed again when it changes (a run without a
+    budget changes it as it learns). On a fleet they are the fleet report's numbers for the
+    same schedule."""
+    from diloco_gym.agents.fleet import fleet_agent
+    from diloco_gym.envs.fleet import DiLoCoFleetEnv
+    from diloco_gym.eval import fleet, protocol
+    from diloco_gym.eval.rollout import run_episode
+
+    env = DiLoCoFleetEnv(fleet="docs/examples/fleet-v1.toml")
+    seeds = [VALIDATION_SEED0, VALIDATION_SEED0 + 1]
+    cb = validation.HeldOutEvalCallback(env, seeds, eval_freq=0, best_path=None, draws=30)
+    rows = [run_episode(env, fleet_agent(make_agent("online-forecast")), s) for s in seeds]
+    first = cb._reference("fleet", env, rows)
+    assert cb._reference("fleet", env, [dict(r) for r in rows]) is first  # same merges: kept
+    fewer = [dict(r, merge_decisions=r["merge_decisions"][:-1]) for r in rows]
+    again = cb._reference("fleet", env, fewer)
+    assert again is not first and again["key"] != first["key"]
+    # the report's scoring of the first schedule (same draws, same generator)
+    s = seeds[0]
+    sched = rows[0]["merge_decisions"]
+    ep = env.build_episode(s)
+    counts = protocol.counts_for(ep.n_decisions, env.params, len(sched))
+    sc, _ = fleet.score_schedule(
+        env,
+        fleet.FleetScorer(ep, env.params, env.setup.sidecars),
+        sched,
+        30,
+        np.random.default_rng([s, len(sched), 7]),
+        counts,
+    )
+    assert cb._score(env, s, rows[0])["matched_random_mean"] == sc["matched_random_mean"]
