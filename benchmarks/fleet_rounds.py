@@ -66,13 +66,16 @@ def fleet_file(
 TRACES_FLEET = Path(__file__).resolve().parent.parent / "docs/examples/fleet-traces-corr.toml"
 
 
-def traces_fleet_file(folder: Path, grace: float, rho: float) -> str:
-    """``docs/examples/fleet-traces-corr.toml`` with ``grace_s = grace`` and
-    ``traffic_correlation = rho`` (its trace paths made absolute)."""
+def traces_fleet_file(folder: Path, grace: float, rho: float, rate: float | None = None) -> str:
+    """``docs/examples/fleet-traces-corr.toml`` with ``grace_s = grace``,
+    ``traffic_correlation = rho`` and, if given, every site's ``target_rate_rps = rate``
+    (its trace paths made absolute)."""
     traces = TRACES_FLEET.parent.parent.parent / "traces"
     text = TRACES_FLEET.read_text().replace("../../traces/", f"{traces.as_posix()}/")
     text = text.replace("grace_s = 0.0", f"grace_s = {grace}\ntraffic_correlation = {rho}")
-    path = folder / f"traces_g{grace}_r{rho}.toml"
+    if rate is not None:
+        text = text.replace("target_rate_rps = 0.55", f"target_rate_rps = {rate}")
+    path = folder / f"traces_g{grace}_r{rho}_{rate}.toml"
     path.write_text(text)
     return str(path)
 
@@ -117,6 +120,11 @@ def main() -> None:
         "--only", choices=("all", "quorum", "correlation", "correlation-traces"), default="all"
     )
     ap.add_argument("--fig", default="fleet_rounds.png")
+    ap.add_argument(
+        "--trace-rate",
+        type=float,
+        help="correlation-traces: every site's target_rate_rps (default: the file's 0.55)",
+    )
     args = ap.parse_args()
     if args.plot:
         plot(json.loads(Path(args.plot).read_text()), args.fig)
@@ -128,7 +136,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for st in settings(args.only):
             if st.get("traces"):
-                path = traces_fleet_file(Path(tmp), st["grace"], st["rho"])
+                path = traces_fleet_file(Path(tmp), st["grace"], st["rho"], args.trace_rate)
             else:
                 path = fleet_file(
                     Path(tmp),
@@ -159,6 +167,7 @@ def main() -> None:
                 rows.append(
                     {
                         **st,
+                        "trace_rate_rps": args.trace_rate if st.get("traces") else None,
                         "independent_units": units,
                         "oracle_over_random_units": float(
                             u["oracle_same_budget_pct"].mean() / u["matched_random_mean"].mean()
