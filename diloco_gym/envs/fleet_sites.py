@@ -17,6 +17,7 @@ row as a batch of one (tested).
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 from functools import cached_property
 from typing import Any, NamedTuple
@@ -52,6 +53,7 @@ __all__ = [
     "site_seed",
     "correlated_sites",
     "reference_site",
+    "check_common_window",
 ]
 
 
@@ -162,6 +164,38 @@ def correlated_sites(
             build_episode(trace, s.params, s.sidecars[i], learner_params, rng, seed, s.rates[i])
         )
     return out
+
+
+def check_common_window(setup: Any) -> None:
+    """Under ``traffic_correlation`` with trace sites, the most requests a trace site can
+    take from the common window in any episode (``ceil(rho x r_site / r_ref)`` times the
+    reference's busiest window) within the ``REQUESTS`` limit
+    (:mod:`diloco_gym.sim.limits`): checked when the fleet is built, before any episode
+    (a site far faster than the reference would take each common request many times)."""
+    from diloco_gym.sim.limits import check_limit
+
+    fleet = setup.fleet
+    ref = reference_site(fleet)
+    rho = float(fleet.traffic_correlation)
+    if ref is None or not rho > 0:
+        return
+    gen = setup.generators[ref]
+    start, n_tiles = setup.tiles[ref]
+    src = gen.trace
+    factor = 1.0 if gen.target_rate_rps is None else src.mean_rate_rps / gen.target_rate_rps
+    edges = start + float(gen.duration_s) * np.arange(n_tiles + 1)
+    busiest = int(np.max(np.diff(np.searchsorted(src.arrival_s * factor, edges))))
+    for i, st in enumerate(fleet.sites):
+        if st.trace is None or i == ref:
+            continue
+        share = rho * setup.rates[i] / setup.rates[ref]
+        check_limit(
+            "REQUESTS",
+            math.ceil(share) * busiest,
+            f"site {st.name!r}: requests taken from the common window of "
+            f"{fleet.sites[ref].name!r} (each of its busiest window's {busiest} up to "
+            f"ceil(traffic_correlation x the rates' ratio) = {math.ceil(share)} times)",
+        )
 
 
 def reference_site(fleet: Any) -> int | None:

@@ -7,6 +7,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 import diloco_gym  # noqa: F401  (registers the ids)
 from diloco_gym.envs.episode import episode_from_seed
@@ -198,3 +199,27 @@ def test_mixed_fleets_mix_each_kind_with_its_own_common_component():
     other = _episodes(replace(fleet, traffic_common="t1"), 4)
     plain_t1 = _episodes(replace(fleet, traffic_correlation=0.0), 4)[3]
     assert np.array_equal(other[1].trace.arrival_s, plain_t1.trace.arrival_s)
+
+
+def test_a_common_window_taken_too_often_is_refused_before_any_episode(tmp_path, monkeypatch):
+    import gymnasium as gym
+
+    # the reference at 1/256 req/s, the other site at 8: each common request 2048 times
+    text = "[fleet]\nmodel_version = 1\ntraffic_correlation = 1.0\n"
+    for name, rate in (("bursty", 1 / 256), ("sync-heavy", 8.0)):
+        path = (ROOT / "traces" / f"{name}.csv").as_posix()
+        text += f'\n[[site]]\nname = "{name}"\ntrace = "{path}"\ntarget_rate_rps = {rate}\n'
+    fleet = tmp_path / "fast.toml"
+    fleet.write_text(text)
+    monkeypatch.setenv("DILOCO_GYM_MAX_REQUESTS", "1000")
+    with pytest.raises(fl.FleetConfigError) as exc:
+        gym.make("DiLoCoFleet-v1", fleet=str(fleet))
+    msg = str(exc.value)
+    assert msg.startswith(str(fleet)) and "\n" not in msg
+    assert "site 'sync-heavy': requests taken from the common window of 'bursty'" in msg
+    assert "DILOCO_GYM_MAX_REQUESTS" in msg
+    gym.make("DiLoCoFleet-v1", fleet=str(fleet), traffic_correlation=0.0)  # independent: built
+    monkeypatch.setenv("DILOCO_GYM_MAX_REQUESTS", "100000")
+    env = gym.make("DiLoCoFleet-v1", fleet=str(fleet)).unwrapped  # a raised limit: built
+    sites = env.build_episode(0).sites
+    assert sites[1].trace.num_requests == 2048 * sites[0].trace.num_requests
