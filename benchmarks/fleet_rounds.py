@@ -16,6 +16,13 @@ seeds and the oracle / matched-random ratio, and a figure.
     python benchmarks/fleet_rounds.py --plot fleet_rounds_a.json --fig docs/fleet_rounds.png
 
 Progress goes to stderr, one line per setting.
+
+``--only correlation`` measures correlated traffic (``traffic_correlation``) between
+synthetic sites; ``--only correlation-traces`` between the four trace sites of
+``docs/examples/fleet-traces-corr.toml`` (the shipped traces; seeds 0..9 are its
+independent units, so its rows also give oracle / matched random over those seeds alone):
+
+    python benchmarks/fleet_rounds.py --only correlation-traces --seeds 100 --out corr_traces.json
 """
 
 from __future__ import annotations
@@ -56,7 +63,30 @@ def fleet_file(
     return str(path)
 
 
+TRACES_FLEET = Path(__file__).resolve().parent.parent / "docs/examples/fleet-traces-corr.toml"
+
+
+def traces_fleet_file(folder: Path, grace: float, rho: float, rate: float | None = None) -> str:
+    """``docs/examples/fleet-traces-corr.toml`` with ``grace_s = grace``,
+    ``traffic_correlation = rho`` and, if given, every site's ``target_rate_rps = rate``
+    (its trace paths made absolute)."""
+    traces = TRACES_FLEET.parent.parent.parent / "traces"
+    text = TRACES_FLEET.read_text().replace("../../traces/", f"{traces.as_posix()}/")
+    text = text.replace("grace_s = 0.0", f"grace_s = {grace}\ntraffic_correlation = {rho}")
+    if rate is not None:
+        text = text.replace("target_rate_rps = 0.55", f"target_rate_rps = {rate}")
+    path = folder / f"traces_g{grace}_r{rho}_{rate}.toml"
+    path.write_text(text)
+    return str(path)
+
+
 def settings(which: str = "all") -> list[dict]:
+    if which == "correlation-traces":  # four trace sites sharing a common window (rho)
+        return [
+            {"n": 4, "timing": "rounds", "grace": g, "delay": 0.0, "rho": r, "traces": True}
+            for r in (0.0, 1.0, 0.5)
+            for g in (0.0, 18.0)
+        ]
     if which == "correlation":  # sites whose traffic shares a common stream (rho)
         return [
             {"n": n, "timing": "rounds", "grace": g, "delay": 0.0, "rho": r}
@@ -86,8 +116,15 @@ def main() -> None:
     ap.add_argument("--draws", type=int, default=200)
     ap.add_argument("--out", default="fleet_rounds.json")
     ap.add_argument("--plot", help="draw the figure of this JSON file instead of running")
-    ap.add_argument("--only", choices=("all", "quorum", "correlation"), default="all")
+    ap.add_argument(
+        "--only", choices=("all", "quorum", "correlation", "correlation-traces"), default="all"
+    )
     ap.add_argument("--fig", default="fleet_rounds.png")
+    ap.add_argument(
+        "--trace-rate",
+        type=float,
+        help="correlation-traces: every site's target_rate_rps (default: the file's 0.55)",
+    )
     args = ap.parse_args()
     if args.plot:
         plot(json.loads(Path(args.plot).read_text()), args.fig)
@@ -98,15 +135,18 @@ def main() -> None:
     started = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
         for st in settings(args.only):
-            path = fleet_file(
-                Path(tmp),
-                st["n"],
-                st["timing"],
-                st["grace"],
-                st["delay"],
-                st.get("quorum"),
-                st.get("rho", 0.0),
-            )
+            if st.get("traces"):
+                path = traces_fleet_file(Path(tmp), st["grace"], st["rho"], args.trace_rate)
+            else:
+                path = fleet_file(
+                    Path(tmp),
+                    st["n"],
+                    st["timing"],
+                    st["grace"],
+                    st["delay"],
+                    st.get("quorum"),
+                    st.get("rho", 0.0),
+                )
             agents = AGENTS if st["timing"] == "rounds" else AGENTS[:1]
             cfg = FleetReportConfig(
                 fleet=path,
@@ -118,12 +158,20 @@ def main() -> None:
             )
             res = run_fleet_report(cfg)
             df = res["rows"]
+            units = int(res["independent_units"])
             for agent in agents:
                 g = df[df["agent"] == agent]
+                # the independent units: every seed, or the first seed of each trace tile
+                u = g[g["seed"] < args.seed0 + units]
                 summ = res["summary"][res["summary"]["agent"] == agent].iloc[0]
                 rows.append(
                     {
                         **st,
+                        "trace_rate_rps": args.trace_rate if st.get("traces") else None,
+                        "independent_units": units,
+                        "oracle_over_random_units": float(
+                            u["oracle_same_budget_pct"].mean() / u["matched_random_mean"].mean()
+                        ),
                         "agent": agent,
                         "seeds": int(len(g)),
                         "rounds": float(g["syncs"].mean()),

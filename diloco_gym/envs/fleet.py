@@ -29,6 +29,7 @@ from diloco_gym.envs.fleet_cap import fleet_obs_features
 from diloco_gym.envs.fleet_sites import (
     FleetEpisode,
     build_sites,
+    check_common_window,
     cost_groups,
     site_groups,
     site_seed,
@@ -148,6 +149,7 @@ class FleetSetup:
         #: the sites whose episodes one batch builds, and whose merges one call costs
         #: (envs/fleet_sites.py)
         self.groups = site_groups(gens, self.sidecars)
+        check_common_window(self)  # correlated trace sites: bounded before any episode
         self.cost_groups = cost_groups(self.sidecars)
         if len(gens) == 1:
             self.regime_name = str(getattr(gens[0], "name", fleet.sites[0].name))

@@ -17,6 +17,7 @@ row as a batch of one (tested).
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 from functools import cached_property
 from typing import Any, NamedTuple
@@ -51,6 +52,8 @@ __all__ = [
     "site_episodes",
     "site_seed",
     "correlated_sites",
+    "reference_site",
+    "check_common_window",
 ]
 
 
@@ -124,29 +127,86 @@ def correlated_sites(
     """The site episodes of a fleet with ``traffic_correlation > 0``
     (:mod:`diloco_gym.sim.fleet_traffic`): each synthetic site's own trace (its
     :func:`site_seed`'s first draw, as without correlation) mixed with the trace common to
-    its regime's sites; the learner throughputs are then drawn from the site's stream as
-    :func:`~diloco_gym.envs.episode.episode_from_seed` draws them."""
+    its regime's sites; each trace site's own window (as without correlation) mixed with
+    the common window, the window the reference trace site replays in the episode
+    (:func:`reference_site`; that site's own episode is unchanged). The learner
+    throughputs are then drawn from the site's stream as
+    :func:`~diloco_gym.envs.episode.episode_from_seed` draws them. The mix is fixed here,
+    before the episode starts."""
     from diloco_gym.envs.episode import build_episode
     from diloco_gym.sim import fleet_traffic as ft
 
     s = setup
     rho = float(s.fleet.traffic_correlation)
+    ref = reference_site(s.fleet)
+    common_window = None
+    if ref is not None:  # its requests only (the generator's pressures are not read)
+        common_window = s.generator_for(ref, episode_seed)(np.random.default_rng(0))
     regimes: dict[str, int] = {}
     out = []
     for i, site in enumerate(s.fleet.sites):
         seed = site_seed(episode_seed, i)
         rng = np.random.default_rng(seed)
-        gen = s.generators[i]
+        gen = s.generator_for(i, episode_seed)
         own = gen(rng)
-        k = regimes.setdefault(str(site.regime), len(regimes))
-        common = gen(np.random.default_rng(ft.shared_seed(episode_seed, k)))
-        trace = ft.mixed_trace(
-            own, common, rho, np.random.default_rng(ft.mix_seed(episode_seed, i))
-        )
+        mix_rng = np.random.default_rng(ft.mix_seed(episode_seed, i))
+        if site.trace is None:
+            k = regimes.setdefault(str(site.regime), len(regimes))
+            common = gen(np.random.default_rng(ft.shared_seed(episode_seed, k)))
+            trace = ft.mixed_trace(own, common, rho, mix_rng)
+        elif i == ref:
+            trace = own
+        else:
+            assert common_window is not None and ref is not None
+            scale = s.rates[i] / s.rates[ref]
+            trace = ft.mixed_replay(own, common_window, rho, scale, gen.trace, mix_rng)
         out.append(
             build_episode(trace, s.params, s.sidecars[i], learner_params, rng, seed, s.rates[i])
         )
     return out
+
+
+def check_common_window(setup: Any) -> None:
+    """Under ``traffic_correlation`` with trace sites, the most requests a trace site can
+    take from the common window in any episode (``ceil(rho x r_site / r_ref)`` times the
+    reference's busiest window) within the ``REQUESTS`` limit
+    (:mod:`diloco_gym.sim.limits`): checked when the fleet is built, before any episode
+    (a site far faster than the reference would take each common request many times)."""
+    from diloco_gym.sim.limits import check_limit
+
+    fleet = setup.fleet
+    ref = reference_site(fleet)
+    rho = float(fleet.traffic_correlation)
+    if ref is None or not rho > 0:
+        return
+    gen = setup.generators[ref]
+    start, n_tiles = setup.tiles[ref]
+    src = gen.trace
+    factor = 1.0 if gen.target_rate_rps is None else src.mean_rate_rps / gen.target_rate_rps
+    edges = start + float(gen.duration_s) * np.arange(n_tiles + 1)
+    busiest = int(np.max(np.diff(np.searchsorted(src.arrival_s * factor, edges))))
+    for i, st in enumerate(fleet.sites):
+        if st.trace is None or i == ref:
+            continue
+        share = rho * setup.rates[i] / setup.rates[ref]
+        check_limit(
+            "REQUESTS",
+            math.ceil(share) * busiest,
+            f"site {st.name!r}: requests taken from the common window of "
+            f"{fleet.sites[ref].name!r} (each of its busiest window's {busiest} up to "
+            f"ceil(traffic_correlation x the rates' ratio) = {math.ceil(share)} times)",
+        )
+
+
+def reference_site(fleet: Any) -> int | None:
+    """The index of the fleet's reference trace site (``traffic_common``, else its first
+    trace site), whose episode window is the trace sites' common window under
+    ``traffic_correlation``; ``None`` without a trace site."""
+    names = [st.name for st in fleet.sites]
+    if fleet.traffic_common is not None:
+        return names.index(fleet.traffic_common)
+    traced = [i for i, st in enumerate(fleet.sites) if st.trace is not None]
+    return traced[0] if traced else None
 
 
 def site_episodes(

@@ -296,7 +296,11 @@ class FleetParams:
             (``None``: every site); the others are dropped from the round.
         traffic_correlation: ``rho`` in [0, 1] (default 0: independent sites): a share
             ``rho`` of each synthetic site's requests comes from a trace common to the
-            fleet's sites of its regime (:mod:`diloco_gym.sim.fleet_traffic`).
+            fleet's sites of its regime, and of each trace site's from the window the
+            reference trace site replays (:mod:`diloco_gym.sim.fleet_traffic`).
+        traffic_common: the reference trace site's name (``None``: the first trace site),
+            whose window is the trace sites' common component; only with trace sites and
+            ``traffic_correlation > 0``.
     """
 
     sites: tuple[SiteConfig, ...] = field(default_factory=_default_sites)
@@ -319,6 +323,7 @@ class FleetParams:
     grace_s: float = 0.0
     quorum: int | None = None
     traffic_correlation: float = 0.0
+    traffic_common: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.sites, (tuple, list)) or not all(
@@ -384,13 +389,20 @@ class FleetParams:
         return self.timing == "rounds"
 
     def _check_traffic(self) -> None:
-        """``traffic_correlation`` mixes synthetic traces only (never silently unused)."""
+        """``traffic_common`` names a trace site, and only where a trace site's traffic is
+        mixed (never silently unused)."""
+        tc = self.traffic_common
+        if tc is None:
+            return
+        if not isinstance(tc, str):
+            raise FleetConfigError(f"traffic_common must be a site name, got {short_repr(tc)}")
         traced = [s.name for s in self.sites if s.trace is not None]
-        if self.traffic_correlation > 0 and traced:
+        if tc not in traced:
             raise FleetConfigError(
-                f"traffic_correlation applies to synthetic sites only; sites {traced} replay "
-                f"traces (offset them against each other with start_s instead)"
+                f"traffic_common must name a trace site, one of {traced}, got {short_repr(tc)}"
             )
+        if not self.traffic_correlation > 0:
+            raise FleetConfigError("traffic_common applies only with traffic_correlation > 0")
 
     def _check_timing(self) -> None:
         """``timing`` and the keys that only per-site timing reads (never silently unused)."""

@@ -36,7 +36,7 @@ _SITE_NUMBERS = (
     "delay_max_s",
     "compute_speed",
 )
-_STR_KEYS = {"mode", "timing"}
+_STR_KEYS = {"mode", "timing", "traffic_common"}
 
 
 def _number(where: str, key: str, v: Any, integer: bool = False) -> Any:

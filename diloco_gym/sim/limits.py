@@ -68,7 +68,8 @@ LIMITS: dict[str, tuple[int, str]] = {
     ),
     "REQUESTS": (
         2**22,
-        "requests per episode of a synthetic regime (its busiest rate x the episode window)",
+        "requests per episode of a synthetic regime (its busiest rate x the episode window), "
+        "or that a correlated trace site takes from the common window",
     ),
     "MERGE_MB": (2**16, "MiB of a live calibration's merge tensor (each worker holds one)"),
 }

@@ -4,8 +4,10 @@ site's episode built and costed alone, bit for bit."""
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
+import pytest
 
 import diloco_gym  # noqa: F401  (registers the ids)
 from diloco_gym.envs.episode import episode_from_seed
@@ -111,3 +113,113 @@ def test_a_fleet_episodes_site_costs_are_each_sites_full_table():
             for c in want:
                 total += c
             assert ep.merge_cost_at(d) == total
+
+
+# --- correlated traffic between trace sites (traffic_correlation, sim/fleet_traffic.py) ---
+
+ROOT = Path(__file__).resolve().parents[2]
+NAMES = ("bursty", "non-periodic", "ordinary", "sync-heavy")
+
+
+def _trace_fleet(rho: float, rates=(0.55, 0.55, 0.55, 0.55), **kw) -> fl.FleetParams:
+    sites = tuple(
+        fl.SiteConfig(name=n, regime=None, trace=str(ROOT / "traces" / f"{n}.csv"),
+                      target_rate_rps=r)
+        for n, r in zip(NAMES, rates, strict=True)
+    )  # fmt: skip
+    return fl.FleetParams(sites=sites, traffic_correlation=rho, **kw)
+
+
+def _episodes(fleet: fl.FleetParams, seed: int):
+    return DiLoCoFleetEnv(fleet=fleet).build_episode(seed).sites
+
+
+def _pairs(t) -> set[tuple[int, int]]:
+    return set(zip(t.prompt_tokens.tolist(), t.output_tokens.tolist(), strict=True))
+
+
+def test_correlated_trace_sites_share_the_reference_window():
+    env = DiLoCoFleetEnv(fleet=_trace_fleet(0.0))
+    plain = env.build_episode(3).sites
+    for i, e in enumerate(plain):  # rho = 0: each site its own window, as always
+        alone = episode_from_seed(env.setup.generator_for(i, 3), site_seed(3, i),
+                                  env.setup.params, env.setup.sidecars[i],
+                                  env.learner_params, rate_rps=env.setup.rates[i])  # fmt: skip
+        _same(e, alone)
+    whole = _episodes(_trace_fleet(1.0), 3)
+    ref = plain[0].trace.arrival_s  # the first trace site's window is the common one
+    assert all(np.array_equal(s.trace.arrival_s, ref) for s in whole)
+    _same(whole[0], plain[0])  # the reference site's episode is unchanged
+    for i in range(1, 4):  # sizes drawn from the site's own file, its own pressures
+        assert _pairs(whole[i].trace) <= _pairs(env.setup.generators[i].trace)
+        assert np.array_equal(whole[i].trace.network, plain[i].trace.network)
+        assert np.array_equal(whole[i].throughputs, plain[i].throughputs)  # same learners
+    half = _episodes(_trace_fleet(0.5), 3)
+    for a, b in zip(half, _episodes(_trace_fleet(0.5), 3), strict=True):
+        _same(a, b)  # deterministic: same seed, same traces
+    for s, p in zip(half[1:], plain[1:], strict=True):  # about half of each, binomially
+        shared = int(np.isin(s.trace.arrival_s, ref).sum())
+        own = int(np.isin(s.trace.arrival_s, p.trace.arrival_s).sum())
+        assert shared + own == s.trace.num_requests
+        assert abs(shared - ref.size / 2) < 50 and abs(own - p.trace.num_requests / 2) < 50
+
+
+def test_correlated_trace_sites_keep_their_rates():
+    # site 1 at twice the reference's rate: at rho = 1 it takes every common request twice
+    fleet = _trace_fleet(1.0, rates=(0.5, 1.0, 0.5, 0.25))
+    sites = _episodes(fleet, 1)
+    ref = sites[0].trace.arrival_s
+    assert np.array_equal(sites[1].trace.arrival_s, np.repeat(ref, 2))
+    assert set(sites[3].trace.arrival_s.tolist()) <= set(ref.tolist())
+    # over the independent windows, each site's mean count stays its nominal rate's
+    for rho in (0.5, 1.0):
+        env = DiLoCoFleetEnv(fleet=_trace_fleet(rho, rates=(0.5, 1.0, 0.5, 0.25)))
+        assert env.setup.rates == [0.5, 1.0, 0.5, 0.25]  # the reward scale is unchanged
+        units = env.setup.independent_episodes
+        counts = np.mean([[e.trace.num_requests for e in env.build_episode(k).sites]
+                          for k in range(units)], axis=0)  # fmt: skip
+        expected = np.array(env.setup.rates) * 600.0
+        assert np.all(np.abs(counts / expected - 1.0) < 0.08), (rho, counts, expected)
+
+
+def test_mixed_fleets_mix_each_kind_with_its_own_common_component():
+    trace = fl.SiteConfig(name="t0", regime=None, trace=str(ROOT / "traces/ordinary.csv"),
+                          target_rate_rps=5.0)  # fmt: skip
+    trace2 = replace(trace, name="t1", trace=str(ROOT / "traces/sync-heavy.csv"),
+                     target_rate_rps=5.0)  # fmt: skip
+    syn = [fl.SiteConfig(name=f"b{i}") for i in range(2)]
+    fleet = fl.FleetParams(sites=(syn[0], trace, syn[1], trace2), traffic_correlation=1.0)
+    sites = _episodes(fleet, 4)
+    bursty = _episodes(fl.FleetParams(traffic_correlation=1.0), 4)  # four bursty sites
+    for i in (0, 2):  # the synthetic sites serve their regime's common trace, as before
+        assert np.array_equal(sites[i].trace.arrival_s, bursty[0].trace.arrival_s)
+    assert sites[3].trace.num_requests == sites[1].trace.num_requests
+    assert np.array_equal(sites[3].trace.arrival_s, sites[1].trace.arrival_s)
+    # traffic_common picks the reference trace site
+    other = _episodes(replace(fleet, traffic_common="t1"), 4)
+    plain_t1 = _episodes(replace(fleet, traffic_correlation=0.0), 4)[3]
+    assert np.array_equal(other[1].trace.arrival_s, plain_t1.trace.arrival_s)
+
+
+def test_a_common_window_taken_too_often_is_refused_before_any_episode(tmp_path, monkeypatch):
+    import gymnasium as gym
+
+    # the reference at 1/256 req/s, the other site at 8: each common request 2048 times
+    text = "[fleet]\nmodel_version = 1\ntraffic_correlation = 1.0\n"
+    for name, rate in (("bursty", 1 / 256), ("sync-heavy", 8.0)):
+        path = (ROOT / "traces" / f"{name}.csv").as_posix()
+        text += f'\n[[site]]\nname = "{name}"\ntrace = "{path}"\ntarget_rate_rps = {rate}\n'
+    fleet = tmp_path / "fast.toml"
+    fleet.write_text(text)
+    monkeypatch.setenv("DILOCO_GYM_MAX_REQUESTS", "1000")
+    with pytest.raises(fl.FleetConfigError) as exc:
+        gym.make("DiLoCoFleet-v1", fleet=str(fleet))
+    msg = str(exc.value)
+    assert msg.startswith(str(fleet)) and "\n" not in msg
+    assert "site 'sync-heavy': requests taken from the common window of 'bursty'" in msg
+    assert "DILOCO_GYM_MAX_REQUESTS" in msg
+    gym.make("DiLoCoFleet-v1", fleet=str(fleet), traffic_correlation=0.0)  # independent: built
+    monkeypatch.setenv("DILOCO_GYM_MAX_REQUESTS", "100000")
+    env = gym.make("DiLoCoFleet-v1", fleet=str(fleet)).unwrapped  # a raised limit: built
+    sites = env.build_episode(0).sites
+    assert sites[1].trace.num_requests == 2048 * sites[0].trace.num_requests

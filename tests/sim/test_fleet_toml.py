@@ -59,3 +59,18 @@ def test_shipped_examples_parse():
     real, _ = fleet_toml.load_fleet_toml(root / "fleet-real.toml")
     assert [s.name for s in real.sites] == ["azure-code", "azure-conv", "mooncake"]
     assert math.isfinite(real.model_params)
+
+
+def test_the_correlated_traces_example_loads_and_mixes():
+    from pathlib import Path
+
+    import gymnasium as gym
+    import numpy as np
+
+    path = Path(__file__).resolve().parents[2] / "docs" / "examples" / "fleet-traces-corr.toml"
+    fleet, env = fleet_toml.load_fleet_toml(path)
+    assert all(s.trace is not None for s in fleet.sites) and fleet.traffic_correlation == 0.0
+    corr = gym.make("DiLoCoFleet-v1", fleet=path, traffic_correlation=1.0).unwrapped
+    assert corr.setup.independent_episodes == 10  # as the file's comment says
+    sites = corr.build_episode(0).sites
+    assert all(np.array_equal(s.trace.arrival_s, sites[0].trace.arrival_s) for s in sites)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import gymnasium as gym
 import numpy as np
 import pytest
@@ -41,9 +43,70 @@ def test_bad_mixes_are_refused():
         ft.mixed_trace(own, common, 0.5, np.random.default_rng(0))
     with pytest.raises(fl.FleetConfigError, match=r"traffic_correlation must be a finite number"):
         fl.FleetParams(traffic_correlation=1.5)
+    with pytest.raises(ValueError, match=r"the common window lasts 20.0 s, the site's 10.0 s"):
+        ft.mixed_replay(own, common, 0.5, 1.0, own, np.random.default_rng(0))
+    with pytest.raises(ValueError, match=r"share of the common window must be a finite"):
+        ft.mixed_replay(own, own, 0.5, float("inf"), own, np.random.default_rng(0))
+
+
+def test_trace_sites_mix_and_bad_references_are_refused():
     site = fl.SiteConfig(name="real", regime=None, trace="x.csv")
-    with pytest.raises(fl.FleetConfigError, match=r"synthetic sites only; sites \['real'\]"):
-        fl.FleetParams(sites=(site,), traffic_correlation=0.5)
+    syn = fl.SiteConfig(name="syn")
+    mixed = fl.FleetParams(sites=(syn, site), traffic_correlation=0.5)  # accepted now
+    assert mixed.traffic_common is None
+    assert fl.FleetParams(sites=(syn, site), traffic_correlation=0.5, traffic_common="real")
+    bad = [
+        ({"traffic_common": "syn"}, r"must name a trace site, one of \['real'\], got 'syn'"),
+        ({"traffic_common": "nope"}, r"must name a trace site, one of \['real'\], got 'nope'"),
+        ({"traffic_common": 3}, r"traffic_common must be a site name, got 3"),
+        ({"traffic_common": "real", "traffic_correlation": 0.0},
+         r"traffic_common applies only with traffic_correlation > 0"),
+    ]  # fmt: skip
+    for kw, msg in bad:
+        kw = {"traffic_correlation": 0.5, **kw}
+        with pytest.raises(fl.FleetConfigError, match=msg):
+            fl.FleetParams(sites=(syn, site), **kw)
+
+
+def test_a_bad_traffic_common_in_a_file_is_one_line_naming_file_and_key(tmp_path):
+    from diloco_gym.sim.fleet_toml import load_fleet_toml
+
+    csv = Path(__file__).resolve().parents[2] / "traces" / "bursty.csv"
+    site = f'[[site]]\nname = "a"\ntrace = "{csv.as_posix()}"\n'
+    cases = [
+        ('traffic_correlation = 0.5\ntraffic_common = "b"', "traffic_common must name a trace"),
+        ("traffic_correlation = 0.5\ntraffic_common = 1", "key 'traffic_common' must be a str"),
+        ('traffic_common = "a"', "traffic_common applies only with traffic_correlation > 0"),
+        ("traffic_correlation = 2.0", "traffic_correlation must be a finite number in"),
+    ]
+    for i, (fleet, msg) in enumerate(cases):
+        path = tmp_path / f"f{i}.toml"
+        path.write_text(f"[fleet]\n{fleet}\n\n{site}")
+        with pytest.raises(fl.FleetConfigError) as exc:
+            load_fleet_toml(path)
+        text = str(exc.value)
+        assert text.startswith(str(path)) and msg in text and "\n" not in text, text
+
+
+def test_mixed_replay_takes_the_common_window_at_the_sites_rate():
+    own = trace(np.linspace(0.0, 9.9, 1000), 1, net=0.1)
+    common = trace(np.linspace(0.05, 9.95, 1000), 2, net=0.9)
+    sizes = trace([0.0, 1.0], 1)
+    sizes = Trace(sizes.arrival_s, np.array([5, 7]), np.array([6, 8]), 10.0)
+    m = ft.mixed_replay(own, common, 0.5, 1.5, sizes, np.random.default_rng(0))
+    assert np.all(np.diff(m.arrival_s) >= 0) and np.array_equal(m.network, own.network)
+    from_common = ~np.isin(m.arrival_s, own.arrival_s)
+    assert 650 <= from_common.sum() <= 850  # 0.5 * 1.5 * 1000 in expectation
+    assert 420 <= (~from_common).sum() <= 580  # 0.5 * 1000
+    # the common requests' sizes are pairs drawn from ``sizes``
+    pairs = set(zip(m.prompt_tokens[from_common], m.output_tokens[from_common], strict=True))
+    assert pairs == {(5, 6), (7, 8)}
+    whole = ft.mixed_replay(own, common, 1.0, 1.0, sizes, np.random.default_rng(1))
+    assert np.array_equal(whole.arrival_s, common.arrival_s)
+    twice = ft.mixed_replay(own, common, 1.0, 2.0, sizes, np.random.default_rng(1))
+    assert np.array_equal(twice.arrival_s, np.repeat(common.arrival_s, 2))
+    counts = ft.take_counts(100_000, 1.25, np.random.default_rng(2))
+    assert set(counts.tolist()) == {1, 2} and abs(counts.mean() - 1.25) < 0.01
 
 
 def _count_corr(rho: float) -> float:
