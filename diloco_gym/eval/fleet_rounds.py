@@ -36,6 +36,8 @@ __all__ = [
     "control_sends",
     "rounds_oracle",
     "score_rounds_episode",
+    "site_rows",
+    "agent_exact_pct",
     "rounds_columns",
     "rounds_record",
     "rounds_markdown",
@@ -215,8 +217,7 @@ def score_rounds_episode(
     rules = env.rules
     n = episode.n_decisions
     scorer = RoundsScorer(episode, p, env.setup.sidecars)
-    names = env.setup.site_names
-    agent_row = [list(summary["site_sync_decisions"][nm]) for nm in names]
+    agent_row = site_rows(env, summary)
     round_sites = [list(x) for x in summary["round_sites"]]
     m = len(round_sites)
     delays = env.round_delays(episode)  # the delays the agent met
@@ -241,6 +242,19 @@ def score_rounds_episode(
         "additive_exact_gap_pp": float(gaps.max()),
         "control_dropped": int(dropped),
     }
+
+
+def site_rows(env: Any, summary: dict[str, Any]) -> list[list[int]]:
+    """A rounds run's schedule as :class:`RoundsScorer` reads it: each site's sync
+    decisions, in the fleet's site order."""
+    return [list(summary["site_sync_decisions"][nm]) for nm in env.setup.site_names]
+
+
+def agent_exact_pct(env: Any, episode: Any, summary: dict[str, Any]) -> float:
+    """A rounds run's exact sync-excess (pp of the fleet's requests), by the scorer of
+    :func:`score_rounds_episode` alone (no control, no oracle)."""
+    scorer = RoundsScorer(episode, env.params, env.setup.sidecars)
+    return float(scorer.score([site_rows(env, summary)]).exact_pct[0])
 
 
 def rounds_columns(summary: dict[str, Any]) -> dict[str, Any]:

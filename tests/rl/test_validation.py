@@ -111,3 +111,41 @@ def test_the_reference_follows_the_agents_merges_and_is_the_reports_scoring() ->
         counts,
     )
     assert cb._score(env, s, rows[0])["matched_random_mean"] == sc["matched_random_mean"]
+
+
+@pytest.mark.slow
+def test_a_rounds_agent_is_scored_anew_at_every_evaluation() -> None:
+    """On a rounds fleet with a budget (every evaluation has the same rounds, so matched
+    random and the oracle are kept), the agent's own sync-excess is still its exact replay
+    at each evaluation: a changed policy gets its own number."""
+    import torch
+    from sb3_contrib import MaskablePPO
+
+    from diloco_gym.agents.learned import LearnedAgent
+    from diloco_gym.envs.fleet_rounds import make_fleet_env
+    from diloco_gym.eval.fleet_rounds import agent_exact_pct
+    from diloco_gym.eval.rollout import run_episode
+
+    env = make_fleet_env(fleet="docs/examples/fleet-rounds.toml", merge_budget=10)
+    seeds = [VALIDATION_SEED0, VALIDATION_SEED0 + 1]
+    model = MaskablePPO("MlpPolicy", env, seed=0, policy_kwargs={"net_arch": [8]}, device="cpu")
+    cb = validation.HeldOutEvalCallback(env, seeds, eval_freq=0, best_path=None, draws=20)
+    cb.init_callback(model)
+
+    def replayed() -> float:
+        agent = LearnedAgent(model, meta={"observation": {"base_size": 48}})
+        rows = [run_episode(env, agent, s) for s in seeds]
+        return float(np.mean([agent_exact_pct(env, env.build_episode(s), r)
+                              for s, r in zip(seeds, rows, strict=True)]))  # fmt: skip
+
+    (first,) = cb.evaluate()["per_env"].values()
+    assert first["sync_excess_pct"] == pytest.approx(replayed())
+    gen = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for p in model.policy.parameters():
+            p.add_(torch.randn(p.shape, generator=gen))
+    (second,) = cb.evaluate()["per_env"].values()
+    now = replayed()
+    assert second["sync_excess_pct"] == pytest.approx(now)
+    assert now != pytest.approx(first["sync_excess_pct"])
+    assert len(cb.references) == 1  # matched random and the oracle were kept
