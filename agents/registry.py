@@ -92,10 +92,10 @@ BUDGETED: dict[str, Callable[[], Agent]] = {
     "causal-planner": CausalPlanner,
 }
 
-#: Heuristics that read a fleet's own features, so they run on a fleet only and are not in
-#: a report's default agents: ``cap-aware-forecast`` plans the per-site serving cap from the
-#: ``<site>.cap_used`` features (:mod:`diloco_gym.agents.fleet_cap`; it refuses a fleet
-#: without ``site_cap_pp``).
+#: Heuristics that need a fleet with a per-site serving cap (``site_cap_pp``), so they are
+#: not in a report's default agents and run in no bench task: ``cap-aware-forecast`` plans
+#: the cap from the ``<site>.cap_used`` features (:mod:`diloco_gym.agents.fleet_cap`; it
+#: refuses a fleet without the cap, and a single host).
 _FLEET_AGENTS: dict[str, Callable[[], Agent]] = {"cap-aware-forecast": CapAwareForecast}
 FLEET_ONLY = frozenset(_FLEET_AGENTS)
 
