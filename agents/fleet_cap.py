@@ -105,15 +105,26 @@ class CapAwareForecast(Agent):
         self.base.attach(context)
         self.reset_episode()
 
-    def _observe(self, obs: np.ndarray) -> tuple[int, int, int, np.ndarray]:
+    @property
+    def episode_decisions(self) -> int | None:
+        """The episode's decisions ``n`` as read from the observations (``None`` until a
+        decision after the first)."""
+        return self._n
+
+    def _observe(self, obs: np.ndarray) -> tuple[int, int, int, np.ndarray] | None:
         """``(d, gap, syncs so far, cap_used)`` of one observation, updating the costs seen
-        from the rise of ``cap_used`` since the last call."""
+        from the rise of ``cap_used`` since the last call; ``None`` while the episode's
+        length cannot be read yet (decision 0, where no launch is feasible)."""
         assert self._ctx is not None
         p = self._ctx.params
         gap = int(round(float(obs[_GAP]) * p.h_max))
         tl = float(obs[_TIME_LEFT])
-        if self._n is None:  # the first decision asked: no sync yet, the gap is d
-            self._n = int(round(gap / (1.0 - tl))) if tl < 1.0 else gap + 1
+        if self._n is None:
+            if tl >= 1.0:
+                return None
+            # the first decision after 0: no sync can have happened (gap < H_min before),
+            # so the gap is d and time_left = (n - d) / n
+            self._n = int(round(gap / (1.0 - tl)))
         n = self._n
         d = n - int(round(tl * n))
         syncs = int(round(float(obs[_MERGES]) * n / p.h_min))
@@ -144,9 +155,10 @@ class CapAwareForecast(Agent):
             raise ValueError(
                 f"{self.name} follows one env at a time; got observations of shape {obs.shape}"
             )
-        d, gap, syncs, used = self._observe(obs[0])
-        if not self._ctx.action_mask()[1]:
+        seen = self._observe(obs[0])
+        if seen is None or not self._ctx.action_mask()[1]:
             return np.zeros(1, dtype=np.int64)
+        d, gap, syncs, used = seen
         late = gap >= self._ctx.params.h_max - self.window
         launch = late and bool(self.base.act(obs)[0]) and self.budget_allows(d, syncs, used)
         return np.full(1, int(launch), dtype=np.int64)

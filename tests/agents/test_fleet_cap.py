@@ -86,6 +86,16 @@ def test_its_actions_are_a_function_of_what_it_is_handed():
             assert int(fresh.act(obs)[0]) == action
 
 
+@pytest.mark.parametrize("skip_forced", [True, False])
+def test_it_reads_the_episode_length(skip_forced):
+    """Asked first at decision 16 (forced decisions skipped) or at decision 0 (where the
+    episode's length cannot be read yet), it finds the episode's decisions."""
+    env = DiLoCoFleetEnv(FleetParams(sites=SITES, site_cap_pp=6.0), skip_forced=skip_forced)
+    agent = CapAwareForecast()
+    run_episode(env, agent, 3)
+    assert agent.episode_decisions == env.episode.n_decisions
+
+
 def _obs(names: tuple[str, ...], d: int, gap: int, syncs: int, used: tuple[float, float]):
     """A quiet, late-in-the-corridor fleet observation at decision ``d`` of 519."""
     n, h_max, h_min = 519, 64, 16
