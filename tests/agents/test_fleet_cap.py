@@ -66,6 +66,18 @@ def test_registered_as_fleet_only_and_deployable():
     assert bench.entrant_kinds("cap-aware-forecast") == set()  # the bench fleet has no cap
 
 
+def test_it_respects_the_corridor_and_is_deterministic():
+    """On the capped fleet (the checks tests/agents/test_heuristics.py makes of the
+    single-host agents): a feasible schedule, and the same episode twice is the same run."""
+    from diloco_gym.sim import schedules
+
+    env = _env()
+    a = run_episode(env, make_agent("cap-aware-forecast"), 5)
+    p = env.params
+    assert schedules.is_feasible(a["merge_decisions"], env.episode.n_decisions, p.h_min, p.h_max)
+    assert a == run_episode(_env(), make_agent("cap-aware-forecast"), 5)
+
+
 def test_its_actions_are_a_function_of_what_it_is_handed():
     """Replaying the observations and masks of two capped episodes into a fresh agent,
     attached to a context built without any env, gives the same actions; after the
