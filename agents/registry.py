@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import cast
 
 from diloco_gym.agents.base import Agent
+from diloco_gym.agents.fleet_cap import CapAwareForecast
 from diloco_gym.agents.heuristics import (
     CalibratedWA,
     FixedBudget,
@@ -31,6 +32,7 @@ from diloco_gym.agents.planner import CausalPlanner
 __all__ = [
     "AGENTS",
     "SINGLE_HOST_ONLY",
+    "FLEET_ONLY",
     "HEURISTICS",
     "LEARNED",
     "BUDGETED",
@@ -90,7 +92,19 @@ BUDGETED: dict[str, Callable[[], Agent]] = {
     "causal-planner": CausalPlanner,
 }
 
-AGENTS: dict[str, Callable[[], Agent]] = {**_HEURISTIC_AGENTS, **BUDGETED, **LEARNED}
+#: Heuristics that need a fleet with a per-site serving cap (``site_cap_pp``), so they are
+#: not in a report's default agents and run in no bench task: ``cap-aware-forecast`` plans
+#: the cap from the ``<site>.cap_used`` features (:mod:`diloco_gym.agents.fleet_cap`; it
+#: refuses a fleet without the cap, and a single host).
+_FLEET_AGENTS: dict[str, Callable[[], Agent]] = {"cap-aware-forecast": CapAwareForecast}
+FLEET_ONLY = frozenset(_FLEET_AGENTS)
+
+AGENTS: dict[str, Callable[[], Agent]] = {
+    **_HEURISTIC_AGENTS,
+    **BUDGETED,
+    **_FLEET_AGENTS,
+    **LEARNED,
+}
 
 #: The agents a report runs by default (no-sync is the load match, not a contender; the
 #: learned agents need the optional RL stack).
@@ -121,7 +135,7 @@ def is_budget_aware_spec(spec: str) -> bool:
 
     if spec in BUDGETED:
         return True
-    if spec in _HEURISTIC_AGENTS:
+    if spec in _HEURISTIC_AGENTS or spec in _FLEET_AGENTS:
         return False
     if _is_user(spec):  # your own code: its object says (loading it, as the run will)
         from diloco_gym.agents.user import load_user_agent

@@ -74,10 +74,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _entrants(args: argparse.Namespace) -> list:
-    from diloco_gym.eval.bench import Entrant
+    from diloco_gym.eval.bench import Entrant, entrant_kinds
     from diloco_gym.rl.bench import baseline_entrants
 
-    out = baseline_entrants() if args.baselines else []
+    # --baselines: the registry's agents that run on some task of the suite (an agent
+    # that needs a capped fleet, such as cap-aware-forecast, runs on none)
+    base = baseline_entrants() if args.baselines else []
+    out = [e for e in base if all(entrant_kinds(a) for a in e.agents)]
     for a in args.agent:
         checks.check_agent(a)
         out.append(Entrant(a, (a,)))

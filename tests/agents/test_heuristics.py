@@ -17,6 +17,7 @@ from diloco_gym.agents.heuristics import (
 from diloco_gym.agents.registry import (
     AGENTS,
     BUDGETED,
+    FLEET_ONLY,
     HEURISTICS,
     LEARNED,
     is_budget_aware_spec,
@@ -28,10 +29,13 @@ from diloco_gym.eval.rollout import attach_agent, run_episode
 from diloco_gym.sim import schedules
 from diloco_gym.sim.traces import Trace
 
-#: Agents that run without a merge budget; the budget-aware ones (BUDGETED, and the
-#: budget-conditioned learned agents) need merge_budget=M and are checked at budgets in
-#: tests/eval/test_frontier.py and tests/rl/test_learned.py.
-FREE_AGENTS = [n for n in AGENTS if n not in BUDGETED and not is_budget_aware_spec(n)]
+#: Agents that run on a single host without a merge budget; the budget-aware ones
+#: (BUDGETED, and the budget-conditioned learned agents) need merge_budget=M and are
+#: checked at budgets in tests/eval/test_frontier.py and tests/rl/test_learned.py; those
+#: of FLEET_ONLY need a capped fleet and are checked there in tests/agents/test_fleet_cap.py.
+FREE_AGENTS = [
+    n for n in AGENTS if n not in BUDGETED and n not in FLEET_ONLY and not is_budget_aware_spec(n)
+]
 
 
 def _needs_rl(name: str) -> None:

@@ -59,3 +59,16 @@ def test_a_bad_submission_is_a_data_error_naming_file_and_field(tmp_path, out, f
     assert fails(["bench", *out, "--validate", str(path), "--tolerance", "-1"], 2) == (
         "diloco-gym: --tolerance must be >= 0, got -1.0"
     )
+
+
+def test_baselines_leave_out_the_agents_that_run_on_no_task():
+    """``--baselines`` takes every registered agent that runs on some task; the cap-aware
+    agent needs a capped fleet, which the suite has not, so it is left out (a bench of
+    it alone is refused: it runs on none of the tasks)."""
+    import argparse
+
+    from diloco_gym.commands.bench import _entrants
+
+    args = argparse.Namespace(baselines=True, agent=[], group=[])
+    names = [e.name for e in _entrants(args)]
+    assert "online-forecast" in names and "cap-aware-forecast" not in names
