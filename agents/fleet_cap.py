@@ -61,9 +61,11 @@ class CapAwareForecast(Agent):
         window: launches are considered once the gap is at least ``H_max - window``
             decisions.
         safety: the budget must cover ``safety`` times the forecast damage ahead.
-        min_progress, quiet_ratio, max_trend: the online forecaster's quiet test
+        min_progress: the online forecaster's quiet test
             (:class:`~diloco_gym.agents.heuristics.OnlineForecastWA`) on the fleet's summed
-            rates.
+            rates: the least learner progress before a launch,
+        quiet_ratio: the forecast rate's largest ratio to the baseline,
+        max_trend: and the rate trend's largest value.
     """
 
     name = "cap-aware-forecast"

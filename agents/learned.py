@@ -402,13 +402,13 @@ def _model_file(p: Path) -> Path:
 
 
 def _meta_for(p: Path, meta: dict | None) -> dict:
-    """``meta`` as given (when not empty), else the ``meta.json`` beside a ``model.zip``
-    (``{}``: none or unreadable; the metadata names the algorithm and the observation
-    transform)."""
+    """``meta`` as given (when not empty), else the ``meta.json`` beside a ``model.zip`` or
+    a ``best_model.zip`` (a training run's two models share it; ``{}``: none or unreadable;
+    the metadata names the algorithm and the observation transform)."""
     if meta:
         return dict(meta)
     meta_path = p.with_name("meta.json")
-    if p.name == "model.zip" and meta_path.is_file():
+    if p.name in ("model.zip", "best_model.zip") and meta_path.is_file():
         from diloco_gym.agents.safe_model import ModelLimitError, read_meta_bytes
 
         try:

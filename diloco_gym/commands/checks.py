@@ -18,6 +18,7 @@ __all__ = [
     "check_regime",
     "check_agent",
     "check_free_agent",
+    "check_single_host",
     "fleet_merge_budget",
     "check_run_agent",
     "load_agent",
@@ -90,6 +91,19 @@ def check_agent(name: str) -> str:
     )
 
 
+def check_single_host(names: list[str]) -> None:
+    """Agents that run on a fleet only (``FLEET_ONLY``: they read a fleet's per-site cap)
+    are a usage error on a single host, found before anything runs."""
+    from diloco_gym.agents.registry import FLEET_ONLY
+
+    fleet_only = list(dict.fromkeys(n for n in names if n in FLEET_ONLY))
+    if fleet_only:
+        raise UsageError(
+            f"{', '.join(fleet_only)}: runs only on a fleet with a per-site serving cap "
+            f"(site_cap_pp in its [fleet] table); give the fleet file with --fleet"
+        )
+
+
 def check_free_agent(name: str, fleet: str | None = None) -> str:
     """A known agent that can run without a merge budget (``run`` and ``report`` give
     none; ``fleet``: the ``--fleet`` file, whose ``[env]`` has no ``merge_budget``):
@@ -97,6 +111,8 @@ def check_free_agent(name: str, fleet: str | None = None) -> str:
     from diloco_gym.agents.registry import is_budget_aware_spec
 
     check_agent(name)
+    if fleet is None:
+        check_single_host([name])
     if is_budget_aware_spec(name.removesuffix("+own")):
         also = (
             f", or set merge_budget in the [env] table of {fleet} to run it at that budget"

@@ -179,6 +179,7 @@ def _frontier_agents(args: argparse.Namespace) -> tuple[list[str], list[str]]:
     free_agents = list(dict.fromkeys(list(args.free_agents or HEURISTICS) + extra_free))
     for a in budget_agents + free_agents:
         checks.check_agent(a)
+    checks.check_single_host(budget_agents + free_agents)
     return budget_agents, free_agents
 
 

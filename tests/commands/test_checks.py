@@ -133,3 +133,23 @@ def test_the_mismatch_warning_is_one_line_on_the_command_line(tmp_path, capsys, 
         cli.main([*argv, "--out", str(tmp_path / "r")])
     err = capsys.readouterr().err
     assert f"diloco-gym: warning: {model} was trained with learner calibration" in err
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["report", "--agents", "cap-aware-forecast"],
+        ["frontier", "--agent", "cap-aware-forecast"],
+        ["run", "--agent", "cap-aware-forecast"],
+    ],
+)
+def test_a_fleet_only_agent_is_refused_on_a_single_host_before_any_work(argv, tmp_path, capsys):
+    from diloco_gym.cli import main
+
+    out = tmp_path / "out"
+    with pytest.raises(SystemExit) as exc:
+        main([*argv, "--out", str(out)] if argv[0] != "run" else argv)
+    err = capsys.readouterr().err.strip()
+    assert exc.value.code == 2 and len(err.splitlines()) == 1
+    assert "cap-aware-forecast: runs only on a fleet with a per-site serving cap" in err
+    assert not out.exists()

@@ -86,6 +86,8 @@ def test_a_fleet_model_loads_keeps_its_budget_and_is_judged_by_the_fleet_report(
     fleet = str(fleet_run.parent / "f.toml")
     (agent,) = make_agents([str(fleet_run / "model.zip")])
     assert agent.budget_aware and fleet_agent(agent) is agent
+    (best,) = make_agents([str(fleet_run / "best_model.zip")])  # the run's meta.json too
+    assert best.budget_aware and best.obs_size == agent.obs_size == 26
     res = run_episode(DiLoCoFleetEnv(fleet=fleet, merge_budget=32), agent, 3)
     assert res["merges"] == 32  # the budget is kept exactly (the mask)
     config = FleetReportConfig(
