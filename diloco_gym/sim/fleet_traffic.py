@@ -61,22 +61,49 @@ def mixed_trace(own: Trace, common: Trace, rho: float, rng: np.random.Generator)
     """``own``'s requests kept with probability ``1 - rho`` and ``common``'s with
     probability ``rho``, in arrival order (ties: own first), over ``own``'s window and with
     its pressures (module docstring)."""
+    _check_mix(own, common, rho, "trace")
+    keep_own = rng.random(own.num_requests) >= rho
+    keep_common = rng.random(common.num_requests) < rho
+    return _joined(
+        own,
+        keep_own,
+        common.arrival_s[keep_common],
+        common.prompt_tokens[keep_common],
+        common.output_tokens[keep_common],
+        rho,
+    )
+
+
+def _check_mix(own: Trace, common: Trace, rho: float, what: str) -> None:
+    """A mix's share and windows: ``rho`` in (0, 1], the common ``what`` as long as the
+    site's window."""
     if not 0.0 < rho <= 1.0:
         raise ValueError(f"traffic_correlation must be in (0, 1], got {rho!r}")
     if common.duration_s != own.duration_s:
         raise ValueError(
-            f"the common trace lasts {common.duration_s} s, the site's {own.duration_s} s"
+            f"the common {what} lasts {common.duration_s} s, the site's {own.duration_s} s"
         )
-    keep_own = rng.random(own.num_requests) >= rho
-    keep_common = rng.random(common.num_requests) < rho
-    arrival = np.concatenate([own.arrival_s[keep_own], common.arrival_s[keep_common]])
-    order = np.argsort(arrival, kind="stable")
-    prompt = np.concatenate([own.prompt_tokens[keep_own], common.prompt_tokens[keep_common]])
-    output = np.concatenate([own.output_tokens[keep_own], common.output_tokens[keep_common]])
+
+
+def _joined(
+    own: Trace,
+    keep_own: np.ndarray,
+    arrival: np.ndarray,
+    prompt: np.ndarray,
+    output: np.ndarray,
+    rho: float,
+) -> Trace:
+    """``own``'s kept requests and the taken ones (``arrival``, ``prompt``, ``output``) as
+    one trace in arrival order (ties: own first), over ``own``'s window, with its pressures
+    and its token dtypes."""
+    t = np.concatenate([own.arrival_s[keep_own], arrival])
+    order = np.argsort(t, kind="stable")
+    p = np.concatenate([own.prompt_tokens[keep_own], prompt])
+    o = np.concatenate([own.output_tokens[keep_own], output])
     return Trace(
-        arrival[order],
-        prompt[order],
-        output[order],
+        t[order],
+        p[order].astype(own.prompt_tokens.dtype, copy=False),
+        o[order].astype(own.output_tokens.dtype, copy=False),
         own.duration_s,
         own.network,
         own.checkpoint,
@@ -109,12 +136,7 @@ def mixed_replay(
     expectation (:func:`take_counts`) with the size of a request drawn uniformly from
     ``sizes`` (the site's own trace), in arrival order (ties: own first), over ``own``'s
     window and with its pressures."""
-    if not 0.0 < rho <= 1.0:
-        raise ValueError(f"traffic_correlation must be in (0, 1], got {rho!r}")
-    if common.duration_s != own.duration_s:
-        raise ValueError(
-            f"the common window lasts {common.duration_s} s, the site's {own.duration_s} s"
-        )
+    _check_mix(own, common, rho, "window")
     if sizes.num_requests == 0:
         raise ValueError("the site's trace has no request to draw sizes from")
     keep_own = rng.random(own.num_requests) >= rho
@@ -122,17 +144,11 @@ def mixed_replay(
         np.arange(common.num_requests), take_counts(common.num_requests, rho * scale, rng)
     )
     pick = rng.integers(0, sizes.num_requests, taken.size)
-    arrival = np.concatenate([own.arrival_s[keep_own], common.arrival_s[taken]])
-    order = np.argsort(arrival, kind="stable")
-    prompt = np.concatenate([own.prompt_tokens[keep_own], sizes.prompt_tokens[pick]])
-    output = np.concatenate([own.output_tokens[keep_own], sizes.output_tokens[pick]])
-    return Trace(
-        arrival[order],
-        prompt[order].astype(own.prompt_tokens.dtype, copy=False),
-        output[order].astype(own.output_tokens.dtype, copy=False),
-        own.duration_s,
-        own.network,
-        own.checkpoint,
-        own.name,
-        {**own.meta, "traffic_correlation": float(rho)},
+    return _joined(
+        own,
+        keep_own,
+        common.arrival_s[taken],
+        sizes.prompt_tokens[pick],
+        sizes.output_tokens[pick],
+        rho,
     )
