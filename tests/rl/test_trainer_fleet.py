@@ -244,3 +244,22 @@ def test_shipped_v1_fleet_agent_loads_on_model_v1_and_keeps_its_budget():
     assert env.fleet.model_version == 1
     res = run_episode(env, agent, 0)
     assert res["merges"] == 48 and res["model_version"] == 1
+
+
+def test_the_shipped_rounds_agent_chooses_each_site_on_its_rounds_fleet_only() -> None:
+    from diloco_gym.envs.fleet_rounds import make_fleet_env
+
+    ref = ROOT / "agents" / "reference" / "fleet-rounds-own"
+    meta = json.loads((ref / "meta.json").read_text())
+    assert meta["fleet"] == "docs/examples/fleet-rounds.toml"
+    assert meta["config"]["file"]["text"] == (ref / "config.toml").read_text()
+    (agent,) = make_agents([str(ref)])
+    assert agent.per_site and not agent.budget_aware
+    env = make_fleet_env(fleet=str(ROOT / meta["fleet"]))
+    res = run_episode(env, agent, 0)
+    assert res["timing"] == "rounds" and 8 <= len(res["round_sites"]) <= 16
+    assert all(n > 0 for n in res["site_sync_counts"].values())  # every site contributes
+    with pytest.raises(ValueError, match="trained on a fleet with timing = 'rounds'"):
+        run_episode(
+            DiLoCoFleetEnv(fleet=str(ROOT / "docs" / "examples" / "fleet-v1.toml")), agent, 0
+        )
