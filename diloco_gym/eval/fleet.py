@@ -454,6 +454,8 @@ def _fleet_record(config: FleetReportConfig, env: DiLoCoFleetEnv) -> dict[str, A
         "progress_factor": env.setup.progress_factor,
         "worst_site_weight": fl.worst_site_weight,
         "site_cap_pp": fl.site_cap_pp,
+        "traffic_correlation": fl.traffic_correlation,
+        "traffic_common": fl.traffic_common,
         **fleet_rounds.rounds_record(env),
     }
 

@@ -135,3 +135,18 @@ def test_a_worst_site_weight_labels_the_oracle_that_no_longer_minimises_the_tota
           "worst_site_sync_excess_pct": 1.5, "verdict": "v"}]
     )  # fmt: skip
     assert "| oracle (sum + 5 x worst site) pp |" in frontier_table(frame, 5.0)
+
+
+def test_the_report_records_the_fleets_traffic_correlation(tmp_path):
+    from diloco_gym.eval.fleet import FleetReportConfig, run_fleet_report
+
+    p = tmp_path / "corr.toml"
+    p.write_text(
+        '[fleet]\ntraffic_correlation = 0.5\n[[site]]\nname = "a"\nregime = "bursty"\n'
+        '[[site]]\nname = "b"\nregime = "bursty"\n'
+    )
+    config = FleetReportConfig(
+        fleet=str(p), agents=["fixed-512"], seeds=2, draws=10, in_process_agents=True
+    )
+    fleet = run_fleet_report(config)["fleet"]
+    assert fleet["traffic_correlation"] == 0.5 and fleet["traffic_common"] is None
