@@ -277,7 +277,11 @@ class DiLoCoFleetRoundsEnv(DiLoCoFleetEnv):
 
     # ------------------------------------------------------------------ masks, obs
     def action_masks(self) -> np.ndarray:
-        """``[may send 0, may send 1]`` per site (MaskablePPO's flat ``MultiBinary`` mask)."""
+        """``[may send 0, may send 1]`` per site (MaskablePPO's flat ``MultiBinary`` mask).
+
+        With no round open it cannot say "every ready site or none": a round opened where
+        its window closes at once (the episode's last decision, or no grace window) takes
+        every ready site, and an action asking only some is overridden (and flagged)."""
         n = self.fleet.n_sites
         out = np.ones((n, 2), dtype=bool)
         rs = self._round
