@@ -188,6 +188,7 @@ def _frontier_fleet(args: argparse.Namespace) -> int:
     (:mod:`diloco_gym.eval.fleet_frontier`)."""
     from diloco_gym.eval.fleet_frontier import (
         FleetFrontierConfig,
+        comparison_lines,
         frontier_table,
         run_fleet_frontier,
         write_fleet_frontier,
@@ -221,6 +222,9 @@ def _frontier_fleet(args: argparse.Namespace) -> int:
         "frontier",
     )
     print(frontier_table(result["frontier"], result["fleet"]["worst_site_weight"]))
+    compared = comparison_lines(result["pairwise"], result["dominance"])
+    if compared:
+        print("\n" + "\n".join(compared).rstrip())
     print(
         f"\nfleet frontier written to {out}/ (frontier.md, .csv, .json, .png) in "
         f"{time.perf_counter() - started:.1f} s"

@@ -41,6 +41,7 @@ from diloco_gym.text import md_text
 __all__ = [
     "FleetScorer",
     "score_schedule",
+    "verdict_seeds_of",
     "FleetReportConfig",
     "fleet_calibration",
     "run_fleet_report",
@@ -197,8 +198,9 @@ def run_fleet_report(config: FleetReportConfig, progress: bool = False) -> dict[
 
     Returns:
         ``{"rows", "summary", "calibration", "calibration_verdict", "fleet", "elapsed_s",
-        "independent_units"}``: per agent-episode rows, the per-agent summary with the gate's
-        verdict, and the per-site calibration rows.
+        "independent_units", "verdict_seeds"}``: per agent-episode rows, the per-agent
+        summary with the gate's verdict, the per-site calibration rows, and the seeds that
+        are independent units (:func:`verdict_seeds_of`).
     """
     import pandas as pd
 
@@ -208,7 +210,7 @@ def run_fleet_report(config: FleetReportConfig, progress: bool = False) -> dict[
     env = protocol_env(config, "the fleet report")
     agents = _report_agents(config)
     seeds = [config.seed0 + i for i in range(config.seeds)]
-    verdict_seeds = _verdict_seeds(seeds, env.setup.independent_episodes)
+    verdict_seeds = verdict_seeds_of(seeds, env.setup.independent_episodes)
     n_indep = len(verdict_seeds)
     df = pd.DataFrame(_unit_rows(env, agents, seeds, config.draws, progress))
     verdict, calib_rows = fleet_calibration(env, config.calibration)
@@ -229,6 +231,7 @@ def run_fleet_report(config: FleetReportConfig, progress: bool = False) -> dict[
         "calibration": pd.DataFrame(calib_rows),
         "calibration_verdict": verdict,
         "independent_units": n_indep,
+        "verdict_seeds": sorted(verdict_seeds),
         "fleet": _fleet_record(config, env),
         "config": {
             "agents": list(config.agents),
@@ -269,7 +272,7 @@ def _report_agents(config: FleetReportConfig) -> list[Any]:
     return seal_agents(agents, in_process=config.in_process_agents)
 
 
-def _verdict_seeds(seeds: list[int], independent_episodes: int | None) -> set[int]:
+def verdict_seeds_of(seeds: list[int], independent_episodes: int | None) -> set[int]:
     """The seeds that are independent units and carry the test and the verdict: every seed
     of synthetic sites (``independent_episodes`` is None); with trace sites, seed ``k``
     replays tile ``k mod independent_episodes``, so only the first seed of each tile (a

@@ -6,6 +6,8 @@ exactly that many syncs) every agent runs on the same fleet episodes as in
 number of syncs (the exact sampler under the fleet corridor), the oracle at the same budget,
 the gap captured, the worst site's excess, and the report's gate (non-zero units, Holm over
 the deployable agents, per budget). Deployable agents run sealed as in the fleet report.
+The agents are also compared with each other by the single-host frontier's statistics
+(:func:`agents_compared`): every pair at every budget, and dominance across budgets.
 
 On a fleet with per-site timing (``timing = "rounds"``) a sync is a round: the budget counts
 rounds (a round's opening is the fleet env's merge, under the same corridor and budget),
@@ -75,8 +77,9 @@ def gap_captured(agent: float, random: float, oracle: float) -> float:
 
 
 def run_fleet_frontier(config: FleetFrontierConfig, progress: bool = False) -> dict[str, Any]:
-    """Run the fleet report at every budget; returns ``{"frontier", "rows", "fleet",
-    "calibration_verdict", "config"}`` (``frontier``: one row per budget and agent)."""
+    """Run the fleet report at every budget; returns ``{"frontier", "rows", "pairwise",
+    "dominance", "fleet", "calibration_verdict", "config"}`` (``frontier``: one row per
+    budget and agent; ``pairwise`` and ``dominance``: :func:`agents_compared`)."""
     import pandas as pd
 
     parts, rows = [], []
@@ -95,9 +98,13 @@ def run_fleet_frontier(config: FleetFrontierConfig, progress: bool = False) -> d
         r.insert(0, "budget", b)
         rows.append(r)
     assert first is not None
+    all_rows = pd.concat(rows, ignore_index=True)
+    pairwise, dom = agents_compared(all_rows, first["verdict_seeds"], config.report.alpha)
     return {
         "frontier": pd.concat(parts, ignore_index=True),
-        "rows": pd.concat(rows, ignore_index=True),
+        "rows": all_rows,
+        "pairwise": pairwise,
+        "dominance": dom,
         "fleet": first["fleet"],
         "calibration_verdict": first["calibration_verdict"],
         "config": {
@@ -106,6 +113,44 @@ def run_fleet_frontier(config: FleetFrontierConfig, progress: bool = False) -> d
             "budgets": sorted(config.budgets),
         },
     }
+
+
+def agents_compared(rows: Any, verdict_seeds: list[int], alpha: float) -> tuple[Any, Any]:
+    """The agents against each other, by the single-host frontier's statistics
+    (:func:`~diloco_gym.eval.frontier_stats.pairwise_stats` and
+    :func:`~diloco_gym.eval.frontier_stats.dominance`): at each budget every pair's paired
+    test of sync-excess over the episodes that are independent units (``verdict_seeds``:
+    with trace sites, the first seed of each tile), Holm across the pairs at that budget;
+    then whether one agent dominates another across the budgets, or "inconclusive (too few
+    episodes)" when no test could reach ``alpha``."""
+    from diloco_gym.eval.frontier_stats import dominance, pairwise_stats
+
+    units = rows[rows["seed"].isin(set(verdict_seeds))].copy()
+    units["regime"] = "fleet"
+    # every agent of a budget runs exactly that many syncs: one rate per budget
+    units["budget_per_hour"] = units.groupby("budget")["syncs_per_hour"].transform("mean")
+    pairwise = pairwise_stats(units, alpha)
+    return pairwise, dominance(units, pairwise, alpha)
+
+
+def comparison_lines(pairwise: Any, dom: Any) -> list[str]:
+    """frontier.md's "Agents against each other": the dominance relation of every pair, and
+    the significant pairwise differences (Holm within each budget)."""
+    if pairwise is None or len(pairwise) == 0:
+        return []
+    lines = [
+        "## Agents against each other",
+        "",
+        "Paired tests of sync-excess over the independent episodes, Holm across the pairs at "
+        "each budget (the single-host frontier's statistics).",
+        "",
+        "| agent A | relation | agent B | budgets | significant at (syncs/h) |",
+        "|---|---|---|---|---|",
+    ]
+    for r in dom.itertuples():
+        sig = ", ".join(f"{x:g}" for x in r.significant_budgets) or "none"
+        lines.append(f"| {r.agent_a} | {r.relation} | {r.agent_b} | {r.budgets} | {sig} |")
+    return lines + [""]
 
 
 def frontier_table(frontier, worst_site_weight: float = 0.0) -> str:
@@ -189,6 +234,18 @@ def fleet_frontier_figure(result: dict[str, Any]):
     return fig
 
 
+def _more_files(result: dict[str, Any], tmp: Path) -> None:
+    """frontier.png, and pairwise.csv (every pair of agents at every budget)."""
+    _save_figure(fleet_frontier_figure(result), tmp / "frontier.png")
+    pairwise = result.get("pairwise")
+    if pairwise is not None and len(pairwise):
+        pairwise.to_csv(tmp / "pairwise.csv", index=False)
+
+
+def _records(table: Any) -> list[dict[str, Any]]:
+    return [] if table is None else table.to_dict(orient="records")
+
+
 def _save_figure(fig, path: Path) -> None:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
 
@@ -199,8 +256,9 @@ def _save_figure(fig, path: Path) -> None:
 def write_fleet_frontier(
     result: dict[str, Any], out: str | Path, force: bool = False, command: str = ""
 ) -> Path:
-    """Write frontier.csv, frontier.json, frontier.md and frontier.png
-    (:func:`fleet_frontier_figure`) to ``out`` atomically
+    """Write frontier.csv, frontier.json, frontier.md, frontier.png
+    (:func:`fleet_frontier_figure`) and pairwise.csv (:func:`agents_compared`) to ``out``
+    atomically
     (:func:`~diloco_gym.eval.fleet.write_fleet_dir`: the report's ``--force`` rules)."""
     fleet = result["fleet"]
     rounds = fleet.get("timing") == "rounds"
@@ -214,16 +272,21 @@ def write_fleet_frontier(
         *([fleet_rounds.rounds_paragraph(fleet), ""] if rounds else []),
         frontier_table(result["frontier"], fleet["worst_site_weight"]),
         "",
+        *comparison_lines(result.get("pairwise"), result.get("dominance")),
         "![fleet frontier](frontier.png)",
     ]
     files = FleetFiles(
         "frontier.csv",
         result["frontier"],
         "frontier.json",
-        {"frontier": result["frontier"].to_dict(orient="records")},
+        {
+            "frontier": result["frontier"].to_dict(orient="records"),
+            "pairwise": _records(result.get("pairwise")),
+            "dominance": _records(result.get("dominance")),
+        },
         "frontier.md",
         "Fleet budget frontier",
         body,
-        more=lambda tmp: _save_figure(fleet_frontier_figure(result), tmp / "frontier.png"),
+        more=lambda tmp: _more_files(result, tmp),
     )
     return write_fleet_dir(result, out, force, command, files)

@@ -109,3 +109,54 @@ def test_a_rounds_fleet_frontier_counts_rounds_and_calls_its_oracle_an_upper_bou
     assert "| oracle pp |" in frontier_table(instant["frontier"])
     assert "token_share_mean" not in instant["frontier"]
     assert "oracle (exact DP, non-deployable)" in _legend(fleet_frontier_figure(instant))
+
+
+def _two_agents(seeds: int) -> FleetFrontierConfig:
+    report = FleetReportConfig(
+        fleet=str(EXAMPLE),
+        agents=["online-forecast-budget", "fixed-budget"],
+        seeds=seeds,
+        draws=20,
+        in_process_agents=True,
+    )
+    return FleetFrontierConfig(report=report, budgets=[48, 96])
+
+
+def test_the_fleet_frontier_compares_agents_by_the_single_hosts_statistics(tmp_path):
+    """Every pair of agents at every budget: the paired test of their sync-excess over the
+    independent episodes (as the single-host frontier), and dominance across budgets,
+    "inconclusive" when the episodes cannot reach alpha; written to frontier.md,
+    frontier.json and pairwise.csv."""
+    import numpy as np
+
+    from diloco_gym.eval import protocol
+    from diloco_gym.eval.fleet_frontier import agents_compared
+
+    res = run_fleet_frontier(_two_agents(3))
+    pw = res["pairwise"]
+    assert list(pw["budget"]) == [48, 96] and set(pw["units"]) == {3}
+    rows = res["rows"][res["rows"]["budget"] == 48].pivot(
+        index="seed", columns="agent", values="sync_excess_pct"
+    )
+    diff = (rows["online-forecast-budget"] - rows["fixed-budget"]).to_numpy()
+    want = protocol.paired_test(diff, np.random.default_rng(2))
+    assert pw.iloc[0]["diff_pp"] == pytest.approx(want["mean"])
+    assert pw.iloc[0]["p_value"] == pytest.approx(want["p_value"])
+    (rel,) = res["dominance"]["relation"]
+    assert rel == "inconclusive (too few episodes)"  # 3 episodes cannot reach 0.05
+    # only the independent units enter: a subset of the seeds gives fewer units
+    fewer, _ = agents_compared(res["rows"], [0, 1], 0.05)
+    assert set(fewer["units"]) == {2}
+    write_fleet_frontier(res, tmp_path / "f")
+    assert "## Agents against each other" in (tmp_path / "f" / "frontier.md").read_text()
+    saved = json.loads((tmp_path / "f" / "frontier.json").read_text())
+    assert saved["dominance"][0]["relation"] == rel and len(saved["pairwise"]) == 2
+    assert (tmp_path / "f" / "pairwise.csv").read_text().count("\n") == 3
+
+
+@pytest.mark.slow
+def test_with_enough_episodes_the_forecaster_dominates_fixed_placement():
+    res = run_fleet_frontier(_two_agents(12))
+    (row,) = res["dominance"].to_dict(orient="records")
+    assert row["agent_a"] == "online-forecast-budget"
+    assert row["relation"] == "dominates" and row["b_lower_at"] == []
