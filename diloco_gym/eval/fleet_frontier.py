@@ -45,6 +45,8 @@ _COLUMNS = [
     "matched_random_mean",
     "oracle_same_budget_pct",
     "gap_captured",
+    "gap_ci_low",
+    "gap_ci_high",
     "worst_site_sync_excess_pct",
     "diff_pp",
     "p_holm",
@@ -69,11 +71,29 @@ class FleetFrontierConfig:
             raise ValueError(f"budgets must be distinct, got {self.budgets}")
 
 
-def gap_captured(agent: float, random: float, oracle: float) -> float:
-    """The share of matched random's excess over the oracle that the agent removes (NaN
-    when random and the oracle are equal)."""
-    span = random - oracle
-    return float((random - agent) / span) if abs(span) > 1e-12 else float("nan")
+def gap_columns(rows: Any, agents: list[str], verdict_seeds: list[int], budget: int) -> Any:
+    """Each agent's gap captured at one budget, ``(matched random - agent) / (matched
+    random - oracle)`` over the independent episodes, with its 95 % bootstrap interval: the
+    single-host frontier's :func:`~diloco_gym.eval.frontier_stats.gap_captured` (NaN where
+    the oracle is no better than random)."""
+    import pandas as pd
+
+    from diloco_gym.eval.frontier_stats import gap_captured
+
+    units = rows[rows["seed"].isin(set(verdict_seeds))]
+    out = []
+    for i, name in enumerate(agents):
+        sub = units[units["agent"] == name]
+        g = gap_captured(
+            sub["sync_excess_pct"].to_numpy(),
+            sub["matched_random_mean"].to_numpy(),
+            sub["oracle_same_budget_pct"].to_numpy(),
+            np.random.default_rng([int(budget), i, 11]),
+        )
+        out.append(
+            {"gap_captured": g["gap"], "gap_ci_low": g["ci_low"], "gap_ci_high": g["ci_high"]}
+        )
+    return pd.DataFrame(out)
 
 
 def run_fleet_frontier(config: FleetFrontierConfig, progress: bool = False) -> dict[str, Any]:
@@ -89,10 +109,9 @@ def run_fleet_frontier(config: FleetFrontierConfig, progress: bool = False) -> d
         first = first or res
         s = res["summary"].copy()
         s.insert(0, "budget", b)
-        s["gap_captured"] = [
-            gap_captured(r.sync_excess_pct, r.matched_random_mean, r.oracle_same_budget_pct)
-            for r in s.itertuples()
-        ]
+        gaps = gap_columns(res["rows"], list(s["agent"]), res["verdict_seeds"], b)
+        for col in gaps.columns:
+            s[col] = gaps[col].to_numpy()
         parts.append(s[_COLUMNS + [c for c in fleet_rounds.ROUNDS_SUMMARY_COLUMNS if c in s]])
         r = res["rows"].copy()
         r.insert(0, "budget", b)
@@ -172,10 +191,22 @@ def frontier_table(frontier, worst_site_weight: float = 0.0) -> str:
         lines.append(
             f"| {r.budget} | {r.agent} | {r.syncs_per_hour:.1f} | {r.sync_excess_pct:.3f} | "
             f"{r.matched_random_mean:.3f} | {r.oracle_same_budget_pct:.3f} | "
-            f"{'' if np.isnan(r.gap_captured) else f'{r.gap_captured:.2f}'} | "
+            f"{_gap(r.gap_captured, *_ci(r))} | "
             f"{r.worst_site_sync_excess_pct:.3f} | {more}{r.verdict} |"
         )
     return "\n".join(lines)
+
+
+def _ci(r: Any) -> tuple[float, float]:
+    """A frontier row's gap interval (NaN for a table written without one)."""
+    return float(getattr(r, "gap_ci_low", np.nan)), float(getattr(r, "gap_ci_high", np.nan))
+
+
+def _gap(gap: float, low: float, high: float) -> str:
+    """``0.35 [0.30, 0.40]``; blank where the gap is undefined."""
+    if np.isnan(gap):
+        return ""
+    return f"{gap:.2f}" + ("" if np.isnan(low) else f" [{low:.2f}, {high:.2f}]")
 
 
 def _curve_labels(fleet: dict[str, Any]) -> tuple[str, str]:

@@ -13,7 +13,7 @@ from diloco_gym.eval.fleet_frontier import (
     FleetFrontierConfig,
     fleet_frontier_figure,
     frontier_table,
-    gap_captured,
+    gap_columns,
     run_fleet_frontier,
     write_fleet_frontier,
 )
@@ -63,9 +63,39 @@ def test_fleet_frontier_config_errors():
         FleetFrontierConfig(report=report, budgets=[4, 4])
 
 
-def test_gap_captured():
-    assert gap_captured(agent=1.0, random=2.0, oracle=0.0) == 0.5
-    assert math.isnan(gap_captured(agent=1.0, random=1.0, oracle=1.0))
+def test_the_gap_is_the_single_hosts_over_the_independent_episodes():
+    """Gap captured and its bootstrap interval come from the single-host frontier's
+    function, over the episodes that are independent units; undefined gaps stay NaN."""
+    import numpy as np
+    import pandas as pd
+
+    from diloco_gym.eval.frontier_stats import gap_captured
+
+    rows = pd.DataFrame(
+        {
+            "agent": ["a"] * 4 + ["b"] * 4,
+            "seed": [0, 1, 2, 3] * 2,
+            "sync_excess_pct": [1.0, 1.5, 0.5, 9.0, 2.0, 2.0, 2.0, 2.0],
+            "matched_random_mean": [2.0, 2.5, 2.0, 9.0, 2.0, 2.0, 2.0, 2.0],
+            "oracle_same_budget_pct": [0.0, 0.5, 0.2, 1.0, 2.0, 2.0, 2.0, 2.0],
+        }
+    )
+    got = gap_columns(rows, ["a", "b"], [0, 1, 2], budget=7)
+    want = gap_captured(
+        np.array([1.0, 1.5, 0.5]),
+        np.array([2.0, 2.5, 2.0]),
+        np.array([0.0, 0.5, 0.2]),
+        np.random.default_rng([7, 0, 11]),
+    )
+    assert got.iloc[0].to_dict() == {
+        "gap_captured": want["gap"],
+        "gap_ci_low": want["ci_low"],
+        "gap_ci_high": want["ci_high"],
+    }
+    assert got.iloc[0]["gap_captured"] == pytest.approx(
+        (2.1667 - 1.0) / (2.1667 - 0.2333), abs=1e-3
+    )
+    assert math.isnan(got.iloc[1]["gap_captured"])  # the oracle is no better than random
 
 
 ROUNDS = EXAMPLE.with_name("fleet-rounds.toml")
