@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-__all__ = ["count", "finite", "fmt", "fmt_p"]
+__all__ = ["count", "finite", "finite_float", "fmt", "fmt_p"]
 
 
 def finite(x: Any) -> bool:
@@ -15,6 +15,15 @@ def finite(x: Any) -> bool:
         return x is not None and math.isfinite(x)
     except (TypeError, ValueError, OverflowError):
         return False
+
+
+def finite_float(x: Any) -> float | None:
+    """``x`` as a finite float, or ``None`` (missing, not a number, NaN or infinite)."""
+    try:
+        v = float(x)
+    except (TypeError, ValueError):
+        return None
+    return v if math.isfinite(v) else None
 
 
 def fmt(x: Any, nd: int = 2, missing: str = "n/a") -> str:

@@ -39,7 +39,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
+from diloco_gym.text import finite_float
 
 __all__ = [
     "SUITE_NAME",
@@ -368,14 +368,6 @@ def _progress(msg: str, on: bool) -> None:
         print(f"bench: {msg}", file=sys.stderr, flush=True)
 
 
-def _finite(x: Any) -> float | None:
-    try:
-        v = float(x)
-    except (TypeError, ValueError):
-        return None
-    return v if np.isfinite(v) else None
-
-
 def _reference(mr: float, orc: float, rc: float | None, units: int) -> dict[str, Any]:
     span = mr - orc
     reach = None if rc is None or not span > 1e-9 else (mr - rc) / span
@@ -448,13 +440,13 @@ def _single_host(
             for spec in specs:
                 r = at[at["agent"] == names[spec]].iloc[0]
                 scores[t.name][spec] = {
-                    "gap_captured": _finite(r["gap_captured"]),
-                    "gap_ci": [_finite(r["gap_ci_low"]), _finite(r["gap_ci_high"])],
+                    "gap_captured": finite_float(r["gap_captured"]),
+                    "gap_ci": [finite_float(r["gap_ci_low"]), finite_float(r["gap_ci_high"])],
                     "sync_excess_pct": float(r["sync_excess_pct"]),
                     "merges": float(r["merges"]),
                 }
             r0 = at.iloc[0]
-            rc = _finite(r0["rate_clairvoyant_pct"]) if "rate_clairvoyant_pct" in at else None
+            rc = finite_float(r0["rate_clairvoyant_pct"]) if "rate_clairvoyant_pct" in at else None
             refs[t.name] = _reference(
                 float(r0["matched_random_pct"]), float(r0["oracle_pct"]), rc, int(r0["units"])
             )
@@ -497,7 +489,7 @@ def _fleet(
         for spec in specs:
             r = at[at["agent"] == names[spec]].iloc[0]
             scores[t.name][spec] = {
-                "gap_captured": _finite(r["gap_captured"]),
+                "gap_captured": finite_float(r["gap_captured"]),
                 "gap_ci": [None, None],
                 "sync_excess_pct": float(r["sync_excess_pct"]),
                 "merges": float(t.budget),

@@ -47,7 +47,6 @@ __all__ = [
     "CONTROL_VS_PROBE_LIMIT",
     "summary_lines",
     "finite",
-    "finite_float",
 ]
 
 
@@ -65,15 +64,6 @@ def finite(x: Any) -> Any:
     if isinstance(x, np.bool_):
         return bool(x)
     return x
-
-
-def finite_float(x: Any) -> float | None:
-    """``x`` as a finite float, or ``None`` (missing, not a number, NaN or infinite)."""
-    try:
-        v = float(x)
-    except (TypeError, ValueError):
-        return None
-    return v if math.isfinite(v) else None
 
 
 def run_data(records: list[RequestRecord], run: RunState, level: str = "sync") -> RunData:

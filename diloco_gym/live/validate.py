@@ -40,13 +40,14 @@ from diloco_gym.live import fidelity as fid
 from diloco_gym.live import verdict_stats as vstats
 from diloco_gym.live import verdicts as ver
 from diloco_gym.live.closed_loop import replay_closed_loop
-from diloco_gym.live.document import finite_float, run_data
+from diloco_gym.live.document import run_data
 from diloco_gym.live.errors import CalibrationError
 from diloco_gym.live.fit import bootstrap_intervals, fit_sidecar_live, measured_effect_sizes
 from diloco_gym.live.plan import phase_order, plan_merges
 from diloco_gym.live.session import LiveSession, PhaseRun, phase_arrays
 from diloco_gym.sim.sidecar import SidecarParams, percentile
 from diloco_gym.sim.traces import Trace
+from diloco_gym.text import finite_float
 
 __all__ = [
     "MODES",

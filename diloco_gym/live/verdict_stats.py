@@ -31,8 +31,8 @@ from typing import Any
 import numpy as np
 
 from diloco_gym.eval.protocol import ALPHA, ZERO_TOL, gate_verdict, paired_test, units_needed
-from diloco_gym.live.document import finite, finite_float
-from diloco_gym.text import fmt, fmt_p, md_text
+from diloco_gym.live.document import finite
+from diloco_gym.text import finite_float, fmt, fmt_p, md_text
 
 __all__ = [
     "VERDICT_WORDS",

@@ -144,15 +144,17 @@ class HeldOutEvalCallback(BaseCallback):
         assert ep is not None
         sched = r["merge_decisions"]
         counts = protocol.counts_for(ep.n_decisions, env.params, max(len(sched), 1))
+        if is_fleet(env) and env.fleet.per_site_timing:  # as the report seeds a rounds run
+            from diloco_gym.eval import fleet_rounds
+
+            rng = np.random.default_rng([seed, len(r["round_sites"]), 7])
+            return fleet_rounds.score_rounds_episode(env, ep, r, self.draws, rng, counts)
         rng = np.random.default_rng([seed, len(sched), 7])
         if not is_fleet(env):
             scorer = protocol.EpisodeScorer(ep, env.params, env.sidecar)
             return protocol.score_episode(scorer, sched, self.draws, rng, counts)
-        from diloco_gym.eval import fleet, fleet_cap, fleet_rounds
+        from diloco_gym.eval import fleet, fleet_cap
 
-        if env.fleet.per_site_timing:
-            rng = np.random.default_rng([seed, len(r["round_sites"]), 7])
-            return fleet_rounds.score_rounds_episode(env, ep, r, self.draws, rng, counts)
         scorer = fleet.FleetScorer(ep, env.params, env.setup.sidecars)
         sc, _ = fleet.score_schedule(
             env, scorer, sched, self.draws, rng, counts, fleet_cap.cap_check(env)
