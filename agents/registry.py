@@ -15,6 +15,7 @@ from typing import cast
 
 from diloco_gym.agents.base import Agent
 from diloco_gym.agents.fleet_cap import CapAwareForecast
+from diloco_gym.agents.fleet_links import LinkAwareForecast
 from diloco_gym.agents.heuristics import (
     CalibratedWA,
     FixedBudget,
@@ -33,6 +34,7 @@ __all__ = [
     "AGENTS",
     "SINGLE_HOST_ONLY",
     "FLEET_ONLY",
+    "FLEET_NEEDS",
     "HEURISTICS",
     "LEARNED",
     "BUDGETED",
@@ -92,12 +94,23 @@ BUDGETED: dict[str, Callable[[], Agent]] = {
     "causal-planner": CausalPlanner,
 }
 
-#: Heuristics that need a fleet with a per-site serving cap (``site_cap_pp``), so they are
-#: not in a report's default agents and run in no bench task: ``cap-aware-forecast`` plans
-#: the cap from the ``<site>.cap_used`` features (:mod:`diloco_gym.agents.fleet_cap`; it
-#: refuses a fleet without the cap, and a single host).
-_FLEET_AGENTS: dict[str, Callable[[], Agent]] = {"cap-aware-forecast": CapAwareForecast}
+#: Heuristics that need a fleet with an option the bench's fleet task does not set, so they
+#: are not in a report's default agents and run in no bench task: ``cap-aware-forecast``
+#: plans the per-site serving cap (``site_cap_pp``) from the ``<site>.cap_used`` features
+#: (:mod:`diloco_gym.agents.fleet_cap`); ``link-aware-forecast`` reads changing links
+#: (``link_levels``) from the ``<site>.link_rate`` features
+#: (:mod:`diloco_gym.agents.fleet_links`). Each refuses a fleet without its option, and a
+#: single host.
+_FLEET_AGENTS: dict[str, Callable[[], Agent]] = {
+    "cap-aware-forecast": CapAwareForecast,
+    "link-aware-forecast": LinkAwareForecast,
+}
 FLEET_ONLY = frozenset(_FLEET_AGENTS)
+#: What each of ``FLEET_ONLY`` needs of a fleet (its ``[fleet]`` key), for errors.
+FLEET_NEEDS: dict[str, str] = {
+    "cap-aware-forecast": "a per-site serving cap (site_cap_pp)",
+    "link-aware-forecast": "changing links (link_levels)",
+}
 
 AGENTS: dict[str, Callable[[], Agent]] = {
     **_HEURISTIC_AGENTS,

@@ -92,15 +92,16 @@ def check_agent(name: str) -> str:
 
 
 def check_single_host(names: list[str]) -> None:
-    """Agents that run on a fleet only (``FLEET_ONLY``: they read a fleet's per-site cap)
-    are a usage error on a single host, found before anything runs."""
-    from diloco_gym.agents.registry import FLEET_ONLY
+    """Agents that run on a fleet only (``FLEET_ONLY``: they read a fleet option's
+    features) are a usage error on a single host, found before anything runs."""
+    from diloco_gym.agents.registry import FLEET_NEEDS, FLEET_ONLY
 
     fleet_only = list(dict.fromkeys(n for n in names if n in FLEET_ONLY))
     if fleet_only:
+        needs = "; ".join(f"{n} needs {FLEET_NEEDS[n]}" for n in fleet_only)
         raise UsageError(
-            f"{', '.join(fleet_only)}: runs only on a fleet with a per-site serving cap "
-            f"(site_cap_pp in its [fleet] table); give the fleet file with --fleet"
+            f"{', '.join(fleet_only)}: runs only on a fleet ({needs} in its [fleet] table); "
+            f"give the fleet file with --fleet"
         )
 
 

@@ -26,6 +26,7 @@ from diloco_gym.envs import fleet_cap
 from diloco_gym.envs.env import DiLoCoSyncEnv
 from diloco_gym.envs.episode import episode_length
 from diloco_gym.envs.fleet_cap import fleet_obs_features
+from diloco_gym.envs.fleet_links import FleetLinks, link_obs_features, with_slowdowns
 from diloco_gym.envs.fleet_sites import (
     FleetEpisode,
     build_sites,
@@ -115,9 +116,11 @@ class FleetSetup:
             for sc, m in zip(base_sidecars, self.plan.slowdowns, strict=True)
         ]
         self._option_tables(fleet, base_sidecars, params.step_seconds)
+        #: changing links: each sync's plan in the links' state (envs/fleet_links.py)
+        self.links = FleetLinks(self, base_sidecars, params)
         lo, hi = fl.fragment_corridor(params.h_min, params.h_max, fleet.fragments)
         iv = params.decision_interval
-        window = max(pl.window_s for pl in self.option_plans)
+        window = max(pl.window_s for pl in self.option_plans + self.links.slowest_plans())
         try:
             self.params = replace(
                 params, h_min_steps=lo * iv, h_max_steps=hi * iv, merge_seconds=window
@@ -209,19 +212,15 @@ class FleetSetup:
         #: the precisions an action chooses from (``(bits,)`` without the precision action).
         self.option_bits = fleet.bits_options or (fleet.bits,)
         self.default_option = self.option_bits.index(fleet.bits)
+        #: each variant's precision (envs/fleet_links.py): first the options themselves
+        self.variant_bits = list(self.option_bits)
         self.option_plans = [
             self.plan
             if b == fleet.bits
             else fl.sync_plan(replace(fleet, bits=b), base_sidecars, step_s)
             for b in self.option_bits
         ]
-        self.option_sidecars = [
-            [
-                sc if sc.sync_slowdown == m else replace(sc, sync_slowdown=m)
-                for sc, m in zip(base_sidecars, pl.slowdowns, strict=True)
-            ]
-            for pl in self.option_plans
-        ]
+        self.option_sidecars = [with_slowdowns(base_sidecars, pl) for pl in self.option_plans]
         self.option_factors = [fl.progress_factor(b, fleet.quant_penalty) for b in self.option_bits]
 
     def generator_for(self, site: int, episode_seed: int) -> Any:
@@ -288,7 +287,8 @@ class DiLoCoFleetEnv(DiLoCoSyncEnv):
 
     ``Box`` float32, :attr:`obs_features` (:func:`fleet_obs_features`): the single env's
     17 features with the first site's pressure block, one pressure block per further site,
-    and ``F`` fragment staleness features when ``F > 1``. All causal.
+    ``F`` fragment staleness features when ``F > 1``, and with changing links
+    (``link_levels``) each site's ``<site>.link_rate`` (envs/fleet_links.py). All causal.
 
     ## Rewards
 
@@ -396,16 +396,7 @@ class DiLoCoFleetEnv(DiLoCoSyncEnv):
         self.generator = setup.generators[0]
         self.regime_name = setup.regime_name
         self.reward_rate_rps = setup.rate_total
-        #: the observation table (name, unit, low, high, meaning).
-        self.obs_features = fleet_obs_features(
-            setup.site_names, fleet.fragments
-        ) + fleet_cap.cap_obs_features(setup.site_names, fleet.site_cap_pp)
-        self.obs_index = {f[0]: i for i, f in enumerate(self.obs_features)}
-        low = np.array([f[2] for f in self.obs_features], dtype=np.float32)
-        high = np.array([f[3] for f in self.obs_features], dtype=np.float32)
-        self.observation_space = gym.spaces.Box(low, high, dtype=np.float32)
-        self._n_base = OBS_DIM
-        self._frag0 = OBS_DIM + _N_EXO * (fleet.n_sites - 1)
+        self._init_obs(setup)
         p = self.params
         self._h_full = p.h_max * fleet.fragments  # a fragment's own H_max (decisions)
         self._site_rows = np.zeros((1, 0), dtype=np.float32)
@@ -420,6 +411,25 @@ class DiLoCoFleetEnv(DiLoCoSyncEnv):
             and self._cap is None
             and fleet.bits_options is None
         )
+
+    def _init_obs(self, setup: FleetSetup) -> None:
+        """The observation table and space, and where the fleet's features start."""
+        fleet = setup.fleet
+        #: the observation table (name, unit, low, high, meaning).
+        self.obs_features = (
+            fleet_obs_features(setup.site_names, fleet.fragments)
+            + link_obs_features(setup.site_names, setup.links.on)
+            + fleet_cap.cap_obs_features(setup.site_names, fleet.site_cap_pp)
+        )
+        self.obs_index = {f[0]: i for i, f in enumerate(self.obs_features)}
+        low = np.array([f[2] for f in self.obs_features], dtype=np.float32)
+        high = np.array([f[3] for f in self.obs_features], dtype=np.float32)
+        self.observation_space = gym.spaces.Box(low, high, dtype=np.float32)
+        self._n_base = OBS_DIM
+        self._frag0 = OBS_DIM + _N_EXO * (fleet.n_sites - 1)
+        self._link0 = self._frag0 + (fleet.fragments if fleet.fragments > 1 else 0)
+        #: every sync in the fleet's one plan (no precision action, fixed links)
+        self._plain_syncs = fleet.bits_options is None and not setup.links.on
 
     def _n_decisions(self) -> int:
         assert self.episode is not None  # the cap asks only within an episode
@@ -475,7 +485,7 @@ class DiLoCoFleetEnv(DiLoCoSyncEnv):
         # fleet env's memo starts empty each episode): the sync's option and, in model v1,
         # its learner credit are set now.
         assert isinstance(self.episode, FleetEpisode)  # called only after reset()
-        self._sync_options.append(self._option)
+        self._sync_options.append(self.episode.variant_at(d, self._option))
         if self._cap is not None:
             self._cap.record(d, self._option, self.episode.site_costs_at(d, self._option))
         if self.fleet.model_version >= 1:
@@ -610,6 +620,9 @@ class DiLoCoFleetEnv(DiLoCoSyncEnv):
         if f > 1:
             st = self.fragment_staleness()
             obs[self._frag0 : self._frag0 + f] = np.minimum(1.0, st / self._h_full)
+        if self.setup.links.on:  # the links' rates now (the last decision's at the end)
+            state = self.episode.link_states[min(d, self.episode.n_decisions - 1)]
+            obs[self._link0 : self._link0 + len(state)] = self.setup.links.rates(state)
         if self._cap is not None:
             obs[len(obs) - len(self.setup.site_names) :] = self._cap.used(d)
         return obs
@@ -631,7 +644,7 @@ class DiLoCoFleetEnv(DiLoCoSyncEnv):
                 scheds[i],
                 self.params,
                 sc,
-                None if self.fleet.bits_options is None else [ep.option_sites[k][i] for k in opts],
+                None if self._plain_syncs else [ep.sites_of(k)[i] for k in opts],
                 percentiles=len(ep.sites) == 1,  # a fleet's summary reads none of a site's
             )
             for i, (e, sc) in enumerate(zip(ep.sites, s.sidecars, strict=True))
@@ -686,7 +699,7 @@ class DiLoCoFleetEnv(DiLoCoSyncEnv):
         out["site_link_shares"] = list(plan.site_shares)
         out["sync_stall_s"] = plan.stall_s
         out["progress_factor"] = s.progress_factor
-        out["sync_bits"] = [s.option_bits[k] for k in opts]
+        out["sync_bits"] = [s.variant_bits[k] for k in opts]
         out["sync_windows_s"] = [s.option_plans[k].window_s for k in opts]
         out["merge_decisions"] = list(merges)
         out["merge_times_s"] = [d * self.params.decision_seconds for d in merges]

@@ -434,6 +434,29 @@ class FleetEpisode:
         self.pct_per_request = 100.0 / max(1, self.n_requests)
         self._lam = setup.fleet.worst_site_weight
         self._memo: dict[tuple[int, int], float] = {}
+        self._variant_sites: dict[int, list[Episode]] = {}
+        #: each decision's link levels (changing links; ``None`` with fixed links)
+        self.link_states = setup.links.states(seed, self.n_decisions)
+
+    def variant_at(self, d: int, option: int) -> int:
+        """The variant (envs/fleet_links.py) of a sync at decision ``d`` at precision
+        option ``option``: the option itself with fixed links."""
+        if self.link_states is None:
+            return option
+        return self.setup.links.variant(option, self.link_states[d])
+
+    def sites_of(self, variant: int) -> list[Episode]:
+        """Every site's episode with that variant's sync window and slowdown (the same
+        requests and decisions; the episode's own sites for the plain fleet's sync)."""
+        s = self.setup
+        if variant == s.default_option and s.fleet.bits_options is None and not s.links.on:
+            return self.sites
+        out = self._variant_sites.get(variant)
+        if out is None:
+            kp, scs = s.option_params[variant], s.option_sidecars[variant]
+            out = [replace(e, params=kp, sidecar=sc) for e, sc in zip(self.sites, scs, strict=True)]
+            self._variant_sites[variant] = out
+        return out
 
     @cached_property
     def throughput_sum(self) -> float:
@@ -442,15 +465,19 @@ class FleetEpisode:
 
     @cached_property
     def site_costs(self) -> np.ndarray:
-        """``(N_sites, n_decisions)`` isolated cost (requests) per site and decision."""
-        sites = self.option_sites[self.setup.default_option]
-        return np.stack([np.asarray(e.merge_cost, dtype=np.float64) for e in sites])
+        """``(N_sites, n_decisions)`` isolated cost (requests) per site and decision (of a
+        sync at ``bits``, in each decision's link state)."""
+        k = self.setup.default_option
+        if self.link_states is not None:
+            cols = [self.site_costs_at(d, k) for d in range(self.n_decisions)]
+            return np.asarray(cols, dtype=np.float64).T.copy()
+        return np.stack([np.asarray(e.merge_cost, dtype=np.float64) for e in self.sites_of(k)])
 
     @cached_property
     def merge_cost(self) -> np.ndarray:
         """``(n_decisions,)`` cost of a fragment sync at each decision (see the class)."""
-        if len(self.sites) == 1 and not self._lam:
-            return self.option_sites[self.setup.default_option][0].merge_cost
+        if len(self.sites) == 1 and not self._lam and self.link_states is None:
+            return self.sites_of(self.setup.default_option)[0].merge_cost
         c = self.site_costs
         total = np.zeros(self.n_decisions)
         for row in c:
@@ -462,41 +489,30 @@ class FleetEpisode:
         return total
 
     @cached_property
-    def option_sites(self) -> list[list[Episode]]:
-        """Per precision option (:attr:`FleetSetup.option_bits`), every site's episode
-        with that option's sync window and slowdown (the same requests and decisions; the
-        episode's own sites without the precision action)."""
-        s = self.setup
-        if s.fleet.bits_options is None:
-            return [self.sites]
-        return [
-            [replace(e, params=kp, sidecar=sc) for e, sc in zip(self.sites, scs, strict=True)]
-            for kp, scs in zip(s.option_params, s.option_sidecars, strict=True)
-        ]
-
-    @cached_property
     def _grouped(self) -> GroupedCosts:
         """The default option's sites, in groups costed together (envs/fleet_sites.py)."""
-        sites = self.option_sites[self.setup.default_option]
+        sites = self.sites_of(self.setup.default_option)
         return GroupedCosts(sites, self.setup.cost_groups, self._cores)
 
     def site_costs_at(self, d: int, option: int) -> list[float]:
         """Each site's isolated cost (requests) of a sync at decision ``d`` at precision
-        option ``option`` (memoised in the site episodes)."""
-        if option == self.setup.default_option:
+        option ``option`` in the link state of ``d`` (memoised in the site episodes)."""
+        v = self.variant_at(d, option)
+        if v == self.setup.default_option:
             costs = self._grouped.fill(d)
             if costs is not None:  # each is merge_cost_at(d) (equal to merge_cost[d])
                 return costs
-        return [e.merge_cost_at(d) for e in self.option_sites[option]]
+        return [e.merge_cost_at(d) for e in self.sites_of(v)]
 
     def merge_cost_at(self, d: int, option: int | None = None) -> float:
         """The cost of a sync at decision ``d`` at precision option ``option`` (``None``:
         ``bits``, the only option without the precision action)."""
         k = self.setup.default_option if option is None else int(option)
-        sites = self.option_sites[k]
+        v = self.variant_at(d, k)
+        sites = self.sites_of(v)
         if len(sites) == 1 and not self._lam:
             return sites[0].merge_cost_at(d)
-        key = (k, d)
+        key = (v, d)
         if key not in self._memo:
             cs = self.site_costs_at(d, k)
             total = 0.0

@@ -261,8 +261,8 @@ def entrant_kinds(spec: str) -> set[str]:
     """The task kinds an agent argument can run on: a model trained on a fleet (its
     ``meta.json`` names one) runs on fleet tasks only, any other model on single-host tasks
     only; heuristics (but those of ``SINGLE_HOST_ONLY``) and your own code on both. The
-    agents of ``FLEET_ONLY`` need a fleet with a per-site serving cap, which the suite's
-    fleet task does not set: they run on no task."""
+    agents of ``FLEET_ONLY`` need a fleet option (a per-site serving cap, changing links)
+    that the suite's fleet task does not set: they run on no task."""
     from diloco_gym.agents.registry import AGENTS, FLEET_ONLY, LEARNED, SINGLE_HOST_ONLY
 
     if spec in FLEET_ONLY:

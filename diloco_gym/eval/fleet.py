@@ -36,11 +36,13 @@ from diloco_gym.envs.fleet import DiLoCoFleetEnv, FleetEpisode, require_fixed_pr
 from diloco_gym.eval import fleet_cap, fleet_rounds, protocol
 from diloco_gym.eval.protocol import EpisodeScorer, Scores
 from diloco_gym.eval.report_render import sandbox_record, sandbox_sentence
+from diloco_gym.eval.scorer import MixedScorer
 from diloco_gym.text import md_text
 
 __all__ = [
     "FleetScorer",
     "score_schedule",
+    "link_site_scorers",
     "verdict_seeds_of",
     "FleetReportConfig",
     "fleet_calibration",
@@ -69,9 +71,11 @@ class FleetScorer:
         self.episode = episode
         self.params = params
         self.sidecar = sidecars[0]
-        self.sites = [
-            EpisodeScorer(e, params, sc) for e, sc in zip(episode.sites, sidecars, strict=True)
-        ]
+        self.sites = (
+            [EpisodeScorer(e, params, sc) for e, sc in zip(episode.sites, sidecars, strict=True)]
+            if episode.link_states is None
+            else link_site_scorers(episode)
+        )
         self.n_requests = np.array([e.n_requests for e in episode.sites], dtype=np.float64)
         self.total = float(max(1.0, self.n_requests.sum()))
         self.cost = np.asarray(episode.merge_cost, dtype=np.float64)
@@ -321,6 +325,26 @@ def _unit_rows(
     return rows
 
 
+def link_site_scorers(episode: FleetEpisode) -> list[MixedScorer]:
+    """Each site's exact scorer on a fleet episode with changing links: a sync at decision
+    ``d`` is replayed with the window and slowdown of the links' state at ``d`` (one
+    :class:`~diloco_gym.eval.scorer.EpisodeScorer` per state met, joined by
+    :class:`~diloco_gym.eval.scorer.MixedScorer`)."""
+    s = episode.setup
+    variant = np.array(
+        [episode.variant_at(d, s.default_option) for d in range(episode.n_decisions)]
+    )
+    kinds, kind = np.unique(variant, return_inverse=True)
+    out = []
+    for i in range(len(episode.sites)):
+        parts = [
+            EpisodeScorer(episode.sites_of(int(v))[i], s.option_params[v], s.option_sidecars[v][i])
+            for v in kinds
+        ]
+        out.append(MixedScorer(parts, kind))
+    return out
+
+
 def score_schedule(
     env: DiLoCoFleetEnv,
     scorer: FleetScorer,
@@ -459,6 +483,11 @@ def _fleet_record(config: FleetReportConfig, env: DiLoCoFleetEnv) -> dict[str, A
         "site_cap_pp": fl.site_cap_pp,
         "traffic_correlation": fl.traffic_correlation,
         "traffic_common": fl.traffic_common,
+        "link_levels": None if fl.link_levels is None else list(fl.link_levels),
+        "link_probs": None if env.setup.links.probs is None else env.setup.links.probs.tolist(),
+        "link_dwell_s": (60.0 if fl.link_dwell_s is None else fl.link_dwell_s)
+        if fl.link_levels is not None
+        else None,
         **fleet_rounds.rounds_record(env),
     }
 

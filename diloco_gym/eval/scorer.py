@@ -3,7 +3,7 @@ the exact replay computed only where merges act (:class:`EpisodeScorer`)."""
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -39,6 +39,20 @@ class Scores(NamedTuple):
     exact_pct: np.ndarray
     additive_pct: np.ndarray
     replayed: np.ndarray
+
+
+def check_schedules(schedules: Any, n_decisions: int) -> np.ndarray:
+    """``schedules`` as a ``(K, M)`` int64 array of decisions in ``0..n_decisions - 1``
+    (a ``ValueError`` naming what is wrong otherwise)."""
+    sch = np.asarray(schedules, dtype=np.int64)
+    if sch.ndim != 2:
+        raise ValueError(f"schedules must be a (K, M) array, got shape {sch.shape}")
+    if sch.size and (sch.min() < 0 or sch.max() >= n_decisions):
+        raise ValueError(
+            f"schedule decisions must be in 0..{n_decisions - 1}"
+            f", got {int(sch.min())}..{int(sch.max())}"
+        )
+    return sch
 
 
 class EpisodeScorer:
@@ -81,7 +95,7 @@ class EpisodeScorer:
         self.n_bins = n_bins = episode.pressure_bin.size
         self.pct = episode.pct_per_request
         self.cost = np.asarray(episode.merge_cost, dtype=np.float64)
-        self._q, self._prefmin, self._base_bl = episode_cost_queue(
+        self._q, self.prefmin, self._base_bl = episode_cost_queue(
             episode.base_s,
             episode.req_bin,
             episode.pressure_bin,
@@ -139,7 +153,7 @@ class EpisodeScorer:
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """``(drained, t_drain, excess)`` of a merge at each of ``starts`` from the
         no-merge state, followed over ``length`` bins or to its drain: what
-        :meth:`_windows` gives without the state, in compiled code
+        :meth:`windows` gives without the state, in compiled code
         (:func:`diloco_gym.sim.jit_eval.window_rows`)."""
         n = starts.size
         drained = np.empty(n, dtype=np.bool_)
@@ -147,13 +161,13 @@ class EpisodeScorer:
         excess = np.empty(n)
         st = np.ascontiguousarray(starts, dtype=np.int64)
         compiled_eval().window_rows(
-            *self._queue_args(), st, np.zeros(n), np.ascontiguousarray(self._prefmin[st]),
+            *self._queue_args(), st, np.zeros(n), np.ascontiguousarray(self.prefmin[st]),
             np.ascontiguousarray(length, dtype=np.int64), int(self.w), *self._slo_args(),
             drained, t_drain, excess,
         )  # fmt: skip
         return drained, t_drain, excess
 
-    def _windows(
+    def windows(
         self,
         st: np.ndarray,
         off0: np.ndarray,
@@ -214,17 +228,10 @@ class EpisodeScorer:
         local search's incumbent): each row's replay then starts where it first differs
         from it, from the state ``around`` reaches there (the same scores, less work;
         ignored unless it is one strictly increasing schedule of ``M`` merges)."""
-        sch = np.asarray(schedules, dtype=np.int64)
-        if sch.ndim != 2:
-            raise ValueError(f"schedules must be a (K, M) array, got shape {sch.shape}")
+        sch = check_schedules(schedules, self.episode.n_decisions)
         k, m = sch.shape
         if m == 0:
             return Scores(np.zeros(k), np.zeros(k), np.zeros(k, bool))
-        if sch.min() < 0 or sch.max() >= self.episode.n_decisions:
-            raise ValueError(
-                f"schedule decisions must be in 0..{self.episode.n_decisions - 1}"
-                f", got {int(sch.min())}..{int(sch.max())}"
-            )
         additive = self.cost[sch].sum(axis=1) * self.pct
         if self.episode_proven:
             return Scores(self.iso_excess[sch].sum(axis=1) * self.pct, additive, np.zeros(k, bool))
@@ -268,7 +275,7 @@ class EpisodeScorer:
         compiled_eval().score_rows(
             np.ascontiguousarray(sch), _NO_REF if ref is None else np.ascontiguousarray(ref),
             int(self.interval), int(self.n_bins),
-            self.drain_bins, self.iso_excess, s, d, base_bl, self._prefmin, ptr, rbin,
+            self.drain_bins, self.iso_excess, s, d, base_bl, self.prefmin, ptr, rbin,
             base, m0, m0_bins, thr_in, thr_tail, int(self.w), *self._slo_args(), total,
             replayed,
         )  # fmt: skip
@@ -277,33 +284,107 @@ class EpisodeScorer:
     def _score_grid(self, sch: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Extra violations (requests) and the replayed flags of any ``(K, M)``
         schedules, merge by merge over NumPy grids of the batch's windows
-        (:meth:`_windows`): the reference rule, used where a schedule repeats or reorders
+        (:meth:`windows`): the reference rule, used where a schedule repeats or reorders
         a decision."""
+        return grid_scores(self, sch, lambda dec, *rows: self.windows(*rows, want_state=True))
+
+
+def grid_scores(
+    scorer: EpisodeScorer | MixedScorer, sch: np.ndarray, windows: Any
+) -> tuple[np.ndarray, np.ndarray]:
+    """:meth:`EpisodeScorer.score`'s merge-by-merge rule over ``(K, M)`` schedules: a merge
+    that starts from the no-merge state and drains before the next adds its isolated excess
+    (``scorer.iso_excess``, drain from ``scorer.drain_bins``); the others are replayed by
+    ``windows(decisions, starts, off0, min0, lengths)`` (:meth:`EpisodeScorer.windows`
+    with its state) from the state carried from the merge before."""
+    k, m = sch.shape
+    total = np.zeros(k)
+    replayed = np.zeros(k, bool)
+    carried = np.zeros(k, bool)
+    c_off = np.zeros(k)
+    c_run = np.zeros(k)
+    starts = sch * scorer.interval
+    for j in range(m):
+        st = starts[:, j]
+        nxt = starts[:, j + 1] if j + 1 < m else np.full(k, scorer.n_bins)
+        iso = ~carried & (st + scorer.drain_bins[sch[:, j]] <= nxt)
+        total[iso] += scorer.iso_excess[sch[iso, j]]
+        rows = np.flatnonzero(~iso)
+        carried[iso] = False
+        if rows.size == 0:
+            continue
+        replayed[rows] = True
+        st_r = st[rows]
+        was = carried[rows]
+        off0 = np.where(was, c_off[rows], 0.0)
+        min0 = np.where(was, c_run[rows], scorer.prefmin[st_r])
+        (drained, _), exc, (off1, run1) = windows(sch[rows, j], st_r, off0, min0, nxt[rows] - st_r)
+        total[rows] += exc
+        carried[rows] = ~drained
+        c_off[rows], c_run[rows] = off1, run1
+    return total, replayed
+
+
+class MixedScorer:
+    """Exact sync-excess of many schedules on one episode whose merges differ by decision
+    in window and slowdown (a fleet site with changing links): ``parts``, one
+    :class:`EpisodeScorer` per kind of merge on the same requests, and ``kind`` (per
+    decision, the index of its merge's part).
+
+    A schedule is scored by :class:`EpisodeScorer`'s rule (:func:`grid_scores`), each merge
+    followed with its own decision's part: its isolated excess and drain where it starts
+    from the no-merge state and drains before the next merge, else its window replayed from
+    the state carried from the merge before. The carried state is the queue's (the extra
+    work a merge added, in seconds, and the running minimum), so it passes from a merge of
+    one kind to one of another unchanged. ``episode_proven``: every decision's own merge
+    drains within ``H_min`` and its exact excess equals its isolated cost, so every
+    feasible schedule's exact sync-excess is the sum of its merges' isolated ones.
+    """
+
+    def __init__(self, parts: list[EpisodeScorer], kind: np.ndarray) -> None:
+        first = parts[0]
+        for sc in parts[1:]:
+            if not first.matches(sc.episode) or sc.interval != first.interval:
+                raise ValueError("a mixed scorer's parts must score one episode's requests")
+        self.parts, self.kind = parts, np.asarray(kind, dtype=np.int64)
+        self.episode, self.params, self.sidecar = first.episode, first.params, first.sidecar
+        self.interval, self.n_bins, self.pct = first.interval, first.n_bins, first.pct
+        self.prefmin = first.prefmin
+        dec = np.arange(self.kind.size)
+
+        def pick(name: str) -> np.ndarray:
+            return np.stack([getattr(sc, name) for sc in parts])[self.kind, dec]
+
+        self.cost = pick("cost")
+        self.iso_excess = pick("iso_excess")
+        self.drain_bins = pick("drain_bins")
+        h_min_bins = self.params.h_min * self.interval
+        self.episode_proven = bool(
+            np.all(self.drain_bins <= h_min_bins) and np.array_equal(self.iso_excess, self.cost)
+        )
+
+    def score(self, schedules: np.ndarray, around: np.ndarray | None = None) -> Scores:
+        """As :meth:`EpisodeScorer.score` (``around`` is accepted and not needed)."""
+        sch = check_schedules(schedules, self.episode.n_decisions)
         k, m = sch.shape
-        total = np.zeros(k)
-        replayed = np.zeros(k, bool)
-        carried = np.zeros(k, bool)
-        c_off = np.zeros(k)
-        c_run = np.zeros(k)
-        starts = sch * self.interval
-        for j in range(m):
-            st = starts[:, j]
-            nxt = starts[:, j + 1] if j + 1 < m else np.full(k, self.n_bins)
-            iso = ~carried & (st + self.drain_bins[sch[:, j]] <= nxt)
-            total[iso] += self.iso_excess[sch[iso, j]]
-            rows = np.flatnonzero(~iso)
-            carried[iso] = False
-            if rows.size == 0:
-                continue
-            replayed[rows] = True
-            st_r = st[rows]
-            was = carried[rows]
-            off0 = np.where(was, c_off[rows], 0.0)
-            min0 = np.where(was, c_run[rows], self._prefmin[st_r])
-            (drained, _), exc, (off1, run1) = self._windows(
-                st_r, off0, min0, nxt[rows] - st_r, want_state=True
+        if m == 0:
+            return Scores(np.zeros(k), np.zeros(k), np.zeros(k, bool))
+        additive = self.cost[sch].sum(axis=1) * self.pct
+        if self.episode_proven:
+            return Scores(self.iso_excess[sch].sum(axis=1) * self.pct, additive, np.zeros(k, bool))
+        total, replayed = grid_scores(self, sch, self._kind_windows)
+        return Scores(total * self.pct, additive, replayed)
+
+    def _kind_windows(self, dec, st, off0, min0, length):
+        """Each row's window replayed by its decision's part (:func:`grid_scores`)."""
+        kinds = self.kind[dec]
+        drained = np.zeros(dec.size, bool)
+        t_drain = np.zeros(dec.size, np.int64)
+        exc, off1, run1 = np.zeros(dec.size), np.zeros(dec.size), np.zeros(dec.size)
+        for k in np.unique(kinds):
+            r = np.flatnonzero(kinds == k)
+            (d, t), e, (o, u) = self.parts[int(k)].windows(
+                st[r], off0[r], min0[r], length[r], want_state=True
             )
-            total[rows] += exc
-            carried[rows] = ~drained
-            c_off[rows], c_run[rows] = off1, run1
-        return total, replayed
+            drained[r], t_drain[r], exc[r], off1[r], run1[r] = d, t, e, o, u
+        return (drained, t_drain), exc, (off1, run1)

@@ -1,6 +1,5 @@
 """The fleet model: N sites, payload-timed syncs, Streaming DiLoCo fragments, quantised
-payloads (no Gymnasium here; :mod:`diloco_gym.envs.fleet` is the environment; the fleet
-file's reader is :mod:`diloco_gym.sim.fleet_toml`).
+payloads (the env: :mod:`diloco_gym.envs.fleet`; the file: :mod:`~diloco_gym.sim.fleet_toml`).
 
 Sources of the formulas (docs/fleet.md states them with their defaults):
 
@@ -15,9 +14,8 @@ Sources of the formulas (docs/fleet.md states them with their defaults):
   sends and receives ``2 (N - 1) / N`` times the payload in ``2 (N - 1)`` steps, so
   ``T = 2 (N - 1) / N * payload / B_slowest + 2 (N - 1) * alpha``.
 
-Everything here is plain arithmetic on the configuration; what a sync costs a site's
-serving is the sidecar model (:mod:`diloco_gym.sim.sidecar`) with the slowdown given by
-:func:`sync_slowdown`.
+Plain arithmetic on the configuration; what a sync costs a site's serving is the sidecar
+model (:mod:`diloco_gym.sim.sidecar`) with the slowdown of :func:`sync_slowdown`.
 """
 
 from __future__ import annotations
@@ -27,6 +25,7 @@ import math
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
+from diloco_gym.sim.fleet_links import check_fleet_links
 from diloco_gym.sim.limits import LimitError, check_limit
 from diloco_gym.sim.rounds import TIMINGS
 from diloco_gym.sim.sidecar import SidecarParams
@@ -301,6 +300,9 @@ class FleetParams:
         traffic_common: the reference trace site's name (``None``: the first trace site),
             whose window is the trace sites' common component; only with trace sites and
             ``traffic_correlation > 0``.
+        link_levels / link_probs / link_dwell_s: changing links (``None``: fixed), the
+            shares of ``link_gbps`` a link moves between, their probabilities (``None``:
+            alike) and the mean seconds a level holds (``None``: 60 s; docs/fleet.md).
     """
 
     sites: tuple[SiteConfig, ...] = field(default_factory=_default_sites)
@@ -324,6 +326,9 @@ class FleetParams:
     quorum: int | None = None
     traffic_correlation: float = 0.0
     traffic_common: str | None = None
+    link_levels: tuple[float, ...] | None = None
+    link_probs: tuple[float, ...] | None = None
+    link_dwell_s: float | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.sites, (tuple, list)) or not all(
@@ -369,9 +374,10 @@ class FleetParams:
                 raise FleetConfigError(
                     f"merge_seconds ({self.merge_seconds}) must be >= fixed_s ({self.fixed_s})"
                 )
-        if isinstance(self.bits_options, list):  # a keyword or TOML list: stored as a tuple
-            object.__setattr__(self, "bits_options", tuple(self.bits_options))
+        self._tuples()
         _check_bits_options(self.bits_options, self.bits)
+        if (err := check_fleet_links(self)) is not None:
+            raise FleetConfigError(err)
         self._check_timing()
         self._check_traffic()
         if self.quant_penalty * math.log2(32 / 4) >= 1.0:
@@ -379,6 +385,12 @@ class FleetParams:
                 f"quant_penalty ({self.quant_penalty}) would credit no progress at 4 bits; "
                 f"it must be < {1 / math.log2(8):.4f}"
             )
+
+    def _tuples(self) -> None:
+        """The list keys given as keyword or TOML lists, stored as tuples."""
+        for key in ("bits_options", "link_levels", "link_probs"):
+            if isinstance(getattr(self, key), list):
+                object.__setattr__(self, key, tuple(getattr(self, key)))
 
     @property
     def n_sites(self) -> int:

@@ -25,7 +25,8 @@ __all__ = ["fleet_from_dict", "load_fleet_toml"]
 
 _FLEET_KEYS = {f.name for f in fields(FleetParams)} - {"sites"}
 _SITE_KEYS = {f.name for f in fields(SiteConfig)}
-_INT_KEYS = {"bits", "fragments", "overlap_steps", "model_version", "quorum"}
+_INT_KEYS = {"bits", "bits_options", "fragments", "overlap_steps", "model_version", "quorum"}
+_LIST_KEYS = {"bits_options", "link_levels", "link_probs"}
 _SITE_PATHS = ("trace", "calibration")
 _SITE_NUMBERS = (
     "start_s",
@@ -82,12 +83,13 @@ def fleet_from_dict(
             if not isinstance(v, str):
                 raise FleetConfigError(f"{where}: [fleet] key {k!r} must be a string, got {v!r}")
             kw[k] = v
-        elif k == "bits_options":
+        elif k in _LIST_KEYS:
+            what = "integers" if k in _INT_KEYS else "numbers"
             if not isinstance(v, list):
                 raise FleetConfigError(
-                    f"{where}: [fleet] key 'bits_options' must be a list of integers, got {v!r}"
+                    f"{where}: [fleet] key {k!r} must be a list of {what}, got {v!r}"
                 )
-            kw[k] = tuple(_number(f"{where}: [fleet]", k, b, integer=True) for b in v)
+            kw[k] = tuple(_number(f"{where}: [fleet]", k, b, integer=k in _INT_KEYS) for b in v)
         else:
             kw[k] = _number(f"{where}: [fleet]", k, v, integer=k in _INT_KEYS)
     sites_raw = data.get("site")

@@ -141,6 +141,8 @@ def test_the_mismatch_warning_is_one_line_on_the_command_line(tmp_path, capsys, 
         ["report", "--agents", "cap-aware-forecast"],
         ["frontier", "--agent", "cap-aware-forecast"],
         ["run", "--agent", "cap-aware-forecast"],
+        ["report", "--agents", "link-aware-forecast"],
+        ["run", "--agent", "link-aware-forecast"],
     ],
 )
 def test_a_fleet_only_agent_is_refused_on_a_single_host_before_any_work(argv, tmp_path, capsys):
@@ -151,5 +153,7 @@ def test_a_fleet_only_agent_is_refused_on_a_single_host_before_any_work(argv, tm
         main([*argv, "--out", str(out)] if argv[0] != "run" else argv)
     err = capsys.readouterr().err.strip()
     assert exc.value.code == 2 and len(err.splitlines()) == 1
-    assert "cap-aware-forecast: runs only on a fleet with a per-site serving cap" in err
+    name = argv[-1]
+    need = {"cap-aware-forecast": "site_cap_pp", "link-aware-forecast": "link_levels"}[name]
+    assert f"{name}: runs only on a fleet ({name} needs" in err and need in err
     assert not out.exists()

@@ -12,7 +12,7 @@ from protocol_helpers import high_load_regime
 import diloco_gym
 from diloco_gym.envs.schedule import schedule_summary
 from diloco_gym.eval import protocol
-from diloco_gym.eval.scorer import EpisodeScorer
+from diloco_gym.eval.scorer import EpisodeScorer, MixedScorer
 from diloco_gym.sim import schedules
 
 
@@ -87,3 +87,57 @@ def test_episode_scorer_bounded_memory_paths_agree(monkeypatch):
     np.testing.assert_array_equal(small.drain_bins, big.drain_bins)
     np.testing.assert_array_equal(small.iso_excess, big.iso_excess)
     np.testing.assert_array_equal(small.score(sch).exact_pct, got.exact_pct)
+
+
+def test_a_mixed_scorer_of_one_part_is_that_scorer():
+    env = diloco_gym.DiLoCoSyncEnv(regime=high_load_regime(24.0))
+    env.reset(seed=0)
+    ep, p, sc = env.episode, env.params, env.sidecar
+    one = EpisodeScorer(ep, p, sc)
+    mixed = MixedScorer([one], np.zeros(ep.n_decisions, dtype=np.int64))
+    sch = schedules.sample_uniform(
+        ep.n_decisions, p.h_min, p.h_max, 16, 150, np.random.default_rng(2)
+    )
+    a, b = one.score(sch), mixed.score(sch)
+    assert not mixed.episode_proven and b.replayed.any()
+    for x, y in zip(a, b, strict=True):
+        np.testing.assert_array_equal(x, y)
+
+
+@pytest.mark.parametrize("busy", [17.0, 24.0])
+def test_a_mixed_scorer_equals_the_full_replay_with_each_merges_own_window(busy):
+    """Merges of two kinds (another slowdown and a longer window), by decision: the mixed
+    scorer equals the whole-episode replay of the schedule with each merge's own episode
+    parameters, where merges are isolated and where they interact."""
+    env = diloco_gym.DiLoCoSyncEnv(regime=high_load_regime(busy))
+    env.reset(seed=1)
+    ep, p, sc = env.episode, env.params, env.sidecar
+    p2 = dataclasses.replace(p, merge_seconds=p.merge_seconds * 1.5)
+    sc2 = dataclasses.replace(sc, sync_slowdown=sc.sync_slowdown * 1.4)
+    ep2 = dataclasses.replace(ep, params=p2, sidecar=sc2)
+    kind = np.random.default_rng(5).integers(0, 2, ep.n_decisions)
+    mixed = MixedScorer([EpisodeScorer(ep, p, sc), EpisodeScorer(ep2, p2, sc2)], kind)
+    sch = schedules.sample_uniform(
+        ep.n_decisions, p.h_min, p.h_max, 20, 40, np.random.default_rng(3)
+    )
+    got = mixed.score(sch)
+    for row, exact in zip(sch, got.exact_pct, strict=True):
+        per_sync = [ep2 if kind[d] else ep for d in row]
+        ref = schedule_summary(ep, row.tolist(), p, sc, per_sync)["sync_excess_pct"]
+        assert exact == pytest.approx(ref, abs=1e-9)
+    np.testing.assert_array_equal(
+        got.additive_pct,
+        np.where(kind == 1, ep2.merge_cost, ep.merge_cost)[sch].sum(axis=1) * ep.pct_per_request,
+    )
+    if busy == 24.0:  # the interacting path was exercised
+        assert got.replayed.sum() > 10 and not mixed.episode_proven
+
+
+def test_a_mixed_scorers_parts_must_score_one_episode():
+    env = diloco_gym.DiLoCoSyncEnv(regime="bursty")
+    env.reset(seed=3)
+    a = EpisodeScorer(env.episode, env.params, env.sidecar)
+    env.reset(seed=4)
+    b = EpisodeScorer(env.episode, env.params, env.sidecar)
+    with pytest.raises(ValueError, match="one episode's requests"):
+        MixedScorer([a, b], np.zeros(env.episode.n_decisions, dtype=np.int64))

@@ -160,7 +160,7 @@ def test_compiled_windows_equal_merge_window(busy):
         scorer._base_bl,
         starts,
         np.zeros(starts.size),
-        scorer._prefmin[starts],
+        scorer.prefmin[starts],
         lengths,
         scorer.w,
         sc,

@@ -1,0 +1,103 @@
+"""A fleet agent that reads its links (``link_levels``, :mod:`diloco_gym.envs.fleet_links`):
+``link-aware-forecast``.
+
+With changing links a sync started while a link runs below its nominal rate takes longer
+and uses more of the slower links' share, so it usually costs the sites' serving more than
+the same sync on nominal links (docs/fleet.md, "Links that change over time"). The agent
+keeps the online forecaster's quiet test on the fleet's summed rates (``online-forecast``
+through its :class:`~diloco_gym.agents.fleet.FleetView`, ``sum`` aggregation) and adds one
+rule read from the ``<site>.link_rate`` features: it launches only while every link runs
+at no less than ``min_rate`` of its nominal rate, unless the gap is within ``window``
+decisions of ``H_max``; then the quiet test alone decides, and otherwise the corridor
+forces the sync. Everything it reads is in the observation and the action mask.
+
+On a fleet with fixed links (no ``link_rate`` features) it refuses in ``attach`` with one
+line: run ``online-forecast`` there.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from diloco_gym.agents.base import Agent, AgentContext
+from diloco_gym.agents.fleet import FleetView
+from diloco_gym.agents.heuristics import OnlineForecastWA
+from diloco_gym.envs.fleet_links import LINK_FEATURE
+from diloco_gym.envs.observation import OBS_INDEX
+
+__all__ = ["LinkAwareForecast", "link_columns"]
+
+_GAP = OBS_INDEX["gap"]
+
+
+def link_columns(features: tuple[str, ...] | None) -> np.ndarray:
+    """The columns of the ``<site>.link_rate`` features in a fleet observation table
+    (empty with fixed links)."""
+    suffix = "." + LINK_FEATURE
+    return np.asarray([i for i, f in enumerate(features or ()) if f.endswith(suffix)], np.int64)
+
+
+class LinkAwareForecast(Agent):
+    """The online forecaster on a fleet with changing links, launching only on links at
+    ``min_rate`` or more of their nominal rate until the corridor's end nears (module
+    docstring).
+
+    Args:
+        min_rate: the least share of its nominal rate every link must run at for a launch.
+        window: within this many decisions of ``H_max`` the link rule no longer applies.
+        min_progress: the online forecaster's quiet test
+            (:class:`~diloco_gym.agents.heuristics.OnlineForecastWA`) on the fleet's summed
+            rates: the least learner progress before a launch,
+        quiet_ratio: the forecast rate's largest ratio to the baseline,
+        max_trend: and the rate trend's largest value.
+    """
+
+    name = "link-aware-forecast"
+
+    def __init__(
+        self,
+        min_rate: float = 1.0,
+        window: int = 4,
+        min_progress: float = 0.3,
+        quiet_ratio: float = 0.9,
+        max_trend: float = 0.05,
+    ) -> None:
+        self.min_rate = float(min_rate)
+        self.window = int(window)
+        self.base = FleetView(OnlineForecastWA(min_progress, quiet_ratio, max_trend), how="sum")
+        self._ctx: AgentContext | None = None
+        self._cols = np.zeros(0, np.int64)
+        self.obs_size: int | None = None
+
+    def attach(self, context: AgentContext) -> None:
+        cols = link_columns(context.features)
+        if cols.size == 0:
+            raise ValueError(
+                f"{self.name} needs a fleet with changing links (link_levels in [fleet], "
+                f"whose <site>.{LINK_FEATURE} features it reads); this env has none: run "
+                f"online-forecast there"
+            )
+        self._cols = cols
+        self._ctx = context
+        self.obs_size = len(context.features or ())  # Agent.predict checks the width
+        self.base.attach(context)
+
+    def links_allow(self, obs: np.ndarray) -> bool:
+        """Whether every link runs at ``min_rate`` or more of its nominal rate (one
+        observation row)."""
+        return bool(np.all(obs[self._cols] >= self.min_rate - 1e-6))
+
+    def act(self, obs: np.ndarray) -> np.ndarray:
+        if self._ctx is None:
+            raise RuntimeError(f"{self.name}: attach it to a fleet env with changing links first")
+        obs = np.asarray(obs, dtype=np.float32)
+        if obs.ndim != 2:
+            raise ValueError(f"{self.name}: observations must be (B, features), got {obs.shape}")
+        quiet = np.asarray(self.base.act(obs), dtype=np.int64).reshape(-1)
+        h_max = self._ctx.params.h_max
+        out = np.zeros(len(obs), dtype=np.int64)
+        for b, row in enumerate(obs):
+            gap = int(round(float(row[_GAP]) * h_max))
+            late = gap >= h_max - self.window
+            out[b] = int(quiet[b] and (late or self.links_allow(row)))
+        return out
