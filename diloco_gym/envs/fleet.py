@@ -485,9 +485,10 @@ class DiLoCoFleetEnv(DiLoCoSyncEnv):
         # fleet env's memo starts empty each episode): the sync's option and, in model v1,
         # its learner credit are set now.
         assert isinstance(self.episode, FleetEpisode)  # called only after reset()
-        self._sync_options.append(self.episode.variant_at(d, self._option))
+        variant = self.episode.variant_at(d, self._option)
+        self._sync_options.append(variant)
         if self._cap is not None:
-            self._cap.record(d, self._option, self.episode.site_costs_at(d, self._option))
+            self._cap.record(d, variant, self.episode.site_costs_at(d, self._option))
         if self.fleet.model_version >= 1:
             self._set_learner_work(d)
         return self.episode.merge_cost_at(d, self._option)

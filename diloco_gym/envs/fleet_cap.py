@@ -50,6 +50,8 @@ __all__ = [
     "site_nominal_requests",
     "schedules_respect_cap",
     "settle_lags",
+    "variant_lags",
+    "episode_lags",
 ]
 
 #: the per-site observation feature of the cap: ``<site>.cap_used``.
@@ -168,19 +170,22 @@ def schedules_respect_cap(
     (gap ``< h_max`` since the previous sync, the episode starting just after one) is
     allowed by the cap, ``forced`` the syncs the corridor forced while the cap would have
     masked them (the env's ``cap_overridden_syncs``). ``site_costs``: ``(N, n_decisions)``
-    isolated costs; ``lags``: ``(N,)``, :func:`settle_lags`."""
+    isolated costs; ``lags``: ``(N,)`` (:func:`settle_lags`), or ``(N, n_decisions)`` per
+    decision (:func:`episode_lags`: changing links)."""
     sched = np.asarray(schedules, dtype=np.int64)
     costs = np.asarray(site_costs, dtype=np.float64)
     n_sites, n = costs.shape
     k, m = sched.shape
-    lag3 = np.asarray(lags, dtype=np.int64)[:, None, None]
+    lag_arr = np.asarray(lags, dtype=np.int64)
+    lag3 = lag_arr[:, None, None]
     ok = np.ones(k, dtype=bool)
     forced = np.zeros(k, dtype=np.int64)
     prev = np.zeros(k, dtype=np.int64)
     for j in range(m):
         d = sched[:, j]
         past = sched[:, :j]
-        allowed = cap_allows(d, past, costs[:, past], lag3, caps, forced_after(d, n, h_max))
+        past_lags = lag3 if lag_arr.ndim == 1 else lag_arr[:, past]
+        allowed = cap_allows(d, past, costs[:, past], past_lags, caps, forced_after(d, n, h_max))
         by_corridor = d - prev >= h_max
         ok &= allowed | by_corridor
         forced += ~allowed & by_corridor
@@ -211,9 +216,34 @@ def cap_tracker(setup: Any, n_of: Callable[[], int]) -> CapTracker | None:
             f"cannot be combined: remove one of them"
         )
     caps = cap_pp / 100.0 * site_nominal_requests(setup)
-    pairs = zip(setup.option_params, setup.option_sidecars, strict=True)
-    lags = [settle_lags(p, scs) for p, scs in pairs]
-    return CapTracker(cap_pp, caps, np.stack(lags), setup.params.h_max, n_of)
+    return CapTracker(cap_pp, caps, variant_lags(setup), setup.params.h_max, n_of)
+
+
+def variant_lags(setup: Any) -> Callable[[int], np.ndarray]:
+    """Each sync variant's settle lags (:func:`settle_lags` of its kernel parameters and
+    sidecars; a variant is a precision option, or one in a link state:
+    :mod:`diloco_gym.envs.fleet_links`), computed once per variant."""
+    memo: dict[int, np.ndarray] = {}
+
+    def lags_of(variant: int) -> np.ndarray:
+        if variant not in memo:
+            memo[variant] = settle_lags(
+                setup.option_params[variant], setup.option_sidecars[variant]
+            )
+        return memo[variant]
+
+    return lags_of
+
+
+def episode_lags(episode: Any) -> np.ndarray:
+    """``(N, n_decisions)`` settle lags of a sync at each decision of a fleet episode at
+    ``bits`` (each decision's link state with changing links)."""
+    setup = episode.setup
+    lags_of = variant_lags(setup)
+    cols = [
+        lags_of(episode.variant_at(d, setup.default_option)) for d in range(episode.n_decisions)
+    ]
+    return np.stack(cols, axis=1)
 
 
 class CapTracker:
@@ -222,7 +252,7 @@ class CapTracker:
 
     Args:
         caps: ``(N,)`` caps in requests (``site_cap_pp / 100 * nominal``).
-        option_lags: ``(K, N)`` settle lags per precision option.
+        lags_of: a sync variant's ``(N,)`` settle lags (:func:`variant_lags`).
         h_max: the corridor's ``H_max`` (decisions), for the reserve of forced syncs.
         n_of: the current episode's number of decisions.
     """
@@ -231,7 +261,7 @@ class CapTracker:
         self,
         cap_pp: float,
         caps: np.ndarray,
-        option_lags: np.ndarray,
+        lags_of: Callable[[int], np.ndarray],
         h_max: int,
         n_of: Callable[[], int],
     ) -> None:
@@ -239,7 +269,7 @@ class CapTracker:
         self.h_max = int(h_max)
         self.n_of = n_of
         self.caps = np.asarray(caps, dtype=np.float64)
-        self.option_lags = np.asarray(option_lags, dtype=np.int64)
+        self.lags_of = lags_of
         self.reset()
 
     def reset(self) -> None:
@@ -268,14 +298,15 @@ class CapTracker:
         reserve = forced_after(dd, self.n_of(), self.h_max)
         return bool(cap_allows(dd, *self._arrays(), self.caps, reserve)[0])
 
-    def record(self, d: int, option: int, site_costs: np.ndarray) -> None:
-        """A sync launched at ``d`` at precision option ``option`` with these per-site
-        isolated costs (counted as overridden when the cap would have masked it)."""
+    def record(self, d: int, variant: int, site_costs: np.ndarray) -> None:
+        """A sync launched at ``d`` as sync variant ``variant`` (its precision option and
+        link state) with these per-site isolated costs (counted as overridden when the cap
+        would have masked it)."""
         if not self.allows(d):
             self.overridden += 1
         self.d.append(int(d))
         self.costs.append(np.asarray(site_costs, dtype=np.float64))
-        self.lags.append(self.option_lags[option])
+        self.lags.append(self.lags_of(variant))
 
     def mask(self, base: np.ndarray, d: int) -> np.ndarray:
         """The corridor's ``[defer, launch, ...]`` mask with the cap: launch masked when

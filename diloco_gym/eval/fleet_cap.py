@@ -45,12 +45,21 @@ __all__ = [
 @dataclass(frozen=True)
 class CapCheck:
     """What the protocol needs to replay a fleet's cap: the cap (pp), per site its cap in
-    requests and its settle lag (decisions), and the corridor's ``H_max``."""
+    requests and its settle lag (decisions; with changing links each episode's own,
+    :meth:`lags_for`), and the corridor's ``H_max``."""
 
     cap_pp: float
     caps: np.ndarray
     lags: np.ndarray
     h_max: int
+
+    def lags_for(self, episode: Any) -> np.ndarray:
+        """The settle lags that replay the cap on ``episode``: ``lags``, or with changing
+        links ``(N, n_decisions)``, each decision's link state's
+        (:func:`~diloco_gym.envs.fleet_cap.episode_lags`, as the env records them)."""
+        if episode.link_states is None:
+            return self.lags
+        return fleet_cap.episode_lags(episode)
 
 
 def cap_check(env: Any) -> CapCheck | None:
@@ -76,6 +85,7 @@ def capped_control(
     :class:`~diloco_gym.eval.fleet.FleetScorer`)."""
     ep, p = scorer.episode, scorer.params
     costs = ep.site_costs
+    lags = check.lags_for(ep)
     most = draws * limit("CAP_REJECTIONS")
     kept: list[np.ndarray] = []
     n_kept = drawn = 0
@@ -89,7 +99,7 @@ def capped_control(
             )
         batch = sample_uniform(ep.n_decisions, p.h_min, p.h_max, merges, draws, rng, counts)
         drawn += draws
-        ok, _ = fleet_cap.schedules_respect_cap(batch, costs, check.lags, check.caps, check.h_max)
+        ok, _ = fleet_cap.schedules_respect_cap(batch, costs, lags, check.caps, check.h_max)
         kept.append(batch[ok])
         n_kept += int(ok.sum())
     sch = np.concatenate(kept)[:draws]

@@ -70,15 +70,9 @@ def check_fleet_links(fleet: Any) -> str | None:
         if err is None and fleet.link_dwell_s is not None:
             err = "link_dwell_s applies only with link_levels"
         return err
-    clash = [
-        k
-        for k, on in (
-            ("timing = 'rounds'", fleet.per_site_timing),
-            ("site_cap_pp", fleet.site_cap_pp is not None),
-        )
-        if on
-    ]
-    return f"link_levels does not combine with {', '.join(clash)} yet" if clash else None
+    if fleet.per_site_timing:
+        return "link_levels does not combine with timing = 'rounds' yet"
+    return None
 
 
 def _number(v: Any) -> bool:

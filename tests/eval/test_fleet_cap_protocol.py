@@ -161,3 +161,40 @@ def test_uncapped_report_has_the_per_site_table_and_no_cap_columns(tmp_path):
     md = (write_fleet_report(result, tmp_path / "out") / "report.md").read_text()
     assert "## Sync-excess per site" in md and "| oracle pp |" in md
     assert "oracle (uncapped)" not in md and "site_cap_pp" not in md
+
+
+def test_the_cap_with_changing_links_replays_as_the_env_launched():
+    """With changing links each sync settles after its own link state's window: the
+    protocol's replay of the cap (each decision's settle lags) judges the env's schedules
+    as the env did, and the capped control's schedules launch in the env as drawn."""
+    sites = (SiteConfig(name="calm", regime="ordinary"), SiteConfig(name="busy", regime="bursty"))
+    env = DiLoCoFleetEnv(
+        FleetParams(sites=sites, site_cap_pp=CAP, link_levels=(1.0, 0.4), link_dwell_s=20.0)
+    )
+    check = fleet_cap.cap_check(env)
+    assert check is not None
+    for seed in (0, 3):
+        s = _always(env, seed)
+        ep = env.episode
+        lags = check.lags_for(ep)
+        assert lags.shape == (2, ep.n_decisions) and len(np.unique(lags[1])) > 1
+        sched = np.array([s["merge_decisions"]])
+        ok, forced = env_cap.schedules_respect_cap(
+            sched, ep.site_costs, lags, check.caps, check.h_max
+        )
+        assert ok[0] and forced[0] == s["cap_overridden_syncs"]
+        assert s["cap_masked_decisions"] > 0  # the cap binds
+    scorer = FleetScorer(ep, env.params, env.setup.sidecars)
+    m = int(s["merges"])
+    control, acceptance = fleet_cap.capped_control(
+        scorer, m, 20, np.random.default_rng([3, m, 7]), None, check
+    )
+    assert 0.0 < acceptance <= 1.0
+    _, forced = env_cap.schedules_respect_cap(
+        control.schedules, ep.site_costs, lags, check.caps, check.h_max
+    )
+    for row, n_forced in zip(control.schedules[:3], forced[:3], strict=True):
+        got = _replay(env, 3, row)
+        assert got["merge_decisions"] == row.tolist()
+        assert got["cap_vetoed_launches"] == 0
+        assert got["cap_overridden_syncs"] == n_forced

@@ -29,7 +29,6 @@ from diloco_gym.sim.fleet_toml import fleet_from_dict
         ({"link_levels": [1.0, 0.5], "link_dwell_s": 0.0}, "link_dwell_s must be a positive"),
         ({"link_dwell_s": 30.0}, "link_dwell_s applies only with link_levels"),
         ({"link_probs": [1.0]}, "link_probs applies only with link_levels"),
-        ({"link_levels": [1.0], "site_cap_pp": 5.0}, "does not combine with site_cap_pp"),
         (
             {"link_levels": [1.0], "model_version": 1, "timing": "rounds"},
             "does not combine with timing = 'rounds'",
@@ -48,7 +47,9 @@ def test_lists_are_stored_as_tuples_and_the_file_names_itself():
     assert hash(f)  # a FleetParams stays hashable
     fl, _ = fleet_from_dict({"fleet": {"link_levels": [1.0, 0.5], "link_dwell_s": 30}})
     assert fl.link_levels == (1.0, 0.5) and fl.link_dwell_s == 30.0
-    with pytest.raises(FleetConfigError, match=r"x.toml: \[fleet\] key 'link_levels' must be a list"):
+    with pytest.raises(
+        FleetConfigError, match=r"x.toml: \[fleet\] key 'link_levels' must be a list"
+    ):
         fleet_from_dict({"fleet": {"link_levels": 0.5}}, where="x.toml")
     with pytest.raises(FleetConfigError, match=r"x.toml: \[fleet\].*link_levels must be shares"):
         fleet_from_dict({"fleet": {"link_levels": [2.0]}}, where="x.toml")
