@@ -490,7 +490,7 @@ def _fleet(
             r = at[at["agent"] == names[spec]].iloc[0]
             scores[t.name][spec] = {
                 "gap_captured": finite_float(r["gap_captured"]),
-                "gap_ci": [None, None],
+                "gap_ci": [finite_float(r["gap_ci_low"]), finite_float(r["gap_ci_high"])],
                 "sync_excess_pct": float(r["sync_excess_pct"]),
                 "merges": float(t.budget),
             }

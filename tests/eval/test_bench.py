@@ -167,6 +167,39 @@ def test_a_task_scores_the_frontiers_gap_captured():
     assert np.isfinite(res["elapsed_s"])
 
 
+@pytest.mark.slow
+def test_a_fleet_task_scores_the_fleet_frontiers_gap_and_its_interval():
+    """A fleet task's score is the fleet frontier's gap captured at that budget with its
+    bootstrap interval (no longer left empty)."""
+    from diloco_gym.eval.fleet import FleetReportConfig
+    from diloco_gym.eval.fleet_frontier import FleetFrontierConfig, run_fleet_frontier
+
+    mode = bench.mode_for("quick", seeds=3, draws=10)
+    agent = "online-forecast-budget"
+    res = bench.run_tasks(
+        [bench.Entrant("a", (agent,))],
+        bench.select_tasks(["fleet@64/ep"]),
+        mode,
+        in_process=True,
+        progress=False,
+    )
+    report = FleetReportConfig(
+        fleet=str(bench.fleet_file()),
+        agents=[agent],
+        seeds=mode.fleet_seeds,
+        seed0=bench.TEST_SEED0,
+        draws=mode.fleet_draws,
+        in_process_agents=True,
+    )
+    table = run_fleet_frontier(FleetFrontierConfig(report=report, budgets=[64]), False)["frontier"]
+    row = table[(table["budget"] == 64) & (table["agent"] == agent)].iloc[0]
+    got = res["scores"]["fleet@64/ep"][agent]
+    assert got["gap_captured"] == row["gap_captured"]
+    lo, hi = got["gap_ci"]
+    assert (lo, hi) == (row["gap_ci_low"], row["gap_ci_high"])
+    assert lo is not None and hi is not None and lo <= got["gap_captured"] <= hi
+
+
 def test_an_entrant_that_runs_on_no_selected_task_is_refused():
     fleet_model = str(ROOT / "agents" / "reference" / "fleet-budget")
     with pytest.raises(bench.BenchError, match="entrant fb: runs on none of the selected tasks"):
