@@ -645,7 +645,7 @@ class DiLoCoFleetEnv(DiLoCoSyncEnv):
                 scheds[i],
                 self.params,
                 sc,
-                None if self._plain_syncs else [ep.sites_of(k)[i] for k in opts],
+                None if self._plain_syncs else self._sync_episodes(i, scheds[i]),
                 percentiles=len(ep.sites) == 1,  # a fleet's summary reads none of a site's
             )
             for i, (e, sc) in enumerate(zip(ep.sites, s.sidecars, strict=True))
@@ -709,6 +709,16 @@ class DiLoCoFleetEnv(DiLoCoSyncEnv):
         out["regime"] = self.regime_name
         out["episode_seed"] = ep.seed
         return out
+
+    def _sync_episodes(self, site: int, schedule: list[int]) -> list[Any]:
+        """Site ``site``'s episode of each of its syncs (at ``schedule``'s decisions): the
+        variant each sync ran as (its precision and link state)."""
+        ep = self.episode
+        assert isinstance(ep, FleetEpisode)
+        if self.fleet.bits_options is not None:  # one site schedule: the fleet's syncs
+            return [ep.sites_of(k)[site] for k in self._sync_options]
+        k = self.setup.default_option
+        return [ep.sites_of(ep.variant_at(d, k))[site] for d in schedule]
 
     def _site_schedules(self) -> list[list[int]]:
         """Each site's sync decisions (one schedule for every site: all sync at once)."""

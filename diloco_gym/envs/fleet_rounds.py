@@ -210,7 +210,7 @@ class DiLoCoFleetRoundsEnv(DiLoCoFleetEnv):
         self._rounds.append(rs)
         self._before.append(self._step_before)
         self._round = rs
-        self._sync_options.append(self._option)
+        self._sync_options.append(ep.variant_at(d, self._option))
         if self.fleet.model_version >= 1:
             self._set_learner_work(d)
         wanted = self._action if self._action is not None else np.zeros(rs.sent.size, bool)
@@ -238,8 +238,9 @@ class DiLoCoFleetRoundsEnv(DiLoCoFleetEnv):
         ep = self.episode
         assert isinstance(ep, FleetEpisode)
         total = 0.0
+        sites = ep.sites_of(ep.variant_at(d, self._option))  # the links' state at d
         for s in np.flatnonzero(sends).tolist():
-            c = ep.sites[s].merge_cost_at(d)
+            c = sites[s].merge_cost_at(d)
             self._sends[s].append(d)
             self._send_costs[s].append(c)
             total += c

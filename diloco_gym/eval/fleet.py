@@ -34,15 +34,14 @@ import numpy as np
 
 from diloco_gym.envs.fleet import DiLoCoFleetEnv, FleetEpisode, require_fixed_precision
 from diloco_gym.eval import fleet_cap, fleet_rounds, protocol
-from diloco_gym.eval.protocol import EpisodeScorer, Scores
+from diloco_gym.eval.protocol import Scores
 from diloco_gym.eval.report_render import sandbox_record, sandbox_sentence
-from diloco_gym.eval.scorer import MixedScorer
+from diloco_gym.eval.scorer import site_scorers
 from diloco_gym.text import md_text
 
 __all__ = [
     "FleetScorer",
     "score_schedule",
-    "link_site_scorers",
     "verdict_seeds_of",
     "FleetReportConfig",
     "fleet_calibration",
@@ -58,7 +57,8 @@ __all__ = [
 
 class FleetScorer:
     """Exact sync-excess of many schedules on one fleet episode: the sum over sites of
-    each site's exact replay (:class:`EpisodeScorer`), in pp of the fleet's requests.
+    each site's exact replay (:class:`~diloco_gym.eval.scorer.EpisodeScorer`; with changing
+    links :class:`~diloco_gym.eval.scorer.MixedScorer`), in pp of the fleet's requests.
 
     Exposes what :func:`~diloco_gym.eval.protocol.score_episode` reads from a scorer:
     ``episode`` (``n_decisions``), ``params``, ``sidecar``, ``cost`` (the fleet's additive
@@ -71,11 +71,7 @@ class FleetScorer:
         self.episode = episode
         self.params = params
         self.sidecar = sidecars[0]
-        self.sites = (
-            [EpisodeScorer(e, params, sc) for e, sc in zip(episode.sites, sidecars, strict=True)]
-            if episode.link_states is None
-            else link_site_scorers(episode)
-        )
+        self.sites = site_scorers(episode, params, sidecars)
         self.n_requests = np.array([e.n_requests for e in episode.sites], dtype=np.float64)
         self.total = float(max(1.0, self.n_requests.sum()))
         self.cost = np.asarray(episode.merge_cost, dtype=np.float64)
@@ -92,8 +88,8 @@ class FleetScorer:
         return [s.score(schedules, around=around) for s in self.sites]
 
     def score(self, schedules: np.ndarray, around: np.ndarray | None = None) -> Scores:
-        """As :meth:`EpisodeScorer.score` (``around``: the rows' shared incumbent), each
-        site's scores weighted by its requests."""
+        """As :meth:`~diloco_gym.eval.scorer.EpisodeScorer.score` (``around``: the rows'
+        shared incumbent), each site's scores weighted by its requests."""
         per = self.site_scores(schedules, around)
         if len(per) == 1:
             return per[0]
@@ -323,26 +319,6 @@ def _unit_rows(
         if progress:
             print(f"fleet report: episode {i + 1}/{len(seeds)}", flush=True)
     return rows
-
-
-def link_site_scorers(episode: FleetEpisode) -> list[MixedScorer]:
-    """Each site's exact scorer on a fleet episode with changing links: a sync at decision
-    ``d`` is replayed with the window and slowdown of the links' state at ``d`` (one
-    :class:`~diloco_gym.eval.scorer.EpisodeScorer` per state met, joined by
-    :class:`~diloco_gym.eval.scorer.MixedScorer`)."""
-    s = episode.setup
-    variant = np.array(
-        [episode.variant_at(d, s.default_option) for d in range(episode.n_decisions)]
-    )
-    kinds, kind = np.unique(variant, return_inverse=True)
-    out = []
-    for i in range(len(episode.sites)):
-        parts = [
-            EpisodeScorer(episode.sites_of(int(v))[i], s.option_params[v], s.option_sidecars[v][i])
-            for v in kinds
-        ]
-        out.append(MixedScorer(parts, kind))
-    return out
 
 
 def score_schedule(

@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from diloco_gym.eval import protocol
-from diloco_gym.eval.scorer import EpisodeScorer
+from diloco_gym.eval.scorer import site_scorers
 from diloco_gym.sim import rounds as rd
 from diloco_gym.sim.schedules import sample_uniform
 
@@ -67,9 +67,7 @@ class RoundsScorer:
     def __init__(self, episode: Any, params: Any, sidecars: list[Any]) -> None:
         self.episode = episode
         self.params = params
-        self.sites = [
-            EpisodeScorer(e, params, sc) for e, sc in zip(episode.sites, sidecars, strict=True)
-        ]
+        self.sites = site_scorers(episode, params, sidecars)
         self.n_requests = np.array([e.n_requests for e in episode.sites], dtype=np.float64)
         self.total = float(max(1.0, self.n_requests.sum()))
         #: ``(N, n_decisions)`` each site's isolated cost of a sync at each decision.

@@ -388,3 +388,26 @@ class MixedScorer:
             )
             drained[r], t_drain[r], exc[r], off1[r], run1[r] = d, t, e, o, u
         return (drained, t_drain), exc, (off1, run1)
+
+
+def site_scorers(episode: Any, params: EnvParams, sidecars: list[SidecarParams]) -> list[Any]:
+    """Each site's exact scorer on a fleet episode (a
+    :class:`~diloco_gym.envs.fleet_sites.FleetEpisode`): an :class:`EpisodeScorer` per site
+    with fixed links; with changing links a :class:`MixedScorer` per site, whose sync at
+    decision ``d`` has the window and slowdown of the links' state at ``d`` (one
+    :class:`EpisodeScorer` per state met)."""
+    if episode.link_states is None:
+        return [EpisodeScorer(e, params, sc) for e, sc in zip(episode.sites, sidecars, strict=True)]
+    s = episode.setup
+    variant = np.array(
+        [episode.variant_at(d, s.default_option) for d in range(episode.n_decisions)]
+    )
+    kinds, kind = np.unique(variant, return_inverse=True)
+    out: list[Any] = []
+    for i in range(len(episode.sites)):
+        parts = [
+            EpisodeScorer(episode.sites_of(int(v))[i], s.option_params[v], s.option_sidecars[v][i])
+            for v in kinds
+        ]
+        out.append(MixedScorer(parts, kind))
+    return out

@@ -62,17 +62,13 @@ def check_link_levels(levels: Any, probs: Any, dwell_s: Any) -> str | None:
 
 def check_fleet_links(fleet: Any) -> str | None:
     """What is wrong with a fleet's link keys (one line), or ``None``: the process
-    (:func:`check_link_levels`, ``link_dwell_s`` 60 s when absent), no key without
-    ``link_levels``, and no option it does not combine with yet."""
+    (:func:`check_link_levels`, ``link_dwell_s`` 60 s when absent) and no key without
+    ``link_levels``."""
     dwell = 60.0 if fleet.link_dwell_s is None else fleet.link_dwell_s
     err = check_link_levels(fleet.link_levels, fleet.link_probs, dwell)
-    if err is not None or fleet.link_levels is None:
-        if err is None and fleet.link_dwell_s is not None:
-            err = "link_dwell_s applies only with link_levels"
-        return err
-    if fleet.per_site_timing:
-        return "link_levels does not combine with timing = 'rounds' yet"
-    return None
+    if err is None and fleet.link_levels is None and fleet.link_dwell_s is not None:
+        err = "link_dwell_s applies only with link_levels"
+    return err
 
 
 def _number(v: Any) -> bool:

@@ -132,3 +132,67 @@ def test_a_fleet_with_links_needs_an_episode_seed():
     env = DiLoCoFleetEnv(fleet=fleet, params=params)
     with pytest.raises(ValueError, match="needs an episode seed"):
         env.setup.links.states(None, 10)
+
+
+def _run_rounds(env, seed: int):
+    """A seeded random run of a rounds env (each free site asked with probability 0.3)."""
+    obs, _ = env.reset(seed=seed)
+    rng = np.random.default_rng(seed)
+    rewards = [0.0]
+    while True:
+        m = env.action_masks().reshape(-1, 2)
+        a = np.array([rng.random() < 0.3 if f[0] and f[1] else f[1] for f in m], dtype=np.int8)
+        obs, r, term, trunc, _ = env.step(a)
+        rewards.append(r)
+        if term or trunc:
+            return np.array(rewards), env.episode_summary()
+
+
+def test_rounds_charge_each_contribution_with_its_decisions_links():
+    """Per-site timing with changing links: a site's contribution at decision ``d`` costs
+    its isolated cost in the links' state of ``d``, and the protocol's rounds scorer equals
+    the summary's replay of every site at its own decisions."""
+    from diloco_gym.envs.fleet_rounds import make_fleet_env
+    from diloco_gym.eval.fleet_rounds import RoundsScorer
+
+    fleet, params = _fleet("fleet-rounds.toml")
+    links = replace(fleet, link_levels=(1.0, 0.6), link_dwell_s=30.0)
+    env = make_fleet_env(fleet=links, params=params)
+    names = env.setup.site_names
+    for seed in (0, 1):
+        _, sm = _run_rounds(env, seed)
+        ep = env.episode
+        k = env.setup.default_option
+        sends = [sm["site_sync_decisions"][n] for n in names]
+        for r, d in enumerate(sm["round_openings"]):  # a round's cost: its sites' own costs
+            want = sum(
+                ep.sites_of(ep.variant_at(int(x), k))[s].merge_cost_at(int(x))
+                for s, x in enumerate(env._rounds[r].send_d)
+                if env._rounds[r].sent[s]
+            )
+            assert sm["merge_costs_requests"][r] == want
+            assert (
+                min(
+                    int(x)
+                    for x, on in zip(env._rounds[r].send_d, env._rounds[r].sent, strict=True)
+                    if on
+                )
+                >= d
+            )
+        scorer = RoundsScorer(ep, env.params, env.setup.sidecars)
+        got = scorer.score([sends])
+        assert got.exact_pct[0] == pytest.approx(sm["sync_excess_pct"], abs=1e-9)
+        assert len({ep.variant_at(d, k) for d in range(ep.n_decisions)}) > 2
+
+
+def test_rounds_with_links_at_their_nominal_rate_are_rounds_with_fixed_links():
+    from diloco_gym.envs.fleet_rounds import make_fleet_env
+
+    fleet, params = _fleet("fleet-rounds.toml")
+    plain = make_fleet_env(fleet=fleet, params=params)
+    one = make_fleet_env(fleet=replace(fleet, link_levels=(1.0,)), params=params)
+    r0, s0 = _run_rounds(plain, 3)
+    r1, s1 = _run_rounds(one, 3)
+    assert np.array_equal(r0, r1)
+    s0.pop("episode_seed"), s1.pop("episode_seed")
+    assert s0 == s1
