@@ -58,6 +58,8 @@ __all__ = [
     "FLEET_AGGREGATION",
     "AGGREGATIONS",
     "fleet_agent",
+    "feature_columns",
+    "FleetOptionForecast",
 ]
 
 AGGREGATIONS = ("max", "weighted", "sum")
@@ -197,6 +199,59 @@ class FleetOracleView(FleetView):
 
     def attach_episode(self, env: Any, episode_seed: int) -> None:
         self.agent.attach_episode(env, episode_seed)
+
+
+def feature_columns(features: tuple[str, ...] | None, feature: str) -> np.ndarray:
+    """The columns of the ``<site>.<feature>`` features in a fleet observation table (empty
+    where the fleet has none)."""
+    suffix = "." + feature
+    return np.asarray([i for i, f in enumerate(features or ()) if f.endswith(suffix)], np.int64)
+
+
+class FleetOptionForecast(Agent):
+    """The base of the heuristics written for one fleet option: the online forecaster's
+    quiet test on the fleet's summed rates (``online-forecast`` through its
+    :class:`FleetView`, ``sum`` aggregation) and the columns of the option's per-site
+    feature ``<site>.<feature>``. A subclass names the feature, the option (its ``[fleet]``
+    key) and what it needs (:attr:`needs`), and adds its own rule; :meth:`attach` refuses,
+    in one line, a fleet without the option (or a single host).
+
+    Args:
+        min_progress: the quiet test's least learner progress before a launch,
+        quiet_ratio: the forecast rate's largest ratio to the baseline,
+        max_trend: and the rate trend's largest value
+            (:class:`~diloco_gym.agents.heuristics.OnlineForecastWA`).
+    """
+
+    #: the per-site observation feature the agent reads
+    feature = ""
+    #: the fleet option's ``[fleet]`` key
+    option = ""
+    #: what the agent needs of a fleet, in words
+    needs = ""
+
+    def __init__(
+        self, min_progress: float = 0.3, quiet_ratio: float = 0.9, max_trend: float = 0.05
+    ) -> None:
+        from diloco_gym.agents.heuristics import OnlineForecastWA
+
+        self.base = FleetView(OnlineForecastWA(min_progress, quiet_ratio, max_trend), how="sum")
+        self._ctx: AgentContext | None = None
+        self._cols = np.zeros(0, np.int64)
+        self.obs_size: int | None = None
+
+    def attach(self, context: AgentContext) -> None:
+        cols = feature_columns(context.features, self.feature)
+        if cols.size == 0:
+            raise ValueError(
+                f"{self.name} needs a fleet with {self.needs} ({self.option} in [fleet], whose "
+                f"<site>.{self.feature} features it reads); this env has none: run "
+                f"online-forecast there"
+            )
+        self._cols = cols
+        self._ctx = context
+        self.obs_size = len(context.features or ())  # Agent.predict checks the width
+        self.base.attach(context)
 
 
 def fleet_agent(agent: Agent) -> Agent:

@@ -35,9 +35,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from diloco_gym.agents.base import Agent, AgentContext
-from diloco_gym.agents.fleet import FleetView
-from diloco_gym.agents.heuristics import OnlineForecastWA
+from diloco_gym.agents.base import AgentContext
+from diloco_gym.agents.fleet import FleetOptionForecast, feature_columns
 from diloco_gym.envs.fleet_cap import CAP_FEATURE
 from diloco_gym.envs.observation import OBS_INDEX
 
@@ -49,11 +48,10 @@ _GAP, _TIME_LEFT, _MERGES = OBS_INDEX["gap"], OBS_INDEX["time_left"], OBS_INDEX[
 def cap_columns(features: tuple[str, ...] | None) -> np.ndarray:
     """The columns of the ``<site>.cap_used`` features in a fleet observation table
     (empty without a cap)."""
-    suffix = "." + CAP_FEATURE
-    return np.asarray([i for i, f in enumerate(features or ()) if f.endswith(suffix)], np.int64)
+    return feature_columns(features, CAP_FEATURE)
 
 
-class CapAwareForecast(Agent):
+class CapAwareForecast(FleetOptionForecast):
     """The online forecaster on a capped fleet, launching late in the corridor and only
     where the cap's budget left pays for the syncs ahead (module docstring).
 
@@ -61,14 +59,15 @@ class CapAwareForecast(Agent):
         window: launches are considered once the gap is at least ``H_max - window``
             decisions.
         safety: the budget must cover ``safety`` times the forecast damage ahead.
-        min_progress: the online forecaster's quiet test
-            (:class:`~diloco_gym.agents.heuristics.OnlineForecastWA`) on the fleet's summed
-            rates: the least learner progress before a launch,
-        quiet_ratio: the forecast rate's largest ratio to the baseline,
-        max_trend: and the rate trend's largest value.
+        min_progress: the quiet test's least learner progress before a launch,
+        quiet_ratio: its forecast rate's largest ratio to the baseline,
+        max_trend: its rate trend's largest value (:class:`~diloco_gym.agents.fleet.FleetOptionForecast`).
     """
 
     name = "cap-aware-forecast"
+    feature = CAP_FEATURE
+    option = "site_cap_pp"
+    needs = "a per-site serving cap"
 
     def __init__(
         self,
@@ -78,12 +77,9 @@ class CapAwareForecast(Agent):
         quiet_ratio: float = 0.9,
         max_trend: float = 0.05,
     ) -> None:
+        super().__init__(min_progress, quiet_ratio, max_trend)
         self.window = int(window)
         self.safety = float(safety)
-        self.base = FleetView(OnlineForecastWA(min_progress, quiet_ratio, max_trend), how="sum")
-        self._ctx: AgentContext | None = None
-        self._cols = np.zeros(0, np.int64)
-        self.obs_size: int | None = None
         self.reset_episode()
 
     def reset_episode(self) -> None:
@@ -94,17 +90,7 @@ class CapAwareForecast(Agent):
         self._settled = 0
 
     def attach(self, context: AgentContext) -> None:
-        cols = cap_columns(context.features)
-        if cols.size == 0:
-            raise ValueError(
-                f"{self.name} needs a fleet with a per-site serving cap (site_cap_pp in "
-                f"[fleet], whose <site>.{CAP_FEATURE} features it reads); this env has none: "
-                f"run online-forecast there"
-            )
-        self._cols = cols
-        self._ctx = context
-        self.obs_size = len(context.features or ())  # Agent.predict checks the width
-        self.base.attach(context)
+        super().attach(context)
         self.reset_episode()
 
     @property

@@ -19,9 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from diloco_gym.agents.base import Agent, AgentContext
-from diloco_gym.agents.fleet import FleetView
-from diloco_gym.agents.heuristics import OnlineForecastWA
+from diloco_gym.agents.fleet import FleetOptionForecast, feature_columns
 from diloco_gym.envs.fleet_links import LINK_FEATURE
 from diloco_gym.envs.observation import OBS_INDEX
 
@@ -33,11 +31,10 @@ _GAP = OBS_INDEX["gap"]
 def link_columns(features: tuple[str, ...] | None) -> np.ndarray:
     """The columns of the ``<site>.link_rate`` features in a fleet observation table
     (empty with fixed links)."""
-    suffix = "." + LINK_FEATURE
-    return np.asarray([i for i, f in enumerate(features or ()) if f.endswith(suffix)], np.int64)
+    return feature_columns(features, LINK_FEATURE)
 
 
-class LinkAwareForecast(Agent):
+class LinkAwareForecast(FleetOptionForecast):
     """The online forecaster on a fleet with changing links, launching only on links at
     ``min_rate`` or more of their nominal rate until the corridor's end nears (module
     docstring).
@@ -45,14 +42,15 @@ class LinkAwareForecast(Agent):
     Args:
         min_rate: the least share of its nominal rate every link must run at for a launch.
         window: within this many decisions of ``H_max`` the link rule no longer applies.
-        min_progress: the online forecaster's quiet test
-            (:class:`~diloco_gym.agents.heuristics.OnlineForecastWA`) on the fleet's summed
-            rates: the least learner progress before a launch,
-        quiet_ratio: the forecast rate's largest ratio to the baseline,
-        max_trend: and the rate trend's largest value.
+        min_progress: the quiet test's least learner progress before a launch,
+        quiet_ratio: its forecast rate's largest ratio to the baseline,
+        max_trend: its rate trend's largest value (:class:`~diloco_gym.agents.fleet.FleetOptionForecast`).
     """
 
     name = "link-aware-forecast"
+    feature = LINK_FEATURE
+    option = "link_levels"
+    needs = "changing links"
 
     def __init__(
         self,
@@ -62,25 +60,9 @@ class LinkAwareForecast(Agent):
         quiet_ratio: float = 0.9,
         max_trend: float = 0.05,
     ) -> None:
+        super().__init__(min_progress, quiet_ratio, max_trend)
         self.min_rate = float(min_rate)
         self.window = int(window)
-        self.base = FleetView(OnlineForecastWA(min_progress, quiet_ratio, max_trend), how="sum")
-        self._ctx: AgentContext | None = None
-        self._cols = np.zeros(0, np.int64)
-        self.obs_size: int | None = None
-
-    def attach(self, context: AgentContext) -> None:
-        cols = link_columns(context.features)
-        if cols.size == 0:
-            raise ValueError(
-                f"{self.name} needs a fleet with changing links (link_levels in [fleet], "
-                f"whose <site>.{LINK_FEATURE} features it reads); this env has none: run "
-                f"online-forecast there"
-            )
-        self._cols = cols
-        self._ctx = context
-        self.obs_size = len(context.features or ())  # Agent.predict checks the width
-        self.base.attach(context)
 
     def links_allow(self, obs: np.ndarray) -> bool:
         """Whether every link runs at ``min_rate`` or more of its nominal rate (one

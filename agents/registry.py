@@ -108,8 +108,8 @@ _FLEET_AGENTS: dict[str, Callable[[], Agent]] = {
 FLEET_ONLY = frozenset(_FLEET_AGENTS)
 #: What each of ``FLEET_ONLY`` needs of a fleet (its ``[fleet]`` key), for errors.
 FLEET_NEEDS: dict[str, str] = {
-    "cap-aware-forecast": "a per-site serving cap (site_cap_pp)",
-    "link-aware-forecast": "changing links (link_levels)",
+    name: f"{cls.needs} ({cls.option})"  # type: ignore[attr-defined]
+    for name, cls in _FLEET_AGENTS.items()
 }
 
 AGENTS: dict[str, Callable[[], Agent]] = {

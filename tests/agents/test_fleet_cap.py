@@ -9,8 +9,8 @@ import gc
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 import pytest
+from fleet_agent_helpers import recording, sealed_rows_match_in_process
 
 import diloco_gym
 from diloco_gym.agents.base import AgentContext
@@ -20,7 +20,6 @@ from diloco_gym.agents.registry import FLEET_ONLY, HEURISTICS, make_agent
 from diloco_gym.envs.fleet import DiLoCoFleetEnv, FleetEpisode
 from diloco_gym.envs.observation import OBS_INDEX, squash_rate
 from diloco_gym.eval import bench
-from diloco_gym.eval.fleet import FleetReportConfig, run_fleet_report
 from diloco_gym.eval.rollout import run_episode
 from diloco_gym.sim.fleet import FleetParams, SiteConfig
 
@@ -32,18 +31,7 @@ def _env(cap: float | None = 6.0) -> DiLoCoFleetEnv:
     return DiLoCoFleetEnv(FleetParams(sites=SITES, site_cap_pp=cap))
 
 
-class _Recorder(CapAwareForecast):
-    """The agent, keeping each observation and mask it decided on."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.seen: list[tuple[np.ndarray, np.ndarray, int]] = []
-
-    def act(self, obs):
-        assert self._ctx is not None
-        out = super().act(obs)
-        self.seen.append((np.array(obs, copy=True), self._ctx.action_mask(), int(out[0])))
-        return out
+_Recorder = recording(CapAwareForecast)
 
 
 def _reachable(root: object) -> list[object]:
@@ -151,9 +139,5 @@ def test_refused_without_a_cap():
 def test_sealed_and_in_process_give_the_same_rows():
     """Sealed in its worker process (the report's default) the agent decides as in process.
     Sealed agents cannot start from a git worktree (Landlock): run from a plain checkout."""
-    kw = dict(fleet=str(EXAMPLE), agents=["cap-aware-forecast"], seeds=2, draws=20)
-    sealed = run_fleet_report(FleetReportConfig(**kw))
-    inproc = run_fleet_report(FleetReportConfig(**kw, in_process_agents=True))
-    assert sealed["agent_sealing"].startswith("sealed")
-    pd.testing.assert_frame_equal(sealed["rows"], inproc["rows"])
+    inproc = sealed_rows_match_in_process(str(EXAMPLE), "cap-aware-forecast")
     assert (inproc["rows"]["syncs"] >= 8).all()

@@ -8,8 +8,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 import pytest
+from fleet_agent_helpers import recording, sealed_rows_match_in_process
 
 import diloco_gym
 from diloco_gym.agents.base import AgentContext
@@ -20,7 +20,6 @@ from diloco_gym.envs.fleet import DiLoCoFleetEnv
 from diloco_gym.envs.observation import OBS_INDEX
 from diloco_gym.envs.params import EnvParams
 from diloco_gym.eval import bench
-from diloco_gym.eval.fleet import FleetReportConfig, run_fleet_report
 from diloco_gym.eval.rollout import run_episode
 from diloco_gym.sim import schedules
 from diloco_gym.sim.fleet_toml import load_fleet_toml
@@ -33,18 +32,7 @@ def _env(example: Path = EXAMPLE) -> DiLoCoFleetEnv:
     return DiLoCoFleetEnv(fleet=fleet, params=EnvParams(**env_kw))
 
 
-class _Recorder(LinkAwareForecast):
-    """The agent, keeping each observation and mask it decided on."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.seen: list[tuple[np.ndarray, np.ndarray, int]] = []
-
-    def act(self, obs):
-        assert self._ctx is not None
-        out = super().act(obs)
-        self.seen.append((np.array(obs, copy=True), self._ctx.action_mask(), int(out[0])))
-        return out
+_Recorder = recording(LinkAwareForecast)
 
 
 def test_registered_as_fleet_only_and_deployable():
@@ -131,9 +119,5 @@ def test_refused_with_fixed_links():
 def test_sealed_and_in_process_give_the_same_rows():
     """Sealed in its worker process (the report's default) the agent decides as in process.
     Sealed agents cannot start from a git worktree (Landlock): run from a plain checkout."""
-    kw = dict(fleet=str(EXAMPLE), agents=["link-aware-forecast"], seeds=2, draws=20)
-    sealed = run_fleet_report(FleetReportConfig(**kw))
-    inproc = run_fleet_report(FleetReportConfig(**kw, in_process_agents=True))
-    assert sealed["agent_sealing"].startswith("sealed")
-    pd.testing.assert_frame_equal(sealed["rows"], inproc["rows"])
+    inproc = sealed_rows_match_in_process(str(EXAMPLE), "link-aware-forecast")
     assert inproc["fleet"]["link_levels"] == [1.0, 0.75, 0.5]
