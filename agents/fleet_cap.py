@@ -61,7 +61,8 @@ class CapAwareForecast(FleetOptionForecast):
         safety: the budget must cover ``safety`` times the forecast damage ahead.
         min_progress: the quiet test's least learner progress before a launch,
         quiet_ratio: its forecast rate's largest ratio to the baseline,
-        max_trend: its rate trend's largest value (:class:`~diloco_gym.agents.fleet.FleetOptionForecast`).
+        max_trend: its rate trend's largest value
+            (:class:`~diloco_gym.agents.fleet.FleetOptionForecast`).
     """
 
     name = "cap-aware-forecast"

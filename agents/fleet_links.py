@@ -44,7 +44,8 @@ class LinkAwareForecast(FleetOptionForecast):
         window: within this many decisions of ``H_max`` the link rule no longer applies.
         min_progress: the quiet test's least learner progress before a launch,
         quiet_ratio: its forecast rate's largest ratio to the baseline,
-        max_trend: its rate trend's largest value (:class:`~diloco_gym.agents.fleet.FleetOptionForecast`).
+        max_trend: its rate trend's largest value
+            (:class:`~diloco_gym.agents.fleet.FleetOptionForecast`).
     """
 
     name = "link-aware-forecast"

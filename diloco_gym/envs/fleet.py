@@ -621,8 +621,9 @@ class DiLoCoFleetEnv(DiLoCoSyncEnv):
         if f > 1:
             st = self.fragment_staleness()
             obs[self._frag0 : self._frag0 + f] = np.minimum(1.0, st / self._h_full)
-        if self.setup.links.on:  # the links' rates now (the last decision's at the end)
-            state = self.episode.link_states[min(d, self.episode.n_decisions - 1)]
+        ep = self.episode
+        if self.setup.links.on and isinstance(ep, FleetEpisode) and ep.link_states is not None:
+            state = ep.link_states[min(d, ep.n_decisions - 1)]  # at the end: the last one
             obs[self._link0 : self._link0 + len(state)] = self.setup.links.rates(state)
         if self._cap is not None:
             obs[len(obs) - len(self.setup.site_names) :] = self._cap.used(d)

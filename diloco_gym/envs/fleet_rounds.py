@@ -202,7 +202,7 @@ class DiLoCoFleetRoundsEnv(DiLoCoFleetEnv):
         """A round opens at ``d``: the sites contributing at once, and their cost (the
         compiled step charges it as the merge's)."""
         ep = self.episode
-        assert ep is not None
+        assert isinstance(ep, FleetEpisode)
         if self._delays is None:
             self._delays = self.round_delays(ep)
         k = len(self._rounds)

@@ -286,7 +286,11 @@ class EpisodeScorer:
         schedules, merge by merge over NumPy grids of the batch's windows
         (:meth:`windows`): the reference rule, used where a schedule repeats or reorders
         a decision."""
-        return grid_scores(self, sch, lambda dec, *rows: self.windows(*rows, want_state=True))
+
+        def windows(dec, st, off0, min0, length):  # noqa: ANN001, ANN202 - grid_scores' callback
+            return self.windows(st, off0, min0, length, want_state=True)
+
+        return grid_scores(self, sch, windows)
 
 
 def grid_scores(
