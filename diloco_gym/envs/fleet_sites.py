@@ -435,6 +435,7 @@ class FleetEpisode:
         self._lam = setup.fleet.worst_site_weight
         self._memo: dict[tuple[int, int], float] = {}
         self._variant_sites: dict[int, list[Episode]] = {}
+        self._copies: dict[tuple, Episode] = {}
         #: each decision's link levels (changing links; ``None`` with fixed links)
         self.link_states = setup.links.states(seed, self.n_decisions)
 
@@ -454,9 +455,18 @@ class FleetEpisode:
         out = self._variant_sites.get(variant)
         if out is None:
             kp, scs = s.option_params[variant], s.option_sidecars[variant]
-            out = [replace(e, params=kp, sidecar=sc) for e, sc in zip(self.sites, scs, strict=True)]
+            out = [self._site_copy(i, kp, sc) for i, sc in enumerate(scs)]
             self._variant_sites[variant] = out
         return out
+
+    def _site_copy(self, site: int, params: EnvParams, sidecar: Any) -> Episode:
+        """Site ``site``'s episode with these sync parameters, one per distinct pair (the
+        variants that differ only at other sites share it, and its cost memo)."""
+        key = (site, params, sidecar)
+        e = self._copies.get(key)
+        if e is None:
+            e = self._copies[key] = replace(self.sites[site], params=params, sidecar=sidecar)
+        return e
 
     @cached_property
     def throughput_sum(self) -> float:

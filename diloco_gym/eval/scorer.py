@@ -403,15 +403,20 @@ def site_scorers(episode: Any, params: EnvParams, sidecars: list[SidecarParams])
     if episode.link_states is None:
         return [EpisodeScorer(e, params, sc) for e, sc in zip(episode.sites, sidecars, strict=True)]
     s = episode.setup
-    variant = np.array(
-        [episode.variant_at(d, s.default_option) for d in range(episode.n_decisions)]
-    )
-    kinds, kind = np.unique(variant, return_inverse=True)
+    variants = [episode.variant_at(d, s.default_option) for d in range(episode.n_decisions)]
     out: list[Any] = []
     for i in range(len(episode.sites)):
-        parts = [
-            EpisodeScorer(episode.sites_of(int(v))[i], s.option_params[v], s.option_sidecars[v][i])
-            for v in kinds
-        ]
+        # one part per distinct episode of the site: variants that differ only in other
+        # sites' links give this site the same window and slowdown (the same episode copy)
+        parts: list[EpisodeScorer] = []
+        index: dict[int, int] = {}
+        kind = np.empty(len(variants), dtype=np.int64)
+        for d, v in enumerate(variants):
+            e = episode.sites_of(v)[i]
+            k = index.get(id(e))
+            if k is None:
+                k = index[id(e)] = len(parts)
+                parts.append(EpisodeScorer(e, e.params, e.sidecar))
+            kind[d] = k
         out.append(MixedScorer(parts, kind))
     return out

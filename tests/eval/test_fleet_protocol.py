@@ -55,6 +55,12 @@ def test_changing_links_are_scored_with_each_syncs_own_link_state():
     sch = sample_uniform(ep.n_decisions, p.h_min, p.h_max, 60, 3, np.random.default_rng(1))
     kinds = {ep.variant_at(d, k) for d in range(ep.n_decisions)}
     assert len(kinds) > 3  # the links change the plan
+    for i, site in enumerate(sc.sites):  # one exact scorer per distinct sync at that site
+        own = {
+            (env.setup.option_params[v].merge_seconds, env.setup.option_sidecars[v][i])
+            for v in kinds
+        }
+        assert len(site.parts) == len(own) < len(kinds)
     per = sc.site_scores(sch)
     for i, (e, site) in enumerate(zip(ep.sites, per, strict=True)):
         for row, exact in zip(sch, site.exact_pct, strict=True):
