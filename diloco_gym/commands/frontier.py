@@ -189,6 +189,7 @@ def _frontier_fleet(args: argparse.Namespace) -> int:
     from diloco_gym.eval.fleet_frontier import (
         FleetFrontierConfig,
         comparison_lines,
+        free_lines,
         frontier_table,
         run_fleet_frontier,
         write_fleet_frontier,
@@ -197,22 +198,17 @@ def _frontier_fleet(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     if args.regimes or args.trace:
         raise UsageError("--fleet replaces --regimes and --trace (the sites are in FILE)")
-    if args.free_agents or args.learner_calibration:
+    if args.learner_calibration:
         raise UsageError(
-            "--free-agents and --learner-calibration are not used with --fleet (every "
-            "agent runs at each budget)"
+            "--learner-calibration is not used with --fleet (the fleet's learners are its own)"
         )
     checks.check_no_fleet_options(args)
-    agents = list(
-        dict.fromkeys([*(args.budget_agents or FLEET_FRONTIER_AGENTS), *(args.agent or [])])
-    )
-    for a in agents:
-        checks.check_agent(a)
+    agents, free_agents = _fleet_agents(args)
     checks.check_out_dir(args.out, args.force)
     budgets = fleet_budgets(args)
     report = fleet_report_config(args, agents)
     try:
-        config = FleetFrontierConfig(report=report, budgets=budgets)
+        config = FleetFrontierConfig(report=report, budgets=budgets, free_agents=free_agents)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     result, out = fleet_job(
@@ -223,6 +219,7 @@ def _frontier_fleet(args: argparse.Namespace) -> int:
     )
     print(frontier_table(result["frontier"], result["fleet"]["worst_site_weight"]))
     compared = comparison_lines(result["pairwise"], result["dominance"])
+    compared += free_lines(result["free"], result["fleet"])
     if compared:
         print("\n" + "\n".join(compared).rstrip())
     print(
@@ -230,6 +227,23 @@ def _frontier_fleet(args: argparse.Namespace) -> int:
         f"{time.perf_counter() - started:.1f} s"
     )
     return 0
+
+
+def _fleet_agents(args: argparse.Namespace) -> tuple[list[str], list[str]]:
+    """A fleet frontier's budget agents (``--budget-agents``, default
+    :data:`FLEET_FRONTIER_AGENTS`) and free agents (``--free-agents``, default every
+    heuristic), each checked; ``--agent`` adds to both lists, a budget-aware one to the
+    budget agents only (as on a single host)."""
+    from diloco_gym.agents.registry import HEURISTICS, is_budget_aware_spec
+
+    extra = list(args.agent or [])
+    budget = list(dict.fromkeys([*(args.budget_agents or FLEET_FRONTIER_AGENTS), *extra]))
+    free = list(args.free_agents or HEURISTICS)
+    free += [a for a in extra if not is_budget_aware_spec(a)]
+    free = list(dict.fromkeys(free))
+    for a in budget + free:
+        checks.check_agent(a)
+    return budget, free
 
 
 def fleet_budgets(args: argparse.Namespace) -> list[int]:

@@ -9,6 +9,11 @@ the deployable agents, per budget). Deployable agents run sealed as in the fleet
 The agents are also compared with each other by the single-host frontier's statistics
 (:func:`agents_compared`): every pair at every budget, and dominance across budgets.
 
+**Free-budget points** (``free_agents``), as on a single host: each agent runs as it is,
+with no merge budget, on the same episodes, and is one point at its own syncs per hour
+with matched random and the oracle at its own number of syncs: the fleet report's rows and
+statistics (:func:`free_points`), drawn over the budget curves.
+
 On a fleet with per-site timing (``timing = "rounds"``) a sync is a round: the budget counts
 rounds (a round's opening is the fleet env's merge, under the same corridor and budget),
 each budget is scored as the report scores rounds (:mod:`diloco_gym.eval.fleet_rounds`:
@@ -19,7 +24,7 @@ the rounds' columns (:data:`~diloco_gym.eval.fleet_rounds.ROUNDS_SUMMARY_COLUMNS
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +34,7 @@ from diloco_gym.eval import fleet_rounds
 from diloco_gym.eval.fleet import (
     FleetFiles,
     FleetReportConfig,
+    fleet_summary_table,
     oracle_label,
     oracle_note,
     run_fleet_report,
@@ -56,12 +62,23 @@ _COLUMNS = [
 
 @dataclass
 class FleetFrontierConfig:
-    """A fleet frontier: the fleet report's settings and the merge budgets (per episode)."""
+    """A fleet frontier: the fleet report's settings (its ``agents`` run at every budget),
+    the merge budgets (per episode) and the agents run at their own rate
+    (``free_agents``; none by default)."""
 
     report: FleetReportConfig
     budgets: list[int]
+    free_agents: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
+        from diloco_gym.agents.registry import is_budget_aware_spec
+
+        aware = [a for a in self.free_agents if is_budget_aware_spec(a)]
+        if aware:
+            raise ValueError(
+                f"budget-aware agent(s) {aware} need a merge budget: give them as budget "
+                f"agents (run at every budget), not free ones"
+            )
         if not self.budgets:
             raise ValueError("a fleet frontier needs at least one budget")
         bad = [b for b in self.budgets if not isinstance(b, int) or b < 1]
@@ -119,8 +136,11 @@ def run_fleet_frontier(config: FleetFrontierConfig, progress: bool = False) -> d
     assert first is not None
     all_rows = pd.concat(rows, ignore_index=True)
     pairwise, dom = agents_compared(all_rows, first["verdict_seeds"], config.report.alpha)
+    free, free_rows = free_points(config, progress)
     return {
         "frontier": pd.concat(parts, ignore_index=True),
+        "free": free,
+        "free_rows": free_rows,
         "rows": all_rows,
         "pairwise": pairwise,
         "dominance": dom,
@@ -132,6 +152,29 @@ def run_fleet_frontier(config: FleetFrontierConfig, progress: bool = False) -> d
             "budgets": sorted(config.budgets),
         },
     }
+
+
+#: A free-budget point's columns (the fleet report's summary, with the gap captured).
+FREE_COLUMNS = [c for c in _COLUMNS if c != "budget"]
+
+
+def free_points(config: FleetFrontierConfig, progress: bool = False) -> tuple[Any, Any]:
+    """The free-budget points: ``(points, rows)``, the fleet report of ``free_agents`` with
+    no merge budget on the frontier's episodes (its summary, one row per agent at its own
+    syncs per hour, with the gap captured and its interval: :func:`gap_columns`; and its
+    per-episode rows). Two empty tables without free agents."""
+    import pandas as pd
+
+    if not config.free_agents:
+        return pd.DataFrame(columns=FREE_COLUMNS), pd.DataFrame()
+    report = replace(with_env(config.report, merge_budget=None), agents=list(config.free_agents))
+    res = run_fleet_report(report, progress=progress)
+    s = res["summary"].copy()
+    gaps = gap_columns(res["rows"], list(s["agent"]), res["verdict_seeds"], 0)
+    for col in gaps.columns:
+        s[col] = gaps[col].to_numpy()
+    extra = [c for c in fleet_rounds.ROUNDS_SUMMARY_COLUMNS if c in s]
+    return s[FREE_COLUMNS + extra].reset_index(drop=True), res["rows"]
 
 
 def agents_compared(rows: Any, verdict_seeds: list[int], alpha: float) -> tuple[Any, Any]:
@@ -170,6 +213,22 @@ def comparison_lines(pairwise: Any, dom: Any) -> list[str]:
         sig = ", ".join(f"{x:g}" for x in r.significant_budgets) or "none"
         lines.append(f"| {r.agent_a} | {r.relation} | {r.agent_b} | {r.budgets} | {sig} |")
     return lines + [""]
+
+
+def free_lines(free: Any, fleet: dict[str, Any]) -> list[str]:
+    """frontier.md's "Free-budget points": each free agent at its own syncs per hour, as
+    the fleet report's table (none without free agents)."""
+    if free is None or len(free) == 0:
+        return []
+    return [
+        "## Free-budget points",
+        "",
+        "Each agent as it runs, with no merge budget, on the same episodes: matched random "
+        "and the oracle at its own number of syncs (the fleet report's statistics).",
+        "",
+        fleet_summary_table(free, fleet["worst_site_weight"], fleet.get("site_cap_pp") is not None),
+        "",
+    ]
 
 
 def frontier_table(frontier, worst_site_weight: float = 0.0) -> str:
@@ -251,13 +310,18 @@ def fleet_frontier_figure(result: dict[str, Any]):
         }
         ax.plot(g["syncs_per_hour"], g["sync_excess_pct"], label=agent, **style)
         worst.plot(g["syncs_per_hour"], g["worst_site_sync_excess_pct"], label=agent, **style)
+    free = result.get("free")
+    for i, r in enumerate([] if free is None else list(free.itertuples())):
+        style = {"marker": "D", "ms": 6, "ls": "none", "color": f"C{(i + 3) % 10}"}
+        ax.plot([r.syncs_per_hour], [r.sync_excess_pct], label=f"{r.agent} (own rate)", **style)
+        worst.plot([r.syncs_per_hour], [r.worst_site_sync_excess_pct], **style)
     n = result["config"]["seeds"]
     ax.set_title(f"fleet sync-excess ({n} episodes per budget)", fontsize=10)
     ax.set_ylabel("sync-excess (pp of the fleet's requests)")
     worst.set_title("worst site's own sync-excess", fontsize=10)
     worst.set_ylabel("sync-excess (pp of the site's requests)")
     for a in (ax, worst):
-        a.set_xlabel("budget (syncs per hour)")
+        a.set_xlabel("syncs per hour (the budget, or an agent's own rate)")
         a.legend(fontsize=7, loc="upper left")
         a.grid(color="0.9", lw=0.6)
     fig.suptitle(f"Fleet frontier: {result['fleet']['file']}", fontsize=11)
@@ -266,8 +330,12 @@ def fleet_frontier_figure(result: dict[str, Any]):
 
 
 def _more_files(result: dict[str, Any], tmp: Path) -> None:
-    """frontier.png, and pairwise.csv (every pair of agents at every budget)."""
+    """frontier.png, pairwise.csv (every pair of agents at every budget) and free.csv (the
+    free-budget points, when there are any)."""
     _save_figure(fleet_frontier_figure(result), tmp / "frontier.png")
+    free = result.get("free")
+    if free is not None and len(free):
+        free.to_csv(tmp / "free.csv", index=False)
     pairwise = result.get("pairwise")
     if pairwise is not None and len(pairwise):
         pairwise.to_csv(tmp / "pairwise.csv", index=False)
@@ -304,6 +372,7 @@ def write_fleet_frontier(
         frontier_table(result["frontier"], fleet["worst_site_weight"]),
         "",
         *comparison_lines(result.get("pairwise"), result.get("dominance")),
+        *free_lines(result.get("free"), fleet),
         "![fleet frontier](frontier.png)",
     ]
     files = FleetFiles(
@@ -314,6 +383,7 @@ def write_fleet_frontier(
             "frontier": result["frontier"].to_dict(orient="records"),
             "pairwise": _records(result.get("pairwise")),
             "dominance": _records(result.get("dominance")),
+            "free": _records(result.get("free")),
         },
         "frontier.md",
         "Fleet budget frontier",

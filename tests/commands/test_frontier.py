@@ -83,9 +83,11 @@ def test_fleet_default_budgets_lie_in_the_fleets_range():
 def test_fleet_mode_checks(tmp_path, out, fails):
     base = ["frontier", *out, "--fleet", str(FLEET_EXAMPLE)]
     assert "--fleet replaces --regimes" in fails([*base, "--regimes", "bursty"], 2)
-    assert "--free-agents and --learner-calibration are not used with --fleet" in fails(
-        [*base, "--free-agents", "pressure-gate"], 2
+    assert "--learner-calibration is not used with --fleet" in fails(
+        [*base, "--learner-calibration", "x.json"], 2
     )
+    assert "need a merge budget" in fails([*base, "--free-agents", "fixed-budget"], 2)
+    assert "unknown agent 'nope'" in fails([*base, "--free-agents", "nope"], 2)
     assert "--backend not used with --fleet" in fails([*base, "--backend", "processes"], 2)
     assert "unknown agent 'nope'" in fails([*base, "--budget-agents", "nope"], 2)
     line = fails([*base, "--budgets", "1", "300"], 2)  # the default grid is too low

@@ -190,3 +190,48 @@ def test_with_enough_episodes_the_forecaster_dominates_fixed_placement():
     (row,) = res["dominance"].to_dict(orient="records")
     assert row["agent_a"] == "online-forecast-budget"
     assert row["relation"] == "dominates" and row["b_lower_at"] == []
+
+
+def test_free_agents_are_points_at_their_own_rate_as_the_fleet_report_scores_them(tmp_path):
+    """Free-budget points: each free agent with no merge budget on the frontier's episodes,
+    the fleet report's own rows and statistics with the gap captured; drawn over the
+    curves and written to frontier.md, frontier.json and free.csv."""
+    from dataclasses import replace
+
+    import pandas as pd
+
+    from diloco_gym.eval.fleet import run_fleet_report
+
+    base = _config()
+    config = replace(base, free_agents=["online-forecast", "fixed-256"])
+    res = run_fleet_frontier(config)
+    free = res["free"]
+    assert list(free["agent"]) == ["online-forecast", "fixed-256"]
+    report = run_fleet_report(replace(base.report, agents=["online-forecast", "fixed-256"]))
+    want = report["summary"].set_index("agent")
+    for r in free.itertuples():
+        for col in ("syncs_per_hour", "sync_excess_pct", "matched_random_mean", "p_holm"):
+            assert getattr(r, col) == want.loc[r.agent, col]
+        gap = (r.matched_random_mean - r.sync_excess_pct) / (
+            r.matched_random_mean - r.oracle_same_budget_pct
+        )
+        assert r.gap_captured == pytest.approx(gap)  # the ratio of the episodes' means
+    # the free agents' own rates, not a budget's
+    assert set(res["free_rows"]["syncs"]) - set(base.budgets)
+    assert "online-forecast (own rate)" in _legend(fleet_frontier_figure(res))
+    write_fleet_frontier(res, tmp_path / "out")
+    md = (tmp_path / "out" / "frontier.md").read_text()
+    assert "## Free-budget points" in md and "| fixed-256 |" in md
+    saved = json.loads((tmp_path / "out" / "frontier.json").read_text())
+    assert [p["agent"] for p in saved["free"]] == ["online-forecast", "fixed-256"]
+    csv = pd.read_csv(tmp_path / "out" / "free.csv")
+    assert list(csv["agent"]) == ["online-forecast", "fixed-256"]
+    # without free agents: an empty table, and no section
+    plain = run_fleet_frontier(base)
+    assert plain["free"].empty
+
+
+def test_a_budget_aware_free_agent_is_refused():
+    report = _config().report
+    with pytest.raises(ValueError, match="need a merge budget"):
+        FleetFrontierConfig(report=report, budgets=[40], free_agents=["online-forecast-budget"])
