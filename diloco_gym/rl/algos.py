@@ -15,6 +15,7 @@ from typing import Any
 __all__ = [
     "ALGOS",
     "VEC_ENVS",
+    "SELECT_BY",
     "RESERVED_ALGO_KEYS",
     "algo_class",
     "algo_kwargs",
@@ -26,6 +27,11 @@ __all__ = [
 ALGOS = ("ppo", "maskable-ppo", "dqn")
 #: How ``train`` batches its ``n_envs`` environments (``--vec-env``).
 VEC_ENVS = ("native", "subproc", "dummy")
+#: How validation picks ``best_model.zip`` (``select_by``): the lowest mean of the agent's
+#: sync-excess minus matched random at its own number of merges (``vs_random``: fair across
+#: merge counts), or the lowest mean sync-excess (``sync_excess``: favours merging less
+#: where the merge count is free; the rule before 0.6).
+SELECT_BY = ("vs_random", "sync_excess")
 #: Keyword arguments of an SB3 algorithm that ``train`` sets itself.
 RESERVED_ALGO_KEYS = frozenset({"policy", "env", "seed", "device", "verbose", "tensorboard_log"})
 

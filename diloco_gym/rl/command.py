@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from diloco_gym.eval.seed_ranges import VALIDATION_SEED0
-from diloco_gym.rl.algos import ALGOS, VEC_ENVS
+from diloco_gym.rl.algos import ALGOS, SELECT_BY, VEC_ENVS
 from diloco_gym.rl.config import (
     ConfigError,
     TrainConfig,
@@ -116,6 +116,14 @@ def _add_run_arguments(parser: argparse.ArgumentParser) -> None:
         help="evaluate every N timesteps (default 10000; 0: only at the end)",
     )
     parser.add_argument(
+        "--select-by",
+        choices=SELECT_BY,
+        default=None,
+        help="how best_model.zip is chosen among the evaluations: vs_random (default: the "
+        "lowest sync-excess minus matched random at the policy's own merges) or sync_excess "
+        "(the lowest sync-excess, which favours merging less)",
+    )
+    parser.add_argument(
         "--checkpoint-freq",
         type=int,
         default=None,
@@ -168,6 +176,7 @@ def resolve_config(args: argparse.Namespace):
         "vec_env",
         "eval_episodes",
         "eval_freq",
+        "select_by",
         "checkpoint_freq",
     ):
         value = getattr(args, key)
@@ -303,6 +312,7 @@ def _train(
         bc_teacher=cfg.bc_teacher,
         bc_episodes=cfg.bc_episodes,
         bc_epochs=cfg.bc_epochs,
+        select_by=cfg.select_by,
         trust_model_file=getattr(args, "trust_model_file", False),
     )
 

@@ -10,6 +10,7 @@ the file::
     n_envs = 5                   # default: one env per (regime, budget); 4 without budgets
     eval_episodes = 10           # validation seeds 900000.. per (regime, budget)
     eval_freq = 20000
+    select_by = "vs_random"      # best_model.zip: lowest agent - matched random (or "sync_excess")
     checkpoint_freq = 0
     bc_teacher = "online-forecast-budget"   # optional warm start: imitate this agent first
     bc_episodes = 20             # ... on this many training episodes per env kind
@@ -64,7 +65,7 @@ from pydantic import PositiveInt, create_model, field_validator, model_validator
 from diloco_gym.envs.budget_features import OBS_TRANSFORMS
 from diloco_gym.envs.params import EnvParams
 from diloco_gym.rl import learner_config
-from diloco_gym.rl.algos import ALGOS, RESERVED_ALGO_KEYS, VEC_ENVS, algo_kwargs
+from diloco_gym.rl.algos import ALGOS, RESERVED_ALGO_KEYS, SELECT_BY, VEC_ENVS, algo_kwargs
 from diloco_gym.sim.regimes import REGIMES
 from diloco_gym.tables import Table, TableError, validate_table
 
@@ -138,6 +139,7 @@ class _TrainTable(Table):
     vec_env: str | None = None
     eval_episodes: int | None = None
     eval_freq: int | None = None
+    select_by: str | None = None
     checkpoint_freq: int | None = None
     bc_teacher: str | None = None
     bc_episodes: int | None = None
@@ -294,6 +296,7 @@ class TrainConfig:
     vec_env: str | None = None
     eval_episodes: int = 10
     eval_freq: int = 10_000
+    select_by: str = "vs_random"
     checkpoint_freq: int = 50_000
     bc_teacher: str | None = None
     bc_episodes: int = 20
@@ -615,6 +618,10 @@ def _check_run_keys(cfg: TrainConfig, path: str) -> None:
     for key in ("eval_episodes", "eval_freq", "checkpoint_freq"):
         if getattr(cfg, key) < 0:
             raise ConfigError(f"{path}: {key} must be >= 0, got {getattr(cfg, key)}")
+    if cfg.select_by not in SELECT_BY:
+        raise ConfigError(
+            f"{path}: select_by {cfg.select_by!r} is unknown; valid: {', '.join(SELECT_BY)}"
+        )
     if cfg.vec_env is not None and cfg.vec_env not in VEC_ENVS:
         raise ConfigError(
             f"{path}: vec_env {cfg.vec_env!r} is unknown; valid: {', '.join(VEC_ENVS)}"

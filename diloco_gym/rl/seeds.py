@@ -13,9 +13,9 @@ Three steps, each a subcommand of ``python -m diloco_gym.rl.seeds``:
     Judges the runs on test seeds with ``diloco-gym frontier``'s machinery
     (:func:`diloco_gym.eval.frontier.run_frontier`; or the fleet report at each fleet budget
     with ``--fleet``), beside the heuristics, with the model each run would ship
-    (``--select best``: ``best_model.zip``, the lowest validation sync-excess, as the
-    shipped budget agents; ``final``: ``model.zip``). Writes the per-agent table
-    ``budgets.csv`` and ``agents.json`` (which agent is which run).
+    (``--select best``: ``best_model.zip``, the run's best validation checkpoint by its
+    ``select_by`` rule, as the shipped budget agents; ``final``: ``model.zip``). Writes the
+    per-agent table ``budgets.csv`` and ``agents.json`` (which agent is which run).
 ``summarize``
     Reads the evaluations and the runs' validation histories and writes ``summary.json``,
     ``summary.md`` and ``learning_curves.png``: per configuration and test block the

@@ -96,6 +96,8 @@ class TrainRequest:
             (:func:`~diloco_gym.rl.imitation.behaviour_clone`, ``bc_episodes`` episodes per
             env kind, ``bc_epochs`` passes) before reinforcement learning; the model right
             after it is evaluated at timestep 0. Needs ``env_specs``.
+        select_by: how validation chooses ``best_model.zip``
+            (:data:`~diloco_gym.rl.algos.SELECT_BY`; meta.json's ``best_model_selection``).
 
     Raises:
         ValueError: an unknown algorithm, regime or vector env, no env kind, a count below
@@ -121,6 +123,7 @@ class TrainRequest:
     bc_teacher: str | None = None
     bc_episodes: int = 20
     bc_epochs: int = 5
+    select_by: str = "vs_random"
 
     def __post_init__(self) -> None:
         if self.vec_env not in VEC_ENVS:
@@ -195,6 +198,7 @@ def train(
     bc_teacher: str | None = None,
     bc_episodes: int = 20,
     bc_epochs: int = 5,
+    select_by: str = "vs_random",
     trust_model_file: bool = False,
 ) -> Path:
     """Train an RL scheduler and save ``out/model.zip`` and ``out/meta.json``.
@@ -239,6 +243,7 @@ def train(
         bc_teacher=bc_teacher,
         bc_episodes=bc_episodes,
         bc_epochs=bc_epochs,
+        select_by=select_by,
     )
     return _run(req, resume, force, progress_bar, verbose, trust_model_file)
 
@@ -355,6 +360,7 @@ def _evaluator(
         best_path=req.out / "best_model.zip",
         verbose=verbose,
         obs_transform=req.obs_transform,
+        select_by=req.select_by,
     )
     if cloned:
         evaluator.init_callback(model)
@@ -532,6 +538,8 @@ def _final_meta(
         "best_validation_sync_excess_pct": (
             evaluator.best_sync_excess if evaluator is not None else None
         ),
+        # best_model.zip's evaluation: the rule, its value and its timesteps
+        "best_model_selection": evaluator.best if evaluator is not None else None,
         "evaluations": evaluator.history if evaluator is not None else [],
         "train_seconds": round(time.perf_counter() - started, 1),
         "command": req.command,

@@ -19,6 +19,7 @@ from stable_baselines3.common.callbacks import BaseCallback
 from diloco_gym.envs.env import DiLoCoSyncEnv
 from diloco_gym.eval.rollout import run_episode
 from diloco_gym.eval.seed_ranges import TRAIN_SEED_LOW
+from diloco_gym.rl.algos import SELECT_BY
 from diloco_gym.rl.run_dir import read_meta
 
 __all__ = [
@@ -41,15 +42,19 @@ class HeldOutEvalCallback(BaseCallback):
 
     Every ``eval_freq`` callback calls (vector steps), plays one deterministic episode per
     seed and evaluation env with :func:`diloco_gym.eval.rollout.run_episode`, records
-    ``eval/sync_excess_pct`` (exact replay, mean over every env and seed), ``eval/merges``
-    and ``eval/mean_reward``, and saves ``best_path`` when the mean sync-excess is the
-    lowest so far.
+    ``eval/sync_excess_pct`` (exact replay, mean over every env and seed), ``eval/merges``,
+    ``eval/mean_reward`` and ``eval/vs_random_pp``, and saves ``best_path`` when the
+    selection value (``select_by``, :data:`~diloco_gym.rl.algos.SELECT_BY`) is the lowest
+    so far: by default the mean over the envs of the agent's sync-excess minus matched
+    random at its own number of merges (``vs_random_pp``), which does not reward merging
+    less; ``sync_excess`` selects by the mean sync-excess alone.
 
     With several evaluation envs (one per regime and budget of a budget-conditioned run)
     each history row also holds, per env label, the agent's sync-excess and, fixed once at
     the first evaluation, the matched-random mean and the oracle at that budget (by the
     report's exact scoring, ``draws`` random schedules per episode), so the validation curve
-    shows the gap captured as training goes.
+    shows the gap captured as training goes. Selecting by ``vs_random`` computes them for
+    every run (recomputed only when the agent's merge counts change).
 
     Args:
         env: the evaluation env (not wrapped: it is reset with explicit held-out seeds), or
@@ -61,6 +66,7 @@ class HeldOutEvalCallback(BaseCallback):
         obs_transform: the observation transform the policy was trained with
             (:mod:`diloco_gym.rl.wrappers`).
         draws: matched-random draws per episode for the per-env reference curves.
+        select_by: how ``best_path`` is chosen (:data:`~diloco_gym.rl.algos.SELECT_BY`).
 
     Raises:
         ValueError: if a seed is not in the held-out range.
@@ -75,19 +81,27 @@ class HeldOutEvalCallback(BaseCallback):
         verbose: int = 0,
         obs_transform: str | None = None,
         draws: int = 200,
+        select_by: str = "vs_random",
     ) -> None:
         super().__init__(verbose)
+        if select_by not in SELECT_BY:
+            raise ValueError(f"select_by must be one of {SELECT_BY}, got {select_by!r}")
+        self.select_by = select_by
         bad = [s for s in seeds if not 0 <= s < HELD_OUT_SEED_HIGH]
         if bad:
             raise ValueError(
                 f"evaluation seeds must be held out (< {HELD_OUT_SEED_HIGH}); got {bad[:5]}"
             )
-        self.eval_envs = dict(env) if isinstance(env, dict) else {"": env}
+        self.eval_envs = (
+            dict(env) if isinstance(env, dict) else {str(getattr(env, "regime_name", "env")): env}
+        )
         self.eval_env = next(iter(self.eval_envs.values()))
         self.seeds = list(seeds)
         self.eval_freq = int(eval_freq)
         self.best_path = best_path
-        self.best_sync_excess = float("inf")
+        self.best_sync_excess = float("inf")  # of the selected checkpoint
+        #: the selected checkpoint's selection value and timesteps (``None``: none yet)
+        self.best: dict[str, Any] | None = None
         self.history: list[dict[str, Any]] = []
         self.obs_transform = obs_transform
         self.draws = int(draws)
@@ -174,10 +188,16 @@ class HeldOutEvalCallback(BaseCallback):
         )
         res: list[dict[str, Any]] = []
         per_env: dict[str, dict[str, float | None]] = {}
+        vs_random: list[float] = []  # per env: sync-excess minus matched random
         for label, env in self.eval_envs.items():
             rows = [run_episode(env, agent, s) for s in self.seeds]
             res += rows
-            if len(self.eval_envs) > 1 or env.params.merge_budget is not None or is_fleet(env):
+            if (
+                self.select_by == "vs_random"
+                or len(self.eval_envs) > 1
+                or env.params.merge_budget is not None
+                or is_fleet(env)
+            ):
                 ref = self._reference(label, env, rows)
                 # a rounds agent by the rounds scorer (each site replayed at its own decisions)
                 any_env: Any = env
@@ -188,6 +208,7 @@ class HeldOutEvalCallback(BaseCallback):
                     else float(np.mean([r["sync_excess_pct"] for r in rows]))
                 )
                 span = ref["matched_random_pct"] - ref["oracle_pct"]
+                vs_random.append(mean - ref["matched_random_pct"])
                 per_env[label] = {
                     "sync_excess_pct": mean,
                     "matched_random_pct": ref["matched_random_pct"],
@@ -202,18 +223,23 @@ class HeldOutEvalCallback(BaseCallback):
         }
         if per_env:
             row["per_env"] = per_env
+            row["vs_random_pp"] = float(np.mean(vs_random))
         self.history.append(row)
         if getattr(self.model, "_logger", None) is not None:  # set once learn() started
-            for k in ("sync_excess_pct", "merges", "mean_reward"):
-                self.logger.record(f"eval/{k}", row[k])
-        if row["sync_excess_pct"] < self.best_sync_excess:
+            for k in ("sync_excess_pct", "merges", "mean_reward", "vs_random_pp"):
+                if k in row:
+                    self.logger.record(f"eval/{k}", row[k])
+        value = row["vs_random_pp" if self.select_by == "vs_random" else "sync_excess_pct"]
+        if self.best is None or value < self.best["value"]:
+            self.best = {"select_by": self.select_by, "value": value, "timesteps": row["timesteps"]}
             self.best_sync_excess = row["sync_excess_pct"]
             if self.best_path is not None:
                 self.model.save(self.best_path)
         if self.verbose:
             print(
-                f"eval @ {row['timesteps']}: sync-excess {row['sync_excess_pct']:.3f} %, "
-                f"{row['merges']:.1f} merges, return {row['mean_reward']:.3f}"
+                f"eval @ {row['timesteps']}: sync-excess {row['sync_excess_pct']:.3f} %"
+                + (f" ({row['vs_random_pp']:+.3f} pp vs matched random)" if per_env else "")
+                + f", {row['merges']:.1f} merges, return {row['mean_reward']:.3f}"
             )
         return row
 

@@ -189,6 +189,7 @@ BAD = [
     ('[algo]\npolicy_kwargs = { activation_fn = "gelu" }\n', "activation_fn: 'gelu'"),
     ("[algo]\nn_steps = [1, 2]\n", "[algo] n_steps: expected a number"),
     ('[train]\nalgo = "sac"\n', "algo 'sac' is unknown"),
+    ('[train]\nselect_by = "reward"\n', "select_by 'reward' is unknown; valid: vs_random"),
     (
         '[train]\nbc_teacher = "guru"\n[env]\nbudgets_per_hour = [60]\n',
         "bc_teacher 'guru' is not an agent",

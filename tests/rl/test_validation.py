@@ -149,3 +149,49 @@ def test_a_rounds_agent_is_scored_anew_at_every_evaluation() -> None:
     assert second["sync_excess_pct"] == pytest.approx(now)
     assert now != pytest.approx(first["sync_excess_pct"])
     assert len(cb.references) == 1  # matched random and the oracle were kept
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("rule", ["vs_random", "sync_excess"])
+def test_best_model_is_the_evaluation_with_the_lowest_value_of_its_rule(rule, tmp_path) -> None:
+    """``best_model.zip`` is the policy of the evaluation with the lowest selection value:
+    sync-excess minus matched random at its own merges (``vs_random``, computed for a
+    free single-host run too) or sync-excess alone."""
+    import io
+    import zipfile
+
+    import torch
+    from stable_baselines3 import PPO
+
+    from diloco_gym.envs.env import DiLoCoSyncEnv
+
+    env = DiLoCoSyncEnv(regime="bursty")
+    seeds = [VALIDATION_SEED0, VALIDATION_SEED0 + 1]
+    model = PPO("MlpPolicy", env, seed=0, policy_kwargs={"net_arch": [8]}, device="cpu")
+    best = tmp_path / "best.zip"
+    cb = validation.HeldOutEvalCallback(
+        env, seeds, eval_freq=0, best_path=best, draws=20, select_by=rule
+    )
+    cb.init_callback(model)
+    policies = []
+    gen = torch.Generator().manual_seed(3)
+    for _ in range(4):
+        with torch.no_grad():
+            for p in model.policy.parameters():
+                p.add_(2.0 * torch.randn(p.shape, generator=gen))
+        policies.append({k: v.clone() for k, v in model.policy.state_dict().items()})
+        cb.evaluate()
+    key = "vs_random_pp" if rule == "vs_random" else "sync_excess_pct"
+    values = [h[key] for h in cb.history]
+    i = int(np.argmin(values))
+    assert cb.best == {"select_by": rule, "value": values[i], "timesteps": 0}
+    if rule == "vs_random":  # each row's value: sync-excess minus its matched random
+        for h in cb.history:
+            (r,) = h["per_env"].values()
+            assert h["vs_random_pp"] == r["sync_excess_pct"] - r["matched_random_pct"]
+    with zipfile.ZipFile(best) as z:
+        saved = torch.load(io.BytesIO(z.read("policy.pth")), weights_only=True)
+    for name, tensor in policies[i].items():
+        assert torch.equal(saved[name], tensor)
+    with pytest.raises(ValueError, match="select_by must be one of"):
+        validation.HeldOutEvalCallback(env, seeds, eval_freq=0, best_path=None, select_by="x")
