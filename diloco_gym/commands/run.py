@@ -208,6 +208,12 @@ def _fleet_env(args: argparse.Namespace) -> Any:
     return env
 
 
+def _slowest(env: Any) -> str:
+    """``, up to W s on slow links`` with changing links ('' with fixed links)."""
+    w = env.setup.links.slowest_window_s()
+    return "" if w is None else f", up to {w:.2f} s on slow links"
+
+
 def _print_fleet_episodes(args: argparse.Namespace, agent: Any, env: Any) -> None:
     """One fleet episode per seed and its row: the fleet's and each site's sync-excess."""
     from diloco_gym.eval.rollout import is_deployable, run_episode
@@ -216,7 +222,7 @@ def _print_fleet_episodes(args: argparse.Namespace, agent: Any, env: Any) -> Non
     print(
         f"agent {agent.name}{'' if is_deployable(agent) else ' (non-deployable)'} on fleet "
         f"{args.fleet} ({len(names)} sites, F={env.fleet.fragments}, {env.fleet.bits}-bit, "
-        f"sync window {env.setup.plan.window_s:.2f} s), {args.seeds} episodes"
+        f"sync window {env.setup.plan.window_s:.2f} s{_slowest(env)}), {args.seeds} episodes"
     )
     header = f"{'seed':>5} {'syncs/h':>8} {'sync-excess %':>13} {'worst site %':>12}  " + " ".join(
         f"{n[:10]:>10}" for n in names

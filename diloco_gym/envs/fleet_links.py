@@ -88,6 +88,14 @@ class FleetLinks:
         low = (min(self.fleet.link_levels),) * self.fleet.n_sites
         return [self._plan(b, low) for b in self.setup.option_bits]
 
+    def slowest_window_s(self) -> float | None:
+        """The longest sync window at ``bits`` (every link at its lowest level; ``None``
+        with fixed links)."""
+        if self.fleet.link_levels is None:
+            return None
+        low = (min(self.fleet.link_levels),) * self.fleet.n_sites
+        return self._plan(self.fleet.bits, low).window_s
+
     def _plan(self, bits: int, shares: tuple[float, ...]) -> fl.SyncPlan:
         fleet = with_link_levels(replace(self.fleet, bits=bits), shares)
         return fl.sync_plan(fleet, self._base_sidecars, self._step_s)

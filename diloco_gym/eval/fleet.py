@@ -464,6 +464,7 @@ def _fleet_record(config: FleetReportConfig, env: DiLoCoFleetEnv) -> dict[str, A
         "link_dwell_s": (60.0 if fl.link_dwell_s is None else fl.link_dwell_s)
         if fl.link_levels is not None
         else None,
+        "sync_window_slowest_s": env.setup.links.slowest_window_s(),
         **fleet_rounds.rounds_record(env),
     }
 
@@ -577,6 +578,20 @@ class FleetFiles:
     more: Callable[[Path], None] | None = None
 
 
+def links_sentence(record: dict[str, Any]) -> str:
+    """report.md's sentence on changing links ('' with fixed links), with a leading space."""
+    if record.get("link_levels") is None:
+        return ""
+    levels = ", ".join(f"{x:g}" for x in record["link_levels"])
+    probs = ", ".join(f"{x:.3g}" for x in record["link_probs"])
+    return (
+        f" Links change over time: each site's link runs at {levels} of its nominal rate "
+        f"(probabilities {probs}; a level holds {record['link_dwell_s']:g} s on average), "
+        f"and a sync's window runs from {record['sync_window_s']:.2f} s to "
+        f"{record['sync_window_slowest_s']:.2f} s with every link at its lowest level."
+    )
+
+
 def write_fleet_report(
     result: dict[str, Any], out: str | Path, force: bool = False, command: str = ""
 ) -> Path:
@@ -590,7 +605,7 @@ def write_fleet_report(
         f"fragments, {f['bits']}-bit payloads ({f['payload_bytes'] / 1e6:.0f} MB per "
         f"sync), {f['mode']} mode, sync window {f['sync_window_s']:.2f} s, link share "
         f"{f['link_share']:.3f}, fragment corridor {f['corridor_decisions']} decisions, "
-        f"progress factor {f['progress_factor']:.3f}.",
+        f"progress factor {f['progress_factor']:.3f}.{links_sentence(f)}",
         "",
         f"Episodes: {result['config']['seeds']} (seeds {result['config']['seed0']}..), "
         f"{result['independent_units']} independent; {result['config']['draws']} "

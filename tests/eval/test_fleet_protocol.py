@@ -14,7 +14,12 @@ from diloco_gym.agents.heuristics import PressureGate
 from diloco_gym.envs.fleet import DiLoCoFleetEnv
 from diloco_gym.envs.params import EnvParams
 from diloco_gym.eval import protocol
-from diloco_gym.eval.fleet import FleetReportConfig, FleetScorer, run_fleet_report
+from diloco_gym.eval.fleet import (
+    FleetReportConfig,
+    FleetScorer,
+    run_fleet_report,
+    write_fleet_report,
+)
 from diloco_gym.eval.rollout import run_episode
 from diloco_gym.sim.fleet import FleetParams, SiteConfig
 from diloco_gym.sim.fleet_toml import load_fleet_toml
@@ -185,3 +190,26 @@ def test_the_report_records_the_fleets_traffic_correlation(tmp_path):
     )
     fleet = run_fleet_report(config)["fleet"]
     assert fleet["traffic_correlation"] == 0.5 and fleet["traffic_common"] is None
+
+
+def test_a_links_fleets_report_says_how_its_links_change(tmp_path):
+    cfg = FleetReportConfig(
+        fleet=str(LINKS), agents=["online-forecast"], seeds=2, draws=10, in_process_agents=True
+    )
+    res = run_fleet_report(cfg)
+    f = res["fleet"]
+    assert f["link_levels"] == [1.0, 0.75, 0.5] and f["link_probs"] == [0.6, 0.25, 0.15]
+    assert f["link_dwell_s"] == 60.0 and f["sync_window_slowest_s"] > f["sync_window_s"]
+    write_fleet_report(res, tmp_path / "rep")
+    md = (tmp_path / "rep" / "report.md").read_text()
+    assert "Links change over time: each site's link runs at 1, 0.75, 0.5" in md
+    fixed = run_fleet_report(
+        FleetReportConfig(
+            fleet=str(EXAMPLE),
+            agents=["online-forecast"],
+            seeds=2,
+            draws=10,
+            in_process_agents=True,
+        )
+    )["fleet"]
+    assert fixed["link_levels"] is None and fixed["sync_window_slowest_s"] is None
