@@ -18,6 +18,14 @@ of their nominal rate), per episode seed it measures:
     python benchmarks/fleet_links.py --seeds 100 --seed0 1000 --out fleet_links_b.json
 
 Progress goes to stderr, one line per 10 seeds.
+
+``--many-states`` measures instead what the exact scorer costs on a fleet whose links take
+many states: 8 sites, 5 levels, a 2 s dwell (about one link state per decision). It prints
+the link states met in one episode, the exact scorers built per site (one per distinct
+window and slowdown of that site), the scorer's build time and its peak memory
+(``tracemalloc``):
+
+    python benchmarks/fleet_links.py --many-states
 """
 
 from __future__ import annotations
@@ -99,6 +107,45 @@ def summarise(rows: list[dict], syncs: list[int]) -> dict:
     return out
 
 
+def many_states(fleet_path: str) -> dict:
+    """The exact scorer's cost on 8 sites with 5 link levels and a 2 s dwell (module doc)."""
+    import tracemalloc
+    from dataclasses import replace
+
+    from diloco_gym.envs.fleet import DiLoCoFleetEnv
+    from diloco_gym.envs.params import EnvParams
+    from diloco_gym.eval.fleet import FleetScorer
+    from diloco_gym.sim.fleet import SiteConfig
+    from diloco_gym.sim.fleet_toml import load_fleet_toml
+
+    fleet, env_kw = load_fleet_toml(fleet_path)
+    gbps = [10.0, 5.0, 4.0, 10.0]
+    sites = tuple(
+        SiteConfig(name=f"s{i}", regime="bursty", link_gbps=gbps[i % 4]) for i in range(8)
+    )
+    fleet = replace(
+        fleet, sites=sites, link_levels=(1.0, 0.9, 0.8, 0.7, 0.6), link_probs=None,
+        link_dwell_s=2.0,
+    )  # fmt: skip
+    env = DiLoCoFleetEnv(fleet=fleet, params=EnvParams(**env_kw))
+    env.build_episode(1)  # compiles and warms what the first build needs
+    ep = env.build_episode(0)
+    tracemalloc.start()
+    t0 = time.perf_counter()
+    scorer = FleetScorer(ep, env.params, env.setup.sidecars)
+    seconds = time.perf_counter() - t0
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    k = env.setup.default_option
+    return {
+        "decisions": ep.n_decisions,
+        "link_states_met": len({ep.variant_at(d, k) for d in range(ep.n_decisions)}),
+        "scorers_per_site": [len(s.parts) for s in scorer.sites],
+        "scorer_build_s": round(seconds, 2),
+        "scorer_peak_mb": round(peak / 1e6, 1),
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seeds", type=int, default=100)
@@ -107,7 +154,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--syncs", type=int, nargs="+", default=[40, 60])
     ap.add_argument("--fleet", default=str(FLEET))
     ap.add_argument("--out", default="fleet_links.json")
+    ap.add_argument("--many-states", action="store_true", help="the scorer's cost (module doc)")
     args = ap.parse_args(argv)
+    if args.many_states:
+        print(json.dumps(many_states(args.fleet), indent=1))
+        return 0
     from diloco_gym.envs.fleet import DiLoCoFleetEnv
     from diloco_gym.envs.params import EnvParams
     from diloco_gym.sim.fleet_toml import load_fleet_toml

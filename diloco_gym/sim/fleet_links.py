@@ -62,12 +62,18 @@ def check_link_levels(levels: Any, probs: Any, dwell_s: Any) -> str | None:
 
 def check_fleet_links(fleet: Any) -> str | None:
     """What is wrong with a fleet's link keys (one line), or ``None``: the process
-    (:func:`check_link_levels`, ``link_dwell_s`` 60 s when absent) and no key without
-    ``link_levels``."""
+    (:func:`check_link_levels`, ``link_dwell_s`` 60 s when absent), no key without
+    ``link_levels``, and no ``merge_seconds`` beside it (a window given directly does not
+    follow the links)."""
     dwell = 60.0 if fleet.link_dwell_s is None else fleet.link_dwell_s
     err = check_link_levels(fleet.link_levels, fleet.link_probs, dwell)
     if err is None and fleet.link_levels is None and fleet.link_dwell_s is not None:
         err = "link_dwell_s applies only with link_levels"
+    if err is None and fleet.link_levels is not None and fleet.merge_seconds is not None:
+        err = (
+            "link_levels needs syncs timed by payload and bandwidth: merge_seconds fixes the "
+            "sync window whatever the links; remove it"
+        )
     return err
 
 

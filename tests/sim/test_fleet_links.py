@@ -29,6 +29,7 @@ from diloco_gym.sim.fleet_toml import fleet_from_dict
         ({"link_levels": [1.0, 0.5], "link_dwell_s": 0.0}, "link_dwell_s must be a positive"),
         ({"link_dwell_s": 30.0}, "link_dwell_s applies only with link_levels"),
         ({"link_probs": [1.0]}, "link_probs applies only with link_levels"),
+        ({"link_levels": [1.0, 0.5], "merge_seconds": 8.0}, "merge_seconds fixes the sync window"),
     ],
 )
 def test_bad_link_keys_are_one_line_errors(kw, msg):
