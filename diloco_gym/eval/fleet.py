@@ -11,7 +11,10 @@ fleet episodes.
   :func:`~diloco_gym.sim.schedules.sample_uniform`, through
   :func:`~diloco_gym.eval.protocol.score_episode`).
 * **Oracle**: the dynamic programme over the summed additive cost at the agent's number of
-  syncs, replayed exactly (:func:`~diloco_gym.eval.protocol.oracle_score`).
+  syncs, replayed exactly (:func:`~diloco_gym.eval.protocol.oracle_score`); where merges
+  interact it is the best exact schedule found, bracketed below by the sites' certified
+  bounds weighted by their requests (``oracle_lower_bound_pct``; a one-site fleet's is the
+  single host's).
 * **Cap**: with ``site_cap_pp`` set, matched random respects the same per-site cap
   (rejection-sampled) and the oracle is the uncapped bound (:mod:`diloco_gym.eval.fleet_cap`).
 * **Gate**: per agent, the paired sign-flip test of agent minus matched-random mean over

@@ -208,23 +208,42 @@ def oracle_score(
 def _certified_lower(scorer: EpisodeScorer, merges: int, best_v: float) -> float:
     """The certified lower bound of :mod:`diloco_gym.eval.lower_bound` for this episode and
     budget (its per-decision credits computed once per scorer), checked against the best
-    exact schedule found: a bound above a scored schedule would disprove the proof. NaN for
-    a fleet's episode (its sites' bound is not computed)."""
-    from diloco_gym.eval.lower_bound import lower_bound_pct, pair_credits
+    exact schedule found: a bound above a scored schedule would disprove the proof.
 
-    if not isinstance(scorer.episode, Episode):
-        return float("nan")  # a fleet's episode: no certified bound is computed for it
-    credits = scorer.__dict__.get("_pair_credits")
-    if credits is None:
-        credits = pair_credits(scorer.episode, scorer.params, scorer.sidecar)
-        scorer.__dict__["_pair_credits"] = credits
-    lower = lower_bound_pct(scorer.episode, merges, scorer.params, scorer.sidecar, credits=credits)
+    On a fleet (a scorer of ``sites``, each an :class:`EpisodeScorer`) the bound is the
+    sites' bounds weighted by their requests: the least fleet excess of any schedule is at
+    least the sum of each site's least excess, each at least its bound. A one-site fleet's
+    bound is its site's, the single host's. NaN where a site has no such scorer (changing
+    links: its syncs differ in window by decision)."""
+    sites = getattr(scorer, "sites", None)
+    if isinstance(scorer.episode, Episode):
+        lower = _site_lower(scorer, merges)
+    elif sites and all(isinstance(s, EpisodeScorer) for s in sites):
+        if len(sites) == 1:
+            lower = _site_lower(sites[0], merges)
+        else:
+            lower = 0.0
+            for site, n in zip(sites, scorer.n_requests, strict=True):  # type: ignore[attr-defined]
+                lower += _site_lower(site, merges) * float(n) / scorer.total  # type: ignore[attr-defined]
+    else:
+        return float("nan")
     if lower > best_v + 1e-9:
         raise RuntimeError(
             f"the certified lower bound {lower:.6f} pp is above a scored schedule's "
             f"{best_v:.6f} pp at {merges} merges: the bound's monotonicity premise fails"
         )
     return lower
+
+
+def _site_lower(scorer: EpisodeScorer, merges: int) -> float:
+    """One episode's certified lower bound (pp of its requests) at ``merges`` merges."""
+    from diloco_gym.eval.lower_bound import lower_bound_pct, pair_credits
+
+    credits = scorer.__dict__.get("_pair_credits")
+    if credits is None:
+        credits = pair_credits(scorer.episode, scorer.params, scorer.sidecar)
+        scorer.__dict__["_pair_credits"] = credits
+    return lower_bound_pct(scorer.episode, merges, scorer.params, scorer.sidecar, credits=credits)
 
 
 def oracle_excess(

@@ -213,3 +213,48 @@ def test_a_links_fleets_report_says_how_its_links_change(tmp_path):
         )
     )["fleet"]
     assert fixed["link_levels"] is None and fixed["sync_window_slowest_s"] is None
+
+
+@pytest.mark.slow
+def test_a_one_site_fleets_report_is_the_single_hosts_row_for_row(tmp_path):
+    """The fleet report of a one-site fleet (the paper's 8 s sync) gives the single-host
+    report's numbers in every column both write: sync-excess, matched random, the oracle
+    and its certified lower bound (the episodes include one where the oracle is an upper
+    bound, so the bound is compared), the statistics."""
+    from diloco_gym.eval.report import ReportConfig, run_protocol
+
+    one = tmp_path / "one.toml"
+    one.write_text('[fleet]\nmerge_seconds = 8.0\n\n[[site]]\nname = "bursty"\nregime = "bursty"\n')
+    agents = ["online-forecast", "pressure-gate"]
+    single = run_protocol(
+        ReportConfig(regimes=["bursty"], agents=agents, seeds=5, draws=50, in_process_agents=True),
+        progress=False,
+    )["rows"]
+    fleet = run_fleet_report(
+        FleetReportConfig(fleet=str(one), agents=agents, seeds=5, draws=50, in_process_agents=True)
+    )["rows"]
+    common = [c for c in single.columns if c in fleet.columns]
+    assert {"sync_excess_pct", "matched_random_mean", "oracle_lower_bound_pct"} <= set(common)
+    for col in common:
+        pd.testing.assert_series_equal(
+            single[col].reset_index(drop=True), fleet[col].reset_index(drop=True), obj=col
+        )
+    assert fleet["oracle_schedule"].str.startswith("upper bound").any()
+
+
+def test_a_fleets_certified_bound_is_its_sites_bounds_weighted_by_their_requests():
+    from diloco_gym.eval.lower_bound import lower_bound_pct
+
+    env = DiLoCoFleetEnv(fleet=str(EXAMPLE.with_name("fleet-v1.toml")))
+    ep = env.build_episode(0)
+    sc = FleetScorer(ep, env.params, env.setup.sidecars)
+    res = run_episode(env, fleet_agent(PressureGate()), 0, episode=ep)
+    out = protocol.score_episode(sc, res["merge_decisions"], 30, np.random.default_rng(0))
+    assert out["oracle_schedule"].startswith("upper bound")
+    m = len(res["merge_decisions"])
+    want = sum(
+        lower_bound_pct(e, m, env.params, s) * e.n_requests / sc.total
+        for e, s in zip(ep.sites, env.setup.sidecars, strict=True)
+    )
+    assert out["oracle_lower_bound_pct"] == pytest.approx(want, rel=1e-12)
+    assert 0.0 < out["oracle_lower_bound_pct"] <= out["oracle_same_budget_pct"]
