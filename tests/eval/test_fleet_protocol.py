@@ -226,13 +226,18 @@ def test_a_one_site_fleets_report_is_the_single_hosts_row_for_row(tmp_path):
     one = tmp_path / "one.toml"
     one.write_text('[fleet]\nmerge_seconds = 8.0\n\n[[site]]\nname = "bursty"\nregime = "bursty"\n')
     agents = ["online-forecast", "pressure-gate"]
-    single = run_protocol(
+    single_res = run_protocol(
         ReportConfig(regimes=["bursty"], agents=agents, seeds=5, draws=50, in_process_agents=True),
         progress=False,
-    )["rows"]
-    fleet = run_fleet_report(
+    )
+    fleet_res = run_fleet_report(
         FleetReportConfig(fleet=str(one), agents=agents, seeds=5, draws=50, in_process_agents=True)
-    )["rows"]
+    )
+    single, fleet = single_res["rows"], fleet_res["rows"]
+    a = single_res["summary"].set_index("agent")
+    b = fleet_res["summary"].set_index("agent")
+    for col in ("sync_excess_pct", "diff_pp", "p_value", "p_holm", "verdict"):
+        assert a.loc[agents, col].tolist() == b.loc[agents, col].tolist(), col
     common = [c for c in single.columns if c in fleet.columns]
     assert {"sync_excess_pct", "matched_random_mean", "oracle_lower_bound_pct"} <= set(common)
     for col in common:
