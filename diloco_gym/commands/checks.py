@@ -180,12 +180,11 @@ def check_out_dir(out: str, force: bool) -> None:
         raise UsageError(str(exc)) from None
 
 
-def check_no_fleet_options(args: argparse.Namespace) -> None:
-    """Options a fleet run does not use are a usage error, not silently dropped."""
+def check_no_fleet_options(args: argparse.Namespace, parallel: bool = False) -> None:
+    """Options a fleet run does not use are a usage error, not silently dropped
+    (``parallel``: the command runs a fleet's episodes on ``--backend``, as ``report`` and
+    ``frontier`` do)."""
     unused = {
-        "--backend": getattr(args, "backend", "serial") != "serial",
-        "--jobs": getattr(args, "jobs", None) is not None,
-        "--ray-address": getattr(args, "ray_address", None) is not None,
         "--stride-s": getattr(args, "stride_s", None) is not None,
         "--sidecar": getattr(args, "sidecar", None) is not None,
         "--rate-scale": getattr(args, "rate_scale", None) is not None,
@@ -195,11 +194,18 @@ def check_no_fleet_options(args: argparse.Namespace) -> None:
         "--holm-across-settings": bool(getattr(args, "holm_across_settings", False)),
         "--learner-calibration": getattr(args, "learner_calibration", None) is not None,
     }
+    if not parallel:
+        unused = {
+            "--backend": getattr(args, "backend", "serial") != "serial",
+            "--jobs": getattr(args, "jobs", None) is not None,
+            "--ray-address": getattr(args, "ray_address", None) is not None,
+            **unused,
+        }
     given = [k for k, v in unused.items() if v]
     if given:
         raise UsageError(
-            f"{', '.join(given)} not used with --fleet (a fleet runs serially; its sites, "
-            f"windows and loads are set in the fleet file)"
+            f"{', '.join(given)} not used with --fleet (its sites, windows and loads are set "
+            f"in the fleet file{'' if parallel else '; it runs in this process'})"
         )
 
 

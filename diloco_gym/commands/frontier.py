@@ -202,7 +202,8 @@ def _frontier_fleet(args: argparse.Namespace) -> int:
         raise UsageError(
             "--learner-calibration is not used with --fleet (the fleet's learners are its own)"
         )
-    checks.check_no_fleet_options(args)
+    checks.check_no_fleet_options(args, parallel=True)
+    checks.check_backend(args)
     agents, free_agents = _fleet_agents(args)
     checks.check_out_dir(args.out, args.force)
     budgets = fleet_budgets(args)
@@ -213,7 +214,13 @@ def _frontier_fleet(args: argparse.Namespace) -> int:
         raise UsageError(str(exc)) from None
     result, out = fleet_job(
         args,
-        lambda: run_fleet_frontier(config, progress=not args.no_progress),
+        lambda: run_fleet_frontier(
+            config,
+            progress=not args.no_progress,
+            backend=args.backend,
+            jobs=args.jobs,
+            ray_address=args.ray_address,
+        ),
         lambda res, cmd: write_fleet_frontier(res, args.out, force=args.force, command=cmd),
         "frontier",
     )

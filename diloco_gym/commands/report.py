@@ -76,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
     if getattr(args, "fleet", None):
         if args.regimes or args.trace:
             raise UsageError("--fleet replaces --regimes and --trace (the sites are in FILE)")
-        checks.check_no_fleet_options(args)
+        checks.check_no_fleet_options(args, parallel=True)
         return _report_fleet(args, agents)
     regimes = args.regimes or list(REGIMES)
     for r in regimes:
@@ -175,7 +175,13 @@ def _report_fleet(args: argparse.Namespace, agents: list[str]) -> int:
     config = fleet_report_config(args, agents)
     result, out = fleet_job(
         args,
-        lambda: run_fleet_report(config, progress=not args.no_progress),
+        lambda: run_fleet_report(
+            config,
+            progress=not args.no_progress,
+            backend=args.backend,
+            jobs=args.jobs,
+            ray_address=args.ray_address,
+        ),
         lambda res, cmd: write_fleet_report(res, args.out, force=args.force, command=cmd),
         "report",
     )

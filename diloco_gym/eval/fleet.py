@@ -45,6 +45,11 @@ from diloco_gym.text import md_text
 __all__ = [
     "FleetScorer",
     "score_schedule",
+    "episode_rows",
+    "report_agents",
+    "FleetCell",
+    "fleet_episode_cell",
+    "run_fleet_cells",
     "verdict_seeds_of",
     "FleetReportConfig",
     "fleet_calibration",
@@ -190,8 +195,20 @@ def protocol_env(config: FleetReportConfig, what: str) -> DiLoCoFleetEnv:
     return env
 
 
-def run_fleet_report(config: FleetReportConfig, progress: bool = False) -> dict[str, Any]:
+def run_fleet_report(
+    config: FleetReportConfig,
+    progress: bool = False,
+    backend: str = "serial",
+    jobs: int | None = None,
+    ray_address: str | None = None,
+) -> dict[str, Any]:
     """Run every agent on ``config.seeds`` fleet episodes and score them (module doc).
+
+    ``backend`` (``serial``, ``processes`` or ``ray``), ``jobs`` and ``ray_address``: where
+    the episodes run, as the single-host report's cells do
+    (:func:`~diloco_gym.backends.run_cells`; one cell per episode,
+    :func:`fleet_episode_cell`). Every backend gives the same rows (each episode's draws
+    are seeded by the episode).
 
     The steps: the protocol's env (:func:`protocol_env`, which refuses a fleet with the
     per-sync precision action), the sealed agents, the independent units, one scored row
@@ -211,11 +228,15 @@ def run_fleet_report(config: FleetReportConfig, progress: bool = False) -> dict[
 
     started = time.perf_counter()
     env = protocol_env(config, "the fleet report")
-    agents = _report_agents(config)
     seeds = [config.seed0 + i for i in range(config.seeds)]
     verdict_seeds = verdict_seeds_of(seeds, env.setup.independent_episodes)
     n_indep = len(verdict_seeds)
-    df = pd.DataFrame(_unit_rows(env, agents, seeds, config.draws, progress))
+    if backend == "serial":
+        agents = report_agents(config)
+        df = pd.DataFrame(_unit_rows(env, agents, seeds, config.draws, progress))
+    else:  # the workers build (and seal) the agents; here only their names are read
+        agents = report_agents(replace(config, in_process_agents=True))
+        df = pd.DataFrame(run_fleet_cells(config, seeds, backend, jobs, ray_address, progress))
     verdict, calib_rows = fleet_calibration(env, config.calibration)
     summary = _agent_summary(df, [a.name for a in agents], verdict_seeds, n_indep)
     capped = env.fleet.site_cap_pp is not None
@@ -248,7 +269,49 @@ def run_fleet_report(config: FleetReportConfig, progress: bool = False) -> dict[
     }
 
 
-def _report_agents(config: FleetReportConfig) -> list[Any]:
+@dataclass(frozen=True)
+class FleetCell:
+    """One episode of a fleet report on a backend: the report's configuration and the
+    episode seed."""
+
+    config: FleetReportConfig
+    seed: int
+
+
+def fleet_episode_cell(cell: FleetCell) -> list[dict[str, Any]]:
+    """One episode's rows (:func:`episode_rows`; module-level: workers import it by name).
+    A worker builds the report's env and agents once per configuration (the single-host
+    cells' per-process cache, :func:`~diloco_gym.eval.cells.cached`; deployable agents
+    sealed in the worker unless the report runs them in process)."""
+    from diloco_gym.eval.cells import cached
+
+    config = cell.config
+    env = cached("fleet-env", config, None, lambda: protocol_env(config, "the fleet report"))
+    agents = cached("fleet-agents", config, None, lambda: report_agents(config))
+    return episode_rows(env, agents, cell.seed, config.draws)
+
+
+def run_fleet_cells(
+    config: FleetReportConfig,
+    seeds: list[int],
+    backend: str,
+    jobs: int | None = None,
+    ray_address: str | None = None,
+    progress: bool = False,
+) -> list[dict[str, Any]]:
+    """The rows of every episode of ``seeds``, in seed order, one cell per episode on
+    ``backend`` (:func:`~diloco_gym.backends.run_cells`): the serial report's rows on
+    every backend and number of workers (tested)."""
+    from diloco_gym.backends import run_cells
+
+    cells = [FleetCell(config, int(s)) for s in seeds]
+    parts = run_cells(
+        fleet_episode_cell, cells, backend, jobs, ray_address, progress, desc="fleet episodes"
+    )
+    return [row for part in parts for row in part]
+
+
+def report_agents(config: FleetReportConfig) -> list[Any]:
     """``config``'s agents as fleet agents, sealed in a worker process unless
     ``config.in_process_agents`` (:func:`~diloco_gym.eval.sealed.seal_agents`)."""
     from diloco_gym.agents.fleet import fleet_agent
@@ -291,36 +354,49 @@ def verdict_seeds_of(seeds: list[int], independent_episodes: int | None) -> set[
 def _unit_rows(
     env: DiLoCoFleetEnv, agents: list[Any], seeds: list[int], draws: int, progress: bool
 ) -> list[dict[str, Any]]:
-    """One row per episode and agent: the agent's run on the episode, scored with
+    """One row per episode and agent (:func:`episode_rows`), the episodes in turn."""
+    rows: list[dict[str, Any]] = []
+    counts: list[Any] = [None]  # the completion table, shared across the episodes
+    for i, seed in enumerate(seeds):
+        rows += episode_rows(env, agents, seed, draws, counts)
+        if progress:
+            print(f"fleet report: episode {i + 1}/{len(seeds)}", flush=True)
+    return rows
+
+
+def episode_rows(
+    env: DiLoCoFleetEnv, agents: list[Any], seed: int, draws: int, counts: list[Any] | None = None
+) -> list[dict[str, Any]]:
+    """One episode's rows, one per agent: the agent's run on the episode, scored with
     ``draws`` matched-random schedules and the oracle (:func:`protocol.score_episode` on
-    the episode's :class:`FleetScorer`)."""
+    the episode's :class:`FleetScorer`). ``counts``: a one-item list holding the completion
+    table to reuse, updated in place (``None``: a table for this episode alone; the same
+    draws either way)."""
     from diloco_gym.eval.rollout import run_episode
 
     p = env.params
     rows: list[dict[str, Any]] = []
-    counts = None
+    held = counts if counts is not None else [None]
     check = fleet_cap.cap_check(env)
-    for i, seed in enumerate(seeds):
-        ep = env.build_episode(seed)
-        scorer = FleetScorer(ep, p, env.setup.sidecars)
-        for agent in agents:
-            res = run_episode(env, agent, seed, episode=ep)
-            m = int(res["merges"])
-            if counts is None or counts.shape[0] <= m or counts.shape[1] != ep.n_decisions:
-                counts = protocol.counts_for(ep.n_decisions, p, max(m, 80))
-            rng = np.random.default_rng([seed, m, 7])
-            if env.fleet.per_site_timing:  # per-site schedules (eval/fleet_rounds.py)
-                scored = fleet_rounds.score_rounds_episode(env, ep, res, draws, rng, counts)
-                row = _unit_row(env, ep, agent.name, seed, res, scored)
-                rows.append({**row, **fleet_rounds.rounds_columns(res)})
-                continue
-            scored, accepted = score_schedule(
-                env, scorer, res["merge_decisions"], draws, rng, counts, check
-            )
-            cap_cols = {} if check is None else fleet_cap.cap_columns(res, accepted)
-            rows.append({**_unit_row(env, ep, agent.name, seed, res, scored), **cap_cols})
-        if progress:
-            print(f"fleet report: episode {i + 1}/{len(seeds)}", flush=True)
+    ep = env.build_episode(seed)
+    scorer = FleetScorer(ep, p, env.setup.sidecars)
+    for agent in agents:
+        res = run_episode(env, agent, seed, episode=ep)
+        m = int(res["merges"])
+        table = held[0]
+        if table is None or table.shape[0] <= m or table.shape[1] != ep.n_decisions:
+            held[0] = table = protocol.counts_for(ep.n_decisions, p, max(m, 80))
+        rng = np.random.default_rng([seed, m, 7])
+        if env.fleet.per_site_timing:  # per-site schedules (eval/fleet_rounds.py)
+            scored = fleet_rounds.score_rounds_episode(env, ep, res, draws, rng, table)
+            row = _unit_row(env, ep, agent.name, seed, res, scored)
+            rows.append({**row, **fleet_rounds.rounds_columns(res)})
+            continue
+        scored, accepted = score_schedule(
+            env, scorer, res["merge_decisions"], draws, rng, table, check
+        )
+        cap_cols = {} if check is None else fleet_cap.cap_columns(res, accepted)
+        rows.append({**_unit_row(env, ep, agent.name, seed, res, scored), **cap_cols})
     return rows
 
 

@@ -113,16 +113,23 @@ def gap_columns(rows: Any, agents: list[str], verdict_seeds: list[int], budget: 
     return pd.DataFrame(out)
 
 
-def run_fleet_frontier(config: FleetFrontierConfig, progress: bool = False) -> dict[str, Any]:
-    """Run the fleet report at every budget; returns ``{"frontier", "rows", "pairwise",
-    "dominance", "fleet", "calibration_verdict", "config"}`` (``frontier``: one row per
-    budget and agent; ``pairwise`` and ``dominance``: :func:`agents_compared`)."""
+def run_fleet_frontier(
+    config: FleetFrontierConfig, progress: bool = False, **backend: Any
+) -> dict[str, Any]:
+    """Run the fleet report at every budget; returns ``{"frontier", "free", "free_rows",
+    "rows", "pairwise", "dominance", "fleet", "calibration_verdict", "config"}``
+    (``frontier``: one row per budget and agent; ``free``: :func:`free_points`;
+    ``pairwise`` and ``dominance``: :func:`agents_compared`). ``backend``: the fleet
+    report's ``backend``, ``jobs`` and ``ray_address``
+    (:func:`~diloco_gym.eval.fleet.run_fleet_report`)."""
     import pandas as pd
 
     parts, rows = [], []
     first: dict[str, Any] | None = None
     for b in sorted(config.budgets):
-        res = run_fleet_report(with_env(config.report, merge_budget=b), progress=progress)
+        res = run_fleet_report(
+            with_env(config.report, merge_budget=b), progress=progress, **backend
+        )
         first = first or res
         s = res["summary"].copy()
         s.insert(0, "budget", b)
@@ -136,7 +143,7 @@ def run_fleet_frontier(config: FleetFrontierConfig, progress: bool = False) -> d
     assert first is not None
     all_rows = pd.concat(rows, ignore_index=True)
     pairwise, dom = agents_compared(all_rows, first["verdict_seeds"], config.report.alpha)
-    free, free_rows = free_points(config, progress)
+    free, free_rows = free_points(config, progress, **backend)
     return {
         "frontier": pd.concat(parts, ignore_index=True),
         "free": free,
@@ -158,7 +165,9 @@ def run_fleet_frontier(config: FleetFrontierConfig, progress: bool = False) -> d
 FREE_COLUMNS = [c for c in _COLUMNS if c != "budget"]
 
 
-def free_points(config: FleetFrontierConfig, progress: bool = False) -> tuple[Any, Any]:
+def free_points(
+    config: FleetFrontierConfig, progress: bool = False, **backend: Any
+) -> tuple[Any, Any]:
     """The free-budget points: ``(points, rows)``, the fleet report of ``free_agents`` with
     no merge budget on the frontier's episodes (its summary, one row per agent at its own
     syncs per hour, with the gap captured and its interval: :func:`gap_columns`; and its
@@ -168,7 +177,7 @@ def free_points(config: FleetFrontierConfig, progress: bool = False) -> tuple[An
     if not config.free_agents:
         return pd.DataFrame(columns=FREE_COLUMNS), pd.DataFrame()
     report = replace(with_env(config.report, merge_budget=None), agents=list(config.free_agents))
-    res = run_fleet_report(report, progress=progress)
+    res = run_fleet_report(report, progress=progress, **backend)
     s = res["summary"].copy()
     gaps = gap_columns(res["rows"], list(s["agent"]), res["verdict_seeds"], 0)
     for col in gaps.columns:

@@ -223,8 +223,8 @@ def _certified_lower(scorer: EpisodeScorer, merges: int, best_v: float) -> float
             lower = _site_lower(sites[0], merges)
         else:
             lower = 0.0
-            for site, n in zip(sites, scorer.n_requests, strict=True):  # type: ignore[attr-defined]
-                lower += _site_lower(site, merges) * float(n) / scorer.total  # type: ignore[attr-defined]
+            for site, n in zip(sites, scorer.n_requests, strict=True):
+                lower += _site_lower(site, merges) * float(n) / scorer.total
     else:
         return float("nan")
     if lower > best_v + 1e-9:

@@ -28,10 +28,17 @@ def test_fleet_runs_refuse_every_option_they_do_not_use():
             _trace_args(["--jobs", "2", "--stride-s", "60", "--holm-across-settings"])
         )
     assert str(exc.value) == (
-        "--jobs, --stride-s, --holm-across-settings not used with --fleet (a fleet runs "
-        "serially; its sites, windows and loads are set in the fleet file)"
+        "--jobs, --stride-s, --holm-across-settings not used with --fleet (its sites, windows "
+        "and loads are set in the fleet file; it runs in this process)"
     )
     assert exc.value.exit_code == 2
+    # report and frontier run a fleet's episodes on --backend: only the others are refused
+    checks.check_no_fleet_options(_trace_args(["--jobs", "2"]), parallel=True)
+    with pytest.raises(UsageError) as exc:
+        checks.check_no_fleet_options(_trace_args(["--jobs", "2", "--stride-s", "60"]), True)
+    assert str(exc.value) == (
+        "--stride-s not used with --fleet (its sites, windows and loads are set in the fleet file)"
+    )
 
 
 def test_an_output_directory_of_other_files_is_a_usage_error(tmp_path):

@@ -88,7 +88,7 @@ def test_fleet_mode_checks(tmp_path, out, fails):
     )
     assert "need a merge budget" in fails([*base, "--free-agents", "fixed-budget"], 2)
     assert "unknown agent 'nope'" in fails([*base, "--free-agents", "nope"], 2)
-    assert "--backend not used with --fleet" in fails([*base, "--backend", "processes"], 2)
+    assert "--window-s not used with --fleet" in fails([*base, "--window-s", "300"], 2)
     assert "unknown agent 'nope'" in fails([*base, "--budget-agents", "nope"], 2)
     line = fails([*base, "--budgets", "1", "300"], 2)  # the default grid is too low
     assert "--budgets 1/h (0 syncs) outside" in line and "32..130 syncs per episode" in line

@@ -101,7 +101,9 @@ def test_fleet_mode_checks(tmp_path, out, fails):
     fleet = ["report", *out, "--fleet"]
     line = fails([*fleet, str(FLEET_EXAMPLE), "--regimes", "bursty"], 2)
     assert line == "diloco-gym: --fleet replaces --regimes and --trace (the sites are in FILE)"
-    assert "--jobs not used with --fleet" in fails([*fleet, str(FLEET_EXAMPLE), "--jobs", "2"], 2)
+    assert "--stride-s not used with --fleet" in fails(
+        [*fleet, str(FLEET_EXAMPLE), "--stride-s", "60"], 2
+    )
     learners = [*fleet, str(FLEET_EXAMPLE), "--learner-calibration", "shipped"]
     assert "--learner-calibration not used with --fleet" in fails(learners, 2)
     assert "fleet configuration file not found" in fails([*fleet, str(tmp_path / "no.toml")], 1)
