@@ -221,6 +221,8 @@ class FleetOptionForecast(Agent):
         quiet_ratio: the forecast rate's largest ratio to the baseline,
         max_trend: and the rate trend's largest value
             (:class:`~diloco_gym.agents.heuristics.OnlineForecastWA`).
+        base: another single-host agent for the quiet test, in place of the forecaster
+            (a budget-aware one makes the agent budget-aware).
     """
 
     #: the per-site observation feature the agent reads
@@ -231,11 +233,17 @@ class FleetOptionForecast(Agent):
     needs = ""
 
     def __init__(
-        self, min_progress: float = 0.3, quiet_ratio: float = 0.9, max_trend: float = 0.05
+        self,
+        min_progress: float = 0.3,
+        quiet_ratio: float = 0.9,
+        max_trend: float = 0.05,
+        base: Agent | None = None,
     ) -> None:
         from diloco_gym.agents.heuristics import OnlineForecastWA
 
-        self.base = FleetView(OnlineForecastWA(min_progress, quiet_ratio, max_trend), how="sum")
+        inner = base or OnlineForecastWA(min_progress, quiet_ratio, max_trend)
+        self.base = FleetView(inner, how="sum")
+        self.budget_aware = self.base.budget_aware
         self._ctx: AgentContext | None = None
         self._cols = np.zeros(0, np.int64)
         self.obs_size: int | None = None

@@ -11,7 +11,11 @@ at no less than ``min_rate`` of its nominal rate, unless the gap is within ``win
 decisions of ``H_max``; then the quiet test alone decides, and otherwise the corridor
 forces the sync. Everything it reads is in the observation and the action mask.
 
-On a fleet with fixed links (no ``link_rate`` features) it refuses in ``attach`` with one
+``link-aware-forecast-budget`` is the same rule on ``online-forecast-budget`` (the budget's
+pace decides when a quiet moment is good enough, and the env's budget mask keeps exactly
+the budget's syncs), so that the frontier compares it with that agent at equal syncs.
+
+On a fleet with fixed links (no ``link_rate`` features) both refuse in ``attach`` with one
 line: run ``online-forecast`` there.
 """
 
@@ -19,11 +23,12 @@ from __future__ import annotations
 
 import numpy as np
 
+from diloco_gym.agents.base import Agent
 from diloco_gym.agents.fleet import FleetOptionForecast, feature_columns
 from diloco_gym.envs.fleet_links import LINK_FEATURE
 from diloco_gym.envs.observation import OBS_INDEX
 
-__all__ = ["LinkAwareForecast", "link_columns"]
+__all__ = ["LinkAwareForecast", "LinkAwareForecastBudget", "link_columns"]
 
 _GAP = OBS_INDEX["gap"]
 
@@ -46,6 +51,7 @@ class LinkAwareForecast(FleetOptionForecast):
         quiet_ratio: its forecast rate's largest ratio to the baseline,
         max_trend: its rate trend's largest value
             (:class:`~diloco_gym.agents.fleet.FleetOptionForecast`).
+        base: another single-host agent for the quiet test (as the base class's).
     """
 
     name = "link-aware-forecast"
@@ -60,8 +66,9 @@ class LinkAwareForecast(FleetOptionForecast):
         min_progress: float = 0.3,
         quiet_ratio: float = 0.9,
         max_trend: float = 0.05,
+        base: Agent | None = None,
     ) -> None:
-        super().__init__(min_progress, quiet_ratio, max_trend)
+        super().__init__(min_progress, quiet_ratio, max_trend, base)
         self.min_rate = float(min_rate)
         self.window = int(window)
 
@@ -84,3 +91,22 @@ class LinkAwareForecast(FleetOptionForecast):
             late = gap >= h_max - self.window
             out[b] = int(quiet[b] and (late or self.links_allow(row)))
         return out
+
+
+class LinkAwareForecastBudget(LinkAwareForecast):
+    """:class:`LinkAwareForecast`'s link rule on the budget-aware online forecaster
+    (:class:`~diloco_gym.agents.heuristics.OnlineForecastBudget`, through the fleet's
+    ``sum`` view): budget-aware, run at every budget of the frontier.
+
+    Args:
+        min_rate: the least share of its nominal rate every link must run at for a launch.
+        window: within this many decisions of ``H_max`` the link rule no longer applies.
+    """
+
+    name = "link-aware-forecast-budget"
+    budget_aware = True
+
+    def __init__(self, min_rate: float = 1.0, window: int = 4) -> None:
+        from diloco_gym.agents.heuristics import OnlineForecastBudget
+
+        super().__init__(min_rate, window, base=OnlineForecastBudget())

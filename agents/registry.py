@@ -15,7 +15,7 @@ from typing import cast
 
 from diloco_gym.agents.base import Agent
 from diloco_gym.agents.fleet_cap import CapAwareForecast
-from diloco_gym.agents.fleet_links import LinkAwareForecast
+from diloco_gym.agents.fleet_links import LinkAwareForecast, LinkAwareForecastBudget
 from diloco_gym.agents.heuristics import (
     CalibratedWA,
     FixedBudget,
@@ -104,6 +104,7 @@ BUDGETED: dict[str, Callable[[], Agent]] = {
 _FLEET_AGENTS: dict[str, Callable[[], Agent]] = {
     "cap-aware-forecast": CapAwareForecast,
     "link-aware-forecast": LinkAwareForecast,
+    "link-aware-forecast-budget": LinkAwareForecastBudget,
 }
 FLEET_ONLY = frozenset(_FLEET_AGENTS)
 #: What each of ``FLEET_ONLY`` needs of a fleet (its ``[fleet]`` key), for errors.
@@ -148,7 +149,9 @@ def is_budget_aware_spec(spec: str) -> bool:
 
     if spec in BUDGETED:
         return True
-    if spec in _HEURISTIC_AGENTS or spec in _FLEET_AGENTS:
+    if spec in _FLEET_AGENTS:
+        return bool(getattr(_FLEET_AGENTS[spec], "budget_aware", False))
+    if spec in _HEURISTIC_AGENTS:
         return False
     if _is_user(spec):  # your own code: its object says (loading it, as the run will)
         from diloco_gym.agents.user import load_user_agent

@@ -121,3 +121,26 @@ def test_sealed_and_in_process_give_the_same_rows():
     Sealed agents cannot start from a git worktree (Landlock): run from a plain checkout."""
     inproc = sealed_rows_match_in_process(str(EXAMPLE), "link-aware-forecast")
     assert inproc["fleet"]["link_levels"] == [1.0, 0.75, 0.5]
+
+
+def test_the_budget_aware_link_rule_holds_the_budget_and_defers_on_slow_links():
+    """``link-aware-forecast-budget``: budget-aware (run at every budget of the frontier,
+    refused free), exactly the budget's syncs, and none of its own launches early in the
+    corridor on a slow link."""
+    from diloco_gym.agents.fleet_links import LinkAwareForecastBudget
+    from diloco_gym.agents.registry import is_budget_aware_spec
+
+    assert is_budget_aware_spec("link-aware-forecast-budget")
+    assert not is_budget_aware_spec("link-aware-forecast")
+    fleet, env_kw = load_fleet_toml(EXAMPLE)
+    env = DiLoCoFleetEnv(fleet=fleet, params=EnvParams(**{**env_kw, "merge_budget": 50}))
+    rec = recording(LinkAwareForecastBudget)()
+    res = run_episode(env, rec, 3)
+    assert res["merges"] == 50 and rec.budget_aware
+    cols = link_columns(tuple(f[0] for f in env.obs_features))
+    h_max = env.params.h_max
+    asked = [o[0] for o, _, a in rec.seen if a == 1]
+    assert asked
+    for o in asked:
+        late = round(float(o[OBS_INDEX["gap"]]) * h_max) >= h_max - rec.window
+        assert late or np.all(o[cols] == 1.0)
