@@ -146,9 +146,7 @@ def _run_and_write(args: argparse.Namespace, config: Any) -> tuple[Any, Any]:
         result = fr.run_frontier(
             config,
             progress=not args.no_progress,
-            backend=args.backend,
-            jobs=args.jobs,
-            ray_address=args.ray_address,
+            **options.backend_kwargs(args),
         )
         out = fr.write_frontier(result, args.out, force=args.force, command=command)
     except FileExistsError as exc:
@@ -217,9 +215,7 @@ def _frontier_fleet(args: argparse.Namespace) -> int:
         lambda: run_fleet_frontier(
             config,
             progress=not args.no_progress,
-            backend=args.backend,
-            jobs=args.jobs,
-            ray_address=args.ray_address,
+            **options.backend_kwargs(args),
         ),
         lambda res, cmd: write_fleet_frontier(res, args.out, force=args.force, command=cmd),
         "frontier",

@@ -102,6 +102,12 @@ def add_trace_args(p: argparse.ArgumentParser) -> None:
     )
 
 
+def backend_kwargs(args: argparse.Namespace) -> dict[str, Any]:
+    """The ``backend``, ``jobs`` and ``ray_address`` keywords of a run from
+    :func:`add_backend_args`' options."""
+    return {"backend": args.backend, "jobs": args.jobs, "ray_address": args.ray_address}
+
+
 def add_backend_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--backend",

@@ -99,9 +99,7 @@ def run(args: argparse.Namespace) -> int:
         result = run_protocol(
             config,
             progress=not args.no_progress,
-            backend=args.backend,
-            jobs=args.jobs,
-            ray_address=args.ray_address,
+            **options.backend_kwargs(args),
         )
         out = write_report(result, args.out, force=args.force, command=command)
     except TraceFormatError:
@@ -178,9 +176,7 @@ def _report_fleet(args: argparse.Namespace, agents: list[str]) -> int:
         lambda: run_fleet_report(
             config,
             progress=not args.no_progress,
-            backend=args.backend,
-            jobs=args.jobs,
-            ray_address=args.ray_address,
+            **options.backend_kwargs(args),
         ),
         lambda res, cmd: write_fleet_report(res, args.out, force=args.force, command=cmd),
         "report",

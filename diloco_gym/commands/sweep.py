@@ -59,9 +59,7 @@ def run(args: argparse.Namespace) -> int:
         res = run_sweep(
             spec,
             out,
-            backend=args.backend,
-            jobs=args.jobs,
-            ray_address=args.ray_address,
+            **options.backend_kwargs(args),
             progress=not args.no_progress,
             retry_failed=args.retry_failed,
             max_cells=args.max_cells,

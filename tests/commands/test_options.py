@@ -137,3 +137,15 @@ def test_replay_options_with_and_without_the_stride():
         "stride_s": 100.0,
     }
     assert "stride_s" not in options.replay_options(args, stride=False)
+
+
+def test_backend_kwargs_are_the_backend_options_as_given():
+    import argparse
+
+    from diloco_gym.commands.options import add_backend_args, backend_kwargs
+
+    p = argparse.ArgumentParser()
+    add_backend_args(p)
+    args = p.parse_args(["--backend", "processes", "--jobs", "2"])
+    assert backend_kwargs(args) == {"backend": "processes", "jobs": 2, "ray_address": None}
+    assert backend_kwargs(p.parse_args([]))["backend"] == "serial"
