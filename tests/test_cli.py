@@ -591,8 +591,8 @@ def test_fleet_file_errors_are_one_line(tmp_path, capsys):
     ):
         msg = _fails(argv, capsys, 1)
         assert what in msg and "scores fixed-precision fleets only" in msg, msg
-    assert "--jobs not used with --fleet" in _fails(
-        ["report", "--fleet", str(FLEET_EXAMPLE), "--jobs", "2", "--out", str(tmp_path / "j")],
+    assert "--stride-s not used with --fleet" in _fails(
+        ["report", "--fleet", str(FLEET_EXAMPLE), "--stride-s", "60", "--out", str(tmp_path / "j")],
         capsys,
         2,
     )
