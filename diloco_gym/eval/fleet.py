@@ -356,36 +356,31 @@ def _unit_rows(
 ) -> list[dict[str, Any]]:
     """One row per episode and agent (:func:`episode_rows`), the episodes in turn."""
     rows: list[dict[str, Any]] = []
-    counts: list[Any] = [None]  # the completion table, shared across the episodes
     for i, seed in enumerate(seeds):
-        rows += episode_rows(env, agents, seed, draws, counts)
+        rows += episode_rows(env, agents, seed, draws)
         if progress:
             print(f"fleet report: episode {i + 1}/{len(seeds)}", flush=True)
     return rows
 
 
 def episode_rows(
-    env: DiLoCoFleetEnv, agents: list[Any], seed: int, draws: int, counts: list[Any] | None = None
+    env: DiLoCoFleetEnv, agents: list[Any], seed: int, draws: int
 ) -> list[dict[str, Any]]:
     """One episode's rows, one per agent: the agent's run on the episode, scored with
     ``draws`` matched-random schedules and the oracle (:func:`protocol.score_episode` on
-    the episode's :class:`FleetScorer`). ``counts``: a one-item list holding the completion
-    table to reuse, updated in place (``None``: a table for this episode alone; the same
-    draws either way)."""
+    the episode's :class:`FleetScorer`; the completion table of
+    :func:`~diloco_gym.eval.protocol.counts_for`, cached per process)."""
     from diloco_gym.eval.rollout import run_episode
 
     p = env.params
     rows: list[dict[str, Any]] = []
-    held = counts if counts is not None else [None]
     check = fleet_cap.cap_check(env)
     ep = env.build_episode(seed)
     scorer = FleetScorer(ep, p, env.setup.sidecars)
     for agent in agents:
         res = run_episode(env, agent, seed, episode=ep)
         m = int(res["merges"])
-        table = held[0]
-        if table is None or table.shape[0] <= m or table.shape[1] != ep.n_decisions:
-            held[0] = table = protocol.counts_for(ep.n_decisions, p, max(m, 80))
+        table = protocol.counts_for(ep.n_decisions, p, max(m, 80))
         rng = np.random.default_rng([seed, m, 7])
         if env.fleet.per_site_timing:  # per-site schedules (eval/fleet_rounds.py)
             scored = fleet_rounds.score_rounds_episode(env, ep, res, draws, rng, table)
