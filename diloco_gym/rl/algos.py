@@ -97,7 +97,9 @@ def default_hyperparameters(algo: str, n_envs: int, timesteps: int) -> dict[str,
 
 def library_versions() -> dict[str, str]:
     """The versions a trained model depends on (recorded in its ``meta.json``): same seed,
-    same versions and machine give the same model."""
+    same versions and machine give the same model. ``torch_cpu`` is the instruction set
+    torch's CPU kernels use (``AVX2``, ``AVX512``, ...): the same seed and versions give
+    other weights where it differs, since the kernels round differently."""
     import gymnasium as gym
     import numpy as np
     import stable_baselines3
@@ -112,6 +114,7 @@ def library_versions() -> dict[str, str]:
         "torch": torch.__version__,
         "gymnasium": gym.__version__,
         "numpy": np.__version__,
+        "torch_cpu": torch.backends.cpu.get_cpu_capability(),
     }
     try:
         import sb3_contrib

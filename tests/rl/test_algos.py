@@ -39,5 +39,6 @@ def test_an_unknown_algorithm_lists_the_valid_ones() -> None:
 
 def test_versions_name_what_a_model_depends_on() -> None:
     v = library_versions()
-    for key in ("diloco_gym", "python", "stable_baselines3", "torch", "gymnasium", "numpy"):
+    keys = ("diloco_gym", "python", "stable_baselines3", "torch", "gymnasium", "numpy")
+    for key in (*keys, "torch_cpu"):
         assert isinstance(v[key], str) and v[key]
