@@ -51,6 +51,9 @@ __all__ = [
     "fleet_episode_cell",
     "run_fleet_cells",
     "verdict_seeds_of",
+    "fleet_summary",
+    "SYNC_NAMES",
+    "FLEET_SETTING",
     "FleetReportConfig",
     "fleet_calibration",
     "run_fleet_report",
@@ -238,12 +241,14 @@ def run_fleet_report(
         agents = report_agents(replace(config, in_process_agents=True))
         df = pd.DataFrame(run_fleet_cells(config, seeds, backend, jobs, ray_address, progress))
     verdict, calib_rows = fleet_calibration(env, config.calibration)
-    summary = _agent_summary(df, [a.name for a in agents], verdict_seeds, n_indep)
+    summary = fleet_summary(df, [a.name for a in agents], verdict_seeds, verdict, config.alpha)
     capped = env.fleet.site_cap_pp is not None
     sites = env.setup.site_names
-    per_site = [fleet_cap.cap_summary(df[df["agent"] == a.name], sites, capped) for a in agents]
+    units = df[df["seed"].isin(verdict_seeds)]  # the summary's episodes
+    per_site = [
+        fleet_cap.cap_summary(units[units["agent"] == a.name], sites, capped) for a in agents
+    ]
     summary = pd.concat([summary, pd.DataFrame(per_site)], axis=1)
-    _gate(summary, verdict, config.alpha, n_indep)
     for a in agents:  # sealed agents' worker processes end with the report
         if callable(getattr(a, "close", None)):
             a.close()
@@ -441,6 +446,7 @@ def _unit_row(
         "seed": seed,
         "syncs": m,
         "syncs_per_hour": m / dur_h,
+        "duration_s": ep.trace.duration_s,
         "bytes_per_hour": m * env.setup.plan.payload_bytes / dur_h,
         **scored,
         "worst_site": res["worst_site"],
@@ -454,64 +460,65 @@ def _unit_row(
     }
 
 
-def _agent_summary(df: Any, names: list[str], verdict_seeds: set[int], n_indep: int) -> Any:
-    """The per-agent summary of the rows ``df``: means over episodes and the paired
-    sign-flip test of agent minus matched random over the independent units."""
+#: The rows' columns a fleet names after its syncs, under the single host's names
+#: (:func:`fleet_summary` reads the rows under these names).
+_SINGLE_HOST_NAMES = {"syncs": "merges", "syncs_per_hour": "merges_per_hour"}
+#: The single-host summary's columns a fleet summary names after its syncs, and its names.
+SYNC_NAMES = {
+    "merges": "syncs",
+    "merges_per_hour": "syncs_per_hour",
+    "excess_per_merge_pp": "excess_per_sync_pp",
+    "matched_random_pct": "matched_random_mean",
+    "diff_ci_low": "ci_low",
+    "diff_ci_high": "ci_high",
+}
+#: The label of a fleet report's one setting in the single-host summary (its Holm family).
+FLEET_SETTING = "fleet"
+
+
+def fleet_summary(
+    df: Any,
+    names: list[str],
+    verdict_seeds: set[int],
+    calibration_verdict: str,
+    alpha: float,
+) -> Any:
+    """The per-agent summary of a fleet report's rows ``df``, by the single host's
+    statistics (:func:`~diloco_gym.eval.summary.summarise`, the fleet as one setting): the
+    means, the paired sign-flip test of agent minus matched random and every summary
+    number over the episodes that are independent units (``verdict_seeds``), Holm over the
+    report's agents, the gate's verdict with the fleet's calibration verdict, the gap
+    captured and the units a conclusive test would need. Then the fleet's own means over
+    the same episodes: the worst site's sync-excess, the learners' progress and, on a
+    rounds fleet, the rounds' columns. One row per agent of ``names``, in that order; the
+    columns the single host names after merges are named after syncs."""
     import pandas as pd
 
-    out = []
+    from diloco_gym.eval.summary import summarise
+
+    n_indep = len(verdict_seeds)
+    rows = df.rename(columns=_SINGLE_HOST_NAMES).assign(
+        regime=FLEET_SETTING,
+        p95_ms=np.nan,  # a fleet's rows have no single latency distribution
+        unit="seed",
+        independent=True,
+        independent_units=n_indep,
+        verdict_unit=df["seed"].isin(verdict_seeds),
+    )
+    summary = summarise(rows, {FLEET_SETTING: calibration_verdict}, alpha)
+    summary = summary.set_index("agent").loc[names].reset_index()
+    extra = []
     for name in names:
-        sub = df[df["agent"] == name]
-        indep_rows = sub[sub["seed"].isin(verdict_seeds)]
-        diff = (indep_rows["sync_excess_pct"] - indep_rows["matched_random_mean"]).to_numpy()
-        test = protocol.paired_test(diff, np.random.default_rng(0))
-        out.append(
+        sub = df[(df["agent"] == name) & df["seed"].isin(verdict_seeds)]
+        extra.append(
             {
-                "agent": name,
-                "deployable": bool(sub["deployable"].iloc[0]),
-                "units": len(sub),
-                "independent_units": n_indep,
-                "nonzero_units": test["nonzero"],
-                "syncs_per_hour": float(sub["syncs_per_hour"].mean()),
-                "sync_excess_pct": float(sub["sync_excess_pct"].mean()),
-                "matched_random_mean": float(sub["matched_random_mean"].mean()),
-                "oracle_same_budget_pct": float(sub["oracle_same_budget_pct"].mean()),
-                "diff_pp": test["mean"],
-                "ci_low": test["ci_low"],
-                "ci_high": test["ci_high"],
-                "p_value": test["p_value"],
                 "worst_site_sync_excess_pct": float(sub["worst_site_sync_excess_pct"].mean()),
                 "progress": float(sub["progress"].mean()),
-                "no_sync_violation_pct": float(sub["no_sync_violation_pct"].mean()),
                 **fleet_rounds.rounds_summary(sub),  # rounds fleets: drops, token share
             }
         )
-    return pd.DataFrame(out)
-
-
-def _gate(summary: Any, calibration_verdict: str, alpha: float, n_indep: int) -> None:
-    """Add ``p_holm`` (Holm over the deployable agents) and ``verdict``
-    (:func:`protocol.gate_verdict`) to ``summary``, in place."""
-    from diloco_gym.eval.summary import holm
-
-    deployable = summary["deployable"].to_numpy(bool)
-    summary["p_holm"] = np.nan
-    if deployable.any():
-        summary.loc[deployable, "p_holm"] = holm(summary.loc[deployable, "p_value"].to_numpy())
-    family = int(deployable.sum())
-    summary["verdict"] = [
-        protocol.gate_verdict(
-            calibration_verdict,
-            r["diff_pp"],
-            r["p_holm"] if r["deployable"] else r["p_value"],
-            alpha,
-            n_units=min(int(r["units"]), n_indep),
-            n_nonzero=int(r["nonzero_units"]),
-            n_tests=family if r["deployable"] else 1,
-            no_sync_violation_pct=r["no_sync_violation_pct"],
-        )
-        for _, r in summary.iterrows()
-    ]
+    summary = pd.concat([summary, pd.DataFrame(extra)], axis=1)
+    return summary.drop(columns=["regime", "p95_ms"]).rename(columns=SYNC_NAMES)
 
 
 def _fleet_record(config: FleetReportConfig, env: DiLoCoFleetEnv) -> dict[str, Any]:
@@ -594,8 +601,8 @@ def fleet_summary_table(summary, worst_site_weight: float = 0.0, capped: bool = 
         cells = []
         for key, _, fmt in cols:
             v = r[key]
-            if key == "p_holm" and not r["deployable"]:
-                cells.append("(non-deployable)")
+            if key == "agent" and not r["deployable"]:  # as the single-host report marks it
+                cells.append(md_text(f"{v} (non-deployable)"))
             elif isinstance(v, float) and not np.isfinite(v):
                 cells.append("n/a")
             else:
@@ -691,8 +698,8 @@ def write_fleet_report(
         "Sync-excess: extra SLO-violating requests summed over sites, in percentage "
         "points of all the fleet's requests, by exact replay (agent, matched random and "
         "oracle alike); worst site: the largest site's own sync-excess (pp of its "
-        "requests); verdicts: paired sign-flip test over episodes, Holm-corrected over "
-        "the deployable agents."
+        "requests); verdicts: paired sign-flip test over the independent episodes, "
+        "Holm-corrected over the report's agents, as in the single-host report."
         + (" " + oracle_note(f["worst_site_weight"])).rstrip()
         + (" " + fleet_cap.cap_note(cap)).rstrip(),
         "",

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -46,7 +45,6 @@ __all__ = [
     "run_fleet_cell",
     "fleet_point_tables",
     "fleet_point_outputs",
-    "holm_over_points",
     "MARKDOWN_COLUMNS",
 ]
 
@@ -220,17 +218,3 @@ def fleet_point_outputs(
         errors.append({**lead, "cell": "fleet report", "error": rec["error"]})
         return None, None
     return fleet_point_tables(lead, rec["result"])
-
-
-def holm_over_points(summary: pd.DataFrame) -> list[float]:
-    """Holm's adjustment over the deployable agents of every point (NaN for the others,
-    whose p-values are not in any family)."""
-    from diloco_gym.eval.summary import holm
-
-    deployable = summary["deployable"].astype(bool).to_numpy()
-    out = [math.nan] * len(summary)
-    if deployable.any():
-        adjusted = holm(summary.loc[deployable, "p_value"].to_numpy())
-        for i, p in zip(deployable.nonzero()[0], adjusted, strict=True):
-            out[int(i)] = float(p)
-    return out

@@ -750,11 +750,7 @@ def _write_outputs(spec: SweepSpec, plan: list, store: CellStore, out: Path) -> 
         # a correction across every agent of every point.
         from diloco_gym.eval.summary import holm
 
-        summary["p_holm_all_points"] = (
-            fleet_points.holm_over_points(summary)
-            if spec.fleet
-            else holm(summary["p_value"].to_numpy())
-        )
+        summary["p_holm_all_points"] = holm(summary["p_value"].to_numpy())
     write_text_atomic(out / "results.csv", results.to_csv(index=False))
     write_text_atomic(out / "summary.csv", summary.to_csv(index=False))
     error_cols = ["sweep", "point", *(f"grid.{k}" for k in spec.axes), "cell", "error"]

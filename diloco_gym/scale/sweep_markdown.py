@@ -30,7 +30,7 @@ _ROUNDS_MD = ["dropped_contributions", "token_share_mean"]
 _FLEET_NOTE = (
     " Fleet points: sync-excess in pp of all the fleet's requests, matched random and the "
     "oracle at the agent's syncs; worst_site_sync_excess_pct: the worst site's own "
-    "sync-excess (pp of its requests); p_holm over the deployable agents only."
+    "sync-excess (pp of its requests)."
 )
 _ROUNDS_NOTE = (
     " Rounds points (per-site timing): a sync is a round, the oracle is the additive "

@@ -6,12 +6,10 @@ and outputs, and Holm over the deployable agents of every point."""
 from __future__ import annotations
 
 import json
-import math
 import re
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 import pytest
 
 from diloco_gym.scale import fleet_points as fp
@@ -25,15 +23,6 @@ def fleet_file(tmp_path) -> Path:
     path = tmp_path / "sweeps" / "fleet.toml"
     path.write_text(FLEET)
     return path
-
-
-def _holm_reference(p) -> np.ndarray:
-    p = np.asarray(p, dtype=float)
-    order = np.argsort(p)
-    adjusted = np.minimum(1.0, np.maximum.accumulate((p.size - np.arange(p.size)) * p[order]))
-    out = np.empty(p.size)
-    out[order] = adjusted
-    return out
 
 
 @pytest.mark.parametrize(
@@ -170,25 +159,6 @@ def test_plain_stores_numpy_scalars_and_refuses_anything_else():
     }
     with pytest.raises(TypeError, match="cannot store set in a sweep record"):
         fp._plain({1})
-
-
-# --------------------------------------------------------------------------- Holm
-def test_holm_over_points_covers_the_deployable_agents_only():
-    summary = pd.DataFrame(
-        {
-            "p_value": [0.01, 0.04, 0.002, 0.03, 0.2],
-            "deployable": [True, False, True, True, False],
-        }
-    )
-    out = fp.holm_over_points(summary)
-    assert math.isnan(out[1]) and math.isnan(out[4])
-    np.testing.assert_allclose([out[0], out[2], out[3]], _holm_reference([0.01, 0.002, 0.03]))
-
-
-def test_holm_over_points_with_no_deployable_agent():
-    summary = pd.DataFrame({"p_value": [0.01, 0.5], "deployable": [False, False]})
-    assert all(math.isnan(p) for p in fp.holm_over_points(summary))
-    assert fp.holm_over_points(pd.DataFrame({"p_value": [], "deployable": []})) == []
 
 
 ROUNDS = Path(__file__).resolve().parents[2] / "docs" / "examples" / "fleet-rounds.toml"
