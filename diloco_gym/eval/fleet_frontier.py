@@ -4,15 +4,18 @@ For each budget (merges per episode, the env's ``merge_budget``; every episode t
 exactly that many syncs) every agent runs on the same fleet episodes as in
 :func:`~diloco_gym.eval.fleet.run_fleet_report`: its sync-excess, matched random at the same
 number of syncs (the exact sampler under the fleet corridor), the oracle at the same budget,
-the gap captured, the worst site's excess, and the report's gate (non-zero units, Holm over
-the deployable agents, per budget). Deployable agents run sealed as in the fleet report.
-The agents are also compared with each other by the single-host frontier's statistics
-(:func:`agents_compared`): every pair at every budget, and dominance across budgets.
+the worst site's excess. The statistics are the single-host frontier's, over the episodes
+that are independent units, with the fleet as one setting (:func:`fleet_stats`): per budget
+each agent against matched random (paired test, Holm over the agents of the budget, the
+gate's verdict, the gap captured with its bootstrap interval), and the agents against each
+other (:func:`agents_compared`): every pair at every budget, and dominance across budgets.
+Deployable agents run sealed as in the fleet report.
 
 **Free-budget points** (``free_agents``), as on a single host: each agent runs as it is,
 with no merge budget, on the same episodes, and is one point at its own syncs per hour
-with matched random and the oracle at its own number of syncs: the fleet report's rows and
-statistics (:func:`free_points`), drawn over the budget curves.
+with matched random and the oracle at its own number of syncs: the fleet report's rows
+and the single-host frontier's free-point statistics (:func:`free_points`), drawn over the
+budget curves.
 
 On a fleet with per-site timing (``timing = "rounds"``) a sync is a round: the budget counts
 rounds (a round's opening is the fleet env's merge, under the same corridor and budget),
@@ -88,29 +91,55 @@ class FleetFrontierConfig:
             raise ValueError(f"budgets must be distinct, got {self.budgets}")
 
 
-def gap_columns(rows: Any, agents: list[str], verdict_seeds: list[int], budget: int) -> Any:
-    """Each agent's gap captured at one budget, ``(matched random - agent) / (matched
-    random - oracle)`` over the independent episodes, with its 95 % bootstrap interval: the
-    single-host frontier's :func:`~diloco_gym.eval.frontier_stats.gap_captured` (NaN where
-    the oracle is no better than random)."""
+#: The single-host frontier table's names of the columns a fleet names after its syncs.
+_SYNC_NAMES = {
+    "merges": "syncs",
+    "merges_per_hour": "syncs_per_hour",
+    "matched_random_pct": "matched_random_mean",
+    "oracle_pct": "oracle_same_budget_pct",
+}
+
+
+def frontier_stats_rows(rows: Any, verdict_seeds: list[int], held: str) -> Any:
+    """A fleet frontier's rows as the single-host frontier's statistics read them
+    (:mod:`~diloco_gym.eval.frontier_stats`): the episodes that are independent units, the
+    fleet as one setting (``regime``), syncs under the single host's names, the budget's
+    syncs per hour and how the agents held it (``held``: ``mask`` or ``free``)."""
+    from diloco_gym.eval.fleet import FLEET_SETTING
+
+    units = rows[rows["seed"].isin(set(verdict_seeds))].copy()
+    units["regime"] = FLEET_SETTING
+    units["held"] = held
+    units["merges"] = units["syncs"]
+    units["merges_per_hour"] = units["syncs_per_hour"]
+    if "budget" in units:  # every agent of a budget runs exactly that many syncs
+        units["budget_per_hour"] = units.groupby("budget")["syncs_per_hour"].transform("mean")
+    return units
+
+
+def fleet_stats(units: Any, keys: list[str], verdict: str, alpha: float) -> Any:
+    """The single-host frontier's table of ``units`` (:func:`frontier_stats_rows`): per
+    budget (``keys`` has ``budget``) or per free agent, each agent against matched random
+    with the paired test, Holm across the agents of the budget, the gate's verdict with the
+    fleet's calibration verdict ``verdict`` and the gap captured with its bootstrap
+    interval; then the fleet's own means (worst site, rounds) and its names of the columns
+    in syncs."""
     import pandas as pd
 
-    from diloco_gym.eval.frontier_stats import gap_captured
+    from diloco_gym.eval.frontier_stats import budget_stats, free_stats
 
-    units = rows[rows["seed"].isin(set(verdict_seeds))]
-    out = []
-    for i, name in enumerate(agents):
-        sub = units[units["agent"] == name]
-        g = gap_captured(
-            sub["sync_excess_pct"].to_numpy(),
-            sub["matched_random_mean"].to_numpy(),
-            sub["oracle_same_budget_pct"].to_numpy(),
-            np.random.default_rng([int(budget), i, 11]),
+    calib = {units["regime"].iloc[0]: verdict}
+    table = (budget_stats if "budget" in keys else free_stats)(units, calib, alpha)
+    extra = []
+    for _, g in units.groupby(keys, sort=False):
+        extra.append(
+            {
+                "worst_site_sync_excess_pct": float(g["worst_site_sync_excess_pct"].mean()),
+                **fleet_rounds.rounds_summary(g),
+            }
         )
-        out.append(
-            {"gap_captured": g["gap"], "gap_ci_low": g["ci_low"], "gap_ci_high": g["ci_high"]}
-        )
-    return pd.DataFrame(out)
+    table = pd.concat([table, pd.DataFrame(extra)], axis=1)
+    return table.rename(columns=_SYNC_NAMES)
 
 
 def run_fleet_frontier(
@@ -124,28 +153,28 @@ def run_fleet_frontier(
     (:func:`~diloco_gym.eval.fleet.run_fleet_report`)."""
     import pandas as pd
 
-    parts, rows = [], []
+    rows = []
     first: dict[str, Any] | None = None
     for b in sorted(config.budgets):
         res = run_fleet_report(
             with_env(config.report, merge_budget=b), progress=progress, **backend
         )
         first = first or res
-        s = res["summary"].copy()
-        s.insert(0, "budget", b)
-        gaps = gap_columns(res["rows"], list(s["agent"]), res["verdict_seeds"], b)
-        for col in gaps.columns:
-            s[col] = gaps[col].to_numpy()
-        parts.append(s[_COLUMNS + [c for c in fleet_rounds.ROUNDS_SUMMARY_COLUMNS if c in s]])
         r = res["rows"].copy()
         r.insert(0, "budget", b)
         rows.append(r)
     assert first is not None
     all_rows = pd.concat(rows, ignore_index=True)
-    pairwise, dom = agents_compared(all_rows, first["verdict_seeds"], config.report.alpha)
+    alpha = config.report.alpha
+    units = frontier_stats_rows(all_rows, first["verdict_seeds"], "mask")
+    table = fleet_stats(units, ["regime", "budget_per_hour", "budget", "agent"],
+                        first["calibration_verdict"], alpha)  # fmt: skip
+    pairwise, dom = agents_compared(units, alpha)
     free, free_rows = free_points(config, progress, **backend)
     return {
-        "frontier": pd.concat(parts, ignore_index=True),
+        "frontier": table[
+            _COLUMNS + [c for c in fleet_rounds.ROUNDS_SUMMARY_COLUMNS if c in table]
+        ],
         "free": free,
         "free_rows": free_rows,
         "rows": all_rows,
@@ -161,7 +190,9 @@ def run_fleet_frontier(
     }
 
 
-#: A free-budget point's columns (the fleet report's summary, with the gap captured).
+#: The rounds' columns a rounds fleet's tables add.
+ROUNDS_COLUMNS = list(fleet_rounds.ROUNDS_SUMMARY_COLUMNS)
+#: A free-budget point's columns (the budget table's but the budget).
 FREE_COLUMNS = [c for c in _COLUMNS if c != "budget"]
 
 
@@ -169,37 +200,32 @@ def free_points(
     config: FleetFrontierConfig, progress: bool = False, **backend: Any
 ) -> tuple[Any, Any]:
     """The free-budget points: ``(points, rows)``, the fleet report of ``free_agents`` with
-    no merge budget on the frontier's episodes (its summary, one row per agent at its own
-    syncs per hour, with the gap captured and its interval: :func:`gap_columns`; and its
-    per-episode rows). Two empty tables without free agents."""
+    no merge budget on the frontier's episodes: one row per agent at its own syncs per
+    hour, with the gap captured and its interval (:func:`fleet_stats`), and the report's
+    per-episode rows. Two empty tables without free agents."""
     import pandas as pd
 
     if not config.free_agents:
         return pd.DataFrame(columns=FREE_COLUMNS), pd.DataFrame()
     report = replace(with_env(config.report, merge_budget=None), agents=list(config.free_agents))
     res = run_fleet_report(report, progress=progress, **backend)
-    s = res["summary"].copy()
-    gaps = gap_columns(res["rows"], list(s["agent"]), res["verdict_seeds"], 0)
-    for col in gaps.columns:
-        s[col] = gaps[col].to_numpy()
-    extra = [c for c in fleet_rounds.ROUNDS_SUMMARY_COLUMNS if c in s]
+    units = frontier_stats_rows(res["rows"], res["verdict_seeds"], "free")
+    s = fleet_stats(units, ["regime", "agent"], res["calibration_verdict"], config.report.alpha)
+    extra = [c for c in ROUNDS_COLUMNS if c in s]
     return s[FREE_COLUMNS + extra].reset_index(drop=True), res["rows"]
 
 
-def agents_compared(rows: Any, verdict_seeds: list[int], alpha: float) -> tuple[Any, Any]:
+def agents_compared(units: Any, alpha: float) -> tuple[Any, Any]:
     """The agents against each other, by the single-host frontier's statistics
     (:func:`~diloco_gym.eval.frontier_stats.pairwise_stats` and
     :func:`~diloco_gym.eval.frontier_stats.dominance`): at each budget every pair's paired
-    test of sync-excess over the episodes that are independent units (``verdict_seeds``:
-    with trace sites, the first seed of each tile), Holm across the pairs at that budget;
+    test of sync-excess over the episodes that are independent units (``units``:
+    :func:`frontier_stats_rows`, with trace sites the first seed of each tile), Holm across
+    the pairs at that budget;
     then whether one agent dominates another across the budgets, or "inconclusive (too few
     episodes)" when no test could reach ``alpha``."""
     from diloco_gym.eval.frontier_stats import dominance, pairwise_stats
 
-    units = rows[rows["seed"].isin(set(verdict_seeds))].copy()
-    units["regime"] = "fleet"
-    # every agent of a budget runs exactly that many syncs: one rate per budget
-    units["budget_per_hour"] = units.groupby("budget")["syncs_per_hour"].transform("mean")
     pairwise = pairwise_stats(units, alpha)
     return pairwise, dominance(units, pairwise, alpha)
 

@@ -12,8 +12,9 @@ from diloco_gym.eval.fleet import FleetReportConfig
 from diloco_gym.eval.fleet_frontier import (
     FleetFrontierConfig,
     fleet_frontier_figure,
+    fleet_stats,
+    frontier_stats_rows,
     frontier_table,
-    gap_columns,
     run_fleet_frontier,
     write_fleet_frontier,
 )
@@ -63,39 +64,47 @@ def test_fleet_frontier_config_errors():
         FleetFrontierConfig(report=report, budgets=[4, 4])
 
 
-def test_the_gap_is_the_single_hosts_over_the_independent_episodes():
-    """Gap captured and its bootstrap interval come from the single-host frontier's
-    function, over the episodes that are independent units; undefined gaps stay NaN."""
+def test_the_budget_table_is_the_single_host_frontiers_over_the_independent_episodes():
+    """The fleet frontier's table is the single-host frontier's budget table of the
+    independent episodes (the gap captured with its bootstrap interval, the test, Holm over
+    the agents of a budget, the verdict), with the fleet's names of the columns in syncs
+    and the worst site's mean; undefined gaps stay NaN."""
     import numpy as np
     import pandas as pd
 
-    from diloco_gym.eval.frontier_stats import gap_captured
+    from diloco_gym.eval.frontier_stats import budget_stats
 
+    n = 4
     rows = pd.DataFrame(
         {
-            "agent": ["a"] * 4 + ["b"] * 4,
-            "seed": [0, 1, 2, 3] * 2,
+            "budget": [7] * 2 * n,
+            "agent": ["a"] * n + ["b"] * n,
+            "deployable": [True] * 2 * n,
+            "seed": list(range(n)) * 2,
+            "syncs": [7] * 2 * n,
+            "syncs_per_hour": [42.0] * 2 * n,
             "sync_excess_pct": [1.0, 1.5, 0.5, 9.0, 2.0, 2.0, 2.0, 2.0],
             "matched_random_mean": [2.0, 2.5, 2.0, 9.0, 2.0, 2.0, 2.0, 2.0],
             "oracle_same_budget_pct": [0.0, 0.5, 0.2, 1.0, 2.0, 2.0, 2.0, 2.0],
+            "no_sync_violation_pct": [1.0] * 2 * n,
+            "worst_site_sync_excess_pct": [3.0, 3.0, 3.0, 99.0, 4.0, 4.0, 4.0, 4.0],
         }
     )
-    got = gap_columns(rows, ["a", "b"], [0, 1, 2], budget=7)
-    want = gap_captured(
-        np.array([1.0, 1.5, 0.5]),
-        np.array([2.0, 2.5, 2.0]),
-        np.array([0.0, 0.5, 0.2]),
-        np.random.default_rng([7, 0, 11]),
-    )
-    assert got.iloc[0].to_dict() == {
-        "gap_captured": want["gap"],
-        "gap_ci_low": want["ci_low"],
-        "gap_ci_high": want["ci_high"],
-    }
+    units = frontier_stats_rows(rows, [0, 1, 2], "mask")
+    keys = ["regime", "budget_per_hour", "budget", "agent"]
+    got = fleet_stats(units, keys, "calibrated", 0.05)
+    want = budget_stats(units, {"fleet": "calibrated"}, 0.05)
+    for col in ("gap_captured", "gap_ci_low", "gap_ci_high", "diff_pp", "p_holm", "verdict"):
+        assert got[col].tolist() == pytest.approx(want[col].tolist(), nan_ok=True), col
     assert got.iloc[0]["gap_captured"] == pytest.approx(
         (2.1667 - 1.0) / (2.1667 - 0.2333), abs=1e-3
-    )
+    )  # seed 3 is not an independent unit
     assert math.isnan(got.iloc[1]["gap_captured"])  # the oracle is no better than random
+    assert got["worst_site_sync_excess_pct"].tolist() == [3.0, 4.0]
+    assert got["syncs_per_hour"].tolist() == [42.0, 42.0] and "merges_per_hour" not in got
+    assert got["matched_random_mean"].tolist() == pytest.approx([6.5 / 3, 2.0])
+    assert list(got["holm_family"]) == [2, 2]
+    np.testing.assert_allclose(got["p_holm"], [min(1.0, 2 * p) for p in got["p_value"]])
 
 
 ROUNDS = EXAMPLE.with_name("fleet-rounds.toml")
@@ -175,7 +184,7 @@ def test_the_fleet_frontier_compares_agents_by_the_single_hosts_statistics(tmp_p
     (rel,) = res["dominance"]["relation"]
     assert rel == "inconclusive (too few episodes)"  # 3 episodes cannot reach 0.05
     # only the independent units enter: a subset of the seeds gives fewer units
-    fewer, _ = agents_compared(res["rows"], [0, 1], 0.05)
+    fewer, _ = agents_compared(frontier_stats_rows(res["rows"], [0, 1], "mask"), 0.05)
     assert set(fewer["units"]) == {2}
     write_fleet_frontier(res, tmp_path / "f")
     assert "## Agents against each other" in (tmp_path / "f" / "frontier.md").read_text()
