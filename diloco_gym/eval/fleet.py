@@ -38,7 +38,7 @@ import numpy as np
 from diloco_gym.envs.fleet import DiLoCoFleetEnv, FleetEpisode, require_fixed_precision
 from diloco_gym.eval import fleet_cap, fleet_rounds, protocol
 from diloco_gym.eval.protocol import Scores
-from diloco_gym.eval.report_render import sandbox_record, sandbox_sentence
+from diloco_gym.eval.report_render import sandbox_record, sandbox_sentence, verdict_notes
 from diloco_gym.eval.scorer import site_scorers
 from diloco_gym.text import md_text
 
@@ -472,6 +472,11 @@ SYNC_NAMES = {
     "diff_ci_low": "ci_low",
     "diff_ci_high": "ci_high",
 }
+#: What a saturated fleet can change (report.md's verdict notes).
+FLEET_LOWER_LOAD = (
+    "Lower the sites' load in the fleet file (target_rate_rps or target_utilization of a "
+    "trace site, a lighter regime) or give them sidecars with more capacity."
+)
 #: The label of a fleet report's one setting in the single-host summary (its Holm family).
 FLEET_SETTING = "fleet"
 
@@ -589,7 +594,9 @@ def fleet_summary_table(summary, worst_site_weight: float = 0.0, capped: bool = 
         ("matched_random_mean", "matched random pp", "{:.3f}"),
         ("oracle_same_budget_pct", oracle, "{:.3f}"),
         ("diff_pp", "agent - random pp", "{:+.3f}"),
+        ("units", "n (non-zero)", "{}"),
         ("p_holm", "p (Holm)", "{:.4f}"),
+        ("gap_captured", "gap captured", "{:.2f}"),
         ("worst_site_sync_excess_pct", "worst site pp", "{:.3f}"),
         ("verdict", "verdict", "{}"),
     ]
@@ -603,6 +610,8 @@ def fleet_summary_table(summary, worst_site_weight: float = 0.0, capped: bool = 
             v = r[key]
             if key == "agent" and not r["deployable"]:  # as the single-host report marks it
                 cells.append(md_text(f"{v} (non-deployable)"))
+            elif key == "units":  # independent units, those with a non-zero difference
+                cells.append(f"{int(v)} ({int(r['nonzero_units'])})")
             elif isinstance(v, float) and not np.isfinite(v):
                 cells.append("n/a")
             else:
@@ -698,13 +707,18 @@ def write_fleet_report(
         "Sync-excess: extra SLO-violating requests summed over sites, in percentage "
         "points of all the fleet's requests, by exact replay (agent, matched random and "
         "oracle alike); worst site: the largest site's own sync-excess (pp of its "
-        "requests); verdicts: paired sign-flip test over the independent episodes, "
-        "Holm-corrected over the report's agents, as in the single-host report."
+        "requests); n (non-zero): the independent episodes, and those where agent and "
+        "matched random differ; gap captured: (matched random - agent) / (matched "
+        "random - oracle); verdicts: paired sign-flip test over the independent "
+        "episodes, Holm-corrected over the report's agents, as in the single-host report."
         + (" " + oracle_note(f["worst_site_weight"])).rstrip()
         + (" " + fleet_cap.cap_note(cap)).rstrip(),
         "",
         fleet_summary_table(result["summary"], f["worst_site_weight"], cap is not None),
         "",
+        *verdict_notes(
+            result["summary"], {"alpha": result["config"]["alpha"]}, {}, FLEET_LOWER_LOAD
+        ),
         "## Sync-excess per site",
         "",
         "Each site's sync-excess in pp of its own requests (exact replay), mean over episodes.",

@@ -58,6 +58,8 @@ _COLUMNS = [
     "gap_ci_high",
     "worst_site_sync_excess_pct",
     "diff_pp",
+    "units",
+    "nonzero_units",
     "p_holm",
     "verdict",
 ]

@@ -282,7 +282,7 @@ def _regime_section(
         f"Calibration: {g['calibration'].iloc[0]}. {_regime_scoring(result, regime)}",
         "",
     ]
-    lines += _verdict_notes(g, cfg, result.get("loads", {}).get(regime, {}))
+    lines += verdict_notes(g, cfg, result.get("loads", {}).get(regime, {}))
     lines += _agent_table(g)
     if not bool(g["independent"].all()):
         lines += _descriptive_table(g)
@@ -479,8 +479,19 @@ def _speed(scale: float) -> str:
     return f"{scale:.3g}x faster" if scale > 1 else f"at {scale:.3g}x its rate"
 
 
-def _verdict_notes(g: pd.DataFrame, cfg: dict, load: dict) -> list[str]:
-    """Why a regime's verdicts are what they are, when that is not the test alone."""
+#: What a saturated single-host replay can change.
+LOWER_LOAD = (
+    "Lower the load (--rate-scale, --target-utilization) or use a sidecar with more capacity."
+)
+
+
+def verdict_notes(
+    g: pd.DataFrame, cfg: dict, load: dict, lower_load: str = LOWER_LOAD
+) -> list[str]:
+    """Why a setting's verdicts are what they are, when that is not the test alone (the
+    rows of one regime, or of a fleet, in the summary): saturation, with ``lower_load`` as
+    the advice where an idle sidecar does not explain it; each inconclusive agent's units,
+    the best p they could give and the units needed; overlapping windows."""
     out = []
     r = g.iloc[0]
     if bool(r["saturated"]):
@@ -497,10 +508,7 @@ def _verdict_notes(g: pd.DataFrame, cfg: dict, load: dict) -> list[str]:
                 f"meaningful; it needs a sidecar (or SLO) that fits these requests."
             )
         else:
-            text += (
-                "Lower the load (--rate-scale, --target-utilization) or use a sidecar "
-                "with more capacity."
-            )
+            text += lower_load
         out.append(text)
     for _, r in g[g["verdict"] == "inconclusive (too few episodes)"].iterrows():
         n, k = int(r["units"]), int(r["nonzero_units"])

@@ -322,3 +322,26 @@ def test_the_fleet_summary_is_the_single_hosts_with_the_fleet_as_one_setting():
     # alpha even before Holm
     assert list(out["units_needed"]) == [protocol.units_needed(0.05, 2)] * 2
     assert all(v.startswith("inconclusive") for v in out["verdict"])
+
+
+def test_a_fleet_report_explains_an_inconclusive_verdict_as_the_single_host_does(tmp_path):
+    """Two episodes cannot reach alpha: report.md says so in the single host's words (the
+    units, the best p they could give after Holm, the units needed, --seeds), and its table
+    has the single host's n (non-zero) and gap captured columns."""
+    res = run_fleet_report(
+        FleetReportConfig(
+            fleet=str(EXAMPLE),
+            agents=["online-forecast", "pressure-gate"],
+            seeds=2,
+            draws=10,
+            in_process_agents=True,
+        )
+    )
+    assert set(res["summary"]["verdict"]) == {"inconclusive (too few episodes)"}
+    write_fleet_report(res, tmp_path / "rep")
+    md = (tmp_path / "rep" / "report.md").read_text()
+    need = protocol.units_needed(0.05, 2)
+    for agent in ("online-forecast", "pressure-gate"):
+        assert f"**{agent}: inconclusive (too few episodes)**: 2 independent seeds" in md
+    assert f"At least {need} independent seeds with a non-zero difference are needed" in md
+    assert "(--seeds)" in md and "| n (non-zero) |" in md and "| gap captured |" in md
