@@ -183,7 +183,7 @@ def _report_fleet(args: argparse.Namespace, agents: list[str]) -> int:
     )
     print(fleet_summary_table(result["summary"], result["fleet"]["worst_site_weight"]))
     print(
-        f"\nfleet report written to {out}/ (report.md, results.csv, report.json) in "
+        f"\nfleet report written to {out}/ (report.md, results.csv, report.json, figure) in "
         f"{time.perf_counter() - started:.1f} s"
     )
     return 0

@@ -38,6 +38,7 @@ import numpy as np
 from diloco_gym.envs.fleet import DiLoCoFleetEnv, FleetEpisode, require_fixed_precision
 from diloco_gym.eval import fleet_cap, fleet_rounds, protocol
 from diloco_gym.eval.protocol import Scores
+from diloco_gym.eval.report_figures import figure_name, write_figures
 from diloco_gym.eval.report_render import sandbox_record, sandbox_sentence, verdict_notes
 from diloco_gym.eval.scorer import site_scorers
 from diloco_gym.text import md_text
@@ -60,6 +61,7 @@ __all__ = [
     "write_fleet_report",
     "write_fleet_dir",
     "FleetFiles",
+    "fleet_figure_summary",
     "fleet_summary_table",
     "oracle_label",
     "oracle_note",
@@ -731,6 +733,10 @@ def write_fleet_report(
     ]
     for r in result["calibration"].to_dict(orient="records"):
         body.append(f"- {md_text(r['site'])}: {r['verdict']} (measured on {r['measured_on']})")
+    figures = fleet_figure_summary(result)
+    name = figure_name(figures["regime"].iloc[0]) if len(figures) else None
+    if name is not None:  # the single host's figure, the fleet as one setting
+        body += ["", f"![{md_text(f['file'])}]({name})"]
     extra = {
         "calibration": result["calibration"].to_dict(orient="records"),
         "independent_units": result["independent_units"],
@@ -738,11 +744,26 @@ def write_fleet_report(
         "elapsed_s": result["elapsed_s"],
         "agent_sealing": result["agent_sealing"],
         "agent_sandbox": result.get("agent_sandbox"),
+        "figures": [] if name is None else [name],
     }
+
+    def draw(tmp: Path) -> None:
+        write_figures({"summary": figures}, tmp, sync="sync")
+
     files = FleetFiles(
-        "results.csv", result["rows"], "report.json", extra, "report.md", "Fleet report", body
-    )
+        "results.csv", result["rows"], "report.json", extra, "report.md", "Fleet report", body,
+        more=draw,
+    )  # fmt: skip
     return write_fleet_dir(result, out, force, command, files)
+
+
+def fleet_figure_summary(result: dict[str, Any]) -> Any:
+    """A fleet report's summary as the single host's report figures read it: the columns
+    under the single host's names, the fleet as one regime named after its file
+    (``fleet:<stem>``)."""
+    s = result["summary"].rename(columns={v: k for k, v in SYNC_NAMES.items()})
+    s["regime"] = f"fleet:{Path(result['fleet']['file']).stem}"
+    return s
 
 
 def with_env(config: FleetReportConfig, **env: Any) -> FleetReportConfig:

@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
-__all__ = ["write_figures"]
+__all__ = ["write_figures", "figure_name"]
 
 
 def _new_figure(figsize: tuple[float, float]) -> Figure:
@@ -33,12 +33,13 @@ def _new_figure(figsize: tuple[float, float]) -> Figure:
     return fig
 
 
-def write_figures(result: dict[str, Any], out: Path) -> list[str]:
+def write_figures(result: dict[str, Any], out: Path, sync: str = "merge") -> list[str]:
     """Save every figure of ``result`` to ``out``: one per regime, then one timeline per
-    regime that recorded one; returns the file names in that order."""
+    regime that recorded one; returns the file names in that order. ``sync``: what the
+    rate axis counts (a fleet's report says ``sync``)."""
     names: list[str] = []
     for regime, g in result["summary"].groupby("regime", sort=False):
-        _save(_regime_figure(str(regime), g), out, f"fig_{_slug(regime)}.png", names)
+        _save(_regime_figure(str(regime), g, sync), out, figure_name(regime), names)
     for regime, tl in result.get("timelines", {}).items():
         _save(_timeline_figure(regime, tl), out, f"timeline_{_slug(regime)}.png", names)
     return names
@@ -49,7 +50,12 @@ def _slug(regime: Any) -> str:
     return str(regime).replace(":", "_")
 
 
-def _regime_figure(regime: str, g: pd.DataFrame) -> Figure:
+def figure_name(regime: Any) -> str:
+    """The file name of a regime's figure (``fig_<regime>.png``)."""
+    return f"fig_{_slug(regime)}.png"
+
+
+def _regime_figure(regime: str, g: pd.DataFrame, sync: str = "merge") -> Figure:
     """One regime's two panels: the agents against their matched-random envelope, and
     sync-excess against merge rate (or, where the regime makes no claim, why not)."""
     g = g.sort_values("sync_excess_pct")
@@ -60,7 +66,7 @@ def _regime_figure(regime: str, g: pd.DataFrame) -> Figure:
         _no_claim_panels(ax, ax2, regime, why)
         return fig
     _envelope_panel(ax, g, regime)
-    _rate_panel(fig, ax2, g)
+    _rate_panel(fig, ax2, g, sync)
     fig.tight_layout()
     return fig
 
@@ -134,7 +140,7 @@ def _envelope_panel(ax: Axes, g: pd.DataFrame, regime: str) -> None:
     ax.legend(fontsize=7)
 
 
-def _rate_panel(fig: Figure, ax2: Axes, g: pd.DataFrame) -> None:
+def _rate_panel(fig: Figure, ax2: Axes, g: pd.DataFrame, sync: str = "merge") -> None:
     """Sync-excess against merge rate.
 
     The frontier as the report samples it: matched random's and the oracle's sync-excess
@@ -167,9 +173,9 @@ def _rate_panel(fig: Figure, ax2: Axes, g: pd.DataFrame) -> None:
         g["sync_excess_pct"].to_numpy(),
         list(g["agent"]),
     )
-    ax2.set_xlabel("merges per hour (budget)")
+    ax2.set_xlabel(f"{sync}s per hour (budget)")
     ax2.set_ylabel("sync-excess (pp)")
-    ax2.set_title("sync-excess vs merge rate (below orange: placement gain)")
+    ax2.set_title(f"sync-excess vs {sync} rate (below orange: placement gain)")
     ax2.legend(fontsize=7)
 
 

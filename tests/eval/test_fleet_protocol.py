@@ -3,6 +3,7 @@ tested in tests/agents/test_fleet_agents.py."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -345,3 +346,10 @@ def test_a_fleet_report_explains_an_inconclusive_verdict_as_the_single_host_does
         assert f"**{agent}: inconclusive (too few episodes)**: 2 independent seeds" in md
     assert f"At least {need} independent seeds with a non-zero difference are needed" in md
     assert "(--seeds)" in md and "| n (non-zero) |" in md and "| gap captured |" in md
+    # the single host's figure, the fleet as one setting named after its file
+    assert (
+        "](fig_fleet_fleet.png)" in md and (tmp_path / "rep" / "fig_fleet_fleet.png").stat().st_size
+    )
+    assert json.loads((tmp_path / "rep" / "report.json").read_text())["figures"] == [
+        "fig_fleet_fleet.png"
+    ]
