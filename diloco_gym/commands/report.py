@@ -181,7 +181,10 @@ def _report_fleet(args: argparse.Namespace, agents: list[str]) -> int:
         lambda res, cmd: write_fleet_report(res, args.out, force=args.force, command=cmd),
         "report",
     )
-    print(fleet_summary_table(result["summary"], result["fleet"]["worst_site_weight"]))
+    f = result["fleet"]
+    print(
+        fleet_summary_table(result["summary"], f["worst_site_weight"], f["site_cap_pp"] is not None)
+    )
     print(
         f"\nfleet report written to {out}/ (report.md, results.csv, report.json, figure) in "
         f"{time.perf_counter() - started:.1f} s"

@@ -428,6 +428,7 @@ class DiLoCoFleetEnv(DiLoCoSyncEnv):
         self._n_base = OBS_DIM
         self._frag0 = OBS_DIM + _N_EXO * (fleet.n_sites - 1)
         self._link0 = self._frag0 + (fleet.fragments if fleet.fragments > 1 else 0)
+        self._cap0 = self._link0 + (fleet.n_sites if setup.links.on else 0)
         #: every sync in the fleet's one plan (no precision action, fixed links)
         self._plain_syncs = fleet.bits_options is None and not setup.links.on
 
@@ -524,10 +525,15 @@ class DiLoCoFleetEnv(DiLoCoSyncEnv):
         assert isinstance(self.episode, FleetEpisode)
         self._batch.thr_sum[0] = self.episode.throughput_sum * (target / kernel_work)
 
+    def _corridor_masks(self) -> np.ndarray:
+        """``[defer, launch]`` by the corridor and the budget alone (the single env's mask,
+        before the site cap)."""
+        return super().action_masks()
+
     def action_masks(self) -> np.ndarray:
         """``[defer, launch]``; with ``bits_options`` followed by one ``True`` per
         precision (MaskablePPO's flat mask of a ``MultiDiscrete`` space)."""
-        base = super().action_masks()
+        base = self._corridor_masks()
         if self._cap is not None:
             base = self._cap.mask(base, self._state.d.item(0))
         if self.fleet.bits_options is None:
@@ -626,7 +632,7 @@ class DiLoCoFleetEnv(DiLoCoSyncEnv):
             state = ep.link_states[min(d, ep.n_decisions - 1)]  # at the end: the last one
             obs[self._link0 : self._link0 + len(state)] = self.setup.links.rates(state)
         if self._cap is not None:
-            obs[len(obs) - len(self.setup.site_names) :] = self._cap.used(d)
+            obs[self._cap0 : self._cap0 + len(self.setup.site_names)] = self._cap.used(d)
         return obs
 
     # ------------------------------------------------------------------ summary

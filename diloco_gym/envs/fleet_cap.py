@@ -42,6 +42,7 @@ __all__ = [
     "CAP_FEATURE",
     "CapTracker",
     "cap_allows",
+    "site_cap_allows",
     "cap_obs_features",
     "cap_state",
     "cap_tracker",
@@ -49,6 +50,8 @@ __all__ = [
     "fleet_obs_features",
     "site_nominal_requests",
     "schedules_respect_cap",
+    "rounds_respect_cap",
+    "contribution_table",
     "settle_lags",
     "variant_lags",
     "episode_lags",
@@ -136,7 +139,10 @@ def cap_state(
         return z, np.zeros((n_sites, k), dtype=np.int64), z
     done = (np.asarray(d)[:, None] - past_d)[None] >= past_lags
     costs = np.ascontiguousarray(np.where(done, past_costs, 0.0))
-    return costs.sum(axis=-1), (~done).sum(axis=-1), costs.max(axis=-1)
+    # a sequential sum (not numpy's pairwise one), so that syncs a site did not join
+    # (zeros, with per-site timing) leave its sum bit for bit as without them
+    settled = np.cumsum(costs, axis=-1)[..., -1]
+    return settled, (~done).sum(axis=-1), costs.max(axis=-1)
 
 
 def cap_allows(
@@ -150,9 +156,23 @@ def cap_allows(
     """``(k,)`` whether the cap lets each row launch a sync at its ``d`` (module doc;
     arguments as :func:`cap_state`), ``reserve`` ``(k,)`` the syncs the corridor would
     force after it (:func:`forced_after`)."""
+    return np.all(site_cap_allows(d, past_d, past_costs, past_lags, caps, reserve), axis=0)
+
+
+def site_cap_allows(
+    d: np.ndarray,
+    past_d: np.ndarray,
+    past_costs: np.ndarray,
+    past_lags: np.ndarray,
+    caps: np.ndarray,
+    reserve: np.ndarray,
+) -> np.ndarray:
+    """``(N, k)`` whether the cap lets each site sync (or, with per-site timing,
+    contribute) at each row's ``d`` (arguments as :func:`cap_allows`; a sync a site did not
+    join is in ``past_costs`` as 0 with lag 0)."""
     settled, pending, forecast = cap_state(d, past_d, past_costs, past_lags)
     need = settled + (pending + 1 + np.asarray(reserve)[None, :]) * forecast
-    return np.all(need <= np.asarray(caps)[:, None], axis=0)
+    return need <= np.asarray(caps)[:, None]
 
 
 def forced_after(d: np.ndarray, n: int, h_max: int) -> np.ndarray:
@@ -191,6 +211,85 @@ def schedules_respect_cap(
         forced += ~allowed & by_corridor
         prev = d
     return ok, forced
+
+
+def contribution_table(
+    openings: np.ndarray, rows: list[list[list[int]]], n_sites: int
+) -> np.ndarray:
+    """``(R, m, N)`` each row's contribution decision of every round and site (-1: the
+    site did not contribute to that round), from its round openings ``(R, m)`` and each
+    site's sync decisions (a contribution belongs to the last round opened by then)."""
+    op = np.asarray(openings, dtype=np.int64).reshape(len(rows), -1)
+    out = np.full((op.shape[0], op.shape[1], n_sites), -1, dtype=np.int64)
+    for r, row in enumerate(rows):
+        for s, ds in enumerate(row):
+            if ds:
+                k = np.searchsorted(op[r], np.asarray(ds, dtype=np.int64), side="right") - 1
+                out[r, k, s] = ds
+    return out
+
+
+def rounds_respect_cap(
+    openings: np.ndarray,
+    sends: np.ndarray,
+    rules: Any,
+    site_costs: np.ndarray,
+    lags: np.ndarray,
+    caps: np.ndarray,
+    h_max: int,
+) -> np.ndarray:
+    """Replay the cap on ``R`` rounds schedules (per-site timing): ``(R,)`` whether each
+    respects it. ``openings`` ``(R, m)``: the round openings; ``sends`` ``(R, m, N)``:
+    each round's contribution decision per site, -1 for none (:func:`contribution_table`);
+    ``rules``: the rounds' :class:`~diloco_gym.sim.rounds.RoundRules`; the rest as
+    :func:`schedules_respect_cap`.
+
+    The env's rule, per site (:meth:`CapTracker.site_allows`: the site's own settled,
+    pending and largest costs, the reserve of the rounds the corridor forces after the
+    round's opening). A row is kept when every round the corridor does not force (gap
+    ``< h_max`` since the previous opening) opens with at least ``quorum`` sites the cap
+    allows, and every contribution is allowed, except those the rules may have forced:
+    at or after the round's window end while fewer than ``quorum`` of its contributions
+    came earlier, or at the episode's last decision. The env's own schedules are kept
+    (tested); the kept rows are uniform among the drawn ones that keep the rule."""
+    op = np.asarray(openings, dtype=np.int64)
+    x = np.asarray(sends, dtype=np.int64)
+    costs = np.asarray(site_costs, dtype=np.float64)
+    n_sites, n = costs.shape
+    r_rows, m = op.shape
+    last = n - 1
+    lag_arr = np.asarray(lags, dtype=np.int64)
+    ok = np.ones(r_rows, dtype=bool)
+    # events in round order, one per (round, site): decisions (R, j), per-site costs and
+    # lags (N, R, j), a site's entry 0 in the others' events (settled at once: adds 0)
+    ev_d = np.zeros((r_rows, 0), dtype=np.int64)
+    ev_c = np.zeros((n_sites, r_rows, 0))
+    ev_l = np.zeros((n_sites, r_rows, 0), dtype=np.int64)
+    prev = np.zeros(r_rows, dtype=np.int64)
+    for k in range(m):
+        o = op[:, k]
+        reserve = forced_after(o, n, h_max)
+        at_open = site_cap_allows(o, ev_d, ev_c, ev_l, caps, reserve)
+        ok &= (o - prev >= h_max) | (at_open.sum(axis=0) >= rules.quorum)
+        xk = x[:, k, :]  # (R, N)
+        sent = xk >= 0
+        window_end = np.minimum(o + rules.grace, last)
+        new_c = np.zeros((n_sites, r_rows, n_sites))
+        new_l = np.zeros((n_sites, r_rows, n_sites), dtype=np.int64)
+        for s in range(n_sites):
+            xs = np.where(sent[:, s], xk[:, s], o)
+            allowed = site_cap_allows(xs, ev_d, ev_c, ev_l, caps, reserve)[s]
+            before = (sent & (xk < xs[:, None])).sum(axis=1)
+            exempt = ((xs >= window_end) & (before < rules.quorum)) | (xs >= last)
+            ok &= ~sent[:, s] | exempt | allowed
+            lag = lag_arr[s] if lag_arr.ndim == 1 else lag_arr[s, xs]
+            new_c[s, :, s] = np.where(sent[:, s], costs[s, xs], 0.0)
+            new_l[s, :, s] = np.where(sent[:, s], lag, 0)
+        ev_d = np.concatenate([ev_d, np.where(sent, xk, o[:, None])], axis=1)
+        ev_c = np.concatenate([ev_c, new_c], axis=2)
+        ev_l = np.concatenate([ev_l, new_l], axis=2)
+        prev = o
+    return ok
 
 
 def site_nominal_requests(setup: Any) -> np.ndarray:
@@ -297,6 +396,23 @@ class CapTracker:
         dd = np.array([d], dtype=np.int64)
         reserve = forced_after(dd, self.n_of(), self.h_max)
         return bool(cap_allows(dd, *self._arrays(), self.caps, reserve)[0])
+
+    def site_allows(self, d: int, opening: int) -> np.ndarray:
+        """``(N,)`` whether the cap lets each site contribute at ``d`` to a round opened at
+        ``opening`` (per-site timing: the reserve counts the rounds the corridor forces
+        after that opening)."""
+        reserve = forced_after(np.array([opening], dtype=np.int64), self.n_of(), self.h_max)
+        dd = np.array([d], dtype=np.int64)
+        return site_cap_allows(dd, *self._arrays(), self.caps, reserve)[:, 0]
+
+    def record_sends(self, d: int, variant: int, site_costs: np.ndarray, sends: np.ndarray) -> None:
+        """The contributions at ``d`` (per-site timing): the sites of ``sends`` with these
+        isolated costs; the others' entries are 0 with lag 0 (settled at once, adding
+        nothing)."""
+        sends = np.asarray(sends, dtype=bool)
+        self.d.append(int(d))
+        self.costs.append(np.where(sends, np.asarray(site_costs, dtype=np.float64), 0.0))
+        self.lags.append(np.where(sends, self.lags_of(variant), 0))
 
     def record(self, d: int, variant: int, site_costs: np.ndarray) -> None:
         """A sync launched at ``d`` as sync variant ``variant`` (its precision option and

@@ -118,6 +118,8 @@ class DiLoCoFleetRoundsEnv(DiLoCoFleetEnv):
         self._rounds: list[rd.RoundState] = []
         self._sends: list[list[int]] = [[] for _ in range(n)]
         self._send_costs: list[list[float]] = [[] for _ in range(n)]
+        self._cap_over = 0  # contributions forced over the site cap
+        self._round_over = False  # the open round has one
         self._later_requests = 0.0  # costs charged after the openings (requests)
         self._dropped_progress = 0.0
         self._delays: np.ndarray | None = None
@@ -153,13 +155,24 @@ class DiLoCoFleetRoundsEnv(DiLoCoFleetEnv):
         self._overridden = False
         rs = self._round
         if rs is not None and not rs.closed:  # the open round's contributions at d
-            sends, self._overridden = rs.contribute(d, a)
-            later = self._record_sends(sends, d)
+            allowed = self._cap_allows(d, rs.opening)
+            asked = self._cap_asks(a, allowed, rs.ready(d) & ~rs.must_send(d))
+            sends, self._overridden = rs.contribute(d, asked, prefer=allowed)
+            self._overridden = self._overridden or bool(np.any(a & ~asked))
+            later = self._record_sends(sends, d, allowed)
             self._action = None
             want = 0
         else:
-            self._action = a
             want = int(a.any())
+            allowed = self._cap_allows(d, d)
+            if allowed is not None and self._cap_opens(bool(want), d, allowed):
+                asked = self._cap_asks(a, allowed, a)  # the sites it asks that the cap stops
+                self._overridden = bool(np.any(a & ~asked))
+                a = asked
+            elif allowed is not None:  # the cap masked the opening (counted once, as a
+                want = 0  # launch); no site is asked (a round the corridor forces later
+                a = np.zeros_like(a)  # opens with none asked, as after a defer)
+            self._action = a
         self._keep_asking()
         self._step_before = (self._state.progress_sum.item(0), self._state.tokens.item(0))
         obs, reward, term, trunc, info = super().step(want)
@@ -210,14 +223,16 @@ class DiLoCoFleetRoundsEnv(DiLoCoFleetEnv):
         self._rounds.append(rs)
         self._before.append(self._step_before)
         self._round = rs
+        self._round_over = False
         self._sync_options.append(ep.variant_at(d, self._option))
         if self.fleet.model_version >= 1:
             self._set_learner_work(d)
         wanted = self._action if self._action is not None else np.zeros(rs.sent.size, bool)
-        sends, ov = rs.contribute(d, wanted)
+        allowed = self._cap_allows(d, d)
+        sends, ov = rs.contribute(d, wanted, prefer=allowed)
         self._overridden = self._overridden or (ov and bool(wanted.any()))
         self._keep_asking()
-        return self._record_sends(sends, d)
+        return self._record_sends(sends, d, allowed)
 
     def round_delays(self, episode: Any) -> np.ndarray:
         """The start delays (decisions) of every round the episode can hold, ``(rounds,
@@ -233,18 +248,61 @@ class DiLoCoFleetRoundsEnv(DiLoCoFleetEnv):
         open_now = rs is not None and not rs.closed
         self._fused.set_skip_forced(self.params.skip_forced and not open_now)
 
-    def _record_sends(self, sends: np.ndarray, d: int) -> float:
-        """Record the contributions at ``d``; their summed isolated cost (requests)."""
+    def _record_sends(self, sends: np.ndarray, d: int, allowed: np.ndarray | None = None) -> float:
+        """Record the contributions at ``d`` (and, with a site cap, in its state: those
+        the cap did not allow, ``allowed``, were forced by the rules); their summed
+        isolated cost (requests)."""
         ep = self.episode
         assert isinstance(ep, FleetEpisode)
         total = 0.0
-        sites = ep.sites_of(ep.variant_at(d, self._option))  # the links' state at d
+        variant = ep.variant_at(d, self._option)
+        sites = ep.sites_of(variant)  # the links' state at d
+        costs = np.zeros(len(sites))
         for s in np.flatnonzero(sends).tolist():
             c = sites[s].merge_cost_at(d)
             self._sends[s].append(d)
             self._send_costs[s].append(c)
+            costs[s] = c
             total += c
+        if self._cap is not None and bool(sends.any()):
+            assert allowed is not None  # computed before the sends, from the past alone
+            over = sends & ~allowed
+            self._cap_over += int(over.sum())
+            rs = self._round
+            if over.any() and rs is not None and not self._round_over:
+                self._round_over = True
+                self._cap.overridden += 1  # rounds with a contribution forced over the cap
+            self._cap.record_sends(d, variant, costs, sends)
         return total
+
+    # ------------------------------------------------------------------ site cap
+    def _cap_allows(self, d: int, opening: int) -> np.ndarray | None:
+        """``(N,)`` the sites the cap lets contribute at ``d`` to a round opened at
+        ``opening`` (``None`` without a cap): :meth:`CapTracker.site_allows
+        <diloco_gym.envs.fleet_cap.CapTracker.site_allows>`, from settled costs alone."""
+        return None if self._cap is None else self._cap.site_allows(d, opening)
+
+    def _cap_opens(self, want: bool, d: int, allowed: np.ndarray) -> bool:
+        """Whether a round the agent asks for (``want``) opens at ``d`` under the cap:
+        where the corridor lets it defer, only when at least ``quorum`` sites may
+        contribute (the env's opening mask); a launch the cap masks becomes a defer
+        (counted and flagged as the single-instant fleet's cap does)."""
+        assert self._cap is not None
+        can_defer, can_merge = (bool(x) for x in self._corridor_masks()[:2])
+        blocked = can_defer and can_merge and int(allowed.sum()) < self.rules.quorum
+        self._cap.masked += int(blocked)
+        self._cap.last_vetoed = bool(want and blocked)
+        self._cap.vetoed += int(self._cap.last_vetoed)
+        return want and not blocked
+
+    def _cap_asks(self, a: np.ndarray, allowed: np.ndarray | None, free: np.ndarray) -> np.ndarray:
+        """The agent's asked sites under the cap: among ``free`` (the sites whose send is
+        the agent's choice), those the cap does not allow are dropped (vetoed)."""
+        if allowed is None:
+            return a
+        veto = a & free & ~allowed
+        self._cap.vetoed += int(veto.any())  # type: ignore[union-attr]
+        return a & ~veto
 
     def _settle(self) -> float:
         """When the open round has closed: the progress its dropped sites take back (and
@@ -286,12 +344,20 @@ class DiLoCoFleetRoundsEnv(DiLoCoFleetEnv):
         n = self.fleet.n_sites
         out = np.ones((n, 2), dtype=bool)
         rs = self._round
+        d = self._state.d.item(0)
         if rs is None or rs.closed:
-            out[:, 1] = bool(super().action_masks()[1])
+            can_defer, can_merge = (bool(x) for x in self._corridor_masks()[:2])
+            out[:, 1] = can_merge
+            allowed = self._cap_allows(d, d)
+            if allowed is not None and can_defer:  # the cap: an opening needs a quorum
+                out[:, 1] &= allowed & (int(allowed.sum()) >= self.rules.quorum)
         else:
-            d = self._state.d.item(0)
+            must = rs.must_send(d)
             out[:, 1] = rs.ready(d)
-            out[:, 0] = ~rs.must_send(d)
+            allowed = self._cap_allows(d, rs.opening)
+            if allowed is not None:
+                out[:, 1] &= allowed | must
+            out[:, 0] = ~must
         return out.ravel()
 
     def _step_info(
@@ -345,6 +411,8 @@ class DiLoCoFleetRoundsEnv(DiLoCoFleetEnv):
         out["merge_costs_requests"] = costs
         out["grace_decisions"] = self.rules.grace
         out["quorum"] = self.rules.quorum
+        if self._cap is not None:  # cap_overridden_syncs counts the rounds
+            out["cap_overridden_contributions"] = self._cap_over
         return out
 
 

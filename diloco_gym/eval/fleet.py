@@ -390,9 +390,11 @@ def episode_rows(
         table = protocol.counts_for(ep.n_decisions, p, max(m, 80))
         rng = np.random.default_rng([seed, m, 7])
         if env.fleet.per_site_timing:  # per-site schedules (eval/fleet_rounds.py)
-            scored = fleet_rounds.score_rounds_episode(env, ep, res, draws, rng, table)
+            scored = fleet_rounds.score_rounds_episode(env, ep, res, draws, rng, table, check)
+            accepted = scored.pop("matched_random_cap_acceptance", None)
+            cap_cols = {} if check is None else fleet_cap.cap_columns(res, accepted)
             row = _unit_row(env, ep, agent.name, seed, res, scored)
-            rows.append({**row, **fleet_rounds.rounds_columns(res)})
+            rows.append({**row, **fleet_rounds.rounds_columns(res), **cap_cols})
             continue
         scored, accepted = score_schedule(
             env, scorer, res["merge_decisions"], draws, rng, table, check
@@ -562,10 +564,11 @@ def oracle_label(worst_site_weight: float, capped: bool = False, rounds: bool = 
     0`` ``oracle (sum + lambda x worst site) pp``: the oracle then minimises the sum plus
     ``lambda`` times the worst site's cost, and a schedule of as many syncs may have a
     lower total. ``capped`` (a per-site cap): ``uncapped`` is added, the oracle ignores the
-    cap. ``rounds`` (per-site timing, which takes neither): ``oracle (upper bound) pp``,
-    the additive optimum replayed exactly, with no certified lower bound."""
+    cap. ``rounds`` (per-site timing, which takes no worst-site weight): ``oracle (upper
+    bound) pp``, the additive optimum replayed exactly, with no certified lower bound
+    (``upper bound, uncapped`` with a cap)."""
     if rounds:
-        return "oracle (upper bound) pp"
+        return "oracle (upper bound, uncapped) pp" if capped else "oracle (upper bound) pp"
     if worst_site_weight == 0:
         return "oracle (uncapped) pp" if capped else "oracle pp"
     label = f"oracle (sum + {worst_site_weight:g} x worst site"
@@ -714,7 +717,7 @@ def write_fleet_report(
         "random - oracle); verdicts: paired sign-flip test over the independent "
         "episodes, Holm-corrected over the report's agents, as in the single-host report."
         + (" " + oracle_note(f["worst_site_weight"])).rstrip()
-        + (" " + fleet_cap.cap_note(cap)).rstrip(),
+        + (" " + fleet_cap.cap_note(cap, f.get("timing") == "rounds")).rstrip(),
         "",
         fleet_summary_table(result["summary"], f["worst_site_weight"], cap is not None),
         "",

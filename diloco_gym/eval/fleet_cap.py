@@ -135,15 +135,21 @@ def cap_summary(sub: Any, sites: list[str], capped: bool) -> dict[str, Any]:
     return out
 
 
-def cap_note(cap_pp: float | None) -> str:
-    """The report's sentence on the cap ('' without one)."""
+def cap_note(cap_pp: float | None, rounds: bool = False) -> str:
+    """The report's sentence on the cap ('' without one; ``rounds``: per-site timing)."""
     if cap_pp is None:
         return ""
+    control = (
+        "the control's rounds (the agent's rounds and sites, placed at random) that respect "
+        "the same cap, each site's contributions replayed under the cap's rule"
+        if rounds
+        else "the schedules of the agent's syncs that respect the same cap"
+    )
     return (
         f"Per-site serving cap site_cap_pp = {cap_pp:g} pp: every agent ran under the cap's "
-        f"mask; matched random is drawn uniformly among the schedules of the agent's syncs "
-        f"that respect the same cap (rejection sampling from the exact sampler); the "
-        f"oracle is the uncapped bound (its schedules may break the cap)."
+        f"mask; matched random is drawn uniformly among {control} (rejection sampling from "
+        f"the uncapped control); the oracle is the uncapped bound (its schedules may break "
+        f"the cap)."
     )
 
 

@@ -207,10 +207,14 @@ def score_rounds_episode(
     draws: int,
     rng: np.random.Generator,
     counts: Any = None,
+    check: Any = None,
 ) -> dict[str, Any]:
     """Agent, matched-random control and oracle of one rounds episode, all by the same
     exact replay: the columns of :func:`~diloco_gym.eval.protocol.score_episode`, plus
-    ``control_dropped`` (contributions a drawn opening left no time for)."""
+    ``control_dropped`` (contributions a drawn opening left no time for). With a site cap
+    (``check``, :func:`~diloco_gym.eval.fleet_cap.cap_check`) the control keeps the rows
+    that respect it (:func:`capped_rounds_control`; ``matched_random_cap_acceptance``) and
+    the oracle stays the uncapped additive optimum."""
     p = env.params
     rules = env.rules
     n = episode.n_decisions
@@ -219,8 +223,13 @@ def score_rounds_episode(
     round_sites = [list(x) for x in summary["round_sites"]]
     m = len(round_sites)
     delays = env.round_delays(episode)  # the delays the agent met
-    openings = sample_uniform(n, p.h_min, p.h_max, m, draws, rng, counts)
-    rows, dropped = control_sends(openings, round_sites, rules, delays, n - 1, rng)
+    if check is None:
+        openings = sample_uniform(n, p.h_min, p.h_max, m, draws, rng, counts)
+        rows, dropped = control_sends(openings, round_sites, rules, delays, n - 1, rng)
+    else:  # matched random under the same site cap (rejection sampling)
+        rows, _, dropped, accepted = capped_rounds_control(
+            env, episode, round_sites, delays, draws, rng, counts, check
+        )
     a = scorer.score([agent_row])
     c = scorer.score(rows)
     orc = rounds_oracle(scorer.costs, rules, delays, round_sites, p.h_min, p.h_max)
@@ -239,7 +248,58 @@ def score_rounds_episode(
         "replayed_schedules": replayed,
         "additive_exact_gap_pp": float(gaps.max()),
         "control_dropped": int(dropped),
+        **({} if check is None else {"matched_random_cap_acceptance": accepted}),
     }
+
+
+def capped_rounds_control(
+    env: Any,
+    episode: Any,
+    round_sites: list[list[int]],
+    delays: np.ndarray,
+    draws: int,
+    rng: np.random.Generator,
+    counts: Any,
+    check: Any,
+) -> tuple[list[list[list[int]]], np.ndarray, int, float]:
+    """``draws`` rows of the rounds control that respect the site cap
+    (:func:`~diloco_gym.envs.fleet_cap.rounds_respect_cap`), drawn as the uncapped control
+    draws them and kept when the cap's replay allows them; their round openings ``(draws,
+    m)``, the contributions the kept rows dropped and the acceptance rate. At most
+    ``draws x CAP_REJECTIONS`` rows are drawn (the one-instant capped control's limit,
+    :func:`~diloco_gym.eval.fleet_cap.capped_control`)."""
+    from diloco_gym.envs import fleet_cap as env_cap
+    from diloco_gym.sim.limits import LimitError, limit, limit_env_var
+
+    p, rules, n = env.params, env.rules, episode.n_decisions
+    m = len(round_sites)
+    costs = episode.site_costs
+    lags = check.lags_for(episode)
+    most = draws * limit("CAP_REJECTIONS")
+    kept: list[list[list[int]]] = []
+    kept_open: list[np.ndarray] = []
+    dropped = drawn = 0
+    while len(kept) < draws:
+        if drawn >= most:
+            raise LimitError(
+                f"matched random under site_cap_pp = {check.cap_pp:g}: only {len(kept)} of "
+                f"{drawn} rounds schedules of {m} rounds in the episode of seed "
+                f"{episode.seed} respect the cap (at most {limit('CAP_REJECTIONS')} draws "
+                f"per kept one; set {limit_env_var('CAP_REJECTIONS')} to raise it)"
+            )
+        openings = sample_uniform(n, p.h_min, p.h_max, m, draws, rng, counts)
+        rows, _ = control_sends(openings, round_sites, rules, delays, n - 1, rng)
+        drawn += draws
+        table = env_cap.contribution_table(openings, rows, rules.n_sites)
+        ok = env_cap.rounds_respect_cap(
+            openings, table, rules, costs, lags, check.caps, check.h_max
+        )
+        for i in np.flatnonzero(ok).tolist():
+            if len(kept) < draws:
+                kept.append(rows[i])
+                kept_open.append(openings[i])
+                dropped += sum(len(round_sites[k]) for k in range(m)) - sum(map(len, rows[i]))
+    return kept, np.asarray(kept_open, dtype=np.int64).reshape(-1, m), dropped, len(kept) / drawn
 
 
 def site_rows(env: Any, summary: dict[str, Any]) -> list[list[int]]:

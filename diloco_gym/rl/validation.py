@@ -160,9 +160,12 @@ class HeldOutEvalCallback(BaseCallback):
         counts = protocol.counts_for(ep.n_decisions, env.params, max(len(sched), 1))
         if is_fleet(env) and env.fleet.per_site_timing:  # as the report seeds a rounds run
             from diloco_gym.eval import fleet_rounds
+            from diloco_gym.eval.fleet_cap import cap_check
 
             rng = np.random.default_rng([seed, len(r["round_sites"]), 7])
-            return fleet_rounds.score_rounds_episode(env, ep, r, self.draws, rng, counts)
+            return fleet_rounds.score_rounds_episode(
+                env, ep, r, self.draws, rng, counts, cap_check(env)
+            )
         rng = np.random.default_rng([seed, len(sched), 7])
         if not is_fleet(env):
             scorer = protocol.EpisodeScorer(ep, env.params, env.sidecar)

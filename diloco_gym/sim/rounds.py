@@ -166,10 +166,11 @@ class RoundState:
         """Sites that may contribute at ``d`` (ready, not yet contributed)."""
         return (self.opening + self.delays <= d) & ~self.sent
 
-    def forced(self, d: int, voluntary: np.ndarray) -> np.ndarray:
+    def forced(self, d: int, voluntary: np.ndarray, prefer: np.ndarray | None = None) -> np.ndarray:
         """The sites forced at ``d`` beside the ``voluntary`` ones (already restricted to
         the ready sites): at or after the window's end (or the episode's last decision),
-        the ready sites still needed for the quorum, in site order."""
+        the ready sites still needed for the quorum, in site order (``prefer``: those
+        sites first, then the others; a site cap prefers the sites it allows)."""
         out = np.zeros(self.rules.n_sites, dtype=bool)
         if d < self.window_end:
             return out
@@ -178,7 +179,11 @@ class RoundState:
             need = self.rules.n_sites  # the episode ends: every ready site is forced
         if need <= 0:
             return out
-        for s in np.flatnonzero(self.ready(d) & ~voluntary)[:need]:
+        cand = np.flatnonzero(self.ready(d) & ~voluntary)
+        if prefer is not None:
+            first = np.asarray(prefer, dtype=bool)[cand]
+            cand = np.concatenate([cand[first], cand[~first]])
+        for s in cand[:need]:
             out[s] = True
         return out
 
@@ -194,17 +199,19 @@ class RoundState:
             out[:] = ready
         return out
 
-    def contribute(self, d: int, wanted: np.ndarray) -> tuple[np.ndarray, bool]:
+    def contribute(
+        self, d: int, wanted: np.ndarray, prefer: np.ndarray | None = None
+    ) -> tuple[np.ndarray, bool]:
         """The sites that contribute at ``d`` given the agent's ``wanted`` sites: the wanted
         ready ones plus the forced ones. Returns them and whether the rules changed the
         agent's choice: a forced site it did not ask, or, after the opening, a site it
         asked that was not ready (at the opening a site's start delay is not yet known, so
         asking a straggler then is no override: it joins when ready). Closes the round when
-        its rules say so."""
+        its rules say so. ``prefer``: the sites forced first (:meth:`forced`)."""
         wanted = np.asarray(wanted, dtype=bool)
         ready = self.ready(d)
         voluntary = wanted & ready
-        forced = self.forced(d, voluntary)
+        forced = self.forced(d, voluntary, prefer)
         sends = voluntary | forced
         self.sent |= sends
         self.send_d[sends] = d

@@ -238,3 +238,38 @@ def test_the_cap_with_the_precision_action():
     s = info["episode_summary"]
     assert masked > 0 and s["cap_vetoed_launches"] == 0
     assert {env._cap.lags_of(k).shape for k in (0, 1)} == {(2,)}
+
+
+def test_the_rounds_replay_applies_the_cap_per_site():
+    """The cap's replay on rounds schedules (per-site timing), on costs made by hand: one
+    site at cost 10 per contribution, settled after 1 decision. A round the corridor does
+    not force opens only when quorum sites may contribute; a contribution the rules may
+    have forced (the window's end with the quorum not yet met) is exempt."""
+    from diloco_gym.sim import rounds as rd
+
+    costs = np.full((1, 50), 10.0)  # 50 decisions: the last is 49
+    lags = np.array([1])
+    rules = rd.RoundRules(grace=4, quorum=1, delay_max=(0,), weights=(1.0,))
+    openings = np.array([[5, 20]])
+
+    def kept(cap, sends):
+        table = np.array([sends])[:, :, None]
+        return fleet_cap.rounds_respect_cap(
+            openings, table, rules, costs, lags, np.array([cap]), 30
+        )[0]
+
+    # at the second opening: settled 10, forecast 10, no reserve (49 - 20 < 30): need 20
+    assert kept(25.0, [5, 20]) and not kept(15.0, [5, 20])
+    # the second round's contribution at its window's end (24) would be forced only if the
+    # round had opened: the opening itself is refused
+    assert not kept(15.0, [5, 24])
+    # a round the corridor forces (gap 30 >= H_max) opens whatever the cap; its one
+    # contribution at the window's end (quorum not met before) is exempt, earlier it is not
+    forced = np.array([[5, 35]])
+    for sends, want in (([5, 39], True), ([5, 35], False)):
+        table = np.array([sends])[:, :, None]
+        got = fleet_cap.rounds_respect_cap(forced, table, rules, costs, lags, np.array([15.0]), 30)
+        assert got[0] == want, sends
+    # the table of contributions from per-site decision lists
+    t = fleet_cap.contribution_table(np.array([[5, 20]]), [[[7], [20]]], 2)
+    assert t.tolist() == [[[7, -1], [-1, 20]]]

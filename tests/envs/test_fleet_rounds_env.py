@@ -262,3 +262,117 @@ def test_random_rules_and_actions_keep_the_books(case):
     for name in names:
         gaps = np.diff(s["site_sync_decisions"][name])
         assert (gaps >= env.params.h_min - env.rules.span).all()
+
+
+def _cap_sites() -> tuple[fl.SiteConfig, ...]:
+    """A bursty site beside an always-busy one (the example capped fleet's)."""
+    return (fl.SiteConfig(name="bursty"), fl.SiteConfig(name="busy", regime="sync-heavy"))
+
+
+def test_the_one_instant_special_case_holds_under_a_site_cap():
+    """With a site cap, grace 0, every site in the quorum and no stragglers, the rounds env
+    with every site asked (or none) is the capped fleet env bit for bit: the same masked
+    launches, vetoes, forced syncs over the cap, observations (the cap features
+    included), rewards and summary."""
+    base = gym.make(
+        "DiLoCoFleet-v1", fleet=fl.FleetParams(sites=_cap_sites(), site_cap_pp=6.0)
+    ).unwrapped
+    f = fl.FleetParams(sites=_cap_sites(), model_version=1, timing="rounds", site_cap_pp=6.0)
+    rnd = gym.make("DiLoCoFleet-v1", fleet=f).unwrapped
+    assert type(rnd) is DiLoCoFleetRoundsEnv
+    for seed in (0, 3):
+        launch = np.random.default_rng(seed).random(2000) < 0.3
+        a = rollout(base, lambda k, o, i, go=launch: int(go[k]), seed)
+        b = rollout(rnd, lambda k, o, i, go=launch: np.full(2, int(go[k])), seed)
+        assert len(a) == len(b)
+        k = base.observation_space.shape[0]
+        for (oa, ra, ia), (ob, rb, ib) in zip(a, b, strict=True):
+            assert np.array_equal(oa, ob[:k]) and ra == rb
+            for key in ia:
+                if key not in ("action_mask", "episode_summary"):
+                    assert ia[key] == ib[key], key
+            # the rounds mask offers a launch to every site exactly where the fleet's does
+            # (2: the site's send is free; 0: it must be 0)
+            assert list(ib["action_mask"]) == [2 * int(ia["action_mask"][1])] * 2
+        sa, sb = a[-1][2]["episode_summary"], b[-1][2]["episode_summary"]
+        assert sa["cap_masked_decisions"] > 0 and sa["cap_vetoed_launches"] > 0
+        assert sa["cap_overridden_syncs"] > 0  # every counter is exercised
+        for key in sa:
+            assert sa[key] == sb[key], key
+        assert sb["cap_overridden_contributions"] >= sb["cap_overridden_syncs"]
+
+
+@pytest.mark.parametrize("case", range(4))
+def test_under_a_site_cap_the_mask_is_honest_and_the_protocol_keeps_the_envs_schedule(case):
+    """Random rules (grace, quorum, stragglers) with a site cap and actions drawn from the
+    mask: the cap never has to veto what the mask offered, the books keep (the reward's
+    terms add up to the summary's costs), and the protocol's replay of the cap
+    (fleet_cap.rounds_respect_cap) keeps the env's own schedule, the set matched random
+    is drawn from is never empty."""
+    from diloco_gym.envs import fleet_cap
+
+    rng = np.random.default_rng(100 + case)
+    regimes = ["bursty", "sync-heavy", "bursty"]
+    n = int(rng.integers(2, 4))
+    sites = tuple(
+        fl.SiteConfig(
+            name=f"s{i}", regime=regimes[i], delay_max_s=float(rng.choice([0.0, 3.0, 6.0]))
+        )
+        for i in range(n)
+    )
+    f = fl.FleetParams(
+        sites=sites, model_version=1, timing="rounds", site_cap_pp=float(rng.choice([3.0, 6.0])),
+        grace_s=float(rng.choice([0.0, 4.5, 9.0])), quorum=int(rng.integers(1, n + 1)),
+    )  # fmt: skip
+    env = gym.make("DiLoCoFleet-v1", fleet=f, **LONG).unwrapped
+    obs, info = env.reset(seed=case)
+    env.action_space.seed(case)
+    steps = []
+    while True:
+        obs, r, term, trunc, info = env.step(env.action_space.sample(mask=info["action_mask"]))
+        assert env.observation_space.contains(obs)
+        steps.append(info)
+        if trunc:
+            break
+    s = info["episode_summary"]
+    assert s["cap_vetoed_launches"] == 0
+    assert s["cap_masked_decisions"] > 0  # the cap binds in this episode
+    scale = env.episode.reward_per_request
+    excess = -sum(i["reward_terms"]["sync_excess"] for i in steps) / scale
+    assert excess == pytest.approx(s["additive_excess_requests"], rel=1e-9, abs=1e-9)
+    rows = [[list(s["site_sync_decisions"][nm]) for nm in env.setup.site_names]]
+    openings = np.array([s["round_openings"]])
+    table = fleet_cap.contribution_table(openings, rows, n)
+    caps = f.site_cap_pp / 100.0 * fleet_cap.site_nominal_requests(env.setup)
+    lags = fleet_cap.settle_lags(env.params, env.setup.sidecars)
+    ok = fleet_cap.rounds_respect_cap(
+        openings, table, env.rules, env.episode.site_costs, lags, caps, env.params.h_max
+    )
+    assert ok.tolist() == [True]
+
+
+def test_under_a_site_cap_asked_sites_the_cap_stops_are_vetoed_and_flagged():
+    """An agent that asks every site at every decision: the cap vetoes some asks (an
+    opening with too few sites it allows, or a capped site's send), each flagged in
+    ``action_overridden``; the replay keeps the schedule."""
+    from diloco_gym.envs import fleet_cap
+
+    sites = _cap_sites()
+    f = fl.FleetParams(
+        sites=sites, model_version=1, timing="rounds", site_cap_pp=4.0, grace_s=9.0, quorum=1
+    )
+    env = gym.make("DiLoCoFleet-v1", fleet=f, **LONG).unwrapped
+    steps = rollout(env, lambda k, o, i: np.ones(2, dtype=int), 5)
+    s = steps[-1][2]["episode_summary"]
+    assert s["cap_vetoed_launches"] > 0
+    assert sum(bool(i["action_overridden"]) for _, _, i in steps[1:]) >= s["cap_vetoed_launches"]
+    # quorum 1: a round can go on without the capped site, so some rounds lack a site
+    assert any(len(x) < 2 for x in s["round_sites"])
+    rows = [[list(s["site_sync_decisions"][nm]) for nm in env.setup.site_names]]
+    openings = np.array([s["round_openings"]])
+    caps = 0.04 * fleet_cap.site_nominal_requests(env.setup)
+    lags = fleet_cap.settle_lags(env.params, env.setup.sidecars)
+    table = fleet_cap.contribution_table(openings, rows, 2)
+    assert fleet_cap.rounds_respect_cap(
+        openings, table, env.rules, env.episode.site_costs, lags, caps, env.params.h_max
+    ).tolist() == [True]

@@ -153,3 +153,56 @@ def test_the_rounds_summary_carries_the_rounds_columns_and_an_upper_bound_oracle
     assert "| oracle (upper bound) pp |" in fleet_summary_table(summary)
     assert set(rows["oracle_schedule"]) == {fr.ORACLE_ROUNDS}
     assert "local search" not in fr.ORACLE_ROUNDS and "upper bound" in fr.ORACLE_ROUNDS
+
+
+def _capped(cap: float, quorum: int = 1):
+    """A bursty site beside an always-busy one, per-site timing and a site cap."""
+    sites = (fl.SiteConfig(name="bursty"), fl.SiteConfig(name="busy", regime="sync-heavy"))
+    f = fl.FleetParams(
+        sites=sites, model_version=1, timing="rounds", grace_s=9.0, quorum=quorum,
+        site_cap_pp=cap,
+    )  # fmt: skip
+    return gym.make("DiLoCoFleet-v1", fleet=f, **LONG).unwrapped
+
+
+def test_under_a_site_cap_matched_random_keeps_the_rounds_that_respect_it():
+    """The capped rounds control: every kept row respects the cap (the replay), the cap
+    binds on the uncapped control's rows (some break it), and a cap too loose to bind
+    gives the uncapped control's rows and scores exactly."""
+    from diloco_gym.envs import fleet_cap as env_cap
+    from diloco_gym.eval.fleet_cap import cap_check
+    from diloco_gym.sim.schedules import sample_uniform
+
+    env = _capped(4.0)
+    ep, s = run(env, 2, lambda k, obs: np.array([1, 1]))
+    check = cap_check(env)
+    round_sites = [list(x) for x in s["round_sites"]]
+    delays = env.round_delays(ep)
+    rows, opened, _, acc = fr.capped_rounds_control(
+        env, ep, round_sites, delays, 40, np.random.default_rng(0), None, check
+    )
+    assert len(rows) == 40 and 0.0 < acc < 1.0
+    p, n = env.params, ep.n_decisions
+
+    def kept(openings, rows):
+        table = env_cap.contribution_table(openings, rows, 2)
+        return env_cap.rounds_respect_cap(
+            openings, table, env.rules, ep.site_costs, check.lags, check.caps, p.h_max
+        )
+
+    assert kept(opened, rows).all()
+    rng = np.random.default_rng(1)
+    draw = sample_uniform(n, p.h_min, p.h_max, len(round_sites), 200, rng)
+    free, _ = fr.control_sends(draw, round_sites, env.rules, delays, n - 1, rng)
+    assert not kept(draw, free).all()  # the cap binds on uniform rows
+    loose = _capped(100.0)
+    ep2, s2 = run(loose, 2, lambda k, obs: np.array([1, 1]))
+    a = fr.score_rounds_episode(
+        loose, ep2, s2, 30, np.random.default_rng(5), None, cap_check(loose)
+    )
+    b = fr.score_rounds_episode(loose, ep2, s2, 30, np.random.default_rng(5))
+    assert a.pop("matched_random_cap_acceptance") == 1.0
+    assert a.keys() == b.keys()
+    for key in a:  # equal, NaN included (no certified bound on rounds)
+        assert a[key] == b[key] or (a[key] != a[key] and b[key] != b[key]), key
+    assert a["control_dropped"] == b["control_dropped"]
