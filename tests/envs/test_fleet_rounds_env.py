@@ -376,3 +376,56 @@ def test_under_a_site_cap_asked_sites_the_cap_stops_are_vetoed_and_flagged():
     assert fleet_cap.rounds_respect_cap(
         openings, table, env.rules, env.episode.site_costs, lags, caps, env.params.h_max
     ).tolist() == [True]
+
+
+def test_under_a_site_cap_the_rounds_masks_and_observations_are_causal():
+    """As the one-instant cap's test: two runs whose contributions cost the same where
+    their cost windows end by decision D (and 7 times more after) give the same masks and
+    observations up to D. A 30 s tail_s keeps cost windows open across decisions, and the
+    perturbation does change the run after D (the test can fail)."""
+    from diloco_gym.sim.sidecar import cost_horizon
+
+    sites = tuple(
+        fl.SiteConfig(name=s.name, regime=s.regime, sidecar=(("tail_s", 30.0),))
+        for s in _cap_sites()
+    )
+    f = fl.FleetParams(
+        sites=sites, model_version=1, timing="rounds", site_cap_pp=8.0, grace_s=9.0, quorum=1
+    )
+    env = gym.make("DiLoCoFleet-v1", fleet=f, **LONG).unwrapped
+    p = env.params
+    steps = max(cost_horizon(sc, p.step_seconds, p.merge_steps) for sc in env.setup.sidecars)
+    lag = steps // p.decision_interval + 1
+
+    def run(perturb=None):
+        obs, info = env.reset(seed=4)
+        if perturb is not None:
+            perturb(env)
+        rows = [(info["decision"], tuple(env.action_masks()), obs.tobytes())]
+        while True:
+            obs, _, _, trunc, info = env.step(np.ones(2, dtype=int))
+            rows.append((info["decision"], tuple(env.action_masks()), obs.tobytes()))
+            if trunc:
+                return rows, info["episode_summary"]
+
+    base, summary = run()
+    assert summary["cap_vetoed_launches"] > 0  # the cap binds: some asked sends stopped
+    horizon = summary["round_openings"][len(summary["round_openings"]) // 2] + lag - 1
+
+    def perturb(e):
+        record = e._cap.record_sends
+
+        def late_costs_times_7(d, variant, costs, sends):
+            scale = 7.0 if d + lag > horizon else 1.0
+            record(d, variant, np.asarray(costs) * scale, sends)
+
+        e._cap.record_sends = late_costs_times_7
+
+    other, _ = run(perturb)
+    upto = [r for r in base if r[0] <= horizon]
+    assert len(upto) > 10 and upto == other[: len(upto)]
+    # before D, with no round open, the mask offered a send to one site and not the
+    # other: only the cap does that (the cap binds on the masks compared)
+    k = env.obs_index["round_open"]
+    assert any(m[1] != m[3] and np.frombuffer(o, np.float32)[k] == 0 for _, m, o in upto)
+    assert base != other  # the run after D saw the perturbed costs
