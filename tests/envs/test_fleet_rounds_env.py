@@ -40,6 +40,20 @@ def rollout(env, policy, seed):
             return steps
 
 
+def masked_rollout(env, seed):
+    """Actions drawn from the env's sample mask (seeded), every observation in the space:
+    each step's info, and the episode summary."""
+    obs, info = env.reset(seed=seed)
+    env.action_space.seed(seed)
+    steps = []
+    while True:
+        obs, r, term, trunc, info = env.step(env.action_space.sample(mask=info["action_mask"]))
+        assert env.observation_space.contains(obs)
+        steps.append(info)
+        if trunc:
+            return steps, info["episode_summary"]
+
+
 @pytest.mark.parametrize("n", [1, 4])
 def test_the_one_instant_special_case_is_the_fleet_env_bit_for_bit(n):
     sites = tuple(fl.SiteConfig(name=f"s{i}") for i in range(n))
@@ -239,16 +253,7 @@ def test_random_rules_and_actions_keep_the_books(case):
         speeds=[float(rng.uniform(0.5, 2.0)) for _ in range(n)],
         **LONG,
     )
-    obs, info = env.reset(seed=case)
-    env.action_space.seed(case)
-    steps = []
-    while True:
-        obs, r, term, trunc, info = env.step(env.action_space.sample(mask=info["action_mask"]))
-        assert env.observation_space.contains(obs)
-        steps.append(info)
-        if trunc:
-            break
-    s = info["episode_summary"]
+    steps, s = masked_rollout(env, case)
     scale = env.episode.reward_per_request
     excess = -sum(i["reward_terms"]["sync_excess"] for i in steps) / scale
     assert excess == pytest.approx(s["additive_excess_requests"], rel=1e-9, abs=1e-9)
@@ -325,16 +330,7 @@ def test_under_a_site_cap_the_mask_is_honest_and_the_protocol_keeps_the_envs_sch
         grace_s=float(rng.choice([0.0, 4.5, 9.0])), quorum=int(rng.integers(1, n + 1)),
     )  # fmt: skip
     env = gym.make("DiLoCoFleet-v1", fleet=f, **LONG).unwrapped
-    obs, info = env.reset(seed=case)
-    env.action_space.seed(case)
-    steps = []
-    while True:
-        obs, r, term, trunc, info = env.step(env.action_space.sample(mask=info["action_mask"]))
-        assert env.observation_space.contains(obs)
-        steps.append(info)
-        if trunc:
-            break
-    s = info["episode_summary"]
+    steps, s = masked_rollout(env, case)
     assert s["cap_vetoed_launches"] == 0
     assert s["cap_masked_decisions"] > 0  # the cap binds in this episode
     scale = env.episode.reward_per_request
