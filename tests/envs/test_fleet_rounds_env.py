@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import gymnasium as gym
 import numpy as np
 import pytest
@@ -425,3 +427,31 @@ def test_under_a_site_cap_the_rounds_masks_and_observations_are_causal():
     k = env.obs_index["round_open"]
     assert any(m[1] != m[3] and np.frombuffer(o, np.float32)[k] == 0 for _, m, o in upto)
     assert base != other  # the run after D saw the perturbed costs
+
+
+def test_the_site_cap_with_per_site_timing_and_changing_links(tmp_path):
+    """Rounds, changing links and the cap together: each contribution settles after its own
+    link state's window, and the protocol's replay (with each decision's lags) keeps the
+    env's own schedule."""
+    from diloco_gym.envs import fleet_cap
+    from diloco_gym.eval.fleet_cap import cap_check
+
+    base = Path(__file__).resolve().parents[2] / "docs" / "examples" / "fleet-rounds-links.toml"
+    text = base.read_text().replace("quorum = 4", "quorum = 2\nsite_cap_pp = 3.0")
+    path = tmp_path / "f.toml"
+    path.write_text(text)
+    env = make_fleet_env(fleet=str(path), h_min_steps=256)
+    assert type(env) is DiLoCoFleetRoundsEnv and env.setup.links.on
+    for seed in (0, 1):
+        steps, s = masked_rollout(env, seed)
+        assert s["cap_vetoed_launches"] == 0 and s["cap_masked_decisions"] > 0
+        ep = env.episode
+        check = cap_check(env)
+        rows = [[list(s["site_sync_decisions"][nm]) for nm in env.setup.site_names]]
+        openings = np.array([s["round_openings"]])
+        table = fleet_cap.contribution_table(openings, rows, 4)
+        ok = fleet_cap.rounds_respect_cap(
+            openings, table, env.rules, ep.site_costs, check.lags_for(ep), check.caps,
+            env.params.h_max,
+        )  # fmt: skip
+        assert ok.tolist() == [True]
