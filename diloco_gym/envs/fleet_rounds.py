@@ -349,8 +349,10 @@ class DiLoCoFleetRoundsEnv(DiLoCoFleetEnv):
             can_defer, can_merge = (bool(x) for x in self._corridor_masks()[:2])
             out[:, 1] = can_merge
             allowed = self._cap_allows(d, d)
-            if allowed is not None and can_defer:  # the cap: an opening needs a quorum
-                out[:, 1] &= allowed & (int(allowed.sum()) >= self.rules.quorum)
+            if allowed is not None:  # the cap: a send only where it allows one, and an
+                out[:, 1] &= allowed  # opening the agent may skip needs quorum such sites
+                if can_defer:
+                    out[:, 1] &= int(allowed.sum()) >= self.rules.quorum
         else:
             must = rs.must_send(d)
             out[:, 1] = rs.ready(d)

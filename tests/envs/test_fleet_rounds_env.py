@@ -309,7 +309,7 @@ def test_the_one_instant_special_case_holds_under_a_site_cap():
         assert sb["cap_overridden_contributions"] >= sb["cap_overridden_syncs"]
 
 
-@pytest.mark.parametrize("case", range(4))
+@pytest.mark.parametrize("case", range(6))
 def test_under_a_site_cap_the_mask_is_honest_and_the_protocol_keeps_the_envs_schedule(case):
     """Random rules (grace, quorum, stragglers) with a site cap and actions drawn from the
     mask: the cap never has to veto what the mask offered, the books keep (the reward's
@@ -331,7 +331,8 @@ def test_under_a_site_cap_the_mask_is_honest_and_the_protocol_keeps_the_envs_sch
         sites=sites, model_version=1, timing="rounds", site_cap_pp=float(rng.choice([3.0, 6.0])),
         grace_s=float(rng.choice([0.0, 4.5, 9.0])), quorum=int(rng.integers(1, n + 1)),
     )  # fmt: skip
-    env = gym.make("DiLoCoFleet-v1", fleet=f, **LONG).unwrapped
+    # cases 4 and 5 ask the agent at the corridor's forced decisions too
+    env = gym.make("DiLoCoFleet-v1", fleet=f, skip_forced=case < 4, **LONG).unwrapped
     steps, s = masked_rollout(env, case)
     assert s["cap_vetoed_launches"] == 0
     assert s["cap_masked_decisions"] > 0  # the cap binds in this episode
