@@ -159,7 +159,7 @@ class DiLoCoFleetRoundsEnv(DiLoCoFleetEnv):
             asked = self._cap_asks(a, allowed, rs.ready(d) & ~rs.must_send(d))
             sends, self._overridden = rs.contribute(d, asked, prefer=allowed)
             self._overridden = self._overridden or bool(np.any(a & ~asked))
-            later = self._record_sends(sends, d, allowed)
+            later = self._record_sends(sends, d, allowed) + self._worst_site_term(rs)
             self._action = None
             want = 0
         else:
@@ -232,7 +232,25 @@ class DiLoCoFleetRoundsEnv(DiLoCoFleetEnv):
         sends, ov = rs.contribute(d, wanted, prefer=allowed)
         self._overridden = self._overridden or (ov and bool(wanted.any()))
         self._keep_asking()
-        return self._record_sends(sends, d, allowed)
+        return self._record_sends(sends, d, allowed) + self._worst_site_term(rs)
+
+    def _worst_site_term(self, rs: rd.RoundState) -> float:
+        """With ``worst_site_weight`` (lambda > 0), once round ``rs`` has closed: lambda
+        times the largest cost of a contributing site normalised to a site of mean rate,
+        the one-instant fleet's term (charged in the step the round closes; 0 otherwise)."""
+        lam = self.fleet.worst_site_weight
+        if not lam or not rs.closed:
+            return 0.0
+        costs = self._round_costs(rs)
+        norm = self.setup.norm
+        return lam * max(costs[s] * norm[s] for s in np.flatnonzero(rs.sent).tolist())
+
+    def _round_costs(self, rs: rd.RoundState) -> dict[int, float]:
+        """Each contributing site's cost in round ``rs`` (requests), by site."""
+        return {
+            s: self._send_costs[s][self._sends[s].index(int(rs.send_d[s]))]
+            for s in np.flatnonzero(rs.sent).tolist()
+        }
 
     def round_delays(self, episode: Any) -> np.ndarray:
         """The start delays (decisions) of every round the episode can hold, ``(rounds,
@@ -407,9 +425,9 @@ class DiLoCoFleetRoundsEnv(DiLoCoFleetEnv):
         costs: list[float] = []
         for r in rounds:
             total = 0.0
-            for s in np.flatnonzero(r.sent).tolist():
-                total += self._send_costs[s][self._sends[s].index(int(r.send_d[s]))]
-            costs.append(total)
+            for c in self._round_costs(r).values():
+                total += c
+            costs.append(total + self._worst_site_term(r))
         out["merge_costs_requests"] = costs
         out["grace_decisions"] = self.rules.grace
         out["quorum"] = self.rules.quorum

@@ -575,10 +575,18 @@ def oracle_label(worst_site_weight: float, capped: bool = False, rounds: bool = 
     return label + (", uncapped) pp" if capped else ") pp")
 
 
-def oracle_note(worst_site_weight: float) -> str:
-    """The sentence that says what the oracle minimises ('' without a worst-site weight)."""
+def oracle_note(worst_site_weight: float, rounds: bool = False) -> str:
+    """The sentence that says what the oracle minimises ('' without a worst-site weight;
+    ``rounds``: per-site timing, whose oracle minimises the total it reports)."""
     if worst_site_weight == 0:
         return ""
+    if rounds:
+        return (
+            f"With worst_site_weight = {worst_site_weight:g}, each round's cost in the "
+            f"agents' reward adds {worst_site_weight:g} times its worst contributing site's "
+            f"(normalised to a site of mean rate); the oracle, an upper bound, minimises the "
+            f"summed cost, the total it reports."
+        )
     return (
         f"With worst_site_weight = {worst_site_weight:g}, the oracle minimises the summed "
         f"isolated cost plus {worst_site_weight:g} times the worst site's (normalised to a "
@@ -716,7 +724,7 @@ def write_fleet_report(
         "matched random differ; gap captured: (matched random - agent) / (matched "
         "random - oracle); verdicts: paired sign-flip test over the independent "
         "episodes, Holm-corrected over the report's agents, as in the single-host report."
-        + (" " + oracle_note(f["worst_site_weight"])).rstrip()
+        + (" " + oracle_note(f["worst_site_weight"], f.get("timing") == "rounds")).rstrip()
         + (" " + fleet_cap.cap_note(cap, f.get("timing") == "rounds")).rstrip(),
         "",
         fleet_summary_table(result["summary"], f["worst_site_weight"], cap is not None),

@@ -403,7 +403,7 @@ def write_fleet_frontier(
         f"{result['config']['budgets']}, {result['config']['seeds']} episodes from seed "
         f"{result['config']['seed0']}; calibration verdict "
         f"**{result['calibration_verdict']}**."
-        + (" " + oracle_note(fleet["worst_site_weight"])).rstrip(),
+        + (" " + oracle_note(fleet["worst_site_weight"], rounds)).rstrip(),
         "",
         *([fleet_rounds.rounds_paragraph(fleet), ""] if rounds else []),
         frontier_table(result["frontier"], fleet["worst_site_weight"]),

@@ -442,7 +442,6 @@ class FleetParams:
             for k, on in (
                 ("fragments > 1", self.fragments != 1),
                 ("bits_options", self.bits_options is not None),
-                ("worst_site_weight", self.worst_site_weight != 0.0),
             )
             if on
         ]

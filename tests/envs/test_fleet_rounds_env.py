@@ -456,3 +456,50 @@ def test_the_site_cap_with_per_site_timing_and_changing_links(tmp_path):
             env.params.h_max,
         )  # fmt: skip
         assert ok.tolist() == [True]
+
+
+@pytest.mark.parametrize("cap", [None, 6.0])
+def test_the_one_instant_special_case_holds_with_a_worst_site_weight(cap):
+    """With a worst-site weight (and a site cap, or none), grace 0, every site in the quorum
+    and no stragglers, the rounds env is the one-instant fleet env bit for bit: each
+    round's reward adds lambda times its worst site as the one-instant sync's does."""
+    sites = _cap_sites()
+    base = gym.make(
+        "DiLoCoFleet-v1",
+        fleet=fl.FleetParams(sites=sites, worst_site_weight=2.0, site_cap_pp=cap),
+    ).unwrapped
+    f = fl.FleetParams(
+        sites=sites, model_version=1, timing="rounds", worst_site_weight=2.0, site_cap_pp=cap
+    )
+    rnd = gym.make("DiLoCoFleet-v1", fleet=f).unwrapped
+    plain = gym.make("DiLoCoFleet-v1", fleet=fl.FleetParams(sites=sites, site_cap_pp=cap)).unwrapped
+    launch = np.random.default_rng(1).random(2000) < 0.3
+    a = rollout(base, lambda k, o, i: int(launch[k]), 1)
+    b = rollout(rnd, lambda k, o, i: np.full(2, int(launch[k])), 1)
+    c = rollout(plain, lambda k, o, i: int(launch[k]), 1)
+    assert [x[1] for x in a] != [x[1] for x in c]  # the weight changes the rewards
+    k = base.observation_space.shape[0]
+    for (oa, ra, ia), (ob, rb, ib) in zip(a, b, strict=True):
+        assert np.array_equal(oa, ob[:k]) and ra == rb
+        assert ia["reward_terms"] == ib["reward_terms"]
+    sa, sb = a[-1][2]["episode_summary"], b[-1][2]["episode_summary"]
+    for key in sa:
+        assert sa[key] == sb[key], key
+
+
+@pytest.mark.parametrize("case", range(3))
+def test_a_worst_site_weight_is_charged_once_per_round(case):
+    """Random rules with a worst-site weight, actions from the mask: the reward's cost terms
+    add up to the rounds' costs in the summary, each round's lambda term included once."""
+    rng = np.random.default_rng(200 + case)
+    sites = _cap_sites()
+    f = fl.FleetParams(
+        sites=sites, model_version=1, timing="rounds", worst_site_weight=1.5,
+        grace_s=float(rng.choice([4.5, 9.0])), quorum=int(rng.integers(1, 3)),
+    )  # fmt: skip
+    env = gym.make("DiLoCoFleet-v1", fleet=f, **LONG).unwrapped
+    steps, s = masked_rollout(env, case)
+    scale = env.episode.reward_per_request
+    charged = -sum(i["reward_terms"]["sync_excess"] for i in steps) / scale
+    assert charged == pytest.approx(sum(s["merge_costs_requests"]), rel=1e-9)
+    assert sum(s["merge_costs_requests"]) > s["additive_excess_requests"] + 1.0

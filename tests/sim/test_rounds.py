@@ -121,9 +121,10 @@ def test_fleet_keys_of_per_site_timing_are_checked():
         fl.FleetParams(model_version=1, timing="async")
     with pytest.raises(fl.FleetConfigError, match="does not combine with fragments > 1"):
         fl.FleetParams(model_version=1, timing="rounds", fragments=2)
-    with pytest.raises(fl.FleetConfigError, match="does not combine with worst_site_weight"):
-        fl.FleetParams(model_version=1, timing="rounds", worst_site_weight=1.0)
-    fl.FleetParams(model_version=1, timing="rounds", site_cap_pp=6.0)  # the cap combines
+    with pytest.raises(fl.FleetConfigError, match="does not combine with bits_options"):
+        fl.FleetParams(model_version=1, timing="rounds", bits_options=(8, 32))
+    # the cap and a worst-site weight combine
+    fl.FleetParams(model_version=1, timing="rounds", site_cap_pp=6.0, worst_site_weight=1.0)
     with pytest.raises(fl.FleetConfigError, match=r"quorum must be an integer in \[1, 4\]"):
         fl.FleetParams(model_version=1, timing="rounds", quorum=5)
     with pytest.raises(fl.FleetConfigError, match="compute_speed must be a finite number"):
