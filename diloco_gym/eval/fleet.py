@@ -564,9 +564,9 @@ def oracle_label(worst_site_weight: float, capped: bool = False, rounds: bool = 
     0`` ``oracle (sum + lambda x worst site) pp``: the oracle then minimises the sum plus
     ``lambda`` times the worst site's cost, and a schedule of as many syncs may have a
     lower total. ``capped`` (a per-site cap): ``uncapped`` is added, the oracle ignores the
-    cap. ``rounds`` (per-site timing, which takes no worst-site weight): ``oracle (upper
-    bound) pp``, the additive optimum replayed exactly, with no certified lower bound
-    (``upper bound, uncapped`` with a cap)."""
+    cap. ``rounds`` (per-site timing): ``oracle (upper bound) pp`` whatever the weight,
+    the additive optimum of the summed cost replayed exactly, with no certified lower
+    bound (``upper bound, uncapped`` with a cap)."""
     if rounds:
         return "oracle (upper bound, uncapped) pp" if capped else "oracle (upper bound) pp"
     if worst_site_weight == 0:
