@@ -19,7 +19,7 @@ import numpy as np
 
 from diloco_gym.envs.params import EnvParams
 from diloco_gym.sim import fleet as fl
-from diloco_gym.sim.fleet_links import link_states, with_link_levels
+from diloco_gym.sim.fleet_links import LinkTrace, link_states, load_link_trace, with_link_levels
 from diloco_gym.sim.sidecar import SidecarParams
 
 __all__ = ["FleetLinks", "LINK_FEATURE", "link_obs_features", "with_slowdowns"]
@@ -65,12 +65,29 @@ class FleetLinks:
         self._base_sidecars = base_sidecars
         self._step_s = params.step_seconds
         self._variants: dict[tuple[int, tuple[float, ...]], int] = {}
-        #: the chain's level probabilities (``None``: fixed links)
+        self._decision_s = params.decision_seconds
+        #: the chain's level probabilities (``None``: fixed links, or traces)
         self.probs: np.ndarray | None = None
         self.stay = 1.0
+        #: each site's link trace (``None``: none), read when the env is built
+        self.traces: list[LinkTrace | None] = [
+            None if st.link_trace is None else load_link_trace(st.link_trace, st.name)
+            for st in fleet.sites
+        ]
+        #: the shares a link takes (a state is an index into them per site)
+        self.levels: tuple[float, ...] = (1.0,)
+        #: each site's lowest share (the slowest plans)
+        self.low: tuple[float, ...] = (1.0,) * fleet.n_sites
+        if any(t is not None for t in self.traces):
+            shares = {1.0}.union(*(t.shares.tolist() for t in self.traces if t is not None))
+            self.levels = tuple(sorted(shares, reverse=True))
+            self.low = tuple(1.0 if t is None else float(t.shares.min()) for t in self.traces)
+            return
         levels = fleet.link_levels
         if levels is None:
             return
+        self.levels = tuple(levels)
+        self.low = (min(levels),) * fleet.n_sites
         probs = fleet.link_probs or (1.0 / len(levels),) * len(levels)
         self.probs = np.asarray(probs, dtype=np.float64)
         dwell = 60.0 if fleet.link_dwell_s is None else fleet.link_dwell_s
@@ -78,23 +95,26 @@ class FleetLinks:
 
     @property
     def on(self) -> bool:
-        return self.probs is not None
+        return self.probs is not None or self.traced
+
+    @property
+    def traced(self) -> bool:
+        """Some site's link follows a trace."""
+        return any(t is not None for t in self.traces)
 
     def slowest_plans(self) -> list[fl.SyncPlan]:
-        """Each precision's plan with every link at its lowest level: the longest windows,
+        """Each precision's plan with every link at its lowest share: the longest windows,
         which the corridor must hold (none with fixed links)."""
-        if self.fleet.link_levels is None:
+        if not self.on:
             return []
-        low = (min(self.fleet.link_levels),) * self.fleet.n_sites
-        return [self._plan(b, low) for b in self.setup.option_bits]
+        return [self._plan(b, self.low) for b in self.setup.option_bits]
 
     def slowest_window_s(self) -> float | None:
-        """The longest sync window at ``bits`` (every link at its lowest level; ``None``
+        """The longest sync window at ``bits`` (every link at its lowest share; ``None``
         with fixed links)."""
-        if self.fleet.link_levels is None:
+        if not self.on:
             return None
-        low = (min(self.fleet.link_levels),) * self.fleet.n_sites
-        return self._plan(self.fleet.bits, low).window_s
+        return self._plan(self.fleet.bits, self.low).window_s
 
     def _plan(self, bits: int, shares: tuple[float, ...]) -> fl.SyncPlan:
         fleet = with_link_levels(replace(self.fleet, bits=bits), shares)
@@ -104,18 +124,42 @@ class FleetLinks:
         """Each decision's link levels (indices into ``link_levels``, one per site) of the
         episode of ``seed`` (:func:`~diloco_gym.sim.fleet_links.link_states`); ``None``
         with fixed links."""
-        if self.probs is None:
+        if not self.on:
             return None
         if seed is None:
             raise ValueError("a fleet with changing links needs an episode seed")
-        st = link_states(seed, n_decisions, self.fleet.n_sites, self.probs, self.stay)
+        if self.traced:
+            st = self._trace_states(int(seed), n_decisions)
+        else:
+            assert self.probs is not None
+            st = link_states(seed, n_decisions, self.fleet.n_sites, self.probs, self.stay)
         return [tuple(r) for r in st.tolist()]
+
+    def _trace_states(self, seed: int, n_decisions: int) -> np.ndarray:
+        """``(n_decisions, N)`` level indices from the sites' traces: the episode of ``seed``
+        replays tile ``seed mod tiles`` of the traces (each tile as long as the episode's
+        decisions, the tiles disjoint); a site without a trace stays at its nominal rate."""
+        span = n_decisions * self._decision_s
+        sites = self.fleet.sites
+        traced = [(st, t) for st, t in zip(sites, self.traces, strict=True) if t is not None]
+        tiles = min(int(t.length_s // span) for _, t in traced)
+        if tiles < 1:
+            st, t = min(traced, key=lambda x: x[1].length_s)
+            raise ValueError(
+                f"{st.link_trace}: link_trace of site {st.name!r} covers {t.length_s:g} s; an "
+                f"episode's {n_decisions} decisions span {span:g} s"
+            )
+        times = (seed % tiles) * span + np.arange(n_decisions) * self._decision_s
+        index = {m: i for i, m in enumerate(self.levels)}
+        out = np.zeros((n_decisions, len(sites)), dtype=np.int64)
+        for j, t in enumerate(self.traces):
+            if t is not None:
+                out[:, j] = [index[m] for m in t.at(times).tolist()]
+        return out
 
     def rates(self, state: tuple[int, ...]) -> tuple[float, ...]:
         """The sites' link rates (shares of nominal) at levels ``state``."""
-        levels = self.fleet.link_levels
-        assert levels is not None
-        return tuple(float(levels[i]) for i in state)
+        return tuple(float(self.levels[i]) for i in state)
 
     def variant(self, option: int, state: tuple[int, ...]) -> int:
         """The variant of a sync at precision option ``option`` with the links at levels

@@ -555,6 +555,8 @@ def _fleet_record(config: FleetReportConfig, env: DiLoCoFleetEnv) -> dict[str, A
         if fl.link_levels is not None
         else None,
         "sync_window_slowest_s": env.setup.links.slowest_window_s(),
+        "link_traces": {st.name: st.link_trace for st in fl.sites if st.link_trace is not None}
+        or None,
         **fleet_rounds.rounds_record(env),
     }
 
@@ -683,6 +685,14 @@ class FleetFiles:
 
 def links_sentence(record: dict[str, Any]) -> str:
     """report.md's sentence on changing links ('' with fixed links), with a leading space."""
+    traces = record.get("link_traces")
+    if traces:
+        sites = ", ".join(f"{md_text(k)} (`{md_text(v)}`)" for k, v in traces.items())
+        return (
+            f" Links follow measured traces at site(s) {sites}: each episode replays its own "
+            f"tile of them, and a sync's window runs from {record['sync_window_s']:.2f} s to "
+            f"{record['sync_window_slowest_s']:.2f} s with every link at its lowest share."
+        )
     if record.get("link_levels") is None:
         return ""
     levels = ", ".join(f"{x:g}" for x in record["link_levels"])

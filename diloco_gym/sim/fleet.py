@@ -99,6 +99,8 @@ class SiteConfig:
             uniformly up to this many seconds (:mod:`diloco_gym.sim.rounds`).
         compute_speed: per-site timing only: the site's relative training speed, its
             weight in the token-weighted merge (default 1: every site alike).
+        link_trace: a CSV file of the site's link rate over time (``time_s,share``;
+            :mod:`diloco_gym.sim.fleet_links`), instead of the fleet's ``link_levels``.
     """
 
     name: str = "site"
@@ -113,6 +115,7 @@ class SiteConfig:
     calibration: str | None = None
     delay_max_s: float = 0.0
     compute_speed: float = 1.0
+    link_trace: str | None = None
 
     def __post_init__(self) -> None:
         self._check_name_and_ranges()
@@ -437,14 +440,8 @@ class FleetParams:
             return
         if self.model_version < 1:
             raise FleetConfigError("timing = 'rounds' needs the fleet model v1 (model_version = 1)")
-        clash = [
-            k
-            for k, on in (
-                ("fragments > 1", self.fragments != 1),
-                ("bits_options", self.bits_options is not None),
-            )
-            if on
-        ]
+        used = {"fragments > 1": self.fragments != 1, "bits_options": self.bits_options is not None}
+        clash = [k for k, on in used.items() if on]
         if clash:
             raise FleetConfigError(
                 f"timing = 'rounds' does not combine with {', '.join(clash)} yet"

@@ -18,15 +18,17 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
 __all__ = [
     "LINK_STREAM",
+    "LinkTrace",
     "check_link_levels",
     "check_fleet_links",
     "link_states",
+    "load_link_trace",
     "with_link_levels",
 ]
 
@@ -69,9 +71,16 @@ def check_fleet_links(fleet: Any) -> str | None:
     err = check_link_levels(fleet.link_levels, fleet.link_probs, dwell)
     if err is None and fleet.link_levels is None and fleet.link_dwell_s is not None:
         err = "link_dwell_s applies only with link_levels"
-    if err is None and fleet.link_levels is not None and fleet.merge_seconds is not None:
+    traced = [st.name for st in fleet.sites if st.link_trace is not None]
+    key = "link_levels" if fleet.link_levels is not None else "link_trace" if traced else None
+    if err is None and traced and fleet.link_levels is not None:
         err = (
-            "link_levels needs syncs timed by payload and bandwidth: merge_seconds fixes the "
+            f"give link_levels (a link process) or a site's link_trace (site(s) "
+            f"{', '.join(map(repr, traced))}), not both"
+        )
+    if err is None and key is not None and fleet.merge_seconds is not None:
+        err = (
+            f"{key} needs syncs timed by payload and bandwidth: merge_seconds fixes the "
             "sync window whatever the links; remove it"
         )
     return err
@@ -100,9 +109,65 @@ def link_states(
 
 def with_link_levels(fleet: Any, shares: tuple[float, ...]) -> Any:
     """``fleet`` (a :class:`~diloco_gym.sim.fleet.FleetParams`) with each site's link at
-    ``shares[i]`` of its ``link_gbps`` and no link process (the fleet of one state)."""
+    ``shares[i]`` of its ``link_gbps`` and no link process or trace (the fleet of one
+    state)."""
     sites = tuple(
-        s if m == 1.0 else replace(s, link_gbps=s.link_gbps * m)
+        replace(s, link_gbps=s.link_gbps * m, link_trace=None)
+        if m != 1.0 or s.link_trace is not None
+        else s
         for s, m in zip(fleet.sites, shares, strict=True)
     )
     return replace(fleet, sites=sites, link_levels=None, link_probs=None, link_dwell_s=None)
+
+
+class LinkTrace(NamedTuple):
+    """A site's measured link rate: from ``times[k]`` (seconds, ``times[0] == 0``,
+    increasing) on, its link runs at ``shares[k]`` of its nominal rate, until the next
+    time; the trace ends at its last time."""
+
+    times: np.ndarray
+    shares: np.ndarray
+
+    @property
+    def length_s(self) -> float:
+        return float(self.times[-1])
+
+    def at(self, t: np.ndarray) -> np.ndarray:
+        """The shares at times ``t`` (seconds from the trace's start)."""
+        return self.shares[np.searchsorted(self.times, t, side="right") - 1]
+
+
+def load_link_trace(path: str, site: str) -> LinkTrace:
+    """Site ``site``'s link trace: a CSV file with a header ``time_s,share`` and one row
+    per change (at least two: the first at 0 s, the last marks the end). Every error is one
+    line naming the file, the site and the row or column."""
+    import csv
+
+    where = f"{path}: link_trace of site {site!r}"
+    try:
+        with open(path, newline="") as fh:
+            rows = list(csv.reader(fh))
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{where}: cannot be read ({exc})") from None
+    if not rows or [c.strip() for c in rows[0]] != ["time_s", "share"]:
+        raise ValueError(f"{where}: the header must be 'time_s,share'")
+    times: list[float] = []
+    shares: list[float] = []
+    for k, row in enumerate(rows[1:], start=2):
+        if len(row) != 2:
+            raise ValueError(f"{where}: row {k} must have 2 columns, got {len(row)}")
+        try:
+            t, m = float(row[0]), float(row[1])
+        except ValueError:
+            raise ValueError(f"{where}: row {k} is not two numbers: {','.join(row)!r}") from None
+        if not math.isfinite(t) or (times and t <= times[-1]) or (not times and t != 0.0):
+            raise ValueError(
+                f"{where}: row {k}: time_s must start at 0 and increase, got {row[0]!r}"
+            )
+        if not (math.isfinite(m) and 0.0 < m <= 1.0):
+            raise ValueError(f"{where}: row {k}: share must be in (0, 1], got {row[1]!r}")
+        times.append(t)
+        shares.append(m)
+    if len(times) < 2:
+        raise ValueError(f"{where}: needs at least two rows (0 s and the trace's end)")
+    return LinkTrace(np.asarray(times), np.asarray(shares))

@@ -27,7 +27,7 @@ _FLEET_KEYS = {f.name for f in fields(FleetParams)} - {"sites"}
 _SITE_KEYS = {f.name for f in fields(SiteConfig)}
 _INT_KEYS = {"bits", "bits_options", "fragments", "overlap_steps", "model_version", "quorum"}
 _LIST_KEYS = {"bits_options", "link_levels", "link_probs"}
-_SITE_PATHS = ("trace", "calibration")
+_SITE_PATHS = ("trace", "calibration", "link_trace")
 _SITE_NUMBERS = (
     "start_s",
     "target_rate_rps",

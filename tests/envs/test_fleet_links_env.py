@@ -196,3 +196,68 @@ def test_rounds_with_links_at_their_nominal_rate_are_rounds_with_fixed_links():
     assert np.array_equal(r0, r1)
     s0.pop("episode_seed"), s1.pop("episode_seed")
     assert s0 == s1
+
+
+def _traced(tmp_path, shares: dict[str, str], length: int = 1800):
+    """The example fleet v1 with link traces at some sites (``shares``: site -> the CSV
+    rows after the header, the last row marking the end at ``length`` s)."""
+    fleet, params = _fleet("fleet-v1.toml")
+    sites = []
+    for st in fleet.sites:
+        if st.name in shares:
+            p = tmp_path / f"{st.name}.csv"
+            p.write_text(f"time_s,share\n{shares[st.name]}\n{length},1\n")
+            st = replace(st, link_trace=str(p))
+        sites.append(st)
+    return replace(fleet, sites=tuple(sites)), params
+
+
+def test_a_link_trace_sets_each_decisions_link_rate(tmp_path):
+    """The observed rate at decision d is the trace's share at the episode's tile start
+    plus d's time (causal: the link as it runs now); episodes tile the trace by seed; the
+    sync at d runs at those rates' plan; the same seed gives the same run."""
+    first = _fleet("fleet-v1.toml")[0].sites[0].name
+    fleet, params = _traced(tmp_path, {first: "0,1\n100,0.5\n700,0.8\n1300,0.5"})
+    env = DiLoCoFleetEnv(fleet=fleet, params=params)
+    assert env.setup.links.on and env.setup.links.levels == (1.0, 0.8, 0.5)
+    k = env.obs_index[f"{first}.link_rate"]
+    for seed in (0, 1, 2):
+        obs, _ = env.reset(seed=seed)
+        ep = env.episode
+        n = ep.n_decisions
+        span = n * params.decision_seconds
+        tiles = int(1800 // span)
+        t = (seed % tiles) * span + np.arange(n) * params.decision_seconds
+        want = np.select([t < 100, t < 700, t < 1300], [1.0, 0.5, 0.8], 0.5)
+        got = np.array([env.setup.links.rates(s)[0] for s in ep.link_states])
+        assert np.array_equal(got, want)
+        assert obs[k] == np.float32(want[0])
+        assert all(s[1:] == (0,) * (len(s) - 1) for s in ep.link_states)  # no trace: nominal
+    a, b = _run(env, 5), _run(env, 5)
+    assert all(np.array_equal(x, y) for x, y in zip(a[:2], b[:2], strict=True))
+
+
+def test_a_nominal_link_trace_is_the_fleet_of_fixed_links(tmp_path):
+    """A trace whose share is 1 throughout: the fixed-link fleet's rewards and summary, its
+    features reading 1 (the special case)."""
+    fleet, params = _fleet("fleet-v1.toml")
+    plain = DiLoCoFleetEnv(fleet=fleet, params=params)
+    traced, _ = _traced(tmp_path, {st.name: "0,1" for st in fleet.sites})
+    one = DiLoCoFleetEnv(fleet=traced, params=params)
+    for seed in (0, 4):
+        o0, r0, s0 = _run(plain, seed)
+        o1, r1, s1 = _run(one, seed)
+        assert np.array_equal(r0, r1)
+        assert np.array_equal(o1[:, : o0.shape[1]], o0) and np.all(o1[:, o0.shape[1] :] == 1.0)
+        s1.pop("episode_seed"), s0.pop("episode_seed")
+        assert s0 == s1
+
+
+def test_a_link_trace_shorter_than_an_episode_is_refused_naming_it(tmp_path):
+    first = _fleet("fleet-v1.toml")[0].sites[0].name
+    fleet, params = _traced(tmp_path, {first: "0,0.5"}, length=200)
+    env = DiLoCoFleetEnv(fleet=fleet, params=params)
+    with pytest.raises(
+        ValueError, match=rf"{first}.csv: link_trace of site '{first}' covers 200 s"
+    ):
+        env.reset(seed=0)

@@ -353,3 +353,28 @@ def test_a_fleet_report_explains_an_inconclusive_verdict_as_the_single_host_does
     assert json.loads((tmp_path / "rep" / "report.json").read_text())["figures"] == [
         "fig_fleet_fleet.png"
     ]
+
+
+def test_a_fleet_with_link_traces_is_reported_with_each_syncs_own_rates(tmp_path):
+    """Link traces through the report: report.json names them, report.md says the links
+    follow them, and the agent's exact sync-excess is the env's own replay."""
+    # at 0.2 the first site's 10 Gbit/s link is the fleet's slowest: the window grows
+    (tmp_path / "a.csv").write_text("time_s,share\n0,1\n200,0.2\n500,0.75\n1300,1\n")
+    text = EXAMPLE.with_name("fleet-v1.toml").read_text()
+    first = load_fleet_toml(EXAMPLE.with_name("fleet-v1.toml"))[0].sites[0].name
+    marker = f'name = "{first}"'
+    assert marker in text
+    path = tmp_path / "traced.toml"
+    path.write_text(text.replace(marker, f'{marker}\nlink_trace = "a.csv"', 1))
+    res = run_fleet_report(
+        FleetReportConfig(
+            fleet=str(path), agents=["online-forecast"], seeds=2, draws=10, in_process_agents=True
+        )
+    )
+    assert res["fleet"]["link_traces"] == {first: str(tmp_path / "a.csv")}
+    assert res["fleet"]["sync_window_slowest_s"] > res["fleet"]["sync_window_s"]
+    write_fleet_report(res, tmp_path / "rep")
+    assert "Links follow measured traces at site(s)" in (tmp_path / "rep" / "report.md").read_text()
+    rows = res["rows"]  # the scorer's exact sync-excess is the env's own replay
+    scored = rows["sync_excess_pct"] * rows["requests"] / 100.0
+    np.testing.assert_allclose(scored, rows["excess_requests"], rtol=1e-9)

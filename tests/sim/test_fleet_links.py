@@ -99,3 +99,57 @@ def test_with_link_levels_scales_each_site_and_drops_the_process():
     assert [s.link_gbps for s in g.sites] == [5.0, 2.5]
     assert g.link_levels is None and g.link_probs is None and g.link_dwell_s is None
     assert g.sites[1] is f.sites[1]
+
+
+def _trace(tmp_path, text: str, name: str = "l.csv") -> str:
+    p = tmp_path / name
+    p.write_text(text)
+    return str(p)
+
+
+@pytest.mark.parametrize(
+    ("text", "msg"),
+    [
+        ("t,share\n0,1\n60,1\n", "the header must be 'time_s,share'"),
+        ("time_s,share\n0,1\n", "needs at least two rows"),
+        ("time_s,share\n5,1\n60,1\n", "row 2: time_s must start at 0"),
+        ("time_s,share\n0,1\n30,0.5\n30,1\n", "row 4: time_s must start at 0 and increase"),
+        ("time_s,share\n0,1\n30,0\n", r"row 3: share must be in \(0, 1\]"),
+        ("time_s,share\n0,1\n30,1.5\n", r"row 3: share must be in \(0, 1\]"),
+        ("time_s,share\n0,1\n30,x\n", "row 3 is not two numbers"),
+        ("time_s,share\n0,1\n30\n", "row 3 must have 2 columns"),
+    ],
+)
+def test_a_bad_link_trace_is_a_one_line_error_naming_file_site_and_row(tmp_path, text, msg):
+    from diloco_gym.sim.fleet_links import load_link_trace
+
+    path = _trace(tmp_path, text)
+    with pytest.raises(ValueError, match=msg) as exc:
+        load_link_trace(path, "eu")
+    assert str(exc.value).startswith(f"{path}: link_trace of site 'eu'")
+    assert "\n" not in str(exc.value)
+    with pytest.raises(ValueError, match="cannot be read"):
+        load_link_trace(str(tmp_path / "missing.csv"), "eu")
+
+
+def test_a_link_trace_is_a_step_function_of_time(tmp_path):
+    from diloco_gym.sim.fleet_links import load_link_trace
+
+    t = load_link_trace(_trace(tmp_path, "time_s,share\n0,1\n30,0.5\n90,0.8\n120,1\n"), "eu")
+    assert t.length_s == 120.0
+    got = t.at(np.array([0.0, 29.9, 30.0, 89.0, 90.0, 119.0])).tolist()
+    assert got == [1.0, 1.0, 0.5, 0.5, 0.8, 0.8]
+
+
+def test_a_link_trace_is_refused_beside_a_link_process_or_a_fixed_window(tmp_path):
+    site = SiteConfig(name="eu", link_trace="x.csv")
+    with pytest.raises(FleetConfigError, match="give link_levels .* or a site's link_trace"):
+        FleetParams(sites=(site,), link_levels=(1.0, 0.5))
+    with pytest.raises(FleetConfigError, match="link_trace needs syncs timed by payload"):
+        FleetParams(sites=(site,), merge_seconds=8.0)
+    # a fleet file resolves the path against its own folder
+    fleet, _ = fleet_from_dict(
+        {"site": [{"name": "eu", "regime": "bursty", "link_trace": "l.csv"}]},
+        base_dir=tmp_path,
+    )
+    assert fleet.sites[0].link_trace == str(tmp_path / "l.csv")
