@@ -232,7 +232,7 @@ def _fleet_fields() -> list[tuple]:
     from diloco_gym.sim.sidecar import SidecarParams
 
     out: list[tuple] = [("fleet", f.name) for f in fields(FleetParams) if f.name != "sites"]
-    paths = ("trace", "calibration")  # files: their own loaders' tests
+    paths = ("trace", "calibration", "link_trace")  # files: their own loaders' tests
     out += [("site", 1, f.name) for f in fields(SiteConfig) if f.name not in paths]
     out += [("site", 1, "sidecar", f.name) for f in fields(SidecarParams)]
     out += [("env", f.name) for f in fields(EnvParams)] + [("env", "bogus")]

@@ -17,10 +17,13 @@ episode seed, so the sites' traffic is the same with and without changing links.
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import replace
 from typing import Any, NamedTuple
 
 import numpy as np
+
+from diloco_gym.sim.limits import check_limit
 
 __all__ = [
     "LINK_STREAM",
@@ -145,6 +148,7 @@ def load_link_trace(path: str, site: str) -> LinkTrace:
 
     where = f"{path}: link_trace of site {site!r}"
     try:
+        check_limit("SETTINGS_BYTES", os.path.getsize(path), f"{where}: size in bytes")
         with open(path, newline="") as fh:
             rows = list(csv.reader(fh))
     except (OSError, UnicodeDecodeError) as exc:

@@ -52,7 +52,8 @@ LIMITS: dict[str, tuple[int, str]] = {
     "JSON_DEPTH": (64, "nesting levels of a model's JSON (its data entry, its meta.json)"),
     "SETTINGS_BYTES": (
         2**24,
-        "bytes of one settings or metadata file (sweep, tune, train config, fleet, meta.json)",
+        "bytes of one settings or metadata file (sweep, tune, train config, fleet, link trace, "
+        "meta.json)",
     ),
     "NESTING": (
         100,

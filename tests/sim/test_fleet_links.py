@@ -153,3 +153,13 @@ def test_a_link_trace_is_refused_beside_a_link_process_or_a_fixed_window(tmp_pat
         base_dir=tmp_path,
     )
     assert fleet.sites[0].link_trace == str(tmp_path / "l.csv")
+
+
+def test_a_link_trace_over_the_size_limit_is_refused_before_it_is_read(tmp_path, monkeypatch):
+    from diloco_gym.sim.fleet_links import load_link_trace
+    from diloco_gym.sim.limits import LimitError
+
+    path = _trace(tmp_path, "time_s,share\n0,1\n60,1\n")
+    monkeypatch.setenv("DILOCO_GYM_MAX_SETTINGS_BYTES", "10")
+    with pytest.raises(LimitError, match="link_trace of site 'eu': size in bytes"):
+        load_link_trace(path, "eu")
