@@ -135,6 +135,13 @@ class FleetLinks:
             st = link_states(seed, n_decisions, self.fleet.n_sites, self.probs, self.stay)
         return [tuple(r) for r in st.tolist()]
 
+    def trace_tiles(self, n_decisions: int) -> int:
+        """How many disjoint episodes of ``n_decisions`` the shortest link trace holds (0
+        without traces): episodes that many seeds apart replay the same links."""
+        span = n_decisions * self._decision_s
+        lengths = [t.length_s for t in self.traces if t is not None]
+        return min(int(x // span) for x in lengths) if lengths else 0
+
     def _trace_states(self, seed: int, n_decisions: int) -> np.ndarray:
         """``(n_decisions, N)`` level indices from the sites' traces: the episode of ``seed``
         replays tile ``seed mod tiles`` of the traces (each tile as long as the episode's
@@ -142,7 +149,7 @@ class FleetLinks:
         span = n_decisions * self._decision_s
         sites = self.fleet.sites
         traced = [(st, t) for st, t in zip(sites, self.traces, strict=True) if t is not None]
-        tiles = min(int(t.length_s // span) for _, t in traced)
+        tiles = self.trace_tiles(n_decisions)
         if tiles < 1:
             st, t = min(traced, key=lambda x: x[1].length_s)
             raise ValueError(

@@ -557,6 +557,9 @@ def _fleet_record(config: FleetReportConfig, env: DiLoCoFleetEnv) -> dict[str, A
         "sync_window_slowest_s": env.setup.links.slowest_window_s(),
         "link_traces": {st.name: st.link_trace for st in fl.sites if st.link_trace is not None}
         or None,
+        "link_trace_tiles": env.setup.links.trace_tiles(env.build_episode(config.seed0).n_decisions)
+        if env.setup.links.traced
+        else None,
         **fleet_rounds.rounds_record(env),
     }
 
@@ -688,9 +691,12 @@ def links_sentence(record: dict[str, Any]) -> str:
     traces = record.get("link_traces")
     if traces:
         sites = ", ".join(f"{md_text(k)} (`{md_text(v)}`)" for k, v in traces.items())
+        tiles = record["link_trace_tiles"]
         return (
-            f" Links follow measured traces at site(s) {sites}: each episode replays its own "
-            f"tile of them, and a sync's window runs from {record['sync_window_s']:.2f} s to "
+            f" Links follow measured traces at site(s) {sites}: the episode of seed k replays "
+            f"tile k mod {tiles} of them, so episodes {tiles} seeds apart share their links "
+            f"(their traffic is drawn anew; the test counts them as independent units), and "
+            f"a sync's window runs from {record['sync_window_s']:.2f} s to "
             f"{record['sync_window_slowest_s']:.2f} s with every link at its lowest share."
         )
     if record.get("link_levels") is None:

@@ -372,9 +372,12 @@ def test_a_fleet_with_link_traces_is_reported_with_each_syncs_own_rates(tmp_path
         )
     )
     assert res["fleet"]["link_traces"] == {first: str(tmp_path / "a.csv")}
+    assert res["fleet"]["link_trace_tiles"] == 2  # 1300 s of trace, about 600 s per episode
     assert res["fleet"]["sync_window_slowest_s"] > res["fleet"]["sync_window_s"]
     write_fleet_report(res, tmp_path / "rep")
-    assert "Links follow measured traces at site(s)" in (tmp_path / "rep" / "report.md").read_text()
+    md = (tmp_path / "rep" / "report.md").read_text()
+    assert "Links follow measured traces at site(s)" in md
+    assert "tile k mod 2 of them, so episodes 2 seeds apart share their links" in md
     rows = res["rows"]  # the scorer's exact sync-excess is the env's own replay
     scored = rows["sync_excess_pct"] * rows["requests"] / 100.0
     np.testing.assert_allclose(scored, rows["excess_requests"], rtol=1e-9)
