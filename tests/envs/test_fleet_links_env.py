@@ -87,19 +87,26 @@ def test_each_sync_runs_with_the_plan_of_its_decisions_links():
     assert len(windows) > 1  # the example's links change the window
 
 
+def _same_as_fixed_links(plain: DiLoCoFleetEnv, other: DiLoCoFleetEnv, seeds) -> None:
+    """``other`` (links that never leave their nominal rate) runs as ``plain`` (fixed
+    links): the same rewards and summary, the same observations with the links' features
+    reading 1."""
+    for seed in seeds:
+        o0, r0, s0 = _run(plain, seed)
+        o1, r1, s1 = _run(other, seed)
+        assert np.array_equal(r0, r1)
+        assert np.array_equal(o1[:, : o0.shape[1]], o0) and np.all(o1[:, o0.shape[1] :] == 1.0)
+        s1.pop("episode_seed"), s0.pop("episode_seed")
+        assert s0 == s1
+
+
 def test_links_at_their_nominal_rate_are_the_fleet_of_fixed_links():
     """One level, 1.0: the same rewards and summary as without links, and the links'
     features read 1 (the special case)."""
     fleet, params = _fleet("fleet-v1.toml")
     plain = DiLoCoFleetEnv(fleet=fleet, params=params)
     one = DiLoCoFleetEnv(fleet=replace(fleet, link_levels=(1.0,)), params=params)
-    for seed in (0, 9):
-        o0, r0, s0 = _run(plain, seed)
-        o1, r1, s1 = _run(one, seed)
-        assert np.array_equal(r0, r1)
-        assert np.array_equal(o1[:, : o0.shape[1]], o0) and np.all(o1[:, o0.shape[1] :] == 1.0)
-        s1.pop("episode_seed"), s0.pop("episode_seed")
-        assert s0 == s1
+    _same_as_fixed_links(plain, one, (0, 9))
 
 
 def test_the_sites_traffic_is_the_same_with_and_without_links():
@@ -243,14 +250,7 @@ def test_a_nominal_link_trace_is_the_fleet_of_fixed_links(tmp_path):
     fleet, params = _fleet("fleet-v1.toml")
     plain = DiLoCoFleetEnv(fleet=fleet, params=params)
     traced, _ = _traced(tmp_path, {st.name: "0,1" for st in fleet.sites})
-    one = DiLoCoFleetEnv(fleet=traced, params=params)
-    for seed in (0, 4):
-        o0, r0, s0 = _run(plain, seed)
-        o1, r1, s1 = _run(one, seed)
-        assert np.array_equal(r0, r1)
-        assert np.array_equal(o1[:, : o0.shape[1]], o0) and np.all(o1[:, o0.shape[1] :] == 1.0)
-        s1.pop("episode_seed"), s0.pop("episode_seed")
-        assert s0 == s1
+    _same_as_fixed_links(plain, DiLoCoFleetEnv(fleet=traced, params=params), (0, 4))
 
 
 def test_a_link_trace_shorter_than_an_episode_is_refused_naming_it(tmp_path):

@@ -56,6 +56,24 @@ def masked_rollout(env, seed):
             return steps, info["episode_summary"]
 
 
+def replay_keeps(env, summary) -> bool:
+    """Whether the protocol's replay of the site cap (fleet_cap.rounds_respect_cap, with
+    the episode's costs and each decision's settle lags) keeps the env's own rounds."""
+    from diloco_gym.envs import fleet_cap
+    from diloco_gym.eval.fleet_cap import cap_check
+
+    ep, check = env.episode, cap_check(env)
+    names = env.setup.site_names
+    rows = [[list(summary["site_sync_decisions"][nm]) for nm in names]]
+    openings = np.array([summary["round_openings"]])
+    table = fleet_cap.contribution_table(openings, rows, len(names))
+    ok = fleet_cap.rounds_respect_cap(
+        openings, table, env.rules, ep.site_costs, check.lags_for(ep), check.caps,
+        env.params.h_max,
+    )  # fmt: skip
+    return bool(ok[0])
+
+
 @pytest.mark.parametrize("n", [1, 4])
 def test_the_one_instant_special_case_is_the_fleet_env_bit_for_bit(n):
     sites = tuple(fl.SiteConfig(name=f"s{i}") for i in range(n))
@@ -316,7 +334,6 @@ def test_under_a_site_cap_the_mask_is_honest_and_the_protocol_keeps_the_envs_sch
     terms add up to the summary's costs), and the protocol's replay of the cap
     (fleet_cap.rounds_respect_cap) keeps the env's own schedule, the set matched random
     is drawn from is never empty."""
-    from diloco_gym.envs import fleet_cap
 
     rng = np.random.default_rng(100 + case)
     regimes = ["bursty", "sync-heavy", "bursty"]
@@ -339,22 +356,13 @@ def test_under_a_site_cap_the_mask_is_honest_and_the_protocol_keeps_the_envs_sch
     scale = env.episode.reward_per_request
     excess = -sum(i["reward_terms"]["sync_excess"] for i in steps) / scale
     assert excess == pytest.approx(s["additive_excess_requests"], rel=1e-9, abs=1e-9)
-    rows = [[list(s["site_sync_decisions"][nm]) for nm in env.setup.site_names]]
-    openings = np.array([s["round_openings"]])
-    table = fleet_cap.contribution_table(openings, rows, n)
-    caps = f.site_cap_pp / 100.0 * fleet_cap.site_nominal_requests(env.setup)
-    lags = fleet_cap.settle_lags(env.params, env.setup.sidecars)
-    ok = fleet_cap.rounds_respect_cap(
-        openings, table, env.rules, env.episode.site_costs, lags, caps, env.params.h_max
-    )
-    assert ok.tolist() == [True]
+    assert replay_keeps(env, s)
 
 
 def test_under_a_site_cap_asked_sites_the_cap_stops_are_vetoed_and_flagged():
     """An agent that asks every site at every decision: the cap vetoes some asks (an
     opening with too few sites it allows, or a capped site's send), each flagged in
     ``action_overridden``; the replay keeps the schedule."""
-    from diloco_gym.envs import fleet_cap
 
     sites = _cap_sites()
     f = fl.FleetParams(
@@ -367,14 +375,7 @@ def test_under_a_site_cap_asked_sites_the_cap_stops_are_vetoed_and_flagged():
     assert sum(bool(i["action_overridden"]) for _, _, i in steps[1:]) >= s["cap_vetoed_launches"]
     # quorum 1: a round can go on without the capped site, so some rounds lack a site
     assert any(len(x) < 2 for x in s["round_sites"])
-    rows = [[list(s["site_sync_decisions"][nm]) for nm in env.setup.site_names]]
-    openings = np.array([s["round_openings"]])
-    caps = 0.04 * fleet_cap.site_nominal_requests(env.setup)
-    lags = fleet_cap.settle_lags(env.params, env.setup.sidecars)
-    table = fleet_cap.contribution_table(openings, rows, 2)
-    assert fleet_cap.rounds_respect_cap(
-        openings, table, env.rules, env.episode.site_costs, lags, caps, env.params.h_max
-    ).tolist() == [True]
+    assert replay_keeps(env, s)
 
 
 def test_under_a_site_cap_the_rounds_masks_and_observations_are_causal():
@@ -434,8 +435,6 @@ def test_the_site_cap_with_per_site_timing_and_changing_links(tmp_path):
     """Rounds, changing links and the cap together: each contribution settles after its own
     link state's window, and the protocol's replay (with each decision's lags) keeps the
     env's own schedule."""
-    from diloco_gym.envs import fleet_cap
-    from diloco_gym.eval.fleet_cap import cap_check
 
     base = Path(__file__).resolve().parents[2] / "docs" / "examples" / "fleet-rounds-links.toml"
     text = base.read_text().replace("quorum = 4", "quorum = 2\nsite_cap_pp = 3.0")
@@ -446,16 +445,7 @@ def test_the_site_cap_with_per_site_timing_and_changing_links(tmp_path):
     for seed in (0, 1):
         steps, s = masked_rollout(env, seed)
         assert s["cap_vetoed_launches"] == 0 and s["cap_masked_decisions"] > 0
-        ep = env.episode
-        check = cap_check(env)
-        rows = [[list(s["site_sync_decisions"][nm]) for nm in env.setup.site_names]]
-        openings = np.array([s["round_openings"]])
-        table = fleet_cap.contribution_table(openings, rows, 4)
-        ok = fleet_cap.rounds_respect_cap(
-            openings, table, env.rules, ep.site_costs, check.lags_for(ep), check.caps,
-            env.params.h_max,
-        )  # fmt: skip
-        assert ok.tolist() == [True]
+        assert replay_keeps(env, s)
 
 
 @pytest.mark.parametrize("cap", [None, 6.0])
@@ -511,8 +501,6 @@ def test_rounds_with_a_cap_links_a_weight_and_stragglers_together(tmp_path, case
     a worst-site weight, stragglers, random grace and quorum), actions from the mask: the
     mask is honest, the reward's cost terms add up to the rounds' costs, and the
     protocol's replay of the cap keeps the env's schedule."""
-    from diloco_gym.envs import fleet_cap
-    from diloco_gym.eval.fleet_cap import cap_check
 
     rng = np.random.default_rng(300 + case)
     link = tmp_path / "link.csv"
@@ -534,12 +522,4 @@ def test_rounds_with_a_cap_links_a_weight_and_stragglers_together(tmp_path, case
     charged = -sum(i["reward_terms"]["sync_excess"] for i in steps) / scale
     assert charged == pytest.approx(sum(s["merge_costs_requests"]), rel=1e-9)
     assert len(set(s["sync_windows_s"])) > 1  # the trace changes the syncs' windows
-    ep, check = env.episode, cap_check(env)
-    rows = [[list(s["site_sync_decisions"][nm]) for nm in env.setup.site_names]]
-    openings = np.array([s["round_openings"]])
-    table = fleet_cap.contribution_table(openings, rows, 3)
-    ok = fleet_cap.rounds_respect_cap(
-        openings, table, env.rules, ep.site_costs, check.lags_for(ep), check.caps,
-        env.params.h_max,
-    )  # fmt: skip
-    assert ok.tolist() == [True]
+    assert replay_keeps(env, s)
