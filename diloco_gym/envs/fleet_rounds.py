@@ -275,23 +275,29 @@ class DiLoCoFleetRoundsEnv(DiLoCoFleetEnv):
         total = 0.0
         variant = ep.variant_at(d, self._option)
         sites = ep.sites_of(variant)  # the links' state at d
-        costs = np.zeros(len(sites))
         for s in np.flatnonzero(sends).tolist():
             c = sites[s].merge_cost_at(d)
             self._sends[s].append(d)
             self._send_costs[s].append(c)
-            costs[s] = c
             total += c
         if self._cap is not None and bool(sends.any()):
             assert allowed is not None  # computed before the sends, from the past alone
-            over = sends & ~allowed
-            self._cap_over += int(over.sum())
-            rs = self._round
-            if over.any() and rs is not None and not self._round_over:
-                self._round_over = True
-                self._cap.overridden += 1  # rounds with a contribution forced over the cap
-            self._cap.record_sends(d, variant, costs, sends)
+            self._cap_record(d, variant, sends, allowed)
         return total
+
+    def _cap_record(self, d: int, variant: int, sends: np.ndarray, allowed: np.ndarray) -> None:
+        """The contributions at ``d`` in the cap's state (their costs, just recorded) and
+        its counters: a send the cap did not allow was forced by the rules."""
+        assert self._cap is not None
+        over = sends & ~allowed
+        self._cap_over += int(over.sum())
+        if over.any() and not self._round_over:
+            self._round_over = True
+            self._cap.overridden += 1  # rounds with a contribution forced over the cap
+        costs = np.zeros(sends.size)
+        for s in np.flatnonzero(sends).tolist():
+            costs[s] = self._send_costs[s][-1]
+        self._cap.record_sends(d, variant, costs, sends)
 
     # ------------------------------------------------------------------ site cap
     def _cap_allows(self, d: int, opening: int) -> np.ndarray | None:
