@@ -242,6 +242,16 @@ class FleetSetup:
             return None
         return min(n for _, n in self.tiles.values())
 
+    def unit_period(self, n_decisions: int) -> int | None:
+        """How many consecutive episode seeds share no data, for episodes of
+        ``n_decisions``: the smallest of the trace sites' tile counts
+        (:attr:`independent_episodes`) and the link traces' (seeds that many apart replay
+        the same links); ``None`` when every seed is a fresh draw."""
+        periods = [] if self.independent_episodes is None else [self.independent_episodes]
+        if self.links.traced:
+            periods.append(self.links.trace_tiles(n_decisions))
+        return min(periods) if periods else None
+
 
 def fleet_setup(fleet: fl.FleetParams, params: EnvParams) -> FleetSetup:
     return FleetSetup(fleet, params)

@@ -234,7 +234,8 @@ def run_fleet_report(
     started = time.perf_counter()
     env = protocol_env(config, "the fleet report")
     seeds = [config.seed0 + i for i in range(config.seeds)]
-    verdict_seeds = verdict_seeds_of(seeds, env.setup.independent_episodes)
+    n_decisions = env.build_episode(config.seed0).n_decisions
+    verdict_seeds = verdict_seeds_of(seeds, env.setup.unit_period(n_decisions))
     n_indep = len(verdict_seeds)
     if backend == "serial":
         agents = report_agents(config)
@@ -263,7 +264,7 @@ def run_fleet_report(
         "calibration_verdict": verdict,
         "independent_units": n_indep,
         "verdict_seeds": sorted(verdict_seeds),
-        "fleet": _fleet_record(config, env),
+        "fleet": _fleet_record(config, env, n_decisions),
         "config": {
             "agents": list(config.agents),
             "seeds": config.seeds,
@@ -347,9 +348,10 @@ def report_agents(config: FleetReportConfig) -> list[Any]:
 
 def verdict_seeds_of(seeds: list[int], independent_episodes: int | None) -> set[int]:
     """The seeds that are independent units and carry the test and the verdict: every seed
-    of synthetic sites (``independent_episodes`` is None); with trace sites, seed ``k``
-    replays tile ``k mod independent_episodes``, so only the first seed of each tile (a
-    repeated tile is the same data again)."""
+    of synthetic sites with fixed or simulated links (``independent_episodes`` is None);
+    with trace sites or link traces, seed ``k`` replays tile ``k mod independent_episodes``
+    (:meth:`~diloco_gym.envs.fleet.FleetSetup.unit_period`), so only the first seed of each
+    tile (a repeated tile is the same data again)."""
     if independent_episodes is None:
         return set(seeds)
     first: dict[int, int] = {}
@@ -530,8 +532,9 @@ def fleet_summary(
     return summary.drop(columns=["regime", "p95_ms"]).rename(columns=SYNC_NAMES)
 
 
-def _fleet_record(config: FleetReportConfig, env: DiLoCoFleetEnv) -> dict[str, Any]:
-    """The report's description of the fleet: file, sites, payload, window, corridor."""
+def _fleet_record(config: FleetReportConfig, env: DiLoCoFleetEnv, n: int) -> dict[str, Any]:
+    """The report's description of the fleet (episodes of ``n`` decisions): file, sites,
+    payload, window, corridor."""
     fl = env.fleet
     p = env.params
     return {
@@ -557,9 +560,7 @@ def _fleet_record(config: FleetReportConfig, env: DiLoCoFleetEnv) -> dict[str, A
         "sync_window_slowest_s": env.setup.links.slowest_window_s(),
         "link_traces": {st.name: st.link_trace for st in fl.sites if st.link_trace is not None}
         or None,
-        "link_trace_tiles": env.setup.links.trace_tiles(env.build_episode(config.seed0).n_decisions)
-        if env.setup.links.traced
-        else None,
+        "link_trace_tiles": env.setup.links.trace_tiles(n) if env.setup.links.traced else None,
         **fleet_rounds.rounds_record(env),
     }
 
@@ -695,7 +696,7 @@ def links_sentence(record: dict[str, Any]) -> str:
         return (
             f" Links follow measured traces at site(s) {sites}: the episode of seed k replays "
             f"tile k mod {tiles} of them, so episodes {tiles} seeds apart share their links "
-            f"(their traffic is drawn anew; the test counts them as independent units), and "
+            f"and only the first seed of each tile enters the test, and "
             f"a sync's window runs from {record['sync_window_s']:.2f} s to "
             f"{record['sync_window_slowest_s']:.2f} s with every link at its lowest share."
         )

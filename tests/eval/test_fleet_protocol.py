@@ -368,16 +368,20 @@ def test_a_fleet_with_link_traces_is_reported_with_each_syncs_own_rates(tmp_path
     path.write_text(text.replace(marker, f'{marker}\nlink_trace = "a.csv"', 1))
     res = run_fleet_report(
         FleetReportConfig(
-            fleet=str(path), agents=["online-forecast"], seeds=2, draws=10, in_process_agents=True
+            fleet=str(path), agents=["online-forecast"], seeds=3, draws=10, in_process_agents=True
         )
     )
     assert res["fleet"]["link_traces"] == {first: str(tmp_path / "a.csv")}
     assert res["fleet"]["link_trace_tiles"] == 2  # 1300 s of trace, about 600 s per episode
+    # seed 2 replays seed 0's links: the first seed of each tile enters the test
+    assert res["verdict_seeds"] == [0, 1] and res["independent_units"] == 2
+    assert set(res["summary"]["units"]) == {2}
     assert res["fleet"]["sync_window_slowest_s"] > res["fleet"]["sync_window_s"]
     write_fleet_report(res, tmp_path / "rep")
     md = (tmp_path / "rep" / "report.md").read_text()
     assert "Links follow measured traces at site(s)" in md
     assert "tile k mod 2 of them, so episodes 2 seeds apart share their links" in md
+    assert "only the first seed of each tile enters the test" in md
     rows = res["rows"]  # the scorer's exact sync-excess is the env's own replay
     scored = rows["sync_excess_pct"] * rows["requests"] / 100.0
     np.testing.assert_allclose(scored, rows["excess_requests"], rtol=1e-9)
