@@ -190,6 +190,35 @@ def bench_single_default(steps: int, rounds: int, env_id: str = "DiLoCoSync-v2")
     }
 
 
+def bench_fleet_build(episodes: int, repeats: int, row: dict) -> dict:
+    """The default fleet's episode build alone (``DiLoCoFleet-v1``'s ``build_episode`` of
+    fresh seeds: four sites' requests, their no-merge replay and what an episode holds,
+    no step), in ms per episode; and the ratio to CartPole the fleet env could reach if a
+    reset and its decisions cost nothing else (``row``: the fleet env's row, for its
+    decisions per episode and CartPole's rate). Best of ``repeats``."""
+    env = gym.make("DiLoCoFleet-v1").unwrapped
+    env.build_episode(10**6)  # warm-up (compiled functions)
+
+    def run(k: int) -> float:
+        t0 = time.perf_counter()
+        for seed in range(k * episodes, (k + 1) * episodes):
+            env.build_episode(seed)
+        return (time.perf_counter() - t0) * 1000.0 / episodes
+
+    ms = min(run(k) for k in range(repeats))
+    per_episode = row["diloco_steps_per_s"] / row["diloco_episodes_per_s"]
+    ceiling = per_episode * 1000.0 / ms
+    return {
+        "episodes": episodes,
+        "build_ms": ms,
+        "decisions_per_episode": per_episode,
+        "ceiling_decisions_per_s": ceiling,
+        "ceiling_ratio": ceiling / row["cartpole_steps_per_s"],
+        "note": "DiLoCoFleet-v1 build_episode of fresh seeds, best of repeats; the ceiling "
+        "is the fleet env's decisions per episode over the build alone",
+    }
+
+
 def bench_fleet_vector(num_envs: int, steps: int, rounds: int) -> dict:
     """The default fleet's vector env (``gym.make_vec("DiLoCoFleet-v1", num_envs,
     vectorization_mode="vector_entry_point")``: ``num_envs`` fleet envs in one Gymnasium
@@ -1029,6 +1058,13 @@ def print_table(r: dict) -> None:
             else ()
         ),
         (
+            "DEFAULT fleet env's episode build alone (4 sites, no step)",
+            f"{r['fleet_build']['build_ms']:.2f} ms per episode",
+            f"the fleet env's ceiling with free steps and resets: ratio "
+            f"{r['fleet_build']['ceiling_ratio']:.3f} to CartPole-v1",
+            "(no target)",
+        ),
+        (
             "DEFAULT single env: one episode, split",
             f"{pd['episode_ms']:.2f} ms",
             f"{pd['decisions_per_episode']:.0f} decisions: reset {pd['reset_ms']:.2f} (episode "
@@ -1190,6 +1226,13 @@ def print_default(r: dict) -> None:
             f"episodes/s; CartPole vector x{d['num_envs']} {d['cartpole_steps_per_s']:,.0f} "
             f"steps/s; ratio {d['ratio']:.3f} (rounds {d['ratio_min']:.3f}-{d['ratio_max']:.3f})"
         )
+    d = r["fleet_build"]
+    print(
+        f"FLEET BUILD (DiLoCoFleet-v1 episode, 4 sites, no step): {d['build_ms']:.2f} ms per "
+        f"episode; with its {d['decisions_per_episode']:.1f} decisions and nothing else the "
+        f"fleet env would reach {d['ceiling_decisions_per_s']:,.0f} decisions/s, ratio "
+        f"{d['ceiling_ratio']:.3f}"
+    )
     d = r["vector_parallel"]
     print(
         f"NON-DEFAULT vector env x{d['num_envs']}, parallel=True ({numba_threads()} numba "
@@ -1302,6 +1345,9 @@ def main(argv: list[str] | None = None) -> int:
     for key, fid in FLEET_ROWS:
         results[key] = bench_single_default(500 if q else 3_000, 3 if q else 5, env_id=fid)
     results["fleet_vector"] = bench_fleet_vector(8, 50 if q else 400, 3 if q else 5)
+    results["fleet_build"] = bench_fleet_build(
+        10 if q else 100, 2 if q else 5, results["default_fleet_v1"]
+    )
     results["profile_default"] = bench_profile_default(
         2_000 if q else 20_000, num_envs, 80 if q else 100
     )

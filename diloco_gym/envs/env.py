@@ -548,12 +548,8 @@ class DiLoCoSyncEnv(gym.Env[Observation, Action]):
         self._obs_args = kernel.observe_args(
             self._state, self._batch, self._exo, self._obs_consts, self._obs_out
         )
-        if self._own_cost:
-            self._memo = np.full((1, n), np.nan)
-            self._fused.begin(n, NO_COST_QUEUE, self._memo, self._exo)
-        else:
-            self._memo = ep.cost_memo
-            self._fused.begin(n, ep.cost_source, self._memo, self._exo)
+        source, self._memo = self._cost_source(ep)
+        self._fused.begin(n, source, self._memo, self._exo)
         self._step_now = self._fused.bound_step(self._row0, self._want0)
         kernel.reset_rows(
             self._state, batch, 0, p, self.learner_params, self._advance_fused,
@@ -613,6 +609,14 @@ class DiLoCoSyncEnv(gym.Env[Observation, Action]):
         """A subclass's observation after a step (the compiled step has just written the
         kernel's into ``_obs_out``, which a subclass may reuse): :meth:`_obs`."""
         return self._obs()
+
+    def _cost_source(self, ep: Any) -> tuple[tuple, np.ndarray]:
+        """The compiled step's cost queue and cost memo for the episode ``ep``: the
+        episode's own; none and a memo of NaN for a subclass that costs merges itself (the
+        step asks it at each merge, :meth:`_merge_cost_at`)."""
+        if self._own_cost:
+            return NO_COST_QUEUE, np.full((1, ep.n_decisions), np.nan)
+        return ep.cost_source, ep.cost_memo
 
     def _advance_fused(self, _row: Any) -> tuple[float, float]:
         """A reset's forced decisions, compiled (the terms owed to the first step)."""

@@ -31,6 +31,7 @@ from diloco_gym.envs.fleet_sites import (
     FleetEpisode,
     build_sites,
     check_common_window,
+    compiled_cost_rule,
     cost_groups,
     site_groups,
     site_seed,
@@ -413,6 +414,15 @@ class DiLoCoFleetEnv(DiLoCoSyncEnv):
         self._site_rows_of: FleetEpisode | None = None
         self._cap = fleet_cap.cap_tracker(setup, self._n_decisions)  # None without a cap
         self._init_precision()
+        self._compiled_cost, self._stall_s = compiled_cost_rule(
+            setup, type(self) is DiLoCoFleetEnv and self._cap is None
+        )
+        # a launch is the base env's action (no precision component, no cap to veto it)
+        self._base_want = (
+            type(self)._want is DiLoCoFleetEnv._want
+            and fleet.bits_options is None
+            and self._cap is None
+        )
         self._own_obs = type(self)._obs is not DiLoCoFleetEnv._obs
         # the step's (can_defer, can_merge) are the masks unless a cap, the precision
         # action or a subclass's own masks change them
@@ -441,6 +451,24 @@ class DiLoCoFleetEnv(DiLoCoSyncEnv):
         self._cap0 = self._link0 + (fleet.n_sites if setup.links.on else 0)
         #: every sync in the fleet's one plan (no precision action, fixed links)
         self._plain_syncs = fleet.bits_options is None and not setup.links.on
+
+    def _cost_source(self, ep: Any) -> tuple[tuple, np.ndarray]:
+        """The sites' cost queues and the episode's cost bank when the compiled step
+        costs the syncs (:func:`~diloco_gym.envs.fleet_sites.compiled_cost_rule`), else
+        the single env's (none: each sync is asked here)."""
+        compiled = self._compiled_cost and isinstance(ep, FleetEpisode)
+        self._batch.sites[0] = len(ep.sites) if compiled else 1
+        self._batch.stall_s[0] = self._stall_s if compiled else 0.0
+        if not compiled:
+            return super()._cost_source(ep)
+        return ep.bank_source, ep.cost_bank
+
+    def _options_of_syncs(self) -> list[int]:
+        """Each sync's option so far (the default one for every sync the compiled step
+        costs)."""
+        if self._compiled_cost:
+            return [self.setup.default_option] * self._state.n_merges.item(0)
+        return self._sync_options
 
     def _n_decisions(self) -> int:
         assert self.episode is not None  # the cap asks only within an episode
@@ -629,6 +657,8 @@ class DiLoCoFleetEnv(DiLoCoSyncEnv):
             return base.copy()
         if self._site_rows_of is not self.episode:
             self._new_episode_tables()
+        if len(self.obs_features) == self._frag0:  # the further sites' blocks only
+            return np.concatenate((base, self._site_rows[self._state.d.item(0)]))
         obs = np.empty(len(self.obs_features), dtype=np.float32)
         obs[: base.shape[0]] = base
         d = self._state.d.item(0)
@@ -638,7 +668,7 @@ class DiLoCoFleetEnv(DiLoCoSyncEnv):
             st = self.fragment_staleness()
             obs[self._frag0 : self._frag0 + f] = np.minimum(1.0, st / self._h_full)
         ep = self.episode
-        if self.setup.links.on and isinstance(ep, FleetEpisode) and ep.link_states is not None:
+        if not self._plain_syncs and isinstance(ep, FleetEpisode) and ep.link_states is not None:
             state = ep.link_states[min(d, ep.n_decisions - 1)]  # at the end: the last one
             obs[self._link0 : self._link0 + len(state)] = self.setup.links.rates(state)
         if self._cap is not None:
@@ -654,7 +684,7 @@ class DiLoCoFleetEnv(DiLoCoSyncEnv):
         assert isinstance(ep, FleetEpisode)
         s = self.setup
         merges = self._merges
-        opts = self._sync_options
+        opts = self._options_of_syncs()
         scheds = self._site_schedules()
         per = [
             schedule_summary(

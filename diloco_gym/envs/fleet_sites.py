@@ -42,6 +42,7 @@ from diloco_gym.sim.sidecar import (
 from diloco_gym.sim.traces import Trace
 
 __all__ = [
+    "compiled_cost_rule",
     "FleetEpisode",
     "Joined",
     "GroupedCosts",
@@ -64,6 +65,31 @@ def site_seed(episode_seed: int, site: int) -> int:
     if site == 0:
         return int(episode_seed)
     return int(np.random.SeedSequence([int(episode_seed), int(site)]).generate_state(1)[0])
+
+
+def compiled_cost_rule(setup: Any, own_env: bool) -> tuple[bool, float]:
+    """Whether the compiled step costs a fleet's syncs itself, and the seconds each sync
+    stalls the learners there (model v1's learner credit; 0 in v0). ``own_env``: the env is
+    the one-instant fleet env itself (not a subclass with costs of its own) and has no cap.
+    It does for the plain fleet (the default's): several sites of one cost group and one
+    sync plan (no precision action, fixed links, one fragment), no worst-site weight. The
+    sync's cost is then the sum of the sites' costs and its credit model v1's, each
+    operation for operation as the env's ``_merge_cost_at`` computes them (tested); other
+    fleets' syncs are costed in Python at each merge."""
+    s, f = setup, setup.fleet
+    plain = (
+        own_env
+        and f.n_sites > 1
+        and len(s.cost_groups) == 1
+        and f.bits_options is None
+        and not s.links.on
+        and f.fragments == 1
+        and not f.worst_site_weight
+    )
+    stall = float(s.plan.stall_s) if f.model_version >= 1 else 0.0
+    if not plain or (f.model_version >= 1 and s.option_plans[s.default_option].stall_s != stall):
+        return False, 0.0
+    return True, stall
 
 
 def site_groups(generators: list[Any], sidecars: list[SidecarParams]) -> list[list[int]]:
@@ -497,6 +523,31 @@ class FleetEpisode:
             total = total + self._lam * np.max(c * norm, axis=0)
         total.setflags(write=False)
         return total
+
+    @cached_property
+    def cost_bank(self) -> np.ndarray:
+        """``(N + 1, n_decisions)`` the compiled step's cost memo of this episode
+        (:func:`~diloco_gym.sim.jit_step.sites_cost`): row 0 the fleet's cost of a sync at
+        each decision (the sum over sites, NaN: not yet), then each site's own, whose rows
+        become the site episodes' cost memos (:attr:`Episode.cost_memo`; the costs they
+        held are kept), so a cost is computed once whoever asks first."""
+        bank = np.full((len(self.sites) + 1, self.n_decisions), np.nan)
+        for j, e in enumerate(self.sites):
+            bank[1 + j] = e.cost_memo[0]
+            e.__dict__["cost_memo"] = bank[1 + j : 2 + j]
+        return bank
+
+    @cached_property
+    def bank_source(self) -> tuple:
+        """The sites' cost queues as the compiled step reads them, a bank of one slot per
+        site in site order (:attr:`Episode.cost_source`'s layout; ``prefmin`` per
+        decision). For a fleet whose sites are one cost group (the env checks)."""
+        (g,) = self._grouped.groups
+        q = g.queue
+        n, step = self.n_decisions, g.decision_bins
+        pre = np.ascontiguousarray(g.prefmin[: n * step : step].T)
+        return (q.s, q.d, q.ptr, q.rbin, q.base, q.m0, NO_THRESHOLDS, NO_THRESHOLDS, pre,
+                int(q.m0_bins))  # fmt: skip
 
     @cached_property
     def _grouped(self) -> GroupedCosts:

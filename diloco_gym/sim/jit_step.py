@@ -40,6 +40,9 @@ from diloco_gym.sim.step_layout import NEED_COST
 __all__ = [
     "options_one",
     "cost_of",
+    "sites_cost",
+    "stalled_work",
+    "work_seconds",
     "reward_one",
     "forced_end_one",
     "gain_one",
@@ -128,6 +131,11 @@ def cost_of(
     that cost itself and steps again, ``NEED_COST``)."""
     d = ist[0, i]
     slot = bi[1, i]
+    if bi[3, i] > 1:
+        return sites_cost(
+            i, ist, bi, ip, fp, qs, qd, qptr, qrbin, qbase, qm0, thr_in, thr_tail, prefmin,
+            memo, buf,
+        )  # fmt: skip
     memo_ok = memo.shape[1] > 0
     c = memo[slot, d] if memo_ok else np.nan
     if c == c or qs.shape[1] == 0:
@@ -145,13 +153,73 @@ def cost_of(
 
 
 @njit(cache=True)
+def sites_cost(
+    i, ist, bi, ip, fp, qs, qd, qptr, qrbin, qbase, qm0, thr_in, thr_tail, prefmin, memo, buf
+):  # pragma: no cover - compiled  # fmt: skip
+    """The cost of a merge now in row ``i`` of a fleet of ``k = bi[3, i]`` sites: the sum,
+    in site order from 0.0, of each site's isolated cost (queue slot ``slot * k + j`` of
+    site ``j``). The memo holds ``k + 1`` rows per slot: the sum at row ``slot * (k + 1)``,
+    then each site's own cost (the site episodes' memos); each is computed once. A memo
+    without the sum and no queue: NaN (``NEED_COST``)."""
+    d = ist[0, i]
+    k = bi[3, i]
+    row = bi[1, i] * (k + 1)
+    c = memo[row, d]
+    if c == c or qs.shape[1] == 0:
+        return c
+    pre = thr_in.shape[1] > 0
+    total = 0.0
+    for j in range(k):
+        cj = memo[row + 1 + j, d]
+        if cj != cj:
+            q = bi[1, i] * k + j
+            ti = thr_in[q] if pre else thr_in[0]
+            tt = thr_tail[q] if pre else thr_tail[0]
+            cj = isolated_cost_one(
+                qs[q], qd[q], qptr[q], qrbin[q], qbase[q], qm0[q], ip[7], ti, tt, d * ip[4],
+                prefmin[q, d], ip[5], ip[6], fp[12], fp[13], fp[14], buf,
+            )  # fmt: skip
+            memo[row + 1 + j, d] = cj
+        total += cj
+    memo[row, d] = total
+    return total
+
+
+@njit(cache=True)
+def stalled_work(gap_s, stall_s, fp):  # pragma: no cover - compiled
+    """Model v1's learner credit of a sync that stalls the learners ``stall_s`` seconds
+    (each sync, this one's predecessor included), relative to the kernel's: the work of
+    the compute seconds over that of the wall-clock gap
+    (:func:`diloco_gym.sim.fleet.fragment_work_seconds` of one fragment, operation for
+    operation)."""
+    compute = gap_s - stall_s
+    return work_seconds(compute, compute, fp[1], fp[2]) / work_seconds(gap_s, gap_s, fp[1], fp[2])
+
+
+@njit(cache=True)
+def work_seconds(gap_s, own_s, drift_s, overhead_s):  # pragma: no cover - compiled
+    """:func:`diloco_gym.sim.fleet.fragment_work_seconds`, operation for operation."""
+    if gap_s <= 0.0 or own_s <= 0.0:
+        return 0.0
+    if overhead_s != 0.0:
+        eff = 1.0 / (1.0 + own_s / drift_s + overhead_s / own_s)
+    else:
+        eff = 1.0 / (1.0 + own_s / drift_s)
+    return eff * gap_s
+
+
+@njit(cache=True)
 def merge_row(i, c, ist, fst, bf, fp, sched_d, sched_c):  # pragma: no cover - compiled
     """Merge now in row ``i`` at isolated cost ``c``: the learners' gain and the state after
     it; the merge is recorded in ``sched_d``/``sched_c`` when they have columns. Returns
     ``(excess term, gain)``: the cost times the reward scale, and the loss decrease times
     the credit."""
     d = ist[0, i]
-    added, gain = gain_one((d - ist[1, i]) * fp[0], fst[0, i], bf[3, i], fp)
+    gap_s = (d - ist[1, i]) * fp[0]
+    thr_sum = bf[3, i]
+    if bf[5, i] != 0.0:  # syncs stall the learners: model v1's credit (the fleet env's)
+        thr_sum = thr_sum * stalled_work(gap_s, bf[5, i], fp)
+    added, gain = gain_one(gap_s, fst[0, i], thr_sum, fp)
     gain = gain * bf[4, i]
     fst[0, i] = fst[0, i] + added
     k = ist[3, i]

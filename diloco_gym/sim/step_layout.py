@@ -22,8 +22,8 @@ STATE_FLOAT = (
     "tokens", "excess_sum", "excess_requests", "progress_sum", "pend_excess", "pend_progress",
 )  # fmt: skip
 #: rows of the episode constants' int64 and float64 arrays.
-BATCH_INT = ("n", "slot", "seed")
-BATCH_FLOAT = ("pct", "scale", "max_merges", "thr_sum", "credit")
+BATCH_INT = ("n", "slot", "seed", "sites")
+BATCH_FLOAT = ("pct", "scale", "max_merges", "thr_sum", "credit", "stall_s")
 #: the step's integer and float parameters, in their array order.
 INT_PARAMS = (
     "h_min", "h_max", "budget", "skip_forced", "decision_interval", "merge_bins", "horizon",
