@@ -693,6 +693,8 @@ class DiLoCoFleetEnv(DiLoCoSyncEnv):
                 self.params,
                 sc,
                 None if self._plain_syncs else self._sync_episodes(i, scheds[i]),
+                # the sites' own costs of the syncs, where the compiled step kept them
+                costs=ep.cost_bank[1 + i, scheds[i]].tolist() if self._compiled_cost else None,
                 percentiles=len(ep.sites) == 1,  # a fleet's summary reads none of a site's
             )
             for i, (e, sc) in enumerate(zip(ep.sites, s.sidecars, strict=True))

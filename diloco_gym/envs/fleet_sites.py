@@ -369,9 +369,14 @@ class SiteCosts:
         self._starts = np.empty(k, dtype=np.int64)
         self._min0 = np.empty(k)
         self._out = np.empty(k)
-        q = self.queue
-        # one call on arguments bound once: a sync writes its start and minima in place
-        self._call = bound_call(
+        self._sidecar = sc
+
+    @cached_property
+    def _call(self) -> Any:
+        """One call on arguments bound once (a sync writes its start and minima in place),
+        bound at the first sync costed here (none where the compiled step costs them)."""
+        q, sc, k = self.queue, self._sidecar, self._out.size
+        return bound_call(
             compiled().isolated_costs,
             (
                 q.s, q.d, q.ptr, q.rbin, q.base, q.m0, int(q.m0_bins), NO_THRESHOLDS,
