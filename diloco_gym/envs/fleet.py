@@ -685,20 +685,7 @@ class DiLoCoFleetEnv(DiLoCoSyncEnv):
         s = self.setup
         merges = self._merges
         opts = self._options_of_syncs()
-        scheds = self._site_schedules()
-        per = [
-            schedule_summary(
-                e,
-                scheds[i],
-                self.params,
-                sc,
-                None if self._plain_syncs else self._sync_episodes(i, scheds[i]),
-                # the sites' own costs of the syncs, where the compiled step kept them
-                costs=ep.cost_bank[1 + i, scheds[i]].tolist() if self._compiled_cost else None,
-                percentiles=len(ep.sites) == 1,  # a fleet's summary reads none of a site's
-            )
-            for i, (e, sc) in enumerate(zip(ep.sites, s.sidecars, strict=True))
-        ]
+        per = self._site_summaries(ep)
         if len(per) == 1:
             out = dict(per[0])
         else:
@@ -758,6 +745,23 @@ class DiLoCoFleetEnv(DiLoCoSyncEnv):
         out["regime"] = self.regime_name
         out["episode_seed"] = ep.seed
         return out
+
+    def _site_summaries(self, ep: FleetEpisode) -> list[dict[str, Any]]:
+        """Each site's exact replay of its syncs so far (:func:`schedule_summary`)."""
+        scheds = self._site_schedules()
+        return [
+            schedule_summary(
+                e,
+                scheds[i],
+                self.params,
+                sc,
+                None if self._plain_syncs else self._sync_episodes(i, scheds[i]),
+                # the sites' own costs of the syncs, where the compiled step kept them
+                costs=ep.cost_bank[1 + i, scheds[i]].tolist() if self._compiled_cost else None,
+                percentiles=len(ep.sites) == 1,  # a fleet's summary reads none of a site's
+            )
+            for i, (e, sc) in enumerate(zip(ep.sites, self.setup.sidecars, strict=True))
+        ]
 
     def _sync_episodes(self, site: int, schedule: list[int]) -> list[Any]:
         """Site ``site``'s episode of each of its syncs (at ``schedule``'s decisions): the
