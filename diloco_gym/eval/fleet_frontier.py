@@ -34,14 +34,12 @@ from typing import Any
 import numpy as np
 
 from diloco_gym.eval import fleet_rounds
-from diloco_gym.eval.fleet import (
+from diloco_gym.eval.fleet import FleetReportConfig, run_fleet_report, with_env
+from diloco_gym.eval.fleet_render import (
     FleetFiles,
-    FleetReportConfig,
     fleet_summary_table,
     oracle_label,
     oracle_note,
-    run_fleet_report,
-    with_env,
     write_fleet_dir,
 )
 
@@ -270,7 +268,7 @@ def free_lines(free: Any, fleet: dict[str, Any]) -> list[str]:
 
 def frontier_table(frontier, worst_site_weight: float = 0.0) -> str:
     """The frontier as a Markdown table (the oracle column labelled by
-    :func:`~diloco_gym.eval.fleet.oracle_label`; the gap is captured toward that oracle).
+    :func:`~diloco_gym.eval.fleet_render.oracle_label`; the gap is captured toward that oracle).
     A rounds fleet's frontier (:func:`~diloco_gym.eval.fleet_rounds.is_rounds`) labels the
     oracle an upper bound and adds the contributions dropped per episode and the mean
     token share merged."""
@@ -395,7 +393,7 @@ def write_fleet_frontier(
     """Write frontier.csv, frontier.json, frontier.md, frontier.png
     (:func:`fleet_frontier_figure`) and pairwise.csv (:func:`agents_compared`) to ``out``
     atomically
-    (:func:`~diloco_gym.eval.fleet.write_fleet_dir`: the report's ``--force`` rules)."""
+    (:func:`~diloco_gym.eval.fleet_render.write_fleet_dir`: the report's ``--force`` rules)."""
     fleet = result["fleet"]
     rounds = fleet.get("timing") == "rounds"
     body = [
