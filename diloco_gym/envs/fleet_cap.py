@@ -383,6 +383,7 @@ class CapTracker:
         self.overridden = 0
         #: whether the last step's action was vetoed (``info["action_overridden"]``).
         self.last_vetoed = False
+        self._allowed: tuple[tuple[int, int, int], np.ndarray] | None = None
 
     def _arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """The launched syncs as one row of :func:`cap_state`'s arguments."""
@@ -400,10 +401,16 @@ class CapTracker:
     def site_allows(self, d: int, opening: int) -> np.ndarray:
         """``(N,)`` whether the cap lets each site contribute at ``d`` to a round opened at
         ``opening`` (per-site timing: the reserve counts the rounds the corridor forces
-        after that opening)."""
+        after that opening); read-only, computed once per decision, opening and record."""
+        key = (int(d), int(opening), len(self.d))  # the state changes only by a record
+        if self._allowed is not None and self._allowed[0] == key:
+            return self._allowed[1]  # the step and the mask ask alike at a decision
         reserve = forced_after(np.array([opening], dtype=np.int64), self.n_of(), self.h_max)
         dd = np.array([d], dtype=np.int64)
-        return site_cap_allows(dd, *self._arrays(), self.caps, reserve)[:, 0]
+        out = site_cap_allows(dd, *self._arrays(), self.caps, reserve)[:, 0]
+        out.setflags(write=False)
+        self._allowed = (key, out)
+        return out
 
     def record_sends(self, d: int, variant: int, site_costs: np.ndarray, sends: np.ndarray) -> None:
         """The contributions at ``d`` (per-site timing): the sites of ``sends`` with these
