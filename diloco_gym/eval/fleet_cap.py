@@ -9,8 +9,10 @@
   allows every sync the corridor does not force. The kept schedules are uniform among the
   capped feasible ones. At most ``draws x CAP_REJECTIONS`` schedules are drawn per agent
   and episode (``DILOCO_GYM_MAX_CAP_REJECTIONS``, :data:`~diloco_gym.sim.limits.LIMITS`);
-  beyond that the report stops with an error naming the episode, the syncs and the
-  acceptance. The set is never empty: the agent's own schedule respects the cap.
+  the report stops with an error naming the episode, the syncs, the acceptance and the
+  limit that would do, at that bound or as soon as reaching ``draws`` within it has
+  become implausible at the acceptance seen (:func:`rejection_hopeless`). The set is
+  never empty: the agent's own schedule respects the cap.
 * **Oracle**: the uncapped bound (the dynamic programme over the summed cost ignores the
   cap); the report says so in its oracle column's heading and a sentence.
 * **Columns**: per agent and episode the cap's counters (``cap_masked_decisions``,
@@ -20,6 +22,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,6 +35,9 @@ from diloco_gym.sim.schedules import sample_uniform
 from diloco_gym.text import md_text
 
 __all__ = [
+    "HOPELESS_TAIL",
+    "rejection_hopeless",
+    "rejection_error",
     "CapCheck",
     "cap_check",
     "cap_columns",
@@ -72,6 +78,51 @@ def cap_check(env: Any) -> CapCheck | None:
     return CapCheck(cap_pp, caps, fleet_cap.settle_lags(s.params, s.sidecars), s.params.h_max)
 
 
+#: The early stop's tail probability: a rejection run stops before its limit when keeping
+#: ``draws`` schedules within it is this unlikely at the acceptance seen so far.
+HOPELESS_TAIL = 1e-9
+
+
+def rejection_hopeless(kept: int, drawn: int, draws: int, most: int) -> bool:
+    """Whether keeping ``draws`` schedules within ``most`` draws is out of reach after
+    ``kept`` of ``drawn``: the draws left would have to keep schedules at the rate ``p* =
+    (draws - kept) / (most - drawn)``, and ``kept`` or fewer of ``drawn`` has probability
+    below :data:`HOPELESS_TAIL` at that rate (the binomial tail, exact in log space). The
+    same draws always give the same answer (no randomness of its own)."""
+    need, left = draws - kept, most - drawn
+    if need <= 0:
+        return False
+    if left <= 0:
+        return True
+    p = need / left
+    if p >= 1.0:  # every draw left must be kept: hopeless once one was not
+        return p > 1.0 or kept < drawn
+    log_p, log_q = math.log(p), math.log1p(-p)
+    head = math.lgamma(drawn + 1)
+    terms = [
+        head - math.lgamma(i + 1) - math.lgamma(drawn - i + 1) + i * log_p + (drawn - i) * log_q
+        for i in range(kept + 1)
+    ]
+    top = max(terms)
+    log_tail = top + math.log(sum(math.exp(t - top) for t in terms))
+    return log_tail < math.log(HOPELESS_TAIL)
+
+
+def rejection_error(what: str, cap_pp: float, kept: int, drawn: int, draws: int, seed: Any) -> str:
+    """The one-line error of a rejection run that stopped (at its limit, or earlier when
+    :func:`rejection_hopeless`), with the acceptance seen and the limit that would do."""
+    per = limit("CAP_REJECTIONS")
+    rate = kept / drawn if drawn else 0.0
+    need = f"about {draws / rate:,.0f}" if rate > 0 else "more than that"
+    hint = f"at least {math.ceil(1.0 / rate):,}" if rate > 0 else "far more"
+    return (
+        f"matched random under site_cap_pp = {cap_pp:g}: only {kept:,} of {drawn:,} uniform "
+        f"{what} in the episode of seed {seed} respect the cap (acceptance {rate:.2g}); "
+        f"{draws} kept ones would take {need} draws, beyond the limit of {per:,} draws per "
+        f"kept one (set {limit_env_var('CAP_REJECTIONS')} to {hint} to draw them)"
+    )
+
+
 def capped_control(
     scorer: Any,
     merges: int,
@@ -90,13 +141,9 @@ def capped_control(
     kept: list[np.ndarray] = []
     n_kept = drawn = 0
     while n_kept < draws:
-        if drawn >= most:
-            raise LimitError(
-                f"matched random under site_cap_pp = {check.cap_pp:g}: only {n_kept} of "
-                f"{drawn} uniform schedules of {merges} syncs in the episode of seed "
-                f"{ep.seed} respect the cap (at most {limit('CAP_REJECTIONS')} draws per "
-                f"kept one; set {limit_env_var('CAP_REJECTIONS')} to raise it)"
-            )
+        if rejection_hopeless(n_kept, drawn, draws, most):
+            what = f"schedules of {merges} syncs"
+            raise LimitError(rejection_error(what, check.cap_pp, n_kept, drawn, draws, ep.seed))
         batch = sample_uniform(ep.n_decisions, p.h_min, p.h_max, merges, draws, rng, counts)
         drawn += draws
         ok, _ = fleet_cap.schedules_respect_cap(batch, costs, lags, check.caps, check.h_max)

@@ -266,10 +266,12 @@ def capped_rounds_control(
     (:func:`~diloco_gym.envs.fleet_cap.rounds_respect_cap`), drawn as the uncapped control
     draws them and kept when the cap's replay allows them; their round openings ``(draws,
     m)``, the contributions the kept rows dropped and the acceptance rate. At most
-    ``draws x CAP_REJECTIONS`` rows are drawn (the one-instant capped control's limit,
+    ``draws x CAP_REJECTIONS`` rows are drawn, and fewer when keeping ``draws`` within
+    them has become implausible (the one-instant capped control's rules,
     :func:`~diloco_gym.eval.fleet_cap.capped_control`)."""
     from diloco_gym.envs import fleet_cap as env_cap
-    from diloco_gym.sim.limits import LimitError, limit, limit_env_var
+    from diloco_gym.eval.fleet_cap import rejection_error, rejection_hopeless
+    from diloco_gym.sim.limits import LimitError, limit
 
     p, rules, n = env.params, env.rules, episode.n_decisions
     m = len(round_sites)
@@ -280,13 +282,10 @@ def capped_rounds_control(
     kept_open: list[np.ndarray] = []
     dropped = drawn = 0
     while len(kept) < draws:
-        if drawn >= most:
-            raise LimitError(
-                f"matched random under site_cap_pp = {check.cap_pp:g}: only {len(kept)} of "
-                f"{drawn} rounds schedules of {m} rounds in the episode of seed "
-                f"{episode.seed} respect the cap (at most {limit('CAP_REJECTIONS')} draws "
-                f"per kept one; set {limit_env_var('CAP_REJECTIONS')} to raise it)"
-            )
+        if rejection_hopeless(len(kept), drawn, draws, most):
+            what = f"rounds schedules of {m} rounds"
+            msg = rejection_error(what, check.cap_pp, len(kept), drawn, draws, episode.seed)
+            raise LimitError(msg)
         openings = sample_uniform(n, p.h_min, p.h_max, m, draws, rng, counts)
         rows, _ = control_sends(openings, round_sites, rules, delays, n - 1, rng)
         drawn += draws

@@ -198,3 +198,37 @@ def test_the_cap_with_changing_links_replays_as_the_env_launched():
         assert got["merge_decisions"] == row.tolist()
         assert got["cap_vetoed_launches"] == 0
         assert got["cap_overridden_syncs"] == n_forced
+
+
+def test_the_rejection_stops_early_only_when_the_draws_left_cannot_do():
+    from diloco_gym.eval.fleet_cap import rejection_hopeless
+
+    # nothing drawn yet, or every draw kept so far: never hopeless before the limit
+    assert not rejection_hopeless(0, 0, 200, 2_000_000)
+    assert not rejection_hopeless(200, 200, 200, 200)
+    assert not rejection_hopeless(10, 10, 200, 200)  # all kept: the rest may be too
+    assert rejection_hopeless(9, 10, 200, 200)  # one rejected, none to spare
+    assert rejection_hopeless(150, 1_000, 200, 1_000)  # the limit, short of the draws
+    # the case docs/fleet.md reports: 33 kept of 2,000,000 at 200 draws and 10,000 per
+    # kept one; at that acceptance a fifth of the draws rules it out, a tenth does not
+    assert rejection_hopeless(7, 400_000, 200, 2_000_000)
+    assert not rejection_hopeless(3, 200_000, 200, 2_000_000)
+    # an acceptance of 0.2 reaches 200 kept in 2,000 draws: never stopped on the way
+    rng = np.random.default_rng(0)
+    kept = drawn = 0
+    while kept < 200:
+        assert not rejection_hopeless(kept, drawn, 200, 2_000)
+        batch = rng.random(200) < 0.2
+        kept, drawn = kept + int(batch.sum()), drawn + 200
+
+
+def test_the_rejection_error_says_which_limit_would_do(monkeypatch):
+    from diloco_gym.eval.fleet_cap import rejection_error
+
+    msg = rejection_error("schedules of 9 syncs", 6.0, 33, 2_000_000, 200, 12)
+    assert "\n" not in msg and "seed 12" in msg and "acceptance 1.7e-05" in msg
+    assert (
+        "about 12,121,212 draws" in msg
+        and "set DILOCO_GYM_MAX_CAP_REJECTIONS to at least 60,607" in msg
+    )
+    assert "far more" in rejection_error("schedules of 9 syncs", 6.0, 0, 1_000, 200, 1)
