@@ -22,6 +22,8 @@ TINY = {
     "draws=1000": "draws=50",
     "total_timesteps=100_000": "total_timesteps=256",
     "n_steps=256,": "n_steps=64, batch_size=64, n_epochs=1,",
+    '"online-forecast"],\n        seeds=20,': '"online-forecast"],\n        seeds=3,',
+    'fleet="docs/examples/fleet-v1.toml"': f'fleet="{ROOT / "docs/examples/fleet-v1.toml"}"',
 }
 
 
