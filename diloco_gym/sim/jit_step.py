@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from diloco_gym.sim.fleet import fragment_work_seconds
 from diloco_gym.sim.jit import isolated_cost_one, loss_one, observe_range
 from diloco_gym.sim.jit_cache import njit
 from diloco_gym.sim.step_layout import NEED_COST
@@ -196,16 +197,9 @@ def stalled_work(gap_s, stall_s, fp):  # pragma: no cover - compiled
     return work_seconds(compute, compute, fp[1], fp[2]) / work_seconds(gap_s, gap_s, fp[1], fp[2])
 
 
-@njit(cache=True)
-def work_seconds(gap_s, own_s, drift_s, overhead_s):  # pragma: no cover - compiled
-    """:func:`diloco_gym.sim.fleet.fragment_work_seconds`, operation for operation."""
-    if gap_s <= 0.0 or own_s <= 0.0:
-        return 0.0
-    if overhead_s != 0.0:
-        eff = 1.0 / (1.0 + own_s / drift_s + overhead_s / own_s)
-    else:
-        eff = 1.0 / (1.0 + own_s / drift_s)
-    return eff * gap_s
+#: :func:`diloco_gym.sim.fleet.fragment_work_seconds` compiled (the same code, so the same
+#: operations as the fleet env's Python credit).
+work_seconds = njit(cache=True)(fragment_work_seconds)
 
 
 @njit(cache=True)
