@@ -7,8 +7,10 @@ The rules (written once here, in the order the kernel documents them,
 * :func:`options_one`: the corridor and the exact merge budget's masks at a decision;
 * :func:`forced_end_one`: where a run of forced deferrals ends;
 * :func:`gain_one`: a merge's effective tokens and global loss decrease (the learner model);
-* :func:`cost_of` and :func:`merge_row`: a merge's isolated cost (memoised per decision) and
-  its gain, the state after it and the schedule recorded (:func:`merge_now`: both);
+* :func:`cost_of` and :func:`merge_row`: a merge's isolated cost (memoised per decision; a
+  fleet's row sums its sites' costs, :func:`sites_cost`) and its gain (with the learners'
+  stall of a fleet's syncs, :func:`stalled_work`), the state after it and the schedule
+  recorded (:func:`merge_now`: both);
 * :func:`advance_row`: the single-option decisions after a step or a reset;
 * :func:`step_row`: one decision (the action taken, the merge, the owed terms, the advance,
   the reward and the mask of the next decision);
