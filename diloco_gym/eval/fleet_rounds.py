@@ -34,6 +34,7 @@ from diloco_gym.sim.schedules import sample_uniform
 __all__ = [
     "RoundsScorer",
     "control_sends",
+    "control_draws",
     "rounds_oracle",
     "score_rounds_episode",
     "site_rows",
@@ -93,17 +94,6 @@ class RoundsScorer:
         return protocol.Scores(exact, additive, replayed)
 
 
-def _ranges(
-    rules: rd.RoundRules, delays: np.ndarray, k: int, opening: int, last: int
-) -> tuple[np.ndarray, np.ndarray]:
-    n = rules.n_sites
-    lo = np.empty(n, dtype=np.int64)
-    hi = np.empty(n, dtype=np.int64)
-    for s in range(n):
-        lo[s], hi[s] = rd.send_range(opening, int(delays[k, s]), rules.grace, last)
-    return lo, hi
-
-
 def control_sends(
     openings: np.ndarray,
     round_sites: list[list[int]],
@@ -113,22 +103,46 @@ def control_sends(
     rng: np.random.Generator,
 ) -> tuple[list[list[list[int]]], int]:
     """Per drawn opening schedule (rows of ``openings``), each site's contributions: round
-    ``k``'s sites of ``round_sites``, each at a uniform decision of its allowed range.
-    Returns the rows and how many contributions were dropped (never ready)."""
-    n = rules.n_sites
-    rows: list[list[list[int]]] = []
-    dropped = 0
-    for sched in np.asarray(openings, dtype=np.int64):
-        row: list[list[int]] = [[] for _ in range(n)]
-        for k, o in enumerate(sched.tolist()):
-            lo, hi = _ranges(rules, delays, k, o, last)
-            for s in round_sites[k]:
-                if lo[s] > hi[s]:
-                    dropped += 1
-                    continue
-                row[s].append(int(rng.integers(lo[s], hi[s] + 1)))
-        rows.append(row)
+    ``k``'s sites of ``round_sites``, each at a uniform decision of its allowed range
+    (:func:`~diloco_gym.sim.rounds.send_range`). Returns the rows and how many
+    contributions were dropped (never ready); :func:`control_draws` draws them."""
+    rows, dropped, _ = control_draws(openings, round_sites, rules, delays, last, rng)
     return rows, dropped
+
+
+def control_draws(
+    openings: np.ndarray,
+    round_sites: list[list[int]],
+    rules: rd.RoundRules,
+    delays: np.ndarray,
+    last: int,
+    rng: np.random.Generator,
+) -> tuple[list[list[list[int]]], int, np.ndarray]:
+    """:func:`control_sends`' rows and drops, and their contribution table ``(R, m, N)``
+    (each round's contribution decision per site, -1 for none: what
+    :func:`~diloco_gym.envs.fleet_cap.contribution_table` gives for these rows, tested;
+    a contribution lies in its round's range, before the next round opens). The
+    decisions are drawn in one call, row by row, round by round and site by site in
+    ``round_sites``' order: the numbers one call per contribution would draw, in that
+    order (NumPy's ``integers`` with array bounds draws element by element as with
+    scalar ones; tested)."""
+    n = rules.n_sites
+    op = np.asarray(openings, dtype=np.int64).reshape(len(openings), -1)
+    ks = np.array([k for k, sites in enumerate(round_sites) for _ in sites], dtype=np.int64)
+    ss = np.array([s for sites in round_sites for s in sites], dtype=np.int64)
+    o = op[:, ks]  # (R, E): each contribution's round opening
+    lo, hi = rd.send_ranges(o, np.asarray(delays, dtype=np.int64)[ks, ss], rules.grace, last)
+    valid = lo <= hi
+    vals = np.full(o.shape, -1, dtype=np.int64)
+    vals[valid] = rng.integers(lo[valid], hi[valid] + 1)
+    cols = [np.flatnonzero(ss == site) for site in range(n)]
+    rows = [
+        [r[c][r[c] >= 0].tolist() for c in cols]  # each site's contributions, round order
+        for r in vals
+    ]
+    table = np.full((op.shape[0], op.shape[1], n), -1, dtype=np.int64)
+    table[:, ks, ss] = vals
+    return rows, int((~valid).sum()), table
 
 
 def _window_min(values: np.ndarray, start: int, width: int) -> tuple[np.ndarray, np.ndarray]:
@@ -287,9 +301,8 @@ def capped_rounds_control(
             msg = rejection_error(what, check.cap_pp, len(kept), drawn, draws, episode.seed)
             raise LimitError(msg)
         openings = sample_uniform(n, p.h_min, p.h_max, m, draws, rng, counts)
-        rows, _ = control_sends(openings, round_sites, rules, delays, n - 1, rng)
+        rows, _, table = control_draws(openings, round_sites, rules, delays, n - 1, rng)
         drawn += draws
-        table = env_cap.contribution_table(openings, rows, rules.n_sites)
         ok = env_cap.rounds_respect_cap(
             openings, table, rules, costs, lags, check.caps, check.h_max
         )

@@ -49,6 +49,7 @@ __all__ = [
     "draw_delays",
     "token_share",
     "send_range",
+    "send_ranges",
     "RoundState",
 ]
 
@@ -144,6 +145,16 @@ def send_range(opening: int, delay: int, grace: int, last: int) -> tuple[int, in
     decision (``lo > hi``: the site is never ready in the episode)."""
     lo = opening + delay
     hi = min(max(opening + grace, lo), last)
+    return lo, hi
+
+
+def send_ranges(
+    openings: np.ndarray, delays: np.ndarray, grace: int, last: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`send_range` of arrays: ``(lo, hi)`` of each (opening, delay) pair, elementwise
+    (broadcast), the same decisions (tested)."""
+    lo = np.asarray(openings, dtype=np.int64) + np.asarray(delays, dtype=np.int64)
+    hi = np.minimum(np.maximum(np.asarray(openings, dtype=np.int64) + grace, lo), last)
     return lo, hi
 
 

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import diloco_gym  # noqa: F401
+from diloco_gym.envs import fleet_cap as env_cap
 from diloco_gym.eval import fleet_rounds as fr
 from diloco_gym.eval.fleet import FleetReportConfig, run_fleet_report
 from diloco_gym.sim import fleet as fl
@@ -206,3 +207,46 @@ def test_under_a_site_cap_matched_random_keeps_the_rounds_that_respect_it():
     for key in a:  # equal, NaN included (no certified bound on rounds)
         assert a[key] == b[key] or (a[key] != a[key] and b[key] != b[key]), key
     assert a["control_dropped"] == b["control_dropped"]
+
+
+def _control_sends_one_by_one(openings, round_sites, rules, delays, last, rng):
+    """The control's contributions drawn one call per contribution (the reference the
+    one-call draw must equal)."""
+    from diloco_gym.sim import rounds as rd
+
+    rows, dropped = [], 0
+    for sched in np.asarray(openings, dtype=np.int64):
+        row = [[] for _ in range(rules.n_sites)]
+        for k, o in enumerate(sched.tolist()):
+            for s in round_sites[k]:
+                lo, hi = rd.send_range(o, int(delays[k, s]), rules.grace, last)
+                if lo > hi:
+                    dropped += 1
+                    continue
+                row[s].append(int(rng.integers(lo, hi + 1)))
+        rows.append(row)
+    return rows, dropped
+
+
+@pytest.mark.parametrize("grace", [0.0, 9.0])
+def test_the_controls_contributions_are_those_of_one_draw_each(grace):
+    """One call draws the control's contributions: the rows, the drops and the generator's
+    state after are those of one draw per contribution, in row, round and site order."""
+    from diloco_gym.sim import rounds as rd
+
+    rules = rd.round_rules(grace, 3, [0.0, 18.0, 0.0, 9.0], [1.0, 1.0, 2.0, 1.0], 4.5)
+    rng0 = np.random.default_rng(3)
+    n = 400
+    # rounds at least 8 decisions apart (a round's grace and delays fit in the gap, as
+    # the corridor's H_min ensures)
+    openings = np.cumsum(rng0.integers(8, 40, size=(50, 6)), axis=1)
+    openings[::5, -1] = n - 2  # a last round near the end: a late site is never ready
+    delays = rng0.integers(0, 5, size=(6, 4))
+    round_sites = [[0, 1, 2, 3], [2, 0], [3], [1, 3, 0], [0, 1, 2, 3], [2]]
+    a, b = np.random.default_rng(11), np.random.default_rng(11)
+    rows, dropped, table = fr.control_draws(openings, round_sites, rules, delays, n - 1, a)
+    want = _control_sends_one_by_one(openings, round_sites, rules, delays, n - 1, b)
+    assert (rows, dropped) == want and dropped > 0  # some are never ready: dropped
+    assert a.random() == b.random()
+    # the table is the env's reading of those rows (each contribution in its own round)
+    assert np.array_equal(table, env_cap.contribution_table(openings, rows, rules.n_sites))

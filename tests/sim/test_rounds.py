@@ -191,3 +191,16 @@ def test_round_rules_hold_for_any_action(n, grace, quorum_off, delays, opening, 
 def test_fewer_rounds_draw_the_same_first_delays():
     r = rules(delays=(0, 3, 7))
     assert np.array_equal(rd.draw_delays(9, 5, r), rd.draw_delays(9, 40, r)[:5])
+
+
+def test_the_array_send_ranges_are_the_scalar_ones():
+    rng = np.random.default_rng(0)
+    openings = rng.integers(0, 500, size=(40, 7))
+    delays = rng.integers(0, 30, size=7)
+    for grace, last in ((0, 520), (12, 520), (12, 300)):
+        lo, hi = rd.send_ranges(openings, delays, grace, last)
+        want = [
+            [rd.send_range(int(o), int(dl), grace, last) for o, dl in zip(row, delays, strict=True)]
+            for row in openings
+        ]
+        assert np.array_equal(np.stack([lo, hi], axis=-1), np.array(want))
