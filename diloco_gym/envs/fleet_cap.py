@@ -260,34 +260,35 @@ def rounds_respect_cap(
     last = n - 1
     lag_arr = np.asarray(lags, dtype=np.int64)
     ok = np.ones(r_rows, dtype=bool)
+    caps = np.asarray(caps, dtype=np.float64)
     # events in round order, one per (round, site): decisions (R, j), per-site costs and
-    # lags (N, R, j), a site's entry 0 in the others' events (settled at once: adds 0)
-    ev_d = np.zeros((r_rows, 0), dtype=np.int64)
-    ev_c = np.zeros((n_sites, r_rows, 0))
-    ev_l = np.zeros((n_sites, r_rows, 0), dtype=np.int64)
+    # lags (N, R, j), a site's entry 0 in the others' events (settled at once: adds 0);
+    # the first j = k x N of m x N columns are the rounds so far
+    ev_d = np.zeros((r_rows, m * n_sites), dtype=np.int64)
+    ev_c = np.zeros((n_sites, r_rows, m * n_sites))
+    ev_l = np.zeros((n_sites, r_rows, m * n_sites), dtype=np.int64)
     prev = np.zeros(r_rows, dtype=np.int64)
     for k in range(m):
+        j = k * n_sites
+        past = ev_d[:, :j], ev_c[:, :, :j], ev_l[:, :, :j]
         o = op[:, k]
         reserve = forced_after(o, n, h_max)
-        at_open = site_cap_allows(o, ev_d, ev_c, ev_l, caps, reserve)
+        at_open = site_cap_allows(o, *past, caps, reserve)
         ok &= (o - prev >= h_max) | (at_open.sum(axis=0) >= rules.quorum)
         xk = x[:, k, :]  # (R, N)
         sent = xk >= 0
         window_end = np.minimum(o + rules.grace, last)
-        new_c = np.zeros((n_sites, r_rows, n_sites))
-        new_l = np.zeros((n_sites, r_rows, n_sites), dtype=np.int64)
         for s in range(n_sites):
             xs = np.where(sent[:, s], xk[:, s], o)
-            allowed = site_cap_allows(xs, ev_d, ev_c, ev_l, caps, reserve)[s]
+            own = past[0], past[1][s : s + 1], past[2][s : s + 1]  # site s's state alone
+            allowed = site_cap_allows(xs, *own, caps[s : s + 1], reserve)[0]
             before = (sent & (xk < xs[:, None])).sum(axis=1)
             exempt = ((xs >= window_end) & (before < rules.quorum)) | (xs >= last)
             ok &= ~sent[:, s] | exempt | allowed
             lag = lag_arr[s] if lag_arr.ndim == 1 else lag_arr[s, xs]
-            new_c[s, :, s] = np.where(sent[:, s], costs[s, xs], 0.0)
-            new_l[s, :, s] = np.where(sent[:, s], lag, 0)
-        ev_d = np.concatenate([ev_d, np.where(sent, xk, o[:, None])], axis=1)
-        ev_c = np.concatenate([ev_c, new_c], axis=2)
-        ev_l = np.concatenate([ev_l, new_l], axis=2)
+            ev_c[s, :, j + s] = np.where(sent[:, s], costs[s, xs], 0.0)
+            ev_l[s, :, j + s] = np.where(sent[:, s], lag, 0)
+        ev_d[:, j : j + n_sites] = np.where(sent, xk, o[:, None])
         prev = o
     return ok
 
