@@ -59,6 +59,7 @@ __all__ = [
     "run_fleet_cells",
     "verdict_seeds_of",
     "fleet_summary",
+    "report_summary",
     "SYNC_NAMES",
     "FLEET_SETTING",
     "FleetReportConfig",
@@ -225,8 +226,8 @@ def run_fleet_report(
     The steps: the protocol's env (:func:`protocol_env`, which refuses a fleet with the
     per-sync precision action), the sealed agents, the independent units, one scored row
     per agent and episode (:func:`_unit_rows`), the calibration verdict
-    (:func:`fleet_calibration`), the per-agent summary (:func:`_agent_summary`) and its
-    verdicts (:func:`_gate`).
+    (:func:`fleet_calibration`), and the per-agent summary with its verdicts
+    (:func:`report_summary`).
 
     Returns:
         ``{"rows", "summary", "calibration", "calibration_verdict", "fleet", "elapsed_s",
@@ -251,14 +252,8 @@ def run_fleet_report(
         agents = report_agents(replace(config, in_process_agents=True))
         df = pd.DataFrame(run_fleet_cells(config, seeds, backend, jobs, ray_address, progress))
     verdict, calib_rows = fleet_calibration(env, config.calibration)
-    summary = fleet_summary(df, [a.name for a in agents], verdict_seeds, verdict, config.alpha)
-    capped = env.fleet.site_cap_pp is not None
-    sites = env.setup.site_names
-    units = df[df["seed"].isin(verdict_seeds)]  # the summary's episodes
-    per_site = [
-        fleet_cap.cap_summary(units[units["agent"] == a.name], sites, capped) for a in agents
-    ]
-    summary = pd.concat([summary, pd.DataFrame(per_site)], axis=1)
+    names = [a.name for a in agents]
+    summary = report_summary(env, df, names, verdict_seeds, verdict, config.alpha)
     for a in agents:  # sealed agents' worker processes end with the report
         if callable(getattr(a, "close", None)):
             a.close()
@@ -523,6 +518,28 @@ def fleet_summary(
         )
     summary = pd.concat([summary, pd.DataFrame(extra)], axis=1)
     return summary.drop(columns=["regime", "p95_ms"]).rename(columns=SYNC_NAMES)
+
+
+def report_summary(
+    env: DiLoCoFleetEnv,
+    df: Any,
+    names: list[str],
+    verdict_seeds: set[int],
+    calibration_verdict: str,
+    alpha: float,
+) -> Any:
+    """A fleet report's per-agent summary of its rows ``df``: :func:`fleet_summary`, then
+    each site's mean sync-excess and, with a site cap, the cap's counters
+    (:func:`~diloco_gym.eval.fleet_cap.cap_summary`), over the independent episodes
+    ``verdict_seeds``. The fleet report and a fleet sweep's points both summarise so."""
+    import pandas as pd
+
+    summary = fleet_summary(df, names, verdict_seeds, calibration_verdict, alpha)
+    capped = env.fleet.site_cap_pp is not None
+    sites = env.setup.site_names
+    units = df[df["seed"].isin(verdict_seeds)]  # the summary's episodes
+    per_site = [fleet_cap.cap_summary(units[units["agent"] == n], sites, capped) for n in names]
+    return pd.concat([summary, pd.DataFrame(per_site)], axis=1)
 
 
 def _fleet_record(config: FleetReportConfig, env: DiLoCoFleetEnv, n: int) -> dict[str, Any]:

@@ -2,13 +2,16 @@
 top level, or as a grid axis ``fleet = ["a.toml", "b.toml"]``; paths relative to the sweep
 file) runs the fleet protocol at each point instead of the single-host report.
 
-A fleet point is :func:`~diloco_gym.eval.fleet.run_fleet_report`, the code of ``report
---fleet``: every agent on the point's fleet episodes (deployable agents sealed in their own
-worker process), exact matched random at the agent's number of syncs, the oracle at the same
-number, the paired test, Holm over the point's deployable agents and the fleet's calibration
-verdict. One point is one cell (the report's statistics need all its episodes), keyed by a
-fingerprint of its configuration and the fleet file's bytes, so a rerun skips it and an
-edited fleet file runs again.
+A fleet point is the fleet report of ``report --fleet`` (:mod:`diloco_gym.eval.fleet`):
+every agent on the point's fleet episodes (deployable agents sealed in their own worker
+process), exact matched random at the agent's number of syncs, the oracle at the same
+number, the paired test, Holm over the point's agents and the fleet's calibration verdict.
+As a single-host point, it runs as cells: one per episode (all the agents on it,
+:func:`~diloco_gym.eval.fleet.fleet_episode_cell`) and one for the fleet's calibration,
+each keyed by a fingerprint of what it reads and the fleet file's bytes, so a rerun skips
+what is stored, a stopped sweep resumes episode by episode, the episodes of a point run in
+parallel on a pool, and an edited fleet file runs again. The point's summary is the
+report's (:func:`~diloco_gym.eval.fleet.report_summary`) over the episodes stored.
 
 Keys of a fleet sweep: ``fleet``, ``agents``, ``seeds``, ``seed0``, ``draws``, ``alpha``,
 ``calibration`` (the file the fleet's calibration verdict is judged against, as ``report
@@ -26,7 +29,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -38,12 +41,11 @@ if TYPE_CHECKING:
 __all__ = [
     "FLEET_KEYS",
     "NOT_WITH_FLEET",
-    "FleetCell",
+    "FleetCalibrationCell",
     "fleet_env_field",
     "fleet_point_config",
-    "fleet_cell_key",
+    "fleet_point_cells",
     "run_fleet_cell",
-    "fleet_point_tables",
     "fleet_point_outputs",
     "MARKDOWN_COLUMNS",
 ]
@@ -90,8 +92,8 @@ MARKDOWN_COLUMNS = [
 
 
 @dataclass(frozen=True)
-class FleetCell:
-    """One fleet point's work: the fleet report of ``config`` (paths absolute)."""
+class FleetCalibrationCell:
+    """A fleet point's calibration cell: the fleet's calibration verdict of ``config``."""
 
     config: FleetReportConfig
 
@@ -153,11 +155,33 @@ def _shipped(spec: str, base: Path) -> str:
     return shipped_spec(name, base) + (OWN_SUFFIX if rule == "own-forecast" else "")
 
 
-def fleet_cell_key(config: FleetReportConfig) -> str:
-    """The cell's fingerprint: its configuration and the fleet file's bytes."""
+def _fingerprint(*parts: Any) -> str:
+    text = json.dumps(parts, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:20]
+
+
+def fleet_point_cells(config: FleetReportConfig) -> tuple[str, list[str], dict[str, Any]]:
+    """A fleet point's cells: ``(calibration key, episode keys, cells by key)``. An
+    episode's key fingerprints what its rows read (the fleet file's bytes, the agents, the
+    draws, the env overrides, how the agents run, its seed); the calibration's the fleet
+    file, the env overrides and the calibration file. Points that share an episode share
+    its cell."""
+    from diloco_gym.eval.fleet import FleetCell
+
     digest = hashlib.sha256(Path(config.fleet).read_bytes()).hexdigest()
-    text = json.dumps(["fleet-report", asdict(config), digest], sort_keys=True, default=str)
-    return "fleet/" + hashlib.sha256(text.encode()).hexdigest()[:20]
+    cfg = asdict(config)
+    cal_key = "fleet-cal/" + _fingerprint(
+        "fleet-calibration", cfg["fleet"], digest, cfg["env"], cfg["calibration"]
+    )
+    unit = {k: cfg[k] for k in ("fleet", "agents", "draws", "env", "in_process_agents")}
+    cells: dict[str, Any] = {cal_key: FleetCalibrationCell(config)}
+    keys = []
+    for i in range(config.seeds):
+        seed = config.seed0 + i
+        key = "unit/fleet-" + _fingerprint("fleet-episode", unit, digest, seed)
+        cells[key] = FleetCell(config, seed)
+        keys.append(key)
+    return cal_key, keys, cells
 
 
 def _plain(o: Any) -> Any:
@@ -166,55 +190,71 @@ def _plain(o: Any) -> Any:
     raise TypeError(f"cannot store {type(o).__name__} in a sweep record")
 
 
-def run_fleet_cell(cell: FleetCell) -> dict[str, Any]:
-    """Run one fleet point; its record as JSON would store it (so a fresh run and a rerun
-    from ``cells.jsonl`` write the same bytes): per-episode rows, the per-agent summary,
-    the calibration verdict and the independent units. The run's time is left out."""
-    from diloco_gym.eval.fleet import run_fleet_report
+def run_fleet_cell(cell: Any) -> dict[str, Any]:
+    """One cell of a fleet point, as JSON would store it (so a fresh run and a rerun from
+    ``cells.jsonl`` write the same bytes): an episode's rows (``{"rows": [...]}``) or the
+    fleet's calibration (``{"verdict", "rows"}``)."""
+    from diloco_gym.eval.fleet import fleet_calibration, fleet_episode_cell, protocol_env
 
-    res = run_fleet_report(cell.config)
-    record = {
-        "rows": res["rows"].to_dict(orient="records"),
-        "summary": res["summary"].to_dict(orient="records"),
-        "calibration_verdict": res["calibration_verdict"],
-        "independent_units": res["independent_units"],
-        "agent_sealing": res["agent_sealing"],
-    }
+    if isinstance(cell, FleetCalibrationCell):
+        env = protocol_env(cell.config, "a fleet sweep point")
+        verdict, rows = fleet_calibration(env, cell.config.calibration)
+        record: dict[str, Any] = {"verdict": verdict, "rows": rows}
+    else:
+        record = {"rows": fleet_episode_cell(cell)}
     return json.loads(json.dumps(record, default=_plain))
 
 
-def fleet_point_tables(
-    lead: dict[str, Any], record: dict[str, Any]
-) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """A stored fleet point's rows and summary, each led by the point's ``lead`` columns
-    (sweep, point, ``grid.AXIS``); the summary also carries the fleet's calibration verdict
-    and how the agents ran (sealed or in process)."""
-    import pandas as pd
-
-    rows = pd.DataFrame(record["rows"])
-    summary = pd.DataFrame(record["summary"])
-    summary["calibration_verdict"] = record["calibration_verdict"]
-    summary["agent_sealing"] = record["agent_sealing"]
-    return (
-        pd.concat([pd.DataFrame([lead] * len(rows)), rows], axis=1),
-        pd.concat([pd.DataFrame([lead] * len(summary)), summary], axis=1),
-    )
-
-
 def fleet_point_outputs(
-    rec: dict[str, Any] | None,
+    config: FleetReportConfig,
+    records: list[dict[str, Any] | None],
     lead: dict[str, Any],
     where: str,
     errors: list[dict],
     notes: list[str],
 ) -> tuple[pd.DataFrame | None, pd.DataFrame | None]:
-    """A fleet point's rows and summary from its one stored cell ``rec``
-    (:func:`fleet_point_tables`); ``(None, None)`` with its error appended to ``errors``
-    when it failed, or a note that it has not run yet (``where`` names the point)."""
-    if rec is None:
-        notes.append(f"{where}: its fleet report not run yet")
+    """A fleet point's rows and summary from its stored cells (``records``: the
+    calibration's, then each episode's, ``None`` where not run yet), each led by the
+    point's ``lead`` columns (sweep, point, ``grid.AXIS``); the summary also carries the
+    fleet's calibration verdict and how the agents ran. A failed cell is appended to
+    ``errors`` and a missing one noted (``where`` names the point); the summary is the
+    report's over the episodes stored (at least 2), their independent ones its units."""
+    import pandas as pd
+
+    from diloco_gym.eval.fleet import protocol_env, report_agents, report_summary, verdict_seeds_of
+    from diloco_gym.eval.sealed import IN_PROCESS, SEALED
+
+    cal, *units = records
+    rows: list[dict] = []
+    missing = 0
+    for name, rec in zip(["calibration", *(f"episode {i}" for i in range(len(units)))],
+                         records, strict=True):  # fmt: skip
+        if rec is None:
+            missing += 1
+        elif not rec["ok"]:
+            errors.append({**lead, "cell": name, "error": rec["error"]})
+        elif name != "calibration":
+            rows.extend(rec["result"]["rows"])
+    if missing:
+        notes.append(f"{where}: {missing} cell(s) not run yet")
+    if not rows:
         return None, None
-    if not rec["ok"]:
-        errors.append({**lead, "cell": "fleet report", "error": rec["error"]})
-        return None, None
-    return fleet_point_tables(lead, rec["result"])
+    df = pd.DataFrame(rows)
+    table = pd.concat([pd.DataFrame([lead] * len(df)), df], axis=1)
+    if cal is None or not cal["ok"] or df["seed"].nunique() < 2:
+        why = (
+            "fewer than 2 episodes"
+            if cal is not None and cal["ok"]
+            else ("its calibration cell is missing or failed")
+        )
+        notes.append(f"{where}: no summary ({why})")
+        return table, None
+    env = protocol_env(config, "a fleet sweep point")
+    seeds = sorted(set(df["seed"].tolist()))
+    period = env.setup.unit_period(env.build_episode(config.seed0).n_decisions)
+    verdict = cal["result"]["verdict"]
+    names = [a.name for a in report_agents(replace(config, in_process_agents=True))]
+    summary = report_summary(env, df, names, verdict_seeds_of(seeds, period), verdict, config.alpha)
+    summary["calibration_verdict"] = verdict
+    summary["agent_sealing"] = IN_PROCESS if config.in_process_agents else SEALED
+    return table, pd.concat([pd.DataFrame([lead] * len(summary)), summary], axis=1)

@@ -28,8 +28,10 @@ class SweepStoreWarning(UserWarning):
 
 #: Where the lines of ``cells.jsonl`` that are not cell records are moved (kept, not lost).
 REJECTED_FILE = "cells.rejected.jsonl"
-#: The keys' kinds: a unit cell, a calibration cell, a fleet point.
-_KEY_KINDS = ("unit/", "cal/", "fleet/")
+#: The keys' kinds: a unit cell (a fleet point's episode too), a calibration cell, a fleet
+#: point's calibration cell, and a fleet point of sweeps before 0.6 (one cell per point;
+#: such a record is read, not used).
+_KEY_KINDS = ("unit/", "cal/", "fleet-cal/", "fleet/")
 
 
 def _record_problem(rec: Any) -> str | None:
@@ -50,6 +52,7 @@ def _record_problem(rec: Any) -> str | None:
     kinds: dict[str, dict[str, type]] = {
         "unit/": {"rows": list},
         "cal/": {"sim": dict},
+        "fleet-cal/": {"verdict": str, "rows": list},
         "fleet/": {
             "rows": list,
             "summary": list,

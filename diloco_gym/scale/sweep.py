@@ -27,8 +27,9 @@ not sealed), ``merge_budget`` and ``env.NAME``. Relative paths (trace, calibrati
 file, a learned agent's run directory) are relative to the sweep file.
 
 A fleet sweep sets ``fleet = "FILE"`` (top level, or a grid axis ``fleet = ["a.toml",
-"b.toml"]``): each point then runs the fleet protocol of ``report --fleet`` (one cell per
-point; keys and rules in :mod:`diloco_gym.scale.fleet_points`), the single-host keys
+"b.toml"]``): each point then runs the fleet protocol of ``report --fleet`` (a cell per
+episode and one for the fleet's calibration; keys and rules in
+:mod:`diloco_gym.scale.fleet_points`), the single-host keys
 (``regime``, ``trace``, ``sidecar``...) are an error naming the key, ``env.NAME`` may also
 name a ``FleetParams`` field (``env.bits``), and the summary carries each agent's
 worst-site sync-excess (``worst_site_sync_excess_pct``) and the fleet's calibration verdict.
@@ -492,9 +493,9 @@ def _fingerprint(*parts: Any) -> str:
 def run_sweep_cell(cell) -> dict[str, Any]:
     """One sweep cell (a report cell with the point's env overrides); module-level so that
     workers import it by name."""
-    from diloco_gym.eval.cells import run_report_cell
+    from diloco_gym.eval.cells import ReportCell, run_report_cell
 
-    if isinstance(cell, fleet_points.FleetCell):
+    if not isinstance(cell, ReportCell):  # a fleet point's episode or calibration
         return fleet_points.run_fleet_cell(cell)
     return run_report_cell(cell)
 
@@ -640,10 +641,11 @@ def _plan_cells(
     cells: dict[str, Any] = {}
     bad: list[str] = []
     for pt in spec.points:
-        if spec.fleet:  # one cell: the fleet report of the point
-            key = fleet_points.fleet_cell_key(pt.config)
-            cells.setdefault(key, fleet_points.FleetCell(pt.config))
-            plan.append((pt, None, [key]))
+        if spec.fleet:  # a cell per episode, and the fleet's calibration
+            cal_key, keys, point_cells = fleet_points.fleet_point_cells(pt.config)
+            for key, cell in point_cells.items():
+                cells.setdefault(key, cell)
+            plan.append((pt, cal_key, keys))
             continue
         env = tuple(sorted(pt.env.items()))
         try:
@@ -703,6 +705,8 @@ def _run_todo(
         if max_cells is not None and new >= max_cells and new < len(todo):
             raise _Stop
 
+    from diloco_gym.eval.cells import release_cached
+
     try:
         run_cells(
             run_sweep_cell,
@@ -717,6 +721,8 @@ def _run_todo(
         )
     except _Stop:
         pass
+    finally:
+        release_cached()  # this process's sealed agents' workers end with the run
     return new
 
 
@@ -737,8 +743,10 @@ def _write_outputs(spec: SweepSpec, plan: list, store: CellStore, out: Path) -> 
         }
         if spec.fleet:
             where = f"point {pt.index} ({_describe(pt.params)})"
-            rec = store.records.get(keys[0])
-            table, summ = fleet_points.fleet_point_outputs(rec, lead, where, errors, notes)
+            recs = [store.records.get(k) for k in (cal_key, *keys)]
+            table, summ = fleet_points.fleet_point_outputs(
+                pt.config, recs, lead, where, errors, notes
+            )
         else:
             table, summ = _report_outputs(pt, cal_key, keys, store, lead, errors, notes)
         tables += [table] if table is not None else []

@@ -1,7 +1,7 @@
 """diloco_gym/scale/fleet_points.py: which ``env.NAME`` a fleet sweep takes, a point's fleet
-report configuration (paths relative to the sweep file, the single-host keys left out), the
-cell's fingerprint (its configuration and the fleet file's bytes), a stored point's tables
-and outputs, and Holm over the deployable agents of every point."""
+report configuration (paths relative to the sweep file, the single-host keys left out), its
+cells (an episode each and the calibration) and their fingerprints (what each reads and the
+fleet file's bytes), and a stored point's tables and summary."""
 
 from __future__ import annotations
 
@@ -96,60 +96,71 @@ def test_point_config_refuses_a_bad_env_value(fleet_file):
         fp.fleet_point_config({"fleet": "fleet.toml"}, fleet_file.parent, {"h_min_steps": -5})
 
 
-# --------------------------------------------------------------------------- fingerprint
-def test_cell_key_follows_the_configuration_and_the_fleet_files_bytes(fleet_file):
-    def key(**settings):
-        config = fp.fleet_point_config(
-            {"fleet": "fleet.toml", "agents": ["fixed-512"], **settings}, fleet_file.parent, {}
-        )
-        return fp.fleet_cell_key(config)
+# --------------------------------------------------------------------------- cells
+def _point(fleet_file, **settings):
+    return fp.fleet_point_config(
+        {"fleet": "fleet.toml", "agents": ["fixed-512"], **settings}, fleet_file.parent, {}
+    )
 
-    first = key()
-    assert re.fullmatch(r"fleet/[0-9a-f]{20}", first)
-    assert key() == first  # deterministic
-    assert key(seeds=3) != first
+
+def test_a_point_is_a_cell_per_episode_and_a_calibration_cell(fleet_file):
+    from diloco_gym.eval.fleet import FleetCell
+
+    cal, keys, cells = fp.fleet_point_cells(_point(fleet_file, seeds=3, seed0=5))
+    assert re.fullmatch(r"fleet-cal/[0-9a-f]{20}", cal)
+    assert all(re.fullmatch(r"unit/fleet-[0-9a-f]{20}", k) for k in keys) and len(set(keys)) == 3
+    assert isinstance(cells[cal], fp.FleetCalibrationCell)
+    assert [cells[k].seed for k in keys] == [5, 6, 7]
+    assert all(isinstance(cells[k], FleetCell) for k in keys)
+
+
+def test_cell_keys_follow_what_the_cells_read_and_the_fleet_files_bytes(fleet_file):
+    cal, keys, _ = fp.fleet_point_cells(_point(fleet_file, seeds=2))
+    assert fp.fleet_point_cells(_point(fleet_file, seeds=2))[:2] == (cal, keys)  # determined
+    # more seeds: the same first episodes, and the calibration (shared with the first run)
+    more = fp.fleet_point_cells(_point(fleet_file, seeds=3))
+    assert more[0] == cal and more[1][:2] == keys
+    # the draws change the episodes' rows, not the calibration; alpha changes neither
+    draws = fp.fleet_point_cells(_point(fleet_file, seeds=2, draws=50))
+    assert draws[0] == cal and not set(draws[1]) & set(keys)
+    assert fp.fleet_point_cells(_point(fleet_file, seeds=2, alpha=0.01))[:2] == (cal, keys)
     fleet_file.write_text(FLEET + "\n# an edit\n")
-    assert key() != first  # the same path, other bytes
+    edited = fp.fleet_point_cells(_point(fleet_file, seeds=2))
+    assert edited[0] != cal and not set(edited[1]) & set(keys)  # the same path, other bytes
 
 
 # --------------------------------------------------------------------------- stored points
 LEAD = {"sweep": "s", "point": 2, "grid.bits": 8}
-RECORD = {
-    "rows": [{"agent": "a", "seed": 0, "x": 1.0}, {"agent": "a", "seed": 1, "x": 2.0}],
-    "summary": [{"agent": "a", "p_value": 0.01, "deployable": True}],
-    "calibration_verdict": "calibrated",
-    "independent_units": 2,
-    "agent_sealing": "sealed",
-}
 
 
-def test_point_tables_lead_with_the_points_columns():
-    rows, summary = fp.fleet_point_tables(LEAD, RECORD)
-    assert list(rows.columns) == ["sweep", "point", "grid.bits", "agent", "seed", "x"]
-    assert rows["point"].tolist() == [2, 2] and rows["x"].tolist() == [1.0, 2.0]
-    assert summary.to_dict(orient="records") == [
-        {
-            **LEAD,
-            "agent": "a",
-            "p_value": 0.01,
-            "deployable": True,
-            "calibration_verdict": "calibrated",
-            "agent_sealing": "sealed",
-        }
-    ]
-
-
-def test_point_outputs_of_a_missing_a_failed_and_a_stored_cell():
+def test_point_outputs_of_missing_failed_and_stored_cells(fleet_file):
+    """A stored point's rows lead with the point's columns; its summary is the report's
+    over the stored episodes, with the calibration verdict and the agents' sealing."""
+    config = _point(fleet_file, seeds=3, draws=10, in_process_agents=True)
+    cal, keys, cells = fp.fleet_point_cells(config)
+    done = {k: {"ok": True, "result": fp.run_fleet_cell(cells[k])} for k in (cal, *keys)}
     errors, notes = [], []
-    assert fp.fleet_point_outputs(None, LEAD, "point 2", errors, notes) == (None, None)
-    assert notes == ["point 2: its fleet report not run yet"] and errors == []
-    failed = {"ok": False, "error": "ValueError: boom"}
-    assert fp.fleet_point_outputs(failed, LEAD, "point 2", errors, notes) == (None, None)
-    assert errors == [{**LEAD, "cell": "fleet report", "error": "ValueError: boom"}]
-    rows, summary = fp.fleet_point_outputs(
-        {"ok": True, "result": RECORD}, LEAD, "point 2", errors, notes
+    assert fp.fleet_point_outputs(config, [None] * 4, LEAD, "point 2", errors, notes) == (
+        None,
+        None,
     )
-    assert len(rows) == 2 and len(summary) == 1 and len(errors) == 1 and len(notes) == 1
+    assert notes == ["point 2: 4 cell(s) not run yet"] and errors == []
+    failed = {"ok": False, "error": "ValueError: boom"}
+    recs = [done[cal], done[keys[0]], failed, None]
+    rows, summary = fp.fleet_point_outputs(config, recs, LEAD, "point 2", errors, notes)
+    assert errors == [{**LEAD, "cell": "episode 1", "error": "ValueError: boom"}]
+    assert rows is not None and summary is None  # one episode: no summary
+    assert notes[-2:] == [
+        "point 2: 1 cell(s) not run yet",
+        "point 2: no summary (fewer than 2 episodes)",
+    ]
+    recs = [done[k] for k in (cal, *keys)]
+    rows, summary = fp.fleet_point_outputs(config, recs, LEAD, "point 2", errors, notes)
+    assert list(rows.columns[:3]) == ["sweep", "point", "grid.bits"] and len(rows) == 3
+    assert rows["seed"].tolist() == [0, 1, 2] and (rows["point"] == 2).all()
+    assert summary["agent"].tolist() == ["fixed-512"] and int(summary["units"].iloc[0]) == 3
+    assert summary["calibration_verdict"].iloc[0] == done[cal]["result"]["verdict"]
+    assert summary["agent_sealing"].iloc[0].startswith("in-process")
 
 
 def test_plain_stores_numpy_scalars_and_refuses_anything_else():

@@ -1,7 +1,8 @@
 """Fleet points in ``diloco-gym sweep``: each point is the fleet report of ``report --fleet``
-(the same numbers), rows carry the grid's columns, the summary the worst site's excess; a
-rerun skips the stored fleet cells and writes the same bytes; single-host keys are refused
-naming the key."""
+(the same numbers), run as a cell per episode and one for the fleet's calibration; rows
+carry the grid's columns, the summary the worst site's excess; a rerun skips the stored
+cells and writes the same bytes, a stopped sweep resumes episode by episode; single-host
+keys are refused naming the key."""
 
 from __future__ import annotations
 
@@ -45,7 +46,11 @@ def whole(tmp_path_factory) -> tuple[Path, dict[str, bytes]]:
     tmp = tmp_path_factory.mktemp("fleet")
     spec = load_sweep(_sweep_dir(tmp))
     res = run_sweep(spec, tmp / "out", progress=False)
-    assert res["complete"] and res["failed"] == 0 and res["run"] == res["cells"] == 2
+    # 2 points: 2 episodes and a calibration each (its env differs: the budget)
+    assert res["complete"] and res["failed"] == 0 and res["run"] == res["cells"] == 6
+    from diloco_gym.eval import cells
+
+    assert not cells._CACHE  # the sealed agents' workers ended with the sweep
     return tmp, _outputs(tmp / "out")
 
 
@@ -86,7 +91,7 @@ def test_rerun_skips_stored_fleet_cells_and_writes_the_same_bytes(whole):
     tmp, first = whole
     spec = load_sweep(tmp / "s.toml")
     again = run_sweep(spec, tmp / "out", progress=False)
-    assert again["run"] == 0 and again["skipped"] == 2 and again["complete"]
+    assert again["run"] == 0 and again["skipped"] == 6 and again["complete"]
     assert _outputs(tmp / "out") == first
 
 
@@ -95,11 +100,11 @@ def test_stopped_fleet_sweep_resumes_on_processes(tmp_path, whole):
     _, first = whole
     spec = load_sweep(_sweep_dir(tmp_path))
     out = tmp_path / "out"
-    part = run_sweep(spec, out, progress=False, max_cells=1, backend="processes", jobs=2)
-    assert part["run"] == 1 and not part["complete"]
-    assert "fleet report not run yet" in (out / "summary.md").read_text()
+    part = run_sweep(spec, out, progress=False, max_cells=4, backend="processes", jobs=2)
+    assert part["run"] == 4 and not part["complete"]
+    assert "cell(s) not run yet" in (out / "summary.md").read_text()
     rest = run_sweep(spec, out, progress=False, backend="processes", jobs=2)
-    assert rest["run"] == 1 and rest["skipped"] == 1 and rest["complete"]
+    assert rest["run"] == 2 and rest["skipped"] == 4 and rest["complete"]
     assert _outputs(out) == first
 
 
@@ -107,10 +112,10 @@ def test_stopped_fleet_sweep_resumes_on_processes(tmp_path, whole):
 def test_an_edited_fleet_file_runs_its_points_again(tmp_path):
     cfg = _sweep_dir(tmp_path, SPEC.replace("[40, 60]", "[40]"))
     out = tmp_path / "out"
-    assert run_sweep(load_sweep(cfg), out, progress=False)["run"] == 1
+    assert run_sweep(load_sweep(cfg), out, progress=False)["run"] == 3
     fleet = tmp_path / "fleet.toml"
     fleet.write_text(fleet.read_text().replace("bits = 8 ", "bits = 4 "))
-    assert run_sweep(load_sweep(cfg), out, progress=False)["run"] == 1
+    assert run_sweep(load_sweep(cfg), out, progress=False)["run"] == 3
 
 
 def test_fleet_axis_and_fleet_params_in_env(tmp_path):
@@ -195,7 +200,7 @@ def test_a_rounds_fleet_sweep_runs_the_own_rule_over_quorum_and_grace(tmp_path):
         '[grid]\n"env.quorum" = [2, 4]\n"env.grace_s" = [4.5]\n'
     )
     res = run_sweep(load_sweep(tmp_path / "s.toml"), tmp_path / "out", progress=False)
-    assert res["complete"] and res["failed"] == 0 and res["run"] == 2
+    assert res["complete"] and res["failed"] == 0 and res["run"] == 2 * (2 + 1)
     rows = pd.read_csv(tmp_path / "out" / "results.csv")
     assert (rows["syncs"] == 10).all()
     assert set(rows["agent"]) == {"fixed-budget", "fixed-budget+own"}
