@@ -60,12 +60,11 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import pandas as pd
 from pydantic import ConfigDict
 
-from diloco_gym.io import save_atomic, write_text_atomic
 from diloco_gym.scale import fleet_points
 from diloco_gym.scale.store import REJECTED_FILE, CellStore, SweepStoreWarning
+from diloco_gym.scale.sweep_outputs import describe, write_outputs
 from diloco_gym.tables import Table, TableError, validate_table
 
 if TYPE_CHECKING:
@@ -400,7 +399,7 @@ def _point(path: Path, index: int, params: dict[str, Any], fixed: dict[str, Any]
     from diloco_gym.sim.regimes import REGIMES
 
     settings = {**fixed, **params}
-    where = f"{path}: point {index} ({_describe(params)})"
+    where = f"{path}: point {index} ({describe(params)})"
     env: dict[str, Any] = {}
     kwargs: dict[str, Any] = {}
     for key, value in settings.items():
@@ -448,7 +447,7 @@ def _fleet_point(
     from diloco_gym.sim.fleet import FleetConfigError
 
     settings = {**fixed, **params}
-    where = f"{path}: point {index} ({_describe(params)})"
+    where = f"{path}: point {index} ({describe(params)})"
     env = {
         _env_field(path, k, fleet=True): v
         for k, v in settings.items()
@@ -479,10 +478,6 @@ def _check_calibration(where: str, path: str) -> None:
 
 
 _CHECKED_CALIBRATIONS: set[str] = set()
-
-
-def _describe(params: dict) -> str:
-    return ", ".join(f"{k}={v}" for k, v in params.items()) or "the only point"
 
 
 def _fingerprint(*parts: Any) -> str:
@@ -590,7 +585,7 @@ def _run_sweep(
         k for k in cells if k not in store.records or (retry_failed and not store.records[k]["ok"])
     ]
     new = _run_todo(cells, todo, store, max_cells, backend, jobs, ray_address, progress)
-    _write_outputs(spec, plan, store, out)
+    write_outputs(spec, plan, store, out)
     failed = sum(
         1
         for _, c, ks in plan
@@ -652,7 +647,7 @@ def _plan_cells(
             units = regime_plan(pt.config, pt.regime, env=pt.env)[0]
         except (ValueError, KeyError, OSError) as exc:
             text = " ".join(str(exc.args[0] if isinstance(exc, KeyError) else exc).split())
-            bad.append(f"point {pt.index} ({_describe(pt.params)}): {text}")
+            bad.append(f"point {pt.index} ({describe(pt.params)}): {text}")
             continue
         cal_cfg = {k: v for k, v in asdict(pt.config).items() if k not in _NOT_CALIBRATION}
         cal_key = "cal/" + _fingerprint(cal_cfg, pt.regime, env)
@@ -724,103 +719,3 @@ def _run_todo(
     finally:
         release_cached()  # this process's sealed agents' workers end with the run
     return new
-
-
-def _cell_value(v: Any) -> Any:
-    return " ".join(map(str, v)) if isinstance(v, list) else v
-
-
-def _write_outputs(spec: SweepSpec, plan: list, store: CellStore, out: Path) -> None:
-    tables: list[pd.DataFrame] = []
-    summaries: list[pd.DataFrame] = []
-    errors: list[dict] = []
-    notes: list[str] = []
-    for pt, cal_key, keys in plan:
-        lead = {
-            "sweep": spec.name,
-            "point": pt.index,
-            **{f"grid.{k}": _cell_value(v) for k, v in pt.params.items()},
-        }
-        if spec.fleet:
-            where = f"point {pt.index} ({_describe(pt.params)})"
-            recs = [store.records.get(k) for k in (cal_key, *keys)]
-            table, summ = fleet_points.fleet_point_outputs(
-                pt.config, recs, lead, where, errors, notes
-            )
-        else:
-            table, summ = _report_outputs(pt, cal_key, keys, store, lead, errors, notes)
-        tables += [table] if table is not None else []
-        summaries += [summ] if summ is not None else []
-    results = pd.concat(tables, ignore_index=True) if tables else pd.DataFrame()
-    summary = pd.concat(summaries, ignore_index=True) if summaries else pd.DataFrame()
-    if not summary.empty:
-        # A sweep compares settings: besides the Holm family of one point (its agents),
-        # a correction across every agent of every point.
-        from diloco_gym.eval.summary import holm
-
-        summary["p_holm_all_points"] = holm(summary["p_value"].to_numpy())
-    write_text_atomic(out / "results.csv", results.to_csv(index=False))
-    write_text_atomic(out / "summary.csv", summary.to_csv(index=False))
-    error_cols = ["sweep", "point", *(f"grid.{k}" for k in spec.axes), "cell", "error"]
-    write_text_atomic(
-        out / "errors.csv", pd.DataFrame(errors, columns=error_cols).to_csv(index=False)
-    )
-    try:
-        import pyarrow  # noqa: F401
-
-        save_atomic(lambda tmp: results.to_parquet(tmp, index=False), out / "results.parquet")
-    except ImportError:  # pragma: no cover - pyarrow is a dependency
-        pass
-    from diloco_gym.scale.sweep_markdown import sweep_markdown
-
-    text = sweep_markdown(spec.name, spec.path.name, len(spec.points), list(spec.axes), spec.fleet)
-    write_text_atomic(out / "summary.md", text(summary, errors, notes))
-
-
-def _report_outputs(
-    pt: SweepPoint,
-    cal_key: str | None,
-    keys: list[str],
-    store: CellStore,
-    lead: dict,
-    errors: list[dict],
-    notes: list[str],
-) -> tuple[pd.DataFrame | None, pd.DataFrame | None]:
-    """A single-host point's rows and summary from its stored cells (errors and notes on
-    missing cells appended)."""
-    from diloco_gym.eval import calibration as cal
-    from diloco_gym.eval.summary import summarise
-
-    rows: list[dict] = []
-    missing = 0
-    names = ["calibration", *(f"unit {i}" for i in range(len(keys)))] if cal_key else ["plan"]
-    for key, name in zip([cal_key, *keys] if cal_key else keys, names, strict=True):
-        rec = store.records.get(key)
-        if rec is None:
-            missing += 1
-        elif not rec["ok"]:
-            errors.append({**lead, "cell": name, "error": rec["error"]})
-        elif key.startswith("unit/"):
-            rows.extend(rec["result"]["rows"])
-    if missing:
-        notes.append(f"point {pt.index} ({_describe(pt.params)}): {missing} cell(s) not run yet")
-    if not rows:
-        return None, None
-    df = pd.DataFrame(rows)
-    table = pd.concat([pd.DataFrame([lead] * len(df)), df], axis=1)
-    rec = store.records.get(cal_key) if cal_key else None
-    if rec is None or not rec["ok"] or df["seed"].nunique() < 2:
-        why = (
-            "fewer than 2 units"
-            if rec is not None and rec["ok"]
-            else "its calibration cell is missing or failed"
-        )
-        notes.append(f"point {pt.index} ({_describe(pt.params)}): no summary ({why})")
-        return table, None
-    calib = cal.load_calibration(pt.config.calibration)
-    measured_key = pt.regime if pt.config.trace is None else pt.config.trace_sidecar
-    sim = {k: (math.nan if v is None else v) for k, v in rec["result"]["sim"].items()}
-    measured = calib.measured(measured_key)
-    verdict = cal.transfer_verdict(sim, measured, interval=cal.measured_intervals(measured))
-    summ = summarise(df, {pt.regime: verdict}, pt.config.alpha, pt.config.saturation_pct)
-    return table, pd.concat([pd.DataFrame([lead] * len(summ)), summ], axis=1)
