@@ -46,7 +46,7 @@ __all__ = [
     "fleet_point_config",
     "fleet_point_cells",
     "run_fleet_cell",
-    "fleet_point_outputs",
+    "fleet_point_summary",
     "MARKDOWN_COLUMNS",
 ]
 
@@ -205,56 +205,29 @@ def run_fleet_cell(cell: Any) -> dict[str, Any]:
     return json.loads(json.dumps(record, default=_plain))
 
 
-def fleet_point_outputs(
-    config: FleetReportConfig,
-    records: list[dict[str, Any] | None],
-    lead: dict[str, Any],
-    where: str,
-    errors: list[dict],
-    notes: list[str],
-) -> tuple[pd.DataFrame | None, pd.DataFrame | None]:
-    """A fleet point's rows and summary from its stored cells (``records``: the
-    calibration's, then each episode's, ``None`` where not run yet), each led by the
-    point's ``lead`` columns (sweep, point, ``grid.AXIS``); the summary also carries the
-    fleet's calibration verdict and how the agents ran. A failed cell is appended to
-    ``errors`` and a missing one noted (``where`` names the point); the summary is the
-    report's over the episodes stored (at least 2), their independent ones its units."""
-    import pandas as pd
-
-    from diloco_gym.eval.fleet import protocol_env, report_agents, report_summary, verdict_seeds_of
+def fleet_point_summary(
+    config: FleetReportConfig, df: pd.DataFrame, calibration: dict[str, Any]
+) -> pd.DataFrame:
+    """A fleet point's summary from its stored episodes' rows ``df`` and its stored
+    calibration (``{"verdict", "rows"}``): the fleet report's
+    (:func:`~diloco_gym.eval.fleet.report_summary`) over the episodes stored, their
+    independent ones its units, with the fleet's calibration verdict and how the agents
+    ran."""
+    from diloco_gym.eval.fleet import (
+        protocol_env,
+        report_agents,
+        report_summary,
+        verdict_seeds_of,
+    )
     from diloco_gym.eval.sealed import IN_PROCESS, SEALED
 
-    cal, *units = records
-    rows: list[dict] = []
-    missing = 0
-    for name, rec in zip(["calibration", *(f"episode {i}" for i in range(len(units)))],
-                         records, strict=True):  # fmt: skip
-        if rec is None:
-            missing += 1
-        elif not rec["ok"]:
-            errors.append({**lead, "cell": name, "error": rec["error"]})
-        elif name != "calibration":
-            rows.extend(rec["result"]["rows"])
-    if missing:
-        notes.append(f"{where}: {missing} cell(s) not run yet")
-    if not rows:
-        return None, None
-    df = pd.DataFrame(rows)
-    table = pd.concat([pd.DataFrame([lead] * len(df)), df], axis=1)
-    if cal is None or not cal["ok"] or df["seed"].nunique() < 2:
-        why = (
-            "fewer than 2 episodes"
-            if cal is not None and cal["ok"]
-            else ("its calibration cell is missing or failed")
-        )
-        notes.append(f"{where}: no summary ({why})")
-        return table, None
     env = protocol_env(config, "a fleet sweep point")
     seeds = sorted(set(df["seed"].tolist()))
     period = env.setup.unit_period(env.build_episode(config.seed0).n_decisions)
-    verdict = cal["result"]["verdict"]
+    units = verdict_seeds_of(seeds, period)
+    verdict = calibration["verdict"]
     names = [a.name for a in report_agents(replace(config, in_process_agents=True))]
-    summary = report_summary(env, df, names, verdict_seeds_of(seeds, period), verdict, config.alpha)
+    summary = report_summary(env, df, names, units, verdict, config.alpha)
     summary["calibration_verdict"] = verdict
     summary["agent_sealing"] = IN_PROCESS if config.in_process_agents else SEALED
-    return table, pd.concat([pd.DataFrame([lead] * len(summary)), summary], axis=1)
+    return summary

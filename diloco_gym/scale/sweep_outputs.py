@@ -45,14 +45,19 @@ def write_outputs(spec: Any, plan: list, store: CellStore, out: Path) -> None:
             "point": pt.index,
             **{f"grid.{k}": cell_value(v) for k, v in pt.params.items()},
         }
-        if spec.fleet:
-            where = f"point {pt.index} ({describe(pt.params)})"
-            recs = [store.records.get(k) for k in (cal_key, *keys)]
-            table, summ = fleet_points.fleet_point_outputs(
-                pt.config, recs, lead, where, errors, notes
-            )
-        else:
-            table, summ = _report_outputs(pt, cal_key, keys, store, lead, errors, notes)
+        where = f"point {pt.index} ({describe(pt.params)})"
+        unit = "episode" if spec.fleet else "unit"
+        named = [("calibration", cal_key), *((f"{unit} {i}", k) for i, k in enumerate(keys))]
+        df, table = _stored_rows(named, store, lead, errors, notes, where)
+        cal = store.records.get(cal_key)
+        summ = None
+        if df is not None and _can_summarise(cal, df, f"{unit}s", where, notes):
+            assert cal is not None  # for mypy: _can_summarise checked it
+            if spec.fleet:
+                summ = fleet_points.fleet_point_summary(pt.config, df, cal["result"])
+            else:
+                summ = _report_summary(pt, df, cal["result"])
+            summ = pd.concat([pd.DataFrame([lead] * len(summ)), summ], axis=1)
         tables += [table] if table is not None else []
         summaries += [summ] if summ is not None else []
     results = pd.concat(tables, ignore_index=True) if tables else pd.DataFrame()
@@ -81,24 +86,21 @@ def write_outputs(spec: Any, plan: list, store: CellStore, out: Path) -> None:
     write_text_atomic(out / "summary.md", text(summary, errors, notes))
 
 
-def _report_outputs(
-    pt: Any,
-    cal_key: str | None,
-    keys: list[str],
+def _stored_rows(
+    named: list[tuple[str, str]],
     store: CellStore,
     lead: dict,
     errors: list[dict],
     notes: list[str],
+    where: str,
 ) -> tuple[pd.DataFrame | None, pd.DataFrame | None]:
-    """A single-host point's rows and summary from its stored cells (errors and notes on
-    missing cells appended)."""
-    from diloco_gym.eval import calibration as cal
-    from diloco_gym.eval.summary import summarise
-
+    """A point's stored rows and its table (the rows led by the point's ``lead`` columns)
+    from its cells ``named`` (``(name, key)``, the calibration first); a failed cell is
+    appended to ``errors`` and missing ones noted (``where`` names the point). ``(None,
+    None)`` without rows."""
     rows: list[dict] = []
     missing = 0
-    names = ["calibration", *(f"unit {i}" for i in range(len(keys)))] if cal_key else ["plan"]
-    for key, name in zip([cal_key, *keys] if cal_key else keys, names, strict=True):
+    for name, key in named:
         rec = store.records.get(key)
         if rec is None:
             missing += 1
@@ -107,24 +109,40 @@ def _report_outputs(
         elif key.startswith("unit/"):
             rows.extend(rec["result"]["rows"])
     if missing:
-        notes.append(f"point {pt.index} ({describe(pt.params)}): {missing} cell(s) not run yet")
+        notes.append(f"{where}: {missing} cell(s) not run yet")
     if not rows:
         return None, None
     df = pd.DataFrame(rows)
-    table = pd.concat([pd.DataFrame([lead] * len(df)), df], axis=1)
-    rec = store.records.get(cal_key) if cal_key else None
-    if rec is None or not rec["ok"] or df["seed"].nunique() < 2:
-        why = (
-            "fewer than 2 units"
-            if rec is not None and rec["ok"]
-            else "its calibration cell is missing or failed"
-        )
-        notes.append(f"point {pt.index} ({describe(pt.params)}): no summary ({why})")
-        return table, None
-    calib = cal.load_calibration(pt.config.calibration)
+    return df, pd.concat([pd.DataFrame([lead] * len(df)), df], axis=1)
+
+
+def _can_summarise(
+    cal: dict | None, df: pd.DataFrame, units: str, where: str, notes: list[str]
+) -> bool:
+    """Whether a point has a summary: its calibration cell stored and at least 2 units
+    (else a note saying which is missing)."""
+    if cal is not None and cal["ok"] and df["seed"].nunique() >= 2:
+        return True
+    why = (
+        f"fewer than 2 {units}"
+        if cal is not None and cal["ok"]
+        else ("its calibration cell is missing or failed")
+    )
+    notes.append(f"{where}: no summary ({why})")
+    return False
+
+
+def _report_summary(pt: Any, df: pd.DataFrame, cal: dict) -> pd.DataFrame:
+    """A single-host point's summary: the report's (:func:`~diloco_gym.eval.summary.summarise`)
+    of its rows, with the calibration verdict of its stored calibration cell ``cal``."""
+    from diloco_gym.eval import calibration as calibration_mod
+    from diloco_gym.eval.summary import summarise
+
+    calib = calibration_mod.load_calibration(pt.config.calibration)
     measured_key = pt.regime if pt.config.trace is None else pt.config.trace_sidecar
-    sim = {k: (math.nan if v is None else v) for k, v in rec["result"]["sim"].items()}
+    sim = {k: (math.nan if v is None else v) for k, v in cal["sim"].items()}
     measured = calib.measured(measured_key)
-    verdict = cal.transfer_verdict(sim, measured, interval=cal.measured_intervals(measured))
-    summ = summarise(df, {pt.regime: verdict}, pt.config.alpha, pt.config.saturation_pct)
-    return table, pd.concat([pd.DataFrame([lead] * len(summ)), summ], axis=1)
+    verdict = calibration_mod.transfer_verdict(
+        sim, measured, interval=calibration_mod.measured_intervals(measured)
+    )
+    return summarise(df, {pt.regime: verdict}, pt.config.alpha, pt.config.saturation_pct)

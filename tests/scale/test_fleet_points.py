@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -130,37 +131,23 @@ def test_cell_keys_follow_what_the_cells_read_and_the_fleet_files_bytes(fleet_fi
 
 
 # --------------------------------------------------------------------------- stored points
-LEAD = {"sweep": "s", "point": 2, "grid.bits": 8}
+def test_a_stored_points_summary_is_the_reports_over_its_stored_episodes(fleet_file):
+    """A fleet point's summary from its stored cells: the fleet report's over the episodes
+    stored (here 2 of 3), with the calibration verdict and the agents' sealing."""
+    import pandas as pd
 
+    from diloco_gym.eval.fleet import run_fleet_report
 
-def test_point_outputs_of_missing_failed_and_stored_cells(fleet_file):
-    """A stored point's rows lead with the point's columns; its summary is the report's
-    over the stored episodes, with the calibration verdict and the agents' sealing."""
     config = _point(fleet_file, seeds=3, draws=10, in_process_agents=True)
     cal, keys, cells = fp.fleet_point_cells(config)
-    done = {k: {"ok": True, "result": fp.run_fleet_cell(cells[k])} for k in (cal, *keys)}
-    errors, notes = [], []
-    assert fp.fleet_point_outputs(config, [None] * 4, LEAD, "point 2", errors, notes) == (
-        None,
-        None,
-    )
-    assert notes == ["point 2: 4 cell(s) not run yet"] and errors == []
-    failed = {"ok": False, "error": "ValueError: boom"}
-    recs = [done[cal], done[keys[0]], failed, None]
-    rows, summary = fp.fleet_point_outputs(config, recs, LEAD, "point 2", errors, notes)
-    assert errors == [{**LEAD, "cell": "episode 1", "error": "ValueError: boom"}]
-    assert rows is not None and summary is None  # one episode: no summary
-    assert notes[-2:] == [
-        "point 2: 1 cell(s) not run yet",
-        "point 2: no summary (fewer than 2 episodes)",
-    ]
-    recs = [done[k] for k in (cal, *keys)]
-    rows, summary = fp.fleet_point_outputs(config, recs, LEAD, "point 2", errors, notes)
-    assert list(rows.columns[:3]) == ["sweep", "point", "grid.bits"] and len(rows) == 3
-    assert rows["seed"].tolist() == [0, 1, 2] and (rows["point"] == 2).all()
-    assert summary["agent"].tolist() == ["fixed-512"] and int(summary["units"].iloc[0]) == 3
-    assert summary["calibration_verdict"].iloc[0] == done[cal]["result"]["verdict"]
+    stored = [fp.run_fleet_cell(cells[k]) for k in (cal, *keys[:2])]
+    df = pd.DataFrame([row for rec in stored[1:] for row in rec["rows"]])
+    summary = fp.fleet_point_summary(config, df, stored[0])
+    assert summary["agent"].tolist() == ["fixed-512"] and int(summary["units"].iloc[0]) == 2
+    assert summary["calibration_verdict"].iloc[0] == stored[0]["verdict"]
     assert summary["agent_sealing"].iloc[0].startswith("in-process")
+    direct = run_fleet_report(replace(config, seeds=2))["summary"]  # the report of those 2
+    pd.testing.assert_frame_equal(summary[direct.columns], direct)
 
 
 def test_plain_stores_numpy_scalars_and_refuses_anything_else():
