@@ -414,9 +414,7 @@ class DiLoCoFleetEnv(DiLoCoSyncEnv):
         self._site_rows_of: FleetEpisode | None = None
         self._cap = fleet_cap.cap_tracker(setup, self._n_decisions)  # None without a cap
         self._init_precision()
-        self._compiled_cost, self._stall_s = compiled_cost_rule(
-            setup, type(self) is DiLoCoFleetEnv and self._cap is None
-        )
+        self._compiled_cost, self._stall_s = compiled_cost_rule(setup, type(self) is DiLoCoFleetEnv)
         # a launch is the base env's action (no precision component, no cap to veto it)
         self._base_want = (
             type(self)._want is DiLoCoFleetEnv._want

@@ -70,9 +70,9 @@ def site_seed(episode_seed: int, site: int) -> int:
 def compiled_cost_rule(setup: Any, own_env: bool) -> tuple[bool, float]:
     """Whether the compiled step costs a fleet's syncs itself, and the seconds each sync
     stalls the learners there (model v1's learner credit; 0 in v0). ``own_env``: the env is
-    the one-instant fleet env itself (not a subclass with costs of its own) and has no cap.
-    It does for the plain fleet (the default's): several sites of one cost group and one
-    sync plan (no precision action, fixed links, one fragment), no worst-site weight. The
+    the one-instant fleet env itself (not a subclass with costs of its own). It does for
+    the plain fleet (the default's): several sites of one cost group and one sync plan (no
+    precision action, fixed links, one fragment), no site cap, no worst-site weight. The
     sync's cost is then the sum of the sites' costs and its credit model v1's, each
     operation for operation as the env's ``_merge_cost_at`` computes them (tested); other
     fleets' syncs are costed in Python at each merge."""
@@ -84,6 +84,7 @@ def compiled_cost_rule(setup: Any, own_env: bool) -> tuple[bool, float]:
         and f.bits_options is None
         and not s.links.on
         and f.fragments == 1
+        and f.site_cap_pp is None
         and not f.worst_site_weight
     )
     stall = float(s.plan.stall_s) if f.model_version >= 1 else 0.0

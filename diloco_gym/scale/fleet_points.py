@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -213,12 +213,7 @@ def fleet_point_summary(
     (:func:`~diloco_gym.eval.fleet.report_summary`) over the episodes stored, their
     independent ones its units, with the fleet's calibration verdict and how the agents
     ran."""
-    from diloco_gym.eval.fleet import (
-        protocol_env,
-        report_agents,
-        report_summary,
-        verdict_seeds_of,
-    )
+    from diloco_gym.eval.fleet import protocol_env, report_summary, verdict_seeds_of
     from diloco_gym.eval.sealed import IN_PROCESS, SEALED
 
     env = protocol_env(config, "a fleet sweep point")
@@ -226,7 +221,7 @@ def fleet_point_summary(
     period = env.setup.unit_period(env.build_episode(config.seed0).n_decisions)
     units = verdict_seeds_of(seeds, period)
     verdict = calibration["verdict"]
-    names = [a.name for a in report_agents(replace(config, in_process_agents=True))]
+    names = list(dict.fromkeys(df["agent"].tolist()))  # the agents, in the rows' order
     summary = report_summary(env, df, names, units, verdict, config.alpha)
     summary["calibration_verdict"] = verdict
     summary["agent_sealing"] = IN_PROCESS if config.in_process_agents else SEALED
