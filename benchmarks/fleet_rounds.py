@@ -3,12 +3,13 @@
 For each fleet of N independent bursty sites (model v1, corridor [256, 512] steps so that
 an 18 s round fits inside H_min), with one-instant syncs and with grace windows of 0, 4.5,
 9 and 18 s (every site in the quorum), and for N = 4 with stragglers (every site ready
-up to D seconds after a round opens), it runs the fleet report's protocol
-(``run_fleet_report``: exact replay, matched random of the agent's rounds and contributing
-sites, the oracle over the round structure) for two agents: ``online-forecast`` (every site
-joins at once) and ``online-forecast+own`` (each site joins when its own forecast is at or
-below its baseline). It writes a JSON file with, per setting and agent, the means over
-seeds and the oracle / matched-random ratio, and a figure.
+up to D seconds after a round opens), it runs the fleet report's protocol (``run_protocol``
+of a ``FleetReportConfig``: exact replay, matched random of the agent's rounds and
+contributing sites, the oracle over the round structure) for two agents:
+``online-forecast`` (every site joins at once) and ``online-forecast+own`` (each site
+joins when its own forecast is at or below its baseline). It writes a JSON file with, per
+setting and agent, the means over seeds and the oracle / matched-random ratio, and a
+figure.
 
     python benchmarks/fleet_rounds.py --seeds 100 --seed0 0 --out fleet_rounds_a.json
     python benchmarks/fleet_rounds.py --seeds 100 --seed0 1000 --out fleet_rounds_b.json
@@ -129,7 +130,8 @@ def main() -> None:
     if args.plot:
         plot(json.loads(Path(args.plot).read_text()), args.fig)
         return
-    from diloco_gym.eval.fleet import FleetReportConfig, run_fleet_report
+    from diloco_gym.eval.fleet import FleetReportConfig
+    from diloco_gym.eval.report import run_protocol
 
     rows = []
     started = time.perf_counter()
@@ -156,7 +158,7 @@ def main() -> None:
                 draws=args.draws,
                 in_process_agents=True,
             )
-            res = run_fleet_report(cfg)
+            res = run_protocol(cfg)
             df = res["rows"]
             units = int(res["independent_units"])
             for agent in agents:

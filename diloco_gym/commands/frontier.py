@@ -182,16 +182,15 @@ def _frontier_agents(args: argparse.Namespace) -> tuple[list[str], list[str]]:
 
 
 def _frontier_fleet(args: argparse.Namespace) -> int:
-    """``frontier --fleet FILE``: the budget frontier on a fleet
-    (:mod:`diloco_gym.eval.fleet_frontier`)."""
+    """``frontier --fleet FILE``: the budget frontier on a fleet (:func:`run_frontier` of a
+    :class:`~diloco_gym.eval.fleet_frontier.FleetFrontierConfig`)."""
     from diloco_gym.eval.fleet_frontier import (
         FleetFrontierConfig,
         comparison_lines,
         free_lines,
         frontier_table,
-        run_fleet_frontier,
-        write_fleet_frontier,
     )
+    from diloco_gym.eval.frontier import run_frontier, write_frontier
 
     started = time.perf_counter()
     if args.regimes or args.trace:
@@ -212,12 +211,12 @@ def _frontier_fleet(args: argparse.Namespace) -> int:
         raise UsageError(str(exc)) from None
     result, out = fleet_job(
         args,
-        lambda: run_fleet_frontier(
+        lambda: run_frontier(
             config,
             progress=not args.no_progress,
             **options.backend_kwargs(args),
         ),
-        lambda res, cmd: write_fleet_frontier(res, args.out, force=args.force, command=cmd),
+        lambda res, cmd: write_frontier(res, args.out, force=args.force, command=cmd),
         "frontier",
     )
     print(frontier_table(result["frontier"], result["fleet"]["worst_site_weight"]))

@@ -161,24 +161,22 @@ def _report_agents(args: argparse.Namespace) -> list[str]:
 
 
 def _report_fleet(args: argparse.Namespace, agents: list[str]) -> int:
-    """``report --fleet FILE``: the protocol on a fleet (:mod:`diloco_gym.eval.fleet`)."""
-    from diloco_gym.eval.fleet import (
-        fleet_summary_table,
-        run_fleet_report,
-        write_fleet_report,
-    )
+    """``report --fleet FILE``: the protocol on a fleet (:func:`run_protocol` of a
+    :class:`~diloco_gym.eval.fleet.FleetReportConfig`)."""
+    from diloco_gym.eval.fleet import fleet_summary_table
+    from diloco_gym.eval.report import run_protocol, write_report
 
     started = time.perf_counter()
     checks.check_out_dir(args.out, args.force)
     config = fleet_report_config(args, agents)
     result, out = fleet_job(
         args,
-        lambda: run_fleet_report(
+        lambda: run_protocol(
             config,
             progress=not args.no_progress,
             **options.backend_kwargs(args),
         ),
-        lambda res, cmd: write_fleet_report(res, args.out, force=args.force, command=cmd),
+        lambda res, cmd: write_report(res, args.out, force=args.force, command=cmd),
         "report",
     )
     f = result["fleet"]

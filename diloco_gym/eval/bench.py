@@ -14,9 +14,10 @@ The **score** of an agent on a task is the frontier's gap captured at that budge
 units: 0 is random placement with the same number of merges, 1 the oracle. Where the
 rate-clairvoyant reference exists (synthetic regimes, :mod:`diloco_gym.eval.clairvoyant`)
 its own gap captured is shown as what is **reachable** by a scheduler that knew the rate
-function. Single-host tasks run through :func:`diloco_gym.eval.frontier.run_frontier`, fleet
-tasks through :func:`diloco_gym.eval.fleet_frontier.run_fleet_frontier`: agent, control and
-oracle by the same exact replay, deployable agents sealed unless ``in_process``.
+function. Single-host and fleet tasks run through
+:func:`diloco_gym.eval.frontier.run_frontier` (a fleet task with a fleet frontier's
+configuration): agent, control and oracle by the same exact replay, deployable agents
+sealed unless ``in_process``.
 
 The task list is plain data (:data:`SETTINGS`, :func:`suite_tasks`); :func:`suite_hash`
 is the SHA-256 of its canonical JSON, pinned per version name in :data:`SUITE_HASHES`: a
@@ -464,7 +465,8 @@ def _fleet(
 ) -> tuple[dict[str, dict[str, Score]], dict[str, dict[str, Any]]]:
     """Run the fleet tasks: the fleet frontier at the tasks' budgets."""
     from diloco_gym.eval.fleet import FleetReportConfig
-    from diloco_gym.eval.fleet_frontier import FleetFrontierConfig, run_fleet_frontier
+    from diloco_gym.eval.fleet_frontier import FleetFrontierConfig
+    from diloco_gym.eval.frontier import run_frontier
 
     budgets = [int(t.budget) for t in tasks]
     say(
@@ -479,7 +481,7 @@ def _fleet(
         draws=mode.fleet_draws,
         in_process_agents=in_process,
     )
-    res = run_fleet_frontier(FleetFrontierConfig(report=report, budgets=budgets), progress)
+    res = run_frontier(FleetFrontierConfig(report=report, budgets=budgets), progress)
     table = res["frontier"]
     scores: dict[str, dict[str, Score]] = {}
     refs: dict[str, dict[str, Any]] = {}

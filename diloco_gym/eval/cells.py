@@ -27,7 +27,14 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["ReportCell", "run_report_cell", "cell_config", "regime_plan"]
+__all__ = [
+    "ReportCell",
+    "run_report_cell",
+    "run_report_cells",
+    "cell_config",
+    "regime_plan",
+    "UNIT_BATCH",
+]
 
 
 @dataclass(frozen=True)
@@ -183,6 +190,33 @@ def release_cached() -> None:
         close(value)
     _CACHE.clear()
     _AHEAD.clear()
+
+
+#: Units of a synthetic regime whose episodes the serial backend runs together (the sealed
+#: agents then answer a message per decision time for all of them; memory: an env copy
+#: per agent and unit of the group).
+UNIT_BATCH = 10
+
+
+def run_report_cells(
+    fn: Any, cells: list[Any], progress: bool = False, **backend: Any
+) -> list[dict[str, Any]]:
+    """Run a report's ``cells`` with ``fn`` (:func:`run_report_cell`, or a fleet's
+    :func:`~diloco_gym.eval.fleet.fleet_cell`) on the backend (``backend``, ``jobs``,
+    ``ray_address``: :func:`~diloco_gym.backends.run_cells`); their results in the cells'
+    order. This process's sealed agents' workers end with the run."""
+    from diloco_gym.backends import run_cells
+
+    # On the serial backend the units of a synthetic regime run their episodes in groups,
+    # so that the sealed agents answer all of a group's agents at a decision time in one
+    # message (the results are each unit's own; a pool's workers take cells one by one).
+    serial = backend.get("backend", "serial") == "serial"
+    set_unit_batch(UNIT_BATCH if serial else 1)
+    try:
+        return run_cells(fn, cells, desc="report", progress=progress, **backend)
+    finally:
+        set_unit_batch(1)
+        release_cached()
 
 
 def run_report_cell(cell: ReportCell) -> dict[str, Any]:

@@ -1,6 +1,9 @@
-"""The protocol on a fleet (``DiLoCoFleet-v0``): the same scoring, control, oracle,
+"""The protocol on a fleet (``DiLoCoFleet-v1``): the same scoring, control, oracle,
 statistics and gate as the single-host report (:mod:`diloco_gym.eval.protocol`), over
-fleet episodes.
+fleet episodes. The report's :func:`~diloco_gym.eval.report.run_protocol` runs it as it
+runs a single host's (give it a :class:`FleetReportConfig`); this module has what is the
+fleet's own: its cells (:func:`fleet_cells`, :func:`fleet_cell`: the calibration and one
+per episode), its scorer, its rows and its summary (:func:`fleet_result`).
 
 * **Scoring**: a schedule's exact sync-excess on a fleet is the sum over sites of its
   exact extra SLO violations (each site's :class:`~diloco_gym.eval.protocol.EpisodeScorer`,
@@ -26,7 +29,6 @@ fleet episodes.
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -54,9 +56,11 @@ __all__ = [
     "score_schedule",
     "episode_rows",
     "report_agents",
-    "FleetCell",
-    "fleet_episode_cell",
-    "run_fleet_cells",
+    "fleet_cells",
+    "fleet_cell",
+    "fleet_cell_config",
+    "fleet_result",
+    "agent_names",
     "verdict_seeds_of",
     "fleet_summary",
     "report_summary",
@@ -215,56 +219,121 @@ def run_fleet_report(
     jobs: int | None = None,
     ray_address: str | None = None,
 ) -> dict[str, Any]:
-    """Run every agent on ``config.seeds`` fleet episodes and score them (module doc).
+    """Deprecated: :func:`diloco_gym.eval.report.run_protocol` runs a fleet report (give it
+    this ``config``) and returns the same result. Kept for one release, after a
+    ``FutureWarning``; it runs the report's own steps."""
+    import time
+    import warnings
 
-    ``backend`` (``serial``, ``processes`` or ``ray``), ``jobs`` and ``ray_address``: where
-    the episodes run, as the single-host report's cells do
-    (:func:`~diloco_gym.backends.run_cells`; one cell per episode,
-    :func:`fleet_episode_cell`). Every backend gives the same rows (each episode's draws
-    are seeded by the episode).
+    from diloco_gym.eval.cells import run_report_cells
 
-    The steps: the protocol's env (:func:`protocol_env`, which refuses a fleet with the
-    per-sync precision action), the sealed agents, the independent units, one scored row
-    per agent and episode (:func:`_unit_rows`), the calibration verdict
-    (:func:`fleet_calibration`), and the per-agent summary with its verdicts
-    (:func:`report_summary`).
+    warnings.warn(
+        "diloco_gym.eval.fleet.run_fleet_report is deprecated and will be removed in the "
+        "next release; call diloco_gym.eval.report.run_protocol(config), which runs a "
+        "fleet report for a FleetReportConfig",
+        FutureWarning,
+        stacklevel=2,
+    )
+    started = time.perf_counter()
+    agent_names(config)  # the checks before any cell runs
+    backend_kw = {"backend": backend, "jobs": jobs, "ray_address": ray_address}
+    result = fleet_result(
+        config, run_report_cells(fleet_cell, fleet_cells(config), progress, **backend_kw)
+    )
+    result["elapsed_s"] = time.perf_counter() - started
+    return result
+
+
+def fleet_cells(config: FleetReportConfig) -> list[Any]:
+    """A fleet report's cells (:class:`~diloco_gym.eval.cells.ReportCell` of setting
+    :data:`FLEET_SETTING`, as the single host's regimes): the fleet's calibration
+    (unit ``None``) and one per episode (unit ``k``: seed ``seed0 + k``, every agent on
+    it), their configuration's paths absolute for workers in another directory."""
+    from diloco_gym.eval.cells import ReportCell
+
+    shipped = fleet_cell_config(config)
+    return [ReportCell(shipped, FLEET_SETTING, None)] + [
+        ReportCell(shipped, FLEET_SETTING, k) for k in range(config.seeds)
+    ]
+
+
+def fleet_cell_config(config: FleetReportConfig, base: Any = None) -> FleetReportConfig:
+    """``config`` as a worker in another directory reads it: the fleet and calibration
+    files and the agents' model or code files absolute (relative ones taken relative to
+    ``base``, default the current directory); an agent's ``+own`` site rule kept."""
+    from pathlib import Path
+
+    from diloco_gym.agents.fleet_rounds import OWN_SUFFIX, split_rule
+    from diloco_gym.agents.registry import shipped_spec
+
+    def absolute(p: str | None) -> str | None:
+        if p is None or p in ("reference", "none"):
+            return p
+        q = Path(str(p)).expanduser()
+        return str((q if base is None or q.is_absolute() else Path(base) / q).resolve())
+
+    def agent(spec: str) -> str:
+        name, rule = split_rule(spec)
+        return shipped_spec(name, base) + (OWN_SUFFIX if rule == "own-forecast" else "")
+
+    return replace(
+        config,
+        fleet=str(absolute(config.fleet)),
+        calibration=absolute(config.calibration),
+        agents=[agent(a) for a in config.agents],
+    )
+
+
+def fleet_cell(cell: Any) -> dict[str, Any]:
+    """One cell of a fleet report (a :class:`~diloco_gym.eval.cells.ReportCell` of
+    :func:`fleet_cells`): unit ``k``, the episode of seed ``seed0 + k`` scored for every
+    agent (``{"rows"}``, :func:`episode_rows`); unit ``None``, the fleet's calibration
+    (``{"verdict", "rows"}``, :func:`fleet_calibration`). A worker builds the report's env
+    and agents once per configuration (the single-host cells' per-process cache,
+    :func:`~diloco_gym.eval.cells.cached`; deployable agents sealed in the worker unless
+    the report runs them in process)."""
+    from diloco_gym.eval.cells import cached
+
+    config = cell.config
+    env = cached("fleet-env", config, None, lambda: protocol_env(config, "the fleet report"))
+    if cell.unit is None:
+        verdict, rows = fleet_calibration(env, config.calibration)
+        return {"verdict": verdict, "rows": rows}
+    agents = cached("fleet-agents", config, None, lambda: report_agents(config))
+    return {"rows": episode_rows(env, agents, config.seed0 + cell.unit, config.draws)}
+
+
+def fleet_result(config: FleetReportConfig, done: list[dict[str, Any]]) -> dict[str, Any]:
+    """A fleet report's result from its cells' results ``done`` (in the order of
+    :func:`fleet_cells`): the rows, in seed order and agent order within an episode; the
+    fleet's calibration; the independent units (:func:`verdict_seeds_of`) and the
+    per-agent summary with the gate's verdicts (:func:`report_summary`).
 
     Returns:
-        ``{"rows", "summary", "calibration", "calibration_verdict", "fleet", "elapsed_s",
-        "independent_units", "verdict_seeds"}``: per agent-episode rows, the per-agent
-        summary with the gate's verdict, the per-site calibration rows, and the seeds that
-        are independent units (:func:`verdict_seeds_of`).
+        ``{"rows", "summary", "calibration", "calibration_verdict", "fleet",
+        "independent_units", "verdict_seeds", "config", "agent_sealing", "agent_sandbox"}``.
     """
     import pandas as pd
 
     from diloco_gym.eval.sealed import IN_PROCESS, SEALED
 
-    started = time.perf_counter()
     env = protocol_env(config, "the fleet report")
     seeds = [config.seed0 + i for i in range(config.seeds)]
     n_decisions = env.build_episode(config.seed0).n_decisions
     verdict_seeds = verdict_seeds_of(seeds, env.setup.unit_period(n_decisions))
-    n_indep = len(verdict_seeds)
-    if backend == "serial":
-        agents = report_agents(config)
-        df = pd.DataFrame(_unit_rows(env, agents, seeds, config.draws, progress))
-    else:  # the workers build (and seal) the agents; here only their names are read
-        agents = report_agents(replace(config, in_process_agents=True))
-        df = pd.DataFrame(run_fleet_cells(config, seeds, backend, jobs, ray_address, progress))
-    verdict, calib_rows = fleet_calibration(env, config.calibration)
-    names = [a.name for a in agents]
+    calibration, episodes = done[0], done[1:]
+    df = pd.DataFrame([row for part in episodes for row in part["rows"]])
+    names = [row["agent"] for row in episodes[0]["rows"]]  # the agents, in order
+    verdict = calibration["verdict"]
     summary = report_summary(env, df, names, verdict_seeds, verdict, config.alpha)
-    for a in agents:  # sealed agents' worker processes end with the report
-        if callable(getattr(a, "close", None)):
-            a.close()
     return {
         "agent_sealing": SEALED if not config.in_process_agents else IN_PROCESS,
         "agent_sandbox": sandbox_record(config.in_process_agents),
         "rows": df,
         "summary": summary,
-        "calibration": pd.DataFrame(calib_rows),
+        "calibration": pd.DataFrame(calibration["rows"]),
         "calibration_verdict": verdict,
-        "independent_units": n_indep,
+        "independent_units": len(verdict_seeds),
         "verdict_seeds": sorted(verdict_seeds),
         "fleet": _fleet_record(config, env, n_decisions),
         "config": {
@@ -275,50 +344,17 @@ def run_fleet_report(
             "alpha": config.alpha,
             "env": dict(config.env),
         },
-        "elapsed_s": time.perf_counter() - started,
     }
 
 
-@dataclass(frozen=True)
-class FleetCell:
-    """One episode of a fleet report on a backend: the report's configuration and the
-    episode seed."""
-
-    config: FleetReportConfig
-    seed: int
-
-
-def fleet_episode_cell(cell: FleetCell) -> list[dict[str, Any]]:
-    """One episode's rows (:func:`episode_rows`; module-level: workers import it by name).
-    A worker builds the report's env and agents once per configuration (the single-host
-    cells' per-process cache, :func:`~diloco_gym.eval.cells.cached`; deployable agents
-    sealed in the worker unless the report runs them in process)."""
-    from diloco_gym.eval.cells import cached
-
-    config = cell.config
-    env = cached("fleet-env", config, None, lambda: protocol_env(config, "the fleet report"))
-    agents = cached("fleet-agents", config, None, lambda: report_agents(config))
-    return episode_rows(env, agents, cell.seed, config.draws)
-
-
-def run_fleet_cells(
-    config: FleetReportConfig,
-    seeds: list[int],
-    backend: str,
-    jobs: int | None = None,
-    ray_address: str | None = None,
-    progress: bool = False,
-) -> list[dict[str, Any]]:
-    """The rows of every episode of ``seeds``, in seed order, one cell per episode on
-    ``backend`` (:func:`~diloco_gym.backends.run_cells`): the serial report's rows on
-    every backend and number of workers (tested)."""
-    from diloco_gym.backends import run_cells
-
-    cells = [FleetCell(config, int(s)) for s in seeds]
-    parts = run_cells(
-        fleet_episode_cell, cells, backend, jobs, ray_address, progress, desc="fleet episodes"
-    )
-    return [row for part in parts for row in part]
+def agent_names(config: FleetReportConfig) -> list[str]:
+    """The names of ``config``'s agents, in order, after the checks a fleet report makes
+    before any cell runs: the fleet (:func:`protocol_env`: a bad file or value, or the
+    per-sync precision action, is an error), then the agents as the report builds them (an
+    unknown agent or a site rule the fleet cannot take is a ``ValueError``). The agents
+    are built in this process and not sealed (no worker is started)."""
+    protocol_env(config, "the fleet report")
+    return [a.name for a in report_agents(replace(config, in_process_agents=True))]
 
 
 def report_agents(config: FleetReportConfig) -> list[Any]:
@@ -360,18 +396,6 @@ def verdict_seeds_of(seeds: list[int], independent_episodes: int | None) -> set[
     for s in seeds:
         first.setdefault(s % independent_episodes, s)
     return set(first.values())
-
-
-def _unit_rows(
-    env: DiLoCoFleetEnv, agents: list[Any], seeds: list[int], draws: int, progress: bool
-) -> list[dict[str, Any]]:
-    """One row per episode and agent (:func:`episode_rows`), the episodes in turn."""
-    rows: list[dict[str, Any]] = []
-    for i, seed in enumerate(seeds):
-        rows += episode_rows(env, agents, seed, draws)
-        if progress:
-            print(f"fleet report: episode {i + 1}/{len(seeds)}", flush=True)
-    return rows
 
 
 def episode_rows(

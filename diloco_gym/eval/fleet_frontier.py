@@ -2,7 +2,7 @@
 
 For each budget (merges per episode, the env's ``merge_budget``; every episode then has
 exactly that many syncs) every agent runs on the same fleet episodes as in
-:func:`~diloco_gym.eval.fleet.run_fleet_report`: its sync-excess, matched random at the same
+:func:`~diloco_gym.eval.report.run_protocol`: its sync-excess, matched random at the same
 number of syncs (the exact sampler under the fleet corridor), the oracle at the same budget,
 the worst site's excess. The statistics are the single-host frontier's, over the episodes
 that are independent units, with the fleet as one setting (:func:`fleet_stats`): per budget
@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 
 from diloco_gym.eval import fleet_rounds
-from diloco_gym.eval.fleet import FleetReportConfig, run_fleet_report, with_env
+from diloco_gym.eval.fleet import FleetReportConfig, with_env
 from diloco_gym.eval.fleet_render import (
     FleetFiles,
     fleet_summary_table,
@@ -145,32 +145,83 @@ def fleet_stats(units: Any, keys: list[str], verdict: str, alpha: float) -> Any:
 def run_fleet_frontier(
     config: FleetFrontierConfig, progress: bool = False, **backend: Any
 ) -> dict[str, Any]:
-    """Run the fleet report at every budget; returns ``{"frontier", "free", "free_rows",
-    "rows", "pairwise", "dominance", "fleet", "calibration_verdict", "config"}``
-    (``frontier``: one row per budget and agent; ``free``: :func:`free_points`;
-    ``pairwise`` and ``dominance``: :func:`agents_compared`). ``backend``: the fleet
-    report's ``backend``, ``jobs`` and ``ray_address``
-    (:func:`~diloco_gym.eval.fleet.run_fleet_report`)."""
+    """Deprecated: :func:`diloco_gym.eval.frontier.run_frontier` runs a fleet frontier (give
+    it this ``config``) and returns the same result. Kept for one release, after a
+    ``FutureWarning``; it runs the frontier's own steps."""
+    import time
+    import warnings
+
+    from diloco_gym.eval.cells import run_report_cells
+    from diloco_gym.eval.fleet import fleet_cell
+
+    warnings.warn(
+        "diloco_gym.eval.fleet_frontier.run_fleet_frontier is deprecated and will be removed "
+        "in the next release; call diloco_gym.eval.frontier.run_frontier(config), which runs "
+        "a fleet frontier for a FleetFrontierConfig",
+        FutureWarning,
+        stacklevel=2,
+    )
+    started = time.perf_counter()
+    reports, cells = frontier_cells(config)
+    result = frontier_result(
+        config, reports, run_report_cells(fleet_cell, cells, progress, **backend)
+    )
+    result["elapsed_s"] = time.perf_counter() - started
+    return result
+
+
+def frontier_cells(config: FleetFrontierConfig) -> tuple[list[FleetReportConfig], list[Any]]:
+    """A fleet frontier's reports and their cells: the fleet report at each budget of
+    ``config`` in increasing order, then, with free agents, theirs without a budget; and
+    every report's cells (:func:`~diloco_gym.eval.fleet.fleet_cells`: a pool's workers take
+    the episodes of all budgets), with the fleet's calibration once (it does not read the
+    merge budget: the same sites, sidecars and sync window at every budget). The agents
+    are checked here, before any cell runs."""
+    from diloco_gym.eval.fleet import agent_names, fleet_cells
+
+    reports = [with_env(config.report, merge_budget=b) for b in sorted(config.budgets)]
+    if config.free_agents:
+        free = with_env(config.report, merge_budget=None)
+        reports.append(replace(free, agents=list(config.free_agents)))
+    cells: list[Any] = []
+    for i, report in enumerate(reports):
+        agent_names(report)
+        cells += fleet_cells(report)[0 if i == 0 else 1 :]
+    return reports, cells
+
+
+def frontier_result(
+    config: FleetFrontierConfig, reports: list[FleetReportConfig], done: list[dict[str, Any]]
+) -> dict[str, Any]:
+    """A fleet frontier's result from its cells' results ``done`` (in the order of
+    :func:`frontier_cells`): ``{"frontier", "free", "free_rows", "rows", "pairwise",
+    "dominance", "fleet", "calibration_verdict", "config"}`` (``frontier``: one row per
+    budget and agent; ``free``: :func:`free_points`; ``pairwise`` and ``dominance``:
+    :func:`agents_compared`)."""
     import pandas as pd
 
+    from diloco_gym.eval.fleet import fleet_result
+
+    calibration, episodes = done[0], done[1:]
+    n = config.report.seeds
+    results = [
+        fleet_result(report, [calibration, *episodes[i * n : (i + 1) * n]])
+        for i, report in enumerate(reports)
+    ]
+    budgets = sorted(config.budgets)
     rows = []
-    first: dict[str, Any] | None = None
-    for b in sorted(config.budgets):
-        res = run_fleet_report(
-            with_env(config.report, merge_budget=b), progress=progress, **backend
-        )
-        first = first or res
+    for b, res in zip(budgets, results, strict=False):
         r = res["rows"].copy()
         r.insert(0, "budget", b)
         rows.append(r)
-    assert first is not None
+    first = results[0]
     all_rows = pd.concat(rows, ignore_index=True)
     alpha = config.report.alpha
     units = frontier_stats_rows(all_rows, first["verdict_seeds"], "mask")
     table = fleet_stats(units, ["regime", "budget_per_hour", "budget", "agent"],
                         first["calibration_verdict"], alpha)  # fmt: skip
     pairwise, dom = agents_compared(units, alpha)
-    free, free_rows = free_points(config, progress, **backend)
+    free, free_rows = free_points(config, results[len(budgets)] if config.free_agents else None)
     return {
         "frontier": table[
             _COLUMNS + [c for c in fleet_rounds.ROUNDS_SUMMARY_COLUMNS if c in table]
@@ -185,7 +236,7 @@ def run_fleet_frontier(
         "config": {
             **first["config"],
             "env": dict(config.report.env),  # without the first budget's merge_budget
-            "budgets": sorted(config.budgets),
+            "budgets": budgets,
         },
     }
 
@@ -196,19 +247,16 @@ ROUNDS_COLUMNS = list(fleet_rounds.ROUNDS_SUMMARY_COLUMNS)
 FREE_COLUMNS = [c for c in _COLUMNS if c != "budget"]
 
 
-def free_points(
-    config: FleetFrontierConfig, progress: bool = False, **backend: Any
-) -> tuple[Any, Any]:
-    """The free-budget points: ``(points, rows)``, the fleet report of ``free_agents`` with
-    no merge budget on the frontier's episodes: one row per agent at its own syncs per
-    hour, with the gap captured and its interval (:func:`fleet_stats`), and the report's
-    per-episode rows. Two empty tables without free agents."""
+def free_points(config: FleetFrontierConfig, res: dict[str, Any] | None) -> tuple[Any, Any]:
+    """The free-budget points: ``(points, rows)`` of ``res``, the fleet report of
+    ``free_agents`` with no merge budget on the frontier's episodes
+    (:func:`frontier_result`): one row per agent at its own syncs per hour, with the gap
+    captured and its interval (:func:`fleet_stats`), and the report's per-episode rows.
+    Two empty tables without free agents (``res`` is ``None``)."""
     import pandas as pd
 
-    if not config.free_agents:
+    if res is None:
         return pd.DataFrame(columns=FREE_COLUMNS), pd.DataFrame()
-    report = replace(with_env(config.report, merge_budget=None), agents=list(config.free_agents))
-    res = run_fleet_report(report, progress=progress, **backend)
     units = frontier_stats_rows(res["rows"], res["verdict_seeds"], "free")
     s = fleet_stats(units, ["regime", "agent"], res["calibration_verdict"], config.report.alpha)
     extra = [c for c in ROUNDS_COLUMNS if c in s]

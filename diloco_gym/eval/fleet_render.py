@@ -1,7 +1,8 @@
 """A fleet report's and frontier's documents: report.md and report.json
 (:func:`write_fleet_report`), the one writer of a fleet's output directories
 (:func:`write_fleet_dir`), the summary table (:func:`fleet_summary_table`) and the oracle's
-labels, from a :func:`~diloco_gym.eval.fleet.run_fleet_report` result. The run is in
+labels, from a fleet report's result (:func:`~diloco_gym.eval.report.run_protocol` of a
+:class:`~diloco_gym.eval.fleet.FleetReportConfig`). The fleet's cells are in
 :mod:`diloco_gym.eval.fleet`, which re-exports these names (as the single host's report
 keeps its documents in :mod:`~diloco_gym.eval.report_render`)."""
 

@@ -45,7 +45,7 @@ import json
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
@@ -76,6 +76,9 @@ from diloco_gym.eval.units import episode_budget, unit_learners
 from diloco_gym.io import json_default
 from diloco_gym.sim.regimes import REGIMES
 from diloco_gym.sim.schedules import budget_range
+
+if TYPE_CHECKING:
+    from diloco_gym.eval.fleet_frontier import FleetFrontierConfig
 
 __all__ = [
     "FrontierConfig",
@@ -534,13 +537,18 @@ def _unit_curves(
 
 
 def run_frontier(
-    config: FrontierConfig,
+    config: FrontierConfig | FleetFrontierConfig,
     progress: bool = True,
     backend: str = "serial",
     jobs: int | None = None,
     ray_address: str | None = None,
 ) -> dict[str, Any]:
     """Run the free-budget points, the budget grid and the curves; compute the statistics.
+
+    ``config``: a single host's frontier (:class:`FrontierConfig`) or a fleet's
+    (:class:`~diloco_gym.eval.fleet_frontier.FleetFrontierConfig`: the fleet report at each
+    budget, its episodes run as the report's cells on the same backends; the result is
+    :func:`~diloco_gym.eval.fleet_frontier.frontier_result`'s, with ``elapsed_s``).
 
     The units (one cell each: every agent at every budget, and the unit's curves) run on
     ``backend`` (``serial``, ``processes`` or ``ray``; see
@@ -555,11 +563,40 @@ def run_frontier(
         budget x seed, and the tables of :func:`budget_stats`, :func:`pairwise_stats`,
         :func:`dominance` and the free points' summary.
     """
+    from diloco_gym.eval.fleet_frontier import FleetFrontierConfig
+
+    backend_kw = {"backend": backend, "jobs": jobs, "ray_address": ray_address}
+    started = time.perf_counter()
+    if isinstance(config, FleetFrontierConfig):
+        result = _fleet_frontier(config, progress, backend_kw)
+    else:
+        result = _single_host_frontier(config, progress, backend_kw)
+    result["elapsed_s"] = time.perf_counter() - started
+    return result
+
+
+def _fleet_frontier(
+    config: FleetFrontierConfig, progress: bool, backend: dict[str, Any]
+) -> dict[str, Any]:
+    """A fleet's frontier (:func:`run_frontier`), but its ``elapsed_s``: every budget's
+    report cells in one run (:func:`~diloco_gym.eval.fleet_frontier.frontier_cells`)."""
+    from diloco_gym.eval import fleet_frontier
+    from diloco_gym.eval.cells import run_report_cells
+    from diloco_gym.eval.fleet import fleet_cell
+
+    reports, cells = fleet_frontier.frontier_cells(config)
+    done = run_report_cells(fleet_cell, cells, progress, **backend)
+    return fleet_frontier.frontier_result(config, reports, done)
+
+
+def _single_host_frontier(
+    config: FrontierConfig, progress: bool, backend: dict[str, Any]
+) -> dict[str, Any]:
+    """A single host's frontier (:func:`run_frontier`), but its ``elapsed_s``."""
     from diloco_gym.agents.registry import is_budget_aware, make_agents
     from diloco_gym.backends import run_cells
     from diloco_gym.eval.cells import cached, release_cached
 
-    started = time.perf_counter()
     free_agents = make_agents(config.free_agents) if config.free_agents else []
     if config.budget_agents:
         make_agents(config.budget_agents)  # unique names; the same agent twice is refused
@@ -587,15 +624,7 @@ def run_frontier(
         FrontierCell(shipped, r, u) for r, entry in enumerate(plan) for u in range(len(entry[3]))
     ]
     try:
-        done = run_cells(
-            run_frontier_cell,
-            cells,
-            backend=backend,
-            jobs=jobs,
-            ray_address=ray_address,
-            progress=progress,
-            desc="frontier",
-        )
+        done = run_cells(run_frontier_cell, cells, progress=progress, desc="frontier", **backend)
     finally:
         release_cached()  # this process's sealed agents' workers end with the run
     rows = [row for res in done for row in res["rows"]]
@@ -609,7 +638,6 @@ def run_frontier(
         "calibration": calib_verdicts,
         "config": asdict(config),
         "agent_sandbox": sandbox_record(config.in_process_agents),
-        "elapsed_s": time.perf_counter() - started,
     }
 
 
@@ -651,7 +679,14 @@ def write_frontier(
 
     Raises:
         FileExistsError: see :func:`diloco_gym.eval.output_dir.prepare_out_dir`.
+
+    A fleet frontier's result (with ``"fleet"``) is written as
+    :func:`~diloco_gym.eval.fleet_frontier.write_fleet_frontier` writes it.
     """
+    if "fleet" in result:
+        from diloco_gym.eval.fleet_frontier import write_fleet_frontier
+
+        return write_fleet_frontier(result, out, force=force, command=command)
 
     def fill(tmp: Path) -> None:
         result["rows"].to_csv(tmp / "frontier.csv", index=False)

@@ -12,7 +12,7 @@ import json
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
@@ -45,6 +45,9 @@ from diloco_gym.eval.summary import (
 )
 from diloco_gym.io import json_default
 from diloco_gym.sim.regimes import REGIMES
+
+if TYPE_CHECKING:
+    from diloco_gym.eval.fleet import FleetReportConfig
 
 __all__ = [
     # the summary statistics live in diloco_gym.eval.summary; re-exported here
@@ -134,7 +137,7 @@ _PlanEntry = tuple[str, str, Any, int]
 
 
 def run_protocol(
-    config: ReportConfig,
+    config: ReportConfig | FleetReportConfig,
     progress: bool = True,
     backend: str = "serial",
     jobs: int | None = None,
@@ -142,25 +145,54 @@ def run_protocol(
 ) -> dict[str, Any]:
     """Run the protocol; returns ``{"rows", "summary", "calibration", "config", ...}``.
 
-    The statistical unit is the episode: a seed of a synthetic regime, or one window of a
-    replayed trace (windows tile the trace, disjoint unless ``config.stride_s`` is shorter
-    than the window). ``rows`` records each unit's kind, window and independence.
+    ``config``: a single host's report (:class:`ReportConfig`: regimes or a replayed
+    trace) or a fleet's (:class:`~diloco_gym.eval.fleet.FleetReportConfig`: the fleet file;
+    the result then also has ``"fleet"``, ``"calibration_verdict"``, ``"verdict_seeds"``
+    and ``"independent_units"``, :func:`~diloco_gym.eval.fleet.fleet_result`). Both run
+    the same way.
+
+    The statistical unit is the episode: a seed of a synthetic regime or fleet, or one
+    window of a replayed trace (windows tile the trace, disjoint unless
+    ``config.stride_s`` is shorter than the window); on a fleet with trace sites or link
+    traces, the first seed of each tile of the traces. ``rows`` records each unit.
 
     The work is split into cells (:mod:`diloco_gym.eval.cells`: one per unit with all the
-    agents, and one calibration cell per regime) run on ``backend`` (``serial``,
-    ``processes`` or ``ray``; see :func:`diloco_gym.scale.run_cells`) with ``jobs`` workers;
-    the results are put back in the serial order, so everything but ``elapsed_s`` is the
-    same for every backend and number of workers.
+    agents, and one calibration cell per regime or fleet) run on ``backend`` (``serial``,
+    ``processes`` or ``ray``; see :func:`diloco_gym.scale.run_cells`) with ``jobs``
+    workers; the results are put back in the serial order, so everything but
+    ``elapsed_s`` is the same for every backend and number of workers.
     """
+    from diloco_gym.eval import fleet
+    from diloco_gym.eval.cells import run_report_cells
+
+    started = time.perf_counter()
+    backend_kw = {"backend": backend, "jobs": jobs, "ray_address": ray_address}
+    if isinstance(config, fleet.FleetReportConfig):
+        fleet.agent_names(config)  # the fleet and its agents checked before any cell runs
+        cells = fleet.fleet_cells(config)
+        done = run_report_cells(fleet.fleet_cell, cells, progress, **backend_kw)
+        result = fleet.fleet_result(config, done)
+    else:
+        result = _single_host(config, progress, backend_kw)
+    result["elapsed_s"] = time.perf_counter() - started
+    return result
+
+
+def _single_host(config: ReportConfig, progress: bool, backend: dict[str, Any]) -> dict[str, Any]:
+    """A single host's report (:func:`run_protocol`), but its ``elapsed_s``."""
     from diloco_gym.agents.registry import make_agents
+    from diloco_gym.eval.cells import ReportCell, cell_config, run_report_cell, run_report_cells
 
     make_agents(config.agents)  # unique names; the same agent twice is refused
     calib = cal.load_calibration(config.calibration)
-    started = time.perf_counter()
     plan, loads = _plan(config, calib)
-    by_cell = _run_cells(
-        config, plan, progress=progress, backend=backend, jobs=jobs, ray_address=ray_address
-    )
+    shipped = cell_config(config)
+    # Calibration cells first: each is one of the longest, and starting them early keeps
+    # the workers busy to the end.
+    cells = [ReportCell(shipped, regime, None) for regime, *_ in plan]
+    cells += [ReportCell(shipped, regime, i) for regime, *_, n in plan for i in range(n)]
+    done = run_report_cells(run_report_cell, cells, progress, **backend)
+    by_cell = {(c.regime, c.unit): r for c, r in zip(cells, done, strict=True)}
     rows, calib_rows, timelines = _collect(calib, plan, loads, by_cell)
     df = pd.DataFrame(rows)
     summary = summarise(
@@ -182,7 +214,6 @@ def run_protocol(
         "scoring": scoring_summary(df),
         "agent_sealing": sealing_mode(config.in_process_agents),
         "agent_sandbox": sandbox_record(config.in_process_agents),
-        "elapsed_s": time.perf_counter() - started,
     }
 
 
@@ -200,45 +231,6 @@ def _plan(config: ReportConfig, calib: Any) -> tuple[list[_PlanEntry], dict[str,
         plan.append((regime, measured_key, fitted, len(units)))
         loads[regime] = load
     return plan, loads
-
-
-#: Units of a synthetic regime whose episodes the serial backend runs together (the sealed
-#: agents then answer a message per decision time for all of them; memory: an env copy
-#: per agent and unit of the group).
-UNIT_BATCH = 10
-
-
-def _run_cells(
-    config: ReportConfig, plan: list[_PlanEntry], **backend: Any
-) -> dict[tuple[str, int | None], dict]:
-    """Run every cell of ``plan`` on the backend (``progress``, ``backend``, ``jobs``,
-    ``ray_address``); returns each cell's result by (regime, unit; ``None``: the regime's
-    calibration cell)."""
-    from diloco_gym.backends import run_cells
-    from diloco_gym.eval.cells import (
-        ReportCell,
-        cell_config,
-        release_cached,
-        run_report_cell,
-        set_unit_batch,
-    )
-
-    shipped = cell_config(config)
-    # Calibration cells first: each is one of the longest, and starting them early keeps
-    # the workers busy to the end.
-    cells = [ReportCell(shipped, regime, None) for regime, *_ in plan]
-    cells += [ReportCell(shipped, regime, i) for regime, *_, n in plan for i in range(n)]
-    # On the serial backend the units of a synthetic regime run their episodes in groups,
-    # so that the sealed agents answer all of a group's agents at a decision time in one
-    # message (the results are each unit's own; a pool's workers take cells one by one).
-    serial = backend.get("backend", "serial") == "serial"
-    set_unit_batch(UNIT_BATCH if serial else 1)
-    try:
-        done = run_cells(run_report_cell, cells, desc="report", **backend)
-    finally:
-        set_unit_batch(1)
-        release_cached()  # this process's sealed agents' workers end with the run
-    return {(c.regime, c.unit): r for c, r in zip(cells, done, strict=True)}
 
 
 def _collect(
@@ -297,11 +289,16 @@ def write_report(
     result: dict[str, Any], out: str | Path, force: bool = False, command: str = ""
 ) -> Path:
     """Write report.md, results.csv, report.json and figures to ``out`` atomically
-    (:func:`write_output_dir`).
+    (:func:`write_output_dir`); a fleet report's (a result with ``"fleet"``) as
+    :func:`~diloco_gym.eval.fleet_render.write_fleet_report` writes it.
 
     Raises:
         FileExistsError: see :func:`prepare_out_dir`.
     """
+    if "fleet" in result:
+        from diloco_gym.eval.fleet_render import write_fleet_report
+
+        return write_fleet_report(result, out, force=force, command=command)
 
     def fill(tmp: Path) -> None:
         result["rows"].to_csv(tmp / "results.csv", index=False)

@@ -238,7 +238,8 @@ def evaluate_fleet_runs(
     import pandas as pd
 
     from diloco_gym.agents.registry import make_agents
-    from diloco_gym.eval.fleet import FleetReportConfig, run_fleet_report
+    from diloco_gym.eval.fleet import FleetReportConfig
+    from diloco_gym.eval.report import run_protocol
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -256,7 +257,7 @@ def evaluate_fleet_runs(
             env={"merge_budget": int(budget)},
             in_process_agents=True,
         )
-        s = run_fleet_report(cfg)["summary"]
+        s = run_protocol(cfg)["summary"]
         mr, orc, agent = s["matched_random_mean"], s["oracle_same_budget_pct"], s["sync_excess_pct"]
         tables.append(
             pd.DataFrame(

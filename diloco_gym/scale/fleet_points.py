@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -41,7 +41,6 @@ if TYPE_CHECKING:
 __all__ = [
     "FLEET_KEYS",
     "NOT_WITH_FLEET",
-    "FleetCalibrationCell",
     "fleet_env_field",
     "fleet_point_config",
     "fleet_point_cells",
@@ -91,13 +90,6 @@ MARKDOWN_COLUMNS = [
 ]
 
 
-@dataclass(frozen=True)
-class FleetCalibrationCell:
-    """A fleet point's calibration cell: the fleet's calibration verdict of ``config``."""
-
-    config: FleetReportConfig
-
-
 def fleet_env_field(name: str) -> bool:
     """Whether ``name`` may follow ``env.`` in a fleet sweep: an ``EnvParams`` field or a
     ``FleetParams`` field other than ``sites`` (the sites are the fleet file's)."""
@@ -123,36 +115,21 @@ def fleet_point_config(
     """
     from diloco_gym.agents.fleet_rounds import check_site_rules
     from diloco_gym.agents.registry import HEURISTICS
-    from diloco_gym.eval.fleet import FleetReportConfig, protocol_env
-
-    def resolve(value: Any) -> str:
-        p = Path(str(value)).expanduser()
-        return str((p if p.is_absolute() else base / p).resolve())
+    from diloco_gym.eval.fleet import FleetReportConfig, fleet_cell_config, protocol_env
 
     kwargs = {k: v for k, v in settings.items() if k in FLEET_KEYS and k != "merge_budget"}
-    kwargs["fleet"] = resolve(kwargs["fleet"])
-    if not Path(kwargs["fleet"]).is_file():
-        raise FileNotFoundError(f"fleet file {kwargs['fleet']} does not exist")
     cal = kwargs.get("calibration")
-    kwargs["calibration"] = None if cal in (None, "reference", "none") else resolve(cal)
+    kwargs["calibration"] = None if cal in (None, "reference", "none") else str(cal)
     agents = kwargs.get("agents", list(HEURISTICS))  # report --fleet's default
-    agents = [agents] if isinstance(agents, str) else list(agents)
-    kwargs["agents"] = [_shipped(str(a), base) for a in agents]  # a model run, a file
-    config = FleetReportConfig(**kwargs, env=dict(env))
+    kwargs["agents"] = [agents] if isinstance(agents, str) else [str(a) for a in agents]
+    kwargs["fleet"] = str(kwargs["fleet"])
+    # a model run, a file, the fleet and the calibration absolute against the sweep file
+    config = fleet_cell_config(FleetReportConfig(**kwargs, env=dict(env)), base)
+    if not Path(config.fleet).is_file():
+        raise FileNotFoundError(f"fleet file {config.fleet} does not exist")
     rounds = protocol_env(config, "a fleet sweep point").fleet.per_site_timing
     check_site_rules(config.agents, rounds)  # '+own' needs timing = 'rounds'
     return config
-
-
-def _shipped(spec: str, base: Path) -> str:
-    """An agent of a fleet point as a worker reads it (a model run or an agent file made
-    absolute against ``base``), its ``+own`` site rule (a rounds fleet's) kept as the
-    suffix."""
-    from diloco_gym.agents.fleet_rounds import OWN_SUFFIX, split_rule
-    from diloco_gym.agents.registry import shipped_spec
-
-    name, rule = split_rule(spec)
-    return shipped_spec(name, base) + (OWN_SUFFIX if rule == "own-forecast" else "")
 
 
 def _fingerprint(*parts: Any) -> str:
@@ -166,7 +143,8 @@ def fleet_point_cells(config: FleetReportConfig) -> tuple[str, list[str], dict[s
     draws, the env overrides, how the agents run, its seed); the calibration's the fleet
     file, the env overrides and the calibration file. Points that share an episode share
     its cell."""
-    from diloco_gym.eval.fleet import FleetCell
+    from diloco_gym.eval.cells import ReportCell
+    from diloco_gym.eval.fleet import FLEET_SETTING
 
     digest = hashlib.sha256(Path(config.fleet).read_bytes()).hexdigest()
     cfg = asdict(config)
@@ -174,12 +152,12 @@ def fleet_point_cells(config: FleetReportConfig) -> tuple[str, list[str], dict[s
         "fleet-calibration", cfg["fleet"], digest, cfg["env"], cfg["calibration"]
     )
     unit = {k: cfg[k] for k in ("fleet", "agents", "draws", "env", "in_process_agents")}
-    cells: dict[str, Any] = {cal_key: FleetCalibrationCell(config)}
+    cells: dict[str, Any] = {cal_key: ReportCell(config, FLEET_SETTING, None)}
     keys = []
     for i in range(config.seeds):
         seed = config.seed0 + i
         key = "unit/fleet-" + _fingerprint("fleet-episode", unit, digest, seed)
-        cells[key] = FleetCell(config, seed)
+        cells[key] = ReportCell(config, FLEET_SETTING, i)
         keys.append(key)
     return cal_key, keys, cells
 
@@ -191,18 +169,13 @@ def _plain(o: Any) -> Any:
 
 
 def run_fleet_cell(cell: Any) -> dict[str, Any]:
-    """One cell of a fleet point, as JSON would store it (so a fresh run and a rerun from
-    ``cells.jsonl`` write the same bytes): an episode's rows (``{"rows": [...]}``) or the
-    fleet's calibration (``{"verdict", "rows"}``)."""
-    from diloco_gym.eval.fleet import fleet_calibration, fleet_episode_cell, protocol_env
+    """One cell of a fleet point (:func:`~diloco_gym.eval.fleet.fleet_cell`, the fleet
+    report's), as JSON would store it (so a fresh run and a rerun from ``cells.jsonl``
+    write the same bytes): an episode's rows (``{"rows": [...]}``) or the fleet's
+    calibration (``{"verdict", "rows"}``)."""
+    from diloco_gym.eval.fleet import fleet_cell
 
-    if isinstance(cell, FleetCalibrationCell):
-        env = protocol_env(cell.config, "a fleet sweep point")
-        verdict, rows = fleet_calibration(env, cell.config.calibration)
-        record: dict[str, Any] = {"verdict": verdict, "rows": rows}
-    else:
-        record = {"rows": fleet_episode_cell(cell)}
-    return json.loads(json.dumps(record, default=_plain))
+    return json.loads(json.dumps(fleet_cell(cell), default=_plain))
 
 
 def fleet_point_summary(

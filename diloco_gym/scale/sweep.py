@@ -488,9 +488,10 @@ def _fingerprint(*parts: Any) -> str:
 def run_sweep_cell(cell) -> dict[str, Any]:
     """One sweep cell (a report cell with the point's env overrides); module-level so that
     workers import it by name."""
-    from diloco_gym.eval.cells import ReportCell, run_report_cell
+    from diloco_gym.eval.cells import run_report_cell
+    from diloco_gym.eval.fleet import FleetReportConfig
 
-    if not isinstance(cell, ReportCell):  # a fleet point's episode or calibration
+    if isinstance(cell.config, FleetReportConfig):  # a fleet point's episode or calibration
         return fleet_points.run_fleet_cell(cell)
     return run_report_cell(cell)
 

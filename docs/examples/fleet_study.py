@@ -22,7 +22,8 @@ from pathlib import Path
 
 import numpy as np
 
-from diloco_gym.eval.fleet import FleetReportConfig, run_fleet_report
+from diloco_gym.eval.fleet import FleetReportConfig
+from diloco_gym.eval.report import run_protocol
 
 HERE = Path(__file__).resolve().parent
 FREE_AGENTS = ["pressure-gate", "calibrated-wa", "online-forecast", "fixed-256"]
@@ -52,7 +53,7 @@ def _toml(path: Path, n_sites: int, fleet: dict, env: dict | None = None) -> Pat
 
 
 def _run(fleet_file: Path, agents: list[str], seeds: int, draws: int) -> dict:
-    res = run_fleet_report(
+    res = run_protocol(
         FleetReportConfig(
             fleet=str(fleet_file),
             agents=agents,
@@ -144,7 +145,7 @@ def q5(seeds: int, draws: int, seed0: int = 0) -> dict:
     fleet = HERE / ("fleet-v1.toml" if v1 else "fleet.toml")
     out = {}
     for budget in (48, 64, 96):
-        res = run_fleet_report(
+        res = run_protocol(
             FleetReportConfig(
                 fleet=str(fleet),
                 agents=[*BUDGET_AGENTS, str(model)],

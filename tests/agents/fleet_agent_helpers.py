@@ -6,7 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from diloco_gym.eval.fleet import FleetReportConfig, run_fleet_report
+from diloco_gym.eval.fleet import FleetReportConfig
+from diloco_gym.eval.report import run_protocol
 
 
 def recording(cls: type) -> type:
@@ -31,8 +32,8 @@ def sealed_rows_match_in_process(fleet: str, agent: str) -> pd.DataFrame:
     """Run ``agent`` sealed in its worker process (the report's default) and in process on
     two episodes of ``fleet``: the rows must be equal. Returns the in-process report."""
     kw = dict(fleet=fleet, agents=[agent], seeds=2, draws=20)
-    sealed = run_fleet_report(FleetReportConfig(**kw))
-    inproc = run_fleet_report(FleetReportConfig(**kw, in_process_agents=True))
+    sealed = run_protocol(FleetReportConfig(**kw))
+    inproc = run_protocol(FleetReportConfig(**kw, in_process_agents=True))
     assert sealed["agent_sealing"].startswith("sealed")
     pd.testing.assert_frame_equal(sealed["rows"], inproc["rows"])
     return inproc

@@ -142,7 +142,8 @@ def test_toml_key(tmp_path):
 
 
 def test_protocol_refuses_the_precision_action(tmp_path):
-    from diloco_gym.eval.fleet import FleetReportConfig, run_fleet_report
+    from diloco_gym.eval.fleet import FleetReportConfig
+    from diloco_gym.eval.report import run_protocol
     from diloco_gym.rl.config import ConfigError, TrainConfig
     from diloco_gym.rl.env_specs import build_env_specs
     from diloco_gym.scale.fleet_points import fleet_point_config
@@ -151,7 +152,7 @@ def test_protocol_refuses_the_precision_action(tmp_path):
     p.write_text('[fleet]\nbits_options = [4, 32]\n[[site]]\nname = "bursty"\n')
     msg = r"scores fixed-precision fleets only.*bits_options \[4, 32\].*Remove bits_options"
     with pytest.raises(FleetConfigError, match="the fleet report " + msg):
-        run_fleet_report(FleetReportConfig(fleet=str(p), agents=["random"], seeds=2))
+        run_protocol(FleetReportConfig(fleet=str(p), agents=["random"], seeds=2))
     with pytest.raises(FleetConfigError, match="a fleet sweep point " + msg):
         fleet_point_config({"fleet": str(p)}, tmp_path, {})
     with pytest.raises(ConfigError, match="fleet training " + msg):  # before any run starts

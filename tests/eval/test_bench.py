@@ -172,7 +172,8 @@ def test_a_fleet_task_scores_the_fleet_frontiers_gap_and_its_interval():
     """A fleet task's score is the fleet frontier's gap captured at that budget with its
     bootstrap interval (no longer left empty)."""
     from diloco_gym.eval.fleet import FleetReportConfig
-    from diloco_gym.eval.fleet_frontier import FleetFrontierConfig, run_fleet_frontier
+    from diloco_gym.eval.fleet_frontier import FleetFrontierConfig
+    from diloco_gym.eval.frontier import run_frontier
 
     mode = bench.mode_for("quick", seeds=3, draws=10)
     agent = "online-forecast-budget"
@@ -191,7 +192,7 @@ def test_a_fleet_task_scores_the_fleet_frontiers_gap_and_its_interval():
         draws=mode.fleet_draws,
         in_process_agents=True,
     )
-    table = run_fleet_frontier(FleetFrontierConfig(report=report, budgets=[64]), False)["frontier"]
+    table = run_frontier(FleetFrontierConfig(report=report, budgets=[64]), False)["frontier"]
     row = table[(table["budget"] == 64) & (table["agent"] == agent)].iloc[0]
     got = res["scores"]["fleet@64/ep"][agent]
     assert got["gap_captured"] == row["gap_captured"]

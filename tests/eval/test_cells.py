@@ -226,7 +226,7 @@ def test_units_run_together_give_each_units_own_results_in_fewer_messages(monkey
     the sealed agents are asked in several times fewer messages."""
     import pandas as pd
 
-    from diloco_gym.eval import report, sealed
+    from diloco_gym.eval import sealed
     from diloco_gym.eval.report import ReportConfig, run_protocol
 
     posts = {"n": 0}
@@ -241,7 +241,7 @@ def test_units_run_together_give_each_units_own_results_in_fewer_messages(monkey
     config = ReportConfig(regimes=["bursty", "sync-heavy"], agents=agents, seeds=12, draws=50)
     together = run_protocol(config, progress=False)["rows"]
     grouped, posts["n"] = posts["n"], 0
-    monkeypatch.setattr(report, "UNIT_BATCH", 1)
+    monkeypatch.setattr(cells, "UNIT_BATCH", 1)
     alone = run_protocol(config, progress=False)["rows"]
     pd.testing.assert_frame_equal(together, alone)
     assert grouped * 4 < posts["n"], (grouped, posts["n"])

@@ -12,12 +12,8 @@ import pytest
 from diloco_gym.envs import fleet_cap as env_cap
 from diloco_gym.envs.fleet import DiLoCoFleetEnv
 from diloco_gym.eval import fleet_cap, protocol
-from diloco_gym.eval.fleet import (
-    FleetReportConfig,
-    FleetScorer,
-    run_fleet_report,
-    write_fleet_report,
-)
+from diloco_gym.eval.fleet import FleetReportConfig, FleetScorer, write_fleet_report
+from diloco_gym.eval.report import run_protocol
 from diloco_gym.sim.fleet import FleetParams, SiteConfig
 from diloco_gym.sim.limits import LimitError
 
@@ -121,7 +117,7 @@ def test_capped_report_shows_each_site_and_the_cap(tmp_path):
         draws=20,
         in_process_agents=True,
     )
-    result = run_fleet_report(cfg)
+    result = run_protocol(cfg)
     rows, summary = result["rows"], result["summary"]
     for col in (
         "cap_masked_decisions",
@@ -155,7 +151,7 @@ def test_uncapped_report_has_the_per_site_table_and_no_cap_columns(tmp_path):
     cfg = FleetReportConfig(
         fleet=str(path), agents=["pressure-gate"], seeds=2, draws=10, in_process_agents=True
     )
-    result = run_fleet_report(cfg)
+    result = run_protocol(cfg)
     assert not any(c.startswith("cap_") for c in result["rows"].columns)
     assert "episodes_over_cap" not in result["summary"].columns
     md = (write_fleet_report(result, tmp_path / "out") / "report.md").read_text()

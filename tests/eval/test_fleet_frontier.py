@@ -18,6 +18,7 @@ from diloco_gym.eval.fleet_frontier import (
     run_fleet_frontier,
     write_fleet_frontier,
 )
+from diloco_gym.eval.frontier import run_frontier, write_frontier
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "docs" / "examples" / "fleet.toml"
 
@@ -30,14 +31,14 @@ def _config() -> FleetFrontierConfig:
 
 
 def test_fleet_frontier_outputs_matched_syncs_and_determinism(tmp_path):
-    a = run_fleet_frontier(_config())
+    a = run_frontier(_config())
     f = a["frontier"]
     assert list(f["budget"]) == [40, 60]
     # every episode has exactly the budget's syncs; matched random is drawn at that count
     assert (a["rows"]["syncs"] == a["rows"]["budget"]).all()
     assert (f["oracle_same_budget_pct"] <= f["matched_random_mean"] + 1e-9).all()
-    write_fleet_frontier(a, tmp_path / "one")
-    write_fleet_frontier(run_fleet_frontier(_config()), tmp_path / "two")
+    write_frontier(a, tmp_path / "one")  # the single host's writer writes a fleet's too
+    write_fleet_frontier(run_frontier(_config()), tmp_path / "two")
     for name in ("frontier.csv", "frontier.json", "frontier.md", "frontier.png"):
         assert (tmp_path / "one" / name).is_file()
     png = (tmp_path / "one" / "frontier.png").read_bytes()
@@ -126,7 +127,7 @@ def test_a_rounds_fleet_frontier_counts_rounds_and_calls_its_oracle_an_upper_bou
     report = FleetReportConfig(
         fleet=str(ROUNDS), agents=agents, seeds=2, draws=20, in_process_agents=True
     )
-    res = run_fleet_frontier(FleetFrontierConfig(report=report, budgets=[16, 8]))
+    res = run_frontier(FleetFrontierConfig(report=report, budgets=[16, 8]))
     rows, f = res["rows"], res["frontier"]
     assert (rows["syncs"] == rows["budget"]).all() and set(rows["budget"]) == {8, 16}
     assert (rows["oracle_schedule"] == ORACLE_ROUNDS).all() and "local search" not in ORACLE_ROUNDS
@@ -144,7 +145,7 @@ def test_a_rounds_fleet_frontier_counts_rounds_and_calls_its_oracle_an_upper_bou
     assert saved["fleet"]["timing"] == "rounds" and saved["fleet"]["quorum"] == 4
     assert {"dropped_contributions", "token_share_mean"} <= set(saved["frontier"][0])
     # a one-instant fleet's frontier keeps its exact DP oracle and has no rounds columns
-    instant = run_fleet_frontier(_config())
+    instant = run_frontier(_config())
     assert "| oracle pp |" in frontier_table(instant["frontier"])
     assert "token_share_mean" not in instant["frontier"]
     assert "oracle (exact DP, non-deployable)" in _legend(fleet_frontier_figure(instant))
@@ -171,7 +172,7 @@ def test_the_fleet_frontier_compares_agents_by_the_single_hosts_statistics(tmp_p
     from diloco_gym.eval import protocol
     from diloco_gym.eval.fleet_frontier import agents_compared
 
-    res = run_fleet_frontier(_two_agents(3))
+    res = run_frontier(_two_agents(3))
     pw = res["pairwise"]
     assert list(pw["budget"]) == [48, 96] and set(pw["units"]) == {3}
     rows = res["rows"][res["rows"]["budget"] == 48].pivot(
@@ -195,7 +196,7 @@ def test_the_fleet_frontier_compares_agents_by_the_single_hosts_statistics(tmp_p
 
 @pytest.mark.slow
 def test_with_enough_episodes_the_forecaster_dominates_fixed_placement():
-    res = run_fleet_frontier(_two_agents(12))
+    res = run_frontier(_two_agents(12))
     (row,) = res["dominance"].to_dict(orient="records")
     assert row["agent_a"] == "online-forecast-budget"
     assert row["relation"] == "dominates" and row["b_lower_at"] == []
@@ -209,14 +210,14 @@ def test_free_agents_are_points_at_their_own_rate_as_the_fleet_report_scores_the
 
     import pandas as pd
 
-    from diloco_gym.eval.fleet import run_fleet_report
+    from diloco_gym.eval.report import run_protocol
 
     base = _config()
     config = replace(base, free_agents=["online-forecast", "fixed-256"])
-    res = run_fleet_frontier(config)
+    res = run_frontier(config)
     free = res["free"]
     assert list(free["agent"]) == ["online-forecast", "fixed-256"]
-    report = run_fleet_report(replace(base.report, agents=["online-forecast", "fixed-256"]))
+    report = run_protocol(replace(base.report, agents=["online-forecast", "fixed-256"]))
     want = report["summary"].set_index("agent")
     for r in free.itertuples():
         for col in ("syncs_per_hour", "sync_excess_pct", "matched_random_mean", "p_holm"):
@@ -236,7 +237,7 @@ def test_free_agents_are_points_at_their_own_rate_as_the_fleet_report_scores_the
     csv = pd.read_csv(tmp_path / "out" / "free.csv")
     assert list(csv["agent"]) == ["online-forecast", "fixed-256"]
     # without free agents: an empty table, and no section
-    plain = run_fleet_frontier(base)
+    plain = run_frontier(base)
     assert plain["free"].empty
 
 
@@ -244,3 +245,63 @@ def test_a_budget_aware_free_agent_is_refused():
     report = _config().report
     with pytest.raises(ValueError, match="need a merge budget"):
         FleetFrontierConfig(report=report, budgets=[40], free_agents=["online-forecast-budget"])
+
+
+def test_the_old_fleet_runner_warns_and_gives_the_frontiers_result():
+    """``run_fleet_frontier`` is kept for one release: a FutureWarning, then
+    ``run_frontier``'s result."""
+    import pandas as pd
+
+    with pytest.warns(FutureWarning, match="run_frontier"):
+        old = run_fleet_frontier(_config())
+    new = run_frontier(_config(), progress=False)
+    for key in ("frontier", "rows", "free"):
+        pd.testing.assert_frame_equal(old[key], new[key])
+    assert old["config"] == new["config"] and old["fleet"] == new["fleet"]
+
+
+@pytest.mark.slow
+def test_a_one_site_fleets_frontier_is_the_single_hosts(tmp_path):
+    """One frontier for both: a one-site fleet (the paper's 8 s sync) at 10 and 12 syncs per
+    episode gives the single-host frontier's rows at 60 and 72 merges per hour (the same
+    merges per 600 s episode) in every column both write, for budget-held and free agents,
+    and its table's statistics."""
+    import pandas as pd
+
+    from diloco_gym.eval.frontier import FrontierConfig
+
+    one = tmp_path / "one.toml"
+    one.write_text('[fleet]\nmerge_seconds = 8.0\n\n[[site]]\nname = "bursty"\nregime = "bursty"\n')
+    agents, free = ["online-forecast-budget", "pressure-gate"], ["online-forecast"]
+    kw = {"seeds": 4, "draws": 40, "in_process_agents": True}
+    single = run_frontier(
+        FrontierConfig(regimes=["bursty"], budgets_per_hour=[60.0, 72.0], budget_agents=agents,
+                       free_agents=free, **kw),
+        progress=False,
+    )  # fmt: skip
+    fleet = run_frontier(
+        FleetFrontierConfig(FleetReportConfig(fleet=str(one), agents=agents, **kw), [10, 12], free),
+        progress=False,
+    )
+    rows = single["rows"]
+    pairs = [
+        (rows[rows["mode"] == "budget"], fleet["rows"], ["budget", "seed", "agent"]),
+        (rows[rows["mode"] == "free"], fleet["free_rows"], ["seed", "agent"]),
+    ]
+    for a, b, key in pairs:
+        a, b = (t.sort_values(key).reset_index(drop=True) for t in (a, b))
+        common = [c for c in a.columns if c in b.columns]
+        assert {"sync_excess_pct", "matched_random_mean", "oracle_same_budget_pct"} <= set(common)
+        assert len(a) == len(b) > 0
+        for col in common:
+            pd.testing.assert_series_equal(a[col], b[col], check_dtype=False, obj=col)
+    names = {"merges_per_hour": "syncs_per_hour", "matched_random_pct": "matched_random_mean",
+             "oracle_pct": "oracle_same_budget_pct"}  # fmt: skip
+    a = single["budgets"].rename(columns=names).sort_values(["budget", "agent"])
+    b = fleet["frontier"].sort_values(["budget", "agent"])
+    stats = ["syncs_per_hour", "sync_excess_pct", "matched_random_mean", "oracle_same_budget_pct",
+             "diff_pp", "units", "nonzero_units", "gap_captured", "gap_ci_low", "gap_ci_high",
+             "p_holm", "verdict"]  # fmt: skip
+    pd.testing.assert_frame_equal(
+        a[stats].reset_index(drop=True), b[stats].reset_index(drop=True), check_dtype=False
+    )

@@ -15,13 +15,8 @@ from diloco_gym.agents.heuristics import PressureGate
 from diloco_gym.envs.fleet import DiLoCoFleetEnv
 from diloco_gym.envs.params import EnvParams
 from diloco_gym.eval import protocol
-from diloco_gym.eval.fleet import (
-    SYNC_NAMES,
-    FleetReportConfig,
-    FleetScorer,
-    run_fleet_report,
-    write_fleet_report,
-)
+from diloco_gym.eval.fleet import SYNC_NAMES, FleetReportConfig, FleetScorer, write_fleet_report
+from diloco_gym.eval.report import run_protocol
 from diloco_gym.eval.rollout import run_episode
 from diloco_gym.sim.fleet import FleetParams, SiteConfig
 from diloco_gym.sim.fleet_toml import load_fleet_toml
@@ -104,8 +99,8 @@ def test_fleet_report_verdicts_and_determinism():
     cfg = FleetReportConfig(
         fleet=str(EXAMPLE), agents=["pressure-gate", "offline-oracle"], seeds=3, draws=50
     )
-    a = run_fleet_report(cfg)
-    b = run_fleet_report(cfg)
+    a = run_protocol(cfg)
+    b = run_protocol(cfg)
     assert a["rows"].equals(b["rows"])
     s = a["summary"].set_index("agent")
     # 3 episodes cannot reach alpha = 0.05: inconclusive, never "tied"
@@ -126,8 +121,8 @@ def test_fleet_report_seals_deployable_agents_and_the_opt_out_gives_the_same_row
     report does; the fleet view's feature names travel with the public context) and says
     so; in-process evaluation gives the same rows."""
     kw = dict(fleet=str(EXAMPLE), agents=["pressure-gate", "online-forecast"], seeds=2, draws=20)
-    sealed = run_fleet_report(FleetReportConfig(**kw))
-    inproc = run_fleet_report(FleetReportConfig(**kw, in_process_agents=True))
+    sealed = run_protocol(FleetReportConfig(**kw))
+    inproc = run_protocol(FleetReportConfig(**kw, in_process_agents=True))
     assert sealed["agent_sealing"].startswith("sealed")
     assert inproc["agent_sealing"].startswith("in-process")
     pd.testing.assert_frame_equal(sealed["rows"], inproc["rows"])
@@ -165,7 +160,7 @@ def test_a_worst_site_weight_labels_the_oracle_that_no_longer_minimises_the_tota
     cfg = FleetReportConfig(
         fleet=str(weighted), agents=["pressure-gate"], seeds=2, draws=10, in_process_agents=True
     )
-    result = run_fleet_report(cfg)
+    result = run_protocol(cfg)
     assert "| oracle (sum + 5 x worst site) pp |" in fleet_summary_table(result["summary"], 5.0)
     assert "| oracle pp |" in fleet_summary_table(result["summary"])
     md = (write_fleet_report(result, tmp_path / "rep") / "report.md").read_text()
@@ -180,7 +175,8 @@ def test_a_worst_site_weight_labels_the_oracle_that_no_longer_minimises_the_tota
 
 
 def test_the_report_records_the_fleets_traffic_correlation(tmp_path):
-    from diloco_gym.eval.fleet import FleetReportConfig, run_fleet_report
+    from diloco_gym.eval.fleet import FleetReportConfig
+    from diloco_gym.eval.report import run_protocol
 
     p = tmp_path / "corr.toml"
     p.write_text(
@@ -190,7 +186,7 @@ def test_the_report_records_the_fleets_traffic_correlation(tmp_path):
     config = FleetReportConfig(
         fleet=str(p), agents=["fixed-512"], seeds=2, draws=10, in_process_agents=True
     )
-    fleet = run_fleet_report(config)["fleet"]
+    fleet = run_protocol(config)["fleet"]
     assert fleet["traffic_correlation"] == 0.5 and fleet["traffic_common"] is None
 
 
@@ -198,14 +194,14 @@ def test_a_links_fleets_report_says_how_its_links_change(tmp_path):
     cfg = FleetReportConfig(
         fleet=str(LINKS), agents=["online-forecast"], seeds=2, draws=10, in_process_agents=True
     )
-    res = run_fleet_report(cfg)
+    res = run_protocol(cfg)
     f = res["fleet"]
     assert f["link_levels"] == [1.0, 0.75, 0.5] and f["link_probs"] == [0.6, 0.25, 0.15]
     assert f["link_dwell_s"] == 60.0 and f["sync_window_slowest_s"] > f["sync_window_s"]
     write_fleet_report(res, tmp_path / "rep")
     md = (tmp_path / "rep" / "report.md").read_text()
     assert "Links change over time: each site's link runs at 1, 0.75, 0.5" in md
-    fixed = run_fleet_report(
+    fixed = run_protocol(
         FleetReportConfig(
             fleet=str(EXAMPLE),
             agents=["online-forecast"],
@@ -232,7 +228,7 @@ def test_a_one_site_fleets_report_is_the_single_hosts_row_for_row(tmp_path):
         ReportConfig(regimes=["bursty"], agents=agents, seeds=5, draws=50, in_process_agents=True),
         progress=False,
     )
-    fleet_res = run_fleet_report(
+    fleet_res = run_protocol(
         FleetReportConfig(fleet=str(one), agents=agents, seeds=5, draws=50, in_process_agents=True)
     )
     single, fleet = single_res["rows"], fleet_res["rows"]
@@ -329,7 +325,7 @@ def test_a_fleet_report_explains_an_inconclusive_verdict_as_the_single_host_does
     """Two episodes cannot reach alpha: report.md says so in the single host's words (the
     units, the best p they could give after Holm, the units needed, --seeds), and its table
     has the single host's n (non-zero) and gap captured columns."""
-    res = run_fleet_report(
+    res = run_protocol(
         FleetReportConfig(
             fleet=str(EXAMPLE),
             agents=["online-forecast", "pressure-gate"],
@@ -366,7 +362,7 @@ def test_a_fleet_with_link_traces_is_reported_with_each_syncs_own_rates(tmp_path
     assert marker in text
     path = tmp_path / "traced.toml"
     path.write_text(text.replace(marker, f'{marker}\nlink_trace = "a.csv"', 1))
-    res = run_fleet_report(
+    res = run_protocol(
         FleetReportConfig(
             fleet=str(path), agents=["online-forecast"], seeds=3, draws=10, in_process_agents=True
         )

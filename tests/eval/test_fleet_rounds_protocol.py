@@ -11,7 +11,8 @@ import pytest
 import diloco_gym  # noqa: F401
 from diloco_gym.envs import fleet_cap as env_cap
 from diloco_gym.eval import fleet_rounds as fr
-from diloco_gym.eval.fleet import FleetReportConfig, run_fleet_report
+from diloco_gym.eval.fleet import FleetReportConfig
+from diloco_gym.eval.report import run_protocol
 from diloco_gym.sim import fleet as fl
 from diloco_gym.sim import rounds as rd
 from diloco_gym.sim.schedules import is_feasible, optimal_schedule
@@ -113,7 +114,7 @@ def test_the_oracle_beats_every_draw_additively_and_is_the_instant_dp_at_grace_0
 
 
 def test_the_report_runs_rounds_fleets_and_refuses_the_own_rule_elsewhere(tmp_path):
-    res = run_fleet_report(
+    res = run_protocol(
         FleetReportConfig(
             fleet="docs/examples/fleet-rounds.toml",
             agents=["online-forecast", "online-forecast+own", "offline-oracle"],
@@ -126,7 +127,7 @@ def test_the_report_runs_rounds_fleets_and_refuses_the_own_rule_elsewhere(tmp_pa
     assert (rows["oracle_same_budget_pct"] <= rows["matched_random_mean"] + 1e-9).all()
     assert "control_dropped" in rows
     with pytest.raises(ValueError, match=r"'\+own' site rule needs a fleet with timing"):
-        run_fleet_report(
+        run_protocol(
             FleetReportConfig(fleet="docs/examples/fleet.toml", agents=["online-forecast+own"],
                               seeds=2, draws=5)
         )  # fmt: skip
@@ -141,7 +142,7 @@ def test_the_rounds_summary_carries_the_rounds_columns_and_an_upper_bound_oracle
     as an upper bound and its rows do not claim the single-host local search."""
     from diloco_gym.eval.fleet import fleet_summary_table
 
-    res = run_fleet_report(
+    res = run_protocol(
         FleetReportConfig(fleet=str(ROUNDS_EXAMPLE),
                           agents=["pressure-gate", "pressure-gate+own"], seeds=2, draws=10)
     )  # fmt: skip

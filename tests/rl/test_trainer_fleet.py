@@ -81,7 +81,8 @@ def test_train_on_a_fleet_writes_a_fleet_model(fleet_run: Path) -> None:
 def test_a_fleet_model_loads_keeps_its_budget_and_is_judged_by_the_fleet_report(
     fleet_run: Path,
 ) -> None:
-    from diloco_gym.eval.fleet import FleetReportConfig, run_fleet_report
+    from diloco_gym.eval.fleet import FleetReportConfig
+    from diloco_gym.eval.report import run_protocol
 
     fleet = str(fleet_run.parent / "f.toml")
     (agent,) = make_agents([str(fleet_run / "model.zip")])
@@ -98,7 +99,7 @@ def test_a_fleet_model_loads_keeps_its_budget_and_is_judged_by_the_fleet_report(
         env={"merge_budget": 24},
         in_process_agents=True,
     )
-    summary = run_fleet_report(config)["summary"]
+    summary = run_protocol(config)["summary"]
     assert len(summary) == 2 and set(summary["syncs_per_hour"]) == {24 * 6.0}
 
 
@@ -144,7 +145,8 @@ def test_train_on_a_rounds_fleet_learns_one_action_per_site(rounds_run: Path) ->
 def test_a_per_site_model_is_judged_on_a_rounds_fleet_and_refused_elsewhere(
     rounds_run: Path,
 ) -> None:
-    from diloco_gym.eval.fleet import FleetReportConfig, run_fleet_report
+    from diloco_gym.eval.fleet import FleetReportConfig
+    from diloco_gym.eval.report import run_protocol
 
     model = str(rounds_run / "model.zip")
     rounds = str(ROOT / "docs" / "examples" / "fleet-rounds.toml")
@@ -155,13 +157,13 @@ def test_a_per_site_model_is_judged_on_a_rounds_fleet_and_refused_elsewhere(
         draws=20,
         in_process_agents=True,
     )
-    res = run_fleet_report(config)
+    res = run_protocol(config)
     assert len(res["summary"]) == 2 and (res["rows"]["site_d_syncs"] > 0).all()
     one_instant = str(ROOT / "docs" / "examples" / "fleet-v1.toml")
     with pytest.raises(ValueError, match="trained on a fleet with timing = 'rounds'"):
-        run_fleet_report(FleetReportConfig(fleet=one_instant, agents=[model], seeds=2))
+        run_protocol(FleetReportConfig(fleet=one_instant, agents=[model], seeds=2))
     with pytest.raises(ValueError, match="'\\+own' site rule does not apply"):
-        run_fleet_report(FleetReportConfig(fleet=rounds, agents=[model + "+own"], seeds=2))
+        run_protocol(FleetReportConfig(fleet=rounds, agents=[model + "+own"], seeds=2))
 
 
 def test_train_refuses_dqn_and_site_rules_where_they_do_not_apply(tmp_path, capsys) -> None:

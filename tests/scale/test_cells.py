@@ -9,7 +9,14 @@ from diloco_gym.scale import cells as old
 
 
 def test_every_public_name_is_the_same_object():
-    assert cells.__all__ == ["ReportCell", "run_report_cell", "cell_config", "regime_plan"]
+    assert cells.__all__ == [
+        "ReportCell",
+        "run_report_cell",
+        "run_report_cells",
+        "cell_config",
+        "regime_plan",
+        "UNIT_BATCH",
+    ]
     for name in cells.__all__:
         assert getattr(old, name) is getattr(cells, name), name
 

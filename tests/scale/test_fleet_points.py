@@ -105,14 +105,17 @@ def _point(fleet_file, **settings):
 
 
 def test_a_point_is_a_cell_per_episode_and_a_calibration_cell(fleet_file):
-    from diloco_gym.eval.fleet import FleetCell
+    """The fleet report's own cells (a report cell of the fleet setting: unit None the
+    calibration, unit k the episode of seed seed0 + k)."""
+    from diloco_gym.eval.cells import ReportCell
+    from diloco_gym.eval.fleet import FLEET_SETTING
 
     cal, keys, cells = fp.fleet_point_cells(_point(fleet_file, seeds=3, seed0=5))
     assert re.fullmatch(r"fleet-cal/[0-9a-f]{20}", cal)
     assert all(re.fullmatch(r"unit/fleet-[0-9a-f]{20}", k) for k in keys) and len(set(keys)) == 3
-    assert isinstance(cells[cal], fp.FleetCalibrationCell)
-    assert [cells[k].seed for k in keys] == [5, 6, 7]
-    assert all(isinstance(cells[k], FleetCell) for k in keys)
+    assert all(isinstance(c, ReportCell) and c.regime == FLEET_SETTING for c in cells.values())
+    assert cells[cal].unit is None
+    assert [cells[k].config.seed0 + cells[k].unit for k in keys] == [5, 6, 7]
 
 
 def test_cell_keys_follow_what_the_cells_read_and_the_fleet_files_bytes(fleet_file):
@@ -136,7 +139,7 @@ def test_a_stored_points_summary_is_the_reports_over_its_stored_episodes(fleet_f
     stored (here 2 of 3), with the calibration verdict and the agents' sealing."""
     import pandas as pd
 
-    from diloco_gym.eval.fleet import run_fleet_report
+    from diloco_gym.eval.report import run_protocol
 
     config = _point(fleet_file, seeds=3, draws=10, in_process_agents=True)
     cal, keys, cells = fp.fleet_point_cells(config)
@@ -146,7 +149,7 @@ def test_a_stored_points_summary_is_the_reports_over_its_stored_episodes(fleet_f
     assert summary["agent"].tolist() == ["fixed-512"] and int(summary["units"].iloc[0]) == 2
     assert summary["calibration_verdict"].iloc[0] == stored[0]["verdict"]
     assert summary["agent_sealing"].iloc[0].startswith("in-process")
-    direct = run_fleet_report(replace(config, seeds=2))["summary"]  # the report of those 2
+    direct = run_protocol(replace(config, seeds=2))["summary"]  # the report of those 2
     pd.testing.assert_frame_equal(summary[direct.columns], direct)
 
 

@@ -13,7 +13,8 @@ import pandas as pd
 import pytest
 
 from diloco_gym.cli import main
-from diloco_gym.eval.fleet import FleetReportConfig, run_fleet_report
+from diloco_gym.eval.fleet import FleetReportConfig
+from diloco_gym.eval.report import run_protocol
 from diloco_gym.scale.sweep import SweepDataError, SweepFileError, load_sweep, run_sweep
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -69,7 +70,7 @@ def test_fleet_points_are_the_fleet_report_with_grid_columns(whole):
     md = (tmp / "out" / "summary.md").read_text()
     assert "worst_site_sync_excess_pct" in md and "Fleet points" in md
     # the same numbers as the fleet report run directly at that budget
-    direct = run_fleet_report(
+    direct = run_protocol(
         FleetReportConfig(
             fleet=str(EXAMPLE),
             agents=["online-forecast-budget", "fixed-budget"],
