@@ -297,3 +297,53 @@ def test_the_shipped_rounds_agent_chooses_each_site_on_its_rounds_fleet_only() -
         run_episode(
             DiLoCoFleetEnv(fleet=str(ROOT / "docs" / "examples" / "fleet-v1.toml")), agent, 0
         )
+
+
+@pytest.mark.slow
+def test_the_seed_study_judges_fleet_models_on_the_fleet_frontier(
+    fleet_run: Path, tmp_path
+) -> None:
+    """``python -m diloco_gym.rl.seeds evaluate-fleet`` judges the runs by the one frontier
+    (``run_frontier`` of the fleet at each budget): budgets.csv is that frontier's table
+    under the single-host names, with the budget per hour of the fleet's episodes, and the
+    study's summary reads it as it reads a single host's."""
+    import shutil
+
+    import pandas as pd
+
+    from diloco_gym.eval.fleet import FleetReportConfig
+    from diloco_gym.eval.fleet_frontier import FleetFrontierConfig
+    from diloco_gym.eval.frontier import run_frontier
+    from diloco_gym.rl import seeds
+
+    fleet = str(fleet_run.parent / "f.toml")
+    runs = tmp_path / "runs"
+    shutil.copytree(fleet_run, runs / "tiny-fleet-s0")
+    ev = tmp_path / "eval"
+    assert seeds.main([
+        "evaluate-fleet", "--runs", str(runs), "--name", "tiny-fleet", "--seeds", "0",
+        "--out", str(ev), "--fleet", fleet, "--budgets", "32", "24", "--heuristics",
+        "online-forecast-budget", "--test-seeds", "2", "--draws", "20",
+    ]) == 0  # fmt: skip
+    table = pd.read_csv(ev / "budgets.csv")
+    record = json.loads((ev / "agents.json").read_text())
+    (learned,) = record["learned"]
+    config = FleetFrontierConfig(
+        FleetReportConfig(fleet=fleet, agents=[learned["path"], "online-forecast-budget"],
+                          seeds=2, draws=20, in_process_agents=True),
+        [24, 32],
+    )  # fmt: skip
+    frontier = run_frontier(config, progress=False)["frontier"]
+    assert list(table["regime"].unique()) == ["fleet"]
+    assert list(table["budget_per_hour"]) == [144.0, 144.0, 192.0, 192.0]  # 600 s episodes
+    assert list(table["agent"]) == list(frontier["agent"])
+    for mine, theirs in (("sync_excess_pct", "sync_excess_pct"),
+                         ("matched_random_pct", "matched_random_mean"),
+                         ("oracle_pct", "oracle_same_budget_pct"),
+                         ("gap_captured", "gap_captured"), ("p_holm", "p_holm")):  # fmt: skip
+        pd.testing.assert_series_equal(
+            table[mine], frontier[theirs], check_names=False, check_dtype=False
+        )
+    assert (ev / "pairwise.csv").is_file()
+    _, per_config = seeds._score_tables(ev)
+    assert per_config["tiny-fleet"]["tasks"] == ["fleet@144/h", "fleet@192/h"]
