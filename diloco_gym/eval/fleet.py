@@ -411,14 +411,17 @@ def episode_rows(
     rows: list[dict[str, Any]] = []
     check = fleet_cap.cap_check(env)
     ep = env.build_episode(seed)
-    scorer = FleetScorer(ep, p, env.setup.sidecars)
+    rounds = env.fleet.per_site_timing
+    scorer: Any = (fleet_rounds.RoundsScorer if rounds else FleetScorer)(ep, p, env.setup.sidecars)
     for agent in agents:
         res = run_episode(env, agent, seed, episode=ep)
         m = int(res["merges"])
         table = protocol.counts_for(ep.n_decisions, p, max(m, 80))
         rng = np.random.default_rng([seed, m, 7])
-        if env.fleet.per_site_timing:  # per-site schedules (eval/fleet_rounds.py)
-            scored = fleet_rounds.score_rounds_episode(env, ep, res, draws, rng, table, check)
+        if rounds:  # per-site schedules (eval/fleet_rounds.py)
+            scored = fleet_rounds.score_rounds_episode(
+                env, ep, res, draws, rng, table, check, scorer
+            )
             accepted = scored.pop("matched_random_cap_acceptance", None)
             cap_cols = {} if check is None else fleet_cap.cap_columns(res, accepted)
             row = _unit_row(env, ep, agent.name, seed, res, scored)

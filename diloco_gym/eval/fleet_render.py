@@ -56,8 +56,8 @@ def oracle_label(worst_site_weight: float, capped: bool = False, rounds: bool = 
     ``lambda`` times the worst site's cost, and a schedule of as many syncs may have a
     lower total. ``capped`` (a per-site cap): ``uncapped`` is added, the oracle ignores the
     cap. ``rounds`` (per-site timing): ``oracle (upper bound) pp`` whatever the weight,
-    the additive optimum of the summed cost replayed exactly, with no certified lower
-    bound (``upper bound, uncapped`` with a cap)."""
+    the additive optimum of the summed cost replayed exactly, bracketed below by its
+    certified lower bound in results.csv (``upper bound, uncapped`` with a cap)."""
     if rounds:
         return "oracle (upper bound, uncapped) pp" if capped else "oracle (upper bound) pp"
     if worst_site_weight == 0:

@@ -36,28 +36,35 @@ from diloco_gym.envs.params import EnvParams
 from diloco_gym.sim import compiled_eval
 from diloco_gym.sim.sidecar import SidecarParams, slowdown
 
-__all__ = ["pair_credits", "lower_bound_pct"]
+__all__ = ["pair_credits", "lower_bound_pct", "chain_bound"]
 
 #: Decisions replayed at once (rows of one replay; bounds memory on long episodes).
 _BLOCK = 64
 
 
 def pair_credits(
-    episode: Episode, params: EnvParams, sidecar: SidecarParams
+    episode: Episode,
+    params: EnvParams,
+    sidecar: SidecarParams,
+    gaps: tuple[int, int] | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per decision ``d``, the requests its merge alone adds to the violations, counted by
     the decision interval they arrive in.
 
+    ``gaps``: the next merge's distances ``(lo, hi)`` in decisions that ``window`` covers
+    (default the corridor's, ``(h_min, h_max)``).
+
     Returns:
         ``(before, window, tail)``: ``before[d]`` counts those arriving before decision
         ``d``; ``window[d, w]`` those arriving in decisions ``d .. d' - 1`` for the next
-        merge at ``d' = d + h_min + w`` (``w`` in ``0 .. h_max - h_min``; ``d'`` past the
-        end counts to the end); ``tail[d]`` those arriving from ``d`` on. ``before[d] +
+        merge at ``d' = d + lo + w`` (``w`` in ``0 .. hi - lo``; ``d'`` past the end
+        counts to the end); ``tail[d]`` those arriving from ``d`` on. ``before[d] +
         tail[d]`` is the merge's isolated excess in requests.
     """
     n = episode.n_decisions
     n_bins = episode.pressure_bin.size
-    width = params.h_max - params.h_min + 1
+    lo_gap, hi_gap = (params.h_min, params.h_max) if gaps is None else gaps
+    width = hi_gap - lo_gap + 1
     base = np.asarray(episode.baseline.violated, dtype=bool)
     before = np.zeros(n, dtype=np.int64)
     window = np.zeros((n, width), dtype=np.int64)
@@ -81,7 +88,7 @@ def pair_credits(
         at = cum[np.arange(rows.size), rows]  # arrivals before each row's own decision
         before[rows] = at
         tail[rows] = cum[:, n] - at
-        nxt = np.minimum(rows[:, None] + params.h_min + np.arange(width)[None, :], n)
+        nxt = np.minimum(rows[:, None] + lo_gap + np.arange(width)[None, :], n)
         window[rows] = np.take_along_axis(cum, nxt, axis=1) - at[:, None]
     return before, window, tail
 
@@ -119,3 +126,39 @@ def lower_bound_pct(
     if not np.isfinite(total):
         raise ValueError(f"no feasible schedule has {merges} merges in {n} decisions")
     return float(total * episode.pct_per_request)
+
+
+def chain_bound(
+    credits: tuple[np.ndarray, np.ndarray, np.ndarray],
+    gap_lo: int,
+    positions: list[tuple[int, int]],
+    gaps: list[tuple[int, int]],
+) -> float:
+    """The least pair-credit total, in requests, over every schedule of ``len(positions)``
+    merges whose ``i``-th merge lies in ``positions[i]`` (decisions, inclusive) and whose
+    next one follows it by a distance in ``gaps[i]`` (inclusive): the module's bound for
+    schedules that keep to those ranges, which need not be a corridor's (a site's syncs on
+    a fleet with per-site timing: :func:`diloco_gym.eval.fleet_rounds.rounds_lower_bound`).
+    ``credits``: :func:`pair_credits` with ``gaps=(gap_lo, hi)`` covering every range of
+    ``gaps``. ``inf`` when no schedule keeps to the ranges; 0 for no merge."""
+    before, window, tail = credits
+    n = before.size
+    r = len(positions)
+    if r == 0:
+        return 0.0
+    d = np.arange(n)
+
+    def allowed(i: int) -> np.ndarray:
+        a, b = positions[i]
+        return (d >= max(a, 0)) & (d <= min(b, n - 1))
+
+    g = np.where(allowed(r - 1), tail, np.inf).astype(np.float64)  # the last merge at d
+    for i in range(r - 2, -1, -1):
+        a, b = gaps[i]
+        steps = np.arange(a, b + 1)
+        nxt = d[:, None] + steps[None, :]
+        cols = steps - gap_lo
+        nxt_g = np.where(nxt < n, g[np.minimum(nxt, n - 1)], np.inf)
+        best = (window[:, cols].astype(np.float64) + nxt_g).min(axis=1)
+        g = np.where(allowed(i), best, np.inf)
+    return float((before + g).min())

@@ -120,7 +120,8 @@ def test_a_rounds_fleet_frontier_counts_rounds_and_calls_its_oracle_an_upper_bou
     feasible range 8..16 (the rounds env keeps the fleet env's merge budget), a
     budget-aware agent and its ``+own`` form run at every budget, the frontier carries the
     rounds' columns, and its table, page and figure call the oracle (the additive
-    optimum, no certified lower bound) an upper bound, never an exact DP."""
+    optimum, bracketed below by its certified lower bound) an upper bound, never an exact
+    DP."""
     from diloco_gym.eval.fleet_rounds import ORACLE_ROUNDS, ROUNDS_SUMMARY_COLUMNS
 
     agents = ["online-forecast-budget", "fixed-budget+own"]
@@ -140,7 +141,9 @@ def test_a_rounds_fleet_frontier_counts_rounds_and_calls_its_oracle_an_upper_bou
     assert any("upper bound" in t for t in _legend(fleet_frontier_figure(res)))
     write_fleet_frontier(res, tmp_path / "r")
     md = (tmp_path / "r" / "frontier.md").read_text()
-    assert "budgets (rounds per episode) [8, 16]" in md and "no certified lower bound" in md
+    assert "budgets (rounds per episode) [8, 16]" in md and "certified lower bound" in md
+    assert (rows["oracle_lower_bound_pct"] <= rows["oracle_same_budget_pct"] + 1e-12).all()
+    assert (rows["oracle_lower_bound_pct"] > 0).all()
     saved = json.loads((tmp_path / "r" / "frontier.json").read_text())
     assert saved["fleet"]["timing"] == "rounds" and saved["fleet"]["quorum"] == 4
     assert {"dropped_contributions", "token_share_mean"} <= set(saved["frontier"][0])

@@ -53,7 +53,72 @@ def test_the_agent_is_scored_by_the_envs_own_replay():
         sc = fr.score_rounds_episode(env, ep, s, 50, np.random.default_rng(0))
         assert sc["sync_excess_pct"] == pytest.approx(s["sync_excess_pct"], abs=1e-9)
         assert sc["additive_excess_pct"] == pytest.approx(s["additive_excess_pct"], abs=1e-9)
-        assert np.isnan(sc["oracle_lower_bound_pct"])
+        lower = sc["oracle_lower_bound_pct"]
+        assert 0.0 < lower <= min(sc["sync_excess_pct"], sc["oracle_same_budget_pct"]) + 1e-12
+
+
+def _bound_and_scored(env, seed, pol, draws=300):
+    """A rounds episode's certified lower bound, and the exact sync-excess of every
+    schedule the protocol scores on it: the agent's, matched-random rows, the oracle."""
+    from diloco_gym.sim.schedules import sample_uniform
+
+    ep, s = run(env, seed, pol)
+    p, n = env.params, ep.n_decisions
+    scorer = fr.RoundsScorer(ep, p, env.setup.sidecars)
+    round_sites = [list(x) for x in s["round_sites"]]
+    delays = env.round_delays(ep)
+    lower = fr.rounds_lower_bound(scorer, env.rules, delays, round_sites, p.h_min, p.h_max)
+    rng = np.random.default_rng(seed)
+    openings = sample_uniform(n, p.h_min, p.h_max, len(round_sites), draws, rng)
+    rows, _ = fr.control_sends(openings, round_sites, env.rules, delays, n - 1, rng)
+    orc = fr.rounds_oracle(scorer.costs, env.rules, delays, round_sites, p.h_min, p.h_max)
+    scored = scorer.score([fr.site_rows(env, s), orc, *rows]).exact_pct
+    return ep, s, scorer, lower, scored
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {"delays": (0.0, 3.0, 6.0)},  # stragglers, every site in every round
+        {"quorum": 2, "delays": (0.0, 3.0, 6.0)},  # sites dropped from rounds
+        {"grace": 0.0},  # the one-instant rules
+    ],
+)
+def test_the_rounds_bound_is_below_every_schedule_the_protocol_scores(kw):
+    """The certified lower bound of a rounds episode is below the agent's, the oracle's
+    and every matched-random row's exact sync-excess (rows that drop a late site
+    included), and it is not trivial."""
+    env = env_of(**kw)
+    for seed in (0, 1, 2):
+        *_, lower, scored = _bound_and_scored(env, seed, first_site_then_wait(env))
+        assert 0.0 < lower <= scored.min() + 1e-12, (kw, seed)
+        assert lower > 0.25 * scored[1]  # within a factor 4 of the oracle
+
+
+def test_with_one_instant_rules_the_rounds_bound_is_the_one_instant_fleets():
+    """Grace 0, every site in the quorum, no stragglers: every site syncs at each opening,
+    and the bound is the one-instant fleet's, the sites' single-host bounds weighted by
+    their requests, bit for bit."""
+    from diloco_gym.eval.lower_bound import lower_bound_pct
+
+    env = env_of(grace=0.0)
+    ep, s, scorer, lower, _ = _bound_and_scored(env, 4, first_site_then_wait(env), draws=5)
+    m = len(s["round_sites"])
+    assert all(len(x) == 3 for x in s["round_sites"])
+    want = 0.0
+    for e, sc, count in zip(ep.sites, env.setup.sidecars, scorer.n_requests, strict=True):
+        want += lower_bound_pct(e, m, env.params, sc) * float(count) / scorer.total
+    assert lower == want
+
+
+def test_a_bound_above_a_scored_schedule_stops_the_report(monkeypatch):
+    """The bound rests on a premise (a sync only adds violations); a bound above any
+    schedule the protocol scored would disprove it, and is an error, not a row."""
+    env = env_of(delays=(0.0, 3.0, 6.0))
+    ep, s = run(env, 0, first_site_then_wait(env))
+    monkeypatch.setattr(fr, "rounds_lower_bound", lambda *a, **k: 1e9)
+    with pytest.raises(RuntimeError, match="premise fails"):
+        fr.score_rounds_episode(env, ep, s, 20, np.random.default_rng(0))
 
 
 def test_matched_random_keeps_each_rounds_sites_and_the_rules():

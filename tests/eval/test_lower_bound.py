@@ -105,3 +105,66 @@ def test_the_oracle_reports_the_bound_when_it_cannot_enumerate():
     assert lower_bound_pct(ep, 0, p, sc) == 0.0
     with pytest.raises(ValueError, match="no feasible schedule has 40 merges"):
         lower_bound_pct(ep, 40, p, sc)
+
+
+def _brute_chain(credits, gap_lo, positions, gaps) -> float:
+    """chain_bound by enumeration: every schedule of len(positions) decisions keeping to
+    the position and gap ranges, its pair-credit total (first: arrivals before it and up
+    to the next; last: to the end)."""
+    import itertools
+
+    before, window, tail = credits
+    n = before.size
+    best = np.inf
+    for sched in itertools.combinations(range(n), len(positions)):
+        if any(not a <= t <= b for t, (a, b) in zip(sched, positions, strict=True)):
+            continue
+        steps = np.diff(sched)
+        if any(not a <= g <= b for g, (a, b) in zip(steps, gaps, strict=False)):
+            continue
+        total = before[sched[0]] + tail[sched[-1]]
+        for t, g in zip(sched[:-1], steps, strict=False):
+            total += window[t, g - gap_lo]
+        best = min(best, float(total))
+    return best
+
+
+def test_chain_bound_is_the_least_total_over_the_ranges_by_brute_force():
+    """The chain bound (any position and gap ranges, as a site's syncs with per-site timing
+    need) is the least pair-credit total over the schedules keeping to them, checked by
+    enumeration on random credits; and with the corridor's ranges it is lower_bound_pct."""
+    from diloco_gym.eval.lower_bound import chain_bound
+
+    rng = np.random.default_rng(3)
+    n, gap_lo, gap_hi = 14, 2, 13
+    for trial in range(40):
+        credits = (
+            rng.integers(0, 9, n),
+            rng.integers(0, 9, (n, gap_hi - gap_lo + 1)),
+            rng.integers(0, 9, n),
+        )
+        r = int(rng.integers(1, 5))
+        positions = []
+        for _ in range(r):
+            a = int(rng.integers(0, n))
+            positions.append((a, a + int(rng.integers(0, 8))))
+        gaps = []
+        for _ in range(r - 1):
+            a = int(rng.integers(gap_lo, 6))
+            gaps.append((a, min(gap_hi, a + int(rng.integers(0, 6)))))
+        got = chain_bound(credits, gap_lo, positions, gaps)
+        assert got == _brute_chain(credits, gap_lo, positions, gaps), trial
+    assert chain_bound(credits, gap_lo, [], []) == 0.0
+
+    env = hot_instance(20.0, 1)
+    ep, p, sc = env.episode, env.params, env.sidecar
+    credits = pair_credits(ep, p, sc)
+    n = ep.n_decisions
+    lo, hi = schedules.budget_range(n, p.h_min, p.h_max)
+    assert hi - lo >= 2
+    for m in range(max(lo, 1), hi + 1):
+        ranges = [(p.h_min, p.h_max)] + [(0, n - 1)] * (m - 1)
+        a, b = ranges[-1]
+        ranges[-1] = (max(a, n - p.h_max), b)  # the last merge within h_max of the end
+        got = chain_bound(credits, p.h_min, ranges, [(p.h_min, p.h_max)] * (m - 1))
+        assert got * ep.pct_per_request == lower_bound_pct(ep, m, p, sc, credits=credits)
