@@ -17,8 +17,7 @@ matched-random control and oracle as :mod:`diloco_gym.eval.fleet`, over rounds.
   over round openings whose round ``k`` at opening ``o`` costs the sum over its sites of
   each site's least isolated cost in its allowed decisions; replayed exactly. It is the
   additive optimum, an upper bound on the exact optimum, bracketed below by a certified
-  lower bound (``oracle_lower_bound_pct``, :func:`rounds_lower_bound`; NaN with changing
-  links).
+  lower bound (``oracle_lower_bound_pct``, :func:`rounds_lower_bound`).
 """
 
 from __future__ import annotations
@@ -240,13 +239,13 @@ def rounds_lower_bound(
     last round with a start delay there may be dropped from it (never ready): the bound
     takes the lesser of the two. The fleet's bound is the sites' bounds weighted by their
     requests, as on the one-instant fleet; with a grace window of 0, every site in every
-    round and no start delays it is the one-instant fleet's bound (tested). NaN with
-    changing links (a site's syncs differ in window by decision) and for no round."""
-    from diloco_gym.eval.lower_bound import chain_bound, pair_credits
-    from diloco_gym.eval.scorer import EpisodeScorer
+    round and no start delays it is the one-instant fleet's bound (tested). With changing
+    links each decision's credits are its own sync's
+    (:func:`~diloco_gym.eval.lower_bound.scorer_credits`). NaN for no round."""
+    from diloco_gym.eval.lower_bound import chain_bound, scorer_credits
 
     m = len(round_sites)
-    if m == 0 or not all(isinstance(s, EpisodeScorer) for s in scorer.sites):
+    if m == 0:
         return float("nan")
     n = scorer.episode.n_decisions
     lo_gap = max(1, h_min - rules.span)
@@ -258,9 +257,7 @@ def rounds_lower_bound(
         cache = site.__dict__.setdefault("_round_credits", {})  # shared by the agents
         credits = cache.get(lo_gap)
         if credits is None:
-            credits = cache[lo_gap] = pair_credits(
-                site.episode, site.params, site.sidecar, (lo_gap, n - 1)
-            )
+            credits = cache[lo_gap] = scorer_credits(site, (lo_gap, n - 1))
         off = [(int(delays[k, s]), max(rules.grace, int(delays[k, s]))) for k in ks]
         pos = [
             (max((k + 1) * h_min, n - (m - k) * h_max) + a, (k + 1) * h_max + b)
@@ -462,8 +459,7 @@ def rounds_paragraph(record: dict[str, Any]) -> str:
         "among the decisions the rules allowed it; the oracle is the additive optimum over "
         "round openings and each site's placement, replayed exactly: an upper bound on the "
         "exact optimum, bracketed below by a certified lower bound (each site's least "
-        "excess over the decisions the rules could allow it, `oracle_lower_bound_pct`; "
-        "not computed with changing links)."
+        "excess over the decisions the rules could allow it, `oracle_lower_bound_pct`)."
     )
 
 

@@ -29,6 +29,8 @@ operation) and counted by decision there.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from diloco_gym.envs.episode import Episode
@@ -36,7 +38,7 @@ from diloco_gym.envs.params import EnvParams
 from diloco_gym.sim import compiled_eval
 from diloco_gym.sim.sidecar import SidecarParams, slowdown
 
-__all__ = ["pair_credits", "lower_bound_pct", "chain_bound"]
+__all__ = ["pair_credits", "scorer_credits", "lower_bound_pct", "chain_bound"]
 
 #: Decisions replayed at once (rows of one replay; bounds memory on long episodes).
 _BLOCK = 64
@@ -90,6 +92,26 @@ def pair_credits(
         tail[rows] = cum[:, n] - at
         nxt = np.minimum(rows[:, None] + lo_gap + np.arange(width)[None, :], n)
         window[rows] = np.take_along_axis(cum, nxt, axis=1) - at[:, None]
+    return before, window, tail
+
+
+def scorer_credits(
+    scorer: Any, gaps: tuple[int, int] | None = None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """:func:`pair_credits` of the episode an exact scorer scores: an
+    :class:`~diloco_gym.eval.scorer.EpisodeScorer`'s, or a
+    :class:`~diloco_gym.eval.scorer.MixedScorer`'s (a fleet site with changing links:
+    ``parts`` and ``kind``), whose merge at ``d`` has the window and slowdown of its own
+    part, so each decision's credits come from its part's replay. The premise holds as for
+    one kind of merge: each merge only adds work, so a request violated under a schedule
+    stays violated under one that contains it."""
+    parts = getattr(scorer, "parts", None)
+    if parts is None:
+        return pair_credits(scorer.episode, scorer.params, scorer.sidecar, gaps)
+    each = [pair_credits(p.episode, p.params, p.sidecar, gaps) for p in parts]
+    kind = np.asarray(scorer.kind, dtype=np.int64)
+    d = np.arange(kind.size)
+    before, window, tail = (np.stack([c[i] for c in each])[kind, d] for i in range(3))
     return before, window, tail
 
 

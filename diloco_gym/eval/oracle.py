@@ -9,7 +9,7 @@ import numpy as np
 
 from diloco_gym.envs.episode import Episode
 from diloco_gym.envs.params import EnvParams
-from diloco_gym.eval.scorer import EpisodeScorer
+from diloco_gym.eval.scorer import EpisodeScorer, MixedScorer
 from diloco_gym.sim.schedules import optimal_schedule
 from diloco_gym.sim.sidecar import SidecarParams
 
@@ -213,12 +213,13 @@ def _certified_lower(scorer: EpisodeScorer, merges: int, best_v: float) -> float
     On a fleet (a scorer of ``sites``, each an :class:`EpisodeScorer`) the bound is the
     sites' bounds weighted by their requests: the least fleet excess of any schedule is at
     least the sum of each site's least excess, each at least its bound. A one-site fleet's
-    bound is its site's, the single host's. NaN where a site has no such scorer (changing
-    links: its syncs differ in window by decision)."""
+    bound is its site's, the single host's. With changing links a site's merges differ in
+    window by decision (a :class:`~diloco_gym.eval.scorer.MixedScorer`): each decision's
+    credits are its own merge's (:func:`~diloco_gym.eval.lower_bound.scorer_credits`)."""
     sites = getattr(scorer, "sites", None)
     if isinstance(scorer.episode, Episode):
         lower = _site_lower(scorer, merges)
-    elif sites and all(isinstance(s, EpisodeScorer) for s in sites):
+    elif sites and all(isinstance(s, EpisodeScorer | MixedScorer) for s in sites):
         if len(sites) == 1:
             lower = _site_lower(sites[0], merges)
         else:
@@ -235,13 +236,13 @@ def _certified_lower(scorer: EpisodeScorer, merges: int, best_v: float) -> float
     return lower
 
 
-def _site_lower(scorer: EpisodeScorer, merges: int) -> float:
+def _site_lower(scorer: EpisodeScorer | MixedScorer, merges: int) -> float:
     """One episode's certified lower bound (pp of its requests) at ``merges`` merges."""
-    from diloco_gym.eval.lower_bound import lower_bound_pct, pair_credits
+    from diloco_gym.eval.lower_bound import lower_bound_pct, scorer_credits
 
     credits = scorer.__dict__.get("_pair_credits")
     if credits is None:
-        credits = pair_credits(scorer.episode, scorer.params, scorer.sidecar)
+        credits = scorer_credits(scorer)
         scorer.__dict__["_pair_credits"] = credits
     return lower_bound_pct(scorer.episode, merges, scorer.params, scorer.sidecar, credits=credits)
 

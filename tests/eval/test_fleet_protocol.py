@@ -381,3 +381,49 @@ def test_a_fleet_with_link_traces_is_reported_with_each_syncs_own_rates(tmp_path
     rows = res["rows"]  # the scorer's exact sync-excess is the env's own replay
     scored = rows["sync_excess_pct"] * rows["requests"] / 100.0
     np.testing.assert_allclose(scored, rows["excess_requests"], rtol=1e-9)
+
+
+@pytest.mark.parametrize("name", ["fleet-links", "fleet-link-traces"])
+def test_with_changing_links_the_certified_bound_is_below_every_scored_schedule(name):
+    """With changing links a site's syncs differ in window by decision; each decision's
+    credits are its own sync's, and the fleet's certified bound stays below the agent's,
+    the oracle's and every matched-random schedule's exact sync-excess."""
+    env = DiLoCoFleetEnv(fleet=str(EXAMPLE.with_name(f"{name}.toml")))
+    p = env.params
+    for seed in (0, 1):
+        ep = env.build_episode(seed)
+        sc = FleetScorer(ep, p, env.setup.sidecars)
+        res = run_episode(env, fleet_agent(PressureGate()), seed, episode=ep)
+        m = len(res["merge_decisions"])
+        rng = np.random.default_rng(seed)
+        out = protocol.score_episode(sc, res["merge_decisions"], 30, rng)
+        assert out["oracle_schedule"].startswith("upper bound")
+        lower = out["oracle_lower_bound_pct"]
+        rows = sample_uniform(ep.n_decisions, p.h_min, p.h_max, m, 300, rng)
+        control = sc.score(rows).exact_pct
+        scored = min(control.min(), out["sync_excess_pct"], out["oracle_same_budget_pct"])
+        assert 0.0 < lower <= scored + 1e-12, (name, seed)
+
+
+def test_a_mixed_scorers_credits_are_each_decisions_own_parts():
+    """scorer_credits of a scorer with one kind of merge is pair_credits; a mixed scorer's
+    row d is its decision's part's row d."""
+    from diloco_gym.eval.lower_bound import pair_credits, scorer_credits
+    from diloco_gym.eval.scorer import EpisodeScorer, MixedScorer
+
+    env = DiLoCoFleetEnv(fleet=str(EXAMPLE.with_name("fleet-links.toml")))
+    ep = env.build_episode(0)
+    sc = FleetScorer(ep, env.params, env.setup.sidecars)
+    mixed = [s for s in sc.sites if isinstance(s, MixedScorer) and len(s.parts) > 1]
+    assert mixed, "the example's links change some site's sync window"
+    site = mixed[0]
+    got = scorer_credits(site)
+    each = [pair_credits(q.episode, q.params, q.sidecar) for q in site.parts]
+    for d in range(ep.n_decisions):
+        own = each[site.kind[d]]  # (before, window, tail) of decision d's part
+        for i in range(3):
+            np.testing.assert_array_equal(got[i][d], own[i][d])
+    assert len(set(site.kind.tolist())) > 1
+    plain = EpisodeScorer(site.parts[0].episode, site.parts[0].params, site.parts[0].sidecar)
+    for a, b in zip(scorer_credits(plain), each[0], strict=True):
+        np.testing.assert_array_equal(a, b)

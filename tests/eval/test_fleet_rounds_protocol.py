@@ -316,3 +316,19 @@ def test_the_controls_contributions_are_those_of_one_draw_each(grace):
     assert a.random() == b.random()
     # the table is the env's reading of those rows (each contribution in its own round)
     assert np.array_equal(table, env_cap.contribution_table(openings, rows, rules.n_sites))
+
+
+def test_with_changing_links_the_rounds_bound_is_below_every_scored_schedule():
+    """Per-site timing and changing links (the example fleet): each decision's credits are
+    its own sync's, and the bound stays below every schedule the protocol scores."""
+    path = Path(__file__).resolve().parents[2] / "docs" / "examples" / "fleet-rounds-links.toml"
+    env = gym.make("DiLoCoFleet-v1", fleet=str(path)).unwrapped
+    n_sites = env.fleet.n_sites
+
+    def pol(k, obs):
+        opening = obs[env.obs_index["round_open"]] < 0.5 and k % 3 == 0
+        return np.ones(n_sites, dtype=int) if opening else np.zeros(n_sites, dtype=int)
+
+    for seed in (0, 1):
+        *_, lower, scored = _bound_and_scored(env, seed, pol)
+        assert 0.0 < lower <= scored.min() + 1e-12, seed
