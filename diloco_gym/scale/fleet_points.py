@@ -6,8 +6,9 @@ A fleet point is the fleet report of ``report --fleet`` (:mod:`diloco_gym.eval.f
 every agent on the point's fleet episodes (deployable agents sealed in their own worker
 process), exact matched random at the agent's number of syncs, the oracle at the same
 number, the paired test, Holm over the point's agents and the fleet's calibration verdict.
-As a single-host point, it runs as cells: one per episode (all the agents on it,
-:func:`~diloco_gym.eval.fleet.fleet_episode_cell`) and one for the fleet's calibration,
+As a single-host point, it runs as the report's cells (:func:`~diloco_gym.eval.fleet.fleet_cells`,
+run by :func:`~diloco_gym.eval.fleet.fleet_cell`): one per episode (all the agents on it)
+and one for the fleet's calibration,
 each keyed by a fingerprint of what it reads and the fleet file's bytes, so a rerun skips
 what is stored, a stopped sweep resumes episode by episode, the episodes of a point run in
 parallel on a pool, and an edited fleet file runs again. The point's summary is the
