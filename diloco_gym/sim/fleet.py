@@ -440,12 +440,8 @@ class FleetParams:
             return
         if self.model_version < 1:
             raise FleetConfigError("timing = 'rounds' needs the fleet model v1 (model_version = 1)")
-        used = {"fragments > 1": self.fragments != 1, "bits_options": self.bits_options is not None}
-        clash = [k for k, on in used.items() if on]
-        if clash:
-            raise FleetConfigError(
-                f"timing = 'rounds' does not combine with {', '.join(clash)} yet"
-            )
+        if self.bits_options is not None:
+            raise FleetConfigError("timing = 'rounds' does not combine with bits_options yet")
         q = self.quorum
         if q is not None and (
             not isinstance(q, int) or isinstance(q, bool) or not 1 <= q <= self.n_sites

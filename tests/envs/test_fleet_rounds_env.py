@@ -17,7 +17,7 @@ from diloco_gym.sim import rounds as rd
 LONG = {"h_min_steps": 256}  # room for a round of up to 18 s before the next may open
 
 
-def rounds_env(n=4, grace=0.0, quorum=None, delays=None, speeds=None, **kw):
+def rounds_env(n=4, grace=0.0, quorum=None, delays=None, speeds=None, fragments=1, **kw):
     sites = tuple(
         fl.SiteConfig(
             name=f"s{i}",
@@ -26,7 +26,10 @@ def rounds_env(n=4, grace=0.0, quorum=None, delays=None, speeds=None, **kw):
         )
         for i in range(n)
     )
-    f = fl.FleetParams(sites=sites, model_version=1, timing="rounds", grace_s=grace, quorum=quorum)
+    f = fl.FleetParams(
+        sites=sites, model_version=1, timing="rounds", grace_s=grace, quorum=quorum,
+        fragments=fragments,
+    )  # fmt: skip
     return gym.make("DiLoCoFleet-v1", fleet=f, **kw).unwrapped
 
 
@@ -74,11 +77,14 @@ def replay_keeps(env, summary) -> bool:
     return bool(ok[0])
 
 
-@pytest.mark.parametrize("n", [1, 4])
-def test_the_one_instant_special_case_is_the_fleet_env_bit_for_bit(n):
+@pytest.mark.parametrize("n, fragments", [(1, 1), (4, 1), (1, 2), (4, 2), (4, 4)])
+def test_the_one_instant_special_case_is_the_fleet_env_bit_for_bit(n, fragments):
+    """No grace window, every site in the quorum, no stragglers: the fleet env, with one
+    fragment or several (each round syncs the next fragment, as each sync does)."""
     sites = tuple(fl.SiteConfig(name=f"s{i}") for i in range(n))
-    base = gym.make("DiLoCoFleet-v1", fleet=fl.FleetParams(sites=sites)).unwrapped
-    rnd = rounds_env(n)
+    one = fl.FleetParams(sites=sites, fragments=fragments)
+    base = gym.make("DiLoCoFleet-v1", fleet=one).unwrapped
+    rnd = rounds_env(n, fragments=fragments)
     assert type(base) is DiLoCoFleetEnv and type(rnd) is DiLoCoFleetRoundsEnv
     for seed in (0, 7):
         launch = np.random.default_rng(seed).random(2000) < 0.2

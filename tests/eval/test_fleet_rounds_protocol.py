@@ -20,9 +20,12 @@ from diloco_gym.sim.schedules import is_feasible, optimal_schedule
 LONG = {"h_min_steps": 256}
 
 
-def env_of(grace=9.0, quorum=None, delays=(0.0, 0.0, 0.0)):
+def env_of(grace=9.0, quorum=None, delays=(0.0, 0.0, 0.0), fragments=1):
     sites = tuple(fl.SiteConfig(name=f"s{i}", delay_max_s=d) for i, d in enumerate(delays))
-    f = fl.FleetParams(sites=sites, model_version=1, timing="rounds", grace_s=grace, quorum=quorum)
+    f = fl.FleetParams(
+        sites=sites, model_version=1, timing="rounds", grace_s=grace, quorum=quorum,
+        fragments=fragments,
+    )  # fmt: skip
     return gym.make("DiLoCoFleet-v1", fleet=f, **LONG).unwrapped
 
 
@@ -46,8 +49,11 @@ def first_site_then_wait(env):
     return pol
 
 
-def test_the_agent_is_scored_by_the_envs_own_replay():
-    env = env_of(delays=(0.0, 3.0, 6.0))
+@pytest.mark.parametrize("fragments", [1, 2, 3])
+def test_the_agent_is_scored_by_the_envs_own_replay(fragments):
+    """The protocol's exact replay of the agent's per-site syncs is the env's own, with one
+    fragment or several (a round syncs one fragment; its syncs are the fragment's)."""
+    env = env_of(delays=(0.0, 3.0, 6.0), fragments=fragments)
     for seed in (0, 1):
         ep, s = run(env, seed, first_site_then_wait(env))
         sc = fr.score_rounds_episode(env, ep, s, 50, np.random.default_rng(0))
@@ -82,6 +88,8 @@ def _bound_and_scored(env, seed, pol, draws=300):
         {"delays": (0.0, 3.0, 6.0)},  # stragglers, every site in every round
         {"quorum": 2, "delays": (0.0, 3.0, 6.0)},  # sites dropped from rounds
         {"grace": 0.0},  # the one-instant rules
+        {"delays": (0.0, 3.0, 6.0), "fragments": 2},  # each round syncs one fragment
+        {"quorum": 2, "delays": (0.0, 3.0, 6.0), "fragments": 3},
     ],
 )
 def test_the_rounds_bound_is_below_every_schedule_the_protocol_scores(kw):

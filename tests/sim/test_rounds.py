@@ -119,8 +119,7 @@ def test_fleet_keys_of_per_site_timing_are_checked():
         fl.FleetParams(timing="rounds")
     with pytest.raises(fl.FleetConfigError, match="timing must be one of"):
         fl.FleetParams(model_version=1, timing="async")
-    with pytest.raises(fl.FleetConfigError, match="does not combine with fragments > 1"):
-        fl.FleetParams(model_version=1, timing="rounds", fragments=2)
+    fl.FleetParams(model_version=1, timing="rounds", fragments=2)  # fragments combine
     with pytest.raises(fl.FleetConfigError, match="does not combine with bits_options"):
         fl.FleetParams(model_version=1, timing="rounds", bits_options=(8, 32))
     # the cap and a worst-site weight combine
