@@ -242,7 +242,7 @@ def rounds_lower_bound(
     round and no start delays it is the one-instant fleet's bound (tested). With changing
     links each decision's credits are its own sync's
     (:func:`~diloco_gym.eval.lower_bound.scorer_credits`). NaN for no round."""
-    from diloco_gym.eval.lower_bound import chain_bound, scorer_credits
+    from diloco_gym.eval.lower_bound import chain_bound
 
     m = len(round_sites)
     if m == 0:
@@ -254,10 +254,6 @@ def rounds_lower_bound(
         ks = [k for k in range(m) if s in round_sites[k]]
         if not ks:
             continue
-        cache = site.__dict__.setdefault("_round_credits", {})  # shared by the agents
-        credits = cache.get(lo_gap)
-        if credits is None:
-            credits = cache[lo_gap] = scorer_credits(site, (lo_gap, n - 1))
         off = [(int(delays[k, s]), max(rules.grace, int(delays[k, s]))) for k in ks]
         pos = [
             (max((k + 1) * h_min, n - (m - k) * h_max) + a, (k + 1) * h_max + b)
@@ -267,6 +263,7 @@ def rounds_lower_bound(
             (max(lo_gap, (k2 - k1) * h_min + a2 - b1), min(n - 1, (k2 - k1) * h_max + b2 - a1))
             for k1, k2, (a1, b1), (a2, b2) in zip(ks, ks[1:], off, off[1:], strict=False)
         ]
+        credits = _round_credits(site, lo_gap, max([lo_gap] + [b for _, b in gaps]))
         least = chain_bound(credits, lo_gap, pos, gaps)
         if ks[-1] == m - 1 and off[-1][0] > 0:  # never ready in the last round: dropped
             least = min(least, chain_bound(credits, lo_gap, pos[:-1], gaps[:-1]))
@@ -274,6 +271,19 @@ def rounds_lower_bound(
             return float("nan")  # no schedule keeps to the ranges: nothing to bound
         total += least * site.episode.pct_per_request * float(count) / scorer.total
     return total
+
+
+def _round_credits(site: Any, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A site scorer's pair credits for next syncs ``lo`` to at least ``hi`` decisions on,
+    kept on the scorer for the agents scored after (recomputed only for a wider range; the
+    window's width is what a site's gaps need, not the episode's length)."""
+    from diloco_gym.eval.lower_bound import scorer_credits
+
+    cache = site.__dict__.setdefault("_round_credits", {})
+    have = cache.get(lo)
+    if have is None or have[0] < hi:
+        have = cache[lo] = (hi, scorer_credits(site, (lo, hi)))
+    return have[1]
 
 
 def score_rounds_episode(
