@@ -68,6 +68,12 @@ class DiLoCoFleetRoundsEnv(DiLoCoFleetEnv):
     mask, ``[may send 0, may send 1]`` per site; ``info["action_mask"]`` is Gymnasium's
     ``MultiBinary`` sample mask (``0``: must be 0, ``1``: must be 1, ``2``: free).
 
+    With ``bits_options`` (the per-sync precision action): ``MultiDiscrete([2] * N +
+    [K])``, each site's bit then a precision index; a round that opens in the step (asked
+    or forced) syncs at that precision, and every later contribution to it too, whatever
+    the index of the actions while it is open. ``action_masks()`` appends ``K`` ones;
+    ``info["action_mask"]`` is ``MultiDiscrete``'s, one int8 mask per entry.
+
     ## Observation Space
 
     The fleet env's features, then :func:`rounds_obs_features`: ``round_open``,
@@ -101,7 +107,12 @@ class DiLoCoFleetRoundsEnv(DiLoCoFleetEnv):
         window = -(-p.merge_steps // p.decision_interval)
         rd.check_fits(self.rules, window, p.h_min)
         n = f.n_sites
-        space: Any = gym.spaces.MultiBinary(n)  # widens the base env's Discrete(2)
+        # widens the base env's Discrete(2); with bits_options one precision index more
+        space: Any = (
+            gym.spaces.MultiBinary(n)
+            if f.bits_options is None
+            else gym.spaces.MultiDiscrete([2] * n + [len(f.bits_options)])
+        )
         self.action_space = space
         self._n_fleet_obs = len(self.obs_features)
         extra = rounds_obs_features(self.setup.site_names)
@@ -118,6 +129,8 @@ class DiLoCoFleetRoundsEnv(DiLoCoFleetEnv):
         self._rounds: list[rd.RoundState] = []
         self._sends: list[list[int]] = [[] for _ in range(n)]
         self._send_costs: list[list[float]] = [[] for _ in range(n)]
+        self._send_variants: list[list[int]] = [[] for _ in range(n)]  # each send's episode
+        self._precision = self.setup.default_option  # the action's precision index
         self._cap_over = 0  # contributions forced over the site cap
         self._round_over = False  # the open round has one
         self._later_requests = 0.0  # costs charged after the openings (requests)
@@ -163,16 +176,7 @@ class DiLoCoFleetRoundsEnv(DiLoCoFleetEnv):
             self._action = None
             want = 0
         else:
-            want = int(a.any())
-            allowed = self._cap_allows(d, d)
-            if allowed is not None and self._cap_opens(bool(want), d, allowed):
-                asked = self._cap_asks(a, allowed, a)  # the sites it asks that the cap stops
-                self._overridden = bool(np.any(a & ~asked))
-                a = asked
-            elif allowed is not None:  # the cap masked the opening (counted once, as a
-                want = 0  # launch); no site is asked (a round the corridor forces later
-                a = np.zeros_like(a)  # opens with none asked, as after a defer)
-            self._action = a
+            want = self._ask_opening(a, d)
         self._keep_asking()
         self._step_before = (self._state.progress_sum.item(0), self._state.tokens.item(0))
         obs, reward, term, trunc, info = super().step(want)
@@ -195,17 +199,48 @@ class DiLoCoFleetRoundsEnv(DiLoCoFleetEnv):
                 info["episode_summary"] = self.episode_summary()
         return obs, reward, term, trunc, info
 
+    def _ask_opening(self, a: np.ndarray, d: int) -> int:
+        """With no round open: whether the action launches one at ``d`` (1) and the sites it
+        asks to join at once (kept for the opening), the site cap applied; the round that
+        opens in this step (asked or forced) syncs at the action's precision."""
+        want = int(a.any())
+        if self.fleet.bits_options is not None:
+            self._choose(self._precision)
+        allowed = self._cap_allows(d, d)
+        if allowed is not None and self._cap_opens(bool(want), d, allowed):
+            asked = self._cap_asks(a, allowed, a)  # the sites it asks that the cap stops
+            self._overridden = bool(np.any(a & ~asked))
+            a = asked
+        elif allowed is not None:  # the cap masked the opening (counted once, as a
+            want = 0  # launch); no site is asked (a round the corridor forces later
+            a = np.zeros_like(a)  # opens with none asked, as after a defer)
+        self._action = a
+        return want
+
     def _check_action(self, action: Any) -> np.ndarray:
+        """The sites asked to send; with ``bits_options`` the precision index, the action's
+        last entry, is kept for a round that opens in this step."""
         a = np.asarray(action)
-        if (
-            a.shape != (self.fleet.n_sites,)
-            or a.dtype.kind not in "biuf"
-            or not np.all((a == 0) | (a == 1))
-        ):
+        n = self.fleet.n_sites
+        options = self.fleet.bits_options
+        width = n if options is None else n + 1
+        ok = a.shape == (width,) and a.dtype.kind in "biuf"
+        if ok and options is not None:
+            k = a[n]
+            ok = bool(k == int(k) and 0 <= k < len(options))
+            a = a[:n]
+        if not ok or not np.all((a == 0) | (a == 1)):
+            more = (
+                ""
+                if options is None
+                else (f", then a precision index 0..{len(options) - 1} (bits_options={options})")
+            )
             raise ValueError(
                 f"action {action!r} is not in {self.action_space}: expected one 0 or 1 per "
-                f"site ({self.fleet.n_sites} sites: {', '.join(self.setup.site_names)})"
+                f"site ({n} sites: {', '.join(self.setup.site_names)}){more}"
             )
+        if options is not None:
+            self._precision = int(np.asarray(action)[n])
         return a.astype(bool)
 
     def _want(self, action: Any) -> bool:
@@ -279,6 +314,7 @@ class DiLoCoFleetRoundsEnv(DiLoCoFleetEnv):
             c = sites[s].merge_cost_at(d)
             self._sends[s].append(d)
             self._send_costs[s].append(c)
+            self._send_variants[s].append(variant)
             total += c
         if self._cap is not None and bool(sends.any()):
             assert allowed is not None  # computed before the sends, from the past alone
@@ -384,14 +420,27 @@ class DiLoCoFleetRoundsEnv(DiLoCoFleetEnv):
             if allowed is not None:
                 out[:, 1] &= allowed | must
             out[:, 0] = ~must
-        return out.ravel()
+        if self.fleet.bits_options is None:
+            return out.ravel()
+        return np.concatenate([out.ravel(), np.ones(len(self.fleet.bits_options), dtype=bool)])
 
     def _step_info(
         self, merged: bool, overridden: bool, mask: tuple[int, int] | None = None
     ) -> dict[str, Any]:
         info = super()._step_info(merged, overridden, mask)
-        m = np.asarray(info["action_mask"], dtype=bool).reshape(-1, 2)
-        info["action_mask"] = np.where(m[:, 0] & m[:, 1], 2, m[:, 1].astype(int)).astype(np.int8)
+        given = info["action_mask"]  # the fleet env's (split in two with bits_options)
+        flat = np.concatenate(given) if isinstance(given, tuple) else np.asarray(given)
+        n = self.fleet.n_sites
+        m = flat[: 2 * n].astype(bool).reshape(n, 2)
+        if self.fleet.bits_options is None:  # MultiBinary's sample mask: 0, 1 or 2 (free)
+            info["action_mask"] = np.where(m[:, 0] & m[:, 1], 2, m[:, 1].astype(int)).astype(
+                np.int8
+            )
+        else:  # MultiDiscrete's: one int8 mask per entry, every precision allowed
+            info["action_mask"] = (
+                *(row.astype(np.int8) for row in m),
+                flat[2 * n :].astype(np.int8),
+            )
         return info
 
     def _obs(self) -> np.ndarray:
@@ -411,6 +460,13 @@ class DiLoCoFleetRoundsEnv(DiLoCoFleetEnv):
     # ------------------------------------------------------------------ summary
     def _site_schedules(self) -> list[list[int]]:
         return [list(x) for x in self._sends]
+
+    def _sync_episodes(self, site: int, schedule: list[int]) -> list[Any]:
+        """Site ``site``'s episode of each of its contributions: the variant each ran as
+        (its round's precision and the links' state when it was sent)."""
+        ep = self.episode
+        assert isinstance(ep, FleetEpisode)
+        return [ep.sites_of(v)[site] for v in self._send_variants[site]]
 
     def episode_summary(self) -> dict[str, Any]:
         """The fleet env's summary with each site replayed at its own sync decisions, and

@@ -282,7 +282,8 @@ class FleetParams:
             (:mod:`diloco_gym.envs.fleet_cap`, docs/fleet.md "Guardrails").
         bits_options: ``None`` (the default: every sync at ``bits``) or the precisions the
             agent chooses from at each sync (``MultiDiscrete([2, len(bits_options)])``
-            actions, docs/fleet.md); ``bits`` must be one of them (the precision of syncs
+            actions, docs/fleet.md; with per-site timing each site's bit then the index,
+            the round's precision); ``bits`` must be one of them (the precision of syncs
             forced before the agent's first action).
         model_version: the fleet model, one of :data:`MODEL_VERSIONS`: 0 (the default, so
             that existing configurations reproduce; the ``DiLoCoFleet-v0`` id) or 1 (the
@@ -440,8 +441,6 @@ class FleetParams:
             return
         if self.model_version < 1:
             raise FleetConfigError("timing = 'rounds' needs the fleet model v1 (model_version = 1)")
-        if self.bits_options is not None:
-            raise FleetConfigError("timing = 'rounds' does not combine with bits_options yet")
         q = self.quorum
         if q is not None and (
             not isinstance(q, int) or isinstance(q, bool) or not 1 <= q <= self.n_sites

@@ -17,7 +17,9 @@ from diloco_gym.sim import rounds as rd
 LONG = {"h_min_steps": 256}  # room for a round of up to 18 s before the next may open
 
 
-def rounds_env(n=4, grace=0.0, quorum=None, delays=None, speeds=None, fragments=1, **kw):
+def rounds_env(
+    n=4, grace=0.0, quorum=None, delays=None, speeds=None, fragments=1, bits_options=None, **kw
+):
     sites = tuple(
         fl.SiteConfig(
             name=f"s{i}",
@@ -26,9 +28,10 @@ def rounds_env(n=4, grace=0.0, quorum=None, delays=None, speeds=None, fragments=
         )
         for i in range(n)
     )
+    precision = {} if bits_options is None else {"bits": 8, "bits_options": bits_options}
     f = fl.FleetParams(
         sites=sites, model_version=1, timing="rounds", grace_s=grace, quorum=quorum,
-        fragments=fragments,
+        fragments=fragments, **precision,
     )  # fmt: skip
     return gym.make("DiLoCoFleet-v1", fleet=f, **kw).unwrapped
 
@@ -529,3 +532,66 @@ def test_rounds_with_a_cap_links_a_weight_and_stragglers_together(tmp_path, case
     assert charged == pytest.approx(sum(s["merge_costs_requests"]), rel=1e-9)
     assert len(set(s["sync_windows_s"])) > 1  # the trace changes the syncs' windows
     assert replay_keeps(env, s)
+
+
+@pytest.mark.parametrize("n, fragments", [(1, 1), (4, 1), (4, 2)])
+def test_the_one_instant_special_case_holds_with_the_precision_action(n, fragments):
+    """With ``bits_options`` the action is each site's bit then a precision index
+    (``MultiDiscrete([2] * N + [K])``); with one-instant rules and the same launches and
+    precisions it is the fleet env with the precision action bit for bit."""
+    sites = tuple(fl.SiteConfig(name=f"s{i}") for i in range(n))
+    one = fl.FleetParams(sites=sites, fragments=fragments, bits=8, bits_options=(4, 8, 32))
+    base = gym.make("DiLoCoFleet-v1", fleet=one).unwrapped
+    rnd = rounds_env(n, fragments=fragments, bits_options=(4, 8, 32))
+    assert rnd.action_space == gym.spaces.MultiDiscrete([2] * n + [3])
+    for seed in (0, 7):
+        g = np.random.default_rng(seed)
+        launch, prec = g.random(3000) < 0.2, g.integers(0, 3, 3000)
+        a = rollout(base, lambda k, o, i, go=launch, b=prec: np.array([int(go[k]), b[k]]), seed)
+        b = rollout(
+            rnd, lambda k, o, i, go=launch, b=prec: np.array([int(go[k])] * n + [b[k]]), seed
+        )
+        assert len(a) == len(b)
+        k = base.observation_space.shape[0]
+        for (oa, ra, ia), (ob, rb, ib) in zip(a, b, strict=True):
+            assert np.array_equal(oa, ob[:k]) and ra == rb
+            assert ia["reward_terms"] == ib["reward_terms"]
+        sa, sb = a[-1][2]["episode_summary"], b[-1][2]["episode_summary"]
+        assert len(set(sa["sync_bits"])) == 3  # every precision was used
+        for key in sa:
+            assert sa[key] == sb[key], key
+
+
+def test_a_round_keeps_the_precision_it_opened_with():
+    """Sites that join an open round later send at the round's precision, whatever the
+    precision index of the actions while it is open; each contribution's cost is its own
+    site's at that precision; the masks are MultiDiscrete's; a bad index is refused."""
+    env = rounds_env(3, grace=9.0, delays=(0.0, 3.0, 6.0), bits_options=(4, 8, 32), **LONG)
+    obs, info = env.reset(seed=2)
+    assert len(info["action_mask"]) == 4 and list(info["action_mask"][3]) == [1, 1, 1]
+    opened = []
+    while True:
+        open_now = obs[env.obs_index["round_open"]] > 0.5
+        k = int(env.unwrapped.np_random.integers(0, 3)) if not open_now else 2 - len(opened) % 3
+        if not open_now:
+            opened.append(k)
+        a = np.array([1, 0, 0, k]) if not open_now else np.array([0, 1, 1, k])
+        obs, r, term, trunc, info = env.step(a)
+        if trunc:
+            break
+    s = info["episode_summary"]
+    ep = env.episode
+    bits = (4, 8, 32)
+    assert [bits.index(b) for b in s["sync_bits"]] == opened  # each round's own precision
+    for site, name in enumerate(env.setup.site_names):
+        rounds_of_site = [r for r, x in enumerate(s["round_sites"]) if site in x]
+        sends = s["site_sync_decisions"][name]
+        assert len(sends) == len(rounds_of_site) > 0
+        want = [
+            ep.sites_of(ep.variant_at(d, opened[r]))[site].merge_cost_at(d)
+            for d, r in zip(sends, rounds_of_site, strict=True)
+        ]
+        assert env._send_costs[site] == want  # later sends too, at the round's precision
+    assert len(set(s["sync_bits"])) > 1
+    with pytest.raises(ValueError, match="precision index 0..2"):
+        env.step(np.array([0, 0, 0, 3]))

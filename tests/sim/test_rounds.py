@@ -120,8 +120,7 @@ def test_fleet_keys_of_per_site_timing_are_checked():
     with pytest.raises(fl.FleetConfigError, match="timing must be one of"):
         fl.FleetParams(model_version=1, timing="async")
     fl.FleetParams(model_version=1, timing="rounds", fragments=2)  # fragments combine
-    with pytest.raises(fl.FleetConfigError, match="does not combine with bits_options"):
-        fl.FleetParams(model_version=1, timing="rounds", bits_options=(8, 32))
+    fl.FleetParams(model_version=1, timing="rounds", bits_options=(8, 32))  # combines too
     # the cap and a worst-site weight combine
     fl.FleetParams(model_version=1, timing="rounds", site_cap_pp=6.0, worst_site_weight=1.0)
     with pytest.raises(fl.FleetConfigError, match=r"quorum must be an integer in \[1, 4\]"):
