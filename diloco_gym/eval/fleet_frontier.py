@@ -183,9 +183,11 @@ def frontier_cells(config: FleetFrontierConfig) -> tuple[list[FleetReportConfig]
     if config.free_agents:
         free = with_env(config.report, merge_budget=None)
         reports.append(replace(free, agents=list(config.free_agents)))
+    agent_names(reports[0])  # the budget agents (the same at every budget)
+    if config.free_agents:
+        agent_names(reports[-1])
     cells: list[Any] = []
     for i, report in enumerate(reports):
-        agent_names(report)
         cells += fleet_cells(report)[0 if i == 0 else 1 :]
     return reports, cells
 
