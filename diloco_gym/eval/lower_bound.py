@@ -131,20 +131,12 @@ def lower_bound_pct(
     n, lo_h, hi_h = episode.n_decisions, params.h_min, params.h_max
     if merges == 0:
         return 0.0
-    before, window, tail = (
-        credits if credits is not None else pair_credits(episode, params, sidecar)
-    )
-    width = hi_h - lo_h + 1
-    d = np.arange(n)
-    nxt = d[:, None] + lo_h + np.arange(width)[None, :]  # (n, width) candidate next merges
-    valid = nxt < n
-    edge = window.astype(np.float64)
-    g = np.where(d >= n - hi_h, tail, np.inf).astype(np.float64)  # the last merge at d
-    for _ in range(merges - 1):
-        nxt_g = np.where(valid, g[np.minimum(nxt, n - 1)], np.inf)
-        g = (edge + nxt_g).min(axis=1)
-    first = d[(d >= lo_h) & (d <= hi_h)]
-    total = (before[first] + g[first]).min() if first.size else np.inf
+    credits = credits if credits is not None else pair_credits(episode, params, sidecar)
+    # the corridor: the first merge within [H_min, H_max] of the start, each next one
+    # H_min to H_max later, the last within H_max of the end
+    positions = [(lo_h, hi_h)] + [(0, n - 1)] * (merges - 1)
+    positions[-1] = (max(positions[-1][0], n - hi_h), positions[-1][1])
+    total = chain_bound(credits, lo_h, positions, [(lo_h, hi_h)] * (merges - 1))
     if not np.isfinite(total):
         raise ValueError(f"no feasible schedule has {merges} merges in {n} decisions")
     return float(total * episode.pct_per_request)
@@ -174,13 +166,12 @@ def chain_bound(
         a, b = positions[i]
         return (d >= max(a, 0)) & (d <= min(b, n - 1))
 
+    edge = window.astype(np.float64)  # once: each step reads a view of its columns
     g = np.where(allowed(r - 1), tail, np.inf).astype(np.float64)  # the last merge at d
     for i in range(r - 2, -1, -1):
         a, b = gaps[i]
-        steps = np.arange(a, b + 1)
-        nxt = d[:, None] + steps[None, :]
-        cols = steps - gap_lo
+        nxt = d[:, None] + np.arange(a, b + 1)[None, :]
         nxt_g = np.where(nxt < n, g[np.minimum(nxt, n - 1)], np.inf)
-        best = (window[:, cols].astype(np.float64) + nxt_g).min(axis=1)
+        best = (edge[:, a - gap_lo : b - gap_lo + 1] + nxt_g).min(axis=1)
         g = np.where(allowed(i), best, np.inf)
     return float((before + g).min())
