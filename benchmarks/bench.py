@@ -221,17 +221,22 @@ def bench_fleet_build(episodes: int, repeats: int, row: dict) -> dict:
 
 def bench_fleet_vector(num_envs: int, steps: int, rounds: int) -> dict:
     """The default fleet's vector env (``gym.make_vec("DiLoCoFleet-v1", num_envs,
-    vectorization_mode="vector_entry_point")``: ``num_envs`` fleet envs in one Gymnasium
-    ``SyncVectorEnv``, NEXT_STEP autoreset) against CartPole's native vector env of as many
-    envs, random actions, resets included, in paired rounds of ``steps`` vector steps;
-    rates in env steps (decisions) per second. ``None`` for a tree without it (an A/B's
-    older side)."""
+    vectorization_mode="vector_entry_point")``: the compiled fleet vector env where the
+    tree has it, NEXT_STEP autoreset) and the vector env of ``num_envs`` fleet envs
+    (``native=False``: Gymnasium's ``SyncVectorEnv`` over them), against CartPole's native
+    vector env of as many envs, random actions, resets included, in paired rounds of
+    ``steps`` vector steps; rates in env steps (decisions) per second. Skipped for a tree
+    without a fleet vector env (an A/B's older side)."""
     kw = {"num_envs": num_envs, "vectorization_mode": "vector_entry_point"}
     try:
         fleet = gym.make_vec("DiLoCoFleet-v1", **kw)
     except gym.error.Error:
         return {"skipped": "this tree has no fleet vector env"}
     envs = {"fleet": fleet, "cartpole": gym.make_vec("CartPole-v1", **kw)}
+    try:  # the fleet envs' vector env beside the compiled one (a tree that has both)
+        envs["fleet_envs"] = gym.make_vec("DiLoCoFleet-v1", native=False, **kw)
+    except TypeError:
+        pass
     table = np.random.default_rng(1).integers(0, 2, (256, num_envs))
     for env in envs.values():
         env.reset(seed=0)
@@ -246,7 +251,7 @@ def bench_fleet_vector(num_envs: int, steps: int, rounds: int) -> dict:
             episodes += int(np.count_nonzero(terminated | truncated))
         return time.perf_counter() - t0, episodes
 
-    rates: dict[str, list[float]] = {"fleet": [], "cartpole": []}
+    rates: dict[str, list[float]] = {k: [] for k in envs}
     eps: list[float] = []
     for _ in range(rounds):
         for k in envs:
@@ -257,8 +262,9 @@ def bench_fleet_vector(num_envs: int, steps: int, rounds: int) -> dict:
     for env in envs.values():
         env.close()
     ratios = np.array(rates["fleet"]) / np.array(rates["cartpole"])
-    return {
+    out = {
         "num_envs": num_envs,
+        "class": type(fleet).__name__,
         "diloco_steps_per_s": float(np.median(rates["fleet"])),
         "diloco_episodes_per_s": float(np.median(eps)),
         "cartpole_steps_per_s": float(np.median(rates["cartpole"])),
@@ -268,6 +274,12 @@ def bench_fleet_vector(num_envs: int, steps: int, rounds: int) -> dict:
         "rounds": rounds,
         "steps": steps,
     }
+    if "fleet_envs" in rates:
+        sync = np.array(rates["fleet_envs"])
+        out["fleet_envs_steps_per_s"] = float(np.median(sync))
+        out["fleet_envs_ratio"] = float(np.median(sync / np.array(rates["cartpole"])))
+        out["speedup_over_fleet_envs"] = float(np.median(np.array(rates["fleet"]) / sync))
+    return out
 
 
 def bench_vector_default(num_envs: int, steps: int, rounds: int, **env_kwargs) -> dict:
@@ -1221,11 +1233,18 @@ def print_default(r: dict) -> None:
         print(f"DEFAULT fleet vector env: skipped ({d['skipped']})")
     else:
         print(
-            f"DEFAULT fleet vector env (DiLoCoFleet-v1, 4 sites) x{d['num_envs']}: "
-            f"{d['diloco_steps_per_s']:,.0f} decisions/s, {d['diloco_episodes_per_s']:,.1f} "
-            f"episodes/s; CartPole vector x{d['num_envs']} {d['cartpole_steps_per_s']:,.0f} "
-            f"steps/s; ratio {d['ratio']:.3f} (rounds {d['ratio_min']:.3f}-{d['ratio_max']:.3f})"
+            f"DEFAULT fleet vector env (DiLoCoFleet-v1, 4 sites, {d.get('class', '?')}) "
+            f"x{d['num_envs']}: {d['diloco_steps_per_s']:,.0f} decisions/s, "
+            f"{d['diloco_episodes_per_s']:,.1f} episodes/s; CartPole vector x{d['num_envs']} "
+            f"{d['cartpole_steps_per_s']:,.0f} steps/s; ratio {d['ratio']:.3f} (rounds "
+            f"{d['ratio_min']:.3f}-{d['ratio_max']:.3f})"
         )
+        if "fleet_envs_steps_per_s" in d:
+            print(
+                f"  fleet envs' vector env (native=False) x{d['num_envs']}: "
+                f"{d['fleet_envs_steps_per_s']:,.0f} decisions/s, ratio "
+                f"{d['fleet_envs_ratio']:.3f}; the compiled one {d['speedup_over_fleet_envs']:.2f}x"
+            )
     d = r["fleet_build"]
     print(
         f"FLEET BUILD (DiLoCoFleet-v1 episode, 4 sites, no step): {d['build_ms']:.2f} ms per "

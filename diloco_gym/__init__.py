@@ -116,9 +116,10 @@ def register_envs() -> None:
         gym.register(
             id="DiLoCoFleet-v1",
             entry_point="diloco_gym.envs.fleet_rounds:make_fleet_env",
-            # gym.make_vec(..., vectorization_mode="vector_entry_point"): K fleet envs in
-            # one vector env (envs/fleet_vector.py; fleets with timing = "rounds" refused)
-            vector_entry_point="diloco_gym.envs.fleet_vector:DiLoCoFleetVectorEnv",
+            # gym.make_vec(..., vectorization_mode="vector_entry_point"): K fleets in one
+            # vector env, compiled where the fleet allows (envs/fleet_vector.py; fleets with
+            # timing = "rounds" refused)
+            vector_entry_point="diloco_gym.envs.fleet_vector:make_fleet_vector",
             kwargs={"model_version": 1},
             disable_env_checker=False,
         )

@@ -165,6 +165,7 @@ def pool_row(spec: BuildSpec, seed: int) -> dict[str, Any]:
         "seed": seed,
         "thr": thr,
         "pct": 100.0 / max(1, c.req_bin.size),
+        "requests": int(c.req_bin.size),
         "cost": cost,
         "scale": reward_per_request(spec.rate_rps, duration),
     }
@@ -176,8 +177,9 @@ class EpisodeBank:
     Attributes (rows are slots): ``n`` decisions, ``exo`` features per decision, ``pct``
     (percentage points per violated request), ``scale`` (reward units per violated
     request), ``max_merges`` (the merges feature's scale), ``thr`` learner throughputs,
-    ``seed``; for lazy costing ``s``, ``d``, ``ptr``, ``rbin``, ``base``, ``m0`` (a
-    :class:`CostQueue`) and ``prefmin`` (per decision); for a pool ``cost`` per decision.
+    ``seed``, ``requests`` (the episode's request count); for lazy costing ``s``, ``d``,
+    ``ptr``, ``rbin``, ``base``, ``m0`` (a :class:`CostQueue`) and ``prefmin`` (per
+    decision); for a pool ``cost`` per decision.
     """
 
     #: The per-slot arrays, kept in ``store`` under ``_bank_<name>``.
@@ -197,6 +199,7 @@ class EpisodeBank:
         "max_merges",
         "thr",
         "seed",
+        "requests",
     )
 
     def __init__(
@@ -230,6 +233,7 @@ class EpisodeBank:
         self.max_merges = np.ones(slots)
         self.thr = np.zeros((slots, k))
         self.seed = np.zeros(slots, dtype=np.int64)
+        self.requests = np.zeros(slots, dtype=np.int64)  # each episode's request count
 
     def __getattr__(self, name: str) -> Any:
         # Called only for names not found normally: the arrays in the store.
@@ -285,7 +289,9 @@ class EpisodeBank:
             q, slots, c.base_s, c.req_bin, c.violated, c.m0, c.s, self.sidecar,
             p.step_seconds, size, rows["counts"], parallel,
         )  # fmt: skip
-        self._set_scalars(slots, n, rows["pct"], rows["thr"], rows["seeds"], rows["scale"])
+        self._set_scalars(
+            slots, n, rows["pct"], rows["thr"], rows["seeds"], rows["scale"], rows["counts"]
+        )
 
     def build(
         self, spec: BuildSpec, slots: np.ndarray, seeds: list[int], parallel: bool = False
@@ -359,14 +365,14 @@ class EpisodeBank:
         )  # fmt: skip
         pct = 100.0 / np.maximum(1, counts)
         scale = reward_per_request(spec.rate_rps, duration_s)
-        self._set_scalars(slots, n, pct, thr, np.asarray(seeds, dtype=np.int64), scale)
+        self._set_scalars(slots, n, pct, thr, np.asarray(seeds, dtype=np.int64), scale, counts)
 
     def store_pool(self, slot: int, ep: dict[str, Any]) -> None:
         """Copy a pool episode (:func:`pool_row`) into ``slot``."""
         n = ep["n"]
         self._grow("exo", n)[slot, :n] = ep["exo"]
         self._grow("cost", n)[slot, :n] = ep["cost"]
-        self._set_scalars(slot, n, ep["pct"], ep["thr"], ep["seed"], ep["scale"])
+        self._set_scalars(slot, n, ep["pct"], ep["thr"], ep["seed"], ep["scale"], ep["requests"])
 
     def _grow_for(self, n: int, size: int, n_bins: int, counts: np.ndarray) -> int:
         """Every per-slot array wide enough for episodes of ``n`` decisions and ``n_bins``
@@ -395,8 +401,9 @@ class EpisodeBank:
             arr = new
         return arr
 
-    def _set_scalars(self, slots, n: int, pct, thr, seeds, scale) -> None:
+    def _set_scalars(self, slots, n: int, pct, thr, seeds, scale, requests) -> None:
         self.n[slots] = n
+        self.requests[slots] = requests
         self.pct[slots] = pct
         self.scale[slots] = scale
         self.max_merges[slots] = max_merges(float(n), self.params)

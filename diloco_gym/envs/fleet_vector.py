@@ -1,15 +1,18 @@
 """``gym.make_vec("DiLoCoFleet-v1", num_envs=K, vectorization_mode="vector_entry_point")``:
-``K`` fleet envs stepped as one Gymnasium vector env.
+``K`` fleet envs stepped as one Gymnasium vector env (:func:`make_fleet_vector`).
 
-:class:`DiLoCoFleetVectorEnv` is Gymnasium's :class:`~gymnasium.vector.SyncVectorEnv` over
+Where the fleet allows it (the default fleet does), that is the compiled fleet vector env
+(:class:`~diloco_gym.envs.fleet_native.DiLoCoFleetNativeVectorEnv`: one compiled call per
+step, the native vector env's infos). Otherwise, or with ``native=False``, it is
+:class:`DiLoCoFleetVectorEnv`: Gymnasium's :class:`~gymnasium.vector.SyncVectorEnv` over
 ``K`` :class:`~diloco_gym.envs.fleet.DiLoCoFleetEnv` made directly (no wrappers), with
 the checks and views of the single vector env (:mod:`diloco_gym.envs.vector`): its
 arguments are checked before any env is built, a bad action is a one-line ``ValueError``,
 ``reset(seed=s)`` gives env ``i`` the fleet env's ``reset(seed=s + i)`` (later autoresets
 continue each env's own generator, as its ``reset()`` does), and ``action_masks()``
-stacks the envs' masks. It is not a compiled batch: a step costs ``K`` fleet env steps
-(the fleet env's speed: docs/fleet.md "Speed"). Fleets with per-site timing
-(``timing = "rounds"``) are refused.
+stacks the envs' masks. It is not a compiled batch: a step costs ``K`` fleet env steps,
+and its infos are the fleet env's (per-site summaries included). Fleets with per-site
+timing (``timing = "rounds"``) are refused by both.
 """
 
 from __future__ import annotations
@@ -23,34 +26,20 @@ from gymnasium.vector import AutoresetMode, SyncVectorEnv
 
 from diloco_gym.envs.env import check_seed
 from diloco_gym.envs.fleet import DiLoCoFleetEnv
+from diloco_gym.envs.vector import check_autoreset_mode, check_num_envs
 from diloco_gym.sim.limits import check_limit
 
-__all__ = ["DiLoCoFleetVectorEnv"]
-
-_MODES = (AutoresetMode.NEXT_STEP, AutoresetMode.SAME_STEP)
+__all__ = ["DiLoCoFleetVectorEnv", "make_fleet_vector"]
 
 
 def _num_envs(num_envs: Any) -> int:
-    if not isinstance(num_envs, (int, np.integer)) or isinstance(num_envs, bool) or num_envs < 1:
-        raise ValueError(f"num_envs must be an int >= 1, got {num_envs!r}")
+    check_num_envs(num_envs)
     check_limit("ENVS", int(num_envs), "num_envs")
     return int(num_envs)
 
 
 def _given(env: DiLoCoFleetEnv) -> DiLoCoFleetEnv:
     return env
-
-
-def _mode(autoreset_mode: Any) -> AutoresetMode:
-    try:
-        mode = AutoresetMode(autoreset_mode)
-    except ValueError:
-        mode = None
-    if mode not in _MODES:
-        raise ValueError(
-            f"autoreset_mode must be AutoresetMode.NEXT_STEP or SAME_STEP, got {autoreset_mode!r}"
-        )
-    return mode
 
 
 class DiLoCoFleetVectorEnv(SyncVectorEnv):
@@ -99,7 +88,7 @@ class DiLoCoFleetVectorEnv(SyncVectorEnv):
         **kwargs: Any,
     ) -> None:
         n = _num_envs(num_envs)
-        mode = _mode(autoreset_mode)
+        mode = check_autoreset_mode(autoreset_mode)
         from diloco_gym.envs.fleet_rounds import fleet_timing
 
         if fleet_timing(kwargs.get("fleet"), kwargs.get("timing")) == "rounds":
@@ -185,3 +174,48 @@ class DiLoCoFleetVectorEnv(SyncVectorEnv):
     def action_masks(self) -> np.ndarray:
         """Each env's ``action_masks()``, ``(num_envs, width)`` bool."""
         return np.stack([env.action_masks() for env in self.fleet_envs])
+
+
+def make_fleet_vector(
+    num_envs: int = 1,
+    autoreset_mode: AutoresetMode | str = AutoresetMode.NEXT_STEP,
+    native: bool | None = None,
+    **kwargs: Any,
+) -> Any:
+    """The vector env of ``DiLoCoFleet-v1``'s ``vector_entry_point``: the compiled
+    :class:`~diloco_gym.envs.fleet_native.DiLoCoFleetNativeVectorEnv` where the fleet
+    allows it (:func:`~diloco_gym.envs.fleet_native.native_refusal`), else
+    :class:`DiLoCoFleetVectorEnv`. ``native=True``: the compiled env or a ``ValueError``
+    saying why not; ``native=False``: :class:`DiLoCoFleetVectorEnv` (the fleet env's
+    infos). Other keywords: as the fleet env's."""
+    from diloco_gym.envs.fleet_native import (
+        DiLoCoFleetNativeVectorEnv,
+        native_refusal,
+        refuse_vector_extras,
+    )
+    from diloco_gym.envs.fleet_rounds import fleet_timing
+
+    if native not in (None, True, False):
+        raise ValueError(f"native must be None, True or False, got {native!r}")
+    _num_envs(num_envs)
+    check_autoreset_mode(autoreset_mode)
+    refuse_vector_extras(kwargs)
+    if native is False or fleet_timing(kwargs.get("fleet"), kwargs.get("timing")) == "rounds":
+        if native:
+            raise ValueError(
+                "native=True: the compiled fleet vector env does not run fleets with timing = "
+                "'rounds' (per-site timing); use gym.make_vec('DiLoCoFleet-v1', ..., "
+                "vectorization_mode='sync')"
+            )
+        return DiLoCoFleetVectorEnv(num_envs, autoreset_mode, **kwargs)
+    template = DiLoCoFleetEnv(**kwargs)
+    why = native_refusal(template)
+    if kwargs.get("render_mode") is not None:
+        why = "it does not render (render_mode is set)"
+    if why is None:
+        return DiLoCoFleetNativeVectorEnv(num_envs, autoreset_mode, _template=template)
+    if native:
+        raise ValueError(
+            f"native=True: the compiled fleet vector env does not run this fleet: {why}"
+        )
+    return DiLoCoFleetVectorEnv(num_envs, autoreset_mode, **kwargs)

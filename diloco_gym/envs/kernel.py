@@ -196,7 +196,9 @@ class EpisodeBatch(NamedTuple):
     A fleet's row (the fleet env's compiled cost, :mod:`diloco_gym.sim.jit_step`) also
     has ``sites``: the cost queues its merge sums (1: one queue, the single host's), and
     ``stall_s``: the seconds each sync stalls the learners (model v1's learner credit; 0:
-    none)."""
+    none), and ``fragments``: ``F >= 2`` when a sync is one of ``F`` fragments' and its
+    learner credit model v1's fragment credit (each fragment's own staleness, from the
+    recorded schedule), else 0."""
 
     slot: np.ndarray
     n: np.ndarray
@@ -210,11 +212,12 @@ class EpisodeBatch(NamedTuple):
     credit: np.ndarray
     sites: np.ndarray
     stall_s: np.ndarray
+    fragments: np.ndarray
 
     def __reduce__(self):
         # As EnvState's: the scalar fields stay views of their two arrays (new_batch).
         ints, floats = self.n.base, self.pct.base
-        fields_i = (self.n, self.slot, self.seed, self.sites)
+        fields_i = (self.n, self.slot, self.seed, self.sites, self.fragments)
         fields_f = (self.pct, self.scale, self.max_merges, self.thr_sum, self.credit, self.stall_s)
         if _rows_of(ints, fields_i) and _rows_of(floats, fields_f):
             return _batch_of, (ints, floats, self.thr, self.thr_k)
@@ -236,11 +239,12 @@ def _state_of(ints: np.ndarray, floats: np.ndarray) -> EnvState:
 
 
 def _batch_of(ints, floats, thr, thr_k) -> EpisodeBatch:
-    n, slot, seed, sites = ints
+    n, slot, seed, sites, fragments = ints
     pct, scale, max_merges, thr_sum, credit, stall_s = floats
     return EpisodeBatch(
-        slot, n, pct, scale, max_merges, thr, thr_k, thr_sum, seed, credit, sites, stall_s
-    )
+        slot, n, pct, scale, max_merges, thr, thr_k, thr_sum, seed, credit, sites, stall_s,
+        fragments,
+    )  # fmt: skip
 
 
 def new_state(b: int) -> EnvState:
@@ -260,9 +264,9 @@ def state_arrays(state: EnvState) -> tuple[np.ndarray, np.ndarray]:
 
 def new_batch(b: int, k: int) -> EpisodeBatch:
     """An empty episode batch of ``b`` rows and ``k`` learners (slot ``i`` for row ``i``). Its
-    scalar fields are the rows of a ``(4, b)`` int64 and a ``(6, b)`` float64 array
+    scalar fields are the rows of a ``(5, b)`` int64 and a ``(6, b)`` float64 array
     (:func:`batch_arrays`; :data:`diloco_gym.sim.step_layout.BATCH_INT`, ``BATCH_FLOAT``)."""
-    ints = np.zeros((4, b), dtype=np.int64)
+    ints = np.zeros((5, b), dtype=np.int64)
     floats = np.zeros((6, b))
     batch = _batch_of(ints, floats, np.zeros((b, k)), np.zeros((k, b)))
     batch.slot[:] = np.arange(b)
@@ -276,7 +280,7 @@ def new_batch(b: int, k: int) -> EpisodeBatch:
 def batch_arrays(batch: EpisodeBatch) -> tuple[np.ndarray, np.ndarray]:
     """The two arrays whose rows are ``batch``'s scalar fields (:func:`new_batch`)."""
     ints, floats = batch.n.base, batch.pct.base
-    assert ints is not None and ints.shape[0] == 4 and floats is not None
+    assert ints is not None and ints.shape[0] == 5 and floats is not None
     return ints, floats
 
 

@@ -36,12 +36,18 @@ from diloco_gym.envs.shaping import merge_debt, shaping_scale
 from diloco_gym.sim import learners as lrn
 from diloco_gym.sim.sidecar import SidecarParams
 
-__all__ = ["DiLoCoSyncVectorEnv", "build_rows", "BUILD_CHUNK"]
+__all__ = [
+    "DiLoCoSyncVectorEnv",
+    "build_rows",
+    "BUILD_CHUNK",
+    "check_autoreset_mode",
+    "check_num_envs",
+]
 
 _SEED_HIGH = 2**31 - 1  # the single env draws episode seeds with integers(0, 2**31 - 1)
 
 
-def _check_num_envs(num_envs: Any) -> int:
+def check_num_envs(num_envs: Any) -> int:
     """``num_envs`` as an int, or a ``ValueError`` unless it is an int >= 1."""
     if not isinstance(num_envs, (int, np.integer)) or isinstance(num_envs, bool) or num_envs < 1:
         raise ValueError(f"num_envs must be an int >= 1, got {num_envs!r}")
@@ -63,7 +69,7 @@ def _check_episode_pool(episode_pool: Any, params: EnvParams, generator: Any) ->
     return int(episode_pool)
 
 
-def _check_autoreset_mode(autoreset_mode: Any) -> AutoresetMode:
+def check_autoreset_mode(autoreset_mode: Any) -> AutoresetMode:
     """``autoreset_mode`` as an :class:`AutoresetMode`, ``NEXT_STEP`` or ``SAME_STEP``, or a
     ``ValueError``."""
     try:
@@ -176,11 +182,11 @@ class DiLoCoSyncVectorEnv(gym.vector.VectorEnv[np.ndarray, np.ndarray, np.ndarra
         parallel: bool = False,
         **overrides: Any,
     ) -> None:
-        b = _check_num_envs(num_envs)
+        b = check_num_envs(num_envs)
         cfg = configure("DiLoCoSyncVectorEnv", regime, params, sidecar, learners, overrides)
         check_env_sizes(cfg.params, cfg.generator, b)
         pool = _check_episode_pool(episode_pool, cfg.params, cfg.generator)
-        mode = _check_autoreset_mode(autoreset_mode)
+        mode = check_autoreset_mode(autoreset_mode)
         if render_mode is not None:
             raise ValueError(
                 "DiLoCoSyncVectorEnv does not render; render one episode with DiLoCoSyncEnv"

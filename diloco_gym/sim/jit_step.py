@@ -205,7 +205,30 @@ work_seconds = njit(cache=True)(fragment_work_seconds)
 
 
 @njit(cache=True)
-def merge_row(i, c, ist, fst, bf, fp, sched_d, sched_c):  # pragma: no cover - compiled
+def fragment_work(i, d, f, ist, stall_s, h_max, fp, sched_d):  # pragma: no cover - compiled
+    """Model v1's learner credit of a sync of one of ``f`` fragments at decision ``d`` in
+    row ``i``, relative to the kernel's (the fleet env's ``_set_learner_work``, operation
+    for operation): :func:`work_seconds` of the compute seconds since the previous sync
+    and of those since this fragment's own last sync (``f`` syncs back; before the
+    episode, the fragments' syncs at ``-(f - 1 - k) * h_max``), each sync having stalled
+    the learners ``stall_s`` seconds, over the work of the wall-clock gap. The row's
+    earlier syncs are read from ``sched_d``."""
+    n = ist[3, i]
+    m = min(n, f)  # the schedule's entries in the last f syncs
+    own_at = -(f - 1 - m) * h_max if m < f else sched_d[i, n - f]
+    dec = fp[0]
+    gap = (d - ist[1, i]) * dec
+    compute_gap = gap - stall_s
+    stalls = 0.0
+    for _ in range(f):
+        stalls += stall_s
+    own = (d - own_at) * dec - stalls
+    target = work_seconds(compute_gap, own, fp[1], fp[2])
+    return target / work_seconds(gap, gap, fp[1], fp[2])
+
+
+@njit(cache=True)
+def merge_row(i, c, ist, fst, bi, bf, ip, fp, sched_d, sched_c):  # pragma: no cover - compiled
     """Merge now in row ``i`` at isolated cost ``c``: the learners' gain and the state after
     it; the merge is recorded in ``sched_d``/``sched_c`` when they have columns. Returns
     ``(excess term, gain)``: the cost times the reward scale, and the loss decrease times
@@ -213,7 +236,9 @@ def merge_row(i, c, ist, fst, bf, fp, sched_d, sched_c):  # pragma: no cover - c
     d = ist[0, i]
     gap_s = (d - ist[1, i]) * fp[0]
     thr_sum = bf[3, i]
-    if bf[5, i] != 0.0:  # syncs stall the learners: model v1's credit (the fleet env's)
+    if bi[4, i] > 1:  # a fragment's sync: model v1's fragment credit (the fleet env's)
+        thr_sum = thr_sum * fragment_work(i, d, bi[4, i], ist, bf[5, i], ip[1], fp, sched_d)
+    elif bf[5, i] != 0.0:  # syncs stall the learners: model v1's credit (the fleet env's)
         thr_sum = thr_sum * stalled_work(gap_s, bf[5, i], fp)
     added, gain = gain_one(gap_s, fst[0, i], thr_sum, fp)
     gain = gain * bf[4, i]
@@ -244,7 +269,7 @@ def merge_now(
     )  # fmt: skip
     if c != c:
         return False, 0.0, 0.0
-    e, g = merge_row(i, c, ist, fst, bf, fp, sched_d, sched_c)
+    e, g = merge_row(i, c, ist, fst, bi, bf, ip, fp, sched_d, sched_c)
     return True, e, g
 
 

@@ -22,7 +22,7 @@ STATE_FLOAT = (
     "tokens", "excess_sum", "excess_requests", "progress_sum", "pend_excess", "pend_progress",
 )  # fmt: skip
 #: rows of the episode constants' int64 and float64 arrays.
-BATCH_INT = ("n", "slot", "seed", "sites")
+BATCH_INT = ("n", "slot", "seed", "sites", "fragments")
 BATCH_FLOAT = ("pct", "scale", "max_merges", "thr_sum", "credit", "stall_s")
 #: the step's integer and float parameters, in their array order.
 INT_PARAMS = (

@@ -1,5 +1,7 @@
-"""The fleet vector env (envs/fleet_vector.py): K fleet envs stepped as one Gymnasium
-vector env, equal to K fleet envs stepped one by one with the same seeds."""
+"""The fleet vector env of fleet envs (envs/fleet_vector.py, ``native=False``, and what
+``make_vec`` gives a fleet the compiled one does not run): K fleet envs stepped as one
+Gymnasium vector env, equal to K fleet envs stepped one by one with the same seeds. The
+compiled fleet vector env: tests/envs/test_fleet_native.py."""
 
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ VEC = {"vectorization_mode": "vector_entry_point"}
 
 
 def make_vec(num_envs, **kw):
-    return gym.make_vec("DiLoCoFleet-v1", num_envs=num_envs, **VEC, **kw)
+    return gym.make_vec("DiLoCoFleet-v1", num_envs=num_envs, **VEC, native=False, **kw)
 
 
 def reference(num_envs, seed, actions, **kw):
@@ -42,6 +44,10 @@ def reference(num_envs, seed, actions, **kw):
 
 
 def test_make_vec_gives_the_fleet_vector_env_with_batched_spaces():
+    # a fleet the compiled env does not run gets this one without asking
+    assert type(gym.make_vec("DiLoCoFleet-v1", num_envs=2, worst_site_weight=0.5, **VEC)) is (
+        DiLoCoFleetVectorEnv
+    )
     v = make_vec(3)
     single = DiLoCoFleetEnv(model_version=1)
     assert type(v) is DiLoCoFleetVectorEnv and v.num_envs == 3
@@ -142,6 +148,8 @@ def test_bad_arguments_are_refused(kw, match):
     n = kw.pop("num_envs")
     with pytest.raises(ValueError, match=match):
         gym.make_vec("DiLoCoFleet-v1", num_envs=n, **VEC, **kw)
+    with pytest.raises(ValueError, match=match):
+        gym.make_vec("DiLoCoFleet-v1", num_envs=n, **VEC, native=False, **kw)
 
 
 def test_a_rounds_fleet_file_is_refused(tmp_path):

@@ -386,13 +386,13 @@ def test_compiled_merge_equals_the_array_rule_bit_for_bit():
     one_state, one_batch = _random_rows(64, lp.num_learners, 3)
     ex, gain = ref.apply_merges(state, batch, np.arange(64), p, lp, lambda idx, d: costs[idx])
     ist, fst = kernel.state_arrays(one_state)
-    _, bf = kernel.batch_arrays(one_batch)
-    _, fp = kernel.step_params(p, lp, sc.SidecarParams(), 1)
+    bi, bf = kernel.batch_arrays(one_batch)
+    ip, fp = kernel.step_params(p, lp, sc.SidecarParams(), 1)
     sched_d, sched_c = np.zeros((64, 20), dtype=np.int64), np.zeros((64, 20))
     k0 = one_state.n_merges.copy()
     jit = compiled_step()
     for i in range(64):
-        e1, g1 = jit.merge_row(i, costs[i], ist, fst, bf, fp, sched_d, sched_c)
+        e1, g1 = jit.merge_row(i, costs[i], ist, fst, bi, bf, ip, fp, sched_d, sched_c)
         assert (e1, g1) == (ex[i], gain[i]), i
         assert (sched_d[i, k0[i]], sched_c[i, k0[i]]) == (state.d[i], costs[i])
     for a, b in zip(state, one_state, strict=True):
