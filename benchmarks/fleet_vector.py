@@ -1,8 +1,8 @@
 """The compiled fleet vector env against the vector env of fleet envs (docs/fleet.md,
 "Speed").
 
-For each number of envs and each fleet (the default fleet, and the default fleet with
-four fragments), it steps ``gym.make_vec("DiLoCoFleet-v1", K,
+For each number of envs and each fleet (the default fleet, the default fleet with four
+fragments, and ``docs/examples/fleet-v1.toml``), it steps ``gym.make_vec("DiLoCoFleet-v1", K,
 vectorization_mode="vector_entry_point")`` (the compiled env) and the same with
 ``native=False`` (Gymnasium's ``SyncVectorEnv`` over K fleet envs) with the same random
 actions, resets included, alternately in ``--rounds`` rounds after a warm-up, and prints
@@ -27,7 +27,13 @@ sys.path.insert(0, str(Path(__file__).parents[1]))
 
 import diloco_gym  # noqa: E402, F401  (registers the ids)
 
-FLEETS = {"default": {}, "fragments=4": {"fragments": 4}}
+ROOT = Path(__file__).resolve().parents[1]
+FLEETS = {
+    "default": {},
+    "fragments=4": {"fragments": 4},
+    # sites of four link shares (each request's thresholds from its site's sidecar), F = 4
+    "fleet-v1.toml": {"fleet": str(ROOT / "docs/examples/fleet-v1.toml")},
+}
 
 
 def _rate(env, actions: np.ndarray) -> float:
@@ -79,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
             r["fleet"] = name
             out.append(r)
             print(
-                f"{name:12s} x{k:<5d} compiled {r['compiled_steps_per_s']:>9,.0f}/s  fleet envs "
+                f"{name:14s} x{k:<5d} compiled {r['compiled_steps_per_s']:>9,.0f}/s  fleet envs "
                 f"{r['fleet_envs_steps_per_s']:>8,.0f}/s  {r['speedup']:.2f}x "
                 f"(rounds {r['speedup_min']:.2f}-{r['speedup_max']:.2f})",
                 flush=True,

@@ -346,7 +346,7 @@ class EpisodeBank:
         output tokens concatenated, and the count per episode; ``pressure``: network and
         checkpoint ``(B, samples)``, or ``None``) to its bank rows in ``slots``."""
         arrivals, prompt, output, counts = requests
-        p, sc = self.params, self.sidecar
+        p, sc = self.params, spec.sidecar  # a fleet's sites may differ in their sidecars
         setup = core_setup(duration_s, p, sc, name)
         n = setup.n
         size = setup.n_bins + 1 + spec.horizon

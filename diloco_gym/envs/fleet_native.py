@@ -12,10 +12,11 @@ pressure block, then the further sites' blocks, as the fleet env's.
 
 It runs the fleets whose syncs the compiled step costs (:func:`native_refusal` says why
 another is not run): one-instant timing, one precision, fixed links, no site cap, no
-worst-site weight, no traffic correlation, and sites whose sidecars are equal; any number
-of fragments (model v1's fragment credit is the kernel's, and each fragment's staleness
-feature is read from the recorded schedule). In model v1 a site's slowdown follows its own
-link share, so the sites' links must be equal too. Env ``i`` of
+worst-site weight, no traffic correlation, and one cost horizon (the sites' ``tail_s``);
+any number of fragments (model v1's fragment credit is the kernel's, and each fragment's
+staleness feature is read from the recorded schedule). Sites whose sidecars differ (their
+regimes, or in model v1 their link shares) get each request's violation thresholds from
+their own sidecar, computed when the episode is built (16 bytes a request more). Env ``i`` of
 ``reset(seed=s)`` gives the fleet env's episodes, observations and rewards of
 ``reset(seed=s + i)`` and later ``reset()`` calls, bit for bit (tested)."""
 
@@ -42,6 +43,7 @@ from diloco_gym.envs.vector import (
     check_autoreset_mode,
     check_num_envs,
 )
+from diloco_gym.sim.sidecar import cost_horizon, violation_threshold
 
 __all__ = ["DiLoCoFleetNativeVectorEnv", "native_refusal", "refuse_vector_extras"]
 
@@ -63,12 +65,18 @@ def native_refusal(env: DiLoCoFleetEnv) -> str | None:
         (f.site_cap_pp is not None, "site_cap_pp is set (a per-site serving cap)"),
         (bool(f.worst_site_weight), "worst_site_weight is set"),
         (f.traffic_correlation > 0, "traffic_correlation > 0 (sites share traffic)"),
-        (len(s.cost_groups) > 1, "its sites' sidecars differ (several cost groups)"),
+        (len(_horizons(env)) > 1, "its sites' merge costs follow different horizons (tail_s)"),
     ]
     for bad, why in reasons:
         if bad:
             return why
     return None
+
+
+def _horizons(env: DiLoCoFleetEnv) -> set[int]:
+    """The bins a sync's cost is followed at each site (one value: the compiled step's)."""
+    p = env.setup.params
+    return {cost_horizon(sc, p.step_seconds, p.merge_steps) for sc in env.setup.sidecars}
 
 
 def refuse_vector_extras(kwargs: dict[str, Any]) -> None:
@@ -175,6 +183,17 @@ class DiLoCoFleetNativeVectorEnv(DiLoCoSyncVectorEnv):
         self._h_full = self.params.h_max * f  # a fragment's own H_max (decisions)
         self._frag0 = OBS_DIM + _N_EXO * (self.n_sites - 1)
         self._scale = reward_per_request(s.rate_total, float(s.generators[0].duration_s))
+        #: sites of different sidecars: each request's violation thresholds are computed at
+        #: its build from its site's sidecar (the compiled count reads them; one sidecar's
+        #: are computed in the count)
+        self._own_thresholds = len(s.cost_groups) > 1
+        #: the sites built together: a build group of the fleet env (one synthetic regime)
+        #: split by sidecar (a merge's lost capacity is built into the site's cost queue)
+        self._build_groups = [
+            [j for j in g if s.sidecars[j] == sc]
+            for g in s.groups
+            for sc in dict.fromkeys(s.sidecars[j] for j in g)
+        ]
 
     def _init_spaces(self, b: int) -> None:
         self.num_envs = b
@@ -202,6 +221,7 @@ class DiLoCoFleetNativeVectorEnv(DiLoCoSyncVectorEnv):
         self._exo0 = np.zeros((b, 0, _N_EXO), dtype=np.float32)
         self._extra = np.zeros((b, 1, _N_EXO * (n_sites - 1)), dtype=np.float32)
         self._requests = np.zeros(b, dtype=np.int64)
+        self._thr_in = self._thr_tail = np.zeros((0, 0))
         self._obs_base = np.zeros((b, OBS_DIM), dtype=np.float32)
         self._obs = np.zeros((b, len(self.obs_features)), dtype=np.float32)
         self._batch.sites[:] = n_sites
@@ -221,7 +241,7 @@ class DiLoCoFleetNativeVectorEnv(DiLoCoSyncVectorEnv):
         one build, a trace site's window per episode), then the envs' own tables."""
         s, n_sites = self.setup, self.n_sites
         envs = np.asarray(slots, dtype=np.int64)
-        for group in s.groups:
+        for group in self._build_groups:
             spec = self._specs[group[0]]
             if is_synthetic(spec.generator):
                 at = [int(i) * n_sites + j for i in envs for j in group]
@@ -238,8 +258,37 @@ class DiLoCoFleetNativeVectorEnv(DiLoCoSyncVectorEnv):
             raise RuntimeError("the fleet's episodes have different decision counts")
         if self.params.merge_budget is not None:
             self._budgets.tables(n)  # an infeasible budget fails here
+        if self._own_thresholds:
+            self._fill_thresholds(envs)
         self._batch.seed[envs] = seeds
         self._episode_tables(envs, n)
+
+    def _fill_thresholds(self, envs: np.ndarray) -> None:
+        """The violation thresholds of envs ``envs``' site episodes, each site's from its
+        own sidecar (:func:`~diloco_gym.sim.sidecar.violation_threshold` inside a sync's
+        window and after it: the operations the count does with one sidecar); ``+inf`` for
+        a request already violated without a sync and for padding."""
+        bank = self.bank
+        if self._thr_in.shape != bank.base.shape:  # the bank grew: keep the rows built
+            old_in, old_tail = self._thr_in, self._thr_tail
+            self._thr_in = np.full(bank.base.shape, np.inf)
+            self._thr_tail = np.full(bank.base.shape, np.inf)
+            if old_in.size:
+                self._thr_in[:, : old_in.shape[1]] = old_in
+                self._thr_tail[:, : old_tail.shape[1]] = old_tail
+            self._prepared = (-1, None)  # the compiled step's arguments hold the old ones
+        di = self.params.decision_interval  # the bank keeps one slowdown per decision
+        for j, sc in enumerate(self.setup.sidecars):
+            rows = envs * self.n_sites + j
+            slow = np.take_along_axis(bank.m0[rows], bank.rbin[rows] // di, axis=1)
+            base = bank.base[rows]
+            self._thr_in[rows] = violation_threshold(slow * (1.0 + sc.sync_slowdown), base, sc)
+            self._thr_tail[rows] = violation_threshold(slow, base, sc)
+
+    def _thresholds(self) -> tuple[np.ndarray, np.ndarray]:
+        if self._own_thresholds:
+            return self._thr_in, self._thr_tail
+        return super()._thresholds()
 
     def _episode_tables(self, envs: np.ndarray, n: int) -> None:
         """Envs ``envs``' request counts, site 0's features, the further sites' features

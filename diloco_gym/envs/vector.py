@@ -452,8 +452,9 @@ class DiLoCoSyncVectorEnv(gym.vector.VectorEnv[np.ndarray, np.ndarray, np.ndarra
         bank = self.bank
         if bank.version != self._prepared[0]:
             q = bank.queue()
-            source = (q.s, q.d, q.ptr, q.rbin, q.base, q.m0, NO_THRESHOLDS, NO_THRESHOLDS)
-            self._source = (*source, bank.prefmin, q.m0_bins)
+            thresholds = self._thresholds()
+            self._source = (q.s, q.d, q.ptr, q.rbin, q.base, q.m0, *thresholds, bank.prefmin,
+                            q.m0_bins)  # fmt: skip
             self._prepared = (bank.version, None)
         if self.params.merge_budget is None:
             self._begin(0)
@@ -463,6 +464,11 @@ class DiLoCoSyncVectorEnv(gym.vector.VectorEnv[np.ndarray, np.ndarray, np.ndarra
         for n0 in np.unique(n).tolist():
             self._begin(n0)
             yield n0, rows[n == n0]
+
+    def _thresholds(self) -> tuple[np.ndarray, np.ndarray]:
+        """The cost queue's precomputed violation thresholds (none: computed in the count
+        from the env's one sidecar)."""
+        return NO_THRESHOLDS, NO_THRESHOLDS
 
     def _begin(self, n: int) -> None:
         """The compiled step prepared for episodes of ``n`` decisions, unless it already is."""

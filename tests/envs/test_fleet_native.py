@@ -101,6 +101,9 @@ def test_make_vec_gives_the_compiled_env_for_the_default_fleet_and_fragments():
         {"model_version": 1, "fragments": 4, "mode": "streamed"},  # no stall
         {"model_version": 1, "fragments": 2, "bits": 8, "merge_budget": 40},
         {"fleet": str(ROOT / "docs/examples/fleet.toml")},  # model v0: one cost group
+        # model v1: each site's slowdown at its own link share (four cost groups), F = 4
+        {"fleet": str(ROOT / "docs/examples/fleet.toml"), "model_version": 1},
+        {"fleet": str(ROOT / "docs/examples/fleet-v1.toml")},
     ],
     ids=[
         "v1",
@@ -113,6 +116,8 @@ def test_make_vec_gives_the_compiled_env_for_the_default_fleet_and_fragments():
         "F4-streamed",
         "F2-8bit-budget",
         "file-v0",
+        "file-as-v1",
+        "file-v1",
     ],  # fmt: skip
 )
 def test_each_env_is_the_fleet_env_with_its_seed_across_autoresets(kw):
@@ -177,10 +182,6 @@ def test_stable_baselines3_steps_it():
         ({"traffic_correlation": 0.5}, "traffic_correlation"),
         ({"bits_options": (32, 8)}, "bits_options"),
         ({"worst_site_weight": 0.5}, "worst_site_weight"),
-        (
-            {"fleet": str(ROOT / "docs/examples/fleet.toml"), "model_version": 1},
-            "its sites' sidecars differ",
-        ),
         ({"timing": "rounds", "grace_s": 4.5, "h_min_steps": 256}, "timing = 'rounds'"),
     ],
 )
