@@ -457,6 +457,8 @@ class DiLoCoFleetEnv(DiLoCoSyncEnv):
         compiled = self._compiled_cost and isinstance(ep, FleetEpisode)
         self._batch.sites[0] = len(ep.sites) if compiled else 1
         self._batch.stall_s[0] = self._stall_s if compiled else 0.0
+        f = self.fleet.fragments  # model v1's fragment credit, in the compiled step
+        self._batch.fragments[0] = f if compiled and f > 1 and self.fleet.model_version >= 1 else 0
         if not compiled:
             return super()._cost_source(ep)
         return ep.bank_source, ep.cost_bank
@@ -633,7 +635,10 @@ class DiLoCoFleetEnv(DiLoCoSyncEnv):
         f = self.fleet.fragments
         d = self._state.d.item(0)
         h = self.params.h_max
-        hist = [-(f - 1 - k) * h for k in range(f)] + self._merges
+        n = self._state.n_merges.item(0)  # the schedule's last f syncs, as recorded
+        hist = [-(f - 1 - k) * h for k in range(f)] + self._fused.sched_d[
+            0, max(0, n - f) : n
+        ].tolist()
         last_f = hist[-f:]
         return np.array([d - t for t in last_f], dtype=np.int64)
 

@@ -38,6 +38,7 @@ from diloco_gym.sim.sidecar import (
     cost_queue,
     no_merge_queue,
     padded,
+    violation_threshold,
 )
 from diloco_gym.sim.traces import Trace
 
@@ -55,6 +56,7 @@ __all__ = [
     "correlated_sites",
     "reference_site",
     "check_common_window",
+    "fleet_cost_bank",
 ]
 
 
@@ -71,19 +73,22 @@ def compiled_cost_rule(setup: Any, own_env: bool) -> tuple[bool, float]:
     """Whether the compiled step costs a fleet's syncs itself, and the seconds each sync
     stalls the learners there (model v1's learner credit; 0 in v0). ``own_env``: the env is
     the one-instant fleet env itself (not a subclass with costs of its own). It does for
-    the plain fleet (the default's): several sites of one cost group and one sync plan (no
-    precision action, fixed links, one fragment), no site cap, no worst-site weight. The
-    sync's cost is then the sum of the sites' costs and its credit model v1's, each
-    operation for operation as the env's ``_merge_cost_at`` computes them (tested); other
-    fleets' syncs are costed in Python at each merge."""
+    the plain fleet (the default's): several sites of one cost horizon and one sync plan
+    (no precision action, fixed links), no site cap, no worst-site weight, any number of
+    fragments (sites of different sidecars through their requests' own violation
+    thresholds, :func:`fleet_cost_bank`) (model v1's fragment credit is the compiled step's too,
+    :attr:`~diloco_gym.envs.kernel.EpisodeBatch.fragments`). The sync's cost is then the
+    sum of the sites' costs and its credit model v1's, each operation for operation as the
+    env's ``_merge_cost_at`` computes them (tested); other fleets' syncs are costed in
+    Python at each merge."""
     s, f = setup, setup.fleet
+    p = s.params
     plain = (
         own_env
         and f.n_sites > 1
-        and len(s.cost_groups) == 1
+        and len({cost_horizon(sc, p.step_seconds, p.merge_steps) for sc in s.sidecars}) == 1
         and f.bits_options is None
         and not s.links.on
-        and f.fragments == 1
         and f.site_cap_pp is None
         and not f.worst_site_weight
     )
@@ -401,6 +406,49 @@ class SiteCosts:
         return out
 
 
+def fleet_cost_bank(
+    sites: list[Episode], groups: list[list[int]], cores: dict[tuple[int, ...], Joined]
+) -> tuple:
+    """The cost queues of a fleet episode's sites of several sidecars as one bank of a slot
+    per site, in site order (:attr:`FleetEpisode.bank_source`'s layout): each cost group's
+    queue as :class:`SiteCosts` builds it, padded to the widest group's requests (``-inf``
+    service times, never counted), and each request's violation thresholds inside a sync's
+    window and after it from its site's own sidecar
+    (:func:`~diloco_gym.sim.sidecar.violation_threshold`: the operations the compiled count
+    does with one sidecar; ``+inf`` for a request already violated and for padding). The
+    sites must share one cost horizon (their sidecars' ``tail_s``)."""
+    e0 = sites[0]
+    p = e0.params
+    n, step = e0.n_decisions, int(p.decision_interval)
+    size = e0.pressure_bin.size + 1 + cost_horizon(e0.sidecar, p.step_seconds, int(p.merge_steps))
+    parts: dict[int, tuple] = {}
+    for g in groups:
+        eps = [sites[i] for i in g]
+        c = cores.get(tuple(g)) or _joined(eps)
+        q = cost_queue(c.base_s, c.req_bin, c.violated, c.m0, c.s, eps[0].sidecar,
+                       p.step_seconds, size, counts=c.counts)  # fmt: skip
+        pre = padded(c.prefmin, size)[:, : n * step : step]
+        for k, i in enumerate(g):
+            parts[i] = (q, k, pre[k])
+    order = [parts[i] for i in range(len(sites))]
+    w = max(q.rbin.shape[1] for q, _, _ in order)
+    rbin = np.zeros((len(sites), w), dtype=np.int32)
+    base = np.full((len(sites), w), -np.inf)
+    thr_in = np.full((len(sites), w), np.inf)
+    thr_tail = np.full((len(sites), w), np.inf)
+    for i, (q, k, _) in enumerate(order):
+        m = q.rbin.shape[1]
+        rbin[i, :m], base[i, :m] = q.rbin[k], q.base[k]
+        sc = sites[i].sidecar
+        slow = q.m0[k][q.rbin[k] // q.m0_bins]
+        thr_in[i, :m] = violation_threshold(slow * (1.0 + sc.sync_slowdown), q.base[k], sc)
+        thr_tail[i, :m] = violation_threshold(slow, q.base[k], sc)
+    rows = [(q.s[k], q.d[k], q.ptr[k], q.m0[k]) for q, k, _ in order]
+    s_, d_, ptr, m0 = (np.stack([r[j] for r in rows]) for j in range(4))
+    pre = np.stack([x for _, _, x in order])
+    return (s_, d_, ptr, rbin, base, m0, thr_in, thr_tail, pre, int(order[0][0].m0_bins))
+
+
 class GroupedCosts:
     """A fleet episode's site episodes in groups of equal sidecars (:func:`cost_groups`),
     each group of several sites costed by one :class:`SiteCosts` (``cores``: the batch
@@ -547,7 +595,11 @@ class FleetEpisode:
     def bank_source(self) -> tuple:
         """The sites' cost queues as the compiled step reads them, a bank of one slot per
         site in site order (:attr:`Episode.cost_source`'s layout; ``prefmin`` per
-        decision). For a fleet whose sites are one cost group (the env checks)."""
+        decision): one cost group's :class:`SiteCosts`, or for sites of several sidecars
+        :func:`fleet_cost_bank` (their thresholds precomputed)."""
+        if len(self.setup.cost_groups) > 1:
+            sites = self.sites_of(self.setup.default_option)
+            return fleet_cost_bank(sites, self.setup.cost_groups, self._cores)
         (g,) = self._grouped.groups
         q = g.queue
         n, step = self.n_decisions, g.decision_bins

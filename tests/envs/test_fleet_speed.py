@@ -46,8 +46,24 @@ def test_the_digest_sees_a_change_in_the_last_bit():
             "timing": "instant",
             "traffic_correlation": 0.5,
         },
+        {"fragments": 2},  # model v1's fragment credit, syncs stalling the learners
+        {"fragments": 4, "mode": "streamed"},  # no stall
+        {"fragments": 4, "model_version": 0},
+        # sites of four link shares: each request's thresholds from its own sidecar
+        {"fleet": "docs/examples/fleet-v1.toml"},
+        {"fleet": "docs/examples/fleet.toml", "merge_budget": 40},
     ],
-    ids=["default", "v0", "forced-budget", "trace-sites"],
+    ids=[
+        "default",
+        "v0",
+        "forced-budget",
+        "trace-sites",
+        "F2",
+        "F4-streamed",
+        "F4-v0",
+        "file-v1",
+        "file-budget",
+    ],  # fmt: skip
 )
 def test_the_compiled_fleet_cost_is_the_python_one_bit_for_bit(kw):
     """The plain fleet's syncs costed (and model v1's credit) in the compiled step give
@@ -101,7 +117,7 @@ def test_one_episode_costed_by_both_paths_keeps_one_memo():
         ({}, True),
         ({"model_version": 0}, True),
         ({"fleet": "ONE_SITE"}, False),
-        ({"fragments": 2}, False),
+        ({"fragments": 2}, True),
         ({"bits_options": (32, 8)}, False),
         ({"site_cap_pp": 2.0}, False),
         ({"worst_site_weight": 0.5}, False),
@@ -120,3 +136,5 @@ def test_the_compiled_step_costs_only_the_plain_fleets_syncs(kw, compiled):
     env.reset(seed=0)
     assert env._batch.sites[0] == (env.fleet.n_sites if compiled else 1)
     assert (env._batch.stall_s[0] != 0.0) == (compiled and env.fleet.model_version >= 1)
+    v1_fragments = compiled and env.fleet.model_version >= 1 and env.fleet.fragments > 1
+    assert env._batch.fragments[0] == (env.fleet.fragments if v1_fragments else 0)
