@@ -140,6 +140,7 @@ class DiLoCoFleetNativeVectorEnv(DiLoCoSyncVectorEnv):
                 "DiLoCoFleetNativeVectorEnv does not render; render one episode with the fleet env"
             )
         refuse_vector_extras(kwargs)
+        # the factory (fleet_vector.make_fleet_vector) hands over the fleet env it checked
         template = kwargs.pop("_template", None) or DiLoCoFleetEnv(**kwargs)
         why = native_refusal(template)
         if why is not None:
