@@ -33,7 +33,7 @@ from diloco_gym.envs import kernel
 from diloco_gym.envs.bank import BuildSpec, EpisodeBank
 from diloco_gym.envs.env import check_env_sizes
 from diloco_gym.envs.fleet import DiLoCoFleetEnv
-from diloco_gym.envs.fleet_sites import site_seed
+from diloco_gym.envs.fleet_sites import compiled_refusal, site_seed
 from diloco_gym.envs.fused import FusedStep
 from diloco_gym.envs.kernel import is_synthetic
 from diloco_gym.envs.observation import EXO_SLICE, OBS_DIM
@@ -43,7 +43,7 @@ from diloco_gym.envs.vector import (
     check_autoreset_mode,
     check_num_envs,
 )
-from diloco_gym.sim.sidecar import cost_horizon, violation_threshold
+from diloco_gym.sim.sidecar import queue_thresholds
 
 __all__ = ["DiLoCoFleetNativeVectorEnv", "native_refusal", "refuse_vector_extras"]
 
@@ -53,30 +53,14 @@ _N_EXO = EXO_SLICE.stop - EXO_SLICE.start
 def native_refusal(env: DiLoCoFleetEnv) -> str | None:
     """Why the compiled fleet vector env does not run ``env``'s fleet (``None``: it does).
 
-    It runs a fleet whose every sync the compiled step costs as the sum of its sites'
-    isolated costs at one precision and link state, with the learner credit of the
-    fleet's model (the stall of model v1's full-mode syncs, and its fragment credit)."""
-    f, s = env.fleet, env.setup
+    It runs a one-instant fleet whose syncs the compiled step costs
+    (:func:`~diloco_gym.envs.fleet_sites.compiled_refusal`, one site included) and whose
+    sites' episodes the bank builds from their own seeds (no traffic correlation)."""
     if type(env) is not DiLoCoFleetEnv:
         return "its timing is 'rounds' (per-site timing)"
-    reasons = [
-        (f.bits_options is not None, "bits_options is set (the per-sync precision action)"),
-        (s.links.on, "its links change over time"),
-        (f.site_cap_pp is not None, "site_cap_pp is set (a per-site serving cap)"),
-        (bool(f.worst_site_weight), "worst_site_weight is set"),
-        (f.traffic_correlation > 0, "traffic_correlation > 0 (sites share traffic)"),
-        (len(_horizons(env)) > 1, "its sites' merge costs follow different horizons (tail_s)"),
-    ]
-    for bad, why in reasons:
-        if bad:
-            return why
-    return None
-
-
-def _horizons(env: DiLoCoFleetEnv) -> set[int]:
-    """The bins a sync's cost is followed at each site (one value: the compiled step's)."""
-    p = env.setup.params
-    return {cost_horizon(sc, p.step_seconds, p.merge_steps) for sc in env.setup.sidecars}
+    if env.fleet.traffic_correlation > 0:
+        return "traffic_correlation > 0 (sites share traffic)"
+    return compiled_refusal(env.setup)
 
 
 def refuse_vector_extras(kwargs: dict[str, Any]) -> None:
@@ -281,10 +265,9 @@ class DiLoCoFleetNativeVectorEnv(DiLoCoSyncVectorEnv):
         di = self.params.decision_interval  # the bank keeps one slowdown per decision
         for j, sc in enumerate(self.setup.sidecars):
             rows = envs * self.n_sites + j
-            slow = np.take_along_axis(bank.m0[rows], bank.rbin[rows] // di, axis=1)
-            base = bank.base[rows]
-            self._thr_in[rows] = violation_threshold(slow * (1.0 + sc.sync_slowdown), base, sc)
-            self._thr_tail[rows] = violation_threshold(slow, base, sc)
+            self._thr_in[rows], self._thr_tail[rows] = queue_thresholds(
+                bank.m0[rows], bank.rbin[rows], bank.base[rows], di, sc
+            )
 
     def _thresholds(self) -> tuple[np.ndarray, np.ndarray]:
         if self._own_thresholds:

@@ -38,12 +38,13 @@ from diloco_gym.sim.sidecar import (
     cost_queue,
     no_merge_queue,
     padded,
-    violation_threshold,
+    queue_thresholds,
 )
 from diloco_gym.sim.traces import Trace
 
 __all__ = [
     "compiled_cost_rule",
+    "compiled_refusal",
     "FleetEpisode",
     "Joined",
     "GroupedCosts",
@@ -69,29 +70,37 @@ def site_seed(episode_seed: int, site: int) -> int:
     return int(np.random.SeedSequence([int(episode_seed), int(site)]).generate_state(1)[0])
 
 
+def compiled_refusal(setup: Any) -> str | None:
+    """Why the compiled step does not cost a one-instant fleet's syncs itself (``None``: it
+    does): it costs a sync as the sum of its sites' isolated costs at one precision and
+    link state, with one cost horizon for every site (their sidecars' ``tail_s``), and no
+    rule of the cap or the worst site on top. Sites of different sidecars are costed with
+    their requests' own violation thresholds (:func:`fleet_cost_bank`); any number of
+    fragments (model v1's fragment credit is the compiled step's,
+    :attr:`~diloco_gym.envs.kernel.EpisodeBatch.fragments`)."""
+    s, f = setup, setup.fleet
+    p = s.params
+    horizons = {cost_horizon(sc, p.step_seconds, p.merge_steps) for sc in s.sidecars}
+    reasons = [
+        (f.bits_options is not None, "bits_options is set (the per-sync precision action)"),
+        (s.links.on, "its links change over time"),
+        (f.site_cap_pp is not None, "site_cap_pp is set (a per-site serving cap)"),
+        (bool(f.worst_site_weight), "worst_site_weight is set"),
+        (len(horizons) > 1, "its sites' merge costs follow different horizons (tail_s)"),
+    ]
+    return next((why for bad, why in reasons if bad), None)
+
+
 def compiled_cost_rule(setup: Any, own_env: bool) -> tuple[bool, float]:
     """Whether the compiled step costs a fleet's syncs itself, and the seconds each sync
     stalls the learners there (model v1's learner credit; 0 in v0). ``own_env``: the env is
     the one-instant fleet env itself (not a subclass with costs of its own). It does for
-    the plain fleet (the default's): several sites of one cost horizon and one sync plan
-    (no precision action, fixed links), no site cap, no worst-site weight, any number of
-    fragments (sites of different sidecars through their requests' own violation
-    thresholds, :func:`fleet_cost_bank`) (model v1's fragment credit is the compiled step's too,
-    :attr:`~diloco_gym.envs.kernel.EpisodeBatch.fragments`). The sync's cost is then the
-    sum of the sites' costs and its credit model v1's, each operation for operation as the
-    env's ``_merge_cost_at`` computes them (tested); other fleets' syncs are costed in
-    Python at each merge."""
+    the plain fleet (the default's): several sites and nothing :func:`compiled_refusal`
+    names. The sync's cost is then the sum of the sites' costs and its credit model v1's,
+    each operation for operation as the env's ``_merge_cost_at`` computes them (tested);
+    other fleets' syncs are costed in Python at each merge."""
     s, f = setup, setup.fleet
-    p = s.params
-    plain = (
-        own_env
-        and f.n_sites > 1
-        and len({cost_horizon(sc, p.step_seconds, p.merge_steps) for sc in s.sidecars}) == 1
-        and f.bits_options is None
-        and not s.links.on
-        and f.site_cap_pp is None
-        and not f.worst_site_weight
-    )
+    plain = own_env and f.n_sites > 1 and compiled_refusal(s) is None
     stall = float(s.plan.stall_s) if f.model_version >= 1 else 0.0
     if not plain or (f.model_version >= 1 and s.option_plans[s.default_option].stall_s != stall):
         return False, 0.0
@@ -439,10 +448,9 @@ def fleet_cost_bank(
     for i, (q, k, _) in enumerate(order):
         m = q.rbin.shape[1]
         rbin[i, :m], base[i, :m] = q.rbin[k], q.base[k]
-        sc = sites[i].sidecar
-        slow = q.m0[k][q.rbin[k] // q.m0_bins]
-        thr_in[i, :m] = violation_threshold(slow * (1.0 + sc.sync_slowdown), q.base[k], sc)
-        thr_tail[i, :m] = violation_threshold(slow, q.base[k], sc)
+        thr_in[i, :m], thr_tail[i, :m] = queue_thresholds(
+            q.m0[k], q.rbin[k], q.base[k], q.m0_bins, sites[i].sidecar
+        )
     rows = [(q.s[k], q.d[k], q.ptr[k], q.m0[k]) for q, k, _ in order]
     s_, d_, ptr, m0 = (np.stack([r[j] for r in rows]) for j in range(4))
     pre = np.stack([x for _, _, x in order])

@@ -57,6 +57,7 @@ __all__ = [
     "episode_cost_queue",
     "cost_horizon",
     "isolated_merge_costs",
+    "queue_thresholds",
     "merged_backlog",
     "merge_violations",
     "merge_window",
@@ -367,12 +368,24 @@ def cost_queue(
     )
     cost_queue_into(q, np.arange(b), base_s, req_bin, violated0, m0, s, p, bin_s, width, counts)
     if thresholds:
-        slow = np.take_along_axis(q.m0, q.rbin // m0_bins, axis=1)
-        q = q._replace(
-            thr_in=violation_threshold(slow * (1.0 + p.sync_slowdown), q.base, p),
-            thr_tail=violation_threshold(slow, q.base, p),
-        )
+        thr_in, thr_tail = queue_thresholds(q.m0, q.rbin, q.base, m0_bins, p)
+        q = q._replace(thr_in=thr_in, thr_tail=thr_tail)
     return q
+
+
+def queue_thresholds(
+    m0: np.ndarray, rbin: np.ndarray, base: np.ndarray, m0_bins: int, p: SidecarParams
+) -> tuple[np.ndarray, np.ndarray]:
+    """``(thr_in, thr_tail)``: a cost queue's requests' violation thresholds inside a
+    merge's window and after it (:func:`violation_threshold` at each request's no-merge
+    slowdown ``m0[rbin // m0_bins]``, times ``1 + sync_slowdown`` inside), for one row or
+    rows along the last axis: the operations the compiled count does when it computes
+    them itself (``+inf`` for a request of service time ``-inf``)."""
+    slow = np.take_along_axis(m0, rbin // m0_bins, axis=-1)
+    return (
+        violation_threshold(slow * (1.0 + p.sync_slowdown), base, p),
+        violation_threshold(slow, base, p),
+    )
 
 
 def episode_cost_queue(
