@@ -39,7 +39,7 @@ from diloco_gym.envs.fleet_sites import (
 from diloco_gym.envs.observation import EXO_SLICE, OBS_DIM, OBS_FEATURES
 from diloco_gym.envs.params import EnvParams
 from diloco_gym.envs.reward import nominal_rate_rps, require_additive
-from diloco_gym.envs.schedule import schedule_summary
+from diloco_gym.envs.schedule import schedule_summary, site_summaries
 from diloco_gym.envs.shaping import require_unshaped
 from diloco_gym.sim import fleet as fl
 from diloco_gym.sim import fleet_toml
@@ -752,18 +752,21 @@ class DiLoCoFleetEnv(DiLoCoSyncEnv):
     def _site_summaries(self, ep: FleetEpisode) -> list[dict[str, Any]]:
         """Each site's exact replay of its syncs so far (:func:`schedule_summary`)."""
         scheds = self._site_schedules()
+        # the sites' own costs of the syncs, where the compiled step kept them
+        kept = [ep.cost_bank[1 + i, m].tolist() if self._compiled_cost else None
+                for i, m in enumerate(scheds)]  # fmt: skip
+        if self._plain_syncs and len(ep.sites) > 1 and all(x == scheds[0] for x in scheds):
+            # one schedule at every site: every site's replay in one compiled call
+            costs = [c if c is not None else [e.merge_cost_at(int(d)) for d in scheds[0]]
+                     for c, e in zip(kept, ep.sites, strict=True)]  # fmt: skip
+            return site_summaries(ep.sites, scheds[0], self.params, self.setup.sidecars, costs)
+        per_sync = [None if self._plain_syncs else self._sync_episodes(i, m)
+                    for i, m in enumerate(scheds)]  # fmt: skip
+        one = len(ep.sites) == 1  # a fleet's summary reads none of a site's percentiles
+        rows = zip(ep.sites, scheds, self.setup.sidecars, per_sync, kept, strict=True)
         return [
-            schedule_summary(
-                e,
-                scheds[i],
-                self.params,
-                sc,
-                None if self._plain_syncs else self._sync_episodes(i, scheds[i]),
-                # the sites' own costs of the syncs, where the compiled step kept them
-                costs=ep.cost_bank[1 + i, scheds[i]].tolist() if self._compiled_cost else None,
-                percentiles=len(ep.sites) == 1,  # a fleet's summary reads none of a site's
-            )
-            for i, (e, sc) in enumerate(zip(ep.sites, self.setup.sidecars, strict=True))
+            schedule_summary(e, m, self.params, sc, ps, costs=c, percentiles=one)
+            for e, m, sc, ps, c in rows
         ]
 
     def _sync_episodes(self, site: int, schedule: list[int]) -> list[Any]:

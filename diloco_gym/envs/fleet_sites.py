@@ -264,12 +264,10 @@ def site_episodes(
     rate_rps=rates[k])`` returns, bit for bit. The sidecars must agree in all but
     ``sync_slowdown`` (:func:`site_groups`). Also returns the batch build (the episodes'
     arrays joined)."""
-    raws, thrs = [], []
-    for seed in seeds:
-        rng = np.random.default_rng(seed)  # as kernel.episode_draws: the trace, then learners
-        raws.append(generator.draw_raw(rng))
-        thrs.append(learner_params.draw_throughputs(rng))
-    arrivals, prompt, output, counts, pressure = generator.from_raw(raws, np.int64)
+    rngs = [np.random.default_rng(seed) for seed in seeds]
+    # as kernel.episode_draws: each site's trace, then its learners, from its own generator
+    arrivals, prompt, output, counts, pressure = generator.draw_batch(rngs)
+    thrs = [learner_params.draw_throughputs(rng) for rng in rngs]
     duration = generator.duration_s
     c = episode_core_batch(
         arrivals, prompt, output, pressure[:, 0], pressure[:, 1], duration, params,

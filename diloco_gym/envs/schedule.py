@@ -14,7 +14,7 @@ from diloco_gym.envs.params import EnvParams
 from diloco_gym.sim import compiled_stats, quantile_fractions
 from diloco_gym.sim.sidecar import SUMMARY_Q, ReplayResult, SidecarParams, pct_of, replay
 
-__all__ = ["sync_mask", "replay_schedule", "schedule_summary"]
+__all__ = ["sync_mask", "replay_schedule", "schedule_summary", "site_summaries"]
 
 _NO_Q = np.empty(0)  # no percentiles (schedule_summary's percentiles=False)
 
@@ -116,18 +116,61 @@ def schedule_summary(
         out = None
     if out is None:
         out = replay_schedule(episode, merges, params, sidecar, per_sync).summary()
-    base_violated = episode.baseline_violated  # its violations only (as its summary counts)
-    base_pct = pct_of(base_violated, episode.baseline.violated.size)
-    out["merges"] = int(len(merges))
-    out["no_sync_violation_pct"] = base_pct
-    out["sync_excess_pct"] = out["violation_pct"] - base_pct
-    out["sync_excess_requests"] = out["violated"] - base_violated
     if costs is None:
         eps = [episode] * len(merges) if per_sync is None else per_sync
         costs = [e.merge_cost_at(int(d)) for e, d in zip(eps, merges, strict=True)]
+    return _against_baseline(out, episode, len(merges), costs)
+
+
+def _against_baseline(out: dict, episode: Episode, merges: int, costs) -> dict:
+    """A replay's summary ``out`` with the schedule's sync-excess against the episode's
+    no-merge replay, and its additive excess (the sum of the merges' isolated ``costs``)."""
+    base_violated = episode.baseline_violated  # its violations only (as its summary counts)
+    base_pct = pct_of(base_violated, episode.baseline.violated.size)
+    out["merges"] = int(merges)
+    out["no_sync_violation_pct"] = base_pct
+    out["sync_excess_pct"] = out["violation_pct"] - base_pct
+    out["sync_excess_requests"] = out["violated"] - base_violated
     additive = sum(costs)
     out["additive_excess_requests"] = float(additive)
     out["additive_excess_pct"] = float(additive * episode.pct_per_request)
+    return out
+
+
+def site_summaries(
+    episodes: list[Episode], merges, params: EnvParams, sidecars: list[SidecarParams], costs
+) -> list[dict]:
+    """``[schedule_summary(e, merges, params, sc, costs=c, percentiles=False) for e, sc, c
+    in zip(episodes, sidecars, costs)]``, the same values, with every site's replay in one
+    compiled call (:func:`diloco_gym.sim.jit_stats.replay_counts_sites`): one schedule (a
+    fleet's syncs) at sites of their own requests and sidecars."""
+    starts = np.asarray(merges, dtype=np.int64) * params.decision_interval
+    counts = np.empty((len(episodes), 2))
+    # each site's sidecar values, a row per value (as _fused_summary passes them)
+    values = np.array(
+        [[sc.pressure_gain, sc.sync_slowdown, sc.slots * params.step_seconds, sc.slots,
+          sc.slo_s] for sc in sidecars],
+        dtype=np.float64,
+    ).T.copy()  # fmt: skip
+    bad = compiled_stats().replay_counts_sites(
+        tuple(np.ascontiguousarray(e.base_s, dtype=np.float64) for e in episodes),
+        tuple(np.ascontiguousarray(e.req_bin, dtype=np.int64) for e in episodes),
+        tuple(np.ascontiguousarray(e.pressure_bin, dtype=np.float64) for e in episodes),
+        starts,
+        int(params.merge_steps),
+        *values,
+        counts,
+    )
+    out = []
+    for i, (e, sc, c) in enumerate(zip(episodes, sidecars, costs, strict=True)):
+        if bad >= 0 and i >= bad:  # replayed one by one (the array form refuses it clearly)
+            out.append(schedule_summary(e, merges, params, sc, costs=c, percentiles=False))
+            continue
+        n = int(e.req_bin.size)
+        violated, active = int(counts[i, 0]), int(counts[i, 1])
+        res: dict = {"requests": n, "violated": violated, "violation_pct": pct_of(violated, n)}
+        res["sync_active_frac"] = active / n if n else 0.0
+        out.append(_against_baseline(res, e, len(merges), c))
     return out
 
 

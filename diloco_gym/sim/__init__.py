@@ -49,6 +49,12 @@ def compiled_plan():
     return _compiled_module("jit_plan")
 
 
+def compiled_draws():
+    """The synthetic traces' compiled draws, :mod:`diloco_gym.sim.jit_draws` (imported on
+    first use)."""
+    return _compiled_module("jit_draws")
+
+
 def compiled_checks():
     """The compiled checks of a trace's arrays, :mod:`diloco_gym.sim.jit_checks` (imported
     on first use)."""

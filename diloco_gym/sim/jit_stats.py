@@ -11,7 +11,7 @@ import numpy as np
 from diloco_gym.sim.jit import replay_rows, slowdown_one
 from diloco_gym.sim.jit_cache import njit
 
-__all__ = ["percentiles_linear", "replay_summary_one"]
+__all__ = ["percentiles_linear", "replay_summary_one", "replay_counts_sites"]
 
 
 @njit(cache=True)
@@ -94,19 +94,17 @@ def percentiles_linear(x, q, out):  # pragma: no cover - compiled
 
 
 @njit(cache=True)
-def replay_summary_one(
-    base_s, req_bin, pressure_bin, starts, w, gain, sync_slowdown, cap, slots, slo_s, q, out
+def _replay_one(
+    base_s, req_bin, pressure_bin, starts, w, gain, sync_slowdown, cap, slots, slo_s, latency,
+    violated, active,
 ):  # pragma: no cover - compiled  # fmt: skip
-    """The exact replay of one schedule and its summary statistics, in one pass: the merge
-    windows of the merges starting at bins ``starts`` (``w`` bins each, cut at the last
-    bin), the slowdown per bin (``(1 + gain * P**2) * (1 + sync_slowdown * mask)``), the
-    work per bin (``np.bincount`` of ``base_s`` by ``req_bin``: summed in request order),
-    the queue and latencies of :func:`diloco_gym.sim.jit.replay_rows`, then into ``out``
-    the violated and the merge-active request counts and the linear-interpolation
-    percentiles ``q`` (fractions) of the latencies in milliseconds
-    (:func:`percentiles_linear` of ``latency * 1000``; NaN without requests). The same
-    operations in the same order as ``diloco_gym.envs.schedule.replay_schedule`` and
-    ``ReplayResult.summary``, so every value is bit-identical to theirs."""
+    """The exact replay of one schedule into ``latency``, ``violated`` and ``active``
+    (``(1, requests)`` each): the merge windows of the merges starting at bins ``starts``
+    (``w`` bins each, cut at the last bin), the slowdown per bin (``(1 + gain * P**2) * (1 +
+    sync_slowdown * mask)``), the work per bin (``np.bincount`` of ``base_s`` by
+    ``req_bin``: summed in request order), then the queue and latencies of
+    :func:`diloco_gym.sim.jit.replay_rows`. Returns the violated and the merge-active
+    request counts."""
     n_bins = pressure_bin.size
     sync = np.zeros((1, n_bins))
     for k in range(starts.size):
@@ -118,21 +116,70 @@ def replay_summary_one(
         m[0, k] = slowdown_one(pressure_bin[k], gain) * (1.0 + sync_slowdown * sync[0, k])
     for i in range(req_bin.size):
         work[req_bin[i]] += base_s[i]
+    replay_rows(work, m, cap, base_s, req_bin, sync, slots, slo_s, latency, violated, active)
+    hits = 0
+    busy = 0
+    for i in range(req_bin.size):
+        hits += violated[0, i]
+        busy += active[0, i]
+    return hits, busy
+
+
+@njit(cache=True)
+def replay_summary_one(
+    base_s, req_bin, pressure_bin, starts, w, gain, sync_slowdown, cap, slots, slo_s, q, out
+):  # pragma: no cover - compiled  # fmt: skip
+    """The exact replay of one schedule (:func:`_replay_one`) and its summary statistics,
+    in one pass: into ``out`` the violated and the merge-active request counts and the
+    linear-interpolation percentiles ``q`` (fractions) of the latencies in milliseconds
+    (:func:`percentiles_linear` of ``latency * 1000``; NaN without requests). The same
+    operations in the same order as ``diloco_gym.envs.schedule.replay_schedule`` and
+    ``ReplayResult.summary``, so every value is bit-identical to theirs."""
     n = req_bin.size
     latency = np.empty((1, n))
     violated = np.empty((1, n), dtype=np.bool_)
     active = np.empty((1, n), dtype=np.bool_)
-    replay_rows(work, m, cap, base_s, req_bin, sync, slots, slo_s, latency, violated, active)
-    hits = 0
-    busy = 0
-    for i in range(n):
-        hits += violated[0, i]
-        busy += active[0, i]
-        latency[0, i] = latency[0, i] * 1000.0
+    hits, busy = _replay_one(
+        base_s, req_bin, pressure_bin, starts, w, gain, sync_slowdown, cap, slots, slo_s,
+        latency, violated, active,
+    )  # fmt: skip
     out[0] = hits
     out[1] = busy
+    if q.size == 0:
+        return 0
+    for i in range(n):
+        latency[0, i] = latency[0, i] * 1000.0
     if n == 0:
         out[2:] = np.nan
     else:
         percentiles_linear(latency[0], q, out[2:])
     return 0
+
+
+@njit(cache=True)
+def replay_counts_sites(
+    base_s, req_bin, pressure_bin, starts, w, gain, sync_slowdown, cap, slots, slo_s, out
+):  # pragma: no cover - compiled  # fmt: skip
+    """:func:`_replay_one` of one schedule (merges at bins ``starts``) at each site ``i``
+    of a fleet: its requests ``base_s[i]`` and ``req_bin[i]``, its ``pressure_bin[i]`` and
+    its sidecar's values at ``[i]`` of the other arrays; the violated and the merge-active
+    request counts into ``out[i]``. Returns -1, or the first site with a request past its
+    last bin or a merge start outside its bins (which this does not replay)."""
+    for i in range(len(base_s)):
+        n_bins = pressure_bin[i].size
+        for k in range(starts.size):
+            if starts[k] < 0 or starts[k] > n_bins:
+                return i
+        rb = req_bin[i]
+        for j in range(rb.size):
+            if rb[j] >= n_bins:
+                return i
+        n = rb.size
+        hits, busy = _replay_one(
+            base_s[i], rb, pressure_bin[i], starts, w, gain[i], sync_slowdown[i], cap[i],
+            slots[i], slo_s[i], np.empty((1, n)), np.empty((1, n), dtype=np.bool_),
+            np.empty((1, n), dtype=np.bool_),
+        )  # fmt: skip
+        out[i, 0] = hits
+        out[i, 1] = busy
+    return -1

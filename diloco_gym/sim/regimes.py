@@ -32,11 +32,11 @@ capacity is about 23 req/s, so sync-heavy's 10 req/s is U = 0.44.
 from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
-from functools import lru_cache
+from functools import cached_property, lru_cache
 
 import numpy as np
 
-from diloco_gym.sim import compiled
+from diloco_gym.sim import compiled, compiled_draws
 from diloco_gym.sim.sidecar import SidecarParams, base_latency_s
 from diloco_gym.sim.traces import PRESSURE_DT_S, Trace, random_window, scale_rate, tile_starts
 
@@ -115,21 +115,10 @@ def _slice_grid(duration_s: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 def _exponential_batch(total: float) -> int:
     """Unit-rate exponentials drawn at once for ``total`` expected arrivals: enough to pass
-    ``total`` with probability ~1 - 1e-9 (:func:`_unit_points` draws more if not)."""
-    return int(total + 6.0 * np.sqrt(total)) + 16
-
-
-def _unit_points(rng: np.random.Generator, total: float) -> np.ndarray:
-    """The points below ``total`` of a unit-rate Poisson process (cumulative sums of
-    standard exponentials, drawn in batches until they pass ``total``): the arrivals of
-    the rescaled time (see the module docstring)."""
-    if total <= 0.0:
-        return np.zeros(0)
-    batch = _exponential_batch(total)
-    x = np.cumsum(rng.standard_exponential(batch))
-    while x[-1] < total:  # keep drawing until the unit-rate points pass the total
-        x = np.concatenate([x, x[-1] + np.cumsum(rng.standard_exponential(batch))])
-    return x[: np.searchsorted(x, total)]
+    ``total`` with probability ~1 - 1e-9 (the compiled
+    :func:`~diloco_gym.sim.jit_draws.exponential_batch`, which the compiled draws use;
+    :func:`~diloco_gym.sim.jit_draws.unit_points` draws more if not)."""
+    return int(compiled_draws().exponential_batch(float(total)))
 
 
 def _ar1(noise: np.ndarray, rho: float) -> np.ndarray:
@@ -383,12 +372,57 @@ class SyntheticRegime:
             float(self.burst_s),
             cum,
         )
-        points = _unit_points(rng, float(total))
-        token_u = rng.random(points.size)
-        n_p = int(np.ceil(self.duration_s / PRESSURE_DT_S - 1e-9))
-        noise = rng.standard_normal((2, n_p))
-        spike_u = rng.random((2, n_p))
+        # one compiled call: the points, the token uniforms, the pressure noise and spikes
+        # (jit_draws.draw_rows: NumPy's numbers from the same generator, bit for bit)
+        points, token_u, noise, spike_u = compiled_draws().draw_rows(
+            rng, float(total), _exponential_batch(float(total)), self._pressure_samples
+        )
         return cum, points, token_u, noise, spike_u
+
+    @cached_property
+    def _row_args(self) -> tuple:
+        """What :func:`diloco_gym.sim.jit.synthetic_rows` reads of the regime besides the
+        draws: the slice edges, the arrival cap, the token tables and bits, and the pressure
+        series' constants."""
+        edges = _slice_grid(self.duration_s)[0]
+        rho = 0.97  # about 30 s memory
+        tables = (
+            # uint16 holds every count (1..32768) exactly and keeps the tables in cache
+            _token_table(self.prompt_median, self.prompt_sigma, 32768.0, np.uint16),
+            _token_table(self.output_median, self.output_sigma, 4096.0, np.uint16),
+            _TOKEN_BITS,
+        )
+        pressure_args = (
+            float(self.pressure_sd * np.sqrt(1 - rho**2)),
+            float(1.0 / np.sqrt(1 - rho**2)),  # x[0] ~ N(0, sd): the stationary law
+            rho,
+            np.array([self.network_mean, self.checkpoint_mean], dtype=np.float64),
+            float(self.spike_rate_per_s),
+            max(1, int(round(self.spike_s / PRESSURE_DT_S))),
+            float(self.spike_level),
+        )
+        return edges, float(np.nextafter(edges[-1], 0.0)), tables, pressure_args
+
+    def draw_batch(self, rngs: list[np.random.Generator]) -> tuple:
+        """``from_raw([draw_raw(rng) for rng in rngs])``, bit for bit, each generator left
+        as ``draw_raw`` leaves it: the burst timings here, then every trace's draws and
+        arrays in one compiled call (:func:`diloco_gym.sim.jit_draws.synthetic_batch`)."""
+        _, t, widths = _slice_grid(self.duration_s)
+        bursts = self.has_bursts
+        onsets = [self._onsets(r) if bursts else np.zeros(0) for r in rngs]
+        offsets = np.zeros(len(rngs) + 1, dtype=np.int64)
+        np.cumsum([o.size for o in onsets], out=offsets[1:])
+        edges, cap, tables, pressure_args = self._row_args
+        return compiled_draws().synthetic_batch(
+            tuple(rngs), np.concatenate(onsets).astype(np.float64, copy=False), offsets, t,
+            widths, bursts, float(self.quiet_rate_rps),
+            float(self.busy_rate_rps - self.quiet_rate_rps), float(self.ramp_s),
+            float(self.burst_s), self._pressure_samples, edges, cap, *tables, *pressure_args,
+        )  # fmt: skip
+
+    @property
+    def _pressure_samples(self) -> int:
+        return int(np.ceil(self.duration_s / PRESSURE_DT_S - 1e-9))
 
     def from_raw(self, raws: list[tuple], dtype=np.int64, scratch: dict | None = None) -> tuple:
         """The arrays of the traces of :meth:`draw_raw`'s draws, all in one compiled call
@@ -428,39 +462,17 @@ class SyntheticRegime:
                 return raws[0][k]
             return np.concatenate([r[k] for r in raws], out=buffer(f"raw{k}", (int(offsets[-1]),)))
 
-        edges = _slice_grid(self.duration_s)[0]
         m = int(offsets[-1])
         arrivals = buffer("arrivals", (m,))
         prompt = buffer("prompt", (m,), dtype)
         output = buffer("output", (m,), dtype)
         noise = stacked(3)
         pressure = buffer("pressure", noise.shape)
-        rho = 0.97  # about 30 s memory
+        edges, cap, tables, pressure_args = self._row_args
         compiled().synthetic_rows(
-            joined(1),
-            offsets,
-            stacked(0),
-            edges,
-            float(np.nextafter(edges[-1], 0.0)),
-            joined(2),
-            # uint16 holds every count (1..32768) exactly and keeps the tables in cache
-            _token_table(self.prompt_median, self.prompt_sigma, 32768.0, np.uint16),
-            _token_table(self.output_median, self.output_sigma, 4096.0, np.uint16),
-            _TOKEN_BITS,
-            noise,
-            stacked(4),
-            float(self.pressure_sd * np.sqrt(1 - rho**2)),
-            float(1.0 / np.sqrt(1 - rho**2)),  # x[0] ~ N(0, sd): the stationary law
-            rho,
-            np.array([self.network_mean, self.checkpoint_mean], dtype=np.float64),
-            float(self.spike_rate_per_s),
-            max(1, int(round(self.spike_s / PRESSURE_DT_S))),
-            float(self.spike_level),
-            arrivals,
-            prompt,
-            output,
-            pressure,
-        )
+            joined(1), offsets, stacked(0), edges, cap, joined(2), *tables, noise, stacked(4),
+            *pressure_args, arrivals, prompt, output, pressure,
+        )  # fmt: skip
         return arrivals, prompt, output, counts, pressure
 
     def draw(
@@ -471,11 +483,16 @@ class SyntheticRegime:
     ):
         """One trace's arrays: ``(arrival_s, prompt_tokens, output_tokens, network,
         checkpoint)`` (tokens as ``dtype``): :meth:`draw_raw` (``rate_rng`` as there) and
-        :meth:`from_raw` on a batch of one. Calling the generator wraps exactly these into
-        a validated :class:`Trace`; the vector env builds many at once.
+        :meth:`from_raw` on a batch of one, or for int64 tokens from one generator
+        :meth:`draw_batch` of one (the same arrays in one compiled call). Calling the
+        generator wraps exactly these into a validated :class:`Trace`; the vector env
+        builds many at once.
         """
-        raw = self.draw_raw(rng, rate_rng)
-        arrivals, prompt, output, _, pressure = self.from_raw([raw], dtype)
+        if rate_rng is None and np.dtype(dtype) == np.int64:
+            arrivals, prompt, output, _, pressure = self.draw_batch([rng])
+        else:
+            raw = self.draw_raw(rng, rate_rng)
+            arrivals, prompt, output, _, pressure = self.from_raw([raw], dtype)
         return arrivals, prompt, output, pressure[0, 0], pressure[0, 1]
 
     def __call__(

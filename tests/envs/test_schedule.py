@@ -180,3 +180,46 @@ def test_a_summary_without_percentiles_is_the_summary_less_them(merges):
     assert {"p50_ms", "p95_ms", "p99_ms"} <= full.keys()
     assert less == {k: v for k, v in full.items() if k not in ("p50_ms", "p95_ms", "p99_ms")}
     assert list(less) == [k for k in full if k in less]  # the same order
+
+
+@pytest.mark.parametrize("fleet", [None, "docs/examples/fleet-v1.toml", "docs/examples/fleet.toml"])
+def test_site_summaries_are_each_sites_schedule_summary(fleet):
+    """``site_summaries`` (every site's replay in one compiled call): each site's
+    ``schedule_summary(..., percentiles=False)``, value for value, for the default fleet and
+    fleets of sites of different sidecars (link shares, regimes), on schedules of none, one
+    and many syncs, overlapping windows and the last decision included."""
+    from pathlib import Path
+
+    import gymnasium as gym
+
+    import diloco_gym  # noqa: F401
+    from diloco_gym.envs.schedule import site_summaries
+
+    kw = {} if fleet is None else {"fleet": str(Path(__file__).parents[2] / fleet)}
+    env = gym.make("DiLoCoFleet-v1", **kw).unwrapped
+    rng = np.random.default_rng(0)
+    for seed in range(3):
+        ep = env.build_episode(seed)
+        n = ep.n_decisions
+        for merges in ([], [n - 1], [0, 1, 2], sorted(rng.choice(n, 30, replace=False).tolist())):
+            costs = [[float(c) for c in rng.random(len(merges))] for _ in ep.sites]
+            got = site_summaries(ep.sites, merges, env.params, env.setup.sidecars, costs)
+            want = [
+                schedule_summary(e, merges, env.params, sc, costs=c, percentiles=False)
+                for e, sc, c in zip(ep.sites, env.setup.sidecars, costs, strict=True)
+            ]
+            assert got == want
+
+
+def test_site_summaries_refuse_what_the_summary_refuses():
+    """A sync past the episode's bins: the per-site summary's own error, not a count."""
+    import gymnasium as gym
+
+    import diloco_gym  # noqa: F401
+    from diloco_gym.envs.schedule import site_summaries
+
+    env = gym.make("DiLoCoFleet-v1").unwrapped
+    ep = env.build_episode(0)
+    costs = [[0.0] for _ in ep.sites]
+    with pytest.raises(IndexError):
+        site_summaries(ep.sites, [10_000], env.params, env.setup.sidecars, costs)
