@@ -219,6 +219,117 @@ def bench_fleet_build(episodes: int, repeats: int, row: dict) -> dict:
     }
 
 
+#: the compiled calls of a fleet episode, by the module accessor that holds them (a tree
+#: without one of them, an A/B's older side, is timed without it)
+FLEET_COMPILED = (
+    ("compiled_draws", "synthetic_batch", "traces"),
+    ("compiled", "synthetic_rows", "traces"),
+    ("compiled", "episode_core_rows", "episodes"),
+    ("compiled", "cost_queue_rows", "cost_queue"),
+    ("compiled_stats", "replay_counts_sites", "replays"),
+    ("compiled_stats", "replay_summary_one", "replays"),
+)
+
+
+def bench_fleet_profile(steps: int, row: dict) -> dict:
+    """Where the default fleet env's episodes go (``gym.make("DiLoCoFleet-v1")``, random
+    actions, ms per episode): the reset (of it the episode build), the steps, the closing
+    replays; and the compiled work among them (the traces' draws and arrays, the episodes'
+    arrays, the cost queue, the compiled steps with the syncs' costs at every site, the
+    replays), timed around each compiled call. ``ceiling_ratio``: the ratio to CartPole
+    (``row``: the fleet env's bench row, for CartPole's rate) of a fleet env whose episodes
+    cost their compiled work alone, no Python at all."""
+    import diloco_gym.sim as sim
+
+    env = gym.make("DiLoCoFleet-v1")
+    u = env.unwrapped
+    spent = dict.fromkeys(("reset", "build", "episode_summary", "step", "advance"), 0.0)
+    parts = dict.fromkeys(("traces", "episodes", "cost_queue", "replays"), 0.0)
+    saved = []
+    for accessor, name, part in FLEET_COMPILED:
+        module = getattr(sim, accessor, lambda: None)()
+        fn = getattr(module, name, None)
+        if fn is None:
+            continue
+        saved.append((module, name, fn))
+
+        def timed(*args, _f=fn, _p=part, **kwargs):
+            t0 = time.perf_counter()
+            try:
+                return _f(*args, **kwargs)
+            finally:
+                parts[_p] += time.perf_counter() - t0
+
+        setattr(module, name, timed)
+    _timed_methods(u, ("episode_summary",), spent)
+    _timed_methods(u._fused, ("advance",), spent)  # a reset's forced decisions, compiled
+    build = u._episode_of_seed
+
+    def timed_build(seed):
+        t0 = time.perf_counter()
+        try:
+            return build(seed)
+        finally:
+            spent["build"] += time.perf_counter() - t0
+
+    u._episode_of_seed = timed_build
+    bound = u._fused.bound_step
+
+    def timed_bound(*args):  # the compiled step, bound at each reset
+        call = bound(*args)
+
+        def timed() -> int:
+            t0 = time.perf_counter()
+            try:
+                return call()
+            finally:
+                spent["step"] += time.perf_counter() - t0
+
+        return timed
+
+    u._fused.bound_step = timed_bound
+    actions = np.random.default_rng(2).integers(0, 2, steps).tolist()
+    try:
+        for _ in range(2):  # warm-up, then the timed run
+            env.reset(seed=0)
+            for k in spent:
+                spent[k] = 0.0
+            for k in parts:
+                parts[k] = 0.0
+            episodes = 0
+            t0 = time.perf_counter()
+            for a in actions:
+                if env.step(a)[3]:
+                    t1 = time.perf_counter()
+                    env.reset()
+                    spent["reset"] += time.perf_counter() - t1
+                    episodes += 1
+            total = time.perf_counter() - t0
+    finally:
+        for module, name, fn in saved:
+            setattr(module, name, fn)
+    env.close()
+    k = 1000.0 / max(1, episodes)
+    steps_ms = (spent["step"] + spent["advance"]) * k
+    compiled_ms = sum(parts.values()) * k + steps_ms
+    per_episode = steps / max(1, episodes)
+    return {
+        "episodes": episodes,
+        "decisions_per_episode": per_episode,
+        "episode_ms": total * k,
+        "reset_ms": spent["reset"] * k,
+        "build_ms": spent["build"] * k,
+        "summary_ms": spent["episode_summary"] * k,
+        "compiled_ms": compiled_ms,
+        "compiled_parts_ms": {**{p: v * k for p, v in parts.items()}, "steps": steps_ms},
+        "python_ms": total * k - compiled_ms,
+        "ceiling_ratio": per_episode * 1000.0 / compiled_ms / row["cartpole_steps_per_s"],
+        "note": "random actions; compiled work timed around each compiled call (the draws "
+        "inside the traces' call where the tree draws there); the ceiling is the fleet env "
+        "at its compiled work alone",
+    }
+
+
 def bench_fleet_vector(num_envs: int, steps: int, rounds: int) -> dict:
     """The default fleet's vector env (``gym.make_vec("DiLoCoFleet-v1", num_envs,
     vectorization_mode="vector_entry_point")``: the compiled fleet vector env where the
@@ -1077,6 +1188,14 @@ def print_table(r: dict) -> None:
             "(no target)",
         ),
         (
+            "DEFAULT fleet env: one episode, split",
+            f"{r['fleet_profile']['episode_ms']:.2f} ms",
+            f"compiled work {r['fleet_profile']['compiled_ms']:.2f} ms, Python "
+            f"{r['fleet_profile']['python_ms']:.2f} ms; compiled work alone: ratio "
+            f"{r['fleet_profile']['ceiling_ratio']:.3f} to CartPole-v1",
+            "",
+        ),
+        (
             "DEFAULT single env: one episode, split",
             f"{pd['episode_ms']:.2f} ms",
             f"{pd['decisions_per_episode']:.0f} decisions: reset {pd['reset_ms']:.2f} (episode "
@@ -1252,6 +1371,16 @@ def print_default(r: dict) -> None:
         f"fleet env would reach {d['ceiling_decisions_per_s']:,.0f} decisions/s, ratio "
         f"{d['ceiling_ratio']:.3f}"
     )
+    d = r["fleet_profile"]
+    cp = d["compiled_parts_ms"]
+    print(
+        f"DEFAULT fleet env, one episode: {d['episode_ms']:.2f} ms = reset {d['reset_ms']:.2f} "
+        f"(build {d['build_ms']:.2f}) + final replays {d['summary_ms']:.2f} + steps; compiled "
+        f"work {d['compiled_ms']:.2f} ms (traces {cp['traces']:.2f}, episodes "
+        f"{cp['episodes']:.2f}, cost queue {cp['cost_queue']:.2f}, steps {cp['steps']:.2f}, "
+        f"replays {cp['replays']:.2f}), Python {d['python_ms']:.2f} ms; compiled work alone "
+        f"would run at ratio {d['ceiling_ratio']:.3f} to CartPole-v1"
+    )
     d = r["vector_parallel"]
     print(
         f"NON-DEFAULT vector env x{d['num_envs']}, parallel=True ({numba_threads()} numba "
@@ -1366,6 +1495,9 @@ def main(argv: list[str] | None = None) -> int:
     results["fleet_vector"] = bench_fleet_vector(8, 50 if q else 400, 3 if q else 5)
     results["fleet_build"] = bench_fleet_build(
         10 if q else 100, 2 if q else 5, results["default_fleet_v1"]
+    )
+    results["fleet_profile"] = bench_fleet_profile(
+        1_000 if q else 6_000, results["default_fleet_v1"]
     )
     results["profile_default"] = bench_profile_default(
         2_000 if q else 20_000, num_envs, 80 if q else 100

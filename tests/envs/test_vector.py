@@ -518,6 +518,7 @@ def test_benchmark_quick_runs():
     assert "benchmark" in proc.stdout and "ratio" in proc.stdout
     assert "fresh-episode ceiling" in proc.stdout
     assert "FLOOR (bursty episode" in proc.stdout  # the compiled kernel's floor row
+    assert "DEFAULT fleet env: one episode, split" in proc.stdout  # where its time goes
 
 
 def test_benchmark_ab_puts_a_side_without_a_floor_against_this_checkouts():
