@@ -121,6 +121,15 @@ def _exponential_batch(total: float) -> int:
     return int(compiled_draws().exponential_batch(float(total)))
 
 
+def _check_generator(rng: object) -> None:
+    """The compiled draws take a NumPy ``Generator`` only: one line otherwise."""
+    if not isinstance(rng, np.random.Generator):
+        raise TypeError(
+            f"a synthetic trace draws from a numpy.random.Generator "
+            f"(np.random.default_rng(seed)), got {type(rng).__name__}"
+        )
+
+
 def _ar1(noise: np.ndarray, rho: float) -> np.ndarray:
     """``x[i] = rho * x[i - 1] + noise[i]`` from ``x[0] = noise[0]``, along the last axis.
 
@@ -357,6 +366,7 @@ class SyntheticRegime:
         expected arrivals of the rate slices); :meth:`from_raw` turns a batch of them into
         traces' arrays.
         """
+        _check_generator(rng)
         edges, t, widths = _slice_grid(self.duration_s)
         bursts = self.has_bursts
         onsets = self._onsets(rng if rate_rng is None else rate_rng) if bursts else np.zeros(0)
@@ -407,6 +417,8 @@ class SyntheticRegime:
         """``from_raw([draw_raw(rng) for rng in rngs])``, bit for bit, each generator left
         as ``draw_raw`` leaves it: the burst timings here, then every trace's draws and
         arrays in one compiled call (:func:`diloco_gym.sim.jit_draws.synthetic_batch`)."""
+        for r in rngs:
+            _check_generator(r)
         _, t, widths = _slice_grid(self.duration_s)
         bursts = self.has_bursts
         onsets = [self._onsets(r) if bursts else np.zeros(0) for r in rngs]

@@ -90,3 +90,14 @@ def test_a_trace_is_the_same_either_way():
     np.testing.assert_array_equal(t1.output_tokens, output)
     np.testing.assert_array_equal(t1.network, network)
     np.testing.assert_array_equal(t1.checkpoint, checkpoint)
+
+
+def test_a_generator_of_another_kind_is_refused_in_one_line():
+    """The compiled draws read a NumPy ``Generator``'s bit generator: anything else (the
+    legacy ``RandomState``, a seed) is refused by name before numba sees it."""
+    reg = REGIMES["bursty"]
+    for bad in (np.random.RandomState(0), 7):
+        with pytest.raises(TypeError, match="numpy.random.Generator"):
+            reg.draw_raw(bad)
+        with pytest.raises(TypeError, match="numpy.random.Generator"):
+            reg.draw_batch([np.random.default_rng(0), bad])
