@@ -243,51 +243,18 @@ def bench_fleet_profile(steps: int, row: dict) -> dict:
 
     env = gym.make("DiLoCoFleet-v1")
     u = env.unwrapped
-    spent = dict.fromkeys(("reset", "build", "episode_summary", "step", "advance"), 0.0)
+    spent = dict.fromkeys(("reset", "_episode_of_seed", "episode_summary", "step", "advance"), 0.0)
     parts = dict.fromkeys(("traces", "episodes", "cost_queue", "replays"), 0.0)
     saved = []
     for accessor, name, part in FLEET_COMPILED:
         module = getattr(sim, accessor, lambda: None)()
         fn = getattr(module, name, None)
-        if fn is None:
-            continue
-        saved.append((module, name, fn))
-
-        def timed(*args, _f=fn, _p=part, **kwargs):
-            t0 = time.perf_counter()
-            try:
-                return _f(*args, **kwargs)
-            finally:
-                parts[_p] += time.perf_counter() - t0
-
-        setattr(module, name, timed)
-    _timed_methods(u, ("episode_summary",), spent)
+        if fn is not None:
+            saved.append((module, name, fn))
+            setattr(module, name, _timed(fn, parts, part))
+    _timed_methods(u, ("episode_summary", "_episode_of_seed"), spent)
     _timed_methods(u._fused, ("advance",), spent)  # a reset's forced decisions, compiled
-    build = u._episode_of_seed
-
-    def timed_build(seed):
-        t0 = time.perf_counter()
-        try:
-            return build(seed)
-        finally:
-            spent["build"] += time.perf_counter() - t0
-
-    u._episode_of_seed = timed_build
-    bound = u._fused.bound_step
-
-    def timed_bound(*args):  # the compiled step, bound at each reset
-        call = bound(*args)
-
-        def timed() -> int:
-            t0 = time.perf_counter()
-            try:
-                return call()
-            finally:
-                spent["step"] += time.perf_counter() - t0
-
-        return timed
-
-    u._fused.bound_step = timed_bound
+    _time_compiled_step(u, spent)
     actions = np.random.default_rng(2).integers(0, 2, steps).tolist()
     try:
         for _ in range(2):  # warm-up, then the timed run
@@ -296,15 +263,7 @@ def bench_fleet_profile(steps: int, row: dict) -> dict:
                 spent[k] = 0.0
             for k in parts:
                 parts[k] = 0.0
-            episodes = 0
-            t0 = time.perf_counter()
-            for a in actions:
-                if env.step(a)[3]:
-                    t1 = time.perf_counter()
-                    env.reset()
-                    spent["reset"] += time.perf_counter() - t1
-                    episodes += 1
-            total = time.perf_counter() - t0
+            episodes, total = _run_episodes(env, actions, spent)
     finally:
         for module, name, fn in saved:
             setattr(module, name, fn)
@@ -318,7 +277,7 @@ def bench_fleet_profile(steps: int, row: dict) -> dict:
         "decisions_per_episode": per_episode,
         "episode_ms": total * k,
         "reset_ms": spent["reset"] * k,
-        "build_ms": spent["build"] * k,
+        "build_ms": spent["_episode_of_seed"] * k,
         "summary_ms": spent["episode_summary"] * k,
         "compiled_ms": compiled_ms,
         "compiled_parts_ms": {**{p: v * k for p, v in parts.items()}, "steps": steps_ms},
@@ -996,19 +955,44 @@ def bench_profile(episodes: int, num_envs: int = 1024, steps: int = 517) -> dict
     return out
 
 
+def _timed(fn, spent: dict, key: str):
+    """``fn`` wrapped to add its wall time to ``spent[key]``."""
+
+    def timed(*args, **kwargs):
+        t0 = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            spent[key] += time.perf_counter() - t0
+
+    return timed
+
+
 def _timed_methods(obj, names, spent: dict) -> None:
     """Replace ``obj``'s methods ``names`` by wrappers adding their wall time to ``spent``."""
     for name in names:
-        method = getattr(obj, name)
+        setattr(obj, name, _timed(getattr(obj, name), spent, name))
 
-        def timed(*args, _m=method, _n=name, **kwargs):
-            t0 = time.perf_counter()
-            try:
-                return _m(*args, **kwargs)
-            finally:
-                spent[_n] += time.perf_counter() - t0
 
-        setattr(obj, name, timed)
+def _run_episodes(env, actions: list, spent: dict) -> tuple[int, float]:
+    """Step ``env`` through ``actions``, resetting after each episode (the resets' time
+    into ``spent["reset"]``); the episodes ended and the wall time."""
+    episodes = 0
+    t0 = time.perf_counter()
+    for a in actions:
+        if env.step(a)[3]:
+            t1 = time.perf_counter()
+            env.reset()
+            spent["reset"] += time.perf_counter() - t1
+            episodes += 1
+    return episodes, time.perf_counter() - t0
+
+
+def _time_compiled_step(u, spent: dict) -> None:
+    """Time an env's compiled step call into ``spent["step"]``: the call the env binds at
+    each reset (``FusedStep.bound_step``) is wrapped as it is bound."""
+    bound = u._fused.bound_step
+    u._fused.bound_step = lambda *args: _timed(bound(*args), spent, "step")
 
 
 def bench_profile_default(steps: int, num_envs: int, vector_steps: int) -> dict:
@@ -1027,43 +1011,14 @@ def bench_profile_default(steps: int, num_envs: int, vector_steps: int) -> dict:
     u = env.unwrapped
     spent = dict.fromkeys(("step", "episode_summary", "reset", "build"), 0.0)
     _timed_methods(u, ("episode_summary",), spent)
-    bound = u._fused.bound_step
-
-    def timed_bound(*args):  # the single env's compiled call, bound at each reset
-        call = bound(*args)
-
-        def timed() -> int:
-            t0 = time.perf_counter()
-            try:
-                return call()
-            finally:
-                spent["step"] += time.perf_counter() - t0
-
-        return timed
-
-    u._fused.bound_step = timed_bound
+    _time_compiled_step(u, spent)
     build = env_module.episode_from_seed
-
-    def timed_build(*args, **kwargs):
-        t0 = time.perf_counter()
-        try:
-            return build(*args, **kwargs)
-        finally:
-            spent["build"] += time.perf_counter() - t0
-
+    timed_build = _timed(build, spent, "build")
     actions = np.random.default_rng(2).integers(0, 2, steps).tolist()
     env.reset(seed=0)
     env_module.episode_from_seed = timed_build  # the name the env's reset calls
     try:
-        episodes = 0
-        t0 = time.perf_counter()
-        for a in actions:
-            if env.step(a)[3]:
-                t1 = time.perf_counter()
-                env.reset()
-                spent["reset"] += time.perf_counter() - t1
-                episodes += 1
-        total = time.perf_counter() - t0
+        episodes, total = _run_episodes(env, actions, spent)
     finally:
         env_module.episode_from_seed = build
     env.close()
